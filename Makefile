@@ -1,0 +1,67 @@
+# gpupool native build and the verbs people reach for.
+# Each component owns a fragment (*.mk) that adds its targets to ALL_TARGETS / TEST_BINS.
+#   make            build everything native into build/
+#   make SAN=1      the same with AddressSanitizer + UBSan into build-asan/
+#   make gen        regenerate generated code from its sources
+#   make test       build, then run the whole test suite (what CI runs)
+#   make demo       daemon on a simulated GPU + a demo client
+#   make lint       ruff + generated-code drift check
+#   make bench      the remoting benchmark (docs/benchmarks.md)
+
+CC      ?= cc
+PYTHON  ?= python3
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+
+ifeq ($(SAN),1)
+BUILD   ?= build-asan
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+else
+BUILD   ?= build
+SANFLAGS :=
+endif
+
+CSTD     := -std=c11 -D_GNU_SOURCE
+WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
+OPT      ?= -O2 -g
+CFLAGS_COMMON := $(CSTD) $(WARN) $(OPT) -fPIC -fvisibility=hidden $(SANFLAGS) \
+                 -I$(CURDIR)/cudaapi -I$(CURDIR)/protocol/generated -I$(CURDIR)/protocol/include
+LDFLAGS_COMMON := $(SANFLAGS)
+
+ALL_TARGETS :=
+TEST_BINS   :=
+
+.PHONY: all clean gen test lint demo bench
+all: real_all
+
+include protocol/protocol.mk
+-include client/shim/shim.mk
+-include worker/sim/sim.mk
+-include worker/worker.mk
+-include tests/c/tests.mk
+
+real_all: $(ALL_TARGETS) $(TEST_BINS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(EXTRA_CFLAGS_$(subst /,_,$(dir $<))) -MMD -MP -c $< -o $@
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+gen:
+	$(PYTHON) protocol/gen_protocol.py
+	$(PYTHON) cudaapi/gen_cuda_tables.py
+
+test:
+	./scripts/test.sh
+
+lint:
+	./scripts/lint.sh
+
+demo:
+	./scripts/demo.sh
+
+bench:
+	./scripts/bench.sh
+
+clean:
+	rm -rf build build-asan
