@@ -38,6 +38,9 @@ include protocol/protocol.mk
 -include worker/sim/sim.mk
 -include worker/worker.mk
 -include tests/c/tests.mk
+-include tests/sim/sim_tests.mk
+-include client/shim/shim_tests.mk
+-include client/shim/shim_d2_tests.mk
 
 real_all: $(ALL_TARGETS) $(TEST_BINS)
 

@@ -241,6 +241,7 @@ typedef int CUlaunchAttributeID;
 /* The value is a 64-byte union in the driver ABI; we only ever copy it. */
 typedef union CUlaunchAttributeValue_union {
     char pad[64];
+    unsigned long long align_; /* the driver's union is 8-byte aligned (it holds pointers) */
     int cooperative;
     struct {
         unsigned int x, y, z;

@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""The remoting benchmark: what the gpupool stack itself costs, next to the raw link.
+
+    python bench/remoting_bench.py [--quick] [--reps N] [--markdown PATH] [--json PATH]
+                                   [--server HOST:PORT] [--no-build]
+
+In one run, on the simulated device over loopback:
+  1. builds bench/tcp_baseline.c (cc) and bench/bench_client.cu (nvcc, static cudart) into
+     build/bench/, and the native tree (`make`) unless --no-build;
+  2. measures the raw link with tcp_baseline (TCP ping-pong, one-way messages, bulk streams);
+  3. starts `gpupoold serve --simulated 1` on 127.0.0.1 (unless --server names a running one) and
+     runs bench_client through the shim (build/client/libcuda.so.1);
+  4. prints a table: metric, measured, reference (the raw figure of the same link), ratio, target,
+     PASS/MISS; and the same as markdown (to --markdown PATH, default: stdout only) with date,
+     machine and commit, ready for docs/benchmarks.md.
+Exit status: 0 when every figure was measured (whatever the targets say), 1 otherwise. Targets
+are reported, not enforced: this is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+SIZES = (4096, 1 << 20, 256 << 20)
+READY = re.compile(r"gpupoold: remoting on (\S+):(\d+)")
+
+
+def human_size(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n >> 20} MiB"
+    return f"{n >> 10} KiB"
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------ building
+
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
+
+
+def needs_build(target: Path, *sources: Path) -> bool:
+    if not target.exists():
+        return True
+    t = target.stat().st_mtime
+    return any(s.stat().st_mtime > t for s in sources)
+
+
+def build(out: Path, make: bool) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    if make:
+        log("make (native tree)")
+        subprocess.run(["make", "-s", "-j2"], cwd=ROOT, check=True)
+    tcp = out / "tcp_baseline"
+    src = BENCH / "tcp_baseline.c"
+    if needs_build(tcp, src):
+        log(f"cc {src.relative_to(ROOT)}")
+        cc = os.environ.get("CC", "cc")
+        subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-o", str(tcp), str(src)],
+                       check=True)
+    client = out / "bench_client"
+    csrc = BENCH / "bench_client.cu"
+    deps = (csrc, ROOT / "tests/cuda/gp_check.cuh", ROOT / "tests/sim/gp_test_kernels.cuh")
+    if needs_build(client, *deps):
+        nvcc = nvcc_path()
+        if nvcc is None:
+            sys.exit("remoting_bench: nvcc not found (CUDA toolkit needed to build bench_client)")
+        log(f"nvcc {csrc.relative_to(ROOT)}")
+        subprocess.run([nvcc, "-O2", "-arch=sm_90", "-o", str(client), str(csrc)], check=True)
+    return tcp, client
+
+
+# ------------------------------------------------------------------------------------ daemon
+
+class Daemon:
+    """gpupoold on a simulated device, listening on loopback, ports chosen by the kernel."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        pypath = [str(ROOT), str(ROOT / "protocol" / "python")]
+        if env.get("PYTHONPATH"):
+            pypath.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(pypath)
+        self.state_dir = tempfile.mkdtemp(prefix="gpupool-bench-")
+        cmd = [sys.executable, "-m", "gpupoold", "serve", "--simulated", "1",
+               "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--state-dir", self.state_dir,
+               "--log-level", "warning"]
+        for flag, name in (("--worker", "gpupool-worker"), ("--sim-lib", "libgpupool-sim.so")):
+            if (ROOT / "build" / name).is_file():
+                cmd += [flag, str(ROOT / "build" / name)]
+        log(" ".join(cmd[1:]))
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.address: str | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._reader, daemon=True).start()
+        if not self._ready.wait(60) or self.address is None:
+            self.stop()
+            sys.exit("remoting_bench: gpupoold did not report its address:\n" + self.log_text())
+
+    def _reader(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = READY.search(line)
+            if m and self.address is None:
+                self.address = f"{m.group(1)}:{m.group(2)}"
+                self._ready.set()
+        self._ready.set()
+
+    def log_text(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        try:  # workers left behind, if any
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ running
+
+def run_tcp(tcp: Path, reps: int, quick: bool) -> dict:
+    cmd = [str(tcp), "--reps", str(reps)] + (["--quick"] if quick else [])
+    log("raw TCP baseline: " + " ".join(cmd[1:]))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def best_of(a: dict, b: dict) -> dict:
+    """The better raw figure of two baseline runs (lower latency, higher rate): the reference
+    is the best the link did in this run, so noise never flatters the remoting figures."""
+    out: dict = {}
+    for key, va in a.items():
+        vb = b[key]
+        if isinstance(va, dict):
+            out[key] = best_of(va, vb)
+        elif key.startswith("rtt_"):
+            out[key] = min(va, vb)
+        else:
+            out[key] = max(va, vb)
+    return out
+
+
+def run_client(client: Path, address: str, reps: int, quick: bool,
+               launches: int | None) -> tuple[dict, str, int]:
+    env = dict(os.environ)
+    shim_dir = str(ROOT / "build" / "client")
+    env["LD_LIBRARY_PATH"] = shim_dir + (os.pathsep + env["LD_LIBRARY_PATH"]
+                                         if env.get("LD_LIBRARY_PATH") else "")
+    env["GPUPOOL_SERVER"] = address
+    cmd = [str(client), "--reps", str(reps)] + (["--quick"] if quick else [])
+    if launches:
+        cmd += ["--launches", str(launches)]
+    log("bench_client through the shim: " + " ".join(cmd[1:]))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    results: dict = {}
+    text: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        text.append(line)
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT "):])
+            results[r["metric"]] = r
+            log(f"  {r['metric']}: {r['value']:.6g} {r['unit']}")
+        else:
+            log("  " + line.rstrip())
+    rc = proc.wait()
+    return results, "".join(text), rc
+
+
+# ------------------------------------------------------------------------------------ table
+
+@dataclass
+class Row:
+    metric: str
+    measured: float | None
+    unit: str
+    reference: float | None
+    ref_what: str
+    target: str
+    verdict: str  # PASS, MISS, info, n/a
+
+    def ratio(self) -> float | None:
+        if self.measured is None or not self.reference:
+            return None
+        return self.measured / self.reference
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "B/s":
+        return f"{value / 1e9:.2f} GB/s" if value >= 1e8 else f"{value / 1e6:.1f} MB/s"
+    if unit == "us":
+        return f"{value:.1f} us"
+    if unit == "1/s":
+        return f"{value:,.0f}/s"
+    return f"{value:.4g} {unit}"
+
+
+def build_rows(tcp: dict, res: dict) -> list[Row]:
+    rows: list[Row] = []
+
+    def val(name: str) -> float | None:
+        r = res.get(name)
+        return None if r is None else float(r["value"])
+
+    # Round trips: the median call (a 2-CPU machine's scheduler hiccups would dominate means);
+    # the means are in the notes under the table.
+    rtt = tcp["rtt_us_p50"]
+    for name, label in (("sync_rtt", "sync round trip (median): cudaStreamSynchronize, idle stream"),
+                        ("ctx_sync_rtt", "sync round trip (median): cuCtxSynchronize")):
+        r = res.get(name)
+        m = None if r is None else float(r.get("p50", r["value"]))
+        ratio = None if m is None else m / rtt
+        verdict = "n/a" if ratio is None else ("PASS" if ratio <= 1.5 else "MISS")
+        rows.append(Row(label, m, "us", rtt, "TCP 16 B ping-pong", "<= 1.5x", verdict))
+
+    m = val("launches")
+    verdict = "n/a" if m is None else ("PASS" if m >= 300_000 else "MISS")
+    rows.append(Row("pipelined launches of gp_test_noop", m, "1/s", tcp["msgs_per_s_16B"],
+                    "TCP 16 B one-way messages", ">= 300,000/s", verdict))
+
+    for direction in ("h2d", "d2h"):
+        for kind in ("pinned", "pageable"):
+            for size in SIZES:
+                name = f"{direction}_{kind}_{size}"
+                m = val(name)
+                if size == SIZES[-1]:
+                    ref, ref_what = tcp["bulk_Bps"], "TCP bulk: 256 MiB buffer in 1 MiB writes"
+                elif direction == "d2h" and kind == "pageable":
+                    ref = tcp["reqresp_Bps"][str(size)]
+                    ref_what = f"TCP 16 B request -> {human_size(size)} answer"
+                else:
+                    ref, ref_what = tcp["stream_Bps"][str(size)], f"TCP stream, {human_size(size)} writes"
+                api = "cudaMemcpyAsync" if kind == "pinned" else "cudaMemcpy"
+                label = f"{direction.upper()} {human_size(size)} {kind} ({api})"
+                if size == SIZES[-1]:
+                    target = ">= 80%"
+                    verdict = "n/a" if m is None else ("PASS" if m / ref >= 0.8 else "MISS")
+                else:
+                    target, verdict = "-", ("n/a" if m is None else "info")
+                rows.append(Row(label, m, "B/s", ref, ref_what, target, verdict))
+    return rows
+
+
+def text_table(rows: list[Row]) -> str:
+    head = ("metric", "measured", "reference (raw link)", "ratio", "target", "result")
+    body = []
+    for r in rows:
+        ratio = r.ratio()
+        body.append((r.metric, fmt(r.measured, r.unit),
+                     f"{fmt(r.reference, r.unit)} ({r.ref_what})",
+                     "n/a" if ratio is None else f"{ratio:.2f}x", r.target, r.verdict))
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+    line = lambda cols: "  ".join(str(c).ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, body)])
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                cpu = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for ln in Path("/proc/meminfo").read_text().splitlines():
+            if ln.startswith("MemTotal:"):
+                mem = f", {int(ln.split()[1]) / 1048576:.0f} GiB RAM"
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs{mem}, Linux {platform.release()}"
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               text=True, capture_output=True, check=True).stdout.strip()
+        untracked = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, text=True,
+                                   capture_output=True, check=True).stdout.strip()
+        suffix = " (with uncommitted changes)" if dirty or untracked else ""
+        return head + suffix
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def markdown(rows: list[Row], meta: dict) -> str:
+    out = [f"### Remoting benchmark, {meta['date']}", "",
+           f"- machine: {meta['machine']}",
+           f"- commit: `{meta['commit']}`",
+           f"- device: {meta['device']} over loopback (client, gpupoold and worker on the same "
+           "machine)",
+           f"- command: `{meta['command']}`", "",
+           "| metric | measured | reference (raw link, same run) | ratio | target | result |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = r.ratio()
+        out.append(f"| {r.metric} | {fmt(r.measured, r.unit)} | {fmt(r.reference, r.unit)} "
+                   f"({r.ref_what}) | {'n/a' if ratio is None else f'{ratio:.2f}x'} | "
+                   f"{r.target} | {r.verdict} |")
+    res = meta["results"]
+    means = ", ".join(f"{label} {res[k]['value']:.1f} us" for k, label in
+                      (("sync_rtt", "cudaStreamSynchronize"), ("ctx_sync_rtt", "cuCtxSynchronize"))
+                      if k in res)
+    out += ["", f"Notes: round trips are the median call; the means were: raw TCP ping-pong "
+            f"{meta['tcp']['rtt_us_mean']:.1f} us, {means}. Every figure is the median of "
+            f"{meta['reps']} runs; each raw TCP figure is the better of two baseline runs (before "
+            f"and after the CUDA client). Load average (1 min) at the start: {meta['load']:.2f}. "
+            "Targets are those of issue 2; ratios above 1 for small copies come from the shim "
+            "batching many small copies into one TCP write."]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    ap.add_argument("--reps", type=int, default=3, help="runs per figure; the median is kept")
+    ap.add_argument("--launches", type=int, default=None,
+                    help="launches per run of the launch benchmark (default 1,000,000)")
+    ap.add_argument("--server", help="use this running gpupoold (HOST:PORT) instead of starting one")
+    ap.add_argument("--markdown", type=Path, help="also write the markdown table to this file")
+    ap.add_argument("--json", type=Path, help="write all raw figures as JSON to this file")
+    ap.add_argument("--no-build", action="store_true", help="do not run make first")
+    ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "bench")
+    args = ap.parse_args(argv)
+
+    tcp_bin, client_bin = build(args.build_dir, make=not args.no_build)
+    if not (ROOT / "build" / "client" / "libcuda.so.1").exists():
+        sys.exit("remoting_bench: build/client/libcuda.so.1 is missing (run make)")
+
+    load_before = os.getloadavg()[0]
+    tcp_before = run_tcp(tcp_bin, args.reps, args.quick)
+    log(f"raw TCP (before): {json.dumps(tcp_before)}")
+
+    daemon = None
+    try:
+        if args.server:
+            address = args.server
+        else:
+            daemon = Daemon()
+            address = daemon.address
+            log(f"gpupoold on {address}")
+        results, client_out, rc = run_client(client_bin, address, args.reps, args.quick,
+                                             args.launches)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    tcp_after = run_tcp(tcp_bin, args.reps, args.quick)
+    log(f"raw TCP (after): {json.dumps(tcp_after)}")
+    tcp = best_of(tcp_before, tcp_after)
+
+    device = "?"
+    m = re.search(r"^device: (.*)$", client_out, re.M)
+    if m:
+        device = m.group(1)
+    rows = build_rows(tcp, results)
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(), "commit": commit(), "device": device, "tcp": tcp, "reps": args.reps,
+        "load": load_before, "results": results,
+        "command": "python bench/remoting_bench.py " + " ".join(argv if argv is not None
+                                                               else sys.argv[1:]),
+    }
+    print()
+    print(text_table(rows))
+    print()
+    md = markdown(rows, meta)
+    print(md)
+    if args.markdown:
+        args.markdown.write_text(md)
+        log(f"markdown written to {args.markdown}")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    if rc != 0:
+        log(f"bench_client exited with status {rc}; its output:\n{client_out}")
+        if daemon is not None:
+            log("gpupoold log:\n" + daemon.log_text())
+        return 1
+    if any(r.measured is None for r in rows):
+        log("some figures were not measured")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+/*
+ * tcp_baseline.c: the raw figures of a TCP link, for the remoting benchmark to compare against.
+ *
+ *     tcp_baseline [--host 127.0.0.1] [--reps 3] [--quick]
+ *
+ * Forks a server process (as gpupoold's worker is a separate process) and, over loopback with
+ * TCP_NODELAY on both ends, measures:
+ *   rtt         16-byte request, 16-byte answer, N round trips (mean and median in microseconds);
+ *   msgs        16-byte one-way messages, then one answer (messages per second);
+ *   bulk        a 256 MiB buffer sent in 1 MiB writes, 1 GiB in all, then a 1-byte answer
+ *               (bytes per second): the raw bulk figure;
+ *   stream S    S-byte writes (S = 4 KiB, 1 MiB), then a 1-byte answer (bytes per second);
+ *   reqresp S   16-byte request, S-byte answer, repeated (bytes per second): the shape of a
+ *               synchronous device-to-host copy.
+ * Each figure is the median of --reps runs. Prints one JSON object on stdout.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { MODE_RTT = 1, MODE_MSGS = 2, MODE_STREAM = 3, MODE_REQRESP = 4, MODE_QUIT = 9 };
+
+struct cmd {
+    uint32_t mode;
+    uint32_t pad;
+    uint64_t size;  /* message size */
+    uint64_t count; /* number of messages */
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "tcp_baseline: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+static void write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            die("send");
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static int read_all(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r == 0)
+            return -1;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            die("recv");
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Discards n bytes, reading through buf (at most cap bytes per read). */
+static void drain(int fd, char *buf, size_t cap, uint64_t n)
+{
+    while (n > 0) {
+        size_t want = n < cap ? (size_t)n : cap;
+        ssize_t r = recv(fd, buf, want, 0);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            die("recv (drain)");
+        }
+        n -= (uint64_t)r;
+    }
+}
+
+static void nodelay(int fd)
+{
+    int one = 1;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+        die("TCP_NODELAY");
+}
+
+#define BUF_CAP (1u << 20)
+
+static void serve(int lfd)
+{
+    char *buf = malloc(BUF_CAP);
+    char *big = NULL;
+    size_t big_cap = 0;
+    for (;;) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0) {
+            if (errno == EINTR)
+                continue;
+            die("accept");
+        }
+        nodelay(fd);
+        struct cmd c;
+        if (read_all(fd, &c, sizeof c) < 0) {
+            close(fd);
+            continue;
+        }
+        char msg[16] = {0};
+        switch (c.mode) {
+        case MODE_RTT:
+            for (uint64_t i = 0; i < c.count; i++) {
+                if (read_all(fd, msg, 16) < 0)
+                    break;
+                write_all(fd, msg, 16);
+            }
+            break;
+        case MODE_MSGS:
+        case MODE_STREAM:
+            drain(fd, buf, BUF_CAP, c.count * c.size);
+            write_all(fd, msg, 1);
+            break;
+        case MODE_REQRESP:
+            if (big_cap < c.size) {
+                free(big);
+                big = malloc(c.size);
+                memset(big, 0x5a, c.size);
+                big_cap = c.size;
+            }
+            for (uint64_t i = 0; i < c.count; i++) {
+                if (read_all(fd, msg, 16) < 0)
+                    break;
+                write_all(fd, big, c.size);
+            }
+            break;
+        case MODE_QUIT:
+            close(fd);
+            exit(0);
+        }
+        close(fd);
+    }
+}
+
+static struct sockaddr_in server_addr;
+
+static int connect_server(const struct cmd *c)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        die("socket");
+    if (connect(fd, (struct sockaddr *)&server_addr, sizeof server_addr) < 0)
+        die("connect");
+    nodelay(fd);
+    write_all(fd, c, sizeof *c);
+    return fd;
+}
+
+/* Returns seconds for the whole run; for MODE_RTT fills lat[] with each round trip. Stream
+ * writes walk through a source buffer of `span` bytes (at least `size`), `size` at a time. */
+static double run_span(uint32_t mode, uint64_t size, uint64_t count, double *lat, uint64_t span)
+{
+    struct cmd c = {mode, 0, size, count};
+    int fd = connect_server(&c);
+    char msg[16] = {1};
+    if (span < size)
+        span = size;
+    if (span < BUF_CAP)
+        span = BUF_CAP;
+    char *buf = malloc(span);
+    memset(buf, 0x33, span);
+    uint64_t pos = 0;
+    double t0 = now();
+    switch (mode) {
+    case MODE_RTT:
+        for (uint64_t i = 0; i < count; i++) {
+            double a = now();
+            write_all(fd, msg, 16);
+            if (read_all(fd, msg, 16) < 0)
+                die("short rtt");
+            if (lat)
+                lat[i] = now() - a;
+        }
+        break;
+    case MODE_MSGS:
+    case MODE_STREAM:
+        for (uint64_t i = 0; i < count; i++) {
+            if (pos + size > span)
+                pos = 0;
+            write_all(fd, buf + pos, size);
+            pos += size;
+        }
+        if (read_all(fd, msg, 1) < 0)
+            die("no stream answer");
+        break;
+    case MODE_REQRESP:
+        for (uint64_t i = 0; i < count; i++) {
+            write_all(fd, msg, 16);
+            if (read_all(fd, buf, size) < 0)
+                die("short answer");
+        }
+        break;
+    }
+    double t = now() - t0;
+    close(fd);
+    free(buf);
+    return t;
+}
+
+static double run(uint32_t mode, uint64_t size, uint64_t count, double *lat)
+{
+    return run_span(mode, size, count, lat, size);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int main(int argc, char **argv)
+{
+    const char *host = "127.0.0.1";
+    int reps = 3, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--host") && i + 1 < argc)
+            host = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else {
+            fprintf(stderr, "usage: %s [--host ADDR] [--reps N] [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 50)
+        reps = 3;
+
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0)
+        die("socket");
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    memset(&server_addr, 0, sizeof server_addr);
+    server_addr.sin_family = AF_INET;
+    if (inet_pton(AF_INET, host, &server_addr.sin_addr) != 1) {
+        fprintf(stderr, "tcp_baseline: bad address %s\n", host);
+        return 2;
+    }
+    if (bind(lfd, (struct sockaddr *)&server_addr, sizeof server_addr) < 0)
+        die("bind");
+    socklen_t alen = sizeof server_addr;
+    getsockname(lfd, (struct sockaddr *)&server_addr, &alen);
+    if (listen(lfd, 16) < 0)
+        die("listen");
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0)
+        serve(lfd);
+    close(lfd);
+
+    const uint64_t rtt_n = quick ? 2000 : 20000;
+    double *lat = malloc(rtt_n * sizeof(double));
+    double r_mean[50], r_p50[50], r_msgs[50];
+    run(MODE_RTT, 16, rtt_n / 10, NULL); /* warm up */
+    for (int r = 0; r < reps; r++) {
+        double t = run(MODE_RTT, 16, rtt_n, lat);
+        r_mean[r] = t / (double)rtt_n * 1e6;
+        r_p50[r] = median(lat, (int)rtt_n) * 1e6;
+    }
+    const uint64_t msgs_n = quick ? 100000 : 1000000;
+    for (int r = 0; r < reps; r++)
+        r_msgs[r] = (double)msgs_n / run(MODE_MSGS, 16, msgs_n, NULL);
+
+    printf("{\"rtt_us_mean\": %.3f, \"rtt_us_p50\": %.3f, \"msgs_per_s_16B\": %.0f", median(r_mean, reps),
+           median(r_p50, reps), median(r_msgs, reps));
+
+    /* bulk: a 256 MiB buffer sent in 1 MiB writes, 1 GiB in all */
+    {
+        uint64_t total = quick ? (256u << 20) : (1024u << 20), count = total >> 20;
+        double v[50];
+        for (int r = 0; r < reps; r++)
+            v[r] = (double)total / run_span(MODE_STREAM, 1u << 20, count, NULL, 256u << 20);
+        printf(", \"bulk_Bps\": %.0f", median(v, reps));
+    }
+
+    const uint64_t sizes[] = {4096, 1u << 20, 256u << 20};
+    printf(", \"stream_Bps\": {");
+    for (int k = 0; k < 2; k++) {
+        uint64_t s = sizes[k];
+        uint64_t total = s == 4096 ? (64u << 20) : (s == (1u << 20) ? (512u << 20) : (1024u << 20));
+        if (quick)
+            total /= 4;
+        if (total < s)
+            total = s;
+        uint64_t count = total / s;
+        double v[50];
+        for (int r = 0; r < reps; r++)
+            v[r] = (double)(count * s) / run(MODE_STREAM, s, count, NULL);
+        printf("%s\"%llu\": %.0f", k ? ", " : "", (unsigned long long)s, median(v, reps));
+    }
+    printf("}, \"reqresp_Bps\": {");
+    for (int k = 0; k < 3; k++) {
+        uint64_t s = sizes[k];
+        uint64_t total = s == 4096 ? (64u << 20) : (s == (1u << 20) ? (512u << 20) : (1024u << 20));
+        if (quick)
+            total /= 4;
+        if (total < s)
+            total = s;
+        uint64_t count = total / s;
+        double v[50];
+        for (int r = 0; r < reps; r++)
+            v[r] = (double)(count * s) / run(MODE_REQRESP, s, count, NULL);
+        printf("%s\"%llu\": %.0f", k ? ", " : "", (unsigned long long)s, median(v, reps));
+    }
+    printf("}}\n");
+    fflush(stdout);
+
+    struct cmd q = {MODE_QUIT, 0, 0, 0};
+    close(connect_server(&q));
+    waitpid(pid, NULL, 0);
+    free(lat);
+    return 0;
+}

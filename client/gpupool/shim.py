@@ -1,0 +1,49 @@
+"""Where our libcuda.so.1 (the shim) is, and the environment that makes programs load it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+SHIM_NAME = "libcuda.so.1"
+PACKAGE_LIB = Path(__file__).resolve().parent / "lib"
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class ShimNotFound(Exception):
+    pass
+
+
+def candidates(env: Mapping[str, str]) -> list[Path]:
+    """Where the shim is looked for, in order: $GPUPOOL_SHIM_DIR, the package's lib/, and the
+    repository's build/client (a development checkout)."""
+    found = []
+    if env.get("GPUPOOL_SHIM_DIR"):
+        found.append(Path(env["GPUPOOL_SHIM_DIR"]))
+    found.append(PACKAGE_LIB)
+    if (REPO_ROOT / "Makefile").is_file():
+        found.append(REPO_ROOT / "build" / "client")
+    return found
+
+
+def shim_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    places = candidates(env)
+    if env.get("GPUPOOL_SHIM_DIR"):  # an explicit choice is used or reported, never skipped
+        places = places[:1]
+    for place in places:
+        if (place / SHIM_NAME).is_file():
+            return place
+    looked = ", ".join(str(p) for p in places)
+    raise ShimNotFound(f"{SHIM_NAME} not found (looked in {looked}); reinstall the gpupool "
+                       "package or set GPUPOOL_SHIM_DIR")
+
+
+def client_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with the shim's directory first on LD_LIBRARY_PATH."""
+    out = dict(os.environ if env is None else env)
+    lib = str(shim_dir(out))
+    rest = [p for p in out.get("LD_LIBRARY_PATH", "").split(":") if p and p != lib]
+    out["LD_LIBRARY_PATH"] = ":".join([lib, *rest])
+    return out

@@ -1,0 +1,34 @@
+# The client shim: our libcuda.so.1 (client/shim/, docs/architecture.md).
+#   $(BUILD)/client/libcuda.so.1   every client/shim/*.c and client/shim/generated/*.c plus the
+#                                  generated protocol code; soname libcuda.so.1
+#   $(BUILD)/client/libcuda.so     symlink, for programs that link with -lcuda
+# Programs pick it up with LD_LIBRARY_PATH=$(BUILD)/client. With `make SAN=1` it goes to
+# build-asan/client/ and is built with AddressSanitizer + UBSan: a program that is not itself
+# built with the sanitizers then needs the runtime preloaded, e.g.
+#   LD_PRELOAD=$$(gcc -print-file-name=libasan.so) LD_LIBRARY_PATH=build-asan/client ./prog
+# (ASAN_OPTIONS=detect_leaks=0 when the program, like cudart, keeps memory until exit).
+-include client/shim/shim_tables.mk
+
+SHIM_SRCS := $(sort $(wildcard client/shim/*.c client/shim/generated/*.c))
+SHIM_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(SHIM_SRCS))
+SHIM_LIB  := $(BUILD)/client/libcuda.so.1
+
+# -z nodelete: the library is never unmapped, even when a program dlclose()s it, because its
+# receiver and flusher threads keep running its code until the process exits.
+# -z defs: every symbol must resolve inside the library (catches a hook nobody defines); not
+# with the sanitizers, whose runtimes are resolved at load time.
+ifeq ($(SAN),1)
+SHIM_LDFLAGS := -Wl,-z,nodelete
+else
+SHIM_LDFLAGS := -Wl,-z,nodelete -Wl,-z,defs
+endif
+
+ALL_TARGETS += $(SHIM_LIB) $(BUILD)/client/libcuda.so
+
+$(SHIM_LIB): $(SHIM_OBJS) $(PROTO_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -shared -Wl,-soname,libcuda.so.1 $(SHIM_LDFLAGS) -o $@ $^ \
+		-lpthread -ldl
+
+$(BUILD)/client/libcuda.so: $(SHIM_LIB)
+	ln -sf libcuda.so.1 $@

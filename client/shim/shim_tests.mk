@@ -1,0 +1,21 @@
+# C unit tests of the shim core's data structures (VA map, handles). Included by the top-level
+# Makefile; binaries go to $(BUILD)/tests/ and into TEST_BINS.
+TEST_BINS += $(BUILD)/tests/test_vamap $(BUILD)/tests/test_handles
+
+$(BUILD)/tests/test_vamap: $(BUILD)/obj/tests/c/test_vamap.o $(BUILD)/obj/client/shim/vamap.o \
+		$(BUILD)/obj/client/shim/handles.o $(BUILD)/obj/client/shim/log.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
+
+$(BUILD)/tests/test_handles: $(BUILD)/obj/tests/c/test_handles.o \
+		$(BUILD)/obj/client/shim/handles.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
+
+# A driver-API client of the shim for the end-to-end tests (tests/test_shim_core.py); it needs a
+# server, so it is built here but run by pytest. Linked against the shim itself (rpath).
+TEST_BINS += $(BUILD)/tests/shim_scenarios
+$(BUILD)/tests/shim_scenarios: $(BUILD)/obj/tests/c/shim_scenarios.o $(BUILD)/client/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client' \
+		-lpthread

@@ -1,0 +1,262 @@
+/*
+ * state.c: what the shim knows locally: the device snapshot taken at connect, the contexts and
+ * each thread's current-context stack. Everything here is answered without a round trip
+ * (facts section 6: PyTorch asks cuCtxGetCurrent, cuDeviceGetAttribute and
+ * cuDevicePrimaryCtxGetState hundreds of times).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+#include "shim_core.h"
+
+#if __has_include("export_tables.h")
+#include "export_tables.h"
+#endif
+#if __has_include("integrity.h")
+#include "integrity.h"
+#endif
+
+/* Defined by export_tables.c (helper tables); weak so that the core links without it. */
+void gp_cls_context_destroyed(CUcontext ctx) __attribute__((weak));
+
+/* ================================================================== the snapshot == */
+
+static gp_device_snapshot dev0;
+static atomic_int ndev;
+
+/* Capabilities that a remote GPU cannot offer to this process's memory, whatever the server's
+ * GPU says: its kernels cannot reach our pages, so no managed or pageable memory access. */
+static const int remote_off[] = {
+    CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
+    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+    CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+    CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+    CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
+    CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+};
+
+static gp_ctx_obj primary_obj = {.id = GP_PRIMARY_CTX_ID, .primary = 1};
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+static gp_primary_state primary_st; /* guarded by primary_lock */
+
+void gp_state_set_snapshot(const gp_hello_reply *r) {
+    gp_device_snapshot *d = &dev0;
+    memset(d, 0, sizeof *d);
+    size_t nl = r->name_len < sizeof d->name - 1 ? r->name_len : sizeof d->name - 1;
+    memcpy(d->name, r->name, nl);
+    memcpy(d->uuid.bytes, r->uuid, 16);
+    d->total_mem = r->total_mem;
+    d->driver_version = r->driver_version;
+    d->pci_domain = r->pci_domain;
+    d->pci_bus = r->pci_bus;
+    d->pci_device = r->pci_device;
+    d->attribute_count = (int)(r->attributes_count < 512 ? r->attributes_count : 512);
+    for (int i = 0; i < d->attribute_count; i++) d->attributes[i] = gp_arr_i32(r->attributes, i);
+    for (size_t i = 0; i < sizeof remote_off / sizeof remote_off[0]; i++)
+        if (remote_off[i] < d->attribute_count) d->attributes[remote_off[i]] = 0;
+    d->limit_count = (int)(r->limits_count < 64 ? r->limits_count : 64);
+    for (int i = 0; i < d->limit_count; i++) d->limits[i] = gp_arr_u64(r->limits, i);
+    d->stream_priority_least = r->stream_priority_least;
+    d->stream_priority_greatest = r->stream_priority_greatest;
+    d->granularity = r->granularity;
+    d->simulated = (int)r->simulated;
+    gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_CTX, &primary_obj);
+    gp_log_debug("device 0: %s, %llu MiB, compute %d.%d, server driver %d%s", d->name,
+                 (unsigned long long)(d->total_mem >> 20),
+                 d->attribute_count > 76 ? d->attributes[75] : -1,
+                 d->attribute_count > 76 ? d->attributes[76] : -1, d->driver_version,
+                 d->simulated ? " (simulated)" : "");
+    atomic_store(&ndev, 1);
+}
+
+int gp_device_count(void) { return atomic_load(&ndev); }
+
+const gp_device_snapshot *gp_device(int ordinal) {
+    return ordinal >= 0 && ordinal < atomic_load(&ndev) ? &dev0 : NULL;
+}
+
+int gp_reported_driver_version(void) {
+    if (atomic_load(&ndev) > 0 && dev0.driver_version > 0) return dev0.driver_version;
+    return GP_FALLBACK_DRIVER_VERSION;
+}
+
+/* ---- hooks for the export tables and the integrity check ---------------------------------- */
+
+int gp_integrity_driver_version(void) { return gp_reported_driver_version(); }
+
+int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_dev, int max) {
+    if (gp_check_init() != CUDA_SUCCESS) return -1;
+    int n = gp_device_count();
+    if (n > max) n = max;
+    for (int i = 0; i < n; i++) {
+        const gp_device_snapshot *d = gp_device(i);
+        uuids[i] = d->uuid;
+        pci_domain[i] = d->pci_domain;
+        pci_bus[i] = d->pci_bus;
+        pci_dev[i] = d->pci_device;
+    }
+    return n;
+}
+
+CUcontext gp_ctx_current_for_tables(void) { return (CUcontext)(uintptr_t)gp_ctx_current(); }
+
+CUcontext gp_ctx_primary_for_tables(int dev) {
+    return gp_device(dev) ? (CUcontext)(uintptr_t)GP_PRIMARY_CTX_ID : NULL;
+}
+
+/* ================================================================ the context stack == */
+
+#define STACK_MAX 64
+static __thread uint64_t tl_stack[STACK_MAX];
+static __thread int tl_depth;
+
+uint64_t gp_ctx_current(void) { return tl_depth > 0 ? tl_stack[tl_depth - 1] : 0; }
+
+int gp_ctx_stack_push(uint64_t ctx) {
+    if (tl_depth >= STACK_MAX) return -1;
+    tl_stack[tl_depth++] = ctx;
+    return 0;
+}
+
+uint64_t gp_ctx_stack_pop(void) { return tl_depth > 0 ? tl_stack[--tl_depth] : 0; }
+
+void gp_ctx_stack_set_top(uint64_t ctx) {
+    if (ctx == 0) {
+        if (tl_depth > 0) tl_depth--;
+    } else if (tl_depth == 0) {
+        tl_stack[tl_depth++] = ctx;
+    } else {
+        tl_stack[tl_depth - 1] = ctx;
+    }
+}
+
+gp_ctx_obj *gp_ctx_obj_get(uint64_t h) {
+    if (h == GP_PRIMARY_CTX_ID) return atomic_load(&ndev) > 0 ? &primary_obj : NULL;
+    return gp_handle_get(h, GP_H_CTX);
+}
+
+gp_ctx_obj *gp_ctx_current_obj(void) {
+    uint64_t c = gp_ctx_current();
+    return c ? gp_ctx_obj_get(c) : NULL;
+}
+
+uint64_t gp_ctx_check(CUcontext ctx) {
+    uint64_t h = (uint64_t)(uintptr_t)ctx;
+    return h && gp_ctx_obj_get(h) ? h : 0;
+}
+
+CUresult gp_ctx_enter(void) {
+    CUresult r = gp_check_init();
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t c = gp_ctx_current();
+    if (c == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c != GP_PRIMARY_CTX_ID && !gp_handle_get(c, GP_H_CTX))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    gp_conn_use_ctx(c);
+    return CUDA_SUCCESS;
+}
+
+/* ======================================================================= streams == */
+
+int gp_stream_wire(CUstream s, uint64_t *wire) {
+    uint64_t h = (uint64_t)(uintptr_t)s;
+    if (h > 2 && !gp_handle_get(h, GP_H_STREAM)) return -1;
+    if (wire) *wire = h;
+    return 0;
+}
+
+CUresult gp_stream_enter(CUstream s, uint64_t *wire) {
+    uint64_t h = (uint64_t)(uintptr_t)s;
+    if (h <= 2) {
+        CUresult r = gp_ctx_enter();
+        if (r != CUDA_SUCCESS) return r;
+        *wire = h;
+        return CUDA_SUCCESS;
+    }
+    CUresult r = gp_check_init();
+    if (r != CUDA_SUCCESS) return r;
+    gp_stream_obj *st = gp_handle_get(h, GP_H_STREAM);
+    if (!st) return CUDA_ERROR_INVALID_HANDLE;
+    gp_conn_use_ctx(st->ctx);
+    *wire = h;
+    return CUDA_SUCCESS;
+}
+
+CUresult gp_sync_result(CUresult r) {
+    if (r == CUDA_SUCCESS) return gp_take_pending_error();
+    if (r != GP_LOST_CONNECTION_ERROR)
+        gp_take_pending_error(); /* the server reported the error itself: one report is enough */
+    return gp_cu_result(r);
+}
+
+/* ===================================================================== the primary == */
+
+void gp_primary_get(gp_primary_state *out) {
+    pthread_mutex_lock(&primary_lock);
+    *out = primary_st;
+    pthread_mutex_unlock(&primary_lock);
+}
+
+int gp_primary_retain(void) {
+    pthread_mutex_lock(&primary_lock);
+    int n = ++primary_st.retained;
+    pthread_mutex_unlock(&primary_lock);
+    return n;
+}
+
+int gp_primary_release(int *was_last) {
+    int rc = 0;
+    pthread_mutex_lock(&primary_lock);
+    if (primary_st.retained <= 0) {
+        rc = -1;
+    } else {
+        primary_st.retained--;
+        *was_last = primary_st.retained == 0;
+    }
+    pthread_mutex_unlock(&primary_lock);
+    return rc;
+}
+
+void gp_primary_set_flags(unsigned flags) {
+    pthread_mutex_lock(&primary_lock);
+    primary_st.flags = flags;
+    primary_obj.flags = flags;
+    pthread_mutex_unlock(&primary_lock);
+}
+
+void gp_primary_reset_local(void) {
+    pthread_mutex_lock(&primary_lock);
+    primary_st.retained = 0;
+    primary_st.flags = 0;
+    primary_obj.flags = 0;
+    primary_obj.limit_set = 0;
+    primary_obj.cache_config = 0;
+    primary_obj.shmem_config = 0;
+    pthread_mutex_unlock(&primary_lock);
+}
+
+/* ============================================================= forgetting a context == */
+
+static int owned_by(uint64_t h, void *obj, void *arg) {
+    (void)h;
+    uint64_t ctx = *(uint64_t *)arg;
+    int kind = gp_handle_kind_of(h);
+    if (kind == GP_H_STREAM) return ((gp_stream_obj *)obj)->ctx == ctx;
+    if (kind == GP_H_EVENT) return ((gp_event_obj *)obj)->ctx == ctx;
+    return 0;
+}
+
+void gp_ctx_forget_resources(uint64_t ctx) {
+    /* Context-local storage first: its destructors are cudart code that may still free what it
+     * allocated in this context, so the context's ranges and handles must be known then. */
+    if (gp_cls_context_destroyed) gp_cls_context_destroyed((CUcontext)(uintptr_t)ctx);
+    int nr = gp_vamap_remove_ctx(ctx);
+    int ns = gp_handle_remove_if(GP_H_STREAM, owned_by, &ctx, free);
+    int ne = gp_handle_remove_if(GP_H_EVENT, owned_by, &ctx, free);
+    gp_log_debug("context 0x%llx gone: forgot %d ranges, %d streams, %d events",
+                 (unsigned long long)ctx, nr, ns, ne);
+}

@@ -1,0 +1,202 @@
+/*
+ * vamap.c: the client's map of addresses.
+ *
+ * Two jobs (docs/architecture.md, "the VA window"):
+ *  - reserve the window of address space where the server places every device allocation, so
+ *    that no device pointer can ever alias memory of this process;
+ *  - record every range the program got from us (device allocations, module globals, pinned
+ *    host memory, registered host memory), so that copies are checked locally, cuMemcpy without
+ *    a direction is classified and pointer attributes are answered without a round trip.
+ * The ranges never overlap; they live in an array sorted by base under a read-write lock.
+ * Programs hold at most a few thousand live allocations (caching allocators hold few, large
+ * ones), so insertion by memmove is cheaper than a tree and lookups are a binary search.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "shim.h"
+#include "shim_core.h"
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+static pthread_rwlock_t map_lock = PTHREAD_RWLOCK_INITIALIZER;
+static gp_range *ranges; /* guarded by map_lock, sorted by base */
+static size_t nranges, rcap;
+static atomic_uint_fast64_t next_buffer_id = 1;
+
+static uint64_t win_base, win_size; /* set once before any device range exists */
+
+/* Index of the first range whose base is > addr. Caller holds the lock. */
+static size_t upper(uint64_t addr) {
+    size_t lo = 0, hi = nranges;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ranges[mid].base <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Index of the range containing addr, or -1. Caller holds the lock. */
+static long containing(uint64_t addr) {
+    size_t i = upper(addr);
+    if (i == 0) return -1;
+    const gp_range *r = &ranges[i - 1];
+    return addr - r->base < r->size ? (long)(i - 1) : -1;
+}
+
+int gp_vamap_add(const gp_range *r) {
+    if (!r || r->size == 0 || r->base + r->size < r->base) return -1;
+    int rc = -1;
+    pthread_rwlock_wrlock(&map_lock);
+    size_t i = upper(r->base);
+    int overlaps = (i > 0 && ranges[i - 1].base + ranges[i - 1].size > r->base) ||
+                   (i < nranges && ranges[i].base < r->base + r->size);
+    if (!overlaps) {
+        if (nranges == rcap) {
+            size_t ncap = rcap ? rcap * 2 : 64;
+            gp_range *n = realloc(ranges, ncap * sizeof *n);
+            if (!n) goto out;
+            ranges = n;
+            rcap = ncap;
+        }
+        memmove(&ranges[i + 1], &ranges[i], (nranges - i) * sizeof *ranges);
+        ranges[i] = *r;
+        if (ranges[i].buffer_id == 0) ranges[i].buffer_id = atomic_fetch_add(&next_buffer_id, 1);
+        nranges++;
+        rc = 0;
+    }
+out:
+    pthread_rwlock_unlock(&map_lock);
+    return rc;
+}
+
+int gp_vamap_remove(uint64_t base, gp_range *out) {
+    int rc = -1;
+    pthread_rwlock_wrlock(&map_lock);
+    size_t i = upper(base);
+    if (i > 0 && ranges[i - 1].base == base) {
+        if (out) *out = ranges[i - 1];
+        memmove(&ranges[i - 1], &ranges[i], (nranges - i) * sizeof *ranges);
+        nranges--;
+        rc = 0;
+    }
+    pthread_rwlock_unlock(&map_lock);
+    return rc;
+}
+
+int gp_vamap_find(uint64_t addr, gp_range *out) {
+    pthread_rwlock_rdlock(&map_lock);
+    long i = containing(addr);
+    if (i >= 0 && out) *out = ranges[i];
+    pthread_rwlock_unlock(&map_lock);
+    return i >= 0 ? 0 : -1;
+}
+
+int gp_vamap_device_span(uint64_t addr, uint64_t len) {
+    int ok = 0;
+    pthread_rwlock_rdlock(&map_lock);
+    long i = containing(addr);
+    if (i >= 0) {
+        const gp_range *r = &ranges[i];
+        ok = (r->kind == GP_RANGE_DEVICE || r->kind == GP_RANGE_GLOBAL) &&
+             len <= r->size - (addr - r->base);
+    }
+    pthread_rwlock_unlock(&map_lock);
+    return ok;
+}
+
+int gp_vamap_remove_ctx(uint64_t ctx) {
+    int n = 0;
+    pthread_rwlock_wrlock(&map_lock);
+    size_t k = 0;
+    for (size_t i = 0; i < nranges; i++) {
+        int dev = ranges[i].kind == GP_RANGE_DEVICE || ranges[i].kind == GP_RANGE_GLOBAL;
+        if (dev && ranges[i].ctx == ctx) {
+            n++;
+            continue;
+        }
+        ranges[k++] = ranges[i];
+    }
+    nranges = k;
+    pthread_rwlock_unlock(&map_lock);
+    return n;
+}
+
+/* ---- the window ---------------------------------------------------------------------------- */
+
+uint64_t gp_vamap_window_base(void) { return win_base; }
+uint64_t gp_vamap_window_size(void) { return win_size; }
+
+int gp_vamap_in_window(uint64_t addr) { return win_size && addr - win_base < win_size; }
+
+int gp_vamap_reserve_window(uint64_t base, uint64_t size) {
+    if (win_size) return -1;
+    void *p = mmap((void *)(uintptr_t)base, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == MAP_FAILED) return -1;
+    if ((uint64_t)(uintptr_t)p != base) {
+        /* A kernel older than 4.17 ignores MAP_FIXED_NOREPLACE and treats base as a hint. */
+        munmap(p, size);
+        errno = EEXIST;
+        return -1;
+    }
+    win_base = base;
+    win_size = size;
+    return 0;
+}
+
+void gp_vamap_release_window(void) {
+    if (!win_size) return;
+    munmap((void *)(uintptr_t)win_base, win_size);
+    win_base = win_size = 0;
+}
+
+/* ---- module globals ------------------------------------------------------------------------ */
+
+/* Reserve [base, base+size) PROT_NONE where nothing is mapped yet (best effort). */
+static void reserve_pages(uint64_t base, uint64_t size) {
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t lo = base & ~(page - 1), hi = (base + size + page - 1) & ~(page - 1);
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE;
+    void *p = mmap((void *)(uintptr_t)lo, hi - lo, PROT_NONE, flags, -1, 0);
+    if (p != MAP_FAILED && (uint64_t)(uintptr_t)p == lo) return;
+    if (p != MAP_FAILED) munmap(p, hi - lo);
+    /* Part of it is mapped already (often our own reservation of a neighbouring global): do the
+     * rest page by page, for ranges of sane size. */
+    int clash = 0;
+    for (uint64_t a = lo; a < hi && (hi - lo) / page <= 16384; a += page) {
+        p = mmap((void *)(uintptr_t)a, page, PROT_NONE, flags, -1, 0);
+        if (p == MAP_FAILED || (uint64_t)(uintptr_t)p != a) {
+            if (p != MAP_FAILED) munmap(p, page);
+            clash = 1;
+        }
+    }
+    if (clash)
+        gp_log_debug("module global at 0x%llx (%llu bytes) overlaps pages already mapped in "
+                     "this process",
+                     (unsigned long long)base, (unsigned long long)size);
+}
+
+int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx) {
+    if (size == 0) size = 1;
+    gp_range have;
+    if (gp_vamap_find(base, &have) == 0)
+        return (have.kind == GP_RANGE_GLOBAL && have.base == base && have.size == size) ? 0 : -1;
+    if (!gp_vamap_in_window(base)) reserve_pages(base, size);
+    gp_range r = {.base = base, .size = size, .kind = GP_RANGE_GLOBAL, .ctx = ctx};
+    int rc = gp_vamap_add(&r);
+    if (rc != 0 && gp_vamap_find(base, &have) == 0 && have.kind == GP_RANGE_GLOBAL &&
+        have.base == base && have.size == size)
+        rc = 0; /* another thread added the same global meanwhile */
+    return rc;
+}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# `make lint`: ruff over the repository and the generated-code drift check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ -x .venv/bin/python ]] || scripts/bootstrap.sh
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_protocol_drift.py -k "not c_golden"

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make test` (and CI, via .ci/run): venv, native builds (plain and ASan+UBSan), lint, tests.
+# Exits non-zero when anything fails. Under CI=true no test tier may skip (tests/conftest.py).
+#   PYTEST_ARGS="..."   extra pytest arguments for both passes (e.g. "-x -k daemon")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+t0=$(date +%s)
+timings=()
+failed=()
+step() { echo; echo "==> $*"; }
+took() { timings+=("$(printf '%-28s %5ss' "$1" $(( $(date +%s) - $2 )))"); }
+
+t=$(date +%s); step "virtual environment (.venv)"
+scripts/bootstrap.sh
+took "venv" "$t"
+
+t=$(date +%s); step "native build (build/, build-asan/)"
+make -j2
+make -j2 SAN=1
+took "native build" "$t"
+
+t=$(date +%s); step "lint (ruff)"
+if ! .venv/bin/ruff check .; then failed+=("ruff"); fi
+took "lint" "$t"
+
+# shellcheck disable=SC2206
+extra=(${PYTEST_ARGS:-})
+
+t=$(date +%s); step "tests marked 'san' against the AddressSanitizer + UBSan build"
+set +e
+GPUPOOL_SAN=1 .venv/bin/python -m pytest tests -m san -ra -p no:cacheprovider "${extra[@]}"
+rc=$?
+set -e
+if [[ $rc -ne 0 && $rc -ne 5 ]]; then failed+=("pytest (sanitizer build)"); fi  # 5: none marked
+took "tests (sanitizer build)" "$t"
+
+t=$(date +%s); step "all tests"
+if ! .venv/bin/python -m pytest tests -ra -p no:cacheprovider "${extra[@]}"; then
+    failed+=("pytest")
+fi
+took "tests" "$t"
+
+echo
+echo "==> timings"
+printf '    %s\n' "${timings[@]}"
+printf '    %-28s %5ss\n' "total" $(( $(date +%s) - t0 ))
+if (( ${#failed[@]} )); then
+    echo "test.sh: FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "test.sh: everything passed"

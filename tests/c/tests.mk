@@ -1,0 +1,35 @@
+# C unit tests of the shim's tables and helpers (cuda-tables work). Included by the top-level
+# Makefile; each test binary goes to $(BUILD)/tests/ and into TEST_BINS.
+# The shim sources come from client/shim/shim_tables.mk (included here if shim.mk has not).
+ifndef SHIM_TABLE_SRCS
+include client/shim/shim_tables.mk
+endif
+
+# The tests include the shim's headers by relative path ("../../client/shim/x.h"), so they need
+# no per-directory flags that other fragments might also set.
+SHIM_OBJ := $(BUILD)/obj/client/shim
+
+TEST_BINS += $(BUILD)/tests/test_md2 $(BUILD)/tests/test_sha256 \
+             $(BUILD)/tests/test_procaddr $(BUILD)/tests/test_export_tables
+
+$(BUILD)/tests/test_md2: $(BUILD)/obj/tests/c/test_md2.o $(SHIM_OBJ)/md2.o $(SHIM_OBJ)/hmac_md2.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^
+
+$(BUILD)/tests/test_sha256: $(BUILD)/obj/tests/c/test_sha256.o $(SHIM_OBJ)/sha256.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^
+
+# The generated weak stubs stand in for the functions the shim core implements.
+$(BUILD)/tests/test_procaddr: $(BUILD)/obj/tests/c/test_procaddr.o $(SHIM_OBJ)/procaddr.o \
+		$(SHIM_OBJ)/generated/gp_procaddr_table.o $(SHIM_OBJ)/generated/gp_stubs.o \
+		$(SHIM_OBJ)/generated/gp_errors.o $(SHIM_OBJ)/unimplemented.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
+
+# The test defines the shim core's hooks (gp_ctx_*_for_tables, gp_integrity_*).
+$(BUILD)/tests/test_export_tables: $(BUILD)/obj/tests/c/test_export_tables.o \
+		$(SHIM_OBJ)/export_tables.o $(SHIM_OBJ)/integrity.o $(SHIM_OBJ)/hmac_md2.o \
+		$(SHIM_OBJ)/md2.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread

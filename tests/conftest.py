@@ -1,0 +1,296 @@
+"""Shared test harness: the native build, a real gpupoold on a simulated GPU, client helpers.
+
+Fixtures
+  native_build    (session) runs `make -j2` once (SAN=1 for the sanitizer build) and returns the
+                  build directory: $GPUPOOL_BUILD_DIR, default build/ (build-asan/ when
+                  GPUPOOL_SAN=1).
+  gpupool_server  (function) a `python -m gpupoold serve --simulated 1` on free loopback ports
+                  with a temporary state dir, using the worker and simulated device of
+                  native_build. A GpupoolServer: .address, .http_url, .client_env(extra=None),
+                  .stop(), .kill(), .log_text(), .wait_for_log(), .get_json(), .build_dir.
+                  At teardown it stops the daemon and fails the test if the daemon's log shows a
+                  Python traceback or a sanitizer report.
+  start_daemon    (function) a factory for daemons with other flags, without building first:
+                  start_daemon(*extra_args, simulated=1, worker=None, sim_lib=None, env=None).
+
+Helpers (import them: `from conftest import require, run_client`)
+  require(condition, reason)   skip the test when condition is false, but FAIL under CI=true:
+                               in CI every tier must run.
+  run_client(cmd, env, timeout=120, cwd=None) -> CompletedProcess (text, both streams
+                               captured); a program still running after `timeout` is killed and
+                               the test fails (a hang is a bug).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() == "true"
+SAN = os.environ.get("GPUPOOL_SAN") == "1"
+BUILD_DIR = (REPO / os.environ.get("GPUPOOL_BUILD_DIR", "build-asan" if SAN else "build")).resolve()
+STARTUP_TIMEOUT = 30.0
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+# The tests import the working tree's packages, whatever is installed.
+for _p in (REPO / "protocol" / "python", REPO):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+
+# ------------------------------------------------------------------------------------ helpers
+def require(condition: object, reason: str) -> None:
+    """Skip when `condition` is false; under CI=true fail instead (no tier may skip in CI)."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required in CI (CI=true), but: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def run_client(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None,
+               timeout: float = 120, cwd: str | os.PathLike[str] | None = None,
+               ) -> subprocess.CompletedProcess[str]:
+    """Run a client program to completion; a hang fails the test with what it printed."""
+    try:
+        return subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        pytest.fail(f"{' '.join(map(str, cmd))} still running after {timeout} s (killed)\n"
+                    f"--- stdout\n{out or ''}\n--- stderr\n{err or ''}", pytrace=False)
+
+
+def daemon_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a gpupoold started by the tests: the working tree's packages."""
+    env = dict(os.environ)
+    paths = [str(REPO), str(REPO / "protocol" / "python")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.pop("GPUPOOL_LOG", None)
+    env.update(extra or {})
+    return env
+
+
+def _libasan() -> str | None:
+    cc = os.environ.get("CC", "cc")
+    try:
+        out = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out if os.path.isabs(out) else None
+
+
+# ------------------------------------------------------------------------------------ daemon
+class GpupoolServer:
+    """A gpupoold process (own process group: .kill() takes its workers with it)."""
+
+    def __init__(self, args: Sequence[str], state_dir: Path, build_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        self.build_dir = build_dir
+        self.sanitized = SAN or build_dir.name == "build-asan"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = state_dir / "gpupoold.log"
+        self._log = self.log_path.open("wb")
+        self.args = [sys.executable, "-m", "gpupoold", "serve", "--state-dir", str(state_dir),
+                     *args]
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=daemon_env(env), cwd=REPO,
+                                     start_new_session=True)
+        self.returncode: int | None = None
+        self.killed = False
+        try:
+            self.address = self._wait_address("remoting")
+            self.http_url = "http://" + self._wait_address("http")
+        except BaseException:
+            self.kill()
+            raise
+        self.host, _, port = self.address.rpartition(":")
+        self.port = int(port)
+
+    def _wait_address(self, what: str) -> str:
+        pattern = re.compile(rf"^gpupoold: {what} on (\S+)$", re.M)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            m = pattern.search(self.log_text())
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gpupoold exited with {self.proc.returncode} during start-up:"
+                                   f"\n{self.log_text()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"gpupoold did not announce its {what} address within "
+                           f"{STARTUP_TIMEOUT} s:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        """Everything the daemon (and its workers, through it) printed so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout: float = 10) -> re.Match[str]:
+        rx = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = rx.search(self.log_text())
+            if m:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} not in the daemon log after {timeout} s:\n"
+                                     f"{self.log_text()}")
+            time.sleep(0.05)
+
+    def client_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """os.environ plus what a client of this daemon needs: our libcuda.so.1 first on
+        LD_LIBRARY_PATH, GPUPOOL_SERVER, no GPUPOOL_LOG; with the sanitizer build, libasan
+        preloaded (the shim is instrumented, the program is not) and leak checks off."""
+        env = dict(os.environ)
+        env.pop("GPUPOOL_LOG", None)
+        env.pop("GPUPOOL_TOKEN", None)
+        lib = [str(self.build_dir / "client")]
+        if env.get("LD_LIBRARY_PATH"):
+            lib.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = ":".join(lib)
+        env["GPUPOOL_SERVER"] = self.address
+        if self.sanitized:
+            asan = _libasan()
+            if asan:
+                env["LD_PRELOAD"] = ":".join(filter(None, [asan, env.get("LD_PRELOAD")]))
+            env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+        env.update(extra or {})
+        return env
+
+    def get_json(self, path: str, timeout: float = 10) -> Any:
+        with urllib.request.urlopen(self.http_url + path, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; returns the exit status (0 is a clean stop)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"gpupoold did not stop within {timeout} s of SIGTERM:\n"
+                                     f"{self.log_text()}") from None
+        self.returncode = self.proc.returncode
+        self._log.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the daemon and its workers (its whole process group)."""
+        self.killed = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.returncode = self.proc.returncode
+        self._log.close()
+
+    def reap_group(self) -> None:
+        """Kill whatever is left in the process group (workers of a killed daemon)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def problems(self) -> list[str]:
+        """Lines of the log that mean a daemon bug or a sanitizer report."""
+        marks = ("Traceback (most recent call last)", *SANITIZER_MARKS)
+        return [line for line in self.log_text().splitlines() if any(m in line for m in marks)]
+
+
+def native_paths(build_dir: Path) -> list[str]:
+    """--worker/--sim-lib flags for the binaries of build_dir that exist."""
+    args = []
+    for flag, name in (("--worker", "gpupool-worker"), ("--sim-lib", "libgpupool-sim.so")):
+        if (build_dir / name).is_file():
+            args += [flag, str(build_dir / name)]
+    return args
+
+
+# ----------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def native_build() -> Path:
+    """Build the native code once per session (make -j2); the build directory."""
+    build = BUILD_DIR.relative_to(REPO) if BUILD_DIR.is_relative_to(REPO) else BUILD_DIR
+    cmd = ["make", "-C", str(REPO), "-j2", f"BUILD={build}"]
+    if SAN or BUILD_DIR.name == "build-asan":
+        cmd.append("SAN=1")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"native build failed: {' '.join(cmd)}\n{proc.stdout[-6000:]}\n"
+                    f"{proc.stderr[-6000:]}", pytrace=False)
+    return BUILD_DIR
+
+
+@pytest.fixture
+def start_daemon(tmp_path_factory: pytest.TempPathFactory,
+                 ) -> Iterator[Callable[..., GpupoolServer]]:
+    started: list[GpupoolServer] = []
+
+    def start(*extra: str, simulated: int | None = 1, build_dir: Path = BUILD_DIR,
+              native: bool = True, env: dict[str, str] | None = None) -> GpupoolServer:
+        args = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+        if simulated is not None:
+            args += ["--simulated", str(simulated)]
+        if native:
+            args += native_paths(build_dir)
+        server = GpupoolServer([*args, *extra], tmp_path_factory.mktemp("gpupoold"), build_dir,
+                               env)
+        started.append(server)
+        return server
+
+    yield start
+    problems: list[str] = []
+    for server in started:
+        if server.running:
+            code = server.stop()
+            if code != 0:
+                problems.append(f"gpupoold exited with {code} on SIGTERM")
+        server.reap_group()
+        problems += server.problems()
+    if problems:
+        pytest.fail("daemon log shows problems:\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def gpupool_server(native_build: Path, start_daemon: Callable[..., GpupoolServer],
+                   ) -> GpupoolServer:
+    """gpupoold on 1 simulated GPU with the worker of native_build, on free loopback ports."""
+    return start_daemon(build_dir=native_build)
+
+
+@pytest.fixture(name="run_client")
+def run_client_fixture() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_client
+
+
+@pytest.fixture(name="require")
+def require_fixture() -> Callable[[object, str], None]:
+    return require
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None

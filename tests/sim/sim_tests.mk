@@ -1,0 +1,23 @@
+# C tests of the simulated device (worker/sim). tests/test_sim_device.py builds them with
+# `make sim_tests`, compiles the CUDA test kernels with nvcc and runs them.
+SIM_TEST_API_NAMES := test_sim_config test_sim_memory test_sim_stream test_sim_launch
+SIM_TEST_BINS := $(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/test_sim_elf
+SIM_TEST_UTIL := $(BUILD)/obj/tests/sim/sim_test.o
+
+TEST_BINS += $(SIM_TEST_BINS)
+EXTRA_CFLAGS_tests_sim_ := -I$(CURDIR)/worker/sim
+
+# These call the library through its exported API, as the worker does.
+$(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%): $(BUILD)/tests/%: $(BUILD)/obj/tests/sim/%.o \
+		$(SIM_TEST_UTIL) $(SIM_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(SIM_TEST_UTIL) -L$(BUILD) -lgpupool-sim \
+		-Wl,-rpath,'$$ORIGIN/..' -lpthread
+
+# The image parser test calls internal functions, so it links the sim's objects directly.
+$(BUILD)/tests/test_sim_elf: $(BUILD)/obj/tests/sim/test_sim_elf.o $(SIM_TEST_UTIL) $(SIM_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
+
+.PHONY: sim_tests
+sim_tests: $(SIM_LIB) $(SIM_TEST_BINS)

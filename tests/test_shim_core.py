@@ -1,0 +1,429 @@
+"""The client shim's core (client/shim: connection, VA map, handles, contexts, memory, streams,
+events), tested without gpupoold:
+
+- the C unit tests of the VA map and the handle table;
+- tests/c/shim_scenarios.c (a driver-API client of the shim) against the real worker and the
+  simulated device, through tests/tools/mini_server.py (a minimal listener that hands each
+  connection to a worker, as the daemon does);
+- the same program against a scripted fake server written here, for what a healthy worker never
+  does: refusing the session, asking for another VA window, reporting a deferred error, dropping
+  the connection. It also checks what the shim puts in its hello and that queued work reaches
+  the server without a synchronising call.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, SAN, require, run_client
+
+sys.path.insert(0, str(REPO / "protocol" / "python"))
+from gpupool_protocol import HEADER, REPLIES, REQUESTS, encode_frame  # noqa: E402
+from gpupool_protocol._generated import (  # noqa: E402
+    GP_EAUTH,
+    GP_EVAWINDOW,
+    MAGIC,
+    HelloReply,
+    Notice,
+)
+
+VA_BASE = 0x200000000000
+VA_SIZE = 1 << 40
+OP_GOODBYE, OP_CTX_SYNCHRONIZE, OP_MEM_ALLOC, OP_MEMCPY_HTOD, OP_MEMCPY_DTOH = 2, 13, 20, 22, 23
+OP_MEMSET, OP_MODULE_LOAD = 25, 50
+
+
+# ------------------------------------------------------------------------------------ helpers
+def binary(build: Path, name: str) -> Path:
+    path = build / "tests" / name
+    require(path.is_file(), f"{path} not built")
+    return path
+
+
+def client_env(server: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("GPUPOOL_LOG", "GPUPOOL_TOKEN", "GPUPOOL_DEVICE", "GPUPOOL_SERVER",
+                "GPUPOOL_VA_BASE", "GPUPOOL_VA_SIZE"):
+        env.pop(key, None)
+    if server is not None:
+        env["GPUPOOL_SERVER"] = server
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+    env.update(extra or {})
+    return env
+
+
+def gpupool_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("gpupool: ")]
+
+
+def assert_pass(proc: subprocess.CompletedProcess[str], name: str) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert f"PASS {name}:" in proc.stdout, out
+    for mark in ("AddressSanitizer", "runtime error:", "LeakSanitizer"):
+        assert mark not in out, out
+
+
+# --------------------------------------------------------------------------- unit binaries
+@pytest.mark.san
+@pytest.mark.parametrize("name", ["test_vamap", "test_handles"])
+def test_unit(native_build: Path, name: str) -> None:
+    proc = run_client([binary(native_build, name)], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all checks passed" in proc.stdout
+
+
+# ------------------------------------------------------------- against the simulated device
+@pytest.fixture
+def mini_server(native_build: Path, tmp_path: Path) -> Iterator[str]:
+    worker, sim = native_build / "gpupool-worker", native_build / "libgpupool-sim.so"
+    require(worker.is_file() and sim.is_file(), "needs the worker and the simulated device")
+    env = dict(os.environ)
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+    log = tmp_path / "mini_server.log"  # the workers log here too: a pipe could fill up
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "tools" / "mini_server.py"), "--worker",
+             str(worker), "--driver", str(sim), "--simulated", "--cache-dir",
+             str(tmp_path / "cache")],
+            stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, text=True,
+            env=env, start_new_session=True)
+    assert proc.stdout is not None
+    with proc.stdout:
+        line = proc.stdout.readline()
+        m = re.match(r"listening on (\S+)", line)
+        try:
+            assert m, f"mini_server did not start: {line!r}\n{log.read_text()}"
+            yield m.group(1)
+        finally:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    err = log.read_text(errors="replace")
+    for mark in ("AddressSanitizer", "runtime error:"):
+        assert mark not in err, err
+
+
+@pytest.mark.san
+@pytest.mark.parametrize("scenario", ["basic", "fork", "threads", "noexit-sync"])
+def test_scenario_on_simulated_device(native_build: Path, mini_server: str,
+                                      scenario: str) -> None:
+    proc = run_client([binary(native_build, "shim_scenarios"), scenario],
+                      env=client_env(mini_server), timeout=300)
+    assert_pass(proc, scenario)
+    # nothing unexpected on stderr: at most the one warning about mapped host memory
+    lines = [x for x in gpupool_lines(proc.stderr) if "mapped (zero-copy)" not in x]
+    assert lines == [], proc.stderr
+
+
+# ------------------------------------------------------------------------ the fake server
+class FakeServer:
+    """A scripted stand-in for gpupoold + worker. `on_hello(index, hello)` returns the hello
+    reply; `on_frame(server, conn, op, req, msg, bulk)` returns True when it handled the frame
+    itself (else the default answer goes out)."""
+
+    def __init__(self, on_hello: Callable[[int, Any], HelloReply] | None = None,
+                 on_frame: Callable[..., bool] | None = None) -> None:
+        self.on_hello = on_hello or (lambda i, h: snapshot(h))
+        self.on_frame = on_frame
+        self.hellos: list[Any] = []
+        self.frames: list[tuple[int, int, Any, float]] = []  # (op, req, msg, arrival)
+        self.lock = threading.Lock()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def ops(self) -> list[int]:
+        with self.lock:
+            return [f[0] for f in self.frames]
+
+    def _accept(self) -> None:
+        index = 0
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, index), daemon=True).start()
+            index += 1
+
+    @staticmethod
+    def _read(conn: socket.socket, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return bytes(buf)
+
+    def _serve(self, conn: socket.socket, index: int) -> None:
+        memory: dict[int, bytearray] = {}
+        try:
+            length, op, _flags, req = HEADER.unpack(self._read(conn, HEADER.size))
+            hello = REQUESTS[op].decode(self._read(conn, length))
+            with self.lock:
+                self.hellos.append(hello)
+            reply = self.on_hello(index, hello)
+            conn.sendall(encode_frame(reply, req))
+            if reply.result != 0:
+                return
+            next_addr = hello.va_base
+            while True:
+                length, op, _flags, req = HEADER.unpack(self._read(conn, HEADER.size))
+                msg = REQUESTS[op].decode(self._read(conn, length))
+                bulk = self._read(conn, msg.data) if op in (OP_MEMCPY_HTOD, OP_MODULE_LOAD) else b""
+                with self.lock:
+                    self.frames.append((op, req, msg, time.monotonic()))
+                if self.on_frame and self.on_frame(self, conn, op, req, msg, bulk):
+                    continue
+                if op == OP_GOODBYE:
+                    return
+                if op == OP_MEM_ALLOC:
+                    dptr = next_addr
+                    next_addr += (msg.size + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+                    memory[dptr] = bytearray(msg.size)
+                    out = REPLIES[op](result=0, dptr=dptr, mapped_size=next_addr - dptr)
+                    conn.sendall(encode_frame(out, req))
+                elif op == OP_MEMCPY_HTOD:
+                    for base, mem in memory.items():
+                        if base <= msg.dst < base + len(mem):
+                            mem[msg.dst - base:msg.dst - base + len(bulk)] = bulk
+                elif op == OP_MEMCPY_DTOH:
+                    data = bytes(msg.size)
+                    for base, mem in memory.items():
+                        if base <= msg.src < base + len(mem):
+                            data = bytes(mem[msg.src - base:msg.src - base + msg.size])
+                    conn.sendall(encode_frame(REPLIES[op](result=0, data=len(data)), req) + data)
+                elif op in REPLIES:
+                    conn.sendall(encode_frame(REPLIES[op](result=0), req))
+        except (EOFError, OSError):
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def snapshot(hello: Any, result: int = 0, message: str = "") -> HelloReply:
+    attrs = [0] * 140
+    for attr, value in {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 10: 32, 16: 4, 41: 1,
+                        75: 9, 76: 0, 83: 1}.items():
+        attrs[attr] = value
+    return HelloReply(
+        result=result, major=1, minor=0, message=message, server="fake", session_id=7,
+        simulated=1, name="Fake GPU", uuid=bytes(range(16)), total_mem=1 << 34,
+        driver_version=13020, pci_domain=0, pci_bus=0x41, pci_device=0, attributes=attrs,
+        limits=[1024, 1 << 20, 8 << 20], stream_priority_least=0, stream_priority_greatest=-5,
+        granularity=2 << 20, va_base=hello.va_base, va_size=hello.va_size)
+
+
+@pytest.fixture
+def fake() -> Iterator[Callable[..., FakeServer]]:
+    servers: list[FakeServer] = []
+
+    def make(**kw: Any) -> FakeServer:
+        server = FakeServer(**kw)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def run_scenario(build: Path, server: str | None, *args: str,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_client([binary(build, "shim_scenarios"), *args], env=client_env(server, env),
+                      timeout=60)
+
+
+@pytest.mark.san
+def test_hello_carries_identity_and_window(native_build: Path, fake: Callable[..., FakeServer],
+                                           ) -> None:
+    server = fake()
+    proc = run_scenario(native_build, server.address, "noexit-sync",
+                        env={"GPUPOOL_TOKEN": "s3cret", "GPUPOOL_DEVICE": "GPU-1234"})
+    assert_pass(proc, "noexit-sync")
+    (hello,) = server.hellos
+    assert hello.magic == MAGIC and hello.major == 1
+    assert hello.token == "s3cret" and hello.device_request == "GPU-1234"
+    assert hello.program == "shim_scenarios noexit-sync"
+    assert hello.va_base == VA_BASE and hello.va_size == VA_SIZE
+    assert hello.pid > 0 and hello.host and hello.user
+    # every queued memset went out before the goodbye, and the goodbye came last
+    ops = server.ops()
+    deadline = time.monotonic() + 5
+    while OP_GOODBYE not in ops and time.monotonic() < deadline:
+        time.sleep(0.02)
+        ops = server.ops()
+    assert ops.count(OP_MEMSET) == 1000
+    assert ops[-1] == OP_GOODBYE
+
+
+@pytest.mark.san
+def test_concurrent_cuinit_connects_once(native_build: Path, fake: Callable[..., FakeServer],
+                                         ) -> None:
+    server = fake()
+    proc = run_scenario(native_build, server.address, "init-race")
+    assert_pass(proc, "init-race")
+    assert len(server.hellos) == 1
+
+
+@pytest.mark.san
+def test_cuinit_without_server_setting(native_build: Path) -> None:
+    proc = run_scenario(native_build, None, "init-fail")
+    assert_pass(proc, "init-fail")
+    assert gpupool_lines(proc.stderr) == [
+        line for line in gpupool_lines(proc.stderr) if "GPUPOOL_SERVER is not set" in line]
+    assert len(gpupool_lines(proc.stderr)) == 1
+
+
+@pytest.mark.san
+def test_cuinit_with_server_down(native_build: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = run_scenario(native_build, f"127.0.0.1:{port}", "init-fail")
+    assert_pass(proc, "init-fail")
+    lines = gpupool_lines(proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert f"cannot connect to gpupool server 127.0.0.1:{port} (Connection refused)" in lines[0]
+
+
+@pytest.mark.san
+def test_session_refused(native_build: Path, fake: Callable[..., FakeServer]) -> None:
+    server = fake(on_hello=lambda i, h: snapshot(h, GP_EAUTH, "unknown token"))
+    proc = run_scenario(native_build, server.address, "init-fail")
+    assert_pass(proc, "init-fail")
+    lines = gpupool_lines(proc.stderr)
+    assert lines == [f"gpupool: server {server.address} refused the session: unknown token "
+                     "(check GPUPOOL_TOKEN)"], proc.stderr
+
+
+@pytest.mark.san
+def test_second_server_of_a_list(native_build: Path, fake: Callable[..., FakeServer]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{s.getsockname()[1]}"
+    server = fake()
+    proc = run_scenario(native_build, f"{down}, {server.address}", "noexit-sync")
+    assert_pass(proc, "noexit-sync")
+    assert len(server.hellos) == 1
+    assert gpupool_lines(proc.stderr) == []
+
+
+@pytest.mark.san
+def test_va_window_retry(native_build: Path, fake: Callable[..., FakeServer]) -> None:
+    server = fake(on_hello=lambda i, h: snapshot(h, GP_EVAWINDOW, "busy") if i == 0
+                  else snapshot(h))
+    proc = run_scenario(native_build, server.address, "noexit-sync")
+    assert_pass(proc, "noexit-sync")
+    assert [h.va_base for h in server.hellos] == [VA_BASE, 0x240000000000]
+    assert gpupool_lines(proc.stderr) == []
+
+
+def notice_on_memset(code: int, text: str) -> Callable[..., bool]:
+    def on_frame(server: FakeServer, conn: socket.socket, op: int, req: int, msg: Any,
+                 bulk: bytes) -> bool:
+        if op == OP_MEMSET:
+            conn.sendall(encode_frame(Notice(code=code, op=op, text=text), 0))
+            return True
+        return False
+    return on_frame
+
+
+@pytest.mark.san
+@pytest.mark.parametrize(("code", "sticky"), [(1, 0), (700, 1)])
+def test_deferred_error(native_build: Path, fake: Callable[..., FakeServer], code: int,
+                        sticky: int) -> None:
+    text = f"memset failed on the server: error {code}"
+    server = fake(on_frame=notice_on_memset(code, text))
+    proc = run_scenario(native_build, server.address, "pending", str(code), str(sticky))
+    assert_pass(proc, "pending")
+    assert gpupool_lines(proc.stderr) == [f"gpupool: {text}"], proc.stderr  # once
+
+
+@pytest.mark.san
+def test_lost_connection(native_build: Path, fake: Callable[..., FakeServer]) -> None:
+    def drop_on_sync(server: FakeServer, conn: socket.socket, op: int, *rest: Any) -> bool:
+        if op == OP_CTX_SYNCHRONIZE:
+            conn.shutdown(socket.SHUT_RDWR)
+            return True
+        return False
+
+    server = fake(on_frame=drop_on_sync)
+    proc = run_scenario(native_build, server.address, "lost")
+    assert_pass(proc, "lost")
+    assert gpupool_lines(proc.stderr) == [
+        f"gpupool: lost connection to server {server.address} (connection closed by the "
+        "server); CUDA calls now fail with CUDA_ERROR_DEVICE_UNAVAILABLE"], proc.stderr
+
+
+@pytest.mark.san
+def test_queued_work_goes_out_without_a_sync(native_build: Path,
+                                             fake: Callable[..., FakeServer]) -> None:
+    server = fake()
+    proc = run_scenario(native_build, server.address, "flush")
+    assert_pass(proc, "flush")
+    posted = float(re.search(r"posted-at (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    arrivals = [t for op, _req, _msg, t in server.frames if op == OP_MEMSET]
+    assert len(arrivals) == 1
+    # the program idled 500 ms after posting; the flusher sends within ~50 us (generous bound
+    # for a loaded machine)
+    assert arrivals[0] - posted < 0.25, arrivals[0] - posted
+
+
+@pytest.mark.skipif(SAN, reason="timings of the plain build only")
+def test_bench_prints_numbers(native_build: Path, mini_server: str) -> None:
+    proc = run_scenario(native_build, mini_server, "bench")
+    assert_pass(proc, "bench")
+    assert "sync round trip" in proc.stdout
+
+
+# ------------------------------------------------------------ our extra CUDA declarations
+GP_CUDA_MORE_H = REPO / "client" / "shim" / "gp_cuda_more.h"
+CUDA_INCLUDE = Path(os.environ.get("GPUPOOL_CUDA_INCLUDE", "/usr/local/cuda/include"))
+
+
+def test_gp_cuda_more_matches_cuda_h(tmp_path: Path) -> None:
+    """Every constant and layout of client/shim/gp_cuda_more.h as the toolkit's cuda.h has it:
+    one probe, compiled against each header, must print the same."""
+    require((CUDA_INCLUDE / "cuda.h").is_file(), f"needs the toolkit's cuda.h in {CUDA_INCLUDE}")
+    text = re.sub(r"/\*.*?\*/", "", GP_CUDA_MORE_H.read_text(), flags=re.S)
+    names = sorted(set(re.findall(r"\b(CU[A-Z0-9_]+|CUDA_ERROR_[A-Z0-9_]+)\s*=", text)))
+    assert len(names) > 20
+    lines = [f'printf("{n}=%lld\\n", (long long){n});' for n in names]
+    for t in ("CUdevprop", "CUctxCreateParams", "CUfunc_cache", "CUsharedconfig",
+              "CUstreamCaptureStatus", "CUgreenCtx", "CUlogsCallbackHandle", "CUlogLevel"):
+        lines.append(f'printf("sizeof {t}=%zu\\n", sizeof({t}));')
+    for m in ("maxThreadsPerBlock", "maxThreadsDim", "maxGridSize", "sharedMemPerBlock",
+              "totalConstantMemory", "SIMDWidth", "memPitch", "regsPerBlock", "clockRate",
+              "textureAlign"):
+        lines.append(f'printf("CUdevprop.{m}=%zu\\n", offsetof(CUdevprop, {m}));')
+    for m in ("execAffinityParams", "numExecAffinityParams", "cigParams"):
+        lines.append(f'printf("CUctxCreateParams.{m}=%zu\\n", offsetof(CUctxCreateParams, {m}));')
+    body = "\n    ".join(lines)
+    outputs = []
+    for header, inc in (("cuda.h", CUDA_INCLUDE), ("gp_cuda_more.h", GP_CUDA_MORE_H.parent)):
+        src = tmp_path / f"probe_{header.replace('.', '_')}.c"
+        src.write_text(f"#include <stddef.h>\n#include <stdio.h>\n#include \"{header}\"\n"
+                       f"int main(void) {{\n    {body}\n    return 0;\n}}\n")
+        exe = tmp_path / src.stem
+        cc = os.environ.get("CC", "cc")
+        subprocess.run([cc, "-o", str(exe), str(src), f"-I{inc}", f"-I{REPO / 'cudaapi'}"],
+                       check=True, capture_output=True, text=True)
+        outputs.append(subprocess.run([str(exe)], check=True, capture_output=True,
+                                      text=True).stdout)
+    assert outputs[0] == outputs[1]

@@ -1,0 +1,161 @@
+"""The simulated device (worker/sim, libgpupool-sim.so).
+
+Runs the C tests of tests/sim/ (built by the native build into <build>/tests/; marked `san`, so
+scripts/test.sh also runs them against the AddressSanitizer + UBSan build), after compiling the
+CUDA test kernels with nvcc into a cubin and fatbins for the image tests. Also checks, through
+ctypes, that the library exports exactly the driver entry points the worker needs, that its error
+names agree with the toolkit's cuda.h, and that every configuration key is documented.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import IN_CI, REPO, SAN, require
+
+SIM_DIR = REPO / "worker" / "sim"
+C_TESTS = [
+    "test_sim_config",
+    "test_sim_memory",
+    "test_sim_stream",
+    "test_sim_launch",
+    "test_sim_elf",
+]
+
+EXPORTS = """
+cuInit cuDriverGetVersion cuGetErrorName cuGetErrorString cuDeviceGetCount cuDeviceGet
+cuDeviceGetName cuDeviceGetUuid cuDeviceGetUuid_v2 cuDeviceTotalMem_v2 cuDeviceGetAttribute
+cuDeviceGetPCIBusId cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2
+cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxGetState cuCtxCreate_v2 cuCtxDestroy_v2
+cuCtxSetCurrent cuCtxGetCurrent cuCtxSynchronize cuCtxGetLimit cuCtxSetLimit
+cuCtxGetStreamPriorityRange cuMemGetInfo_v2 cuMemAddressReserve cuMemAddressFree cuMemCreate
+cuMemRelease cuMemMap cuMemUnmap cuMemSetAccess cuMemGetAllocationGranularity cuMemAlloc_v2
+cuMemFree_v2 cuMemHostAlloc cuMemFreeHost cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemcpyDtoD_v2
+cuMemcpyHtoDAsync_v2 cuMemcpyDtoHAsync_v2 cuMemcpyDtoDAsync_v2 cuMemsetD8_v2 cuMemsetD16_v2
+cuMemsetD32_v2 cuMemsetD8Async cuMemsetD16Async cuMemsetD32Async cuMemsetD2D8Async
+cuMemsetD2D16Async cuMemsetD2D32Async cuStreamCreateWithPriority
+cuStreamDestroy_v2 cuStreamSynchronize cuStreamQuery cuStreamWaitEvent cuEventCreate
+cuEventDestroy_v2 cuEventRecord cuEventRecordWithFlags cuEventQuery cuEventSynchronize
+cuEventElapsedTime_v2 cuModuleLoadData cuModuleUnload cuModuleGetFunction cuModuleGetGlobal_v2
+cuLibraryLoadData cuLibraryUnload cuLibraryGetKernel cuLibraryGetGlobal cuKernelGetFunction
+cuFuncGetParamInfo cuKernelGetParamInfo cuFuncGetAttribute cuFuncSetAttribute
+cuKernelGetAttribute cuKernelSetAttribute cuFuncSetCacheConfig cuKernelSetCacheConfig
+cuOccupancyMaxActiveBlocksPerMultiprocessor cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
+cuOccupancyAvailableDynamicSMemPerBlock cuOccupancyMaxPotentialClusterSize
+cuOccupancyMaxActiveClusters cuLaunchKernel cuLaunchKernelEx gpupoolSimLastErrorDetail
+""".split()
+
+
+def _nvcc():
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _cuda_h():
+    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if base and (pathlib.Path(base) / "include" / "cuda.h").is_file():
+            return pathlib.Path(base) / "include" / "cuda.h"
+    return None
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory):
+    """Environment naming the nvcc-built test images, or None when there is no nvcc."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        if IN_CI:
+            pytest.fail("nvcc is required in CI (CI=true) to build the simulated device's test images")
+        return None
+    out = tmp_path_factory.mktemp("sim_images")
+    src = REPO / "tests" / "sim" / "gp_test_kernels.cu"
+    gencode = "arch=compute_90,code=[sm_90,compute_90]"
+    builds = {
+        "GP_SIM_TEST_CUBIN": ["-cubin", "-arch=sm_90"],
+        "GP_SIM_TEST_FATBIN": ["-fatbin", f"-gencode={gencode}"],
+        "GP_SIM_TEST_FATBIN_COMPRESSED": ["-fatbin", f"-gencode={gencode}", "-Xfatbin", "-compress-all"],
+    }
+    env = {}
+    for var, flags in builds.items():
+        path = out / (var.lower() + ".bin")
+        proc = subprocess.run([nvcc, *flags, "-o", str(path), str(src)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"nvcc failed for {var}:\n{proc.stderr}"
+        env[var] = str(path)
+    return env
+
+
+@pytest.mark.san
+@pytest.mark.parametrize("binary", C_TESTS)
+def test_c_suite(native_build, images, binary):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_SIM_", "GP_SIM_TEST_"))}
+    env.update(images or {})
+    proc = subprocess.run([str(native_build / "tests" / binary)], capture_output=True, text=True, env=env, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{binary} ({native_build.name}) failed:\n{output[-8000:]}"
+    skipped = re.findall(r"^SKIP (\S+)", proc.stdout, re.M)
+    if images is None:
+        require(not skipped, f"the other tests passed; {', '.join(skipped)} need nvcc-built images: nvcc not found")
+    assert not skipped, f"unexpectedly skipped: {skipped}\n{output[-4000:]}"
+
+
+@pytest.fixture(scope="session")
+def lib(native_build):
+    if SAN:
+        pytest.skip("an ASan-instrumented library cannot be loaded into an uninstrumented Python")
+    return ctypes.CDLL(str(native_build / "libgpupool-sim.so"))
+
+
+def test_exports_exactly_the_driver_api(native_build):
+    proc = subprocess.run(
+        ["nm", "-D", "--defined-only", str(native_build / "libgpupool-sim.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+    assert exported == set(EXPORTS)
+
+
+def test_error_names_match_cuda_h(lib):
+    cuda_h = _cuda_h()
+    if cuda_h is None:
+        pytest.skip("no CUDA toolkit cuda.h to compare against")
+    codes = re.findall(r"^\s*(CUDA_(?:SUCCESS|ERROR_\w+))\s*=\s*(\d+)", cuda_h.read_text(), re.M)
+    assert len(codes) > 90
+    get_name = lib.cuGetErrorName
+    get_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    get_string = lib.cuGetErrorString
+    get_string.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    for name, value in codes:
+        out = ctypes.c_char_p()
+        assert get_name(int(value), ctypes.byref(out)) == 0, name
+        assert out.value.decode() == name
+        assert get_string(int(value), ctypes.byref(out)) == 0, name
+        assert out.value
+
+
+def test_attribute_count_matches_cuda_h():
+    cuda_h = _cuda_h()
+    if cuda_h is None:
+        pytest.skip("no CUDA toolkit cuda.h to compare against")
+    ids = [int(v) for v in re.findall(r"^\s*CU_DEVICE_ATTRIBUTE_\w+\s*=\s*(\d+)", cuda_h.read_text(), re.M)]
+    header = (REPO / "cudaapi" / "gp_cuda.h").read_text()
+    ours = int(re.search(r"CU_DEVICE_ATTRIBUTE_MAX\s*=\s*(\d+)", header).group(1))
+    # test_sim_config checks that every id below CU_DEVICE_ATTRIBUTE_MAX has a value.
+    assert max(ids) == ours - 1
+
+
+def test_every_config_key_is_documented():
+    source = (SIM_DIR / "sim_config.c").read_text()
+    keys = set(re.findall(r'strn?cmp\(key, "([a-z_.]+)"', source))
+    assert {"name", "total_memory", "uuid", "device_count", "attr."} <= keys
+    readme = (SIM_DIR / "README.md").read_text()
+    undocumented = sorted(k for k in keys if f"`{k.rstrip('.')}" not in readme)
+    assert not undocumented, f"keys missing from worker/sim/README.md: {undocumented}"

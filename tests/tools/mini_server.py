@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""A minimal stand-in for gpupoold's remoting listener, for testing the client shim alone.
+
+It accepts TCP connections, reads each client's hello frame and hands the socket to a new
+gpupool-worker (the hello body on its stdin), as the daemon does, without authentication,
+scheduling or leases. It prints "listening on HOST:PORT" once it is ready.
+
+    python3 tests/tools/mini_server.py --worker build/gpupool-worker \
+        --driver build/libgpupool-sim.so --simulated [--port 0] [--cache-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+
+HEADER = struct.Struct("<IHHQ")  # len, op, flags, req
+OP_HELLO = 1
+MAX_HELLO = 64 << 10
+
+
+def read_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("client closed the connection before its hello")
+        buf += chunk
+    return bytes(buf)
+
+
+def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) -> None:
+    try:
+        conn.settimeout(10)
+        length, op, _flags, req = HEADER.unpack(read_exact(conn, HEADER.size))
+        if op != OP_HELLO or length > MAX_HELLO:
+            print(f"mini_server: first frame is op {op} ({length} bytes), not hello", file=sys.stderr)
+            return
+        body = read_exact(conn, length)
+        conn.settimeout(None)
+        cmd = [
+            args.worker, "--fd", str(conn.fileno()), "--driver", args.driver,
+            "--device", str(args.device), "--cache-dir", args.cache_dir,
+            "--session-id", str(session_id), "--hello-req", str(req),
+        ]
+        if args.simulated:
+            cmd.append("--simulated")
+        env = dict(os.environ)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(conn.fileno(),), env=env)
+        assert proc.stdin is not None
+        proc.stdin.write(body)
+        proc.stdin.close()
+        conn.close()  # the worker owns the connection now
+        rc = proc.wait()
+        if args.verbose:
+            print(f"mini_server: session {session_id} ended, worker exit {rc}", file=sys.stderr)
+    except (OSError, ConnectionError) as exc:
+        print(f"mini_server: {exc}", file=sys.stderr)
+    finally:
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--worker", default="build/gpupool-worker")
+    ap.add_argument("--driver", default="build/libgpupool-sim.so")
+    ap.add_argument("--simulated", action="store_true")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--max-sessions", type=int, default=0, help="exit after this many (0: never)")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    if args.cache_dir is None:
+        args.cache_dir = tempfile.mkdtemp(prefix="gpupool-mini-")
+    os.makedirs(args.cache_dir, exist_ok=True)
+
+    lsock = socket.create_server((args.host, args.port), reuse_port=False)
+    host, port = lsock.getsockname()[:2]
+    print(f"listening on {host}:{port}", flush=True)
+    session_id = 0
+    threads = []
+    try:
+        while True:
+            conn, _ = lsock.accept()
+            session_id += 1
+            t = threading.Thread(target=serve_one, args=(conn, args, session_id), daemon=True)
+            t.start()
+            threads.append(t)
+            if args.max_sessions and session_id >= args.max_sessions:
+                break
+    except KeyboardInterrupt:
+        pass
+    for t in threads:
+        t.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

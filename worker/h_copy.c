@@ -1,0 +1,301 @@
+/*
+ * h_copy.c: host<->device copies.
+ *
+ * Large copies go through two pinned staging buffers used alternately, each with an event that
+ * completes when the device copy using it is done: while the device copies chunk n out of one
+ * buffer, the socket fills (or drains) the other with chunk n+1, so network and PCIe transfers
+ * overlap. Small copies go straight between the socket buffers and the device.
+ *
+ * The buffers are pinned "portable" memory allocated in the primary context (valid for every
+ * context); events belong to one context, so they are (re)created in the current context when it
+ * changes. Without pinned memory or events the same code runs synchronously.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker.h"
+
+static void events_destroy(struct worker *w)
+{
+    for (int i = 0; i < 2; i++) {
+        if (w->st.ev[i]) {
+            if (w->st.busy[i] && DRV(w, cuEventSynchronize, w->st.ev[i]) != CUDA_SUCCESS)
+                wlog("waiting for a staging copy failed");
+            if (DRV(w, cuEventDestroy, w->st.ev[i]) != CUDA_SUCCESS)
+                wlog("destroying a staging event failed");
+        }
+        w->st.ev[i] = NULL;
+        w->st.busy[i] = 0;
+    }
+    w->st.ev_ctx = 0;
+}
+
+void staging_drop_events(struct worker *w, uint64_t ctx_id)
+{
+    if (w->st.ev_ctx == ctx_id)
+        events_destroy(w);
+}
+
+void staging_release(struct worker *w)
+{
+    events_destroy(w);
+    for (int i = 0; i < 2; i++) {
+        if (!w->st.buf[i])
+            continue;
+        if (w->st.pinned) {
+            CUresult rc = DRV(w, cuMemFreeHost, w->st.buf[i]);
+            if (rc != CUDA_SUCCESS)
+                wlog("freeing a staging buffer: %s", err_name(w, rc));
+        } else {
+            free(w->st.buf[i]);
+        }
+        w->st.buf[i] = NULL;
+    }
+    w->st.pinned = 0;
+}
+
+static int pinned_alloc(struct worker *w)
+{
+    if (!w->drv.cuMemHostAlloc || !w->drv.cuMemFreeHost)
+        return -1;
+    /* Allocate in the primary context: it outlives every context the client creates. */
+    CUcontext cur = w->cur_ctx ? ctx_handle(w, w->cur_ctx) : NULL;
+    if (cur != w->primary && w->drv.cuCtxSetCurrent(w->primary) != CUDA_SUCCESS)
+        return -1;
+    int ok = 1;
+    for (int i = 0; i < 2 && ok; i++) {
+        CUresult rc = w->drv.cuMemHostAlloc(&w->st.buf[i], WK_CHUNK, CU_MEMHOSTALLOC_PORTABLE);
+        if (rc != CUDA_SUCCESS) {
+            wlog("pinned staging memory unavailable (%s); copies run synchronously",
+                 err_name(w, rc));
+            w->st.buf[i] = NULL;
+            ok = 0;
+        }
+    }
+    if (!ok && w->st.buf[0]) {
+        if (w->drv.cuMemFreeHost(w->st.buf[0]) != CUDA_SUCCESS)
+            wlog("freeing a staging buffer failed");
+        w->st.buf[0] = NULL;
+    }
+    if (cur != w->primary && w->drv.cuCtxSetCurrent(cur) != CUDA_SUCCESS)
+        wlog("restoring the current context after allocating staging memory failed");
+    return ok ? 0 : -1;
+}
+
+/* Staging buffers, and events in the current context when possible. 0, or -1 (out of memory). */
+static int staging_ensure(struct worker *w)
+{
+    if (!w->st.buf[0]) {
+        if (pinned_alloc(w) == 0) {
+            w->st.pinned = 1;
+        } else {
+            w->st.buf[0] = malloc(WK_CHUNK);
+            w->st.buf[1] = malloc(WK_CHUNK);
+            if (!w->st.buf[0] || !w->st.buf[1]) {
+                staging_release(w);
+                return -1;
+            }
+        }
+    }
+    if (w->st.pinned && w->cur_ctx != 0 && w->st.ev_ctx != w->cur_ctx) {
+        events_destroy(w);
+        for (int i = 0; i < 2; i++) {
+            if (DRV(w, cuEventCreate, &w->st.ev[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+                w->st.ev[i] = NULL;
+                events_destroy(w); /* without both events we copy synchronously */
+                return 0;
+            }
+        }
+        w->st.ev_ctx = w->cur_ctx;
+    }
+    return 0;
+}
+
+/* Waits until buf[i] is free to reuse; returns the error of the copy that used it, if any. */
+static CUresult staging_wait(struct worker *w, int i)
+{
+    if (!w->st.busy[i])
+        return CUDA_SUCCESS;
+    w->st.busy[i] = 0;
+    /* The wait may be long: replies go out first. (A failed flush marks the connection dead;
+     * we still wait, since the buffer must not be reused or freed under the copy.) */
+    if (w->out_len > 0)
+        (void)io_flush(w);
+    return DRV(w, cuEventSynchronize, w->st.ev[i]);
+}
+
+/* After queueing a copy that uses buf[i] on stream s: record its event, or, when we cannot,
+ * wait for the stream (pageable copies are synchronous already). */
+static CUresult staging_mark(struct worker *w, int i, CUstream s)
+{
+    if (!w->st.pinned)
+        return CUDA_SUCCESS;
+    if (w->st.ev[0] && w->st.ev_ctx == w->cur_ctx &&
+        DRV(w, cuEventRecord, w->st.ev[i], s) == CUDA_SUCCESS) {
+        w->st.busy[i] = 1;
+        return CUDA_SUCCESS;
+    }
+    return DRV(w, cuStreamSynchronize, s);
+}
+
+/* The bulk data of a host-to-device copy, through the staging buffers. After an error the rest
+ * of the data is still read (and dropped) to keep the stream in sync. -1: connection gone. */
+static int htod_staged(struct worker *w, const gp_memcpy_htod *m, CUstream s, CUresult *rc)
+{
+    uint64_t n = m->data_len, done = 0;
+    int i = 0;
+    while (done < n) {
+        size_t chunk = n - done < WK_CHUNK ? (size_t)(n - done) : WK_CHUNK;
+        CUresult wr = staging_wait(w, i);
+        if (*rc == CUDA_SUCCESS)
+            *rc = wr;
+        if (io_read_bulk(w, w->st.buf[i], chunk) != 0)
+            return -1;
+        if (*rc == CUDA_SUCCESS)
+            *rc = DRV(w, cuMemcpyHtoDAsync, m->dst + done, w->st.buf[i], chunk, s);
+        if (*rc == CUDA_SUCCESS)
+            *rc = staging_mark(w, i, s);
+        done += chunk;
+        i ^= 1;
+    }
+    /* A synchronous copy is complete before the client's next frame runs. */
+    for (int k = 0; k < 2 && !m->is_async; k++) {
+        CUresult wr = staging_wait(w, k);
+        if (*rc == CUDA_SUCCESS)
+            *rc = wr;
+    }
+    return 0;
+}
+
+WK_HANDLER(memcpy_htod)
+{
+    uint64_t n = m->data_len;
+    CUstream s;
+    CUresult rc = stream_get(w, m->stream, &s);
+    w->stats.h2d_bytes += n;
+    if (rc == CUDA_SUCCESS && n <= WK_SMALL_COPY && io_buffered(w) >= n) {
+        /* All in the input buffer: a pageable-source copy, done with the source on return. */
+        if (n > 0)
+            rc = DRV(w, cuMemcpyHtoDAsync, m->dst, io_buffered_ptr(w), n, s);
+        io_consume(w, n);
+    } else if (rc == CUDA_SUCCESS && staging_ensure(w) == 0) {
+        if (htod_staged(w, m, s, &rc) != 0)
+            return;
+    } else {
+        if (rc == CUDA_SUCCESS)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        if (io_read_bulk(w, NULL, n) != 0) /* a failed call still consumes its data */
+            return;
+    }
+    if (rc != CUDA_SUCCESS)
+        defer_error(w, GP_OP_MEMCPY_HTOD, rc, "copy of %llu bytes to device address 0x%llx",
+                    (unsigned long long)n, (unsigned long long)m->dst);
+}
+
+/* A large device-to-host copy: the first chunk decides between an error reply and a data reply;
+ * after that the reply is committed to `size` bytes, so a later failure sends zeros for the rest
+ * and becomes the pending error. */
+static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m, CUstream s)
+{
+    gp_memcpy_dtoh_reply r = {0};
+    uint64_t n = m->size;
+    if (io_flush(w) != 0)
+        return;
+    if (staging_ensure(w) != 0) {
+        r.result = CUDA_ERROR_OUT_OF_MEMORY;
+        WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+        return;
+    }
+    /* Both buffers may still feed an earlier asynchronous host-to-device copy. */
+    CUresult rc = staging_wait(w, 0);
+    CUresult rc1 = staging_wait(w, 1);
+    if (rc == CUDA_SUCCESS)
+        rc = rc1;
+    size_t first = n < WK_CHUNK ? (size_t)n : WK_CHUNK;
+    if (rc == CUDA_SUCCESS)
+        rc = DRV(w, cuMemcpyDtoHAsync, w->st.buf[0], m->src, first, s);
+    if (rc == CUDA_SUCCESS)
+        rc = staging_mark(w, 0, s);
+    if (rc == CUDA_SUCCESS)
+        rc = staging_wait(w, 0);
+    /* Probe the last byte too: a range that runs off its allocation is refused now, while an
+     * error reply is still possible. */
+    if (rc == CUDA_SUCCESS && n > first) {
+        rc = DRV(w, cuMemcpyDtoHAsync, w->st.buf[1], m->src + n - 1, 1, s);
+        if (rc == CUDA_SUCCESS)
+            rc = staging_mark(w, 1, s);
+        if (rc == CUDA_SUCCESS)
+            rc = staging_wait(w, 1);
+    }
+    if (rc != CUDA_SUCCESS) {
+        r.result = rc;
+        WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+        return;
+    }
+    r.data_len = n;
+    WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+    w->stats.d2h_bytes += n;
+
+    CUresult late = CUDA_SUCCESS;
+    uint64_t off = 0;
+    int i = 0;
+    while (off < n) {
+        size_t len = n - off < WK_CHUNK ? (size_t)(n - off) : WK_CHUNK;
+        uint64_t next = off + len;
+        size_t nlen = n - next < WK_CHUNK ? (size_t)(n - next) : WK_CHUNK;
+        /* Queue chunk n+1 into the other buffer, then send chunk n while the device works. */
+        if (nlen > 0 && late == CUDA_SUCCESS) {
+            late = DRV(w, cuMemcpyDtoHAsync, w->st.buf[i ^ 1], m->src + next, nlen, s);
+            if (late == CUDA_SUCCESS)
+                late = staging_mark(w, i ^ 1, s);
+        }
+        if (io_write_direct(w, w->st.buf[i], len) != 0)
+            return;
+        if (nlen > 0) {
+            CUresult wr = staging_wait(w, i ^ 1);
+            if (late == CUDA_SUCCESS)
+                late = wr;
+            if (late != CUDA_SUCCESS)
+                memset(w->st.buf[i ^ 1], 0, nlen);
+        }
+        off = next;
+        i ^= 1;
+    }
+    if (late != CUDA_SUCCESS)
+        defer_error(w, GP_OP_MEMCPY_DTOH, late, "copy of %llu bytes from device address 0x%llx",
+                    (unsigned long long)n, (unsigned long long)m->src);
+}
+
+WK_HANDLER(memcpy_dtoh)
+{
+    gp_memcpy_dtoh_reply r = {0};
+    CUstream s;
+    r.result = stream_get(w, m->stream, &s);
+    /* A synchronous copy is a synchronising call: an earlier deferred error is its result. */
+    if (r.result == CUDA_SUCCESS && !m->is_async)
+        r.result = sync_result(w, CUDA_SUCCESS);
+    if (r.result != CUDA_SUCCESS || m->size == 0) {
+        WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+        return;
+    }
+    if (m->size > WK_SMALL_COPY) {
+        dtoh_staged(w, req, m, s);
+        return;
+    }
+    /* Small: copy straight into the output buffer behind the reply header. The destination is
+     * pageable, so the call returns when the copy is complete. */
+    r.data_len = m->size;
+    size_t hdr = 16 + gp_memcpy_dtoh_reply_size(&r);
+    uint8_t *p = io_reserve(w, hdr + (size_t)m->size);
+    if (!p)
+        return;
+    r.result = DRV(w, cuMemcpyDtoHAsync, p + hdr, m->src, (size_t)m->size, s);
+    if (r.result != CUDA_SUCCESS) {
+        io_unreserve(w, hdr + (size_t)m->size);
+        r.data_len = 0;
+        WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+        return;
+    }
+    gp_memcpy_dtoh_reply_frame(p, req, &r);
+    w->stats.d2h_bytes += m->size;
+}

@@ -1,0 +1,326 @@
+/*
+ * io.c: the client socket.
+ *
+ * Input goes through one buffer (1 MiB, grown only for a frame that does not fit) so that a
+ * client's batch of small frames costs one read() for many frames. Replies accumulate in an
+ * output buffer that is written out when the input runs dry (just before we would block waiting
+ * for the client, who may be waiting for those replies) or when it grows large. Bulk data is
+ * copied straight between the socket and its destination.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "worker.h"
+
+int io_init(struct worker *w, int fd, int sigfd)
+{
+    w->fd = fd;
+    w->sigfd = sigfd;
+    w->in = malloc(WK_INBUF_SIZE);
+    w->out = malloc(WK_FLUSH_AT);
+    if (!w->in || !w->out)
+        return -1;
+    w->in_cap = WK_INBUF_SIZE;
+    w->out_cap = WK_FLUSH_AT;
+    return 0;
+}
+
+void io_free(struct worker *w)
+{
+    free(w->in);
+    free(w->out);
+    w->in = w->out = NULL;
+}
+
+static void lost(struct worker *w, const char *what, int err)
+{
+    if (!w->dead)
+        wlog("client connection lost (%s: %s)", what, strerror(err));
+    w->dead = 1;
+    w->closing = 1;
+}
+
+/* The fd may arrive non-blocking (the daemon's asyncio sockets are); we clear that at start, but
+ * if it comes back anyway, wait for readiness instead of spinning. */
+static int wait_fd(struct worker *w, short events)
+{
+    struct pollfd p = {.fd = w->fd, .events = events};
+    for (;;) {
+        int r = poll(&p, 1, -1);
+        if (r >= 0)
+            return 0;
+        if (errno != EINTR) {
+            lost(w, "poll", errno);
+            return -1;
+        }
+    }
+}
+
+static int write_all(struct worker *w, const uint8_t *p, size_t n)
+{
+    while (n > 0 && !w->dead) {
+        /* MSG_NOSIGNAL: a vanished client is an error return, not a SIGPIPE. */
+        ssize_t r = send(w->fd, p, n, MSG_NOSIGNAL);
+        if (r < 0 && errno == ENOTSOCK)
+            r = write(w->fd, p, n);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+        } else if (r < 0 && errno == EINTR) {
+            continue;
+        } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (wait_fd(w, POLLOUT) != 0)
+                return -1;
+        } else {
+            lost(w, "write", r < 0 ? errno : EPIPE);
+            return -1;
+        }
+    }
+    return w->dead ? -1 : 0;
+}
+
+int io_flush(struct worker *w)
+{
+    if (w->out_len == 0)
+        return w->dead ? -1 : 0;
+    int r = write_all(w, w->out, w->out_len);
+    w->out_len = 0;
+    return r;
+}
+
+int io_write_direct(struct worker *w, const void *p, size_t n)
+{
+    if (io_flush(w) != 0)
+        return -1;
+    return write_all(w, p, n);
+}
+
+uint8_t *io_reserve(struct worker *w, size_t n)
+{
+    if (w->out_cap - w->out_len < n) {
+        size_t cap = w->out_cap;
+        while (cap - w->out_len < n)
+            cap *= 2;
+        uint8_t *o = realloc(w->out, cap);
+        if (!o) {
+            wlog("out of memory for a %zu-byte reply; closing the session", n);
+            w->closing = 1;
+            return NULL;
+        }
+        w->out = o;
+        w->out_cap = cap;
+    }
+    uint8_t *p = w->out + w->out_len;
+    w->out_len += n;
+    return p;
+}
+
+void io_unreserve(struct worker *w, size_t n)
+{
+    w->out_len = n > w->out_len ? 0 : w->out_len - n;
+}
+
+/* Blocks until the client socket is readable. -1 when a termination signal came first (the
+ * client is told, the loop stops) or poll failed. */
+static int wait_client(struct worker *w)
+{
+    if (w->sigfd < 0)
+        return 0;
+    struct pollfd p[2] = {{.fd = w->fd, .events = POLLIN}, {.fd = w->sigfd, .events = POLLIN}};
+    for (;;) {
+        int r = poll(p, 2, -1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            lost(w, "poll", errno);
+            return -1;
+        }
+        if (p[1].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            ssize_t n = read(w->sigfd, &si, sizeof si);
+            int sig = n == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
+            wlog("%s: ending the session", sig ? strsignal(sig) : "signal");
+            send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
+                        "the gpupool server is shutting down; this session has ended");
+            (void)io_flush(w); /* best effort: the client may be gone */
+            w->dead = 1;
+            w->closing = 1;
+            return -1;
+        }
+        if (p[0].revents)
+            return 0; /* readable, hung up or in error: read() tells which */
+    }
+}
+
+/* Up to n bytes into dst: > 0 bytes read, 0 end of stream, -1 error. Pending replies are written
+ * out before we block, never after: the client may be waiting for them before it sends more. */
+static ssize_t read_some(struct worker *w, void *dst, size_t n)
+{
+    if (n > SSIZE_MAX)
+        n = SSIZE_MAX;
+    for (;;) {
+        if (w->dead)
+            return -1;
+        ssize_t r;
+        if (w->out_len > 0) {
+            r = recv(w->fd, dst, n, MSG_DONTWAIT);
+            if (r >= 0)
+                return r;
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOTSOCK) {
+                lost(w, "read", errno);
+                return -1;
+            }
+            if (io_flush(w) != 0)
+                return -1;
+        }
+        if (wait_client(w) != 0)
+            return -1;
+        r = read(w->fd, dst, n);
+        if (r >= 0)
+            return r;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (wait_fd(w, POLLIN) != 0)
+                return -1;
+            continue;
+        }
+        lost(w, "read", errno);
+        return -1;
+    }
+}
+
+/* Makes at least `need` bytes available at in_pos. 1 ok, 0 clean end of stream (nothing
+ * buffered), -1 error or end of stream in the middle of a frame. */
+static int fill(struct worker *w, size_t need)
+{
+    while (w->in_end - w->in_pos < need) {
+        if (w->in_cap - w->in_pos < need) {
+            size_t have = w->in_end - w->in_pos;
+            if (need > w->in_cap) {
+                uint8_t *n = realloc(w->in, need);
+                if (!n) {
+                    wlog("out of memory for a %zu-byte frame; closing the session", need);
+                    w->closing = 1;
+                    return -1;
+                }
+                w->in = n;
+                w->in_cap = need;
+            }
+            memmove(w->in, w->in + w->in_pos, have);
+            w->in_pos = 0;
+            w->in_end = have;
+        }
+        ssize_t r = read_some(w, w->in + w->in_end, w->in_cap - w->in_end);
+        if (r < 0)
+            return -1;
+        if (r == 0) {
+            if (w->in_end == w->in_pos)
+                return 0;
+            wlog("client closed the connection in the middle of a frame");
+            w->closing = 1;
+            return -1;
+        }
+        w->in_end += (size_t)r;
+    }
+    return 1;
+}
+
+int io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
+{
+    /* Between frames, give back the memory of an oversized frame. */
+    if (w->in_cap > WK_INBUF_SIZE && w->in_end - w->in_pos <= WK_INBUF_SIZE) {
+        size_t have = w->in_end - w->in_pos;
+        memmove(w->in, w->in + w->in_pos, have);
+        w->in_pos = 0;
+        w->in_end = have;
+        uint8_t *n = realloc(w->in, WK_INBUF_SIZE);
+        if (n) {
+            w->in = n;
+            w->in_cap = WK_INBUF_SIZE;
+        }
+    }
+    int r = fill(w, GP_PROTO_HEADER_SIZE);
+    if (r <= 0)
+        return r;
+    gp_header_decode(w->in + w->in_pos, h);
+    if (h->len > GP_PROTO_MAX_BODY) {
+        protocol_error(w, h->op, "frame body of %u bytes exceeds the limit of %u", h->len,
+                       GP_PROTO_MAX_BODY);
+        return -1;
+    }
+    if (!gp_op_known(h->op)) {
+        protocol_error(w, h->op, "unknown message op %u", h->op);
+        return -1;
+    }
+    r = fill(w, GP_PROTO_HEADER_SIZE + (size_t)h->len);
+    if (r <= 0) {
+        if (r == 0) /* end of stream right after a header */
+            wlog("client closed the connection in the middle of a frame");
+        return -1;
+    }
+    *body = w->in + w->in_pos + GP_PROTO_HEADER_SIZE;
+    w->in_pos += GP_PROTO_HEADER_SIZE + (size_t)h->len;
+    return 1;
+}
+
+size_t io_buffered(const struct worker *w)
+{
+    return w->in_end - w->in_pos;
+}
+
+const uint8_t *io_buffered_ptr(const struct worker *w)
+{
+    return w->in + w->in_pos;
+}
+
+void io_consume(struct worker *w, size_t n)
+{
+    if (n > w->in_end - w->in_pos)
+        n = w->in_end - w->in_pos;
+    w->in_pos += n;
+}
+
+int io_read_bulk(struct worker *w, void *dst, uint64_t n)
+{
+    uint8_t *d = dst;
+    size_t have = io_buffered(w);
+    if (have > n)
+        have = (size_t)n;
+    if (have > 0) {
+        if (d) {
+            memcpy(d, w->in + w->in_pos, have);
+            d += have;
+        }
+        w->in_pos += have;
+        n -= have;
+    }
+    /* Bulk beyond the buffer goes straight to its destination. Discarded bytes (a failed call
+     * must still consume its data to keep the stream in sync) go to a scratch area. */
+    uint8_t scratch[64 << 10];
+    while (n > 0) {
+        size_t want = n > SIZE_MAX ? SIZE_MAX : (size_t)n;
+        if (!d && want > sizeof scratch)
+            want = sizeof scratch;
+        ssize_t r = read_some(w, d ? (void *)d : (void *)scratch, want);
+        if (r <= 0) {
+            if (r == 0) {
+                wlog("client closed the connection in the middle of bulk data");
+                w->closing = 1;
+            }
+            return -1;
+        }
+        if (d)
+            d += r;
+        n -= (uint64_t)r;
+    }
+    return 0;
+}

@@ -1,0 +1,203 @@
+/*
+ * main.c: gpupool-worker's command line, the hello on stdin, and the exit codes that gpupoold
+ * relies on (worker/README.md):
+ *
+ *   gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
+ *                  --hello-req REQ [--simulated]
+ *
+ *   exit 0  the session ended: goodbye, end of stream, lost connection, a protocol violation, or
+ *           SIGTERM/SIGINT (the client gets a notice first)
+ *   exit 1  the session could not start (the hello reply says why) or failed on our side
+ *   exit 2  usage error (nothing was sent to the client)
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "worker.h"
+
+#define MAX_HELLO_BODY ((size_t)64 << 10) /* a hello is a few KiB at most (spec limits) */
+
+static void usage(const char *why)
+{
+    wlog("usage error: %s", why);
+    fprintf(stderr, "usage: gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
+                    "--session-id ID --hello-req REQ [--simulated]\n");
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s || *s == '-')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct wk_options *o)
+{
+    memset(o, 0, sizeof *o);
+    uint64_t fd = 0, dev = 0;
+    int have = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--simulated") == 0) {
+            o->simulated = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            usage("an option lacks its value");
+            return -1;
+        }
+        const char *v = argv[++i];
+        int bad = 0;
+        if (strcmp(a, "--fd") == 0) {
+            bad = parse_u64(v, &fd) != 0 || fd > 1000000;
+            have |= 1;
+        } else if (strcmp(a, "--driver") == 0) {
+            o->driver = v;
+            have |= 2;
+        } else if (strcmp(a, "--device") == 0) {
+            bad = parse_u64(v, &dev) != 0 || dev > 1024;
+            have |= 4;
+        } else if (strcmp(a, "--cache-dir") == 0) {
+            o->cache_dir = v;
+            bad = !*v;
+            have |= 8;
+        } else if (strcmp(a, "--session-id") == 0) {
+            bad = parse_u64(v, &o->session_id) != 0;
+            have |= 16;
+        } else if (strcmp(a, "--hello-req") == 0) {
+            bad = parse_u64(v, &o->hello_req) != 0;
+            have |= 32;
+        } else {
+            usage("unknown option");
+            return -1;
+        }
+        if (bad) {
+            usage("an option has an invalid value");
+            return -1;
+        }
+    }
+    if (have != 63) {
+        usage("a required option is missing");
+        return -1;
+    }
+    o->fd = (int)fd;
+    o->ordinal = (int)dev;
+    return 0;
+}
+
+/* The socket as the hot loop wants it: blocking (the daemon's asyncio sockets are not), and
+ * without Nagle's delay on TCP (replies are small and latency-bound). */
+static int prepare_socket(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0)
+        return -1;
+    if ((fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return -1;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0 &&
+        (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)) {
+        int one = 1;
+        if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+            wlog("TCP_NODELAY: %s", strerror(errno));
+    }
+    return 0;
+}
+
+/* The hello body, as the daemon received it, from stdin. NULL on error. */
+static uint8_t *read_hello(size_t *len)
+{
+    uint8_t *buf = malloc(MAX_HELLO_BODY);
+    if (!buf)
+        return NULL;
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(STDIN_FILENO, buf + n, MAX_HELLO_BODY - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 || (r > 0 && n + (size_t)r == MAX_HELLO_BODY)) {
+            wlog("reading the hello from stdin: %s", r < 0 ? strerror(errno) : "too long");
+            free(buf);
+            return NULL;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    *len = n;
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    struct wk_options o;
+    if (parse_args(argc, argv, &o) != 0)
+        return 2;
+    if (prepare_socket(o.fd) != 0) {
+        usage("--fd is not an open descriptor");
+        return 2;
+    }
+    /* Writes to a vanished client must fail with EPIPE, not kill us before we clean up. */
+    if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+        wlog("cannot ignore SIGPIPE: %s", strerror(errno));
+
+    /* gpupoold stops workers with SIGTERM: turn it (and SIGINT) into an event the loop sees
+     * while it waits for the client, so the client is told and everything is released. Blocked
+     * before the driver starts its threads, which inherit the mask. */
+    int sigfd = -1;
+    sigset_t stop;
+    if (sigemptyset(&stop) == 0 && sigaddset(&stop, SIGTERM) == 0 && sigaddset(&stop, SIGINT) == 0 &&
+        sigprocmask(SIG_BLOCK, &stop, NULL) == 0) {
+        sigfd = signalfd(-1, &stop, SFD_CLOEXEC);
+        if (sigfd < 0) {
+            wlog("signalfd: %s; SIGTERM ends the worker at once", strerror(errno));
+            if (sigprocmask(SIG_UNBLOCK, &stop, NULL) != 0)
+                wlog("sigprocmask: %s", strerror(errno));
+        }
+    } else {
+        wlog("cannot block SIGTERM: %s", strerror(errno));
+    }
+
+    /* All state of the session; see worker.h for why there is no global state. */
+    struct worker *w = calloc(1, sizeof *w);
+    if (!w || io_init(w, o.fd, sigfd) != 0) {
+        wlog("out of memory at start");
+        return 1;
+    }
+    w->simulated = o.simulated;
+    int status = 1;
+    size_t hello_len = 0;
+    uint8_t *hello_body = read_hello(&hello_len);
+    gp_hello hello;
+    if (!hello_body || gp_hello_decode(hello_body, hello_len, &hello) != 0) {
+        hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
+    } else if (session_start(w, &o, &hello) == 0) {
+        wlog("client pid %u (%.*s@%.*s, %.*s)", hello.pid, (int)hello.user_len, hello.user,
+             (int)hello.host_len, hello.host, (int)hello.program_len, hello.program);
+        worker_loop(w);
+        status = 0;
+    }
+    free(hello_body);
+    session_end(w);
+    io_free(w);
+    free(w);
+    if (sigfd >= 0 && close(sigfd) != 0)
+        wlog("closing the signalfd: %s", strerror(errno));
+    return status;
+}

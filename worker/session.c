@@ -1,0 +1,237 @@
+/*
+ * session.c: bring the device up for one client, answer its hello with the device snapshot, and
+ * release everything at the end.
+ *
+ * The snapshot lets the client answer device queries (attributes, limits, name...) locally, so
+ * it carries every attribute the driver knows, not only the ones a test happens to use.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "worker.h"
+
+static void server_name(char out[256])
+{
+    if (gethostname(out, 256) != 0)
+        snprintf(out, 256, "unknown");
+    out[255] = '\0';
+}
+
+void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)
+{
+    char msg[4096], host[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        msg[0] = '\0';
+    server_name(host);
+    wlog("refusing the session: %s", msg);
+    gp_hello_reply r = {0};
+    r.result = result;
+    r.major = GP_PROTO_MAJOR;
+    r.minor = GP_PROTO_MINOR;
+    r.message = msg;
+    r.message_len = (uint32_t)strlen(msg);
+    r.server = host;
+    r.server_len = (uint32_t)strlen(host);
+    r.simulated = (uint32_t)w->simulated;
+    WK_REPLY(w, req, gp_hello_reply, &r);
+    (void)io_flush(w); /* the client may be gone already; nothing else to do either way */
+}
+
+/* The device snapshot of the hello reply, then send it. */
+static void hello_snapshot(struct worker *w, const struct wk_options *o)
+{
+    char host[256], name[256] = "";
+    server_name(host);
+    gp_hello_reply r = {0};
+    r.major = GP_PROTO_MAJOR;
+    r.minor = GP_PROTO_MINOR;
+    r.server = host;
+    r.server_len = (uint32_t)strlen(host);
+    r.session_id = o->session_id;
+    r.simulated = (uint32_t)o->simulated;
+    if (DRV(w, cuDeviceGetName, name, (int)sizeof name, w->dev) != CUDA_SUCCESS)
+        snprintf(name, sizeof name, "unknown device");
+    name[255] = '\0';
+    r.name = name;
+    r.name_len = (uint32_t)strlen(name);
+    CUuuid uuid;
+    memset(&uuid, 0, sizeof uuid);
+    if (DRV(w, cuDeviceGetUuid, &uuid, w->dev) == CUDA_SUCCESS)
+        memcpy(r.uuid, uuid.bytes, 16);
+    size_t total = 0;
+    if (DRV(w, cuDeviceTotalMem, &total, w->dev) == CUDA_SUCCESS)
+        r.total_mem = total;
+    int v = 0;
+    if (DRV(w, cuDriverGetVersion, &v) == CUDA_SUCCESS)
+        r.driver_version = v;
+
+    /* attributes[i] is attribute i; those the driver does not answer read 0. */
+    uint8_t attrs[4 * CU_DEVICE_ATTRIBUTE_MAX];
+    for (int i = 0; i < CU_DEVICE_ATTRIBUTE_MAX; i++) {
+        v = 0;
+        if (w->drv.cuDeviceGetAttribute(&v, i, w->dev) != CUDA_SUCCESS)
+            v = 0;
+        gp_wr_u32(attrs + 4 * i, (uint32_t)v);
+    }
+    r.attributes = attrs;
+    r.attributes_count = CU_DEVICE_ATTRIBUTE_MAX;
+    r.pci_domain = gp_arr_i32(attrs, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+    r.pci_bus = gp_arr_i32(attrs, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+    r.pci_device = gp_arr_i32(attrs, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+
+    uint8_t limits[8 * CU_LIMIT_MAX];
+    for (int i = 0; i < CU_LIMIT_MAX; i++) {
+        size_t lv = 0;
+        if (DRV(w, cuCtxGetLimit, &lv, i) != CUDA_SUCCESS)
+            lv = 0;
+        gp_wr_u64(limits + 8 * i, lv);
+    }
+    r.limits = limits;
+    r.limits_count = CU_LIMIT_MAX;
+    int least = 0, greatest = 0;
+    if (DRV(w, cuCtxGetStreamPriorityRange, &least, &greatest) == CUDA_SUCCESS) {
+        r.stream_priority_least = least;
+        r.stream_priority_greatest = greatest;
+    }
+    r.granularity = w->gran;
+    r.va_base = w->va_base;
+    r.va_size = w->va_size;
+    WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
+    wlog("session 0x%llx: serving %s (device %d%s), VA window 0x%llx+0x%llx",
+         (unsigned long long)o->session_id, name, o->ordinal, o->simulated ? ", simulated" : "",
+         (unsigned long long)w->va_base, (unsigned long long)w->va_size);
+}
+
+int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello)
+{
+    uint64_t req = o->hello_req;
+    char err[512];
+    w->ordinal = o->ordinal;
+    w->simulated = o->simulated;
+    if (hello->magic != GP_PROTO_MAGIC) {
+        hello_refuse(w, req, GP_EPROTO, "bad hello magic 0x%x", hello->magic);
+        return -1;
+    }
+    if (hello->major != GP_PROTO_MAJOR) {
+        hello_refuse(w, req, GP_EVERSION, "protocol %u.%u is not supported (server speaks %d.%d)",
+                     hello->major, hello->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
+        return -1;
+    }
+    if (driver_load(&w->drv, o->driver, err, sizeof err) != 0) {
+        hello_refuse(w, req, GP_EREFUSED, "%s", err);
+        return -1;
+    }
+    CUresult rc = w->drv.cuInit(0);
+    if (rc != CUDA_SUCCESS) {
+        hello_refuse(w, req, rc, "cuInit failed on the server: %s", err_name(w, rc));
+        return -1;
+    }
+    rc = w->drv.cuDeviceGet(&w->dev, o->ordinal);
+    if (rc != CUDA_SUCCESS) {
+        hello_refuse(w, req, rc, "device %d is not available on the server: %s", o->ordinal,
+                     err_name(w, rc));
+        return -1;
+    }
+    rc = w->drv.cuDevicePrimaryCtxRetain(&w->primary, w->dev);
+    if (rc == CUDA_SUCCESS) {
+        w->primary_retains = 1;
+        rc = w->drv.cuCtxSetCurrent(w->primary);
+    }
+    if (rc != CUDA_SUCCESS) {
+        hello_refuse(w, req, rc, "cannot create a context on device %d: %s", o->ordinal,
+                     err_name(w, rc));
+        return -1;
+    }
+    w->cur_ctx = WK_PRIMARY_CTX_ID;
+
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = w->dev;
+    size_t gran = 0;
+    rc = w->drv.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (rc == CUDA_SUCCESS && (gran == 0 || (gran & (gran - 1)) != 0))
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    if (rc != CUDA_SUCCESS) {
+        hello_refuse(w, req, rc, "device %d has no usable virtual memory management: %s",
+                     o->ordinal, err_name(w, rc));
+        return -1;
+    }
+    w->gran = gran;
+
+    /* The window must be ours at exactly the client's addresses; any other outcome is a
+     * GP_EVAWINDOW refusal and the client tries another base. */
+    w->va_base = hello->va_base;
+    w->va_size = hello->va_size / gran * gran;
+    if (w->va_base % gran != 0 || w->va_size == 0 || w->va_base + w->va_size < w->va_base) {
+        hello_refuse(w, req, GP_EVAWINDOW,
+                     "VA window 0x%llx+0x%llx is not aligned to the allocation granularity 0x%zx",
+                     (unsigned long long)hello->va_base, (unsigned long long)hello->va_size, gran);
+        return -1;
+    }
+    rc = va_reserve(w);
+    if (rc != CUDA_SUCCESS) {
+        hello_refuse(w, req, GP_EVAWINDOW, "the server cannot reserve the VA window 0x%llx+0x%llx: %s",
+                     (unsigned long long)w->va_base, (unsigned long long)w->va_size,
+                     rc == (CUresult)-1 ? "the range is in use" : err_name(w, rc));
+        return -1;
+    }
+    if (vm_init(&w->vm, w->va_base, w->va_size, w->gran) != 0 ||
+        modcache_init(&w->mc, o->cache_dir) != 0) {
+        hello_refuse(w, req, CUDA_ERROR_OUT_OF_MEMORY, "the server is out of memory");
+        return -1;
+    }
+    hello_snapshot(w, o);
+    return 0;
+}
+
+/* A context the client created, at the end of the session. */
+static void destroy_ctx(struct worker *w, uint64_t id, struct wk_obj *o)
+{
+    CUresult rc = ctx_teardown(w, id, o);
+    if (rc != CUDA_SUCCESS)
+        wlog("destroying context 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+}
+
+void session_end(struct worker *w)
+{
+    if (w->drv.lib && w->primary) {
+        /* Unloading and destroying need a context; the primary owns what is left after the
+         * client's own contexts are gone. */
+        CUresult rc = w->drv.cuCtxSetCurrent(w->primary);
+        if (rc != CUDA_SUCCESS)
+            wlog("making the primary context current for cleanup: %s", err_name(w, rc));
+        w->cur_ctx = WK_PRIMARY_CTX_ID;
+        staging_release(w);
+        obj_purge(w, &w->ctxs, 0, 0, destroy_ctx);
+        obj_purge(w, &w->modules, 0, 0, obj_destroy_module);
+        obj_purge(w, &w->funcs, 0, 0, NULL);
+        obj_purge(w, &w->events, 0, 0, obj_destroy_event);
+        obj_purge(w, &w->streams, 0, 0, obj_destroy_stream);
+        obj_purge(w, &w->allocs, 0, 0, obj_destroy_alloc);
+        va_release(w);
+        for (; w->primary_retains > 0; w->primary_retains--) {
+            rc = DRV(w, cuDevicePrimaryCtxRelease, w->dev);
+            if (rc != CUDA_SUCCESS)
+                wlog("releasing the primary context: %s", err_name(w, rc));
+        }
+    }
+    /* The driver library stays loaded: libcuda does not support being unloaded, and the process
+     * ends right after this. */
+    idmap_clear(&w->ctxs);
+    idmap_clear(&w->streams);
+    idmap_clear(&w->events);
+    idmap_clear(&w->modules);
+    idmap_clear(&w->funcs);
+    idmap_clear(&w->allocs);
+    vm_destroy(&w->vm);
+    modcache_free(&w->mc);
+    free(w->params_buf);
+    w->params_buf = NULL;
+}

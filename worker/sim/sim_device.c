@@ -1,0 +1,120 @@
+/*
+ * sim_device.c: device enumeration and properties, all from the configuration (sim_config.c).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "sim_api.h"
+#include "sim_internal.h"
+
+CUresult cuDeviceGetCount(int *count)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!count)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    *count = sim_cfg.device_count;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!device)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(ordinal))
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    *device = ordinal;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!name || len <= 0)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(dev))
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    /* Like the driver: as much of the name as fits, always NUL-terminated. */
+    size_t n = strlen(sim_cfg.name);
+    if (n > (size_t)len - 1)
+        n = (size_t)len - 1;
+    memcpy(name, sim_cfg.name, n);
+    name[n] = '\0';
+    return sim_leave(CUDA_SUCCESS);
+}
+
+static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!uuid)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(dev))
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    memcpy(uuid->bytes, sim_cfg.uuid, 16);
+    /* Devices must differ; the configured UUID is device 0's. */
+    uuid->bytes[15] = (char)(sim_cfg.uuid[15] + (unsigned)dev);
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return get_uuid(uuid, dev); }
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return get_uuid(uuid, dev); }
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!bytes)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(dev))
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    *bytes = (size_t)sim_cfg.total_memory;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pi || attrib < 1 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(dev))
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    *pi = sim_config_attr(&sim_cfg, dev, attrib);
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pciBusId || len <= 0)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(dev))
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    /* domain:bus:device.function in hex, 13 bytes with the NUL; truncated to len like the
+     * driver does. */
+    char buf[32];
+    int n = snprintf(buf, sizeof(buf), "%04x:%02x:%02x.0",
+                     (unsigned)sim_config_attr(&sim_cfg, dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+                     (unsigned)sim_config_attr(&sim_cfg, dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+                     (unsigned)sim_config_attr(&sim_cfg, dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
+    if (n < 0)
+        return sim_leave(CUDA_ERROR_UNKNOWN);
+    size_t k = strlen(buf);
+    if (k > (size_t)len - 1)
+        k = (size_t)len - 1;
+    memcpy(pciBusId, buf, k);
+    pciBusId[k] = '\0';
+    return sim_leave(CUDA_SUCCESS);
+}

@@ -1,0 +1,246 @@
+/*
+ * sim_internal.h: what the files of the simulated device share. Nothing here is exported.
+ *
+ * Locking: one mutex (sim_mu in sim_core.c) guards all of the sim's state. Every API entry point takes it
+ * through sim_enter*() and drops it through sim_leave(); the functions declared below that touch
+ * shared state expect the caller to hold it. Work runs under the lock too (copies, kernels): the
+ * simulated device is synchronous, and it keeps a concurrent cuMemUnmap from pulling memory out
+ * from under a running copy.
+ */
+#ifndef GP_SIM_INTERNAL_H
+#define GP_SIM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gp_cuda.h"
+
+#define SIM_MAX_DEVICES 16
+#define SIM_NAME_MAX 256
+#define SIM_LIMIT_COUNT 10 /* CU_LIMIT_MAX of the 13.0 driver */
+
+/* Result codes and enum values that gp_cuda.h does not declare (prefixed so that they never clash
+ * with names it may declare later). Values are those of the driver ABI. */
+enum {
+    SIM_ERR_UNSUPPORTED_LIMIT = 215,
+    SIM_ERR_INVALID_CLUSTER_SIZE = 912,
+};
+enum {
+    SIM_FUNC_ATTR_MAX_THREADS_PER_BLOCK = 0,
+    SIM_FUNC_ATTR_SHARED_SIZE_BYTES = 1,
+    SIM_FUNC_ATTR_CONST_SIZE_BYTES = 2,
+    SIM_FUNC_ATTR_LOCAL_SIZE_BYTES = 3,
+    SIM_FUNC_ATTR_NUM_REGS = 4,
+    SIM_FUNC_ATTR_PTX_VERSION = 5,
+    SIM_FUNC_ATTR_BINARY_VERSION = 6,
+    SIM_FUNC_ATTR_CACHE_MODE_CA = 7,
+    SIM_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    SIM_FUNC_ATTR_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
+    SIM_FUNC_ATTR_CLUSTER_SIZE_MUST_BE_SET = 10,
+    SIM_FUNC_ATTR_REQUIRED_CLUSTER_WIDTH = 11,
+    SIM_FUNC_ATTR_REQUIRED_CLUSTER_HEIGHT = 12,
+    SIM_FUNC_ATTR_REQUIRED_CLUSTER_DEPTH = 13,
+    SIM_FUNC_ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14,
+    SIM_FUNC_ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15,
+    SIM_FUNC_ATTR_COUNT = 16,
+};
+enum { SIM_LAUNCH_ATTR_CLUSTER_DIMENSION = 4 };
+
+/* ---- configuration (sim_config.c) -------------------------------------------------------- */
+struct sim_config {
+    char name[SIM_NAME_MAX];
+    uint64_t total_memory; /* bytes, per device */
+    int cc_major, cc_minor, sm_count;
+    unsigned char uuid[16]; /* device 0's; device n adds n to the last byte */
+    int pci_domain, pci_bus, pci_device;
+    int driver_version;
+    uint64_t granularity; /* VMM allocation granularity */
+    uint64_t heap_base;   /* where cuMemAlloc's heap starts (device 0; the others follow) */
+    uint64_t va_base;     /* where cuMemAddressReserve(addr = 0) looks first */
+    int device_count;
+    bool attr_set[CU_DEVICE_ATTRIBUTE_MAX];
+    int attr_value[CU_DEVICE_ATTRIBUTE_MAX];
+};
+
+/* Defaults, then the GPUPOOL_SIM_CONFIG file, then GPUPOOL_SIM_<KEY> variables. On a bad key or
+ * value: one line on stderr and CUDA_ERROR_INVALID_VALUE. */
+CUresult sim_config_load(struct sim_config *cfg);
+/* The value of device attribute `attrib` (1 .. CU_DEVICE_ATTRIBUTE_MAX-1) of device `dev`. */
+int sim_config_attr(const struct sim_config *cfg, int dev, int attrib);
+
+/* ---- core state (sim_core.c) ------------------------------------------------------------- */
+struct sim_ctx {
+    uint64_t handle;
+    int dev;
+    bool primary;
+    bool active;          /* a primary context is active while retained */
+    unsigned refcount;    /* primary contexts: retain count */
+    unsigned flags;
+    CUresult sticky;      /* CUDA_ERROR_ILLEGAL_ADDRESS after a faulting kernel, else 0 */
+    size_t limits[SIM_LIMIT_COUNT];
+};
+
+extern struct sim_config sim_cfg; /* valid once initialised; read-only afterwards */
+
+/* Lock, check cuInit has succeeded, clear the thread's error detail. Unlocks on failure. */
+CUresult sim_enter(void);
+/* sim_enter() and also require a current, usable context (returned in *ctx). The context's sticky
+ * error, if any, is returned (unlocked) as the driver returns it from every later call. */
+CUresult sim_enter_ctx(struct sim_ctx **ctx);
+/* Unlock and return rc (so that `return sim_leave(rc);` ends an entry point). */
+CUresult sim_leave(CUresult rc);
+/* Record the detail behind an error for gpupoolSimLastErrorDetail() (printf format). */
+void sim_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Why cuInit fails (configuration, heap reservation): one line on stderr, and kept as the error
+ * detail of every later cuInit / cuDriverGetVersion that returns the same failure. */
+void sim_init_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+bool sim_dev_valid(CUdevice dev);
+/* The context of a handle, or NULL when it names none (or a released primary context). */
+struct sim_ctx *sim_ctx_get(CUcontext h);
+/* Frees everything a context owns (streams, events, modules, heap memory). */
+void sim_ctx_release_resources(struct sim_ctx *ctx);
+CUresult sim_ctx_create_primaries(void);
+/* The calling thread's current context handle (0: none), possibly stale. */
+uint64_t sim_current_ctx(void);
+void sim_set_current_ctx(uint64_t h);
+uint64_t sim_now_ns(void);
+
+/* ---- handles (sim_handles.c) ------------------------------------------------------------- */
+/* Handles given to callers are tagged integers, never pointers: a stale or forged handle is
+ * looked up, not dereferenced, so it yields CUDA_ERROR_INVALID_HANDLE instead of a crash. */
+enum sim_kind {
+    SIM_K_CTX = 1,
+    SIM_K_STREAM,
+    SIM_K_EVENT,
+    SIM_K_MODULE,
+    SIM_K_LIBRARY,
+    SIM_K_FUNC,
+    SIM_K_KERNEL,
+    SIM_K_MEMHANDLE,
+};
+uint64_t sim_handle_new(enum sim_kind kind, void *obj); /* 0 when out of memory */
+void *sim_handle_get(uint64_t h, enum sim_kind kind);   /* NULL when unknown */
+void sim_handle_del(uint64_t h);
+/* Calls fn for every live handle of `kind`; fn may delete handles but not create any. */
+void sim_handle_foreach(enum sim_kind kind, void (*fn)(uint64_t h, void *obj, void *arg),
+                        void *arg);
+
+/* ---- device memory (sim_memory.c) -------------------------------------------------------- */
+enum sim_seg_kind { SIM_SEG_HEAP = 1, SIM_SEG_VMM, SIM_SEG_HOST };
+enum { SIM_SEG_GLOBAL = 1 }; /* heap segment holding a module global (cuMemFree refuses it) */
+
+struct sim_seg {
+    uint64_t start;
+    uint64_t len;  /* bytes that may be touched */
+    uint64_t foot; /* bytes of address space and accounted memory it occupies */
+    enum sim_seg_kind kind;
+    unsigned flags;
+    int dev;
+    uint64_t owner;  /* heap: the owning context's handle */
+    void *obj;       /* VMM: the physical allocation mapped here */
+};
+
+CUresult sim_memory_init(void);
+/* The host address of [addr, addr+len) when all of it is device-accessible memory (heap
+ * allocations, VMM mappings, cuMemHostAlloc memory), else NULL. len 0 is never valid. */
+void *sim_dev_range(uint64_t addr, uint64_t len);
+CUresult sim_heap_alloc(int dev, uint64_t owner, uint64_t size, unsigned flags, uint64_t *out);
+CUresult sim_heap_free(uint64_t addr, bool allow_global);
+void sim_heap_free_owner(uint64_t owner);
+/* Physical memory in use on a device (heap footprints + live cuMemCreate allocations). */
+uint64_t sim_mem_used(int dev);
+void sim_mem_account(int dev, int64_t delta);
+/* Segment registry shared with the VMM code. */
+CUresult sim_seg_add(const struct sim_seg *s);
+const struct sim_seg *sim_seg_find(uint64_t addr); /* footprint containing addr */
+const struct sim_seg *sim_seg_from(uint64_t addr); /* first starting at or after addr */
+void sim_seg_remove(uint64_t start);
+/* Replace [addr, addr+len) by fresh memory of protection prot (PROT_NONE drops the contents). */
+int sim_remap(uint64_t addr, uint64_t len, int prot);
+
+/* ---- streams and events (sim_stream.c) --------------------------------------------------- */
+/* CUDA_SUCCESS for NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD and live streams. */
+CUresult sim_stream_check(CUstream s);
+void sim_stream_release_ctx(uint64_t ctx);
+
+/* ---- images (sim_elf.c, sim_image.c) ----------------------------------------------------- */
+struct sim_param {
+    uint32_t offset, size;
+};
+
+struct sim_elf_kernel {
+    char *name;
+    int nparams;               /* -1: the image does not say */
+    struct sim_param *params;  /* nparams entries, by index */
+    int regs;                  /* -1: unknown */
+};
+
+struct sim_elf_global {
+    char *name;
+    uint64_t size;
+    unsigned char *init; /* initial bytes (size of them), or NULL for zeros */
+};
+
+struct sim_elf_info {
+    int sm; /* e.g. 90, or 0 when the header does not say in a way we know */
+    struct sim_elf_kernel *kernels;
+    size_t nkernels;
+    struct sim_elf_global *globals;
+    size_t nglobals;
+};
+
+/* Parses a cubin of exactly len bytes. Never reads outside [buf, buf+len).
+ * CUDA_ERROR_INVALID_IMAGE when it is not a well-formed CUDA ELF. */
+CUresult sim_elf_parse(const unsigned char *buf, size_t len, struct sim_elf_info *out);
+void sim_elf_free(struct sim_elf_info *info);
+
+struct sim_image {
+    bool any_name; /* kernels and globals unknown (PTX, compressed code): accept any name */
+    struct sim_elf_info elf;
+};
+/* Parses a fatbin of exactly len bytes, picking the code for a device of compute capability
+ * dev_sm (major*10+minor). Never reads outside [buf, buf+len). */
+CUresult sim_fatbin_parse(const unsigned char *buf, size_t len, int dev_sm, struct sim_image *out);
+/* Any image the driver accepts: fatbin wrapper, fatbin, cubin, PTX text. The extent of the image
+ * is taken from its own headers (the API passes no length). */
+CUresult sim_image_load(const void *image, int dev_sm, struct sim_image *out);
+void sim_image_free(struct sim_image *img);
+
+/* ---- simulated kernels (sim_kernels.c) --------------------------------------------------- */
+#define SIM_KERNEL_MAX_PARAMS 8
+struct sim_dims {
+    unsigned grid[3], block[3];
+};
+typedef CUresult (*sim_kernel_fn)(const unsigned char *params, const struct sim_dims *d);
+struct sim_kernel_def {
+    const char *name;
+    int nparams;
+    struct sim_param params[SIM_KERNEL_MAX_PARAMS];
+    sim_kernel_fn fn;
+};
+const struct sim_kernel_def *sim_kernel_find(const char *name);
+uint32_t sim_params_size(int nparams, const struct sim_param *params);
+
+/* ---- modules and functions (sim_module.c) ------------------------------------------------ */
+struct sim_module;
+struct sim_func {
+    uint64_t fh;                     /* CUfunction handle */
+    uint64_t kh;                     /* CUkernel handle (library kernels), else 0 */
+    struct sim_module *mod;
+    char *name;
+    const struct sim_kernel_def *def; /* the host version, or NULL */
+    int nparams;                      /* -1: unknown */
+    const struct sim_param *params;
+    int regs;
+    int attr[SIM_FUNC_ATTR_COUNT];    /* settable attributes */
+    int cache_config;
+};
+/* The function named by a CUfunction or a CUkernel handle, or NULL. */
+struct sim_func *sim_func_get(uint64_t h);
+void sim_module_release_ctx(uint64_t ctx);
+
+/* ---- launches (sim_launch.c) ------------------------------------------------------------- */
+int sim_func_attr_value(const struct sim_func *f, int attrib);
+
+#endif /* GP_SIM_INTERNAL_H */

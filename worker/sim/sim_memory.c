@@ -1,0 +1,306 @@
+/*
+ * sim_memory.c: simulated device memory.
+ *
+ * Device memory is host memory at the same address, so a "device pointer" can be used directly
+ * by copies and by the host versions of kernels. What makes it device memory is that the sim
+ * knows it: every range a caller or a kernel touches is looked up in a registry of segments
+ * (cuMemAlloc allocations, VMM mappings, cuMemHostAlloc memory) before it is used, so a bad
+ * pointer yields an error instead of a crash of the worker.
+ *
+ * cuMemAlloc memory comes from a heap region per device, reserved (PROT_NONE, no swap) at
+ * heap_base by cuInit, so that these pointers never land at addresses a client uses for its own
+ * host memory. An allocation occupies whole pages: mapping fresh pages read-write allocates it,
+ * mapping PROT_NONE over them frees it and gives the memory back to the system.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "sim_api.h"
+#include "sim_internal.h"
+
+#define PAGE 4096ull
+#define HEAP_STRIDE_ALIGN (2ull * 1024 * 1024)
+
+static struct sim_seg *segs; /* sorted by start, never overlapping */
+static size_t nsegs, capsegs;
+static uint64_t used_bytes[SIM_MAX_DEVICES];
+static uint64_t heap_stride;
+
+/* ---- segment registry -------------------------------------------------------------------- */
+
+/* Index of the first segment whose start is > addr. */
+static size_t upper(uint64_t addr)
+{
+    size_t lo = 0, hi = nsegs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (segs[mid].start <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+CUresult sim_seg_add(const struct sim_seg *s)
+{
+    if (nsegs == capsegs) {
+        size_t ncap = capsegs ? capsegs * 2 : 64;
+        struct sim_seg *n = realloc(segs, ncap * sizeof(*n));
+        if (!n)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        segs = n;
+        capsegs = ncap;
+    }
+    size_t i = upper(s->start);
+    memmove(&segs[i + 1], &segs[i], (nsegs - i) * sizeof(*segs));
+    segs[i] = *s;
+    nsegs++;
+    return CUDA_SUCCESS;
+}
+
+/* The segment whose footprint contains addr. */
+const struct sim_seg *sim_seg_find(uint64_t addr)
+{
+    size_t i = upper(addr);
+    if (i == 0)
+        return NULL;
+    const struct sim_seg *s = &segs[i - 1];
+    return addr - s->start < s->foot ? s : NULL;
+}
+
+/* The first segment that starts at or after addr (for walking a range in address order). */
+const struct sim_seg *sim_seg_from(uint64_t addr)
+{
+    size_t i = addr == 0 ? 0 : upper(addr - 1);
+    return i < nsegs ? &segs[i] : NULL;
+}
+
+void sim_seg_remove(uint64_t start)
+{
+    size_t i = upper(start);
+    if (i == 0 || segs[i - 1].start != start)
+        return;
+    i--;
+    memmove(&segs[i], &segs[i + 1], (nsegs - i - 1) * sizeof(*segs));
+    nsegs--;
+}
+
+void *sim_dev_range(uint64_t addr, uint64_t len)
+{
+    if (len == 0 || addr + len < addr)
+        return NULL;
+    uint64_t end = addr + len, cur = addr;
+    /* Adjacent segments (VMM mappings side by side) form one valid range, as on the device. */
+    for (;;) {
+        size_t i = upper(cur);
+        if (i == 0)
+            return NULL;
+        const struct sim_seg *s = &segs[i - 1];
+        if (cur - s->start >= s->len)
+            return NULL;
+        uint64_t s_end = s->start + s->len;
+        if (s_end >= end)
+            return (void *)(uintptr_t)addr;
+        cur = s_end;
+    }
+}
+
+int sim_remap(uint64_t addr, uint64_t len, int prot)
+{
+    void *p = mmap((void *)(uintptr_t)addr, len, prot,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return p == (void *)(uintptr_t)addr ? 0 : -1;
+}
+
+/* ---- accounting -------------------------------------------------------------------------- */
+
+uint64_t sim_mem_used(int dev) { return used_bytes[dev]; }
+
+void sim_mem_account(int dev, int64_t delta) { used_bytes[dev] += (uint64_t)delta; }
+
+/* ---- the cuMemAlloc heap ----------------------------------------------------------------- */
+
+CUresult sim_memory_init(void)
+{
+    heap_stride = (sim_cfg.total_memory + HEAP_STRIDE_ALIGN - 1) / HEAP_STRIDE_ALIGN *
+                  HEAP_STRIDE_ALIGN;
+    uint64_t span = heap_stride * (uint64_t)sim_cfg.device_count;
+    void *want = (void *)(uintptr_t)sim_cfg.heap_base;
+    void *p = mmap(want, span, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == MAP_FAILED || p != want) {
+        int err = errno;
+        if (p != MAP_FAILED && munmap(p, span) != 0)
+            fprintf(stderr, "gpupool-sim: munmap of a misplaced reservation failed\n");
+        sim_init_fail("cannot reserve the device heap at 0x%llx (%llu bytes; key heap_base): %s",
+                      (unsigned long long)sim_cfg.heap_base, (unsigned long long)span,
+                      p == MAP_FAILED ? strerror(err) : "address taken");
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_heap_alloc(int dev, uint64_t owner, uint64_t size, unsigned flags, uint64_t *out)
+{
+    if (size == 0 || size > sim_cfg.total_memory)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t foot = (size + PAGE - 1) / PAGE * PAGE;
+    if (used_bytes[dev] + foot > sim_cfg.total_memory)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    /* First fit over the device's region, walking its segments in address order. */
+    uint64_t base = sim_cfg.heap_base + heap_stride * (uint64_t)dev, top = base + heap_stride;
+    uint64_t cand = base;
+    for (size_t i = upper(base - 1); i < nsegs && segs[i].start < top; i++) {
+        if (segs[i].start - cand >= foot)
+            break;
+        cand = segs[i].start + segs[i].foot;
+    }
+    if (top - cand < foot)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (sim_remap(cand, foot, PROT_READ | PROT_WRITE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct sim_seg s = {.start = cand, .len = size, .foot = foot, .kind = SIM_SEG_HEAP,
+                        .flags = flags, .dev = dev, .owner = owner};
+    if (sim_seg_add(&s) != CUDA_SUCCESS) {
+        if (sim_remap(cand, foot, PROT_NONE) != 0)
+            fprintf(stderr, "gpupool-sim: cannot return heap pages at 0x%llx\n",
+                    (unsigned long long)cand);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    used_bytes[dev] += foot;
+    *out = cand;
+    return CUDA_SUCCESS;
+}
+
+static void heap_release(size_t i)
+{
+    struct sim_seg s = segs[i];
+    /* PROT_NONE pages in place of the old ones: the contents are gone and later accesses through
+     * a stale pointer are refused by the registry (and would fault, not corrupt, in host code). */
+    if (sim_remap(s.start, s.foot, PROT_NONE) != 0)
+        fprintf(stderr, "gpupool-sim: cannot return heap pages at 0x%llx\n",
+                (unsigned long long)s.start);
+    used_bytes[s.dev] -= s.foot;
+    sim_seg_remove(s.start);
+}
+
+CUresult sim_heap_free(uint64_t addr, bool allow_global)
+{
+    size_t i = upper(addr);
+    if (i == 0 || segs[i - 1].start != addr || segs[i - 1].kind != SIM_SEG_HEAP)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((segs[i - 1].flags & SIM_SEG_GLOBAL) && !allow_global)
+        return CUDA_ERROR_INVALID_VALUE;
+    heap_release(i - 1);
+    return CUDA_SUCCESS;
+}
+
+static void host_release(size_t i)
+{
+    struct sim_seg s = segs[i];
+    if (munmap((void *)(uintptr_t)s.start, s.foot) != 0)
+        fprintf(stderr, "gpupool-sim: munmap of host memory at 0x%llx failed\n",
+                (unsigned long long)s.start);
+    sim_seg_remove(s.start);
+}
+
+void sim_heap_free_owner(uint64_t owner)
+{
+    for (size_t i = nsegs; i-- > 0;) {
+        if (segs[i].owner != owner)
+            continue;
+        if (segs[i].kind == SIM_SEG_HEAP)
+            heap_release(i);
+        else if (segs[i].kind == SIM_SEG_HOST)
+            host_release(i);
+    }
+}
+
+/* ---- API --------------------------------------------------------------------------------- */
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dptr || bytesize == 0)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    uint64_t p = 0;
+    rc = sim_heap_alloc(c->dev, c->handle, bytesize, 0, &p);
+    if (rc == CUDA_SUCCESS)
+        *dptr = p;
+    return sim_leave(rc);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return sim_leave(sim_heap_free(dptr, false));
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!free_bytes && !total)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (free_bytes)
+        *free_bytes = (size_t)(sim_cfg.total_memory - used_bytes[c->dev]);
+    if (total)
+        *total = (size_t)sim_cfg.total_memory;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+/* Page-locked host memory: ordinary host pages that the sim also treats as device-accessible, as
+ * unified addressing makes mapped pinned memory on a real device. Not counted against the
+ * device's memory. */
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pp || bytesize == 0 ||
+        (Flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                             CU_MEMHOSTALLOC_WRITECOMBINED)) != 0)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (bytesize > SIZE_MAX - PAGE)
+        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    uint64_t foot = (bytesize + PAGE - 1) / PAGE * PAGE;
+    void *p = mmap(NULL, foot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    struct sim_seg s = {.start = (uint64_t)(uintptr_t)p, .len = bytesize, .foot = foot,
+                        .kind = SIM_SEG_HOST, .dev = c->dev, .owner = c->handle};
+    if (sim_seg_add(&s) != CUDA_SUCCESS) {
+        if (munmap(p, foot) != 0)
+            fprintf(stderr, "gpupool-sim: munmap of host memory failed\n");
+        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    *pp = p;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    size_t i = upper(a);
+    if (!p || i == 0 || segs[i - 1].start != a || segs[i - 1].kind != SIM_SEG_HOST)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    host_release(i - 1);
+    return sim_leave(CUDA_SUCCESS);
+}

@@ -1,0 +1,251 @@
+/*
+ * worker.h: the state of one gpupool-worker process and the interfaces between its files.
+ *
+ * The worker is single-threaded on purpose: it serves exactly one client connection, frames are
+ * executed in the order they arrive (the client relies on that for stream order), and the driver
+ * calls it makes are the only concurrency it needs. All state lives in one `struct worker` that is
+ * passed to every function; there is no global mutable state, so no locks.
+ *
+ * Files:
+ *   main.c      arguments, the hello on stdin, exit codes
+ *   session.c   driver setup (context, VA window), the hello reply, teardown
+ *   loop.c      the frame loop: header checks, decode, dispatch; ping/stats/goodbye
+ *   io.c        the socket: 1 MiB input buffer, bulk input, output buffer and flushing
+ *   errors.c    logging, error names, notices, deferred (pending) errors
+ *   objects.c   client ids -> driver handles (idmap.c), lookups and bulk cleanup
+ *   h_ctx.c     contexts, limits, memory info, primary context reset
+ *   h_mem.c     allocations in the VA window (vm.c), frees, device-side copies and memsets
+ *   h_copy.c    host<->device copies through pinned staging buffers
+ *   h_stream.c  streams and events
+ *   h_module.c  module/library loading, functions, globals (image cache: modcache.c)
+ *   h_launch.c  function attributes, occupancy, launches
+ */
+#ifndef GP_WORKER_H
+#define GP_WORKER_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "driver.h"
+#include "gp_cuda.h"
+#include "gp_protocol.h"
+#include "idmap.h"
+#include "modcache.h"
+#include "vm.h"
+
+/* The client's primary context id: 0x6750000000000000 | GP_H_CTX << 40 | 1 (client/shim/shim.h).
+ * The spec's ctx_set_current doc calls the primary "ctx 1", so the bare 1 is accepted too. */
+#define WK_PRIMARY_CTX_ID (0x6750000000000000ull | (1ull << 40) | 1ull)
+
+#define WK_INBUF_SIZE ((size_t)1 << 20)     /* input buffer: many batched frames per read() */
+#define WK_FLUSH_AT ((size_t)256 << 10)     /* flush the output buffer when it grows past this */
+#define WK_CHUNK ((size_t)8 << 20)          /* staging buffer size for large copies */
+#define WK_SMALL_COPY ((size_t)64 << 10)    /* copies up to this size skip the staging buffers */
+#define WK_MAX_IMAGE ((uint64_t)1 << 30)    /* largest module image we accept */
+#define WK_MAX_NOTICES 32                   /* notices per interval between synchronisations */
+
+/* A client-named object. One layout for every kind keeps cleanup code generic. */
+struct wk_obj {
+    void *h;        /* CUcontext, CUstream, CUevent, CUmodule/CUlibrary, CUfunction/CUkernel */
+    uint64_t owner; /* context id (streams, events, modules, allocations) or module id (functions) */
+    uint32_t kind;  /* modules: 0 module, 1 library; functions: 0 function, 1 kernel */
+    uint64_t size;  /* allocations: mapped bytes */
+    CUmemGenericAllocationHandle mem; /* allocations: the physical memory handle */
+    char name[];    /* functions: kernel name (for messages) */
+};
+
+/* Two staging buffers for large copies (h_copy.c). */
+struct staging {
+    void *buf[2];
+    int pinned;     /* buf from cuMemHostAlloc (else malloc: copies are then synchronous) */
+    CUevent ev[2];  /* ev[i] completes when the copy using buf[i] is done */
+    int busy[2];    /* ev[i] was recorded and not yet waited for */
+    uint64_t ev_ctx;/* context the events belong to (events are per context); 0 = none */
+};
+
+struct wk_counters {
+    uint64_t frames, module_bytes_received, modules_loaded, module_cache_hits;
+    uint64_t h2d_bytes, d2h_bytes, launches;
+};
+
+struct worker {
+    /* connection (io.c) */
+    int fd;
+    int closing;   /* leave the loop: goodbye, client gone, or a protocol violation */
+    int dead;      /* the connection failed: nothing more is read or written */
+    int sigfd;     /* signalfd for SIGTERM/SIGINT (the daemon stops us with SIGTERM), or -1 */
+    uint8_t *in;
+    size_t in_cap, in_pos, in_end;
+    uint8_t *out;
+    size_t out_len, out_cap;
+
+    /* driver and device (session.c) */
+    struct gp_driver drv;
+    int ordinal;
+    CUdevice dev;
+    CUcontext primary;
+    int primary_retains; /* how many cuDevicePrimaryCtxRetain calls to balance at exit */
+    uint64_t cur_ctx;    /* client id of the context current on this thread (0: none) */
+    uint64_t gran;       /* allocation granularity */
+
+    /* VA window (h_mem.c) */
+    uint64_t va_base, va_size;
+    int va_reserved;
+    struct vm vm;
+
+    /* client ids -> objects (objects.c) */
+    struct idmap ctxs, streams, events, modules, funcs, allocs;
+
+    /* deferred errors (errors.c) */
+    CUresult pending;
+    unsigned notices;
+
+    struct staging st;
+    struct modcache mc;
+    void *params_buf; /* 8-byte aligned copy of launch arguments */
+    size_t params_cap;
+    struct wk_counters stats;
+    int simulated;
+};
+
+/* ---- errors.c --------------------------------------------------------------------------- */
+void wlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "CUDA_ERROR_INVALID_VALUE" etc. (driver's name when it has one). Valid until the next call. */
+const char *err_name(struct worker *w, CUresult rc);
+void send_notice(struct worker *w, int32_t code, uint16_t op, const char *text);
+/* A fire-and-forget call failed: keep rc as the pending error (the first wins) and tell the
+ * client why in a notice: "<what> failed: <ERROR NAME> (<sim detail>)". */
+void defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The result of a synchronising call: the pending error instead of success (cleared unless it is
+ * sticky), else rc itself. */
+CUresult sync_result(struct worker *w, CUresult rc);
+/* The client broke the protocol: notice (GP_EPROTO) with the reason, flush, stop the loop. */
+void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int err_is_sticky(CUresult rc);
+
+/* ---- io.c ------------------------------------------------------------------------------- */
+/* sigfd: a signalfd to watch while waiting for the client (-1: none). */
+int io_init(struct worker *w, int fd, int sigfd);
+void io_free(struct worker *w);
+/* Next frame: 1 with *h and *body (valid until the next io call that reads), 0 on a clean end of
+ * stream, -1 if the loop must stop (error, protocol violation: notice sent). */
+int io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body);
+/* Bytes of input already buffered after the current frame (bulk data may start there). */
+size_t io_buffered(const struct worker *w);
+const uint8_t *io_buffered_ptr(const struct worker *w);
+void io_consume(struct worker *w, size_t n);
+/* Reads exactly n bulk bytes into dst (NULL: discard). 0, or -1 (connection gone). */
+int io_read_bulk(struct worker *w, void *dst, uint64_t n);
+/* n bytes at the end of the output buffer, or NULL (out of memory: closing is set). */
+uint8_t *io_reserve(struct worker *w, size_t n);
+void io_unreserve(struct worker *w, size_t n);
+/* Writes the output buffer out. 0, or -1 (connection gone: closing is set). */
+int io_flush(struct worker *w);
+/* Flushes, then writes n bytes from p straight to the socket (bulk replies). */
+int io_write_direct(struct worker *w, const void *p, size_t n);
+
+/* Encode reply `type_` (e.g. gp_ping_reply) for request req_ into the output buffer. */
+#define WK_REPLY(w_, req_, type_, msgp_)                                                           \
+    do {                                                                                           \
+        uint8_t *p_ = io_reserve((w_), 16 + type_##_size(msgp_));                                  \
+        if (p_)                                                                                    \
+            type_##_frame(p_, (req_), (msgp_));                                                    \
+    } while (0)
+
+/* ---- objects.c -------------------------------------------------------------------------- */
+struct wk_obj *obj_new(uint64_t owner, void *h, const char *name, size_t name_len);
+/* Puts obj under id; frees obj and returns CUDA_ERROR_INVALID_VALUE (id in use or 0) or
+ * CUDA_ERROR_OUT_OF_MEMORY on failure. */
+CUresult obj_bind(struct idmap *m, uint64_t id, struct wk_obj *obj);
+/* Client stream id -> CUstream (0, 1 and 2 pass through). CUDA_ERROR_INVALID_HANDLE if unknown. */
+CUresult stream_get(struct worker *w, uint64_t id, CUstream *out);
+CUresult event_get(struct worker *w, uint64_t id, CUevent *out);
+/* Canonical context id (the primary's aliases fold to WK_PRIMARY_CTX_ID) and its handle. */
+uint64_t ctx_canon(uint64_t id);
+CUcontext ctx_handle(struct worker *w, uint64_t id); /* NULL if unknown */
+/* Calls destroy (may be NULL) on, then removes and frees, every object of map whose owner is
+ * `owner` (0: all) and, if kind_mask is not 0, whose (1 << kind) is in kind_mask. */
+void obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
+               void (*destroy)(struct worker *, uint64_t id, struct wk_obj *));
+/* Every destroy function used by cleanup paths. */
+void obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o);
+void obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o);
+void obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o); /* + its functions */
+
+/* ---- session.c -------------------------------------------------------------------------- */
+struct wk_options {
+    int fd;
+    const char *driver;
+    int ordinal;
+    const char *cache_dir;
+    uint64_t session_id;
+    uint64_t hello_req;
+    int simulated;
+};
+/* Sets up the driver, device, context and VA window and sends the hello reply. 0 if the session
+ * runs, -1 if it was refused (the reply says why). */
+int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello);
+/* Releases everything (allocations, streams, events, modules, contexts, the window). */
+void session_end(struct worker *w);
+/* Sends a hello reply carrying only an error (used before the driver is up, too). */
+void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- loop.c ----------------------------------------------------------------------------- */
+void worker_loop(struct worker *w);
+
+/* ---- handlers (h_*.c): one per request message --------------------------------------- */
+#define WK_HANDLER(name_) void h_##name_(struct worker *w, uint64_t req, const gp_##name_ *m)
+WK_HANDLER(ctx_create);
+WK_HANDLER(ctx_destroy);
+WK_HANDLER(ctx_set_current);
+WK_HANDLER(ctx_synchronize);
+WK_HANDLER(ctx_set_limit);
+WK_HANDLER(ctx_get_limit);
+WK_HANDLER(mem_get_info);
+WK_HANDLER(primary_ctx_reset);
+WK_HANDLER(mem_alloc);
+WK_HANDLER(mem_free);
+WK_HANDLER(memcpy_htod);
+WK_HANDLER(memcpy_dtoh);
+WK_HANDLER(memcpy_dtod);
+WK_HANDLER(memset);
+WK_HANDLER(memset_2d);
+WK_HANDLER(stream_create);
+WK_HANDLER(stream_destroy);
+WK_HANDLER(stream_synchronize);
+WK_HANDLER(stream_query);
+WK_HANDLER(stream_wait_event);
+WK_HANDLER(event_create);
+WK_HANDLER(event_destroy);
+WK_HANDLER(event_record);
+WK_HANDLER(event_query);
+WK_HANDLER(event_synchronize);
+WK_HANDLER(event_elapsed_time);
+WK_HANDLER(module_load);
+WK_HANDLER(module_unload);
+WK_HANDLER(get_function);
+WK_HANDLER(get_global);
+WK_HANDLER(func_get_attribute);
+WK_HANDLER(func_set_attribute);
+WK_HANDLER(occupancy);
+WK_HANDLER(launch);
+
+/* ---- helpers of the handlers used by cleanup ------------------------------------------- */
+/* Destroys a client-created context (o, already removed from the map) with everything of it;
+ * falls back to the primary if it was current. Returns cuCtxDestroy's result. */
+CUresult ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o);
+/* Unmaps and releases one allocation and returns its range (errors are logged). */
+void obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o);
+/* Reserve / release the client's VA window. 0, or the CUresult (or -1: other address). */
+CUresult va_reserve(struct worker *w);
+void va_release(struct worker *w);
+/* Waits for and frees the staging buffers and their events (before a context goes away). */
+void staging_release(struct worker *w);
+/* Forgets the staging events if they belong to context id (it is about to be destroyed). */
+void staging_drop_events(struct worker *w, uint64_t ctx_id);
+
+#endif /* GP_WORKER_H */
