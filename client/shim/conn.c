@@ -1,9 +1,8 @@
 /*
  * conn.c: the one TCP connection of this process to its gpupool worker.
  *
- *  - gp_conn_ensure: connect once (GPUPOOL_SERVER, a comma-separated list tried in order),
- *    reserve the VA window first, send hello, store the device snapshot; any failure prints one
- *    line saying what happened and what to do, and cuInit answers CUDA_ERROR_NO_DEVICE.
+ *  - gp_conn_ensure: connect once per process (connect.c does the talking: VA window, hello,
+ *    snapshot, the one-line error), pthread_once-like; then start the two threads below.
  *  - Sending: fire-and-forget frames are appended to a batch under send_lock; the batch goes
  *    out before any request that waits, when it passes 256 KiB, and from the flusher thread
  *    ~50 us after the last append, so a program that never synchronises still progresses.
@@ -18,15 +17,8 @@
  *    CUDA_ERROR_NOT_INITIALIZED); exit: flush and goodbye, bounded by short timeouts.
  * Lock order: send_lock before wait_lock; the receiver never takes send_lock.
  */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
-#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -35,7 +27,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,12 +40,6 @@
 #define FLUSH_MAX_DELAY_NS 500000ull /* ...but never later than this after the first one */
 #define RBUF_SIZE (256u * 1024)
 
-#define DEFAULT_PORT "7070" /* gpupoold's default remoting listener (docs/configuration.md) */
-#define DEFAULT_VA_BASE 0x200000000000ull
-#define DEFAULT_VA_SIZE (1ull << 40)
-#define VA_STEP 0x40000000000ull /* 4 TiB between candidate bases */
-#define VA_TRIES 8
-
 enum { ST_NONE, ST_READY, ST_FAILED, ST_FORKED, ST_CLOSED };
 
 static atomic_int state = ST_NONE;
@@ -66,7 +51,7 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED; /* guarded by init_lock */
 
 static int sock = -1;
-static char server_desc[300];
+static char server_desc[300]; /* "host:port" of the server in use */
 
 /* ---- send side (send_lock) ---- */
 static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -153,6 +138,8 @@ CUresult gp_conn_init(void) {
     return r;
 }
 const char *gp_conn_server(void) { return server_desc; }
+
+uint64_t gp_conn_new_req(void) { return atomic_fetch_add(&next_req, 1); }
 
 /* ========================================================================== loss == */
 
@@ -502,7 +489,7 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
     return 0;
 }
 
-static void handle_notice(const uint8_t *body, size_t len) {
+void gp_conn_notice(const uint8_t *body, size_t len) {
     gp_notice m;
     if (gp_notice_decode(body, len, &m) != 0) return;
     /* FNV-1a of the text: print each distinct text once */
@@ -604,7 +591,7 @@ static void *receiver_main(void *arg) {
         if (hd.flags & GP_FLAG_REPLY) {
             if (handle_reply(&rs, &hd, body, &why) != 0) goto fail;
         } else if (hd.op == GP_OP_NOTICE) {
-            handle_notice(body, hd.len);
+            gp_conn_notice(body, hd.len);
             free(body);
         } else {
             free(body);
@@ -616,348 +603,6 @@ fail:
     conn_fail("%s", why); /* silent after goodbye: the server closing is the expected end */
     free(rs.buf);
     return NULL;
-}
-
-/* ================================================================ connecting == */
-
-/* Copy src (n bytes) into dst as valid UTF-8 of at most cap-1 bytes (invalid bytes become '?',
- * truncation never splits a character); returns the length. */
-static size_t utf8_clean(char *dst, size_t cap, const char *src, size_t n) {
-    size_t o = 0;
-    const unsigned char *s = (const unsigned char *)src;
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = k > 0 && i + k <= n && c != 0xC0 && c != 0xC1 && c <= 0xF4;
-        for (size_t j = 1; ok && j < k; j++) ok = (s[i + j] & 0xC0) == 0x80;
-        if (ok && k > 2) { /* no overlong forms, surrogates or code points past U+10FFFF */
-            unsigned c1 = s[i + 1];
-            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
-                (c == 0xF4 && c1 > 0x8F))
-                ok = 0;
-        }
-        if (!ok) k = 1;
-        if (o + (ok ? k : 1) >= cap) break;
-        if (ok) {
-            memcpy(dst + o, s + i, k);
-            o += k;
-        } else {
-            dst[o++] = '?';
-        }
-        i += k;
-    }
-    dst[o] = 0;
-    return o;
-}
-
-/* "prog arg1 arg2" from /proc/self/cmdline, argv[0] reduced to its basename. */
-static size_t program_string(char *out, size_t cap) {
-    char raw[8192];
-    size_t n = 0;
-    FILE *f = fopen("/proc/self/cmdline", "rb");
-    if (f) {
-        n = fread(raw, 1, sizeof raw - 1, f);
-        fclose(f);
-    }
-    if (n == 0) return utf8_clean(out, cap, "?", 1);
-    raw[n] = 0;
-    const char *argv0 = raw, *slash = strrchr(argv0, '/');
-    const char *start = slash ? slash + 1 : argv0;
-    size_t len = strlen(start);
-    char joined[8192];
-    memcpy(joined, start, len);
-    size_t j = len;
-    for (size_t i = strlen(raw); i < n; i++) joined[j++] = raw[i] ? raw[i] : ' ';
-    while (j > 0 && joined[j - 1] == ' ') j--;
-    return utf8_clean(out, cap, joined, j);
-}
-
-static uint64_t env_u64(const char *name, uint64_t dflt) {
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 0);
-    if (errno || end == v) {
-        gp_log_error("ignoring %s=%s (not a number)", name, v);
-        return dflt;
-    }
-    switch (*end) {
-    case 'k': case 'K': x <<= 10; end++; break;
-    case 'm': case 'M': x <<= 20; end++; break;
-    case 'g': case 'G': x <<= 30; end++; break;
-    case 't': case 'T': x <<= 40; end++; break;
-    default: break;
-    }
-    if (*end) {
-        gp_log_error("ignoring %s=%s (not a number)", name, v);
-        return dflt;
-    }
-    return x;
-}
-
-/* Split "host:port" / "[v6]:port"; a bare host name (no colon at all) means gpupoold's default
- * port. 0, or -1. */
-static int split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap) {
-    const char *colon;
-    if (!strchr(s, ':') && s[0] != '[') {
-        if (strlen(s) >= hcap || !*s) return -1;
-        strcpy(host, s);
-        snprintf(port, pcap, "%s", DEFAULT_PORT);
-        return 0;
-    }
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close || close[1] != ':') return -1;
-        if ((size_t)(close - s - 1) >= hcap) return -1;
-        memcpy(host, s + 1, (size_t)(close - s - 1));
-        host[close - s - 1] = 0;
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon || (size_t)(colon - s) >= hcap) return -1;
-        memcpy(host, s, (size_t)(colon - s));
-        host[colon - s] = 0;
-    }
-    if (!colon[1] || strlen(colon + 1) >= pcap) return -1;
-    strcpy(port, colon + 1);
-    return host[0] ? 0 : -1;
-}
-
-static void set_keepalive(int fd) {
-    int one = 1, idle = 10, intvl = 5, cnt = 3;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    /* No TCP_USER_TIMEOUT: a worker busy in a long synchronous call legitimately lets its
-     * receive window fill up, and that must not end the session. */
-}
-
-/* Connect with a timeout. The fd, or -1 with err filled. */
-static int tcp_connect(const char *host, const char *port, double timeout_s, char *err,
-                       size_t ecap) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    int g = getaddrinfo(host, port, &hints, &res);
-    if (g != 0) {
-        snprintf(err, ecap, "%s", g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
-        return -1;
-    }
-    int fd = -1;
-    snprintf(err, ecap, "no address");
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            snprintf(err, ecap, "%s", strerror(errno));
-            continue;
-        }
-        int fl = fcntl(fd, F_GETFL);
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int ms = timeout_s <= 0 ? -1 : (int)(timeout_s * 1000);
-            int pr;
-            do pr = poll(&p, 1, ms);
-            while (pr < 0 && errno == EINTR);
-            if (pr == 0) {
-                errno = ETIMEDOUT;
-                rc = -1;
-            } else {
-                int soerr = 0;
-                socklen_t sl = sizeof soerr;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-                errno = soerr;
-                rc = soerr ? -1 : 0;
-            }
-        }
-        if (rc == 0) {
-            fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-            set_keepalive(fd);
-            break;
-        }
-        snprintf(err, ecap, "%s", errno == ETIMEDOUT ? "timed out" : strerror(errno));
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    return fd;
-}
-
-static int write_all_fd(int fd, const uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Read exactly n bytes; waits at most timeout_ms per chunk (-1: forever). 0 or -1. */
-static int read_all_fd(int fd, uint8_t *p, size_t n, int timeout_ms) {
-    while (n > 0) {
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pf, 1, timeout_ms);
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr == 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        if (pr < 0) return -1;
-        ssize_t r = recv(fd, p, n, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r == 0) errno = ECONNRESET;
-        if (r <= 0) return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW };
-
-typedef struct hello_ctx {
-    char host[256], user[256], program[1024], devreq[256];
-    const char *token;
-    size_t token_len;
-    double timeout_s;
-} hello_ctx;
-
-/* Hello on a connected socket. Fills msg with the reason when not ATTEMPT_OK. */
-static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
-                     char *msg, size_t mcap) {
-    gp_hello h = {
-        .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
-        .pid = (uint32_t)getpid(), .flags = 0,
-        .host = hc->host, .host_len = (uint32_t)strlen(hc->host),
-        .user = hc->user, .user_len = (uint32_t)strlen(hc->user),
-        .program = hc->program, .program_len = (uint32_t)strlen(hc->program),
-        .token = hc->token, .token_len = (uint32_t)hc->token_len,
-        .device_request = hc->devreq, .device_request_len = (uint32_t)strlen(hc->devreq),
-        .va_base = va_base, .va_size = va_size,
-    };
-    size_t n = 16 + gp_hello_size(&h);
-    uint8_t *f = malloc(n);
-    if (!f) {
-        snprintf(msg, mcap, "out of memory");
-        return ATTEMPT_CONNECT;
-    }
-    uint64_t req = atomic_fetch_add(&next_req, 1);
-    gp_hello_frame(f, req, &h);
-    int ok = write_all_fd(fd, f, n) == 0;
-    free(f);
-    if (!ok) {
-        snprintf(msg, mcap, "sending hello: %s", strerror(errno));
-        return ATTEMPT_CONNECT;
-    }
-
-    int waited_note = 0;
-    for (;;) {
-        uint8_t hb[16];
-        /* The server may queue us until a GPU is free: wait, saying so once. */
-        int rc = read_all_fd(fd, hb, 1, 5000);
-        if (rc != 0 && errno == ETIMEDOUT) {
-            if (!waited_note++)
-                gp_log_info("waiting for server %s to answer (it may be waiting for a free GPU)",
-                            server_desc);
-            continue;
-        }
-        if (rc != 0 || read_all_fd(fd, hb + 1, 15, 30000) != 0) {
-            snprintf(msg, mcap, "no answer to hello: %s",
-                     errno == ECONNRESET ? "connection closed" : strerror(errno));
-            return ATTEMPT_CONNECT;
-        }
-        gp_frame_header hd;
-        gp_header_decode(hb, &hd);
-        if (hd.len > GP_PROTO_MAX_BODY) {
-            snprintf(msg, mcap, "it does not answer like a gpupool server; is the port right?");
-            return ATTEMPT_CONNECT;
-        }
-        uint8_t *body = malloc(hd.len ? hd.len : 1);
-        if (!body || read_all_fd(fd, body, hd.len, 30000) != 0) {
-            free(body);
-            snprintf(msg, mcap, "no answer to hello: %s", strerror(errno));
-            return ATTEMPT_CONNECT;
-        }
-        if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE) {
-            handle_notice(body, hd.len);
-            free(body);
-            continue;
-        }
-        if (!(hd.flags & GP_FLAG_REPLY) || hd.op != GP_OP_HELLO || hd.len < 4) {
-            free(body);
-            snprintf(msg, mcap, "it does not answer like a gpupool server; is the port right?");
-            return ATTEMPT_CONNECT;
-        }
-        gp_hello_reply r;
-        int decoded = gp_hello_reply_decode(body, hd.len, &r) == 0;
-        int32_t result = (int32_t)gp_rd_u32(body);
-        if (result == GP_EVAWINDOW) {
-            free(body);
-            snprintf(msg, mcap, "the server could not reserve the address window");
-            return ATTEMPT_VAWINDOW;
-        }
-        if (result != 0) {
-            const char *what = decoded && r.message_len ? r.message : NULL;
-            int wl = decoded ? (int)r.message_len : 0;
-            const char *code = gp_result_name(result);
-            if (what)
-                snprintf(msg, mcap, "%.*s", wl, what);
-            else
-                snprintf(msg, mcap, "%s", code ? code : "refused");
-            if (result == GP_EAUTH)
-                snprintf(msg + strlen(msg), mcap - strlen(msg),
-                         " (check GPUPOOL_TOKEN)");
-            free(body);
-            return ATTEMPT_REFUSED;
-        }
-        if (!decoded) {
-            free(body);
-            snprintf(msg, mcap, "malformed hello reply (client and server versions differ?)");
-            return ATTEMPT_REFUSED;
-        }
-        if (r.major != GP_PROTO_MAJOR) {
-            snprintf(msg, mcap, "server speaks protocol %u.%u, this client %u.%u", r.major,
-                     r.minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
-            free(body);
-            return ATTEMPT_REFUSED;
-        }
-        if (r.va_size && (r.va_base != va_base || r.va_size != va_size))
-            gp_log_debug("server reports window 0x%llx+0x%llx, ours is 0x%llx+0x%llx",
-                         (unsigned long long)r.va_base, (unsigned long long)r.va_size,
-                         (unsigned long long)va_base, (unsigned long long)va_size);
-        gp_state_set_snapshot(&r);
-        gp_log_debug("connected to %s (%.*s%s, session %llu, device \"%.*s\", driver %d, "
-                     "window 0x%llx+0x%llx)",
-                     server_desc, (int)r.server_len, r.server, r.simulated ? ", simulated" : "",
-                     (unsigned long long)r.session_id, (int)r.name_len, r.name,
-                     r.driver_version, (unsigned long long)va_base, (unsigned long long)va_size);
-        free(body);
-        return ATTEMPT_OK;
-    }
-}
-
-static void fill_identity(hello_ctx *hc) {
-    char buf[512];
-    if (gethostname(buf, sizeof buf) != 0) strcpy(buf, "?");
-    buf[sizeof buf - 1] = 0;
-    utf8_clean(hc->host, sizeof hc->host, buf, strlen(buf));
-    struct passwd pw, *res = NULL;
-    char pwbuf[4096];
-    const char *user = NULL;
-    if (getpwuid_r(geteuid(), &pw, pwbuf, sizeof pwbuf, &res) == 0 && res) user = res->pw_name;
-    if (!user) user = getenv("USER");
-    if (!user) {
-        snprintf(buf, sizeof buf, "uid%u", (unsigned)geteuid());
-        user = buf;
-    }
-    utf8_clean(hc->user, sizeof hc->user, user, strlen(user));
-    program_string(hc->program, sizeof hc->program);
-    const char *dev = getenv("GPUPOOL_DEVICE");
-    utf8_clean(hc->devreq, sizeof hc->devreq, dev ? dev : "", dev ? strlen(dev) : 0);
 }
 
 static void atfork_child(void);
@@ -974,121 +619,6 @@ static int start_thread(void *(*fn)(void *), const char *name) {
     pthread_setname_np(t, name);
     pthread_detach(t);
     return 0;
-}
-
-static CUresult do_connect(void) {
-    const char *list = getenv("GPUPOOL_SERVER");
-    if (!list || !*list) {
-        gp_log_error("GPUPOOL_SERVER is not set: no GPU server to run CUDA on. Set "
-                     "GPUPOOL_SERVER=host:port (and GPUPOOL_TOKEN if the server needs one), or "
-                     "start the program with `gpupool run`.");
-        return CUDA_ERROR_NO_DEVICE;
-    }
-    hello_ctx hc = {0};
-    const char *tok = getenv("GPUPOOL_TOKEN");
-    hc.token = tok ? tok : "";
-    hc.token_len = strlen(hc.token);
-    if (hc.token_len > 4096) {
-        gp_log_error("GPUPOOL_TOKEN is longer than 4096 bytes; is it the right value?");
-        return CUDA_ERROR_NO_DEVICE;
-    }
-    fill_identity(&hc);
-    const char *to = getenv("GPUPOOL_CONNECT_TIMEOUT");
-    hc.timeout_s = to && *to ? atof(to) : 10.0;
-
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t va_base = env_u64("GPUPOOL_VA_BASE", DEFAULT_VA_BASE) & ~(page - 1);
-    uint64_t va_size = (env_u64("GPUPOOL_VA_SIZE", DEFAULT_VA_SIZE) + page - 1) & ~(page - 1);
-    if (va_size == 0) va_size = DEFAULT_VA_SIZE;
-    uint64_t step = va_size > VA_STEP ? (va_size + VA_STEP - 1) / VA_STEP * VA_STEP : VA_STEP;
-
-    char *servers = strdup(list);
-    if (!servers) return CUDA_ERROR_NO_DEVICE;
-    char failures[2048] = "";
-    int nfail = 0, last_kind = ATTEMPT_CONNECT;
-    char last_msg[1024] = "";
-    int base_index = 0;
-    CUresult result = CUDA_ERROR_NO_DEVICE;
-
-    char *save = NULL;
-    for (char *entry = strtok_r(servers, ",", &save); entry; entry = strtok_r(NULL, ",", &save)) {
-        while (*entry == ' ' || *entry == '\t') entry++;
-        size_t el = strlen(entry);
-        while (el > 0 && (entry[el - 1] == ' ' || entry[el - 1] == '\t')) entry[--el] = 0;
-        if (!*entry) continue;
-        snprintf(server_desc, sizeof server_desc, "%s", entry);
-        char host[256], port[32];
-        if (split_hostport(entry, host, sizeof host, port, sizeof port) != 0) {
-            snprintf(last_msg, sizeof last_msg, "not of the form host:port");
-            last_kind = ATTEMPT_REFUSED;
-            goto failed;
-        }
-        if (!strchr(entry, ':')) snprintf(server_desc, sizeof server_desc, "%s:%s", host, port);
-        for (;;) {
-            /* The window first: device pointers must never alias our memory. */
-            while (gp_vamap_window_size() == 0 && base_index < VA_TRIES) {
-                uint64_t b = va_base + (uint64_t)base_index * step;
-                if (gp_vamap_reserve_window(b, va_size) == 0) break;
-                gp_log_debug("cannot reserve the address window at 0x%llx: %s",
-                             (unsigned long long)b, strerror(errno));
-                base_index++;
-            }
-            if (gp_vamap_window_size() == 0) {
-                gp_log_error("cannot reserve %llu bytes of address space for device memory "
-                             "(tried %d bases from 0x%llx); set GPUPOOL_VA_BASE / "
-                             "GPUPOOL_VA_SIZE to a free range",
-                             (unsigned long long)va_size, VA_TRIES, (unsigned long long)va_base);
-                free(servers);
-                return CUDA_ERROR_NO_DEVICE;
-            }
-            int fd = tcp_connect(host, port, hc.timeout_s, last_msg, sizeof last_msg);
-            if (fd < 0) {
-                last_kind = ATTEMPT_CONNECT;
-                goto failed;
-            }
-            int k = say_hello(fd, &hc, gp_vamap_window_base(), gp_vamap_window_size(), last_msg,
-                              sizeof last_msg);
-            if (k == ATTEMPT_OK) {
-                sock = fd;
-                free(servers);
-                return CUDA_SUCCESS;
-            }
-            close(fd);
-            last_kind = k;
-            if (k == ATTEMPT_VAWINDOW && base_index + 1 < VA_TRIES) {
-                gp_log_debug("server %s cannot use window 0x%llx; trying the next base", entry,
-                             (unsigned long long)gp_vamap_window_base());
-                gp_vamap_release_window();
-                base_index++;
-                continue;
-            }
-            goto failed;
-        }
-    failed:
-        nfail++;
-        snprintf(failures + strlen(failures), sizeof failures - strlen(failures), "%s%s: %s",
-                 nfail > 1 ? "; " : "", entry, last_msg);
-    }
-    free(servers);
-    if (nfail == 0) {
-        gp_log_error("GPUPOOL_SERVER is empty: set GPUPOOL_SERVER=host:port.");
-    } else if (nfail > 1) {
-        gp_log_error("cannot use any gpupool server (%s). Are they running? Check "
-                     "GPUPOOL_SERVER and GPUPOOL_TOKEN.",
-                     failures);
-    } else if (last_kind == ATTEMPT_CONNECT) {
-        gp_log_error("cannot connect to gpupool server %s (%s). Is gpupoold running there? Set "
-                     "GPUPOOL_SERVER=host:port.",
-                     server_desc, last_msg);
-    } else if (last_kind == ATTEMPT_VAWINDOW) {
-        gp_log_error("server %s could not reserve the client's device address window (%s); "
-                     "set GPUPOOL_VA_BASE to another free range.",
-                     server_desc, last_msg);
-    } else {
-        gp_log_error("server %s refused the session: %s", server_desc, last_msg);
-    }
-    gp_vamap_release_window();
-    return result;
 }
 
 static void init_once_handlers(void) {
@@ -1121,7 +651,7 @@ CUresult gp_conn_ensure(void) {
     pthread_mutex_lock(&init_lock);
     s = atomic_load(&state);
     if (s == ST_NONE) {
-        init_result = do_connect();
+        init_result = gp_connect(&sock, server_desc, sizeof server_desc);
         if (init_result == CUDA_SUCCESS) {
             last_ctx_sent = UINT64_MAX;
             if (start_thread(receiver_main, "gpupool-recv") != 0 ||

@@ -26,6 +26,17 @@ CUresult gp_conn_init(void);
 int gp_conn_attempted(void);
 /* Server description for messages ("host:port"), "" before connecting. */
 const char *gp_conn_server(void);
+/* A fresh request id. */
+uint64_t gp_conn_new_req(void);
+/* A notice frame from the server: print its text once per distinct text, record its code as the
+ * pending error. */
+void gp_conn_notice(const uint8_t *body, size_t len);
+
+/* ---- connect.c ------------------------------------------------------------------------------- */
+/* Reserve the window, connect to the first usable server of GPUPOOL_SERVER and say hello; on
+ * success the snapshot is stored (gp_state_set_snapshot), *sock_out is the connected socket and
+ * server_desc names the server. Otherwise one line went to stderr: CUDA_ERROR_NO_DEVICE. */
+CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap);
 
 /* ---- state.c --------------------------------------------------------------------------------- */
 /* Called by conn.c with a successful hello reply: stores the device snapshot. */

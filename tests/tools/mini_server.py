@@ -81,9 +81,14 @@ def main() -> int:
     ap.add_argument("--max-sessions", type=int, default=0, help="exit after this many (0: never)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
-    if args.cache_dir is None:
-        args.cache_dir = tempfile.mkdtemp(prefix="gpupool-mini-")
-    os.makedirs(args.cache_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpupool-mini-") as tmp:
+        if args.cache_dir is None:
+            args.cache_dir = tmp
+        os.makedirs(args.cache_dir, exist_ok=True)
+        return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
 
     lsock = socket.create_server((args.host, args.port), reuse_port=False)
     host, port = lsock.getsockname()[:2]

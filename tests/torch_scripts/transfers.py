@@ -52,12 +52,20 @@ def parse_size(spec: str, elem: int) -> int:
     return max(1, n * mult // elem)
 
 
+_random_bytes: dict[int, torch.Tensor] = {}
+
+
 def random_tensor(dtype: torch.dtype, numel: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
+    """numel elements of random bytes. The bytes of one size are drawn once and shared by all
+    dtypes (drawing 256 MiB per dtype would cost more than the transfers)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (numel * elem,), dtype=torch.uint8, generator=g)
+    nbytes = numel * elem
+    if nbytes not in _random_bytes:
+        g = torch.Generator().manual_seed(seed)
+        _random_bytes[nbytes] = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+    raw = _random_bytes[nbytes]
     if dtype == torch.bool:
-        raw &= 1  # only 0/1 are valid bools
+        raw = raw & 1  # only 0/1 are valid bools
     return raw.view(dtype)
 
 
@@ -142,7 +150,7 @@ def main() -> int:
         elem = torch.empty((), dtype=dtype).element_size()
         for spec in args.sizes.split(","):
             numel = parse_size(spec, elem)
-            t = random_tensor(dtype, numel, seed=zlib.crc32(f"{dname}/{spec}".encode()))
+            t = random_tensor(dtype, numel, seed=zlib.crc32(spec.encode()))
             for method in args.methods.split(","):
                 cases += 1
                 try:
@@ -154,6 +162,7 @@ def main() -> int:
                     print(f"  case failed: {dname} x {numel} ({numel * elem} bytes) via {method}: "
                           f"{problem}")
             del t
+        print(f"  {dname}: done at {time.monotonic() - t_start:.1f} s")
     took = time.monotonic() - t_start
     if failures:
         print(f"FAIL transfers: {failures} of {cases} cases failed ({took:.1f} s)")
