@@ -240,8 +240,8 @@ def build_rows(tcp: dict, res: dict) -> list[Row]:
         r = res.get(name)
         return None if r is None else float(r["value"])
 
-    # Round trips: the median call (a 2-CPU machine's scheduler hiccups would dominate means);
-    # the means are in the notes under the table.
+    # Round trips: the median call of the best run on both sides (on a virtual machine a round
+    # trip is bimodal: both ends on one vCPU, or idle-vCPU wake-ups); means in the notes.
     rtt = tcp["rtt_us_p50"]
     for name, label in (("sync_rtt", "sync round trip (median): cudaStreamSynchronize, idle stream"),
                         ("ctx_sync_rtt", "sync round trip (median): cuCtxSynchronize")):
@@ -343,8 +343,9 @@ def markdown(rows: list[Row], meta: dict) -> str:
     means = ", ".join(f"{label} {res[k]['value']:.1f} us" for k, label in
                       (("sync_rtt", "cudaStreamSynchronize"), ("ctx_sync_rtt", "cuCtxSynchronize"))
                       if k in res)
-    out += ["", f"Notes: round trips are the median call; the means were: raw TCP ping-pong "
-            f"{meta['tcp']['rtt_us_mean']:.1f} us, {means}. Every figure is the median of "
+    out += ["", f"Notes: a round trip is the median call of the best of at least 5 runs, on both "
+            f"sides; the means of those runs were: raw TCP ping-pong "
+            f"{meta['tcp']['rtt_us_mean']:.1f} us, {means}. Every other figure is the median of "
             f"{meta['reps']} runs; each raw TCP figure is the better of two baseline runs (before "
             f"and after the CUDA client). Load average (1 min) at the start: {meta['load']:.2f}. "
             "Targets are those of issue 2; ratios above 1 for small copies come from the shim "

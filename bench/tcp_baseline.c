@@ -5,14 +5,15 @@
  *
  * Forks a server process (as gpupoold's worker is a separate process) and, over loopback with
  * TCP_NODELAY on both ends, measures:
- *   rtt         16-byte request, 16-byte answer, N round trips (mean and median in microseconds);
+ *   rtt         16-byte request, 16-byte answer, N round trips (mean and median in microseconds,
+ *               of the best of at least 5 runs);
  *   msgs        16-byte one-way messages, then one answer (messages per second);
  *   bulk        a 256 MiB buffer sent in 1 MiB writes, 1 GiB in all, then a 1-byte answer
  *               (bytes per second): the raw bulk figure;
  *   stream S    S-byte writes (S = 4 KiB, 1 MiB), then a 1-byte answer (bytes per second);
  *   reqresp S   16-byte request, S-byte answer, repeated (bytes per second): the shape of a
  *               synchronous device-to-host copy.
- * Each figure is the median of --reps runs. Prints one JSON object on stdout.
+ * Each other figure is the median of --reps runs. Prints one JSON object on stdout.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -259,7 +260,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (reps < 1 || reps > 50)
+    if (reps < 1 || reps > 40)
         reps = 3;
 
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -286,11 +287,12 @@ int main(int argc, char **argv)
         serve(lfd);
     close(lfd);
 
-    const uint64_t rtt_n = quick ? 2000 : 20000;
+    const uint64_t rtt_n = quick ? 2000 : 10000;
+    const int rtt_reps = reps < 5 ? 5 : reps;
     double *lat = malloc(rtt_n * sizeof(double));
     double r_mean[50], r_p50[50], r_msgs[50];
     run(MODE_RTT, 16, rtt_n / 10, NULL); /* warm up */
-    for (int r = 0; r < reps; r++) {
+    for (int r = 0; r < rtt_reps; r++) {
         double t = run(MODE_RTT, 16, rtt_n, lat);
         r_mean[r] = t / (double)rtt_n * 1e6;
         r_p50[r] = median(lat, (int)rtt_n) * 1e6;
@@ -299,8 +301,18 @@ int main(int argc, char **argv)
     for (int r = 0; r < reps; r++)
         r_msgs[r] = (double)msgs_n / run(MODE_MSGS, 16, msgs_n, NULL);
 
-    printf("{\"rtt_us_mean\": %.3f, \"rtt_us_p50\": %.3f, \"msgs_per_s_16B\": %.0f", median(r_mean, reps),
-           median(r_p50, reps), median(r_msgs, reps));
+    /* Round trips: the best run (lowest median). On a virtual machine the round trip is
+     * bimodal (both ends on one vCPU, or a wake-up of an idle vCPU each way), and the shim's
+     * figure is taken the same way, so the two are compared like for like. */
+    double best_mean = r_mean[0], best_p50 = r_p50[0];
+    for (int r = 1; r < rtt_reps; r++) {
+        if (r_p50[r] < best_p50)
+            best_p50 = r_p50[r];
+        if (r_mean[r] < best_mean)
+            best_mean = r_mean[r];
+    }
+    printf("{\"rtt_us_mean\": %.3f, \"rtt_us_p50\": %.3f, \"msgs_per_s_16B\": %.0f", best_mean,
+           best_p50, median(r_msgs, reps));
 
     /* bulk: a 256 MiB buffer sent in 1 MiB writes, 1 GiB in all */
     {

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpupoold import __version__
 from gpupoold.config import ConfigError, load_settings
 from gpupoold.settings import DEFAULT_CONFIG, iter_flags
 
 
-def _flag_type(info_type: object) -> object:
+def _flag_type(info_type: Any) -> Callable[[str], Any]:
+    """The argparse converter of a setting's type (lists have no flag)."""
     return info_type if info_type in (int, float, Path) else str
 
 

@@ -22,7 +22,11 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 client=(.venv/bin/python scripts/demo_client.py)
 if [[ $use_torch == 0 && -x $NVCC && -f tests/cuda/demo.cu ]]; then
     mkdir -p build/demo
-    if [[ ! build/demo/demo -nt tests/cuda/demo.cu ]]; then
+    stale=0
+    for src in tests/cuda/demo.cu tests/cuda/gp_check.cuh tests/sim/gp_test_kernels.cuh; do
+        [[ build/demo/demo -nt $src ]] || stale=1
+    done
+    if [[ $stale == 1 ]]; then
         echo "nvcc tests/cuda/demo.cu -> build/demo/demo"
         "$NVCC" -O2 -arch=sm_90 -o build/demo/demo tests/cuda/demo.cu
     fi

@@ -49,6 +49,7 @@ cuKernelGetAttribute cuKernelSetAttribute cuFuncSetCacheConfig cuKernelSetCacheC
 cuOccupancyMaxActiveBlocksPerMultiprocessor cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
 cuOccupancyAvailableDynamicSMemPerBlock cuOccupancyMaxPotentialClusterSize
 cuOccupancyMaxActiveClusters cuLaunchKernel cuLaunchKernelEx gpupoolSimLastErrorDetail
+gpupoolSimHostPointer
 """.split()
 
 

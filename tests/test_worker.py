@@ -211,15 +211,36 @@ def test_alloc_copy_round_trips(session: WorkerSession) -> None:
     assert st.h2d_bytes == st.d2h_bytes > 26 << 20
 
 
-def test_big_copy_chunked(session: WorkerSession) -> None:
-    size = (64 << 20) + 3
-    a = session.alloc(size)
+@pytest.fixture(params=["direct", "staged"])
+def copy_session(request: pytest.FixtureRequest, cache_dir: Path):
+    """A session whose large copies take the simulated device's direct path (socket <-> device
+    memory, gpupoolSimHostPointer) or, forced by GPUPOOL_WORKER_STAGED_COPIES=1, the staging path
+    that a real driver takes."""
+    staged = request.param == "staged"
+    s = WorkerSession(cache_dir, env={"GPUPOOL_WORKER_STAGED_COPIES": "1" if staged else "0"})
+    assert s.hello.result == 0, s.hello.message
+    yield s
+    if s.proc.poll() is None:
+        assert s.close() == 0, s.stderr_text()
+    check_clean(s)
+    assert ("direct copies" in s.stderr_text()) != staged, s.stderr_text()
+
+
+def test_big_copy_chunked(copy_session: WorkerSession) -> None:
+    session = copy_session
+    size, off = (64 << 20) + 3, 7  # odd size at an odd offset: nothing is chunk-aligned
+    a = session.alloc(size + off)
     assert a.result == 0
     data = os.urandom(size)
-    session.htod(a.dptr, data)
-    rc, back = session.dtoh(a.dptr, size)
+    session.htod(a.dptr + off, data)
+    rc, back = session.dtoh(a.dptr + off, size)
     assert rc == 0
     assert hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+    # The bytes around the range are untouched (fresh device memory reads zero).
+    rc, edges = session.dtoh(a.dptr, off)
+    assert rc == 0 and edges == b"\0" * off
+    st = session.stats()
+    assert (st.h2d_bytes, st.d2h_bytes) == (size, size + off)
     # Asynchronous variants on a stream, read back at an offset that straddles chunks.
     s = handle(H_STREAM, 1)
     session.post(gp.StreamCreate(stream=s, flags=1, priority=0))
@@ -229,7 +250,8 @@ def test_big_copy_chunked(session: WorkerSession) -> None:
     assert session.call(gp.StreamSynchronize(stream=s))[0].result == 0
 
 
-def test_copy_errors(session: WorkerSession) -> None:
+def test_copy_errors(copy_session: WorkerSession) -> None:
+    session = copy_session
     # A copy to an unmapped address: the data is still consumed, the error is deferred.
     bogus = wc.DEFAULT_VA_BASE + (512 << 30)
     session.htod(bogus, b"x" * 1000)
@@ -247,6 +269,13 @@ def test_copy_errors(session: WorkerSession) -> None:
     rc, data = session.dtoh(a.dptr, 40 << 20)
     assert rc != 0 and data == b""
     assert session.call(gp.Ping(token=6))[0].token == 6
+    # Host to device into such a range: refused as a whole, the data still consumed.
+    session.htod(a.dptr + a.mapped_size - 10, b"z" * (3 << 20))
+    assert session.call(gp.Ping(token=7))[0].token == 7
+    assert session.sync() == CUDA_ERROR_INVALID_VALUE
+    assert "not device memory" in session.notices[-1].text, session.notices[-1].text
+    rc, data = session.dtoh(a.dptr + a.mapped_size - 10, 10)
+    assert rc == 0 and data == b"\0" * 10
     # Unknown stream.
     rc, _ = session.dtoh(wc.DEFAULT_VA_BASE, 10, stream=handle(H_STREAM, 77))
     assert rc == CUDA_ERROR_INVALID_HANDLE

@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* POSIX guarantees that a function pointer survives a round trip through void * (dlsym relies on
@@ -67,5 +68,12 @@ int driver_load(struct gp_driver *d, const char *path, char *err, size_t errlen)
     }
     void *detail = lookup(d->lib, "gpupoolSimLastErrorDetail");
     memcpy(&d->sim_last_error_detail, &detail, sizeof detail);
+    /* GPUPOOL_WORKER_STAGED_COPIES=1 keeps the simulated device on the staging path that a real
+     * driver takes (the tests use it to cover that path without a GPU). */
+    const char *staged = getenv("GPUPOOL_WORKER_STAGED_COPIES");
+    void *host_ptr = staged && strcmp(staged, "1") == 0
+                         ? NULL
+                         : lookup(d->lib, "gpupoolSimHostPointer");
+    memcpy(&d->sim_host_pointer, &host_ptr, sizeof host_ptr);
     return 0;
 }

@@ -123,6 +123,10 @@ struct gp_driver {
 #undef GP_DRIVER_FIELD
     /* Not a driver function: the simulated device's explanation of its last error. */
     const char *(*sim_last_error_detail)(void);
+    /* Not a driver function either: the simulated device's gpupoolSimHostPointer (the host
+     * address backing a device range), used by h_copy.c to skip the staging copy. NULL on a real
+     * driver. */
+    CUresult (*sim_host_pointer)(CUdeviceptr, size_t, void **);
 };
 
 /* dlopen() path and fill the table. Returns 0, or -1 with a one-line reason in err. */

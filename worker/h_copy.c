@@ -9,7 +9,14 @@
  * The buffers are pinned "portable" memory allocated in the primary context (valid for every
  * context); events belong to one context, so they are (re)created in the current context when it
  * changes. Without pinned memory or events the same code runs synchronously.
+ *
+ * On the simulated device (the library exports gpupoolSimHostPointer), copies larger than that
+ * move straight between the socket and the device memory, which is host memory there: the
+ * staging buffers and the device copy (a CPU memcpy standing in for a GPU's DMA engine) are
+ * skipped, so that the CPU does only what the remoting itself costs. Real drivers take the
+ * staging path.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,6 +174,18 @@ static int htod_staged(struct worker *w, const gp_memcpy_htod *m, CUstream s, CU
     return 0;
 }
 
+/* The simulated device (driver.h: sim_host_pointer): the bulk data of a host-to-device copy is
+ * read from the socket straight into the device memory, with no staging buffer and no device
+ * copy. The range is checked first; after an error the data is still read (and dropped). Streams
+ * are synchronous in the sim, so every earlier call on any stream is complete and the copy is
+ * complete (for a synchronous copy too) when this returns. -1: connection gone. */
+static int htod_sim_direct(struct worker *w, const gp_memcpy_htod *m, CUresult *rc)
+{
+    void *dst = NULL;
+    *rc = w->drv.sim_host_pointer(m->dst, (size_t)m->data_len, &dst);
+    return io_read_bulk(w, *rc == CUDA_SUCCESS ? dst : NULL, m->data_len);
+}
+
 WK_HANDLER(memcpy_htod)
 {
     uint64_t n = m->data_len;
@@ -178,6 +197,9 @@ WK_HANDLER(memcpy_htod)
         if (n > 0)
             rc = DRV(w, cuMemcpyHtoDAsync, m->dst, io_buffered_ptr(w), n, s);
         io_consume(w, n);
+    } else if (rc == CUDA_SUCCESS && w->drv.sim_host_pointer && n <= SIZE_MAX) {
+        if (htod_sim_direct(w, m, &rc) != 0)
+            return;
     } else if (rc == CUDA_SUCCESS && staging_ensure(w) == 0) {
         if (htod_staged(w, m, s, &rc) != 0)
             return;
@@ -266,6 +288,24 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
                     (unsigned long long)n, (unsigned long long)m->src);
 }
 
+/* The simulated device: a large device-to-host copy is written to the socket straight from the
+ * device memory. The whole range is checked before the reply, so an error is always an error
+ * reply without data. Streams are synchronous in the sim: every earlier call is complete. */
+static void dtoh_sim_direct(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m)
+{
+    gp_memcpy_dtoh_reply r = {0};
+    void *src = NULL;
+    r.result = w->drv.sim_host_pointer(m->src, (size_t)m->size, &src);
+    if (r.result != CUDA_SUCCESS) {
+        WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+        return;
+    }
+    r.data_len = m->size;
+    WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+    w->stats.d2h_bytes += m->size;
+    (void)io_write_direct(w, src, (size_t)m->size); /* flushes the reply header first */
+}
+
 WK_HANDLER(memcpy_dtoh)
 {
     gp_memcpy_dtoh_reply r = {0};
@@ -276,6 +316,10 @@ WK_HANDLER(memcpy_dtoh)
         r.result = sync_result(w, CUDA_SUCCESS);
     if (r.result != CUDA_SUCCESS || m->size == 0) {
         WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+        return;
+    }
+    if (m->size > WK_SMALL_COPY && w->drv.sim_host_pointer && m->size <= SIZE_MAX) {
+        dtoh_sim_direct(w, req, m);
         return;
     }
     if (m->size > WK_SMALL_COPY) {

@@ -103,8 +103,9 @@ static void hello_snapshot(struct worker *w, const struct wk_options *o)
     r.va_base = w->va_base;
     r.va_size = w->va_size;
     WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
-    wlog("session 0x%llx: serving %s (device %d%s), VA window 0x%llx+0x%llx",
+    wlog("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
          (unsigned long long)o->session_id, name, o->ordinal, o->simulated ? ", simulated" : "",
+         w->drv.sim_host_pointer ? ", direct copies" : "",
          (unsigned long long)w->va_base, (unsigned long long)w->va_size);
 }
 

@@ -113,11 +113,20 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
         }
         pbuf = b;
     } else if (fn->param_count < 0 && params) {
-        if (!atomic_flag_test_and_set(&fn->warned_params))
-            gp_log_error("cannot launch %s: its parameter layout is unknown (the server's "
-                         "driver could not tell and the image has no readable records); "
-                         "launching it with `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER) works",
-                         fn->name);
+        if (!atomic_flag_test_and_set(&fn->warned_params)) {
+            const gp_device_snapshot *dev = gp_device(0);
+            if (dev && dev->simulated)
+                /* The usual reason on the simulated device: it only knows its gp_test_*
+                 * kernels, so it cannot describe (or run) this one. Say that, not a riddle. */
+                gp_log_error("cannot launch %s: the server's GPU is simulated and runs only "
+                             "the gp_test_* test kernels; run this program against a server "
+                             "with a real GPU", fn->name);
+            else
+                gp_log_error("cannot launch %s: its parameter layout is unknown (the server's "
+                             "driver could not tell and the image has no readable records); "
+                             "launching it with `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER) works",
+                             fn->name);
+        }
         return CUDA_ERROR_NOT_SUPPORTED;
     }
 

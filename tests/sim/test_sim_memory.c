@@ -233,6 +233,69 @@ static void test_copies(void)
     CHECK_RC(cuMemcpyDtoHAsync_v2(dst, a, 8, s), CUDA_ERROR_INVALID_HANDLE);
 }
 
+/* gpupoolSimHostPointer: the host address of a device range, only when all of it is mapped. */
+static void test_host_pointer(void)
+{
+    sim_test_init();
+    CUdeviceptr va = 0;
+    OK(cuMemAddressReserve(&va, 16 * MIB, 0, 0x200000000000ull, 0));
+    CUmemGenericAllocationHandle h1 = 0, h2 = 0, h3 = 0;
+    OK(cuMemCreate(&h1, 2 * MIB, &dev0_prop, 0));
+    OK(cuMemCreate(&h2, 2 * MIB, &dev0_prop, 0));
+    OK(cuMemCreate(&h3, 2 * MIB, &dev0_prop, 0));
+    /* [va, +4 MiB) mapped as two adjacent mappings, a hole at [+4 MiB, +6 MiB), then mapped. */
+    OK(cuMemMap(va, 2 * MIB, 0, h1, 0));
+    OK(cuMemMap(va + 2 * MIB, 2 * MIB, 0, h2, 0));
+    OK(cuMemMap(va + 6 * MIB, 2 * MIB, 0, h3, 0));
+    CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                           .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    OK(cuMemSetAccess(va, 4 * MIB, &acc, 1));
+    OK(cuMemSetAccess(va + 6 * MIB, 2 * MIB, &acc, 1));
+
+    void *host = NULL;
+    OK(gpupoolSimHostPointer(va + 3, 4 * MIB - 3, &host)); /* across the two mappings */
+    CHECK(host != NULL);
+    /* The address is the device memory itself: what is written there, a copy reads back. */
+    unsigned char *p = host;
+    for (size_t i = 0; i < 4 * MIB - 3; i += 4099)
+        p[i] = (unsigned char)(i ^ 0x5a);
+    unsigned char b = 0;
+    OK(cuMemcpyDtoH_v2(&b, va + 3 + 4099 * 7, 1));
+    CHECK_EQ(b, (unsigned char)((4099 * 7) ^ 0x5a));
+    OK(gpupoolSimHostPointer(va + 4 * MIB - 1, 1, &host)); /* the last mapped byte */
+    OK(gpupoolSimHostPointer(va + 6 * MIB, 2 * MIB, &host));
+
+    /* Partly unmapped: one byte into the hole, straddling the hole, or starting in it. */
+    void *const untouched = (void *)(uintptr_t)0x1234;
+    host = untouched;
+    CHECK_RC(gpupoolSimHostPointer(va, 4 * MIB + 1, &host), CUDA_ERROR_INVALID_VALUE);
+    CHECK(strstr(gpupoolSimLastErrorDetail(), "not device memory") != NULL);
+    CHECK_RC(gpupoolSimHostPointer(va + 3 * MIB, 4 * MIB, &host), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(gpupoolSimHostPointer(va + 5 * MIB, 2 * MIB, &host), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(gpupoolSimHostPointer(va + 6 * MIB, 2 * MIB + 1, &host), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(gpupoolSimHostPointer(va + 4 * MIB, 1, &host), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(gpupoolSimHostPointer(0x1234, 4, &host), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(gpupoolSimHostPointer(~0ull - 2, 8, &host), CUDA_ERROR_INVALID_VALUE); /* wraps */
+    CHECK_RC(gpupoolSimHostPointer(va, 0, &host), CUDA_ERROR_INVALID_VALUE);
+    CHECK(host == untouched); /* no result on failure */
+    CHECK_RC(gpupoolSimHostPointer(va, 16, NULL), CUDA_ERROR_INVALID_VALUE);
+
+    /* cuMemAlloc memory too; once unmapped or freed, the range is gone. */
+    CUdeviceptr a = 0;
+    OK(cuMemAlloc_v2(&a, 1000));
+    OK(gpupoolSimHostPointer(a, 1000, &host));
+    CHECK_EQ((uintptr_t)host, (uintptr_t)a);
+    OK(cuMemFree_v2(a));
+    CHECK_RC(gpupoolSimHostPointer(a, 1000, &host), CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemUnmap(va + 2 * MIB, 2 * MIB));
+    CHECK_RC(gpupoolSimHostPointer(va, 4 * MIB, &host), CUDA_ERROR_INVALID_VALUE);
+    OK(gpupoolSimHostPointer(va, 2 * MIB, &host));
+
+    /* Like a copy, it needs a current context. */
+    OK(cuCtxSetCurrent(NULL));
+    CHECK_RC(gpupoolSimHostPointer(va, 16, &host), CUDA_ERROR_INVALID_CONTEXT);
+}
+
 static void test_memsets(void)
 {
     sim_test_init();
@@ -341,6 +404,7 @@ int main(int argc, char **argv)
         {"vmm_oom", test_vmm_oom},
         {"granularity_config", test_granularity_config},
         {"copies", test_copies},
+        {"host_pointer", test_host_pointer},
         {"memsets", test_memsets},
         {"host_alloc", test_host_alloc},
         {"context_owns_memory", test_context_owns_memory},

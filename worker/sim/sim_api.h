@@ -22,6 +22,14 @@ extern "C" {
  * The worker forwards it to the client next to the CUresult. */
 SIM_API const char *gpupoolSimLastErrorDetail(void);
 
+/* Extra, not a driver function: the host address backing the device range [dptr, dptr + size)
+ * when all of it is device memory (*host = that address, CUDA_SUCCESS); otherwise
+ * CUDA_ERROR_INVALID_VALUE (with an error detail) and *host untouched. Needs a current, usable
+ * context, like a copy. The worker uses it, when present, to move copy data straight between the
+ * socket and the simulated device memory: the CPU pass that stands in for a real GPU's DMA engine
+ * is skipped (streams are synchronous in the sim, so stream order holds). */
+SIM_API CUresult gpupoolSimHostPointer(CUdeviceptr dptr, size_t size, void **host);
+
 /* ---- initialisation, errors, devices ----------------------------------------------------- */
 SIM_API CUresult cuInit(unsigned int Flags);
 SIM_API CUresult cuDriverGetVersion(int *driverVersion);

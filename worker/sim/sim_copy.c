@@ -133,6 +133,22 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t 
     return sim_leave(CUDA_SUCCESS);
 }
 
+CUresult gpupoolSimHostPointer(CUdeviceptr dptr, size_t size, void **host)
+{
+    CUresult rc = enter_stream(NULL, false);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!host || size == 0) {
+        sim_detail("gpupoolSimHostPointer: %s", !host ? "no result pointer" : "empty range");
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    }
+    void *p = dev_range("gpupoolSimHostPointer", dptr, size);
+    if (!p)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    *host = p;
+    return sim_leave(CUDA_SUCCESS);
+}
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     return htod(dstDevice, srcHost, ByteCount, NULL, false);
