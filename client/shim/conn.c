@@ -7,7 +7,9 @@
  *    out before any request that waits, when it passes 256 KiB, and from the flusher thread
  *    ~50 us after the last append, so a program that never synchronises still progresses.
  *    Bulk data above 64 KiB is written straight from the caller's buffer (no copy).
- *  - Receiving: one thread reads frames. A reply completes the waiter with its request id
+ *  - Receiving: one thread at a time reads frames (the reader role): a caller waiting for its
+ *    reply reads them itself while nobody else does (no thread hand-off on a round trip), the
+ *    receiver thread otherwise (see "the reader role"). A reply completes the waiter with its request id
  *    (reply bulk is read directly into the waiter's buffer); replies of detached requests
  *    (async device-to-host copies) land in the program's buffer; notices are printed once per
  *    distinct text and become the pending error.
@@ -18,6 +20,7 @@
  * Lock order: send_lock before wait_lock; the receiver never takes send_lock.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -74,11 +77,35 @@ typedef struct waiter {
     uint8_t *body;
     size_t len;
     uint64_t bulk_len;
+    int want_role; /* waits on cv for its reply or for the reader role */
     pthread_cond_t cv;
     struct waiter *next;
 } waiter;
 static pthread_mutex_t wait_lock = PTHREAD_MUTEX_INITIALIZER;
 static waiter *wait_head, *wait_tail;
+
+/* ---- the reader role (wait_lock) ----
+ * One thread at a time reads the socket: the receiver thread, or a caller of gp_request
+ * waiting for its reply (the leader), which reads and dispatches every frame itself until its
+ * own reply has come, so the common round trip needs no thread hand-off. The receiver waits in
+ * poll() without the role, takes it only while no caller holds it, and parks on role_cv while
+ * a caller does. A leader drains what it buffered before it gives the role back. */
+enum { RD_NONE, RD_RECEIVER, RD_CALLER };
+static int reader;          /* RD_* */
+static int recv_parked;     /* the receiver waits on role_cv */
+static uint64_t reader_gen; /* counts the times a caller took the role */
+/* After a caller gives the role back, the receiver stays off the socket this long (unless
+ * detached requests are outstanding), so back-to-back round trips do not wake it each time;
+ * notices and loss that arrive meanwhile are seen at most this late. */
+#define LINGER_NS 2000000ull
+static uint64_t linger_until;
+static int detached_count;  /* detached waiters in the list */
+static pthread_cond_t role_cv; /* CLOCK_MONOTONIC */
+typedef struct rstate {
+    uint8_t *buf;
+    size_t pos, len;
+} rstate;
+static rstate rs; /* the read buffer; only the reader touches it */
 
 /* ---- pending error and notices ---- */
 static atomic_int pending_error;
@@ -161,6 +188,7 @@ static void conn_fail(const char *fmt, ...) {
     pthread_mutex_lock(&wait_lock);
     waiter *w = wait_head;
     wait_head = wait_tail = NULL;
+    detached_count = 0;
     while (w) {
         waiter *next = w->next;
         if (w->detached) {
@@ -172,6 +200,7 @@ static void conn_fail(const char *fmt, ...) {
         }
         w = next;
     }
+    pthread_cond_broadcast(&role_cv);
     pthread_mutex_unlock(&wait_lock);
     /* Without send_lock: a sender that fails calls this while holding it. A missed wake-up only
      * leaves the idle flusher asleep, which is harmless. */
@@ -313,6 +342,8 @@ static int waiter_add(waiter *w) {
     else
         wait_head = w;
     wait_tail = w;
+    if (w->detached && detached_count++ == 0 && recv_parked)
+        pthread_cond_signal(&role_cv); /* its reply needs the receiver */
     pthread_mutex_unlock(&wait_lock);
     return 0;
 }
@@ -328,10 +359,13 @@ static waiter *waiter_take_locked(uint64_t req) {
             wait_head = w->next;
         if (wait_tail == w) wait_tail = prev;
         w->next = NULL;
+        if (w->detached) detached_count--;
         return w;
     }
     return NULL;
 }
+
+static void await_reply(waiter *w);
 
 void gp_reply_free(gp_reply *reply) {
     if (!reply) return;
@@ -375,9 +409,7 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     }
     pthread_mutex_unlock(&send_lock);
 
-    pthread_mutex_lock(&wait_lock);
-    while (!w.done) pthread_cond_wait(&w.cv, &wait_lock);
-    pthread_mutex_unlock(&wait_lock);
+    await_reply(&w);
     pthread_cond_destroy(&w.cv);
 
     reply->result = w.result;
@@ -444,11 +476,6 @@ static void *flusher_main(void *arg) {
 }
 
 /* ==================================================================== the receiver == */
-
-typedef struct rstate {
-    uint8_t *buf;
-    size_t pos, len;
-} rstate;
 
 /* Read exactly n bytes into dst (NULL: discard). 0, or -1 with *why set. */
 static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
@@ -565,43 +592,142 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
     return rc;
 }
 
+/* Read and dispatch one frame. Caller holds the reader role. 0, or -1 (*why set). */
+static int read_frame(const char **why) {
+    uint8_t h[16];
+    if (rd_exact(&rs, h, 16, why) != 0) return -1;
+    gp_frame_header hd;
+    gp_header_decode(h, &hd);
+    if (hd.len > GP_PROTO_MAX_BODY) {
+        *why = "malformed frame from the server (body too long)";
+        return -1;
+    }
+    uint8_t *body = malloc(hd.len ? hd.len : 1);
+    if (!body) {
+        *why = "out of memory";
+        return -1;
+    }
+    if (rd_exact(&rs, body, hd.len, why) != 0) {
+        free(body);
+        return -1;
+    }
+    if (hd.flags & GP_FLAG_REPLY) return handle_reply(&rs, &hd, body, why);
+    if (hd.op == GP_OP_NOTICE) {
+        gp_conn_notice(body, hd.len);
+        free(body);
+        return 0;
+    }
+    free(body);
+    *why = "unexpected frame from the server";
+    return -1;
+}
+
+/* Give the reader role back and wake whoever may take it next: the parked receiver, and one
+ * caller waiting for its reply. Caller holds wait_lock. */
+static void release_role_locked(void) {
+    if (reader == RD_CALLER) linger_until = mono_ns() + LINGER_NS;
+    reader = RD_NONE;
+    if (recv_parked && (detached_count > 0 || rs.pos < rs.len)) pthread_cond_signal(&role_cv);
+    for (waiter *o = wait_head; o; o = o->next) {
+        if (o->want_role) {
+            pthread_cond_signal(&o->cv);
+            break;
+        }
+    }
+}
+
+/* Wait for w's reply, reading the socket ourselves whenever no other thread does. */
+static void await_reply(waiter *w) {
+    pthread_mutex_lock(&wait_lock);
+    while (!w->done) {
+        if (reader != RD_NONE || atomic_load(&dead)) {
+            /* another thread reads (it completes us, or hands us the role) or conn_fail did */
+            w->want_role = 1;
+            pthread_cond_wait(&w->cv, &wait_lock);
+            w->want_role = 0;
+            continue;
+        }
+        reader = RD_CALLER;
+        reader_gen++;
+        pthread_mutex_unlock(&wait_lock);
+        for (;;) {
+            const char *why = "connection lost";
+            if (read_frame(&why) != 0) {
+                conn_fail("%s", why); /* completes every waiter, w included */
+                pthread_mutex_lock(&wait_lock);
+                release_role_locked();
+                break;
+            }
+            pthread_mutex_lock(&wait_lock);
+            /* done: give the role back once nothing read is left in the buffer */
+            if (w->done && rs.pos == rs.len) {
+                release_role_locked();
+                break;
+            }
+            pthread_mutex_unlock(&wait_lock);
+        }
+    }
+    pthread_mutex_unlock(&wait_lock);
+}
+
 static void *receiver_main(void *arg) {
     (void)arg;
-    rstate rs = {.buf = malloc(RBUF_SIZE)};
-    const char *why = "out of memory";
-    if (!rs.buf) goto fail;
+    const char *why = "connection lost";
+    pthread_mutex_lock(&wait_lock);
     for (;;) {
-        uint8_t h[16];
-        if (rd_exact(&rs, h, 16, &why) != 0) goto fail;
-        gp_frame_header hd;
-        gp_header_decode(h, &hd);
-        if (hd.len > GP_PROTO_MAX_BODY) {
-            why = "malformed frame from the server (body too long)";
-            goto fail;
+        /* wait, without the role, until there is something to read and nobody reads it */
+        int ready = 0;
+        for (;;) {
+            while (reader != RD_NONE && !atomic_load(&dead)) {
+                recv_parked = 1;
+                pthread_cond_wait(&role_cv, &wait_lock);
+                recv_parked = 0;
+                ready = 0;
+            }
+            if (atomic_load(&dead)) {
+                pthread_mutex_unlock(&wait_lock);
+                return NULL;
+            }
+            if (ready || rs.pos < rs.len) break;
+            if (detached_count == 0 && linger_until) {
+                uint64_t now = mono_ns();
+                if (now < linger_until) {
+                    /* a caller read recently: stay off the socket for a while */
+                    struct timespec ts = {.tv_sec = (time_t)(linger_until / 1000000000ull),
+                                          .tv_nsec = (long)(linger_until % 1000000000ull)};
+                    recv_parked = 1;
+                    pthread_cond_timedwait(&role_cv, &wait_lock, &ts);
+                    recv_parked = 0;
+                    ready = 0;
+                    continue;
+                }
+            }
+            uint64_t gen = reader_gen;
+            pthread_mutex_unlock(&wait_lock);
+            struct pollfd p = {.fd = sock, .events = POLLIN};
+            int n = poll(&p, 1, -1);
+            int err = errno;
+            pthread_mutex_lock(&wait_lock);
+            if (n < 0 && err != EINTR) {
+                pthread_mutex_unlock(&wait_lock);
+                why = strerror(err);
+                goto fail;
+            }
+            /* stale if a caller has read in the meantime: poll again */
+            ready = n > 0 && gen == reader_gen;
         }
-        uint8_t *body = malloc(hd.len ? hd.len : 1);
-        if (!body) {
-            why = "out of memory";
-            goto fail;
-        }
-        if (rd_exact(&rs, body, hd.len, &why) != 0) {
-            free(body);
-            goto fail;
-        }
-        if (hd.flags & GP_FLAG_REPLY) {
-            if (handle_reply(&rs, &hd, body, &why) != 0) goto fail;
-        } else if (hd.op == GP_OP_NOTICE) {
-            gp_conn_notice(body, hd.len);
-            free(body);
-        } else {
-            free(body);
-            why = "unexpected frame from the server";
+        reader = RD_RECEIVER;
+        pthread_mutex_unlock(&wait_lock);
+        int rc = read_frame(&why);
+        pthread_mutex_lock(&wait_lock);
+        release_role_locked();
+        if (rc != 0) {
+            pthread_mutex_unlock(&wait_lock);
             goto fail;
         }
     }
 fail:
     conn_fail("%s", why); /* silent after goodbye: the server closing is the expected end */
-    free(rs.buf);
     return NULL;
 }
 
@@ -626,6 +752,7 @@ static void init_once_handlers(void) {
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&flush_cv, &ca);
+    pthread_cond_init(&role_cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_atfork(NULL, NULL, atfork_child);
 }
@@ -652,6 +779,12 @@ CUresult gp_conn_ensure(void) {
     s = atomic_load(&state);
     if (s == ST_NONE) {
         init_result = gp_connect(&sock, server_desc, sizeof server_desc);
+        if (init_result == CUDA_SUCCESS && !rs.buf && !(rs.buf = malloc(RBUF_SIZE))) {
+            gp_log_error("cannot allocate the receive buffer");
+            close(sock);
+            sock = -1;
+            init_result = CUDA_ERROR_NO_DEVICE;
+        }
         if (init_result == CUDA_SUCCESS) {
             last_ctx_sent = UINT64_MAX;
             if (start_thread(receiver_main, "gpupool-recv") != 0 ||
