@@ -123,7 +123,6 @@ class RemotingListener:
         sock = writer.get_extra_info("socket")
         fd = os.dup(sock.fileno())
         try:
-            os.set_blocking(fd, True)  # the worker gets an ordinary blocking socket
             await self.supervisor.start(session, gpu, fd, frame.body, frame.req)
         except WorkerStartError as exc:
             log.error("session %d: %s", session.id, exc)

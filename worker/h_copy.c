@@ -223,6 +223,11 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
     uint64_t n = m->size;
     if (io_flush(w) != 0)
         return;
+    if (n > UINT64_MAX - m->src) { /* a range that wraps the address space is never valid */
+        r.result = CUDA_ERROR_INVALID_VALUE;
+        WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
+        return;
+    }
     if (staging_ensure(w) != 0) {
         r.result = CUDA_ERROR_OUT_OF_MEMORY;
         WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);

@@ -679,8 +679,14 @@ static void *receiver_main(void *arg) {
         int ready = 0;
         for (;;) {
             while (reader != RD_NONE && !atomic_load(&dead)) {
+                /* Timed: a caller may hand the role back without signalling (nothing buffered,
+                 * nothing detached). Re-checking every LINGER_NS bounds how late a notice or a
+                 * dead server is seen while the program computes on the CPU. */
+                uint64_t until = mono_ns() + LINGER_NS;
+                struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
+                                      .tv_nsec = (long)(until % 1000000000ull)};
                 recv_parked = 1;
-                pthread_cond_wait(&role_cv, &wait_lock);
+                pthread_cond_timedwait(&role_cv, &wait_lock, &ts);
                 recv_parked = 0;
                 ready = 0;
             }

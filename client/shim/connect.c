@@ -177,6 +177,8 @@ static int tcp_connect(const char *host, const char *port, double timeout_s, cha
             if (pr == 0) {
                 errno = ETIMEDOUT;
                 rc = -1;
+            } else if (pr < 0) {
+                rc = -1; /* poll itself failed: errno says why; the socket is not connected */
             } else {
                 int soerr = 0;
                 socklen_t sl = sizeof soerr;
