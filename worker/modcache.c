@@ -186,13 +186,13 @@ const struct mc_entry *modcache_put(struct modcache *c, const uint8_t sha[32], u
 {
     struct mc_entry *e = find_mem(c, sha);
     if (e) {
-        free(data); /* same hash, same bytes */
-    } else {
-        e = insert(c, sha, data, len);
-        if (!e)
-            return NULL;
+        /* Same hash, same bytes, and already on disk: every memory entry was either read from
+         * the disk cache or written there when it was inserted below. */
+        free(data);
+        return e;
     }
-    if (c->dir)
+    e = insert(c, sha, data, len);
+    if (e && c->dir)
         write_disk(c, e);
     return e;
 }
