@@ -37,6 +37,7 @@ include protocol/protocol.mk
 -include client/shim/shim.mk
 -include worker/sim/sim.mk
 -include worker/worker.mk
+-include worker/scrub/scrub.mk
 -include tests/c/tests.mk
 -include tests/sim/sim_tests.mk
 -include client/shim/shim_tests.mk

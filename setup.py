@@ -1,5 +1,5 @@
-"""Build step of the gpupoold package: compile the worker and the simulated device with the
-top-level Makefile and ship them in gpupoold/bin/ (metadata is in pyproject.toml).
+"""Build step of the gpupoold package: compile the worker, the scrub and the simulated device with
+the top-level Makefile and ship them in gpupoold/bin/ (metadata is in pyproject.toml).
 
 Set GPUPOOL_SKIP_NATIVE=1 to build a package without them (the daemon then needs the `worker`
 and `sim_lib` settings). Editable installs skip this step: a development checkout finds the
@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent
 # (make target, the component's makefile fragment, name in gpupoold/bin)
 NATIVE = [
     ("build/gpupool-worker", "worker/worker.mk", "gpupool-worker"),
+    ("build/gpupool-scrub", "worker/scrub/scrub.mk", "gpupool-scrub"),
     ("build/libgpupool-sim.so", "worker/sim/sim.mk", "libgpupool-sim.so"),
 ]
 

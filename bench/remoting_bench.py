@@ -119,6 +119,13 @@ class Daemon:
         if not self._ready.wait(60) or self.address is None:
             self.stop()
             sys.exit("remoting_bench: gpupoold did not report its address:\n" + self.log_text())
+        made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name",
+                               "bench", "--state-dir", self.state_dir], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        if made.returncode != 0:
+            self.stop()
+            sys.exit(f"remoting_bench: cannot create a token:\n{made.stderr}")
+        self.token = made.stdout.strip().splitlines()[-1]
 
     def _reader(self) -> None:
         assert self.proc.stdout is not None
@@ -176,8 +183,10 @@ def best_of(a: dict, b: dict) -> dict:
 
 
 def run_client(client: Path, address: str, reps: int, quick: bool,
-               launches: int | None) -> tuple[dict, str, int]:
+               launches: int | None, token: str = "") -> tuple[dict, str, int]:
     env = dict(os.environ)
+    if token:
+        env["GPUPOOL_TOKEN"] = token
     shim_dir = str(ROOT / "build" / "client")
     env["LD_LIBRARY_PATH"] = shim_dir + (os.pathsep + env["LD_LIBRARY_PATH"]
                                          if env.get("LD_LIBRARY_PATH") else "")
@@ -377,14 +386,15 @@ def main(argv: list[str] | None = None) -> int:
 
     daemon = None
     try:
+        token = os.environ.get("GPUPOOL_TOKEN", "")
         if args.server:
             address = args.server
         else:
             daemon = Daemon()
-            address = daemon.address
+            address, token = daemon.address, daemon.token
             log(f"gpupoold on {address}")
         results, client_out, rc = run_client(client_bin, address, args.reps, args.quick,
-                                             args.launches)
+                                             args.launches, token)
     finally:
         if daemon is not None:
             daemon.stop()

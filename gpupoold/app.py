@@ -1,13 +1,15 @@
 """The application factory, shared by `gpupoold serve` and the tests.
 
 `create_app(settings)` returns an aiohttp application whose resources are `cleanup_ctx`
-generators, started in this order and stopped in reverse: state directories, GPU inventory,
-worker supervisor, remoting listener. So at shutdown the listener stops accepting first, then the
-workers are stopped.
+generators, started in this order and stopped in reverse: state directories, the store
+(SQLite) and authentication, the GPU inventory (NVML), the worker supervisor, the lease manager,
+the remoting listener. So at shutdown the listener stops accepting first, then the leases end
+(their workers stopped and their records written), and the store closes last.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -15,18 +17,23 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpupoold.auth import AcceptAnyToken
-from gpupoold.gpus import build_inventory
-from gpupoold.keys import AUTH, INVENTORY, REMOTING, SCHEDULER, SESSIONS, SETTINGS, SUPERVISOR
-from gpupoold.paths import SIM_LIB_NAME, WORKER_NAME, candidates, find_native
+from gpupoold.auth import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
+from gpupoold.counters import Counters
+from gpupoold.gpus import InventoryError, build_inventory
+from gpupoold.keys import (AUTH, COUNTERS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS, STORE,
+                           SUPERVISOR)
+from gpupoold.leases import LeaseManager
+from gpupoold.nvml import Nvml
+from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
 from gpupoold.remoting import RemotingListener
 from gpupoold.routes import setup_routes
-from gpupoold.scheduler import Scheduler
-from gpupoold.sessions import SessionRegistry
+from gpupoold.scrubber import GpuCleaner
 from gpupoold.settings import Settings
+from gpupoold.store import Store
 from gpupoold.workers import WorkerSupervisor
 
 log = logging.getLogger("gpupoold")
+DB_NAME = "gpupoold.db"
 
 
 class StartupError(Exception):
@@ -34,16 +41,23 @@ class StartupError(Exception):
 
 
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=middlewares())
     app[SETTINGS] = settings
-    app[AUTH] = AcceptAnyToken()
-    app[SESSIONS] = SessionRegistry()
+    app[COUNTERS] = Counters()
     app.cleanup_ctx.append(state_ctx)
+    app.cleanup_ctx.append(store_ctx)
     app.cleanup_ctx.append(inventory_ctx)
     app.cleanup_ctx.append(supervisor_ctx)
+    app.cleanup_ctx.append(leases_ctx)
     app.cleanup_ctx.append(remoting_ctx)
     setup_routes(app)
     return app
+
+
+def middlewares() -> list[object]:
+    from gpupoold.http_auth import auth_middleware
+
+    return [auth_middleware]
 
 
 def _native(setting: str, name: str, configured: Path | None, mode: int) -> Path | None:
@@ -72,10 +86,41 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
+async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    path = settings.state_dir / DB_NAME
+    try:
+        store = await Store.open(path)
+    except Exception as exc:
+        raise StartupError(f"setting 'state_dir': cannot open the database {path}: {exc}") from None
+    app[STORE] = store
+    if settings.auth == "none":
+        log.warning("*" * 72)
+        log.warning("AUTHENTICATION IS OFF (auth = none): anyone who can reach %s and %s can "
+                    "use the GPUs and the admin API", settings.listen, settings.http)
+        log.warning("*" * 72)
+        app[AUTH] = NoAuthentication()
+    else:
+        app[AUTH] = TokenAuthenticator(store)
+        token_file = await ensure_local_admin_token(store, settings.state_dir)
+        log.info("local admin token written to %s (for `gpupoold status`, `gpupoold gpu ...`)",
+                 token_file)
+    try:
+        yield
+    finally:
+        await store.close()
+
+
 async def inventory_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     sim_lib = _native("sim_lib", SIM_LIB_NAME, settings.sim_lib, os.R_OK)
-    inventory = await build_inventory(settings, sim_lib)
+    nvml = Nvml()
+    app[NVML] = nvml
+    try:
+        inventory = await build_inventory(settings, sim_lib, nvml=nvml)
+    except InventoryError as exc:
+        await asyncio.to_thread(nvml.shutdown)
+        raise StartupError(str(exc)) from None
     if inventory.fallback_reason:
         log.warning("*" * 72)
         log.warning("NO NVIDIA DRIVER: %s", inventory.fallback_reason)
@@ -86,23 +131,44 @@ async def inventory_ctx(app: web.Application) -> AsyncIterator[None]:
         kind = "simulated" if gpu.simulated else "real"
         log.info("GPU %d: %s (%s, %s)", gpu.index, gpu.name, kind, gpu.uuid or "uuid unknown")
     app[INVENTORY] = inventory
-    app[SCHEDULER] = Scheduler(inventory, app[SESSIONS])
-    yield
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(nvml.shutdown)
 
 
 async def supervisor_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     worker = _native("worker", WORKER_NAME, settings.worker, os.X_OK)
-    supervisor = WorkerSupervisor(worker, settings.effective_cache_dir, app[SESSIONS])
-    app[SUPERVISOR] = supervisor
+    app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir)
     yield
-    await supervisor.stop_all(settings.stop_grace)
+
+
+async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    worker = app[SUPERVISOR].worker
+    # The scrub tool ships beside the worker.
+    scrub = find_native(SCRUB_NAME, worker.parent / SCRUB_NAME if worker is not None and (
+        worker.parent / SCRUB_NAME).is_file() else None)
+    if scrub is None:
+        log.error("%s not found (looked beside the worker and in %s): GPUs cannot be scrubbed "
+                  "and will be quarantined", SCRUB_NAME,
+                  ", ".join(str(p) for p in candidates(SCRUB_NAME)))
+    cleaner = GpuCleaner(scrub, app[INVENTORY].nvml, settings.state_dir, settings.reset_policy,
+                         settings.reset_socket, settings.scrub_timeout)
+    leases = LeaseManager(app[INVENTORY], settings, app[STORE], app[SUPERVISOR], cleaner,
+                          app[COUNTERS])
+    app[LEASES] = leases
+    await leases.start()
+    try:
+        yield
+    finally:
+        await leases.close(settings.stop_grace)
 
 
 async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    listener = RemotingListener(settings.listen, settings.handshake_timeout, app[SCHEDULER],
-                                app[SESSIONS], app[SUPERVISOR], app[AUTH])
+    listener = RemotingListener(settings, app[LEASES], app[AUTH], app[COUNTERS])
     try:
         await listener.start()
     except OSError as exc:

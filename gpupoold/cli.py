@@ -1,25 +1,87 @@
-"""The `gpupoold` command line. Subcommands: serve (more with issue 4: token, status, gpu).
+"""The `gpupoold` command line.
 
-The flags of `serve` are generated from the settings that declare one (settings.py), so a flag
-and its config key always mean the same thing.
+- `serve`: run the daemon. Its flags are generated from the settings that declare one
+  (settings.py), so a flag and its config key always mean the same thing.
+- `token create|list|revoke`: API tokens, on the database directly (`<state_dir>/gpupoold.db`),
+  whether the daemon runs or not; audited as `cli:<unix user>`.
+- `status`, `gpu drain|undrain|clear INDEX`, `lease end ID`: clients of the running daemon's HTTP
+  API (admin_client.py), authenticated with `--token`, `GPUPOOL_ADMIN_TOKEN` or the local admin
+  token the daemon writes to `<state_dir>/local-admin.token`.
+
+Exit status: 0 done, 1 failed (the message says why and what to do), 2 bad command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import pwd
+import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpupoold import __version__
+from gpupoold.admin_client import AdminClient, AdminError, base_url, tls_context
+from gpupoold.auth import LOCAL_ADMIN_FILE
 from gpupoold.config import ConfigError, load_settings
-from gpupoold.settings import DEFAULT_CONFIG, iter_flags
+from gpupoold.settings import DEFAULT_CONFIG, Settings, iter_flags
+from gpupoold.store import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
+from gpupoold.tokens import check_token_name, format_local, parse_expiry
+
+ADMIN_TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
+
+
+class CliError(Exception):
+    """A failure of an admin command; the message says what happened and what to do."""
 
 
 def _flag_type(info_type: Any) -> Callable[[str], Any]:
     """The argparse converter of a setting's type (lists have no flag)."""
     return info_type if info_type in (int, float, Path) else str
+
+
+# ------------------------------------------------------------------------------------ parser
+def _config_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, metavar="PATH",
+                   help=f"TOML config file (default {DEFAULT_CONFIG}, if it exists)")
+
+
+def _local_options() -> argparse.ArgumentParser:
+    """Options of the commands that work on the database."""
+    p = argparse.ArgumentParser(add_help=False)
+    _config_flag(p)
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="the daemon's state directory, which holds gpupoold.db "
+                        "[setting `state_dir`]")
+    return p
+
+
+def _remote_options() -> argparse.ArgumentParser:
+    """Options of the commands that talk to the running daemon."""
+    p = argparse.ArgumentParser(add_help=False)
+    _config_flag(p)
+    p.add_argument("--http", metavar="HOST:PORT|URL",
+                   help="the daemon's HTTP API: HOST:PORT (https when the config sets "
+                        "http_tls_cert) or a full http:// or https:// URL [setting `http`]")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="where to find local-admin.token [setting `state_dir`]")
+    p.add_argument("--token", metavar="TOKEN",
+                   help=f"admin API token (other users can see a command line: prefer "
+                        f"{ADMIN_TOKEN_ENV}); default: {ADMIN_TOKEN_ENV}, else "
+                        "<state_dir>/local-admin.token")
+    p.add_argument("--cacert", type=Path, metavar="PATH",
+                   help="PEM CA certificate to verify the daemon's HTTPS certificate "
+                        "(default: the system CAs and the daemon's own http_tls_cert)")
+    p.add_argument("--cert", type=Path, metavar="PATH",
+                   help="PEM client certificate, when the daemon requires one "
+                        "(http_tls_client_ca)")
+    p.add_argument("--key", type=Path, metavar="PATH", help="the private key of --cert")
+    p.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,12 +92,53 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve", help="run the daemon (remoting listener + HTTP API)",
         description="Run the daemon. Flags override the config file (docs/configuration.md).")
-    serve.add_argument("--config", type=Path, metavar="PATH",
-                       help=f"TOML config file (default {DEFAULT_CONFIG}, if it exists)")
+    _config_flag(serve)
     for info in iter_flags():
         serve.add_argument(info.flag, dest=info.name, type=_flag_type(info.base_type),
                            metavar=info.metavar, default=None,
                            help=f"{info.help} [setting `{info.name}`]".replace("%", "%%"))
+
+    local, remote = _local_options(), _remote_options()
+    token = sub.add_parser(
+        "token", help="create, list and revoke API tokens",
+        description="Manage API tokens in the daemon's database (run on the server, as root or "
+                    "the user gpupoold runs as; the daemon need not be running).")
+    tsub = token.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = tsub.add_parser("create", parents=[local], help="create a token (printed once)",
+                             description="Create a token and print it on stdout: the only time "
+                                         "it is shown.")
+    create.add_argument("--name", required=True, help="1-64 letters, digits and . _ @ -")
+    create.add_argument("--role", choices=("user", "admin"), default="user",
+                        help="user: GPUs and read-only API; admin: also operator actions "
+                             "(default user)")
+    create.add_argument("--expires", default="never", metavar="WHEN",
+                        help="never (default), a duration (90m, 12h, 30d, 2w) or an ISO date")
+    create.add_argument("--json", action="store_true",
+                        help="print the token and its record as JSON")
+    listing = tsub.add_parser("list", parents=[local], help="list the tokens (never secrets)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    revoke = tsub.add_parser("revoke", parents=[local], help="revoke a token")
+    revoke.add_argument("name", metavar="NAME")
+
+    sub.add_parser("status", parents=[remote], help="GPUs, leases and queue",
+                   description="Ask the running daemon for its GPUs, leases and queue.")
+    gpu = sub.add_parser("gpu", help="drain, undrain or clear a GPU",
+                         description="Operator actions on one GPU of the running daemon.")
+    gsub = gpu.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, text in (("drain", "no new leases on the GPU (the current one may finish)"),
+                         ("undrain", "put a drained GPU back in service"),
+                         ("clear", "clear a quarantine: the GPU is scrubbed and checked again")):
+        p = gsub.add_parser(action, parents=[remote], help=text, description=text)
+        p.add_argument("index", type=int, metavar="INDEX", help="GPU index, as `status` shows")
+    lease = sub.add_parser("lease", help="end a lease",
+                           description="Operator actions on a lease of the running daemon.")
+    lsub = lease.add_subparsers(dest="action", metavar="ACTION", required=True)
+    end = lsub.add_parser("end", parents=[remote], help="end an active lease",
+                          description="Tell the lease's client why and disconnect it; the GPU "
+                                      "is scrubbed afterwards.")
+    end.add_argument("lease_id", type=int, metavar="ID", help="lease id, as `status` shows")
+    end.add_argument("--reason", default="", metavar="TEXT",
+                     help="shown to the client and recorded")
     return parser
 
 
@@ -53,4 +156,328 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         setup_logging(settings.log_level)
         return run(settings)
-    raise AssertionError(args.command)  # pragma: no cover - argparse allows no other command
+    try:
+        if args.command == "token":
+            return _token_command(args)
+        return _remote_command(args)
+    except (CliError, ConfigError) as exc:
+        print(f"gpupoold: error: {exc}", file=sys.stderr)
+        return 1
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    return load_settings(args.config, {"state_dir": args.state_dir, **overrides})
+
+
+def _unix_user() -> str:
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def cli_actor() -> str:
+    """The audit log's actor of a CLI action: `cli:<unix user>` (and who used sudo)."""
+    user = _unix_user()
+    sudo = os.environ.get("SUDO_USER", "") if os.geteuid() == 0 else ""
+    return f"cli:{user}" + (f" (sudo by {sudo})" if sudo and sudo != user else "")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+             for row in (headers, *rows)]
+    return "\n".join(lines)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+# ---------------------------------------------------------------------------- token commands
+def _token_command(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if args.action == "create":
+        try:
+            check_token_name(args.name)
+        except ValueError as exc:
+            raise CliError(f"bad token name {args.name!r}: {exc}") from None
+        try:
+            expires = parse_expiry(args.expires)
+        except ValueError as exc:
+            raise CliError(f"bad --expires {args.expires!r}: {exc}") from None
+    db = open_db(settings.state_dir, create=args.action == "create")
+    try:
+        if args.action == "create":
+            return _token_create(db, args, expires)
+        if args.action == "list":
+            return _token_list(db, args)
+        return _token_revoke(db, args)
+    except sqlite3.Error as exc:
+        raise CliError(f"database {db.path}: {exc}") from None
+    finally:
+        db.close()
+
+
+def open_db(state_dir: Path, create: bool) -> StoreDB:
+    """The store of `state_dir` for this process, or CliError saying why not. With `create`,
+    the directory and the database are made if missing (a token can be made before the daemon
+    first starts); without, a missing database is an error (most likely a wrong directory)."""
+    fix = (f"run as root or as the user gpupoold runs as (this is {_unix_user()}), or choose the "
+           "state directory with --state-dir or the config file with --config")
+    path = state_dir / DB_NAME
+    if not create and not path.exists():
+        raise CliError(f"there is no database {path}: no token was made and gpupoold never ran "
+                       "with this state directory; check --state-dir (or `state_dir` in the "
+                       "config given with --config)")
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    except OSError as exc:
+        raise CliError(f"cannot create the state directory {state_dir}: {exc.strerror}; "
+                       f"{fix}") from None
+    exists = path.exists()
+    if not os.access(state_dir, os.W_OK | os.X_OK) or (
+            exists and not os.access(path, os.R_OK | os.W_OK)):
+        raise CliError(f"cannot write the database {path}: permission denied; {fix}")
+    if not exists:
+        _create_owned_like(path, state_dir)
+    try:
+        return StoreDB(path)
+    except SchemaTooNew as exc:
+        raise CliError(str(exc)) from None
+    except sqlite3.Error as exc:
+        text = str(exc)
+        if "readonly" in text or "unable to open" in text:
+            raise CliError(f"cannot open the database {path}: {text}; {fix}") from None
+        raise CliError(f"cannot open the database {path}: {text}; is it a gpupoold database? "
+                       "(keep a copy and move it away to start afresh)") from None
+
+
+def _create_owned_like(path: Path, state_dir: Path) -> None:
+    """Create the empty database file (0600). Run as root in a state directory owned by the
+    daemon's user, give the file to that user: a root-owned database would lock the daemon out.
+    SQLite itself gives the -wal and -shm files the database file's owner."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        st = state_dir.stat()
+        if os.geteuid() == 0 and st.st_uid != 0:
+            os.fchown(fd, st.st_uid, st.st_gid)
+    finally:
+        os.close(fd)
+
+
+def _token_create(db: StoreDB, args: argparse.Namespace, expires: float | None) -> int:
+    try:
+        record, text = db.create_token(args.name, args.role, expires, cli_actor())
+    except TokenExists:
+        raise CliError(f"a token named {args.name!r} already exists (revoked tokens keep their "
+                       "name): choose another name; `gpupoold token list` shows them") from None
+    note = "the token is shown only this once: store it now"
+    if args.json:
+        _print_json({"token": record.to_json(), "secret": text, "note": note})
+    else:
+        print(text)
+    print(f"Created {record.role} token '{record.name}' (id {record.id}, expires "
+          f"{format_local(record.expires)}).\nNote: {note} (a client sets it as GPUPOOL_TOKEN).",
+          file=sys.stderr)
+    return 0
+
+
+def _token_list(db: StoreDB, args: argparse.Namespace) -> int:
+    tokens = db.list_tokens()
+    if args.json:
+        _print_json({"tokens": [t.to_json() for t in tokens]})
+        return 0
+    if not tokens:
+        print("No tokens yet: create one with `gpupoold token create --name NAME`.")
+        return 0
+    now = time.time()
+    rows = [(t.name, t.role, t.id, format_local(t.created), format_local(t.expires),
+             format_local(t.last_used, "never"), t.state(now)) for t in tokens]
+    print(_table(("NAME", "ROLE", "ID", "CREATED", "EXPIRES", "LAST USED", "STATE"), rows))
+    return 0
+
+
+def _token_revoke(db: StoreDB, args: argparse.Namespace) -> int:
+    before = db.get_token(args.name)
+    if before is not None and before.revoked is not None:
+        print(f"Token '{args.name}' was already revoked on {format_local(before.revoked)}.")
+        return 0
+    try:
+        record = db.revoke_token(args.name, cli_actor())
+    except NotFound:
+        raise CliError(f"no token named {args.name!r}; `gpupoold token list` shows the "
+                       "tokens") from None
+    print(f"Revoked {record.role} token '{record.name}' (id {record.id}): it is refused from "
+          "now on. Leases it holds go on until they end; end one with `gpupoold lease end ID`.")
+    return 0
+
+
+# ------------------------------------------------------------------- commands to the daemon
+def _remote_command(args: argparse.Namespace) -> int:
+    client, token_note = _admin_client(args)
+    try:
+        if args.command == "status":
+            return _status(client, args)
+        if args.command == "gpu":
+            return _gpu(client, args)
+        return _lease_end(client, args)
+    except AdminError as exc:
+        message = str(exc)
+        if exc.status == 401 and token_note:
+            message += f"\n(token: {token_note})"
+        raise CliError(message) from None
+
+
+def _admin_client(args: argparse.Namespace) -> tuple[AdminClient, str]:
+    """The API client and a note on where its token came from (for a 401)."""
+    http = args.http
+    overrides = {} if http is None or "://" in http else {"http": http}
+    settings = _settings(args, **overrides)
+    tls = settings.http_tls_cert is not None
+    try:
+        url = base_url(http if http and "://" in http else settings.http, tls)
+    except ValueError as exc:
+        raise CliError(f"bad --http {http!r}: {exc}") from None
+    context = None
+    if url.startswith("https://"):
+        try:
+            context = tls_context(args.cacert, settings.http_tls_cert, args.cert, args.key)
+        except AdminError as exc:
+            raise CliError(str(exc)) from None
+    token, note = _admin_token(args, settings)
+    return AdminClient(url, token, context=context), note
+
+
+def _admin_token(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
+    """(token, where it came from); an empty token with the reason when none was found (the
+    request then goes without one: the daemon may not need it)."""
+    if args.token:
+        return args.token.strip(), "from --token"
+    env = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if env:
+        return env, f"from {ADMIN_TOKEN_ENV}"
+    path = settings.state_dir / LOCAL_ADMIN_FILE
+    fix = f"pass --token or set {ADMIN_TOKEN_ENV} to an admin token"
+    try:
+        return path.read_text().strip(), f"the local admin token {path}"
+    except FileNotFoundError:
+        return "", (f"none found: {path} does not exist (gpupoold writes it when it starts; is "
+                    f"the state directory right? --state-dir); {fix}")
+    except PermissionError:
+        return "", (f"none found: {path} is readable only by root and the user gpupoold runs "
+                    f"as (this is {_unix_user()}); run as one of them, or {fix}")
+    except OSError as exc:
+        return "", f"none found: cannot read {path}: {exc.strerror}; {fix}"
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _since(ts: Any, now: float) -> str:
+    if not isinstance(ts, int | float):
+        return "-"
+    return f"{format_local(ts)} ({_ago(now - ts)} ago)"
+
+
+def _client_text(client: Any) -> str:
+    if not isinstance(client, dict):
+        return "?"
+    text = f"{client.get('user') or '?'}@{client.get('host') or '?'} pid {client.get('pid', '?')}"
+    if client.get("program"):
+        text += f" ({client['program']})"
+    return text
+
+
+def _status(client: AdminClient, args: argparse.Namespace) -> int:
+    status = client.get("/api/v1/status")
+    gpus = client.get("/api/v1/gpus").get("gpus", [])
+    queue = client.get("/api/v1/queue").get("queue", []) if status.get("queue") else []
+    if args.json:
+        _print_json({"status": status, "gpus": gpus, "queue": queue})
+        return 0
+    now = float(status.get("time") or time.time())
+    you = status.get("you") or {}
+    print(f"gpupoold {status.get('version', '?')} at {client.url}: remoting "
+          f"{status.get('remoting', '?')}, auth {status.get('auth', '?')}, you are "
+          f"{you.get('name') or '?'} ({you.get('role') or '?'})")
+    rows, notes = [], []
+    for g in gpus:
+        name = str(g.get("name", "?"))
+        if g.get("simulated") and "simulated" not in name.lower():
+            name += " [simulated]"
+        state = str(g.get("state", "?"))
+        if g.get("draining") and state != "drained":
+            state += " (draining)"
+        holder, since = "-", "-"
+        lease = g.get("lease")
+        if isinstance(lease, dict):
+            holder = f"{lease.get('token') or '?'}: {_client_text(lease.get('client'))}"
+            since = _since(lease.get("started"), now)
+        quarantine = g.get("quarantine")
+        if isinstance(quarantine, dict):
+            since = _since(quarantine.get("since"), now)
+            notes.append(f"GPU {g.get('index')} is quarantined: {quarantine.get('reason') or '?'}"
+                         f"; once fixed: `gpupoold gpu clear {g.get('index')}`")
+        lease_id = f"#{lease.get('id')}" if isinstance(lease, dict) else "-"
+        rows.append((str(g.get("index", "?")), name, state, lease_id, holder, since))
+    print()
+    if rows:
+        print(_table(("GPU", "NAME", "STATE", "LEASE", "HOLDER", "SINCE"), rows))
+    else:
+        print("No GPUs.")
+    for note in notes:
+        print(note)
+    print()
+    print(f"Leases: {status.get('leases', 0)} active. Queue: {status.get('queue', 0)} waiting.")
+    for q in queue:
+        print(f"  {q.get('position', '?')}. {q.get('token') or '?'}: "
+              f"{_client_text(q.get('client'))} wants {q.get('request') or 'any GPU'}, waiting "
+              f"{_ago(float(q.get('waiting_s') or 0))}")
+    return 0
+
+
+def _gpu(client: AdminClient, args: argparse.Namespace) -> int:
+    index = args.index
+    view = client.post(f"/api/v1/gpus/{index}/{args.action}")
+    if args.json:
+        _print_json(view)
+        return 0
+    state = view.get("state", "?")
+    if args.action == "drain":
+        if state == "drained":
+            print(f"GPU {index} is drained: no new leases until `gpupoold gpu undrain {index}`.")
+        else:
+            print(f"GPU {index} will be drained when its current work ends (state now: {state});"
+                  f" no new leases meanwhile.")
+    elif args.action == "undrain":
+        print(f"GPU {index} is back in service (state: {state}).")
+    else:
+        print(f"GPU {index}: quarantine cleared; it is scrubbed and checked again (state: "
+              f"{state}). `gpupoold status` shows the result.")
+    return 0
+
+
+def _lease_end(client: AdminClient, args: argparse.Namespace) -> int:
+    body = {"reason": args.reason} if args.reason else {}
+    view = client.post(f"/api/v1/leases/{args.lease_id}/end", body)
+    if args.json:
+        _print_json(view)
+        return 0
+    print(f"Lease {args.lease_id} on GPU {view.get('gpu', '?')} (token {view.get('token') or '?'}"
+          f", {_client_text(view.get('client'))}) is ending: the client is told and "
+          "disconnected, then the GPU is scrubbed.")
+    return 0

@@ -3,10 +3,15 @@
 The first 8 bytes of a hello body are `u32 magic, u16 major, u16 minor` in every protocol
 version, so a client of another major version gets a clear refusal even when the rest of its hello
 has a layout this server does not know.
+
+The hello also carries the client's requirements (`gpu`, `model`, `min_memory`; empty / 0 = any),
+which the lease manager matches against the GPUs; `requirements_text` renders them for logs and
+the API. While the client waits for a GPU the daemon sends it `queue_notice`s.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 from dataclasses import dataclass
@@ -15,7 +20,7 @@ import gpupool_protocol as gp
 
 from gpupoold import __version__
 
-# The largest hello body of this protocol version is about 6 KiB; anything much longer is not a
+# The largest hello body of this protocol version is about 6.2 KiB; anything much longer is not a
 # hello and is refused before it is read.
 HELLO_MAX_BODY = 16 * 1024
 _PREFIX = struct.Struct("<IHH")
@@ -71,3 +76,40 @@ def clip(text: str, limit: int) -> str:
 def refusal_reply(refusal: Refusal) -> gp.HelloReply:
     return gp.HelloReply(result=refusal.result, major=gp.MAJOR, minor=gp.MINOR,
                          message=clip(refusal.message, 4095), server=clip(server_name(), 255))
+
+
+_PLAIN = re.compile(r"[\w.:-]+")  # a GPU index or UUID: shown as it is; anything else quoted
+
+
+def format_size(n: int) -> str:
+    """Bytes in the unit the number is a whole multiple of ("40 GiB", "40 GB", "1536 MiB");
+    exact, so a log line says precisely what the client asked for."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20),
+                       ("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+def requirements_text(hello: gp.Hello) -> str:
+    """The client's requirements in one line, e.g. "gpu=1 model='A100' min_memory=40 GiB", or
+    "any GPU". The strings come from the client: they are quoted (repr) unless they are a plain
+    index or UUID, so a log line can never be split or forged by them."""
+    parts = []
+    gpu, model, min_memory = hello.gpu.strip(), hello.model.strip(), hello.min_memory
+    if gpu:
+        parts.append(f"gpu={gpu}" if _PLAIN.fullmatch(gpu) else f"gpu={gpu!r}")
+    if model:
+        parts.append(f"model={model!r}")
+    if min_memory:
+        parts.append(f"min_memory={format_size(min_memory)}")
+    return " ".join(parts) if parts else "any GPU"
+
+
+def queue_notice(position: int, total: int, waited_s: float, server: str) -> gp.Notice:
+    """The notice a queued client prints while it waits for a GPU (before its hello reply):
+    "waiting for a GPU on HOST:PORT: position 3 of 5 in the queue (waited 12 s)". The code is
+    informational (GP_INFO_QUEUED): the client never takes it for an error."""
+    text = (f"waiting for a GPU on {server}: position {position} of {total} in the queue "
+            f"(waited {max(0, round(waited_s))} s)")
+    return gp.Notice(code=gp.GP_INFO_QUEUED, op=0, text=clip(text, 4095))

@@ -5,17 +5,21 @@ from __future__ import annotations
 from aiohttp import web
 
 from gpupoold.auth import Authenticator
+from gpupoold.counters import Counters
 from gpupoold.gpus import Inventory
+from gpupoold.leases import LeaseManager
+from gpupoold.nvml import Nvml
 from gpupoold.remoting import RemotingListener
-from gpupoold.scheduler import Scheduler
-from gpupoold.sessions import SessionRegistry
 from gpupoold.settings import Settings
+from gpupoold.store import Store
 from gpupoold.workers import WorkerSupervisor
 
 SETTINGS = web.AppKey("settings", Settings)
+COUNTERS = web.AppKey("counters", Counters)
+STORE = web.AppKey("store", Store)
 AUTH = web.AppKey("auth", Authenticator)
+NVML = web.AppKey("nvml", Nvml)
 INVENTORY = web.AppKey("inventory", Inventory)
-SESSIONS = web.AppKey("sessions", SessionRegistry)
-SCHEDULER = web.AppKey("scheduler", Scheduler)
 SUPERVISOR = web.AppKey("supervisor", WorkerSupervisor)
+LEASES = web.AppKey("leases", LeaseManager)
 REMOTING = web.AppKey("remoting", RemotingListener)

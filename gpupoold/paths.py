@@ -1,4 +1,4 @@
-"""Where the native parts are: the worker binary and the simulated device library.
+"""Where the native parts are: the worker and scrub binaries and the simulated device library.
 
 Order: the setting (`worker`, `sim_lib`), then the copies shipped inside the package
 (`gpupoold/bin/`, put there by the build), then the repository's `build/` (development checkout).
@@ -11,6 +11,7 @@ from pathlib import Path
 PACKAGE_BIN = Path(__file__).resolve().parent / "bin"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER_NAME = "gpupool-worker"
+SCRUB_NAME = "gpupool-scrub"
 SIM_LIB_NAME = "libgpupool-sim.so"
 
 

@@ -1,7 +1,10 @@
-"""The remoting listener: accept a client, read and check its hello, hand the socket to a worker.
+"""The remoting listener: accept a client, check its hello, queue it for a GPU, hand it over.
 
-The daemon reads exactly one frame per connection. Everything after the hello is between the
-client and its worker: once the worker has the socket, the daemon closes its own copy.
+The daemon reads exactly one frame per connection, the hello. It authenticates the token, checks
+the client's requirements against the GPUs, queues the client until a GPU is granted (sending its
+position every `queue_notice_interval` seconds), and hands the socket to the GPU's pre-started
+worker. Everything after the hello is between the client and its worker; the daemon then closes
+its own copy of the socket.
 """
 
 from __future__ import annotations
@@ -9,33 +12,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
+import socket
+import time
 
 import gpupool_protocol as gp
 
 from gpupoold.auth import Authenticator
-from gpupoold.handshake import HELLO_MAX_BODY, Refusal, parse_hello, refusal_reply
-from gpupoold.scheduler import NoGpu, Scheduler
-from gpupoold.sessions import Session, SessionRegistry
-from gpupoold.settings import format_address, parse_address
-from gpupoold.workers import WorkerStartError, WorkerSupervisor
+from gpupoold.counters import Counters
+from gpupoold.handshake import (HELLO_MAX_BODY, Refusal, parse_hello, queue_notice, refusal_reply,
+                                requirements_text)
+from gpupoold.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
+from gpupoold.requirements import Requirements
+from gpupoold.settings import Settings, format_address, parse_address
+from gpupoold.waitqueue import ClientInfo, Waiter
 
 log = logging.getLogger("gpupoold.remoting")
 
 
 class RemotingListener:
-    def __init__(self, listen: str, handshake_timeout: float, scheduler: Scheduler,
-                 sessions: SessionRegistry, supervisor: WorkerSupervisor,
-                 auth: Authenticator) -> None:
-        self.listen = listen
-        self.handshake_timeout = handshake_timeout
-        self.scheduler = scheduler
-        self.sessions = sessions
-        self.supervisor = supervisor
+    def __init__(self, settings: Settings, leases: LeaseManager, auth: Authenticator,
+                 counters: Counters) -> None:
+        self.settings = settings
+        self.listen = settings.listen
+        self.handshake_timeout = settings.handshake_timeout
+        self.leases = leases
         self.auth = auth
+        self.counters = counters
         self.address = ""  # "HOST:PORT" actually bound, once started
         self._server: asyncio.Server | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
+        # Seconds from accept to the worker's `started`, for the last few leases (benchmarks).
+        self.connect_times: list[float] = []
 
     async def start(self) -> None:
         host, port = parse_address(self.listen)
@@ -75,18 +82,23 @@ class RemotingListener:
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          peer: str) -> None:
+        accepted = time.monotonic()
+        self.counters.inc("connections")
         try:
             frame = await asyncio.wait_for(gp.read_frame(reader, max_body=HELLO_MAX_BODY),
                                            self.handshake_timeout)
         except TimeoutError:
             log.warning("connection from %s: no hello within %g s, closed", peer,
                         self.handshake_timeout)
+            self.counters.inc("handshakes_refused", reason="timeout")
             return
         except asyncio.IncompleteReadError:
             log.info("connection from %s: closed before its hello", peer)
+            self.counters.inc("handshakes_refused", reason="closed")
             return
         except gp.ProtocolError as exc:
             log.warning("connection from %s: bad first frame (%s), closed", peer, exc)
+            self.counters.inc("handshakes_refused", reason="malformed")
             await self._send(writer, gp.Notice(code=gp.GP_EPROTO, op=0,
                                                text=f"bad first frame: {exc}"), 0)
             return
@@ -95,46 +107,121 @@ class RemotingListener:
         if frame.op != gp.Hello.OP or frame.flags & gp.FLAG_REPLY:
             log.warning("connection from %s: first frame is op %d, not hello; closed", peer,
                         frame.op)
+            self.counters.inc("handshakes_refused", reason="malformed")
             await self._send(writer, gp.Notice(
                 code=gp.GP_EPROTO, op=frame.op,
                 text=f"the first frame must be hello (op {gp.Hello.OP}), got op {frame.op}"), 0)
             return
         hello = parse_hello(frame.body)
         if isinstance(hello, Refusal):
+            reason = "version" if hello.result == gp.GP_EVERSION else "malformed"
+            self.counters.inc("handshakes_refused", reason=reason)
             await self._refuse(writer, frame.req, peer, hello)
             return
         if _buffered(reader):
+            self.counters.inc("handshakes_refused", reason="malformed")
             await self._refuse(writer, frame.req, peer, Refusal(
                 gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
             return
         decision = await self.auth.check(hello.token, peer)
         if not decision.ok:
+            self.counters.inc("auth_refused", reason=decision.reason or "refused")
+            self.counters.inc("handshakes_refused", reason="auth")
             await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EAUTH, decision.message))
             return
-        try:
-            gpu = self.scheduler.pick(hello.device_request)
-        except NoGpu as exc:
-            await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, str(exc)))
+        req = Requirements.from_hello(hello)
+        client = ClientInfo(host=hello.host, user=hello.user, pid=hello.pid,
+                            program=hello.program, peer=peer)
+        why = self.leases.feasible(req)
+        if why is not None:
+            self.counters.inc("handshakes_refused", reason="requirements")
+            await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, why))
             return
-        session = Session(id=self.sessions.new_id(), gpu=gpu.index, peer=peer,
-                          client_host=hello.host, client_user=hello.user,
-                          client_pid=hello.pid, program=hello.program)
-        sharing = len(self.sessions.on_gpu(gpu.index))
+        try:
+            waiter = self.leases.enqueue(req, decision.identity, client)
+        except QueueFull as exc:
+            self.counters.inc("handshakes_refused", reason="queue full")
+            await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EBUSY, str(exc)))
+            return
+        except ShuttingDown:
+            await self._refuse(writer, frame.req, peer, _SHUTDOWN)
+            return
+        slot = await self._wait_for_gpu(waiter, reader, writer, frame.req, peer)
+        if slot is None:
+            return
+        if _buffered(reader):
+            self.leases.abandon(waiter)
+            self.counters.inc("handshakes_refused", reason="malformed")
+            await self._refuse(writer, frame.req, peer, Refusal(
+                gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
+            return
         sock = writer.get_extra_info("socket")
-        fd = os.dup(sock.fileno())
         try:
-            await self.supervisor.start(session, gpu, fd, frame.body, frame.req)
-        except WorkerStartError as exc:
-            log.error("session %d: %s", session.id, exc)
-            await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, str(exc)))
+            lease = await self.leases.begin(waiter, slot, frame.body, frame.req, sock.fileno())
+        except LeaseStartError as exc:
+            if exc.message is not None:
+                log.error("connection from %s: %s", peer, exc.message)
+                await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, exc.message))
             return
+        took = time.monotonic() - accepted
+        self.connect_times = (self.connect_times + [took])[-1000:]
+        log.info("lease %d: %s on GPU %d (%s) for token %r, %s; worker pid %d, %.1f ms from "
+                 "connect to the hello reply (%.1f ms queued)", lease.id, client.describe(),
+                 slot.gpu.index, slot.gpu.name, lease.token, requirements_text(hello),
+                 lease.worker.pid, took * 1000, lease.queued_s * 1000)
+
+    async def _wait_for_gpu(self, waiter: Waiter, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter, req: int, peer: str) -> Slot | None:
+        """The granted GPU, or None when the client left, timed out or the daemon stops (the
+        client has been told why, where it can still hear it)."""
+        if waiter.future.done() and waiter.future.exception() is None:
+            return waiter.future.result()  # type: ignore[no-any-return]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.queue_timeout
+        # While queued, watch the connection: end of stream means the client is gone.
+        writer.transport.resume_reading()
+        gone = asyncio.ensure_future(reader.read(1))
+        got: Slot | None = None
+        try:
+            while True:
+                pos, total = self.leases.position(waiter)
+                if pos:
+                    log.info("connection from %s: waiting for a GPU, position %d of %d", peer,
+                             pos, total)
+                    await self._send(writer, queue_notice(pos, total, waiter.waited(),
+                                                          _local_name(writer)), 0)
+                left = deadline - loop.time()
+                if left <= 0:
+                    self.counters.inc("handshakes_refused", reason="queue timeout")
+                    await self._refuse(writer, req, peer, Refusal(gp.GP_EBUSY, (
+                        f"no GPU became free within {self.settings.queue_timeout:g} s "
+                        f"(queue_timeout; you were position {pos} of {total}); try again "
+                        "later, or ask the operator (`gpupoold status`)")))
+                    return None
+                done, _ = await asyncio.wait(
+                    {waiter.future, gone}, timeout=min(self.settings.queue_notice_interval, left),
+                    return_when=asyncio.FIRST_COMPLETED)
+                if waiter.future in done:
+                    if waiter.future.exception() is not None:  # ShuttingDown
+                        await self._refuse(writer, req, peer, _SHUTDOWN)
+                        return None
+                    got = waiter.future.result()
+                    if gone.done():  # it left at the same moment
+                        got = None
+                        log.info("connection from %s: left the queue", peer)
+                    return got
+                if gone in done:
+                    log.info("connection from %s: left while waiting for a GPU (%.1f s)", peer,
+                             waiter.waited())
+                    self.counters.inc("queue_abandoned")
+                    return None
         finally:
-            os.close(fd)
-        log.info("session %d: %s on GPU %d (%s), worker pid %s", session.id,
-                 session.describe(), gpu.index, gpu.name, session.worker_pid)
-        if sharing:
-            log.info("session %d: GPU %d is shared with %d other session(s) "
-                     "(exclusive leases come later)", session.id, gpu.index, sharing)
+            if got is None:
+                self.leases.abandon(waiter)
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await gone
+            writer.transport.pause_reading()
 
     async def _refuse(self, writer: asyncio.StreamWriter, req: int, peer: str,
                       refusal: Refusal) -> None:
@@ -149,6 +236,16 @@ class RemotingListener:
             await asyncio.wait_for(writer.drain(), timeout=5)
         except (ConnectionError, TimeoutError) as exc:
             log.info("could not send %s: %s", type(msg).__name__, exc)
+
+
+_SHUTDOWN = Refusal(gp.GP_EREFUSED, "the gpupool server is shutting down; try again in a moment")
+
+
+def _local_name(writer: asyncio.StreamWriter) -> str:
+    """This server as the client reached it (not 0.0.0.0): host name and port."""
+    sockname = writer.get_extra_info("sockname")
+    port = sockname[1] if sockname else 0
+    return f"{socket.gethostname()}:{port}"
 
 
 def _buffered(reader: asyncio.StreamReader) -> int:

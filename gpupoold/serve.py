@@ -13,6 +13,7 @@ from gpupoold import __version__
 from gpupoold.app import StartupError, create_app
 from gpupoold.keys import REMOTING
 from gpupoold.settings import Settings, format_address, parse_address
+from gpupoold.tls import TlsSettingError, http_ssl_context
 
 log = logging.getLogger("gpupoold")
 
@@ -28,12 +29,17 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("gpupoold %s starting", __version__)
+    try:
+        ssl_context = await asyncio.to_thread(http_ssl_context, settings)
+    except TlsSettingError as exc:
+        print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     app = create_app(settings)
     runner = web.AppRunner(app, handle_signals=False)
     try:
         await runner.setup()
         host, port = parse_address(settings.http)
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:
@@ -46,6 +52,8 @@ async def serve(settings: Settings) -> int:
     announce("remoting", app[REMOTING].address)
     bound = runner.addresses[0]
     announce("http", format_address(bound[0], bound[1]))
+    if ssl_context is not None:
+        log.info("the HTTP listener speaks HTTPS (http_tls_cert)")
     await stop.wait()
     log.info("stopping: no new connections; ending sessions")
     await runner.cleanup()

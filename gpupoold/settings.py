@@ -19,6 +19,8 @@ from typing import Any
 
 DEFAULT_CONFIG = Path("/etc/gpupoold/gpupoold.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+AUTH_MODES = ("token", "none")
+RESET_POLICIES = ("never", "on-error", "always")
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -48,16 +50,21 @@ def _check_positive(value: float) -> None:
         raise ValueError(f"must be greater than 0, got {value}")
 
 
-def _check_not_negative(value: int) -> None:
+def _check_not_negative(value: float) -> None:
     if value < 0:
         raise ValueError(f"must be 0 or more, got {value}")
 
 
 def _check_gpus(value: list[int]) -> None:
-    if not value:
-        raise ValueError("must list at least one GPU ordinal")
     if any(v < 0 for v in value) or len(set(value)) != len(value):
-        raise ValueError(f"must be distinct ordinals >= 0, got {value}")
+        raise ValueError(f"must be distinct GPU indices >= 0, got {value}")
+
+
+def _check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
+    return check
 
 
 def _check_sim_name(value: str) -> None:
@@ -100,13 +107,49 @@ class Settings:
         flag="--listen", metavar="HOST:PORT", check=_check_address)
     http: str = _setting(
         "127.0.0.1:7071",
-        "HTTP listener for the API and `/healthz`. Loopback by default: the API has no "
-        "authentication yet. Port 0 picks a free port.",
+        "HTTP listener for the API, the dashboard and `/healthz`. Loopback by default; to reach it "
+        "from other machines listen on `0.0.0.0:7071` (the API needs a token, see `auth`) and "
+        "consider `http_tls_cert`. Port 0 picks a free port.",
         flag="--http", metavar="HOST:PORT", check=_check_address)
+    auth: str = _setting(
+        "token",
+        "`token`: every client and every API call needs an API token (`gpupoold token create`). "
+        "`none`: no authentication at all, for a single-user test box only (logged loudly at "
+        "start).",
+        flag="--auth", metavar="MODE", check=_check_choice(AUTH_MODES))
+    http_anonymous_read: bool = _setting(
+        False,
+        "Let the HTTP API's read-only views (GPUs, leases, queue, status) answer without a token. "
+        "Tokens and the audit log always need an admin token; `/healthz` never needs one.")
+    tls_cert: Path | None = _setting(
+        None,
+        "PEM certificate chain for TLS on the remoting listener (with `tls_key`): clients then "
+        "connect with `GPUPOOL_TLS=1` (and `GPUPOOL_TLS_CA` unless the certificate is trusted by "
+        "the system). The data path's TLS runs in the worker (OpenSSL). Unset: plain TCP.",
+        metavar="PATH")
+    tls_key: Path | None = _setting(None, "PEM private key of `tls_cert`.", metavar="PATH")
+    tls_client_ca: Path | None = _setting(
+        None,
+        "PEM CA bundle: when set, remoting clients must present a certificate signed by it "
+        "(`GPUPOOL_TLS_CERT`, `GPUPOOL_TLS_KEY`), in addition to their token.",
+        metavar="PATH")
+    http_tls_cert: Path | None = _setting(
+        None,
+        "PEM certificate chain for HTTPS on the `http` listener (with `http_tls_key`). Unset: "
+        "plain HTTP.",
+        metavar="PATH")
+    http_tls_key: Path | None = _setting(
+        None, "PEM private key of `http_tls_cert`.", metavar="PATH")
+    http_tls_client_ca: Path | None = _setting(
+        None,
+        "PEM CA bundle: when set, HTTPS clients must present a certificate signed by it "
+        "(mutual TLS), in addition to their token.",
+        metavar="PATH")
     state_dir: Path = _setting(
         Path("/var/lib/gpupoold"),
-        "Directory for the daemon's state: simulated device configs (`sim/`) and the module "
-        "cache (unless `cache_dir` is set). Created if missing.",
+        "Directory for the daemon's state: the database (`gpupoold.db`: tokens, lease history, "
+        "audit log), the local admin token, simulated GPUs (`sim/`) and the module cache "
+        "(unless `cache_dir` is set). Created if missing.",
         flag="--state-dir", metavar="DIR")
     cache_dir: Path | None = _setting(
         None,
@@ -119,9 +162,9 @@ class Settings:
         "NVIDIA driver can be loaded, gpupoold then falls back to 1 simulated GPU and says so.",
         flag="--simulated", metavar="N", check=_check_not_negative)
     gpus: list[int] = _setting(
-        [0],
-        "Device ordinals of the real GPUs to serve (real mode only; an NVML inventory comes "
-        "later).",
+        [],
+        "Indices (as `nvidia-smi` numbers them) of the real GPUs to serve; empty serves them all. "
+        "Real mode only.",
         check=_check_gpus)
     driver: str = _setting(
         "libcuda.so.1",
@@ -143,6 +186,46 @@ class Settings:
         check=_check_sim_name)
     sim_memory_gib: int = _setting(
         80, "Total memory of each simulated GPU, in GiB (1 to 16384).", check=_check_sim_memory)
+    queue_timeout: float = _setting(
+        600.0,
+        "Seconds a client may wait in the queue for a free GPU before it is refused "
+        "(it is told its position when it joins and every `queue_notice_interval` seconds).",
+        check=_check_positive)
+    queue_notice_interval: float = _setting(
+        5.0, "Seconds between the position notices sent to a waiting client.",
+        check=_check_positive)
+    max_queue: int = _setting(
+        256, "Most clients that may wait in the queue; more are refused at once (0: no queue).",
+        check=_check_not_negative)
+    max_lease_seconds: float = _setting(
+        0.0,
+        "Longest a lease may last: the client is told why and disconnected after this many "
+        "seconds. 0: no limit.",
+        check=_check_not_negative)
+    max_gpus_per_token: int = _setting(
+        0,
+        "Most GPUs one token may hold at once; its further clients wait in the queue. "
+        "0: no limit.",
+        check=_check_not_negative)
+    prestart_workers: bool = _setting(
+        True,
+        "Keep one worker per free GPU started and initialised (driver loaded, context created) "
+        "so that a new client's first reply does not wait for it.")
+    scrub_timeout: float = _setting(
+        600.0,
+        "Seconds the memory scrub after a lease may take before the GPU is quarantined.",
+        check=_check_positive)
+    reset_policy: str = _setting(
+        "never",
+        "When to fully reset a GPU (`nvidia-smi -r`) through the privileged reset helper: "
+        "`never`, `on-error` (a failed scrub or health check; the GPU is quarantined if the reset "
+        "does not help) or `always` (after every lease). Only when no process holds the GPU.",
+        check=_check_choice(RESET_POLICIES))
+    reset_socket: Path = _setting(
+        Path("/run/gpupoold/reset.sock"),
+        "Unix socket of the privileged reset helper (`gpupool-reset-helper`, its own systemd "
+        "unit). Used only when `reset_policy` is not `never`.",
+        metavar="PATH")
     handshake_timeout: float = _setting(
         10.0,
         "Seconds a new connection has to send its `hello` frame before it is closed.",
@@ -187,6 +270,8 @@ class SettingInfo:
         """The default as written in the docs."""
         if self.default is None:
             return "(automatic)"
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
         if isinstance(self.default, str | Path):
             return f'"{self.default}"'
         return str(self.default)

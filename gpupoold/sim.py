@@ -2,7 +2,10 @@
 
 Each simulated GPU is its own `libgpupool-sim.so` device 0, configured through the file named by
 GPUPOOL_SIM_CONFIG (`key = value` lines, see worker/sim/README.md). The files live in
-`<state_dir>/sim/`; each GPU gets a distinct, stable UUID and PCI bus id.
+`<state_dir>/sim/`; each GPU gets a distinct, stable UUID and PCI bus id, and its device memory
+lives in `<state_dir>/sim/gpuN.mem` (key `memory_file`): a sparse file that keeps what a tenant
+wrote after its process is gone, as a real GPU's memory does, so that the scrub between tenants
+has something real to wipe.
 """
 
 from __future__ import annotations
@@ -30,8 +33,13 @@ def sim_pci_bus(index: int) -> int:
     return 0x18 + 0x10 * index
 
 
-def sim_config_text(index: int, name: str, memory_gib: int) -> str:
-    return (
+def sim_memory_file(state_dir: Path, index: int) -> Path:
+    """Where simulated GPU `index` keeps its device memory."""
+    return state_dir / "sim" / f"gpu{index}.mem"
+
+
+def sim_config_text(index: int, name: str, memory_gib: int, memory_file: Path | None = None) -> str:
+    text = (
         f"# written by gpupoold for simulated GPU {index}; rewritten at every start\n"
         f"name = {name}\n"
         f"total_memory = {memory_gib * GIB}\n"
@@ -39,14 +47,23 @@ def sim_config_text(index: int, name: str, memory_gib: int) -> str:
         f"pci_bus = {sim_pci_bus(index)}\n"
         "device_count = 1\n"
     )
+    if memory_file is not None:
+        text += f"memory_file = {memory_file}\n"
+    return text
 
 
 def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int) -> Path:
-    """Write the config file of simulated GPU `index` and return its path."""
+    """Write the config file of simulated GPU `index` and return its path. Its device memory is
+    `sim_memory_file(state_dir, index)` (created by the simulated device on first use)."""
     folder = state_dir / "sim"
     folder.mkdir(parents=True, exist_ok=True)
+    # The sim refuses relative paths: workers and scrubs do not run in the daemon's directory.
+    memory_file = sim_memory_file(state_dir.resolve(), index)
+    if "#" in str(memory_file) or "\n" in str(memory_file):
+        raise ValueError(f"the state directory {state_dir} contains '#' or a newline, which the "
+                         "simulated device's config file cannot hold; choose another state_dir")
     path = folder / f"gpu{index}.conf"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(sim_config_text(index, name, memory_gib))
+    tmp.write_text(sim_config_text(index, name, memory_gib, memory_file))
     tmp.replace(path)
     return path

@@ -1,34 +1,61 @@
-"""Worker processes: spawn one per session, forward its output to the log, reap it, stop them all.
+"""Worker processes: pre-start one per free GPU, hand it a client, follow it, reap it.
 
-The worker contract (worker/README.md):
-  gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
-                 --hello-req REQ [--simulated]
-with the raw hello body on stdin (then EOF), the client socket as fd N, and GPUPOOL_SIM_CONFIG in
-the environment for simulated GPUs. The worker sends the hello reply itself and serves the client
-until it leaves. Exit codes: 0 normal, 1 setup failure, 2 usage.
+The worker contract (worker/README.md, docs/dev/issue4-contracts.md section 1):
+
+    gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
+
+N is one end of a SOCK_SEQPACKET socketpair. The worker sets the device up before any client
+comes and says `ready` (JSON events, one per message); `WorkerSupervisor.spawn` returns then.
+`Worker.assign` sends SESSION (binary header + the client's hello body, the client socket in
+SCM_RIGHTS); the worker answers the client's hello itself and reports `started` or `refused`,
+then `stats` (at most once a second) and `end` (reason and counters) before it exits. END asks
+it to stop serving. Closing the control socket (the daemon's exit) makes it exit at once.
+
+Nothing here raises into the daemon for a worker's sake: a worker that dies, talks nonsense or
+hangs ends up as a `WorkerExit` on `Worker.exited`, which always resolves once the process is
+reaped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpupoold.gpus import Gpu
-from gpupoold.sessions import Session, SessionRegistry
 
 log = logging.getLogger("gpupoold.workers")
 wlog = logging.getLogger("gpupoold.worker")
 
-EXIT_MEANINGS = {0: "normal end", 1: "setup failure", 2: "usage error (daemon/worker mismatch?)"}
+EXIT_MEANINGS = {0: "normal end", 1: "setup failure or refused session",
+                 2: "usage error (daemon/worker mismatch?)"}
 OUTPUT_LINE_LIMIT = 1 << 20
+CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
+
+# Control messages (little-endian), daemon -> worker.
+SESSION_MAGIC = b"GPWS"
+SESSION_VERSION = 1
+SESSION_HEADER = struct.Struct("<4sIQQI")  # magic, version, session_id, hello_req, hello_len
+END_MAGIC = b"GPWE"
+END_HEADER = struct.Struct("<4si")  # magic, code; then UTF-8 text to the end of the message
+END_TEXT_LIMIT = 4000  # bytes; the worker reads at most 4096 per control message
+CONTROL_RECV = 65536  # worker events are under 4 KiB
+DRAIN_TIMEOUT = 5.0  # seconds to read what an exited worker left in its pipes
 
 
 class WorkerStartError(Exception):
-    """The worker could not be started; the message is for the client and the log."""
+    """The worker could not be started or given its client; the message is for the client and
+    the log."""
 
 
 def describe_exit(code: int) -> str:
@@ -40,30 +67,369 @@ def describe_exit(code: int) -> str:
     return f"exit code {code} ({EXIT_MEANINGS.get(code, 'error')})"
 
 
-class WorkerSupervisor:
-    """Owns every worker process: starts them, watches them, and stops them at shutdown."""
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
-    def __init__(self, worker: Path | None, cache_dir: Path, sessions: SessionRegistry) -> None:
+
+@dataclass
+class WorkerStats:
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CALL_CLASSES, 0))
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    module_bytes: int = 0  # module image bytes received from the client
+    duration_s: float = 0.0  # since the session started
+
+    @classmethod
+    def from_event(cls, ev: dict[str, Any]) -> WorkerStats:
+        """The COUNTERS of a stats or end event (missing or odd values read 0)."""
+        calls = ev.get("calls")
+        calls = calls if isinstance(calls, dict) else {}
+        dur = ev.get("duration_s")
+        return cls(calls={k: _int(calls.get(k)) for k in CALL_CLASSES},
+                   bytes_h2d=_int(ev.get("bytes_h2d")), bytes_d2h=_int(ev.get("bytes_d2h")),
+                   module_bytes=_int(ev.get("module_bytes")),
+                   duration_s=float(dur) if isinstance(dur, (int, float)) else 0.0)
+
+    def to_json(self) -> dict[str, object]:
+        return {"calls": dict(self.calls), "bytes_h2d": self.bytes_h2d,
+                "bytes_d2h": self.bytes_d2h, "module_bytes": self.module_bytes,
+                "duration_s": self.duration_s}
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    # client exit | client lost | protocol error | server ended | shutdown | worker error (the
+    # worker's `end`); refused (hello refused) | setup failed (`failed`) | worker crashed (no
+    # event explains the exit)
+    reason: str
+    detail: str  # human text (e.g. "killed by SIGSEGV")
+    exit_code: int | None  # as asyncio reports it (negative: signal)
+    stats: WorkerStats
+
+
+class Worker:
+    """One worker process: pre-started on a GPU, then serving at most one session."""
+
+    def __init__(self, supervisor: WorkerSupervisor, gpu: Gpu,
+                 proc: asyncio.subprocess.Process, sock: socket.socket, spawned: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.pid = proc.pid
+        self.gpu = gpu
+        self.init_ms = 0.0  # the worker's own set-up time (process start to `ready`)
+        self.spawn_ms = 0.0  # spawn to `ready` as the daemon saw it
+        self.device = ""  # device name as the driver reports it
+        self.uuid = ""
+        self.total_memory = 0
+        self.session_id: int | None = None
+        self.stats = WorkerStats()
+        self.refusal: tuple[int, str] | None = None  # (result, error) of a refused hello
+        self.exited: asyncio.Future[WorkerExit] = loop.create_future()
+        self._supervisor = supervisor
+        self._proc = proc
+        self._sock = sock
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._started: asyncio.Future[bool] = loop.create_future()
+        self._end: dict[str, Any] | None = None
+        self._failure: str | None = None
+        self._killed = False
+        self._spawned = spawned  # time.monotonic() before the process was created
+        self._assigned = 0.0
+        self.start_ms = 0.0  # SESSION sent to `started` received
+        # Nobody may be waiting on these when the worker exits: no "never retrieved" warnings.
+        self._ready.add_done_callback(_consume)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __repr__(self) -> str:
+        return (f"<Worker pid={self.pid} gpu={self.gpu.index} session={self.session_id} "
+                f"{'exited' if self.exited.done() else 'running'}>")
+
+    @property
+    def label(self) -> str:
+        """How its log lines are prefixed."""
+        if self.session_id is not None:
+            return f"[session {self.session_id}]"
+        return f"[GPU {self.gpu.index} prestart]"
+
+    # ------------------------------------------------------------------ the daemon's side
+    async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
+                     hello_req: int) -> None:
+        """Hand the client (its socket and hello) to this worker. The caller keeps its own copy
+        of client_fd and closes it. WorkerStartError if the worker is gone or taken."""
+        if self.session_id is not None:
+            raise WorkerStartError(f"the worker for GPU {self.gpu.index} already serves "
+                                   f"session {self.session_id}")
+        if self.exited.done() or self._proc.returncode is not None:
+            raise WorkerStartError(f"the worker for GPU {self.gpu.index} (pid {self.pid}) has "
+                                   "exited")
+        if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64):
+            raise WorkerStartError("session id or hello request id out of range")
+        msg = SESSION_HEADER.pack(SESSION_MAGIC, SESSION_VERSION, session_id, hello_req,
+                                  len(hello_body)) + hello_body
+        self.session_id = session_id
+        self._assigned = time.monotonic()
+        try:
+            await self._send(msg, [client_fd])
+        except OSError as exc:
+            raise WorkerStartError(f"the worker for GPU {self.gpu.index} (pid {self.pid}) is "
+                                   f"gone ({exc.strerror or exc})") from None
+
+    async def wait_started(self, timeout: float) -> bool:
+        """True once the worker has answered the hello with success; False when it refused it,
+        exited, or did not answer within `timeout` seconds (it is killed then)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._started), timeout)
+        except TimeoutError:
+            log.warning("%s worker pid %d did not answer the hello within %g s: SIGKILL",
+                        self.label, self.pid, timeout)
+            self.kill()
+            return False
+
+    async def end(self, text: str, code: int) -> None:
+        """Ask the worker to end its session: the client gets a notice (code, text), the worker
+        releases everything, reports `end` ("server ended") and exits. No-op if it is gone."""
+        if self.exited.done() or self._sock.fileno() < 0:
+            return
+        data = text.encode()[:END_TEXT_LIMIT].decode(errors="ignore").encode()
+        try:
+            await self._send(END_HEADER.pack(END_MAGIC, code) + data, [])
+        except OSError as exc:
+            log.info("%s could not send END to worker pid %d: %s", self.label, self.pid, exc)
+
+    def kill(self) -> None:
+        """SIGKILL (the exit is still reaped and reported on `exited`)."""
+        if self._proc.returncode is None:
+            self._killed = True
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+
+    def terminate(self) -> None:
+        """SIGTERM: the worker tells its client, releases everything and reports "shutdown"."""
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.terminate()
+
+    # ------------------------------------------------------------------ internals
+    async def _send(self, data: bytes, fds: list[int]) -> None:
+        """One control message (with descriptors), waiting for room if the socket is full."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                socket.send_fds(self._sock, [data], fds)
+                return
+            except BlockingIOError:
+                pass
+            writable: asyncio.Future[None] = loop.create_future()
+            fd = self._sock.fileno()
+            loop.add_writer(fd, _set_once, writable)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(fd)
+
+    def _start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._read_control(), name=f"worker-{self.pid}-control"),
+            asyncio.create_task(self._read_output(), name=f"worker-{self.pid}-output"),
+        ]
+        supervise = asyncio.create_task(self._supervise(), name=f"worker-{self.pid}")
+        self._supervisor._tasks.add(supervise)
+        supervise.add_done_callback(self._supervisor._tasks.discard)
+
+    async def _read_control(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data = await loop.sock_recv(self._sock, CONTROL_RECV)
+            except OSError as exc:
+                log.info("%s control socket of worker pid %d: %s", self.label, self.pid, exc)
+                return
+            if not data:
+                return
+            try:
+                ev = json.loads(data.decode(errors="replace"))
+                if not isinstance(ev, dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                log.warning("%s worker pid %d sent an unreadable control message (%s): %r",
+                            self.label, self.pid, exc, data[:200])
+                continue
+            try:
+                self._on_event(ev)
+            except Exception:  # an odd event costs that event, never the daemon
+                log.exception("%s worker pid %d: cannot handle %r", self.label, self.pid, ev)
+
+    def _on_event(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("event")
+        if kind == "ready":
+            self.init_ms = float(ev.get("init_ms") or 0.0)
+            self.device = str(ev.get("device") or "")
+            self.uuid = str(ev.get("uuid") or "")
+            self.total_memory = _int(ev.get("total_memory"))
+            self.spawn_ms = (time.monotonic() - self._spawned) * 1000
+            if not self._ready.done():
+                self._ready.set_result(None)
+        elif kind == "failed":
+            self._failure = str(ev.get("error") or "the worker failed to start")
+            if not self._ready.done():
+                self._ready.set_exception(WorkerStartError(
+                    f"the worker for GPU {self.gpu.index} failed to start: {self._failure}"))
+        elif kind == "started":
+            self.start_ms = (time.monotonic() - self._assigned) * 1000
+            if not self._started.done():
+                self._started.set_result(True)
+        elif kind == "refused":
+            self.refusal = (_int(ev.get("result")), str(ev.get("error") or ""))
+            if not self._started.done():
+                self._started.set_result(False)
+        elif kind == "stats":
+            self.stats = WorkerStats.from_event(ev)
+            if self._supervisor.on_stats is not None:
+                try:
+                    self._supervisor.on_stats(self)
+                except Exception:  # the callback's bug must not stop the worker's events
+                    log.exception("%s on_stats callback failed", self.label)
+        elif kind == "end":
+            self._end = ev
+            self.stats = WorkerStats.from_event(ev)
+        else:
+            log.warning("%s worker pid %d sent an unknown event %r", self.label, self.pid, kind)
+
+    async def _read_output(self) -> None:
+        """Forward the worker's stderr (and stdout) lines to the log."""
+        stream = self._proc.stdout
+        assert stream is not None
+        try:
+            while True:
+                try:
+                    line = await stream.readline()
+                except ValueError:  # a line longer than the limit: take it in pieces
+                    line = await stream.read(OUTPUT_LINE_LIMIT)
+                if not line:
+                    return
+                wlog.info("%s %s", self.label, line.decode(errors="replace").rstrip("\n"))
+        except OSError as exc:
+            log.warning("%s reading the output of worker pid %d: %s", self.label, self.pid, exc)
+
+    async def _supervise(self) -> None:
+        """Reap the process, let the readers finish, resolve `exited` (always)."""
+        code: int | None = None
+        try:
+            code = await self._proc.wait()
+            # The readers end at end of stream, which the exit brings, unless something else
+            # holds the pipe or the socket (a grandchild): then stop reading after a while.
+            _, pending = await asyncio.wait(self._tasks, timeout=DRAIN_TIMEOUT)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            self.kill()
+            raise
+        except Exception:  # never let a worker take the daemon down
+            log.exception("%s error while supervising worker pid %d", self.label, self.pid)
+            self.kill()
+            with contextlib.suppress(Exception):
+                code = await self._proc.wait()
+        finally:
+            self._finish(code)
+
+    def _finish(self, code: int | None) -> None:
+        pending = [task for task in self._tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            # The cancelled sock_recv unregisters the socket in a callback that is already
+            # queued: close after it, so that the descriptor number is not reused before.
+            asyncio.get_running_loop().call_soon(self._close_socket)
+        else:
+            self._close_socket()
+        self._supervisor._workers.discard(self)
+        ex = self._exit_record(code)
+        if not self._ready.done():
+            why = self._failure or (describe_exit(code) if code is not None else "unknown")
+            self._ready.set_exception(WorkerStartError(
+                f"the worker for GPU {self.gpu.index} exited during start-up ({why})"))
+        if not self._started.done():
+            self._started.set_result(False)
+        if not self.exited.done():
+            self.exited.set_result(ex)
+        if ex.reason in ("client exit", "server ended", "shutdown") and code == 0:
+            level = logging.INFO
+        elif ex.reason in ("client lost", "refused") and code in (0, 1):
+            level = logging.INFO
+        else:
+            level = logging.WARNING
+        log.log(level, "%s worker pid %d (GPU %d) exited: %s%s (%s)", self.label, self.pid,
+                self.gpu.index, ex.reason, f": {ex.detail}" if ex.detail else "",
+                describe_exit(code) if code is not None else "not reaped")
+
+    def _close_socket(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def _exit_record(self, code: int | None) -> WorkerExit:
+        if self._end is not None:
+            return WorkerExit(str(self._end.get("reason") or "worker crashed"),
+                              str(self._end.get("detail") or ""), code, self.stats)
+        if self.refusal is not None:
+            result, error = self.refusal
+            return WorkerExit("refused", f"{error} (result {result})", code, self.stats)
+        if self._failure is not None:
+            return WorkerExit("setup failed", self._failure, code, self.stats)
+        detail = describe_exit(code) if code is not None else "the process could not be reaped"
+        if self._killed:
+            detail += " (killed by gpupoold)"
+        return WorkerExit("worker crashed", detail, code, self.stats)
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class WorkerSupervisor:
+    """Starts every worker, follows it until it is reaped, and stops them all at shutdown."""
+
+    def __init__(self, worker: Path | None, cache_dir: Path, *,
+                 on_stats: Callable[[Worker], None] | None = None) -> None:
         self.worker = worker
         self.cache_dir = cache_dir
-        self.sessions = sessions
-        self._procs: dict[int, asyncio.subprocess.Process] = {}
-        self._watchers: set[asyncio.Task[None]] = set()
+        self.on_stats = on_stats
+        self._workers: set[Worker] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
-    def argv(self, gpu: Gpu, session: Session, fd: int, hello_req: int) -> list[str]:
+    @property
+    def workers(self) -> list[Worker]:
+        """The workers not reaped yet."""
+        return sorted(self._workers, key=lambda w: w.pid)
+
+    def argv(self, gpu: Gpu, control_fd: int) -> list[str]:
         assert self.worker is not None
-        argv = [str(self.worker), "--fd", str(fd), "--driver", gpu.driver,
-                "--device", str(gpu.ordinal), "--cache-dir", str(self.cache_dir),
-                "--session-id", str(session.id), "--hello-req", str(hello_req)]
+        argv = [str(self.worker), "--control-fd", str(control_fd), "--driver", gpu.driver,
+                "--device", str(gpu.ordinal), "--cache-dir", str(self.cache_dir)]
         if gpu.simulated:
             argv.append("--simulated")
         return argv
 
-    async def start(self, session: Session, gpu: Gpu, fd: int, hello_body: bytes,
-                    hello_req: int) -> None:
-        """Start the worker of `session` with the client socket `fd` (the caller closes its copy).
-        Raises WorkerStartError when it cannot be started."""
+    @staticmethod
+    def environment(gpu: Gpu) -> dict[str, str]:
+        """The daemon's environment, the GPU's, CUDA ordinals in NVML (PCI bus) order, and no
+        LD_PRELOAD (what is preloaded into the daemon has no business in a worker)."""
+        env = dict(os.environ)
+        env.update(gpu.env)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env.pop("LD_PRELOAD", None)
+        return env
+
+    async def spawn(self, gpu: Gpu, timeout: float = 60.0) -> Worker:
+        """Start a worker on `gpu` and return it once it is `ready` (device set up, waiting for
+        a session). WorkerStartError (with a message for the log and the client) otherwise."""
         if self._closing:
             raise WorkerStartError("the server is shutting down")
         if self.worker is None:
@@ -71,81 +437,59 @@ class WorkerSupervisor:
         if not gpu.driver:
             raise WorkerStartError(f"GPU {gpu.index} has no driver library: the simulated device "
                                    "library was not found (set `sim_lib`)")
-        env = dict(os.environ)
-        env.update(gpu.env)
+        spawned = time.monotonic()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            ours.setblocking(False)
             proc = await asyncio.create_subprocess_exec(
-                *self.argv(gpu, session, fd, hello_req), pass_fds=(fd,), env=env,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, limit=OUTPUT_LINE_LIMIT)
+                *self.argv(gpu, theirs.fileno()), pass_fds=(theirs.fileno(),),
+                env=self.environment(gpu), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                limit=OUTPUT_LINE_LIMIT)
         except OSError as exc:
+            ours.close()
             raise WorkerStartError(f"cannot start {self.worker}: {exc.strerror or exc}") from exc
-        session.worker_pid = proc.pid
-        self.sessions.add(session)
-        self._procs[session.id] = proc
-        watcher = asyncio.create_task(self._watch(session, proc), name=f"worker-{session.id}")
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
-        await self._send_hello(session, proc, hello_body)
-
-    async def _send_hello(self, session: Session, proc: asyncio.subprocess.Process,
-                          body: bytes) -> None:
-        assert proc.stdin is not None
+        finally:
+            theirs.close()
+        worker = Worker(self, gpu, proc, ours, spawned)
+        self._workers.add(worker)
+        worker._start()
         try:
-            proc.stdin.write(body)
-            await asyncio.wait_for(proc.stdin.drain(), timeout=10)
-        except (BrokenPipeError, ConnectionResetError):
-            log.warning("session %d: worker exited before reading the hello", session.id)
+            await asyncio.wait_for(asyncio.shield(worker._ready), timeout)
         except TimeoutError:
-            log.warning("session %d: worker did not read the hello within 10 s", session.id)
-        finally:
-            proc.stdin.close()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await proc.stdin.wait_closed()
-
-    async def _watch(self, session: Session, proc: asyncio.subprocess.Process) -> None:
-        """Forward the worker's output to the log until it exits, then reap it."""
-        try:
-            assert proc.stdout is not None
-            while True:
-                try:
-                    line = await proc.stdout.readline()
-                except ValueError:  # a line longer than the limit: take it in pieces
-                    line = await proc.stdout.read(OUTPUT_LINE_LIMIT)
-                if not line:
-                    break
-                wlog.info("[session %d] %s", session.id,
-                          line.decode(errors="replace").rstrip("\n"))
-            code = await proc.wait()
-            level = logging.INFO if code == 0 else logging.WARNING
-            log.log(level, "session %d ended: worker pid %d %s", session.id, proc.pid,
-                    describe_exit(code))
-        except Exception:  # never let a worker take the daemon down
-            log.exception("session %d: error while supervising worker pid %d", session.id,
-                          proc.pid)
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-        finally:
-            self._procs.pop(session.id, None)
-            self.sessions.remove(session.id)
+            worker.kill()
+            raise WorkerStartError(f"the worker for GPU {gpu.index} was not ready within "
+                                   f"{timeout:g} s (the driver may hang: check the GPU with "
+                                   "nvidia-smi)") from None
+        except WorkerStartError:
+            # It exits by itself after `failed`; the caller gets the error once it is reaped.
+            await asyncio.wait([worker.exited], timeout=DRAIN_TIMEOUT)
+            if not worker.exited.done():
+                worker.kill()
+                await asyncio.wait([worker.exited])
+            raise
+        except asyncio.CancelledError:
+            worker.kill()
+            raise
+        log.info("[GPU %d prestart] worker pid %d ready on %s in %.1f ms (set-up %.1f ms)",
+                 gpu.index, worker.pid, worker.device, worker.spawn_ms, worker.init_ms)
+        return worker
 
     async def stop_all(self, grace: float) -> None:
         """SIGTERM every worker, SIGKILL the ones still there after `grace` seconds, reap all."""
         self._closing = True
-        if not self._procs:
-            return
-        log.info("stopping %d worker(s)", len(self._procs))
-        for proc in list(self._procs.values()):
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-        watchers = set(self._watchers)
-        pending: set[asyncio.Task[None]] = set()
-        if watchers:
-            _, pending = await asyncio.wait(watchers, timeout=grace)
-        if pending:
-            log.warning("%d worker(s) still running after %.1f s: SIGKILL", len(pending), grace)
-            for proc in list(self._procs.values()):
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-            await asyncio.wait(pending)
+        workers = [w for w in self._workers if not w.exited.done()]
+        if workers:
+            log.info("stopping %d worker(s)", len(workers))
+            for w in workers:
+                w.terminate()
+            _, pending = await asyncio.wait([w.exited for w in workers], timeout=grace)
+            if pending:
+                log.warning("%d worker(s) still running after %.1f s: SIGKILL", len(pending),
+                            grace)
+                for w in workers:
+                    if not w.exited.done():
+                        w.kill()
+                await asyncio.wait(pending)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))

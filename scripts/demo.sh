@@ -55,23 +55,31 @@ server=$(sed -n 's/^gpupoold: remoting on //p' "$log")
 http=$(sed -n 's/^gpupoold: http on //p' "$log")
 [[ -n $server && -n $http ]] || { cat "$log"; echo "demo: gpupoold did not start"; exit 1; }
 echo "remoting listener: $server     HTTP API: http://$http"
-.venv/bin/python - "$http" <<'PY'
-import json, sys, urllib.request
-gpus = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/api/v1/gpus"))["gpus"]
-for g in gpus:
-    kind = "SIMULATED" if g["simulated"] else "real"
-    print(f"GET /api/v1/gpus -> GPU {g['index']}: {g['name']}  [{kind}]  {g['uuid']}")
-PY
+echo "\$ gpupoold token create --name demo"
+token=$(.venv/bin/gpupoold token create --name demo --state-dir "$state" 2>/dev/null)
+echo "${token:0:20}...  (the client's GPUPOOL_TOKEN)"
+for _ in $(seq 300); do  # the GPU is scrubbed once at start before its first lease
+    .venv/bin/gpupoold status --state-dir "$state" --http "$http" 2>/dev/null | grep -q ' free ' && break
+    sleep 0.05
+done
+echo "\$ gpupoold status"
+.venv/bin/gpupoold status --state-dir "$state" --http "$http"
 
 bold "3. Running a CUDA program through gpupool: gpupool run -- ${client[*]}"
 echo "(GPUPOOL_SERVER=$server; the program is unmodified: its CUDA calls go over TCP)"
 set +e
-GPUPOOL_SERVER=$server .venv/bin/gpupool run -- "${client[@]}"
+GPUPOOL_SERVER=$server GPUPOOL_TOKEN=$token .venv/bin/gpupool run -- "${client[@]}"
 status=$?
 set -e
 
 bold "4. What gpupoold saw"
-grep -E 'session|worker' "$log" | sed 's/^/  /' || true
+grep -E 'lease|scrub|clean' "$log" | sed 's/^/  /' || true
+for _ in $(seq 300); do  # the lease's record gets its scrub result once the GPU is clean
+    .venv/bin/gpupoold status --state-dir "$state" --http "$http" 2>/dev/null | grep -q ' free ' && break
+    sleep 0.05
+done
+echo "\$ gpupoold status"
+.venv/bin/gpupoold status --state-dir "$state" --http "$http"
 
 bold "5. Stopping gpupoold (SIGTERM)"
 kill -TERM "$daemon"

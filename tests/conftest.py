@@ -6,12 +6,15 @@ Fixtures
                   GPUPOOL_SAN=1).
   gpupool_server  (function) a `python -m gpupoold serve --simulated 1` on free loopback ports
                   with a temporary state dir, using the worker and simulated device of
-                  native_build. A GpupoolServer: .address, .http_url, .client_env(extra=None),
-                  .stop(), .kill(), .log_text(), .wait_for_log(), .get_json(), .build_dir.
+                  native_build. A GpupoolServer: .address, .http_url, .client_env(extra=None)
+                  (with GPUPOOL_TOKEN = .token, a user token made for the tests), .admin_token
+                  (the daemon's local admin token), .create_token(), .api(method, path, body),
+                  .get_json(path), .stop(), .kill(), .log_text(), .wait_for_log(), .build_dir.
                   At teardown it stops the daemon and fails the test if the daemon's log shows a
                   Python traceback or a sanitizer report.
   start_daemon    (function) a factory for daemons with other flags, without building first:
-                  start_daemon(*extra_args, simulated=1, worker=None, sim_lib=None, env=None).
+                  start_daemon(*extra_args, simulated=1, build_dir=..., native=True, env=None,
+                  state_dir=None) (state_dir: reuse a previous daemon's, as a restart does).
 
 Helpers (import them: `from conftest import require, run_client`)
   require(condition, reason)   skip the test when condition is false, but FAIL under CI=true:
@@ -107,7 +110,10 @@ class GpupoolServer:
         self.build_dir = build_dir
         self.sanitized = SAN or build_dir.name == "build-asan"
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = state_dir / "gpupoold.log"
+        # A restart on the same state dir gets its own log and test token.
+        self.generation = len(list(state_dir.glob("gpupoold*.log")))
+        suffix = f"-{self.generation}" if self.generation else ""
+        self.log_path = state_dir / f"gpupoold{suffix}.log"
         self._log = self.log_path.open("wb")
         self.args = [sys.executable, "-m", "gpupoold", "serve", "--state-dir", str(state_dir),
                      *args]
@@ -124,6 +130,20 @@ class GpupoolServer:
             raise
         self.host, _, port = self.address.rpartition(":")
         self.port = int(port)
+        admin_file = state_dir / "local-admin.token"
+        self.admin_token = admin_file.read_text().strip() if admin_file.is_file() else ""
+        self.token = self.create_token(f"tests{suffix}") if self.admin_token else ""
+
+    def create_token(self, name: str, role: str = "user", *extra: str) -> str:
+        """A new API token made with `gpupoold token create` on this daemon's state dir."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpupoold", "token", "create", "--name", name, "--role", role,
+             "--state-dir", str(self.state_dir), *extra],
+            capture_output=True, text=True, env=daemon_env(), cwd=REPO, timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"gpupoold token create failed ({proc.returncode}):\n"
+                               f"{proc.stdout}\n{proc.stderr}")
+        return proc.stdout.strip().splitlines()[-1]
 
     def _wait_address(self, what: str) -> str:
         pattern = re.compile(rf"^gpupoold: {what} on (\S+)$", re.M)
@@ -167,6 +187,8 @@ class GpupoolServer:
             lib.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = ":".join(lib)
         env["GPUPOOL_SERVER"] = self.address
+        if self.token:
+            env["GPUPOOL_TOKEN"] = self.token
         if self.sanitized:
             asan = _libasan()
             if asan:
@@ -175,8 +197,21 @@ class GpupoolServer:
         env.update(extra or {})
         return env
 
-    def get_json(self, path: str, timeout: float = 10) -> Any:
-        with urllib.request.urlopen(self.http_url + path, timeout=timeout) as resp:
+    def get_json(self, path: str, timeout: float = 10, token: str | None = None) -> Any:
+        """GET an API path as the local admin (or with `token`)."""
+        return self.api("GET", path, timeout=timeout, token=token)
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = None,
+            timeout: float = 10) -> Any:
+        """Call the HTTP API; raises urllib.error.HTTPError on an error status."""
+        token = self.admin_token if token is None else token
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.http_url + path, data=data, method=method)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
 
     @property
@@ -202,6 +237,17 @@ class GpupoolServer:
         self.killed = True
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.returncode = self.proc.returncode
+        self._log.close()
+
+    def kill_daemon_only(self) -> None:
+        """SIGKILL the daemon process alone, as a crash would: its workers must notice."""
+        self.killed = True
+        try:
+            os.kill(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
@@ -251,14 +297,15 @@ def start_daemon(tmp_path_factory: pytest.TempPathFactory,
     started: list[GpupoolServer] = []
 
     def start(*extra: str, simulated: int | None = 1, build_dir: Path = BUILD_DIR,
-              native: bool = True, env: dict[str, str] | None = None) -> GpupoolServer:
+              native: bool = True, env: dict[str, str] | None = None,
+              state_dir: Path | None = None) -> GpupoolServer:
         args = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]
         if simulated is not None:
             args += ["--simulated", str(simulated)]
         if native:
             args += native_paths(build_dir)
-        server = GpupoolServer([*args, *extra], tmp_path_factory.mktemp("gpupoold"), build_dir,
-                               env)
+        server = GpupoolServer([*args, *extra], state_dir or tmp_path_factory.mktemp("gpupoold"),
+                               build_dir, env)
         started.append(server)
         return server
 

@@ -1,20 +1,24 @@
-"""A stand-in for gpupool-worker that follows the worker contract, for the daemon's tests.
+"""A stand-in for gpupool-worker in control mode (worker/README.md), for the daemon's tests.
 
-    fake_worker.py MODE --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
-                   --hello-req REQ [--simulated]
+    fake_worker.py MODE --control-fd N --driver PATH --device ORDINAL --cache-dir DIR
+                   [--simulated]
 
-It reads the hello body from stdin, checks it, answers the hello on fd N (like the real worker)
-and then, by MODE:
-  serve     answer pings until goodbye or EOF, exit 0
-  exit3     exit with code 3 right after the hello reply
+It sends `ready` on the control socket, waits for a SESSION message (the client socket comes with
+it), answers the hello like the real worker and then, by MODE:
+  serve     answer pings until goodbye (end: client exit) or end of stream (end: client lost);
+            an END message sends the client a notice and ends with "server ended"
+  exit3     exit with code 3 right after the hello reply, without an `end` event (a crash)
   stubborn  ignore SIGTERM and sleep (the daemon must SIGKILL it)
-  noreply   print a setup error and exit 1 without answering
+  noinit    report a set-up failure (`failed`) and exit 1 before `ready`
 Each step is printed to stderr (the daemon forwards it to its log).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import select
 import signal
 import socket
 import struct
@@ -23,9 +27,15 @@ import time
 
 import gpupool_protocol as gp
 
+SESSION = struct.Struct("<4sIQQI")
+
 
 def say(text: str) -> None:
     print(f"fake-worker: {text}", file=sys.stderr, flush=True)
+
+
+def event(ctl: socket.socket, **fields: object) -> None:
+    ctl.send(json.dumps(fields).encode())
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -40,50 +50,79 @@ def recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["serve", "exit3", "stubborn", "noreply"])
-    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("mode", choices=["serve", "exit3", "stubborn", "noinit"])
+    ap.add_argument("--control-fd", type=int, required=True)
     ap.add_argument("--driver", required=True)
     ap.add_argument("--device", type=int, required=True)
     ap.add_argument("--cache-dir", required=True)
-    ap.add_argument("--session-id", type=int, required=True)
-    ap.add_argument("--hello-req", type=int, required=True)
     ap.add_argument("--simulated", action="store_true")
     args = ap.parse_args()
+    ctl = socket.socket(fileno=args.control_fd)
+    if args.mode == "noinit":
+        say("set-up failed (on purpose)")
+        event(ctl, event="failed", error="fake set-up failure: the driver is on holiday")
+        return 1
     if args.mode == "stubborn":
         signal.signal(signal.SIGTERM, lambda *_: say("ignoring SIGTERM"))
-    hello = gp.Hello.decode(sys.stdin.buffer.read())
-    say(f"session {args.session_id} hello from {hello.user}@{hello.host} "
-        f"device {args.device} simulated={int(args.simulated)}")
-    if args.mode == "noreply":
-        say("setup failed (on purpose)")
-        return 1
-    sock = socket.socket(fileno=args.fd)
+    say(f"pre-started on device {args.device} simulated={int(args.simulated)} "
+        f"CUDA_DEVICE_ORDER={os.environ.get('CUDA_DEVICE_ORDER')}")
+    event(ctl, event="ready", pid=os.getpid(), init_ms=1.0, device="fake worker (simulated)")
+    msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+    if not msg:
+        say("daemon gone before a session")
+        return 0
+    magic, _version, session_id, hello_req, hello_len = SESSION.unpack_from(msg)
+    assert magic == b"GPWS" and len(fds) == 1, (magic, fds)
+    hello = gp.Hello.decode(msg[SESSION.size:SESSION.size + hello_len])
+    say(f"session {session_id} hello from {hello.user}@{hello.host}")
+    sock = socket.socket(fileno=fds[0])
     sock.setblocking(True)
     reply = gp.HelloReply(result=0, major=gp.MAJOR, minor=gp.MINOR, server="fake-worker",
-                          session_id=args.session_id, simulated=int(args.simulated),
+                          session_id=session_id, simulated=int(args.simulated),
                           name="fake worker (simulated)", total_mem=1 << 30)
-    sock.sendall(gp.encode_frame(reply, args.hello_req))
-    say("ready")
+    sock.sendall(gp.encode_frame(reply, hello_req))
+    event(ctl, event="started", session=session_id)
     if args.mode == "exit3":
         return 3
     if args.mode == "stubborn":
         while True:
             time.sleep(1)
+    started = time.monotonic()
+
+    def end(reason: str, detail: str = "") -> int:
+        event(ctl, event="end", session=session_id, reason=reason, detail=detail,
+              calls={"launch": 0, "copy": 0, "alloc": 0, "sync": 0, "other": 1}, bytes_h2d=0,
+              bytes_d2h=0, module_bytes=0, duration_s=time.monotonic() - started)
+        return 0
+
     while True:
-        header = recv_exact(sock, gp.HEADER.size)
-        if header is None:
-            say("client left")
-            return 0
-        length, op, _flags, req = gp.HEADER.unpack(header)
-        body = recv_exact(sock, length) if length else b""
-        if body is None:
-            return 0
-        if op == gp.Goodbye.OP:
-            say("goodbye")
-            return 0
-        if op == gp.Ping.OP:
-            (token,) = struct.unpack("<Q", body)
-            sock.sendall(gp.encode_frame(gp.PingReply(result=0, token=token), req))
+        ready, _, _ = select.select([sock, ctl], [], [])
+        if ctl in ready:
+            data = ctl.recv(1 << 16)
+            if not data:
+                say("daemon gone")
+                return 0
+            if data[:4] == b"GPWE":
+                (code,) = struct.unpack_from("<i", data, 4)
+                text = data[8:].decode()
+                sock.sendall(gp.encode_frame(gp.Notice(code=code, op=0, text=text), 0))
+                say(f"ended by the server: {text}")
+                return end("server ended", text)
+        if sock in ready:
+            header = recv_exact(sock, gp.HEADER.size)
+            if header is None:
+                say("client left")
+                return end("client lost", "end of stream without goodbye")
+            length, op, _flags, req = gp.HEADER.unpack(header)
+            body = recv_exact(sock, length) if length else b""
+            if body is None:
+                return end("client lost", "end of stream inside a frame")
+            if op == gp.Goodbye.OP:
+                say("goodbye")
+                return end("client exit")
+            if op == gp.Ping.OP:
+                (token,) = struct.unpack("<Q", body)
+                sock.sendall(gp.encode_frame(gp.PingReply(result=0, token=token), req))
 
 
 if __name__ == "__main__":

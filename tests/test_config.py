@@ -47,7 +47,7 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     ("simulated = true\n", "setting 'simulated': expected an integer"),
     ("simulated = -1\n", "setting 'simulated': must be 0 or more"),
     ("gpus = [0, 'a']\n", "setting 'gpus': expected a list of int values"),
-    ("gpus = []\n", "setting 'gpus': must list at least one"),
+    ("gpus = [1, 1]\n", "setting 'gpus': must be distinct GPU indices"),
     ("sim_name = 'H100'\n", "setting 'sim_name': must contain the word 'simulated'"),
     ("log_level = 'loud'\n", "setting 'log_level': must be one of"),
     ("handshake_timeout = 0\n", "setting 'handshake_timeout': must be greater than 0"),

@@ -1,6 +1,8 @@
-"""gpupoold end to end: the remoting handshake, the HTTP API, worker supervision, start-up and
-shutdown. In-process tests run the app factory with a fake worker (tests/fake_worker.py); the
-subprocess tests run `python -m gpupoold serve` as users do, and the last ones the real worker."""
+"""gpupoold end to end: the remoting handshake, the queue, worker supervision, start-up and
+shutdown. In-process tests run the app factory with a fake worker (tests/fake_worker.py) and a
+fake scrub tool, without authentication (`auth = none`; tokens are tested in test_e2e_leases.py);
+the subprocess tests run `python -m gpupoold serve` as users do, and the last one the real
+worker."""
 
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from conftest import REPO, GpupoolServer, daemon_env, require
 from gpupoold.app import StartupError, create_app
 from gpupoold.gpus import Gpu
 from gpupoold.keys import REMOTING, SUPERVISOR
-from gpupoold.sessions import Session
 from gpupoold.settings import Settings
 
 FAKE_WORKER = REPO / "tests" / "fake_worker.py"
@@ -34,7 +35,8 @@ FAKE_WORKER = REPO / "tests" / "fake_worker.py"
 # ------------------------------------------------------------------------------------ helpers
 def hello(**changes: object) -> gp.Hello:
     msg = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=4242, host="laptop",
-                   user="ada", program="pytest-client", token="", device_request="",
+                   user="ada", program="pytest-client", token="", gpu="", model="",
+                   min_memory=0,
                    va_base=0x200000000000, va_size=1 << 40)
     for key, value in changes.items():
         setattr(msg, key, value)
@@ -92,11 +94,19 @@ async def close_raw_clients() -> AsyncIterator[None]:
 
 
 def fake_worker(tmp_path: Path, mode: str = "serve") -> Path:
-    """An executable that runs tests/fake_worker.py in `mode` with the worker's arguments."""
-    path = tmp_path / f"fake-worker-{mode}"
+    """An executable that runs tests/fake_worker.py in `mode` with the worker's arguments, with
+    a fake `gpupool-scrub` beside it (the daemon looks for the scrub tool next to the worker)."""
+    folder = tmp_path / f"fake-{mode}"
+    folder.mkdir(exist_ok=True)
+    path = folder / "gpupool-worker"
     path.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}/protocol/python" exec "{sys.executable}" '
                     f'"{FAKE_WORKER}" {mode} "$@"\n')
     path.chmod(0o755)
+    scrub = folder / "gpupool-scrub"
+    scrub.write_text('#!/bin/sh\necho \'{"ok": true, "bytes": 4096, "allocations": 1, '
+                     '"free_before": 4096, "total": 4096, "samples": 1, "duration_s": 0.001, '
+                     '"init_s": 0.001}\'\n')
+    scrub.chmod(0o755)
     return path
 
 
@@ -105,7 +115,7 @@ def settings_for(tmp_path: Path, mode: str = "serve", **changes: object) -> Sett
     sim_lib.touch()
     base = Settings(listen="127.0.0.1:0", http="127.0.0.1:0", state_dir=tmp_path / "state",
                     simulated=1, worker=fake_worker(tmp_path, mode), sim_lib=sim_lib,
-                    stop_grace=2.0)
+                    stop_grace=2.0, auth="none")
     return replace(base, **changes)
 
 
@@ -122,19 +132,31 @@ class Daemon:
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
-    async def wait_sessions(self, count: int, timeout: float = 10) -> list[dict]:
+    async def wait_leases(self, count: int, timeout: float = 10) -> list[dict]:
         deadline = time.monotonic() + timeout
         while True:
-            sessions = (await self.get("/api/v1/sessions"))["sessions"]
-            if len(sessions) == count:
-                return sessions
-            assert time.monotonic() < deadline, f"{len(sessions)} sessions, wanted {count}"
+            leases = (await self.get("/api/v1/leases?state=active"))["leases"]
+            if len(leases) == count:
+                return leases
+            assert time.monotonic() < deadline, f"{len(leases)} leases, wanted {count}"
+            await asyncio.sleep(0.02)
+
+    async def wait_free(self, timeout: float = 10, ready: bool = True) -> list[dict]:
+        """Every GPU free (scrubbed) and, with `ready`, its pre-started worker up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            gpus = (await self.get("/api/v1/gpus"))["gpus"]
+            if all(g["state"] == "free" and (g["worker_ready"] or not ready) for g in gpus):
+                return gpus
+            assert time.monotonic() < deadline, f"GPUs not free: {gpus}"
             await asyncio.sleep(0.02)
 
 
-async def start_app(settings: Settings) -> AsyncIterator[Daemon]:
+async def start_app(settings: Settings, ready: bool = True) -> AsyncIterator[Daemon]:
     async with TestClient(TestServer(create_app(settings))) as client:
-        yield Daemon(client)
+        d = Daemon(client)
+        await d.wait_free(ready=ready)
+        yield d
 
 
 @pytest.fixture
@@ -145,8 +167,8 @@ async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
 
 @pytest.fixture
 def make_daemon(tmp_path: Path) -> Callable[..., AsyncIterator[Daemon]]:
-    def make(mode: str = "serve", **changes: object) -> AsyncIterator[Daemon]:
-        return start_app(settings_for(tmp_path, mode, **changes))
+    def make(mode: str = "serve", ready: bool = True, **changes: object) -> AsyncIterator[Daemon]:
+        return start_app(settings_for(tmp_path, mode, **changes), ready=ready)
     return make
 
 
@@ -182,7 +204,7 @@ async def test_hello_refused_with_a_helpful_reply(daemon: Daemon, change: dict, 
         assert w in reply.message
     assert "gpupoold" in reply.server
     assert await client.closed_by_server()
-    assert (await daemon.get("/api/v1/sessions"))["sessions"] == []
+    assert (await daemon.get("/api/v1/leases?state=all"))["leases"] == []
 
 
 async def test_other_major_with_a_different_hello_layout_still_gets_the_version_error(
@@ -271,10 +293,17 @@ async def test_data_sent_before_the_hello_reply_is_refused(daemon: Daemon) -> No
     assert decoded.result == gp.GP_EPROTO and "before the hello reply" in decoded.message
 
 
-async def test_unknown_device_request_is_refused(daemon: Daemon) -> None:
+@pytest.mark.parametrize(("change", "words"), [
+    ({"model": "A100"}, "its name does not contain 'A100'"),
+    ({"gpu": "3"}, "not GPU 3"),
+    ({"min_memory": 1 << 50}, "less than 1024 TiB"),
+])
+async def test_requirements_nobody_meets_are_refused(daemon: Daemon, change: dict,
+                                                     words: str) -> None:
     client = await RawClient.connect(daemon.address)
-    reply = await client.hello(hello(device_request="A100"))
-    assert reply.result == gp.GP_EREFUSED and "no GPU on this server matches" in reply.message
+    reply = await client.hello(hello(**change))
+    assert reply.result == gp.GP_EREFUSED and "no GPU on this server meets" in reply.message
+    assert words in reply.message
 
 
 async def assert_still_serving(d: Daemon) -> None:
@@ -291,7 +320,7 @@ async def assert_still_serving(d: Daemon) -> None:
 async def test_healthz(daemon: Daemon) -> None:
     body = await daemon.get("/healthz")
     assert body["ok"] is True and body["version"]
-    assert body["remoting"] == daemon.address and body["gpus"] == 1 and body["sessions"] == 0
+    assert body["remoting"] == daemon.address and body["gpus"] == 1 and body["leases"] == 0
 
 
 async def test_gpus_are_labelled_simulated(make_daemon) -> None:
@@ -300,7 +329,7 @@ async def test_gpus_are_labelled_simulated(make_daemon) -> None:
         assert [g["index"] for g in gpus] == [0, 1]
         for g in gpus:
             assert g["simulated"] is True and "simulated" in g["name"]
-            assert g["uuid"].startswith("GPU-") and g["sessions"] == []
+            assert g["uuid"].startswith("GPU-") and g["lease"] is None
         assert gpus[0]["uuid"] != gpus[1]["uuid"]
 
 
@@ -320,9 +349,10 @@ async def test_unknown_route_is_404(daemon: Daemon) -> None:
 
 
 # --------------------------------------------------------------------------- workers (fake one)
-async def test_session_goes_through_the_worker(daemon: Daemon,
-                                               caplog: pytest.LogCaptureFixture) -> None:
+async def test_lease_goes_through_the_prestarted_worker(daemon: Daemon,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
+    (gpu,) = await daemon.wait_free()
     client = await RawClient.connect(daemon.address)
     reply = await client.hello(req=1234)
     assert reply.result == 0 and reply.server == "fake-worker"  # answered by the worker
@@ -332,80 +362,96 @@ async def test_session_goes_through_the_worker(daemon: Daemon,
     pong = await client.recv()
     assert pong.req == 55 and gp.PingReply.decode(pong.body).token == 0xABCDEF
 
-    (session,) = await daemon.wait_sessions(1)
-    assert session["id"] == 1 and session["gpu"] == 0 and session["worker_pid"] > 0
-    assert session["client"] == {"host": "laptop", "user": "ada", "pid": 4242,
-                                 "program": "pytest-client"}
+    (lease,) = await daemon.wait_leases(1)
+    assert lease["id"] == 1 and lease["gpu"] == 0 and lease["worker_pid"] > 0
+    assert lease["client"]["host"] == "laptop" and lease["client"]["pid"] == 4242
+    assert lease["token"] == "anonymous"
     gpus = (await daemon.get("/api/v1/gpus"))["gpus"]
-    assert gpus[0]["sessions"] == [1]
+    assert gpus[0]["state"] == "leased" and gpus[0]["lease"]["id"] == 1
 
     await client.send(gp.encode_frame(gp.Goodbye()))
     assert await client.closed_by_server()
-    await daemon.wait_sessions(0)
-    wait_gone(session["worker_pid"])
+    await daemon.wait_leases(0)
+    wait_gone(lease["worker_pid"])
+    await daemon.wait_free()
+    record = await daemon.get("/api/v1/leases/1")
+    assert record["end_reason"] == "client exit" and record["scrub_ok"] is True
     text = caplog.text
-    assert "[session 1] fake-worker: session 1 hello from ada@laptop device 0 simulated=1" in text
-    assert "[session 1] fake-worker: goodbye" in text
-    assert "session 1 ended: worker pid" in text and "exit code 0" in text
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in text  # the worker environment
+    assert "fake-worker: session 1 hello from ada@laptop" in text
+    assert "lease 1 ended (client exit)" in text
 
 
 async def test_worker_gets_the_contract_arguments(daemon: Daemon, tmp_path: Path) -> None:
     sup = daemon.app[SUPERVISOR]
     gpu = Gpu(index=0, name="x", uuid="", simulated=True, driver="/lib/sim.so", ordinal=0)
-    session = Session(id=9, gpu=0, peer="p", client_host="h", client_user="u", client_pid=1,
-                      program="p")
-    argv = sup.argv(gpu, session, fd=12, hello_req=77)
-    assert argv[1:] == ["--fd", "12", "--driver", "/lib/sim.so", "--device", "0",
-                        "--cache-dir", str(tmp_path / "state" / "cache"), "--session-id", "9",
-                        "--hello-req", "77", "--simulated"]
+    argv = sup.argv(gpu, 12)
+    assert argv[1:] == ["--control-fd", "12", "--driver", "/lib/sim.so", "--device", "0",
+                        "--cache-dir", str(tmp_path / "state" / "cache"), "--simulated"]
 
 
-async def test_two_gpus_get_one_session_each_then_share(make_daemon) -> None:
-    async for d in make_daemon(simulated=2):
+async def test_two_gpus_one_client_each_the_third_waits(make_daemon) -> None:
+    async for d in make_daemon(simulated=2, queue_notice_interval=0.2):
         clients = []
-        for _ in range(3):
+        for _ in range(2):
             c = await RawClient.connect(d.address)
             assert (await c.hello()).result == 0
             clients.append(c)
-        sessions = await d.wait_sessions(3)
-        assert [s["gpu"] for s in sessions] == [0, 1, 0]
-        for c in clients:
-            await c.close()
-        await d.wait_sessions(0)
+        assert sorted(le["gpu"] for le in await d.wait_leases(2)) == [0, 1]
+        third = await RawClient.connect(d.address)
+        await third.send(gp.encode_frame(hello(pid=3), 9))
+        notice = await third.recv()
+        assert notice.op == gp.Notice.OP
+        text = gp.Notice.decode(notice.body)
+        assert text.code == gp.GP_INFO_QUEUED and "position 1 of 1" in text.text
+        assert (await d.get("/api/v1/queue"))["queue"][0]["client"]["pid"] == 3
+        await clients[0].close()  # client lost: scrubbed, then the third gets GPU 0
+        while True:
+            frame_ = await third.recv(timeout=20)
+            if frame_.op == gp.Hello.OP:
+                break
+            assert frame_.op == gp.Notice.OP
+        assert gp.HelloReply.decode(frame_.body).result == 0
+        leases = await d.wait_leases(2)
+        assert {le["client"]["pid"] for le in leases} == {3, 4242}
+        await clients[1].close()
+        await third.close()
+        await d.wait_leases(0)
 
 
-async def test_worker_crash_is_logged_and_the_daemon_keeps_serving(
+async def test_worker_crash_ends_the_lease_and_the_daemon_keeps_serving(
         make_daemon, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     async for d in make_daemon("exit3"):
         client = await RawClient.connect(d.address)
         assert (await client.hello()).result == 0
         assert await client.closed_by_server()
-        await d.wait_sessions(0)
-        assert "exit code 3" in caplog.text
+        await d.wait_leases(0)
+        await d.wait_free()
+        record = await d.get("/api/v1/leases/1")
+        assert record["end_reason"] == "worker crashed" and "exit code 3" in record["end_detail"]
         assert (await d.get("/healthz"))["ok"] is True
 
 
-async def test_worker_setup_failure_is_logged(make_daemon,
-                                              caplog: pytest.LogCaptureFixture) -> None:
-    async for d in make_daemon("noreply"):
+async def test_worker_setup_failure_is_a_refusal_with_its_reason(
+        make_daemon, caplog: pytest.LogCaptureFixture) -> None:
+    async for d in make_daemon("noinit", ready=False):
         client = await RawClient.connect(d.address)
-        await client.send(gp.encode_frame(hello(), 1))
+        reply = await client.hello()
+        assert reply.result == gp.GP_EREFUSED and "the driver is on holiday" in reply.message
         assert await client.closed_by_server()
-        await d.wait_sessions(0)
-        assert "exit code 1 (setup failure)" in caplog.text
+        assert "could not pre-start a worker" in caplog.text
 
 
 async def test_worker_that_cannot_start_is_a_refusal(make_daemon, tmp_path: Path) -> None:
-    broken = tmp_path / "broken-worker"
+    broken = fake_worker(tmp_path, "broken")
     broken.write_text("#!/nonexistent/interpreter\n")  # exec fails with ENOENT
-    broken.chmod(0o755)
-    async for d in make_daemon(worker=broken):
+    async for d in make_daemon(worker=broken, ready=False):
         client = await RawClient.connect(d.address)
         reply = await client.hello()
         assert reply.result == gp.GP_EREFUSED and "cannot start" in reply.message
         assert await client.closed_by_server()
-        assert (await d.get("/api/v1/sessions"))["sessions"] == []
+        assert (await d.get("/api/v1/leases?state=all"))["leases"] == []
 
 
 @pytest.mark.parametrize("what", ["missing", "not executable", "a directory"])
@@ -426,8 +472,8 @@ async def test_shutdown_kills_a_worker_that_ignores_sigterm(make_daemon) -> None
     async for d in make_daemon("stubborn", stop_grace=0.5):
         client = await RawClient.connect(d.address)
         assert (await client.hello()).result == 0
-        (session,) = await d.wait_sessions(1)
-        pid = session["worker_pid"]
+        (lease,) = await d.wait_leases(1)
+        pid = lease["worker_pid"]
         started = time.monotonic()
     # Leaving the context stopped the app: SIGTERM, 0.5 s grace, SIGKILL.
     assert time.monotonic() - started < 5
@@ -473,21 +519,40 @@ def test_no_driver_falls_back_to_one_simulated_gpu_loudly(start_daemon, tmp_path
     assert len(gpus) == 1 and gpus[0]["simulated"] is True
 
 
-def test_sigterm_ends_sessions_and_exits_0(start_daemon, tmp_path: Path) -> None:
+def wait_free_sync(server: GpupoolServer, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(g["state"] == "free" and g["worker_ready"]
+                  for g in server.get_json("/api/v1/gpus")["gpus"]):
+        assert time.monotonic() < deadline, server.get_json("/api/v1/gpus")
+        time.sleep(0.02)
+
+
+def test_sigterm_ends_leases_and_exits_0(start_daemon, tmp_path: Path) -> None:
     sim_lib = tmp_path / "libfake-sim.so"
     sim_lib.touch()
     server: GpupoolServer = start_daemon("--worker", str(fake_worker(tmp_path)),
                                          "--sim-lib", str(sim_lib), native=False)
+    wait_free_sync(server)
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
-        sock.sendall(gp.encode_frame(hello(), 3))
+        sock.sendall(gp.encode_frame(hello(token=server.token), 3))
         reply = gp.HelloReply.decode(read_frame_sync(sock).body)
         assert reply.result == 0
-        (session,) = server.get_json("/api/v1/sessions")["sessions"]
+        (lease,) = server.get_json("/api/v1/leases?state=active")["leases"]
+        state_dir = server.state_dir
         assert server.stop() == 0
-        wait_gone(session["worker_pid"])
+        wait_gone(lease["worker_pid"])
         assert sock.recv(1) == b""  # the worker is gone, so is the connection
     log = server.log_text()
-    assert "stopping 1 worker(s)" in log and "session 1 ended" in log
+    assert "lease 1 ended (daemon stopped" in log
+    # The record says so (read the database directly: the daemon is gone).
+    from gpupoold.store import StoreDB
+
+    db = StoreDB(state_dir / "gpupoold.db")
+    try:
+        (record,) = db.leases("all")
+        assert record.end_reason == "daemon stopped"
+    finally:
+        db.close()
 
 
 def read_frame_sync(sock: socket.socket) -> gp.Frame:
@@ -508,8 +573,9 @@ def test_real_worker_answers_the_hello_with_a_simulated_device(
         gpupool_server: GpupoolServer) -> None:
     worker = gpupool_server.build_dir / "gpupool-worker"
     require(worker.is_file(), f"{worker} not built yet")
+    wait_free_sync(gpupool_server)
     with socket.create_connection((gpupool_server.host, gpupool_server.port), timeout=30) as s:
-        s.sendall(gp.encode_frame(hello(), 5))
+        s.sendall(gp.encode_frame(hello(token=gpupool_server.token), 5))
         answer = read_frame_sync(s)
         assert (answer.op, answer.flags, answer.req) == (gp.Hello.OP, gp.FLAG_REPLY, 5)
         reply = gp.HelloReply.decode(answer.body)
@@ -520,10 +586,10 @@ def test_real_worker_answers_the_hello_with_a_simulated_device(
         assert gpu["name"] == reply.name
         assert gpu["uuid"] == "GPU-" + "-".join(
             reply.uuid.hex()[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
-        (session,) = gpupool_server.get_json("/api/v1/sessions")["sessions"]
-        assert session["client"]["user"] == "ada"
+        (lease,) = gpupool_server.get_json("/api/v1/leases?state=active")["leases"]
+        assert lease["client"]["user"] == "ada"
         s.sendall(gp.encode_frame(gp.Goodbye()))
         s.settimeout(30)
         while s.recv(65536):
             pass
-    gpupool_server.wait_for_log(r"session 1 ended: worker pid \d+ exit code 0", timeout=30)
+    gpupool_server.wait_for_log(r"lease 1 ended \(client exit", timeout=30)

@@ -7,12 +7,16 @@ events), tested without gpupoold:
   connection to a worker, as the daemon does);
 - the same program against a scripted fake server written here, for what a healthy worker never
   does: refusing the session, asking for another VA window, reporting a deferred error, dropping
-  the connection. It also checks what the shim puts in its hello and that queued work reaches
-  the server without a synchronising call.
+  the connection, keeping the client in its queue (GP_INFO_QUEUED notices before the hello
+  reply). It also checks what the shim puts in its hello (identity, window, the GPU requirements
+  from GPUPOOL_GPU / GPUPOOL_GPU_MODEL / GPUPOOL_MIN_MEMORY) and that queued work reaches the
+  server without a synchronising call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import socket
@@ -31,7 +35,10 @@ sys.path.insert(0, str(REPO / "protocol" / "python"))
 from gpupool_protocol import HEADER, REPLIES, REQUESTS, encode_frame  # noqa: E402
 from gpupool_protocol._generated import (  # noqa: E402
     GP_EAUTH,
+    GP_EBUSY,
+    GP_EREFUSED,
     GP_EVAWINDOW,
+    GP_INFO_QUEUED,
     MAGIC,
     HelloReply,
     Notice,
@@ -52,8 +59,9 @@ def binary(build: Path, name: str) -> Path:
 
 def client_env(server: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    for key in ("GPUPOOL_LOG", "GPUPOOL_TOKEN", "GPUPOOL_DEVICE", "GPUPOOL_SERVER",
-                "GPUPOOL_VA_BASE", "GPUPOOL_VA_SIZE"):
+    for key in ("GPUPOOL_LOG", "GPUPOOL_TOKEN", "GPUPOOL_DEVICE", "GPUPOOL_GPU",
+                "GPUPOOL_GPU_MODEL", "GPUPOOL_MIN_MEMORY", "GPUPOOL_SERVER", "GPUPOOL_VA_BASE",
+                "GPUPOOL_VA_SIZE"):
         env.pop(key, None)
     if server is not None:
         env["GPUPOOL_SERVER"] = server
@@ -76,7 +84,7 @@ def assert_pass(proc: subprocess.CompletedProcess[str], name: str) -> None:
 
 # --------------------------------------------------------------------------- unit binaries
 @pytest.mark.san
-@pytest.mark.parametrize("name", ["test_vamap", "test_handles"])
+@pytest.mark.parametrize("name", ["test_vamap", "test_handles", "test_requirements"])
 def test_unit(native_build: Path, name: str) -> None:
     proc = run_client([binary(native_build, name)], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -84,8 +92,9 @@ def test_unit(native_build: Path, name: str) -> None:
 
 
 # ------------------------------------------------------------- against the simulated device
-@pytest.fixture
-def mini_server(native_build: Path, tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def start_mini_server(native_build: Path, tmp_path: Path, *extra: str) -> Iterator[str]:
+    """tests/tools/mini_server.py with the build's worker and simulated device; its address."""
     worker, sim = native_build / "gpupool-worker", native_build / "libgpupool-sim.so"
     require(worker.is_file() and sim.is_file(), "needs the worker and the simulated device")
     env = dict(os.environ)
@@ -95,7 +104,7 @@ def mini_server(native_build: Path, tmp_path: Path) -> Iterator[str]:
         proc = subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "tools" / "mini_server.py"), "--worker",
              str(worker), "--driver", str(sim), "--simulated", "--cache-dir",
-             str(tmp_path / "cache")],
+             str(tmp_path / "cache"), *extra],
             stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, text=True,
             env=env, start_new_session=True)
     assert proc.stdout is not None
@@ -113,6 +122,12 @@ def mini_server(native_build: Path, tmp_path: Path) -> Iterator[str]:
         assert mark not in err, err
 
 
+@pytest.fixture
+def mini_server(native_build: Path, tmp_path: Path) -> Iterator[str]:
+    with start_mini_server(native_build, tmp_path) as address:
+        yield address
+
+
 @pytest.mark.san
 @pytest.mark.parametrize("scenario", ["basic", "fork", "threads", "noexit-sync"])
 def test_scenario_on_simulated_device(native_build: Path, mini_server: str,
@@ -125,16 +140,45 @@ def test_scenario_on_simulated_device(native_build: Path, mini_server: str,
     assert lines == [], proc.stderr
 
 
+def queue_texts(n: int, address: str = "gpu-server:7070") -> list[str]:
+    """n queue notices as gpupoold words them, each a different position/time."""
+    return [f"waiting for a GPU on {address}: position {n - i} of {n} in the queue "
+            f"(waited {5 * i} s)" for i in range(n)]
+
+
+@pytest.mark.san
+def test_requirements_and_queue_notices_through_a_worker(native_build: Path,
+                                                         tmp_path: Path) -> None:
+    """The real worker decodes the new hello, the requirements arrive as set, and the queue
+    notices sent before the worker's reply are all printed and never become an error."""
+    hello_log = tmp_path / "hellos.jsonl"
+    with start_mini_server(native_build, tmp_path, "--hello-log", str(hello_log),
+                           "--queue-notices", "3") as address:
+        proc = run_client([binary(native_build, "shim_scenarios"), "sync", "1"],
+                          env=client_env(address, {"GPUPOOL_GPU": "0",
+                                                   "GPUPOOL_GPU_MODEL": "simulated",
+                                                   "GPUPOOL_MIN_MEMORY": "1.5GiB"}),
+                          timeout=120)
+    assert_pass(proc, "sync")
+    (hello,) = [json.loads(line) for line in hello_log.read_text().splitlines()]
+    assert (hello["gpu"], hello["model"], hello["min_memory"]) == ("0", "simulated", 3 << 29)
+    assert hello["program"] == "shim_scenarios sync 1"
+    assert gpupool_lines(proc.stderr) == [f"gpupool: {t}" for t in queue_texts(3, address)]
+
+
 # ------------------------------------------------------------------------ the fake server
 class FakeServer:
     """A scripted stand-in for gpupoold + worker. `on_hello(index, hello)` returns the hello
-    reply; `on_frame(server, conn, op, req, msg, bulk)` returns True when it handled the frame
-    itself (else the default answer goes out)."""
+    reply; `before_reply(conn, index, hello)` runs before it goes out (to send notices);
+    `on_frame(server, conn, op, req, msg, bulk)` returns True when it handled the frame itself
+    (else the default answer goes out)."""
 
     def __init__(self, on_hello: Callable[[int, Any], HelloReply] | None = None,
-                 on_frame: Callable[..., bool] | None = None) -> None:
+                 on_frame: Callable[..., bool] | None = None,
+                 before_reply: Callable[[socket.socket, int, Any], None] | None = None) -> None:
         self.on_hello = on_hello or (lambda i, h: snapshot(h))
         self.on_frame = on_frame
+        self.before_reply = before_reply
         self.hellos: list[Any] = []
         self.frames: list[tuple[int, int, Any, float]] = []  # (op, req, msg, arrival)
         self.lock = threading.Lock()
@@ -175,6 +219,8 @@ class FakeServer:
             with self.lock:
                 self.hellos.append(hello)
             reply = self.on_hello(index, hello)
+            if self.before_reply:
+                self.before_reply(conn, index, hello)
             conn.sendall(encode_frame(reply, req))
             if reply.result != 0:
                 return
@@ -254,11 +300,13 @@ def test_hello_carries_identity_and_window(native_build: Path, fake: Callable[..
                                            ) -> None:
     server = fake()
     proc = run_scenario(native_build, server.address, "noexit-sync",
-                        env={"GPUPOOL_TOKEN": "s3cret", "GPUPOOL_DEVICE": "GPU-1234"})
+                        env={"GPUPOOL_TOKEN": "s3cret", "GPUPOOL_GPU": "GPU-1234",
+                             "GPUPOOL_GPU_MODEL": "A100", "GPUPOOL_MIN_MEMORY": "40GB"})
     assert_pass(proc, "noexit-sync")
     (hello,) = server.hellos
     assert hello.magic == MAGIC and hello.major == 1
-    assert hello.token == "s3cret" and hello.device_request == "GPU-1234"
+    assert hello.token == "s3cret"
+    assert (hello.gpu, hello.model, hello.min_memory) == ("GPU-1234", "A100", 40 * 10**9)
     assert hello.program == "shim_scenarios noexit-sync"
     assert hello.va_base == VA_BASE and hello.va_size == VA_SIZE
     assert hello.pid > 0 and hello.host and hello.user
@@ -270,6 +318,116 @@ def test_hello_carries_identity_and_window(native_build: Path, fake: Callable[..
         ops = server.ops()
     assert ops.count(OP_MEMSET) == 1000
     assert ops[-1] == OP_GOODBYE
+
+
+@pytest.mark.san
+@pytest.mark.parametrize(("env", "gpu", "model", "min_memory"), [
+    ({}, "", "", 0),
+    ({"GPUPOOL_GPU": "1"}, "1", "", 0),
+    ({"GPUPOOL_DEVICE": "GPU-8f3a"}, "GPU-8f3a", "", 0),           # the old name
+    ({"GPUPOOL_GPU": "2", "GPUPOOL_DEVICE": "3"}, "2", "", 0),     # the new name wins
+    ({"GPUPOOL_GPU_MODEL": " h100 80GB "}, "", "h100 80GB", 0),    # trimmed, case kept
+    ({"GPUPOOL_MIN_MEMORY": "40G"}, "", "", 40 * 10**9),
+    ({"GPUPOOL_MIN_MEMORY": "40GB"}, "", "", 40 * 10**9),
+    ({"GPUPOOL_MIN_MEMORY": "40GiB"}, "", "", 40 << 30),
+    ({"GPUPOOL_MIN_MEMORY": "512M"}, "", "", 512 * 10**6),
+    ({"GPUPOOL_MIN_MEMORY": "17179869184"}, "", "", 17179869184),
+    ({"GPUPOOL_MIN_MEMORY": "0"}, "", "", 0),
+], ids=lambda v: repr(v) if isinstance(v, dict) else None)
+def test_requirements_from_the_environment(native_build: Path, fake: Callable[..., FakeServer],
+                                           env: dict[str, str], gpu: str, model: str,
+                                           min_memory: int) -> None:
+    server = fake()
+    proc = run_scenario(native_build, server.address, "sync", env=env)
+    assert_pass(proc, "sync")
+    (hello,) = server.hellos
+    assert (hello.gpu, hello.model, hello.min_memory) == (gpu, model, min_memory)
+    notes = [x for x in gpupool_lines(proc.stderr) if "GPUPOOL_DEVICE=3 ignored" not in x]
+    assert notes == [], proc.stderr
+
+
+@pytest.mark.san
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("GPUPOOL_MIN_MEMORY", "40X", "GPUPOOL_MIN_MEMORY=40X is not a size"),
+    ("GPUPOOL_MIN_MEMORY", "-1G", "GPUPOOL_MIN_MEMORY=-1G is not a size"),
+    ("GPUPOOL_MIN_MEMORY", "99999999999999999999", "is not a size"),
+    ("GPUPOOL_GPU_MODEL", "A" * 300, "GPUPOOL_GPU_MODEL is longer than 255 bytes"),
+])
+def test_bad_requirement_stops_before_connecting(native_build: Path,
+                                                 fake: Callable[..., FakeServer], name: str,
+                                                 value: str, words: str) -> None:
+    server = fake()
+    proc = run_scenario(native_build, server.address, "init-fail", env={name: value})
+    assert_pass(proc, "init-fail")
+    lines = gpupool_lines(proc.stderr)
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+    if name == "GPUPOOL_MIN_MEMORY":
+        assert "40GiB" in lines[0]  # says what to write instead
+    assert server.hellos == []  # never asked the server with a requirement dropped
+
+
+def send_notices(texts: list[str], code: int = GP_INFO_QUEUED, pause: float = 0.0,
+                 ) -> Callable[[socket.socket, int, Any], None]:
+    def before_reply(conn: socket.socket, index: int, hello: Any) -> None:
+        for text in texts:
+            conn.sendall(encode_frame(Notice(code=code, op=0, text=text), 0))
+        time.sleep(pause)
+    return before_reply
+
+
+@pytest.mark.san
+def test_queue_notices_are_all_printed_and_never_an_error(
+        native_build: Path, fake: Callable[..., FakeServer]) -> None:
+    """More queue notices than the shim's table of notices already shown (512): every one is
+    printed, none becomes the pending error, and the session's own deferred error afterwards is
+    still printed (once) and returned."""
+    texts = queue_texts(600)
+    error = "memset failed on the server: error 1"
+    server = fake(before_reply=send_notices(texts), on_frame=notice_on_memset(1, error))
+    proc = run_scenario(native_build, server.address, "pending", "1", "0")
+    assert_pass(proc, "pending")
+    assert gpupool_lines(proc.stderr) == [f"gpupool: {t}" for t in [*texts, error]]
+
+
+@pytest.mark.san
+def test_queue_notice_replaces_the_waiting_line(native_build: Path,
+                                                fake: Callable[..., FakeServer]) -> None:
+    """A server that said where we are in its queue gets no generic "waiting for server" line
+    after 5 s of silence (one that says nothing still does, see below)."""
+    texts = queue_texts(1)
+    server = fake(before_reply=send_notices(texts, pause=5.5))
+    proc = run_scenario(native_build, server.address, "sync")
+    assert_pass(proc, "sync")
+    assert gpupool_lines(proc.stderr) == [f"gpupool: {texts[0]}"]
+
+    silent = fake(before_reply=send_notices([], pause=5.5))
+    proc = run_scenario(native_build, silent.address, "sync")
+    assert_pass(proc, "sync")
+    lines = gpupool_lines(proc.stderr)
+    assert len(lines) == 1 and "waiting for server" in lines[0], proc.stderr
+
+
+@pytest.mark.san
+def test_info_notice_in_session_is_printed_each_time(native_build: Path,
+                                                     fake: Callable[..., FakeServer]) -> None:
+    """An informational code during the session: printed every time (not deduplicated) and
+    never returned by a synchronising call."""
+    text = "the server will restart at 18:00; your lease continues"
+    server = fake(on_frame=notice_on_memset(GP_INFO_QUEUED, text))
+    proc = run_scenario(native_build, server.address, "pending", "0", "0")
+    assert_pass(proc, "pending")
+    assert gpupool_lines(proc.stderr) == [f"gpupool: {text}"] * 2
+
+
+@pytest.mark.san
+def test_error_notice_before_the_reply_is_not_a_pending_error(
+        native_build: Path, fake: Callable[..., FakeServer]) -> None:
+    """Before the hello reply no CUDA call has run on the server: even an error notice then is
+    printed but never returned by a later call."""
+    server = fake(before_reply=send_notices(["the worker restarted"], code=1))
+    proc = run_scenario(native_build, server.address, "sync")
+    assert_pass(proc, "sync")
+    assert gpupool_lines(proc.stderr) == ["gpupool: the worker restarted"]
 
 
 @pytest.mark.san
@@ -303,13 +461,23 @@ def test_cuinit_with_server_down(native_build: Path) -> None:
 
 
 @pytest.mark.san
-def test_session_refused(native_build: Path, fake: Callable[..., FakeServer]) -> None:
-    server = fake(on_hello=lambda i, h: snapshot(h, GP_EAUTH, "unknown token"))
+@pytest.mark.parametrize(("code", "message", "shown"), [
+    (GP_EAUTH, "unknown token", "unknown token (check GPUPOOL_TOKEN)"),
+    (GP_EBUSY, "no GPU became free in 600 s; try again later", None),
+    (GP_EREFUSED, "no GPU on this server meets the request (model 'A100')", None),
+])
+def test_session_refused(native_build: Path, fake: Callable[..., FakeServer], code: int,
+                         message: str, shown: str | None) -> None:
+    """The server's own text is the reason printed, after the queue notices that came first."""
+    texts = queue_texts(2)
+    server = fake(on_hello=lambda i, h: snapshot(h, code, message),
+                  before_reply=send_notices(texts))
     proc = run_scenario(native_build, server.address, "init-fail")
     assert_pass(proc, "init-fail")
     lines = gpupool_lines(proc.stderr)
-    assert lines == [f"gpupool: server {server.address} refused the session: unknown token "
-                     "(check GPUPOOL_TOKEN)"], proc.stderr
+    assert lines == [*(f"gpupool: {t}" for t in texts),
+                     f"gpupool: server {server.address} refused the session: {shown or message}"
+                     ], proc.stderr
 
 
 @pytest.mark.san

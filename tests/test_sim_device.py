@@ -4,12 +4,15 @@ Runs the C tests of tests/sim/ (built by the native build into <build>/tests/; m
 scripts/test.sh also runs them against the AddressSanitizer + UBSan build), after compiling the
 CUDA test kernels with nvcc into a cubin and fatbins for the image tests. Also checks, through
 ctypes, that the library exports exactly the driver entry points the worker needs, that its error
-names agree with the toolkit's cuda.h, and that every configuration key is documented.
+names agree with the toolkit's cuda.h, and that every configuration key is documented. The memory
+file tests run separate tenant processes (tests/sim/sim_memtool.c) one after the other, as
+gpupoold runs tenants of a GPU.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import pathlib
 import re
@@ -26,6 +29,7 @@ C_TESTS = [
     "test_sim_stream",
     "test_sim_launch",
     "test_sim_elf",
+    "test_sim_memfile",
 ]
 
 EXPORTS = """
@@ -160,3 +164,70 @@ def test_every_config_key_is_documented():
     readme = (SIM_DIR / "README.md").read_text()
     undocumented = sorted(k for k in keys if f"`{k.rstrip('.')}" not in readme)
     assert not undocumented, f"keys missing from worker/sim/README.md: {undocumented}"
+
+
+# ------------------------------------------------------------------------------ memory file
+MIB = 1 << 20
+SIZES = [3 * MIB + 5, 100_000, 16 * MIB]
+
+
+def memtool(build: pathlib.Path, env: dict[str, str], *args: object) -> dict | None:
+    """Run one tenant process; the parsed JSON line of `check`, else None."""
+    proc = subprocess.run([str(build / "tests" / "sim_memtool"), *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, f"sim_memtool {args} failed:\n{proc.stdout}{proc.stderr}"
+    return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+def sim_env(memory_file: pathlib.Path | None, total: str = "256MiB") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_SIM_")}
+    env["GPUPOOL_SIM_TOTAL_MEMORY"] = total
+    if memory_file is not None:
+        env["GPUPOOL_SIM_MEMORY_FILE"] = str(memory_file)
+    return env
+
+
+def allocated_bytes(path: pathlib.Path) -> int:
+    """Bytes of disk the file holds (after fsync: delayed allocation has placed what was written)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        return os.fstat(fd).st_blocks * 512
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.san
+@pytest.mark.parametrize("vmm", [False, True], ids=["cuMemAlloc", "cuMemCreate"])
+def test_memory_file_outlives_the_process(native_build, tmp_path, vmm):
+    mem = tmp_path / "gpu0.mem"
+    env = sim_env(mem)
+    flags = ["--vmm"] if vmm else []
+    memtool(native_build, env, *flags, "fill", 7, *SIZES)
+    assert mem.stat().st_size == 256 * MIB
+    assert mem.stat().st_mode & 0o777 == 0o600
+    found = memtool(native_build, env, *flags, "check", 7, *SIZES)
+    assert [a["pattern"] for a in found["allocations"]] == SIZES
+
+
+@pytest.mark.san
+def test_without_memory_file_nothing_outlives_the_process(native_build):
+    env = sim_env(None)
+    memtool(native_build, env, "fill", 7, *SIZES)
+    found = memtool(native_build, env, "check", 7, *SIZES)
+    assert [a["zero"] for a in found["allocations"]] == SIZES
+
+
+@pytest.mark.san
+def test_zeroing_punches_holes_in_the_memory_file(native_build, tmp_path):
+    mem = tmp_path / "gpu0.mem"
+    env = sim_env(mem)
+    memtool(native_build, env, "fill", 3, *SIZES)
+    before = allocated_bytes(mem)
+    assert before >= sum(SIZES)
+    memtool(native_build, env, "zero", *SIZES)
+    after = allocated_bytes(mem)
+    # Whole pages are holes now; only partial pages at allocation ends may still hold blocks.
+    assert after <= before - sum(SIZES) + 4 * 4096 * len(SIZES)
+    found = memtool(native_build, env, "check", 3, *SIZES)
+    assert [a["zero"] for a in found["allocations"]] == SIZES

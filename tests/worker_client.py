@@ -62,7 +62,7 @@ class WorkerSession:
             hello = hello or gp.Hello(
                 magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=os.getpid(),
                 host="testhost", user="tester", program="test_worker", token="",
-                device_request="", va_base=va_base, va_size=va_size,
+                gpu="", model="", min_memory=0, va_base=va_base, va_size=va_size,
             )
             hello_body = hello.encode()
         cmd = [

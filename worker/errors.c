@@ -124,6 +124,40 @@ CUresult sync_result(struct worker *w, CUresult rc)
     return p;
 }
 
+void end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
+{
+    w->closing = 1;
+    if (w->end_reason != WK_END_NONE)
+        return; /* the first cause is the one worth reporting; the rest are its consequences */
+    w->end_reason = reason;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(w->end_detail, sizeof w->end_detail, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        w->end_detail[0] = '\0';
+}
+
+const char *end_reason_name(enum wk_end_reason reason)
+{
+    switch (reason) {
+    case WK_END_CLIENT_EXIT:
+        return "client exit";
+    case WK_END_PROTOCOL_ERROR:
+        return "protocol error";
+    case WK_END_SERVER_ENDED:
+        return "server ended";
+    case WK_END_SHUTDOWN:
+        return "shutdown";
+    case WK_END_WORKER_ERROR:
+        return "worker error";
+    case WK_END_NONE:
+    case WK_END_CLIENT_LOST:
+        break;
+    }
+    return "client lost";
+}
+
 void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
 {
     char text[1024];
@@ -134,6 +168,7 @@ void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
     if (n < 0)
         text[0] = '\0';
     wlog("protocol error, closing the connection: %s", text);
+    end_session(w, WK_END_PROTOCOL_ERROR, "%s", text);
     send_notice(w, GP_EPROTO, op, text);
     /* Shut the socket at once: the client sees the end now, not after our teardown. */
     if (io_flush(w) == 0 && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK)

@@ -42,14 +42,90 @@ static void lost(struct worker *w, const char *what, int err)
 {
     if (!w->dead)
         wlog("client connection lost (%s: %s)", what, strerror(err));
+    end_session(w, WK_END_CLIENT_LOST, "client connection lost (%s: %s)", what, strerror(err));
     w->dead = 1;
-    w->closing = 1;
+}
+
+/* SIGTERM/SIGINT arrived (the daemon stops us, or it died: PR_SET_PDEATHSIG): tell the client,
+ * stop serving. */
+static void on_signal(struct worker *w)
+{
+    struct signalfd_siginfo si;
+    ssize_t n = read(w->sigfd, &si, sizeof si);
+    int sig = n == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
+    wlog("%s: ending the session", sig ? strsignal(sig) : "signal");
+    end_session(w, WK_END_SHUTDOWN, "%s: the server is shutting down",
+                sig ? strsignal(sig) : "signal");
+    if (!w->in_write) { /* else the client is not reading anyway */
+        send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
+                    "the gpupool server is shutting down; this session has ended");
+        (void)io_flush(w); /* best effort: the client may be gone */
+    }
+    w->dead = 1;
+}
+
+/* Blocks until the client socket is ready for `events`, watching the signalfd and the control
+ * socket too (whichever exist), and sending stats when they are due. 0 when the client socket is
+ * ready (or hung up / in error: the next read or write tells which); -1 when the session must
+ * stop (a termination signal, END, the daemon gone, poll failed). */
+static int io_wait(struct worker *w, short events)
+{
+    struct pollfd p[3] = {{.fd = w->fd, .events = events}};
+    nfds_t n = 1;
+    int si = -1, ci = -1;
+    if (w->sigfd >= 0) {
+        si = (int)n;
+        p[n++] = (struct pollfd){.fd = w->sigfd, .events = POLLIN};
+    }
+    if (w->ctl.fd >= 0) {
+        ci = (int)n;
+        p[n++] = (struct pollfd){.fd = w->ctl.fd, .events = POLLIN};
+    }
+    for (;;) {
+        int timeout = w->ctl.fd >= 0 ? ctl_stats_tick(w) : -1;
+        int r = poll(p, n, timeout);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            lost(w, "poll", errno);
+            return -1;
+        }
+        if (r == 0)
+            continue; /* stats are due: the next tick sends them */
+        if (si >= 0 && (p[si].revents & POLLIN)) {
+            on_signal(w);
+            return -1;
+        }
+        if (ci >= 0 && p[ci].revents && ctl_handle(w) != 0)
+            return -1;
+        if (p[0].revents)
+            return 0;
+    }
+}
+
+int io_check(struct worker *w)
+{
+    (void)ctl_stats_tick(w);
+    struct pollfd p[2] = {{.fd = w->ctl.fd, .events = POLLIN}, {.fd = w->sigfd, .events = POLLIN}};
+    int r;
+    do {
+        r = poll(p, w->sigfd >= 0 ? 2 : 1, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return 0; /* nothing (or poll failed: the next wait will tell) */
+    if (w->sigfd >= 0 && (p[1].revents & POLLIN)) {
+        on_signal(w);
+        return -1;
+    }
+    return p[0].revents ? ctl_handle(w) : 0;
 }
 
 /* The fd may arrive non-blocking (the daemon's asyncio sockets are); we clear that at start, but
  * if it comes back anyway, wait for readiness instead of spinning. */
 static int wait_fd(struct worker *w, short events)
 {
+    if (w->sigfd >= 0 || w->ctl.fd >= 0)
+        return io_wait(w, events);
     struct pollfd p = {.fd = w->fd, .events = events};
     for (;;) {
         int r = poll(&p, 1, -1);
@@ -65,8 +141,10 @@ static int wait_fd(struct worker *w, short events)
 static int write_all(struct worker *w, const uint8_t *p, size_t n)
 {
     while (n > 0 && !w->dead) {
-        /* MSG_NOSIGNAL: a vanished client is an error return, not a SIGPIPE. */
-        ssize_t r = send(w->fd, p, n, MSG_NOSIGNAL);
+        /* MSG_NOSIGNAL: a vanished client is an error return, not a SIGPIPE. In control mode a
+         * write that would block waits in io_wait instead, so that END, the daemon's departure
+         * and stats are still seen while a client does not read its replies. */
+        ssize_t r = send(w->fd, p, n, MSG_NOSIGNAL | (w->ctl.fd >= 0 ? MSG_DONTWAIT : 0));
         if (r < 0 && errno == ENOTSOCK)
             r = write(w->fd, p, n);
         if (r > 0) {
@@ -75,7 +153,12 @@ static int write_all(struct worker *w, const uint8_t *p, size_t n)
         } else if (r < 0 && errno == EINTR) {
             continue;
         } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (wait_fd(w, POLLOUT) != 0)
+            /* p may point into the output buffer: what runs during the wait must not touch it
+             * (in_write tells END and signal handling to skip the client's notice). */
+            w->in_write = 1;
+            int wr = wait_fd(w, POLLOUT);
+            w->in_write = 0;
+            if (wr != 0)
                 return -1;
         } else {
             lost(w, "write", r < 0 ? errno : EPIPE);
@@ -110,7 +193,8 @@ uint8_t *io_reserve(struct worker *w, size_t n)
         uint8_t *o = realloc(w->out, cap);
         if (!o) {
             wlog("out of memory for a %zu-byte reply; closing the session", n);
-            w->closing = 1;
+            end_session(w, WK_END_WORKER_ERROR, "the server ran out of memory for a %zu-byte reply",
+                        n);
             return NULL;
         }
         w->out = o;
@@ -124,38 +208,6 @@ uint8_t *io_reserve(struct worker *w, size_t n)
 void io_unreserve(struct worker *w, size_t n)
 {
     w->out_len = n > w->out_len ? 0 : w->out_len - n;
-}
-
-/* Blocks until the client socket is readable. -1 when a termination signal came first (the
- * client is told, the loop stops) or poll failed. */
-static int wait_client(struct worker *w)
-{
-    if (w->sigfd < 0)
-        return 0;
-    struct pollfd p[2] = {{.fd = w->fd, .events = POLLIN}, {.fd = w->sigfd, .events = POLLIN}};
-    for (;;) {
-        int r = poll(p, 2, -1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            lost(w, "poll", errno);
-            return -1;
-        }
-        if (p[1].revents & POLLIN) {
-            struct signalfd_siginfo si;
-            ssize_t n = read(w->sigfd, &si, sizeof si);
-            int sig = n == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
-            wlog("%s: ending the session", sig ? strsignal(sig) : "signal");
-            send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
-                        "the gpupool server is shutting down; this session has ended");
-            (void)io_flush(w); /* best effort: the client may be gone */
-            w->dead = 1;
-            w->closing = 1;
-            return -1;
-        }
-        if (p[0].revents)
-            return 0; /* readable, hung up or in error: read() tells which */
-    }
 }
 
 /* Up to n bytes into dst: > 0 bytes read, 0 end of stream, -1 error. Pending replies are written
@@ -181,7 +233,8 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
             if (io_flush(w) != 0)
                 return -1;
         }
-        if (wait_client(w) != 0)
+        /* Between reads we watch the signalfd and the control socket too (when there are). */
+        if ((w->sigfd >= 0 || w->ctl.fd >= 0) && io_wait(w, POLLIN) != 0)
             return -1;
         r = read(w->fd, dst, n);
         if (r >= 0)
@@ -209,7 +262,8 @@ static int fill(struct worker *w, size_t need)
                 uint8_t *n = realloc(w->in, need);
                 if (!n) {
                     wlog("out of memory for a %zu-byte frame; closing the session", need);
-                    w->closing = 1;
+                    end_session(w, WK_END_WORKER_ERROR,
+                                "the server ran out of memory for a %zu-byte frame", need);
                     return -1;
                 }
                 w->in = n;
@@ -226,7 +280,8 @@ static int fill(struct worker *w, size_t need)
             if (w->in_end == w->in_pos)
                 return 0;
             wlog("client closed the connection in the middle of a frame");
-            w->closing = 1;
+            end_session(w, WK_END_CLIENT_LOST,
+                        "the client closed the connection in the middle of a frame");
             return -1;
         }
         w->in_end += (size_t)r;
@@ -263,8 +318,11 @@ int io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
     }
     r = fill(w, GP_PROTO_HEADER_SIZE + (size_t)h->len);
     if (r <= 0) {
-        if (r == 0) /* end of stream right after a header */
+        if (r == 0) { /* end of stream right after a header */
             wlog("client closed the connection in the middle of a frame");
+            end_session(w, WK_END_CLIENT_LOST,
+                        "the client closed the connection in the middle of a frame");
+        }
         return -1;
     }
     *body = w->in + w->in_pos + GP_PROTO_HEADER_SIZE;
@@ -314,7 +372,8 @@ int io_read_bulk(struct worker *w, void *dst, uint64_t n)
         if (r <= 0) {
             if (r == 0) {
                 wlog("client closed the connection in the middle of bulk data");
-                w->closing = 1;
+                end_session(w, WK_END_CLIENT_LOST,
+                            "the client closed the connection in the middle of bulk data");
             }
             return -1;
         }

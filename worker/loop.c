@@ -2,6 +2,10 @@
  * loop.c: the frame loop. Each frame is decoded with the generated decoder (a body that does not
  * decode to exactly its length closes the connection) and handed to its handler; the session
  * messages that touch no driver state (ping, stats, goodbye, notice) are answered here.
+ *
+ * Each dispatched CUDA call also counts in its class (launch, copy, alloc, sync, other) for the
+ * daemon's accounting: one array increment, nothing else on the hot path. The session messages
+ * (goodbye, notice, ping, stats) are not calls and are not counted.
  */
 #include "worker.h"
 
@@ -31,7 +35,7 @@ static void h_goodbye(struct worker *w, uint64_t req, const gp_goodbye *m)
     (void)req;
     (void)m;
     wlog("client said goodbye");
-    w->closing = 1;
+    end_session(w, WK_END_CLIENT_EXIT, "the client said goodbye");
 }
 
 static void h_notice(struct worker *w, uint64_t req, const gp_notice *m)
@@ -42,10 +46,12 @@ static void h_notice(struct worker *w, uint64_t req, const gp_notice *m)
     (void)m;
 }
 
-/* Decode the body as message `name_` and call h_<name_>. */
-#define DISPATCH(OP_, name_)                                                                       \
+/* Count the frame in its call class, decode the body as message `name_`, call h_<name_>. */
+#define DISPATCH(OP_, name_, class_)                                                               \
     case OP_: {                                                                                    \
         gp_##name_ msg;                                                                            \
+        if (class_ != WK_CALL_NONE)                                                                \
+            w->stats.calls[class_]++;                                                              \
         if (gp_##name_##_decode(body, h->len, &msg) != 0) {                                        \
             protocol_error(w, h->op, "malformed %s message (%u bytes)", #name_, h->len);           \
             return;                                                                                \
@@ -61,44 +67,44 @@ static void dispatch(struct worker *w, const gp_frame_header *h, const uint8_t *
         return;
     }
     switch (h->op) {
-        DISPATCH(GP_OP_GOODBYE, goodbye)
-        DISPATCH(GP_OP_NOTICE, notice)
-        DISPATCH(GP_OP_PING, ping)
-        DISPATCH(GP_OP_STATS, stats)
-        DISPATCH(GP_OP_CTX_CREATE, ctx_create)
-        DISPATCH(GP_OP_CTX_DESTROY, ctx_destroy)
-        DISPATCH(GP_OP_CTX_SET_CURRENT, ctx_set_current)
-        DISPATCH(GP_OP_CTX_SYNCHRONIZE, ctx_synchronize)
-        DISPATCH(GP_OP_CTX_SET_LIMIT, ctx_set_limit)
-        DISPATCH(GP_OP_CTX_GET_LIMIT, ctx_get_limit)
-        DISPATCH(GP_OP_MEM_GET_INFO, mem_get_info)
-        DISPATCH(GP_OP_PRIMARY_CTX_RESET, primary_ctx_reset)
-        DISPATCH(GP_OP_MEM_ALLOC, mem_alloc)
-        DISPATCH(GP_OP_MEM_FREE, mem_free)
-        DISPATCH(GP_OP_MEMCPY_HTOD, memcpy_htod)
-        DISPATCH(GP_OP_MEMCPY_DTOH, memcpy_dtoh)
-        DISPATCH(GP_OP_MEMCPY_DTOD, memcpy_dtod)
-        DISPATCH(GP_OP_MEMSET, memset)
-        DISPATCH(GP_OP_MEMSET_2D, memset_2d)
-        DISPATCH(GP_OP_STREAM_CREATE, stream_create)
-        DISPATCH(GP_OP_STREAM_DESTROY, stream_destroy)
-        DISPATCH(GP_OP_STREAM_SYNCHRONIZE, stream_synchronize)
-        DISPATCH(GP_OP_STREAM_QUERY, stream_query)
-        DISPATCH(GP_OP_STREAM_WAIT_EVENT, stream_wait_event)
-        DISPATCH(GP_OP_EVENT_CREATE, event_create)
-        DISPATCH(GP_OP_EVENT_DESTROY, event_destroy)
-        DISPATCH(GP_OP_EVENT_RECORD, event_record)
-        DISPATCH(GP_OP_EVENT_QUERY, event_query)
-        DISPATCH(GP_OP_EVENT_SYNCHRONIZE, event_synchronize)
-        DISPATCH(GP_OP_EVENT_ELAPSED_TIME, event_elapsed_time)
-        DISPATCH(GP_OP_MODULE_LOAD, module_load)
-        DISPATCH(GP_OP_MODULE_UNLOAD, module_unload)
-        DISPATCH(GP_OP_GET_FUNCTION, get_function)
-        DISPATCH(GP_OP_GET_GLOBAL, get_global)
-        DISPATCH(GP_OP_FUNC_GET_ATTRIBUTE, func_get_attribute)
-        DISPATCH(GP_OP_FUNC_SET_ATTRIBUTE, func_set_attribute)
-        DISPATCH(GP_OP_OCCUPANCY, occupancy)
-        DISPATCH(GP_OP_LAUNCH, launch)
+        DISPATCH(GP_OP_GOODBYE, goodbye, WK_CALL_NONE)
+        DISPATCH(GP_OP_NOTICE, notice, WK_CALL_NONE)
+        DISPATCH(GP_OP_PING, ping, WK_CALL_NONE)
+        DISPATCH(GP_OP_STATS, stats, WK_CALL_NONE)
+        DISPATCH(GP_OP_CTX_CREATE, ctx_create, WK_CALL_OTHER)
+        DISPATCH(GP_OP_CTX_DESTROY, ctx_destroy, WK_CALL_OTHER)
+        DISPATCH(GP_OP_CTX_SET_CURRENT, ctx_set_current, WK_CALL_OTHER)
+        DISPATCH(GP_OP_CTX_SYNCHRONIZE, ctx_synchronize, WK_CALL_SYNC)
+        DISPATCH(GP_OP_CTX_SET_LIMIT, ctx_set_limit, WK_CALL_OTHER)
+        DISPATCH(GP_OP_CTX_GET_LIMIT, ctx_get_limit, WK_CALL_OTHER)
+        DISPATCH(GP_OP_MEM_GET_INFO, mem_get_info, WK_CALL_OTHER)
+        DISPATCH(GP_OP_PRIMARY_CTX_RESET, primary_ctx_reset, WK_CALL_OTHER)
+        DISPATCH(GP_OP_MEM_ALLOC, mem_alloc, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_MEM_FREE, mem_free, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_MEMCPY_HTOD, memcpy_htod, WK_CALL_COPY)
+        DISPATCH(GP_OP_MEMCPY_DTOH, memcpy_dtoh, WK_CALL_COPY)
+        DISPATCH(GP_OP_MEMCPY_DTOD, memcpy_dtod, WK_CALL_COPY)
+        DISPATCH(GP_OP_MEMSET, memset, WK_CALL_COPY)
+        DISPATCH(GP_OP_MEMSET_2D, memset_2d, WK_CALL_COPY)
+        DISPATCH(GP_OP_STREAM_CREATE, stream_create, WK_CALL_OTHER)
+        DISPATCH(GP_OP_STREAM_DESTROY, stream_destroy, WK_CALL_OTHER)
+        DISPATCH(GP_OP_STREAM_SYNCHRONIZE, stream_synchronize, WK_CALL_SYNC)
+        DISPATCH(GP_OP_STREAM_QUERY, stream_query, WK_CALL_SYNC)
+        DISPATCH(GP_OP_STREAM_WAIT_EVENT, stream_wait_event, WK_CALL_OTHER)
+        DISPATCH(GP_OP_EVENT_CREATE, event_create, WK_CALL_OTHER)
+        DISPATCH(GP_OP_EVENT_DESTROY, event_destroy, WK_CALL_OTHER)
+        DISPATCH(GP_OP_EVENT_RECORD, event_record, WK_CALL_OTHER)
+        DISPATCH(GP_OP_EVENT_QUERY, event_query, WK_CALL_SYNC)
+        DISPATCH(GP_OP_EVENT_SYNCHRONIZE, event_synchronize, WK_CALL_SYNC)
+        DISPATCH(GP_OP_EVENT_ELAPSED_TIME, event_elapsed_time, WK_CALL_OTHER)
+        DISPATCH(GP_OP_MODULE_LOAD, module_load, WK_CALL_OTHER)
+        DISPATCH(GP_OP_MODULE_UNLOAD, module_unload, WK_CALL_OTHER)
+        DISPATCH(GP_OP_GET_FUNCTION, get_function, WK_CALL_OTHER)
+        DISPATCH(GP_OP_GET_GLOBAL, get_global, WK_CALL_OTHER)
+        DISPATCH(GP_OP_FUNC_GET_ATTRIBUTE, func_get_attribute, WK_CALL_OTHER)
+        DISPATCH(GP_OP_FUNC_SET_ATTRIBUTE, func_set_attribute, WK_CALL_OTHER)
+        DISPATCH(GP_OP_OCCUPANCY, occupancy, WK_CALL_OTHER)
+        DISPATCH(GP_OP_LAUNCH, launch, WK_CALL_LAUNCH)
     default:
         /* Known to the spec but not a request the worker takes (a second hello). */
         protocol_error(w, h->op, "unexpected %s message", gp_op_name(h->op));
@@ -113,11 +119,16 @@ void worker_loop(struct worker *w)
         int r = io_next_frame(w, &h, &body);
         if (r == 0) {
             wlog("client closed the connection");
+            end_session(w, WK_END_CLIENT_LOST, "the client closed the connection without goodbye");
             break;
         }
         if (r < 0)
             break;
-        w->stats.frames++;
+        /* A client that keeps us busy never lets the loop wait, where stats go out and END,
+         * signals and the daemon's departure are seen: look every 1024 frames instead (one
+         * clock read and one poll, nothing per frame). */
+        if ((++w->stats.frames & 1023) == 0 && w->ctl.fd >= 0 && io_check(w) != 0)
+            break;
         dispatch(w, &h, body);
         if (w->out_len >= WK_FLUSH_AT && io_flush(w) != 0)
             break;

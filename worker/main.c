@@ -1,13 +1,18 @@
 /*
  * main.c: gpupool-worker's command line, the hello on stdin, and the exit codes that gpupoold
- * relies on (worker/README.md):
+ * relies on (worker/README.md). Two modes:
  *
+ *   gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
+ *       control mode (prestart.c): set up before any client, then take one session from the
+ *       daemon over the control socket
  *   gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
  *                  --hello-req REQ [--simulated]
+ *       one client socket and its hello on stdin (the original mode; the tests drive it)
  *
- *   exit 0  the session ended: goodbye, end of stream, lost connection, a protocol violation, or
- *           SIGTERM/SIGINT (the client gets a notice first)
- *   exit 1  the session could not start (the hello reply says why) or failed on our side
+ *   exit 0  the session ended: goodbye, end of stream, lost connection, a protocol violation,
+ *           SIGTERM/SIGINT (the client gets a notice first), END, or the daemon went away
+ *   exit 1  the session could not start (the hello reply says why), set-up failed (control mode:
+ *           the `failed` event says why), or a failure on our side
  *   exit 2  usage error (nothing was sent to the client)
  */
 #include <errno.h>
@@ -20,6 +25,7 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "worker.h"
@@ -29,7 +35,9 @@
 static void usage(const char *why)
 {
     wlog("usage error: %s", why);
-    fprintf(stderr, "usage: gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
+    fprintf(stderr, "usage: gpupool-worker --control-fd N --driver PATH --device ORDINAL "
+                    "--cache-dir DIR [--simulated]\n"
+                    "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
                     "--session-id ID --hello-req REQ [--simulated]\n");
 }
 
@@ -49,7 +57,7 @@ static int parse_u64(const char *s, uint64_t *out)
 static int parse_args(int argc, char **argv, struct wk_options *o)
 {
     memset(o, 0, sizeof *o);
-    uint64_t fd = 0, dev = 0;
+    uint64_t fd = 0, cfd = 0, dev = 0;
     int have = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -66,6 +74,9 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         if (strcmp(a, "--fd") == 0) {
             bad = parse_u64(v, &fd) != 0 || fd > 1000000;
             have |= 1;
+        } else if (strcmp(a, "--control-fd") == 0) {
+            bad = parse_u64(v, &cfd) != 0 || cfd > 1000000;
+            have |= 64;
         } else if (strcmp(a, "--driver") == 0) {
             o->driver = v;
             have |= 2;
@@ -91,18 +102,22 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
             return -1;
         }
     }
-    if (have != 63) {
-        usage("a required option is missing");
+    /* --control-fd replaces --fd, --session-id and --hello-req (they come with SESSION). */
+    if (have & 64 ? have != (64 | 2 | 4 | 8) : have != 63) {
+        usage(have & 64 ? "--control-fd needs --driver, --device and --cache-dir, and excludes "
+                          "--fd, --session-id and --hello-req"
+                        : "a required option is missing");
         return -1;
     }
-    o->fd = (int)fd;
+    o->fd = have & 1 ? (int)fd : -1;
+    o->control_fd = have & 64 ? (int)cfd : -1;
     o->ordinal = (int)dev;
     return 0;
 }
 
 /* The socket as the hot loop wants it: blocking (the daemon's asyncio sockets are not), and
  * without Nagle's delay on TCP (replies are small and latency-bound). */
-static int prepare_socket(int fd)
+int prepare_socket(int fd)
 {
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0)
@@ -144,12 +159,46 @@ static uint8_t *read_hello(size_t *len)
     return buf;
 }
 
+/* The control socket must be what the daemon makes: a SOCK_SEQPACKET socket. */
+static int check_control_fd(int fd)
+{
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET)
+        return -1;
+    return 0;
+}
+
+/* --fd mode: the hello from stdin, then serve. The exit status. */
+static int fd_mode(struct worker *w, const struct wk_options *o)
+{
+    int status = 1;
+    size_t hello_len = 0;
+    uint8_t *hello_body = read_hello(&hello_len);
+    gp_hello hello;
+    if (!hello_body || gp_hello_decode(hello_body, hello_len, &hello) != 0) {
+        hello_refuse(w, o->hello_req, GP_EPROTO, "the server could not read the hello message");
+    } else if (session_start(w, o, &hello) == 0) {
+        wlog("client pid %u (%.*s@%.*s, %.*s)", hello.pid, (int)hello.user_len, hello.user,
+             (int)hello.host_len, hello.host, (int)hello.program_len, hello.program);
+        worker_loop(w);
+        status = 0;
+    }
+    free(hello_body);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
+    uint64_t t0 = now_ns();
     struct wk_options o;
     if (parse_args(argc, argv, &o) != 0)
         return 2;
-    if (prepare_socket(o.fd) != 0) {
+    if (o.control_fd >= 0 && check_control_fd(o.control_fd) != 0) {
+        usage("--control-fd is not an open SOCK_SEQPACKET socket");
+        return 2;
+    }
+    if (o.fd >= 0 && prepare_socket(o.fd) != 0) {
         usage("--fd is not an open descriptor");
         return 2;
     }
@@ -181,20 +230,15 @@ int main(int argc, char **argv)
         return 1;
     }
     w->simulated = o.simulated;
-    int status = 1;
-    size_t hello_len = 0;
-    uint8_t *hello_body = read_hello(&hello_len);
-    gp_hello hello;
-    if (!hello_body || gp_hello_decode(hello_body, hello_len, &hello) != 0) {
-        hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
-    } else if (session_start(w, &o, &hello) == 0) {
-        wlog("client pid %u (%.*s@%.*s, %.*s)", hello.pid, (int)hello.user_len, hello.user,
-             (int)hello.host_len, hello.host, (int)hello.program_len, hello.program);
-        worker_loop(w);
-        status = 0;
+    w->ctl.fd = -1;
+    int status;
+    if (o.control_fd >= 0) {
+        w->ctl.fd = o.control_fd;
+        status = prestart_main(w, &o, t0); /* releases the session itself, before `end` */
+    } else {
+        status = fd_mode(w, &o);
+        session_end(w);
     }
-    free(hello_body);
-    session_end(w);
     io_free(w);
     free(w);
     if (sigfd >= 0 && close(sigfd) != 0)

@@ -1,6 +1,6 @@
 /*
- * session.c: bring the device up for one client, answer its hello with the device snapshot, and
- * release everything at the end.
+ * session.c: bring the device up (before the client comes, in control mode), answer the client's
+ * hello with the device snapshot, and release everything at the end.
  *
  * The snapshot lets the client answer device queries (attributes, limits, name...) locally, so
  * it carries every attribute the driver knows, not only the ones a test happens to use.
@@ -30,6 +30,9 @@ void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fm
         msg[0] = '\0';
     server_name(host);
     wlog("refusing the session: %s", msg);
+    /* Kept for the control channel's `refused` event. */
+    w->refused_code = result;
+    snprintf(w->refused_text, sizeof w->refused_text, "%s", msg);
     gp_hello_reply r = {0};
     r.result = result;
     r.major = GP_PROTO_MAJOR;
@@ -43,10 +46,50 @@ void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fm
     (void)io_flush(w); /* the client may be gone already; nothing else to do either way */
 }
 
-/* The device snapshot of the hello reply, then send it. */
+/* What the hello reply says about the device. Read once, while the primary context is current
+ * (limits and the priority range are per context). */
+static void take_snapshot(struct worker *w)
+{
+    struct wk_snapshot *s = &w->snap;
+    memset(s, 0, sizeof *s);
+    if (DRV(w, cuDeviceGetName, s->name, (int)sizeof s->name, w->dev) != CUDA_SUCCESS)
+        snprintf(s->name, sizeof s->name, "unknown device");
+    s->name[sizeof s->name - 1] = '\0';
+    CUuuid uuid;
+    memset(&uuid, 0, sizeof uuid);
+    if (DRV(w, cuDeviceGetUuid, &uuid, w->dev) == CUDA_SUCCESS)
+        memcpy(s->uuid, uuid.bytes, 16);
+    size_t total = 0;
+    if (DRV(w, cuDeviceTotalMem, &total, w->dev) == CUDA_SUCCESS)
+        s->total_mem = total;
+    int v = 0;
+    if (DRV(w, cuDriverGetVersion, &v) == CUDA_SUCCESS)
+        s->driver_version = v;
+    /* attrs[i] is attribute i; those the driver does not answer read 0. */
+    for (int i = 0; i < CU_DEVICE_ATTRIBUTE_MAX; i++) {
+        v = 0;
+        if (w->drv.cuDeviceGetAttribute(&v, i, w->dev) != CUDA_SUCCESS)
+            v = 0;
+        gp_wr_u32(s->attrs + 4 * i, (uint32_t)v);
+    }
+    for (int i = 0; i < CU_LIMIT_MAX; i++) {
+        size_t lv = 0;
+        if (DRV(w, cuCtxGetLimit, &lv, i) != CUDA_SUCCESS)
+            lv = 0;
+        gp_wr_u64(s->limits + 8 * i, lv);
+    }
+    int least = 0, greatest = 0;
+    if (DRV(w, cuCtxGetStreamPriorityRange, &least, &greatest) == CUDA_SUCCESS) {
+        s->prio_least = least;
+        s->prio_greatest = greatest;
+    }
+}
+
+/* The hello reply with the device snapshot. */
 static void hello_snapshot(struct worker *w, const struct wk_options *o)
 {
-    char host[256], name[256] = "";
+    const struct wk_snapshot *s = &w->snap;
+    char host[256];
     server_name(host);
     gp_hello_reply r = {0};
     r.major = GP_PROTO_MAJOR;
@@ -55,88 +98,49 @@ static void hello_snapshot(struct worker *w, const struct wk_options *o)
     r.server_len = (uint32_t)strlen(host);
     r.session_id = o->session_id;
     r.simulated = (uint32_t)o->simulated;
-    if (DRV(w, cuDeviceGetName, name, (int)sizeof name, w->dev) != CUDA_SUCCESS)
-        snprintf(name, sizeof name, "unknown device");
-    name[255] = '\0';
-    r.name = name;
-    r.name_len = (uint32_t)strlen(name);
-    CUuuid uuid;
-    memset(&uuid, 0, sizeof uuid);
-    if (DRV(w, cuDeviceGetUuid, &uuid, w->dev) == CUDA_SUCCESS)
-        memcpy(r.uuid, uuid.bytes, 16);
-    size_t total = 0;
-    if (DRV(w, cuDeviceTotalMem, &total, w->dev) == CUDA_SUCCESS)
-        r.total_mem = total;
-    int v = 0;
-    if (DRV(w, cuDriverGetVersion, &v) == CUDA_SUCCESS)
-        r.driver_version = v;
-
-    /* attributes[i] is attribute i; those the driver does not answer read 0. */
-    uint8_t attrs[4 * CU_DEVICE_ATTRIBUTE_MAX];
-    for (int i = 0; i < CU_DEVICE_ATTRIBUTE_MAX; i++) {
-        v = 0;
-        if (w->drv.cuDeviceGetAttribute(&v, i, w->dev) != CUDA_SUCCESS)
-            v = 0;
-        gp_wr_u32(attrs + 4 * i, (uint32_t)v);
-    }
-    r.attributes = attrs;
+    r.name = s->name;
+    r.name_len = (uint32_t)strlen(s->name);
+    memcpy(r.uuid, s->uuid, 16);
+    r.total_mem = s->total_mem;
+    r.driver_version = s->driver_version;
+    r.attributes = s->attrs;
     r.attributes_count = CU_DEVICE_ATTRIBUTE_MAX;
-    r.pci_domain = gp_arr_i32(attrs, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
-    r.pci_bus = gp_arr_i32(attrs, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
-    r.pci_device = gp_arr_i32(attrs, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
-
-    uint8_t limits[8 * CU_LIMIT_MAX];
-    for (int i = 0; i < CU_LIMIT_MAX; i++) {
-        size_t lv = 0;
-        if (DRV(w, cuCtxGetLimit, &lv, i) != CUDA_SUCCESS)
-            lv = 0;
-        gp_wr_u64(limits + 8 * i, lv);
-    }
-    r.limits = limits;
+    r.pci_domain = gp_arr_i32(s->attrs, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+    r.pci_bus = gp_arr_i32(s->attrs, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+    r.pci_device = gp_arr_i32(s->attrs, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+    r.limits = s->limits;
     r.limits_count = CU_LIMIT_MAX;
-    int least = 0, greatest = 0;
-    if (DRV(w, cuCtxGetStreamPriorityRange, &least, &greatest) == CUDA_SUCCESS) {
-        r.stream_priority_least = least;
-        r.stream_priority_greatest = greatest;
-    }
+    r.stream_priority_least = s->prio_least;
+    r.stream_priority_greatest = s->prio_greatest;
     r.granularity = w->gran;
     r.va_base = w->va_base;
     r.va_size = w->va_size;
     WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
     wlog("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
-         (unsigned long long)o->session_id, name, o->ordinal, o->simulated ? ", simulated" : "",
+         (unsigned long long)o->session_id, s->name, o->ordinal, o->simulated ? ", simulated" : "",
          w->drv.sim_host_pointer ? ", direct copies" : "",
          (unsigned long long)w->va_base, (unsigned long long)w->va_size);
 }
 
-int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello)
+int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
+                size_t errlen)
 {
-    uint64_t req = o->hello_req;
-    char err[512];
-    w->ordinal = o->ordinal;
-    w->simulated = o->simulated;
-    if (hello->magic != GP_PROTO_MAGIC) {
-        hello_refuse(w, req, GP_EPROTO, "bad hello magic 0x%x", hello->magic);
-        return -1;
-    }
-    if (hello->major != GP_PROTO_MAJOR) {
-        hello_refuse(w, req, GP_EVERSION, "protocol %u.%u is not supported (server speaks %d.%d)",
-                     hello->major, hello->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
-        return -1;
-    }
-    if (driver_load(&w->drv, o->driver, err, sizeof err) != 0) {
-        hello_refuse(w, req, GP_EREFUSED, "%s", err);
+    w->ordinal = ordinal;
+    if (driver_load(&w->drv, driver, err, errlen) != 0) {
+        *code = GP_EREFUSED;
         return -1;
     }
     CUresult rc = w->drv.cuInit(0);
     if (rc != CUDA_SUCCESS) {
-        hello_refuse(w, req, rc, "cuInit failed on the server: %s", err_name(w, rc));
+        *code = rc;
+        snprintf(err, errlen, "cuInit failed on the server: %s", err_name(w, rc));
         return -1;
     }
-    rc = w->drv.cuDeviceGet(&w->dev, o->ordinal);
+    rc = w->drv.cuDeviceGet(&w->dev, ordinal);
     if (rc != CUDA_SUCCESS) {
-        hello_refuse(w, req, rc, "device %d is not available on the server: %s", o->ordinal,
-                     err_name(w, rc));
+        *code = rc;
+        snprintf(err, errlen, "device %d is not available on the server: %s", ordinal,
+                 err_name(w, rc));
         return -1;
     }
     rc = w->drv.cuDevicePrimaryCtxRetain(&w->primary, w->dev);
@@ -145,8 +149,9 @@ int session_start(struct worker *w, const struct wk_options *o, const gp_hello *
         rc = w->drv.cuCtxSetCurrent(w->primary);
     }
     if (rc != CUDA_SUCCESS) {
-        hello_refuse(w, req, rc, "cannot create a context on device %d: %s", o->ordinal,
-                     err_name(w, rc));
+        *code = rc;
+        snprintf(err, errlen, "cannot create a context on device %d: %s", ordinal,
+                 err_name(w, rc));
         return -1;
     }
     w->cur_ctx = WK_PRIMARY_CTX_ID;
@@ -160,11 +165,40 @@ int session_start(struct worker *w, const struct wk_options *o, const gp_hello *
     if (rc == CUDA_SUCCESS && (gran == 0 || (gran & (gran - 1)) != 0))
         rc = CUDA_ERROR_NOT_SUPPORTED;
     if (rc != CUDA_SUCCESS) {
-        hello_refuse(w, req, rc, "device %d has no usable virtual memory management: %s",
-                     o->ordinal, err_name(w, rc));
+        *code = rc;
+        snprintf(err, errlen, "device %d has no usable virtual memory management: %s", ordinal,
+                 err_name(w, rc));
         return -1;
     }
     w->gran = gran;
+    take_snapshot(w);
+    w->device_ready = 1;
+    return 0;
+}
+
+int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello)
+{
+    uint64_t req = o->hello_req;
+    w->ordinal = o->ordinal;
+    w->simulated = o->simulated;
+    if (hello->magic != GP_PROTO_MAGIC) {
+        hello_refuse(w, req, GP_EPROTO, "bad hello magic 0x%x", hello->magic);
+        return -1;
+    }
+    if (hello->major != GP_PROTO_MAJOR) {
+        hello_refuse(w, req, GP_EVERSION, "protocol %u.%u is not supported (server speaks %d.%d)",
+                     hello->major, hello->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
+        return -1;
+    }
+    if (!w->device_ready) {
+        char err[512];
+        int32_t code = 0;
+        if (device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
+            hello_refuse(w, req, code, "%s", err);
+            return -1;
+        }
+    }
+    size_t gran = (size_t)w->gran;
 
     /* The window must be ours at exactly the client's addresses; any other outcome is a
      * GP_EVAWINDOW refusal and the client tries another base. */
@@ -176,7 +210,7 @@ int session_start(struct worker *w, const struct wk_options *o, const gp_hello *
                      (unsigned long long)hello->va_base, (unsigned long long)hello->va_size, gran);
         return -1;
     }
-    rc = va_reserve(w);
+    CUresult rc = va_reserve(w);
     if (rc != CUDA_SUCCESS) {
         hello_refuse(w, req, GP_EVAWINDOW, "the server cannot reserve the VA window 0x%llx+0x%llx: %s",
                      (unsigned long long)w->va_base, (unsigned long long)w->va_size,

@@ -7,8 +7,10 @@
  * passed to every function; there is no global mutable state, so no locks.
  *
  * Files:
- *   main.c      arguments, the hello on stdin, exit codes
- *   session.c   driver setup (context, VA window), the hello reply, teardown
+ *   main.c      arguments, the hello on stdin (--fd mode), exit codes
+ *   prestart.c  control mode (--control-fd): set up before any client, take a session, report
+ *   control.c   the control channel: SESSION/END in, JSON events out, periodic stats
+ *   session.c   driver and device setup, the VA window, the hello reply, teardown
  *   loop.c      the frame loop: header checks, decode, dispatch; ping/stats/goodbye
  *   io.c        the socket: 1 MiB input buffer, bulk input, output buffer and flushing
  *   errors.c    logging, error names, notices, deferred (pending) errors
@@ -26,6 +28,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "driver.h"
 #include "gp_cuda.h"
@@ -64,9 +67,48 @@ struct staging {
     uint64_t ev_ctx;/* context the events belong to (events are per context); 0 = none */
 };
 
+/* Classes of client calls for the daemon's accounting (control channel `calls`). */
+enum wk_call_class { WK_CALL_NONE = -1, WK_CALL_LAUNCH, WK_CALL_COPY, WK_CALL_ALLOC, WK_CALL_SYNC, WK_CALL_OTHER,
+                     WK_CALL_CLASSES };
+
+/* Plain increments on the hot path; control.c reads them when it reports. */
 struct wk_counters {
     uint64_t frames, module_bytes_received, modules_loaded, module_cache_hits;
     uint64_t h2d_bytes, d2h_bytes, launches;
+    uint64_t calls[WK_CALL_CLASSES];
+};
+
+/* Why a session ended (the control channel's `end` event). The first reason set wins. */
+enum wk_end_reason {
+    WK_END_NONE,
+    WK_END_CLIENT_EXIT,    /* goodbye received */
+    WK_END_CLIENT_LOST,    /* end of stream or a connection error without goodbye */
+    WK_END_PROTOCOL_ERROR, /* the client broke the protocol */
+    WK_END_SERVER_ENDED,   /* the daemon sent END */
+    WK_END_SHUTDOWN,       /* SIGTERM/SIGINT */
+    WK_END_WORKER_ERROR,   /* a failure on our side (out of memory) */
+};
+
+/* What the hello reply says about the device, read once when the device is set up. */
+struct wk_snapshot {
+    char name[256];
+    uint8_t uuid[16];
+    uint64_t total_mem;
+    int32_t driver_version;
+    uint8_t attrs[4 * CU_DEVICE_ATTRIBUTE_MAX]; /* attrs[i]: attribute i, little-endian i32 */
+    uint8_t limits[8 * CU_LIMIT_MAX];
+    int prio_least, prio_greatest;
+};
+
+/* The control channel (control mode only; control.c). */
+struct wk_control {
+    int fd;               /* the SOCK_SEQPACKET control socket, or -1 (--fd mode, or gone) */
+    int gone;             /* the daemon closed it: exit without another message */
+    int in_session;       /* a session is being served: stats are due */
+    uint64_t session_id;
+    uint64_t started_ns;  /* CLOCK_MONOTONIC at the start of the session */
+    uint64_t stats_ns;    /* when the last stats event went out */
+    struct wk_counters sent; /* the counters as the last stats event reported them */
 };
 
 struct worker {
@@ -75,6 +117,7 @@ struct worker {
     int closing;   /* leave the loop: goodbye, client gone, or a protocol violation */
     int dead;      /* the connection failed: nothing more is read or written */
     int sigfd;     /* signalfd for SIGTERM/SIGINT (the daemon stops us with SIGTERM), or -1 */
+    int in_write;  /* waiting in the middle of writing the output buffer: leave it alone */
     uint8_t *in;
     size_t in_cap, in_pos, in_end;
     uint8_t *out;
@@ -107,6 +150,14 @@ struct worker {
     size_t params_cap;
     struct wk_counters stats;
     int simulated;
+
+    struct wk_snapshot snap;
+    int device_ready; /* device_open succeeded: snap, gran, primary are valid */
+    struct wk_control ctl;
+    enum wk_end_reason end_reason;
+    char end_detail[512];
+    int32_t refused_code;   /* the last hello refusal (control mode reports it) */
+    char refused_text[512];
 };
 
 /* ---- errors.c --------------------------------------------------------------------------- */
@@ -125,9 +176,14 @@ CUresult sync_result(struct worker *w, CUresult rc);
 void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int err_is_sticky(CUresult rc);
+/* Records why the session ends (the first reason wins) and stops the loop. */
+void end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *end_reason_name(enum wk_end_reason reason);
 
 /* ---- io.c ------------------------------------------------------------------------------- */
-/* sigfd: a signalfd to watch while waiting for the client (-1: none). */
+/* sigfd: a signalfd to watch while waiting for the client (-1: none). The control socket
+ * (w->ctl.fd, when >= 0) is watched too. fd may be -1 until a session brings the client. */
 int io_init(struct worker *w, int fd, int sigfd);
 void io_free(struct worker *w);
 /* Next frame: 1 with *h and *body (valid until the next io call that reads), 0 on a clean end of
@@ -142,6 +198,10 @@ int io_read_bulk(struct worker *w, void *dst, uint64_t n);
 /* n bytes at the end of the output buffer, or NULL (out of memory: closing is set). */
 uint8_t *io_reserve(struct worker *w, size_t n);
 void io_unreserve(struct worker *w, size_t n);
+/* Control mode, now and then from the frame loop (a busy client may never let the worker wait):
+ * stats if due, and a look without waiting at the signalfd and the control socket. 0: carry on;
+ * -1: the session must stop. */
+int io_check(struct worker *w);
 /* Writes the output buffer out. 0, or -1 (connection gone: closing is set). */
 int io_flush(struct worker *w);
 /* Flushes, then writes n bytes from p straight to the socket (bulk replies). */
@@ -177,7 +237,8 @@ void obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o); /* + i
 
 /* ---- session.c -------------------------------------------------------------------------- */
 struct wk_options {
-    int fd;
+    int fd;         /* --fd, or -1 */
+    int control_fd; /* --control-fd, or -1 */
     const char *driver;
     int ordinal;
     const char *cache_dir;
@@ -185,8 +246,14 @@ struct wk_options {
     uint64_t hello_req;
     int simulated;
 };
-/* Sets up the driver, device, context and VA window and sends the hello reply. 0 if the session
- * runs, -1 if it was refused (the reply says why). */
+/* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
+ * the granularity and takes the device snapshot: everything that does not depend on a hello.
+ * 0, or -1 with *code (a CUresult or GP_E*) and a message saying what to do in err. */
+int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
+                size_t errlen);
+/* The session part: checks the hello, reserves the VA window, sends the hello reply. The device
+ * is opened first if it is not yet (--fd mode). 0 if the session runs, -1 if it was refused
+ * (the reply says why; refused_code/refused_text too). */
 int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello);
 /* Releases everything (allocations, streams, events, modules, contexts, the window). */
 void session_end(struct worker *w);
@@ -196,6 +263,45 @@ void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fm
 
 /* ---- loop.c ----------------------------------------------------------------------------- */
 void worker_loop(struct worker *w);
+
+/* ---- control.c -------------------------------------------------------------------------- */
+#define WK_CTL_MAX 4096 /* the longest control message either way, except SESSION's hello */
+
+/* A JSON event being built. Every string in an event is bounded (device name, texts of at most
+ * 512 bytes), so 4 KiB always holds one; `overflow` guards the rule anyway. */
+struct jbuf {
+    char b[WK_CTL_MAX];
+    size_t n;
+    int overflow;
+};
+void jb_printf(struct jbuf *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void jb_str(struct jbuf *j, const char *s); /* s as a JSON string literal (quoted, escaped) */
+uint64_t now_ns(void);                      /* CLOCK_MONOTONIC */
+/* Sends one JSON event; blocking unless `best_effort` (then dropped when the socket is full).
+ * 0, or -1 (not sent: the daemon is gone, or the event overflowed). */
+int ctl_send(struct worker *w, const struct jbuf *j, int best_effort);
+/* Receives one control message into buf: its length, 0 at end of stream (the daemon is gone),
+ * -1 on error (errno). *fd gets the descriptor passed with it, or -1 (extra ones are closed);
+ * *truncated is set when the message did not fit in cap bytes. */
+ssize_t ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncated);
+/* Called whenever the worker may wait, and every 1024 frames: sends `stats` when one is due (a
+ * second since the last, and a counter changed). Returns the milliseconds to wait at most before
+ * the next one is due, or -1 (nothing pending). */
+int ctl_stats_tick(struct worker *w);
+/* The control socket is readable during a session: END (notice to the client, stop), end of
+ * stream (the daemon is gone: stop), or a message out of place (logged, ignored). 0: carry on;
+ * -1: the loop must stop. */
+int ctl_handle(struct worker *w);
+/* The `end` event with the counters (no-op without a control socket or when it is gone). */
+void ctl_send_end(struct worker *w);
+
+/* ---- main.c ----------------------------------------------------------------------------- */
+/* Makes the client socket blocking, TCP_NODELAY on TCP. 0, or -1 (not an open descriptor). */
+int prepare_socket(int fd);
+
+/* ---- prestart.c ------------------------------------------------------------------------- */
+/* The whole life of a control-mode worker; returns the exit status. */
+int prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0_ns);
 
 /* ---- handlers (h_*.c): one per request message --------------------------------------- */
 #define WK_HANDLER(name_) void h_##name_(struct worker *w, uint64_t req, const gp_##name_ *m)

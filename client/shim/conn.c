@@ -12,7 +12,7 @@
  *    receiver thread otherwise (see "the reader role"). A reply completes the waiter with its request id
  *    (reply bulk is read directly into the waiter's buffer); replies of detached requests
  *    (async device-to-host copies) land in the program's buffer; notices are printed once per
- *    distinct text and become the pending error.
+ *    distinct text and become the pending error (informational codes: printed, not recorded).
  *  - Loss: the first failure marks the connection dead, wakes every waiter with
  *    GP_LOST_CONNECTION_ERROR and prints one line. Sends use MSG_NOSIGNAL (never SIGPIPE).
  *  - fork: the child drops the connection without sending anything (CUDA calls there return
@@ -519,7 +519,12 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
 void gp_conn_notice(const uint8_t *body, size_t len) {
     gp_notice m;
     if (gp_notice_decode(body, len, &m) != 0) return;
-    /* FNV-1a of the text: print each distinct text once */
+    if (gp_code_is_info(m.code)) { /* status, not an error: every one is news */
+        if (m.text_len) gp_log_info("%.*s", (int)m.text_len, m.text);
+        return;
+    }
+    /* FNV-1a of the text: print each distinct text once. A full table only stops remembering:
+     * texts it has no room for are still printed (show stays 1), never silenced. */
     uint64_t h = 1469598103934665603ull;
     for (uint32_t i = 0; i < m.text_len; i++) h = (h ^ (uint8_t)m.text[i]) * 1099511628211ull;
     int show = 1;

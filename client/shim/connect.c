@@ -6,8 +6,11 @@
  * never alias this process's memory), connect with a timeout (GPUPOOL_CONNECT_TIMEOUT seconds,
  * default 10; TCP_NODELAY; keepalive with short probes), send hello and read the answer. A
  * server that cannot use our window answers GP_EVAWINDOW and we retry with the next base
- * (0x200000000000, 0x240000000000, ...). Whatever fails is said in ONE line on stderr, with
- * what to do about it, and cuInit then answers CUDA_ERROR_NO_DEVICE.
+ * (0x200000000000, 0x240000000000, ...). The hello carries the GPU requirements of
+ * requirements.c. While every GPU is taken the server keeps the hello unanswered and sends
+ * queue notices (GP_INFO_QUEUED): we print each one and wait, for as long as it takes. Whatever
+ * fails is said in ONE line on stderr, with what to do about it, and cuInit then answers
+ * CUDA_ERROR_NO_DEVICE.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -33,36 +36,6 @@
 #define VA_TRIES 8
 
 
-/* Copy src (n bytes) into dst as valid UTF-8 of at most cap-1 bytes (invalid bytes become '?',
- * truncation never splits a character); returns the length. */
-static size_t utf8_clean(char *dst, size_t cap, const char *src, size_t n) {
-    size_t o = 0;
-    const unsigned char *s = (const unsigned char *)src;
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = k > 0 && i + k <= n && c != 0xC0 && c != 0xC1 && c <= 0xF4;
-        for (size_t j = 1; ok && j < k; j++) ok = (s[i + j] & 0xC0) == 0x80;
-        if (ok && k > 2) { /* no overlong forms, surrogates or code points past U+10FFFF */
-            unsigned c1 = s[i + 1];
-            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
-                (c == 0xF4 && c1 > 0x8F))
-                ok = 0;
-        }
-        if (!ok) k = 1;
-        if (o + (ok ? k : 1) >= cap) break;
-        if (ok) {
-            memcpy(dst + o, s + i, k);
-            o += k;
-        } else {
-            dst[o++] = '?';
-        }
-        i += k;
-    }
-    dst[o] = 0;
-    return o;
-}
-
 /* "prog arg1 arg2" from /proc/self/cmdline, argv[0] reduced to its basename. */
 static size_t program_string(char *out, size_t cap) {
     char raw[8192];
@@ -72,7 +45,7 @@ static size_t program_string(char *out, size_t cap) {
         n = fread(raw, 1, sizeof raw - 1, f);
         fclose(f);
     }
-    if (n == 0) return utf8_clean(out, cap, "?", 1);
+    if (n == 0) return gp_utf8_clean(out, cap, "?", 1);
     raw[n] = 0;
     const char *argv0 = raw, *slash = strrchr(argv0, '/');
     const char *start = slash ? slash + 1 : argv0;
@@ -82,7 +55,7 @@ static size_t program_string(char *out, size_t cap) {
     size_t j = len;
     for (size_t i = strlen(raw); i < n; i++) joined[j++] = raw[i] ? raw[i] : ' ';
     while (j > 0 && joined[j - 1] == ' ') j--;
-    return utf8_clean(out, cap, joined, j);
+    return gp_utf8_clean(out, cap, joined, j);
 }
 
 static uint64_t env_u64(const char *name, uint64_t dflt) {
@@ -235,12 +208,31 @@ static int read_all_fd(int fd, uint8_t *p, size_t n, int timeout_ms) {
 enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW };
 
 typedef struct hello_ctx {
-    char host[256], user[256], program[1024], devreq[256];
+    char host[256], user[256], program[1024];
+    gp_requirements req;
     const char *token;
     size_t token_len;
     double timeout_s;
     const char *desc; /* the server being tried, for messages */
 } hello_ctx;
+
+/* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
+ * deferred error of one: print it and record nothing. Every one is printed, bypassing
+ * gp_conn_notice's table of texts already shown: queue updates are news each time, and a long
+ * wait must not fill that table for the session. 1 if it was a queue notice. */
+static int early_notice(const uint8_t *body, size_t len) {
+    gp_notice m;
+    if (gp_notice_decode(body, len, &m) != 0) {
+        gp_log_debug("malformed notice before the hello reply ignored");
+        return 0;
+    }
+    if (gp_code_is_info(m.code)) {
+        if (m.text_len) gp_log_info("%.*s", (int)m.text_len, m.text);
+        return m.code == GP_INFO_QUEUED;
+    }
+    if (m.text_len) gp_log_error("%.*s", (int)m.text_len, m.text);
+    return 0;
+}
 
 /* Hello on a connected socket. Fills msg with the reason when not ATTEMPT_OK. */
 static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
@@ -252,7 +244,9 @@ static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_
         .user = hc->user, .user_len = (uint32_t)strlen(hc->user),
         .program = hc->program, .program_len = (uint32_t)strlen(hc->program),
         .token = hc->token, .token_len = (uint32_t)hc->token_len,
-        .device_request = hc->devreq, .device_request_len = (uint32_t)strlen(hc->devreq),
+        .gpu = hc->req.gpu, .gpu_len = (uint32_t)strlen(hc->req.gpu),
+        .model = hc->req.model, .model_len = (uint32_t)strlen(hc->req.model),
+        .min_memory = hc->req.min_memory,
         .va_base = va_base, .va_size = va_size,
     };
     size_t n = 16 + gp_hello_size(&h);
@@ -270,13 +264,15 @@ static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_
         return ATTEMPT_CONNECT;
     }
 
-    int waited_note = 0;
+    int waited_note = 0, queued = 0;
     for (;;) {
         uint8_t hb[16];
-        /* The server may queue us until a GPU is free: wait, saying so once. */
+        /* The server may queue us until a GPU is free: wait without limit. A server that says
+         * nothing for 5 s (an older one, or one busy starting a worker) gets one line, unless it
+         * already told us our place in the queue. */
         int rc = read_all_fd(fd, hb, 1, 5000);
         if (rc != 0 && errno == ETIMEDOUT) {
-            if (!waited_note++)
+            if (!waited_note++ && !queued)
                 gp_log_info("waiting for server %s to answer (it may be waiting for a free GPU)",
                             hc->desc);
             continue;
@@ -299,7 +295,7 @@ static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_
             return ATTEMPT_CONNECT;
         }
         if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE) {
-            gp_conn_notice(body, hd.len);
+            queued |= early_notice(body, hd.len);
             free(body);
             continue;
         }
@@ -360,7 +356,7 @@ static void fill_identity(hello_ctx *hc) {
     char buf[512];
     if (gethostname(buf, sizeof buf) != 0) strcpy(buf, "?");
     buf[sizeof buf - 1] = 0;
-    utf8_clean(hc->host, sizeof hc->host, buf, strlen(buf));
+    gp_utf8_clean(hc->host, sizeof hc->host, buf, strlen(buf));
     struct passwd pw, *res = NULL;
     char pwbuf[4096];
     const char *user = NULL;
@@ -370,10 +366,8 @@ static void fill_identity(hello_ctx *hc) {
         snprintf(buf, sizeof buf, "uid%u", (unsigned)geteuid());
         user = buf;
     }
-    utf8_clean(hc->user, sizeof hc->user, user, strlen(user));
+    gp_utf8_clean(hc->user, sizeof hc->user, user, strlen(user));
     program_string(hc->program, sizeof hc->program);
-    const char *dev = getenv("GPUPOOL_DEVICE");
-    utf8_clean(hc->devreq, sizeof hc->devreq, dev ? dev : "", dev ? strlen(dev) : 0);
 }
 
 CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
@@ -392,6 +386,7 @@ CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
         gp_log_error("GPUPOOL_TOKEN is longer than 4096 bytes; is it the right value?");
         return CUDA_ERROR_NO_DEVICE;
     }
+    if (gp_requirements_from_env(&hc.req) != 0) return CUDA_ERROR_NO_DEVICE; /* it said why */
     fill_identity(&hc);
     const char *to = getenv("GPUPOOL_CONNECT_TIMEOUT");
     hc.timeout_s = to && *to ? atof(to) : 10.0;

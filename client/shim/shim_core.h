@@ -28,9 +28,26 @@ int gp_conn_attempted(void);
 const char *gp_conn_server(void);
 /* A fresh request id. */
 uint64_t gp_conn_new_req(void);
-/* A notice frame from the server: print its text once per distinct text, record its code as the
- * pending error. */
+/* A notice frame from the server during the session: print its text once per distinct text and
+ * record its code as the pending error; an informational code (gp_code_is_info) is printed every
+ * time and never recorded. (Notices before the hello reply are connect.c's: never recorded.) */
 void gp_conn_notice(const uint8_t *body, size_t len);
+
+/* ---- requirements.c -------------------------------------------------------------------------- */
+/* Copy src (n bytes) into dst as valid UTF-8 of at most cap-1 bytes (invalid bytes become '?',
+ * truncation never splits a character); returns the length. */
+size_t gp_utf8_clean(char *dst, size_t cap, const char *src, size_t n);
+/* "40G", "40GB" (40*10^9), "40GiB" (40*2^30), "1.5T", "512M", "17179869184": 0 with *out set,
+ * or -1 (not a size, or past 2^64). Units are case-insensitive; K/M/G/T alone are decimal. */
+int gp_parse_size(const char *s, uint64_t *out);
+/* What the hello asks of the GPU ("" / 0 = anything). */
+typedef struct gp_requirements {
+    char gpu[256];       /* GPUPOOL_GPU (or GPUPOOL_DEVICE): an index or a UUID (prefix) */
+    char model[256];     /* GPUPOOL_GPU_MODEL: a substring of the GPU name */
+    uint64_t min_memory; /* GPUPOOL_MIN_MEMORY in bytes */
+} gp_requirements;
+/* Read them from the environment: 0, or -1 after one line on stderr naming the variable. */
+int gp_requirements_from_env(gp_requirements *out);
 
 /* ---- connect.c ------------------------------------------------------------------------------- */
 /* Reserve the window, connect to the first usable server of GPUPOOL_SERVER and say hello; on

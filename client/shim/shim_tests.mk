@@ -1,6 +1,7 @@
 # C unit tests of the shim core's data structures (VA map, handles). Included by the top-level
 # Makefile; binaries go to $(BUILD)/tests/ and into TEST_BINS.
-TEST_BINS += $(BUILD)/tests/test_vamap $(BUILD)/tests/test_handles
+TEST_BINS += $(BUILD)/tests/test_vamap $(BUILD)/tests/test_handles \
+             $(BUILD)/tests/test_requirements
 
 $(BUILD)/tests/test_vamap: $(BUILD)/obj/tests/c/test_vamap.o $(BUILD)/obj/client/shim/vamap.o \
 		$(BUILD)/obj/client/shim/handles.o $(BUILD)/obj/client/shim/log.o
@@ -11,6 +12,11 @@ $(BUILD)/tests/test_handles: $(BUILD)/obj/tests/c/test_handles.o \
 		$(BUILD)/obj/client/shim/handles.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
+
+$(BUILD)/tests/test_requirements: $(BUILD)/obj/tests/c/test_requirements.o \
+		$(BUILD)/obj/client/shim/requirements.o $(BUILD)/obj/client/shim/log.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^
 
 # A driver-API client of the shim for the end-to-end tests (tests/test_shim_core.py); it needs a
 # server, so it is built here but run by pytest. Linked against the shim itself (rpath).

@@ -6,8 +6,8 @@
  * It needs a server (GPUPOOL_SERVER); tests/test_shim_core.py runs it against
  * tests/tools/mini_server.py with the simulated device, and against a scripted fake server.
  *
- *   shim_scenarios basic | fork | threads | noexit-sync | pending CODE STICKY | lost | flush |
- *                  init-race | bench | init-fail
+ *   shim_scenarios basic | fork | threads | noexit-sync | pending CODE STICKY | sync | lost |
+ *                  flush | init-race | bench | init-fail
  *
  * Prints one line per failed check and ends with "PASS <scenario>: n checks" or "FAIL ...".
  */
@@ -724,6 +724,30 @@ static int scenario_pending(int code, int sticky) {
     return finish("pending");
 }
 
+/* ========================================================================== sync == */
+
+/* Work and synchronisations that all succeed: nothing the server said before (queue notices
+ * while the hello waited) may come back as an error. Written to 0x5a and read back, so against
+ * the simulated device it also proves the session really ran. */
+static int scenario_sync(int check_data) {
+    setup();
+    CUdeviceptr d;
+    OK(cuMemAlloc_v2(&d, 4096));
+    OK(cuMemsetD8Async(d, 0x5a, 4096, NULL));
+    EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT_EQ(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+    if (check_data) {
+        uint8_t back[4096];
+        OK(cuMemcpyDtoH_v2(back, d, sizeof back));
+        int same = 1;
+        for (size_t i = 0; i < sizeof back; i++) same &= back[i] == 0x5a;
+        EXPECT(same);
+    }
+    OK(cuMemFree_v2(d));
+    EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+    return finish("sync");
+}
+
 /* ===================================================================== init-race == */
 
 static void *init_thread(void *arg) {
@@ -843,6 +867,7 @@ int main(int argc, char **argv) {
     if (strcmp(s, "noexit-sync") == 0) return scenario_noexit_sync();
     if (strcmp(s, "pending") == 0)
         return scenario_pending(argc > 2 ? atoi(argv[2]) : 700, argc > 3 && atoi(argv[3]));
+    if (strcmp(s, "sync") == 0) return scenario_sync(argc > 2 && atoi(argv[2]));
     if (strcmp(s, "bench") == 0) return scenario_bench();
     if (strcmp(s, "lost") == 0) return scenario_lost();
     if (strcmp(s, "init-race") == 0) return scenario_init_race();

@@ -1,10 +1,15 @@
 # C tests of the simulated device (worker/sim). tests/test_sim_device.py builds them with
 # `make sim_tests`, compiles the CUDA test kernels with nvcc and runs them.
-SIM_TEST_API_NAMES := test_sim_config test_sim_memory test_sim_stream test_sim_launch
+SIM_TEST_API_NAMES := test_sim_config test_sim_memory test_sim_stream test_sim_launch \
+	test_sim_memfile
 SIM_TEST_BINS := $(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/test_sim_elf
 SIM_TEST_UTIL := $(BUILD)/obj/tests/sim/sim_test.o
 
-TEST_BINS += $(SIM_TEST_BINS)
+# Helpers of tests/test_sim_device.py and tests/test_scrub.py: a tenant process for the memory
+# file tests, and a stand-in driver that makes gpupool-scrub's failure paths reachable.
+SIM_TEST_TOOLS := $(BUILD)/tests/sim_memtool $(BUILD)/tests/libscrub_fake_driver.so
+
+TEST_BINS += $(SIM_TEST_BINS) $(SIM_TEST_TOOLS)
 EXTRA_CFLAGS_tests_sim_ := -I$(CURDIR)/worker/sim
 
 # These call the library through its exported API, as the worker does.
@@ -19,5 +24,13 @@ $(BUILD)/tests/test_sim_elf: $(BUILD)/obj/tests/sim/test_sim_elf.o $(SIM_TEST_UT
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
 
+$(BUILD)/tests/sim_memtool: $(BUILD)/obj/tests/sim/sim_memtool.o $(SIM_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $< -L$(BUILD) -lgpupool-sim -Wl,-rpath,'$$ORIGIN/..' -lpthread
+
+$(BUILD)/tests/libscrub_fake_driver.so: $(BUILD)/obj/tests/sim/scrub_fake_driver.o
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS_COMMON) -Wl,-z,defs -o $@ $^ -lpthread
+
 .PHONY: sim_tests
-sim_tests: $(SIM_LIB) $(SIM_TEST_BINS)
+sim_tests: $(SIM_LIB) $(SIM_TEST_BINS) $(SIM_TEST_TOOLS)

@@ -6,12 +6,18 @@ gpupool-worker (the hello body on its stdin), as the daemon does, without authen
 scheduling or leases. It prints "listening on HOST:PORT" once it is ready.
 
     python3 tests/tools/mini_server.py --worker build/gpupool-worker \
-        --driver build/libgpupool-sim.so --simulated [--port 0] [--cache-dir DIR]
+        --driver build/libgpupool-sim.so --simulated [--port 0] [--cache-dir DIR] \
+        [--hello-log FILE] [--queue-notices N]
+
+--hello-log appends each decoded hello to FILE as one JSON line (what the client asked for);
+--queue-notices sends N GP_INFO_QUEUED notices before the worker answers, as the daemon does
+while a client waits in its queue.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import struct
@@ -19,6 +25,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "protocol" / "python"))
+import gpupool_protocol as gp  # noqa: E402
 
 HEADER = struct.Struct("<IHHQ")  # len, op, flags, req
 OP_HELLO = 1
@@ -44,6 +54,19 @@ def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) ->
             return
         body = read_exact(conn, length)
         conn.settimeout(None)
+        if args.hello_log:
+            hello = gp.Hello.decode(body)
+            record = {k: getattr(hello, k) for k in (
+                "pid", "host", "user", "program", "gpu", "model", "min_memory", "va_base",
+                "va_size")}
+            with args.log_lock, open(args.hello_log, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        address = "%s:%d" % conn.getsockname()[:2]
+        for i in range(args.queue_notices):  # as if one went out every 5 s
+            position = args.queue_notices - i
+            text = (f"waiting for a GPU on {address}: position {position} of "
+                    f"{args.queue_notices} in the queue (waited {5 * i} s)")
+            conn.sendall(gp.encode_frame(gp.Notice(code=gp.GP_INFO_QUEUED, op=0, text=text), 0))
         cmd = [
             args.worker, "--fd", str(conn.fileno()), "--driver", args.driver,
             "--device", str(args.device), "--cache-dir", args.cache_dir,
@@ -60,7 +83,7 @@ def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) ->
         rc = proc.wait()
         if args.verbose:
             print(f"mini_server: session {session_id} ended, worker exit {rc}", file=sys.stderr)
-    except (OSError, ConnectionError) as exc:
+    except (OSError, ConnectionError, gp.ProtocolError) as exc:
         print(f"mini_server: {exc}", file=sys.stderr)
     finally:
         try:
@@ -79,8 +102,12 @@ def main() -> int:
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--max-sessions", type=int, default=0, help="exit after this many (0: never)")
+    ap.add_argument("--hello-log", default=None, help="append each hello as a JSON line here")
+    ap.add_argument("--queue-notices", type=int, default=0,
+                    help="queue notices to send before the worker answers each hello")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    args.log_lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="gpupool-mini-") as tmp:
         if args.cache_dir is None:
             args.cache_dir = tmp

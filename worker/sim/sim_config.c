@@ -331,6 +331,14 @@ static const char *apply_key(struct sim_config *cfg, const char *key, const char
             why = "must be a multiple of 2 MiB";
         if (!why)
             *(key[0] == 'h' ? &cfg->heap_base : &cfg->va_base) = b;
+    } else if (strcmp(key, "memory_file") == 0) {
+        /* Empty: no memory file (lets GPUPOOL_SIM_MEMORY_FILE= switch off a file's setting). */
+        size_t n = strlen(val);
+        if (n >= sizeof(cfg->memory_file))
+            return "path too long";
+        if (n > 0 && val[0] != '/')
+            return "expected an absolute path (the worker and the scrub run in other directories)";
+        memcpy(cfg->memory_file, val, n + 1);
     } else if (strcmp(key, "device_count") == 0) {
         if (!(why = parse_int(val, 0, SIM_MAX_DEVICES, &v)))
             cfg->device_count = (int)v;
@@ -436,7 +444,11 @@ static CUresult load_env(struct sim_config *cfg)
         lower[klen] = '\0';
         if (strncmp(lower, "attr_", 5) == 0)
             lower[4] = '.';
-        char val[SIM_NAME_MAX + 64];
+        char val[SIM_PATH_MAX + 64];
+        if (strlen(eq + 1) >= sizeof(val)) {
+            sim_init_fail("environment %.*s: value too long", (int)(eq - *e), *e);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         snprintf(val, sizeof(val), "%s", eq + 1);
         bool unknown = false;
         const char *why = apply_key(cfg, lower, trim(val), &unknown);

@@ -90,7 +90,12 @@ static CUresult memset_n(CUdeviceptr dst, unsigned value, size_t n, unsigned ele
     unsigned char *d = dev_range("cuMemset", dst, (uint64_t)n * elem);
     if (!d)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
-    if (elem == 1) {
+    unsigned pattern = elem == 1 ? (value & 0xffu) : elem == 2 ? (value & 0xffffu) : value;
+    if (pattern == 0) {
+        /* Zeroing, what a scrub does to a whole GPU: whole pages are given back rather than
+         * written (sim_zero_range). */
+        sim_zero_range(dst, (uint64_t)n * elem);
+    } else if (elem == 1) {
         memset(d, (int)(value & 0xff), n);
     } else if (elem == 2) {
         uint16_t v = (uint16_t)value;

@@ -18,6 +18,7 @@
 
 #define SIM_MAX_DEVICES 16
 #define SIM_NAME_MAX 256
+#define SIM_PATH_MAX 4096
 #define SIM_LIMIT_COUNT 10 /* CU_LIMIT_MAX of the 13.0 driver */
 
 /* Result codes and enum values that gp_cuda.h does not declare (prefixed so that they never clash
@@ -59,6 +60,7 @@ struct sim_config {
     uint64_t heap_base;   /* where cuMemAlloc's heap starts (device 0; the others follow) */
     uint64_t va_base;     /* where cuMemAddressReserve(addr = 0) looks first */
     int device_count;
+    char memory_file[SIM_PATH_MAX]; /* "" : device memory is anonymous host memory */
     bool attr_set[CU_DEVICE_ATTRIBUTE_MAX];
     int attr_value[CU_DEVICE_ATTRIBUTE_MAX];
 };
@@ -139,6 +141,8 @@ struct sim_seg {
     int dev;
     uint64_t owner;  /* heap: the owning context's handle */
     void *obj;       /* VMM: the physical allocation mapped here */
+    bool in_file;      /* mapped from the memory file (sim_memfile.c) */
+    uint64_t file_off; /* in_file: where `start` lies in the memory file */
 };
 
 CUresult sim_memory_init(void);
@@ -158,6 +162,27 @@ const struct sim_seg *sim_seg_from(uint64_t addr); /* first starting at or after
 void sim_seg_remove(uint64_t start);
 /* Replace [addr, addr+len) by fresh memory of protection prot (PROT_NONE drops the contents). */
 int sim_remap(uint64_t addr, uint64_t len, int prot);
+/* Writes zeros over [addr, addr+len), which sim_dev_range() has accepted. Whole pages are given
+ * back instead of written (a hole punched in the memory file, or fresh anonymous pages), so that
+ * zeroing a whole simulated GPU costs neither time nor memory. */
+void sim_zero_range(uint64_t addr, uint64_t len);
+
+/* ---- the memory file (sim_memfile.c): device memory that outlives the process -------------- */
+/* With the memory_file key, all device memory (cuMemAlloc heap, module globals, cuMemCreate) is
+ * carved out of one sparse file, device n's part starting at n x total_memory (rounded up to a
+ * page), placed first fit from the start of that part, so that the same allocations in the same
+ * order get the same bytes back in the next process, as from a GPU's DRAM. All of these expect
+ * the sim lock to be held. */
+CUresult sim_memfile_init(void);   /* no-op without memory_file */
+bool sim_memfile_enabled(void);
+/* Reserves len bytes (a multiple of the page size) of device dev's part of the file. */
+CUresult sim_memfile_alloc(int dev, uint64_t len, uint64_t *off);
+void sim_memfile_free(int dev, uint64_t off);
+/* Maps [off, off+len) of the file read-write and shared at addr (replacing what is there). */
+int sim_memfile_map(uint64_t addr, uint64_t len, uint64_t off);
+/* Zeroes [off, off+len) of the file (page-aligned) by punching a hole; -1 when the file system
+ * cannot, and the caller writes the zeros itself. */
+int sim_memfile_punch(uint64_t off, uint64_t len);
 
 /* ---- streams and events (sim_stream.c) --------------------------------------------------- */
 /* CUDA_SUCCESS for NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD and live streams. */

@@ -10,7 +10,9 @@
  * cuMemAlloc memory comes from a heap region per device, reserved (PROT_NONE, no swap) at
  * heap_base by cuInit, so that these pointers never land at addresses a client uses for its own
  * host memory. An allocation occupies whole pages: mapping fresh pages read-write allocates it,
- * mapping PROT_NONE over them frees it and gives the memory back to the system.
+ * mapping PROT_NONE over them frees it and gives the memory back to the system. With a memory
+ * file (sim_memfile.c) the pages mapped are the file's instead, and what was written stays there
+ * after the free, as in a GPU's DRAM.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -23,6 +25,9 @@
 
 #define PAGE 4096ull
 #define HEAP_STRIDE_ALIGN (2ull * 1024 * 1024)
+/* Zeroing gives whole pages back (sim_zero_range) only for ranges at least this long: for a few
+ * pages a memset is cheaper than the system call and the page faults that follow it. */
+#define ZERO_GIVE_BACK_MIN (64ull * 1024)
 
 static struct sim_seg *segs; /* sorted by start, never overlapping */
 static size_t nsegs, capsegs;
@@ -116,6 +121,44 @@ int sim_remap(uint64_t addr, uint64_t len, int prot)
     return p == (void *)(uintptr_t)addr ? 0 : -1;
 }
 
+/* Zeroes [a, a+n), which lies within the touchable part of segment s. */
+static void zero_piece(const struct sim_seg *s, uint64_t a, uint64_t n)
+{
+    unsigned char *p = (unsigned char *)(uintptr_t)a;
+    uint64_t lo = (a + PAGE - 1) / PAGE * PAGE, hi = (a + n) / PAGE * PAGE;
+    if (n < ZERO_GIVE_BACK_MIN || hi <= lo) {
+        memset(p, 0, n);
+        return;
+    }
+    memset(p, 0, lo - a); /* partial pages at either end are written */
+    memset((unsigned char *)(uintptr_t)hi, 0, a + n - hi);
+    int given_back;
+    if (s->in_file) {
+        given_back = sim_memfile_punch(s->file_off + (lo - s->start), hi - lo);
+    } else {
+        /* Private anonymous pages (heap, VMM mappings, cuMemHostAlloc memory): dropping them
+         * makes them read as zeros and returns the memory to the system, where writing zeros
+         * would have to allocate every page first. */
+        given_back = madvise((void *)(uintptr_t)lo, hi - lo, MADV_DONTNEED);
+    }
+    if (given_back != 0)
+        memset((unsigned char *)(uintptr_t)lo, 0, hi - lo);
+}
+
+void sim_zero_range(uint64_t addr, uint64_t len)
+{
+    /* The range may span adjacent segments (VMM mappings side by side), as in sim_dev_range. */
+    uint64_t end = addr + len, cur = addr;
+    while (cur < end) {
+        const struct sim_seg *s = sim_seg_find(cur);
+        if (!s) /* cannot happen after sim_dev_range accepted the range */
+            return;
+        uint64_t s_end = s->start + s->len < end ? s->start + s->len : end;
+        zero_piece(s, cur, s_end - cur);
+        cur = s_end;
+    }
+}
+
 /* ---- accounting -------------------------------------------------------------------------- */
 
 uint64_t sim_mem_used(int dev) { return used_bytes[dev]; }
@@ -141,7 +184,7 @@ CUresult sim_memory_init(void)
                       p == MAP_FAILED ? strerror(err) : "address taken");
         return CUDA_ERROR_OPERATING_SYSTEM;
     }
-    return CUDA_SUCCESS;
+    return sim_memfile_init();
 }
 
 CUresult sim_heap_alloc(int dev, uint64_t owner, uint64_t size, unsigned flags, uint64_t *out)
@@ -161,14 +204,19 @@ CUresult sim_heap_alloc(int dev, uint64_t owner, uint64_t size, unsigned flags, 
     }
     if (top - cand < foot)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (sim_remap(cand, foot, PROT_READ | PROT_WRITE) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     struct sim_seg s = {.start = cand, .len = size, .foot = foot, .kind = SIM_SEG_HEAP,
-                        .flags = flags, .dev = dev, .owner = owner};
-    if (sim_seg_add(&s) != CUDA_SUCCESS) {
+                        .flags = flags, .dev = dev, .owner = owner,
+                        .in_file = sim_memfile_enabled()};
+    if (s.in_file && sim_memfile_alloc(dev, foot, &s.file_off) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* the file's part is too fragmented */
+    int mapped = s.in_file ? sim_memfile_map(cand, foot, s.file_off)
+                           : sim_remap(cand, foot, PROT_READ | PROT_WRITE);
+    if (mapped != 0 || sim_seg_add(&s) != CUDA_SUCCESS) {
         if (sim_remap(cand, foot, PROT_NONE) != 0)
             fprintf(stderr, "gpupool-sim: cannot return heap pages at 0x%llx\n",
                     (unsigned long long)cand);
+        if (s.in_file)
+            sim_memfile_free(dev, s.file_off);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     used_bytes[dev] += foot;
@@ -184,6 +232,8 @@ static void heap_release(size_t i)
     if (sim_remap(s.start, s.foot, PROT_NONE) != 0)
         fprintf(stderr, "gpupool-sim: cannot return heap pages at 0x%llx\n",
                 (unsigned long long)s.start);
+    if (s.in_file) /* the bytes stay in the file, as in DRAM, until someone overwrites them */
+        sim_memfile_free(s.dev, s.file_off);
     used_bytes[s.dev] -= s.foot;
     sim_seg_remove(s.start);
 }

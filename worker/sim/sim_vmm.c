@@ -7,6 +7,11 @@
  * pages over the reserved range, cuMemUnmap maps PROT_NONE pages back (the data is gone).
  * Limitation: the contents live in the mapping, not in the allocation handle, so mapping one
  * handle at two addresses does not alias them and a handle mapped again starts zeroed.
+ *
+ * With a memory file (sim_memfile.c) the contents live in the allocation as on a GPU: cuMemCreate
+ * takes a range of the file, cuMemMap maps that range (shared) at the address, so mappings of one
+ * handle alias each other and keep the data across unmap and map; cuMemRelease gives the range
+ * back without clearing it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -24,6 +29,8 @@ struct phys {
     int dev;
     bool released; /* cuMemRelease called; freed when the last mapping goes */
     unsigned maps;
+    bool in_file;      /* backed by the memory file */
+    uint64_t file_off; /* in_file: where it lies in the file */
 };
 
 struct resv {
@@ -123,6 +130,8 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
 
 static void phys_free(struct phys *p)
 {
+    if (p->in_file)
+        sim_memfile_free(p->dev, p->file_off);
     sim_mem_account(p->dev, -(int64_t)p->size);
     sim_handle_del(p->handle);
     free(p);
@@ -201,8 +210,15 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
     p->size = size;
     p->dev = dev;
+    p->in_file = sim_memfile_enabled();
+    if (p->in_file && sim_memfile_alloc(dev, size, &p->file_off) != CUDA_SUCCESS) {
+        free(p); /* the file's part is too fragmented for this size */
+        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     p->handle = sim_handle_new(SIM_K_MEMHANDLE, p);
     if (p->handle == 0) {
+        if (p->in_file)
+            sim_memfile_free(dev, p->file_off);
         free(p);
         return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
     }
@@ -251,10 +267,16 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     const struct sim_seg *next = sim_seg_from(ptr);
     if (sim_seg_find(ptr) || (next && next->start < ptr + size))
         return sim_leave(CUDA_ERROR_INVALID_VALUE); /* overlaps a mapping */
-    if (sim_remap(ptr, size, PROT_READ | PROT_WRITE) != 0)
+    int mapped = p->in_file ? sim_memfile_map(ptr, size, p->file_off + offset)
+                            : sim_remap(ptr, size, PROT_READ | PROT_WRITE);
+    if (mapped != 0) {
+        if (sim_remap(ptr, size, PROT_NONE) != 0) /* a failed MAP_FIXED may have unmapped it */
+            fprintf(stderr, "gpupool-sim: cannot unmap 0x%llx\n", (unsigned long long)ptr);
         return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     struct sim_seg s = {.start = ptr, .len = size, .foot = size, .kind = SIM_SEG_VMM,
-                        .dev = p->dev, .obj = p};
+                        .dev = p->dev, .obj = p, .in_file = p->in_file,
+                        .file_off = p->file_off + offset};
     if (sim_seg_add(&s) != CUDA_SUCCESS) {
         if (sim_remap(ptr, size, PROT_NONE) != 0)
             fprintf(stderr, "gpupool-sim: cannot unmap 0x%llx\n", (unsigned long long)ptr);

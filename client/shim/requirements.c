@@ -1,0 +1,163 @@
+/*
+ * requirements.c: what the client asks of its GPU, read from the environment for the hello.
+ *
+ *   GPUPOOL_GPU         one server GPU: its index as the server's API shows it, or a UUID or UUID
+ *                       prefix (GPUPOOL_DEVICE, the old name, is read when GPUPOOL_GPU is unset)
+ *   GPUPOOL_GPU_MODEL   a substring of the GPU name, case-insensitive ("A100")
+ *   GPUPOOL_MIN_MEMORY  total device memory required: bytes, or a number with a unit
+ *
+ * The server honours them or refuses the session with its reason. A value the shim cannot send
+ * as meant (a size it cannot read, a text too long for the protocol) is an error here rather
+ * than silently dropped: a dropped requirement would hand the program a GPU it said it cannot
+ * use, and it would fail later, far from the cause.
+ */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "shim.h"
+#include "shim_core.h"
+
+size_t gp_utf8_clean(char *dst, size_t cap, const char *src, size_t n) {
+    size_t o = 0;
+    const unsigned char *s = (const unsigned char *)src;
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = k > 0 && i + k <= n && c != 0xC0 && c != 0xC1 && c <= 0xF4;
+        for (size_t j = 1; ok && j < k; j++) ok = (s[i + j] & 0xC0) == 0x80;
+        if (ok && k > 2) { /* no overlong forms, surrogates or code points past U+10FFFF */
+            unsigned c1 = s[i + 1];
+            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
+                (c == 0xF4 && c1 > 0x8F))
+                ok = 0;
+        }
+        if (!ok) k = 1;
+        if (o + (ok ? k : 1) >= cap) break;
+        if (ok) {
+            memcpy(dst + o, s + i, k);
+            o += k;
+        } else {
+            dst[o++] = '?';
+        }
+        i += k;
+    }
+    dst[o] = 0;
+    return o;
+}
+
+/* Units of GPUPOOL_MIN_MEMORY. The SI ones are powers of 1000 on purpose: GPUs are sold by
+ * decimal sizes and report a little less than the binary one (an "A100 40GB" has 42.5e9 bytes,
+ * under 40 GiB), so "40G" must not refuse the GPU the user means. */
+static const struct {
+    const char *name;
+    uint64_t mult;
+} units[] = {
+    {"", 1},
+    {"b", 1},
+    {"k", 1000ull},
+    {"kb", 1000ull},
+    {"kib", 1ull << 10},
+    {"m", 1000000ull},
+    {"mb", 1000000ull},
+    {"mib", 1ull << 20},
+    {"g", 1000000000ull},
+    {"gb", 1000000000ull},
+    {"gib", 1ull << 30},
+    {"t", 1000000000000ull},
+    {"tb", 1000000000000ull},
+    {"tib", 1ull << 40},
+};
+
+int gp_parse_size(const char *s, uint64_t *out) {
+    while (*s == ' ' || *s == '\t') s++;
+    if (!isdigit((unsigned char)*s)) return -1; /* no sign, no empty number */
+    /* The number as whole + frac / 10^fdigits, in integers (no float rounding surprises). */
+    uint64_t whole = 0, frac = 0, fscale = 1;
+    for (; isdigit((unsigned char)*s); s++) {
+        uint64_t d = (uint64_t)(*s - '0');
+        if (whole > UINT64_MAX / 10 || whole * 10 > UINT64_MAX - d) return -1;
+        whole = whole * 10 + d;
+    }
+    if (*s == '.') {
+        s++;
+        if (!isdigit((unsigned char)*s)) return -1;
+        for (; isdigit((unsigned char)*s); s++) {
+            if (fscale >= 1000000ull) continue; /* digits past the sixth cannot matter */
+            frac = frac * 10 + (uint64_t)(*s - '0');
+            fscale *= 10;
+        }
+    }
+    while (*s == ' ' || *s == '\t') s++;
+    const char *unit = s;
+    size_t ul = strlen(unit);
+    while (ul > 0 && (unit[ul - 1] == ' ' || unit[ul - 1] == '\t')) ul--;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strlen(units[i].name) != ul || strncasecmp(unit, units[i].name, ul) != 0) continue;
+        uint64_t m = units[i].mult;
+        if (whole > UINT64_MAX / m) return -1;
+        uint64_t v = whole * m;
+        /* No overflow: frac < fscale <= 10^6 < 2^20 and m <= 2^40. */
+        uint64_t f = frac * m / fscale;
+        if (f > UINT64_MAX - v) return -1;
+        *out = v + f;
+        return 0;
+    }
+    return -1;
+}
+
+/* The value of `name` trimmed into dst (cap bytes, NUL-terminated). 0 (also when unset: ""),
+ * or -1 after saying what is wrong with it and what to write (`what`). */
+static int env_text(const char *name, const char *value, const char *what, char *dst,
+                    size_t cap) {
+    dst[0] = 0;
+    if (!value) return 0;
+    while (*value == ' ' || *value == '\t') value++;
+    size_t n = strlen(value);
+    while (n > 0 && (value[n - 1] == ' ' || value[n - 1] == '\t')) n--;
+    if (n >= cap) {
+        gp_log_error("%s is longer than %zu bytes; set it to %s", name, cap - 1, what);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)value[i] < 0x20 || value[i] == 0x7f) {
+            gp_log_error("%s contains a control character; set it to %s", name, what);
+            return -1;
+        }
+    }
+    if (gp_utf8_clean(dst, cap, value, n) != n || memcmp(dst, value, n) != 0) {
+        gp_log_error("%s is not valid UTF-8; set it to %s", name, what);
+        dst[0] = 0;
+        return -1;
+    }
+    return 0;
+}
+
+int gp_requirements_from_env(gp_requirements *out) {
+    memset(out, 0, sizeof *out);
+    const char *gpu = getenv("GPUPOOL_GPU"), *old = getenv("GPUPOOL_DEVICE");
+    const char *gpu_var = "GPUPOOL_GPU";
+    if (!gpu || !*gpu) {
+        gpu = old;
+        gpu_var = "GPUPOOL_DEVICE";
+    } else if (old && *old && strcmp(old, gpu) != 0) {
+        gp_log_info("GPUPOOL_DEVICE=%s ignored: GPUPOOL_GPU=%s is set (GPUPOOL_DEVICE is its old "
+                    "name)", old, gpu);
+    }
+    if (env_text(gpu_var, gpu, "a GPU index of the server or a GPU UUID (prefix)", out->gpu,
+                 sizeof out->gpu) != 0)
+        return -1;
+    if (env_text("GPUPOOL_GPU_MODEL", getenv("GPUPOOL_GPU_MODEL"),
+                 "a part of the GPU name, e.g. A100", out->model, sizeof out->model) != 0)
+        return -1;
+    const char *mem = getenv("GPUPOOL_MIN_MEMORY");
+    int blank = 1;
+    for (const char *p = mem; p && *p; p++) blank &= *p == ' ' || *p == '\t';
+    if (!blank && gp_parse_size(mem, &out->min_memory) != 0) {
+        gp_log_error("GPUPOOL_MIN_MEMORY=%s is not a size: write bytes or a number with a unit, "
+                     "e.g. 40G or 40GB (40*10^9 bytes), 40GiB (40*2^30), 512M, 17179869184", mem);
+        return -1;
+    }
+    return 0;
+}

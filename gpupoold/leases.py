@@ -1,0 +1,614 @@
+"""Leases: one whole GPU per client process, a FIFO queue when all are taken, a scrub after each.
+
+Each GPU is a `Slot` in one of these states:
+
+    free ──grant──► leased ──worker exits──► scrubbing ──ok──► free (or drained)
+      ▲                                          └──failure──► quarantined ──clear──► scrubbing
+      └────────────── undrain ◄── drained ◄── drain (when free, or after the lease's scrub)
+
+A lease ends when its worker exits: the client said goodbye ("client exit"), its connection was
+lost ("client lost"), the worker crashed, an operator ended it ("revoked"), it reached
+`max_lease_seconds` ("max duration"), or the daemon stopped. Every end is written to the store
+with the bytes moved, then the GPU is scrubbed and checked (scrubber.py) and the result is added
+to the same record. A free GPU keeps a pre-started worker (driver loaded, context created) so that
+a new client's hello is answered without waiting for initialisation.
+
+At start-up every GPU is scrubbed before its first lease (a previous daemon may have died with
+leases open: their records are closed as "daemon lost" and get that scrub's result), and workers
+a dead daemon left behind are killed. Drained and quarantined GPUs stay so across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpupool_protocol as gp
+
+from gpupoold.counters import Counters
+from gpupoold.gpus import Gpu, Inventory
+from gpupoold.requirements import Requirements
+from gpupoold.scrubber import CleanResult, GpuCleaner
+from gpupoold.settings import Settings
+from gpupoold.store import NewLease, Store
+from gpupoold.waitqueue import ClientInfo, Waiter, WaitQueue
+from gpupoold.workers import Worker, WorkerStartError, WorkerSupervisor
+
+log = logging.getLogger("gpupoold.leases")
+
+FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED = (
+    "free", "leased", "scrubbing", "quarantined", "drained")
+START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
+END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
+PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
+STATE_FILE = "gpu-state.json"
+
+
+class LeaseError(Exception):
+    """An API request the lease manager refuses; `status` is the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class QueueFull(Exception):
+    """The queue is at `max_queue`."""
+
+
+class ShuttingDown(Exception):
+    """The daemon is stopping: no new leases."""
+
+
+class LeaseStartError(Exception):
+    """The granted GPU could not start the lease; the message is for the client (None: the
+    worker already answered the client itself)."""
+
+    def __init__(self, message: str | None) -> None:
+        super().__init__(message or "")
+        self.message = message
+
+
+@dataclass(eq=False)
+class Lease:
+    id: int
+    slot: Slot
+    token: str
+    client: ClientInfo
+    req: Requirements
+    worker: Worker
+    queued_s: float
+    started: float = field(default_factory=time.time)
+    end_override: tuple[str, str] | None = None  # (reason, detail) set when we end it
+    timer: asyncio.TimerHandle | None = None
+
+    def view(self) -> dict[str, Any]:
+        s = self.worker.stats
+        return {"id": self.id, "gpu": self.slot.gpu.index, "token": self.token,
+                "client": self.client.to_json(), "request": self.req.describe(),
+                "started": self.started, "duration_s": round(time.time() - self.started, 3),
+                "queued_s": round(self.queued_s, 3), "worker_pid": self.worker.pid,
+                "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h, "calls": dict(s.calls)}
+
+
+@dataclass(eq=False)
+class Slot:
+    gpu: Gpu
+    state: str = SCRUBBING
+    since: float = field(default_factory=time.time)
+    draining: bool = False
+    lease: Lease | None = None
+    reserved: Waiter | None = None  # granted, lease not started yet (state leased)
+    idle_worker: Worker | None = None
+    prestart_task: asyncio.Task[None] | None = None
+    quarantine: dict[str, Any] | None = None
+    last_scrub: dict[str, Any] | None = None
+
+    def set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.since = time.time()
+
+    def holder(self) -> str | None:
+        if self.lease is not None:
+            return self.lease.token
+        if self.reserved is not None:
+            return self.reserved.token
+        return None
+
+
+class LeaseManager:
+    def __init__(self, inventory: Inventory, settings: Settings, store: Store,
+                 supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters) -> None:
+        self.settings = settings
+        self.store = store
+        self.supervisor = supervisor
+        self.cleaner = cleaner
+        self.counters = counters
+        self.slots = [Slot(gpu) for gpu in inventory.gpus]
+        self.queue = WaitQueue()
+        self._leases: dict[int, Lease] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._pid_dir = settings.state_dir / "workers"
+        self._state_file = settings.state_dir / STATE_FILE
+        # Called with the GPU index whenever a GPU's state changes (the dashboard's live feed).
+        self.listeners: list[Callable[[int], None]] = []
+
+    # ---------------------------------------------------------------------------- life cycle
+    async def start(self) -> None:
+        await asyncio.to_thread(self._kill_orphans)
+        saved = await asyncio.to_thread(self._load_state)
+        orphaned: dict[int, list[int]] = {}
+        for rec in await self.store.open_leases():
+            orphaned.setdefault(rec.gpu_index, []).append(rec.id)
+            await self.store.lease_ended(rec.id, time.time(), "daemon lost",
+                                         "gpupoold stopped while the lease was active; "
+                                         "its GPU was scrubbed at the next start", 0, 0, {})
+            self.counters.inc("leases_ended", reason="daemon lost")
+        if orphaned:
+            log.warning("closed %d lease record(s) left open by a previous gpupoold",
+                        sum(map(len, orphaned.values())))
+        for slot in self.slots:
+            st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
+            slot.draining = bool(st.get("draining"))
+            if st.get("quarantine"):
+                slot.quarantine = st["quarantine"]
+                slot.set_state(QUARANTINED)
+                log.warning("GPU %d stays quarantined (%s): clear it with `gpupoold gpu clear "
+                            "%d` once fixed", slot.gpu.index, slot.quarantine.get("reason"),
+                            slot.gpu.index)
+                continue
+            slot.set_state(SCRUBBING)
+            self._spawn(self._clean(slot, orphaned.get(slot.gpu.index, [])),
+                        f"startup-scrub-{slot.gpu.index}")
+
+    async def close(self, grace: float) -> None:
+        """Refuse the waiters, stop every worker, record the ends of the active leases."""
+        self._closing = True
+        for w in self.queue:
+            self.queue.leave(w)
+            if not w.future.done():
+                w.future.set_exception(ShuttingDown())
+        for slot in self.slots:
+            if slot.prestart_task is not None:
+                slot.prestart_task.cancel()
+        await self.supervisor.stop_all(grace)
+        # Lease watchers record the ends; cleaning tasks are abandoned (the next start scrubs).
+        pending = [t for t in self._tasks if not t.get_name().startswith("lease-")]
+        for t in pending:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace + 5)
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("internal task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _changed(self, slot: Slot) -> None:
+        for listener in list(self.listeners):
+            with contextlib.suppress(Exception):
+                listener(slot.gpu.index)
+
+    # ------------------------------------------------------------------------- handshake side
+    def feasible(self, req: Requirements) -> str | None:
+        """None when some GPU here can serve `req` now or later, else the refusal text."""
+        gpus = [s.gpu for s in self.slots]
+        candidates = [s for s in self.slots if req.matches(s.gpu)]
+        if not candidates:
+            return req.refusal(gpus)
+        if all(s.state in (QUARANTINED, DRAINED) or s.draining for s in candidates):
+            why = "; ".join(
+                f"GPU {s.gpu.index}: " + ("quarantined (" + str((s.quarantine or {}).get(
+                    "reason", "")) + ")" if s.state == QUARANTINED else "drained by the operator")
+                for s in candidates)
+            return (f"every GPU that meets the request ({req.describe()}) is out of service: "
+                    f"{why}. Try again later or use another server")
+        return None
+
+    def enqueue(self, req: Requirements, token: str, client: ClientInfo) -> Waiter:
+        """Join the queue; the waiter's future resolves with a Slot when a GPU is granted (at
+        once if one is free). Raises QueueFull or ShuttingDown."""
+        if self._closing:
+            raise ShuttingDown()
+        if len(self.queue) >= self.settings.max_queue and not self._free_for(req, token):
+            raise QueueFull(f"every GPU is busy and the queue is full ({len(self.queue)} "
+                            f"waiting, max_queue = {self.settings.max_queue}); try again later")
+        w = self.queue.join(req, token, client)
+        self._dispatch()
+        return w
+
+    def _free_for(self, req: Requirements, token: str) -> bool:
+        return any(s.state == FREE and req.matches(s.gpu) for s in self.slots) and \
+            self._under_limit(token)
+
+    def position(self, w: Waiter) -> tuple[int, int]:
+        return self.queue.position(w), len(self.queue)
+
+    def abandon(self, w: Waiter) -> None:
+        """The waiter's client left (or timed out): leave the queue, or give back its grant."""
+        self.queue.leave(w)
+        if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
+            slot: Slot = w.future.result()
+            if slot.reserved is w:
+                slot.reserved = None
+                self._release_unused(slot)
+        elif not w.future.done():
+            w.future.cancel()
+        self._dispatch()
+
+    def _under_limit(self, token: str) -> bool:
+        limit = self.settings.max_gpus_per_token
+        return limit <= 0 or sum(1 for s in self.slots if s.holder() == token) < limit
+
+    def _dispatch(self) -> None:
+        """Grant free GPUs to the first waiters that may take them."""
+        if self._closing:
+            return
+        for slot in self.slots:
+            if slot.state != FREE:
+                continue
+            w = self.queue.first(lambda w, g=slot.gpu: w.req.matches(g)
+                                 and self._under_limit(w.token))
+            if w is None:
+                continue
+            self.queue.leave(w)
+            slot.reserved = w
+            slot.set_state(LEASED)
+            w.future.set_result(slot)
+            self._changed(slot)
+
+    def _release_unused(self, slot: Slot) -> None:
+        """A granted GPU nobody used (the client left before its lease started)."""
+        slot.set_state(DRAINED if slot.draining else FREE)
+        self._changed(slot)
+        if slot.state == FREE:
+            self._prestart(slot)
+        self._dispatch()
+
+    async def begin(self, w: Waiter, slot: Slot, hello_body: bytes, hello_req: int,
+                    client_fd: int) -> Lease:
+        """Start the lease of a granted waiter: hand the client to the slot's worker."""
+        slot.reserved = w
+        try:
+            worker = await self._take_worker(slot)
+        except WorkerStartError as exc:
+            slot.reserved = None
+            self._release_unused(slot)
+            raise LeaseStartError(f"the server could not start a worker for GPU "
+                                  f"{slot.gpu.index}: {exc}") from None
+        try:
+            lease_id = await self.store.lease_started(NewLease(
+                gpu_index=slot.gpu.index, gpu_uuid=slot.gpu.uuid, gpu_name=slot.gpu.name,
+                simulated=slot.gpu.simulated, token_name=w.token, client_host=w.client.host,
+                client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
+                peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
+                started=time.time()))
+        except Exception:
+            worker.kill()
+            slot.reserved = None
+            self._release_unused(slot)
+            raise
+        lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
+                      worker=worker, queued_s=w.waited())
+        slot.reserved = None
+        slot.lease = lease
+        self._leases[lease.id] = lease
+        self.counters.inc("leases_started")
+        self._spawn(self._watch(lease), f"lease-{lease.id}")
+        self._changed(slot)
+        try:
+            await worker.assign(lease.id, client_fd, hello_body, hello_req)
+        except WorkerStartError as exc:
+            lease.end_override = ("worker crashed", f"before the lease started: {exc}")
+            worker.kill()
+            raise LeaseStartError(f"the worker for GPU {slot.gpu.index} failed: {exc}") from None
+        if not await worker.wait_started(START_TIMEOUT):
+            lease.end_override = lease.end_override or ("not started", "the worker refused "
+                                                        "the hello or exited before answering")
+            raise LeaseStartError(None)
+        if self.settings.max_lease_seconds > 0:
+            lease.timer = asyncio.get_running_loop().call_later(
+                self.settings.max_lease_seconds, self._expire, lease)
+        return lease
+
+    async def _take_worker(self, slot: Slot) -> Worker:
+        if slot.prestart_task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(slot.prestart_task)
+        worker, slot.idle_worker = slot.idle_worker, None
+        if worker is not None and not worker.exited.done():
+            return worker
+        worker = await self.supervisor.spawn(slot.gpu)
+        self._note_pid(worker)
+        return worker
+
+    def _expire(self, lease: Lease) -> None:
+        if lease.id not in self._leases:
+            return
+        limit = self.settings.max_lease_seconds
+        lease.end_override = ("max duration", f"the lease reached max_lease_seconds = {limit:g}")
+        self._spawn(self._end_worker(lease, f"this GPU lease reached its maximum duration of "
+                                            f"{limit:g} s (the server's max_lease_seconds); "
+                                            "run the program again to get a new lease"),
+                    f"expire-{lease.id}")
+
+    async def _end_worker(self, lease: Lease, text: str) -> None:
+        await lease.worker.end(text, gp.GP_EREFUSED)
+        try:
+            await asyncio.wait_for(asyncio.shield(lease.worker.exited), END_GRACE)
+        except TimeoutError:
+            log.warning("lease %d: worker pid %d did not end within %g s: SIGKILL", lease.id,
+                        lease.worker.pid, END_GRACE)
+            lease.worker.kill()
+
+    async def _watch(self, lease: Lease) -> None:
+        """Wait for the lease's worker to exit, record the end, then clean the GPU."""
+        ex = await lease.worker.exited
+        slot = lease.slot
+        if lease.timer is not None:
+            lease.timer.cancel()
+        reason, detail = lease.end_override or (ex.reason, ex.detail)
+        if self._closing and lease.end_override is None and reason in ("shutdown",
+                                                                       "worker crashed"):
+            reason, detail = "daemon stopped", f"gpupoold stopped ({ex.detail or ex.reason})"
+        self._forget_pid(lease.worker)
+        self._leases.pop(lease.id, None)
+        slot.lease = None
+        s = ex.stats
+        level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
+        log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
+                reason, f": {detail}" if detail else "", slot.gpu.index, lease.client.describe(),
+                time.time() - lease.started, s.bytes_h2d, s.bytes_d2h)
+        self.counters.inc("leases_ended", reason=reason)
+        await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
+                                     s.bytes_d2h, dict(s.calls))
+        if self._closing:
+            return
+        slot.set_state(SCRUBBING)
+        self._changed(slot)
+        await self._clean(slot, [lease.id])
+
+    async def _clean(self, slot: Slot, lease_ids: list[int]) -> None:
+        """Scrub and check `slot`'s GPU, record the result, and free or quarantine it."""
+        result = await self.cleaner.clean(slot.gpu)
+        for lease_id in lease_ids:
+            await self.store.lease_scrubbed(lease_id, result.ok, result.to_json())
+        self._after_clean(slot, result)
+
+    def _after_clean(self, slot: Slot, result: CleanResult) -> None:
+        slot.last_scrub = {"ok": result.ok, "at": time.time(), "summary": result.summary(),
+                           "bytes": result.scrub.get("bytes", 0),
+                           "duration_s": round(result.duration_s, 3)}
+        self.counters.inc("scrubs", result="ok" if result.ok else "failed")
+        if result.ok:
+            log.info("GPU %d clean: %s", slot.gpu.index, result.summary())
+            slot.set_state(DRAINED if slot.draining else FREE)
+            if slot.state == FREE:
+                self._prestart(slot)
+        else:
+            log.error("GPU %d QUARANTINED: %s. Investigate, then `gpupoold gpu clear %d`",
+                      slot.gpu.index, result.summary(), slot.gpu.index)
+            slot.quarantine = {"reason": result.summary(), "since": time.time(),
+                               "problems": result.problems}
+            slot.set_state(QUARANTINED)
+            self._save_state_soon()
+        self._changed(slot)
+        self._dispatch()
+
+    # ------------------------------------------------------------------------- pre-started workers
+    def _prestart(self, slot: Slot) -> None:
+        if (not self.settings.prestart_workers or self._closing or self.supervisor.worker is None
+                or slot.idle_worker is not None or slot.prestart_task is not None):
+            return
+        slot.prestart_task = self._spawn(self._prestart_run(slot), f"prestart-{slot.gpu.index}")
+
+    async def _prestart_run(self, slot: Slot) -> None:
+        try:
+            worker = await self.supervisor.spawn(slot.gpu)
+        except WorkerStartError as exc:
+            log.warning("GPU %d: could not pre-start a worker (%s); retrying in %g s",
+                        slot.gpu.index, exc, PRESTART_RETRY)
+            asyncio.get_running_loop().call_later(PRESTART_RETRY, self._prestart_again, slot)
+            return
+        finally:
+            slot.prestart_task = None
+        self._note_pid(worker)
+        slot.idle_worker = worker
+        worker.exited.add_done_callback(lambda _f: self._idle_exited(slot, worker))
+
+    def _prestart_again(self, slot: Slot) -> None:
+        if slot.state == FREE:
+            self._prestart(slot)
+
+    def _idle_exited(self, slot: Slot, worker: Worker) -> None:
+        self._forget_pid(worker)
+        if slot.idle_worker is worker:  # not taken by a lease: it died while waiting
+            slot.idle_worker = None
+            ex = worker.exited.result()
+            if not self._closing:
+                log.warning("GPU %d: pre-started worker pid %d exited (%s); starting another "
+                            "in %g s", slot.gpu.index, worker.pid, ex.detail or ex.reason,
+                            PRESTART_RETRY)
+                asyncio.get_running_loop().call_later(PRESTART_RETRY, self._prestart_again,
+                                                      slot)
+
+    # ------------------------------------------------------------------ orphans of a dead daemon
+    def _note_pid(self, worker: Worker) -> None:
+        with contextlib.suppress(OSError):
+            self._pid_dir.mkdir(exist_ok=True)
+            (self._pid_dir / str(worker.pid)).write_text(str(worker.gpu.index))
+
+    def _forget_pid(self, worker: Worker) -> None:
+        with contextlib.suppress(OSError):
+            (self._pid_dir / str(worker.pid)).unlink()
+
+    def _kill_orphans(self) -> None:
+        """Kill the workers a previous gpupoold left running (blocking: run in a thread)."""
+        if not self._pid_dir.is_dir():
+            return
+        killed = []
+        for entry in self._pid_dir.iterdir():
+            with contextlib.suppress(OSError):
+                entry.unlink()
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue  # gone already
+            if b"gpupool-worker" not in cmdline:
+                continue  # the pid was reused by something else
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        deadline = time.monotonic() + 5
+        for pid in killed:
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                stat = Path(f"/proc/{pid}/stat")
+                with contextlib.suppress(OSError):
+                    if stat.read_text().split(") ")[-1].startswith("Z"):
+                        break  # a zombie holds no GPU; its parent (gone) cannot reap it
+                time.sleep(0.02)
+        if killed:
+            log.warning("killed %d worker(s) left by a previous gpupoold: %s", len(killed),
+                        ", ".join(map(str, killed)))
+
+    # ----------------------------------------------------------------- drained / quarantined state
+    def _load_state(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._state_file.read_text())
+            return data if isinstance(data, dict) else {}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.error("cannot read %s (%s): starting with every GPU in service",
+                      self._state_file, exc)
+            return {}
+
+    def _state_snapshot(self) -> dict[str, Any]:
+        return {(s.gpu.uuid or str(s.gpu.index)): {"draining": s.draining,
+                                                   "quarantine": s.quarantine}
+                for s in self.slots if s.draining or s.quarantine}
+
+    def _write_state(self, data: dict[str, Any]) -> None:
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self._state_file)
+
+    def _save_state_soon(self) -> None:
+        self._spawn(asyncio.to_thread(self._write_state, self._state_snapshot()), "save-state")
+
+    # ---------------------------------------------------------------------------------- views
+    def _slot(self, index: int) -> Slot:
+        if not 0 <= index < len(self.slots):
+            raise LeaseError(f"no GPU {index} on this server (it has {len(self.slots)}: "
+                             f"0 to {len(self.slots) - 1})", 404)
+        return self.slots[index]
+
+    def _view(self, slot: Slot) -> dict[str, Any]:
+        g = slot.gpu
+        return {"index": g.index, "name": g.name, "uuid": g.uuid, "simulated": g.simulated,
+                "memory_total": g.memory_total, "state": slot.state, "since": slot.since,
+                "draining": slot.draining,
+                "lease": slot.lease.view() if slot.lease is not None else None,
+                "quarantine": slot.quarantine, "last_scrub": slot.last_scrub,
+                "worker_ready": slot.idle_worker is not None}
+
+    def gpu_views(self) -> list[dict[str, Any]]:
+        return [self._view(s) for s in self.slots]
+
+    def gpu_view(self, index: int) -> dict[str, Any]:
+        return self._view(self._slot(index))
+
+    def active_leases(self) -> list[dict[str, Any]]:
+        return [lease.view() for lease in sorted(self._leases.values(), key=lambda x: x.id)]
+
+    def queue_view(self) -> list[dict[str, Any]]:
+        return self.queue.view()
+
+    def summary(self) -> dict[str, Any]:
+        states = {st: 0 for st in (FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED)}
+        for s in self.slots:
+            states[s.state] += 1
+        return {"gpus": len(self.slots), "states": states, "leases": len(self._leases),
+                "queue": len(self.queue)}
+
+    def lease(self, lease_id: int) -> Lease | None:
+        return self._leases.get(lease_id)
+
+    # ------------------------------------------------------------------------- operator actions
+    async def drain(self, index: int, actor: str) -> dict[str, Any]:
+        slot = self._slot(index)
+        if not slot.draining:
+            slot.draining = True
+            if slot.state == FREE:
+                slot.set_state(DRAINED)
+                self._stop_idle(slot)
+            await asyncio.to_thread(self._write_state, self._state_snapshot())
+            await self.store.audit(actor, "gpu.drain", f"gpu {index}", slot.state)
+            log.info("GPU %d drained by %s (%s)", index, actor, slot.state)
+            self._changed(slot)
+        return self._view(slot)
+
+    async def undrain(self, index: int, actor: str) -> dict[str, Any]:
+        slot = self._slot(index)
+        if slot.draining:
+            slot.draining = False
+            if slot.state == DRAINED:
+                slot.set_state(FREE)
+                self._prestart(slot)
+            await asyncio.to_thread(self._write_state, self._state_snapshot())
+            await self.store.audit(actor, "gpu.undrain", f"gpu {index}", slot.state)
+            log.info("GPU %d back in service (undrained by %s)", index, actor)
+            self._changed(slot)
+            self._dispatch()
+        return self._view(slot)
+
+    async def clear(self, index: int, actor: str) -> dict[str, Any]:
+        slot = self._slot(index)
+        if slot.state != QUARANTINED:
+            raise LeaseError(f"GPU {index} is not quarantined (it is {slot.state})", 409)
+        reason = (slot.quarantine or {}).get("reason", "")
+        slot.quarantine = None
+        slot.set_state(SCRUBBING)
+        await asyncio.to_thread(self._write_state, self._state_snapshot())
+        await self.store.audit(actor, "gpu.clear", f"gpu {index}", f"was: {reason}")
+        log.info("GPU %d quarantine cleared by %s: scrubbing and checking it again", index, actor)
+        self._changed(slot)
+        self._spawn(self._clean(slot, []), f"clear-scrub-{index}")
+        return self._view(slot)
+
+    async def end_lease(self, lease_id: int, actor: str, reason: str) -> dict[str, Any]:
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not active", 404)
+        reason = reason.strip() or "no reason given"
+        lease.end_override = ("revoked", f"ended by {actor}: {reason}")
+        await self.store.audit(actor, "lease.end", f"lease {lease_id}", reason)
+        log.warning("lease %d ended by %s: %s", lease_id, actor, reason)
+        self._spawn(self._end_worker(lease, f"the gpupool operator ended this GPU lease "
+                                            f"({reason})"), f"end-{lease_id}")
+        return lease.view()
+
+    def _stop_idle(self, slot: Slot) -> None:
+        worker, slot.idle_worker = slot.idle_worker, None
+        if worker is not None:
+            worker.kill()

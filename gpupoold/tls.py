@@ -1,0 +1,93 @@
+"""HTTPS for the HTTP listener: the server's `ssl.SSLContext` from the `http_tls_*` settings.
+
+    http_tls_cert       PEM certificate chain (leaf first)      } both, or neither (plain HTTP)
+    http_tls_key        PEM private key, unencrypted            }
+    http_tls_client_ca  PEM CA bundle: clients must present a certificate it signed (mutual TLS)
+
+TLS 1.2 is the oldest version offered. Client certificates are checked against
+`http_tls_client_ca` only, never the system's CA store: the operator decides who may connect. A
+client certificate is an additional gate, not an identity: API calls still need a token.
+
+Every mistake raises `TlsSettingError` naming the setting and saying what to do; `gpupoold serve`
+turns it into a start-up error. The files are read once, at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+
+from gpupoold.settings import Settings
+
+
+class TlsSettingError(Exception):
+    """The `http_tls_*` settings cannot make a TLS context; the message names the setting."""
+
+
+def _check_file(setting: str, path: Path) -> None:
+    if not path.exists():
+        raise TlsSettingError(f"setting '{setting}': {path} does not exist")
+    if not path.is_file():
+        raise TlsSettingError(f"setting '{setting}': {path} is not a file")
+    if not os.access(path, os.R_OK):
+        raise TlsSettingError(f"setting '{setting}': {path} is not readable by this user "
+                              f"(uid {os.getuid()}): fix its owner or mode")
+
+
+def _no_password(key: Path) -> bytes:
+    # Called by OpenSSL only for an encrypted key. Without it OpenSSL would prompt on the
+    # terminal, which hangs a daemon.
+    raise TlsSettingError(
+        f"setting 'http_tls_key': {key} is encrypted with a passphrase; gpupoold needs it "
+        f"unencrypted (readable only by the gpupoold user): `openssl pkey -in {key} -out "
+        f"PLAIN.key`, then point http_tls_key at PLAIN.key")
+
+
+def server_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
+    """A TLS server context (TLS 1.2+) for `cert`/`key`; with `client_ca`, client certificates
+    signed by it are required."""
+    _check_file("http_tls_cert", cert)
+    _check_file("http_tls_key", key)
+    if client_ca is not None:
+        _check_file("http_tls_client_ca", client_ca)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key, password=lambda: _no_password(key))
+    except ssl.SSLError as exc:
+        raise TlsSettingError(
+            f"settings 'http_tls_cert' / 'http_tls_key': cannot use {cert} with {key} "
+            f"({exc.reason or exc}): both must be PEM files and the key must belong to the "
+            f"certificate (the first certificate in {cert.name})") from None
+    except OSError as exc:
+        raise TlsSettingError(f"settings 'http_tls_cert' / 'http_tls_key': cannot read {cert} "
+                              f"or {key}: {exc.strerror or exc}") from None
+    if client_ca is not None:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except ssl.SSLError as exc:
+            raise TlsSettingError(
+                f"setting 'http_tls_client_ca': {client_ca} has no usable PEM CA certificate "
+                f"({exc.reason or exc})") from None
+        except OSError as exc:
+            raise TlsSettingError(f"setting 'http_tls_client_ca': cannot read {client_ca}: "
+                                  f"{exc.strerror or exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def http_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The HTTP listener's TLS context, or None for plain HTTP (no `http_tls_*` set)."""
+    cert, key, ca = settings.http_tls_cert, settings.http_tls_key, settings.http_tls_client_ca
+    if cert is None and key is None:
+        if ca is not None:
+            raise TlsSettingError("setting 'http_tls_client_ca' needs HTTPS: set 'http_tls_cert' "
+                                  "and 'http_tls_key' as well, or remove 'http_tls_client_ca'")
+        return None
+    if cert is None or key is None:
+        have, missing = ("http_tls_key", "http_tls_cert") if cert is None else (
+            "http_tls_cert", "http_tls_key")
+        raise TlsSettingError(f"setting '{missing}' is not set: HTTPS needs both "
+                              f"'http_tls_cert' and 'http_tls_key' ('{have}' is set)")
+    return server_context(cert, key, ca)

@@ -1,0 +1,367 @@
+"""The lease manager (gpupoold/leases.py) with fake workers, store and cleaner: grants, the FIFO
+queue, token limits, lease ends, scrub outcomes, drain/undrain, quarantine/clear, max duration."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupoold.counters import Counters
+from gpupoold.gpus import Gpu, Inventory
+from gpupoold.leases import (DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, LeaseError,
+                             LeaseManager, LeaseStartError, QueueFull, Slot)
+from gpupoold.requirements import Requirements
+from gpupoold.scrubber import CleanResult
+from gpupoold.settings import Settings
+from gpupoold.waitqueue import ClientInfo, Waiter
+from gpupoold.workers import WorkerExit, WorkerStats
+
+GIB = 1 << 30
+_pids = itertools.count(1000)
+
+
+def make_gpu(i: int, name: str = "NVIDIA H100 80GB HBM3 (gpupool simulated)",
+             memory: int = 80 * GIB) -> Gpu:
+    return Gpu(index=i, name=name, uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+               simulated=True, driver="sim.so", ordinal=0, memory_total=memory)
+
+
+class FakeWorker:
+    def __init__(self, gpu: Gpu) -> None:
+        self.pid = next(_pids)
+        self.gpu = gpu
+        self.init_ms = 1.0
+        self.session_id: int | None = None
+        self.stats = WorkerStats(calls={"launch": 0, "copy": 0, "alloc": 0, "sync": 0,
+                                        "other": 0})
+        self.exited: asyncio.Future[WorkerExit] = asyncio.get_running_loop().create_future()
+        self.ended_with: tuple[str, int] | None = None
+        self.start_ok = True
+
+    async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
+                     hello_req: int) -> None:
+        self.session_id = session_id
+
+    async def wait_started(self, timeout: float) -> bool:
+        return self.start_ok
+
+    async def end(self, text: str, code: int) -> None:
+        self.ended_with = (text, code)
+        self.finish("server ended")
+
+    def kill(self) -> None:
+        self.finish("worker crashed", "killed by SIGKILL")
+
+    def finish(self, reason: str, detail: str = "", bytes_h2d: int = 0) -> None:
+        if not self.exited.done():
+            self.stats.bytes_h2d = bytes_h2d
+            self.exited.set_result(WorkerExit(reason, detail, 0, self.stats))
+
+
+class FakeSupervisor:
+    worker = Path("/fake/gpupool-worker")
+
+    def __init__(self) -> None:
+        self.spawned: list[FakeWorker] = []
+        self.stopped = False
+
+    async def spawn(self, gpu: Gpu, timeout: float = 60.0) -> FakeWorker:
+        w = FakeWorker(gpu)
+        self.spawned.append(w)
+        return w
+
+    async def stop_all(self, grace: float) -> None:
+        self.stopped = True
+        for w in self.spawned:
+            w.finish("shutdown")
+
+
+@dataclass
+class FakeStore:
+    started: dict[int, Any] = field(default_factory=dict)
+    ended: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    scrubbed: dict[int, tuple[bool, dict[str, Any]]] = field(default_factory=dict)
+    audits: list[tuple[str, str, str, str]] = field(default_factory=list)
+    open: list[Any] = field(default_factory=list)
+
+    async def lease_started(self, lease: Any) -> int:
+        lease_id = len(self.started) + 1
+        self.started[lease_id] = lease
+        return lease_id
+
+    async def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
+                          bytes_h2d: int, bytes_d2h: int, calls: dict[str, int]) -> None:
+        self.ended[lease_id] = (reason, detail, bytes_h2d)
+
+    async def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:
+        self.scrubbed[lease_id] = (ok, result)
+
+    async def open_leases(self) -> list[Any]:
+        return self.open
+
+    async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
+        self.audits.append((actor, action, target, detail))
+
+
+class FakeCleaner:
+    def __init__(self) -> None:
+        self.results: list[bool] = []  # next outcomes; empty: ok
+        self.cleaned: list[int] = []
+        self.gate: asyncio.Event | None = None  # when set, cleaning waits for it
+
+    async def clean(self, gpu: Gpu) -> CleanResult:
+        if self.gate is not None:
+            await self.gate.wait()
+        self.cleaned.append(gpu.index)
+        ok = self.results.pop(0) if self.results else True
+        return CleanResult(ok=ok, problems=[] if ok else ["2 volatile uncorrectable ECC errors"],
+                           scrub={"ok": True, "bytes": 123})
+
+
+def client(n: int) -> ClientInfo:
+    return ClientInfo(host=f"host{n}", user="u", pid=n, program="prog", peer=f"10.0.0.{n}:1")
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def mgr(tmp_path: Path) -> Any:
+    managers = []
+
+    async def make(n_gpus: int = 2, gpus: list[Gpu] | None = None, **overrides: Any) -> Any:
+        settings = replace(Settings(state_dir=tmp_path), **overrides)
+        inv = Inventory(tuple(gpus or [make_gpu(i) for i in range(n_gpus)]))
+        m = LeaseManager(inv, settings, FakeStore(), FakeSupervisor(), FakeCleaner(),
+                         Counters())  # type: ignore[arg-type]
+        await m.start()
+        await settle()
+        managers.append(m)
+        return m
+
+    yield make
+    for m in managers:
+        await m.close(0.1)
+
+
+async def lease_on(m: LeaseManager, n: int, token: str = "alice",
+                   req: Requirements | None = None) -> tuple[Waiter, Any]:
+    w = m.enqueue(req or Requirements(), token, client(n))
+    slot = await asyncio.wait_for(w.future, 1)
+    lease = await m.begin(w, slot, b"hello", 1, -1)
+    return w, lease
+
+
+async def test_startup_scrubs_every_gpu_then_frees_them_with_a_prestarted_worker(mgr: Any) -> None:
+    m = await mgr(2)
+    assert m.cleaner.cleaned == [0, 1]
+    assert [s.state for s in m.slots] == [FREE, FREE]
+    assert all(s.idle_worker is not None for s in m.slots)
+
+
+async def test_a_lease_uses_the_prestarted_worker_and_is_recorded(mgr: Any) -> None:
+    m = await mgr(1)
+    idle = m.slots[0].idle_worker
+    _, lease = await lease_on(m, 1)
+    assert lease.worker is idle and idle.session_id == lease.id
+    assert m.slots[0].state == LEASED
+    rec = m.store.started[lease.id]
+    assert (rec.gpu_index, rec.token_name, rec.client_host) == (0, "alice", "host1")
+    lease.worker.finish("client exit", bytes_h2d=4096)
+    await settle()
+    assert m.store.ended[lease.id] == ("client exit", "", 4096)
+    assert m.store.scrubbed[lease.id][0] is True
+    assert m.slots[0].state == FREE and m.cleaner.cleaned == [0, 0]
+    assert m.slots[0].idle_worker is not None and m.slots[0].idle_worker is not idle
+
+
+async def test_one_client_per_gpu_and_the_queue_is_served_in_order(mgr: Any) -> None:
+    m = await mgr(2)
+    leases = [await lease_on(m, i) for i in range(2)]
+    waiters = [m.enqueue(Requirements(), "alice", client(10 + i)) for i in range(4)]
+    await settle()
+    assert not any(w.future.done() for w in waiters)
+    assert [m.position(w) for w in waiters] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    order = []
+    for _, lease in leases:
+        lease.worker.finish("client exit")
+    for w in waiters:
+        slot = await asyncio.wait_for(w.future, 1)
+        order.append(w.client.pid)
+        lease = await m.begin(w, slot, b"", 1, -1)
+        assert sum(1 for s in m.slots if s.lease is not None) <= 2
+        lease.worker.finish("client exit")
+    assert order == [10, 11, 12, 13]
+
+
+async def test_a_waiter_for_a_busy_gpu_does_not_block_others(mgr: Any) -> None:
+    m = await mgr(2)
+    await lease_on(m, 1, req=Requirements(gpu="0"))
+    picky = m.enqueue(Requirements(gpu="0"), "alice", client(2))
+    other = m.enqueue(Requirements(), "bob", client(3))
+    await settle()
+    assert not picky.future.done()
+    assert (await asyncio.wait_for(other.future, 1)).gpu.index == 1
+
+
+async def test_per_token_gpu_limit(mgr: Any) -> None:
+    m = await mgr(2, max_gpus_per_token=1)
+    await lease_on(m, 1, token="alice")
+    second = m.enqueue(Requirements(), "alice", client(2))
+    bob = m.enqueue(Requirements(), "bob", client(3))
+    await settle()
+    assert not second.future.done(), "alice already holds her one GPU"
+    assert (await asyncio.wait_for(bob.future, 1)).gpu.index == 1
+
+
+async def test_queue_full_and_abandon(mgr: Any) -> None:
+    m = await mgr(1, max_queue=1)
+    await lease_on(m, 1)
+    w = m.enqueue(Requirements(), "alice", client(2))
+    with pytest.raises(QueueFull, match="queue is full"):
+        m.enqueue(Requirements(), "alice", client(3))
+    m.abandon(w)
+    assert len(m.queue) == 0
+    m.enqueue(Requirements(), "alice", client(4))
+
+
+async def test_abandoning_a_grant_gives_the_gpu_to_the_next(mgr: Any) -> None:
+    m = await mgr(1)
+    first = m.enqueue(Requirements(), "a", client(1))
+    second = m.enqueue(Requirements(), "b", client(2))
+    await asyncio.wait_for(first.future, 1)
+    m.abandon(first)
+    slot = await asyncio.wait_for(second.future, 1)
+    assert slot.reserved is second and slot.state == LEASED
+
+
+async def test_requirements_refused_at_once_with_reasons(mgr: Any) -> None:
+    m = await mgr(gpus=[make_gpu(0, memory=40 * GIB), make_gpu(1, name="NVIDIA A100")])
+    assert m.feasible(Requirements(model="a100")) is None
+    why = m.feasible(Requirements(model="B200"))
+    assert why is not None and "GPU 0" in why and "GPU 1" in why and "GPUPOOL_GPU_MODEL" in why
+    why = m.feasible(Requirements(min_memory=60 * GIB, model="H100"))
+    assert why is not None and "less than 60 GiB" in why
+    w = m.enqueue(Requirements(model="A100"), "a", client(1))
+    assert (await asyncio.wait_for(w.future, 1)).gpu.index == 1
+
+
+async def test_failed_scrub_quarantines_until_cleared_and_persists(mgr: Any) -> None:
+    m = await mgr(1)
+    _, lease = await lease_on(m, 1)
+    m.cleaner.results = [False]
+    lease.worker.finish("client lost")
+    await settle()
+    slot = m.slots[0]
+    assert slot.state == QUARANTINED and "ECC" in slot.quarantine["reason"]
+    assert m.store.scrubbed[lease.id][0] is False
+    assert m.feasible(Requirements()) is not None  # nothing can serve a client now
+    state_file = m.settings.state_dir / "gpu-state.json"
+    for _ in range(200):  # written from a thread
+        if state_file.exists():
+            break
+        await asyncio.sleep(0.01)
+    saved = json.loads(state_file.read_text())
+    assert saved[slot.gpu.uuid]["quarantine"]["reason"] == slot.quarantine["reason"]
+    # A restarted daemon keeps it quarantined without scrubbing it.
+    m2 = await mgr(1)
+    assert m2.slots[0].state == QUARANTINED and m2.cleaner.cleaned == []
+    with pytest.raises(LeaseError) as e:
+        await m.clear(5, "admin")
+    assert e.value.status == 404
+    view = await m.clear(0, "admin")
+    assert view["state"] in (SCRUBBING, FREE)
+    await settle()
+    assert slot.state == FREE
+    assert ("admin", "gpu.clear", "gpu 0") == m.store.audits[-1][:3]
+    with pytest.raises(LeaseError) as e:
+        await m.clear(0, "admin")
+    assert e.value.status == 409
+
+
+async def test_drain_waits_for_the_lease_then_undrain(mgr: Any) -> None:
+    m = await mgr(1)
+    _, lease = await lease_on(m, 1)
+    view = await m.drain(0, "admin")
+    assert view["draining"] and view["state"] == LEASED
+    lease.worker.finish("client exit")
+    await settle()
+    assert m.slots[0].state == DRAINED and m.slots[0].idle_worker is None
+    w = m.enqueue(Requirements(), "a", client(2))  # feasible() would refuse; enqueue waits
+    await settle()
+    assert not w.future.done()
+    await m.undrain(0, "admin")
+    assert (await asyncio.wait_for(w.future, 1)).gpu.index == 0
+
+
+async def test_operator_ends_a_lease(mgr: Any) -> None:
+    m = await mgr(1)
+    _, lease = await lease_on(m, 1)
+    await m.end_lease(lease.id, "admin", "maintenance")
+    await settle()
+    assert lease.worker.ended_with is not None and "maintenance" in lease.worker.ended_with[0]
+    assert m.store.ended[lease.id][0] == "revoked"
+    with pytest.raises(LeaseError) as e:
+        await m.end_lease(lease.id, "admin", "again")
+    assert e.value.status == 404
+
+
+async def test_max_lease_duration(mgr: Any) -> None:
+    m = await mgr(1, max_lease_seconds=0.05)
+    _, lease = await lease_on(m, 1)
+    await asyncio.wait_for(asyncio.shield(lease.worker.exited), 2)
+    await settle()
+    assert m.store.ended[lease.id][0] == "max duration"
+    assert "maximum duration" in lease.worker.ended_with[0]
+
+
+async def test_worker_that_does_not_start_ends_the_lease(mgr: Any) -> None:
+    m = await mgr(1)
+    idle = m.slots[0].idle_worker
+    idle.start_ok = False
+    w = m.enqueue(Requirements(), "a", client(1))
+    slot: Slot = await asyncio.wait_for(w.future, 1)
+    with pytest.raises(LeaseStartError):
+        await m.begin(w, slot, b"", 1, -1)
+    idle.finish("worker crashed", "exit code 1")
+    await settle()
+    assert m.store.ended[1][0] == "not started"
+    assert m.slots[0].state == FREE
+
+
+async def test_open_records_of_a_dead_daemon_are_closed_and_get_the_startup_scrub(
+        mgr: Any, tmp_path: Path) -> None:
+    @dataclass
+    class Rec:
+        id: int
+        gpu_index: int
+
+    store = FakeStore(open=[Rec(7, 0), Rec(8, 1)])
+    settings = Settings(state_dir=tmp_path)
+    m = LeaseManager(Inventory((make_gpu(0), make_gpu(1))), settings, store,  # type: ignore[arg-type]
+                     FakeSupervisor(), FakeCleaner(), Counters())  # type: ignore[arg-type]
+    await m.start()
+    await settle()
+    try:
+        assert store.ended[7][0] == "daemon lost" and store.ended[8][0] == "daemon lost"
+        assert store.scrubbed[7][0] is True and store.scrubbed[8][0] is True
+    finally:
+        await m.close(0.1)
+
+
+async def test_close_refuses_waiters_and_records_daemon_stopped(mgr: Any) -> None:
+    m = await mgr(1)
+    _, lease = await lease_on(m, 1)
+    w = m.enqueue(Requirements(), "a", client(2))
+    await m.close(0.1)
+    assert w.future.done() and w.future.exception() is not None
+    assert m.store.ended[lease.id][0] == "daemon stopped"
+    assert m.supervisor.stopped

@@ -1,0 +1,406 @@
+"""The SQLite store (gpupoold/store.py): schema and migrations, records, and the daemon's async
+store sharing the database with the CLI's synchronous access."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupoold import store as store_mod
+from gpupoold.store import (SCHEMA_VERSION, NewLease, NotFound, SchemaTooNew, Store, StoreClosed,
+                            StoreDB, TokenExists)
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "gpupoold.db"
+
+
+@pytest.fixture
+def db(db_path: Path) -> Iterator[StoreDB]:
+    d = StoreDB(db_path)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[Store]:
+    s = await Store.open(db_path)
+    yield s
+    await s.close()
+
+
+def new_lease(gpu: int = 0, token: str = "alice", pid: int = 100) -> NewLease:
+    return NewLease(gpu_index=gpu, gpu_uuid=f"GPU-{gpu:04d}", gpu_name="H100 (simulated)",
+                    simulated=True, token_name=token, client_host="laptop", client_user="ada",
+                    client_pid=pid, program="train.py", peer="10.0.0.5:5000",
+                    request="any GPU", queued_s=1.5, started=time.time())
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None)
+
+
+# ----------------------------------------------------------------------- schema, migrations
+def test_a_new_database_gets_the_current_schema_in_wal_mode(db: StoreDB, db_path: Path) -> None:
+    assert db.schema_version() == SCHEMA_VERSION == 1
+    conn = raw(db_path)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"tokens", "leases", "audit"} <= tables
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(tokens)")}
+        assert cols == {"id", "name", "role", "secret_sha256", "created", "expires", "revoked",
+                        "last_used", "created_by"}
+    finally:
+        conn.close()
+    assert db_path.stat().st_mode & 0o777 == 0o600
+
+
+def test_reopening_keeps_the_records(db_path: Path) -> None:
+    first = StoreDB(db_path)
+    first.create_token("alice", "user", None, "test")
+    lease_id = first.lease_started(new_lease())
+    first.close()
+    again = StoreDB(db_path)
+    try:
+        assert again.schema_version() == SCHEMA_VERSION
+        assert [t.name for t in again.list_tokens()] == ["alice"]
+        assert again.get_lease(lease_id) is not None
+    finally:
+        again.close()
+
+
+def test_a_newer_schema_is_refused(db_path: Path) -> None:
+    StoreDB(db_path).close()
+    conn = raw(db_path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(SchemaTooNew, match="version 99.*upgrade gpupoold"):
+        StoreDB(db_path)
+
+
+def test_migrations_run_from_the_stored_version(db_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    v1 = StoreDB(db_path)
+    v1.create_token("alice", "user", None, "test")
+    v1.close()
+    v2 = (*store_mod.MIGRATIONS, ("ALTER TABLE tokens ADD COLUMN note TEXT NOT NULL DEFAULT 'x'",))
+    monkeypatch.setattr(store_mod, "MIGRATIONS", v2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    db = StoreDB(db_path)  # runs only the second step: the first would fail (tables exist)
+    try:
+        assert db.schema_version() == 2
+        assert [t.name for t in db.list_tokens()] == ["alice"]
+    finally:
+        db.close()
+    conn = raw(db_path)
+    assert conn.execute("SELECT note FROM tokens").fetchone()[0] == "x"
+    conn.close()
+
+
+def test_a_failed_migration_changes_nothing(db_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    StoreDB(db_path).close()
+    bad = (*store_mod.MIGRATIONS, ("CREATE TABLE extra (a)", "THIS IS NOT SQL"))
+    monkeypatch.setattr(store_mod, "MIGRATIONS", bad)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    with pytest.raises(sqlite3.OperationalError):
+        StoreDB(db_path)
+    monkeypatch.undo()
+    db = StoreDB(db_path)
+    try:
+        assert db.schema_version() == 1
+    finally:
+        db.close()
+    conn = raw(db_path)
+    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name='extra'").fetchone()[0] == 0
+    conn.close()
+
+
+def test_a_file_that_is_not_a_database_is_an_error(db_path: Path) -> None:
+    db_path.write_bytes(b"not a database at all, just some text that is long enough" * 20)
+    with pytest.raises(sqlite3.DatabaseError):
+        StoreDB(db_path)
+
+
+# ------------------------------------------------------------------------------------ tokens
+def test_create_list_and_revoke_tokens(db: StoreDB) -> None:
+    rec, text = db.create_token("alice", "user", None, "cli:root")
+    assert text.startswith(f"gpt_{rec.id}_")
+    assert (rec.name, rec.role, rec.expires, rec.revoked, rec.last_used, rec.created_by) == (
+        "alice", "user", None, None, None, "cli:root")
+    later = time.time() + 3600
+    db.create_token("bob", "admin", later, "cli:root")
+    assert [(t.name, t.role, t.expires) for t in db.list_tokens()] == [
+        ("alice", "user", None), ("bob", "admin", later)]
+    revoked = db.revoke_token("alice", "cli:root")
+    assert revoked.revoked is not None and revoked.state() == "revoked"
+    assert db.get_token("alice") == revoked
+    assert db.get_token("nobody") is None
+    actions = [(a.actor, a.action, a.target) for a in reversed(db.audit_log())]
+    assert actions == [("cli:root", "token.create", "token alice"),
+                       ("cli:root", "token.create", "token bob"),
+                       ("cli:root", "token.revoke", "token alice")]
+
+
+def test_token_json_never_holds_the_hash(db: StoreDB) -> None:
+    rec, text = db.create_token("alice", "user", None, "t")
+    data = rec.to_json()
+    assert set(data) == {"id", "name", "role", "created", "expires", "revoked", "last_used",
+                         "created_by", "state"}
+    dumped = json.dumps(data)
+    assert text[17:] not in dumped and "sha256" not in dumped
+
+
+def test_token_names_are_unique_even_after_revocation(db: StoreDB) -> None:
+    db.create_token("alice", "user", None, "t")
+    with pytest.raises(TokenExists):
+        db.create_token("alice", "admin", None, "t")
+    db.revoke_token("alice", "t")
+    with pytest.raises(TokenExists):
+        db.create_token("alice", "user", None, "t")
+
+
+def test_bad_name_or_role_is_refused(db: StoreDB) -> None:
+    with pytest.raises(ValueError, match="only letters"):
+        db.create_token("no spaces", "user", None, "t")
+    with pytest.raises(ValueError, match="role"):
+        db.create_token("alice", "root", None, "t")
+    assert db.list_tokens() == []
+
+
+def test_revoking_twice_keeps_the_first_time_and_audits_once(db: StoreDB) -> None:
+    db.create_token("alice", "user", None, "t")
+    first = db.revoke_token("alice", "t")
+    second = db.revoke_token("alice", "t")
+    assert second.revoked == first.revoked
+    assert [a.action for a in db.audit_log()].count("token.revoke") == 1
+    with pytest.raises(NotFound):
+        db.revoke_token("nobody", "t")
+
+
+def test_replace_token_invalidates_the_old_secret(db: StoreDB) -> None:
+    old, old_text = db.replace_token("local-admin", "admin", "gpupoold")
+    new, new_text = db.replace_token("local-admin", "admin", "gpupoold")
+    assert old.id != new.id and old_text != new_text
+    assert [t.name for t in db.list_tokens()] == ["local-admin"]
+    assert db.verify_token(old_text).result == "unknown"
+    assert db.verify_token(new_text).result == "ok"
+    assert [a.action for a in reversed(db.audit_log())] == ["token.create", "token.rotate"]
+
+
+def test_verify_results(db: StoreDB) -> None:
+    _, ok = db.create_token("ok", "user", None, "t")
+    _, gone = db.create_token("gone", "user", None, "t")
+    db.revoke_token("gone", "t")
+    _, old = db.create_token("old", "user", time.time() - 1, "t")
+    assert db.verify_token(ok).result == "ok" and db.verify_token(ok).token.name == "ok"
+    assert db.verify_token(f"  {ok}\n").result == "ok"  # as read from a file or variable
+    assert db.verify_token("").result == "missing"
+    assert db.verify_token("   ").result == "missing"
+    assert db.verify_token("hunter2").result == "malformed"
+    assert db.verify_token(gone).result == "revoked"
+    assert db.verify_token(old).result == "expired"
+    unknown = db.verify_token("gpt_000000000000_" + "A" * 43)
+    assert (unknown.result, unknown.token, unknown.token_id) == ("unknown", None, "000000000000")
+    # The id of a known token with another secret: unknown, and nothing about that token.
+    wrong = ok[:-1] + ("B" if ok[-1] != "B" else "C")
+    assert (db.verify_token(wrong).result, db.verify_token(wrong).token) == ("unknown", None)
+    # Only the holder of the right secret learns that a token was revoked.
+    wrong_gone = gone[:-1] + ("B" if gone[-1] != "B" else "C")
+    assert db.verify_token(wrong_gone).result == "unknown"
+
+
+def test_expiry_is_checked_at_verification_time(db: StoreDB) -> None:
+    rec, text = db.create_token("soon", "user", 5000.0, "t")
+    assert db.verify_token(text, now=4999.0).result == "ok"
+    assert db.verify_token(text, now=5000.0).result == "expired"
+
+
+def test_the_database_holds_no_secret(db: StoreDB, db_path: Path) -> None:
+    texts = [db.create_token(f"user{i}", "user", None, "t")[1] for i in range(5)]
+    files = [p for p in db_path.parent.iterdir() if p.name.startswith(db_path.name)]
+    blob = b"".join(p.read_bytes() for p in files)
+    for text in texts:
+        secret = text[len("gpt_") + 13:]  # the secret itself may contain '_'
+        assert len(secret) == 43
+        assert secret.encode() not in blob and text.encode() not in blob
+        assert store_mod.hash_secret(secret).encode() in blob  # what is stored instead
+
+
+def test_touch_never_moves_last_used_back(db: StoreDB) -> None:
+    rec, _ = db.create_token("alice", "user", None, "t")
+    db.touch_token(rec.id, 2000.0)
+    db.touch_token(rec.id, 1000.0)
+    assert db.get_token("alice").last_used == 2000.0
+
+
+# ------------------------------------------------------------------------------------ leases
+def test_lease_life_cycle(db: StoreDB) -> None:
+    lease_id = db.lease_started(new_lease(gpu=1))
+    (open_rec,) = db.open_leases()
+    assert open_rec.id == lease_id and open_rec.ended is None and open_rec.scrub_ok is None
+    assert open_rec.simulated is True and open_rec.calls == {}
+    calls = {"launch": 3, "copy": 4, "alloc": 1, "sync": 2, "other": 0}
+    db.lease_ended(lease_id, 1234.5, "client lost", "connection reset", 10, 20, calls)
+    scrub = {"ok": True, "problems": [], "scrub": {"bytes": 80 << 30, "duration_s": 1.5}}
+    db.lease_scrubbed(lease_id, True, scrub)
+    assert db.open_leases() == []
+    rec = db.get_lease(lease_id)
+    assert rec is not None
+    assert (rec.ended, rec.end_reason, rec.end_detail, rec.bytes_h2d, rec.bytes_d2h) == (
+        1234.5, "client lost", "connection reset", 10, 20)
+    assert rec.calls == calls and rec.scrub_ok is True and rec.scrub == scrub
+    data = json.loads(json.dumps(rec.to_json()))
+    assert data["id"] == lease_id and data["gpu_index"] == 1 and data["token_name"] == "alice"
+    assert data["client_pid"] == 100 and data["scrub"]["scrub"]["bytes"] == 80 << 30
+    assert db.get_lease(lease_id + 1) is None
+
+
+def test_unknown_lease_ids_are_not_found(db: StoreDB) -> None:
+    with pytest.raises(NotFound):
+        db.lease_ended(42, 1.0, "client exit", "", 0, 0, {})
+    with pytest.raises(NotFound):
+        db.lease_scrubbed(42, True, {})
+
+
+def test_lease_listing_filters_and_pages(db: StoreDB) -> None:
+    ids = [db.lease_started(new_lease(pid=i)) for i in range(7)]
+    for lease_id in ids[:4]:
+        db.lease_ended(lease_id, time.time(), "client exit", "", 0, 0, {})
+    assert [r.id for r in db.leases("all")] == ids[::-1]
+    assert [r.id for r in db.leases("active")] == ids[4:][::-1]
+    assert [r.id for r in db.leases("ended")] == ids[:4][::-1]
+    page1 = db.leases("all", limit=3)
+    page2 = db.leases("all", limit=3, before=page1[-1].id)
+    page3 = db.leases("all", limit=3, before=page2[-1].id)
+    assert [r.id for r in page1 + page2 + page3] == ids[::-1]
+    with pytest.raises(ValueError, match="active, ended, all"):
+        db.leases("open")
+
+
+def test_audit_log_pages_newest_first(db: StoreDB) -> None:
+    ids = [db.audit("root", "gpu.drain", f"gpu {i}", "free") for i in range(5)]
+    log = db.audit_log(limit=2)
+    assert [a.id for a in log] == ids[::-1][:2]
+    assert [a.id for a in db.audit_log(limit=10, before=log[-1].id)] == ids[::-1][2:]
+    entry = log[0].to_json()
+    assert set(entry) == {"id", "time", "actor", "action", "target", "detail"}
+    assert (entry["actor"], entry["action"], entry["target"], entry["detail"]) == (
+        "root", "gpu.drain", "gpu 4", "free")
+
+
+# ------------------------------------------------------------------------- the async store
+async def test_async_store_round_trip(store: Store) -> None:
+    rec, text = await store.create_token("alice", "admin", None, actor="api:root")
+    assert (await store.verify_token(text)).token == rec
+    lease_id = await store.lease_started(new_lease())
+    assert [r.id for r in await store.open_leases()] == [lease_id]
+    await store.lease_ended(lease_id, time.time(), "client exit", "", 1, 2, {"copy": 1})
+    await store.lease_scrubbed(lease_id, False, {"ok": False, "problems": ["ecc"]})
+    got = await store.get_lease(lease_id)
+    assert got is not None and got.scrub_ok is False and got.calls == {"copy": 1}
+    assert [r.id for r in await store.leases("ended", 10, None)] == [lease_id]
+    await store.audit("api:root", "lease.end", f"lease {lease_id}", "why")
+    assert [a.action for a in await store.audit_log(10)] == ["lease.end", "token.create"]
+    assert (await store.revoke_token("alice", actor="api:root")).revoked is not None
+    assert [t.name for t in await store.list_tokens()] == ["alice"]
+    with pytest.raises(NotFound):
+        await store.revoke_token("nobody", actor="x")
+
+
+async def test_calls_run_on_one_thread_that_is_not_the_event_loop(store: Store) -> None:
+    threads = {await store._run(threading.get_ident) for _ in range(5)}
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    # The connection belongs to that thread: sqlite3 itself refuses it anywhere else.
+    with pytest.raises(sqlite3.ProgrammingError):
+        store._db.list_tokens()
+
+
+async def test_a_locked_database_does_not_block_the_event_loop(store: Store,
+                                                               db_path: Path) -> None:
+    """Another process (the CLI) holding the write lock makes the store's write wait, on the
+    store's thread; the loop keeps running meanwhile and the write lands when the lock goes."""
+    other = raw(db_path)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        write = asyncio.create_task(store.audit("root", "gpu.drain", "gpu 0"))
+        ticks = 0
+        for _ in range(50):
+            await asyncio.sleep(0)
+            ticks += 1
+        assert ticks == 50 and not write.done()
+        other.execute("COMMIT")
+        await write
+    finally:
+        other.close()
+    assert [a.action for a in await store.audit_log()] == ["gpu.drain"]
+
+
+async def test_cli_and_daemon_write_at_the_same_time(store: Store, db_path: Path) -> None:
+    """The CLI's synchronous StoreDB (another thread here, another process in real life) and
+    the daemon's Store write to one database concurrently: nothing fails, nothing is lost."""
+    errors: list[BaseException] = []
+    go = threading.Event()
+
+    def cli() -> None:
+        db = StoreDB(db_path)
+        try:
+            go.wait()
+            for i in range(25):
+                db.create_token(f"cli{i}", "user", None, "cli:root")
+                db.revoke_token(f"cli{i}", "cli:root")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            db.close()
+
+    thread = threading.Thread(target=cli)
+    thread.start()
+    try:
+        go.set()
+        lease_ids = await asyncio.gather(*(store.lease_started(new_lease(pid=i))
+                                           for i in range(40)))
+        await asyncio.gather(*(store.lease_ended(i, time.time(), "client exit", "", 0, 0, {})
+                               for i in lease_ids))
+        await asyncio.gather(*(store.audit("api", "gpu.drain", f"gpu {i}") for i in range(20)))
+    finally:
+        await asyncio.to_thread(thread.join)
+    assert errors == []
+    assert sorted(lease_ids) == list(range(1, 41))
+    assert len(await store.leases("ended", 1000)) == 40
+    tokens = await store.list_tokens()
+    assert len(tokens) == 25 and all(t.revoked for t in tokens)
+    actions = [a.action for a in await store.audit_log(1000)]
+    assert (actions.count("token.create"), actions.count("token.revoke"),
+            actions.count("gpu.drain")) == (25, 25, 20)
+
+
+async def test_close_finishes_pending_calls_then_refuses(db_path: Path) -> None:
+    store = await Store.open(db_path)
+    pending = [asyncio.create_task(store.audit("a", "x", str(i))) for i in range(10)]
+    await asyncio.sleep(0)  # the tasks submit their calls
+    await store.close()
+    await asyncio.gather(*pending)
+    await store.close()  # twice is fine
+    with pytest.raises(StoreClosed):
+        await store.list_tokens()
+    check = StoreDB(db_path)
+    try:
+        assert len(check.audit_log()) == 10
+    finally:
+        check.close()
+
+
+async def test_open_failure_is_raised(db_path: Path) -> None:
+    db_path.write_bytes(b"garbage " * 1000)
+    with pytest.raises(sqlite3.DatabaseError):
+        await Store.open(db_path)

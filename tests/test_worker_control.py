@@ -1,0 +1,533 @@
+"""gpupool-worker's control mode (--control-fd) and gpupoold/workers.py, on the simulated device.
+
+The tests play the daemon (WorkerSupervisor, or the control socket by hand for what the
+supervisor never does) and the client (a TCP connection, frames from the generated protocol).
+Under the sanitizer build (GPUPOOL_SAN=1 GPUPOOL_BUILD_DIR=...-asan) every worker's output is
+checked for sanitizer reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import gpupool_protocol as gp
+import pytest
+from conftest import BUILD_DIR, SANITIZER_MARKS, require
+
+from gpupoold.gpus import Gpu
+from gpupoold.workers import (Worker, WorkerExit, WorkerStartError, WorkerStats,
+                              WorkerSupervisor, describe_exit)
+
+pytestmark = pytest.mark.san  # quick: scripts/test.sh runs them against the sanitizer build too
+
+WORKER = BUILD_DIR / "gpupool-worker"
+SIM = BUILD_DIR / "libgpupool-sim.so"
+VA_BASE = 0x200000000000
+VA_SIZE = 1 << 40
+PRIMARY_CTX = 0x6750000000000000 | (1 << 40) | 1
+H_MODULE, H_FUNC = 4, 6
+CUDA_ERROR_DEVICE_UNAVAILABLE = 46
+HELLO_REQ = 7
+# The sim accepts PTX text and runs the gp_test_* kernels it knows by name.
+NOOP_PTX = b""".version 8.0
+.target sm_90
+.address_size 64
+.visible .entry gp_test_noop()
+{
+    ret;
+}
+\0"""
+
+
+def handle(kind: int, n: int) -> int:
+    return 0x6750000000000000 | (kind << 40) | n
+
+
+# ---------------------------------------------------------------------------------- fixtures
+@pytest.fixture(autouse=True)
+def built(native_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require(WORKER.exists(), "gpupool-worker is not built")
+    require(SIM.exists(), "the simulated device (libgpupool-sim.so) is not built")
+    monkeypatch.delenv("GPUPOOL_SIM_CONFIG", raising=False)  # the sim's defaults
+
+
+@pytest.fixture(autouse=True)
+def worker_output(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Everything the workers printed (through the supervisor's log); no sanitizer reports."""
+    caplog.set_level(logging.INFO, logger="gpupoold")
+    yield caplog
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpupoold.worker"]
+    for bad in (*SANITIZER_MARKS, "Segmentation", "Aborted"):
+        assert not any(bad in line for line in lines), "\n".join(lines)
+
+
+@pytest.fixture
+def gpu() -> Gpu:
+    return Gpu(index=0, name="simulated", uuid="", simulated=True, driver=str(SIM), ordinal=0)
+
+
+@pytest.fixture
+async def supervisor(tmp_path: Path) -> AsyncIterator[WorkerSupervisor]:
+    sup = WorkerSupervisor(WORKER, tmp_path / "cache")
+    yield sup
+    await sup.stop_all(grace=10)
+    assert not sup.workers
+
+
+# ---------------------------------------------------------------------------------- the client
+class Client:
+    """The client end of a TCP connection whose server end is handed to a worker (blocking; the
+    tests run it in a thread so that the event loop keeps reading the control socket)."""
+
+    def __init__(self) -> None:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            self.sock = socket.create_connection(listener.getsockname())
+            self.server_side, _ = listener.accept()
+        self.sock.settimeout(60)
+        self.notices: list[gp.Notice] = []
+        self._req = 100
+
+    def hand_over(self) -> int:
+        """The server end's descriptor, for Worker.assign (close_server_side() afterwards)."""
+        return self.server_side.fileno()
+
+    def close_server_side(self) -> None:
+        self.server_side.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.server_side.close()
+
+    def _exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            b = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not b:
+                raise EOFError("the worker closed the connection")
+            buf += b
+        return bytes(buf)
+
+    def frame(self) -> tuple[int, int, bytes]:
+        """The next frame that is not a notice (notices are kept in self.notices)."""
+        while True:
+            length, op, flags, req = gp.HEADER.unpack(self._exact(gp.HEADER.size))
+            body = self._exact(length)
+            if op == gp.Notice.OP and not flags & gp.FLAG_REPLY:
+                self.notices.append(gp.Notice.decode(body))
+                continue
+            return op, req, body
+
+    def hello_reply(self) -> gp.HelloReply:
+        op, req, body = self.frame()
+        assert (op, req) == (gp.Hello.OP, HELLO_REQ)
+        return gp.HelloReply.decode(body)
+
+    def post(self, msg: object, bulk: bytes = b"") -> None:
+        self.sock.sendall(gp.encode_frame(msg, 0) + bulk)
+
+    def call(self, msg: object, bulk: bytes = b"") -> tuple[object, bytes]:
+        self._req += 1
+        self.sock.sendall(gp.encode_frame(msg, self._req) + bulk)
+        op, req, body = self.frame()
+        assert (op, req) == (msg.OP, self._req)  # type: ignore[attr-defined]
+        reply = gp.REPLIES[op].decode(body)
+        data = self._exact(reply.data) if isinstance(reply, gp.MemcpyDtohReply) else b""
+        return reply, data
+
+    def wait_closed(self) -> None:
+        """Reads until the worker closes the connection (collecting notices)."""
+        while True:
+            try:
+                self.frame()
+            except (EOFError, ConnectionError):
+                return
+
+
+def hello_body(va_base: int = VA_BASE, va_size: int = VA_SIZE) -> bytes:
+    return gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=os.getpid(),
+                    host="testhost", user="tester", program="test_worker_control",
+                    va_base=va_base, va_size=va_size).encode()
+
+
+async def start_session(worker: Worker, session_id: int, client: Client,
+                        body: bytes | None = None) -> bool:
+    await worker.assign(session_id, client.hand_over(), body or hello_body(), HELLO_REQ)
+    client.close_server_side()
+    return await worker.wait_started(60)
+
+
+def some_work(c: Client, size: int) -> bytes:
+    """alloc, H2D, D2H, a module with a kernel launched twice, a sync. Returns the data read."""
+    r, _ = c.call(gp.MemAlloc(size=size, stream=0, flags=0))
+    assert r.result == 0  # type: ignore[attr-defined]
+    ptr = r.dptr  # type: ignore[attr-defined]
+    data = os.urandom(size)
+    c.post(gp.MemcpyHtod(dst=ptr, stream=0, is_async=0, data=len(data)), data)
+    r, back = c.call(gp.MemcpyDtoh(src=ptr, size=size, stream=0, is_async=0))
+    assert r.result == 0  # type: ignore[attr-defined]
+    mod, func = handle(H_MODULE, 1), handle(H_FUNC, 1)
+    r, _ = c.call(gp.ModuleLoad(module=mod, kind=0, sha256=hashlib.sha256(NOOP_PTX).digest(),
+                                image_size=len(NOOP_PTX), data=len(NOOP_PTX)), NOOP_PTX)
+    assert r.result == 0, r  # type: ignore[attr-defined]
+    r, _ = c.call(gp.GetFunction(module=mod, kind=0, func=func, name="gp_test_noop"))
+    assert r.result == 0, r  # type: ignore[attr-defined]
+    for _ in range(2):
+        c.post(gp.Launch(func=func, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1,
+                         block_z=1, shared_mem=0, stream=0, params=b"", attrs=b""))
+    c.post(gp.MemFree(dptr=ptr, stream=0))
+    r, _ = c.call(gp.CtxSynchronize())  # also the result of the posted calls
+    assert r.result == 0  # type: ignore[attr-defined]
+    assert back == data
+    return back
+
+
+async def exited(worker: Worker, timeout: float = 60) -> WorkerExit:
+    return await asyncio.wait_for(asyncio.shield(worker.exited), timeout)
+
+
+# ---------------------------------------------------------------------------------- pre-start
+async def test_ready_then_end_before_any_session(supervisor: WorkerSupervisor, gpu: Gpu,
+                                                 worker_output: pytest.LogCaptureFixture) -> None:
+    w = await supervisor.spawn(gpu)
+    assert w.init_ms > 0 and w.spawn_ms > 0
+    assert "simulated" in w.device
+    assert w.uuid.startswith("GPU-") and w.total_memory > 0
+    assert w.session_id is None and not w.exited.done()
+    os.kill(w.pid, 0)  # alive, waiting for a session
+    assert w in supervisor.workers
+    await w.end("retired", gp.GP_EREFUSED)
+    ex = await exited(w)
+    assert (ex.reason, ex.exit_code) == ("server ended", 0), ex
+    assert ex.stats == WorkerStats()
+    assert w not in supervisor.workers
+    lines = [r.getMessage() for r in worker_output.records if r.name == "gpupoold.worker"]
+    assert any(line.startswith("[GPU 0 prestart] ") and "ready on" in line for line in lines), lines
+
+
+async def test_setup_failure_is_a_start_error(supervisor: WorkerSupervisor, tmp_path: Path) -> None:
+    bad = Gpu(index=3, name="x", uuid="", simulated=True, driver=str(tmp_path / "nope.so"),
+              ordinal=0)
+    with pytest.raises(WorkerStartError, match=r"GPU 3 failed to start: cannot load the driver"):
+        await supervisor.spawn(bad)
+    assert not supervisor.workers  # reaped
+
+
+async def test_no_binary_or_driver(tmp_path: Path, gpu: Gpu) -> None:
+    with pytest.raises(WorkerStartError, match="no gpupool-worker binary"):
+        await WorkerSupervisor(None, tmp_path).spawn(gpu)
+    nodrv = Gpu(index=1, name="x", uuid="", simulated=True, driver="", ordinal=0)
+    with pytest.raises(WorkerStartError, match="GPU 1 has no driver library"):
+        await WorkerSupervisor(WORKER, tmp_path).spawn(nodrv)
+
+
+def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/lib/evil.so")
+    monkeypatch.setenv("GPUPOOL_TEST_MARK", "daemon")
+    g = Gpu(index=0, name="x", uuid="", simulated=True, driver="d", ordinal=0,
+            env={"GPUPOOL_SIM_CONFIG": "/c.conf", "GPUPOOL_TEST_MARK": "gpu"})
+    env = WorkerSupervisor.environment(g)
+    assert "LD_PRELOAD" not in env
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["GPUPOOL_SIM_CONFIG"] == "/c.conf" and env["GPUPOOL_TEST_MARK"] == "gpu"
+    assert env["PATH"] == os.environ["PATH"]
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(0).startswith("exit code 0")
+    assert describe_exit(-200) == "killed by signal 200"
+
+
+# ---------------------------------------------------------------------------------- sessions
+async def test_session_goodbye(supervisor: WorkerSupervisor, gpu: Gpu,
+                               worker_output: pytest.LogCaptureFixture) -> None:
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    try:
+        assert await start_session(w, 41, c)
+        assert w.session_id == 41 and w.start_ms > 0
+        reply = await asyncio.to_thread(c.hello_reply)
+        assert reply.result == 0 and reply.session_id == 41 and reply.simulated == 1
+        assert (reply.va_base, reply.va_size) == (VA_BASE, VA_SIZE)
+        assert "simulated" in reply.name and len(reply.attributes) > 100
+        size = 3 << 20
+        await asyncio.to_thread(some_work, c, size)
+        c.post(gp.Goodbye())
+        ex = await exited(w)
+    finally:
+        c.close()
+    assert (ex.reason, ex.exit_code) == ("client exit", 0), ex
+    assert ex.stats.bytes_h2d == size and ex.stats.bytes_d2h == size
+    assert ex.stats.module_bytes == len(NOOP_PTX)
+    assert ex.stats.calls == {"launch": 2, "copy": 2, "alloc": 2, "sync": 1, "other": 2}
+    assert ex.stats.duration_s > 0
+    assert w.stats == ex.stats
+    lines = [r.getMessage() for r in worker_output.records if r.name == "gpupoold.worker"]
+    assert any(line.startswith("[session 41] ") and "goodbye" in line for line in lines), lines
+
+
+async def test_client_lost(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    assert await start_session(w, 2, c)
+    assert (await asyncio.to_thread(c.hello_reply)).result == 0
+    c.close()  # no goodbye
+    ex = await exited(w)
+    assert (ex.reason, ex.exit_code) == ("client lost", 0), ex
+    assert "without goodbye" in ex.detail
+
+
+async def test_protocol_error(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    try:
+        assert await start_session(w, 12, c)
+        assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        c.sock.sendall(gp.HEADER.pack(0, gp.Ping.OP, gp.FLAG_REPLY, 5))  # a reply, from a client
+        await asyncio.to_thread(c.wait_closed)
+        ex = await exited(w)
+    finally:
+        c.close()
+    assert [n.code for n in c.notices] == [gp.GP_EPROTO]
+    assert (ex.reason, ex.detail, ex.exit_code) == ("protocol error", c.notices[0].text, 0), ex
+    assert ex.stats.calls == dict.fromkeys(("launch", "copy", "alloc", "sync", "other"), 0)
+
+
+async def test_server_ends_the_session(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    try:
+        assert await start_session(w, 3, c)
+        assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        r, _ = await asyncio.to_thread(c.call, gp.MemAlloc(size=1 << 20, stream=0, flags=0))
+        assert r.result == 0  # type: ignore[attr-defined]
+        text = "the operator ended this lease; run the program again"
+        await w.end(text, gp.GP_EREFUSED)
+        await asyncio.to_thread(c.wait_closed)
+        ex = await exited(w)
+    finally:
+        c.close()
+    assert [(n.code, n.op, n.text) for n in c.notices] == [(gp.GP_EREFUSED, 0, text)]
+    assert (ex.reason, ex.detail, ex.exit_code) == ("server ended", text, 0), ex
+    assert ex.stats.calls["alloc"] == 1
+
+
+async def test_end_while_the_client_does_not_read(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    """A worker stuck writing to a client that does not read still sees END and ends."""
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    size = 256 << 20  # far more than the socket buffers hold
+    try:
+        assert await start_session(w, 10, c)
+        assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        r, _ = await asyncio.to_thread(c.call, gp.MemAlloc(size=size, stream=0, flags=0))
+        assert r.result == 0  # type: ignore[attr-defined]
+        c.post(gp.MemcpyDtoh(src=r.dptr, size=size, stream=0, is_async=0), b"")  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 60
+        # The copy has started: the worker is stuck writing, and still sends stats from there.
+        while w.stats.bytes_d2h != size and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert w.stats.bytes_d2h == size
+        await w.end("ended while you were not reading", gp.GP_EREFUSED)
+        ex = await exited(w)
+    finally:
+        c.close()
+    assert (ex.reason, ex.exit_code) == ("server ended", 0), ex
+    assert ex.stats.bytes_d2h == size
+
+
+async def test_worker_killed(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    try:
+        assert await start_session(w, 4, c)
+        os.kill(w.pid, signal.SIGKILL)
+        ex = await exited(w)
+    finally:
+        c.close()
+    assert (ex.reason, ex.detail, ex.exit_code) == ("worker crashed", "killed by SIGKILL", -9)
+
+
+async def test_kill_by_the_daemon(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    w = await supervisor.spawn(gpu)
+    w.kill()
+    ex = await exited(w)
+    assert ex.reason == "worker crashed" and "killed by gpupoold" in ex.detail
+    with pytest.raises(WorkerStartError, match="has exited"):
+        await w.assign(9, 0, hello_body(), HELLO_REQ)
+    await w.end("gone anyway", 0)  # no-op
+
+
+async def test_refused_hello(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    try:
+        # Not aligned to the granularity: the worker cannot reserve this window.
+        assert not await start_session(w, 5, c, hello_body(va_base=VA_BASE + 0x1000))
+        reply = await asyncio.to_thread(c.hello_reply)
+        ex = await exited(w)
+    finally:
+        c.close()
+    assert reply.result == gp.GP_EVAWINDOW and "VA window" in reply.message
+    assert w.refusal is not None and w.refusal[0] == gp.GP_EVAWINDOW
+    assert w.refusal[1] == reply.message
+    assert (ex.reason, ex.exit_code) == ("refused", 1), ex
+
+
+async def test_stats_during_a_long_transfer(tmp_path: Path, gpu: Gpu) -> None:
+    events: list[WorkerStats] = []
+    sup = WorkerSupervisor(WORKER, tmp_path / "cache", on_stats=lambda w: events.append(w.stats))
+    w = await sup.spawn(gpu)
+    c = Client()
+    chunk = 8 << 20
+    try:
+        assert await start_session(w, 6, c)
+        assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        r, _ = await asyncio.to_thread(c.call, gp.MemAlloc(size=chunk, stream=0, flags=0))
+        ptr = r.dptr  # type: ignore[attr-defined]
+        data = bytes(chunk)
+        sent = 0
+        deadline = time.monotonic() + 120
+        # Copy until two stats events have come during the transfer (the worker sends one a
+        # second at most), however long that takes on this machine.
+        while len(events) < 2 and time.monotonic() < deadline:
+            await asyncio.to_thread(c.post, gp.MemcpyHtod(dst=ptr, stream=0, is_async=0,
+                                                          data=chunk), data)
+            sent += chunk
+        assert len(events) >= 2
+        await asyncio.to_thread(c.call, gp.CtxSynchronize())
+        # The last change (the sync) is reported too, then nothing while nothing changes.
+        while events[-1].calls["sync"] != 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert events[-1].bytes_h2d == sent and events[-1].calls["sync"] == 1
+        quiet = len(events)
+        await asyncio.sleep(1.5)
+        assert len(events) == quiet
+        c.post(gp.Goodbye())
+        ex = await exited(w)
+    finally:
+        c.close()
+        await sup.stop_all(grace=10)
+    values = [e.bytes_h2d for e in events]
+    assert values == sorted(values)
+    assert all(a.calls != b.calls for a, b in zip(events, events[1:])), events  # on a change
+    assert all(e.calls["copy"] >= 1 for e in events)
+    assert ex.reason == "client exit" and ex.stats.bytes_h2d == sent
+
+
+async def test_stop_all(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    idle = await supervisor.spawn(gpu)
+    busy = await supervisor.spawn(gpu)
+    c = Client()
+    try:
+        assert await start_session(busy, 8, c)
+        assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        await supervisor.stop_all(grace=30)
+        await asyncio.to_thread(c.wait_closed)
+    finally:
+        c.close()
+    assert idle.exited.result().reason == "shutdown" and idle.exited.result().exit_code == 0
+    assert busy.exited.result().reason == "shutdown" and busy.exited.result().exit_code == 0
+    assert [n.code for n in c.notices] == [CUDA_ERROR_DEVICE_UNAVAILABLE]
+    with pytest.raises(WorkerStartError, match="shutting down"):
+        await supervisor.spawn(gpu)
+
+
+# ---------------------------------------------------------------------------------- raw socket
+class RawWorker:
+    """The worker with a control socket held by the test itself: for what the supervisor never
+    does (closing the socket under the worker, sending garbage)."""
+
+    def __init__(self, cache: Path) -> None:
+        self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ctl.settimeout(60)
+        env = WorkerSupervisor.environment(Gpu(0, "x", "", True, str(SIM), 0))
+        self.proc = subprocess.Popen(
+            [str(WORKER), "--control-fd", str(theirs.fileno()), "--driver", str(SIM),
+             "--device", "0", "--cache-dir", str(cache), "--simulated"],
+            pass_fds=(theirs.fileno(),), env=env, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL)
+        theirs.close()
+
+    def event(self) -> dict[str, object]:
+        data = self.ctl.recv(65536)
+        assert data, "control socket closed"
+        ev = json.loads(data)
+        assert isinstance(ev, dict)
+        return ev
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+            self.ctl.close()
+        text = err.decode(errors="replace")
+        for bad in SANITIZER_MARKS:
+            assert bad not in text, text
+        return self.proc.returncode, text
+
+
+def test_control_socket_closed_while_idle(tmp_path: Path) -> None:
+    rw = RawWorker(tmp_path)
+    assert rw.event()["event"] == "ready"
+    rw.ctl.shutdown(socket.SHUT_RDWR)  # the daemon is gone
+    code, err = rw.finish(timeout=5)  # promptly: not a timeout
+    assert code == 0 and "gpupoold is gone" in err
+
+
+def test_control_socket_closed_during_a_session(tmp_path: Path) -> None:
+    rw = RawWorker(tmp_path)
+    assert rw.event()["event"] == "ready"
+    c = Client()
+    try:
+        body = hello_body()
+        msg = struct.pack("<4sIQQI", b"GPWS", 1, 77, HELLO_REQ, len(body)) + body
+        socket.send_fds(rw.ctl, [msg], [c.hand_over()])
+        c.close_server_side()
+        assert rw.event() == {"event": "started", "session": 77}
+        assert c.hello_reply().result == 0
+        rw.ctl.shutdown(socket.SHUT_RDWR)
+        c.wait_closed()  # the worker closes the client connection...
+        code, err = rw.finish(timeout=5)  # ...and exits promptly, with no end event
+    finally:
+        c.close()
+    assert code == 0 and "gpupoold is gone" in err
+    assert [n.code for n in c.notices] == [CUDA_ERROR_DEVICE_UNAVAILABLE]
+
+
+@pytest.mark.parametrize("garbage", [b"GPWS", b"hello?", struct.pack("<4sIQQI", b"GPWS", 2, 1, 1, 0)])
+def test_malformed_session(tmp_path: Path, garbage: bytes) -> None:
+    rw = RawWorker(tmp_path)
+    assert rw.event()["event"] == "ready"
+    rw.ctl.send(garbage)
+    ev = rw.event()
+    assert ev["event"] == "failed" and "reinstall gpupool" in str(ev["error"])
+    code, _ = rw.finish(timeout=30)
+    assert code == 1
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    base = ["--driver", str(SIM), "--device", "0", "--cache-dir", str(tmp_path)]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stream:
+        p = subprocess.run([str(WORKER), "--control-fd", str(stream.fileno()), *base],
+                           pass_fds=(stream.fileno(),), capture_output=True, timeout=30)
+    assert p.returncode == 2 and b"SOCK_SEQPACKET" in p.stderr
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        p = subprocess.run([str(WORKER), "--control-fd", str(b.fileno()), "--session-id", "1",
+                            *base], pass_fds=(b.fileno(),), capture_output=True, timeout=30)
+    assert p.returncode == 2 and b"excludes" in p.stderr

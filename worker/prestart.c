@@ -1,0 +1,276 @@
+/*
+ * prestart.c: the life of a control-mode worker (--control-fd, worker/README.md).
+ *
+ * gpupoold starts one worker per free GPU before any client comes, so that a client's wait is
+ * only the hello exchange: everything that does not depend on the hello (driver load, cuInit,
+ * the primary context, the device snapshot) happens here first, then `ready` goes out and the
+ * worker waits for SESSION: the client socket (SCM_RIGHTS) and its hello. From then on it is the
+ * same session as in --fd mode, with `started`/`refused`, `stats` and `end` reported on the
+ * control socket. One worker serves one session and exits.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "worker.h"
+
+#define SESSION_MAGIC "GPWS"
+#define SESSION_VERSION 1
+#define SESSION_HEADER 28 /* "GPWS", u32 version, u64 session_id, u64 hello_req, u32 hello_len */
+#define MAX_HELLO_BODY ((size_t)64 << 10)
+
+/* What the daemon asked for while the worker waited for a session. */
+enum wait_result { GOT_SESSION, GOT_END, GOT_SIGNAL, DAEMON_GONE, BAD_MESSAGE };
+
+/* `failed`: set-up failed; text says what to do. */
+static void send_failed(struct worker *w, const char *text)
+{
+    wlog("set-up failed: %s", text);
+    struct jbuf j = {.n = 0};
+    jb_printf(&j, "{\"event\":\"failed\",\"error\":");
+    jb_str(&j, text);
+    jb_printf(&j, "}");
+    (void)ctl_send(w, &j, 0);
+}
+
+static void send_ready(struct worker *w, uint64_t t0)
+{
+    const struct wk_snapshot *s = &w->snap;
+    const uint8_t *u = s->uuid;
+    char uuid[64];
+    snprintf(uuid, sizeof uuid,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+    struct jbuf j = {.n = 0};
+    jb_printf(&j, "{\"event\":\"ready\",\"pid\":%ld,\"init_ms\":%.3f,\"device\":", (long)getpid(),
+              (double)(now_ns() - t0) / 1e6);
+    jb_str(&j, s->name);
+    jb_printf(&j, ",\"uuid\":\"%s\",\"total_memory\":%llu}", uuid,
+              (unsigned long long)s->total_mem);
+    (void)ctl_send(w, &j, 0);
+}
+
+/* A pre-session end (END or a signal before any client): `end` with session null. */
+static void send_end_idle(struct worker *w, enum wk_end_reason reason, const char *detail)
+{
+    end_session(w, reason, "%s", detail);
+    ctl_send_end(w);
+}
+
+/* Asks for SIGTERM when the daemon dies, and makes sure it has not died already: between our
+ * fork and the prctl the parent may have gone, and then no signal would ever come. The control
+ * socket tells: the daemon's end closes with it. -1: the daemon is gone. */
+static int watch_parent(struct worker *w)
+{
+    pid_t parent = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0)
+        wlog("PR_SET_PDEATHSIG: %s (the control socket still tells when gpupoold goes)",
+             strerror(errno));
+    if (getppid() != parent)
+        return -1;
+    struct pollfd p = {.fd = w->ctl.fd, .events = POLLIN};
+    if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)))
+        return -1;
+    return 0;
+}
+
+/* The control socket as the worker wants it: blocking (ctl_send blocks for events that must
+ * arrive) and not inherited by anything the driver might start. */
+static int prepare_control(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || ((fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0))
+        return -1;
+    int fdfl = fcntl(fd, F_GETFD);
+    if (fdfl < 0 || fcntl(fd, F_SETFD, fdfl | FD_CLOEXEC) != 0)
+        return -1;
+    return 0;
+}
+
+/* Waits for the daemon's first message (or a signal, or its departure). On GOT_SESSION, buf
+ * holds the message (*len bytes) and *fd the client socket. */
+static enum wait_result wait_session(struct worker *w, uint8_t *buf, size_t cap, size_t *len,
+                                     int *fd)
+{
+    struct pollfd p[2] = {{.fd = w->ctl.fd, .events = POLLIN}, {.fd = w->sigfd, .events = POLLIN}};
+    nfds_t n = w->sigfd >= 0 ? 2 : 1;
+    for (;;) {
+        int r = poll(p, n, -1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            wlog("poll: %s", strerror(errno));
+            return DAEMON_GONE;
+        }
+        if (n == 2 && (p[1].revents & POLLIN)) {
+            struct signalfd_siginfo si;
+            ssize_t got = read(w->sigfd, &si, sizeof si);
+            int sig = got == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
+            wlog("%s before any session: exiting", sig ? strsignal(sig) : "signal");
+            return GOT_SIGNAL;
+        }
+        if (!p[0].revents)
+            continue;
+        int truncated;
+        ssize_t m = ctl_recv(w, buf, cap, fd, &truncated);
+        if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            continue;
+        if (m <= 0) {
+            if (m < 0)
+                wlog("reading the control socket: %s", strerror(errno));
+            return DAEMON_GONE;
+        }
+        *len = (size_t)m;
+        if (truncated) {
+            wlog("a control message of more than %zu bytes was cut", cap);
+            return BAD_MESSAGE;
+        }
+        if (m >= 8 && memcmp(buf, "GPWE", 4) == 0) {
+            if (*fd >= 0 && close(*fd) != 0)
+                wlog("close: %s", strerror(errno));
+            *fd = -1;
+            return GOT_END;
+        }
+        /* Anything else is meant to be SESSION; run_session checks it and says what is wrong. */
+        return GOT_SESSION;
+    }
+}
+
+/* One session on the client socket `fd` (ours now) with the hello in the SESSION message.
+ * Returns the exit status. */
+static int run_session(struct worker *w, const struct wk_options *base, const uint8_t *msg,
+                       size_t len, int fd)
+{
+    struct wk_options o = *base;
+    uint32_t version = len >= 8 ? gp_rd_u32(msg + 4) : 0;
+    uint32_t hello_len = len >= SESSION_HEADER ? gp_rd_u32(msg + 24) : 0;
+    if (len < SESSION_HEADER || memcmp(msg, SESSION_MAGIC, 4) != 0 ||
+        version != SESSION_VERSION || hello_len != len - SESSION_HEADER || fd < 0) {
+        char text[200];
+        snprintf(text, sizeof text,
+                 "malformed SESSION message (%zu bytes, version %u, %s); gpupoold and "
+                 "gpupool-worker do not match: reinstall gpupool",
+                 len, version, fd < 0 ? "no client socket" : "with a socket");
+        if (fd >= 0 && close(fd) != 0)
+            wlog("close: %s", strerror(errno));
+        send_failed(w, text);
+        return 1;
+    }
+    o.session_id = gp_rd_u64(msg + 8);
+    o.hello_req = gp_rd_u64(msg + 16);
+    o.fd = fd;
+    w->ctl.session_id = o.session_id;
+    if (prepare_socket(fd) != 0)
+        wlog("preparing the client socket: %s", strerror(errno));
+    w->fd = fd;
+
+    gp_hello hello;
+    int ok;
+    if (gp_hello_decode(msg + SESSION_HEADER, hello_len, &hello) != 0) {
+        hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
+        ok = 0;
+    } else {
+        ok = session_start(w, &o, &hello) == 0;
+    }
+    struct jbuf j = {.n = 0};
+    if (!ok) {
+        jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
+                  (unsigned long long)o.session_id, (int)w->refused_code);
+        jb_str(&j, w->refused_text);
+        jb_printf(&j, "}");
+        (void)ctl_send(w, &j, 0);
+        session_end(w);
+        return 1;
+    }
+    /* `started` means the hello reply went out: send it now rather than with the first reply.
+     * If the client is gone already, the loop ends at once with "client lost". */
+    (void)io_flush(w);
+    w->ctl.in_session = 1;
+    w->ctl.started_ns = w->ctl.stats_ns = now_ns();
+    jb_printf(&j, "{\"event\":\"started\",\"session\":%llu}", (unsigned long long)o.session_id);
+    (void)ctl_send(w, &j, 0);
+    wlog("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
+         hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
+         (int)hello.program_len, hello.program);
+    worker_loop(w);
+    /* The client sees the end before our teardown (which may take a while on a real GPU). */
+    if (!w->dead && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN && errno != ENOTSOCK)
+        wlog("shutdown of the client socket failed: %s", strerror(errno));
+    w->dead = 1;
+    session_end(w);
+    ctl_send_end(w);
+    return 0;
+}
+
+int prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
+{
+    if (prepare_control(w->ctl.fd) != 0) {
+        wlog("preparing the control socket: %s", strerror(errno));
+        return 1;
+    }
+    if (watch_parent(w) != 0) {
+        wlog("gpupoold exited before this worker started; exiting");
+        return 0;
+    }
+    w->simulated = o->simulated;
+    char err[512];
+    int32_t code = 0;
+    if (device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
+        char text[700];
+        snprintf(text, sizeof text, "%s (check the driver and the GPU on the server: "
+                 "nvidia-smi; for a simulated GPU, the sim library and its config)", err);
+        send_failed(w, text);
+        session_end(w);
+        return 1;
+    }
+    send_ready(w, t0);
+    wlog("ready on %s (device %d) in %.1f ms", w->snap.name, o->ordinal,
+         (double)(now_ns() - t0) / 1e6);
+
+    size_t cap = SESSION_HEADER + MAX_HELLO_BODY;
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        send_failed(w, "out of memory");
+        session_end(w);
+        return 1;
+    }
+    size_t len = 0;
+    int fd = -1, status = 0;
+    switch (wait_session(w, buf, cap, &len, &fd)) {
+    case GOT_SESSION:
+        status = run_session(w, o, buf, len, fd);
+        break;
+    case GOT_END:
+        wlog("the server retired this worker before any session");
+        session_end(w);
+        send_end_idle(w, WK_END_SERVER_ENDED, "the server ended this worker before any session");
+        break;
+    case GOT_SIGNAL:
+        session_end(w);
+        send_end_idle(w, WK_END_SHUTDOWN, "the server is shutting down");
+        break;
+    case DAEMON_GONE:
+        wlog("the control socket was closed: gpupoold is gone; exiting");
+        session_end(w);
+        break;
+    case BAD_MESSAGE:
+        if (fd >= 0 && close(fd) != 0)
+            wlog("close: %s", strerror(errno));
+        send_failed(w, "an unexpected control message came instead of SESSION; gpupoold and "
+                       "gpupool-worker do not match: reinstall gpupool");
+        session_end(w);
+        status = 1;
+        break;
+    }
+    free(buf);
+    return status;
+}
