@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -101,6 +102,15 @@ def _libasan() -> str | None:
 
 
 # ------------------------------------------------------------------------------------ daemon
+class ApiError(Exception):
+    """An error status from the daemon's HTTP API."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
 class GpupoolServer:
     """A gpupoold process (own process group: .kill() takes its workers with it)."""
 
@@ -203,7 +213,7 @@ class GpupoolServer:
 
     def api(self, method: str, path: str, body: Any = None, token: str | None = None,
             timeout: float = 10) -> Any:
-        """Call the HTTP API; raises urllib.error.HTTPError on an error status."""
+        """Call the HTTP API; raises ApiError (.status, .body) on an error status."""
         token = self.admin_token if token is None else token
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.http_url + path, data=data, method=method)
@@ -211,8 +221,12 @@ class GpupoolServer:
             req.add_header("Authorization", f"Bearer {token}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            with exc:  # an HTTPError holds the connection: close it here, not at GC time
+                raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
 
     @property
     def running(self) -> bool:

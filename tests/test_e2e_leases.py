@@ -11,12 +11,11 @@ import socket
 import struct
 import subprocess
 import time
-import urllib.error
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, GpupoolServer, run_client
+from conftest import REPO, ApiError, GpupoolServer, run_client
 
 CLIENT_SRC = REPO / "tests" / "clients" / "hold_gpu.c"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
@@ -208,15 +207,15 @@ def test_bad_tokens_are_refused_without_a_worker(gpupool_server: GpupoolServer, 
 
 
 def test_user_token_gets_403_on_admin_endpoints(gpupool_server: GpupoolServer) -> None:
-    with pytest.raises(urllib.error.HTTPError) as e:
+    with pytest.raises(ApiError) as e:
         gpupool_server.api("GET", "/api/v1/tokens", token=gpupool_server.token)
-    assert e.value.code == 403
-    with pytest.raises(urllib.error.HTTPError) as e:
+    assert e.value.status == 403
+    with pytest.raises(ApiError) as e:
         gpupool_server.api("POST", "/api/v1/gpus/0/drain", token=gpupool_server.token)
-    assert e.value.code == 403
-    with pytest.raises(urllib.error.HTTPError) as e:
+    assert e.value.status == 403
+    with pytest.raises(ApiError) as e:
         gpupool_server.api("GET", "/api/v1/gpus", token="")
-    assert e.value.code == 401
+    assert e.value.status == 401
     assert gpupool_server.api("GET", "/api/v1/gpus", token=gpupool_server.token)["gpus"]
 
 
