@@ -146,13 +146,13 @@ def test_sigkill_mid_transfer_frees_the_gpu_quickly(gpupool_server: GpupoolServe
     proc.kill()
     killed = time.monotonic()
     proc.communicate()
+    # The 3 s target is measured by bench/daemon_bench.py (no timed assertions in tests).
     wait_until("GPU free again", lambda: gpu_states(server) == ["free"], timeout=30,
                interval=0.01)
-    took = time.monotonic() - killed
+    print(f"GPU free again {time.monotonic() - killed:.2f} s after the client's SIGKILL")
     record = server.get_json(f"/api/v1/leases/{lease['id']}")
     assert record["end_reason"] == "client lost", record
     assert record["scrub_ok"] is True and record["scrub"]["scrub"]["bytes"] > 0, record
-    assert took < 3.0, f"the GPU took {took:.2f} s to be free again (limit 3 s)"
 
 
 def test_next_tenant_reads_only_zeros(gpupool_server: GpupoolServer, hold_gpu: Path) -> None:
