@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupoold.gpus import Gpu
+from gpupoold.workers import WorkerSupervisor
 
 log = logging.getLogger("gpupoold.scrub")
 
@@ -52,13 +52,8 @@ def scrub_command(binary: Path, gpu: Gpu) -> list[str]:
 
 
 def scrub_env(gpu: Gpu) -> dict[str, str]:
-    """What the workers get too: the daemon's environment, the GPU's own variables, CUDA ordinals
-    in nvidia-smi order, and no LD_PRELOAD (the scrub talks to the driver, not to a shim)."""
-    env = dict(os.environ)
-    env.update(gpu.env)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env.pop("LD_PRELOAD", None)
-    return env
+    """What the workers get too (the scrub talks to the driver the same way)."""
+    return WorkerSupervisor.environment(gpu)
 
 
 def _describe_exit(code: int) -> str:
