@@ -30,7 +30,7 @@ from gpupoold.routes import setup_routes
 from gpupoold.scrubber import GpuCleaner
 from gpupoold.settings import Settings
 from gpupoold.store import Store
-from gpupoold.workers import WorkerSupervisor
+from gpupoold.workers import WorkerSupervisor, WorkerTls
 
 log = logging.getLogger("gpupoold")
 DB_NAME = "gpupoold.db"
@@ -140,7 +140,10 @@ async def inventory_ctx(app: web.Application) -> AsyncIterator[None]:
 async def supervisor_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     worker = _native("worker", WORKER_NAME, settings.worker, os.X_OK)
-    app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir)
+    tls = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        tls = WorkerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir, tls=tls)
     yield
 
 

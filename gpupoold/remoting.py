@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
+from typing import Any
 
 import gpupool_protocol as gp
 
@@ -22,8 +24,10 @@ from gpupoold.counters import Counters
 from gpupoold.handshake import (HELLO_MAX_BODY, Refusal, parse_hello, queue_notice, refusal_reply,
                                 requirements_text)
 from gpupoold.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
+from gpupoold.remoting_tls import TlsStream, start_tls_server
 from gpupoold.requirements import Requirements
 from gpupoold.settings import Settings, format_address, parse_address
+from gpupoold.tls import remoting_ssl_context
 from gpupoold.waitqueue import ClientInfo, Waiter
 
 log = logging.getLogger("gpupoold.remoting")
@@ -39,14 +43,23 @@ class RemotingListener:
         self.auth = auth
         self.counters = counters
         self.address = ""  # "HOST:PORT" actually bound, once started
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | Any | None = None  # TLS: or a TlsServer
         self._handshakes: set[asyncio.Task[None]] = set()
         # Seconds from accept to the worker's `started`, for the last few leases (benchmarks).
         self.connect_times: list[float] = []
 
     async def start(self) -> None:
         host, port = parse_address(self.listen)
-        self._server = await asyncio.start_server(self._on_connect, host, port)
+        # TLS: with tls_cert set, gpupoold/remoting_tls.py runs the daemon's TLS session and
+        # hands _on_connect a TlsStream as both reader and writer (TlsSettingError if misset).
+        tls = await asyncio.to_thread(remoting_ssl_context, self.settings)
+        if tls is not None:
+            self._server = await start_tls_server(self._on_connect, host, port, tls,
+                                                  self.handshake_timeout, self.counters)
+            log.info("the remoting listener speaks TLS (tls_cert%s)",
+                     ", client certificates required" if self.settings.tls_client_ca else "")
+        else:
+            self._server = await asyncio.start_server(self._on_connect, host, port)
         bound = self._server.sockets[0].getsockname()
         self.address = format_address(bound[0], bound[1])
 
@@ -155,6 +168,14 @@ class RemotingListener:
             await self._refuse(writer, frame.req, peer, Refusal(
                 gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
             return
+        if isinstance(writer, TlsStream):  # TLS: end our TLS session; the worker runs the next
+            try:
+                await asyncio.wait_for(writer.handoff(), self.handshake_timeout)
+            except (ConnectionError, ssl.SSLError, OSError, TimeoutError) as exc:
+                self.leases.abandon(waiter)
+                log.info("connection from %s: TLS hand-over failed (%s)", peer, exc)
+                self.counters.inc("handshakes_refused", reason="tls")
+                return
         sock = writer.get_extra_info("socket")
         try:
             lease = await self.leases.begin(waiter, slot, frame.body, frame.req, sock.fileno())

@@ -13,7 +13,7 @@ from gpupoold import __version__
 from gpupoold.app import StartupError, create_app
 from gpupoold.keys import REMOTING
 from gpupoold.settings import Settings, format_address, parse_address
-from gpupoold.tls import TlsSettingError, http_ssl_context
+from gpupoold.tls import TlsSettingError, http_ssl_context, remoting_ssl_context
 
 log = logging.getLogger("gpupoold")
 
@@ -31,6 +31,7 @@ async def serve(settings: Settings) -> int:
     log.info("gpupoold %s starting", __version__)
     try:
         ssl_context = await asyncio.to_thread(http_ssl_context, settings)
+        await asyncio.to_thread(remoting_ssl_context, settings)  # checks the tls_* settings
     except TlsSettingError as exc:
         print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
         return 1

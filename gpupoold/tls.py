@@ -1,4 +1,5 @@
-"""HTTPS for the HTTP listener: the server's `ssl.SSLContext` from the `http_tls_*` settings.
+"""TLS contexts: HTTPS for the HTTP listener (`http_tls_*` settings) and the remoting listener's
+first TLS session (`tls_*` settings, `remoting_ssl_context`; gpupoold/remoting_tls.py).
 
     http_tls_cert       PEM certificate chain (leaf first)      } both, or neither (plain HTTP)
     http_tls_key        PEM private key, unencrypted            }
@@ -35,43 +36,44 @@ def _check_file(setting: str, path: Path) -> None:
                               f"(uid {os.getuid()}): fix its owner or mode")
 
 
-def _no_password(key: Path) -> bytes:
+def _no_password(key: Path, prefix: str = "http_tls") -> bytes:
     # Called by OpenSSL only for an encrypted key. Without it OpenSSL would prompt on the
     # terminal, which hangs a daemon.
     raise TlsSettingError(
-        f"setting 'http_tls_key': {key} is encrypted with a passphrase; gpupoold needs it "
+        f"setting '{prefix}_key': {key} is encrypted with a passphrase; gpupoold needs it "
         f"unencrypted (readable only by the gpupoold user): `openssl pkey -in {key} -out "
-        f"PLAIN.key`, then point http_tls_key at PLAIN.key")
+        f"PLAIN.key`, then point {prefix}_key at PLAIN.key")
 
 
-def server_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
+def server_context(cert: Path, key: Path, client_ca: Path | None,
+                   prefix: str = "http_tls") -> ssl.SSLContext:
     """A TLS server context (TLS 1.2+) for `cert`/`key`; with `client_ca`, client certificates
-    signed by it are required."""
-    _check_file("http_tls_cert", cert)
-    _check_file("http_tls_key", key)
+    signed by it are required. `prefix` names the settings in messages (`http_tls`, `tls`)."""
+    _check_file(f"{prefix}_cert", cert)
+    _check_file(f"{prefix}_key", key)
     if client_ca is not None:
-        _check_file("http_tls_client_ca", client_ca)
+        _check_file(f"{prefix}_client_ca", client_ca)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        ctx.load_cert_chain(cert, key, password=lambda: _no_password(key))
+        ctx.load_cert_chain(cert, key, password=lambda: _no_password(key, prefix))
     except ssl.SSLError as exc:
         raise TlsSettingError(
-            f"settings 'http_tls_cert' / 'http_tls_key': cannot use {cert} with {key} "
+            f"settings '{prefix}_cert' / '{prefix}_key': cannot use {cert} with {key} "
             f"({exc.reason or exc}): both must be PEM files and the key must belong to the "
             f"certificate (the first certificate in {cert.name})") from None
     except OSError as exc:
-        raise TlsSettingError(f"settings 'http_tls_cert' / 'http_tls_key': cannot read {cert} "
+        raise TlsSettingError(f"settings '{prefix}_cert' / '{prefix}_key': cannot read {cert} "
                               f"or {key}: {exc.strerror or exc}") from None
     if client_ca is not None:
         try:
             ctx.load_verify_locations(cafile=client_ca)
         except ssl.SSLError as exc:
             raise TlsSettingError(
-                f"setting 'http_tls_client_ca': {client_ca} has no usable PEM CA certificate "
+                f"setting '{prefix}_client_ca': {client_ca} has no usable PEM CA certificate "
                 f"({exc.reason or exc})") from None
         except OSError as exc:
-            raise TlsSettingError(f"setting 'http_tls_client_ca': cannot read {client_ca}: "
+            raise TlsSettingError(f"setting '{prefix}_client_ca': cannot read {client_ca}: "
                                   f"{exc.strerror or exc}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
@@ -91,3 +93,23 @@ def http_ssl_context(settings: Settings) -> ssl.SSLContext | None:
         raise TlsSettingError(f"setting '{missing}' is not set: HTTPS needs both "
                               f"'http_tls_cert' and 'http_tls_key' ('{have}' is set)")
     return server_context(cert, key, ca)
+
+
+def remoting_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The remoting listener's TLS context (the daemon's part of a client's connection: hello,
+    queue), or None for plain TCP (no `tls_*` set). The workers load the same files for the
+    data path (`workers.WorkerTls`)."""
+    cert, key, ca = settings.tls_cert, settings.tls_key, settings.tls_client_ca
+    if cert is None and key is None:
+        if ca is not None:
+            raise TlsSettingError("setting 'tls_client_ca' needs TLS on the remoting port: set "
+                                  "'tls_cert' and 'tls_key' as well, or remove 'tls_client_ca'")
+        return None
+    if cert is None or key is None:
+        have, missing = ("tls_key", "tls_cert") if cert is None else ("tls_cert", "tls_key")
+        raise TlsSettingError(f"setting '{missing}' is not set: TLS on the remoting port needs "
+                              f"both 'tls_cert' and 'tls_key' ('{have}' is set)")
+    ctx = server_context(cert, key, ca, prefix="tls")
+    # One TLS session per connection, closed at the hand-over: no session tickets.
+    ctx.num_tickets = 0
+    return ctx

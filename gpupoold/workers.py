@@ -3,6 +3,11 @@
 The worker contract (worker/README.md, docs/dev/issue4-contracts.md section 1):
 
     gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
+                   [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]
+
+(the --tls-* options when the supervisor was made with `tls=WorkerTls(...)`: TLS on the remoting
+port; SESSION version 2 then carries the TLS flag and the worker runs the client's second TLS
+handshake itself, docs/protocol.md "TLS".)
 
 N is one end of a SOCK_SEQPACKET socketpair. The worker sets the device up before any client
 comes and says `ready` (JSON events, one per message); `WorkerSupervisor.spawn` returns then.
@@ -46,11 +51,30 @@ CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
 SESSION_MAGIC = b"GPWS"
 SESSION_VERSION = 1
 SESSION_HEADER = struct.Struct("<4sIQQI")  # magic, version, session_id, hello_req, hello_len
+# Version 2 (TLS only; version 1 stays byte for byte what it was): hello_len, then u32 flags.
+SESSION_VERSION_FLAGS = 2
+SESSION_HEADER_V2 = struct.Struct("<4sIQQII")
+SESSION_FLAG_TLS = 1
 END_MAGIC = b"GPWE"
 END_HEADER = struct.Struct("<4si")  # magic, code; then UTF-8 text to the end of the message
 END_TEXT_LIMIT = 4000  # bytes; the worker reads at most 4096 per control message
 CONTROL_RECV = 65536  # worker events are under 4 KiB
 DRAIN_TIMEOUT = 5.0  # seconds to read what an exited worker left in its pipes
+
+
+@dataclass(frozen=True)
+class WorkerTls:
+    """The remoting listener's TLS files, passed to every worker (`--tls-*`): the worker
+    terminates the data path's TLS itself."""
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def argv(self) -> list[str]:
+        args = ["--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+        if self.client_ca is not None:
+            args += ["--tls-client-ca", str(self.client_ca)]
+        return args
 
 
 class WorkerStartError(Exception):
@@ -152,9 +176,18 @@ class Worker:
 
     # ------------------------------------------------------------------ the daemon's side
     async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
-                     hello_req: int) -> None:
+                     hello_req: int, tls: bool | None = None) -> None:
         """Hand the client (its socket and hello) to this worker. The caller keeps its own copy
-        of client_fd and closes it. WorkerStartError if the worker is gone or taken."""
+        of client_fd and closes it. WorkerStartError if the worker is gone or taken.
+
+        tls: the client speaks TLS (the daemon closed its own TLS session on client_fd; the
+        worker runs the next handshake). None: as the supervisor is set up (TLS when it was made
+        with `tls=`), so that a TLS listener needs no change in the callers."""
+        if tls is None:
+            tls = self._supervisor.tls is not None
+        if tls and self._supervisor.tls is None:
+            raise WorkerStartError("a TLS session was assigned to a worker started without the "
+                                   "TLS certificate (WorkerSupervisor(tls=...) is not set)")
         if self.session_id is not None:
             raise WorkerStartError(f"the worker for GPU {self.gpu.index} already serves "
                                    f"session {self.session_id}")
@@ -163,8 +196,12 @@ class Worker:
                                    "exited")
         if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64):
             raise WorkerStartError("session id or hello request id out of range")
-        msg = SESSION_HEADER.pack(SESSION_MAGIC, SESSION_VERSION, session_id, hello_req,
-                                  len(hello_body)) + hello_body
+        if tls:
+            msg = SESSION_HEADER_V2.pack(SESSION_MAGIC, SESSION_VERSION_FLAGS, session_id,
+                                         hello_req, len(hello_body), SESSION_FLAG_TLS) + hello_body
+        else:
+            msg = SESSION_HEADER.pack(SESSION_MAGIC, SESSION_VERSION, session_id, hello_req,
+                                      len(hello_body)) + hello_body
         self.session_id = session_id
         self._assigned = time.monotonic()
         try:
@@ -396,9 +433,11 @@ class WorkerSupervisor:
     """Starts every worker, follows it until it is reaped, and stops them all at shutdown."""
 
     def __init__(self, worker: Path | None, cache_dir: Path, *,
-                 on_stats: Callable[[Worker], None] | None = None) -> None:
+                 on_stats: Callable[[Worker], None] | None = None,
+                 tls: WorkerTls | None = None) -> None:
         self.worker = worker
         self.cache_dir = cache_dir
+        self.tls = tls  # the remoting port's TLS files, given to every worker
         self.on_stats = on_stats
         self._workers: set[Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -415,6 +454,8 @@ class WorkerSupervisor:
                 "--device", str(gpu.ordinal), "--cache-dir", str(self.cache_dir)]
         if gpu.simulated:
             argv.append("--simulated")
+        if self.tls is not None:
+            argv += self.tls.argv()
         return argv
 
     @staticmethod

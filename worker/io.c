@@ -138,8 +138,68 @@ static int wait_fd(struct worker *w, short events)
     }
 }
 
+int io_wait_client(struct worker *w, short events)
+{
+    return wait_fd(w, events);
+}
+
+/* TLS (w->ssl): write_all and read_some through the session (tls.c). */
+static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
+{
+    char err[200];
+    while (n > 0 && !w->dead) {
+        short ev;
+        ssize_t r = tls_io(w, (void *)p, n, 1, &ev, err, sizeof err);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+        } else if (ev) {
+            w->in_write = 1; /* as below: the output buffer is being written */
+            int wr = wait_fd(w, ev);
+            w->in_write = 0;
+            if (wr != 0)
+                return -1;
+        } else {
+            if (!w->dead)
+                wlog("TLS write: %s", err);
+            lost(w, "TLS write", EPIPE);
+            return -1;
+        }
+    }
+    return w->dead ? -1 : 0;
+}
+
+static ssize_t tls_read_some(struct worker *w, void *dst, size_t n)
+{
+    char err[200];
+    for (;;) {
+        if (w->dead)
+            return -1;
+        short ev;
+        ssize_t r = tls_io(w, dst, n, 0, &ev, err, sizeof err);
+        if (r >= 0)
+            return r;
+        if (!ev) {
+            if (!w->dead)
+                wlog("TLS read: %s", err);
+            lost(w, "TLS read", EPROTO);
+            return -1;
+        }
+        /* Replies go out before we block, never after (as read_some does). */
+        if (w->out_len > 0) {
+            if (io_flush(w) != 0)
+                return -1;
+            continue;
+        }
+        if (wait_fd(w, ev) != 0)
+            return -1;
+    }
+}
+
 static int write_all(struct worker *w, const uint8_t *p, size_t n)
 {
+    if (w->ssl)
+        return tls_write_all(w, p, n);
     while (n > 0 && !w->dead) {
         /* MSG_NOSIGNAL: a vanished client is an error return, not a SIGPIPE. In control mode a
          * write that would block waits in io_wait instead, so that END, the daemon's departure
@@ -216,6 +276,8 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
 {
     if (n > SSIZE_MAX)
         n = SSIZE_MAX;
+    if (w->ssl)
+        return tls_read_some(w, dst, n);
     for (;;) {
         if (w->dead)
             return -1;

@@ -3,8 +3,9 @@
  * relies on (worker/README.md). Two modes:
  *
  *   gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
+ *                  [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]
  *       control mode (prestart.c): set up before any client, then take one session from the
- *       daemon over the control socket
+ *       daemon over the control socket (with TLS when SESSION says so: tls.c)
  *   gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
  *                  --hello-req REQ [--simulated]
  *       one client socket and its hello on stdin (the original mode; the tests drive it)
@@ -37,6 +38,7 @@ static void usage(const char *why)
     wlog("usage error: %s", why);
     fprintf(stderr, "usage: gpupool-worker --control-fd N --driver PATH --device ORDINAL "
                     "--cache-dir DIR [--simulated]\n"
+                    "                      [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]\n"
                     "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
                     "--session-id ID --hello-req REQ [--simulated]\n");
 }
@@ -90,6 +92,15 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         } else if (strcmp(a, "--session-id") == 0) {
             bad = parse_u64(v, &o->session_id) != 0;
             have |= 16;
+        } else if (strcmp(a, "--tls-cert") == 0) {
+            o->tls_cert = v;
+            bad = !*v;
+        } else if (strcmp(a, "--tls-key") == 0) {
+            o->tls_key = v;
+            bad = !*v;
+        } else if (strcmp(a, "--tls-client-ca") == 0) {
+            o->tls_client_ca = v;
+            bad = !*v;
         } else if (strcmp(a, "--hello-req") == 0) {
             bad = parse_u64(v, &o->hello_req) != 0;
             have |= 32;
@@ -107,6 +118,12 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         usage(have & 64 ? "--control-fd needs --driver, --device and --cache-dir, and excludes "
                           "--fd, --session-id and --hello-req"
                         : "a required option is missing");
+        return -1;
+    }
+    if ((o->tls_cert || o->tls_key || o->tls_client_ca) &&
+        (!(have & 64) || !o->tls_cert || !o->tls_key)) {
+        usage("--tls-cert and --tls-key go together (--tls-client-ca needs them), in control "
+              "mode only");
         return -1;
     }
     o->fd = have & 1 ? (int)fd : -1;
@@ -240,6 +257,7 @@ int main(int argc, char **argv)
         session_end(w);
     }
     io_free(w);
+    tls_free(w);
     free(w);
     if (sigfd >= 0 && close(sigfd) != 0)
         wlog("closing the signalfd: %s", strerror(errno));

@@ -20,11 +20,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../client/shim/sha256.h"
 #include "worker.h"
 
 #define SESSION_MAGIC "GPWS"
 #define SESSION_VERSION 1
 #define SESSION_HEADER 28 /* "GPWS", u32 version, u64 session_id, u64 hello_req, u32 hello_len */
+/* Version 2 adds u32 flags after hello_len (the hello follows it): SESSION_TLS = the client
+ * speaks TLS; the worker runs the handshake before its hello reply (tls.c). */
+#define SESSION_VERSION_FLAGS 2
+#define SESSION_HEADER_V2 32
+#define SESSION_TLS 1u
 #define MAX_HELLO_BODY ((size_t)64 << 10)
 
 /* What the daemon asked for while the worker waited for a session. */
@@ -145,6 +151,37 @@ static enum wait_result wait_session(struct worker *w, uint8_t *buf, size_t cap,
     }
 }
 
+/* TLS: the client's first frame in our session must be a ping carrying the hand-over binding
+ * (connect.c's handoff_binding: the first 8 bytes of SHA-256("gpupool tls handoff" NUL, hello
+ * body)). Only the client that sent this hello inside gpupoold's TLS session can compute it:
+ * whoever took over the TCP connection between the two sessions cannot use the lease. 0, or -1
+ * with err. */
+static int check_binding(struct worker *w, const uint8_t *hello, size_t hello_len, char *err,
+                         size_t cap)
+{
+    static const char label[] = "gpupool tls handoff";
+    gp_sha256_ctx c;
+    uint8_t d[GP_SHA256_DIGEST_SIZE];
+    gp_sha256_init(&c);
+    gp_sha256_update(&c, label, sizeof label);
+    gp_sha256_update(&c, hello, hello_len);
+    gp_sha256_final(&c, d);
+    gp_frame_header h;
+    const uint8_t *body;
+    if (io_next_frame(w, &h, &body) != 1) {
+        snprintf(err, cap, "the client left before proving the TLS hand-over");
+        return -1;
+    }
+    gp_ping p;
+    if (h.op != GP_OP_PING || (h.flags & GP_FLAG_REPLY) || gp_ping_decode(body, h.len, &p) != 0 ||
+        p.token != gp_rd_u64(d)) {
+        snprintf(err, cap, "the client's first frame after the TLS hand-over is not the binding "
+                           "of its hello (a connection taken over between the two TLS sessions?)");
+        return -1;
+    }
+    return 0;
+}
+
 /* One session on the client socket `fd` (ours now) with the hello in the SESSION message.
  * Returns the exit status. */
 static int run_session(struct worker *w, const struct wk_options *base, const uint8_t *msg,
@@ -152,9 +189,12 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
 {
     struct wk_options o = *base;
     uint32_t version = len >= 8 ? gp_rd_u32(msg + 4) : 0;
-    uint32_t hello_len = len >= SESSION_HEADER ? gp_rd_u32(msg + 24) : 0;
-    if (len < SESSION_HEADER || memcmp(msg, SESSION_MAGIC, 4) != 0 ||
-        version != SESSION_VERSION || hello_len != len - SESSION_HEADER || fd < 0) {
+    size_t header = version == SESSION_VERSION_FLAGS ? SESSION_HEADER_V2 : SESSION_HEADER;
+    uint32_t hello_len = len >= header ? gp_rd_u32(msg + 24) : 0;
+    uint32_t flags = version == SESSION_VERSION_FLAGS && len >= header ? gp_rd_u32(msg + 28) : 0;
+    if (len < header || memcmp(msg, SESSION_MAGIC, 4) != 0 ||
+        (version != SESSION_VERSION && version != SESSION_VERSION_FLAGS) ||
+        hello_len != len - header || (flags & ~SESSION_TLS) != 0 || fd < 0) {
         char text[200];
         snprintf(text, sizeof text,
                  "malformed SESSION message (%zu bytes, version %u, %s); gpupoold and "
@@ -173,9 +213,26 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
         wlog("preparing the client socket: %s", strerror(errno));
     w->fd = fd;
 
+    if (flags & SESSION_TLS) {
+        char err[400];
+        if (tls_accept(w, err, sizeof err) != 0 ||
+            check_binding(w, msg + header, hello_len, err, sizeof err) != 0) {
+            /* Nothing can reach the client but TLS alerts: tell the daemon, which logs it. */
+            wlog("session %llu: %s", (unsigned long long)o.session_id, err);
+            struct jbuf j = {.n = 0};
+            jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
+                      (unsigned long long)o.session_id, (int)GP_EREFUSED);
+            jb_str(&j, err);
+            jb_printf(&j, "}");
+            (void)ctl_send(w, &j, 0);
+            session_end(w);
+            return 1;
+        }
+    }
+
     gp_hello hello;
     int ok;
-    if (gp_hello_decode(msg + SESSION_HEADER, hello_len, &hello) != 0) {
+    if (gp_hello_decode(msg + header, hello_len, &hello) != 0) {
         hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
         ok = 0;
     } else {
@@ -223,6 +280,11 @@ int prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
     }
     w->simulated = o->simulated;
     char err[512];
+    if (o->tls_cert && tls_setup(w, o, err, sizeof err) != 0) {
+        send_failed(w, err);
+        session_end(w);
+        return 1;
+    }
     int32_t code = 0;
     if (device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
         char text[700];

@@ -158,6 +158,11 @@ struct worker {
     char end_detail[512];
     int32_t refused_code;   /* the last hello refusal (control mode reports it) */
     char refused_text[512];
+
+    /* TLS (tls.c): the context from --tls-cert/--tls-key (NULL: none), and the session on fd
+     * (NULL: plain TCP; io.c then makes exactly the system calls it always made) */
+    struct ssl_ctx_st *tls_ctx;
+    struct ssl_st *ssl;
 };
 
 /* ---- errors.c --------------------------------------------------------------------------- */
@@ -245,6 +250,7 @@ struct wk_options {
     uint64_t session_id;
     uint64_t hello_req;
     int simulated;
+    const char *tls_cert, *tls_key, *tls_client_ca; /* --tls-*, or NULL (control mode only) */
 };
 /* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
  * the granularity and takes the device snapshot: everything that does not depend on a hello.
@@ -298,6 +304,20 @@ void ctl_send_end(struct worker *w);
 /* ---- main.c ----------------------------------------------------------------------------- */
 /* Makes the client socket blocking, TCP_NODELAY on TCP. 0, or -1 (not an open descriptor). */
 int prepare_socket(int fd);
+
+/* ---- tls.c ------------------------------------------------------------------------------ */
+/* The server context from o->tls_* into w->tls_ctx. 0, or -1 with err saying what to fix. */
+int tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t cap);
+/* SSL_accept on w->fd (made non-blocking). 0, or -1 with err. */
+int tls_accept(struct worker *w, char *err, size_t cap);
+/* One SSL_read/SSL_write: > 0 bytes, 0 end of stream (reads), -1 with *wait_events set (wait
+ * for POLLIN/POLLOUT, then retry) or 0 (an error, err says which). */
+ssize_t tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events,
+               char *err, size_t cap);
+void tls_free(struct worker *w);
+/* io.c: wait until the client socket is ready for events (watching the control socket and the
+ * signalfd too). 0 ready, -1 the session must stop. */
+int io_wait_client(struct worker *w, short events);
 
 /* ---- prestart.c ------------------------------------------------------------------------- */
 /* The whole life of a control-mode worker; returns the exit status. */

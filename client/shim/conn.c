@@ -18,6 +18,11 @@
  *  - fork: the child drops the connection without sending anything (CUDA calls there return
  *    CUDA_ERROR_NOT_INITIALIZED); exit: flush and goodbye, bounded by short timeouts.
  * Lock order: send_lock before wait_lock; the receiver never takes send_lock.
+ *  - TLS (tls != NULL; tls.c): the same flow, with the socket calls replaced by the session's
+ *    (which locks itself per call, so a sender and the reader may use it at once). OpenSSL may
+ *    hold received bytes that poll() cannot see: the reader drains them before giving the role
+ *    back, and the receiver checks them before it polls. With tls == NULL (plaintext) the code
+ *    below makes exactly the system calls it made before TLS existed.
  */
 #include <errno.h>
 #include <poll.h>
@@ -54,6 +59,8 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED; /* guarded by init_lock */
 
 static int sock = -1;
+static gp_tls *tls;            /* the TLS session with the worker, or NULL (plaintext) */
+static char tls_err[300];      /* the reader's last TLS error (only the reader writes it) */
 static char server_desc[300]; /* "host:port" of the server in use */
 
 /* ---- send side (send_lock) ---- */
@@ -209,8 +216,23 @@ static void conn_fail(const char *fmt, ...) {
 
 /* ====================================================================== sending == */
 
+/* TLS: every iovec through the session (a record or more each). Caller holds send_lock. */
+static int write_iov_tls_locked(const struct iovec *iov, int n) {
+    char err[300];
+    for (int i = 0; i < n; i++) {
+        if (atomic_load(&dead)) return -1;
+        if (iov[i].iov_len &&
+            gp_tls_write(tls, iov[i].iov_base, iov[i].iov_len, err, sizeof err) != 0) {
+            conn_fail("%s", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Write every iovec completely. Caller holds send_lock. 0, or -1 (connection failed). */
 static int write_iov_locked(struct iovec *iov, int n) {
+    if (tls) return write_iov_tls_locked(iov, n);
     while (n > 0 && iov[0].iov_len == 0) iov++, n--;
     while (n > 0) {
         if (atomic_load(&dead)) return -1;
@@ -495,22 +517,25 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
         ssize_t got;
         if (d && n >= RBUF_SIZE / 4) {
             /* large bulk: straight into the destination, no intermediate copy */
-            got = recv(sock, d, n > (1u << 30) ? (1u << 30) : (size_t)n, 0);
+            size_t want = n > (1u << 30) ? (1u << 30) : (size_t)n;
+            got = tls ? gp_tls_read(tls, d, want, -1, tls_err, sizeof tls_err)
+                      : recv(sock, d, want, 0);
             if (got > 0) {
                 d += got;
                 n -= (uint64_t)got;
                 continue;
             }
         } else {
-            got = recv(sock, rs->buf, RBUF_SIZE, 0);
+            got = tls ? gp_tls_read(tls, rs->buf, RBUF_SIZE, -1, tls_err, sizeof tls_err)
+                      : recv(sock, rs->buf, RBUF_SIZE, 0);
             if (got > 0) {
                 rs->pos = 0;
                 rs->len = (size_t)got;
                 continue;
             }
         }
-        if (got < 0 && errno == EINTR) continue;
-        *why = got == 0 ? "connection closed by the server" : strerror(errno);
+        if (got < 0 && errno == EINTR && !tls) continue;
+        *why = got == 0 ? "connection closed by the server" : tls ? tls_err : strerror(errno);
         return -1;
     }
     return 0;
@@ -632,7 +657,8 @@ static int read_frame(const char **why) {
 static void release_role_locked(void) {
     if (reader == RD_CALLER) linger_until = mono_ns() + LINGER_NS;
     reader = RD_NONE;
-    if (recv_parked && (detached_count > 0 || rs.pos < rs.len)) pthread_cond_signal(&role_cv);
+    if (recv_parked && (detached_count > 0 || rs.pos < rs.len || (tls && gp_tls_pending(tls))))
+        pthread_cond_signal(&role_cv);
     for (waiter *o = wait_head; o; o = o->next) {
         if (o->want_role) {
             pthread_cond_signal(&o->cv);
@@ -665,7 +691,7 @@ static void await_reply(waiter *w) {
             }
             pthread_mutex_lock(&wait_lock);
             /* done: give the role back once nothing read is left in the buffer */
-            if (w->done && rs.pos == rs.len) {
+            if (w->done && rs.pos == rs.len && !(tls && gp_tls_pending(tls))) {
                 release_role_locked();
                 break;
             }
@@ -699,7 +725,7 @@ static void *receiver_main(void *arg) {
                 pthread_mutex_unlock(&wait_lock);
                 return NULL;
             }
-            if (ready || rs.pos < rs.len) break;
+            if (ready || rs.pos < rs.len || (tls && gp_tls_pending(tls))) break;
             if (detached_count == 0 && linger_until) {
                 uint64_t now = mono_ns();
                 if (now < linger_until) {
@@ -789,9 +815,11 @@ CUresult gp_conn_ensure(void) {
     pthread_mutex_lock(&init_lock);
     s = atomic_load(&state);
     if (s == ST_NONE) {
-        init_result = gp_connect(&sock, server_desc, sizeof server_desc);
+        init_result = gp_connect(&sock, &tls, server_desc, sizeof server_desc);
         if (init_result == CUDA_SUCCESS && !rs.buf && !(rs.buf = malloc(RBUF_SIZE))) {
             gp_log_error("cannot allocate the receive buffer");
+            gp_tls_free(tls);
+            tls = NULL;
             close(sock);
             sock = -1;
             init_result = CUDA_ERROR_NO_DEVICE;
@@ -801,6 +829,8 @@ CUresult gp_conn_ensure(void) {
             if (start_thread(receiver_main, "gpupool-recv") != 0 ||
                 start_thread(flusher_main, "gpupool-flush") != 0) {
                 gp_log_error("cannot start the connection threads: %s", strerror(errno));
+                gp_tls_free(tls);
+                tls = NULL;
                 close(sock);
                 sock = -1;
                 init_result = CUDA_ERROR_NO_DEVICE;
@@ -843,6 +873,7 @@ static void at_exit(void) {
     atomic_store(&state, ST_CLOSED);
     struct timeval tv = {.tv_sec = 1};
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (tls) gp_tls_set_send_timeout(tls, 1000);
     gp_goodbye m = {0};
     uint8_t f[16 + 1];
     size_t n = gp_goodbye_frame(f, atomic_fetch_add(&next_req, 1), &m);

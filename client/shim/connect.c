@@ -11,6 +11,11 @@
  * queue notices (GP_INFO_QUEUED): we print each one and wait, for as long as it takes. Whatever
  * fails is said in ONE line on stderr, with what to do about it, and cuInit then answers
  * CUDA_ERROR_NO_DEVICE.
+ *
+ * TLS (GPUPOOL_TLS=1, or an entry written tls://host:port; tls.c, docs/protocol.md "TLS"): the
+ * hello goes to gpupoold inside a first TLS session; when the lease starts gpupoold sends
+ * GP_INFO_HANDOFF, both sides close that session (close_notify), and a second TLS session on the
+ * same socket, with the worker, carries the hello reply and everything after it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,10 +27,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "sha256.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -173,6 +180,13 @@ static int tcp_connect(const char *host, const char *port, double timeout_s, cha
     return fd;
 }
 
+/* The connection during the handshake: the socket, and the TLS session on it (or NULL). */
+typedef struct link {
+    int fd;
+    gp_tls *tls;
+    char err[300]; /* the TLS layer's last error */
+} hs_link;
+
 static int write_all_fd(int fd, const uint8_t *p, size_t n) {
     while (n > 0) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
@@ -205,7 +219,35 @@ static int read_all_fd(int fd, uint8_t *p, size_t n, int timeout_ms) {
     return 0;
 }
 
-enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW };
+static int link_write(hs_link *l, const uint8_t *p, size_t n) {
+    if (!l->tls) return write_all_fd(l->fd, p, n);
+    if (gp_tls_write(l->tls, p, n, l->err, sizeof l->err) == 0) return 0;
+    errno = EPROTO;
+    return -1;
+}
+
+/* read_all_fd through the link; a TLS error leaves errno EPROTO and its text in l->err. */
+static int link_read(hs_link *l, uint8_t *p, size_t n, int timeout_ms) {
+    if (!l->tls) return read_all_fd(l->fd, p, n, timeout_ms);
+    while (n > 0) {
+        ssize_t r = gp_tls_read(l->tls, p, n, timeout_ms, l->err, sizeof l->err);
+        if (r == 0) errno = ECONNRESET;
+        if (r <= 0) {
+            if (r < 0 && errno != ETIMEDOUT) errno = EPROTO;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static const char *link_error(hs_link *l, int err) {
+    if (err == ECONNRESET) return "connection closed";
+    return err == EPROTO && l->tls ? l->err : strerror(err);
+}
+
+enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW, ATTEMPT_TLS };
 
 typedef struct hello_ctx {
     char host[256], user[256], program[1024];
@@ -214,6 +256,7 @@ typedef struct hello_ctx {
     size_t token_len;
     double timeout_s;
     const char *desc; /* the server being tried, for messages */
+    const char *tls_host; /* the name the server's certificate must carry */
 } hello_ctx;
 
 /* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
@@ -234,8 +277,61 @@ static int early_notice(const uint8_t *body, size_t len) {
     return 0;
 }
 
-/* Hello on a connected socket. Fills msg with the reason when not ATTEMPT_OK. */
-static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
+/* The hand-over binding (docs/protocol.md, "TLS"): the first 8 bytes of
+ * SHA-256("gpupool tls handoff" NUL, hello body). Only the client and gpupoold know the hello
+ * (it carries the token and travelled inside the daemon's TLS session); the worker gets it in
+ * SESSION. The client's first frame in the worker's session is a ping carrying this value, so
+ * that nobody who took over the TCP connection between the two sessions can use the lease. */
+static uint64_t handoff_binding(const uint8_t *body, size_t len) {
+    static const char label[] = "gpupool tls handoff";
+    gp_sha256_ctx c;
+    uint8_t d[GP_SHA256_DIGEST_SIZE];
+    gp_sha256_init(&c);
+    gp_sha256_update(&c, label, sizeof label); /* with its NUL */
+    gp_sha256_update(&c, body, len);
+    gp_sha256_final(&c, d);
+    return gp_rd_u64(d);
+}
+
+/* GP_INFO_HANDOFF: gpupoold's TLS session ends (close_notify both ways) and the worker's
+ * begins on the same socket, where we prove first that we are the client of that hello. 0, or
+ * -1 with msg filled. */
+static int tls_handoff(hs_link *l, const hello_ctx *hc, uint64_t binding, char *msg,
+                       size_t mcap) {
+    int ms = hc->timeout_s <= 0 ? -1 : (int)(hc->timeout_s * 1000);
+    int rc = gp_tls_close(l->tls, ms, msg, mcap);
+    gp_tls_free(l->tls);
+    l->tls = NULL;
+    if (rc != 0) return -1;
+    l->tls = gp_tls_connect(l->fd, hc->tls_host, 1, ms, msg, mcap);
+    if (!l->tls) return -1;
+    gp_ping p = {.token = binding};
+    uint8_t f[16 + 8];
+    size_t n = gp_ping_frame(f, gp_conn_new_req(), &p);
+    if (link_write(l, f, n) != 0) {
+        snprintf(msg, mcap, "TLS hand-over: %s", link_error(l, errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* A TLS alert instead of an answer: with TLS 1.3 the server checks our certificate after our
+ * side of the handshake has finished, so a missing or refused one shows up here. */
+static int tls_refusal(hs_link *l, char *msg, size_t mcap) {
+    const char *hint = "";
+    if (strstr(l->err, "certificate required"))
+        hint = "; it requires a client certificate that its tls_client_ca signed: set "
+               "GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY";
+    else if (strstr(l->err, "unknown ca") || strstr(l->err, "certificate"))
+        hint = "; it did not accept the client certificate (GPUPOOL_TLS_CERT): use one that its "
+               "tls_client_ca signed";
+    snprintf(msg, mcap, "TLS: the server ended the connection (%s)%s", l->err, hint);
+    return ATTEMPT_TLS;
+}
+
+/* Hello on a connected socket (inside TLS when l->tls). Fills msg with the reason when not
+ * ATTEMPT_OK. */
+static int say_hello(hs_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
                      char *msg, size_t mcap) {
     gp_hello h = {
         .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
@@ -257,10 +353,19 @@ static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_
     }
     uint64_t req = gp_conn_new_req();
     gp_hello_frame(f, req, &h);
-    int ok = write_all_fd(fd, f, n) == 0;
+    uint64_t binding = l->tls ? handoff_binding(f + 16, n - 16) : 0;
+    int ok = link_write(l, f, n) == 0;
     free(f);
+    if (!ok && l->tls) {
+        /* The server may have ended the session with an alert (a refused client certificate):
+         * read it, it says more than the failed write. */
+        int err = errno;
+        uint8_t b;
+        if (link_read(l, &b, 1, 2000) != 0 && errno == EPROTO) return tls_refusal(l, msg, mcap);
+        errno = err;
+    }
     if (!ok) {
-        snprintf(msg, mcap, "sending hello: %s", strerror(errno));
+        snprintf(msg, mcap, "sending hello: %s", link_error(l, errno));
         return ATTEMPT_CONNECT;
     }
 
@@ -270,16 +375,16 @@ static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_
         /* The server may queue us until a GPU is free: wait without limit. A server that says
          * nothing for 5 s (an older one, or one busy starting a worker) gets one line, unless it
          * already told us our place in the queue. */
-        int rc = read_all_fd(fd, hb, 1, 5000);
+        int rc = link_read(l, hb, 1, 5000);
         if (rc != 0 && errno == ETIMEDOUT) {
             if (!waited_note++ && !queued)
                 gp_log_info("waiting for server %s to answer (it may be waiting for a free GPU)",
                             hc->desc);
             continue;
         }
-        if (rc != 0 || read_all_fd(fd, hb + 1, 15, 30000) != 0) {
-            snprintf(msg, mcap, "no answer to hello: %s",
-                     errno == ECONNRESET ? "connection closed" : strerror(errno));
+        if (rc != 0 || link_read(l, hb + 1, 15, 30000) != 0) {
+            if (errno == EPROTO && l->tls) return tls_refusal(l, msg, mcap);
+            snprintf(msg, mcap, "no answer to hello: %s", link_error(l, errno));
             return ATTEMPT_CONNECT;
         }
         gp_frame_header hd;
@@ -289,10 +394,16 @@ static int say_hello(int fd, const hello_ctx *hc, uint64_t va_base, uint64_t va_
             return ATTEMPT_CONNECT;
         }
         uint8_t *body = malloc(hd.len ? hd.len : 1);
-        if (!body || read_all_fd(fd, body, hd.len, 30000) != 0) {
+        if (!body || link_read(l, body, hd.len, 30000) != 0) {
             free(body);
-            snprintf(msg, mcap, "no answer to hello: %s", strerror(errno));
+            snprintf(msg, mcap, "no answer to hello: %s", link_error(l, errno));
             return ATTEMPT_CONNECT;
+        }
+        if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE && l->tls &&
+            hd.len >= 4 && (int32_t)gp_rd_u32(body) == GP_INFO_HANDOFF) {
+            free(body);
+            if (tls_handoff(l, hc, binding, msg, mcap) != 0) return ATTEMPT_TLS;
+            continue;
         }
         if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE) {
             queued |= early_notice(body, hd.len);
@@ -370,7 +481,20 @@ static void fill_identity(hello_ctx *hc) {
     program_string(hc->program, sizeof hc->program);
 }
 
-CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
+/* GPUPOOL_TLS: 1/yes/true/on, or 0/no/false/off/unset. -1 (said why) for anything else. */
+static int tls_from_env(void) {
+    const char *v = getenv("GPUPOOL_TLS");
+    if (!v || !*v || !strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "false") ||
+        !strcasecmp(v, "off"))
+        return 0;
+    if (!strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "true") ||
+        !strcasecmp(v, "on"))
+        return 1;
+    gp_log_error("GPUPOOL_TLS=%s is not understood: use 1 (TLS) or 0 (plain TCP)", v);
+    return -1;
+}
+
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap) {
     const char *list = getenv("GPUPOOL_SERVER");
     if (!list || !*list) {
         gp_log_error("GPUPOOL_SERVER is not set: no GPU server to run CUDA on. Set "
@@ -387,6 +511,9 @@ CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
         return CUDA_ERROR_NO_DEVICE;
     }
     if (gp_requirements_from_env(&hc.req) != 0) return CUDA_ERROR_NO_DEVICE; /* it said why */
+    int tls_all = tls_from_env();
+    if (tls_all < 0) return CUDA_ERROR_NO_DEVICE;
+    *tls_out = NULL;
     fill_identity(&hc);
     const char *to = getenv("GPUPOOL_CONNECT_TIMEOUT");
     hc.timeout_s = to && *to ? atof(to) : 10.0;
@@ -411,6 +538,11 @@ CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
         size_t el = strlen(entry);
         while (el > 0 && (entry[el - 1] == ' ' || entry[el - 1] == '\t')) entry[--el] = 0;
         if (!*entry) continue;
+        int use_tls = tls_all;
+        if (strncmp(entry, "tls://", 6) == 0) {
+            use_tls = 1;
+            entry += 6;
+        }
         snprintf(server_desc, desc_cap, "%s", entry);
         char host[256], port[32];
         if (split_hostport(entry, host, sizeof host, port, sizeof port) != 0) {
@@ -420,6 +552,11 @@ CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
         }
         if (!strchr(entry, ':')) snprintf(server_desc, desc_cap, "%s:%s", host, port);
         hc.desc = server_desc;
+        hc.tls_host = host;
+        if (use_tls && gp_tls_setup(last_msg, sizeof last_msg) != 0) {
+            last_kind = ATTEMPT_TLS;
+            goto failed;
+        }
         for (;;) {
             /* The window first: device pointers must never alias our memory. */
             while (gp_vamap_window_size() == 0 && base_index < VA_TRIES) {
@@ -442,13 +579,23 @@ CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
                 last_kind = ATTEMPT_CONNECT;
                 goto failed;
             }
-            int k = say_hello(fd, &hc, gp_vamap_window_base(), gp_vamap_window_size(), last_msg,
+            hs_link l = {.fd = fd};
+            int k = ATTEMPT_OK;
+            if (use_tls) {
+                int ms = hc.timeout_s <= 0 ? -1 : (int)(hc.timeout_s * 1000);
+                l.tls = gp_tls_connect(fd, host, 0, ms, last_msg, sizeof last_msg);
+                if (!l.tls) k = ATTEMPT_TLS;
+            }
+            if (k == ATTEMPT_OK)
+                k = say_hello(&l, &hc, gp_vamap_window_base(), gp_vamap_window_size(), last_msg,
                               sizeof last_msg);
             if (k == ATTEMPT_OK) {
                 *sock_out = fd;
+                *tls_out = l.tls;
                 free(servers);
                 return CUDA_SUCCESS;
             }
+            gp_tls_free(l.tls);
             close(fd);
             last_kind = k;
             if (k == ATTEMPT_VAWINDOW && base_index + 1 < VA_TRIES) {
@@ -476,6 +623,8 @@ CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap) {
         gp_log_error("cannot connect to gpupool server %s (%s). Is gpupoold running there? Set "
                      "GPUPOOL_SERVER=host:port.",
                      server_desc, last_msg);
+    } else if (last_kind == ATTEMPT_TLS) {
+        gp_log_error("cannot use gpupool server %s: %s", server_desc, last_msg);
     } else if (last_kind == ATTEMPT_VAWINDOW) {
         gp_log_error("server %s could not reserve the client's device address window (%s); "
                      "set GPUPOOL_VA_BASE to another free range.",

@@ -6,6 +6,7 @@
 #define GP_SHIM_CORE_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "gp_cuda_more.h"
 #include "shim.h"
@@ -53,7 +54,21 @@ int gp_requirements_from_env(gp_requirements *out);
 /* Reserve the window, connect to the first usable server of GPUPOOL_SERVER and say hello; on
  * success the snapshot is stored (gp_state_set_snapshot), *sock_out is the connected socket and
  * server_desc names the server. Otherwise one line went to stderr: CUDA_ERROR_NO_DEVICE. */
-CUresult gp_connect(int *sock_out, char *server_desc, size_t desc_cap);
+/* TLS (tls.c; docs/protocol.md "TLS"): OpenSSL 3 loaded at run time. One session may be used by
+ * two threads at once (each call locks it). Errors fill err with the one-line reason. */
+typedef struct gp_tls gp_tls;
+int gp_tls_setup(char *err, size_t cap); /* dlopen + context from GPUPOOL_TLS_*; 0 or -1 */
+gp_tls *gp_tls_connect(int fd, const char *host, int read_ahead, int timeout_ms, char *err,
+                       size_t cap); /* read_ahead: only for the last session on the socket */
+ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap);
+int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap);
+int gp_tls_pending(gp_tls *s);                       /* bytes OpenSSL holds that poll() misses */
+void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms);
+int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap); /* close_notify both ways */
+void gp_tls_free(gp_tls *s);
+
+/* *tls_out: the TLS session with the worker, or NULL for a plaintext connection. */
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap);
 
 /* ---- state.c --------------------------------------------------------------------------------- */
 /* Called by conn.c with a successful hello reply: stores the device snapshot. */

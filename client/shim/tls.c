@@ -1,0 +1,486 @@
+/*
+ * tls.c: TLS on the connection to gpupool (GPUPOOL_TLS=1 or a tls://host:port server entry;
+ * docs/protocol.md, "TLS").
+ *
+ * OpenSSL 3 is loaded at run time (dlopen "libssl.so.3" and "libcrypto.so.3") the first time a
+ * TLS connection is made, so that libcuda.so.1 has no link-time dependency on OpenSSL and a
+ * client machine without it runs plaintext sessions as before. The constants below are the
+ * values of OpenSSL 3's public headers (a stable ABI); we do not need its headers to build.
+ *
+ * Record I/O goes through our own BIO over the socket: send() with MSG_NOSIGNAL (a vanished
+ * server is an error, never SIGPIPE) and MSG_DONTWAIT/recv(MSG_DONTWAIT), so the socket itself
+ * stays blocking for the plaintext code and the TLS code waits in poll() between attempts.
+ * Without read-ahead OpenSSL reads exactly one record at a time: it never takes bytes past the
+ * close_notify of the daemon's session, which belong to the worker's session.
+ *
+ * One session may be used by two threads (conn.c: a sender under send_lock and the reader);
+ * an SSL object must never be entered by two threads at once, so every SSL call holds the
+ * session's lock, which is never held while waiting in poll().
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+#include "shim_core.h"
+
+/* OpenSSL 3 constants (include/openssl/ssl.h, bio.h, x509_vfy.h). */
+#define O_SSL_ERROR_SSL 1
+#define O_SSL_ERROR_WANT_READ 2
+#define O_SSL_ERROR_WANT_WRITE 3
+#define O_SSL_ERROR_SYSCALL 5
+#define O_SSL_ERROR_ZERO_RETURN 6
+#define O_TLS1_2_VERSION 0x0303
+#define O_SSL_CTRL_MODE 33
+#define O_SSL_CTRL_SET_TLSEXT_HOSTNAME 55
+#define O_SSL_CTRL_SET_MIN_PROTO_VERSION 123
+#define O_SSL_MODE_PARTIAL_AND_MOVING 0x3 /* ENABLE_PARTIAL_WRITE | ACCEPT_MOVING_WRITE_BUFFER */
+#define O_SSL_OP_IGNORE_UNEXPECTED_EOF (1ull << 7)
+#define O_SSL_VERIFY_PEER 1
+#define O_SSL_FILETYPE_PEM 1
+#define O_X509_V_OK 0
+#define O_BIO_TYPE_SOURCE_SINK 0x0400
+#define O_BIO_FLAGS_READ 0x01
+#define O_BIO_FLAGS_WRITE 0x02
+#define O_BIO_FLAGS_RWS 0x07
+#define O_BIO_FLAGS_SHOULD_RETRY 0x08
+#define O_BIO_CTRL_FLUSH 11
+
+static struct {
+    int (*OPENSSL_init_ssl)(uint64_t, const void *);
+    const void *(*TLS_client_method)(void);
+    void *(*SSL_CTX_new)(const void *);
+    long (*SSL_CTX_ctrl)(void *, int, long, void *);
+    uint64_t (*SSL_CTX_set_options)(void *, uint64_t);
+    int (*SSL_CTX_set_default_verify_paths)(void *);
+    int (*SSL_CTX_load_verify_locations)(void *, const char *, const char *);
+    int (*SSL_CTX_use_certificate_chain_file)(void *, const char *);
+    int (*SSL_CTX_use_PrivateKey_file)(void *, const char *, int);
+    int (*SSL_CTX_check_private_key)(const void *);
+    void (*SSL_CTX_set_verify)(void *, int, void *);
+    void *(*SSL_new)(void *);
+    void (*SSL_free)(void *);
+    void (*SSL_set_bio)(void *, void *, void *);
+    int (*SSL_set1_host)(void *, const char *);
+    void (*SSL_set_read_ahead)(void *, int);
+    void (*SSL_set_default_read_buffer_len)(void *, size_t);
+    long (*SSL_ctrl)(void *, int, long, void *);
+    int (*SSL_connect)(void *);
+    int (*SSL_read)(void *, void *, int);
+    int (*SSL_write)(void *, const void *, int);
+    int (*SSL_shutdown)(void *);
+    int (*SSL_get_error)(const void *, int);
+    int (*SSL_has_pending)(const void *);
+    long (*SSL_get_verify_result)(const void *);
+    const char *(*X509_verify_cert_error_string)(long);
+    unsigned long (*ERR_get_error)(void);
+    void (*ERR_error_string_n)(unsigned long, char *, size_t);
+    void (*ERR_clear_error)(void);
+    int (*BIO_get_new_index)(void);
+    void *(*BIO_meth_new)(int, const char *);
+    int (*BIO_meth_set_write)(void *, int (*)(void *, const char *, int));
+    int (*BIO_meth_set_read)(void *, int (*)(void *, char *, int));
+    int (*BIO_meth_set_ctrl)(void *, long (*)(void *, int, long, void *));
+    void *(*BIO_new)(const void *);
+    void (*BIO_set_data)(void *, void *);
+    void *(*BIO_get_data)(void *);
+    void (*BIO_set_init)(void *, int);
+    void (*BIO_set_flags)(void *, int);
+    void (*BIO_clear_flags)(void *, int);
+} O;
+
+/* Loaded once (gp_tls_setup runs under conn.c's init_lock; the lock here keeps it safe anyway). */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *ctx;       /* SSL_CTX, shared by the process's sessions; guarded by load_lock */
+static void *bio_meth;  /* our socket BIO method */
+
+struct gp_tls {
+    void *ssl;
+    int fd;
+    int send_timeout_ms; /* -1: wait as long as it takes; guarded by lock */
+    pthread_mutex_t lock;
+};
+
+/* ------------------------------------------------------------------ loading OpenSSL == */
+
+static int load_symbols(void *ssl, void *crypto, char *err, size_t cap) {
+    struct { void **slot; void *lib; const char *name; } t[] = {
+#define S(n) {(void **)&O.n, ssl, #n}
+#define C(n) {(void **)&O.n, crypto, #n}
+        S(OPENSSL_init_ssl), S(TLS_client_method), S(SSL_CTX_new), S(SSL_CTX_ctrl),
+        S(SSL_CTX_set_options), S(SSL_CTX_set_default_verify_paths),
+        S(SSL_CTX_load_verify_locations), S(SSL_CTX_use_certificate_chain_file),
+        S(SSL_CTX_use_PrivateKey_file), S(SSL_CTX_check_private_key), S(SSL_CTX_set_verify),
+        S(SSL_new), S(SSL_free), S(SSL_set_bio), S(SSL_set1_host), S(SSL_set_read_ahead),
+        S(SSL_set_default_read_buffer_len), S(SSL_ctrl), S(SSL_connect),
+        S(SSL_read), S(SSL_write), S(SSL_shutdown), S(SSL_get_error), S(SSL_has_pending),
+        S(SSL_get_verify_result), C(X509_verify_cert_error_string), C(ERR_get_error),
+        C(ERR_error_string_n), C(ERR_clear_error), C(BIO_get_new_index), C(BIO_meth_new),
+        C(BIO_meth_set_write), C(BIO_meth_set_read), C(BIO_meth_set_ctrl), C(BIO_new),
+        C(BIO_set_data), C(BIO_get_data), C(BIO_set_init), C(BIO_set_flags),
+        C(BIO_clear_flags),
+#undef S
+#undef C
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        *t[i].slot = dlsym(t[i].lib, t[i].name);
+        if (!*t[i].slot) {
+            snprintf(err, cap, "GPUPOOL_TLS=1 needs OpenSSL 3, but %s lacks %s; install libssl3",
+                     t[i].lib == ssl ? "libssl.so.3" : "libcrypto.so.3", t[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The oldest error OpenSSL queued in this thread, as text (or `dflt`). */
+static void ssl_error_text(char *out, size_t cap, const char *dflt) {
+    unsigned long e = O.ERR_get_error(), last = e;
+    while (last) { /* keep the first, drop the rest of the queue */
+        last = O.ERR_get_error();
+    }
+    if (!e) {
+        snprintf(out, cap, "%s", dflt);
+        return;
+    }
+    char buf[256];
+    O.ERR_error_string_n(e, buf, sizeof buf);
+    /* "error:0A000086:SSL routines::certificate verify failed": the part after the last ':' */
+    const char *r = strrchr(buf, ':');
+    snprintf(out, cap, "%s", r && r[1] ? r + 1 : buf);
+}
+
+static int bio_write(void *b, const char *p, int n) {
+    int fd = (int)(intptr_t)O.BIO_get_data(b);
+    O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
+    ssize_t w;
+    do w = send(fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        O.BIO_set_flags(b, O_BIO_FLAGS_WRITE | O_BIO_FLAGS_SHOULD_RETRY);
+    return (int)w;
+}
+
+static int bio_read(void *b, char *p, int n) {
+    int fd = (int)(intptr_t)O.BIO_get_data(b);
+    O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
+    ssize_t r;
+    do r = recv(fd, p, (size_t)n, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        O.BIO_set_flags(b, O_BIO_FLAGS_READ | O_BIO_FLAGS_SHOULD_RETRY);
+    return (int)r;
+}
+
+static long bio_ctrl(void *b, int cmd, long num, void *ptr) {
+    (void)b, (void)num, (void)ptr;
+    return cmd == O_BIO_CTRL_FLUSH; /* nothing is buffered in this BIO */
+}
+
+static int make_context(char *err, size_t cap) {
+    void *c = O.SSL_CTX_new(O.TLS_client_method());
+    if (!c) {
+        ssl_error_text(err, cap, "SSL_CTX_new failed");
+        return -1;
+    }
+    O.SSL_CTX_ctrl(c, O_SSL_CTRL_SET_MIN_PROTO_VERSION, O_TLS1_2_VERSION, NULL);
+    O.SSL_CTX_ctrl(c, O_SSL_CTRL_MODE, O_SSL_MODE_PARTIAL_AND_MOVING, NULL);
+    /* End of stream without close_notify reads as end of stream: frames carry their lengths,
+     * so a cut stream is detected by the frame layer, and conn.c says "connection closed". */
+    O.SSL_CTX_set_options(c, O_SSL_OP_IGNORE_UNEXPECTED_EOF);
+    O.SSL_CTX_set_verify(c, O_SSL_VERIFY_PEER, NULL);
+    const char *ca = getenv("GPUPOOL_TLS_CA");
+    if (ca && *ca) {
+        if (O.SSL_CTX_load_verify_locations(c, ca, NULL) != 1) {
+            char why[200];
+            ssl_error_text(why, sizeof why, "unreadable");
+            snprintf(err, cap, "cannot use GPUPOOL_TLS_CA=%s (%s): it must be a PEM file of CA "
+                     "certificates", ca, access(ca, R_OK) ? strerror(errno) : why);
+            goto fail;
+        }
+    } else if (O.SSL_CTX_set_default_verify_paths(c) != 1) {
+        ssl_error_text(err, cap, "cannot load the system's trusted CA certificates");
+        goto fail;
+    }
+    const char *cert = getenv("GPUPOOL_TLS_CERT"), *key = getenv("GPUPOOL_TLS_KEY");
+    int have_cert = cert && *cert, have_key = key && *key;
+    if (have_cert != have_key) {
+        snprintf(err, cap, "%s is set but %s is not: a client certificate needs both",
+                 have_cert ? "GPUPOOL_TLS_CERT" : "GPUPOOL_TLS_KEY",
+                 have_cert ? "GPUPOOL_TLS_KEY" : "GPUPOOL_TLS_CERT");
+        goto fail;
+    }
+    if (have_cert) {
+        char why[200];
+        if (O.SSL_CTX_use_certificate_chain_file(c, cert) != 1) {
+            ssl_error_text(why, sizeof why, "unreadable");
+            snprintf(err, cap, "cannot use GPUPOOL_TLS_CERT=%s (%s): it must be a PEM "
+                     "certificate chain", cert, access(cert, R_OK) ? strerror(errno) : why);
+            goto fail;
+        }
+        if (O.SSL_CTX_use_PrivateKey_file(c, key, O_SSL_FILETYPE_PEM) != 1 ||
+            O.SSL_CTX_check_private_key(c) != 1) {
+            ssl_error_text(why, sizeof why, "unreadable");
+            snprintf(err, cap, "cannot use GPUPOOL_TLS_KEY=%s (%s): it must be the unencrypted "
+                     "PEM key of GPUPOOL_TLS_CERT", key, access(key, R_OK) ? strerror(errno) : why);
+            goto fail;
+        }
+    }
+    ctx = c;
+    return 0;
+fail:
+    /* SSL_CTX_free is not among the loaded symbols: a failed set-up ends the process's CUDA
+     * anyway, and the context is small. */
+    return -1;
+}
+
+int gp_tls_setup(char *err, size_t cap) {
+    pthread_mutex_lock(&load_lock);
+    int rc = 0;
+    if (!ctx) {
+        static void *ssl_lib, *crypto_lib;
+        /* libcrypto first: libssl needs it, and we take symbols from both. */
+        if (!crypto_lib) crypto_lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+        if (crypto_lib && !ssl_lib) ssl_lib = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+        if (!crypto_lib || !ssl_lib) {
+            snprintf(err, cap, "GPUPOOL_TLS=1 needs OpenSSL 3 (libssl.so.3): install libssl3 "
+                     "(%s)", dlerror());
+            rc = -1;
+        } else if (!O.SSL_new && load_symbols(ssl_lib, crypto_lib, err, cap) != 0) {
+            memset(&O, 0, sizeof O);
+            rc = -1;
+        } else {
+            O.OPENSSL_init_ssl(0, NULL);
+            O.ERR_clear_error();
+            if (!bio_meth) {
+                bio_meth = O.BIO_meth_new(O.BIO_get_new_index() | O_BIO_TYPE_SOURCE_SINK,
+                                          "gpupool socket");
+                if (!bio_meth || O.BIO_meth_set_write(bio_meth, bio_write) != 1 ||
+                    O.BIO_meth_set_read(bio_meth, bio_read) != 1 ||
+                    O.BIO_meth_set_ctrl(bio_meth, bio_ctrl) != 1) {
+                    snprintf(err, cap, "OpenSSL: cannot create a BIO method");
+                    bio_meth = NULL;
+                    rc = -1;
+                }
+            }
+            if (rc == 0) rc = make_context(err, cap);
+        }
+    }
+    pthread_mutex_unlock(&load_lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ one session == */
+
+static int wait_fd(int fd, short events, int timeout_ms) {
+    struct pollfd p = {.fd = fd, .events = events};
+    for (;;) {
+        int r = poll(&p, 1, timeout_ms);
+        if (r > 0) return 0;
+        if (r == 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        if (errno != EINTR) return -1;
+    }
+}
+
+static int is_ip_literal(const char *host) {
+    return strspn(host, "0123456789.") == strlen(host) || strchr(host, ':') != NULL;
+}
+
+/* Why a handshake failed, for the one-line error: certificate problems get what to do. */
+static void handshake_error(gp_tls *s, int e, char *err, size_t cap) {
+    long v = O.SSL_get_verify_result(s->ssl);
+    if (v != O_X509_V_OK) {
+        snprintf(err, cap, "TLS: the server's certificate was not accepted (%s); set "
+                 "GPUPOOL_TLS_CA to the CA certificate that signed it (PEM) and connect with the "
+                 "host name the certificate names", O.X509_verify_cert_error_string(v));
+        O.ERR_clear_error();
+        return;
+    }
+    char why[200];
+    ssl_error_text(why, sizeof why,
+                   e == O_SSL_ERROR_SYSCALL || e == O_SSL_ERROR_ZERO_RETURN
+                       ? "the server closed the connection" : "handshake failed");
+    if (strstr(why, "wrong version number") || strstr(why, "packet length too long") ||
+        strstr(why, "record layer failure"))
+        snprintf(err, cap, "TLS handshake failed (%s): the server does not speak TLS on this "
+                 "port; unset GPUPOOL_TLS (and drop tls:// from GPUPOOL_SERVER), or enable "
+                 "tls_cert on the server", why);
+    else if (strstr(why, "certificate required") || strstr(why, "handshake failure") ||
+             strstr(why, "closed the connection"))
+        snprintf(err, cap, "TLS handshake failed (%s); if the server requires a client "
+                 "certificate, set GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY to one its tls_client_ca "
+                 "signed", why);
+    else
+        snprintf(err, cap, "TLS handshake failed (%s)", why);
+}
+
+gp_tls *gp_tls_connect(int fd, const char *host, int read_ahead, int timeout_ms, char *err,
+                       size_t cap) {
+    gp_tls *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    s->fd = fd;
+    s->send_timeout_ms = -1;
+    pthread_mutex_init(&s->lock, NULL);
+    O.ERR_clear_error();
+    void *bio = O.BIO_new(bio_meth);
+    s->ssl = bio ? O.SSL_new(ctx) : NULL;
+    if (!s->ssl) {
+        ssl_error_text(err, cap, "cannot create a TLS session");
+        free(s);
+        return NULL;
+    }
+    O.BIO_set_data(bio, (void *)(intptr_t)fd);
+    O.BIO_set_init(bio, 1);
+    O.SSL_set_bio(s->ssl, bio, bio); /* one reference, owned by the SSL object */
+    if (read_ahead) {
+        /* Several records per recv(): fewer system calls for bulk data. Only for the worker's
+         * session, the last on the socket: the daemon's must not read past its close_notify. */
+        O.SSL_set_read_ahead(s->ssl, 1);
+        O.SSL_set_default_read_buffer_len(s->ssl, 256 * 1024);
+    }
+    if (O.SSL_set1_host(s->ssl, host) != 1 ||
+        (!is_ip_literal(host) &&
+         O.SSL_ctrl(s->ssl, O_SSL_CTRL_SET_TLSEXT_HOSTNAME, 0, (void *)host) != 1)) {
+        snprintf(err, cap, "TLS: cannot use the host name %s", host);
+        gp_tls_free(s);
+        return NULL;
+    }
+    for (;;) {
+        int r = O.SSL_connect(s->ssl);
+        if (r == 1) break;
+        int e = O.SSL_get_error(s->ssl, r);
+        if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
+            if (wait_fd(fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) == 0)
+                continue;
+            snprintf(err, cap, "TLS handshake: %s", errno == ETIMEDOUT
+                     ? "no answer (does the server speak TLS on this port?)" : strerror(errno));
+        } else {
+            handshake_error(s, e, err, cap);
+        }
+        gp_tls_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void gp_tls_free(gp_tls *s) {
+    if (!s) return;
+    if (s->ssl) O.SSL_free(s->ssl);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/* > 0 bytes, 0 end of stream (close_notify or TCP end), -1 error (err filled; errno ETIMEDOUT
+ * when timeout_ms passed without data). */
+ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap) {
+    int len = n > INT_MAX ? INT_MAX : (int)n;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        O.ERR_clear_error();
+        int r = O.SSL_read(s->ssl, buf, len);
+        int e = r > 0 ? 0 : O.SSL_get_error(s->ssl, r);
+        int saved = errno;
+        if (e == O_SSL_ERROR_SSL) ssl_error_text(err, cap, "TLS error");
+        pthread_mutex_unlock(&s->lock);
+        if (r > 0) return r;
+        if (e == O_SSL_ERROR_ZERO_RETURN) return 0;
+        if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
+            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) != 0) {
+                snprintf(err, cap, "%s", strerror(errno));
+                return -1;
+            }
+            continue;
+        }
+        if (e == O_SSL_ERROR_SYSCALL) {
+            if (saved == 0) return 0;
+            snprintf(err, cap, "%s", strerror(saved));
+            errno = saved;
+        } else if (e != O_SSL_ERROR_SSL) {
+            snprintf(err, cap, "TLS error %d", e);
+        }
+        if (e != O_SSL_ERROR_SYSCALL) errno = EPROTO;
+        return -1;
+    }
+}
+
+int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        int len = n > (1u << 30) ? (1 << 30) : (int)n;
+        pthread_mutex_lock(&s->lock);
+        O.ERR_clear_error();
+        int r = O.SSL_write(s->ssl, b, len);
+        int e = r > 0 ? 0 : O.SSL_get_error(s->ssl, r);
+        int saved = errno, timeout_ms = s->send_timeout_ms;
+        if (e == O_SSL_ERROR_SSL) ssl_error_text(err, cap, "TLS error");
+        pthread_mutex_unlock(&s->lock);
+        if (r > 0) {
+            b += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
+            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) != 0) {
+                snprintf(err, cap, "%s", errno == ETIMEDOUT ? "send timed out" : strerror(errno));
+                return -1;
+            }
+            continue;
+        }
+        if (e == O_SSL_ERROR_SYSCALL)
+            snprintf(err, cap, "%s", saved ? strerror(saved) : "connection closed");
+        else if (e != O_SSL_ERROR_SSL)
+            snprintf(err, cap, "TLS error %d", e);
+        return -1;
+    }
+    return 0;
+}
+
+int gp_tls_pending(gp_tls *s) {
+    pthread_mutex_lock(&s->lock);
+    int p = O.SSL_has_pending(s->ssl);
+    pthread_mutex_unlock(&s->lock);
+    return p;
+}
+
+void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms) {
+    pthread_mutex_lock(&s->lock);
+    s->send_timeout_ms = timeout_ms;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Both close_notify alerts: ours out, the peer's in, with no application data in between (the
+ * daemon's session ends this way before the worker's begins on the same socket). 0, or -1. */
+int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap) {
+    for (int zeros = 0;;) {
+        O.ERR_clear_error();
+        int r = O.SSL_shutdown(s->ssl);
+        if (r == 1) return 0;
+        int e = r == 0 ? O_SSL_ERROR_WANT_READ : O.SSL_get_error(s->ssl, r);
+        if (r == 0 && zeros++ == 0) continue; /* ours is sent: the next call reads theirs */
+        if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
+            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) == 0)
+                continue;
+            snprintf(err, cap, "closing the server's TLS session: %s", strerror(errno));
+            return -1;
+        }
+        char why[200];
+        ssl_error_text(why, sizeof why, "the server closed the connection");
+        snprintf(err, cap, "closing the server's TLS session: %s", why);
+        return -1;
+    }
+}
