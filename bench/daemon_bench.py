@@ -25,6 +25,7 @@ import datetime
 import http.client
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -130,6 +131,11 @@ class Daemon:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        sys.path.insert(0, str(ROOT))
+        from gpupoold.sim import sim_memory_dir
+
+        for folder in (sim_memory_dir(self.state), self.state):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def parse_facts(out: str) -> dict[str, str]:

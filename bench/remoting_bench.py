@@ -155,6 +155,10 @@ class Daemon:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        sys.path.insert(0, str(ROOT))
+        from gpupoold.sim import sim_memory_dir  # the simulated GPU's memory (in /dev/shm)
+
+        shutil.rmtree(sim_memory_dir(Path(self.state_dir)), ignore_errors=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 

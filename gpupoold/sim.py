@@ -3,14 +3,15 @@
 Each simulated GPU is its own `libgpupool-sim.so` device 0, configured through the file named by
 GPUPOOL_SIM_CONFIG (`key = value` lines, see worker/sim/README.md). The files live in
 `<state_dir>/sim/`; each GPU gets a distinct, stable UUID and PCI bus id, and its device memory
-lives in `<state_dir>/sim/gpuN.mem` (key `memory_file`): a sparse file that keeps what a tenant
-wrote after its process is gone, as a real GPU's memory does, so that the scrub between tenants
-has something real to wipe.
+lives in a sparse file (key `memory_file`, see `sim_memory_dir`) that keeps what a tenant wrote
+after its process is gone, as a real GPU's memory does, so that the scrub between tenants has
+something real to wipe.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 from pathlib import Path
 
@@ -33,9 +34,26 @@ def sim_pci_bus(index: int) -> int:
     return 0x18 + 0x10 * index
 
 
+SHM = Path("/dev/shm")
+STATE_DIR_NOTE = "STATE_DIR"
+
+
+def sim_memory_dir(state_dir: Path) -> Path:
+    """Where the simulated GPUs of the daemon with this state dir keep their device memory: in
+    /dev/shm when it is there (memory, like a GPU's: a tenant's writes cause no disk writeback,
+    which on a small machine costs the remoting path a third of its copy speed, and they last
+    until reboot, as on a real GPU), else `<state_dir>/sim`. One folder per state dir, so two
+    daemons on one machine never share simulated memory."""
+    state_dir = state_dir.resolve()
+    if SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK):
+        tag = hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
+        return SHM / f"gpupool-sim-{os.getuid()}-{tag}"
+    return state_dir / "sim"
+
+
 def sim_memory_file(state_dir: Path, index: int) -> Path:
     """Where simulated GPU `index` keeps its device memory."""
-    return state_dir / "sim" / f"gpu{index}.mem"
+    return sim_memory_dir(state_dir) / f"gpu{index}.mem"
 
 
 def sim_config_text(index: int, name: str, memory_gib: int, memory_file: Path | None = None) -> str:
@@ -59,6 +77,10 @@ def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int) ->
     folder.mkdir(parents=True, exist_ok=True)
     # The sim refuses relative paths: workers and scrubs do not run in the daemon's directory.
     memory_file = sim_memory_file(state_dir.resolve(), index)
+    memory_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    owner = memory_file.parent / STATE_DIR_NOTE
+    if not owner.exists():  # says whose memory this is (tests clean up by it)
+        owner.write_text(f"{state_dir.resolve()}\n")
     if "#" in str(memory_file) or "\n" in str(memory_file):
         raise ValueError(f"the state directory {state_dir} contains '#' or a newline, which the "
                          "simulated device's config file cannot hold; choose another state_dir")

@@ -343,6 +343,23 @@ def gpupool_server(native_build: Path, start_daemon: Callable[..., GpupoolServer
     return start_daemon(build_dir=native_build)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _remove_simulated_gpu_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Simulated GPU memory lives in /dev/shm (gpupoold/sim.py); remove what this session's
+    daemons made there (each folder names its state dir), not other runs' folders."""
+    yield
+    from gpupoold.sim import SHM, STATE_DIR_NOTE
+
+    base = tmp_path_factory.getbasetemp().resolve()
+    for folder in SHM.glob(f"gpupool-sim-{os.getuid()}-*"):
+        try:
+            owner = Path((folder / STATE_DIR_NOTE).read_text().strip())
+        except OSError:
+            continue
+        if owner.is_relative_to(base):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(name="run_client")
 def run_client_fixture() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run_client

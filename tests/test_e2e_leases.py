@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from conftest import REPO, ApiError, GpupoolServer, run_client
 
+from gpupoold.sim import sim_memory_file
+
 CLIENT_SRC = REPO / "tests" / "clients" / "hold_gpu.c"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 MIB = 1 << 20
@@ -166,8 +168,7 @@ def test_next_tenant_reads_only_zeros(gpupool_server: GpupoolServer, hold_gpu: P
     assert facts(second.stdout)["nonzero_before"] == "0", "the second tenant saw the first's data"
     # The scrub really wrote the simulated device memory: the first tenant's pattern is gone
     # from the memory file that backs the GPU's memory across processes.
-    mem = server.state_dir / "sim" / "gpu0.mem"
-    assert mem.is_file()
+    assert sim_memory_file(server.state_dir, 0).is_file()
     wait_until("both leases scrubbed",
                lambda: [r["scrub_ok"] for r in ended_leases(server)] == [True, True])
     records = ended_leases(server)

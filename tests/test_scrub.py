@@ -21,7 +21,7 @@ from test_sim_device import SIZES, allocated_bytes, memtool, sim_env
 from gpupoold.gpus import Gpu
 from gpupoold.paths import SCRUB_NAME
 from gpupoold.scrub import ScrubResult, run_scrub
-from gpupoold.sim import write_sim_config
+from gpupoold.sim import sim_memory_file, write_sim_config
 
 MIB = 1 << 20
 SIM_NAME = "Test GPU (gpupool simulated)"
@@ -192,13 +192,17 @@ def script(tmp_path: Path, body: str) -> Path:
 
 def test_daemon_sim_config_names_a_memory_file(tmp_path):
     conf = write_sim_config(tmp_path, 3, SIM_NAME, 2)
-    assert f"memory_file = {tmp_path.resolve()}/sim/gpu3.mem\n" in conf.read_text()
+    mem = sim_memory_file(tmp_path, 3)
+    assert f"memory_file = {mem}\n" in conf.read_text()
+    assert mem.parent.is_dir() and mem.is_absolute()
+    # One folder per state dir: another daemon's simulated memory is elsewhere.
+    assert sim_memory_file(tmp_path / "other", 3).parent != mem.parent
 
 
 @pytest.mark.san
 async def test_run_scrub_on_a_simulated_gpu(native_build, tmp_path):
     gpu = sim_gpu(tmp_path, native_build)
-    mem = tmp_path / "sim" / "gpu0.mem"
+    mem = sim_memory_file(tmp_path, 0)
     env = {**sim_env(None), **gpu.env}
     del env["GPUPOOL_SIM_TOTAL_MEMORY"]  # the config file's 1 GiB
     memtool(native_build, env, "fill", 5, *SIZES)
