@@ -36,16 +36,29 @@ def sim_pci_bus(index: int) -> int:
 
 SHM = Path("/dev/shm")
 STATE_DIR_NOTE = "STATE_DIR"
+SHM_MIN_FREE = 4 * GIB
+
+
+def _shm_usable() -> bool:
+    """/dev/shm is there, writable, and big enough for what tenants write (containers often
+    give it 64 MiB: a tenant writing more would crash its worker with SIGBUS)."""
+    if not (SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK)):
+        return False
+    try:
+        st = os.statvfs(SHM)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= SHM_MIN_FREE
 
 
 def sim_memory_dir(state_dir: Path) -> Path:
     """Where the simulated GPUs of the daemon with this state dir keep their device memory: in
-    /dev/shm when it is there (memory, like a GPU's: a tenant's writes cause no disk writeback,
+    /dev/shm when it is there with at least 4 GiB free (memory, like a GPU's: a tenant's writes cause no disk writeback,
     which on a small machine costs the remoting path a third of its copy speed, and they last
     until reboot, as on a real GPU), else `<state_dir>/sim`. One folder per state dir, so two
     daemons on one machine never share simulated memory."""
     state_dir = state_dir.resolve()
-    if SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK):
+    if _shm_usable():
         tag = hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
         return SHM / f"gpupool-sim-{os.getuid()}-{tag}"
     return state_dir / "sim"

@@ -278,3 +278,13 @@ async def test_run_scrub_missing_binary_or_driver(tmp_path):
     no_driver = Gpu(index=4, name="x", uuid="", simulated=True, driver="", ordinal=0)
     result = await run_scrub(BUILD_DIR / SCRUB_NAME, no_driver, timeout=30)
     assert not result.ok and "GPU 4 has no driver library" in result.error
+
+
+def test_simulated_memory_falls_back_to_the_state_dir_without_a_big_dev_shm(tmp_path, monkeypatch):
+    import gpupoold.sim as sim
+
+    monkeypatch.setattr(sim, "SHM_MIN_FREE", 1 << 62)  # no /dev/shm is that big
+    assert sim.sim_memory_file(tmp_path, 1) == tmp_path.resolve() / "sim" / "gpu1.mem"
+    monkeypatch.setattr(sim, "SHM", tmp_path / "no-such-dir")
+    monkeypatch.setattr(sim, "SHM_MIN_FREE", 0)
+    assert sim.sim_memory_dir(tmp_path) == tmp_path.resolve() / "sim"
