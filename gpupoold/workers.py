@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -429,6 +430,32 @@ def _consume(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+@functools.lru_cache(maxsize=8)
+def without_shim_dirs(search_path: str) -> str:
+    """LD_LIBRARY_PATH without the folders that hold gpupool's client shim as libcuda.so.1: a
+    daemon started from a shell set up for gpupool clients (`gpupool env`) would otherwise give
+    its workers the shim instead of the NVIDIA driver. Cached: the files are read once."""
+    kept = []
+    for folder in search_path.split(":"):
+        lib = Path(folder or ".") / "libcuda.so.1"
+        try:
+            # The shim is about 1 MiB; a real driver is tens of MiB and never read whole here.
+            is_shim = lib.stat().st_size < _SHIM_MAX_SIZE and _SHIM_MARK in lib.read_bytes()
+        except OSError:
+            is_shim = False
+        if is_shim:
+            log.warning("LD_LIBRARY_PATH folder %s holds the gpupool client shim as libcuda.so.1: "
+                        "left out of the workers' LD_LIBRARY_PATH (they need the NVIDIA driver)",
+                        folder)
+        else:
+            kept.append(folder)
+    return ":".join(kept)
+
+
+_SHIM_MARK = b"GPUPOOL_SERVER is not set"  # a message only the client shim carries
+_SHIM_MAX_SIZE = 16 << 20
+
+
 class WorkerSupervisor:
     """Starts every worker, follows it until it is reaped, and stops them all at shutdown."""
 
@@ -466,6 +493,8 @@ class WorkerSupervisor:
         env.update(gpu.env)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env.pop("LD_PRELOAD", None)
+        if env.get("LD_LIBRARY_PATH"):
+            env["LD_LIBRARY_PATH"] = without_shim_dirs(env["LD_LIBRARY_PATH"])
         return env
 
     async def spawn(self, gpu: Gpu, timeout: float = 60.0) -> Worker:

@@ -531,3 +531,15 @@ def test_usage_errors(tmp_path: Path) -> None:
         p = subprocess.run([str(WORKER), "--control-fd", str(b.fileno()), "--session-id", "1",
                             *base], pass_fds=(b.fileno(),), capture_output=True, timeout=30)
     assert p.returncode == 2 and b"excludes" in p.stderr
+
+
+def test_workers_never_get_the_client_shim_as_their_driver(tmp_path, native_build) -> None:
+    from gpupoold.workers import without_shim_dirs
+
+    shim_dir, driver_dir, empty = tmp_path / "shim", tmp_path / "driver", tmp_path / "empty"
+    for d in (shim_dir, driver_dir, empty):
+        d.mkdir()
+    (shim_dir / "libcuda.so.1").write_bytes((native_build / "client" / "libcuda.so.1").read_bytes())
+    (driver_dir / "libcuda.so.1").write_bytes(b"\x7fELF not the shim")
+    path = f"{empty}:{shim_dir}:{driver_dir}"
+    assert without_shim_dirs(path) == f"{empty}:{driver_dir}"
