@@ -20,6 +20,7 @@ from aiohttp import web
 from gpupoold.auth import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
 from gpupoold.counters import Counters
 from gpupoold.gpus import InventoryError, build_inventory
+from gpupoold.http_auth import auth_middleware
 from gpupoold.keys import (AUTH, COUNTERS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS, STORE,
                            SUPERVISOR)
 from gpupoold.leases import LeaseManager
@@ -41,7 +42,7 @@ class StartupError(Exception):
 
 
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=middlewares())
+    app = web.Application(middlewares=[auth_middleware])
     app[SETTINGS] = settings
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(state_ctx)
@@ -52,12 +53,6 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(remoting_ctx)
     setup_routes(app)
     return app
-
-
-def middlewares() -> list[object]:
-    from gpupoold.http_auth import auth_middleware
-
-    return [auth_middleware]
 
 
 def _native(setting: str, name: str, configured: Path | None, mode: int) -> Path | None:

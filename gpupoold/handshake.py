@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import gpupool_protocol as gp
 
 from gpupoold import __version__
+from gpupoold.requirements import format_bytes
 
 # The largest hello body of this protocol version is about 6.2 KiB; anything much longer is not a
 # hello and is refused before it is read.
@@ -82,13 +83,9 @@ _PLAIN = re.compile(r"[\w.:-]+")  # a GPU index or UUID: shown as it is; anythin
 
 
 def format_size(n: int) -> str:
-    """Bytes in the unit the number is a whole multiple of ("40 GiB", "40 GB", "1536 MiB");
-    exact, so a log line says precisely what the client asked for."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20),
-                       ("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} bytes"
+    """Bytes, exact ("40 GiB", "40 GB", "1536 MiB", "12345 bytes"): a log line says precisely
+    what the client asked for."""
+    return format_bytes(n, exact=True)
 
 
 def requirements_text(hello: gp.Hello) -> str:

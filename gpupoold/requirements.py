@@ -16,18 +16,18 @@ from gpupoold.gpus import Gpu
 GIB = 1 << 30
 
 
-def format_bytes(n: int) -> str:
-    """Exact in the unit `n` is a whole multiple of (as users write GPUPOOL_MIN_MEMORY: "40 GB",
-    "40 GiB"), else approximate in GiB or MiB."""
+def format_bytes(n: int, exact: bool = False) -> str:
+    """In the unit `n` is a whole multiple of (as users write GPUPOOL_MIN_MEMORY: "40 GB",
+    "40 GiB"), else approximately in GiB or MiB, or with `exact` in bytes."""
     for unit, size in (("TiB", 1 << 40), ("GiB", GIB), ("TB", 10**12), ("GB", 10**9),
                        ("MiB", 1 << 20), ("MB", 10**6)):
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
+    if exact or n < 1 << 20:
+        return f"{n} bytes"
     if n >= GIB:
         return f"{n / GIB:.4g} GiB"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.0f} MiB"
-    return f"{n} bytes"
+    return f"{n / (1 << 20):.0f} MiB"
 
 
 @dataclass(frozen=True)
