@@ -35,6 +35,7 @@ all: real_all
 
 include protocol/protocol.mk
 -include client/shim/shim.mk
+-include client/nvml/nvml.mk
 -include worker/sim/sim.mk
 -include worker/worker.mk
 -include worker/scrub/scrub.mk
@@ -42,6 +43,7 @@ include protocol/protocol.mk
 -include tests/sim/sim_tests.mk
 -include client/shim/shim_tests.mk
 -include client/shim/shim_d2_tests.mk
+-include client/nvml/nvml_tests.mk
 
 real_all: $(ALL_TARGETS) $(TEST_BINS)
 

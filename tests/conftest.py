@@ -187,7 +187,7 @@ class GpupoolServer:
 
     def client_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """os.environ plus what a client of this daemon needs: our libcuda.so.1 first on
-        LD_LIBRARY_PATH, GPUPOOL_SERVER, no GPUPOOL_LOG; with the sanitizer build, libasan
+        LD_LIBRARY_PATH, GPUPOOL_SERVER, GPUPOOL_CONFIG=none, no GPUPOOL_LOG; with the sanitizer build, libasan
         preloaded (the shim is instrumented, the program is not) and leak checks off."""
         env = dict(os.environ)
         env.pop("GPUPOOL_LOG", None)
@@ -197,6 +197,9 @@ class GpupoolServer:
             lib.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = ":".join(lib)
         env["GPUPOOL_SERVER"] = self.address
+        # No config file: the tests' clients see exactly this environment, never the
+        # ~/.config/gpupool/config.toml of whoever runs them (a test may pass its own).
+        env["GPUPOOL_CONFIG"] = "none"
         if self.token:
             env["GPUPOOL_TOKEN"] = self.token
         if self.sanitized:
