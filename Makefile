@@ -56,6 +56,7 @@ $(BUILD)/obj/%.o: %.c
 gen:
 	$(PYTHON) protocol/gen_protocol.py
 	$(PYTHON) cudaapi/gen_cuda_tables.py
+	$(if $(wildcard .venv/bin/python),.venv/bin/python,$(PYTHON)) client/nvml/gen_stubs.py  # reads the installed pynvml
 
 test:
 	./scripts/test.sh

@@ -1,10 +1,13 @@
-"""Build step of the gpupool client: build the shim (build/client/libcuda.so.1) with the
-repository's Makefile and ship it in gpupool/lib/ as libcuda.so.1 and libcuda.so (metadata is in
-pyproject.toml).
+"""Build step of the gpupool client: build the shims ($BUILD/client/libcuda.so.1 and
+$BUILD/client/libnvidia-ml.so.1) with the repository's Makefile and ship them in gpupool/lib/ as
+libcuda.so.1 + libcuda.so and libnvidia-ml.so.1 + libnvidia-ml.so (metadata is in
+pyproject.toml). Only make and a C compiler are needed: no CUDA toolkit, no NVIDIA driver.
 
-An existing build/client/libcuda.so.1 is reused when make is not needed (make decides).
-Set GPUPOOL_SKIP_NATIVE=1 to build a package without the shim; `gpupool run` then looks for it in
-$GPUPOOL_SHIM_DIR or the repository's build/client (development). Editable installs skip this step.
+$BUILD is $GPUPOOL_BUILD_DIR when set (relative to the repository, as for the tests), else build/;
+make rebuilds only what is out of date there, so a built tree makes the install quick.
+Set GPUPOOL_SKIP_NATIVE=1 to build a package without the shims; `gpupool run` then looks for them
+in $GPUPOOL_SHIM_DIR or the repository's build/client (development). Editable installs skip this
+step.
 """
 
 from __future__ import annotations
@@ -19,27 +22,39 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SHIM_TARGET = "build/client/libcuda.so.1"
-SHIM_FRAGMENT = "client/shim/shim.mk"
+FRAGMENTS = ("client/shim/shim.mk", "client/nvml/nvml.mk")
+# (file made by make under $BUILD/client, the names it gets in gpupool/lib/). Copies, not
+# symbolic links (wheels hold none); the unversioned names are for programs linked with -lcuda
+# (Triton) or -lnvidia-ml.
+LIBS = (("libcuda.so.1", ("libcuda.so.1", "libcuda.so")),
+        ("libnvidia-ml.so.1", ("libnvidia-ml.so.1", "libnvidia-ml.so")))
 
 
-class BuildPyWithShim(build_py):
+class BuildPyWithShims(build_py):
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False) or os.environ.get("GPUPOOL_SKIP_NATIVE") == "1":
             return
-        if not (REPO / "Makefile").is_file() or not (REPO / SHIM_FRAGMENT).is_file():
+        missing = [f for f in ("Makefile", *FRAGMENTS) if not (REPO / f).is_file()]
+        if missing:
             raise SystemExit(
-                f"gpupool build: the shim sources ({SHIM_FRAGMENT} and the top-level Makefile) "
-                f"are not in {REPO}; build from a gpupool checkout (pip install ./client), or set "
-                "GPUPOOL_SKIP_NATIVE=1 and point GPUPOOL_SHIM_DIR at a built shim")
+                f"gpupool build: {', '.join(missing)} not found in {REPO}: the shims are built "
+                "from a gpupool checkout (pip install ./client); or set GPUPOOL_SKIP_NATIVE=1 "
+                "and point GPUPOOL_SHIM_DIR at built shims")
+        build = os.environ.get("GPUPOOL_BUILD_DIR") or "build"
+        build_dir = Path(build) if Path(build).is_absolute() else REPO / build
+        targets = [str(build_dir / "client" / name) for name, _ in LIBS]
         jobs = f"-j{min(os.cpu_count() or 1, 4)}"
-        subprocess.run(["make", "-C", str(REPO), jobs, SHIM_TARGET], check=True)
+        proc = subprocess.run(["make", "-C", str(REPO), jobs, f"BUILD={build}", *targets])
+        if proc.returncode != 0:
+            raise SystemExit(f"gpupool build: make failed ({proc.returncode}) building "
+                             f"{', '.join(targets)}; it needs make and a C compiler (gcc), see "
+                             "its output above")
         lib_dir = Path(self.build_lib) / "gpupool" / "lib"
         lib_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / SHIM_TARGET, lib_dir / "libcuda.so.1")
-        # A copy, not a symlink (wheels hold none), for programs that link with -lcuda (Triton).
-        shutil.copy2(REPO / SHIM_TARGET, lib_dir / "libcuda.so")
+        for name, shipped in LIBS:
+            for dest in shipped:
+                shutil.copy2(build_dir / "client" / name, lib_dir / dest)
 
 
 class NativeDistribution(Distribution):
@@ -47,6 +62,6 @@ class NativeDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildPyWithShim}, distclass=NativeDistribution,
+setup(cmdclass={"build_py": BuildPyWithShims}, distclass=NativeDistribution,
       # setuptools' own build files stay out of the native build/ tree
       options={"build": {"build_base": "build/python"}})

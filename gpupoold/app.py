@@ -3,8 +3,9 @@
 `create_app(settings)` returns an aiohttp application whose resources are `cleanup_ctx`
 generators, started in this order and stopped in reverse: state directories, the store
 (SQLite) and authentication, the GPU inventory (NVML), the worker supervisor, the lease manager,
-the remoting listener. So at shutdown the listener stops accepting first, then the leases end
-(their workers stopped and their records written), and the store closes last.
+the live GPU values (telemetry.py), the remoting listener. So at shutdown the listener stops
+accepting first, then the leases end (their workers stopped and their records written), and the
+store closes last.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gpupoold.counters import Counters
 from gpupoold.gpus import InventoryError, build_inventory
 from gpupoold.http_auth import auth_middleware
 from gpupoold.keys import (AUTH, COUNTERS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS, STORE,
-                           SUPERVISOR)
+                           SUPERVISOR, TELEMETRY)
 from gpupoold.leases import LeaseManager
 from gpupoold.nvml import Nvml
 from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
@@ -31,6 +32,7 @@ from gpupoold.routes import setup_routes
 from gpupoold.scrubber import GpuCleaner
 from gpupoold.settings import Settings
 from gpupoold.store import Store
+from gpupoold.telemetry import Telemetry
 from gpupoold.workers import WorkerSupervisor, WorkerTls
 
 log = logging.getLogger("gpupoold")
@@ -50,6 +52,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(inventory_ctx)
     app.cleanup_ctx.append(supervisor_ctx)
     app.cleanup_ctx.append(leases_ctx)
+    app.cleanup_ctx.append(telemetry_ctx)
     app.cleanup_ctx.append(remoting_ctx)
     setup_routes(app)
     return app
@@ -162,6 +165,19 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await leases.close(settings.stop_grace)
+
+
+async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
+    leases = app[LEASES]
+    telemetry = Telemetry(app[INVENTORY], leases, app[SETTINGS])
+    await telemetry.start()
+    leases.telemetry = telemetry
+    app[TELEMETRY] = telemetry
+    try:
+        yield
+    finally:
+        leases.telemetry = None
+        await telemetry.close()
 
 
 async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -12,6 +12,7 @@ from gpupoold.nvml import Nvml
 from gpupoold.remoting import RemotingListener
 from gpupoold.settings import Settings
 from gpupoold.store import Store
+from gpupoold.telemetry import Telemetry
 from gpupoold.workers import WorkerSupervisor
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -23,3 +24,4 @@ INVENTORY = web.AppKey("inventory", Inventory)
 SUPERVISOR = web.AppKey("supervisor", WorkerSupervisor)
 LEASES = web.AppKey("leases", LeaseManager)
 REMOTING = web.AppKey("remoting", RemotingListener)
+TELEMETRY = web.AppKey("telemetry", Telemetry)

@@ -40,6 +40,7 @@ from gpupoold.requirements import Requirements
 from gpupoold.scrubber import CleanResult, GpuCleaner
 from gpupoold.settings import Settings
 from gpupoold.store import NewLease, Store
+from gpupoold.telemetry import Telemetry, unknown_live
 from gpupoold.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.workers import Worker, WorkerStartError, WorkerSupervisor
 
@@ -143,6 +144,8 @@ class LeaseManager:
         self._state_file = settings.state_dir / STATE_FILE
         # Called with the GPU index whenever a GPU's state changes (the dashboard's live feed).
         self.listeners: list[Callable[[int], None]] = []
+        # The GPUs' live values for the views (app.py sets it; None: every value unknown).
+        self.telemetry: Telemetry | None = None
 
     # ---------------------------------------------------------------------------- life cycle
     async def start(self) -> None:
@@ -221,6 +224,26 @@ class LeaseManager:
             return (f"every GPU that meets the request ({req.describe()}) is out of service: "
                     f"{why}. Try again later or use another server")
         return None
+
+    def in_service(self, slot: Slot) -> bool:
+        """Not drained, draining or quarantined: the GPU may serve another lease."""
+        return not (slot.state in (QUARANTINED, DRAINED) or slot.draining)
+
+    def free_now(self, slot: Slot, req: Requirements, token: str) -> bool:
+        """Whether a hello from `token` with `req` would be granted `slot` at once: it is free,
+        meets `req`, the token is under `max_gpus_per_token`, and nobody in the queue who may
+        take it is ahead (the queue is served in order)."""
+        return (not self._closing and slot.state == FREE and self.in_service(slot)
+                and req.matches(slot.gpu) and self._under_limit(token)
+                and self.queue.first(lambda w: w.req.matches(slot.gpu)
+                                     and self._under_limit(w.token)) is None)
+
+    def counts(self, req: Requirements, token: str) -> tuple[int, int, int, int]:
+        """(GPUs, those meeting `req` in service, of those the ones a hello from `token` would get
+        at once, clients waiting): the counts of an `info` reply."""
+        matching = [s for s in self.slots if req.matches(s.gpu) and self.in_service(s)]
+        free = sum(1 for s in matching if self.free_now(s, req, token))
+        return len(self.slots), len(matching), free, len(self.queue)
 
     def enqueue(self, req: Requirements, token: str, client: ClientInfo) -> Waiter:
         """Join the queue; the waiter's future resolves with a Slot when a GPU is granted (at
@@ -526,11 +549,13 @@ class LeaseManager:
     def _view(self, slot: Slot) -> dict[str, Any]:
         g = slot.gpu
         return {"index": g.index, "name": g.name, "uuid": g.uuid, "simulated": g.simulated,
-                "memory_total": g.memory_total, "state": slot.state, "since": slot.since,
-                "draining": slot.draining,
+                "memory_total": g.memory_total, "pci_bus_id": g.pci_bus_id,
+                "state": slot.state, "since": slot.since, "draining": slot.draining,
                 "lease": slot.lease.view() if slot.lease is not None else None,
                 "quarantine": slot.quarantine, "last_scrub": slot.last_scrub,
-                "worker_ready": slot.idle_worker is not None}
+                "worker_ready": slot.idle_worker is not None,
+                "live": (self.telemetry.live(g.index) if self.telemetry is not None
+                         else unknown_live(g))}
 
     def gpu_views(self) -> list[dict[str, Any]]:
         return [self._view(s) for s in self.slots]

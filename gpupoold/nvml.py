@@ -363,6 +363,26 @@ class Nvml:
                 sm_clock_mhz=self._call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM),
                 mem_clock_mhz=self._call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_MEM))
 
+    def power_limit(self, index: int) -> float | None:
+        """The enforced power limit in watts; None where not reported."""
+        with self._lock:
+            self._ensure()
+            h = self._handle(index)
+            mw = self._call("nvmlDeviceGetEnforcedPowerLimit", h)
+            return mw / 1000.0 if mw is not None else None
+
+    def driver_versions(self) -> tuple[str, int]:
+        """(the driver's version, e.g. "580.65.06"; the CUDA version its libcuda speaks, e.g.
+        13000 as cuDriverGetVersion gives it): "" and 0 where NVML does not say."""
+        with self._lock:
+            self._ensure()
+            version = self._call("nvmlSystemGetDriverVersion")
+            cuda = self._call("nvmlSystemGetCudaDriverVersion_v2")
+            if cuda is None:
+                cuda = self._call("nvmlSystemGetCudaDriverVersion")
+            return (_text(version) if version is not None else "",
+                    int(cuda) if isinstance(cuda, int) else 0)
+
     def health(self, index: int) -> HealthReport:
         """The health fields of GPU `index`, and the XIDs seen since the last call for it.
         The XID event set is polled with timeout 0: this never waits for an event."""

@@ -5,6 +5,9 @@ the client's requirements against the GPUs, queues the client until a GPU is gra
 position every `queue_notice_interval` seconds), and hands the socket to the GPU's pre-started
 worker. Everything after the hello is between the client and its worker; the daemon then closes
 its own copy of the socket.
+
+The first frame may be `info` instead (protocol 1.1, info.py): authenticated as a hello,
+answered by the daemon with counts and a JSON document, then the connection is closed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import gpupool_protocol as gp
 
 from gpupoold.auth import Authenticator
 from gpupoold.counters import Counters
+from gpupoold import info
 from gpupoold.handshake import (HELLO_MAX_BODY, Refusal, parse_hello, queue_notice, refusal_reply,
                                 requirements_text)
 from gpupoold.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
@@ -117,13 +121,17 @@ class RemotingListener:
             return
         # Nothing more is read from this socket here: the rest of the stream is the worker's.
         writer.transport.pause_reading()
+        if frame.op == gp.Info.OP and not frame.flags & gp.FLAG_REPLY:
+            await self._info(writer, frame, peer)
+            return
         if frame.op != gp.Hello.OP or frame.flags & gp.FLAG_REPLY:
             log.warning("connection from %s: first frame is op %d, not hello; closed", peer,
                         frame.op)
             self.counters.inc("handshakes_refused", reason="malformed")
             await self._send(writer, gp.Notice(
                 code=gp.GP_EPROTO, op=frame.op,
-                text=f"the first frame must be hello (op {gp.Hello.OP}), got op {frame.op}"), 0)
+                text=f"the first frame must be hello (op {gp.Hello.OP}) or info (op {gp.Info.OP}), "
+                f"got op {frame.op}"), 0)
             return
         hello = parse_hello(frame.body)
         if isinstance(hello, Refusal):
@@ -190,6 +198,42 @@ class RemotingListener:
                  "connect to the hello reply (%.1f ms queued)", lease.id, client.describe(),
                  slot.gpu.index, slot.gpu.name, lease.token, requirements_text(hello),
                  lease.worker.pid, took * 1000, lease.queued_s * 1000)
+
+    async def _info(self, writer: asyncio.StreamWriter, frame: gp.Frame, peer: str) -> None:
+        """Answer an `info` request (info.py); the caller closes the connection."""
+        request = info.parse_info(frame.body)
+        if isinstance(request, Refusal):
+            result = "version" if request.result == gp.GP_EVERSION else "malformed"
+            self.counters.inc("info_requests", result=result)
+            log.warning("connection from %s: info refused (%s): %s", peer,
+                        gp.RESULT_NAMES.get(request.result, str(request.result)), request.message)
+            await self._send(writer, info.refusal(request), frame.req)
+            await self._end_tls(writer)
+            return
+        decision = await self.auth.check(request.token, peer)
+        if not decision.ok:
+            self.counters.inc("auth_refused", reason=decision.reason or "refused")
+            self.counters.inc("info_requests", result="auth")
+            log.warning("connection from %s: info refused (GP_EAUTH): %s", peer, decision.message)
+            await self._send(writer, info.refusal(Refusal(gp.GP_EAUTH, decision.message)),
+                             frame.req)
+            await self._end_tls(writer)
+            return
+        reply = info.answer(self.settings, self.leases, self.address, request,
+                            decision.identity, decision.role)
+        self.counters.inc("info_requests", result="ok")
+        log.debug("connection from %s: info for token %r on %r: %d GPUs, %d matching, %d free, "
+                  "%d queued", peer, decision.identity, request.host, reply.gpus, reply.matching,
+                  reply.free_matching, reply.queue)
+        await self._send(writer, reply, frame.req)
+        await self._end_tls(writer)
+
+    @staticmethod
+    async def _end_tls(writer: asyncio.StreamWriter) -> None:
+        """TLS: close the session cleanly (close_notify) before the socket closes."""
+        if isinstance(writer, TlsStream):
+            with contextlib.suppress(ConnectionError, ssl.SSLError, OSError, TimeoutError):
+                await asyncio.wait_for(writer.close_session(), 5)
 
     async def _wait_for_gpu(self, waiter: Waiter, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter, req: int, peer: str) -> Slot | None:

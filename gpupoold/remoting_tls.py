@@ -11,6 +11,9 @@ The socket is read one TLS record at a time (5-byte header, then exactly the len
 never further: the bytes after the client's close_notify are its second ClientHello, and they
 must stay in the kernel for the worker.
 
+An `info` request (the other first frame) is answered inside the daemon's TLS session, which
+then ends with close_notify (`TlsStream.close_session`); there is no hand-over.
+
 `TlsStream` offers what `RemotingListener._handshake` uses of `asyncio.StreamReader` and
 `StreamWriter` (readexactly, read, write, drain, close, get_extra_info, transport.pause/resume),
 so that the plaintext code path runs unchanged over TLS.
@@ -30,6 +33,7 @@ import gpupool_protocol as gp
 
 from gpupoold.counters import Counters
 from gpupoold.handshake import Refusal, refusal_reply
+from gpupoold.info import refusal as info_refusal
 from gpupoold.settings import format_address
 
 log = logging.getLogger("gpupoold.remoting")
@@ -173,6 +177,20 @@ class TlsStream:
             raise ConnectionError("the client sent data after its hello before the hello reply")
         self._ssl = None
         self.handed_over = True
+
+    async def close_session(self) -> None:
+        """Send our close_notify (after an `info` reply: the connection ends here). The client's
+        close_notify is not waited for; the socket is closed next."""
+        if self._ssl is None:
+            return
+        try:
+            self._ssl.unwrap()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            pass  # ours is sent; theirs would have to be read
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            pass
+        await self._flush()
+        self._ssl = None
 
     # ------------------------------------------------------------------ StreamReader part
     async def _fill(self) -> bool:
@@ -332,8 +350,12 @@ class TlsServer:
         self._counters.inc("connections")
         self._counters.inc("handshakes_refused", reason="tls")
         header = await stream.peek(gp.HEADER.size)
-        req = gp.HEADER.unpack(header)[3] if len(header) == gp.HEADER.size else 0
-        reply = gp.encode_frame(refusal_reply(Refusal(gp.GP_EPROTO, NOT_TLS_MESSAGE)), req)
+        _, op, _, req = gp.HEADER.unpack(header) if len(header) == gp.HEADER.size else (0, 0, 0, 0)
+        refused = Refusal(gp.GP_EPROTO, NOT_TLS_MESSAGE)
+        # An info request gets an info reply (the same result and message), anything else a
+        # hello reply.
+        reply = gp.encode_frame(info_refusal(refused) if op == gp.Info.OP
+                                else refusal_reply(refused), req)
         loop = asyncio.get_running_loop()
         with contextlib.suppress(OSError):
             await asyncio.wait_for(loop.sock_sendall(stream.get_extra_info("socket"), reply), 5)

@@ -211,6 +211,12 @@ class Settings:
         True,
         "Keep one worker per free GPU started and initialised (driver loaded, context created) "
         "so that a new client's first reply does not wait for it.")
+    telemetry_interval: float = _setting(
+        1.0,
+        "Seconds between two readings of every GPU's live values (memory used, utilisation, "
+        "temperature, power, clocks) shown by the API, `gpupool smi` and the NVML shim: from "
+        "NVML for real GPUs, from the lease's worker for simulated ones.",
+        check=_check_positive)
     scrub_timeout: float = _setting(
         600.0,
         "Seconds the memory scrub after a lease may take before the GPU is quarantined.",

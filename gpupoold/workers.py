@@ -13,8 +13,9 @@ N is one end of a SOCK_SEQPACKET socketpair. The worker sets the device up befor
 comes and says `ready` (JSON events, one per message); `WorkerSupervisor.spawn` returns then.
 `Worker.assign` sends SESSION (binary header + the client's hello body, the client socket in
 SCM_RIGHTS); the worker answers the client's hello itself and reports `started` or `refused`,
-then `stats` (at most once a second) and `end` (reason and counters) before it exits. END asks
-it to stop serving. Closing the control socket (the daemon's exit) makes it exit at once.
+then `stats` (at most once a second, when a counter, `mem_used` or `busy_ns` changed) and `end`
+(reason and counters) before it exits. END asks it to stop serving. Closing the control socket
+(the daemon's exit) makes it exit at once.
 
 Nothing here raises into the daemon for a worker's sake: a worker that dies, talks nonsense or
 hangs ends up as a `WorkerExit` on `Worker.exited`, which always resolves once the process is
@@ -103,6 +104,8 @@ class WorkerStats:
     bytes_d2h: int = 0
     module_bytes: int = 0  # module image bytes received from the client
     duration_s: float = 0.0  # since the session started
+    mem_used: int = 0  # bytes of device memory the session holds now
+    busy_ns: int = 0  # simulated device: ns spent executing work (0 on real GPUs)
 
     @classmethod
     def from_event(cls, ev: dict[str, Any]) -> WorkerStats:
@@ -113,12 +116,14 @@ class WorkerStats:
         return cls(calls={k: _int(calls.get(k)) for k in CALL_CLASSES},
                    bytes_h2d=_int(ev.get("bytes_h2d")), bytes_d2h=_int(ev.get("bytes_d2h")),
                    module_bytes=_int(ev.get("module_bytes")),
-                   duration_s=float(dur) if isinstance(dur, (int, float)) else 0.0)
+                   duration_s=float(dur) if isinstance(dur, (int, float)) else 0.0,
+                   mem_used=_int(ev.get("mem_used")), busy_ns=_int(ev.get("busy_ns")))
 
     def to_json(self) -> dict[str, object]:
         return {"calls": dict(self.calls), "bytes_h2d": self.bytes_h2d,
                 "bytes_d2h": self.bytes_d2h, "module_bytes": self.module_bytes,
-                "duration_s": self.duration_s}
+                "duration_s": self.duration_s, "mem_used": self.mem_used,
+                "busy_ns": self.busy_ns}
 
 
 @dataclass(frozen=True)

@@ -5,3 +5,4 @@ cd "$(dirname "$0")/.."
 [[ -x .venv/bin/python ]] || scripts/bootstrap.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_protocol_drift.py -k "not c_golden"
+.venv/bin/python client/nvml/gen_stubs.py --check

@@ -1,4 +1,6 @@
-"""The minimal client package (client/gpupool): `gpupool env` and `gpupool run`."""
+"""The `gpupool` command without a server: `gpupool env` (shell and notebook forms), `gpupool run`
+and usage errors. The commands that talk to servers are tested in test_login.py,
+test_status_smi.py, test_doctor.py, test_install_system.py and test_client_install.py."""
 
 from __future__ import annotations
 
@@ -58,3 +60,34 @@ def test_unknown_program(shim_dir: Path) -> None:
     proc = gpupool("run", "--", "/nonexistent/prog",
                    env={**os.environ, "GPUPOOL_SHIM_DIR": str(shim_dir)})
     assert proc.returncode == 127 and "cannot run /nonexistent/prog" in proc.stderr
+
+
+def test_env_for_notebooks(shim_dir: Path) -> None:
+    (shim_dir / "libnvidia-ml.so.1").write_bytes(b"\x7fELF not really either")
+    env = {**os.environ, "GPUPOOL_SHIM_DIR": str(shim_dir), "LD_LIBRARY_PATH": "/opt/x"}
+    proc = gpupool("env", "--format", "python", env=env)
+    assert proc.returncode == 0, proc.stderr
+    code = proc.stdout
+    # Runnable Python that sets the variable for child processes and loads both shims here
+    # (checked without loading the fake files: ctypes.CDLL is replaced).
+    loaded: list[tuple[str, int]] = []
+    fake_ctypes = type("ctypes", (), {"RTLD_GLOBAL": 256,
+                                      "CDLL": staticmethod(lambda p, mode: loaded.append((p, mode)))})
+    fake_os = type("os", (), {"environ": {"LD_LIBRARY_PATH": "/kernel/lib"}})
+    exec(code.replace("import ctypes, os", ""), {"ctypes": fake_ctypes, "os": fake_os})
+    assert fake_os.environ["LD_LIBRARY_PATH"] == f"{shim_dir}:/kernel/lib"
+    assert loaded == [(str(shim_dir / "libcuda.so.1"), 256),
+                      (str(shim_dir / "libnvidia-ml.so.1"), 256)]
+    proc = gpupool("env", "--format", "ipython", env=env)
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.strip().splitlines()
+    assert first == f"%env LD_LIBRARY_PATH={shim_dir}:/opt/x"
+    assert second.startswith("import ctypes; ctypes.CDLL(") and "libnvidia-ml.so.1" in second
+    proc = gpupool("env", "--help", env=env)
+    assert "first cell of a Jupyter notebook" in proc.stdout
+
+
+def test_usage_errors_exit_2() -> None:
+    for args in (("frobnicate",), ("status", "--bogus"), ()):
+        proc = gpupool(*args, env=dict(os.environ))
+        assert proc.returncode == 2, (args, proc.stderr)

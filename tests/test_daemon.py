@@ -7,6 +7,7 @@ worker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -26,7 +27,7 @@ from conftest import REPO, GpupoolServer, daemon_env, require
 
 from gpupoold.app import StartupError, create_app
 from gpupoold.gpus import Gpu
-from gpupoold.keys import REMOTING, SUPERVISOR
+from gpupoold.keys import COUNTERS, INVENTORY, REMOTING, SUPERVISOR
 from gpupoold.settings import Settings
 
 FAKE_WORKER = REPO / "tests" / "fake_worker.py"
@@ -190,9 +191,11 @@ def _state(pid: int) -> str:
 @pytest.mark.parametrize(("change", "result", "words"), [
     ({"magic": 0xDEADBEEF}, gp.GP_EVERSION, ["not a gpupool client", "0xdeadbeef"]),
     ({"major": 2, "minor": 3}, gp.GP_EVERSION,
-     ["client speaks protocol 2.3, this server speaks 1.0", "upgrade gpupoold"]),
+     [f"client speaks protocol 2.3, this server speaks {gp.MAJOR}.{gp.MINOR}",
+      "upgrade gpupoold"]),
     ({"major": 0, "minor": 9}, gp.GP_EVERSION,
-     ["client speaks protocol 0.9, this server speaks 1.0", "upgrade the gpupool client"]),
+     [f"client speaks protocol 0.9, this server speaks {gp.MAJOR}.{gp.MINOR}",
+      "upgrade the gpupool client"]),
 ])
 async def test_hello_refused_with_a_helpful_reply(daemon: Daemon, change: dict, result: int,
                                                   words: list[str]) -> None:
@@ -251,6 +254,48 @@ async def test_first_frame_not_hello_gets_a_notice_and_is_closed(daemon: Daemon)
     assert decoded.code == gp.GP_EPROTO and "must be hello" in decoded.text
     assert await client.closed_by_server()
     await assert_still_serving(daemon)
+
+
+async def test_info_is_answered_by_the_daemon_and_never_reaches_a_worker(daemon: Daemon) -> None:
+    before = (await daemon.get("/api/v1/gpus"))["gpus"]
+    counters = daemon.app[COUNTERS]
+    client = await RawClient.connect(daemon.address)
+    await client.send(gp.encode_frame(gp.Info(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR,
+                                              host="laptop"), 5))
+    got = await client.recv()
+    assert (got.op, got.flags, got.req) == (gp.Info.OP, gp.FLAG_REPLY, 5)
+    reply = gp.InfoReply.decode(got.body)
+    assert (reply.result, reply.gpus, reply.matching, reply.free_matching, reply.queue) == \
+        (0, 1, 1, 1, 0)
+    doc = json.loads(reply.json)
+    assert doc["you"] == {"name": "anonymous", "role": "admin"} and doc["leases"] == []
+    assert await client.closed_by_server()
+    # The pre-started worker was not used: no lease, the same worker still waiting.
+    after = (await daemon.get("/api/v1/gpus"))["gpus"]
+    assert [(g["state"], g["lease"], g["worker_ready"]) for g in after] == [("free", None, True)]
+    assert after[0]["since"] == before[0]["since"]
+    assert len(daemon.app[SUPERVISOR].workers) == 1
+    assert counters.get("info_requests", result="ok") == 1
+    assert counters.total("handshakes_refused") == 0 and counters.get("leases_started") == 0
+    await assert_still_serving(daemon)
+
+
+async def test_an_info_reply_is_not_an_info(daemon: Daemon) -> None:
+    client = await RawClient.connect(daemon.address)
+    await client.send(frame(gp.Info.OP, gp.InfoReply().encode(), flags=gp.FLAG_REPLY))
+    notice = await client.recv()
+    assert notice.op == gp.Notice.OP
+    assert "must be hello (op 1) or info (op 6)" in gp.Notice.decode(notice.body).text
+    assert await client.closed_by_server()
+    assert daemon.app[COUNTERS].get("info_requests", result="ok") == 0
+
+
+async def test_gpu_views_carry_the_pci_bus_id_and_live_values(daemon: Daemon) -> None:
+    gpu = (await daemon.get("/api/v1/gpus"))["gpus"][0]
+    assert gpu["pci_bus_id"] == daemon.app[INVENTORY].gpus[0].pci_bus_id != ""
+    assert gpu["live"]["memory_total"] == gpu["memory_total"]
+    assert (gpu["live"]["memory_used"], gpu["live"]["cuda_driver_version"]) == (0, 13000)
+    assert (await daemon.get("/api/v1/gpus/0"))["pci_bus_id"] == gpu["pci_bus_id"]
 
 
 async def test_a_hello_reply_is_not_a_hello(daemon: Daemon) -> None:

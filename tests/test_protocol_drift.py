@@ -44,3 +44,22 @@ def test_c_golden(native_build: Path) -> None:
     require(binary.is_file(), f"{binary} not built")
     proc = run_client([binary, REPO / "protocol" / "golden" / "samples.hex"], timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_client_wire_module_is_the_same_generated_code() -> None:
+    """The `gpupool` client package carries its own copy (gpupool_protocol is not shipped with it):
+    the same bytes, and it encodes an info request exactly as gpupool_protocol does."""
+    import gpupool_protocol as gp
+    from gpupool import _wire_generated as wire
+
+    ours = REPO / "protocol" / "python" / "gpupool_protocol" / "_generated.py"
+    theirs = REPO / "client" / "gpupool" / "_wire_generated.py"
+    assert theirs.read_bytes() == ours.read_bytes(), "run `make gen`"
+    assert Path(wire.__file__).read_bytes() == ours.read_bytes()  # what `gpupool` imports
+    assert (wire.MAJOR, wire.MINOR) == (gp.MAJOR, gp.MINOR) == (1, 1)
+    req = wire.Info(magic=wire.MAGIC, major=1, minor=1, token="t", gpu="0", min_memory=5, host="h")
+    assert req.encode() == gp.Info(magic=gp.MAGIC, major=1, minor=1, token="t", gpu="0",
+                                   min_memory=5, host="h").encode()
+    reply = wire.InfoReply(result=0, major=1, minor=1, gpus=2, matching=1, json="{}")
+    assert gp.InfoReply.decode(reply.encode()) == gp.InfoReply(
+        result=0, major=1, minor=1, gpus=2, matching=1, json="{}")

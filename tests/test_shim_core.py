@@ -36,11 +36,15 @@ from gpupool_protocol import HEADER, REPLIES, REQUESTS, encode_frame  # noqa: E4
 from gpupool_protocol._generated import (  # noqa: E402
     GP_EAUTH,
     GP_EBUSY,
+    GP_EPROTO,
+    GP_EVERSION,
     GP_EREFUSED,
     GP_EVAWINDOW,
     GP_INFO_QUEUED,
     MAGIC,
     HelloReply,
+    Info,
+    InfoReply,
     Notice,
 )
 
@@ -59,10 +63,9 @@ def binary(build: Path, name: str) -> Path:
 
 def client_env(server: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    for key in ("GPUPOOL_LOG", "GPUPOOL_TOKEN", "GPUPOOL_DEVICE", "GPUPOOL_GPU",
-                "GPUPOOL_GPU_MODEL", "GPUPOOL_MIN_MEMORY", "GPUPOOL_SERVER", "GPUPOOL_VA_BASE",
-                "GPUPOOL_VA_SIZE"):
-        env.pop(key, None)
+    for key in [k for k in env if k.startswith("GPUPOOL_")]:
+        env.pop(key)
+    env["GPUPOOL_CONFIG"] = "none"  # never the configuration file of whoever runs the tests
     if server is not None:
         env["GPUPOOL_SERVER"] = server
     env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
@@ -171,12 +174,18 @@ class FakeServer:
     """A scripted stand-in for gpupoold + worker. `on_hello(index, hello)` returns the hello
     reply; `before_reply(conn, index, hello)` runs before it goes out (to send notices);
     `on_frame(server, conn, op, req, msg, bulk)` returns True when it handled the frame itself
-    (else the default answer goes out)."""
+    (else the default answer goes out). An `info` first frame (a server-selection probe) gets
+    `on_info(info)` (default: one free GPU; None: the notice a protocol 1.0 server sends) and the
+    connection closes, as gpupoold does."""
 
     def __init__(self, on_hello: Callable[[int, Any], HelloReply] | None = None,
                  on_frame: Callable[..., bool] | None = None,
-                 before_reply: Callable[[socket.socket, int, Any], None] | None = None) -> None:
+                 before_reply: Callable[[socket.socket, int, Any], None] | None = None,
+                 on_info: Callable[[Any], Any] | None = None) -> None:
         self.on_hello = on_hello or (lambda i, h: snapshot(h))
+        self.on_info = on_info or (lambda info: InfoReply(
+            major=1, minor=1, server="fake", gpus=1, matching=1, free_matching=1))
+        self.infos: list[Any] = []
         self.on_frame = on_frame
         self.before_reply = before_reply
         self.hellos: list[Any] = []
@@ -216,6 +225,15 @@ class FakeServer:
         try:
             length, op, _flags, req = HEADER.unpack(self._read(conn, HEADER.size))
             hello = REQUESTS[op].decode(self._read(conn, length))
+            if op == Info.OP:
+                with self.lock:
+                    self.infos.append(hello)
+                answer = self.on_info(hello)
+                if answer is None:  # a 1.0 server: a notice, then it closes
+                    answer, req = Notice(code=GP_EPROTO, text=(
+                        "the first frame must be hello (op 1), got op 6")), 0
+                conn.sendall(encode_frame(answer, req))
+                return
             with self.lock:
                 self.hellos.append(hello)
             reply = self.on_hello(index, hello)
@@ -489,7 +507,62 @@ def test_second_server_of_a_list(native_build: Path, fake: Callable[..., FakeSer
     proc = run_scenario(native_build, f"{down}, {server.address}", "noexit-sync")
     assert_pass(proc, "noexit-sync")
     assert len(server.hellos) == 1
-    assert gpupool_lines(proc.stderr) == []
+    # Two servers: each is probed with `info` first; the one that is down is skipped, said once.
+    assert len(server.infos) == 1
+    assert gpupool_lines(proc.stderr) == [f"gpupool: server {down} skipped: connection refused"]
+
+
+def info(gpus: int = 1, matching: int = 1, free: int = 1, queue: int = 0, result: int = 0,
+         message: str = "", major: int = 1) -> Callable[[Any], Any]:
+    return lambda _: InfoReply(result=result, major=major, minor=1, message=message,
+                               server="fake", gpus=gpus, matching=matching,
+                               free_matching=free, queue=queue)
+
+
+NO_GPU = "none of its 1 GPUs meets the requirements (any GPU)"
+
+
+@pytest.mark.san
+@pytest.mark.parametrize(("first", "second", "chosen", "lines"), [
+    (info(free=0), info(), 1, []),                               # the first free, in list order
+    (info(), info(), 0, []),
+    (info(free=0, queue=3), info(free=0, queue=1), 1, []),      # else the shortest queue
+    (info(free=0, queue=2), info(free=0, queue=2), 0, []),      # ties: list order
+    (info(free=0, queue=5), info(matching=0), 0, []),           # no matching GPU: never
+    (info(matching=0, free=0), info(), 1, []),                  # ... and said at debug level
+    (lambda _: None, info(), 1,
+     ["server {first} skipped: server speaks protocol 1.0; this client needs 1.1 for info: "
+      "upgrade gpupoold"]),
+    (info(result=GP_EAUTH, message="unknown token", gpus=0, matching=0, free=0), info(), 1,
+     ["server {first} skipped: unknown token (check its token: GPUPOOL_TOKEN or the "
+      "configuration file)"]),
+    (info(result=GP_EVERSION, major=2, message="upgrade this client"), info(), 1,
+     ["server {first} skipped: server speaks protocol 2.1, this client 1.1: upgrade this "
+      "client"]),
+    (lambda _: Notice(code=GP_EBUSY, text="this server requires TLS"), info(), 1,
+     ["server {first} skipped: this server requires TLS"]),  # its notice, as it said it
+    (lambda _: HelloReply(), info(), 1,
+     ["server {first} skipped: it does not answer like a gpupool server (protocol 1.1); is the "
+      "port right?"]),
+    (info(matching=0), info(matching=0), None,
+     ["cannot use any gpupool server ({first}: " + NO_GPU + "; {second}: " + NO_GPU + "). Are "
+      "they running? Check GPUPOOL_SERVER and GPUPOOL_TOKEN."]),
+])
+def test_server_selection_rules(native_build: Path, fake: Callable[..., FakeServer],
+                                first: Callable[[Any], Any], second: Callable[[Any], Any],
+                                chosen: int | None, lines: list[str]) -> None:
+    """Two servers: each is probed with `info`; the choice follows the counts (section 5 of
+    docs/dev/issue5-contracts.md), a failed probe is one warning line, and a hello goes only to
+    the chosen server."""
+    servers = [fake(on_info=first), fake(on_info=second)]
+    names = {"first": servers[0].address, "second": servers[1].address}
+    want = [f"gpupool: {line.format(**names)}" for line in lines]
+    scenario = "init-fail" if chosen is None else "noexit-sync"
+    proc = run_scenario(native_build, f"{servers[0].address},{servers[1].address}", scenario)
+    assert_pass(proc, scenario)
+    assert gpupool_lines(proc.stderr) == want, proc.stderr
+    assert [len(s.infos) for s in servers] == [1, 1]
+    assert [len(s.hellos) for s in servers] == [int(chosen == 0), int(chosen == 1)]
 
 
 @pytest.mark.san

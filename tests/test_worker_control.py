@@ -426,6 +426,80 @@ async def test_stats_during_a_long_transfer(tmp_path: Path, gpu: Gpu) -> None:
     assert ex.reason == "client exit" and ex.stats.bytes_h2d == sent
 
 
+async def test_stats_report_memory_held_and_busy_time(tmp_path: Path, gpu: Gpu) -> None:
+    """mem_used follows allocations and frees (a change makes a stats event due); busy_ns counts
+    the simulated device's time in launches, copies and memsets."""
+    events: list[WorkerStats] = []
+    sup = WorkerSupervisor(WORKER, tmp_path / "cache", on_stats=lambda w: events.append(w.stats))
+    w = await sup.spawn(gpu)
+    c = Client()
+
+    async def reported(what: str, check: object) -> WorkerStats:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if events and check(events[-1]):  # type: ignore[operator]
+                return events[-1]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no stats event with {what}: {events[-3:]}")
+
+    try:
+        assert await start_session(w, 8, c)
+        assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        r, _ = await asyncio.to_thread(c.call, gp.MemAlloc(size=3 << 20, stream=0, flags=0))
+        a = r.dptr  # type: ignore[attr-defined]
+        mapped_a = r.mapped_size  # type: ignore[attr-defined]
+        assert mapped_a >= 3 << 20
+        r, _ = await asyncio.to_thread(c.call, gp.MemAlloc(size=1 << 20, stream=0, flags=0))
+        b, mapped_b = r.dptr, r.mapped_size  # type: ignore[attr-defined]
+        await reported("both allocations", lambda e: e.mem_used == mapped_a + mapped_b)
+        # Device work: memsets and a device-to-device copy of 3 MiB.
+        for _ in range(4):
+            c.post(gp.Memset(dst=a, value=0x5A, elem_size=1, count=3 << 20, stream=0, is_async=0))
+        c.post(gp.MemcpyDtod(dst=b, src=a, size=1 << 20, stream=0, is_async=0))
+        c.post(gp.MemFree(dptr=b, stream=0))
+        r, _ = await asyncio.to_thread(c.call, gp.CtxSynchronize())
+        assert r.result == 0  # type: ignore[attr-defined]
+        after_free = await reported("the free", lambda e: e.mem_used == mapped_a)
+        assert after_free.busy_ns > 0
+        busy = after_free.busy_ns
+        # Time spent waiting for the client is not device time.
+        await asyncio.sleep(1.2)
+        c.post(gp.Goodbye())
+        ex = await exited(w)
+    finally:
+        c.close()
+        await sup.stop_all(grace=10)
+    assert ex.reason == "client exit"
+    assert ex.stats.busy_ns == busy  # nothing ran after the last event
+    assert ex.stats.busy_ns < int(ex.stats.duration_s * 1e9)
+    assert ex.stats.mem_used == 0  # the worker released everything before it reported its end
+    mems = [e.mem_used for e in events]
+    assert mems[0] <= mapped_a + mapped_b and max(mems) == mapped_a + mapped_b
+
+
+async def test_info_is_not_for_a_worker(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
+    """`info` is a first frame for gpupoold; inside a session the worker answers GP_EPROTO (a
+    reply, so that a client waiting for one reads why) and closes as for any protocol error."""
+    w = await supervisor.spawn(gpu)
+    c = Client()
+    try:
+        assert await start_session(w, 14, c)
+        assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        request = gp.Info(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, token="t", host="h")
+        c.sock.sendall(gp.encode_frame(request, 77))
+        op, req, body = await asyncio.to_thread(c.frame)
+        await asyncio.to_thread(c.wait_closed)
+        ex = await exited(w)
+    finally:
+        c.close()
+    assert (op, req) == (gp.Info.OP, 77)
+    reply = gp.InfoReply.decode(body)
+    assert reply.result == gp.GP_EPROTO and "gpupoold" in reply.message
+    assert (reply.major, reply.minor, reply.gpus, reply.json) == (gp.MAJOR, gp.MINOR, 0, "")
+    assert [n.code for n in c.notices] == [gp.GP_EPROTO]
+    assert ex.reason == "protocol error" and "info" in ex.detail, ex
+
+
 async def test_stop_all(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
     idle = await supervisor.spawn(gpu)
     busy = await supervisor.spawn(gpu)

@@ -134,19 +134,22 @@ static void counters_json(struct worker *w, struct jbuf *j)
     jb_printf(j,
               "\"calls\":{\"launch\":%llu,\"copy\":%llu,\"alloc\":%llu,\"sync\":%llu,"
               "\"other\":%llu},\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"module_bytes\":%llu,"
-              "\"duration_s\":%.3f",
+              "\"duration_s\":%.3f,\"mem_used\":%llu,\"busy_ns\":%llu",
               (unsigned long long)c[WK_CALL_LAUNCH], (unsigned long long)c[WK_CALL_COPY],
               (unsigned long long)c[WK_CALL_ALLOC], (unsigned long long)c[WK_CALL_SYNC],
               (unsigned long long)c[WK_CALL_OTHER], (unsigned long long)w->stats.h2d_bytes,
               (unsigned long long)w->stats.d2h_bytes,
-              (unsigned long long)w->stats.module_bytes_received, dur);
+              (unsigned long long)w->stats.module_bytes_received, dur,
+              (unsigned long long)w->stats.mem_used, (unsigned long long)w->stats.busy_ns);
 }
 
-/* Whether the counters a stats event reports differ from the last one sent. */
+/* Whether the counters a stats event reports differ from the last one sent (a change of mem_used
+ * or busy_ns makes one due too: the daemon's live GPU values come from them). */
 static int counters_changed(const struct wk_counters *a, const struct wk_counters *b)
 {
     return memcmp(a->calls, b->calls, sizeof a->calls) != 0 || a->h2d_bytes != b->h2d_bytes ||
-           a->d2h_bytes != b->d2h_bytes || a->module_bytes_received != b->module_bytes_received;
+           a->d2h_bytes != b->d2h_bytes || a->module_bytes_received != b->module_bytes_received ||
+           a->mem_used != b->mem_used || a->busy_ns != b->busy_ns;
 }
 
 int ctl_stats_tick(struct worker *w)

@@ -159,7 +159,7 @@ static int htod_staged(struct worker *w, const gp_memcpy_htod *m, CUstream s, CU
         if (io_read_bulk(w, w->st.buf[i], chunk) != 0)
             return -1;
         if (*rc == CUDA_SUCCESS)
-            *rc = DRV(w, cuMemcpyHtoDAsync, m->dst + done, w->st.buf[i], chunk, s);
+            *rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst + done, w->st.buf[i], chunk, s);
         if (*rc == CUDA_SUCCESS)
             *rc = staging_mark(w, i, s);
         done += chunk;
@@ -195,7 +195,7 @@ WK_HANDLER(memcpy_htod)
     if (rc == CUDA_SUCCESS && n <= WK_SMALL_COPY && io_buffered(w) >= n) {
         /* All in the input buffer: a pageable-source copy, done with the source on return. */
         if (n > 0)
-            rc = DRV(w, cuMemcpyHtoDAsync, m->dst, io_buffered_ptr(w), n, s);
+            rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst, io_buffered_ptr(w), n, s);
         io_consume(w, n);
     } else if (rc == CUDA_SUCCESS && w->drv.sim_host_pointer && n <= SIZE_MAX) {
         if (htod_sim_direct(w, m, &rc) != 0)
@@ -240,7 +240,7 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
         rc = rc1;
     size_t first = n < WK_CHUNK ? (size_t)n : WK_CHUNK;
     if (rc == CUDA_SUCCESS)
-        rc = DRV(w, cuMemcpyDtoHAsync, w->st.buf[0], m->src, first, s);
+        rc = DRV_BUSY(w, cuMemcpyDtoHAsync, w->st.buf[0], m->src, first, s);
     if (rc == CUDA_SUCCESS)
         rc = staging_mark(w, 0, s);
     if (rc == CUDA_SUCCESS)
@@ -248,7 +248,7 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
     /* Probe the last byte too: a range that runs off its allocation is refused now, while an
      * error reply is still possible. */
     if (rc == CUDA_SUCCESS && n > first) {
-        rc = DRV(w, cuMemcpyDtoHAsync, w->st.buf[1], m->src + n - 1, 1, s);
+        rc = DRV_BUSY(w, cuMemcpyDtoHAsync, w->st.buf[1], m->src + n - 1, 1, s);
         if (rc == CUDA_SUCCESS)
             rc = staging_mark(w, 1, s);
         if (rc == CUDA_SUCCESS)
@@ -272,7 +272,7 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
         size_t nlen = n - next < WK_CHUNK ? (size_t)(n - next) : WK_CHUNK;
         /* Queue chunk n+1 into the other buffer, then send chunk n while the device works. */
         if (nlen > 0 && late == CUDA_SUCCESS) {
-            late = DRV(w, cuMemcpyDtoHAsync, w->st.buf[i ^ 1], m->src + next, nlen, s);
+            late = DRV_BUSY(w, cuMemcpyDtoHAsync, w->st.buf[i ^ 1], m->src + next, nlen, s);
             if (late == CUDA_SUCCESS)
                 late = staging_mark(w, i ^ 1, s);
         }
@@ -338,7 +338,7 @@ WK_HANDLER(memcpy_dtoh)
     uint8_t *p = io_reserve(w, hdr + (size_t)m->size);
     if (!p)
         return;
-    r.result = DRV(w, cuMemcpyDtoHAsync, p + hdr, m->src, (size_t)m->size, s);
+    r.result = DRV_BUSY(w, cuMemcpyDtoHAsync, p + hdr, m->src, (size_t)m->size, s);
     if (r.result != CUDA_SUCCESS) {
         io_unreserve(w, hdr + (size_t)m->size);
         r.data_len = 0;

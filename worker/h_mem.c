@@ -44,6 +44,7 @@ void obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o)
     rc = w->drv.cuMemRelease(o->mem);
     if (rc != CUDA_SUCCESS)
         wlog("releasing the memory at 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+    w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
     /* Only a range that is really unmapped may be handed out again. */
     if (w->va_reserved && vm_free(&w->vm, id, o->size) != 0)
         wlog("out of memory: %llu bytes of the VA window are lost", (unsigned long long)o->size);
@@ -89,6 +90,7 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
         goto unmap;
     *dptr = addr;
     *mapped = len;
+    w->stats.mem_used += len;
     return CUDA_SUCCESS;
 
 unmap:
@@ -148,7 +150,7 @@ WK_HANDLER(memcpy_dtod)
     CUstream s;
     CUresult rc = stream_get(w, m->stream, &s);
     if (rc == CUDA_SUCCESS && m->size > 0)
-        rc = DRV(w, cuMemcpyDtoDAsync, m->dst, m->src, m->size, s);
+        rc = DRV_BUSY(w, cuMemcpyDtoDAsync, m->dst, m->src, m->size, s);
     if (rc != CUDA_SUCCESS)
         defer_error(w, GP_OP_MEMCPY_DTOD, rc, "copy of %llu bytes from 0x%llx to 0x%llx",
                     (unsigned long long)m->size, (unsigned long long)m->src,
@@ -164,13 +166,13 @@ WK_HANDLER(memset)
          * not wait for either, so the asynchronous call serves both. */
         switch (m->elem_size) {
         case 1:
-            rc = DRV(w, cuMemsetD8Async, m->dst, (unsigned char)m->value, m->count, s);
+            rc = DRV_BUSY(w, cuMemsetD8Async, m->dst, (unsigned char)m->value, m->count, s);
             break;
         case 2:
-            rc = DRV(w, cuMemsetD16Async, m->dst, (unsigned short)m->value, m->count, s);
+            rc = DRV_BUSY(w, cuMemsetD16Async, m->dst, (unsigned short)m->value, m->count, s);
             break;
         case 4:
-            rc = DRV(w, cuMemsetD32Async, m->dst, m->value, m->count, s);
+            rc = DRV_BUSY(w, cuMemsetD32Async, m->dst, m->value, m->count, s);
             break;
         default:
             rc = CUDA_ERROR_INVALID_VALUE;
@@ -188,15 +190,15 @@ WK_HANDLER(memset_2d)
     if (rc == CUDA_SUCCESS) {
         switch (m->elem_size) {
         case 1:
-            rc = DRV(w, cuMemsetD2D8Async, m->dst, m->pitch, (unsigned char)m->value, m->width,
+            rc = DRV_BUSY(w, cuMemsetD2D8Async, m->dst, m->pitch, (unsigned char)m->value, m->width,
                      m->height, s);
             break;
         case 2:
-            rc = DRV(w, cuMemsetD2D16Async, m->dst, m->pitch, (unsigned short)m->value, m->width,
+            rc = DRV_BUSY(w, cuMemsetD2D16Async, m->dst, m->pitch, (unsigned short)m->value, m->width,
                      m->height, s);
             break;
         case 4:
-            rc = DRV(w, cuMemsetD2D32Async, m->dst, m->pitch, m->value, m->width, m->height, s);
+            rc = DRV_BUSY(w, cuMemsetD2D32Async, m->dst, m->pitch, m->value, m->width, m->height, s);
             break;
         default:
             rc = CUDA_ERROR_INVALID_VALUE;

@@ -46,6 +46,23 @@ static void h_notice(struct worker *w, uint64_t req, const gp_notice *m)
     (void)m;
 }
 
+/* `info` is gpupoold's (the first frame of a connection, instead of hello): a worker never
+ * serves it. Answer so that the client reads why, then close as for any protocol error. */
+static void h_info(struct worker *w, uint64_t req, const gp_info *m)
+{
+    (void)m;
+    static const char text[] = "info is answered by gpupoold as the first frame of a connection, "
+                               "not by a GPU's worker during a session: open a new connection";
+    gp_info_reply r = {0};
+    r.result = GP_EPROTO;
+    r.major = GP_PROTO_MAJOR;
+    r.minor = GP_PROTO_MINOR;
+    r.message = text;
+    r.message_len = (uint32_t)(sizeof text - 1);
+    WK_REPLY(w, req, gp_info_reply, &r);
+    protocol_error(w, GP_OP_INFO, "unexpected info message during a session");
+}
+
 /* Count the frame in its call class, decode the body as message `name_`, call h_<name_>. */
 #define DISPATCH(OP_, name_, class_)                                                               \
     case OP_: {                                                                                    \
@@ -71,6 +88,7 @@ static void dispatch(struct worker *w, const gp_frame_header *h, const uint8_t *
         DISPATCH(GP_OP_NOTICE, notice, WK_CALL_NONE)
         DISPATCH(GP_OP_PING, ping, WK_CALL_NONE)
         DISPATCH(GP_OP_STATS, stats, WK_CALL_NONE)
+        DISPATCH(GP_OP_INFO, info, WK_CALL_NONE)
         DISPATCH(GP_OP_CTX_CREATE, ctx_create, WK_CALL_OTHER)
         DISPATCH(GP_OP_CTX_DESTROY, ctx_destroy, WK_CALL_OTHER)
         DISPATCH(GP_OP_CTX_SET_CURRENT, ctx_set_current, WK_CALL_OTHER)

@@ -76,6 +76,9 @@ struct wk_counters {
     uint64_t frames, module_bytes_received, modules_loaded, module_cache_hits;
     uint64_t h2d_bytes, d2h_bytes, launches;
     uint64_t calls[WK_CALL_CLASSES];
+    uint64_t mem_used; /* bytes of device memory the session's allocations hold now (a level) */
+    uint64_t busy_ns;  /* simulated device: ns spent inside launches, copies and memsets; 0 on
+                        * real GPUs (their utilisation comes from NVML) */
 };
 
 /* Why a session ended (the control channel's `end` event). The first reason set wins. */
@@ -150,6 +153,7 @@ struct worker {
     size_t params_cap;
     struct wk_counters stats;
     int simulated;
+    uint64_t busy_t0; /* DRV_BUSY: when the timed call started */
 
     struct wk_snapshot snap;
     int device_ready; /* device_open succeeded: snap, gran, primary are valid */
@@ -164,6 +168,29 @@ struct worker {
     struct ssl_ctx_st *tls_ctx;
     struct ssl_st *ssl;
 };
+
+uint64_t now_ns(void); /* CLOCK_MONOTONIC (control.c) */
+
+/* Device time of a launch/copy/memset on the simulated device, whose work is done when the call
+ * returns, into stats.busy_ns: rc = DRV_BUSY(w, cuLaunchKernel, ...) instead of DRV(...). The
+ * comma operator orders the clock reads around the call. No clock read on real GPUs. */
+static inline uint64_t busy_start(const struct worker *w)
+{
+    return w->simulated ? now_ns() : 0;
+}
+
+static inline CUresult busy_end(struct worker *w, CUresult rc)
+{
+    if (w->simulated) {
+        uint64_t t1 = now_ns();
+        if (t1 > w->busy_t0)
+            w->stats.busy_ns += t1 - w->busy_t0;
+    }
+    return rc;
+}
+
+#define DRV_BUSY(w_, fn_, ...)                                                                     \
+    ((w_)->busy_t0 = busy_start(w_), busy_end((w_), DRV(w_, fn_, __VA_ARGS__)))
 
 /* ---- errors.c --------------------------------------------------------------------------- */
 void wlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -282,7 +309,6 @@ struct jbuf {
 };
 void jb_printf(struct jbuf *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void jb_str(struct jbuf *j, const char *s); /* s as a JSON string literal (quoted, escaped) */
-uint64_t now_ns(void);                      /* CLOCK_MONOTONIC */
 /* Sends one JSON event; blocking unless `best_effort` (then dropped when the socket is full).
  * 0, or -1 (not sent: the daemon is gone, or the event overflowed). */
 int ctl_send(struct worker *w, const struct jbuf *j, int best_effort);

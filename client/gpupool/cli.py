@@ -1,52 +1,243 @@
-"""The `gpupool` command: `gpupool run -- CMD...` and `gpupool env` (more in issue 5)."""
+"""The `gpupool` command. Exit status: 0 ok, 1 failure, 2 usage (a program run with `gpupool run`
+exits with its own status).
+
+  run -- CMD...            CMD with gpupool's libcuda.so.1 / libnvidia-ml.so.1 first
+  env [--format F]         the same setting for a shell (sh) or a notebook (python, ipython)
+  login URL --token T      check the server accepts the token, then save it in the config file
+  logout URL               remove a server and its token from the config file
+  config                   the effective settings and where each comes from
+  status [--json]          every server: GPUs, my leases, the queue
+  smi [--json]             an nvidia-smi-like table of the pool's GPUs
+  doctor                   checks, each with a fix
+  install --system         register the shims for every program of this machine (root)
+  uninstall --system       undo install
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpupool import __version__
-from gpupool.shim import ShimNotFound, client_env
+from gpupool.config import ClientConfig, ConfigError, format_number, load
+from gpupool.shim import NVML_NAME, SHIM_NAME, ShimNotFound, client_env
+
+ENV_HELP = """\
+Print how to make programs use gpupool without `gpupool run`.
+
+  --format sh (default)   `export LD_LIBRARY_PATH=...`, for a shell:  eval "$(gpupool env)"
+  --format python         lines for the first cell of a Jupyter notebook (or the top of a
+                          script), before anything imports torch or CUDA: they load gpupool's
+                          libcuda.so.1 and libnvidia-ml.so.1 into the running kernel (ctypes)
+                          and set os.environ["LD_LIBRARY_PATH"] for the processes it starts
+  --format ipython        the same as a `%env LD_LIBRARY_PATH=...` line plus the ctypes line
+
+Why the ctypes line in a notebook: the dynamic loader reads LD_LIBRARY_PATH only when a process
+starts, so setting it in a running kernel (os.environ, %env) changes nothing for that kernel;
+a library that is already loaded, however, is the one every later dlopen("libcuda.so.1") gets.
+Alternatively, start Jupyter itself with `gpupool run -- jupyter lab`.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gpupool", description="Run unmodified CUDA programs on a remote GPU (gpupoold).")
+        prog="gpupool", description="Run unmodified CUDA programs on remote GPUs (gpupoold).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Configuration: ~/.config/gpupool/config.toml (gpupool login writes it) and the "
+               "GPUPOOL_* environment variables; `gpupool config` shows the result.")
     parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    run = sub.add_parser("run", help="run a program with the gpupool libcuda.so.1",
-                         description="Run CMD with gpupool's libcuda.so.1 first on "
-                                     "LD_LIBRARY_PATH, so its CUDA calls go to GPUPOOL_SERVER.")
+    run = sub.add_parser("run", help="run a program with gpupool's libcuda.so.1",
+                         description="Run CMD with gpupool's libcuda.so.1 and libnvidia-ml.so.1 "
+                                     "first on LD_LIBRARY_PATH, so its CUDA and NVML calls go "
+                                     "to the configured GPU servers.")
     run.add_argument("--server", metavar="HOST:PORT",
-                     help="the gpupoold remoting address (sets GPUPOOL_SERVER)")
+                     help="use this gpupoold remoting address (sets GPUPOOL_SERVER)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
-    sub.add_parser("env", help="print the shell lines that make programs use gpupool",
-                   description="Print `export LD_LIBRARY_PATH=...` for eval in a shell.")
+    env = sub.add_parser("env", help="print the settings that make programs use gpupool "
+                                     "(shell or notebook)",
+                         description=ENV_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    env.add_argument("--format", choices=("sh", "python", "ipython"), default="sh",
+                     help="sh (default), python or ipython (see above)")
+    login = sub.add_parser("login", help="save a server and its token in the config file",
+                           description="Check that the server answers and accepts the token, "
+                                       "then add or update its [[servers]] entry in "
+                                       "~/.config/gpupool/config.toml (mode 0600), or in "
+                                       "/etc/gpupool/config.toml with --system. Nothing is "
+                                       "written when the check fails.")
+    login.add_argument("url", metavar="URL", help="HOST:PORT of gpupoold's remoting listener "
+                                                  "(tls://HOST:PORT for TLS)")
+    login.add_argument("--token", required=True, help="your token (gpt_...)")
+    login.add_argument("--tls-ca", metavar="FILE",
+                       help="PEM file of the CA that signed the server's certificate (turns "
+                            "TLS on for this server)")
+    login.add_argument("--system", action="store_true",
+                       help="write /etc/gpupool/config.toml (root) for every user")
+    logout = sub.add_parser("logout", help="remove a server and its token from the config file")
+    logout.add_argument("url", metavar="URL")
+    logout.add_argument("--system", action="store_true", help="change /etc/gpupool/config.toml")
+    sub.add_parser("config", help="show the effective settings and where each comes from")
+    status = sub.add_parser("status", help="servers, GPUs, my leases and the queue")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    smi = sub.add_parser("smi", help="an nvidia-smi-like table of the pool's GPUs")
+    smi.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("doctor", help="check the configuration, the servers and the shims, with fixes")
+    install = sub.add_parser("install", help="register the shims for every program (root)",
+                             description="Copy gpupool's libcuda.so.1 and libnvidia-ml.so.1 to "
+                                         "/usr/local/lib/gpupool and register that folder with "
+                                         "the dynamic loader (/etc/ld.so.conf.d/gpupool.conf, "
+                                         "ldconfig). Refuses when the machine has a real NVIDIA "
+                                         "driver, unless --force.")
+    install.add_argument("--system", action="store_true", required=True,
+                         help="required: the install is for the whole machine")
+    install.add_argument("--force", action="store_true",
+                         help="install even over a real NVIDIA driver's libcuda.so.1")
+    install.add_argument("--root", metavar="DIR", help="install into DIR instead of / (images)")
+    uninstall = sub.add_parser("uninstall", help="undo `gpupool install --system`")
+    uninstall.add_argument("--system", action="store_true", required=True,
+                           help="required: the install is for the whole machine")
+    uninstall.add_argument("--root", metavar="DIR", help="uninstall from DIR instead of /")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+# ------------------------------------------------------------------------------------ run, env
+def _cmd_env(fmt: str) -> int:
     try:
         env = client_env()
     except ShimNotFound as exc:
         print(f"gpupool: error: {exc}", file=sys.stderr)
         return 1
-    if args.command == "env":
-        print(f"export LD_LIBRARY_PATH={shlex.quote(env['LD_LIBRARY_PATH'])}")
+    value = env["LD_LIBRARY_PATH"]
+    lib = value.split(":")[0]
+    if fmt == "sh":
+        print(f"export LD_LIBRARY_PATH={shlex.quote(value)}")
         return 0
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    libs = [os.path.join(lib, n) for n in (SHIM_NAME, NVML_NAME)
+            if os.path.exists(os.path.join(lib, n))]
+    load = "; ".join(f"ctypes.CDLL({p!r}, mode=ctypes.RTLD_GLOBAL)" for p in libs)
+    if fmt == "python":
+        print("# gpupool: run this before anything imports torch or another CUDA library")
+        print("import ctypes, os")
+        print(f"os.environ[\"LD_LIBRARY_PATH\"] = {lib + ':'!r} + "
+              "os.environ.get(\"LD_LIBRARY_PATH\", \"\")  # for the processes it starts")
+        print(f"{load}  # for this process")
+    else:
+        print(f"%env LD_LIBRARY_PATH={value}")
+        print(f"import ctypes; {load}")
+    return 0
+
+
+def _cmd_run(cmd: list[str], server: str | None) -> int:
+    try:
+        env = client_env()
+    except ShimNotFound as exc:
+        print(f"gpupool: error: {exc}", file=sys.stderr)
+        return 1
+    cmd = cmd[1:] if cmd[:1] == ["--"] else cmd
     if not cmd:
         print("gpupool: error: nothing to run (gpupool run -- CMD...)", file=sys.stderr)
         return 2
-    if args.server:
-        env["GPUPOOL_SERVER"] = args.server
+    if server:
+        env["GPUPOOL_SERVER"] = server
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
         print(f"gpupool: error: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # pragma: no cover - execvpe does not return
+
+
+# -------------------------------------------------------------------------------------- config
+def redact(token: str) -> str:
+    """A token's public part: "gpt_<id>_..." (the id names it in logs), never the secret."""
+    if not token:
+        return "(none)"
+    m = re.match(r"gpt_[0-9a-f]{12}_", token)
+    return (m.group(0) if m else token[:4]) + "..."
+
+
+def _row(key: str, value: str, source: str) -> str:
+    return f"  {key:<24} {value:<34} {source}"
+
+
+def show_config(cfg: ClientConfig) -> None:
+    print(f"config file: {cfg.file + ' (' + cfg.file_reason + ')' if cfg.file else cfg.file_reason}")
+    print()
+    print(_row("SETTING", "VALUE", "FROM"))
+    for key in ("connect_timeout", "probe_timeout"):
+        print(_row(key, format_number(getattr(cfg, key)) + " s", cfg.sources.get(key, "default")))
+    print(_row("requirements.gpu", cfg.gpu or "(any)", cfg.sources.get("gpu", "default")))
+    print(_row("requirements.model", cfg.model or "(any)", cfg.sources.get("model", "default")))
+    print(_row("requirements.min_memory", f"{cfg.min_memory} bytes" if cfg.min_memory else "(any)",
+               cfg.sources.get("min_memory", "default")))
+    print()
+    if not cfg.servers:
+        print("servers: none. `gpupool login HOST:PORT --token TOKEN` adds one (or set "
+              "GPUPOOL_SERVER)")
+        return
+    print(f"servers, in order of preference (from {cfg.sources.get('servers') or cfg.file}):")
+    for n, srv in enumerate(cfg.servers, 1):
+        print(f"  {n}. {srv.written}")
+        print(_row("  address", f"{srv.host}:{srv.port}", srv.sources.get("address", "?")))
+        print(_row("  token", redact(srv.token), srv.sources.get("token", "default (none)")))
+        print(_row("  tls", "yes" if srv.tls else "no", srv.sources.get("tls", "default")))
+        for key in ("tls_ca", "tls_cert", "tls_key"):
+            value = getattr(srv, key)
+            if value or key in srv.sources:
+                print(_row(f"  {key}", value or '""', srv.sources.get(key, "default")))
+
+
+def _cmd_config(env: Mapping[str, str]) -> int:
+    try:
+        cfg = load(env)
+    except ConfigError as exc:
+        print(f"gpupool: error: {exc}", file=sys.stderr)
+        return 1
+    show_config(cfg)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:  # `gpupool status | head`: the reader is gone, nothing to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    env = os.environ
+    if args.command == "run":
+        return _cmd_run(args.cmd, args.server)
+    if args.command == "env":
+        return _cmd_env(args.format)
+    if args.command == "config":
+        return _cmd_config(env)
+    if args.command == "login":
+        from gpupool.login import cmd_login
+        return cmd_login(args.url, args.token, args.tls_ca, args.system, env)
+    if args.command == "logout":
+        from gpupool.login import cmd_logout
+        return cmd_logout(args.url, args.system, env)
+    if args.command in ("status", "smi"):
+        from gpupool.status import cmd_smi, cmd_status
+        return (cmd_status if args.command == "status" else cmd_smi)(args.json, env)
+    if args.command == "doctor":
+        from gpupool.doctor import cmd_doctor
+        return cmd_doctor(env)
+    if args.command == "install":
+        from gpupool.install import cmd_install
+        return cmd_install(args.root, args.force, env)
+    if args.command == "uninstall":
+        from gpupool.install import cmd_uninstall
+        return cmd_uninstall(args.root, env)
+    raise AssertionError(args.command)  # pragma: no cover - argparse allows no other

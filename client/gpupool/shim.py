@@ -1,4 +1,5 @@
-"""Where our libcuda.so.1 (the shim) is, and the environment that makes programs load it."""
+"""Where our libcuda.so.1 (the shim) and libnvidia-ml.so.1 (the NVML shim) are, and the
+environment that makes programs load them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 SHIM_NAME = "libcuda.so.1"
+NVML_NAME = "libnvidia-ml.so.1"  # the NVML shim, next to it
 PACKAGE_LIB = Path(__file__).resolve().parent / "lib"
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -20,7 +22,8 @@ def candidates(env: Mapping[str, str]) -> list[Path]:
     repository's build/client (a development checkout)."""
     found = []
     if env.get("GPUPOOL_SHIM_DIR"):
-        found.append(Path(env["GPUPOOL_SHIM_DIR"]))
+        # absolute: a relative folder on LD_LIBRARY_PATH would follow each program's cwd
+        found.append(Path(os.path.abspath(env["GPUPOOL_SHIM_DIR"])))
     found.append(PACKAGE_LIB)
     if (REPO_ROOT / "Makefile").is_file():
         found.append(REPO_ROOT / "build" / "client")

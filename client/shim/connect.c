@@ -1,47 +1,50 @@
 /*
  * connect.c: starting a session with a gpupool server (conn.c runs it once cuInit asks).
  *
- * For each entry of GPUPOOL_SERVER ("host:port", "[v6]:port" or a bare host for port 7070; a
- * comma-separated list is tried in order): reserve the VA window first (device pointers must
- * never alias this process's memory), connect with a timeout (GPUPOOL_CONNECT_TIMEOUT seconds,
- * default 10; TCP_NODELAY; keepalive with short probes), send hello and read the answer. A
- * server that cannot use our window answers GP_EVAWINDOW and we retry with the next base
- * (0x200000000000, 0x240000000000, ...). The hello carries the GPU requirements of
- * requirements.c. While every GPU is taken the server keeps the hello unanswered and sends
+ * The servers, their tokens and TLS settings, the timeouts and the GPU requirements come from
+ * the client configuration (client_config.c: the file, then GPUPOOL_SERVER, GPUPOOL_TOKEN,
+ * GPUPOOL_TLS*, GPUPOOL_CONNECT_TIMEOUT, GPUPOOL_GPU...). Server selection: one server is used
+ * as it is (no probe, no added latency); with several, each is asked `info` (probe_timeout
+ * each, all at once) and the first, in list order, with a free matching GPU wins; else the one
+ * with the shortest queue among those with a matching GPU. A server whose probe fails is skipped
+ * with one warning line; one without a matching GPU is skipped (debug line). When a hello fails
+ * the next candidate follows.
+ *
+ * For the chosen server: reserve the VA window first (device pointers must never alias this
+ * process's memory), connect with a timeout (connect_timeout, default 10 s; TCP_NODELAY;
+ * keepalive with short probes), send hello and read the answer. A server that cannot use our
+ * window answers GP_EVAWINDOW and we retry with the next base (0x200000000000,
+ * 0x240000000000, ...). While every GPU is taken the server keeps the hello unanswered and sends
  * queue notices (GP_INFO_QUEUED): we print each one and wait, for as long as it takes. Whatever
  * fails is said in ONE line on stderr, with what to do about it, and cuInit then answers
  * CUDA_ERROR_NO_DEVICE.
  *
- * TLS (GPUPOOL_TLS=1, or an entry written tls://host:port; tls.c, docs/protocol.md "TLS"): the
+ * TLS (tls = true / GPUPOOL_TLS=1, or an address written tls://host:port; tls.c,
+ * docs/protocol.md "TLS"): the
  * hello goes to gpupoold inside a first TLS session; when the lease starts gpupoold sends
  * GP_INFO_HANDOFF, both sides close that session (close_notify), and a second TLS session on the
  * same socket, with the worker, carries the hello reply and everything after it.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/socket.h>
-#include <sys/types.h>
 #include <unistd.h>
 
+#include "client_config.h"
+#include "info_client.h"
+#include "net.h"
 #include "sha256.h"
 #include "shim.h"
 #include "shim_core.h"
 
-#define DEFAULT_PORT "7070" /* gpupoold's default remoting listener (docs/configuration.md) */
 #define DEFAULT_VA_BASE 0x200000000000ull
 #define DEFAULT_VA_SIZE (1ull << 40)
 #define VA_STEP 0x40000000000ull /* 4 TiB between candidate bases */
 #define VA_TRIES 8
-
 
 /* "prog arg1 arg2" from /proc/self/cmdline, argv[0] reduced to its basename. */
 static size_t program_string(char *out, size_t cap) {
@@ -88,175 +91,15 @@ static uint64_t env_u64(const char *name, uint64_t dflt) {
     }
     return x;
 }
-
-/* Split "host:port" / "[v6]:port"; a bare host name (no colon at all) means gpupoold's default
- * port. 0, or -1. */
-static int split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap) {
-    const char *colon;
-    if (!strchr(s, ':') && s[0] != '[') {
-        if (strlen(s) >= hcap || !*s) return -1;
-        strcpy(host, s);
-        snprintf(port, pcap, "%s", DEFAULT_PORT);
-        return 0;
-    }
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close || close[1] != ':') return -1;
-        if ((size_t)(close - s - 1) >= hcap) return -1;
-        memcpy(host, s + 1, (size_t)(close - s - 1));
-        host[close - s - 1] = 0;
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon || (size_t)(colon - s) >= hcap) return -1;
-        memcpy(host, s, (size_t)(colon - s));
-        host[colon - s] = 0;
-    }
-    if (!colon[1] || strlen(colon + 1) >= pcap) return -1;
-    strcpy(port, colon + 1);
-    return host[0] ? 0 : -1;
-}
-
-static void set_keepalive(int fd) {
-    int one = 1, idle = 10, intvl = 5, cnt = 3;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    /* No TCP_USER_TIMEOUT: a worker busy in a long synchronous call legitimately lets its
-     * receive window fill up, and that must not end the session. */
-}
-
-/* Connect with a timeout. The fd, or -1 with err filled. */
-static int tcp_connect(const char *host, const char *port, double timeout_s, char *err,
-                       size_t ecap) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    int g = getaddrinfo(host, port, &hints, &res);
-    if (g != 0) {
-        snprintf(err, ecap, "%s", g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
-        return -1;
-    }
-    int fd = -1;
-    snprintf(err, ecap, "no address");
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            snprintf(err, ecap, "%s", strerror(errno));
-            continue;
-        }
-        int fl = fcntl(fd, F_GETFL);
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int ms = timeout_s <= 0 ? -1 : (int)(timeout_s * 1000);
-            int pr;
-            do pr = poll(&p, 1, ms);
-            while (pr < 0 && errno == EINTR);
-            if (pr == 0) {
-                errno = ETIMEDOUT;
-                rc = -1;
-            } else if (pr < 0) {
-                rc = -1; /* poll itself failed: errno says why; the socket is not connected */
-            } else {
-                int soerr = 0;
-                socklen_t sl = sizeof soerr;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-                errno = soerr;
-                rc = soerr ? -1 : 0;
-            }
-        }
-        if (rc == 0) {
-            fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-            set_keepalive(fd);
-            break;
-        }
-        snprintf(err, ecap, "%s", errno == ETIMEDOUT ? "timed out" : strerror(errno));
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    return fd;
-}
-
-/* The connection during the handshake: the socket, and the TLS session on it (or NULL). */
-typedef struct link {
-    int fd;
-    gp_tls *tls;
-    char err[300]; /* the TLS layer's last error */
-} hs_link;
-
-static int write_all_fd(int fd, const uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Read exactly n bytes; waits at most timeout_ms per chunk (-1: forever). 0 or -1. */
-static int read_all_fd(int fd, uint8_t *p, size_t n, int timeout_ms) {
-    while (n > 0) {
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pf, 1, timeout_ms);
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr == 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        if (pr < 0) return -1;
-        ssize_t r = recv(fd, p, n, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r == 0) errno = ECONNRESET;
-        if (r <= 0) return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int link_write(hs_link *l, const uint8_t *p, size_t n) {
-    if (!l->tls) return write_all_fd(l->fd, p, n);
-    if (gp_tls_write(l->tls, p, n, l->err, sizeof l->err) == 0) return 0;
-    errno = EPROTO;
-    return -1;
-}
-
-/* read_all_fd through the link; a TLS error leaves errno EPROTO and its text in l->err. */
-static int link_read(hs_link *l, uint8_t *p, size_t n, int timeout_ms) {
-    if (!l->tls) return read_all_fd(l->fd, p, n, timeout_ms);
-    while (n > 0) {
-        ssize_t r = gp_tls_read(l->tls, p, n, timeout_ms, l->err, sizeof l->err);
-        if (r == 0) errno = ECONNRESET;
-        if (r <= 0) {
-            if (r < 0 && errno != ETIMEDOUT) errno = EPROTO;
-            return -1;
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static const char *link_error(hs_link *l, int err) {
-    if (err == ECONNRESET) return "connection closed";
-    return err == EPROTO && l->tls ? l->err : strerror(err);
-}
-
 enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW, ATTEMPT_TLS };
 
 typedef struct hello_ctx {
     char host[256], user[256], program[1024];
-    gp_requirements req;
-    const char *token;
-    size_t token_len;
+    const gp_client_config *cfg; /* requirements, timeouts */
+    const gp_server_config *srv; /* the server being tried: token, TLS */
     double timeout_s;
-    const char *desc; /* the server being tried, for messages */
-    const char *tls_host; /* the name the server's certificate must carry */
+    const char *desc;       /* the server being tried ("host:port"), for messages */
+    const char *token_hint; /* what to check when the token is refused */
 } hello_ctx;
 
 /* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
@@ -296,20 +139,20 @@ static uint64_t handoff_binding(const uint8_t *body, size_t len) {
 /* GP_INFO_HANDOFF: gpupoold's TLS session ends (close_notify both ways) and the worker's
  * begins on the same socket, where we prove first that we are the client of that hello. 0, or
  * -1 with msg filled. */
-static int tls_handoff(hs_link *l, const hello_ctx *hc, uint64_t binding, char *msg,
+static int tls_handoff(gp_link *l, const hello_ctx *hc, uint64_t binding, char *msg,
                        size_t mcap) {
-    int ms = hc->timeout_s <= 0 ? -1 : (int)(hc->timeout_s * 1000);
+    int ms = gp_timeout_ms(hc->timeout_s);
     int rc = gp_tls_close(l->tls, ms, msg, mcap);
     gp_tls_free(l->tls);
     l->tls = NULL;
     if (rc != 0) return -1;
-    l->tls = gp_tls_connect(l->fd, hc->tls_host, 1, ms, msg, mcap);
+    l->tls = gp_tls_connect(hc->srv, l->fd, 1, ms, msg, mcap);
     if (!l->tls) return -1;
     gp_ping p = {.token = binding};
     uint8_t f[16 + 8];
     size_t n = gp_ping_frame(f, gp_conn_new_req(), &p);
-    if (link_write(l, f, n) != 0) {
-        snprintf(msg, mcap, "TLS hand-over: %s", link_error(l, errno));
+    if (gp_link_write(l, f, n) != 0) {
+        snprintf(msg, mcap, "TLS hand-over: %s", gp_link_error(l, errno));
         return -1;
     }
     return 0;
@@ -317,11 +160,11 @@ static int tls_handoff(hs_link *l, const hello_ctx *hc, uint64_t binding, char *
 
 /* A TLS alert instead of an answer: with TLS 1.3 the server checks our certificate after our
  * side of the handshake has finished, so a missing or refused one shows up here. */
-static int tls_refusal(hs_link *l, char *msg, size_t mcap) {
+static int tls_refusal(gp_link *l, char *msg, size_t mcap) {
     const char *hint = "";
     if (strstr(l->err, "certificate required"))
         hint = "; it requires a client certificate that its tls_client_ca signed: set "
-               "GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY";
+               "GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY (tls_cert, tls_key)";
     else if (strstr(l->err, "unknown ca") || strstr(l->err, "certificate"))
         hint = "; it did not accept the client certificate (GPUPOOL_TLS_CERT): use one that its "
                "tls_client_ca signed";
@@ -331,7 +174,7 @@ static int tls_refusal(hs_link *l, char *msg, size_t mcap) {
 
 /* Hello on a connected socket (inside TLS when l->tls). Fills msg with the reason when not
  * ATTEMPT_OK. */
-static int say_hello(hs_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
+static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
                      char *msg, size_t mcap) {
     gp_hello h = {
         .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
@@ -339,10 +182,10 @@ static int say_hello(hs_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         .host = hc->host, .host_len = (uint32_t)strlen(hc->host),
         .user = hc->user, .user_len = (uint32_t)strlen(hc->user),
         .program = hc->program, .program_len = (uint32_t)strlen(hc->program),
-        .token = hc->token, .token_len = (uint32_t)hc->token_len,
-        .gpu = hc->req.gpu, .gpu_len = (uint32_t)strlen(hc->req.gpu),
-        .model = hc->req.model, .model_len = (uint32_t)strlen(hc->req.model),
-        .min_memory = hc->req.min_memory,
+        .token = hc->srv->token, .token_len = (uint32_t)strlen(hc->srv->token),
+        .gpu = hc->cfg->gpu, .gpu_len = (uint32_t)strlen(hc->cfg->gpu),
+        .model = hc->cfg->model, .model_len = (uint32_t)strlen(hc->cfg->model),
+        .min_memory = hc->cfg->min_memory,
         .va_base = va_base, .va_size = va_size,
     };
     size_t n = 16 + gp_hello_size(&h);
@@ -354,18 +197,18 @@ static int say_hello(hs_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
     uint64_t req = gp_conn_new_req();
     gp_hello_frame(f, req, &h);
     uint64_t binding = l->tls ? handoff_binding(f + 16, n - 16) : 0;
-    int ok = link_write(l, f, n) == 0;
+    int ok = gp_link_write(l, f, n) == 0;
     free(f);
     if (!ok && l->tls) {
         /* The server may have ended the session with an alert (a refused client certificate):
          * read it, it says more than the failed write. */
         int err = errno;
         uint8_t b;
-        if (link_read(l, &b, 1, 2000) != 0 && errno == EPROTO) return tls_refusal(l, msg, mcap);
+        if (gp_link_read(l, &b, 1, 2000) != 0 && errno == EPROTO) return tls_refusal(l, msg, mcap);
         errno = err;
     }
     if (!ok) {
-        snprintf(msg, mcap, "sending hello: %s", link_error(l, errno));
+        snprintf(msg, mcap, "sending hello: %s", gp_link_error(l, errno));
         return ATTEMPT_CONNECT;
     }
 
@@ -375,16 +218,16 @@ static int say_hello(hs_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         /* The server may queue us until a GPU is free: wait without limit. A server that says
          * nothing for 5 s (an older one, or one busy starting a worker) gets one line, unless it
          * already told us our place in the queue. */
-        int rc = link_read(l, hb, 1, 5000);
+        int rc = gp_link_read(l, hb, 1, 5000);
         if (rc != 0 && errno == ETIMEDOUT) {
             if (!waited_note++ && !queued)
                 gp_log_info("waiting for server %s to answer (it may be waiting for a free GPU)",
                             hc->desc);
             continue;
         }
-        if (rc != 0 || link_read(l, hb + 1, 15, 30000) != 0) {
+        if (rc != 0 || gp_link_read(l, hb + 1, 15, 30000) != 0) {
             if (errno == EPROTO && l->tls) return tls_refusal(l, msg, mcap);
-            snprintf(msg, mcap, "no answer to hello: %s", link_error(l, errno));
+            snprintf(msg, mcap, "no answer to hello: %s", gp_link_error(l, errno));
             return ATTEMPT_CONNECT;
         }
         gp_frame_header hd;
@@ -394,9 +237,9 @@ static int say_hello(hs_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             return ATTEMPT_CONNECT;
         }
         uint8_t *body = malloc(hd.len ? hd.len : 1);
-        if (!body || link_read(l, body, hd.len, 30000) != 0) {
+        if (!body || gp_link_read(l, body, hd.len, 30000) != 0) {
             free(body);
-            snprintf(msg, mcap, "no answer to hello: %s", link_error(l, errno));
+            snprintf(msg, mcap, "no answer to hello: %s", gp_link_error(l, errno));
             return ATTEMPT_CONNECT;
         }
         if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE && l->tls &&
@@ -432,8 +275,7 @@ static int say_hello(hs_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             else
                 snprintf(msg, mcap, "%s", code ? code : "refused");
             if (result == GP_EAUTH)
-                snprintf(msg + strlen(msg), mcap - strlen(msg),
-                         " (check GPUPOOL_TOKEN)");
+                snprintf(msg + strlen(msg), mcap - strlen(msg), " (check %s)", hc->token_hint);
             free(body);
             return ATTEMPT_REFUSED;
         }
@@ -481,42 +323,213 @@ static void fill_identity(hello_ctx *hc) {
     program_string(hc->program, sizeof hc->program);
 }
 
-/* GPUPOOL_TLS: 1/yes/true/on, or 0/no/false/off/unset. -1 (said why) for anything else. */
-static int tls_from_env(void) {
-    const char *v = getenv("GPUPOOL_TLS");
-    if (!v || !*v || !strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "false") ||
-        !strcasecmp(v, "off"))
-        return 0;
-    if (!strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "true") ||
-        !strcasecmp(v, "on"))
-        return 1;
-    gp_log_error("GPUPOOL_TLS=%s is not understood: use 1 (TLS) or 0 (plain TCP)", v);
-    return -1;
+/* ============================================================== server selection == */
+
+typedef struct probe {
+    const gp_client_config *cfg;
+    const gp_server_config *srv;
+    gp_info_result res;
+    int rc;          /* gp_info_fetch's */
+    char err[1024];  /* why it failed */
+    pthread_t thread;
+    int threaded;
+} probe;
+
+static void *probe_main(void *arg) {
+    probe *p = arg;
+    p->rc = gp_info_fetch(p->cfg, p->srv, p->cfg->probe_timeout, &p->res, p->err, sizeof p->err);
+    return NULL;
 }
 
-CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap) {
-    const char *list = getenv("GPUPOOL_SERVER");
-    if (!list || !*list) {
+/* "GPU 1, model 'H100', at least 40000000000 bytes" or "any GPU": for messages. */
+static void describe_requirements(const gp_client_config *cfg, char *out, size_t cap) {
+    out[0] = 0;
+    size_t n = 0;
+    if (*cfg->gpu) n += (size_t)snprintf(out + n, cap - n, "GPU %s", cfg->gpu);
+    if (*cfg->model && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, "%smodel '%s'", n ? ", " : "", cfg->model);
+    if (cfg->min_memory && n < cap)
+        snprintf(out + n, cap - n, "%sat least %llu bytes", n ? ", " : "",
+                 (unsigned long long)cfg->min_memory);
+    if (!*out) snprintf(out, cap, "any GPU");
+}
+
+/* Append "desc: why" to the failures list. */
+static void add_failure(char *failures, size_t cap, int *nfail, const char *desc,
+                        const char *why) {
+    size_t n = strlen(failures);
+    if (n < cap)
+        snprintf(failures + n, cap - n, "%s%s: %s", *nfail ? "; " : "", desc, why);
+    (*nfail)++;
+}
+
+/* Probe every server with info (all at once) and put the candidates, best first, in order[].
+ * Returns how many; the others are in failures (with their warning lines printed). */
+static int select_servers(const gp_client_config *cfg, int *order, char *failures, size_t fcap,
+                          int *nfail) {
+    int n = cfg->nservers;
+    probe *p = calloc((size_t)n, sizeof *p);
+    if (!p) { /* no memory for the probes: try them in list order, as without selection */
+        for (int i = 0; i < n; i++) order[i] = i;
+        return n;
+    }
+    for (int i = 0; i < n; i++) {
+        p[i].cfg = cfg;
+        p[i].srv = &cfg->servers[i];
+        p[i].threaded = pthread_create(&p[i].thread, NULL, probe_main, &p[i]) == 0;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!p[i].threaded) {
+            probe_main(&p[i]); /* no thread to spare: this one in turn */
+        } else if (pthread_join(p[i].thread, NULL) != 0) { /* cannot happen: joinable, ours */
+            gp_info_free(&p[i].res);
+            p[i].rc = -1;
+            snprintf(p[i].err, sizeof p[i].err, "its probe thread was lost");
+        }
+    }
+    char req[600];
+    describe_requirements(cfg, req, sizeof req);
+    int nfree = 0, nwait = 0, wait_idx[GP_MAX_SERVERS];
+    for (int i = 0; i < n; i++) {
+        char desc[600], why[1200];
+        gp_server_desc(&cfg->servers[i], desc, sizeof desc);
+        const gp_info_result *r = &p[i].res;
+        if (p[i].rc != 0) {
+            snprintf(why, sizeof why, "%s", p[i].err);
+        } else if (r->result != 0) {
+            const char *code = gp_result_name(r->result);
+            if (r->result == GP_EVERSION)
+                snprintf(why, sizeof why, "server speaks protocol %u.%u, this client %u.%u%s%s",
+                         r->major, r->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR,
+                         *r->message ? ": " : "", r->message);
+            else
+                snprintf(why, sizeof why, "%s%s", *r->message ? r->message
+                         : code ? code : "refused", r->result == GP_EAUTH
+                         ? " (check its token: GPUPOOL_TOKEN or the configuration file)" : "");
+        } else {
+            gp_log_debug("probe %s (%s): %u GPUs, %u matching (%s), %u free, queue %u", desc,
+                         r->server, r->gpus, r->matching, req, r->free_matching, r->queue);
+            if (r->matching == 0) {
+                snprintf(why, sizeof why, "none of its %u GPUs meets the requirements (%s)",
+                         r->gpus, req);
+                gp_log_debug("server %s skipped: %s", desc, why);
+                add_failure(failures, fcap, nfail, desc, why);
+            } else if (r->free_matching > 0) {
+                order[nfree++] = i;
+            } else {
+                wait_idx[nwait++] = i;
+            }
+            continue;
+        }
+        gp_log_info("server %s skipped: %s", desc, why);
+        add_failure(failures, fcap, nfail, desc, why);
+    }
+    /* Then those with a matching GPU but none free: shortest queue first, ties in list order
+     * (insertion sort: stable, and at most GP_MAX_SERVERS entries). */
+    for (int a = 1; a < nwait; a++) {
+        int v = wait_idx[a], b = a - 1;
+        while (b >= 0 && p[wait_idx[b]].res.queue > p[v].res.queue) {
+            wait_idx[b + 1] = wait_idx[b];
+            b--;
+        }
+        wait_idx[b + 1] = v;
+    }
+    for (int a = 0; a < nwait; a++) order[nfree + a] = wait_idx[a];
+    int count = nfree + nwait;
+    if (count > 0 && gp_log_debug_enabled()) {
+        char desc[600];
+        gp_server_desc(&cfg->servers[order[0]], desc, sizeof desc);
+        gp_log_debug("chose server %s (%s; %d candidate%s)", desc,
+                     nfree ? "a matching GPU is free" : "shortest queue", count,
+                     count == 1 ? "" : "s");
+    }
+    for (int i = 0; i < n; i++) gp_info_free(&p[i].res);
+    free(p);
+    return count;
+}
+
+/* ================================================================== the session == */
+
+/* Connect and say hello to one server, with the window retries. ATTEMPT_OK with *fd_out and
+ * *tls_out set, else the kind of failure with msg filled; ATTEMPT_FATAL after the one error line
+ * was printed (no window at all). */
+enum { ATTEMPT_FATAL = 100 };
+static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_t step,
+                      int *base_index, int *fd_out, gp_tls **tls_out, char *msg, size_t mcap) {
+    const gp_server_config *srv = hc->srv;
+    if (srv->tls && gp_tls_setup(srv, msg, mcap) != 0) return ATTEMPT_TLS;
+    for (;;) {
+        /* The window first: device pointers must never alias our memory. */
+        while (gp_vamap_window_size() == 0 && *base_index < VA_TRIES) {
+            uint64_t b = va_base + (uint64_t)*base_index * step;
+            if (gp_vamap_reserve_window(b, va_size) == 0) break;
+            gp_log_debug("cannot reserve the address window at 0x%llx: %s",
+                         (unsigned long long)b, strerror(errno));
+            (*base_index)++;
+        }
+        if (gp_vamap_window_size() == 0) {
+            gp_log_error("cannot reserve %llu bytes of address space for device memory "
+                         "(tried %d bases from 0x%llx); set GPUPOOL_VA_BASE / "
+                         "GPUPOOL_VA_SIZE to a free range",
+                         (unsigned long long)va_size, VA_TRIES, (unsigned long long)va_base);
+            return ATTEMPT_FATAL;
+        }
+        int fd = gp_tcp_connect(srv->host, srv->port, hc->timeout_s, msg, mcap);
+        if (fd < 0) return ATTEMPT_CONNECT;
+        gp_link l = {.fd = fd};
+        int k = ATTEMPT_OK;
+        if (srv->tls) {
+            l.tls = gp_tls_connect(srv, fd, 0, gp_timeout_ms(hc->timeout_s), msg, mcap);
+            if (!l.tls) k = ATTEMPT_TLS;
+        }
+        if (k == ATTEMPT_OK)
+            k = say_hello(&l, hc, gp_vamap_window_base(), gp_vamap_window_size(), msg, mcap);
+        if (k == ATTEMPT_OK) {
+            *fd_out = fd;
+            *tls_out = l.tls;
+            return ATTEMPT_OK;
+        }
+        gp_tls_free(l.tls);
+        close(fd);
+        if (k == ATTEMPT_VAWINDOW && *base_index + 1 < VA_TRIES) {
+            gp_log_debug("server %s cannot use window 0x%llx; trying the next base", hc->desc,
+                         (unsigned long long)gp_vamap_window_base());
+            gp_vamap_release_window();
+            (*base_index)++;
+            continue;
+        }
+        return k;
+    }
+}
+
+/* The one error line when no server has been configured. */
+static void no_server(const gp_client_config *cfg) {
+    if (*cfg->file)
+        gp_log_error("GPUPOOL_SERVER is not set and %s names no server: no GPU server to run "
+                     "CUDA on. Set GPUPOOL_SERVER=host:port (and GPUPOOL_TOKEN if the server "
+                     "needs one), add a [[servers]] entry to %s (`gpupool login`), or start the "
+                     "program with `gpupool run`.", cfg->file, cfg->file);
+    else
         gp_log_error("GPUPOOL_SERVER is not set: no GPU server to run CUDA on. Set "
-                     "GPUPOOL_SERVER=host:port (and GPUPOOL_TOKEN if the server needs one), or "
-                     "start the program with `gpupool run`.");
+                     "GPUPOOL_SERVER=host:port (and GPUPOOL_TOKEN if the server needs one), run "
+                     "`gpupool login`, or start the program with `gpupool run`.");
+}
+
+static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls **tls_out,
+                             char *server_desc, size_t desc_cap) {
+    if (cfg->nservers == 0) {
+        no_server(cfg);
         return CUDA_ERROR_NO_DEVICE;
     }
-    hello_ctx hc = {0};
-    const char *tok = getenv("GPUPOOL_TOKEN");
-    hc.token = tok ? tok : "";
-    hc.token_len = strlen(hc.token);
-    if (hc.token_len > 4096) {
-        gp_log_error("GPUPOOL_TOKEN is longer than 4096 bytes; is it the right value?");
-        return CUDA_ERROR_NO_DEVICE;
-    }
-    if (gp_requirements_from_env(&hc.req) != 0) return CUDA_ERROR_NO_DEVICE; /* it said why */
-    int tls_all = tls_from_env();
-    if (tls_all < 0) return CUDA_ERROR_NO_DEVICE;
-    *tls_out = NULL;
+    hello_ctx hc = {.cfg = cfg, .timeout_s = cfg->connect_timeout};
     fill_identity(&hc);
-    const char *to = getenv("GPUPOOL_CONNECT_TIMEOUT");
-    hc.timeout_s = to && *to ? atof(to) : 10.0;
+    const char *tok = getenv("GPUPOOL_TOKEN");
+    char hint[4200];
+    if ((tok && *tok) || !*cfg->file)
+        snprintf(hint, sizeof hint, "GPUPOOL_TOKEN");
+    else
+        snprintf(hint, sizeof hint, "the token in %s", cfg->file);
+    hc.token_hint = hint;
 
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t va_base = env_u64("GPUPOOL_VA_BASE", DEFAULT_VA_BASE) & ~(page - 1);
@@ -524,104 +537,42 @@ CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t d
     if (va_size == 0) va_size = DEFAULT_VA_SIZE;
     uint64_t step = va_size > VA_STEP ? (va_size + VA_STEP - 1) / VA_STEP * VA_STEP : VA_STEP;
 
-    char *servers = strdup(list);
-    if (!servers) return CUDA_ERROR_NO_DEVICE;
-    char failures[2048] = "";
+    char failures[4096] = "";
     int nfail = 0, last_kind = ATTEMPT_CONNECT;
     char last_msg[1024] = "";
-    int base_index = 0;
-    CUresult result = CUDA_ERROR_NO_DEVICE;
-
-    char *save = NULL;
-    for (char *entry = strtok_r(servers, ",", &save); entry; entry = strtok_r(NULL, ",", &save)) {
-        while (*entry == ' ' || *entry == '\t') entry++;
-        size_t el = strlen(entry);
-        while (el > 0 && (entry[el - 1] == ' ' || entry[el - 1] == '\t')) entry[--el] = 0;
-        if (!*entry) continue;
-        int use_tls = tls_all;
-        if (strncmp(entry, "tls://", 6) == 0) {
-            use_tls = 1;
-            entry += 6;
-        }
-        snprintf(server_desc, desc_cap, "%s", entry);
-        char host[256], port[32];
-        if (split_hostport(entry, host, sizeof host, port, sizeof port) != 0) {
-            snprintf(last_msg, sizeof last_msg, "not of the form host:port");
-            last_kind = ATTEMPT_REFUSED;
-            goto failed;
-        }
-        if (!strchr(entry, ':')) snprintf(server_desc, desc_cap, "%s:%s", host, port);
-        hc.desc = server_desc;
-        hc.tls_host = host;
-        if (use_tls && gp_tls_setup(last_msg, sizeof last_msg) != 0) {
-            last_kind = ATTEMPT_TLS;
-            goto failed;
-        }
-        for (;;) {
-            /* The window first: device pointers must never alias our memory. */
-            while (gp_vamap_window_size() == 0 && base_index < VA_TRIES) {
-                uint64_t b = va_base + (uint64_t)base_index * step;
-                if (gp_vamap_reserve_window(b, va_size) == 0) break;
-                gp_log_debug("cannot reserve the address window at 0x%llx: %s",
-                             (unsigned long long)b, strerror(errno));
-                base_index++;
-            }
-            if (gp_vamap_window_size() == 0) {
-                gp_log_error("cannot reserve %llu bytes of address space for device memory "
-                             "(tried %d bases from 0x%llx); set GPUPOOL_VA_BASE / "
-                             "GPUPOOL_VA_SIZE to a free range",
-                             (unsigned long long)va_size, VA_TRIES, (unsigned long long)va_base);
-                free(servers);
-                return CUDA_ERROR_NO_DEVICE;
-            }
-            int fd = tcp_connect(host, port, hc.timeout_s, last_msg, sizeof last_msg);
-            if (fd < 0) {
-                last_kind = ATTEMPT_CONNECT;
-                goto failed;
-            }
-            hs_link l = {.fd = fd};
-            int k = ATTEMPT_OK;
-            if (use_tls) {
-                int ms = hc.timeout_s <= 0 ? -1 : (int)(hc.timeout_s * 1000);
-                l.tls = gp_tls_connect(fd, host, 0, ms, last_msg, sizeof last_msg);
-                if (!l.tls) k = ATTEMPT_TLS;
-            }
-            if (k == ATTEMPT_OK)
-                k = say_hello(&l, &hc, gp_vamap_window_base(), gp_vamap_window_size(), last_msg,
-                              sizeof last_msg);
-            if (k == ATTEMPT_OK) {
-                *sock_out = fd;
-                *tls_out = l.tls;
-                free(servers);
-                return CUDA_SUCCESS;
-            }
-            gp_tls_free(l.tls);
-            close(fd);
-            last_kind = k;
-            if (k == ATTEMPT_VAWINDOW && base_index + 1 < VA_TRIES) {
-                gp_log_debug("server %s cannot use window 0x%llx; trying the next base", entry,
-                             (unsigned long long)gp_vamap_window_base());
-                gp_vamap_release_window();
-                base_index++;
-                continue;
-            }
-            goto failed;
-        }
-    failed:
-        nfail++;
-        snprintf(failures + strlen(failures), sizeof failures - strlen(failures), "%s%s: %s",
-                 nfail > 1 ? "; " : "", entry, last_msg);
+    int order[GP_MAX_SERVERS], count;
+    if (cfg->nservers == 1) {
+        order[0] = 0;
+        count = 1;
+    } else {
+        count = select_servers(cfg, order, failures, sizeof failures, &nfail);
     }
-    free(servers);
-    if (nfail == 0) {
-        gp_log_error("GPUPOOL_SERVER is empty: set GPUPOOL_SERVER=host:port.");
-    } else if (nfail > 1) {
+    int base_index = 0;
+    for (int c = 0; c < count; c++) {
+        const gp_server_config *srv = &cfg->servers[order[c]];
+        gp_server_desc(srv, server_desc, desc_cap);
+        hc.srv = srv;
+        hc.desc = server_desc;
+        int fd = -1;
+        last_kind = try_server(&hc, va_base, va_size, step, &base_index, &fd, tls_out, last_msg,
+                               sizeof last_msg);
+        if (last_kind == ATTEMPT_OK) {
+            *sock_out = fd;
+            return CUDA_SUCCESS;
+        }
+        if (last_kind == ATTEMPT_FATAL) return CUDA_ERROR_NO_DEVICE;
+        if (count > 1 || nfail > 0)
+            gp_log_debug("server %s: %s; trying the next one", server_desc, last_msg);
+        add_failure(failures, sizeof failures, &nfail, server_desc, last_msg);
+    }
+    *tls_out = NULL;
+    if (nfail > 1 || count == 0) {
         gp_log_error("cannot use any gpupool server (%s). Are they running? Check "
-                     "GPUPOOL_SERVER and GPUPOOL_TOKEN.",
-                     failures);
+                     "GPUPOOL_SERVER and GPUPOOL_TOKEN%s%s.",
+                     failures, *cfg->file ? ", and " : "", cfg->file);
     } else if (last_kind == ATTEMPT_CONNECT) {
-        gp_log_error("cannot connect to gpupool server %s (%s). Is gpupoold running there? Set "
-                     "GPUPOOL_SERVER=host:port.",
+        gp_log_error("cannot connect to gpupool server %s (%s). Is gpupoold running there? "
+                     "`gpupool doctor` checks the address (GPUPOOL_SERVER or the config file).",
                      server_desc, last_msg);
     } else if (last_kind == ATTEMPT_TLS) {
         gp_log_error("cannot use gpupool server %s: %s", server_desc, last_msg);
@@ -632,6 +583,25 @@ CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t d
     } else {
         gp_log_error("server %s refused the session: %s", server_desc, last_msg);
     }
-    gp_vamap_release_window();
-    return result;
+    return CUDA_ERROR_NO_DEVICE;
+}
+
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap) {
+    *tls_out = NULL;
+    gp_client_config *cfg = malloc(sizeof *cfg);
+    if (!cfg) {
+        gp_log_error("out of memory reading the gpupool configuration");
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    char err[2048];
+    CUresult r;
+    if (gp_client_config_load(cfg, err, sizeof err) != 0) {
+        gp_log_error("%s", err);
+        r = CUDA_ERROR_NO_DEVICE;
+    } else {
+        r = connect_with(cfg, sock_out, tls_out, server_desc, desc_cap);
+    }
+    if (r != CUDA_SUCCESS) gp_vamap_release_window();
+    free(cfg);
+    return r;
 }

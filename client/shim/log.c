@@ -3,7 +3,8 @@
  *
  * GPUPOOL_LOG selects what is shown: "quiet" (errors only), "info" (the default) or "debug".
  * Each line goes out in a single write(2) so that lines from different threads (and from the
- * program itself) never interleave mid-line.
+ * program itself) never interleave mid-line. Shared by libcuda.so.1 and libnvidia-ml.so.1: no
+ * shim state here.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -14,7 +15,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "shim.h"
+#include "gp_log.h"
 
 enum { LVL_ERROR = 0, LVL_INFO = 1, LVL_DEBUG = 2 };
 
@@ -68,6 +69,8 @@ void gp_log_info(const char *fmt, ...) {
     emit(fmt, ap);
     va_end(ap);
 }
+
+int gp_log_debug_enabled(void) { return level() >= LVL_DEBUG; }
 
 void gp_log_debug(const char *fmt, ...) {
     if (level() < LVL_DEBUG) return;

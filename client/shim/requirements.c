@@ -1,23 +1,19 @@
 /*
- * requirements.c: what the client asks of its GPU, read from the environment for the hello.
- *
- *   GPUPOOL_GPU         one server GPU: its index as the server's API shows it, or a UUID or UUID
- *                       prefix (GPUPOOL_DEVICE, the old name, is read when GPUPOOL_GPU is unset)
- *   GPUPOOL_GPU_MODEL   a substring of the GPU name, case-insensitive ("A100")
- *   GPUPOOL_MIN_MEMORY  total device memory required: bytes, or a number with a unit
+ * requirements.c: the texts and sizes of what the client asks of its GPU (client_config.c reads
+ * them from the configuration file and the environment: GPUPOOL_GPU, GPUPOOL_GPU_MODEL,
+ * GPUPOOL_MIN_MEMORY, [requirements]).
  *
  * The server honours them or refuses the session with its reason. A value the shim cannot send
- * as meant (a size it cannot read, a text too long for the protocol) is an error here rather
- * than silently dropped: a dropped requirement would hand the program a GPU it said it cannot
- * use, and it would fail later, far from the cause.
+ * as meant (a size it cannot read, a text too long for the protocol) is an error rather than
+ * silently dropped: a dropped requirement would hand the program a GPU it said it cannot use,
+ * and it would fail later, far from the cause. Shared by libcuda.so.1 and libnvidia-ml.so.1.
  */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "shim.h"
-#include "shim_core.h"
+#include "client_config.h"
 
 size_t gp_utf8_clean(char *dst, size_t cap, const char *src, size_t n) {
     size_t o = 0;
@@ -105,59 +101,4 @@ int gp_parse_size(const char *s, uint64_t *out) {
         return 0;
     }
     return -1;
-}
-
-/* The value of `name` trimmed into dst (cap bytes, NUL-terminated). 0 (also when unset: ""),
- * or -1 after saying what is wrong with it and what to write (`what`). */
-static int env_text(const char *name, const char *value, const char *what, char *dst,
-                    size_t cap) {
-    dst[0] = 0;
-    if (!value) return 0;
-    while (*value == ' ' || *value == '\t') value++;
-    size_t n = strlen(value);
-    while (n > 0 && (value[n - 1] == ' ' || value[n - 1] == '\t')) n--;
-    if (n >= cap) {
-        gp_log_error("%s is longer than %zu bytes; set it to %s", name, cap - 1, what);
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if ((unsigned char)value[i] < 0x20 || value[i] == 0x7f) {
-            gp_log_error("%s contains a control character; set it to %s", name, what);
-            return -1;
-        }
-    }
-    if (gp_utf8_clean(dst, cap, value, n) != n || memcmp(dst, value, n) != 0) {
-        gp_log_error("%s is not valid UTF-8; set it to %s", name, what);
-        dst[0] = 0;
-        return -1;
-    }
-    return 0;
-}
-
-int gp_requirements_from_env(gp_requirements *out) {
-    memset(out, 0, sizeof *out);
-    const char *gpu = getenv("GPUPOOL_GPU"), *old = getenv("GPUPOOL_DEVICE");
-    const char *gpu_var = "GPUPOOL_GPU";
-    if (!gpu || !*gpu) {
-        gpu = old;
-        gpu_var = "GPUPOOL_DEVICE";
-    } else if (old && *old && strcmp(old, gpu) != 0) {
-        gp_log_info("GPUPOOL_DEVICE=%s ignored: GPUPOOL_GPU=%s is set (GPUPOOL_DEVICE is its old "
-                    "name)", old, gpu);
-    }
-    if (env_text(gpu_var, gpu, "a GPU index of the server or a GPU UUID (prefix)", out->gpu,
-                 sizeof out->gpu) != 0)
-        return -1;
-    if (env_text("GPUPOOL_GPU_MODEL", getenv("GPUPOOL_GPU_MODEL"),
-                 "a part of the GPU name, e.g. A100", out->model, sizeof out->model) != 0)
-        return -1;
-    const char *mem = getenv("GPUPOOL_MIN_MEMORY");
-    int blank = 1;
-    for (const char *p = mem; p && *p; p++) blank &= *p == ' ' || *p == '\t';
-    if (!blank && gp_parse_size(mem, &out->min_memory) != 0) {
-        gp_log_error("GPUPOOL_MIN_MEMORY=%s is not a size: write bytes or a number with a unit, "
-                     "e.g. 40G or 40GB (40*10^9 bytes), 40GiB (40*2^30), 512M, 17179869184", mem);
-        return -1;
-    }
-    return 0;
 }

@@ -21,15 +21,13 @@
 
 #define GP_EXPORT __attribute__((visibility("default")))
 
-/* ---- logging ---------------------------------------------------------------------------- */
-/* One line to stderr prefixed "gpupool: ". GPUPOOL_LOG=quiet silences info, debug adds debug. */
-void gp_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void gp_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void gp_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* ---- logging (log.c, gp_log.h) --------------------------------------------------------- */
+#include "gp_log.h"
 
 /* ---- connection (conn.c) ---------------------------------------------------------------- */
-/* Connects on first use (from cuInit): reads GPUPOOL_SERVER / GPUPOOL_TOKEN, reserves the VA
- * window, sends hello, stores the snapshot. Returns CUDA_SUCCESS, or CUDA_ERROR_NO_DEVICE
+/* Connects on first use (from cuInit): reads the client configuration (client_config.h: the
+ * file, GPUPOOL_SERVER, GPUPOOL_TOKEN...), picks a server, reserves the VA window, sends hello,
+ * stores the snapshot. Returns CUDA_SUCCESS, or CUDA_ERROR_NO_DEVICE
  * (server unreachable or refused; the reason has been printed once), or the loss error. */
 CUresult gp_conn_ensure(void);
 

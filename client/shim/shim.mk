@@ -9,6 +9,15 @@
 # (ASAN_OPTIONS=detect_leaks=0 when the program, like cudart, keeps memory until exit).
 -include client/shim/shim_tables.mk
 
+# The gpupool version (gpupool_shim_version(), state.c) comes from the Python package, so that the
+# wheel's libraries and its command always agree.
+GPUPOOL_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' client/gpupool/__init__.py)
+ifeq ($(GPUPOOL_VERSION),)
+$(error cannot read __version__ from client/gpupool/__init__.py)
+endif
+EXTRA_CFLAGS_client_shim_ += -DGPUPOOL_VERSION='"$(GPUPOOL_VERSION)"'
+$(BUILD)/obj/client/shim/state.o: client/gpupool/__init__.py
+
 SHIM_SRCS := $(sort $(wildcard client/shim/*.c client/shim/generated/*.c))
 SHIM_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(SHIM_SRCS))
 SHIM_LIB  := $(BUILD)/client/libcuda.so.1

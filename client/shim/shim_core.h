@@ -8,7 +8,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "client_config.h"
 #include "gp_cuda_more.h"
+#include "gp_tls.h"
 #include "shim.h"
 
 /* What cuDriverGetVersion reports when no server could be asked: the CUDA version this shim
@@ -34,40 +36,13 @@ uint64_t gp_conn_new_req(void);
  * time and never recorded. (Notices before the hello reply are connect.c's: never recorded.) */
 void gp_conn_notice(const uint8_t *body, size_t len);
 
-/* ---- requirements.c -------------------------------------------------------------------------- */
-/* Copy src (n bytes) into dst as valid UTF-8 of at most cap-1 bytes (invalid bytes become '?',
- * truncation never splits a character); returns the length. */
-size_t gp_utf8_clean(char *dst, size_t cap, const char *src, size_t n);
-/* "40G", "40GB" (40*10^9), "40GiB" (40*2^30), "1.5T", "512M", "17179869184": 0 with *out set,
- * or -1 (not a size, or past 2^64). Units are case-insensitive; K/M/G/T alone are decimal. */
-int gp_parse_size(const char *s, uint64_t *out);
-/* What the hello asks of the GPU ("" / 0 = anything). */
-typedef struct gp_requirements {
-    char gpu[256];       /* GPUPOOL_GPU (or GPUPOOL_DEVICE): an index or a UUID (prefix) */
-    char model[256];     /* GPUPOOL_GPU_MODEL: a substring of the GPU name */
-    uint64_t min_memory; /* GPUPOOL_MIN_MEMORY in bytes */
-} gp_requirements;
-/* Read them from the environment: 0, or -1 after one line on stderr naming the variable. */
-int gp_requirements_from_env(gp_requirements *out);
-
 /* ---- connect.c ------------------------------------------------------------------------------- */
-/* Reserve the window, connect to the first usable server of GPUPOOL_SERVER and say hello; on
- * success the snapshot is stored (gp_state_set_snapshot), *sock_out is the connected socket and
- * server_desc names the server. Otherwise one line went to stderr: CUDA_ERROR_NO_DEVICE. */
-/* TLS (tls.c; docs/protocol.md "TLS"): OpenSSL 3 loaded at run time. One session may be used by
- * two threads at once (each call locks it). Errors fill err with the one-line reason. */
-typedef struct gp_tls gp_tls;
-int gp_tls_setup(char *err, size_t cap); /* dlopen + context from GPUPOOL_TLS_*; 0 or -1 */
-gp_tls *gp_tls_connect(int fd, const char *host, int read_ahead, int timeout_ms, char *err,
-                       size_t cap); /* read_ahead: only for the last session on the socket */
-ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap);
-int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap);
-int gp_tls_pending(gp_tls *s);                       /* bytes OpenSSL holds that poll() misses */
-void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms);
-int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap); /* close_notify both ways */
-void gp_tls_free(gp_tls *s);
-
-/* *tls_out: the TLS session with the worker, or NULL for a plaintext connection. */
+/* Load the configuration (client_config.c), pick a server (one configured: it; several: probe
+ * each with `info` and take the best, section 5 of docs/dev/issue5-contracts.md), reserve the
+ * window, connect and say hello; on success the snapshot is stored (gp_state_set_snapshot),
+ * *sock_out is the connected socket, *tls_out the TLS session with the worker (NULL for
+ * plaintext) and server_desc names the server ("host:port"). Otherwise one line went to stderr:
+ * CUDA_ERROR_NO_DEVICE. */
 CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap);
 
 /* ---- state.c --------------------------------------------------------------------------------- */

@@ -6,6 +6,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@ void gp_cls_context_destroyed(CUcontext ctx) __attribute__((weak));
 
 static gp_device_snapshot dev0;
 static atomic_int ndev;
+static uint64_t session_id; /* of the lease; written before ndev is set, read after */
 
 /* Capabilities that a remote GPU cannot offer to this process's memory, whatever the server's
  * GPU says: its kernels cannot reach our pages, so no managed or pageable memory access. */
@@ -64,6 +66,7 @@ void gp_state_set_snapshot(const gp_hello_reply *r) {
     d->stream_priority_greatest = r->stream_priority_greatest;
     d->granularity = r->granularity;
     d->simulated = (int)r->simulated;
+    session_id = r->session_id;
     gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_CTX, &primary_obj);
     gp_log_debug("device 0: %s, %llu MiB, compute %d.%d, server driver %d%s", d->name,
                  (unsigned long long)(d->total_mem >> 20),
@@ -82,6 +85,50 @@ const gp_device_snapshot *gp_device(int ordinal) {
 int gp_reported_driver_version(void) {
     if (atomic_load(&ndev) > 0 && dev0.driver_version > 0) return dev0.driver_version;
     return GP_FALLBACK_DRIVER_VERSION;
+}
+
+/* ---- for the NVML shim and `gpupool doctor` (docs/dev/issue5-contracts.md, section 5) ------ */
+
+#ifndef GPUPOOL_VERSION
+#error "GPUPOOL_VERSION must be defined (shim.mk passes the version of client/gpupool/__init__.py)"
+#endif
+
+GP_EXPORT const char *gpupool_shim_version(void) { return GPUPOOL_VERSION; }
+
+/* s as the body of a JSON string (quotes, backslashes and control characters escaped). */
+static size_t json_text(char *out, size_t cap, const char *s) {
+    size_t o = 0;
+    for (; *s && o + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c < 0x20) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = 0;
+    return o;
+}
+
+GP_EXPORT int gpupool_shim_lease_json(char *buf, size_t cap) {
+    const gp_device_snapshot *d = gp_device(0);
+    if (!d || gp_check_init() != CUDA_SUCCESS) return snprintf(buf, cap, "{\"connected\":false}");
+    char name[sizeof d->name * 6 + 1], server[300 * 6 + 1], uuid[48];
+    json_text(name, sizeof name, d->name);
+    json_text(server, sizeof server, gp_conn_server());
+    const uint8_t *u = (const uint8_t *)d->uuid.bytes;
+    snprintf(uuid, sizeof uuid,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+    return snprintf(buf, cap,
+                    "{\"connected\":true,\"server\":\"%s\",\"uuid\":\"%s\",\"name\":\"%s\","
+                    "\"session_id\":%llu,\"simulated\":%s}",
+                    server, uuid, name, (unsigned long long)session_id,
+                    d->simulated ? "true" : "false");
 }
 
 /* ---- hooks for the export tables and the integrity check ---------------------------------- */

@@ -1,6 +1,7 @@
 /*
- * tls.c: TLS on the connection to gpupool (GPUPOOL_TLS=1 or a tls://host:port server entry;
- * docs/protocol.md, "TLS").
+ * tls.c: TLS on the connection to gpupool (tls = true / GPUPOOL_TLS=1, or a tls://host:port
+ * server address; docs/protocol.md, "TLS"). Shared by libcuda.so.1 and libnvidia-ml.so.1: no
+ * shim state here.
  *
  * OpenSSL 3 is loaded at run time (dlopen "libssl.so.3" and "libcrypto.so.3") the first time a
  * TLS connection is made, so that libcuda.so.1 has no link-time dependency on OpenSSL and a
@@ -16,6 +17,9 @@
  * One session may be used by two threads (conn.c: a sender under send_lock and the reader);
  * an SSL object must never be entered by two threads at once, so every SSL call holds the
  * session's lock, which is never held while waiting in poll().
+ *
+ * Each server may have its own CA bundle and client certificate (client_config.h): one SSL_CTX
+ * per distinct (tls_ca, tls_cert, tls_key), made on first use and kept for the process's life.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -30,8 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shim.h"
-#include "shim_core.h"
+#include "gp_log.h"
+#include "gp_tls.h"
 
 /* OpenSSL 3 constants (include/openssl/ssl.h, bio.h, x509_vfy.h). */
 #define O_SSL_ERROR_SSL 1
@@ -59,6 +63,7 @@ static struct {
     int (*OPENSSL_init_ssl)(uint64_t, const void *);
     const void *(*TLS_client_method)(void);
     void *(*SSL_CTX_new)(const void *);
+    void (*SSL_CTX_free)(void *);
     long (*SSL_CTX_ctrl)(void *, int, long, void *);
     uint64_t (*SSL_CTX_set_options)(void *, uint64_t);
     int (*SSL_CTX_set_default_verify_paths)(void *);
@@ -98,10 +103,18 @@ static struct {
     void (*BIO_clear_flags)(void *, int);
 } O;
 
-/* Loaded once (gp_tls_setup runs under conn.c's init_lock; the lock here keeps it safe anyway). */
+/* Loaded once; the contexts are made on first use (probes run in parallel threads). */
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *ctx;       /* SSL_CTX, shared by the process's sessions; guarded by load_lock */
+static int loaded;      /* O, bio_meth ready; guarded by load_lock */
 static void *bio_meth;  /* our socket BIO method */
+
+/* The SSL_CTX for one set of files; a list guarded by load_lock, never shortened. */
+typedef struct tls_context {
+    struct tls_context *next;
+    void *ctx;
+    char ca[4096], cert[4096], key[4096];
+} tls_context;
+static tls_context *contexts;
 
 struct gp_tls {
     void *ssl;
@@ -116,7 +129,7 @@ static int load_symbols(void *ssl, void *crypto, char *err, size_t cap) {
     struct { void **slot; void *lib; const char *name; } t[] = {
 #define S(n) {(void **)&O.n, ssl, #n}
 #define C(n) {(void **)&O.n, crypto, #n}
-        S(OPENSSL_init_ssl), S(TLS_client_method), S(SSL_CTX_new), S(SSL_CTX_ctrl),
+        S(OPENSSL_init_ssl), S(TLS_client_method), S(SSL_CTX_new), S(SSL_CTX_free), S(SSL_CTX_ctrl),
         S(SSL_CTX_set_options), S(SSL_CTX_set_default_verify_paths),
         S(SSL_CTX_load_verify_locations), S(SSL_CTX_use_certificate_chain_file),
         S(SSL_CTX_use_PrivateKey_file), S(SSL_CTX_check_private_key), S(SSL_CTX_set_verify),
@@ -134,7 +147,7 @@ static int load_symbols(void *ssl, void *crypto, char *err, size_t cap) {
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         *t[i].slot = dlsym(t[i].lib, t[i].name);
         if (!*t[i].slot) {
-            snprintf(err, cap, "GPUPOOL_TLS=1 needs OpenSSL 3, but %s lacks %s; install libssl3",
+            snprintf(err, cap, "TLS needs OpenSSL 3, but %s lacks %s; install libssl3",
                      t[i].lib == ssl ? "libssl.so.3" : "libcrypto.so.3", t[i].name);
             return -1;
         }
@@ -186,11 +199,12 @@ static long bio_ctrl(void *b, int cmd, long num, void *ptr) {
     return cmd == O_BIO_CTRL_FLUSH; /* nothing is buffered in this BIO */
 }
 
-static int make_context(char *err, size_t cap) {
+/* A new SSL_CTX for srv's files, or NULL with err filled. Called under load_lock. */
+static void *make_context(const gp_server_config *srv, char *err, size_t cap) {
     void *c = O.SSL_CTX_new(O.TLS_client_method());
     if (!c) {
         ssl_error_text(err, cap, "SSL_CTX_new failed");
-        return -1;
+        return NULL;
     }
     O.SSL_CTX_ctrl(c, O_SSL_CTRL_SET_MIN_PROTO_VERSION, O_TLS1_2_VERSION, NULL);
     O.SSL_CTX_ctrl(c, O_SSL_CTRL_MODE, O_SSL_MODE_PARTIAL_AND_MOVING, NULL);
@@ -198,85 +212,111 @@ static int make_context(char *err, size_t cap) {
      * so a cut stream is detected by the frame layer, and conn.c says "connection closed". */
     O.SSL_CTX_set_options(c, O_SSL_OP_IGNORE_UNEXPECTED_EOF);
     O.SSL_CTX_set_verify(c, O_SSL_VERIFY_PEER, NULL);
-    const char *ca = getenv("GPUPOOL_TLS_CA");
-    if (ca && *ca) {
+    const char *ca = srv->tls_ca, *cert = srv->tls_cert, *key = srv->tls_key;
+    if (*ca) {
         if (O.SSL_CTX_load_verify_locations(c, ca, NULL) != 1) {
             char why[200];
             ssl_error_text(why, sizeof why, "unreadable");
-            snprintf(err, cap, "cannot use GPUPOOL_TLS_CA=%s (%s): it must be a PEM file of CA "
-                     "certificates", ca, access(ca, R_OK) ? strerror(errno) : why);
+            snprintf(err, cap, "cannot use the CA file %s (GPUPOOL_TLS_CA / tls_ca) (%s): it "
+                     "must be a PEM file of CA certificates", ca,
+                     access(ca, R_OK) ? strerror(errno) : why);
             goto fail;
         }
     } else if (O.SSL_CTX_set_default_verify_paths(c) != 1) {
         ssl_error_text(err, cap, "cannot load the system's trusted CA certificates");
         goto fail;
     }
-    const char *cert = getenv("GPUPOOL_TLS_CERT"), *key = getenv("GPUPOOL_TLS_KEY");
-    int have_cert = cert && *cert, have_key = key && *key;
+    int have_cert = *cert != 0, have_key = *key != 0;
     if (have_cert != have_key) {
         snprintf(err, cap, "%s is set but %s is not: a client certificate needs both",
-                 have_cert ? "GPUPOOL_TLS_CERT" : "GPUPOOL_TLS_KEY",
-                 have_cert ? "GPUPOOL_TLS_KEY" : "GPUPOOL_TLS_CERT");
+                 have_cert ? "GPUPOOL_TLS_CERT (tls_cert)" : "GPUPOOL_TLS_KEY (tls_key)",
+                 have_cert ? "GPUPOOL_TLS_KEY (tls_key)" : "GPUPOOL_TLS_CERT (tls_cert)");
         goto fail;
     }
     if (have_cert) {
         char why[200];
         if (O.SSL_CTX_use_certificate_chain_file(c, cert) != 1) {
             ssl_error_text(why, sizeof why, "unreadable");
-            snprintf(err, cap, "cannot use GPUPOOL_TLS_CERT=%s (%s): it must be a PEM "
-                     "certificate chain", cert, access(cert, R_OK) ? strerror(errno) : why);
+            snprintf(err, cap, "cannot use the client certificate %s (GPUPOOL_TLS_CERT / "
+                     "tls_cert) (%s): it must be a PEM certificate chain", cert,
+                     access(cert, R_OK) ? strerror(errno) : why);
             goto fail;
         }
         if (O.SSL_CTX_use_PrivateKey_file(c, key, O_SSL_FILETYPE_PEM) != 1 ||
             O.SSL_CTX_check_private_key(c) != 1) {
             ssl_error_text(why, sizeof why, "unreadable");
-            snprintf(err, cap, "cannot use GPUPOOL_TLS_KEY=%s (%s): it must be the unencrypted "
-                     "PEM key of GPUPOOL_TLS_CERT", key, access(key, R_OK) ? strerror(errno) : why);
+            snprintf(err, cap, "cannot use the client key %s (GPUPOOL_TLS_KEY / tls_key) (%s): "
+                     "it must be the unencrypted PEM key of the client certificate %s", key,
+                     access(key, R_OK) ? strerror(errno) : why, cert);
             goto fail;
         }
     }
-    ctx = c;
-    return 0;
+    return c;
 fail:
-    /* SSL_CTX_free is not among the loaded symbols: a failed set-up ends the process's CUDA
-     * anyway, and the context is small. */
-    return -1;
+    O.SSL_CTX_free(c);
+    return NULL;
 }
 
-int gp_tls_setup(char *err, size_t cap) {
+/* dlopen OpenSSL and make the BIO method, once. Called under load_lock. 0, or -1. */
+static int load_openssl(char *err, size_t cap) {
+    if (loaded) return 0;
+    static void *ssl_lib, *crypto_lib; /* guarded by load_lock */
+    /* libcrypto first: libssl needs it, and we take symbols from both. */
+    if (!crypto_lib) crypto_lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (crypto_lib && !ssl_lib) ssl_lib = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (!crypto_lib || !ssl_lib) {
+        snprintf(err, cap, "TLS needs OpenSSL 3 (libssl.so.3): install libssl3 (%s)", dlerror());
+        return -1;
+    }
+    if (load_symbols(ssl_lib, crypto_lib, err, cap) != 0) {
+        memset(&O, 0, sizeof O);
+        return -1;
+    }
+    O.OPENSSL_init_ssl(0, NULL);
+    O.ERR_clear_error();
+    bio_meth = O.BIO_meth_new(O.BIO_get_new_index() | O_BIO_TYPE_SOURCE_SINK, "gpupool socket");
+    if (!bio_meth || O.BIO_meth_set_write(bio_meth, bio_write) != 1 ||
+        O.BIO_meth_set_read(bio_meth, bio_read) != 1 ||
+        O.BIO_meth_set_ctrl(bio_meth, bio_ctrl) != 1) {
+        snprintf(err, cap, "OpenSSL: cannot create a BIO method");
+        bio_meth = NULL; /* a half-made method is small: not worth the symbol to free it */
+        return -1;
+    }
+    loaded = 1;
+    return 0;
+}
+
+/* The context for srv's files (made on first use), or NULL with err filled. */
+static void *context_for(const gp_server_config *srv, char *err, size_t cap) {
+    void *c = NULL;
     pthread_mutex_lock(&load_lock);
-    int rc = 0;
-    if (!ctx) {
-        static void *ssl_lib, *crypto_lib;
-        /* libcrypto first: libssl needs it, and we take symbols from both. */
-        if (!crypto_lib) crypto_lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
-        if (crypto_lib && !ssl_lib) ssl_lib = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
-        if (!crypto_lib || !ssl_lib) {
-            snprintf(err, cap, "GPUPOOL_TLS=1 needs OpenSSL 3 (libssl.so.3): install libssl3 "
-                     "(%s)", dlerror());
-            rc = -1;
-        } else if (!O.SSL_new && load_symbols(ssl_lib, crypto_lib, err, cap) != 0) {
-            memset(&O, 0, sizeof O);
-            rc = -1;
-        } else {
-            O.OPENSSL_init_ssl(0, NULL);
-            O.ERR_clear_error();
-            if (!bio_meth) {
-                bio_meth = O.BIO_meth_new(O.BIO_get_new_index() | O_BIO_TYPE_SOURCE_SINK,
-                                          "gpupool socket");
-                if (!bio_meth || O.BIO_meth_set_write(bio_meth, bio_write) != 1 ||
-                    O.BIO_meth_set_read(bio_meth, bio_read) != 1 ||
-                    O.BIO_meth_set_ctrl(bio_meth, bio_ctrl) != 1) {
-                    snprintf(err, cap, "OpenSSL: cannot create a BIO method");
-                    bio_meth = NULL;
-                    rc = -1;
-                }
+    if (load_openssl(err, cap) == 0) {
+        for (tls_context *t = contexts; t && !c; t = t->next)
+            if (!strcmp(t->ca, srv->tls_ca) && !strcmp(t->cert, srv->tls_cert) &&
+                !strcmp(t->key, srv->tls_key))
+                c = t->ctx;
+        if (!c) {
+            tls_context *t = calloc(1, sizeof *t);
+            if (!t) {
+                snprintf(err, cap, "out of memory");
+            } else if (!(t->ctx = make_context(srv, err, cap))) {
+                free(t);
+            } else {
+                snprintf(t->ca, sizeof t->ca, "%s", srv->tls_ca);
+                snprintf(t->cert, sizeof t->cert, "%s", srv->tls_cert);
+                snprintf(t->key, sizeof t->key, "%s", srv->tls_key);
+                t->next = contexts;
+                contexts = t;
+                c = t->ctx;
             }
-            if (rc == 0) rc = make_context(err, cap);
         }
     }
     pthread_mutex_unlock(&load_lock);
-    return rc;
+    return c;
+}
+
+int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap) {
+    return context_for(srv, err, cap) ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------ one session == */
@@ -303,8 +343,9 @@ static void handshake_error(gp_tls *s, int e, char *err, size_t cap) {
     long v = O.SSL_get_verify_result(s->ssl);
     if (v != O_X509_V_OK) {
         snprintf(err, cap, "TLS: the server's certificate was not accepted (%s); set "
-                 "GPUPOOL_TLS_CA to the CA certificate that signed it (PEM) and connect with the "
-                 "host name the certificate names", O.X509_verify_cert_error_string(v));
+                 "GPUPOOL_TLS_CA (or tls_ca in the configuration file) to the CA certificate "
+                 "that signed it (PEM) and connect with the host name the certificate names",
+                 O.X509_verify_cert_error_string(v));
         O.ERR_clear_error();
         return;
     }
@@ -315,8 +356,8 @@ static void handshake_error(gp_tls *s, int e, char *err, size_t cap) {
     if (strstr(why, "wrong version number") || strstr(why, "packet length too long") ||
         strstr(why, "record layer failure"))
         snprintf(err, cap, "TLS handshake failed (%s): the server does not speak TLS on this "
-                 "port; unset GPUPOOL_TLS (and drop tls:// from GPUPOOL_SERVER), or enable "
-                 "tls_cert on the server", why);
+                 "port; unset GPUPOOL_TLS (and drop tls:// from the server's address), or "
+                 "enable tls_cert on the server", why);
     else if (strstr(why, "certificate required") || strstr(why, "handshake failure") ||
              strstr(why, "closed the connection"))
         snprintf(err, cap, "TLS handshake failed (%s); if the server requires a client "
@@ -326,8 +367,11 @@ static void handshake_error(gp_tls *s, int e, char *err, size_t cap) {
         snprintf(err, cap, "TLS handshake failed (%s)", why);
 }
 
-gp_tls *gp_tls_connect(int fd, const char *host, int read_ahead, int timeout_ms, char *err,
-                       size_t cap) {
+gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,
+                       char *err, size_t cap) {
+    const char *host = srv->host;
+    void *ctx = context_for(srv, err, cap);
+    if (!ctx) return NULL;
     gp_tls *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, cap, "out of memory");

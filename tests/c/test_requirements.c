@@ -1,12 +1,13 @@
 /*
- * test_requirements: the client's GPU requirements (client/shim/requirements.c): the sizes
- * GPUPOOL_MIN_MEMORY accepts and refuses, and what the environment turns into. The end-to-end
- * path (the values in the hello, the messages on stderr) is tests/test_shim_core.py's.
+ * test_requirements: the sizes GPUPOOL_MIN_MEMORY and min_memory accept and refuse
+ * (client/shim/requirements.c). What the environment and the configuration file turn into is
+ * test_client_config's; the end-to-end path (the values in the hello, the messages on stderr) is
+ * tests/test_shim_core.py's.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "../../client/shim/shim_core.h"
+#include "../../client/shim/client_config.h"
 #include "gp_test.h"
 
 static void size_ok(const char *text, uint64_t want) {
@@ -67,59 +68,7 @@ static void test_sizes(void) {
     size_ok("10.5", 10); /* a fraction of a byte is dropped */
 }
 
-static void set(const char *name, const char *value) {
-    if (value)
-        setenv(name, value, 1);
-    else
-        unsetenv(name);
-}
-
-static int from_env(const char *gpu, const char *device, const char *model, const char *mem,
-                    gp_requirements *r) {
-    set("GPUPOOL_GPU", gpu);
-    set("GPUPOOL_DEVICE", device);
-    set("GPUPOOL_GPU_MODEL", model);
-    set("GPUPOOL_MIN_MEMORY", mem);
-    return gp_requirements_from_env(r);
-}
-
-static void test_environment(void) {
-    gp_requirements r;
-    CHECK_EQ(from_env(NULL, NULL, NULL, NULL, &r), 0);
-    CHECK_STR_EQ(r.gpu, "");
-    CHECK_STR_EQ(r.model, "");
-    CHECK_EQ(r.min_memory, 0);
-
-    CHECK_EQ(from_env(" 1 ", NULL, " A100 ", " 40GiB ", &r), 0);
-    CHECK_STR_EQ(r.gpu, "1");
-    CHECK_STR_EQ(r.model, "A100");
-    CHECK_EQ(r.min_memory, 40ull << 30);
-
-    /* the old name is an alias; the new one wins when both are set */
-    CHECK_EQ(from_env(NULL, "GPU-8f3a", NULL, "", &r), 0);
-    CHECK_STR_EQ(r.gpu, "GPU-8f3a");
-    CHECK_EQ(r.min_memory, 0);
-    CHECK_EQ(from_env("2", "GPU-8f3a", NULL, NULL, &r), 0);
-    CHECK_STR_EQ(r.gpu, "2");
-    CHECK_EQ(from_env("", "3", NULL, NULL, &r), 0);
-    CHECK_STR_EQ(r.gpu, "3");
-
-    /* refused, each with one line on stderr (the Python test checks the words) */
-    CHECK_EQ(from_env(NULL, NULL, NULL, "forty", &r), -1);
-    CHECK_EQ(from_env(NULL, NULL, "A1\n00", NULL, &r), -1);
-    CHECK_EQ(from_env(NULL, NULL, "\xff\xfe", NULL, &r), -1);
-    char longer[300];
-    memset(longer, 'x', sizeof longer - 1);
-    longer[sizeof longer - 1] = 0;
-    CHECK_EQ(from_env(longer, NULL, NULL, NULL, &r), -1);
-    longer[255] = 0; /* exactly the protocol's limit */
-    CHECK_EQ(from_env(longer, NULL, NULL, NULL, &r), 0);
-    CHECK_EQ(strlen(r.gpu), 255);
-    CHECK_EQ(from_env(NULL, NULL, "\xc3\x9c-GPU", NULL, &r), 0); /* valid UTF-8 is fine */
-}
-
 int main(void) {
     test_sizes();
-    test_environment();
     return gp_test_done("test_requirements");
 }

@@ -33,3 +33,11 @@ $(BUILD)/tests/test_export_tables: $(BUILD)/obj/tests/c/test_export_tables.o \
 		$(SHIM_OBJ)/md2.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
+
+# The client configuration (client_config.c): files, the TOML subset, the environment on top.
+TEST_BINS += $(BUILD)/tests/test_client_config
+$(BUILD)/tests/test_client_config: $(BUILD)/obj/tests/c/test_client_config.o \
+		$(SHIM_OBJ)/client_config.o $(SHIM_OBJ)/requirements.o $(SHIM_OBJ)/net.o \
+		$(SHIM_OBJ)/tls.o $(SHIM_OBJ)/log.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl

@@ -1,0 +1,803 @@
+/*
+ * nvml.c: our libnvidia-ml.so.1 (docs/dev/issue5-contracts.md, section 6): the NVML entry
+ * points that tools (pynvml, nvitop, PyTorch) use, answered from gpupool servers' `info`
+ * documents instead of a local driver.
+ *
+ * Which GPUs: when this process's libcuda.so.1 is ours and holds a lease
+ * (gpupool_shim_lease_json says connected), exactly that GPU, as index 0 (as CUDA numbers it).
+ * Otherwise every GPU of every configured server that answers, in configuration order then
+ * server index, that meets the configured requirements. The list is fixed at nvmlInit (NVML
+ * numbers devices once); their values come from one `info` request per server at init and
+ * again when a query finds them older than REFRESH_S (one connection per refresh; between
+ * refreshes every query answers from the cache).
+ *
+ * No server configured or none reachable: nvmlInit still succeeds, with 0 devices and one line
+ * on stderr saying why, so that tools and PyTorch keep working; the CUDA side reports the real
+ * error when the program uses the GPU.
+ *
+ * Thread safety: one mutex guards all state (init refcount, devices, caches); a refresh runs
+ * under it (queries wait at most the probe timeout). Every function NVML programs may look up
+ * that is not here answers NVML_ERROR_NOT_SUPPORTED (generated/nvml_stubs.c).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_config.h"
+#include "gp_log.h"
+#include "info_client.h"
+#include "json.h"
+#include "nvml_internal.h"
+#include "nvml_view.h"
+
+#define REFRESH_S 1.0
+#define MAX_DEVICES 64
+#define NSERVERS (GP_MAX_SERVERS + 1) /* the configured ones, and a lease's server if not */
+
+struct nvmlDevice_st {
+    int server; /* index into st.servers */
+    gp_nvml_gpu gpu;
+};
+
+typedef struct server_state {
+    const gp_server_config *srv; /* into st.cfg, or &st.lease_srv */
+    char desc[300];              /* "host:port" for messages */
+    int answered;                /* its info arrived at least once */
+    double fetched_at;           /* monotonic seconds of the last attempt */
+    gp_nvml_server info;
+} server_state;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    int refcount;
+    gp_client_config *cfg;
+    gp_server_config lease_srv;
+    server_state servers[NSERVERS];
+    int nservers;
+    int system_server; /* the server that answers system queries; -1: none */
+    unsigned ndevices;
+    struct nvmlDevice_st devices[MAX_DEVICES];
+    int warned; /* the process has had its one warning (kept across nvmlShutdown) */
+} st; /* guarded by lock */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A problem that leaves NVML without (some) GPU values: one line on stderr per process (tools
+ * that init and shut down NVML in a loop would repeat it), later ones at debug level. */
+static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void warn(const char *fmt, ...) {
+    char line[1500];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (st.warned) {
+        gp_log_debug("%s", line);
+    } else {
+        st.warned = 1;
+        gp_log_info("%s", line);
+    }
+}
+
+/* ------------------------------------------------------------------------ info requests == */
+
+/* Fetch and parse server s's info document: the document, or NULL with why in err. */
+static gpj_value *fetch(int s, char *err, size_t errcap) {
+    server_state *ss = &st.servers[s];
+    gp_info_result r;
+    memset(&r, 0, sizeof r);
+    ss->fetched_at = now_s();
+    if (gp_info_fetch(st.cfg, ss->srv, st.cfg->probe_timeout, &r, err, errcap) != 0) {
+        gp_info_free(&r);
+        return NULL;
+    }
+    if (r.result != 0) {
+        snprintf(err, errcap, "refused: %.400s", r.message[0] ? r.message : "no reason given");
+        gp_info_free(&r);
+        return NULL;
+    }
+    gpj_value *doc = gp_nvml_parse_info(r.json ? r.json : "", r.json ? strlen(r.json) : 0, err,
+                                        errcap);
+    gp_info_free(&r);
+    if (doc) {
+        gp_nvml_server_from_doc(doc, &ss->info);
+        ss->answered = 1;
+    }
+    return doc;
+}
+
+/* The GPU view of doc that device d shows: by UUID, else by the server's index. */
+static const gpj_value *view_of(const gpj_value *doc, const struct nvmlDevice_st *d) {
+    if (d->gpu.uuid[0]) return gp_nvml_find_gpu(doc, d->gpu.uuid);
+    const gpj_value *gpus = gpj_get(doc, "gpus");
+    for (size_t i = 0; i < gpj_count(gpus); i++) {
+        int64_t index;
+        if (gpj_i64(gpj_get(gpj_at(gpus, i), "index"), &index) && index == d->gpu.server_index)
+            return gpj_at(gpus, i);
+    }
+    return NULL;
+}
+
+/* Newer values for every device of d's server when d's are older than REFRESH_S. On failure
+ * the last values stay (said at debug level) and the next try waits REFRESH_S again. */
+static void refresh(struct nvmlDevice_st *d) {
+    server_state *ss = &st.servers[d->server];
+    if (now_s() - ss->fetched_at < REFRESH_S) return;
+    char err[512];
+    gpj_value *doc = fetch(d->server, err, sizeof err);
+    if (!doc) {
+        gp_log_debug("nvml: refreshing %s failed (%s); showing the values from before", ss->desc,
+                     err);
+        return;
+    }
+    for (unsigned i = 0; i < st.ndevices; i++) {
+        struct nvmlDevice_st *o = &st.devices[i];
+        if (o->server != d->server) continue;
+        const gpj_value *view = view_of(doc, o);
+        if (view) gp_nvml_live_from_view(doc, view, &o->gpu.live);
+        else gp_log_debug("nvml: %s no longer lists GPU %s", ss->desc, o->gpu.uuid);
+    }
+    gpj_free(doc);
+}
+
+/* ------------------------------------------------------------------------------- init == */
+
+static int add_server(const gp_server_config *srv) {
+    if (st.nservers >= NSERVERS) return -1;
+    server_state *ss = &st.servers[st.nservers];
+    memset(ss, 0, sizeof *ss);
+    ss->srv = srv;
+    gp_server_desc(srv, ss->desc, sizeof ss->desc);
+    return st.nservers++;
+}
+
+static void add_device(int server, const gp_nvml_gpu *g) {
+    if (st.ndevices >= MAX_DEVICES) {
+        gp_log_debug("nvml: more than %d GPUs; GPU %s of %s is left out", MAX_DEVICES, g->uuid,
+                     st.servers[server].desc);
+        return;
+    }
+    struct nvmlDevice_st *d = &st.devices[st.ndevices++];
+    d->server = server;
+    d->gpu = *g;
+}
+
+/* A function of the process's libcuda.so.1, if it is loaded (never loads it), else NULL. The
+ * process may have loaded it with RTLD_LOCAL (ctypes, cudart's dlopen), which RTLD_DEFAULT does
+ * not search: ask the loader for the library itself. */
+static void *libcuda_sym(const char *name) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void *sym = dlsym(lib ? lib : RTLD_DEFAULT, name);
+    if (lib) dlclose(lib); /* the library stays loaded: the program holds it */
+    return sym;
+}
+
+/* This process's lease from our libcuda.so.1, if it is loaded and holds one: 1 with the
+ * parsed JSON in *out (free with gpj_free), else 0. */
+static int lease_of_this_process(gpj_value **out) {
+    void *sym = libcuda_sym("gpupool_shim_lease_json");
+    if (!sym) return 0;
+    int (*lease_json)(char *, size_t);
+    memcpy(&lease_json, &sym, sizeof lease_json); /* object pointer -> function pointer */
+    char buf[8192];
+    int n = lease_json(buf, sizeof buf);
+    if (n <= 0 || (size_t)n >= sizeof buf) return 0;
+    char err[200];
+    gpj_value *lease = gpj_parse(buf, (size_t)n, err, sizeof err);
+    if (!lease) {
+        gp_log_debug("nvml: gpupool_shim_lease_json gave invalid JSON (%s)", err);
+        return 0;
+    }
+    if (!gpj_bool(gpj_get(lease, "connected"), 0)) {
+        gpj_free(lease);
+        return 0;
+    }
+    *out = lease;
+    return 1;
+}
+
+/* The leased GPU's compute capability from libcuda's device snapshot (device 0), which our
+ * libcuda answers locally. */
+static void lease_compute_capability(gp_nvml_gpu *g) {
+    void *sym = libcuda_sym("cuDeviceGetAttribute");
+    if (!sym) return;
+    int (*get_attr)(int *, int, int);
+    memcpy(&get_attr, &sym, sizeof get_attr);
+    int major = -1, minor = -1;
+    /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76 */
+    if (get_attr(&major, 75, 0) == 0 && get_attr(&minor, 76, 0) == 0 && major >= 0 &&
+        minor >= 0) {
+        g->cc_major = major;
+        g->cc_minor = minor;
+    }
+}
+
+/* The configured server a lease's "host:port" names, or a copy of the first server's settings
+ * (token, TLS) aimed at that address. -1 when it cannot be used. */
+static int lease_server(const char *where) {
+    char hp[600];
+    for (int i = 0; i < st.cfg->nservers; i++) {
+        const gp_server_config *srv = &st.cfg->servers[i];
+        gp_server_desc(srv, hp, sizeof hp);
+        if (strcmp(hp, where) == 0) return add_server(srv);
+        snprintf(hp, sizeof hp, "%s:%s", srv->host, srv->port);
+        if (strcmp(hp, where) == 0) return add_server(srv);
+    }
+    gp_server_config *l = &st.lease_srv;
+    if (st.cfg->nservers > 0) *l = st.cfg->servers[0];
+    else memset(l, 0, sizeof *l);
+    const char *colon = strrchr(where, ':');
+    if (!colon || colon == where) return -1;
+    snprintf(l->address, sizeof l->address, "%s", where);
+    size_t hl = (size_t)(colon - where);
+    if (where[0] == '[' && hl >= 2 && where[hl - 1] == ']') /* "[v6]:port" */
+        snprintf(l->host, sizeof l->host, "%.*s", (int)(hl - 2), where + 1);
+    else
+        snprintf(l->host, sizeof l->host, "%.*s", (int)hl, where);
+    snprintf(l->port, sizeof l->port, "%s", colon + 1);
+    return add_server(l);
+}
+
+/* Lease mode: the leased GPU as device 0. */
+static void init_lease(const gpj_value *lease) {
+    const char *where = gpj_string(gpj_get(lease, "server"), "");
+    const char *uuid = gpj_string(gpj_get(lease, "uuid"), "");
+    int s = lease_server(where);
+    if (s < 0) {
+        warn("nvml: this process's GPU lease names server \"%s\", which is not an address; "
+             "NVML shows 0 GPUs",
+             where);
+        return;
+    }
+    st.system_server = s;
+    char err[512];
+    gpj_value *doc = fetch(s, err, sizeof err);
+    const gpj_value *view = doc ? gp_nvml_find_gpu(doc, uuid) : NULL;
+    gp_nvml_gpu g;
+    if (view && gp_nvml_gpu_from_view(doc, view, &g) == 0) {
+        add_device(s, &g);
+    } else {
+        /* The lease itself says which GPU it is; its live values stay unknown for now. */
+        memset(&g, 0, sizeof g);
+        snprintf(g.name, sizeof g.name, "%s", gpj_string(gpj_get(lease, "name"), ""));
+        snprintf(g.uuid, sizeof g.uuid, "%s", uuid);
+        g.simulated = gpj_bool(gpj_get(lease, "simulated"), 0);
+        g.cc_major = g.cc_minor = -1;
+        add_device(s, &g);
+        if (doc) snprintf(err, sizeof err, "it does not list GPU %.100s", uuid);
+        warn("nvml: cannot read the values of this process's GPU from %s (%s); NVML shows the "
+             "GPU without them",
+             st.servers[s].desc, err);
+    }
+    gpj_free(doc);
+    if (st.ndevices == 1 && st.devices[0].gpu.cc_major < 0)
+        lease_compute_capability(&st.devices[0].gpu);
+}
+
+/* Every matching GPU of every configured server that answers. */
+static void init_servers(void) {
+    char why[1024] = "";
+    size_t wl = 0;
+    int answered = 0;
+    for (int i = 0; i < st.cfg->nservers; i++) {
+        int s = add_server(&st.cfg->servers[i]);
+        if (s < 0) break;
+        char err[512];
+        gpj_value *doc = fetch(s, err, sizeof err);
+        if (!doc) {
+            if (wl < sizeof why - 1) {
+                int n = snprintf(why + wl, sizeof why - wl, "%s%s: %s", wl ? "; " : "",
+                                 st.servers[s].desc, err);
+                if (n > 0) wl += (size_t)n < sizeof why - wl ? (size_t)n : sizeof why - wl - 1;
+            }
+            continue;
+        }
+        answered++;
+        if (st.system_server < 0) st.system_server = s;
+        const gpj_value *gpus = gpj_get(doc, "gpus");
+        unsigned matching = 0;
+        for (size_t k = 0; k < gpj_count(gpus); k++) {
+            gp_nvml_gpu g;
+            if (gp_nvml_gpu_from_view(doc, gpj_at(gpus, k), &g) != 0) continue;
+            if (!gp_nvml_gpu_matches(&g, st.cfg->gpu, st.cfg->model, st.cfg->min_memory)) continue;
+            add_device(s, &g);
+            matching++;
+        }
+        gp_log_debug("nvml: %s: %zu GPUs, %u meet the requirements", st.servers[s].desc,
+                     gpj_count(gpus), matching);
+        gpj_free(doc);
+    }
+    if (!answered)
+        warn("nvml: no GPU server answered (%s); NVML shows 0 GPUs (`gpupool doctor` checks "
+             "the setup)",
+             why);
+}
+
+static nvmlReturn_t init_locked(void) {
+    if (st.refcount > 0) {
+        st.refcount++;
+        return NVML_SUCCESS;
+    }
+    memset(&st.servers, 0, sizeof st.servers);
+    st.nservers = 0;
+    st.ndevices = 0;
+    st.system_server = -1;
+    st.cfg = calloc(1, sizeof *st.cfg);
+    if (!st.cfg) return NVML_ERROR_MEMORY;
+    char err[1024];
+    gpj_value *lease = NULL;
+    if (gp_client_config_load(st.cfg, err, sizeof err) != 0) {
+        warn("nvml: %s; NVML shows 0 GPUs", err);
+        st.cfg->nservers = 0;
+    } else if (lease_of_this_process(&lease)) {
+        init_lease(lease);
+        gpj_free(lease);
+    } else if (st.cfg->nservers == 0) {
+        warn("nvml: no GPU server is configured (set GPUPOOL_SERVER, or run `gpupool login URL "
+             "--token TOKEN`); NVML shows 0 GPUs");
+    } else {
+        init_servers();
+    }
+    st.refcount = 1;
+    return NVML_SUCCESS;
+}
+
+/* Which library this is, for `gpupool doctor` (libcuda.so.1 exports the same name). */
+GP_NVML_EXPORT const char *gpupool_shim_version(void) { return GPUPOOL_VERSION; }
+
+GP_NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags; /* NO_GPUS / NO_ATTACH: init never fails for want of GPUs anyway */
+    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
+    nvmlReturn_t r = init_locked();
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+GP_NVML_EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+GP_NVML_EXPORT nvmlReturn_t nvmlShutdown(void) {
+    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
+    nvmlReturn_t r = NVML_SUCCESS;
+    if (st.refcount == 0) {
+        r = NVML_ERROR_UNINITIALIZED;
+    } else if (--st.refcount == 0) {
+        free(st.cfg);
+        st.cfg = NULL;
+        st.ndevices = 0;
+        st.nservers = 0;
+        st.system_server = -1;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+GP_NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+    return gp_nvml_error_string(result);
+}
+
+nvmlReturn_t gp_nvml_unsupported(const char *name) {
+    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
+    int initialised = st.refcount > 0;
+    pthread_mutex_unlock(&lock);
+    gp_log_debug("nvml: %s is not supported by gpupool's NVML", name);
+    return initialised ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_UNINITIALIZED;
+}
+
+/* ------------------------------------------------------------------------ system queries == */
+
+/* Lock and check init; on NVML_SUCCESS the caller holds the lock and must unlock. */
+static nvmlReturn_t enter(void) {
+    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
+    if (st.refcount == 0) {
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    return NVML_SUCCESS;
+}
+
+static void leave(void) { pthread_mutex_unlock(&lock); }
+
+/* The system server's info, or NULL (caller holds the lock). */
+static const gp_nvml_server *system_info(void) {
+    if (st.system_server < 0 || !st.servers[st.system_server].answered) return NULL;
+    return &st.servers[st.system_server].info;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    const gp_nvml_server *s = system_info();
+    if (!version) r = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!s || !s->driver_version[0]) r = NVML_ERROR_NOT_SUPPORTED;
+    else r = gp_nvml_copy_string(s->driver_version, version, length);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    const gp_nvml_server *s = system_info();
+    if (!version) {
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (!s || !s->driver_version[0] || !s->cuda_driver_version) {
+        r = NVML_ERROR_NOT_SUPPORTED;
+    } else {
+        /* NVML's own form: the CUDA major version, then the driver version ("13.580.65.06") */
+        char text[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
+        snprintf(text, sizeof text, "%d.%s", s->cuda_driver_version / 1000, s->driver_version);
+        r = gp_nvml_copy_string(text, version, length);
+    }
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    const gp_nvml_server *s = system_info();
+    if (!cudaDriverVersion) r = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!s || !s->cuda_driver_version) r = NVML_ERROR_NOT_SUPPORTED;
+    else *cudaDriverVersion = s->cuda_driver_version;
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion) {
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    if (!deviceCount) r = NVML_ERROR_INVALID_ARGUMENT;
+    else *deviceCount = st.ndevices;
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) {
+    return nvmlDeviceGetCount_v2(deviceCount);
+}
+
+/* --------------------------------------------------------------------------- handles == */
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
+                                                           nvmlDevice_t *device) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    if (!device || index >= st.ndevices) r = NVML_ERROR_INVALID_ARGUMENT;
+    else *device = &st.devices[index];
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    if (!uuid || !device) {
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    } else {
+        r = NVML_ERROR_NOT_FOUND;
+        for (unsigned i = 0; i < st.ndevices; i++) {
+            if (st.devices[i].gpu.uuid[0] && strcasecmp(st.devices[i].gpu.uuid, uuid) == 0) {
+                *device = &st.devices[i];
+                r = NVML_SUCCESS;
+                break;
+            }
+        }
+    }
+    leave();
+    return r;
+}
+
+/* "domain:bus:device.function" in either width: 0 with the numbers, else -1. */
+static int parse_bus_id(const char *s, unsigned v[4]) {
+    char extra;
+    if (sscanf(s, "%x:%x:%x.%x%c", &v[0], &v[1], &v[2], &v[3], &extra) == 4) return 0;
+    v[3] = 0;
+    if (sscanf(s, "%x:%x:%x%c", &v[0], &v[1], &v[2], &extra) == 3) return 0;
+    return -1;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId,
+                                                              nvmlDevice_t *device) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    unsigned want[4], have[4];
+    if (!pciBusId || !device || parse_bus_id(pciBusId, want) != 0) {
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    } else {
+        r = NVML_ERROR_NOT_FOUND;
+        for (unsigned i = 0; i < st.ndevices; i++) {
+            if (parse_bus_id(st.devices[i].gpu.pci_bus_id, have) == 0 &&
+                memcmp(want, have, sizeof want) == 0) {
+                *device = &st.devices[i];
+                r = NVML_SUCCESS;
+                break;
+            }
+        }
+    }
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId,
+                                                           nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+/* Lock, check init and the handle, refresh its values when `live` and they are stale. On
+ * NVML_SUCCESS the caller holds the lock and must leave(). */
+static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out) {
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS) return r;
+    uintptr_t p = (uintptr_t)device, base = (uintptr_t)st.devices;
+    if (p < base || p >= base + st.ndevices * sizeof st.devices[0] ||
+        (p - base) % sizeof st.devices[0] != 0) {
+        leave();
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *out = &st.devices[(p - base) / sizeof st.devices[0]];
+    if (live) refresh(*out);
+    return NVML_SUCCESS;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    if (!index) r = NVML_ERROR_INVALID_ARGUMENT;
+    else *index = (unsigned)(d - st.devices);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    return nvmlDeviceGetIndex(device, minor);
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name,
+                                              unsigned int length) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_copy_string(d->gpu.name, name, length);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid,
+                                              unsigned int length) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = d->gpu.uuid[0] ? gp_nvml_copy_string(d->gpu.uuid, uuid, length) : NVML_ERROR_NOT_SUPPORTED;
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial,
+                                                unsigned int length) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = serial ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    (void)length;
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    if (!type) r = NVML_ERROR_INVALID_ARGUMENT;
+    else *type = gp_nvml_brand(d->gpu.name);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+                                                               int *minor) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    if (!major || !minor) {
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (d->gpu.cc_major < 0) {
+        r = NVML_ERROR_NOT_SUPPORTED;
+    } else {
+        *major = d->gpu.cc_major;
+        *minor = d->gpu.cc_minor;
+    }
+    leave();
+    return r;
+}
+
+static nvmlReturn_t pci(nvmlDevice_t device, void *p, int version) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_pci_info(&d->gpu, p, version);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *p) {
+    return pci(device, p, 3);
+}
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_v2_t *p) {
+    return pci(device, p, 2);
+}
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_v2_t *p) {
+    return pci(device, p, 1);
+}
+
+/* ----------------------------------------------------------------------- live values == */
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_memory(&d->gpu, memory);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
+                                                       nvmlMemory_v2_t *memory) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_memory_v2(&d->gpu, memory);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                          nvmlUtilization_t *utilization) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_utilization(&d->gpu, utilization);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
+                                                     nvmlTemperatureSensors_t sensor,
+                                                     unsigned int *temp) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_temperature(&d->gpu, (int)sensor, temp);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_power_usage(&d->gpu, power);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device,
+                                                            unsigned int *limit) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_power_limit(&d->gpu, limit);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device,
+                                                              unsigned int *limit) {
+    return nvmlDeviceGetEnforcedPowerLimit(device, limit);
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
+                                                                unsigned long long *energy) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_energy(&d->gpu, energy);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                                   unsigned int *clock) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_clock(&d->gpu, (int)type, 0, clock);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                                      unsigned int *clock) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_clock(&d->gpu, (int)type, 1, clock);
+    leave();
+    return r;
+}
+
+static nvmlReturn_t compute_procs(nvmlDevice_t device, unsigned *count, void *infos,
+                                  int version) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 1, &d);
+    if (r != NVML_SUCCESS) return r;
+    r = gp_nvml_processes(&d->gpu, count, infos, version);
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                    unsigned int *infoCount,
+                                                                    nvmlProcessInfo_t *infos) {
+    return compute_procs(device, infoCount, infos, 3);
+}
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                                    unsigned int *infoCount,
+                                                                    nvmlProcessInfo_t *infos) {
+    return compute_procs(device, infoCount, infos, 2);
+}
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                                 unsigned int *infoCount,
+                                                                 nvmlProcessInfo_v1_t *infos) {
+    return compute_procs(device, infoCount, infos, 1);
+}
+
+/* No graphics contexts run on gpupool's GPUs for clients. */
+static nvmlReturn_t no_procs(nvmlDevice_t device, unsigned *count) {
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = enter_device(device, 0, &d);
+    if (r != NVML_SUCCESS) return r;
+    if (!count) r = NVML_ERROR_INVALID_ARGUMENT;
+    else *count = 0;
+    leave();
+    return r;
+}
+
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                                     unsigned int *infoCount,
+                                                                     nvmlProcessInfo_t *infos) {
+    (void)infos;
+    return no_procs(device, infoCount);
+}
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
+                                                                     unsigned int *infoCount,
+                                                                     nvmlProcessInfo_t *infos) {
+    (void)infos;
+    return no_procs(device, infoCount);
+}
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device,
+                                                                  unsigned int *infoCount,
+                                                                  nvmlProcessInfo_v1_t *infos) {
+    (void)infos;
+    return no_procs(device, infoCount);
+}

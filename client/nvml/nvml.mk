@@ -1,0 +1,40 @@
+# The NVML shim: our libnvidia-ml.so.1 (client/nvml/, docs/dev/issue5-contracts.md section 6).
+#   $(BUILD)/client/libnvidia-ml.so.1   client/nvml/*.c (not the test_*.c), the generated stubs
+#                                       (client/nvml/generated/, from gen_stubs.py), the client
+#                                       units it shares with libcuda.so.1 (configuration, the
+#                                       info request, TCP/TLS, log) and the generated protocol
+#                                       code; soname libnvidia-ml.so.1
+#   $(BUILD)/client/libnvidia-ml.so     symlink, for programs that link with -lnvidia-ml
+# It sits next to libcuda.so.1, so LD_LIBRARY_PATH=$(BUILD)/client (what `gpupool run` sets)
+# finds both. The SAN=1 build needs libasan preloaded in uninstrumented programs, as libcuda's.
+
+NVML_SRCS := $(sort $(filter-out client/nvml/test_%.c,$(wildcard client/nvml/*.c)) \
+               $(wildcard client/nvml/generated/*.c))
+# Shared with libcuda.so.1; none of them refers to libcuda's own state.
+NVML_SHIM_SRCS := client/shim/client_config.c client/shim/requirements.c \
+                  client/shim/info_client.c client/shim/net.c client/shim/tls.c \
+                  client/shim/log.c client/shim/sha256.c
+NVML_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(NVML_SRCS) $(NVML_SHIM_SRCS))
+NVML_LIB  := $(BUILD)/client/libnvidia-ml.so.1
+
+# client/nvml's sources include the shared client headers of client/shim.
+EXTRA_CFLAGS_client_nvml_ := -I$(CURDIR)/client/shim -DGPUPOOL_VERSION='"$(GPUPOOL_VERSION)"'
+EXTRA_CFLAGS_client_nvml_generated_ := -I$(CURDIR)/client/shim
+
+# -z defs: every symbol resolves inside the library or its listed dependencies (not with the
+# sanitizers, whose runtimes are resolved at load time).
+ifeq ($(SAN),1)
+NVML_LDFLAGS :=
+else
+NVML_LDFLAGS := -Wl,-z,defs
+endif
+
+ALL_TARGETS += $(NVML_LIB) $(BUILD)/client/libnvidia-ml.so
+
+$(NVML_LIB): $(NVML_OBJS) $(PROTO_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -shared -Wl,-soname,libnvidia-ml.so.1 $(NVML_LDFLAGS) -o $@ $^ \
+		-lpthread -ldl -lm
+
+$(BUILD)/client/libnvidia-ml.so: $(NVML_LIB)
+	ln -sf libnvidia-ml.so.1 $@

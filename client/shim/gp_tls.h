@@ -1,0 +1,30 @@
+/*
+ * gp_tls.h: TLS on a connection to gpupool (tls.c; docs/protocol.md "TLS"). OpenSSL 3 is loaded
+ * at run time. One session may be used by two threads at once (each call locks it). Errors fill
+ * err with the one-line reason. Shared by libcuda.so.1 and libnvidia-ml.so.1 (no shim state).
+ */
+#ifndef GP_TLS_H
+#define GP_TLS_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "client_config.h"
+
+typedef struct gp_tls gp_tls;
+/* Load OpenSSL (once) and make the TLS context for srv's tls_ca / tls_cert / tls_key (once per
+ * distinct set of files; contexts are kept for the process's life). 0, or -1 with err filled. */
+int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap);
+/* A TLS session on connected socket fd with srv (certificate checked against srv->host), made
+ * with srv's context (gp_tls_setup first). read_ahead: only for the last session on the socket.
+ * NULL with err filled on failure. */
+gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,
+                       char *err, size_t cap);
+ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap);
+int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap);
+int gp_tls_pending(gp_tls *s);                       /* bytes OpenSSL holds that poll() misses */
+void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms);
+int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap); /* close_notify both ways */
+void gp_tls_free(gp_tls *s);
+
+#endif /* GP_TLS_H */

@@ -1,0 +1,33 @@
+/*
+ * info_client.h: the `info` request in C (info_client.c; docs/protocol.md, message 6): what a
+ * server has, without taking a GPU. Used by server selection in libcuda.so.1 (connect.c) and by
+ * the NVML shim. Self-contained (net.c, tls.c, log.c, client_config.c, the generated protocol
+ * code): no shim state.
+ */
+#ifndef GP_INFO_CLIENT_H
+#define GP_INFO_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client_config.h"
+
+typedef struct gp_info_result {
+    int32_t result;               /* 0 or a GP_E* code (refused: message says why) */
+    char message[4096];
+    uint16_t major, minor;        /* the server's protocol version */
+    char server[256];
+    uint32_t gpus, matching, free_matching, queue;
+    char *json;                   /* malloc'd, NUL-terminated ("" on refusal); gp_info_free */
+} gp_info_result;
+
+/* Connect (TLS per srv), send info with cfg's requirements, read the reply. 0 when the server
+ * answered (out->result may be nonzero), -1 when it could not be reached or spoke garbage (err
+ * says why: "connection refused", "timed out after 2 s", "TLS: certificate verify failed",
+ * "server speaks protocol 1.0 ..."). timeout_s bounds the whole exchange (<= 0: no limit).
+ * On -1 out holds nothing to free (gp_info_free is harmless). Thread-safe. */
+int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, double timeout_s,
+                  gp_info_result *out, char *err, size_t errcap);
+void gp_info_free(gp_info_result *r);
+
+#endif /* GP_INFO_CLIENT_H */

@@ -1,0 +1,172 @@
+/*
+ * net.c: TCP connections to gpupool servers and exact reads/writes during a handshake, plain or
+ * through a TLS session (net.h). Shared by libcuda.so.1 and libnvidia-ml.so.1: no shim state.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "net.h"
+
+int gp_timeout_ms(double timeout_s) {
+    if (!(timeout_s > 0)) return -1;
+    if (timeout_s > 2000000.0) return 2000000000; /* ~23 days: as good as forever */
+    int ms = (int)(timeout_s * 1000);
+    return ms > 0 ? ms : 1;
+}
+
+int gp_split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap) {
+    const char *colon;
+    if (!strchr(s, ':') && s[0] != '[') {
+        if (strlen(s) >= hcap || !*s) return -1;
+        strcpy(host, s);
+        snprintf(port, pcap, "%s", GP_DEFAULT_PORT);
+        return 0;
+    }
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':') return -1;
+        if ((size_t)(close - s - 1) >= hcap) return -1;
+        memcpy(host, s + 1, (size_t)(close - s - 1));
+        host[close - s - 1] = 0;
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || (size_t)(colon - s) >= hcap) return -1;
+        memcpy(host, s, (size_t)(colon - s));
+        host[colon - s] = 0;
+    }
+    if (!colon[1] || strlen(colon + 1) >= pcap) return -1;
+    for (const char *p = colon + 1; *p; p++)
+        if (*p < '0' || *p > '9') return -1;
+    strcpy(port, colon + 1);
+    return host[0] ? 0 : -1;
+}
+
+static void set_keepalive(int fd) {
+    int one = 1, idle = 10, intvl = 5, cnt = 3;
+    /* Best effort: a socket without these options still works, only less promptly. */
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    /* No TCP_USER_TIMEOUT: a worker busy in a long synchronous call legitimately lets its
+     * receive window fill up, and that must not end the session. */
+}
+
+int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *err,
+                   size_t ecap) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int g = getaddrinfo(host, port, &hints, &res);
+    if (g != 0) {
+        snprintf(err, ecap, "%s", g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
+        return -1;
+    }
+    int fd = -1;
+    snprintf(err, ecap, "no address");
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            snprintf(err, ecap, "%s", strerror(errno));
+            continue;
+        }
+        int fl = fcntl(fd, F_GETFL);
+        int rc = fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        if (rc == 0) rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int pr;
+            do pr = poll(&p, 1, gp_timeout_ms(timeout_s));
+            while (pr < 0 && errno == EINTR);
+            if (pr == 0) {
+                errno = ETIMEDOUT;
+                rc = -1;
+            } else if (pr < 0) {
+                rc = -1; /* poll itself failed: errno says why; the socket is not connected */
+            } else {
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0) soerr = errno;
+                errno = soerr;
+                rc = soerr ? -1 : 0;
+            }
+        }
+        if (rc == 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0) {
+            set_keepalive(fd);
+            break;
+        }
+        snprintf(err, ecap, "%s", errno == ETIMEDOUT ? "timed out" : strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static int write_all_fd(int fd, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_all_fd(int fd, uint8_t *p, size_t n, int timeout_ms) {
+    while (n > 0) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pf, 1, timeout_ms);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr == 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        if (pr < 0) return -1;
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) errno = ECONNRESET;
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+int gp_link_write(gp_link *l, const void *p, size_t n) {
+    if (!l->tls) return write_all_fd(l->fd, p, n);
+    if (gp_tls_write(l->tls, p, n, l->err, sizeof l->err) == 0) return 0;
+    errno = EPROTO;
+    return -1;
+}
+
+int gp_link_read(gp_link *l, void *buf, size_t n, int timeout_ms) {
+    uint8_t *p = buf;
+    if (!l->tls) return read_all_fd(l->fd, p, n, timeout_ms);
+    while (n > 0) {
+        ssize_t r = gp_tls_read(l->tls, p, n, timeout_ms, l->err, sizeof l->err);
+        if (r == 0) errno = ECONNRESET;
+        if (r <= 0) {
+            if (r < 0 && errno != ETIMEDOUT) errno = EPROTO;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+const char *gp_link_error(gp_link *l, int err) {
+    if (err == ECONNRESET) return "connection closed";
+    return err == EPROTO && l->tls ? l->err : strerror(err);
+}

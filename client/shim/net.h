@@ -1,0 +1,41 @@
+/*
+ * net.h: TCP connections to gpupool servers and frame I/O during a handshake (net.c), used by
+ * connect.c (hello) and info_client.c (info). Shared by libcuda.so.1 and libnvidia-ml.so.1 (no
+ * shim state).
+ */
+#ifndef GP_NET_H
+#define GP_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gp_tls.h"
+
+/* Split "host:port" / "[v6]:port"; a bare host name (no colon at all) means gpupoold's default
+ * port (GP_DEFAULT_PORT). 0, or -1 when it is not an address. */
+int gp_split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap);
+
+/* Connect with a timeout (seconds; <= 0: the system's), then TCP_NODELAY and keepalive with
+ * short probes. The fd (blocking, close-on-exec), or -1 with err filled ("Connection refused",
+ * "timed out", a resolver error). */
+int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *err, size_t ecap);
+
+/* A connection during a handshake: the socket, and the TLS session on it (or NULL). */
+typedef struct gp_link {
+    int fd;
+    gp_tls *tls;
+    char err[300]; /* the TLS layer's last error */
+} gp_link;
+
+/* Write all of it: 0, or -1 (errno; EPROTO: TLS, text in l->err). */
+int gp_link_write(gp_link *l, const void *p, size_t n);
+/* Read exactly n bytes, waiting at most timeout_ms for each chunk (-1: forever): 0, or -1 with
+ * errno (ETIMEDOUT, ECONNRESET for end of stream, EPROTO for a TLS error: text in l->err). */
+int gp_link_read(gp_link *l, void *p, size_t n, int timeout_ms);
+/* The text for errno value err after a failed gp_link_read/gp_link_write. */
+const char *gp_link_error(gp_link *l, int err);
+
+/* Milliseconds for a poll() from seconds (<= 0: -1, no limit). */
+int gp_timeout_ms(double timeout_s);
+
+#endif /* GP_NET_H */

@@ -1,0 +1,344 @@
+"""End to end: server selection in the client shim (client/shim/connect.c;
+docs/dev/issue5-contracts.md section 5) with two real gpupoold on simulated GPUs, each knowing
+only its own token, and a configuration file with both as [[servers]] entries (per-server
+tokens): a busy first server sends the program to the second; a server that is down is skipped
+with one warning line; with both free the first in list order wins; a server that refuses the
+token is skipped. Also the shim's exports for the NVML shim and `gpupool doctor`
+(gpupool_shim_version, gpupool_shim_lease_json).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, GpupoolServer, run_client
+from test_e2e_leases import (  # noqa: F401  (hold_gpu is a fixture)
+    ended_leases, facts, hold_gpu, start_client, wait_until)
+from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
+
+MIB = 1 << 20
+
+
+def two_daemons(start_daemon: Any, native_build: Path) -> tuple[GpupoolServer, GpupoolServer]:
+    """Two daemons on one simulated GPU each, each with a token only it knows (.sel_token)."""
+    servers = []
+    for name in ("a", "b"):
+        server = start_daemon(build_dir=native_build)
+        server.sel_token = server.create_token(f"selection-{name}")  # type: ignore[attr-defined]
+        servers.append(server)
+    return servers[0], servers[1]
+
+
+def write_config(path: Path, entries: list[tuple[str, str]]) -> Path:
+    text = "# two servers, each with its own token\n"
+    for address, token in entries:
+        text += f'[[servers]]\naddress = "{address}"\ntoken = "{token}"\n\n'
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def selection_env(server: GpupoolServer, config: Path,
+                  extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A client environment (our libcuda.so.1, the sanitizer runtime when needed) whose servers
+    and tokens come from the configuration file only."""
+    env = server.client_env()
+    for key in [k for k in env if k.startswith("GPUPOOL_")]:
+        env.pop(key)
+    env["GPUPOOL_CONFIG"] = str(config)
+    env.update(extra or {})
+    return env
+
+
+def token_names(server: GpupoolServer) -> list[str]:
+    return [lease["token_name"] for lease in ended_leases(server)]
+
+
+def expect_leases(server: GpupoolServer, names: list[str]) -> None:
+    """The ended leases of server are by these token names (their records may come a moment
+    after the client exits)."""
+    try:
+        wait_until(f"ended leases {names}", lambda: token_names(server) == names, timeout=10)
+    except AssertionError:
+        assert token_names(server) == names
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpupool_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("gpupool: ")]
+
+
+def test_busy_first_server_sends_the_program_to_the_second(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    a, b = two_daemons(start_daemon, native_build)
+    config = write_config(tmp_path / "config.toml",
+                          [(a.address, a.sel_token), (b.address, b.sel_token)])  # type: ignore[attr-defined]
+    holder = start_client(a, hold_gpu, MIB, 60_000, seed=1)  # a's own test token
+    try:
+        wait_until("a's GPU is taken",
+                   lambda: a.get_json("/api/v1/leases?state=active")["leases"])
+        proc = run_client([hold_gpu, MIB, 0, 2], env=selection_env(a, config,
+                                                                    {"GPUPOOL_LOG": "debug"}))
+        assert proc.returncode == 0, proc.stderr
+        assert facts(proc.stdout)["exact"] == "1", proc.stdout
+        # It ran on b, with b's token; a saw only its probe.
+        expect_leases(b, ["selection-b"])
+        assert len(a.get_json("/api/v1/leases?state=active")["leases"]) == 1
+        log = proc.stderr
+        assert re.search(rf"probe {re.escape(a.address)} .*: 1 GPUs, 1 matching .*, 0 free, "
+                         r"queue 0", log), log
+        assert re.search(rf"probe {re.escape(b.address)} .*: 1 GPUs, 1 matching .*, 1 free", log), log
+        assert f"chose server {b.address} (a matching GPU is free" in log, log
+        assert "skipped" not in log, log
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert "selection-a" not in token_names(a)
+
+
+def test_both_free_the_first_in_list_order_wins(start_daemon: Any, native_build: Path,
+                                                hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    a, b = two_daemons(start_daemon, native_build)
+    config = write_config(tmp_path / "ab.toml",
+                          [(a.address, a.sel_token), (b.address, b.sel_token)])  # type: ignore[attr-defined]
+    proc = run_client([hold_gpu, MIB, 0, 3], env=selection_env(a, config))
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [], proc.stderr  # a good choice says nothing
+    expect_leases(a, ["selection-a"])
+    expect_leases(b, [])
+
+    config = write_config(tmp_path / "ba.toml",
+                          [(b.address, b.sel_token), (a.address, a.sel_token)])  # type: ignore[attr-defined]
+    proc = run_client([hold_gpu, MIB, 0, 4], env=selection_env(a, config))
+    assert proc.returncode == 0, proc.stderr
+    expect_leases(b, ["selection-b"])
+    expect_leases(a, ["selection-a"])
+
+
+def test_server_down_is_skipped_with_one_warning(start_daemon: Any, native_build: Path,
+                                                 hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    a, b = two_daemons(start_daemon, native_build)
+    down = f"127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "config.toml",
+                          [(down, a.sel_token), (b.address, b.sel_token)])  # type: ignore[attr-defined]
+    proc = run_client([hold_gpu, MIB, 0, 5], env=selection_env(b, config))
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [f"gpupool: server {down} skipped: connection refused"]
+    expect_leases(b, ["selection-b"])
+
+    # A real daemon that stopped: the same.
+    a.stop()
+    config = write_config(tmp_path / "stopped.toml",
+                          [(a.address, a.sel_token), (b.address, b.sel_token)])  # type: ignore[attr-defined]
+    proc = run_client([hold_gpu, MIB, 0, 6], env=selection_env(b, config))
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [f"gpupool: server {a.address} skipped: "
+                                          "connection refused"]
+    expect_leases(b, ["selection-b"] * 2)
+
+    # Both down: one error line naming each server and why; cuInit fails.
+    b.stop()
+    proc = run_client([hold_gpu, MIB, 0, 7], env=selection_env(b, config))
+    assert proc.returncode != 0
+    errors = [x for x in gpupool_lines(proc.stderr) if not x.startswith("gpupool: server ")]
+    assert len(errors) == 1, proc.stderr
+    assert (f"cannot use any gpupool server ({a.address}: connection refused; {b.address}: "
+            "connection refused)") in errors[0], proc.stderr
+
+
+def test_tokens_are_per_server(start_daemon: Any, native_build: Path, hold_gpu: Path,  # noqa: F811
+                               tmp_path: Path) -> None:
+    """Each daemon knows only its own token: the file's per-server tokens reach the right one,
+    and a server that refuses its token is skipped with the reason."""
+    a, b = two_daemons(start_daemon, native_build)
+    # b's token for a: a refuses it in the probe.
+    config = write_config(tmp_path / "config.toml",
+                          [(a.address, b.sel_token), (b.address, b.sel_token)])  # type: ignore[attr-defined]
+    proc = run_client([hold_gpu, MIB, 0, 8], env=selection_env(a, config))
+    assert proc.returncode == 0, proc.stderr
+    lines = gpupool_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"gpupool: server {a.address} skipped: "), \
+        proc.stderr
+    assert "token" in lines[0], lines[0]
+    expect_leases(b, ["selection-b"])
+    expect_leases(a, [])
+
+    # GPUPOOL_TOKEN overrides every server's token: a's token is then wrong for b.
+    config = write_config(tmp_path / "config2.toml",
+                          [(b.address, b.sel_token), (a.address, a.sel_token)])  # type: ignore[attr-defined]
+    proc = run_client([hold_gpu, MIB, 0, 9],
+                      env=selection_env(a, config, {"GPUPOOL_TOKEN": a.sel_token}))  # type: ignore[attr-defined]
+    assert proc.returncode == 0, proc.stderr
+    expect_leases(a, ["selection-a"])
+    expect_leases(b, ["selection-b"])
+    assert [x for x in gpupool_lines(proc.stderr) if f"server {b.address} skipped" in x], \
+        proc.stderr
+
+    # GPUPOOL_SERVER picks one entry of the file: it keeps that entry's token.
+    proc = run_client([hold_gpu, MIB, 0, 10],
+                      env=selection_env(a, config, {"GPUPOOL_SERVER": b.address}))
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [], proc.stderr
+    expect_leases(b, ["selection-b"] * 2)
+
+
+LEASE_PROBE = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.gpupool_shim_version.restype = ctypes.c_char_p
+lib.gpupool_shim_lease_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+def lease():
+    buf = ctypes.create_string_buffer(4096)
+    n = lib.gpupool_shim_lease_json(buf, len(buf))
+    assert n == len(buf.value), (n, buf.value)
+    small = ctypes.create_string_buffer(8)  # like snprintf: the length it needs, cut to fit
+    assert lib.gpupool_shim_lease_json(small, 8) == n and len(small.value) == 7
+    return json.loads(buf.value)
+before = lease()
+rc = lib.cuInit(0)
+print(json.dumps({"version": lib.gpupool_shim_version().decode(), "before": before,
+                  "cuInit": rc, "after": lease()}))
+"""
+
+
+def test_shim_exports_version_and_lease(start_daemon: Any, native_build: Path,
+                                        tmp_path: Path) -> None:
+    a, b = two_daemons(start_daemon, native_build)
+    config = write_config(tmp_path / "config.toml",
+                          [(a.address, a.sel_token), (b.address, b.sel_token)])  # type: ignore[attr-defined]
+    shim = native_build / "client" / "libcuda.so.1"
+    proc = run_client([sys.executable, "-c", LEASE_PROBE, shim], env=selection_env(a, config))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    version = re.search(r'__version__ = "(.*)"',
+                        (REPO / "client" / "gpupool" / "__init__.py").read_text())
+    assert version and out["version"] == version.group(1)
+    assert out["before"] == {"connected": False}
+    assert out["cuInit"] == 0
+    (lease,) = wait_until("a's lease", lambda: ended_leases(a) or a.get_json(
+        "/api/v1/leases?state=active")["leases"])
+    (gpu,) = a.get_json("/api/v1/gpus")["gpus"]
+    assert out["after"] == {"connected": True, "server": a.address, "uuid": gpu["uuid"],
+                            "name": gpu["name"], "session_id": lease["id"], "simulated": True}
+
+
+def test_no_server_configured_says_how_to_configure(native_build: Path, hold_gpu: Path,  # noqa: F811
+                                                    tmp_path: Path,
+                                                    gpupool_server: GpupoolServer) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('token = "gpt_x"\n')
+    config.chmod(0o600)
+    proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(gpupool_server, config))
+    assert proc.returncode != 0
+    lines = gpupool_lines(proc.stderr)
+    assert len(lines) == 1 and f"GPUPOOL_SERVER is not set and {config} names no server" \
+        in lines[0], proc.stderr
+
+    config.write_text('token = "gpt_x"\n[servers]\n')
+    proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(gpupool_server, config))
+    assert proc.returncode != 0
+    assert gpupool_lines(proc.stderr) == [
+        f"gpupool: {config}:2: [servers] is not supported: write [[servers]] before each "
+        "server's address = \"...\" (or servers = [\"a:7070\", \"b:7070\"] at the top)"], \
+        proc.stderr
+
+
+@pytest.mark.parametrize("short_form", [False, True])
+def test_environment_server_list_still_works(gpupool_server: GpupoolServer, hold_gpu: Path,  # noqa: F811
+                                             tmp_path: Path, short_form: bool) -> None:
+    """GPUPOOL_SERVER + GPUPOOL_TOKEN (as `gpupool run` and the tests set them) replace the
+    file's list and token; with the short form the file's list is used."""
+    server = gpupool_server
+    config = tmp_path / "config.toml"
+    if short_form:
+        config.write_text(f'servers = ["{server.address}"]\ntoken = "{server.token}"\n')
+        env = selection_env(server, config)
+    else:
+        config.write_text('servers = ["127.0.0.1:1"]\ntoken = "wrong"\n')
+        env = selection_env(server, config, {"GPUPOOL_SERVER": server.address,
+                                             "GPUPOOL_TOKEN": server.token})
+    config.chmod(0o600)
+    proc = run_client([hold_gpu, MIB, 0, 1], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [], proc.stderr
+
+
+def test_probe_of_a_silent_server_times_out(start_daemon: Any, native_build: Path,
+                                            hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A server that accepts but never answers costs probe_timeout, then it is skipped."""
+    b = start_daemon(build_dir=native_build)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        address = "127.0.0.1:%d" % silent.getsockname()[1]
+        config = tmp_path / "config.toml"
+        config.write_text(f'probe_timeout = 0.5\nservers = ["{address}", "{b.address}"]\n'
+                          f'token = "{b.token}"\n')
+        config.chmod(0o600)
+        proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(b, config), timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [f"gpupool: server {address} skipped: timed out after "
+                                          "0.5 s"], proc.stderr
+
+
+def test_bad_requirement_from_the_file_refuses_before_connecting(
+        gpupool_server: GpupoolServer, hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    config = tmp_path / "config.toml"
+    config.write_text(f'servers = ["{gpupool_server.address}"]\n[requirements]\n'
+                      'min_memory = "lots"\n')
+    proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(gpupool_server, config))
+    assert proc.returncode != 0
+    assert gpupool_lines(proc.stderr) == [
+        f'gpupool: {config}:3: min_memory = "lots" is not a size: write bytes or a number with '
+        "a unit, e.g. 40G or 40GB (40*10^9 bytes), 40GiB (40*2^30), 512M, 17179869184"], \
+        proc.stderr
+    assert ended_leases(gpupool_server) == []
+
+
+def test_tls_settings_are_per_server(start_daemon: Any, native_build: Path, hold_gpu: Path,  # noqa: F811
+                                     pki: Pki, tmp_path: Path) -> None:  # noqa: F811
+    """A mutual-TLS daemon and a plain one in one file: the TLS files of the first entry
+    (relative to the file's folder) are used for its probe and its session, and not for the
+    second; without its client certificate the first is skipped with the TLS reason."""
+    secure = tls_daemon(start_daemon, native_build, pki, tmp_path, client_ca=True)
+    secure_token = secure.create_token("selection-tls")
+    plain = start_daemon(build_dir=native_build)
+    plain_token = plain.create_token("selection-plain")
+    folder = tmp_path / "client"
+    (folder / "pki").mkdir(parents=True)
+    for f in (pki.ca, pki.client_cert, pki.client_key):
+        shutil.copy(f, folder / "pki" / f.name)
+
+    def config(with_cert: bool) -> Path:
+        cert = ('tls_cert = "pki/client.pem"\ntls_key = "pki/client.key"\n' if with_cert
+                else "")
+        path = folder / "config.toml"
+        path.write_text(f'[[servers]]\naddress = "tls://localhost:{secure.port}"\n'
+                        f'token = "{secure_token}"\ntls_ca = "pki/ca.pem"\n{cert}\n'
+                        f'[[servers]]\naddress = "{plain.address}"\ntoken = "{plain_token}"\n')
+        path.chmod(0o600)
+        return path
+
+    proc = run_client([hold_gpu, MIB, 0, 11], env=selection_env(plain, config(True)))
+    assert proc.returncode == 0 and facts(proc.stdout)["exact"] == "1", proc.stderr
+    assert gpupool_lines(proc.stderr) == [], proc.stderr
+    expect_leases(secure, ["selection-tls"])
+    expect_leases(plain, [])
+
+    proc = run_client([hold_gpu, MIB, 0, 12], env=selection_env(plain, config(False)))
+    assert proc.returncode == 0, proc.stderr
+    lines = gpupool_lines(proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"gpupool: server localhost:{secure.port} skipped: TLS"), lines
+    assert "client certificate" in lines[0], lines
+    expect_leases(plain, ["selection-plain"])
