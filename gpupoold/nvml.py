@@ -21,8 +21,10 @@ error such as "GPU is lost" is itself the finding.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -233,6 +235,19 @@ class Nvml:
                 log.info("NVML unavailable: %s", reason)
                 self._last_reason = reason
             raise NvmlUnavailable(reason) from None
+        lib = getattr(self._nv, "nvmlLib", None)  # pynvml's ctypes handle of the library
+        if lib is not None and hasattr(lib, "gpupool_shim_version"):
+            # gpupool's CLIENT NVML library (the client package's lib folder is on this
+            # process's LD_LIBRARY_PATH): it would describe the pool, not this machine's GPUs.
+            with contextlib.suppress(Exception):
+                self._nv.nvmlShutdown()
+            reason = ("the libnvidia-ml.so.1 loaded is gpupool's client NVML library, not the "
+                      "NVIDIA driver's: remove the gpupool client's lib folder from gpupoold's "
+                      f"LD_LIBRARY_PATH ({os.environ.get('LD_LIBRARY_PATH', '')})")
+            if reason != self._last_reason:
+                log.error("NVML unavailable: %s", reason)
+                self._last_reason = reason
+            raise NvmlUnavailable(reason)
         self._initialized = True
         self._last_reason = None
         return self._nv

@@ -143,3 +143,19 @@ def test_missing_shims_are_reported(root: Path, tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert f"libnvidia-ml.so.1 not in {tmp_path}: reinstall the gpupool package" in proc.stderr
     assert not (root / LIB_DIR).exists()
+
+
+def test_install_refuses_libraries_that_are_not_gpupool_s(tmp_path: Path, root: Path) -> None:
+    """What is installed for every program must be ours: a GPUPOOL_SHIM_DIR holding other
+    libraries under our names is refused, and nothing is written."""
+    require(shutil.which("gcc"), "needs gcc")
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    src = tmp_path / "fake.c"
+    src.write_text(FAKE_DRIVER)
+    for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shims / name), str(src)], check=True)
+    proc = gpupool(shims, "install", "--system", "--root", str(root))
+    assert proc.returncode == 1
+    assert "not gpupool's libraries" in proc.stderr and str(shims / "libcuda.so.1") in proc.stderr
+    assert not (root / LIB_DIR).exists() and not (root / "etc" / "ld.so.conf.d").exists()

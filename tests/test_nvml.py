@@ -258,3 +258,25 @@ def test_real_pynvml_without_driver_says_why() -> None:
     nvml = Nvml()  # the real nvidia-ml-py binding
     reason = nvml.available()
     assert reason is not None and "libnvidia-ml.so.1 not found" in reason
+
+
+def test_gpupool_client_nvml_library_is_refused() -> None:
+    """A daemon whose LD_LIBRARY_PATH holds the client's lib folder would load our own NVML
+    shim through pynvml; that is refused with a reason that says what to fix."""
+    class ClientLib:
+        def gpupool_shim_version(self) -> bytes:
+            return b"0.1.0"
+
+    class Module:
+        nvmlLib = ClientLib()
+        shut = 0
+
+        def nvmlInit(self) -> None:
+            pass
+
+        def nvmlShutdown(self) -> None:
+            Module.shut += 1
+
+    why = Nvml(Module()).available()
+    assert why is not None and "gpupool's client NVML library" in why
+    assert "LD_LIBRARY_PATH" in why and Module.shut == 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -374,3 +375,196 @@ def test_torch_nvml_use(gpupool_server: GpupoolServer) -> None:
     assert got["util"] == 0  # the free simulated GPU: nothing ran on it yet
     assert got["before"] == "GPU:0\nno processes are running", got["before"]
     assert f"process {got['pid']:>10d} uses" in got["after"], got["after"]
+
+
+def test_nvitop_shows_the_pool_gpu(gpupool_server: GpupoolServer) -> None:
+    """nvitop (a real NVML monitoring tool, unmodified) draws the simulated GPU from our NVML
+    library: its name, bus id and memory size as the server's API gives them."""
+    nvitop = Path(sys.executable).parent / "nvitop"
+    require(nvitop.exists(), f"needs nvitop next to {sys.executable} (pip install nvitop)")
+    gpu = gpupool_server.get_json("/api/v1/gpus")["gpus"][0]
+    proc = run_client([nvitop, "--once"], env=gpupool_server.client_env({"COLUMNS": "100"}),
+                      timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "NVITOP" in out and "CUDA Driver Version: 13.0" in out, out
+    assert gpu["pci_bus_id"] in out, out
+    assert f"{gpu['memory_total'] / 2**30:.2f}GiB" in out, out  # "80.00GiB"
+    assert "simulated)" in out, out  # the end of the name, as nvitop shortens it
+
+
+# ------------------------------------------------------------------ a server that goes quiet
+# A client that read its GPU once, then (after the test stopped the server and left a listener
+# on its port that never answers) reads it again from several threads.
+GOES_QUIET = """
+    import json, sys, threading, time, pynvml as n
+
+    def memory(h):
+        start = time.monotonic()
+        try:
+            m = n.nvmlDeviceGetMemoryInfo(h)
+            value = [m.total, m.used, m.free]
+        except n.NVMLError as e:
+            value = type(e).__name__
+        return value, time.monotonic() - start
+
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    first = memory(h)[0]
+    print(json.dumps({"first": first}), flush=True)
+    sys.stdin.readline()  # the server is gone now; its port takes connections and says nothing
+    time.sleep(1.2)  # the values are due for a refresh
+    t0 = time.monotonic()
+    fetching = {}
+    t = threading.Thread(target=lambda: fetching.update(r=memory(h)))
+    t.start()  # this query finds the values due and asks the silent server
+    time.sleep(0.3)
+    during = [memory(h) for _ in range(20)]  # meanwhile: the cached values, at once
+    name = n.nvmlDeviceGetName(h)
+    t.join()
+    after = [memory(h) for _ in range(20)]  # after the failure: no new try for a while
+    total = time.monotonic() - t0
+    n.nvmlShutdown()
+    print(json.dumps({"first": first, "fetching": fetching["r"], "during": during,
+                      "after": after, "total": total, "name": name}))
+"""
+
+
+@pytest.mark.san
+def test_a_silent_server_does_not_stall_queries(gpupool_server: GpupoolServer) -> None:
+    """Refreshes run without the lock, one at a time, and back off after a failure: with the
+    server gone quiet, only the query that asks it waits (the fetch timeout, a finite 2 s even
+    with probe_timeout = 0, "no limit"), and every other query answers from the cache."""
+    env = gpupool_server.client_env({"GPUPOOL_PROBE_TIMEOUT": "0"})
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(GOES_QUIET)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    silent = socket.socket()
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the client did not read its GPU within 60 s"
+        line = proc.stdout.readline()
+        assert line, f"the client exited early ({proc.wait(10)})"
+        first = json.loads(line)["first"]
+        assert isinstance(first, list) and first[0] > 0, first
+        assert gpupool_server.stop() == 0
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind((gpupool_server.host, gpupool_server.port))
+        silent.listen(16)  # the kernel completes the handshakes; nothing ever answers
+        try:
+            out, err = proc.communicate("go\n", timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("NVML queries hung on a server that stopped answering (60 s)",
+                        pytrace=False)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        silent.close()
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
+    got = json.loads(out.strip().splitlines()[-1])
+    # The query that asked the silent server waited for the fetch timeout, then kept the values.
+    value, took = got["fetching"]
+    assert value == first
+    assert 1.5 <= took < 4, took
+    # Everything else answered from the cache, while that fetch hung and after it failed.
+    for value, took in got["during"] + got["after"]:
+        assert value == first
+        assert took < 1, (took, got)  # a query waiting on the fetch would take ~1.7 s
+    assert got["total"] < 5, got
+    assert got["name"] and gpupool_lines(err) == [], err
+
+
+# ------------------------------------------------------------ a lease on another server
+FAKE_LIBCUDA = r"""
+#include <stdio.h>
+#include <stdlib.h>
+/* Stands in for our libcuda.so.1 holding a lease: the lease JSON comes from the environment. */
+__attribute__((visibility("default"))) int gpupool_shim_lease_json(char *buf, size_t cap) {
+    const char *json = getenv("FAKE_LEASE_JSON");
+    return snprintf(buf, cap, "%s", json ? json : "{\"connected\":false}");
+}
+"""
+
+READ_LEASED = """
+    import ctypes, json, pynvml as n
+    ctypes.CDLL("libcuda.so.1")  # the fake, first on LD_LIBRARY_PATH
+
+    def get(fn, *args):
+        try:
+            v = fn(*args)
+        except n.NVMLError as e:
+            return type(e).__name__
+        return v.decode() if isinstance(v, bytes) else v
+
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    m = get(n.nvmlDeviceGetMemoryInfo, h)
+    print(json.dumps({"count": n.nvmlDeviceGetCount(), "name": get(n.nvmlDeviceGetName, h),
+                      "uuid": get(n.nvmlDeviceGetUUID, h),
+                      "memory": m if isinstance(m, str) else m.total,
+                      "util": get(lambda: n.nvmlDeviceGetUtilizationRates(h).gpu),
+                      "cuda": get(n.nvmlSystemGetCudaDriverVersion)}))
+    n.nvmlShutdown()
+"""
+
+
+def test_a_lease_on_an_unconfigured_server_gets_no_credentials(
+        gpupool_server: GpupoolServer, tmp_path: Path) -> None:
+    """In lease mode the values come from the lease's server only when it is a configured one
+    (host case-insensitive, a bare host meaning port 7070); the configured token and TLS files
+    are never sent to any other address."""
+    require(have("cc"), "needs a C compiler (cc) for the stand-in libcuda.so.1")
+    src = tmp_path / "fake_libcuda.c"
+    src.write_text(FAKE_LIBCUDA)
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                    str(tmp_path / "libcuda.so.1"), str(src)], check=True)
+    gpu = gpupool_server.get_json("/api/v1/gpus")["gpus"][0]
+
+    def run(lease_server: str, extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        env = gpupool_server.client_env(extra)
+        env["LD_LIBRARY_PATH"] = f"{tmp_path}:{env['LD_LIBRARY_PATH']}"
+        env["FAKE_LEASE_JSON"] = json.dumps({
+            "connected": True, "server": lease_server, "uuid": gpu["uuid"],
+            "name": "Leased GPU", "session_id": 1, "simulated": True})
+        return run_client([sys.executable, "-c", textwrap.dedent(READ_LEASED)], env=env)
+
+    # A server nobody configured (its port takes connections): nothing is sent there; the GPU
+    # shows what the lease says, without live values, and one debug line says why.
+    trap = socket.socket()
+    try:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(8)
+        other = f"127.0.0.1:{trap.getsockname()[1]}"
+        proc = run(other, {})
+        got = last_json(proc)
+        assert got == {"count": 1, "name": "Leased GPU", "uuid": gpu["uuid"],
+                       "memory": "NVMLError_NotSupported", "util": "NVMLError_NotSupported",
+                       "cuda": "NVMLError_NotSupported"}, got
+        assert gpupool_lines(proc.stderr) == [], proc.stderr
+        debug = run(other, {"GPUPOOL_LOG": "debug"})
+        assert last_json(debug) == got
+        why = [line for line in gpupool_lines(debug.stderr) if other in line]
+        assert len(why) == 1 and "none of the configured servers" in why[0], debug.stderr
+        trap.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            trap.accept()  # no connection was ever made to it
+    finally:
+        trap.close()
+
+    # The configured server, written in another case: its values, with its credentials.
+    configured = {"GPUPOOL_SERVER": f"localhost:{gpupool_server.port}"}
+    proc = run(f"LocalHost:{gpupool_server.port}", configured)
+    got = last_json(proc)
+    assert got["memory"] == gpu["memory_total"] and got["cuda"] == 13000, got
+    assert got["name"] == gpu["name"] and isinstance(got["util"], int), got
+    assert gpupool_lines(proc.stderr) == [], proc.stderr
+
+    # A bare host is port 7070 on both sides: the lease "LOCALHOST" is the configured
+    # localhost:7070, so the shim asks it (and says it got no values: nothing serves this GPU
+    # there), where an unconfigured server would get no request and no warning.
+    proc = run("LOCALHOST", {"GPUPOOL_SERVER": "localhost:7070"})
+    assert last_json(proc)["name"] == "Leased GPU"
+    lines = gpupool_lines(proc.stderr)
+    assert len(lines) == 1 and "localhost:7070" in lines[0], proc.stderr

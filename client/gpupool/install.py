@@ -11,6 +11,7 @@ wants; --force does it anyway.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -124,6 +125,27 @@ def _includes_conf_d(root: Path) -> bool:
     return bool(re.search(r"^\s*include\s+/etc/ld\.so\.conf\.d/", text, re.M))
 
 
+def _install_file(src: Path, target: Path) -> None:
+    """Copy src to target atomically. The temporary file is created exclusively and never
+    through a symlink (a root-run install into a tree someone else can write to must not be
+    redirected), then renamed over the target."""
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o755)
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+            shutil.copyfileobj(inp, out)
+            os.fchmod(out.fileno(), 0o755)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def cmd_install(root_arg: str | None, force: bool, env: Mapping[str, str]) -> int:
     root = Path(root_arg or "/").resolve()
     problem = _check_root(root, "install")
@@ -137,6 +159,10 @@ def cmd_install(root_arg: str | None, force: bool, env: Mapping[str, str]) -> in
     if missing:
         return _err(f"{', '.join(missing)} not in {src}: reinstall the gpupool package "
                     "(pip install ./client builds both shims)")
+    strangers = [f"{src / name} ({why})" for name in LIBS if (why := foreign(src / name))]
+    if strangers:  # what we would install for every program must be ours
+        return _err(f"{'; '.join(strangers)}: not gpupool's libraries; check GPUPOOL_SHIM_DIR "
+                    "or reinstall the gpupool package")
     drivers = [(p, why) for p in known_to_loader(root, SHIM_NAME)
                if (why := foreign(p)) is not None]
     if drivers and not force:
@@ -148,14 +174,13 @@ def cmd_install(root_arg: str | None, force: bool, env: Mapping[str, str]) -> in
     dest = root / LIB_DIR
     dest.mkdir(mode=0o755, parents=True, exist_ok=True)
     for name, link in LIBS.items():
-        tmp = dest / f".{name}.tmp{os.getpid()}"
-        shutil.copyfile(src / name, tmp)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, dest / name)
-        linkpath = dest / link
-        if linkpath.is_symlink() or linkpath.exists():
-            linkpath.unlink()
-        linkpath.symlink_to(name)
+        _install_file(src / name, dest / name)
+        # The link too is made aside and renamed over: the name never goes missing.
+        tmp_link = dest / f".{link}.tmp{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            tmp_link.unlink()
+        tmp_link.symlink_to(name)
+        os.replace(tmp_link, dest / link)
     conf = root / CONF
     conf.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     conf.write_text("# gpupool's libcuda.so.1 and libnvidia-ml.so.1 for every program of this "
