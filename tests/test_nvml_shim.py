@@ -510,6 +510,7 @@ READ_LEASED = """
 """
 
 
+@pytest.mark.san
 def test_a_lease_on_an_unconfigured_server_gets_no_credentials(
         gpupool_server: GpupoolServer, tmp_path: Path) -> None:
     """In lease mode the values come from the lease's server only when it is a configured one

@@ -3,21 +3,36 @@
  * points that tools (pynvml, nvitop, PyTorch) use, answered from gpupool servers' `info`
  * documents instead of a local driver.
  *
- * Which GPUs: when this process's libcuda.so.1 is ours and holds a lease
- * (gpupool_shim_lease_json says connected), exactly that GPU, as index 0 (as CUDA numbers it).
- * Otherwise every GPU of every configured server that answers, in configuration order then
+ * Which GPUs: when this process's libcuda.so.1 is ours and holds a lease (gpupool_shim_lease_json
+ * says connected), exactly that GPU, as index 0 (as CUDA numbers it). Its values come from the
+ * lease's server only when that server is one of the configured ones (host case-insensitive, a
+ * bare host meaning port 7070): the configured token and TLS files are never sent anywhere else.
+ * Otherwise the GPU shows what the lease itself says (name, UUID), without live values.
+ * Without a lease: every GPU of every configured server that answers, in configuration order then
  * server index, that meets the configured requirements. The list is fixed at nvmlInit (NVML
- * numbers devices once); their values come from one `info` request per server at init and
- * again when a query finds them older than REFRESH_S (one connection per refresh; between
- * refreshes every query answers from the cache).
+ * numbers devices once); their values come from one `info` request per server at init and again
+ * when a query finds them older than REFRESH_S (one connection per refresh; between refreshes
+ * every query answers from the cache). After a failed refresh the server is asked again only
+ * after RETRY_FIRST_S, doubling up to RETRY_MAX_S, and the last values stay meanwhile.
  *
  * No server configured or none reachable: nvmlInit still succeeds, with 0 devices and one line
  * on stderr saying why, so that tools and PyTorch keep working; the CUDA side reports the real
  * error when the program uses the GPU.
  *
- * Thread safety: one mutex guards all state (init refcount, devices, caches); a refresh runs
- * under it (queries wait at most the probe timeout). Every function NVML programs may look up
- * that is not here answers NVML_ERROR_NOT_SUPPORTED (generated/nvml_stubs.c).
+ * Locking. `lock` guards all state (st) and is never held during network I/O:
+ * - a refresh is started under it (one per server at a time: `refreshing`), fetched and parsed
+ *   without it, and swapped in under it again; queries meanwhile answer from the cache. The
+ *   fetching query itself waits at most the fetch timeout (probe_timeout, FETCH_TIMEOUT_S when
+ *   that is 0: an NVML query never waits forever).
+ * - nvmlInit and nvmlShutdown are serialised by `init_lock` (taken before `lock`). nvmlInit does
+ *   its requests holding only init_lock, while st.refcount is 0: every other thread then reads
+ *   nothing but refcount (under `lock`) and gets NVML_ERROR_UNINITIALIZED; refcount becomes 1
+ *   under `lock` once the state is built. st.warned is guarded by init_lock.
+ * - the configuration is reference-counted (config_ref): a refresh in flight keeps the one it
+ *   started with alive across nvmlShutdown, and drops its result when NVML was shut down or
+ *   initialised again meanwhile (st.generation).
+ * Every function NVML programs may look up that is not here answers NVML_ERROR_NOT_SUPPORTED
+ * (generated/nvml_stubs.c).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -34,38 +49,50 @@
 #include "gp_log.h"
 #include "info_client.h"
 #include "json.h"
+#include "net.h"
 #include "nvml_internal.h"
 #include "nvml_view.h"
 
-#define REFRESH_S 1.0
+#define REFRESH_S 1.0        /* values older than this are fetched again */
+#define RETRY_FIRST_S 10.0   /* after a failed fetch, the next try waits this long ... */
+#define RETRY_MAX_S 60.0     /* ... doubling after each further failure, up to this */
+#define FETCH_TIMEOUT_S 2.0  /* the limit of one fetch when probe_timeout is 0 ("no limit") */
 #define MAX_DEVICES 64
-#define NSERVERS (GP_MAX_SERVERS + 1) /* the configured ones, and a lease's server if not */
 
 struct nvmlDevice_st {
-    int server; /* index into st.servers */
+    int server; /* index into st.servers; -1: none (a lease on a server not configured here) */
     gp_nvml_gpu gpu;
 };
 
+/* The configuration, shared by the state and the refreshes in flight. */
+typedef struct config_ref {
+    int refs; /* guarded by lock */
+    gp_client_config cfg;
+} config_ref;
+
 typedef struct server_state {
-    const gp_server_config *srv; /* into st.cfg, or &st.lease_srv */
+    const gp_server_config *srv; /* into st.conf->cfg */
     char desc[300];              /* "host:port" for messages */
     int answered;                /* its info arrived at least once */
-    double fetched_at;           /* monotonic seconds of the last attempt */
+    int refreshing;              /* a query is fetching its info now (without the lock) */
+    double next_fetch;           /* monotonic seconds: no refresh before this */
+    double retry_s;              /* the wait after the last failure; 0 after a success */
     gp_nvml_server info;
 } server_state;
 
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER; /* before `lock` */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     int refcount;
-    gp_client_config *cfg;
-    gp_server_config lease_srv;
-    server_state servers[NSERVERS];
+    unsigned long generation; /* one more at each first nvmlInit */
+    config_ref *conf;
+    server_state servers[GP_MAX_SERVERS];
     int nservers;
     int system_server; /* the server that answers system queries; -1: none */
     unsigned ndevices;
     struct nvmlDevice_st devices[MAX_DEVICES];
-    int warned; /* the process has had its one warning (kept across nvmlShutdown) */
-} st; /* guarded by lock */
+    int warned; /* the process has had its one warning (kept across nvmlShutdown; init_lock) */
+} st; /* guarded by lock (see the top of this file for nvmlInit) */
 
 static double now_s(void) {
     struct timespec ts;
@@ -74,7 +101,8 @@ static double now_s(void) {
 }
 
 /* A problem that leaves NVML without (some) GPU values: one line on stderr per process (tools
- * that init and shut down NVML in a loop would repeat it), later ones at debug level. */
+ * that init and shut down NVML in a loop would repeat it), later ones at debug level. Called
+ * only by nvmlInit (init_lock held). */
 static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void warn(const char *fmt, ...) {
     char line[1500];
@@ -90,15 +118,20 @@ static void warn(const char *fmt, ...) {
     }
 }
 
+static void config_release(config_ref *conf) {
+    if (conf && --conf->refs == 0) free(conf);
+}
+
 /* ------------------------------------------------------------------------ info requests == */
 
-/* Fetch and parse server s's info document: the document, or NULL with why in err. */
-static gpj_value *fetch(int s, char *err, size_t errcap) {
-    server_state *ss = &st.servers[s];
+/* Fetch and parse srv's info document: the document, or NULL with why in err. Touches no state
+ * (runs without the lock). */
+static gpj_value *fetch_doc(const gp_client_config *cfg, const gp_server_config *srv, char *err,
+                            size_t errcap) {
     gp_info_result r;
     memset(&r, 0, sizeof r);
-    ss->fetched_at = now_s();
-    if (gp_info_fetch(st.cfg, ss->srv, st.cfg->probe_timeout, &r, err, errcap) != 0) {
+    double timeout = cfg->probe_timeout > 0 ? cfg->probe_timeout : FETCH_TIMEOUT_S;
+    if (gp_info_fetch(cfg, srv, timeout, &r, err, errcap) != 0) {
         gp_info_free(&r);
         return NULL;
     }
@@ -110,11 +143,22 @@ static gpj_value *fetch(int s, char *err, size_t errcap) {
     gpj_value *doc = gp_nvml_parse_info(r.json ? r.json : "", r.json ? strlen(r.json) : 0, err,
                                         errcap);
     gp_info_free(&r);
+    return doc;
+}
+
+/* Server s's fetch is over (doc, or NULL after a failure): when its values are next due. */
+static void fetched(server_state *ss, const gpj_value *doc) {
+    double t = now_s();
     if (doc) {
         gp_nvml_server_from_doc(doc, &ss->info);
         ss->answered = 1;
+        ss->retry_s = 0;
+        ss->next_fetch = t + REFRESH_S;
+    } else {
+        ss->retry_s = ss->retry_s > 0 ? ss->retry_s * 2 : RETRY_FIRST_S;
+        if (ss->retry_s > RETRY_MAX_S) ss->retry_s = RETRY_MAX_S;
+        ss->next_fetch = t + ss->retry_s;
     }
-    return doc;
 }
 
 /* The GPU view of doc that device d shows: by UUID, else by the server's index. */
@@ -129,32 +173,59 @@ static const gpj_value *view_of(const gpj_value *doc, const struct nvmlDevice_st
     return NULL;
 }
 
-/* Newer values for every device of d's server when d's are older than REFRESH_S. On failure
- * the last values stay (said at debug level) and the next try waits REFRESH_S again. */
-static void refresh(struct nvmlDevice_st *d) {
+/* Called with the lock held by a query that wants d's live values: when they are due and no
+ * other query is fetching them, fetch its server's info without the lock and take newer values
+ * for every device of that server. On failure the last values stay (said at debug level) and
+ * the server is asked again only after the retry wait. 0 with the lock held and the state
+ * current; -1 with the lock held when NVML was shut down meanwhile; -2 when the lock could not
+ * be taken again (not held). */
+static int refresh(struct nvmlDevice_st *d) {
+    if (d->server < 0) return 0;
     server_state *ss = &st.servers[d->server];
-    if (now_s() - ss->fetched_at < REFRESH_S) return;
+    if (ss->refreshing || now_s() < ss->next_fetch) return 0;
+    ss->refreshing = 1;
+    config_ref *conf = st.conf;
+    conf->refs++;
+    unsigned long generation = st.generation;
+    const gp_server_config *srv = ss->srv;
+    char desc[sizeof ss->desc];
+    memcpy(desc, ss->desc, sizeof desc);
+    pthread_mutex_unlock(&lock);
+
     char err[512];
-    gpj_value *doc = fetch(d->server, err, sizeof err);
-    if (!doc) {
-        gp_log_debug("nvml: refreshing %s failed (%s); showing the values from before", ss->desc,
-                     err);
-        return;
+    gpj_value *doc = fetch_doc(&conf->cfg, srv, err, sizeof err);
+    if (!doc) gp_log_debug("nvml: refreshing %s failed (%s); showing the values from before", desc,
+                           err);
+
+    if (pthread_mutex_lock(&lock) != 0) {
+        gpj_free(doc); /* conf stays referenced: better a leak than a free under a reader */
+        return -2;
     }
-    for (unsigned i = 0; i < st.ndevices; i++) {
-        struct nvmlDevice_st *o = &st.devices[i];
-        if (o->server != d->server) continue;
-        const gpj_value *view = view_of(doc, o);
-        if (view) gp_nvml_live_from_view(doc, view, &o->gpu.live);
-        else gp_log_debug("nvml: %s no longer lists GPU %s", ss->desc, o->gpu.uuid);
+    config_release(conf);
+    if (st.refcount == 0 || st.generation != generation) {
+        gpj_free(doc); /* shut down (and maybe initialised again) meanwhile: not ours to show */
+        return -1;
     }
-    gpj_free(doc);
+    ss->refreshing = 0;
+    fetched(ss, doc);
+    if (doc) {
+        for (unsigned i = 0; i < st.ndevices; i++) {
+            struct nvmlDevice_st *o = &st.devices[i];
+            if (o->server != d->server) continue;
+            const gpj_value *view = view_of(doc, o);
+            if (view) gp_nvml_live_from_view(doc, view, &o->gpu.live);
+            else gp_log_debug("nvml: %s no longer lists GPU %s", desc, o->gpu.uuid);
+        }
+        gpj_free(doc);
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------- init == */
+/* Everything here runs in nvmlInit with init_lock held and st.refcount 0 (see the top). */
 
 static int add_server(const gp_server_config *srv) {
-    if (st.nservers >= NSERVERS) return -1;
+    if (st.nservers >= GP_MAX_SERVERS) return -1;
     server_state *ss = &st.servers[st.nservers];
     memset(ss, 0, sizeof *ss);
     ss->srv = srv;
@@ -162,10 +233,18 @@ static int add_server(const gp_server_config *srv) {
     return st.nservers++;
 }
 
+/* The first fetch of server s at init: its document or NULL (err says why). */
+static gpj_value *init_fetch(const config_ref *conf, int s, char *err, size_t errcap) {
+    server_state *ss = &st.servers[s];
+    gpj_value *doc = fetch_doc(&conf->cfg, ss->srv, err, errcap);
+    fetched(ss, doc);
+    return doc;
+}
+
 static void add_device(int server, const gp_nvml_gpu *g) {
     if (st.ndevices >= MAX_DEVICES) {
         gp_log_debug("nvml: more than %d GPUs; GPU %s of %s is left out", MAX_DEVICES, g->uuid,
-                     st.servers[server].desc);
+                     server >= 0 ? st.servers[server].desc : "its server");
         return;
     }
     struct nvmlDevice_st *d = &st.devices[st.ndevices++];
@@ -223,78 +302,82 @@ static void lease_compute_capability(gp_nvml_gpu *g) {
     }
 }
 
-/* The configured server a lease's "host:port" names, or a copy of the first server's settings
- * (token, TLS) aimed at that address. -1 when it cannot be used. */
-static int lease_server(const char *where) {
-    char hp[600];
-    for (int i = 0; i < st.cfg->nservers; i++) {
-        const gp_server_config *srv = &st.cfg->servers[i];
-        gp_server_desc(srv, hp, sizeof hp);
-        if (strcmp(hp, where) == 0) return add_server(srv);
-        snprintf(hp, sizeof hp, "%s:%s", srv->host, srv->port);
-        if (strcmp(hp, where) == 0) return add_server(srv);
+/* Two port numbers as written ("7070", "07070"): 1 when the same. */
+static int same_port(const char *a, const char *b) {
+    char *ea, *eb;
+    unsigned long x = strtoul(a, &ea, 10), y = strtoul(b, &eb, 10);
+    return *a && *b && !*ea && !*eb && x == y;
+}
+
+/* The configured server a lease's "host:port" names (host case-insensitive, a bare host meaning
+ * port GP_DEFAULT_PORT, as GPUPOOL_SERVER reads it), added to st.servers; -1 when none does:
+ * the configured token and TLS files belong to their servers and go nowhere else. */
+static int lease_server(const gp_client_config *cfg, const char *where) {
+    char host[256], port[32];
+    if (gp_split_hostport(where, host, sizeof host, port, sizeof port) != 0) return -1;
+    for (int i = 0; i < cfg->nservers; i++) {
+        const gp_server_config *srv = &cfg->servers[i];
+        if (strcasecmp(srv->host, host) == 0 && same_port(srv->port, port))
+            return add_server(srv);
     }
-    gp_server_config *l = &st.lease_srv;
-    if (st.cfg->nservers > 0) *l = st.cfg->servers[0];
-    else memset(l, 0, sizeof *l);
-    const char *colon = strrchr(where, ':');
-    if (!colon || colon == where) return -1;
-    snprintf(l->address, sizeof l->address, "%s", where);
-    size_t hl = (size_t)(colon - where);
-    if (where[0] == '[' && hl >= 2 && where[hl - 1] == ']') /* "[v6]:port" */
-        snprintf(l->host, sizeof l->host, "%.*s", (int)(hl - 2), where + 1);
-    else
-        snprintf(l->host, sizeof l->host, "%.*s", (int)hl, where);
-    snprintf(l->port, sizeof l->port, "%s", colon + 1);
-    return add_server(l);
+    return -1;
+}
+
+/* The leased GPU as the lease itself describes it: no live values. */
+static void gpu_from_lease(const gpj_value *lease, gp_nvml_gpu *g) {
+    memset(g, 0, sizeof *g);
+    snprintf(g->name, sizeof g->name, "%s", gpj_string(gpj_get(lease, "name"), ""));
+    snprintf(g->uuid, sizeof g->uuid, "%s", gpj_string(gpj_get(lease, "uuid"), ""));
+    g->simulated = gpj_bool(gpj_get(lease, "simulated"), 0);
+    g->cc_major = g->cc_minor = -1;
 }
 
 /* Lease mode: the leased GPU as device 0. */
-static void init_lease(const gpj_value *lease) {
+static void init_lease(const config_ref *conf, const gpj_value *lease) {
     const char *where = gpj_string(gpj_get(lease, "server"), "");
     const char *uuid = gpj_string(gpj_get(lease, "uuid"), "");
-    int s = lease_server(where);
-    if (s < 0) {
-        warn("nvml: this process's GPU lease names server \"%s\", which is not an address; "
-             "NVML shows 0 GPUs",
-             where);
-        return;
-    }
-    st.system_server = s;
-    char err[512];
-    gpj_value *doc = fetch(s, err, sizeof err);
-    const gpj_value *view = doc ? gp_nvml_find_gpu(doc, uuid) : NULL;
     gp_nvml_gpu g;
-    if (view && gp_nvml_gpu_from_view(doc, view, &g) == 0) {
-        add_device(s, &g);
+    int s = lease_server(&conf->cfg, where);
+    if (s < 0) {
+        gp_log_debug("nvml: this process's GPU lease is on server \"%s\", which is none of the "
+                     "configured servers; NVML shows the GPU without live values (it sends the "
+                     "configured credentials to no other server)",
+                     where);
+        gpu_from_lease(lease, &g);
+        add_device(-1, &g);
     } else {
-        /* The lease itself says which GPU it is; its live values stay unknown for now. */
-        memset(&g, 0, sizeof g);
-        snprintf(g.name, sizeof g.name, "%s", gpj_string(gpj_get(lease, "name"), ""));
-        snprintf(g.uuid, sizeof g.uuid, "%s", uuid);
-        g.simulated = gpj_bool(gpj_get(lease, "simulated"), 0);
-        g.cc_major = g.cc_minor = -1;
-        add_device(s, &g);
-        if (doc) snprintf(err, sizeof err, "it does not list GPU %.100s", uuid);
-        warn("nvml: cannot read the values of this process's GPU from %s (%s); NVML shows the "
-             "GPU without them",
-             st.servers[s].desc, err);
+        st.system_server = s;
+        char err[512];
+        gpj_value *doc = init_fetch(conf, s, err, sizeof err);
+        const gpj_value *view = doc ? gp_nvml_find_gpu(doc, uuid) : NULL;
+        if (view && gp_nvml_gpu_from_view(doc, view, &g) == 0) {
+            add_device(s, &g);
+        } else {
+            /* The lease itself says which GPU it is; its live values stay unknown for now. */
+            gpu_from_lease(lease, &g);
+            add_device(s, &g);
+            if (doc) snprintf(err, sizeof err, "it does not list GPU %.100s", uuid);
+            warn("nvml: cannot read the values of this process's GPU from %s (%s); NVML shows "
+                 "the GPU without them",
+                 st.servers[s].desc, err);
+        }
+        gpj_free(doc);
     }
-    gpj_free(doc);
     if (st.ndevices == 1 && st.devices[0].gpu.cc_major < 0)
         lease_compute_capability(&st.devices[0].gpu);
 }
 
 /* Every matching GPU of every configured server that answers. */
-static void init_servers(void) {
+static void init_servers(const config_ref *conf) {
+    const gp_client_config *cfg = &conf->cfg;
     char why[1024] = "";
     size_t wl = 0;
     int answered = 0;
-    for (int i = 0; i < st.cfg->nservers; i++) {
-        int s = add_server(&st.cfg->servers[i]);
+    for (int i = 0; i < cfg->nservers; i++) {
+        int s = add_server(&cfg->servers[i]);
         if (s < 0) break;
         char err[512];
-        gpj_value *doc = fetch(s, err, sizeof err);
+        gpj_value *doc = init_fetch(conf, s, err, sizeof err);
         if (!doc) {
             if (wl < sizeof why - 1) {
                 int n = snprintf(why + wl, sizeof why - wl, "%s%s: %s", wl ? "; " : "",
@@ -310,7 +393,7 @@ static void init_servers(void) {
         for (size_t k = 0; k < gpj_count(gpus); k++) {
             gp_nvml_gpu g;
             if (gp_nvml_gpu_from_view(doc, gpj_at(gpus, k), &g) != 0) continue;
-            if (!gp_nvml_gpu_matches(&g, st.cfg->gpu, st.cfg->model, st.cfg->min_memory)) continue;
+            if (!gp_nvml_gpu_matches(&g, cfg->gpu, cfg->model, cfg->min_memory)) continue;
             add_device(s, &g);
             matching++;
         }
@@ -324,32 +407,30 @@ static void init_servers(void) {
              why);
 }
 
-static nvmlReturn_t init_locked(void) {
-    if (st.refcount > 0) {
-        st.refcount++;
-        return NVML_SUCCESS;
-    }
+/* Build the state (init_lock held, st.refcount 0, st.generation already moved on). */
+static nvmlReturn_t build_state(config_ref **out) {
     memset(&st.servers, 0, sizeof st.servers);
     st.nservers = 0;
     st.ndevices = 0;
     st.system_server = -1;
-    st.cfg = calloc(1, sizeof *st.cfg);
-    if (!st.cfg) return NVML_ERROR_MEMORY;
+    config_ref *conf = calloc(1, sizeof *conf);
+    if (!conf) return NVML_ERROR_MEMORY;
+    conf->refs = 1;
     char err[1024];
     gpj_value *lease = NULL;
-    if (gp_client_config_load(st.cfg, err, sizeof err) != 0) {
+    if (gp_client_config_load(&conf->cfg, err, sizeof err) != 0) {
         warn("nvml: %s; NVML shows 0 GPUs", err);
-        st.cfg->nservers = 0;
+        conf->cfg.nservers = 0;
     } else if (lease_of_this_process(&lease)) {
-        init_lease(lease);
+        init_lease(conf, lease);
         gpj_free(lease);
-    } else if (st.cfg->nservers == 0) {
+    } else if (conf->cfg.nservers == 0) {
         warn("nvml: no GPU server is configured (set GPUPOOL_SERVER, or run `gpupool login URL "
              "--token TOKEN`); NVML shows 0 GPUs");
     } else {
-        init_servers();
+        init_servers(conf);
     }
-    st.refcount = 1;
+    *out = conf;
     return NVML_SUCCESS;
 }
 
@@ -358,9 +439,31 @@ GP_NVML_EXPORT const char *gpupool_shim_version(void) { return GPUPOOL_VERSION; 
 
 GP_NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags; /* NO_GPUS / NO_ATTACH: init never fails for want of GPUs anyway */
-    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
-    nvmlReturn_t r = init_locked();
+    if (pthread_mutex_lock(&init_lock) != 0) return NVML_ERROR_UNKNOWN;
+    nvmlReturn_t r = NVML_SUCCESS;
+    if (pthread_mutex_lock(&lock) != 0) {
+        pthread_mutex_unlock(&init_lock);
+        return NVML_ERROR_UNKNOWN;
+    }
+    int first = st.refcount == 0;
+    if (first) st.generation++; /* a refresh still in flight from before keeps off */
+    else st.refcount++;
     pthread_mutex_unlock(&lock);
+    if (first) {
+        config_ref *conf = NULL;
+        r = build_state(&conf); /* the requests: without `lock` */
+        if (r == NVML_SUCCESS) {
+            if (pthread_mutex_lock(&lock) != 0) {
+                free(conf);
+                r = NVML_ERROR_UNKNOWN;
+            } else {
+                st.conf = conf;
+                st.refcount = 1;
+                pthread_mutex_unlock(&lock);
+            }
+        }
+    }
+    pthread_mutex_unlock(&init_lock);
     return r;
 }
 
@@ -368,18 +471,23 @@ GP_NVML_EXPORT nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 GP_NVML_EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlShutdown(void) {
-    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
+    if (pthread_mutex_lock(&init_lock) != 0) return NVML_ERROR_UNKNOWN;
+    if (pthread_mutex_lock(&lock) != 0) {
+        pthread_mutex_unlock(&init_lock);
+        return NVML_ERROR_UNKNOWN;
+    }
     nvmlReturn_t r = NVML_SUCCESS;
     if (st.refcount == 0) {
         r = NVML_ERROR_UNINITIALIZED;
     } else if (--st.refcount == 0) {
-        free(st.cfg);
-        st.cfg = NULL;
+        config_release(st.conf); /* a refresh in flight holds its own reference */
+        st.conf = NULL;
         st.ndevices = 0;
         st.nservers = 0;
         st.system_server = -1;
     }
     pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&init_lock);
     return r;
 }
 
@@ -543,8 +651,8 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId,
     return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
 }
 
-/* Lock, check init and the handle, refresh its values when `live` and they are stale. On
- * NVML_SUCCESS the caller holds the lock and must leave(). */
+/* Lock, check init and the handle, refresh its values when `live` and they are due (which may
+ * fetch them, without the lock). On NVML_SUCCESS the caller holds the lock and must leave(). */
 static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out) {
     nvmlReturn_t r = enter();
     if (r != NVML_SUCCESS) return r;
@@ -555,7 +663,14 @@ static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevic
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     *out = &st.devices[(p - base) / sizeof st.devices[0]];
-    if (live) refresh(*out);
+    if (live) {
+        int rc = refresh(*out);
+        if (rc == -2) return NVML_ERROR_UNKNOWN; /* the lock is not held */
+        if (rc == -1) {
+            leave();
+            return NVML_ERROR_UNINITIALIZED; /* nvmlShutdown ran meanwhile */
+        }
+    }
     return NVML_SUCCESS;
 }
 

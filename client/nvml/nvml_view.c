@@ -104,9 +104,11 @@ void gp_nvml_live_from_view(const gpj_value *doc, const gpj_value *view, gp_nvml
                     get_u64(view, "memory_total", 1.0, &total);
     int has_used = get_u64(live, "memory_used", 1.0, &used);
     int has_free = get_u64(live, "memory_free", 1.0, &freeb);
+    /* The size alone (requirements need it) even when the use is not reported. */
+    out->has_memory_total = has_total;
+    out->memory_total = has_total ? total : 0;
     if (has_total && has_used) {
         out->has_memory = 1;
-        out->memory_total = total;
         out->memory_used = used;
         out->memory_free = has_free ? freeb : (used < total ? total - used : 0);
     }
@@ -197,7 +199,7 @@ int gp_nvml_gpu_matches(const gp_nvml_gpu *g, const char *gpu, const char *model
         if (!contains_ci(g->name, model)) return 0;
     }
     if (min_memory) {
-        uint64_t total = g->live.has_memory ? g->live.memory_total : 0;
+        uint64_t total = g->live.has_memory_total ? g->live.memory_total : 0;
         if (total < min_memory) return 0;
     }
     return 1;

@@ -20,7 +20,8 @@
 /* Live values of one GPU; a has_* of 0 means the server did not report it (JSON null or
  * missing), and the matching NVML query answers NVML_ERROR_NOT_SUPPORTED. */
 typedef struct gp_nvml_live {
-    int has_memory;
+    int has_memory_total; /* the size is known (live, else the view's memory_total) */
+    int has_memory;       /* and so is the use: the memory queries answer */
     uint64_t memory_total, memory_used, memory_free;
     int has_util;
     unsigned gpu_util, memory_util; /* percent, rounded */

@@ -279,6 +279,51 @@ static void test_requirements(void) {
     CHECK(gp_nvml_gpu_matches(&sim, "", "", 16ull << 30));
 }
 
+/* min_memory needs only the GPU's size: a view whose live memory use is null (or that has no
+ * live values at all) still meets it through the view's own memory_total, as on the server. */
+static void test_requirements_without_memory_use(void) {
+    const char *text =
+        "{\"schema\": 1, \"gpus\": ["
+        "  {\"index\": 0, \"name\": \"A\", \"uuid\": \"GPU-a\", \"memory_total\": 17179869184,"
+        "   \"live\": {\"memory_total\": null, \"memory_used\": null, \"memory_free\": null,"
+        "     \"gpu_util\": null}},"
+        "  {\"index\": 1, \"name\": \"B\", \"uuid\": \"GPU-b\", \"memory_total\": 1000},"
+        "  {\"index\": 2, \"name\": \"C\", \"uuid\": \"GPU-c\","
+        "   \"live\": {\"memory_total\": 2000, \"memory_used\": null}},"
+        "  {\"index\": 3, \"name\": \"D\", \"uuid\": \"GPU-d\", \"memory_total\": null,"
+        "   \"live\": {\"memory_used\": 5}}"
+        "]}";
+    gpj_value *doc = load(text);
+    if (!doc) {
+        failures++;
+        return;
+    }
+    gp_nvml_gpu a, b, c, d;
+    const gpj_value *gpus = gpj_get(doc, "gpus");
+    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 0), &a) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 1), &b) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 2), &c) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 3), &d) == 0);
+    gpj_free(doc);
+    CHECK(a.live.has_memory_total && a.live.memory_total == 17179869184ull && !a.live.has_memory);
+    CHECK(gp_nvml_gpu_matches(&a, "", "", 16ull << 30));
+    CHECK(gp_nvml_gpu_matches(&a, "", "", 17179869184ull));
+    CHECK(!gp_nvml_gpu_matches(&a, "", "", 17179869185ull));
+    CHECK(gp_nvml_gpu_matches(&b, "", "", 1000) && !gp_nvml_gpu_matches(&b, "", "", 1001));
+    CHECK(gp_nvml_gpu_matches(&c, "", "", 2000) && !gp_nvml_gpu_matches(&c, "", "", 2001));
+    /* the size unknown everywhere: it cannot meet a minimum, and nothing is invented */
+    CHECK(!d.live.has_memory_total && !gp_nvml_gpu_matches(&d, "", "", 1));
+    CHECK(gp_nvml_gpu_matches(&d, "", "", 0));
+    /* the memory queries still need the use: not supported rather than a made-up number */
+    nvmlMemory_t m;
+    CHECK(gp_nvml_memory(&a, &m) == NVML_ERROR_NOT_SUPPORTED);
+    CHECK(gp_nvml_memory(&c, &m) == NVML_ERROR_NOT_SUPPORTED);
+    CHECK(gp_nvml_memory(&d, &m) == NVML_ERROR_NOT_SUPPORTED);
+    unsigned count = 4;
+    nvmlProcessInfo_t infos[4];
+    CHECK(gp_nvml_processes(&a, &count, infos, 3) == NVML_SUCCESS && count == 0);
+}
+
 static void test_strings_and_errors(void) {
     char buf[8];
     CHECK(gp_nvml_copy_string("1234567", buf, sizeof buf) == NVML_SUCCESS);
@@ -298,6 +343,7 @@ int main(void) {
     test_pci();
     test_processes();
     test_requirements();
+    test_requirements_without_memory_use();
     test_strings_and_errors();
     if (failures) {
         printf("%d check(s) failed\n", failures);
