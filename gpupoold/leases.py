@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -490,7 +491,7 @@ class LeaseManager:
         for entry in self._pid_dir.iterdir():
             with contextlib.suppress(OSError):
                 entry.unlink()
-            if not entry.name.isdigit():
+            if not re.fullmatch(r"[0-9]+", entry.name):
                 continue
             pid = int(entry.name)
             try:
@@ -568,6 +569,16 @@ class LeaseManager:
 
     def queue_view(self) -> list[dict[str, Any]]:
         return self.queue.view()
+
+    def view_key(self) -> tuple[Any, ...]:
+        """A value that changes whenever the views above would, except for what moves by itself
+        (running durations, waiting times) and the live values (Telemetry.samples): the info
+        reply's cache (info.py) is rebuilt when it changes."""
+        slots = tuple((s.state, s.since, s.draining, s.lease,
+                       s.lease.worker.stats if s.lease is not None else None,
+                       s.quarantine, s.last_scrub, s.idle_worker is not None) for s in self.slots)
+        leases = tuple((lease, lease.worker.stats) for lease in self._leases.values())
+        return slots, leases, tuple(w.ticket for w in self.queue)
 
     def summary(self) -> dict[str, Any]:
         states = {st: 0 for st in (FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED)}

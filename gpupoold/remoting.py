@@ -17,6 +17,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import struct
 import time
 from typing import Any
 
@@ -36,6 +37,14 @@ from gpupoold.waitqueue import ClientInfo, Waiter
 
 log = logging.getLogger("gpupoold.remoting")
 
+# A frame (a reply, a notice) that makes no progress towards the client for SEND_TIMEOUT seconds,
+# or is not sent within SEND_LIMIT seconds, is given up on and the connection is dropped; a
+# closing connection gets CLOSE_TIMEOUT seconds to flush what is left.
+SEND_TIMEOUT = 5.0
+SEND_LIMIT = 30.0
+CLOSE_TIMEOUT = 5.0
+MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handshake_timeout)
+
 
 class RemotingListener:
     def __init__(self, settings: Settings, leases: LeaseManager, auth: Authenticator,
@@ -49,6 +58,9 @@ class RemotingListener:
         self.address = ""  # "HOST:PORT" actually bound, once started
         self._server: asyncio.Server | Any | None = None  # TLS: or a TlsServer
         self._handshakes: set[asyncio.Task[None]] = set()
+        self.info = info.InfoCache(settings, leases)
+        # Bounds the memory and the time that info replies (up to 4 MiB each) hold at once.
+        self._info_slots = asyncio.Semaphore(MAX_INFO_AT_ONCE)
         # Seconds from accept to the worker's `started`, for the last few leases (benchmarks).
         self.connect_times: list[float] = []
 
@@ -92,10 +104,10 @@ class RemotingListener:
         except Exception:  # a bug here must cost one connection, never the daemon
             log.exception("connection from %s: unexpected error in the handshake", peer)
         finally:
-            self._handshakes.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:
+                await _close(writer, peer)
+            finally:
+                self._handshakes.discard(task)
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          peer: str) -> None:
@@ -200,7 +212,29 @@ class RemotingListener:
                  lease.worker.pid, took * 1000, lease.queued_s * 1000)
 
     async def _info(self, writer: asyncio.StreamWriter, frame: gp.Frame, peer: str) -> None:
-        """Answer an `info` request (info.py); the caller closes the connection."""
+        """Answer an `info` request (info.py); the caller closes the connection. At most
+        MAX_INFO_AT_ONCE are answered at once; the others wait their turn, for at most
+        `handshake_timeout` seconds, then get GP_EBUSY."""
+        try:
+            await asyncio.wait_for(self._info_slots.acquire(), self.handshake_timeout)
+        except TimeoutError:
+            self.counters.inc("info_requests", result="busy")
+            log.warning("connection from %s: info refused (GP_EBUSY): %d info requests were "
+                        "being answered for %g s", peer, MAX_INFO_AT_ONCE, self.handshake_timeout)
+            await self._send(writer, info.refusal(Refusal(gp.GP_EBUSY, (
+                f"the server is answering too many info requests at once ({MAX_INFO_AT_ONCE}) "
+                "and yours waited its turn for "
+                f"{self.handshake_timeout:g} s (handshake_timeout); try again in a moment"))),
+                frame.req)
+            await self._end_tls(writer)
+            return
+        try:
+            await self._answer_info(writer, frame, peer)
+        finally:
+            self._info_slots.release()
+
+    async def _answer_info(self, writer: asyncio.StreamWriter, frame: gp.Frame,
+                           peer: str) -> None:
         request = info.parse_info(frame.body)
         if isinstance(request, Refusal):
             result = "version" if request.result == gp.GP_EVERSION else "malformed"
@@ -219,8 +253,7 @@ class RemotingListener:
                              frame.req)
             await self._end_tls(writer)
             return
-        reply = info.answer(self.settings, self.leases, self.address, request,
-                            decision.identity, decision.role)
+        reply = await self.info.answer(request, decision.identity, decision.role, self.address)
         self.counters.inc("info_requests", result="ok")
         log.debug("connection from %s: info for token %r on %r: %d GPUs, %d matching, %d free, "
                   "%d queued", peer, decision.identity, request.host, reply.gpus, reply.matching,
@@ -233,7 +266,7 @@ class RemotingListener:
         """TLS: close the session cleanly (close_notify) before the socket closes."""
         if isinstance(writer, TlsStream):
             with contextlib.suppress(ConnectionError, ssl.SSLError, OSError, TimeoutError):
-                await asyncio.wait_for(writer.close_session(), 5)
+                await asyncio.wait_for(writer.close_session(), SEND_TIMEOUT)
 
     async def _wait_for_gpu(self, waiter: Waiter, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter, req: int, peer: str) -> Slot | None:
@@ -253,8 +286,12 @@ class RemotingListener:
                 if pos:
                     log.info("connection from %s: waiting for a GPU, position %d of %d", peer,
                              pos, total)
-                    await self._send(writer, queue_notice(pos, total, waiter.waited(),
-                                                          _local_name(writer)), 0)
+                    if not await self._send(writer, queue_notice(pos, total, waiter.waited(),
+                                                                 _local_name(writer)), 0):
+                        log.info("connection from %s: left the queue (the queue notice could "
+                                 "not be sent)", peer)
+                        self.counters.inc("queue_abandoned")
+                        return None
                 left = deadline - loop.time()
                 if left <= 0:
                     self.counters.inc("handshakes_refused", reason="queue timeout")
@@ -295,15 +332,77 @@ class RemotingListener:
         await self._send(writer, refusal_reply(refusal), req)
 
     @staticmethod
-    async def _send(writer: asyncio.StreamWriter, msg: object, req: int) -> None:
+    async def _send(writer: asyncio.StreamWriter, msg: object, req: int) -> bool:
+        """Send one frame; False when it could not be (the client is gone, or took nothing of
+        it for SEND_TIMEOUT seconds, or not all of it in SEND_LIMIT: then the connection is
+        dropped at once, so that neither the frame nor this task waits on the client any
+        longer)."""
         try:
             writer.write(gp.encode_frame(msg, req))
-            await asyncio.wait_for(writer.drain(), timeout=5)
-        except (ConnectionError, TimeoutError) as exc:
+            await _drain(writer)
+            return True
+        except TimeoutError as exc:
+            log.info("could not send %s: %s; connection dropped", type(msg).__name__, exc)
+            _abort(writer)
+        except (ConnectionError, OSError, ssl.SSLError) as exc:
             log.info("could not send %s: %s", type(msg).__name__, exc)
+        return False
 
 
 _SHUTDOWN = Refusal(gp.GP_EREFUSED, "the gpupool server is shutting down; try again in a moment")
+
+
+def _unsent(writer: asyncio.StreamWriter) -> int:
+    if isinstance(writer, TlsStream):
+        return writer.unsent()
+    return writer.transport.get_write_buffer_size()
+
+
+async def _drain(writer: asyncio.StreamWriter) -> None:
+    """writer.drain(), as long as the client keeps taking what is sent: TimeoutError (saying
+    why) when it takes nothing for SEND_TIMEOUT seconds, or the whole takes over SEND_LIMIT."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + SEND_LIMIT
+    left = _unsent(writer)
+    while True:
+        wait = min(SEND_TIMEOUT, end - loop.time())
+        try:
+            await asyncio.wait_for(writer.drain(), max(wait, 0))
+            return
+        except TimeoutError:
+            now = _unsent(writer)
+            if loop.time() >= end:
+                raise TimeoutError(f"the client read too slowly ({now} bytes still unsent "
+                                   f"after {SEND_LIMIT:g} s)") from None
+            if now >= left:
+                raise TimeoutError(f"the client read nothing for {SEND_TIMEOUT:g} s") from None
+            left = now
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    """Drop the connection now, with what is still unsent: a reset (SO_LINGER 0), so that the
+    kernel does not keep the unsent bytes either."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _close(writer: asyncio.StreamWriter, peer: str) -> None:
+    """Close the connection; what is still unsent gets CLOSE_TIMEOUT seconds to leave."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
+    except TimeoutError:
+        log.info("connection from %s: the client read nothing for %g s; connection dropped",
+                 peer, CLOSE_TIMEOUT)
+        _abort(writer)
+    except asyncio.CancelledError:
+        _abort(writer)
+        raise
+    except Exception:  # an error of a closing connection: nothing to do
+        pass
 
 
 def _local_name(writer: asyncio.StreamWriter) -> str:

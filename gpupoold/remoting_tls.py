@@ -26,6 +26,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -57,13 +58,20 @@ def looks_like_tls(first: bytes) -> bool:
 
 
 class _Transport:
-    """Pausing is a no-op: a TlsStream reads only when asked to."""
+    """Pausing is a no-op: a TlsStream reads only when asked to. `abort` drops the connection
+    (TlsStream.abort)."""
+
+    def __init__(self, stream: TlsStream) -> None:
+        self._stream = stream
 
     def pause_reading(self) -> None:
         pass
 
     def resume_reading(self) -> None:
         pass
+
+    def abort(self) -> None:
+        self._stream.abort()
 
 
 class TlsStream:
@@ -79,10 +87,13 @@ class TlsStream:
         self._rbuf = bytearray()  # raw bytes of the record being read (survives cancellation)
         self._buffer = bytearray()  # decrypted bytes not consumed yet (remoting._buffered reads it)
         self._pending: list[bytes] = []  # written, not yet encrypted (drain does that)
+        self._unsent = b""  # encrypted, not yet taken by the kernel from _unsent[_sent:]
+        self._sent = 0
         self._send_lock = asyncio.Lock()
         self._eof = False
+        self._aborted = False
         self.handed_over = False
-        self.transport = _Transport()
+        self.transport = _Transport(self)
 
     # ------------------------------------------------------------------ raw socket, by record
     async def _wait_readable(self) -> None:
@@ -125,11 +136,36 @@ class TlsStream:
         self._rbuf.clear()
         return True
 
+    async def _wait_writable(self) -> None:
+        fut = self._loop.create_future()
+        fd = self._sock.fileno()
+        self._loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            self._loop.remove_writer(fd)
+
     async def _flush(self) -> None:
+        """Send what the TLS object wrote. Cancelled, it keeps what is left for the next call
+        (`unsent` says how much), so that a caller can wait for progress in steps."""
+        if self._aborted:
+            raise ConnectionError("the connection was dropped")
         async with self._send_lock:
             data = self._out.read()
             if data:
-                await self._loop.sock_sendall(self._sock, data)
+                self._unsent = self._unsent[self._sent:] + data
+                self._sent = 0
+            while self._sent < len(self._unsent):
+                try:
+                    self._sent += self._sock.send(memoryview(self._unsent)[self._sent:])
+                except (BlockingIOError, InterruptedError):
+                    await self._wait_writable()
+            self._unsent, self._sent = b"", 0
+
+    def unsent(self) -> int:
+        """Bytes written and not yet taken by the kernel (plaintext not yet encrypted counted as
+        it is)."""
+        return len(self._unsent) - self._sent + sum(map(len, self._pending)) + self._out.pending
 
     # ------------------------------------------------------------------ the TLS session
     async def handshake(self) -> None:
@@ -181,7 +217,7 @@ class TlsStream:
     async def close_session(self) -> None:
         """Send our close_notify (after an `info` reply: the connection ends here). The client's
         close_notify is not waited for; the socket is closed next."""
-        if self._ssl is None:
+        if self._ssl is None or self._aborted:
             return
         try:
             self._ssl.unwrap()
@@ -261,6 +297,16 @@ class TlsStream:
         if name == "ssl_object":
             return self._ssl
         return default
+
+    def abort(self) -> None:
+        """Give up on the connection (a send timed out): nothing more is sent, and closing it
+        resets it (SO_LINGER 0) instead of leaving the unsent bytes to the kernel. The socket
+        itself is closed by `close`, once no reader waits on it."""
+        self._aborted = True
+        self._pending.clear()
+        self._unsent, self._sent = b"", 0
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def close(self) -> None:
         self._sock.close()

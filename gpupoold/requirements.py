@@ -7,6 +7,7 @@ or pick another server instead of waiting in a queue forever.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from gpupoold.gpus import Gpu
 
 GIB = 1 << 30
+_INDEX = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 
 
 def format_bytes(n: int, exact: bool = False) -> str:
@@ -45,7 +47,7 @@ class Requirements:
     def why_not(self, gpu: Gpu) -> str | None:
         """None when `gpu` meets the requirements, else the reason in words."""
         if self.gpu:
-            if self.gpu.isdigit():
+            if _INDEX.fullmatch(self.gpu):
                 if gpu.index != int(self.gpu):
                     return f"not GPU {self.gpu}"
             elif not (gpu.uuid and gpu.uuid.lower().startswith(self.gpu.lower())):

@@ -104,8 +104,8 @@ async def request_reset(socket_path: Path, gpu: Gpu, timeout: float,
         return ResetResult(False, f"cannot talk to the reset helper at {socket_path}: {exc}",
                            time.monotonic() - t0)
     finally:
-        if nvml is not None:
-            nvml.resume()
+        if nvml is not None:  # in a thread: the telemetry sampler may hold NVML's lock
+            await asyncio.to_thread(nvml.resume)
     elapsed = time.monotonic() - t0
     try:
         reply = json.loads(raw)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ def parse_address(text: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host:
         raise ValueError(f"{text!r}: write an IPv6 address in brackets, as [::1]:7070")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not re.fullmatch(r"[0-9]+", port_text) or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"{text!r}: port must be a number from 0 to 65535")
     return host, int(port_text)
 

@@ -95,7 +95,9 @@ class Telemetry:
                     self.nvml.driver_versions)
             except NvmlUnavailable as exc:
                 log.info("driver versions unknown: %s", exc)
-        await self.sample_once()
+            except Exception:  # a bug or an odd driver must cost the versions, never the start
+                log.exception("reading the driver versions failed; they are reported unknown")
+        await self._sample_guarded()
         self._task = asyncio.create_task(self._run(), name="telemetry")
 
     async def close(self) -> None:
@@ -108,14 +110,20 @@ class Telemetry:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.sample_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug here must cost a reading, never the sampler
-                if not self._failed_once:
-                    log.exception("reading the GPUs' live values failed (logged once)")
-                    self._failed_once = True
+            await self._sample_guarded()
+
+    async def _sample_guarded(self) -> None:
+        """sample_once, where a failure costs a reading (the values stay as they were: unknown
+        until a reading succeeds), never the sampler or the daemon's start."""
+        try:
+            await self.sample_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if not self._failed_once:
+                log.exception("reading the GPUs' live values failed (logged once); they stay "
+                              "as last read until a reading succeeds")
+                self._failed_once = True
 
     # ------------------------------------------------------------------------------ reading
     def live(self, index: int) -> dict[str, Any]:

@@ -6,13 +6,16 @@ shim; tests/test_telemetry.py uses it too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gpupool_protocol as gp
@@ -334,3 +337,296 @@ def test_info_in_plaintext_on_the_tls_port_is_told_to_use_tls(
     refused = gp.InfoReply.decode(body)
     assert refused.result == gp.GP_EPROTO and "requires TLS" in refused.message
     assert "GPUPOOL_TLS=1" in refused.message
+
+
+# ------------------------------------------------------------------ the daemon's side, in-process
+# RemotingListener and InfoCache (gpupoold/remoting.py, gpupoold/info.py) on a stand-in lease
+# manager whose views can be made as large as the reply allows.
+class StandInLeases:
+    """What InfoCache and the info path of RemotingListener read of the lease manager."""
+
+    def __init__(self, leases: int = 0, queue: int = 0, pad: int = 0, gpu_pad: int = 0) -> None:
+        self.slots = [SimpleNamespace(gpu=SimpleNamespace(simulated=True))]
+        self.telemetry: Any = None
+        self.key = 0
+        self.gpu_pad = gpu_pad
+        self.leases = [self._entry(i, pad) for i in range(leases)]
+        self.queue = [{"position": i + 1, **self._entry(i, pad)} for i in range(queue)]
+
+    @staticmethod
+    def _entry(i: int, pad: int) -> dict[str, Any]:
+        return {"id": i, "gpu": 0, "token": ("alice", "bob")[i % 2],
+                "client": {"host": ("h1", "h2", "hé")[i % 3], "user": "u", "pid": i,
+                           "program": "prögram ✓ " + "x" * pad, "peer": "127.0.0.1:1"},
+                "request": "any GPU", "started": 1767225600.25, "duration_s": 0.5,
+                "calls": {"cuMemAlloc": i}}
+
+    def gpu_views(self) -> list[dict[str, Any]]:
+        return [{"index": 0, "name": "H100 (gpupool simulated) " + "y" * self.gpu_pad,
+                 "state": "free", "live": {"memory_used": 0}}]
+
+    def active_leases(self) -> list[dict[str, Any]]:
+        return [dict(v) for v in self.leases]
+
+    def queue_view(self) -> list[dict[str, Any]]:
+        return [dict(v) for v in self.queue]
+
+    def view_key(self) -> tuple[Any, ...]:
+        return (self.key,)
+
+    def counts(self, req: Any, token: str) -> tuple[int, int, int, int]:
+        return 1, 1, 1, len(self.queue)
+
+
+def doc_settings(**changes: Any) -> Any:
+    from gpupoold.settings import Settings
+    return Settings(listen="127.0.0.1:0", auth="none", **changes)
+
+
+@pytest.mark.parametrize(("leases", "queue", "pad", "gpu_pad", "truncated"), [
+    (0, 0, 0, 0, None),
+    (7, 5, 10, 0, None),
+    (2200, 300, 1500, 0, "queue"),  # ~3.7 MB of leases fit, with the queue they would not
+    (1500, 1500, 1500, 0, "queue"),
+    (3000, 10, 1500, 0, "leases"),
+    (1, 1, 0, 5 * MIB, "gpus"),
+])
+async def test_the_cached_document_is_the_reference_encoding(
+        leases: int, queue: int, pad: int, gpu_pad: int, truncated: str | None) -> None:
+    from gpupoold import info
+    stand_in = StandInLeases(leases, queue, pad, gpu_pad)
+    settings = doc_settings()
+    cache = info.InfoCache(settings, stand_in)  # type: ignore[arg-type]
+    snap = await cache.snapshot("0.0.0.0:7070")
+    now = json.loads(snap.time)
+    for name, host in (("alice", "h1"), ("bob", "hé"), ("alice", ""), ("carol", "h2"),
+                       ("anonymous", "h1")):
+        expected = info.encode_document(info.document(
+            settings, stand_in, "0.0.0.0:7070", name, "user", host, now=now))  # type: ignore[arg-type]
+        got = snap.compose(name, "user", host)
+        assert got == expected, (name, host)
+    doc = json.loads(got)
+    assert len(got.encode()) <= info.JSON_LIMIT
+    assert doc.get("truncated") is (None if truncated is None else True)
+    if truncated is None:
+        assert len(doc["leases"]) == leases and len(doc["queue"]) == queue
+    else:
+        assert doc["queue"] == []
+        assert (doc["leases"] == []) is (truncated in ("leases", "gpus"))
+        assert (doc["gpus"] == []) is (truncated == "gpus")
+
+
+async def test_repeat_requests_share_one_snapshot_until_something_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupoold import info
+    monkeypatch.setattr(info, "CACHE_TTL", 0.3)
+    stand_in = StandInLeases(leases=3)
+    stand_in.telemetry = SimpleNamespace(samples=1, driver_version="", cuda_driver_version=13000)
+    cache = info.InfoCache(doc_settings(), stand_in)  # type: ignore[arg-type]
+    request = info_request("", host="h1")
+
+    async def ask_doc(name: str = "alice", host: str = "h1") -> dict[str, Any]:
+        request.host = host
+        return document(await cache.answer(request, name, "user", "0.0.0.0:7070"))
+
+    first = await ask_doc()
+    for _ in range(20):
+        again = await ask_doc()
+        assert again == first  # same snapshot, same time
+    assert [le["mine"] for le in first["leases"]] == [True, False, False]
+    assert [le["mine"] for le in (await ask_doc("bob", "h2"))["leases"]] == [False, True, False]
+    assert (await ask_doc("bob", "h2"))["you"] == {"name": "bob", "role": "user"}
+    assert cache.builds == 1
+
+    stand_in.leases.append(StandInLeases._entry(3, 0))  # a lease started: the key moves
+    stand_in.key += 1
+    assert len((await ask_doc())["leases"]) == 4 and cache.builds == 2
+    stand_in.telemetry.samples += 1  # new live values
+    await ask_doc()
+    assert cache.builds == 3
+    await ask_doc()
+    assert cache.builds == 3
+    await asyncio.sleep(0.35)  # CACHE_TTL: running durations move
+    later = await ask_doc()
+    assert cache.builds == 4 and later["time"] > first["time"]
+
+
+async def test_a_large_snapshot_is_encoded_off_the_event_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupoold import info
+    threads: list[bool] = []
+    encode = info._encode_lists
+
+    def recording(*args: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return encode(*args)
+
+    monkeypatch.setattr(info, "_encode_lists", recording)
+    for n in (3, info.THREAD_ITEMS + 1):
+        cache = info.InfoCache(doc_settings(), StandInLeases(leases=n))  # type: ignore[arg-type]
+        reply = await cache.answer(info_request(""), "alice", "user", "x:1")
+        assert len(document(reply)["leases"]) == n
+    assert threads == [True, False]
+
+
+class InProcessDaemon:
+    """A RemotingListener on 127.0.0.1:0 with a stand-in lease manager, answering `info`."""
+
+    def __init__(self, leases: StandInLeases, **settings: Any) -> None:
+        from gpupoold.auth import NoAuthentication
+        from gpupoold.counters import Counters
+        from gpupoold.remoting import RemotingListener
+        self.counters = Counters()
+        self.listener = RemotingListener(doc_settings(**settings), leases,  # type: ignore[arg-type]
+                                         NoAuthentication(), self.counters)  # type: ignore[arg-type]
+
+    async def start(self, sndbuf: int = 256 * 1024) -> InProcessDaemon:
+        await self.listener.start()
+        # Accepted sockets inherit a small send buffer from the listening socket: a reply of
+        # megabytes cannot vanish into the kernel, whatever its TCP autotuning allows.
+        assert self.listener._server is not None
+        for sock in self.listener._server.sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        host, _, port = self.listener.address.rpartition(":")
+        self.host, self.port = host, int(port)
+        return self
+
+    async def handshakes_done(self, connections: int, timeout: float) -> float:
+        """Seconds until `connections` connections were seen and none is in its handshake any
+        more (fails after `timeout`)."""
+        t0 = time.monotonic()
+        while self.counters.total("connections") < connections or self.listener._handshakes:
+            assert time.monotonic() - t0 < timeout, \
+                f"{len(self.listener._handshakes)} connection(s) still held after {timeout} s"
+            await asyncio.sleep(0.02)
+        return time.monotonic() - t0
+
+
+def open_non_reader(daemon: InProcessDaemon, tls_ca: Path | None = None,
+                    rcvbuf: int | None = 4096) -> socket.socket:
+    """Connect with a tiny receive buffer, send an info request, and read nothing (yet)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(30)
+    sock.connect((daemon.host, daemon.port))
+    if tls_ca is not None:
+        ctx = ssl.create_default_context(cafile=str(tls_ca))
+        sock = ctx.wrap_socket(sock, server_hostname="localhost")
+    sock.sendall(gp.encode_frame(info_request(""), INFO_REQ))
+    return sock
+
+
+def read_to_the_end(sock: socket.socket) -> tuple[int, str]:
+    """(bytes read, how the connection ended: "eof" or "reset")."""
+    total = 0
+    try:
+        while chunk := sock.recv(1 << 20):
+            total += len(chunk)
+    except (ConnectionResetError, ssl.SSLError):
+        return total, "reset"
+    return total, "eof"
+
+
+def ask_in_thread(daemon: InProcessDaemon, tls_ca: Path | None = None) -> gp.InfoReply:
+    server = SimpleNamespace(host=daemon.host, port=daemon.port)
+    return ask(server, info_request(""), tls_ca)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
+async def test_a_client_that_never_reads_its_reply_is_dropped(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, pki: Pki,  # noqa: F811
+        use_tls: bool) -> None:
+    from gpupoold import remoting
+    monkeypatch.setattr(remoting, "SEND_TIMEOUT", 1.0)
+    monkeypatch.setattr(remoting, "CLOSE_TIMEOUT", 1.0)
+    tls: dict[str, Any] = {"tls_cert": pki.cert, "tls_key": pki.key} if use_tls else {}
+    ca = pki.ca if use_tls else None
+    daemon = await InProcessDaemon(StandInLeases(leases=1500, pad=1500), **tls).start()
+    try:
+        caplog.set_level("INFO", logger="gpupoold.remoting")
+        t0 = time.monotonic()
+        sock = await asyncio.to_thread(open_non_reader, daemon, ca)
+        try:
+            await daemon.handshakes_done(1, timeout=10)
+            took = time.monotonic() - t0
+            # A round of SEND_TIMEOUT for what the kernels took at first, and one or two while
+            # the client's kernel takes its last bytes: far from SEND_LIMIT (30 s).
+            assert took < 5, f"the connection was held {took:.1f} s"
+            assert any("read nothing for 1 s; connection dropped" in r.getMessage()
+                       for r in caplog.records), [r.getMessage() for r in caplog.records]
+            got, end = await asyncio.to_thread(read_to_the_end, sock)
+            assert end == "reset" or got < 2 * MIB, (got, end)  # never the whole reply
+        finally:
+            sock.close()
+        # The daemon serves the next client as before, the whole reply.
+        reply = await asyncio.to_thread(ask_in_thread, daemon, ca)
+        assert len(document(reply)["leases"]) == 1500
+        assert daemon.counters.get("info_requests", result="ok") == 2
+    finally:
+        await daemon.listener.close()
+
+
+async def test_info_requests_answered_at_once_are_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupoold import remoting
+    monkeypatch.setattr(remoting, "MAX_INFO_AT_ONCE", 1)
+    monkeypatch.setattr(remoting, "SEND_TIMEOUT", 3.0)
+    daemon = await InProcessDaemon(StandInLeases(leases=1500, pad=1500),
+                                   handshake_timeout=1.0).start()
+    try:
+        sock = await asyncio.to_thread(open_non_reader, daemon)  # holds the only slot ~3 s
+        try:
+            t0 = time.monotonic()
+            busy = await asyncio.to_thread(ask_in_thread, daemon)
+            waited = time.monotonic() - t0
+            assert busy.result == gp.GP_EBUSY, busy
+            assert "too many info requests at once (1)" in busy.message, busy.message
+            assert "try again" in busy.message
+            assert (busy.gpus, busy.json) == (0, "")
+            assert 0.9 < waited < 2.5, waited  # it waited its turn for handshake_timeout
+            assert daemon.counters.get("info_requests", result="busy") == 1
+        finally:
+            sock.close()
+        await daemon.handshakes_done(2, timeout=6)
+        # The slot is free again; a request that has to wait a little is served.
+        replies = await asyncio.gather(*(asyncio.to_thread(ask_in_thread, daemon)
+                                         for _ in range(3)))
+        assert [r.result for r in replies] == [0, 0, 0]
+    finally:
+        await daemon.listener.close()
+
+
+@pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
+async def test_a_client_that_reads_slowly_gets_its_whole_reply(
+        monkeypatch: pytest.MonkeyPatch, pki: Pki, use_tls: bool) -> None:  # noqa: F811
+    from gpupoold import remoting
+    monkeypatch.setattr(remoting, "SEND_TIMEOUT", 1.0)
+    tls: dict[str, Any] = {"tls_cert": pki.cert, "tls_key": pki.key} if use_tls else {}
+    ca = pki.ca if use_tls else None
+    daemon = await InProcessDaemon(StandInLeases(leases=300, pad=1500),
+                                   **tls).start(sndbuf=32 * 1024)
+
+    def slow_reader() -> tuple[float, gp.InfoReply]:
+        sock = open_non_reader(daemon, ca, rcvbuf=64 * 1024)
+        with sock:
+            t0 = time.monotonic()
+            buf = bytearray()
+            while True:  # 32 KiB every 0.3 s: never idle for SEND_TIMEOUT
+                step = len(buf) + 32 * 1024
+                while len(buf) < step and (chunk := sock.recv(step - len(buf))):
+                    buf += chunk
+                if len(buf) < step:
+                    break
+                time.sleep(0.3)
+            took = time.monotonic() - t0
+        length, op, _flags, _req = gp.HEADER.unpack(buf[:gp.HEADER.size])
+        assert (op, len(buf)) == (gp.Info.OP, gp.HEADER.size + length)
+        return took, gp.InfoReply.decode(bytes(buf[gp.HEADER.size:]))
+
+    try:
+        took, reply = await asyncio.to_thread(slow_reader)
+        assert took > 2 * remoting.SEND_TIMEOUT  # longer than one SEND_TIMEOUT, by far
+        assert len(document(reply)["leases"]) == 300
+    finally:
+        await daemon.listener.close()

@@ -67,3 +67,19 @@ async def test_queue_order_positions_and_first_eligible() -> None:
     view = q.view()
     assert [v["token"] for v in view] == ["bob", "carol"] and view[0]["position"] == 1
     assert all(isinstance(w.future, asyncio.Future) for w in q)
+
+
+@pytest.mark.parametrize("text", ["²", "١", "1²", "𝟙", "٣"])
+def test_a_gpu_that_is_not_ascii_digits_is_a_uuid_prefix(text: str) -> None:
+    # str.isdigit() takes these (int() refuses "²" with ValueError, reads "١" as 1): an index is
+    # ASCII digits only, anything else is a UUID prefix.
+    req = Requirements(gpu=text)
+    assert req.why_not(gpu(1)) == f"its UUID does not start with {text!r}"
+    assert not req.matches(gpu(0))
+    assert f"GPU 0 (NVIDIA H100 80GB HBM3): its UUID does not start with {text!r}" in \
+        req.refusal([gpu(0)])
+
+
+def test_an_index_is_ascii_digits() -> None:
+    assert Requirements(gpu="01").matches(gpu(1))
+    assert Requirements(gpu="2").why_not(gpu(1)) == "not GPU 2"

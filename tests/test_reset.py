@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes.util
 import json
 import os
@@ -148,6 +149,44 @@ async def test_socket_nobody_listens_on(tmp: Path) -> None:
     s.close()  # the file stays, nobody listens: a helper that died
     r = await request_reset(path, real_gpu(FakePynvml(gpus(1)), 0), 5)
     assert not r.ok and "is not running" in r.error and "refuses connections" in r.error
+
+
+async def test_nvml_is_paused_and_resumed_off_the_event_loop(tmp: Path) -> None:
+    """NVML's lock may be held for long by the telemetry sampler's thread: waiting for it must
+    never block the event loop."""
+    nvml = Nvml(module=FakePynvml(gpus(1)))
+    loop_thread = threading.current_thread()
+    calls: list[tuple[str, bool]] = []
+    pause, resume = nvml.pause, nvml.resume
+
+    def slow_pause(reason: str) -> None:
+        calls.append(("pause", threading.current_thread() is loop_thread))
+        pause(reason)
+
+    def slow_resume() -> None:
+        calls.append(("resume", threading.current_thread() is loop_thread))
+        time.sleep(0.4)  # as when the sampler holds the lock
+        resume()
+
+    nvml.pause, nvml.resume = slow_pause, slow_resume  # type: ignore[method-assign]
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        r = await request_reset(tmp / "reset.sock", real_gpu(FakePynvml(gpus(1)), 0), 5,
+                                nvml=nvml)
+    finally:
+        ticker.cancel()
+    assert not r.ok and "is not running" in r.error
+    assert calls == [("pause", False), ("resume", False)]
+    assert ticks >= 10, f"the event loop ran only {ticks} times in 0.4 s"
+    assert nvml.sample(0).temperature_c == 35  # resumed
 
 
 async def test_unknown_uuid_is_not_sent(tmp: Path) -> None:

@@ -275,3 +275,59 @@ async def test_the_background_sampler_runs_every_interval() -> None:
         assert tel.live(0)["at"] > first
     finally:
         await tel.close()
+
+
+class BrokenNvml(MeteredNvml):
+    """pynvml raising what it never should (not an NVMLError): a driver or binding bug."""
+
+    broken = True
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        if self.broken:
+            raise RuntimeError("a binding bug")
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        raise RuntimeError("another binding bug")
+
+
+async def test_a_failing_first_reading_does_not_stop_the_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    fake = BrokenNvml(1)
+    tel = Telemetry(real_inventory(fake), None, Settings(telemetry_interval=0.05))
+    with caplog.at_level("INFO", logger="gpupoold.telemetry"):
+        await tel.start()  # must not raise: the daemon starts with unknown values
+    try:
+        assert tel._task is not None and not tel._task.done()
+        assert (tel.driver_version, tel.cuda_driver_version) == ("", 0)
+        got = tel.live(0)
+        assert got["at"] is None and got["memory_used"] is None and got["temperature_c"] is None
+        assert got["memory_total"] == 80 * GIB  # from the inventory
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("driver versions failed" in m for m in messages), messages
+        assert sum("live values failed" in m for m in messages) == 1, messages
+        # The background sampler keeps trying, and reads once the GPU answers again.
+        rounds = tel.samples
+        await asyncio.sleep(0.2)
+        assert tel.samples == rounds and tel.live(0)["at"] is None
+        fake.broken = False
+        deadline = time.monotonic() + 5
+        while tel.live(0)["temperature_c"] is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert tel.live(0)["temperature_c"] == 35 and tel.samples > rounds
+        assert sum("live values failed" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        await tel.close()
+
+
+async def test_a_failing_simulated_reading_does_not_stop_the_start() -> None:
+    def broken_leases() -> Any:
+        raise RuntimeError("a lease manager bug")
+
+    tel = Telemetry(sim_inventory(1), broken_leases, Settings(telemetry_interval=0.05))
+    await tel.start()
+    try:
+        assert tel.live(0)["at"] is None and tel.live(0)["memory_total"] == 80 * GIB
+        assert tel.cuda_driver_version == 13000 and tel.live(0)["cuda_driver_version"] == 13000
+    finally:
+        await tel.close()
