@@ -12,7 +12,11 @@ cuda.h for the test client):
      trip to a Python echo server on the same loopback, measured in the same run.
   2. recovery: a client streaming copies is killed with SIGKILL; the time until its GPU is free
      again (lease ended as "client lost", memory scrubbed, health checked), target 3 s.
-  3. responsiveness: `/healthz` is fetched back to back (one connection at a time, as a
+  3. client side (issue 5): the `info` request that `gpupool status/smi/doctor` and the NVML
+     library send (connect, token check, the server's state as JSON), next to the raw TCP
+     reference; and the connect time of (1) with two servers configured, where each new process
+     first asks both for their state to pick one (server selection), next to one server.
+  4. responsiveness: `/healthz` is fetched back to back (one connection at a time, as a
      monitoring probe does) while 2 clients stream 64 MiB device-to-host copies on the 2 GPUs and
      6 more wait in the queue; p50/p99/max, next to the same probe on the idle daemon.
 Prints a table and a markdown section for docs/benchmarks.md. Targets are reported, not enforced.
@@ -191,6 +195,54 @@ def kill_to_free(client: Path, n: int) -> list[float]:
         d.stop()
 
 
+def info_times(n: int) -> list[float]:
+    """Seconds for one `info` request from the Python client (what `gpupool status` sends)."""
+    sys.path.insert(0, str(ROOT / "client"))
+    from gpupool.config import ServerConfig
+    from gpupool.wire.info import fetch_info
+
+    d = Daemon(2)
+    try:
+        host, port = d.address.rsplit(":", 1)
+        srv = ServerConfig(address=d.address, host=host, port=port, token=d.token)
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            res = fetch_info(srv, 10.0)
+            out.append(time.perf_counter() - t0)
+            if res.result != 0:
+                raise RuntimeError(f"info refused: {res.message}")
+        return out
+    finally:
+        d.stop()
+
+
+def selection_times(client: Path, n: int) -> tuple[list[float], list[float]]:
+    """cuInit times with one server configured, and with two (probes first), same daemons."""
+    a, b = Daemon(1), Daemon(1)
+    try:
+        conf = a.state / "client.toml"
+        conf.write_text(f'[[servers]]\naddress = "{a.address}"\ntoken = "{a.token}"\n\n'
+                        f'[[servers]]\naddress = "{b.address}"\ntoken = "{b.token}"\n')
+        two = dict(os.environ, LD_LIBRARY_PATH=str(BUILD / "client"), GPUPOOL_CONFIG=str(conf))
+        for k in ("GPUPOOL_SERVER", "GPUPOOL_TOKEN"):
+            two.pop(k, None)
+        out: tuple[list[float], list[float]] = ([], [])
+        for _ in range(n):
+            for env, times in ((a.client_env(), out[0]), (two, out[1])):
+                proc = subprocess.run([str(client), str(MIB), "0", "1"], env=env,
+                                      capture_output=True, text=True, timeout=60)
+                if proc.returncode != 0:
+                    raise RuntimeError(proc.stderr)
+                f = parse_facts(proc.stdout)
+                times.append(float(f["t_leased"]) - float(f["t_start"]))
+                a.wait_free(1)
+        return out
+    finally:
+        a.stop()
+        b.stop()
+
+
 def raw_tcp_connect(n: int) -> list[float]:
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -278,6 +330,10 @@ def main() -> int:
     warm = connect_times(client, n, True)
     log(f"connect to first reply, workers started on demand ({n} runs)")
     cold = connect_times(client, n, False)
+    log(f"info requests ({n * 4} runs)")
+    info = info_times(n * 4)
+    log(f"connect with one server and with two configured ({n} runs each)")
+    one, two = selection_times(client, n)
     log("SIGKILL of a streaming client to GPU free again")
     recovery = kill_to_free(client, 3 if args.quick else 8)
     log(f"/healthz under load ({seconds:g} s)")
@@ -289,6 +345,10 @@ def main() -> int:
         ("connect to first reply, pre-started worker (p90)", pct(warm, 90) * ms, "ms", "", ""),
         ("connect to first reply, worker started on demand (median)",
          statistics.median(cold) * ms, "ms", "", "(for comparison)"),
+        ("info request, Python client (median)", statistics.median(info) * ms, "ms",
+         f"raw TCP connect + RTT {statistics.median(ref) * ms:.3f} ms", ""),
+        ("connect to first reply, 2 servers configured (median)", statistics.median(two) * ms,
+         "ms", f"1 server: {statistics.median(one) * ms:.2f} ms", "small"),
         ("client SIGKILL to GPU free again (median)", statistics.median(recovery), "s",
          f"max {max(recovery):.2f} s of {len(recovery)}", "< 3 s"),
         ("/healthz p50 while streaming", pct(busy, 50) * ms, "ms",
