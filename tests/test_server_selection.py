@@ -13,7 +13,10 @@ import json
 import re
 import shutil
 import socket
+import struct
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,10 @@ from test_e2e_leases import (  # noqa: F401  (hold_gpu is a fixture)
     ended_leases, facts, hold_gpu, start_client, wait_until)
 from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
 
+from gpupool import _wire_generated as gp
+
 MIB = 1 << 20
+HEADER = struct.Struct("<IHHQ")  # len, op, flags, req (docs/protocol.md)
 
 
 def two_daemons(start_daemon: Any, native_build: Path) -> tuple[GpupoolServer, GpupoolServer]:
@@ -342,3 +348,217 @@ def test_tls_settings_are_per_server(start_daemon: Any, native_build: Path, hold
     assert lines[0].startswith(f"gpupool: server localhost:{secure.port} skipped: TLS"), lines
     assert "client certificate" in lines[0], lines
     expect_leases(plain, ["selection-plain"])
+
+
+# ------------------------------------------------------------------ probe limits, old servers
+class FakeServer:
+    """A TCP server on 127.0.0.1 whose connections `handle(conn)` serves, each in a thread;
+    `firsts` holds the op of each connection's first frame."""
+
+    def __init__(self, handle: Any) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.handle = handle
+        self.firsts: list[int] = []
+        self.stopping = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self.handle(self, conn)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.sock.close()
+
+
+def recv_exact(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise OSError("closed")
+        data += chunk
+    return data
+
+
+def first_frame(server: FakeServer, conn: socket.socket) -> tuple[bytes, int, int]:
+    header = recv_exact(conn, 16)
+    length, op, _, _ = HEADER.unpack(header)
+    server.firsts.append(op)
+    return header, length, op
+
+
+def old_front(backend: GpupoolServer) -> Any:
+    """A gpupoold of protocol 1.0 in front of a real daemon: a first frame other than hello gets
+    1.0's notice ("the first frame must be hello") and the connection closes; a hello and all
+    that follows are relayed to the daemon."""
+    host, port = backend.address.rsplit(":", 1)
+
+    def handle(server: FakeServer, conn: socket.socket) -> None:
+        header, length, op = first_frame(server, conn)
+        if op != gp.Hello.OP:
+            recv_exact(conn, length)
+            text = b"the first frame must be hello"
+            body = struct.pack("<iHI", gp.GP_EPROTO, 0, len(text)) + text
+            conn.sendall(HEADER.pack(len(body), gp.Notice.OP, 0, 0) + body)
+            return
+        with socket.create_connection((host, int(port))) as up:
+            up.sendall(header)
+
+            def pump(src: socket.socket, dst: socket.socket) -> None:
+                try:
+                    while data := src.recv(65536):
+                        dst.sendall(data)
+                except OSError:
+                    pass
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+            back = threading.Thread(target=pump, args=(up, conn), daemon=True)
+            back.start()
+            pump(conn, up)
+            back.join(30)
+
+    return handle
+
+
+def test_probe_timeout_zero_means_two_seconds(start_daemon: Any, native_build: Path,
+                                              hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    """probe_timeout = 0 is the probes' default (2 s), never "wait forever"."""
+    b = start_daemon(build_dir=native_build)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        address = "127.0.0.1:%d" % silent.getsockname()[1]
+        config = tmp_path / "config.toml"
+        config.write_text(f'probe_timeout = 0\nservers = ["{address}", "{b.address}"]\n'
+                          f'token = "{b.token}"\n')
+        config.chmod(0o600)
+        started = time.monotonic()
+        proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(b, config), timeout=30)
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [f"gpupool: server {address} skipped: timed out after "
+                                          "2 s"], proc.stderr
+    assert elapsed < 15, elapsed
+
+
+def test_probe_timeout_is_a_hard_limit(start_daemon: Any, native_build: Path,
+                                       hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A server that answers one byte at a time (each well within the timeout) still costs no
+    more than probe_timeout in all."""
+    b = start_daemon(build_dir=native_build)
+
+    def trickle(server: FakeServer, conn: socket.socket) -> None:
+        first_frame(server, conn)
+        body = b"\0" * 200
+        frame = HEADER.pack(len(body), gp.Info.OP, gp.FLAG_REPLY, 1) + body
+        for byte in frame:
+            if server.stopping.wait(0.1):
+                return
+            conn.sendall(bytes([byte]))
+
+    slow = FakeServer(trickle)
+    try:
+        config = tmp_path / "config.toml"
+        config.write_text(f'probe_timeout = 0.5\nservers = ["{slow.address}", "{b.address}"]\n'
+                          f'token = "{b.token}"\n')
+        config.chmod(0o600)
+        started = time.monotonic()
+        proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(b, config), timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        slow.close()
+    assert proc.returncode == 0, proc.stderr
+    assert gpupool_lines(proc.stderr) == [f"gpupool: server {slow.address} skipped: timed out "
+                                          "after 0.5 s"], proc.stderr
+    assert slow.firsts == [gp.Info.OP]
+    assert elapsed < 12, elapsed  # byte by byte the frame alone takes 21 s
+
+
+def test_an_oversized_answer_is_refused_unread(start_daemon: Any, native_build: Path,
+                                               hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    b = start_daemon(build_dir=native_build)
+
+    def huge(server: FakeServer, conn: socket.socket) -> None:
+        first_frame(server, conn)
+        conn.sendall(HEADER.pack(gp.MAX_BODY, gp.Info.OP, gp.FLAG_REPLY, 1))
+        server.stopping.wait(10)
+
+    big = FakeServer(huge)
+    try:
+        config = write_config(tmp_path / "config.toml",
+                              [(big.address, "x"), (b.address, b.token)])
+        proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(b, config), timeout=60)
+    finally:
+        big.close()
+    assert proc.returncode == 0, proc.stderr
+    limit = 4 + 2 + 2 + 4 + 4095 + 4 + 255 + 16 + 4 + 4194304
+    assert gpupool_lines(proc.stderr) == [
+        f"gpupool: server {big.address} skipped: its answer to info is a reply of "
+        f"{gp.MAX_BODY} bytes, more than the {limit} it can be: it does not answer like a "
+        "gpupool server; is the port right?"], proc.stderr
+
+
+def test_servers_of_protocol_1_0_still_work(start_daemon: Any, native_build: Path,
+                                            hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Every probe fails because the servers speak 1.0 (no info): the client says hello to them
+    in list order, as without selection, and says so at debug level only."""
+    a, b = two_daemons(start_daemon, native_build)
+    old_a, old_b = FakeServer(old_front(a)), FakeServer(old_front(b))
+    down = f"127.0.0.1:{free_port()}"
+    try:
+        config = write_config(tmp_path / "config.toml", [(old_a.address, a.sel_token),  # type: ignore[attr-defined]
+                                                         (old_b.address, b.sel_token)])  # type: ignore[attr-defined]
+        proc = run_client([hold_gpu, MIB, 0, 1], env=selection_env(a, config))
+        assert proc.returncode == 0, proc.stderr
+        assert gpupool_lines(proc.stderr) == [], proc.stderr
+        expect_leases(a, ["selection-a"])
+        assert old_a.firsts == [gp.Info.OP, gp.Hello.OP] and old_b.firsts == [gp.Info.OP]
+
+        # The same at debug level: why, and the choice.
+        proc = run_client([hold_gpu, MIB, 0, 2], env=selection_env(a, config,
+                                                                    {"GPUPOOL_LOG": "debug"}))
+        assert proc.returncode == 0, proc.stderr
+        assert "no server answered info and 2 speak protocol 1.0: trying them with hello in " \
+               "list order" in proc.stderr, proc.stderr
+        assert f"chose server {old_a.address} (protocol 1.0, first in list order; 2 " \
+               "candidates)" in proc.stderr, proc.stderr
+        assert not [x for x in gpupool_lines(proc.stderr) if "skipped" in x], proc.stderr
+
+        # A server that is down among them: skipped with its warning; the 1.0 one is used.
+        config = write_config(tmp_path / "down.toml", [(down, a.sel_token),  # type: ignore[attr-defined]
+                                                       (old_b.address, b.sel_token)])  # type: ignore[attr-defined]
+        proc = run_client([hold_gpu, MIB, 0, 3], env=selection_env(b, config))
+        assert proc.returncode == 0, proc.stderr
+        assert gpupool_lines(proc.stderr) == [f"gpupool: server {down} skipped: connection "
+                                              "refused"], proc.stderr
+        expect_leases(b, ["selection-b"])
+
+        # With a server of protocol 1.1 that answers, the 1.0 one is skipped (it cannot say
+        # whether it has a free GPU).
+        config = write_config(tmp_path / "mixed.toml", [(old_a.address, a.sel_token),  # type: ignore[attr-defined]
+                                                        (b.address, b.sel_token)])  # type: ignore[attr-defined]
+        proc = run_client([hold_gpu, MIB, 0, 4], env=selection_env(b, config))
+        assert proc.returncode == 0, proc.stderr
+        lines = gpupool_lines(proc.stderr)  # b's GPU may still be winding down: a queue line
+        assert [x for x in lines if "waiting for a GPU" not in x] == [
+            f"gpupool: server {old_a.address} skipped: server speaks protocol 1.0; this client "
+            "needs 1.1 for info: upgrade gpupoold"], proc.stderr
+        expect_leases(b, ["selection-b"] * 2)
+    finally:
+        old_a.close()
+        old_b.close()

@@ -1,6 +1,8 @@
 /*
  * client_config.c: the client configuration (client_config.h; docs/dev/issue5-contracts.md
  * section 3): the file, the TOML subset it may use, and the environment on top of it.
+ * client/gpupool/config.py reads the same file with the same rules (and the same messages);
+ * tests/test_config_agreement.py runs both on one table of cases.
  *
  * The subset (what `gpupool login` writes, and what people write by hand):
  *   # comments                    anywhere outside a string
@@ -11,18 +13,27 @@
  *   [[servers]]                   address, token, tls, tls_ca, tls_cert, tls_key
  * Anything else (inline tables, dotted or quoted keys, multi-line strings, dates, other arrays)
  * is an error naming FILE:LINE and what is supported. An unknown key or table is one warning and
- * is ignored. Relative paths are relative to the file's folder; "~/" is the home folder.
+ * is ignored. Numbers: TOML's decimal grammar (underscores between digits, an optional sign,
+ * fraction and exponent), at most 100 characters, integers within 64-bit signed.
  *
- * Then the environment, key by key (a variable set to "" counts as unset): GPUPOOL_SERVER (a
- * comma-separated list that replaces the file's; an address the file has as a [[servers]] entry
- * keeps that entry's token and TLS settings), GPUPOOL_TOKEN, GPUPOOL_TLS, GPUPOOL_TLS_CA,
- * GPUPOOL_TLS_CERT, GPUPOOL_TLS_KEY (every server), GPUPOOL_CONNECT_TIMEOUT,
- * GPUPOOL_PROBE_TIMEOUT, GPUPOOL_GPU (alias GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL,
- * GPUPOOL_MIN_MEMORY.
+ * Values: a string setting is stripped of blanks (space, tab, CR, LF, FF, VT) at both ends, and
+ * one that is empty after that counts as unset (a [[servers]] entry with token = "" takes the
+ * default token). No setting may hold a control character. Paths: "~" and "~/..." are the home
+ * folder; a relative path is relative to the folder of the file after symlinks are resolved
+ * (realpath), so a symlinked config.toml finds the files next to its target.
+ *
+ * Then the environment, key by key: every GPUPOOL_* value is stripped the same way and a blank
+ * one counts as unset. GPUPOOL_SERVER (a comma-separated list that replaces the file's; an
+ * address the file has as a [[servers]] entry keeps that entry's token and TLS settings),
+ * GPUPOOL_TOKEN, GPUPOOL_TLS, GPUPOOL_TLS_CA, GPUPOOL_TLS_CERT, GPUPOOL_TLS_KEY (every server;
+ * "~/" expanded, a relative path is the caller's), GPUPOOL_CONNECT_TIMEOUT,
+ * GPUPOOL_PROBE_TIMEOUT (digits with an optional fraction: "10", "2.5"), GPUPOOL_GPU (alias
+ * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY.
  *
  * Self-contained: no shim state, no globals (the NVML shim links this file too).
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pwd.h>
 #include <stdarg.h>
@@ -40,6 +51,9 @@
 #define MAX_FILE_SIZE (1 << 20)
 #define MAX_STRING 8192 /* longest string value the subset reads */
 #define MAX_ITEMS 64    /* longest array of strings */
+#define MAX_NUMBER 100  /* longest number, as written */
+#define MAX_KEY 63      /* longest key or table name */
+#define MAX_KEYS 64     /* most keys in one table */
 
 static const char SUPPORTED[] =
     "the gpupool configuration is a TOML subset: comments, key = value with \"strings\", "
@@ -57,6 +71,21 @@ static void set_err(char *err, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* The blanks stripped from both ends of every value. */
+static int is_blank(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* s without the blanks at both ends: its first byte, *n its length (in: strlen(s) or less). */
+static const char *strip(const char *s, size_t *n) {
+    while (*n > 0 && is_blank(*s)) {
+        s++;
+        (*n)--;
+    }
+    while (*n > 0 && is_blank(s[*n - 1])) (*n)--;
+    return s;
+}
+
 /* $HOME, else the password database's home; "" when neither is known. */
 static void home_dir(char *out, size_t cap) {
     const char *h = getenv("HOME");
@@ -72,98 +101,125 @@ static void home_dir(char *out, size_t cap) {
         out[0] = 0;
 }
 
-/* An environment variable, NULL when unset or "". */
-static const char *env(const char *name) {
+/* A GPUPOOL_* variable without the blanks at its ends: NULL when unset or blank, else its first
+ * byte, with *n its length (the text is not NUL-terminated there). */
+static const char *env_view(const char *name, size_t *n) {
+    const char *v = getenv(name);
+    if (!v) return NULL;
+    *n = strlen(v);
+    v = strip(v, n);
+    return *n ? v : NULL;
+}
+
+/* An environment variable as it is (not a GPUPOOL_* one: XDG_CONFIG_HOME), NULL when unset or
+ * "". */
+static const char *env_raw(const char *name) {
     const char *v = getenv(name);
     return v && *v ? v : NULL;
 }
 
-/* "~/x" -> "$HOME/x"; a relative path -> dir/path (dir NULL: left as is). 0, or -1 (too long,
- * or no home folder). */
-static int expand_path(const char *in, const char *dir, char *out, size_t cap) {
-    int n;
-    if (!*in) {
+/* in[0..n): "~" / "~/x" -> "$HOME" / "$HOME/x"; a relative path -> dir/path (dir NULL: left as
+ * is). 0; -1 too long for cap; -2 "~" but no home folder. */
+static int expand_path(const char *in, size_t n, const char *dir, char *out, size_t cap) {
+    int k;
+    if (n == 0) {
         out[0] = 0;
         return 0;
     }
-    if (in[0] == '~' && (in[1] == '/' || in[1] == 0)) {
+    if (in[0] == '~' && (n == 1 || in[1] == '/')) {
         char home[4096];
         home_dir(home, sizeof home);
-        if (!*home) return -1;
-        n = snprintf(out, cap, "%s%s", home, in + 1);
+        if (!*home) return -2;
+        k = snprintf(out, cap, "%s%.*s", home, (int)(n - 1), in + 1);
     } else if (in[0] != '/' && dir) {
-        n = snprintf(out, cap, "%s/%s", dir, in);
+        k = snprintf(out, cap, "%s/%.*s", dir, (int)n, in);
     } else {
-        n = snprintf(out, cap, "%s", in);
+        k = snprintf(out, cap, "%.*s", (int)n, in);
     }
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
+    return k < 0 || (size_t)k >= cap ? -1 : 0;
 }
 
-/* 1/yes/true/on -> 1, 0/no/false/off -> 0, else -1. */
-static int parse_bool_text(const char *v) {
-    if (!strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "true") ||
-        !strcasecmp(v, "on"))
-        return 1;
-    if (!strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "false") ||
-        !strcasecmp(v, "off"))
-        return 0;
+/* 1/yes/true/on -> 1, 0/no/false/off -> 0 (any case), else -1. */
+static int parse_bool_text(const char *v, size_t n) {
+    static const char *const yes[] = {"1", "yes", "true", "on"}, *const no[] = {"0", "no",
+                                                                              "false", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (strlen(yes[i]) == n && !strncasecmp(v, yes[i], n)) return 1;
+        if (strlen(no[i]) == n && !strncasecmp(v, no[i], n)) return 0;
+    }
     return -1;
 }
 
-/* A number of seconds: finite and >= 0, nothing else around it but blanks. 0, or -1. */
-static int parse_seconds(const char *v, double *out) {
-    while (*v == ' ' || *v == '\t') v++;
-    if (!*v || *v == '-' || *v == '+') return -1;
-    char *end;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (errno || end == v || !isfinite(d) || d < 0) return -1;
-    while (*end == ' ' || *end == '\t') end++;
-    if (*end) return -1;
-    for (const char *p = v; p < end; p++) /* no hex, inf or nan spellings */
-        if (!strchr("0123456789.eE+- \t", *p)) return -1;
+/* A number of seconds as the environment writes it: digits with an optional fraction ("10",
+ * "2.5"); no sign, exponent, underscore, hex, inf or nan. v[n] must not be a digit, '.' or 'e'
+ * (a blank or the end). 0, or -1. */
+static int parse_seconds(const char *v, size_t n, double *out) {
+    size_t i = 0;
+    while (i < n && v[i] >= '0' && v[i] <= '9') i++;
+    if (i == 0) return -1;
+    if (i < n && v[i] == '.') {
+        size_t j = ++i;
+        while (i < n && v[i] >= '0' && v[i] <= '9') i++;
+        if (i == j) return -1;
+    }
+    if (i != n) return -1;
+    double d = strtod(v, NULL);
+    if (!isfinite(d)) return -1;
     *out = d;
     return 0;
 }
 
-/* Trim blanks and check a requirement text: fits cap-1 bytes, no control characters, UTF-8.
- * 0, or -1 with err: "<what> is longer than ...; set it to <how>". */
-static int check_text(const char *what, const char *value, const char *how, char *dst,
+/* A control character (C0 or DEL) in s[0..n)? */
+static int has_control(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return 1;
+    return 0;
+}
+
+/* Valid UTF-8? */
+static int is_utf8(const char *s, size_t n) {
+    char *check = malloc(n + 1);
+    if (!check) return 0;
+    int ok = gp_utf8_clean(check, n + 1, s, n) == n && memcmp(check, s, n) == 0;
+    free(check);
+    return ok;
+}
+
+/* Strip and check a text setting (value[0..n)): fits cap-1 bytes, no control characters, UTF-8.
+ * 0 with dst set, or -1 with err: "<what> is longer than ...; set it to <how>". */
+static int check_text(const char *what, const char *value, size_t n, const char *how, char *dst,
                       size_t cap, char *err, size_t ecap) {
     dst[0] = 0;
-    while (*value == ' ' || *value == '\t') value++;
-    size_t n = strlen(value);
-    while (n > 0 && (value[n - 1] == ' ' || value[n - 1] == '\t')) n--;
+    value = strip(value, &n);
     if (n >= cap) {
         set_err(err, ecap, "%s is longer than %zu bytes; set it to %s", what, cap - 1, how);
         return -1;
     }
-    for (size_t i = 0; i < n; i++) {
-        if ((unsigned char)value[i] < 0x20 || value[i] == 0x7f) {
-            set_err(err, ecap, "%s contains a control character; set it to %s", what, how);
-            return -1;
-        }
-    }
-    if (gp_utf8_clean(dst, cap, value, n) != n || memcmp(dst, value, n) != 0) {
-        set_err(err, ecap, "%s is not valid UTF-8; set it to %s", what, how);
-        dst[0] = 0;
+    if (has_control(value, n)) {
+        set_err(err, ecap, "%s contains a control character; set it to %s", what, how);
         return -1;
     }
+    if (!is_utf8(value, n)) {
+        set_err(err, ecap, "%s is not valid UTF-8; set it to %s", what, how);
+        return -1;
+    }
+    memcpy(dst, value, n);
+    dst[n] = 0;
     return 0;
 }
 
 static const char GPU_HOW[] = "a GPU index of the server or a GPU UUID (prefix)";
 static const char MODEL_HOW[] = "a part of the GPU name, e.g. A100";
+static const char TOKEN_HOW[] = "the token gpupoold gave you";
+static const char PATH_HOW[] = "a file path";
 static const char SIZE_HOW[] =
     "write bytes or a number with a unit, e.g. 40G or 40GB (40*10^9 bytes), 40GiB (40*2^30), "
     "512M, 17179869184";
 
-/* An address as a user writes it: [tls://]host[:port] / [tls://][v6]:port. Fills srv's address,
- * host, port and *tls_prefix. 0, or -1. */
-static int parse_address(const char *text, gp_server_config *srv, int *tls_prefix) {
-    while (*text == ' ' || *text == '\t') text++;
-    size_t n = strlen(text);
-    while (n > 0 && (text[n - 1] == ' ' || text[n - 1] == '\t')) n--;
+/* An address as a user writes it (already stripped, n bytes): [tls://]host[:port] /
+ * [tls://][v6]:port, port 1..65535 in at most 5 digits; no blanks, control characters, '/' or
+ * ','. Fills srv's address, host, port and *tls_prefix. 0, or -1. */
+static int parse_address(const char *text, size_t n, gp_server_config *srv, int *tls_prefix) {
     *tls_prefix = 0;
     if (n >= 6 && strncasecmp(text, "tls://", 6) == 0) {
         *tls_prefix = 1;
@@ -177,8 +233,12 @@ static int parse_address(const char *text, gp_server_config *srv, int *tls_prefi
             return -1;
     memcpy(srv->address, text, n);
     srv->address[n] = 0;
-    return gp_split_hostport(srv->address, srv->host, sizeof srv->host, srv->port,
-                             sizeof srv->port);
+    if (gp_split_hostport(srv->address, srv->host, sizeof srv->host, srv->port,
+                          sizeof srv->port) != 0)
+        return -1;
+    size_t pl = strlen(srv->port);
+    long port = strtol(srv->port, NULL, 10);
+    return pl >= 1 && pl <= 5 && port >= 1 && port <= 65535 ? 0 : -1;
 }
 
 void gp_server_desc(const gp_server_config *srv, char *out, size_t cap) {
@@ -406,7 +466,8 @@ static int digit_run(const char **pp, const char *end, char *d, size_t *n, size_
     return want_digit ? -1 : 0;
 }
 
-/* TOML's number grammar (decimal only): 0 with v set, -1 if the text at p is not one. */
+/* TOML's number grammar (decimal only), at most MAX_NUMBER characters; integers within 64-bit
+ * signed, floats finite. 0 with v set, -1 if the text at p is not one. */
 static int parse_number(parser *ps, value *v) {
     const char *p = ps->p;
     char d[128];
@@ -429,12 +490,13 @@ static int parse_number(parser *ps, value *v) {
         if (digit_run(&p, ps->end, d, &n, sizeof d) != 0) return -1;
     }
     if (p < ps->end && !strchr(" \t\r\n#,]", *p)) return -1; /* what follows ends the value */
+    if (p - ps->p > MAX_NUMBER) return -1;
     d[n] = 0;
     errno = 0;
     if (is_float) {
         v->type = V_FLOAT;
-        v->f = strtod(d, NULL);
-        if (errno || !isfinite(v->f)) return -1;
+        v->f = strtod(d, NULL); /* an underflow is 0 or subnormal: fine */
+        if (!isfinite(v->f)) return -1;
     } else {
         v->type = V_INT;
         v->i = strtoll(d, NULL, 10);
@@ -529,22 +591,33 @@ typedef struct file_settings {
     int has_connect_timeout, has_probe_timeout;
     char gpu[256], model[256];
     uint64_t min_memory;
-    int has_gpu, has_model, has_min_memory;
     int holds_token;
+    char dir[4096]; /* the file's folder, symlinks resolved: relative paths start there */
 } file_settings;
 
 enum section { SEC_TOP, SEC_REQ, SEC_SERVER, SEC_UNKNOWN };
 
 /* Keys seen in the current table, for "set twice". */
 typedef struct seen_keys {
-    char names[32][32];
+    char names[MAX_KEYS][MAX_KEY + 1];
     int n;
 } seen_keys;
 
-static int seen_before(seen_keys *s, const char *key) {
-    for (int i = 0; i < s->n; i++)
-        if (!strcmp(s->names[i], key)) return 1;
-    if (s->n < 32 && strlen(key) < sizeof s->names[0]) strcpy(s->names[s->n++], key);
+/* 1 if key was seen in this table before (error set), 0 if not (now it is), -1 if the table has
+ * too many keys (error set). */
+static int seen_before(parser *ps, seen_keys *s, const char *key) {
+    for (int i = 0; i < s->n; i++) {
+        if (!strcmp(s->names[i], key)) {
+            PERR(ps, "%s is set twice in the same table; keep one", key);
+            return 1;
+        }
+    }
+    if (s->n >= MAX_KEYS) {
+        PERR(ps, "more than %d settings in one table; this is not a gpupool configuration",
+             MAX_KEYS);
+        return -1;
+    }
+    snprintf(s->names[s->n++], sizeof s->names[0], "%s", key);
     return 0;
 }
 
@@ -554,47 +627,86 @@ static int want_type(parser *ps, const char *key, const value *v, enum vtype t, 
     return -1;
 }
 
-/* A string value that is a path: expanded into out. */
-static int path_value(parser *ps, const char *key, const value *v, const char *dir, char *out,
-                      size_t cap) {
-    if (want_type(ps, key, v, V_STR, "a file path in quotes") != 0) return -1;
-    if (expand_path(v->s, dir, out, cap) != 0) {
-        PERR(ps, "%s = \"%s\": the path is too long (or ~ has no home folder)", key, v->s);
+/* A string setting stripped (*n its length, 0: unset) and checked: no control character, at
+ * most max bytes. The text, or NULL (error set). */
+static const char *string_value(parser *ps, const char *key, const value *v, const char *type,
+                                const char *how, size_t max, size_t *n) {
+    if (want_type(ps, key, v, V_STR, type) != 0) return NULL;
+    *n = strlen(v->s);
+    const char *s = strip(v->s, n);
+    if (has_control(s, *n)) {
+        PERR(ps, "%s contains a control character; set it to %s", key, how);
+        return NULL;
+    }
+    if (*n > max) {
+        PERR(ps, "%s is longer than %zu bytes; set it to %s", key, max, how);
+        return NULL;
+    }
+    return s;
+}
+
+/* A path setting: expanded into out (cap 4096), "" when unset. 0, or -1 (error set). */
+static int path_value(parser *ps, const char *key, const value *v, const char *dir, char *out) {
+    size_t n;
+    const char *s = string_value(ps, key, v, "a file path in quotes", PATH_HOW, 4095, &n);
+    if (!s) return -1;
+    int rc = expand_path(s, n, dir, out, 4096);
+    if (rc == -2) {
+        PERR(ps, "%s = \"%.*s\": ~ stands for the home folder, and HOME is not set; write "
+                 "the whole path", key, (int)n, s);
+        return -1;
+    }
+    if (rc != 0) {
+        PERR(ps, "%s is longer than 4095 bytes once expanded; use a shorter path", key);
         return -1;
     }
     return 0;
 }
 
-static int token_value(parser *ps, const char *key, const value *v, char *out, size_t cap) {
-    if (want_type(ps, key, v, V_STR, "a string in quotes (the token gpupoold gave you)") != 0)
-        return -1;
-    if (strlen(v->s) >= cap) {
-        PERR(ps, "%s is longer than %zu bytes; is it the right value?", key, cap - 1);
-        return -1;
-    }
-    snprintf(out, cap, "%s", v->s);
+static int token_value(parser *ps, const char *key, const value *v, char *out) {
+    size_t n;
+    const char *s = string_value(ps, key, v, "a string in quotes (the token gpupoold gave you)",
+                                 TOKEN_HOW, 4096, &n);
+    if (!s) return -1;
+    memcpy(out, s, n);
+    out[n] = 0;
     return 0;
 }
 
 static int timeout_value(parser *ps, const char *key, const value *v, double *out) {
     double d = v->type == V_INT ? (double)v->i : v->type == V_FLOAT ? v->f : -1;
     if ((v->type != V_INT && v->type != V_FLOAT) || d < 0) {
-        PERR(ps, "%s must be a number of seconds, 0 or more (0: no limit), e.g. %s = 10", key,
-             key);
+        PERR(ps, "%s must be a number of seconds, 0 or more (%s), e.g. %s = 10", key,
+             !strcmp(key, "probe_timeout") ? "0: the default, 2" : "0: no limit", key);
         return -1;
     }
     *out = d;
     return 0;
 }
 
+/* An address setting (a [[servers]] address or an item of servers = [...]) into s. 1 when set,
+ * 0 when blank (unset), -1 (error set). */
+static int address_value(parser *ps, const char *text, gp_server_config *s, int *prefix) {
+    size_t n = strlen(text);
+    const char *t = strip(text, &n);
+    if (n == 0) return 0;
+    if (parse_address(t, n, s, prefix) != 0) {
+        PERR(ps, "'%.*s' is not a server address: write host, host:port, [v6]:port or "
+                 "tls://host:port", (int)n, t);
+        return -1;
+    }
+    return 1;
+}
+
 /* One `key = value` in section sec. 0, or -1 (error set). */
 static int apply_key(parser *ps, file_settings *fs, enum section sec, const char *key,
-                     value *v, const char *dir, int *warned_unknown) {
+                     value *v) {
     char why[600];
+    const char *dir = fs->dir;
     if (sec == SEC_UNKNOWN) return 0; /* the table was warned about */
     if (sec == SEC_TOP) {
         if (!strcmp(key, "token")) {
-            if (token_value(ps, key, v, fs->token, sizeof fs->token) != 0) return -1;
+            if (token_value(ps, key, v, fs->token) != 0) return -1;
             if (*fs->token) fs->holds_token = 1;
             return 0;
         }
@@ -603,12 +715,9 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             fs->tls = v->b;
             return 0;
         }
-        if (!strcmp(key, "tls_ca"))
-            return path_value(ps, key, v, dir, fs->tls_ca, sizeof fs->tls_ca);
-        if (!strcmp(key, "tls_cert"))
-            return path_value(ps, key, v, dir, fs->tls_cert, sizeof fs->tls_cert);
-        if (!strcmp(key, "tls_key"))
-            return path_value(ps, key, v, dir, fs->tls_key, sizeof fs->tls_key);
+        if (!strcmp(key, "tls_ca")) return path_value(ps, key, v, dir, fs->tls_ca);
+        if (!strcmp(key, "tls_cert")) return path_value(ps, key, v, dir, fs->tls_cert);
+        if (!strcmp(key, "tls_key")) return path_value(ps, key, v, dir, fs->tls_key);
         if (!strcmp(key, "connect_timeout")) {
             fs->has_connect_timeout = 1;
             return timeout_value(ps, key, v, &fs->connect_timeout);
@@ -624,19 +733,17 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 return -1;
             fs->short_form_line = ps->line;
             for (int i = 0; i < v->nitems; i++) {
+                size_t n = strlen(v->items[i]);
+                strip(v->items[i], &n);
+                if (n == 0) continue; /* a blank item: unset */
                 if (fs->nservers >= GP_MAX_SERVERS) {
                     PERR(ps, "more than %d servers; keep the %d you prefer", GP_MAX_SERVERS,
                          GP_MAX_SERVERS);
                     return -1;
                 }
                 int prefix;
-                gp_server_config *s = &fs->servers[fs->nservers];
-                if (parse_address(v->items[i], s, &prefix) != 0) {
-                    PERR(ps, "'%s' is not a server address: write host, host:port, [v6]:port or "
-                             "tls://host:port",
-                         v->items[i]);
+                if (address_value(ps, v->items[i], &fs->servers[fs->nservers], &prefix) < 0)
                     return -1;
-                }
                 if (prefix) fs->set[fs->nservers] |= F_PREFIX;
                 fs->nservers++;
             }
@@ -650,25 +757,24 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 snprintf(text, sizeof text, "%lld", v->i);
                 t = text;
             } else if (v->type != V_STR) {
-                PERR(ps, "gpu must be a GPU index (\"1\") or a GPU UUID (prefix) in quotes");
+                PERR(ps, "gpu must be a GPU index (1 or \"1\") or a GPU UUID (prefix) in quotes");
                 return -1;
             }
-            if (check_text("gpu", t, GPU_HOW, fs->gpu, sizeof fs->gpu, why, sizeof why) != 0) {
+            if (check_text("gpu", t, strlen(t), GPU_HOW, fs->gpu, sizeof fs->gpu, why,
+                           sizeof why) != 0) {
                 PERR(ps, "%s", why);
                 return -1;
             }
-            fs->has_gpu = 1;
             return 0;
         }
         if (!strcmp(key, "model")) {
             if (want_type(ps, key, v, V_STR, "a part of the GPU name in quotes (\"H100\")") != 0)
                 return -1;
-            if (check_text("model", v->s, MODEL_HOW, fs->model, sizeof fs->model, why,
-                           sizeof why) != 0) {
+            if (check_text("model", v->s, strlen(v->s), MODEL_HOW, fs->model, sizeof fs->model,
+                           why, sizeof why) != 0) {
                 PERR(ps, "%s", why);
                 return -1;
             }
-            fs->has_model = 1;
             return 0;
         }
         if (!strcmp(key, "min_memory")) {
@@ -679,15 +785,22 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                          "an integer");
                 return -1;
             } else {
-                int blank = 1;
-                for (const char *p = v->s; *p; p++) blank &= *p == ' ' || *p == '\t';
+                size_t n = strlen(v->s);
+                const char *s = strip(v->s, &n);
                 fs->min_memory = 0;
-                if (!blank && gp_parse_size(v->s, &fs->min_memory) != 0) {
-                    PERR(ps, "min_memory = \"%s\" is not a size: %s", v->s, SIZE_HOW);
+                if (n == 0) return 0; /* blank: unset */
+                char *text = strndup(s, n);
+                if (!text) {
+                    PERR(ps, "out of memory");
+                    return -1;
+                }
+                int bad = gp_parse_size(text, &fs->min_memory) != 0;
+                free(text);
+                if (bad) {
+                    PERR(ps, "min_memory = \"%.*s\" is not a size: %s", (int)n, s, SIZE_HOW);
                     return -1;
                 }
             }
-            fs->has_min_memory = 1;
             return 0;
         }
     } else if (sec == SEC_SERVER) {
@@ -696,20 +809,17 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         if (!strcmp(key, "address")) {
             if (want_type(ps, key, v, V_STR, "a server address in quotes (\"gpu1:7070\")") != 0)
                 return -1;
-            int prefix;
-            if (parse_address(v->s, s, &prefix) != 0) {
-                PERR(ps, "'%s' is not a server address: write host, host:port, [v6]:port or "
-                         "tls://host:port",
-                     v->s);
-                return -1;
-            }
+            int prefix, rc = address_value(ps, v->s, s, &prefix);
+            if (rc < 0) return -1;
             if (prefix) fs->set[i] |= F_PREFIX;
             return 0;
         }
         if (!strcmp(key, "token")) {
-            if (token_value(ps, key, v, s->token, sizeof s->token) != 0) return -1;
-            fs->set[i] |= F_TOKEN;
-            if (*s->token) fs->holds_token = 1;
+            if (token_value(ps, key, v, s->token) != 0) return -1;
+            if (*s->token) {
+                fs->set[i] |= F_TOKEN;
+                fs->holds_token = 1;
+            }
             return 0;
         }
         if (!strcmp(key, "tls")) {
@@ -722,8 +832,9 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                        : !strcmp(key, "tls_key") ? F_KEY : 0;
         if (bit) {
             char *dst = bit == F_CA ? s->tls_ca : bit == F_CERT ? s->tls_cert : s->tls_key;
-            fs->set[i] |= bit;
-            return path_value(ps, key, v, dir, dst, sizeof s->tls_ca);
+            if (path_value(ps, key, v, dir, dst) != 0) return -1;
+            if (*dst) fs->set[i] |= bit;
+            return 0;
         }
     }
     static const char *const known[] = {
@@ -734,7 +845,6 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
     static const char *const where[] = {"", " in [requirements]", " in [[servers]]"};
     gp_log_info("%s:%d: unknown setting '%s'%s ignored (known there: %s)", ps->file, ps->line,
                 key, where[sec], known[sec]);
-    (*warned_unknown)++;
     return 0;
 }
 
@@ -751,13 +861,18 @@ static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *r
         PERR(ps, "unsupported table header (quoted or dotted names); %s", SUPPORTED);
         return -1;
     }
+    if (nl > MAX_KEY) {
+        PERR(ps, "the table name '%.20s...' is longer than %d characters; %s", name, MAX_KEY,
+             SUPPORTED);
+        return -1;
+    }
     if (*ps->p != ']' || (dbl && (ps->p + 1 >= ps->end || ps->p[1] != ']'))) {
         PERR(ps, "this table header has no closing %s", dbl ? "]]" : "]");
         return -1;
     }
     ps->p += dbl ? 2 : 1;
-    char n[64];
-    snprintf(n, sizeof n, "%.*s", (int)(nl < 63 ? nl : 63), name);
+    char n[MAX_KEY + 1];
+    snprintf(n, sizeof n, "%.*s", (int)nl, name);
     int hline = ps->line;
     if (end_of_line(ps, "the table header") != 0) return -1;
     int next_line = ps->line;
@@ -810,73 +925,86 @@ static int check_entry(parser *ps, file_settings *fs, enum section sec, int head
     return -1;
 }
 
-/* Parse text (the file's bytes) into fs. dir: the file's folder. 0, or -1 with err. */
-static int parse_file(const char *file, const char *dir, const char *text, size_t len,
-                      file_settings *fs, char *err, size_t ecap) {
+/* Parse text (the file's bytes) into fs (fs->dir set). 0, or -1 with err. */
+static int parse_file(const char *file, const char *text, size_t len, file_settings *fs,
+                      char *err, size_t ecap) {
     parser ps = {.p = text, .end = text + len, .line = 1, .file = file, .err = err, .ecap = ecap};
     enum section sec = SEC_TOP;
-    int req_seen = 0, header_line = 0, warned = 0;
-    seen_keys seen = {0};
+    int req_seen = 0, header_line = 0;
+    seen_keys *seen = calloc(1, sizeof *seen);
+    if (!seen) {
+        set_err(err, ecap, "out of memory reading %s", file);
+        return -1;
+    }
+    int rc = 0;
     if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) ps.p += 3; /* a UTF-8 byte order mark */
-    while (ps.p < ps.end) {
+    while (rc == 0 && ps.p < ps.end) {
         skip_blank(&ps);
         if (ps.p >= ps.end) break;
         char c = *ps.p;
         if (c == '\n' || c == '\r' || c == '#') {
-            if (end_of_line(&ps, "the comment") != 0) return -1;
+            rc = end_of_line(&ps, "the comment");
             continue;
         }
         if (c == '[') {
-            if (check_entry(&ps, fs, sec, header_line) != 0) return -1;
+            rc = check_entry(&ps, fs, sec, header_line);
             header_line = ps.line;
-            if (parse_header(&ps, fs, &sec, &req_seen) != 0) return -1;
-            memset(&seen, 0, sizeof seen);
+            if (rc == 0) rc = parse_header(&ps, fs, &sec, &req_seen);
+            seen->n = 0;
             continue;
         }
         if (c == '"' || c == '\'') {
             PERR(&ps, "quoted keys are not supported; write the key bare (token = \"...\"); %s",
                  SUPPORTED);
-            return -1;
+            rc = -1;
+            break;
         }
         const char *k = ps.p;
         while (ps.p < ps.end && is_key_char(*ps.p)) ps.p++;
         size_t kl = (size_t)(ps.p - k);
         if (kl == 0) {
             PERR(&ps, "expected key = value, a [table] or a comment, not '%.*s'; %s",
-                 snippet(k, ps.end), k,
-                 SUPPORTED);
-            return -1;
+                 snippet(k, ps.end), k, SUPPORTED);
+            rc = -1;
+            break;
         }
-        char key[64];
-        snprintf(key, sizeof key, "%.*s", (int)(kl < 63 ? kl : 63), k);
+        if (kl > MAX_KEY) {
+            PERR(&ps, "the key '%.20s...' is longer than %d characters; %s", k, MAX_KEY,
+                 SUPPORTED);
+            rc = -1;
+            break;
+        }
+        char key[MAX_KEY + 1];
+        snprintf(key, sizeof key, "%.*s", (int)kl, k);
         skip_blank(&ps);
         if (ps.p < ps.end && *ps.p == '.') {
             PERR(&ps, "dotted keys (%s.x = ...) are not supported; %s", key, SUPPORTED);
-            return -1;
+            rc = -1;
+            break;
         }
         if (ps.p >= ps.end || *ps.p != '=') {
             PERR(&ps, "expected = after %s (key = value)", key);
-            return -1;
+            rc = -1;
+            break;
         }
         ps.p++;
         int line = ps.line;
         value v;
         if (parse_value(&ps, key, &v) != 0) {
             value_free(&v);
-            return -1;
+            rc = -1;
+            break;
         }
         int value_end_line = ps.line;
         ps.line = line; /* messages about the key name the line it starts on */
-        int rc = 0;
-        if (sec != SEC_UNKNOWN && seen_before(&seen, key)) {
-            PERR(&ps, "%s is set twice in the same table; keep one", key);
-            rc = -1;
-        }
-        if (rc == 0) rc = apply_key(&ps, fs, sec, key, &v, dir, &warned);
+        if (sec != SEC_UNKNOWN && seen_before(&ps, seen, key) != 0) rc = -1;
+        if (rc == 0) rc = apply_key(&ps, fs, sec, key, &v);
         value_free(&v);
         ps.line = value_end_line;
-        if (rc != 0 || end_of_line(&ps, "the value") != 0) return -1;
+        if (rc == 0) rc = end_of_line(&ps, "the value");
     }
+    free(seen);
+    if (rc != 0) return -1;
     return check_entry(&ps, fs, sec, header_line);
 }
 
@@ -884,30 +1012,38 @@ static int parse_file(const char *file, const char *dir, const char *text, size_
 
 /* Which file: 1 with path set, 0 for none, -1 with err. */
 static int find_file(char *path, size_t cap, char *err, size_t ecap) {
-    const char *explicit_ = env("GPUPOOL_CONFIG");
+    size_t n;
+    const char *explicit_ = env_view("GPUPOOL_CONFIG", &n);
     struct stat st;
     if (explicit_) {
-        if (!strcmp(explicit_, "none")) return 0;
-        if (stat(explicit_, &st) != 0) {
-            set_err(err, ecap, "GPUPOOL_CONFIG=%s: %s; point it at the configuration file, or "
-                    "set GPUPOOL_CONFIG=none to read none", explicit_, strerror(errno));
+        if (n == 4 && !strncmp(explicit_, "none", 4)) return 0;
+        int rc = expand_path(explicit_, n, NULL, path, cap);
+        if (rc != 0) {
+            set_err(err, ecap, "GPUPOOL_CONFIG=%.*s: %s; point it at the configuration file, or "
+                    "set GPUPOOL_CONFIG=none to read none", (int)n, explicit_,
+                    rc == -2 ? "~ stands for the home folder, and HOME is not set"
+                             : "the path is too long");
             return -1;
         }
-        snprintf(path, cap, "%s", explicit_);
+        if (stat(path, &st) != 0) {
+            set_err(err, ecap, "GPUPOOL_CONFIG=%.*s: %s; point it at the configuration file, or "
+                    "set GPUPOOL_CONFIG=none to read none", (int)n, explicit_, strerror(errno));
+            return -1;
+        }
         return 1;
     }
-    const char *xdg = env("XDG_CONFIG_HOME");
+    const char *xdg = env_raw("XDG_CONFIG_HOME");
     char home[4096];
-    int n = -1;
+    int k = -1;
     if (xdg) {
-        n = snprintf(path, cap, "%s/gpupool/config.toml", xdg);
+        k = snprintf(path, cap, "%s/gpupool/config.toml", xdg);
     } else {
         home_dir(home, sizeof home);
-        if (*home) n = snprintf(path, cap, "%s/.config/gpupool/config.toml", home);
+        if (*home) k = snprintf(path, cap, "%s/.config/gpupool/config.toml", home);
     }
-    if (n > 0 && (size_t)n < cap && stat(path, &st) == 0) return 1;
+    if (k > 0 && (size_t)k < cap && stat(path, &st) == 0 && S_ISREG(st.st_mode)) return 1;
     snprintf(path, cap, "/etc/gpupool/config.toml");
-    if (stat(path, &st) == 0) return 1;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) return 1;
     path[0] = 0;
     return 0;
 }
@@ -917,7 +1053,8 @@ static int read_file(const char *path, char **out, size_t *len, struct stat *st,
                      size_t ecap) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, ecap, "cannot read the configuration file %s: %s", path, strerror(errno));
+        set_err(err, ecap, "cannot read the configuration file %s: %s; fix its permissions or "
+                "set GPUPOOL_CONFIG to another file", path, strerror(errno));
         return -1;
     }
     if (fstat(fileno(f), st) != 0 || !S_ISREG(st->st_mode)) {
@@ -941,7 +1078,8 @@ static int read_file(const char *path, char **out, size_t *len, struct stat *st,
     int bad = ferror(f);
     fclose(f);
     if (bad) {
-        set_err(err, ecap, "cannot read the configuration file %s: %s", path, strerror(EIO));
+        set_err(err, ecap, "cannot read the configuration file %s: %s; fix its permissions or "
+                "set GPUPOOL_CONFIG to another file", path, strerror(EIO));
         free(buf);
         return -1;
     }
@@ -957,9 +1095,33 @@ static int read_file(const char *path, char **out, size_t *len, struct stat *st,
     return 0;
 }
 
+/* The folder of path after symlinks are resolved (relative paths in the file start there). 0,
+ * or -1 with err. */
+static int file_folder(const char *path, char *dir, size_t cap, char *err, size_t ecap) {
+    char *real = realpath(path, NULL);
+    if (!real) {
+        set_err(err, ecap, "cannot resolve the configuration file %s: %s", path,
+                strerror(errno));
+        return -1;
+    }
+    char *slash = strrchr(real, '/');
+    if (slash == real)
+        slash[1] = 0; /* a file in / */
+    else if (slash)
+        *slash = 0;
+    int k = snprintf(dir, cap, "%s", real);
+    free(real);
+    if (k < 0 || (size_t)k >= cap) {
+        set_err(err, ecap, "the folder of the configuration file %s is longer than %zu bytes",
+                path, cap - 1);
+        return -1;
+    }
+    return 0;
+}
+
 /* 1 if path lies under the home folder (both resolved when they exist). */
 static int under_home(const char *path) {
-    char home[4096], rhome[4096], rpath[4096];
+    char home[4096], rhome[PATH_MAX], rpath[PATH_MAX];
     home_dir(home, sizeof home);
     if (!*home) return 0;
     const char *h = realpath(home, rhome) ? rhome : home;
@@ -979,9 +1141,14 @@ static void check_mode(const char *path, const struct stat *st, const file_setti
 /* ================================================================ the environment == */
 
 /* GPUPOOL_SERVER replaces the list; entries also in the file keep their settings. */
-static int env_servers(const char *list, const file_settings *fs, gp_client_config *cfg,
-                       unsigned *set, char *err, size_t ecap) {
-    char *copy = strdup(list);
+static int env_servers(const char *list, size_t len, const file_settings *fs,
+                       gp_client_config *cfg, unsigned *set, char *err, size_t ecap) {
+    if (!is_utf8(list, len)) { /* blanks and control characters: refused item by item */
+        set_err(err, ecap, "GPUPOOL_SERVER is not valid UTF-8: write host:port, [v6]:port, host "
+                "(port %s) or tls://host:port, separated by commas", GP_DEFAULT_PORT);
+        return -1;
+    }
+    char *copy = strndup(list, len);
     if (!copy) {
         set_err(err, ecap, "out of memory");
         return -1;
@@ -990,8 +1157,9 @@ static int env_servers(const char *list, const file_settings *fs, gp_client_conf
     char *save = NULL;
     cfg->nservers = 0;
     for (char *e = strtok_r(copy, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
-        while (*e == ' ' || *e == '\t') e++;
-        if (!*e) continue;
+        size_t el = strlen(e);
+        const char *item = strip(e, &el);
+        if (el == 0) continue;
         if (cfg->nservers >= GP_MAX_SERVERS) {
             set_err(err, ecap, "GPUPOOL_SERVER names more than %d servers; keep the %d you "
                     "prefer", GP_MAX_SERVERS, GP_MAX_SERVERS);
@@ -1000,12 +1168,10 @@ static int env_servers(const char *list, const file_settings *fs, gp_client_conf
         }
         gp_server_config *s = &cfg->servers[cfg->nservers];
         int prefix;
-        if (parse_address(e, s, &prefix) != 0) {
-            size_t el = strlen(e);
-            while (el > 0 && (e[el - 1] == ' ' || e[el - 1] == '\t')) e[--el] = 0;
-            set_err(err, ecap, "GPUPOOL_SERVER: '%s' is not a server address: write "
+        if (parse_address(item, el, s, &prefix) != 0) {
+            set_err(err, ecap, "GPUPOOL_SERVER: '%.*s' is not a server address: write "
                     "host:port, [v6]:port, host (port %s) or tls://host:port, separated by "
-                    "commas", e, GP_DEFAULT_PORT);
+                    "commas", (int)el, item, GP_DEFAULT_PORT);
             rc = -1;
             break;
         }
@@ -1013,10 +1179,12 @@ static int env_servers(const char *list, const file_settings *fs, gp_client_conf
         for (int j = 0; j < fs->nservers; j++) {
             const gp_server_config *f = &fs->servers[j];
             if (strcasecmp(f->host, s->host) != 0 || strcmp(f->port, s->port) != 0) continue;
-            char address[sizeof s->address];
-            memcpy(address, s->address, sizeof address);
-            *s = *f; /* its token and TLS settings */
-            memcpy(s->address, address, sizeof address);
+            /* Its token and TLS settings; the address as GPUPOOL_SERVER writes it. */
+            memcpy(s->token, f->token, sizeof s->token);
+            s->tls = f->tls;
+            memcpy(s->tls_ca, f->tls_ca, sizeof s->tls_ca);
+            memcpy(s->tls_cert, f->tls_cert, sizeof s->tls_cert);
+            memcpy(s->tls_key, f->tls_key, sizeof s->tls_key);
             bits = fs->set[j];
             break;
         }
@@ -1026,57 +1194,79 @@ static int env_servers(const char *list, const file_settings *fs, gp_client_conf
     }
     free(copy);
     if (rc == 0 && cfg->nservers == 0) {
-        set_err(err, ecap, "GPUPOOL_SERVER='%s' names no server: set GPUPOOL_SERVER=host:port",
-                list);
+        set_err(err, ecap, "GPUPOOL_SERVER='%.*s' names no server: set GPUPOOL_SERVER=host:port",
+                (int)len, list);
         rc = -1;
     }
     return rc;
 }
 
-static int env_tls_file(const char *name, char *dst, size_t cap, char *err, size_t ecap) {
-    const char *v = env(name);
+/* GPUPOOL_TLS_CA/CERT/KEY into dst (cap 4096): "~/" expanded, a relative path left as the
+ * caller's. 1 set, 0 unset, -1 with err. */
+static int env_tls_file(const char *name, char *dst, char *err, size_t ecap) {
+    size_t n;
+    const char *v = env_view(name, &n);
     if (!v) return 0;
-    if (expand_path(v, NULL, dst, cap) != 0) {
-        set_err(err, ecap, "%s is too long (at most %zu bytes)", name, cap - 1);
+    if (has_control(v, n)) {
+        set_err(err, ecap, "%s contains a control character; set it to %s", name, PATH_HOW);
         return -1;
     }
-    return 0;
+    int rc = expand_path(v, n, NULL, dst, 4096);
+    if (rc == -2) {
+        set_err(err, ecap, "%s=%.*s: ~ stands for the home folder, and HOME is not set; write "
+                "the whole path", name, (int)n, v);
+        return -1;
+    }
+    if (rc != 0) {
+        set_err(err, ecap, "%s is longer than 4095 bytes once expanded; use a shorter path",
+                name);
+        return -1;
+    }
+    return 1;
 }
 
 static int env_requirements(gp_client_config *cfg, char *err, size_t ecap) {
-    const char *gpu = env("GPUPOOL_GPU"), *old = env("GPUPOOL_DEVICE");
+    size_t gn = 0, on = 0, n;
+    const char *gpu = env_view("GPUPOOL_GPU", &gn), *old = env_view("GPUPOOL_DEVICE", &on);
     const char *gpu_var = "GPUPOOL_GPU";
     if (!gpu) {
         gpu = old;
+        gn = on;
         gpu_var = "GPUPOOL_DEVICE";
-    } else if (old && strcmp(old, gpu) != 0) {
-        gp_log_info("GPUPOOL_DEVICE=%s ignored: GPUPOOL_GPU=%s is set (GPUPOOL_DEVICE is its old "
-                    "name)", old, gpu);
+    } else if (old && (on != gn || memcmp(old, gpu, gn) != 0)) {
+        gp_log_info("GPUPOOL_DEVICE=%.*s ignored: GPUPOOL_GPU=%.*s is set (GPUPOOL_DEVICE is its "
+                    "old name)", (int)on, old, (int)gn, gpu);
     }
-    if (gpu && check_text(gpu_var, gpu, GPU_HOW, cfg->gpu, sizeof cfg->gpu, err, ecap) != 0)
+    if (gpu && check_text(gpu_var, gpu, gn, GPU_HOW, cfg->gpu, sizeof cfg->gpu, err, ecap) != 0)
         return -1;
-    const char *model = env("GPUPOOL_GPU_MODEL");
-    if (model && check_text("GPUPOOL_GPU_MODEL", model, MODEL_HOW, cfg->model,
+    const char *model = env_view("GPUPOOL_GPU_MODEL", &n);
+    if (model && check_text("GPUPOOL_GPU_MODEL", model, n, MODEL_HOW, cfg->model,
                             sizeof cfg->model, err, ecap) != 0)
         return -1;
-    const char *mem = env("GPUPOOL_MIN_MEMORY");
+    const char *mem = env_view("GPUPOOL_MIN_MEMORY", &n);
     if (mem) {
-        int blank = 1;
-        for (const char *p = mem; *p; p++) blank &= *p == ' ' || *p == '\t';
-        cfg->min_memory = 0;
-        if (!blank && gp_parse_size(mem, &cfg->min_memory) != 0) {
-            set_err(err, ecap, "GPUPOOL_MIN_MEMORY=%s is not a size: %s", mem, SIZE_HOW);
+        char *text = strndup(mem, n);
+        if (!text) {
+            set_err(err, ecap, "out of memory");
+            return -1;
+        }
+        int bad = gp_parse_size(text, &cfg->min_memory) != 0;
+        free(text);
+        if (bad) {
+            set_err(err, ecap, "GPUPOOL_MIN_MEMORY=%.*s is not a size: %s", (int)n, mem,
+                    SIZE_HOW);
             return -1;
         }
     }
     return 0;
 }
 
-static int env_seconds(const char *name, double *out, char *err, size_t ecap) {
-    const char *v = env(name);
-    if (v && parse_seconds(v, out) != 0) {
-        set_err(err, ecap, "%s=%s is not a number of seconds: write e.g. 10 or 2.5 (0: no "
-                "limit)", name, v);
+static int env_seconds(const char *name, const char *zero, double *out, char *err, size_t ecap) {
+    size_t n;
+    const char *v = env_view(name, &n);
+    if (v && parse_seconds(v, n, out) != 0) {
+        set_err(err, ecap, "%s=%.*s is not a number of seconds: write e.g. 10 or 2.5 (%s)", name,
+                (int)n, v, zero);
         return -1;
     }
     return 0;
@@ -1097,16 +1287,8 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         size_t len;
         struct stat st;
         if (read_file(path, &text, &len, &st, err, ecap) != 0) return -1;
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", path);
-        char *slash = strrchr(dir, '/');
-        if (slash == dir)
-            dir[1] = 0;
-        else if (slash)
-            *slash = 0;
-        else
-            snprintf(dir, sizeof dir, ".");
-        int rc = parse_file(path, dir, text, len, fs, err, ecap);
+        int rc = file_folder(path, fs->dir, sizeof fs->dir, err, ecap);
+        if (rc == 0) rc = parse_file(path, text, len, fs, err, ecap);
         free(text);
         if (rc != 0) return -1;
         snprintf(cfg->file, sizeof cfg->file, "%s", path);
@@ -1120,9 +1302,10 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
 
     /* The list, with what each entry sets itself. */
     unsigned set[GP_MAX_SERVERS] = {0};
-    const char *list = env("GPUPOOL_SERVER");
+    size_t n;
+    const char *list = env_view("GPUPOOL_SERVER", &n);
     if (list) {
-        if (env_servers(list, fs, cfg, set, err, ecap) != 0) return -1;
+        if (env_servers(list, n, fs, cfg, set, err, ecap) != 0) return -1;
     } else {
         cfg->nservers = fs->nservers;
         for (int i = 0; i < fs->nservers; i++) {
@@ -1132,50 +1315,62 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     }
 
     /* The defaults for what an entry does not set, then the environment for every server. */
-    const char *token = env("GPUPOOL_TOKEN");
-    if (token && strlen(token) > 4096) {
-        set_err(err, ecap, "GPUPOOL_TOKEN is longer than 4096 bytes; is it the right value?");
+    char token[4097];
+    size_t tn;
+    const char *tv = env_view("GPUPOOL_TOKEN", &tn);
+    if (tv && check_text("GPUPOOL_TOKEN", tv, tn, TOKEN_HOW, token, sizeof token, err, ecap) != 0)
         return -1;
-    }
-    const char *tls_text = env("GPUPOOL_TLS");
-    int tls_env = tls_text ? parse_bool_text(tls_text) : -2;
+    const char *tls_text = env_view("GPUPOOL_TLS", &n);
+    int tls_env = tls_text ? parse_bool_text(tls_text, n) : -2;
     if (tls_env == -1) {
-        set_err(err, ecap, "GPUPOOL_TLS=%s is not understood: use 1 (TLS) or 0 (plain TCP)",
-                tls_text);
+        set_err(err, ecap, "GPUPOOL_TLS=%.*s is not understood: use 1 (TLS) or 0 (plain TCP)",
+                (int)n, tls_text);
         return -1;
     }
     char ca[4096], cert[4096], key[4096];
     snprintf(ca, sizeof ca, "%s", fs->tls_ca);
     snprintf(cert, sizeof cert, "%s", fs->tls_cert);
     snprintf(key, sizeof key, "%s", fs->tls_key);
-    unsigned env_files = (env("GPUPOOL_TLS_CA") ? F_CA : 0) |
-                         (env("GPUPOOL_TLS_CERT") ? F_CERT : 0) |
-                         (env("GPUPOOL_TLS_KEY") ? F_KEY : 0);
-    if (env_tls_file("GPUPOOL_TLS_CA", ca, sizeof ca, err, ecap) != 0 ||
-        env_tls_file("GPUPOOL_TLS_CERT", cert, sizeof cert, err, ecap) != 0 ||
-        env_tls_file("GPUPOOL_TLS_KEY", key, sizeof key, err, ecap) != 0)
-        return -1;
+    int env_ca = env_tls_file("GPUPOOL_TLS_CA", ca, err, ecap);
+    int env_cert = env_ca < 0 ? -1 : env_tls_file("GPUPOOL_TLS_CERT", cert, err, ecap);
+    int env_key = env_cert < 0 ? -1 : env_tls_file("GPUPOOL_TLS_KEY", key, err, ecap);
+    if (env_key < 0) return -1;
     for (int i = 0; i < cfg->nservers; i++) {
         gp_server_config *s = &cfg->servers[i];
-        if (token)
-            snprintf(s->token, sizeof s->token, "%s", token);
+        if (tv)
+            memcpy(s->token, token, sizeof token);
         else if (!(set[i] & F_TOKEN))
-            snprintf(s->token, sizeof s->token, "%s", fs->token);
+            memcpy(s->token, fs->token, sizeof fs->token);
         if (set[i] & F_PREFIX)
             s->tls = 1; /* tls://: TLS whatever else says */
         else if (tls_env >= 0)
             s->tls = tls_env;
         else if (!(set[i] & F_TLS))
             s->tls = fs->tls;
-        if ((env_files & F_CA) || !(set[i] & F_CA)) memcpy(s->tls_ca, ca, sizeof ca);
-        if ((env_files & F_CERT) || !(set[i] & F_CERT)) memcpy(s->tls_cert, cert, sizeof cert);
-        if ((env_files & F_KEY) || !(set[i] & F_KEY)) memcpy(s->tls_key, key, sizeof key);
+        if (env_ca || !(set[i] & F_CA)) memcpy(s->tls_ca, ca, sizeof ca);
+        if (env_cert || !(set[i] & F_CERT)) memcpy(s->tls_cert, cert, sizeof cert);
+        if (env_key || !(set[i] & F_KEY)) memcpy(s->tls_key, key, sizeof key);
     }
 
-    if (env_seconds("GPUPOOL_CONNECT_TIMEOUT", &cfg->connect_timeout, err, ecap) != 0 ||
-        env_seconds("GPUPOOL_PROBE_TIMEOUT", &cfg->probe_timeout, err, ecap) != 0)
+    if (env_seconds("GPUPOOL_CONNECT_TIMEOUT", "0: no limit", &cfg->connect_timeout, err,
+                    ecap) != 0 ||
+        env_seconds("GPUPOOL_PROBE_TIMEOUT", "0: the default, 2", &cfg->probe_timeout, err,
+                    ecap) != 0 ||
+        env_requirements(cfg, err, ecap) != 0)
         return -1;
-    return env_requirements(cfg, err, ecap);
+
+    /* A client certificate needs its key, and a key its certificate. */
+    for (int i = 0; i < cfg->nservers; i++) {
+        const gp_server_config *s = &cfg->servers[i];
+        if (!*s->tls_cert == !*s->tls_key) continue;
+        const char *have = *s->tls_cert ? "tls_cert" : "tls_key";
+        const char *lack = *s->tls_cert ? "tls_key" : "tls_cert";
+        set_err(err, ecap, "server %s: %s is set but %s is not: set both (a client certificate "
+                "and its key, GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY) or neither", s->address, have,
+                lack);
+        return -1;
+    }
+    return 0;
 }
 
 int gp_client_config_load(gp_client_config *cfg, char *err, size_t errcap) {

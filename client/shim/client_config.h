@@ -7,8 +7,8 @@
  * ${XDG_CONFIG_HOME:-$HOME/.config}/gpupool/config.toml when it exists, else
  * /etc/gpupool/config.toml when it exists, else none. A TOML subset (client_config.c says which);
  * the environment (GPUPOOL_SERVER, GPUPOOL_TOKEN, GPUPOOL_TLS*, GPUPOOL_*_TIMEOUT, GPUPOOL_GPU,
- * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY) overrides it key by key; a variable set to "" counts as
- * unset.
+ * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY) overrides it key by key. Values are stripped of blanks
+ * at both ends and an empty one counts as unset, in the file and the environment alike.
  *
  * Self-contained (client_config.c, requirements.c, log.c): no shim state, so that the NVML shim
  * links it too.
@@ -33,7 +33,7 @@ typedef struct gp_server_config {
 typedef struct gp_client_config {
     gp_server_config servers[GP_MAX_SERVERS];
     int nservers;
-    double connect_timeout, probe_timeout; /* seconds; 0: no limit */
+    double connect_timeout, probe_timeout; /* seconds; connect 0: no limit; probe 0: 2 s */
     char gpu[256], model[256];
     uint64_t min_memory;
     char file[4096]; /* the file read, "" for none */

@@ -8,7 +8,9 @@
  * each, all at once) and the first, in list order, with a free matching GPU wins; else the one
  * with the shortest queue among those with a matching GPU. A server whose probe fails is skipped
  * with one warning line; one without a matching GPU is skipped (debug line). When a hello fails
- * the next candidate follows.
+ * the next candidate follows. A probe ends within probe_timeout whatever the server does (0: 2 s).
+ * Servers of protocol 1.0 do not know info: when no server answered it and some said they speak
+ * 1.0, those get a hello in list order, as without selection (debug line).
  *
  * For the chosen server: reserve the VA window first (device pointers must never alias this
  * process's memory), connect with a timeout (connect_timeout, default 10 s; TCP_NODELAY;
@@ -335,6 +337,8 @@ typedef struct probe {
     int threaded;
 } probe;
 
+/* probe_timeout is a hard limit for each probe; 0 means GP_INFO_DEFAULT_TIMEOUT (2 s), never
+ * forever (gp_info_fetch). */
 static void *probe_main(void *arg) {
     probe *p = arg;
     p->rc = gp_info_fetch(p->cfg, p->srv, p->cfg->probe_timeout, &p->res, p->err, sizeof p->err);
@@ -389,11 +393,28 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
     }
     char req[600];
     describe_requirements(cfg, req, sizeof req);
+    /* No server answered info, and some said they speak protocol 1.0 (they know hello, not
+     * info): this client still works with them, by hello in list order, as without selection. */
+    int answered = 0, old_servers = 0;
+    for (int i = 0; i < n; i++) {
+        answered += p[i].rc == 0;
+        old_servers += p[i].rc == GP_INFO_OLD_SERVER;
+    }
+    int fallback = !answered && old_servers > 0;
+    if (fallback)
+        gp_log_debug("no server answered info and %d speak%s protocol 1.0: trying %s with hello "
+                     "in list order, without selection", old_servers,
+                     old_servers == 1 ? "s" : "", old_servers == 1 ? "it" : "them");
     int nfree = 0, nwait = 0, wait_idx[GP_MAX_SERVERS];
     for (int i = 0; i < n; i++) {
         char desc[600], why[1200];
         gp_server_desc(&cfg->servers[i], desc, sizeof desc);
         const gp_info_result *r = &p[i].res;
+        if (fallback && p[i].rc == GP_INFO_OLD_SERVER) {
+            gp_log_debug("server %s: %s; it gets a hello", desc, p[i].err);
+            order[nfree++] = i; /* list order */
+            continue;
+        }
         if (p[i].rc != 0) {
             snprintf(why, sizeof why, "%s", p[i].err);
         } else if (r->result != 0) {
@@ -440,7 +461,8 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
         char desc[600];
         gp_server_desc(&cfg->servers[order[0]], desc, sizeof desc);
         gp_log_debug("chose server %s (%s; %d candidate%s)", desc,
-                     nfree ? "a matching GPU is free" : "shortest queue", count,
+                     fallback ? "protocol 1.0, first in list order"
+                     : nfree ? "a matching GPU is free" : "shortest queue", count,
                      count == 1 ? "" : "s");
     }
     for (int i = 0; i < n; i++) gp_info_free(&p[i].res);
@@ -524,6 +546,7 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
     hello_ctx hc = {.cfg = cfg, .timeout_s = cfg->connect_timeout};
     fill_identity(&hc);
     const char *tok = getenv("GPUPOOL_TOKEN");
+    while (tok && (*tok == ' ' || *tok == '\t' || *tok == '\n' || *tok == '\r')) tok++;
     char hint[4200];
     if ((tok && *tok) || !*cfg->file)
         snprintf(hint, sizeof hint, "GPUPOOL_TOKEN");

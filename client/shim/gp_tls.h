@@ -17,14 +17,17 @@ typedef struct gp_tls gp_tls;
 int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap);
 /* A TLS session on connected socket fd with srv (certificate checked against srv->host), made
  * with srv's context (gp_tls_setup first). read_ahead: only for the last session on the socket.
- * NULL with err filled on failure. */
+ * timeout_ms bounds the whole handshake (-1: none). NULL with err filled on failure. */
 gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,
                        char *err, size_t cap);
+/* Up to n bytes: > 0, 0 at the end of the stream, -1 (errno ETIMEDOUT when timeout_ms, for the
+ * whole call, passed; -1: no limit). */
 ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap);
 int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap);
 int gp_tls_pending(gp_tls *s);                       /* bytes OpenSSL holds that poll() misses */
 void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms);
-int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap); /* close_notify both ways */
+/* close_notify both ways, within timeout_ms in all (-1: no limit). */
+int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap);
 void gp_tls_free(gp_tls *s);
 
 #endif /* GP_TLS_H */

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "gp_log.h"
@@ -17,18 +16,12 @@
 #include "info_client.h"
 #include "net.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-/* Milliseconds left until deadline (0: none) for a poll; at least 1 while some time is left. */
-static int left_ms(double deadline) {
-    if (deadline <= 0) return -1;
-    double left = deadline - now_s();
-    return left <= 0 ? 0 : gp_timeout_ms(left);
-}
+/* The largest frames an answer to info can be (protocol/gpupool.toml): the info reply (i32
+ * result, u16 major, u16 minor, string:4095 message, string:255 server, 4 x u32, string:4194304
+ * json; 4 bytes of length before each string) and a notice (i32 code, u16 op, string:4095 text).
+ * A bigger frame is refused before anything is allocated for it. */
+#define INFO_REPLY_MAX_BODY (4u + 2u + 2u + (4u + 4095u) + (4u + 255u) + 16u + (4u + 4194304u))
+#define NOTICE_MAX_BODY (4u + 2u + (4u + 4095u))
 
 /* "Connection refused" -> "connection refused" (a system message inside our sentence). */
 static void lower_first(char *s) {
@@ -38,6 +31,12 @@ static void lower_first(char *s) {
 
 static void timed_out(double timeout_s, char *err, size_t cap) {
     snprintf(err, cap, "timed out after %g s", timeout_s);
+}
+
+/* Milliseconds left until deadline, at most cap_ms. */
+static int left_capped_ms(double deadline, int cap_ms) {
+    int ms = gp_left_ms(deadline);
+    return ms < 0 || ms > cap_ms ? cap_ms : ms;
 }
 
 /* The TLS alert a server sent instead of an answer (a refused client certificate), else why
@@ -86,12 +85,17 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
         return -1;
     }
     gp_info_frame(f, 1, &m);
+    /* The frame (under 10 KiB) fits in the socket's send buffer: a plain write does not wait.
+     * Through TLS, a write may have to read first: bounded by what is left as well. */
+    if (l->tls) gp_tls_set_send_timeout(l->tls, left_capped_ms(deadline, 2000));
     int ok = gp_link_write(l, f, n) == 0;
     free(f);
     if (!ok) {
         int e = errno;
         uint8_t b;
-        if (l->tls && gp_link_read(l, &b, 1, 2000) != 0 && errno == EPROTO) e = EPROTO;
+        if (l->tls && gp_link_read(l, &b, 1, left_capped_ms(deadline, 2000)) != 0 &&
+            errno == EPROTO)
+            e = EPROTO;
         link_failure(l, e, "sending info", timeout_s, err, cap);
         return -1;
     }
@@ -100,14 +104,15 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
     int notice_code = 0;
     for (;;) {
         uint8_t hb[16];
-        if (gp_link_read(l, hb, sizeof hb, left_ms(deadline)) != 0) {
+        if (gp_link_read_until(l, hb, sizeof hb, deadline) != 0) {
             int e = errno;
             if (e == ECONNRESET && notice_code) {
-                if (strstr(notice, "must be hello"))
+                if (strstr(notice, "must be hello")) {
                     snprintf(err, cap, "server speaks protocol 1.0; this client needs %d.%d for "
                              "info: upgrade gpupoold", GP_PROTO_MAJOR, GP_PROTO_MINOR);
-                else
-                    snprintf(err, cap, "%s", notice);
+                    return GP_INFO_OLD_SERVER;
+                }
+                snprintf(err, cap, "%s", notice);
                 return -1;
             }
             link_failure(l, e, "no answer to info", timeout_s, err, cap);
@@ -115,8 +120,18 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
         }
         gp_frame_header hd;
         gp_header_decode(hb, &hd);
-        if (hd.len > GP_PROTO_MAX_BODY) {
-            snprintf(err, cap, "it does not answer like a gpupool server; is the port right?");
+        int is_notice = !(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE;
+        int is_reply = (hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_INFO;
+        if (!is_notice && !is_reply) {
+            snprintf(err, cap, "it does not answer like a gpupool server (protocol %d.%d); is "
+                     "the port right?", GP_PROTO_MAJOR, GP_PROTO_MINOR);
+            return -1;
+        }
+        uint32_t max = is_notice ? NOTICE_MAX_BODY : INFO_REPLY_MAX_BODY;
+        if (hd.len > max) {
+            snprintf(err, cap, "its answer to info is a %s of %u bytes, more than the %u it can "
+                     "be: it does not answer like a gpupool server; is the port right?",
+                     is_notice ? "notice" : "reply", hd.len, max);
             return -1;
         }
         uint8_t *body = malloc(hd.len ? hd.len : 1);
@@ -124,7 +139,7 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
             snprintf(err, cap, "out of memory");
             return -1;
         }
-        if (gp_link_read(l, body, hd.len, left_ms(deadline)) != 0) {
+        if (gp_link_read_until(l, body, hd.len, deadline) != 0) {
             int e = errno;
             free(body);
             link_failure(l, e, "no answer to info", timeout_s, err, cap);
@@ -140,8 +155,7 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
             continue;
         }
         gp_info_reply r;
-        if (!(hd.flags & GP_FLAG_REPLY) || hd.op != GP_OP_INFO ||
-            gp_info_reply_decode(body, hd.len, &r) != 0) {
+        if (gp_info_reply_decode(body, hd.len, &r) != 0) {
             free(body);
             snprintf(err, cap, "it does not answer like a gpupool server (protocol %d.%d); is "
                      "the port right?", GP_PROTO_MAJOR, GP_PROTO_MINOR);
@@ -172,9 +186,12 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
 int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, double timeout_s,
                   gp_info_result *out, char *err, size_t errcap) {
     memset(out, 0, sizeof *out);
-    double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
+    if (!(timeout_s > 0)) timeout_s = GP_INFO_DEFAULT_TIMEOUT; /* a probe never waits forever */
+    /* One deadline for everything: connect (each address only the time left), TLS handshake,
+     * the request, every read of the answer. Name resolution has no timeout (getaddrinfo). */
+    double deadline = gp_deadline(timeout_s);
     char why[600];
-    int fd = gp_tcp_connect(srv->host, srv->port, timeout_s, why, sizeof why);
+    int fd = gp_tcp_connect_until(srv->host, srv->port, deadline, why, sizeof why);
     if (fd < 0) {
         if (!strcmp(why, "timed out")) {
             timed_out(timeout_s, err, errcap);
@@ -188,7 +205,7 @@ int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, doub
     int rc = -1;
     if (srv->tls) {
         if (gp_tls_setup(srv, err, errcap) == 0)
-            l.tls = gp_tls_connect(srv, fd, 0, left_ms(deadline), err, errcap);
+            l.tls = gp_tls_connect(srv, fd, 0, gp_left_ms(deadline), err, errcap);
         if (l.tls) rc = 0;
     } else {
         rc = 0;

@@ -21,11 +21,20 @@ typedef struct gp_info_result {
     char *json;                   /* malloc'd, NUL-terminated ("" on refusal); gp_info_free */
 } gp_info_result;
 
+/* probe_timeout 0 (and any timeout_s <= 0) means this many seconds for a probe: never forever. */
+#define GP_INFO_DEFAULT_TIMEOUT 2.0
+/* gp_info_fetch's answer for a server that speaks protocol 1.0: it answered the info frame with
+ * its notice "the first frame must be hello" (it knows hello, not info). */
+#define GP_INFO_OLD_SERVER (-2)
+
 /* Connect (TLS per srv), send info with cfg's requirements, read the reply. 0 when the server
  * answered (out->result may be nonzero), -1 when it could not be reached or spoke garbage (err
- * says why: "connection refused", "timed out after 2 s", "TLS: certificate verify failed",
- * "server speaks protocol 1.0 ..."). timeout_s bounds the whole exchange (<= 0: no limit).
- * On -1 out holds nothing to free (gp_info_free is harmless). Thread-safe. */
+ * says why: "connection refused", "timed out after 2 s", "TLS: certificate verify failed"),
+ * GP_INFO_OLD_SERVER (-2) when it speaks protocol 1.0 (err: "server speaks protocol 1.0 ...").
+ * timeout_s is a hard limit for the whole exchange (connect, TLS, request, answer; only name
+ * resolution is not bounded); <= 0 means GP_INFO_DEFAULT_TIMEOUT. An answer bigger than an info
+ * reply can be is refused unread. On failure out holds nothing to free (gp_info_free is
+ * harmless). Thread-safe. */
 int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, double timeout_s,
                   gp_info_result *out, char *err, size_t errcap);
 void gp_info_free(gp_info_result *r);

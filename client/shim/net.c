@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "net.h"
@@ -21,6 +22,20 @@ int gp_timeout_ms(double timeout_s) {
     if (timeout_s > 2000000.0) return 2000000000; /* ~23 days: as good as forever */
     int ms = (int)(timeout_s * 1000);
     return ms > 0 ? ms : 1;
+}
+
+double gp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+double gp_deadline(double timeout_s) { return timeout_s > 0 ? gp_now() + timeout_s : 0; }
+
+int gp_left_ms(double deadline) {
+    if (deadline <= 0) return -1;
+    double left = deadline - gp_now();
+    return left <= 0 ? 0 : gp_timeout_ms(left);
 }
 
 int gp_split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap) {
@@ -63,8 +78,11 @@ static void set_keepalive(int fd) {
      * receive window fill up, and that must not end the session. */
 }
 
-int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *err,
-                   size_t ecap) {
+int gp_tcp_connect_until(const char *host, const char *port, double deadline, char *err,
+                         size_t ecap) {
+    /* getaddrinfo has no timeout of its own: a resolver that hangs holds us for as long as it
+     * takes (its own retries, typically a few seconds). The addresses it gives then share what
+     * is left of the deadline. */
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int g = getaddrinfo(host, port, &hints, &res);
     if (g != 0) {
@@ -74,6 +92,10 @@ int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *e
     int fd = -1;
     snprintf(err, ecap, "no address");
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if (deadline > 0 && gp_left_ms(deadline) == 0) {
+            snprintf(err, ecap, "timed out");
+            break;
+        }
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) {
             snprintf(err, ecap, "%s", strerror(errno));
@@ -85,7 +107,7 @@ int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *e
         if (rc != 0 && errno == EINPROGRESS) {
             struct pollfd p = {.fd = fd, .events = POLLOUT};
             int pr;
-            do pr = poll(&p, 1, gp_timeout_ms(timeout_s));
+            do pr = poll(&p, 1, gp_left_ms(deadline)); /* only the time left, for each address */
             while (pr < 0 && errno == EINTR);
             if (pr == 0) {
                 errno = ETIMEDOUT;
@@ -112,6 +134,11 @@ int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *e
     return fd;
 }
 
+int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *err,
+                   size_t ecap) {
+    return gp_tcp_connect_until(host, port, gp_deadline(timeout_s), err, ecap);
+}
+
 static int write_all_fd(int fd, const uint8_t *p, size_t n) {
     while (n > 0) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
@@ -123,10 +150,11 @@ static int write_all_fd(int fd, const uint8_t *p, size_t n) {
     return 0;
 }
 
-static int read_all_fd(int fd, uint8_t *p, size_t n, int timeout_ms) {
+/* Exactly n bytes by deadline (0: none). */
+static int read_all_fd(int fd, uint8_t *p, size_t n, double deadline) {
     while (n > 0) {
         struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pf, 1, timeout_ms);
+        int pr = poll(&pf, 1, gp_left_ms(deadline)); /* recomputed for every chunk */
         if (pr < 0 && errno == EINTR) continue;
         if (pr == 0) {
             errno = ETIMEDOUT;
@@ -150,11 +178,12 @@ int gp_link_write(gp_link *l, const void *p, size_t n) {
     return -1;
 }
 
-int gp_link_read(gp_link *l, void *buf, size_t n, int timeout_ms) {
+int gp_link_read_until(gp_link *l, void *buf, size_t n, double deadline) {
     uint8_t *p = buf;
-    if (!l->tls) return read_all_fd(l->fd, p, n, timeout_ms);
+    if (!l->tls) return read_all_fd(l->fd, p, n, deadline);
     while (n > 0) {
-        ssize_t r = gp_tls_read(l->tls, p, n, timeout_ms, l->err, sizeof l->err);
+        /* gp_tls_read bounds its whole call by the milliseconds it is given: what is left. */
+        ssize_t r = gp_tls_read(l->tls, p, n, gp_left_ms(deadline), l->err, sizeof l->err);
         if (r == 0) errno = ECONNRESET;
         if (r <= 0) {
             if (r < 0 && errno != ETIMEDOUT) errno = EPROTO;
@@ -164,6 +193,10 @@ int gp_link_read(gp_link *l, void *buf, size_t n, int timeout_ms) {
         n -= (size_t)r;
     }
     return 0;
+}
+
+int gp_link_read(gp_link *l, void *buf, size_t n, int timeout_ms) {
+    return gp_link_read_until(l, buf, n, timeout_ms < 0 ? 0 : gp_now() + timeout_ms / 1000.0);
 }
 
 const char *gp_link_error(gp_link *l, int err) {

@@ -321,9 +321,27 @@ int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap) {
 
 /* ------------------------------------------------------------------ one session == */
 
-static int wait_fd(int fd, short events, int timeout_ms) {
+/* Monotonic milliseconds. */
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The end of a wait of timeout_ms from now (-1: none). */
+static int64_t until_ms(int timeout_ms) { return timeout_ms < 0 ? -1 : now_ms() + timeout_ms; }
+
+/* Wait for events on fd until `until` (until_ms; -1: forever): 0, or -1 with errno (ETIMEDOUT).
+ * Every poll gets only the time left, so a call that waits several times (a handshake, a record
+ * that arrives in pieces) still ends by `until`. */
+static int wait_fd(int fd, short events, int64_t until) {
     struct pollfd p = {.fd = fd, .events = events};
     for (;;) {
+        int timeout_ms = -1;
+        if (until >= 0) {
+            int64_t left = until - now_ms();
+            timeout_ms = left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
+        }
         int r = poll(&p, 1, timeout_ms);
         if (r > 0) return 0;
         if (r == 0) {
@@ -370,6 +388,7 @@ static void handshake_error(gp_tls *s, int e, char *err, size_t cap) {
 gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,
                        char *err, size_t cap) {
     const char *host = srv->host;
+    int64_t until = until_ms(timeout_ms); /* the whole handshake */
     void *ctx = context_for(srv, err, cap);
     if (!ctx) return NULL;
     gp_tls *s = calloc(1, sizeof *s);
@@ -409,7 +428,7 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
         if (r == 1) break;
         int e = O.SSL_get_error(s->ssl, r);
         if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
-            if (wait_fd(fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) == 0)
+            if (wait_fd(fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, until) == 0)
                 continue;
             snprintf(err, cap, "TLS handshake: %s", errno == ETIMEDOUT
                      ? "no answer (does the server speak TLS on this port?)" : strerror(errno));
@@ -433,6 +452,7 @@ void gp_tls_free(gp_tls *s) {
  * when timeout_ms passed without data). */
 ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap) {
     int len = n > INT_MAX ? INT_MAX : (int)n;
+    int64_t until = until_ms(timeout_ms); /* the whole call */
     for (;;) {
         pthread_mutex_lock(&s->lock);
         O.ERR_clear_error();
@@ -444,7 +464,7 @@ ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, s
         if (r > 0) return r;
         if (e == O_SSL_ERROR_ZERO_RETURN) return 0;
         if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
-            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) != 0) {
+            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, until) != 0) {
                 snprintf(err, cap, "%s", strerror(errno));
                 return -1;
             }
@@ -479,7 +499,8 @@ int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap) {
             continue;
         }
         if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
-            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) != 0) {
+            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT,
+                        until_ms(timeout_ms)) != 0) {
                 snprintf(err, cap, "%s", errno == ETIMEDOUT ? "send timed out" : strerror(errno));
                 return -1;
             }
@@ -510,6 +531,7 @@ void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms) {
 /* Both close_notify alerts: ours out, the peer's in, with no application data in between (the
  * daemon's session ends this way before the worker's begins on the same socket). 0, or -1. */
 int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap) {
+    int64_t until = until_ms(timeout_ms); /* both alerts */
     for (int zeros = 0;;) {
         O.ERR_clear_error();
         int r = O.SSL_shutdown(s->ssl);
@@ -517,7 +539,7 @@ int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap) {
         int e = r == 0 ? O_SSL_ERROR_WANT_READ : O.SSL_get_error(s->ssl, r);
         if (r == 0 && zeros++ == 0) continue; /* ours is sent: the next call reads theirs */
         if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
-            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms) == 0)
+            if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, until) == 0)
                 continue;
             snprintf(err, cap, "closing the server's TLS session: %s", strerror(errno));
             return -1;

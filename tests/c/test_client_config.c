@@ -24,6 +24,7 @@ static gp_client_config *cfg;
 static char err[4096];
 static char captured[16384];
 static char root[4096], home[4200];
+static char rroot[4096], rhome[4200]; /* the same with symlinks resolved (TMPDIR may have some) */
 
 /* ------------------------------------------------------------------------------- helpers */
 
@@ -214,6 +215,18 @@ static void test_environment_errors(void) {
                                            "seconds"},
         {"GPUPOOL_PROBE_TIMEOUT", "-1", "GPUPOOL_PROBE_TIMEOUT=-1 is not a number of seconds"},
         {"GPUPOOL_PROBE_TIMEOUT", "nan", "is not a number of seconds"},
+        {"GPUPOOL_PROBE_TIMEOUT", "+5", "GPUPOOL_PROBE_TIMEOUT=+5 is not a number of seconds"},
+        {"GPUPOOL_PROBE_TIMEOUT", "1_0", "is not a number of seconds"},
+        {"GPUPOOL_PROBE_TIMEOUT", "inf", "is not a number of seconds"},
+        {"GPUPOOL_CONNECT_TIMEOUT", "1e3", "GPUPOOL_CONNECT_TIMEOUT=1e3 is not a number"},
+        {"GPUPOOL_CONNECT_TIMEOUT", ".5", "is not a number of seconds"},
+        {"GPUPOOL_CONNECT_TIMEOUT", "5.", "is not a number of seconds"},
+        {"GPUPOOL_SERVER", "a:0", "'a:0' is not a server address"},
+        {"GPUPOOL_SERVER", "a:65536", "'a:65536' is not a server address"},
+        {"GPUPOOL_SERVER", "a,b c:1", "'b c:1' is not a server address"},
+        {"GPUPOOL_TOKEN", "a\x01b", "GPUPOOL_TOKEN contains a control character"},
+        {"GPUPOOL_TLS_CA", "a\x7f", "GPUPOOL_TLS_CA contains a control character"},
+        {"GPUPOOL_TLS_CERT", "/c.pem", "server ok:1: tls_cert is set but tls_key is not"},
         {"GPUPOOL_SERVER", "a:1,b:", "GPUPOOL_SERVER: 'b:' is not a server address"},
         {"GPUPOOL_SERVER", "a:x", "'a:x' is not a server address"},
         {"GPUPOOL_SERVER", "http://a:1", "'http://a:1' is not a server address"},
@@ -304,7 +317,7 @@ static void test_full_file(void) {
     fresh();
     char file[4400], ca[4400], cert[4400], key[4400];
     path_in(file, sizeof file, home, ".config/gpupool/config.toml");
-    path_in(ca, sizeof ca, home, ".config/gpupool/ca.pem");
+    path_in(ca, sizeof ca, rhome, ".config/gpupool/ca.pem");
     path_in(cert, sizeof cert, home, "certs/client.pem");
     path_in(key, sizeof key, home, "certs/client.key");
     write_file(file, FULL, 0600);
@@ -334,7 +347,7 @@ static void test_full_file(void) {
     CHECK_STR_EQ(s[2].address, "gpu3");
     CHECK_STR_EQ(s[2].port, "7070");
     CHECK_EQ(s[2].tls, 1);
-    CHECK_STR_EQ(s[2].tls_cert, ""); /* its own "" replaces the default */
+    CHECK_STR_EQ(s[2].tls_cert, cert); /* its own "" is unset: the default */
     CHECK_STR_EQ(s[2].tls_key, key);
 
     /* XDG_CONFIG_HOME is looked at first; "" counts as unset */
@@ -365,9 +378,10 @@ static void test_full_file(void) {
 
 static void test_environment_over_file(void) {
     fresh();
-    char file[4400], ca[4400];
+    char file[4400], ca[4400], cert[4400];
     path_in(file, sizeof file, home, ".config/gpupool/config.toml");
-    path_in(ca, sizeof ca, home, ".config/gpupool/ca.pem");
+    path_in(ca, sizeof ca, rhome, ".config/gpupool/ca.pem");
+    path_in(cert, sizeof cert, home, "certs/client.pem");
     write_file(file, FULL, 0600);
 
     /* GPUPOOL_SERVER replaces the list; an entry of the file keeps its token and TLS */
@@ -392,7 +406,7 @@ static void test_environment_over_file(void) {
     CHECK_EQ(cfg->servers[0].tls, 1);
     CHECK_STR_EQ(cfg->servers[0].address, "other:9");
     CHECK_EQ(cfg->servers[1].tls, 1); /* the file's tls = true */
-    CHECK_STR_EQ(cfg->servers[1].tls_cert, "");
+    CHECK_STR_EQ(cfg->servers[1].tls_cert, cert); /* its tls_cert = "" is unset */
     /* "" counts as unset */
     set("GPUPOOL_SERVER", "");
     set("GPUPOOL_TOKEN", "");
@@ -465,9 +479,9 @@ static void test_short_form_and_values(void) {
     CHECK_EQ(cfg->servers[0].tls, 0);
     CHECK_STR_EQ(cfg->servers[1].address, "b:7070");
     CHECK_EQ(cfg->servers[1].tls, 1);
-    CHECK_STR_EQ(cfg->servers[1].token, "q\"b\\s\xc3\xa9\n\t");
+    CHECK_STR_EQ(cfg->servers[1].token, "q\"b\\s\xc3\xa9"); /* "\n\t" at the end: blanks */
     char ca[4400];
-    path_in(ca, sizeof ca, root, "short/C:\\no\\escapes");
+    path_in(ca, sizeof ca, rroot, "short/C:\\no\\escapes");
     CHECK_STR_EQ(cfg->servers[0].tls_ca, ca); /* relative: in the file's folder */
     CHECK(cfg->connect_timeout == 1000.0);
     CHECK(cfg->probe_timeout == 15.0);
@@ -475,14 +489,95 @@ static void test_short_form_and_values(void) {
     CHECK_EQ(cfg->min_memory, 17179869184ull);
     CHECK_STR_EQ(cfg->model, "");
 
-    /* a relative GPUPOOL_CONFIG: paths relative to its folder, as the caller sees it */
+    /* a relative GPUPOOL_CONFIG: paths relative to its folder, resolved */
     char cwd[4096];
     CHECK(getcwd(cwd, sizeof cwd) != NULL);
     CHECK_EQ(chdir(root), 0);
     set("GPUPOOL_CONFIG", "short/config.toml");
     LOAD_OK();
-    CHECK_STR_EQ(cfg->servers[0].tls_ca, "short/C:\\no\\escapes");
+    CHECK_STR_EQ(cfg->file, "short/config.toml");
+    CHECK_STR_EQ(cfg->servers[0].tls_ca, ca);
     CHECK_EQ(chdir(cwd), 0);
+}
+
+/* Blanks around values are stripped and an empty value is unset (file and environment); gpu may
+ * be an integer; ~/ in GPUPOOL_CONFIG; relative paths from the folder of a symlinked file's
+ * target; a client certificate needs its key. */
+static void test_blanks_symlinks_and_pairs(void) {
+    fresh();
+    char real[4400], link[4400], linkdir[4400], ca[4400];
+    path_in(real, sizeof real, root, "real/config.toml");
+    path_in(linkdir, sizeof linkdir, root, "link");
+    path_in(link, sizeof link, root, "link/config.toml");
+    path_in(ca, sizeof ca, rroot, "real/ca.pem");
+    write_file(real,
+               "token = \"  gpt_d \\t\"\n"
+               "tls_ca = \" ca.pem \"\n"
+               "[requirements]\n"
+               "gpu = 7\n"
+               "model = \"\\tA100 \"\n"
+               "min_memory = \"  \"\n"
+               "[[servers]]\n"
+               "address = \"  h:1 \"\n"
+               "token = \" \"\n"      /* unset: the default token */
+               "tls_ca = \"\"\n"      /* unset: the default CA */
+               "[[servers]]\n"
+               "address = \"g\"\n"
+               "token = \"\\town\\n\"\n",
+               0600);
+    mkdirs(linkdir);
+    unlink(link); /* may not exist */
+    CHECK_EQ(symlink(real, link), 0);
+    set("GPUPOOL_CONFIG", link);
+    LOAD_OK();
+    CHECK_STR_EQ(cfg->file, link);
+    CHECK_EQ(cfg->nservers, 2);
+    CHECK_STR_EQ(cfg->servers[0].address, "h:1");
+    CHECK_STR_EQ(cfg->servers[0].token, "gpt_d");
+    CHECK_STR_EQ(cfg->servers[0].tls_ca, ca); /* next to the target, not the link */
+    CHECK_STR_EQ(cfg->servers[1].token, "own");
+    CHECK_STR_EQ(cfg->gpu, "7");
+    CHECK_STR_EQ(cfg->model, "A100");
+    CHECK_EQ(cfg->min_memory, 0);
+
+    /* the environment: blanks stripped, blank means unset */
+    set("GPUPOOL_CONFIG", " none\t");
+    set("GPUPOOL_SERVER", " a:1 ,\tb ");
+    set("GPUPOOL_TOKEN", " tok\n");
+    set("GPUPOOL_TLS", " on ");
+    set("GPUPOOL_CONNECT_TIMEOUT", " 2.5 ");
+    set("GPUPOOL_GPU", "   ");
+    set("GPUPOOL_DEVICE", " 3 ");
+    set("GPUPOOL_MIN_MEMORY", " 1k ");
+    LOAD_OK();
+    CHECK_STR_EQ(cfg->file, "");
+    CHECK_EQ(cfg->nservers, 2);
+    CHECK_STR_EQ(cfg->servers[1].address, "b");
+    CHECK_STR_EQ(cfg->servers[1].token, "tok");
+    CHECK_EQ(cfg->servers[1].tls, 1);
+    CHECK(cfg->connect_timeout == 2.5);
+    CHECK_STR_EQ(cfg->gpu, "3");
+    CHECK_EQ(cfg->min_memory, 1000);
+    CHECK_STR_EQ(captured, "");
+
+    /* ~/ in GPUPOOL_CONFIG */
+    fresh();
+    char in_home[4400];
+    path_in(in_home, sizeof in_home, home, "conf/config.toml");
+    write_file(in_home, "servers = [\"x\"]\n", 0600);
+    set("GPUPOOL_CONFIG", "~/conf/config.toml");
+    LOAD_OK();
+    CHECK_STR_EQ(cfg->file, in_home);
+    CHECK_EQ(cfg->nservers, 1);
+
+    /* a client certificate without its key, from the file or the environment */
+    write_file(in_home, "tls_cert = \"c.pem\"\nservers = [\"x\"]\n", 0600);
+    CHECK_EQ(load(), -1);
+    CHECK_STR_EQ(err, "server x: tls_cert is set but tls_key is not: set both (a client "
+                      "certificate and its key, GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY) or neither");
+    set("GPUPOOL_TLS_KEY", "/k.pem");
+    LOAD_OK();
+    CHECK_STR_EQ(cfg->servers[0].tls_key, "/k.pem");
 }
 
 static void test_warnings(void) {
@@ -591,6 +686,16 @@ static void test_errors(void) {
         {"token =\n", 1, "token has no value"},
         {"token = \"\xff\"\n", 1, "not valid UTF-8"},
         {"token = \"a\tb\x01\"\n", 1, "control character inside a string"},
+        {"token = \"a\\nb\"\n", 1, "token contains a control character"},
+        {"[requirements]\ngpu = -1\n", 2, "gpu must be a GPU index (1 or \"1\")"},
+        {"[requirements]\nmin_memory = 9223372036854775808\n", 2, "cannot read the value"},
+        {"[[servers]]\naddress = \"h:0\"\n", 2, "'h:0' is not a server address"},
+        {"servers = [\"a,b\"]\n", 1, "'a,b' is not a server address"},
+        {"[[servers]]\naddress = \"  \"\n", 1, "has no address"},
+        {"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk = 1\n", 1,
+         "longer than 63 characters"},
+        {"probe_timeout = 1e400\n", 1, "cannot read the value"},
+        {"probe_timeout = 1_\n", 1, "cannot read the value"},
     };
     char file[4400];
     path_in(file, sizeof file, root, "bad/config.toml");
@@ -652,6 +757,11 @@ int main(void) {
     }
     snprintf(home, sizeof home, "%s/home", root);
     mkdirs(home);
+    if (!realpath(root, rroot)) {
+        perror("realpath");
+        return 2;
+    }
+    snprintf(rhome, sizeof rhome, "%s/home", rroot);
     CHECK_EQ(setenv("HOME", home, 1), 0);
     CHECK_EQ(unsetenv("GPUPOOL_LOG"), 0); /* warnings show at the default level */
 
@@ -661,6 +771,7 @@ int main(void) {
     test_full_file();
     test_environment_over_file();
     test_short_form_and_values();
+    test_blanks_symlinks_and_pairs();
     test_warnings();
     test_errors();
 

@@ -41,3 +41,11 @@ $(BUILD)/tests/test_client_config: $(BUILD)/obj/tests/c/test_client_config.o \
 		$(SHIM_OBJ)/tls.o $(SHIM_OBJ)/log.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl
+
+# The same configuration as JSON, for tests/test_config_agreement.py (C and Python must agree).
+TEST_BINS += $(BUILD)/tests/config_dump
+$(BUILD)/tests/config_dump: $(BUILD)/obj/tests/c/config_dump.o \
+		$(SHIM_OBJ)/client_config.o $(SHIM_OBJ)/requirements.o $(SHIM_OBJ)/net.o \
+		$(SHIM_OBJ)/tls.o $(SHIM_OBJ)/log.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl

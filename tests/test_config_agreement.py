@@ -1,0 +1,374 @@
+"""The shims and the `gpupool` command read the client configuration the same way
+(docs/dev/issue5-contracts.md section 3): one table of cases (files and environments, good and
+bad) goes through the C reader (tests/c/config_dump.c on client/shim/client_config.c, printing
+the effective settings as JSON) and through `gpupool.config.load`; both must give the same
+servers, tokens, TLS settings and files, timeouts, requirements and warnings, or refuse with the
+same one-line error. Also run under ASan/UBSan (GPUPOOL_SAN=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import require, run_client
+
+from gpupool import config as cc
+
+EXAMPLE = """\
+# written by `gpupool login`; mode 0600
+token = "gpt_default"             # default token for servers without their own
+tls = false
+tls_ca = "certs/ca.pem"           # relative: to the file's folder
+connect_timeout = 10
+probe_timeout = 2.5
+
+[requirements]
+gpu = ""
+model = "H100"
+min_memory = "40GiB"
+
+[[servers]]
+address = "gpu1.example.com:7070"
+token = "gpt_one"
+
+[[servers]]
+address = "tls://gpu2.example.com:7071"
+tls_ca = "~/ca2.pem"
+
+[[servers]]
+address = "[::1]:7072"
+tls = true
+"""
+
+BLANKS = """\
+token = "  gpt_x \\t"
+tls_ca = " ca.pem "
+tls_cert = "\\tcert.pem"
+tls_key = "key.pem\\n"
+[requirements]
+gpu = " 1 "
+model = "\\tH100 "
+min_memory = " 40GiB "
+[[servers]]
+address = "  h:1 "
+token = " own "
+[[servers]]
+address = "tls://g"
+token = "   "
+tls_ca = " "
+tls_cert = "/abs/cert.pem"
+tls_key = ""
+"""
+
+
+@dataclass
+class Case:
+    name: str
+    text: str | bytes | None = None  # the file at {tmp}/cfg/config.toml (None: no file)
+    env: dict[str, str] = field(default_factory=dict)  # {tmp} and {home} are filled in
+    expect: str = "ok"  # or "error"
+    words: str = ""  # in the error, or in the JSON of the result: what the case is about
+    mode: int = 0o600
+    layout: str = ""  # "symlink", "home", "xdg", "dir"
+
+
+CASES = [
+    # ---------------------------------------------------------------- good files
+    Case("contract example", EXAMPLE, words="gpu2.example.com"),
+    Case("blanks around strings, empty means unset", BLANKS, words='"token": "own"'),
+    Case("gpu as an integer", "[requirements]\ngpu = 3\n", words='"gpu": "3"'),
+    Case("gpu as an integer with underscores", "[requirements]\ngpu = 1_0\n",
+         words='"gpu": "10"'),
+    Case("numbers in the TOML grammar",
+         "connect_timeout = 1_000\nprobe_timeout = +1.5e1\n[requirements]\n"
+         "min_memory = 17179869184\n", words='"connect_timeout": 1000'),
+    Case("zero timeouts", "connect_timeout = 0\nprobe_timeout = 0.0\n",
+         words='"probe_timeout": 0'),
+    Case("a tiny float underflows to zero on both sides", "probe_timeout = 1e-400\n",
+         words='"probe_timeout": 0'),
+    Case("short form, blank items are unset",
+         'servers = [" a ", "", "  ", "tls://b:99"]\ntoken = "t"\n', words='"host": "b"'),
+    Case("CRLF, BOM, comments with any bytes",
+         b"\xef\xbb\xbfservers = [  # \xff\xfe not UTF-8 in a comment\r\n  'a:1',\r\n]\r\n"
+         b"token = 'q'  # \x01\r\n", words='"token": "q"'),
+    Case("escapes", 'token = "q\\"b\\\\s\\u00e9\\t"\nservers = ["a"]\n', words="q\\\"b"),
+    Case("escaped blanks at the ends are stripped",
+         'token = "\\ttok\\n"\nservers = ["a"]\n', words='"token": "tok"'),
+    Case("unknown keys and tables warn", "colour = 'blue'\nservers = ['a:1']\n[requirements]\n"
+         "vendor = 'x'\n[extra]\nanything = ['goes']\n[[more]]\nx = 1\n[[servers2]]\n",
+         words='"a:1"'),
+    Case("an unknown table named like a key", "token = 'x'\nservers = ['a']\n[token]\ny = 2\n"
+         "[tls]\n", words='"token": "x"'),
+    Case("symlinked file: relative paths from the target's folder",
+         'tls_ca = "ca.pem"\nservers = ["a"]\n', layout="symlink", words="/real/ca.pem"),
+    Case("GPUPOOL_CONFIG with ~/", 'servers = ["a"]\ntls_ca = "~/ca.pem"\n', layout="home",
+         env={"GPUPOOL_CONFIG": "~/conf/config.toml"}, words="/home/conf/config.toml"),
+    Case("GPUPOOL_CONFIG with blanks", 'servers = ["a"]\n',
+         env={"GPUPOOL_CONFIG": "  {tmp}/cfg/config.toml\t"}, words="/cfg/config.toml"),
+    Case("the XDG file", 'servers = ["xdg:1"]\n', layout="xdg", env={"GPUPOOL_CONFIG": ""},
+         words="xdg:1"),
+    Case("a token readable by others under HOME warns", 'token = "gpt_x"\nservers = ["a"]\n',
+         layout="home", env={"GPUPOOL_CONFIG": "{home}/conf/config.toml"}, mode=0o644,
+         words="gpt_x"),
+    Case("a blank token is no token: no mode warning", 'token = "  "\nservers = ["a"]\n',
+         layout="home", env={"GPUPOOL_CONFIG": "{home}/conf/config.toml"}, mode=0o644,
+         words='"token": ""'),
+    # ---------------------------------------------------------------- good environments
+    Case("environment with blanks", EXAMPLE, env={
+        "GPUPOOL_SERVER": " a:1 ,\ttls://b ,, GPU1.example.com\n", "GPUPOOL_TOKEN": " tok ",
+        "GPUPOOL_TLS": " Yes ", "GPUPOOL_TLS_CA": "~/env-ca.pem ",
+        "GPUPOOL_TLS_CERT": "rel.pem", "GPUPOOL_TLS_KEY": "\t/k.pem",
+        "GPUPOOL_CONNECT_TIMEOUT": " 3 ", "GPUPOOL_PROBE_TIMEOUT": "0.5\t", "GPUPOOL_GPU": " 2 ",
+        "GPUPOOL_GPU_MODEL": " A100 ", "GPUPOOL_MIN_MEMORY": " 80G "}, words='"token": "tok"'),
+    Case("blank variables are unset", EXAMPLE, env={
+        "GPUPOOL_SERVER": "  ", "GPUPOOL_TOKEN": " \t", "GPUPOOL_TLS": " ",
+        "GPUPOOL_CONNECT_TIMEOUT": " ", "GPUPOOL_GPU": "", "GPUPOOL_MIN_MEMORY": " "},
+        words='"token": "gpt_one"'),
+    Case("GPUPOOL_SERVER keeps a file entry's settings", EXAMPLE,
+         env={"GPUPOOL_SERVER": "GPU2.EXAMPLE.COM:7071,other:9"}, words="/ca2.pem"),
+    Case("GPUPOOL_DEVICE yields to GPUPOOL_GPU with a warning", None,
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_GPU": " 1", "GPUPOOL_DEVICE": "GPU-ab "},
+         words='"gpu": "1"'),
+    Case("GPUPOOL_DEVICE alone", None, env={"GPUPOOL_SERVER": "a", "GPUPOOL_DEVICE": "GPU-ab"},
+         words='"gpu": "GPU-ab"'),
+    Case("environment timeouts with a fraction", None,
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_CONNECT_TIMEOUT": "0010.250",
+              "GPUPOOL_PROBE_TIMEOUT": "0"}, words='"connect_timeout": 10.25'),
+    Case("GPUPOOL_CONFIG=none with blanks", EXAMPLE, env={"GPUPOOL_CONFIG": " none "},
+         words='"file": ""'),
+    Case("non-ASCII host names, matched by ASCII case only", "[[servers]]\n"
+         "address = 'Bücher:1'\ntoken = 'own'\n[[servers]]\naddress = 'ÄB:2'\ntoken = 'two'\n",
+         env={"GPUPOOL_SERVER": "bÜcher:1, bücher:1, äb:2, ÄB:2, [fe80::1]:7070"},
+         words='"token": "own"'),
+    Case("both halves of a client certificate", None,
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_TLS_CERT": "c.pem", "GPUPOOL_TLS_KEY": "k.pem"},
+         words='"tls_key": "k.pem"'),
+    # ---------------------------------------------------------------- refused
+    *[Case(f"GPUPOOL_{which}_TIMEOUT={value!r}", None, expect="error",
+           env={"GPUPOOL_SERVER": "a", f"GPUPOOL_{which}_TIMEOUT": value},
+           words="is not a number of seconds")
+      for which in ("CONNECT", "PROBE")
+      for value in ("+5", "1_0", "inf", "nan", "1e3", ".5", "5.", "-1", "0x10", "soon", "١")],
+    *[Case(f"file timeout {value}", f"probe_timeout = {value}\n", expect="error",
+           words=":1: ") for value in ("inf", "nan", "-1", '"2"', "1__0", "007", "0x10", "1e400",
+                                       "true", "1.", ".5", "1_", "+-1")],
+    Case("GPUPOOL_TLS not a word", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_TLS": "maybe"}, words="GPUPOOL_TLS=maybe"),
+    Case("GPUPOOL_MIN_MEMORY not a size", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_MIN_MEMORY": " 40X "}, words="not a size"),
+    *[Case(f"GPUPOOL_SERVER={value!r}", None, expect="error", env={"GPUPOOL_SERVER": value},
+           words="GPUPOOL_SERVER")
+      for value in ("a:0", "a:65536", "a:123456", "a:007070", "a:b", "http://a:1", "[::1]", " , ",
+                    "a:", "tls://", "a b:1", "a\tb")],
+    Case("17 servers in the environment", None, expect="error",
+         env={"GPUPOOL_SERVER": ",".join(f"h{i}:1" for i in range(17))}, words="more than 16"),
+    Case("a control character in GPUPOOL_TOKEN", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_TOKEN": "a\x01b"}, words="control character"),
+    Case("a control character in GPUPOOL_TLS_CA", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_TLS_CA": "a\x7fb"}, words="control character"),
+    Case("GPUPOOL_GPU too long", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_GPU": "x" * 256}, words="longer than 255"),
+    Case("GPUPOOL_TOKEN too long", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_TOKEN": "t" * 4097}, words="longer than 4096"),
+    Case("a client certificate without its key", "tls_cert = 'c.pem'\nservers = ['a']\n",
+         expect="error", words="tls_cert is set but tls_key is not"),
+    Case("a key without its certificate (environment)", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_TLS_KEY": "k.pem"}, words="tls_key is set"),
+    Case("GPUPOOL_CONFIG missing", None, expect="error",
+         env={"GPUPOOL_CONFIG": "{tmp}/missing.toml"}, words="No such file or directory"),
+    Case("GPUPOOL_CONFIG a folder", None, expect="error", layout="dir",
+         env={"GPUPOOL_CONFIG": "{tmp}/cfg"}, words="is not a regular file"),
+    Case("a NUL byte", b"token = 'a'\n\0\n", expect="error", words="NUL byte"),
+    Case("invalid UTF-8 in a string", b"token = '\xff'\n", expect="error", words="UTF-8"),
+    Case("a control character in a token", 'token = "a\\nb"\n', expect="error",
+         words="token contains a control character"),
+    Case("gpu negative", "[requirements]\ngpu = -1\n", expect="error", words="gpu must be"),
+    Case("gpu a boolean", "[requirements]\ngpu = true\n", expect="error", words="gpu must be"),
+    Case("gpu too big an integer", "[requirements]\ngpu = 99999999999999999999\n",
+         expect="error", words="cannot read the value of gpu"),
+    Case("min_memory past int64", "[requirements]\nmin_memory = 9223372036854775808\n",
+         expect="error", words="cannot read the value"),
+    Case("a number of 101 characters", "probe_timeout = " + "1" * 101 + "\n", expect="error",
+         words="cannot read the value"),
+    Case("a key of 64 characters", "k" * 64 + " = 1\n", expect="error",
+         words="longer than 63 characters"),
+    Case("port 0 in the file", "[[servers]]\naddress = 'h:0'\n", expect="error",
+         words="'h:0' is not a server address"),
+    Case("a comma in an address", "servers = ['a,b']\n", expect="error",
+         words="'a,b' is not a server address"),
+    Case("a blank address is no address", "[[servers]]\naddress = '  '\n", expect="error",
+         words=":1: this [[servers]] entry has no address"),
+    Case("the same key twice", "token = 'a'\n# x\ntoken = ''\n", expect="error",
+         words=":3: token is set twice"),
+    Case("inline table", "x = {a = 1}\n", expect="error", words="inline tables"),
+    Case("lone CR", "token = 'a'\rservers = ['b']\n", expect="error",
+         words="unexpected text after the value"),
+    Case("a CR inside an array", "servers = ['a',\r'b']\n", expect="error",
+         words="may only hold strings"),
+    Case("[servers] as one table", "[servers]\naddress = 'a'\n", expect="error",
+         words="write [[servers]]"),
+    Case("both forms", "servers = []\n[[servers]]\naddress = 'b'\n", expect="error",
+         words="use one form"),
+    Case("17 servers in the file", "".join(f"[[servers]]\naddress = 'h{i}'\n" for i in range(17)),
+         expect="error", words=":33: more than 16 servers"),
+    Case("bad escape", 'token = "a\\qb"\n', expect="error", words="unsupported escape \\q"),
+    Case("min_memory not a size", "[requirements]\nmin_memory = ' lots '\n", expect="error",
+         words='min_memory = "lots" is not a size'),
+    Case("dotted key", "a.b = 1\n", expect="error", words="dotted keys"),
+    Case("a string of 8192 bytes", "token = '" + "x" * 8192 + "'\n", expect="error",
+         words="longer than 8191 bytes"),
+    Case("a host of 256 bytes", "servers = ['" + "h" * 256 + ":1']\n", expect="error",
+         words="is not a server address"),
+    Case("65 items in an array", "servers = [" + "'a'," * 65 + "]\n", expect="error",
+         words="more than 64 items"),
+    Case("a key in an unknown table is skipped, its value is not", "[x]\nk = 0x1\n",
+         expect="error", words=":2: cannot read the value of k"),
+    Case("a date", "when = 2024-01-01\n", expect="error", words="cannot read the value of when"),
+]
+
+
+def _fill(text: str, tmp: Path) -> str:
+    return text.replace("{tmp}", str(tmp)).replace("{home}", str(tmp / "home"))
+
+
+def _setup(case: Case, tmp: Path) -> dict[str, str]:
+    """The files of the case under tmp, and its environment."""
+    home = tmp / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    target = tmp / "cfg" / "config.toml"
+    if case.layout == "symlink":
+        target = tmp / "real" / "config.toml"
+    elif case.layout == "home":
+        target = home / "conf" / "config.toml"
+    elif case.layout == "xdg":
+        target = tmp / "xdg" / "gpupool" / "config.toml"
+        env["XDG_CONFIG_HOME"] = str(tmp / "xdg")
+    elif case.layout == "dir":
+        (tmp / "cfg").mkdir()
+    if case.text is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = case.text.encode() if isinstance(case.text, str) else case.text
+        target.write_bytes(data)
+        target.chmod(case.mode)
+    config = tmp / "cfg" / "config.toml"
+    if case.layout == "symlink":
+        config.parent.mkdir()
+        config.symlink_to(target)
+    env["GPUPOOL_CONFIG"] = str(config) if case.text is not None else "none"
+    env.update({k: _fill(v, tmp) for k, v in case.env.items()})
+    return env
+
+
+def _python(env: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    warnings: list[str] = []
+    try:
+        cfg = cc.load(env, warn=warnings.append)
+    except cc.ConfigError as exc:
+        return {"ok": False, "error": str(exc)}, warnings
+    return {"ok": True, "file": cfg.file, "connect_timeout": cfg.connect_timeout,
+            "probe_timeout": cfg.probe_timeout, "gpu": cfg.gpu, "model": cfg.model,
+            "min_memory": cfg.min_memory,
+            "servers": [{"address": s.address, "host": s.host, "port": s.port, "tls": s.tls,
+                         "token": s.token, "tls_ca": s.tls_ca, "tls_cert": s.tls_cert,
+                         "tls_key": s.tls_key} for s in cfg.servers]}, warnings
+
+
+def _c(binary: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, Any], list[str]]:
+    proc = run_client([binary], env={**env, "ASAN_OPTIONS": "detect_leaks=1"}, cwd=cwd,
+                      timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for mark in ("AddressSanitizer", "runtime error:", "LeakSanitizer"):
+        assert mark not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith("gpupool: ") for line in lines), proc.stderr
+    return json.loads(proc.stdout), [line[len("gpupool: "):] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def dump(native_build: Path) -> Path:
+    binary = native_build / "tests" / "config_dump"
+    require(binary.is_file(), f"{binary} not built")
+    return binary
+
+
+@pytest.mark.san
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_c_and_python_agree(case: Case, dump: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _setup(case, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    c, c_warnings = _c(dump, env, tmp_path)
+    py, py_warnings = _python(env)
+    assert c == py, f"C: {c}\nPython: {py}"
+    assert c_warnings == py_warnings
+    assert c["ok"] is (case.expect == "ok"), c
+    shown = c["error"] if not c["ok"] else json.dumps(c, ensure_ascii=False)
+    assert case.words in shown, shown
+
+
+def test_the_table_says_what_it_means(dump: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few cases checked for their exact meaning, not only for agreement."""
+    by_name = {c.name: c for c in CASES}
+
+    def run(name: str) -> tuple[dict[str, Any], list[str]]:
+        case = by_name[name]
+        tmp = tmp_path / name.replace(" ", "_").replace("/", "_")
+        tmp.mkdir()
+        env = _setup(case, tmp)
+        monkeypatch.chdir(tmp)
+        return _c(dump, env, tmp)
+
+    out, _ = run("blanks around strings, empty means unset")
+    folder = os.path.realpath(os.getcwd() + "/cfg")
+    one, two = out["servers"]
+    assert (one["address"], one["token"], one["tls_ca"]) == ("h:1", "own", f"{folder}/ca.pem")
+    assert (two["token"], two["tls_ca"], two["tls_cert"], two["tls_key"]) == (
+        "gpt_x", f"{folder}/ca.pem", "/abs/cert.pem", f"{folder}/key.pem")  # "" = the default
+    assert (out["gpu"], out["model"], out["min_memory"]) == ("1", "H100", 40 << 30)
+
+    out, _ = run("symlinked file: relative paths from the target's folder")
+    real = os.path.realpath(os.getcwd() + "/real")
+    assert out["file"].endswith("/cfg/config.toml") and out["servers"][0]["tls_ca"] == \
+        f"{real}/ca.pem"
+
+    out, warnings = run("a token readable by others under HOME warns")
+    assert len(warnings) == 1 and "(mode 0644): chmod 600" in warnings[0], warnings
+
+    out, warnings = run("unknown keys and tables warn")
+    assert len(warnings) == 5, warnings
+
+    out, warnings = run("GPUPOOL_DEVICE yields to GPUPOOL_GPU with a warning")
+    assert warnings == ["GPUPOOL_DEVICE=GPU-ab ignored: GPUPOOL_GPU=1 is set (GPUPOOL_DEVICE is "
+                        "its old name)"]
+
+
+def test_python_writes_what_c_reads(dump: Path, tmp_path: Path) -> None:
+    """`gpupool login` writes the file with config.write_file: the shims read back the same."""
+    data = {"token": 'q"uote\\back é', "tls": True, "connect_timeout": 2.5, "probe_timeout": 3,
+            "requirements": {"gpu": 1, "model": "A100", "min_memory": "40GiB"},
+            "servers": [{"address": "tls://h:1", "token": "t1"}, {"address": "g"}]}
+    path = tmp_path / "sub" / "config.toml"
+    cc.write_file(path, data)
+    env = {"HOME": str(tmp_path), "GPUPOOL_CONFIG": str(path), "PATH": "/usr/bin:/bin"}
+    c, c_warnings = _c(dump, env, tmp_path)
+    py, py_warnings = _python(env)
+    assert c == py and c_warnings == py_warnings == []
+    assert c["ok"] and c["gpu"] == "1" and [s["token"] for s in c["servers"]] == \
+        ["t1", data["token"]]
+
+
+def test_the_dump_program_needs_no_python(dump: Path) -> None:
+    """config_dump is a plain C program: it runs with an empty environment."""
+    proc = subprocess.run([dump], env={"GPUPOOL_CONFIG": "none"}, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"ok": True, "file": "", "connect_timeout": 10,
+                                       "probe_timeout": 2, "gpu": "", "model": "",
+                                       "min_memory": 0, "servers": []}
