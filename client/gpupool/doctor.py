@@ -27,7 +27,7 @@ from typing import Any
 from gpupool import __version__
 from gpupool import _wire_generated as gp
 from gpupool.config import ClientConfig, ConfigError, ServerConfig, load
-from gpupool.probe import Probe, probe_all
+from gpupool.probe import Probe, probe_all, probe_limit
 from gpupool.shim import NVML_NAME, SHIM_NAME, ShimNotFound, client_env
 
 MARK = "gpupool_shim_version"
@@ -434,7 +434,7 @@ def cmd_doctor(env: Mapping[str, str]) -> int:
         return 1
     rep.ok("config", f"{where}; {len(cfg.servers)} server{'s' if len(cfg.servers) != 1 else ''}"
            + (" (GPUPOOL_SERVER)" if cfg.sources.get("servers") == "GPUPOOL_SERVER" else ""))
-    timeout = max(cfg.probe_timeout, min(cfg.connect_timeout, 10.0)) if cfg.probe_timeout else 0
+    timeout = max(probe_limit(cfg), min(cfg.connect_timeout, 10.0))
     probes = probe_all(cfg, timeout)
     for p in probes:
         _check_server(rep, p)

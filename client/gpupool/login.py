@@ -11,11 +11,14 @@ from typing import Any
 
 from gpupool import _wire_generated as gp
 from gpupool.config import (
+    BLANKS,
     DEFAULT_CONNECT_TIMEOUT,
     PATH_KEYS,
     SYSTEM_FILE,
     ConfigError,
     ServerConfig,
+    _expand,
+    _NoHome,
     default_user_file,
     read_file,
     split_address,
@@ -40,9 +43,13 @@ def target_file(env: Mapping[str, str], system: bool) -> Path:
     $GPUPOOL_CONFIG when it names a file, else the user's file."""
     if system:
         return SYSTEM_FILE
-    explicit = env.get("GPUPOOL_CONFIG") or ""
+    explicit = (env.get("GPUPOOL_CONFIG") or "").strip(BLANKS)  # as the readers take it
     if explicit and explicit != "none":
-        return Path(explicit).expanduser()
+        try:
+            return Path(_expand(explicit, None, env))
+        except _NoHome:
+            raise ConfigError(f"GPUPOOL_CONFIG={explicit}: ~ stands for the home folder, and "
+                              "HOME is not set") from None
     user = default_user_file(env)
     if user is None:
         raise ConfigError("cannot find the home folder (HOME is not set): set HOME or "
@@ -106,7 +113,7 @@ def cmd_login(url: str, token: str, tls_ca: str | None, system: bool,
     key = (host.lower(), port)
     entries = _entries(data)
     entry = next((e for e in entries if _same(e, key)), None)
-    base = path.parent
+    base = path.resolve().parent  # relative paths: from the real file's folder, as the readers
 
     # What the entry will say, to check it before writing anything.
     def setting(name: str) -> Any:

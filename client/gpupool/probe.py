@@ -33,9 +33,18 @@ class Probe:
         return ""
 
 
+# probe_timeout = 0 means this for probes, as in the shims (client/shim/info_client.h): a probe
+# always has a limit.
+PROBE_TIMEOUT_FOR_ZERO = 2.0
+
+
+def probe_limit(cfg: ClientConfig) -> float:
+    return cfg.probe_timeout if cfg.probe_timeout > 0 else PROBE_TIMEOUT_FOR_ZERO
+
+
 def probe_one(cfg: ClientConfig, srv: ServerConfig, timeout: float | None = None) -> Probe:
     try:
-        info = fetch_info(srv, cfg.probe_timeout if timeout is None else timeout, gpu=cfg.gpu,
+        info = fetch_info(srv, probe_limit(cfg) if timeout is None else timeout, gpu=cfg.gpu,
                           model=cfg.model, min_memory=cfg.min_memory)
     except WireError as exc:
         return Probe(srv, error=exc)
