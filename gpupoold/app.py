@@ -3,9 +3,9 @@
 `create_app(settings)` returns an aiohttp application whose resources are `cleanup_ctx`
 generators, started in this order and stopped in reverse: state directories, the store
 (SQLite) and authentication, the GPU inventory (NVML), the worker supervisor, the lease manager,
-the live GPU values (telemetry.py), the remoting listener. So at shutdown the listener stops
-accepting first, then the leases end (their workers stopped and their records written), and the
-store closes last.
+the live GPU values (telemetry.py), the Prometheus collector (metrics.py), the remoting
+listener. So at shutdown the listener stops accepting first, then the leases end (their
+workers stopped and their records written), and the store closes last.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gpupoold.http_auth import auth_middleware
 from gpupoold.keys import (AUTH, COUNTERS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS, STORE,
                            SUPERVISOR, TELEMETRY)
 from gpupoold.leases import LeaseManager
+from gpupoold.metrics import METRICS_KEY, DaemonMetrics
 from gpupoold.nvml import Nvml
 from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
 from gpupoold.remoting import RemotingListener
@@ -47,12 +48,14 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[auth_middleware])
     app[SETTINGS] = settings
     app[COUNTERS] = Counters()
+    app[METRICS_KEY] = DaemonMetrics()
     app.cleanup_ctx.append(state_ctx)
     app.cleanup_ctx.append(store_ctx)
     app.cleanup_ctx.append(inventory_ctx)
     app.cleanup_ctx.append(supervisor_ctx)
     app.cleanup_ctx.append(leases_ctx)
     app.cleanup_ctx.append(telemetry_ctx)
+    app.cleanup_ctx.append(metrics_ctx)
     app.cleanup_ctx.append(remoting_ctx)
     setup_routes(app)
     return app
@@ -158,7 +161,7 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
     cleaner = GpuCleaner(scrub, app[INVENTORY].nvml, settings.state_dir, settings.reset_policy,
                          settings.reset_socket, settings.scrub_timeout)
     leases = LeaseManager(app[INVENTORY], settings, app[STORE], app[SUPERVISOR], cleaner,
-                          app[COUNTERS])
+                          app[COUNTERS], app[METRICS_KEY])
     app[LEASES] = leases
     await leases.start()
     try:
@@ -178,6 +181,15 @@ async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         leases.telemetry = None
         await telemetry.close()
+
+
+async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
+    metrics = app[METRICS_KEY]
+    metrics.attach(app[LEASES], app[TELEMETRY], app[COUNTERS], app[SETTINGS].telemetry_interval)
+    try:
+        yield
+    finally:
+        await metrics.close()
 
 
 async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:

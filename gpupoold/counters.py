@@ -24,6 +24,15 @@ class Counters:
         """The sum over every label set of `name`."""
         return sum(v for (n, _), v in self._values.items() if n == name)
 
+    def by_label(self, name: str, label: str) -> dict[str, int]:
+        """{value of `label`: count} of the counter `name` (its other labels summed)."""
+        out: dict[str, int] = {}
+        for (n, labels), value in self._values.items():
+            if n == name:
+                key = dict(labels).get(label, "")
+                out[key] = out.get(key, 0) + value
+        return out
+
     def snapshot(self) -> dict[str, object]:
         """{name: int} for unlabelled counters, {name: {"label=value,...": int}} for labelled."""
         out: dict[str, object] = {}

@@ -4,7 +4,9 @@ Every route declares its role once, in routes.py's table (`ROUTES`):
 
 - `PUBLIC`: no token (only `/healthz`, for load balancers and monitoring);
 - `USER`: any valid token, user or admin (the read-only views);
-- `ADMIN`: an admin token (operator actions, tokens, the audit log).
+- `ADMIN`: an admin token (operator actions, tokens, the audit log);
+- `METRICS`: as `USER`, and also no token when the setting `metrics_anonymous` is on (only
+  `/metrics`, for a Prometheus that scrapes without credentials).
 
 `auth_middleware` looks up the matched route's role, reads `Authorization: Bearer <token>`, asks
 `app[AUTH].check(token, peer)` and answers 401 (no or bad token, with `WWW-Authenticate: Bearer`)
@@ -31,8 +33,8 @@ from gpupoold.keys import AUTH, COUNTERS, SETTINGS
 
 log = logging.getLogger("gpupoold.http")
 
-PUBLIC, USER, ADMIN = "public", "user", "admin"
-ROLES = (PUBLIC, USER, ADMIN)
+PUBLIC, USER, ADMIN, METRICS = "public", "user", "admin", "metrics"
+ROLES = (PUBLIC, USER, ADMIN, METRICS)
 READ_METHODS = frozenset({hdrs.METH_GET, hdrs.METH_HEAD})
 
 # {(method, path as declared in the route table): role}; filled by routes.setup_routes.
@@ -122,8 +124,10 @@ async def authorize(request: web.Request) -> web.Response | None:
     if role is None or role == PUBLIC:
         return None
     header = request.headers.get(hdrs.AUTHORIZATION)
-    if (header is None and role == USER and request.method in READ_METHODS
-            and request.app[SETTINGS].http_anonymous_read):
+    settings = request.app[SETTINGS]
+    if (header is None and role in (USER, METRICS) and request.method in READ_METHODS
+            and (settings.http_anonymous_read
+                 or (role == METRICS and settings.metrics_anonymous))):
         request[DECISION] = ANONYMOUS_READER
         return None
     if header is None:

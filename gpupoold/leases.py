@@ -37,6 +37,7 @@ import gpupool_protocol as gp
 
 from gpupoold.counters import Counters
 from gpupoold.gpus import Gpu, Inventory
+from gpupoold.metrics import DaemonMetrics
 from gpupoold.requirements import Requirements
 from gpupoold.scrubber import CleanResult, GpuCleaner
 from gpupoold.settings import Settings
@@ -130,8 +131,11 @@ class Slot:
 
 class LeaseManager:
     def __init__(self, inventory: Inventory, settings: Settings, store: Store,
-                 supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters) -> None:
+                 supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters,
+                 metrics: DaemonMetrics | None = None) -> None:
         self.settings = settings
+        # Histograms and the ended leases' totals for /metrics (metrics.py).
+        self.metrics = metrics if metrics is not None else DaemonMetrics()
         self.store = store
         self.supervisor = supervisor
         self.cleaner = cleaner
@@ -335,6 +339,7 @@ class LeaseManager:
         slot.lease = lease
         self._leases[lease.id] = lease
         self.counters.inc("leases_started")
+        self.metrics.lease_granted(lease.queued_s)
         self._spawn(self._watch(lease), f"lease-{lease.id}")
         self._changed(slot)
         try:
@@ -396,6 +401,8 @@ class LeaseManager:
         self._leases.pop(lease.id, None)
         slot.lease = None
         s = ex.stats
+        # Same event-loop step as the pop above: a scrape sees the lease live or ended, once.
+        self.metrics.lease_ended(lease.token, time.time() - lease.started, s)
         level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
         log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
                 reason, f": {detail}" if detail else "", slot.gpu.index, lease.client.describe(),
@@ -421,6 +428,9 @@ class LeaseManager:
                            "bytes": result.scrub.get("bytes", 0),
                            "duration_s": round(result.duration_s, 3)}
         self.counters.inc("scrubs", result="ok" if result.ok else "failed")
+        if result.reset is not None:
+            self.counters.inc("resets", result="ok" if result.reset.get("ok") else "failed")
+        self.metrics.cleaned(result.duration_s, result.reset)
         if result.ok:
             log.info("GPU %d clean: %s", slot.gpu.index, result.summary())
             slot.set_state(DRAINED if slot.draining else FREE)
@@ -586,6 +596,10 @@ class LeaseManager:
             states[s.state] += 1
         return {"gpus": len(self.slots), "states": states, "leases": len(self._leases),
                 "queue": len(self.queue)}
+
+    def active(self) -> list[Lease]:
+        """The active leases (for the metrics collector: no views built)."""
+        return list(self._leases.values())
 
     def lease(self, lease_id: int) -> Lease | None:
         return self._leases.get(lease_id)

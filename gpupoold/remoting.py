@@ -128,6 +128,7 @@ class RemotingListener:
         except gp.ProtocolError as exc:
             log.warning("connection from %s: bad first frame (%s), closed", peer, exc)
             self.counters.inc("handshakes_refused", reason="malformed")
+            self._request("malformed")
             await self._send(writer, gp.Notice(code=gp.GP_EPROTO, op=0,
                                                text=f"bad first frame: {exc}"), 0)
             return
@@ -140,6 +141,7 @@ class RemotingListener:
             log.warning("connection from %s: first frame is op %d, not hello; closed", peer,
                         frame.op)
             self.counters.inc("handshakes_refused", reason="malformed")
+            self._request("malformed")
             await self._send(writer, gp.Notice(
                 code=gp.GP_EPROTO, op=frame.op,
                 text=f"the first frame must be hello (op {gp.Hello.OP}) or info (op {gp.Info.OP}), "
@@ -149,10 +151,12 @@ class RemotingListener:
         if isinstance(hello, Refusal):
             reason = "version" if hello.result == gp.GP_EVERSION else "malformed"
             self.counters.inc("handshakes_refused", reason=reason)
+            self._request(reason)
             await self._refuse(writer, frame.req, peer, hello)
             return
         if _buffered(reader):
             self.counters.inc("handshakes_refused", reason="malformed")
+            self._request("malformed")
             await self._refuse(writer, frame.req, peer, Refusal(
                 gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
             return
@@ -160,6 +164,7 @@ class RemotingListener:
         if not decision.ok:
             self.counters.inc("auth_refused", reason=decision.reason or "refused")
             self.counters.inc("handshakes_refused", reason="auth")
+            self._request("auth")
             await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EAUTH, decision.message))
             return
         req = Requirements.from_hello(hello)
@@ -168,15 +173,18 @@ class RemotingListener:
         why = self.leases.feasible(req)
         if why is not None:
             self.counters.inc("handshakes_refused", reason="requirements")
+            self._request("requirements")
             await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, why))
             return
         try:
             waiter = self.leases.enqueue(req, decision.identity, client)
         except QueueFull as exc:
             self.counters.inc("handshakes_refused", reason="queue full")
+            self._request("queue_full")
             await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EBUSY, str(exc)))
             return
         except ShuttingDown:
+            self._request("shutdown")
             await self._refuse(writer, frame.req, peer, _SHUTDOWN)
             return
         slot = await self._wait_for_gpu(waiter, reader, writer, frame.req, peer)
@@ -185,6 +193,7 @@ class RemotingListener:
         if _buffered(reader):
             self.leases.abandon(waiter)
             self.counters.inc("handshakes_refused", reason="malformed")
+            self._request("malformed")
             await self._refuse(writer, frame.req, peer, Refusal(
                 gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
             return
@@ -195,21 +204,28 @@ class RemotingListener:
                 self.leases.abandon(waiter)
                 log.info("connection from %s: TLS hand-over failed (%s)", peer, exc)
                 self.counters.inc("handshakes_refused", reason="tls")
+                self._request("other")
                 return
         sock = writer.get_extra_info("socket")
         try:
             lease = await self.leases.begin(waiter, slot, frame.body, frame.req, sock.fileno())
         except LeaseStartError as exc:
+            self._request("other")
             if exc.message is not None:
                 log.error("connection from %s: %s", peer, exc.message)
                 await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, exc.message))
             return
+        self._request("granted")
         took = time.monotonic() - accepted
         self.connect_times = (self.connect_times + [took])[-1000:]
         log.info("lease %d: %s on GPU %d (%s) for token %r, %s; worker pid %d, %.1f ms from "
                  "connect to the hello reply (%.1f ms queued)", lease.id, client.describe(),
                  slot.gpu.index, slot.gpu.name, lease.token, requirements_text(hello),
                  lease.worker.pid, took * 1000, lease.queued_s * 1000)
+
+    def _request(self, result: str) -> None:
+        """Count a lease request (a hello) by its result (`gpupool_lease_requests_total`)."""
+        self.counters.inc("lease_requests", result=result)
 
     async def _info(self, writer: asyncio.StreamWriter, frame: gp.Frame, peer: str) -> None:
         """Answer an `info` request (info.py); the caller closes the connection. At most
@@ -291,10 +307,12 @@ class RemotingListener:
                         log.info("connection from %s: left the queue (the queue notice could "
                                  "not be sent)", peer)
                         self.counters.inc("queue_abandoned")
+                        self._request("abandoned")
                         return None
                 left = deadline - loop.time()
                 if left <= 0:
                     self.counters.inc("handshakes_refused", reason="queue timeout")
+                    self._request("queue_timeout")
                     await self._refuse(writer, req, peer, Refusal(gp.GP_EBUSY, (
                         f"no GPU became free within {self.settings.queue_timeout:g} s "
                         f"(queue_timeout; you were position {pos} of {total}); try again "
@@ -305,17 +323,20 @@ class RemotingListener:
                     return_when=asyncio.FIRST_COMPLETED)
                 if waiter.future in done:
                     if waiter.future.exception() is not None:  # ShuttingDown
+                        self._request("shutdown")
                         await self._refuse(writer, req, peer, _SHUTDOWN)
                         return None
                     got = waiter.future.result()
                     if gone.done():  # it left at the same moment
                         got = None
+                        self._request("abandoned")
                         log.info("connection from %s: left the queue", peer)
                     return got
                 if gone in done:
                     log.info("connection from %s: left while waiting for a GPU (%.1f s)", peer,
                              waiter.waited())
                     self.counters.inc("queue_abandoned")
+                    self._request("abandoned")
                     return None
         finally:
             if got is None:

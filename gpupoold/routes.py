@@ -1,7 +1,8 @@
 """Every HTTP route of gpupoold and the role it needs, in one table (docs/api.md documents them).
 
 A role is declared here and nowhere else: `PUBLIC` (no token), `USER` (any valid token; with
-`http_anonymous_read` also none for GET), `ADMIN` (an admin token). http_auth.py enforces it.
+`http_anonymous_read` also none for GET), `ADMIN` (an admin token), `METRICS` (as `USER`, or no
+token with `metrics_anonymous`). http_auth.py enforces it.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpupoold import api
-from gpupoold.http_auth import ADMIN, PUBLIC, USER, declare_roles
+from gpupoold import api, metrics
+from gpupoold.http_auth import ADMIN, METRICS, PUBLIC, USER, declare_roles
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Route:
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", api.healthz, PUBLIC),
+    Route("GET", "/metrics", metrics.metrics_endpoint, METRICS),
     Route("GET", "/api/v1/status", api.status, USER),
     Route("GET", "/api/v1/gpus", api.list_gpus, USER),
     Route("GET", "/api/v1/gpus/{index}", api.get_gpu, USER),

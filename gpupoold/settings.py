@@ -122,6 +122,11 @@ class Settings:
         False,
         "Let the HTTP API's read-only views (GPUs, leases, queue, status) answer without a token. "
         "Tokens and the audit log always need an admin token; `/healthz` never needs one.")
+    metrics_anonymous: bool = _setting(
+        False,
+        "Let `GET /metrics` (Prometheus, docs/metrics.md) answer without a token. Off: Prometheus "
+        "scrapes with a token (`authorization: {credentials_file: ...}`). The metrics name token "
+        "names and GPU models but no client hosts, users or lease ids.")
     tls_cert: Path | None = _setting(
         None,
         "PEM certificate chain for TLS on the remoting listener (with `tls_key`): clients then "

@@ -48,6 +48,11 @@ EXIT_MEANINGS = {0: "normal end", 1: "setup failure or refused session",
                  2: "usage error (daemon/worker mismatch?)"}
 OUTPUT_LINE_LIMIT = 1 << 20
 CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
+# The upper bounds (seconds, inclusive) of the workers' call latency histogram; the worker counts
+# into these 17 buckets and an 18th above them (+Inf). worker/worker.h WK_LAT_BOUNDS_NS holds the
+# same bounds in ns (tests/test_worker_control.py compares them).
+LATENCY_BUCKETS: tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # Control messages (little-endian), daemon -> worker.
 SESSION_MAGIC = b"GPWS"
@@ -106,24 +111,39 @@ class WorkerStats:
     duration_s: float = 0.0  # since the session started
     mem_used: int = 0  # bytes of device memory the session holds now
     busy_ns: int = 0  # simulated device: ns spent executing work (0 on real GPUs)
+    # Calls per latency bucket (LATENCY_BUCKETS, then +Inf; not cumulative) and their total time,
+    # over the session. Once a call is over it is in both these and `calls`.
+    latency_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum_ns: int = 0
 
     @classmethod
     def from_event(cls, ev: dict[str, Any]) -> WorkerStats:
-        """The COUNTERS of a stats or end event (missing or odd values read 0)."""
+        """The COUNTERS of a stats or end event (missing or odd values read 0; an event without
+        a well-formed `latency`, from an older worker, reads as no calls timed)."""
         calls = ev.get("calls")
         calls = calls if isinstance(calls, dict) else {}
         dur = ev.get("duration_s")
+        latency = ev.get("latency")
+        latency = latency if isinstance(latency, dict) else {}
+        counts = latency.get("counts")
+        buckets = len(LATENCY_BUCKETS) + 1
+        if not isinstance(counts, list) or len(counts) != buckets:
+            counts = [0] * buckets
         return cls(calls={k: _int(calls.get(k)) for k in CALL_CLASSES},
                    bytes_h2d=_int(ev.get("bytes_h2d")), bytes_d2h=_int(ev.get("bytes_d2h")),
                    module_bytes=_int(ev.get("module_bytes")),
                    duration_s=float(dur) if isinstance(dur, (int, float)) else 0.0,
-                   mem_used=_int(ev.get("mem_used")), busy_ns=_int(ev.get("busy_ns")))
+                   mem_used=_int(ev.get("mem_used")), busy_ns=_int(ev.get("busy_ns")),
+                   latency_counts=[_int(n) for n in counts],
+                   latency_sum_ns=_int(latency.get("sum_ns")))
 
     def to_json(self) -> dict[str, object]:
         return {"calls": dict(self.calls), "bytes_h2d": self.bytes_h2d,
                 "bytes_d2h": self.bytes_d2h, "module_bytes": self.module_bytes,
                 "duration_s": self.duration_s, "mem_used": self.mem_used,
-                "busy_ns": self.busy_ns}
+                "busy_ns": self.busy_ns,
+                "latency": {"counts": list(self.latency_counts), "sum_ns": self.latency_sum_ns}}
 
 
 @dataclass(frozen=True)

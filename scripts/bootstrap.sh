@@ -18,6 +18,19 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
     exit 1
 fi
 
+# promtool (Debian's prometheus package) lints /metrics in tests/test_metrics.py.
+if ! command -v promtool >/dev/null 2>&1; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing promtool (Debian package prometheus)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+    else
+        echo "bootstrap: promtool not found and not root with apt-get: the /metrics lint test" \
+             "will skip (and fail under CI=true); install it with" \
+             "\`sudo apt-get install --no-install-recommends prometheus\`" >&2
+    fi
+fi
+
 if [[ ! -x $VENV/bin/python ]]; then
     echo "bootstrap: creating $VENV with $("$PYTHON" --version)"
     "$PYTHON" -m venv "$VENV"

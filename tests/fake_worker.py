@@ -93,7 +93,7 @@ def main() -> int:
         event(ctl, event="end", session=session_id, reason=reason, detail=detail,
               calls={"launch": 0, "copy": 0, "alloc": 0, "sync": 0, "other": 1}, bytes_h2d=0,
               bytes_d2h=0, module_bytes=0, duration_s=time.monotonic() - started, mem_used=0,
-              busy_ns=0)
+              busy_ns=0, latency={"counts": [1] + [0] * 17, "sum_ns": 20_000})  # the one call
         return 0
 
     while True:

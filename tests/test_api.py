@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpupoold import __version__
 from gpupoold.auth import NoAuthentication, TokenAuthenticator
 from gpupoold.counters import Counters
-from gpupoold.http_auth import ADMIN, PUBLIC, ROUTE_ROLES, USER, auth_middleware
+from gpupoold.http_auth import ADMIN, METRICS, PUBLIC, ROUTE_ROLES, USER, auth_middleware
 from gpupoold.keys import AUTH, COUNTERS, LEASES, REMOTING, SETTINGS, STORE
 from gpupoold.leases import LeaseError
 from gpupoold.routes import ROUTES, Route, setup_routes
@@ -218,6 +218,7 @@ def test_the_table_declares_every_contract_route() -> None:
     table = {(r.method, r.path): r.role for r in ROUTES}
     assert table == {
         ("GET", "/healthz"): PUBLIC,
+        ("GET", "/metrics"): METRICS,
         ("GET", "/api/v1/status"): USER,
         ("GET", "/api/v1/gpus"): USER,
         ("GET", "/api/v1/gpus/{index}"): USER,
@@ -650,5 +651,6 @@ def test_docs_api_md_documents_every_route(route: Route) -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
     assert f"\n### {route.method} {route.path}\n" in text, f"docs/api.md: no section for {rid(route)}"
     section = text.split(f"\n### {route.method} {route.path}\n", 1)[1].split("\n### ", 1)[0].lstrip()
-    role = {PUBLIC: "No token", USER: "Role user", ADMIN: "Role admin"}[route.role]
+    role = {PUBLIC: "No token", USER: "Role user", ADMIN: "Role admin",
+            METRICS: "Role user"}[route.role]
     assert section.startswith(role), f"docs/api.md: {rid(route)} should start with '{role}'"

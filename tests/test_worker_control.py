@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import struct
@@ -26,7 +27,7 @@ import pytest
 from conftest import BUILD_DIR, SANITIZER_MARKS, require
 
 from gpupoold.gpus import Gpu
-from gpupoold.workers import (Worker, WorkerExit, WorkerStartError, WorkerStats,
+from gpupoold.workers import (LATENCY_BUCKETS, Worker, WorkerExit, WorkerStartError, WorkerStats,
                               WorkerSupervisor, describe_exit)
 
 pytestmark = pytest.mark.san  # quick: scripts/test.sh runs them against the sanitizer build too
@@ -192,6 +193,25 @@ def some_work(c: Client, size: int) -> bytes:
     return back
 
 
+def check_latency(stats: WorkerStats, in_progress: int = 0) -> int:
+    """The latency histogram is consistent with the calls: every call that is over is counted in
+    exactly one bucket (`in_progress`: how many counted calls may still be running, whose time is
+    not known yet), and sum_ns lies within what the buckets' bounds allow. Returns the count."""
+    counts = stats.latency_counts
+    assert len(counts) == len(LATENCY_BUCKETS) + 1 == 18, counts
+    assert all(n >= 0 for n in counts), counts
+    calls = sum(stats.calls.values())
+    assert calls - in_progress <= sum(counts) <= calls, (counts, stats.calls)
+    bounds_ns = [round(b * 1e9) for b in LATENCY_BUCKETS]
+    lower = sum(n * b for n, b in zip(counts[1:], bounds_ns))
+    assert stats.latency_sum_ns >= lower, (stats.latency_sum_ns, counts)
+    if counts[-1] == 0:
+        upper = sum(n * b for n, b in zip(counts, bounds_ns))
+        assert stats.latency_sum_ns <= upper, (stats.latency_sum_ns, counts)
+    assert (stats.latency_sum_ns > 0) == (sum(counts) > 0), (stats.latency_sum_ns, counts)
+    return sum(counts)
+
+
 async def exited(worker: Worker, timeout: float = 60) -> WorkerExit:
     return await asyncio.wait_for(asyncio.shield(worker.exited), timeout)
 
@@ -243,6 +263,34 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env["PATH"] == os.environ["PATH"]
 
 
+def test_worker_stats_latency_parsing() -> None:
+    ev = {"calls": {"launch": 3, "other": 1}, "duration_s": 1.5,
+          "latency": {"counts": [2, 1, 0, 0, 1] + [0] * 13, "sum_ns": 1_234_567}}
+    st = WorkerStats.from_event(ev)
+    assert st.latency_counts == [2, 1, 0, 0, 1] + [0] * 13 and st.latency_sum_ns == 1_234_567
+    out = st.to_json()
+    assert out["latency"] == {"counts": st.latency_counts, "sum_ns": 1_234_567}
+    assert WorkerStats.from_event(json.loads(json.dumps(out))) == st
+    # An older worker without the histogram, or a malformed one: no calls timed.
+    for latency in (None, 7, {"counts": [1, 2]}, {"counts": "x", "sum_ns": "y"}):
+        old = WorkerStats.from_event({**ev, "latency": latency} if latency is not None else
+                                     {k: v for k, v in ev.items() if k != "latency"})
+        assert old.latency_counts == [0] * 18 and old.latency_sum_ns == 0
+        assert old.calls["launch"] == 3
+    assert WorkerStats().latency_counts == [0] * 18 and WorkerStats().latency_sum_ns == 0
+
+
+def test_latency_bounds_agree_with_the_worker() -> None:
+    """gpupoold's LATENCY_BUCKETS are the worker's WK_LAT_BOUNDS_NS (worker/worker.h)."""
+    header = (Path(__file__).resolve().parents[1] / "worker" / "worker.h").read_text()
+    m = re.search(r"#define WK_LAT_BOUNDS_NS\s*\\\s*\{([^}]*)\}", header)
+    assert m, "WK_LAT_BOUNDS_NS not found in worker/worker.h"
+    c_bounds = [int(x.strip().rstrip("ul")) for x in m.group(1).replace("\\", "").split(",")]
+    assert c_bounds == [round(b * 1e9) for b in LATENCY_BUCKETS]
+    assert list(LATENCY_BUCKETS) == sorted(set(LATENCY_BUCKETS)) and len(LATENCY_BUCKETS) == 17
+    assert re.search(r"#define WK_LAT_BUCKETS 18\b", header)
+
+
 def test_describe_exit() -> None:
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(0).startswith("exit code 0")
@@ -272,6 +320,8 @@ async def test_session_goodbye(supervisor: WorkerSupervisor, gpu: Gpu,
     assert ex.stats.module_bytes == len(NOOP_PTX)
     assert ex.stats.calls == {"launch": 2, "copy": 2, "alloc": 2, "sync": 1, "other": 2}
     assert ex.stats.duration_s > 0
+    assert check_latency(ex.stats) == 9  # the end: every call is over and timed
+    assert ex.stats.latency_sum_ns < ex.stats.duration_s * 1e9
     assert w.stats == ex.stats
     lines = [r.getMessage() for r in worker_output.records if r.name == "gpupoold.worker"]
     assert any(line.startswith("[session 41] ") and "goodbye" in line for line in lines), lines
@@ -302,6 +352,7 @@ async def test_protocol_error(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
     assert [n.code for n in c.notices] == [gp.GP_EPROTO]
     assert (ex.reason, ex.detail, ex.exit_code) == ("protocol error", c.notices[0].text, 0), ex
     assert ex.stats.calls == dict.fromkeys(("launch", "copy", "alloc", "sync", "other"), 0)
+    assert check_latency(ex.stats) == 0 and ex.stats.latency_sum_ns == 0
 
 
 async def test_server_ends_the_session(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
@@ -321,6 +372,7 @@ async def test_server_ends_the_session(supervisor: WorkerSupervisor, gpu: Gpu) -
     assert [(n.code, n.op, n.text) for n in c.notices] == [(gp.GP_EREFUSED, 0, text)]
     assert (ex.reason, ex.detail, ex.exit_code) == ("server ended", text, 0), ex
     assert ex.stats.calls["alloc"] == 1
+    assert check_latency(ex.stats) == 1
 
 
 async def test_end_while_the_client_does_not_read(supervisor: WorkerSupervisor, gpu: Gpu) -> None:
@@ -424,6 +476,15 @@ async def test_stats_during_a_long_transfer(tmp_path: Path, gpu: Gpu) -> None:
     assert all(a.calls != b.calls for a, b in zip(events, events[1:])), events  # on a change
     assert all(e.calls["copy"] >= 1 for e in events)
     assert ex.reason == "client exit" and ex.stats.bytes_h2d == sent
+    # A stats event during a copy counts that copy in `calls` before its time is known.
+    for e in events:
+        check_latency(e, in_progress=1)
+    for a, b in zip(events, events[1:]):
+        assert all(x <= y for x, y in zip(a.latency_counts, b.latency_counts)), (a, b)
+        assert a.latency_sum_ns <= b.latency_sum_ns
+    assert check_latency(events[-1]) == sum(events[-1].calls.values())  # after the sync
+    assert check_latency(ex.stats) == sum(ex.stats.calls.values())
+    assert ex.stats.latency_counts == events[-1].latency_counts  # no call after the last event
 
 
 async def test_stats_report_memory_held_and_busy_time(tmp_path: Path, gpu: Gpu) -> None:

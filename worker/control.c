@@ -141,13 +141,21 @@ static void counters_json(struct worker *w, struct jbuf *j)
               (unsigned long long)w->stats.d2h_bytes,
               (unsigned long long)w->stats.module_bytes_received, dur,
               (unsigned long long)w->stats.mem_used, (unsigned long long)w->stats.busy_ns);
+    /* At most 431 bytes (20-digit numbers): the longest end event (511 detail bytes escaped to 6
+     * each, every number at 20 digits) stays under 3,950 of WK_CTL_MAX's 4,096 bytes. */
+    jb_printf(j, ",\"latency\":{\"counts\":[");
+    for (int i = 0; i < WK_LAT_BUCKETS; i++)
+        jb_printf(j, i ? ",%llu" : "%llu", (unsigned long long)w->stats.lat_counts[i]);
+    jb_printf(j, "],\"sum_ns\":%llu}", (unsigned long long)w->stats.lat_sum_ns);
 }
 
-/* Whether the counters a stats event reports differ from the last one sent (a change of mem_used
- * or busy_ns makes one due too: the daemon's live GPU values come from them). */
+/* Whether the counters a stats event reports differ from the last one sent (a change of mem_used,
+ * busy_ns or the latency counts makes one due too: the daemon's live values come from them). */
 static int counters_changed(const struct wk_counters *a, const struct wk_counters *b)
 {
-    return memcmp(a->calls, b->calls, sizeof a->calls) != 0 || a->h2d_bytes != b->h2d_bytes ||
+    return memcmp(a->calls, b->calls, sizeof a->calls) != 0 ||
+           memcmp(a->lat_counts, b->lat_counts, sizeof a->lat_counts) != 0 ||
+           a->h2d_bytes != b->h2d_bytes ||
            a->d2h_bytes != b->d2h_bytes || a->module_bytes_received != b->module_bytes_received ||
            a->mem_used != b->mem_used || a->busy_ns != b->busy_ns;
 }

@@ -71,6 +71,15 @@ struct staging {
 enum wk_call_class { WK_CALL_NONE = -1, WK_CALL_LAUNCH, WK_CALL_COPY, WK_CALL_ALLOC, WK_CALL_SYNC, WK_CALL_OTHER,
                      WK_CALL_CLASSES };
 
+/* The latency histogram's bucket upper bounds in ns (inclusive), the last bucket being +Inf:
+ * 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms 250ms 500ms 1s 2.5s 5s 10s +Inf.
+ * gpupoold/workers.py LATENCY_BUCKETS holds the same bounds in seconds (tests compare them). */
+#define WK_LAT_BUCKETS 18
+#define WK_LAT_BOUNDS_NS                                                                           \
+    {50000ull,     100000ull,     250000ull,     500000ull,     1000000ull,    2500000ull,         \
+     5000000ull,   10000000ull,   25000000ull,   50000000ull,   100000000ull,  250000000ull,       \
+     500000000ull, 1000000000ull, 2500000000ull, 5000000000ull, 10000000000ull}
+
 /* Plain increments on the hot path; control.c reads them when it reports. */
 struct wk_counters {
     uint64_t frames, module_bytes_received, modules_loaded, module_cache_hits;
@@ -79,6 +88,11 @@ struct wk_counters {
     uint64_t mem_used; /* bytes of device memory the session's allocations hold now (a level) */
     uint64_t busy_ns;  /* simulated device: ns spent inside launches, copies and memsets; 0 on
                         * real GPUs (their utilisation comes from NVML) */
+    /* Call latency (loop.c): every counted call, timed from dispatch (its body read) to its reply
+     * queued, in the bucket of the first bound in WK_LAT_BOUNDS_NS it does not exceed (the last
+     * bucket: above all of them); not cumulative across buckets. */
+    uint64_t lat_counts[WK_LAT_BUCKETS];
+    uint64_t lat_sum_ns;
 };
 
 /* Why a session ended (the control channel's `end` event). The first reason set wins. */

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""The /metrics benchmark: how long a Prometheus scrape takes while the pool is busy.
+
+    python bench/metrics_bench.py [--quick] [--build DIR] [--markdown PATH]
+
+gpupoold on 2 simulated GPUs over loopback (needs the native build, `build/` by default, and
+nvcc's cuda.h for the test client tests/clients/hold_gpu.c): 8 clients stream 64 MiB
+device-to-host copies, 2 holding the GPUs and 6 waiting in the queue (as bench/daemon_bench.py's
+responsiveness part). Meanwhile `GET /metrics` and `GET /healthz` are fetched alternately, back to
+back, one connection at a time (as Prometheus and a monitoring probe do); p50/p99/max of each,
+the same probes on the idle daemon first. Target (issue 6): a scrape under 50 ms. Prints a table
+and a markdown section for docs/benchmarks.md. The target is reported, not enforced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import daemon_bench as db  # noqa: E402 - bench/ is not a package
+
+MIB = 1 << 20
+TARGET_MS = 50.0
+
+
+def probe(d: db.Daemon, seconds: float) -> tuple[list[float], list[float], int]:
+    """(/metrics times, /healthz times, bytes of the last scrape), alternating for `seconds`."""
+    scrapes: list[float] = []
+    health: list[float] = []
+    size = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for path, out in (("/metrics", scrapes), ("/healthz", health)):
+            t0 = time.perf_counter()
+            status, body = d.get(path)
+            out.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"{path} answered {status}: {body[:300]!r}")
+            if path == "/metrics":
+                size = len(body)
+    return scrapes, health, size
+
+
+def gauge(body: bytes, name: str) -> float:
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise RuntimeError(f"{name} not in the scrape")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a shorter run (5 s instead of 20 s)")
+    ap.add_argument("--build", type=Path, default=Path(os.environ.get(
+        "GPUPOOL_BUILD_DIR", db.ROOT / "build")), help="the native build directory")
+    ap.add_argument("--markdown", type=Path, help="also write the markdown section here")
+    args = ap.parse_args()
+    db.BUILD = args.build if args.build.is_absolute() else db.ROOT / args.build
+    seconds = 5.0 if args.quick else 20.0
+    client = db.build_client()
+    d = db.Daemon(2)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        db.log("idle daemon: /metrics and /healthz")
+        idle_m, idle_h, _ = probe(d, min(seconds, 3))
+        for i in range(8):  # 2 stream copies, 6 wait in the queue
+            procs.append(subprocess.Popen(
+                [str(client), str(64 * MIB), str(int(seconds * 1000) + 5000), str(i + 1),
+                 "1000000"], env=d.client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True))
+        deadline = time.monotonic() + 30
+        while True:
+            body = d.get("/metrics")[1]
+            if gauge(body, "gpupool_leases_active") == 2 and gauge(
+                    body, "gpupool_queue_length") == 6:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the 8 clients did not reach 2 leases + 6 queued in 30 s")
+            time.sleep(0.05)
+        db.log(f"2 clients streaming, 6 queued: /metrics and /healthz ({seconds:g} s)")
+        busy_m, busy_h, size = probe(d, seconds)
+        body = d.get("/metrics")[1]
+        active, queued = gauge(body, "gpupool_leases_active"), gauge(body, "gpupool_queue_length")
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+        d.stop()
+    ms = 1000.0
+    rows = [
+        ("/metrics p50 (2 streaming, 6 queued)", db.pct(busy_m, 50) * ms,
+         f"idle p50 {db.pct(idle_m, 50) * ms:.2f} ms", ""),
+        ("/metrics p99 (2 streaming, 6 queued)", db.pct(busy_m, 99) * ms,
+         f"idle p99 {db.pct(idle_m, 99) * ms:.2f} ms", f"< {TARGET_MS:g} ms"),
+        ("/metrics max (2 streaming, 6 queued)", max(busy_m) * ms,
+         f"{len(busy_m)} scrapes, {size} bytes", f"< {TARGET_MS:g} ms"),
+        ("/healthz p50, same run", db.pct(busy_h, 50) * ms,
+         f"idle p50 {db.pct(idle_h, 50) * ms:.2f} ms", ""),
+        ("/healthz p99, same run", db.pct(busy_h, 99) * ms,
+         f"idle p99 {db.pct(idle_h, 99) * ms:.2f} ms", ""),
+        ("/healthz max, same run", max(busy_h) * ms, f"{len(busy_h)} probes", ""),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value, ref_text, target in rows:
+        print(f"{name:<{width}}  {value:9.3f} ms  {ref_text:<32} {target}")
+    print(f"(at the end: {active:g} leases active, {queued:g} queued)")
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=db.ROOT,
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        rev = "?"
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    md = [f"### /metrics scrape time under load ({date}, commit {rev})", "",
+          f"Machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}; 2 simulated "
+          "GPUs over loopback, 8 clients streaming 64 MiB D2H copies (2 leased, 6 queued); "
+          "`/metrics` and `/healthz` fetched alternately, one connection each. Command: "
+          f"`python bench/metrics_bench.py{' --quick' if args.quick else ''}`.", "",
+          "| metric | measured | reference (same run) | target |", "|---|---|---|---|"]
+    for name, value, ref_text, target in rows:
+        md.append(f"| {name} | {value:.3f} ms | {ref_text} | {target} |")
+    text = "\n".join(md) + "\n"
+    print()
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
