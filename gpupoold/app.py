@@ -3,9 +3,10 @@
 `create_app(settings)` returns an aiohttp application whose resources are `cleanup_ctx`
 generators, started in this order and stopped in reverse: state directories, the store
 (SQLite) and authentication, the GPU inventory (NVML), the worker supervisor, the lease manager,
-the live GPU values (telemetry.py), the Prometheus collector (metrics.py), the remoting
-listener. So at shutdown the listener stops accepting first, then the leases end (their
-workers stopped and their records written), and the store closes last.
+the live GPU values (telemetry.py), the Prometheus collector (metrics.py), the web dashboard's
+history sampler (dashboard.py), the remoting listener. So at shutdown the listener stops
+accepting first, then the leases end (their workers stopped and their records written), and the
+store closes last.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from gpupoold.auth import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
 from gpupoold.counters import Counters
+from gpupoold.dashboard import dashboard_ctx, setup_dashboard
 from gpupoold.gpus import InventoryError, build_inventory
 from gpupoold.http_auth import auth_middleware
 from gpupoold.keys import (AUTH, COUNTERS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS, STORE,
@@ -56,8 +58,10 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(leases_ctx)
     app.cleanup_ctx.append(telemetry_ctx)
     app.cleanup_ctx.append(metrics_ctx)
+    app.cleanup_ctx.append(dashboard_ctx)
     app.cleanup_ctx.append(remoting_ctx)
     setup_routes(app)
+    setup_dashboard(app)
     return app
 
 

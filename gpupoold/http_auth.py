@@ -6,7 +6,9 @@ Every route declares its role once, in routes.py's table (`ROUTES`):
 - `USER`: any valid token, user or admin (the read-only views);
 - `ADMIN`: an admin token (operator actions, tokens, the audit log);
 - `METRICS`: as `USER`, and also no token when the setting `metrics_anonymous` is on (only
-  `/metrics`, for a Prometheus that scrapes without credentials).
+  `/metrics`, for a Prometheus that scrapes without credentials);
+- `SESSION`: the web dashboard's pages (`/ui/...`, dashboard.py): no Bearer token here, the
+  dashboard checks its own login session (cookie) and CSRF token in the handler.
 
 `auth_middleware` looks up the matched route's role, reads `Authorization: Bearer <token>`, asks
 `app[AUTH].check(token, peer)` and answers 401 (no or bad token, with `WWW-Authenticate: Bearer`)
@@ -33,8 +35,8 @@ from gpupoold.keys import AUTH, COUNTERS, SETTINGS
 
 log = logging.getLogger("gpupoold.http")
 
-PUBLIC, USER, ADMIN, METRICS = "public", "user", "admin", "metrics"
-ROLES = (PUBLIC, USER, ADMIN, METRICS)
+PUBLIC, USER, ADMIN, METRICS, SESSION = "public", "user", "admin", "metrics", "session"
+ROLES = (PUBLIC, USER, ADMIN, METRICS, SESSION)
 READ_METHODS = frozenset({hdrs.METH_GET, hdrs.METH_HEAD})
 
 # {(method, path as declared in the route table): role}; filled by routes.setup_routes.
@@ -121,7 +123,7 @@ def _refuse(request: web.Request, status: int, reason: str, message: str,
 async def authorize(request: web.Request) -> web.Response | None:
     """None when the request may go on (with request[DECISION] set), else the refusal."""
     role = route_role(request)
-    if role is None or role == PUBLIC:
+    if role is None or role in (PUBLIC, SESSION):
         return None
     header = request.headers.get(hdrs.AUTHORIZATION)
     settings = request.app[SETTINGS]
@@ -188,8 +190,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def declare_roles(app: web.Application, table: Iterable[tuple[str, str, str]]) -> None:
-    """Record (method, path, role) triples for the middleware (used by routes.setup_routes)."""
-    roles: dict[tuple[str, str], str] = {}
+    """Record (method, path, role) triples for the middleware (used by routes.setup_routes and
+    dashboard.setup_dashboard; a later call adds to what earlier ones declared)."""
+    roles: dict[tuple[str, str], str] = dict(app.get(ROUTE_ROLES, {}))
     for method, path, role in table:
         if role not in ROLES:
             raise ValueError(f"route {method} {path}: unknown role {role!r}")

@@ -44,12 +44,8 @@ if TYPE_CHECKING:
 # Text exposition format 0.0.4.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# The workers' call latency buckets (contract, issue 6 section 2): workers.py exports them; the
-# same values here for a workers.py that predates them.
-_CONTRACT_LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                             0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-LATENCY_BUCKETS: tuple[float, ...] = tuple(
-    getattr(_workers, "LATENCY_BUCKETS", _CONTRACT_LATENCY_BUCKETS))
+# The workers' call latency buckets (issue 6 contract, section 2), as the workers count them.
+LATENCY_BUCKETS: tuple[float, ...] = _workers.LATENCY_BUCKETS
 
 QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600)
 LEASE_DURATION_BUCKETS = (1, 10, 60, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)
@@ -65,13 +61,11 @@ IDLE_WINDOW = 300.0  # seconds of zero utilisation after which a leased GPU coun
 
 def latency_of(stats: WorkerStats) -> tuple[list[int], int]:
     """(per-bucket counts, not cumulative, len(LATENCY_BUCKETS) + 1; sum in ns) of a worker's
-    stats; zeros from a worker or workers.py without the latency histogram."""
-    n = len(LATENCY_BUCKETS) + 1
-    counts = getattr(stats, "latency_counts", None)
-    if not isinstance(counts, list) or len(counts) != n:
-        counts = [0] * n
-    total = getattr(stats, "latency_sum_ns", 0)
-    return list(counts), total if isinstance(total, int) else 0
+    stats (zeros from a worker that predates the histogram: WorkerStats' defaults)."""
+    counts = stats.latency_counts
+    if len(counts) != len(LATENCY_BUCKETS) + 1:
+        counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    return list(counts), stats.latency_sum_ns
 
 
 @dataclass

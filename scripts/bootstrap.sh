@@ -31,6 +31,20 @@ if ! command -v promtool >/dev/null 2>&1; then
     fi
 fi
 
+# Chromium (Debian's chromium package) drives the web dashboard in
+# tests/test_dashboard_browser.py, headless, over the DevTools protocol.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing chromium (Debian package chromium)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+    else
+        echo "bootstrap: chromium not found and not root with apt-get: the dashboard browser" \
+             "test will skip (and fail under CI=true); install it with" \
+             "\`sudo apt-get install --no-install-recommends chromium\`" >&2
+    fi
+fi
+
 if [[ ! -x $VENV/bin/python ]]; then
     echo "bootstrap: creating $VENV with $("$PYTHON" --version)"
     "$PYTHON" -m venv "$VENV"

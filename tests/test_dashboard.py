@@ -1,0 +1,377 @@
+"""The web dashboard (gpupoold/dashboard.py, web/) over HTTP, in process: the real app factory
+with a simulated GPU and the fake worker of test_daemon.py, token authentication on.
+
+Login and its cookie, the pages and their DOM contract (docs/dev/issue6-contracts.md section 5),
+the anonymous view, admin actions refused without an admin session or without the right CSRF
+token and done with both, the event stream, logout. The browser side is
+tests/test_dashboard_browser.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from test_daemon import Daemon, RawClient, hello, settings_for
+
+from gpupoold.app import create_app
+
+from gpupoold.dashboard import COOKIE, DASHBOARD, Dashboard, Sessions, Viewer, web_dir
+from gpupoold.history import History, polyline
+from gpupoold.http_auth import PUBLIC, ROUTE_ROLES, SESSION
+from gpupoold.keys import LEASES, STORE
+
+CARD = re.compile(r'<article class="gpu-card[^"]*" data-gpu="(\d+)" data-state="(\w+)" '
+                  r'data-idle="([01])"')
+
+
+class Ui:
+    def __init__(self, d: Daemon, admin: str, user: str) -> None:
+        self.d = d
+        self.client: TestClient = d.client
+        self.admin = admin
+        self.user = user
+
+    async def login(self, token: str) -> Any:
+        resp = await self.client.post("/ui/login", data={"token": token}, allow_redirects=False)
+        await resp.read()
+        return resp
+
+    async def page(self, path: str = "/ui/", status: int = 200) -> str:
+        resp = await self.client.get(path, allow_redirects=False)
+        text = await resp.text()
+        assert resp.status == status, text
+        return text
+
+    async def csrf(self) -> str:
+        m = re.search(r'data-csrf="([^"]*)"', await self.page())
+        assert m is not None
+        return m.group(1)
+
+    async def post(self, path: str, data: dict[str, str]) -> tuple[int, str, Any]:
+        resp = await self.client.post(path, data=data, allow_redirects=False)
+        return resp.status, await resp.text(), resp.headers
+
+    async def gpus(self) -> list[dict[str, Any]]:
+        resp = await self.client.get("/api/v1/gpus",
+                                     headers={"Authorization": f"Bearer {self.admin}"})
+        assert resp.status == 200
+        return (await resp.json())["gpus"]
+
+
+@pytest.fixture
+def make_ui(tmp_path: Path) -> Callable[..., AsyncIterator[Ui]]:
+    async def make(**changes: object) -> AsyncIterator[Ui]:
+        settings = settings_for(tmp_path, auth="token", **changes)
+        async with TestClient(TestServer(create_app(settings))) as client:
+            d = Daemon(client)
+            deadline = time.monotonic() + 10
+            while not all(g["state"] == "free" and g["worker_ready"]
+                          for g in d.app[LEASES].gpu_views()):
+                assert time.monotonic() < deadline, "the GPU did not become free"
+                await asyncio.sleep(0.02)
+            store = d.app[STORE]
+            _, admin = await store.create_token("root", "admin", None, actor="test")
+            _, user = await store.create_token("alice", "user", None, actor="test")
+            try:
+                yield Ui(d, admin, user)
+            finally:
+                while RawClient.opened:
+                    await RawClient.opened.pop().close()
+    return make
+
+
+@pytest.fixture
+async def ui(make_ui: Callable[..., AsyncIterator[Ui]]) -> AsyncIterator[Ui]:
+    async for u in make_ui():
+        yield u
+
+
+# ------------------------------------------------------------------------------------- login
+@pytest.mark.parametrize("who", ["user", "admin"])
+async def test_login_sets_a_strict_httponly_session_cookie(ui: Ui, who: str) -> None:
+    resp = await ui.login(getattr(ui, who))
+    assert resp.status == 303 and resp.headers["Location"] == "/ui/"
+    cookie = resp.headers["Set-Cookie"]
+    assert cookie.startswith(f"{COOKIE}=")
+    attrs = [a.strip().lower() for a in cookie.split(";")]
+    assert "httponly" in attrs and "samesite=strict" in attrs and "path=/ui" in attrs
+    assert "secure" not in attrs  # plain HTTP here
+    sid = cookie.split(";")[0].split("=", 1)[1]
+    assert len(sid) >= 40 and sid not in (ui.admin, ui.user)  # a random id, never the token
+    page = await ui.page()
+    cards = CARD.findall(page)
+    assert cards == [("0", "free", "0")]
+    assert ">free</strong>" in page  # the state in words, not only a colour
+    assert ("data-action=\"drain\"" in page) == (who == "admin")
+    assert (">Tokens</a>" in page) == (who == "admin")
+
+
+async def test_a_bad_token_is_refused_with_a_reason(ui: Ui) -> None:
+    resp = await ui.login("gp_000000000000_notarealtoken")
+    assert resp.status == 401 and "Set-Cookie" not in resp.headers
+    await ui.page("/ui/", status=303)  # still no session
+    resp = await ui.client.post("/ui/login", data={"token": "nope"})
+    text = await resp.text()
+    assert resp.status == 401 and "Login refused" in text and "malformed" in text
+
+
+async def test_without_a_session_pages_redirect_to_login(ui: Ui) -> None:
+    for path in ("/ui/", "/ui/leases", "/ui/queue", "/ui/tokens"):
+        resp = await ui.client.get(path, allow_redirects=False)
+        assert resp.status == 303 and resp.headers["Location"] == "/ui/login", path
+    resp = await ui.client.get("/ui/events")
+    assert resp.status == 401
+    resp = await ui.client.get("/", allow_redirects=False)
+    assert resp.status == 302 and resp.headers["Location"] == "/ui/"
+    assert "<form method=\"post\" action=\"/ui/login\"" in await ui.page("/ui/login")
+    resp = await ui.client.get("/ui/static/dashboard.js")
+    assert resp.status == 200 and "EventSource" in await resp.text()
+
+
+async def test_anonymous_read_shows_cards_without_admin_controls(
+        make_ui: Callable[..., AsyncIterator[Ui]]) -> None:
+    async for ui in make_ui(http_anonymous_read=True):
+        page = await ui.page()
+        assert CARD.findall(page) == [("0", "free", "0")]
+        assert "data-action=" not in page and 'data-csrf=""' in page
+        await ui.page("/ui/leases")
+        await ui.page("/ui/queue")
+        await ui.page("/ui/tokens", status=303)  # admin only: log in first
+        status, text, _ = await ui.post("/ui/gpus/0/drain", {"csrf": "", "confirm": "yes"})
+        assert status == 403 and "needs an admin session" in text
+        assert (await ui.gpus())[0]["state"] == "free"
+
+
+# ----------------------------------------------------------------------------- admin actions
+async def test_admin_actions_need_an_admin_session_and_the_csrf_token(ui: Ui) -> None:
+    # No session at all.
+    status, text, _ = await ui.post("/ui/gpus/0/drain", {"confirm": "yes"})
+    assert status == 403 and "admin session" in text
+    # A user session, even with its own valid CSRF token.
+    await ui.login(ui.user)
+    csrf = await ui.csrf()
+    status, text, _ = await ui.post("/ui/gpus/0/drain", {"csrf": csrf, "confirm": "yes"})
+    assert status == 403 and "alice" in text and "user" in text
+    # An admin session: without, with a wrong, with another session's CSRF token.
+    await ui.login(ui.admin)
+    admin_csrf = await ui.csrf()
+    assert admin_csrf and admin_csrf != csrf
+    for data in ({"confirm": "yes"}, {"csrf": "x" * 43, "confirm": "yes"},
+                 {"csrf": csrf, "confirm": "yes"}):
+        status, text, _ = await ui.post("/ui/gpus/0/drain", data)
+        assert status == 403 and "CSRF" in text, data
+    assert (await ui.gpus())[0]["state"] == "free"
+    # Right token but not confirmed: a confirmation page, nothing done.
+    status, text, _ = await ui.post("/ui/gpus/0/drain", {"csrf": admin_csrf, "next": "/ui/"})
+    assert status == 200 and "Please confirm" in text and "Drain GPU 0?" in text
+    assert 'name="confirm" value="yes"' in text
+    assert (await ui.gpus())[0]["state"] == "free"
+    # Both: done.
+    status, _, headers = await ui.post("/ui/gpus/0/drain", {"csrf": admin_csrf, "confirm": "yes",
+                                                            "next": "/ui/"})
+    assert status == 303 and headers["Location"] == "/ui/"
+    gpu = (await ui.gpus())[0]
+    assert gpu["state"] == "drained" and gpu["draining"] is True
+    page = await ui.page()
+    assert CARD.findall(page) == [("0", "drained", "0")] and 'data-action="undrain"' in page
+    status, _, _ = await ui.post("/ui/gpus/0/undrain", {"csrf": admin_csrf, "confirm": "yes",
+                                                        "next": "https://evil.example/"})
+    assert (await ui.gpus())[0]["state"] == "free"
+    # A quarantine to clear there is not: the refusal says why.
+    status, text, _ = await ui.post("/ui/gpus/0/clear", {"csrf": admin_csrf, "confirm": "yes"})
+    assert status == 409 and "not quarantined" in text
+
+
+async def test_tokens_page_creates_and_revokes(ui: Ui) -> None:
+    await ui.login(ui.user)
+    await ui.page("/ui/tokens", status=403)
+    await ui.login(ui.admin)
+    csrf = await ui.csrf()
+    page = await ui.page("/ui/tokens")
+    assert 'data-token="alice"' in page and 'data-action="revoke"' in page
+    status, text, _ = await ui.post("/ui/tokens", {"csrf": csrf, "confirm": "yes", "name": "bob",
+                                                   "role": "user", "expires": "30d"})
+    assert status == 201 and "shown only this once" in text
+    secret = re.search(r'<code id="new-secret">([^<]+)</code>', text)
+    assert secret is not None and (await ui.login(secret.group(1))).status == 303
+    await ui.login(ui.admin)
+    csrf = await ui.csrf()
+    status, text, _ = await ui.post("/ui/tokens", {"csrf": csrf, "confirm": "yes", "name": "bob"})
+    assert status == 409 and "already exists" in text
+    status, _, _ = await ui.post("/ui/tokens/bob/revoke", {"csrf": csrf, "confirm": "yes"})
+    assert status == 303
+    assert (await ui.login(secret.group(1))).status == 401
+
+
+# ------------------------------------------------------------------ leases, events, escaping
+async def read_state(resp: Any, want: Callable[[dict[str, Any]], bool],
+                     timeout: float = 5) -> dict[str, Any]:
+    """The first `event: state` of the stream whose data satisfies `want`."""
+    deadline = time.monotonic() + timeout
+    event = ""
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, "no matching state event in time"
+        line = (await asyncio.wait_for(resp.content.readline(), left)).decode().rstrip("\n")
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: ") and event == "state":
+            data = json.loads(line[6:])
+            if want(data):
+                return data
+
+
+async def test_events_stream_state_and_pages_show_the_holder(ui: Ui) -> None:
+    await ui.login(ui.admin)
+    resp = await ui.client.get("/ui/events")
+    assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
+    first = await read_state(resp, lambda d: True)
+    assert [g["state"] for g in first["gpus"]] == ["free"] and first["summary"]["gpus"] == 1
+    assert first["gpus"][0]["idle"] is False and first["queue"] == [] and first["leases"] == []
+    # A client whose host name is markup: it shows as text everywhere.
+    raw = await RawClient.connect(ui.d.address)
+    started = time.monotonic()
+    assert (await raw.hello(hello(token=ui.user, host="<b>box</b>"))).result == 0
+    leased = await read_state(resp, lambda d: d["gpus"][0]["state"] == "leased"
+                              and d["gpus"][0]["lease"] is not None)
+    assert time.monotonic() - started < 3
+    assert leased["gpus"][0]["lease"]["token"] == "alice" and len(leased["leases"]) == 1
+    page = await ui.page()
+    assert CARD.findall(page) == [("0", "leased", "0")]
+    assert "<b>box</b>" not in page and "&lt;b&gt;box&lt;/b&gt;" in page
+    assert '<span class="token">alice</span>' in page and '<span class="pid">4242</span>' in page
+    assert 'data-action="end"' in page
+    leases_page = await ui.page("/ui/leases")
+    assert "&lt;b&gt;box&lt;/b&gt;" in leases_page and "No active lease." not in leases_page
+    # End it from the dashboard: the stream shows it go, and the history has it.
+    csrf = await ui.csrf()
+    lease_id = leased["leases"][0]["id"]
+    status, _, headers = await ui.post(f"/ui/leases/{lease_id}/end",
+                                       {"csrf": csrf, "confirm": "yes", "next": "/ui/leases"})
+    assert status == 303 and headers["Location"] == "/ui/leases"
+    await read_state(resp, lambda d: d["gpus"][0]["state"] == "free" and not d["leases"],
+                     timeout=15)
+    resp.close()
+    history = await ui.page("/ui/leases")
+    row = re.search(rf'<tr data-lease="{lease_id}">.*?</tr>', history, re.S)
+    assert row is not None and "revoked" in row.group(0)
+    assert "passed" in row.group(0) or "pending" in row.group(0)
+
+
+async def test_logout_ends_the_session(ui: Ui) -> None:
+    await ui.login(ui.admin)
+    csrf = await ui.csrf()
+    status, _, _ = await ui.post("/ui/logout", {"csrf": "wrong"})
+    assert status == 403
+    await ui.page()  # still logged in
+    sid = next(c.value for c in ui.client.session.cookie_jar if c.key == COOKIE)
+    status, _, headers = await ui.post("/ui/logout", {"csrf": csrf})
+    assert status == 303 and headers["Location"] == "/ui/login"
+    await ui.page("/ui/", status=303)
+    # The old id is dead on the server too, not only forgotten by the browser.
+    resp = await ui.client.get("/ui/", cookies={COOKIE: sid}, allow_redirects=False)
+    assert resp.status == 303
+    assert len(ui.d.app[DASHBOARD].sessions) == 0
+
+
+async def test_a_revoked_token_ends_its_session(ui: Ui) -> None:
+    await ui.login(ui.user)
+    await ui.page()
+    await ui.d.app[STORE].revoke_token("alice", "test")
+    await ui.page("/ui/", status=303)
+
+
+# ------------------------------------------------------------------------------- units
+def test_sessions_expire_when_idle() -> None:
+    sessions = Sessions(idle_s=0.05)
+    s = sessions.create("tok", "alice", "user")
+    assert sessions.get(s.sid) is s and s.csrf != s.sid
+    time.sleep(0.1)
+    assert sessions.get(s.sid) is None and len(sessions) == 0
+
+
+def test_history_keeps_an_hour_and_sees_idle_gpus() -> None:
+    h = History(interval=60.0)
+    assert h.maxlen == 61
+    t0 = 1_000_000.0
+    for i in range(100):
+        h.record(t0 + 60 * i, [(0, 50 if i < 90 else 0, 1 << 30)], copy_bytes_total=i * 6000)
+    assert len(h.gpu(0)) == 61 and h.gpu(0)[-1].at == t0 + 60 * 99
+    assert [round(p.copy_bps) for p in h.pool()[-3:]] == [100, 100, 100]
+    now = t0 + 60 * 99
+    assert h.busy_at(0) == t0 + 60 * 89
+    assert h.idle(0, leased_since=t0, now=now)  # 10 minutes at 0 %
+    assert not h.idle(0, leased_since=now - 60, now=now)  # leased a minute ago
+    assert not h.idle(0, leased_since=None, now=now)
+    h.record(now + 60, [(0, None, None)], copy_bytes_total=0)  # unknown: not idle
+    assert not h.idle(0, leased_since=t0, now=now + 60)
+    assert h.pool()[-1].copy_bps == 0  # totals that went back are not negative
+
+
+def test_polyline_scales_into_the_box() -> None:
+    assert polyline([(0, 0), (50, 50), (100, 100), (75, None)], 300, 60, 100, 0, 100) == \
+        "0.0,60.0 150.0,30.0 300.0,0.0"
+
+
+def test_cards_show_every_state_in_words_with_the_dom_contract() -> None:
+    dash = Dashboard(web_dir())
+    admin = Viewer(Sessions().create("tok", "root", "admin"), "root", "admin")
+    live = {"memory_total": 80 << 30, "memory_used": 20 << 30, "gpu_util": 0,
+            "temperature_c": 41, "power_w": 71.5, "power_limit_w": 700.0}
+    lease = {"id": 7, "token": "alice", "client": {"host": "laptop", "pid": 99},
+             "started": time.time() - 900}
+    gpus = [
+        {"index": 0, "name": "H100", "simulated": False, "state": "leased", "since": 0.0,
+         "draining": True, "lease": lease, "quarantine": None, "memory_total": 80 << 30,
+         "live": live, "idle": True},
+        {"index": 1, "name": "H100", "simulated": True, "state": "quarantined", "since": 0.0,
+         "draining": False, "lease": None, "quarantine": {"reason": "scrub failed"},
+         "memory_total": 80 << 30, "live": {}, "idle": False},
+    ]
+    state = {"gpus": gpus, "leases": [], "queue": [],
+             "summary": {"gpus": 2, "leases": 1, "queue": 0,
+                         "states": {"free": 0, "leased": 1, "scrubbing": 0, "quarantined": 1,
+                                    "drained": 0}}}
+    charts = {"width": 300.0, "height": 60.0, "util": {0: "0,60 300,60"}, "util_last": {0: 0},
+              "copy": "", "copy_top": 0.0, "copy_last": None}
+    resp = dash.render("overview.html", viewer=admin, page="overview", state=state,
+                       charts=charts, idle_minutes=5)
+    assert resp.text is not None
+    page = resp.text
+    assert CARD.findall(page) == [("0", "leased", "1"), ("1", "quarantined", "0")]
+    assert "idle while leased" in page and '<strong class="draining">draining</strong>' in page
+    assert "20.0 GiB / 80.0 GiB (25 %)" in page and "41 °C" in page and "71.5 W of 700 W" in page
+    assert "scrub failed" in page and 'data-action="clear"' in page and 'data-action="end"' in page
+    assert 'data-action="undrain"' in page  # GPU 0 is draining
+    assert '<svg class="chart" data-series="util-0"' in page
+    assert '<svg class="chart" data-series="util-1"' in page and 'data-series="copy"' in page
+    assert "not reported" in page  # GPU 1 reports nothing
+    assert resp.headers["Content-Security-Policy"].startswith("default-src 'self'")
+
+
+async def test_every_dashboard_route_declares_its_role(ui: Ui) -> None:
+    roles = ui.d.app[ROUTE_ROLES]
+    registered = {(r.method, r.resource.canonical) for r in ui.d.app.router.routes()
+                  if r.resource is not None and r.method != "HEAD"}
+    assert registered == set(roles)
+    ui_routes = {k: v for k, v in roles.items() if k[1] == "/" or k[1].startswith("/ui/")}
+    assert ui_routes[("GET", "/ui/static")] == PUBLIC
+    assert {v for k, v in ui_routes.items() if k[1] != "/ui/static"} == {SESSION}
+    assert ("POST", "/ui/gpus/{index}/drain") in ui_routes and ("GET", "/ui/events") in ui_routes
+
+
+async def test_event_streams_end_when_the_daemon_stops(ui: Ui) -> None:
+    await ui.login(ui.user)
+    resp = await ui.client.get("/ui/events")
+    await read_state(resp, lambda d: True)
+    await ui.d.app.shutdown()  # what the runner does first when gpupoold stops
+    await asyncio.wait_for(resp.content.read(), 5)  # the stream ends: no wait for a timeout
+    assert resp.content.at_eof()
