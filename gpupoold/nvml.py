@@ -213,6 +213,7 @@ class Nvml:
         self._event_set: Any = None
         self._events_tried = False
         self._pending_xids: dict[int, list[int]] = {}
+        self._xid_totals: dict[int, int] = {}  # XIDs seen per NVML index since this daemon began
 
     # ------------------------------------------------------------------ session
     def _ensure(self) -> Any:
@@ -423,6 +424,26 @@ class Nvml:
                 processes=procs,
                 errors=tuple(errors))
 
+    def health_counters(self, index: int) -> dict[str, Any]:
+        """The health meters for metrics (telemetry, every sample): uncorrected ECC errors
+        (volatile), remapped rows pending/failed, and the XIDs counted since this daemon began.
+        Unlike health() this takes no XIDs away from the next health check: queued events are
+        moved to the pending list that health() reads, and only counted here. A value NVML
+        does not report is None."""
+        with self._lock:
+            self._ensure()
+            h = self._handle(index)
+            ecc = self._call("nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                             NVML_VOLATILE_ECC)
+            rows = self._call("nvmlDeviceGetRemappedRows", h)
+            self._ensure_events()
+            self._drain_events()
+            return {"ecc_uncorrected": int(ecc) if ecc is not None else None,
+                    "remapped_rows_pending": bool(rows[2]) if rows is not None else None,
+                    "remapped_rows_failure": bool(rows[3]) if rows is not None else None,
+                    "xid_errors": self._xid_totals.get(index, 0) if self._event_set is not None
+                    else None}
+
     def processes(self, index: int, graphics: bool = False,
                   errors: list[str] | None = None) -> tuple[GpuProcess, ...] | None:
         """Compute (and with `graphics`, graphics) processes on GPU `index`; None if unknown."""
@@ -555,3 +576,4 @@ class Nvml:
             index = self._call("nvmlDeviceGetIndex", data.device)
             if index is not None:
                 self._pending_xids.setdefault(int(index), []).append(int(data.eventData))
+                self._xid_totals[int(index)] = self._xid_totals.get(int(index), 0) + 1

@@ -41,7 +41,9 @@ SIM_CUDA_DRIVER_VERSION = 13000  # what the simulated device's cuDriverGetVersio
 IDLE_AFTER = 2.5  # seconds without a worker stats event: the simulated GPU is idle
 LIVE_FIELDS = ("at", "memory_total", "memory_used", "memory_free", "gpu_util", "memory_util",
                "temperature_c", "power_w", "power_limit_w", "energy_j", "sm_clock_mhz",
-               "mem_clock_mhz", "cuda_driver_version")
+               "mem_clock_mhz", "cuda_driver_version",
+               # health meters, real GPUs with NVML only (Nvml.health_counters)
+               "ecc_uncorrected", "xid_errors", "remapped_rows_pending", "remapped_rows_failure")
 
 
 def unknown_live(gpu: Gpu, cuda_driver_version: int = 0) -> dict[str, Any]:
@@ -158,6 +160,7 @@ class Telemetry:
             try:
                 s = self.nvml.sample(g.ordinal)
                 limit = self.nvml.power_limit(g.ordinal)
+                health = self.nvml.health_counters(g.ordinal)
             except NvmlUnavailable as exc:  # paused for a reset, or gone: nothing to report
                 log.debug("GPU %d: no live values (%s)", g.index, exc)
                 out[g.index] = live
@@ -169,7 +172,7 @@ class Telemetry:
                 memory_free=total - used if total is not None and used is not None else None,
                 gpu_util=s.gpu_util, memory_util=s.memory_util, temperature_c=s.temperature_c,
                 power_w=s.power_w, power_limit_w=limit, energy_j=s.energy_j,
-                sm_clock_mhz=s.sm_clock_mhz, mem_clock_mhz=s.mem_clock_mhz)
+                sm_clock_mhz=s.sm_clock_mhz, mem_clock_mhz=s.mem_clock_mhz, **health)
             out[g.index] = live
         return out
 
@@ -208,4 +211,5 @@ class Telemetry:
                 "memory_free": max(0, total - used), "gpu_util": track.util, "memory_util": 0,
                 "temperature_c": None, "power_w": None, "power_limit_w": None, "energy_j": None,
                 "sm_clock_mhz": None, "mem_clock_mhz": None,
-                "cuda_driver_version": self.cuda_driver_version}
+                "cuda_driver_version": self.cuda_driver_version, "ecc_uncorrected": None,
+                "xid_errors": None, "remapped_rows_pending": None, "remapped_rows_failure": None}

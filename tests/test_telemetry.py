@@ -118,7 +118,8 @@ async def test_real_gpus_are_read_from_nvml_in_a_thread() -> None:
             "memory_total": 80 * GIB, "memory_used": 3 * GIB, "memory_free": 77 * GIB,
             "gpu_util": 87, "memory_util": 41, "temperature_c": 64, "power_w": 312.5,
             "power_limit_w": 700.0, "energy_j": 7250.0, "sm_clock_mhz": 1755,
-            "mem_clock_mhz": 2619, "cuda_driver_version": 13000}
+            "mem_clock_mhz": 2619, "cuda_driver_version": 13000, "ecc_uncorrected": 0,
+            "xid_errors": 0, "remapped_rows_pending": False, "remapped_rows_failure": False}
         assert abs(got["at"] - time.time()) < 30
         assert tel.live(0)["memory_used"] == 0 and tel.live(0)["temperature_c"] == 35
         # Never on the event loop's thread.
@@ -135,6 +136,31 @@ async def test_real_gpus_are_read_from_nvml_in_a_thread() -> None:
     rounds = tel.samples
     await asyncio.sleep(0.2)
     assert tel.samples == rounds, "the sampler still runs after close()"
+
+
+async def test_health_meters_count_xids_without_taking_them_from_the_health_check() -> None:
+    """ECC, remapped rows and an XID total come with every sample; the XIDs stay for the next
+    health check (the scrub's), which must still see them."""
+    fake = MeteredNvml(1)
+    fake.devices[0].ecc_volatile_uncorrected = 3
+    fake.devices[0].remapped = (0, 1, 1, 0)
+    inventory = real_inventory(fake)
+    assert inventory.nvml is not None
+    tel = Telemetry(inventory, None, Settings())
+    await tel.start()
+    try:
+        fake.inject_xid(0, 79)
+        fake.inject_xid(0, 48)
+        await tel.sample_once()
+        got = tel.live(0)
+        assert (got["ecc_uncorrected"], got["xid_errors"]) == (3, 2)
+        assert (got["remapped_rows_pending"], got["remapped_rows_failure"]) == (True, False)
+        report = await asyncio.to_thread(inventory.nvml.health, 0)
+        assert report.xid_errors == (79, 48)  # not taken by the telemetry
+        await tel.sample_once()
+        assert tel.live(0)["xid_errors"] == 2  # a running total
+    finally:
+        await tel.close()
 
 
 async def test_what_a_gpu_does_not_report_is_null() -> None:
@@ -186,7 +212,7 @@ async def test_real_gpus_without_nvml_report_only_what_is_known() -> None:
         got = tel.live(0)
         assert got["at"] is not None
         assert {k: v for k, v in got.items() if k != "at"} == {
-            **dict.fromkeys(LIVE_FIELDS[1:-1]), "cuda_driver_version": 0}
+            **dict.fromkeys(f for f in LIVE_FIELDS if f != "at"), "cuda_driver_version": 0}
     finally:
         await tel.close()
 
