@@ -278,6 +278,19 @@ def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def chart_update(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the page's script needs to redraw the charts: the polylines and the captions'
+    values as text (the same formatting as the page's)."""
+    c = charts(app, gpus)
+    util_last = c.get("util_last") or {}
+    return {"util": {str(i): pts for i, pts in c["util"].items()},
+            "util_now": {str(i): (f"{v} %" if v is not None else "not reported")
+                         for i, v in util_last.items()},
+            "copy": c["copy"], "copy_top": f"{human_bytes(c['copy_top'])}/s",
+            "copy_now": (f"{human_bytes(c['copy_last'])}/s" if c["copy_last"] is not None
+                         else "no data yet")}
+
+
 # ------------------------------------------------------------------------------ who is it
 async def viewer(request: web.Request) -> Viewer | None:
     """The session of the request (checked: idle time, token still valid), the anonymous
@@ -605,6 +618,9 @@ async def events(request: web.Request) -> web.StreamResponse:
             for payload in payloads:
                 stable = _stable(payload)
                 if stable != last_text or now - last_sent >= EVENT_EVERY_S:
+                    if payload is payloads[-1]:  # the current one carries the charts too
+                        payload = {**payload, "charts": chart_update(request.app,
+                                                                     payload["gpus"])}
                     data = json.dumps(payload, separators=(",", ":"), default=str)
                     await resp.write(f"event: state\ndata: {data}\n\n".encode())
                     last_text, last_sent = stable, now

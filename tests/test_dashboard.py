@@ -236,6 +236,11 @@ async def test_events_stream_state_and_pages_show_the_holder(ui: Ui) -> None:
     first = await read_state(resp, lambda d: True)
     assert [g["state"] for g in first["gpus"]] == ["free"] and first["summary"]["gpus"] == 1
     assert first["gpus"][0]["idle"] is False and first["queue"] == [] and first["leases"] == []
+    # The current state carries the last-hour charts for the page to redraw.
+    charts = (await read_state(resp, lambda d: "charts" in d))["charts"]
+    assert set(charts["util"]) == {"0"} and set(charts["util_now"]) == {"0"}
+    assert charts["util_now"]["0"] in ("0 %", "not reported")
+    assert isinstance(charts["copy"], str) and charts["copy_top"].endswith("/s")
     # A client whose host name is markup: it shows as text everywhere.
     raw = await RawClient.connect(ui.d.address)
     started = time.monotonic()

@@ -206,6 +206,26 @@
     if (confirmField) confirmField.value = "yes";
   });
 
+  // Redraw the last-hour charts from an event's `charts` (polylines computed by the server).
+  function renderCharts(charts) {
+    if (!charts) return;
+    var setText = function (key, text) {
+      var el = document.querySelector('[data-now="' + key + '"]');
+      if (el && typeof text === "string") el.textContent = text;
+    };
+    var setLine = function (series, points) {
+      var line = document.querySelector('svg.chart[data-series="' + series + '"] polyline');
+      if (line && typeof points === "string") line.setAttribute("points", points);
+    };
+    Object.keys(charts.util || {}).forEach(function (i) {
+      setLine("util-" + i, charts.util[i]);
+      setText("util-" + i, (charts.util_now || {})[i]);
+    });
+    setLine("copy", charts.copy);
+    setText("copy", charts.copy_now);
+    setText("copy-top", charts.copy_top);
+  }
+
   // ---------------------------------------------------------------- live updates
   var page = body.dataset.page;
   if (["overview", "leases", "queue"].indexOf(page) < 0 || typeof EventSource === "undefined") return;
@@ -224,7 +244,7 @@
     var state;
     try { state = JSON.parse(ev.data); } catch (e) { return; }
     setLive("connected", "connected, updated " + when(state.time).slice(11));
-    if (page === "overview") renderCards(state);
+    if (page === "overview") { renderCards(state); renderCharts(state.charts); }
     else if (page === "leases") renderLeases(state);
     else if (page === "queue") renderQueue(state);
   });
