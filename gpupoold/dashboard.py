@@ -263,6 +263,12 @@ def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
                            "copy": "", "copy_top": 0.0, "copy_last": None}
     if history is None:
         return out
+    # The time axis spans the last hour, or less while the daemon has less history (at least
+    # a minute): a young daemon's few points would otherwise sit in the last pixel.
+    first = [p.at for g in gpus for p in history.gpu(g["index"])[:1]]
+    first += [p.at for p in history.pool()[:1]]
+    if first:
+        start = max(start, min(min(first), end - 60.0))
     for g in gpus:
         pts = history.gpu(g["index"])
         out["util"][g["index"]] = polyline([(p.at, p.util) for p in pts], CHART_W, CHART_H,
