@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -12,6 +13,7 @@ from aiohttp import web
 from gpupoold import __version__
 from gpupoold.app import StartupError, create_app
 from gpupoold.keys import REMOTING
+from gpupoold.sdnotify import Notifier
 from gpupoold.settings import Settings, format_address, parse_address
 from gpupoold.tls import TlsSettingError, http_ssl_context, remoting_ssl_context
 
@@ -25,6 +27,9 @@ def announce(what: str, address: str) -> None:
 
 async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
+    notifier = Notifier()  # systemd Type=notify; does nothing without $NOTIFY_SOCKET
+    for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        os.environ.pop(var, None)  # for us alone, not for the workers we start
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -55,9 +60,15 @@ async def serve(settings: Settings) -> int:
     announce("http", format_address(bound[0], bound[1]))
     if ssl_context is not None:
         log.info("the HTTP listener speaks HTTPS (http_tls_cert)")
-    await stop.wait()
-    log.info("stopping: no new connections; ending sessions")
-    await runner.cleanup()
+    notifier.ready(f"serving: remoting on {app[REMOTING].address}, "
+                   f"http on {format_address(bound[0], bound[1])}")
+    try:
+        await stop.wait()
+        log.info("stopping: no new connections; ending sessions")
+        notifier.stopping("stopping: ending sessions")
+        await runner.cleanup()
+    finally:
+        notifier.close()
     log.info("stopped")
     return 0
 
