@@ -1,6 +1,8 @@
 """Build step of the gpupoold package: compile the worker, the scrub and the simulated device with
 the top-level Makefile and ship them in gpupoold/bin/ (metadata is in pyproject.toml).
 
+make builds in $GPUPOOL_BUILD_DIR when set (relative to the repository, as for the tests), else in
+build/; setuptools' own build files go to <that dir>/python.
 Set GPUPOOL_SKIP_NATIVE=1 to build a package without them (the daemon then needs the `worker`
 and `sim_lib` settings). Editable installs skip this step: a development checkout finds the
 binaries in build/.
@@ -14,14 +16,17 @@ import subprocess
 from pathlib import Path
 
 from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-# (make target, the component's makefile fragment, name in gpupoold/bin)
+BUILD = os.environ.get("GPUPOOL_BUILD_DIR") or "build"
+BUILD_DIR = Path(BUILD) if Path(BUILD).is_absolute() else ROOT / BUILD
+# (file made by make under $BUILD, the component's makefile fragment, name in gpupoold/bin)
 NATIVE = [
-    ("build/gpupool-worker", "worker/worker.mk", "gpupool-worker"),
-    ("build/gpupool-scrub", "worker/scrub/scrub.mk", "gpupool-scrub"),
-    ("build/libgpupool-sim.so", "worker/sim/sim.mk", "libgpupool-sim.so"),
+    ("gpupool-worker", "worker/worker.mk", "gpupool-worker"),
+    ("gpupool-scrub", "worker/scrub/scrub.mk", "gpupool-scrub"),
+    ("libgpupool-sim.so", "worker/sim/sim.mk", "libgpupool-sim.so"),
 ]
 
 
@@ -37,11 +42,24 @@ class BuildPyWithNative(build_py):
         if not wanted:
             return
         jobs = f"-j{min(os.cpu_count() or 1, 4)}"
-        subprocess.run(["make", "-C", str(ROOT), jobs, *(t for t, _ in wanted)], check=True)
+        targets = [f"{BUILD}/{t}" for t, _ in wanted]  # as the Makefile names them
+        proc = subprocess.run(["make", "-C", str(ROOT), jobs, f"BUILD={BUILD}", *targets])
+        if proc.returncode != 0:
+            raise SystemExit(f"gpupoold build: make failed ({proc.returncode}) building "
+                             f"{', '.join(targets)}; it needs make and a C compiler (gcc), see its "
+                             "output above (or set GPUPOOL_SKIP_NATIVE=1 for a package without them)")
         bin_dir = Path(self.build_lib) / "gpupoold" / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         for target, name in wanted:
-            shutil.copy2(ROOT / target, bin_dir / name)
+            shutil.copy2(BUILD_DIR / target, bin_dir / name)
+
+
+class PlatformWheel(bdist_wheel):
+    """Tag py3-none-<platform>: the native files are programs and libraries loaded without the
+    Python C API, so one wheel serves every Python 3 on this platform (not only the builder's)."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", super().get_tag()[2]
 
 
 class NativeDistribution(Distribution):
@@ -49,6 +67,6 @@ class NativeDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildPyWithNative}, distclass=NativeDistribution,
-      # setuptools' own build files stay out of the native build/ tree
-      options={"build": {"build_base": "build/python"}})
+setup(cmdclass={"bdist_wheel": PlatformWheel, "build_py": BuildPyWithNative}, distclass=NativeDistribution,
+      # setuptools' own build files: <the make build dir>/python, next to make's output
+      options={"build": {"build_base": str(BUILD_DIR / "python")}})

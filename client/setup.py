@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -28,6 +29,15 @@ FRAGMENTS = ("client/shim/shim.mk", "client/nvml/nvml.mk")
 # (Triton) or -lnvidia-ml.
 LIBS = (("libcuda.so.1", ("libcuda.so.1", "libcuda.so")),
         ("libnvidia-ml.so.1", ("libnvidia-ml.so.1", "libnvidia-ml.so")))
+
+
+def _build_dir() -> Path:
+    """$GPUPOOL_BUILD_DIR (relative to the repository) or build/: make's output; setuptools' own
+    build files go to its python/ subfolder."""
+    if not (REPO / "Makefile").is_file():  # not in a checkout (an unpacked sdist): stay here
+        return HERE / "build"
+    build = Path(os.environ.get("GPUPOOL_BUILD_DIR") or "build")
+    return build if build.is_absolute() else REPO / build
 
 
 class BuildPyWithShims(build_py):
@@ -42,8 +52,8 @@ class BuildPyWithShims(build_py):
                 "from a gpupool checkout (pip install ./client); or set GPUPOOL_SKIP_NATIVE=1 "
                 "and point GPUPOOL_SHIM_DIR at built shims")
         build = os.environ.get("GPUPOOL_BUILD_DIR") or "build"
-        build_dir = Path(build) if Path(build).is_absolute() else REPO / build
-        targets = [str(build_dir / "client" / name) for name, _ in LIBS]
+        build_dir = _build_dir()
+        targets = [f"{build}/client/{name}" for name, _ in LIBS]  # as the Makefile names them
         jobs = f"-j{min(os.cpu_count() or 1, 4)}"
         proc = subprocess.run(["make", "-C", str(REPO), jobs, f"BUILD={build}", *targets])
         if proc.returncode != 0:
@@ -57,11 +67,19 @@ class BuildPyWithShims(build_py):
                 shutil.copy2(build_dir / "client" / name, lib_dir / dest)
 
 
+class PlatformWheel(bdist_wheel):
+    """Tag py3-none-<platform>: the native files are programs and libraries loaded without the
+    Python C API, so one wheel serves every Python 3 on this platform (not only the builder's)."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", super().get_tag()[2]
+
+
 class NativeDistribution(Distribution):
     def has_ext_modules(self) -> bool:  # the wheel carries native code: tag it per platform
         return True
 
 
-setup(cmdclass={"build_py": BuildPyWithShims}, distclass=NativeDistribution,
-      # setuptools' own build files stay out of the native build/ tree
-      options={"build": {"build_base": "build/python"}})
+setup(cmdclass={"bdist_wheel": PlatformWheel, "build_py": BuildPyWithShims}, distclass=NativeDistribution,
+      # setuptools' own build files: <the make build dir>/python, next to make's output
+      options={"build": {"build_base": str(_build_dir() / "python")}})

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build the wheels and sdists of the daemon (gpupoold, this directory's pyproject.toml) and the
+# client (gpupool, client/pyproject.toml) into dist/ (or $1), then check them with
+# scripts/check_dists.py. The wheels carry native code built here with make + gcc (in
+# $GPUPOOL_BUILD_DIR, default build/), so they are tagged for this platform (linux_x86_64).
+# Uses `python -m build` when it is installed, else `pip wheel` and `setup.py sdist`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[[ -x $PY ]] || PY=$(command -v python3)
+[[ $PY == /* ]] || PY=$PWD/$PY  # absolute (not resolved: a venv python is a link)
+OUT=${1:-dist}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/gpupoold-*.whl "$OUT"/gpupoold-*.tar.gz "$OUT"/gpupool-*.whl "$OUT"/gpupool-*.tar.gz
+
+for proj in . client; do
+    if (cd /tmp && "$PY" -c "import build") 2>/dev/null; then
+        # --no-isolation: the build needs only setuptools, which $PY has (no download)
+        "$PY" -m build --no-isolation --sdist --wheel --outdir "$OUT" "$proj"
+    else
+        "$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$OUT" "./$proj"
+        (cd "$proj" && "$PY" setup.py --quiet sdist --dist-dir "$OUT")
+    fi
+done
+"$PY" scripts/check_dists.py "$OUT"
+ls -l "$OUT"
