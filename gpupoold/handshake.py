@@ -15,6 +15,7 @@ import re
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import gpupool_protocol as gp
 
@@ -45,28 +46,38 @@ def version_refusal(major: int, minor: int) -> Refusal:
                    f"client speaks protocol {major}.{minor}, this server speaks {ours}; {upgrade}")
 
 
-def parse_hello(body: bytes) -> gp.Hello | Refusal:
-    """The decoded hello, or the refusal to send back."""
+def parse_first_frame(body: bytes, cls: Any, what: str, client: str) -> Any:
+    """The decoded first frame of a connection (`cls`: gp.Hello or gp.Info, `what` its name in
+    messages, `client` what the user should match to this server), or the refusal to send
+    back: wrong magic or major version (GP_EVERSION), a body that does not decode (GP_EPROTO,
+    or GP_EVERSION when the client's minor version is newer)."""
     if len(body) < _PREFIX.size:
-        return Refusal(gp.GP_EPROTO, f"malformed hello: {len(body)} bytes is too short")
+        return Refusal(gp.GP_EPROTO, f"malformed {what}: {len(body)} bytes is too short")
     magic, major, minor = _PREFIX.unpack_from(body)
     if magic != gp.MAGIC:
         return Refusal(gp.GP_EVERSION,
-                       f"not a gpupool client: hello magic is 0x{magic:08x}, expected "
-                       f"0x{gp.MAGIC:08x} (protocol {gp.MAJOR}.{gp.MINOR}); use the gpupool "
-                       "client library that matches this server")
+                       f"not a gpupool client: {what} magic is 0x{magic:08x}, expected "
+                       f"0x{gp.MAGIC:08x} (protocol {gp.MAJOR}.{gp.MINOR}); use the {client} "
+                       "that matches this server")
     if major != gp.MAJOR:
         return version_refusal(major, minor)
     try:
-        return gp.Hello.decode(body)
+        return cls.decode(body)
     except gp.ProtocolError as exc:
         if minor > gp.MINOR:
             # A newer minor version may append fields this server cannot skip yet.
             return Refusal(gp.GP_EVERSION,
                            f"client speaks protocol {major}.{minor}, this server speaks "
-                           f"{gp.MAJOR}.{gp.MINOR} and cannot read its hello ({exc}); "
+                           f"{gp.MAJOR}.{gp.MINOR} and cannot read its {what} ({exc}); "
                            "upgrade gpupoold on this server")
-        return Refusal(gp.GP_EPROTO, f"malformed hello: {exc}")
+        return Refusal(gp.GP_EPROTO, f"malformed {what}: {exc}")
+
+
+def parse_hello(body: bytes) -> gp.Hello | Refusal:
+    """The decoded hello, or the refusal to send back."""
+    result: gp.Hello | Refusal = parse_first_frame(body, gp.Hello, "hello",
+                                                   "gpupool client library")
+    return result
 
 
 def clip(text: str, limit: int) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,37 +23,19 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold import __version__
-from gpupoold.handshake import Refusal, clip, server_name, version_refusal
+from gpupoold.handshake import Refusal, clip, parse_first_frame, server_name
 from gpupoold.leases import LeaseManager
 from gpupoold.requirements import Requirements
 from gpupoold.settings import Settings
 
 SCHEMA = 1
 JSON_LIMIT = 4194304  # bytes: the reply's json field
-_PREFIX = struct.Struct("<IHH")
 
 
 def parse_info(body: bytes) -> gp.Info | Refusal:
     """The decoded request, or the refusal to send back (GP_EVERSION, GP_EPROTO)."""
-    if len(body) < _PREFIX.size:
-        return Refusal(gp.GP_EPROTO, f"malformed info: {len(body)} bytes is too short")
-    magic, major, minor = _PREFIX.unpack_from(body)
-    if magic != gp.MAGIC:
-        return Refusal(gp.GP_EVERSION,
-                       f"not a gpupool client: info magic is 0x{magic:08x}, expected "
-                       f"0x{gp.MAGIC:08x} (protocol {gp.MAJOR}.{gp.MINOR}); use the gpupool "
-                       "client that matches this server")
-    if major != gp.MAJOR:
-        return version_refusal(major, minor)
-    try:
-        return gp.Info.decode(body)
-    except gp.ProtocolError as exc:
-        if minor > gp.MINOR:
-            return Refusal(gp.GP_EVERSION,
-                           f"client speaks protocol {major}.{minor}, this server speaks "
-                           f"{gp.MAJOR}.{gp.MINOR} and cannot read its info request ({exc}); "
-                           "upgrade gpupoold on this server")
-        return Refusal(gp.GP_EPROTO, f"malformed info: {exc}")
+    result: gp.Info | Refusal = parse_first_frame(body, gp.Info, "info", "gpupool client")
+    return result
 
 
 def refusal(refused: Refusal) -> gp.InfoReply:

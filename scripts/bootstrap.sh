@@ -18,32 +18,22 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
     exit 1
 fi
 
-# promtool (Debian's prometheus package) lints /metrics in tests/test_metrics.py.
-if ! command -v promtool >/dev/null 2>&1; then
+# Debian packages some tests need: one `apt-get update` for all that are missing.
+#   need_tool COMMAND PACKAGE WHAT-NEEDS-IT
+apt_updated=0
+need_tool() {
+    command -v "$1" >/dev/null 2>&1 && return 0
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        echo "bootstrap: installing promtool (Debian package prometheus)"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+        echo "bootstrap: installing $1 (Debian package $2)"
+        if [[ $apt_updated == 0 ]]; then apt-get update -qq; apt_updated=1; fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2"
     else
-        echo "bootstrap: promtool not found and not root with apt-get: the /metrics lint test" \
-             "will skip (and fail under CI=true); install it with" \
-             "\`sudo apt-get install --no-install-recommends prometheus\`" >&2
+        echo "bootstrap: $1 not found and not root with apt-get: $3 will skip (and fail" \
+             "under CI=true); install it with \`sudo apt-get install --no-install-recommends $2\`" >&2
     fi
-fi
-
-# Chromium (Debian's chromium package) drives the web dashboard in
-# tests/test_dashboard_browser.py, headless, over the DevTools protocol.
-if ! command -v chromium >/dev/null 2>&1; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        echo "bootstrap: installing chromium (Debian package chromium)"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
-    else
-        echo "bootstrap: chromium not found and not root with apt-get: the dashboard browser" \
-             "test will skip (and fail under CI=true); install it with" \
-             "\`sudo apt-get install --no-install-recommends chromium\`" >&2
-    fi
-fi
+}
+need_tool promtool prometheus "the /metrics lint test (tests/test_metrics.py)"
+need_tool chromium chromium "the dashboard's browser test (tests/test_dashboard_browser.py)"
 
 if [[ ! -x $VENV/bin/python ]]; then
     echo "bootstrap: creating $VENV with $("$PYTHON" --version)"
