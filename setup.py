@@ -1,8 +1,9 @@
 """Build step of the gpupoold package: compile the worker, the scrub and the simulated device with
-the top-level Makefile and ship them in gpupoold/bin/ (metadata is in pyproject.toml).
+the top-level Makefile and ship them in gpupoold/bin/ (metadata is in pyproject.toml). The sdist
+carries the Makefile and the C sources it needs (MANIFEST.in), so an unpacked sdist builds alone.
 
 make builds in $GPUPOOL_BUILD_DIR when set (relative to the repository, as for the tests), else in
-build/; setuptools' own build files go to <that dir>/python.
+build/; setuptools' own build files go to <that dir>/python/gpupoold.
 Set GPUPOOL_SKIP_NATIVE=1 to build a package without them (the daemon then needs the `worker`
 and `sim_lib` settings). Editable installs skip this step: a development checkout finds the
 binaries in build/.
@@ -32,6 +33,10 @@ NATIVE = [
 
 class BuildPyWithNative(build_py):
     def run(self) -> None:
+        # start from an empty build/lib: a module deleted from the sources (or a package built
+        # there before) would otherwise ride along in the wheel
+        if not getattr(self, "editable_mode", False):
+            shutil.rmtree(self.build_lib, ignore_errors=True)
         super().run()
         if getattr(self, "editable_mode", False) or os.environ.get("GPUPOOL_SKIP_NATIVE") == "1":
             return
@@ -41,13 +46,20 @@ class BuildPyWithNative(build_py):
                 print(f"gpupoold build: warning: {fragment} missing, {target} not shipped")
         if not wanted:
             return
+        if shutil.which("make") is None:
+            raise SystemExit("gpupoold build: `make` not found on PATH: building the worker needs make, a C "
+                             "compiler and OpenSSL's headers (Debian/Ubuntu: apt install make gcc libssl-dev); "
+                             "or install the gpupoold wheel, which carries them built")
         jobs = f"-j{min(os.cpu_count() or 1, 4)}"
         targets = [f"{BUILD}/{t}" for t, _ in wanted]  # as the Makefile names them
+        print(f"gpupoold build: building {', '.join(t for t, _ in wanted)} with make in {ROOT} (BUILD={BUILD})",
+              flush=True)
         proc = subprocess.run(["make", "-C", str(ROOT), jobs, f"BUILD={BUILD}", *targets])
         if proc.returncode != 0:
             raise SystemExit(f"gpupoold build: make failed ({proc.returncode}) building "
-                             f"{', '.join(targets)}; it needs make and a C compiler (gcc), see its "
-                             "output above (or set GPUPOOL_SKIP_NATIVE=1 for a package without them)")
+                             f"{', '.join(targets)}; it needs make, a C compiler (gcc) and OpenSSL's headers "
+                             "(libssl-dev), see its output above (or set GPUPOOL_SKIP_NATIVE=1 for a package "
+                             "without them)")
         bin_dir = Path(self.build_lib) / "gpupoold" / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         for target, name in wanted:
@@ -68,5 +80,6 @@ class NativeDistribution(Distribution):
 
 
 setup(cmdclass={"bdist_wheel": PlatformWheel, "build_py": BuildPyWithNative}, distclass=NativeDistribution,
-      # setuptools' own build files: <the make build dir>/python, next to make's output
-      options={"build": {"build_base": str(BUILD_DIR / "python")}})
+      # setuptools' own build files: <the make build dir>/python/gpupoold, next to make's output
+      # (not shared with the client's build/lib, whose files would land in this wheel)
+      options={"build": {"build_base": str(BUILD_DIR / "python" / "gpupoold")}})

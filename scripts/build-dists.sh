@@ -4,6 +4,8 @@
 # scripts/check_dists.py. The wheels carry native code built here with make + gcc (in
 # $GPUPOOL_BUILD_DIR, default build/), so they are tagged for this platform (linux_x86_64).
 # Uses `python -m build` when it is installed, else `pip wheel` and `setup.py sdist`.
+# Each sdist builds on its own (no checkout around it): the daemon's carries the Makefile and the
+# C sources it needs (MANIFEST.in), the client's gets them in its native/ folder (client/setup.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -15,6 +17,8 @@ OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/gpupoold-*.whl "$OUT"/gpupoold-*.tar.gz "$OUT"/gpupool-*.whl "$OUT"/gpupool-*.tar.gz
 
 for proj in . client; do
+    if [[ $proj == . ]]; then what="gpupoold (the daemon)"; else what="gpupool (the client)"; fi
+    echo "build-dists: building the sdist and the wheel of $what into $OUT" >&2
     if (cd /tmp && "$PY" -c "import build") 2>/dev/null; then
         # --no-isolation: the build needs only setuptools, which $PY has (no download)
         "$PY" -m build --no-isolation --sdist --wheel --outdir "$OUT" "$proj"

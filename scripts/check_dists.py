@@ -1,5 +1,6 @@
-"""Check the wheels and sdists that scripts/build-dists.sh made: names, versions, entry points,
-requirements, platform tags and the native files each wheel must carry.
+"""Check the wheels and sdists that scripts/build-dists.sh made: names, versions, requires-python,
+runtime dependencies, entry points, platform tags, the native files each wheel must carry, and
+that each sdist holds what it needs to build on its own (its makefile fragments and C sources).
 
 Usage: check_dists.py DIST_DIR   (exit status 1 and one line per problem when something is wrong)
 Also imported by tests/test_wheels.py.
@@ -13,39 +14,93 @@ import sys
 import sysconfig
 import tarfile
 import zipfile
-from email.parser import HeaderParser
+from dataclasses import dataclass
 from email.message import Message
+from email.parser import HeaderParser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# distribution name -> (entry points in console_scripts, files the wheel must hold, requirement
-# names it must declare)
-EXPECTED: dict[str, tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]] = {
-    "gpupoold": (
-        {"gpupoold": "gpupoold.cli:main", "gpupool-reset-helper": "gpupoold.reset_helper:main"},
-        ("gpupoold/bin/gpupool-worker", "gpupoold/bin/gpupool-scrub", "gpupoold/bin/libgpupool-sim.so",
-         "gpupoold/__init__.py", "gpupool_protocol/__init__.py", "gpupoold_web/templates/",
-         "gpupoold_web/static/"),
-        ("aiohttp", "nvidia-ml-py", "prometheus-client", "jinja2"),
+
+@dataclass(frozen=True)
+class Expected:
+    """What one distribution must be."""
+
+    scripts: dict[str, str]  # console_scripts entry points, exactly
+    requires: frozenset[str]  # runtime requirement names (no extras), exactly
+    requires_python: str  # Requires-Python, exactly
+    version_file: Path  # the checkout file whose __version__ the distributions carry
+    wheel_files: tuple[str, ...]  # files the wheel must hold ("dir/" = something under dir)
+    top_level: frozenset[str]  # the only top-level names the wheel may hold (besides .dist-info)
+    # files the sdist must hold, relative to its top folder: the build recipe and its inputs
+    sdist_files: tuple[str, ...]
+    # (glob in the checkout, prefix to drop, prefix to add): every checkout file the glob matches
+    # (but SDIST_GLOB_EXCLUDE) must be in the sdist under that name; the C sources the makefile
+    # fragments compile by wildcard, the Python packages
+    sdist_globs: tuple[tuple[str, str, str], ...]
+
+
+COMMON_SDIST = ("PKG-INFO", "pyproject.toml", "setup.py")
+# The top-level Makefile, the protocol fragment and generated code, the CUDA header: both native
+# builds start from these (relative to the repository; the client's sdist has them under native/).
+BUILD_BASE = ("Makefile", "protocol/protocol.mk", "protocol/generated/gp_protocol.c",
+              "protocol/generated/gp_protocol.h", "cudaapi/gp_cuda.h")
+
+EXPECTED: dict[str, Expected] = {
+    "gpupoold": Expected(
+        scripts={"gpupoold": "gpupoold.cli:main", "gpupool-reset-helper": "gpupoold.reset_helper:main"},
+        requires=frozenset({"aiohttp", "nvidia-ml-py", "prometheus-client", "jinja2"}),
+        requires_python=">=3.11",
+        version_file=ROOT / "gpupoold" / "__init__.py",
+        wheel_files=("gpupoold/bin/gpupool-worker", "gpupoold/bin/gpupool-scrub", "gpupoold/bin/libgpupool-sim.so",
+                     "gpupoold/__init__.py", "gpupool_protocol/__init__.py", "gpupoold_web/templates/",
+                     "gpupoold_web/static/"),
+        top_level=frozenset({"gpupoold", "gpupool_protocol", "gpupoold_web"}),
+        sdist_files=(*COMMON_SDIST, "README.md", *BUILD_BASE, "worker/worker.mk", "worker/sim/sim.mk",
+                     "worker/scrub/scrub.mk", "client/shim/sha256.c", "client/shim/sha256.h",
+                     "gpupoold/__init__.py", "gpupoold.egg-info/entry_points.txt",
+                     "protocol/python/gpupool_protocol/__init__.py", "web/templates/base.html",
+                     "web/static/dashboard.js"),
+        sdist_globs=(("worker/*.[ch]", "", ""), ("worker/sim/*.[ch]", "", ""), ("worker/scrub/*.[ch]", "", ""),
+                     ("gpupoold/*.py", "", ""), ("web/templates/*.html", "", ""), ("web/static/*", "", "")),
     ),
-    "gpupool": (
-        {"gpupool": "gpupool.cli:main"},
-        ("gpupool/lib/libcuda.so.1", "gpupool/lib/libcuda.so", "gpupool/lib/libnvidia-ml.so.1",
-         "gpupool/lib/libnvidia-ml.so", "gpupool/__init__.py", "gpupool/wire/__init__.py"),
-        (),
+    "gpupool": Expected(
+        scripts={"gpupool": "gpupool.cli:main"},
+        requires=frozenset(),
+        requires_python=">=3.9",
+        version_file=ROOT / "client" / "gpupool" / "__init__.py",
+        wheel_files=("gpupool/lib/libcuda.so.1", "gpupool/lib/libcuda.so", "gpupool/lib/libnvidia-ml.so.1",
+                     "gpupool/lib/libnvidia-ml.so", "gpupool/__init__.py", "gpupool/wire/__init__.py"),
+        top_level=frozenset({"gpupool"}),
+        sdist_files=(*COMMON_SDIST, "gpupool/__init__.py", "gpupool.egg-info/entry_points.txt",
+                     *(f"native/{f}" for f in BUILD_BASE), "native/client/shim/shim.mk",
+                     "native/client/shim/shim_tables.mk", "native/client/nvml/nvml.mk",
+                     "native/client/gpupool/__init__.py"),
+        sdist_globs=(("client/shim/*.[ch]", "", "native/"), ("client/shim/generated/*.[ch]", "", "native/"),
+                     ("client/nvml/*.[ch]", "", "native/"), ("client/nvml/generated/*.c", "", "native/"),
+                     ("client/gpupool/*.py", "client/", ""), ("client/gpupool/wire/*.py", "client/", "")),
     ),
 }
-VERSION_FILES = {"gpupoold": ROOT / "gpupoold" / "__init__.py", "gpupool": ROOT / "client" / "gpupool" / "__init__.py"}
+# Unit-test sources next to the code (client/nvml/test_*.c): not part of the build.
+SDIST_GLOB_EXCLUDE = re.compile(r"(^|/)test_[^/]*\.c$")
+# Never in an sdist: build output and the tests (they need a checkout).
+SDIST_FORBIDDEN = re.compile(r"(^|/)(build|build-[^/]*|tests|__pycache__)/|\.(o|so|pyc)$|\.so\.")
 # The native code is built for this machine: the wheel's platform tag must say so.
 PLATFORM = sysconfig.get_platform().replace("-", "_").replace(".", "_")
 
 
 def source_version(dist: str) -> str:
-    found = re.search(r'^__version__\s*=\s*"([^"]+)"', VERSION_FILES[dist].read_text(), re.M)
+    path = EXPECTED[dist].version_file
+    found = re.search(r'^__version__\s*=\s*"([^"]+)"', path.read_text(), re.M)
     if not found:
-        raise SystemExit(f"check_dists: no __version__ in {VERSION_FILES[dist]}")
+        raise SystemExit(f"check_dists: no __version__ in {path}")
     return found.group(1)
+
+
+def parse_scripts(text: str) -> dict[str, str]:
+    cp = configparser.ConfigParser()
+    cp.read_string(text)
+    return dict(cp["console_scripts"]) if cp.has_section("console_scripts") else {}
 
 
 def wheel_metadata(wheel: Path) -> tuple[Message, dict[str, str], list[str], str]:
@@ -57,48 +112,82 @@ def wheel_metadata(wheel: Path) -> tuple[Message, dict[str, str], list[str], str
         wheel_info = HeaderParser().parsestr(zf.read(f"{info}/WHEEL").decode())
         scripts: dict[str, str] = {}
         if f"{info}/entry_points.txt" in names:
-            cp = configparser.ConfigParser()
-            cp.read_string(zf.read(f"{info}/entry_points.txt").decode())
-            if cp.has_section("console_scripts"):
-                scripts = dict(cp["console_scripts"])
+            scripts = parse_scripts(zf.read(f"{info}/entry_points.txt").decode())
     return meta, scripts, names, wheel_info.get("Tag", "")
 
 
-def check_wheel(dist: str, wheel: Path) -> list[str]:
-    scripts_want, files_want, requires_want = EXPECTED[dist]
+def check_metadata(dist: str, label: str, meta: Message, scripts: dict[str, str]) -> list[str]:
+    """Name, version, Requires-Python, runtime requirements and entry points of a wheel's METADATA
+    or an sdist's PKG-INFO."""
+    want = EXPECTED[dist]
     errors: list[str] = []
-    meta, scripts, names, tag = wheel_metadata(wheel)
     if meta["Name"] != dist:
-        errors.append(f"{wheel.name}: Name is {meta['Name']!r}, expected {dist!r}")
+        errors.append(f"{label}: Name is {meta['Name']!r}, expected {dist!r}")
     if meta["Version"] != source_version(dist):
-        errors.append(f"{wheel.name}: Version {meta['Version']} differs from the source's {source_version(dist)}")
-    if scripts != scripts_want:
-        errors.append(f"{wheel.name}: console_scripts {scripts}, expected {scripts_want}")
-    requires = {re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower() for r in meta.get_all("Requires-Dist") or []}
-    for req in requires_want:
-        if req not in requires:
-            errors.append(f"{wheel.name}: Requires-Dist lacks {req} (has {sorted(requires)})")
-    if not requires_want and requires:
-        errors.append(f"{wheel.name}: expected no requirements, has {sorted(requires)}")
+        errors.append(f"{label}: Version {meta['Version']} differs from the source's {source_version(dist)}")
+    if meta["Requires-Python"] != want.requires_python:
+        errors.append(f"{label}: Requires-Python {meta['Requires-Python']!r}, expected {want.requires_python!r}")
+    runtime = [r for r in meta.get_all("Requires-Dist") or [] if not re.search(r";.*\bextra\s*==", r)]
+    requires = {re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower() for r in runtime}
+    if requires != want.requires:
+        errors.append(f"{label}: runtime requirements {sorted(requires)}, expected {sorted(want.requires)}")
+    if scripts != want.scripts:
+        errors.append(f"{label}: console_scripts {scripts}, expected {want.scripts}")
+    return errors
+
+
+def check_wheel(dist: str, wheel: Path) -> list[str]:
+    want = EXPECTED[dist]
+    meta, scripts, names, tag = wheel_metadata(wheel)
+    errors = check_metadata(dist, wheel.name, meta, scripts)
     if not tag.endswith(f"-{PLATFORM}") or PLATFORM not in wheel.name:
         errors.append(f"{wheel.name}: platform tag {tag!r}, expected one ending in {PLATFORM} (native code)")
-    for want in files_want:
-        hits = [n for n in names if n.startswith(want)] if want.endswith("/") else [n for n in names if n == want]
+    for w in want.wheel_files:
+        hits = [n for n in names if n.startswith(w)] if w.endswith("/") else [n for n in names if n == w]
         if not hits:
-            errors.append(f"{wheel.name}: {want} missing from the wheel")
+            errors.append(f"{wheel.name}: {w} missing from the wheel")
+    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    if top - want.top_level:
+        errors.append(f"{wheel.name}: unexpected top-level {sorted(top - want.top_level)} (a stale build/lib "
+                      f"shared with another package?); expected only {sorted(want.top_level)}")
     return errors
+
+
+def sdist_required(dist: str) -> list[str]:
+    """The files the sdist of `dist` must hold (relative to its top folder)."""
+    want = EXPECTED[dist]
+    required = list(want.sdist_files)
+    for pattern, drop, add in want.sdist_globs:
+        matched = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern)
+                         if p.is_file() and not SDIST_GLOB_EXCLUDE.search(p.as_posix()))
+        if not matched:
+            raise SystemExit(f"check_dists: {pattern} matches nothing in {ROOT}: not a gpupool checkout?")
+        required += [add + name.removeprefix(drop) for name in matched]
+    return required
 
 
 def check_sdist(dist: str, sdist: Path) -> list[str]:
     errors: list[str] = []
     with tarfile.open(sdist) as tf:
-        names = [m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name]
-    want = ["pyproject.toml", "setup.py", "PKG-INFO"]
-    if dist == "gpupoold":  # the daemon's sdist builds its native parts: their sources ride along
-        want += ["Makefile", "worker/worker.mk", "worker/sim/sim.mk", "worker/scrub/scrub.mk"]
-    for w in want:
-        if w not in names:
-            errors.append(f"{sdist.name}: {w} missing from the sdist")
+        members = {m.name.split("/", 1)[1]: m for m in tf.getmembers() if "/" in m.name}
+        top = {m.name.split("/", 1)[0] for m in tf.getmembers()}
+        expected_top = f"{dist}-{source_version(dist)}"
+        if top != {expected_top}:
+            errors.append(f"{sdist.name}: top folder {sorted(top)}, expected {expected_top}")
+        missing = [n for n in sdist_required(dist) if n not in members or not members[n].isfile()]
+        if missing:
+            errors.append(f"{sdist.name}: {len(missing)} file(s) the build needs missing from the sdist: "
+                          f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        bad = sorted(n for n in members if SDIST_FORBIDDEN.search(n))
+        if bad:
+            errors.append(f"{sdist.name}: holds build output or tests: {bad[:5]}{' ...' if len(bad) > 5 else ''}")
+        texts: dict[str, str] = {}
+        for name in ("PKG-INFO", f"{dist}.egg-info/entry_points.txt"):
+            data = tf.extractfile(members[name]) if name in members and members[name].isfile() else None
+            texts[name] = data.read().decode() if data else ""
+    if texts["PKG-INFO"]:  # (its absence is reported above)
+        meta = HeaderParser().parsestr(texts["PKG-INFO"])
+        errors += check_metadata(dist, sdist.name, meta, parse_scripts(texts[f"{dist}.egg-info/entry_points.txt"]))
     return errors
 
 
@@ -126,6 +215,10 @@ def main() -> int:
     errors = check(Path(sys.argv[1]))
     for e in errors:
         print(f"check_dists: {e}", file=sys.stderr)
+    if errors:
+        print("check_dists: the distributions above are not right; see scripts/check_dists.py for what each must "
+              "hold (an sdist's file list comes from MANIFEST.in and, for the client, client/setup.py's "
+              "NATIVE_SOURCES)", file=sys.stderr)
     return 1 if errors else 0
 
 

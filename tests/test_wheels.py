@@ -2,7 +2,8 @@
 wheels and sdists; their metadata, entry points, platform tag and native files are right; in a
 fresh virtual environment the client wheel installs and runs with no compiler on the PATH, and the
 daemon wheel (its dependencies from the package index) starts `gpupoold serve` on a simulated GPU
-that answers /healthz.
+that answers /healthz. Each sdist, unpacked where no checkout is around it, builds a wheel on its
+own (offline) that works the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 import zipfile
@@ -53,6 +55,33 @@ def wheel(dists: Path, name: str) -> Path:
     found = list(dists.glob(f"{name}-*.whl"))
     assert len(found) == 1, f"{name} wheels in {dists}: {found}"
     return found[0]
+
+
+@pytest.fixture(scope="module")
+def sdist_wheels(dists: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each sdist unpacked in a temporary folder with no gpupool checkout around it, and built there
+    into a wheel with `pip wheel --no-deps --no-build-isolation` (offline: this Python has
+    setuptools); {distribution name: wheel}."""
+    work = tmp_path_factory.mktemp("sdist-build").resolve()
+    assert not work.is_relative_to(REPO.resolve()), f"{work} is inside the checkout"
+    around = [d for d in work.parents if (d / "Makefile").exists() or (d / "client" / "shim").exists()]
+    assert not around, f"a Makefile or client/shim/ around {work}: {around}"
+    out = work / "wheels"
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INDEX="1")
+    for var in ("GPUPOOL_BUILD_DIR", "PYTHONPATH", "GPUPOOL_SKIP_NATIVE"):
+        env.pop(var, None)
+    built: dict[str, Path] = {}
+    for dist in ("gpupool", "gpupoold"):
+        sdists = list(dists.glob(f"{dist}-[0-9]*.tar.gz"))
+        assert len(sdists) == 1, sdists
+        with tarfile.open(sdists[0]) as tf:
+            tf.extractall(work, filter="data")
+        src = work / sdists[0].name.removesuffix(".tar.gz")
+        proc = run_client([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "--no-cache-dir", "--wheel-dir", out, "."], env=env, cwd=src, timeout=300)
+        assert proc.returncode == 0, f"building a wheel from {sdists[0].name} failed:\n{proc.stdout}\n{proc.stderr}"
+        built[dist] = wheel(out, dist)
+    return built
 
 
 def fresh_venv(where: Path) -> Path:
@@ -120,12 +149,85 @@ def test_client_wheel_installs_without_a_compiler(dists: Path, tmp_path: Path) -
     assert (shim_dir / "libcuda.so.1").is_file() and (shim_dir / "libnvidia-ml.so.1").is_file()
 
 
-@pytest.fixture
-def daemon_venv(dists: Path, tmp_path: Path) -> Iterator[Path]:
+def test_checker_catches_an_sdist_without_its_sources(dists: Path, tmp_path: Path) -> None:
+    """The sdist check is real: a client sdist without native/Makefile and a daemon sdist without
+    the worker's fragment are reported, by name."""
+    checker = load_checker()
+    for dist, dropped in (("gpupool", "native/Makefile"), ("gpupoold", "worker/worker.mk")):
+        (src,) = dists.glob(f"{dist}-[0-9]*.tar.gz")
+        broken = tmp_path / src.name
+        with tarfile.open(src) as tin, tarfile.open(broken, "w:gz") as tout:
+            for member in tin.getmembers():
+                if member.name.split("/", 1)[-1] != dropped:
+                    tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
+        errors = checker.check_sdist(dist, broken)
+        assert len(errors) == 1 and "missing from the sdist" in errors[0] and dropped in errors[0], errors
+
+
+def test_client_sdist_without_native_sources_says_what_to_do(dists: Path, tmp_path: Path) -> None:
+    """An unpacked client sdist that lost its native/ folder fails with a message that says what
+    is missing and what to do, not with a make error."""
+    (src,) = dists.glob("gpupool-[0-9]*.tar.gz")
+    with tarfile.open(src) as tf:
+        tf.extractall(tmp_path, filter="data")
+    tree = tmp_path / src.name.removesuffix(".tar.gz")
+    shutil.rmtree(tree / "native")
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INDEX="1")
+    for var in ("GPUPOOL_BUILD_DIR", "PYTHONPATH", "GPUPOOL_SKIP_NATIVE"):
+        env.pop(var, None)
+    proc = run_client([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+                       "--wheel-dir", tmp_path / "out", "."], env=env, cwd=tree, timeout=120)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "no C sources for the shims" in output and "GPUPOOL_SKIP_NATIVE=1" in output, output
+
+
+def test_sdists_build_wheels_alone(sdist_wheels: dict[str, Path]) -> None:
+    """The wheels built from the sdists alone pass the same check as build-dists.sh's."""
+    checker = load_checker()
+    for dist, whl in sdist_wheels.items():
+        assert checker.check_wheel(dist, whl) == [], whl
+
+
+def test_client_sdist_wheel_runs(sdist_wheels: dict[str, Path], tmp_path: Path) -> None:
+    """The client wheel built from its sdist installs in a fresh venv (no system packages), its
+    command runs, and gpupool/lib holds our libcuda.so.1 (an ELF shared object exporting cuInit)
+    and libnvidia-ml.so.1 (exporting nvmlInit_v2)."""
+    nm = shutil.which("nm")
+    require(nm, "nm (binutils) is needed to read the shims' exported symbols")
+    venv_bin = fresh_venv(tmp_path / "venv")
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "LANG": "C.UTF-8",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--no-index", sdist_wheels["gpupool"]],
+                      env=env, timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    proc = run_client([venv_bin / "gpupool", "--version"], env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and "0.1.0" in proc.stdout + proc.stderr, proc
+    proc = run_client([venv_bin / "python", "-c", "import gpupool, pathlib; "
+                       "print(pathlib.Path(gpupool.__file__).parent.resolve())"], env=env, cwd=tmp_path)
+    lib = Path(proc.stdout.strip()) / "lib"
+    assert lib.is_relative_to((tmp_path / "venv").resolve()), proc
+    for name, symbol in (("libcuda.so.1", "cuInit"), ("libnvidia-ml.so.1", "nvmlInit_v2")):
+        head = (lib / name).read_bytes()[:18]
+        # ELF magic, 64-bit, little-endian, e_type ET_DYN (3): a shared object
+        assert head[:4] == b"\x7fELF" and head[4] == 2 and head[5] == 1, (name, head)
+        assert int.from_bytes(head[16:18], "little") == 3, f"{name} is not a shared object"
+        syms = run_client([str(nm), "-D", "--defined-only", lib / name])
+        assert syms.returncode == 0, syms.stderr
+        assert re.search(rf"^\S+ T {symbol}$", syms.stdout, re.M), f"{name} does not export {symbol}"
+
+
+@pytest.fixture(params=["dist", "sdist"])
+def daemon_venv(request: pytest.FixtureRequest, dists: Path, tmp_path: Path) -> Iterator[Path]:
+    """A fresh venv with the daemon wheel (build-dists.sh's, or the one built from the sdist)."""
+    if request.param == "dist":
+        daemon_wheel = wheel(dists, "gpupoold")
+    else:
+        daemon_wheel = request.getfixturevalue("sdist_wheels")["gpupoold"]
     venv_bin = fresh_venv(tmp_path / "dvenv")
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
-    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--quiet", wheel(dists, "gpupoold")],
+    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--quiet", daemon_wheel],
                       env=env, timeout=240)
     assert proc.returncode == 0, f"pip install of the daemon wheel failed:\n{proc.stdout}\n{proc.stderr}"
     # the fresh venv's own package, not the working tree's, with the worker the wheel carries
