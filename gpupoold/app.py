@@ -33,6 +33,7 @@ from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, fi
 from gpupoold.remoting import RemotingListener
 from gpupoold.routes import setup_routes
 from gpupoold.scrubber import GpuCleaner
+from gpupoold import sdlisten
 from gpupoold.settings import Settings
 from gpupoold.store import Store
 from gpupoold.telemetry import Telemetry
@@ -198,7 +199,8 @@ async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    listener = RemotingListener(settings, app[LEASES], app[AUTH], app[COUNTERS])
+    listener = RemotingListener(settings, app[LEASES], app[AUTH], app[COUNTERS],
+                                sock=app.get(sdlisten.SOCKETS, {}).get(sdlisten.REMOTING))
     try:
         await listener.start()
     except OSError as exc:

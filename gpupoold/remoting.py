@@ -25,7 +25,7 @@ import gpupool_protocol as gp
 
 from gpupoold.auth import Authenticator
 from gpupoold.counters import Counters
-from gpupoold import info
+from gpupoold import info, sdlisten
 from gpupoold.handshake import (HELLO_MAX_BODY, Refusal, parse_hello, queue_notice, refusal_reply,
                                 requirements_text)
 from gpupoold.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
@@ -48,7 +48,7 @@ MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handsh
 
 class RemotingListener:
     def __init__(self, settings: Settings, leases: LeaseManager, auth: Authenticator,
-                 counters: Counters) -> None:
+                 counters: Counters, sock: socket.socket | None = None) -> None:
         self.settings = settings
         self.listen = settings.listen
         self.handshake_timeout = settings.handshake_timeout
@@ -56,6 +56,10 @@ class RemotingListener:
         self.auth = auth
         self.counters = counters
         self.address = ""  # "HOST:PORT" actually bound, once started
+        # Socket activation (sdlisten.py): the listening socket systemd passed, used instead of
+        # binding `listen`; `source` then says so (logs, the sd_notify STATUS= line).
+        self._passed = sock
+        self.source = sdlisten.describe(sdlisten.REMOTING, sock) if sock is not None else ""
         self._server: asyncio.Server | Any | None = None  # TLS: or a TlsServer
         self._handshakes: set[asyncio.Task[None]] = set()
         self.info = info.InfoCache(settings, leases)
@@ -65,19 +69,26 @@ class RemotingListener:
         self.connect_times: list[float] = []
 
     async def start(self) -> None:
-        host, port = parse_address(self.listen)
+        sock = self._passed
+        host, port = parse_address(self.listen) if sock is None else ("", 0)
         # TLS: with tls_cert set, gpupoold/remoting_tls.py runs the daemon's TLS session and
         # hands _on_connect a TlsStream as both reader and writer (TlsSettingError if misset).
         tls = await asyncio.to_thread(remoting_ssl_context, self.settings)
         if tls is not None:
             self._server = await start_tls_server(self._on_connect, host, port, tls,
-                                                  self.handshake_timeout, self.counters)
+                                                  self.handshake_timeout, self.counters,
+                                                  sock=sock)
             log.info("the remoting listener speaks TLS (tls_cert%s)",
                      ", client certificates required" if self.settings.tls_client_ca else "")
+        elif sock is not None:
+            self._server = await asyncio.start_server(self._on_connect, sock=sock)
         else:
             self._server = await asyncio.start_server(self._on_connect, host, port)
         bound = self._server.sockets[0].getsockname()
         self.address = format_address(bound[0], bound[1])
+        if sock is not None:
+            log.info("remoting listener on %s: %s; setting 'listen' (%s) is not used",
+                     self.address, self.source, self.listen)
 
     async def close(self) -> None:
         """Stop accepting and drop connections still in their handshake."""

@@ -437,9 +437,14 @@ async def _linger_close(conn: socket.socket, linger: float = 1.0) -> None:
 
 
 async def start_tls_server(handler: Handler, host: str, port: int, context: ssl.SSLContext,
-                           handshake_timeout: float, counters: Counters) -> TlsServer:
+                           handshake_timeout: float, counters: Counters,
+                           sock: socket.socket | None = None) -> TlsServer:
     """Listen on host:port like asyncio.start_server (dual-stack for "" / "::" as it does not:
-    one socket per the first address resolved)."""
+    one socket per the first address resolved), or, given `sock` (a listening socket systemd
+    passed, sdlisten.py), accept on that one and ignore host and port."""
+    if sock is not None:
+        sock.setblocking(False)
+        return TlsServer(sock, context, handler, handshake_timeout, counters)
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)

@@ -10,7 +10,7 @@ import sys
 
 from aiohttp import web
 
-from gpupoold import __version__
+from gpupoold import __version__, sdlisten
 from gpupoold.app import StartupError, create_app
 from gpupoold.keys import REMOTING
 from gpupoold.sdnotify import Notifier
@@ -25,11 +25,24 @@ def announce(what: str, address: str) -> None:
     print(f"gpupoold: {what} on {address}", flush=True)
 
 
+def _from(source: str) -> str:
+    """' (socket from systemd)' for the STATUS= line when a listener's socket was passed."""
+    return " (socket from systemd)" if source else ""
+
+
 async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     notifier = Notifier()  # systemd Type=notify; does nothing without $NOTIFY_SOCKET
     for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         os.environ.pop(var, None)  # for us alone, not for the workers we start
+    try:
+        # Socket activation: listening sockets systemd passed (removes LISTEN_* from the
+        # environment too); empty without it.
+        passed = sdlisten.take()
+    except sdlisten.SdListenError as exc:
+        print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
+        notifier.close()
+        return 1
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -41,27 +54,40 @@ async def serve(settings: Settings) -> int:
         print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
         return 1
     app = create_app(settings)
+    app[sdlisten.SOCKETS] = passed
+    http_sock = passed.get(sdlisten.HTTP)
+    http_source = sdlisten.describe(sdlisten.HTTP, http_sock) if http_sock is not None else ""
     runner = web.AppRunner(app, handle_signals=False)
     try:
         await runner.setup()
-        host, port = parse_address(settings.http)
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        site: web.BaseSite
+        if http_sock is not None:
+            site = web.SockSite(runner, http_sock, ssl_context=ssl_context)
+        else:
+            host, port = parse_address(settings.http)
+            site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:
-            raise StartupError(f"setting 'http': cannot listen on {settings.http}: "
+            where = http_source or settings.http
+            raise StartupError(f"setting 'http': cannot listen on {where}: "
                                f"{exc.strerror or exc}") from None
     except StartupError as exc:
         print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
         await runner.cleanup()
         return 1
-    announce("remoting", app[REMOTING].address)
+    remoting = app[REMOTING]
+    announce("remoting", remoting.address)
     bound = runner.addresses[0]
-    announce("http", format_address(bound[0], bound[1]))
+    http_address = format_address(bound[0], bound[1])
+    announce("http", http_address)
+    if http_sock is not None:
+        log.info("HTTP listener on %s: %s; setting 'http' (%s) is not used", http_address,
+                 http_source, settings.http)
     if ssl_context is not None:
         log.info("the HTTP listener speaks HTTPS (http_tls_cert)")
-    notifier.ready(f"serving: remoting on {app[REMOTING].address}, "
-                   f"http on {format_address(bound[0], bound[1])}")
+    notifier.ready(f"serving: remoting on {remoting.address}{_from(remoting.source)}, "
+                   f"http on {http_address}{_from(http_source)}")
     try:
         await stop.wait()
         log.info("stopping: no new connections; ending sessions")

@@ -16,13 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold import reset_helper
+from gpupoold import reset_helper, sdlisten
 from gpupoold.sdnotify import Notifier, watchdog_interval
 from gpupoold.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "systemd"
-UNIT_FILES = ("gpupoold.service", "gpupool-reset-helper.socket", "gpupool-reset-helper.service")
+UNIT_FILES = ("gpupoold.service", "gpupool-reset-helper.socket", "gpupool-reset-helper.service",
+              "gpupoold.socket", "gpupoold-http.socket")
+# Optional socket activation of gpupoold's two listeners (gpupoold/sdlisten.py): unit -> the
+# FileDescriptorName gpupoold takes from it, and the setting whose default address it listens on.
+ACTIVATION_SOCKETS = {"gpupoold.socket": (sdlisten.REMOTING, "listen"),
+                      "gpupoold-http.socket": (sdlisten.HTTP, "http")}
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
 
 
@@ -172,6 +177,28 @@ def test_reset_helper_units_match_the_helper_and_the_daemon() -> None:
     assert one(svc, "Service.ExecStart").split()[0] == "/usr/bin/gpupool-reset-helper"
     assert "gpupool-reset-helper" in (REPO / "pyproject.toml").read_text()
     assert "Service.PrivateDevices" not in svc
+
+
+def test_activation_sockets_match_what_gpupoold_takes() -> None:
+    assert set(ACTIVATION_SOCKETS) <= set(UNIT_FILES)  # verified by systemd-analyze above
+    names = []
+    for unit, (name, setting) in ACTIVATION_SOCKETS.items():
+        d = directives(UNITS / unit)
+        # systemd names every descriptor of a unit alike: one unit per listener.
+        assert one(d, "Socket.FileDescriptorName") == name
+        names.append(name)
+        assert one(d, "Socket.ListenStream") == getattr(Settings(), setting), unit
+        assert one(d, "Socket.Service") == "gpupoold.service"
+        assert one(d, "Socket.Accept") == "no"  # gpupoold accept()s on the listening socket
+        assert one(d, "Install.WantedBy") == "sockets.target"
+        assert not any(k.startswith("Socket.ListenDatagram") for k in d)
+        assert unit in (UNITS / "README.md").read_text()
+    assert sorted(names) == sorted(sdlisten.NAMES)
+    # Optional: the service neither needs nor pulls in the sockets; without them it binds.
+    svc = directives(UNITS / "gpupoold.service")
+    assert "Service.Sockets" not in svc
+    for key in ("Unit.Requires", "Unit.Wants", "Unit.BindsTo"):
+        assert not any(u in v for v in svc.get(key, []) for u in ACTIVATION_SOCKETS), key
 
 
 # ----------------------------------------------------------------------------- sd_notify
