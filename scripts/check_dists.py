@@ -72,7 +72,7 @@ EXPECTED: dict[str, Expected] = {
         wheel_files=("gpupool/lib/libcuda.so.1", "gpupool/lib/libcuda.so", "gpupool/lib/libnvidia-ml.so.1",
                      "gpupool/lib/libnvidia-ml.so", "gpupool/__init__.py", "gpupool/wire/__init__.py"),
         top_level=frozenset({"gpupool"}),
-        sdist_files=(*COMMON_SDIST, "gpupool/__init__.py", "gpupool.egg-info/entry_points.txt",
+        sdist_files=(*COMMON_SDIST, "README.md", "gpupool/__init__.py", "gpupool.egg-info/entry_points.txt",
                      *(f"native/{f}" for f in BUILD_BASE), "native/client/shim/shim.mk",
                      "native/client/shim/shim_tables.mk", "native/client/nvml/nvml.mk",
                      "native/client/gpupool/__init__.py"),
@@ -131,6 +131,8 @@ def check_metadata(dist: str, label: str, meta: Message, scripts: dict[str, str]
     requires = {re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower() for r in runtime}
     if requires != want.requires:
         errors.append(f"{label}: runtime requirements {sorted(requires)}, expected {sorted(want.requires)}")
+    if meta.get("Description-Content-Type") != "text/markdown" or len(meta.get_payload() or "") < 200:
+        errors.append(f"{label}: no long description (pyproject.toml's readme = \"README.md\" is what PyPI shows)")
     if scripts != want.scripts:
         errors.append(f"{label}: console_scripts {scripts}, expected {want.scripts}")
     return errors
