@@ -64,7 +64,9 @@ class Daemon:
     def __init__(self, gpus: int, config: str = "") -> None:
         self.state = Path(tempfile.mkdtemp(prefix="gpupool-dbench-"))
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "protocol" / "python")])
+        # Keep a PYTHONPATH given from outside (e.g. a sitecustomize that profiles the daemon).
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "protocol" / "python"),
+                                             *filter(None, [env.get("PYTHONPATH")])])
         self.env = env
         cfg = self.state / "gpupoold.toml"
         cfg.write_text(config)
@@ -85,8 +87,9 @@ class Daemon:
                     self.http = line.split()[-1]
             time.sleep(0.05)
         if not self.http:
+            output = self.log_path.read_text()  # stop() removes the state directory with it
             self.stop()
-            sys.exit("daemon_bench: gpupoold did not start:\n" + self.log_path.read_text())
+            sys.exit("daemon_bench: gpupoold did not start:\n" + output)
         made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name",
                                "bench", "--state-dir", str(self.state)], env=env, cwd=ROOT,
                               capture_output=True, text=True, check=True)

@@ -10,12 +10,20 @@ responsiveness part). Meanwhile `GET /metrics` and `GET /healthz` are fetched al
 back, one connection at a time (as Prometheus and a monitoring probe do); p50/p99/max of each,
 the same probes on the idle daemon first. Target (issue 6): a scrape under 50 ms. Prints a table
 and a markdown section for docs/benchmarks.md. The target is reported, not enforced.
+
+The reference, in the same run and under the same load: bench/reference_http.py, an aiohttp
+process that answers `GET /metrics` with a fixed body of the daemon's scrape size, fetched in
+turn with the daemon's probes. On a machine whose cores the streaming clients and workers keep
+busy, the slowest probes of both come from the scheduler (the daemon's process waiting for a
+core), not from work done per scrape; the reference's max shows how much of that the machine
+itself costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import http.client
 import os
 import platform
 import subprocess
@@ -23,29 +31,66 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 import daemon_bench as db  # noqa: E402 - bench/ is not a package
 
 MIB = 1 << 20
 TARGET_MS = 50.0
 
 
-def probe(d: db.Daemon, seconds: float) -> tuple[list[float], list[float], int]:
-    """(/metrics times, /healthz times, bytes of the last scrape), alternating for `seconds`."""
+def get(address: str, path: str) -> tuple[int, bytes]:
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+class Reference:
+    """bench/reference_http.py in its own process: a fixed /metrics body of `size` bytes."""
+
+    def __init__(self, size: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "reference_http.py"), str(size)],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "port":
+            self.stop()
+            raise RuntimeError(f"bench/reference_http.py did not start (said {line!r})")
+        self.address = f"127.0.0.1:{line[1]}"
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        return get(self.address, path)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.communicate()
+
+
+def probe(d: db.Daemon, ref: Reference, seconds: float,
+          ) -> tuple[list[float], list[float], list[float], int]:
+    """(/metrics times, /healthz times, the reference's /metrics times, bytes of the last
+    scrape), in turn for `seconds`."""
     scrapes: list[float] = []
     health: list[float] = []
+    reference: list[float] = []
     size = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        for path, out in (("/metrics", scrapes), ("/healthz", health)):
+        for path, fetch, out in (("/metrics", d.get, scrapes), ("/healthz", d.get, health),
+                                 ("/metrics", ref.get, reference)):
             t0 = time.perf_counter()
-            status, body = d.get(path)
+            status, body = fetch(path)
             out.append(time.perf_counter() - t0)
             if status != 200:
                 raise RuntimeError(f"{path} answered {status}: {body[:300]!r}")
-            if path == "/metrics":
+            if fetch == d.get and path == "/metrics":
                 size = len(body)
-    return scrapes, health, size
+    return scrapes, health, reference, size
 
 
 def gauge(body: bytes, name: str) -> float:
@@ -67,9 +112,11 @@ def main() -> int:
     client = db.build_client()
     d = db.Daemon(2)
     procs: list[subprocess.Popen[str]] = []
+    ref: Reference | None = None
     try:
-        db.log("idle daemon: /metrics and /healthz")
-        idle_m, idle_h, _ = probe(d, min(seconds, 3))
+        ref = Reference(len(d.get("/metrics")[1]))
+        db.log("idle daemon: /metrics and /healthz (and the reference server's /metrics)")
+        idle_m, idle_h, idle_r, _ = probe(d, ref, min(seconds, 3))
         for i in range(8):  # 2 stream copies, 6 wait in the queue
             procs.append(subprocess.Popen(
                 [str(client), str(64 * MIB), str(int(seconds * 1000) + 5000), str(i + 1),
@@ -85,13 +132,15 @@ def main() -> int:
                 raise RuntimeError("the 8 clients did not reach 2 leases + 6 queued in 30 s")
             time.sleep(0.05)
         db.log(f"2 clients streaming, 6 queued: /metrics and /healthz ({seconds:g} s)")
-        busy_m, busy_h, size = probe(d, seconds)
+        busy_m, busy_h, busy_r, size = probe(d, ref, seconds)
         body = d.get("/metrics")[1]
         active, queued = gauge(body, "gpupool_leases_active"), gauge(body, "gpupool_queue_length")
     finally:
         for p in procs:
             p.kill()
             p.communicate()
+        if ref is not None:
+            ref.stop()
         d.stop()
     ms = 1000.0
     rows = [
@@ -102,6 +151,13 @@ def main() -> int:
         ("/metrics max (2 streaming, 6 queued)", max(busy_m) * ms,
          f"{len(busy_m)} scrapes, {size} bytes; "
          f"{sum(t * ms > TARGET_MS for t in busy_m)} over {TARGET_MS:g} ms", f"< {TARGET_MS:g} ms"),
+        ("reference /metrics p50, same run", db.pct(busy_r, 50) * ms,
+         f"idle p50 {db.pct(idle_r, 50) * ms:.2f} ms", ""),
+        ("reference /metrics p99, same run", db.pct(busy_r, 99) * ms,
+         f"idle p99 {db.pct(idle_r, 99) * ms:.2f} ms", ""),
+        ("reference /metrics max, same run", max(busy_r) * ms,
+         f"{len(busy_r)} fetches; {sum(t * ms > TARGET_MS for t in busy_r)} over "
+         f"{TARGET_MS:g} ms", ""),
         ("/healthz p50, same run", db.pct(busy_h, 50) * ms,
          f"idle p50 {db.pct(idle_h, 50) * ms:.2f} ms", ""),
         ("/healthz p99, same run", db.pct(busy_h, 99) * ms,
@@ -123,7 +179,9 @@ def main() -> int:
     md = [f"### /metrics scrape time under load ({date}, commit {rev})", "",
           f"Machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}; 2 simulated "
           "GPUs over loopback, 8 clients streaming 64 MiB D2H copies (2 leased, 6 queued); "
-          "`/metrics` and `/healthz` fetched alternately, one connection each. Command: "
+          "`/metrics` and `/healthz` fetched in turn with the reference server's `/metrics` "
+          "(bench/reference_http.py: aiohttp, a fixed body of the scrape's size), one connection "
+          "each. Command: "
           f"`python bench/metrics_bench.py{' --quick' if args.quick else ''}`.", "",
           "| metric | measured | reference (same run) | target |", "|---|---|---|---|"]
     for name, value, ref_text, target in rows:
