@@ -7,6 +7,7 @@
 #   make demo       daemon on a simulated GPU + a demo client
 #   make lint       ruff + generated-code drift check
 #   make bench      the remoting benchmark (docs/benchmarks.md)
+#   make debs       the Debian packages gpupoold and gpupool-client into dist/deb/ (docs/packaging.md)
 
 CC      ?= cc
 PYTHON  ?= python3
@@ -69,6 +70,10 @@ demo:
 
 bench:
 	./scripts/bench.sh
+
+.PHONY: debs
+debs:
+	./scripts/build-debs.sh
 
 clean:
 	rm -rf build build-asan

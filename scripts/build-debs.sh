@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# Build the Debian packages gpupoold and gpupool-client (amd64) from this checkout into dist/deb
+# (or $1) with dpkg-deb; no debhelper, no source package. See docs/packaging.md and
+# packaging/debian/README.md.
+#   gpupoold        the daemon with its Python dependencies bundled (pip install --target) under
+#                   /usr/lib/gpupoold/python, /usr/bin wrappers, systemd units, sysusers file, the
+#                   commented default config /etc/gpupoold/gpupoold.toml (a conffile), docs.
+#   gpupool-client  the client (with its shims) under /usr/lib/gpupool-client/python, /usr/bin/gpupool.
+# Environment:
+#   GPUPOOL_BUILD_DIR  where make builds the native code (default build/), as for the wheels
+#   PYTHON             the Python (3.11 or newer) that builds the wheels and fetches the daemon's
+#                      dependencies (default .venv/bin/python, else python3). Their compiled parts
+#                      are for its version; each has a pure-Python fallback, so other versions work.
+#   SOURCE_DATE_EPOCH  time stamp of the packaged files (default: the changelog's date)
+# Needs make, gcc, dpkg-deb, dpkg-shlibdeps (dpkg-dev), strip (binutils), gzip, and pip's package
+# index (or a wheelhouse: PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR) for the daemon's dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+PKG=$REPO/packaging/debian
+DEBIAN_REVISION=1
+
+say() { echo "build-debs: $*"; }
+die() { echo "build-debs: error: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------- inputs and tools
+PY=${PYTHON:-.venv/bin/python}
+if [[ ! -x $PY ]]; then
+    PY=$(command -v python3) || die "no Python found: set PYTHON=/path/to/python3.11 (or run scripts/bootstrap.sh)"
+fi
+[[ $PY == /* ]] || PY=$REPO/$PY
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "$PY is $("$PY" --version 2>&1); the daemon needs Python 3.11 or newer: set PYTHON=/path/to/python3.11"
+"$PY" -m pip --version >/dev/null 2>&1 ||
+    die "$PY has no pip: run scripts/bootstrap.sh, or set PYTHON to a Python with pip"
+
+need() {  # need COMMAND DEBIAN-PACKAGE
+    command -v "$1" >/dev/null 2>&1 ||
+        die "$1 not found: install it with \`apt-get install --no-install-recommends $2\`"
+}
+need make make
+need gcc gcc
+need dpkg-deb dpkg
+need dpkg-shlibdeps dpkg-dev
+need strip binutils
+need readelf binutils
+need gzip gzip
+
+OUT=${1:-dist/deb}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUILD=${GPUPOOL_BUILD_DIR:-build}
+
+version_of() {  # the __version__ = "..." of a Python file
+    sed -n 's/^__version__ = "\([^"]*\)"$/\1/p' "$1"
+}
+D_VERSION=$(version_of gpupoold/__init__.py)
+C_VERSION=$(version_of client/gpupool/__init__.py)
+[[ -n $D_VERSION && -n $C_VERSION ]] ||
+    die "no __version__ = \"X.Y.Z\" line in gpupoold/__init__.py or client/gpupool/__init__.py"
+MAINTAINER=$(sed -n 's/^ -- \(.*>\)  .*$/\1/p' "$PKG/changelog" | head -n 1)
+CHANGELOG_DATE=$(sed -n 's/^ -- .*>  \(.*\)$/\1/p' "$PKG/changelog" | head -n 1)
+[[ -n $MAINTAINER && -n $CHANGELOG_DATE ]] ||
+    die "$PKG/changelog: no ' -- NAME <EMAIL>  DATE' line in its first entry"
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(date -d "$CHANGELOG_DATE" +%s)}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpupool-debs.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+umask 022
+started=$SECONDS
+step() { say "[$1/6] $2 ($((SECONDS - started)) s)"; }
+
+# ------------------------------------------------------------------------------------- wheels
+step 1 "building the gpupoold $D_VERSION and gpupool $C_VERSION wheels (native code: make in $BUILD/)"
+GPUPOOL_BUILD_DIR=$BUILD "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation --wheel-dir "$WORK/wheels" . ./client ||
+    die "building the wheels failed (see above); it needs make and gcc, as \`make\` does"
+
+# --------------------------------------------------------------------------- the Python trees
+STAGE=$WORK/debian  # dpkg-shlibdeps expects debian/<package>/ and debian/control
+D=$STAGE/gpupoold
+C=$STAGE/gpupool-client
+D_TREE=$D/usr/lib/gpupoold/python
+C_TREE=$C/usr/lib/gpupool-client/python
+pip_target=("$PY" -m pip install --quiet --disable-pip-version-check --no-compile
+            --ignore-installed --no-warn-script-location --only-binary=:all:)
+step 2 "installing gpupoold and its dependencies into /usr/lib/gpupoold/python (pip --target)"
+"${pip_target[@]}" --target "$D_TREE" "$WORK"/wheels/gpupoold-*.whl ||
+    die "pip could not install the daemon's dependencies (see above): it needs the package index," \
+        "or a wheelhouse: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels $0"
+"${pip_target[@]}" --no-deps --target "$C_TREE" "$WORK"/wheels/gpupool-*.whl
+# Console scripts with the build's interpreter in their #! line (the packages have their own
+# wrappers), byte code, and the build's paths (direct_url.json) do not ship.
+rm -rf "${D_TREE:?}/bin" "${C_TREE:?}/bin"
+find "$D_TREE" "$C_TREE" -depth \( -name __pycache__ -o -name direct_url.json \) -exec rm -rf {} +
+
+# ------------------------------------------------------------------------------------- layout
+step 3 "laying out the files (wrappers, systemd units, sysusers, config, docs)"
+wrapper() {  # wrapper PACKAGE COMMAND MODULE
+    sed -e "s/@PACKAGE@/$1/g" -e "s/@COMMAND@/$2/g" -e "s/@MODULE@/$3/g" "$PKG/wrapper.in" \
+        > "$STAGE/$1/usr/bin/$2"
+    chmod 0755 "$STAGE/$1/usr/bin/$2"
+}
+install -d "$D/usr/bin" "$C/usr/bin"
+wrapper gpupoold gpupoold gpupoold.cli
+wrapper gpupoold gpupool-reset-helper gpupoold.reset_helper
+wrapper gpupool-client gpupool gpupool.cli
+
+install -d "$D/usr/lib/systemd/system"
+units=0
+for unit in systemd/*.service systemd/*.socket systemd/*.timer; do
+    [[ -e $unit ]] || continue
+    install -m 0644 "$unit" "$D/usr/lib/systemd/system/"
+    units=$((units + 1))
+done
+[[ -f systemd/gpupoold.service ]] || die "systemd/gpupoold.service is missing"
+install -D -m 0644 systemd/gpupoold.sysusers "$D/usr/lib/sysusers.d/gpupoold.conf"
+install -D -m 0644 "$PKG/gpupoold.toml" "$D/etc/gpupoold/gpupoold.toml"
+
+changelog() {  # changelog PACKAGE VERSION: changelog.Debian.gz; an entry is added if none matches
+    local doc=$STAGE/$1/usr/share/doc/$1 top
+    install -d "$doc"
+    top=$(sed -n '1s/^[^ ]* (\([^)]*\)).*/\1/p' "$PKG/changelog")
+    if [[ $top == "$2" ]]; then
+        cp "$PKG/changelog" "$doc/changelog.Debian"
+    else
+        say "warning: packaging/debian/changelog's first entry is $top, not $2: adding an entry" \
+            "for $2 to the package (add one to the file for the next release)"
+        { printf 'gpupool (%s) unstable; urgency=medium\n\n  * New upstream version %s.\n\n' \
+              "$2" "${2%-*}"
+          printf ' -- %s  %s\n\n' "$MAINTAINER" "$(date -u -R -d "@$SOURCE_DATE_EPOCH")"
+          cat "$PKG/changelog"; } > "$doc/changelog.Debian"
+    fi
+    gzip -9n "$doc/changelog.Debian"
+}
+changelog gpupoold "$D_VERSION-$DEBIAN_REVISION"
+changelog gpupool-client "$C_VERSION-$DEBIAN_REVISION"
+D_DOC=$D/usr/share/doc/gpupoold
+C_DOC=$C/usr/share/doc/gpupool-client
+install -m 0644 "$PKG/gpupoold.README.md" "$D_DOC/README.md"
+install -m 0644 "$PKG/gpupoold.copyright" "$D_DOC/copyright"
+install -m 0644 systemd/README.md "$D_DOC/systemd.md"
+for doc in configuration operator-guide security api metrics; do
+    [[ -f docs/$doc.md ]] && install -m 0644 "docs/$doc.md" "$D_DOC/"
+done
+install -m 0644 "$PKG/gpupool-client.README.md" "$C_DOC/README.md"
+install -m 0644 "$PKG/gpupool-client.copyright" "$C_DOC/copyright"
+[[ -f docs/user-guide.md ]] && install -m 0644 docs/user-guide.md "$C_DOC/"
+for pkg in gpupoold gpupool-client; do
+    if [[ -f $PKG/$pkg.lintian-overrides ]]; then
+        install -D -m 0644 "$PKG/$pkg.lintian-overrides" "$STAGE/$pkg/usr/share/lintian/overrides/$pkg"
+    fi
+done
+
+# ------------------------------------------------------- modes, stripping, library dependencies
+step 4 "stripping native files and finding their library dependencies (dpkg-shlibdeps)"
+is_elf() { [[ $(head -c 4 "$1" | od -An -c | tr -d ' ') == '177ELF' ]]; }
+printf 'Source: gpupool\n\nPackage: gpupoold\nArchitecture: amd64\n\nPackage: gpupool-client\nArchitecture: amd64\n' \
+    > "$STAGE/control"
+shlibs_depends() {  # shlibs_depends PACKAGE ELF...: the Depends dpkg-shlibdeps derives
+    local pkg=$1
+    shift
+    # --warnings=1: only "symbol not found" (not the bundled wheels' superfluous links)
+    (cd "$WORK" && dpkg-shlibdeps -O --warnings=1 "${@#"$WORK/"}") | sed -n 's/^shlibs:Depends=//p'
+}
+for pkg in gpupoold gpupool-client; do
+    root=$STAGE/$pkg
+    install -d "$root/DEBIAN"  # how dpkg-shlibdeps recognises the package's root
+    find "$root" -type d -exec chmod 0755 {} +
+    find "$root" -type f ! -path "$root/usr/bin/*" -exec chmod 0644 {} +
+    elves=()
+    while IFS= read -r -d '' f; do
+        is_elf "$f" || continue
+        elves+=("$f")
+        strip --strip-unneeded --remove-section=.comment --remove-section=.note "$f"
+        # programs (they have an ELF interpreter) are executable, libraries are not
+        if readelf -l "$f" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+            chmod 0755 "$f"
+        fi
+    done < <(find "$root/usr/lib" -type f -print0)
+    (( ${#elves[@]} > 0 )) || die "no native files in the $pkg tree: the wheel was built without them"
+    deps=$(shlibs_depends "$pkg" "${elves[@]}")
+    [[ -n $deps ]] || die "dpkg-shlibdeps found no library dependencies for $pkg"
+    echo "$deps" > "$WORK/$pkg.shlibs"
+    say "$pkg: ${#elves[@]} native files, needs $deps"
+done
+
+# ---------------------------------------------------------------------------- control, build
+step 5 "writing the control files"
+control() {  # control PACKAGE VERSION DEPENDS
+    local root=$STAGE/$1 size
+    install -d -m 0755 "$root/DEBIAN"
+    size=$(du -s -k --apparent-size "$root" | cut -f1)
+    sed -e "s/@VERSION@/$2/" -e "s/@DEPENDS@/$3/" -e "s/@INSTALLED_SIZE@/$size/" \
+        -e "s/@MAINTAINER@/$MAINTAINER/" "$PKG/control.$1" > "$root/DEBIAN/control"
+    for script in postinst prerm postrm; do
+        if [[ -f $PKG/$1.$script ]]; then
+            install -m 0755 "$PKG/$1.$script" "$root/DEBIAN/$script"
+        fi
+    done
+    if [[ -f $PKG/$1.conffiles ]]; then
+        install -m 0644 "$PKG/$1.conffiles" "$root/DEBIAN/conffiles"
+    fi
+    (cd "$root" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | LC_ALL=C sort -z |
+        xargs -0 md5sum) > "$root/DEBIAN/md5sums"
+    chmod 0644 "$root/DEBIAN/md5sums"
+}
+control gpupoold "$D_VERSION-$DEBIAN_REVISION" "python3 (>= 3.11), $(cat "$WORK/gpupoold.shlibs")"
+control gpupool-client "$C_VERSION-$DEBIAN_REVISION" "python3 (>= 3.9), $(cat "$WORK/gpupool-client.shlibs")"
+say "gpupoold: $units systemd units, $(find "$D_TREE" -maxdepth 1 -name '*.dist-info' | wc -l) bundled distributions"
+
+step 6 "building the .deb files with dpkg-deb"
+rm -f "$OUT"/gpupoold_*.deb "$OUT"/gpupool-client_*.deb
+built=()
+for pkg in gpupoold gpupool-client; do
+    version=$D_VERSION
+    [[ $pkg == gpupool-client ]] && version=$C_VERSION
+    deb=$OUT/${pkg}_${version}-${DEBIAN_REVISION}_amd64.deb
+    dpkg-deb --root-owner-group -Zxz --build "$STAGE/$pkg" "$deb" >/dev/null
+    built+=("$deb")
+done
+say "done in $((SECONDS - started)) s:"
+ls -l "${built[@]}"
