@@ -36,6 +36,8 @@ need_tool promtool prometheus "the /metrics lint test (tests/test_metrics.py)"
 need_tool chromium chromium "the dashboard's browser test (tests/test_dashboard_browser.py)"
 need_tool dpkg-shlibdeps dpkg-dev "scripts/build-debs.sh and the Debian package test (tests/test_debs.py)"
 need_tool lintian lintian "the Debian package test (tests/test_debs.py)"
+need_tool systemd-analyze systemd "the unit checks and socket activation (tests/test_systemd.py, tests/test_sdlisten.py)"
+need_tool nm binutils "the wheel tests' shim symbol check (tests/test_wheels.py)"
 
 if [[ ! -x $VENV/bin/python ]]; then
     echo "bootstrap: creating $VENV with $("$PYTHON" --version)"
