@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The /metrics benchmark: how long a Prometheus scrape takes while the pool is busy.
 
-    python bench/metrics_bench.py [--quick] [--build DIR] [--markdown PATH]
+    python bench/metrics_bench.py [--quick] [--build DIR] [--markdown PATH] [--dashboards N]
 
 gpupoold on 2 simulated GPUs over loopback (needs the native build, `build/` by default, and
 nvcc's cuda.h for the test client tests/clients/hold_gpu.c): 8 clients stream 64 MiB
 device-to-host copies, 2 holding the GPUs and 6 waiting in the queue (as bench/daemon_bench.py's
-responsiveness part). Meanwhile `GET /metrics` and `GET /healthz` are fetched alternately, back to
+responsiveness part), and N web dashboards (default 2) stay open on /ui/events, so the daemon
+builds and sends its live state on every change as it does for operators' browsers. Meanwhile
+`GET /metrics` and `GET /healthz` are fetched alternately, back to
 back, one connection at a time (as Prometheus and a monitoring probe do); p50/p99/max of each,
 the same probes on the idle daemon first. Target (issue 6): a scrape under 50 ms. Prints a table
 and a markdown section for docs/benchmarks.md. The target is reported, not enforced.
@@ -28,6 +30,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +74,36 @@ class Reference:
         self.proc.communicate()
 
 
+class DashboardViewer(threading.Thread):
+    """An open web dashboard: reads the server-sent events of /ui/events (the daemon runs with
+    http_anonymous_read) and counts them, as a browser tab left open would."""
+
+    def __init__(self, d: db.Daemon) -> None:
+        super().__init__(daemon=True)
+        host, port = d.http.rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.events = 0
+        self.error = ""
+
+    def run(self) -> None:
+        try:
+            self.conn.request("GET", "/ui/events")
+            resp = self.conn.getresponse()
+            if resp.status != 200:
+                self.error = f"/ui/events answered {resp.status}"
+                return
+            while line := resp.readline():
+                if line.startswith(b"event: state"):
+                    self.events += 1
+        except OSError as exc:  # closed by stop(), or the daemon went away
+            self.error = self.error or str(exc)
+
+    def stop(self) -> None:
+        if self.conn.sock is not None:
+            self.conn.sock.shutdown(2)
+        self.conn.close()
+
+
 def probe(d: db.Daemon, ref: Reference, seconds: float,
           ) -> tuple[list[float], list[float], list[float], int]:
     """(/metrics times, /healthz times, the reference's /metrics times, bytes of the last
@@ -106,14 +139,19 @@ def main() -> int:
     ap.add_argument("--build", type=Path, default=Path(os.environ.get(
         "GPUPOOL_BUILD_DIR", db.ROOT / "build")), help="the native build directory")
     ap.add_argument("--markdown", type=Path, help="also write the markdown section here")
+    ap.add_argument("--dashboards", type=int, default=2,
+                    help="web dashboards left open during the run (default 2)")
     args = ap.parse_args()
     db.BUILD = args.build if args.build.is_absolute() else db.ROOT / args.build
     seconds = 5.0 if args.quick else 20.0
     client = db.build_client()
-    d = db.Daemon(2)
+    d = db.Daemon(2, config="http_anonymous_read = true\n")
     procs: list[subprocess.Popen[str]] = []
     ref: Reference | None = None
+    viewers = [DashboardViewer(d) for _ in range(args.dashboards)]
     try:
+        for v in viewers:
+            v.start()
         ref = Reference(len(d.get("/metrics")[1]))
         db.log("idle daemon: /metrics and /healthz (and the reference server's /metrics)")
         idle_m, idle_h, idle_r, _ = probe(d, ref, min(seconds, 3))
@@ -141,6 +179,8 @@ def main() -> int:
             p.communicate()
         if ref is not None:
             ref.stop()
+        for v in viewers:
+            v.stop()
         d.stop()
     ms = 1000.0
     rows = [
@@ -169,7 +209,11 @@ def main() -> int:
     width = max(len(r[0]) for r in rows)
     for name, value, ref_text, target in rows:
         print(f"{name:<{width}}  {value:9.3f} ms  {ref_text:<32} {target}")
-    print(f"(at the end: {active:g} leases active, {queued:g} queued)")
+    print(f"(at the end: {active:g} leases active, {queued:g} queued; {len(viewers)} dashboards "
+          f"open received {sum(v.events for v in viewers)} state events)")
+    for v in viewers:
+        if v.error and not v.events:
+            print(f"warning: a dashboard stream failed: {v.error}", file=sys.stderr)
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=db.ROOT,
                              capture_output=True, text=True).stdout.strip()
@@ -178,7 +222,8 @@ def main() -> int:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     md = [f"### /metrics scrape time under load ({date}, commit {rev})", "",
           f"Machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}; 2 simulated "
-          "GPUs over loopback, 8 clients streaming 64 MiB D2H copies (2 leased, 6 queued); "
+          "GPUs over loopback, 8 clients streaming 64 MiB D2H copies (2 leased, 6 queued), "
+          f"{len(viewers)} web dashboards open (/ui/events); "
           "`/metrics` and `/healthz` fetched in turn with the reference server's `/metrics` "
           "(bench/reference_http.py: aiohttp, a fixed body of the scrape's size), one connection "
           "each. Command: "
