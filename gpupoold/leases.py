@@ -100,7 +100,8 @@ class Lease:
                 "client": self.client.to_json(), "request": self.req.describe(),
                 "started": self.started, "duration_s": round(time.time() - self.started, 3),
                 "queued_s": round(self.queued_s, 3), "worker_pid": self.worker.pid,
-                "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h, "calls": dict(s.calls)}
+                "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h,
+                "module_bytes": s.module_bytes, "calls": dict(s.calls)}
 
 
 @dataclass(eq=False)
@@ -409,7 +410,7 @@ class LeaseManager:
                 time.time() - lease.started, s.bytes_h2d, s.bytes_d2h)
         self.counters.inc("leases_ended", reason=reason)
         await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
-                                     s.bytes_d2h, dict(s.calls))
+                                     s.bytes_d2h, dict(s.calls), module_bytes=s.module_bytes)
         if self._closing:
             return
         slot.set_state(SCRUBBING)

@@ -92,6 +92,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             detail TEXT NOT NULL DEFAULT ''
         )""",
     ),
+    (  # v2: module image bytes the worker received from the client (0 for older records)
+        "ALTER TABLE leases ADD COLUMN module_bytes INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -201,6 +204,7 @@ class LeaseRecord:
     calls: dict[str, int]
     scrub_ok: bool | None  # None until the GPU was scrubbed after the lease
     scrub: dict[str, Any] | None
+    module_bytes: int = 0  # module images received (cache misses); 0 when all were cached
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -405,13 +409,14 @@ class StoreDB:
         return int(cur.lastrowid or 0)
 
     def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
-                    bytes_h2d: int, bytes_d2h: int, calls: dict[str, int]) -> None:
+                    bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
+                    module_bytes: int = 0) -> None:
         with self._write() as db:
             cur = db.execute(
                 "UPDATE leases SET ended = ?, end_reason = ?, end_detail = ?, bytes_h2d = ?, "
-                "bytes_d2h = ?, calls = ? WHERE id = ?",
+                "bytes_d2h = ?, calls = ?, module_bytes = ? WHERE id = ?",
                 (ended, reason, detail, bytes_h2d, bytes_d2h, json.dumps(calls, sort_keys=True),
-                 lease_id))
+                 module_bytes, lease_id))
             if cur.rowcount == 0:
                 raise NotFound(f"no lease {lease_id}")
 
@@ -532,9 +537,10 @@ class Store:
         return await self._run(self._db.lease_started, lease)
 
     async def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
-                          bytes_h2d: int, bytes_d2h: int, calls: dict[str, int]) -> None:
+                          bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
+                          module_bytes: int = 0) -> None:
         await self._run(self._db.lease_ended, lease_id, ended, reason, detail, bytes_h2d,
-                        bytes_d2h, calls)
+                        bytes_d2h, calls, module_bytes)
 
     async def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:
         await self._run(self._db.lease_scrubbed, lease_id, ok, result)

@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -77,9 +78,24 @@ def test_modules(modules_build, gpupool_server, mode):
     assert proc.stderr.count("JIT linking (cuLink*) is not supported") == 1, proc.stderr
 
 
+def _ended_leases(server, count: int, timeout: float = 30) -> list[dict]:
+    """The daemon's lease records once `count` leases have ended, oldest first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leases = server.get_json("/api/v1/leases?state=ended&limit=100")["leases"]
+        if len(leases) >= count:
+            return sorted(leases, key=lambda r: r["id"])
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(leases)} of {count} leases ended after {timeout} s:\n"
+                                 f"{leases}\n{server.log_text()[-4000:]}")
+        time.sleep(0.05)
+
+
 def test_images_cross_the_network_once(modules_build, gpupool_server):
     """The worker keeps every image it received in the server's cache under its SHA-256 (the
-    name the shim computes); a second run finds them all there and sends none again."""
+    name the shim computes); a second run finds them all there and sends none again. Checked
+    by the cache files' times and by the worker's own count of module bytes received, which
+    each lease record carries (`module_bytes`)."""
     _run(modules_build, gpupool_server, "static")
     cache = gpupool_server.state_dir / "cache" / "modules"
     images = (modules_build["cubin"].read_bytes(), modules_build["fatbin"].read_bytes(),
@@ -87,6 +103,17 @@ def test_images_cross_the_network_once(modules_build, gpupool_server):
     want = {hashlib.sha256(image).hexdigest() for image in images}
     files = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert want <= set(files), f"images missing from {cache}: {sorted(want - set(files))}"
+    (first,) = _ended_leases(gpupool_server, 1)
+    # Everything in the (new) cache came in this lease, each image once: the program's own
+    # fatbin (through cudart) and the three files it loads itself.
+    cached_bytes = sum(p.stat().st_size for p in cache.iterdir())
+    assert first["module_bytes"] == cached_bytes, (first, cached_bytes)
+    assert first["module_bytes"] >= sum(map(len, images)), first
     _run(modules_build, gpupool_server, "static")
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == files, (
         "the second run sent images again")
+    first_again, second = _ended_leases(gpupool_server, 2)
+    assert first_again["id"] == first["id"] and second["id"] != first["id"]
+    assert second["module_bytes"] == 0, (
+        f"the worker received {second['module_bytes']} bytes of module images in the second run "
+        f"(all were cached):\n{second}")

@@ -4,13 +4,16 @@ The scripts in tests/torch_scripts/ run as client processes (the interpreter run
 with the environment of gpupool_server.client_env()). The simulated device has no PyTorch
 kernels, so these tests stay with what needs none: device queries, memory statistics, streams,
 events and transfers (a contiguous same-dtype copy is a plain cuMemcpy*Async); kernel_op.py
-checks that an op needing a kernel fails clearly instead of hanging.
+checks that an op needing a kernel fails clearly instead of hanging. blas_init.py and
+triton_probe.py take cuBLAS / cuBLASLt and Triton through everything up to the first kernel
+launch: handle creation, library and module loading, device probing.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 
 import pytest
@@ -26,9 +29,10 @@ def torch_ok() -> None:
             f"torch is not installed in {sys.executable}")
 
 
-def run_script(server, name: str, *args: str, timeout: float = 300):
-    return run_client([sys.executable, str(SCRIPTS / name), *args], env=server.client_env(),
-                      timeout=timeout)
+def run_script(server, name: str, *args: str, timeout: float = 300,
+               env: dict[str, str] | None = None):
+    return run_client([sys.executable, str(SCRIPTS / name), *args],
+                      env=server.client_env(env), timeout=timeout)
 
 
 def show(proc, server) -> str:
@@ -89,3 +93,51 @@ def test_op_needing_a_kernel_fails_clearly(torch_ok, gpupool_server):
     assert "kernel" in proc.stderr.lower() and "at6native" in proc.stderr, (
         "the shim's stderr does not name the kernel that the simulated device cannot run:\n"
         + show(proc, gpupool_server))
+
+
+SIM_REFUSAL = "cannot run on the simulated device"
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_cublas_and_cublaslt_initialise(torch_ok, gpupool_server):
+    """cuBLAS handle creation (current_blas_handle) needs no kernel and must succeed; a GEMM per
+    backend and dtype then creates the cuBLASLt handle and gets to its kernel launch, which only
+    the simulated device refuses (clearly: no crash, no cuBLAS error before the launch)."""
+    proc = run_script(gpupool_server, "blas_init.py", timeout=180)
+    assert_pass(proc, gpupool_server, "blas_init")
+    lines = json_lines(proc.stdout)
+    assert int(lines[0]["blas_handle"], 16) != 0 and lines[0]["cublas_workspace"] > 0, lines[0]
+    gemms = lines[1:]
+    assert {(g["backend"], g["dtype"]) for g in gemms} == {
+        ("cublas", "float32"), ("cublas", "float16"), ("cublaslt", "float32"),
+        ("cublaslt", "float16"), ("cublaslt", "bfloat16")}, gemms
+    for bad in ("unknown table", "is not implemented by the gpupool shim"):
+        assert bad not in proc.stderr, show(proc, gpupool_server)
+    if all(g["outcome"] == "raised" for g in gemms):  # the simulated device
+        refused = re.findall(rf"launch of kernel '([^']+)' failed: .*{SIM_REFUSAL}", proc.stderr)
+        # cuBLAS's fp32 SIMT GEMM and the nvjet kernels of the fp16 / bf16 paths.
+        assert any("gemm" in k for k in refused) and any(k.startswith("nvjet") for k in refused), (
+            "the shim did not name the refused GEMM kernels:\n" + show(proc, gpupool_server))
+
+
+def test_triton_driver_probing(torch_ok, gpupool_server, tmp_path):
+    """Triton: the CUDA driver is active, its C helper builds against our libcuda.so, the device
+    properties agree with PyTorch's, a @triton.jit kernel compiles and its cubin loads
+    (cuModuleLoadData, cuModuleGetFunction, cuFuncGetAttribute); the launch is refused clearly
+    on the simulated device."""
+    require(importlib.util.find_spec("triton") is not None,
+            f"triton is not installed in {sys.executable}")
+    proc = run_script(gpupool_server, "triton_probe.py", timeout=240,
+                      env={"TRITON_CACHE_DIR": str(tmp_path / "triton-cache")})
+    assert_pass(proc, gpupool_server, "triton_probe")
+    steps = {line["step"]: line for line in json_lines(proc.stdout)}
+    assert steps["load"]["module"] and steps["load"]["function"], steps
+    gpu = gpupool_server.get_json("/api/v1/gpus")["gpus"][0]
+    assert steps["device"]["props"]["multiprocessor_count"] == 132, steps["device"]
+    if "simulated" in gpu["name"].lower():
+        assert steps["launch"]["outcome"] == "raised", steps["launch"]
+        assert re.search(rf"launch of kernel 'probe_add' failed: .*{SIM_REFUSAL}",
+                         proc.stderr), show(proc, gpupool_server)

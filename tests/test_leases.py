@@ -96,7 +96,8 @@ class FakeStore:
         return lease_id
 
     async def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
-                          bytes_h2d: int, bytes_d2h: int, calls: dict[str, int]) -> None:
+                          bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
+                          module_bytes: int = 0) -> None:
         self.ended[lease_id] = (reason, detail, bytes_h2d)
 
     async def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:

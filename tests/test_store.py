@@ -50,7 +50,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(db: StoreDB, db_path: Path) -> None:
-    assert db.schema_version() == SCHEMA_VERSION == 1
+    assert db.schema_version() == SCHEMA_VERSION == 2
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -89,15 +89,16 @@ def test_a_newer_schema_is_refused(db_path: Path) -> None:
 
 def test_migrations_run_from_the_stored_version(db_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    v1 = StoreDB(db_path)
-    v1.create_token("alice", "user", None, "test")
-    v1.close()
-    v2 = (*store_mod.MIGRATIONS, ("ALTER TABLE tokens ADD COLUMN note TEXT NOT NULL DEFAULT 'x'",))
-    monkeypatch.setattr(store_mod, "MIGRATIONS", v2)
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
-    db = StoreDB(db_path)  # runs only the second step: the first would fail (tables exist)
+    current = StoreDB(db_path)
+    current.create_token("alice", "user", None, "test")
+    current.close()
+    nxt = (*store_mod.MIGRATIONS,
+           ("ALTER TABLE tokens ADD COLUMN note TEXT NOT NULL DEFAULT 'x'",))
+    monkeypatch.setattr(store_mod, "MIGRATIONS", nxt)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    db = StoreDB(db_path)  # runs only the last step: the earlier ones would fail (tables exist)
     try:
-        assert db.schema_version() == 2
+        assert db.schema_version() == SCHEMA_VERSION + 1
         assert [t.name for t in db.list_tokens()] == ["alice"]
     finally:
         db.close()
@@ -111,13 +112,13 @@ def test_a_failed_migration_changes_nothing(db_path: Path,
     StoreDB(db_path).close()
     bad = (*store_mod.MIGRATIONS, ("CREATE TABLE extra (a)", "THIS IS NOT SQL"))
     monkeypatch.setattr(store_mod, "MIGRATIONS", bad)
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(sqlite3.OperationalError):
         StoreDB(db_path)
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == 1
+        assert db.schema_version() == SCHEMA_VERSION
     finally:
         db.close()
     conn = raw(db_path)
@@ -250,7 +251,8 @@ def test_lease_life_cycle(db: StoreDB) -> None:
     assert open_rec.id == lease_id and open_rec.ended is None and open_rec.scrub_ok is None
     assert open_rec.simulated is True and open_rec.calls == {}
     calls = {"launch": 3, "copy": 4, "alloc": 1, "sync": 2, "other": 0}
-    db.lease_ended(lease_id, 1234.5, "client lost", "connection reset", 10, 20, calls)
+    db.lease_ended(lease_id, 1234.5, "client lost", "connection reset", 10, 20, calls,
+                   module_bytes=5000)
     scrub = {"ok": True, "problems": [], "scrub": {"bytes": 80 << 30, "duration_s": 1.5}}
     db.lease_scrubbed(lease_id, True, scrub)
     assert db.open_leases() == []
@@ -262,7 +264,29 @@ def test_lease_life_cycle(db: StoreDB) -> None:
     data = json.loads(json.dumps(rec.to_json()))
     assert data["id"] == lease_id and data["gpu_index"] == 1 and data["token_name"] == "alice"
     assert data["client_pid"] == 100 and data["scrub"]["scrub"]["bytes"] == 80 << 30
+    assert rec.module_bytes == 5000 and data["module_bytes"] == 5000
     assert db.get_lease(lease_id + 1) is None
+
+
+def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schema v2 adds leases.module_bytes; records written by a v1 daemon read 0."""
+    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:1])
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 1)
+    v1 = StoreDB(db_path)
+    lease_id = v1.lease_started(new_lease())
+    v1.close()
+    monkeypatch.undo()
+    db = StoreDB(db_path)
+    try:
+        assert db.schema_version() == SCHEMA_VERSION == 2
+        rec = db.get_lease(lease_id)
+        assert rec is not None and rec.module_bytes == 0
+        db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)
+        rec = db.get_lease(lease_id)
+        assert rec is not None and rec.module_bytes == 7
+    finally:
+        db.close()
 
 
 def test_unknown_lease_ids_are_not_found(db: StoreDB) -> None:

@@ -76,16 +76,18 @@ static int elf_size(const uint8_t *p, size_t avail, size_t *size, elf_info *info
     if (rd(p, avail, 0, sizeof ident, ident)) return -1;
     if (ident[0] != 0x7f || ident[1] != 'E' || ident[2] != 'L' || ident[3] != 'F') return -1;
     if (ident[4] != 2 /* ELFCLASS64 */ || ident[5] != 1 /* little-endian */) return -1;
-    uint32_t version;
     uint64_t phoff, shoff;
     uint16_t ehsize, phentsize, phnum, shentsize, shnum, shstrndx;
-    if (rd32(p, avail, 0x14, &version) || rd64(p, avail, 0x20, &phoff) ||
+    /* e_version is not checked: nvcc 13 cubins (ABI 8) say 1, but cubins of the older CUDA ELF
+     * ABI 7 (cuBLASLt's GEMM kernels, e_ident[8] = 7) put the toolkit version there (123, 124
+     * seen), and the driver loads both. */
+    if (rd64(p, avail, 0x20, &phoff) ||
         rd64(p, avail, 0x28, &shoff) || rd16(p, avail, 0x34, &ehsize) ||
         rd16(p, avail, 0x36, &phentsize) || rd16(p, avail, 0x38, &phnum) ||
         rd16(p, avail, 0x3a, &shentsize) || rd16(p, avail, 0x3c, &shnum) ||
         rd16(p, avail, 0x3e, &shstrndx))
         return -1;
-    if (version != 1 || ehsize < ELF_HEADER_SIZE) return -1;
+    if (ehsize < ELF_HEADER_SIZE) return -1;
     uint64_t end = 0;
     if (extend(&end, 0, ehsize)) return -1;
 

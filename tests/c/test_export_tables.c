@@ -103,7 +103,7 @@ static char *capture_stderr(void (*call)(void)) {
 #define CONTEXT_CHECKS "263e88607cd2614392f6bbd5006dfa7e"
 #define INTEGRITY "d4082055bde6704b8d34ba123c66e1f2"
 #define T_21318C60 "21318c60971432488ca641ff7324c8f2"
-#define T_1734DC26 "1734dc26800d47458726c0f20df71bca"
+#define T_1734DC26 "1734dc26800d47458726c0f1e7dd8bca"
 
 /* ---- lookups -------------------------------------------------------------------------------- */
 

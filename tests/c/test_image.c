@@ -120,6 +120,15 @@ static void synthetic(void) {
     CHECK(gp_image_param_info(elf, len, "kern", o, s, 3) == -1, "max not honoured");
     robustness(elf, len, "kern", "synthetic ELF");
 
+    /* CUDA ELF ABI 7 cubins (cuBLASLt's) put the toolkit version in e_version (123, 124):
+     * accepted like ABI 8's e_version 1. */
+    uint8_t *abi7 = dup_exact(elf, len);
+    abi7[7] = 0x33, abi7[8] = 7, abi7[0x14] = 123;
+    CHECK(gp_image_size_n(abi7, len, &sz, &kind) == 0 && kind == GP_IMAGE_ELF && sz == len,
+          "ABI 7 ELF with e_version 123: kind %d size %zu of %zu", kind, sz, len);
+    expect_layout(abi7, len, "kern", 4, offs, sizes, "ABI 7 ELF");
+    free(abi7);
+
     /* A kernel without parameters has a section and no KPARAM records: 0 parameters. */
     size_t len0;
     uint8_t *elf0 = synth_elf("noargs", NULL, NULL, 0, &len0);

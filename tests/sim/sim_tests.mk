@@ -17,12 +17,12 @@ $(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%): $(BUILD)/tests/%: $(BUILD)/obj/tests/s
 		$(SIM_TEST_UTIL) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(SIM_TEST_UTIL) -L$(BUILD) -lgpupool-sim \
-		-Wl,-rpath,'$$ORIGIN/..' -lpthread
+		-Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread
 
 # The image parser test calls internal functions, so it links the sim's objects directly.
 $(BUILD)/tests/test_sim_elf: $(BUILD)/obj/tests/sim/test_sim_elf.o $(SIM_TEST_UTIL) $(SIM_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -ldl -lpthread
 
 $(BUILD)/tests/sim_memtool: $(BUILD)/obj/tests/sim/sim_memtool.o $(SIM_LIB)
 	@mkdir -p $(dir $@)

@@ -9,4 +9,4 @@ ALL_TARGETS += $(SIM_LIB)
 # -z defs: an undefined symbol is a link error here, not a dlopen() failure in the worker.
 $(SIM_LIB): $(SIM_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS_COMMON) -Wl,-z,defs -Wl,-soname,libgpupool-sim.so -o $@ $^ -lpthread
+	$(CC) -shared $(LDFLAGS_COMMON) -Wl,-z,defs -Wl,-soname,libgpupool-sim.so -o $@ $^ -ldl -lpthread

@@ -6,14 +6,16 @@
  * {u32 magic 0xBA55ED50, u16 version, u16 header size, u64 size of the entries}, then entries,
  * each {u16 kind (1 PTX, 2 ELF), u16 version, u32 header size, u64 payload size, ..., u32 sm at
  * 28, ..., u64 flags at 40}, its payload right after its header. Flag 0x8000 marks a ZSTD-
- * compressed payload and 0x2000 an LZ4 one; the sim has no decompressor, so those entries only
- * tell it that code for the device exists.
+ * compressed payload and 0x2000 an LZ4 one. ZSTD code is read like plain code when the system's
+ * libzstd.so.1 can be loaded (sim_zstd.c); otherwise, and for LZ4, such entries only tell the
+ * sim that code for the device exists.
  *
  * The API passes images without a length. A fatbin states its own size; for a bare cubin the
  * extent is the furthest byte its headers point at; PTX ends at its NUL. Within that extent
  * everything is bounds-checked (sim_elf.c); the caller must supply a buffer that really holds
  * what the headers claim (the worker receives images with their length and can check it).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "sim_internal.h"
@@ -23,7 +25,9 @@
 #define MAX_IMAGE (1ull << 30) /* no real image comes close; bigger claims are garbage */
 #define KIND_PTX 1
 #define KIND_ELF 2
-#define FLAG_COMPRESSED (0x8000u | 0x2000u)
+#define FLAG_ZSTD 0x8000u
+#define FLAG_LZ4 0x2000u
+#define FLAG_COMPRESSED (FLAG_ZSTD | FLAG_LZ4)
 
 static uint16_t rd16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -48,7 +52,8 @@ CUresult sim_fatbin_parse(const unsigned char *buf, size_t len, int dev_sm, stru
     const unsigned char *best = NULL;
     uint64_t best_len = 0;
     int best_sm = -1;
-    bool other_usable = false, any = false;
+    bool best_zstd = false, other_usable = false, any = false;
+    bool zstd = sim_zstd_available();
     for (uint64_t p = hsize; p < end;) {
         if (end - p < 48)
             return CUDA_ERROR_INVALID_IMAGE;
@@ -63,12 +68,14 @@ CUresult sim_fatbin_parse(const unsigned char *buf, size_t len, int dev_sm, stru
         bool compressed = (flags & FLAG_COMPRESSED) != 0;
         any = true;
         if (kind == KIND_ELF && sass_fits(sm, dev_sm)) {
-            if (compressed)
+            bool readable = !compressed || (zstd && (flags & FLAG_COMPRESSED) == FLAG_ZSTD);
+            if (!readable)
                 other_usable = true;
             else if (sm > best_sm) { /* the newest code that fits, as the driver picks */
                 best = e + ehs;
                 best_len = psize;
                 best_sm = sm;
+                best_zstd = compressed;
             }
         } else if (kind == KIND_PTX && sm <= dev_sm) {
             other_usable = true; /* the driver would JIT it */
@@ -76,7 +83,17 @@ CUresult sim_fatbin_parse(const unsigned char *buf, size_t len, int dev_sm, stru
         p += ehs + psize;
     }
     if (best) {
-        CUresult rc = sim_elf_parse(best, best_len, &out->elf);
+        unsigned char *plain = NULL;
+        size_t plain_len = 0;
+        if (best_zstd) {
+            CUresult rc = sim_zstd_decompress(best, best_len, MAX_IMAGE, &plain, &plain_len);
+            if (rc != CUDA_SUCCESS)
+                return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_INVALID_IMAGE;
+            best = plain;
+            best_len = plain_len;
+        }
+        CUresult rc = sim_elf_parse(best, best_len, &out->elf); /* copies what it keeps */
+        free(plain);
         return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : rc != CUDA_SUCCESS ? CUDA_ERROR_INVALID_IMAGE
                                                                         : CUDA_SUCCESS;
     }

@@ -232,6 +232,15 @@ CUresult sim_fatbin_parse(const unsigned char *buf, size_t len, int dev_sm, stru
 CUresult sim_image_load(const void *image, int dev_sm, struct sim_image *out);
 void sim_image_free(struct sim_image *img);
 
+/* ---- ZSTD-compressed code (sim_zstd.c) --------------------------------------------------- */
+/* true when the system's libzstd.so.1 could be loaded (checked once). */
+bool sim_zstd_available(void);
+/* Decompresses the ZSTD frame at the start of src (trailing padding allowed) into a new
+ * malloc()ed buffer of at most max_out bytes. CUDA_ERROR_NOT_SUPPORTED without libzstd,
+ * CUDA_ERROR_INVALID_IMAGE for a bad or oversized frame. */
+CUresult sim_zstd_decompress(const unsigned char *src, size_t src_len, size_t max_out,
+                             unsigned char **out, size_t *out_len);
+
 /* ---- simulated kernels (sim_kernels.c) --------------------------------------------------- */
 #define SIM_KERNEL_MAX_PARAMS 8
 struct sim_dims {
