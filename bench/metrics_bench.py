@@ -8,10 +8,12 @@ nvcc's cuda.h for the test client tests/clients/hold_gpu.c): 8 clients stream 64
 device-to-host copies, 2 holding the GPUs and 6 waiting in the queue (as bench/daemon_bench.py's
 responsiveness part), and N web dashboards (default 2) stay open on /ui/events, so the daemon
 builds and sends its live state on every change as it does for operators' browsers. Meanwhile
-`GET /metrics` and `GET /healthz` are fetched alternately, back to
-back, one connection at a time (as Prometheus and a monitoring probe do); p50/p99/max of each,
-the same probes on the idle daemon first. Target (issue 6): a scrape under 50 ms. Prints a table
-and a markdown section for docs/benchmarks.md. The target is reported, not enforced.
+`GET /metrics` and `GET /healthz` are fetched in turn, one connection at a time (as Prometheus and
+a monitoring probe do): a round every 50 ms for 20 s (the target case: far more often than
+Prometheus scrapes, yet light), then back to back for 20 s (the stress case: the probes become
+most of the daemon's work); p50/p99/max of each, the same probes on the idle daemon first.
+Target (issue 6): a scrape under 50 ms. Prints a table and a markdown section for
+docs/benchmarks.md. The target is reported, not enforced.
 
 The reference, in the same run and under the same load: bench/reference_http.py, an aiohttp
 process that answers `GET /metrics` with a fixed body of the daemon's scrape size, fetched in
@@ -40,6 +42,10 @@ import daemon_bench as db  # noqa: E402 - bench/ is not a package
 
 MIB = 1 << 20
 TARGET_MS = 50.0
+# A round of probes (daemon /metrics, daemon /healthz, reference /metrics) starts every PACE_S:
+# many more scrapes than Prometheus makes (every 15 s by default), for percentiles, without the
+# probes becoming the daemon's main work. The back-to-back phase after it is the stress case.
+PACE_S = 0.05
 
 
 def get(address: str, path: str) -> tuple[int, bytes]:
@@ -104,16 +110,20 @@ class DashboardViewer(threading.Thread):
         self.conn.close()
 
 
-def probe(d: db.Daemon, ref: Reference, seconds: float,
+def probe(d: db.Daemon, ref: Reference, seconds: float, pace: float = 0.0,
           ) -> tuple[list[float], list[float], list[float], int]:
     """(/metrics times, /healthz times, the reference's /metrics times, bytes of the last
-    scrape), in turn for `seconds`."""
+    scrape), in turn for `seconds`: a round of the three every `pace` seconds, or back to back
+    (pace 0)."""
     scrapes: list[float] = []
     health: list[float] = []
     reference: list[float] = []
     size = 0
     end = time.monotonic() + seconds
+    next_round = time.monotonic()
     while time.monotonic() < end:
+        next_round += pace
+        time.sleep(max(0.0, next_round - time.monotonic()))
         for path, fetch, out in (("/metrics", d.get, scrapes), ("/healthz", d.get, health),
                                  ("/metrics", ref.get, reference)):
             t0 = time.perf_counter()
@@ -157,7 +167,7 @@ def main() -> int:
         idle_m, idle_h, idle_r, _ = probe(d, ref, min(seconds, 3))
         for i in range(8):  # 2 stream copies, 6 wait in the queue
             procs.append(subprocess.Popen(
-                [str(client), str(64 * MIB), str(int(seconds * 1000) + 5000), str(i + 1),
+                [str(client), str(64 * MIB), str(int(2 * seconds * 1000) + 5000), str(i + 1),
                  "1000000"], env=d.client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
         deadline = time.monotonic() + 30
@@ -169,8 +179,11 @@ def main() -> int:
             if time.monotonic() > deadline:
                 raise RuntimeError("the 8 clients did not reach 2 leases + 6 queued in 30 s")
             time.sleep(0.05)
-        db.log(f"2 clients streaming, 6 queued: /metrics and /healthz ({seconds:g} s)")
-        busy_m, busy_h, busy_r, size = probe(d, ref, seconds)
+        db.log(f"2 clients streaming, 6 queued: /metrics and /healthz every {PACE_S * 1000:g} ms "
+               f"({seconds:g} s)")
+        busy_m, busy_h, busy_r, size = probe(d, ref, seconds, PACE_S)
+        db.log(f"2 clients streaming, 6 queued: /metrics and /healthz back to back ({seconds:g} s)")
+        b2b_m, b2b_h, b2b_r, _ = probe(d, ref, seconds)
         body = d.get("/metrics")[1]
         active, queued = gauge(body, "gpupool_leases_active"), gauge(body, "gpupool_queue_length")
     finally:
@@ -183,28 +196,33 @@ def main() -> int:
             v.stop()
         d.stop()
     ms = 1000.0
+
+    def over(times: list[float]) -> str:
+        return f"{sum(t * ms > TARGET_MS for t in times)} over {TARGET_MS:g} ms"
+
+    every = f"every {PACE_S * 1000:g} ms"
+    target = f"< {TARGET_MS:g} ms"
     rows = [
-        ("/metrics p50 (2 streaming, 6 queued)", db.pct(busy_m, 50) * ms,
+        (f"/metrics p50 ({every})", db.pct(busy_m, 50) * ms,
          f"idle p50 {db.pct(idle_m, 50) * ms:.2f} ms", ""),
-        ("/metrics p99 (2 streaming, 6 queued)", db.pct(busy_m, 99) * ms,
-         f"idle p99 {db.pct(idle_m, 99) * ms:.2f} ms", f"< {TARGET_MS:g} ms"),
-        ("/metrics max (2 streaming, 6 queued)", max(busy_m) * ms,
-         f"{len(busy_m)} scrapes, {size} bytes; "
-         f"{sum(t * ms > TARGET_MS for t in busy_m)} over {TARGET_MS:g} ms", f"< {TARGET_MS:g} ms"),
-        ("reference /metrics p50, same run", db.pct(busy_r, 50) * ms,
-         f"idle p50 {db.pct(idle_r, 50) * ms:.2f} ms", ""),
-        ("reference /metrics p99, same run", db.pct(busy_r, 99) * ms,
+        (f"/metrics p99 ({every})", db.pct(busy_m, 99) * ms,
+         f"idle p99 {db.pct(idle_m, 99) * ms:.2f} ms", target),
+        (f"/metrics max ({every})", max(busy_m) * ms,
+         f"{len(busy_m)} scrapes, {size} bytes; {over(busy_m)}", target),
+        (f"reference /metrics p99 ({every})", db.pct(busy_r, 99) * ms,
          f"idle p99 {db.pct(idle_r, 99) * ms:.2f} ms", ""),
-        ("reference /metrics max, same run", max(busy_r) * ms,
-         f"{len(busy_r)} fetches; {sum(t * ms > TARGET_MS for t in busy_r)} over "
-         f"{TARGET_MS:g} ms", ""),
-        ("/healthz p50, same run", db.pct(busy_h, 50) * ms,
-         f"idle p50 {db.pct(idle_h, 50) * ms:.2f} ms", ""),
-        ("/healthz p99, same run", db.pct(busy_h, 99) * ms,
+        (f"reference /metrics max ({every})", max(busy_r) * ms,
+         f"{len(busy_r)} fetches; {over(busy_r)}", ""),
+        (f"/healthz p99 ({every})", db.pct(busy_h, 99) * ms,
          f"idle p99 {db.pct(idle_h, 99) * ms:.2f} ms", ""),
-        ("/healthz max, same run", max(busy_h) * ms,
-         f"{len(busy_h)} probes; {sum(t * ms > TARGET_MS for t in busy_h)} over "
-         f"{TARGET_MS:g} ms", ""),
+        (f"/healthz max ({every})", max(busy_h) * ms, f"{len(busy_h)} probes; {over(busy_h)}", ""),
+        ("/metrics p99 (back to back)", db.pct(b2b_m, 99) * ms,
+         f"reference p99 {db.pct(b2b_r, 99) * ms:.2f} ms", ""),
+        ("/metrics max (back to back)", max(b2b_m) * ms,
+         f"{len(b2b_m)} scrapes; {over(b2b_m)}", ""),
+        ("reference /metrics max (back to back)", max(b2b_r) * ms,
+         f"{len(b2b_r)} fetches; {over(b2b_r)}", ""),
+        ("/healthz max (back to back)", max(b2b_h) * ms, f"{len(b2b_h)} probes; {over(b2b_h)}", ""),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value, ref_text, target in rows:
@@ -226,7 +244,8 @@ def main() -> int:
           f"{len(viewers)} web dashboards open (/ui/events); "
           "`/metrics` and `/healthz` fetched in turn with the reference server's `/metrics` "
           "(bench/reference_http.py: aiohttp, a fixed body of the scrape's size), one connection "
-          "each. Command: "
+          f"each, a round every {PACE_S * 1000:g} ms for {seconds:g} s, then back to back for "
+          f"{seconds:g} s. Command: "
           f"`python bench/metrics_bench.py{' --quick' if args.quick else ''}`.", "",
           "| metric | measured | reference (same run) | target |", "|---|---|---|---|"]
     for name, value, ref_text, target in rows:
