@@ -1,0 +1,440 @@
+#!/usr/bin/env bash
+# GPU validation on a lent GPU machine (docs/validation.md, "How to run the GPU validation").
+#
+#   bash scripts/gpu-validation.sh [--dry-run] [--quick] [--only STEP,...] [--budget SECONDS]
+#
+# From the repository root on the GPU machine: prints the GPU, driver and commit, builds (make),
+# then runs the real-GPU tiers, each step with its own time limit, and writes every log and a
+# summary under $OUT (the device tool brings $OUT back; elsewhere: /tmp/gpu-validation-out).
+# Steps, in order (--only picks some; `info` is cheap and always worth keeping):
+#   info           nvidia-smi -L / --query-gpu, driver, commit, python, torch, nvcc (read-only)
+#   build          make -j (the native tree into build/, or $GPUPOOL_BUILD_DIR)
+#   cuda           tests/cuda programs (nvcc) natively, then through gpupool on the same GPU:
+#                  each must print PASS both ways; devices' property lines are diffed
+#   torch-scripts  tests/torch_scripts (device info, runtime, transfers, cuBLAS/cuBLASLt init,
+#                  Triton probe) natively, then through gpupool
+#   remoting       bench/remoting_bench.py against gpupoold on the real GPU (--server)
+#   workloads      bench/torch_workloads.py: the six PyTorch workloads of issue 3, native vs
+#                  gpupool (it starts its own gpupoold; the script's own is stopped first)
+# No pytest tier needs a real GPU: tests/conftest.py always starts a simulated one, so the
+# `cuda` and `torch-scripts` steps are the real-GPU end-to-end tier.
+#
+# Files under $OUT (the device tool brings back at most 8): summary.md (steps, results, the
+# markdown sections to paste), gpu-validation.log (this console), logs.tar.gz (every step's log),
+# workloads.json, remoting.json.
+# Exit status: 0 when every selected step passed, 1 otherwise (a step past its time limit or not
+# started for lack of time counts as failed). The script goes on past a failing step.
+#
+# SAFETY (lent GPUs): this script must NEVER reset or reconfigure the GPU. nvidia-smi is run
+# only for read-only queries (-L, --query-*, the plain status table): never -r/--gpu-reset, -pm,
+# -lgc/-rgc/-lmc/-rmc, -ac/-rac, -pl, -c, -mig or any other setting. gpupoold runs with
+# reset_policy = "never" and without the reset helper, in both this script and
+# bench/torch_workloads.py. Do not add steps that change GPU state.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+DRY_RUN=0
+QUICK=0
+ONLY=""
+BUDGET=560 # the device tool stops a command after 600 s: end well inside it
+ALL_STEPS=(info build cuda torch-scripts remoting workloads)
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while (($#)); do
+    case "$1" in
+    --dry-run) DRY_RUN=1 ;;
+    --quick) QUICK=1 ;;
+    --only) ONLY="${2:?--only needs STEP,...}"; shift ;;
+    --only=*) ONLY="${1#--only=}" ;;
+    --budget) BUDGET="${2:?--budget needs seconds}"; shift ;;
+    --budget=*) BUDGET="${1#--budget=}" ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "gpu-validation.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+if ! [[ "$BUDGET" =~ ^[0-9]+$ ]]; then
+    echo "gpu-validation.sh: --budget wants whole seconds, got $BUDGET" >&2
+    exit 2
+fi
+if [[ -n "$ONLY" ]]; then
+    IFS=, read -r -a wanted <<<"$ONLY"
+    for w in "${wanted[@]}"; do
+        if [[ " ${ALL_STEPS[*]} " != *" $w "* ]]; then
+            echo "gpu-validation.sh: unknown step $w (steps: ${ALL_STEPS[*]})" >&2
+            exit 2
+        fi
+    done
+fi
+
+export PY="${PYTHON:-python3}"
+BUILD="${GPUPOOL_BUILD_DIR:-build}" # bench/remoting_bench.py always uses build/
+[[ "$BUILD" == /* ]] || BUILD="$PWD/$BUILD"
+export BUILD
+export OUT="${OUT:-${TMPDIR:-/tmp}/gpu-validation-out}"
+export QUICK
+JOBS=$(nproc 2>/dev/null || echo 2)
+((JOBS > 16)) && JOBS=16
+export JOBS
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+
+selected() { [[ -z "$ONLY" || ",$ONLY," == *",$1,"* ]]; }
+stamp() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - START))s] $*"; }
+
+# ------------------------------------------------------------------------------ dry run
+describe() {
+    case "$1" in
+    info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; commit; $PY/torch/nvcc versions" ;;
+    build) echo "make -j$JOBS BUILD=$BUILD" ;;
+    daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token" ;;
+    cuda) echo "nvcc tests/cuda/{devices,copies,events,kernels,errors,threads[,graphs,vmm]}.cu; each natively, then through gpupool" ;;
+    torch-scripts) echo "tests/torch_scripts/{device_info,runtime,transfers,blas_init,triton_probe[,graph_capture]}.py, memory_backends.py (expandable, async) natively, then through gpupool" ;;
+    remoting) echo "$PY bench/remoting_bench.py --no-build --server ADDRESS$( ((QUICK)) && echo ' --quick')" ;;
+    stop-daemon) echo "stop the script's gpupoold (the workloads start their own)" ;;
+    workloads) echo "$PY bench/torch_workloads.py$( ((QUICK)) && echo ' --quick') --json \$OUT/workloads.json" ;;
+    esac
+}
+
+# Step time limits (seconds); each is also cut to what is left of --budget.
+declare -A LIMIT=([info]=60 [build]=300 [daemon]=150 [cuda]=240 [torch-scripts]=300
+    [remoting]=300 [workloads]=480)
+
+if ((DRY_RUN)); then
+    echo "gpu-validation.sh --dry-run: nothing is run; OUT would be $OUT, budget $BUDGET s"
+    for s in info build daemon cuda torch-scripts remoting stop-daemon workloads; do
+        case "$s" in
+        daemon | stop-daemon) selected cuda || selected torch-scripts || selected remoting || continue ;;
+        *) selected "$s" || continue ;;
+        esac
+        printf '  step %-14s timeout %4ss  %s\n' "$s" "${LIMIT[$s]:-30}" "$(describe "$s")"
+    done
+    exit 0
+fi
+
+mkdir -p "$OUT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-validation.XXXXXX")
+export WORK
+export LOGS="$WORK/logs"
+mkdir -p "$LOGS"
+exec > >(tee -a "$OUT/gpu-validation.log") 2>&1
+
+COMMIT="${GPUPOOL_COMMIT:-}"
+if [[ -z "$COMMIT" ]]; then
+    COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "unknown (no .git: set GPUPOOL_COMMIT)")
+    if [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then COMMIT="$COMMIT (with uncommitted changes)"; fi
+fi
+GPU_LINE=$(timeout 30 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0 2>/dev/null || true)
+GPU_NAME="${GPU_LINE%%,*}"
+GPU_DRIVER="${GPU_LINE#*, }"
+[[ -z "$GPU_LINE" ]] && GPU_NAME="(nvidia-smi failed)" && GPU_DRIVER="?"
+export COMMIT
+
+RESULTS=()  # "step|result|seconds"
+FAILED=0
+record() {
+    RESULTS+=("$1|$2|$3")
+    [[ "$2" == ok ]] || FAILED=1
+    write_summary
+}
+
+write_summary() {
+    tar czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null
+    {
+        echo "# GPU validation, $(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo
+        echo "- GPU: $GPU_NAME, driver $GPU_DRIVER (nvidia-smi)"
+        echo "- commit: $COMMIT"
+        echo "- host: $(uname -n), $(nproc) CPUs, Linux $(uname -r)"
+        echo "- command: scripts/gpu-validation.sh${ARGS_TEXT}"
+        echo
+        echo "| step | result | seconds |"
+        echo "|---|---|---|"
+        local r
+        for r in "${RESULTS[@]}"; do
+            IFS='|' read -r s res secs <<<"$r"
+            echo "| $s | $res | $secs |"
+        done
+        echo
+        echo "Every step's log is in logs.tar.gz (logs/STEP.log and the files the steps wrote)."
+        local what="" ok="" bad=""
+        for r in "${RESULTS[@]}"; do
+            IFS='|' read -r s res _ <<<"$r"
+            what+="${what:+, }$s"
+            if [[ "$res" == ok ]]; then ok+="${ok:+, }$s"; else bad+="${bad:+, }$s: $res"; fi
+        done
+        echo
+        echo "## Row for docs/validation.md (check, then paste)"
+        echo
+        echo "| $(date -u +%Y-%m-%d) | $GPU_NAME | $GPU_DRIVER | $COMMIT | scripts/gpu-validation.sh${ARGS_TEXT}: $what | passed: ${ok:-none}${bad:+; failed: $bad} |"
+        if [[ -s "$LOGS/workloads.md" ]]; then
+            echo
+            echo "## PyTorch workload suite (for docs/benchmarks.md)"
+            echo
+            cat "$LOGS/workloads.md"
+        fi
+        if [[ -s "$LOGS/remoting.md" ]]; then
+            echo
+            echo "## Remoting benchmark on the real GPU (for docs/benchmarks.md)"
+            echo
+            cat "$LOGS/remoting.md"
+        fi
+    } >"$OUT/summary.md"
+}
+ARGS_TEXT=""
+((QUICK)) && ARGS_TEXT+=" --quick"
+[[ -n "$ONLY" ]] && ARGS_TEXT+=" --only $ONLY"
+
+# run_step NAME FUNCTION: FUNCTION (exported) in its own bash under `timeout`, its output to
+# the console and $LOGS/NAME.log; the result is recorded and the script goes on.
+run_step() {
+    local name="$1" fn="$2" left limit t0 rc res
+    left=$((DEADLINE - $(date +%s)))
+    if ((left < 30)); then
+        stamp "==> $name: not run, $left s of the budget left"
+        record "$name" "not run (out of time)" 0
+        return 1
+    fi
+    limit=${LIMIT[$name]}
+    ((limit > left - 10)) && limit=$((left - 10))
+    stamp "==> $name (time limit ${limit} s)"
+    t0=$(date +%s)
+    timeout -k 10 "$limit" bash -c "$fn" 2>&1 | tee "$LOGS/$name.log"
+    rc=${PIPESTATUS[0]}
+    case "$rc" in
+    0) res=ok ;;
+    124 | 137) res="TIMED OUT after ${limit} s" ;;
+    *) res="FAILED (exit $rc)" ;;
+    esac
+    stamp "<== $name: $res ($(($(date +%s) - t0)) s)"
+    record "$name" "$res" $(($(date +%s) - t0))
+    [[ "$res" == ok ]]
+}
+
+# ------------------------------------------------------------------------------ helpers
+# Shell functions the steps use (exported: each step runs in its own bash under timeout).
+api_gpus() { # the daemon's GPU list as JSON
+    "$PY" - "$GP_HTTP" "$GP_ADMIN" <<'EOF'
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://{sys.argv[1]}/api/v1/gpus", headers={"Authorization": f"Bearer {sys.argv[2]}"})
+print(json.dumps(json.loads(urllib.request.urlopen(req, timeout=10).read())["gpus"]))
+EOF
+}
+wait_free() { # until GPU 0 is free again (the scrub after a lease), worker started; 300 s at most
+    "$PY" - "$GP_HTTP" "$GP_ADMIN" <<'EOF'
+import json, sys, time, urllib.request
+req = urllib.request.Request(f"http://{sys.argv[1]}/api/v1/gpus", headers={"Authorization": f"Bearer {sys.argv[2]}"})
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    g = json.loads(urllib.request.urlopen(req, timeout=10).read())["gpus"][0]
+    if g["state"] == "free" and g.get("worker_ready", True):
+        sys.exit(0)
+    if g["state"] == "quarantined":
+        sys.exit(f"GPU quarantined: {g.get('quarantine')}")
+    time.sleep(0.2)
+sys.exit("GPU not free after 300 s")
+EOF
+}
+remote() { # run a command as `gpupool run` would: the shim first on LD_LIBRARY_PATH
+    env LD_LIBRARY_PATH="$BUILD/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        GPUPOOL_SERVER="$GP_ADDRESS" GPUPOOL_TOKEN="$GP_TOKEN" GPUPOOL_CONFIG=none "$@"
+}
+# both_ways NAME CHECK CMD...: CMD natively, then through gpupool, logs in $LOGS/NAME-{native,remote}.txt;
+# CHECK is a function that gets the log file and says whether the run passed.
+both_ways() {
+    local name="$1" check="$2" side rc bad=0
+    shift 2
+    for side in native remote; do
+        wait_free || return 1
+        if [[ $side == native ]]; then
+            timeout -k 5 150 "$@" >"$LOGS/$name-$side.txt" 2>&1
+        else
+            remote timeout -k 5 150 "$@" >"$LOGS/$name-$side.txt" 2>&1
+        fi
+        rc=$?
+        if ((rc == 0)) && "$check" "$LOGS/$name-$side.txt"; then
+            echo "  $name ($side): ok: $(tail -n 1 "$LOGS/$name-$side.txt" | cut -c1-150)"
+        else
+            echo "  $name ($side): FAILED (exit $rc); last lines:"
+            tail -n 15 "$LOGS/$name-$side.txt" | sed 's/^/    /'
+            bad=1
+        fi
+    done
+    return "$bad"
+}
+last_line_pass() { tail -n 1 "$1" | grep -q '^PASS '; }
+device_info_ok() { tail -n 1 "$1" | "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); sys.exit("error" in d or not d.get("is_available"))'; }
+export -f api_gpus wait_free remote both_ways last_line_pass device_info_ok stamp
+
+# ------------------------------------------------------------------------------ steps
+step_info() {
+    local bad=0
+    echo "date: $(date -u)"
+    echo "commit: $COMMIT"
+    echo "host: $(uname -a)"
+    nvidia-smi -L || bad=1
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used,pci.bus_id,compute_cap,temperature.gpu \
+        --format=csv
+    nvidia-smi # the status table: processes already on the GPU, if any
+    echo "python: $("$PY" --version 2>&1) ($(command -v "$PY"))"
+    "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "available", torch.cuda.is_available())'
+    for m in triton cupy aiohttp pynvml prometheus_client jinja2; do
+        "$PY" -c "import $m; print('$m', getattr($m, '__version__', '?'))" 2>/dev/null || echo "$m: not importable"
+    done
+    if command -v nvcc >/dev/null; then nvcc --version | tail -n 2; else echo "nvcc: not on PATH"; fi
+    return "$bad"
+}
+step_build() { make -j"$JOBS" BUILD="$BUILD"; }
+step_cuda() {
+    local dir="$WORK/cuda" arch="${GPUPOOL_TEST_ARCH:-sm_90}" p bad=0 args nvcc progs
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    progs=(devices copies events kernels errors threads)
+    [[ -f tests/cuda/graphs.cu ]] && progs+=(graphs) # CUDA graphs (issue 3), where present
+    [[ -f tests/cuda/vmm.cu ]] && progs+=(vmm)       # virtual memory and memory pools, where present
+    mkdir -p "$dir"
+    for p in "${progs[@]}"; do
+        echo "$nvcc -O2 -arch=$arch -o $dir/$p tests/cuda/$p.cu   (static cudart)"
+        "$nvcc" -O2 -arch="$arch" -o "$dir/$p" "tests/cuda/$p.cu" || return 1
+    done
+    for p in "${progs[@]}"; do
+        args=()
+        [[ $p == errors ]] && args=(--no-bogus-handles) # bogus handles crash a real driver
+        both_ways "cuda-$p" last_line_pass "$dir/$p" "${args[@]}" || bad=1
+    done
+    # What the shim reports about the device next to what the driver reports (not a pass/fail).
+    diff <(grep '^dev' "$LOGS/cuda-devices-native.txt") <(grep '^dev' "$LOGS/cuda-devices-remote.txt") \
+        >"$LOGS/cuda-devices.diff"
+    echo "  devices: $(grep -c '^<' "$LOGS/cuda-devices.diff") property lines differ natively vs through gpupool (logs/cuda-devices.diff)"
+    return "$bad"
+}
+step_torch_scripts() {
+    local s bad=0
+    export TRITON_CACHE_DIR="$WORK/triton-cache"
+    both_ways torch-device_info device_info_ok "$PY" tests/torch_scripts/device_info.py || bad=1
+    local scripts=(runtime transfers blas_init triton_probe)
+    [[ -f tests/torch_scripts/graph_capture.py ]] && scripts+=(graph_capture) # where present
+    for s in "${scripts[@]}"; do
+        both_ways "torch-$s" last_line_pass "$PY" "tests/torch_scripts/$s.py" || bad=1
+    done
+    if [[ -f tests/torch_scripts/memory_backends.py ]]; then # PyTorch's two other allocators
+        both_ways torch-memory-expandable last_line_pass env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+            "$PY" tests/torch_scripts/memory_backends.py expandable || bad=1
+        both_ways torch-memory-async last_line_pass env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+            "$PY" tests/torch_scripts/memory_backends.py async || bad=1
+    fi
+    return "$bad"
+}
+step_remoting() {
+    local quick=()
+    ((QUICK)) && quick=(--quick)
+    wait_free || return 1
+    GPUPOOL_TOKEN="$GP_TOKEN" "$PY" bench/remoting_bench.py --no-build --server "$GP_ADDRESS" "${quick[@]}" \
+        --json "$OUT/remoting.json" --markdown "$LOGS/remoting.md"
+}
+step_workloads() {
+    local quick=()
+    ((QUICK)) && quick=(--quick)
+    "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" --child-timeout 300 --json "$OUT/workloads.json" \
+        --markdown "$LOGS/workloads.md" --log-dir "$LOGS/workloads"
+}
+export -f step_info step_build step_cuda step_torch_scripts step_remoting step_workloads
+
+# ------------------------------------------------------------------------------ gpupoold
+DAEMON_PID=""
+start_daemon() { # in this shell (not under timeout): its own session, stopped at exit
+    local state="$WORK/gpupoold" deadline t0 limit=${LIMIT[daemon]}
+    t0=$(date +%s)
+    stamp "==> daemon: gpupoold on the real GPU 0, reset_policy never"
+    mkdir -p "$state"
+    # Never reset a lent GPU: reset_policy = "never" (and no reset helper runs).
+    printf 'simulated = 0\ngpus = [0]\nreset_policy = "never"\n' >"$state/gpupoold.toml"
+    PYTHONPATH="$PWD:$PWD/protocol/python${PYTHONPATH:+:$PYTHONPATH}" setsid "$PY" -m gpupoold serve \
+        --config "$state/gpupoold.toml" --listen 127.0.0.1:0 --http 127.0.0.1:0 --state-dir "$state" \
+        --worker "$BUILD/gpupool-worker" >"$LOGS/gpupoold.log" 2>&1 </dev/null &
+    DAEMON_PID=$!
+    deadline=$(($(date +%s) + limit))
+    GP_ADDRESS="" GP_HTTP=""
+    while (($(date +%s) < deadline)); do
+        GP_ADDRESS=$(sed -n 's/^gpupoold: remoting on //p' "$LOGS/gpupoold.log" | head -n 1)
+        GP_HTTP=$(sed -n 's/^gpupoold: http on //p' "$LOGS/gpupoold.log" | head -n 1)
+        [[ -n "$GP_ADDRESS" && -n "$GP_HTTP" ]] && break
+        kill -0 "$DAEMON_PID" 2>/dev/null || break
+        sleep 0.2
+    done
+    if [[ -z "$GP_ADDRESS" || -z "$GP_HTTP" ]]; then
+        tail -n 30 "$LOGS/gpupoold.log"
+        record daemon "FAILED (gpupoold did not start)" $(($(date +%s) - t0))
+        return 1
+    fi
+    GP_TOKEN=$(PYTHONPATH="$PWD:$PWD/protocol/python" "$PY" -m gpupoold token create --name validation \
+        --state-dir "$state" 2>>"$LOGS/gpupoold.log" | tail -n 1)
+    GP_ADMIN=$(cat "$state/local-admin.token")
+    export GP_ADDRESS GP_HTTP GP_TOKEN GP_ADMIN
+    local gpus
+    gpus=$(api_gpus)
+    echo "  gpupoold on $GP_ADDRESS (http $GP_HTTP): $gpus" | cut -c1-400
+    # GPUPOOL_VALIDATION_ALLOW_SIMULATED=1: only to try the script's machinery on a machine
+    # without a GPU (its native runs then fail); never for a recorded validation.
+    if [[ "$gpus" == "[]" || ("$gpus" == *'"simulated": true'* && "${GPUPOOL_VALIDATION_ALLOW_SIMULATED:-}" != 1) ]]; then
+        echo "  gpupoold serves no real GPU (no driver?): refusing to validate against a simulated one"
+        record daemon "FAILED (no real GPU served)" $(($(date +%s) - t0))
+        return 1
+    fi
+    if ! wait_free; then
+        record daemon "FAILED (GPU not free)" $(($(date +%s) - t0))
+        return 1
+    fi
+    stamp "<== daemon: ok"
+    record daemon ok $(($(date +%s) - t0))
+}
+stop_daemon() {
+    [[ -n "$DAEMON_PID" ]] || return 0
+    kill -TERM -- "-$DAEMON_PID" 2>/dev/null
+    for _ in $(seq 1 100); do
+        kill -0 "$DAEMON_PID" 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -KILL -- "-$DAEMON_PID" 2>/dev/null
+    DAEMON_PID=""
+    # A gpupoold that fell back to a simulated GPU (refused above) left its memory in /dev/shm.
+    PYTHONPATH="$PWD" "$PY" -c 'import shutil, sys; from pathlib import Path; from gpupoold.sim import sim_memory_dir
+shutil.rmtree(sim_memory_dir(Path(sys.argv[1])), ignore_errors=True)' "$WORK/gpupoold" 2>/dev/null
+}
+finish() {
+    stop_daemon
+    write_summary
+    rm -rf "$WORK" # everything worth keeping is in $OUT (logs.tar.gz)
+}
+trap finish EXIT
+
+# ------------------------------------------------------------------------------ main
+stamp "gpu-validation.sh: GPU $GPU_NAME, driver $GPU_DRIVER, commit $COMMIT; budget $BUDGET s; logs in $OUT"
+selected info && run_step info step_info
+selected build && run_step build step_build
+if selected cuda || selected torch-scripts || selected remoting; then
+    if [[ ! -x $BUILD/gpupool-worker || ! -e $BUILD/client/libcuda.so.1 ]]; then
+        stamp "no $BUILD/gpupool-worker or $BUILD/client/libcuda.so.1: the gpupool steps cannot run"
+        record daemon "FAILED (not built)" 0
+    elif start_daemon; then
+        selected cuda && run_step cuda step_cuda
+        selected torch-scripts && run_step torch-scripts step_torch_scripts
+        selected remoting && run_step remoting step_remoting
+    else
+        for s in cuda torch-scripts remoting; do
+            selected "$s" && record "$s" "not run (no gpupoold)" 0
+        done
+    fi
+    stop_daemon
+fi
+selected workloads && run_step workloads step_workloads
+
+stamp "summary:"
+for r in "${RESULTS[@]}"; do
+    IFS='|' read -r s res secs <<<"$r"
+    printf '    %-14s %-34s %5ss\n' "$s" "$res" "$secs"
+done
+if ((FAILED)); then
+    stamp "gpu-validation.sh: FAILED (see $OUT/summary.md)"
+    exit 1
+fi
+stamp "gpu-validation.sh: every step passed ($OUT/summary.md)"
