@@ -109,7 +109,8 @@ def test_all_checks_pass_against_a_running_daemon(gpupool_server: GpupoolServer)
     assert line(out, "ok", "config").startswith("GPUPOOL_CONFIG=none: no file is read; 1 server")
     assert line(out, "ok", f"{a}: reachable") == f"connected to {a}"
     assert line(out, "ok", f"{a}: TLS") == "plain TCP (no TLS configured for this server)"
-    assert line(out, "ok", f"{a}: protocol version").startswith("server 1.1, client 1.1")
+    version = f"{gp.MAJOR}.{gp.MINOR}"
+    assert line(out, "ok", f"{a}: protocol version").startswith(f"server {version}, client {version}")
     assert line(out, "ok", f"{a}: token accepted").startswith("tests (user); 1 GPU, 1 meet")
     shim = gpupool_server.build_dir / "client" / "libcuda.so.1"
     assert line(out, "ok", "shim: libcuda.so.1 under gpupool run") == \
@@ -170,12 +171,12 @@ def test_protocol_mismatch(fake_server: list[FakeServer], tmp_path: Path) -> Non
     proc = doctor(doctor_env(f"{newer.address},{older.address}", "t", tmp_path))
     assert proc.returncode == 1
     text = line(proc.stdout, "FAIL", f"{newer.address}: protocol version")
-    assert text.startswith("the server speaks protocol 2.0, this client 1.1: this server speaks"), \
+    assert text.startswith(f"the server speaks protocol 2.0, this client {gp.MAJOR}.{gp.MINOR}: this server speaks"), \
         text
     assert "fix: install the gpupool client that matches the server (gpupoold 9.0.0 on future)" \
         in text
     text = line(proc.stdout, "FAIL", f"{older.address}: protocol version")
-    assert text.startswith(f"server {older.address} speaks protocol 1.0; this client needs 1.1 "
+    assert text.startswith(f"server {older.address} speaks protocol 1.0; this client needs {gp.MAJOR}.{gp.MINOR} "
                            "for info: upgrade gpupoold"), text
     assert "fix: upgrade gpupoold on 127.0.0.1 to this client's version (0.1.0)" in text
     for fake in (newer, older):

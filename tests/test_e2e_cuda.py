@@ -25,7 +25,8 @@ from conftest import REPO, require, run_client
 CUDA_DIR = REPO / "tests" / "cuda"
 KERNELS_HEADER = REPO / "tests" / "sim" / "gp_test_kernels.cuh"
 MODES = ("shared", "static")
-PROGRAMS = ("devices", "copies", "events", "kernels", "errors", "longrun", "threads", "demo")
+PROGRAMS = ("devices", "copies", "events", "kernels", "errors", "longrun", "threads", "demo",
+            "graphs")
 ARCH = os.environ.get("GPUPOOL_TEST_ARCH", "sm_90")
 GIB = 1 << 30
 
@@ -162,6 +163,16 @@ def test_errors(cuda_programs, gpupool_server, mode):
     assert "errors_unknown_kernel_q7" in proc.stderr, (
         "the shim's message about the unknown kernel does not name it:\n"
         + show(proc, gpupool_server))
+
+
+@pytest.mark.san
+def test_graphs(cuda_programs, gpupool_server, mode):
+    proc = run_program(cuda_programs, gpupool_server, "graphs", mode, "20")
+    # The host-to-device copy inside a capture: one line from the shim saying why and what to do.
+    assert "on a capturing stream is not supported" in proc.stderr and (
+        "capture a device-to-device copy instead" in proc.stderr), (
+        "the shim did not explain the refused host copy:\n" + show(proc, gpupool_server))
+    assert "not implemented" not in proc.stderr, show(proc, gpupool_server)
 
 
 @pytest.mark.san

@@ -167,12 +167,12 @@ def comparable(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------ tests
 def test_info_without_leases(gpupool_server: GpupoolServer) -> None:
     reply = ask(gpupool_server, info_request(gpupool_server.token))
-    assert (reply.result, reply.major, reply.minor, reply.message) == (0, 1, 1, "")
+    assert (reply.result, reply.major, reply.minor, reply.message) == (0, gp.MAJOR, gp.MINOR, "")
     assert reply.server.startswith("gpupoold ") and reply.server.endswith(f" on {HOST}")
     assert (reply.gpus, reply.matching, reply.free_matching, reply.queue) == (1, 1, 1, 0)
     doc = document(reply)
     assert doc["schema"] == 1
-    assert doc["server"]["protocol"] == "1.1"
+    assert doc["server"]["protocol"] == f"{gp.MAJOR}.{gp.MINOR}"
     assert doc["server"]["remoting"] == gpupool_server.address
     assert doc["server"]["host"] == HOST
     assert doc["server"]["auth"] == "token"
@@ -262,7 +262,7 @@ def test_a_refused_token(gpupool_server: GpupoolServer, token: str, why: str) ->
     assert why in reply.message and "GPUPOOL_TOKEN" in reply.message, reply.message
     assert (reply.gpus, reply.matching, reply.free_matching, reply.queue, reply.json) == \
         (0, 0, 0, 0, "")
-    assert (reply.major, reply.minor) == (1, 1)
+    assert (reply.major, reply.minor) == (gp.MAJOR, gp.MINOR)
     assert counter(gpupool_server, "auth") == 1 and counter(gpupool_server, "ok") == 0
 
 
@@ -276,7 +276,7 @@ def test_a_revoked_token(gpupool_server: GpupoolServer) -> None:
 def test_another_major_version(gpupool_server: GpupoolServer) -> None:
     reply = ask(gpupool_server, info_request(gpupool_server.token, major=2, minor=0))
     assert reply.result == gp.GP_EVERSION
-    assert (reply.major, reply.minor) == (1, 1)  # the server's
+    assert (reply.major, reply.minor) == (gp.MAJOR, gp.MINOR)  # the server's
     assert "protocol 2.0" in reply.message and "upgrade gpupoold" in reply.message
     assert (reply.gpus, reply.json) == (0, "")
     assert counter(gpupool_server, "version") == 1

@@ -56,7 +56,7 @@ def test_client_wire_module_is_the_same_generated_code() -> None:
     theirs = REPO / "client" / "gpupool" / "_wire_generated.py"
     assert theirs.read_bytes() == ours.read_bytes(), "run `make gen`"
     assert Path(wire.__file__).read_bytes() == ours.read_bytes()  # what `gpupool` imports
-    assert (wire.MAJOR, wire.MINOR) == (gp.MAJOR, gp.MINOR) == (1, 1)
+    assert (wire.MAJOR, wire.MINOR) == (gp.MAJOR, gp.MINOR) == (1, 2)
     req = wire.Info(magic=wire.MAGIC, major=1, minor=1, token="t", gpu="0", min_memory=5, host="h")
     assert req.encode() == gp.Info(magic=gp.MAGIC, major=1, minor=1, token="t", gpu="0",
                                    min_memory=5, host="h").encode()

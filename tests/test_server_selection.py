@@ -548,7 +548,7 @@ def test_servers_of_protocol_1_0_still_work(start_daemon: Any, native_build: Pat
                                               "refused"], proc.stderr
         expect_leases(b, ["selection-b"])
 
-        # With a server of protocol 1.1 that answers, the 1.0 one is skipped (it cannot say
+        # With a server of this protocol that answers, the 1.0 one is skipped (it cannot say
         # whether it has a free GPU).
         config = write_config(tmp_path / "mixed.toml", [(old_a.address, a.sel_token),  # type: ignore[attr-defined]
                                                         (b.address, b.sel_token)])  # type: ignore[attr-defined]
@@ -557,7 +557,7 @@ def test_servers_of_protocol_1_0_still_work(start_daemon: Any, native_build: Pat
         lines = gpupool_lines(proc.stderr)  # b's GPU may still be winding down: a queue line
         assert [x for x in lines if "waiting for a GPU" not in x] == [
             f"gpupool: server {old_a.address} skipped: server speaks protocol 1.0; this client "
-            "needs 1.1 for info: upgrade gpupoold"], proc.stderr
+            f"needs {gp.MAJOR}.{gp.MINOR} for info: upgrade gpupoold"], proc.stderr
         expect_leases(b, ["selection-b"] * 2)
     finally:
         old_a.close()

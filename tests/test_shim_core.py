@@ -42,6 +42,8 @@ from gpupool_protocol._generated import (  # noqa: E402
     GP_EVAWINDOW,
     GP_INFO_QUEUED,
     MAGIC,
+    MAJOR,
+    MINOR,
     HelloReply,
     Info,
     InfoReply,
@@ -531,18 +533,18 @@ NO_GPU = "none of its 1 GPUs meets the requirements (any GPU)"
     (info(free=0, queue=5), info(matching=0), 0, []),           # no matching GPU: never
     (info(matching=0, free=0), info(), 1, []),                  # ... and said at debug level
     (lambda _: None, info(), 1,
-     ["server {first} skipped: server speaks protocol 1.0; this client needs 1.1 for info: "
+     [f"server {{first}} skipped: server speaks protocol 1.0; this client needs {MAJOR}.{MINOR} for info: "
       "upgrade gpupoold"]),
     (info(result=GP_EAUTH, message="unknown token", gpus=0, matching=0, free=0), info(), 1,
      ["server {first} skipped: unknown token (check its token: GPUPOOL_TOKEN or the "
       "configuration file)"]),
     (info(result=GP_EVERSION, major=2, message="upgrade this client"), info(), 1,
-     ["server {first} skipped: server speaks protocol 2.1, this client 1.1: upgrade this "
+     [f"server {{first}} skipped: server speaks protocol 2.1, this client {MAJOR}.{MINOR}: upgrade this "
       "client"]),
     (lambda _: Notice(code=GP_EBUSY, text="this server requires TLS"), info(), 1,
      ["server {first} skipped: this server requires TLS"]),  # its notice, as it said it
     (lambda _: HelloReply(), info(), 1,
-     ["server {first} skipped: it does not answer like a gpupool server (protocol 1.1); is the "
+     [f"server {{first}} skipped: it does not answer like a gpupool server (protocol {MAJOR}.{MINOR}); is the "
       "port right?"]),
     (info(matching=0), info(matching=0), None,
      ["cannot use any gpupool server ({first}: " + NO_GPU + "; {second}: " + NO_GPU + "). Are "

@@ -30,6 +30,7 @@ C_TESTS = [
     "test_sim_launch",
     "test_sim_elf",
     "test_sim_memfile",
+    "test_sim_graph",
 ]
 
 EXPORTS = """
@@ -54,6 +55,8 @@ cuOccupancyMaxActiveBlocksPerMultiprocessor cuOccupancyMaxActiveBlocksPerMultipr
 cuOccupancyAvailableDynamicSMemPerBlock cuOccupancyMaxPotentialClusterSize
 cuOccupancyMaxActiveClusters cuLaunchKernel cuLaunchKernelEx gpupoolSimLastErrorDetail
 gpupoolSimHostPointer
+cuStreamBeginCapture_v2 cuStreamEndCapture cuStreamIsCapturing cuGraphInstantiateWithFlags
+cuGraphLaunch cuGraphUpload cuGraphExecDestroy cuGraphDestroy cuGraphGetNodes
 """.split()
 
 

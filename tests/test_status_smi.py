@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, GpupoolServer, run_client
 
+from gpupool import _wire_generated as gp
+
+PROTOCOL = f"{gp.MAJOR}.{gp.MINOR}"  # this checkout's protocol version
+
 MIB = 1 << 20
 HELD = 256 * MIB
 
@@ -118,7 +122,7 @@ def test_status_and_smi_show_gpus_my_lease_and_the_queue(
     proc = gpupool(env, "status")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert f"{server.address}: gpupoold 0.1.0 on " in out and "(protocol 1.1, plain TCP)" in out
+    assert f"{server.address}: gpupoold 0.1.0 on " in out and f"(protocol {PROTOCOL}, plain TCP)" in out
     assert re.search(r"^  0 +NVIDIA H100 80GB HBM3 \(gpupool simulated\) +free +- +0 MiB / "
                      r"80\.0 GiB +0 %$", out, re.M), out
     assert "My leases: none" in out and "Queue: empty" in out
@@ -173,7 +177,7 @@ def test_status_and_smi_show_gpus_my_lease_and_the_queue(
         (lease_id, 0, holders[0].proc.pid)]
     status = json.loads(gpupool(env, "status", "--json").stdout)
     (entry,) = status["servers"]
-    assert entry["ok"] and entry["protocol"] == "1.1" and entry["gpus"] == 1
+    assert entry["ok"] and entry["protocol"] == PROTOCOL and entry["gpus"] == 1
     assert entry["queue"] == 1 and entry["free_matching"] == 0
     info = entry["info"]
     assert [stable(g) for g in info["gpus"]] == [stable(g) for g in api_gpus]

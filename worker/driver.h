@@ -114,7 +114,20 @@
        unsigned int, unsigned int, CUstream, void **, void **),                                    \
       "cuLaunchKernel")                                                                            \
     X(0, cuLaunchKernelEx, (const CUlaunchConfig *, CUfunction, void **, void **),                 \
-      "cuLaunchKernelEx")
+      "cuLaunchKernelEx")                                                                          \
+    GP_DRIVER_GRAPH_FUNCS(X)
+
+/* Stream capture and graphs (h_graph.c). The capture mode is a CUstreamCaptureMode (an enum). */
+#define GP_DRIVER_GRAPH_FUNCS(X)                                                                   \
+    X(0, cuStreamBeginCapture, (CUstream, int), "cuStreamBeginCapture_v2")                         \
+    X(0, cuStreamEndCapture, (CUstream, CUgraph *), "cuStreamEndCapture")                          \
+    X(0, cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long),                \
+      "cuGraphInstantiateWithFlags")                                                               \
+    X(0, cuGraphLaunch, (CUgraphExec, CUstream), "cuGraphLaunch")                                  \
+    X(0, cuGraphUpload, (CUgraphExec, CUstream), "cuGraphUpload")                                  \
+    X(0, cuGraphExecDestroy, (CUgraphExec), "cuGraphExecDestroy")                                  \
+    X(0, cuGraphDestroy, (CUgraph), "cuGraphDestroy")                                              \
+    X(0, cuGraphGetNodes, (CUgraph, void **, size_t *), "cuGraphGetNodes")
 
 struct gp_driver {
     void *lib; /* dlopen() handle */

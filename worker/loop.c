@@ -145,6 +145,20 @@ static void dispatch(struct worker *w, const gp_frame_header *h, const uint8_t *
         DISPATCH(GP_OP_FUNC_SET_ATTRIBUTE, func_set_attribute, WK_CALL_OTHER)
         DISPATCH(GP_OP_OCCUPANCY, occupancy, WK_CALL_OTHER)
         DISPATCH(GP_OP_LAUNCH, launch, WK_CALL_LAUNCH)
+        DISPATCH(GP_OP_STREAM_BEGIN_CAPTURE, stream_begin_capture, WK_CALL_OTHER)
+        DISPATCH(GP_OP_STREAM_END_CAPTURE, stream_end_capture, WK_CALL_OTHER)
+        DISPATCH(GP_OP_GRAPH_INSTANTIATE, graph_instantiate, WK_CALL_OTHER)
+        DISPATCH(GP_OP_GRAPH_LAUNCH, graph_launch, WK_CALL_LAUNCH)
+        DISPATCH(GP_OP_GRAPH_EXEC_DESTROY, graph_exec_destroy, WK_CALL_OTHER)
+        DISPATCH(GP_OP_GRAPH_DESTROY, graph_destroy, WK_CALL_OTHER)
+        DISPATCH(GP_OP_GRAPH_GET_NODE_COUNT, graph_get_node_count, WK_CALL_OTHER)
+        DISPATCH(GP_OP_VMM_RESERVE, vmm_reserve, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_VMM_ADDRESS_FREE, vmm_address_free, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_VMM_CREATE, vmm_create, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_VMM_RELEASE, vmm_release, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_VMM_MAP, vmm_map, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_VMM_UNMAP, vmm_unmap, WK_CALL_ALLOC)
+        DISPATCH(GP_OP_VMM_SET_ACCESS, vmm_set_access, WK_CALL_ALLOC)
     default:
         /* Known to the spec but not a request the worker takes (a second hello). */
         protocol_error(w, h->op, "unexpected %s message", gp_op_name(h->op));

@@ -244,12 +244,14 @@ void session_end(struct worker *w)
             wlog("making the primary context current for cleanup: %s", err_name(w, rc));
         w->cur_ctx = WK_PRIMARY_CTX_ID;
         staging_release(w);
+        graph_release_all(w);
         obj_purge(w, &w->ctxs, 0, 0, destroy_ctx);
         obj_purge(w, &w->modules, 0, 0, obj_destroy_module);
         obj_purge(w, &w->funcs, 0, 0, NULL);
         obj_purge(w, &w->events, 0, 0, obj_destroy_event);
         obj_purge(w, &w->streams, 0, 0, obj_destroy_stream);
         obj_purge(w, &w->allocs, 0, 0, obj_destroy_alloc);
+        vmm_release_all(w);
         va_release(w);
         for (; w->primary_retains > 0; w->primary_retains--) {
             rc = DRV(w, cuDevicePrimaryCtxRelease, w->dev);
@@ -265,6 +267,11 @@ void session_end(struct worker *w)
     idmap_clear(&w->modules);
     idmap_clear(&w->funcs);
     idmap_clear(&w->allocs);
+    idmap_clear(&w->graphs);
+    idmap_clear(&w->graph_execs);
+    idmap_clear(&w->vmm_handles);
+    idmap_clear(&w->vmm_resvs);
+    idmap_clear(&w->vmm_maps);
     vm_destroy(&w->vm);
     modcache_free(&w->mc);
     free(w->params_buf);

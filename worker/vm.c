@@ -45,6 +45,72 @@ int vm_alloc(struct vm *v, uint64_t size, uint64_t *addr)
     return -1;
 }
 
+/* Removes [addr, addr+size) from free range i, which contains it; -1 only if out of memory. */
+static int carve(struct vm *v, size_t i, uint64_t addr, uint64_t size)
+{
+    struct vm_range *r = &v->free[i];
+    uint64_t head = addr - r->base, tail = r->base + r->size - (addr + size);
+    if (head == 0 && tail == 0) {
+        memmove(r, r + 1, (v->nfree - i - 1) * sizeof *r);
+        v->nfree--;
+        return 0;
+    }
+    if (head == 0) {
+        r->base = addr + size;
+        r->size = tail;
+        return 0;
+    }
+    if (tail == 0) {
+        r->size = head;
+        return 0;
+    }
+    if (v->nfree == v->capfree) { /* split in two: one more free range */
+        struct vm_range *n = realloc(v->free, 2 * v->capfree * sizeof *n);
+        if (!n)
+            return -1;
+        v->free = n;
+        v->capfree *= 2;
+        r = &v->free[i];
+    }
+    memmove(r + 2, r + 1, (v->nfree - i - 1) * sizeof *r);
+    v->nfree++;
+    r->size = head;
+    r[1].base = addr + size;
+    r[1].size = tail;
+    return 0;
+}
+
+int vm_alloc_aligned(struct vm *v, uint64_t size, uint64_t align, uint64_t *addr)
+{
+    if (align <= v->align)
+        return vm_alloc(v, size, addr);
+    if (size == 0 || size % v->align != 0 || (align & (align - 1)) != 0)
+        return -1;
+    for (size_t i = 0; i < v->nfree; i++) {
+        const struct vm_range *r = &v->free[i];
+        uint64_t a = (r->base + align - 1) & ~(align - 1);
+        if (a < r->base || a - r->base > r->size || r->size - (a - r->base) < size)
+            continue;
+        if (carve(v, i, a, size) != 0)
+            return -2;
+        *addr = a;
+        return 0;
+    }
+    return -1;
+}
+
+int vm_alloc_at(struct vm *v, uint64_t addr, uint64_t size)
+{
+    if (size == 0 || size % v->align != 0 || addr % v->align != 0 || addr + size < addr)
+        return -1;
+    for (size_t i = 0; i < v->nfree; i++) {
+        const struct vm_range *r = &v->free[i];
+        if (addr >= r->base && addr - r->base <= r->size && r->size - (addr - r->base) >= size)
+            return carve(v, i, addr, size) == 0 ? 0 : -1;
+    }
+    return -1;
+}
+
 int vm_free(struct vm *v, uint64_t addr, uint64_t size)
 {
     if (size == 0)

@@ -21,6 +21,8 @@
  *   h_stream.c  streams and events
  *   h_module.c  module/library loading, functions, globals (image cache: modcache.c)
  *   h_launch.c  function attributes, occupancy, launches
+ *   h_graph.c   stream capture and CUDA graphs
+ *   h_vmm.c     the client's virtual memory management calls (reserve, create, map, access)
  */
 #ifndef GP_WORKER_H
 #define GP_WORKER_H
@@ -156,6 +158,10 @@ struct worker {
 
     /* client ids -> objects (objects.c) */
     struct idmap ctxs, streams, events, modules, funcs, allocs;
+    struct idmap graphs, graph_execs; /* h_graph.c: CUgraph / CUgraphExec by client id */
+    /* h_vmm.c: the client's VMM objects: physical handles by client id, reservations and
+     * mappings by address (wk_obj.size; mappings: wk_obj.mem = client handle id) */
+    struct idmap vmm_handles, vmm_resvs, vmm_maps;
 
     /* deferred errors (errors.c) */
     CUresult pending;
@@ -399,6 +405,24 @@ WK_HANDLER(func_get_attribute);
 WK_HANDLER(func_set_attribute);
 WK_HANDLER(occupancy);
 WK_HANDLER(launch);
+WK_HANDLER(stream_begin_capture);
+WK_HANDLER(stream_end_capture);
+WK_HANDLER(graph_instantiate);
+WK_HANDLER(graph_launch);
+WK_HANDLER(graph_exec_destroy);
+WK_HANDLER(graph_destroy);
+WK_HANDLER(graph_get_node_count);
+WK_HANDLER(vmm_reserve);
+WK_HANDLER(vmm_address_free);
+WK_HANDLER(vmm_create);
+WK_HANDLER(vmm_release);
+WK_HANDLER(vmm_map);
+WK_HANDLER(vmm_unmap);
+WK_HANDLER(vmm_set_access);
+/* h_vmm.c: unmaps and releases everything the client made with the VMM calls (session end). */
+void vmm_release_all(struct worker *w);
+/* h_graph.c: destroys every graph exec and graph of the session (before its contexts go). */
+void graph_release_all(struct worker *w);
 
 /* ---- helpers of the handlers used by cleanup ------------------------------------------- */
 /* Destroys a client-created context (o, already removed from the map) with everything of it;

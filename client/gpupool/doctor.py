@@ -229,7 +229,8 @@ def _check_server(rep: Report, p: Probe) -> None:
                    "pip install -U from the server's gpupool release")
         else:
             fix = (f"upgrade gpupoold on {srv.host} to a version that speaks protocol "
-                   f"{gp.MAJOR}.x (this client is gpupool {__version__})")
+                   f"{gp.MAJOR}.{gp.MINOR} or a newer {gp.MAJOR}.x (this client is gpupool "
+                   f"{__version__})")
         rep.fail(names[2], f"the server speaks protocol {info.major}.{info.minor}, this client "
                  f"{gp.MAJOR}.{gp.MINOR}" + (f": {info.message}" if info.message else ""), fix)
         skip_from(3, "protocol mismatch")

@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 
+#include "gp_graph.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -67,6 +68,9 @@ static CUresult event_record(CUevent e, CUstream s, unsigned int flags) {
     if (r != CUDA_SUCCESS) return r;
     uint64_t h = (uint64_t)(uintptr_t)e;
     if (!gp_handle_get(h, GP_H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    /* Work on a stream whose capture was invalidated fails at once, as with the driver. */
+    if (gp_capture_status(wire) == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return GP_ERR_CAPTURE_INVALIDATED;
     gp_event_record m = {.event = h, .stream = wire, .flags = flags};
     GP_FRAME(buf, len, gp_event_record, &m);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;

@@ -23,6 +23,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "gp_graph.h"
+#include "gp_vmm.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -78,6 +80,7 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytesize, CUstream stream, i
                      "has; copies to it may be refused",
                      (unsigned long long)a.dptr, (unsigned long long)bytesize);
     *dptr = a.dptr;
+    if (is_async) gp_pool_note_alloc();
     return CUDA_SUCCESS;
 }
 
@@ -131,7 +134,8 @@ static CUresult mem_free(CUdeviceptr dptr, CUstream stream, int is_async) {
     if (r != CUDA_SUCCESS) return r;
     if (dptr == 0) return is_async ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     gp_range rg;
-    if (gp_vamap_find(dptr, &rg) != 0 || rg.kind != GP_RANGE_DEVICE || rg.base != dptr)
+    if (gp_vamap_find(dptr, &rg) != 0 || rg.kind != GP_RANGE_DEVICE || rg.base != dptr ||
+        (rg.flags & GP_RANGE_F_VMM)) /* cuMemMap memory is returned with cuMemUnmap */
         return CUDA_ERROR_INVALID_VALUE;
     if (gp_vamap_remove(dptr, &rg) != 0) return CUDA_ERROR_INVALID_VALUE; /* freed meanwhile */
     if (!is_async) gp_conn_use_ctx(rg.ctx);
@@ -261,12 +265,17 @@ static CUresult enter(CUstream stream, int is_async, int ptds, uint64_t *wire) {
 static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s, int is_async,
                           int ptds) {
     ENTER(s, is_async, ptds);
+    /* Host memory in a capture cannot replay on the server (api_graph.c). */
+    CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyHtoDAsync") : CUDA_SUCCESS;
+    if (cr != CUDA_SUCCESS) return cr;
     return htod(dst, src, n, wire, is_async);
 }
 
 static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
                           int ptds) {
     ENTER(s, is_async, ptds);
+    CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyDtoHAsync") : CUDA_SUCCESS;
+    if (cr != CUDA_SUCCESS) return cr;
     return is_async ? dtoh_async(dst, src, n, wire) : dtoh_sync(dst, src, n, wire);
 }
 
@@ -337,6 +346,8 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
     if (n == 0) return CUDA_SUCCESS;
     int dd = is_device(dst), sd = is_device(src);
     if (dd && sd) return dtod(dst, src, n, wire, is_async);
+    CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyAsync") : CUDA_SUCCESS;
+    if (cr != CUDA_SUCCESS) return cr;
     if (dd) return htod(dst, (const void *)(uintptr_t)src, n, wire, is_async);
     if (sd) {
         return is_async ? dtoh_async((void *)(uintptr_t)dst, src, n, wire)
@@ -630,11 +641,13 @@ static CUresult ptr_attr(const gp_range *rg, uint64_t ptr, int a, void *data, in
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: iv = 0; break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: iv = 0; break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        iv = rg->kind == GP_RANGE_DEVICE && !(rg->flags & GP_RANGE_F_ASYNC);
+        iv = rg->kind == GP_RANGE_DEVICE && !(rg->flags & (GP_RANGE_F_ASYNC | GP_RANGE_F_VMM));
         break;
     case CU_POINTER_ATTRIBUTE_MAPPED: iv = 1; break;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: iv = 0; break;
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: iv = 3; break; /* READWRITE */
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: /* READWRITE, or none before cuMemSetAccess */
+        iv = (rg->flags & GP_RANGE_F_NOACCESS) ? 0 : 3;
+        break;
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: iv = 0; break;
     case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
         return strict ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;

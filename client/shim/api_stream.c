@@ -1,11 +1,14 @@
 /*
  * api_stream.c: streams. The handle is chosen here and stream_create is posted without a reply
  * (docs/architecture.md); the queries (priority, flags, context, capture status, id) are local;
- * synchronize and query wait for the server. Stream capture is not remoted: a stream is never
- * capturing. The _ptsz variants treat a NULL stream as the per-thread default stream.
+ * synchronize and query wait for the server. The capture status comes from api_graph.c, which
+ * knows every capture this process began; synchronising or querying a capturing stream
+ * invalidates its capture, as with the driver (the worker's driver sees the call too). The _ptsz
+ * variants treat a NULL stream as the per-thread default stream.
  */
 #include <stdlib.h>
 
+#include "gp_graph.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -75,6 +78,7 @@ GP_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
     if (!st) return CUDA_ERROR_INVALID_HANDLE;
     gp_conn_use_ctx(st->ctx);
     free(st);
+    gp_capture_forget(h);
     gp_stream_destroy m = {.stream = h};
     GP_FRAME(buf, len, gp_stream_destroy, &m);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -89,6 +93,9 @@ static CUresult stream_wait_op(CUstream s, int query) {
     uint64_t wire;
     CUresult r = gp_stream_enter(s, &wire);
     if (r != CUDA_SUCCESS) return r;
+    /* Illegal during a capture: the capture is invalidated here and by the worker's driver,
+     * which also answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
+    int capturing = gp_capture_sync_call(wire);
     gp_reply rep;
     if (query) {
         gp_stream_query m = {.stream = wire};
@@ -104,6 +111,10 @@ static CUresult stream_wait_op(CUstream s, int query) {
         GP_FRAME_FREE(buf);
     }
     gp_reply_free(&rep);
+    if (capturing)
+        return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY
+                   ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+                   : gp_cu_result(r);
     return query_result(r);
 }
 
@@ -123,6 +134,8 @@ static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags) {
     if (r != CUDA_SUCCESS) return r;
     uint64_t e = (uint64_t)(uintptr_t)ev;
     if (!gp_handle_get(e, GP_H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (gp_capture_status(wire) == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return GP_ERR_CAPTURE_INVALIDATED;
     gp_stream_wait_event m = {.stream = wire, .event = e, .flags = flags};
     GP_FRAME(buf, len, gp_stream_wait_event, &m);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -238,7 +251,7 @@ static CUresult stream_is_capturing(CUstream s, CUstreamCaptureStatus *status) {
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     stream_info si;
     CUresult r = stream_info_of(s, &si);
-    if (r == CUDA_SUCCESS) *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (r == CUDA_SUCCESS) *status = gp_capture_status(si.h);
     return r;
 }
 GP_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {

@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "gp_vmm.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -102,17 +103,62 @@ int gp_vamap_find(uint64_t addr, gp_range *out) {
     return i >= 0 ? 0 : -1;
 }
 
+static int accessible(const gp_range *r) {
+    return (r->kind == GP_RANGE_DEVICE || r->kind == GP_RANGE_GLOBAL) &&
+           !(r->flags & GP_RANGE_F_NOACCESS);
+}
+
 int gp_vamap_device_span(uint64_t addr, uint64_t len) {
     int ok = 0;
     pthread_rwlock_rdlock(&map_lock);
     long i = containing(addr);
-    if (i >= 0) {
+    if (i >= 0 && accessible(&ranges[i])) {
         const gp_range *r = &ranges[i];
-        ok = (r->kind == GP_RANGE_DEVICE || r->kind == GP_RANGE_GLOBAL) &&
-             len <= r->size - (addr - r->base);
+        uint64_t end = r->base + r->size; /* covered so far */
+        ok = len <= end - addr;
+        /* cuMemMap mappings placed side by side are one span of virtual addresses. */
+        for (size_t k = (size_t)i + 1; !ok && (r->flags & GP_RANGE_F_VMM) && k < nranges; k++) {
+            const gp_range *n = &ranges[k];
+            if (n->base != end || !(n->flags & GP_RANGE_F_VMM) || !accessible(n)) break;
+            end += n->size;
+            ok = len <= end - addr;
+        }
     }
     pthread_rwlock_unlock(&map_lock);
     return ok;
+}
+
+int gp_vamap_vmm_flags(uint64_t addr, uint64_t len, unsigned set, unsigned clear) {
+    if (len == 0 || addr + len < addr) return -1;
+    int rc = -1;
+    pthread_rwlock_wrlock(&map_lock);
+    long i = containing(addr);
+    if (i >= 0 && ranges[i].base == addr) {
+        size_t k = (size_t)i;
+        uint64_t cur = addr;
+        while (k < nranges && ranges[k].base == cur && (ranges[k].flags & GP_RANGE_F_VMM) &&
+               cur - addr < len)
+            cur += ranges[k++].size;
+        if (cur - addr == len) {
+            for (size_t j = (size_t)i; j < k; j++) ranges[j].flags = (ranges[j].flags | set) & ~clear;
+            rc = 0;
+        }
+    }
+    pthread_rwlock_unlock(&map_lock);
+    return rc;
+}
+
+void gp_vamap_async_bytes(uint64_t *used, uint64_t *mapped) {
+    uint64_t u = 0, m = 0;
+    pthread_rwlock_rdlock(&map_lock);
+    for (size_t i = 0; i < nranges; i++) {
+        if (ranges[i].kind != GP_RANGE_DEVICE || !(ranges[i].flags & GP_RANGE_F_ASYNC)) continue;
+        u += ranges[i].size;
+        m += ranges[i].mapped_size ? ranges[i].mapped_size : ranges[i].size;
+    }
+    pthread_rwlock_unlock(&map_lock);
+    *used = u;
+    *mapped = m;
 }
 
 int gp_vamap_remove_ctx(uint64_t ctx) {

@@ -172,6 +172,19 @@ SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
 SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                   void **extra);
 
+/* Stream capture and graphs (sim_stream.c, sim_graph.c). Modes: 0 global, 1 thread local,
+ * 2 relaxed. */
+SIM_API CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+SIM_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+SIM_API CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus);
+SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                             unsigned long long flags);
+SIM_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+SIM_API CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
+SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+SIM_API CUresult cuGraphDestroy(CUgraph hGraph);
+SIM_API CUresult cuGraphGetNodes(CUgraph hGraph, void **nodes, size_t *numNodes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,6 +2,9 @@
  * sim_copy.c: copies and memsets. Streams are synchronous in the sim, so the Async variants do
  * the work before returning, after checking the stream handle.
  *
+ * On a capturing stream (sim_stream.c) the Async device-side calls record into the graph instead;
+ * host copies and 2D memsets are refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+ *
  * Every device range must lie entirely in device memory (sim_dev_range), else the call fails with
  * CUDA_ERROR_INVALID_VALUE, as the driver fails on a pointer it does not know; a zero-byte request
  * does nothing and succeeds. Host pointers cannot be checked: they are the caller's (the worker's
@@ -33,11 +36,34 @@ static CUresult enter_stream(CUstream s, bool check_stream)
     return CUDA_SUCCESS;
 }
 
+/* Stream capture (sim_graph.c): *g is the graph an async call on s records into, or NULL (run
+ * it now). A synchronous call runs at once (the sim does not model the legacy stream's implicit
+ * synchronisation with capturing streams). */
+static CUresult capture_target(CUstream s, bool async, struct sim_graph **g)
+{
+    *g = NULL;
+    return async ? sim_capture_target(s, g) : CUDA_SUCCESS;
+}
+
+/* Host memory cannot be part of a graph in the sim: the capture is invalidated. */
+static CUresult refuse_host_copy(const char *op, CUstream s, bool async)
+{
+    struct sim_graph *g = NULL;
+    CUresult rc = capture_target(s, async, &g);
+    if (rc != CUDA_SUCCESS || !g)
+        return rc;
+    sim_capture_invalidate(s);
+    sim_detail("%s: copies of host memory cannot be captured on the simulated device", op);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream s, bool async)
 {
     CUresult rc = enter_stream(s, async);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if ((rc = refuse_host_copy("cuMemcpyHtoDAsync", s, async)) != CUDA_SUCCESS)
+        return sim_leave(rc);
     if (n == 0)
         return sim_leave(CUDA_SUCCESS);
     void *d = dev_range("cuMemcpyHtoD", dst, n);
@@ -52,6 +78,8 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s, bool asyn
     CUresult rc = enter_stream(s, async);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if ((rc = refuse_host_copy("cuMemcpyDtoHAsync", s, async)) != CUDA_SUCCESS)
+        return sim_leave(rc);
     if (n == 0)
         return sim_leave(CUDA_SUCCESS);
     const void *p = dev_range("cuMemcpyDtoH", src, n);
@@ -72,24 +100,27 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, boo
     const void *p = d ? dev_range("cuMemcpyDtoD source", src, n) : NULL;
     if (!d || !p)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    struct sim_graph *g = NULL;
+    if ((rc = capture_target(s, async, &g)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    if (g) {
+        struct sim_op op = {.kind = SIM_OP_DTOD, .dst = dst, .src = src, .n = n};
+        return sim_leave(sim_graph_add(g, &op));
+    }
     memmove(d, p, n); /* overlapping ranges are the caller's business, but must not be UB here */
     return sim_leave(CUDA_SUCCESS);
 }
 
 /* elem is 1, 2 or 4; the driver requires the destination aligned to it. */
-static CUresult memset_n(CUdeviceptr dst, unsigned value, size_t n, unsigned elem, CUstream s,
-                         bool async)
+CUresult sim_memset_run(uint64_t dst, unsigned value, size_t n, unsigned elem)
 {
-    CUresult rc = enter_stream(s, async);
-    if (rc != CUDA_SUCCESS)
-        return rc;
     if (n == 0)
-        return sim_leave(CUDA_SUCCESS);
+        return CUDA_SUCCESS;
     if (dst % elem != 0 || n > SIZE_MAX / elem)
-        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+        return CUDA_ERROR_INVALID_VALUE;
     unsigned char *d = dev_range("cuMemset", dst, (uint64_t)n * elem);
     if (!d)
-        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+        return CUDA_ERROR_INVALID_VALUE;
     unsigned pattern = elem == 1 ? (value & 0xffu) : elem == 2 ? (value & 0xffffu) : value;
     if (pattern == 0) {
         /* Zeroing, what a scrub does to a whole GPU: whole pages are given back rather than
@@ -106,7 +137,26 @@ static CUresult memset_n(CUdeviceptr dst, unsigned value, size_t n, unsigned ele
         for (size_t i = 0; i < n; i++)
             memcpy(d + i * 4, &v, 4);
     }
-    return sim_leave(CUDA_SUCCESS);
+    return CUDA_SUCCESS;
+}
+
+static CUresult memset_n(CUdeviceptr dst, unsigned value, size_t n, unsigned elem, CUstream s,
+                         bool async)
+{
+    CUresult rc = enter_stream(s, async);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct sim_graph *g = NULL;
+    if ((rc = capture_target(s, async, &g)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    if (g && n > 0) {
+        /* Checked now, as the driver checks a memset node's parameters at capture. */
+        if (dst % elem != 0 || n > SIZE_MAX / elem || !dev_range("cuMemset", dst, (uint64_t)n * elem))
+            return sim_leave(CUDA_ERROR_INVALID_VALUE);
+        struct sim_op op = {.kind = SIM_OP_MEMSET, .dst = dst, .n = n, .value = value, .elem = elem};
+        return sim_leave(sim_graph_add(g, &op));
+    }
+    return sim_leave(sim_memset_run(dst, value, n, elem));
 }
 
 /* A 2D memset: height rows of width elements, rows pitch bytes apart. The whole pitched span
@@ -117,6 +167,14 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t 
     CUresult rc = enter_stream(s, true);
     if (rc != CUDA_SUCCESS)
         return rc;
+    struct sim_graph *g = NULL;
+    if ((rc = capture_target(s, true, &g)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    if (g) {
+        sim_capture_invalidate(s);
+        sim_detail("cuMemsetD2D*Async cannot be captured on the simulated device");
+        return sim_leave(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
     if (width == 0 || height == 0)
         return sim_leave(CUDA_SUCCESS);
     if (dst % elem != 0 || pitch % elem != 0 || width > SIZE_MAX / elem ||

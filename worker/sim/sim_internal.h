@@ -120,6 +120,8 @@ enum sim_kind {
     SIM_K_FUNC,
     SIM_K_KERNEL,
     SIM_K_MEMHANDLE,
+    SIM_K_GRAPH = 20,      /* sim_graph.c (explicit values: other kinds may be added above) */
+    SIM_K_GRAPH_EXEC = 21,
 };
 uint64_t sim_handle_new(enum sim_kind kind, void *obj); /* 0 when out of memory */
 void *sim_handle_get(uint64_t h, enum sim_kind kind);   /* NULL when unknown */
@@ -276,5 +278,41 @@ void sim_module_release_ctx(uint64_t ctx);
 
 /* ---- launches (sim_launch.c) ------------------------------------------------------------- */
 int sim_func_attr_value(const struct sim_func *f, int attrib);
+
+/* ---- stream capture and graphs (sim_stream.c, sim_graph.c) -------------------------------- */
+enum { SIM_ERR_ILLEGAL_STATE = 401, SIM_ERR_CAPTURE_INVALIDATED = 901, SIM_ERR_CAPTURED_EVENT = 907 };
+/* What a capturing stream records instead of doing it; a graph launch replays them in order. */
+enum sim_op_kind { SIM_OP_MEMSET = 1, SIM_OP_DTOD, SIM_OP_KERNEL, SIM_OP_EVENT_RECORD,
+                   SIM_OP_EVENT_WAIT };
+struct sim_op {
+    enum sim_op_kind kind;
+    uint64_t dst, src, n;     /* memset: n elements of elem bytes; dtod: n bytes */
+    unsigned value, elem;
+    uint64_t func;            /* kernel: the CUfunction / CUkernel handle */
+    unsigned char *params;    /* kernel: packed arguments (the graph owns a copy) */
+    uint32_t params_len;
+    struct sim_dims dims;
+    uint64_t event;           /* event record / wait */
+};
+struct sim_graph;
+/* Where work submitted to stream s goes: CUDA_SUCCESS with *g NULL when s is not capturing (run
+ * it), or with the graph being captured (record it with sim_graph_add); CUDA_ERROR_STREAM_CAPTURE_
+ * INVALIDATED (901) when s's capture was invalidated. Lock held. */
+CUresult sim_capture_target(CUstream s, struct sim_graph **g);
+/* An illegal call on stream s (synchronize, query, a host copy): if s is capturing, invalidate
+ * the capture and return true. Lock held. */
+bool sim_capture_invalidate(CUstream s);
+/* Records op (the kernel parameters are copied). Lock held. */
+CUresult sim_graph_add(struct sim_graph *g, const struct sim_op *op);
+struct sim_graph *sim_graph_new(uint64_t ctx); /* NULL: out of memory */
+void sim_graph_free(struct sim_graph *g);
+/* Gives g a CUgraph handle (0: out of memory, g untouched). */
+uint64_t sim_graph_publish(struct sim_graph *g);
+/* Replay of an event record: the event completes now. Lock held. */
+void sim_event_replay_record(uint64_t event);
+/* Frees the graphs and graph execs created in context ctx (it is being destroyed). */
+void sim_graph_release_ctx(uint64_t ctx);
+/* A memset of n elements of elem (1, 2, 4) bytes, checked; the work of cuMemsetD*. Lock held. */
+CUresult sim_memset_run(uint64_t dst, unsigned value, size_t n, unsigned elem);
 
 #endif /* GP_SIM_INTERNAL_H */

@@ -131,7 +131,17 @@ static CUresult launch(CUfunction fh, const struct launch *l)
     if (!buf)
         return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
     rc = pack_args(l, f, buf, total);
-    if (rc == CUDA_SUCCESS) {
+    struct sim_graph *g = NULL;
+    if (rc == CUDA_SUCCESS)
+        rc = sim_capture_target(l->stream, &g);
+    if (rc == CUDA_SUCCESS && g) {
+        /* A capturing stream records the launch (sim_graph.c) with its packed arguments. */
+        struct sim_op op = {.kind = SIM_OP_KERNEL, .func = (uint64_t)(uintptr_t)fh,
+                            .params = buf, .params_len = total,
+                            .dims = {{l->grid[0], l->grid[1], l->grid[2]},
+                                     {l->block[0], l->block[1], l->block[2]}}};
+        rc = sim_graph_add(g, &op);
+    } else if (rc == CUDA_SUCCESS) {
         struct sim_dims d = {{l->grid[0], l->grid[1], l->grid[2]},
                              {l->block[0], l->block[1], l->block[2]}};
         rc = f->def->fn(buf, &d);

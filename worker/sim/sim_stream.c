@@ -5,6 +5,14 @@
  * anything outstanding: synchronising and querying succeed at once (or return the context's
  * sticky error). Events take a host CLOCK_MONOTONIC timestamp when recorded, which is exactly
  * when the work before them finished; elapsed times are therefore real host durations.
+ *
+ * Stream capture: between cuStreamBeginCapture_v2 and cuStreamEndCapture a stream records its
+ * work into a graph (sim_graph.c) instead of running it. Synchronizing or querying a capturing
+ * stream is illegal: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture is invalidated; work
+ * submitted to an invalidated capture fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, and so
+ * does cuStreamEndCapture, which ends it. The legacy default stream cannot capture. Not
+ * simulated: other streams joining a capture through events (cross-stream capture), and the
+ * restrictions of the global / thread-local modes on other calls.
  */
 #include <stdlib.h>
 
@@ -17,12 +25,15 @@ struct sim_stream {
     uint64_t handle, ctx;
     unsigned flags;
     int priority;
+    struct sim_graph *cap; /* the graph being captured, or NULL */
+    bool cap_invalid;      /* the capture was invalidated */
 };
 
 struct sim_event {
     uint64_t handle, ctx;
     unsigned flags;
     bool recorded;
+    bool captured; /* last recorded in a capture (not as an external record node) */
     uint64_t t_ns;
 };
 
@@ -39,6 +50,7 @@ static void drop_stream(uint64_t h, void *obj, void *arg)
     struct sim_stream *s = obj;
     if (s->ctx == *(uint64_t *)arg) {
         sim_handle_del(h);
+        sim_graph_free(s->cap);
         free(s);
     }
 }
@@ -56,6 +68,7 @@ void sim_stream_release_ctx(uint64_t ctx)
 {
     sim_handle_foreach(SIM_K_STREAM, drop_stream, &ctx);
     sim_handle_foreach(SIM_K_EVENT, drop_event, &ctx);
+    sim_graph_release_ctx(ctx);
 }
 
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
@@ -92,26 +105,129 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
     if (!s) /* includes the NULL / legacy / per-thread streams, which cannot be destroyed */
         return sim_leave(CUDA_ERROR_INVALID_HANDLE);
     sim_handle_del(s->handle);
+    sim_graph_free(s->cap);
     free(s);
     return sim_leave(CUDA_SUCCESS);
 }
 
-CUresult cuStreamSynchronize(CUstream hStream)
+static struct sim_stream *stream_get(CUstream s)
 {
-    struct sim_ctx *c = NULL;
-    CUresult rc = sim_enter_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    return sim_leave(sim_stream_check(hStream));
+    return sim_handle_get((uint64_t)(uintptr_t)s, SIM_K_STREAM);
 }
 
-CUresult cuStreamQuery(CUstream hStream)
+CUresult sim_capture_target(CUstream s, struct sim_graph **g)
+{
+    *g = NULL;
+    struct sim_stream *st = stream_get(s);
+    if (!st || !st->cap)
+        return CUDA_SUCCESS;
+    if (st->cap_invalid) {
+        sim_detail("stream capture was invalidated by an earlier illegal call");
+        return SIM_ERR_CAPTURE_INVALIDATED;
+    }
+    *g = st->cap;
+    return CUDA_SUCCESS;
+}
+
+bool sim_capture_invalidate(CUstream s)
+{
+    struct sim_stream *st = stream_get(s);
+    if (!st || !st->cap)
+        return false;
+    st->cap_invalid = true;
+    return true;
+}
+
+/* Synchronize / query: illegal on a capturing stream. */
+static CUresult stream_wait(CUstream hStream)
 {
     struct sim_ctx *c = NULL;
     CUresult rc = sim_enter_ctx(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return sim_leave(sim_stream_check(hStream)); /* never CUDA_ERROR_NOT_READY: all work is done */
+    if ((rc = sim_stream_check(hStream)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    if (sim_capture_invalidate(hStream)) {
+        sim_detail("synchronizing or querying a capturing stream (the capture is invalidated)");
+        return sim_leave(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuStreamSynchronize(CUstream hStream) { return stream_wait(hStream); }
+
+/* Never CUDA_ERROR_NOT_READY: all work is done. */
+CUresult cuStreamQuery(CUstream hStream) { return stream_wait(hStream); }
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (mode < 0 || mode > 2)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = sim_stream_check(hStream)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    struct sim_stream *st = stream_get(hStream);
+    if (!st) {
+        sim_detail("the default streams cannot be captured in the simulated device");
+        return sim_leave(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    if (st->cap)
+        return sim_leave(SIM_ERR_ILLEGAL_STATE);
+    st->cap = sim_graph_new(c->handle);
+    if (!st->cap)
+        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    st->cap_invalid = false;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!phGraph)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = sim_stream_check(hStream)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    struct sim_stream *st = stream_get(hStream);
+    if (!st || !st->cap)
+        return sim_leave(SIM_ERR_ILLEGAL_STATE);
+    struct sim_graph *g = st->cap;
+    bool invalid = st->cap_invalid;
+    st->cap = NULL;
+    st->cap_invalid = false;
+    *phGraph = NULL;
+    if (invalid) {
+        sim_graph_free(g);
+        sim_detail("the capture was invalidated by an illegal call during it");
+        return sim_leave(SIM_ERR_CAPTURE_INVALIDATED);
+    }
+    uint64_t h = sim_graph_publish(g);
+    if (h == 0) {
+        sim_graph_free(g);
+        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    *phGraph = (CUgraph)(uintptr_t)h;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!captureStatus)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = sim_stream_check(hStream)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    struct sim_stream *st = stream_get(hStream);
+    *captureStatus = !st || !st->cap ? 0 : st->cap_invalid ? 2 : 1;
+    return sim_leave(CUDA_SUCCESS);
 }
 
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -126,7 +242,23 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         return sim_leave(rc);
     if (!sim_handle_get((uint64_t)(uintptr_t)hEvent, SIM_K_EVENT))
         return sim_leave(CUDA_ERROR_INVALID_HANDLE);
-    return sim_leave(CUDA_SUCCESS); /* the event's work is already complete */
+    struct sim_graph *g = NULL;
+    if ((rc = sim_capture_target(hStream, &g)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    struct sim_event *e = sim_handle_get((uint64_t)(uintptr_t)hEvent, SIM_K_EVENT);
+    if (g && (Flags & EVENT_WAIT_EXTERNAL)) {
+        struct sim_op op = {.kind = SIM_OP_EVENT_WAIT, .event = e->handle};
+        return sim_leave(sim_graph_add(g, &op));
+    }
+    if (!g && e->captured) {
+        /* The driver would make this stream join the capture (cross-stream capture). */
+        sim_detail("a stream waiting for an event recorded in a capture (joining the capture) "
+                   "is not simulated");
+        return sim_leave(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    /* In a capture: an ordering inside the captured sequence, which is in order anyway.
+     * Outside: the event's work is already complete. */
+    return sim_leave(CUDA_SUCCESS);
 }
 
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
@@ -189,6 +321,20 @@ static CUresult record(CUevent hEvent, CUstream hStream, unsigned flags)
         return sim_leave(CUDA_ERROR_INVALID_HANDLE);
     if ((rc = sim_stream_check(hStream)) != CUDA_SUCCESS)
         return sim_leave(rc);
+    struct sim_graph *g = NULL;
+    if ((rc = sim_capture_target(hStream, &g)) != CUDA_SUCCESS)
+        return sim_leave(rc);
+    if (g && (flags & EVENT_RECORD_EXTERNAL)) {
+        struct sim_op op = {.kind = SIM_OP_EVENT_RECORD, .event = e->handle};
+        return sim_leave(sim_graph_add(g, &op));
+    }
+    if (g) {
+        /* A plain record in a capture is no node: it marks a point of the capture for other
+         * streams to wait for. Query and synchronize then refuse the event. */
+        e->captured = true;
+        return sim_leave(CUDA_SUCCESS);
+    }
+    e->captured = false;
     e->recorded = true;
     e->t_ns = sim_now_ns();
     return sim_leave(CUDA_SUCCESS);
@@ -209,7 +355,14 @@ static CUresult event_done(CUevent hEvent)
     CUresult rc = sim_enter_ctx(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return sim_leave(event_get(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE);
+    struct sim_event *e = event_get(hEvent);
+    if (!e)
+        return sim_leave(CUDA_ERROR_INVALID_HANDLE);
+    if (e->captured) {
+        sim_detail("the event was last recorded in a stream capture");
+        return sim_leave(SIM_ERR_CAPTURED_EVENT);
+    }
+    return sim_leave(CUDA_SUCCESS);
 }
 
 CUresult cuEventQuery(CUevent hEvent) { return event_done(hEvent); }
@@ -236,4 +389,14 @@ CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEn
         return sim_leave(CUDA_ERROR_INVALID_HANDLE);
     *pMilliseconds = (float)((double)((int64_t)(b->t_ns - a->t_ns)) / 1e6);
     return sim_leave(CUDA_SUCCESS);
+}
+
+void sim_event_replay_record(uint64_t event)
+{
+    struct sim_event *e = sim_handle_get(event, SIM_K_EVENT);
+    if (!e)
+        return; /* destroyed since the capture: the driver's event node would dangle too */
+    e->captured = false;
+    e->recorded = true;
+    e->t_ns = sim_now_ns();
 }
