@@ -3,6 +3,7 @@
 
     python bench/remoting_bench.py [--quick] [--reps N] [--markdown PATH] [--json PATH]
                                    [--server HOST:PORT] [--no-build]
+    python bench/remoting_bench.py --compression [--native-dir build-x] [--reps N] [--mib N]
 
 In one run, on the simulated device over loopback:
   1. builds bench/tcp_baseline.c (cc) and bench/bench_client.cu (nvcc, static cudart) into
@@ -13,6 +14,10 @@ In one run, on the simulated device over loopback:
   4. prints a table: metric, measured, reference (the raw figure of the same link), ratio, target,
      PASS/MISS; and the same as markdown (to --markdown PATH, default: stdout only) with date,
      machine and commit, ready for docs/benchmarks.md.
+With --compression instead: host-to-device and device-to-host throughput of zeros and of random
+bytes with GPUPOOL_COMPRESSION=off and =lz4 in the same run (<native-dir>/tests/copy_check
+through the shim, sync copies of --mib MiB, best of --reps), side by side, and the speed of LZ4
+itself on this CPU, from which the link speed below which compression pays follows.
 Exit status: 0 when every figure was measured (whatever the targets say), 1 otherwise. Targets
 are reported, not enforced: this is a benchmark, not a test.
 """
@@ -96,7 +101,8 @@ def build(out: Path, make: bool) -> tuple[Path, Path]:
 class Daemon:
     """gpupoold on a simulated device, listening on loopback, ports chosen by the kernel."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: Path | None = None) -> None:
+        native = native or ROOT / "build"
         env = dict(os.environ)
         pypath = [str(ROOT), str(ROOT / "protocol" / "python")]
         if env.get("PYTHONPATH"):
@@ -107,8 +113,8 @@ class Daemon:
                "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--state-dir", self.state_dir,
                "--log-level", "warning"]
         for flag, name in (("--worker", "gpupool-worker"), ("--sim-lib", "libgpupool-sim.so")):
-            if (ROOT / "build" / name).is_file():
-                cmd += [flag, str(ROOT / "build" / name)]
+            if (native / name).is_file():
+                cmd += [flag, str(native / name)]
         log(" ".join(cmd[1:]))
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -214,6 +220,107 @@ def run_client(client: Path, address: str, reps: int, quick: bool,
             log("  " + line.rstrip())
     rc = proc.wait()
     return results, "".join(text), rc
+
+
+# ------------------------------------------------------------------------------ compression
+def run_copies(native: Path, address: str, token: str, compression: str, mib: int,
+               reps: int) -> dict[tuple[str, str], float]:
+    """{(pattern, dir): bytes/s} of copy_check's bench mode with GPUPOOL_COMPRESSION set."""
+    env = dict(os.environ, GPUPOOL_SERVER=address, GPUPOOL_COMPRESSION=compression,
+               GPUPOOL_CONFIG="none")
+    env.pop("GPUPOOL_LOG", None)
+    if token:
+        env["GPUPOOL_TOKEN"] = token
+    env["LD_LIBRARY_PATH"] = str(native / "client") + (
+        os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    cmd = [str(native / "tests" / "copy_check"), "bench", str(mib), str(reps)]
+    log(f"copy_check with compression {compression}: " + " ".join(cmd[1:]))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"remoting_bench: copy_check failed:\n{proc.stdout}\n{proc.stderr}")
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT "):])
+            out[(r["pattern"], r["dir"])] = float(r["bytes_per_s"])
+    return out
+
+
+def lz4_speed(mib: int = 64) -> dict[str, float]:
+    """Bytes/s of liblz4 on this CPU, 1 MiB blocks, as the shim and worker use it: compress and
+    decompress of zeros; compress of random bytes (an attempt that fails at 7/8)."""
+    import ctypes
+    import time
+
+    lib = ctypes.CDLL("liblz4.so.1")
+    block = 1 << 20
+    zeros, rand = bytes(block), os.urandom(block)
+    dst = ctypes.create_string_buffer(block + block // 255 + 16)
+    back = ctypes.create_string_buffer(block)
+    n = lib.LZ4_compress_default(zeros, dst, block, len(dst))
+    packed = dst.raw[:n]
+
+    def rate(fn) -> float:  # noqa: ANN001 - a local callable
+        best = 1e30
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(mib):
+                fn()
+            best = min(best, time.perf_counter() - t0)
+        return mib * block / best
+
+    return {
+        "compress_zeros": rate(lambda: lib.LZ4_compress_default(zeros, dst, block, block * 7 // 8)),
+        "decompress_zeros": rate(lambda: lib.LZ4_decompress_safe(packed, back, n, block)),
+        "compress_random": rate(lambda: lib.LZ4_compress_default(rand, dst, block, block * 7 // 8)),
+    }
+
+
+def compression_report(res: dict[str, dict[tuple[str, str], float]], speed: dict[str, float],
+                       meta: dict) -> str:
+    gbs = 1e9
+    lines = [f"Compression of copies, {meta['date']}, {meta['machine']}, commit {meta['commit']}, "
+             f"{meta['mib']} MiB sync copies, best of {meta['reps']}, loopback, simulated device",
+             "", "| data | direction | off | lz4 | lz4 / off |", "|---|---|---|---|---|"]
+    for pattern in ("zeros", "random"):
+        for d, name in (("htod", "host to device"), ("dtoh", "device to host")):
+            off, lz4 = res["off"][(pattern, d)], res["lz4"][(pattern, d)]
+            lines.append(f"| {pattern} | {name} | {off / gbs:.2f} GB/s | {lz4 / gbs:.2f} GB/s | "
+                         f"{lz4 / off:.2f} |")
+    c, dz, cr = speed["compress_zeros"], speed["decompress_zeros"], speed["compress_random"]
+    # Compression and decompression run one after the other with the transfer (no overlap):
+    # a copy of R raw bytes at ratio r costs R/C + rR/L + R/D instead of R/L, so it pays when
+    # L < (1 - r) / (1/C + 1/D). Zeros: r ~ 0; everything else lies between.
+    even = 1 / (1 / c + 1 / dz)
+    lines += ["", f"LZ4 on this CPU (1 MiB blocks): compress zeros {c / gbs:.2f} GB/s, decompress "
+              f"zeros {dz / gbs:.2f} GB/s, a failing attempt on random bytes {cr / gbs:.2f} GB/s.",
+              f"Break-even link speed for fully compressible data: {even / gbs:.2f} GB/s "
+              f"({even * 8 / gbs:.1f} Gbit/s); at a compression ratio r (wire/raw) it is "
+              f"(1 - r) x that, e.g. {0.5 * even * 8 / gbs:.1f} Gbit/s at r = 0.5."]
+    return "\n".join(lines)
+
+
+def compression_main(args: argparse.Namespace) -> int:
+    native = args.native_dir
+    if not args.no_build:
+        log(f"make BUILD={native}")
+        subprocess.run(["make", "-s", "-j2", f"BUILD={native}"], cwd=ROOT, check=True)
+    if not (native / "tests" / "copy_check").exists():
+        sys.exit(f"remoting_bench: {native}/tests/copy_check is missing (make BUILD={native})")
+    daemon = Daemon(native)
+    try:
+        assert daemon.address is not None
+        res = {c: run_copies(native, daemon.address, daemon.token, c, args.mib, args.reps)
+               for c in ("off", "lz4")}
+    finally:
+        daemon.stop()
+    meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine(), "commit": commit(), "mib": args.mib, "reps": args.reps}
+    report = compression_report(res, lz4_speed(), meta)
+    print(report)
+    if args.markdown:
+        args.markdown.write_text(report + "\n")
+    return 0
 
 
 # ------------------------------------------------------------------------------------ table
@@ -378,7 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write all raw figures as JSON to this file")
     ap.add_argument("--no-build", action="store_true", help="do not run make first")
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "bench")
+    ap.add_argument("--compression", action="store_true",
+                    help="only the compression comparison (off vs lz4, zeros and random)")
+    ap.add_argument("--native-dir", type=Path, default=ROOT / "build",
+                    help="--compression: the native build (make BUILD=...) to use")
+    ap.add_argument("--mib", type=int, default=256, help="--compression: MiB per copy")
     args = ap.parse_args(argv)
+    if args.compression:
+        return compression_main(args)
 
     tcp_bin, client_bin = build(args.build_dir, make=not args.no_build)
     if not (ROOT / "build" / "client" / "libcuda.so.1").exists():

@@ -132,6 +132,11 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
             raise SpecError(f"[protocol] needs integer {key}")
     if proto["header_size"] != 16:
         raise SpecError("header_size must be 16 (u32 len, u16 op, u16 flags, u64 req)")
+    consts = spec.get("constants", {})
+    for name, value in consts.items():
+        if not name.startswith("GP_") or not isinstance(value, int) or isinstance(value, bool):
+            raise SpecError(f"[constants] {name}: names start with GP_ and values are integers")
+    proto = {**proto, "constants": dict(consts)}
     results = spec.get("results", {})
     for name, value in results.items():
         if not name.startswith("GP_E") or not isinstance(value, int) or value < 100000:
@@ -365,6 +370,7 @@ def gen_c(proto: dict, results: dict[str, int], info: set[int], messages: list[M
         "#define GP_PROTO_EMALFORMED (-1)",
         "",
     ]
+    h += [f"#define {n} {v}" for n, v in proto["constants"].items()]
     for name, value in sorted(results.items(), key=lambda kv: kv[1]):
         h.append(f"#define {name} {value}")
     h += ["", "enum gp_op {"]
@@ -712,6 +718,7 @@ def gen_py(proto: dict, results: dict[str, int], info: set[int], messages: list[
         f"SPEC_SHA256 = {digest!r}",
         "",
     ]
+    out += [f"{n} = {v}" for n, v in proto["constants"].items()]
     for name, value in sorted(results.items(), key=lambda kv: kv[1]):
         out.append(f"{name} = {value}")
     out.append(PY_RUNTIME)

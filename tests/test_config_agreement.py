@@ -157,6 +157,19 @@ CASES = [
     *[Case(f"file timeout {value}", f"probe_timeout = {value}\n", expect="error",
            words=":1: ") for value in ("inf", "nan", "-1", '"2"', "1__0", "007", "0x10", "1e400",
                                        "true", "1.", ".5", "1_", "+-1")],
+    Case("compression = 'lz4'", "compression = ' lz4 '\nservers = ['a']\n",
+         words='"compression": "lz4"'),
+    Case("compression off by default", "servers = ['a']\n", words='"compression": "off"'),
+    Case("GPUPOOL_COMPRESSION over the file", "compression = 'lz4'\nservers = ['a']\n",
+         env={"GPUPOOL_COMPRESSION": " off "}, words='"compression": "off"'),
+    Case("GPUPOOL_COMPRESSION=lz4", None, env={"GPUPOOL_SERVER": "a", "GPUPOOL_COMPRESSION": "lz4"},
+         words='"compression": "lz4"'),
+    Case("compression not a known value", "compression = 'zstd'\n", expect="error",
+         words='compression = "zstd" is not supported'),
+    Case("compression not a string", "compression = true\n", expect="error", words=":1: "),
+    Case("GPUPOOL_COMPRESSION not a known value", None, expect="error",
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_COMPRESSION": "LZ4"},
+         words="GPUPOOL_COMPRESSION=LZ4 is not supported"),
     Case("GPUPOOL_TLS not a word", None, expect="error",
          env={"GPUPOOL_SERVER": "a", "GPUPOOL_TLS": "maybe"}, words="GPUPOOL_TLS=maybe"),
     Case("GPUPOOL_MIN_MEMORY not a size", None, expect="error",
@@ -273,7 +286,7 @@ def _python(env: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
         return {"ok": False, "error": str(exc)}, warnings
     return {"ok": True, "file": cfg.file, "connect_timeout": cfg.connect_timeout,
             "probe_timeout": cfg.probe_timeout, "gpu": cfg.gpu, "model": cfg.model,
-            "min_memory": cfg.min_memory,
+            "min_memory": cfg.min_memory, "compression": cfg.compression,
             "servers": [{"address": s.address, "host": s.host, "port": s.port, "tls": s.tls,
                          "token": s.token, "tls_ca": s.tls_ca, "tls_cert": s.tls_cert,
                          "tls_key": s.tls_key} for s in cfg.servers]}, warnings
@@ -371,4 +384,4 @@ def test_the_dump_program_needs_no_python(dump: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"ok": True, "file": "", "connect_timeout": 10,
                                        "probe_timeout": 2, "gpu": "", "model": "",
-                                       "min_memory": 0, "servers": []}
+                                       "min_memory": 0, "compression": "off", "servers": []}

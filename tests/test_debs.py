@@ -126,6 +126,10 @@ def test_control_fields(debs: Debs) -> None:
     client_deps = [d.strip() for d in _field(debs.client, "Depends").split(",")]
     assert "python3 (>= 3.9)" in client_deps
     assert any(d.startswith("libc6 (>= ") for d in client_deps), client_deps
+    # liblz4 and libzstd are loaded at run time (dlopen), so dpkg-shlibdeps cannot see them
+    daemon_recommends = [d.strip() for d in _field(debs.daemon, "Recommends").split(",")]
+    assert {"liblz4-1", "libzstd1"} <= set(daemon_recommends), daemon_recommends
+    assert "liblz4-1" in _field(debs.client, "Recommends").split(", ")
 
 
 def _exec_paths(unit: Path) -> list[str]:

@@ -156,7 +156,8 @@ static int htod_staged(struct worker *w, const gp_memcpy_htod *m, CUstream s, CU
         CUresult wr = staging_wait(w, i);
         if (*rc == CUDA_SUCCESS)
             *rc = wr;
-        if (io_read_bulk(w, w->st.buf[i], chunk) != 0)
+        if ((cz_copy(w, n) ? cz_read(w, w->st.buf[i], chunk)
+                           : io_read_bulk(w, w->st.buf[i], chunk)) != 0)
             return -1;
         if (*rc == CUDA_SUCCESS)
             *rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst + done, w->st.buf[i], chunk, s);
@@ -183,6 +184,8 @@ static int htod_sim_direct(struct worker *w, const gp_memcpy_htod *m, CUresult *
 {
     void *dst = NULL;
     *rc = w->drv.sim_host_pointer(m->dst, (size_t)m->data_len, &dst);
+    if (cz_copy(w, m->data_len))
+        return cz_read(w, *rc == CUDA_SUCCESS ? dst : NULL, (size_t)m->data_len);
     return io_read_bulk(w, *rc == CUDA_SUCCESS ? dst : NULL, m->data_len);
 }
 
@@ -192,7 +195,12 @@ WK_HANDLER(memcpy_htod)
     CUstream s;
     CUresult rc = stream_get(w, m->stream, &s);
     w->stats.h2d_bytes += n;
-    if (rc == CUDA_SUCCESS && n <= WK_SMALL_COPY && io_buffered(w) >= n) {
+    int cz = cz_copy(w, n); /* the bulk is LZ4 blocks (compress.c) */
+    if (!cz) {
+        w->cz.h2d_raw += n;
+        w->cz.h2d_wire += n;
+    }
+    if (rc == CUDA_SUCCESS && !cz && n <= WK_SMALL_COPY && io_buffered(w) >= n) {
         /* All in the input buffer: a pageable-source copy, done with the source on return. */
         if (n > 0)
             rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst, io_buffered_ptr(w), n, s);
@@ -206,7 +214,8 @@ WK_HANDLER(memcpy_htod)
     } else {
         if (rc == CUDA_SUCCESS)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
-        if (io_read_bulk(w, NULL, n) != 0) /* a failed call still consumes its data */
+        /* a failed call still consumes its data */
+        if ((cz ? cz_read(w, NULL, (size_t)n) : io_read_bulk(w, NULL, n)) != 0)
             return;
     }
     if (rc != CUDA_SUCCESS)
@@ -265,7 +274,11 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
 
     CUresult late = CUDA_SUCCESS;
     uint64_t off = 0;
-    int i = 0;
+    int i = 0, raw_run = 0, cz = cz_copy(w, n);
+    if (!cz) {
+        w->cz.d2h_raw += n;
+        w->cz.d2h_wire += n;
+    }
     while (off < n) {
         size_t len = n - off < WK_CHUNK ? (size_t)(n - off) : WK_CHUNK;
         uint64_t next = off + len;
@@ -276,7 +289,8 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
             if (late == CUDA_SUCCESS)
                 late = staging_mark(w, i ^ 1, s);
         }
-        if (io_write_direct(w, w->st.buf[i], len) != 0)
+        if ((cz ? cz_write(w, w->st.buf[i], len, &raw_run)
+                : io_write_direct(w, w->st.buf[i], len)) != 0)
             return;
         if (nlen > 0) {
             CUresult wr = staging_wait(w, i ^ 1);
@@ -308,6 +322,13 @@ static void dtoh_sim_direct(struct worker *w, uint64_t req, const gp_memcpy_dtoh
     r.data_len = m->size;
     WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
     w->stats.d2h_bytes += m->size;
+    if (cz_copy(w, m->size)) {
+        int raw_run = 0;
+        (void)cz_write(w, src, (size_t)m->size, &raw_run);
+        return;
+    }
+    w->cz.d2h_raw += m->size;
+    w->cz.d2h_wire += m->size;
     (void)io_write_direct(w, src, (size_t)m->size); /* flushes the reply header first */
 }
 
@@ -323,11 +344,12 @@ WK_HANDLER(memcpy_dtoh)
         WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
         return;
     }
-    if (m->size > WK_SMALL_COPY && w->drv.sim_host_pointer && m->size <= SIZE_MAX) {
+    int large = m->size > WK_SMALL_COPY || cz_copy(w, m->size); /* blocks: never the small way */
+    if (large && w->drv.sim_host_pointer && m->size <= SIZE_MAX) {
         dtoh_sim_direct(w, req, m);
         return;
     }
-    if (m->size > WK_SMALL_COPY) {
+    if (large) {
         dtoh_staged(w, req, m, s);
         return;
     }
@@ -347,4 +369,6 @@ WK_HANDLER(memcpy_dtoh)
     }
     gp_memcpy_dtoh_reply_frame(p, req, &r);
     w->stats.d2h_bytes += m->size;
+    w->cz.d2h_raw += m->size;
+    w->cz.d2h_wire += m->size;
 }

@@ -115,6 +115,7 @@ static void hello_snapshot(struct worker *w, const struct wk_options *o)
     r.granularity = w->gran;
     r.va_base = w->va_base;
     r.va_size = w->va_size;
+    r.features = w->cz.features;
     WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
     wlog("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
          (unsigned long long)o->session_id, s->name, o->ordinal, o->simulated ? ", simulated" : "",
@@ -222,6 +223,7 @@ int session_start(struct worker *w, const struct wk_options *o, const gp_hello *
         hello_refuse(w, req, CUDA_ERROR_OUT_OF_MEMORY, "the server is out of memory");
         return -1;
     }
+    w->cz.features = cz_negotiate(w, hello->flags);
     hello_snapshot(w, o);
     return 0;
 }
@@ -236,6 +238,7 @@ static void destroy_ctx(struct worker *w, uint64_t id, struct wk_obj *o)
 
 void session_end(struct worker *w)
 {
+    cz_end(w);
     if (w->drv.lib && w->primary) {
         /* Unloading and destroying need a context; the primary owns what is left after the
          * client's own contexts are gone. */

@@ -18,6 +18,7 @@
  *   h_ctx.c     contexts, limits, memory info, primary context reset
  *   h_mem.c     allocations in the VA window (vm.c), frees, device-side copies and memsets
  *   h_copy.c    host<->device copies through pinned staging buffers
+ *   compress.c  LZ4-compressed copies (blocks; the codec is client/shim/compress.c)
  *   h_stream.c  streams and events
  *   h_module.c  module/library loading, functions, globals (image cache: modcache.c)
  *   h_launch.c  function attributes, occupancy, launches
@@ -67,6 +68,15 @@ struct staging {
     CUevent ev[2];  /* ev[i] completes when the copy using buf[i] is done */
     int busy[2];    /* ev[i] was recorded and not yet waited for */
     uint64_t ev_ctx;/* context the events belong to (events are per context); 0 = none */
+};
+
+/* LZ4-compressed copies (compress.c, docs/protocol.md "Compressed copies"). */
+struct wk_lz4 {
+    uint32_t features; /* the hello reply's features (GP_HELLO_LZ4 when on) */
+    int on;            /* negotiated in the hello: large copies carry their bulk as blocks */
+    uint8_t *scratch;  /* one block's stored bytes (in) or encoded block (out); NULL until used */
+    /* Bytes of copy data (raw) and what carried them on the wire, every copy counted. */
+    uint64_t h2d_raw, h2d_wire, d2h_raw, d2h_wire;
 };
 
 /* Classes of client calls for the daemon's accounting (control channel `calls`). */
@@ -168,6 +178,7 @@ struct worker {
     unsigned notices;
 
     struct staging st;
+    struct wk_lz4 cz;
     struct modcache mc;
     void *params_buf; /* 8-byte aligned copy of launch arguments */
     size_t params_cap;
@@ -232,6 +243,21 @@ int err_is_sticky(CUresult rc);
 void end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *end_reason_name(enum wk_end_reason reason);
+
+/* ---- compress.c ------------------------------------------------------------------------ */
+/* The hello: whether the client asked for LZ4 (hello flags) and we can: sets w->cz.on; the
+ * reply's features. */
+uint32_t cz_negotiate(struct worker *w, uint32_t hello_flags);
+/* Whether a copy of n bytes travels as blocks in this session. */
+int cz_copy(const struct worker *w, uint64_t n);
+/* Reads blocks holding n raw bytes of a host-to-device copy into dst (NULL: check and drop).
+ * 0, or -1 (connection gone, or a corrupt block: protocol error sent, session ends). */
+int cz_read(struct worker *w, void *dst, size_t n);
+/* Writes n raw bytes of a device-to-host reply as blocks; *raw_run: the copy's adaptive state
+ * (0 at its start). 0, or -1 (connection gone). */
+int cz_write(struct worker *w, const void *src, size_t n, int *raw_run);
+/* At the end of the session: the byte counts in the log; frees the scratch buffer. */
+void cz_end(struct worker *w);
 
 /* ---- io.c ------------------------------------------------------------------------------- */
 /* sigfd: a signalfd to watch while waiting for the client (-1: none). The control socket

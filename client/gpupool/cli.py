@@ -170,6 +170,7 @@ def show_config(cfg: ClientConfig) -> None:
     print(_row("SETTING", "VALUE", "FROM"))
     for key in ("connect_timeout", "probe_timeout"):
         print(_row(key, format_number(getattr(cfg, key)) + " s", cfg.sources.get(key, "default")))
+    print(_row("compression", cfg.compression, cfg.sources.get("compression", "default")))
     print(_row("requirements.gpu", cfg.gpu or "(any)", cfg.sources.get("gpu", "default")))
     print(_row("requirements.model", cfg.model or "(any)", cfg.sources.get("model", "default")))
     print(_row("requirements.min_memory", f"{cfg.min_memory} bytes" if cfg.min_memory else "(any)",

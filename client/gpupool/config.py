@@ -64,7 +64,9 @@ PATH_HOW = "a file path"
 SIZE_HOW = ("write bytes or a number with a unit, e.g. 40G or 40GB (40*10^9 bytes), 40GiB "
             "(40*2^30), 512M, 17179869184")
 TOP_KEYS = ("token", "tls", "tls_ca", "tls_cert", "tls_key", "connect_timeout", "probe_timeout",
-            "servers")
+            "compression", "servers")
+# compression: "" (unset) and "off" -> off, "lz4" -> LZ4-compressed copies (docs/architecture.md)
+COMPRESSION_VALUES = ("off", "lz4")
 REQUIREMENT_KEYS = ("gpu", "model", "min_memory")
 SERVER_KEYS = ("address", "token", "tls", "tls_ca", "tls_cert", "tls_key")
 PATH_KEYS = ("tls_ca", "tls_cert", "tls_key")
@@ -126,6 +128,7 @@ class ClientConfig:
     gpu: str = ""
     model: str = ""
     min_memory: int = 0
+    compression: str = "off"  # "off" or "lz4"
     file: str = ""  # the file read, "" for none
     file_reason: str = ""  # why that file (or why none)
     sources: dict[str, str] = field(default_factory=dict)
@@ -283,6 +286,7 @@ class _Settings:
         self.gpu = ""
         self.model = ""
         self.min_memory = 0
+        self.compression = "off"
         self.holds_token = False
         self.sources: dict[str, str] = {}  # connect_timeout, gpu, ... -> FILE:LINE
 
@@ -609,6 +613,15 @@ class _Parser:
                 st.timeouts[key] = self.timeout_value(key, v)
                 st.sources[key] = where
                 return
+            if key == "compression":
+                self.want(key, v, str, '"off" or "lz4"')
+                t = v.strip(BLANKS)
+                if t and t not in COMPRESSION_VALUES:
+                    raise self.fail(f'compression = "{t}" is not supported: write "off" (the '
+                                    'default) or "lz4"')
+                st.compression = t or "off"
+                st.sources["compression"] = where
+                return
             if key == "servers":
                 if not isinstance(v, list):
                     raise self.fail("servers must be an array of addresses, servers = "
@@ -691,7 +704,7 @@ class _Parser:
                 return
         known, shown = {
             "top": ("token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, "
-                    "servers", ""),
+                    "compression, servers", ""),
             "requirements": ("gpu, model, min_memory", " in [requirements]"),
             "servers": ("address, token, tls, tls_ca, tls_cert, tls_key", " in [[servers]]"),
         }[section]
@@ -1103,6 +1116,13 @@ def _apply(cfg: ClientConfig, settings: _Settings, env: Mapping[str, str],
             raise ConfigError(f"GPUPOOL_MIN_MEMORY={mem} is not a size: {SIZE_HOW}")
         cfg.min_memory = size
         cfg.sources["min_memory"] = "GPUPOOL_MIN_MEMORY"
+    comp = _env(env, "GPUPOOL_COMPRESSION")
+    if comp:
+        if comp not in COMPRESSION_VALUES:
+            raise ConfigError(f"GPUPOOL_COMPRESSION={comp} is not supported: write off (the "
+                              "default) or lz4")
+        cfg.compression = comp
+        cfg.sources["compression"] = "GPUPOOL_COMPRESSION"
 
     # A client certificate needs its key, and a key its certificate.
     for srv in cfg.servers:
@@ -1146,6 +1166,7 @@ def load(env: Mapping[str, str] | None = None,
         for key, value in settings.timeouts.items():
             setattr(cfg, key, value)
         cfg.gpu, cfg.model, cfg.min_memory = settings.gpu, settings.model, settings.min_memory
+        cfg.compression = settings.compression
         cfg.sources.update(settings.sources)
     cfg.file_defaults = settings.defaults
     _apply(cfg, settings, env, note)

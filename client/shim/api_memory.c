@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "compress.h"
 #include "gp_graph.h"
 #include "gp_vmm.h"
 #include "shim.h"
@@ -205,7 +206,8 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint64_t wire, 
                         .data_len = n};
     GP_FRAME(buf, len, gp_memcpy_htod, &m);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = gp_post(buf, len, src, n);
+    CUresult r = gp_conn_lz4() && gp_cz_applies(n) ? gp_post_lz4(buf, len, src, n)
+                                                  : gp_post(buf, len, src, n);
     GP_FRAME_FREE(buf);
     return r;
 }

@@ -6,6 +6,7 @@
  *
  * The subset (what `gpupool login` writes, and what people write by hand):
  *   # comments                    anywhere outside a string
+ *   compression = "off" | "lz4"   top level: LZ4-compressed copies (docs/architecture.md)
  *   key = value                   bare keys; values: "basic" strings (escapes \" \\ \n \t
  *                                 \uXXXX), 'literal' strings, integers, floats, true/false,
  *                                 arrays of strings (on one line or several)
@@ -28,7 +29,7 @@
  * GPUPOOL_TOKEN, GPUPOOL_TLS, GPUPOOL_TLS_CA, GPUPOOL_TLS_CERT, GPUPOOL_TLS_KEY (every server;
  * "~/" expanded, a relative path is the caller's), GPUPOOL_CONNECT_TIMEOUT,
  * GPUPOOL_PROBE_TIMEOUT (digits with an optional fraction: "10", "2.5"), GPUPOOL_GPU (alias
- * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY.
+ * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_COMPRESSION (off, lz4).
  *
  * Self-contained: no shim state, no globals (the NVML shim links this file too).
  */
@@ -591,6 +592,7 @@ typedef struct file_settings {
     int has_connect_timeout, has_probe_timeout;
     char gpu[256], model[256];
     uint64_t min_memory;
+    int compression;
     int holds_token;
     char dir[4096]; /* the file's folder, symlinks resolved: relative paths start there */
 } file_settings;
@@ -698,6 +700,13 @@ static int address_value(parser *ps, const char *text, gp_server_config *s, int 
     return 1;
 }
 
+/* compression: "" (unset) and "off" -> GP_COMPRESSION_OFF, "lz4" -> GP_COMPRESSION_LZ4, else -1. */
+static int compression_value(const char *t, size_t n) {
+    if (n == 0 || (n == 3 && !memcmp(t, "off", 3))) return GP_COMPRESSION_OFF;
+    if (n == 3 && !memcmp(t, "lz4", 3)) return GP_COMPRESSION_LZ4;
+    return -1;
+}
+
 /* One `key = value` in section sec. 0, or -1 (error set). */
 static int apply_key(parser *ps, file_settings *fs, enum section sec, const char *key,
                      value *v) {
@@ -725,6 +734,19 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         if (!strcmp(key, "probe_timeout")) {
             fs->has_probe_timeout = 1;
             return timeout_value(ps, key, v, &fs->probe_timeout);
+        }
+        if (!strcmp(key, "compression")) {
+            if (want_type(ps, key, v, V_STR, "\"off\" or \"lz4\"") != 0) return -1;
+            size_t n = strlen(v->s);
+            const char *t = strip(v->s, &n);
+            int c = compression_value(t, n);
+            if (c < 0) {
+                PERR(ps, "compression = \"%.*s\" is not supported: write \"off\" (the default) or "
+                         "\"lz4\"", (int)n, t);
+                return -1;
+            }
+            fs->compression = c;
+            return 0;
         }
         if (!strcmp(key, "servers")) {
             if (want_type(ps, key, v, V_ARRAY,
@@ -838,7 +860,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         }
     }
     static const char *const known[] = {
-        "token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, servers",
+        "token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, compression, "
+        "servers",
         "gpu, model, min_memory",
         "address, token, tls, tls_ca, tls_cert, tls_key",
     };
@@ -1298,6 +1321,7 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         snprintf(cfg->gpu, sizeof cfg->gpu, "%s", fs->gpu);
         snprintf(cfg->model, sizeof cfg->model, "%s", fs->model);
         cfg->min_memory = fs->min_memory;
+        cfg->compression = fs->compression;
     }
 
     /* The list, with what each entry sets itself. */
@@ -1358,6 +1382,17 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
                     ecap) != 0 ||
         env_requirements(cfg, err, ecap) != 0)
         return -1;
+    size_t cn;
+    const char *cv = env_view("GPUPOOL_COMPRESSION", &cn);
+    if (cv) {
+        int c = compression_value(cv, cn);
+        if (c < 0) {
+            set_err(err, ecap, "GPUPOOL_COMPRESSION=%.*s is not supported: write off (the "
+                    "default) or lz4", (int)cn, cv);
+            return -1;
+        }
+        cfg->compression = c;
+    }
 
     /* A client certificate needs its key, and a key its certificate. */
     for (int i = 0; i < cfg->nservers; i++) {

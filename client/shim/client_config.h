@@ -20,6 +20,8 @@
 #include <stdint.h>
 
 #define GP_MAX_SERVERS 16
+#define GP_COMPRESSION_OFF 0
+#define GP_COMPRESSION_LZ4 1
 #define GP_DEFAULT_PORT "7070" /* gpupoold's default remoting listener */
 
 typedef struct gp_server_config {
@@ -36,6 +38,7 @@ typedef struct gp_client_config {
     double connect_timeout, probe_timeout; /* seconds; connect 0: no limit; probe 0: 2 s */
     char gpu[256], model[256];
     uint64_t min_memory;
+    int compression; /* GP_COMPRESSION_OFF (default) or GP_COMPRESSION_LZ4 */
     char file[4096]; /* the file read, "" for none */
 } gp_client_config;
 

@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "compress.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -113,6 +114,8 @@ typedef struct rstate {
     size_t pos, len;
 } rstate;
 static rstate rs; /* the read buffer; only the reader touches it */
+static uint8_t *cz_in; /* one LZ4 block's stored bytes (GP_LZ4_BLOCK); only the reader touches it */
+static atomic_int lz4_on; /* LZ4-compressed copies negotiated (connect.c) */
 
 /* ---- pending error and notices ---- */
 static atomic_int pending_error;
@@ -351,6 +354,44 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
     return r;
 }
 
+void gp_conn_set_lz4(int on) { atomic_store(&lz4_on, on); }
+int gp_conn_lz4(void) { return atomic_load(&lz4_on); }
+
+#define CZ_PIECE ((size_t)8 << 20) /* encoded and sent in pieces of this many raw bytes */
+
+CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n) {
+    CUresult r = gp_check_init();
+    if (r != CUDA_SUCCESS) return r;
+    if (!frame || frame_len < 16 || !src) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t *enc = malloc((size_t)gp_cz_bound(CZ_PIECE));
+    if (!enc) return CUDA_ERROR_OUT_OF_MEMORY;
+    const uint8_t *s = src;
+    gp_cz_enc st = {0};
+    pthread_mutex_lock(&send_lock);
+    gp_wr_u64(frame + 8, atomic_fetch_add(&next_req, 1));
+    if (atomic_load(&dead)) {
+        r = GP_LOST_CONNECTION_ERROR;
+    } else if (apply_ctx_locked() != 0) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (flush_locked(frame, frame_len, NULL, 0) != 0) {
+        r = GP_LOST_CONNECTION_ERROR;
+    } else {
+        /* The frame is out: from here only a lost connection stops the data. */
+        for (uint64_t off = 0; off < n;) {
+            size_t piece = n - off < CZ_PIECE ? (size_t)(n - off) : CZ_PIECE;
+            size_t len = gp_cz_encode(&st, s + off, piece, enc);
+            if (flush_locked(NULL, 0, enc, len) != 0) {
+                r = GP_LOST_CONNECTION_ERROR;
+                break;
+            }
+            off += piece;
+        }
+    }
+    pthread_mutex_unlock(&send_lock);
+    free(enc);
+    return r;
+}
+
 /* Link a waiter in (unless the connection is dead). 0, or -1 if dead. */
 static int waiter_add(waiter *w) {
     pthread_mutex_lock(&wait_lock);
@@ -541,6 +582,30 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
     return 0;
 }
 
+/* The bulk of a reply: n raw bytes into dst (NULL: discard), as LZ4 blocks when cz. A corrupt
+ * block breaks the stream. 0, or -1 with *why set. */
+static int rd_bulk(rstate *r, uint8_t *dst, uint64_t n, int cz, const char **why) {
+    if (!cz) return rd_exact(r, dst, n, why);
+    for (uint64_t done = 0; done < n;) {
+        uint8_t hdr[GP_CZ_HDR];
+        uint32_t raw, stored;
+        if (rd_exact(r, hdr, sizeof hdr, why) != 0) return -1;
+        if (gp_cz_header(hdr, n - done, &raw, &stored, why) != 0) return -1;
+        if (stored == raw || !dst) {
+            if (rd_exact(r, dst ? dst + done : NULL, stored, why) != 0) return -1;
+        } else {
+            if (!cz_in && !(cz_in = malloc(GP_LZ4_BLOCK))) {
+                *why = "out of memory for a compressed copy";
+                return -1;
+            }
+            if (rd_exact(r, cz_in, stored, why) != 0) return -1;
+            if (gp_cz_inflate(cz_in, stored, dst + done, raw, why) != 0) return -1;
+        }
+        done += raw;
+    }
+    return 0;
+}
+
 void gp_conn_notice(const uint8_t *body, size_t len) {
     gp_notice m;
     if (gp_notice_decode(body, len, &m) != 0) return;
@@ -581,6 +646,7 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
         }
         bulk = d.data_len;
     }
+    int cz = hd->op == GP_OP_MEMCPY_DTOH && gp_conn_lz4() && gp_cz_applies(bulk);
 
     pthread_mutex_lock(&wait_lock);
     waiter *w = waiter_take_locked(hd->req);
@@ -590,18 +656,18 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
     if (!w) {
         gp_log_debug("reply to unknown request %llu (op %s) ignored", (unsigned long long)hd->req,
                      gp_op_name(hd->op));
-        rc = rd_exact(rs, NULL, bulk, why);
+        rc = rd_bulk(rs, NULL, bulk, cz, why);
         free(body);
         return rc;
     }
     if (bulk > w->cap) {
         gp_log_error("server sent %llu bytes for a %llu-byte copy (op %s); dropped",
                      (unsigned long long)bulk, (unsigned long long)w->cap, gp_op_name(hd->op));
-        rc = rd_exact(rs, NULL, bulk, why);
+        rc = rd_bulk(rs, NULL, bulk, cz, why);
         if (result == 0) result = CUDA_ERROR_UNKNOWN;
         bulk = 0;
     } else if (bulk) {
-        rc = rd_exact(rs, w->dst, bulk, why);
+        rc = rd_bulk(rs, w->dst, bulk, cz, why);
     }
     if (rc != 0) result = GP_LOST_CONNECTION_ERROR;
 

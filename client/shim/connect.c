@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <pwd.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@
 #include <unistd.h>
 
 #include "client_config.h"
+#include "compress.h"
 #include "info_client.h"
 #include "net.h"
 #include "sha256.h"
@@ -174,13 +176,24 @@ static int tls_refusal(gp_link *l, char *msg, size_t mcap) {
     return ATTEMPT_TLS;
 }
 
+/* GP_HELLO_LZ4 when the configuration asks for compressed copies and liblz4 loads. */
+static uint32_t want_lz4(const gp_client_config *cfg) {
+    if (cfg->compression != GP_COMPRESSION_LZ4) return 0;
+    if (gp_lz4_available()) return GP_HELLO_LZ4;
+    static atomic_int said;
+    if (!atomic_exchange(&said, 1))
+        gp_log_info("compression = lz4 is set but %s: copies stay uncompressed (install liblz4, "
+                    "package liblz4-1)", gp_lz4_why());
+    return 0;
+}
+
 /* Hello on a connected socket (inside TLS when l->tls). Fills msg with the reason when not
  * ATTEMPT_OK. */
 static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
                      char *msg, size_t mcap) {
     gp_hello h = {
         .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
-        .pid = (uint32_t)getpid(), .flags = 0,
+        .pid = (uint32_t)getpid(), .flags = want_lz4(hc->cfg),
         .host = hc->host, .host_len = (uint32_t)strlen(hc->host),
         .user = hc->user, .user_len = (uint32_t)strlen(hc->user),
         .program = hc->program, .program_len = (uint32_t)strlen(hc->program),
@@ -297,6 +310,11 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
                          (unsigned long long)r.va_base, (unsigned long long)r.va_size,
                          (unsigned long long)va_base, (unsigned long long)va_size);
         gp_state_set_snapshot(&r);
+        gp_conn_set_lz4((h.flags & GP_HELLO_LZ4) && (r.features & GP_HELLO_LZ4));
+        if (h.flags & GP_HELLO_LZ4)
+            gp_log_debug("lz4-compressed copies: %s", r.features & GP_HELLO_LZ4
+                                                         ? "on"
+                                                         : "not accepted by the server");
         gp_log_debug("connected to %s (%.*s%s, session %llu, device \"%.*s\", driver %d, "
                      "window 0x%llx+0x%llx)",
                      hc->desc, (int)r.server_len, r.server, r.simulated ? ", simulated" : "",

@@ -38,6 +38,12 @@ CUresult gp_conn_ensure(void);
  * bytes 8..15 is assigned here). `bulk` (may be NULL/0) is streamed after it without copying
  * when large. Returns the loss error if the connection is gone, else CUDA_SUCCESS. */
 CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len);
+/* gp_post for a memcpy_htod of n bytes whose bulk goes as LZ4 blocks (compress.h): only when
+ * gp_conn_lz4() and gp_cz_applies(n). Encodes piece by piece while it sends. */
+CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n);
+/* LZ4-compressed copies were negotiated in the hello (connect.c sets it). */
+void gp_conn_set_lz4(int on);
+int gp_conn_lz4(void);
 
 /* A decoded reply: `body` points at the reply body (starting with the i32 result). */
 typedef struct gp_reply {

@@ -55,7 +55,9 @@ int main(void) {
            cfg->probe_timeout);
     put_key_string("gpu", cfg->gpu, 1);
     put_key_string("model", cfg->model, 1);
-    printf(", \"min_memory\": %llu, \"servers\": [", (unsigned long long)cfg->min_memory);
+    printf(", \"min_memory\": %llu, \"compression\": \"%s\", \"servers\": [",
+           (unsigned long long)cfg->min_memory,
+           cfg->compression == GP_COMPRESSION_LZ4 ? "lz4" : "off");
     for (int i = 0; i < cfg->nservers; i++) {
         const gp_server_config *s = &cfg->servers[i];
         printf("%s{", i ? ", " : "");

@@ -49,3 +49,15 @@ $(BUILD)/tests/config_dump: $(BUILD)/obj/tests/c/config_dump.o \
 		$(SHIM_OBJ)/tls.o $(SHIM_OBJ)/log.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl
+
+# The LZ4 block codec of compressed copies (client/shim/compress.c).
+TEST_BINS += $(BUILD)/tests/test_compress
+$(BUILD)/tests/test_compress: $(BUILD)/obj/tests/c/test_compress.o $(SHIM_OBJ)/compress.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -ldl -lpthread
+
+# A driver-API client of the shim copying zeros/random both ways (tests/test_e2e_compression.py).
+TEST_BINS += $(BUILD)/tests/copy_check
+$(BUILD)/tests/copy_check: $(BUILD)/obj/tests/c/copy_check.o $(BUILD)/client/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'
