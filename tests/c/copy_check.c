@@ -63,17 +63,26 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Context and one device buffer of n bytes on device 0; 0, or -1 (counted as failed). */
+static int open_device(size_t n, CUcontext *ctx, CUdeviceptr *d) {
+    CUdevice dev;
+    int before = failed;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuCtxCreate_v2(ctx, 0, dev));
+    CK(cuMemAlloc_v2(d, n));
+    return failed == before ? 0 : -1;
+}
+
 static int bench(size_t mib, int reps) {
     size_t n = mib << 20;
     uint8_t *buf = malloc(n);
-    CUdevice dev;
     CUcontext ctx;
     CUdeviceptr d = 0;
-    if (!buf) return 1;
-    CK(cuInit(0));
-    CK(cuDeviceGet(&dev, 0));
-    CK(cuCtxCreate_v2(&ctx, 0, dev));
-    CK(cuMemAlloc_v2(&d, n));
+    if (!buf || open_device(n, &ctx, &d) != 0) {
+        free(buf);
+        return 1;
+    }
     uint64_t x = 0x243f6a8885a308d3ull;
     for (int pattern = 0; pattern < 2 && !failed; pattern++) {
         for (size_t i = 0; i < n; i++) {
@@ -106,14 +115,12 @@ static int bench(size_t mib, int reps) {
 static int dtoh_once(size_t mib) {
     size_t n = mib << 20;
     uint8_t *buf = malloc(n);
-    CUdevice dev;
     CUcontext ctx;
     CUdeviceptr d = 0;
-    if (!buf) return 1;
-    CK(cuInit(0));
-    CK(cuDeviceGet(&dev, 0));
-    CK(cuCtxCreate_v2(&ctx, 0, dev));
-    CK(cuMemAlloc_v2(&d, n));
+    if (!buf || open_device(n, &ctx, &d) != 0) {
+        free(buf);
+        return 1;
+    }
     CUresult rc = cuMemcpyDtoH_v2(buf, d, n);
     printf("dtoh: %d\n", (int)rc);
     free(buf);
@@ -132,15 +139,10 @@ int main(int argc, char **argv) {
         printf("FAIL copy_check: out of host memory\n");
         return 1;
     }
-    CUdevice dev;
     CUcontext ctx;
     CUdeviceptr d = 0;
     CUstream s = NULL;
-    CK(cuInit(0));
-    CK(cuDeviceGet(&dev, 0));
-    CK(cuCtxCreate_v2(&ctx, 0, dev));
-    CK(cuMemAlloc_v2(&d, big));
-    CK(cuStreamCreate(&s, 0));
+    if (open_device(big, &ctx, &d) == 0) CK(cuStreamCreate(&s, 0));
     if (failed) {
         printf("FAIL copy_check: setup failed\n");
         return 1;
