@@ -11,35 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from client_config_example import EXAMPLE
 from conftest import REPO
 
 from gpupool import config as cc
-
-EXAMPLE = """\
-# written by `gpupool login`; mode 0600
-token = "gpt_default"             # default token for servers without their own
-tls = false
-tls_ca = "certs/ca.pem"           # relative: to the file's folder
-connect_timeout = 10
-probe_timeout = 2.5
-
-[requirements]
-gpu = ""
-model = "H100"
-min_memory = "40GiB"
-
-[[servers]]
-address = "gpu1.example.com:7070"
-token = "gpt_one"
-
-[[servers]]
-address = "tls://gpu2.example.com:7071"
-tls_ca = "~/ca2.pem"
-
-[[servers]]
-address = "[::1]:7072"
-tls = true
-"""
 
 
 def write(tmp_path: Path, text: str, name: str = "config.toml", mode: int = 0o600) -> Path:
