@@ -29,8 +29,6 @@ import datetime
 import http.client
 import os
 import platform
-import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -41,6 +39,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402 - bench/ is not a package
 BUILD = ROOT / "build"
 MIB = 1 << 20
 
@@ -128,21 +128,8 @@ class Daemon:
         return env
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        sys.path.insert(0, str(ROOT))
-        from gpupoold.sim import sim_memory_dir
-
-        for folder in (sim_memory_dir(self.state), self.state):
-            shutil.rmtree(folder, ignore_errors=True)
+        benchlib.stop_process_group(self.proc, 30)
+        benchlib.remove_state(self.state)
 
 
 def parse_facts(out: str) -> dict[str, str]:
@@ -377,11 +364,7 @@ def main() -> int:
           "| metric | measured | reference (same run) | target |", "|---|---|---|---|"]
     for name, value, unit, ref_text, target in rows:
         md.append(f"| {name} | {value:.3f} {unit} | {ref_text} | {target} |")
-    text = "\n".join(md) + "\n"
-    print()
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    benchlib.emit_markdown(md, args.markdown)
     return 0
 
 

@@ -250,11 +250,7 @@ def main() -> int:
           "| metric | measured | reference (same run) | target |", "|---|---|---|---|"]
     for name, value, ref_text, target in rows:
         md.append(f"| {name} | {value:.3f} ms | {ref_text} | {target} |")
-    text = "\n".join(md) + "\n"
-    print()
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    db.benchlib.emit_markdown(md, args.markdown)
     return 0
 
 

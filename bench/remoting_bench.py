@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402 - bench/ is not a package
 BENCH = ROOT / "bench"
 SIZES = (4096, 1 << 20, 256 << 20)
 READY = re.compile(r"gpupoold: remoting on (\S+):(\d+)")
@@ -157,15 +159,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
-        try:  # workers left behind, if any
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        sys.path.insert(0, str(ROOT))
-        from gpupoold.sim import sim_memory_dir  # the simulated GPU's memory (in /dev/shm)
-
-        shutil.rmtree(sim_memory_dir(Path(self.state_dir)), ignore_errors=True)
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        benchlib.stop_process_group(self.proc, 0)  # workers left behind, if any
+        benchlib.remove_state(Path(self.state_dir))
 
 
 # ------------------------------------------------------------------------------------ running
@@ -407,20 +402,11 @@ def text_table(rows: list[Row]) -> str:
         body.append((r.metric, fmt(r.measured, r.unit),
                      f"{fmt(r.reference, r.unit)} ({r.ref_what})",
                      "n/a" if ratio is None else f"{ratio:.2f}x", r.target, r.verdict))
-    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
-    line = lambda cols: "  ".join(str(c).ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, body)])
+    return benchlib.text_table(head, body)
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
-                cpu = ln.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = benchlib.cpu_model()
     mem = ""
     try:
         for ln in Path("/proc/meminfo").read_text().splitlines():

@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402 - bench/ is not a package
 TRAIN_TARGET = 1.10
 GENERATION_TARGET = 1.30
 SEED = 1234
@@ -604,25 +606,10 @@ class RealGpuDaemon:
         return env
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        benchlib.stop_process_group(self.proc, 60)
         self._log.close()
-        try:  # the memory of a simulated GPU, had gpupoold fallen back to one (it is refused above)
-            sys.path.insert(0, str(ROOT))
-            from gpupoold.sim import sim_memory_dir
-
-            shutil.rmtree(sim_memory_dir(self.state), ignore_errors=True)
-        except ImportError:
-            pass
-        shutil.rmtree(self.state, ignore_errors=True)
+        # with the memory of a simulated GPU, had gpupoold fallen back to one (it is refused above)
+        benchlib.remove_state(self.state)
 
 
 # ------------------------------------------------------------------------------------ running
@@ -740,24 +727,11 @@ def text_table(rows: list[dict[str, Any]], remote_label: str) -> str:
         body.append((r["workload"], r["unit"], fmt_rate(r["native"].get("rate")),
                      fmt_rate(r["remote"].get("rate")), r["ratio_text"], f"<= {r['target']:.2f}",
                      r["verdict"], agreement_text(r)))
-    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
-
-    def line(cols: tuple[str, ...]) -> str:
-        return "  ".join(str(c).ljust(w) for c, w in zip(cols, widths)).rstrip()
-
-    return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, body)])
+    return benchlib.text_table(head, body)
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
-                cpu = ln.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, Linux {platform.release()}"
+    return f"{benchlib.cpu_model()}, {os.cpu_count()} CPUs, Linux {platform.release()}"
 
 
 def commit() -> str:
