@@ -163,6 +163,10 @@ def test_outside_the_subset_names_file_and_line(tmp_path: Path, text: str, line:
     ("[requirements]\nmin_memory = -5\n", 2, "min_memory must be a size in quotes"),
     ("[[servers]]\naddress = 'a:b'\n", 2, "'a:b' is not a server address: write host, "
                                            "host:port, [v6]:port or tls://host:port"),
+    ("[[servers]]\naddress = 'a:1'\ncompression = 'LZ4'\n[[servers]]\naddress = 'b'\n", 3,
+     'server a:1: compression = "LZ4" is not supported'),
+    ("[[servers]]\naddress = 'a:1'\ncompression = false\n", 3,
+     'compression must be "off" or "lz4"'),
     ("servers = ['ok', 'a b:1']\n", 1, "'a b:1' is not a server address"),
 ])
 def test_bad_values_name_file_and_line(tmp_path: Path, text: str, line: int, what: str) -> None:
@@ -195,7 +199,7 @@ def test_unknown_keys_and_tables_warn_once_each(tmp_path: Path) -> None:
         f"{path}:1: unknown setting 'colour' ignored (known there: token, tls, tls_ca, "
         "tls_cert, tls_key, connect_timeout, probe_timeout, compression, servers)",
         f"{path}:6: unknown setting 'port' in [[servers]] ignored (known there: address, token, "
-        "tls, tls_ca, tls_cert, tls_key)"])
+        "tls, tls_ca, tls_cert, tls_key, compression)"])
 
 
 def test_a_token_readable_by_others_is_warned_about(tmp_path: Path) -> None:
@@ -234,6 +238,75 @@ def test_environment_overrides_key_by_key(tmp_path: Path) -> None:
     # tls:// turns TLS on whatever GPUPOOL_TLS says.
     cfg, _ = load(env_for(path, GPUPOOL_TLS="off"))
     assert [s.tls for s in cfg.servers] == [False, True, False]
+
+
+PER_SERVER = """\
+compression = "lz4"
+[[servers]]
+address = "near:1"
+compression = "off"
+[[servers]]
+address = "far:2"
+[[servers]]
+address = "blank:3"
+compression = " "
+"""
+
+
+def test_per_server_compression_and_its_source(tmp_path: Path) -> None:
+    """A [[servers]] table's compression wins over the top level's for that server (a blank
+    one is unset); GPUPOOL_COMPRESSION wins over every server's; each says where it came from."""
+    path = write(tmp_path, PER_SERVER)
+    cfg, _ = load(env_for(path))
+    assert (cfg.compression, cfg.sources["compression"]) == ("lz4", f"{path}:1")
+    assert [(s.compression, s.sources["compression"]) for s in cfg.servers] == [
+        ("off", f"{path}:4"), ("lz4", f"{path}:1"), ("lz4", f"{path}:1")]
+    for value in ("off", "lz4"):
+        cfg, _ = load(env_for(path, GPUPOOL_COMPRESSION=f" {value} "))
+        assert cfg.compression == value
+        assert [(s.compression, s.sources["compression"]) for s in cfg.servers] == [
+            (value, "GPUPOOL_COMPRESSION")] * 3
+    # The reverse: off at the top (here by default), lz4 for one server.
+    path = write(tmp_path, '[[servers]]\naddress = "near:1"\n[[servers]]\naddress = "far:2"\n'
+                           'compression = "lz4"\n', "reverse.toml")
+    cfg, _ = load(env_for(path))
+    assert cfg.compression == "off" and "compression" not in cfg.sources
+    near, far = cfg.servers
+    assert near.compression == "off" and "compression" not in near.sources  # the default
+    assert (far.compression, far.sources["compression"]) == ("lz4", f"{path}:5")
+    # GPUPOOL_SERVER keeps a file entry's own compression; a new address takes the top level's.
+    cfg, _ = load(env_for(path, GPUPOOL_SERVER="far:2,new:3"))
+    assert [s.compression for s in cfg.servers] == ["lz4", "off"]
+    assert cfg.servers[0].sources["compression"] == f"{path}:5"
+    # Refused values name the file, the line and the server; blank in the environment is unset.
+    bad = write(tmp_path, '[[servers]]\ncompression = "zstd"\naddress = "far:2"\n', "bad.toml")
+    with pytest.raises(cc.ConfigError) as info:
+        load(env_for(bad))
+    assert str(info.value) == (f'{bad}:2: server far:2: compression = "zstd" is not supported: '
+                               'write "off" or "lz4", or leave it out for the top-level '
+                               "compression")
+    cfg, _ = load(env_for(path, GPUPOOL_COMPRESSION="  "))
+    assert [s.compression for s in cfg.servers] == ["off", "lz4"]
+
+
+def test_gpupool_config_shows_each_servers_compression(tmp_path: Path) -> None:
+    path = write(tmp_path, PER_SERVER)
+    env = {**os.environ, "GPUPOOL_CONFIG": str(path), "PYTHONPATH": str(REPO / "client")}
+    for name in ("GPUPOOL_SERVER", "GPUPOOL_COMPRESSION"):
+        env.pop(name, None)
+
+    def rows() -> list[list[str]]:
+        proc = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True,
+                              text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [line.split() for line in proc.stdout.splitlines()
+                if line.split()[:1] == ["compression"]]
+
+    # The top level's row first, then one per server.
+    assert rows() == [["compression", "lz4", f"{path}:1"], ["compression", "off", f"{path}:4"],
+                      ["compression", "lz4", f"{path}:1"], ["compression", "lz4", f"{path}:1"]]
+    env["GPUPOOL_COMPRESSION"] = "off"
+    assert rows() == [["compression", "off", "GPUPOOL_COMPRESSION"]] * 4
 
 
 @pytest.mark.parametrize(("name", "value", "what"), [

@@ -42,6 +42,18 @@ tls_key = ""
 """
 
 
+# Two servers under a top-level compression, each with a line of its own (or none).
+TWO_SERVERS = """\
+compression = "{top}"
+[[servers]]
+address = "near:1"
+{near}
+[[servers]]
+address = "far:2"
+{far}
+"""
+
+
 @dataclass
 class Case:
     name: str
@@ -143,6 +155,40 @@ CASES = [
     Case("compression not a known value", "compression = 'zstd'\n", expect="error",
          words='compression = "zstd" is not supported'),
     Case("compression not a string", "compression = true\n", expect="error", words=":1: "),
+    # ---------------------------------------------------------------- per-server compression
+    Case("per-server compression lz4 under a top level off", TWO_SERVERS.format(
+        top="off", near="", far="compression = ' lz4 '"),
+        words='"address": "far:2", "host": "far", "port": "2", "tls": false, "token": "", '
+              '"tls_ca": "", "tls_cert": "", "tls_key": "", "compression": "lz4"'),
+    Case("per-server compression off under a top level lz4", TWO_SERVERS.format(
+        top="lz4", near="compression = 'off'", far=""),
+        words='"address": "near:1", "host": "near", "port": "1", "tls": false, "token": "", '
+              '"tls_ca": "", "tls_cert": "", "tls_key": "", "compression": "off"'),
+    Case("GPUPOOL_COMPRESSION=off over every server's own", TWO_SERVERS.format(
+        top="lz4", near="compression = 'lz4'", far=""), env={"GPUPOOL_COMPRESSION": " off "},
+        words='"compression": "off"'),
+    Case("GPUPOOL_COMPRESSION=lz4 over every server's own", TWO_SERVERS.format(
+        top="off", near="compression = 'off'", far="compression = 'off'"),
+        env={"GPUPOOL_COMPRESSION": "lz4"}, words='"compression": "lz4"'),
+    Case("a blank per-server compression is unset", TWO_SERVERS.format(
+        top="lz4", near="compression = '  '", far="compression = ''"),
+        words='"compression": "lz4"'),
+    Case("GPUPOOL_SERVER keeps a file entry's compression", TWO_SERVERS.format(
+        top="off", near="", far="compression = 'lz4'"), env={"GPUPOOL_SERVER": "FAR:2,new:3"},
+        words='"compression": "lz4"'),
+    Case("per-server compression not a known value", TWO_SERVERS.format(
+        top="off", near="", far="compression = ' zstd '"), expect="error",
+        words=':7: server far:2: compression = "zstd" is not supported: write "off" or "lz4", '
+              "or leave it out for the top-level compression"),
+    Case("per-server compression not a known value, before the address",
+         "[[servers]]\ncompression = 'gzip'\naddress = 'tls://far:2'\n[[servers]]\n"
+         "address = 'b'\n", expect="error",
+         words=':2: server far:2: compression = "gzip" is not supported'),
+    Case("per-server compression refused, no address: the address first",
+         "[[servers]]\ncompression = 'gzip'\n", expect="error",
+         words=":1: this [[servers]] entry has no address"),
+    Case("per-server compression not a string", "[[servers]]\naddress = 'a'\ncompression = 1\n",
+         expect="error", words=':3: compression must be "off" or "lz4"'),
     Case("GPUPOOL_COMPRESSION not a known value", None, expect="error",
          env={"GPUPOOL_SERVER": "a", "GPUPOOL_COMPRESSION": "LZ4"},
          words="GPUPOOL_COMPRESSION=LZ4 is not supported"),
@@ -265,7 +311,8 @@ def _python(env: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
             "min_memory": cfg.min_memory, "compression": cfg.compression,
             "servers": [{"address": s.address, "host": s.host, "port": s.port, "tls": s.tls,
                          "token": s.token, "tls_ca": s.tls_ca, "tls_cert": s.tls_cert,
-                         "tls_key": s.tls_key} for s in cfg.servers]}, warnings
+                         "tls_key": s.tls_key, "compression": s.compression}
+                        for s in cfg.servers]}, warnings
 
 
 def _c(binary: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, Any], list[str]]:
@@ -333,6 +380,24 @@ def test_the_table_says_what_it_means(dump: Path, tmp_path: Path,
     out, warnings = run("unknown keys and tables warn")
     assert len(warnings) == 5, warnings
 
+    def compression(name: str) -> tuple[str, list[str]]:
+        out, _ = run(name)
+        return out["compression"], [s["compression"] for s in out["servers"]]
+
+    # A server's own compression wins over the top level's, both ways; blank is unset;
+    # GPUPOOL_COMPRESSION wins over all; GPUPOOL_SERVER keeps an entry's own.
+    assert compression("per-server compression lz4 under a top level off") == ("off",
+                                                                               ["off", "lz4"])
+    assert compression("per-server compression off under a top level lz4") == ("lz4",
+                                                                               ["off", "lz4"])
+    assert compression("a blank per-server compression is unset") == ("lz4", ["lz4", "lz4"])
+    assert compression("GPUPOOL_COMPRESSION=off over every server's own") == ("off",
+                                                                              ["off", "off"])
+    assert compression("GPUPOOL_COMPRESSION=lz4 over every server's own") == ("lz4",
+                                                                              ["lz4", "lz4"])
+    assert compression("GPUPOOL_SERVER keeps a file entry's compression") == ("off",
+                                                                              ["lz4", "off"])
+
     out, warnings = run("GPUPOOL_DEVICE yields to GPUPOOL_GPU with a warning")
     assert warnings == ["GPUPOOL_DEVICE=GPU-ab ignored: GPUPOOL_GPU=1 is set (GPUPOOL_DEVICE is "
                         "its old name)"]
@@ -361,3 +426,7 @@ def test_the_dump_program_needs_no_python(dump: Path) -> None:
     assert json.loads(proc.stdout) == {"ok": True, "file": "", "connect_timeout": 10,
                                        "probe_timeout": 2, "gpu": "", "model": "",
                                        "min_memory": 0, "compression": "off", "servers": []}
+    proc = subprocess.run([dump], env={"GPUPOOL_CONFIG": "none", "GPUPOOL_SERVER": "a"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["servers"][0]["compression"] == "off"

@@ -107,6 +107,27 @@ def test_worker_without_liblz4_serves_uncompressed(native_build, start_daemon):
                      r"/nonexistent/liblz4.so.1", server.log_text()), server.log_text()
 
 
+@pytest.mark.san
+@pytest.mark.parametrize(("top", "own", "mode"), [("off", "lz4", "on"), ("lz4", "off", "off")],
+                         ids=["server-lz4-top-off", "server-off-top-lz4"])
+def test_per_server_compression_from_the_config_file(gpupool_server, tmp_path, top, own, mode):
+    """compression in the [[servers]] table of the server used wins over the top level's, both
+    ways (the file alone: no GPUPOOL_SERVER, no GPUPOOL_COMPRESSION)."""
+    path = tmp_path / "config.toml"
+    path.write_text(f'compression = "{top}"\n\n[[servers]]\naddress = "{gpupool_server.address}"'
+                    f'\ncompression = "{own}"\n')
+    path.chmod(0o600)
+    copy_check(gpupool_server, "zeros", {"GPUPOOL_CONFIG": str(path), "GPUPOOL_SERVER": "",
+                                         "GPUPOOL_COMPRESSION": ""})
+    counts = session_counts(gpupool_server, 1)
+    if mode == "on":
+        _, h_raw, h_wire, d_raw, d_wire = counts
+        assert counts[0] == "on" and h_raw == d_raw == RAW
+        assert h_wire < RAW // 50 and d_wire < RAW // 50, (h_wire, d_wire)
+    else:
+        assert counts == ("off", RAW, RAW, RAW, RAW)
+
+
 def test_client_without_liblz4_asks_for_nothing(gpupool_server):
     proc = copy_check(gpupool_server, "zeros", {"GPUPOOL_COMPRESSION": "lz4",
                                                 "GPUPOOL_LZ4_LIBRARY": "/nonexistent/x.so"})

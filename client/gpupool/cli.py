@@ -170,6 +170,7 @@ def show_config(cfg: ClientConfig) -> None:
     print(_row("SETTING", "VALUE", "FROM"))
     for key in ("connect_timeout", "probe_timeout"):
         print(_row(key, format_number(getattr(cfg, key)) + " s", cfg.sources.get(key, "default")))
+    # The servers' default; each server's own value is shown with it below.
     print(_row("compression", cfg.compression, cfg.sources.get("compression", "default")))
     print(_row("requirements.gpu", cfg.gpu or "(any)", cfg.sources.get("gpu", "default")))
     print(_row("requirements.model", cfg.model or "(any)", cfg.sources.get("model", "default")))
@@ -190,6 +191,7 @@ def show_config(cfg: ClientConfig) -> None:
             value = getattr(srv, key)
             if value or key in srv.sources:
                 print(_row(f"  {key}", value or '""', srv.sources.get(key, "default")))
+        print(_row("  compression", srv.compression, srv.sources.get("compression", "default")))
 
 
 def _cmd_config(env: Mapping[str, str]) -> int:

@@ -65,10 +65,11 @@ SIZE_HOW = ("write bytes or a number with a unit, e.g. 40G or 40GB (40*10^9 byte
             "(40*2^30), 512M, 17179869184")
 TOP_KEYS = ("token", "tls", "tls_ca", "tls_cert", "tls_key", "connect_timeout", "probe_timeout",
             "compression", "servers")
-# compression: "" (unset) and "off" -> off, "lz4" -> LZ4-compressed copies (docs/architecture.md)
+# compression: "" (unset) and "off" -> off, "lz4" -> LZ4-compressed copies (docs/architecture.md);
+# at the top level (every server's default) and in a [[servers]] table (that server's own).
 COMPRESSION_VALUES = ("off", "lz4")
 REQUIREMENT_KEYS = ("gpu", "model", "min_memory")
-SERVER_KEYS = ("address", "token", "tls", "tls_ca", "tls_cert", "tls_key")
+SERVER_KEYS = ("address", "token", "tls", "tls_ca", "tls_cert", "tls_key", "compression")
 PATH_KEYS = ("tls_ca", "tls_cert", "tls_key")
 TRUE_WORDS = ("1", "yes", "true", "on")
 FALSE_WORDS = ("0", "no", "false", "off")
@@ -84,7 +85,7 @@ SECONDS_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 # What a [[servers]] entry sets itself (the C side's F_* bits).
-F_TOKEN, F_TLS, F_CA, F_CERT, F_KEY, F_PREFIX = 1, 2, 4, 8, 16, 32
+F_TOKEN, F_TLS, F_CA, F_CERT, F_KEY, F_PREFIX, F_COMP = 1, 2, 4, 8, 16, 32, 64
 PATH_BITS = {"tls_ca": F_CA, "tls_cert": F_CERT, "tls_key": F_KEY}
 
 
@@ -105,6 +106,7 @@ class ServerConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_prefix: bool = False  # written tls://... (TLS whatever else says)
+    compression: str = "off"  # GPUPOOL_COMPRESSION, else its own, else the top level's
     sources: dict[str, str] = field(default_factory=dict)  # setting -> where it came from
 
     @property
@@ -128,7 +130,7 @@ class ClientConfig:
     gpu: str = ""
     model: str = ""
     min_memory: int = 0
-    compression: str = "off"  # "off" or "lz4"
+    compression: str = "off"  # top level (or GPUPOOL_COMPRESSION): the servers' default
     file: str = ""  # the file read, "" for none
     file_reason: str = ""  # why that file (or why none)
     sources: dict[str, str] = field(default_factory=dict)
@@ -287,6 +289,9 @@ class _Settings:
         self.model = ""
         self.min_memory = 0
         self.compression = "off"
+        # A [[servers]] compression that is not a known value: (line, value), refused when its
+        # entry ends, naming the entry's address (which may come after it).
+        self.bad_compression: tuple[int, str] | None = None
         self.holds_token = False
         self.sources: dict[str, str] = {}  # connect_timeout, gpu, ... -> FILE:LINE
 
@@ -702,11 +707,23 @@ class _Parser:
                     st.bits[i] |= PATH_BITS[key]
                     srv.sources[key] = where
                 return
+            if key == "compression":
+                self.want(key, v, str, '"off" or "lz4"')
+                t = v.strip(BLANKS)
+                if t and t not in COMPRESSION_VALUES:  # check_entry refuses it, naming the server
+                    st.bad_compression = (self.line, t)
+                    return
+                if t:  # blank: unset, the top level's applies
+                    srv.compression = t
+                    st.bits[i] |= F_COMP
+                    srv.sources["compression"] = where
+                return
         known, shown = {
             "top": ("token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, "
                     "compression, servers", ""),
             "requirements": ("gpu, model, min_memory", " in [requirements]"),
-            "servers": ("address, token, tls, tls_ca, tls_cert, tls_key", " in [[servers]]"),
+            "servers": ("address, token, tls, tls_ca, tls_cert, tls_key, compression",
+                        " in [[servers]]"),
         }[section]
         self.warn(f"{where}: unknown setting '{key}'{shown} ignored (known there: {known})")
 
@@ -770,11 +787,19 @@ class _Parser:
         return section
 
     def check_entry(self, section: str, header_line: int) -> None:
-        if section != "servers" or self.st.servers[-1].address:
+        """The [[servers]] entry that ended (or the last one) must have an address, and a known
+        compression if it sets one."""
+        if section != "servers":
             return
-        self.line = header_line
-        raise self.fail("this [[servers]] entry has no address; write address = \"host:port\" "
-                        "under it")
+        srv = self.st.servers[-1]
+        if not srv.address:
+            self.line = header_line
+            raise self.fail("this [[servers]] entry has no address; write address = "
+                            "\"host:port\" under it")
+        if self.st.bad_compression is not None:
+            self.line, t = self.st.bad_compression
+            raise self.fail(f'server {srv.address}: compression = "{t}" is not supported: write '
+                            '"off" or "lz4", or leave it out for the top-level compression')
 
     def keep(self, section: str, key: str, v: Any) -> None:
         """The value as written, in data."""
@@ -1002,8 +1027,8 @@ def _env_servers(listed: str, settings: _Settings) -> tuple[list[ServerConfig], 
         for j, same in enumerate(settings.servers):
             if same.key != srv.key:
                 continue
-            # That entry's token and TLS settings (and where they came from).
-            for key in ("token", "tls", *PATH_KEYS):
+            # That entry's token, TLS and compression settings (and where they came from).
+            for key in ("token", "tls", *PATH_KEYS, "compression"):
                 setattr(srv, key, getattr(same, key))
                 if key in same.sources:
                     srv.sources[key] = same.sources[key]
@@ -1123,6 +1148,14 @@ def _apply(cfg: ClientConfig, settings: _Settings, env: Mapping[str, str],
                               "default) or lz4")
         cfg.compression = comp
         cfg.sources["compression"] = "GPUPOOL_COMPRESSION"
+    # Each server's compression: GPUPOOL_COMPRESSION, else its own, else the top level's.
+    for srv, flags in zip(servers, bits):
+        if comp or not flags & F_COMP:
+            srv.compression = cfg.compression
+            if "compression" in cfg.sources:
+                srv.sources["compression"] = cfg.sources["compression"]
+            else:
+                srv.sources.pop("compression", None)
 
     # A client certificate needs its key, and a key its certificate.
     for srv in cfg.servers:

@@ -6,12 +6,14 @@
  *
  * The subset (what `gpupool login` writes, and what people write by hand):
  *   # comments                    anywhere outside a string
- *   compression = "off" | "lz4"   top level: LZ4-compressed copies (docs/architecture.md)
+ *   compression = "off" | "lz4"   LZ4-compressed copies (docs/architecture.md): at the top level
+ *                                 (every server's default) and in a [[servers]] table (that
+ *                                 server's own)
  *   key = value                   bare keys; values: "basic" strings (escapes \" \\ \n \t
  *                                 \uXXXX), 'literal' strings, integers, floats, true/false,
  *                                 arrays of strings (on one line or several)
  *   [requirements]                gpu, model, min_memory
- *   [[servers]]                   address, token, tls, tls_ca, tls_cert, tls_key
+ *   [[servers]]                   address, token, tls, tls_ca, tls_cert, tls_key, compression
  * Anything else (inline tables, dotted or quoted keys, multi-line strings, dates, other arrays)
  * is an error naming FILE:LINE and what is supported. An unknown key or table is one warning and
  * is ignored. Numbers: TOML's decimal grammar (underscores between digits, an optional sign,
@@ -25,11 +27,13 @@
  *
  * Then the environment, key by key: every GPUPOOL_* value is stripped the same way and a blank
  * one counts as unset. GPUPOOL_SERVER (a comma-separated list that replaces the file's; an
- * address the file has as a [[servers]] entry keeps that entry's token and TLS settings),
+ * address the file has as a [[servers]] entry keeps that entry's token, TLS and compression
+ * settings),
  * GPUPOOL_TOKEN, GPUPOOL_TLS, GPUPOOL_TLS_CA, GPUPOOL_TLS_CERT, GPUPOOL_TLS_KEY (every server;
  * "~/" expanded, a relative path is the caller's), GPUPOOL_CONNECT_TIMEOUT,
  * GPUPOOL_PROBE_TIMEOUT (digits with an optional fraction: "10", "2.5"), GPUPOOL_GPU (alias
- * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_COMPRESSION (off, lz4).
+ * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_COMPRESSION (off, lz4; every
+ * server, over the servers' own compression).
  *
  * Self-contained: no shim state, no globals (the NVML shim links this file too).
  */
@@ -577,7 +581,7 @@ static int parse_value(parser *ps, const char *key, value *v) {
 /* ============================================================ the file's settings == */
 
 /* What a server entry sets itself. F_PREFIX: its address is tls://... (TLS whatever else says). */
-enum { F_TOKEN = 1, F_TLS = 2, F_CA = 4, F_CERT = 8, F_KEY = 16, F_PREFIX = 32 };
+enum { F_TOKEN = 1, F_TLS = 2, F_CA = 4, F_CERT = 8, F_KEY = 16, F_PREFIX = 32, F_COMP = 64 };
 
 typedef struct file_settings {
     gp_server_config servers[GP_MAX_SERVERS]; /* address/host/port and their own settings */
@@ -593,6 +597,10 @@ typedef struct file_settings {
     char gpu[256], model[256];
     uint64_t min_memory;
     int compression;
+    /* A [[servers]] compression that is not a known value: refused when its entry ends, naming
+     * the entry's address (it may come after). 0: none. */
+    int bad_compression_line;
+    char bad_compression[MAX_STRING];
     int holds_token;
     char dir[4096]; /* the file's folder, symlinks resolved: relative paths start there */
 } file_settings;
@@ -858,12 +866,26 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             if (*dst) fs->set[i] |= bit;
             return 0;
         }
+        if (!strcmp(key, "compression")) {
+            if (want_type(ps, key, v, V_STR, "\"off\" or \"lz4\"") != 0) return -1;
+            size_t n = strlen(v->s);
+            const char *t = strip(v->s, &n);
+            int c = compression_value(t, n);
+            if (c < 0) { /* check_entry refuses it, naming the server */
+                fs->bad_compression_line = ps->line;
+                snprintf(fs->bad_compression, sizeof fs->bad_compression, "%.*s", (int)n, t);
+                return 0;
+            }
+            s->compression = c;
+            if (n) fs->set[i] |= F_COMP; /* blank: unset, the top level's applies */
+            return 0;
+        }
     }
     static const char *const known[] = {
         "token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, compression, "
         "servers",
         "gpu, model, min_memory",
-        "address, token, tls, tls_ca, tls_cert, tls_key",
+        "address, token, tls, tls_ca, tls_cert, tls_key, compression",
     };
     static const char *const where[] = {"", " in [requirements]", " in [[servers]]"};
     gp_log_info("%s:%d: unknown setting '%s'%s ignored (known there: %s)", ps->file, ps->line,
@@ -938,12 +960,24 @@ static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *r
     return rc;
 }
 
-/* The [[servers]] entry that ended (or the last one) must have an address. */
+/* The [[servers]] entry that ended (or the last one) must have an address, and a known
+ * compression if it sets one. */
 static int check_entry(parser *ps, file_settings *fs, enum section sec, int header_line) {
-    if (sec != SEC_SERVER || fs->servers[fs->nservers - 1].address[0]) return 0;
+    if (sec != SEC_SERVER) return 0;
+    const gp_server_config *s = &fs->servers[fs->nservers - 1];
     int line = ps->line;
-    ps->line = header_line;
-    PERR(ps, "this [[servers]] entry has no address; write address = \"host:port\" under it");
+    if (!s->address[0]) {
+        ps->line = header_line;
+        PERR(ps, "this [[servers]] entry has no address; write address = \"host:port\" under "
+                 "it");
+    } else if (fs->bad_compression_line) {
+        ps->line = fs->bad_compression_line;
+        PERR(ps, "server %s: compression = \"%s\" is not supported: write \"off\" or \"lz4\", "
+                 "or leave it out for the top-level compression", s->address,
+             fs->bad_compression);
+    } else {
+        return 0;
+    }
     ps->line = line;
     return -1;
 }
@@ -1202,12 +1236,14 @@ static int env_servers(const char *list, size_t len, const file_settings *fs,
         for (int j = 0; j < fs->nservers; j++) {
             const gp_server_config *f = &fs->servers[j];
             if (strcasecmp(f->host, s->host) != 0 || strcmp(f->port, s->port) != 0) continue;
-            /* Its token and TLS settings; the address as GPUPOOL_SERVER writes it. */
+            /* Its token, TLS and compression settings; the address as GPUPOOL_SERVER writes
+             * it. */
             memcpy(s->token, f->token, sizeof s->token);
             s->tls = f->tls;
             memcpy(s->tls_ca, f->tls_ca, sizeof s->tls_ca);
             memcpy(s->tls_cert, f->tls_cert, sizeof s->tls_cert);
             memcpy(s->tls_key, f->tls_key, sizeof s->tls_key);
+            s->compression = f->compression;
             bits = fs->set[j];
             break;
         }
@@ -1393,6 +1429,9 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         }
         cfg->compression = c;
     }
+    /* Each server's compression: GPUPOOL_COMPRESSION, else its own, else the top level's. */
+    for (int i = 0; i < cfg->nservers; i++)
+        if (cv || !(set[i] & F_COMP)) cfg->servers[i].compression = cfg->compression;
 
     /* A client certificate needs its key, and a key its certificate. */
     for (int i = 0; i < cfg->nservers; i++) {

@@ -7,8 +7,9 @@
  * ${XDG_CONFIG_HOME:-$HOME/.config}/gpupool/config.toml when it exists, else
  * /etc/gpupool/config.toml when it exists, else none. A TOML subset (client_config.c says which);
  * the environment (GPUPOOL_SERVER, GPUPOOL_TOKEN, GPUPOOL_TLS*, GPUPOOL_*_TIMEOUT, GPUPOOL_GPU,
- * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY) overrides it key by key. Values are stripped of blanks
- * at both ends and an empty one counts as unset, in the file and the environment alike.
+ * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_COMPRESSION) overrides it key by key. Values
+ * are stripped of blanks at both ends and an empty one counts as unset, in the file and the
+ * environment alike.
  *
  * Self-contained (client_config.c, requirements.c, log.c): no shim state, so that the NVML shim
  * links it too.
@@ -30,6 +31,7 @@ typedef struct gp_server_config {
     int tls;           /* 0/1 after all overrides */
     char token[4097];
     char tls_ca[4096], tls_cert[4096], tls_key[4096];
+    int compression; /* GP_COMPRESSION_*: GPUPOOL_COMPRESSION, else its own, else the top level */
 } gp_server_config;
 
 typedef struct gp_client_config {
@@ -38,7 +40,8 @@ typedef struct gp_client_config {
     double connect_timeout, probe_timeout; /* seconds; connect 0: no limit; probe 0: 2 s */
     char gpu[256], model[256];
     uint64_t min_memory;
-    int compression; /* GP_COMPRESSION_OFF (default) or GP_COMPRESSION_LZ4 */
+    int compression; /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
+                      * use each server's own (gp_server_config.compression) */
     char file[4096]; /* the file read, "" for none */
 } gp_client_config;
 

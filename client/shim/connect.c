@@ -100,7 +100,7 @@ enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW, ATTEMPT_T
 typedef struct hello_ctx {
     char host[256], user[256], program[1024];
     const gp_client_config *cfg; /* requirements, timeouts */
-    const gp_server_config *srv; /* the server being tried: token, TLS */
+    const gp_server_config *srv; /* the server being tried: token, TLS, compression */
     double timeout_s;
     const char *desc;       /* the server being tried ("host:port"), for messages */
     const char *token_hint; /* what to check when the token is refused */
@@ -176,9 +176,10 @@ static int tls_refusal(gp_link *l, char *msg, size_t mcap) {
     return ATTEMPT_TLS;
 }
 
-/* GP_HELLO_LZ4 when the configuration asks for compressed copies and liblz4 loads. */
-static uint32_t want_lz4(const gp_client_config *cfg) {
-    if (cfg->compression != GP_COMPRESSION_LZ4) return 0;
+/* GP_HELLO_LZ4 when the server's configuration (its own compression, else the top level's, or
+ * GPUPOOL_COMPRESSION) asks for compressed copies and liblz4 loads. */
+static uint32_t want_lz4(const gp_server_config *srv) {
+    if (srv->compression != GP_COMPRESSION_LZ4) return 0;
     if (gp_lz4_available()) return GP_HELLO_LZ4;
     static atomic_int said;
     if (!atomic_exchange(&said, 1))
@@ -193,7 +194,7 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
                      char *msg, size_t mcap) {
     gp_hello h = {
         .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
-        .pid = (uint32_t)getpid(), .flags = want_lz4(hc->cfg),
+        .pid = (uint32_t)getpid(), .flags = want_lz4(hc->srv),
         .host = hc->host, .host_len = (uint32_t)strlen(hc->host),
         .user = hc->user, .user_len = (uint32_t)strlen(hc->user),
         .program = hc->program, .program_len = (uint32_t)strlen(hc->program),

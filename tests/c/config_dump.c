@@ -4,8 +4,11 @@
  * `gpupool.config.load` on the same files and environment.
  *
  *   {"ok": true, "file": "...", "connect_timeout": 10, "probe_timeout": 2, "gpu": "",
- *    "model": "", "min_memory": 0, "servers": [{"address": ..., "host": ..., "port": ...,
- *    "tls": false, "token": ..., "tls_ca": ..., "tls_cert": ..., "tls_key": ...}, ...]}
+ *    "model": "", "min_memory": 0, "compression": "off", "servers": [{"address": ...,
+ *    "host": ..., "port": ..., "tls": false, "token": ..., "tls_ca": ..., "tls_cert": ...,
+ *    "tls_key": ..., "compression": "off"}, ...]}
+ * The top-level "compression" is the servers' default; each server's is what its connection
+ * uses.
  *   {"ok": false, "error": "the one-line error"}
  *
  * Warnings go to stderr as the shims print them ("gpupool: ..."). Exit status 0 either way (2
@@ -35,6 +38,10 @@ static void put_key_string(const char *key, const char *value, int comma) {
     put_string(value);
 }
 
+static const char *compression_name(int c) {
+    return c == GP_COMPRESSION_LZ4 ? "lz4" : "off";
+}
+
 int main(void) {
     gp_client_config *cfg = calloc(1, sizeof *cfg);
     if (!cfg) {
@@ -56,8 +63,7 @@ int main(void) {
     put_key_string("gpu", cfg->gpu, 1);
     put_key_string("model", cfg->model, 1);
     printf(", \"min_memory\": %llu, \"compression\": \"%s\", \"servers\": [",
-           (unsigned long long)cfg->min_memory,
-           cfg->compression == GP_COMPRESSION_LZ4 ? "lz4" : "off");
+           (unsigned long long)cfg->min_memory, compression_name(cfg->compression));
     for (int i = 0; i < cfg->nservers; i++) {
         const gp_server_config *s = &cfg->servers[i];
         printf("%s{", i ? ", " : "");
@@ -69,6 +75,7 @@ int main(void) {
         put_key_string("tls_ca", s->tls_ca, 1);
         put_key_string("tls_cert", s->tls_cert, 1);
         put_key_string("tls_key", s->tls_key, 1);
+        put_key_string("compression", compression_name(s->compression), 1);
         printf("}");
     }
     printf("]}\n");
