@@ -156,8 +156,13 @@ def _view(fn: Any, *args: Any) -> Any:
 async def healthz(request: web.Request) -> web.Response:
     app = request.app
     s = app[LEASES].summary()
-    return _json({"ok": True, "version": __version__, "remoting": app[REMOTING].address,
-                  "gpus": s["gpus"], "leases": s["leases"], "queue": s["queue"]})
+    # A GPU the watchdog found stuck (it cannot move on by itself) makes the server unhealthy
+    # until it is repaired: a load balancer or monitor sees it, with the reason.
+    body = {"ok": not s["stuck"], "version": __version__, "remoting": app[REMOTING].address,
+            "gpus": s["gpus"], "leases": s["leases"], "queue": s["queue"]}
+    if s["stuck"]:
+        body["stuck"] = s["stuck"]
+    return _json(body, status=200 if body["ok"] else 503)
 
 
 async def status(request: web.Request) -> web.Response:

@@ -44,7 +44,7 @@ from gpupoold.settings import Settings
 from gpupoold.store import NewLease, Store
 from gpupoold.telemetry import Telemetry, unknown_live
 from gpupoold.waitqueue import ClientInfo, Waiter, WaitQueue
-from gpupoold.workers import Worker, WorkerStartError, WorkerSupervisor
+from gpupoold.workers import Worker, WorkerExit, WorkerStartError, WorkerSupervisor
 
 log = logging.getLogger("gpupoold.leases")
 
@@ -53,6 +53,11 @@ FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED = (
 START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
 END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
 PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
+WATCHDOG_INTERVAL = 0.5  # seconds between the watchdog's checks of every GPU
+# A grant's lease must start within this: a worker spawn (60 s at most), the store, the hello.
+GRANT_LIMIT = 120.0
+REPAIR_WINDOW = 600.0  # seconds: more than REPAIR_LIMIT repairs in this window quarantine a GPU
+REPAIR_LIMIT = 3
 STATE_FILE = "gpu-state.json"
 
 
@@ -116,6 +121,12 @@ class Slot:
     prestart_task: asyncio.Task[None] | None = None
     quarantine: dict[str, Any] | None = None
     last_scrub: dict[str, Any] | None = None
+    # The task that moves the GPU on from `leased` or `scrubbing` (its lease's watcher, or a
+    # scrub): the watchdog repairs a GPU in one of those states that has none.
+    task: asyncio.Task[Any] | None = None
+    reserved_at: float = 0.0  # time.monotonic() of the grant in `reserved`
+    stuck: dict[str, Any] | None = None  # {"since", "why"}: seen by the watchdog, not repaired yet
+    repairs: list[float] = field(default_factory=list)  # monotonic times of watchdog repairs
 
     def set_state(self, state: str) -> None:
         if state != self.state:
@@ -178,8 +189,9 @@ class LeaseManager:
                             slot.gpu.index)
                 continue
             slot.set_state(SCRUBBING)
-            self._spawn(self._clean(slot, orphaned.get(slot.gpu.index, [])),
-                        f"startup-scrub-{slot.gpu.index}")
+            self._own(slot, self._clean(slot, orphaned.get(slot.gpu.index, [])),
+                      f"startup-scrub-{slot.gpu.index}")
+        self._spawn(self._watchdog(), "watchdog")
 
     async def close(self, grace: float) -> None:
         """Refuse the waiters, stop every worker, record the ends of the active leases."""
@@ -204,6 +216,11 @@ class LeaseManager:
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
+
+    def _own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]:
+        """Spawn the task that moves `slot` on (a lease's watcher or a scrub)."""
+        slot.task = self._spawn(coro, name)
+        return slot.task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -299,6 +316,7 @@ class LeaseManager:
                 continue
             self.queue.leave(w)
             slot.reserved = w
+            slot.reserved_at = time.monotonic()
             slot.set_state(LEASED)
             w.future.set_result(slot)
             self._changed(slot)
@@ -341,7 +359,7 @@ class LeaseManager:
         self._leases[lease.id] = lease
         self.counters.inc("leases_started")
         self.metrics.lease_granted(lease.queued_s)
-        self._spawn(self._watch(lease), f"lease-{lease.id}")
+        self._own(slot, self._watch(lease), f"lease-{lease.id}")
         self._changed(slot)
         try:
             await worker.assign(lease.id, client_fd, hello_body, hello_req)
@@ -389,20 +407,33 @@ class LeaseManager:
             lease.worker.kill()
 
     async def _watch(self, lease: Lease) -> None:
-        """Wait for the lease's worker to exit, record the end, then clean the GPU."""
-        ex = await lease.worker.exited
+        """Wait for the lease's worker to exit, record the end, then clean the GPU. Whatever fails
+        in the bookkeeping, the GPU leaves the lease and is scrubbed (or quarantined)."""
+        ex = await lease.worker.exited  # cancelled here only when the daemon stops
         slot = lease.slot
-        if lease.timer is not None:
-            lease.timer.cancel()
+        try:
+            self._leases.pop(lease.id, None)
+            if slot.lease is lease:
+                slot.lease = None
+            if lease.timer is not None:
+                lease.timer.cancel()
+            await self._record_end(lease, ex)
+        except Exception:
+            log.exception("lease %d: recording its end failed; its GPU %d is scrubbed anyway",
+                          lease.id, slot.gpu.index)
+        if self._closing:
+            return
+        await self._clean(slot, [lease.id])
+
+    async def _record_end(self, lease: Lease, ex: WorkerExit) -> None:
+        slot = lease.slot
         reason, detail = lease.end_override or (ex.reason, ex.detail)
         if self._closing and lease.end_override is None and reason in ("shutdown",
                                                                        "worker crashed"):
             reason, detail = "daemon stopped", f"gpupoold stopped ({ex.detail or ex.reason})"
         self._forget_pid(lease.worker)
-        self._leases.pop(lease.id, None)
-        slot.lease = None
         s = ex.stats
-        # Same event-loop step as the pop above: a scrape sees the lease live or ended, once.
+        # Same event-loop step as the pop in _watch: a scrape sees the lease live or ended, once.
         self.metrics.lease_ended(lease.token, time.time() - lease.started, s)
         level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
         log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
@@ -411,40 +442,147 @@ class LeaseManager:
         self.counters.inc("leases_ended", reason=reason)
         await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
                                      s.bytes_d2h, dict(s.calls), module_bytes=s.module_bytes)
-        if self._closing:
-            return
-        slot.set_state(SCRUBBING)
-        self._changed(slot)
-        await self._clean(slot, [lease.id])
 
     async def _clean(self, slot: Slot, lease_ids: list[int]) -> None:
-        """Scrub and check `slot`'s GPU, record the result, and free or quarantine it."""
-        result = await self.cleaner.clean(slot.gpu)
+        """Scrub and check `slot`'s GPU, record the result, and free or quarantine it. Never
+        raises: a failure of the cleaner quarantines the GPU; a failure of the records is
+        logged."""
+        slot.set_state(SCRUBBING)
+        self._changed(slot)
+        try:
+            result = await self.cleaner.clean(slot.gpu)
+        except Exception as exc:
+            log.exception("GPU %d: the scrub failed", slot.gpu.index)
+            result = CleanResult(ok=False, problems=[f"internal error while cleaning: {exc}"])
         for lease_id in lease_ids:
-            await self.store.lease_scrubbed(lease_id, result.ok, result.to_json())
+            try:
+                await self.store.lease_scrubbed(lease_id, result.ok, result.to_json())
+            except Exception:
+                log.exception("lease %d: recording its scrub failed", lease_id)
         self._after_clean(slot, result)
 
     def _after_clean(self, slot: Slot, result: CleanResult) -> None:
+        # The GPU's new state first: nothing below (logs, metrics) may leave it scrubbing.
+        if result.ok:
+            slot.set_state(DRAINED if slot.draining else FREE)
+        else:
+            slot.quarantine = {"reason": result.summary(), "since": time.time(),
+                               "problems": result.problems}
+            slot.set_state(QUARANTINED)
         slot.last_scrub = {"ok": result.ok, "at": time.time(), "summary": result.summary(),
                            "bytes": result.scrub.get("bytes", 0),
                            "duration_s": round(result.duration_s, 3)}
-        self.counters.inc("scrubs", result="ok" if result.ok else "failed")
-        if result.reset is not None:
-            self.counters.inc("resets", result="ok" if result.reset.get("ok") else "failed")
-        self.metrics.cleaned(result.duration_s, result.reset)
+        try:
+            self.counters.inc("scrubs", result="ok" if result.ok else "failed")
+            if result.reset is not None:
+                self.counters.inc("resets", result="ok" if result.reset.get("ok") else "failed")
+            self.metrics.cleaned(result.duration_s, result.reset)
+        except Exception:
+            log.exception("GPU %d: counting the scrub failed", slot.gpu.index)
         if result.ok:
             log.info("GPU %d clean: %s", slot.gpu.index, result.summary())
-            slot.set_state(DRAINED if slot.draining else FREE)
             if slot.state == FREE:
                 self._prestart(slot)
         else:
             log.error("GPU %d QUARANTINED: %s. Investigate, then `gpupoold gpu clear %d`",
                       slot.gpu.index, result.summary(), slot.gpu.index)
-            slot.quarantine = {"reason": result.summary(), "since": time.time(),
-                               "problems": result.problems}
-            slot.set_state(QUARANTINED)
             self._save_state_soon()
         self._changed(slot)
+        self._dispatch()
+
+    # ------------------------------------------------------------------------------ watchdog
+    def stuck_reason(self, slot: Slot) -> str | None:
+        """Why `slot` cannot move on by itself (None: it can). A leased or scrubbing GPU always has
+        a task that will move it on; a free one holds nothing."""
+        task_alive = slot.task is not None and not slot.task.done()
+        if slot.state == LEASED:
+            if slot.reserved is not None:
+                waited = time.monotonic() - slot.reserved_at
+                if waited > GRANT_LIMIT:
+                    return (f"granted to a client {waited:.0f} s ago but its lease never "
+                            "started")
+                return None
+            if slot.lease is None:
+                return "leased, but no lease holds it"
+            if not task_alive:
+                return f"lease {slot.lease.id} has nobody watching its worker"
+            return None
+        if slot.state == SCRUBBING and not task_alive:
+            return "scrubbing, but no scrub is running"
+        if slot.state in (FREE, DRAINED) and (slot.lease is not None or slot.reserved is not None):
+            return f"{slot.state}, but still held by a lease or a grant"
+        return None
+
+    async def _watchdog(self) -> None:
+        """Every WATCHDOG_INTERVAL: find GPUs that cannot move on by themselves (a bug, or a
+        failure nothing else caught), report them (/healthz, metrics, views) and repair them.
+        A GPU seen stuck at two checks in a row is repaired; one repaired too often is
+        quarantined with the reason."""
+        while not self._closing:
+            await asyncio.sleep(WATCHDOG_INTERVAL)
+            for slot in self.slots:
+                try:
+                    self._watch_slot(slot)
+                except Exception:
+                    log.exception("watchdog: checking GPU %d failed", slot.gpu.index)
+
+    def _watch_slot(self, slot: Slot) -> None:
+        why = self.stuck_reason(slot)
+        if why is None:
+            if slot.stuck is not None:
+                slot.stuck = None
+                self._changed(slot)
+            return
+        if slot.stuck is None or slot.stuck.get("why") != why:
+            log.error("watchdog: GPU %d is stuck (%s)", slot.gpu.index, why)
+            slot.stuck = {"since": time.time(), "why": why}
+            self._changed(slot)
+            return
+        now = time.monotonic()
+        slot.repairs = [t for t in slot.repairs if now - t < REPAIR_WINDOW] + [now]
+        self.counters.inc("watchdog_repairs")
+        if len(slot.repairs) > REPAIR_LIMIT:
+            self._quarantine_stuck(slot, why)
+        else:
+            self._repair(slot, why)
+        slot.stuck = None
+        self._changed(slot)
+
+    def _repair(self, slot: Slot, why: str) -> None:
+        lease = slot.lease
+        if lease is not None and slot.state == LEASED:
+            # The watcher records the end (at once if the worker is gone) and scrubs.
+            log.error("watchdog: GPU %d: %s; watching lease %d again", slot.gpu.index, why,
+                      lease.id)
+            self._own(slot, self._watch(lease), f"lease-{lease.id}")
+            return
+        log.error("watchdog: GPU %d: %s; scrubbing it", slot.gpu.index, why)
+        if lease is not None:
+            self._leases.pop(lease.id, None)
+            slot.lease = None
+        if slot.reserved is not None:
+            w, slot.reserved = slot.reserved, None
+            self.queue.leave(w)
+            if not w.future.done():
+                w.future.cancel()
+        self._own(slot, self._clean(slot, [lease.id] if lease is not None else []),
+                  f"repair-scrub-{slot.gpu.index}")
+
+    def _quarantine_stuck(self, slot: Slot, why: str) -> None:
+        reason = (f"the watchdog repaired this GPU {len(slot.repairs)} times in "
+                  f"{REPAIR_WINDOW:g} s (last: {why})")
+        log.error("GPU %d QUARANTINED: %s. Investigate (the log above), then `gpupoold gpu clear "
+                  "%d`", slot.gpu.index, reason, slot.gpu.index)
+        if slot.task is not None:
+            slot.task.cancel()
+        if slot.lease is not None:
+            self._leases.pop(slot.lease.id, None)
+            slot.lease.worker.kill()
+            slot.lease = None
+        slot.reserved = None
+        slot.quarantine = {"reason": reason, "since": time.time(), "problems": [why]}
+        slot.set_state(QUARANTINED)
+        self._save_state_soon()
         self._dispatch()
 
     # ------------------------------------------------------------------------- pre-started workers
@@ -565,6 +703,7 @@ class LeaseManager:
                 "state": slot.state, "since": slot.since, "draining": slot.draining,
                 "lease": slot.lease.view() if slot.lease is not None else None,
                 "quarantine": slot.quarantine, "last_scrub": slot.last_scrub,
+                "stuck": slot.stuck,
                 "worker_ready": slot.idle_worker is not None,
                 "live": (self.telemetry.live(g.index) if self.telemetry is not None
                          else unknown_live(g))}
@@ -587,7 +726,8 @@ class LeaseManager:
         reply's cache (info.py) is rebuilt when it changes."""
         slots = tuple((s.state, s.since, s.draining, s.lease,
                        s.lease.worker.stats if s.lease is not None else None,
-                       s.quarantine, s.last_scrub, s.idle_worker is not None) for s in self.slots)
+                       s.quarantine, s.last_scrub, s.idle_worker is not None,
+                       s.stuck is not None) for s in self.slots)
         leases = tuple((lease, lease.worker.stats) for lease in self._leases.values())
         return slots, leases, tuple(w.ticket for w in self.queue)
 
@@ -595,8 +735,10 @@ class LeaseManager:
         states = {st: 0 for st in (FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED)}
         for s in self.slots:
             states[s.state] += 1
+        stuck = [{"gpu": s.gpu.index, "state": s.state, **s.stuck}
+                 for s in self.slots if s.stuck is not None]
         return {"gpus": len(self.slots), "states": states, "leases": len(self._leases),
-                "queue": len(self.queue)}
+                "queue": len(self.queue), "stuck": stuck}
 
     def active(self) -> list[Lease]:
         """The active leases (for the metrics collector: no views built)."""
@@ -640,11 +782,11 @@ class LeaseManager:
         reason = (slot.quarantine or {}).get("reason", "")
         slot.quarantine = None
         slot.set_state(SCRUBBING)
+        self._own(slot, self._clean(slot, []), f"clear-scrub-{index}")
         await asyncio.to_thread(self._write_state, self._state_snapshot())
         await self.store.audit(actor, "gpu.clear", f"gpu {index}", f"was: {reason}")
         log.info("GPU %d quarantine cleared by %s: scrubbing and checking it again", index, actor)
         self._changed(slot)
-        self._spawn(self._clean(slot, []), f"clear-scrub-{index}")
         return self._view(slot)
 
     async def end_lease(self, lease_id: int, actor: str, reason: str) -> dict[str, Any]:

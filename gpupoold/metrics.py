@@ -202,6 +202,8 @@ class Collector(_CollectorBase):
                                   labels=["gpu", "state"])
         draining = GaugeMetricFamily("gpupool_gpu_draining",
                                      "1 when a drain is pending or in effect.", labels=["gpu"])
+        stuck = GaugeMetricFamily("gpupool_gpu_stuck", "1 while the watchdog finds the GPU "
+                                  "unable to move on by itself (it repairs it).", labels=["gpu"])
         idle = GaugeMetricFamily("gpupool_gpu_lease_idle", "1 when the GPU is leased and its "
                                  "utilisation was 0 in every sample of the last 5 minutes.",
                                  labels=["gpu"])
@@ -249,6 +251,7 @@ class Collector(_CollectorBase):
             for st in GPU_STATES:
                 state.add_metric([gpu, st], 1 if slot.state == st else 0)
             draining.add_metric([gpu], 1 if slot.draining else 0)
+            stuck.add_metric([gpu], 1 if slot.stuck is not None else 0)
             busy_at = self._busy_at.get(g.index)
             is_idle = (slot.lease is not None and busy_at is not None
                        and now - busy_at >= IDLE_WINDOW
@@ -276,6 +279,7 @@ class Collector(_CollectorBase):
         yield info
         yield state
         yield draining
+        yield stuck
         yield from gauges.values()
         yield energy
         yield ecc
@@ -363,6 +367,9 @@ class Collector(_CollectorBase):
                                   value=self.counters.get("scrubs", result="failed"))
         yield CounterMetricFamily("gpupool_reset_failures", "GPU resets that failed.",
                                   value=self.counters.get("resets", result="failed"))
+        yield CounterMetricFamily("gpupool_watchdog_repairs", "GPUs the watchdog found stuck "
+                                  "and repaired (or quarantined).",
+                                  value=self.counters.get("watchdog_repairs"))
         build = GaugeMetricFamily("gpupool_build_info", "gpupoold's version and protocol (value 1).",
                                   labels=["version", "protocol"])
         build.add_metric([__version__, f"{gp.MAJOR}.{gp.MINOR}"], 1)

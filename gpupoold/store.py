@@ -230,6 +230,12 @@ def _token(row: sqlite3.Row) -> TokenRecord:
                        last_used=row["last_used"], created_by=row["created_by"])
 
 
+def _counter(value: int) -> int:
+    """A byte or call count as SQLite's INTEGER holds it: clamped to 0 .. 2^63 - 1 (the counts
+    come from workers, whose numbers are never trusted to fit)."""
+    return min(max(int(value), 0), (1 << 63) - 1)
+
+
 def _lease(row: sqlite3.Row) -> LeaseRecord:
     values = {key: row[key] for key in row.keys()}
     values["simulated"] = bool(values["simulated"])
@@ -415,8 +421,8 @@ class StoreDB:
             cur = db.execute(
                 "UPDATE leases SET ended = ?, end_reason = ?, end_detail = ?, bytes_h2d = ?, "
                 "bytes_d2h = ?, calls = ?, module_bytes = ? WHERE id = ?",
-                (ended, reason, detail, bytes_h2d, bytes_d2h, json.dumps(calls, sort_keys=True),
-                 module_bytes, lease_id))
+                (ended, reason, detail, _counter(bytes_h2d), _counter(bytes_d2h),
+                 json.dumps(calls, sort_keys=True), _counter(module_bytes), lease_id))
             if cur.rowcount == 0:
                 raise NotFound(f"no lease {lease_id}")
 

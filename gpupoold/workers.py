@@ -98,8 +98,15 @@ def describe_exit(code: int) -> str:
     return f"exit code {code} ({EXIT_MEANINGS.get(code, 'error')})"
 
 
+COUNTER_MAX = (1 << 63) - 1  # what SQLite's INTEGER (and Prometheus' int64 view) can hold
+
+
 def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A counter from a worker event: a non-negative integer that fits the store, else 0 (a
+    worker's number is input to the daemon, never trusted to fit)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= COUNTER_MAX:
+        return value
+    return 0
 
 
 @dataclass

@@ -49,6 +49,7 @@ class FakeLeaseManager:
         self.queue: list[dict[str, Any]] = []
         self.calls: list[tuple[Any, ...]] = []
         self.broken = False
+        self.stuck: list[dict[str, Any]] = []  # what the watchdog reports (summary()["stuck"])
 
     def _gpu(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self.gpus):
@@ -74,7 +75,7 @@ class FakeLeaseManager:
         for g in self.gpus:
             states[g["state"]] += 1
         return {"gpus": len(self.gpus), "states": states, "leases": len(self.live),
-                "queue": len(self.queue)}
+                "queue": len(self.queue), "stuck": list(self.stuck)}
 
     async def drain(self, index: int, actor: str) -> dict[str, Any]:
         g = self._gpu(index)
@@ -305,6 +306,17 @@ async def test_healthz_needs_no_token(api: Api) -> None:
     # Even a bad token does not matter there.
     assert (await api.call("GET", "/healthz", "nonsense"))[0] == 200
     assert api.counters.total("http_auth_refused") == 0
+
+
+async def test_healthz_is_unhealthy_while_a_gpu_is_stuck(api: Api) -> None:
+    stuck = {"gpu": 1, "state": "leased", "since": 1.0, "why": "leased, but no lease holds it"}
+    api.leases.stuck.append(stuck)
+    status, body, _ = await api.call("GET", "/healthz")
+    assert status == 503
+    assert body["ok"] is False and body["stuck"] == [stuck]
+    api.leases.stuck.clear()
+    status, body, _ = await api.call("GET", "/healthz")
+    assert status == 200 and body["ok"] is True and "stuck" not in body
 
 
 @pytest.mark.parametrize("header, reason", [

@@ -366,3 +366,88 @@ async def test_close_refuses_waiters_and_records_daemon_stopped(mgr: Any) -> Non
     assert w.future.done() and w.future.exception() is not None
     assert m.store.ended[lease.id][0] == "daemon stopped"
     assert m.supervisor.stopped
+
+
+# ------------------------------------------------------------------ bookkeeping failures, watchdog
+async def wait_for_state(m: LeaseManager, index: int, state: str, timeout: float = 3.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while m.slots[index].state != state:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"GPU {index} is {m.slots[index].state}, not {state}, after "
+                                 f"{timeout} s")
+        await asyncio.sleep(0.01)
+
+
+async def test_a_failing_lease_record_still_returns_the_gpu_scrubbed(mgr: Any) -> None:
+    m = await mgr(1)
+    _, lease = await lease_on(m, 1)
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+    m.store.lease_ended = broken
+    lease.worker.finish("client lost", bytes_h2d=1 << 63)
+    await settle()
+    assert m.slots[0].state == FREE and m.cleaner.cleaned == [0, 0]
+    assert m.store.scrubbed[lease.id][0] is True
+    assert m.lease(lease.id) is None and m.slots[0].lease is None
+    assert m.summary()["stuck"] == []
+    # The next client gets the GPU.
+    _, again = await lease_on(m, 2)
+    assert again.slot is m.slots[0]
+
+
+async def test_a_failing_cleaner_quarantines_instead_of_leaving_the_gpu_scrubbing(mgr: Any) -> None:
+    m = await mgr(1)
+    _, lease = await lease_on(m, 1)
+
+    async def broken(gpu: Gpu) -> CleanResult:
+        raise RuntimeError("simulated cleaner bug")
+
+    m.cleaner.clean = broken
+    lease.worker.finish("client exit")
+    await settle()
+    assert m.slots[0].state == QUARANTINED
+    assert "simulated cleaner bug" in m.slots[0].quarantine["reason"]
+
+
+async def test_watchdog_repairs_a_lease_nobody_watches(mgr: Any) -> None:
+    m = await mgr(1)
+    _, lease = await lease_on(m, 1)
+    slot = m.slots[0]
+    assert slot.task is not None
+    slot.task.cancel()  # as if the watcher had died of a bug
+    await settle()
+    assert m.stuck_reason(slot) == f"lease {lease.id} has nobody watching its worker"
+    # Reported at the first check, repaired at the second: a new watcher follows the worker.
+    await asyncio.sleep(0.75)
+    assert m.summary()["stuck"] and m.summary()["stuck"][0]["gpu"] == 0
+    await asyncio.sleep(0.6)
+    assert slot.task is not None and not slot.task.done()
+    assert m.summary()["stuck"] == [] and m.counters.get("watchdog_repairs") == 1
+    lease.worker.finish("client exit")
+    await wait_for_state(m, 0, FREE)
+    assert m.store.ended[lease.id][0] == "client exit"
+
+
+async def test_watchdog_scrubs_a_gpu_leased_with_no_lease(mgr: Any) -> None:
+    m = await mgr(1)
+    slot = m.slots[0]
+    slot.set_state(LEASED)  # the state an unguarded failure used to leave behind
+    await wait_for_state(m, 0, FREE, timeout=3)
+    assert m.cleaner.cleaned == [0, 0]
+    assert m.counters.get("watchdog_repairs") == 1
+
+
+async def test_watchdog_quarantines_a_gpu_it_keeps_repairing(mgr: Any) -> None:
+    m = await mgr(1)
+    slot = m.slots[0]
+    for _ in range(4):
+        slot.set_state(SCRUBBING)  # scrubbing with no scrub running, again and again
+        slot.task = None
+        await asyncio.sleep(1.2)
+        if slot.state == QUARANTINED:
+            break
+    assert slot.state == QUARANTINED
+    assert "watchdog repaired this GPU 4 times" in slot.quarantine["reason"]
+    assert m.feasible(Requirements()) is not None  # no GPU in service: refused, not queued

@@ -289,6 +289,16 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
         db.close()
 
 
+def test_counts_beyond_sqlite_integer_are_clamped_not_refused(db: StoreDB) -> None:
+    """A worker's counts are input: one that does not fit INTEGER must not fail the record
+    (that failure once left a GPU leased forever)."""
+    lease_id = db.lease_started(new_lease())
+    db.lease_ended(lease_id, 1.0, "client lost", "", 1 << 63, -5, {}, module_bytes=1 << 70)
+    rec = db.get_lease(lease_id)
+    assert rec is not None
+    assert (rec.bytes_h2d, rec.bytes_d2h, rec.module_bytes) == ((1 << 63) - 1, 0, (1 << 63) - 1)
+
+
 def test_unknown_lease_ids_are_not_found(db: StoreDB) -> None:
     with pytest.raises(NotFound):
         db.lease_ended(42, 1.0, "client exit", "", 0, 0, {})

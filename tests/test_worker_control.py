@@ -280,6 +280,17 @@ def test_worker_stats_latency_parsing() -> None:
     assert WorkerStats().latency_counts == [0] * 18 and WorkerStats().latency_sum_ns == 0
 
 
+def test_worker_stats_refuse_numbers_that_do_not_fit() -> None:
+    """Counters from a worker are input: negative, fractional, boolean or beyond int64 read 0."""
+    ev = {"bytes_h2d": 1 << 63, "bytes_d2h": -1, "module_bytes": True, "mem_used": 1.5,
+          "calls": {"copy": 1 << 64, "launch": 7},
+          "latency": {"counts": [1 << 63] + [1] * 17, "sum_ns": (1 << 63) - 1}}
+    st = WorkerStats.from_event(ev)
+    assert (st.bytes_h2d, st.bytes_d2h, st.module_bytes, st.mem_used) == (0, 0, 0, 0)
+    assert st.calls["copy"] == 0 and st.calls["launch"] == 7
+    assert st.latency_counts == [0] + [1] * 17 and st.latency_sum_ns == (1 << 63) - 1
+
+
 def test_latency_bounds_agree_with_the_worker() -> None:
     """gpupoold's LATENCY_BUCKETS are the worker's WK_LAT_BOUNDS_NS (worker/worker.h)."""
     header = (Path(__file__).resolve().parents[1] / "worker" / "worker.h").read_text()

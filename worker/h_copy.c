@@ -189,17 +189,28 @@ static int htod_sim_direct(struct worker *w, const gp_memcpy_htod *m, CUresult *
     return io_read_bulk(w, *rc == CUDA_SUCCESS ? dst : NULL, m->data_len);
 }
 
+/* The largest copy that can name a valid device range: the client's whole VA window, or the
+ * device's memory size where that is larger (the driver places module globals itself). */
+static uint64_t copy_limit(const struct worker *w)
+{
+    return w->va_size > w->snap.total_mem ? w->va_size : w->snap.total_mem;
+}
+
 WK_HANDLER(memcpy_htod)
 {
     uint64_t n = m->data_len;
+    /* A length no device range can have comes from a broken or hostile client: its bulk (up to
+     * 2^64 bytes) is not worth draining, and nothing it claims may reach the accounting. */
+    if (n > copy_limit(w)) {
+        protocol_error(w, GP_OP_MEMCPY_HTOD,
+                       "a host-to-device copy of %llu bytes is larger than any device range "
+                       "(%llu bytes at most)",
+                       (unsigned long long)n, (unsigned long long)copy_limit(w));
+        return;
+    }
     CUstream s;
     CUresult rc = stream_get(w, m->stream, &s);
-    w->stats.h2d_bytes += n;
     int cz = cz_copy(w, n); /* the bulk is LZ4 blocks (compress.c) */
-    if (!cz) {
-        w->cz.h2d_raw += n;
-        w->cz.h2d_wire += n;
-    }
     if (rc == CUDA_SUCCESS && !cz && n <= WK_SMALL_COPY && io_buffered(w) >= n) {
         /* All in the input buffer: a pageable-source copy, done with the source on return. */
         if (n > 0)
@@ -217,6 +228,13 @@ WK_HANDLER(memcpy_htod)
         /* a failed call still consumes its data */
         if ((cz ? cz_read(w, NULL, (size_t)n) : io_read_bulk(w, NULL, n)) != 0)
             return;
+    }
+    /* Counted once the whole bulk has arrived (each branch above returns when the connection
+     * failed first): the daemon's accounting sees only bytes that crossed the network. */
+    w->stats.h2d_bytes += n;
+    if (!cz) {
+        w->cz.h2d_raw += n;
+        w->cz.h2d_wire += n;
     }
     if (rc != CUDA_SUCCESS)
         defer_error(w, GP_OP_MEMCPY_HTOD, rc, "copy of %llu bytes to device address 0x%llx",

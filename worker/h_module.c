@@ -30,7 +30,6 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
             *result = GP_ENEEDIMAGE; /* the client sends it again, with the image */
         return e;
     }
-    w->stats.module_bytes_received += n;
     if (n > WK_MAX_IMAGE || n != m->image_size) {
         char text[200];
         snprintf(text, sizeof text,
@@ -39,6 +38,7 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
                  (unsigned long long)n);
         if (io_read_bulk(w, NULL, n) != 0) /* keep the stream in sync */
             return NULL;
+        w->stats.module_bytes_received += n; /* only what arrived */
         send_notice(w, CUDA_ERROR_INVALID_VALUE, GP_OP_MODULE_LOAD, text);
         *result = n > WK_MAX_IMAGE ? CUDA_ERROR_INVALID_VALUE : GP_EPROTO;
         return NULL;
@@ -53,6 +53,7 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
         free(data);
         return NULL;
     }
+    w->stats.module_bytes_received += n;
     data[n] = '\0';
     uint8_t sha[32];
     gp_sha256(data, (size_t)n, sha);
