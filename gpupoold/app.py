@@ -37,7 +37,7 @@ from gpupoold import sdlisten
 from gpupoold.settings import Settings
 from gpupoold.store import Store
 from gpupoold.telemetry import Telemetry
-from gpupoold.workers import WorkerSupervisor, WorkerTls
+from gpupoold.workers import WorkerSupervisor, WorkerTls, worker_dir
 
 log = logging.getLogger("gpupoold")
 DB_NAME = "gpupoold.db"
@@ -149,7 +149,9 @@ async def supervisor_ctx(app: web.Application) -> AsyncIterator[None]:
     tls = None
     if settings.tls_cert is not None and settings.tls_key is not None:
         tls = WorkerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-    app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir, tls=tls)
+    app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir, tls=tls,
+                                       adopt_dir=worker_dir(settings.state_dir),
+                                       orphan_grace=settings.worker_orphan_grace)
     yield
 
 

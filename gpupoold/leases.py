@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,10 +42,12 @@ from gpupoold.metrics import DaemonMetrics
 from gpupoold.requirements import Requirements
 from gpupoold.scrubber import CleanResult, GpuCleaner
 from gpupoold.settings import Settings
-from gpupoold.store import NewLease, Store
+from gpupoold.store import LeaseRecord, NewLease, Store
 from gpupoold.telemetry import Telemetry, unknown_live
 from gpupoold.waitqueue import ClientInfo, Waiter, WaitQueue
-from gpupoold.workers import Worker, WorkerExit, WorkerStartError, WorkerSupervisor
+from gpupoold.workers import (SUN_PATH_MAX, AdoptError, Worker, WorkerExit, WorkerStartError,
+                              WorkerStats, WorkerSupervisor, adoption_end_record, adoption_socket,
+                              worker_dir)
 
 log = logging.getLogger("gpupoold.leases")
 
@@ -125,6 +128,7 @@ class Slot:
     # scrub): the watchdog repairs a GPU in one of those states that has none.
     task: asyncio.Task[Any] | None = None
     reserved_at: float = 0.0  # time.monotonic() of the grant in `reserved`
+    adopting: int | None = None  # the previous daemon's lease being taken over (state leased)
     stuck: dict[str, Any] | None = None  # {"since", "why"}: seen by the watchdog, not repaired yet
     repairs: list[float] = field(default_factory=list)  # monotonic times of watchdog repairs
 
@@ -157,7 +161,7 @@ class LeaseManager:
         self._leases: dict[int, Lease] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self._pid_dir = settings.state_dir / "workers"
+        self._pid_dir = worker_dir(settings.state_dir)
         self._state_file = settings.state_dir / STATE_FILE
         # Called with the GPU index whenever a GPU's state changes (the dashboard's live feed).
         self.listeners: list[Callable[[int], None]] = []
@@ -166,21 +170,52 @@ class LeaseManager:
 
     # ---------------------------------------------------------------------------- life cycle
     async def start(self) -> None:
-        await asyncio.to_thread(self._kill_orphans)
+        """Take over from the previous gpupoold, then put every other GPU in service.
+
+        Sessions of the previous daemon whose workers still run (worker/adopt.c) are adopted
+        with their leases: their GPUs stay leased, and nobody else gets them. The other open
+        records are closed (with the reason the worker left, when it left one) and their GPUs
+        are scrubbed before their first lease, like every GPU at start-up."""
+        await asyncio.to_thread(self._prepare_worker_dir)
         saved = await asyncio.to_thread(self._load_state)
-        orphaned: dict[int, list[int]] = {}
+        takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
+        gone: list[LeaseRecord] = []
         for rec in await self.store.open_leases():
+            try:
+                sock, pid = await self.supervisor.connect_adoption(
+                    adoption_socket(self._pid_dir, rec.id))
+            except AdoptError:
+                gone.append(rec)
+                continue
+            takeover.append((rec, sock, pid))
+        # Workers of the previous daemon that hold no session we take over end now.
+        await asyncio.to_thread(self._kill_orphans, {pid for _, _, pid in takeover})
+        orphaned: dict[int, list[int]] = {}
+        for rec in gone:
+            await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
+                                       "worker is gone; its GPU was scrubbed at the next start")
             orphaned.setdefault(rec.gpu_index, []).append(rec.id)
-            await self.store.lease_ended(rec.id, time.time(), "daemon lost",
-                                         "gpupoold stopped while the lease was active; "
-                                         "its GPU was scrubbed at the next start", 0, 0, {})
-            self.counters.inc("leases_ended", reason="daemon lost")
-        if orphaned:
-            log.warning("closed %d lease record(s) left open by a previous gpupoold",
-                        sum(map(len, orphaned.values())))
+        if gone:
+            log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
+        adopting: dict[int, tuple[LeaseRecord, socket.socket, int]] = {}
+        for rec, sock, pid in takeover:
+            slot = self._slot_of(rec)
+            if slot is None or slot.gpu.index in adopting:
+                why = ("its GPU is not served any more" if slot is None
+                       else f"GPU {rec.gpu_index} is already taken over by lease "
+                            f"{adopting[slot.gpu.index][0].id}")
+                self._spawn(self._refuse_previous(rec, sock, pid, why), f"retire-{rec.id}")
+                continue
+            adopting[slot.gpu.index] = (rec, sock, pid)
         for slot in self.slots:
             st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
             slot.draining = bool(st.get("draining"))
+            if slot.gpu.index in adopting:
+                rec, sock, pid = adopting[slot.gpu.index]
+                slot.adopting = rec.id
+                slot.set_state(LEASED)
+                self._own(slot, self._adopt(slot, rec, sock, pid), f"lease-{rec.id}")
+                continue
             if st.get("quarantine"):
                 slot.quarantine = st["quarantine"]
                 slot.set_state(QUARANTINED)
@@ -191,10 +226,16 @@ class LeaseManager:
             slot.set_state(SCRUBBING)
             self._own(slot, self._clean(slot, orphaned.get(slot.gpu.index, [])),
                       f"startup-scrub-{slot.gpu.index}")
+        if adopting:
+            log.info("taking over %d lease(s) of the previous gpupoold: %s", len(adopting),
+                     ", ".join(f"lease {rec.id} on GPU {i} (worker pid {pid})"
+                               for i, (rec, _, pid) in sorted(adopting.items())))
         self._spawn(self._watchdog(), "watchdog")
 
     async def close(self, grace: float) -> None:
-        """Refuse the waiters, stop every worker, record the ends of the active leases."""
+        """Refuse the waiters and stop. Leases whose workers can outlive the daemon continue
+        (their workers wait for the next gpupoold, `worker_orphan_grace`); every other worker
+        is stopped and its lease's end recorded."""
         self._closing = True
         for w in self.queue:
             self.queue.leave(w)
@@ -203,13 +244,132 @@ class LeaseManager:
         for slot in self.slots:
             if slot.prestart_task is not None:
                 slot.prestart_task.cancel()
-        await self.supervisor.stop_all(grace)
-        # Lease watchers record the ends; cleaning tasks are abandoned (the next start scrubs).
-        pending = [t for t in self._tasks if not t.get_name().startswith("lease-")]
+        kept = [lease for lease in self._leases.values()
+                if lease.worker.adoptable and not lease.worker.exited.done()]
+        for lease in kept:
+            lease.worker.detach()
+            if lease.timer is not None:
+                lease.timer.cancel()
+        if kept:
+            log.warning("%d lease(s) continue without gpupoold: %s. A gpupoold started within "
+                        "%g s (worker_orphan_grace) takes them over; after that they end",
+                        len(kept), ", ".join(f"lease {lease.id} on GPU {lease.slot.gpu.index} "
+                                             f"(worker pid {lease.worker.pid})" for lease in kept),
+                        self.settings.worker_orphan_grace)
+        await self.supervisor.stop_all(grace, keep=frozenset(lease.worker for lease in kept))
+        # Watchers of stopped workers record the ends; kept leases stay open in the store for the
+        # next daemon; cleaning tasks are abandoned (the next start scrubs).
+        kept_names = {f"lease-{lease.id}" for lease in kept}
+        pending = [t for t in self._tasks
+                   if not t.get_name().startswith("lease-") or t.get_name() in kept_names]
         for t in pending:
             t.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace + 5)
+
+    # ---------------------------------------------------------------- the previous daemon's leases
+    def _prepare_worker_dir(self) -> None:
+        """The folder of pid files, adoption sockets and end records: private to our user."""
+        self._pid_dir.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.chmod(self._pid_dir, 0o700)
+        longest = adoption_socket(self._pid_dir, (1 << 64) - 1)
+        if self.settings.worker_orphan_grace > 0 and len(bytes(longest)) > SUN_PATH_MAX:
+            log.warning("state_dir %s is too long for the workers' adoption sockets (%d of at "
+                        "most %d bytes): leases will end when gpupoold stops; choose a shorter "
+                        "state_dir", self.settings.state_dir, len(bytes(longest)), SUN_PATH_MAX)
+
+    def _slot_of(self, rec: LeaseRecord) -> Slot | None:
+        """The slot of a previous lease's GPU, if this daemon still serves that very GPU."""
+        if not 0 <= rec.gpu_index < len(self.slots):
+            return None
+        slot = self.slots[rec.gpu_index]
+        if rec.gpu_uuid and slot.gpu.uuid and rec.gpu_uuid != slot.gpu.uuid:
+            return None
+        return slot
+
+    async def _close_previous(self, rec: LeaseRecord, detail: str) -> None:
+        """Close the record of a previous daemon's lease that nobody takes over: with the end
+        its worker recorded when it ended alone (worker/adopt.c), else as "daemon lost"."""
+        path = adoption_end_record(self._pid_dir, rec.id)
+        end = await asyncio.to_thread(_read_end_record, path)
+        reason, stats = "daemon lost", WorkerStats()
+        if end is not None:
+            stats = WorkerStats.from_event(end)
+            reason = str(end.get("reason") or "daemon lost")
+            detail = str(end.get("detail") or detail)
+            if reason in ("shutdown", "client lost", "client exit", "protocol error",
+                          "server ended", "worker error", "daemon lost"):
+                detail = f"{detail} (while no gpupoold followed the session)"
+        try:
+            await self.store.lease_ended(rec.id, time.time(), reason, detail, stats.bytes_h2d,
+                                         stats.bytes_d2h, dict(stats.calls),
+                                         module_bytes=stats.module_bytes)
+        except Exception:
+            log.exception("lease %d: closing its record failed", rec.id)
+        self.counters.inc("leases_ended", reason=reason)
+        for stale in (path, adoption_socket(self._pid_dir, rec.id)):
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(stale.unlink, True)
+
+    async def _adopt(self, slot: Slot, rec: LeaseRecord, sock: socket.socket, pid: int) -> None:
+        """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
+        as any other; a worker that cannot be adopted ends and its GPU is scrubbed."""
+        try:
+            worker = await self.supervisor.adopt(slot.gpu, sock, pid)
+            if worker.session_id != rec.id:
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} serves session {worker.session_id}, not "
+                                 f"lease {rec.id}")
+            if worker.uuid and slot.gpu.uuid and worker.uuid != slot.gpu.uuid:
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} runs on {worker.uuid}, not on GPU "
+                                 f"{slot.gpu.index} ({slot.gpu.uuid})")
+        except AdoptError as exc:
+            slot.adopting = None
+            log.error("lease %d on GPU %d could not be taken over: %s; its GPU is scrubbed",
+                      rec.id, slot.gpu.index, exc)
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                            f"lease: {exc}")
+            if not self._closing:
+                await self._clean(slot, [rec.id])
+            return
+        req = worker.request
+        lease = Lease(id=rec.id, slot=slot, token=rec.token_name,
+                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
+                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
+                      req=Requirements(gpu=str(req.get("gpu") or ""),
+                                       model=str(req.get("model") or ""),
+                                       min_memory=_nonneg(req.get("min_memory"))),
+                      worker=worker, queued_s=rec.queued_s, started=rec.started)
+        slot.adopting = None
+        slot.lease = lease
+        self._leases[lease.id] = lease
+        self.counters.inc("leases_adopted")
+        limit = self.settings.max_lease_seconds
+        if limit > 0:
+            left = max(0.0, limit - (time.time() - rec.started))
+            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+        log.info("lease %d taken over: GPU %d, %s, worker pid %d (it served %.1f s without "
+                 "gpupoold)", lease.id, slot.gpu.index, lease.client.describe(), worker.pid,
+                 worker.orphaned_s)
+        self._changed(slot)
+        await self._watch(lease)
+
+    async def _refuse_previous(self, rec: LeaseRecord, sock: socket.socket, pid: int,
+                               why: str) -> None:
+        """A previous lease this daemon cannot take over (its GPU is gone or taken): end its
+        worker and close the record."""
+        log.error("lease %d of the previous gpupoold cannot be taken over: %s; ending it",
+                  rec.id, why)
+        gpu = self.slots[0].gpu if self.slots else None
+        if gpu is not None:
+            with contextlib.suppress(AdoptError):
+                await self.supervisor.retire(await self.supervisor.adopt(gpu, sock, pid))
+        else:
+            sock.close()
+        await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                        f"lease: {why}")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -409,7 +569,8 @@ class LeaseManager:
     async def _watch(self, lease: Lease) -> None:
         """Wait for the lease's worker to exit, record the end, then clean the GPU. Whatever fails
         in the bookkeeping, the GPU leaves the lease and is scrubbed (or quarantined)."""
-        ex = await lease.worker.exited  # cancelled here only when the daemon stops
+        # Shielded: cancelling a watcher (the daemon stops) must not cancel the worker's exit.
+        ex = await asyncio.shield(lease.worker.exited)
         slot = lease.slot
         try:
             self._leases.pop(lease.id, None)
@@ -503,6 +664,8 @@ class LeaseManager:
                             "started")
                 return None
             if slot.lease is None:
+                if slot.adopting is not None and task_alive:
+                    return None  # a previous daemon's lease being taken over
                 return "leased, but no lease holds it"
             if not task_alive:
                 return f"lease {slot.lease.id} has nobody watching its worker"
@@ -632,16 +795,17 @@ class LeaseManager:
         with contextlib.suppress(OSError):
             (self._pid_dir / str(worker.pid)).unlink()
 
-    def _kill_orphans(self) -> None:
-        """Kill the workers a previous gpupoold left running (blocking: run in a thread)."""
+    def _kill_orphans(self, keep: set[int]) -> None:
+        """Kill the workers a previous gpupoold left running, except `keep` (those whose leases
+        are being taken over). Blocking: run in a thread."""
         if not self._pid_dir.is_dir():
             return
         killed = []
         for entry in self._pid_dir.iterdir():
+            if not re.fullmatch(r"[0-9]+", entry.name) or int(entry.name) in keep:
+                continue  # adoption sockets and end records are the takeover's
             with contextlib.suppress(OSError):
                 entry.unlink()
-            if not re.fullmatch(r"[0-9]+", entry.name):
-                continue
             pid = int(entry.name)
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -805,3 +969,20 @@ class LeaseManager:
         worker, slot.idle_worker = slot.idle_worker, None
         if worker is not None:
             worker.kill()
+
+
+def _nonneg(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _read_end_record(path: Path) -> dict[str, Any] | None:
+    """The `end` event a worker wrote when its session ended with no daemon (None: none, or
+    unreadable; that is logged)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the unreadable end record %s: %s", path, exc)
+        return None
+    return data if isinstance(data, dict) else None

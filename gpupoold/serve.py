@@ -97,8 +97,8 @@ async def serve(settings: Settings) -> int:
                    f"http on {http_address}{_from(http_source)}")
     try:
         await stop.wait()
-        log.info("stopping: no new connections; ending sessions")
-        notifier.stopping("stopping: ending sessions")
+        log.info("stopping: no new connections")
+        notifier.stopping("stopping")
         await runner.cleanup()
     finally:
         notifier.close()

@@ -246,6 +246,13 @@ class Settings:
         5.0,
         "Seconds workers get to exit after SIGTERM when gpupoold stops, before SIGKILL.",
         check=_check_positive)
+    worker_orphan_grace: float = _setting(
+        300.0,
+        "Seconds a lease outlives gpupoold: when the daemon stops, restarts, is upgraded or "
+        "crashes, each worker keeps serving its client and waits this long for a new gpupoold "
+        "to adopt it (with its lease, unbroken); then it ends the lease and the next gpupoold "
+        "scrubs the GPU. 0: every lease ends when gpupoold stops.",
+        check=_check_not_negative)
     log_level: str = _setting(
         "info", "Log level: debug, info, warning or error.",
         flag="--log-level", metavar="LEVEL", check=_check_log_level)

@@ -33,13 +33,17 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gpupool_protocol as gp
+
 from gpupoold.gpus import Gpu
+from gpupoold.worker_process import WorkerProcess
 
 log = logging.getLogger("gpupoold.workers")
 wlog = logging.getLogger("gpupoold.worker")
@@ -65,8 +69,35 @@ SESSION_FLAG_TLS = 1
 END_MAGIC = b"GPWE"
 END_HEADER = struct.Struct("<4si")  # magic, code; then UTF-8 text to the end of the message
 END_TEXT_LIMIT = 4000  # bytes; the worker reads at most 4096 per control message
+# ADOPT (daemon -> a worker of an earlier daemon, on its adoption socket; worker/adopt.c): magic,
+# control version, daemon pid, flags (0); the new log pipe travels with it (SCM_RIGHTS).
+ADOPT_MAGIC = b"GPWA"
+ADOPT_VERSION = 1
+ADOPT_VERSIONS = frozenset({1})  # the control versions this gpupoold can follow
+ADOPT_HEADER = struct.Struct("<4sIII")
+ADOPT_NOTICE_EVERY = 10.0  # seconds between log lines while a busy worker has not answered
+RETIRE_GRACE = 10.0  # seconds an unadoptable worker has to end after END, before SIGKILL
 CONTROL_RECV = 65536  # worker events are under 4 KiB
 DRAIN_TIMEOUT = 5.0  # seconds to read what an exited worker left in its pipes
+
+
+WORKER_DIR = "workers"  # under the state directory: pid files, adoption sockets, end records
+SUN_PATH_MAX = 107  # bytes of a Unix socket path, without its NUL
+
+
+def worker_dir(state_dir: Path) -> Path:
+    """Where workers keep what outlives a daemon (0700, the daemon's user only)."""
+    return state_dir / WORKER_DIR
+
+
+def adoption_socket(folder: Path, lease_id: int) -> Path:
+    """The socket a lease's worker listens on for a new gpupoold (worker/adopt.c)."""
+    return folder / f"lease-{lease_id}.sock"
+
+
+def adoption_end_record(folder: Path, lease_id: int) -> Path:
+    """The `end` event a worker leaves when its session ended with no daemon following it."""
+    return folder / f"lease-{lease_id}.end"
 
 
 @dataclass(frozen=True)
@@ -82,6 +113,10 @@ class WorkerTls:
         if self.client_ca is not None:
             args += ["--tls-client-ca", str(self.client_ca)]
         return args
+
+
+class AdoptError(Exception):
+    """A worker of an earlier gpupoold could not be adopted; the message says why."""
 
 
 class WorkerStartError(Exception):
@@ -167,8 +202,8 @@ class WorkerExit:
 class Worker:
     """One worker process: pre-started on a GPU, then serving at most one session."""
 
-    def __init__(self, supervisor: WorkerSupervisor, gpu: Gpu,
-                 proc: asyncio.subprocess.Process, sock: socket.socket, spawned: float) -> None:
+    def __init__(self, supervisor: WorkerSupervisor, gpu: Gpu, proc: WorkerProcess,
+                 sock: socket.socket, output: int, spawned: float) -> None:
         loop = asyncio.get_running_loop()
         self.pid = proc.pid
         self.gpu = gpu
@@ -184,8 +219,17 @@ class Worker:
         self._supervisor = supervisor
         self._proc = proc
         self._sock = sock
+        self._output_fd = output  # read end of the pipe that carries its stdout and stderr
         self._ready: asyncio.Future[None] = loop.create_future()
         self._started: asyncio.Future[bool] = loop.create_future()
+        # Adoption (WorkerSupervisor.adopt): resolves with the `adopted` event.
+        self._adopted: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._adopted.add_done_callback(_consume)
+        self.request: dict[str, Any] = {}  # what the client asked for (`adopted` event)
+        self.orphaned_s = 0.0  # how long it served alone before this daemon adopted it
+        self.detached = False  # left running when this daemon stopped (detach())
+        # Its session can outlive this daemon (it listens on its adoption socket; `started`).
+        self.adoptable = False
         self._end: dict[str, Any] | None = None
         self._failure: str | None = None
         self._killed = False
@@ -195,6 +239,7 @@ class Worker:
         # Nobody may be waiting on these when the worker exits: no "never retrieved" warnings.
         self._ready.add_done_callback(_consume)
         self._tasks: list[asyncio.Task[None]] = []
+        self._supervise_task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return (f"<Worker pid={self.pid} gpu={self.gpu.index} session={self.session_id} "
@@ -224,7 +269,7 @@ class Worker:
         if self.session_id is not None:
             raise WorkerStartError(f"the worker for GPU {self.gpu.index} already serves "
                                    f"session {self.session_id}")
-        if self.exited.done() or self._proc.returncode is not None:
+        if self.exited.done() or self._proc.ended:
             raise WorkerStartError(f"the worker for GPU {self.gpu.index} (pid {self.pid}) has "
                                    "exited")
         if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64):
@@ -267,16 +312,28 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL (the exit is still reaped and reported on `exited`)."""
-        if self._proc.returncode is None:
+        if not self._proc.ended:
             self._killed = True
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+            self._proc.signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         """SIGTERM: the worker tells its client, releases everything and reports "shutdown"."""
-        if self._proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.terminate()
+        self._proc.signal(signal.SIGTERM)
+
+    def detach(self) -> None:
+        """This daemon is stopping and leaves the worker serving its client: close the control
+        socket (the worker goes on alone, worker/adopt.c, until a new gpupoold adopts it) and
+        forget the process. `exited` never resolves after this."""
+        self.detached = True
+        for task in self._tasks:
+            task.cancel()
+        if self._supervise_task is not None:
+            self._supervise_task.cancel()
+        asyncio.get_running_loop().call_soon(self._forget)
+
+    def _forget(self) -> None:
+        self._proc.forget()
+        self._close_socket()
 
     # ------------------------------------------------------------------ internals
     async def _send(self, data: bytes, fds: list[int]) -> None:
@@ -302,6 +359,7 @@ class Worker:
             asyncio.create_task(self._read_output(), name=f"worker-{self.pid}-output"),
         ]
         supervise = asyncio.create_task(self._supervise(), name=f"worker-{self.pid}")
+        self._supervise_task = supervise
         self._supervisor._tasks.add(supervise)
         supervise.add_done_callback(self._supervisor._tasks.discard)
 
@@ -345,6 +403,7 @@ class Worker:
                     f"the worker for GPU {self.gpu.index} failed to start: {self._failure}"))
         elif kind == "started":
             self.start_ms = (time.monotonic() - self._assigned) * 1000
+            self.adoptable = ev.get("adoptable") is True
             if not self._started.done():
                 self._started.set_result(True)
         elif kind == "refused":
@@ -361,13 +420,31 @@ class Worker:
         elif kind == "end":
             self._end = ev
             self.stats = WorkerStats.from_event(ev)
+        elif kind == "adopted":
+            self.stats = WorkerStats.from_event(ev)
+            session = ev.get("session")
+            self.session_id = session if isinstance(session, int) else None
+            self.uuid = str(ev.get("uuid") or "")
+            request = ev.get("request")
+            self.request = request if isinstance(request, dict) else {}
+            orphaned = ev.get("orphaned_s")
+            self.orphaned_s = float(orphaned) if isinstance(orphaned, int | float) else 0.0
+            if not self._adopted.done():
+                self._adopted.set_result(ev)
+        elif kind == "adopt_refused":
+            if not self._adopted.done():
+                self._adopted.set_exception(AdoptError(
+                    f"worker pid {self.pid} refused: {ev.get('error') or 'no reason given'}"))
         else:
             log.warning("%s worker pid %d sent an unknown event %r", self.label, self.pid, kind)
 
     async def _read_output(self) -> None:
         """Forward the worker's stderr (and stdout) lines to the log."""
-        stream = self._proc.stdout
-        assert stream is not None
+        loop = asyncio.get_running_loop()
+        stream = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT)
+        pipe = os.fdopen(self._output_fd, "rb", buffering=0, closefd=False)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), pipe)
         try:
             while True:
                 try:
@@ -379,6 +456,8 @@ class Worker:
                 wlog.info("%s %s", self.label, line.decode(errors="replace").rstrip("\n"))
         except OSError as exc:
             log.warning("%s reading the output of worker pid %d: %s", self.label, self.pid, exc)
+        finally:
+            transport.close()
 
     async def _supervise(self) -> None:
         """Reap the process, let the readers finish, resolve `exited` (always)."""
@@ -393,15 +472,17 @@ class Worker:
             if pending:
                 await asyncio.wait(pending)
         except asyncio.CancelledError:
+            if self.detached:  # left running on purpose: nothing to resolve or report
+                raise
             self.kill()
+            self._finish(code)
             raise
         except Exception:  # never let a worker take the daemon down
             log.exception("%s error while supervising worker pid %d", self.label, self.pid)
             self.kill()
             with contextlib.suppress(Exception):
                 code = await self._proc.wait()
-        finally:
-            self._finish(code)
+        self._finish(code)
 
     def _finish(self, code: int | None) -> None:
         pending = [task for task in self._tasks if not task.done()]
@@ -429,13 +510,19 @@ class Worker:
             level = logging.INFO
         else:
             level = logging.WARNING
+        if code is not None:
+            status = describe_exit(code)
+        else:
+            status = "exit status unknown: adopted" if self._proc.adopted else "not reaped"
         log.log(level, "%s worker pid %d (GPU %d) exited: %s%s (%s)", self.label, self.pid,
-                self.gpu.index, ex.reason, f": {ex.detail}" if ex.detail else "",
-                describe_exit(code) if code is not None else "not reaped")
+                self.gpu.index, ex.reason, f": {ex.detail}" if ex.detail else "", status)
 
     def _close_socket(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
+        with contextlib.suppress(OSError):
+            os.close(self._output_fd)
+        self._output_fd = -1
 
     def _exit_record(self, code: int | None) -> WorkerExit:
         if self._end is not None:
@@ -446,7 +533,12 @@ class Worker:
             return WorkerExit("refused", f"{error} (result {result})", code, self.stats)
         if self._failure is not None:
             return WorkerExit("setup failed", self._failure, code, self.stats)
-        detail = describe_exit(code) if code is not None else "the process could not be reaped"
+        if code is not None:
+            detail = describe_exit(code)
+        elif self._proc.adopted:
+            detail = "it ended without a word (adopted from an earlier gpupoold: exit status unknown)"
+        else:
+            detail = "the process could not be reaped"
         if self._killed:
             detail += " (killed by gpupoold)"
         return WorkerExit("worker crashed", detail, code, self.stats)
@@ -493,10 +585,15 @@ class WorkerSupervisor:
 
     def __init__(self, worker: Path | None, cache_dir: Path, *,
                  on_stats: Callable[[Worker], None] | None = None,
-                 tls: WorkerTls | None = None) -> None:
+                 tls: WorkerTls | None = None, adopt_dir: Path | None = None,
+                 orphan_grace: float = 0.0) -> None:
         self.worker = worker
         self.cache_dir = cache_dir
         self.tls = tls  # the remoting port's TLS files, given to every worker
+        # Sessions outlive this daemon by up to `orphan_grace` seconds, adoptable through
+        # sockets in `adopt_dir` (worker/adopt.c); None or 0: they end with it.
+        self.adopt_dir = adopt_dir
+        self.orphan_grace = orphan_grace
         self.on_stats = on_stats
         self._workers: set[Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -515,6 +612,8 @@ class WorkerSupervisor:
             argv.append("--simulated")
         if self.tls is not None:
             argv += self.tls.argv()
+        if self.adopt_dir is not None and self.orphan_grace > 0:
+            argv += ["--adopt-dir", str(self.adopt_dir), "--orphan-grace", f"{self.orphan_grace:g}"]
         return argv
 
     @staticmethod
@@ -541,19 +640,24 @@ class WorkerSupervisor:
                                    "library was not found (set `sim_lib`)")
         spawned = time.monotonic()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(out_w, True)  # the worker's end: its writes block, never fail EAGAIN
         try:
             ours.setblocking(False)
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv(gpu, theirs.fileno()), pass_fds=(theirs.fileno(),),
-                env=self.environment(gpu), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                limit=OUTPUT_LINE_LIMIT)
+            # Popen, not asyncio's subprocess: the worker may outlive this daemon (module doc of
+            # worker_process.py).
+            popen = subprocess.Popen(
+                self.argv(gpu, theirs.fileno()), pass_fds=(theirs.fileno(),),
+                env=self.environment(gpu), stdin=subprocess.DEVNULL, stdout=out_w,
+                stderr=out_w)
         except OSError as exc:
             ours.close()
+            os.close(out_r)
             raise WorkerStartError(f"cannot start {self.worker}: {exc.strerror or exc}") from exc
         finally:
             theirs.close()
-        worker = Worker(self, gpu, proc, ours, spawned)
+            os.close(out_w)
+        worker = Worker(self, gpu, WorkerProcess(popen.pid, popen), ours, out_r, spawned)
         self._workers.add(worker)
         worker._start()
         try:
@@ -577,10 +681,86 @@ class WorkerSupervisor:
                  gpu.index, worker.pid, worker.device, worker.spawn_ms, worker.init_ms)
         return worker
 
-    async def stop_all(self, grace: float) -> None:
-        """SIGTERM every worker, SIGKILL the ones still there after `grace` seconds, reap all."""
+    @staticmethod
+    async def connect_adoption(path: Path) -> tuple[socket.socket, int]:
+        """Connect to the adoption socket at `path` (worker/adopt.c): the connection and the
+        listening worker's pid. AdoptError when nobody listens there (the worker is gone)."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, str(path))
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                    struct.calcsize("3i"))
+        except OSError as exc:
+            sock.close()
+            raise AdoptError(f"no worker listens on {path} ({exc.strerror or exc})") from None
+        return sock, struct.unpack("3i", creds)[0]
+
+    async def adopt(self, gpu: Gpu, sock: socket.socket, pid: int) -> Worker:
+        """Adopt the worker `pid` on its adoption connection `sock` (connect_adoption): a
+        session of an earlier gpupoold. Returns it once it has answered ADOPT with `adopted`
+        (session id, uuid, request and counters set), which may take as long as the call it is
+        busy with; AdoptError if the worker refuses, ends or speaks a control version we do not
+        know (it is ended then, and gone when this returns)."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(out_w, True)
+        worker = Worker(self, gpu, WorkerProcess(pid), sock, out_r, time.monotonic())
+        self._workers.add(worker)
+        worker._ready.set_result(None)
+        worker._start()
+        try:
+            await worker._send(ADOPT_HEADER.pack(ADOPT_MAGIC, ADOPT_VERSION, os.getpid(), 0),
+                               [out_w])
+        except OSError as exc:
+            worker.kill()
+            await asyncio.shield(worker.exited)
+            raise AdoptError(f"worker pid {pid}: {exc.strerror or exc}") from None
+        finally:
+            os.close(out_w)
+        waited = 0.0
+        while True:
+            done, _ = await asyncio.wait([worker._adopted, worker.exited],
+                                         timeout=ADOPT_NOTICE_EVERY,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if worker._adopted.done():
+                break
+            if worker.exited.done():
+                raise AdoptError(f"worker pid {pid} ended before answering "
+                                 f"({worker.exited.result().detail})")
+            waited += ADOPT_NOTICE_EVERY
+            log.warning("[GPU %d] still waiting for worker pid %d to answer its adoption "
+                        "(%.0f s; busy in a long call?)", gpu.index, pid, waited)
+        try:
+            ev = worker._adopted.result()
+        except AdoptError:
+            await self.retire(worker)
+            raise
+        control = ev.get("control")
+        if control not in ADOPT_VERSIONS:
+            await self.retire(worker)
+            raise AdoptError(f"worker pid {pid} speaks control version {control!r}; this "
+                             f"gpupoold knows {sorted(ADOPT_VERSIONS)}")
+        worker._started.set_result(True)
+        worker.adoptable = True
+        return worker
+
+    async def retire(self, worker: Worker) -> None:
+        """End a worker we will not keep: END, then SIGKILL after the grace; until reaped."""
+        await worker.end("the gpupool server could not take over this session after a "
+                         "restart; run the program again", gp.GP_EREFUSED)
+        try:
+            await asyncio.wait_for(asyncio.shield(worker.exited), RETIRE_GRACE)
+        except TimeoutError:
+            worker.kill()
+            await asyncio.shield(worker.exited)
+
+    async def stop_all(self, grace: float, keep: frozenset[Worker] = frozenset()) -> None:
+        """SIGTERM every worker but `keep`, SIGKILL the ones still there after `grace` seconds,
+        reap all."""
         self._closing = True
-        workers = [w for w in self._workers if not w.exited.done()]
+        workers = [w for w in self._workers if not w.exited.done() and w not in keep
+                   and not w.detached]
         if workers:
             log.info("stopping %d worker(s)", len(workers))
             for w in workers:
@@ -593,5 +773,6 @@ class WorkerSupervisor:
                     if not w.exited.done():
                         w.kill()
                 await asyncio.wait(pending)
-        if self._tasks:
-            await asyncio.wait(set(self._tasks))
+        tasks = {t for t in self._tasks if not t.done()}
+        if tasks:
+            await asyncio.wait(tasks)

@@ -1,9 +1,11 @@
 """A stand-in for gpupool-worker in control mode (worker/README.md), for the daemon's tests.
 
     fake_worker.py MODE --control-fd N --driver PATH --device ORDINAL --cache-dir DIR
-                   [--simulated]
+                   [--simulated] [--adopt-dir DIR --orphan-grace SECONDS]
 
-It sends `ready` on the control socket, waits for a SESSION message (the client socket comes with
+It never claims its session can outlive the daemon (`started` says nothing of `adoptable`, so
+gpupoold stops it with itself, as it stops a worker that cannot listen for adoption). It sends
+`ready` on the control socket, waits for a SESSION message (the client socket comes with
 it), answers the hello like the real worker and then, by MODE:
   serve     answer pings until goodbye (end: client exit) or end of stream (end: client lost);
             an END message sends the client a notice and ends with "server ended"
@@ -56,6 +58,8 @@ def main() -> int:
     ap.add_argument("--device", type=int, required=True)
     ap.add_argument("--cache-dir", required=True)
     ap.add_argument("--simulated", action="store_true")
+    ap.add_argument("--adopt-dir")
+    ap.add_argument("--orphan-grace", type=float, default=0.0)
     args = ap.parse_args()
     ctl = socket.socket(fileno=args.control_fd)
     if args.mode == "noinit":

@@ -432,7 +432,9 @@ async def test_worker_gets_the_contract_arguments(daemon: Daemon, tmp_path: Path
     gpu = Gpu(index=0, name="x", uuid="", simulated=True, driver="/lib/sim.so", ordinal=0)
     argv = sup.argv(gpu, 12)
     assert argv[1:] == ["--control-fd", "12", "--driver", "/lib/sim.so", "--device", "0",
-                        "--cache-dir", str(tmp_path / "state" / "cache"), "--simulated"]
+                        "--cache-dir", str(tmp_path / "state" / "cache"), "--simulated",
+                        "--adopt-dir", str(tmp_path / "state" / "workers"),
+                        "--orphan-grace", "300"]
 
 
 async def test_two_gpus_one_client_each_the_third_waits(make_daemon) -> None:

@@ -247,8 +247,13 @@ def test_malformed_handshake_closes_only_that_connection(gpupool_server: Gpupool
 
 
 def test_daemon_restart_keeps_records_kills_orphans_and_scrubs(
-        start_daemon: Any, native_build: Path, hold_gpu: Path) -> None:
-    server = start_daemon("--simulated", "2", build_dir=native_build, simulated=None)
+        start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path) -> None:
+    """With worker_orphan_grace = 0 every lease ends with its daemon (leases that outlive it:
+    tests/test_e2e_restarts.py)."""
+    config = tmp_path / "gpupoold.toml"
+    config.write_text("worker_orphan_grace = 0\n")
+    server = start_daemon("--simulated", "2", "--config", str(config), build_dir=native_build,
+                          simulated=None)
     wait_until("both GPUs free", lambda: gpu_states(server) == ["free", "free"])
     done = run_client([hold_gpu, MIB, 0, 1], env=server.client_env())
     assert done.returncode == 0, done.stderr
@@ -269,8 +274,8 @@ def test_daemon_restart_keeps_records_kills_orphans_and_scrubs(
     for c in clients:
         c.communicate(timeout=60)
         assert c.returncode != 0, "a client whose server died must fail"
-    again = start_daemon("--simulated", "2", build_dir=native_build, simulated=None,
-                         state_dir=server.state_dir)
+    again = start_daemon("--simulated", "2", "--config", str(config), build_dir=native_build,
+                         simulated=None, state_dir=server.state_dir)
     wait_until("both GPUs scrubbed and free", lambda: gpu_states(again) == ["free", "free"])
     records = {r["id"]: r for r in ended_leases(again)}
     assert len(records) == 3

@@ -20,7 +20,7 @@ from gpupoold.requirements import Requirements
 from gpupoold.scrubber import CleanResult
 from gpupoold.settings import Settings
 from gpupoold.waitqueue import ClientInfo, Waiter
-from gpupoold.workers import WorkerExit, WorkerStats
+from gpupoold.workers import AdoptError, WorkerExit, WorkerStats
 
 GIB = 1 << 30
 _pids = itertools.count(1000)
@@ -43,6 +43,11 @@ class FakeWorker:
         self.exited: asyncio.Future[WorkerExit] = asyncio.get_running_loop().create_future()
         self.ended_with: tuple[str, int] | None = None
         self.start_ok = True
+        self.adoptable = False  # its session may outlive the daemon (the real one says so)
+        self.detached = False
+
+    def detach(self) -> None:
+        self.detached = True
 
     async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
                      hello_req: int) -> None:
@@ -76,10 +81,15 @@ class FakeSupervisor:
         self.spawned.append(w)
         return w
 
-    async def stop_all(self, grace: float) -> None:
+    async def stop_all(self, grace: float, keep: frozenset[Any] = frozenset()) -> None:
         self.stopped = True
         for w in self.spawned:
-            w.finish("shutdown")
+            if w not in keep:
+                w.finish("shutdown")
+
+    @staticmethod
+    async def connect_adoption(path: Path) -> tuple[Any, int]:
+        raise AdoptError(f"no worker listens on {path}")
 
 
 @dataclass
@@ -451,3 +461,16 @@ async def test_watchdog_quarantines_a_gpu_it_keeps_repairing(mgr: Any) -> None:
     assert slot.state == QUARANTINED
     assert "watchdog repaired this GPU 4 times" in slot.quarantine["reason"]
     assert m.feasible(Requirements()) is not None  # no GPU in service: refused, not queued
+
+
+async def test_close_leaves_adoptable_leases_running_and_open(mgr: Any) -> None:
+    """A worker that can outlive the daemon is detached, not stopped: its lease stays open in
+    the store for the next gpupoold (tests/test_e2e_restarts.py takes it over)."""
+    m = await mgr(2)
+    _, kept = await lease_on(m, 1)
+    _, ended = await lease_on(m, 2)
+    kept.worker.adoptable = True
+    await m.close(0.1)
+    assert kept.worker.detached and not kept.worker.exited.done()
+    assert kept.id not in m.store.ended
+    assert m.store.ended[ended.id][0] == "daemon stopped"

@@ -595,16 +595,26 @@ class RawWorker:
     """The worker with a control socket held by the test itself: for what the supervisor never
     does (closing the socket under the worker, sending garbage)."""
 
-    def __init__(self, cache: Path) -> None:
+    def __init__(self, cache: Path, *extra: str) -> None:
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.ctl.settimeout(60)
         env = WorkerSupervisor.environment(Gpu(0, "x", "", True, str(SIM), 0))
         self.proc = subprocess.Popen(
             [str(WORKER), "--control-fd", str(theirs.fileno()), "--driver", str(SIM),
-             "--device", "0", "--cache-dir", str(cache), "--simulated"],
+             "--device", "0", "--cache-dir", str(cache), "--simulated", *extra],
             pass_fds=(theirs.fileno(),), env=env, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL)
         theirs.close()
+
+    def start_session(self, client: Client, session: int = 77) -> dict[str, object]:
+        body = hello_body()
+        msg = struct.pack("<4sIQQI", b"GPWS", 1, session, HELLO_REQ, len(body)) + body
+        socket.send_fds(self.ctl, [msg], [client.hand_over()])
+        client.close_server_side()
+        ev = self.event()
+        assert ev["event"] == "started", ev
+        assert client.hello_reply().result == 0
+        return ev
 
     def event(self) -> dict[str, object]:
         data = self.ctl.recv(65536)
@@ -644,7 +654,7 @@ def test_control_socket_closed_during_a_session(tmp_path: Path) -> None:
         msg = struct.pack("<4sIQQI", b"GPWS", 1, 77, HELLO_REQ, len(body)) + body
         socket.send_fds(rw.ctl, [msg], [c.hand_over()])
         c.close_server_side()
-        assert rw.event() == {"event": "started", "session": 77}
+        assert rw.event() == {"event": "started", "session": 77, "adoptable": False}
         assert c.hello_reply().result == 0
         rw.ctl.shutdown(socket.SHUT_RDWR)
         c.wait_closed()  # the worker closes the client connection...
@@ -653,6 +663,102 @@ def test_control_socket_closed_during_a_session(tmp_path: Path) -> None:
         c.close()
     assert code == 0 and "gpupoold is gone" in err
     assert [n.code for n in c.notices] == [CUDA_ERROR_DEVICE_UNAVAILABLE]
+
+
+# ------------------------------------------------------------------ adoption (worker/adopt.c)
+def adopt(path: Path, version: int = 1) -> tuple[socket.socket, int]:
+    """Connect to an adoption socket and send ADOPT with a new log pipe: (control, pipe)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(30)
+    sock.connect(str(path))
+    r, w = os.pipe()
+    socket.send_fds(sock, [struct.pack("<4sIII", b"GPWA", version, os.getpid(), 0)], [w])
+    os.close(w)
+    return sock, r
+
+
+def control_event(sock: socket.socket) -> dict[str, object]:
+    data = sock.recv(65536)
+    assert data, "control socket closed"
+    ev = json.loads(data)
+    assert isinstance(ev, dict)
+    return ev
+
+
+def test_an_orphaned_session_goes_on_and_is_adopted(tmp_path: Path) -> None:
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    rw = RawWorker(tmp_path, "--adopt-dir", str(folder), "--orphan-grace", "30")
+    assert rw.event()["event"] == "ready"
+    c = Client()
+    try:
+        assert rw.start_session(c)["adoptable"] is True
+        path = folder / "lease-77.sock"
+        assert path.is_socket() and path.stat().st_mode & 0o077 == 0  # the daemon's user only
+        assert c.call(gp.Ping(token=1))[0].token == 1
+        rw.ctl.shutdown(socket.SHUT_RDWR)  # gpupoold is gone...
+        time.sleep(0.3)
+        assert c.call(gp.Ping(token=2))[0].token == 2  # ...and the client is still served
+        assert rw.proc.poll() is None
+        # An unknown control version is refused; the session goes on, still adoptable.
+        bad, bad_log = adopt(path, version=99)
+        ev = control_event(bad)
+        assert ev["event"] == "adopt_refused" and "control version 1" in str(ev["error"])
+        bad.close()
+        os.close(bad_log)
+        ctl, log_fd = adopt(path)
+        ev = control_event(ctl)
+        assert ev["event"] == "adopted" and ev["session"] == 77 and ev["control"] == 1
+        assert ev["pid"] == rw.proc.pid and ev["device"] == 0
+        assert isinstance(ev["orphaned_s"], float) and ev["orphaned_s"] >= 0.3
+        assert ev["request"] == {"gpu": "", "model": "", "min_memory": 0}
+        assert ev["calls"] == {"launch": 0, "copy": 0, "alloc": 0, "sync": 0, "other": 0}
+        # A second daemon cannot take it while this one follows it.
+        other, other_log = adopt(path)
+        assert control_event(other)["event"] == "adopt_refused"
+        other.close()
+        os.close(other_log)
+        assert c.call(gp.Ping(token=3))[0].token == 3
+        ctl.send(struct.pack("<4si", b"GPWE", 100007) + b"maintenance")  # END on the new socket
+        ev = control_event(ctl)
+        assert ev["event"] == "end" and ev["reason"] == "server ended", ev
+        c.wait_closed()
+        assert rw.proc.wait(timeout=10) == 0
+        with os.fdopen(log_fd, "rb") as pipe:
+            logged = pipe.read().decode(errors="replace")
+        assert "adopted by gpupoold pid" in logged and "server ended the session" in logged
+        assert not path.exists()
+        ctl.close()
+    finally:
+        c.close()
+        if rw.proc.poll() is None:
+            rw.proc.kill()
+        rw.finish(timeout=10)
+
+
+def test_an_orphan_ends_after_its_grace_and_records_its_end(tmp_path: Path) -> None:
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    rw = RawWorker(tmp_path, "--adopt-dir", str(folder), "--orphan-grace", "0.5")
+    assert rw.event()["event"] == "ready"
+    c = Client()
+    try:
+        rw.start_session(c, session=78)
+        assert c.call(gp.Ping(token=1))[0].token == 1
+        t0 = time.monotonic()
+        rw.ctl.shutdown(socket.SHUT_RDWR)
+        c.wait_closed()
+        assert 0.4 <= time.monotonic() - t0 < 5
+        code, err = rw.finish(timeout=10)
+    finally:
+        c.close()
+    assert code == 0 and "no gpupoold adopted this session within 0.5 s" in err
+    assert [n.code for n in c.notices] == [CUDA_ERROR_DEVICE_UNAVAILABLE]
+    assert "gone for 0.5 s" in c.notices[0].text
+    end = json.loads((folder / "lease-78.end").read_text())
+    assert end["event"] == "end" and end["session"] == 78 and end["reason"] == "daemon lost"
+    assert "worker_orphan_grace" in end["detail"]
+    assert not (folder / "lease-78.sock").exists()
 
 
 @pytest.mark.parametrize("garbage", [b"GPWS", b"hello?", struct.pack("<4sIQQI", b"GPWS", 2, 1, 1, 0)])

@@ -126,8 +126,7 @@ ssize_t ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncate
     return n;
 }
 
-/* The COUNTERS part of stats and end events. */
-static void counters_json(struct worker *w, struct jbuf *j)
+void ctl_counters_json(struct worker *w, struct jbuf *j)
 {
     const uint64_t *c = w->stats.calls;
     double dur = w->ctl.started_ns ? (double)(now_ns() - w->ctl.started_ns) / 1e9 : 0.0;
@@ -170,7 +169,7 @@ int ctl_stats_tick(struct worker *w)
         return (int)((due - now + 999999) / 1000000);
     struct jbuf j = {.n = 0};
     jb_printf(&j, "{\"event\":\"stats\",\"session\":%llu,", (unsigned long long)w->ctl.session_id);
-    counters_json(w, &j);
+    ctl_counters_json(w, &j);
     jb_printf(&j, "}");
     /* Best effort: a daemon that does not read gets the next one a second later. */
     (void)ctl_send(w, &j, 1);
@@ -179,10 +178,13 @@ int ctl_stats_tick(struct worker *w)
     return -1;
 }
 
-/* The daemon is gone (end of stream or an error on the control socket): nobody will account for
- * this session any more, so it ends now; the client is told why, best effort. */
-static void daemon_gone(struct worker *w)
+/* The daemon is gone (end of stream or an error on the control socket). A session that can be
+ * adopted goes on (adopt.c); otherwise nobody will account for it any more, so it ends now and
+ * the client is told why, best effort. 0: carry on (orphaned); -1: the session ends. */
+static int daemon_gone(struct worker *w)
 {
+    if (adopt_orphan(w) == 0)
+        return 0;
     wlog("the control socket was closed: gpupoold is gone; ending");
     w->ctl.gone = 1;
     end_session(w, WK_END_SHUTDOWN, "gpupoold closed the control socket");
@@ -196,6 +198,7 @@ static void daemon_gone(struct worker *w)
             wlog("shutdown of the client socket failed: %s", strerror(errno));
     }
     w->dead = 1;
+    return -1;
 }
 
 int ctl_handle(struct worker *w)
@@ -213,8 +216,7 @@ int ctl_handle(struct worker *w)
     if (n <= 0) {
         if (n < 0)
             wlog("reading the control socket: %s", strerror(errno));
-        daemon_gone(w);
-        return -1;
+        return daemon_gone(w);
     }
     if ((size_t)n < END_HEADER || memcmp(buf, END_MAGIC, 4) != 0) {
         wlog("ignoring an unexpected control message of %zd bytes during a session", n);
@@ -251,7 +253,9 @@ void ctl_send_end(struct worker *w)
     jb_printf(&j, ",\"reason\":\"%s\",\"detail\":", end_reason_name(w->end_reason));
     jb_str(&j, w->end_reason == WK_END_NONE ? "the connection ended" : w->end_detail);
     jb_printf(&j, ",");
-    counters_json(w, &j);
+    ctl_counters_json(w, &j);
     jb_printf(&j, "}");
-    (void)ctl_send(w, &j, 0);
+    /* With no daemon (orphaned, or it went just now), the next one reads it from a file. */
+    if (ctl_send(w, &j, 0) != 0 && w->ctl.in_session && w->ctl.listen_fd >= 0)
+        adopt_write_end(w, &j);
 }

@@ -151,6 +151,8 @@ const char *end_reason_name(enum wk_end_reason reason)
         return "shutdown";
     case WK_END_WORKER_ERROR:
         return "worker error";
+    case WK_END_DAEMON_LOST:
+        return "daemon lost";
     case WK_END_NONE:
     case WK_END_CLIENT_LOST:
         break;

@@ -70,19 +70,29 @@ static void on_signal(struct worker *w)
  * stop (a termination signal, END, the daemon gone, poll failed). */
 static int io_wait(struct worker *w, short events)
 {
-    struct pollfd p[3] = {{.fd = w->fd, .events = events}};
-    nfds_t n = 1;
-    int si = -1, ci = -1;
-    if (w->sigfd >= 0) {
-        si = (int)n;
-        p[n++] = (struct pollfd){.fd = w->sigfd, .events = POLLIN};
-    }
-    if (w->ctl.fd >= 0) {
-        ci = (int)n;
-        p[n++] = (struct pollfd){.fd = w->ctl.fd, .events = POLLIN};
-    }
     for (;;) {
+        /* The set is rebuilt each round: the control socket comes and goes (adopt.c). */
+        struct pollfd p[4] = {{.fd = w->fd, .events = events}};
+        nfds_t n = 1;
+        int si = -1, ci = -1, li = -1;
+        if (w->sigfd >= 0) {
+            si = (int)n;
+            p[n++] = (struct pollfd){.fd = w->sigfd, .events = POLLIN};
+        }
+        if (w->ctl.fd >= 0) {
+            ci = (int)n;
+            p[n++] = (struct pollfd){.fd = w->ctl.fd, .events = POLLIN};
+        }
+        if (w->ctl.listen_fd >= 0) {
+            li = (int)n;
+            p[n++] = (struct pollfd){.fd = w->ctl.listen_fd, .events = POLLIN};
+        }
+        if (adopt_check_grace(w) != 0)
+            return -1;
         int timeout = w->ctl.fd >= 0 ? ctl_stats_tick(w) : -1;
+        int grace = adopt_wait_ms(w);
+        if (grace >= 0 && (timeout < 0 || grace < timeout))
+            timeout = grace;
         int r = poll(p, n, timeout);
         if (r < 0 && errno == EINTR)
             continue;
@@ -91,13 +101,15 @@ static int io_wait(struct worker *w, short events)
             return -1;
         }
         if (r == 0)
-            continue; /* stats are due: the next tick sends them */
+            continue; /* stats are due, or the grace is over: the next round sees to it */
         if (si >= 0 && (p[si].revents & POLLIN)) {
             on_signal(w);
             return -1;
         }
         if (ci >= 0 && p[ci].revents && ctl_handle(w) != 0)
             return -1;
+        if (li >= 0 && (p[li].revents & POLLIN))
+            (void)adopt_accept(w);
         if (p[0].revents)
             return 0;
     }
@@ -106,17 +118,23 @@ static int io_wait(struct worker *w, short events)
 int io_check(struct worker *w)
 {
     (void)ctl_stats_tick(w);
-    struct pollfd p[2] = {{.fd = w->ctl.fd, .events = POLLIN}, {.fd = w->sigfd, .events = POLLIN}};
+    if (adopt_check_grace(w) != 0)
+        return -1;
+    struct pollfd p[3] = {{.fd = w->ctl.fd, .events = POLLIN},
+                          {.fd = w->sigfd, .events = POLLIN},
+                          {.fd = w->ctl.listen_fd, .events = POLLIN}}; /* fd -1: skipped */
     int r;
     do {
-        r = poll(p, w->sigfd >= 0 ? 2 : 1, 0);
+        r = poll(p, 3, 0);
     } while (r < 0 && errno == EINTR);
     if (r <= 0)
         return 0; /* nothing (or poll failed: the next wait will tell) */
-    if (w->sigfd >= 0 && (p[1].revents & POLLIN)) {
+    if (p[1].revents & POLLIN) {
         on_signal(w);
         return -1;
     }
+    if (p[2].revents & POLLIN)
+        (void)adopt_accept(w);
     return p[0].revents ? ctl_handle(w) : 0;
 }
 
@@ -124,7 +142,7 @@ int io_check(struct worker *w)
  * if it comes back anyway, wait for readiness instead of spinning. */
 static int wait_fd(struct worker *w, short events)
 {
-    if (w->sigfd >= 0 || w->ctl.fd >= 0)
+    if (w->sigfd >= 0 || w->ctl.fd >= 0 || w->ctl.listen_fd >= 0)
         return io_wait(w, events);
     struct pollfd p = {.fd = w->fd, .events = events};
     for (;;) {
@@ -204,7 +222,8 @@ static int write_all(struct worker *w, const uint8_t *p, size_t n)
         /* MSG_NOSIGNAL: a vanished client is an error return, not a SIGPIPE. In control mode a
          * write that would block waits in io_wait instead, so that END, the daemon's departure
          * and stats are still seen while a client does not read its replies. */
-        ssize_t r = send(w->fd, p, n, MSG_NOSIGNAL | (w->ctl.fd >= 0 ? MSG_DONTWAIT : 0));
+        int watch = w->ctl.fd >= 0 || w->ctl.listen_fd >= 0;
+        ssize_t r = send(w->fd, p, n, MSG_NOSIGNAL | (watch ? MSG_DONTWAIT : 0));
         if (r < 0 && errno == ENOTSOCK)
             r = write(w->fd, p, n);
         if (r > 0) {
@@ -295,8 +314,9 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
             if (io_flush(w) != 0)
                 return -1;
         }
-        /* Between reads we watch the signalfd and the control socket too (when there are). */
-        if ((w->sigfd >= 0 || w->ctl.fd >= 0) && io_wait(w, POLLIN) != 0)
+        /* Between reads we watch the signalfd, the control socket and the adoption socket too
+         * (when there are). */
+        if ((w->sigfd >= 0 || w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) && io_wait(w, POLLIN) != 0)
             return -1;
         r = read(w->fd, dst, n);
         if (r >= 0)

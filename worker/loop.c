@@ -181,7 +181,8 @@ void worker_loop(struct worker *w)
         /* A client that keeps us busy never lets the loop wait, where stats go out and END,
          * signals and the daemon's departure are seen: look every 1024 frames instead (one
          * clock read and one poll, nothing per frame). */
-        if ((++w->stats.frames & 1023) == 0 && w->ctl.fd >= 0 && io_check(w) != 0)
+        if ((++w->stats.frames & 1023) == 0 && (w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) &&
+            io_check(w) != 0)
             break;
         dispatch(w, &h, body);
         if (w->out_len >= WK_FLUSH_AT && io_flush(w) != 0)

@@ -4,14 +4,17 @@
  *
  *   gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
  *                  [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]
+ *                  [--adopt-dir DIR --orphan-grace SECONDS]
  *       control mode (prestart.c): set up before any client, then take one session from the
- *       daemon over the control socket (with TLS when SESSION says so: tls.c)
+ *       daemon over the control socket (with TLS when SESSION says so: tls.c); with --adopt-dir
+ *       and a grace above 0 the session outlives its daemon for that long (adopt.c)
  *   gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
  *                  --hello-req REQ [--simulated]
  *       one client socket and its hello on stdin (the original mode; the tests drive it)
  *
  *   exit 0  the session ended: goodbye, end of stream, lost connection, a protocol violation,
- *           SIGTERM/SIGINT (the client gets a notice first), END, or the daemon went away
+ *           SIGTERM/SIGINT (the client gets a notice first), END, or the daemon went away (and,
+ *           with --adopt-dir, none adopted the session within the grace)
  *   exit 1  the session could not start (the hello reply says why), set-up failed (control mode:
  *           the `failed` event says why), or a failure on our side
  *   exit 2  usage error (nothing was sent to the client)
@@ -39,6 +42,7 @@ static void usage(const char *why)
     fprintf(stderr, "usage: gpupool-worker --control-fd N --driver PATH --device ORDINAL "
                     "--cache-dir DIR [--simulated]\n"
                     "                      [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]\n"
+                    "                      [--adopt-dir DIR --orphan-grace SECONDS]\n"
                     "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
                     "--session-id ID --hello-req REQ [--simulated]\n");
 }
@@ -101,6 +105,16 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         } else if (strcmp(a, "--tls-client-ca") == 0) {
             o->tls_client_ca = v;
             bad = !*v;
+        } else if (strcmp(a, "--adopt-dir") == 0) {
+            o->adopt_dir = v;
+            bad = !*v;
+        } else if (strcmp(a, "--orphan-grace") == 0) {
+            /* seconds, with up to 3 decimals: "300", "2.5" */
+            char *end;
+            errno = 0;
+            double g = strtod(v, &end);
+            bad = errno != 0 || *end != '\0' || end == v || !(g >= 0 && g <= 86400 * 7);
+            o->orphan_grace_ms = bad ? 0 : (uint64_t)(g * 1000 + 0.5);
         } else if (strcmp(a, "--hello-req") == 0) {
             bad = parse_u64(v, &o->hello_req) != 0;
             have |= 32;
@@ -118,6 +132,10 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         usage(have & 64 ? "--control-fd needs --driver, --device and --cache-dir, and excludes "
                           "--fd, --session-id and --hello-req"
                         : "a required option is missing");
+        return -1;
+    }
+    if ((o->adopt_dir || o->orphan_grace_ms) && !(have & 64)) {
+        usage("--adopt-dir and --orphan-grace are for control mode");
         return -1;
     }
     if ((o->tls_cert || o->tls_key || o->tls_client_ca) &&
@@ -248,6 +266,9 @@ int main(int argc, char **argv)
     }
     w->simulated = o.simulated;
     w->ctl.fd = -1;
+    w->ctl.listen_fd = -1;
+    w->ctl.adopt_dir = o.adopt_dir;
+    w->ctl.grace_ns = o.orphan_grace_ms * 1000000ull;
     int status;
     if (o.control_fd >= 0) {
         w->ctl.fd = o.control_fd;

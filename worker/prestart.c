@@ -251,9 +251,15 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     /* `started` means the hello reply went out: send it now rather than with the first reply.
      * If the client is gone already, the loop ends at once with "client lost". */
     (void)io_flush(w);
+    snprintf(w->ctl.req_gpu, sizeof w->ctl.req_gpu, "%.*s", (int)hello.gpu_len, hello.gpu);
+    snprintf(w->ctl.req_model, sizeof w->ctl.req_model, "%.*s", (int)hello.model_len,
+             hello.model);
+    w->ctl.req_min_memory = hello.min_memory;
+    (void)adopt_listen(w); /* before `started`: the daemon may die right after reading it */
     w->ctl.in_session = 1;
     w->ctl.started_ns = w->ctl.stats_ns = now_ns();
-    jb_printf(&j, "{\"event\":\"started\",\"session\":%llu}", (unsigned long long)o.session_id);
+    jb_printf(&j, "{\"event\":\"started\",\"session\":%llu,\"adoptable\":%s}",
+              (unsigned long long)o.session_id, w->ctl.listen_fd >= 0 ? "true" : "false");
     (void)ctl_send(w, &j, 0);
     wlog("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
          hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
@@ -265,6 +271,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     w->dead = 1;
     session_end(w);
     ctl_send_end(w);
+    adopt_close(w);
     return 0;
 }
 

@@ -116,6 +116,7 @@ enum wk_end_reason {
     WK_END_SERVER_ENDED,   /* the daemon sent END */
     WK_END_SHUTDOWN,       /* SIGTERM/SIGINT */
     WK_END_WORKER_ERROR,   /* a failure on our side (out of memory) */
+    WK_END_DAEMON_LOST,    /* orphaned, and no gpupoold adopted us within the grace (adopt.c) */
 };
 
 /* What the hello reply says about the device, read once when the device is set up. */
@@ -138,7 +139,20 @@ struct wk_control {
     uint64_t started_ns;  /* CLOCK_MONOTONIC at the start of the session */
     uint64_t stats_ns;    /* when the last stats event went out */
     struct wk_counters sent; /* the counters as the last stats event reported them */
+    /* Adoption (adopt.c): the session outlives its daemon. */
+    const char *adopt_dir; /* --adopt-dir, or NULL (the session ends with its daemon) */
+    uint64_t grace_ns;     /* --orphan-grace: longest time with no daemon; 0 = end with it */
+    int listen_fd;         /* <adopt_dir>/lease-<session>.sock during a session, or -1 */
+    uint64_t orphan_since; /* CLOCK_MONOTONIC when the daemon went; 0 while one follows us */
+    /* What the client asked for (its hello): a new daemon rebuilds the lease's view from it. */
+    char req_gpu[128], req_model[256];
+    uint64_t req_min_memory;
 };
+
+/* The control channel's version as ADOPT checks it: a new gpupoold adopts only workers that speak
+ * a version it knows (gpupoold/workers.py ADOPT_VERSIONS). */
+#define WK_CONTROL_VERSION 1
+#define PATH_MAX_ADOPT 4096
 
 struct worker {
     /* connection (io.c) */
@@ -324,6 +338,8 @@ struct wk_options {
     uint64_t hello_req;
     int simulated;
     const char *tls_cert, *tls_key, *tls_client_ca; /* --tls-*, or NULL (control mode only) */
+    const char *adopt_dir; /* --adopt-dir, or NULL (control mode only; adopt.c) */
+    uint64_t orphan_grace_ms; /* --orphan-grace, in ms (0: the session ends with its daemon) */
 };
 /* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
  * the granularity and takes the device snapshot: everything that does not depend on a hello.
@@ -370,8 +386,31 @@ int ctl_stats_tick(struct worker *w);
  * stream (the daemon is gone: stop), or a message out of place (logged, ignored). 0: carry on;
  * -1: the loop must stop. */
 int ctl_handle(struct worker *w);
-/* The `end` event with the counters (no-op without a control socket or when it is gone). */
+/* The `end` event with the counters; with no daemon following the session (orphaned), written
+ * to the adoption directory instead (adopt_write_end). */
 void ctl_send_end(struct worker *w);
+/* The COUNTERS part of stats, end and adopted events. */
+void ctl_counters_json(struct worker *w, struct jbuf *j);
+
+/* ---- adopt.c ---------------------------------------------------------------------------- */
+/* At the start of a session (with --adopt-dir and a grace > 0): listen on the adoption socket
+ * and stop asking for SIGTERM at the daemon's death. 0, or -1 (logged: the session then ends
+ * with its daemon). */
+int adopt_listen(struct worker *w);
+/* Stop listening and remove the socket file (the session is over). */
+void adopt_close(struct worker *w);
+/* The control socket closed during a session: go on without a daemon if we can be adopted.
+ * 0: orphaned, carry on; -1: cannot be adopted, the session ends. */
+int adopt_orphan(struct worker *w);
+/* Milliseconds until the grace period ends (0: over), or -1 when a daemon follows us. */
+int adopt_wait_ms(const struct worker *w);
+/* When the grace period is over: end the session (client told). 0 carry on; -1 ended. */
+int adopt_check_grace(struct worker *w);
+/* The adoption socket is readable: accept, check, take ADOPT, send `adopted`. Always 0 (a bad
+ * adoption attempt is refused and changes nothing). */
+int adopt_accept(struct worker *w);
+/* Writes an `end` event to <adopt_dir>/lease-<session>.end (atomically) for the next daemon. */
+void adopt_write_end(struct worker *w, const struct jbuf *j);
 
 /* ---- main.c ----------------------------------------------------------------------------- */
 /* Makes the client socket blocking, TCP_NODELAY on TCP. 0, or -1 (not an open descriptor). */

@@ -9,6 +9,9 @@
  * buffer to the host that many times meanwhile: a client killed mid-transfer), reads it back and
  * checks every byte. Prints one line of key=value facts, then exits without freeing (the worker
  * releases everything). Exit status 0 only if the data came back bit-exact.
+ *
+ * LOOP_COPIES = -1: copy the buffer to the host again and again until HOLD_MS have passed, and
+ * check every copy (a job streaming while its server restarts); `copies=N` says how many.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -78,7 +81,17 @@ int main(int argc, char **argv) {
     printf("holding seed=%llu\n", (unsigned long long)seed);
     fflush(stdout);
     double until = now_s() + hold_ms / 1000.0;
-    for (long k = 0; k < loops || now_s() < until; k++) {
+    long copies = 0;
+    while (loops < 0 && now_s() < until) {
+        memset(back, 0, bytes);
+        CHECK(cuMemcpyDtoH(back, d, bytes));
+        if (memcmp(host, back, bytes) != 0) {
+            fprintf(stderr, "hold_gpu: copy %ld came back different\n", copies);
+            return 1;
+        }
+        copies++;
+    }
+    for (long k = 0; loops >= 0 && (k < loops || now_s() < until); k++) {
         if (k < loops) {
             CHECK(cuMemcpyDtoH(back, d, bytes));
         } else {
@@ -91,7 +104,7 @@ int main(int argc, char **argv) {
     int exact = memcmp(host, back, bytes) == 0;
     printf("seed=%llu uuid=", (unsigned long long)seed);
     for (int i = 0; i < 16; i++) printf("%02x", (unsigned char)uuid.bytes[i]);
-    printf(" nonzero_before=%zu exact=%d t_start=%.6f t_leased=%.6f t_end=%.6f\n", nonzero, exact,
-           t_start, t_leased, now_s());
+    printf(" nonzero_before=%zu exact=%d copies=%ld t_start=%.6f t_leased=%.6f t_end=%.6f\n",
+           nonzero, exact, copies, t_start, t_leased, now_s());
     return exact ? 0 : 1;
 }

@@ -1,0 +1,128 @@
+"""End to end: leases outlive gpupoold. A job streaming copies and a job sitting idle both finish
+correctly while their daemon is stopped (SIGTERM), killed (SIGKILL) and started again; the new
+daemon takes their leases over (worker/adopt.c, LeaseManager.start) and gives their GPUs to
+nobody else meanwhile; the history shows one unbroken lease each. A worker whose daemon never
+comes back ends its lease after `worker_orphan_grace`, and the GPU is scrubbed before anyone
+else gets it. Real gpupoold, real workers, real clients (tests/clients/hold_gpu.c) on simulated
+GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import GpupoolServer
+from test_e2e_leases import (MIB, ended_leases, facts, gpu_states, hold_gpu,  # noqa: F401
+                             start_client, wait_until)
+
+GIB = 1 << 30
+
+
+def active_ids(server: GpupoolServer) -> set[int]:
+    return {le["id"] for le in server.get_json("/api/v1/leases?state=active")["leases"]}
+
+
+def finish(proc: subprocess.Popen[str], what: str, timeout: float = 120) -> dict[str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{out}\n{err}"
+    f = facts(out)
+    assert f["exact"] == "1", f"{what}: data not bit-exact: {out}"
+    return f
+
+
+def restart(start_daemon: Any, server: GpupoolServer, how: str, *extra: str) -> GpupoolServer:
+    if how == "sigterm":
+        assert server.stop() == 0, server.log_text()[-3000:]
+        assert "lease(s) continue without gpupoold" in server.log_text()
+    else:
+        server.kill_daemon_only()
+    time.sleep(0.5)  # the clients go on with no daemon at all for a moment
+    return start_daemon("--simulated", "2", *extra, build_dir=server.build_dir, simulated=None,
+                        state_dir=server.state_dir)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_streaming_and_an_idle_lease_survive_a_daemon_restart(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, how: str) -> None:  # noqa: F811
+    server = start_daemon("--simulated", "2", build_dir=native_build, simulated=None)
+    wait_until("both GPUs free", lambda: gpu_states(server) == ["free", "free"])
+    # Each holds its GPU for 12 s once it has set up (1 GiB takes a few seconds here).
+    streaming = start_client(server, hold_gpu, GIB, 12_000, seed=31, loops=-1)
+    assert streaming.stdout is not None and "holding" in streaming.stdout.readline()
+    idle = start_client(server, hold_gpu, 16 * MIB, 12_000, seed=32)
+    assert idle.stdout is not None and "holding" in idle.stdout.readline()
+    leases = active_ids(server)
+    assert len(leases) == 2
+
+    restarted_at = time.time()
+    again = restart(start_daemon, server, how)
+    # Taken over, both GPUs still theirs: a newcomer waits in the queue.
+    wait_until("the leases taken over", lambda: active_ids(again) == leases, timeout=20)
+    assert gpu_states(again) == ["leased", "leased"]
+    newcomer = start_client(again, hold_gpu, MIB, 0, seed=33)
+    time.sleep(1.0)
+    assert newcomer.poll() is None and active_ids(again) == leases, "a held GPU was given away"
+
+    s, i = finish(streaming, "the streaming client"), finish(idle, "the idle client")
+    assert int(s["copies"]) > 0
+    n = finish(newcomer, "the client that waited")
+    assert float(n["t_leased"]) >= min(float(s["t_end"]), float(i["t_end"])) - 0.5
+
+    wait_until("three leases ended and scrubbed after",
+               lambda: [r["scrub_ok"] is not None for r in ended_leases(again)] == [True] * 3,
+               timeout=20)
+    records = {r["id"]: r for r in ended_leases(again)}
+    for lease_id in leases:  # one unbroken lease each: one record, ended by its client
+        rec = records[lease_id]
+        assert rec["end_reason"] == "client exit", rec
+        assert rec["scrub_ok"] is True, rec
+        assert rec["started"] < restarted_at < rec["ended"], rec
+    streamed = next(records[i] for i in leases if records[i]["bytes_d2h"] > GIB)
+    assert streamed["bytes_d2h"] >= (int(s["copies"]) + 2) * GIB  # counted across the restart
+    log = again.log_text()
+    assert "taking over 2 lease(s) of the previous gpupoold" in log
+    assert "adopted by gpupoold pid" in log  # the workers' lines reach the new daemon's log
+    wait_until("both GPUs free", lambda: gpu_states(again) == ["free", "free"])
+
+
+def test_a_worker_whose_daemon_never_returns_ends_after_the_grace(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    config = tmp_path / "gpupoold.toml"
+    config.write_text("worker_orphan_grace = 1.5\n")
+    server = start_daemon("--simulated", "2", "--config", str(config), build_dir=native_build,
+                          simulated=None)
+    wait_until("both GPUs free", lambda: gpu_states(server) == ["free", "free"])
+    client = start_client(server, hold_gpu, 8 * MIB, 8_000, seed=41)
+    assert client.stdout is not None and "holding" in client.stdout.readline()
+    (lease_id,) = active_ids(server)
+    server.kill_daemon_only()
+    t0 = time.monotonic()
+    end = server.state_dir / "workers" / f"lease-{lease_id}.end"
+    wait_until("the worker's end record", end.exists, timeout=10, interval=0.05)
+    waited = time.monotonic() - t0
+    assert 1.4 <= waited < 6, waited
+    assert json.loads(end.read_text())["reason"] == "daemon lost"
+    # The idle client learns it at once (its shim prints the notice) and fails at its next call.
+    out, err = client.communicate(timeout=30)
+    assert client.returncode != 0
+    assert "the gpupool server has been gone for 1.5 s" in err, err
+    assert not (server.state_dir / "workers" / f"lease-{lease_id}.sock").exists()
+
+    again = start_daemon("--simulated", "2", "--config", str(config), build_dir=native_build,
+                         simulated=None, state_dir=server.state_dir)
+    wait_until("both GPUs scrubbed and free", lambda: gpu_states(again) == ["free", "free"])
+    rec = next(r for r in ended_leases(again) if r["id"] == lease_id)
+    assert rec["end_reason"] == "daemon lost", rec
+    assert "worker_orphan_grace" in rec["end_detail"], rec
+    assert rec["scrub_ok"] is True and rec["bytes_h2d"] >= 8 * MIB, rec
+    assert not end.exists()
+    # Nothing of the tenant is left for the next one.
+    nxt = subprocess.run([str(hold_gpu), str(8 * MIB), "0", "42"], env=again.client_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert nxt.returncode == 0, nxt.stderr
+    assert facts(nxt.stdout)["nonzero_before"] == "0"
