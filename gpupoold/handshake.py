@@ -49,8 +49,8 @@ def version_refusal(major: int, minor: int) -> Refusal:
 def parse_first_frame(body: bytes, cls: Any, what: str, client: str) -> Any:
     """The decoded first frame of a connection (`cls`: gp.Hello or gp.Info, `what` its name in
     messages, `client` what the user should match to this server), or the refusal to send
-    back: wrong magic or major version (GP_EVERSION), a body that does not decode (GP_EPROTO,
-    or GP_EVERSION when the client's minor version is newer)."""
+    back: wrong magic or major version (GP_EVERSION), a body that does not decode (GP_EPROTO).
+    A newer minor version is served: the fields it appended are skipped."""
     if len(body) < _PREFIX.size:
         return Refusal(gp.GP_EPROTO, f"malformed {what}: {len(body)} bytes is too short")
     magic, major, minor = _PREFIX.unpack_from(body)
@@ -62,14 +62,10 @@ def parse_first_frame(body: bytes, cls: Any, what: str, client: str) -> Any:
     if major != gp.MAJOR:
         return version_refusal(major, minor)
     try:
-        return cls.decode(body)
+        # A newer minor version appends fields at the end: read the ones we know, skip the rest
+        # (docs/protocol.md, "Versioning"). From our own version, trailing bytes are malformed.
+        return cls.decode(body, allow_trailing=minor > gp.MINOR)
     except gp.ProtocolError as exc:
-        if minor > gp.MINOR:
-            # A newer minor version may append fields this server cannot skip yet.
-            return Refusal(gp.GP_EVERSION,
-                           f"client speaks protocol {major}.{minor}, this server speaks "
-                           f"{gp.MAJOR}.{gp.MINOR} and cannot read its {what} ({exc}); "
-                           "upgrade gpupoold on this server")
         return Refusal(gp.GP_EPROTO, f"malformed {what}: {exc}")
 
 

@@ -313,7 +313,7 @@ def c_decode_body(fields: tuple[Field, ...], with_result: bool) -> list[str]:
         else:
             need("8")
             out.append(f"    m->{f.name}_len = gp_rd_u64(p); p += 8;")
-    out.append("    return p == end ? 0 : GP_PROTO_EMALFORMED;")
+    out.append("    return p == end ? 0 : GP_PROTO_ETRAILING;")
     return out
 
 
@@ -366,8 +366,11 @@ def gen_c(proto: dict, results: dict[str, int], info: set[int], messages: list[M
         "#define GP_PROTO_HEADER_SIZE 16",
         f'#define GP_PROTO_SPEC_SHA256 "{digest}"',
         "#define GP_FLAG_REPLY 0x1",
-        "/* Decoders return 0 or this. */",
+        "/* Decoders return 0, or one of these. With GP_PROTO_ETRAILING every known field was",
+        " * decoded and more bytes follow them: the fields a newer minor version appended, which a",
+        " * reader may ignore (docs/protocol.md, \"Versioning\"); anywhere else it is malformed. */",
         "#define GP_PROTO_EMALFORMED (-1)",
+        "#define GP_PROTO_ETRAILING (-2)",
         "",
     ]
     h += [f"#define {n} {v}" for n, v in proto["constants"].items()]
@@ -552,11 +555,14 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
     out.append("        return w.getvalue()")
     out.append("")
     out.append("    @classmethod")
-    out.append(f"    def decode(cls, body: bytes) -> {cls!r}:")
+    out.append(f"    def decode(cls, body: bytes, allow_trailing: bool = False) -> {cls!r}:")
+    out.append('        """allow_trailing: ignore bytes after the known fields (a newer minor '
+               'version\'s)."""')
     out.append("        r = _Reader(body)")
     args = ", ".join(f"{f.name}=r.{f.kind}({py_dec_args(f)})" for f in allf)
     out.append(f"        msg = cls({args})")
-    out.append("        r.finish()")
+    out.append("        if not allow_trailing:")
+    out.append("            r.finish()")
     out.append("        return msg")
     out.append("")
     out.append("    @classmethod")

@@ -77,7 +77,8 @@ def main() -> int:
         return 0
     magic, _version, session_id, hello_req, hello_len = SESSION.unpack_from(msg)
     assert magic == b"GPWS" and len(fds) == 1, (magic, fds)
-    hello = gp.Hello.decode(msg[SESSION.size:SESSION.size + hello_len])
+    body = msg[SESSION.size:SESSION.size + hello_len]
+    hello = gp.Hello.decode(body, allow_trailing=gp.Hello.decode(body, True).minor > gp.MINOR)
     say(f"session {session_id} hello from {hello.user}@{hello.host}")
     sock = socket.socket(fileno=fds[0])
     sock.setblocking(True)

@@ -221,13 +221,15 @@ async def test_other_major_with_a_different_hello_layout_still_gets_the_version_
     assert decoded.result == gp.GP_EVERSION and "protocol 3.0" in decoded.message
 
 
-async def test_newer_minor_with_unknown_fields_is_refused_clearly(daemon: Daemon) -> None:
+async def test_newer_minor_with_unknown_fields_is_served(daemon: Daemon) -> None:
+    """A client of a newer minor version appends hello fields this server does not know: they
+    are skipped and the client is served (docs/protocol.md, "Versioning")."""
     client = await RawClient.connect(daemon.address)
     body = hello(minor=gp.MINOR + 1).encode() + b"\x01\x02\x03\x04"
     await client.send(frame(gp.Hello.OP, body))
     decoded = gp.HelloReply.decode((await client.recv()).body)
-    assert decoded.result == gp.GP_EVERSION
-    assert f"1.{gp.MINOR + 1}" in decoded.message and "upgrade gpupoold" in decoded.message
+    assert decoded.result == 0 and (decoded.major, decoded.minor) == (gp.MAJOR, gp.MINOR)
+    assert decoded.server == "fake-worker"
 
 
 @pytest.mark.parametrize("body", [

@@ -12,6 +12,7 @@ state directory); scripts/bootstrap.sh installs the Debian tools. See docs/packa
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -24,9 +25,11 @@ import tomllib
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, require, run_client
+from test_e2e_leases import hold_gpu  # noqa: F401 (fixture)
 
 from gpupoold import __version__ as DAEMON_VERSION
 from gpupoold.config import load_settings
@@ -379,12 +382,16 @@ def test_daemon_starts_with_the_default_config(debs: Debs, root: Root, tmp_path:
     assert "Traceback" not in text, text
 
 
-def _newer(deb: Path, where: Path) -> Path:
-    """The same package with Debian revision 2: an upgrade, not a reinstall."""
+def _newer(deb: Path, where: Path, daemon_version: str | None = None) -> Path:
+    """The same package with Debian revision 2: an upgrade, not a reinstall (with
+    `daemon_version`, a build whose gpupoold says it is that version)."""
     tree = where / "tree"
     subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True)
     control = tree / "DEBIAN" / "control"
     control.write_text(re.sub(r"^Version: (.*)-1$", r"Version: \1-2", control.read_text(), flags=re.M))
+    if daemon_version is not None:
+        init = tree / TREE.lstrip("/") / "gpupoold" / "__init__.py"
+        init.write_text(init.read_text().replace(f'"{DAEMON_VERSION}"', f'"{daemon_version}"'))
     out = where / deb.name.replace("-1_", "-2_")
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(tree), str(out)],
                    check=True, capture_output=True)
@@ -424,6 +431,99 @@ def test_upgrade_keeps_config_and_state_purge_removes_them(debs: Debs, root: Roo
         assert not (root / gone).exists(), f"purge left {gone}"
     assert not (wants / "gpupoold.service").is_symlink(), "purge left the enable link"
     assert root.account("passwd")[2] == uid, "the system user stays (Debian policy)"
+
+
+class Installed:
+    """gpupoold as the unit runs it, from the scratch root, on 2 simulated GPUs and free ports."""
+
+    def __init__(self, root: Root, state: Path, log: Path) -> None:
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(root / "/usr/bin/gpupoold"), "serve", "--config", str(root / CONFIG),
+                 "--state-dir", str(state), "--simulated", "2", "--listen", "127.0.0.1:0",
+                 "--http", "127.0.0.1:0"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=_clean_env(), cwd=state.parent, start_new_session=True)
+        start = len(log.read_text(errors="replace"))
+        self.remoting = self._address("remoting", start)
+        self.http = self._address("http", start)
+        self.admin = (state / "local-admin.token").read_text().strip()
+
+    def _address(self, what: str, start: int) -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = re.search(rf"^gpupoold: {what} on (\S+)$", self.log.read_text(errors="replace")[start:],
+                          re.M)
+            if m:
+                return m[1]
+            if self.proc.poll() is not None:
+                pytest.fail(f"installed gpupoold exited with {self.proc.returncode}:\n"
+                            f"{self.log.read_text()}")
+            time.sleep(0.1)
+        pytest.fail(f"installed gpupoold: no {what} address:\n{self.log.read_text()}")
+
+    def get(self, path: str) -> Any:
+        req = urllib.request.Request(f"http://{self.http}{path}",
+                                     headers={"Authorization": f"Bearer {self.admin}"})
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            return json.loads(reply.read())
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def test_an_upgrade_keeps_running_jobs(debs: Debs, root: Root, tmp_path: Path,
+                                       hold_gpu: Path) -> None:  # noqa: F811
+    """Install, start jobs, stop the daemon, install a newer build, start it: the jobs (one
+    streaming 1 GiB copies, one idle) finish correctly under the new daemon, with one unbroken
+    lease each. (On a real system the postinst's `systemctl try-restart` does the stop and start.)"""
+    root.dpkg("-i", debs.daemon)
+    state, log = tmp_path / "state", tmp_path / "gpupoold.log"
+    old = Installed(root, state, log)
+    token = run_client([root / "/usr/bin/gpupoold", "token", "create", "--name", "jobs",
+                        "--state-dir", state], env=_clean_env()).stdout.strip().splitlines()[-1]
+    env = {**os.environ, "GPUPOOL_SERVER": old.remoting, "GPUPOOL_TOKEN": token,
+           "GPUPOOL_CONFIG": "none", "LD_LIBRARY_PATH": str(hold_gpu.parent.parent / "client")}
+    env.pop("LD_PRELOAD", None)
+    jobs = []
+    for args in ((1 << 30, 12_000, 51, -1), (16 << 20, 12_000, 52, 0)):
+        job = subprocess.Popen([str(hold_gpu), *map(str, args)], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert job.stdout is not None and "holding" in job.stdout.readline()
+        jobs.append(job)
+    leases = {le["id"] for le in old.get("/api/v1/leases?state=active")["leases"]}
+    assert len(leases) == 2
+
+    assert old.stop() == 0
+    newer = _newer(debs.daemon, tmp_path, daemon_version=f"{DAEMON_VERSION}+upgraded")
+    root.dpkg("-i", newer)
+    assert root.status("gpupoold") == f"install ok installed {DAEMON_VERSION}-2"
+    new = Installed(root, state, log)
+    try:
+        assert new.get("/api/v1/status")["version"] == f"{DAEMON_VERSION}+upgraded"
+        deadline = time.monotonic() + 20
+        while {le["id"] for le in new.get("/api/v1/leases?state=active")["leases"]} != leases:
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.1)
+        for job in jobs:
+            out, err = job.communicate(timeout=120)
+            assert job.returncode == 0 and "exact=1" in out, (out, err)
+        deadline = time.monotonic() + 20
+        while True:
+            ended = {r["id"]: r for r in new.get("/api/v1/leases?state=ended")["leases"]}
+            if set(ended) == leases and all(r["scrub_ok"] is not None for r in ended.values()):
+                break
+            assert time.monotonic() < deadline, ended
+            time.sleep(0.1)
+        for rec in ended.values():
+            assert rec["end_reason"] == "client exit" and rec["scrub_ok"] is True, rec
+    finally:
+        code = new.stop()
+    text = log.read_text(errors="replace")
+    assert code == 0 and "Traceback" not in text, text
+    assert "taking over 2 lease(s) of the previous gpupoold" in text
 
 
 def test_client_remove_leaves_nothing(debs: Debs, root: Root) -> None:

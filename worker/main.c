@@ -211,7 +211,7 @@ static int fd_mode(struct worker *w, const struct wk_options *o)
     size_t hello_len = 0;
     uint8_t *hello_body = read_hello(&hello_len);
     gp_hello hello;
-    if (!hello_body || gp_hello_decode(hello_body, hello_len, &hello) != 0) {
+    if (!hello_body || hello_decode(hello_body, hello_len, &hello) != 0) {
         hello_refuse(w, o->hello_req, GP_EPROTO, "the server could not read the hello message");
     } else if (session_start(w, o, &hello) == 0) {
         wlog("client pid %u (%.*s@%.*s, %.*s)", hello.pid, (int)hello.user_len, hello.user,

@@ -232,7 +232,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
 
     gp_hello hello;
     int ok;
-    if (gp_hello_decode(msg + header, hello_len, &hello) != 0) {
+    if (hello_decode(msg + header, hello_len, &hello) != 0) {
         hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
         ok = 0;
     } else {

@@ -177,6 +177,15 @@ int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code
     return 0;
 }
 
+int hello_decode(const uint8_t *body, size_t len, gp_hello *h)
+{
+    int rc = gp_hello_decode(body, len, h);
+    /* A newer minor version appends fields: the ones we know are read, the rest skipped. */
+    if (rc == GP_PROTO_ETRAILING && h->major == GP_PROTO_MAJOR && h->minor > GP_PROTO_MINOR)
+        return 0;
+    return rc;
+}
+
 int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello)
 {
     uint64_t req = o->hello_req;

@@ -352,6 +352,9 @@ int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code
 int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello);
 /* Releases everything (allocations, streams, events, modules, contexts, the window). */
 void session_end(struct worker *w);
+/* gp_hello_decode that skips the fields a newer minor version appended. 0 or the decoder's
+ * error. */
+int hello_decode(const uint8_t *body, size_t len, gp_hello *h);
 /* Sends a hello reply carrying only an error (used before the driver is up, too). */
 void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

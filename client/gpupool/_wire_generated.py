@@ -166,10 +166,12 @@ class Hello:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Hello':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Hello':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(magic=r.scalar('I'), major=r.scalar('H'), minor=r.scalar('H'), pid=r.scalar('I'), flags=r.scalar('I'), host=r.string(255), user=r.string(255), program=r.string(1023), token=r.string(4096), gpu=r.string(255), model=r.string(255), min_memory=r.scalar('Q'), va_base=r.scalar('Q'), va_size=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -244,10 +246,12 @@ class HelloReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'HelloReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'HelloReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), major=r.scalar('H'), minor=r.scalar('H'), message=r.string(4095), server=r.string(255), session_id=r.scalar('Q'), simulated=r.scalar('I'), name=r.string(255), uuid=r.bytes(16), total_mem=r.scalar('Q'), driver_version=r.scalar('i'), pci_domain=r.scalar('i'), pci_bus=r.scalar('i'), pci_device=r.scalar('i'), attributes=r.array('i', 512), limits=r.array('Q', 64), stream_priority_least=r.scalar('i'), stream_priority_greatest=r.scalar('i'), granularity=r.scalar('Q'), va_base=r.scalar('Q'), va_size=r.scalar('Q'), features=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -279,10 +283,12 @@ class Goodbye:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Goodbye':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Goodbye':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls()
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -319,10 +325,12 @@ class Notice:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Notice':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Notice':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(code=r.scalar('i'), op=r.scalar('H'), text=r.string(4095))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -355,10 +363,12 @@ class Ping:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Ping':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Ping':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(token=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -393,10 +403,12 @@ class PingReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'PingReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'PingReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), token=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -428,10 +440,12 @@ class Stats:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Stats':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Stats':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls()
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -478,10 +492,12 @@ class StatsReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StatsReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StatsReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), frames=r.scalar('Q'), module_bytes_received=r.scalar('Q'), modules_loaded=r.scalar('Q'), module_cache_hits=r.scalar('Q'), h2d_bytes=r.scalar('Q'), d2h_bytes=r.scalar('Q'), launches=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -530,10 +546,12 @@ class Info:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Info':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Info':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(magic=r.scalar('I'), major=r.scalar('H'), minor=r.scalar('H'), flags=r.scalar('I'), token=r.string(4096), gpu=r.string(255), model=r.string(255), min_memory=r.scalar('Q'), host=r.string(255))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -584,10 +602,12 @@ class InfoReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'InfoReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'InfoReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), major=r.scalar('H'), minor=r.scalar('H'), message=r.string(4095), server=r.string(255), gpus=r.scalar('I'), matching=r.scalar('I'), free_matching=r.scalar('I'), queue=r.scalar('I'), json=r.string(4194304))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -622,10 +642,12 @@ class CtxCreate:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxCreate':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxCreate':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(ctx=r.scalar('Q'), flags=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -658,10 +680,12 @@ class CtxCreateReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxCreateReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxCreateReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -694,10 +718,12 @@ class CtxDestroy:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxDestroy':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxDestroy':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(ctx=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -730,10 +756,12 @@ class CtxDestroyReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxDestroyReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxDestroyReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -766,10 +794,12 @@ class CtxSetCurrent:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxSetCurrent':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxSetCurrent':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(ctx=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -801,10 +831,12 @@ class CtxSynchronize:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxSynchronize':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxSynchronize':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls()
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -837,10 +869,12 @@ class CtxSynchronizeReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxSynchronizeReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxSynchronizeReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -875,10 +909,12 @@ class CtxSetLimit:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxSetLimit':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxSetLimit':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(limit=r.scalar('I'), value=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -911,10 +947,12 @@ class CtxSetLimitReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxSetLimitReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxSetLimitReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -947,10 +985,12 @@ class CtxGetLimit:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxGetLimit':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxGetLimit':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(limit=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -985,10 +1025,12 @@ class CtxGetLimitReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'CtxGetLimitReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'CtxGetLimitReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), value=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1020,10 +1062,12 @@ class MemGetInfo:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemGetInfo':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemGetInfo':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls()
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1060,10 +1104,12 @@ class MemGetInfoReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemGetInfoReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemGetInfoReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), free=r.scalar('Q'), total=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1095,10 +1141,12 @@ class PrimaryCtxReset:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'PrimaryCtxReset':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'PrimaryCtxReset':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls()
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1131,10 +1179,12 @@ class PrimaryCtxResetReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'PrimaryCtxResetReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'PrimaryCtxResetReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1171,10 +1221,12 @@ class MemAlloc:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemAlloc':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemAlloc':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(size=r.scalar('Q'), stream=r.scalar('Q'), flags=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1211,10 +1263,12 @@ class MemAllocReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemAllocReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemAllocReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), dptr=r.scalar('Q'), mapped_size=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1249,10 +1303,12 @@ class MemFree:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemFree':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemFree':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(dptr=r.scalar('Q'), stream=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1291,10 +1347,12 @@ class MemcpyHtod:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemcpyHtod':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemcpyHtod':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(dst=r.scalar('Q'), stream=r.scalar('Q'), is_async=r.scalar('I'), data=r.bulk())
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1333,10 +1391,12 @@ class MemcpyDtoh:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemcpyDtoh':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemcpyDtoh':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(src=r.scalar('Q'), size=r.scalar('Q'), stream=r.scalar('Q'), is_async=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1371,10 +1431,12 @@ class MemcpyDtohReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemcpyDtohReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemcpyDtohReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), data=r.bulk())
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1415,10 +1477,12 @@ class MemcpyDtod:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'MemcpyDtod':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'MemcpyDtod':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(dst=r.scalar('Q'), src=r.scalar('Q'), size=r.scalar('Q'), stream=r.scalar('Q'), is_async=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1461,10 +1525,12 @@ class Memset:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Memset':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Memset':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(dst=r.scalar('Q'), value=r.scalar('I'), elem_size=r.scalar('I'), count=r.scalar('Q'), stream=r.scalar('Q'), is_async=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1511,10 +1577,12 @@ class Memset2d:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Memset2d':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Memset2d':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(dst=r.scalar('Q'), pitch=r.scalar('Q'), value=r.scalar('I'), elem_size=r.scalar('I'), width=r.scalar('Q'), height=r.scalar('Q'), stream=r.scalar('Q'), is_async=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1551,10 +1619,12 @@ class StreamCreate:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamCreate':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamCreate':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(stream=r.scalar('Q'), flags=r.scalar('I'), priority=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1587,10 +1657,12 @@ class StreamDestroy:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamDestroy':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamDestroy':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(stream=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1623,10 +1695,12 @@ class StreamSynchronize:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamSynchronize':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamSynchronize':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(stream=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1659,10 +1733,12 @@ class StreamSynchronizeReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamSynchronizeReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamSynchronizeReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1695,10 +1771,12 @@ class StreamQuery:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamQuery':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamQuery':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(stream=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1731,10 +1809,12 @@ class StreamQueryReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamQueryReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamQueryReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1771,10 +1851,12 @@ class StreamWaitEvent:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamWaitEvent':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamWaitEvent':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(stream=r.scalar('Q'), event=r.scalar('Q'), flags=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1809,10 +1891,12 @@ class EventCreate:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventCreate':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventCreate':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(event=r.scalar('Q'), flags=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1845,10 +1929,12 @@ class EventDestroy:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventDestroy':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventDestroy':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(event=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1885,10 +1971,12 @@ class EventRecord:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventRecord':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventRecord':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(event=r.scalar('Q'), stream=r.scalar('Q'), flags=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1921,10 +2009,12 @@ class EventQuery:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventQuery':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventQuery':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(event=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1957,10 +2047,12 @@ class EventQueryReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventQueryReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventQueryReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -1993,10 +2085,12 @@ class EventSynchronize:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventSynchronize':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventSynchronize':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(event=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2029,10 +2123,12 @@ class EventSynchronizeReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventSynchronizeReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventSynchronizeReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2067,10 +2163,12 @@ class EventElapsedTime:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventElapsedTime':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventElapsedTime':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(start=r.scalar('Q'), end=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2105,10 +2203,12 @@ class EventElapsedTimeReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'EventElapsedTimeReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'EventElapsedTimeReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), ms=r.scalar('f'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2149,10 +2249,12 @@ class ModuleLoad:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'ModuleLoad':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'ModuleLoad':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(module=r.scalar('Q'), kind=r.scalar('I'), sha256=r.bytes(32), image_size=r.scalar('Q'), data=r.bulk())
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2185,10 +2287,12 @@ class ModuleLoadReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'ModuleLoadReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'ModuleLoadReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2223,10 +2327,12 @@ class ModuleUnload:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'ModuleUnload':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'ModuleUnload':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(module=r.scalar('Q'), kind=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2265,10 +2371,12 @@ class GetFunction:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GetFunction':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GetFunction':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(module=r.scalar('Q'), kind=r.scalar('I'), func=r.scalar('Q'), name=r.string(4095))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2307,10 +2415,12 @@ class GetFunctionReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GetFunctionReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GetFunctionReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), param_count=r.scalar('i'), param_offsets=r.array('I', 8192), param_sizes=r.array('I', 8192))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2347,10 +2457,12 @@ class GetGlobal:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GetGlobal':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GetGlobal':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(module=r.scalar('Q'), kind=r.scalar('I'), name=r.string(4095))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2387,10 +2499,12 @@ class GetGlobalReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GetGlobalReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GetGlobalReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), dptr=r.scalar('Q'), size=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2425,10 +2539,12 @@ class FuncGetAttribute:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'FuncGetAttribute':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'FuncGetAttribute':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(func=r.scalar('Q'), attribute=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2463,10 +2579,12 @@ class FuncGetAttributeReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'FuncGetAttributeReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'FuncGetAttributeReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), value=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2503,10 +2621,12 @@ class FuncSetAttribute:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'FuncSetAttribute':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'FuncSetAttribute':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(func=r.scalar('Q'), attribute=r.scalar('i'), value=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2539,10 +2659,12 @@ class FuncSetAttributeReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'FuncSetAttributeReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'FuncSetAttributeReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2597,10 +2719,12 @@ class Occupancy:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Occupancy':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Occupancy':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(kind=r.scalar('I'), func=r.scalar('Q'), block_size=r.scalar('i'), dyn_smem=r.scalar('Q'), flags=r.scalar('I'), grid_x=r.scalar('I'), grid_y=r.scalar('I'), grid_z=r.scalar('I'), block_x=r.scalar('I'), block_y=r.scalar('I'), block_z=r.scalar('I'), attrs=r.blob(65536))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2635,10 +2759,12 @@ class OccupancyReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'OccupancyReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'OccupancyReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), value=r.scalar('q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2691,10 +2817,12 @@ class Launch:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'Launch':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'Launch':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(func=r.scalar('Q'), grid_x=r.scalar('I'), grid_y=r.scalar('I'), grid_z=r.scalar('I'), block_x=r.scalar('I'), block_y=r.scalar('I'), block_z=r.scalar('I'), shared_mem=r.scalar('I'), stream=r.scalar('Q'), params=r.blob(1048576), attrs=r.blob(65536))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2731,10 +2859,12 @@ class VmmReserve:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmReserve':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmReserve':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(size=r.scalar('Q'), alignment=r.scalar('Q'), addr=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2769,10 +2899,12 @@ class VmmReserveReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmReserveReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmReserveReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), ptr=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2807,10 +2939,12 @@ class VmmAddressFree:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmAddressFree':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmAddressFree':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(ptr=r.scalar('Q'), size=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2849,10 +2983,12 @@ class VmmCreate:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmCreate':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmCreate':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(handle=r.scalar('Q'), size=r.scalar('Q'), handle_types=r.scalar('I'), alloc_flags=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2885,10 +3021,12 @@ class VmmCreateReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmCreateReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmCreateReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2921,10 +3059,12 @@ class VmmRelease:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmRelease':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmRelease':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(handle=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -2963,10 +3103,12 @@ class VmmMap:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmMap':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmMap':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(ptr=r.scalar('Q'), size=r.scalar('Q'), offset=r.scalar('Q'), handle=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3001,10 +3143,12 @@ class VmmUnmap:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmUnmap':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmUnmap':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(ptr=r.scalar('Q'), size=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3041,10 +3185,12 @@ class VmmSetAccess:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'VmmSetAccess':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'VmmSetAccess':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(ptr=r.scalar('Q'), size=r.scalar('Q'), flags=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3079,10 +3225,12 @@ class StreamBeginCapture:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamBeginCapture':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamBeginCapture':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(stream=r.scalar('Q'), mode=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3119,10 +3267,12 @@ class StreamEndCapture:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamEndCapture':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamEndCapture':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(stream=r.scalar('Q'), graph=r.scalar('Q'), invalidated=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3155,10 +3305,12 @@ class StreamEndCaptureReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'StreamEndCaptureReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'StreamEndCaptureReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3195,10 +3347,12 @@ class GraphInstantiate:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GraphInstantiate':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GraphInstantiate':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(graph=r.scalar('Q'), exec=r.scalar('Q'), flags=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3235,10 +3389,12 @@ class GraphLaunch:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GraphLaunch':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GraphLaunch':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(exec=r.scalar('Q'), stream=r.scalar('Q'), upload=r.scalar('I'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3271,10 +3427,12 @@ class GraphExecDestroy:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GraphExecDestroy':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GraphExecDestroy':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(exec=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3307,10 +3465,12 @@ class GraphDestroy:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GraphDestroy':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GraphDestroy':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(graph=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3343,10 +3503,12 @@ class GraphGetNodeCount:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GraphGetNodeCount':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GraphGetNodeCount':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(graph=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod
@@ -3381,10 +3543,12 @@ class GraphGetNodeCountReply:
         return w.getvalue()
 
     @classmethod
-    def decode(cls, body: bytes) -> 'GraphGetNodeCountReply':
+    def decode(cls, body: bytes, allow_trailing: bool = False) -> 'GraphGetNodeCountReply':
+        """allow_trailing: ignore bytes after the known fields (a newer minor version's)."""
         r = _Reader(body)
         msg = cls(result=r.scalar('i'), count=r.scalar('Q'))
-        r.finish()
+        if not allow_trailing:
+            r.finish()
         return msg
 
     @classmethod

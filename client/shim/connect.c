@@ -275,7 +275,10 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             return ATTEMPT_CONNECT;
         }
         gp_hello_reply r;
-        int decoded = gp_hello_reply_decode(body, hd.len, &r) == 0;
+        int drc = gp_hello_reply_decode(body, hd.len, &r);
+        /* A newer server appends fields to its reply: the ones we know are enough. */
+        int decoded = drc == 0 || (drc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR &&
+                                  r.minor > GP_PROTO_MINOR);
         int32_t result = (int32_t)gp_rd_u32(body);
         if (result == GP_EVAWINDOW) {
             free(body);

@@ -155,7 +155,10 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
             continue;
         }
         gp_info_reply r;
-        if (gp_info_reply_decode(body, hd.len, &r) != 0) {
+        int rc = gp_info_reply_decode(body, hd.len, &r);
+        /* A newer server appends fields to its reply: the ones we know are enough. */
+        if (rc != 0 && !(rc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR &&
+                         r.minor > GP_PROTO_MINOR)) {
             free(body);
             snprintf(err, cap, "it does not answer like a gpupool server (protocol %d.%d); is "
                      "the port right?", GP_PROTO_MAJOR, GP_PROTO_MINOR);

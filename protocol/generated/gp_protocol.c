@@ -209,7 +209,7 @@ int gp_hello_decode(const uint8_t *in, size_t len, gp_hello *m) {
     m->va_base = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->va_size = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_hello_frame(uint8_t *out, uint64_t req, const gp_hello *m) {
@@ -341,7 +341,7 @@ int gp_hello_reply_decode(const uint8_t *in, size_t len, gp_hello_reply *m) {
     m->va_size = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->features = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_hello_reply_frame(uint8_t *out, uint64_t req, const gp_hello_reply *m) {
@@ -390,7 +390,7 @@ size_t gp_goodbye_encode(uint8_t *out, const gp_goodbye *m) {
 int gp_goodbye_decode(const uint8_t *in, size_t len, gp_goodbye *m) {
     const uint8_t *p = in, *end = in + len;
     memset(m, 0, sizeof *m);
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_goodbye_frame(uint8_t *out, uint64_t req, const gp_goodbye *m) {
@@ -431,7 +431,7 @@ int gp_notice_decode(const uint8_t *in, size_t len, gp_notice *m) {
     if (m->text_len > 4095u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)(m->text_len)) return GP_PROTO_EMALFORMED;
     m->text = (const char *)p; p += m->text_len;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_notice_frame(uint8_t *out, uint64_t req, const gp_notice *m) {
@@ -464,7 +464,7 @@ int gp_ping_decode(const uint8_t *in, size_t len, gp_ping *m) {
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->token = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ping_frame(uint8_t *out, uint64_t req, const gp_ping *m) {
@@ -498,7 +498,7 @@ int gp_ping_reply_decode(const uint8_t *in, size_t len, gp_ping_reply *m) {
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->token = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ping_reply_frame(uint8_t *out, uint64_t req, const gp_ping_reply *m) {
@@ -527,7 +527,7 @@ size_t gp_stats_encode(uint8_t *out, const gp_stats *m) {
 int gp_stats_decode(const uint8_t *in, size_t len, gp_stats *m) {
     const uint8_t *p = in, *end = in + len;
     memset(m, 0, sizeof *m);
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stats_frame(uint8_t *out, uint64_t req, const gp_stats *m) {
@@ -578,7 +578,7 @@ int gp_stats_reply_decode(const uint8_t *in, size_t len, gp_stats_reply *m) {
     m->d2h_bytes = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->launches = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stats_reply_frame(uint8_t *out, uint64_t req, const gp_stats_reply *m) {
@@ -660,7 +660,7 @@ int gp_info_decode(const uint8_t *in, size_t len, gp_info *m) {
     if (m->host_len > 255u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)(m->host_len)) return GP_PROTO_EMALFORMED;
     m->host = (const char *)p; p += m->host_len;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_info_frame(uint8_t *out, uint64_t req, const gp_info *m) {
@@ -741,7 +741,7 @@ int gp_info_reply_decode(const uint8_t *in, size_t len, gp_info_reply *m) {
     if (m->json_len > 4194304u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)(m->json_len)) return GP_PROTO_EMALFORMED;
     m->json = (const char *)p; p += m->json_len;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_info_reply_frame(uint8_t *out, uint64_t req, const gp_info_reply *m) {
@@ -784,7 +784,7 @@ int gp_ctx_create_decode(const uint8_t *in, size_t len, gp_ctx_create *m) {
     m->ctx = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->flags = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_create_frame(uint8_t *out, uint64_t req, const gp_ctx_create *m) {
@@ -816,7 +816,7 @@ int gp_ctx_create_reply_decode(const uint8_t *in, size_t len, gp_ctx_create_repl
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_create_reply_frame(uint8_t *out, uint64_t req, const gp_ctx_create_reply *m) {
@@ -847,7 +847,7 @@ int gp_ctx_destroy_decode(const uint8_t *in, size_t len, gp_ctx_destroy *m) {
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->ctx = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_destroy_frame(uint8_t *out, uint64_t req, const gp_ctx_destroy *m) {
@@ -878,7 +878,7 @@ int gp_ctx_destroy_reply_decode(const uint8_t *in, size_t len, gp_ctx_destroy_re
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_destroy_reply_frame(uint8_t *out, uint64_t req, const gp_ctx_destroy_reply *m) {
@@ -909,7 +909,7 @@ int gp_ctx_set_current_decode(const uint8_t *in, size_t len, gp_ctx_set_current 
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->ctx = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_set_current_frame(uint8_t *out, uint64_t req, const gp_ctx_set_current *m) {
@@ -937,7 +937,7 @@ size_t gp_ctx_synchronize_encode(uint8_t *out, const gp_ctx_synchronize *m) {
 int gp_ctx_synchronize_decode(const uint8_t *in, size_t len, gp_ctx_synchronize *m) {
     const uint8_t *p = in, *end = in + len;
     memset(m, 0, sizeof *m);
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_synchronize_frame(uint8_t *out, uint64_t req, const gp_ctx_synchronize *m) {
@@ -967,7 +967,7 @@ int gp_ctx_synchronize_reply_decode(const uint8_t *in, size_t len, gp_ctx_synchr
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_synchronize_reply_frame(uint8_t *out, uint64_t req, const gp_ctx_synchronize_reply *m) {
@@ -1001,7 +1001,7 @@ int gp_ctx_set_limit_decode(const uint8_t *in, size_t len, gp_ctx_set_limit *m) 
     m->limit = (uint32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->value = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_set_limit_frame(uint8_t *out, uint64_t req, const gp_ctx_set_limit *m) {
@@ -1033,7 +1033,7 @@ int gp_ctx_set_limit_reply_decode(const uint8_t *in, size_t len, gp_ctx_set_limi
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_set_limit_reply_frame(uint8_t *out, uint64_t req, const gp_ctx_set_limit_reply *m) {
@@ -1064,7 +1064,7 @@ int gp_ctx_get_limit_decode(const uint8_t *in, size_t len, gp_ctx_get_limit *m) 
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->limit = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_get_limit_frame(uint8_t *out, uint64_t req, const gp_ctx_get_limit *m) {
@@ -1098,7 +1098,7 @@ int gp_ctx_get_limit_reply_decode(const uint8_t *in, size_t len, gp_ctx_get_limi
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->value = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_ctx_get_limit_reply_frame(uint8_t *out, uint64_t req, const gp_ctx_get_limit_reply *m) {
@@ -1127,7 +1127,7 @@ size_t gp_mem_get_info_encode(uint8_t *out, const gp_mem_get_info *m) {
 int gp_mem_get_info_decode(const uint8_t *in, size_t len, gp_mem_get_info *m) {
     const uint8_t *p = in, *end = in + len;
     memset(m, 0, sizeof *m);
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_mem_get_info_frame(uint8_t *out, uint64_t req, const gp_mem_get_info *m) {
@@ -1163,7 +1163,7 @@ int gp_mem_get_info_reply_decode(const uint8_t *in, size_t len, gp_mem_get_info_
     m->free = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->total = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_mem_get_info_reply_frame(uint8_t *out, uint64_t req, const gp_mem_get_info_reply *m) {
@@ -1193,7 +1193,7 @@ size_t gp_primary_ctx_reset_encode(uint8_t *out, const gp_primary_ctx_reset *m) 
 int gp_primary_ctx_reset_decode(const uint8_t *in, size_t len, gp_primary_ctx_reset *m) {
     const uint8_t *p = in, *end = in + len;
     memset(m, 0, sizeof *m);
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_primary_ctx_reset_frame(uint8_t *out, uint64_t req, const gp_primary_ctx_reset *m) {
@@ -1223,7 +1223,7 @@ int gp_primary_ctx_reset_reply_decode(const uint8_t *in, size_t len, gp_primary_
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_primary_ctx_reset_reply_frame(uint8_t *out, uint64_t req, const gp_primary_ctx_reset_reply *m) {
@@ -1260,7 +1260,7 @@ int gp_mem_alloc_decode(const uint8_t *in, size_t len, gp_mem_alloc *m) {
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->flags = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_mem_alloc_frame(uint8_t *out, uint64_t req, const gp_mem_alloc *m) {
@@ -1299,7 +1299,7 @@ int gp_mem_alloc_reply_decode(const uint8_t *in, size_t len, gp_mem_alloc_reply 
     m->dptr = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->mapped_size = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_mem_alloc_reply_frame(uint8_t *out, uint64_t req, const gp_mem_alloc_reply *m) {
@@ -1335,7 +1335,7 @@ int gp_mem_free_decode(const uint8_t *in, size_t len, gp_mem_free *m) {
     m->dptr = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_mem_free_frame(uint8_t *out, uint64_t req, const gp_mem_free *m) {
@@ -1376,7 +1376,7 @@ int gp_memcpy_htod_decode(const uint8_t *in, size_t len, gp_memcpy_htod *m) {
     m->is_async = (uint32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->data_len = gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_memcpy_htod_frame(uint8_t *out, uint64_t req, const gp_memcpy_htod *m) {
@@ -1419,7 +1419,7 @@ int gp_memcpy_dtoh_decode(const uint8_t *in, size_t len, gp_memcpy_dtoh *m) {
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->is_async = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_memcpy_dtoh_frame(uint8_t *out, uint64_t req, const gp_memcpy_dtoh *m) {
@@ -1456,7 +1456,7 @@ int gp_memcpy_dtoh_reply_decode(const uint8_t *in, size_t len, gp_memcpy_dtoh_re
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->data_len = gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_memcpy_dtoh_reply_frame(uint8_t *out, uint64_t req, const gp_memcpy_dtoh_reply *m) {
@@ -1500,7 +1500,7 @@ int gp_memcpy_dtod_decode(const uint8_t *in, size_t len, gp_memcpy_dtod *m) {
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->is_async = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_memcpy_dtod_frame(uint8_t *out, uint64_t req, const gp_memcpy_dtod *m) {
@@ -1550,7 +1550,7 @@ int gp_memset_decode(const uint8_t *in, size_t len, gp_memset *m) {
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->is_async = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_memset_frame(uint8_t *out, uint64_t req, const gp_memset *m) {
@@ -1607,7 +1607,7 @@ int gp_memset_2d_decode(const uint8_t *in, size_t len, gp_memset_2d *m) {
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->is_async = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_memset_2d_frame(uint8_t *out, uint64_t req, const gp_memset_2d *m) {
@@ -1651,7 +1651,7 @@ int gp_stream_create_decode(const uint8_t *in, size_t len, gp_stream_create *m) 
     m->flags = (uint32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->priority = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_create_frame(uint8_t *out, uint64_t req, const gp_stream_create *m) {
@@ -1684,7 +1684,7 @@ int gp_stream_destroy_decode(const uint8_t *in, size_t len, gp_stream_destroy *m
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_destroy_frame(uint8_t *out, uint64_t req, const gp_stream_destroy *m) {
@@ -1715,7 +1715,7 @@ int gp_stream_synchronize_decode(const uint8_t *in, size_t len, gp_stream_synchr
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_synchronize_frame(uint8_t *out, uint64_t req, const gp_stream_synchronize *m) {
@@ -1746,7 +1746,7 @@ int gp_stream_synchronize_reply_decode(const uint8_t *in, size_t len, gp_stream_
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_synchronize_reply_frame(uint8_t *out, uint64_t req, const gp_stream_synchronize_reply *m) {
@@ -1777,7 +1777,7 @@ int gp_stream_query_decode(const uint8_t *in, size_t len, gp_stream_query *m) {
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_query_frame(uint8_t *out, uint64_t req, const gp_stream_query *m) {
@@ -1808,7 +1808,7 @@ int gp_stream_query_reply_decode(const uint8_t *in, size_t len, gp_stream_query_
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_query_reply_frame(uint8_t *out, uint64_t req, const gp_stream_query_reply *m) {
@@ -1845,7 +1845,7 @@ int gp_stream_wait_event_decode(const uint8_t *in, size_t len, gp_stream_wait_ev
     m->event = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->flags = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_wait_event_frame(uint8_t *out, uint64_t req, const gp_stream_wait_event *m) {
@@ -1881,7 +1881,7 @@ int gp_event_create_decode(const uint8_t *in, size_t len, gp_event_create *m) {
     m->event = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->flags = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_create_frame(uint8_t *out, uint64_t req, const gp_event_create *m) {
@@ -1913,7 +1913,7 @@ int gp_event_destroy_decode(const uint8_t *in, size_t len, gp_event_destroy *m) 
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->event = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_destroy_frame(uint8_t *out, uint64_t req, const gp_event_destroy *m) {
@@ -1950,7 +1950,7 @@ int gp_event_record_decode(const uint8_t *in, size_t len, gp_event_record *m) {
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->flags = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_record_frame(uint8_t *out, uint64_t req, const gp_event_record *m) {
@@ -1983,7 +1983,7 @@ int gp_event_query_decode(const uint8_t *in, size_t len, gp_event_query *m) {
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->event = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_query_frame(uint8_t *out, uint64_t req, const gp_event_query *m) {
@@ -2014,7 +2014,7 @@ int gp_event_query_reply_decode(const uint8_t *in, size_t len, gp_event_query_re
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_query_reply_frame(uint8_t *out, uint64_t req, const gp_event_query_reply *m) {
@@ -2045,7 +2045,7 @@ int gp_event_synchronize_decode(const uint8_t *in, size_t len, gp_event_synchron
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->event = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_synchronize_frame(uint8_t *out, uint64_t req, const gp_event_synchronize *m) {
@@ -2076,7 +2076,7 @@ int gp_event_synchronize_reply_decode(const uint8_t *in, size_t len, gp_event_sy
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_synchronize_reply_frame(uint8_t *out, uint64_t req, const gp_event_synchronize_reply *m) {
@@ -2110,7 +2110,7 @@ int gp_event_elapsed_time_decode(const uint8_t *in, size_t len, gp_event_elapsed
     m->start = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->end = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_elapsed_time_frame(uint8_t *out, uint64_t req, const gp_event_elapsed_time *m) {
@@ -2145,7 +2145,7 @@ int gp_event_elapsed_time_reply_decode(const uint8_t *in, size_t len, gp_event_e
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     { uint32_t b = gp_rd_u32(p); memcpy(&m->ms, &b, sizeof b); p += 4; }
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_event_elapsed_time_reply_frame(uint8_t *out, uint64_t req, const gp_event_elapsed_time_reply *m) {
@@ -2189,7 +2189,7 @@ int gp_module_load_decode(const uint8_t *in, size_t len, gp_module_load *m) {
     m->image_size = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->data_len = gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_module_load_frame(uint8_t *out, uint64_t req, const gp_module_load *m) {
@@ -2224,7 +2224,7 @@ int gp_module_load_reply_decode(const uint8_t *in, size_t len, gp_module_load_re
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_module_load_reply_frame(uint8_t *out, uint64_t req, const gp_module_load_reply *m) {
@@ -2258,7 +2258,7 @@ int gp_module_unload_decode(const uint8_t *in, size_t len, gp_module_unload *m) 
     m->module = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->kind = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_module_unload_frame(uint8_t *out, uint64_t req, const gp_module_unload *m) {
@@ -2304,7 +2304,7 @@ int gp_get_function_decode(const uint8_t *in, size_t len, gp_get_function *m) {
     if (m->name_len > 4095u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)(m->name_len)) return GP_PROTO_EMALFORMED;
     m->name = (const char *)p; p += m->name_len;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_get_function_frame(uint8_t *out, uint64_t req, const gp_get_function *m) {
@@ -2357,7 +2357,7 @@ int gp_get_function_reply_decode(const uint8_t *in, size_t len, gp_get_function_
     if (m->param_sizes_count > 8192u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)((size_t)m->param_sizes_count * 4)) return GP_PROTO_EMALFORMED;
     m->param_sizes = p; p += (size_t)m->param_sizes_count * 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_get_function_reply_frame(uint8_t *out, uint64_t req, const gp_get_function_reply *m) {
@@ -2402,7 +2402,7 @@ int gp_get_global_decode(const uint8_t *in, size_t len, gp_get_global *m) {
     if (m->name_len > 4095u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)(m->name_len)) return GP_PROTO_EMALFORMED;
     m->name = (const char *)p; p += m->name_len;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_get_global_frame(uint8_t *out, uint64_t req, const gp_get_global *m) {
@@ -2441,7 +2441,7 @@ int gp_get_global_reply_decode(const uint8_t *in, size_t len, gp_get_global_repl
     m->dptr = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->size = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_get_global_reply_frame(uint8_t *out, uint64_t req, const gp_get_global_reply *m) {
@@ -2477,7 +2477,7 @@ int gp_func_get_attribute_decode(const uint8_t *in, size_t len, gp_func_get_attr
     m->func = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->attribute = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_func_get_attribute_frame(uint8_t *out, uint64_t req, const gp_func_get_attribute *m) {
@@ -2512,7 +2512,7 @@ int gp_func_get_attribute_reply_decode(const uint8_t *in, size_t len, gp_func_ge
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->value = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_func_get_attribute_reply_frame(uint8_t *out, uint64_t req, const gp_func_get_attribute_reply *m) {
@@ -2550,7 +2550,7 @@ int gp_func_set_attribute_decode(const uint8_t *in, size_t len, gp_func_set_attr
     m->attribute = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->value = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_func_set_attribute_frame(uint8_t *out, uint64_t req, const gp_func_set_attribute *m) {
@@ -2583,7 +2583,7 @@ int gp_func_set_attribute_reply_decode(const uint8_t *in, size_t len, gp_func_se
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_func_set_attribute_reply_frame(uint8_t *out, uint64_t req, const gp_func_set_attribute_reply *m) {
@@ -2652,7 +2652,7 @@ int gp_occupancy_decode(const uint8_t *in, size_t len, gp_occupancy *m) {
     if (m->attrs_len > 65536u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)(m->attrs_len)) return GP_PROTO_EMALFORMED;
     m->attrs = (const uint8_t *)p; p += m->attrs_len;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_occupancy_frame(uint8_t *out, uint64_t req, const gp_occupancy *m) {
@@ -2697,7 +2697,7 @@ int gp_occupancy_reply_decode(const uint8_t *in, size_t len, gp_occupancy_reply 
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->value = (int64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_occupancy_reply_frame(uint8_t *out, uint64_t req, const gp_occupancy_reply *m) {
@@ -2769,7 +2769,7 @@ int gp_launch_decode(const uint8_t *in, size_t len, gp_launch *m) {
     if (m->attrs_len > 65536u) return GP_PROTO_EMALFORMED;
     if ((size_t)(end - p) < (size_t)(m->attrs_len)) return GP_PROTO_EMALFORMED;
     m->attrs = (const uint8_t *)p; p += m->attrs_len;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_launch_frame(uint8_t *out, uint64_t req, const gp_launch *m) {
@@ -2816,7 +2816,7 @@ int gp_vmm_reserve_decode(const uint8_t *in, size_t len, gp_vmm_reserve *m) {
     m->alignment = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->addr = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_reserve_frame(uint8_t *out, uint64_t req, const gp_vmm_reserve *m) {
@@ -2852,7 +2852,7 @@ int gp_vmm_reserve_reply_decode(const uint8_t *in, size_t len, gp_vmm_reserve_re
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->ptr = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_reserve_reply_frame(uint8_t *out, uint64_t req, const gp_vmm_reserve_reply *m) {
@@ -2887,7 +2887,7 @@ int gp_vmm_address_free_decode(const uint8_t *in, size_t len, gp_vmm_address_fre
     m->ptr = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->size = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_address_free_frame(uint8_t *out, uint64_t req, const gp_vmm_address_free *m) {
@@ -2928,7 +2928,7 @@ int gp_vmm_create_decode(const uint8_t *in, size_t len, gp_vmm_create *m) {
     m->handle_types = (uint32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->alloc_flags = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_create_frame(uint8_t *out, uint64_t req, const gp_vmm_create *m) {
@@ -2962,7 +2962,7 @@ int gp_vmm_create_reply_decode(const uint8_t *in, size_t len, gp_vmm_create_repl
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_create_reply_frame(uint8_t *out, uint64_t req, const gp_vmm_create_reply *m) {
@@ -2993,7 +2993,7 @@ int gp_vmm_release_decode(const uint8_t *in, size_t len, gp_vmm_release *m) {
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->handle = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_release_frame(uint8_t *out, uint64_t req, const gp_vmm_release *m) {
@@ -3033,7 +3033,7 @@ int gp_vmm_map_decode(const uint8_t *in, size_t len, gp_vmm_map *m) {
     m->offset = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->handle = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_map_frame(uint8_t *out, uint64_t req, const gp_vmm_map *m) {
@@ -3070,7 +3070,7 @@ int gp_vmm_unmap_decode(const uint8_t *in, size_t len, gp_vmm_unmap *m) {
     m->ptr = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->size = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_unmap_frame(uint8_t *out, uint64_t req, const gp_vmm_unmap *m) {
@@ -3108,7 +3108,7 @@ int gp_vmm_set_access_decode(const uint8_t *in, size_t len, gp_vmm_set_access *m
     m->size = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->flags = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_vmm_set_access_frame(uint8_t *out, uint64_t req, const gp_vmm_set_access *m) {
@@ -3144,7 +3144,7 @@ int gp_stream_begin_capture_decode(const uint8_t *in, size_t len, gp_stream_begi
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->mode = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_begin_capture_frame(uint8_t *out, uint64_t req, const gp_stream_begin_capture *m) {
@@ -3182,7 +3182,7 @@ int gp_stream_end_capture_decode(const uint8_t *in, size_t len, gp_stream_end_ca
     m->graph = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->invalidated = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_end_capture_frame(uint8_t *out, uint64_t req, const gp_stream_end_capture *m) {
@@ -3215,7 +3215,7 @@ int gp_stream_end_capture_reply_decode(const uint8_t *in, size_t len, gp_stream_
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->result = (int32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_stream_end_capture_reply_frame(uint8_t *out, uint64_t req, const gp_stream_end_capture_reply *m) {
@@ -3252,7 +3252,7 @@ int gp_graph_instantiate_decode(const uint8_t *in, size_t len, gp_graph_instanti
     m->exec = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->flags = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_graph_instantiate_frame(uint8_t *out, uint64_t req, const gp_graph_instantiate *m) {
@@ -3291,7 +3291,7 @@ int gp_graph_launch_decode(const uint8_t *in, size_t len, gp_graph_launch *m) {
     m->stream = (uint64_t)gp_rd_u64(p); p += 8;
     if ((size_t)(end - p) < (size_t)(4)) return GP_PROTO_EMALFORMED;
     m->upload = (uint32_t)gp_rd_u32(p); p += 4;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_graph_launch_frame(uint8_t *out, uint64_t req, const gp_graph_launch *m) {
@@ -3324,7 +3324,7 @@ int gp_graph_exec_destroy_decode(const uint8_t *in, size_t len, gp_graph_exec_de
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->exec = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_graph_exec_destroy_frame(uint8_t *out, uint64_t req, const gp_graph_exec_destroy *m) {
@@ -3355,7 +3355,7 @@ int gp_graph_destroy_decode(const uint8_t *in, size_t len, gp_graph_destroy *m) 
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->graph = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_graph_destroy_frame(uint8_t *out, uint64_t req, const gp_graph_destroy *m) {
@@ -3386,7 +3386,7 @@ int gp_graph_get_node_count_decode(const uint8_t *in, size_t len, gp_graph_get_n
     memset(m, 0, sizeof *m);
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->graph = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_graph_get_node_count_frame(uint8_t *out, uint64_t req, const gp_graph_get_node_count *m) {
@@ -3420,7 +3420,7 @@ int gp_graph_get_node_count_reply_decode(const uint8_t *in, size_t len, gp_graph
     m->result = (int32_t)gp_rd_u32(p); p += 4;
     if ((size_t)(end - p) < (size_t)(8)) return GP_PROTO_EMALFORMED;
     m->count = (uint64_t)gp_rd_u64(p); p += 8;
-    return p == end ? 0 : GP_PROTO_EMALFORMED;
+    return p == end ? 0 : GP_PROTO_ETRAILING;
 }
 
 size_t gp_graph_get_node_count_reply_frame(uint8_t *out, uint64_t req, const gp_graph_get_node_count_reply *m) {

@@ -14,8 +14,11 @@
 #define GP_PROTO_HEADER_SIZE 16
 #define GP_PROTO_SPEC_SHA256 "781c72ef67a00b916fc6b211ec8a4a6dfb346bbbdc4d50019af7929d5bc6e39b"
 #define GP_FLAG_REPLY 0x1
-/* Decoders return 0 or this. */
+/* Decoders return 0, or one of these. With GP_PROTO_ETRAILING every known field was
+ * decoded and more bytes follow them: the fields a newer minor version appended, which a
+ * reader may ignore (docs/protocol.md, "Versioning"); anywhere else it is malformed. */
 #define GP_PROTO_EMALFORMED (-1)
+#define GP_PROTO_ETRAILING (-2)
 
 #define GP_HELLO_LZ4 1
 #define GP_LZ4_MIN_COPY 65536
