@@ -29,7 +29,7 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ WATCHDOG_INTERVAL = 0.5  # seconds between the watchdog's checks of every GPU
 GRANT_LIMIT = 120.0
 REPAIR_WINDOW = 600.0  # seconds: more than REPAIR_LIMIT repairs in this window quarantine a GPU
 REPAIR_LIMIT = 3
+ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has to answer ADOPT
 STATE_FILE = "gpu-state.json"
 
 
@@ -316,7 +317,10 @@ class LeaseManager:
         """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
         as any other; a worker that cannot be adopted ends and its GPU is scrubbed."""
         try:
-            worker = await self.supervisor.adopt(slot.gpu, sock, pid)
+            # A worker busy in one call answers when it returns; one that has not answered a
+            # minute after its own grace would have ended has lost its way.
+            worker = await self.supervisor.adopt(
+                slot.gpu, sock, pid, max_wait=self.settings.worker_orphan_grace + ADOPT_SLACK)
             if worker.session_id != rec.id:
                 await self.supervisor.retire(worker)
                 raise AdoptError(f"worker pid {pid} serves session {worker.session_id}, not "
@@ -490,8 +494,10 @@ class LeaseManager:
         self._dispatch()
 
     async def begin(self, w: Waiter, slot: Slot, hello_body: bytes, hello_req: int,
-                    client_fd: int) -> Lease:
-        """Start the lease of a granted waiter: hand the client to the slot's worker."""
+                    client_fd: int,
+                    before_handover: Callable[[], Awaitable[None]] | None = None) -> Lease:
+        """Start the lease of a granted waiter: hand the client to the slot's worker
+        (`before_handover` is awaited just before: after it the socket is the worker's)."""
         slot.reserved = w
         try:
             worker = await self._take_worker(slot)
@@ -522,6 +528,8 @@ class LeaseManager:
         self._own(slot, self._watch(lease), f"lease-{lease.id}")
         self._changed(slot)
         try:
+            if before_handover is not None:
+                await before_handover()
             await worker.assign(lease.id, client_fd, hello_body, hello_req)
         except WorkerStartError as exc:
             lease.end_override = ("worker crashed", f"before the lease started: {exc}")

@@ -198,7 +198,11 @@ class RemotingListener:
             self._request("shutdown")
             await self._refuse(writer, frame.req, peer, _SHUTDOWN)
             return
-        slot = await self._wait_for_gpu(waiter, reader, writer, frame.req, peer)
+        # Keepalives while the client waits for its GPU and its worker, for a client that asked
+        # (it times out a server that falls silent: docs/protocol.md, "Keepalive"). One task
+        # writes at a time: the queue's loop sends them itself, a task during the start.
+        wants_keepalive = bool(hello.flags & gp.GP_HELLO_KEEPALIVE)
+        slot = await self._wait_for_gpu(waiter, reader, writer, frame.req, peer, wants_keepalive)
         if slot is None:
             return
         if _buffered(reader):
@@ -208,7 +212,21 @@ class RemotingListener:
             await self._refuse(writer, frame.req, peer, Refusal(
                 gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
             return
+        keepalive = (asyncio.create_task(_keepalive(writer), name=f"keepalive-{peer}")
+                     if wants_keepalive and not isinstance(writer, TlsStream) else None)
+        try:
+            await self._start_lease(writer, frame, peer, hello, client, waiter, slot, keepalive,
+                                    accepted)
+        finally:
+            await _stop(keepalive)
+
+    async def _start_lease(self, writer: asyncio.StreamWriter, frame: gp.Frame, peer: str,
+                           hello: gp.Hello, client: ClientInfo, waiter: Waiter, slot: Slot,
+                           keepalive: asyncio.Task[None] | None, accepted: float) -> None:
+        """Hand the client of a granted GPU to its worker (keepalive: the task writing
+        keepalives meanwhile, stopped before anything else is written)."""
         if isinstance(writer, TlsStream):  # TLS: end our TLS session; the worker runs the next
+            await _stop(keepalive)  # nothing more of ours in that session
             try:
                 await asyncio.wait_for(writer.handoff(), self.handshake_timeout)
             except (ConnectionError, ssl.SSLError, OSError, TimeoutError) as exc:
@@ -219,9 +237,11 @@ class RemotingListener:
                 return
         sock = writer.get_extra_info("socket")
         try:
-            lease = await self.leases.begin(waiter, slot, frame.body, frame.req, sock.fileno())
+            lease = await self.leases.begin(waiter, slot, frame.body, frame.req, sock.fileno(),
+                                            before_handover=lambda: _stop(keepalive))
         except LeaseStartError as exc:
             self._request("other")
+            await _stop(keepalive)
             if exc.message is not None:
                 log.error("connection from %s: %s", peer, exc.message)
                 await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, exc.message))
@@ -296,7 +316,8 @@ class RemotingListener:
                 await asyncio.wait_for(writer.close_session(), SEND_TIMEOUT)
 
     async def _wait_for_gpu(self, waiter: Waiter, reader: asyncio.StreamReader,
-                            writer: asyncio.StreamWriter, req: int, peer: str) -> Slot | None:
+                            writer: asyncio.StreamWriter, req: int, peer: str,
+                            keepalive: bool = False) -> Slot | None:
         """The granted GPU, or None when the client left, timed out or the daemon stops (the
         client has been told why, where it can still hear it)."""
         if waiter.future.done() and waiter.future.exception() is None:
@@ -307,16 +328,32 @@ class RemotingListener:
         writer.transport.resume_reading()
         gone = asyncio.ensure_future(reader.read(1))
         got: Slot | None = None
+        # Position notices every queue_notice_interval; keepalive beats in between (a client
+        # that asked for them). This loop is the only writer to the connection meanwhile.
+        notice_due = loop.time()
+        beat_due = notice_due + KEEPALIVE_EVERY
         try:
+            # The first beat at once, before the client can be seen queued: from it the client
+            # knows that this server keeps it informed, and that silence means trouble.
+            if keepalive and not await self._send(writer, _WORKING, 0):
+                self._request("abandoned")
+                return None
             while True:
+                now = loop.time()
                 pos, total = self.leases.position(waiter)
-                if pos:
+                sent: object = None
+                if pos and now >= notice_due:
                     log.info("connection from %s: waiting for a GPU, position %d of %d", peer,
                              pos, total)
-                    if not await self._send(writer, queue_notice(pos, total, waiter.waited(),
-                                                                 _local_name(writer)), 0):
-                        log.info("connection from %s: left the queue (the queue notice could "
-                                 "not be sent)", peer)
+                    sent = queue_notice(pos, total, waiter.waited(), _local_name(writer))
+                    notice_due = now + self.settings.queue_notice_interval
+                elif keepalive and now >= beat_due:
+                    sent = _WORKING
+                if sent is not None:
+                    beat_due = now + KEEPALIVE_EVERY
+                    if not await self._send(writer, sent, 0):
+                        log.info("connection from %s: left the queue (a notice could not be "
+                                 "sent)", peer)
                         self.counters.inc("queue_abandoned")
                         self._request("abandoned")
                         return None
@@ -329,8 +366,11 @@ class RemotingListener:
                         f"(queue_timeout; you were position {pos} of {total}); try again "
                         "later, or ask the operator (`gpupoold status`)")))
                     return None
+                wake = notice_due if pos else loop.time() + self.settings.queue_notice_interval
+                if keepalive:
+                    wake = min(wake, beat_due)
                 done, _ = await asyncio.wait(
-                    {waiter.future, gone}, timeout=min(self.settings.queue_notice_interval, left),
+                    {waiter.future, gone}, timeout=max(0.0, min(wake - loop.time(), left)),
                     return_when=asyncio.FIRST_COMPLETED)
                 if waiter.future in done:
                     if waiter.future.exception() is not None:  # ShuttingDown
@@ -382,6 +422,29 @@ class RemotingListener:
 
 
 _SHUTDOWN = Refusal(gp.GP_EREFUSED, "the gpupool server is shutting down; try again in a moment")
+# Keepalive notices to a client that asked for them, while it waits for its GPU and its worker:
+# twice per GP_KEEPALIVE_MS, the longest silence a client may see from a live server.
+KEEPALIVE_EVERY = gp.GP_KEEPALIVE_MS / 2000
+_WORKING = gp.Notice(code=gp.GP_INFO_WORKING, op=0, text="")
+_KEEPALIVE_FRAME = gp.encode_frame(_WORKING, 0)
+
+
+async def _keepalive(writer: asyncio.StreamWriter) -> None:
+    """Keepalive notices until cancelled, or until the client stops taking them (then it is
+    its own business: the hello reply's send drops it)."""
+    with contextlib.suppress(ConnectionError, OSError, ssl.SSLError, TimeoutError):
+        while True:
+            await asyncio.sleep(KEEPALIVE_EVERY)
+            writer.write(_KEEPALIVE_FRAME)
+            await _drain(writer)
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel a keepalive task and wait until it is gone (it writes nothing after this)."""
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _unsent(writer: asyncio.StreamWriter) -> int:

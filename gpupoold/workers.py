@@ -697,12 +697,14 @@ class WorkerSupervisor:
             raise AdoptError(f"no worker listens on {path} ({exc.strerror or exc})") from None
         return sock, struct.unpack("3i", creds)[0]
 
-    async def adopt(self, gpu: Gpu, sock: socket.socket, pid: int) -> Worker:
+    async def adopt(self, gpu: Gpu, sock: socket.socket, pid: int,
+                    max_wait: float = 3600.0) -> Worker:
         """Adopt the worker `pid` on its adoption connection `sock` (connect_adoption): a
         session of an earlier gpupoold. Returns it once it has answered ADOPT with `adopted`
         (session id, uuid, request and counters set), which may take as long as the call it is
-        busy with; AdoptError if the worker refuses, ends or speaks a control version we do not
-        know (it is ended then, and gone when this returns)."""
+        busy with, up to `max_wait` seconds; AdoptError if the worker refuses, ends, does not
+        answer in time or speaks a control version we do not know (it is ended then, and gone
+        when this returns)."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         os.set_blocking(out_w, True)
         worker = Worker(self, gpu, WorkerProcess(pid), sock, out_r, time.monotonic())
@@ -729,6 +731,11 @@ class WorkerSupervisor:
                 raise AdoptError(f"worker pid {pid} ended before answering "
                                  f"({worker.exited.result().detail})")
             waited += ADOPT_NOTICE_EVERY
+            if waited >= max_wait:
+                worker.kill()
+                await asyncio.shield(worker.exited)
+                raise AdoptError(f"worker pid {pid} did not answer its adoption within "
+                                 f"{max_wait:g} s (stuck in one driver call?); it was killed")
             log.warning("[GPU %d] still waiting for worker pid %d to answer its adoption "
                         "(%.0f s; busy in a long call?)", gpu.index, pid, waited)
         try:

@@ -328,7 +328,7 @@ def test_shim_refuses_corrupt_blocks(native_build, tmp_path):
     from test_shim_core import FakeServer, snapshot
 
     def on_hello(index: int, hello: object) -> object:
-        assert hello.flags == gp.GP_HELLO_LZ4  # type: ignore[attr-defined]
+        assert hello.flags == gp.GP_HELLO_LZ4 | gp.GP_HELLO_KEEPALIVE  # type: ignore[attr-defined]
         reply = snapshot(hello)
         reply.features = gp.GP_HELLO_LZ4
         return reply

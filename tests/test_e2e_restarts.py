@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,17 @@ GIB = 1 << 30
 
 def active_ids(server: GpupoolServer) -> set[int]:
     return {le["id"] for le in server.get_json("/api/v1/leases?state=active")["leases"]}
+
+
+@pytest.fixture
+def clients() -> Iterator[list[subprocess.Popen[str]]]:
+    """Client processes of a test: killed and reaped at its end, whatever happened."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
 
 
 def finish(proc: subprocess.Popen[str], what: str, timeout: float = 120) -> dict[str, str]:
@@ -48,13 +60,16 @@ def restart(start_daemon: Any, server: GpupoolServer, how: str, *extra: str) -> 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_a_streaming_and_an_idle_lease_survive_a_daemon_restart(
-        start_daemon: Any, native_build: Path, hold_gpu: Path, how: str) -> None:  # noqa: F811
+        start_daemon: Any, native_build: Path, hold_gpu: Path, how: str,  # noqa: F811
+        clients: list[subprocess.Popen[str]]) -> None:
     server = start_daemon("--simulated", "2", build_dir=native_build, simulated=None)
     wait_until("both GPUs free", lambda: gpu_states(server) == ["free", "free"])
     # Each holds its GPU for 12 s once it has set up (1 GiB takes a few seconds here).
     streaming = start_client(server, hold_gpu, GIB, 12_000, seed=31, loops=-1)
+    clients.append(streaming)
     assert streaming.stdout is not None and "holding" in streaming.stdout.readline()
     idle = start_client(server, hold_gpu, 16 * MIB, 12_000, seed=32)
+    clients.append(idle)
     assert idle.stdout is not None and "holding" in idle.stdout.readline()
     leases = active_ids(server)
     assert len(leases) == 2
@@ -65,6 +80,7 @@ def test_a_streaming_and_an_idle_lease_survive_a_daemon_restart(
     wait_until("the leases taken over", lambda: active_ids(again) == leases, timeout=20)
     assert gpu_states(again) == ["leased", "leased"]
     newcomer = start_client(again, hold_gpu, MIB, 0, seed=33)
+    clients.append(newcomer)
     time.sleep(1.0)
     assert newcomer.poll() is None and active_ids(again) == leases, "a held GPU was given away"
 
@@ -91,13 +107,15 @@ def test_a_streaming_and_an_idle_lease_survive_a_daemon_restart(
 
 
 def test_a_worker_whose_daemon_never_returns_ends_after_the_grace(
-        start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+        start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path,  # noqa: F811
+        clients: list[subprocess.Popen[str]]) -> None:
     config = tmp_path / "gpupoold.toml"
     config.write_text("worker_orphan_grace = 1.5\n")
     server = start_daemon("--simulated", "2", "--config", str(config), build_dir=native_build,
                           simulated=None)
     wait_until("both GPUs free", lambda: gpu_states(server) == ["free", "free"])
     client = start_client(server, hold_gpu, 8 * MIB, 8_000, seed=41)
+    clients.append(client)
     assert client.stdout is not None and "holding" in client.stdout.readline()
     (lease_id,) = active_ids(server)
     server.kill_daemon_only()

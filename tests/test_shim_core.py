@@ -32,6 +32,7 @@ import pytest
 from conftest import REPO, SAN, require, run_client
 
 sys.path.insert(0, str(REPO / "protocol" / "python"))
+import gpupool_protocol as gp  # noqa: E402
 from gpupool_protocol import HEADER, REPLIES, REQUESTS, encode_frame  # noqa: E402
 from gpupool_protocol._generated import (  # noqa: E402
     GP_EAUTH,
@@ -670,3 +671,78 @@ def test_gp_cuda_more_matches_cuda_h(tmp_path: Path) -> None:
         outputs.append(subprocess.run([str(exe)], check=True, capture_output=True,
                                       text=True).stdout)
     assert outputs[0] == outputs[1]
+
+
+# ------------------------------------------------------------------------- keepalive (no hangs)
+def keepalive_reply(index: int, hello: Any) -> HelloReply:
+    assert hello.flags & gp.GP_HELLO_KEEPALIVE, "the shim always asks for keepalives"
+    reply = snapshot(hello)
+    reply.features = gp.GP_HELLO_KEEPALIVE
+    return reply
+
+
+def test_a_silent_server_is_given_up_after_a_keepalive(native_build: Path,
+                                                       fake: Callable[..., FakeServer]) -> None:
+    """The server promised keepalives, then hangs at a synchronise (answers nothing more, not
+    even pings): the shim pings it once the connection has been quiet for a third of
+    GPUPOOL_SERVER_TIMEOUT, and fails the call with the reason when the whole timeout passes
+    with nothing received. (A server that answers the ping is alive: the call just takes long.)"""
+    hung = threading.Event()
+
+    def silent(server: FakeServer, conn: socket.socket, op: int, req: int, msg: Any,
+               bulk: bytes) -> bool:
+        if op == gp.CtxSynchronize.OP:
+            hung.set()
+        return hung.is_set()  # swallowed: no reply, ever
+
+    server = fake(on_hello=keepalive_reply, on_frame=silent)
+    t0 = time.monotonic()
+    proc = run_scenario(native_build, server.address, "sync",
+                        env={"GPUPOOL_SERVER_TIMEOUT": "3"})
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "has not answered for 3 s, not even a keepalive" in proc.stderr, proc.stderr
+    assert 2.5 < took < 15, took
+    frames = [(op, req) for op, req, _m, _t in server.frames]
+    pings = [req for op, req in frames if op == gp.Ping.OP]
+    assert pings and set(pings) == {(1 << 64) - 1}, frames  # our keepalive, its own request id
+
+
+def test_keepalive_notices_keep_a_long_call_alive(native_build: Path,
+                                                  fake: Callable[..., FakeServer]) -> None:
+    """A synchronise that takes 6 s, with GP_INFO_WORKING notices every half second meanwhile,
+    outlives a 3 s timeout (a worker inside a long kernel)."""
+    def slow(server: FakeServer, conn: socket.socket, op: int, req: int, msg: Any,
+             bulk: bytes) -> bool:
+        if op != gp.CtxSynchronize.OP:
+            return False
+        working = encode_frame(Notice(code=gp.GP_INFO_WORKING, op=0, text=""), 0)
+        for _ in range(12):
+            time.sleep(0.5)
+            conn.sendall(working)
+        conn.sendall(encode_frame(REPLIES[op](result=0), req))
+        return True
+
+    server = fake(on_hello=keepalive_reply, on_frame=slow)
+    proc = run_scenario(native_build, server.address, "sync",
+                        env={"GPUPOOL_SERVER_TIMEOUT": "3"})
+    assert_pass(proc, "sync")
+    assert "not answered" not in proc.stderr and "WORKING" not in proc.stderr
+
+
+def test_without_the_servers_promise_silence_is_waited_out(native_build: Path,
+                                                           fake: Callable[..., FakeServer]) -> None:
+    """A server that does not send keepalives (an older one) is never timed out: a 5 s silent
+    synchronise with a 3 s timeout still succeeds."""
+    def slow(server: FakeServer, conn: socket.socket, op: int, req: int, msg: Any,
+             bulk: bytes) -> bool:
+        if op != gp.CtxSynchronize.OP:
+            return False
+        time.sleep(5)
+        conn.sendall(encode_frame(REPLIES[op](result=0), req))
+        return True
+
+    server = fake(on_frame=slow)
+    proc = run_scenario(native_build, server.address, "sync",
+                        env={"GPUPOOL_SERVER_TIMEOUT": "3"})
+    assert_pass(proc, "sync")

@@ -115,7 +115,7 @@ WK_HANDLER(ctx_synchronize)
     gp_ctx_synchronize_reply r = {0};
     if (io_flush(w) != 0) /* may take long: earlier replies must not wait behind it */
         return;
-    r.result = sync_result(w, DRV(w, cuCtxSynchronize));
+    r.result = sync_result(w, WK_LONG(w, DRV(w, cuCtxSynchronize)));
     WK_REPLY(w, req, gp_ctx_synchronize_reply, &r);
 }
 

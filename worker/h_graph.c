@@ -100,7 +100,7 @@ WK_HANDLER(graph_launch)
         if (m->upload) {
             rc = DRV(w, cuGraphUpload, x->h, s);
         } else {
-            rc = DRV_BUSY(w, cuGraphLaunch, x->h, s);
+            rc = WK_LONG(w, DRV_BUSY(w, cuGraphLaunch, x->h, s));
             w->stats.launches++;
         }
     }

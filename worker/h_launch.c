@@ -167,10 +167,11 @@ WK_HANDLER(launch)
             cfg.hStream = s;
             cfg.attrs = attrs;
             cfg.numAttrs = nattrs;
-            rc = DRV_BUSY(w, cuLaunchKernelEx, &cfg, f->h, NULL, ex);
+            rc = WK_LONG(w, DRV_BUSY(w, cuLaunchKernelEx, &cfg, f->h, NULL, ex));
         } else {
-            rc = DRV_BUSY(w, cuLaunchKernel, f->h, m->grid_x, m->grid_y, m->grid_z, m->block_x,
-                     m->block_y, m->block_z, m->shared_mem, s, NULL, ex);
+            rc = WK_LONG(w, DRV_BUSY(w, cuLaunchKernel, f->h, m->grid_x, m->grid_y,
+                                         m->grid_z, m->block_x, m->block_y, m->block_z,
+                                         m->shared_mem, s, NULL, ex));
         }
     }
     free(attrs);

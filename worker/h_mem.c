@@ -137,7 +137,7 @@ WK_HANDLER(mem_free)
      * with the driver and come back at the next synchronisation. */
     if (io_flush(w) != 0)
         return;
-    rc = m->stream ? DRV(w, cuStreamSynchronize, s) : DRV(w, cuCtxSynchronize);
+    rc = WK_LONG(w, m->stream ? DRV(w, cuStreamSynchronize, s) : DRV(w, cuCtxSynchronize));
     if (rc != CUDA_SUCCESS)
         wlog("synchronising before a free: %s", err_name(w, rc));
     o = idmap_del(&w->allocs, m->dptr);

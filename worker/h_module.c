@@ -86,9 +86,10 @@ WK_HANDLER(module_load)
         CUmodule mh = NULL;
         CUlibrary lh = NULL;
         if (m->kind == 0)
-            r.result = DRV(w, cuModuleLoadData, &mh, img->data);
+            r.result = WK_LONG(w, DRV(w, cuModuleLoadData, &mh, img->data));
         else
-            r.result = DRV(w, cuLibraryLoadData, &lh, img->data, NULL, NULL, 0, NULL, NULL, 0);
+            r.result = WK_LONG(
+                w, DRV(w, cuLibraryLoadData, &lh, img->data, NULL, NULL, 0, NULL, NULL, 0));
         void *h = m->kind == 0 ? (void *)mh : (void *)lh;
         if (r.result == CUDA_SUCCESS) {
             struct wk_obj *o = obj_new(w->cur_ctx, h, NULL, 0);

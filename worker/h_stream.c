@@ -46,7 +46,7 @@ WK_HANDLER(stream_synchronize)
     if (r.result == CUDA_SUCCESS) {
         if (io_flush(w) != 0) /* may take long: earlier replies must not wait behind it */
             return;
-        r.result = DRV(w, cuStreamSynchronize, s);
+        r.result = WK_LONG(w, DRV(w, cuStreamSynchronize, s));
     }
     r.result = sync_result(w, r.result);
     WK_REPLY(w, req, gp_stream_synchronize_reply, &r);
@@ -146,7 +146,7 @@ WK_HANDLER(event_synchronize)
     if (r.result == CUDA_SUCCESS) {
         if (io_flush(w) != 0)
             return;
-        r.result = DRV(w, cuEventSynchronize, e);
+        r.result = WK_LONG(w, DRV(w, cuEventSynchronize, e));
     }
     r.result = sync_result(w, r.result);
     WK_REPLY(w, req, gp_event_synchronize_reply, &r);

@@ -163,9 +163,17 @@ int prepare_socket(int fd)
     socklen_t len = sizeof ss;
     if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0 &&
         (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)) {
-        int one = 1;
+        int one = 1, idle = 30, intvl = 10, cnt = 3;
         if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
             wlog("TCP_NODELAY: %s", strerror(errno));
+        /* A client machine that vanishes (powered off, cable pulled) is noticed within about a
+         * minute even while the session is idle, and its lease ends as "client lost". A client
+         * that is alive but stopped keeps its lease: its kernel still answers. */
+        if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) != 0)
+            wlog("TCP keepalive: %s", strerror(errno));
     }
     return 0;
 }

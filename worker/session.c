@@ -233,6 +233,10 @@ int session_start(struct worker *w, const struct wk_options *o, const gp_hello *
         return -1;
     }
     w->cz.features = cz_negotiate(w, hello->flags);
+    /* Keepalives (heartbeat.c) for a client that asked: promised in the reply only once the
+     * thread runs. */
+    if ((hello->flags & GP_HELLO_KEEPALIVE) && hb_start(w) == 0)
+        w->cz.features |= GP_HELLO_KEEPALIVE;
     hello_snapshot(w, o);
     return 0;
 }
@@ -247,6 +251,7 @@ static void destroy_ctx(struct worker *w, uint64_t id, struct wk_obj *o)
 
 void session_end(struct worker *w)
 {
+    hb_stop(w); /* before anything else: the thread may write to the client socket */
     cz_end(w);
     if (w->drv.lib && w->primary) {
         /* Unloading and destroying need a context; the primary owns what is left after the

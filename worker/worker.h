@@ -28,7 +28,9 @@
 #ifndef GP_WORKER_H
 #define GP_WORKER_H
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -72,7 +74,8 @@ struct staging {
 
 /* LZ4-compressed copies (compress.c, docs/protocol.md "Compressed copies"). */
 struct wk_lz4 {
-    uint32_t features; /* the hello reply's features (GP_HELLO_LZ4 when on) */
+    uint32_t features; /* the hello reply's features (GP_HELLO_LZ4 when on; GP_HELLO_KEEPALIVE,
+                        * which session.c adds, when the keepalive thread runs) */
     int on;            /* negotiated in the hello: large copies carry their bulk as blocks */
     uint8_t *scratch;  /* one block's stored bytes (in) or encoded block (out); NULL until used */
     /* Bytes of copy data (raw) and what carried them on the wire, every copy counted. */
@@ -149,6 +152,19 @@ struct wk_control {
     uint64_t req_min_memory;
 };
 
+/* The keepalive thread (heartbeat.c): the only state two threads share, hence the atomics and
+ * the lock (the rest of struct worker is the main thread's alone). */
+struct wk_heartbeat {
+    pthread_t thread;
+    int running;                        /* main thread only: the thread was started */
+    pthread_mutex_t lock;               /* held while a notice is being written */
+    atomic_int busy;                    /* the main thread is inside a WK_LONG call */
+    atomic_uint_least64_t calls;        /* WK_LONG calls entered: the same value seen for a while
+                                         * with `busy` set means one call has lasted that long */
+    atomic_int sending;                 /* the heartbeat thread is about to write, or writes */
+    atomic_int stop;
+};
+
 /* The control channel's version as ADOPT checks it: a new gpupoold adopts only workers that speak
  * a version it knows (gpupoold/workers.py ADOPT_VERSIONS). */
 #define WK_CONTROL_VERSION 1
@@ -203,6 +219,7 @@ struct worker {
     struct wk_snapshot snap;
     int device_ready; /* device_open succeeded: snap, gran, primary are valid */
     struct wk_control ctl;
+    struct wk_heartbeat hb;
     enum wk_end_reason end_reason;
     char end_detail[512];
     int32_t refused_code;   /* the last hello refusal (control mode reports it) */
@@ -236,6 +253,43 @@ static inline CUresult busy_end(struct worker *w, CUresult rc)
 
 #define DRV_BUSY(w_, fn_, ...)                                                                     \
     ((w_)->busy_t0 = busy_start(w_), busy_end((w_), DRV(w_, fn_, __VA_ARGS__)))
+
+/* ---- heartbeat.c ------------------------------------------------------------------------ */
+/* Start / stop the keepalive thread of a session whose client asked for it. 0, or -1 (logged:
+ * the session runs without keepalives). */
+int hb_start(struct worker *w);
+void hb_stop(struct worker *w);
+/* Waits until a notice the heartbeat thread is writing is complete. */
+void hb_wait_writer(struct worker *w);
+
+/* Cheap on purpose (launches on the simulated device go through it): a relaxed counter and a
+ * release store on the way in; on the way out one sequentially consistent store and a load,
+ * which with the heartbeat thread's own pair guarantee that only one of them uses the socket. */
+static inline void hb_enter(struct worker *w)
+{
+    if (w->hb.running) {
+        atomic_store_explicit(&w->hb.calls,
+                              atomic_load_explicit(&w->hb.calls, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+        atomic_store_explicit(&w->hb.busy, 1, memory_order_release);
+    }
+}
+
+static inline CUresult hb_leave(struct worker *w, CUresult rc)
+{
+    if (w->hb.running) {
+        atomic_store(&w->hb.busy, 0);
+        if (atomic_load(&w->hb.sending))
+            hb_wait_writer(w); /* the socket is ours again once its notice is out */
+    }
+    return rc;
+}
+
+/* A driver call that may take long: a synchronise, a JIT, a launch (the simulated device runs
+ * the kernel inside it; a real driver blocks when its launch queue is full). The client gets
+ * keepalive notices meanwhile. Only where no reply is half written:
+ * `rc = WK_LONG(w, DRV(w, ...))`. */
+#define WK_LONG(w_, call_) (hb_enter(w_), hb_leave((w_), (call_)))
 
 /* ---- errors.c --------------------------------------------------------------------------- */
 void wlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

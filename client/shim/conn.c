@@ -17,7 +17,14 @@
  *    GP_LOST_CONNECTION_ERROR and prints one line. Sends use MSG_NOSIGNAL (never SIGPIPE).
  *  - fork: the child drops the connection without sending anything (CUDA calls there return
  *    CUDA_ERROR_NOT_INITIALIZED); exit: flush and goodbye, bounded by short timeouts.
- * Lock order: send_lock before wait_lock; the receiver never takes send_lock.
+ *  - Keepalive (when the server promised it, GP_HELLO_KEEPALIVE): a live server is never silent
+ *    towards a waiting client for more than GP_KEEPALIVE_MS (its worker sends GP_INFO_WORKING
+ *    notices during long calls). Reads wake every KEEPALIVE_SLICE_MS; whoever reads while a
+ *    reply is awaited sends a ping when the connection has been quiet for a third of the
+ *    timeout, and fails the connection when nothing came in and nothing went out for
+ *    GPUPOOL_SERVER_TIMEOUT seconds (default 30): a stopped or hung server, or a cut network.
+ * Lock order: send_lock before wait_lock; the receiver takes send_lock only with trylock (its
+ * keepalive ping), never waiting for it.
  *  - TLS (tls != NULL; tls.c): the same flow, with the socket calls replaced by the session's
  *    (which locks itself per call, so a sender and the reader may use it at once). OpenSSL may
  *    hold received bytes that poll() cannot see: the reader drains them before giving the role
@@ -117,6 +124,14 @@ static rstate rs; /* the read buffer; only the reader touches it */
 static uint8_t *cz_in; /* one LZ4 block's stored bytes (GP_LZ4_BLOCK); only the reader touches it */
 static atomic_int lz4_on; /* LZ4-compressed copies negotiated (connect.c) */
 
+/* ---- keepalive ---- */
+#define KEEPALIVE_SLICE_MS 1000      /* reads wake this often to look at the silence */
+#define KEEPALIVE_REQ UINT64_MAX     /* our pings' request id: their replies are dropped */
+#define SERVER_TIMEOUT_DEFAULT 30.0  /* seconds; GPUPOOL_SERVER_TIMEOUT */
+static atomic_int keepalive_on;      /* the server promised keepalives and the timeout is on */
+static uint64_t server_timeout_ns;   /* set before keepalive_on */
+static atomic_uint_fast64_t last_rx_ns, last_tx_ns, last_ping_ns;
+
 /* ---- pending error and notices ---- */
 static atomic_int pending_error;
 static pthread_mutex_t notice_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -127,6 +142,16 @@ static uint64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Bytes moved: the server is alive (a sender's progress counts as much as a reply). */
+static void note_rx(void) {
+    if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
+        atomic_store_explicit(&last_rx_ns, mono_ns(), memory_order_relaxed);
+}
+static void note_tx(void) {
+    if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
+        atomic_store_explicit(&last_tx_ns, mono_ns(), memory_order_relaxed);
 }
 
 static int is_sticky(int code) { return (code >= 700 && code <= 719) || code == 999; }
@@ -229,6 +254,7 @@ static int write_iov_tls_locked(const struct iovec *iov, int n) {
             conn_fail("%s", err);
             return -1;
         }
+        note_tx();
     }
     return 0;
 }
@@ -244,13 +270,19 @@ static int write_iov_locked(struct iovec *iov, int n) {
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                /* only with a send timeout (at exit): give up */
-                conn_fail("send timed out");
+                /* only with a send timeout (at exit, or the keepalive's): give up */
+                if (atomic_load(&keepalive_on) && atomic_load(&state) == ST_READY)
+                    conn_fail("the server took no data for %.0f s: it is hung or stopped, or "
+                              "the network is cut (GPUPOOL_SERVER_TIMEOUT)",
+                              (double)server_timeout_ns / 1e9);
+                else
+                    conn_fail("send timed out");
                 return -1;
             }
             conn_fail("%s", strerror(errno));
             return -1;
         }
+        note_tx();
         size_t left = (size_t)w;
         while (n > 0 && left >= iov[0].iov_len) {
             left -= iov[0].iov_len;
@@ -355,6 +387,55 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
 }
 
 void gp_conn_set_lz4(int on) { atomic_store(&lz4_on, on); }
+
+double gp_server_timeout_setting(void) {
+    const char *v = getenv("GPUPOOL_SERVER_TIMEOUT");
+    if (!v || !*v) return SERVER_TIMEOUT_DEFAULT;
+    char *end;
+    double t = strtod(v, &end);
+    if (*end || end == v || !(t == 0 || (t >= 3 && t <= 86400))) {
+        static atomic_int said;
+        if (!atomic_exchange(&said, 1))
+            gp_log_error("GPUPOOL_SERVER_TIMEOUT=%s is not 0 or a number of seconds from 3 to "
+                         "86400; using %.0f", v, SERVER_TIMEOUT_DEFAULT);
+        return SERVER_TIMEOUT_DEFAULT;
+    }
+    return t;
+}
+
+static int server_keepalive; /* the hello reply promised keepalives (connect.c says so) */
+void gp_conn_set_keepalive(int on) { server_keepalive = on; }
+
+/* Once connected: arm the timeout on socket s when the server sends keepalives, unless
+ * GPUPOOL_SERVER_TIMEOUT=0. */
+static void arm_keepalive(int s, gp_tls *t) {
+    double timeout = gp_server_timeout_setting();
+    if (!server_keepalive || timeout <= 0) {
+        atomic_store(&keepalive_on, 0);
+        gp_log_debug("keepalive: off (%s)", server_keepalive ? "GPUPOOL_SERVER_TIMEOUT=0"
+                                                             : "the server sends none");
+        return;
+    }
+    server_timeout_ns = (uint64_t)(timeout * 1e9);
+    uint64_t now = mono_ns();
+    atomic_store(&last_rx_ns, now);
+    atomic_store(&last_tx_ns, now);
+    atomic_store(&last_ping_ns, now);
+    /* Reads wake every slice; a write that moves nothing for the whole timeout fails. */
+    struct timeval rt = {.tv_sec = KEEPALIVE_SLICE_MS / 1000,
+                         .tv_usec = (KEEPALIVE_SLICE_MS % 1000) * 1000};
+    struct timeval st = {.tv_sec = (time_t)timeout,
+                         .tv_usec = (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
+    if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt) != 0 ||
+        setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &st, sizeof st) != 0) {
+        gp_log_debug("keepalive: setsockopt: %s; no server timeout", strerror(errno));
+        return;
+    }
+    if (t) gp_tls_set_send_timeout(t, (int)(timeout * 1000));
+    atomic_store(&keepalive_on, 1);
+    gp_log_debug("keepalive: a server silent for %.0f s is given up (GPUPOOL_SERVER_TIMEOUT)",
+                 timeout);
+}
 int gp_conn_lz4(void) { return atomic_load(&lz4_on); }
 
 #define CZ_PIECE ((size_t)8 << 20) /* encoded and sent in pieces of this many raw bytes */
@@ -540,6 +621,44 @@ static void *flusher_main(void *arg) {
 
 /* ==================================================================== the receiver == */
 
+/* Our keepalive: a ping whose reply is dropped. Only if nobody is sending (a sender's progress
+ * counts already, and the reader must never wait for send_lock). */
+static void send_keepalive(void) {
+    if (pthread_mutex_trylock(&send_lock) != 0) return;
+    gp_ping m = {.token = 0};
+    uint8_t f[16 + 8];
+    size_t n = gp_ping_frame(f, KEEPALIVE_REQ, &m);
+    /* A ping the kernel buffers proves nothing about the server: it must not count as progress
+     * (senders are held off by send_lock meanwhile). */
+    uint64_t tx = atomic_load(&last_tx_ns);
+    if (!atomic_load(&dead)) flush_locked(f, n, NULL, 0);
+    atomic_store(&last_tx_ns, tx);
+    pthread_mutex_unlock(&send_lock);
+}
+
+/* The connection has been quiet for a read slice while a reply is awaited: ping the server
+ * when it has been quiet for a third of the timeout; -1 (with *why) once nothing came in and
+ * nothing went out for the whole timeout. */
+static int silence_check(const char **why) {
+    static char text[300];
+    uint64_t now = mono_ns(), rx = atomic_load(&last_rx_ns), tx = atomic_load(&last_tx_ns);
+    uint64_t heard = rx > tx ? rx : tx;
+    uint64_t quiet = now > heard ? now - heard : 0;
+    if (quiet >= server_timeout_ns) {
+        snprintf(text, sizeof text,
+                 "the server has not answered for %.0f s, not even a keepalive: it is hung or "
+                 "stopped, or the network is cut (GPUPOOL_SERVER_TIMEOUT=%.0f)",
+                 (double)quiet / 1e9, (double)server_timeout_ns / 1e9);
+        *why = text;
+        return -1;
+    }
+    if (quiet >= server_timeout_ns / 3 && now - atomic_load(&last_ping_ns) >= server_timeout_ns / 3) {
+        atomic_store(&last_ping_ns, now);
+        send_keepalive();
+    }
+    return 0;
+}
+
 /* Read exactly n bytes into dst (NULL: discard). 0, or -1 with *why set. */
 static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
     uint8_t *d = dst;
@@ -556,26 +675,36 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
             continue;
         }
         ssize_t got;
+        /* With keepalives on, reads wake every slice (SO_RCVTIMEO; TLS: the read's timeout) */
+        int slice = atomic_load_explicit(&keepalive_on, memory_order_relaxed)
+                        ? KEEPALIVE_SLICE_MS : -1;
         if (d && n >= RBUF_SIZE / 4) {
             /* large bulk: straight into the destination, no intermediate copy */
             size_t want = n > (1u << 30) ? (1u << 30) : (size_t)n;
-            got = tls ? gp_tls_read(tls, d, want, -1, tls_err, sizeof tls_err)
+            got = tls ? gp_tls_read(tls, d, want, slice, tls_err, sizeof tls_err)
                       : recv(sock, d, want, 0);
             if (got > 0) {
+                note_rx();
                 d += got;
                 n -= (uint64_t)got;
                 continue;
             }
         } else {
-            got = tls ? gp_tls_read(tls, rs->buf, RBUF_SIZE, -1, tls_err, sizeof tls_err)
+            got = tls ? gp_tls_read(tls, rs->buf, RBUF_SIZE, slice, tls_err, sizeof tls_err)
                       : recv(sock, rs->buf, RBUF_SIZE, 0);
             if (got > 0) {
+                note_rx();
                 rs->pos = 0;
                 rs->len = (size_t)got;
                 continue;
             }
         }
         if (got < 0 && errno == EINTR && !tls) continue;
+        if (got < 0 && slice >= 0 &&
+            (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT)) {
+            if (silence_check(why) != 0) return -1;
+            continue;
+        }
         *why = got == 0 ? "connection closed by the server" : tls ? tls_err : strerror(errno);
         return -1;
     }
@@ -654,8 +783,9 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
 
     int rc = 0;
     if (!w) {
-        gp_log_debug("reply to unknown request %llu (op %s) ignored", (unsigned long long)hd->req,
-                     gp_op_name(hd->op));
+        if (hd->req != KEEPALIVE_REQ)
+            gp_log_debug("reply to unknown request %llu (op %s) ignored",
+                         (unsigned long long)hd->req, gp_op_name(hd->op));
         rc = rd_bulk(rs, NULL, bulk, cz, why);
         free(body);
         return rc;
@@ -806,15 +936,27 @@ static void *receiver_main(void *arg) {
                 }
             }
             uint64_t gen = reader_gen;
+            int ka = atomic_load(&keepalive_on);
             pthread_mutex_unlock(&wait_lock);
             struct pollfd p = {.fd = sock, .events = POLLIN};
-            int n = poll(&p, 1, -1);
+            int n = poll(&p, 1, ka ? KEEPALIVE_SLICE_MS : -1);
             int err = errno;
             pthread_mutex_lock(&wait_lock);
             if (n < 0 && err != EINTR) {
                 pthread_mutex_unlock(&wait_lock);
                 why = strerror(err);
                 goto fail;
+            }
+            /* Quiet while detached requests (async copies) are awaited: the same watch as a
+             * caller's (an idle program with an idle server is not a silence) */
+            if (n == 0 && ka && detached_count > 0 && reader == RD_NONE) {
+                pthread_mutex_unlock(&wait_lock);
+                int bad = silence_check(&why);
+                pthread_mutex_lock(&wait_lock);
+                if (bad) {
+                    pthread_mutex_unlock(&wait_lock);
+                    goto fail;
+                }
             }
             /* stale if a caller has read in the meantime: poll again */
             ready = n > 0 && gen == reader_gen;
@@ -903,6 +1045,7 @@ CUresult gp_conn_ensure(void) {
             }
         }
         if (init_result == CUDA_SUCCESS) {
+            arm_keepalive(sock, tls);
             atexit(at_exit);
             atomic_store_explicit(&state, ST_READY, memory_order_release);
         } else {

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client_config.h"
@@ -109,7 +110,7 @@ typedef struct hello_ctx {
 /* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
  * deferred error of one: print it and record nothing. Every one is printed, bypassing
  * gp_conn_notice's table of texts already shown: queue updates are news each time, and a long
- * wait must not fill that table for the session. 1 if it was a queue notice. */
+ * wait must not fill that table for the session. Its code, 0 if unreadable. */
 static int early_notice(const uint8_t *body, size_t len) {
     gp_notice m;
     if (gp_notice_decode(body, len, &m) != 0) {
@@ -118,17 +119,23 @@ static int early_notice(const uint8_t *body, size_t len) {
     }
     if (gp_code_is_info(m.code)) {
         if (m.text_len) gp_log_info("%.*s", (int)m.text_len, m.text);
-        return m.code == GP_INFO_QUEUED;
+        return m.code;
     }
     if (m.text_len) gp_log_error("%.*s", (int)m.text_len, m.text);
-    return 0;
+    return m.code;
 }
 
-/* The hand-over binding (docs/protocol.md, "TLS"): the first 8 bytes of
- * SHA-256("gpupool tls handoff" NUL, hello body). Only the client and gpupoold know the hello
- * (it carries the token and travelled inside the daemon's TLS session); the worker gets it in
- * SESSION. The client's first frame in the worker's session is a ping carrying this value, so
- * that nobody who took over the TCP connection between the two sessions can use the lease. */
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* GPUPOOL_SERVER_TIMEOUT in ms (conn.c reads it); 0: none. */
+static int64_t handshake_timeout_ms(void) {
+    return (int64_t)(gp_server_timeout_setting() * 1000);
+}
+
 static uint64_t handoff_binding(const uint8_t *body, size_t len) {
     static const char label[] = "gpupool tls handoff";
     gp_sha256_ctx c;
@@ -194,7 +201,7 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
                      char *msg, size_t mcap) {
     gp_hello h = {
         .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
-        .pid = (uint32_t)getpid(), .flags = want_lz4(hc->srv),
+        .pid = (uint32_t)getpid(), .flags = want_lz4(hc->srv) | GP_HELLO_KEEPALIVE,
         .host = hc->host, .host_len = (uint32_t)strlen(hc->host),
         .user = hc->user, .user_len = (uint32_t)strlen(hc->user),
         .program = hc->program, .program_len = (uint32_t)strlen(hc->program),
@@ -228,19 +235,29 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         return ATTEMPT_CONNECT;
     }
 
-    int waited_note = 0, queued = 0;
+    int waited_note = 0, queued = 0, keepalive = 0;
+    int64_t limit_ms = handshake_timeout_ms(), heard = mono_ms();
     for (;;) {
         uint8_t hb[16];
         /* The server may queue us until a GPU is free: wait without limit. A server that says
          * nothing for 5 s (an older one, or one busy starting a worker) gets one line, unless it
-         * already told us our place in the queue. */
-        int rc = gp_link_read(l, hb, 1, 5000);
+         * already told us our place in the queue. One that sends keepalives (GP_INFO_WORKING,
+         * every second while it queues or prepares us) and then falls silent for
+         * GPUPOOL_SERVER_TIMEOUT is hung or stopped. */
+        int rc = gp_link_read(l, hb, 1, keepalive ? 1000 : 5000);
         if (rc != 0 && errno == ETIMEDOUT) {
-            if (!waited_note++ && !queued)
+            if (keepalive && limit_ms > 0 && mono_ms() - heard >= limit_ms) {
+                snprintf(msg, mcap, "the server stopped answering while we waited for a GPU "
+                         "(no keepalive for %lld s): it is hung or stopped "
+                         "(GPUPOOL_SERVER_TIMEOUT)", (long long)(limit_ms / 1000));
+                return ATTEMPT_CONNECT;
+            }
+            if (!waited_note++ && !queued && !keepalive)
                 gp_log_info("waiting for server %s to answer (it may be waiting for a free GPU)",
                             hc->desc);
             continue;
         }
+        heard = mono_ms();
         if (rc != 0 || gp_link_read(l, hb + 1, 15, 30000) != 0) {
             if (errno == EPROTO && l->tls) return tls_refusal(l, msg, mcap);
             snprintf(msg, mcap, "no answer to hello: %s", gp_link_error(l, errno));
@@ -262,11 +279,15 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             hd.len >= 4 && (int32_t)gp_rd_u32(body) == GP_INFO_HANDOFF) {
             free(body);
             if (tls_handoff(l, hc, binding, msg, mcap) != 0) return ATTEMPT_TLS;
+            keepalive = 0; /* the worker's part: it answers the hello, gpupoold sends nothing */
             continue;
         }
         if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE) {
-            queued |= early_notice(body, hd.len);
+            int code = early_notice(body, hd.len);
+            queued |= code == GP_INFO_QUEUED;
+            keepalive |= code == GP_INFO_WORKING;
             free(body);
+            heard = mono_ms();
             continue;
         }
         if (!(hd.flags & GP_FLAG_REPLY) || hd.op != GP_OP_HELLO || hd.len < 4) {
@@ -315,6 +336,7 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
                          (unsigned long long)va_base, (unsigned long long)va_size);
         gp_state_set_snapshot(&r);
         gp_conn_set_lz4((h.flags & GP_HELLO_LZ4) && (r.features & GP_HELLO_LZ4));
+        gp_conn_set_keepalive((r.features & GP_HELLO_KEEPALIVE) != 0);
         if (h.flags & GP_HELLO_LZ4)
             gp_log_debug("lz4-compressed copies: %s", r.features & GP_HELLO_LZ4
                                                          ? "on"

@@ -43,6 +43,12 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
 CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n);
 /* LZ4-compressed copies were negotiated in the hello (connect.c sets it). */
 void gp_conn_set_lz4(int on);
+/* The hello reply's GP_HELLO_KEEPALIVE: the server is never silent towards a waiting client, so
+ * the connection may time a silent one out (GPUPOOL_SERVER_TIMEOUT). */
+void gp_conn_set_keepalive(int on);
+/* GPUPOOL_SERVER_TIMEOUT: seconds of silence after which a server that sends keepalives is
+ * given up (3 to 86400; 0: never); 30 when unset or invalid (said once). */
+double gp_server_timeout_setting(void);
 int gp_conn_lz4(void);
 
 /* A decoded reply: `body` points at the reply body (starting with the i32 result). */
