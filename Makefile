@@ -8,6 +8,7 @@
 #   make lint       ruff + generated-code drift check
 #   make bench      the remoting benchmark (docs/benchmarks.md)
 #   make debs       the Debian packages gpupoold and gpupool-client into dist/deb/ (docs/packaging.md)
+#   make fuzz       every fuzz target for FUZZ_SECONDS (tests/fuzz/README.md; make fuzz-build)
 
 CC      ?= cc
 PYTHON  ?= python3
@@ -45,6 +46,7 @@ include protocol/protocol.mk
 -include client/shim/shim_tests.mk
 -include client/shim/shim_d2_tests.mk
 -include client/nvml/nvml_tests.mk
+-include tests/fuzz/fuzz.mk
 
 real_all: $(ALL_TARGETS) $(TEST_BINS)
 
@@ -76,4 +78,4 @@ debs:
 	./scripts/build-debs.sh
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

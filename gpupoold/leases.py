@@ -237,11 +237,7 @@ class LeaseManager:
         """Refuse the waiters and stop. Leases whose workers can outlive the daemon continue
         (their workers wait for the next gpupoold, `worker_orphan_grace`); every other worker
         is stopped and its lease's end recorded."""
-        self._closing = True
-        for w in self.queue:
-            self.queue.leave(w)
-            if not w.future.done():
-                w.future.set_exception(ShuttingDown())
+        self.stop_queue()
         for slot in self.slots:
             if slot.prestart_task is not None:
                 slot.prestart_task.cancel()
@@ -267,6 +263,15 @@ class LeaseManager:
             t.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace + 5)
+
+    def stop_queue(self) -> None:
+        """The daemon is stopping: no new leases, and every waiter is refused (ShuttingDown:
+        the handshake tells its client to come back, GP_ESHUTDOWN)."""
+        self._closing = True
+        for w in self.queue:
+            self.queue.leave(w)
+            if not w.future.done():
+                w.future.set_exception(ShuttingDown())
 
     # ---------------------------------------------------------------- the previous daemon's leases
     def _prepare_worker_dir(self) -> None:

@@ -43,6 +43,7 @@ log = logging.getLogger("gpupoold.remoting")
 SEND_TIMEOUT = 5.0
 SEND_LIMIT = 30.0
 CLOSE_TIMEOUT = 5.0
+SHUTDOWN_NOTICE_WAIT = 1.0  # seconds at stop for the queued clients to be told to come back
 MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handshake_timeout)
 
 
@@ -91,9 +92,13 @@ class RemotingListener:
                      self.address, self.source, self.listen)
 
     async def close(self) -> None:
-        """Stop accepting and drop connections still in their handshake."""
+        """Stop accepting; tell the clients waiting in the queue to come back (GP_ESHUTDOWN: the
+        shim reconnects by itself, to the next gpupoold), then drop what is left."""
         if self._server is not None:
             self._server.close()
+        self.leases.stop_queue()
+        if self._handshakes:
+            await asyncio.wait(list(self._handshakes), timeout=SHUTDOWN_NOTICE_WAIT)
         for task in list(self._handshakes):
             task.cancel()
         if self._handshakes:
@@ -421,7 +426,8 @@ class RemotingListener:
         return False
 
 
-_SHUTDOWN = Refusal(gp.GP_EREFUSED, "the gpupool server is shutting down; try again in a moment")
+_SHUTDOWN = Refusal(gp.GP_ESHUTDOWN, "the gpupool server is stopping or restarting; connect "
+                    "again in a moment (gpupool clients retry by themselves)")
 # Keepalive notices to a client that asked for them, while it waits for its GPU and its worker:
 # twice per GP_KEEPALIVE_MS, the longest silence a client may see from a live server.
 KEEPALIVE_EVERY = gp.GP_KEEPALIVE_MS / 2000

@@ -144,3 +144,46 @@ def test_a_worker_whose_daemon_never_returns_ends_after_the_grace(
                          capture_output=True, text=True, timeout=60)
     assert nxt.returncode == 0, nxt.stderr
     assert facts(nxt.stdout)["nonzero_before"] == "0"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_clients_waiting_or_arriving_during_a_restart_are_served(
+        start_daemon: Any, native_build: Path, hold_gpu: Path,  # noqa: F811
+        clients: list[subprocess.Popen[str]]) -> None:
+    """A client waiting in the queue when gpupoold restarts is told so (GP_ESHUTDOWN) and comes
+    back by itself; one that connects while no gpupoold listens retries for a few seconds. Both
+    get the GPU from the new daemon once the holder (its lease taken over) is done."""
+    listen = f"127.0.0.1:{free_port()}"
+    server = start_daemon("--simulated", "1", "--listen", listen, build_dir=native_build,
+                          simulated=None)
+    wait_until("the GPU free", lambda: gpu_states(server) == ["free"])
+    holder = start_client(server, hold_gpu, MIB, 6_000, seed=71)
+    clients.append(holder)
+    assert holder.stdout is not None and "holding" in holder.stdout.readline()
+    queued = start_client(server, hold_gpu, MIB, 0, seed=72)
+    clients.append(queued)
+    wait_until("the second client queued",
+               lambda: len(server.get_json("/api/v1/queue")["queue"]) == 1)
+    assert server.stop() == 0
+    late = start_client(server, hold_gpu, MIB, 0, seed=73)  # nobody listens now
+    clients.append(late)
+    time.sleep(0.5)
+    again = start_daemon("--simulated", "1", "--listen", listen, build_dir=native_build,
+                         simulated=None, state_dir=server.state_dir)
+    out, err = queued.communicate(timeout=120)
+    assert queued.returncode == 0 and "exact=1" in out, (out, err)
+    assert "the server is stopping or restarting; trying again" in err, err
+    out, err = late.communicate(timeout=120)
+    assert late.returncode == 0 and "exact=1" in out, (out, err)
+    assert "Connection refused; trying again for up to 3 s" in err, err
+    finish(holder, "the holder")
+    records = wait_until("three leases ended", lambda: (
+        r if len(r := ended_leases(again)) == 3 else None))
+    assert {r["end_reason"] for r in records} == {"client exit"}, records

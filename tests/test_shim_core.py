@@ -746,3 +746,24 @@ def test_without_the_servers_promise_silence_is_waited_out(native_build: Path,
     proc = run_scenario(native_build, server.address, "sync",
                         env={"GPUPOOL_SERVER_TIMEOUT": "3"})
     assert_pass(proc, "sync")
+
+
+def test_a_servers_words_never_carry_control_characters_to_the_terminal(
+        native_build: Path, fake: Callable[..., FakeServer]) -> None:
+    """A notice whose text holds an escape sequence (which could rewrite what a terminal shows)
+    and a newline is printed with them replaced: one line, no ESC."""
+    def hostile(server: FakeServer, conn: socket.socket, op: int, req: int, msg: Any,
+                bulk: bytes) -> bool:
+        if op != gp.CtxSynchronize.OP:
+            return False
+        text = "\x1b[2J\x1b]0;owned\x07launch failed\nsecond line\x7f"
+        conn.sendall(encode_frame(Notice(code=700, op=gp.Launch.OP, text=text), 0))
+        conn.sendall(encode_frame(REPLIES[op](result=0), req))
+        return True
+
+    server = fake(on_frame=hostile)
+    proc = run_scenario(native_build, server.address, "sync")
+    assert "launch failed second line" in proc.stderr, proc.stderr
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr and "\x7f" not in proc.stderr
+    line = next(ln for ln in proc.stderr.splitlines() if "launch failed" in ln)
+    assert line.startswith("gpupool: ?[2J?]0;owned?launch failed"), line

@@ -22,6 +22,10 @@ void wlog(const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         return;
+#ifdef WK_LOG_QUIET
+    /* The fuzzing build (tests/fuzz/fuzz.mk): millions of sessions; the line is still formatted. */
+    return;
+#endif
     /* One fprintf per line: lines of concurrent workers in the daemon's log do not interleave. */
     fprintf(stderr, "gpupool-worker[%ld]: %s\n", (long)getpid(), line);
 }

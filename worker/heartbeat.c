@@ -86,14 +86,39 @@ static void beat(struct worker *w)
         wlog("keepalive: unlocking failed");
 }
 
+/* Sleeps one tick, or less when hb_stop wakes us. 1 when it is time to stop. */
+static int tick(struct worker *w)
+{
+    struct timespec until;
+    if (clock_gettime(CLOCK_MONOTONIC, &until) != 0)
+        return 1;
+    until.tv_nsec += (long)HB_TICK_NS;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    int stop = 0;
+    if (pthread_mutex_lock(&w->hb.wake_lock) != 0)
+        return 1;
+    while (!(stop = atomic_load(&w->hb.stop))) {
+        int rc = pthread_cond_timedwait(&w->hb.wake, &w->hb.wake_lock, &until);
+        if (rc == ETIMEDOUT)
+            break;
+        if (rc != 0 && rc != EINTR) {
+            stop = 1;
+            break;
+        }
+    }
+    if (pthread_mutex_unlock(&w->hb.wake_lock) != 0)
+        return 1;
+    return stop;
+}
+
 static void *hb_main(void *arg)
 {
     struct worker *w = arg;
     uint64_t last_beat = 0, seen_calls = 0, seen_at = 0;
-    while (!atomic_load(&w->hb.stop)) {
-        struct timespec ts = {0, (long)HB_TICK_NS};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-            ;
+    while (!tick(w)) {
         uint64_t calls = atomic_load(&w->hb.calls), now = now_ns();
         if (!atomic_load(&w->hb.busy) || calls != seen_calls) {
             seen_calls = calls; /* idle, or another call: its time starts now */
@@ -116,13 +141,28 @@ int hb_start(struct worker *w)
     atomic_store(&w->hb.busy, 0);
     atomic_store(&w->hb.calls, 0);
     atomic_store(&w->hb.sending, 0);
+    pthread_condattr_t ca;
     if (pthread_mutex_init(&w->hb.lock, NULL) != 0)
         return -1;
+    if (pthread_mutex_init(&w->hb.wake_lock, NULL) != 0) {
+        (void)pthread_mutex_destroy(&w->hb.lock);
+        return -1;
+    }
+    /* Timed waits on the monotonic clock: a wall-clock step must not stretch a tick. */
+    if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
+        pthread_cond_init(&w->hb.wake, &ca) != 0) {
+        (void)pthread_mutex_destroy(&w->hb.wake_lock);
+        (void)pthread_mutex_destroy(&w->hb.lock);
+        return -1;
+    }
+    (void)pthread_condattr_destroy(&ca);
     /* The thread must not take SIGTERM/SIGINT: the main thread's signalfd reads them (they are
      * blocked in every thread already, since main() blocked them before anything started). */
     int rc = pthread_create(&w->hb.thread, NULL, hb_main, w);
     if (rc != 0) {
         wlog("keepalive thread: %s; long calls will look like a silent server", strerror(rc));
+        (void)pthread_cond_destroy(&w->hb.wake);
+        (void)pthread_mutex_destroy(&w->hb.wake_lock);
         if (pthread_mutex_destroy(&w->hb.lock) != 0)
             wlog("keepalive: destroying the lock failed");
         return -1;
@@ -135,12 +175,20 @@ void hb_stop(struct worker *w)
 {
     if (!w->hb.running)
         return;
-    atomic_store(&w->hb.stop, 1);
+    /* Under wake_lock, so that the thread cannot miss the signal between its check and wait. */
+    if (pthread_mutex_lock(&w->hb.wake_lock) == 0) {
+        atomic_store(&w->hb.stop, 1);
+        if (pthread_cond_signal(&w->hb.wake) != 0 || pthread_mutex_unlock(&w->hb.wake_lock) != 0)
+            wlog("keepalive: waking the thread failed");
+    } else {
+        atomic_store(&w->hb.stop, 1); /* it still stops, within a tick */
+    }
     int rc = pthread_join(w->hb.thread, NULL);
     if (rc != 0)
         wlog("joining the keepalive thread: %s", strerror(rc));
-    if (pthread_mutex_destroy(&w->hb.lock) != 0)
-        wlog("keepalive: destroying the lock failed");
+    if (pthread_cond_destroy(&w->hb.wake) != 0 || pthread_mutex_destroy(&w->hb.wake_lock) != 0 ||
+        pthread_mutex_destroy(&w->hb.lock) != 0)
+        wlog("keepalive: destroying its locks failed");
     w->hb.running = 0;
 }
 

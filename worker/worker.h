@@ -163,6 +163,8 @@ struct wk_heartbeat {
                                          * with `busy` set means one call has lasted that long */
     atomic_int sending;                 /* the heartbeat thread is about to write, or writes */
     atomic_int stop;
+    pthread_mutex_t wake_lock;          /* with `wake`: hb_stop wakes the thread at once */
+    pthread_cond_t wake;
 };
 
 /* The control channel's version as ADOPT checks it: a new gpupoold adopts only workers that speak

@@ -882,8 +882,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         }
     }
     static const char *const known[] = {
-        "token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, compression, "
-        "servers",
+        ("token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, compression, "
+         "servers"),
         "gpu, model, min_memory",
         "address, token, tls, tls_ca, tls_cert, tls_key, compression",
     };

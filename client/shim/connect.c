@@ -96,7 +96,10 @@ static uint64_t env_u64(const char *name, uint64_t dflt) {
     }
     return x;
 }
-enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW, ATTEMPT_TLS };
+/* ATTEMPT_RESTARTING: the server said it is stopping or restarting (GP_ESHUTDOWN), or closed
+ * the connection after it had accepted the hello (it went away while we waited): try again. */
+enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW, ATTEMPT_TLS,
+       ATTEMPT_RESTARTING };
 
 typedef struct hello_ctx {
     char host[256], user[256], program[1024];
@@ -105,6 +108,7 @@ typedef struct hello_ctx {
     double timeout_s;
     const char *desc;       /* the server being tried ("host:port"), for messages */
     const char *token_hint; /* what to check when the token is refused */
+    int64_t restart_until;  /* mono_ms deadline of the retries across a server restart; 0: none yet */
 } hello_ctx;
 
 /* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
@@ -261,7 +265,8 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         if (rc != 0 || gp_link_read(l, hb + 1, 15, 30000) != 0) {
             if (errno == EPROTO && l->tls) return tls_refusal(l, msg, mcap);
             snprintf(msg, mcap, "no answer to hello: %s", gp_link_error(l, errno));
-            return ATTEMPT_CONNECT;
+            /* It had taken us in (queued us, or kept us informed) and went away: a restart. */
+            return queued || keepalive ? ATTEMPT_RESTARTING : ATTEMPT_CONNECT;
         }
         gp_frame_header hd;
         gp_header_decode(hb, &hd);
@@ -305,6 +310,11 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             free(body);
             snprintf(msg, mcap, "the server could not reserve the address window");
             return ATTEMPT_VAWINDOW;
+        }
+        if (result == GP_ESHUTDOWN) {
+            snprintf(msg, mcap, "the server is stopping or restarting");
+            free(body);
+            return ATTEMPT_RESTARTING;
         }
         if (result != 0) {
             const char *what = decoded && r.message_len ? r.message : NULL;
@@ -516,6 +526,28 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
 
 /* ================================================================== the session == */
 
+#define REFUSED_WAIT_MS 3000 /* a refused connection is retried this long (a restart's gap) */
+#define RESTART_RETRY_MS 250
+
+/* A server restarting (why: msg): 1 after a pause when there is time left to try again, the
+ * first call setting the deadline `budget_ms` from now (0: keep the one set), with one line for
+ * the user; 0 when the time is up. */
+static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg) {
+    int64_t now = mono_ms();
+    if (!hc->restart_until) {
+        if (budget_ms <= 0) return 0;
+        hc->restart_until = now + budget_ms;
+        gp_log_info("server %s: %s; trying again for up to %lld s (it may be restarting)",
+                    hc->desc, msg, (long long)(budget_ms / 1000));
+    } else if (budget_ms > 0 && now + budget_ms > hc->restart_until) {
+        hc->restart_until = now + budget_ms; /* it said it restarts: the longer wait */
+    }
+    if (now >= hc->restart_until) return 0;
+    struct timespec ts = {0, RESTART_RETRY_MS * 1000000L};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
 /* Connect and say hello to one server, with the window retries. ATTEMPT_OK with *fd_out and
  * *tls_out set, else the kind of failure with msg filled; ATTEMPT_FATAL after the one error line
  * was printed (no window at all). */
@@ -541,7 +573,14 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
             return ATTEMPT_FATAL;
         }
         int fd = gp_tcp_connect(srv->host, srv->port, hc->timeout_s, msg, mcap);
-        if (fd < 0) return ATTEMPT_CONNECT;
+        if (fd < 0) {
+            /* Refused: nobody listens. Between a stop and a start of gpupoold that lasts a
+             * moment; once the server said it restarts, wait for it (else only briefly). */
+            if (errno == ECONNREFUSED &&
+                restart_wait(hc, hc->restart_until ? 0 : REFUSED_WAIT_MS, msg))
+                continue;
+            return ATTEMPT_CONNECT;
+        }
         gp_link l = {.fd = fd};
         int k = ATTEMPT_OK;
         if (srv->tls) {
@@ -557,6 +596,11 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         }
         gp_tls_free(l.tls);
         close(fd);
+        if (k == ATTEMPT_RESTARTING &&
+            restart_wait(hc, hc->timeout_s > 0 ? gp_timeout_ms(hc->timeout_s) : 60000, msg))
+            continue;
+        if (k == ATTEMPT_RESTARTING)
+            k = ATTEMPT_CONNECT;
         if (k == ATTEMPT_VAWINDOW && *base_index + 1 < VA_TRIES) {
             gp_log_debug("server %s cannot use window 0x%llx; trying the next base", hc->desc,
                          (unsigned long long)gp_vamap_window_base());

@@ -43,6 +43,15 @@ static void emit(const char *fmt, va_list ap) {
     if (k < 0) k = 0;
     n += (size_t)k < sizeof line - n - 1 ? (size_t)k : sizeof line - n - 2;
     if (n > 0 && line[n - 1] == '\n') n--; /* callers may or may not end with a newline */
+    /* Lines often carry a server's words (notices, refusals): no control character of theirs
+     * reaches the user's terminal (an escape sequence could rewrite what it shows). */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)line[i];
+        if (c == '\n' || c == '\r')
+            line[i] = ' ';
+        else if ((c < 0x20 && c != '\t') || c == 0x7f)
+            line[i] = '?';
+    }
     line[n++] = '\n';
     const char *p = line;
     while (n > 0) {

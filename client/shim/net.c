@@ -127,10 +127,14 @@ int gp_tcp_connect_until(const char *host, const char *port, double deadline, ch
             break;
         }
         snprintf(err, ecap, "%s", errno == ETIMEDOUT ? "timed out" : strerror(errno));
+        int saved = errno; /* the caller tells a refused connection (a restart) apart */
         close(fd);
+        errno = saved;
         fd = -1;
     }
+    int saved = errno;
     freeaddrinfo(res);
+    errno = saved;
     return fd;
 }
 

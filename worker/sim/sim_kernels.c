@@ -16,7 +16,13 @@
 
 #include "sim_internal.h"
 
-#define MAX_SPIN_NS (60ull * 1000000000ull) /* a garbage argument must not hang the worker */
+/* A garbage argument must not hang the worker. The fuzzing build (tests/fuzz/fuzz.mk) sets a
+ * far lower cap, so that an input costs milliseconds. */
+#ifdef SIM_MAX_SPIN_NS
+#define MAX_SPIN_NS SIM_MAX_SPIN_NS
+#else
+#define MAX_SPIN_NS (60ull * 1000000000ull)
+#endif
 
 static uint64_t total_threads(const struct sim_dims *d)
 {

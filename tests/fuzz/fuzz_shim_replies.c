@@ -1,0 +1,126 @@
+/*
+ * fuzz_shim_replies: the shim's side of a session with a hostile or broken server: everything
+ * client/shim/conn.c does with the bytes a server sends after the hello (frame headers, replies
+ * with and without bulk data, LZ4-compressed copy data, notices, deferred errors, replies to
+ * requests nobody made), inside every tenant's process.
+ *
+ * conn.c is included whole so that its private state can be set up per input: the connection
+ * is declared ready on a socket whose other end carries the input, four callers wait for
+ * replies 1 to 4 (4 KiB buffers for bulk data) and two detached copies wait for 5 and 6; then
+ * the reader loop runs until the stream ends or breaks, and the failure path completes and
+ * frees every waiter. Byte 0 of the input is a mode (bit 0: LZ4 copies negotiated), the rest is
+ * the server's stream.
+ */
+#include "../../client/shim/conn.c"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* conn.c's neighbour that this target never reaches (the connection is set up by hand). */
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *desc, size_t cap)
+{
+    (void)sock_out;
+    (void)tls_out;
+    (void)desc;
+    (void)cap;
+    return CUDA_ERROR_NO_DEVICE;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    setenv("GPUPOOL_LOG", "quiet", 1);
+    rs.buf = malloc(RBUF_SIZE);
+    if (!rs.buf || signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+        abort();
+    return 0;
+}
+
+struct feed {
+    int fd;
+    const uint8_t *data;
+    size_t size;
+};
+
+static void *server_side(void *arg)
+{
+    struct feed *f = arg;
+    size_t off = 0;
+    while (off < f->size) {
+        ssize_t r = send(f->fd, f->data + off, f->size - off, MSG_NOSIGNAL);
+        if (r <= 0)
+            break; /* the shim gave up on the stream */
+        off += (size_t)r;
+    }
+    (void)shutdown(f->fd, SHUT_WR);
+    return NULL;
+}
+
+#define CALLERS 4
+#define DETACHED 2
+#define BUF 4096
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        abort();
+    /* A fresh connection state, as gp_conn_ensure leaves it. */
+    sock = sv[1];
+    atomic_store(&state, ST_READY);
+    atomic_store(&dead, 0);
+    atomic_store(&lz4_on, data[0] & 1);
+    atomic_store(&keepalive_on, 0);
+    atomic_store(&pending_error, 0);
+    notice_count = 0;
+    rs.pos = rs.len = 0;
+    reader = RD_NONE;
+
+    static waiter callers[CALLERS];
+    static uint8_t dst[CALLERS + DETACHED][BUF];
+    for (int i = 0; i < CALLERS; i++) {
+        callers[i] = (waiter){.req = (uint64_t)i + 1, .dst = dst[i], .cap = BUF};
+        if (pthread_cond_init(&callers[i].cv, NULL) != 0 || waiter_add(&callers[i]) != 0)
+            abort();
+    }
+    for (int i = 0; i < DETACHED; i++) {
+        waiter *d = calloc(1, sizeof *d);
+        if (!d)
+            abort();
+        *d = (waiter){.req = (uint64_t)(CALLERS + i) + 1, .detached = 1,
+                      .dst = dst[CALLERS + i], .cap = BUF};
+        if (waiter_add(d) != 0)
+            abort();
+    }
+
+    struct feed feed = {.fd = sv[0], .data = data + 1, .size = size - 1};
+    pthread_t t;
+    if (pthread_create(&t, NULL, server_side, &feed) != 0)
+        abort();
+    const char *why = "end of the input";
+    reader = RD_CALLER;
+    while (read_frame(&why) == 0)
+        ;
+    reader = RD_NONE;
+    atomic_store(&state, ST_CLOSED); /* the loss without its line on stderr for each input */
+    conn_fail("%s", why);            /* completes the callers, frees the detached waiters */
+
+    if (pthread_join(t, NULL) != 0)
+        abort();
+    for (int i = 0; i < CALLERS; i++) {
+        if (!callers[i].done)
+            abort(); /* every caller is completed, with its reply or the loss */
+        free(callers[i].body);
+        if (pthread_cond_destroy(&callers[i].cv) != 0)
+            abort();
+    }
+    if (wait_head != NULL || detached_count != 0)
+        abort(); /* nothing left waiting */
+    if (close(sv[0]) != 0 || close(sv[1]) != 0)
+        abort();
+    sock = -1;
+    return 0;
+}
