@@ -336,7 +336,8 @@ def test_cards_show_every_state_in_words_with_the_dom_contract() -> None:
     gpus = [
         {"index": 0, "name": "H100", "simulated": False, "state": "leased", "since": 0.0,
          "draining": True, "lease": lease, "quarantine": None, "memory_total": 80 << 30,
-         "live": live, "idle": True},
+         "live": live, "idle": True,
+         "stuck": {"since": 0.0, "why": "lease 1 has nobody watching its worker"}},
         {"index": 1, "name": "H100", "simulated": True, "state": "quarantined", "since": 0.0,
          "draining": False, "lease": None, "quarantine": {"reason": "scrub failed"},
          "memory_total": 80 << 30, "live": {}, "idle": False},
@@ -355,6 +356,7 @@ def test_cards_show_every_state_in_words_with_the_dom_contract() -> None:
     assert "idle while leased" in page and '<strong class="draining">draining</strong>' in page
     assert "20.0 GiB / 80.0 GiB (25 %)" in page and "41 °C" in page and "71.5 W of 700 W" in page
     assert "scrub failed" in page and 'data-action="clear"' in page and 'data-action="end"' in page
+    assert "lease 1 has nobody watching its worker (the watchdog repairs it)" in page
     assert 'data-action="undrain"' in page  # GPU 0 is draining
     assert '<svg class="chart" data-series="util-0"' in page
     assert '<svg class="chart" data-series="util-1"' in page and 'data-series="copy"' in page

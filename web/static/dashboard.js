@@ -120,6 +120,10 @@
         el("span", { class: "host", text: String(c.host) }), ", pid ", el("span", { class: "pid", text: String(c.pid) }),
         ", since " + when(lease.started) + " (lease " + lease.id + ")"]));
     }
+    if (g.stuck) {
+      facts.appendChild(el("dt", { text: "Stuck" }));
+      facts.appendChild(el("dd", { text: String(g.stuck.why) + " (the watchdog repairs it)" }));
+    }
     if (g.quarantine) {
       facts.appendChild(el("dt", { text: "Quarantine" }));
       facts.appendChild(el("dd", { text: String(g.quarantine.reason || JSON.stringify(g.quarantine)) }));
