@@ -37,7 +37,8 @@ from gpupoold import sdlisten
 from gpupoold.settings import Settings
 from gpupoold.store import Store
 from gpupoold.telemetry import Telemetry
-from gpupoold.workers import WorkerSupervisor, WorkerTls, worker_dir
+from gpupoold.worker_dir import worker_dir
+from gpupoold.workers import WorkerSupervisor, WorkerTls
 
 log = logging.getLogger("gpupoold")
 DB_NAME = "gpupoold.db"

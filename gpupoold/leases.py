@@ -24,14 +24,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import re
-import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import gpupool_protocol as gp
@@ -45,9 +41,10 @@ from gpupoold.settings import Settings
 from gpupoold.store import LeaseRecord, NewLease, Store
 from gpupoold.telemetry import Telemetry, unknown_live
 from gpupoold.waitqueue import ClientInfo, Waiter, WaitQueue
-from gpupoold.workers import (SUN_PATH_MAX, AdoptError, Worker, WorkerExit, WorkerStartError,
-                              WorkerStats, WorkerSupervisor, adoption_end_record, adoption_socket,
-                              worker_dir)
+from gpupoold.watchdog import Watchdog, stuck_reason
+from gpupoold.worker_dir import WorkerDir
+from gpupoold.workers import (AdoptError, Worker, WorkerExit, WorkerStartError, WorkerStats,
+                              WorkerSupervisor)
 
 log = logging.getLogger("gpupoold.leases")
 
@@ -56,11 +53,6 @@ FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED = (
 START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
 END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
 PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
-WATCHDOG_INTERVAL = 0.5  # seconds between the watchdog's checks of every GPU
-# A grant's lease must start within this: a worker spawn (60 s at most), the store, the hello.
-GRANT_LIMIT = 120.0
-REPAIR_WINDOW = 600.0  # seconds: more than REPAIR_LIMIT repairs in this window quarantine a GPU
-REPAIR_LIMIT = 3
 ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has to answer ADOPT
 STATE_FILE = "gpu-state.json"
 
@@ -162,7 +154,7 @@ class LeaseManager:
         self._leases: dict[int, Lease] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self._pid_dir = worker_dir(settings.state_dir)
+        self._dir = WorkerDir(settings.state_dir)
         self._state_file = settings.state_dir / STATE_FILE
         # Called with the GPU index whenever a GPU's state changes (the dashboard's live feed).
         self.listeners: list[Callable[[int], None]] = []
@@ -177,20 +169,19 @@ class LeaseManager:
         with their leases: their GPUs stay leased, and nobody else gets them. The other open
         records are closed (with the reason the worker left, when it left one) and their GPUs
         are scrubbed before their first lease, like every GPU at start-up."""
-        await asyncio.to_thread(self._prepare_worker_dir)
+        await asyncio.to_thread(self._dir.prepare, self.settings.worker_orphan_grace > 0)
         saved = await asyncio.to_thread(self._load_state)
         takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
         gone: list[LeaseRecord] = []
         for rec in await self.store.open_leases():
             try:
-                sock, pid = await self.supervisor.connect_adoption(
-                    adoption_socket(self._pid_dir, rec.id))
+                sock, pid = await self.supervisor.connect_adoption(self._dir.socket(rec.id))
             except AdoptError:
                 gone.append(rec)
                 continue
             takeover.append((rec, sock, pid))
         # Workers of the previous daemon that hold no session we take over end now.
-        await asyncio.to_thread(self._kill_orphans, {pid for _, _, pid in takeover})
+        await asyncio.to_thread(self._dir.kill_orphans, {pid for _, _, pid in takeover})
         orphaned: dict[int, list[int]] = {}
         for rec in gone:
             await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
@@ -231,7 +222,9 @@ class LeaseManager:
             log.info("taking over %d lease(s) of the previous gpupoold: %s", len(adopting),
                      ", ".join(f"lease {rec.id} on GPU {i} (worker pid {pid})"
                                for i, (rec, _, pid) in sorted(adopting.items())))
-        self._spawn(self._watchdog(), "watchdog")
+        watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self._changed,
+                            lambda: self.counters.inc("watchdog_repairs"))
+        self._spawn(watchdog.run(), "watchdog")
 
     async def close(self, grace: float) -> None:
         """Refuse the waiters and stop. Leases whose workers can outlive the daemon continue
@@ -274,17 +267,6 @@ class LeaseManager:
                 w.future.set_exception(ShuttingDown())
 
     # ---------------------------------------------------------------- the previous daemon's leases
-    def _prepare_worker_dir(self) -> None:
-        """The folder of pid files, adoption sockets and end records: private to our user."""
-        self._pid_dir.mkdir(mode=0o700, exist_ok=True)
-        with contextlib.suppress(OSError):
-            os.chmod(self._pid_dir, 0o700)
-        longest = adoption_socket(self._pid_dir, (1 << 64) - 1)
-        if self.settings.worker_orphan_grace > 0 and len(bytes(longest)) > SUN_PATH_MAX:
-            log.warning("state_dir %s is too long for the workers' adoption sockets (%d of at "
-                        "most %d bytes): leases will end when gpupoold stops; choose a shorter "
-                        "state_dir", self.settings.state_dir, len(bytes(longest)), SUN_PATH_MAX)
-
     def _slot_of(self, rec: LeaseRecord) -> Slot | None:
         """The slot of a previous lease's GPU, if this daemon still serves that very GPU."""
         if not 0 <= rec.gpu_index < len(self.slots):
@@ -297,8 +279,7 @@ class LeaseManager:
     async def _close_previous(self, rec: LeaseRecord, detail: str) -> None:
         """Close the record of a previous daemon's lease that nobody takes over: with the end
         its worker recorded when it ended alone (worker/adopt.c), else as "daemon lost"."""
-        path = adoption_end_record(self._pid_dir, rec.id)
-        end = await asyncio.to_thread(_read_end_record, path)
+        end = await asyncio.to_thread(self._dir.end_record, rec.id)
         reason, stats = "daemon lost", WorkerStats()
         if end is not None:
             stats = WorkerStats.from_event(end)
@@ -314,9 +295,7 @@ class LeaseManager:
         except Exception:
             log.exception("lease %d: closing its record failed", rec.id)
         self.counters.inc("leases_ended", reason=reason)
-        for stale in (path, adoption_socket(self._pid_dir, rec.id)):
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(stale.unlink, True)
+        await asyncio.to_thread(self._dir.forget_lease, rec.id)
 
     async def _adopt(self, slot: Slot, rec: LeaseRecord, sock: socket.socket, pid: int) -> None:
         """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
@@ -666,63 +645,8 @@ class LeaseManager:
 
     # ------------------------------------------------------------------------------ watchdog
     def stuck_reason(self, slot: Slot) -> str | None:
-        """Why `slot` cannot move on by itself (None: it can). A leased or scrubbing GPU always has
-        a task that will move it on; a free one holds nothing."""
-        task_alive = slot.task is not None and not slot.task.done()
-        if slot.state == LEASED:
-            if slot.reserved is not None:
-                waited = time.monotonic() - slot.reserved_at
-                if waited > GRANT_LIMIT:
-                    return (f"granted to a client {waited:.0f} s ago but its lease never "
-                            "started")
-                return None
-            if slot.lease is None:
-                if slot.adopting is not None and task_alive:
-                    return None  # a previous daemon's lease being taken over
-                return "leased, but no lease holds it"
-            if not task_alive:
-                return f"lease {slot.lease.id} has nobody watching its worker"
-            return None
-        if slot.state == SCRUBBING and not task_alive:
-            return "scrubbing, but no scrub is running"
-        if slot.state in (FREE, DRAINED) and (slot.lease is not None or slot.reserved is not None):
-            return f"{slot.state}, but still held by a lease or a grant"
-        return None
-
-    async def _watchdog(self) -> None:
-        """Every WATCHDOG_INTERVAL: find GPUs that cannot move on by themselves (a bug, or a
-        failure nothing else caught), report them (/healthz, metrics, views) and repair them.
-        A GPU seen stuck at two checks in a row is repaired; one repaired too often is
-        quarantined with the reason."""
-        while not self._closing:
-            await asyncio.sleep(WATCHDOG_INTERVAL)
-            for slot in self.slots:
-                try:
-                    self._watch_slot(slot)
-                except Exception:
-                    log.exception("watchdog: checking GPU %d failed", slot.gpu.index)
-
-    def _watch_slot(self, slot: Slot) -> None:
-        why = self.stuck_reason(slot)
-        if why is None:
-            if slot.stuck is not None:
-                slot.stuck = None
-                self._changed(slot)
-            return
-        if slot.stuck is None or slot.stuck.get("why") != why:
-            log.error("watchdog: GPU %d is stuck (%s)", slot.gpu.index, why)
-            slot.stuck = {"since": time.time(), "why": why}
-            self._changed(slot)
-            return
-        now = time.monotonic()
-        slot.repairs = [t for t in slot.repairs if now - t < REPAIR_WINDOW] + [now]
-        self.counters.inc("watchdog_repairs")
-        if len(slot.repairs) > REPAIR_LIMIT:
-            self._quarantine_stuck(slot, why)
-        else:
-            self._repair(slot, why)
-        slot.stuck = None
-        self._changed(slot)
+        """Why `slot` cannot move on by itself (watchdog.py), None when it can."""
+        return stuck_reason(slot)
 
     def _repair(self, slot: Slot, why: str) -> None:
         lease = slot.lease
@@ -744,9 +668,7 @@ class LeaseManager:
         self._own(slot, self._clean(slot, [lease.id] if lease is not None else []),
                   f"repair-scrub-{slot.gpu.index}")
 
-    def _quarantine_stuck(self, slot: Slot, why: str) -> None:
-        reason = (f"the watchdog repaired this GPU {len(slot.repairs)} times in "
-                  f"{REPAIR_WINDOW:g} s (last: {why})")
+    def _quarantine_stuck(self, slot: Slot, reason: str) -> None:
         log.error("GPU %d QUARANTINED: %s. Investigate (the log above), then `gpupoold gpu clear "
                   "%d`", slot.gpu.index, reason, slot.gpu.index)
         if slot.task is not None:
@@ -756,7 +678,7 @@ class LeaseManager:
             slot.lease.worker.kill()
             slot.lease = None
         slot.reserved = None
-        slot.quarantine = {"reason": reason, "since": time.time(), "problems": [why]}
+        slot.quarantine = {"reason": reason, "since": time.time(), "problems": [reason]}
         slot.set_state(QUARANTINED)
         self._save_state_soon()
         self._dispatch()
@@ -798,48 +720,12 @@ class LeaseManager:
                 asyncio.get_running_loop().call_later(PRESTART_RETRY, self._prestart_again,
                                                       slot)
 
-    # ------------------------------------------------------------------ orphans of a dead daemon
+    # ------------------------------------------------------------------------- pid files
     def _note_pid(self, worker: Worker) -> None:
-        with contextlib.suppress(OSError):
-            self._pid_dir.mkdir(exist_ok=True)
-            (self._pid_dir / str(worker.pid)).write_text(str(worker.gpu.index))
+        self._dir.note_pid(worker.pid, worker.gpu.index)
 
     def _forget_pid(self, worker: Worker) -> None:
-        with contextlib.suppress(OSError):
-            (self._pid_dir / str(worker.pid)).unlink()
-
-    def _kill_orphans(self, keep: set[int]) -> None:
-        """Kill the workers a previous gpupoold left running, except `keep` (those whose leases
-        are being taken over). Blocking: run in a thread."""
-        if not self._pid_dir.is_dir():
-            return
-        killed = []
-        for entry in self._pid_dir.iterdir():
-            if not re.fullmatch(r"[0-9]+", entry.name) or int(entry.name) in keep:
-                continue  # adoption sockets and end records are the takeover's
-            with contextlib.suppress(OSError):
-                entry.unlink()
-            pid = int(entry.name)
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue  # gone already
-            if b"gpupool-worker" not in cmdline:
-                continue  # the pid was reused by something else
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        deadline = time.monotonic() + 5
-        for pid in killed:
-            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-                stat = Path(f"/proc/{pid}/stat")
-                with contextlib.suppress(OSError):
-                    if stat.read_text().split(") ")[-1].startswith("Z"):
-                        break  # a zombie holds no GPU; its parent (gone) cannot reap it
-                time.sleep(0.02)
-        if killed:
-            log.warning("killed %d worker(s) left by a previous gpupoold: %s", len(killed),
-                        ", ".join(map(str, killed)))
+        self._dir.forget_pid(worker.pid)
 
     # ----------------------------------------------------------------- drained / quarantined state
     def _load_state(self) -> dict[str, Any]:
@@ -986,16 +872,3 @@ class LeaseManager:
 
 def _nonneg(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _read_end_record(path: Path) -> dict[str, Any] | None:
-    """The `end` event a worker wrote when its session ended with no daemon (None: none, or
-    unreadable; that is logged)."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring the unreadable end record %s: %s", path, exc)
-        return None
-    return data if isinstance(data, dict) else None

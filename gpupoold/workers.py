@@ -81,25 +81,6 @@ CONTROL_RECV = 65536  # worker events are under 4 KiB
 DRAIN_TIMEOUT = 5.0  # seconds to read what an exited worker left in its pipes
 
 
-WORKER_DIR = "workers"  # under the state directory: pid files, adoption sockets, end records
-SUN_PATH_MAX = 107  # bytes of a Unix socket path, without its NUL
-
-
-def worker_dir(state_dir: Path) -> Path:
-    """Where workers keep what outlives a daemon (0700, the daemon's user only)."""
-    return state_dir / WORKER_DIR
-
-
-def adoption_socket(folder: Path, lease_id: int) -> Path:
-    """The socket a lease's worker listens on for a new gpupoold (worker/adopt.c)."""
-    return folder / f"lease-{lease_id}.sock"
-
-
-def adoption_end_record(folder: Path, lease_id: int) -> Path:
-    """The `end` event a worker leaves when its session ended with no daemon following it."""
-    return folder / f"lease-{lease_id}.end"
-
-
 @dataclass(frozen=True)
 class WorkerTls:
     """The remoting listener's TLS files, passed to every worker (`--tls-*`): the worker
