@@ -187,3 +187,40 @@ def test_clients_waiting_or_arriving_during_a_restart_are_served(
     records = wait_until("three leases ended", lambda: (
         r if len(r := ended_leases(again)) == 3 else None))
     assert {r["end_reason"] for r in records} == {"client exit"}, records
+
+
+def test_a_lease_that_cannot_be_taken_over_ends_and_its_gpu_is_scrubbed(
+        start_daemon: Any, native_build: Path, hold_gpu: Path,  # noqa: F811
+        clients: list[subprocess.Popen[str]]) -> None:
+    """The record of a running lease no longer matches its GPU (corrupt state, or the GPU was
+    replaced while gpupoold was down): the new daemon does not adopt the worker, tells it to
+    end (the client hears why), closes the record, and scrubs the GPU before the next tenant."""
+    import sqlite3
+
+    server = start_daemon("--simulated", "1", build_dir=native_build, simulated=None)
+    wait_until("the GPU free", lambda: gpu_states(server) == ["free"])
+    # Idle (no call in flight), so that the worker's last notice reaches it; it fails at its
+    # next call, when its 6 s are over.
+    client = start_client(server, hold_gpu, 8 * MIB, 6_000, seed=81)
+    clients.append(client)
+    assert client.stdout is not None and "holding" in client.stdout.readline()
+    (lease_id,) = active_ids(server)
+    assert server.stop() == 0
+    db = sqlite3.connect(server.state_dir / "gpupoold.db")
+    with db:
+        db.execute("UPDATE leases SET gpu_uuid = 'GPU-00000000-dead-beef-0000-000000000000' "
+                   "WHERE id = ?", (lease_id,))
+    db.close()
+    again = start_daemon("--simulated", "1", build_dir=native_build, simulated=None,
+                         state_dir=server.state_dir)
+    out, err = client.communicate(timeout=60)
+    assert client.returncode != 0
+    assert "could not take over this session after a restart" in err, err
+    wait_until("the GPU scrubbed and free", lambda: gpu_states(again) == ["free"], timeout=30)
+    rec = next(r for r in ended_leases(again) if r["id"] == lease_id)
+    assert rec["end_reason"] == "daemon lost", rec
+    assert "could not take over the lease: its GPU is not served any more" in rec["end_detail"]
+    assert "its GPU is not served any more" in again.log_text()
+    nxt = subprocess.run([str(hold_gpu), str(8 * MIB), "0", "82"], env=again.client_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert nxt.returncode == 0 and facts(nxt.stdout)["nonzero_before"] == "0", nxt.stderr
