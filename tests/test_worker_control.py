@@ -25,6 +25,7 @@ from pathlib import Path
 import gpupool_protocol as gp
 import pytest
 from conftest import BUILD_DIR, SANITIZER_MARKS, require
+from sim_images import NOOP_PTX
 
 from gpupoold.gpus import Gpu
 from gpupoold.workers import (LATENCY_BUCKETS, Worker, WorkerExit, WorkerStartError, WorkerStats,
@@ -40,15 +41,6 @@ PRIMARY_CTX = 0x6750000000000000 | (1 << 40) | 1
 H_MODULE, H_FUNC = 4, 6
 CUDA_ERROR_DEVICE_UNAVAILABLE = 46
 HELLO_REQ = 7
-# The sim accepts PTX text and runs the gp_test_* kernels it knows by name.
-NOOP_PTX = b""".version 8.0
-.target sm_90
-.address_size 64
-.visible .entry gp_test_noop()
-{
-    ret;
-}
-\0"""
 
 
 def handle(kind: int, n: int) -> int:
@@ -685,11 +677,17 @@ def control_event(sock: socket.socket) -> dict[str, object]:
     return ev
 
 
-def test_an_orphaned_session_goes_on_and_is_adopted(tmp_path: Path) -> None:
+def adoptable_worker(tmp_path: Path, grace: str) -> tuple[RawWorker, Path]:
+    """A worker whose sessions outlive their daemon by `grace` seconds; its adoption folder."""
     folder = tmp_path / "workers"
     folder.mkdir()
-    rw = RawWorker(tmp_path, "--adopt-dir", str(folder), "--orphan-grace", "30")
+    rw = RawWorker(tmp_path, "--adopt-dir", str(folder), "--orphan-grace", grace)
     assert rw.event()["event"] == "ready"
+    return rw, folder
+
+
+def test_an_orphaned_session_goes_on_and_is_adopted(tmp_path: Path) -> None:
+    rw, folder = adoptable_worker(tmp_path, "30")
     c = Client()
     try:
         assert rw.start_session(c)["adoptable"] is True
@@ -737,10 +735,7 @@ def test_an_orphaned_session_goes_on_and_is_adopted(tmp_path: Path) -> None:
 
 
 def test_an_orphan_ends_after_its_grace_and_records_its_end(tmp_path: Path) -> None:
-    folder = tmp_path / "workers"
-    folder.mkdir()
-    rw = RawWorker(tmp_path, "--adopt-dir", str(folder), "--orphan-grace", "0.5")
-    assert rw.event()["event"] == "ready"
+    rw, folder = adoptable_worker(tmp_path, "0.5")
     c = Client()
     try:
         rw.start_session(c, session=78)

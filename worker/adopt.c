@@ -122,18 +122,10 @@ int adopt_check_grace(struct worker *w)
     end_session(w, WK_END_DAEMON_LOST,
                 "gpupoold stopped and no new gpupoold adopted the session within %g s "
                 "(worker_orphan_grace)", s);
-    if (!w->dead && w->fd >= 0) {
-        if (!w->in_write) {
-            char text[300];
-            snprintf(text, sizeof text,
-                     "the gpupool server has been gone for %g s; this session has ended", s);
-            send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0, text);
-            (void)io_flush(w);
-        }
-        if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK && errno != ENOTCONN)
-            wlog("shutdown of the client socket failed: %s", strerror(errno));
-    }
-    w->dead = 1;
+    char text[300];
+    snprintf(text, sizeof text, "the gpupool server has been gone for %g s; this session has ended",
+             s);
+    close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE, text);
     return -1;
 }
 
@@ -263,29 +255,10 @@ void adopt_write_end(struct worker *w, const struct jbuf *j)
     char path[PATH_MAX_ADOPT], tmp[PATH_MAX_ADOPT + 8];
     adopt_path(w, path, sizeof path, "end");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    if (unlink(tmp) != 0 && errno != ENOENT) /* a leftover of a crash */
+        wlog("removing %s: %s", tmp, strerror(errno));
+    if (write_file_atomic(tmp, path, j->b, j->n, 1) != 0) {
         wlog("cannot record the session's end in %s: %s", path, strerror(errno));
-        return;
-    }
-    size_t off = 0;
-    while (off < j->n) {
-        ssize_t r = write(fd, j->b + off, j->n - off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            wlog("writing %s: %s", tmp, r < 0 ? strerror(errno) : "no progress");
-            break;
-        }
-        off += (size_t)r;
-    }
-    int ok = off == j->n && fsync(fd) == 0;
-    if (close(fd) != 0)
-        ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        wlog("cannot record the session's end in %s: %s", path, strerror(errno));
-        if (unlink(tmp) != 0 && errno != ENOENT)
-            wlog("removing %s: %s", tmp, strerror(errno));
         return;
     }
     wlog("no gpupoold follows this session: its end is recorded in %s for the next one", path);

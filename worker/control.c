@@ -188,16 +188,8 @@ static int daemon_gone(struct worker *w)
     wlog("the control socket was closed: gpupoold is gone; ending");
     w->ctl.gone = 1;
     end_session(w, WK_END_SHUTDOWN, "gpupoold closed the control socket");
-    if (!w->dead && w->fd >= 0) {
-        if (!w->in_write) { /* in_write: the output buffer is being written, and not read */
-            send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
-                        "the gpupool server stopped; this session has ended");
-            (void)io_flush(w);
-        }
-        if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK && errno != ENOTCONN)
-            wlog("shutdown of the client socket failed: %s", strerror(errno));
-    }
-    w->dead = 1;
+    close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE,
+                 "the gpupool server stopped; this session has ended");
     return -1;
 }
 
@@ -229,16 +221,7 @@ int ctl_handle(struct worker *w)
         text = "the gpupool server ended this session";
     wlog("the server ended the session (%d): %s", code, text);
     end_session(w, WK_END_SERVER_ENDED, "%s", text);
-    if (!w->dead) {
-        if (!w->in_write) { /* in_write: the output buffer is being written, and not read */
-            send_notice(w, code, 0, text);
-            (void)io_flush(w);
-        }
-        /* The client sees the end now, not after our teardown. */
-        if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK && errno != ENOTCONN)
-            wlog("shutdown of the client socket failed: %s", strerror(errno));
-    }
-    w->dead = 1;
+    close_client(w, code, text);
     return -1;
 }
 

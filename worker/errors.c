@@ -164,6 +164,20 @@ const char *end_reason_name(enum wk_end_reason reason)
     return "client lost";
 }
 
+void close_client(struct worker *w, int32_t code, const char *text)
+{
+    if (!w->dead && w->fd >= 0) {
+        if (!w->in_write) { /* in_write: the output buffer is being written, and not read */
+            send_notice(w, code, 0, text);
+            (void)io_flush(w); /* best effort: the client may be gone */
+        }
+        /* The client sees the end now, not after our teardown. */
+        if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK && errno != ENOTCONN)
+            wlog("shutdown of the client socket failed: %s", strerror(errno));
+    }
+    w->dead = 1;
+}
+
 void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
 {
     char text[1024];

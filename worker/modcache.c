@@ -152,33 +152,9 @@ static void write_disk(struct modcache *c, const struct mc_entry *e)
     /* Written even when a file exists: we only get here after a miss, so an existing file
      * failed its check (or was stored a moment ago by another worker: same bytes). */
     snprintf(tmp, sizeof tmp, "%s/.tmp-%ld-%u", c->dir, (long)getpid(), c->tmp_seq++);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        wlog("cannot write the module cache file %s: %s", tmp, strerror(errno));
-        return;
-    }
-    size_t done = 0;
-    int ok = 1;
-    while (done < e->len) {
-        ssize_t r = write(fd, e->data + done, e->len - done);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            ok = 0;
-            break;
-        }
-        done += (size_t)r;
-    }
     /* No fsync: after a crash a truncated file only fails its hash check and is replaced. */
-    if (close(fd) != 0)
-        ok = 0;
-    if (ok && rename(tmp, path) != 0)
-        ok = 0;
-    if (!ok) {
+    if (write_file_atomic(tmp, path, e->data, e->len, 0) != 0)
         wlog("cannot store module cache file %s: %s", path, strerror(errno));
-        if (unlink(tmp) != 0 && errno != ENOENT)
-            wlog("cannot remove %s: %s", tmp, strerror(errno));
-    }
 }
 
 const struct mc_entry *modcache_put(struct modcache *c, const uint8_t sha[32], uint8_t *data,

@@ -305,6 +305,9 @@ void defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fm
 /* The result of a synchronising call: the pending error instead of success (cleared unless it is
  * sticky), else rc itself. */
 CUresult sync_result(struct worker *w, CUresult rc);
+/* The session ends on our side: tell the client (a notice with code and text, unless a write to
+ * it is in progress), shut the connection so that it sees the end at once, mark it dead. */
+void close_client(struct worker *w, int32_t code, const char *text);
 /* The client broke the protocol: notice (GP_EPROTO) with the reason, flush, stop the loop. */
 void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -450,6 +453,11 @@ int ctl_handle(struct worker *w);
 void ctl_send_end(struct worker *w);
 /* The COUNTERS part of stats, end and adopted events. */
 void ctl_counters_json(struct worker *w, struct jbuf *j);
+
+/* ---- fileio.c --------------------------------------------------------------------------- */
+/* Writes data into tmp (created 0600; it must not exist), fsynced when `sync`, then renames it
+ * to path: a reader sees the whole file or none. 0, or -1 with errno (tmp is removed). */
+int write_file_atomic(const char *tmp, const char *path, const void *data, size_t len, int sync);
 
 /* ---- adopt.c ---------------------------------------------------------------------------- */
 /* At the start of a session (with --adopt-dir and a grace > 0): listen on the adoption socket

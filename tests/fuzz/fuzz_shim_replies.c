@@ -12,6 +12,7 @@
  * the server's stream.
  */
 #include "../../client/shim/conn.c"
+#include "fuzz_feed.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -35,26 +36,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     if (!rs.buf || signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         abort();
     return 0;
-}
-
-struct feed {
-    int fd;
-    const uint8_t *data;
-    size_t size;
-};
-
-static void *server_side(void *arg)
-{
-    struct feed *f = arg;
-    size_t off = 0;
-    while (off < f->size) {
-        ssize_t r = send(f->fd, f->data + off, f->size - off, MSG_NOSIGNAL);
-        if (r <= 0)
-            break; /* the shim gave up on the stream */
-        off += (size_t)r;
-    }
-    (void)shutdown(f->fd, SHUT_WR);
-    return NULL;
 }
 
 #define CALLERS 4
@@ -96,10 +77,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     }
 
-    struct feed feed = {.fd = sv[0], .data = data + 1, .size = size - 1};
-    pthread_t t;
-    if (pthread_create(&t, NULL, server_side, &feed) != 0)
-        abort();
+    struct fuzz_feed feed;
+    fuzz_feed_start(&feed, sv[0], data + 1, size - 1); /* the server's side */
     const char *why = "end of the input";
     reader = RD_CALLER;
     while (read_frame(&why) == 0)
@@ -108,8 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     atomic_store(&state, ST_CLOSED); /* the loss without its line on stderr for each input */
     conn_fail("%s", why);            /* completes the callers, frees the detached waiters */
 
-    if (pthread_join(t, NULL) != 0)
-        abort();
+    fuzz_feed_join(&feed);
     for (int i = 0; i < CALLERS; i++) {
         if (!callers[i].done)
             abort(); /* every caller is completed, with its reply or the loss */

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../../worker/worker.h"
+#include "fuzz_feed.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -83,37 +84,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-struct feed {
-    int fd;
-    const uint8_t *data;
-    size_t size;
-};
-
-/* The client's side: send the input, then read (and drop) whatever the worker answers until it
- * closes, so that the worker never blocks on a full socket. */
-static void *client_side(void *arg)
-{
-    struct feed *f = arg;
-    size_t off = 0;
-    while (off < f->size) {
-        ssize_t r = send(f->fd, f->data + off, f->size - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r > 0) {
-            off += (size_t)r;
-            continue;
-        }
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            break; /* the worker closed: it stopped reading (a protocol error) */
-        char sink[65536];
-        if (recv(f->fd, sink, sizeof sink, MSG_DONTWAIT) == 0)
-            break;
-    }
-    (void)shutdown(f->fd, SHUT_WR);
-    char sink[65536];
-    while (recv(f->fd, sink, sizeof sink, 0) > 0)
-        ;
-    return NULL;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     int sv[2];
@@ -132,17 +102,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       .pid = 1, .flags = GP_HELLO_KEEPALIVE, .host = "fuzz", .host_len = 4,
                       .user = "fuzz", .user_len = 4, .program = "fuzz", .program_len = 4,
                       .va_base = 0x200000000000ull, .va_size = 1ull << 30};
-    struct feed feed = {.fd = sv[0], .data = data, .size = size};
-    pthread_t t;
-    if (pthread_create(&t, NULL, client_side, &feed) != 0)
-        abort();
+    struct fuzz_feed feed;
+    fuzz_feed_start(&feed, sv[0], data, size); /* the client's side */
     if (session_start(w, &o, &hello) == 0)
         worker_loop(w);
     session_end(w);
     if (shutdown(sv[1], SHUT_RDWR) != 0 && errno != ENOTCONN)
         abort();
-    if (pthread_join(t, NULL) != 0)
-        abort();
+    fuzz_feed_join(&feed);
     if (close(sv[0]) != 0 || close(sv[1]) != 0)
         abort();
     io_free(w);

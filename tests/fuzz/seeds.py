@@ -22,20 +22,13 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import gpupool_protocol as gp  # noqa: E402
 from client_config_example import EXAMPLE  # noqa: E402
+from sim_images import NOOP_PTX  # noqa: E402
 
 TAG = 0x6750000000000000
 CTX, STREAM, EVENT, MODULE, FUNC = 1, 2, 3, 4, 6
 GRAPH, GRAPH_EXEC, MEMHANDLE = 16, 17, 18
 PRIMARY = TAG | (CTX << 40) | 1
 VA = 0x200000000000  # the fuzz worker's hello window: its first allocation lands here
-NOOP_PTX = b""".version 8.0
-.target sm_90
-.address_size 64
-.visible .entry gp_test_noop()
-{
-    ret;
-}
-\0"""
 
 
 def handle(kind: int, n: int) -> int:
