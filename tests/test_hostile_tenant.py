@@ -1,6 +1,8 @@
 """An authenticated tenant that sends what no shim would: whatever it sends, its lease ends, the
 GPU comes back to the pool (scrubbed) within 3 s, the lease record holds only what really moved,
-and the next client is served. Real gpupoold, real worker, simulated GPU.
+and the next client is served. Real gpupoold, real worker, simulated GPU (also under ASan/UBSan).
+Besides the hand-written cases, the worker fuzz target's regression inputs, seeds and seeded
+mutations of them are replayed against the whole server.
 
 The first case is the hole found at 63c994c: a `memcpy_htod` claiming 2^63 bytes, then a closed
 connection. The worker reported 2^63 bytes received, the store refused the number, the lease's
@@ -9,6 +11,7 @@ task died, and the GPU stayed `leased` with no lease while /healthz said ok.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -128,3 +131,54 @@ def test_hostile_frames_leave_the_gpu_back_in_the_pool(gpupool_server: GpupoolSe
     ok = run_client([hold_gpu, MIB, 0, 3], env=server.client_env())
     assert ok.returncode == 0, ok.stderr
     print(f"{name}: GPU back in {took * 1000:.0f} ms")
+
+
+def fuzz_sessions() -> list[tuple[str, bytes]]:
+    """What the worker's fuzz target feeds its sessions, for a real daemon: its regression inputs,
+    its seeds, and seeded mutations of them (flipped bytes, cut short, spliced): inputs of the
+    kind the fuzzer finds, now against the whole server."""
+    import random
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "tests" / "fuzz"))
+    import seeds
+
+    out = sorted((f"regression-{p.name}", p.read_bytes())
+                 for p in (REPO / "tests" / "fuzz" / "regressions" / "fuzz_worker").glob("*"))
+    base = list(seeds.worker_sessions())
+    out += [(f"seed-{name}", data) for name, data in base]
+    rng = random.Random(16)
+    for i in range(24):
+        name, data = base[i % len(base)]
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        if i % 3 == 1:
+            b = b[:rng.randrange(1, len(b))]
+        if i % 3 == 2:
+            other = base[rng.randrange(len(base))][1]
+            b += other[rng.randrange(len(other)):]
+        out.append((f"mutant-{i}-{name}", bytes(b)))
+    return out
+
+
+@pytest.mark.san
+@pytest.mark.parametrize("name, stream", fuzz_sessions(), ids=lambda v: v if isinstance(v, str) else "")
+def test_fuzz_sessions_leave_the_gpu_back_in_the_pool(gpupool_server: GpupoolServer,
+                                                      name: str, stream: bytes) -> None:
+    server = gpupool_server
+    wait_free(server, 30)
+    s = open_session(server)
+    with s:
+        s.sendall(stream)
+        s.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            while s.recv(65536):  # whatever the worker answers, until it closes
+                pass
+    wait_free(server, 3.0)
+    (rec,) = ended_leases(server)
+    assert rec["scrub_ok"] is True, rec
+    assert server.get_json("/healthz")["ok"] is True
+    assert not server.problems(), server.problems()
