@@ -93,8 +93,13 @@ class WorkerProcess:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if self._pidfd >= 0:
-                signal.pidfd_send_signal(self._pidfd, sig)
-            elif _alive(self.pid, self._start):
+                try:
+                    signal.pidfd_send_signal(self._pidfd, sig)
+                    return
+                except OSError as exc:  # a kernel or sandbox with pidfds but not this call
+                    if isinstance(exc, ProcessLookupError | PermissionError):
+                        raise
+            if _alive(self.pid, self._start):
                 os.kill(self.pid, sig)
 
     def _close(self) -> None:

@@ -790,3 +790,20 @@ def test_workers_never_get_the_client_shim_as_their_driver(tmp_path, native_buil
     (driver_dir / "libcuda.so.1").write_bytes(b"\x7fELF not the shim")
     path = f"{empty}:{shim_dir}:{driver_dir}"
     assert without_shim_dirs(path) == f"{empty}:{driver_dir}"
+
+
+async def test_worker_process_follows_a_process_that_is_not_our_child(tmp_path: Path) -> None:
+    """An adopted worker is someone else's child: its end is seen through the pidfd (or /proc),
+    its exit status is unknown, and a signal reaches it only while it is the same process."""
+    from gpupoold.worker_process import WorkerProcess
+
+    # A grandchild: `sh` starts sleep in the background and exits, so sleep is not ours.
+    out = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                         text=True, check=True)
+    pid = int(out.stdout.strip())
+    proc = WorkerProcess(pid)
+    assert proc.adopted and not proc.ended
+    proc.signal(signal.SIGKILL)
+    assert await asyncio.wait_for(proc.wait(), 10) is None  # not our child: no status
+    assert proc.ended
+    proc.signal(signal.SIGKILL)  # a no-op once it has ended (the pid may be reused)
