@@ -82,11 +82,17 @@ def build_clients() -> tuple[Path, Path | None]:
 
 
 class Daemon:
-    """gpupoold on fixed ports (clients keep their address across restarts) and one state dir."""
+    """gpupoold on fixed ports (clients keep their address across restarts) and one state dir;
+    on `gpus` simulated GPUs, or with real=True on the real GPU 0 (reset policy never: a lent
+    GPU is never reset)."""
 
-    def __init__(self, gpus: int) -> None:
+    def __init__(self, gpus: int, real: bool = False) -> None:
         self.gpus = gpus
+        self.real = real
         self.state = Path(tempfile.mkdtemp(prefix="gpupool-soak-"))
+        self.config = self.state / "gpupoold.toml"
+        self.config.write_text('simulated = 0\ngpus = [0]\nreset_policy = "never"\n' if real
+                               else 'reset_policy = "never"\n')
         self.listen = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
         self.env = dict(os.environ)
@@ -107,7 +113,8 @@ class Daemon:
 
     def start(self) -> None:
         self.generation += 1
-        cmd = [sys.executable, "-m", "gpupoold", "serve", "--simulated", str(self.gpus),
+        cmd = [sys.executable, "-m", "gpupoold", "serve", "--config", str(self.config),
+               *([] if self.real else ["--simulated", str(self.gpus)]),
                "--listen", self.listen, "--http", self.http, "--state-dir", str(self.state),
                "--worker", str(BUILD / "gpupool-worker"), "--sim-lib",
                str(BUILD / "libgpupool-sim.so")]

@@ -37,7 +37,7 @@ DRY_RUN=0
 QUICK=0
 ONLY=""
 BUDGET=560 # the device tool stops a command after 600 s: end well inside it
-ALL_STEPS=(info build cuda torch-scripts remoting workloads)
+ALL_STEPS=(info build cuda torch-scripts remoting restart workloads)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -92,17 +92,18 @@ describe() {
     torch-scripts) echo "tests/torch_scripts/{device_info,runtime,transfers,blas_init,triton_probe[,graph_capture]}.py, memory_backends.py (expandable, async) natively, then through gpupool" ;;
     remoting) echo "$PY bench/remoting_bench.py --no-build --server ADDRESS$( ((QUICK)) && echo ' --quick')" ;;
     stop-daemon) echo "stop the script's gpupoold (the workloads start their own)" ;;
+    restart) echo "$PY bench/restart_check.py --real --seconds 45: a PyTorch training loop through gpupool while its gpupoold is restarted with SIGTERM, then SIGKILL (its own gpupoold, reset policy never)" ;;
     workloads) echo "$PY bench/torch_workloads.py$( ((QUICK)) && echo ' --quick') --json \$OUT/workloads.json" ;;
     esac
 }
 
 # Step time limits (seconds); each is also cut to what is left of --budget.
 declare -A LIMIT=([info]=60 [build]=300 [daemon]=150 [cuda]=240 [torch-scripts]=300
-    [remoting]=300 [workloads]=480)
+    [remoting]=300 [restart]=150 [workloads]=480)
 
 if ((DRY_RUN)); then
     echo "gpu-validation.sh --dry-run: nothing is run; OUT would be $OUT, budget $BUDGET s"
-    for s in info build daemon cuda torch-scripts remoting stop-daemon workloads; do
+    for s in info build daemon cuda torch-scripts remoting stop-daemon restart workloads; do
         case "$s" in
         daemon | stop-daemon) selected cuda || selected torch-scripts || selected remoting || continue ;;
         *) selected "$s" || continue ;;
@@ -331,13 +332,16 @@ step_remoting() {
     GPUPOOL_TOKEN="$GP_TOKEN" "$PY" bench/remoting_bench.py --no-build --server "$GP_ADDRESS" "${quick[@]}" \
         --json "$OUT/remoting.json" --markdown "$LOGS/remoting.md"
 }
+step_restart() { # a PyTorch training job keeps its GPU across gpupoold restarts (issue 16)
+    "$PY" bench/restart_check.py --real --seconds 45 --json "$OUT/restart.json"
+}
 step_workloads() {
     local quick=()
     ((QUICK)) && quick=(--quick)
     "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" --child-timeout 300 --json "$OUT/workloads.json" \
         --markdown "$LOGS/workloads.md" --log-dir "$LOGS/workloads"
 }
-export -f step_info step_build step_cuda step_torch_scripts step_remoting step_workloads
+export -f step_info step_build step_cuda step_torch_scripts step_remoting step_restart step_workloads
 
 # ------------------------------------------------------------------------------ gpupoold
 DAEMON_PID=""
@@ -426,6 +430,7 @@ if selected cuda || selected torch-scripts || selected remoting; then
     fi
     stop_daemon
 fi
+selected restart && run_step restart step_restart # its own gpupoold, like the workloads
 selected workloads && run_step workloads step_workloads
 
 stamp "summary:"

@@ -186,7 +186,7 @@ def test_script_dry_run_lists_steps_and_runs_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     steps = re.findall(r"^  step (\S+) +timeout +(\d+)s  (.*)$", proc.stdout, re.M)
     assert [s[0] for s in steps] == ["info", "build", "daemon", "cuda", "torch-scripts", "remoting",
-                                     "stop-daemon", "workloads"]
+                                     "stop-daemon", "restart", "workloads"]
     assert all(int(s[1]) > 0 for s in steps)
     assert 'reset_policy = "never"' in proc.stdout
     assert not out.exists()  # a dry run writes nothing
