@@ -179,10 +179,10 @@ def test_clients_waiting_or_arriving_during_a_restart_are_served(
                          simulated=None, state_dir=server.state_dir)
     out, err = queued.communicate(timeout=120)
     assert queued.returncode == 0 and "exact=1" in out, (out, err)
-    assert "the server is stopping or restarting; trying again" in err, err
+    assert "the server is stopping or restarting; trying again for up to 10 s" in err, err
     out, err = late.communicate(timeout=120)
     assert late.returncode == 0 and "exact=1" in out, (out, err)
-    assert "Connection refused; trying again for up to 3 s" in err, err
+    assert "Connection refused" not in err, err  # retried quietly, then served
     finish(holder, "the holder")
     records = wait_until("three leases ended", lambda: (
         r if len(r := ended_leases(again)) == 3 else None))

@@ -368,6 +368,9 @@ class StandInLeases:
     def active_leases(self) -> list[dict[str, Any]]:
         return [dict(v) for v in self.leases]
 
+    def stop_queue(self) -> None:
+        """The listener tells queued clients to come back when it stops: nobody queues here."""
+
     def queue_view(self) -> list[dict[str, Any]]:
         return [dict(v) for v in self.queue]
 

@@ -531,14 +531,20 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
 
 /* A server restarting (why: msg): 1 after a pause when there is time left to try again, the
  * first call setting the deadline `budget_ms` from now (0: keep the one set), with one line for
- * the user; 0 when the time is up. */
-static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg) {
+ * the user when the server said so (`said_restarting`); 0 when the time is up. */
+static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg, int said_restarting) {
     int64_t now = mono_ms();
     if (!hc->restart_until) {
         if (budget_ms <= 0) return 0;
         hc->restart_until = now + budget_ms;
-        gp_log_info("server %s: %s; trying again for up to %lld s (it may be restarting)",
-                    hc->desc, msg, (long long)(budget_ms / 1000));
+        /* A line for the user only when the server said it restarts: a refused connection is
+         * more often a server that is not running, and then the one error line says it all. */
+        if (said_restarting)
+            gp_log_info("server %s: %s; trying again for up to %lld s", hc->desc, msg,
+                        (long long)(budget_ms / 1000));
+        else
+            gp_log_debug("server %s: %s; trying again for up to %lld s (it may be restarting)",
+                         hc->desc, msg, (long long)(budget_ms / 1000));
     } else if (budget_ms > 0 && now + budget_ms > hc->restart_until) {
         hc->restart_until = now + budget_ms; /* it said it restarts: the longer wait */
     }
@@ -577,7 +583,7 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
             /* Refused: nobody listens. Between a stop and a start of gpupoold that lasts a
              * moment; once the server said it restarts, wait for it (else only briefly). */
             if (errno == ECONNREFUSED &&
-                restart_wait(hc, hc->restart_until ? 0 : REFUSED_WAIT_MS, msg))
+                restart_wait(hc, hc->restart_until ? 0 : REFUSED_WAIT_MS, msg, 0))
                 continue;
             return ATTEMPT_CONNECT;
         }
@@ -597,7 +603,7 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         gp_tls_free(l.tls);
         close(fd);
         if (k == ATTEMPT_RESTARTING &&
-            restart_wait(hc, hc->timeout_s > 0 ? gp_timeout_ms(hc->timeout_s) : 60000, msg))
+            restart_wait(hc, hc->timeout_s > 0 ? gp_timeout_ms(hc->timeout_s) : 60000, msg, 1))
             continue;
         if (k == ATTEMPT_RESTARTING)
             k = ATTEMPT_CONNECT;
