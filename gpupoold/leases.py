@@ -234,8 +234,11 @@ class LeaseManager:
         for slot in self.slots:
             if slot.prestart_task is not None:
                 slot.prestart_task.cancel()
+        # A worker that has reported its end is about to exit: its end is recorded here, not
+        # left to the next daemon.
         kept = [lease for lease in self._leases.values()
-                if lease.worker.adoptable and not lease.worker.exited.done()]
+                if lease.worker.adoptable and not lease.worker.exited.done()
+                and not lease.worker.reported_end]
         for lease in kept:
             lease.worker.detach()
             if lease.timer is not None:
@@ -285,9 +288,6 @@ class LeaseManager:
             stats = WorkerStats.from_event(end)
             reason = str(end.get("reason") or "daemon lost")
             detail = str(end.get("detail") or detail)
-            if reason in ("shutdown", "client lost", "client exit", "protocol error",
-                          "server ended", "worker error", "daemon lost"):
-                detail = f"{detail} (while no gpupoold followed the session)"
         try:
             await self.store.lease_ended(rec.id, time.time(), reason, detail, stats.bytes_h2d,
                                          stats.bytes_d2h, dict(stats.calls),
@@ -595,6 +595,8 @@ class LeaseManager:
         self.counters.inc("leases_ended", reason=reason)
         await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
                                      s.bytes_d2h, dict(s.calls), module_bytes=s.module_bytes)
+        if lease.worker.adoptable:  # recorded: the end record it left in case we had not
+            await asyncio.to_thread(self._dir.forget_lease, lease.id)
 
     async def _clean(self, slot: Slot, lease_ids: list[int]) -> None:
         """Scrub and check `slot`'s GPU, record the result, and free or quarantine it. Never

@@ -227,6 +227,11 @@ class Worker:
                 f"{'exited' if self.exited.done() else 'running'}>")
 
     @property
+    def reported_end(self) -> bool:
+        """The worker sent its `end` event: its session is over and it exits."""
+        return self._end is not None
+
+    @property
     def label(self) -> str:
         """How its log lines are prefixed."""
         if self.session_id is not None:

@@ -44,6 +44,7 @@ class FakeWorker:
         self.ended_with: tuple[str, int] | None = None
         self.start_ok = True
         self.adoptable = False  # its session may outlive the daemon (the real one says so)
+        self.reported_end = False
         self.detached = False
 
     def detach(self) -> None:

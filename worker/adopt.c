@@ -11,8 +11,10 @@
  * log pipe, which replaces stdout and stderr (the old ones lead to the dead daemon).
  *
  * When the grace period passes with no daemon, the session ends ("daemon lost"): the client is
- * told, everything is released. A session that ends while orphaned, for any reason, leaves its
- * `end` event in DIR/lease-<session id>.end, for the next gpupoold to close the lease record with.
+ * told, everything is released. An adoptable session always leaves its `end` event in
+ * DIR/lease-<session id>.end before it reports it: a daemon that dies (or stops) between the
+ * report and its record, and the next gpupoold, still know how the lease ended. The daemon
+ * removes the file once its record is written.
  *
  * Like containerd's shims, this is what lets `systemctl restart gpupoold` and package upgrades
  * keep every running job: the worker owns the client connection and the GPU context, the daemon
@@ -248,7 +250,7 @@ int adopt_accept(struct worker *w)
     return 0;
 }
 
-void adopt_write_end(struct worker *w, const struct jbuf *j)
+void adopt_write_end(struct worker *w, const struct jbuf *j, int alone)
 {
     if (!w->ctl.adopt_dir || j->overflow)
         return;
@@ -257,9 +259,11 @@ void adopt_write_end(struct worker *w, const struct jbuf *j)
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (unlink(tmp) != 0 && errno != ENOENT) /* a leftover of a crash */
         wlog("removing %s: %s", tmp, strerror(errno));
-    if (write_file_atomic(tmp, path, j->b, j->n, 1) != 0) {
+    if (write_file_atomic(tmp, path, j->b, j->n, alone) != 0) {
         wlog("cannot record the session's end in %s: %s", path, strerror(errno));
         return;
     }
-    wlog("no gpupoold follows this session: its end is recorded in %s for the next one", path);
+    if (alone)
+        wlog("no gpupoold follows this session: its end is recorded in %s for the next one",
+             path);
 }

@@ -238,7 +238,10 @@ void ctl_send_end(struct worker *w)
     jb_printf(&j, ",");
     ctl_counters_json(w, &j);
     jb_printf(&j, "}");
-    /* With no daemon (orphaned, or it went just now), the next one reads it from a file. */
-    if (ctl_send(w, &j, 0) != 0 && w->ctl.in_session && w->ctl.listen_fd >= 0)
-        adopt_write_end(w, &j);
+    /* An adoptable session writes its end down first: if the daemon goes before it records
+     * this event (or there is none: orphaned), the next one reads the file. */
+    int adoptable = w->ctl.in_session && w->ctl.listen_fd >= 0;
+    if (adoptable)
+        adopt_write_end(w, &j, w->ctl.fd < 0);
+    (void)ctl_send(w, &j, 0);
 }

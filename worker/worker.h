@@ -448,8 +448,8 @@ int ctl_stats_tick(struct worker *w);
  * stream (the daemon is gone: stop), or a message out of place (logged, ignored). 0: carry on;
  * -1: the loop must stop. */
 int ctl_handle(struct worker *w);
-/* The `end` event with the counters; with no daemon following the session (orphaned), written
- * to the adoption directory instead (adopt_write_end). */
+/* The `end` event with the counters; an adoptable session writes it to its end record first
+ * (adopt_write_end), for a daemon that goes before it records it. */
 void ctl_send_end(struct worker *w);
 /* The COUNTERS part of stats, end and adopted events. */
 void ctl_counters_json(struct worker *w, struct jbuf *j);
@@ -476,8 +476,9 @@ int adopt_check_grace(struct worker *w);
 /* The adoption socket is readable: accept, check, take ADOPT, send `adopted`. Always 0 (a bad
  * adoption attempt is refused and changes nothing). */
 int adopt_accept(struct worker *w);
-/* Writes an `end` event to <adopt_dir>/lease-<session>.end (atomically) for the next daemon. */
-void adopt_write_end(struct worker *w, const struct jbuf *j);
+/* Writes an `end` event to <adopt_dir>/lease-<session>.end (atomically; fsynced and logged when
+ * `alone`: no daemon follows the session) for whichever daemon records the lease's end. */
+void adopt_write_end(struct worker *w, const struct jbuf *j, int alone);
 
 /* ---- main.c ----------------------------------------------------------------------------- */
 /* Makes the client socket blocking, TCP_NODELAY on TCP. 0, or -1 (not an open descriptor). */
