@@ -70,7 +70,7 @@ def test_fuzz_target_runs_clean(fuzz_build: Path, seed_dir: Path, tmp_path: Path
     print(f"{target}: {m[1]} executions")
 
 
-def test_every_regression_input_replays_clean(fuzz_build: Path) -> None:
+def test_every_regression_input_replays_clean(fuzz_build: Path, tmp_path: Path) -> None:
     """Inputs that once crashed a target (and the hand-written ones, such as the 2^63-byte copy
     of issue 16): each on its own, as `build-fuzz/<target> FILE` replays a crash."""
     replayed = 0
@@ -78,7 +78,9 @@ def test_every_regression_input_replays_clean(fuzz_build: Path) -> None:
         files = sorted(p for p in (REGRESSIONS / target).glob("*") if p.is_file())
         if not files:
             continue
-        proc = subprocess.run([str(fuzz_build / target), *map(str, files)], capture_output=True,
+        # A crash's input goes to tmp_path, not into the working directory (the checkout).
+        proc = subprocess.run([str(fuzz_build / target), f"-artifact_prefix={tmp_path}/",
+                               *map(str, files)], capture_output=True,
                               text=True, errors="replace", timeout=600)
         assert proc.returncode == 0, f"{target} regression inputs:\n{fuzzer_output(proc)}"
         replayed += len(files)
