@@ -20,8 +20,9 @@ from aiohttp import web
 
 from gpupoold import __version__
 from gpupoold.http_auth import ApiError, caller
-from gpupoold.keys import COUNTERS, LEASES, REMOTING, SETTINGS, STORE
+from gpupoold.keys import COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
 from gpupoold.leases import LeaseError, LeaseManager
+from gpupoold.views import PoolViews
 from gpupoold.store import NotFound, TokenExists
 from gpupoold.tokens import check_token_name, parse_expiry
 
@@ -131,12 +132,15 @@ def _leases(request: web.Request) -> LeaseManager:
     return request.app[LEASES]
 
 
-async def _lease_action(coro: Any) -> dict[str, Any]:
+def _views(request: web.Request) -> PoolViews:
+    return request.app[VIEWS]
+
+
+async def _lease_action(coro: Any) -> Any:
     try:
-        result: dict[str, Any] = await coro
+        return await coro
     except LeaseError as exc:
         raise ApiError(exc.status, str(exc), _lease_hint(exc.status)) from None
-    return result
 
 
 def _lease_hint(status: int) -> str:
@@ -155,7 +159,7 @@ def _view(fn: Any, *args: Any) -> Any:
 # ------------------------------------------------------------------------------ the handlers
 async def healthz(request: web.Request) -> web.Response:
     app = request.app
-    s = app[LEASES].summary()
+    s = app[VIEWS].summary()
     # A GPU the watchdog found stuck (it cannot move on by itself) makes the server unhealthy
     # until it is repaired: a load balancer or monitor sees it, with the reason.
     body = {"ok": not s["stuck"], "version": __version__, "remoting": app[REMOTING].address,
@@ -168,40 +172,43 @@ async def healthz(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     _query(request, ())
     app = request.app
-    leases = app[LEASES]
-    s = leases.summary()
+    views = app[VIEWS]
+    s = views.summary()
     who = caller(request)
     return _json({
         "version": __version__, "time": time.time(), "remoting": app[REMOTING].address,
         "auth": app[SETTINGS].auth, "you": {"name": who.identity, "role": who.role},
         "gpus": s["gpus"], "states": s["states"], "leases": s["leases"], "queue": s["queue"],
-        "active_leases": leases.active_leases(), "counters": app[COUNTERS].snapshot(),
+        "active_leases": views.active_leases(), "counters": app[COUNTERS].snapshot(),
     })
 
 
 async def list_gpus(request: web.Request) -> web.Response:
     _query(request, ())
-    return _json({"gpus": _leases(request).gpu_views()})
+    return _json({"gpus": _views(request).gpu_views()})
 
 
 async def get_gpu(request: web.Request) -> web.Response:
     _query(request, ())
-    return _json(_view(_leases(request).gpu_view, _gpu_index(request)))
+    return _json(_view(_views(request).gpu_view, _gpu_index(request)))
 
 
 async def drain_gpu(request: web.Request) -> web.Response:
     index = _gpu_index(request)
-    return _json(await _lease_action(_leases(request).drain(index, _actor(request))))
+    slot = await _lease_action(_leases(request).drain(index, _actor(request)))
+    return _json(_views(request).gpu(slot))
 
 
 async def undrain_gpu(request: web.Request) -> web.Response:
     index = _gpu_index(request)
-    return _json(await _lease_action(_leases(request).undrain(index, _actor(request))))
+    slot = await _lease_action(_leases(request).undrain(index, _actor(request)))
+    return _json(_views(request).gpu(slot))
 
 
 async def clear_gpu(request: web.Request) -> web.Response:
     index = _gpu_index(request)
-    return _json(await _lease_action(_leases(request).clear(index, _actor(request))))
+    slot = await _lease_action(_leases(request).clear(index, _actor(request)))
+    return _json(_views(request).gpu(slot))
 
 
 async def list_leases(request: web.Request) -> web.Response:
@@ -212,7 +219,7 @@ async def list_leases(request: web.Request) -> web.Response:
                        f"state is one of: {', '.join(LEASE_STATES)}")
     limit, before = _paging(query)
     records = await request.app[STORE].leases(state, limit, before)
-    live = {view["id"]: view for view in _leases(request).active_leases()}
+    live = {view["id"]: view for view in _views(request).active_leases()}
     return _json({"leases": [_lease_json(r, live) for r in records],
                   "next_before": records[-1].id if len(records) == limit else None})
 
@@ -223,7 +230,7 @@ async def get_lease(request: web.Request) -> web.Response:
     record = await request.app[STORE].get_lease(lease_id)
     if record is None:
         raise ApiError(404, f"no lease {lease_id}", "list leases with GET /api/v1/leases")
-    live = {view["id"]: view for view in _leases(request).active_leases()}
+    live = {view["id"]: view for view in _views(request).active_leases()}
     return _json(_lease_json(record, live))
 
 
@@ -234,7 +241,8 @@ async def end_lease(request: web.Request) -> web.Response:
     if len(reason) > MAX_REASON:
         raise ApiError(400, f"the reason is {len(reason)} characters long (at most {MAX_REASON})",
                        "give a shorter reason")
-    view = await _lease_action(_leases(request).end_lease(lease_id, _actor(request), reason))
+    lease = await _lease_action(_leases(request).end_lease(lease_id, _actor(request), reason))
+    view = _views(request).lease(lease)
     # 202: the worker has been told to end the lease; the record is closed (end reason
     # "revoked") when it has exited.
     return _json(view, status=202)
@@ -242,7 +250,7 @@ async def end_lease(request: web.Request) -> web.Response:
 
 async def list_queue(request: web.Request) -> web.Response:
     _query(request, ())
-    return _json({"queue": _leases(request).queue_view()})
+    return _json({"queue": _views(request).queue_view()})
 
 
 async def list_tokens(request: web.Request) -> web.Response:

@@ -22,10 +22,11 @@ from aiohttp import web
 from gpupoold.auth import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
 from gpupoold.counters import Counters
 from gpupoold.dashboard import dashboard_ctx, setup_dashboard
+from gpupoold.events import EventBus
 from gpupoold.gpus import InventoryError, build_inventory
 from gpupoold.http_auth import auth_middleware
-from gpupoold.keys import (AUTH, COUNTERS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS, STORE,
-                           SUPERVISOR, TELEMETRY)
+from gpupoold.keys import (AUTH, COUNTERS, EVENTS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS,
+                           STORE, SUPERVISOR, TELEMETRY, VIEWS)
 from gpupoold.leases import LeaseManager
 from gpupoold.metrics import METRICS_KEY, DaemonMetrics
 from gpupoold.nvml import Nvml
@@ -37,6 +38,7 @@ from gpupoold import sdlisten
 from gpupoold.settings import Settings
 from gpupoold.store import Store
 from gpupoold.telemetry import Telemetry
+from gpupoold.views import PoolViews
 from gpupoold.worker_dir import worker_dir
 from gpupoold.workers import WorkerSupervisor, WorkerTls
 
@@ -52,7 +54,10 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[auth_middleware])
     app[SETTINGS] = settings
     app[COUNTERS] = Counters()
+    # The lease manager publishes on it; the metrics (here) and the dashboard subscribe.
+    app[EVENTS] = EventBus()
     app[METRICS_KEY] = DaemonMetrics()
+    app[METRICS_KEY].subscribe(app[EVENTS])
     app.cleanup_ctx.append(state_ctx)
     app.cleanup_ctx.append(store_ctx)
     app.cleanup_ctx.append(inventory_ctx)
@@ -169,8 +174,9 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
     cleaner = GpuCleaner(scrub, app[INVENTORY].nvml, settings.state_dir, settings.reset_policy,
                          settings.reset_socket, settings.scrub_timeout)
     leases = LeaseManager(app[INVENTORY], settings, app[STORE], app[SUPERVISOR], cleaner,
-                          app[COUNTERS], app[METRICS_KEY])
+                          app[COUNTERS], app[EVENTS])
     app[LEASES] = leases
+    app[VIEWS] = PoolViews(leases)
     await leases.start()
     try:
         yield
@@ -182,12 +188,12 @@ async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
     leases = app[LEASES]
     telemetry = Telemetry(app[INVENTORY], leases, app[SETTINGS])
     await telemetry.start()
-    leases.telemetry = telemetry
+    app[VIEWS].telemetry = telemetry
     app[TELEMETRY] = telemetry
     try:
         yield
     finally:
-        leases.telemetry = None
+        app[VIEWS].telemetry = None
         await telemetry.close()
 
 
@@ -203,7 +209,8 @@ async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
 async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     listener = RemotingListener(settings, app[LEASES], app[AUTH], app[COUNTERS],
-                                sock=app.get(sdlisten.SOCKETS, {}).get(sdlisten.REMOTING))
+                                sock=app.get(sdlisten.SOCKETS, {}).get(sdlisten.REMOTING),
+                                views=app[VIEWS])
     try:
         await listener.start()
     except OSError as exc:

@@ -40,9 +40,10 @@ import jinja2
 from aiohttp import web
 
 from gpupoold import __version__
+from gpupoold.events import GpuChanged
 from gpupoold.history import IDLE_WINDOW_S, History, polyline
 from gpupoold.http_auth import PUBLIC, SESSION, declare_roles
-from gpupoold.keys import AUTH, COUNTERS, LEASES, SETTINGS, STORE, TELEMETRY
+from gpupoold.keys import AUTH, COUNTERS, EVENTS, LEASES, SETTINGS, STORE, TELEMETRY, VIEWS
 from gpupoold.leases import LeaseError
 from gpupoold.metrics import METRICS_KEY
 from gpupoold.store import NotFound, TokenExists
@@ -226,8 +227,8 @@ def duration(s: Any) -> str:
 def state_payload(app: web.Application) -> dict[str, Any]:
     """The JSON of an `event: state` (and the pages' data): the API's views, each GPU with
     `idle` (leased and 0 % for the last 5 minutes) added."""
-    leases = app[LEASES]
-    gpus = leases.gpu_views()
+    views = app[VIEWS]
+    gpus = views.gpu_views()
     history = app[DASHBOARD].history
     now = time.time()
     for g in gpus:
@@ -235,8 +236,8 @@ def state_payload(app: web.Application) -> dict[str, Any]:
         started = lease.get("started") if isinstance(lease, dict) else None
         g["idle"] = bool(history is not None and g.get("state") == "leased"
                          and history.idle(g["index"], started, now))
-    return {"time": now, "gpus": gpus, "leases": leases.active_leases(),
-            "queue": leases.queue_view(), "summary": leases.summary()}
+    return {"time": now, "gpus": gpus, "leases": views.active_leases(),
+            "queue": views.queue_view(), "summary": views.summary()}
 
 
 def _stable(payload: dict[str, Any]) -> str:
@@ -700,7 +701,7 @@ def sample(app: web.Application) -> None:
         return
     telemetry = app.get(TELEMETRY)
     points = []
-    for g in app[LEASES].gpu_views():
+    for g in app[VIEWS].gpu_views():
         live = telemetry.live(g["index"]) if telemetry is not None else g.get("live") or {}
         points.append((g["index"], live.get("gpu_util"), live.get("memory_used")))
     dash.history.record(time.time(), points, copy_bytes_total(app))
@@ -711,15 +712,14 @@ async def dashboard_ctx(app: web.Application) -> AsyncIterator[None]:
     dash = app[DASHBOARD]
     interval = app[SETTINGS].telemetry_interval
     dash.history = History(interval)
-    leases = app[LEASES]
 
-    def on_change(_index: int) -> None:
+    def on_change(_event: GpuChanged) -> None:
         if dash.streams:  # the state of this moment, for every open stream
             dash.publish(state_payload(app))
         else:
             dash.notify()
 
-    leases.listeners.append(on_change)
+    unsubscribe = app[EVENTS].subscribe(GpuChanged, on_change)
 
     async def run() -> None:
         while True:
@@ -736,5 +736,4 @@ async def dashboard_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        with contextlib.suppress(ValueError):
-            leases.listeners.remove(on_change)
+        unsubscribe()

@@ -4,8 +4,7 @@ A client sends `info` instead of `hello` as the first frame of a connection (`gp
 `gpupool smi`, the NVML shim, server selection). gpupoold authenticates it as a hello, answers
 with counts for the client's requirements and one JSON document (schema 1), and closes the
 connection (remoting.py does the I/O). The document's views are the HTTP API's own (the lease
-manager's `gpu_views`, `active_leases`, `queue_view`), so `info` and `GET /api/v1/gpus` never
-disagree. docs/protocol.md, "info", is the reference.
+`PoolViews` of views.py), so `info` and `GET /api/v1/gpus` never disagree. docs/protocol.md, "info", is the reference.
 
 `InfoCache` builds the document: the views are encoded once per change (or every CACHE_TTL
 seconds) for every caller, and large documents are encoded in a thread, off the event loop.
@@ -27,6 +26,7 @@ from gpupoold.handshake import Refusal, clip, parse_first_frame, server_name
 from gpupoold.leases import LeaseManager
 from gpupoold.requirements import Requirements
 from gpupoold.settings import Settings
+from gpupoold.views import PoolViews
 
 SCHEMA = 1
 JSON_LIMIT = 4194304  # bytes: the reply's json field
@@ -50,10 +50,10 @@ def _mine(view: dict[str, Any], name: str, host: str) -> dict[str, Any]:
             and client.get("host") == host}
 
 
-def server_view(settings: Settings, leases: LeaseManager, remoting: str) -> dict[str, Any]:
+def server_view(settings: Settings, views: PoolViews, remoting: str) -> dict[str, Any]:
     """The document's "server" object."""
-    telemetry = leases.telemetry
-    gpus = [s.gpu for s in leases.slots]
+    telemetry = views.telemetry
+    gpus = [s.gpu for s in views.slots]
     return {
         "version": __version__, "host": socket.gethostname(), "remoting": remoting,
         "protocol": f"{gp.MAJOR}.{gp.MINOR}", "auth": settings.auth,
@@ -63,17 +63,17 @@ def server_view(settings: Settings, leases: LeaseManager, remoting: str) -> dict
     }
 
 
-def document(settings: Settings, leases: LeaseManager, remoting: str, name: str, role: str,
+def document(settings: Settings, views: PoolViews, remoting: str, name: str, role: str,
              host: str, now: float | None = None) -> dict[str, Any]:
     """The info json (schema 1) for the caller `name` (`role`) on client host `host`."""
     return {
         "schema": SCHEMA,
-        "server": server_view(settings, leases, remoting),
+        "server": server_view(settings, views, remoting),
         "you": {"name": name, "role": role},
         "time": time.time() if now is None else now,
-        "gpus": leases.gpu_views(),
-        "leases": [_mine(v, name, host) for v in leases.active_leases()],
-        "queue": [_mine(v, name, host) for v in leases.queue_view()],
+        "gpus": views.gpu_views(),
+        "leases": [_mine(v, name, host) for v in views.active_leases()],
+        "queue": [_mine(v, name, host) for v in views.queue_view()],
     }
 
 
@@ -171,22 +171,23 @@ def _encode_lists(leases: list[dict[str, Any]], queue: list[dict[str, Any]],
 
 class InfoCache:
     """Answers info requests from a snapshot of the views that is shared by every caller and
-    rebuilt when the lease manager's state or the live values change (`LeaseManager.view_key`,
+    rebuilt when the lease manager's state or the live values change (`PoolViews.view_key`,
     `Telemetry.samples`), or after CACHE_TTL seconds (running durations). Only `you` and each
     entry's `mine` are per caller. Large snapshots are encoded and put together in a thread, so
     that a document of megabytes never holds up the event loop."""
 
-    def __init__(self, settings: Settings, leases: LeaseManager) -> None:
+    def __init__(self, settings: Settings, views: PoolViews, leases: LeaseManager) -> None:
         self.settings = settings
-        self.leases = leases
+        self.views = views
+        self.leases = leases  # the counts for the caller's requirements
         self._snapshot: _Snapshot | None = None
         self._lock = asyncio.Lock()
         self.builds = 0  # snapshots built (tests)
 
     def _key(self, remoting: str) -> tuple[Any, ...]:
-        telemetry = self.leases.telemetry
+        telemetry = self.views.telemetry
         return (remoting, telemetry.samples if telemetry is not None else 0,
-                self.leases.view_key())
+                self.views.view_key())
 
     async def snapshot(self, remoting: str) -> _Snapshot:
         async with self._lock:
@@ -197,9 +198,9 @@ class InfoCache:
                 return snap
             # The views are taken here, on the loop, in one go; only their encoding may move.
             made, now = loop.time(), time.time()
-            leases, queue = self.leases.active_leases(), self.leases.queue_view()
-            server = _dumps(server_view(self.settings, self.leases, remoting))
-            gpus = _dumps(self.leases.gpu_views())
+            leases, queue = self.views.active_leases(), self.views.queue_view()
+            server = _dumps(server_view(self.settings, self.views, remoting))
+            gpus = _dumps(self.views.gpu_views())
             if len(leases) + len(queue) > THREAD_ITEMS:
                 lease_entries, queue_entries = await asyncio.to_thread(_encode_lists, leases,
                                                                        queue)

@@ -27,19 +27,18 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import gpupool_protocol as gp
 
 from gpupoold.counters import Counters
-from gpupoold.gpus import Gpu, Inventory
-from gpupoold.metrics import DaemonMetrics
+from gpupoold.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
+from gpupoold.gpus import Inventory
 from gpupoold.requirements import Requirements
 from gpupoold.scrubber import CleanResult, GpuCleaner
 from gpupoold.settings import Settings
+from gpupoold.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, Slot
 from gpupoold.store import LeaseRecord, NewLease, Store
-from gpupoold.telemetry import Telemetry, unknown_live
 from gpupoold.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.watchdog import Watchdog, stuck_reason
 from gpupoold.worker_dir import WorkerDir
@@ -48,8 +47,6 @@ from gpupoold.workers import (AdoptError, Worker, WorkerExit, WorkerStartError, 
 
 log = logging.getLogger("gpupoold.leases")
 
-FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED = (
-    "free", "leased", "scrubbing", "quarantined", "drained")
 START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
 END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
 PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
@@ -82,69 +79,14 @@ class LeaseStartError(Exception):
         self.message = message
 
 
-@dataclass(eq=False)
-class Lease:
-    id: int
-    slot: Slot
-    token: str
-    client: ClientInfo
-    req: Requirements
-    worker: Worker
-    queued_s: float
-    started: float = field(default_factory=time.time)
-    end_override: tuple[str, str] | None = None  # (reason, detail) set when we end it
-    timer: asyncio.TimerHandle | None = None
-
-    def view(self) -> dict[str, Any]:
-        s = self.worker.stats
-        return {"id": self.id, "gpu": self.slot.gpu.index, "token": self.token,
-                "client": self.client.to_json(), "request": self.req.describe(),
-                "started": self.started, "duration_s": round(time.time() - self.started, 3),
-                "queued_s": round(self.queued_s, 3), "worker_pid": self.worker.pid,
-                "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h,
-                "module_bytes": s.module_bytes, "calls": dict(s.calls)}
-
-
-@dataclass(eq=False)
-class Slot:
-    gpu: Gpu
-    state: str = SCRUBBING
-    since: float = field(default_factory=time.time)
-    draining: bool = False
-    lease: Lease | None = None
-    reserved: Waiter | None = None  # granted, lease not started yet (state leased)
-    idle_worker: Worker | None = None
-    prestart_task: asyncio.Task[None] | None = None
-    quarantine: dict[str, Any] | None = None
-    last_scrub: dict[str, Any] | None = None
-    # The task that moves the GPU on from `leased` or `scrubbing` (its lease's watcher, or a
-    # scrub): the watchdog repairs a GPU in one of those states that has none.
-    task: asyncio.Task[Any] | None = None
-    reserved_at: float = 0.0  # time.monotonic() of the grant in `reserved`
-    adopting: int | None = None  # the previous daemon's lease being taken over (state leased)
-    stuck: dict[str, Any] | None = None  # {"since", "why"}: seen by the watchdog, not repaired yet
-    repairs: list[float] = field(default_factory=list)  # monotonic times of watchdog repairs
-
-    def set_state(self, state: str) -> None:
-        if state != self.state:
-            self.state = state
-            self.since = time.time()
-
-    def holder(self) -> str | None:
-        if self.lease is not None:
-            return self.lease.token
-        if self.reserved is not None:
-            return self.reserved.token
-        return None
-
-
 class LeaseManager:
     def __init__(self, inventory: Inventory, settings: Settings, store: Store,
                  supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters,
-                 metrics: DaemonMetrics | None = None) -> None:
+                 events: EventBus | None = None) -> None:
         self.settings = settings
-        # Histograms and the ended leases' totals for /metrics (metrics.py).
-        self.metrics = metrics if metrics is not None else DaemonMetrics()
+        # Where grants, ends, scrubs and state changes are published (events.py): the metrics
+        # and the dashboard subscribe; this module knows neither.
+        self.events = events if events is not None else EventBus()
         self.store = store
         self.supervisor = supervisor
         self.cleaner = cleaner
@@ -156,10 +98,6 @@ class LeaseManager:
         self._closing = False
         self._dir = WorkerDir(settings.state_dir)
         self._state_file = settings.state_dir / STATE_FILE
-        # Called with the GPU index whenever a GPU's state changes (the dashboard's live feed).
-        self.listeners: list[Callable[[int], None]] = []
-        # The GPUs' live values for the views (app.py sets it; None: every value unknown).
-        self.telemetry: Telemetry | None = None
 
     # ---------------------------------------------------------------------------- life cycle
     async def start(self) -> None:
@@ -376,9 +314,7 @@ class LeaseManager:
             log.error("internal task %s failed", task.get_name(), exc_info=task.exception())
 
     def _changed(self, slot: Slot) -> None:
-        for listener in list(self.listeners):
-            with contextlib.suppress(Exception):
-                listener(slot.gpu.index)
+        self.events.publish(GpuChanged(slot.gpu.index))
 
     # ------------------------------------------------------------------------- handshake side
     def feasible(self, req: Requirements) -> str | None:
@@ -508,7 +444,7 @@ class LeaseManager:
         slot.lease = lease
         self._leases[lease.id] = lease
         self.counters.inc("leases_started")
-        self.metrics.lease_granted(lease.queued_s)
+        self.events.publish(LeaseGranted(lease.id, slot.gpu.index, lease.token, lease.queued_s))
         self._own(slot, self._watch(lease), f"lease-{lease.id}")
         self._changed(slot)
         try:
@@ -587,7 +523,8 @@ class LeaseManager:
         self._forget_pid(lease.worker)
         s = ex.stats
         # Same event-loop step as the pop in _watch: a scrape sees the lease live or ended, once.
-        self.metrics.lease_ended(lease.token, time.time() - lease.started, s)
+        self.events.publish(LeaseEnded(lease.id, slot.gpu.index, lease.token, reason,
+                                       time.time() - lease.started, s))
         level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
         log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
                 reason, f": {detail}" if detail else "", slot.gpu.index, lease.client.describe(),
@@ -631,7 +568,8 @@ class LeaseManager:
             self.counters.inc("scrubs", result="ok" if result.ok else "failed")
             if result.reset is not None:
                 self.counters.inc("resets", result="ok" if result.reset.get("ok") else "failed")
-            self.metrics.cleaned(result.duration_s, result.reset)
+            self.events.publish(GpuCleaned(slot.gpu.index, result.ok, result.duration_s,
+                                           result.reset))
         except Exception:
             log.exception("GPU %d: counting the scrub failed", slot.gpu.index)
         if result.ok:
@@ -754,67 +692,24 @@ class LeaseManager:
     def _save_state_soon(self) -> None:
         self._spawn(asyncio.to_thread(self._write_state, self._state_snapshot()), "save-state")
 
-    # ---------------------------------------------------------------------------------- views
-    def _slot(self, index: int) -> Slot:
+    # ------------------------------------------------------------------------------- lookups
+    def slot(self, index: int) -> Slot:
+        """GPU `index`'s slot; LeaseError (404) when there is none."""
         if not 0 <= index < len(self.slots):
             raise LeaseError(f"no GPU {index} on this server (it has {len(self.slots)}: "
                              f"0 to {len(self.slots) - 1})", 404)
         return self.slots[index]
 
-    def _view(self, slot: Slot) -> dict[str, Any]:
-        g = slot.gpu
-        return {"index": g.index, "name": g.name, "uuid": g.uuid, "simulated": g.simulated,
-                "memory_total": g.memory_total, "pci_bus_id": g.pci_bus_id,
-                "state": slot.state, "since": slot.since, "draining": slot.draining,
-                "lease": slot.lease.view() if slot.lease is not None else None,
-                "quarantine": slot.quarantine, "last_scrub": slot.last_scrub,
-                "stuck": slot.stuck,
-                "worker_ready": slot.idle_worker is not None,
-                "live": (self.telemetry.live(g.index) if self.telemetry is not None
-                         else unknown_live(g))}
-
-    def gpu_views(self) -> list[dict[str, Any]]:
-        return [self._view(s) for s in self.slots]
-
-    def gpu_view(self, index: int) -> dict[str, Any]:
-        return self._view(self._slot(index))
-
-    def active_leases(self) -> list[dict[str, Any]]:
-        return [lease.view() for lease in sorted(self._leases.values(), key=lambda x: x.id)]
-
-    def queue_view(self) -> list[dict[str, Any]]:
-        return self.queue.view()
-
-    def view_key(self) -> tuple[Any, ...]:
-        """A value that changes whenever the views above would, except for what moves by itself
-        (running durations, waiting times) and the live values (Telemetry.samples): the info
-        reply's cache (info.py) is rebuilt when it changes."""
-        slots = tuple((s.state, s.since, s.draining, s.lease,
-                       s.lease.worker.stats if s.lease is not None else None,
-                       s.quarantine, s.last_scrub, s.idle_worker is not None,
-                       s.stuck is not None) for s in self.slots)
-        leases = tuple((lease, lease.worker.stats) for lease in self._leases.values())
-        return slots, leases, tuple(w.ticket for w in self.queue)
-
-    def summary(self) -> dict[str, Any]:
-        states = {st: 0 for st in (FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED)}
-        for s in self.slots:
-            states[s.state] += 1
-        stuck = [{"gpu": s.gpu.index, "state": s.state, **s.stuck}
-                 for s in self.slots if s.stuck is not None]
-        return {"gpus": len(self.slots), "states": states, "leases": len(self._leases),
-                "queue": len(self.queue), "stuck": stuck}
-
     def active(self) -> list[Lease]:
-        """The active leases (for the metrics collector: no views built)."""
+        """The active leases, in the order they started."""
         return list(self._leases.values())
 
     def lease(self, lease_id: int) -> Lease | None:
         return self._leases.get(lease_id)
 
     # ------------------------------------------------------------------------- operator actions
-    async def drain(self, index: int, actor: str) -> dict[str, Any]:
-        slot = self._slot(index)
+    async def drain(self, index: int, actor: str) -> Slot:
+        slot = self.slot(index)
         if not slot.draining:
             slot.draining = True
             if slot.state == FREE:
@@ -824,10 +719,10 @@ class LeaseManager:
             await self.store.audit(actor, "gpu.drain", f"gpu {index}", slot.state)
             log.info("GPU %d drained by %s (%s)", index, actor, slot.state)
             self._changed(slot)
-        return self._view(slot)
+        return slot
 
-    async def undrain(self, index: int, actor: str) -> dict[str, Any]:
-        slot = self._slot(index)
+    async def undrain(self, index: int, actor: str) -> Slot:
+        slot = self.slot(index)
         if slot.draining:
             slot.draining = False
             if slot.state == DRAINED:
@@ -838,10 +733,10 @@ class LeaseManager:
             log.info("GPU %d back in service (undrained by %s)", index, actor)
             self._changed(slot)
             self._dispatch()
-        return self._view(slot)
+        return slot
 
-    async def clear(self, index: int, actor: str) -> dict[str, Any]:
-        slot = self._slot(index)
+    async def clear(self, index: int, actor: str) -> Slot:
+        slot = self.slot(index)
         if slot.state != QUARANTINED:
             raise LeaseError(f"GPU {index} is not quarantined (it is {slot.state})", 409)
         reason = (slot.quarantine or {}).get("reason", "")
@@ -852,9 +747,9 @@ class LeaseManager:
         await self.store.audit(actor, "gpu.clear", f"gpu {index}", f"was: {reason}")
         log.info("GPU %d quarantine cleared by %s: scrubbing and checking it again", index, actor)
         self._changed(slot)
-        return self._view(slot)
+        return slot
 
-    async def end_lease(self, lease_id: int, actor: str, reason: str) -> dict[str, Any]:
+    async def end_lease(self, lease_id: int, actor: str, reason: str) -> Lease:
         lease = self._leases.get(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not active", 404)
@@ -864,7 +759,7 @@ class LeaseManager:
         log.warning("lease %d ended by %s: %s", lease_id, actor, reason)
         self._spawn(self._end_worker(lease, f"the gpupool operator ended this GPU lease "
                                             f"({reason})"), f"end-{lease_id}")
-        return lease.view()
+        return lease
 
     def _stop_idle(self, slot: Slot) -> None:
         worker, slot.idle_worker = slot.idle_worker, None

@@ -3,8 +3,9 @@
 `DaemonMetrics` holds one `CollectorRegistry` per application (not prometheus_client's global
 one: a process may run several daemons, the tests do). In it:
 
-- histograms observed where the event happens: the queue wait and the lease duration (leases.py,
-  at a lease's start and end), the scrub and reset durations (leases.py, after each clean);
+- histograms observed from the lease manager's events (events.py, subscribed in app.py): the
+  queue wait and the lease duration (at a lease's start and end), the scrub and reset durations
+  (after each clean);
 - the totals of ended leases that the workers reported (calls by class, bytes by direction, the
   call latency histogram, GPU-seconds by token name), added once per lease end (`lease_ended`);
 - `Collector`, which builds everything else at scrape time from what the daemon already holds in
@@ -21,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import gpupool_protocol as gp
 from aiohttp import web
@@ -34,6 +35,7 @@ from prometheus_client.registry import Collector as _CollectorBase
 
 from gpupoold import __version__
 from gpupoold import workers as _workers
+from gpupoold.events import EventBus, GpuCleaned, LeaseEnded, LeaseGranted
 
 if TYPE_CHECKING:
     from gpupoold.counters import Counters
@@ -113,21 +115,27 @@ class DaemonMetrics:
         self._idle_task: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------------------- events
-    def lease_granted(self, queued_s: float) -> None:
-        self.queue_wait.observe(max(0.0, queued_s))
+    def subscribe(self, bus: EventBus) -> list[Callable[[], None]]:
+        """Follow the lease manager's events (events.py); returns the unsubscribe calls."""
+        return [bus.subscribe(LeaseGranted, self.lease_granted),
+                bus.subscribe(LeaseEnded, self.lease_ended),
+                bus.subscribe(GpuCleaned, self.cleaned)]
 
-    def lease_ended(self, token: str, duration_s: float, stats: WorkerStats) -> None:
-        """A lease ended with the worker's final `stats`: called in the same event-loop step
+    def lease_granted(self, e: LeaseGranted) -> None:
+        self.queue_wait.observe(max(0.0, e.queued_s))
+
+    def lease_ended(self, e: LeaseEnded) -> None:
+        """A lease ended with its worker's final stats: published in the same event-loop step
         that removes the lease from the active ones, so no scrape counts it twice or not at all."""
-        duration_s = max(0.0, duration_s)
+        duration_s = max(0.0, e.duration_s)
         self.lease_duration.observe(duration_s)
-        self.ended.add(stats)
-        self.ended.gpu_seconds[token] = self.ended.gpu_seconds.get(token, 0.0) + duration_s
+        self.ended.add(e.stats)
+        self.ended.gpu_seconds[e.token] = self.ended.gpu_seconds.get(e.token, 0.0) + duration_s
 
-    def cleaned(self, duration_s: float, reset: dict[str, Any] | None) -> None:
-        self.scrub_duration.observe(max(0.0, duration_s))
-        if reset is not None:
-            d = reset.get("duration_s")
+    def cleaned(self, e: GpuCleaned) -> None:
+        self.scrub_duration.observe(max(0.0, e.duration_s))
+        if e.reset is not None:
+            d = e.reset.get("duration_s")
             self.reset_duration.observe(float(d) if isinstance(d, int | float) else 0.0)
 
     # -------------------------------------------------------------------------- wiring

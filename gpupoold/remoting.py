@@ -33,6 +33,7 @@ from gpupoold.remoting_tls import TlsStream, start_tls_server
 from gpupoold.requirements import Requirements
 from gpupoold.settings import Settings, format_address, parse_address
 from gpupoold.tls import remoting_ssl_context
+from gpupoold.views import PoolViews
 from gpupoold.waitqueue import ClientInfo, Waiter
 
 log = logging.getLogger("gpupoold.remoting")
@@ -49,7 +50,8 @@ MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handsh
 
 class RemotingListener:
     def __init__(self, settings: Settings, leases: LeaseManager, auth: Authenticator,
-                 counters: Counters, sock: socket.socket | None = None) -> None:
+                 counters: Counters, sock: socket.socket | None = None,
+                 views: PoolViews | None = None) -> None:
         self.settings = settings
         self.listen = settings.listen
         self.handshake_timeout = settings.handshake_timeout
@@ -63,7 +65,8 @@ class RemotingListener:
         self.source = sdlisten.describe(sdlisten.REMOTING, sock) if sock is not None else ""
         self._server: asyncio.Server | Any | None = None  # TLS: or a TlsServer
         self._handshakes: set[asyncio.Task[None]] = set()
-        self.info = info.InfoCache(settings, leases)
+        self.info = info.InfoCache(settings, views if views is not None else PoolViews(leases),
+                                   leases)
         # Bounds the memory and the time that info replies (up to 4 MiB each) hold at once.
         self._info_slots = asyncio.Semaphore(MAX_INFO_AT_ONCE)
         # Seconds from accept to the worker's `started`, for the last few leases (benchmarks).

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpupoold.leases import Slot
+    from gpupoold.slots import Slot
 
 log = logging.getLogger("gpupoold.leases")
 

@@ -24,7 +24,7 @@ from gpupoold import __version__
 from gpupoold.auth import NoAuthentication, TokenAuthenticator
 from gpupoold.counters import Counters
 from gpupoold.http_auth import ADMIN, METRICS, PUBLIC, ROUTE_ROLES, USER, auth_middleware
-from gpupoold.keys import AUTH, COUNTERS, LEASES, REMOTING, SETTINGS, STORE
+from gpupoold.keys import AUTH, COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
 from gpupoold.leases import LeaseError
 from gpupoold.routes import ROUTES, Route, setup_routes
 from gpupoold.settings import Settings
@@ -35,7 +35,8 @@ GIB = 1 << 30
 
 # ------------------------------------------------------------------------------------ fakes
 class FakeLeaseManager:
-    """The lease manager's API surface (docs/dev/issue4-contracts.md section 5), in memory.
+    """The lease manager's API surface (docs/dev/issue4-contracts.md section 5) and its views
+    (gpupoold/views.py), in memory: the operator actions return the views themselves.
 
     It records the operator actions it is asked for (`calls`) so the tests can check who the API
     says the actor is, and that a refused request reached nothing."""
@@ -55,6 +56,12 @@ class FakeLeaseManager:
         if not 0 <= index < len(self.gpus):
             raise LeaseError(f"no GPU {index} on this server (it has {len(self.gpus)})", 404)
         return self.gpus[index]
+
+    def gpu(self, view: dict[str, Any]) -> dict[str, Any]:
+        return view
+
+    def lease(self, view: dict[str, Any]) -> dict[str, Any]:
+        return view
 
     def gpu_views(self) -> list[dict[str, Any]]:
         if self.broken:
@@ -166,6 +173,7 @@ async def make_api(tmp_path: Path) -> AsyncIterator[ApiFactory]:
             app[STORE] = store
             app[AUTH] = NoAuthentication() if auth == "none" else TokenAuthenticator(store)
             app[LEASES] = FakeLeaseManager()  # type: ignore[assignment]
+            app[VIEWS] = app[LEASES]  # type: ignore[assignment]
             app[REMOTING] = FakeRemoting()  # type: ignore[assignment]
             setup_routes(app)
             if extra is not None:

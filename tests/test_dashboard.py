@@ -26,7 +26,7 @@ from gpupoold.app import create_app
 from gpupoold.dashboard import COOKIE, DASHBOARD, Dashboard, Sessions, Viewer, web_dir
 from gpupoold.history import History, polyline
 from gpupoold.http_auth import PUBLIC, ROUTE_ROLES, SESSION
-from gpupoold.keys import LEASES, STORE
+from gpupoold.keys import STORE, VIEWS
 
 CARD = re.compile(r'<article class="gpu-card[^"]*" data-gpu="(\d+)" data-state="(\w+)" '
                   r'data-idle="([01])"')
@@ -74,7 +74,7 @@ def make_ui(tmp_path: Path) -> Callable[..., AsyncIterator[Ui]]:
             d = Daemon(client)
             deadline = time.monotonic() + 10
             while not all(g["state"] == "free" and g["worker_ready"]
-                          for g in d.app[LEASES].gpu_views()):
+                          for g in d.app[VIEWS].gpu_views()):
                 assert time.monotonic() < deadline, "the GPU did not become free"
                 await asyncio.sleep(0.02)
             store = d.app[STORE]

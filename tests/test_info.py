@@ -343,7 +343,8 @@ def test_info_in_plaintext_on_the_tls_port_is_told_to_use_tls(
 # RemotingListener and InfoCache (gpupoold/remoting.py, gpupoold/info.py) on a stand-in lease
 # manager whose views can be made as large as the reply allows.
 class StandInLeases:
-    """What InfoCache and the info path of RemotingListener read of the lease manager."""
+    """What InfoCache and the info path of RemotingListener read of the lease manager and of its
+    views (gpupoold/views.py): one object passed as both."""
 
     def __init__(self, leases: int = 0, queue: int = 0, pad: int = 0, gpu_pad: int = 0) -> None:
         self.slots = [SimpleNamespace(gpu=SimpleNamespace(simulated=True))]
@@ -399,7 +400,7 @@ async def test_the_cached_document_is_the_reference_encoding(
     from gpupoold import info
     stand_in = StandInLeases(leases, queue, pad, gpu_pad)
     settings = doc_settings()
-    cache = info.InfoCache(settings, stand_in)  # type: ignore[arg-type]
+    cache = info.InfoCache(settings, stand_in, stand_in)  # type: ignore[arg-type]
     snap = await cache.snapshot("0.0.0.0:7070")
     now = json.loads(snap.time)
     for name, host in (("alice", "h1"), ("bob", "hé"), ("alice", ""), ("carol", "h2"),
@@ -425,7 +426,7 @@ async def test_repeat_requests_share_one_snapshot_until_something_changes(
     monkeypatch.setattr(info, "CACHE_TTL", 0.3)
     stand_in = StandInLeases(leases=3)
     stand_in.telemetry = SimpleNamespace(samples=1, driver_version="", cuda_driver_version=13000)
-    cache = info.InfoCache(doc_settings(), stand_in)  # type: ignore[arg-type]
+    cache = info.InfoCache(doc_settings(), stand_in, stand_in)  # type: ignore[arg-type]
     request = info_request("", host="h1")
 
     async def ask_doc(name: str = "alice", host: str = "h1") -> dict[str, Any]:
@@ -466,7 +467,8 @@ async def test_a_large_snapshot_is_encoded_off_the_event_loop(
 
     monkeypatch.setattr(info, "_encode_lists", recording)
     for n in (3, info.THREAD_ITEMS + 1):
-        cache = info.InfoCache(doc_settings(), StandInLeases(leases=n))  # type: ignore[arg-type]
+        stand_in = StandInLeases(leases=n)
+        cache = info.InfoCache(doc_settings(), stand_in, stand_in)  # type: ignore[arg-type]
         reply = await cache.answer(info_request(""), "alice", "user", "x:1")
         assert len(document(reply)["leases"]) == n
     assert threads == [True, False]
@@ -481,7 +483,8 @@ class InProcessDaemon:
         from gpupoold.remoting import RemotingListener
         self.counters = Counters()
         self.listener = RemotingListener(doc_settings(**settings), leases,  # type: ignore[arg-type]
-                                         NoAuthentication(), self.counters)  # type: ignore[arg-type]
+                                         NoAuthentication(), self.counters,  # type: ignore[arg-type]
+                                         views=leases)  # type: ignore[arg-type]
 
     async def start(self, sndbuf: int = 256 * 1024) -> InProcessDaemon:
         await self.listener.start()

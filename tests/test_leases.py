@@ -21,6 +21,7 @@ from gpupoold.scrubber import CleanResult
 from gpupoold.settings import Settings
 from gpupoold.waitqueue import ClientInfo, Waiter
 from gpupoold.workers import AdoptError, WorkerExit, WorkerStats
+from gpupoold.views import PoolViews
 
 GIB = 1 << 30
 _pids = itertools.count(1000)
@@ -289,8 +290,8 @@ async def test_failed_scrub_quarantines_until_cleared_and_persists(mgr: Any) -> 
     with pytest.raises(LeaseError) as e:
         await m.clear(5, "admin")
     assert e.value.status == 404
-    view = await m.clear(0, "admin")
-    assert view["state"] in (SCRUBBING, FREE)
+    cleared = await m.clear(0, "admin")
+    assert cleared is slot and cleared.state in (SCRUBBING, FREE)
     await settle()
     assert slot.state == FREE
     assert ("admin", "gpu.clear", "gpu 0") == m.store.audits[-1][:3]
@@ -302,8 +303,8 @@ async def test_failed_scrub_quarantines_until_cleared_and_persists(mgr: Any) -> 
 async def test_drain_waits_for_the_lease_then_undrain(mgr: Any) -> None:
     m = await mgr(1)
     _, lease = await lease_on(m, 1)
-    view = await m.drain(0, "admin")
-    assert view["draining"] and view["state"] == LEASED
+    drained = await m.drain(0, "admin")
+    assert drained.draining and drained.state == LEASED
     lease.worker.finish("client exit")
     await settle()
     assert m.slots[0].state == DRAINED and m.slots[0].idle_worker is None
@@ -402,7 +403,7 @@ async def test_a_failing_lease_record_still_returns_the_gpu_scrubbed(mgr: Any) -
     assert m.slots[0].state == FREE and m.cleaner.cleaned == [0, 0]
     assert m.store.scrubbed[lease.id][0] is True
     assert m.lease(lease.id) is None and m.slots[0].lease is None
-    assert m.summary()["stuck"] == []
+    assert PoolViews(m).summary()["stuck"] == []
     # The next client gets the GPU.
     _, again = await lease_on(m, 2)
     assert again.slot is m.slots[0]
@@ -432,10 +433,10 @@ async def test_watchdog_repairs_a_lease_nobody_watches(mgr: Any) -> None:
     assert m.stuck_reason(slot) == f"lease {lease.id} has nobody watching its worker"
     # Reported at the first check, repaired at the second: a new watcher follows the worker.
     await asyncio.sleep(0.75)
-    assert m.summary()["stuck"] and m.summary()["stuck"][0]["gpu"] == 0
+    assert PoolViews(m).summary()["stuck"] and PoolViews(m).summary()["stuck"][0]["gpu"] == 0
     await asyncio.sleep(0.6)
     assert slot.task is not None and not slot.task.done()
-    assert m.summary()["stuck"] == [] and m.counters.get("watchdog_repairs") == 1
+    assert PoolViews(m).summary()["stuck"] == [] and m.counters.get("watchdog_repairs") == 1
     lease.worker.finish("client exit")
     await wait_for_state(m, 0, FREE)
     assert m.store.ended[lease.id][0] == "client exit"

@@ -1,0 +1,134 @@
+"""The Python packages' import graphs have no cycle, and the daemon's domain imports no adapter.
+
+Every import counts, wherever it is written (module level, inside a function, under
+TYPE_CHECKING): a cycle hidden in a function or a type annotation is still two modules that
+cannot be understood, tested or moved one without the other. The lease logic publishes events
+(gpupoold/events.py) that the metrics and the dashboard subscribe to, instead of importing them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"gpupoold": ROOT / "gpupoold", "gpupool": ROOT / "client" / "gpupool"}
+# The daemon's adapters (HTTP, Prometheus, the web dashboard, the wiring of them all) and the
+# modules that hold its domain logic, which must not reach them.
+ADAPTERS = {"gpupoold.api", "gpupoold.app", "gpupoold.dashboard", "gpupoold.http_auth",
+            "gpupoold.keys", "gpupoold.metrics", "gpupoold.routes", "gpupoold.serve"}
+DOMAIN = {"gpupoold.leases", "gpupoold.slots", "gpupoold.waitqueue", "gpupoold.watchdog",
+          "gpupoold.workers", "gpupoold.scrubber", "gpupoold.store", "gpupoold.events",
+          "gpupoold.views", "gpupoold.telemetry", "gpupoold.remoting", "gpupoold.info"}
+
+
+def modules(package: str, folder: Path) -> dict[str, Path]:
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder).with_suffix("").parts
+        name = ".".join((package, *parts))
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of `known` that module `name` (at `path`) imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source in known:
+                out.add(source)
+            # `from pkg import module` imports the module
+            out.update(f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known)
+    out.discard(name)
+    return out
+
+
+def graph(package: str) -> dict[str, set[str]]:
+    known = modules(package, PACKAGES[package])
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def describe(g: dict[str, set[str]], component: list[str]) -> str:
+    return "; ".join(f"{m} imports {', '.join(sorted(g[m] & set(component)))}"
+                     for m in component)
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycle(package: str) -> None:
+    g = graph(package)
+    assert len(g) > 5, f"found only {sorted(g)} in {PACKAGES[package]}"
+    found = cycles(g)
+    assert not found, "import cycles: " + " | ".join(describe(g, c) for c in found)
+
+
+def test_the_checker_finds_a_cycle() -> None:
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"} - {"e"}}
+    assert cycles(g) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_are_read_wherever_they_are_written(tmp_path: Path) -> None:
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from p.b import X\n")
+    (pkg / "b.py").write_text("def f():\n    from . import a\n")
+    (pkg / "c.py").write_text("import p.a\nfrom p import b\n")
+    known = modules("p", pkg)
+    assert imports("p.a", known["p.a"], known) == {"p.b"}
+    assert imports("p.b", known["p.b"], known) == {"p", "p.a"}
+    assert imports("p.c", known["p.c"], known) == {"p", "p.a", "p.b"}
+
+
+def test_the_domain_imports_no_adapter() -> None:
+    g = graph("gpupoold")
+    assert DOMAIN <= set(g) and ADAPTERS <= set(g), "a module listed here was renamed or removed"
+    bad = {m: sorted(g[m] & ADAPTERS) for m in sorted(DOMAIN) if g[m] & ADAPTERS}
+    assert not bad, f"domain modules importing adapters (publish an event instead): {bad}"
