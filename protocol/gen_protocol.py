@@ -4,10 +4,8 @@
 Outputs (all marked DO NOT EDIT with the spec's SHA-256):
   protocol/generated/gp_protocol.h   C declarations: ops, structs, encode/decode prototypes
   protocol/generated/gp_protocol.c   C encoders/decoders with full length checks
-  protocol/python/gpupool_protocol/_generated.py   the same for Python
-  client/gpupool/_wire_generated.py                 byte-identical copy for the `gpupool` client
-                                                    package (it must not depend on
-                                                    gpupool_protocol, which is not shipped)
+  protocol/python/gpupool_protocol/_generated.py   the same for Python (its runtime, by hand,
+                                                    is gpupool_protocol/runtime.py beside it)
   protocol/golden/samples.hex        a sample of every message body, encoded by the Python side,
                                      that the C tests must reproduce byte for byte
 
@@ -613,92 +611,6 @@ def py_dec_args(f: Field) -> str:
     return str(f.size)
 
 
-PY_RUNTIME = '''
-class ProtocolError(ValueError):
-    """A frame or message body that does not match the spec."""
-
-
-HEADER = struct.Struct("<IHHQ")
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-
-    def scalar(self, fmt: str, value: float) -> None:
-        self._parts.append(struct.pack("<" + fmt, value))
-
-    def bytes(self, value: bytes, size: int) -> None:
-        if len(value) != size:
-            raise ProtocolError(f"expected {size} bytes, got {len(value)}")
-        self._parts.append(bytes(value))
-
-    def string(self, value: str, limit: int) -> None:
-        self.blob(value.encode(), limit)
-
-    def blob(self, value: bytes, limit: int) -> None:
-        if len(value) > limit:
-            raise ProtocolError(f"{len(value)} bytes exceed the limit of {limit}")
-        self._parts.append(struct.pack("<I", len(value)) + bytes(value))
-
-    def array(self, fmt: str, values: Sequence[int], limit: int) -> None:
-        if len(values) > limit:
-            raise ProtocolError(f"{len(values)} items exceed the limit of {limit}")
-        self._parts.append(struct.pack(f"<I{len(values)}{fmt}", len(values), *values))
-
-    def bulk(self, length: int) -> None:
-        self._parts.append(struct.pack("<Q", length))
-
-    def getvalue(self) -> bytes:
-        return b"".join(self._parts)
-
-
-class _Reader:
-    def __init__(self, body: bytes) -> None:
-        self._b = memoryview(body)
-        self._p = 0
-
-    def _take(self, n: int) -> memoryview:
-        if n > len(self._b) - self._p:
-            raise ProtocolError("message body too short")
-        v = self._b[self._p:self._p + n]
-        self._p += n
-        return v
-
-    def scalar(self, fmt: str) -> Any:
-        s = struct.calcsize("<" + fmt)
-        return struct.unpack("<" + fmt, self._take(s))[0]
-
-    def bytes(self, size: int) -> bytes:
-        return bytes(self._take(size))
-
-    def string(self, limit: int) -> str:
-        try:
-            return self.blob(limit).decode()
-        except UnicodeDecodeError as exc:
-            raise ProtocolError("string is not UTF-8") from exc
-
-    def blob(self, limit: int) -> bytes:
-        n = self.scalar("I")
-        if n > limit:
-            raise ProtocolError(f"{n} bytes exceed the limit of {limit}")
-        return bytes(self._take(n))
-
-    def array(self, fmt: str, limit: int) -> list[int]:
-        n = self.scalar("I")
-        if n > limit:
-            raise ProtocolError(f"{n} items exceed the limit of {limit}")
-        size = struct.calcsize("<" + fmt)
-        return list(struct.unpack(f"<{n}{fmt}", self._take(n * size)))
-
-    def bulk(self) -> int:
-        return int(self.scalar("Q"))
-
-    def finish(self) -> None:
-        if self._p != len(self._b):
-            raise ProtocolError(f"{len(self._b) - self._p} trailing bytes in message body")
-
-'''
 
 
 def gen_py(proto: dict, results: dict[str, int], info: set[int], messages: list[Message],
@@ -711,23 +623,21 @@ def gen_py(proto: dict, results: dict[str, int], info: set[int], messages: list[
         "",
         "from __future__ import annotations",
         "",
-        "import struct",
-        "from collections.abc import Sequence",
-        "from typing import Any",
+        "# The hand-written runtime these classes encode and decode with.",
+        "from gpupool_protocol.runtime import (FLAG_REPLY, HEADER, HEADER_SIZE, ProtocolError,",
+        "                                      Reader as _Reader, Writer as _Writer)",
         "",
         f"MAGIC = 0x{proto['magic']:08x}",
         f"MAJOR = {proto['major']}",
         f"MINOR = {proto['minor']}",
         f"MAX_BODY = {proto['max_body']}",
-        "HEADER_SIZE = 16",
-        "FLAG_REPLY = 0x1",
         f"SPEC_SHA256 = {digest!r}",
         "",
     ]
     out += [f"{n} = {v}" for n, v in proto["constants"].items()]
     for name, value in sorted(results.items(), key=lambda kv: kv[1]):
         out.append(f"{name} = {value}")
-    out.append(PY_RUNTIME)
+    out.append("")
     requests, replies = [], []
     for m in messages:
         cls = "".join(p.capitalize() for p in m.name.split("_"))
@@ -755,6 +665,10 @@ def gen_py(proto: dict, results: dict[str, int], info: set[int], messages: list[
 
 
 def gen_golden(py_source: str, messages: list[Message]) -> str:
+    # The generated module imports its runtime (gpupool_protocol/runtime.py): from this checkout.
+    python_dir = str(Path(__file__).resolve().parent / "python")
+    if python_dir not in sys.path:
+        sys.path.insert(0, python_dir)
     ns: dict[str, object] = {}
     exec(compile(py_source, "<generated>", "exec"), ns)  # noqa: S102 - our own generated code
     lines = ["# GENERATED by protocol/gen_protocol.py: sample bodies encoded by the Python side."]
@@ -776,7 +690,6 @@ def generate(spec_path: Path) -> dict[str, str]:
         "protocol/generated/gp_protocol.h": h,
         "protocol/generated/gp_protocol.c": c,
         "protocol/python/gpupool_protocol/_generated.py": py,
-        "client/gpupool/_wire_generated.py": py,
         "protocol/golden/samples.hex": gen_golden(py, messages),
     }
 

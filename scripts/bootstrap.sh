@@ -52,7 +52,8 @@ if [[ ! -x $VENV/bin/python ]]; then
 fi
 
 # Re-run pip only when what it installs changed.
-want=$(cat pyproject.toml setup.py client/pyproject.toml client/setup.py "$0" | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml setup.py client/pyproject.toml client/setup.py protocol/python/pyproject.toml "$0" |
+       sha256sum | cut -c1-16)
 want="$want ${GPUPOOL_NO_TORCH:-0} $TORCH_SPEC"
 stamp=$VENV/.gpupool-bootstrap
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
@@ -61,8 +62,8 @@ if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
 fi
 
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
-echo "bootstrap: installing gpupoold and gpupool (editable) and the test tools"
-"${pip[@]}" -e '.[test]' -e ./client
+echo "bootstrap: installing gpupoold, gpupool and gpupool-protocol (editable) and the test tools"
+"${pip[@]}" -e ./protocol/python -e '.[test]' -e ./client
 if [[ "${GPUPOOL_NO_TORCH:-0}" != 1 ]]; then
     echo "bootstrap: installing $TORCH_SPEC (first time: a few minutes)"
     "${pip[@]}" "$TORCH_SPEC"

@@ -71,24 +71,27 @@ started=$SECONDS
 step() { say "[$1/6] $2 ($((SECONDS - started)) s)"; }
 
 # ------------------------------------------------------------------------------------- wheels
-step 1 "building the gpupoold $D_VERSION and gpupool $C_VERSION wheels (native code: make in $BUILD/)"
+step 1 "building the gpupoold $D_VERSION, gpupool $C_VERSION and gpupool-protocol wheels (native code: make in $BUILD/)"
 GPUPOOL_BUILD_DIR=$BUILD "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-    --no-build-isolation --wheel-dir "$WORK/wheels" . ./client ||
+    --no-build-isolation --wheel-dir "$WORK/wheels" . ./client ./protocol/python ||
     die "building the wheels failed (see above); it needs make and gcc, as \`make\` does"
 
 # --------------------------------------------------------------------------- the Python trees
+# Each package bundles its own copy of gpupool-protocol (our wheel, found with --find-links).
 STAGE=$WORK/debian  # dpkg-shlibdeps expects debian/<package>/ and debian/control
 D=$STAGE/gpupoold
 C=$STAGE/gpupool-client
 D_TREE=$D/usr/lib/gpupoold/python
 C_TREE=$C/usr/lib/gpupool-client/python
 pip_target=("$PY" -m pip install --quiet --disable-pip-version-check --no-compile
-            --ignore-installed --no-warn-script-location --only-binary=:all:)
+            --ignore-installed --no-warn-script-location --only-binary=:all:
+            --find-links "$WORK/wheels")
 step 2 "installing gpupoold and its dependencies into /usr/lib/gpupoold/python (pip --target)"
 "${pip_target[@]}" --target "$D_TREE" "$WORK"/wheels/gpupoold-*.whl ||
     die "pip could not install the daemon's dependencies (see above): it needs the package index," \
         "or a wheelhouse: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels $0"
-"${pip_target[@]}" --no-deps --target "$C_TREE" "$WORK"/wheels/gpupool-*.whl
+"${pip_target[@]}" --no-deps --target "$C_TREE" "$WORK"/wheels/gpupool-*.whl \
+    "$WORK"/wheels/gpupool_protocol-*.whl
 # Console scripts with the build's interpreter in their #! line (the packages have their own
 # wrappers), byte code, and the build's paths (direct_url.json) do not ship.
 rm -rf "${D_TREE:?}/bin" "${C_TREE:?}/bin"

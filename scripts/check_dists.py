@@ -38,6 +38,7 @@ class Expected:
     # (but SDIST_GLOB_EXCLUDE) must be in the sdist under that name; the C sources the makefile
     # fragments compile by wildcard, the Python packages
     sdist_globs: tuple[tuple[str, str, str], ...]
+    native: bool = True  # the wheel carries native code: tagged for this platform, else py3-none-any
 
 
 COMMON_SDIST = ("PKG-INFO", "pyproject.toml", "setup.py")
@@ -49,25 +50,24 @@ BUILD_BASE = ("Makefile", "protocol/protocol.mk", "protocol/generated/gp_protoco
 EXPECTED: dict[str, Expected] = {
     "gpupoold": Expected(
         scripts={"gpupoold": "gpupoold.cli:main", "gpupool-reset-helper": "gpupoold.reset_helper:main"},
-        requires=frozenset({"aiohttp", "nvidia-ml-py", "prometheus-client", "jinja2"}),
+        requires=frozenset({"gpupool-protocol", "aiohttp", "nvidia-ml-py", "prometheus-client", "jinja2"}),
         requires_python=">=3.11",
         version_file=ROOT / "gpupoold" / "__init__.py",
         wheel_files=("gpupoold/bin/gpupool-worker", "gpupoold/bin/gpupool-scrub", "gpupoold/bin/libgpupool-sim.so",
-                     "gpupoold/__init__.py", "gpupool_protocol/__init__.py", "gpupoold_web/templates/",
-                     "gpupoold_web/static/"),
-        top_level=frozenset({"gpupoold", "gpupool_protocol", "gpupoold_web"}),
+                     "gpupoold/__init__.py", "gpupoold_web/templates/", "gpupoold_web/static/"),
+        top_level=frozenset({"gpupoold", "gpupoold_web"}),
         sdist_files=(*COMMON_SDIST, "README.md", *BUILD_BASE, "worker/worker.mk", "worker/sim/sim.mk",
                      "worker/scrub/scrub.mk", "client/shim/sha256.c", "client/shim/sha256.h",
                      "client/shim/compress.c", "client/shim/compress.h", "gpupoold/__init__.py",
                      "gpupoold.egg-info/entry_points.txt",
-                     "protocol/python/gpupool_protocol/__init__.py", "web/templates/base.html",
+                     "web/templates/base.html",
                      "web/static/dashboard.js"),
         sdist_globs=(("worker/*.[ch]", "", ""), ("worker/sim/*.[ch]", "", ""), ("worker/scrub/*.[ch]", "", ""),
                      ("gpupoold/*.py", "", ""), ("web/templates/*.html", "", ""), ("web/static/*", "", "")),
     ),
     "gpupool": Expected(
         scripts={"gpupool": "gpupool.cli:main"},
-        requires=frozenset(),
+        requires=frozenset({"gpupool-protocol"}),
         requires_python=">=3.9",
         version_file=ROOT / "client" / "gpupool" / "__init__.py",
         wheel_files=("gpupool/lib/libcuda.so.1", "gpupool/lib/libcuda.so", "gpupool/lib/libnvidia-ml.so.1",
@@ -81,6 +81,19 @@ EXPECTED: dict[str, Expected] = {
                      ("client/nvml/*.[ch]", "", "native/"), ("client/nvml/generated/*.c", "", "native/"),
                      ("client/gpupool/*.py", "client/", ""), ("client/gpupool/wire/*.py", "client/", "")),
     ),
+    # The Python protocol module both depend on: pure Python, one wheel for every platform.
+    "gpupool-protocol": Expected(
+        scripts={},
+        requires=frozenset(),
+        requires_python=">=3.9",
+        version_file=ROOT / "protocol" / "python" / "gpupool_protocol" / "__init__.py",
+        wheel_files=("gpupool_protocol/__init__.py", "gpupool_protocol/_generated.py",
+                     "gpupool_protocol/runtime.py", "gpupool_protocol/framing.py"),
+        top_level=frozenset({"gpupool_protocol"}),
+        sdist_files=("PKG-INFO", "pyproject.toml", "README.md"),
+        sdist_globs=(("protocol/python/gpupool_protocol/*.py", "protocol/python/", ""),),
+        native=False,
+    ),
 }
 # Unit-test sources next to the code (client/nvml/test_*.c): not part of the build.
 SDIST_GLOB_EXCLUDE = re.compile(r"(^|/)test_[^/]*\.c$")
@@ -88,6 +101,11 @@ SDIST_GLOB_EXCLUDE = re.compile(r"(^|/)test_[^/]*\.c$")
 SDIST_FORBIDDEN = re.compile(r"(^|/)(build|build-[^/]*|tests|__pycache__)/|\.(o|so|pyc)$|\.so\.")
 # The native code is built for this machine: the wheel's platform tag must say so.
 PLATFORM = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+def file_stem(dist: str) -> str:
+    """How a distribution's name starts its file names (wheels and sdists: "-" becomes "_")."""
+    return dist.replace("-", "_")
 
 
 def source_version(dist: str) -> str:
@@ -143,8 +161,10 @@ def check_wheel(dist: str, wheel: Path) -> list[str]:
     want = EXPECTED[dist]
     meta, scripts, names, tag = wheel_metadata(wheel)
     errors = check_metadata(dist, wheel.name, meta, scripts)
-    if not tag.endswith(f"-{PLATFORM}") or PLATFORM not in wheel.name:
+    if want.native and (not tag.endswith(f"-{PLATFORM}") or PLATFORM not in wheel.name):
         errors.append(f"{wheel.name}: platform tag {tag!r}, expected one ending in {PLATFORM} (native code)")
+    if not want.native and tag != "py3-none-any":
+        errors.append(f"{wheel.name}: tag {tag!r}, expected py3-none-any (pure Python)")
     for w in want.wheel_files:
         hits = [n for n in names if n.startswith(w)] if w.endswith("/") else [n for n in names if n == w]
         if not hits:
@@ -174,7 +194,7 @@ def check_sdist(dist: str, sdist: Path) -> list[str]:
     with tarfile.open(sdist) as tf:
         members = {m.name.split("/", 1)[1]: m for m in tf.getmembers() if "/" in m.name}
         top = {m.name.split("/", 1)[0] for m in tf.getmembers()}
-        expected_top = f"{dist}-{source_version(dist)}"
+        expected_top = f"{file_stem(dist)}-{source_version(dist)}"
         if top != {expected_top}:
             errors.append(f"{sdist.name}: top folder {sorted(top)}, expected {expected_top}")
         missing = [n for n in sdist_required(dist) if n not in members or not members[n].isfile()]
@@ -185,25 +205,26 @@ def check_sdist(dist: str, sdist: Path) -> list[str]:
         if bad:
             errors.append(f"{sdist.name}: holds build output or tests: {bad[:5]}{' ...' if len(bad) > 5 else ''}")
         texts: dict[str, str] = {}
-        for name in ("PKG-INFO", f"{dist}.egg-info/entry_points.txt"):
+        for name in ("PKG-INFO", f"{file_stem(dist)}.egg-info/entry_points.txt"):
             data = tf.extractfile(members[name]) if name in members and members[name].isfile() else None
             texts[name] = data.read().decode() if data else ""
     if texts["PKG-INFO"]:  # (its absence is reported above)
         meta = HeaderParser().parsestr(texts["PKG-INFO"])
-        errors += check_metadata(dist, sdist.name, meta, parse_scripts(texts[f"{dist}.egg-info/entry_points.txt"]))
+        errors += check_metadata(dist, sdist.name, meta,
+                                 parse_scripts(texts[f"{file_stem(dist)}.egg-info/entry_points.txt"]))
     return errors
 
 
 def check(dist_dir: Path, sdists: bool = True) -> list[str]:
     errors: list[str] = []
     for dist in EXPECTED:
-        wheels = sorted(dist_dir.glob(f"{dist}-*.whl"))
+        wheels = sorted(dist_dir.glob(f"{file_stem(dist)}-*.whl"))
         if len(wheels) != 1:
             errors.append(f"{dist_dir}: expected one {dist} wheel, found {[w.name for w in wheels]}")
         else:
             errors += check_wheel(dist, wheels[0])
         if sdists:
-            tars = sorted(dist_dir.glob(f"{dist}-*.tar.gz"))
+            tars = sorted(dist_dir.glob(f"{file_stem(dist)}-*.tar.gz"))
             if len(tars) != 1:
                 errors.append(f"{dist_dir}: expected one {dist} sdist, found {[t.name for t in tars]}")
             else:

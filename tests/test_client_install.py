@@ -66,7 +66,7 @@ def fresh_venv(native_build: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     env["GPUPOOL_BUILD_DIR"] = str(native_build)
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     proc = run_client([venv / "bin" / "python", "-m", "pip", "install", "--quiet",
-                       str(REPO / "client")], env=env, timeout=900)
+                       str(REPO / "protocol" / "python"), str(REPO / "client")], env=env, timeout=900)
     assert proc.returncode == 0, f"pip install ./client failed:\n{proc.stdout}\n{proc.stderr}"
     return venv
 

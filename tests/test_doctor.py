@@ -18,7 +18,7 @@ import pytest
 import trustme
 from conftest import REPO, GpupoolServer, require, run_client
 
-from gpupool import _wire_generated as gp
+import gpupool_protocol as gp
 
 FAKE_CUDA = "int cuInit(unsigned flags) { (void)flags; return 100; }\n"
 

@@ -26,7 +26,7 @@ from test_e2e_leases import (  # noqa: F401  (hold_gpu is a fixture)
     ended_leases, facts, hold_gpu, start_client, wait_until)
 from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
 
-from gpupool import _wire_generated as gp
+import gpupool_protocol as gp
 
 MIB = 1 << 20
 HEADER = struct.Struct("<IHHQ")  # len, op, flags, req (docs/protocol.md)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, GpupoolServer, run_client
 
-from gpupool import _wire_generated as gp
+import gpupool_protocol as gp
 
 PROTOCOL = f"{gp.MAJOR}.{gp.MINOR}"  # this checkout's protocol version
 

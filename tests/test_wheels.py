@@ -71,8 +71,8 @@ def sdist_wheels(dists: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     for var in ("GPUPOOL_BUILD_DIR", "PYTHONPATH", "GPUPOOL_SKIP_NATIVE"):
         env.pop(var, None)
     built: dict[str, Path] = {}
-    for dist in ("gpupool", "gpupoold"):
-        sdists = list(dists.glob(f"{dist}-[0-9]*.tar.gz"))
+    for dist in ("gpupool", "gpupoold", "gpupool-protocol"):
+        sdists = list(dists.glob(f"{dist.replace('-', '_')}-[0-9]*.tar.gz"))
         assert len(sdists) == 1, sdists
         with tarfile.open(sdists[0]) as tf:
             tf.extractall(work, filter="data")
@@ -80,7 +80,7 @@ def sdist_wheels(dists: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         proc = run_client([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                            "--no-cache-dir", "--wheel-dir", out, "."], env=env, cwd=src, timeout=300)
         assert proc.returncode == 0, f"building a wheel from {sdists[0].name} failed:\n{proc.stdout}\n{proc.stderr}"
-        built[dist] = wheel(out, dist)
+        built[dist] = wheel(out, dist.replace("-", "_"))
     return built
 
 
@@ -108,6 +108,14 @@ def test_dists_metadata_and_contents(dists: Path) -> None:
         for lib in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):
             assert zf.read(f"gpupool/lib/{lib}")[:4] == b"\x7fELF", lib
     assert list(dists.glob("gpupoold-*.tar.gz")) and list(dists.glob("gpupool-*.tar.gz"))
+    # The protocol module both depend on is its own pure-Python distribution, in neither of them.
+    protocol = wheel(dists, "gpupool_protocol")
+    assert protocol.name.endswith("-py3-none-any.whl"), protocol.name
+    for whl in (daemon, client):
+        with zipfile.ZipFile(whl) as zf:
+            assert not [n for n in zf.namelist() if "_generated" in n or n.startswith("gpupool_protocol/")], whl
+    with zipfile.ZipFile(protocol) as zf:
+        assert "gpupool_protocol/_generated.py" in zf.namelist()
 
 
 def test_checker_catches_a_missing_library(dists: Path, tmp_path: Path) -> None:
@@ -134,8 +142,9 @@ def test_client_wheel_installs_without_a_compiler(dists: Path, tmp_path: Path) -
     for compiler in COMPILERS:
         assert shutil.which(compiler, path=path) is None, f"{compiler} on the stripped PATH"
     env = {"PATH": path, "HOME": str(tmp_path / "home"), "LANG": "C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--no-index", wheel(dists, "gpupool")],
-                      env=env, timeout=120)
+    # its one dependency, gpupool-protocol, from the same folder of wheels
+    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--no-index", "--find-links", dists,
+                       wheel(dists, "gpupool")], env=env, timeout=120)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     proc = run_client([venv_bin / "gpupool", "--version"], env=env)
     assert proc.returncode == 0 and "0.1.0" in proc.stdout + proc.stderr, proc
@@ -198,8 +207,8 @@ def test_client_sdist_wheel_runs(sdist_wheels: dict[str, Path], tmp_path: Path) 
     venv_bin = fresh_venv(tmp_path / "venv")
     env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "LANG": "C.UTF-8",
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--no-index", sdist_wheels["gpupool"]],
-                      env=env, timeout=120)
+    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--no-index", "--find-links",
+                       sdist_wheels["gpupool-protocol"].parent, sdist_wheels["gpupool"]], env=env, timeout=120)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     proc = run_client([venv_bin / "gpupool", "--version"], env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "0.1.0" in proc.stdout + proc.stderr, proc
@@ -227,8 +236,8 @@ def daemon_venv(request: pytest.FixtureRequest, dists: Path, tmp_path: Path) -> 
     venv_bin = fresh_venv(tmp_path / "dvenv")
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
-    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--quiet", daemon_wheel],
-                      env=env, timeout=240)
+    proc = run_client([venv_bin / "python", "-m", "pip", "install", "--quiet", "--find-links",
+                       Path(daemon_wheel).parent, daemon_wheel], env=env, timeout=240)
     assert proc.returncode == 0, f"pip install of the daemon wheel failed:\n{proc.stdout}\n{proc.stderr}"
     # the fresh venv's own package, not the working tree's, with the worker the wheel carries
     proc = run_client([venv_bin / "python", "-c", "import gpupoold, pathlib; "

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpupool import _wire_generated as gp
+import gpupool_protocol as gp
 from gpupool.config import (
     BLANKS,
     DEFAULT_CONNECT_TIMEOUT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gpupool import _wire_generated as gp
+import gpupool_protocol as gp
 from gpupool.config import ClientConfig, ServerConfig
 from gpupool.wire import InfoResult, WireError, fetch_info
 

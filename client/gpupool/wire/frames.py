@@ -1,26 +1,18 @@
-"""Frames on a blocking socket: the 16-byte header, then a length-checked body."""
+"""Frames on a blocking socket (the `gpupool` command's side): the 16-byte header, then a
+length-checked body. The asyncio twin is gpupool_protocol/framing.py; both use the protocol
+runtime's header, Frame and encode_frame."""
 
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 
-from gpupool import _wire_generated as gp
-
-
-@dataclass(frozen=True)
-class Frame:
-    op: int
-    flags: int
-    req: int
-    body: bytes
+import gpupool_protocol as gp
+from gpupool_protocol import Frame
 
 
 def send_message(sock: socket.socket, msg: object, req: int = 0) -> None:
     """Header + body of a generated message object; replies get the reply flag."""
-    body = msg.encode()  # type: ignore[attr-defined]
-    flags = gp.FLAG_REPLY if getattr(msg, "IS_REPLY", False) else 0
-    sock.sendall(gp.HEADER.pack(len(body), msg.OP, flags, req) + body)  # type: ignore[attr-defined]
+    sock.sendall(gp.encode_frame(msg, req))
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:
@@ -37,7 +29,5 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 
 def read_frame(sock: socket.socket, max_body: int = gp.MAX_BODY) -> Frame:
     """One frame. gp.ProtocolError for an oversized body; EOFError when the peer closed."""
-    length, op, flags, req = gp.HEADER.unpack(_read_exactly(sock, gp.HEADER.size))
-    if length > max_body:
-        raise gp.ProtocolError(f"frame body of {length} bytes exceeds the limit of {max_body}")
+    length, op, flags, req = gp.parse_header(_read_exactly(sock, gp.HEADER.size), max_body)
     return Frame(op, flags, req, _read_exactly(sock, length))

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool import _wire_generated as gp
+import gpupool_protocol as gp
 from gpupool.config import ServerConfig, format_number
 from gpupool.wire.frames import Frame, read_frame, send_message
 

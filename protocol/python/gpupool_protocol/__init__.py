@@ -1,21 +1,19 @@
-"""The gpupool wire protocol for Python: generated message classes plus frame helpers."""
+"""The gpupool wire protocol for Python: the message classes generated from
+protocol/gpupool.toml (_generated.py), their hand-written runtime (runtime.py) and frame I/O on
+an asyncio stream (framing.py). One package for the daemon and the `gpupool` client."""
 
 from gpupool_protocol._generated import *  # noqa: F403
-from gpupool_protocol._generated import (
-    FLAG_REPLY,
-    HEADER,
-    MAJOR,
-    MAX_BODY,
-    MINOR,
-    REPLIES,
-    REQUESTS,
-    ProtocolError,
-)
-from gpupool_protocol.framing import Frame, encode_frame, read_frame
+from gpupool_protocol._generated import MAJOR, MAX_BODY, MINOR, REPLIES, REQUESTS
+from gpupool_protocol.framing import read_frame
+from gpupool_protocol.runtime import (FLAG_REPLY, HEADER, HEADER_SIZE, Frame, ProtocolError,
+                                      encode_frame, parse_header)
+
+__version__ = "1.2.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
 
 __all__ = [
     "FLAG_REPLY",
     "HEADER",
+    "HEADER_SIZE",
     "MAJOR",
     "MAX_BODY",
     "MINOR",
@@ -24,5 +22,6 @@ __all__ = [
     "Frame",
     "ProtocolError",
     "encode_frame",
+    "parse_header",
     "read_frame",
 ]

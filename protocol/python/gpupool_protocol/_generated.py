@@ -5,16 +5,14 @@
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Sequence
-from typing import Any
+# The hand-written runtime these classes encode and decode with.
+from gpupool_protocol.runtime import (FLAG_REPLY, HEADER, HEADER_SIZE, ProtocolError,
+                                      Reader as _Reader, Writer as _Writer)
 
 MAGIC = 0x4c505047
 MAJOR = 1
 MINOR = 2
 MAX_BODY = 67108864
-HEADER_SIZE = 16
-FLAG_REPLY = 0x1
 SPEC_SHA256 = '7f4a64e8e6656c86a4852ff122bf5a6e986b8985ea4ecd6d0800671313ea0722'
 
 GP_HELLO_LZ4 = 1
@@ -33,91 +31,6 @@ GP_ESHUTDOWN = 100008
 GP_INFO_QUEUED = 100100
 GP_INFO_HANDOFF = 100101
 GP_INFO_WORKING = 100102
-
-class ProtocolError(ValueError):
-    """A frame or message body that does not match the spec."""
-
-
-HEADER = struct.Struct("<IHHQ")
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-
-    def scalar(self, fmt: str, value: float) -> None:
-        self._parts.append(struct.pack("<" + fmt, value))
-
-    def bytes(self, value: bytes, size: int) -> None:
-        if len(value) != size:
-            raise ProtocolError(f"expected {size} bytes, got {len(value)}")
-        self._parts.append(bytes(value))
-
-    def string(self, value: str, limit: int) -> None:
-        self.blob(value.encode(), limit)
-
-    def blob(self, value: bytes, limit: int) -> None:
-        if len(value) > limit:
-            raise ProtocolError(f"{len(value)} bytes exceed the limit of {limit}")
-        self._parts.append(struct.pack("<I", len(value)) + bytes(value))
-
-    def array(self, fmt: str, values: Sequence[int], limit: int) -> None:
-        if len(values) > limit:
-            raise ProtocolError(f"{len(values)} items exceed the limit of {limit}")
-        self._parts.append(struct.pack(f"<I{len(values)}{fmt}", len(values), *values))
-
-    def bulk(self, length: int) -> None:
-        self._parts.append(struct.pack("<Q", length))
-
-    def getvalue(self) -> bytes:
-        return b"".join(self._parts)
-
-
-class _Reader:
-    def __init__(self, body: bytes) -> None:
-        self._b = memoryview(body)
-        self._p = 0
-
-    def _take(self, n: int) -> memoryview:
-        if n > len(self._b) - self._p:
-            raise ProtocolError("message body too short")
-        v = self._b[self._p:self._p + n]
-        self._p += n
-        return v
-
-    def scalar(self, fmt: str) -> Any:
-        s = struct.calcsize("<" + fmt)
-        return struct.unpack("<" + fmt, self._take(s))[0]
-
-    def bytes(self, size: int) -> bytes:
-        return bytes(self._take(size))
-
-    def string(self, limit: int) -> str:
-        try:
-            return self.blob(limit).decode()
-        except UnicodeDecodeError as exc:
-            raise ProtocolError("string is not UTF-8") from exc
-
-    def blob(self, limit: int) -> bytes:
-        n = self.scalar("I")
-        if n > limit:
-            raise ProtocolError(f"{n} bytes exceed the limit of {limit}")
-        return bytes(self._take(n))
-
-    def array(self, fmt: str, limit: int) -> list[int]:
-        n = self.scalar("I")
-        if n > limit:
-            raise ProtocolError(f"{n} items exceed the limit of {limit}")
-        size = struct.calcsize("<" + fmt)
-        return list(struct.unpack(f"<{n}{fmt}", self._take(n * size)))
-
-    def bulk(self) -> int:
-        return int(self.scalar("Q"))
-
-    def finish(self) -> None:
-        if self._p != len(self._b):
-            raise ProtocolError(f"{len(self._b) - self._p} trailing bytes in message body")
-
 
 class Hello:
     """hello (op 1): First frame of every connection. Answered by gpupoold (refusals) or the worker (snapshot)."""

@@ -1,33 +1,16 @@
-"""Frames on an asyncio stream: the 16-byte header, the length-checked body."""
+"""Frames on an asyncio stream (the daemon's side): the 16-byte header, the length-checked body.
+The blocking-socket twin for the `gpupool` command is gpupool/wire/frames.py; both build on
+runtime.py's header, Frame and encode_frame."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
-from gpupool_protocol._generated import HEADER, MAX_BODY, ProtocolError
-
-
-@dataclass(frozen=True)
-class Frame:
-    op: int
-    flags: int
-    req: int
-    body: bytes
-
-
-def encode_frame(msg: object, req: int = 0) -> bytes:
-    """Header + body of a generated message object (replies get the reply flag)."""
-    body = msg.encode()  # type: ignore[attr-defined]
-    flags = 1 if getattr(msg, "IS_REPLY", False) else 0
-    return HEADER.pack(len(body), msg.OP, flags, req) + body  # type: ignore[attr-defined]
+from gpupool_protocol._generated import MAX_BODY
+from gpupool_protocol.runtime import HEADER, Frame, parse_header
 
 
 async def read_frame(reader: asyncio.StreamReader, max_body: int = MAX_BODY) -> Frame:
     """Read one frame. Raises ProtocolError on an oversized body, IncompleteReadError on EOF."""
-    header = await reader.readexactly(HEADER.size)
-    length, op, flags, req = HEADER.unpack(header)
-    if length > max_body:
-        raise ProtocolError(f"frame body of {length} bytes exceeds the limit of {max_body}")
-    body = await reader.readexactly(length)
-    return Frame(op, flags, req, body)
+    length, op, flags, req = parse_header(await reader.readexactly(HEADER.size), max_body)
+    return Frame(op, flags, req, await reader.readexactly(length))
