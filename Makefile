@@ -26,7 +26,8 @@ CSTD     := -std=c11 -D_GNU_SOURCE
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 OPT      ?= -O2 -g
 CFLAGS_COMMON := $(CSTD) $(WARN) $(OPT) -fPIC -fvisibility=hidden $(SANFLAGS) \
-                 -I$(CURDIR)/cudaapi -I$(CURDIR)/protocol/generated -I$(CURDIR)/protocol/include
+                 -I$(CURDIR)/cudaapi -I$(CURDIR)/protocol/generated -I$(CURDIR)/protocol/include \
+                 -I$(CURDIR)/common
 LDFLAGS_COMMON := $(SANFLAGS)
 
 ALL_TARGETS :=
@@ -36,6 +37,8 @@ TEST_BINS   :=
 all: real_all
 
 include protocol/protocol.mk
+include common/common.mk
+-include client/common/client_common.mk
 -include client/shim/shim.mk
 -include client/nvml/nvml.mk
 -include worker/sim/sim.mk

@@ -40,6 +40,8 @@ NATIVE_SOURCES = (
     "Makefile",
     "protocol/protocol.mk", "protocol/generated/*.c", "protocol/generated/*.h",
     "cudaapi/*.h",
+    "common/common.mk", "common/*.c", "common/*.h",
+    "client/common/client_common.mk", "client/common/*.c", "client/common/*.h",
     "client/shim/shim.mk", "client/shim/shim_tables.mk", "client/shim/*.c", "client/shim/*.h",
     "client/shim/generated/*.c", "client/shim/generated/*.h",
     "client/nvml/nvml.mk", "client/nvml/*.c", "client/nvml/*.h",

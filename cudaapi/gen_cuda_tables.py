@@ -630,7 +630,7 @@ def gen_stubs(banner: str, names: list[str]) -> str:
            " * answers CUDA_ERROR_NOT_SUPPORTED and says so once on stderr, so that a library that",
            " * dlsym()s a name it never calls still loads.  The arguments are ignored, which the",
            " * x86-64 SysV calling convention allows (the caller cleans up). */",
-           '#include "../gp_unimplemented.h"',
+           '#include "gp_unimplemented.h"  /* client/shim, by include path */',
            ""]
     for n in names:
         out.append(f'__attribute__((weak, visibility("default"))) CUresult {n}(void) '

@@ -107,7 +107,7 @@ def test_min_memory_as_integer_and_gpu_index(tmp_path: Path) -> None:
 SUBSET_TEXT = "the gpupool configuration is a TOML subset"
 
 
-# The messages are the C reader's (client/shim/client_config.c), word for word.
+# The messages are the C reader's (client/common/client_config.c), word for word.
 @pytest.mark.parametrize(("text", "line", "what"), [
     ("[requirements]\ngpu = {a = 1}\n", 2, f"inline tables ({{...}}) are not supported; "
                                            f"{SUBSET_TEXT}"),

@@ -1,5 +1,5 @@
 """The client configuration's C unit tests (tests/c/test_client_config.c on
-client/shim/client_config.c): the file lookup, the TOML subset with every refusal naming
+client/common/client_config.c): the file lookup, the TOML subset with every refusal naming
 FILE:LINE, the environment over the file, per-server tokens and TLS files, the short form,
 paths and the warnings. Also run under ASan/UBSan (GPUPOOL_SAN=1)."""
 

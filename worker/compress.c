@@ -1,13 +1,13 @@
 /*
  * compress.c: LZ4-compressed copies on the worker side (docs/architecture.md, "Compression of
- * copies"). The block codec is client/shim/compress.c, shared with the shim; this file moves
+ * copies"). The block codec is common/compress.c, shared with the shim; this file moves
  * blocks between the socket and copy buffers (staging buffers, or the simulated device's memory)
  * and keeps the byte counts that show what compression saved.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/shim/compress.h"
+#include "compress.h"
 #include "worker.h"
 
 uint32_t cz_negotiate(struct worker *w, uint32_t hello_flags)

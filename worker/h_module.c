@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/shim/sha256.h"
+#include "sha256.h"
 #include "worker.h"
 
 /* A client string as a C string for the driver (names are at most 4095 bytes by the spec). */

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../client/shim/sha256.h"
+#include "sha256.h"
 #include "worker.h"
 
 static int mkdir_p(const char *path)

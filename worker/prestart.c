@@ -20,7 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../client/shim/sha256.h"
+#include "sha256.h"
 #include "worker.h"
 
 #define SESSION_MAGIC "GPWS"

@@ -18,7 +18,7 @@
  *   h_ctx.c     contexts, limits, memory info, primary context reset
  *   h_mem.c     allocations in the VA window (vm.c), frees, device-side copies and memsets
  *   h_copy.c    host<->device copies through pinned staging buffers
- *   compress.c  LZ4-compressed copies (blocks; the codec is client/shim/compress.c)
+ *   compress.c  LZ4-compressed copies (blocks; the codec is common/compress.c)
  *   h_stream.c  streams and events
  *   h_module.c  module/library loading, functions, globals (image cache: modcache.c)
  *   h_launch.c  function attributes, occupancy, launches

@@ -1,7 +1,7 @@
 """The client configuration: one file (a TOML subset) plus GPUPOOL_* environment variables.
 
 The same rules, in the same order and with the same messages, as the shims' C reader
-(client/shim/client_config.c; docs/dev/issue5-contracts.md section 3), so that `gpupool config`,
+(client/common/client_config.c; docs/dev/issue5-contracts.md section 3), so that `gpupool config`,
 `status` and `doctor` see what a program run with `gpupool run` sees
 (tests/test_config_agreement.py runs both on one table of cases):
 
@@ -75,7 +75,7 @@ TRUE_WORDS = ("1", "yes", "true", "on")
 FALSE_WORDS = ("0", "no", "false", "off")
 ZERO_MEANS = {"connect_timeout": "0: no limit", "probe_timeout": "0: the default, 2"}
 
-# Units of min_memory / GPUPOOL_MIN_MEMORY, as the shim reads them (client/shim/requirements.c):
+# Units of min_memory / GPUPOOL_MIN_MEMORY, as the shim reads them (client/common/requirements.c):
 # the SI ones are decimal on purpose (GPUs are sold by decimal sizes).
 SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6,
               "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12,
@@ -297,7 +297,7 @@ class _Settings:
 
 
 class _Parser:
-    """The C reader (client/shim/client_config.c) line for line: the same grammar, the same
+    """The C reader (client/common/client_config.c) line for line: the same grammar, the same
     checks in the same order, the same messages. Errors are ConfigError("FILE:LINE: ...");
     warnings go to `warn` as they are found. `data` keeps the values as written (for
     `gpupool login`, which rewrites the file)."""

@@ -33,7 +33,7 @@ class Probe:
         return ""
 
 
-# probe_timeout = 0 means this for probes, as in the shims (client/shim/info_client.h): a probe
+# probe_timeout = 0 means this for probes, as in the shims (client/common/info_client.h): a probe
 # always has a limit.
 PROBE_TIMEOUT_FOR_ZERO = 2.0
 

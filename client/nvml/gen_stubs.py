@@ -79,7 +79,7 @@ def render(stubs: list[str], origin: str) -> str:
         " * Every NVML function that pynvml looks up and client/nvml does not implement: exported,",
         " * answering NVML_ERROR_NOT_SUPPORTED.",
         " */",
-        '#include "../nvml_internal.h"',
+        '#include "nvml_internal.h"  /* client/nvml, by include path */',
         "",
     ]
     lines += [f"GP_NVML_STUB({name})" for name in stubs]

@@ -10,16 +10,13 @@
 
 NVML_SRCS := $(sort $(filter-out client/nvml/test_%.c,$(wildcard client/nvml/*.c)) \
                $(wildcard client/nvml/generated/*.c))
-# Shared with libcuda.so.1; none of them refers to libcuda's own state.
-NVML_SHIM_SRCS := client/shim/client_config.c client/shim/requirements.c \
-                  client/shim/info_client.c client/shim/net.c client/shim/tls.c \
-                  client/shim/log.c client/shim/sha256.c
-NVML_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(NVML_SRCS) $(NVML_SHIM_SRCS))
+# The client units shared with libcuda.so.1 (client/common/) and SHA-256 (common/).
+NVML_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(NVML_SRCS)) $(CLIENT_COMMON_OBJS) $(GP_SHA256_OBJS)
 NVML_LIB  := $(BUILD)/client/libnvidia-ml.so.1
 
-# client/nvml's sources include the shared client headers of client/shim.
-EXTRA_CFLAGS_client_nvml_ := -I$(CURDIR)/client/shim -DGPUPOOL_VERSION='"$(GPUPOOL_VERSION)"'
-EXTRA_CFLAGS_client_nvml_generated_ := -I$(CURDIR)/client/shim
+# client/nvml's sources include the shared client headers of client/common.
+EXTRA_CFLAGS_client_nvml_ := $(CLIENT_COMMON_INC) -DGPUPOOL_VERSION='"$(GPUPOOL_VERSION)"'
+EXTRA_CFLAGS_client_nvml_generated_ := -I$(CURDIR)/client/nvml $(CLIENT_COMMON_INC)
 
 # -z defs: every symbol resolves inside the library or its listed dependencies (not with the
 # sanitizers, whose runtimes are resolved at load time).

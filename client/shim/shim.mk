@@ -1,5 +1,6 @@
 # The client shim: our libcuda.so.1 (client/shim/, docs/architecture.md).
-#   $(BUILD)/client/libcuda.so.1   every client/shim/*.c and client/shim/generated/*.c plus the
+#   $(BUILD)/client/libcuda.so.1   every client/shim/*.c and client/shim/generated/*.c, the client
+#                                  units of client/common/, common/ (LZ4, SHA-256) and the
 #                                  generated protocol code; soname libcuda.so.1
 #   $(BUILD)/client/libcuda.so     symlink, for programs that link with -lcuda
 # Programs pick it up with LD_LIBRARY_PATH=$(BUILD)/client. With `make SAN=1` it goes to
@@ -15,11 +16,12 @@ GPUPOOL_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' client/gpupoo
 ifeq ($(GPUPOOL_VERSION),)
 $(error cannot read __version__ from client/gpupool/__init__.py)
 endif
-EXTRA_CFLAGS_client_shim_ += -DGPUPOOL_VERSION='"$(GPUPOOL_VERSION)"'
+EXTRA_CFLAGS_client_shim_ += -DGPUPOOL_VERSION='"$(GPUPOOL_VERSION)"' $(CLIENT_COMMON_INC)
+EXTRA_CFLAGS_client_shim_generated_ += -I$(CURDIR)/client/shim
 $(BUILD)/obj/client/shim/state.o: client/gpupool/__init__.py
 
 SHIM_SRCS := $(sort $(wildcard client/shim/*.c client/shim/generated/*.c))
-SHIM_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(SHIM_SRCS))
+SHIM_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(SHIM_SRCS)) $(CLIENT_COMMON_OBJS) $(COMMON_OBJS)
 SHIM_LIB  := $(BUILD)/client/libcuda.so.1
 
 # -z nodelete: the library is never unmapped, even when a program dlclose()s it, because its

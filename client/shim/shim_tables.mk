@@ -2,7 +2,7 @@
 #   generated/  from cudaapi/gen_cuda_tables.py (make gen): exported-symbol stubs,
 #               the cuGetProcAddress table, CUresult names
 #   *.c         cuGetProcAddress, cuGetExportTable + dark-API tables, integrity check,
-#               MD2 / HMAC-MD2 / SHA-256, the "not implemented" answer
+#               MD2 / HMAC-MD2 (SHA-256 is common/sha256.c), the "not implemented" answer
 # The hand-written files need hooks that the shim core defines (see export_tables.h and
 # integrity.h): gp_ctx_current_for_tables, gp_ctx_primary_for_tables,
 # gp_integrity_driver_version, gp_integrity_devices.
@@ -18,10 +18,6 @@ SHIM_TABLE_SRCS := \
 	client/shim/export_tables.c \
 	client/shim/integrity.c \
 	client/shim/md2.c \
-	client/shim/hmac_md2.c \
-	client/shim/sha256.c
+	client/shim/hmac_md2.c
 
 SHIM_TABLE_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(SHIM_TABLE_SRCS))
-
-# SHA-256 alone, dependency-free: the worker links this too.
-GP_SHA256_OBJS := $(BUILD)/obj/client/shim/sha256.o

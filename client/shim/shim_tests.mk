@@ -4,7 +4,7 @@ TEST_BINS += $(BUILD)/tests/test_vamap $(BUILD)/tests/test_handles \
              $(BUILD)/tests/test_requirements
 
 $(BUILD)/tests/test_vamap: $(BUILD)/obj/tests/c/test_vamap.o $(BUILD)/obj/client/shim/vamap.o \
-		$(BUILD)/obj/client/shim/handles.o $(BUILD)/obj/client/shim/log.o
+		$(BUILD)/obj/client/shim/handles.o $(BUILD)/obj/client/common/log.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
 
@@ -14,7 +14,7 @@ $(BUILD)/tests/test_handles: $(BUILD)/obj/tests/c/test_handles.o \
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
 
 $(BUILD)/tests/test_requirements: $(BUILD)/obj/tests/c/test_requirements.o \
-		$(BUILD)/obj/client/shim/requirements.o $(BUILD)/obj/client/shim/log.o
+		$(BUILD)/obj/client/common/requirements.o $(BUILD)/obj/client/common/log.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^
 

@@ -1,5 +1,5 @@
 /*
- * config_dump: the client configuration as the shims read it (client/shim/client_config.c),
+ * config_dump: the client configuration as the shims read it (client/common/client_config.c),
  * printed as one JSON object on stdout, for tests/test_config_agreement.py to compare with
  * `gpupool.config.load` on the same files and environment.
  *
@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../../client/shim/client_config.h"
+#include "client_config.h"
 
 /* A JSON string: quotes, backslashes and control characters escaped, other bytes as they are. */
 static void put_string(const char *s) {

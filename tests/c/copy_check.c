@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../client/shim/gp_cuda_more.h"
+#include "gp_cuda_more.h"
 
 CUresult cuInit(unsigned int);
 CUresult cuDeviceGet(CUdevice *, int);

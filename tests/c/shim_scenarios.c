@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../client/shim/gp_cuda_more.h"
+#include "gp_cuda_more.h"
 
 /* ---- the driver API, as cuda.h declares it (only what we call) ---------------------------- */
 CUresult cuInit(unsigned int);

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../client/shim/image.h"
+#include "image.h"
 
 static inline void put16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);

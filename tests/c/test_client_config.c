@@ -1,5 +1,5 @@
 /*
- * test_client_config: the client configuration (client/shim/client_config.c): which file is
+ * test_client_config: the client configuration (client/common/client_config.c): which file is
  * read, the TOML subset (good files, and every refusal with FILE:LINE), the environment on top
  * of the file key by key, per-server tokens and TLS files, the short form, `~/` and relative
  * paths, and the warnings (unknown keys and tables, a token file readable by others).
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../client/shim/client_config.h"
+#include "client_config.h"
 #include "gp_test.h"
 
 extern char **environ;

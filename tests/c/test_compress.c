@@ -1,5 +1,5 @@
 /*
- * test_compress.c: the LZ4 block codec of compressed copies (client/shim/compress.c): round
+ * test_compress.c: the LZ4 block codec of compressed copies (common/compress.c): round
  * trips of zeros, random and mixed data at the lengths where blocks begin and end, the adaptive
  * give-up, and the rejection of corrupt or oversized blocks. Needs liblz4.so.1 (exit 2 without).
  */
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "gp_test.h"
-#include "../../client/shim/compress.h"
+#include "compress.h"
 
 #define B GP_LZ4_BLOCK
 

@@ -10,10 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../client/shim/export_tables.h"
+#include "export_tables.h"
 #include "gp_test.h"
-#include "../../client/shim/integrity.h"
-#include "../../client/shim/md2.h"
+#include "integrity.h"
+#include "md2.h"
 
 /* ---- the hooks the shim core will define ------------------------------------------------- */
 

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "../../client/shim/shim.h"
+#include "shim.h"
 #include "gp_test.h"
 
 static int objs[64];

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../client/shim/image.h"
+#include "image.h"
 #include "synth_image.h"
 
 static int failures, checks;

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "gp_test.h"
-#include "../../client/shim/hmac_md2.h"
-#include "../../client/shim/md2.h"
+#include "hmac_md2.h"
+#include "md2.h"
 
 static void check_md2(const char *msg, const char *hex) {
     uint8_t want[16], got[16];

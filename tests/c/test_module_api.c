@@ -16,9 +16,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../client/shim/gp_cuda_launch.h"
-#include "../../client/shim/sha256.h"
-#include "../../client/shim/shim.h"
+#include "gp_cuda_launch.h"
+#include "sha256.h"
+#include "shim.h"
 #include "synth_image.h"
 
 static int failures, checks;

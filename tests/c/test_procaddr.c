@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "gp_test.h"
-#include "../../client/shim/gp_unimplemented.h"
-#include "../../client/shim/procaddr.h"
+#include "gp_unimplemented.h"
+#include "procaddr.h"
 
 /* Real signatures of the two functions under test. */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);

@@ -1,13 +1,13 @@
 /*
  * test_requirements: the sizes GPUPOOL_MIN_MEMORY and min_memory accept and refuse
- * (client/shim/requirements.c). What the environment and the configuration file turn into is
+ * (client/common/requirements.c). What the environment and the configuration file turn into is
  * test_client_config's; the end-to-end path (the values in the hello, the messages on stderr) is
  * tests/test_shim_core.py's.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "../../client/shim/client_config.h"
+#include "client_config.h"
 #include "gp_test.h"
 
 static void size_ok(const char *text, uint64_t want) {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "gp_test.h"
-#include "../../client/shim/sha256.h"
+#include "sha256.h"
 
 static void check_pieces(const uint8_t *msg, size_t len, const uint8_t want[32]) {
     static const size_t steps[] = {1, 3, 55, 56, 63, 64, 65, 127, 1000};

@@ -10,8 +10,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../../client/shim/shim.h"
-#include "../../client/shim/shim_core.h"
+#include "shim.h"
+#include "shim_core.h"
 #include "gp_test.h"
 
 #define MIB (1ull << 20)

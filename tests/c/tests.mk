@@ -5,9 +5,10 @@ ifndef SHIM_TABLE_SRCS
 include client/shim/shim_tables.mk
 endif
 
-# The tests include the shim's headers by relative path ("../../client/shim/x.h"), so they need
-# no per-directory flags that other fragments might also set.
+# The tests reach the headers of what they test by the include path.
+EXTRA_CFLAGS_tests_c_ += -I$(CURDIR)/client/shim -I$(CURDIR)/client/common -I$(CURDIR)/client/nvml
 SHIM_OBJ := $(BUILD)/obj/client/shim
+CLIENT_COMMON_OBJ := $(BUILD)/obj/client/common
 
 TEST_BINS += $(BUILD)/tests/test_md2 $(BUILD)/tests/test_sha256 \
              $(BUILD)/tests/test_procaddr $(BUILD)/tests/test_export_tables
@@ -16,7 +17,7 @@ $(BUILD)/tests/test_md2: $(BUILD)/obj/tests/c/test_md2.o $(SHIM_OBJ)/md2.o $(SHI
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^
 
-$(BUILD)/tests/test_sha256: $(BUILD)/obj/tests/c/test_sha256.o $(SHIM_OBJ)/sha256.o
+$(BUILD)/tests/test_sha256: $(BUILD)/obj/tests/c/test_sha256.o $(GP_SHA256_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^
 
@@ -37,22 +38,20 @@ $(BUILD)/tests/test_export_tables: $(BUILD)/obj/tests/c/test_export_tables.o \
 # The client configuration (client_config.c): files, the TOML subset, the environment on top.
 TEST_BINS += $(BUILD)/tests/test_client_config
 $(BUILD)/tests/test_client_config: $(BUILD)/obj/tests/c/test_client_config.o \
-		$(SHIM_OBJ)/client_config.o $(SHIM_OBJ)/requirements.o $(SHIM_OBJ)/net.o \
-		$(SHIM_OBJ)/tls.o $(SHIM_OBJ)/log.o
+		$(addprefix $(CLIENT_COMMON_OBJ)/,client_config.o requirements.o net.o tls.o log.o)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl
 
 # The same configuration as JSON, for tests/test_config_agreement.py (C and Python must agree).
 TEST_BINS += $(BUILD)/tests/config_dump
 $(BUILD)/tests/config_dump: $(BUILD)/obj/tests/c/config_dump.o \
-		$(SHIM_OBJ)/client_config.o $(SHIM_OBJ)/requirements.o $(SHIM_OBJ)/net.o \
-		$(SHIM_OBJ)/tls.o $(SHIM_OBJ)/log.o
+		$(addprefix $(CLIENT_COMMON_OBJ)/,client_config.o requirements.o net.o tls.o log.o)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl
 
-# The LZ4 block codec of compressed copies (client/shim/compress.c).
+# The LZ4 block codec of compressed copies (common/compress.c).
 TEST_BINS += $(BUILD)/tests/test_compress
-$(BUILD)/tests/test_compress: $(BUILD)/obj/tests/c/test_compress.o $(SHIM_OBJ)/compress.o
+$(BUILD)/tests/test_compress: $(BUILD)/obj/tests/c/test_compress.o $(GP_COMPRESS_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -ldl -lpthread
 

@@ -10,7 +10,7 @@ FUZZ_BUILD  := build-fuzz
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fPIC $(FUZZ_SAN) -fsanitize=fuzzer-no-link \
                -I$(CURDIR)/cudaapi -I$(CURDIR)/protocol/generated -I$(CURDIR)/protocol/include \
-               -DSIM_MAX_SPIN_NS=1000000ull -DGPUPOOL_VERSION='"fuzz"'
+               -I$(CURDIR)/common -DSIM_MAX_SPIN_NS=1000000ull -DGPUPOOL_VERSION='"fuzz"'
 FUZZ_LINK   := $(FUZZ_SAN) -fsanitize=fuzzer
 FUZZ_OBJ    := $(FUZZ_BUILD)/obj
 
@@ -27,7 +27,11 @@ fuzz: fuzz-build
 # log lines are formatted but not printed (millions of sessions).
 $(FUZZ_OBJ)/worker/%.o: FUZZ_EXTRA := -DWK_LOG_QUIET
 $(FUZZ_OBJ)/worker/main.o: FUZZ_EXTRA := -DWK_LOG_QUIET -Dmain=gpupool_worker_main
-$(FUZZ_OBJ)/client/nvml/%.o: FUZZ_EXTRA := -I$(CURDIR)/client/shim
+$(FUZZ_OBJ)/client/nvml/%.o: FUZZ_EXTRA := -I$(CURDIR)/client/common
+$(FUZZ_OBJ)/client/shim/%.o: FUZZ_EXTRA := -I$(CURDIR)/client/common
+# The targets include the headers (and, fuzz_shim_replies, the source) of what they feed.
+$(FUZZ_OBJ)/tests/fuzz/%.o: FUZZ_EXTRA := -I$(CURDIR)/client/shim -I$(CURDIR)/client/common \
+                                         -I$(CURDIR)/client/nvml -I$(CURDIR)/worker
 
 $(FUZZ_OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -41,7 +45,7 @@ $(FUZZ_BUILD)/fuzz_protocol: $(FUZZ_OBJ)/tests/fuzz/fuzz_protocol.o $(FUZZ_PROTO
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^
 
 FUZZ_WORKER_OBJS := $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(wildcard worker/*.c)) \
-                    $(FUZZ_OBJ)/client/shim/sha256.o $(FUZZ_OBJ)/client/shim/compress.o
+                    $(FUZZ_OBJ)/common/sha256.o $(FUZZ_OBJ)/common/compress.o
 $(FUZZ_BUILD)/fuzz_worker: $(FUZZ_OBJ)/tests/fuzz/fuzz_worker.o $(FUZZ_WORKER_OBJS) $(FUZZ_PROTO) \
 		| $(FUZZ_BUILD)/libgpupool-sim.so
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $(filter %.o,$^) -ldl -lpthread -lssl -lcrypto
@@ -51,13 +55,12 @@ $(FUZZ_BUILD)/libgpupool-sim.so: $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(wildcard worke
 	$(FUZZ_CC) -shared $(FUZZ_SAN) -Wl,-soname,libgpupool-sim.so -o $@ $^ -ldl -lpthread
 
 # conn.c is compiled into the target itself (it includes it to reach its private state).
-$(FUZZ_OBJ)/tests/fuzz/fuzz_shim_replies.o: FUZZ_EXTRA := -I$(CURDIR)/client/shim
 $(FUZZ_BUILD)/fuzz_shim_replies: $(FUZZ_OBJ)/tests/fuzz/fuzz_shim_replies.o \
-		$(addprefix $(FUZZ_OBJ)/client/shim/,compress.o log.o tls.o) $(FUZZ_PROTO)
+		$(FUZZ_OBJ)/common/compress.o $(addprefix $(FUZZ_OBJ)/client/common/,log.o tls.o) $(FUZZ_PROTO)
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
 $(FUZZ_BUILD)/fuzz_client_config: $(FUZZ_OBJ)/tests/fuzz/fuzz_client_config.o \
-		$(addprefix $(FUZZ_OBJ)/client/shim/,client_config.o requirements.o net.o tls.o log.o)
+		$(addprefix $(FUZZ_OBJ)/client/common/,client_config.o requirements.o net.o tls.o log.o)
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
 $(FUZZ_BUILD)/fuzz_info: $(FUZZ_OBJ)/tests/fuzz/fuzz_info.o \

@@ -1,5 +1,5 @@
 /*
- * fuzz_client_config: the client configuration file reader (client/shim/client_config.c), run
+ * fuzz_client_config: the client configuration file reader (client/common/client_config.c), run
  * by every client process and by libnvidia-ml.so.1 on a file a user (or anyone who can write
  * there) controls.
  *
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../client/shim/client_config.h"
+#include "client_config.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../client/nvml/json.h"
-#include "../../client/nvml/nvml_view.h"
+#include "json.h"
+#include "nvml_view.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -11,7 +11,7 @@
  * frees every waiter. Byte 0 of the input is a mode (bit 0: LZ4 copies negotiated), the rest is
  * the server's stream.
  */
-#include "../../client/shim/conn.c"
+#include "conn.c"
 #include "fuzz_feed.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../../worker/worker.h"
+#include "worker.h"
 #include "fuzz_feed.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

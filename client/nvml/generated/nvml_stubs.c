@@ -6,7 +6,7 @@
  * Every NVML function that pynvml looks up and client/nvml does not implement: exported,
  * answering NVML_ERROR_NOT_SUPPORTED.
  */
-#include "../nvml_internal.h"
+#include "nvml_internal.h"  /* client/nvml, by include path */
 
 GP_NVML_STUB(nvmlComputeInstanceDestroy)
 GP_NVML_STUB(nvmlComputeInstanceGetInfo_v2)

@@ -4,7 +4,7 @@
  * answers CUDA_ERROR_NOT_SUPPORTED and says so once on stderr, so that a library that
  * dlsym()s a name it never calls still loads.  The arguments are ignored, which the
  * x86-64 SysV calling convention allows (the caller cleans up). */
-#include "../gp_unimplemented.h"
+#include "gp_unimplemented.h"  /* client/shim, by include path */
 
 __attribute__((weak, visibility("default"))) CUresult cuArray3DCreate(void) { return gp_unimplemented("cuArray3DCreate"); }
 __attribute__((weak, visibility("default"))) CUresult cuArray3DCreate_v2(void) { return gp_unimplemented("cuArray3DCreate_v2"); }

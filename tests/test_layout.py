@@ -1,4 +1,5 @@
-"""The Python packages' import graphs have no cycle, and the daemon's domain imports no adapter.
+"""Rules of the tree's structure: the Python packages' import graphs have no cycle, the daemon's
+domain imports no adapter, and C reaches shared code by the include path, never by `../`.
 
 Every import counts, wherever it is written (module level, inside a function, under
 TYPE_CHECKING): a cycle hidden in a function or a type annotation is still two modules that
@@ -9,6 +10,8 @@ cannot be understood, tested or moved one without the other. The lease logic pub
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -132,3 +135,15 @@ def test_the_domain_imports_no_adapter() -> None:
     assert DOMAIN <= set(g) and ADAPTERS <= set(g), "a module listed here was renamed or removed"
     bad = {m: sorted(g[m] & ADAPTERS) for m in sorted(DOMAIN) if g[m] & ADAPTERS}
     assert not bad, f"domain modules importing adapters (publish an event instead): {bad}"
+
+
+def test_no_c_include_climbs_out_of_its_folder() -> None:
+    """Shared C lives in common/ and client/common/ and is found by -I; a `#include "../x.h"`
+    would tie a file to where it sits and hide a dependency between components."""
+    tracked = subprocess.run(["git", "ls-files", "-z", "*.c", "*.h"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    sources = [ROOT / rel for rel in tracked if rel]
+    assert len(sources) > 50
+    climbing = re.compile(r'^\s*#\s*include\s*"\.\./', re.M)
+    bad = [str(p.relative_to(ROOT)) for p in sources if p.is_file() and climbing.search(p.read_text())]
+    assert not bad, f"#include \"../...\" in {bad}: reach the header by the include path instead"

@@ -1,0 +1,8 @@
+# The client units both client libraries link (client/common/): the configuration file and the
+# environment (client_config.c, requirements.c), TCP and TLS (net.c, tls.c), the info request
+# (info_client.c) and the one-line log (log.c). None refers to either library's own state:
+# libcuda.so.1 (client/shim/) and libnvidia-ml.so.1 (client/nvml/) reach the headers by the
+# include path (-I client/common).
+CLIENT_COMMON_SRCS := $(sort $(wildcard client/common/*.c))
+CLIENT_COMMON_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_COMMON_SRCS))
+CLIENT_COMMON_INC := -I$(CURDIR)/client/common
