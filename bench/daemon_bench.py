@@ -12,7 +12,7 @@ cuda.h for the test client):
      trip to a Python echo server on the same loopback, measured in the same run.
   2. recovery: a client streaming copies is killed with SIGKILL; the time until its GPU is free
      again (lease ended as "client lost", memory scrubbed, health checked), target 3 s.
-  3. client side (issue 5): the `info` request that `gpupool status/smi/doctor` and the NVML
+  3. client side: the `info` request that `gpupool status/smi/doctor` and the NVML
      library send (connect, token check, the server's state as JSON), next to the raw TCP
      reference; and the connect time of (1) with two servers configured, where each new process
      first asks both for their state to pick one (server selection), next to one server.

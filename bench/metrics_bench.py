@@ -12,7 +12,7 @@ builds and sends its live state on every change as it does for operators' browse
 a monitoring probe do): a round every 50 ms for 20 s (the target case: far more often than
 Prometheus scrapes, yet light), then back to back for 20 s (the stress case: the probes become
 most of the daemon's work); p50/p99/max of each, the same probes on the idle daemon first.
-Target (issue 6): a scrape under 50 ms. Prints a table and a markdown section for
+Target: a scrape under 50 ms. Prints a table and a markdown section for
 docs/benchmarks.md. The target is reported, not enforced.
 
 The reference, in the same run and under the same load: bench/reference_http.py, an aiohttp

@@ -454,7 +454,7 @@ def markdown(rows: list[Row], meta: dict) -> str:
             f"{meta['tcp']['rtt_us_mean']:.1f} us, {means}. Every other figure is the median of "
             f"{meta['reps']} runs; each raw TCP figure is the better of two baseline runs (before "
             f"and after the CUDA client). Load average (1 min) at the start: {meta['load']:.2f}. "
-            "Targets are those of issue 2; ratios above 1 for small copies come from the shim "
+            "Targets are the project's; ratios above 1 for small copies come from the shim "
             "batching many small copies into one TCP write."]
     return "\n".join(out) + "\n"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A job that keeps its GPU across gpupoold restarts: the check of issue 16 for a real GPU.
+"""A job that keeps its GPU across gpupoold restarts: the restart check for a real GPU.
 
     python bench/restart_check.py [--real] [--seconds 45] [--json PATH]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch workload suite (issue 3): real training and inference, natively and through gpupool.
+"""The PyTorch workload suite: real training and inference, natively and through gpupool.
 
     python bench/torch_workloads.py [--only NAME,...] [--steps N] [--quick] [--json PATH]
                                     [--markdown PATH] [--log-dir DIR] [--build-dir DIR]
@@ -13,7 +13,7 @@ Each workload runs twice in one invocation, each time in a child process of its 
            the child with the environment `gpupool run` gives a program (our libcuda.so.1 first on
            LD_LIBRARY_PATH, GPUPOOL_SERVER, GPUPOOL_TOKEN, GPUPOOL_CONFIG=none).
 For each it prints steps/s native and remote, the time ratio remote/native against the target of
-issue 3 (1.10; generation 1.30), and whether the two runs agree: the per-step losses (or tokens
+the project (1.10; generation 1.30), and whether the two runs agree: the per-step losses (or tokens
 and logits) must be bit-identical where the workload is deterministic (fixed seeds, deterministic
 algorithms, cuDNN benchmark off), within the workload's stated relative tolerance otherwise.
 Warm-up steps (compilation, cuDNN/cuBLAS set-up, graph capture) are not timed; the timed region
@@ -778,7 +778,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if meta["mode"] == "smoke-cpu":
         out += ["", "Smoke mode (CPU, tiny models, 2 steps): it checks the harness; its ratios mean nothing."]
     else:
-        out += ["", "Ratio = time per step through gpupool / time per step natively (targets of issue 3: "
+        out += ["", "Ratio = time per step through gpupool / time per step natively (targets: "
                 "1.10 for training, 1.30 for generation). Timed steps exclude warm-up; each side is a "
                 "fresh process on the same GPU, native first."]
     return "\n".join(out) + "\n"

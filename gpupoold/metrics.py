@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 # Text exposition format 0.0.4.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# The workers' call latency buckets (issue 6 contract, section 2), as the workers count them.
+# The workers' call latency buckets (worker/README.md, "Control channel"), as the workers count them.
 LATENCY_BUCKETS: tuple[float, ...] = _workers.LATENCY_BUCKETS
 
 QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600)

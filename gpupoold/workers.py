@@ -1,6 +1,6 @@
 """Worker processes: pre-start one per free GPU, hand it a client, follow it, reap it.
 
-The worker contract (worker/README.md, docs/dev/issue4-contracts.md section 1):
+The worker contract (worker/README.md, "Control channel"):
 
     gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
                    [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]

@@ -14,7 +14,7 @@
 #   torch-scripts  tests/torch_scripts (device info, runtime, transfers, cuBLAS/cuBLASLt init,
 #                  Triton probe) natively, then through gpupool
 #   remoting       bench/remoting_bench.py against gpupoold on the real GPU (--server)
-#   workloads      bench/torch_workloads.py: the six PyTorch workloads of issue 3, native vs
+#   workloads      bench/torch_workloads.py: the six PyTorch workloads, native vs
 #                  gpupool (it starts its own gpupoold; the script's own is stopped first)
 # No pytest tier needs a real GPU: tests/conftest.py always starts a simulated one, so the
 # `cuda` and `torch-scripts` steps are the real-GPU end-to-end tier.
@@ -290,7 +290,7 @@ step_cuda() {
     local dir="$WORK/cuda" arch="${GPUPOOL_TEST_ARCH:-sm_90}" p bad=0 args nvcc progs
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     progs=(devices copies events kernels errors threads)
-    [[ -f tests/cuda/graphs.cu ]] && progs+=(graphs) # CUDA graphs (issue 3), where present
+    [[ -f tests/cuda/graphs.cu ]] && progs+=(graphs) # CUDA graphs, where present
     [[ -f tests/cuda/vmm.cu ]] && progs+=(vmm)       # virtual memory and memory pools, where present
     mkdir -p "$dir"
     for p in "${progs[@]}"; do
@@ -332,7 +332,7 @@ step_remoting() {
     GPUPOOL_TOKEN="$GP_TOKEN" "$PY" bench/remoting_bench.py --no-build --server "$GP_ADDRESS" "${quick[@]}" \
         --json "$OUT/remoting.json" --markdown "$LOGS/remoting.md"
 }
-step_restart() { # a PyTorch training job keeps its GPU across gpupoold restarts (issue 16)
+step_restart() { # a PyTorch training job keeps its GPU across gpupoold restarts
     "$PY" bench/restart_check.py --real --seconds 45 --json "$OUT/restart.json"
 }
 step_workloads() {

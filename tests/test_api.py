@@ -35,7 +35,7 @@ GIB = 1 << 30
 
 # ------------------------------------------------------------------------------------ fakes
 class FakeLeaseManager:
-    """The lease manager's API surface (docs/dev/issue4-contracts.md section 5) and its views
+    """The lease manager's operator actions (gpupoold/leases.py) and its views
     (gpupoold/views.py), in memory: the operator actions return the views themselves.
 
     It records the operator actions it is asked for (`calls`) so the tests can check who the API

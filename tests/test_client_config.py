@@ -1,6 +1,5 @@
 """The client configuration in Python (client/gpupool/config.py): which file, the TOML subset,
-environment overrides, warnings, writing; and `gpupool config` (docs/dev/issue5-contracts.md
-section 3)."""
+environment overrides, warnings, writing; and `gpupool config` (docs/client-configuration.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The client's acceptance test (issue 5): in a fresh virtual environment, `pip install ./client`,
+"""The client installed as a user would: in a fresh virtual environment, `pip install ./client`,
 `gpupool login`, then `gpupool run -- python -c "import torch; print(torch.cuda.is_available())"`
 prints True, and a program built with nvcc runs through `gpupool run` — against gpupoold on a
 simulated GPU, with nothing but the config file that login wrote telling the shim where to go.

@@ -1,5 +1,5 @@
 """The shims and the `gpupool` command read the client configuration the same way
-(docs/dev/issue5-contracts.md section 3): one table of cases (files and environments, good and
+(docs/client-configuration.md): one table of cases (files and environments, good and
 bad) goes through the C reader (tests/c/config_dump.c on client/common/client_config.c, printing
 the effective settings as JSON) and through `gpupool.config.load`; both must give the same
 servers, tokens, TLS settings and files, timeouts, requirements and warnings, or refuse with the

@@ -1,7 +1,7 @@
 """The web dashboard (gpupoold/dashboard.py, web/) over HTTP, in process: the real app factory
 with a simulated GPU and the fake worker of test_daemon.py, token authentication on.
 
-Login and its cookie, the pages and their DOM contract (docs/dev/issue6-contracts.md section 5),
+Login and its cookie, the pages and their markup (docs/dashboard.md, "For developers"),
 the anonymous view, admin actions refused without an admin session or without the right CSRF
 token and done with both, the event stream, logout. The browser side is
 tests/test_dashboard_browser.py.

@@ -1,4 +1,4 @@
-"""The web dashboard in a real browser (issue 6, first acceptance point): headless Chromium over
+"""The web dashboard in a real browser: headless Chromium over
 the DevTools protocol (tests/browser.py) against a real gpupoold on a simulated GPU.
 
 Logs in through the form with a user token, sees the GPU card free, starts a client lease
@@ -7,7 +7,7 @@ reload, lets the client exit and sees `scrubbing` then `free`; the admin buttons
 user and present for an admin. Screenshots (overview free, leased, after, phone-sized, admin) are
 kept in $GPUPOOL_ARTIFACTS_DIR/dashboard-browser, default pytest's tmp path plus a copy in
 <build dir>/test-artifacts/dashboard-browser; the test prints where.
-DOM contract: docs/dev/issue6-contracts.md section 5.
+The markup it relies on: docs/dashboard.md, "For developers: the markup the tests rely on".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Debian packages (issue 7): scripts/build-debs.sh builds gpupoold and gpupool-client from this
+"""The Debian packages: scripts/build-debs.sh builds gpupoold and gpupool-client from this
 checkout; their files land where the systemd units expect them; installed into a scratch root
 (`dpkg --root ROOT --force-script-chrootless`, so the maintainer scripts really run, with
 $DPKG_ROOT=ROOT) they create the gpupoold user and state directory, the installed commands run

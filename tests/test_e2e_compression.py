@@ -1,4 +1,4 @@
-"""LZ4-compressed copies (issue 3; docs/architecture.md, "Compression of copies").
+"""LZ4-compressed copies (docs/architecture.md, "Compression of copies").
 
 The block codec's C unit test (tests/c/test_compress.c), then end to end through a real gpupoold
 and worker on the simulated device: tests/c/copy_check (a driver-API client of the shim) copies

@@ -1,6 +1,7 @@
 """End to end: leases, the queue, the scrub between tenants, authentication and restarts, with a
 real gpupoold on simulated GPUs and real client processes (tests/clients/hold_gpu.c through the
-shim). These are the acceptance tests of the daemon issue (docs/dev/issue4-contracts.md).
+shim). Leases, the queue and the scrub end to end (docs/architecture.md, "Daemon: leases, queue,
+scrub, tokens").
 """
 
 from __future__ import annotations

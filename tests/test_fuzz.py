@@ -72,7 +72,7 @@ def test_fuzz_target_runs_clean(fuzz_build: Path, seed_dir: Path, tmp_path: Path
 
 def test_every_regression_input_replays_clean(fuzz_build: Path, tmp_path: Path) -> None:
     """Inputs that once crashed a target (and the hand-written ones, such as the 2^63-byte copy
-    of issue 16): each on its own, as `build-fuzz/<target> FILE` replays a crash."""
+    that once took a GPU out of service): each on its own, as `build-fuzz/<target> FILE` replays a crash."""
     replayed = 0
     for target in TARGETS:
         files = sorted(p for p in (REGRESSIONS / target).glob("*") if p.is_file())

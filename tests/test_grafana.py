@@ -4,8 +4,8 @@
 - the dashboard's structure: what Grafana's import needs (the `${DS_PROMETHEUS}` datasource
   input, `__requires`), unique panel ids, a grid position for every panel, an expr and the input
   datasource for every query, the template variables and rows the contract names;
-- every metric name in every query is one of docs/dev/issue6-contracts.md section 1 (its tables
-  parsed here), histograms only through `_bucket/_sum/_count`, labels and label values as listed;
+- every metric name in every query is one docs/metrics.md lists (its tables parsed here),
+  histograms only through `_bucket/_sum/_count`, labels and label values as listed;
 - every query parses as PromQL (`promtool check rules`);
 - a live scrape of a test daemon exports every metric family the dashboard uses.
 """
@@ -25,7 +25,7 @@ from conftest import GpupoolServer, require
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "packaging" / "grafana" / "gpupool.json"
-CONTRACT = REPO / "docs" / "dev" / "issue6-contracts.md"
+REFERENCE = REPO / "docs" / "metrics.md"  # every metric name, type and label
 DS_INPUT = "${DS_PROMETHEUS}"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (job, instance) or that a histogram's buckets have.
@@ -41,7 +41,7 @@ LEGEND_RE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 LABEL_VALUES_RE = re.compile(r"label_values\((.*),\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 
 
-# ------------------------------------------------------------------------------- the contract
+# ---------------------------------------------------------------------- the metrics reference
 class Metric:
     def __init__(self, name: str, kind: str, labels: set[str], values: dict[str, set[str]]):
         self.name = name
@@ -50,36 +50,34 @@ class Metric:
         self.values = values  # label -> its listed values, for labels with a closed list
 
 
-def _label_names(cell: str) -> set[str]:
-    """`gpu, state (...)`, `result: `a`, `b``, `interface: ...; reason` -> the label names."""
-    text = re.sub(r"`[^`]*`", "", cell)
-    text = re.sub(r"\([^)]*\)", "", text)
-    names = set()
-    for piece in re.split(r"[,;]", text):
-        name = piece.split(":")[0].strip()
-        if name:
+def _labels(cell: str) -> tuple[set[str], dict[str, set[str]]]:
+    """A labels cell of docs/metrics.md -> (label names, the closed value lists):
+    "`uuid`, `name` (`a`/`b`)", "`state`: `free`, `leased`", "`interface`: `remoting`; `reason`"."""
+    names: set[str] = set()
+    values: dict[str, set[str]] = {}
+    for part in cell.split(";"):
+        listed = re.match(r"\s*`([a-z_][a-z0-9_]*)`:\s*(.*)", part)
+        if listed:
+            names.add(listed.group(1))
+            values[listed.group(1)] = set(re.findall(r"`([^`]+)`", listed.group(2)))
+            continue
+        for name in re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", part)):
             assert re.fullmatch(r"[a-z_][a-z0-9_]*", name), f"unparsable label {name!r} in {cell!r}"
             names.add(name)
-    return names
-
-
-def _label_values(cell: str) -> dict[str, set[str]]:
-    """The closed value lists: `state (`free`, `leased`)` or `result: `granted`, `auth``."""
-    values = {}
-    for m in re.finditer(r"([a-z_]+)(?::\s*|\s*\()((?:`[^`]+`(?:,\s*)?)+)", cell):
-        values[m.group(1)] = set(re.findall(r"`([^`]+)`", m.group(2)))
-    return values
+    return names, values
 
 
 def contract_metrics() -> dict[str, Metric]:
-    """Section 1 of the contract: every table row's names (`a` / `_b`: `_b` replaces as many
-    trailing words of `a` as it has), types (`gauge (0/1)` is a gauge) and labels."""
-    text = CONTRACT.read_text()
-    start = text.index("\n## 1.")
-    section = text[start:text.index("\n## 2.", start)]
+    """docs/metrics.md's tables, from "## Per GPU" to the example queries: each row's name, type
+    and labels; the rows under "Per GPU" also have the label `gpu` (the section says so)."""
+    text = REFERENCE.read_text()
+    start = text.index("\n## Per GPU")
     metrics: dict[str, Metric] = {}
     header: list[str] = []
-    for line in section.splitlines():
+    section = ""
+    for line in text[start:text.index("\n## Example queries", start)].splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
         if not line.startswith("|"):
             header = []
             continue
@@ -91,25 +89,18 @@ def contract_metrics() -> dict[str, Metric]:
             continue
         row = dict(zip(header, cells))
         kind = row["type"].split()[0]
-        assert kind in ("gauge", "counter", "histogram"), f"unknown type in contract row {line!r}"
-        labels = _label_names(row.get("labels", ""))
-        values = _label_values(row.get("labels", ""))
-        previous = ""
-        for token in re.findall(r"`([^`]+)`", row["name"]):
-            if token.startswith("gpupool_"):
-                name = token
-            else:
-                assert token.startswith("_") and previous, f"unparsable name {token!r} in {line!r}"
-                words = token.strip("_").split("_")
-                name = "_".join(previous.split("_")[:-len(words)] + words)
-            previous = name
-            metrics[name] = Metric(name, kind, labels, values)
+        assert kind in ("gauge", "counter", "histogram"), f"unknown type in row {line!r}"
+        labels, values = _labels(row.get("labels", ""))
+        if section == "Per GPU":
+            labels.add("gpu")
+        (name,) = re.findall(r"`(gpupool_[a-z0-9_]+)`", row["name"])
+        metrics[name] = Metric(name, kind, labels, values)
     return metrics
 
 
 def test_contract_parsing() -> None:
-    """The contract's tables read as this test reads them (a parse that finds nothing would let
-    every dashboard through)."""
+    """docs/metrics.md's tables read as this test reads them (a parse that finds nothing would
+    let every dashboard through)."""
     metrics = contract_metrics()
     assert len(metrics) >= 35, sorted(metrics)
     assert metrics["gpupool_gpu_memory_total_bytes"].kind == "gauge"
@@ -277,7 +268,7 @@ def test_dashboard_variables_and_rows() -> None:
 
 def test_every_metric_name_is_in_the_contract() -> None:
     """Names, histogram suffixes, labels in selectors/groupings/legends and closed label values
-    all as docs/dev/issue6-contracts.md section 1 lists them."""
+    all as docs/metrics.md lists them."""
     metrics = contract_metrics()
     problems = []
     used: set[str] = set()
@@ -372,7 +363,7 @@ def test_live_scrape_exports_every_dashboard_metric(gpupool_server: GpupoolServe
     of the contract's type, and the _bucket/_sum/_count samples of every histogram it uses."""
     status, body = scrape(gpupool_server)
     assert status == 200, (f"GET /metrics answered {status}: {body[:500]} (the daemon must "
-                           f"export /metrics, docs/dev/issue6-contracts.md section 3)")
+                           f"export /metrics, docs/metrics.md)")
     types: dict[str, str] = {}
     samples: set[str] = set()
     for line in body.splitlines():

@@ -1,4 +1,4 @@
-"""`GET /metrics` (docs/metrics.md, docs/dev/issue6-contracts.md sections 1 and 3) against a real
+"""`GET /metrics` (docs/metrics.md) against a real
 gpupoold on simulated GPUs: every family with its type, the values a real lease moves, the GPU
 state gauge, the token rules, and `promtool check metrics` on a real scrape.
 """

@@ -1,5 +1,5 @@
 """End to end: server selection in the client shim (client/shim/connect.c;
-docs/dev/issue5-contracts.md section 5) with two real gpupoold on simulated GPUs, each knowing
+docs/architecture.md, "Server selection") with two real gpupoold on simulated GPUs, each knowing
 only its own token, and a configuration file with both as [[servers]] entries (per-server
 tokens): a busy first server sends the program to the second; a server that is down is skipped
 with one warning line; with both free the first in list order wins; a server that refuses the

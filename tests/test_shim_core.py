@@ -554,8 +554,8 @@ NO_GPU = "none of its 1 GPUs meets the requirements (any GPU)"
 def test_server_selection_rules(native_build: Path, fake: Callable[..., FakeServer],
                                 first: Callable[[Any], Any], second: Callable[[Any], Any],
                                 chosen: int | None, lines: list[str]) -> None:
-    """Two servers: each is probed with `info`; the choice follows the counts (section 5 of
-    docs/dev/issue5-contracts.md), a failed probe is one warning line, and a hello goes only to
+    """Two servers: each is probed with `info`; the choice follows the counts (docs/architecture.md,
+    "Server selection"), a failed probe is one warning line, and a hello goes only to
     the chosen server."""
     servers = [fake(on_info=first), fake(on_info=second)]
     names = {"first": servers[0].address, "second": servers[1].address}

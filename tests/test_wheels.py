@@ -1,4 +1,4 @@
-"""The Python distributions (issue 7): scripts/build-dists.sh builds the daemon's and the client's
+"""The Python distributions: scripts/build-dists.sh builds the daemon's and the client's
 wheels and sdists; their metadata, entry points, platform tag and native files are right; in a
 fresh virtual environment the client wheel installs and runs with no compiler on the PATH, and the
 daemon wheel (its dependencies from the package index) starts `gpupoold serve` on a simulated GPU

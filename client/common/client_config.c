@@ -1,6 +1,6 @@
 /*
- * client_config.c: the client configuration (client_config.h; docs/dev/issue5-contracts.md
- * section 3): the file, the TOML subset it may use, and the environment on top of it.
+ * client_config.c: the client configuration (client_config.h;
+ * docs/client-configuration.md): the file, the TOML subset it may use, and the environment on top of it.
  * client/gpupool/config.py reads the same file with the same rules (and the same messages);
  * tests/test_config_agreement.py runs both on one table of cases.
  *

@@ -1,5 +1,5 @@
 /*
- * client_config.h: the client configuration (docs/dev/issue5-contracts.md, section 3; the user's
+ * client_config.h: the client configuration (docs/client-configuration.md; the user's
  * view: docs/user-guide.md). One meaning, read by libcuda.so.1 and libnvidia-ml.so.1 here and by
  * the `gpupool` command (client/gpupool/config.py).
  *

@@ -1,7 +1,7 @@
 """The client configuration: one file (a TOML subset) plus GPUPOOL_* environment variables.
 
 The same rules, in the same order and with the same messages, as the shims' C reader
-(client/common/client_config.c; docs/dev/issue5-contracts.md section 3), so that `gpupool config`,
+(client/common/client_config.c; docs/client-configuration.md), so that `gpupool config`,
 `status` and `doctor` see what a program run with `gpupool run` sees
 (tests/test_config_agreement.py runs both on one table of cases):
 

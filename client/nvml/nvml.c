@@ -1,5 +1,5 @@
 /*
- * nvml.c: our libnvidia-ml.so.1 (docs/dev/issue5-contracts.md, section 6): the NVML entry
+ * nvml.c: our libnvidia-ml.so.1 (docs/architecture.md, "The NVML shim"): the NVML entry
  * points that tools (pynvml, nvitop, PyTorch) use, answered from gpupool servers' `info`
  * documents instead of a local driver.
  *

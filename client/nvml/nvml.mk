@@ -1,4 +1,4 @@
-# The NVML shim: our libnvidia-ml.so.1 (client/nvml/, docs/dev/issue5-contracts.md section 6).
+# The NVML shim: our libnvidia-ml.so.1 (client/nvml/, docs/architecture.md "The NVML shim").
 #   $(BUILD)/client/libnvidia-ml.so.1   client/nvml/*.c (not the test_*.c), the generated stubs
 #                                       (client/nvml/generated/, from gen_stubs.py), the client
 #                                       units it shares with libcuda.so.1 (configuration, the

@@ -1,5 +1,5 @@
 /*
- * nvml_view.h: from a server's `info` document (docs/dev/issue5-contracts.md, sections 1 and 2)
+ * nvml_view.h: from a server's `info` document (docs/protocol.md, "info")
  * to NVML's answers. Pure functions over parsed JSON and plain structs: no connections, no
  * locks, no global state, so the C unit test (test_nvml_view.c) drives them with JSON strings.
  *

@@ -38,7 +38,7 @@ void gp_conn_notice(const uint8_t *body, size_t len);
 
 /* ---- connect.c ------------------------------------------------------------------------------- */
 /* Load the configuration (client_config.c), pick a server (one configured: it; several: probe
- * each with `info` and take the best, section 5 of docs/dev/issue5-contracts.md), reserve the
+ * each with `info` and take the best: docs/architecture.md, "Server selection"), reserve the
  * window, connect and say hello; on success the snapshot is stored (gp_state_set_snapshot),
  * *sock_out is the connected socket, *tls_out the TLS session with the worker (NULL for
  * plaintext) and server_desc names the server ("host:port"). Otherwise one line went to stderr:

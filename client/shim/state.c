@@ -87,7 +87,7 @@ int gp_reported_driver_version(void) {
     return GP_FALLBACK_DRIVER_VERSION;
 }
 
-/* ---- for the NVML shim and `gpupool doctor` (docs/dev/issue5-contracts.md, section 5) ------ */
+/* ---- for the NVML shim and `gpupool doctor` (docs/architecture.md, "Server selection") ---- */
 
 #ifndef GPUPOOL_VERSION
 #error "GPUPOOL_VERSION must be defined (shim.mk passes the version of client/gpupool/__init__.py)"
