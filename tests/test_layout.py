@@ -1,5 +1,6 @@
 """Rules of the tree's structure: the Python packages' import graphs have no cycle, the daemon's
-domain imports no adapter, and C reaches shared code by the include path, never by `../`.
+domain imports no adapter, C reaches shared code by the include path (never by `../`), and every
+non-static C name carries its component's prefix.
 
 Every import counts, wherever it is written (module level, inside a function, under
 TYPE_CHECKING): a cycle hidden in a function or a type annotation is still two modules that
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"gpupoold": ROOT / "gpupoold", "gpupool": ROOT / "client" / "gpupool"}
@@ -147,3 +150,48 @@ def test_no_c_include_climbs_out_of_its_folder() -> None:
     climbing = re.compile(r'^\s*#\s*include\s*"\.\./', re.M)
     bad = [str(p.relative_to(ROOT)) for p in sources if p.is_file() and climbing.search(p.read_text())]
     assert not bad, f"#include \"../...\" in {bad}: reach the header by the include path instead"
+
+
+# Non-static C names: each component's own prefix, besides the APIs it implements and `main`.
+# (folder of objects under the build directory, the prefixes its global symbols may have)
+C_PREFIXES = (
+    ("worker", ("wk_",)),
+    ("worker/sim", ("sim_", "cu", "gpupoolSim")),
+    ("worker/scrub", ("scrub_",)),
+    ("client/shim", ("gp_", "cu", "gpupool_")),
+    ("client/shim/generated", ("gp_", "cu")),
+    ("client/common", ("gp_",)),
+    ("client/nvml", ("gp_", "nvml", "gpupool_")),
+    ("client/nvml/generated", ("nvml",)),
+    ("common", ("gp_",)),
+    ("protocol/generated", ("gp_",)),
+)
+
+
+def test_non_static_c_names_carry_their_component_prefix(native_build: Path) -> None:
+    """One naming rule for C: a function or variable other files can see starts with its
+    component's prefix (`gp_` in the client libraries and the shared code, `wk_` in the worker,
+    `sim_` in the simulated device, `scrub_` in the scrub tool), so a name says where it lives
+    and two components linked together cannot collide."""
+    nm = shutil.which("nm")
+    require(nm, "nm (binutils) reads the objects' symbols")
+    assert nm is not None
+    bad: list[str] = []
+    checked = 0
+    for folder, prefixes in C_PREFIXES:
+        objects = sorted((native_build / "obj" / folder).glob("*.o"))
+        objects = [o for o in objects if not o.name.startswith("test_")]
+        assert objects, f"no objects in {native_build / 'obj' / folder}"
+        for obj in objects:
+            out = subprocess.run([nm, "--defined-only", "-g", str(obj)], capture_output=True,
+                                 text=True, check=True).stdout
+            for line in out.splitlines():
+                parts = line.split()
+                if len(parts) != 3 or parts[1] not in "TDBRWV":
+                    continue
+                checked += 1
+                name = parts[2]
+                if name != "main" and not name.startswith(prefixes):
+                    bad.append(f"{folder}/{obj.stem}: {name}")
+    assert checked > 500, checked
+    assert not bad, f"non-static names without their component's prefix: {bad}"

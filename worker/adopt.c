@@ -44,7 +44,7 @@ static void adopt_path(const struct worker *w, char *buf, size_t cap, const char
              (unsigned long long)w->ctl.session_id, suffix);
 }
 
-int adopt_listen(struct worker *w)
+int wk_adopt_listen(struct worker *w)
 {
     if (!w->ctl.adopt_dir || w->ctl.grace_ns == 0)
         return 0; /* the session ends with its daemon, as it always did */
@@ -52,82 +52,82 @@ int adopt_listen(struct worker *w)
     char path[PATH_MAX_ADOPT];
     adopt_path(w, path, sizeof path, "sock");
     if (strlen(path) >= sizeof a.sun_path) {
-        wlog("adoption socket path %s is longer than a Unix socket allows (%zu bytes): this "
+        wk_log("adoption socket path %s is longer than a Unix socket allows (%zu bytes): this "
              "session ends with gpupoold (use a shorter state_dir)", path, sizeof a.sun_path - 1);
         return -1;
     }
     memcpy(a.sun_path, path, strlen(path) + 1);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
-        wlog("adoption socket: %s; this session ends with gpupoold", strerror(errno));
+        wk_log("adoption socket: %s; this session ends with gpupoold", strerror(errno));
         return -1;
     }
     if (unlink(path) != 0 && errno != ENOENT) /* a stale one of an earlier run */
-        wlog("removing the stale %s: %s", path, strerror(errno));
+        wk_log("removing the stale %s: %s", path, strerror(errno));
     mode_t old = umask(077); /* the daemon's user only, whatever the directory allows */
     int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
     umask(old);
     if (rc != 0 || listen(fd, 2) != 0) {
-        wlog("adoption socket %s: %s; this session ends with gpupoold", path, strerror(errno));
+        wk_log("adoption socket %s: %s; this session ends with gpupoold", path, strerror(errno));
         if (close(fd) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
         return -1;
     }
     w->ctl.listen_fd = fd;
     /* From now on the daemon's death must not end us: no SIGTERM at its exit (watch_parent
      * asked for one before the session); the control socket's end of stream tells instead. */
     if (prctl(PR_SET_PDEATHSIG, 0) != 0)
-        wlog("PR_SET_PDEATHSIG: %s", strerror(errno));
+        wk_log("PR_SET_PDEATHSIG: %s", strerror(errno));
     return 0;
 }
 
-void adopt_close(struct worker *w)
+void wk_adopt_close(struct worker *w)
 {
     if (w->ctl.listen_fd < 0)
         return;
     if (close(w->ctl.listen_fd) != 0)
-        wlog("closing the adoption socket: %s", strerror(errno));
+        wk_log("closing the adoption socket: %s", strerror(errno));
     w->ctl.listen_fd = -1;
     char path[PATH_MAX_ADOPT];
     adopt_path(w, path, sizeof path, "sock");
     if (unlink(path) != 0 && errno != ENOENT)
-        wlog("removing %s: %s", path, strerror(errno));
+        wk_log("removing %s: %s", path, strerror(errno));
 }
 
-int adopt_orphan(struct worker *w)
+int wk_adopt_orphan(struct worker *w)
 {
     if (!w->ctl.in_session || w->ctl.listen_fd < 0 || w->dead)
         return -1;
     if (close(w->ctl.fd) != 0)
-        wlog("closing the control socket: %s", strerror(errno));
+        wk_log("closing the control socket: %s", strerror(errno));
     w->ctl.fd = -1;
-    w->ctl.orphan_since = now_ns();
-    wlog("gpupoold is gone: serving on, waiting up to %g s for a new gpupoold to adopt this "
+    w->ctl.orphan_since = wk_now_ns();
+    wk_log("gpupoold is gone: serving on, waiting up to %g s for a new gpupoold to adopt this "
          "session", (double)w->ctl.grace_ns / 1e9);
     return 0;
 }
 
-int adopt_wait_ms(const struct worker *w)
+int wk_adopt_wait_ms(const struct worker *w)
 {
     if (!w->ctl.orphan_since)
         return -1;
-    uint64_t now = now_ns(), end = w->ctl.orphan_since + w->ctl.grace_ns;
+    uint64_t now = wk_now_ns(), end = w->ctl.orphan_since + w->ctl.grace_ns;
     return now >= end ? 0 : (int)((end - now + 999999) / 1000000);
 }
 
-int adopt_check_grace(struct worker *w)
+int wk_adopt_check_grace(struct worker *w)
 {
-    if (!w->ctl.orphan_since || adopt_wait_ms(w) > 0)
+    if (!w->ctl.orphan_since || wk_adopt_wait_ms(w) > 0)
         return 0;
     double s = (double)w->ctl.grace_ns / 1e9;
-    wlog("no gpupoold adopted this session within %g s: ending it", s);
-    end_session(w, WK_END_DAEMON_LOST,
+    wk_log("no gpupoold adopted this session within %g s: ending it", s);
+    wk_end_session(w, WK_END_DAEMON_LOST,
                 "gpupoold stopped and no new gpupoold adopted the session within %g s "
                 "(worker_orphan_grace)", s);
     char text[300];
     snprintf(text, sizeof text, "the gpupool server has been gone for %g s; this session has ended",
              s);
-    close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE, text);
+    wk_close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE, text);
     return -1;
 }
 
@@ -135,35 +135,35 @@ int adopt_check_grace(struct worker *w)
 static void send_adopted(struct worker *w)
 {
     const uint8_t *u = w->snap.uuid;
-    double orphaned = w->ctl.orphan_since ? (double)(now_ns() - w->ctl.orphan_since) / 1e9 : 0.0;
+    double orphaned = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0.0;
     struct jbuf j = {.n = 0};
-    jb_printf(&j,
+    wk_jb_printf(&j,
               "{\"event\":\"adopted\",\"session\":%llu,\"pid\":%ld,\"control\":%d,"
               "\"device\":%d,\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
               "%02x%02x%02x%02x%02x%02x\",\"orphaned_s\":%.3f,\"request\":{\"gpu\":",
               (unsigned long long)w->ctl.session_id, (long)getpid(), WK_CONTROL_VERSION,
               w->ordinal, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
               u[11], u[12], u[13], u[14], u[15], orphaned);
-    jb_str(&j, w->ctl.req_gpu);
-    jb_printf(&j, ",\"model\":");
-    jb_str(&j, w->ctl.req_model);
-    jb_printf(&j, ",\"min_memory\":%llu},", (unsigned long long)w->ctl.req_min_memory);
-    ctl_counters_json(w, &j);
-    jb_printf(&j, "}");
-    (void)ctl_send(w, &j, 0);
+    wk_jb_str(&j, w->ctl.req_gpu);
+    wk_jb_printf(&j, ",\"model\":");
+    wk_jb_str(&j, w->ctl.req_model);
+    wk_jb_printf(&j, ",\"min_memory\":%llu},", (unsigned long long)w->ctl.req_min_memory);
+    wk_ctl_counters_json(w, &j);
+    wk_jb_printf(&j, "}");
+    (void)wk_ctl_send(w, &j, 0);
 }
 
 static void refuse(int fd, uint64_t session, const char *why)
 {
     struct jbuf j = {.n = 0};
-    jb_printf(&j, "{\"event\":\"adopt_refused\",\"session\":%llu,\"error\":",
+    wk_jb_printf(&j, "{\"event\":\"adopt_refused\",\"session\":%llu,\"error\":",
               (unsigned long long)session);
-    jb_str(&j, why);
-    jb_printf(&j, "}");
+    wk_jb_str(&j, why);
+    wk_jb_printf(&j, "}");
     if (!j.overflow && send(fd, j.b, j.n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-        wlog("refusing an adoption: %s", strerror(errno));
+        wk_log("refusing an adoption: %s", strerror(errno));
     if (close(fd) != 0)
-        wlog("close: %s", strerror(errno));
+        wk_log("close: %s", strerror(errno));
 }
 
 /* Only the daemon's own user (or root) may adopt: the socket's mode says so already; the peer's
@@ -177,16 +177,16 @@ static int peer_allowed(int fd)
     return cred.uid == geteuid() || cred.uid == 0;
 }
 
-int adopt_accept(struct worker *w)
+int wk_adopt_accept(struct worker *w)
 {
     int fd = accept4(w->ctl.listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-            wlog("accepting on the adoption socket: %s", strerror(errno));
+            wk_log("accepting on the adoption socket: %s", strerror(errno));
         return 0;
     }
     if (!peer_allowed(fd)) {
-        wlog("refused an adoption from another user");
+        wk_log("refused an adoption from another user");
         refuse(fd, w->ctl.session_id, "only gpupoold's own user may adopt this worker");
         return 0;
     }
@@ -200,14 +200,14 @@ int adopt_accept(struct worker *w)
     ssize_t n = -1;
     if (r == 1) {
         int saved = w->ctl.fd;
-        w->ctl.fd = fd; /* ctl_recv reads w->ctl.fd */
-        n = ctl_recv(w, buf, sizeof buf, &passed, &truncated);
+        w->ctl.fd = fd; /* wk_ctl_recv reads w->ctl.fd */
+        n = wk_ctl_recv(w, buf, sizeof buf, &passed, &truncated);
         w->ctl.fd = saved;
     }
     if (n < ADOPT_HEADER || truncated || memcmp(buf, ADOPT_MAGIC, 4) != 0) {
-        wlog("an adoption connection sent no valid ADOPT message (%zd bytes); ignored", n);
+        wk_log("an adoption connection sent no valid ADOPT message (%zd bytes); ignored", n);
         if (passed >= 0 && close(passed) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
         refuse(fd, w->ctl.session_id, "expected an ADOPT message");
         return 0;
     }
@@ -216,41 +216,41 @@ int adopt_accept(struct worker *w)
         char why[160];
         snprintf(why, sizeof why, "this worker speaks control version %d, gpupoold asked for %u",
                  WK_CONTROL_VERSION, version);
-        wlog("refused an adoption: %s", why);
+        wk_log("refused an adoption: %s", why);
         if (passed >= 0 && close(passed) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
         refuse(fd, w->ctl.session_id, why);
         return 0;
     }
     if (w->ctl.fd >= 0) {
-        wlog("refused an adoption: a gpupoold already follows this session");
+        wk_log("refused an adoption: a gpupoold already follows this session");
         if (passed >= 0 && close(passed) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
         refuse(fd, w->ctl.session_id, "another gpupoold already follows this session (two "
                                       "daemons on one state directory?)");
         return 0;
     }
     if (passed >= 0) { /* the new daemon's log pipe becomes our stdout and stderr */
         if (dup2(passed, STDOUT_FILENO) < 0 || dup2(passed, STDERR_FILENO) < 0)
-            wlog("taking the new log pipe: %s", strerror(errno));
+            wk_log("taking the new log pipe: %s", strerror(errno));
         if (close(passed) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || ((fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0))
-        wlog("making the control socket blocking: %s", strerror(errno));
-    double orphaned = w->ctl.orphan_since ? (double)(now_ns() - w->ctl.orphan_since) / 1e9 : 0;
+        wk_log("making the control socket blocking: %s", strerror(errno));
+    double orphaned = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0;
     w->ctl.fd = fd;
     w->ctl.gone = 0;
     send_adopted(w);
     w->ctl.orphan_since = 0;
     w->ctl.sent = w->stats; /* the event carried them */
-    w->ctl.stats_ns = now_ns();
-    wlog("adopted by gpupoold pid %u after %.1f s on our own", daemon_pid, orphaned);
+    w->ctl.stats_ns = wk_now_ns();
+    wk_log("adopted by gpupoold pid %u after %.1f s on our own", daemon_pid, orphaned);
     return 0;
 }
 
-void adopt_write_end(struct worker *w, const struct jbuf *j, int alone)
+void wk_adopt_write_end(struct worker *w, const struct jbuf *j, int alone)
 {
     if (!w->ctl.adopt_dir || j->overflow)
         return;
@@ -258,12 +258,12 @@ void adopt_write_end(struct worker *w, const struct jbuf *j, int alone)
     adopt_path(w, path, sizeof path, "end");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (unlink(tmp) != 0 && errno != ENOENT) /* a leftover of a crash */
-        wlog("removing %s: %s", tmp, strerror(errno));
-    if (write_file_atomic(tmp, path, j->b, j->n, alone) != 0) {
-        wlog("cannot record the session's end in %s: %s", path, strerror(errno));
+        wk_log("removing %s: %s", tmp, strerror(errno));
+    if (wk_write_file_atomic(tmp, path, j->b, j->n, alone) != 0) {
+        wk_log("cannot record the session's end in %s: %s", path, strerror(errno));
         return;
     }
     if (alone)
-        wlog("no gpupoold follows this session: its end is recorded in %s for the next one",
+        wk_log("no gpupoold follows this session: its end is recorded in %s for the next one",
              path);
 }

@@ -10,22 +10,22 @@
 #include "compress.h"
 #include "worker.h"
 
-uint32_t cz_negotiate(struct worker *w, uint32_t hello_flags)
+uint32_t wk_cz_negotiate(struct worker *w, uint32_t hello_flags)
 {
     w->cz.on = 0;
     if (!(hello_flags & GP_HELLO_LZ4))
         return 0;
     if (!gp_lz4_available()) {
-        wlog("the client asked for lz4-compressed copies; copies stay uncompressed (%s)",
+        wk_log("the client asked for lz4-compressed copies; copies stay uncompressed (%s)",
              gp_lz4_why());
         return 0;
     }
     w->cz.on = 1;
-    wlog("copies of %d bytes or more are lz4-compressed in this session", GP_LZ4_MIN_COPY);
+    wk_log("copies of %d bytes or more are lz4-compressed in this session", GP_LZ4_MIN_COPY);
     return GP_HELLO_LZ4;
 }
 
-int cz_copy(const struct worker *w, uint64_t n)
+int wk_cz_copy(const struct worker *w, uint64_t n)
 {
     return w->cz.on && gp_cz_applies(n);
 }
@@ -37,35 +37,35 @@ static int scratch(struct worker *w)
     return w->cz.scratch ? 0 : -1;
 }
 
-int cz_read(struct worker *w, void *dst, size_t n)
+int wk_cz_read(struct worker *w, void *dst, size_t n)
 {
     uint8_t *d = dst;
     size_t done = 0;
     if (scratch(w) != 0) {
-        protocol_error(w, GP_OP_MEMCPY_HTOD, "out of memory for a compressed copy");
+        wk_protocol_error(w, GP_OP_MEMCPY_HTOD, "out of memory for a compressed copy");
         return -1;
     }
     while (done < n) {
         uint8_t hdr[GP_CZ_HDR];
         uint32_t raw, stored;
         const char *why = NULL;
-        if (io_read_bulk(w, hdr, sizeof hdr) != 0)
+        if (wk_io_read_bulk(w, hdr, sizeof hdr) != 0)
             return -1;
         if (gp_cz_header(hdr, n - done, &raw, &stored, &why) != 0) {
-            protocol_error(w, GP_OP_MEMCPY_HTOD, "%s", why);
+            wk_protocol_error(w, GP_OP_MEMCPY_HTOD, "%s", why);
             return -1;
         }
         if (stored == raw) {
-            if (io_read_bulk(w, d ? d + done : NULL, raw) != 0)
+            if (wk_io_read_bulk(w, d ? d + done : NULL, raw) != 0)
                 return -1;
         } else if (!d) { /* a failed copy: its data is dropped undecoded */
-            if (io_read_bulk(w, NULL, stored) != 0)
+            if (wk_io_read_bulk(w, NULL, stored) != 0)
                 return -1;
         } else {
-            if (io_read_bulk(w, w->cz.scratch, stored) != 0)
+            if (wk_io_read_bulk(w, w->cz.scratch, stored) != 0)
                 return -1;
             if (gp_cz_inflate(w->cz.scratch, stored, d + done, raw, &why) != 0) {
-                protocol_error(w, GP_OP_MEMCPY_HTOD, "%s", why);
+                wk_protocol_error(w, GP_OP_MEMCPY_HTOD, "%s", why);
                 return -1;
             }
         }
@@ -76,11 +76,11 @@ int cz_read(struct worker *w, void *dst, size_t n)
     return 0;
 }
 
-int cz_write(struct worker *w, const void *src, size_t n, int *raw_run)
+int wk_cz_write(struct worker *w, const void *src, size_t n, int *raw_run)
 {
     const uint8_t *s = src;
     if (scratch(w) != 0) {
-        end_session(w, WK_END_WORKER_ERROR, "out of memory for a compressed copy");
+        wk_end_session(w, WK_END_WORKER_ERROR, "out of memory for a compressed copy");
         return -1;
     }
     for (size_t off = 0; off < n;) {
@@ -88,7 +88,7 @@ int cz_write(struct worker *w, const void *src, size_t n, int *raw_run)
         gp_cz_enc st = {.raw_run = *raw_run};
         size_t len = gp_cz_encode(&st, s + off, raw, w->cz.scratch);
         *raw_run = st.raw_run;
-        if (io_write_direct(w, w->cz.scratch, len) != 0)
+        if (wk_io_write_direct(w, w->cz.scratch, len) != 0)
             return -1;
         w->cz.d2h_wire += len;
         off += raw;
@@ -97,10 +97,10 @@ int cz_write(struct worker *w, const void *src, size_t n, int *raw_run)
     return 0;
 }
 
-void cz_end(struct worker *w)
+void wk_cz_end(struct worker *w)
 {
     if (w->cz.h2d_raw || w->cz.d2h_raw)
-        wlog("copy bytes (lz4 %s): host-to-device %llu raw, %llu on the wire; device-to-host "
+        wk_log("copy bytes (lz4 %s): host-to-device %llu raw, %llu on the wire; device-to-host "
              "%llu raw, %llu on the wire",
              w->cz.on ? "on" : "off", (unsigned long long)w->cz.h2d_raw,
              (unsigned long long)w->cz.h2d_wire, (unsigned long long)w->cz.d2h_raw,

@@ -23,7 +23,7 @@
 #define END_MAGIC "GPWE"
 #define END_HEADER 8 /* "GPWE", i32 code */
 
-uint64_t now_ns(void)
+uint64_t wk_now_ns(void)
 {
     struct timespec ts;
     if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
@@ -31,7 +31,7 @@ uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void jb_printf(struct jbuf *j, const char *fmt, ...)
+void wk_jb_printf(struct jbuf *j, const char *fmt, ...)
 {
     if (j->overflow)
         return;
@@ -46,29 +46,29 @@ void jb_printf(struct jbuf *j, const char *fmt, ...)
     j->n += (size_t)n;
 }
 
-void jb_str(struct jbuf *j, const char *s)
+void wk_jb_str(struct jbuf *j, const char *s)
 {
-    jb_printf(j, "\"");
+    wk_jb_printf(j, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p && !j->overflow; p++) {
         unsigned char c = *p;
         if (c == '"' || c == '\\')
-            jb_printf(j, "\\%c", c);
+            wk_jb_printf(j, "\\%c", c);
         else if (c == '\n')
-            jb_printf(j, "\\n");
+            wk_jb_printf(j, "\\n");
         else if (c < 0x20 || c == 0x7f)
-            jb_printf(j, "\\u%04x", c);
+            wk_jb_printf(j, "\\u%04x", c);
         else
-            jb_printf(j, "%c", c); /* UTF-8 passes through; the daemon decodes with replace */
+            wk_jb_printf(j, "%c", c); /* UTF-8 passes through; the daemon decodes with replace */
     }
-    jb_printf(j, "\"");
+    wk_jb_printf(j, "\"");
 }
 
-int ctl_send(struct worker *w, const struct jbuf *j, int best_effort)
+int wk_ctl_send(struct worker *w, const struct jbuf *j, int best_effort)
 {
     if (w->ctl.fd < 0 || w->ctl.gone)
         return -1;
     if (j->overflow) {
-        wlog("a control event did not fit in %d bytes; not sent", WK_CTL_MAX);
+        wk_log("a control event did not fit in %d bytes; not sent", WK_CTL_MAX);
         return -1;
     }
     for (;;) {
@@ -81,12 +81,12 @@ int ctl_send(struct worker *w, const struct jbuf *j, int best_effort)
             return -1; /* the daemon is not reading: a stats event can wait for the next */
         /* EPIPE/ECONNRESET: the daemon is gone; the poll on the socket will say so too. */
         if (r < 0 && errno != EPIPE && errno != ECONNRESET)
-            wlog("sending a control event: %s", strerror(errno));
+            wk_log("sending a control event: %s", strerror(errno));
         return -1;
     }
 }
 
-ssize_t ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncated)
+ssize_t wk_ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncated)
 {
     /* Room for a few descriptors: a confused sender's extras are received and closed rather
      * than leaked into this process. */
@@ -115,9 +115,9 @@ ssize_t ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncate
             if (*fd < 0) {
                 *fd = got;
             } else {
-                wlog("closing an extra descriptor sent on the control socket");
+                wk_log("closing an extra descriptor sent on the control socket");
                 if (close(got) != 0)
-                    wlog("close: %s", strerror(errno));
+                    wk_log("close: %s", strerror(errno));
             }
         }
     }
@@ -126,11 +126,11 @@ ssize_t ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncate
     return n;
 }
 
-void ctl_counters_json(struct worker *w, struct jbuf *j)
+void wk_ctl_counters_json(struct worker *w, struct jbuf *j)
 {
     const uint64_t *c = w->stats.calls;
-    double dur = w->ctl.started_ns ? (double)(now_ns() - w->ctl.started_ns) / 1e9 : 0.0;
-    jb_printf(j,
+    double dur = w->ctl.started_ns ? (double)(wk_now_ns() - w->ctl.started_ns) / 1e9 : 0.0;
+    wk_jb_printf(j,
               "\"calls\":{\"launch\":%llu,\"copy\":%llu,\"alloc\":%llu,\"sync\":%llu,"
               "\"other\":%llu},\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"module_bytes\":%llu,"
               "\"duration_s\":%.3f,\"mem_used\":%llu,\"busy_ns\":%llu",
@@ -142,10 +142,10 @@ void ctl_counters_json(struct worker *w, struct jbuf *j)
               (unsigned long long)w->stats.mem_used, (unsigned long long)w->stats.busy_ns);
     /* At most 431 bytes (20-digit numbers): the longest end event (511 detail bytes escaped to 6
      * each, every number at 20 digits) stays under 3,950 of WK_CTL_MAX's 4,096 bytes. */
-    jb_printf(j, ",\"latency\":{\"counts\":[");
+    wk_jb_printf(j, ",\"latency\":{\"counts\":[");
     for (int i = 0; i < WK_LAT_BUCKETS; i++)
-        jb_printf(j, i ? ",%llu" : "%llu", (unsigned long long)w->stats.lat_counts[i]);
-    jb_printf(j, "],\"sum_ns\":%llu}", (unsigned long long)w->stats.lat_sum_ns);
+        wk_jb_printf(j, i ? ",%llu" : "%llu", (unsigned long long)w->stats.lat_counts[i]);
+    wk_jb_printf(j, "],\"sum_ns\":%llu}", (unsigned long long)w->stats.lat_sum_ns);
 }
 
 /* Whether the counters a stats event reports differ from the last one sent (a change of mem_used,
@@ -159,20 +159,20 @@ static int counters_changed(const struct wk_counters *a, const struct wk_counter
            a->mem_used != b->mem_used || a->busy_ns != b->busy_ns;
 }
 
-int ctl_stats_tick(struct worker *w)
+int wk_ctl_stats_tick(struct worker *w)
 {
     if (!w->ctl.in_session || w->ctl.gone || !counters_changed(&w->stats, &w->ctl.sent))
         return -1;
-    uint64_t now = now_ns();
+    uint64_t now = wk_now_ns();
     uint64_t due = w->ctl.stats_ns + STATS_INTERVAL_NS;
     if (now < due)
         return (int)((due - now + 999999) / 1000000);
     struct jbuf j = {.n = 0};
-    jb_printf(&j, "{\"event\":\"stats\",\"session\":%llu,", (unsigned long long)w->ctl.session_id);
-    ctl_counters_json(w, &j);
-    jb_printf(&j, "}");
+    wk_jb_printf(&j, "{\"event\":\"stats\",\"session\":%llu,", (unsigned long long)w->ctl.session_id);
+    wk_ctl_counters_json(w, &j);
+    wk_jb_printf(&j, "}");
     /* Best effort: a daemon that does not read gets the next one a second later. */
-    (void)ctl_send(w, &j, 1);
+    (void)wk_ctl_send(w, &j, 1);
     w->ctl.sent = w->stats;
     w->ctl.stats_ns = now;
     return -1;
@@ -183,35 +183,35 @@ int ctl_stats_tick(struct worker *w)
  * the client is told why, best effort. 0: carry on (orphaned); -1: the session ends. */
 static int daemon_gone(struct worker *w)
 {
-    if (adopt_orphan(w) == 0)
+    if (wk_adopt_orphan(w) == 0)
         return 0;
-    wlog("the control socket was closed: gpupoold is gone; ending");
+    wk_log("the control socket was closed: gpupoold is gone; ending");
     w->ctl.gone = 1;
-    end_session(w, WK_END_SHUTDOWN, "gpupoold closed the control socket");
-    close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE,
+    wk_end_session(w, WK_END_SHUTDOWN, "gpupoold closed the control socket");
+    wk_close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE,
                  "the gpupool server stopped; this session has ended");
     return -1;
 }
 
-int ctl_handle(struct worker *w)
+int wk_ctl_handle(struct worker *w)
 {
     uint8_t buf[WK_CTL_MAX + 1];
     int fd, truncated;
-    ssize_t n = ctl_recv(w, buf, WK_CTL_MAX, &fd, &truncated);
+    ssize_t n = wk_ctl_recv(w, buf, WK_CTL_MAX, &fd, &truncated);
     if (fd >= 0) {
-        wlog("closing a descriptor sent on the control socket during a session");
+        wk_log("closing a descriptor sent on the control socket during a session");
         if (close(fd) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return 0; /* spurious wake-up */
     if (n <= 0) {
         if (n < 0)
-            wlog("reading the control socket: %s", strerror(errno));
+            wk_log("reading the control socket: %s", strerror(errno));
         return daemon_gone(w);
     }
     if ((size_t)n < END_HEADER || memcmp(buf, END_MAGIC, 4) != 0) {
-        wlog("ignoring an unexpected control message of %zd bytes during a session", n);
+        wk_log("ignoring an unexpected control message of %zd bytes during a session", n);
         return 0;
     }
     int32_t code = (int32_t)gp_rd_u32(buf + 4);
@@ -219,29 +219,29 @@ int ctl_handle(struct worker *w)
     const char *text = (const char *)buf + END_HEADER;
     if (!*text)
         text = "the gpupool server ended this session";
-    wlog("the server ended the session (%d): %s", code, text);
-    end_session(w, WK_END_SERVER_ENDED, "%s", text);
-    close_client(w, code, text);
+    wk_log("the server ended the session (%d): %s", code, text);
+    wk_end_session(w, WK_END_SERVER_ENDED, "%s", text);
+    wk_close_client(w, code, text);
     return -1;
 }
 
-void ctl_send_end(struct worker *w)
+void wk_ctl_send_end(struct worker *w)
 {
     struct jbuf j = {.n = 0};
-    jb_printf(&j, "{\"event\":\"end\",\"session\":");
+    wk_jb_printf(&j, "{\"event\":\"end\",\"session\":");
     if (w->ctl.in_session)
-        jb_printf(&j, "%llu", (unsigned long long)w->ctl.session_id);
+        wk_jb_printf(&j, "%llu", (unsigned long long)w->ctl.session_id);
     else
-        jb_printf(&j, "null");
-    jb_printf(&j, ",\"reason\":\"%s\",\"detail\":", end_reason_name(w->end_reason));
-    jb_str(&j, w->end_reason == WK_END_NONE ? "the connection ended" : w->end_detail);
-    jb_printf(&j, ",");
-    ctl_counters_json(w, &j);
-    jb_printf(&j, "}");
+        wk_jb_printf(&j, "null");
+    wk_jb_printf(&j, ",\"reason\":\"%s\",\"detail\":", wk_end_reason_name(w->end_reason));
+    wk_jb_str(&j, w->end_reason == WK_END_NONE ? "the connection ended" : w->end_detail);
+    wk_jb_printf(&j, ",");
+    wk_ctl_counters_json(w, &j);
+    wk_jb_printf(&j, "}");
     /* An adoptable session writes its end down first: if the daemon goes before it records
      * this event (or there is none: orphaned), the next one reads the file. */
     int adoptable = w->ctl.in_session && w->ctl.listen_fd >= 0;
     if (adoptable)
-        adopt_write_end(w, &j, w->ctl.fd < 0);
-    (void)ctl_send(w, &j, 0);
+        wk_adopt_write_end(w, &j, w->ctl.fd < 0);
+    (void)wk_ctl_send(w, &j, 0);
 }

@@ -46,7 +46,7 @@ static void *lookup(void *lib, const char *names)
     return NULL;
 }
 
-int driver_load(struct gp_driver *d, const char *path, char *err, size_t errlen)
+int wk_driver_load(struct gp_driver *d, const char *path, char *err, size_t errlen)
 {
     memset(d, 0, sizeof *d);
     /* RTLD_NOW: a library with unresolvable dependencies fails here, with a message, instead of

@@ -143,7 +143,7 @@ struct gp_driver {
 };
 
 /* dlopen() path and fill the table. Returns 0, or -1 with a one-line reason in err. */
-int driver_load(struct gp_driver *d, const char *path, char *err, size_t errlen);
+int wk_driver_load(struct gp_driver *d, const char *path, char *err, size_t errlen);
 
 /* Calls an optional entry point, or yields CUDA_ERROR_NOT_SUPPORTED when the library lacks it. */
 #define DRV(w_, fn_, ...) ((w_)->drv.fn_ ? (w_)->drv.fn_(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)

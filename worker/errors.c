@@ -13,7 +13,7 @@
 
 #include "worker.h"
 
-void wlog(const char *fmt, ...)
+void wk_log(const char *fmt, ...)
 {
     char line[1024];
     va_list ap;
@@ -30,7 +30,7 @@ void wlog(const char *fmt, ...)
     fprintf(stderr, "gpupool-worker[%ld]: %s\n", (long)getpid(), line);
 }
 
-const char *err_name(struct worker *w, CUresult rc)
+const char *wk_err_name(struct worker *w, CUresult rc)
 {
     if (rc >= 100000) {
         const char *n = gp_result_name(rc);
@@ -46,7 +46,7 @@ const char *err_name(struct worker *w, CUresult rc)
     return buf;
 }
 
-void send_notice(struct worker *w, int32_t code, uint16_t op, const char *text)
+void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text)
 {
     gp_notice n = {0};
     n.code = code;
@@ -55,12 +55,12 @@ void send_notice(struct worker *w, int32_t code, uint16_t op, const char *text)
     size_t len = strlen(text);
     n.text_len = (uint32_t)(len > 4095 ? 4095 : len);
     size_t size = 16 + gp_notice_size(&n);
-    uint8_t *p = io_reserve(w, size);
+    uint8_t *p = wk_io_reserve(w, size);
     if (p)
         gp_notice_frame(p, 0, &n);
 }
 
-int err_is_sticky(CUresult rc)
+int wk_err_is_sticky(CUresult rc)
 {
     /* The errors after which the driver refuses the context for good: every later call returns
      * them again (CUDA programming guide, "sticky" errors). */
@@ -81,7 +81,7 @@ int err_is_sticky(CUresult rc)
     }
 }
 
-void defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fmt, ...)
+void wk_defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fmt, ...)
 {
     /* The detail belongs to the call that just failed: read it before anything else calls in. */
     const char *detail = w->drv.sim_last_error_detail ? w->drv.sim_last_error_detail() : NULL;
@@ -95,26 +95,26 @@ void defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fm
 
     /* First error wins, except that a sticky error replaces an ordinary one: it is what every
      * later synchronising call would report on the real driver. */
-    if (w->pending == CUDA_SUCCESS || (err_is_sticky(rc) && !err_is_sticky(w->pending)))
+    if (w->pending == CUDA_SUCCESS || (wk_err_is_sticky(rc) && !wk_err_is_sticky(w->pending)))
         w->pending = rc;
 
     char text[4096];
     if (detail && detail[0])
-        snprintf(text, sizeof text, "%s failed: %s (%s)", what, err_name(w, rc), detail);
+        snprintf(text, sizeof text, "%s failed: %s (%s)", what, wk_err_name(w, rc), detail);
     else
-        snprintf(text, sizeof text, "%s failed: %s", what, err_name(w, rc));
+        snprintf(text, sizeof text, "%s failed: %s", what, wk_err_name(w, rc));
     if (w->notices < WK_MAX_NOTICES) {
-        send_notice(w, rc, op, text);
+        wk_send_notice(w, rc, op, text);
     } else if (w->notices == WK_MAX_NOTICES) {
         /* A program that keeps failing in a loop must not flood the client with notices. */
-        send_notice(w, rc, op, "further errors suppressed until the next synchronising call");
+        wk_send_notice(w, rc, op, "further errors suppressed until the next synchronising call");
     }
     if (w->notices <= WK_MAX_NOTICES)
-        wlog("%s", text);
+        wk_log("%s", text);
     w->notices++;
 }
 
-CUresult sync_result(struct worker *w, CUresult rc)
+CUresult wk_sync_result(struct worker *w, CUresult rc)
 {
     if (w->pending == CUDA_SUCCESS)
         return rc;
@@ -122,13 +122,13 @@ CUresult sync_result(struct worker *w, CUresult rc)
     if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY)
         return rc;
     CUresult p = w->pending;
-    if (!err_is_sticky(p))
+    if (!wk_err_is_sticky(p))
         w->pending = CUDA_SUCCESS;
     w->notices = 0;
     return p;
 }
 
-void end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
+void wk_end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
 {
     w->closing = 1;
     if (w->end_reason != WK_END_NONE)
@@ -142,7 +142,7 @@ void end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, .
         w->end_detail[0] = '\0';
 }
 
-const char *end_reason_name(enum wk_end_reason reason)
+const char *wk_end_reason_name(enum wk_end_reason reason)
 {
     switch (reason) {
     case WK_END_CLIENT_EXIT:
@@ -164,21 +164,21 @@ const char *end_reason_name(enum wk_end_reason reason)
     return "client lost";
 }
 
-void close_client(struct worker *w, int32_t code, const char *text)
+void wk_close_client(struct worker *w, int32_t code, const char *text)
 {
     if (!w->dead && w->fd >= 0) {
         if (!w->in_write) { /* in_write: the output buffer is being written, and not read */
-            send_notice(w, code, 0, text);
-            (void)io_flush(w); /* best effort: the client may be gone */
+            wk_send_notice(w, code, 0, text);
+            (void)wk_io_flush(w); /* best effort: the client may be gone */
         }
         /* The client sees the end now, not after our teardown. */
         if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK && errno != ENOTCONN)
-            wlog("shutdown of the client socket failed: %s", strerror(errno));
+            wk_log("shutdown of the client socket failed: %s", strerror(errno));
     }
     w->dead = 1;
 }
 
-void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
+void wk_protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
 {
     char text[1024];
     va_list ap;
@@ -187,11 +187,11 @@ void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         text[0] = '\0';
-    wlog("protocol error, closing the connection: %s", text);
-    end_session(w, WK_END_PROTOCOL_ERROR, "%s", text);
-    send_notice(w, GP_EPROTO, op, text);
+    wk_log("protocol error, closing the connection: %s", text);
+    wk_end_session(w, WK_END_PROTOCOL_ERROR, "%s", text);
+    wk_send_notice(w, GP_EPROTO, op, text);
     /* Shut the socket at once: the client sees the end now, not after our teardown. */
-    if (io_flush(w) == 0 && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK)
-        wlog("shutdown of the client socket failed: %s", strerror(errno));
+    if (wk_io_flush(w) == 0 && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK)
+        wk_log("shutdown of the client socket failed: %s", strerror(errno));
     w->closing = 1;
 }

@@ -11,7 +11,7 @@
 
 #include "worker.h"
 
-int write_file_atomic(const char *tmp, const char *path, const void *data, size_t len,
+int wk_write_file_atomic(const char *tmp, const char *path, const void *data, size_t len,
                       int sync)
 {
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -45,7 +45,7 @@ int write_file_atomic(const char *tmp, const char *path, const void *data, size_
     }
     if (!ok) {
         if (unlink(tmp) != 0 && errno != ENOENT)
-            wlog("cannot remove %s: %s", tmp, strerror(errno));
+            wk_log("cannot remove %s: %s", tmp, strerror(errno));
         errno = saved;
         return -1;
     }

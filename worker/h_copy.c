@@ -27,9 +27,9 @@ static void events_destroy(struct worker *w)
     for (int i = 0; i < 2; i++) {
         if (w->st.ev[i]) {
             if (w->st.busy[i] && DRV(w, cuEventSynchronize, w->st.ev[i]) != CUDA_SUCCESS)
-                wlog("waiting for a staging copy failed");
+                wk_log("waiting for a staging copy failed");
             if (DRV(w, cuEventDestroy, w->st.ev[i]) != CUDA_SUCCESS)
-                wlog("destroying a staging event failed");
+                wk_log("destroying a staging event failed");
         }
         w->st.ev[i] = NULL;
         w->st.busy[i] = 0;
@@ -37,13 +37,13 @@ static void events_destroy(struct worker *w)
     w->st.ev_ctx = 0;
 }
 
-void staging_drop_events(struct worker *w, uint64_t ctx_id)
+void wk_staging_drop_events(struct worker *w, uint64_t ctx_id)
 {
     if (w->st.ev_ctx == ctx_id)
         events_destroy(w);
 }
 
-void staging_release(struct worker *w)
+void wk_staging_release(struct worker *w)
 {
     events_destroy(w);
     for (int i = 0; i < 2; i++) {
@@ -52,7 +52,7 @@ void staging_release(struct worker *w)
         if (w->st.pinned) {
             CUresult rc = DRV(w, cuMemFreeHost, w->st.buf[i]);
             if (rc != CUDA_SUCCESS)
-                wlog("freeing a staging buffer: %s", err_name(w, rc));
+                wk_log("freeing a staging buffer: %s", wk_err_name(w, rc));
         } else {
             free(w->st.buf[i]);
         }
@@ -66,26 +66,26 @@ static int pinned_alloc(struct worker *w)
     if (!w->drv.cuMemHostAlloc || !w->drv.cuMemFreeHost)
         return -1;
     /* Allocate in the primary context: it outlives every context the client creates. */
-    CUcontext cur = w->cur_ctx ? ctx_handle(w, w->cur_ctx) : NULL;
+    CUcontext cur = w->cur_ctx ? wk_ctx_handle(w, w->cur_ctx) : NULL;
     if (cur != w->primary && w->drv.cuCtxSetCurrent(w->primary) != CUDA_SUCCESS)
         return -1;
     int ok = 1;
     for (int i = 0; i < 2 && ok; i++) {
         CUresult rc = w->drv.cuMemHostAlloc(&w->st.buf[i], WK_CHUNK, CU_MEMHOSTALLOC_PORTABLE);
         if (rc != CUDA_SUCCESS) {
-            wlog("pinned staging memory unavailable (%s); copies run synchronously",
-                 err_name(w, rc));
+            wk_log("pinned staging memory unavailable (%s); copies run synchronously",
+                 wk_err_name(w, rc));
             w->st.buf[i] = NULL;
             ok = 0;
         }
     }
     if (!ok && w->st.buf[0]) {
         if (w->drv.cuMemFreeHost(w->st.buf[0]) != CUDA_SUCCESS)
-            wlog("freeing a staging buffer failed");
+            wk_log("freeing a staging buffer failed");
         w->st.buf[0] = NULL;
     }
     if (cur != w->primary && w->drv.cuCtxSetCurrent(cur) != CUDA_SUCCESS)
-        wlog("restoring the current context after allocating staging memory failed");
+        wk_log("restoring the current context after allocating staging memory failed");
     return ok ? 0 : -1;
 }
 
@@ -99,7 +99,7 @@ static int staging_ensure(struct worker *w)
             w->st.buf[0] = malloc(WK_CHUNK);
             w->st.buf[1] = malloc(WK_CHUNK);
             if (!w->st.buf[0] || !w->st.buf[1]) {
-                staging_release(w);
+                wk_staging_release(w);
                 return -1;
             }
         }
@@ -127,7 +127,7 @@ static CUresult staging_wait(struct worker *w, int i)
     /* The wait may be long: replies go out first. (A failed flush marks the connection dead;
      * we still wait, since the buffer must not be reused or freed under the copy.) */
     if (w->out_len > 0)
-        (void)io_flush(w);
+        (void)wk_io_flush(w);
     return DRV(w, cuEventSynchronize, w->st.ev[i]);
 }
 
@@ -156,8 +156,8 @@ static int htod_staged(struct worker *w, const gp_memcpy_htod *m, CUstream s, CU
         CUresult wr = staging_wait(w, i);
         if (*rc == CUDA_SUCCESS)
             *rc = wr;
-        if ((cz_copy(w, n) ? cz_read(w, w->st.buf[i], chunk)
-                           : io_read_bulk(w, w->st.buf[i], chunk)) != 0)
+        if ((wk_cz_copy(w, n) ? wk_cz_read(w, w->st.buf[i], chunk)
+                           : wk_io_read_bulk(w, w->st.buf[i], chunk)) != 0)
             return -1;
         if (*rc == CUDA_SUCCESS)
             *rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst + done, w->st.buf[i], chunk, s);
@@ -184,9 +184,9 @@ static int htod_sim_direct(struct worker *w, const gp_memcpy_htod *m, CUresult *
 {
     void *dst = NULL;
     *rc = w->drv.sim_host_pointer(m->dst, (size_t)m->data_len, &dst);
-    if (cz_copy(w, m->data_len))
-        return cz_read(w, *rc == CUDA_SUCCESS ? dst : NULL, (size_t)m->data_len);
-    return io_read_bulk(w, *rc == CUDA_SUCCESS ? dst : NULL, m->data_len);
+    if (wk_cz_copy(w, m->data_len))
+        return wk_cz_read(w, *rc == CUDA_SUCCESS ? dst : NULL, (size_t)m->data_len);
+    return wk_io_read_bulk(w, *rc == CUDA_SUCCESS ? dst : NULL, m->data_len);
 }
 
 /* The largest copy that can name a valid device range: the client's whole VA window, or the
@@ -202,20 +202,20 @@ WK_HANDLER(memcpy_htod)
     /* A length no device range can have comes from a broken or hostile client: its bulk (up to
      * 2^64 bytes) is not worth draining, and nothing it claims may reach the accounting. */
     if (n > copy_limit(w)) {
-        protocol_error(w, GP_OP_MEMCPY_HTOD,
+        wk_protocol_error(w, GP_OP_MEMCPY_HTOD,
                        "a host-to-device copy of %llu bytes is larger than any device range "
                        "(%llu bytes at most)",
                        (unsigned long long)n, (unsigned long long)copy_limit(w));
         return;
     }
     CUstream s;
-    CUresult rc = stream_get(w, m->stream, &s);
-    int cz = cz_copy(w, n); /* the bulk is LZ4 blocks (compress.c) */
-    if (rc == CUDA_SUCCESS && !cz && n <= WK_SMALL_COPY && io_buffered(w) >= n) {
+    CUresult rc = wk_stream_get(w, m->stream, &s);
+    int cz = wk_cz_copy(w, n); /* the bulk is LZ4 blocks (compress.c) */
+    if (rc == CUDA_SUCCESS && !cz && n <= WK_SMALL_COPY && wk_io_buffered(w) >= n) {
         /* All in the input buffer: a pageable-source copy, done with the source on return. */
         if (n > 0)
-            rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst, io_buffered_ptr(w), n, s);
-        io_consume(w, n);
+            rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst, wk_io_buffered_ptr(w), n, s);
+        wk_io_consume(w, n);
     } else if (rc == CUDA_SUCCESS && w->drv.sim_host_pointer && n <= SIZE_MAX) {
         if (htod_sim_direct(w, m, &rc) != 0)
             return;
@@ -226,7 +226,7 @@ WK_HANDLER(memcpy_htod)
         if (rc == CUDA_SUCCESS)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         /* a failed call still consumes its data */
-        if ((cz ? cz_read(w, NULL, (size_t)n) : io_read_bulk(w, NULL, n)) != 0)
+        if ((cz ? wk_cz_read(w, NULL, (size_t)n) : wk_io_read_bulk(w, NULL, n)) != 0)
             return;
     }
     /* Counted once the whole bulk has arrived (each branch above returns when the connection
@@ -237,7 +237,7 @@ WK_HANDLER(memcpy_htod)
         w->cz.h2d_wire += n;
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_MEMCPY_HTOD, rc, "copy of %llu bytes to device address 0x%llx",
+        wk_defer_error(w, GP_OP_MEMCPY_HTOD, rc, "copy of %llu bytes to device address 0x%llx",
                     (unsigned long long)n, (unsigned long long)m->dst);
 }
 
@@ -248,7 +248,7 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
 {
     gp_memcpy_dtoh_reply r = {0};
     uint64_t n = m->size;
-    if (io_flush(w) != 0)
+    if (wk_io_flush(w) != 0)
         return;
     if (n > UINT64_MAX - m->src) { /* a range that wraps the address space is never valid */
         r.result = CUDA_ERROR_INVALID_VALUE;
@@ -292,7 +292,7 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
 
     CUresult late = CUDA_SUCCESS;
     uint64_t off = 0;
-    int i = 0, raw_run = 0, cz = cz_copy(w, n);
+    int i = 0, raw_run = 0, cz = wk_cz_copy(w, n);
     if (!cz) {
         w->cz.d2h_raw += n;
         w->cz.d2h_wire += n;
@@ -307,8 +307,8 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
             if (late == CUDA_SUCCESS)
                 late = staging_mark(w, i ^ 1, s);
         }
-        if ((cz ? cz_write(w, w->st.buf[i], len, &raw_run)
-                : io_write_direct(w, w->st.buf[i], len)) != 0)
+        if ((cz ? wk_cz_write(w, w->st.buf[i], len, &raw_run)
+                : wk_io_write_direct(w, w->st.buf[i], len)) != 0)
             return;
         if (nlen > 0) {
             CUresult wr = staging_wait(w, i ^ 1);
@@ -321,7 +321,7 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
         i ^= 1;
     }
     if (late != CUDA_SUCCESS)
-        defer_error(w, GP_OP_MEMCPY_DTOH, late, "copy of %llu bytes from device address 0x%llx",
+        wk_defer_error(w, GP_OP_MEMCPY_DTOH, late, "copy of %llu bytes from device address 0x%llx",
                     (unsigned long long)n, (unsigned long long)m->src);
 }
 
@@ -340,29 +340,29 @@ static void dtoh_sim_direct(struct worker *w, uint64_t req, const gp_memcpy_dtoh
     r.data_len = m->size;
     WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
     w->stats.d2h_bytes += m->size;
-    if (cz_copy(w, m->size)) {
+    if (wk_cz_copy(w, m->size)) {
         int raw_run = 0;
-        (void)cz_write(w, src, (size_t)m->size, &raw_run);
+        (void)wk_cz_write(w, src, (size_t)m->size, &raw_run);
         return;
     }
     w->cz.d2h_raw += m->size;
     w->cz.d2h_wire += m->size;
-    (void)io_write_direct(w, src, (size_t)m->size); /* flushes the reply header first */
+    (void)wk_io_write_direct(w, src, (size_t)m->size); /* flushes the reply header first */
 }
 
 WK_HANDLER(memcpy_dtoh)
 {
     gp_memcpy_dtoh_reply r = {0};
     CUstream s;
-    r.result = stream_get(w, m->stream, &s);
+    r.result = wk_stream_get(w, m->stream, &s);
     /* A synchronous copy is a synchronising call: an earlier deferred error is its result. */
     if (r.result == CUDA_SUCCESS && !m->is_async)
-        r.result = sync_result(w, CUDA_SUCCESS);
+        r.result = wk_sync_result(w, CUDA_SUCCESS);
     if (r.result != CUDA_SUCCESS || m->size == 0) {
         WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
         return;
     }
-    int large = m->size > WK_SMALL_COPY || cz_copy(w, m->size); /* blocks: never the small way */
+    int large = m->size > WK_SMALL_COPY || wk_cz_copy(w, m->size); /* blocks: never the small way */
     if (large && w->drv.sim_host_pointer && m->size <= SIZE_MAX) {
         dtoh_sim_direct(w, req, m);
         return;
@@ -375,12 +375,12 @@ WK_HANDLER(memcpy_dtoh)
      * pageable, so the call returns when the copy is complete. */
     r.data_len = m->size;
     size_t hdr = 16 + gp_memcpy_dtoh_reply_size(&r);
-    uint8_t *p = io_reserve(w, hdr + (size_t)m->size);
+    uint8_t *p = wk_io_reserve(w, hdr + (size_t)m->size);
     if (!p)
         return;
     r.result = DRV_BUSY(w, cuMemcpyDtoHAsync, p + hdr, m->src, (size_t)m->size, s);
     if (r.result != CUDA_SUCCESS) {
-        io_unreserve(w, hdr + (size_t)m->size);
+        wk_io_unreserve(w, hdr + (size_t)m->size);
         r.data_len = 0;
         WK_REPLY(w, req, gp_memcpy_dtoh_reply, &r);
         return;

@@ -14,19 +14,19 @@
 static void forget_module(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     (void)o;
-    obj_purge(w, &w->funcs, id, 0, NULL);
+    wk_obj_purge(w, &w->funcs, id, 0, NULL);
 }
 
 static int is_primary(uint64_t id)
 {
-    return ctx_canon(id) == WK_PRIMARY_CTX_ID;
+    return wk_ctx_canon(id) == WK_PRIMARY_CTX_ID;
 }
 
 WK_HANDLER(ctx_create)
 {
     gp_ctx_create_reply r = {0};
     CUcontext c = NULL;
-    if (m->ctx == 0 || is_primary(m->ctx) || idmap_get(&w->ctxs, m->ctx)) {
+    if (m->ctx == 0 || is_primary(m->ctx) || wk_idmap_get(&w->ctxs, m->ctx)) {
         r.result = CUDA_ERROR_INVALID_VALUE;
     } else if (w->drv.cuCtxCreate) {
         r.result = w->drv.cuCtxCreate(&c, m->flags, w->dev);
@@ -37,49 +37,49 @@ WK_HANDLER(ctx_create)
     }
     if (r.result == CUDA_SUCCESS) {
         /* cuCtxCreate made the new context current: restore what the client last chose. */
-        CUresult rc = w->drv.cuCtxSetCurrent(w->cur_ctx ? ctx_handle(w, w->cur_ctx) : NULL);
+        CUresult rc = w->drv.cuCtxSetCurrent(w->cur_ctx ? wk_ctx_handle(w, w->cur_ctx) : NULL);
         if (rc != CUDA_SUCCESS)
-            wlog("restoring the current context after cuCtxCreate: %s", err_name(w, rc));
-        r.result = obj_bind(&w->ctxs, m->ctx, obj_new(0, c, NULL, 0));
+            wk_log("restoring the current context after cuCtxCreate: %s", wk_err_name(w, rc));
+        r.result = wk_obj_bind(&w->ctxs, m->ctx, wk_obj_new(0, c, NULL, 0));
         if (r.result != CUDA_SUCCESS && DRV(w, cuCtxDestroy, c) != CUDA_SUCCESS)
-            wlog("destroying an unbound context failed");
+            wk_log("destroying an unbound context failed");
     }
     WK_REPLY(w, req, gp_ctx_create_reply, &r);
 }
 
-CUresult ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o)
+CUresult wk_ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o)
 {
-    staging_drop_events(w, id);
+    wk_staging_drop_events(w, id);
     /* The driver frees the context's streams, events and modules (libraries are
      * context-independent and stay): forget their ids. */
-    obj_purge(w, &w->streams, id, 0, NULL);
-    obj_purge(w, &w->events, id, 0, NULL);
-    obj_purge(w, &w->modules, id, 1u << 0, forget_module);
+    wk_obj_purge(w, &w->streams, id, 0, NULL);
+    wk_obj_purge(w, &w->events, id, 0, NULL);
+    wk_obj_purge(w, &w->modules, id, 1u << 0, forget_module);
     CUresult rc = DRV(w, cuCtxDestroy, o->h); /* waits for the context's work */
     if (w->cur_ctx == id) {
         CUresult r2 = w->drv.cuCtxSetCurrent(w->primary);
         if (r2 != CUDA_SUCCESS)
-            wlog("making the primary context current: %s", err_name(w, r2));
+            wk_log("making the primary context current: %s", wk_err_name(w, r2));
         w->cur_ctx = WK_PRIMARY_CTX_ID;
     }
     /* Our VMM allocations are not tied to a context: free those made in it ourselves, once its
      * work is done, as cuCtxDestroy frees cuMemAlloc memory. */
-    obj_purge(w, &w->allocs, id, 0, obj_destroy_alloc);
+    wk_obj_purge(w, &w->allocs, id, 0, wk_obj_destroy_alloc);
     return rc;
 }
 
 WK_HANDLER(ctx_destroy)
 {
     gp_ctx_destroy_reply r = {0};
-    struct wk_obj *o = is_primary(m->ctx) ? NULL : idmap_del(&w->ctxs, m->ctx);
+    struct wk_obj *o = is_primary(m->ctx) ? NULL : wk_idmap_del(&w->ctxs, m->ctx);
     if (!o) {
         /* The driver refuses to destroy a primary context or a handle it does not know. */
         r.result = CUDA_ERROR_INVALID_CONTEXT;
     } else {
         /* Destroying waits for the context's work: earlier replies go out first. (A failed flush
          * marks the connection dead; the context is destroyed all the same.) */
-        (void)io_flush(w);
-        r.result = ctx_teardown(w, m->ctx, o);
+        (void)wk_io_flush(w);
+        r.result = wk_ctx_teardown(w, m->ctx, o);
         free(o);
     }
     WK_REPLY(w, req, gp_ctx_destroy_reply, &r);
@@ -90,32 +90,32 @@ WK_HANDLER(ctx_set_current)
     if (m->ctx == 0) {
         CUresult rc = w->drv.cuCtxSetCurrent(NULL);
         if (rc != CUDA_SUCCESS)
-            defer_error(w, GP_OP_CTX_SET_CURRENT, rc, "making no context current");
+            wk_defer_error(w, GP_OP_CTX_SET_CURRENT, rc, "making no context current");
         else
             w->cur_ctx = 0;
         return;
     }
-    CUcontext c = ctx_handle(w, m->ctx);
+    CUcontext c = wk_ctx_handle(w, m->ctx);
     if (!c) {
-        defer_error(w, GP_OP_CTX_SET_CURRENT, CUDA_ERROR_INVALID_CONTEXT,
+        wk_defer_error(w, GP_OP_CTX_SET_CURRENT, CUDA_ERROR_INVALID_CONTEXT,
                     "making context 0x%llx current", (unsigned long long)m->ctx);
         return;
     }
     CUresult rc = w->drv.cuCtxSetCurrent(c);
     if (rc != CUDA_SUCCESS) {
-        defer_error(w, GP_OP_CTX_SET_CURRENT, rc, "making context 0x%llx current",
+        wk_defer_error(w, GP_OP_CTX_SET_CURRENT, rc, "making context 0x%llx current",
                     (unsigned long long)m->ctx);
         return;
     }
-    w->cur_ctx = ctx_canon(m->ctx);
+    w->cur_ctx = wk_ctx_canon(m->ctx);
 }
 
 WK_HANDLER(ctx_synchronize)
 {
     gp_ctx_synchronize_reply r = {0};
-    if (io_flush(w) != 0) /* may take long: earlier replies must not wait behind it */
+    if (wk_io_flush(w) != 0) /* may take long: earlier replies must not wait behind it */
         return;
-    r.result = sync_result(w, WK_LONG(w, DRV(w, cuCtxSynchronize)));
+    r.result = wk_sync_result(w, WK_LONG(w, DRV(w, cuCtxSynchronize)));
     WK_REPLY(w, req, gp_ctx_synchronize_reply, &r);
 }
 
@@ -150,21 +150,21 @@ WK_HANDLER(mem_get_info)
 WK_HANDLER(primary_ctx_reset)
 {
     gp_primary_ctx_reset_reply r = {0};
-    if (io_flush(w) != 0)
+    if (wk_io_flush(w) != 0)
         return;
     /* Release what the client created in the primary context, before the driver destroys it
      * under us: the staging buffers and events (allocated there), streams, events, modules,
      * and the allocations made while the primary was current. */
-    staging_release(w);
-    obj_purge(w, &w->streams, WK_PRIMARY_CTX_ID, 0, obj_destroy_stream);
-    obj_purge(w, &w->events, WK_PRIMARY_CTX_ID, 0, obj_destroy_event);
-    obj_purge(w, &w->modules, WK_PRIMARY_CTX_ID, 1u << 0, obj_destroy_module);
-    obj_purge(w, &w->allocs, WK_PRIMARY_CTX_ID, 0, obj_destroy_alloc);
+    wk_staging_release(w);
+    wk_obj_purge(w, &w->streams, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_stream);
+    wk_obj_purge(w, &w->events, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_event);
+    wk_obj_purge(w, &w->modules, WK_PRIMARY_CTX_ID, 1u << 0, wk_obj_destroy_module);
+    wk_obj_purge(w, &w->allocs, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_alloc);
     /* Whether a reset also drops VA reservations is not documented; when nothing is mapped in
      * the window any more, give it back and take it again afterwards, which is right either way. */
     int rereserve = w->va_reserved && w->allocs.count == 0;
     if (rereserve)
-        va_release(w);
+        wk_va_release(w);
 
     r.result = DRV(w, cuDevicePrimaryCtxReset, w->dev);
     CUcontext c = NULL;
@@ -173,26 +173,26 @@ WK_HANDLER(primary_ctx_reset)
         w->primary = c;
         w->primary_retains++;
     } else {
-        wlog("retaining the primary context after a reset: %s", err_name(w, rc));
+        wk_log("retaining the primary context after a reset: %s", wk_err_name(w, rc));
         if (r.result == CUDA_SUCCESS)
             r.result = rc;
     }
     if (w->cur_ctx == WK_PRIMARY_CTX_ID) {
         rc = w->drv.cuCtxSetCurrent(w->primary);
         if (rc != CUDA_SUCCESS)
-            wlog("making the primary context current after a reset: %s", err_name(w, rc));
+            wk_log("making the primary context current after a reset: %s", wk_err_name(w, rc));
     }
     if (rereserve) {
-        rc = va_reserve(w);
+        rc = wk_va_reserve(w);
         if (rc != CUDA_SUCCESS) {
             /* The session goes on, but every allocation now fails with out-of-memory. */
             char text[256];
             snprintf(text, sizeof text,
                      "the VA window could not be reserved again after a primary context reset "
                      "(%s); device allocations will fail",
-                     rc == (CUresult)-1 ? "another address was returned" : err_name(w, rc));
-            wlog("%s", text);
-            send_notice(w, CUDA_ERROR_OUT_OF_MEMORY, GP_OP_PRIMARY_CTX_RESET, text);
+                     rc == (CUresult)-1 ? "another address was returned" : wk_err_name(w, rc));
+            wk_log("%s", text);
+            wk_send_notice(w, CUDA_ERROR_OUT_OF_MEMORY, GP_OP_PRIMARY_CTX_RESET, text);
         }
     }
     WK_REPLY(w, req, gp_primary_ctx_reset_reply, &r);

@@ -29,11 +29,11 @@ static int is_capture_error(CUresult rc)
 WK_HANDLER(stream_begin_capture)
 {
     CUstream s;
-    CUresult rc = stream_get(w, m->stream, &s);
+    CUresult rc = wk_stream_get(w, m->stream, &s);
     if (rc == CUDA_SUCCESS)
         rc = DRV(w, cuStreamBeginCapture, s, CAPTURE_MODE_RELAXED);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_STREAM_BEGIN_CAPTURE, rc, "beginning a capture on stream 0x%llx",
+        wk_defer_error(w, GP_OP_STREAM_BEGIN_CAPTURE, rc, "beginning a capture on stream 0x%llx",
                     (unsigned long long)m->stream);
 }
 
@@ -41,7 +41,7 @@ static void graph_destroy_handle(struct worker *w, CUgraph g, uint64_t id)
 {
     CUresult rc = DRV(w, cuGraphDestroy, g);
     if (rc != CUDA_SUCCESS)
-        wlog("destroying graph 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("destroying graph 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
 WK_HANDLER(stream_end_capture)
@@ -49,8 +49,8 @@ WK_HANDLER(stream_end_capture)
     gp_stream_end_capture_reply r = {0};
     CUstream s;
     CUgraph g = NULL;
-    r.result = stream_get(w, m->stream, &s);
-    if (r.result == CUDA_SUCCESS && idmap_get(&w->graphs, m->graph))
+    r.result = wk_stream_get(w, m->stream, &s);
+    if (r.result == CUDA_SUCCESS && wk_idmap_get(&w->graphs, m->graph))
         r.result = CUDA_ERROR_INVALID_VALUE;
     if (r.result == CUDA_SUCCESS)
         r.result = DRV(w, cuStreamEndCapture, s, &g);
@@ -61,7 +61,7 @@ WK_HANDLER(stream_end_capture)
         r.result = ERR_CAPTURE_INVALIDATED;
     }
     if (r.result == CUDA_SUCCESS) {
-        r.result = obj_bind(&w->graphs, m->graph, obj_new(w->cur_ctx, g, NULL, 0));
+        r.result = wk_obj_bind(&w->graphs, m->graph, wk_obj_new(w->cur_ctx, g, NULL, 0));
         if (r.result != CUDA_SUCCESS)
             graph_destroy_handle(w, g, m->graph);
     }
@@ -75,27 +75,27 @@ WK_HANDLER(stream_end_capture)
 WK_HANDLER(graph_instantiate)
 {
     CUgraphExec x = NULL;
-    struct wk_obj *g = idmap_get(&w->graphs, m->graph);
+    struct wk_obj *g = wk_idmap_get(&w->graphs, m->graph);
     CUresult rc = g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS && idmap_get(&w->graph_execs, m->exec))
+    if (rc == CUDA_SUCCESS && wk_idmap_get(&w->graph_execs, m->exec))
         rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
         rc = DRV(w, cuGraphInstantiateWithFlags, &x, g->h, (unsigned long long)m->flags);
     if (rc == CUDA_SUCCESS) {
-        rc = obj_bind(&w->graph_execs, m->exec, obj_new(w->cur_ctx, x, NULL, 0));
+        rc = wk_obj_bind(&w->graph_execs, m->exec, wk_obj_new(w->cur_ctx, x, NULL, 0));
         if (rc != CUDA_SUCCESS && DRV(w, cuGraphExecDestroy, x) != CUDA_SUCCESS)
-            wlog("destroying an unbound graph exec failed");
+            wk_log("destroying an unbound graph exec failed");
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_GRAPH_INSTANTIATE, rc, "instantiation of graph 0x%llx",
+        wk_defer_error(w, GP_OP_GRAPH_INSTANTIATE, rc, "instantiation of graph 0x%llx",
                     (unsigned long long)m->graph);
 }
 
 WK_HANDLER(graph_launch)
 {
     CUstream s;
-    struct wk_obj *x = idmap_get(&w->graph_execs, m->exec);
-    CUresult rc = x ? stream_get(w, m->stream, &s) : CUDA_ERROR_INVALID_VALUE;
+    struct wk_obj *x = wk_idmap_get(&w->graph_execs, m->exec);
+    CUresult rc = x ? wk_stream_get(w, m->stream, &s) : CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS) {
         if (m->upload) {
             rc = DRV(w, cuGraphUpload, x->h, s);
@@ -105,7 +105,7 @@ WK_HANDLER(graph_launch)
         }
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_GRAPH_LAUNCH, rc, "%s of graph exec 0x%llx on stream 0x%llx",
+        wk_defer_error(w, GP_OP_GRAPH_LAUNCH, rc, "%s of graph exec 0x%llx on stream 0x%llx",
                     m->upload ? "upload" : "launch", (unsigned long long)m->exec,
                     (unsigned long long)m->stream);
 }
@@ -114,7 +114,7 @@ static void destroy_exec(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuGraphExecDestroy, o->h);
     if (rc != CUDA_SUCCESS)
-        wlog("destroying graph exec 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("destroying graph exec 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
 static void destroy_graph(struct worker *w, uint64_t id, struct wk_obj *o)
@@ -124,34 +124,34 @@ static void destroy_graph(struct worker *w, uint64_t id, struct wk_obj *o)
 
 WK_HANDLER(graph_exec_destroy)
 {
-    struct wk_obj *o = idmap_del(&w->graph_execs, m->exec);
+    struct wk_obj *o = wk_idmap_del(&w->graph_execs, m->exec);
     CUresult rc = o ? DRV(w, cuGraphExecDestroy, o->h) : CUDA_ERROR_INVALID_VALUE;
     free(o);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_GRAPH_EXEC_DESTROY, rc, "destruction of graph exec 0x%llx",
+        wk_defer_error(w, GP_OP_GRAPH_EXEC_DESTROY, rc, "destruction of graph exec 0x%llx",
                     (unsigned long long)m->exec);
 }
 
 WK_HANDLER(graph_destroy)
 {
-    struct wk_obj *o = idmap_del(&w->graphs, m->graph);
+    struct wk_obj *o = wk_idmap_del(&w->graphs, m->graph);
     CUresult rc = o ? DRV(w, cuGraphDestroy, o->h) : CUDA_ERROR_INVALID_VALUE;
     free(o);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_GRAPH_DESTROY, rc, "destruction of graph 0x%llx",
+        wk_defer_error(w, GP_OP_GRAPH_DESTROY, rc, "destruction of graph 0x%llx",
                     (unsigned long long)m->graph);
 }
 
-void graph_release_all(struct worker *w)
+void wk_graph_release_all(struct worker *w)
 {
-    obj_purge(w, &w->graph_execs, 0, 0, destroy_exec);
-    obj_purge(w, &w->graphs, 0, 0, destroy_graph);
+    wk_obj_purge(w, &w->graph_execs, 0, 0, destroy_exec);
+    wk_obj_purge(w, &w->graphs, 0, 0, destroy_graph);
 }
 
 WK_HANDLER(graph_get_node_count)
 {
     gp_graph_get_node_count_reply r = {0};
-    struct wk_obj *g = idmap_get(&w->graphs, m->graph);
+    struct wk_obj *g = wk_idmap_get(&w->graphs, m->graph);
     size_t n = 0;
     r.result = g ? DRV(w, cuGraphGetNodes, g->h, NULL, &n) : CUDA_ERROR_INVALID_VALUE;
     r.count = r.result == CUDA_SUCCESS ? n : 0;

@@ -13,7 +13,7 @@
 
 static struct wk_obj *func_get(struct worker *w, uint64_t id)
 {
-    return idmap_get(&w->funcs, id);
+    return wk_idmap_get(&w->funcs, id);
 }
 
 /* The raw CUlaunchAttribute array from the wire, copied to aligned memory (*out may be NULL when
@@ -127,12 +127,12 @@ WK_HANDLER(launch)
 {
     struct wk_obj *f = func_get(w, m->func);
     if (!f) {
-        defer_error(w, GP_OP_LAUNCH, CUDA_ERROR_INVALID_HANDLE, "launch of function 0x%llx",
+        wk_defer_error(w, GP_OP_LAUNCH, CUDA_ERROR_INVALID_HANDLE, "launch of function 0x%llx",
                     (unsigned long long)m->func);
         return;
     }
     CUstream s;
-    CUresult rc = stream_get(w, m->stream, &s);
+    CUresult rc = wk_stream_get(w, m->stream, &s);
     CUlaunchAttribute *attrs = NULL;
     unsigned nattrs = 0;
     if (rc == CUDA_SUCCESS)
@@ -177,5 +177,5 @@ WK_HANDLER(launch)
     free(attrs);
     w->stats.launches++;
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_LAUNCH, rc, "launch of kernel '%s'", f->name);
+        wk_defer_error(w, GP_OP_LAUNCH, rc, "launch of kernel '%s'", f->name);
 }

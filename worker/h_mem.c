@@ -9,7 +9,7 @@
 
 #include "worker.h"
 
-CUresult va_reserve(struct worker *w)
+CUresult wk_va_reserve(struct worker *w)
 {
     CUdeviceptr p = 0;
     CUresult rc = w->drv.cuMemAddressReserve(&p, w->va_size, w->gran, w->va_base, 0);
@@ -19,35 +19,35 @@ CUresult va_reserve(struct worker *w)
         /* The hint is only a hint: the driver gave us other addresses, useless to this client. */
         rc = w->drv.cuMemAddressFree(p, w->va_size);
         if (rc != CUDA_SUCCESS)
-            wlog("freeing a misplaced VA reservation: %s", err_name(w, rc));
+            wk_log("freeing a misplaced VA reservation: %s", wk_err_name(w, rc));
         return (CUresult)-1;
     }
     w->va_reserved = 1;
     return CUDA_SUCCESS;
 }
 
-void va_release(struct worker *w)
+void wk_va_release(struct worker *w)
 {
     if (!w->va_reserved)
         return;
     CUresult rc = w->drv.cuMemAddressFree(w->va_base, w->va_size);
     if (rc != CUDA_SUCCESS)
-        wlog("releasing the VA window: %s", err_name(w, rc));
+        wk_log("releasing the VA window: %s", wk_err_name(w, rc));
     w->va_reserved = 0;
 }
 
-void obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o)
+void wk_obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = w->drv.cuMemUnmap(id, o->size);
     if (rc != CUDA_SUCCESS)
-        wlog("unmapping 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("unmapping 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
     rc = w->drv.cuMemRelease(o->mem);
     if (rc != CUDA_SUCCESS)
-        wlog("releasing the memory at 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("releasing the memory at 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
     w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
     /* Only a range that is really unmapped may be handed out again. */
-    if (w->va_reserved && vm_free(&w->vm, id, o->size) != 0)
-        wlog("out of memory: %llu bytes of the VA window are lost", (unsigned long long)o->size);
+    if (w->va_reserved && wk_vm_free(&w->vm, id, o->size) != 0)
+        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)o->size);
 }
 
 static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, uint64_t *mapped)
@@ -60,7 +60,7 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t len = (size + w->gran - 1) / w->gran * w->gran;
     uint64_t addr;
-    if (vm_alloc(&w->vm, len, &addr) != 0)
+    if (wk_vm_alloc(&w->vm, len, &addr) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY; /* the window is full: the client sees an OOM */
 
     CUmemAllocationProp prop = {0};
@@ -80,12 +80,12 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
     rc = w->drv.cuMemSetAccess(addr, len, &access, 1);
     if (rc != CUDA_SUCCESS)
         goto unmap;
-    struct wk_obj *o = obj_new(w->cur_ctx, NULL, NULL, 0);
+    struct wk_obj *o = wk_obj_new(w->cur_ctx, NULL, NULL, 0);
     if (o) {
         o->size = len;
         o->mem = h;
     }
-    rc = obj_bind(&w->allocs, addr, o);
+    rc = wk_obj_bind(&w->allocs, addr, o);
     if (rc != CUDA_SUCCESS)
         goto unmap;
     *dptr = addr;
@@ -95,13 +95,13 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
 
 unmap:
     if (w->drv.cuMemUnmap(addr, len) != CUDA_SUCCESS)
-        wlog("unmapping a failed allocation at 0x%llx failed", (unsigned long long)addr);
+        wk_log("unmapping a failed allocation at 0x%llx failed", (unsigned long long)addr);
 release:
     if (w->drv.cuMemRelease(h) != CUDA_SUCCESS)
-        wlog("releasing a failed allocation failed");
+        wk_log("releasing a failed allocation failed");
 free_range:
-    if (vm_free(&w->vm, addr, len) != 0)
-        wlog("out of memory: %llu bytes of the VA window are lost", (unsigned long long)len);
+    if (wk_vm_free(&w->vm, addr, len) != 0)
+        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)len);
     return rc;
 }
 
@@ -111,7 +111,7 @@ WK_HANDLER(mem_alloc)
     CUstream s;
     /* flags (cuMemAllocAsync pools, managed memory...) do not change where memory goes. A
      * stream-ordered allocation is made at once; it is usable in stream order all the same. */
-    r.result = stream_get(w, m->stream, &s);
+    r.result = wk_stream_get(w, m->stream, &s);
     if (r.result == CUDA_SUCCESS)
         r.result = alloc_mapped(w, m->size, &r.dptr, &r.mapped_size);
     WK_REPLY(w, req, gp_mem_alloc_reply, &r);
@@ -119,40 +119,40 @@ WK_HANDLER(mem_alloc)
 
 WK_HANDLER(mem_free)
 {
-    struct wk_obj *o = idmap_get(&w->allocs, m->dptr);
+    struct wk_obj *o = wk_idmap_get(&w->allocs, m->dptr);
     if (!o) {
-        defer_error(w, GP_OP_MEM_FREE, CUDA_ERROR_INVALID_VALUE, "free of device pointer 0x%llx",
+        wk_defer_error(w, GP_OP_MEM_FREE, CUDA_ERROR_INVALID_VALUE, "free of device pointer 0x%llx",
                     (unsigned long long)m->dptr);
         return;
     }
     CUstream s;
-    CUresult rc = stream_get(w, m->stream, &s);
+    CUresult rc = wk_stream_get(w, m->stream, &s);
     if (rc != CUDA_SUCCESS) {
-        defer_error(w, GP_OP_MEM_FREE, rc, "free of 0x%llx on stream 0x%llx",
+        wk_defer_error(w, GP_OP_MEM_FREE, rc, "free of 0x%llx on stream 0x%llx",
                     (unsigned long long)m->dptr, (unsigned long long)m->stream);
         return;
     }
     /* Unmapping under running work would fault it. cuMemFree waits for the device, and a
      * stream-ordered free for its stream; so do we. Their errors are not this call's: they stay
      * with the driver and come back at the next synchronisation. */
-    if (io_flush(w) != 0)
+    if (wk_io_flush(w) != 0)
         return;
     rc = WK_LONG(w, m->stream ? DRV(w, cuStreamSynchronize, s) : DRV(w, cuCtxSynchronize));
     if (rc != CUDA_SUCCESS)
-        wlog("synchronising before a free: %s", err_name(w, rc));
-    o = idmap_del(&w->allocs, m->dptr);
-    obj_destroy_alloc(w, m->dptr, o);
+        wk_log("synchronising before a free: %s", wk_err_name(w, rc));
+    o = wk_idmap_del(&w->allocs, m->dptr);
+    wk_obj_destroy_alloc(w, m->dptr, o);
     free(o);
 }
 
 WK_HANDLER(memcpy_dtod)
 {
     CUstream s;
-    CUresult rc = stream_get(w, m->stream, &s);
+    CUresult rc = wk_stream_get(w, m->stream, &s);
     if (rc == CUDA_SUCCESS && m->size > 0)
         rc = DRV_BUSY(w, cuMemcpyDtoDAsync, m->dst, m->src, m->size, s);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_MEMCPY_DTOD, rc, "copy of %llu bytes from 0x%llx to 0x%llx",
+        wk_defer_error(w, GP_OP_MEMCPY_DTOD, rc, "copy of %llu bytes from 0x%llx to 0x%llx",
                     (unsigned long long)m->size, (unsigned long long)m->src,
                     (unsigned long long)m->dst);
 }
@@ -160,7 +160,7 @@ WK_HANDLER(memcpy_dtod)
 WK_HANDLER(memset)
 {
     CUstream s;
-    CUresult rc = stream_get(w, m->stream, &s);
+    CUresult rc = wk_stream_get(w, m->stream, &s);
     if (rc == CUDA_SUCCESS) {
         /* The synchronous variants are the same operation on the default stream; the client does
          * not wait for either, so the asynchronous call serves both. */
@@ -179,14 +179,14 @@ WK_HANDLER(memset)
         }
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_MEMSET, rc, "memset of %llu %u-byte elements at 0x%llx",
+        wk_defer_error(w, GP_OP_MEMSET, rc, "memset of %llu %u-byte elements at 0x%llx",
                     (unsigned long long)m->count, m->elem_size, (unsigned long long)m->dst);
 }
 
 WK_HANDLER(memset_2d)
 {
     CUstream s;
-    CUresult rc = stream_get(w, m->stream, &s);
+    CUresult rc = wk_stream_get(w, m->stream, &s);
     if (rc == CUDA_SUCCESS) {
         switch (m->elem_size) {
         case 1:
@@ -205,7 +205,7 @@ WK_HANDLER(memset_2d)
         }
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_MEMSET_2D, rc, "2D memset of %llux%llu %u-byte elements at 0x%llx",
+        wk_defer_error(w, GP_OP_MEMSET_2D, rc, "2D memset of %llux%llu %u-byte elements at 0x%llx",
                     (unsigned long long)m->width, (unsigned long long)m->height, m->elem_size,
                     (unsigned long long)m->dst);
 }

@@ -23,7 +23,7 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
 {
     uint64_t n = m->data_len;
     if (n == 0) {
-        const struct mc_entry *e = modcache_get(&w->mc, m->sha256, m->image_size);
+        const struct mc_entry *e = wk_modcache_get(&w->mc, m->sha256, m->image_size);
         if (e)
             w->stats.module_cache_hits++;
         else
@@ -36,20 +36,20 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
                  n > WK_MAX_IMAGE ? "module image of %llu bytes exceeds the server's limit"
                                   : "module image of %llu bytes does not match its image_size",
                  (unsigned long long)n);
-        if (io_read_bulk(w, NULL, n) != 0) /* keep the stream in sync */
+        if (wk_io_read_bulk(w, NULL, n) != 0) /* keep the stream in sync */
             return NULL;
         w->stats.module_bytes_received += n; /* only what arrived */
-        send_notice(w, CUDA_ERROR_INVALID_VALUE, GP_OP_MODULE_LOAD, text);
+        wk_send_notice(w, CUDA_ERROR_INVALID_VALUE, GP_OP_MODULE_LOAD, text);
         *result = n > WK_MAX_IMAGE ? CUDA_ERROR_INVALID_VALUE : GP_EPROTO;
         return NULL;
     }
     uint8_t *data = malloc((size_t)n + 1);
     if (!data) {
         *result = CUDA_ERROR_OUT_OF_MEMORY;
-        (void)io_read_bulk(w, NULL, n); /* a failure sets w->closing, which the caller checks */
+        (void)wk_io_read_bulk(w, NULL, n); /* a failure sets w->closing, which the caller checks */
         return NULL;
     }
-    if (io_read_bulk(w, data, n) != 0) {
+    if (wk_io_read_bulk(w, data, n) != 0) {
         free(data);
         return NULL;
     }
@@ -59,12 +59,12 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
     gp_sha256(data, (size_t)n, sha);
     if (memcmp(sha, m->sha256, 32) != 0) {
         free(data);
-        send_notice(w, GP_EPROTO, GP_OP_MODULE_LOAD,
+        wk_send_notice(w, GP_EPROTO, GP_OP_MODULE_LOAD,
                     "module image does not match its SHA-256 (corrupted in transit?)");
         *result = GP_EPROTO;
         return NULL;
     }
-    const struct mc_entry *e = modcache_put(&w->mc, m->sha256, data, (size_t)n);
+    const struct mc_entry *e = wk_modcache_put(&w->mc, m->sha256, data, (size_t)n);
     if (!e)
         *result = CUDA_ERROR_OUT_OF_MEMORY;
     return e;
@@ -73,9 +73,9 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
 WK_HANDLER(module_load)
 {
     gp_module_load_reply r = {0};
-    if (m->kind > 1 || m->module == 0 || idmap_get(&w->modules, m->module)) {
+    if (m->kind > 1 || m->module == 0 || wk_idmap_get(&w->modules, m->module)) {
         r.result = CUDA_ERROR_INVALID_VALUE;
-        if (io_read_bulk(w, NULL, m->data_len) == 0)
+        if (wk_io_read_bulk(w, NULL, m->data_len) == 0)
             WK_REPLY(w, req, gp_module_load_reply, &r);
         return;
     }
@@ -92,14 +92,14 @@ WK_HANDLER(module_load)
                 w, DRV(w, cuLibraryLoadData, &lh, img->data, NULL, NULL, 0, NULL, NULL, 0));
         void *h = m->kind == 0 ? (void *)mh : (void *)lh;
         if (r.result == CUDA_SUCCESS) {
-            struct wk_obj *o = obj_new(w->cur_ctx, h, NULL, 0);
+            struct wk_obj *o = wk_obj_new(w->cur_ctx, h, NULL, 0);
             if (o)
                 o->kind = m->kind;
-            r.result = obj_bind(&w->modules, m->module, o);
+            r.result = wk_obj_bind(&w->modules, m->module, o);
             if (r.result != CUDA_SUCCESS) {
                 CUresult rc = m->kind == 0 ? DRV(w, cuModuleUnload, h) : DRV(w, cuLibraryUnload, h);
                 if (rc != CUDA_SUCCESS)
-                    wlog("unloading an unbound module: %s", err_name(w, rc));
+                    wk_log("unloading an unbound module: %s", wk_err_name(w, rc));
             } else {
                 w->stats.modules_loaded++;
             }
@@ -110,18 +110,18 @@ WK_HANDLER(module_load)
 
 WK_HANDLER(module_unload)
 {
-    struct wk_obj *o = idmap_get(&w->modules, m->module);
+    struct wk_obj *o = wk_idmap_get(&w->modules, m->module);
     if (!o || o->kind != m->kind) {
-        defer_error(w, GP_OP_MODULE_UNLOAD, CUDA_ERROR_INVALID_HANDLE, "unload of module 0x%llx",
+        wk_defer_error(w, GP_OP_MODULE_UNLOAD, CUDA_ERROR_INVALID_HANDLE, "unload of module 0x%llx",
                     (unsigned long long)m->module);
         return;
     }
-    idmap_del(&w->modules, m->module);
-    obj_purge(w, &w->funcs, m->module, 0, NULL); /* its functions die with it */
+    wk_idmap_del(&w->modules, m->module);
+    wk_obj_purge(w, &w->funcs, m->module, 0, NULL); /* its functions die with it */
     CUresult rc = o->kind == 1 ? DRV(w, cuLibraryUnload, o->h) : DRV(w, cuModuleUnload, o->h);
     free(o);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_MODULE_UNLOAD, rc, "unload of module 0x%llx",
+        wk_defer_error(w, GP_OP_MODULE_UNLOAD, rc, "unload of module 0x%llx",
                     (unsigned long long)m->module);
 }
 
@@ -150,12 +150,12 @@ WK_HANDLER(get_function)
     gp_get_function_reply r = {0};
     char name[4096];
     cstr(name, m->name, m->name_len);
-    struct wk_obj *mod = idmap_get(&w->modules, m->module);
+    struct wk_obj *mod = wk_idmap_get(&w->modules, m->module);
     CUfunction fh = NULL;
     CUkernel kh = NULL;
     if (!mod || mod->kind != m->kind)
         r.result = CUDA_ERROR_INVALID_HANDLE;
-    else if (m->func == 0 || idmap_get(&w->funcs, m->func))
+    else if (m->func == 0 || wk_idmap_get(&w->funcs, m->func))
         r.result = CUDA_ERROR_INVALID_VALUE;
     else if (m->kind == 0)
         r.result = DRV(w, cuModuleGetFunction, &fh, mod->h, name);
@@ -164,10 +164,10 @@ WK_HANDLER(get_function)
     void *h = m->kind == 0 ? (void *)fh : (void *)kh;
     uint8_t *offs = NULL, *sizes = NULL;
     if (r.result == CUDA_SUCCESS) {
-        struct wk_obj *f = obj_new(m->module, h, name, strlen(name));
+        struct wk_obj *f = wk_obj_new(m->module, h, name, strlen(name));
         if (f)
             f->kind = m->kind;
-        r.result = obj_bind(&w->funcs, m->func, f);
+        r.result = wk_obj_bind(&w->funcs, m->func, f);
         if (r.result == CUDA_SUCCESS) {
             offs = malloc(4 * MAXP);
             sizes = malloc(4 * MAXP);
@@ -190,7 +190,7 @@ WK_HANDLER(get_global)
     gp_get_global_reply r = {0};
     char name[4096];
     cstr(name, m->name, m->name_len);
-    struct wk_obj *mod = idmap_get(&w->modules, m->module);
+    struct wk_obj *mod = wk_idmap_get(&w->modules, m->module);
     CUdeviceptr dptr = 0;
     size_t size = 0;
     if (!mod || mod->kind != m->kind)

@@ -13,28 +13,28 @@ WK_HANDLER(stream_create)
 {
     CUresult rc;
     CUstream s = NULL;
-    if (m->stream <= 2 || idmap_get(&w->streams, m->stream)) {
+    if (m->stream <= 2 || wk_idmap_get(&w->streams, m->stream)) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else {
         rc = DRV(w, cuStreamCreateWithPriority, &s, m->flags, m->priority);
         if (rc == CUDA_SUCCESS) {
-            rc = obj_bind(&w->streams, m->stream, obj_new(w->cur_ctx, s, NULL, 0));
+            rc = wk_obj_bind(&w->streams, m->stream, wk_obj_new(w->cur_ctx, s, NULL, 0));
             if (rc != CUDA_SUCCESS && DRV(w, cuStreamDestroy, s) != CUDA_SUCCESS)
-                wlog("destroying an unbound stream failed");
+                wk_log("destroying an unbound stream failed");
         }
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_STREAM_CREATE, rc, "creation of stream 0x%llx",
+        wk_defer_error(w, GP_OP_STREAM_CREATE, rc, "creation of stream 0x%llx",
                     (unsigned long long)m->stream);
 }
 
 WK_HANDLER(stream_destroy)
 {
-    struct wk_obj *o = idmap_del(&w->streams, m->stream);
+    struct wk_obj *o = wk_idmap_del(&w->streams, m->stream);
     CUresult rc = o ? DRV(w, cuStreamDestroy, o->h) : CUDA_ERROR_INVALID_HANDLE;
     free(o);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_STREAM_DESTROY, rc, "destruction of stream 0x%llx",
+        wk_defer_error(w, GP_OP_STREAM_DESTROY, rc, "destruction of stream 0x%llx",
                     (unsigned long long)m->stream);
 }
 
@@ -42,13 +42,13 @@ WK_HANDLER(stream_synchronize)
 {
     gp_stream_synchronize_reply r = {0};
     CUstream s;
-    r.result = stream_get(w, m->stream, &s);
+    r.result = wk_stream_get(w, m->stream, &s);
     if (r.result == CUDA_SUCCESS) {
-        if (io_flush(w) != 0) /* may take long: earlier replies must not wait behind it */
+        if (wk_io_flush(w) != 0) /* may take long: earlier replies must not wait behind it */
             return;
         r.result = WK_LONG(w, DRV(w, cuStreamSynchronize, s));
     }
-    r.result = sync_result(w, r.result);
+    r.result = wk_sync_result(w, r.result);
     WK_REPLY(w, req, gp_stream_synchronize_reply, &r);
 }
 
@@ -56,10 +56,10 @@ WK_HANDLER(stream_query)
 {
     gp_stream_query_reply r = {0};
     CUstream s;
-    r.result = stream_get(w, m->stream, &s);
+    r.result = wk_stream_get(w, m->stream, &s);
     if (r.result == CUDA_SUCCESS)
         r.result = DRV(w, cuStreamQuery, s);
-    r.result = sync_result(w, r.result);
+    r.result = wk_sync_result(w, r.result);
     WK_REPLY(w, req, gp_stream_query_reply, &r);
 }
 
@@ -67,13 +67,13 @@ WK_HANDLER(stream_wait_event)
 {
     CUstream s;
     CUevent e = NULL;
-    CUresult rc = stream_get(w, m->stream, &s);
+    CUresult rc = wk_stream_get(w, m->stream, &s);
     if (rc == CUDA_SUCCESS)
-        rc = event_get(w, m->event, &e);
+        rc = wk_event_get(w, m->event, &e);
     if (rc == CUDA_SUCCESS)
         rc = DRV(w, cuStreamWaitEvent, s, e, m->flags);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_STREAM_WAIT_EVENT, rc, "stream 0x%llx waiting for event 0x%llx",
+        wk_defer_error(w, GP_OP_STREAM_WAIT_EVENT, rc, "stream 0x%llx waiting for event 0x%llx",
                     (unsigned long long)m->stream, (unsigned long long)m->event);
 }
 
@@ -81,28 +81,28 @@ WK_HANDLER(event_create)
 {
     CUresult rc;
     CUevent e = NULL;
-    if (idmap_get(&w->events, m->event)) {
+    if (wk_idmap_get(&w->events, m->event)) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else {
         rc = DRV(w, cuEventCreate, &e, m->flags);
         if (rc == CUDA_SUCCESS) {
-            rc = obj_bind(&w->events, m->event, obj_new(w->cur_ctx, e, NULL, 0));
+            rc = wk_obj_bind(&w->events, m->event, wk_obj_new(w->cur_ctx, e, NULL, 0));
             if (rc != CUDA_SUCCESS && DRV(w, cuEventDestroy, e) != CUDA_SUCCESS)
-                wlog("destroying an unbound event failed");
+                wk_log("destroying an unbound event failed");
         }
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_EVENT_CREATE, rc, "creation of event 0x%llx",
+        wk_defer_error(w, GP_OP_EVENT_CREATE, rc, "creation of event 0x%llx",
                     (unsigned long long)m->event);
 }
 
 WK_HANDLER(event_destroy)
 {
-    struct wk_obj *o = idmap_del(&w->events, m->event);
+    struct wk_obj *o = wk_idmap_del(&w->events, m->event);
     CUresult rc = o ? DRV(w, cuEventDestroy, o->h) : CUDA_ERROR_INVALID_HANDLE;
     free(o);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_EVENT_DESTROY, rc, "destruction of event 0x%llx",
+        wk_defer_error(w, GP_OP_EVENT_DESTROY, rc, "destruction of event 0x%llx",
                     (unsigned long long)m->event);
 }
 
@@ -110,9 +110,9 @@ WK_HANDLER(event_record)
 {
     CUstream s;
     CUevent e = NULL;
-    CUresult rc = event_get(w, m->event, &e);
+    CUresult rc = wk_event_get(w, m->event, &e);
     if (rc == CUDA_SUCCESS)
-        rc = stream_get(w, m->stream, &s);
+        rc = wk_stream_get(w, m->stream, &s);
     if (rc == CUDA_SUCCESS) {
         /* cuEventRecordWithFlags is newer; plain cuEventRecord is the same call with flags 0. */
         if (w->drv.cuEventRecordWithFlags)
@@ -123,7 +123,7 @@ WK_HANDLER(event_record)
             rc = CUDA_ERROR_NOT_SUPPORTED;
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_EVENT_RECORD, rc, "record of event 0x%llx on stream 0x%llx",
+        wk_defer_error(w, GP_OP_EVENT_RECORD, rc, "record of event 0x%llx on stream 0x%llx",
                     (unsigned long long)m->event, (unsigned long long)m->stream);
 }
 
@@ -131,10 +131,10 @@ WK_HANDLER(event_query)
 {
     gp_event_query_reply r = {0};
     CUevent e;
-    r.result = event_get(w, m->event, &e);
+    r.result = wk_event_get(w, m->event, &e);
     if (r.result == CUDA_SUCCESS)
         r.result = DRV(w, cuEventQuery, e);
-    r.result = sync_result(w, r.result);
+    r.result = wk_sync_result(w, r.result);
     WK_REPLY(w, req, gp_event_query_reply, &r);
 }
 
@@ -142,13 +142,13 @@ WK_HANDLER(event_synchronize)
 {
     gp_event_synchronize_reply r = {0};
     CUevent e;
-    r.result = event_get(w, m->event, &e);
+    r.result = wk_event_get(w, m->event, &e);
     if (r.result == CUDA_SUCCESS) {
-        if (io_flush(w) != 0)
+        if (wk_io_flush(w) != 0)
             return;
         r.result = WK_LONG(w, DRV(w, cuEventSynchronize, e));
     }
-    r.result = sync_result(w, r.result);
+    r.result = wk_sync_result(w, r.result);
     WK_REPLY(w, req, gp_event_synchronize_reply, &r);
 }
 
@@ -157,9 +157,9 @@ WK_HANDLER(event_elapsed_time)
     gp_event_elapsed_time_reply r = {0};
     CUevent a, b;
     float ms = 0.0f;
-    r.result = event_get(w, m->start, &a);
+    r.result = wk_event_get(w, m->start, &a);
     if (r.result == CUDA_SUCCESS)
-        r.result = event_get(w, m->end, &b);
+        r.result = wk_event_get(w, m->end, &b);
     if (r.result == CUDA_SUCCESS)
         r.result = DRV(w, cuEventElapsedTime, &ms, a, b);
     r.ms = r.result == CUDA_SUCCESS ? ms : 0.0f;

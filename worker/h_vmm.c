@@ -18,7 +18,7 @@ static uint64_t resv_containing(const struct worker *w, uint64_t ptr, uint64_t s
     size_t pos = 0;
     uint64_t base;
     void *val;
-    while (idmap_next(&w->vmm_resvs, &pos, &base, &val)) {
+    while (wk_idmap_next(&w->vmm_resvs, &pos, &base, &val)) {
         const struct wk_obj *r = val;
         if (ptr >= base && size <= r->size && ptr - base <= r->size - size)
             return base;
@@ -36,18 +36,18 @@ WK_HANDLER(vmm_reserve)
         r.result = CUDA_ERROR_OUT_OF_MEMORY;
     if (r.result == CUDA_SUCCESS) {
         /* The hint is honoured when that range is free, as the driver does; else anywhere. */
-        if (m->addr != 0 && m->addr % align == 0 && vm_alloc_at(&w->vm, m->addr, m->size) == 0)
+        if (m->addr != 0 && m->addr % align == 0 && wk_vm_alloc_at(&w->vm, m->addr, m->size) == 0)
             addr = m->addr;
-        else if (vm_alloc_aligned(&w->vm, m->size, align, &addr) != 0)
+        else if (wk_vm_alloc_aligned(&w->vm, m->size, align, &addr) != 0)
             r.result = CUDA_ERROR_OUT_OF_MEMORY; /* the window is full */
     }
     if (r.result == CUDA_SUCCESS) {
-        struct wk_obj *o = obj_new(0, NULL, NULL, 0);
+        struct wk_obj *o = wk_obj_new(0, NULL, NULL, 0);
         if (o)
             o->size = m->size;
-        r.result = obj_bind(&w->vmm_resvs, addr, o);
-        if (r.result != CUDA_SUCCESS && vm_free(&w->vm, addr, m->size) != 0)
-            wlog("out of memory: %llu bytes of the VA window are lost",
+        r.result = wk_obj_bind(&w->vmm_resvs, addr, o);
+        if (r.result != CUDA_SUCCESS && wk_vm_free(&w->vm, addr, m->size) != 0)
+            wk_log("out of memory: %llu bytes of the VA window are lost",
                  (unsigned long long)m->size);
         r.ptr = r.result == CUDA_SUCCESS ? addr : 0;
     }
@@ -59,7 +59,7 @@ static void unmap_one(struct worker *w, uint64_t ptr, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuMemUnmap, ptr, o->size);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_VMM_UNMAP, rc, "cuMemUnmap of 0x%llx (%llu bytes)",
+        wk_defer_error(w, GP_OP_VMM_UNMAP, rc, "cuMemUnmap of 0x%llx (%llu bytes)",
                     (unsigned long long)ptr, (unsigned long long)o->size);
     free(o);
 }
@@ -67,11 +67,11 @@ static void unmap_one(struct worker *w, uint64_t ptr, struct wk_obj *o)
 /* Work on the device may still use the memory: wait for it, as mem_free does. */
 static int quiesce(struct worker *w)
 {
-    if (io_flush(w) != 0)
+    if (wk_io_flush(w) != 0)
         return -1;
     CUresult rc = DRV(w, cuCtxSynchronize);
     if (rc != CUDA_SUCCESS)
-        wlog("synchronising before an unmap: %s", err_name(w, rc));
+        wk_log("synchronising before an unmap: %s", wk_err_name(w, rc));
     return 0;
 }
 
@@ -81,32 +81,32 @@ static void unmap_inside(struct worker *w, uint64_t base, uint64_t size)
     size_t n = 0, pos = 0;
     uint64_t key;
     void *val;
-    while (idmap_next(&w->vmm_maps, &pos, &key, &val))
+    while (wk_idmap_next(&w->vmm_maps, &pos, &key, &val))
         n += key >= base && key - base < size;
     if (n == 0)
         return;
     uint64_t *keys = malloc(n * sizeof *keys);
     if (!keys) {
-        wlog("out of memory: mappings inside 0x%llx stay until the session ends",
+        wk_log("out of memory: mappings inside 0x%llx stay until the session ends",
              (unsigned long long)base);
         return;
     }
     size_t k = 0;
     pos = 0;
-    while (idmap_next(&w->vmm_maps, &pos, &key, &val) && k < n)
+    while (wk_idmap_next(&w->vmm_maps, &pos, &key, &val) && k < n)
         if (key >= base && key - base < size)
             keys[k++] = key;
     for (size_t i = 0; i < k; i++)
-        unmap_one(w, keys[i], idmap_del(&w->vmm_maps, keys[i]));
+        unmap_one(w, keys[i], wk_idmap_del(&w->vmm_maps, keys[i]));
     free(keys);
 }
 
 WK_HANDLER(vmm_address_free)
 {
     (void)req;
-    struct wk_obj *r = idmap_get(&w->vmm_resvs, m->ptr);
+    struct wk_obj *r = wk_idmap_get(&w->vmm_resvs, m->ptr);
     if (!r || r->size != m->size) {
-        defer_error(w, GP_OP_VMM_ADDRESS_FREE, CUDA_ERROR_INVALID_VALUE,
+        wk_defer_error(w, GP_OP_VMM_ADDRESS_FREE, CUDA_ERROR_INVALID_VALUE,
                     "cuMemAddressFree of 0x%llx (%llu bytes): not a reservation",
                     (unsigned long long)m->ptr, (unsigned long long)m->size);
         return;
@@ -114,16 +114,16 @@ WK_HANDLER(vmm_address_free)
     if (quiesce(w) != 0)
         return;
     unmap_inside(w, m->ptr, m->size);
-    r = idmap_del(&w->vmm_resvs, m->ptr);
-    if (vm_free(&w->vm, m->ptr, r->size) != 0)
-        wlog("out of memory: %llu bytes of the VA window are lost", (unsigned long long)r->size);
+    r = wk_idmap_del(&w->vmm_resvs, m->ptr);
+    if (wk_vm_free(&w->vm, m->ptr, r->size) != 0)
+        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)r->size);
     free(r);
 }
 
 WK_HANDLER(vmm_create)
 {
     gp_vmm_create_reply r = {.result = CUDA_SUCCESS};
-    if (m->handle == 0 || idmap_get(&w->vmm_handles, m->handle))
+    if (m->handle == 0 || wk_idmap_get(&w->vmm_handles, m->handle))
         r.result = CUDA_ERROR_INVALID_VALUE;
     CUmemAllocationProp prop = {0};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -137,16 +137,16 @@ WK_HANDLER(vmm_create)
     if (r.result == CUDA_SUCCESS)
         r.result = DRV(w, cuMemCreate, &h, m->size, &prop, 0);
     if (r.result == CUDA_SUCCESS) {
-        struct wk_obj *o = obj_new(0, NULL, NULL, 0);
+        struct wk_obj *o = wk_obj_new(0, NULL, NULL, 0);
         if (o) {
             o->size = m->size;
             o->mem = h;
         }
-        r.result = obj_bind(&w->vmm_handles, m->handle, o);
+        r.result = wk_obj_bind(&w->vmm_handles, m->handle, o);
         if (r.result != CUDA_SUCCESS) {
             CUresult rc = DRV(w, cuMemRelease, h);
             if (rc != CUDA_SUCCESS)
-                wlog("releasing an unbound allocation: %s", err_name(w, rc));
+                wk_log("releasing an unbound allocation: %s", wk_err_name(w, rc));
         } else {
             w->stats.mem_used += m->size;
         }
@@ -159,7 +159,7 @@ static void release_handle(struct worker *w, struct wk_obj *o)
     /* As in the driver, memory still mapped stays until its last mapping goes. */
     CUresult rc = DRV(w, cuMemRelease, o->mem);
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_VMM_RELEASE, rc, "cuMemRelease of %llu bytes",
+        wk_defer_error(w, GP_OP_VMM_RELEASE, rc, "cuMemRelease of %llu bytes",
                     (unsigned long long)o->size);
     w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
     free(o);
@@ -168,9 +168,9 @@ static void release_handle(struct worker *w, struct wk_obj *o)
 WK_HANDLER(vmm_release)
 {
     (void)req;
-    struct wk_obj *o = idmap_del(&w->vmm_handles, m->handle);
+    struct wk_obj *o = wk_idmap_del(&w->vmm_handles, m->handle);
     if (!o) {
-        defer_error(w, GP_OP_VMM_RELEASE, CUDA_ERROR_INVALID_VALUE,
+        wk_defer_error(w, GP_OP_VMM_RELEASE, CUDA_ERROR_INVALID_VALUE,
                     "cuMemRelease of unknown handle 0x%llx", (unsigned long long)m->handle);
         return;
     }
@@ -180,26 +180,26 @@ WK_HANDLER(vmm_release)
 WK_HANDLER(vmm_map)
 {
     (void)req;
-    struct wk_obj *h = idmap_get(&w->vmm_handles, m->handle);
+    struct wk_obj *h = wk_idmap_get(&w->vmm_handles, m->handle);
     CUresult rc = CUDA_SUCCESS;
     if (!h || m->size == 0 || m->offset > h->size || m->size > h->size - m->offset)
         rc = CUDA_ERROR_INVALID_VALUE;
-    else if (!resv_containing(w, m->ptr, m->size) || idmap_get(&w->vmm_maps, m->ptr))
+    else if (!resv_containing(w, m->ptr, m->size) || wk_idmap_get(&w->vmm_maps, m->ptr))
         rc = CUDA_ERROR_INVALID_VALUE; /* only inside the program's own reservations */
     if (rc == CUDA_SUCCESS)
         rc = DRV(w, cuMemMap, m->ptr, m->size, m->offset, h->mem, 0);
     if (rc == CUDA_SUCCESS) {
-        struct wk_obj *o = obj_new(0, NULL, NULL, 0);
+        struct wk_obj *o = wk_obj_new(0, NULL, NULL, 0);
         if (o) {
             o->size = m->size;
             o->mem = m->handle;
         }
-        rc = obj_bind(&w->vmm_maps, m->ptr, o);
+        rc = wk_obj_bind(&w->vmm_maps, m->ptr, o);
         if (rc != CUDA_SUCCESS && DRV(w, cuMemUnmap, m->ptr, m->size) != CUDA_SUCCESS)
-            wlog("unmapping an unrecorded mapping at 0x%llx failed", (unsigned long long)m->ptr);
+            wk_log("unmapping an unrecorded mapping at 0x%llx failed", (unsigned long long)m->ptr);
     }
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_VMM_MAP, rc, "cuMemMap of %llu bytes at 0x%llx (offset %llu)",
+        wk_defer_error(w, GP_OP_VMM_MAP, rc, "cuMemMap of %llu bytes at 0x%llx (offset %llu)",
                     (unsigned long long)m->size, (unsigned long long)m->ptr,
                     (unsigned long long)m->offset);
 }
@@ -207,16 +207,16 @@ WK_HANDLER(vmm_map)
 WK_HANDLER(vmm_unmap)
 {
     (void)req;
-    struct wk_obj *o = idmap_get(&w->vmm_maps, m->ptr);
+    struct wk_obj *o = wk_idmap_get(&w->vmm_maps, m->ptr);
     if (!o || o->size != m->size) {
-        defer_error(w, GP_OP_VMM_UNMAP, CUDA_ERROR_INVALID_VALUE,
+        wk_defer_error(w, GP_OP_VMM_UNMAP, CUDA_ERROR_INVALID_VALUE,
                     "cuMemUnmap of 0x%llx (%llu bytes): not a mapping", (unsigned long long)m->ptr,
                     (unsigned long long)m->size);
         return;
     }
     if (quiesce(w) != 0)
         return;
-    unmap_one(w, m->ptr, idmap_del(&w->vmm_maps, m->ptr));
+    unmap_one(w, m->ptr, wk_idmap_del(&w->vmm_maps, m->ptr));
 }
 
 WK_HANDLER(vmm_set_access)
@@ -230,7 +230,7 @@ WK_HANDLER(vmm_set_access)
                                                             &d, 1)
                                                       : CUDA_ERROR_INVALID_VALUE;
     if (rc != CUDA_SUCCESS)
-        defer_error(w, GP_OP_VMM_SET_ACCESS, rc, "cuMemSetAccess of %llu bytes at 0x%llx",
+        wk_defer_error(w, GP_OP_VMM_SET_ACCESS, rc, "cuMemSetAccess of %llu bytes at 0x%llx",
                     (unsigned long long)m->size, (unsigned long long)m->ptr);
 }
 
@@ -238,7 +238,7 @@ static void destroy_map(struct worker *w, uint64_t ptr, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuMemUnmap, ptr, o->size);
     if (rc != CUDA_SUCCESS)
-        wlog("unmapping 0x%llx: %s", (unsigned long long)ptr, err_name(w, rc));
+        wk_log("unmapping 0x%llx: %s", (unsigned long long)ptr, wk_err_name(w, rc));
 }
 
 static void destroy_handle(struct worker *w, uint64_t id, struct wk_obj *o)
@@ -246,24 +246,24 @@ static void destroy_handle(struct worker *w, uint64_t id, struct wk_obj *o)
     (void)id;
     CUresult rc = DRV(w, cuMemRelease, o->mem);
     if (rc != CUDA_SUCCESS)
-        wlog("releasing VMM memory: %s", err_name(w, rc));
+        wk_log("releasing VMM memory: %s", wk_err_name(w, rc));
     w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
 }
 
 static void destroy_resv(struct worker *w, uint64_t base, struct wk_obj *o)
 {
-    if (w->va_reserved && vm_free(&w->vm, base, o->size) != 0)
-        wlog("out of memory: %llu bytes of the VA window are lost", (unsigned long long)o->size);
+    if (w->va_reserved && wk_vm_free(&w->vm, base, o->size) != 0)
+        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)o->size);
 }
 
-void vmm_release_all(struct worker *w)
+void wk_vmm_release_all(struct worker *w)
 {
     if (w->vmm_maps.count > 0) {
         CUresult rc = DRV(w, cuCtxSynchronize);
         if (rc != CUDA_SUCCESS)
-            wlog("synchronising before unmapping the session's memory: %s", err_name(w, rc));
+            wk_log("synchronising before unmapping the session's memory: %s", wk_err_name(w, rc));
     }
-    obj_purge(w, &w->vmm_maps, 0, 0, destroy_map);
-    obj_purge(w, &w->vmm_handles, 0, 0, destroy_handle);
-    obj_purge(w, &w->vmm_resvs, 0, 0, destroy_resv);
+    wk_obj_purge(w, &w->vmm_maps, 0, 0, destroy_map);
+    wk_obj_purge(w, &w->vmm_handles, 0, 0, destroy_handle);
+    wk_obj_purge(w, &w->vmm_resvs, 0, 0, destroy_resv);
 }

@@ -35,15 +35,15 @@
 static void write_frame(struct worker *w, const uint8_t *p, size_t n)
 {
     size_t done = 0;
-    uint64_t start = now_ns();
+    uint64_t start = wk_now_ns();
     while (done < n) {
         ssize_t r;
         short wait = POLLOUT;
         if (w->ssl) {
             char err[200];
-            r = tls_io(w, (void *)(p + done), n - done, 1, &wait, err, sizeof err);
+            r = wk_tls_io(w, (void *)(p + done), n - done, 1, &wait, err, sizeof err);
             if (r < 0 && wait == 0) {
-                wlog("keepalive: %s", err);
+                wk_log("keepalive: %s", err);
                 break;
             }
         } else {
@@ -57,17 +57,17 @@ static void write_frame(struct worker *w, const uint8_t *p, size_t n)
         }
         if (done == 0 && !w->ssl)
             return; /* nothing written: skip this beat */
-        if ((now_ns() - start) / 1000000ull >= HB_WRITE_LIMIT_MS)
+        if ((wk_now_ns() - start) / 1000000ull >= HB_WRITE_LIMIT_MS)
             break;
         struct pollfd pf = {.fd = w->fd, .events = wait};
         if (poll(&pf, 1, 100) < 0 && errno != EINTR)
             break;
     }
     if (done > 0 && done < n) {
-        wlog("keepalive: the client took only %zu of %zu bytes of a notice; closing the "
+        wk_log("keepalive: the client took only %zu of %zu bytes of a notice; closing the "
              "connection (its stream would be broken)", done, n);
         if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
-            wlog("shutdown of the client socket failed: %s", strerror(errno));
+            wk_log("shutdown of the client socket failed: %s", strerror(errno));
     }
 }
 
@@ -83,10 +83,10 @@ static void beat(struct worker *w)
         write_frame(w, frame, n);
     atomic_store(&w->hb.sending, 0);
     if (pthread_mutex_unlock(&w->hb.lock) != 0)
-        wlog("keepalive: unlocking failed");
+        wk_log("keepalive: unlocking failed");
 }
 
-/* Sleeps one tick, or less when hb_stop wakes us. 1 when it is time to stop. */
+/* Sleeps one tick, or less when wk_hb_stop wakes us. 1 when it is time to stop. */
 static int tick(struct worker *w)
 {
     struct timespec until;
@@ -119,7 +119,7 @@ static void *hb_main(void *arg)
     struct worker *w = arg;
     uint64_t last_beat = 0, seen_calls = 0, seen_at = 0;
     while (!tick(w)) {
-        uint64_t calls = atomic_load(&w->hb.calls), now = now_ns();
+        uint64_t calls = atomic_load(&w->hb.calls), now = wk_now_ns();
         if (!atomic_load(&w->hb.busy) || calls != seen_calls) {
             seen_calls = calls; /* idle, or another call: its time starts now */
             seen_at = now;
@@ -133,7 +133,7 @@ static void *hb_main(void *arg)
     return NULL;
 }
 
-int hb_start(struct worker *w)
+int wk_hb_start(struct worker *w)
 {
     if (w->hb.running)
         return 0;
@@ -160,18 +160,18 @@ int hb_start(struct worker *w)
      * blocked in every thread already, since main() blocked them before anything started). */
     int rc = pthread_create(&w->hb.thread, NULL, hb_main, w);
     if (rc != 0) {
-        wlog("keepalive thread: %s; long calls will look like a silent server", strerror(rc));
+        wk_log("keepalive thread: %s; long calls will look like a silent server", strerror(rc));
         (void)pthread_cond_destroy(&w->hb.wake);
         (void)pthread_mutex_destroy(&w->hb.wake_lock);
         if (pthread_mutex_destroy(&w->hb.lock) != 0)
-            wlog("keepalive: destroying the lock failed");
+            wk_log("keepalive: destroying the lock failed");
         return -1;
     }
     w->hb.running = 1;
     return 0;
 }
 
-void hb_stop(struct worker *w)
+void wk_hb_stop(struct worker *w)
 {
     if (!w->hb.running)
         return;
@@ -179,21 +179,21 @@ void hb_stop(struct worker *w)
     if (pthread_mutex_lock(&w->hb.wake_lock) == 0) {
         atomic_store(&w->hb.stop, 1);
         if (pthread_cond_signal(&w->hb.wake) != 0 || pthread_mutex_unlock(&w->hb.wake_lock) != 0)
-            wlog("keepalive: waking the thread failed");
+            wk_log("keepalive: waking the thread failed");
     } else {
         atomic_store(&w->hb.stop, 1); /* it still stops, within a tick */
     }
     int rc = pthread_join(w->hb.thread, NULL);
     if (rc != 0)
-        wlog("joining the keepalive thread: %s", strerror(rc));
+        wk_log("joining the keepalive thread: %s", strerror(rc));
     if (pthread_cond_destroy(&w->hb.wake) != 0 || pthread_mutex_destroy(&w->hb.wake_lock) != 0 ||
         pthread_mutex_destroy(&w->hb.lock) != 0)
-        wlog("keepalive: destroying its locks failed");
+        wk_log("keepalive: destroying its locks failed");
     w->hb.running = 0;
 }
 
-void hb_wait_writer(struct worker *w)
+void wk_hb_wait_writer(struct worker *w)
 {
     if (pthread_mutex_lock(&w->hb.lock) == 0 && pthread_mutex_unlock(&w->hb.lock) != 0)
-        wlog("keepalive: unlocking failed");
+        wk_log("keepalive: unlocking failed");
 }

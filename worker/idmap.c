@@ -26,7 +26,7 @@ static size_t find(const struct idmap *m, uint64_t key)
     return i;
 }
 
-void *idmap_get(const struct idmap *m, uint64_t key)
+void *wk_idmap_get(const struct idmap *m, uint64_t key)
 {
     if (key == 0 || m->cap == 0)
         return NULL;
@@ -51,7 +51,7 @@ static int grow(struct idmap *m)
     return 0;
 }
 
-int idmap_put(struct idmap *m, uint64_t key, void *val)
+int wk_idmap_put(struct idmap *m, uint64_t key, void *val)
 {
     if (key == 0)
         return -1;
@@ -67,7 +67,7 @@ int idmap_put(struct idmap *m, uint64_t key, void *val)
     return 0;
 }
 
-void *idmap_del(struct idmap *m, uint64_t key)
+void *wk_idmap_del(struct idmap *m, uint64_t key)
 {
     if (key == 0 || m->cap == 0)
         return NULL;
@@ -96,7 +96,7 @@ void *idmap_del(struct idmap *m, uint64_t key)
     return val;
 }
 
-int idmap_next(const struct idmap *m, size_t *pos, uint64_t *key, void **val)
+int wk_idmap_next(const struct idmap *m, size_t *pos, uint64_t *key, void **val)
 {
     while (*pos < m->cap) {
         size_t i = (*pos)++;
@@ -109,7 +109,7 @@ int idmap_next(const struct idmap *m, size_t *pos, uint64_t *key, void **val)
     return 0;
 }
 
-void idmap_clear(struct idmap *m)
+void wk_idmap_clear(struct idmap *m)
 {
     free(m->slots);
     m->slots = NULL;

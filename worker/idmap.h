@@ -24,15 +24,15 @@ struct idmap {
 };
 
 /* The value stored under key, or NULL. */
-void *idmap_get(const struct idmap *m, uint64_t key);
+void *wk_idmap_get(const struct idmap *m, uint64_t key);
 /* 0 on success; -1 if key is 0 or already present; -2 if out of memory. */
-int idmap_put(struct idmap *m, uint64_t key, void *val);
+int wk_idmap_put(struct idmap *m, uint64_t key, void *val);
 /* Removes key; returns its value, or NULL if absent. */
-void *idmap_del(struct idmap *m, uint64_t key);
+void *wk_idmap_del(struct idmap *m, uint64_t key);
 /* Iteration: start with *pos = 0; returns 1 and the next entry, or 0 at the end. The map must not
  * change during an iteration (collect keys first, then delete). */
-int idmap_next(const struct idmap *m, size_t *pos, uint64_t *key, void **val);
+int wk_idmap_next(const struct idmap *m, size_t *pos, uint64_t *key, void **val);
 /* Frees the slot array (not the values). */
-void idmap_clear(struct idmap *m);
+void wk_idmap_clear(struct idmap *m);
 
 #endif /* GP_WORKER_IDMAP_H */

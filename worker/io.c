@@ -18,7 +18,7 @@
 
 #include "worker.h"
 
-int io_init(struct worker *w, int fd, int sigfd)
+int wk_io_init(struct worker *w, int fd, int sigfd)
 {
     w->fd = fd;
     w->sigfd = sigfd;
@@ -31,7 +31,7 @@ int io_init(struct worker *w, int fd, int sigfd)
     return 0;
 }
 
-void io_free(struct worker *w)
+void wk_io_free(struct worker *w)
 {
     free(w->in);
     free(w->out);
@@ -41,8 +41,8 @@ void io_free(struct worker *w)
 static void lost(struct worker *w, const char *what, int err)
 {
     if (!w->dead)
-        wlog("client connection lost (%s: %s)", what, strerror(err));
-    end_session(w, WK_END_CLIENT_LOST, "client connection lost (%s: %s)", what, strerror(err));
+        wk_log("client connection lost (%s: %s)", what, strerror(err));
+    wk_end_session(w, WK_END_CLIENT_LOST, "client connection lost (%s: %s)", what, strerror(err));
     w->dead = 1;
 }
 
@@ -53,13 +53,13 @@ static void on_signal(struct worker *w)
     struct signalfd_siginfo si;
     ssize_t n = read(w->sigfd, &si, sizeof si);
     int sig = n == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
-    wlog("%s: ending the session", sig ? strsignal(sig) : "signal");
-    end_session(w, WK_END_SHUTDOWN, "%s: the server is shutting down",
+    wk_log("%s: ending the session", sig ? strsignal(sig) : "signal");
+    wk_end_session(w, WK_END_SHUTDOWN, "%s: the server is shutting down",
                 sig ? strsignal(sig) : "signal");
     if (!w->in_write) { /* else the client is not reading anyway */
-        send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
+        wk_send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
                     "the gpupool server is shutting down; this session has ended");
-        (void)io_flush(w); /* best effort: the client may be gone */
+        (void)wk_io_flush(w); /* best effort: the client may be gone */
     }
     w->dead = 1;
 }
@@ -87,10 +87,10 @@ static int io_wait(struct worker *w, short events)
             li = (int)n;
             p[n++] = (struct pollfd){.fd = w->ctl.listen_fd, .events = POLLIN};
         }
-        if (adopt_check_grace(w) != 0)
+        if (wk_adopt_check_grace(w) != 0)
             return -1;
-        int timeout = w->ctl.fd >= 0 ? ctl_stats_tick(w) : -1;
-        int grace = adopt_wait_ms(w);
+        int timeout = w->ctl.fd >= 0 ? wk_ctl_stats_tick(w) : -1;
+        int grace = wk_adopt_wait_ms(w);
         if (grace >= 0 && (timeout < 0 || grace < timeout))
             timeout = grace;
         int r = poll(p, n, timeout);
@@ -106,19 +106,19 @@ static int io_wait(struct worker *w, short events)
             on_signal(w);
             return -1;
         }
-        if (ci >= 0 && p[ci].revents && ctl_handle(w) != 0)
+        if (ci >= 0 && p[ci].revents && wk_ctl_handle(w) != 0)
             return -1;
         if (li >= 0 && (p[li].revents & POLLIN))
-            (void)adopt_accept(w);
+            (void)wk_adopt_accept(w);
         if (p[0].revents)
             return 0;
     }
 }
 
-int io_check(struct worker *w)
+int wk_io_check(struct worker *w)
 {
-    (void)ctl_stats_tick(w);
-    if (adopt_check_grace(w) != 0)
+    (void)wk_ctl_stats_tick(w);
+    if (wk_adopt_check_grace(w) != 0)
         return -1;
     struct pollfd p[3] = {{.fd = w->ctl.fd, .events = POLLIN},
                           {.fd = w->sigfd, .events = POLLIN},
@@ -134,8 +134,8 @@ int io_check(struct worker *w)
         return -1;
     }
     if (p[2].revents & POLLIN)
-        (void)adopt_accept(w);
-    return p[0].revents ? ctl_handle(w) : 0;
+        (void)wk_adopt_accept(w);
+    return p[0].revents ? wk_ctl_handle(w) : 0;
 }
 
 /* The fd may arrive non-blocking (the daemon's asyncio sockets are); we clear that at start, but
@@ -156,7 +156,7 @@ static int wait_fd(struct worker *w, short events)
     }
 }
 
-int io_wait_client(struct worker *w, short events)
+int wk_io_wait_client(struct worker *w, short events)
 {
     return wait_fd(w, events);
 }
@@ -167,7 +167,7 @@ static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
     char err[200];
     while (n > 0 && !w->dead) {
         short ev;
-        ssize_t r = tls_io(w, (void *)p, n, 1, &ev, err, sizeof err);
+        ssize_t r = wk_tls_io(w, (void *)p, n, 1, &ev, err, sizeof err);
         if (r > 0) {
             p += r;
             n -= (size_t)r;
@@ -179,7 +179,7 @@ static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
                 return -1;
         } else {
             if (!w->dead)
-                wlog("TLS write: %s", err);
+                wk_log("TLS write: %s", err);
             lost(w, "TLS write", EPIPE);
             return -1;
         }
@@ -194,18 +194,18 @@ static ssize_t tls_read_some(struct worker *w, void *dst, size_t n)
         if (w->dead)
             return -1;
         short ev;
-        ssize_t r = tls_io(w, dst, n, 0, &ev, err, sizeof err);
+        ssize_t r = wk_tls_io(w, dst, n, 0, &ev, err, sizeof err);
         if (r >= 0)
             return r;
         if (!ev) {
             if (!w->dead)
-                wlog("TLS read: %s", err);
+                wk_log("TLS read: %s", err);
             lost(w, "TLS read", EPROTO);
             return -1;
         }
         /* Replies go out before we block, never after (as read_some does). */
         if (w->out_len > 0) {
-            if (io_flush(w) != 0)
+            if (wk_io_flush(w) != 0)
                 return -1;
             continue;
         }
@@ -247,7 +247,7 @@ static int write_all(struct worker *w, const uint8_t *p, size_t n)
     return w->dead ? -1 : 0;
 }
 
-int io_flush(struct worker *w)
+int wk_io_flush(struct worker *w)
 {
     if (w->out_len == 0)
         return w->dead ? -1 : 0;
@@ -256,14 +256,14 @@ int io_flush(struct worker *w)
     return r;
 }
 
-int io_write_direct(struct worker *w, const void *p, size_t n)
+int wk_io_write_direct(struct worker *w, const void *p, size_t n)
 {
-    if (io_flush(w) != 0)
+    if (wk_io_flush(w) != 0)
         return -1;
     return write_all(w, p, n);
 }
 
-uint8_t *io_reserve(struct worker *w, size_t n)
+uint8_t *wk_io_reserve(struct worker *w, size_t n)
 {
     if (w->out_cap - w->out_len < n) {
         size_t cap = w->out_cap;
@@ -271,8 +271,8 @@ uint8_t *io_reserve(struct worker *w, size_t n)
             cap *= 2;
         uint8_t *o = realloc(w->out, cap);
         if (!o) {
-            wlog("out of memory for a %zu-byte reply; closing the session", n);
-            end_session(w, WK_END_WORKER_ERROR, "the server ran out of memory for a %zu-byte reply",
+            wk_log("out of memory for a %zu-byte reply; closing the session", n);
+            wk_end_session(w, WK_END_WORKER_ERROR, "the server ran out of memory for a %zu-byte reply",
                         n);
             return NULL;
         }
@@ -284,7 +284,7 @@ uint8_t *io_reserve(struct worker *w, size_t n)
     return p;
 }
 
-void io_unreserve(struct worker *w, size_t n)
+void wk_io_unreserve(struct worker *w, size_t n)
 {
     w->out_len = n > w->out_len ? 0 : w->out_len - n;
 }
@@ -311,7 +311,7 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
                 lost(w, "read", errno);
                 return -1;
             }
-            if (io_flush(w) != 0)
+            if (wk_io_flush(w) != 0)
                 return -1;
         }
         /* Between reads we watch the signalfd, the control socket and the adoption socket too
@@ -343,8 +343,8 @@ static int fill(struct worker *w, size_t need)
             if (need > w->in_cap) {
                 uint8_t *n = realloc(w->in, need);
                 if (!n) {
-                    wlog("out of memory for a %zu-byte frame; closing the session", need);
-                    end_session(w, WK_END_WORKER_ERROR,
+                    wk_log("out of memory for a %zu-byte frame; closing the session", need);
+                    wk_end_session(w, WK_END_WORKER_ERROR,
                                 "the server ran out of memory for a %zu-byte frame", need);
                     return -1;
                 }
@@ -361,8 +361,8 @@ static int fill(struct worker *w, size_t need)
         if (r == 0) {
             if (w->in_end == w->in_pos)
                 return 0;
-            wlog("client closed the connection in the middle of a frame");
-            end_session(w, WK_END_CLIENT_LOST,
+            wk_log("client closed the connection in the middle of a frame");
+            wk_end_session(w, WK_END_CLIENT_LOST,
                         "the client closed the connection in the middle of a frame");
             return -1;
         }
@@ -371,7 +371,7 @@ static int fill(struct worker *w, size_t need)
     return 1;
 }
 
-int io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
+int wk_io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
 {
     /* Between frames, give back the memory of an oversized frame. */
     if (w->in_cap > WK_INBUF_SIZE && w->in_end - w->in_pos <= WK_INBUF_SIZE) {
@@ -390,19 +390,19 @@ int io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
         return r;
     gp_header_decode(w->in + w->in_pos, h);
     if (h->len > GP_PROTO_MAX_BODY) {
-        protocol_error(w, h->op, "frame body of %u bytes exceeds the limit of %u", h->len,
+        wk_protocol_error(w, h->op, "frame body of %u bytes exceeds the limit of %u", h->len,
                        GP_PROTO_MAX_BODY);
         return -1;
     }
     if (!gp_op_known(h->op)) {
-        protocol_error(w, h->op, "unknown message op %u", h->op);
+        wk_protocol_error(w, h->op, "unknown message op %u", h->op);
         return -1;
     }
     r = fill(w, GP_PROTO_HEADER_SIZE + (size_t)h->len);
     if (r <= 0) {
         if (r == 0) { /* end of stream right after a header */
-            wlog("client closed the connection in the middle of a frame");
-            end_session(w, WK_END_CLIENT_LOST,
+            wk_log("client closed the connection in the middle of a frame");
+            wk_end_session(w, WK_END_CLIENT_LOST,
                         "the client closed the connection in the middle of a frame");
         }
         return -1;
@@ -412,27 +412,27 @@ int io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
     return 1;
 }
 
-size_t io_buffered(const struct worker *w)
+size_t wk_io_buffered(const struct worker *w)
 {
     return w->in_end - w->in_pos;
 }
 
-const uint8_t *io_buffered_ptr(const struct worker *w)
+const uint8_t *wk_io_buffered_ptr(const struct worker *w)
 {
     return w->in + w->in_pos;
 }
 
-void io_consume(struct worker *w, size_t n)
+void wk_io_consume(struct worker *w, size_t n)
 {
     if (n > w->in_end - w->in_pos)
         n = w->in_end - w->in_pos;
     w->in_pos += n;
 }
 
-int io_read_bulk(struct worker *w, void *dst, uint64_t n)
+int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n)
 {
     uint8_t *d = dst;
-    size_t have = io_buffered(w);
+    size_t have = wk_io_buffered(w);
     if (have > n)
         have = (size_t)n;
     if (have > 0) {
@@ -453,8 +453,8 @@ int io_read_bulk(struct worker *w, void *dst, uint64_t n)
         ssize_t r = read_some(w, d ? (void *)d : (void *)scratch, want);
         if (r <= 0) {
             if (r == 0) {
-                wlog("client closed the connection in the middle of bulk data");
-                end_session(w, WK_END_CLIENT_LOST,
+                wk_log("client closed the connection in the middle of bulk data");
+                wk_end_session(w, WK_END_CLIENT_LOST,
                             "the client closed the connection in the middle of bulk data");
             }
             return -1;

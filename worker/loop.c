@@ -10,14 +10,14 @@
  */
 #include "worker.h"
 
-static void h_ping(struct worker *w, uint64_t req, const gp_ping *m)
+static void wk_h_ping(struct worker *w, uint64_t req, const gp_ping *m)
 {
     gp_ping_reply r = {0};
     r.token = m->token;
     WK_REPLY(w, req, gp_ping_reply, &r);
 }
 
-static void h_stats(struct worker *w, uint64_t req, const gp_stats *m)
+static void wk_h_stats(struct worker *w, uint64_t req, const gp_stats *m)
 {
     (void)m;
     gp_stats_reply r = {0};
@@ -31,15 +31,15 @@ static void h_stats(struct worker *w, uint64_t req, const gp_stats *m)
     WK_REPLY(w, req, gp_stats_reply, &r);
 }
 
-static void h_goodbye(struct worker *w, uint64_t req, const gp_goodbye *m)
+static void wk_h_goodbye(struct worker *w, uint64_t req, const gp_goodbye *m)
 {
     (void)req;
     (void)m;
-    wlog("client said goodbye");
-    end_session(w, WK_END_CLIENT_EXIT, "the client said goodbye");
+    wk_log("client said goodbye");
+    wk_end_session(w, WK_END_CLIENT_EXIT, "the client said goodbye");
 }
 
-static void h_notice(struct worker *w, uint64_t req, const gp_notice *m)
+static void wk_h_notice(struct worker *w, uint64_t req, const gp_notice *m)
 {
     /* A client may tell us things; nothing here depends on them. */
     (void)w;
@@ -49,7 +49,7 @@ static void h_notice(struct worker *w, uint64_t req, const gp_notice *m)
 
 /* `info` is gpupoold's (the first frame of a connection, instead of hello): a worker never
  * serves it. Answer so that the client reads why, then close as for any protocol error. */
-static void h_info(struct worker *w, uint64_t req, const gp_info *m)
+static void wk_h_info(struct worker *w, uint64_t req, const gp_info *m)
 {
     (void)m;
     static const char text[] = "info is answered by gpupoold as the first frame of a connection, "
@@ -61,15 +61,15 @@ static void h_info(struct worker *w, uint64_t req, const gp_info *m)
     r.message = text;
     r.message_len = (uint32_t)(sizeof text - 1);
     WK_REPLY(w, req, gp_info_reply, &r);
-    protocol_error(w, GP_OP_INFO, "unexpected info message during a session");
+    wk_protocol_error(w, GP_OP_INFO, "unexpected info message during a session");
 }
 
-/* A call that started at t0 (now_ns()) is done: count its latency. No allocation, one clock
+/* A call that started at t0 (wk_now_ns()) is done: count its latency. No allocation, one clock
  * read and at most 17 comparisons (most calls stop at the first few bounds). */
 static void latency_done(struct worker *w, uint64_t t0)
 {
     static const uint64_t bounds[WK_LAT_BUCKETS - 1] = WK_LAT_BOUNDS_NS;
-    uint64_t t1 = now_ns();
+    uint64_t t1 = wk_now_ns();
     uint64_t d = t1 > t0 ? t1 - t0 : 0;
     unsigned i = 0;
     while (i < WK_LAT_BUCKETS - 1 && d > bounds[i])
@@ -88,12 +88,12 @@ static void latency_done(struct worker *w, uint64_t t0)
         uint64_t t0_ = 0;                                                                          \
         if (class_ != WK_CALL_NONE) {                                                              \
             w->stats.calls[class_]++;                                                              \
-            t0_ = now_ns();                                                                        \
+            t0_ = wk_now_ns();                                                                        \
         }                                                                                          \
         if (gp_##name_##_decode(body, h->len, &msg) != 0)                                          \
-            protocol_error(w, h->op, "malformed %s message (%u bytes)", #name_, h->len);           \
+            wk_protocol_error(w, h->op, "malformed %s message (%u bytes)", #name_, h->len);           \
         else                                                                                       \
-            h_##name_(w, h->req, &msg);                                                            \
+            wk_h_##name_(w, h->req, &msg);                                                            \
         if (class_ != WK_CALL_NONE)                                                                \
             latency_done(w, t0_);                                                                  \
         return;                                                                                    \
@@ -102,7 +102,7 @@ static void latency_done(struct worker *w, uint64_t t0)
 static void dispatch(struct worker *w, const gp_frame_header *h, const uint8_t *body)
 {
     if (h->flags & GP_FLAG_REPLY) {
-        protocol_error(w, h->op, "the client sent a reply frame (op %u)", h->op);
+        wk_protocol_error(w, h->op, "the client sent a reply frame (op %u)", h->op);
         return;
     }
     switch (h->op) {
@@ -161,19 +161,19 @@ static void dispatch(struct worker *w, const gp_frame_header *h, const uint8_t *
         DISPATCH(GP_OP_VMM_SET_ACCESS, vmm_set_access, WK_CALL_ALLOC)
     default:
         /* Known to the spec but not a request the worker takes (a second hello). */
-        protocol_error(w, h->op, "unexpected %s message", gp_op_name(h->op));
+        wk_protocol_error(w, h->op, "unexpected %s message", gp_op_name(h->op));
     }
 }
 
-void worker_loop(struct worker *w)
+void wk_worker_loop(struct worker *w)
 {
     while (!w->closing) {
         gp_frame_header h;
         const uint8_t *body;
-        int r = io_next_frame(w, &h, &body);
+        int r = wk_io_next_frame(w, &h, &body);
         if (r == 0) {
-            wlog("client closed the connection");
-            end_session(w, WK_END_CLIENT_LOST, "the client closed the connection without goodbye");
+            wk_log("client closed the connection");
+            wk_end_session(w, WK_END_CLIENT_LOST, "the client closed the connection without goodbye");
             break;
         }
         if (r < 0)
@@ -182,12 +182,12 @@ void worker_loop(struct worker *w)
          * signals and the daemon's departure are seen: look every 1024 frames instead (one
          * clock read and one poll, nothing per frame). */
         if ((++w->stats.frames & 1023) == 0 && (w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) &&
-            io_check(w) != 0)
+            wk_io_check(w) != 0)
             break;
         dispatch(w, &h, body);
-        if (w->out_len >= WK_FLUSH_AT && io_flush(w) != 0)
+        if (w->out_len >= WK_FLUSH_AT && wk_io_flush(w) != 0)
             break;
     }
-    if (w->out_len > 0 && io_flush(w) != 0)
-        wlog("could not send the last replies");
+    if (w->out_len > 0 && wk_io_flush(w) != 0)
+        wk_log("could not send the last replies");
 }

@@ -38,7 +38,7 @@
 
 static void usage(const char *why)
 {
-    wlog("usage error: %s", why);
+    wk_log("usage error: %s", why);
     fprintf(stderr, "usage: gpupool-worker --control-fd N --driver PATH --device ORDINAL "
                     "--cache-dir DIR [--simulated]\n"
                     "                      [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]\n"
@@ -152,7 +152,7 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
 
 /* The socket as the hot loop wants it: blocking (the daemon's asyncio sockets are not), and
  * without Nagle's delay on TCP (replies are small and latency-bound). */
-int prepare_socket(int fd)
+int wk_prepare_socket(int fd)
 {
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0)
@@ -165,7 +165,7 @@ int prepare_socket(int fd)
         (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)) {
         int one = 1, idle = 30, intvl = 10, cnt = 3;
         if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
-            wlog("TCP_NODELAY: %s", strerror(errno));
+            wk_log("TCP_NODELAY: %s", strerror(errno));
         /* A client machine that vanishes (powered off, cable pulled) is noticed within about a
          * minute even while the session is idle, and its lease ends as "client lost". A client
          * that is alive but stopped keeps its lease: its kernel still answers. */
@@ -173,7 +173,7 @@ int prepare_socket(int fd)
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0 ||
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) != 0 ||
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) != 0)
-            wlog("TCP keepalive: %s", strerror(errno));
+            wk_log("TCP keepalive: %s", strerror(errno));
     }
     return 0;
 }
@@ -190,7 +190,7 @@ static uint8_t *read_hello(size_t *len)
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || (r > 0 && n + (size_t)r == MAX_HELLO_BODY)) {
-            wlog("reading the hello from stdin: %s", r < 0 ? strerror(errno) : "too long");
+            wk_log("reading the hello from stdin: %s", r < 0 ? strerror(errno) : "too long");
             free(buf);
             return NULL;
         }
@@ -219,12 +219,12 @@ static int fd_mode(struct worker *w, const struct wk_options *o)
     size_t hello_len = 0;
     uint8_t *hello_body = read_hello(&hello_len);
     gp_hello hello;
-    if (!hello_body || hello_decode(hello_body, hello_len, &hello) != 0) {
-        hello_refuse(w, o->hello_req, GP_EPROTO, "the server could not read the hello message");
-    } else if (session_start(w, o, &hello) == 0) {
-        wlog("client pid %u (%.*s@%.*s, %.*s)", hello.pid, (int)hello.user_len, hello.user,
+    if (!hello_body || wk_hello_decode(hello_body, hello_len, &hello) != 0) {
+        wk_hello_refuse(w, o->hello_req, GP_EPROTO, "the server could not read the hello message");
+    } else if (wk_session_start(w, o, &hello) == 0) {
+        wk_log("client pid %u (%.*s@%.*s, %.*s)", hello.pid, (int)hello.user_len, hello.user,
              (int)hello.host_len, hello.host, (int)hello.program_len, hello.program);
-        worker_loop(w);
+        wk_worker_loop(w);
         status = 0;
     }
     free(hello_body);
@@ -233,7 +233,7 @@ static int fd_mode(struct worker *w, const struct wk_options *o)
 
 int main(int argc, char **argv)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = wk_now_ns();
     struct wk_options o;
     if (parse_args(argc, argv, &o) != 0)
         return 2;
@@ -241,13 +241,13 @@ int main(int argc, char **argv)
         usage("--control-fd is not an open SOCK_SEQPACKET socket");
         return 2;
     }
-    if (o.fd >= 0 && prepare_socket(o.fd) != 0) {
+    if (o.fd >= 0 && wk_prepare_socket(o.fd) != 0) {
         usage("--fd is not an open descriptor");
         return 2;
     }
     /* Writes to a vanished client must fail with EPIPE, not kill us before we clean up. */
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
-        wlog("cannot ignore SIGPIPE: %s", strerror(errno));
+        wk_log("cannot ignore SIGPIPE: %s", strerror(errno));
 
     /* gpupoold stops workers with SIGTERM: turn it (and SIGINT) into an event the loop sees
      * while it waits for the client, so the client is told and everything is released. Blocked
@@ -258,18 +258,18 @@ int main(int argc, char **argv)
         sigprocmask(SIG_BLOCK, &stop, NULL) == 0) {
         sigfd = signalfd(-1, &stop, SFD_CLOEXEC);
         if (sigfd < 0) {
-            wlog("signalfd: %s; SIGTERM ends the worker at once", strerror(errno));
+            wk_log("signalfd: %s; SIGTERM ends the worker at once", strerror(errno));
             if (sigprocmask(SIG_UNBLOCK, &stop, NULL) != 0)
-                wlog("sigprocmask: %s", strerror(errno));
+                wk_log("sigprocmask: %s", strerror(errno));
         }
     } else {
-        wlog("cannot block SIGTERM: %s", strerror(errno));
+        wk_log("cannot block SIGTERM: %s", strerror(errno));
     }
 
     /* All state of the session; see worker.h for why there is no global state. */
     struct worker *w = calloc(1, sizeof *w);
-    if (!w || io_init(w, o.fd, sigfd) != 0) {
-        wlog("out of memory at start");
+    if (!w || wk_io_init(w, o.fd, sigfd) != 0) {
+        wk_log("out of memory at start");
         return 1;
     }
     w->simulated = o.simulated;
@@ -280,15 +280,15 @@ int main(int argc, char **argv)
     int status;
     if (o.control_fd >= 0) {
         w->ctl.fd = o.control_fd;
-        status = prestart_main(w, &o, t0); /* releases the session itself, before `end` */
+        status = wk_prestart_main(w, &o, t0); /* releases the session itself, before `end` */
     } else {
         status = fd_mode(w, &o);
-        session_end(w);
+        wk_session_end(w);
     }
-    io_free(w);
-    tls_free(w);
+    wk_io_free(w);
+    wk_tls_free(w);
     free(w);
     if (sigfd >= 0 && close(sigfd) != 0)
-        wlog("closing the signalfd: %s", strerror(errno));
+        wk_log("closing the signalfd: %s", strerror(errno));
     return status;
 }

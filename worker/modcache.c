@@ -39,7 +39,7 @@ static int mkdir_p(const char *path)
     return 0;
 }
 
-int modcache_init(struct modcache *c, const char *cache_dir)
+int wk_modcache_init(struct modcache *c, const char *cache_dir)
 {
     memset(c, 0, sizeof *c);
     size_t n = strlen(cache_dir) + sizeof "/modules";
@@ -48,7 +48,7 @@ int modcache_init(struct modcache *c, const char *cache_dir)
         return -1;
     snprintf(c->dir, n, "%s/modules", cache_dir);
     if (mkdir_p(c->dir) != 0) {
-        wlog("module disk cache %s unusable (%s); caching in memory only", c->dir,
+        wk_log("module disk cache %s unusable (%s); caching in memory only", c->dir,
              strerror(errno));
         free(c->dir);
         c->dir = NULL;
@@ -119,11 +119,11 @@ static uint8_t *read_file(const char *path, size_t *len)
     *len = n;
 out:
     if (close(fd) != 0)
-        wlog("closing %s: %s", path, strerror(errno));
+        wk_log("closing %s: %s", path, strerror(errno));
     return data;
 }
 
-const struct mc_entry *modcache_get(struct modcache *c, const uint8_t sha[32],
+const struct mc_entry *wk_modcache_get(struct modcache *c, const uint8_t sha[32],
                                     uint64_t expected_size)
 {
     struct mc_entry *e = find_mem(c, sha);
@@ -138,7 +138,7 @@ const struct mc_entry *modcache_get(struct modcache *c, const uint8_t sha[32],
     uint8_t got[32];
     gp_sha256(data, len, got);
     if (memcmp(got, sha, 32) != 0 || (expected_size != 0 && expected_size != len)) {
-        wlog("cached module %s does not match its name; ignoring it", path);
+        wk_log("cached module %s does not match its name; ignoring it", path);
         free(data);
         return NULL;
     }
@@ -153,11 +153,11 @@ static void write_disk(struct modcache *c, const struct mc_entry *e)
      * failed its check (or was stored a moment ago by another worker: same bytes). */
     snprintf(tmp, sizeof tmp, "%s/.tmp-%ld-%u", c->dir, (long)getpid(), c->tmp_seq++);
     /* No fsync: after a crash a truncated file only fails its hash check and is replaced. */
-    if (write_file_atomic(tmp, path, e->data, e->len, 0) != 0)
-        wlog("cannot store module cache file %s: %s", path, strerror(errno));
+    if (wk_write_file_atomic(tmp, path, e->data, e->len, 0) != 0)
+        wk_log("cannot store module cache file %s: %s", path, strerror(errno));
 }
 
-const struct mc_entry *modcache_put(struct modcache *c, const uint8_t sha[32], uint8_t *data,
+const struct mc_entry *wk_modcache_put(struct modcache *c, const uint8_t sha[32], uint8_t *data,
                                     size_t len)
 {
     struct mc_entry *e = find_mem(c, sha);
@@ -173,7 +173,7 @@ const struct mc_entry *modcache_put(struct modcache *c, const uint8_t sha[32], u
     return e;
 }
 
-void modcache_free(struct modcache *c)
+void wk_modcache_free(struct modcache *c)
 {
     struct mc_entry *e = c->head;
     while (e) {

@@ -9,7 +9,7 @@
 
 #include "worker.h"
 
-struct wk_obj *obj_new(uint64_t owner, void *h, const char *name, size_t name_len)
+struct wk_obj *wk_obj_new(uint64_t owner, void *h, const char *name, size_t name_len)
 {
     struct wk_obj *o = calloc(1, sizeof *o + name_len + 1);
     if (!o)
@@ -22,18 +22,18 @@ struct wk_obj *obj_new(uint64_t owner, void *h, const char *name, size_t name_le
     return o;
 }
 
-CUresult obj_bind(struct idmap *m, uint64_t id, struct wk_obj *obj)
+CUresult wk_obj_bind(struct idmap *m, uint64_t id, struct wk_obj *obj)
 {
     if (!obj)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    int r = idmap_put(m, id, obj);
+    int r = wk_idmap_put(m, id, obj);
     if (r == 0)
         return CUDA_SUCCESS;
     free(obj);
     return r == -1 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-CUresult stream_get(struct worker *w, uint64_t id, CUstream *out)
+CUresult wk_stream_get(struct worker *w, uint64_t id, CUstream *out)
 {
     /* The default stream, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the same values on the
      * wire and in the driver. */
@@ -41,37 +41,37 @@ CUresult stream_get(struct worker *w, uint64_t id, CUstream *out)
         *out = (CUstream)(uintptr_t)id;
         return CUDA_SUCCESS;
     }
-    struct wk_obj *o = idmap_get(&w->streams, id);
+    struct wk_obj *o = wk_idmap_get(&w->streams, id);
     if (!o)
         return CUDA_ERROR_INVALID_HANDLE;
     *out = o->h;
     return CUDA_SUCCESS;
 }
 
-CUresult event_get(struct worker *w, uint64_t id, CUevent *out)
+CUresult wk_event_get(struct worker *w, uint64_t id, CUevent *out)
 {
-    struct wk_obj *o = idmap_get(&w->events, id);
+    struct wk_obj *o = wk_idmap_get(&w->events, id);
     if (!o)
         return CUDA_ERROR_INVALID_HANDLE;
     *out = o->h;
     return CUDA_SUCCESS;
 }
 
-uint64_t ctx_canon(uint64_t id)
+uint64_t wk_ctx_canon(uint64_t id)
 {
     return id == 1 ? WK_PRIMARY_CTX_ID : id;
 }
 
-CUcontext ctx_handle(struct worker *w, uint64_t id)
+CUcontext wk_ctx_handle(struct worker *w, uint64_t id)
 {
-    id = ctx_canon(id);
+    id = wk_ctx_canon(id);
     if (id == WK_PRIMARY_CTX_ID)
         return w->primary;
-    struct wk_obj *o = idmap_get(&w->ctxs, id);
+    struct wk_obj *o = wk_idmap_get(&w->ctxs, id);
     return o ? o->h : NULL;
 }
 
-void obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
+void wk_obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
                void (*destroy)(struct worker *, uint64_t id, struct wk_obj *))
 {
     if (m->count == 0)
@@ -79,13 +79,13 @@ void obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_
     /* Collect first: the map must not change while we iterate it. */
     uint64_t *ids = malloc(m->count * sizeof *ids);
     if (!ids) {
-        wlog("out of memory while releasing objects; some are left to process exit");
+        wk_log("out of memory while releasing objects; some are left to process exit");
         return;
     }
     size_t n = 0, pos = 0;
     uint64_t id;
     void *val;
-    while (idmap_next(m, &pos, &id, &val)) {
+    while (wk_idmap_next(m, &pos, &id, &val)) {
         struct wk_obj *o = val;
         if (owner != 0 && o->owner != owner)
             continue;
@@ -94,7 +94,7 @@ void obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_
         ids[n++] = id;
     }
     for (size_t i = 0; i < n; i++) {
-        struct wk_obj *o = idmap_del(m, ids[i]);
+        struct wk_obj *o = wk_idmap_del(m, ids[i]);
         if (o && destroy)
             destroy(w, ids[i], o);
         free(o);
@@ -102,25 +102,25 @@ void obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_
     free(ids);
 }
 
-void obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o)
+void wk_obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuStreamDestroy, o->h);
     if (rc != CUDA_SUCCESS)
-        wlog("destroying stream 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("destroying stream 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
-void obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o)
+void wk_obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuEventDestroy, o->h);
     if (rc != CUDA_SUCCESS)
-        wlog("destroying event 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("destroying event 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
-void obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o)
+void wk_obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     /* Functions of the module die with it, as in the driver. */
-    obj_purge(w, &w->funcs, id, 0, NULL);
+    wk_obj_purge(w, &w->funcs, id, 0, NULL);
     CUresult rc = o->kind == 1 ? DRV(w, cuLibraryUnload, o->h) : DRV(w, cuModuleUnload, o->h);
     if (rc != CUDA_SUCCESS)
-        wlog("unloading module 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("unloading module 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }

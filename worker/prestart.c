@@ -39,12 +39,12 @@ enum wait_result { GOT_SESSION, GOT_END, GOT_SIGNAL, DAEMON_GONE, BAD_MESSAGE };
 /* `failed`: set-up failed; text says what to do. */
 static void send_failed(struct worker *w, const char *text)
 {
-    wlog("set-up failed: %s", text);
+    wk_log("set-up failed: %s", text);
     struct jbuf j = {.n = 0};
-    jb_printf(&j, "{\"event\":\"failed\",\"error\":");
-    jb_str(&j, text);
-    jb_printf(&j, "}");
-    (void)ctl_send(w, &j, 0);
+    wk_jb_printf(&j, "{\"event\":\"failed\",\"error\":");
+    wk_jb_str(&j, text);
+    wk_jb_printf(&j, "}");
+    (void)wk_ctl_send(w, &j, 0);
 }
 
 static void send_ready(struct worker *w, uint64_t t0)
@@ -57,19 +57,19 @@ static void send_ready(struct worker *w, uint64_t t0)
              u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
              u[14], u[15]);
     struct jbuf j = {.n = 0};
-    jb_printf(&j, "{\"event\":\"ready\",\"pid\":%ld,\"init_ms\":%.3f,\"device\":", (long)getpid(),
-              (double)(now_ns() - t0) / 1e6);
-    jb_str(&j, s->name);
-    jb_printf(&j, ",\"uuid\":\"%s\",\"total_memory\":%llu}", uuid,
+    wk_jb_printf(&j, "{\"event\":\"ready\",\"pid\":%ld,\"init_ms\":%.3f,\"device\":", (long)getpid(),
+              (double)(wk_now_ns() - t0) / 1e6);
+    wk_jb_str(&j, s->name);
+    wk_jb_printf(&j, ",\"uuid\":\"%s\",\"total_memory\":%llu}", uuid,
               (unsigned long long)s->total_mem);
-    (void)ctl_send(w, &j, 0);
+    (void)wk_ctl_send(w, &j, 0);
 }
 
 /* A pre-session end (END or a signal before any client): `end` with session null. */
 static void send_end_idle(struct worker *w, enum wk_end_reason reason, const char *detail)
 {
-    end_session(w, reason, "%s", detail);
-    ctl_send_end(w);
+    wk_end_session(w, reason, "%s", detail);
+    wk_ctl_send_end(w);
 }
 
 /* Asks for SIGTERM when the daemon dies, and makes sure it has not died already: between our
@@ -79,7 +79,7 @@ static int watch_parent(struct worker *w)
 {
     pid_t parent = getppid();
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0)
-        wlog("PR_SET_PDEATHSIG: %s (the control socket still tells when gpupoold goes)",
+        wk_log("PR_SET_PDEATHSIG: %s (the control socket still tells when gpupoold goes)",
              strerror(errno));
     if (getppid() != parent)
         return -1;
@@ -89,7 +89,7 @@ static int watch_parent(struct worker *w)
     return 0;
 }
 
-/* The control socket as the worker wants it: blocking (ctl_send blocks for events that must
+/* The control socket as the worker wants it: blocking (wk_ctl_send blocks for events that must
  * arrive) and not inherited by anything the driver might start. */
 static int prepare_control(int fd)
 {
@@ -114,35 +114,35 @@ static enum wait_result wait_session(struct worker *w, uint8_t *buf, size_t cap,
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            wlog("poll: %s", strerror(errno));
+            wk_log("poll: %s", strerror(errno));
             return DAEMON_GONE;
         }
         if (n == 2 && (p[1].revents & POLLIN)) {
             struct signalfd_siginfo si;
             ssize_t got = read(w->sigfd, &si, sizeof si);
             int sig = got == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
-            wlog("%s before any session: exiting", sig ? strsignal(sig) : "signal");
+            wk_log("%s before any session: exiting", sig ? strsignal(sig) : "signal");
             return GOT_SIGNAL;
         }
         if (!p[0].revents)
             continue;
         int truncated;
-        ssize_t m = ctl_recv(w, buf, cap, fd, &truncated);
+        ssize_t m = wk_ctl_recv(w, buf, cap, fd, &truncated);
         if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             continue;
         if (m <= 0) {
             if (m < 0)
-                wlog("reading the control socket: %s", strerror(errno));
+                wk_log("reading the control socket: %s", strerror(errno));
             return DAEMON_GONE;
         }
         *len = (size_t)m;
         if (truncated) {
-            wlog("a control message of more than %zu bytes was cut", cap);
+            wk_log("a control message of more than %zu bytes was cut", cap);
             return BAD_MESSAGE;
         }
         if (m >= 8 && memcmp(buf, "GPWE", 4) == 0) {
             if (*fd >= 0 && close(*fd) != 0)
-                wlog("close: %s", strerror(errno));
+                wk_log("close: %s", strerror(errno));
             *fd = -1;
             return GOT_END;
         }
@@ -168,7 +168,7 @@ static int check_binding(struct worker *w, const uint8_t *hello, size_t hello_le
     gp_sha256_final(&c, d);
     gp_frame_header h;
     const uint8_t *body;
-    if (io_next_frame(w, &h, &body) != 1) {
+    if (wk_io_next_frame(w, &h, &body) != 1) {
         snprintf(err, cap, "the client left before proving the TLS hand-over");
         return -1;
     }
@@ -201,7 +201,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
                  "gpupool-worker do not match: reinstall gpupool",
                  len, version, fd < 0 ? "no client socket" : "with a socket");
         if (fd >= 0 && close(fd) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
         send_failed(w, text);
         return 1;
     }
@@ -209,107 +209,107 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     o.hello_req = gp_rd_u64(msg + 16);
     o.fd = fd;
     w->ctl.session_id = o.session_id;
-    if (prepare_socket(fd) != 0)
-        wlog("preparing the client socket: %s", strerror(errno));
+    if (wk_prepare_socket(fd) != 0)
+        wk_log("preparing the client socket: %s", strerror(errno));
     w->fd = fd;
 
     if (flags & SESSION_TLS) {
         char err[400];
-        if (tls_accept(w, err, sizeof err) != 0 ||
+        if (wk_tls_accept(w, err, sizeof err) != 0 ||
             check_binding(w, msg + header, hello_len, err, sizeof err) != 0) {
             /* Nothing can reach the client but TLS alerts: tell the daemon, which logs it. */
-            wlog("session %llu: %s", (unsigned long long)o.session_id, err);
+            wk_log("session %llu: %s", (unsigned long long)o.session_id, err);
             struct jbuf j = {.n = 0};
-            jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
+            wk_jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
                       (unsigned long long)o.session_id, (int)GP_EREFUSED);
-            jb_str(&j, err);
-            jb_printf(&j, "}");
-            (void)ctl_send(w, &j, 0);
-            session_end(w);
+            wk_jb_str(&j, err);
+            wk_jb_printf(&j, "}");
+            (void)wk_ctl_send(w, &j, 0);
+            wk_session_end(w);
             return 1;
         }
     }
 
     gp_hello hello;
     int ok;
-    if (hello_decode(msg + header, hello_len, &hello) != 0) {
-        hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
+    if (wk_hello_decode(msg + header, hello_len, &hello) != 0) {
+        wk_hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
         ok = 0;
     } else {
-        ok = session_start(w, &o, &hello) == 0;
+        ok = wk_session_start(w, &o, &hello) == 0;
     }
     struct jbuf j = {.n = 0};
     if (!ok) {
-        jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
+        wk_jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
                   (unsigned long long)o.session_id, (int)w->refused_code);
-        jb_str(&j, w->refused_text);
-        jb_printf(&j, "}");
-        (void)ctl_send(w, &j, 0);
-        session_end(w);
+        wk_jb_str(&j, w->refused_text);
+        wk_jb_printf(&j, "}");
+        (void)wk_ctl_send(w, &j, 0);
+        wk_session_end(w);
         return 1;
     }
     /* `started` means the hello reply went out: send it now rather than with the first reply.
      * If the client is gone already, the loop ends at once with "client lost". */
-    (void)io_flush(w);
+    (void)wk_io_flush(w);
     snprintf(w->ctl.req_gpu, sizeof w->ctl.req_gpu, "%.*s", (int)hello.gpu_len, hello.gpu);
     snprintf(w->ctl.req_model, sizeof w->ctl.req_model, "%.*s", (int)hello.model_len,
              hello.model);
     w->ctl.req_min_memory = hello.min_memory;
-    (void)adopt_listen(w); /* before `started`: the daemon may die right after reading it */
+    (void)wk_adopt_listen(w); /* before `started`: the daemon may die right after reading it */
     w->ctl.in_session = 1;
-    w->ctl.started_ns = w->ctl.stats_ns = now_ns();
-    jb_printf(&j, "{\"event\":\"started\",\"session\":%llu,\"adoptable\":%s}",
+    w->ctl.started_ns = w->ctl.stats_ns = wk_now_ns();
+    wk_jb_printf(&j, "{\"event\":\"started\",\"session\":%llu,\"adoptable\":%s}",
               (unsigned long long)o.session_id, w->ctl.listen_fd >= 0 ? "true" : "false");
-    (void)ctl_send(w, &j, 0);
-    wlog("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
+    (void)wk_ctl_send(w, &j, 0);
+    wk_log("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
          hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
          (int)hello.program_len, hello.program);
-    worker_loop(w);
+    wk_worker_loop(w);
     /* The client sees the end before our teardown (which may take a while on a real GPU). */
     if (!w->dead && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN && errno != ENOTSOCK)
-        wlog("shutdown of the client socket failed: %s", strerror(errno));
+        wk_log("shutdown of the client socket failed: %s", strerror(errno));
     w->dead = 1;
-    session_end(w);
-    ctl_send_end(w);
-    adopt_close(w);
+    wk_session_end(w);
+    wk_ctl_send_end(w);
+    wk_adopt_close(w);
     return 0;
 }
 
-int prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
+int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
 {
     if (prepare_control(w->ctl.fd) != 0) {
-        wlog("preparing the control socket: %s", strerror(errno));
+        wk_log("preparing the control socket: %s", strerror(errno));
         return 1;
     }
     if (watch_parent(w) != 0) {
-        wlog("gpupoold exited before this worker started; exiting");
+        wk_log("gpupoold exited before this worker started; exiting");
         return 0;
     }
     w->simulated = o->simulated;
     char err[512];
-    if (o->tls_cert && tls_setup(w, o, err, sizeof err) != 0) {
+    if (o->tls_cert && wk_tls_setup(w, o, err, sizeof err) != 0) {
         send_failed(w, err);
-        session_end(w);
+        wk_session_end(w);
         return 1;
     }
     int32_t code = 0;
-    if (device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
+    if (wk_device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
         char text[700];
         snprintf(text, sizeof text, "%s (check the driver and the GPU on the server: "
                  "nvidia-smi; for a simulated GPU, the sim library and its config)", err);
         send_failed(w, text);
-        session_end(w);
+        wk_session_end(w);
         return 1;
     }
     send_ready(w, t0);
-    wlog("ready on %s (device %d) in %.1f ms", w->snap.name, o->ordinal,
-         (double)(now_ns() - t0) / 1e6);
+    wk_log("ready on %s (device %d) in %.1f ms", w->snap.name, o->ordinal,
+         (double)(wk_now_ns() - t0) / 1e6);
 
     size_t cap = SESSION_HEADER + MAX_HELLO_BODY;
     uint8_t *buf = malloc(cap);
     if (!buf) {
         send_failed(w, "out of memory");
-        session_end(w);
+        wk_session_end(w);
         return 1;
     }
     size_t len = 0;
@@ -319,24 +319,24 @@ int prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
         status = run_session(w, o, buf, len, fd);
         break;
     case GOT_END:
-        wlog("the server retired this worker before any session");
-        session_end(w);
+        wk_log("the server retired this worker before any session");
+        wk_session_end(w);
         send_end_idle(w, WK_END_SERVER_ENDED, "the server ended this worker before any session");
         break;
     case GOT_SIGNAL:
-        session_end(w);
+        wk_session_end(w);
         send_end_idle(w, WK_END_SHUTDOWN, "the server is shutting down");
         break;
     case DAEMON_GONE:
-        wlog("the control socket was closed: gpupoold is gone; exiting");
-        session_end(w);
+        wk_log("the control socket was closed: gpupoold is gone; exiting");
+        wk_session_end(w);
         break;
     case BAD_MESSAGE:
         if (fd >= 0 && close(fd) != 0)
-            wlog("close: %s", strerror(errno));
+            wk_log("close: %s", strerror(errno));
         send_failed(w, "an unexpected control message came instead of SESSION; gpupoold and "
                        "gpupool-worker do not match: reinstall gpupool");
-        session_end(w);
+        wk_session_end(w);
         status = 1;
         break;
     }

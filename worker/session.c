@@ -19,7 +19,7 @@ static void server_name(char out[256])
     out[255] = '\0';
 }
 
-void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)
+void wk_hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)
 {
     char msg[4096], host[256];
     va_list ap;
@@ -29,7 +29,7 @@ void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fm
     if (n < 0)
         msg[0] = '\0';
     server_name(host);
-    wlog("refusing the session: %s", msg);
+    wk_log("refusing the session: %s", msg);
     /* Kept for the control channel's `refused` event. */
     w->refused_code = result;
     snprintf(w->refused_text, sizeof w->refused_text, "%s", msg);
@@ -43,7 +43,7 @@ void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fm
     r.server_len = (uint32_t)strlen(host);
     r.simulated = (uint32_t)w->simulated;
     WK_REPLY(w, req, gp_hello_reply, &r);
-    (void)io_flush(w); /* the client may be gone already; nothing else to do either way */
+    (void)wk_io_flush(w); /* the client may be gone already; nothing else to do either way */
 }
 
 /* What the hello reply says about the device. Read once, while the primary context is current
@@ -117,31 +117,31 @@ static void hello_snapshot(struct worker *w, const struct wk_options *o)
     r.va_size = w->va_size;
     r.features = w->cz.features;
     WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
-    wlog("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
+    wk_log("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
          (unsigned long long)o->session_id, s->name, o->ordinal, o->simulated ? ", simulated" : "",
          w->drv.sim_host_pointer ? ", direct copies" : "",
          (unsigned long long)w->va_base, (unsigned long long)w->va_size);
 }
 
-int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
+int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
                 size_t errlen)
 {
     w->ordinal = ordinal;
-    if (driver_load(&w->drv, driver, err, errlen) != 0) {
+    if (wk_driver_load(&w->drv, driver, err, errlen) != 0) {
         *code = GP_EREFUSED;
         return -1;
     }
     CUresult rc = w->drv.cuInit(0);
     if (rc != CUDA_SUCCESS) {
         *code = rc;
-        snprintf(err, errlen, "cuInit failed on the server: %s", err_name(w, rc));
+        snprintf(err, errlen, "cuInit failed on the server: %s", wk_err_name(w, rc));
         return -1;
     }
     rc = w->drv.cuDeviceGet(&w->dev, ordinal);
     if (rc != CUDA_SUCCESS) {
         *code = rc;
         snprintf(err, errlen, "device %d is not available on the server: %s", ordinal,
-                 err_name(w, rc));
+                 wk_err_name(w, rc));
         return -1;
     }
     rc = w->drv.cuDevicePrimaryCtxRetain(&w->primary, w->dev);
@@ -152,7 +152,7 @@ int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code
     if (rc != CUDA_SUCCESS) {
         *code = rc;
         snprintf(err, errlen, "cannot create a context on device %d: %s", ordinal,
-                 err_name(w, rc));
+                 wk_err_name(w, rc));
         return -1;
     }
     w->cur_ctx = WK_PRIMARY_CTX_ID;
@@ -168,7 +168,7 @@ int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code
     if (rc != CUDA_SUCCESS) {
         *code = rc;
         snprintf(err, errlen, "device %d has no usable virtual memory management: %s", ordinal,
-                 err_name(w, rc));
+                 wk_err_name(w, rc));
         return -1;
     }
     w->gran = gran;
@@ -177,7 +177,7 @@ int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code
     return 0;
 }
 
-int hello_decode(const uint8_t *body, size_t len, gp_hello *h)
+int wk_hello_decode(const uint8_t *body, size_t len, gp_hello *h)
 {
     int rc = gp_hello_decode(body, len, h);
     /* A newer minor version appends fields: the ones we know are read, the rest skipped. */
@@ -186,25 +186,25 @@ int hello_decode(const uint8_t *body, size_t len, gp_hello *h)
     return rc;
 }
 
-int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello)
+int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello)
 {
     uint64_t req = o->hello_req;
     w->ordinal = o->ordinal;
     w->simulated = o->simulated;
     if (hello->magic != GP_PROTO_MAGIC) {
-        hello_refuse(w, req, GP_EPROTO, "bad hello magic 0x%x", hello->magic);
+        wk_hello_refuse(w, req, GP_EPROTO, "bad hello magic 0x%x", hello->magic);
         return -1;
     }
     if (hello->major != GP_PROTO_MAJOR) {
-        hello_refuse(w, req, GP_EVERSION, "protocol %u.%u is not supported (server speaks %d.%d)",
+        wk_hello_refuse(w, req, GP_EVERSION, "protocol %u.%u is not supported (server speaks %d.%d)",
                      hello->major, hello->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
         return -1;
     }
     if (!w->device_ready) {
         char err[512];
         int32_t code = 0;
-        if (device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
-            hello_refuse(w, req, code, "%s", err);
+        if (wk_device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
+            wk_hello_refuse(w, req, code, "%s", err);
             return -1;
         }
     }
@@ -215,27 +215,27 @@ int session_start(struct worker *w, const struct wk_options *o, const gp_hello *
     w->va_base = hello->va_base;
     w->va_size = hello->va_size / gran * gran;
     if (w->va_base % gran != 0 || w->va_size == 0 || w->va_base + w->va_size < w->va_base) {
-        hello_refuse(w, req, GP_EVAWINDOW,
+        wk_hello_refuse(w, req, GP_EVAWINDOW,
                      "VA window 0x%llx+0x%llx is not aligned to the allocation granularity 0x%zx",
                      (unsigned long long)hello->va_base, (unsigned long long)hello->va_size, gran);
         return -1;
     }
-    CUresult rc = va_reserve(w);
+    CUresult rc = wk_va_reserve(w);
     if (rc != CUDA_SUCCESS) {
-        hello_refuse(w, req, GP_EVAWINDOW, "the server cannot reserve the VA window 0x%llx+0x%llx: %s",
+        wk_hello_refuse(w, req, GP_EVAWINDOW, "the server cannot reserve the VA window 0x%llx+0x%llx: %s",
                      (unsigned long long)w->va_base, (unsigned long long)w->va_size,
-                     rc == (CUresult)-1 ? "the range is in use" : err_name(w, rc));
+                     rc == (CUresult)-1 ? "the range is in use" : wk_err_name(w, rc));
         return -1;
     }
-    if (vm_init(&w->vm, w->va_base, w->va_size, w->gran) != 0 ||
-        modcache_init(&w->mc, o->cache_dir) != 0) {
-        hello_refuse(w, req, CUDA_ERROR_OUT_OF_MEMORY, "the server is out of memory");
+    if (wk_vm_init(&w->vm, w->va_base, w->va_size, w->gran) != 0 ||
+        wk_modcache_init(&w->mc, o->cache_dir) != 0) {
+        wk_hello_refuse(w, req, CUDA_ERROR_OUT_OF_MEMORY, "the server is out of memory");
         return -1;
     }
-    w->cz.features = cz_negotiate(w, hello->flags);
+    w->cz.features = wk_cz_negotiate(w, hello->flags);
     /* Keepalives (heartbeat.c) for a client that asked: promised in the reply only once the
      * thread runs. */
-    if ((hello->flags & GP_HELLO_KEEPALIVE) && hb_start(w) == 0)
+    if ((hello->flags & GP_HELLO_KEEPALIVE) && wk_hb_start(w) == 0)
         w->cz.features |= GP_HELLO_KEEPALIVE;
     hello_snapshot(w, o);
     return 0;
@@ -244,53 +244,53 @@ int session_start(struct worker *w, const struct wk_options *o, const gp_hello *
 /* A context the client created, at the end of the session. */
 static void destroy_ctx(struct worker *w, uint64_t id, struct wk_obj *o)
 {
-    CUresult rc = ctx_teardown(w, id, o);
+    CUresult rc = wk_ctx_teardown(w, id, o);
     if (rc != CUDA_SUCCESS)
-        wlog("destroying context 0x%llx: %s", (unsigned long long)id, err_name(w, rc));
+        wk_log("destroying context 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
-void session_end(struct worker *w)
+void wk_session_end(struct worker *w)
 {
-    hb_stop(w); /* before anything else: the thread may write to the client socket */
-    cz_end(w);
+    wk_hb_stop(w); /* before anything else: the thread may write to the client socket */
+    wk_cz_end(w);
     if (w->drv.lib && w->primary) {
         /* Unloading and destroying need a context; the primary owns what is left after the
          * client's own contexts are gone. */
         CUresult rc = w->drv.cuCtxSetCurrent(w->primary);
         if (rc != CUDA_SUCCESS)
-            wlog("making the primary context current for cleanup: %s", err_name(w, rc));
+            wk_log("making the primary context current for cleanup: %s", wk_err_name(w, rc));
         w->cur_ctx = WK_PRIMARY_CTX_ID;
-        staging_release(w);
-        graph_release_all(w);
-        obj_purge(w, &w->ctxs, 0, 0, destroy_ctx);
-        obj_purge(w, &w->modules, 0, 0, obj_destroy_module);
-        obj_purge(w, &w->funcs, 0, 0, NULL);
-        obj_purge(w, &w->events, 0, 0, obj_destroy_event);
-        obj_purge(w, &w->streams, 0, 0, obj_destroy_stream);
-        obj_purge(w, &w->allocs, 0, 0, obj_destroy_alloc);
-        vmm_release_all(w);
-        va_release(w);
+        wk_staging_release(w);
+        wk_graph_release_all(w);
+        wk_obj_purge(w, &w->ctxs, 0, 0, destroy_ctx);
+        wk_obj_purge(w, &w->modules, 0, 0, wk_obj_destroy_module);
+        wk_obj_purge(w, &w->funcs, 0, 0, NULL);
+        wk_obj_purge(w, &w->events, 0, 0, wk_obj_destroy_event);
+        wk_obj_purge(w, &w->streams, 0, 0, wk_obj_destroy_stream);
+        wk_obj_purge(w, &w->allocs, 0, 0, wk_obj_destroy_alloc);
+        wk_vmm_release_all(w);
+        wk_va_release(w);
         for (; w->primary_retains > 0; w->primary_retains--) {
             rc = DRV(w, cuDevicePrimaryCtxRelease, w->dev);
             if (rc != CUDA_SUCCESS)
-                wlog("releasing the primary context: %s", err_name(w, rc));
+                wk_log("releasing the primary context: %s", wk_err_name(w, rc));
         }
     }
     /* The driver library stays loaded: libcuda does not support being unloaded, and the process
      * ends right after this. */
-    idmap_clear(&w->ctxs);
-    idmap_clear(&w->streams);
-    idmap_clear(&w->events);
-    idmap_clear(&w->modules);
-    idmap_clear(&w->funcs);
-    idmap_clear(&w->allocs);
-    idmap_clear(&w->graphs);
-    idmap_clear(&w->graph_execs);
-    idmap_clear(&w->vmm_handles);
-    idmap_clear(&w->vmm_resvs);
-    idmap_clear(&w->vmm_maps);
-    vm_destroy(&w->vm);
-    modcache_free(&w->mc);
+    wk_idmap_clear(&w->ctxs);
+    wk_idmap_clear(&w->streams);
+    wk_idmap_clear(&w->events);
+    wk_idmap_clear(&w->modules);
+    wk_idmap_clear(&w->funcs);
+    wk_idmap_clear(&w->allocs);
+    wk_idmap_clear(&w->graphs);
+    wk_idmap_clear(&w->graph_execs);
+    wk_idmap_clear(&w->vmm_handles);
+    wk_idmap_clear(&w->vmm_resvs);
+    wk_idmap_clear(&w->vmm_maps);
+    wk_vm_destroy(&w->vm);
+    wk_modcache_free(&w->mc);
     free(w->params_buf);
     w->params_buf = NULL;
 }

@@ -37,7 +37,7 @@ static void err_text(char *out, size_t cap, const char *dflt)
     snprintf(out, cap, "%s", r ? r : dflt);
 }
 
-int tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t cap)
+int wk_tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t cap)
 {
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) {
@@ -90,7 +90,7 @@ fail:
     return -1;
 }
 
-void tls_free(struct worker *w)
+void wk_tls_free(struct worker *w)
 {
     if (w->ssl) {
         SSL_free(w->ssl);
@@ -102,7 +102,7 @@ void tls_free(struct worker *w)
     }
 }
 
-int tls_accept(struct worker *w, char *err, size_t cap)
+int wk_tls_accept(struct worker *w, char *err, size_t cap)
 {
     if (!w->tls_ctx) {
         snprintf(err, cap, "SESSION asks for TLS but this worker was started without "
@@ -126,7 +126,7 @@ int tls_accept(struct worker *w, char *err, size_t cap)
             return 0;
         int e = SSL_get_error(w->ssl, r);
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-            if (io_wait_client(w, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT) != 0) {
+            if (wk_io_wait_client(w, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT) != 0) {
                 snprintf(err, cap, "the session ended during the TLS handshake");
                 return -1;
             }
@@ -140,7 +140,7 @@ int tls_accept(struct worker *w, char *err, size_t cap)
     }
 }
 
-ssize_t tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events,
+ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events,
                char *err, size_t cap)
 {
     int len = n > INT_MAX ? INT_MAX : (int)n;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int vm_init(struct vm *v, uint64_t base, uint64_t size, uint64_t align)
+int wk_vm_init(struct vm *v, uint64_t base, uint64_t size, uint64_t align)
 {
     memset(v, 0, sizeof *v);
     v->base = base;
@@ -25,7 +25,7 @@ int vm_init(struct vm *v, uint64_t base, uint64_t size, uint64_t align)
     return 0;
 }
 
-int vm_alloc(struct vm *v, uint64_t size, uint64_t *addr)
+int wk_vm_alloc(struct vm *v, uint64_t size, uint64_t *addr)
 {
     if (size == 0 || size % v->align != 0)
         return -1;
@@ -80,10 +80,10 @@ static int carve(struct vm *v, size_t i, uint64_t addr, uint64_t size)
     return 0;
 }
 
-int vm_alloc_aligned(struct vm *v, uint64_t size, uint64_t align, uint64_t *addr)
+int wk_vm_alloc_aligned(struct vm *v, uint64_t size, uint64_t align, uint64_t *addr)
 {
     if (align <= v->align)
-        return vm_alloc(v, size, addr);
+        return wk_vm_alloc(v, size, addr);
     if (size == 0 || size % v->align != 0 || (align & (align - 1)) != 0)
         return -1;
     for (size_t i = 0; i < v->nfree; i++) {
@@ -99,7 +99,7 @@ int vm_alloc_aligned(struct vm *v, uint64_t size, uint64_t align, uint64_t *addr
     return -1;
 }
 
-int vm_alloc_at(struct vm *v, uint64_t addr, uint64_t size)
+int wk_vm_alloc_at(struct vm *v, uint64_t addr, uint64_t size)
 {
     if (size == 0 || size % v->align != 0 || addr % v->align != 0 || addr + size < addr)
         return -1;
@@ -111,7 +111,7 @@ int vm_alloc_at(struct vm *v, uint64_t addr, uint64_t size)
     return -1;
 }
 
-int vm_free(struct vm *v, uint64_t addr, uint64_t size)
+int wk_vm_free(struct vm *v, uint64_t addr, uint64_t size)
 {
     if (size == 0)
         return 0;
@@ -146,7 +146,7 @@ int vm_free(struct vm *v, uint64_t addr, uint64_t size)
     return 0;
 }
 
-uint64_t vm_free_bytes(const struct vm *v)
+uint64_t wk_vm_free_bytes(const struct vm *v)
 {
     uint64_t n = 0;
     for (size_t i = 0; i < v->nfree; i++)
@@ -154,7 +154,7 @@ uint64_t vm_free_bytes(const struct vm *v)
     return n;
 }
 
-void vm_destroy(struct vm *v)
+void wk_vm_destroy(struct vm *v)
 {
     free(v->free);
     memset(v, 0, sizeof *v);

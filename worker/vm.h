@@ -23,17 +23,17 @@ struct vm {
 
 /* Window [base, base+size); every range handed out is aligned to and a multiple of `align`
  * (a power of two). Returns 0, or -1 if out of memory. */
-int vm_init(struct vm *v, uint64_t base, uint64_t size, uint64_t align);
+int wk_vm_init(struct vm *v, uint64_t base, uint64_t size, uint64_t align);
 /* Allocates `size` bytes (a multiple of align). 0 and *addr; -1 no room; -2 out of memory. */
-int vm_alloc(struct vm *v, uint64_t size, uint64_t *addr);
-/* Like vm_alloc, with the start aligned to `align` (0, or a power of two >= v->align). */
-int vm_alloc_aligned(struct vm *v, uint64_t size, uint64_t align, uint64_t *addr);
+int wk_vm_alloc(struct vm *v, uint64_t size, uint64_t *addr);
+/* Like wk_vm_alloc, with the start aligned to `align` (0, or a power of two >= v->align). */
+int wk_vm_alloc_aligned(struct vm *v, uint64_t size, uint64_t align, uint64_t *addr);
 /* Takes exactly [addr, addr+size) if it is free: 0, else -1 (cuMemAddressReserve's hint). */
-int vm_alloc_at(struct vm *v, uint64_t addr, uint64_t size);
-/* Returns a range obtained from vm_alloc. 0, or -1 if host memory ran out (the range is lost). */
-int vm_free(struct vm *v, uint64_t addr, uint64_t size);
+int wk_vm_alloc_at(struct vm *v, uint64_t addr, uint64_t size);
+/* Returns a range obtained from wk_vm_alloc. 0, or -1 if host memory ran out (the range is lost). */
+int wk_vm_free(struct vm *v, uint64_t addr, uint64_t size);
 /* Bytes still free (for logs and tests). */
-uint64_t vm_free_bytes(const struct vm *v);
-void vm_destroy(struct vm *v);
+uint64_t wk_vm_free_bytes(const struct vm *v);
+void wk_vm_destroy(struct vm *v);
 
 #endif /* GP_WORKER_VM_H */

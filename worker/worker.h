@@ -163,7 +163,7 @@ struct wk_heartbeat {
                                          * with `busy` set means one call has lasted that long */
     atomic_int sending;                 /* the heartbeat thread is about to write, or writes */
     atomic_int stop;
-    pthread_mutex_t wake_lock;          /* with `wake`: hb_stop wakes the thread at once */
+    pthread_mutex_t wake_lock;          /* with `wake`: wk_hb_stop wakes the thread at once */
     pthread_cond_t wake;
 };
 
@@ -219,7 +219,7 @@ struct worker {
     uint64_t busy_t0; /* DRV_BUSY: when the timed call started */
 
     struct wk_snapshot snap;
-    int device_ready; /* device_open succeeded: snap, gran, primary are valid */
+    int device_ready; /* wk_device_open succeeded: snap, gran, primary are valid */
     struct wk_control ctl;
     struct wk_heartbeat hb;
     enum wk_end_reason end_reason;
@@ -233,20 +233,20 @@ struct worker {
     struct ssl_st *ssl;
 };
 
-uint64_t now_ns(void); /* CLOCK_MONOTONIC (control.c) */
+uint64_t wk_now_ns(void); /* CLOCK_MONOTONIC (control.c) */
 
 /* Device time of a launch/copy/memset on the simulated device, whose work is done when the call
  * returns, into stats.busy_ns: rc = DRV_BUSY(w, cuLaunchKernel, ...) instead of DRV(...). The
  * comma operator orders the clock reads around the call. No clock read on real GPUs. */
 static inline uint64_t busy_start(const struct worker *w)
 {
-    return w->simulated ? now_ns() : 0;
+    return w->simulated ? wk_now_ns() : 0;
 }
 
 static inline CUresult busy_end(struct worker *w, CUresult rc)
 {
     if (w->simulated) {
-        uint64_t t1 = now_ns();
+        uint64_t t1 = wk_now_ns();
         if (t1 > w->busy_t0)
             w->stats.busy_ns += t1 - w->busy_t0;
     }
@@ -259,10 +259,10 @@ static inline CUresult busy_end(struct worker *w, CUresult rc)
 /* ---- heartbeat.c ------------------------------------------------------------------------ */
 /* Start / stop the keepalive thread of a session whose client asked for it. 0, or -1 (logged:
  * the session runs without keepalives). */
-int hb_start(struct worker *w);
-void hb_stop(struct worker *w);
+int wk_hb_start(struct worker *w);
+void wk_hb_stop(struct worker *w);
 /* Waits until a notice the heartbeat thread is writing is complete. */
-void hb_wait_writer(struct worker *w);
+void wk_hb_wait_writer(struct worker *w);
 
 /* Cheap on purpose (launches on the simulated device go through it): a relaxed counter and a
  * release store on the way in; on the way out one sequentially consistent store and a load,
@@ -282,7 +282,7 @@ static inline CUresult hb_leave(struct worker *w, CUresult rc)
     if (w->hb.running) {
         atomic_store(&w->hb.busy, 0);
         if (atomic_load(&w->hb.sending))
-            hb_wait_writer(w); /* the socket is ours again once its notice is out */
+            wk_hb_wait_writer(w); /* the socket is ours again once its notice is out */
     }
     return rc;
 }
@@ -294,97 +294,97 @@ static inline CUresult hb_leave(struct worker *w, CUresult rc)
 #define WK_LONG(w_, call_) (hb_enter(w_), hb_leave((w_), (call_)))
 
 /* ---- errors.c --------------------------------------------------------------------------- */
-void wlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void wk_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "CUDA_ERROR_INVALID_VALUE" etc. (driver's name when it has one). Valid until the next call. */
-const char *err_name(struct worker *w, CUresult rc);
-void send_notice(struct worker *w, int32_t code, uint16_t op, const char *text);
+const char *wk_err_name(struct worker *w, CUresult rc);
+void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text);
 /* A fire-and-forget call failed: keep rc as the pending error (the first wins) and tell the
  * client why in a notice: "<what> failed: <ERROR NAME> (<sim detail>)". */
-void defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fmt, ...)
+void wk_defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The result of a synchronising call: the pending error instead of success (cleared unless it is
  * sticky), else rc itself. */
-CUresult sync_result(struct worker *w, CUresult rc);
+CUresult wk_sync_result(struct worker *w, CUresult rc);
 /* The session ends on our side: tell the client (a notice with code and text, unless a write to
  * it is in progress), shut the connection so that it sees the end at once, mark it dead. */
-void close_client(struct worker *w, int32_t code, const char *text);
+void wk_close_client(struct worker *w, int32_t code, const char *text);
 /* The client broke the protocol: notice (GP_EPROTO) with the reason, flush, stop the loop. */
-void protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
+void wk_protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int err_is_sticky(CUresult rc);
+int wk_err_is_sticky(CUresult rc);
 /* Records why the session ends (the first reason wins) and stops the loop. */
-void end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
+void wk_end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-const char *end_reason_name(enum wk_end_reason reason);
+const char *wk_end_reason_name(enum wk_end_reason reason);
 
 /* ---- compress.c ------------------------------------------------------------------------ */
 /* The hello: whether the client asked for LZ4 (hello flags) and we can: sets w->cz.on; the
  * reply's features. */
-uint32_t cz_negotiate(struct worker *w, uint32_t hello_flags);
+uint32_t wk_cz_negotiate(struct worker *w, uint32_t hello_flags);
 /* Whether a copy of n bytes travels as blocks in this session. */
-int cz_copy(const struct worker *w, uint64_t n);
+int wk_cz_copy(const struct worker *w, uint64_t n);
 /* Reads blocks holding n raw bytes of a host-to-device copy into dst (NULL: check and drop).
  * 0, or -1 (connection gone, or a corrupt block: protocol error sent, session ends). */
-int cz_read(struct worker *w, void *dst, size_t n);
+int wk_cz_read(struct worker *w, void *dst, size_t n);
 /* Writes n raw bytes of a device-to-host reply as blocks; *raw_run: the copy's adaptive state
  * (0 at its start). 0, or -1 (connection gone). */
-int cz_write(struct worker *w, const void *src, size_t n, int *raw_run);
+int wk_cz_write(struct worker *w, const void *src, size_t n, int *raw_run);
 /* At the end of the session: the byte counts in the log; frees the scratch buffer. */
-void cz_end(struct worker *w);
+void wk_cz_end(struct worker *w);
 
 /* ---- io.c ------------------------------------------------------------------------------- */
 /* sigfd: a signalfd to watch while waiting for the client (-1: none). The control socket
  * (w->ctl.fd, when >= 0) is watched too. fd may be -1 until a session brings the client. */
-int io_init(struct worker *w, int fd, int sigfd);
-void io_free(struct worker *w);
+int wk_io_init(struct worker *w, int fd, int sigfd);
+void wk_io_free(struct worker *w);
 /* Next frame: 1 with *h and *body (valid until the next io call that reads), 0 on a clean end of
  * stream, -1 if the loop must stop (error, protocol violation: notice sent). */
-int io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body);
+int wk_io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body);
 /* Bytes of input already buffered after the current frame (bulk data may start there). */
-size_t io_buffered(const struct worker *w);
-const uint8_t *io_buffered_ptr(const struct worker *w);
-void io_consume(struct worker *w, size_t n);
+size_t wk_io_buffered(const struct worker *w);
+const uint8_t *wk_io_buffered_ptr(const struct worker *w);
+void wk_io_consume(struct worker *w, size_t n);
 /* Reads exactly n bulk bytes into dst (NULL: discard). 0, or -1 (connection gone). */
-int io_read_bulk(struct worker *w, void *dst, uint64_t n);
+int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n);
 /* n bytes at the end of the output buffer, or NULL (out of memory: closing is set). */
-uint8_t *io_reserve(struct worker *w, size_t n);
-void io_unreserve(struct worker *w, size_t n);
+uint8_t *wk_io_reserve(struct worker *w, size_t n);
+void wk_io_unreserve(struct worker *w, size_t n);
 /* Control mode, now and then from the frame loop (a busy client may never let the worker wait):
  * stats if due, and a look without waiting at the signalfd and the control socket. 0: carry on;
  * -1: the session must stop. */
-int io_check(struct worker *w);
+int wk_io_check(struct worker *w);
 /* Writes the output buffer out. 0, or -1 (connection gone: closing is set). */
-int io_flush(struct worker *w);
+int wk_io_flush(struct worker *w);
 /* Flushes, then writes n bytes from p straight to the socket (bulk replies). */
-int io_write_direct(struct worker *w, const void *p, size_t n);
+int wk_io_write_direct(struct worker *w, const void *p, size_t n);
 
 /* Encode reply `type_` (e.g. gp_ping_reply) for request req_ into the output buffer. */
 #define WK_REPLY(w_, req_, type_, msgp_)                                                           \
     do {                                                                                           \
-        uint8_t *p_ = io_reserve((w_), 16 + type_##_size(msgp_));                                  \
+        uint8_t *p_ = wk_io_reserve((w_), 16 + type_##_size(msgp_));                                  \
         if (p_)                                                                                    \
             type_##_frame(p_, (req_), (msgp_));                                                    \
     } while (0)
 
 /* ---- objects.c -------------------------------------------------------------------------- */
-struct wk_obj *obj_new(uint64_t owner, void *h, const char *name, size_t name_len);
+struct wk_obj *wk_obj_new(uint64_t owner, void *h, const char *name, size_t name_len);
 /* Puts obj under id; frees obj and returns CUDA_ERROR_INVALID_VALUE (id in use or 0) or
  * CUDA_ERROR_OUT_OF_MEMORY on failure. */
-CUresult obj_bind(struct idmap *m, uint64_t id, struct wk_obj *obj);
+CUresult wk_obj_bind(struct idmap *m, uint64_t id, struct wk_obj *obj);
 /* Client stream id -> CUstream (0, 1 and 2 pass through). CUDA_ERROR_INVALID_HANDLE if unknown. */
-CUresult stream_get(struct worker *w, uint64_t id, CUstream *out);
-CUresult event_get(struct worker *w, uint64_t id, CUevent *out);
+CUresult wk_stream_get(struct worker *w, uint64_t id, CUstream *out);
+CUresult wk_event_get(struct worker *w, uint64_t id, CUevent *out);
 /* Canonical context id (the primary's aliases fold to WK_PRIMARY_CTX_ID) and its handle. */
-uint64_t ctx_canon(uint64_t id);
-CUcontext ctx_handle(struct worker *w, uint64_t id); /* NULL if unknown */
+uint64_t wk_ctx_canon(uint64_t id);
+CUcontext wk_ctx_handle(struct worker *w, uint64_t id); /* NULL if unknown */
 /* Calls destroy (may be NULL) on, then removes and frees, every object of map whose owner is
  * `owner` (0: all) and, if kind_mask is not 0, whose (1 << kind) is in kind_mask. */
-void obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
+void wk_obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
                void (*destroy)(struct worker *, uint64_t id, struct wk_obj *));
 /* Every destroy function used by cleanup paths. */
-void obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o);
-void obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o);
-void obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o); /* + its functions */
+void wk_obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o);
+void wk_obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o);
+void wk_obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o); /* + its functions */
 
 /* ---- session.c -------------------------------------------------------------------------- */
 struct wk_options {
@@ -403,23 +403,23 @@ struct wk_options {
 /* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
  * the granularity and takes the device snapshot: everything that does not depend on a hello.
  * 0, or -1 with *code (a CUresult or GP_E*) and a message saying what to do in err. */
-int device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
+int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
                 size_t errlen);
 /* The session part: checks the hello, reserves the VA window, sends the hello reply. The device
  * is opened first if it is not yet (--fd mode). 0 if the session runs, -1 if it was refused
  * (the reply says why; refused_code/refused_text too). */
-int session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello);
+int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello);
 /* Releases everything (allocations, streams, events, modules, contexts, the window). */
-void session_end(struct worker *w);
+void wk_session_end(struct worker *w);
 /* gp_hello_decode that skips the fields a newer minor version appended. 0 or the decoder's
  * error. */
-int hello_decode(const uint8_t *body, size_t len, gp_hello *h);
+int wk_hello_decode(const uint8_t *body, size_t len, gp_hello *h);
 /* Sends a hello reply carrying only an error (used before the driver is up, too). */
-void hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)
+void wk_hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* ---- loop.c ----------------------------------------------------------------------------- */
-void worker_loop(struct worker *w);
+void wk_worker_loop(struct worker *w);
 
 /* ---- control.c -------------------------------------------------------------------------- */
 #define WK_CTL_MAX 4096 /* the longest control message either way, except SESSION's hello */
@@ -431,79 +431,79 @@ struct jbuf {
     size_t n;
     int overflow;
 };
-void jb_printf(struct jbuf *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void jb_str(struct jbuf *j, const char *s); /* s as a JSON string literal (quoted, escaped) */
+void wk_jb_printf(struct jbuf *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void wk_jb_str(struct jbuf *j, const char *s); /* s as a JSON string literal (quoted, escaped) */
 /* Sends one JSON event; blocking unless `best_effort` (then dropped when the socket is full).
  * 0, or -1 (not sent: the daemon is gone, or the event overflowed). */
-int ctl_send(struct worker *w, const struct jbuf *j, int best_effort);
+int wk_ctl_send(struct worker *w, const struct jbuf *j, int best_effort);
 /* Receives one control message into buf: its length, 0 at end of stream (the daemon is gone),
  * -1 on error (errno). *fd gets the descriptor passed with it, or -1 (extra ones are closed);
  * *truncated is set when the message did not fit in cap bytes. */
-ssize_t ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncated);
+ssize_t wk_ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *truncated);
 /* Called whenever the worker may wait, and every 1024 frames: sends `stats` when one is due (a
  * second since the last, and a counter changed). Returns the milliseconds to wait at most before
  * the next one is due, or -1 (nothing pending). */
-int ctl_stats_tick(struct worker *w);
+int wk_ctl_stats_tick(struct worker *w);
 /* The control socket is readable during a session: END (notice to the client, stop), end of
  * stream (the daemon is gone: stop), or a message out of place (logged, ignored). 0: carry on;
  * -1: the loop must stop. */
-int ctl_handle(struct worker *w);
+int wk_ctl_handle(struct worker *w);
 /* The `end` event with the counters; an adoptable session writes it to its end record first
- * (adopt_write_end), for a daemon that goes before it records it. */
-void ctl_send_end(struct worker *w);
+ * (wk_adopt_write_end), for a daemon that goes before it records it. */
+void wk_ctl_send_end(struct worker *w);
 /* The COUNTERS part of stats, end and adopted events. */
-void ctl_counters_json(struct worker *w, struct jbuf *j);
+void wk_ctl_counters_json(struct worker *w, struct jbuf *j);
 
 /* ---- fileio.c --------------------------------------------------------------------------- */
 /* Writes data into tmp (created 0600; it must not exist), fsynced when `sync`, then renames it
  * to path: a reader sees the whole file or none. 0, or -1 with errno (tmp is removed). */
-int write_file_atomic(const char *tmp, const char *path, const void *data, size_t len, int sync);
+int wk_write_file_atomic(const char *tmp, const char *path, const void *data, size_t len, int sync);
 
 /* ---- adopt.c ---------------------------------------------------------------------------- */
 /* At the start of a session (with --adopt-dir and a grace > 0): listen on the adoption socket
  * and stop asking for SIGTERM at the daemon's death. 0, or -1 (logged: the session then ends
  * with its daemon). */
-int adopt_listen(struct worker *w);
+int wk_adopt_listen(struct worker *w);
 /* Stop listening and remove the socket file (the session is over). */
-void adopt_close(struct worker *w);
+void wk_adopt_close(struct worker *w);
 /* The control socket closed during a session: go on without a daemon if we can be adopted.
  * 0: orphaned, carry on; -1: cannot be adopted, the session ends. */
-int adopt_orphan(struct worker *w);
+int wk_adopt_orphan(struct worker *w);
 /* Milliseconds until the grace period ends (0: over), or -1 when a daemon follows us. */
-int adopt_wait_ms(const struct worker *w);
+int wk_adopt_wait_ms(const struct worker *w);
 /* When the grace period is over: end the session (client told). 0 carry on; -1 ended. */
-int adopt_check_grace(struct worker *w);
+int wk_adopt_check_grace(struct worker *w);
 /* The adoption socket is readable: accept, check, take ADOPT, send `adopted`. Always 0 (a bad
  * adoption attempt is refused and changes nothing). */
-int adopt_accept(struct worker *w);
+int wk_adopt_accept(struct worker *w);
 /* Writes an `end` event to <adopt_dir>/lease-<session>.end (atomically; fsynced and logged when
  * `alone`: no daemon follows the session) for whichever daemon records the lease's end. */
-void adopt_write_end(struct worker *w, const struct jbuf *j, int alone);
+void wk_adopt_write_end(struct worker *w, const struct jbuf *j, int alone);
 
 /* ---- main.c ----------------------------------------------------------------------------- */
 /* Makes the client socket blocking, TCP_NODELAY on TCP. 0, or -1 (not an open descriptor). */
-int prepare_socket(int fd);
+int wk_prepare_socket(int fd);
 
 /* ---- tls.c ------------------------------------------------------------------------------ */
 /* The server context from o->tls_* into w->tls_ctx. 0, or -1 with err saying what to fix. */
-int tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t cap);
+int wk_tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t cap);
 /* SSL_accept on w->fd (made non-blocking). 0, or -1 with err. */
-int tls_accept(struct worker *w, char *err, size_t cap);
+int wk_tls_accept(struct worker *w, char *err, size_t cap);
 /* One SSL_read/SSL_write: > 0 bytes, 0 end of stream (reads), -1 with *wait_events set (wait
  * for POLLIN/POLLOUT, then retry) or 0 (an error, err says which). */
-ssize_t tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events,
+ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events,
                char *err, size_t cap);
-void tls_free(struct worker *w);
+void wk_tls_free(struct worker *w);
 /* io.c: wait until the client socket is ready for events (watching the control socket and the
  * signalfd too). 0 ready, -1 the session must stop. */
-int io_wait_client(struct worker *w, short events);
+int wk_io_wait_client(struct worker *w, short events);
 
 /* ---- prestart.c ------------------------------------------------------------------------- */
 /* The whole life of a control-mode worker; returns the exit status. */
-int prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0_ns);
+int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0_ns);
 
 /* ---- handlers (h_*.c): one per request message --------------------------------------- */
-#define WK_HANDLER(name_) void h_##name_(struct worker *w, uint64_t req, const gp_##name_ *m)
+#define WK_HANDLER(name_) void wk_h_##name_(struct worker *w, uint64_t req, const gp_##name_ *m)
 WK_HANDLER(ctx_create);
 WK_HANDLER(ctx_destroy);
 WK_HANDLER(ctx_set_current);
@@ -553,22 +553,22 @@ WK_HANDLER(vmm_map);
 WK_HANDLER(vmm_unmap);
 WK_HANDLER(vmm_set_access);
 /* h_vmm.c: unmaps and releases everything the client made with the VMM calls (session end). */
-void vmm_release_all(struct worker *w);
+void wk_vmm_release_all(struct worker *w);
 /* h_graph.c: destroys every graph exec and graph of the session (before its contexts go). */
-void graph_release_all(struct worker *w);
+void wk_graph_release_all(struct worker *w);
 
 /* ---- helpers of the handlers used by cleanup ------------------------------------------- */
 /* Destroys a client-created context (o, already removed from the map) with everything of it;
  * falls back to the primary if it was current. Returns cuCtxDestroy's result. */
-CUresult ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o);
+CUresult wk_ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o);
 /* Unmaps and releases one allocation and returns its range (errors are logged). */
-void obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o);
+void wk_obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o);
 /* Reserve / release the client's VA window. 0, or the CUresult (or -1: other address). */
-CUresult va_reserve(struct worker *w);
-void va_release(struct worker *w);
+CUresult wk_va_reserve(struct worker *w);
+void wk_va_release(struct worker *w);
 /* Waits for and frees the staging buffers and their events (before a context goes away). */
-void staging_release(struct worker *w);
+void wk_staging_release(struct worker *w);
 /* Forgets the staging events if they belong to context id (it is about to be destroyed). */
-void staging_drop_events(struct worker *w, uint64_t ctx_id);
+void wk_staging_drop_events(struct worker *w, uint64_t ctx_id);
 
 #endif /* GP_WORKER_H */

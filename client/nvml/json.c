@@ -39,7 +39,7 @@ static void skip_ws(parser *ps) {
         ps->p++;
 }
 
-static void free_members(gpj_value *v) {
+static void free_members(gp_json_value *v) {
     if (v->type == GPJ_STRING) {
         free(v->str);
     } else if (v->type == GPJ_ARRAY || v->type == GPJ_OBJECT) {
@@ -53,13 +53,13 @@ static void free_members(gpj_value *v) {
     memset(v, 0, sizeof *v);
 }
 
-void gpj_free(gpj_value *v) {
+void gp_json_free(gp_json_value *v) {
     if (!v) return;
     free_members(v);
     free(v);
 }
 
-static int parse_value(parser *ps, gpj_value *out);
+static int parse_value(parser *ps, gp_json_value *out);
 
 /* ------------------------------------------------------------------------------ strings == */
 
@@ -229,7 +229,7 @@ bad:
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
-static int parse_number(parser *ps, gpj_value *out) {
+static int parse_number(parser *ps, gp_json_value *out) {
     const char *s = ps->p, *q = ps->p;
     int integral = 1;
     if (q < ps->end && *q == '-') q++;
@@ -294,10 +294,10 @@ static int parse_number(parser *ps, gpj_value *out) {
 
 /* ------------------------------------------------------------------- arrays and objects == */
 
-static int grow(parser *ps, gpj_value *v, size_t *cap, int with_keys) {
+static int grow(parser *ps, gp_json_value *v, size_t *cap, int with_keys) {
     if (v->len < *cap) return 0;
     size_t nc = *cap ? *cap * 2 : 4;
-    gpj_value *items = realloc(v->items, nc * sizeof *items);
+    gp_json_value *items = realloc(v->items, nc * sizeof *items);
     if (!items) {
         fail(ps, "out of memory");
         return -1;
@@ -315,7 +315,7 @@ static int grow(parser *ps, gpj_value *v, size_t *cap, int with_keys) {
     return 0;
 }
 
-static int parse_array(parser *ps, gpj_value *out) {
+static int parse_array(parser *ps, gp_json_value *out) {
     size_t cap = 0;
     out->type = GPJ_ARRAY;
     ps->p++; /* '[' */
@@ -326,7 +326,7 @@ static int parse_array(parser *ps, gpj_value *out) {
     }
     for (;;) {
         if (grow(ps, out, &cap, 0) != 0) return -1;
-        gpj_value *item = &out->items[out->len];
+        gp_json_value *item = &out->items[out->len];
         memset(item, 0, sizeof *item);
         if (parse_value(ps, item) != 0) {
             free_members(item);
@@ -347,7 +347,7 @@ static int parse_array(parser *ps, gpj_value *out) {
     }
 }
 
-static int parse_object(parser *ps, gpj_value *out) {
+static int parse_object(parser *ps, gp_json_value *out) {
     size_t cap = 0;
     out->type = GPJ_OBJECT;
     ps->p++; /* '{' */
@@ -373,7 +373,7 @@ static int parse_object(parser *ps, gpj_value *out) {
             return -1;
         }
         ps->p++;
-        gpj_value *item = &out->items[out->len];
+        gp_json_value *item = &out->items[out->len];
         memset(item, 0, sizeof *item);
         if (parse_value(ps, item) != 0) {
             free_members(item);
@@ -396,7 +396,7 @@ static int parse_object(parser *ps, gpj_value *out) {
     }
 }
 
-static int literal(parser *ps, const char *word, gpj_type type, gpj_value *out) {
+static int literal(parser *ps, const char *word, gp_json_type type, gp_json_value *out) {
     size_t n = strlen(word);
     if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0) {
         fail(ps, "unexpected character '%c'", *ps->p);
@@ -407,7 +407,7 @@ static int literal(parser *ps, const char *word, gpj_type type, gpj_value *out) 
     return 0;
 }
 
-static int parse_value(parser *ps, gpj_value *out) {
+static int parse_value(parser *ps, gp_json_value *out) {
     skip_ws(ps);
     if (ps->p >= ps->end) {
         fail(ps, "unexpected end of input");
@@ -445,26 +445,26 @@ static int parse_value(parser *ps, gpj_value *out) {
     }
 }
 
-gpj_value *gpj_parse(const char *text, size_t len, char *err, size_t errcap) {
+gp_json_value *gp_json_parse(const char *text, size_t len, char *err, size_t errcap) {
     if (err && errcap) err[0] = '\0';
     parser ps = {.p = text, .start = text, .end = text + len, .err = err, .errcap = errcap};
     if (!text) {
         fail(&ps, "no input");
         return NULL;
     }
-    gpj_value *v = calloc(1, sizeof *v);
+    gp_json_value *v = calloc(1, sizeof *v);
     if (!v) {
         fail(&ps, "out of memory");
         return NULL;
     }
     if (parse_value(&ps, v) != 0) {
-        gpj_free(v);
+        gp_json_free(v);
         return NULL;
     }
     skip_ws(&ps);
     if (ps.p != ps.end) {
         fail(&ps, "unexpected data after the value");
-        gpj_free(v);
+        gp_json_free(v);
         return NULL;
     }
     return v;
@@ -472,47 +472,47 @@ gpj_value *gpj_parse(const char *text, size_t len, char *err, size_t errcap) {
 
 /* ------------------------------------------------------------------------------ lookups == */
 
-const gpj_value *gpj_get(const gpj_value *obj, const char *key) {
+const gp_json_value *gp_json_get(const gp_json_value *obj, const char *key) {
     if (!obj || obj->type != GPJ_OBJECT || !key) return NULL;
     for (size_t i = 0; i < obj->len; i++)
         if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
     return NULL;
 }
 
-const gpj_value *gpj_at(const gpj_value *arr, size_t i) {
+const gp_json_value *gp_json_at(const gp_json_value *arr, size_t i) {
     if (!arr || arr->type != GPJ_ARRAY || i >= arr->len) return NULL;
     return &arr->items[i];
 }
 
-size_t gpj_count(const gpj_value *v) {
+size_t gp_json_count(const gp_json_value *v) {
     return v && (v->type == GPJ_ARRAY || v->type == GPJ_OBJECT) ? v->len : 0;
 }
 
-const char *gpj_string(const gpj_value *v, const char *dflt) {
+const char *gp_json_string(const gp_json_value *v, const char *dflt) {
     return v && v->type == GPJ_STRING ? v->str : dflt;
 }
 
-int gpj_is_null(const gpj_value *v) { return !v || v->type == GPJ_NULL; }
+int gp_json_is_null(const gp_json_value *v) { return !v || v->type == GPJ_NULL; }
 
-int gpj_number(const gpj_value *v, double *out) {
+int gp_json_number(const gp_json_value *v, double *out) {
     if (!v || v->type != GPJ_NUMBER) return 0;
     *out = v->num;
     return 1;
 }
 
-int gpj_i64(const gpj_value *v, int64_t *out) {
+int gp_json_i64(const gp_json_value *v, int64_t *out) {
     if (!v || v->type != GPJ_NUMBER || !v->is_int) return 0;
     *out = v->i;
     return 1;
 }
 
-int gpj_u64(const gpj_value *v, uint64_t *out) {
+int gp_json_u64(const gp_json_value *v, uint64_t *out) {
     if (!v || v->type != GPJ_NUMBER || !v->is_int || v->i < 0) return 0;
     *out = (uint64_t)v->i;
     return 1;
 }
 
-int gpj_bool(const gpj_value *v, int dflt) {
+int gp_json_bool(const gp_json_value *v, int dflt) {
     if (v && v->type == GPJ_TRUE) return 1;
     if (v && v->type == GPJ_FALSE) return 0;
     return dflt;

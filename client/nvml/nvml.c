@@ -126,7 +126,7 @@ static void config_release(config_ref *conf) {
 
 /* Fetch and parse srv's info document: the document, or NULL with why in err. Touches no state
  * (runs without the lock). */
-static gpj_value *fetch_doc(const gp_client_config *cfg, const gp_server_config *srv, char *err,
+static gp_json_value *fetch_doc(const gp_client_config *cfg, const gp_server_config *srv, char *err,
                             size_t errcap) {
     gp_info_result r;
     memset(&r, 0, sizeof r);
@@ -140,14 +140,14 @@ static gpj_value *fetch_doc(const gp_client_config *cfg, const gp_server_config 
         gp_info_free(&r);
         return NULL;
     }
-    gpj_value *doc = gp_nvml_parse_info(r.json ? r.json : "", r.json ? strlen(r.json) : 0, err,
+    gp_json_value *doc = gp_nvml_parse_info(r.json ? r.json : "", r.json ? strlen(r.json) : 0, err,
                                         errcap);
     gp_info_free(&r);
     return doc;
 }
 
 /* Server s's fetch is over (doc, or NULL after a failure): when its values are next due. */
-static void fetched(server_state *ss, const gpj_value *doc) {
+static void fetched(server_state *ss, const gp_json_value *doc) {
     double t = now_s();
     if (doc) {
         gp_nvml_server_from_doc(doc, &ss->info);
@@ -162,13 +162,13 @@ static void fetched(server_state *ss, const gpj_value *doc) {
 }
 
 /* The GPU view of doc that device d shows: by UUID, else by the server's index. */
-static const gpj_value *view_of(const gpj_value *doc, const struct nvmlDevice_st *d) {
+static const gp_json_value *view_of(const gp_json_value *doc, const struct nvmlDevice_st *d) {
     if (d->gpu.uuid[0]) return gp_nvml_find_gpu(doc, d->gpu.uuid);
-    const gpj_value *gpus = gpj_get(doc, "gpus");
-    for (size_t i = 0; i < gpj_count(gpus); i++) {
+    const gp_json_value *gpus = gp_json_get(doc, "gpus");
+    for (size_t i = 0; i < gp_json_count(gpus); i++) {
         int64_t index;
-        if (gpj_i64(gpj_get(gpj_at(gpus, i), "index"), &index) && index == d->gpu.server_index)
-            return gpj_at(gpus, i);
+        if (gp_json_i64(gp_json_get(gp_json_at(gpus, i), "index"), &index) && index == d->gpu.server_index)
+            return gp_json_at(gpus, i);
     }
     return NULL;
 }
@@ -193,17 +193,17 @@ static int refresh(struct nvmlDevice_st *d) {
     pthread_mutex_unlock(&lock);
 
     char err[512];
-    gpj_value *doc = fetch_doc(&conf->cfg, srv, err, sizeof err);
+    gp_json_value *doc = fetch_doc(&conf->cfg, srv, err, sizeof err);
     if (!doc) gp_log_debug("nvml: refreshing %s failed (%s); showing the values from before", desc,
                            err);
 
     if (pthread_mutex_lock(&lock) != 0) {
-        gpj_free(doc); /* conf stays referenced: better a leak than a free under a reader */
+        gp_json_free(doc); /* conf stays referenced: better a leak than a free under a reader */
         return -2;
     }
     config_release(conf);
     if (st.refcount == 0 || st.generation != generation) {
-        gpj_free(doc); /* shut down (and maybe initialised again) meanwhile: not ours to show */
+        gp_json_free(doc); /* shut down (and maybe initialised again) meanwhile: not ours to show */
         return -1;
     }
     ss->refreshing = 0;
@@ -212,11 +212,11 @@ static int refresh(struct nvmlDevice_st *d) {
         for (unsigned i = 0; i < st.ndevices; i++) {
             struct nvmlDevice_st *o = &st.devices[i];
             if (o->server != d->server) continue;
-            const gpj_value *view = view_of(doc, o);
+            const gp_json_value *view = view_of(doc, o);
             if (view) gp_nvml_live_from_view(doc, view, &o->gpu.live);
             else gp_log_debug("nvml: %s no longer lists GPU %s", desc, o->gpu.uuid);
         }
-        gpj_free(doc);
+        gp_json_free(doc);
     }
     return 0;
 }
@@ -234,9 +234,9 @@ static int add_server(const gp_server_config *srv) {
 }
 
 /* The first fetch of server s at init: its document or NULL (err says why). */
-static gpj_value *init_fetch(const config_ref *conf, int s, char *err, size_t errcap) {
+static gp_json_value *init_fetch(const config_ref *conf, int s, char *err, size_t errcap) {
     server_state *ss = &st.servers[s];
-    gpj_value *doc = fetch_doc(&conf->cfg, ss->srv, err, errcap);
+    gp_json_value *doc = fetch_doc(&conf->cfg, ss->srv, err, errcap);
     fetched(ss, doc);
     return doc;
 }
@@ -263,8 +263,8 @@ static void *libcuda_sym(const char *name) {
 }
 
 /* This process's lease from our libcuda.so.1, if it is loaded and holds one: 1 with the
- * parsed JSON in *out (free with gpj_free), else 0. */
-static int lease_of_this_process(gpj_value **out) {
+ * parsed JSON in *out (free with gp_json_free), else 0. */
+static int lease_of_this_process(gp_json_value **out) {
     void *sym = libcuda_sym("gpupool_shim_lease_json");
     if (!sym) return 0;
     int (*lease_json)(char *, size_t);
@@ -273,13 +273,13 @@ static int lease_of_this_process(gpj_value **out) {
     int n = lease_json(buf, sizeof buf);
     if (n <= 0 || (size_t)n >= sizeof buf) return 0;
     char err[200];
-    gpj_value *lease = gpj_parse(buf, (size_t)n, err, sizeof err);
+    gp_json_value *lease = gp_json_parse(buf, (size_t)n, err, sizeof err);
     if (!lease) {
         gp_log_debug("nvml: gpupool_shim_lease_json gave invalid JSON (%s)", err);
         return 0;
     }
-    if (!gpj_bool(gpj_get(lease, "connected"), 0)) {
-        gpj_free(lease);
+    if (!gp_json_bool(gp_json_get(lease, "connected"), 0)) {
+        gp_json_free(lease);
         return 0;
     }
     *out = lease;
@@ -324,18 +324,18 @@ static int lease_server(const gp_client_config *cfg, const char *where) {
 }
 
 /* The leased GPU as the lease itself describes it: no live values. */
-static void gpu_from_lease(const gpj_value *lease, gp_nvml_gpu *g) {
+static void gpu_from_lease(const gp_json_value *lease, gp_nvml_gpu *g) {
     memset(g, 0, sizeof *g);
-    snprintf(g->name, sizeof g->name, "%s", gpj_string(gpj_get(lease, "name"), ""));
-    snprintf(g->uuid, sizeof g->uuid, "%s", gpj_string(gpj_get(lease, "uuid"), ""));
-    g->simulated = gpj_bool(gpj_get(lease, "simulated"), 0);
+    snprintf(g->name, sizeof g->name, "%s", gp_json_string(gp_json_get(lease, "name"), ""));
+    snprintf(g->uuid, sizeof g->uuid, "%s", gp_json_string(gp_json_get(lease, "uuid"), ""));
+    g->simulated = gp_json_bool(gp_json_get(lease, "simulated"), 0);
     g->cc_major = g->cc_minor = -1;
 }
 
 /* Lease mode: the leased GPU as device 0. */
-static void init_lease(const config_ref *conf, const gpj_value *lease) {
-    const char *where = gpj_string(gpj_get(lease, "server"), "");
-    const char *uuid = gpj_string(gpj_get(lease, "uuid"), "");
+static void init_lease(const config_ref *conf, const gp_json_value *lease) {
+    const char *where = gp_json_string(gp_json_get(lease, "server"), "");
+    const char *uuid = gp_json_string(gp_json_get(lease, "uuid"), "");
     gp_nvml_gpu g;
     int s = lease_server(&conf->cfg, where);
     if (s < 0) {
@@ -348,8 +348,8 @@ static void init_lease(const config_ref *conf, const gpj_value *lease) {
     } else {
         st.system_server = s;
         char err[512];
-        gpj_value *doc = init_fetch(conf, s, err, sizeof err);
-        const gpj_value *view = doc ? gp_nvml_find_gpu(doc, uuid) : NULL;
+        gp_json_value *doc = init_fetch(conf, s, err, sizeof err);
+        const gp_json_value *view = doc ? gp_nvml_find_gpu(doc, uuid) : NULL;
         if (view && gp_nvml_gpu_from_view(doc, view, &g) == 0) {
             add_device(s, &g);
         } else {
@@ -361,7 +361,7 @@ static void init_lease(const config_ref *conf, const gpj_value *lease) {
                  "the GPU without them",
                  st.servers[s].desc, err);
         }
-        gpj_free(doc);
+        gp_json_free(doc);
     }
     if (st.ndevices == 1 && st.devices[0].gpu.cc_major < 0)
         lease_compute_capability(&st.devices[0].gpu);
@@ -377,7 +377,7 @@ static void init_servers(const config_ref *conf) {
         int s = add_server(&cfg->servers[i]);
         if (s < 0) break;
         char err[512];
-        gpj_value *doc = init_fetch(conf, s, err, sizeof err);
+        gp_json_value *doc = init_fetch(conf, s, err, sizeof err);
         if (!doc) {
             if (wl < sizeof why - 1) {
                 int n = snprintf(why + wl, sizeof why - wl, "%s%s: %s", wl ? "; " : "",
@@ -388,18 +388,18 @@ static void init_servers(const config_ref *conf) {
         }
         answered++;
         if (st.system_server < 0) st.system_server = s;
-        const gpj_value *gpus = gpj_get(doc, "gpus");
+        const gp_json_value *gpus = gp_json_get(doc, "gpus");
         unsigned matching = 0;
-        for (size_t k = 0; k < gpj_count(gpus); k++) {
+        for (size_t k = 0; k < gp_json_count(gpus); k++) {
             gp_nvml_gpu g;
-            if (gp_nvml_gpu_from_view(doc, gpj_at(gpus, k), &g) != 0) continue;
+            if (gp_nvml_gpu_from_view(doc, gp_json_at(gpus, k), &g) != 0) continue;
             if (!gp_nvml_gpu_matches(&g, cfg->gpu, cfg->model, cfg->min_memory)) continue;
             add_device(s, &g);
             matching++;
         }
         gp_log_debug("nvml: %s: %zu GPUs, %u meet the requirements", st.servers[s].desc,
-                     gpj_count(gpus), matching);
-        gpj_free(doc);
+                     gp_json_count(gpus), matching);
+        gp_json_free(doc);
     }
     if (!answered)
         warn("nvml: no GPU server answered (%s); NVML shows 0 GPUs (`gpupool doctor` checks "
@@ -417,13 +417,13 @@ static nvmlReturn_t build_state(config_ref **out) {
     if (!conf) return NVML_ERROR_MEMORY;
     conf->refs = 1;
     char err[1024];
-    gpj_value *lease = NULL;
+    gp_json_value *lease = NULL;
     if (gp_client_config_load(&conf->cfg, err, sizeof err) != 0) {
         warn("nvml: %s; NVML shows 0 GPUs", err);
         conf->cfg.nservers = 0;
     } else if (lease_of_this_process(&lease)) {
         init_lease(conf, lease);
-        gpj_free(lease);
+        gp_json_free(lease);
     } else if (conf->cfg.nservers == 0) {
         warn("nvml: no GPU server is configured (set GPUPOOL_SERVER, or run `gpupool login URL "
              "--token TOKEN`); NVML shows 0 GPUs");

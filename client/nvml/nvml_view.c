@@ -13,17 +13,17 @@
 #include <string.h>
 #include <strings.h>
 
-gpj_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap) {
+gp_json_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap) {
     char jerr[200];
-    gpj_value *doc = gpj_parse(json, len, jerr, sizeof jerr);
+    gp_json_value *doc = gp_json_parse(json, len, jerr, sizeof jerr);
     if (!doc) {
         snprintf(err, errcap, "the server's info document is not valid JSON (%s)", jerr);
         return NULL;
     }
     int64_t schema = 0;
-    if (doc->type != GPJ_OBJECT || !gpj_i64(gpj_get(doc, "schema"), &schema)) {
+    if (doc->type != GPJ_OBJECT || !gp_json_i64(gp_json_get(doc, "schema"), &schema)) {
         snprintf(err, errcap, "the server's info document has no schema number");
-        gpj_free(doc);
+        gp_json_free(doc);
         return NULL;
     }
     if (schema != 1) {
@@ -31,13 +31,13 @@ gpj_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t er
                  "the server's info document has schema %lld; this client reads schema 1: "
                  "upgrade the gpupool client",
                  (long long)schema);
-        gpj_free(doc);
+        gp_json_free(doc);
         return NULL;
     }
-    const gpj_value *gpus = gpj_get(doc, "gpus");
+    const gp_json_value *gpus = gp_json_get(doc, "gpus");
     if (!gpus || gpus->type != GPJ_ARRAY) {
         snprintf(err, errcap, "the server's info document has no \"gpus\" list");
-        gpj_free(doc);
+        gp_json_free(doc);
         return NULL;
     }
     return doc;
@@ -54,51 +54,51 @@ static void copy_text(char *dst, size_t cap, const char *src) {
     snprintf(dst, cap, "%s", src ? src : "");
 }
 
-void gp_nvml_server_from_doc(const gpj_value *doc, gp_nvml_server *out) {
+void gp_nvml_server_from_doc(const gp_json_value *doc, gp_nvml_server *out) {
     memset(out, 0, sizeof *out);
-    const gpj_value *server = gpj_get(doc, "server");
+    const gp_json_value *server = gp_json_get(doc, "server");
     copy_text(out->driver_version, sizeof out->driver_version,
-              gpj_string(gpj_get(server, "driver_version"), ""));
+              gp_json_string(gp_json_get(server, "driver_version"), ""));
     int64_t v = 0;
-    if (gpj_i64(gpj_get(server, "cuda_driver_version"), &v) && v > 0 && v < 1000000)
+    if (gp_json_i64(gp_json_get(server, "cuda_driver_version"), &v) && v > 0 && v < 1000000)
         out->cuda_driver_version = (int)v;
 }
 
-const gpj_value *gp_nvml_find_gpu(const gpj_value *doc, const char *uuid) {
-    const gpj_value *gpus = gpj_get(doc, "gpus");
+const gp_json_value *gp_nvml_find_gpu(const gp_json_value *doc, const char *uuid) {
+    const gp_json_value *gpus = gp_json_get(doc, "gpus");
     if (!uuid || !uuid[0]) return NULL;
-    for (size_t i = 0; i < gpj_count(gpus); i++) {
-        const gpj_value *g = gpj_at(gpus, i);
-        const char *u = gpj_string(gpj_get(g, "uuid"), NULL);
+    for (size_t i = 0; i < gp_json_count(gpus); i++) {
+        const gp_json_value *g = gp_json_at(gpus, i);
+        const char *u = gp_json_string(gp_json_get(g, "uuid"), NULL);
         if (u && strcasecmp(u, uuid) == 0) return g;
     }
     return NULL;
 }
 
 /* A non-negative number as an unsigned, rounded to nearest; 0 when absent/null/negative/huge. */
-static int get_uint(const gpj_value *obj, const char *key, double scale, unsigned *out) {
+static int get_uint(const gp_json_value *obj, const char *key, double scale, unsigned *out) {
     double d;
-    if (!gpj_number(gpj_get(obj, key), &d) || !isfinite(d) || d < 0) return 0;
+    if (!gp_json_number(gp_json_get(obj, key), &d) || !isfinite(d) || d < 0) return 0;
     d = floor(d * scale + 0.5);
     if (d > 4294967294.0) return 0; /* 0xFFFFFFFF is NVML's "not available" */
     *out = (unsigned)d;
     return 1;
 }
 
-static int get_u64(const gpj_value *obj, const char *key, double scale, uint64_t *out) {
-    const gpj_value *v = gpj_get(obj, key);
-    if (scale == 1.0 && gpj_u64(v, out)) return 1; /* exact for byte counts */
+static int get_u64(const gp_json_value *obj, const char *key, double scale, uint64_t *out) {
+    const gp_json_value *v = gp_json_get(obj, key);
+    if (scale == 1.0 && gp_json_u64(v, out)) return 1; /* exact for byte counts */
     double d;
-    if (!gpj_number(v, &d) || !isfinite(d) || d < 0) return 0;
+    if (!gp_json_number(v, &d) || !isfinite(d) || d < 0) return 0;
     d = floor(d * scale + 0.5);
     if (d >= 18446744073709549568.0) return 0;
     *out = (uint64_t)d;
     return 1;
 }
 
-void gp_nvml_live_from_view(const gpj_value *doc, const gpj_value *view, gp_nvml_live *out) {
+void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_live *out) {
     memset(out, 0, sizeof *out);
-    const gpj_value *live = gpj_get(view, "live");
+    const gp_json_value *live = gp_json_get(view, "live");
     uint64_t total = 0, used = 0, freeb = 0;
     int has_total = get_u64(live, "memory_total", 1.0, &total) ||
                     get_u64(view, "memory_total", 1.0, &total);
@@ -128,21 +128,21 @@ void gp_nvml_live_from_view(const gpj_value *doc, const gpj_value *view, gp_nvml
 
     /* This client's processes on the GPU: the leases the server marked "mine". */
     int64_t index = -1;
-    if (!gpj_i64(gpj_get(view, "index"), &index)) return;
-    const gpj_value *leases = gpj_get(doc, "leases");
-    for (size_t i = 0; i < gpj_count(leases) && out->npids < GP_NVML_MAX_PIDS; i++) {
-        const gpj_value *l = gpj_at(leases, i);
+    if (!gp_json_i64(gp_json_get(view, "index"), &index)) return;
+    const gp_json_value *leases = gp_json_get(doc, "leases");
+    for (size_t i = 0; i < gp_json_count(leases) && out->npids < GP_NVML_MAX_PIDS; i++) {
+        const gp_json_value *l = gp_json_at(leases, i);
         int64_t gpu = -1, pid = -1;
-        if (!gpj_bool(gpj_get(l, "mine"), 0)) continue;
-        if (!gpj_i64(gpj_get(l, "gpu"), &gpu) || gpu != index) continue;
-        if (!gpj_i64(gpj_get(gpj_get(l, "client"), "pid"), &pid) || pid <= 0 || pid > 0x7FFFFFFF)
+        if (!gp_json_bool(gp_json_get(l, "mine"), 0)) continue;
+        if (!gp_json_i64(gp_json_get(l, "gpu"), &gpu) || gpu != index) continue;
+        if (!gp_json_i64(gp_json_get(gp_json_get(l, "client"), "pid"), &pid) || pid <= 0 || pid > 0x7FFFFFFF)
             continue;
         out->pids[out->npids++] = (unsigned)pid;
     }
 }
 
 /* "9.0", [9, 0] or {"major": 9, "minor": 0}: 0 and the numbers, else -1. */
-static int compute_capability(const gpj_value *v, int *major, int *minor) {
+static int compute_capability(const gp_json_value *v, int *major, int *minor) {
     int64_t a, b;
     if (!v) return -1;
     if (v->type == GPJ_STRING) {
@@ -153,30 +153,30 @@ static int compute_capability(const gpj_value *v, int *major, int *minor) {
         *minor = y;
         return 0;
     }
-    int ok = (v->type == GPJ_ARRAY && gpj_i64(gpj_at(v, 0), &a) && gpj_i64(gpj_at(v, 1), &b)) ||
-             (v->type == GPJ_OBJECT && gpj_i64(gpj_get(v, "major"), &a) &&
-              gpj_i64(gpj_get(v, "minor"), &b));
+    int ok = (v->type == GPJ_ARRAY && gp_json_i64(gp_json_at(v, 0), &a) && gp_json_i64(gp_json_at(v, 1), &b)) ||
+             (v->type == GPJ_OBJECT && gp_json_i64(gp_json_get(v, "major"), &a) &&
+              gp_json_i64(gp_json_get(v, "minor"), &b));
     if (!ok || a < 0 || b < 0 || a > 1000 || b > 1000) return -1;
     *major = (int)a;
     *minor = (int)b;
     return 0;
 }
 
-int gp_nvml_gpu_from_view(const gpj_value *doc, const gpj_value *view, gp_nvml_gpu *out) {
+int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_gpu *out) {
     memset(out, 0, sizeof *out);
     int64_t index;
-    const char *uuid = gpj_string(gpj_get(view, "uuid"), "");
-    const char *name = gpj_string(gpj_get(view, "name"), NULL);
-    if (!gpj_i64(gpj_get(view, "index"), &index) || index < 0 || index > 0xFFFF || !name)
+    const char *uuid = gp_json_string(gp_json_get(view, "uuid"), "");
+    const char *name = gp_json_string(gp_json_get(view, "name"), NULL);
+    if (!gp_json_i64(gp_json_get(view, "index"), &index) || index < 0 || index > 0xFFFF || !name)
         return -1;
     out->server_index = (unsigned)index;
     copy_text(out->name, sizeof out->name, name);
     copy_text(out->uuid, sizeof out->uuid, uuid);
     copy_text(out->pci_bus_id, sizeof out->pci_bus_id,
-              gpj_string(gpj_get(view, "pci_bus_id"), ""));
-    out->simulated = gpj_bool(gpj_get(view, "simulated"), 0);
+              gp_json_string(gp_json_get(view, "pci_bus_id"), ""));
+    out->simulated = gp_json_bool(gp_json_get(view, "simulated"), 0);
     out->cc_major = out->cc_minor = -1;
-    if (compute_capability(gpj_get(view, "compute_capability"), &out->cc_major,
+    if (compute_capability(gp_json_get(view, "compute_capability"), &out->cc_major,
                            &out->cc_minor) != 0)
         out->cc_major = out->cc_minor = -1;
     gp_nvml_live_from_view(doc, view, &out->live);

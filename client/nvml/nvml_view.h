@@ -54,20 +54,20 @@ typedef struct gp_nvml_server {
 } gp_nvml_server;
 
 /* Parse an info document and check it is one we understand (an object with "schema": 1 and a
- * "gpus" array). NULL with err filled otherwise. Free with gpj_free. */
-gpj_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap);
+ * "gpus" array). NULL with err filled otherwise. Free with gp_json_free. */
+gp_json_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap);
 
-void gp_nvml_server_from_doc(const gpj_value *doc, gp_nvml_server *out);
+void gp_nvml_server_from_doc(const gp_json_value *doc, gp_nvml_server *out);
 
 /* The GPU view in doc whose uuid is `uuid` (case-insensitive), or NULL. */
-const gpj_value *gp_nvml_find_gpu(const gpj_value *doc, const char *uuid);
+const gp_json_value *gp_nvml_find_gpu(const gp_json_value *doc, const char *uuid);
 
 /* Fill *out from a GPU view of doc (identity and live values; pids from doc's "leases" with
  * "mine": true on this GPU). 0, or -1 when the view has no usable index/uuid/name. */
-int gp_nvml_gpu_from_view(const gpj_value *doc, const gpj_value *view, gp_nvml_gpu *out);
+int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_gpu *out);
 
 /* Only the live values (and pids) of *g from a newer document's view of the same GPU. */
-void gp_nvml_live_from_view(const gpj_value *doc, const gpj_value *view, gp_nvml_live *out);
+void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_live *out);
 
 /* 1 when g meets the client's requirements as the server reads them (gpupoold/requirements.py):
  * gpu = server index (digits) or UUID prefix (case-insensitive), model = substring of the name

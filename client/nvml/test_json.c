@@ -21,32 +21,32 @@ static int failures;
 
 /* Parse text exactly as given (not NUL-terminated: a heap copy of just its bytes, so ASan
  * catches any read past the end). */
-static gpj_value *parse_n(const char *text, size_t n, char *err, size_t cap) {
+static gp_json_value *parse_n(const char *text, size_t n, char *err, size_t cap) {
     char *copy = malloc(n ? n : 1);
     if (!copy) {
         printf("FAIL: out of memory\n");
         exit(1);
     }
     memcpy(copy, text, n);
-    gpj_value *v = gpj_parse(copy, n, err, cap);
+    gp_json_value *v = gp_json_parse(copy, n, err, cap);
     free(copy);
     return v;
 }
 
-static gpj_value *parse(const char *text) {
+static gp_json_value *parse(const char *text) {
     char err[200];
-    gpj_value *v = parse_n(text, strlen(text), err, sizeof err);
+    gp_json_value *v = parse_n(text, strlen(text), err, sizeof err);
     if (!v) printf("  (parse of %s failed: %s)\n", text, err);
     return v;
 }
 
 static void expect_error(const char *text, const char *want) {
     char err[200] = "";
-    gpj_value *v = parse_n(text, strlen(text), err, sizeof err);
+    gp_json_value *v = parse_n(text, strlen(text), err, sizeof err);
     if (v) {
         printf("FAIL: %s parsed, expected error containing \"%s\"\n", text, want);
         failures++;
-        gpj_free(v);
+        gp_json_free(v);
         return;
     }
     if (!strstr(err, want)) {
@@ -56,96 +56,96 @@ static void expect_error(const char *text, const char *want) {
 }
 
 static void test_scalars(void) {
-    gpj_value *v = parse("  true ");
-    CHECK(v && v->type == GPJ_TRUE && gpj_bool(v, 0) == 1);
-    gpj_free(v);
+    gp_json_value *v = parse("  true ");
+    CHECK(v && v->type == GPJ_TRUE && gp_json_bool(v, 0) == 1);
+    gp_json_free(v);
     v = parse("false");
-    CHECK(v && gpj_bool(v, 1) == 0);
-    gpj_free(v);
+    CHECK(v && gp_json_bool(v, 1) == 0);
+    gp_json_free(v);
     v = parse("null");
-    CHECK(v && v->type == GPJ_NULL && gpj_is_null(v));
-    gpj_free(v);
-    CHECK(gpj_is_null(NULL));
+    CHECK(v && v->type == GPJ_NULL && gp_json_is_null(v));
+    gp_json_free(v);
+    CHECK(gp_json_is_null(NULL));
 
     uint64_t u = 0;
     int64_t i = 0;
     double d = 0;
     v = parse("85899345920");
-    CHECK(v && gpj_u64(v, &u) && u == 85899345920ull);
-    gpj_free(v);
+    CHECK(v && gp_json_u64(v, &u) && u == 85899345920ull);
+    gp_json_free(v);
     v = parse("18446744073709551615"); /* past int64: a number, but not an exact integer */
-    CHECK(v && v->type == GPJ_NUMBER && !gpj_u64(v, &u) && gpj_number(v, &d) && d > 1.8e19);
-    gpj_free(v);
+    CHECK(v && v->type == GPJ_NUMBER && !gp_json_u64(v, &u) && gp_json_number(v, &d) && d > 1.8e19);
+    gp_json_free(v);
     v = parse("-42");
-    CHECK(v && gpj_i64(v, &i) && i == -42 && !gpj_u64(v, &u));
-    gpj_free(v);
+    CHECK(v && gp_json_i64(v, &i) && i == -42 && !gp_json_u64(v, &u));
+    gp_json_free(v);
     v = parse("12.5");
-    CHECK(v && gpj_number(v, &d) && d == 12.5 && !gpj_i64(v, &i));
-    gpj_free(v);
+    CHECK(v && gp_json_number(v, &d) && d == 12.5 && !gp_json_i64(v, &i));
+    gp_json_free(v);
     v = parse("-0.25e+2");
-    CHECK(v && gpj_number(v, &d) && d == -25.0);
-    gpj_free(v);
+    CHECK(v && gp_json_number(v, &d) && d == -25.0);
+    gp_json_free(v);
     v = parse("1E3");
-    CHECK(v && gpj_number(v, &d) && d == 1000.0 && !v->is_int);
-    gpj_free(v);
+    CHECK(v && gp_json_number(v, &d) && d == 1000.0 && !v->is_int);
+    gp_json_free(v);
     v = parse("0");
-    CHECK(v && gpj_u64(v, &u) && u == 0);
-    gpj_free(v);
+    CHECK(v && gp_json_u64(v, &u) && u == 0);
+    gp_json_free(v);
     v = parse("1e400"); /* grammatical; overflows to infinity, never an exact integer */
-    CHECK(v && gpj_number(v, &d) && isinf(d) && !gpj_u64(v, &u));
-    gpj_free(v);
+    CHECK(v && gp_json_number(v, &d) && isinf(d) && !gp_json_u64(v, &u));
+    gp_json_free(v);
 }
 
 static void test_strings(void) {
-    gpj_value *v = parse("\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\"");
+    gp_json_value *v = parse("\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\"");
     CHECK(v && v->type == GPJ_STRING && strcmp(v->str, "a\"b\\c/d\b\f\n\r\t") == 0);
     CHECK(v && v->len == 12);
-    gpj_free(v);
+    gp_json_free(v);
     v = parse("\"\\u00e9\\u20AC\"");
     CHECK(v && strcmp(v->str, "\xc3\xa9\xe2\x82\xac") == 0);
-    gpj_free(v);
+    gp_json_free(v);
     v = parse("\"\\ud83d\\ude00\""); /* U+1F600 as a surrogate pair */
     CHECK(v && strcmp(v->str, "\xf0\x9f\x98\x80") == 0 && v->len == 4);
-    gpj_free(v);
+    gp_json_free(v);
     v = parse("\"caf\xc3\xa9 \xf0\x9f\x98\x80\""); /* raw UTF-8 passes through */
     CHECK(v && strcmp(v->str, "caf\xc3\xa9 \xf0\x9f\x98\x80") == 0);
-    gpj_free(v);
+    gp_json_free(v);
     v = parse("\"a\\u0000b\"");
     CHECK(v && v->len == 3 && v->str[1] == '\0' && v->str[2] == 'b');
-    gpj_free(v);
+    gp_json_free(v);
     v = parse("\"\"");
-    CHECK(v && v->len == 0 && strcmp(gpj_string(v, "x"), "") == 0);
-    gpj_free(v);
-    CHECK(strcmp(gpj_string(NULL, "dflt"), "dflt") == 0);
+    CHECK(v && v->len == 0 && strcmp(gp_json_string(v, "x"), "") == 0);
+    gp_json_free(v);
+    CHECK(strcmp(gp_json_string(NULL, "dflt"), "dflt") == 0);
 }
 
 static void test_containers(void) {
     const char *doc = "{\"schema\": 1, \"gpus\": [{\"index\": 0, \"name\": \"H100\", "
                       "\"live\": {\"temperature_c\": null, \"gpu_util\": 12.5}}, {}], "
                       "\"empty\": {}, \"none\": [], \"nested\": [[[]]], \"dup\": 1, \"dup\": 2}";
-    gpj_value *v = parse(doc);
-    CHECK(v && v->type == GPJ_OBJECT && gpj_count(v) == 7);
+    gp_json_value *v = parse(doc);
+    CHECK(v && v->type == GPJ_OBJECT && gp_json_count(v) == 7);
     int64_t i = 0;
     double d = 0;
-    CHECK(gpj_i64(gpj_get(v, "schema"), &i) && i == 1);
-    const gpj_value *gpus = gpj_get(v, "gpus");
-    CHECK(gpus && gpus->type == GPJ_ARRAY && gpj_count(gpus) == 2);
-    const gpj_value *g0 = gpj_at(gpus, 0);
-    CHECK(strcmp(gpj_string(gpj_get(g0, "name"), ""), "H100") == 0);
-    CHECK(gpj_is_null(gpj_get(gpj_get(g0, "live"), "temperature_c")));
-    CHECK(gpj_get(gpj_get(g0, "live"), "temperature_c") != NULL);
-    CHECK(gpj_number(gpj_get(gpj_get(g0, "live"), "gpu_util"), &d) && d == 12.5);
-    CHECK(gpj_at(gpus, 2) == NULL);
-    CHECK(gpj_get(gpus, "x") == NULL);    /* not an object */
-    CHECK(gpj_at(v, 0) == NULL);          /* not an array */
-    CHECK(gpj_get(v, "missing") == NULL);
-    CHECK(gpj_count(gpj_get(v, "empty")) == 0 && gpj_get(v, "empty")->type == GPJ_OBJECT);
-    CHECK(gpj_count(gpj_get(v, "none")) == 0 && gpj_get(v, "none")->type == GPJ_ARRAY);
-    CHECK(gpj_count(gpj_at(gpj_at(gpj_get(v, "nested"), 0), 0)) == 0);
-    CHECK(gpj_i64(gpj_get(v, "dup"), &i) && i == 1); /* the first of duplicate keys */
-    CHECK(gpj_get(NULL, "x") == NULL && gpj_at(NULL, 0) == NULL && gpj_count(NULL) == 0);
-    gpj_free(v);
-    gpj_free(NULL);
+    CHECK(gp_json_i64(gp_json_get(v, "schema"), &i) && i == 1);
+    const gp_json_value *gpus = gp_json_get(v, "gpus");
+    CHECK(gpus && gpus->type == GPJ_ARRAY && gp_json_count(gpus) == 2);
+    const gp_json_value *g0 = gp_json_at(gpus, 0);
+    CHECK(strcmp(gp_json_string(gp_json_get(g0, "name"), ""), "H100") == 0);
+    CHECK(gp_json_is_null(gp_json_get(gp_json_get(g0, "live"), "temperature_c")));
+    CHECK(gp_json_get(gp_json_get(g0, "live"), "temperature_c") != NULL);
+    CHECK(gp_json_number(gp_json_get(gp_json_get(g0, "live"), "gpu_util"), &d) && d == 12.5);
+    CHECK(gp_json_at(gpus, 2) == NULL);
+    CHECK(gp_json_get(gpus, "x") == NULL);    /* not an object */
+    CHECK(gp_json_at(v, 0) == NULL);          /* not an array */
+    CHECK(gp_json_get(v, "missing") == NULL);
+    CHECK(gp_json_count(gp_json_get(v, "empty")) == 0 && gp_json_get(v, "empty")->type == GPJ_OBJECT);
+    CHECK(gp_json_count(gp_json_get(v, "none")) == 0 && gp_json_get(v, "none")->type == GPJ_ARRAY);
+    CHECK(gp_json_count(gp_json_at(gp_json_at(gp_json_get(v, "nested"), 0), 0)) == 0);
+    CHECK(gp_json_i64(gp_json_get(v, "dup"), &i) && i == 1); /* the first of duplicate keys */
+    CHECK(gp_json_get(NULL, "x") == NULL && gp_json_at(NULL, 0) == NULL && gp_json_count(NULL) == 0);
+    gp_json_free(v);
+    gp_json_free(NULL);
 
     /* many members: the arrays grow */
     char big[20000];
@@ -156,8 +156,8 @@ static void test_containers(void) {
     big[n++] = ']';
     big[n] = '\0';
     v = parse(big);
-    CHECK(v && gpj_count(v) == 2000 && gpj_i64(gpj_at(v, 1999), &i) && i == 1999);
-    gpj_free(v);
+    CHECK(v && gp_json_count(v) == 2000 && gp_json_i64(gp_json_at(v, 1999), &i) && i == 1999);
+    gp_json_free(v);
 
     /* nesting up to the limit works, one more is an error */
     char deep[2 * GPJ_MAX_DEPTH + 3];
@@ -166,7 +166,7 @@ static void test_containers(void) {
     deep[2 * GPJ_MAX_DEPTH] = '\0';
     v = parse(deep);
     CHECK(v != NULL);
-    gpj_free(v);
+    gp_json_free(v);
     memset(deep, '[', GPJ_MAX_DEPTH + 1);
     memset(deep + GPJ_MAX_DEPTH + 1, ']', GPJ_MAX_DEPTH + 1);
     deep[2 * GPJ_MAX_DEPTH + 2] = '\0';
@@ -215,20 +215,20 @@ static void test_errors(void) {
 
     /* the offset is reported */
     char err[200];
-    gpj_value *v = gpj_parse("[1, x]", 6, err, sizeof err);
+    gp_json_value *v = gp_json_parse("[1, x]", 6, err, sizeof err);
     CHECK(!v && strncmp(err, "offset 4:", 9) == 0);
     /* a tiny error buffer is never overrun, and NULL is fine */
     char small[8];
-    v = gpj_parse("[1, x]", 6, small, sizeof small);
+    v = gp_json_parse("[1, x]", 6, small, sizeof small);
     CHECK(!v && strlen(small) < sizeof small);
-    v = gpj_parse("[1, x]", 6, NULL, 0);
+    v = gp_json_parse("[1, x]", 6, NULL, 0);
     CHECK(!v);
-    v = gpj_parse(NULL, 0, err, sizeof err);
+    v = gp_json_parse(NULL, 0, err, sizeof err);
     CHECK(!v && strstr(err, "no input"));
     /* a length shorter than the text: only that much is read */
-    v = gpj_parse("[1][2]", 3, err, sizeof err);
-    CHECK(v && gpj_count(v) == 1);
-    gpj_free(v);
+    v = gp_json_parse("[1][2]", 3, err, sizeof err);
+    CHECK(v && gp_json_count(v) == 1);
+    gp_json_free(v);
 }
 
 /* Every prefix of a valid document fails cleanly (no crash, no leak, no over-read). */
@@ -238,16 +238,16 @@ static void test_truncations(void) {
     size_t n = strlen(doc);
     for (size_t k = 0; k < n; k++) {
         char err[200];
-        gpj_value *v = parse_n(doc, k, err, sizeof err);
+        gp_json_value *v = parse_n(doc, k, err, sizeof err);
         if (v) {
             printf("FAIL: prefix of %zu bytes parsed\n", k);
             failures++;
-            gpj_free(v);
+            gp_json_free(v);
         }
     }
-    gpj_value *v = parse(doc);
+    gp_json_value *v = parse(doc);
     CHECK(v != NULL);
-    gpj_free(v);
+    gp_json_free(v);
 }
 
 int main(void) {

@@ -56,17 +56,17 @@ static const char *DOC =
     " ],"
     " \"queue\": []}";
 
-static gpj_value *load(const char *text) {
+static gp_json_value *load(const char *text) {
     char err[300];
-    gpj_value *doc = gp_nvml_parse_info(text, strlen(text), err, sizeof err);
+    gp_json_value *doc = gp_nvml_parse_info(text, strlen(text), err, sizeof err);
     if (!doc) printf("  (parse failed: %s)\n", err);
     return doc;
 }
 
 /* 1 when text is refused (err says why). */
 static int parse_fails(const char *text, char *err, size_t cap) {
-    gpj_value *doc = gp_nvml_parse_info(text, strlen(text), err, cap);
-    gpj_free(doc);
+    gp_json_value *doc = gp_nvml_parse_info(text, strlen(text), err, cap);
+    gp_json_free(doc);
     return doc == NULL;
 }
 
@@ -84,14 +84,14 @@ static void test_parse_checks(void) {
 }
 
 static void test_server_and_identity(void) {
-    gpj_value *doc = load(DOC);
+    gp_json_value *doc = load(DOC);
     CHECK(doc != NULL);
     if (!doc) return;
     gp_nvml_server s;
     gp_nvml_server_from_doc(doc, &s);
     CHECK(strcmp(s.driver_version, "580.65.06") == 0 && s.cuda_driver_version == 13000);
 
-    const gpj_value *v = gp_nvml_find_gpu(doc, "gpu-5E000000-0000-0000-0000-000000000001");
+    const gp_json_value *v = gp_nvml_find_gpu(doc, "gpu-5E000000-0000-0000-0000-000000000001");
     CHECK(v != NULL);
     CHECK(gp_nvml_find_gpu(doc, "GPU-nope") == NULL && gp_nvml_find_gpu(doc, "") == NULL);
     gp_nvml_gpu g;
@@ -102,13 +102,13 @@ static void test_server_and_identity(void) {
     CHECK(gp_nvml_brand(g.name) == NVML_BRAND_UNKNOWN);
 
     gp_nvml_gpu h;
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 0), &h) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
     CHECK(h.cc_major == 9 && h.cc_minor == 0);
     CHECK(strcmp(h.pci_bus_id, "00000000:18:00.0") == 0);
 
     /* not a GPU view */
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_get(doc, "server"), &g) == -1);
-    gpj_free(doc);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_get(doc, "server"), &g) == -1);
+    gp_json_free(doc);
 
     CHECK(gp_nvml_brand("NVIDIA GeForce RTX 4090") == NVML_BRAND_GEFORCE);
     CHECK(gp_nvml_brand("Quadro RTX 6000") == NVML_BRAND_QUADRO);
@@ -117,15 +117,15 @@ static void test_server_and_identity(void) {
 }
 
 static void test_live_values(void) {
-    gpj_value *doc = load(DOC);
+    gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
         return;
     }
     gp_nvml_gpu h, sim, old;
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 1), &sim) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 2), &old) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 1), &sim) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 2), &old) == 0);
 
     nvmlMemory_t m;
     CHECK(gp_nvml_memory(&h, &m) == NVML_SUCCESS);
@@ -173,27 +173,27 @@ static void test_live_values(void) {
                         "\"memory_total\": 17179869184, \"live\": {\"memory_used\": 1048576, "
                         "\"memory_free\": 17178820608, \"gpu_util\": 100.0, "
                         "\"memory_util\": 0}}], \"leases\": []}";
-    gpj_value *doc2 = load(newer);
+    gp_json_value *doc2 = load(newer);
     CHECK(doc2 != NULL);
-    gp_nvml_live_from_view(doc2, gpj_at(gpj_get(doc2, "gpus"), 0), &sim.live);
+    gp_nvml_live_from_view(doc2, gp_json_at(gp_json_get(doc2, "gpus"), 0), &sim.live);
     CHECK(strcmp(sim.name, "Simulated GPU") == 0);
     CHECK(gp_nvml_memory(&sim, &m) == NVML_SUCCESS && m.used == 1048576 &&
           m.total == 17179869184ull && m.free == 17178820608ull);
     CHECK(gp_nvml_utilization(&sim, &u) == NVML_SUCCESS && u.gpu == 100);
-    gpj_free(doc2);
-    gpj_free(doc);
+    gp_json_free(doc2);
+    gp_json_free(doc);
 }
 
 static void test_pci(void) {
-    gpj_value *doc = load(DOC);
+    gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
         return;
     }
     gp_nvml_gpu h, old;
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 2), &old) == 0);
-    gpj_free(doc);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 2), &old) == 0);
+    gp_json_free(doc);
 
     /* the layouts pynvml uses */
     CHECK(sizeof(nvmlPciInfo_t) == 68 && offsetof(nvmlPciInfo_t, busId) == 36);
@@ -222,15 +222,15 @@ static void test_pci(void) {
 }
 
 static void test_processes(void) {
-    gpj_value *doc = load(DOC);
+    gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
         return;
     }
     gp_nvml_gpu h, sim;
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 1), &sim) == 0);
-    gpj_free(doc);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 1), &sim) == 0);
+    gp_json_free(doc);
     /* only the leases marked mine, on this GPU, with a real pid */
     CHECK(h.live.npids == 2 && h.live.pids[0] == 4242 && h.live.pids[1] == 4343);
     CHECK(sim.live.npids == 0);
@@ -256,15 +256,15 @@ static void test_processes(void) {
 }
 
 static void test_requirements(void) {
-    gpj_value *doc = load(DOC);
+    gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
         return;
     }
     gp_nvml_gpu h, sim;
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpj_get(doc, "gpus"), 1), &sim) == 0);
-    gpj_free(doc);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 1), &sim) == 0);
+    gp_json_free(doc);
     CHECK(gp_nvml_gpu_matches(&h, "", "", 0));
     CHECK(gp_nvml_gpu_matches(&h, NULL, NULL, 0));
     CHECK(gp_nvml_gpu_matches(&h, "0", "", 0) && !gp_nvml_gpu_matches(&sim, "0", "", 0));
@@ -293,18 +293,18 @@ static void test_requirements_without_memory_use(void) {
         "  {\"index\": 3, \"name\": \"D\", \"uuid\": \"GPU-d\", \"memory_total\": null,"
         "   \"live\": {\"memory_used\": 5}}"
         "]}";
-    gpj_value *doc = load(text);
+    gp_json_value *doc = load(text);
     if (!doc) {
         failures++;
         return;
     }
     gp_nvml_gpu a, b, c, d;
-    const gpj_value *gpus = gpj_get(doc, "gpus");
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 0), &a) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 1), &b) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 2), &c) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gpj_at(gpus, 3), &d) == 0);
-    gpj_free(doc);
+    const gp_json_value *gpus = gp_json_get(doc, "gpus");
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 0), &a) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 1), &b) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 2), &c) == 0);
+    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 3), &d) == 0);
+    gp_json_free(doc);
     CHECK(a.live.has_memory_total && a.live.memory_total == 17179869184ull && !a.live.has_memory);
     CHECK(gp_nvml_gpu_matches(&a, "", "", 16ull << 30));
     CHECK(gp_nvml_gpu_matches(&a, "", "", 17179869184ull));

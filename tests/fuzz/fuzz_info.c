@@ -19,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[512];
-    gpj_value *doc = gp_nvml_parse_info((const char *)data, size, err, sizeof err);
+    gp_json_value *doc = gp_nvml_parse_info((const char *)data, size, err, sizeof err);
     if (!doc) {
         if (!err[0])
             abort(); /* a refusal always says why */
@@ -27,12 +27,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     gp_nvml_server server;
     gp_nvml_server_from_doc(doc, &server);
-    const gpj_value *gpus = gpj_get(doc, "gpus");
-    size_t n = gpj_count(gpus);
+    const gp_json_value *gpus = gp_json_get(doc, "gpus");
+    size_t n = gp_json_count(gpus);
     for (size_t i = 0; i < n && i < 64; i++) {
         gp_nvml_gpu g;
         memset(&g, 0, sizeof g);
-        if (gp_nvml_gpu_from_view(doc, gpj_at(gpus, i), &g) != 0)
+        if (gp_nvml_gpu_from_view(doc, gp_json_at(gpus, i), &g) != 0)
             continue;
         if (strnlen(g.name, sizeof g.name) == sizeof g.name ||
             strnlen(g.uuid, sizeof g.uuid) == sizeof g.uuid)
@@ -45,6 +45,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         nvmlMemory_t m;
         (void)gp_nvml_memory(&g, &m);
     }
-    gpj_free(doc);
+    gp_json_free(doc);
     return 0;
 }

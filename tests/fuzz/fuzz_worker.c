@@ -90,7 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         abort();
     struct worker *w = calloc(1, sizeof *w);
-    if (!w || io_init(w, sv[1], -1) != 0)
+    if (!w || wk_io_init(w, sv[1], -1) != 0)
         abort();
     w->ctl.fd = -1;
     w->ctl.listen_fd = -1;
@@ -104,16 +104,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       .va_base = 0x200000000000ull, .va_size = 1ull << 30};
     struct fuzz_feed feed;
     fuzz_feed_start(&feed, sv[0], data, size); /* the client's side */
-    if (session_start(w, &o, &hello) == 0)
-        worker_loop(w);
-    session_end(w);
+    if (wk_session_start(w, &o, &hello) == 0)
+        wk_worker_loop(w);
+    wk_session_end(w);
     if (shutdown(sv[1], SHUT_RDWR) != 0 && errno != ENOTCONN)
         abort();
     fuzz_feed_join(&feed);
     if (close(sv[0]) != 0 || close(sv[1]) != 0)
         abort();
-    io_free(w);
-    tls_free(w);
+    wk_io_free(w);
+    wk_tls_free(w);
     free(w);
     return 0;
 }
