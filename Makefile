@@ -5,7 +5,7 @@
 #   make gen        regenerate generated code from its sources
 #   make test       build, then run the whole test suite (what CI runs)
 #   make demo       daemon on a simulated GPU + a demo client
-#   make lint       ruff + generated-code drift check
+#   make lint       ruff, the C style (clang-format) and the generated-code drift check
 #   make bench      the remoting benchmark (docs/benchmarks.md)
 #   make debs       the Debian packages gpupoold and gpupool-client into dist/deb/ (docs/packaging.md)
 #   make fuzz       every fuzz target for FUZZ_SECONDS (tests/fuzz/README.md; make fuzz-build)

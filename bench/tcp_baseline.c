@@ -30,7 +30,13 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { MODE_RTT = 1, MODE_MSGS = 2, MODE_STREAM = 3, MODE_REQRESP = 4, MODE_QUIT = 9 };
+enum {
+    MODE_RTT = 1,
+    MODE_MSGS = 2,
+    MODE_STREAM = 3,
+    MODE_REQRESP = 4,
+    MODE_QUIT = 9
+};
 
 struct cmd {
     uint32_t mode;

@@ -24,9 +24,11 @@ static struct {
     char why[300];
 } lz4; /* written once under lz4_once */
 
-static void lz4_load(void) {
+static void lz4_load(void)
+{
     const char *name = getenv("GPUPOOL_LZ4_LIBRARY");
-    if (!name || !*name) name = "liblz4.so.1";
+    if (!name || !*name)
+        name = "liblz4.so.1";
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *e = dlerror();
@@ -53,21 +55,29 @@ static void lz4_load(void) {
     memcpy(&lz4.decompress, &d, sizeof d);
 }
 
-int gp_lz4_available(void) {
+int gp_lz4_available(void)
+{
     return pthread_once(&lz4_once, lz4_load) == 0 && lz4.decompress != NULL;
 }
 
-const char *gp_lz4_why(void) { return gp_lz4_available() ? "" : lz4.why; }
-
-static void wr32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+const char *gp_lz4_why(void)
+{
+    return gp_lz4_available() ? "" : lz4.why;
 }
 
-static uint32_t rd32(const uint8_t *p) {
+static void wr32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-size_t gp_cz_encode(gp_cz_enc *st, const void *src, size_t n, uint8_t *out) {
+size_t gp_cz_encode(gp_cz_enc *st, const void *src, size_t n, uint8_t *out)
+{
     const uint8_t *s = src;
     size_t w = 0;
     int can = gp_lz4_available();
@@ -94,8 +104,9 @@ size_t gp_cz_encode(gp_cz_enc *st, const void *src, size_t n, uint8_t *out) {
     return w;
 }
 
-int gp_cz_header(const uint8_t hdr[GP_CZ_HDR], uint64_t remaining, uint32_t *raw,
-                 uint32_t *stored, const char **why) {
+int gp_cz_header(const uint8_t hdr[GP_CZ_HDR], uint64_t remaining, uint32_t *raw, uint32_t *stored,
+                 const char **why)
+{
     *raw = rd32(hdr);
     *stored = rd32(hdr + 4);
     if (*raw == 0 || *raw > GP_LZ4_BLOCK || *raw > remaining) {
@@ -110,7 +121,8 @@ int gp_cz_header(const uint8_t hdr[GP_CZ_HDR], uint64_t remaining, uint32_t *raw
     return 0;
 }
 
-int gp_cz_inflate(const uint8_t *src, uint32_t stored, void *dst, uint32_t raw, const char **why) {
+int gp_cz_inflate(const uint8_t *src, uint32_t stored, void *dst, uint32_t raw, const char **why)
+{
     if (!gp_lz4_available()) {
         *why = "compressed copy data arrived but liblz4 is not loaded";
         return -1;
@@ -123,7 +135,8 @@ int gp_cz_inflate(const uint8_t *src, uint32_t stored, void *dst, uint32_t raw, 
     return 0;
 }
 
-int gp_cz_decode(const uint8_t *in, size_t in_len, void *dst, size_t n, const char **why) {
+int gp_cz_decode(const uint8_t *in, size_t in_len, void *dst, size_t n, const char **why)
+{
     uint8_t *d = dst;
     size_t pos = 0, done = 0;
     while (done < n) {
@@ -132,7 +145,8 @@ int gp_cz_decode(const uint8_t *in, size_t in_len, void *dst, size_t n, const ch
             *why = "corrupt compressed copy (the data ends inside a block header)";
             return -1;
         }
-        if (gp_cz_header(in + pos, n - done, &raw, &stored, why) != 0) return -1;
+        if (gp_cz_header(in + pos, n - done, &raw, &stored, why) != 0)
+            return -1;
         pos += GP_CZ_HDR;
         if (in_len - pos < stored) {
             *why = "corrupt compressed copy (the data ends inside a block)";

@@ -27,9 +27,13 @@ int gp_lz4_available(void);
 const char *gp_lz4_why(void);
 
 /* Whether a copy of n bytes is sent as blocks when compression is on. */
-static inline int gp_cz_applies(uint64_t n) { return n >= GP_LZ4_MIN_COPY; }
+static inline int gp_cz_applies(uint64_t n)
+{
+    return n >= GP_LZ4_MIN_COPY;
+}
 /* Wire bytes of n raw bytes at most (every block stored raw). */
-static inline uint64_t gp_cz_bound(uint64_t n) {
+static inline uint64_t gp_cz_bound(uint64_t n)
+{
     return n + GP_CZ_HDR * ((n + GP_LZ4_BLOCK - 1) / GP_LZ4_BLOCK);
 }
 
@@ -43,8 +47,8 @@ size_t gp_cz_encode(gp_cz_enc *st, const void *src, size_t n, uint8_t *out);
 
 /* Read a block header; checks raw_len against the block size and `remaining` raw bytes of the
  * copy, stored_len against raw_len. 0, or -1 with *why. */
-int gp_cz_header(const uint8_t hdr[GP_CZ_HDR], uint64_t remaining, uint32_t *raw,
-                 uint32_t *stored, const char **why);
+int gp_cz_header(const uint8_t hdr[GP_CZ_HDR], uint64_t remaining, uint32_t *raw, uint32_t *stored,
+                 const char **why);
 /* Decompress one block's stored bytes (stored < raw) into dst (raw bytes). 0, or -1 with *why. */
 int gp_cz_inflate(const uint8_t *src, uint32_t stored, void *dst, uint32_t raw, const char **why);
 /* Decode a whole block stream of in_len bytes into dst (n raw bytes). 0, or -1 with *why. */

@@ -20,15 +20,18 @@ static const uint32_t K[64] = {
     0xc67178f2u,
 };
 
-static inline uint32_t rotr(uint32_t x, unsigned n) {
+static inline uint32_t rotr(uint32_t x, unsigned n)
+{
     return (x >> n) | (x << (32u - n));
 }
 
-static inline uint32_t load_be32(const uint8_t *p) {
+static inline uint32_t load_be32(const uint8_t *p)
+{
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-static inline void store_be32(uint8_t *p, uint32_t v) {
+static inline void store_be32(uint8_t *p, uint32_t v)
+{
     p[0] = (uint8_t)(v >> 24);
     p[1] = (uint8_t)(v >> 16);
     p[2] = (uint8_t)(v >> 8);
@@ -36,7 +39,8 @@ static inline void store_be32(uint8_t *p, uint32_t v) {
 }
 
 /* Section 6.2.2: one 512-bit block. */
-static void compress(uint32_t h[8], const uint8_t block[GP_SHA256_BLOCK_SIZE]) {
+static void compress(uint32_t h[8], const uint8_t block[GP_SHA256_BLOCK_SIZE])
+{
     uint32_t w[64];
     for (int t = 0; t < 16; t++)
         w[t] = load_be32(block + 4 * t);
@@ -72,7 +76,8 @@ static void compress(uint32_t h[8], const uint8_t block[GP_SHA256_BLOCK_SIZE]) {
     h[7] += hh;
 }
 
-void gp_sha256_init(gp_sha256_ctx *ctx) {
+void gp_sha256_init(gp_sha256_ctx *ctx)
+{
     /* Section 5.3.3: the first 32 bits of the fractional parts of the square roots of the first
      * eight primes. */
     static const uint32_t H0[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
@@ -82,7 +87,8 @@ void gp_sha256_init(gp_sha256_ctx *ctx) {
     ctx->buf_len = 0;
 }
 
-void gp_sha256_update(gp_sha256_ctx *ctx, const void *data, size_t len) {
+void gp_sha256_update(gp_sha256_ctx *ctx, const void *data, size_t len)
+{
     if (len == 0)
         return; /* data may be NULL then, and memcpy must not see a NULL pointer */
     const uint8_t *p = data;
@@ -111,7 +117,8 @@ void gp_sha256_update(gp_sha256_ctx *ctx, const void *data, size_t len) {
     }
 }
 
-void gp_sha256_final(gp_sha256_ctx *ctx, uint8_t out[GP_SHA256_DIGEST_SIZE]) {
+void gp_sha256_final(gp_sha256_ctx *ctx, uint8_t out[GP_SHA256_DIGEST_SIZE])
+{
     /* Section 5.1.1: a 1 bit, zeros to 56 mod 64 bytes, then the length in bits, big-endian. */
     uint64_t bits = ctx->total_len * 8u;
     ctx->buf[ctx->buf_len++] = 0x80u;
@@ -129,7 +136,8 @@ void gp_sha256_final(gp_sha256_ctx *ctx, uint8_t out[GP_SHA256_DIGEST_SIZE]) {
     memset(ctx, 0, sizeof *ctx);
 }
 
-void gp_sha256(const void *data, size_t len, uint8_t out[GP_SHA256_DIGEST_SIZE]) {
+void gp_sha256(const void *data, size_t len, uint8_t out[GP_SHA256_DIGEST_SIZE])
+{
     gp_sha256_ctx ctx;
     gp_sha256_init(&ctx);
     gp_sha256_update(&ctx, data, len);
@@ -137,7 +145,8 @@ void gp_sha256(const void *data, size_t len, uint8_t out[GP_SHA256_DIGEST_SIZE])
 }
 
 void gp_sha256_hex(const uint8_t digest[GP_SHA256_DIGEST_SIZE],
-                   char hex[2 * GP_SHA256_DIGEST_SIZE + 1]) {
+                   char hex[2 * GP_SHA256_DIGEST_SIZE + 1])
+{
     static const char digits[] = "0123456789abcdef";
     for (int i = 0; i < GP_SHA256_DIGEST_SIZE; i++) {
         hex[2 * i] = digits[digest[i] >> 4];

@@ -142,10 +142,20 @@ enum {
 };
 typedef int CUlimit;
 
-enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
-enum { CU_EVENT_DEFAULT = 0x0, CU_EVENT_BLOCKING_SYNC = 0x1, CU_EVENT_DISABLE_TIMING = 0x2,
-       CU_EVENT_INTERPROCESS = 0x4 };
-enum { CU_MODULE_EAGER_LOADING = 0x1, CU_MODULE_LAZY_LOADING = 0x2 };
+enum {
+    CU_STREAM_DEFAULT = 0x0,
+    CU_STREAM_NON_BLOCKING = 0x1
+};
+enum {
+    CU_EVENT_DEFAULT = 0x0,
+    CU_EVENT_BLOCKING_SYNC = 0x1,
+    CU_EVENT_DISABLE_TIMING = 0x2,
+    CU_EVENT_INTERPROCESS = 0x4
+};
+enum {
+    CU_MODULE_EAGER_LOADING = 0x1,
+    CU_MODULE_LAZY_LOADING = 0x2
+};
 typedef int CUmoduleLoadingMode;
 
 enum {
@@ -160,8 +170,11 @@ enum {
     CU_MEMHOSTREGISTER_READ_ONLY = 0x08,
 };
 
-enum { CU_GET_PROC_ADDRESS_DEFAULT = 0, CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
-       CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1 };
+enum {
+    CU_GET_PROC_ADDRESS_DEFAULT = 0,
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1
+};
 typedef enum CUdriverProcAddressQueryResult_enum {
     CU_GET_PROC_ADDRESS_SUCCESS = 0,
     CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
@@ -202,11 +215,22 @@ enum {
 typedef int CUpointer_attribute;
 
 /* ---- virtual memory management ---------------------------------------------------------- */
-enum { CU_MEM_ALLOCATION_TYPE_PINNED = 0x1 };
-enum { CU_MEM_HANDLE_TYPE_NONE = 0x0 };
-enum { CU_MEM_LOCATION_TYPE_DEVICE = 0x1 };
-enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
-enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1 };
+enum {
+    CU_MEM_ALLOCATION_TYPE_PINNED = 0x1
+};
+enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0x0
+};
+enum {
+    CU_MEM_LOCATION_TYPE_DEVICE = 0x1
+};
+enum {
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3
+};
+enum {
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1
+};
 
 typedef struct CUmemLocation_st {
     int type; /* CUmemLocationType */
@@ -268,7 +292,10 @@ typedef size_t (*CUoccupancyB2DSize)(int blockSize);
 /* ---- modules and libraries -------------------------------------------------------------- */
 typedef int CUjit_option;
 typedef int CUlibraryOption;
-enum { CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0, CU_LIBRARY_BINARY_IS_PRESERVED = 1 };
+enum {
+    CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0,
+    CU_LIBRARY_BINARY_IS_PRESERVED = 1
+};
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,7 @@ need_tool lintian lintian "the Debian package test (tests/test_debs.py)"
 need_tool systemd-analyze systemd "the unit checks and socket activation (tests/test_systemd.py, tests/test_sdlisten.py)"
 need_tool nm binutils "the wheel tests' shim symbol check (tests/test_wheels.py)"
 need_tool clang clang "the fuzz targets (tests/fuzz/, tests/test_fuzz.py, make fuzz)"
+need_tool clang-format clang-format "the C style check (scripts/c-style.sh, make lint, tests/test_layout.py)"
 # libFuzzer's runtime comes apart from clang in Debian: look for the library itself.
 if command -v clang >/dev/null 2>&1 && [[ -z "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null | grep /)" ||
         ! -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ]]; then

@@ -195,3 +195,12 @@ def test_non_static_c_names_carry_their_component_prefix(native_build: Path) -> 
                     bad.append(f"{folder}/{obj.stem}: {name}")
     assert checked > 500, checked
     assert not bad, f"non-static names without their component's prefix: {bad}"
+
+
+def test_c_is_in_one_style() -> None:
+    """Every hand-written C file is as .clang-format lays it out (scripts/c-style.sh)."""
+    require(shutil.which("clang-format"), "clang-format is not installed (scripts/bootstrap.sh installs it)")
+    proc = subprocess.run([str(ROOT / "scripts" / "c-style.sh")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert re.search(r"c-style: \d{3,} files in style", proc.stdout), proc.stdout

@@ -35,13 +35,13 @@
 #include "worker.h"
 
 #define ADOPT_MAGIC "GPWA"
-#define ADOPT_HEADER 16       /* "GPWA", u32 version, u32 daemon pid, u32 flags */
-#define ADOPT_READ_MS 5000    /* a connected daemon has this long to send ADOPT */
+#define ADOPT_HEADER 16    /* "GPWA", u32 version, u32 daemon pid, u32 flags */
+#define ADOPT_READ_MS 5000 /* a connected daemon has this long to send ADOPT */
 
 static void adopt_path(const struct worker *w, char *buf, size_t cap, const char *suffix)
 {
-    snprintf(buf, cap, "%s/lease-%llu.%s", w->ctl.adopt_dir,
-             (unsigned long long)w->ctl.session_id, suffix);
+    snprintf(buf, cap, "%s/lease-%llu.%s", w->ctl.adopt_dir, (unsigned long long)w->ctl.session_id,
+             suffix);
 }
 
 int wk_adopt_listen(struct worker *w)
@@ -53,7 +53,8 @@ int wk_adopt_listen(struct worker *w)
     adopt_path(w, path, sizeof path, "sock");
     if (strlen(path) >= sizeof a.sun_path) {
         wk_log("adoption socket path %s is longer than a Unix socket allows (%zu bytes): this "
-             "session ends with gpupoold (use a shorter state_dir)", path, sizeof a.sun_path - 1);
+               "session ends with gpupoold (use a shorter state_dir)",
+               path, sizeof a.sun_path - 1);
         return -1;
     }
     memcpy(a.sun_path, path, strlen(path) + 1);
@@ -103,7 +104,8 @@ int wk_adopt_orphan(struct worker *w)
     w->ctl.fd = -1;
     w->ctl.orphan_since = wk_now_ns();
     wk_log("gpupoold is gone: serving on, waiting up to %g s for a new gpupoold to adopt this "
-         "session", (double)w->ctl.grace_ns / 1e9);
+           "session",
+           (double)w->ctl.grace_ns / 1e9);
     return 0;
 }
 
@@ -122,8 +124,9 @@ int wk_adopt_check_grace(struct worker *w)
     double s = (double)w->ctl.grace_ns / 1e9;
     wk_log("no gpupoold adopted this session within %g s: ending it", s);
     wk_end_session(w, WK_END_DAEMON_LOST,
-                "gpupoold stopped and no new gpupoold adopted the session within %g s "
-                "(worker_orphan_grace)", s);
+                   "gpupoold stopped and no new gpupoold adopted the session within %g s "
+                   "(worker_orphan_grace)",
+                   s);
     char text[300];
     snprintf(text, sizeof text, "the gpupool server has been gone for %g s; this session has ended",
              s);
@@ -138,12 +141,12 @@ static void send_adopted(struct worker *w)
     double orphaned = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0.0;
     struct jbuf j = {.n = 0};
     wk_jb_printf(&j,
-              "{\"event\":\"adopted\",\"session\":%llu,\"pid\":%ld,\"control\":%d,"
-              "\"device\":%d,\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
-              "%02x%02x%02x%02x%02x%02x\",\"orphaned_s\":%.3f,\"request\":{\"gpu\":",
-              (unsigned long long)w->ctl.session_id, (long)getpid(), WK_CONTROL_VERSION,
-              w->ordinal, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
-              u[11], u[12], u[13], u[14], u[15], orphaned);
+                 "{\"event\":\"adopted\",\"session\":%llu,\"pid\":%ld,\"control\":%d,"
+                 "\"device\":%d,\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+                 "%02x%02x%02x%02x%02x%02x\",\"orphaned_s\":%.3f,\"request\":{\"gpu\":",
+                 (unsigned long long)w->ctl.session_id, (long)getpid(), WK_CONTROL_VERSION,
+                 w->ordinal, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+                 u[11], u[12], u[13], u[14], u[15], orphaned);
     wk_jb_str(&j, w->ctl.req_gpu);
     wk_jb_printf(&j, ",\"model\":");
     wk_jb_str(&j, w->ctl.req_model);
@@ -157,7 +160,7 @@ static void refuse(int fd, uint64_t session, const char *why)
 {
     struct jbuf j = {.n = 0};
     wk_jb_printf(&j, "{\"event\":\"adopt_refused\",\"session\":%llu,\"error\":",
-              (unsigned long long)session);
+                 (unsigned long long)session);
     wk_jb_str(&j, why);
     wk_jb_printf(&j, "}");
     if (!j.overflow && send(fd, j.b, j.n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
@@ -226,8 +229,9 @@ int wk_adopt_accept(struct worker *w)
         wk_log("refused an adoption: a gpupoold already follows this session");
         if (passed >= 0 && close(passed) != 0)
             wk_log("close: %s", strerror(errno));
-        refuse(fd, w->ctl.session_id, "another gpupoold already follows this session (two "
-                                      "daemons on one state directory?)");
+        refuse(fd, w->ctl.session_id,
+               "another gpupoold already follows this session (two "
+               "daemons on one state directory?)");
         return 0;
     }
     if (passed >= 0) { /* the new daemon's log pipe becomes our stdout and stderr */
@@ -265,5 +269,5 @@ void wk_adopt_write_end(struct worker *w, const struct jbuf *j, int alone)
     }
     if (alone)
         wk_log("no gpupoold follows this session: its end is recorded in %s for the next one",
-             path);
+               path);
 }

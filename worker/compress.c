@@ -17,7 +17,7 @@ uint32_t wk_cz_negotiate(struct worker *w, uint32_t hello_flags)
         return 0;
     if (!gp_lz4_available()) {
         wk_log("the client asked for lz4-compressed copies; copies stay uncompressed (%s)",
-             gp_lz4_why());
+               gp_lz4_why());
         return 0;
     }
     w->cz.on = 1;
@@ -101,10 +101,10 @@ void wk_cz_end(struct worker *w)
 {
     if (w->cz.h2d_raw || w->cz.d2h_raw)
         wk_log("copy bytes (lz4 %s): host-to-device %llu raw, %llu on the wire; device-to-host "
-             "%llu raw, %llu on the wire",
-             w->cz.on ? "on" : "off", (unsigned long long)w->cz.h2d_raw,
-             (unsigned long long)w->cz.h2d_wire, (unsigned long long)w->cz.d2h_raw,
-             (unsigned long long)w->cz.d2h_wire);
+               "%llu raw, %llu on the wire",
+               w->cz.on ? "on" : "off", (unsigned long long)w->cz.h2d_raw,
+               (unsigned long long)w->cz.h2d_wire, (unsigned long long)w->cz.d2h_raw,
+               (unsigned long long)w->cz.d2h_wire);
     free(w->cz.scratch);
     w->cz.scratch = NULL;
 }

@@ -95,8 +95,8 @@ ssize_t wk_ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *trunc
         char buf[CMSG_SPACE(4 * sizeof(int))];
     } cm;
     struct iovec iov = {.iov_base = buf, .iov_len = cap};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                         .msg_controllen = sizeof cm.buf};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf};
     *fd = -1;
     *truncated = 0;
     ssize_t n;
@@ -131,15 +131,15 @@ void wk_ctl_counters_json(struct worker *w, struct jbuf *j)
     const uint64_t *c = w->stats.calls;
     double dur = w->ctl.started_ns ? (double)(wk_now_ns() - w->ctl.started_ns) / 1e9 : 0.0;
     wk_jb_printf(j,
-              "\"calls\":{\"launch\":%llu,\"copy\":%llu,\"alloc\":%llu,\"sync\":%llu,"
-              "\"other\":%llu},\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"module_bytes\":%llu,"
-              "\"duration_s\":%.3f,\"mem_used\":%llu,\"busy_ns\":%llu",
-              (unsigned long long)c[WK_CALL_LAUNCH], (unsigned long long)c[WK_CALL_COPY],
-              (unsigned long long)c[WK_CALL_ALLOC], (unsigned long long)c[WK_CALL_SYNC],
-              (unsigned long long)c[WK_CALL_OTHER], (unsigned long long)w->stats.h2d_bytes,
-              (unsigned long long)w->stats.d2h_bytes,
-              (unsigned long long)w->stats.module_bytes_received, dur,
-              (unsigned long long)w->stats.mem_used, (unsigned long long)w->stats.busy_ns);
+                 "\"calls\":{\"launch\":%llu,\"copy\":%llu,\"alloc\":%llu,\"sync\":%llu,"
+                 "\"other\":%llu},\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"module_bytes\":%llu,"
+                 "\"duration_s\":%.3f,\"mem_used\":%llu,\"busy_ns\":%llu",
+                 (unsigned long long)c[WK_CALL_LAUNCH], (unsigned long long)c[WK_CALL_COPY],
+                 (unsigned long long)c[WK_CALL_ALLOC], (unsigned long long)c[WK_CALL_SYNC],
+                 (unsigned long long)c[WK_CALL_OTHER], (unsigned long long)w->stats.h2d_bytes,
+                 (unsigned long long)w->stats.d2h_bytes,
+                 (unsigned long long)w->stats.module_bytes_received, dur,
+                 (unsigned long long)w->stats.mem_used, (unsigned long long)w->stats.busy_ns);
     /* At most 431 bytes (20-digit numbers): the longest end event (511 detail bytes escaped to 6
      * each, every number at 20 digits) stays under 3,950 of WK_CTL_MAX's 4,096 bytes. */
     wk_jb_printf(j, ",\"latency\":{\"counts\":[");
@@ -154,9 +154,9 @@ static int counters_changed(const struct wk_counters *a, const struct wk_counter
 {
     return memcmp(a->calls, b->calls, sizeof a->calls) != 0 ||
            memcmp(a->lat_counts, b->lat_counts, sizeof a->lat_counts) != 0 ||
-           a->h2d_bytes != b->h2d_bytes ||
-           a->d2h_bytes != b->d2h_bytes || a->module_bytes_received != b->module_bytes_received ||
-           a->mem_used != b->mem_used || a->busy_ns != b->busy_ns;
+           a->h2d_bytes != b->h2d_bytes || a->d2h_bytes != b->d2h_bytes ||
+           a->module_bytes_received != b->module_bytes_received || a->mem_used != b->mem_used ||
+           a->busy_ns != b->busy_ns;
 }
 
 int wk_ctl_stats_tick(struct worker *w)
@@ -168,7 +168,8 @@ int wk_ctl_stats_tick(struct worker *w)
     if (now < due)
         return (int)((due - now + 999999) / 1000000);
     struct jbuf j = {.n = 0};
-    wk_jb_printf(&j, "{\"event\":\"stats\",\"session\":%llu,", (unsigned long long)w->ctl.session_id);
+    wk_jb_printf(&j, "{\"event\":\"stats\",\"session\":%llu,",
+                 (unsigned long long)w->ctl.session_id);
     wk_ctl_counters_json(w, &j);
     wk_jb_printf(&j, "}");
     /* Best effort: a daemon that does not read gets the next one a second later. */
@@ -189,7 +190,7 @@ static int daemon_gone(struct worker *w)
     w->ctl.gone = 1;
     wk_end_session(w, WK_END_SHUTDOWN, "gpupoold closed the control socket");
     wk_close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE,
-                 "the gpupool server stopped; this session has ended");
+                    "the gpupool server stopped; this session has ended");
     return -1;
 }
 

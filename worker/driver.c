@@ -14,12 +14,13 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers must
 
 struct sym_entry {
     int required;
-    size_t offset; /* of the field in struct gp_driver */
+    size_t offset;     /* of the field in struct gp_driver */
     const char *names; /* space-separated candidates */
 };
 
 static const struct sym_entry g_syms[] = {
-#define GP_DRIVER_ENTRY(req_, name_, params_, syms_) {req_, offsetof(struct gp_driver, name_), syms_},
+#define GP_DRIVER_ENTRY(req_, name_, params_, syms_)                                               \
+    {req_, offsetof(struct gp_driver, name_), syms_},
     GP_DRIVER_FUNCS(GP_DRIVER_ENTRY)
 #undef GP_DRIVER_ENTRY
 };
@@ -71,9 +72,8 @@ int wk_driver_load(struct gp_driver *d, const char *path, char *err, size_t errl
     /* GPUPOOL_WORKER_STAGED_COPIES=1 keeps the simulated device on the staging path that a real
      * driver takes (the tests use it to cover that path without a GPU). */
     const char *staged = getenv("GPUPOOL_WORKER_STAGED_COPIES");
-    void *host_ptr = staged && strcmp(staged, "1") == 0
-                         ? NULL
-                         : lookup(d->lib, "gpupoolSimHostPointer");
+    void *host_ptr =
+        staged && strcmp(staged, "1") == 0 ? NULL : lookup(d->lib, "gpupoolSimHostPointer");
     memcpy(&d->sim_host_pointer, &host_ptr, sizeof host_ptr);
     return 0;
 }

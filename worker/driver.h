@@ -26,7 +26,8 @@
     X(1, cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice), "cuDevicePrimaryCtxRetain")            \
     X(0, cuDevicePrimaryCtxRelease, (CUdevice),                                                    \
       "cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRelease")                                    \
-    X(0, cuDevicePrimaryCtxReset, (CUdevice), "cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxReset") \
+    X(0, cuDevicePrimaryCtxReset, (CUdevice),                                                      \
+      "cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxReset")                                        \
     X(1, cuCtxSetCurrent, (CUcontext), "cuCtxSetCurrent")                                          \
     X(0, cuCtxCreate, (CUcontext *, unsigned int, CUdevice), "cuCtxCreate_v2")                     \
     X(0, cuCtxCreate_v4, (CUcontext *, void *, unsigned int, CUdevice), "cuCtxCreate_v4")          \
@@ -42,17 +43,16 @@
       "cuMemAddressReserve")                                                                       \
     X(1, cuMemAddressFree, (CUdeviceptr, size_t), "cuMemAddressFree")                              \
     X(1, cuMemCreate,                                                                              \
-      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long),  \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long),   \
       "cuMemCreate")                                                                               \
     X(1, cuMemRelease, (CUmemGenericAllocationHandle), "cuMemRelease")                             \
-    X(1, cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), \
-      "cuMemMap")                                                                                  \
+    X(1, cuMemMap,                                                                                 \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), "cuMemMap") \
     X(1, cuMemUnmap, (CUdeviceptr, size_t), "cuMemUnmap")                                          \
     X(1, cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t), "cuMemSetAccess") \
     X(0, cuMemHostAlloc, (void **, size_t, unsigned int), "cuMemHostAlloc")                        \
     X(0, cuMemFreeHost, (void *), "cuMemFreeHost")                                                 \
-    X(0, cuMemcpyHtoDAsync, (CUdeviceptr, const void *, size_t, CUstream),                         \
-      "cuMemcpyHtoDAsync_v2")                                                                      \
+    X(0, cuMemcpyHtoDAsync, (CUdeviceptr, const void *, size_t, CUstream), "cuMemcpyHtoDAsync_v2") \
     X(0, cuMemcpyDtoHAsync, (void *, CUdeviceptr, size_t, CUstream), "cuMemcpyDtoHAsync_v2")       \
     X(0, cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream), "cuMemcpyDtoDAsync_v2")  \
     X(0, cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream), "cuMemsetD8Async")       \
@@ -64,7 +64,8 @@
       "cuMemsetD2D16Async")                                                                        \
     X(0, cuMemsetD2D32Async, (CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream),        \
       "cuMemsetD2D32Async")                                                                        \
-    X(0, cuStreamCreateWithPriority, (CUstream *, unsigned int, int), "cuStreamCreateWithPriority") \
+    X(0, cuStreamCreateWithPriority, (CUstream *, unsigned int, int),                              \
+      "cuStreamCreateWithPriority")                                                                \
     X(0, cuStreamDestroy, (CUstream), "cuStreamDestroy_v2 cuStreamDestroy")                        \
     X(0, cuStreamSynchronize, (CUstream), "cuStreamSynchronize")                                   \
     X(0, cuStreamQuery, (CUstream), "cuStreamQuery")                                               \
@@ -94,7 +95,7 @@
     X(0, cuKernelGetParamInfo, (CUkernel, size_t, size_t *, size_t *), "cuKernelGetParamInfo")     \
     X(0, cuFuncGetAttribute, (int *, CUfunction_attribute, CUfunction), "cuFuncGetAttribute")      \
     X(0, cuFuncSetAttribute, (CUfunction, CUfunction_attribute, int), "cuFuncSetAttribute")        \
-    X(0, cuFuncSetCacheConfig, (CUfunction, int), "cuFuncSetCacheConfig")                         \
+    X(0, cuFuncSetCacheConfig, (CUfunction, int), "cuFuncSetCacheConfig")                          \
     X(0, cuKernelGetAttribute, (int *, CUfunction_attribute, CUkernel, CUdevice),                  \
       "cuKernelGetAttribute")                                                                      \
     X(0, cuKernelSetAttribute, (CUfunction_attribute, int, CUkernel, CUdevice),                    \

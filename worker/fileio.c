@@ -11,8 +11,7 @@
 
 #include "worker.h"
 
-int wk_write_file_atomic(const char *tmp, const char *path, const void *data, size_t len,
-                      int sync)
+int wk_write_file_atomic(const char *tmp, const char *path, const void *data, size_t len, int sync)
 {
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0)

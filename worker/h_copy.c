@@ -74,7 +74,7 @@ static int pinned_alloc(struct worker *w)
         CUresult rc = w->drv.cuMemHostAlloc(&w->st.buf[i], WK_CHUNK, CU_MEMHOSTALLOC_PORTABLE);
         if (rc != CUDA_SUCCESS) {
             wk_log("pinned staging memory unavailable (%s); copies run synchronously",
-                 wk_err_name(w, rc));
+                   wk_err_name(w, rc));
             w->st.buf[i] = NULL;
             ok = 0;
         }
@@ -157,7 +157,7 @@ static int htod_staged(struct worker *w, const gp_memcpy_htod *m, CUstream s, CU
         if (*rc == CUDA_SUCCESS)
             *rc = wr;
         if ((wk_cz_copy(w, n) ? wk_cz_read(w, w->st.buf[i], chunk)
-                           : wk_io_read_bulk(w, w->st.buf[i], chunk)) != 0)
+                              : wk_io_read_bulk(w, w->st.buf[i], chunk)) != 0)
             return -1;
         if (*rc == CUDA_SUCCESS)
             *rc = DRV_BUSY(w, cuMemcpyHtoDAsync, m->dst + done, w->st.buf[i], chunk, s);
@@ -203,9 +203,9 @@ WK_HANDLER(memcpy_htod)
      * 2^64 bytes) is not worth draining, and nothing it claims may reach the accounting. */
     if (n > copy_limit(w)) {
         wk_protocol_error(w, GP_OP_MEMCPY_HTOD,
-                       "a host-to-device copy of %llu bytes is larger than any device range "
-                       "(%llu bytes at most)",
-                       (unsigned long long)n, (unsigned long long)copy_limit(w));
+                          "a host-to-device copy of %llu bytes is larger than any device range "
+                          "(%llu bytes at most)",
+                          (unsigned long long)n, (unsigned long long)copy_limit(w));
         return;
     }
     CUstream s;
@@ -238,7 +238,7 @@ WK_HANDLER(memcpy_htod)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_MEMCPY_HTOD, rc, "copy of %llu bytes to device address 0x%llx",
-                    (unsigned long long)n, (unsigned long long)m->dst);
+                       (unsigned long long)n, (unsigned long long)m->dst);
 }
 
 /* A large device-to-host copy: the first chunk decides between an error reply and a data reply;
@@ -322,7 +322,7 @@ static void dtoh_staged(struct worker *w, uint64_t req, const gp_memcpy_dtoh *m,
     }
     if (late != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_MEMCPY_DTOH, late, "copy of %llu bytes from device address 0x%llx",
-                    (unsigned long long)n, (unsigned long long)m->src);
+                       (unsigned long long)n, (unsigned long long)m->src);
 }
 
 /* The simulated device: a large device-to-host copy is written to the socket straight from the

@@ -98,13 +98,13 @@ WK_HANDLER(ctx_set_current)
     CUcontext c = wk_ctx_handle(w, m->ctx);
     if (!c) {
         wk_defer_error(w, GP_OP_CTX_SET_CURRENT, CUDA_ERROR_INVALID_CONTEXT,
-                    "making context 0x%llx current", (unsigned long long)m->ctx);
+                       "making context 0x%llx current", (unsigned long long)m->ctx);
         return;
     }
     CUresult rc = w->drv.cuCtxSetCurrent(c);
     if (rc != CUDA_SUCCESS) {
         wk_defer_error(w, GP_OP_CTX_SET_CURRENT, rc, "making context 0x%llx current",
-                    (unsigned long long)m->ctx);
+                       (unsigned long long)m->ctx);
         return;
     }
     w->cur_ctx = wk_ctx_canon(m->ctx);

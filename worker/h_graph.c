@@ -34,7 +34,7 @@ WK_HANDLER(stream_begin_capture)
         rc = DRV(w, cuStreamBeginCapture, s, CAPTURE_MODE_RELAXED);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_STREAM_BEGIN_CAPTURE, rc, "beginning a capture on stream 0x%llx",
-                    (unsigned long long)m->stream);
+                       (unsigned long long)m->stream);
 }
 
 static void graph_destroy_handle(struct worker *w, CUgraph g, uint64_t id)
@@ -88,7 +88,7 @@ WK_HANDLER(graph_instantiate)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_GRAPH_INSTANTIATE, rc, "instantiation of graph 0x%llx",
-                    (unsigned long long)m->graph);
+                       (unsigned long long)m->graph);
 }
 
 WK_HANDLER(graph_launch)
@@ -106,8 +106,8 @@ WK_HANDLER(graph_launch)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_GRAPH_LAUNCH, rc, "%s of graph exec 0x%llx on stream 0x%llx",
-                    m->upload ? "upload" : "launch", (unsigned long long)m->exec,
-                    (unsigned long long)m->stream);
+                       m->upload ? "upload" : "launch", (unsigned long long)m->exec,
+                       (unsigned long long)m->stream);
 }
 
 static void destroy_exec(struct worker *w, uint64_t id, struct wk_obj *o)
@@ -129,7 +129,7 @@ WK_HANDLER(graph_exec_destroy)
     free(o);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_GRAPH_EXEC_DESTROY, rc, "destruction of graph exec 0x%llx",
-                    (unsigned long long)m->exec);
+                       (unsigned long long)m->exec);
 }
 
 WK_HANDLER(graph_destroy)
@@ -139,7 +139,7 @@ WK_HANDLER(graph_destroy)
     free(o);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_GRAPH_DESTROY, rc, "destruction of graph 0x%llx",
-                    (unsigned long long)m->graph);
+                       (unsigned long long)m->graph);
 }
 
 void wk_graph_release_all(struct worker *w)

@@ -128,7 +128,7 @@ WK_HANDLER(launch)
     struct wk_obj *f = func_get(w, m->func);
     if (!f) {
         wk_defer_error(w, GP_OP_LAUNCH, CUDA_ERROR_INVALID_HANDLE, "launch of function 0x%llx",
-                    (unsigned long long)m->func);
+                       (unsigned long long)m->func);
         return;
     }
     CUstream s;
@@ -169,9 +169,9 @@ WK_HANDLER(launch)
             cfg.numAttrs = nattrs;
             rc = WK_LONG(w, DRV_BUSY(w, cuLaunchKernelEx, &cfg, f->h, NULL, ex));
         } else {
-            rc = WK_LONG(w, DRV_BUSY(w, cuLaunchKernel, f->h, m->grid_x, m->grid_y,
-                                         m->grid_z, m->block_x, m->block_y, m->block_z,
-                                         m->shared_mem, s, NULL, ex));
+            rc = WK_LONG(w,
+                         DRV_BUSY(w, cuLaunchKernel, f->h, m->grid_x, m->grid_y, m->grid_z,
+                                  m->block_x, m->block_y, m->block_z, m->shared_mem, s, NULL, ex));
         }
     }
     free(attrs);

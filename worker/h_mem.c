@@ -122,14 +122,14 @@ WK_HANDLER(mem_free)
     struct wk_obj *o = wk_idmap_get(&w->allocs, m->dptr);
     if (!o) {
         wk_defer_error(w, GP_OP_MEM_FREE, CUDA_ERROR_INVALID_VALUE, "free of device pointer 0x%llx",
-                    (unsigned long long)m->dptr);
+                       (unsigned long long)m->dptr);
         return;
     }
     CUstream s;
     CUresult rc = wk_stream_get(w, m->stream, &s);
     if (rc != CUDA_SUCCESS) {
         wk_defer_error(w, GP_OP_MEM_FREE, rc, "free of 0x%llx on stream 0x%llx",
-                    (unsigned long long)m->dptr, (unsigned long long)m->stream);
+                       (unsigned long long)m->dptr, (unsigned long long)m->stream);
         return;
     }
     /* Unmapping under running work would fault it. cuMemFree waits for the device, and a
@@ -153,8 +153,8 @@ WK_HANDLER(memcpy_dtod)
         rc = DRV_BUSY(w, cuMemcpyDtoDAsync, m->dst, m->src, m->size, s);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_MEMCPY_DTOD, rc, "copy of %llu bytes from 0x%llx to 0x%llx",
-                    (unsigned long long)m->size, (unsigned long long)m->src,
-                    (unsigned long long)m->dst);
+                       (unsigned long long)m->size, (unsigned long long)m->src,
+                       (unsigned long long)m->dst);
 }
 
 WK_HANDLER(memset)
@@ -180,7 +180,7 @@ WK_HANDLER(memset)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_MEMSET, rc, "memset of %llu %u-byte elements at 0x%llx",
-                    (unsigned long long)m->count, m->elem_size, (unsigned long long)m->dst);
+                       (unsigned long long)m->count, m->elem_size, (unsigned long long)m->dst);
 }
 
 WK_HANDLER(memset_2d)
@@ -191,14 +191,15 @@ WK_HANDLER(memset_2d)
         switch (m->elem_size) {
         case 1:
             rc = DRV_BUSY(w, cuMemsetD2D8Async, m->dst, m->pitch, (unsigned char)m->value, m->width,
-                     m->height, s);
+                          m->height, s);
             break;
         case 2:
-            rc = DRV_BUSY(w, cuMemsetD2D16Async, m->dst, m->pitch, (unsigned short)m->value, m->width,
-                     m->height, s);
+            rc = DRV_BUSY(w, cuMemsetD2D16Async, m->dst, m->pitch, (unsigned short)m->value,
+                          m->width, m->height, s);
             break;
         case 4:
-            rc = DRV_BUSY(w, cuMemsetD2D32Async, m->dst, m->pitch, m->value, m->width, m->height, s);
+            rc =
+                DRV_BUSY(w, cuMemsetD2D32Async, m->dst, m->pitch, m->value, m->width, m->height, s);
             break;
         default:
             rc = CUDA_ERROR_INVALID_VALUE;
@@ -206,6 +207,6 @@ WK_HANDLER(memset_2d)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_MEMSET_2D, rc, "2D memset of %llux%llu %u-byte elements at 0x%llx",
-                    (unsigned long long)m->width, (unsigned long long)m->height, m->elem_size,
-                    (unsigned long long)m->dst);
+                       (unsigned long long)m->width, (unsigned long long)m->height, m->elem_size,
+                       (unsigned long long)m->dst);
 }

@@ -18,8 +18,7 @@ static void cstr(char out[4096], const char *s, uint32_t len)
 
 /* The image of a module_load: from the caches when the frame carries none, else received,
  * verified and cached. Sets *result to the reply's error when there is no image. */
-static const struct mc_entry *get_image(struct worker *w, const gp_module_load *m,
-                                        int32_t *result)
+static const struct mc_entry *get_image(struct worker *w, const gp_module_load *m, int32_t *result)
 {
     uint64_t n = m->data_len;
     if (n == 0) {
@@ -60,7 +59,7 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
     if (memcmp(sha, m->sha256, 32) != 0) {
         free(data);
         wk_send_notice(w, GP_EPROTO, GP_OP_MODULE_LOAD,
-                    "module image does not match its SHA-256 (corrupted in transit?)");
+                       "module image does not match its SHA-256 (corrupted in transit?)");
         *result = GP_EPROTO;
         return NULL;
     }
@@ -88,8 +87,8 @@ WK_HANDLER(module_load)
         if (m->kind == 0)
             r.result = WK_LONG(w, DRV(w, cuModuleLoadData, &mh, img->data));
         else
-            r.result = WK_LONG(
-                w, DRV(w, cuLibraryLoadData, &lh, img->data, NULL, NULL, 0, NULL, NULL, 0));
+            r.result =
+                WK_LONG(w, DRV(w, cuLibraryLoadData, &lh, img->data, NULL, NULL, 0, NULL, NULL, 0));
         void *h = m->kind == 0 ? (void *)mh : (void *)lh;
         if (r.result == CUDA_SUCCESS) {
             struct wk_obj *o = wk_obj_new(w->cur_ctx, h, NULL, 0);
@@ -113,7 +112,7 @@ WK_HANDLER(module_unload)
     struct wk_obj *o = wk_idmap_get(&w->modules, m->module);
     if (!o || o->kind != m->kind) {
         wk_defer_error(w, GP_OP_MODULE_UNLOAD, CUDA_ERROR_INVALID_HANDLE, "unload of module 0x%llx",
-                    (unsigned long long)m->module);
+                       (unsigned long long)m->module);
         return;
     }
     wk_idmap_del(&w->modules, m->module);
@@ -122,13 +121,13 @@ WK_HANDLER(module_unload)
     free(o);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_MODULE_UNLOAD, rc, "unload of module 0x%llx",
-                    (unsigned long long)m->module);
+                       (unsigned long long)m->module);
 }
 
 /* Parameter layout of a function: count, or -1 when the driver cannot tell (it lacks
  * cuFuncGetParamInfo, or fails for another reason than "no such parameter"). */
-static int32_t param_layout(struct worker *w, const struct wk_obj *f, uint8_t *offs,
-                            uint8_t *sizes, uint32_t max)
+static int32_t param_layout(struct worker *w, const struct wk_obj *f, uint8_t *offs, uint8_t *sizes,
+                            uint32_t max)
 {
     for (uint32_t i = 0; i < max; i++) {
         size_t off = 0, size = 0;
@@ -146,7 +145,9 @@ static int32_t param_layout(struct worker *w, const struct wk_obj *f, uint8_t *o
 
 WK_HANDLER(get_function)
 {
-    enum { MAXP = 8192 }; /* the reply's array limit */
+    enum {
+        MAXP = 8192
+    }; /* the reply's array limit */
     gp_get_function_reply r = {0};
     char name[4096];
     cstr(name, m->name, m->name_len);

@@ -25,7 +25,7 @@ WK_HANDLER(stream_create)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_STREAM_CREATE, rc, "creation of stream 0x%llx",
-                    (unsigned long long)m->stream);
+                       (unsigned long long)m->stream);
 }
 
 WK_HANDLER(stream_destroy)
@@ -35,7 +35,7 @@ WK_HANDLER(stream_destroy)
     free(o);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_STREAM_DESTROY, rc, "destruction of stream 0x%llx",
-                    (unsigned long long)m->stream);
+                       (unsigned long long)m->stream);
 }
 
 WK_HANDLER(stream_synchronize)
@@ -74,7 +74,7 @@ WK_HANDLER(stream_wait_event)
         rc = DRV(w, cuStreamWaitEvent, s, e, m->flags);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_STREAM_WAIT_EVENT, rc, "stream 0x%llx waiting for event 0x%llx",
-                    (unsigned long long)m->stream, (unsigned long long)m->event);
+                       (unsigned long long)m->stream, (unsigned long long)m->event);
 }
 
 WK_HANDLER(event_create)
@@ -93,7 +93,7 @@ WK_HANDLER(event_create)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_EVENT_CREATE, rc, "creation of event 0x%llx",
-                    (unsigned long long)m->event);
+                       (unsigned long long)m->event);
 }
 
 WK_HANDLER(event_destroy)
@@ -103,7 +103,7 @@ WK_HANDLER(event_destroy)
     free(o);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_EVENT_DESTROY, rc, "destruction of event 0x%llx",
-                    (unsigned long long)m->event);
+                       (unsigned long long)m->event);
 }
 
 WK_HANDLER(event_record)
@@ -124,7 +124,7 @@ WK_HANDLER(event_record)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_EVENT_RECORD, rc, "record of event 0x%llx on stream 0x%llx",
-                    (unsigned long long)m->event, (unsigned long long)m->stream);
+                       (unsigned long long)m->event, (unsigned long long)m->stream);
 }
 
 WK_HANDLER(event_query)

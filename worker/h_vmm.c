@@ -48,7 +48,7 @@ WK_HANDLER(vmm_reserve)
         r.result = wk_obj_bind(&w->vmm_resvs, addr, o);
         if (r.result != CUDA_SUCCESS && wk_vm_free(&w->vm, addr, m->size) != 0)
             wk_log("out of memory: %llu bytes of the VA window are lost",
-                 (unsigned long long)m->size);
+                   (unsigned long long)m->size);
         r.ptr = r.result == CUDA_SUCCESS ? addr : 0;
     }
     WK_REPLY(w, req, gp_vmm_reserve_reply, &r);
@@ -60,7 +60,7 @@ static void unmap_one(struct worker *w, uint64_t ptr, struct wk_obj *o)
     CUresult rc = DRV(w, cuMemUnmap, ptr, o->size);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_VMM_UNMAP, rc, "cuMemUnmap of 0x%llx (%llu bytes)",
-                    (unsigned long long)ptr, (unsigned long long)o->size);
+                       (unsigned long long)ptr, (unsigned long long)o->size);
     free(o);
 }
 
@@ -88,7 +88,7 @@ static void unmap_inside(struct worker *w, uint64_t base, uint64_t size)
     uint64_t *keys = malloc(n * sizeof *keys);
     if (!keys) {
         wk_log("out of memory: mappings inside 0x%llx stay until the session ends",
-             (unsigned long long)base);
+               (unsigned long long)base);
         return;
     }
     size_t k = 0;
@@ -107,8 +107,8 @@ WK_HANDLER(vmm_address_free)
     struct wk_obj *r = wk_idmap_get(&w->vmm_resvs, m->ptr);
     if (!r || r->size != m->size) {
         wk_defer_error(w, GP_OP_VMM_ADDRESS_FREE, CUDA_ERROR_INVALID_VALUE,
-                    "cuMemAddressFree of 0x%llx (%llu bytes): not a reservation",
-                    (unsigned long long)m->ptr, (unsigned long long)m->size);
+                       "cuMemAddressFree of 0x%llx (%llu bytes): not a reservation",
+                       (unsigned long long)m->ptr, (unsigned long long)m->size);
         return;
     }
     if (quiesce(w) != 0)
@@ -160,7 +160,7 @@ static void release_handle(struct worker *w, struct wk_obj *o)
     CUresult rc = DRV(w, cuMemRelease, o->mem);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_VMM_RELEASE, rc, "cuMemRelease of %llu bytes",
-                    (unsigned long long)o->size);
+                       (unsigned long long)o->size);
     w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
     free(o);
 }
@@ -171,7 +171,7 @@ WK_HANDLER(vmm_release)
     struct wk_obj *o = wk_idmap_del(&w->vmm_handles, m->handle);
     if (!o) {
         wk_defer_error(w, GP_OP_VMM_RELEASE, CUDA_ERROR_INVALID_VALUE,
-                    "cuMemRelease of unknown handle 0x%llx", (unsigned long long)m->handle);
+                       "cuMemRelease of unknown handle 0x%llx", (unsigned long long)m->handle);
         return;
     }
     release_handle(w, o);
@@ -200,8 +200,8 @@ WK_HANDLER(vmm_map)
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_VMM_MAP, rc, "cuMemMap of %llu bytes at 0x%llx (offset %llu)",
-                    (unsigned long long)m->size, (unsigned long long)m->ptr,
-                    (unsigned long long)m->offset);
+                       (unsigned long long)m->size, (unsigned long long)m->ptr,
+                       (unsigned long long)m->offset);
 }
 
 WK_HANDLER(vmm_unmap)
@@ -210,8 +210,8 @@ WK_HANDLER(vmm_unmap)
     struct wk_obj *o = wk_idmap_get(&w->vmm_maps, m->ptr);
     if (!o || o->size != m->size) {
         wk_defer_error(w, GP_OP_VMM_UNMAP, CUDA_ERROR_INVALID_VALUE,
-                    "cuMemUnmap of 0x%llx (%llu bytes): not a mapping", (unsigned long long)m->ptr,
-                    (unsigned long long)m->size);
+                       "cuMemUnmap of 0x%llx (%llu bytes): not a mapping",
+                       (unsigned long long)m->ptr, (unsigned long long)m->size);
         return;
     }
     if (quiesce(w) != 0)
@@ -226,12 +226,12 @@ WK_HANDLER(vmm_set_access)
     d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     d.location.id = w->dev;
     d.flags = (int)m->flags;
-    CUresult rc = resv_containing(w, m->ptr, m->size) ? DRV(w, cuMemSetAccess, m->ptr, m->size,
-                                                            &d, 1)
-                                                      : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = resv_containing(w, m->ptr, m->size)
+                      ? DRV(w, cuMemSetAccess, m->ptr, m->size, &d, 1)
+                      : CUDA_ERROR_INVALID_VALUE;
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_VMM_SET_ACCESS, rc, "cuMemSetAccess of %llu bytes at 0x%llx",
-                    (unsigned long long)m->size, (unsigned long long)m->ptr);
+                       (unsigned long long)m->size, (unsigned long long)m->ptr);
 }
 
 static void destroy_map(struct worker *w, uint64_t ptr, struct wk_obj *o)

@@ -26,8 +26,8 @@
 #include "worker.h"
 
 #define HB_EVERY_NS ((uint64_t)GP_KEEPALIVE_MS * 1000000ull / 2)
-#define HB_TICK_NS 100000000ull          /* how often the thread looks */
-#define HB_WRITE_LIMIT_MS 10000          /* a notice the client does not take within this: lost */
+#define HB_TICK_NS 100000000ull /* how often the thread looks */
+#define HB_WRITE_LIMIT_MS 10000 /* a notice the client does not take within this: lost */
 
 /* Writes the whole frame, or nothing when the socket is full at the start (the next beat tries
  * again). A frame written in part and then stuck would break the stream: the connection is shut
@@ -65,7 +65,8 @@ static void write_frame(struct worker *w, const uint8_t *p, size_t n)
     }
     if (done > 0 && done < n) {
         wk_log("keepalive: the client took only %zu of %zu bytes of a notice; closing the "
-             "connection (its stream would be broken)", done, n);
+               "connection (its stream would be broken)",
+               done, n);
         if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
             wk_log("shutdown of the client socket failed: %s", strerror(errno));
     }

@@ -55,10 +55,10 @@ static void on_signal(struct worker *w)
     int sig = n == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
     wk_log("%s: ending the session", sig ? strsignal(sig) : "signal");
     wk_end_session(w, WK_END_SHUTDOWN, "%s: the server is shutting down",
-                sig ? strsignal(sig) : "signal");
+                   sig ? strsignal(sig) : "signal");
     if (!w->in_write) { /* else the client is not reading anyway */
         wk_send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
-                    "the gpupool server is shutting down; this session has ended");
+                       "the gpupool server is shutting down; this session has ended");
         (void)wk_io_flush(w); /* best effort: the client may be gone */
     }
     w->dead = 1;
@@ -272,8 +272,8 @@ uint8_t *wk_io_reserve(struct worker *w, size_t n)
         uint8_t *o = realloc(w->out, cap);
         if (!o) {
             wk_log("out of memory for a %zu-byte reply; closing the session", n);
-            wk_end_session(w, WK_END_WORKER_ERROR, "the server ran out of memory for a %zu-byte reply",
-                        n);
+            wk_end_session(w, WK_END_WORKER_ERROR,
+                           "the server ran out of memory for a %zu-byte reply", n);
             return NULL;
         }
         w->out = o;
@@ -345,7 +345,7 @@ static int fill(struct worker *w, size_t need)
                 if (!n) {
                     wk_log("out of memory for a %zu-byte frame; closing the session", need);
                     wk_end_session(w, WK_END_WORKER_ERROR,
-                                "the server ran out of memory for a %zu-byte frame", need);
+                                   "the server ran out of memory for a %zu-byte frame", need);
                     return -1;
                 }
                 w->in = n;
@@ -363,7 +363,7 @@ static int fill(struct worker *w, size_t need)
                 return 0;
             wk_log("client closed the connection in the middle of a frame");
             wk_end_session(w, WK_END_CLIENT_LOST,
-                        "the client closed the connection in the middle of a frame");
+                           "the client closed the connection in the middle of a frame");
             return -1;
         }
         w->in_end += (size_t)r;
@@ -391,7 +391,7 @@ int wk_io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
     gp_header_decode(w->in + w->in_pos, h);
     if (h->len > GP_PROTO_MAX_BODY) {
         wk_protocol_error(w, h->op, "frame body of %u bytes exceeds the limit of %u", h->len,
-                       GP_PROTO_MAX_BODY);
+                          GP_PROTO_MAX_BODY);
         return -1;
     }
     if (!gp_op_known(h->op)) {
@@ -403,7 +403,7 @@ int wk_io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
         if (r == 0) { /* end of stream right after a header */
             wk_log("client closed the connection in the middle of a frame");
             wk_end_session(w, WK_END_CLIENT_LOST,
-                        "the client closed the connection in the middle of a frame");
+                           "the client closed the connection in the middle of a frame");
         }
         return -1;
     }
@@ -455,7 +455,7 @@ int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n)
             if (r == 0) {
                 wk_log("client closed the connection in the middle of bulk data");
                 wk_end_session(w, WK_END_CLIENT_LOST,
-                            "the client closed the connection in the middle of bulk data");
+                               "the client closed the connection in the middle of bulk data");
             }
             return -1;
         }

@@ -88,12 +88,12 @@ static void latency_done(struct worker *w, uint64_t t0)
         uint64_t t0_ = 0;                                                                          \
         if (class_ != WK_CALL_NONE) {                                                              \
             w->stats.calls[class_]++;                                                              \
-            t0_ = wk_now_ns();                                                                        \
+            t0_ = wk_now_ns();                                                                     \
         }                                                                                          \
         if (gp_##name_##_decode(body, h->len, &msg) != 0)                                          \
-            wk_protocol_error(w, h->op, "malformed %s message (%u bytes)", #name_, h->len);           \
+            wk_protocol_error(w, h->op, "malformed %s message (%u bytes)", #name_, h->len);        \
         else                                                                                       \
-            wk_h_##name_(w, h->req, &msg);                                                            \
+            wk_h_##name_(w, h->req, &msg);                                                         \
         if (class_ != WK_CALL_NONE)                                                                \
             latency_done(w, t0_);                                                                  \
         return;                                                                                    \
@@ -173,7 +173,8 @@ void wk_worker_loop(struct worker *w)
         int r = wk_io_next_frame(w, &h, &body);
         if (r == 0) {
             wk_log("client closed the connection");
-            wk_end_session(w, WK_END_CLIENT_LOST, "the client closed the connection without goodbye");
+            wk_end_session(w, WK_END_CLIENT_LOST,
+                           "the client closed the connection without goodbye");
             break;
         }
         if (r < 0)

@@ -39,12 +39,13 @@
 static void usage(const char *why)
 {
     wk_log("usage error: %s", why);
-    fprintf(stderr, "usage: gpupool-worker --control-fd N --driver PATH --device ORDINAL "
-                    "--cache-dir DIR [--simulated]\n"
-                    "                      [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]\n"
-                    "                      [--adopt-dir DIR --orphan-grace SECONDS]\n"
-                    "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
-                    "--session-id ID --hello-req REQ [--simulated]\n");
+    fprintf(stderr,
+            "usage: gpupool-worker --control-fd N --driver PATH --device ORDINAL "
+            "--cache-dir DIR [--simulated]\n"
+            "                      [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]\n"
+            "                      [--adopt-dir DIR --orphan-grace SECONDS]\n"
+            "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
+            "--session-id ID --hello-req REQ [--simulated]\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -223,7 +224,7 @@ static int fd_mode(struct worker *w, const struct wk_options *o)
         wk_hello_refuse(w, o->hello_req, GP_EPROTO, "the server could not read the hello message");
     } else if (wk_session_start(w, o, &hello) == 0) {
         wk_log("client pid %u (%.*s@%.*s, %.*s)", hello.pid, (int)hello.user_len, hello.user,
-             (int)hello.host_len, hello.host, (int)hello.program_len, hello.program);
+               (int)hello.host_len, hello.host, (int)hello.program_len, hello.program);
         wk_worker_loop(w);
         status = 0;
     }
@@ -254,8 +255,8 @@ int main(int argc, char **argv)
      * before the driver starts its threads, which inherit the mask. */
     int sigfd = -1;
     sigset_t stop;
-    if (sigemptyset(&stop) == 0 && sigaddset(&stop, SIGTERM) == 0 && sigaddset(&stop, SIGINT) == 0 &&
-        sigprocmask(SIG_BLOCK, &stop, NULL) == 0) {
+    if (sigemptyset(&stop) == 0 && sigaddset(&stop, SIGTERM) == 0 &&
+        sigaddset(&stop, SIGINT) == 0 && sigprocmask(SIG_BLOCK, &stop, NULL) == 0) {
         sigfd = signalfd(-1, &stop, SFD_CLOEXEC);
         if (sigfd < 0) {
             wk_log("signalfd: %s; SIGTERM ends the worker at once", strerror(errno));

@@ -49,7 +49,7 @@ int wk_modcache_init(struct modcache *c, const char *cache_dir)
     snprintf(c->dir, n, "%s/modules", cache_dir);
     if (mkdir_p(c->dir) != 0) {
         wk_log("module disk cache %s unusable (%s); caching in memory only", c->dir,
-             strerror(errno));
+               strerror(errno));
         free(c->dir);
         c->dir = NULL;
     }
@@ -65,8 +65,7 @@ static struct mc_entry *find_mem(struct modcache *c, const uint8_t sha[32])
     return NULL;
 }
 
-static struct mc_entry *insert(struct modcache *c, const uint8_t sha[32], uint8_t *data,
-                               size_t len)
+static struct mc_entry *insert(struct modcache *c, const uint8_t sha[32], uint8_t *data, size_t len)
 {
     struct mc_entry *e = malloc(sizeof *e);
     if (!e) {
@@ -124,7 +123,7 @@ out:
 }
 
 const struct mc_entry *wk_modcache_get(struct modcache *c, const uint8_t sha[32],
-                                    uint64_t expected_size)
+                                       uint64_t expected_size)
 {
     struct mc_entry *e = find_mem(c, sha);
     if (e || !c->dir)
@@ -158,7 +157,7 @@ static void write_disk(struct modcache *c, const struct mc_entry *e)
 }
 
 const struct mc_entry *wk_modcache_put(struct modcache *c, const uint8_t sha[32], uint8_t *data,
-                                    size_t len)
+                                       size_t len)
 {
     struct mc_entry *e = find_mem(c, sha);
     if (e) {

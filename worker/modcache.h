@@ -18,8 +18,8 @@ struct mc_entry {
 
 struct modcache {
     struct mc_entry *head;
-    char *dir;         /* <cache-dir>/modules, or NULL when the disk cache is unusable */
-    unsigned tmp_seq;  /* makes temporary file names unique within this process */
+    char *dir;        /* <cache-dir>/modules, or NULL when the disk cache is unusable */
+    unsigned tmp_seq; /* makes temporary file names unique within this process */
 };
 
 /* Creates <cache_dir>/modules if needed; without it, only the memory cache works. 0 or -1 (out
@@ -28,12 +28,12 @@ int wk_modcache_init(struct modcache *c, const char *cache_dir);
 /* The image with this hash: from memory, else from disk (verified; expected_size 0 = any).
  * NULL on a miss. */
 const struct mc_entry *wk_modcache_get(struct modcache *c, const uint8_t sha[32],
-                                    uint64_t expected_size);
+                                       uint64_t expected_size);
 /* Keeps `data` (malloc'ed, len + 1 bytes, NUL-terminated; ownership passes to the cache, which
  * frees it on failure) under sha, and writes it to disk unless it is there already. NULL if out
  * of memory. The caller has verified the hash. */
 const struct mc_entry *wk_modcache_put(struct modcache *c, const uint8_t sha[32], uint8_t *data,
-                                    size_t len);
+                                       size_t len);
 void wk_modcache_free(struct modcache *c);
 
 #endif /* GP_WORKER_MODCACHE_H */

@@ -72,7 +72,7 @@ CUcontext wk_ctx_handle(struct worker *w, uint64_t id)
 }
 
 void wk_obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
-               void (*destroy)(struct worker *, uint64_t id, struct wk_obj *))
+                  void (*destroy)(struct worker *, uint64_t id, struct wk_obj *))
 {
     if (m->count == 0)
         return;

@@ -34,7 +34,13 @@
 #define MAX_HELLO_BODY ((size_t)64 << 10)
 
 /* What the daemon asked for while the worker waited for a session. */
-enum wait_result { GOT_SESSION, GOT_END, GOT_SIGNAL, DAEMON_GONE, BAD_MESSAGE };
+enum wait_result {
+    GOT_SESSION,
+    GOT_END,
+    GOT_SIGNAL,
+    DAEMON_GONE,
+    BAD_MESSAGE
+};
 
 /* `failed`: set-up failed; text says what to do. */
 static void send_failed(struct worker *w, const char *text)
@@ -53,15 +59,16 @@ static void send_ready(struct worker *w, uint64_t t0)
     const uint8_t *u = s->uuid;
     char uuid[64];
     snprintf(uuid, sizeof uuid,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+             u[15]);
     struct jbuf j = {.n = 0};
-    wk_jb_printf(&j, "{\"event\":\"ready\",\"pid\":%ld,\"init_ms\":%.3f,\"device\":", (long)getpid(),
-              (double)(wk_now_ns() - t0) / 1e6);
+    wk_jb_printf(&j,
+                 "{\"event\":\"ready\",\"pid\":%ld,\"init_ms\":%.3f,\"device\":", (long)getpid(),
+                 (double)(wk_now_ns() - t0) / 1e6);
     wk_jb_str(&j, s->name);
     wk_jb_printf(&j, ",\"uuid\":\"%s\",\"total_memory\":%llu}", uuid,
-              (unsigned long long)s->total_mem);
+                 (unsigned long long)s->total_mem);
     (void)wk_ctl_send(w, &j, 0);
 }
 
@@ -80,7 +87,7 @@ static int watch_parent(struct worker *w)
     pid_t parent = getppid();
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0)
         wk_log("PR_SET_PDEATHSIG: %s (the control socket still tells when gpupoold goes)",
-             strerror(errno));
+               strerror(errno));
     if (getppid() != parent)
         return -1;
     struct pollfd p = {.fd = w->ctl.fd, .events = POLLIN};
@@ -175,8 +182,9 @@ static int check_binding(struct worker *w, const uint8_t *hello, size_t hello_le
     gp_ping p;
     if (h.op != GP_OP_PING || (h.flags & GP_FLAG_REPLY) || gp_ping_decode(body, h.len, &p) != 0 ||
         p.token != gp_rd_u64(d)) {
-        snprintf(err, cap, "the client's first frame after the TLS hand-over is not the binding "
-                           "of its hello (a connection taken over between the two TLS sessions?)");
+        snprintf(err, cap,
+                 "the client's first frame after the TLS hand-over is not the binding "
+                 "of its hello (a connection taken over between the two TLS sessions?)");
         return -1;
     }
     return 0;
@@ -221,7 +229,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
             wk_log("session %llu: %s", (unsigned long long)o.session_id, err);
             struct jbuf j = {.n = 0};
             wk_jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
-                      (unsigned long long)o.session_id, (int)GP_EREFUSED);
+                         (unsigned long long)o.session_id, (int)GP_EREFUSED);
             wk_jb_str(&j, err);
             wk_jb_printf(&j, "}");
             (void)wk_ctl_send(w, &j, 0);
@@ -241,7 +249,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     struct jbuf j = {.n = 0};
     if (!ok) {
         wk_jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
-                  (unsigned long long)o.session_id, (int)w->refused_code);
+                     (unsigned long long)o.session_id, (int)w->refused_code);
         wk_jb_str(&j, w->refused_text);
         wk_jb_printf(&j, "}");
         (void)wk_ctl_send(w, &j, 0);
@@ -252,18 +260,17 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
      * If the client is gone already, the loop ends at once with "client lost". */
     (void)wk_io_flush(w);
     snprintf(w->ctl.req_gpu, sizeof w->ctl.req_gpu, "%.*s", (int)hello.gpu_len, hello.gpu);
-    snprintf(w->ctl.req_model, sizeof w->ctl.req_model, "%.*s", (int)hello.model_len,
-             hello.model);
+    snprintf(w->ctl.req_model, sizeof w->ctl.req_model, "%.*s", (int)hello.model_len, hello.model);
     w->ctl.req_min_memory = hello.min_memory;
     (void)wk_adopt_listen(w); /* before `started`: the daemon may die right after reading it */
     w->ctl.in_session = 1;
     w->ctl.started_ns = w->ctl.stats_ns = wk_now_ns();
     wk_jb_printf(&j, "{\"event\":\"started\",\"session\":%llu,\"adoptable\":%s}",
-              (unsigned long long)o.session_id, w->ctl.listen_fd >= 0 ? "true" : "false");
+                 (unsigned long long)o.session_id, w->ctl.listen_fd >= 0 ? "true" : "false");
     (void)wk_ctl_send(w, &j, 0);
     wk_log("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
-         hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
-         (int)hello.program_len, hello.program);
+           hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
+           (int)hello.program_len, hello.program);
     wk_worker_loop(w);
     /* The client sees the end before our teardown (which may take a while on a real GPU). */
     if (!w->dead && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN && errno != ENOTSOCK)
@@ -295,15 +302,17 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
     int32_t code = 0;
     if (wk_device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
         char text[700];
-        snprintf(text, sizeof text, "%s (check the driver and the GPU on the server: "
-                 "nvidia-smi; for a simulated GPU, the sim library and its config)", err);
+        snprintf(text, sizeof text,
+                 "%s (check the driver and the GPU on the server: "
+                 "nvidia-smi; for a simulated GPU, the sim library and its config)",
+                 err);
         send_failed(w, text);
         wk_session_end(w);
         return 1;
     }
     send_ready(w, t0);
     wk_log("ready on %s (device %d) in %.1f ms", w->snap.name, o->ordinal,
-         (double)(wk_now_ns() - t0) / 1e6);
+           (double)(wk_now_ns() - t0) / 1e6);
 
     size_t cap = SESSION_HEADER + MAX_HELLO_BODY;
     uint8_t *buf = malloc(cap);

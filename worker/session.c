@@ -118,13 +118,13 @@ static void hello_snapshot(struct worker *w, const struct wk_options *o)
     r.features = w->cz.features;
     WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
     wk_log("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
-         (unsigned long long)o->session_id, s->name, o->ordinal, o->simulated ? ", simulated" : "",
-         w->drv.sim_host_pointer ? ", direct copies" : "",
-         (unsigned long long)w->va_base, (unsigned long long)w->va_size);
+           (unsigned long long)o->session_id, s->name, o->ordinal,
+           o->simulated ? ", simulated" : "", w->drv.sim_host_pointer ? ", direct copies" : "",
+           (unsigned long long)w->va_base, (unsigned long long)w->va_size);
 }
 
 int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
-                size_t errlen)
+                   size_t errlen)
 {
     w->ordinal = ordinal;
     if (wk_driver_load(&w->drv, driver, err, errlen) != 0) {
@@ -196,8 +196,9 @@ int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hell
         return -1;
     }
     if (hello->major != GP_PROTO_MAJOR) {
-        wk_hello_refuse(w, req, GP_EVERSION, "protocol %u.%u is not supported (server speaks %d.%d)",
-                     hello->major, hello->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
+        wk_hello_refuse(w, req, GP_EVERSION,
+                        "protocol %u.%u is not supported (server speaks %d.%d)", hello->major,
+                        hello->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
         return -1;
     }
     if (!w->device_ready) {
@@ -215,16 +216,18 @@ int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hell
     w->va_base = hello->va_base;
     w->va_size = hello->va_size / gran * gran;
     if (w->va_base % gran != 0 || w->va_size == 0 || w->va_base + w->va_size < w->va_base) {
-        wk_hello_refuse(w, req, GP_EVAWINDOW,
-                     "VA window 0x%llx+0x%llx is not aligned to the allocation granularity 0x%zx",
-                     (unsigned long long)hello->va_base, (unsigned long long)hello->va_size, gran);
+        wk_hello_refuse(
+            w, req, GP_EVAWINDOW,
+            "VA window 0x%llx+0x%llx is not aligned to the allocation granularity 0x%zx",
+            (unsigned long long)hello->va_base, (unsigned long long)hello->va_size, gran);
         return -1;
     }
     CUresult rc = wk_va_reserve(w);
     if (rc != CUDA_SUCCESS) {
-        wk_hello_refuse(w, req, GP_EVAWINDOW, "the server cannot reserve the VA window 0x%llx+0x%llx: %s",
-                     (unsigned long long)w->va_base, (unsigned long long)w->va_size,
-                     rc == (CUresult)-1 ? "the range is in use" : wk_err_name(w, rc));
+        wk_hello_refuse(w, req, GP_EVAWINDOW,
+                        "the server cannot reserve the VA window 0x%llx+0x%llx: %s",
+                        (unsigned long long)w->va_base, (unsigned long long)w->va_size,
+                        rc == (CUresult)-1 ? "the range is in use" : wk_err_name(w, rc));
         return -1;
     }
     if (wk_vm_init(&w->vm, w->va_base, w->va_size, w->gran) != 0 ||

@@ -57,8 +57,8 @@ int wk_tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t
         goto ssl_fail;
     if (SSL_CTX_use_certificate_chain_file(ctx, o->tls_cert) != 1) {
         err_text(why, sizeof why, "unreadable");
-        snprintf(err, cap, "cannot use the TLS certificate %s (setting 'tls_cert'): %s", o->tls_cert,
-                 why);
+        snprintf(err, cap, "cannot use the TLS certificate %s (setting 'tls_cert'): %s",
+                 o->tls_cert, why);
         goto fail;
     }
     if (SSL_CTX_use_PrivateKey_file(ctx, o->tls_key, SSL_FILETYPE_PEM) != 1 ||
@@ -105,8 +105,9 @@ void wk_tls_free(struct worker *w)
 int wk_tls_accept(struct worker *w, char *err, size_t cap)
 {
     if (!w->tls_ctx) {
-        snprintf(err, cap, "SESSION asks for TLS but this worker was started without "
-                           "--tls-cert/--tls-key; gpupoold and gpupool-worker do not match");
+        snprintf(err, cap,
+                 "SESSION asks for TLS but this worker was started without "
+                 "--tls-cert/--tls-key; gpupoold and gpupool-worker do not match");
         return -1;
     }
     int fl = fcntl(w->fd, F_GETFL);
@@ -133,15 +134,17 @@ int wk_tls_accept(struct worker *w, char *err, size_t cap)
             continue;
         }
         char why[200];
-        err_text(why, sizeof why, e == SSL_ERROR_SYSCALL || e == SSL_ERROR_ZERO_RETURN
-                                      ? "the client closed the connection" : "handshake failed");
+        err_text(why, sizeof why,
+                 e == SSL_ERROR_SYSCALL || e == SSL_ERROR_ZERO_RETURN
+                     ? "the client closed the connection"
+                     : "handshake failed");
         snprintf(err, cap, "TLS handshake with the client failed: %s", why);
         return -1;
     }
 }
 
-ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events,
-               char *err, size_t cap)
+ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events, char *err,
+                  size_t cap)
 {
     int len = n > INT_MAX ? INT_MAX : (int)n;
     ERR_clear_error();

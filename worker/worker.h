@@ -46,30 +46,31 @@
  * The spec's ctx_set_current doc calls the primary "ctx 1", so the bare 1 is accepted too. */
 #define WK_PRIMARY_CTX_ID (0x6750000000000000ull | (1ull << 40) | 1ull)
 
-#define WK_INBUF_SIZE ((size_t)1 << 20)     /* input buffer: many batched frames per read() */
-#define WK_FLUSH_AT ((size_t)256 << 10)     /* flush the output buffer when it grows past this */
-#define WK_CHUNK ((size_t)8 << 20)          /* staging buffer size for large copies */
-#define WK_SMALL_COPY ((size_t)64 << 10)    /* copies up to this size skip the staging buffers */
-#define WK_MAX_IMAGE ((uint64_t)1 << 30)    /* largest module image we accept */
-#define WK_MAX_NOTICES 32                   /* notices per interval between synchronisations */
+#define WK_INBUF_SIZE ((size_t)1 << 20)  /* input buffer: many batched frames per read() */
+#define WK_FLUSH_AT ((size_t)256 << 10)  /* flush the output buffer when it grows past this */
+#define WK_CHUNK ((size_t)8 << 20)       /* staging buffer size for large copies */
+#define WK_SMALL_COPY ((size_t)64 << 10) /* copies up to this size skip the staging buffers */
+#define WK_MAX_IMAGE ((uint64_t)1 << 30) /* largest module image we accept */
+#define WK_MAX_NOTICES 32                /* notices per interval between synchronisations */
 
 /* A client-named object. One layout for every kind keeps cleanup code generic. */
 struct wk_obj {
-    void *h;        /* CUcontext, CUstream, CUevent, CUmodule/CUlibrary, CUfunction/CUkernel */
-    uint64_t owner; /* context id (streams, events, modules, allocations) or module id (functions) */
-    uint32_t kind;  /* modules: 0 module, 1 library; functions: 0 function, 1 kernel */
-    uint64_t size;  /* allocations: mapped bytes */
+    void *h; /* CUcontext, CUstream, CUevent, CUmodule/CUlibrary, CUfunction/CUkernel */
+    uint64_t
+        owner;     /* context id (streams, events, modules, allocations) or module id (functions) */
+    uint32_t kind; /* modules: 0 module, 1 library; functions: 0 function, 1 kernel */
+    uint64_t size; /* allocations: mapped bytes */
     CUmemGenericAllocationHandle mem; /* allocations: the physical memory handle */
-    char name[];    /* functions: kernel name (for messages) */
+    char name[];                      /* functions: kernel name (for messages) */
 };
 
 /* Two staging buffers for large copies (h_copy.c). */
 struct staging {
     void *buf[2];
-    int pinned;     /* buf from cuMemHostAlloc (else malloc: copies are then synchronous) */
-    CUevent ev[2];  /* ev[i] completes when the copy using buf[i] is done */
-    int busy[2];    /* ev[i] was recorded and not yet waited for */
-    uint64_t ev_ctx;/* context the events belong to (events are per context); 0 = none */
+    int pinned;      /* buf from cuMemHostAlloc (else malloc: copies are then synchronous) */
+    CUevent ev[2];   /* ev[i] completes when the copy using buf[i] is done */
+    int busy[2];     /* ev[i] was recorded and not yet waited for */
+    uint64_t ev_ctx; /* context the events belong to (events are per context); 0 = none */
 };
 
 /* LZ4-compressed copies (compress.c, docs/protocol.md "Compressed copies"). */
@@ -83,17 +84,26 @@ struct wk_lz4 {
 };
 
 /* Classes of client calls for the daemon's accounting (control channel `calls`). */
-enum wk_call_class { WK_CALL_NONE = -1, WK_CALL_LAUNCH, WK_CALL_COPY, WK_CALL_ALLOC, WK_CALL_SYNC, WK_CALL_OTHER,
-                     WK_CALL_CLASSES };
+enum wk_call_class {
+    WK_CALL_NONE = -1,
+    WK_CALL_LAUNCH,
+    WK_CALL_COPY,
+    WK_CALL_ALLOC,
+    WK_CALL_SYNC,
+    WK_CALL_OTHER,
+    WK_CALL_CLASSES
+};
 
 /* The latency histogram's bucket upper bounds in ns (inclusive), the last bucket being +Inf:
  * 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms 250ms 500ms 1s 2.5s 5s 10s +Inf.
  * gpupoold/workers.py LATENCY_BUCKETS holds the same bounds in seconds (tests compare them). */
 #define WK_LAT_BUCKETS 18
 #define WK_LAT_BOUNDS_NS                                                                           \
-    {50000ull,     100000ull,     250000ull,     500000ull,     1000000ull,    2500000ull,         \
-     5000000ull,   10000000ull,   25000000ull,   50000000ull,   100000000ull,  250000000ull,       \
-     500000000ull, 1000000000ull, 2500000000ull, 5000000000ull, 10000000000ull}
+    {                                                                                              \
+        50000ull, 100000ull, 250000ull, 500000ull, 1000000ull, 2500000ull, 5000000ull,             \
+            10000000ull, 25000000ull, 50000000ull, 100000000ull, 250000000ull, 500000000ull,       \
+            1000000000ull, 2500000000ull, 5000000000ull, 10000000000ull                            \
+    }
 
 /* Plain increments on the hot path; control.c reads them when it reports. */
 struct wk_counters {
@@ -135,12 +145,12 @@ struct wk_snapshot {
 
 /* The control channel (control mode only; control.c). */
 struct wk_control {
-    int fd;               /* the SOCK_SEQPACKET control socket, or -1 (--fd mode, or gone) */
-    int gone;             /* the daemon closed it: exit without another message */
-    int in_session;       /* a session is being served: stats are due */
+    int fd;         /* the SOCK_SEQPACKET control socket, or -1 (--fd mode, or gone) */
+    int gone;       /* the daemon closed it: exit without another message */
+    int in_session; /* a session is being served: stats are due */
     uint64_t session_id;
-    uint64_t started_ns;  /* CLOCK_MONOTONIC at the start of the session */
-    uint64_t stats_ns;    /* when the last stats event went out */
+    uint64_t started_ns;     /* CLOCK_MONOTONIC at the start of the session */
+    uint64_t stats_ns;       /* when the last stats event went out */
     struct wk_counters sent; /* the counters as the last stats event reported them */
     /* Adoption (adopt.c): the session outlives its daemon. */
     const char *adopt_dir; /* --adopt-dir, or NULL (the session ends with its daemon) */
@@ -156,14 +166,14 @@ struct wk_control {
  * the lock (the rest of struct worker is the main thread's alone). */
 struct wk_heartbeat {
     pthread_t thread;
-    int running;                        /* main thread only: the thread was started */
-    pthread_mutex_t lock;               /* held while a notice is being written */
-    atomic_int busy;                    /* the main thread is inside a WK_LONG call */
-    atomic_uint_least64_t calls;        /* WK_LONG calls entered: the same value seen for a while
+    int running;                 /* main thread only: the thread was started */
+    pthread_mutex_t lock;        /* held while a notice is being written */
+    atomic_int busy;             /* the main thread is inside a WK_LONG call */
+    atomic_uint_least64_t calls; /* WK_LONG calls entered: the same value seen for a while
                                          * with `busy` set means one call has lasted that long */
-    atomic_int sending;                 /* the heartbeat thread is about to write, or writes */
+    atomic_int sending;          /* the heartbeat thread is about to write, or writes */
     atomic_int stop;
-    pthread_mutex_t wake_lock;          /* with `wake`: wk_hb_stop wakes the thread at once */
+    pthread_mutex_t wake_lock; /* with `wake`: wk_hb_stop wakes the thread at once */
     pthread_cond_t wake;
 };
 
@@ -175,10 +185,10 @@ struct wk_heartbeat {
 struct worker {
     /* connection (io.c) */
     int fd;
-    int closing;   /* leave the loop: goodbye, client gone, or a protocol violation */
-    int dead;      /* the connection failed: nothing more is read or written */
-    int sigfd;     /* signalfd for SIGTERM/SIGINT (the daemon stops us with SIGTERM), or -1 */
-    int in_write;  /* waiting in the middle of writing the output buffer: leave it alone */
+    int closing;  /* leave the loop: goodbye, client gone, or a protocol violation */
+    int dead;     /* the connection failed: nothing more is read or written */
+    int sigfd;    /* signalfd for SIGTERM/SIGINT (the daemon stops us with SIGTERM), or -1 */
+    int in_write; /* waiting in the middle of writing the output buffer: leave it alone */
     uint8_t *in;
     size_t in_cap, in_pos, in_end;
     uint8_t *out;
@@ -224,7 +234,7 @@ struct worker {
     struct wk_heartbeat hb;
     enum wk_end_reason end_reason;
     char end_detail[512];
-    int32_t refused_code;   /* the last hello refusal (control mode reports it) */
+    int32_t refused_code; /* the last hello refusal (control mode reports it) */
     char refused_text[512];
 
     /* TLS (tls.c): the context from --tls-cert/--tls-key (NULL: none), and the session on fd
@@ -361,7 +371,7 @@ int wk_io_write_direct(struct worker *w, const void *p, size_t n);
 /* Encode reply `type_` (e.g. gp_ping_reply) for request req_ into the output buffer. */
 #define WK_REPLY(w_, req_, type_, msgp_)                                                           \
     do {                                                                                           \
-        uint8_t *p_ = wk_io_reserve((w_), 16 + type_##_size(msgp_));                                  \
+        uint8_t *p_ = wk_io_reserve((w_), 16 + type_##_size(msgp_));                               \
         if (p_)                                                                                    \
             type_##_frame(p_, (req_), (msgp_));                                                    \
     } while (0)
@@ -380,7 +390,7 @@ CUcontext wk_ctx_handle(struct worker *w, uint64_t id); /* NULL if unknown */
 /* Calls destroy (may be NULL) on, then removes and frees, every object of map whose owner is
  * `owner` (0: all) and, if kind_mask is not 0, whose (1 << kind) is in kind_mask. */
 void wk_obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
-               void (*destroy)(struct worker *, uint64_t id, struct wk_obj *));
+                  void (*destroy)(struct worker *, uint64_t id, struct wk_obj *));
 /* Every destroy function used by cleanup paths. */
 void wk_obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o);
 void wk_obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o);
@@ -397,14 +407,14 @@ struct wk_options {
     uint64_t hello_req;
     int simulated;
     const char *tls_cert, *tls_key, *tls_client_ca; /* --tls-*, or NULL (control mode only) */
-    const char *adopt_dir; /* --adopt-dir, or NULL (control mode only; adopt.c) */
+    const char *adopt_dir;    /* --adopt-dir, or NULL (control mode only; adopt.c) */
     uint64_t orphan_grace_ms; /* --orphan-grace, in ms (0: the session ends with its daemon) */
 };
 /* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
  * the granularity and takes the device snapshot: everything that does not depend on a hello.
  * 0, or -1 with *code (a CUresult or GP_E*) and a message saying what to do in err. */
 int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *code, char *err,
-                size_t errlen);
+                   size_t errlen);
 /* The session part: checks the hello, reserves the VA window, sends the hello reply. The device
  * is opened first if it is not yet (--fd mode). 0 if the session runs, -1 if it was refused
  * (the reply says why; refused_code/refused_text too). */
@@ -491,8 +501,8 @@ int wk_tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t
 int wk_tls_accept(struct worker *w, char *err, size_t cap);
 /* One SSL_read/SSL_write: > 0 bytes, 0 end of stream (reads), -1 with *wait_events set (wait
  * for POLLIN/POLLOUT, then retry) or 0 (an error, err says which). */
-ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events,
-               char *err, size_t cap);
+ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events, char *err,
+                  size_t cap);
 void wk_tls_free(struct worker *w);
 /* io.c: wait until the client socket is ready for events (watching the control socket and the
  * signalfd too). 0 ready, -1 the session must stop. */

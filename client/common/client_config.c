@@ -69,7 +69,8 @@ static const char SUPPORTED[] =
 
 static void set_err(char *err, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t cap, const char *fmt, ...) {
+static void set_err(char *err, size_t cap, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, cap, fmt, ap);
@@ -77,22 +78,26 @@ static void set_err(char *err, size_t cap, const char *fmt, ...) {
 }
 
 /* The blanks stripped from both ends of every value. */
-static int is_blank(char c) {
+static int is_blank(char c)
+{
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
 /* s without the blanks at both ends: its first byte, *n its length (in: strlen(s) or less). */
-static const char *strip(const char *s, size_t *n) {
+static const char *strip(const char *s, size_t *n)
+{
     while (*n > 0 && is_blank(*s)) {
         s++;
         (*n)--;
     }
-    while (*n > 0 && is_blank(s[*n - 1])) (*n)--;
+    while (*n > 0 && is_blank(s[*n - 1]))
+        (*n)--;
     return s;
 }
 
 /* $HOME, else the password database's home; "" when neither is known. */
-static void home_dir(char *out, size_t cap) {
+static void home_dir(char *out, size_t cap)
+{
     const char *h = getenv("HOME");
     if (h && *h) {
         snprintf(out, cap, "%s", h);
@@ -108,9 +113,11 @@ static void home_dir(char *out, size_t cap) {
 
 /* A GPUPOOL_* variable without the blanks at its ends: NULL when unset or blank, else its first
  * byte, with *n its length (the text is not NUL-terminated there). */
-static const char *env_view(const char *name, size_t *n) {
+static const char *env_view(const char *name, size_t *n)
+{
     const char *v = getenv(name);
-    if (!v) return NULL;
+    if (!v)
+        return NULL;
     *n = strlen(v);
     v = strip(v, n);
     return *n ? v : NULL;
@@ -118,14 +125,16 @@ static const char *env_view(const char *name, size_t *n) {
 
 /* An environment variable as it is (not a GPUPOOL_* one: XDG_CONFIG_HOME), NULL when unset or
  * "". */
-static const char *env_raw(const char *name) {
+static const char *env_raw(const char *name)
+{
     const char *v = getenv(name);
     return v && *v ? v : NULL;
 }
 
 /* in[0..n): "~" / "~/x" -> "$HOME" / "$HOME/x"; a relative path -> dir/path (dir NULL: left as
  * is). 0; -1 too long for cap; -2 "~" but no home folder. */
-static int expand_path(const char *in, size_t n, const char *dir, char *out, size_t cap) {
+static int expand_path(const char *in, size_t n, const char *dir, char *out, size_t cap)
+{
     int k;
     if (n == 0) {
         out[0] = 0;
@@ -134,7 +143,8 @@ static int expand_path(const char *in, size_t n, const char *dir, char *out, siz
     if (in[0] == '~' && (n == 1 || in[1] == '/')) {
         char home[4096];
         home_dir(home, sizeof home);
-        if (!*home) return -2;
+        if (!*home)
+            return -2;
         k = snprintf(out, cap, "%s%.*s", home, (int)(n - 1), in + 1);
     } else if (in[0] != '/' && dir) {
         k = snprintf(out, cap, "%s/%.*s", dir, (int)n, in);
@@ -145,12 +155,15 @@ static int expand_path(const char *in, size_t n, const char *dir, char *out, siz
 }
 
 /* 1/yes/true/on -> 1, 0/no/false/off -> 0 (any case), else -1. */
-static int parse_bool_text(const char *v, size_t n) {
-    static const char *const yes[] = {"1", "yes", "true", "on"}, *const no[] = {"0", "no",
-                                                                              "false", "off"};
+static int parse_bool_text(const char *v, size_t n)
+{
+    static const char *const yes[] = {"1", "yes", "true", "on"}, *const no[] = {"0", "no", "false",
+                                                                                "off"};
     for (int i = 0; i < 4; i++) {
-        if (strlen(yes[i]) == n && !strncasecmp(v, yes[i], n)) return 1;
-        if (strlen(no[i]) == n && !strncasecmp(v, no[i], n)) return 0;
+        if (strlen(yes[i]) == n && !strncasecmp(v, yes[i], n))
+            return 1;
+        if (strlen(no[i]) == n && !strncasecmp(v, no[i], n))
+            return 0;
     }
     return -1;
 }
@@ -158,33 +171,44 @@ static int parse_bool_text(const char *v, size_t n) {
 /* A number of seconds as the environment writes it: digits with an optional fraction ("10",
  * "2.5"); no sign, exponent, underscore, hex, inf or nan. v[n] must not be a digit, '.' or 'e'
  * (a blank or the end). 0, or -1. */
-static int parse_seconds(const char *v, size_t n, double *out) {
+static int parse_seconds(const char *v, size_t n, double *out)
+{
     size_t i = 0;
-    while (i < n && v[i] >= '0' && v[i] <= '9') i++;
-    if (i == 0) return -1;
+    while (i < n && v[i] >= '0' && v[i] <= '9')
+        i++;
+    if (i == 0)
+        return -1;
     if (i < n && v[i] == '.') {
         size_t j = ++i;
-        while (i < n && v[i] >= '0' && v[i] <= '9') i++;
-        if (i == j) return -1;
+        while (i < n && v[i] >= '0' && v[i] <= '9')
+            i++;
+        if (i == j)
+            return -1;
     }
-    if (i != n) return -1;
+    if (i != n)
+        return -1;
     double d = strtod(v, NULL);
-    if (!isfinite(d)) return -1;
+    if (!isfinite(d))
+        return -1;
     *out = d;
     return 0;
 }
 
 /* A control character (C0 or DEL) in s[0..n)? */
-static int has_control(const char *s, size_t n) {
+static int has_control(const char *s, size_t n)
+{
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return 1;
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return 1;
     return 0;
 }
 
 /* Valid UTF-8? */
-static int is_utf8(const char *s, size_t n) {
+static int is_utf8(const char *s, size_t n)
+{
     char *check = malloc(n + 1);
-    if (!check) return 0;
+    if (!check)
+        return 0;
     int ok = gp_utf8_clean(check, n + 1, s, n) == n && memcmp(check, s, n) == 0;
     free(check);
     return ok;
@@ -193,7 +217,8 @@ static int is_utf8(const char *s, size_t n) {
 /* Strip and check a text setting (value[0..n)): fits cap-1 bytes, no control characters, UTF-8.
  * 0 with dst set, or -1 with err: "<what> is longer than ...; set it to <how>". */
 static int check_text(const char *what, const char *value, size_t n, const char *how, char *dst,
-                      size_t cap, char *err, size_t ecap) {
+                      size_t cap, char *err, size_t ecap)
+{
     dst[0] = 0;
     value = strip(value, &n);
     if (n >= cap) {
@@ -224,29 +249,31 @@ static const char SIZE_HOW[] =
 /* An address as a user writes it (already stripped, n bytes): [tls://]host[:port] /
  * [tls://][v6]:port, port 1..65535 in at most 5 digits; no blanks, control characters, '/' or
  * ','. Fills srv's address, host, port and *tls_prefix. 0, or -1. */
-static int parse_address(const char *text, size_t n, gp_server_config *srv, int *tls_prefix) {
+static int parse_address(const char *text, size_t n, gp_server_config *srv, int *tls_prefix)
+{
     *tls_prefix = 0;
     if (n >= 6 && strncasecmp(text, "tls://", 6) == 0) {
         *tls_prefix = 1;
         text += 6;
         n -= 6;
     }
-    if (n == 0 || n >= sizeof srv->address) return -1;
+    if (n == 0 || n >= sizeof srv->address)
+        return -1;
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)text[i] <= ' ' || text[i] == 0x7f || text[i] == '/' ||
-            text[i] == ',')
+        if ((unsigned char)text[i] <= ' ' || text[i] == 0x7f || text[i] == '/' || text[i] == ',')
             return -1;
     memcpy(srv->address, text, n);
     srv->address[n] = 0;
-    if (gp_split_hostport(srv->address, srv->host, sizeof srv->host, srv->port,
-                          sizeof srv->port) != 0)
+    if (gp_split_hostport(srv->address, srv->host, sizeof srv->host, srv->port, sizeof srv->port) !=
+        0)
         return -1;
     size_t pl = strlen(srv->port);
     long port = strtol(srv->port, NULL, 10);
     return pl >= 1 && pl <= 5 && port >= 1 && port <= 65535 ? 0 : -1;
 }
 
-void gp_server_desc(const gp_server_config *srv, char *out, size_t cap) {
+void gp_server_desc(const gp_server_config *srv, char *out, size_t cap)
+{
     if (strchr(srv->address, ':'))
         snprintf(out, cap, "%s", srv->address);
     else
@@ -255,7 +282,13 @@ void gp_server_desc(const gp_server_config *srv, char *out, size_t cap) {
 
 /* ================================================================ the TOML subset == */
 
-enum vtype { V_STR = 1, V_INT, V_FLOAT, V_BOOL, V_ARRAY };
+enum vtype {
+    V_STR = 1,
+    V_INT,
+    V_FLOAT,
+    V_BOOL,
+    V_ARRAY
+};
 
 typedef struct value {
     enum vtype type;
@@ -267,9 +300,11 @@ typedef struct value {
     int nitems;
 } value;
 
-static void value_free(value *v) {
+static void value_free(value *v)
+{
     free(v->s);
-    for (int i = 0; i < v->nitems; i++) free(v->items[i]);
+    for (int i = 0; i < v->nitems; i++)
+        free(v->items[i]);
     memset(v, 0, sizeof *v);
 }
 
@@ -281,35 +316,43 @@ typedef struct parser {
     size_t ecap;
 } parser;
 
-#define PERR(ps, ...)                                                                           \
-    do {                                                                                        \
-        int o_ = snprintf((ps)->err, (ps)->ecap, "%s:%d: ", (ps)->file, (ps)->line);            \
-        if (o_ > 0 && (size_t)o_ < (ps)->ecap)                                                  \
-            snprintf((ps)->err + o_, (ps)->ecap - (size_t)o_, __VA_ARGS__);                     \
+#define PERR(ps, ...)                                                                              \
+    do {                                                                                           \
+        int o_ = snprintf((ps)->err, (ps)->ecap, "%s:%d: ", (ps)->file, (ps)->line);               \
+        if (o_ > 0 && (size_t)o_ < (ps)->ecap)                                                     \
+            snprintf((ps)->err + o_, (ps)->ecap - (size_t)o_, __VA_ARGS__);                        \
     } while (0)
 
 /* How much of the text at p to quote in a message: up to 20 bytes, not past the line. */
-static int snippet(const char *p, const char *end) {
+static int snippet(const char *p, const char *end)
+{
     int n = 0;
-    while (p + n < end && n < 20 && p[n] != '\n' && p[n] != '\r') n++;
+    while (p + n < end && n < 20 && p[n] != '\n' && p[n] != '\r')
+        n++;
     return n;
 }
 
-static void skip_blank(parser *ps) {
-    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t')) ps->p++;
+static void skip_blank(parser *ps)
+{
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t'))
+        ps->p++;
 }
 
 /* After a value or header: blanks, an optional comment, then the end of the line (consumed).
  * 0, or -1 (error set). */
-static int end_of_line(parser *ps, const char *after) {
+static int end_of_line(parser *ps, const char *after)
+{
     skip_blank(ps);
     if (ps->p < ps->end && *ps->p == '#')
-        while (ps->p < ps->end && *ps->p != '\n') ps->p++;
-    if (ps->p < ps->end && *ps->p == '\r' && ps->p + 1 < ps->end && ps->p[1] == '\n') ps->p++;
-    if (ps->p >= ps->end) return 0;
+        while (ps->p < ps->end && *ps->p != '\n')
+            ps->p++;
+    if (ps->p < ps->end && *ps->p == '\r' && ps->p + 1 < ps->end && ps->p[1] == '\n')
+        ps->p++;
+    if (ps->p >= ps->end)
+        return 0;
     if (*ps->p != '\n') {
-        PERR(ps, "unexpected text after %s: '%.*s'; %s", after, snippet(ps->p, ps->end),
-             ps->p, SUPPORTED);
+        PERR(ps, "unexpected text after %s: '%.*s'; %s", after, snippet(ps->p, ps->end), ps->p,
+             SUPPORTED);
         return -1;
     }
     ps->p++;
@@ -317,13 +360,15 @@ static int end_of_line(parser *ps, const char *after) {
     return 0;
 }
 
-static int is_key_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+static int is_key_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
 }
 
 /* Append the UTF-8 encoding of code point cp. */
-static int put_utf8(char *out, size_t *o, size_t cap, unsigned long cp) {
+static int put_utf8(char *out, size_t *o, size_t cap, unsigned long cp)
+{
     unsigned char b[4];
     size_t k;
     if (cp < 0x80) {
@@ -345,18 +390,20 @@ static int put_utf8(char *out, size_t *o, size_t cap, unsigned long cp) {
         b[3] = (unsigned char)(0x80 | (cp & 0x3F));
         k = 4;
     }
-    if (*o + k >= cap) return -1;
+    if (*o + k >= cap)
+        return -1;
     memcpy(out + *o, b, k);
     *o += k;
     return 0;
 }
 
 /* A "basic" or 'literal' string at ps->p (on its quote); *out malloc'd. 0, or -1. */
-static int parse_string(parser *ps, char **out) {
+static int parse_string(parser *ps, char **out)
+{
     char q = *ps->p;
     if (ps->p + 2 < ps->end && ps->p[1] == q && ps->p[2] == q) {
-        PERR(ps, "multi-line strings (%c%c%c) are not supported; write the value on one line",
-             q, q, q);
+        PERR(ps, "multi-line strings (%c%c%c) are not supported; write the value on one line", q, q,
+             q);
         return -1;
     }
     ps->p++;
@@ -386,7 +433,8 @@ static int parse_string(parser *ps, char **out) {
             ps->p += 2;
             char plain = e == '"' ? '"' : e == '\\' ? '\\' : e == 'n' ? '\n' : e == 't' ? '\t' : 0;
             if (plain) {
-                if (o + 1 >= MAX_STRING) goto too_long;
+                if (o + 1 >= MAX_STRING)
+                    goto too_long;
                 buf[o++] = plain;
                 continue;
             }
@@ -394,8 +442,10 @@ static int parse_string(parser *ps, char **out) {
                 unsigned long cp = 0;
                 for (int k = 0; k < 4; k++, ps->p++) {
                     char h = ps->p < ps->end ? *ps->p : 0;
-                    int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                            : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                    int d = h >= '0' && h <= '9'   ? h - '0'
+                            : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                            : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                   : -1;
                     if (d < 0) {
                         PERR(ps, "\\u needs four hex digits (\\u00e9)");
                         goto fail;
@@ -406,15 +456,18 @@ static int parse_string(parser *ps, char **out) {
                     PERR(ps, "\\u%04lx is not a character a value may hold", cp);
                     goto fail;
                 }
-                if (put_utf8(buf, &o, MAX_STRING, cp) != 0) goto too_long;
+                if (put_utf8(buf, &o, MAX_STRING, cp) != 0)
+                    goto too_long;
                 continue;
             }
-            PERR(ps, "unsupported escape \\%c; the supported escapes are \\\" \\\\ \\n \\t "
-                     "\\uXXXX (or use a 'literal string')",
+            PERR(ps,
+                 "unsupported escape \\%c; the supported escapes are \\\" \\\\ \\n \\t "
+                 "\\uXXXX (or use a 'literal string')",
                  e >= 0x20 && e < 0x7f ? e : '?');
             goto fail;
         }
-        if (o + 1 >= MAX_STRING) goto too_long;
+        if (o + 1 >= MAX_STRING)
+            goto too_long;
         buf[o++] = (char)c;
         ps->p++;
     }
@@ -436,11 +489,13 @@ fail:
 }
 
 /* Blanks, newlines and comments inside an array. */
-static void skip_array_space(parser *ps) {
+static void skip_array_space(parser *ps)
+{
     for (;;) {
         skip_blank(ps);
         if (ps->p < ps->end && *ps->p == '#')
-            while (ps->p < ps->end && *ps->p != '\n') ps->p++;
+            while (ps->p < ps->end && *ps->p != '\n')
+                ps->p++;
         if (ps->p < ps->end && *ps->p == '\r' && ps->p + 1 < ps->end && ps->p[1] == '\n')
             ps->p++;
         if (ps->p < ps->end && *ps->p == '\n') {
@@ -453,12 +508,14 @@ static void skip_array_space(parser *ps) {
 }
 
 /* Digits with single underscores between them (TOML), copied into d[*n]. 0, or -1. */
-static int digit_run(const char **pp, const char *end, char *d, size_t *n, size_t cap) {
+static int digit_run(const char **pp, const char *end, char *d, size_t *n, size_t cap)
+{
     const char *p = *pp;
     int want_digit = 1;
     for (; p < end; p++) {
         if (*p >= '0' && *p <= '9') {
-            if (*n + 2 >= cap) return -1;
+            if (*n + 2 >= cap)
+                return -1;
             d[(*n)++] = *p;
             want_digit = 0;
         } else if (*p == '_' && !want_digit) {
@@ -473,46 +530,59 @@ static int digit_run(const char **pp, const char *end, char *d, size_t *n, size_
 
 /* TOML's number grammar (decimal only), at most MAX_NUMBER characters; integers within 64-bit
  * signed, floats finite. 0 with v set, -1 if the text at p is not one. */
-static int parse_number(parser *ps, value *v) {
+static int parse_number(parser *ps, value *v)
+{
     const char *p = ps->p;
     char d[128];
     size_t n = 0;
     int is_float = 0;
-    if (*p == '+' || *p == '-') d[n++] = *p++;
-    if (p >= ps->end || *p < '0' || *p > '9') return -1;
-    if (*p == '0' && p + 1 < ps->end && p[1] >= '0' && p[1] <= '9') return -1; /* 007 */
-    if (digit_run(&p, ps->end, d, &n, sizeof d) != 0) return -1;
+    if (*p == '+' || *p == '-')
+        d[n++] = *p++;
+    if (p >= ps->end || *p < '0' || *p > '9')
+        return -1;
+    if (*p == '0' && p + 1 < ps->end && p[1] >= '0' && p[1] <= '9')
+        return -1; /* 007 */
+    if (digit_run(&p, ps->end, d, &n, sizeof d) != 0)
+        return -1;
     if (p < ps->end && *p == '.') {
         is_float = 1;
         d[n++] = *p++;
-        if (digit_run(&p, ps->end, d, &n, sizeof d) != 0) return -1;
+        if (digit_run(&p, ps->end, d, &n, sizeof d) != 0)
+            return -1;
     }
     if (p < ps->end && (*p == 'e' || *p == 'E')) {
         is_float = 1;
         d[n++] = 'e';
         p++;
-        if (p < ps->end && (*p == '+' || *p == '-')) d[n++] = *p++;
-        if (digit_run(&p, ps->end, d, &n, sizeof d) != 0) return -1;
+        if (p < ps->end && (*p == '+' || *p == '-'))
+            d[n++] = *p++;
+        if (digit_run(&p, ps->end, d, &n, sizeof d) != 0)
+            return -1;
     }
-    if (p < ps->end && !strchr(" \t\r\n#,]", *p)) return -1; /* what follows ends the value */
-    if (p - ps->p > MAX_NUMBER) return -1;
+    if (p < ps->end && !strchr(" \t\r\n#,]", *p))
+        return -1; /* what follows ends the value */
+    if (p - ps->p > MAX_NUMBER)
+        return -1;
     d[n] = 0;
     errno = 0;
     if (is_float) {
         v->type = V_FLOAT;
         v->f = strtod(d, NULL); /* an underflow is 0 or subnormal: fine */
-        if (!isfinite(v->f)) return -1;
+        if (!isfinite(v->f))
+            return -1;
     } else {
         v->type = V_INT;
         v->i = strtoll(d, NULL, 10);
-        if (errno) return -1;
+        if (errno)
+            return -1;
     }
     ps->p = p;
     return 0;
 }
 
 /* The value after "key = ". 0, or -1 (error set). */
-static int parse_value(parser *ps, const char *key, value *v) {
+static int parse_value(parser *ps, const char *key, value *v)
+{
     memset(v, 0, sizeof *v);
     skip_blank(ps);
     if (ps->p >= ps->end || *ps->p == '\n' || *ps->p == '\r' || *ps->p == '#') {
@@ -545,14 +615,16 @@ static int parse_value(parser *ps, const char *key, value *v) {
                 PERR(ps, "the array of %s has more than %d items", key, MAX_ITEMS);
                 return -1;
             }
-            if (parse_string(ps, &v->items[v->nitems]) != 0) return -1;
+            if (parse_string(ps, &v->items[v->nitems]) != 0)
+                return -1;
             v->nitems++;
             skip_array_space(ps);
             if (ps->p < ps->end && *ps->p == ',') {
                 ps->p++;
                 continue;
             }
-            if (ps->p < ps->end && *ps->p == ']') continue;
+            if (ps->p < ps->end && *ps->p == ']')
+                continue;
             PERR(ps, "expected , or ] in the array of %s", key);
             return -1;
         }
@@ -571,9 +643,11 @@ static int parse_value(parser *ps, const char *key, value *v) {
         PERR(ps, "inline tables ({...}) are not supported; %s", SUPPORTED);
         return -1;
     }
-    if (((c >= '0' && c <= '9') || c == '+' || c == '-') && parse_number(ps, v) == 0) return 0;
-    PERR(ps, "cannot read the value of %s (strings need quotes: %s = \"...\"; dates, hex "
-             "numbers, inf and nan are not supported); %s",
+    if (((c >= '0' && c <= '9') || c == '+' || c == '-') && parse_number(ps, v) == 0)
+        return 0;
+    PERR(ps,
+         "cannot read the value of %s (strings need quotes: %s = \"...\"; dates, hex "
+         "numbers, inf and nan are not supported); %s",
          key, key, SUPPORTED);
     return -1;
 }
@@ -581,14 +655,22 @@ static int parse_value(parser *ps, const char *key, value *v) {
 /* ============================================================ the file's settings == */
 
 /* What a server entry sets itself. F_PREFIX: its address is tls://... (TLS whatever else says). */
-enum { F_TOKEN = 1, F_TLS = 2, F_CA = 4, F_CERT = 8, F_KEY = 16, F_PREFIX = 32, F_COMP = 64 };
+enum {
+    F_TOKEN = 1,
+    F_TLS = 2,
+    F_CA = 4,
+    F_CERT = 8,
+    F_KEY = 16,
+    F_PREFIX = 32,
+    F_COMP = 64
+};
 
 typedef struct file_settings {
     gp_server_config servers[GP_MAX_SERVERS]; /* address/host/port and their own settings */
     unsigned set[GP_MAX_SERVERS];             /* F_*: what the entry sets itself */
     int nservers;
-    int short_form_line;  /* line of `servers = [...]`, 0 if none */
-    int tables_line;      /* line of the first [[servers]], 0 if none */
+    int short_form_line; /* line of `servers = [...]`, 0 if none */
+    int tables_line;     /* line of the first [[servers]], 0 if none */
     char token[4097];
     int tls;
     char tls_ca[4096], tls_cert[4096], tls_key[4096];
@@ -605,7 +687,12 @@ typedef struct file_settings {
     char dir[4096]; /* the file's folder, symlinks resolved: relative paths start there */
 } file_settings;
 
-enum section { SEC_TOP, SEC_REQ, SEC_SERVER, SEC_UNKNOWN };
+enum section {
+    SEC_TOP,
+    SEC_REQ,
+    SEC_SERVER,
+    SEC_UNKNOWN
+};
 
 /* Keys seen in the current table, for "set twice". */
 typedef struct seen_keys {
@@ -615,7 +702,8 @@ typedef struct seen_keys {
 
 /* 1 if key was seen in this table before (error set), 0 if not (now it is), -1 if the table has
  * too many keys (error set). */
-static int seen_before(parser *ps, seen_keys *s, const char *key) {
+static int seen_before(parser *ps, seen_keys *s, const char *key)
+{
     for (int i = 0; i < s->n; i++) {
         if (!strcmp(s->names[i], key)) {
             PERR(ps, "%s is set twice in the same table; keep one", key);
@@ -631,8 +719,10 @@ static int seen_before(parser *ps, seen_keys *s, const char *key) {
     return 0;
 }
 
-static int want_type(parser *ps, const char *key, const value *v, enum vtype t, const char *how) {
-    if (v->type == t) return 0;
+static int want_type(parser *ps, const char *key, const value *v, enum vtype t, const char *how)
+{
+    if (v->type == t)
+        return 0;
     PERR(ps, "%s must be %s", key, how);
     return -1;
 }
@@ -640,8 +730,10 @@ static int want_type(parser *ps, const char *key, const value *v, enum vtype t, 
 /* A string setting stripped (*n its length, 0: unset) and checked: no control character, at
  * most max bytes. The text, or NULL (error set). */
 static const char *string_value(parser *ps, const char *key, const value *v, const char *type,
-                                const char *how, size_t max, size_t *n) {
-    if (want_type(ps, key, v, V_STR, type) != 0) return NULL;
+                                const char *how, size_t max, size_t *n)
+{
+    if (want_type(ps, key, v, V_STR, type) != 0)
+        return NULL;
     *n = strlen(v->s);
     const char *s = strip(v->s, n);
     if (has_control(s, *n)) {
@@ -656,14 +748,18 @@ static const char *string_value(parser *ps, const char *key, const value *v, con
 }
 
 /* A path setting: expanded into out (cap 4096), "" when unset. 0, or -1 (error set). */
-static int path_value(parser *ps, const char *key, const value *v, const char *dir, char *out) {
+static int path_value(parser *ps, const char *key, const value *v, const char *dir, char *out)
+{
     size_t n;
     const char *s = string_value(ps, key, v, "a file path in quotes", PATH_HOW, 4095, &n);
-    if (!s) return -1;
+    if (!s)
+        return -1;
     int rc = expand_path(s, n, dir, out, 4096);
     if (rc == -2) {
-        PERR(ps, "%s = \"%.*s\": ~ stands for the home folder, and HOME is not set; write "
-                 "the whole path", key, (int)n, s);
+        PERR(ps,
+             "%s = \"%.*s\": ~ stands for the home folder, and HOME is not set; write "
+             "the whole path",
+             key, (int)n, s);
         return -1;
     }
     if (rc != 0) {
@@ -673,17 +769,20 @@ static int path_value(parser *ps, const char *key, const value *v, const char *d
     return 0;
 }
 
-static int token_value(parser *ps, const char *key, const value *v, char *out) {
+static int token_value(parser *ps, const char *key, const value *v, char *out)
+{
     size_t n;
     const char *s = string_value(ps, key, v, "a string in quotes (the token gpupoold gave you)",
                                  TOKEN_HOW, 4096, &n);
-    if (!s) return -1;
+    if (!s)
+        return -1;
     memcpy(out, s, n);
     out[n] = 0;
     return 0;
 }
 
-static int timeout_value(parser *ps, const char *key, const value *v, double *out) {
+static int timeout_value(parser *ps, const char *key, const value *v, double *out)
+{
     double d = v->type == V_INT ? (double)v->i : v->type == V_FLOAT ? v->f : -1;
     if ((v->type != V_INT && v->type != V_FLOAT) || d < 0) {
         PERR(ps, "%s must be a number of seconds, 0 or more (%s), e.g. %s = 10", key,
@@ -696,45 +795,59 @@ static int timeout_value(parser *ps, const char *key, const value *v, double *ou
 
 /* An address setting (a [[servers]] address or an item of servers = [...]) into s. 1 when set,
  * 0 when blank (unset), -1 (error set). */
-static int address_value(parser *ps, const char *text, gp_server_config *s, int *prefix) {
+static int address_value(parser *ps, const char *text, gp_server_config *s, int *prefix)
+{
     size_t n = strlen(text);
     const char *t = strip(text, &n);
-    if (n == 0) return 0;
+    if (n == 0)
+        return 0;
     if (parse_address(t, n, s, prefix) != 0) {
-        PERR(ps, "'%.*s' is not a server address: write host, host:port, [v6]:port or "
-                 "tls://host:port", (int)n, t);
+        PERR(ps,
+             "'%.*s' is not a server address: write host, host:port, [v6]:port or "
+             "tls://host:port",
+             (int)n, t);
         return -1;
     }
     return 1;
 }
 
 /* compression: "" (unset) and "off" -> GP_COMPRESSION_OFF, "lz4" -> GP_COMPRESSION_LZ4, else -1. */
-static int compression_value(const char *t, size_t n) {
-    if (n == 0 || (n == 3 && !memcmp(t, "off", 3))) return GP_COMPRESSION_OFF;
-    if (n == 3 && !memcmp(t, "lz4", 3)) return GP_COMPRESSION_LZ4;
+static int compression_value(const char *t, size_t n)
+{
+    if (n == 0 || (n == 3 && !memcmp(t, "off", 3)))
+        return GP_COMPRESSION_OFF;
+    if (n == 3 && !memcmp(t, "lz4", 3))
+        return GP_COMPRESSION_LZ4;
     return -1;
 }
 
 /* One `key = value` in section sec. 0, or -1 (error set). */
-static int apply_key(parser *ps, file_settings *fs, enum section sec, const char *key,
-                     value *v) {
+static int apply_key(parser *ps, file_settings *fs, enum section sec, const char *key, value *v)
+{
     char why[600];
     const char *dir = fs->dir;
-    if (sec == SEC_UNKNOWN) return 0; /* the table was warned about */
+    if (sec == SEC_UNKNOWN)
+        return 0; /* the table was warned about */
     if (sec == SEC_TOP) {
         if (!strcmp(key, "token")) {
-            if (token_value(ps, key, v, fs->token) != 0) return -1;
-            if (*fs->token) fs->holds_token = 1;
+            if (token_value(ps, key, v, fs->token) != 0)
+                return -1;
+            if (*fs->token)
+                fs->holds_token = 1;
             return 0;
         }
         if (!strcmp(key, "tls")) {
-            if (want_type(ps, key, v, V_BOOL, "true or false") != 0) return -1;
+            if (want_type(ps, key, v, V_BOOL, "true or false") != 0)
+                return -1;
             fs->tls = v->b;
             return 0;
         }
-        if (!strcmp(key, "tls_ca")) return path_value(ps, key, v, dir, fs->tls_ca);
-        if (!strcmp(key, "tls_cert")) return path_value(ps, key, v, dir, fs->tls_cert);
-        if (!strcmp(key, "tls_key")) return path_value(ps, key, v, dir, fs->tls_key);
+        if (!strcmp(key, "tls_ca"))
+            return path_value(ps, key, v, dir, fs->tls_ca);
+        if (!strcmp(key, "tls_cert"))
+            return path_value(ps, key, v, dir, fs->tls_cert);
+        if (!strcmp(key, "tls_key"))
+            return path_value(ps, key, v, dir, fs->tls_key);
         if (!strcmp(key, "connect_timeout")) {
             fs->has_connect_timeout = 1;
             return timeout_value(ps, key, v, &fs->connect_timeout);
@@ -744,13 +857,16 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             return timeout_value(ps, key, v, &fs->probe_timeout);
         }
         if (!strcmp(key, "compression")) {
-            if (want_type(ps, key, v, V_STR, "\"off\" or \"lz4\"") != 0) return -1;
+            if (want_type(ps, key, v, V_STR, "\"off\" or \"lz4\"") != 0)
+                return -1;
             size_t n = strlen(v->s);
             const char *t = strip(v->s, &n);
             int c = compression_value(t, n);
             if (c < 0) {
-                PERR(ps, "compression = \"%.*s\" is not supported: write \"off\" (the default) or "
-                         "\"lz4\"", (int)n, t);
+                PERR(ps,
+                     "compression = \"%.*s\" is not supported: write \"off\" (the default) or "
+                     "\"lz4\"",
+                     (int)n, t);
                 return -1;
             }
             fs->compression = c;
@@ -765,7 +881,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             for (int i = 0; i < v->nitems; i++) {
                 size_t n = strlen(v->items[i]);
                 strip(v->items[i], &n);
-                if (n == 0) continue; /* a blank item: unset */
+                if (n == 0)
+                    continue; /* a blank item: unset */
                 if (fs->nservers >= GP_MAX_SERVERS) {
                     PERR(ps, "more than %d servers; keep the %d you prefer", GP_MAX_SERVERS,
                          GP_MAX_SERVERS);
@@ -774,7 +891,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 int prefix;
                 if (address_value(ps, v->items[i], &fs->servers[fs->nservers], &prefix) < 0)
                     return -1;
-                if (prefix) fs->set[fs->nservers] |= F_PREFIX;
+                if (prefix)
+                    fs->set[fs->nservers] |= F_PREFIX;
                 fs->nservers++;
             }
             return 0;
@@ -800,8 +918,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         if (!strcmp(key, "model")) {
             if (want_type(ps, key, v, V_STR, "a part of the GPU name in quotes (\"H100\")") != 0)
                 return -1;
-            if (check_text("model", v->s, strlen(v->s), MODEL_HOW, fs->model, sizeof fs->model,
-                           why, sizeof why) != 0) {
+            if (check_text("model", v->s, strlen(v->s), MODEL_HOW, fs->model, sizeof fs->model, why,
+                           sizeof why) != 0) {
                 PERR(ps, "%s", why);
                 return -1;
             }
@@ -818,7 +936,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 size_t n = strlen(v->s);
                 const char *s = strip(v->s, &n);
                 fs->min_memory = 0;
-                if (n == 0) return 0; /* blank: unset */
+                if (n == 0)
+                    return 0; /* blank: unset */
                 char *text = strndup(s, n);
                 if (!text) {
                     PERR(ps, "out of memory");
@@ -840,12 +959,15 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             if (want_type(ps, key, v, V_STR, "a server address in quotes (\"gpu1:7070\")") != 0)
                 return -1;
             int prefix, rc = address_value(ps, v->s, s, &prefix);
-            if (rc < 0) return -1;
-            if (prefix) fs->set[i] |= F_PREFIX;
+            if (rc < 0)
+                return -1;
+            if (prefix)
+                fs->set[i] |= F_PREFIX;
             return 0;
         }
         if (!strcmp(key, "token")) {
-            if (token_value(ps, key, v, s->token) != 0) return -1;
+            if (token_value(ps, key, v, s->token) != 0)
+                return -1;
             if (*s->token) {
                 fs->set[i] |= F_TOKEN;
                 fs->holds_token = 1;
@@ -853,21 +975,27 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             return 0;
         }
         if (!strcmp(key, "tls")) {
-            if (want_type(ps, key, v, V_BOOL, "true or false") != 0) return -1;
+            if (want_type(ps, key, v, V_BOOL, "true or false") != 0)
+                return -1;
             s->tls = v->b;
             fs->set[i] |= F_TLS;
             return 0;
         }
-        unsigned bit = !strcmp(key, "tls_ca") ? F_CA : !strcmp(key, "tls_cert") ? F_CERT
-                       : !strcmp(key, "tls_key") ? F_KEY : 0;
+        unsigned bit = !strcmp(key, "tls_ca")     ? F_CA
+                       : !strcmp(key, "tls_cert") ? F_CERT
+                       : !strcmp(key, "tls_key")  ? F_KEY
+                                                  : 0;
         if (bit) {
             char *dst = bit == F_CA ? s->tls_ca : bit == F_CERT ? s->tls_cert : s->tls_key;
-            if (path_value(ps, key, v, dir, dst) != 0) return -1;
-            if (*dst) fs->set[i] |= bit;
+            if (path_value(ps, key, v, dir, dst) != 0)
+                return -1;
+            if (*dst)
+                fs->set[i] |= bit;
             return 0;
         }
         if (!strcmp(key, "compression")) {
-            if (want_type(ps, key, v, V_STR, "\"off\" or \"lz4\"") != 0) return -1;
+            if (want_type(ps, key, v, V_STR, "\"off\" or \"lz4\"") != 0)
+                return -1;
             size_t n = strlen(v->s);
             const char *t = strip(v->s, &n);
             int c = compression_value(t, n);
@@ -877,7 +1005,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 return 0;
             }
             s->compression = c;
-            if (n) fs->set[i] |= F_COMP; /* blank: unset, the top level's applies */
+            if (n)
+                fs->set[i] |= F_COMP; /* blank: unset, the top level's applies */
             return 0;
         }
     }
@@ -888,18 +1017,20 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         "address, token, tls, tls_ca, tls_cert, tls_key, compression",
     };
     static const char *const where[] = {"", " in [requirements]", " in [[servers]]"};
-    gp_log_info("%s:%d: unknown setting '%s'%s ignored (known there: %s)", ps->file, ps->line,
-                key, where[sec], known[sec]);
+    gp_log_info("%s:%d: unknown setting '%s'%s ignored (known there: %s)", ps->file, ps->line, key,
+                where[sec], known[sec]);
     return 0;
 }
 
 /* A [table] or [[table]] header line at ps->p. 0, or -1 (error set). */
-static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *req_seen) {
+static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *req_seen)
+{
     int dbl = ps->p + 1 < ps->end && ps->p[1] == '[';
     ps->p += dbl ? 2 : 1;
     skip_blank(ps);
     const char *name = ps->p;
-    while (ps->p < ps->end && is_key_char(*ps->p)) ps->p++;
+    while (ps->p < ps->end && is_key_char(*ps->p))
+        ps->p++;
     size_t nl = (size_t)(ps->p - name);
     skip_blank(ps);
     if (nl == 0 || ps->p >= ps->end || *ps->p == '.' || *ps->p == '"' || *ps->p == '\'') {
@@ -919,7 +1050,8 @@ static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *r
     char n[MAX_KEY + 1];
     snprintf(n, sizeof n, "%.*s", (int)nl, name);
     int hline = ps->line;
-    if (end_of_line(ps, "the table header") != 0) return -1;
+    if (end_of_line(ps, "the table header") != 0)
+        return -1;
     int next_line = ps->line;
     ps->line = hline; /* the errors below name the header's line */
     int rc = 0;
@@ -947,7 +1079,8 @@ static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *r
                  GP_MAX_SERVERS);
             rc = -1;
         } else {
-            if (!fs->tables_line) fs->tables_line = ps->line;
+            if (!fs->tables_line)
+                fs->tables_line = ps->line;
             fs->nservers++;
             *sec = SEC_SERVER;
         }
@@ -962,8 +1095,10 @@ static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *r
 
 /* The [[servers]] entry that ended (or the last one) must have an address, and a known
  * compression if it sets one. */
-static int check_entry(parser *ps, file_settings *fs, enum section sec, int header_line) {
-    if (sec != SEC_SERVER) return 0;
+static int check_entry(parser *ps, file_settings *fs, enum section sec, int header_line)
+{
+    if (sec != SEC_SERVER)
+        return 0;
     const gp_server_config *s = &fs->servers[fs->nservers - 1];
     int line = ps->line;
     if (!s->address[0]) {
@@ -972,9 +1107,10 @@ static int check_entry(parser *ps, file_settings *fs, enum section sec, int head
                  "it");
     } else if (fs->bad_compression_line) {
         ps->line = fs->bad_compression_line;
-        PERR(ps, "server %s: compression = \"%s\" is not supported: write \"off\" or \"lz4\", "
-                 "or leave it out for the top-level compression", s->address,
-             fs->bad_compression);
+        PERR(ps,
+             "server %s: compression = \"%s\" is not supported: write \"off\" or \"lz4\", "
+             "or leave it out for the top-level compression",
+             s->address, fs->bad_compression);
     } else {
         return 0;
     }
@@ -983,8 +1119,9 @@ static int check_entry(parser *ps, file_settings *fs, enum section sec, int head
 }
 
 /* Parse text (the file's bytes) into fs (fs->dir set). 0, or -1 with err. */
-static int parse_file(const char *file, const char *text, size_t len, file_settings *fs,
-                      char *err, size_t ecap) {
+static int parse_file(const char *file, const char *text, size_t len, file_settings *fs, char *err,
+                      size_t ecap)
+{
     parser ps = {.p = text, .end = text + len, .line = 1, .file = file, .err = err, .ecap = ecap};
     enum section sec = SEC_TOP;
     int req_seen = 0, header_line = 0;
@@ -994,10 +1131,12 @@ static int parse_file(const char *file, const char *text, size_t len, file_setti
         return -1;
     }
     int rc = 0;
-    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) ps.p += 3; /* a UTF-8 byte order mark */
+    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3))
+        ps.p += 3; /* a UTF-8 byte order mark */
     while (rc == 0 && ps.p < ps.end) {
         skip_blank(&ps);
-        if (ps.p >= ps.end) break;
+        if (ps.p >= ps.end)
+            break;
         char c = *ps.p;
         if (c == '\n' || c == '\r' || c == '#') {
             rc = end_of_line(&ps, "the comment");
@@ -1006,7 +1145,8 @@ static int parse_file(const char *file, const char *text, size_t len, file_setti
         if (c == '[') {
             rc = check_entry(&ps, fs, sec, header_line);
             header_line = ps.line;
-            if (rc == 0) rc = parse_header(&ps, fs, &sec, &req_seen);
+            if (rc == 0)
+                rc = parse_header(&ps, fs, &sec, &req_seen);
             seen->n = 0;
             continue;
         }
@@ -1017,7 +1157,8 @@ static int parse_file(const char *file, const char *text, size_t len, file_setti
             break;
         }
         const char *k = ps.p;
-        while (ps.p < ps.end && is_key_char(*ps.p)) ps.p++;
+        while (ps.p < ps.end && is_key_char(*ps.p))
+            ps.p++;
         size_t kl = (size_t)(ps.p - k);
         if (kl == 0) {
             PERR(&ps, "expected key = value, a [table] or a comment, not '%.*s'; %s",
@@ -1026,8 +1167,7 @@ static int parse_file(const char *file, const char *text, size_t len, file_setti
             break;
         }
         if (kl > MAX_KEY) {
-            PERR(&ps, "the key '%.20s...' is longer than %d characters; %s", k, MAX_KEY,
-                 SUPPORTED);
+            PERR(&ps, "the key '%.20s...' is longer than %d characters; %s", k, MAX_KEY, SUPPORTED);
             rc = -1;
             break;
         }
@@ -1054,37 +1194,47 @@ static int parse_file(const char *file, const char *text, size_t len, file_setti
         }
         int value_end_line = ps.line;
         ps.line = line; /* messages about the key name the line it starts on */
-        if (sec != SEC_UNKNOWN && seen_before(&ps, seen, key) != 0) rc = -1;
-        if (rc == 0) rc = apply_key(&ps, fs, sec, key, &v);
+        if (sec != SEC_UNKNOWN && seen_before(&ps, seen, key) != 0)
+            rc = -1;
+        if (rc == 0)
+            rc = apply_key(&ps, fs, sec, key, &v);
         value_free(&v);
         ps.line = value_end_line;
-        if (rc == 0) rc = end_of_line(&ps, "the value");
+        if (rc == 0)
+            rc = end_of_line(&ps, "the value");
     }
     free(seen);
-    if (rc != 0) return -1;
+    if (rc != 0)
+        return -1;
     return check_entry(&ps, fs, sec, header_line);
 }
 
 /* ======================================================================= the file == */
 
 /* Which file: 1 with path set, 0 for none, -1 with err. */
-static int find_file(char *path, size_t cap, char *err, size_t ecap) {
+static int find_file(char *path, size_t cap, char *err, size_t ecap)
+{
     size_t n;
     const char *explicit_ = env_view("GPUPOOL_CONFIG", &n);
     struct stat st;
     if (explicit_) {
-        if (n == 4 && !strncmp(explicit_, "none", 4)) return 0;
+        if (n == 4 && !strncmp(explicit_, "none", 4))
+            return 0;
         int rc = expand_path(explicit_, n, NULL, path, cap);
         if (rc != 0) {
-            set_err(err, ecap, "GPUPOOL_CONFIG=%.*s: %s; point it at the configuration file, or "
-                    "set GPUPOOL_CONFIG=none to read none", (int)n, explicit_,
+            set_err(err, ecap,
+                    "GPUPOOL_CONFIG=%.*s: %s; point it at the configuration file, or "
+                    "set GPUPOOL_CONFIG=none to read none",
+                    (int)n, explicit_,
                     rc == -2 ? "~ stands for the home folder, and HOME is not set"
                              : "the path is too long");
             return -1;
         }
         if (stat(path, &st) != 0) {
-            set_err(err, ecap, "GPUPOOL_CONFIG=%.*s: %s; point it at the configuration file, or "
-                    "set GPUPOOL_CONFIG=none to read none", (int)n, explicit_, strerror(errno));
+            set_err(err, ecap,
+                    "GPUPOOL_CONFIG=%.*s: %s; point it at the configuration file, or "
+                    "set GPUPOOL_CONFIG=none to read none",
+                    (int)n, explicit_, strerror(errno));
             return -1;
         }
         return 1;
@@ -1096,22 +1246,28 @@ static int find_file(char *path, size_t cap, char *err, size_t ecap) {
         k = snprintf(path, cap, "%s/gpupool/config.toml", xdg);
     } else {
         home_dir(home, sizeof home);
-        if (*home) k = snprintf(path, cap, "%s/.config/gpupool/config.toml", home);
+        if (*home)
+            k = snprintf(path, cap, "%s/.config/gpupool/config.toml", home);
     }
-    if (k > 0 && (size_t)k < cap && stat(path, &st) == 0 && S_ISREG(st.st_mode)) return 1;
+    if (k > 0 && (size_t)k < cap && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+        return 1;
     snprintf(path, cap, "/etc/gpupool/config.toml");
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) return 1;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
+        return 1;
     path[0] = 0;
     return 0;
 }
 
 /* Read the whole file (NUL-terminated, malloc'd). 0, or -1 with err. */
 static int read_file(const char *path, char **out, size_t *len, struct stat *st, char *err,
-                     size_t ecap) {
+                     size_t ecap)
+{
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, ecap, "cannot read the configuration file %s: %s; fix its permissions or "
-                "set GPUPOOL_CONFIG to another file", path, strerror(errno));
+        set_err(err, ecap,
+                "cannot read the configuration file %s: %s; fix its permissions or "
+                "set GPUPOOL_CONFIG to another file",
+                path, strerror(errno));
         return -1;
     }
     if (fstat(fileno(f), st) != 0 || !S_ISREG(st->st_mode)) {
@@ -1120,8 +1276,10 @@ static int read_file(const char *path, char **out, size_t *len, struct stat *st,
         return -1;
     }
     if (st->st_size > MAX_FILE_SIZE) {
-        set_err(err, ecap, "the configuration file %s is larger than %d bytes; is it the right "
-                "file?", path, MAX_FILE_SIZE);
+        set_err(err, ecap,
+                "the configuration file %s is larger than %d bytes; is it the right "
+                "file?",
+                path, MAX_FILE_SIZE);
         fclose(f);
         return -1;
     }
@@ -1135,8 +1293,10 @@ static int read_file(const char *path, char **out, size_t *len, struct stat *st,
     int bad = ferror(f);
     fclose(f);
     if (bad) {
-        set_err(err, ecap, "cannot read the configuration file %s: %s; fix its permissions or "
-                "set GPUPOOL_CONFIG to another file", path, strerror(EIO));
+        set_err(err, ecap,
+                "cannot read the configuration file %s: %s; fix its permissions or "
+                "set GPUPOOL_CONFIG to another file",
+                path, strerror(EIO));
         free(buf);
         return -1;
     }
@@ -1154,11 +1314,11 @@ static int read_file(const char *path, char **out, size_t *len, struct stat *st,
 
 /* The folder of path after symlinks are resolved (relative paths in the file start there). 0,
  * or -1 with err. */
-static int file_folder(const char *path, char *dir, size_t cap, char *err, size_t ecap) {
+static int file_folder(const char *path, char *dir, size_t cap, char *err, size_t ecap)
+{
     char *real = realpath(path, NULL);
     if (!real) {
-        set_err(err, ecap, "cannot resolve the configuration file %s: %s", path,
-                strerror(errno));
+        set_err(err, ecap, "cannot resolve the configuration file %s: %s", path, strerror(errno));
         return -1;
     }
     char *slash = strrchr(real, '/');
@@ -1169,40 +1329,48 @@ static int file_folder(const char *path, char *dir, size_t cap, char *err, size_
     int k = snprintf(dir, cap, "%s", real);
     free(real);
     if (k < 0 || (size_t)k >= cap) {
-        set_err(err, ecap, "the folder of the configuration file %s is longer than %zu bytes",
-                path, cap - 1);
+        set_err(err, ecap, "the folder of the configuration file %s is longer than %zu bytes", path,
+                cap - 1);
         return -1;
     }
     return 0;
 }
 
 /* 1 if path lies under the home folder (both resolved when they exist). */
-static int under_home(const char *path) {
+static int under_home(const char *path)
+{
     char home[4096], rhome[PATH_MAX], rpath[PATH_MAX];
     home_dir(home, sizeof home);
-    if (!*home) return 0;
+    if (!*home)
+        return 0;
     const char *h = realpath(home, rhome) ? rhome : home;
     const char *p = realpath(path, rpath) ? rpath : path;
     size_t hl = strlen(h);
-    while (hl > 1 && h[hl - 1] == '/') hl--;
+    while (hl > 1 && h[hl - 1] == '/')
+        hl--;
     return hl > 1 && strncmp(p, h, hl) == 0 && p[hl] == '/';
 }
 
 /* The mode warning: a file under the home folder holding a token, readable by others. */
-static void check_mode(const char *path, const struct stat *st, const file_settings *fs) {
-    if (!fs->holds_token || !(st->st_mode & 044) || !under_home(path)) return;
-    gp_log_info("%s holds a token and is readable by other users (mode %04o): chmod 600 %s",
-                path, (unsigned)(st->st_mode & 07777), path);
+static void check_mode(const char *path, const struct stat *st, const file_settings *fs)
+{
+    if (!fs->holds_token || !(st->st_mode & 044) || !under_home(path))
+        return;
+    gp_log_info("%s holds a token and is readable by other users (mode %04o): chmod 600 %s", path,
+                (unsigned)(st->st_mode & 07777), path);
 }
 
 /* ================================================================ the environment == */
 
 /* GPUPOOL_SERVER replaces the list; entries also in the file keep their settings. */
-static int env_servers(const char *list, size_t len, const file_settings *fs,
-                       gp_client_config *cfg, unsigned *set, char *err, size_t ecap) {
+static int env_servers(const char *list, size_t len, const file_settings *fs, gp_client_config *cfg,
+                       unsigned *set, char *err, size_t ecap)
+{
     if (!is_utf8(list, len)) { /* blanks and control characters: refused item by item */
-        set_err(err, ecap, "GPUPOOL_SERVER is not valid UTF-8: write host:port, [v6]:port, host "
-                "(port %s) or tls://host:port, separated by commas", GP_DEFAULT_PORT);
+        set_err(err, ecap,
+                "GPUPOOL_SERVER is not valid UTF-8: write host:port, [v6]:port, host "
+                "(port %s) or tls://host:port, separated by commas",
+                GP_DEFAULT_PORT);
         return -1;
     }
     char *copy = strndup(list, len);
@@ -1216,26 +1384,32 @@ static int env_servers(const char *list, size_t len, const file_settings *fs,
     for (char *e = strtok_r(copy, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
         size_t el = strlen(e);
         const char *item = strip(e, &el);
-        if (el == 0) continue;
+        if (el == 0)
+            continue;
         if (cfg->nservers >= GP_MAX_SERVERS) {
-            set_err(err, ecap, "GPUPOOL_SERVER names more than %d servers; keep the %d you "
-                    "prefer", GP_MAX_SERVERS, GP_MAX_SERVERS);
+            set_err(err, ecap,
+                    "GPUPOOL_SERVER names more than %d servers; keep the %d you "
+                    "prefer",
+                    GP_MAX_SERVERS, GP_MAX_SERVERS);
             rc = -1;
             break;
         }
         gp_server_config *s = &cfg->servers[cfg->nservers];
         int prefix;
         if (parse_address(item, el, s, &prefix) != 0) {
-            set_err(err, ecap, "GPUPOOL_SERVER: '%.*s' is not a server address: write "
+            set_err(err, ecap,
+                    "GPUPOOL_SERVER: '%.*s' is not a server address: write "
                     "host:port, [v6]:port, host (port %s) or tls://host:port, separated by "
-                    "commas", (int)el, item, GP_DEFAULT_PORT);
+                    "commas",
+                    (int)el, item, GP_DEFAULT_PORT);
             rc = -1;
             break;
         }
         unsigned bits = 0;
         for (int j = 0; j < fs->nservers; j++) {
             const gp_server_config *f = &fs->servers[j];
-            if (strcasecmp(f->host, s->host) != 0 || strcmp(f->port, s->port) != 0) continue;
+            if (strcasecmp(f->host, s->host) != 0 || strcmp(f->port, s->port) != 0)
+                continue;
             /* Its token, TLS and compression settings; the address as GPUPOOL_SERVER writes
              * it. */
             memcpy(s->token, f->token, sizeof s->token);
@@ -1247,7 +1421,8 @@ static int env_servers(const char *list, size_t len, const file_settings *fs,
             bits = fs->set[j];
             break;
         }
-        if (prefix) bits |= F_PREFIX;
+        if (prefix)
+            bits |= F_PREFIX;
         set[cfg->nservers] = bits;
         cfg->nservers++;
     }
@@ -1262,29 +1437,33 @@ static int env_servers(const char *list, size_t len, const file_settings *fs,
 
 /* GPUPOOL_TLS_CA/CERT/KEY into dst (cap 4096): "~/" expanded, a relative path left as the
  * caller's. 1 set, 0 unset, -1 with err. */
-static int env_tls_file(const char *name, char *dst, char *err, size_t ecap) {
+static int env_tls_file(const char *name, char *dst, char *err, size_t ecap)
+{
     size_t n;
     const char *v = env_view(name, &n);
-    if (!v) return 0;
+    if (!v)
+        return 0;
     if (has_control(v, n)) {
         set_err(err, ecap, "%s contains a control character; set it to %s", name, PATH_HOW);
         return -1;
     }
     int rc = expand_path(v, n, NULL, dst, 4096);
     if (rc == -2) {
-        set_err(err, ecap, "%s=%.*s: ~ stands for the home folder, and HOME is not set; write "
-                "the whole path", name, (int)n, v);
+        set_err(err, ecap,
+                "%s=%.*s: ~ stands for the home folder, and HOME is not set; write "
+                "the whole path",
+                name, (int)n, v);
         return -1;
     }
     if (rc != 0) {
-        set_err(err, ecap, "%s is longer than 4095 bytes once expanded; use a shorter path",
-                name);
+        set_err(err, ecap, "%s is longer than 4095 bytes once expanded; use a shorter path", name);
         return -1;
     }
     return 1;
 }
 
-static int env_requirements(gp_client_config *cfg, char *err, size_t ecap) {
+static int env_requirements(gp_client_config *cfg, char *err, size_t ecap)
+{
     size_t gn = 0, on = 0, n;
     const char *gpu = env_view("GPUPOOL_GPU", &gn), *old = env_view("GPUPOOL_DEVICE", &on);
     const char *gpu_var = "GPUPOOL_GPU";
@@ -1294,13 +1473,14 @@ static int env_requirements(gp_client_config *cfg, char *err, size_t ecap) {
         gpu_var = "GPUPOOL_DEVICE";
     } else if (old && (on != gn || memcmp(old, gpu, gn) != 0)) {
         gp_log_info("GPUPOOL_DEVICE=%.*s ignored: GPUPOOL_GPU=%.*s is set (GPUPOOL_DEVICE is its "
-                    "old name)", (int)on, old, (int)gn, gpu);
+                    "old name)",
+                    (int)on, old, (int)gn, gpu);
     }
     if (gpu && check_text(gpu_var, gpu, gn, GPU_HOW, cfg->gpu, sizeof cfg->gpu, err, ecap) != 0)
         return -1;
     const char *model = env_view("GPUPOOL_GPU_MODEL", &n);
-    if (model && check_text("GPUPOOL_GPU_MODEL", model, n, MODEL_HOW, cfg->model,
-                            sizeof cfg->model, err, ecap) != 0)
+    if (model && check_text("GPUPOOL_GPU_MODEL", model, n, MODEL_HOW, cfg->model, sizeof cfg->model,
+                            err, ecap) != 0)
         return -1;
     const char *mem = env_view("GPUPOOL_MIN_MEMORY", &n);
     if (mem) {
@@ -1312,15 +1492,15 @@ static int env_requirements(gp_client_config *cfg, char *err, size_t ecap) {
         int bad = gp_parse_size(text, &cfg->min_memory) != 0;
         free(text);
         if (bad) {
-            set_err(err, ecap, "GPUPOOL_MIN_MEMORY=%.*s is not a size: %s", (int)n, mem,
-                    SIZE_HOW);
+            set_err(err, ecap, "GPUPOOL_MIN_MEMORY=%.*s is not a size: %s", (int)n, mem, SIZE_HOW);
             return -1;
         }
     }
     return 0;
 }
 
-static int env_seconds(const char *name, const char *zero, double *out, char *err, size_t ecap) {
+static int env_seconds(const char *name, const char *zero, double *out, char *err, size_t ecap)
+{
     size_t n;
     const char *v = env_view(name, &n);
     if (v && parse_seconds(v, n, out) != 0) {
@@ -1333,27 +1513,34 @@ static int env_seconds(const char *name, const char *zero, double *out, char *er
 
 /* =================================================================== the loader == */
 
-static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap) {
+static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap)
+{
     memset(cfg, 0, sizeof *cfg);
     cfg->connect_timeout = 10;
     cfg->probe_timeout = 2;
 
     char path[4096];
     int found = find_file(path, sizeof path, err, ecap);
-    if (found < 0) return -1;
+    if (found < 0)
+        return -1;
     if (found) {
         char *text;
         size_t len;
         struct stat st;
-        if (read_file(path, &text, &len, &st, err, ecap) != 0) return -1;
+        if (read_file(path, &text, &len, &st, err, ecap) != 0)
+            return -1;
         int rc = file_folder(path, fs->dir, sizeof fs->dir, err, ecap);
-        if (rc == 0) rc = parse_file(path, text, len, fs, err, ecap);
+        if (rc == 0)
+            rc = parse_file(path, text, len, fs, err, ecap);
         free(text);
-        if (rc != 0) return -1;
+        if (rc != 0)
+            return -1;
         snprintf(cfg->file, sizeof cfg->file, "%s", path);
         check_mode(path, &st, fs);
-        if (fs->has_connect_timeout) cfg->connect_timeout = fs->connect_timeout;
-        if (fs->has_probe_timeout) cfg->probe_timeout = fs->probe_timeout;
+        if (fs->has_connect_timeout)
+            cfg->connect_timeout = fs->connect_timeout;
+        if (fs->has_probe_timeout)
+            cfg->probe_timeout = fs->probe_timeout;
         snprintf(cfg->gpu, sizeof cfg->gpu, "%s", fs->gpu);
         snprintf(cfg->model, sizeof cfg->model, "%s", fs->model);
         cfg->min_memory = fs->min_memory;
@@ -1365,7 +1552,8 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     size_t n;
     const char *list = env_view("GPUPOOL_SERVER", &n);
     if (list) {
-        if (env_servers(list, n, fs, cfg, set, err, ecap) != 0) return -1;
+        if (env_servers(list, n, fs, cfg, set, err, ecap) != 0)
+            return -1;
     } else {
         cfg->nservers = fs->nservers;
         for (int i = 0; i < fs->nservers; i++) {
@@ -1394,7 +1582,8 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     int env_ca = env_tls_file("GPUPOOL_TLS_CA", ca, err, ecap);
     int env_cert = env_ca < 0 ? -1 : env_tls_file("GPUPOOL_TLS_CERT", cert, err, ecap);
     int env_key = env_cert < 0 ? -1 : env_tls_file("GPUPOOL_TLS_KEY", key, err, ecap);
-    if (env_key < 0) return -1;
+    if (env_key < 0)
+        return -1;
     for (int i = 0; i < cfg->nservers; i++) {
         gp_server_config *s = &cfg->servers[i];
         if (tv)
@@ -1407,15 +1596,18 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
             s->tls = tls_env;
         else if (!(set[i] & F_TLS))
             s->tls = fs->tls;
-        if (env_ca || !(set[i] & F_CA)) memcpy(s->tls_ca, ca, sizeof ca);
-        if (env_cert || !(set[i] & F_CERT)) memcpy(s->tls_cert, cert, sizeof cert);
-        if (env_key || !(set[i] & F_KEY)) memcpy(s->tls_key, key, sizeof key);
+        if (env_ca || !(set[i] & F_CA))
+            memcpy(s->tls_ca, ca, sizeof ca);
+        if (env_cert || !(set[i] & F_CERT))
+            memcpy(s->tls_cert, cert, sizeof cert);
+        if (env_key || !(set[i] & F_KEY))
+            memcpy(s->tls_key, key, sizeof key);
     }
 
-    if (env_seconds("GPUPOOL_CONNECT_TIMEOUT", "0: no limit", &cfg->connect_timeout, err,
-                    ecap) != 0 ||
-        env_seconds("GPUPOOL_PROBE_TIMEOUT", "0: the default, 2", &cfg->probe_timeout, err,
-                    ecap) != 0 ||
+    if (env_seconds("GPUPOOL_CONNECT_TIMEOUT", "0: no limit", &cfg->connect_timeout, err, ecap) !=
+            0 ||
+        env_seconds("GPUPOOL_PROBE_TIMEOUT", "0: the default, 2", &cfg->probe_timeout, err, ecap) !=
+            0 ||
         env_requirements(cfg, err, ecap) != 0)
         return -1;
     size_t cn;
@@ -1423,31 +1615,37 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     if (cv) {
         int c = compression_value(cv, cn);
         if (c < 0) {
-            set_err(err, ecap, "GPUPOOL_COMPRESSION=%.*s is not supported: write off (the "
-                    "default) or lz4", (int)cn, cv);
+            set_err(err, ecap,
+                    "GPUPOOL_COMPRESSION=%.*s is not supported: write off (the "
+                    "default) or lz4",
+                    (int)cn, cv);
             return -1;
         }
         cfg->compression = c;
     }
     /* Each server's compression: GPUPOOL_COMPRESSION, else its own, else the top level's. */
     for (int i = 0; i < cfg->nservers; i++)
-        if (cv || !(set[i] & F_COMP)) cfg->servers[i].compression = cfg->compression;
+        if (cv || !(set[i] & F_COMP))
+            cfg->servers[i].compression = cfg->compression;
 
     /* A client certificate needs its key, and a key its certificate. */
     for (int i = 0; i < cfg->nservers; i++) {
         const gp_server_config *s = &cfg->servers[i];
-        if (!*s->tls_cert == !*s->tls_key) continue;
+        if (!*s->tls_cert == !*s->tls_key)
+            continue;
         const char *have = *s->tls_cert ? "tls_cert" : "tls_key";
         const char *lack = *s->tls_cert ? "tls_key" : "tls_cert";
-        set_err(err, ecap, "server %s: %s is set but %s is not: set both (a client certificate "
-                "and its key, GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY) or neither", s->address, have,
-                lack);
+        set_err(err, ecap,
+                "server %s: %s is set but %s is not: set both (a client certificate "
+                "and its key, GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY) or neither",
+                s->address, have, lack);
         return -1;
     }
     return 0;
 }
 
-int gp_client_config_load(gp_client_config *cfg, char *err, size_t errcap) {
+int gp_client_config_load(gp_client_config *cfg, char *err, size_t errcap)
+{
     file_settings *fs = calloc(1, sizeof *fs);
     if (!fs) {
         set_err(err, errcap, "out of memory reading the gpupool configuration");

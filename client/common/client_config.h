@@ -28,7 +28,7 @@
 typedef struct gp_server_config {
     char address[512]; /* as written, without tls:// ("host:port", "host", "[v6]:port") */
     char host[256], port[32];
-    int tls;           /* 0/1 after all overrides */
+    int tls; /* 0/1 after all overrides */
     char token[4097];
     char tls_ca[4096], tls_cert[4096], tls_key[4096];
     int compression; /* GP_COMPRESSION_*: GPUPOOL_COMPRESSION, else its own, else the top level */

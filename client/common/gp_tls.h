@@ -24,7 +24,7 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
  * whole call, passed; -1: no limit). */
 ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap);
 int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap);
-int gp_tls_pending(gp_tls *s);                       /* bytes OpenSSL holds that poll() misses */
+int gp_tls_pending(gp_tls *s); /* bytes OpenSSL holds that poll() misses */
 void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms);
 /* close_notify both ways, within timeout_ms in all (-1: no limit). */
 int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap);

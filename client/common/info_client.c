@@ -24,17 +24,20 @@
 #define NOTICE_MAX_BODY (4u + 2u + (4u + 4095u))
 
 /* "Connection refused" -> "connection refused" (a system message inside our sentence). */
-static void lower_first(char *s) {
+static void lower_first(char *s)
+{
     if (isupper((unsigned char)s[0]) && (s[1] == 0 || islower((unsigned char)s[1])))
         s[0] = (char)tolower((unsigned char)s[0]);
 }
 
-static void timed_out(double timeout_s, char *err, size_t cap) {
+static void timed_out(double timeout_s, char *err, size_t cap)
+{
     snprintf(err, cap, "timed out after %g s", timeout_s);
 }
 
 /* Milliseconds left until deadline, at most cap_ms. */
-static int left_capped_ms(double deadline, int cap_ms) {
+static int left_capped_ms(double deadline, int cap_ms)
+{
     int ms = gp_left_ms(deadline);
     return ms < 0 || ms > cap_ms ? cap_ms : ms;
 }
@@ -42,7 +45,8 @@ static int left_capped_ms(double deadline, int cap_ms) {
 /* The TLS alert a server sent instead of an answer (a refused client certificate), else why
  * the exchange failed. */
 static void link_failure(gp_link *l, int e, const char *what, double timeout_s, char *err,
-                         size_t cap) {
+                         size_t cap)
+{
     if (e == ETIMEDOUT) {
         timed_out(timeout_s, err, cap);
     } else if (e == EPROTO && l->tls) {
@@ -64,19 +68,27 @@ static void link_failure(gp_link *l, int e, const char *what, double timeout_s, 
 
 /* Send the info frame and read the answer on a connected link. 0 (out filled) or -1. */
 static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_config *srv,
-                    double deadline, double timeout_s, gp_info_result *out, char *err,
-                    size_t cap) {
+                    double deadline, double timeout_s, gp_info_result *out, char *err, size_t cap)
+{
     char host_raw[256], host[256];
-    if (gethostname(host_raw, sizeof host_raw) != 0) snprintf(host_raw, sizeof host_raw, "?");
+    if (gethostname(host_raw, sizeof host_raw) != 0)
+        snprintf(host_raw, sizeof host_raw, "?");
     host_raw[sizeof host_raw - 1] = 0;
     gp_utf8_clean(host, sizeof host, host_raw, strlen(host_raw));
     gp_info m = {
-        .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR, .flags = 0,
-        .token = srv->token, .token_len = (uint32_t)strlen(srv->token),
-        .gpu = cfg->gpu, .gpu_len = (uint32_t)strlen(cfg->gpu),
-        .model = cfg->model, .model_len = (uint32_t)strlen(cfg->model),
+        .magic = GP_PROTO_MAGIC,
+        .major = GP_PROTO_MAJOR,
+        .minor = GP_PROTO_MINOR,
+        .flags = 0,
+        .token = srv->token,
+        .token_len = (uint32_t)strlen(srv->token),
+        .gpu = cfg->gpu,
+        .gpu_len = (uint32_t)strlen(cfg->gpu),
+        .model = cfg->model,
+        .model_len = (uint32_t)strlen(cfg->model),
         .min_memory = cfg->min_memory,
-        .host = host, .host_len = (uint32_t)strlen(host),
+        .host = host,
+        .host_len = (uint32_t)strlen(host),
     };
     size_t n = 16 + gp_info_size(&m);
     uint8_t *f = malloc(n);
@@ -87,7 +99,8 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
     gp_info_frame(f, 1, &m);
     /* The frame (under 10 KiB) fits in the socket's send buffer: a plain write does not wait.
      * Through TLS, a write may have to read first: bounded by what is left as well. */
-    if (l->tls) gp_tls_set_send_timeout(l->tls, left_capped_ms(deadline, 2000));
+    if (l->tls)
+        gp_tls_set_send_timeout(l->tls, left_capped_ms(deadline, 2000));
     int ok = gp_link_write(l, f, n) == 0;
     free(f);
     if (!ok) {
@@ -108,8 +121,10 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
             int e = errno;
             if (e == ECONNRESET && notice_code) {
                 if (strstr(notice, "must be hello")) {
-                    snprintf(err, cap, "server speaks protocol 1.0; this client needs %d.%d for "
-                             "info: upgrade gpupoold", GP_PROTO_MAJOR, GP_PROTO_MINOR);
+                    snprintf(err, cap,
+                             "server speaks protocol 1.0; this client needs %d.%d for "
+                             "info: upgrade gpupoold",
+                             GP_PROTO_MAJOR, GP_PROTO_MINOR);
                     return GP_INFO_OLD_SERVER;
                 }
                 snprintf(err, cap, "%s", notice);
@@ -123,13 +138,16 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
         int is_notice = !(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE;
         int is_reply = (hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_INFO;
         if (!is_notice && !is_reply) {
-            snprintf(err, cap, "it does not answer like a gpupool server (protocol %d.%d); is "
-                     "the port right?", GP_PROTO_MAJOR, GP_PROTO_MINOR);
+            snprintf(err, cap,
+                     "it does not answer like a gpupool server (protocol %d.%d); is "
+                     "the port right?",
+                     GP_PROTO_MAJOR, GP_PROTO_MINOR);
             return -1;
         }
         uint32_t max = is_notice ? NOTICE_MAX_BODY : INFO_REPLY_MAX_BODY;
         if (hd.len > max) {
-            snprintf(err, cap, "its answer to info is a %s of %u bytes, more than the %u it can "
+            snprintf(err, cap,
+                     "its answer to info is a %s of %u bytes, more than the %u it can "
                      "be: it does not answer like a gpupool server; is the port right?",
                      is_notice ? "notice" : "reply", hd.len, max);
             return -1;
@@ -157,11 +175,13 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
         gp_info_reply r;
         int rc = gp_info_reply_decode(body, hd.len, &r);
         /* A newer server appends fields to its reply: the ones we know are enough. */
-        if (rc != 0 && !(rc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR &&
-                         r.minor > GP_PROTO_MINOR)) {
+        if (rc != 0 &&
+            !(rc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR && r.minor > GP_PROTO_MINOR)) {
             free(body);
-            snprintf(err, cap, "it does not answer like a gpupool server (protocol %d.%d); is "
-                     "the port right?", GP_PROTO_MAJOR, GP_PROTO_MINOR);
+            snprintf(err, cap,
+                     "it does not answer like a gpupool server (protocol %d.%d); is "
+                     "the port right?",
+                     GP_PROTO_MAJOR, GP_PROTO_MINOR);
             return -1;
         }
         out->json = malloc((size_t)r.json_len + 1);
@@ -187,9 +207,11 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
 }
 
 int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, double timeout_s,
-                  gp_info_result *out, char *err, size_t errcap) {
+                  gp_info_result *out, char *err, size_t errcap)
+{
     memset(out, 0, sizeof *out);
-    if (!(timeout_s > 0)) timeout_s = GP_INFO_DEFAULT_TIMEOUT; /* a probe never waits forever */
+    if (!(timeout_s > 0))
+        timeout_s = GP_INFO_DEFAULT_TIMEOUT; /* a probe never waits forever */
     /* One deadline for everything: connect (each address only the time left), TLS handshake,
      * the request, every read of the answer. Name resolution has no timeout (getaddrinfo). */
     double deadline = gp_deadline(timeout_s);
@@ -209,19 +231,24 @@ int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, doub
     if (srv->tls) {
         if (gp_tls_setup(srv, err, errcap) == 0)
             l.tls = gp_tls_connect(srv, fd, 0, gp_left_ms(deadline), err, errcap);
-        if (l.tls) rc = 0;
+        if (l.tls)
+            rc = 0;
     } else {
         rc = 0;
     }
-    if (rc == 0) rc = exchange(&l, cfg, srv, deadline, timeout_s, out, err, errcap);
+    if (rc == 0)
+        rc = exchange(&l, cfg, srv, deadline, timeout_s, out, err, errcap);
     gp_tls_free(l.tls);
     close(fd);
-    if (rc != 0) gp_info_free(out);
+    if (rc != 0)
+        gp_info_free(out);
     return rc;
 }
 
-void gp_info_free(gp_info_result *r) {
-    if (!r) return;
+void gp_info_free(gp_info_result *r)
+{
+    if (!r)
+        return;
     free(r->json);
     r->json = NULL;
 }

@@ -13,12 +13,12 @@
 #include "client_config.h"
 
 typedef struct gp_info_result {
-    int32_t result;               /* 0 or a GP_E* code (refused: message says why) */
+    int32_t result; /* 0 or a GP_E* code (refused: message says why) */
     char message[4096];
-    uint16_t major, minor;        /* the server's protocol version */
+    uint16_t major, minor; /* the server's protocol version */
     char server[256];
     uint32_t gpus, matching, free_matching, queue;
-    char *json;                   /* malloc'd, NUL-terminated ("" on refusal); gp_info_free */
+    char *json; /* malloc'd, NUL-terminated ("" on refusal); gp_info_free */
 } gp_info_result;
 
 /* probe_timeout 0 (and any timeout_s <= 0) means this many seconds for a probe: never forever. */

@@ -17,13 +17,19 @@
 
 #include "gp_log.h"
 
-enum { LVL_ERROR = 0, LVL_INFO = 1, LVL_DEBUG = 2 };
+enum {
+    LVL_ERROR = 0,
+    LVL_INFO = 1,
+    LVL_DEBUG = 2
+};
 
 static atomic_int log_level = -1; /* -1: GPUPOOL_LOG not read yet */
 
-static int level(void) {
+static int level(void)
+{
     int l = atomic_load_explicit(&log_level, memory_order_relaxed);
-    if (l >= 0) return l;
+    if (l >= 0)
+        return l;
     const char *env = getenv("GPUPOOL_LOG");
     l = LVL_INFO;
     if (env && (strcasecmp(env, "quiet") == 0 || strcasecmp(env, "error") == 0 ||
@@ -35,14 +41,17 @@ static int level(void) {
     return l;
 }
 
-static void emit(const char *fmt, va_list ap) {
+static void emit(const char *fmt, va_list ap)
+{
     char line[2048];
     int saved = errno;
     size_t n = (size_t)snprintf(line, sizeof line, "gpupool: ");
     int k = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
-    if (k < 0) k = 0;
+    if (k < 0)
+        k = 0;
     n += (size_t)k < sizeof line - n - 1 ? (size_t)k : sizeof line - n - 2;
-    if (n > 0 && line[n - 1] == '\n') n--; /* callers may or may not end with a newline */
+    if (n > 0 && line[n - 1] == '\n')
+        n--; /* callers may or may not end with a newline */
     /* Lines often carry a server's words (notices, refusals): no control character of theirs
      * reaches the user's terminal (an escape sequence could rewrite what it shows). */
     for (size_t i = 0; i < n; i++) {
@@ -56,33 +65,43 @@ static void emit(const char *fmt, va_list ap) {
     const char *p = line;
     while (n > 0) {
         ssize_t w = write(STDERR_FILENO, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) break;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
         p += w;
         n -= (size_t)w;
     }
     errno = saved;
 }
 
-void gp_log_error(const char *fmt, ...) {
+void gp_log_error(const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
     emit(fmt, ap);
     va_end(ap);
 }
 
-void gp_log_info(const char *fmt, ...) {
-    if (level() < LVL_INFO) return;
+void gp_log_info(const char *fmt, ...)
+{
+    if (level() < LVL_INFO)
+        return;
     va_list ap;
     va_start(ap, fmt);
     emit(fmt, ap);
     va_end(ap);
 }
 
-int gp_log_debug_enabled(void) { return level() >= LVL_DEBUG; }
+int gp_log_debug_enabled(void)
+{
+    return level() >= LVL_DEBUG;
+}
 
-void gp_log_debug(const char *fmt, ...) {
-    if (level() < LVL_DEBUG) return;
+void gp_log_debug(const char *fmt, ...)
+{
+    if (level() < LVL_DEBUG)
+        return;
     va_list ap;
     va_start(ap, fmt);
     emit(fmt, ap);

@@ -17,56 +17,73 @@
 
 #include "net.h"
 
-int gp_timeout_ms(double timeout_s) {
-    if (!(timeout_s > 0)) return -1;
-    if (timeout_s > 2000000.0) return 2000000000; /* ~23 days: as good as forever */
+int gp_timeout_ms(double timeout_s)
+{
+    if (!(timeout_s > 0))
+        return -1;
+    if (timeout_s > 2000000.0)
+        return 2000000000; /* ~23 days: as good as forever */
     int ms = (int)(timeout_s * 1000);
     return ms > 0 ? ms : 1;
 }
 
-double gp_now(void) {
+double gp_now(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-double gp_deadline(double timeout_s) { return timeout_s > 0 ? gp_now() + timeout_s : 0; }
+double gp_deadline(double timeout_s)
+{
+    return timeout_s > 0 ? gp_now() + timeout_s : 0;
+}
 
-int gp_left_ms(double deadline) {
-    if (deadline <= 0) return -1;
+int gp_left_ms(double deadline)
+{
+    if (deadline <= 0)
+        return -1;
     double left = deadline - gp_now();
     return left <= 0 ? 0 : gp_timeout_ms(left);
 }
 
-int gp_split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap) {
+int gp_split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap)
+{
     const char *colon;
     if (!strchr(s, ':') && s[0] != '[') {
-        if (strlen(s) >= hcap || !*s) return -1;
+        if (strlen(s) >= hcap || !*s)
+            return -1;
         strcpy(host, s);
         snprintf(port, pcap, "%s", GP_DEFAULT_PORT);
         return 0;
     }
     if (s[0] == '[') {
         const char *close = strchr(s, ']');
-        if (!close || close[1] != ':') return -1;
-        if ((size_t)(close - s - 1) >= hcap) return -1;
+        if (!close || close[1] != ':')
+            return -1;
+        if ((size_t)(close - s - 1) >= hcap)
+            return -1;
         memcpy(host, s + 1, (size_t)(close - s - 1));
         host[close - s - 1] = 0;
         colon = close + 1;
     } else {
         colon = strrchr(s, ':');
-        if (!colon || (size_t)(colon - s) >= hcap) return -1;
+        if (!colon || (size_t)(colon - s) >= hcap)
+            return -1;
         memcpy(host, s, (size_t)(colon - s));
         host[colon - s] = 0;
     }
-    if (!colon[1] || strlen(colon + 1) >= pcap) return -1;
+    if (!colon[1] || strlen(colon + 1) >= pcap)
+        return -1;
     for (const char *p = colon + 1; *p; p++)
-        if (*p < '0' || *p > '9') return -1;
+        if (*p < '0' || *p > '9')
+            return -1;
     strcpy(port, colon + 1);
     return host[0] ? 0 : -1;
 }
 
-static void set_keepalive(int fd) {
+static void set_keepalive(int fd)
+{
     int one = 1, idle = 10, intvl = 5, cnt = 3;
     /* Best effort: a socket without these options still works, only less promptly. */
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -79,7 +96,8 @@ static void set_keepalive(int fd) {
 }
 
 int gp_tcp_connect_until(const char *host, const char *port, double deadline, char *err,
-                         size_t ecap) {
+                         size_t ecap)
+{
     /* getaddrinfo has no timeout of its own: a resolver that hangs holds us for as long as it
      * takes (its own retries, typically a few seconds). The addresses it gives then share what
      * is left of the deadline. */
@@ -103,11 +121,13 @@ int gp_tcp_connect_until(const char *host, const char *port, double deadline, ch
         }
         int fl = fcntl(fd, F_GETFL);
         int rc = fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-        if (rc == 0) rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc == 0)
+            rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (rc != 0 && errno == EINPROGRESS) {
             struct pollfd p = {.fd = fd, .events = POLLOUT};
             int pr;
-            do pr = poll(&p, 1, gp_left_ms(deadline)); /* only the time left, for each address */
+            do
+                pr = poll(&p, 1, gp_left_ms(deadline)); /* only the time left, for each address */
             while (pr < 0 && errno == EINTR);
             if (pr == 0) {
                 errno = ETIMEDOUT;
@@ -117,7 +137,8 @@ int gp_tcp_connect_until(const char *host, const char *port, double deadline, ch
             } else {
                 int soerr = 0;
                 socklen_t sl = sizeof soerr;
-                if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0) soerr = errno;
+                if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0)
+                    soerr = errno;
                 errno = soerr;
                 rc = soerr ? -1 : 0;
             }
@@ -138,16 +159,19 @@ int gp_tcp_connect_until(const char *host, const char *port, double deadline, ch
     return fd;
 }
 
-int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *err,
-                   size_t ecap) {
+int gp_tcp_connect(const char *host, const char *port, double timeout_s, char *err, size_t ecap)
+{
     return gp_tcp_connect_until(host, port, gp_deadline(timeout_s), err, ecap);
 }
 
-static int write_all_fd(int fd, const uint8_t *p, size_t n) {
+static int write_all_fd(int fd, const uint8_t *p, size_t n)
+{
     while (n > 0) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
         p += w;
         n -= (size_t)w;
     }
@@ -155,42 +179,55 @@ static int write_all_fd(int fd, const uint8_t *p, size_t n) {
 }
 
 /* Exactly n bytes by deadline (0: none). */
-static int read_all_fd(int fd, uint8_t *p, size_t n, double deadline) {
+static int read_all_fd(int fd, uint8_t *p, size_t n, double deadline)
+{
     while (n > 0) {
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         int pr = poll(&pf, 1, gp_left_ms(deadline)); /* recomputed for every chunk */
-        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0 && errno == EINTR)
+            continue;
         if (pr == 0) {
             errno = ETIMEDOUT;
             return -1;
         }
-        if (pr < 0) return -1;
+        if (pr < 0)
+            return -1;
         ssize_t r = recv(fd, p, n, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r == 0) errno = ECONNRESET;
-        if (r <= 0) return -1;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0)
+            errno = ECONNRESET;
+        if (r <= 0)
+            return -1;
         p += r;
         n -= (size_t)r;
     }
     return 0;
 }
 
-int gp_link_write(gp_link *l, const void *p, size_t n) {
-    if (!l->tls) return write_all_fd(l->fd, p, n);
-    if (gp_tls_write(l->tls, p, n, l->err, sizeof l->err) == 0) return 0;
+int gp_link_write(gp_link *l, const void *p, size_t n)
+{
+    if (!l->tls)
+        return write_all_fd(l->fd, p, n);
+    if (gp_tls_write(l->tls, p, n, l->err, sizeof l->err) == 0)
+        return 0;
     errno = EPROTO;
     return -1;
 }
 
-int gp_link_read_until(gp_link *l, void *buf, size_t n, double deadline) {
+int gp_link_read_until(gp_link *l, void *buf, size_t n, double deadline)
+{
     uint8_t *p = buf;
-    if (!l->tls) return read_all_fd(l->fd, p, n, deadline);
+    if (!l->tls)
+        return read_all_fd(l->fd, p, n, deadline);
     while (n > 0) {
         /* gp_tls_read bounds its whole call by the milliseconds it is given: what is left. */
         ssize_t r = gp_tls_read(l->tls, p, n, gp_left_ms(deadline), l->err, sizeof l->err);
-        if (r == 0) errno = ECONNRESET;
+        if (r == 0)
+            errno = ECONNRESET;
         if (r <= 0) {
-            if (r < 0 && errno != ETIMEDOUT) errno = EPROTO;
+            if (r < 0 && errno != ETIMEDOUT)
+                errno = EPROTO;
             return -1;
         }
         p += r;
@@ -199,11 +236,14 @@ int gp_link_read_until(gp_link *l, void *buf, size_t n, double deadline) {
     return 0;
 }
 
-int gp_link_read(gp_link *l, void *buf, size_t n, int timeout_ms) {
+int gp_link_read(gp_link *l, void *buf, size_t n, int timeout_ms)
+{
     return gp_link_read_until(l, buf, n, timeout_ms < 0 ? 0 : gp_now() + timeout_ms / 1000.0);
 }
 
-const char *gp_link_error(gp_link *l, int err) {
-    if (err == ECONNRESET) return "connection closed";
+const char *gp_link_error(gp_link *l, int err)
+{
+    if (err == ECONNRESET)
+        return "connection closed";
     return err == EPROTO && l->tls ? l->err : strerror(err);
 }

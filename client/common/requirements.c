@@ -15,22 +15,26 @@
 
 #include "client_config.h"
 
-size_t gp_utf8_clean(char *dst, size_t cap, const char *src, size_t n) {
+size_t gp_utf8_clean(char *dst, size_t cap, const char *src, size_t n)
+{
     size_t o = 0;
     const unsigned char *s = (const unsigned char *)src;
     for (size_t i = 0; i < n;) {
         unsigned c = s[i];
         size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
         int ok = k > 0 && i + k <= n && c != 0xC0 && c != 0xC1 && c <= 0xF4;
-        for (size_t j = 1; ok && j < k; j++) ok = (s[i + j] & 0xC0) == 0x80;
+        for (size_t j = 1; ok && j < k; j++)
+            ok = (s[i + j] & 0xC0) == 0x80;
         if (ok && k > 2) { /* no overlong forms, surrogates or code points past U+10FFFF */
             unsigned c1 = s[i + 1];
             if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
                 (c == 0xF4 && c1 > 0x8F))
                 ok = 0;
         }
-        if (!ok) k = 1;
-        if (o + (ok ? k : 1) >= cap) break;
+        if (!ok)
+            k = 1;
+        if (o + (ok ? k : 1) >= cap)
+            break;
         if (ok) {
             memcpy(dst + o, s + i, k);
             o += k;
@@ -66,37 +70,48 @@ static const struct {
     {"tib", 1ull << 40},
 };
 
-int gp_parse_size(const char *s, uint64_t *out) {
-    while (*s == ' ' || *s == '\t') s++;
-    if (!isdigit((unsigned char)*s)) return -1; /* no sign, no empty number */
+int gp_parse_size(const char *s, uint64_t *out)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (!isdigit((unsigned char)*s))
+        return -1; /* no sign, no empty number */
     /* The number as whole + frac / 10^fdigits, in integers (no float rounding surprises). */
     uint64_t whole = 0, frac = 0, fscale = 1;
     for (; isdigit((unsigned char)*s); s++) {
         uint64_t d = (uint64_t)(*s - '0');
-        if (whole > UINT64_MAX / 10 || whole * 10 > UINT64_MAX - d) return -1;
+        if (whole > UINT64_MAX / 10 || whole * 10 > UINT64_MAX - d)
+            return -1;
         whole = whole * 10 + d;
     }
     if (*s == '.') {
         s++;
-        if (!isdigit((unsigned char)*s)) return -1;
+        if (!isdigit((unsigned char)*s))
+            return -1;
         for (; isdigit((unsigned char)*s); s++) {
-            if (fscale >= 1000000ull) continue; /* digits past the sixth cannot matter */
+            if (fscale >= 1000000ull)
+                continue; /* digits past the sixth cannot matter */
             frac = frac * 10 + (uint64_t)(*s - '0');
             fscale *= 10;
         }
     }
-    while (*s == ' ' || *s == '\t') s++;
+    while (*s == ' ' || *s == '\t')
+        s++;
     const char *unit = s;
     size_t ul = strlen(unit);
-    while (ul > 0 && (unit[ul - 1] == ' ' || unit[ul - 1] == '\t')) ul--;
+    while (ul > 0 && (unit[ul - 1] == ' ' || unit[ul - 1] == '\t'))
+        ul--;
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strlen(units[i].name) != ul || strncasecmp(unit, units[i].name, ul) != 0) continue;
+        if (strlen(units[i].name) != ul || strncasecmp(unit, units[i].name, ul) != 0)
+            continue;
         uint64_t m = units[i].mult;
-        if (whole > UINT64_MAX / m) return -1;
+        if (whole > UINT64_MAX / m)
+            return -1;
         uint64_t v = whole * m;
         /* No overflow: frac < fscale <= 10^6 < 2^20 and m <= 2^40. */
         uint64_t f = frac * m / fscale;
-        if (f > UINT64_MAX - v) return -1;
+        if (f > UINT64_MAX - v)
+            return -1;
         *out = v + f;
         return 0;
     }

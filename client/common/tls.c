@@ -105,8 +105,8 @@ static struct {
 
 /* Loaded once; the contexts are made on first use (probes run in parallel threads). */
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static int loaded;      /* O, bio_meth ready; guarded by load_lock */
-static void *bio_meth;  /* our socket BIO method */
+static int loaded;     /* O, bio_meth ready; guarded by load_lock */
+static void *bio_meth; /* our socket BIO method */
 
 /* The SSL_CTX for one set of files; a list guarded by load_lock, never shortened. */
 typedef struct tls_context {
@@ -125,21 +125,58 @@ struct gp_tls {
 
 /* ------------------------------------------------------------------ loading OpenSSL == */
 
-static int load_symbols(void *ssl, void *crypto, char *err, size_t cap) {
-    struct { void **slot; void *lib; const char *name; } t[] = {
+static int load_symbols(void *ssl, void *crypto, char *err, size_t cap)
+{
+    struct {
+        void **slot;
+        void *lib;
+        const char *name;
+    } t[] = {
 #define S(n) {(void **)&O.n, ssl, #n}
-#define C(n) {(void **)&O.n, crypto, #n}
-        S(OPENSSL_init_ssl), S(TLS_client_method), S(SSL_CTX_new), S(SSL_CTX_free), S(SSL_CTX_ctrl),
-        S(SSL_CTX_set_options), S(SSL_CTX_set_default_verify_paths),
-        S(SSL_CTX_load_verify_locations), S(SSL_CTX_use_certificate_chain_file),
-        S(SSL_CTX_use_PrivateKey_file), S(SSL_CTX_check_private_key), S(SSL_CTX_set_verify),
-        S(SSL_new), S(SSL_free), S(SSL_set_bio), S(SSL_set1_host), S(SSL_set_read_ahead),
-        S(SSL_set_default_read_buffer_len), S(SSL_ctrl), S(SSL_connect),
-        S(SSL_read), S(SSL_write), S(SSL_shutdown), S(SSL_get_error), S(SSL_has_pending),
-        S(SSL_get_verify_result), C(X509_verify_cert_error_string), C(ERR_get_error),
-        C(ERR_error_string_n), C(ERR_clear_error), C(BIO_get_new_index), C(BIO_meth_new),
-        C(BIO_meth_set_write), C(BIO_meth_set_read), C(BIO_meth_set_ctrl), C(BIO_new),
-        C(BIO_set_data), C(BIO_get_data), C(BIO_set_init), C(BIO_set_flags),
+#define C(n)                                                                                       \
+    {                                                                                              \
+        (void **)&O.n, crypto, #n                                                                  \
+    }
+        S(OPENSSL_init_ssl),
+        S(TLS_client_method),
+        S(SSL_CTX_new),
+        S(SSL_CTX_free),
+        S(SSL_CTX_ctrl),
+        S(SSL_CTX_set_options),
+        S(SSL_CTX_set_default_verify_paths),
+        S(SSL_CTX_load_verify_locations),
+        S(SSL_CTX_use_certificate_chain_file),
+        S(SSL_CTX_use_PrivateKey_file),
+        S(SSL_CTX_check_private_key),
+        S(SSL_CTX_set_verify),
+        S(SSL_new),
+        S(SSL_free),
+        S(SSL_set_bio),
+        S(SSL_set1_host),
+        S(SSL_set_read_ahead),
+        S(SSL_set_default_read_buffer_len),
+        S(SSL_ctrl),
+        S(SSL_connect),
+        S(SSL_read),
+        S(SSL_write),
+        S(SSL_shutdown),
+        S(SSL_get_error),
+        S(SSL_has_pending),
+        S(SSL_get_verify_result),
+        C(X509_verify_cert_error_string),
+        C(ERR_get_error),
+        C(ERR_error_string_n),
+        C(ERR_clear_error),
+        C(BIO_get_new_index),
+        C(BIO_meth_new),
+        C(BIO_meth_set_write),
+        C(BIO_meth_set_read),
+        C(BIO_meth_set_ctrl),
+        C(BIO_new),
+        C(BIO_set_data),
+        C(BIO_get_data),
+        C(BIO_set_init),
+        C(BIO_set_flags),
         C(BIO_clear_flags),
 #undef S
 #undef C
@@ -156,7 +193,8 @@ static int load_symbols(void *ssl, void *crypto, char *err, size_t cap) {
 }
 
 /* The oldest error OpenSSL queued in this thread, as text (or `dflt`). */
-static void ssl_error_text(char *out, size_t cap, const char *dflt) {
+static void ssl_error_text(char *out, size_t cap, const char *dflt)
+{
     unsigned long e = O.ERR_get_error(), last = e;
     while (last) { /* keep the first, drop the rest of the queue */
         last = O.ERR_get_error();
@@ -172,35 +210,41 @@ static void ssl_error_text(char *out, size_t cap, const char *dflt) {
     snprintf(out, cap, "%s", r && r[1] ? r + 1 : buf);
 }
 
-static int bio_write(void *b, const char *p, int n) {
+static int bio_write(void *b, const char *p, int n)
+{
     int fd = (int)(intptr_t)O.BIO_get_data(b);
     O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
     ssize_t w;
-    do w = send(fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    do
+        w = send(fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (w < 0 && errno == EINTR);
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         O.BIO_set_flags(b, O_BIO_FLAGS_WRITE | O_BIO_FLAGS_SHOULD_RETRY);
     return (int)w;
 }
 
-static int bio_read(void *b, char *p, int n) {
+static int bio_read(void *b, char *p, int n)
+{
     int fd = (int)(intptr_t)O.BIO_get_data(b);
     O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
     ssize_t r;
-    do r = recv(fd, p, (size_t)n, MSG_DONTWAIT);
+    do
+        r = recv(fd, p, (size_t)n, MSG_DONTWAIT);
     while (r < 0 && errno == EINTR);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         O.BIO_set_flags(b, O_BIO_FLAGS_READ | O_BIO_FLAGS_SHOULD_RETRY);
     return (int)r;
 }
 
-static long bio_ctrl(void *b, int cmd, long num, void *ptr) {
+static long bio_ctrl(void *b, int cmd, long num, void *ptr)
+{
     (void)b, (void)num, (void)ptr;
     return cmd == O_BIO_CTRL_FLUSH; /* nothing is buffered in this BIO */
 }
 
 /* A new SSL_CTX for srv's files, or NULL with err filled. Called under load_lock. */
-static void *make_context(const gp_server_config *srv, char *err, size_t cap) {
+static void *make_context(const gp_server_config *srv, char *err, size_t cap)
+{
     void *c = O.SSL_CTX_new(O.TLS_client_method());
     if (!c) {
         ssl_error_text(err, cap, "SSL_CTX_new failed");
@@ -217,9 +261,10 @@ static void *make_context(const gp_server_config *srv, char *err, size_t cap) {
         if (O.SSL_CTX_load_verify_locations(c, ca, NULL) != 1) {
             char why[200];
             ssl_error_text(why, sizeof why, "unreadable");
-            snprintf(err, cap, "cannot use the CA file %s (GPUPOOL_TLS_CA / tls_ca) (%s): it "
-                     "must be a PEM file of CA certificates", ca,
-                     access(ca, R_OK) ? strerror(errno) : why);
+            snprintf(err, cap,
+                     "cannot use the CA file %s (GPUPOOL_TLS_CA / tls_ca) (%s): it "
+                     "must be a PEM file of CA certificates",
+                     ca, access(ca, R_OK) ? strerror(errno) : why);
             goto fail;
         }
     } else if (O.SSL_CTX_set_default_verify_paths(c) != 1) {
@@ -237,17 +282,19 @@ static void *make_context(const gp_server_config *srv, char *err, size_t cap) {
         char why[200];
         if (O.SSL_CTX_use_certificate_chain_file(c, cert) != 1) {
             ssl_error_text(why, sizeof why, "unreadable");
-            snprintf(err, cap, "cannot use the client certificate %s (GPUPOOL_TLS_CERT / "
-                     "tls_cert) (%s): it must be a PEM certificate chain", cert,
-                     access(cert, R_OK) ? strerror(errno) : why);
+            snprintf(err, cap,
+                     "cannot use the client certificate %s (GPUPOOL_TLS_CERT / "
+                     "tls_cert) (%s): it must be a PEM certificate chain",
+                     cert, access(cert, R_OK) ? strerror(errno) : why);
             goto fail;
         }
         if (O.SSL_CTX_use_PrivateKey_file(c, key, O_SSL_FILETYPE_PEM) != 1 ||
             O.SSL_CTX_check_private_key(c) != 1) {
             ssl_error_text(why, sizeof why, "unreadable");
-            snprintf(err, cap, "cannot use the client key %s (GPUPOOL_TLS_KEY / tls_key) (%s): "
-                     "it must be the unencrypted PEM key of the client certificate %s", key,
-                     access(key, R_OK) ? strerror(errno) : why, cert);
+            snprintf(err, cap,
+                     "cannot use the client key %s (GPUPOOL_TLS_KEY / tls_key) (%s): "
+                     "it must be the unencrypted PEM key of the client certificate %s",
+                     key, access(key, R_OK) ? strerror(errno) : why, cert);
             goto fail;
         }
     }
@@ -258,12 +305,16 @@ fail:
 }
 
 /* dlopen OpenSSL and make the BIO method, once. Called under load_lock. 0, or -1. */
-static int load_openssl(char *err, size_t cap) {
-    if (loaded) return 0;
+static int load_openssl(char *err, size_t cap)
+{
+    if (loaded)
+        return 0;
     static void *ssl_lib, *crypto_lib; /* guarded by load_lock */
     /* libcrypto first: libssl needs it, and we take symbols from both. */
-    if (!crypto_lib) crypto_lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
-    if (crypto_lib && !ssl_lib) ssl_lib = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (!crypto_lib)
+        crypto_lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (crypto_lib && !ssl_lib)
+        ssl_lib = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
     if (!crypto_lib || !ssl_lib) {
         snprintf(err, cap, "TLS needs OpenSSL 3 (libssl.so.3): install libssl3 (%s)", dlerror());
         return -1;
@@ -287,7 +338,8 @@ static int load_openssl(char *err, size_t cap) {
 }
 
 /* The context for srv's files (made on first use), or NULL with err filled. */
-static void *context_for(const gp_server_config *srv, char *err, size_t cap) {
+static void *context_for(const gp_server_config *srv, char *err, size_t cap)
+{
     void *c = NULL;
     pthread_mutex_lock(&load_lock);
     if (load_openssl(err, cap) == 0) {
@@ -315,26 +367,32 @@ static void *context_for(const gp_server_config *srv, char *err, size_t cap) {
     return c;
 }
 
-int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap) {
+int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap)
+{
     return context_for(srv, err, cap) ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------ one session == */
 
 /* Monotonic milliseconds. */
-static int64_t now_ms(void) {
+static int64_t now_ms(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* The end of a wait of timeout_ms from now (-1: none). */
-static int64_t until_ms(int timeout_ms) { return timeout_ms < 0 ? -1 : now_ms() + timeout_ms; }
+static int64_t until_ms(int timeout_ms)
+{
+    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+}
 
 /* Wait for events on fd until `until` (until_ms; -1: forever): 0, or -1 with errno (ETIMEDOUT).
  * Every poll gets only the time left, so a call that waits several times (a handshake, a record
  * that arrives in pieces) still ends by `until`. */
-static int wait_fd(int fd, short events, int64_t until) {
+static int wait_fd(int fd, short events, int64_t until)
+{
     struct pollfd p = {.fd = fd, .events = events};
     for (;;) {
         int timeout_ms = -1;
@@ -343,24 +401,29 @@ static int wait_fd(int fd, short events, int64_t until) {
             timeout_ms = left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
         }
         int r = poll(&p, 1, timeout_ms);
-        if (r > 0) return 0;
+        if (r > 0)
+            return 0;
         if (r == 0) {
             errno = ETIMEDOUT;
             return -1;
         }
-        if (errno != EINTR) return -1;
+        if (errno != EINTR)
+            return -1;
     }
 }
 
-static int is_ip_literal(const char *host) {
+static int is_ip_literal(const char *host)
+{
     return strspn(host, "0123456789.") == strlen(host) || strchr(host, ':') != NULL;
 }
 
 /* Why a handshake failed, for the one-line error: certificate problems get what to do. */
-static void handshake_error(gp_tls *s, int e, char *err, size_t cap) {
+static void handshake_error(gp_tls *s, int e, char *err, size_t cap)
+{
     long v = O.SSL_get_verify_result(s->ssl);
     if (v != O_X509_V_OK) {
-        snprintf(err, cap, "TLS: the server's certificate was not accepted (%s); set "
+        snprintf(err, cap,
+                 "TLS: the server's certificate was not accepted (%s); set "
                  "GPUPOOL_TLS_CA (or tls_ca in the configuration file) to the CA certificate "
                  "that signed it (PEM) and connect with the host name the certificate names",
                  O.X509_verify_cert_error_string(v));
@@ -370,27 +433,34 @@ static void handshake_error(gp_tls *s, int e, char *err, size_t cap) {
     char why[200];
     ssl_error_text(why, sizeof why,
                    e == O_SSL_ERROR_SYSCALL || e == O_SSL_ERROR_ZERO_RETURN
-                       ? "the server closed the connection" : "handshake failed");
+                       ? "the server closed the connection"
+                       : "handshake failed");
     if (strstr(why, "wrong version number") || strstr(why, "packet length too long") ||
         strstr(why, "record layer failure"))
-        snprintf(err, cap, "TLS handshake failed (%s): the server does not speak TLS on this "
+        snprintf(err, cap,
+                 "TLS handshake failed (%s): the server does not speak TLS on this "
                  "port; unset GPUPOOL_TLS (and drop tls:// from the server's address), or "
-                 "enable tls_cert on the server", why);
+                 "enable tls_cert on the server",
+                 why);
     else if (strstr(why, "certificate required") || strstr(why, "handshake failure") ||
              strstr(why, "closed the connection"))
-        snprintf(err, cap, "TLS handshake failed (%s); if the server requires a client "
+        snprintf(err, cap,
+                 "TLS handshake failed (%s); if the server requires a client "
                  "certificate, set GPUPOOL_TLS_CERT and GPUPOOL_TLS_KEY to one its tls_client_ca "
-                 "signed", why);
+                 "signed",
+                 why);
     else
         snprintf(err, cap, "TLS handshake failed (%s)", why);
 }
 
 gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,
-                       char *err, size_t cap) {
+                       char *err, size_t cap)
+{
     const char *host = srv->host;
     int64_t until = until_ms(timeout_ms); /* the whole handshake */
     void *ctx = context_for(srv, err, cap);
-    if (!ctx) return NULL;
+    if (!ctx)
+        return NULL;
     gp_tls *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, cap, "out of memory");
@@ -425,13 +495,15 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
     }
     for (;;) {
         int r = O.SSL_connect(s->ssl);
-        if (r == 1) break;
+        if (r == 1)
+            break;
         int e = O.SSL_get_error(s->ssl, r);
         if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
             if (wait_fd(fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, until) == 0)
                 continue;
-            snprintf(err, cap, "TLS handshake: %s", errno == ETIMEDOUT
-                     ? "no answer (does the server speak TLS on this port?)" : strerror(errno));
+            snprintf(err, cap, "TLS handshake: %s",
+                     errno == ETIMEDOUT ? "no answer (does the server speak TLS on this port?)"
+                                        : strerror(errno));
         } else {
             handshake_error(s, e, err, cap);
         }
@@ -441,16 +513,20 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
     return s;
 }
 
-void gp_tls_free(gp_tls *s) {
-    if (!s) return;
-    if (s->ssl) O.SSL_free(s->ssl);
+void gp_tls_free(gp_tls *s)
+{
+    if (!s)
+        return;
+    if (s->ssl)
+        O.SSL_free(s->ssl);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
 /* > 0 bytes, 0 end of stream (close_notify or TCP end), -1 error (err filled; errno ETIMEDOUT
  * when timeout_ms passed without data). */
-ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap) {
+ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, size_t cap)
+{
     int len = n > INT_MAX ? INT_MAX : (int)n;
     int64_t until = until_ms(timeout_ms); /* the whole call */
     for (;;) {
@@ -459,10 +535,13 @@ ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, s
         int r = O.SSL_read(s->ssl, buf, len);
         int e = r > 0 ? 0 : O.SSL_get_error(s->ssl, r);
         int saved = errno;
-        if (e == O_SSL_ERROR_SSL) ssl_error_text(err, cap, "TLS error");
+        if (e == O_SSL_ERROR_SSL)
+            ssl_error_text(err, cap, "TLS error");
         pthread_mutex_unlock(&s->lock);
-        if (r > 0) return r;
-        if (e == O_SSL_ERROR_ZERO_RETURN) return 0;
+        if (r > 0)
+            return r;
+        if (e == O_SSL_ERROR_ZERO_RETURN)
+            return 0;
         if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
             if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, until) != 0) {
                 snprintf(err, cap, "%s", strerror(errno));
@@ -471,18 +550,21 @@ ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, s
             continue;
         }
         if (e == O_SSL_ERROR_SYSCALL) {
-            if (saved == 0) return 0;
+            if (saved == 0)
+                return 0;
             snprintf(err, cap, "%s", strerror(saved));
             errno = saved;
         } else if (e != O_SSL_ERROR_SSL) {
             snprintf(err, cap, "TLS error %d", e);
         }
-        if (e != O_SSL_ERROR_SYSCALL) errno = EPROTO;
+        if (e != O_SSL_ERROR_SYSCALL)
+            errno = EPROTO;
         return -1;
     }
 }
 
-int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap) {
+int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap)
+{
     const uint8_t *b = p;
     while (n > 0) {
         int len = n > (1u << 30) ? (1 << 30) : (int)n;
@@ -491,7 +573,8 @@ int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap) {
         int r = O.SSL_write(s->ssl, b, len);
         int e = r > 0 ? 0 : O.SSL_get_error(s->ssl, r);
         int saved = errno, timeout_ms = s->send_timeout_ms;
-        if (e == O_SSL_ERROR_SSL) ssl_error_text(err, cap, "TLS error");
+        if (e == O_SSL_ERROR_SSL)
+            ssl_error_text(err, cap, "TLS error");
         pthread_mutex_unlock(&s->lock);
         if (r > 0) {
             b += r;
@@ -515,14 +598,16 @@ int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap) {
     return 0;
 }
 
-int gp_tls_pending(gp_tls *s) {
+int gp_tls_pending(gp_tls *s)
+{
     pthread_mutex_lock(&s->lock);
     int p = O.SSL_has_pending(s->ssl);
     pthread_mutex_unlock(&s->lock);
     return p;
 }
 
-void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms) {
+void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms)
+{
     pthread_mutex_lock(&s->lock);
     s->send_timeout_ms = timeout_ms;
     pthread_mutex_unlock(&s->lock);
@@ -530,14 +615,17 @@ void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms) {
 
 /* Both close_notify alerts: ours out, the peer's in, with no application data in between (the
  * daemon's session ends this way before the worker's begins on the same socket). 0, or -1. */
-int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap) {
+int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap)
+{
     int64_t until = until_ms(timeout_ms); /* both alerts */
     for (int zeros = 0;;) {
         O.ERR_clear_error();
         int r = O.SSL_shutdown(s->ssl);
-        if (r == 1) return 0;
+        if (r == 1)
+            return 0;
         int e = r == 0 ? O_SSL_ERROR_WANT_READ : O.SSL_get_error(s->ssl, r);
-        if (r == 0 && zeros++ == 0) continue; /* ours is sent: the next call reads theirs */
+        if (r == 0 && zeros++ == 0)
+            continue; /* ours is sent: the next call reads theirs */
         if (e == O_SSL_ERROR_WANT_READ || e == O_SSL_ERROR_WANT_WRITE) {
             if (wait_fd(s->fd, e == O_SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, until) == 0)
                 continue;

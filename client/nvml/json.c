@@ -21,31 +21,37 @@ typedef struct parser {
 } parser;
 
 static void fail(parser *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail(parser *ps, const char *fmt, ...) {
-    if (ps->failed) return;
+static void fail(parser *ps, const char *fmt, ...)
+{
+    if (ps->failed)
+        return;
     ps->failed = 1;
-    if (!ps->err || ps->errcap == 0) return;
+    if (!ps->err || ps->errcap == 0)
+        return;
     int n = snprintf(ps->err, ps->errcap, "offset %zu: ", (size_t)(ps->p - ps->start));
-    if (n < 0 || (size_t)n >= ps->errcap) return;
+    if (n < 0 || (size_t)n >= ps->errcap)
+        return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(ps->err + n, ps->errcap - (size_t)n, fmt, ap);
     va_end(ap);
 }
 
-static void skip_ws(parser *ps) {
-    while (ps->p < ps->end &&
-           (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+static void skip_ws(parser *ps)
+{
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
         ps->p++;
 }
 
-static void free_members(gp_json_value *v) {
+static void free_members(gp_json_value *v)
+{
     if (v->type == GPJ_STRING) {
         free(v->str);
     } else if (v->type == GPJ_ARRAY || v->type == GPJ_OBJECT) {
         for (size_t i = 0; i < v->len; i++) {
             free_members(&v->items[i]);
-            if (v->keys) free(v->keys[i]);
+            if (v->keys)
+                free(v->keys[i]);
         }
         free(v->items);
         free(v->keys);
@@ -53,8 +59,10 @@ static void free_members(gp_json_value *v) {
     memset(v, 0, sizeof *v);
 }
 
-void gp_json_free(gp_json_value *v) {
-    if (!v) return;
+void gp_json_free(gp_json_value *v)
+{
+    if (!v)
+        return;
     free_members(v);
     free(v);
 }
@@ -63,7 +71,8 @@ static int parse_value(parser *ps, gp_json_value *out);
 
 /* ------------------------------------------------------------------------------ strings == */
 
-static int hex4(parser *ps, unsigned *out) {
+static int hex4(parser *ps, unsigned *out)
+{
     if (ps->end - ps->p < 4) {
         fail(ps, "truncated \\u escape");
         return -1;
@@ -72,9 +81,12 @@ static int hex4(parser *ps, unsigned *out) {
     for (int i = 0; i < 4; i++) {
         char c = ps->p[i];
         v <<= 4;
-        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
         else {
             fail(ps, "bad hex digit in \\u escape");
             return -1;
@@ -85,7 +97,8 @@ static int hex4(parser *ps, unsigned *out) {
     return 0;
 }
 
-static size_t put_utf8(char *dst, unsigned cp) {
+static size_t put_utf8(char *dst, unsigned cp)
+{
     if (cp < 0x80) {
         dst[0] = (char)cp;
         return 1;
@@ -110,9 +123,11 @@ static size_t put_utf8(char *dst, unsigned cp) {
 
 /* Length of the valid UTF-8 sequence at s (at most n bytes), or 0 when it is not valid
  * (overlong forms, surrogates and code points above U+10FFFF are invalid). */
-static size_t utf8_len(const unsigned char *s, size_t n) {
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
     unsigned char c = s[0];
-    if (c < 0x80) return 1;
+    if (c < 0x80)
+        return 1;
     size_t len;
     unsigned cp;
     if (c >= 0xC2 && c <= 0xDF) {
@@ -127,9 +142,11 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
     } else {
         return 0;
     }
-    if (n < len) return 0;
+    if (n < len)
+        return 0;
     for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
         cp = (cp << 6) | (s[i] & 0x3F);
     }
     if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
@@ -139,10 +156,12 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
 }
 
 /* At the opening quote. The decoded string is never longer than its source. */
-static char *parse_string(parser *ps, size_t *len_out) {
+static char *parse_string(parser *ps, size_t *len_out)
+{
     ps->p++; /* '"' */
     const char *q = ps->p;
-    while (q < ps->end && *q != '"') q += (*q == '\\' && q + 1 < ps->end) ? 2 : 1;
+    while (q < ps->end && *q != '"')
+        q += (*q == '\\' && q + 1 < ps->end) ? 2 : 1;
     if (q >= ps->end) {
         fail(ps, "unterminated string");
         return NULL;
@@ -177,17 +196,34 @@ static char *parse_string(parser *ps, size_t *len_out) {
         }
         char e = *ps->p++;
         switch (e) {
-        case '"': out[n++] = '"'; break;
-        case '\\': out[n++] = '\\'; break;
-        case '/': out[n++] = '/'; break;
-        case 'b': out[n++] = '\b'; break;
-        case 'f': out[n++] = '\f'; break;
-        case 'n': out[n++] = '\n'; break;
-        case 'r': out[n++] = '\r'; break;
-        case 't': out[n++] = '\t'; break;
+        case '"':
+            out[n++] = '"';
+            break;
+        case '\\':
+            out[n++] = '\\';
+            break;
+        case '/':
+            out[n++] = '/';
+            break;
+        case 'b':
+            out[n++] = '\b';
+            break;
+        case 'f':
+            out[n++] = '\f';
+            break;
+        case 'n':
+            out[n++] = '\n';
+            break;
+        case 'r':
+            out[n++] = '\r';
+            break;
+        case 't':
+            out[n++] = '\t';
+            break;
         case 'u': {
             unsigned cp;
-            if (hex4(ps, &cp) != 0) goto bad;
+            if (hex4(ps, &cp) != 0)
+                goto bad;
             if (cp >= 0xDC00 && cp <= 0xDFFF) {
                 fail(ps, "lone low surrogate in \\u escape");
                 goto bad;
@@ -199,7 +235,8 @@ static char *parse_string(parser *ps, size_t *len_out) {
                     goto bad;
                 }
                 ps->p += 2;
-                if (hex4(ps, &lo) != 0) goto bad;
+                if (hex4(ps, &lo) != 0)
+                    goto bad;
                 if (lo < 0xDC00 || lo > 0xDFFF) {
                     fail(ps, "high surrogate not followed by a low surrogate");
                     goto bad;
@@ -227,12 +264,17 @@ bad:
 
 /* ------------------------------------------------------------------------------ numbers == */
 
-static int is_digit(char c) { return c >= '0' && c <= '9'; }
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
 
-static int parse_number(parser *ps, gp_json_value *out) {
+static int parse_number(parser *ps, gp_json_value *out)
+{
     const char *s = ps->p, *q = ps->p;
     int integral = 1;
-    if (q < ps->end && *q == '-') q++;
+    if (q < ps->end && *q == '-')
+        q++;
     if (q >= ps->end || !is_digit(*q)) {
         fail(ps, "expected a digit");
         return -1;
@@ -245,7 +287,8 @@ static int parse_number(parser *ps, gp_json_value *out) {
             return -1;
         }
     } else {
-        while (q < ps->end && is_digit(*q)) q++;
+        while (q < ps->end && is_digit(*q))
+            q++;
     }
     if (q < ps->end && *q == '.') {
         integral = 0;
@@ -255,18 +298,21 @@ static int parse_number(parser *ps, gp_json_value *out) {
             fail(ps, "expected a digit after '.'");
             return -1;
         }
-        while (q < ps->end && is_digit(*q)) q++;
+        while (q < ps->end && is_digit(*q))
+            q++;
     }
     if (q < ps->end && (*q == 'e' || *q == 'E')) {
         integral = 0;
         q++;
-        if (q < ps->end && (*q == '+' || *q == '-')) q++;
+        if (q < ps->end && (*q == '+' || *q == '-'))
+            q++;
         if (q >= ps->end || !is_digit(*q)) {
             ps->p = q;
             fail(ps, "expected a digit in the exponent");
             return -1;
         }
-        while (q < ps->end && is_digit(*q)) q++;
+        while (q < ps->end && is_digit(*q))
+            q++;
     }
     size_t n = (size_t)(q - s);
     char buf[64];
@@ -287,15 +333,18 @@ static int parse_number(parser *ps, gp_json_value *out) {
             out->i = (int64_t)v;
         }
     }
-    if (copy != buf) free(copy);
+    if (copy != buf)
+        free(copy);
     ps->p = q;
     return 0;
 }
 
 /* ------------------------------------------------------------------- arrays and objects == */
 
-static int grow(parser *ps, gp_json_value *v, size_t *cap, int with_keys) {
-    if (v->len < *cap) return 0;
+static int grow(parser *ps, gp_json_value *v, size_t *cap, int with_keys)
+{
+    if (v->len < *cap)
+        return 0;
     size_t nc = *cap ? *cap * 2 : 4;
     gp_json_value *items = realloc(v->items, nc * sizeof *items);
     if (!items) {
@@ -315,7 +364,8 @@ static int grow(parser *ps, gp_json_value *v, size_t *cap, int with_keys) {
     return 0;
 }
 
-static int parse_array(parser *ps, gp_json_value *out) {
+static int parse_array(parser *ps, gp_json_value *out)
+{
     size_t cap = 0;
     out->type = GPJ_ARRAY;
     ps->p++; /* '[' */
@@ -325,7 +375,8 @@ static int parse_array(parser *ps, gp_json_value *out) {
         return 0;
     }
     for (;;) {
-        if (grow(ps, out, &cap, 0) != 0) return -1;
+        if (grow(ps, out, &cap, 0) != 0)
+            return -1;
         gp_json_value *item = &out->items[out->len];
         memset(item, 0, sizeof *item);
         if (parse_value(ps, item) != 0) {
@@ -347,7 +398,8 @@ static int parse_array(parser *ps, gp_json_value *out) {
     }
 }
 
-static int parse_object(parser *ps, gp_json_value *out) {
+static int parse_object(parser *ps, gp_json_value *out)
+{
     size_t cap = 0;
     out->type = GPJ_OBJECT;
     ps->p++; /* '{' */
@@ -362,10 +414,12 @@ static int parse_object(parser *ps, gp_json_value *out) {
             fail(ps, "expected a string key");
             return -1;
         }
-        if (grow(ps, out, &cap, 1) != 0) return -1;
+        if (grow(ps, out, &cap, 1) != 0)
+            return -1;
         size_t klen;
         char *key = parse_string(ps, &klen);
-        if (!key) return -1;
+        if (!key)
+            return -1;
         skip_ws(ps);
         if (ps->p >= ps->end || *ps->p != ':') {
             free(key);
@@ -396,7 +450,8 @@ static int parse_object(parser *ps, gp_json_value *out) {
     }
 }
 
-static int literal(parser *ps, const char *word, gp_json_type type, gp_json_value *out) {
+static int literal(parser *ps, const char *word, gp_json_type type, gp_json_value *out)
+{
     size_t n = strlen(word);
     if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0) {
         fail(ps, "unexpected character '%c'", *ps->p);
@@ -407,7 +462,8 @@ static int literal(parser *ps, const char *word, gp_json_type type, gp_json_valu
     return 0;
 }
 
-static int parse_value(parser *ps, gp_json_value *out) {
+static int parse_value(parser *ps, gp_json_value *out)
+{
     skip_ws(ps);
     if (ps->p >= ps->end) {
         fail(ps, "unexpected end of input");
@@ -432,11 +488,15 @@ static int parse_value(parser *ps, gp_json_value *out) {
             return -1;
         }
         return 0;
-    case 't': return literal(ps, "true", GPJ_TRUE, out);
-    case 'f': return literal(ps, "false", GPJ_FALSE, out);
-    case 'n': return literal(ps, "null", GPJ_NULL, out);
+    case 't':
+        return literal(ps, "true", GPJ_TRUE, out);
+    case 'f':
+        return literal(ps, "false", GPJ_FALSE, out);
+    case 'n':
+        return literal(ps, "null", GPJ_NULL, out);
     default:
-        if (*ps->p == '-' || is_digit(*ps->p)) return parse_number(ps, out);
+        if (*ps->p == '-' || is_digit(*ps->p))
+            return parse_number(ps, out);
         if ((unsigned char)*ps->p >= 0x20 && (unsigned char)*ps->p < 0x7F)
             fail(ps, "unexpected character '%c'", *ps->p);
         else
@@ -445,8 +505,10 @@ static int parse_value(parser *ps, gp_json_value *out) {
     }
 }
 
-gp_json_value *gp_json_parse(const char *text, size_t len, char *err, size_t errcap) {
-    if (err && errcap) err[0] = '\0';
+gp_json_value *gp_json_parse(const char *text, size_t len, char *err, size_t errcap)
+{
+    if (err && errcap)
+        err[0] = '\0';
     parser ps = {.p = text, .start = text, .end = text + len, .err = err, .errcap = errcap};
     if (!text) {
         fail(&ps, "no input");
@@ -472,48 +534,67 @@ gp_json_value *gp_json_parse(const char *text, size_t len, char *err, size_t err
 
 /* ------------------------------------------------------------------------------ lookups == */
 
-const gp_json_value *gp_json_get(const gp_json_value *obj, const char *key) {
-    if (!obj || obj->type != GPJ_OBJECT || !key) return NULL;
+const gp_json_value *gp_json_get(const gp_json_value *obj, const char *key)
+{
+    if (!obj || obj->type != GPJ_OBJECT || !key)
+        return NULL;
     for (size_t i = 0; i < obj->len; i++)
-        if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
+        if (strcmp(obj->keys[i], key) == 0)
+            return &obj->items[i];
     return NULL;
 }
 
-const gp_json_value *gp_json_at(const gp_json_value *arr, size_t i) {
-    if (!arr || arr->type != GPJ_ARRAY || i >= arr->len) return NULL;
+const gp_json_value *gp_json_at(const gp_json_value *arr, size_t i)
+{
+    if (!arr || arr->type != GPJ_ARRAY || i >= arr->len)
+        return NULL;
     return &arr->items[i];
 }
 
-size_t gp_json_count(const gp_json_value *v) {
+size_t gp_json_count(const gp_json_value *v)
+{
     return v && (v->type == GPJ_ARRAY || v->type == GPJ_OBJECT) ? v->len : 0;
 }
 
-const char *gp_json_string(const gp_json_value *v, const char *dflt) {
+const char *gp_json_string(const gp_json_value *v, const char *dflt)
+{
     return v && v->type == GPJ_STRING ? v->str : dflt;
 }
 
-int gp_json_is_null(const gp_json_value *v) { return !v || v->type == GPJ_NULL; }
+int gp_json_is_null(const gp_json_value *v)
+{
+    return !v || v->type == GPJ_NULL;
+}
 
-int gp_json_number(const gp_json_value *v, double *out) {
-    if (!v || v->type != GPJ_NUMBER) return 0;
+int gp_json_number(const gp_json_value *v, double *out)
+{
+    if (!v || v->type != GPJ_NUMBER)
+        return 0;
     *out = v->num;
     return 1;
 }
 
-int gp_json_i64(const gp_json_value *v, int64_t *out) {
-    if (!v || v->type != GPJ_NUMBER || !v->is_int) return 0;
+int gp_json_i64(const gp_json_value *v, int64_t *out)
+{
+    if (!v || v->type != GPJ_NUMBER || !v->is_int)
+        return 0;
     *out = v->i;
     return 1;
 }
 
-int gp_json_u64(const gp_json_value *v, uint64_t *out) {
-    if (!v || v->type != GPJ_NUMBER || !v->is_int || v->i < 0) return 0;
+int gp_json_u64(const gp_json_value *v, uint64_t *out)
+{
+    if (!v || v->type != GPJ_NUMBER || !v->is_int || v->i < 0)
+        return 0;
     *out = (uint64_t)v->i;
     return 1;
 }
 
-int gp_json_bool(const gp_json_value *v, int dflt) {
-    if (v && v->type == GPJ_TRUE) return 1;
-    if (v && v->type == GPJ_FALSE) return 0;
+int gp_json_bool(const gp_json_value *v, int dflt)
+{
+    if (v && v->type == GPJ_TRUE)
+        return 1;
+    if (v && v->type == GPJ_FALSE)
+        return 0;
     return dflt;
 }

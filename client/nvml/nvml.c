@@ -53,10 +53,10 @@
 #include "nvml_internal.h"
 #include "nvml_view.h"
 
-#define REFRESH_S 1.0        /* values older than this are fetched again */
-#define RETRY_FIRST_S 10.0   /* after a failed fetch, the next try waits this long ... */
-#define RETRY_MAX_S 60.0     /* ... doubling after each further failure, up to this */
-#define FETCH_TIMEOUT_S 2.0  /* the limit of one fetch when probe_timeout is 0 ("no limit") */
+#define REFRESH_S 1.0       /* values older than this are fetched again */
+#define RETRY_FIRST_S 10.0  /* after a failed fetch, the next try waits this long ... */
+#define RETRY_MAX_S 60.0    /* ... doubling after each further failure, up to this */
+#define FETCH_TIMEOUT_S 2.0 /* the limit of one fetch when probe_timeout is 0 ("no limit") */
 #define MAX_DEVICES 64
 
 struct nvmlDevice_st {
@@ -92,9 +92,10 @@ static struct {
     unsigned ndevices;
     struct nvmlDevice_st devices[MAX_DEVICES];
     int warned; /* the process has had its one warning (kept across nvmlShutdown; init_lock) */
-} st; /* guarded by lock (see the top of this file for nvmlInit) */
+} st;           /* guarded by lock (see the top of this file for nvmlInit) */
 
-static double now_s(void) {
+static double now_s(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
@@ -104,7 +105,8 @@ static double now_s(void) {
  * that init and shut down NVML in a loop would repeat it), later ones at debug level. Called
  * only by nvmlInit (init_lock held). */
 static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void warn(const char *fmt, ...) {
+static void warn(const char *fmt, ...)
+{
     char line[1500];
     va_list ap;
     va_start(ap, fmt);
@@ -118,8 +120,10 @@ static void warn(const char *fmt, ...) {
     }
 }
 
-static void config_release(config_ref *conf) {
-    if (conf && --conf->refs == 0) free(conf);
+static void config_release(config_ref *conf)
+{
+    if (conf && --conf->refs == 0)
+        free(conf);
 }
 
 /* ------------------------------------------------------------------------ info requests == */
@@ -127,7 +131,8 @@ static void config_release(config_ref *conf) {
 /* Fetch and parse srv's info document: the document, or NULL with why in err. Touches no state
  * (runs without the lock). */
 static gp_json_value *fetch_doc(const gp_client_config *cfg, const gp_server_config *srv, char *err,
-                            size_t errcap) {
+                                size_t errcap)
+{
     gp_info_result r;
     memset(&r, 0, sizeof r);
     double timeout = cfg->probe_timeout > 0 ? cfg->probe_timeout : FETCH_TIMEOUT_S;
@@ -140,14 +145,15 @@ static gp_json_value *fetch_doc(const gp_client_config *cfg, const gp_server_con
         gp_info_free(&r);
         return NULL;
     }
-    gp_json_value *doc = gp_nvml_parse_info(r.json ? r.json : "", r.json ? strlen(r.json) : 0, err,
-                                        errcap);
+    gp_json_value *doc =
+        gp_nvml_parse_info(r.json ? r.json : "", r.json ? strlen(r.json) : 0, err, errcap);
     gp_info_free(&r);
     return doc;
 }
 
 /* Server s's fetch is over (doc, or NULL after a failure): when its values are next due. */
-static void fetched(server_state *ss, const gp_json_value *doc) {
+static void fetched(server_state *ss, const gp_json_value *doc)
+{
     double t = now_s();
     if (doc) {
         gp_nvml_server_from_doc(doc, &ss->info);
@@ -156,18 +162,22 @@ static void fetched(server_state *ss, const gp_json_value *doc) {
         ss->next_fetch = t + REFRESH_S;
     } else {
         ss->retry_s = ss->retry_s > 0 ? ss->retry_s * 2 : RETRY_FIRST_S;
-        if (ss->retry_s > RETRY_MAX_S) ss->retry_s = RETRY_MAX_S;
+        if (ss->retry_s > RETRY_MAX_S)
+            ss->retry_s = RETRY_MAX_S;
         ss->next_fetch = t + ss->retry_s;
     }
 }
 
 /* The GPU view of doc that device d shows: by UUID, else by the server's index. */
-static const gp_json_value *view_of(const gp_json_value *doc, const struct nvmlDevice_st *d) {
-    if (d->gpu.uuid[0]) return gp_nvml_find_gpu(doc, d->gpu.uuid);
+static const gp_json_value *view_of(const gp_json_value *doc, const struct nvmlDevice_st *d)
+{
+    if (d->gpu.uuid[0])
+        return gp_nvml_find_gpu(doc, d->gpu.uuid);
     const gp_json_value *gpus = gp_json_get(doc, "gpus");
     for (size_t i = 0; i < gp_json_count(gpus); i++) {
         int64_t index;
-        if (gp_json_i64(gp_json_get(gp_json_at(gpus, i), "index"), &index) && index == d->gpu.server_index)
+        if (gp_json_i64(gp_json_get(gp_json_at(gpus, i), "index"), &index) &&
+            index == d->gpu.server_index)
             return gp_json_at(gpus, i);
     }
     return NULL;
@@ -179,10 +189,13 @@ static const gp_json_value *view_of(const gp_json_value *doc, const struct nvmlD
  * the server is asked again only after the retry wait. 0 with the lock held and the state
  * current; -1 with the lock held when NVML was shut down meanwhile; -2 when the lock could not
  * be taken again (not held). */
-static int refresh(struct nvmlDevice_st *d) {
-    if (d->server < 0) return 0;
+static int refresh(struct nvmlDevice_st *d)
+{
+    if (d->server < 0)
+        return 0;
     server_state *ss = &st.servers[d->server];
-    if (ss->refreshing || now_s() < ss->next_fetch) return 0;
+    if (ss->refreshing || now_s() < ss->next_fetch)
+        return 0;
     ss->refreshing = 1;
     config_ref *conf = st.conf;
     conf->refs++;
@@ -194,8 +207,8 @@ static int refresh(struct nvmlDevice_st *d) {
 
     char err[512];
     gp_json_value *doc = fetch_doc(&conf->cfg, srv, err, sizeof err);
-    if (!doc) gp_log_debug("nvml: refreshing %s failed (%s); showing the values from before", desc,
-                           err);
+    if (!doc)
+        gp_log_debug("nvml: refreshing %s failed (%s); showing the values from before", desc, err);
 
     if (pthread_mutex_lock(&lock) != 0) {
         gp_json_free(doc); /* conf stays referenced: better a leak than a free under a reader */
@@ -211,10 +224,13 @@ static int refresh(struct nvmlDevice_st *d) {
     if (doc) {
         for (unsigned i = 0; i < st.ndevices; i++) {
             struct nvmlDevice_st *o = &st.devices[i];
-            if (o->server != d->server) continue;
+            if (o->server != d->server)
+                continue;
             const gp_json_value *view = view_of(doc, o);
-            if (view) gp_nvml_live_from_view(doc, view, &o->gpu.live);
-            else gp_log_debug("nvml: %s no longer lists GPU %s", desc, o->gpu.uuid);
+            if (view)
+                gp_nvml_live_from_view(doc, view, &o->gpu.live);
+            else
+                gp_log_debug("nvml: %s no longer lists GPU %s", desc, o->gpu.uuid);
         }
         gp_json_free(doc);
     }
@@ -224,8 +240,10 @@ static int refresh(struct nvmlDevice_st *d) {
 /* ------------------------------------------------------------------------------- init == */
 /* Everything here runs in nvmlInit with init_lock held and st.refcount 0 (see the top). */
 
-static int add_server(const gp_server_config *srv) {
-    if (st.nservers >= GP_MAX_SERVERS) return -1;
+static int add_server(const gp_server_config *srv)
+{
+    if (st.nservers >= GP_MAX_SERVERS)
+        return -1;
     server_state *ss = &st.servers[st.nservers];
     memset(ss, 0, sizeof *ss);
     ss->srv = srv;
@@ -234,14 +252,16 @@ static int add_server(const gp_server_config *srv) {
 }
 
 /* The first fetch of server s at init: its document or NULL (err says why). */
-static gp_json_value *init_fetch(const config_ref *conf, int s, char *err, size_t errcap) {
+static gp_json_value *init_fetch(const config_ref *conf, int s, char *err, size_t errcap)
+{
     server_state *ss = &st.servers[s];
     gp_json_value *doc = fetch_doc(&conf->cfg, ss->srv, err, errcap);
     fetched(ss, doc);
     return doc;
 }
 
-static void add_device(int server, const gp_nvml_gpu *g) {
+static void add_device(int server, const gp_nvml_gpu *g)
+{
     if (st.ndevices >= MAX_DEVICES) {
         gp_log_debug("nvml: more than %d GPUs; GPU %s of %s is left out", MAX_DEVICES, g->uuid,
                      server >= 0 ? st.servers[server].desc : "its server");
@@ -255,23 +275,28 @@ static void add_device(int server, const gp_nvml_gpu *g) {
 /* A function of the process's libcuda.so.1, if it is loaded (never loads it), else NULL. The
  * process may have loaded it with RTLD_LOCAL (ctypes, cudart's dlopen), which RTLD_DEFAULT does
  * not search: ask the loader for the library itself. */
-static void *libcuda_sym(const char *name) {
+static void *libcuda_sym(const char *name)
+{
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     void *sym = dlsym(lib ? lib : RTLD_DEFAULT, name);
-    if (lib) dlclose(lib); /* the library stays loaded: the program holds it */
+    if (lib)
+        dlclose(lib); /* the library stays loaded: the program holds it */
     return sym;
 }
 
 /* This process's lease from our libcuda.so.1, if it is loaded and holds one: 1 with the
  * parsed JSON in *out (free with gp_json_free), else 0. */
-static int lease_of_this_process(gp_json_value **out) {
+static int lease_of_this_process(gp_json_value **out)
+{
     void *sym = libcuda_sym("gpupool_shim_lease_json");
-    if (!sym) return 0;
+    if (!sym)
+        return 0;
     int (*lease_json)(char *, size_t);
     memcpy(&lease_json, &sym, sizeof lease_json); /* object pointer -> function pointer */
     char buf[8192];
     int n = lease_json(buf, sizeof buf);
-    if (n <= 0 || (size_t)n >= sizeof buf) return 0;
+    if (n <= 0 || (size_t)n >= sizeof buf)
+        return 0;
     char err[200];
     gp_json_value *lease = gp_json_parse(buf, (size_t)n, err, sizeof err);
     if (!lease) {
@@ -288,22 +313,24 @@ static int lease_of_this_process(gp_json_value **out) {
 
 /* The leased GPU's compute capability from libcuda's device snapshot (device 0), which our
  * libcuda answers locally. */
-static void lease_compute_capability(gp_nvml_gpu *g) {
+static void lease_compute_capability(gp_nvml_gpu *g)
+{
     void *sym = libcuda_sym("cuDeviceGetAttribute");
-    if (!sym) return;
+    if (!sym)
+        return;
     int (*get_attr)(int *, int, int);
     memcpy(&get_attr, &sym, sizeof get_attr);
     int major = -1, minor = -1;
     /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76 */
-    if (get_attr(&major, 75, 0) == 0 && get_attr(&minor, 76, 0) == 0 && major >= 0 &&
-        minor >= 0) {
+    if (get_attr(&major, 75, 0) == 0 && get_attr(&minor, 76, 0) == 0 && major >= 0 && minor >= 0) {
         g->cc_major = major;
         g->cc_minor = minor;
     }
 }
 
 /* Two port numbers as written ("7070", "07070"): 1 when the same. */
-static int same_port(const char *a, const char *b) {
+static int same_port(const char *a, const char *b)
+{
     char *ea, *eb;
     unsigned long x = strtoul(a, &ea, 10), y = strtoul(b, &eb, 10);
     return *a && *b && !*ea && !*eb && x == y;
@@ -312,9 +339,11 @@ static int same_port(const char *a, const char *b) {
 /* The configured server a lease's "host:port" names (host case-insensitive, a bare host meaning
  * port GP_DEFAULT_PORT, as GPUPOOL_SERVER reads it), added to st.servers; -1 when none does:
  * the configured token and TLS files belong to their servers and go nowhere else. */
-static int lease_server(const gp_client_config *cfg, const char *where) {
+static int lease_server(const gp_client_config *cfg, const char *where)
+{
     char host[256], port[32];
-    if (gp_split_hostport(where, host, sizeof host, port, sizeof port) != 0) return -1;
+    if (gp_split_hostport(where, host, sizeof host, port, sizeof port) != 0)
+        return -1;
     for (int i = 0; i < cfg->nservers; i++) {
         const gp_server_config *srv = &cfg->servers[i];
         if (strcasecmp(srv->host, host) == 0 && same_port(srv->port, port))
@@ -324,7 +353,8 @@ static int lease_server(const gp_client_config *cfg, const char *where) {
 }
 
 /* The leased GPU as the lease itself describes it: no live values. */
-static void gpu_from_lease(const gp_json_value *lease, gp_nvml_gpu *g) {
+static void gpu_from_lease(const gp_json_value *lease, gp_nvml_gpu *g)
+{
     memset(g, 0, sizeof *g);
     snprintf(g->name, sizeof g->name, "%s", gp_json_string(gp_json_get(lease, "name"), ""));
     snprintf(g->uuid, sizeof g->uuid, "%s", gp_json_string(gp_json_get(lease, "uuid"), ""));
@@ -333,7 +363,8 @@ static void gpu_from_lease(const gp_json_value *lease, gp_nvml_gpu *g) {
 }
 
 /* Lease mode: the leased GPU as device 0. */
-static void init_lease(const config_ref *conf, const gp_json_value *lease) {
+static void init_lease(const config_ref *conf, const gp_json_value *lease)
+{
     const char *where = gp_json_string(gp_json_get(lease, "server"), "");
     const char *uuid = gp_json_string(gp_json_get(lease, "uuid"), "");
     gp_nvml_gpu g;
@@ -356,7 +387,8 @@ static void init_lease(const config_ref *conf, const gp_json_value *lease) {
             /* The lease itself says which GPU it is; its live values stay unknown for now. */
             gpu_from_lease(lease, &g);
             add_device(s, &g);
-            if (doc) snprintf(err, sizeof err, "it does not list GPU %.100s", uuid);
+            if (doc)
+                snprintf(err, sizeof err, "it does not list GPU %.100s", uuid);
             warn("nvml: cannot read the values of this process's GPU from %s (%s); NVML shows "
                  "the GPU without them",
                  st.servers[s].desc, err);
@@ -368,32 +400,38 @@ static void init_lease(const config_ref *conf, const gp_json_value *lease) {
 }
 
 /* Every matching GPU of every configured server that answers. */
-static void init_servers(const config_ref *conf) {
+static void init_servers(const config_ref *conf)
+{
     const gp_client_config *cfg = &conf->cfg;
     char why[1024] = "";
     size_t wl = 0;
     int answered = 0;
     for (int i = 0; i < cfg->nservers; i++) {
         int s = add_server(&cfg->servers[i]);
-        if (s < 0) break;
+        if (s < 0)
+            break;
         char err[512];
         gp_json_value *doc = init_fetch(conf, s, err, sizeof err);
         if (!doc) {
             if (wl < sizeof why - 1) {
                 int n = snprintf(why + wl, sizeof why - wl, "%s%s: %s", wl ? "; " : "",
                                  st.servers[s].desc, err);
-                if (n > 0) wl += (size_t)n < sizeof why - wl ? (size_t)n : sizeof why - wl - 1;
+                if (n > 0)
+                    wl += (size_t)n < sizeof why - wl ? (size_t)n : sizeof why - wl - 1;
             }
             continue;
         }
         answered++;
-        if (st.system_server < 0) st.system_server = s;
+        if (st.system_server < 0)
+            st.system_server = s;
         const gp_json_value *gpus = gp_json_get(doc, "gpus");
         unsigned matching = 0;
         for (size_t k = 0; k < gp_json_count(gpus); k++) {
             gp_nvml_gpu g;
-            if (gp_nvml_gpu_from_view(doc, gp_json_at(gpus, k), &g) != 0) continue;
-            if (!gp_nvml_gpu_matches(&g, cfg->gpu, cfg->model, cfg->min_memory)) continue;
+            if (gp_nvml_gpu_from_view(doc, gp_json_at(gpus, k), &g) != 0)
+                continue;
+            if (!gp_nvml_gpu_matches(&g, cfg->gpu, cfg->model, cfg->min_memory))
+                continue;
             add_device(s, &g);
             matching++;
         }
@@ -408,13 +446,15 @@ static void init_servers(const config_ref *conf) {
 }
 
 /* Build the state (init_lock held, st.refcount 0, st.generation already moved on). */
-static nvmlReturn_t build_state(config_ref **out) {
+static nvmlReturn_t build_state(config_ref **out)
+{
     memset(&st.servers, 0, sizeof st.servers);
     st.nservers = 0;
     st.ndevices = 0;
     st.system_server = -1;
     config_ref *conf = calloc(1, sizeof *conf);
-    if (!conf) return NVML_ERROR_MEMORY;
+    if (!conf)
+        return NVML_ERROR_MEMORY;
     conf->refs = 1;
     char err[1024];
     gp_json_value *lease = NULL;
@@ -435,19 +475,26 @@ static nvmlReturn_t build_state(config_ref **out) {
 }
 
 /* Which library this is, for `gpupool doctor` (libcuda.so.1 exports the same name). */
-GP_NVML_EXPORT const char *gpupool_shim_version(void) { return GPUPOOL_VERSION; }
+GP_NVML_EXPORT const char *gpupool_shim_version(void)
+{
+    return GPUPOOL_VERSION;
+}
 
-GP_NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+GP_NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
     (void)flags; /* NO_GPUS / NO_ATTACH: init never fails for want of GPUs anyway */
-    if (pthread_mutex_lock(&init_lock) != 0) return NVML_ERROR_UNKNOWN;
+    if (pthread_mutex_lock(&init_lock) != 0)
+        return NVML_ERROR_UNKNOWN;
     nvmlReturn_t r = NVML_SUCCESS;
     if (pthread_mutex_lock(&lock) != 0) {
         pthread_mutex_unlock(&init_lock);
         return NVML_ERROR_UNKNOWN;
     }
     int first = st.refcount == 0;
-    if (first) st.generation++; /* a refresh still in flight from before keeps off */
-    else st.refcount++;
+    if (first)
+        st.generation++; /* a refresh still in flight from before keeps off */
+    else
+        st.refcount++;
     pthread_mutex_unlock(&lock);
     if (first) {
         config_ref *conf = NULL;
@@ -467,11 +514,19 @@ GP_NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
-GP_NVML_EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+GP_NVML_EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    return nvmlInitWithFlags(0);
+}
+GP_NVML_EXPORT nvmlReturn_t nvmlInit(void)
+{
+    return nvmlInitWithFlags(0);
+}
 
-GP_NVML_EXPORT nvmlReturn_t nvmlShutdown(void) {
-    if (pthread_mutex_lock(&init_lock) != 0) return NVML_ERROR_UNKNOWN;
+GP_NVML_EXPORT nvmlReturn_t nvmlShutdown(void)
+{
+    if (pthread_mutex_lock(&init_lock) != 0)
+        return NVML_ERROR_UNKNOWN;
     if (pthread_mutex_lock(&lock) != 0) {
         pthread_mutex_unlock(&init_lock);
         return NVML_ERROR_UNKNOWN;
@@ -491,12 +546,15 @@ GP_NVML_EXPORT nvmlReturn_t nvmlShutdown(void) {
     return r;
 }
 
-GP_NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+GP_NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
     return gp_nvml_error_string(result);
 }
 
-nvmlReturn_t gp_nvml_unsupported(const char *name) {
-    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
+nvmlReturn_t gp_nvml_unsupported(const char *name)
+{
+    if (pthread_mutex_lock(&lock) != 0)
+        return NVML_ERROR_UNKNOWN;
     int initialised = st.refcount > 0;
     pthread_mutex_unlock(&lock);
     gp_log_debug("nvml: %s is not supported by gpupool's NVML", name);
@@ -506,8 +564,10 @@ nvmlReturn_t gp_nvml_unsupported(const char *name) {
 /* ------------------------------------------------------------------------ system queries == */
 
 /* Lock and check init; on NVML_SUCCESS the caller holds the lock and must unlock. */
-static nvmlReturn_t enter(void) {
-    if (pthread_mutex_lock(&lock) != 0) return NVML_ERROR_UNKNOWN;
+static nvmlReturn_t enter(void)
+{
+    if (pthread_mutex_lock(&lock) != 0)
+        return NVML_ERROR_UNKNOWN;
     if (st.refcount == 0) {
         pthread_mutex_unlock(&lock);
         return NVML_ERROR_UNINITIALIZED;
@@ -515,28 +575,40 @@ static nvmlReturn_t enter(void) {
     return NVML_SUCCESS;
 }
 
-static void leave(void) { pthread_mutex_unlock(&lock); }
+static void leave(void)
+{
+    pthread_mutex_unlock(&lock);
+}
 
 /* The system server's info, or NULL (caller holds the lock). */
-static const gp_nvml_server *system_info(void) {
-    if (st.system_server < 0 || !st.servers[st.system_server].answered) return NULL;
+static const gp_nvml_server *system_info(void)
+{
+    if (st.system_server < 0 || !st.servers[st.system_server].answered)
+        return NULL;
     return &st.servers[st.system_server].info;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     const gp_nvml_server *s = system_info();
-    if (!version) r = NVML_ERROR_INVALID_ARGUMENT;
-    else if (!s || !s->driver_version[0]) r = NVML_ERROR_NOT_SUPPORTED;
-    else r = gp_nvml_copy_string(s->driver_version, version, length);
+    if (!version)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!s || !s->driver_version[0])
+        r = NVML_ERROR_NOT_SUPPORTED;
+    else
+        r = gp_nvml_copy_string(s->driver_version, version, length);
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     const gp_nvml_server *s = system_info();
     if (!version) {
         r = NVML_ERROR_INVALID_ARGUMENT;
@@ -552,53 +624,70 @@ GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion) {
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     const gp_nvml_server *s = system_info();
-    if (!cudaDriverVersion) r = NVML_ERROR_INVALID_ARGUMENT;
-    else if (!s || !s->cuda_driver_version) r = NVML_ERROR_NOT_SUPPORTED;
-    else *cudaDriverVersion = s->cuda_driver_version;
+    if (!cudaDriverVersion)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!s || !s->cuda_driver_version)
+        r = NVML_ERROR_NOT_SUPPORTED;
+    else
+        *cudaDriverVersion = s->cuda_driver_version;
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion) {
+GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
     return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
-    if (!deviceCount) r = NVML_ERROR_INVALID_ARGUMENT;
-    else *deviceCount = st.ndevices;
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!deviceCount)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else
+        *deviceCount = st.ndevices;
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
+{
     return nvmlDeviceGetCount_v2(deviceCount);
 }
 
 /* --------------------------------------------------------------------------- handles == */
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
-                                                           nvmlDevice_t *device) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
-    if (!device || index >= st.ndevices) r = NVML_ERROR_INVALID_ARGUMENT;
-    else *device = &st.devices[index];
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!device || index >= st.ndevices)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else
+        *device = &st.devices[index];
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     if (!uuid || !device) {
         r = NVML_ERROR_INVALID_ARGUMENT;
     } else {
@@ -616,18 +705,23 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevi
 }
 
 /* "domain:bus:device.function" in either width: 0 with the numbers, else -1. */
-static int parse_bus_id(const char *s, unsigned v[4]) {
+static int parse_bus_id(const char *s, unsigned v[4])
+{
     char extra;
-    if (sscanf(s, "%x:%x:%x.%x%c", &v[0], &v[1], &v[2], &v[3], &extra) == 4) return 0;
+    if (sscanf(s, "%x:%x:%x.%x%c", &v[0], &v[1], &v[2], &v[3], &extra) == 4)
+        return 0;
     v[3] = 0;
-    if (sscanf(s, "%x:%x:%x%c", &v[0], &v[1], &v[2], &extra) == 3) return 0;
+    if (sscanf(s, "%x:%x:%x%c", &v[0], &v[1], &v[2], &extra) == 3)
+        return 0;
     return -1;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId,
-                                                              nvmlDevice_t *device) {
+                                                             nvmlDevice_t *device)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     unsigned want[4], have[4];
     if (!pciBusId || !device || parse_bus_id(pciBusId, want) != 0) {
         r = NVML_ERROR_INVALID_ARGUMENT;
@@ -647,15 +741,18 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusI
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId,
-                                                           nvmlDevice_t *device) {
+                                                          nvmlDevice_t *device)
+{
     return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
 }
 
 /* Lock, check init and the handle, refresh its values when `live` and they are due (which may
  * fetch them, without the lock). On NVML_SUCCESS the caller holds the lock and must leave(). */
-static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out) {
+static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out)
+{
     nvmlReturn_t r = enter();
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     uintptr_t p = (uintptr_t)device, base = (uintptr_t)st.devices;
     if (p < base || p >= base + st.ndevices * sizeof st.devices[0] ||
         (p - base) % sizeof st.devices[0] != 0) {
@@ -665,7 +762,8 @@ static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevic
     *out = &st.devices[(p - base) / sizeof st.devices[0]];
     if (live) {
         int rc = refresh(*out);
-        if (rc == -2) return NVML_ERROR_UNKNOWN; /* the lock is not held */
+        if (rc == -2)
+            return NVML_ERROR_UNKNOWN; /* the lock is not held */
         if (rc == -1) {
             leave();
             return NVML_ERROR_UNINITIALIZED; /* nvmlShutdown ran meanwhile */
@@ -674,66 +772,81 @@ static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevic
     return NVML_SUCCESS;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
-    if (!index) r = NVML_ERROR_INVALID_ARGUMENT;
-    else *index = (unsigned)(d - st.devices);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!index)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else
+        *index = (unsigned)(d - st.devices);
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)
+{
     return nvmlDeviceGetIndex(device, minor);
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name,
-                                              unsigned int length) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_copy_string(d->gpu.name, name, length);
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid,
-                                              unsigned int length) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = d->gpu.uuid[0] ? gp_nvml_copy_string(d->gpu.uuid, uuid, length) : NVML_ERROR_NOT_SUPPORTED;
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial,
-                                                unsigned int length) {
+                                                unsigned int length)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = serial ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
     (void)length;
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
-    if (!type) r = NVML_ERROR_INVALID_ARGUMENT;
-    else *type = gp_nvml_brand(d->gpu.name);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!type)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else
+        *type = gp_nvml_brand(d->gpu.name);
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
-                                                               int *minor) {
+                                                               int *minor)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     if (!major || !minor) {
         r = NVML_ERROR_INVALID_ARGUMENT;
     } else if (d->gpu.cc_major < 0) {
@@ -746,51 +859,61 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t devi
     return r;
 }
 
-static nvmlReturn_t pci(nvmlDevice_t device, void *p, int version) {
+static nvmlReturn_t pci(nvmlDevice_t device, void *p, int version)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_pci_info(&d->gpu, p, version);
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *p) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *p)
+{
     return pci(device, p, 3);
 }
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_v2_t *p) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_v2_t *p)
+{
     return pci(device, p, 2);
 }
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_v2_t *p) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_v2_t *p)
+{
     return pci(device, p, 1);
 }
 
 /* ----------------------------------------------------------------------- live values == */
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_memory(&d->gpu, memory);
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
-                                                       nvmlMemory_v2_t *memory) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_memory_v2(&d->gpu, memory);
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
-                                                          nvmlUtilization_t *utilization) {
+                                                          nvmlUtilization_t *utilization)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_utilization(&d->gpu, utilization);
     leave();
     return r;
@@ -798,74 +921,88 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
                                                      nvmlTemperatureSensors_t sensor,
-                                                     unsigned int *temp) {
+                                                     unsigned int *temp)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_temperature(&d->gpu, (int)sensor, temp);
     leave();
     return r;
 }
 
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_power_usage(&d->gpu, power);
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device,
-                                                            unsigned int *limit) {
+                                                            unsigned int *limit)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_power_limit(&d->gpu, limit);
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device,
-                                                              unsigned int *limit) {
+                                                              unsigned int *limit)
+{
     return nvmlDeviceGetEnforcedPowerLimit(device, limit);
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
-                                                                unsigned long long *energy) {
+                                                                unsigned long long *energy)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_energy(&d->gpu, energy);
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
-                                                   unsigned int *clock) {
+                                                   unsigned int *clock)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_clock(&d->gpu, (int)type, 0, clock);
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
-                                                      unsigned int *clock) {
+                                                      unsigned int *clock)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_clock(&d->gpu, (int)type, 1, clock);
     leave();
     return r;
 }
 
-static nvmlReturn_t compute_procs(nvmlDevice_t device, unsigned *count, void *infos,
-                                  int version) {
+static nvmlReturn_t compute_procs(nvmlDevice_t device, unsigned *count, void *infos, int version)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS) return r;
+    if (r != NVML_SUCCESS)
+        return r;
     r = gp_nvml_processes(&d->gpu, count, infos, version);
     leave();
     return r;
@@ -873,46 +1010,56 @@ static nvmlReturn_t compute_procs(nvmlDevice_t device, unsigned *count, void *in
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                                     unsigned int *infoCount,
-                                                                    nvmlProcessInfo_t *infos) {
+                                                                    nvmlProcessInfo_t *infos)
+{
     return compute_procs(device, infoCount, infos, 3);
 }
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                                     unsigned int *infoCount,
-                                                                    nvmlProcessInfo_t *infos) {
+                                                                    nvmlProcessInfo_t *infos)
+{
     return compute_procs(device, infoCount, infos, 2);
 }
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
                                                                  unsigned int *infoCount,
-                                                                 nvmlProcessInfo_v1_t *infos) {
+                                                                 nvmlProcessInfo_v1_t *infos)
+{
     return compute_procs(device, infoCount, infos, 1);
 }
 
 /* No graphics contexts run on gpupool's GPUs for clients. */
-static nvmlReturn_t no_procs(nvmlDevice_t device, unsigned *count) {
+static nvmlReturn_t no_procs(nvmlDevice_t device, unsigned *count)
+{
     struct nvmlDevice_st *d;
     nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS) return r;
-    if (!count) r = NVML_ERROR_INVALID_ARGUMENT;
-    else *count = 0;
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!count)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else
+        *count = 0;
     leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
                                                                      unsigned int *infoCount,
-                                                                     nvmlProcessInfo_t *infos) {
+                                                                     nvmlProcessInfo_t *infos)
+{
     (void)infos;
     return no_procs(device, infoCount);
 }
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
                                                                      unsigned int *infoCount,
-                                                                     nvmlProcessInfo_t *infos) {
+                                                                     nvmlProcessInfo_t *infos)
+{
     (void)infos;
     return no_procs(device, infoCount);
 }
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device,
                                                                   unsigned int *infoCount,
-                                                                  nvmlProcessInfo_v1_t *infos) {
+                                                                  nvmlProcessInfo_v1_t *infos)
+{
     (void)infos;
     return no_procs(device, infoCount);
 }

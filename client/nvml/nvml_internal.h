@@ -17,6 +17,9 @@ nvmlReturn_t gp_nvml_unsupported(const char *name);
  * function that takes none be called with any). */
 #define GP_NVML_STUB(name)                                                                         \
     GP_NVML_EXPORT nvmlReturn_t name(void);                                                        \
-    GP_NVML_EXPORT nvmlReturn_t name(void) { return gp_nvml_unsupported(#name); }
+    GP_NVML_EXPORT nvmlReturn_t name(void)                                                         \
+    {                                                                                              \
+        return gp_nvml_unsupported(#name);                                                         \
+    }
 
 #endif

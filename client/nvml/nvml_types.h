@@ -56,7 +56,9 @@ typedef enum nvmlReturn_enum {
 #define NVML_INIT_FLAG_NO_GPUS 1u
 #define NVML_INIT_FLAG_NO_ATTACH 2u
 
-typedef enum nvmlTemperatureSensors_enum { NVML_TEMPERATURE_GPU = 0 } nvmlTemperatureSensors_t;
+typedef enum nvmlTemperatureSensors_enum {
+    NVML_TEMPERATURE_GPU = 0
+} nvmlTemperatureSensors_t;
 
 typedef enum nvmlClockType_enum {
     NVML_CLOCK_GRAPHICS = 0,

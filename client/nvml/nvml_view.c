@@ -13,7 +13,8 @@
 #include <string.h>
 #include <strings.h>
 
-gp_json_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap) {
+gp_json_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap)
+{
     char jerr[200];
     gp_json_value *doc = gp_json_parse(json, len, jerr, sizeof jerr);
     if (!doc) {
@@ -43,18 +44,22 @@ gp_json_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_
     return doc;
 }
 
-static int contains_ci(const char *hay, const char *needle) {
+static int contains_ci(const char *hay, const char *needle)
+{
     size_t n = strlen(needle), h = strlen(hay);
     for (size_t i = 0; i + n <= h; i++)
-        if (strncasecmp(hay + i, needle, n) == 0) return 1;
+        if (strncasecmp(hay + i, needle, n) == 0)
+            return 1;
     return 0;
 }
 
-static void copy_text(char *dst, size_t cap, const char *src) {
+static void copy_text(char *dst, size_t cap, const char *src)
+{
     snprintf(dst, cap, "%s", src ? src : "");
 }
 
-void gp_nvml_server_from_doc(const gp_json_value *doc, gp_nvml_server *out) {
+void gp_nvml_server_from_doc(const gp_json_value *doc, gp_nvml_server *out)
+{
     memset(out, 0, sizeof *out);
     const gp_json_value *server = gp_json_get(doc, "server");
     copy_text(out->driver_version, sizeof out->driver_version,
@@ -64,44 +69,55 @@ void gp_nvml_server_from_doc(const gp_json_value *doc, gp_nvml_server *out) {
         out->cuda_driver_version = (int)v;
 }
 
-const gp_json_value *gp_nvml_find_gpu(const gp_json_value *doc, const char *uuid) {
+const gp_json_value *gp_nvml_find_gpu(const gp_json_value *doc, const char *uuid)
+{
     const gp_json_value *gpus = gp_json_get(doc, "gpus");
-    if (!uuid || !uuid[0]) return NULL;
+    if (!uuid || !uuid[0])
+        return NULL;
     for (size_t i = 0; i < gp_json_count(gpus); i++) {
         const gp_json_value *g = gp_json_at(gpus, i);
         const char *u = gp_json_string(gp_json_get(g, "uuid"), NULL);
-        if (u && strcasecmp(u, uuid) == 0) return g;
+        if (u && strcasecmp(u, uuid) == 0)
+            return g;
     }
     return NULL;
 }
 
 /* A non-negative number as an unsigned, rounded to nearest; 0 when absent/null/negative/huge. */
-static int get_uint(const gp_json_value *obj, const char *key, double scale, unsigned *out) {
+static int get_uint(const gp_json_value *obj, const char *key, double scale, unsigned *out)
+{
     double d;
-    if (!gp_json_number(gp_json_get(obj, key), &d) || !isfinite(d) || d < 0) return 0;
+    if (!gp_json_number(gp_json_get(obj, key), &d) || !isfinite(d) || d < 0)
+        return 0;
     d = floor(d * scale + 0.5);
-    if (d > 4294967294.0) return 0; /* 0xFFFFFFFF is NVML's "not available" */
+    if (d > 4294967294.0)
+        return 0; /* 0xFFFFFFFF is NVML's "not available" */
     *out = (unsigned)d;
     return 1;
 }
 
-static int get_u64(const gp_json_value *obj, const char *key, double scale, uint64_t *out) {
+static int get_u64(const gp_json_value *obj, const char *key, double scale, uint64_t *out)
+{
     const gp_json_value *v = gp_json_get(obj, key);
-    if (scale == 1.0 && gp_json_u64(v, out)) return 1; /* exact for byte counts */
+    if (scale == 1.0 && gp_json_u64(v, out))
+        return 1; /* exact for byte counts */
     double d;
-    if (!gp_json_number(v, &d) || !isfinite(d) || d < 0) return 0;
+    if (!gp_json_number(v, &d) || !isfinite(d) || d < 0)
+        return 0;
     d = floor(d * scale + 0.5);
-    if (d >= 18446744073709549568.0) return 0;
+    if (d >= 18446744073709549568.0)
+        return 0;
     *out = (uint64_t)d;
     return 1;
 }
 
-void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_live *out) {
+void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_live *out)
+{
     memset(out, 0, sizeof *out);
     const gp_json_value *live = gp_json_get(view, "live");
     uint64_t total = 0, used = 0, freeb = 0;
-    int has_total = get_u64(live, "memory_total", 1.0, &total) ||
-                    get_u64(view, "memory_total", 1.0, &total);
+    int has_total =
+        get_u64(live, "memory_total", 1.0, &total) || get_u64(view, "memory_total", 1.0, &total);
     int has_used = get_u64(live, "memory_used", 1.0, &used);
     int has_free = get_u64(live, "memory_free", 1.0, &freeb);
     /* The size alone (requirements need it) even when the use is not reported. */
@@ -115,8 +131,10 @@ void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view,
     out->has_util = get_uint(live, "gpu_util", 1.0, &out->gpu_util);
     if (out->has_util && !get_uint(live, "memory_util", 1.0, &out->memory_util))
         out->memory_util = 0;
-    if (out->gpu_util > 100) out->gpu_util = 100;
-    if (out->memory_util > 100) out->memory_util = 100;
+    if (out->gpu_util > 100)
+        out->gpu_util = 100;
+    if (out->memory_util > 100)
+        out->memory_util = 100;
     out->has_temperature = get_uint(live, "temperature_c", 1.0, &out->temperature_c);
     out->has_power = get_uint(live, "power_w", 1000.0, &out->power_mw);
     out->has_power_limit = get_uint(live, "power_limit_w", 1000.0, &out->power_limit_mw);
@@ -128,41 +146,51 @@ void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view,
 
     /* This client's processes on the GPU: the leases the server marked "mine". */
     int64_t index = -1;
-    if (!gp_json_i64(gp_json_get(view, "index"), &index)) return;
+    if (!gp_json_i64(gp_json_get(view, "index"), &index))
+        return;
     const gp_json_value *leases = gp_json_get(doc, "leases");
     for (size_t i = 0; i < gp_json_count(leases) && out->npids < GP_NVML_MAX_PIDS; i++) {
         const gp_json_value *l = gp_json_at(leases, i);
         int64_t gpu = -1, pid = -1;
-        if (!gp_json_bool(gp_json_get(l, "mine"), 0)) continue;
-        if (!gp_json_i64(gp_json_get(l, "gpu"), &gpu) || gpu != index) continue;
-        if (!gp_json_i64(gp_json_get(gp_json_get(l, "client"), "pid"), &pid) || pid <= 0 || pid > 0x7FFFFFFF)
+        if (!gp_json_bool(gp_json_get(l, "mine"), 0))
+            continue;
+        if (!gp_json_i64(gp_json_get(l, "gpu"), &gpu) || gpu != index)
+            continue;
+        if (!gp_json_i64(gp_json_get(gp_json_get(l, "client"), "pid"), &pid) || pid <= 0 ||
+            pid > 0x7FFFFFFF)
             continue;
         out->pids[out->npids++] = (unsigned)pid;
     }
 }
 
 /* "9.0", [9, 0] or {"major": 9, "minor": 0}: 0 and the numbers, else -1. */
-static int compute_capability(const gp_json_value *v, int *major, int *minor) {
+static int compute_capability(const gp_json_value *v, int *major, int *minor)
+{
     int64_t a, b;
-    if (!v) return -1;
+    if (!v)
+        return -1;
     if (v->type == GPJ_STRING) {
         int x, y;
         char extra;
-        if (sscanf(v->str, "%d.%d%c", &x, &y, &extra) != 2 || x < 0 || y < 0) return -1;
+        if (sscanf(v->str, "%d.%d%c", &x, &y, &extra) != 2 || x < 0 || y < 0)
+            return -1;
         *major = x;
         *minor = y;
         return 0;
     }
-    int ok = (v->type == GPJ_ARRAY && gp_json_i64(gp_json_at(v, 0), &a) && gp_json_i64(gp_json_at(v, 1), &b)) ||
+    int ok = (v->type == GPJ_ARRAY && gp_json_i64(gp_json_at(v, 0), &a) &&
+              gp_json_i64(gp_json_at(v, 1), &b)) ||
              (v->type == GPJ_OBJECT && gp_json_i64(gp_json_get(v, "major"), &a) &&
               gp_json_i64(gp_json_get(v, "minor"), &b));
-    if (!ok || a < 0 || b < 0 || a > 1000 || b > 1000) return -1;
+    if (!ok || a < 0 || b < 0 || a > 1000 || b > 1000)
+        return -1;
     *major = (int)a;
     *minor = (int)b;
     return 0;
 }
 
-int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_gpu *out) {
+int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_gpu *out)
+{
     memset(out, 0, sizeof *out);
     int64_t index;
     const char *uuid = gp_json_string(gp_json_get(view, "uuid"), "");
@@ -184,50 +212,65 @@ int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, g
 }
 
 int gp_nvml_gpu_matches(const gp_nvml_gpu *g, const char *gpu, const char *model,
-                        uint64_t min_memory) {
+                        uint64_t min_memory)
+{
     if (gpu && gpu[0]) {
         int digits = 1;
-        for (const char *p = gpu; *p; p++) digits &= isdigit((unsigned char)*p) != 0;
+        for (const char *p = gpu; *p; p++)
+            digits &= isdigit((unsigned char)*p) != 0;
         if (digits) {
-            if (strtoul(gpu, NULL, 10) != g->server_index || strlen(gpu) > 9) return 0;
+            if (strtoul(gpu, NULL, 10) != g->server_index || strlen(gpu) > 9)
+                return 0;
         } else if (!g->uuid[0] || strncasecmp(g->uuid, gpu, strlen(gpu)) != 0) {
             return 0;
         }
     }
     if (model && model[0]) {
         /* case-insensitive substring (ASCII folding, as the server's str.lower() on names) */
-        if (!contains_ci(g->name, model)) return 0;
+        if (!contains_ci(g->name, model))
+            return 0;
     }
     if (min_memory) {
         uint64_t total = g->live.has_memory_total ? g->live.memory_total : 0;
-        if (total < min_memory) return 0;
+        if (total < min_memory)
+            return 0;
     }
     return 1;
 }
 
 /* ------------------------------------------------------------------------------ answers == */
 
-nvmlReturn_t gp_nvml_copy_string(const char *s, char *buf, unsigned length) {
-    if (!buf) return NVML_ERROR_INVALID_ARGUMENT;
+nvmlReturn_t gp_nvml_copy_string(const char *s, char *buf, unsigned length)
+{
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
     size_t n = strlen(s);
-    if (length == 0 || n + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    if (length == 0 || n + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
     memcpy(buf, s, n + 1);
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_memory(const gp_nvml_gpu *g, nvmlMemory_t *m) {
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->live.has_memory) return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t gp_nvml_memory(const gp_nvml_gpu *g, nvmlMemory_t *m)
+{
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->live.has_memory)
+        return NVML_ERROR_NOT_SUPPORTED;
     m->total = g->live.memory_total;
     m->used = g->live.memory_used;
     m->free = g->live.memory_free;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_memory_v2(const gp_nvml_gpu *g, nvmlMemory_v2_t *m) {
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    if (m->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    if (!g->live.has_memory) return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t gp_nvml_memory_v2(const gp_nvml_gpu *g, nvmlMemory_v2_t *m)
+{
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!g->live.has_memory)
+        return NVML_ERROR_NOT_SUPPORTED;
     m->total = g->live.memory_total;
     m->reserved = 0;
     m->used = g->live.memory_used;
@@ -235,16 +278,21 @@ nvmlReturn_t gp_nvml_memory_v2(const gp_nvml_gpu *g, nvmlMemory_v2_t *m) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_utilization(const gp_nvml_gpu *g, nvmlUtilization_t *u) {
-    if (!u) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->live.has_util) return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t gp_nvml_utilization(const gp_nvml_gpu *g, nvmlUtilization_t *u)
+{
+    if (!u)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->live.has_util)
+        return NVML_ERROR_NOT_SUPPORTED;
     u->gpu = g->live.gpu_util;
     u->memory = g->live.memory_util;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_pci_info(const gp_nvml_gpu *g, void *pci, int version) {
-    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+nvmlReturn_t gp_nvml_pci_info(const gp_nvml_gpu *g, void *pci, int version)
+{
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
     unsigned domain, bus, device, function;
     char extra;
     if (sscanf(g->pci_bus_id, "%x:%x:%x.%x%c", &domain, &bus, &device, &function, &extra) != 4 ||
@@ -271,35 +319,48 @@ nvmlReturn_t gp_nvml_pci_info(const gp_nvml_gpu *g, void *pci, int version) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_temperature(const gp_nvml_gpu *g, int sensor, unsigned *temp) {
-    if (!temp || sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->live.has_temperature) return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t gp_nvml_temperature(const gp_nvml_gpu *g, int sensor, unsigned *temp)
+{
+    if (!temp || sensor != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->live.has_temperature)
+        return NVML_ERROR_NOT_SUPPORTED;
     *temp = g->live.temperature_c;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_power_usage(const gp_nvml_gpu *g, unsigned *mw) {
-    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->live.has_power) return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t gp_nvml_power_usage(const gp_nvml_gpu *g, unsigned *mw)
+{
+    if (!mw)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->live.has_power)
+        return NVML_ERROR_NOT_SUPPORTED;
     *mw = g->live.power_mw;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_power_limit(const gp_nvml_gpu *g, unsigned *mw) {
-    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->live.has_power_limit) return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t gp_nvml_power_limit(const gp_nvml_gpu *g, unsigned *mw)
+{
+    if (!mw)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->live.has_power_limit)
+        return NVML_ERROR_NOT_SUPPORTED;
     *mw = g->live.power_limit_mw;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_energy(const gp_nvml_gpu *g, unsigned long long *mj) {
-    if (!mj) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->live.has_energy) return NVML_ERROR_NOT_SUPPORTED;
+nvmlReturn_t gp_nvml_energy(const gp_nvml_gpu *g, unsigned long long *mj)
+{
+    if (!mj)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->live.has_energy)
+        return NVML_ERROR_NOT_SUPPORTED;
     *mj = g->live.energy_mj;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_clock(const gp_nvml_gpu *g, int type, int max, unsigned *mhz) {
+nvmlReturn_t gp_nvml_clock(const gp_nvml_gpu *g, int type, int max, unsigned *mhz)
+{
     if (!mhz || type < NVML_CLOCK_GRAPHICS || type > NVML_CLOCK_VIDEO)
         return NVML_ERROR_INVALID_ARGUMENT;
     const gp_nvml_live *l = &g->live;
@@ -318,13 +379,16 @@ nvmlReturn_t gp_nvml_clock(const gp_nvml_gpu *g, int type, int max, unsigned *mh
     default:
         return NVML_ERROR_NOT_SUPPORTED;
     }
-    if (!has) return NVML_ERROR_NOT_SUPPORTED;
+    if (!has)
+        return NVML_ERROR_NOT_SUPPORTED;
     *mhz = v;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t gp_nvml_processes(const gp_nvml_gpu *g, unsigned *count, void *infos, int version) {
-    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+nvmlReturn_t gp_nvml_processes(const gp_nvml_gpu *g, unsigned *count, void *infos, int version)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = g->live.npids;
     if (*count < n || (n > 0 && !infos)) {
         *count = n;
@@ -352,48 +416,86 @@ nvmlReturn_t gp_nvml_processes(const gp_nvml_gpu *g, unsigned *count, void *info
     return NVML_SUCCESS;
 }
 
-nvmlBrandType_t gp_nvml_brand(const char *name) {
-    if (contains_ci(name, "GeForce")) return NVML_BRAND_GEFORCE;
-    if (contains_ci(name, "Quadro")) return NVML_BRAND_QUADRO;
-    if (contains_ci(name, "TITAN")) return NVML_BRAND_TITAN;
-    if (contains_ci(name, "Tesla")) return NVML_BRAND_TESLA;
+nvmlBrandType_t gp_nvml_brand(const char *name)
+{
+    if (contains_ci(name, "GeForce"))
+        return NVML_BRAND_GEFORCE;
+    if (contains_ci(name, "Quadro"))
+        return NVML_BRAND_QUADRO;
+    if (contains_ci(name, "TITAN"))
+        return NVML_BRAND_TITAN;
+    if (contains_ci(name, "Tesla"))
+        return NVML_BRAND_TESLA;
     return NVML_BRAND_UNKNOWN;
 }
 
-const char *gp_nvml_error_string(nvmlReturn_t r) {
+const char *gp_nvml_error_string(nvmlReturn_t r)
+{
     switch (r) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-    case NVML_ERROR_TIMEOUT: return "Timeout";
-    case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
-    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
-    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
-    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
-    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
-    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
-    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
-    case NVML_ERROR_IN_USE: return "In use by another client";
-    case NVML_ERROR_MEMORY: return "Insufficient Memory";
-    case NVML_ERROR_NO_DATA: return "No data";
-    case NVML_ERROR_VGPU_ECC_NOT_SUPPORTED: return "ECC is not supported on this vGPU";
-    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
-    case NVML_ERROR_FREQ_NOT_SUPPORTED: return "Frequency not supported";
-    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
-    case NVML_ERROR_DEPRECATED: return "Deprecated";
-    case NVML_ERROR_NOT_READY: return "Not ready";
-    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
-    case NVML_ERROR_INVALID_STATE: return "Invalid state";
-    case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED: return "Reset type not supported";
-    case NVML_ERROR_UNKNOWN: return "Unknown Error";
+    case NVML_SUCCESS:
+        return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+        return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+        return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED:
+        return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION:
+        return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED:
+        return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND:
+        return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+        return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER:
+        return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+        return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT:
+        return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE:
+        return "Interrupt Request Issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND:
+        return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND:
+        return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM:
+        return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST:
+        return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED:
+        return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM:
+        return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+        return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE:
+        return "In use by another client";
+    case NVML_ERROR_MEMORY:
+        return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA:
+        return "No data";
+    case NVML_ERROR_VGPU_ECC_NOT_SUPPORTED:
+        return "ECC is not supported on this vGPU";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES:
+        return "Insufficient resources";
+    case NVML_ERROR_FREQ_NOT_SUPPORTED:
+        return "Frequency not supported";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+        return "Argument version mismatch";
+    case NVML_ERROR_DEPRECATED:
+        return "Deprecated";
+    case NVML_ERROR_NOT_READY:
+        return "Not ready";
+    case NVML_ERROR_GPU_NOT_FOUND:
+        return "GPU not found";
+    case NVML_ERROR_INVALID_STATE:
+        return "Invalid state";
+    case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED:
+        return "Reset type not supported";
+    case NVML_ERROR_UNKNOWN:
+        return "Unknown Error";
     }
     return "Unknown Error";
 }

@@ -21,7 +21,8 @@ static int failures;
 
 /* Parse text exactly as given (not NUL-terminated: a heap copy of just its bytes, so ASan
  * catches any read past the end). */
-static gp_json_value *parse_n(const char *text, size_t n, char *err, size_t cap) {
+static gp_json_value *parse_n(const char *text, size_t n, char *err, size_t cap)
+{
     char *copy = malloc(n ? n : 1);
     if (!copy) {
         printf("FAIL: out of memory\n");
@@ -33,14 +34,17 @@ static gp_json_value *parse_n(const char *text, size_t n, char *err, size_t cap)
     return v;
 }
 
-static gp_json_value *parse(const char *text) {
+static gp_json_value *parse(const char *text)
+{
     char err[200];
     gp_json_value *v = parse_n(text, strlen(text), err, sizeof err);
-    if (!v) printf("  (parse of %s failed: %s)\n", text, err);
+    if (!v)
+        printf("  (parse of %s failed: %s)\n", text, err);
     return v;
 }
 
-static void expect_error(const char *text, const char *want) {
+static void expect_error(const char *text, const char *want)
+{
     char err[200] = "";
     gp_json_value *v = parse_n(text, strlen(text), err, sizeof err);
     if (v) {
@@ -55,7 +59,8 @@ static void expect_error(const char *text, const char *want) {
     }
 }
 
-static void test_scalars(void) {
+static void test_scalars(void)
+{
     gp_json_value *v = parse("  true ");
     CHECK(v && v->type == GPJ_TRUE && gp_json_bool(v, 0) == 1);
     gp_json_free(v);
@@ -96,7 +101,8 @@ static void test_scalars(void) {
     gp_json_free(v);
 }
 
-static void test_strings(void) {
+static void test_strings(void)
+{
     gp_json_value *v = parse("\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\"");
     CHECK(v && v->type == GPJ_STRING && strcmp(v->str, "a\"b\\c/d\b\f\n\r\t") == 0);
     CHECK(v && v->len == 12);
@@ -119,7 +125,8 @@ static void test_strings(void) {
     CHECK(strcmp(gp_json_string(NULL, "dflt"), "dflt") == 0);
 }
 
-static void test_containers(void) {
+static void test_containers(void)
+{
     const char *doc = "{\"schema\": 1, \"gpus\": [{\"index\": 0, \"name\": \"H100\", "
                       "\"live\": {\"temperature_c\": null, \"gpu_util\": 12.5}}, {}], "
                       "\"empty\": {}, \"none\": [], \"nested\": [[[]]], \"dup\": 1, \"dup\": 2}";
@@ -136,14 +143,16 @@ static void test_containers(void) {
     CHECK(gp_json_get(gp_json_get(g0, "live"), "temperature_c") != NULL);
     CHECK(gp_json_number(gp_json_get(gp_json_get(g0, "live"), "gpu_util"), &d) && d == 12.5);
     CHECK(gp_json_at(gpus, 2) == NULL);
-    CHECK(gp_json_get(gpus, "x") == NULL);    /* not an object */
-    CHECK(gp_json_at(v, 0) == NULL);          /* not an array */
+    CHECK(gp_json_get(gpus, "x") == NULL); /* not an object */
+    CHECK(gp_json_at(v, 0) == NULL);       /* not an array */
     CHECK(gp_json_get(v, "missing") == NULL);
-    CHECK(gp_json_count(gp_json_get(v, "empty")) == 0 && gp_json_get(v, "empty")->type == GPJ_OBJECT);
+    CHECK(gp_json_count(gp_json_get(v, "empty")) == 0 &&
+          gp_json_get(v, "empty")->type == GPJ_OBJECT);
     CHECK(gp_json_count(gp_json_get(v, "none")) == 0 && gp_json_get(v, "none")->type == GPJ_ARRAY);
     CHECK(gp_json_count(gp_json_at(gp_json_at(gp_json_get(v, "nested"), 0), 0)) == 0);
     CHECK(gp_json_i64(gp_json_get(v, "dup"), &i) && i == 1); /* the first of duplicate keys */
-    CHECK(gp_json_get(NULL, "x") == NULL && gp_json_at(NULL, 0) == NULL && gp_json_count(NULL) == 0);
+    CHECK(gp_json_get(NULL, "x") == NULL && gp_json_at(NULL, 0) == NULL &&
+          gp_json_count(NULL) == 0);
     gp_json_free(v);
     gp_json_free(NULL);
 
@@ -173,7 +182,8 @@ static void test_containers(void) {
     expect_error(deep, "nested deeper");
 }
 
-static void test_errors(void) {
+static void test_errors(void)
+{
     expect_error("", "unexpected end");
     expect_error("   ", "unexpected end");
     expect_error("tru", "unexpected character 't'");
@@ -204,9 +214,9 @@ static void test_errors(void) {
     expect_error("\"\\ud83dx\"", "high surrogate");
     expect_error("\"\\ud83d\\u0041\"", "low surrogate");
     expect_error("\"\\ude00\"", "lone low surrogate");
-    expect_error("\"\xc3\"", "invalid UTF-8");           /* truncated sequence */
-    expect_error("\"\xc0\xaf\"", "invalid UTF-8");       /* overlong */
-    expect_error("\"\xed\xa0\x80\"", "invalid UTF-8");   /* encoded surrogate */
+    expect_error("\"\xc3\"", "invalid UTF-8");             /* truncated sequence */
+    expect_error("\"\xc0\xaf\"", "invalid UTF-8");         /* overlong */
+    expect_error("\"\xed\xa0\x80\"", "invalid UTF-8");     /* encoded surrogate */
     expect_error("\"\xf4\x90\x80\x80\"", "invalid UTF-8"); /* past U+10FFFF */
     expect_error("\"\xff\"", "invalid UTF-8");
     expect_error("{} {}", "after the value");
@@ -232,7 +242,8 @@ static void test_errors(void) {
 }
 
 /* Every prefix of a valid document fails cleanly (no crash, no leak, no over-read). */
-static void test_truncations(void) {
+static void test_truncations(void)
+{
     const char *doc = "{\"a\": [1, -2.5e3, \"x\\u00e9\\ud83d\\ude00\", true, false, null, "
                       "{\"b\": {}}], \"c\": \"\xc3\xa9\"}";
     size_t n = strlen(doc);
@@ -250,7 +261,8 @@ static void test_truncations(void) {
     gp_json_free(v);
 }
 
-int main(void) {
+int main(void)
+{
     test_scalars();
     test_strings();
     test_containers();

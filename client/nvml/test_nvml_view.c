@@ -56,21 +56,25 @@ static const char *DOC =
     " ],"
     " \"queue\": []}";
 
-static gp_json_value *load(const char *text) {
+static gp_json_value *load(const char *text)
+{
     char err[300];
     gp_json_value *doc = gp_nvml_parse_info(text, strlen(text), err, sizeof err);
-    if (!doc) printf("  (parse failed: %s)\n", err);
+    if (!doc)
+        printf("  (parse failed: %s)\n", err);
     return doc;
 }
 
 /* 1 when text is refused (err says why). */
-static int parse_fails(const char *text, char *err, size_t cap) {
+static int parse_fails(const char *text, char *err, size_t cap)
+{
     gp_json_value *doc = gp_nvml_parse_info(text, strlen(text), err, cap);
     gp_json_free(doc);
     return doc == NULL;
 }
 
-static void test_parse_checks(void) {
+static void test_parse_checks(void)
+{
     char err[300];
     CHECK(parse_fails("{\"schema\": 2, \"gpus\": []}", err, sizeof err));
     CHECK(strstr(err, "schema 2") && strstr(err, "upgrade the gpupool client"));
@@ -83,10 +87,12 @@ static void test_parse_checks(void) {
     CHECK(parse_fails("", err, sizeof err));
 }
 
-static void test_server_and_identity(void) {
+static void test_server_and_identity(void)
+{
     gp_json_value *doc = load(DOC);
     CHECK(doc != NULL);
-    if (!doc) return;
+    if (!doc)
+        return;
     gp_nvml_server s;
     gp_nvml_server_from_doc(doc, &s);
     CHECK(strcmp(s.driver_version, "580.65.06") == 0 && s.cuda_driver_version == 13000);
@@ -116,7 +122,8 @@ static void test_server_and_identity(void) {
     CHECK(gp_nvml_brand("NVIDIA TITAN RTX") == NVML_BRAND_TITAN);
 }
 
-static void test_live_values(void) {
+static void test_live_values(void)
+{
     gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
@@ -184,7 +191,8 @@ static void test_live_values(void) {
     gp_json_free(doc);
 }
 
-static void test_pci(void) {
+static void test_pci(void)
+{
     gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
@@ -221,7 +229,8 @@ static void test_pci(void) {
     CHECK(gp_nvml_pci_info(&h, NULL, 3) == NVML_ERROR_INVALID_ARGUMENT);
 }
 
-static void test_processes(void) {
+static void test_processes(void)
+{
     gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
@@ -255,7 +264,8 @@ static void test_processes(void) {
     CHECK(gp_nvml_processes(&sim, NULL, NULL, 3) == NVML_ERROR_INVALID_ARGUMENT);
 }
 
-static void test_requirements(void) {
+static void test_requirements(void)
+{
     gp_json_value *doc = load(DOC);
     if (!doc) {
         failures++;
@@ -281,7 +291,8 @@ static void test_requirements(void) {
 
 /* min_memory needs only the GPU's size: a view whose live memory use is null (or that has no
  * live values at all) still meets it through the view's own memory_total, as on the server. */
-static void test_requirements_without_memory_use(void) {
+static void test_requirements_without_memory_use(void)
+{
     const char *text =
         "{\"schema\": 1, \"gpus\": ["
         "  {\"index\": 0, \"name\": \"A\", \"uuid\": \"GPU-a\", \"memory_total\": 17179869184,"
@@ -324,7 +335,8 @@ static void test_requirements_without_memory_use(void) {
     CHECK(gp_nvml_processes(&a, &count, infos, 3) == NVML_SUCCESS && count == 0);
 }
 
-static void test_strings_and_errors(void) {
+static void test_strings_and_errors(void)
+{
     char buf[8];
     CHECK(gp_nvml_copy_string("1234567", buf, sizeof buf) == NVML_SUCCESS);
     CHECK(strcmp(buf, "1234567") == 0);
@@ -336,7 +348,8 @@ static void test_strings_and_errors(void) {
     CHECK(strcmp(gp_nvml_error_string((nvmlReturn_t)12345), "Unknown Error") == 0);
 }
 
-int main(void) {
+int main(void)
+{
     test_parse_checks();
     test_server_and_identity();
     test_live_values();

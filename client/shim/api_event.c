@@ -9,17 +9,22 @@
 #include "shim.h"
 #include "shim_core.h"
 
-GP_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
-    if (!phEvent) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    if (!phEvent)
+        return CUDA_ERROR_INVALID_VALUE;
     unsigned all = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-    if (Flags & ~all) return CUDA_ERROR_INVALID_VALUE;
+    if (Flags & ~all)
+        return CUDA_ERROR_INVALID_VALUE;
     /* An interprocess event must not record timing. */
     if ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING))
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_event_obj *ev = calloc(1, sizeof *ev);
-    if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!ev)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     ev->ctx = gp_ctx_current();
     ev->flags = Flags;
     ev->id = gp_handle_new(GP_H_EVENT, ev);
@@ -43,74 +48,95 @@ GP_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
+GP_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h = (uint64_t)(uintptr_t)hEvent;
     gp_event_obj *ev = gp_handle_remove(h, GP_H_EVENT);
-    if (!ev) return CUDA_ERROR_INVALID_HANDLE;
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
     gp_conn_use_ctx(ev->ctx);
     free(ev);
     gp_event_destroy m = {.event = h};
     GP_FRAME(buf, len, gp_event_destroy, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
     return r;
 }
 
-GP_EXPORT CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
+GP_EXPORT CUresult cuEventDestroy(CUevent hEvent)
+{
+    return cuEventDestroy_v2(hEvent);
+}
 
-static CUresult event_record(CUevent e, CUstream s, unsigned int flags) {
-    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+static CUresult event_record(CUevent e, CUstream s, unsigned int flags)
+{
+    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t wire;
     CUresult r = gp_stream_enter(s, &wire);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h = (uint64_t)(uintptr_t)e;
-    if (!gp_handle_get(h, GP_H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!gp_handle_get(h, GP_H_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
     /* Work on a stream whose capture was invalidated fails at once, as with the driver. */
     if (gp_capture_status(wire) == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
         return GP_ERR_CAPTURE_INVALIDATED;
     gp_event_record m = {.event = h, .stream = wire, .flags = flags};
     GP_FRAME(buf, len, gp_event_record, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
     return r;
 }
 
-GP_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+GP_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
     return event_record(hEvent, hStream, 0);
 }
-GP_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
+GP_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
     return event_record(hEvent, gp_ptsz(hStream), 0);
 }
-GP_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+GP_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
     return event_record(hEvent, hStream, flags);
 }
-GP_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
-                                               unsigned int flags) {
+GP_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
     return event_record(hEvent, gp_ptsz(hStream), flags);
 }
 
 /* A live event: makes the worker use its context. */
-static CUresult event_enter(CUevent e, uint64_t *h) {
+static CUresult event_enter(CUevent e, uint64_t *h)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *h = (uint64_t)(uintptr_t)e;
     gp_event_obj *ev = gp_handle_get(*h, GP_H_EVENT);
-    if (!ev) return CUDA_ERROR_INVALID_HANDLE;
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
     gp_conn_use_ctx(ev->ctx);
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuEventQuery(CUevent hEvent) {
+GP_EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
     uint64_t h;
     CUresult r = event_enter(hEvent, &h);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_event_query m = {.event = h};
     GP_FRAME(buf, len, gp_event_query, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
@@ -118,13 +144,16 @@ GP_EXPORT CUresult cuEventQuery(CUevent hEvent) {
     return r == CUDA_ERROR_NOT_READY ? r : gp_sync_result(r);
 }
 
-GP_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
+GP_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
+{
     uint64_t h;
     CUresult r = event_enter(hEvent, &h);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_event_synchronize m = {.event = h};
     GP_FRAME(buf, len, gp_event_synchronize, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
@@ -132,27 +161,35 @@ GP_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
     return gp_sync_result(r);
 }
 
-GP_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
-    if (!pMilliseconds) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    if (!pMilliseconds)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t hs, he;
     CUresult r = event_enter(hStart, &hs);
-    if (r == CUDA_SUCCESS) r = event_enter(hEnd, &he);
-    if (r != CUDA_SUCCESS) return r;
+    if (r == CUDA_SUCCESS)
+        r = event_enter(hEnd, &he);
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_event_elapsed_time m = {.start = hs, .end = he};
     GP_FRAME(buf, len, gp_event_elapsed_time, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
-    if (r != CUDA_SUCCESS) return gp_cu_result(r);
+    if (r != CUDA_SUCCESS)
+        return gp_cu_result(r);
     gp_event_elapsed_time_reply a;
     int ok = gp_event_elapsed_time_reply_decode(rep.body, rep.len, &a) == 0;
     gp_reply_free(&rep);
-    if (!ok) return CUDA_ERROR_UNKNOWN;
+    if (!ok)
+        return CUDA_ERROR_UNKNOWN;
     *pMilliseconds = a.ms;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+GP_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
     return cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd);
 }

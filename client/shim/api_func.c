@@ -13,35 +13,42 @@
 #include "gp_cuda_launch.h"
 #include "shim.h"
 
-static CUresult enter_any_ctx(void) {
+static CUresult enter_any_ctx(void)
+{
     CUresult r = gp_ctx_enter();
     return r == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : r;
 }
 
-static int valid_device(CUdevice dev) { return dev >= 0 && dev < gp_device_count(); }
+static int valid_device(CUdevice dev)
+{
+    return dev >= 0 && dev < gp_device_count();
+}
 
-CUresult gp_func_attr(gp_func *fn, int attr, int *value) {
+CUresult gp_func_attr(gp_func *fn, int attr, int *value)
+{
     int cacheable = attr >= 0 && attr < GP_FUNC_ATTR_CACHE;
-    if (cacheable &&
-        (atomic_load_explicit(&fn->attr_valid, memory_order_acquire) & (1u << attr))) {
+    if (cacheable && (atomic_load_explicit(&fn->attr_valid, memory_order_acquire) & (1u << attr))) {
         *value = atomic_load_explicit(&fn->attr_val[attr], memory_order_relaxed);
         return CUDA_SUCCESS;
     }
     uint32_t gen = atomic_load(&fn->attr_gen);
     gp_func_get_attribute m = {.func = fn->wire, .attribute = attr};
     GP_FRAME(frame, flen, gp_func_get_attribute, &m);
-    if (!frame) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!frame)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply reply;
     CUresult r = gp_request(frame, flen, NULL, 0, NULL, 0, &reply);
     GP_FRAME_FREE(frame);
-    if (r != CUDA_SUCCESS) return gp_server_result(r, "function attribute");
+    if (r != CUDA_SUCCESS)
+        return gp_server_result(r, "function attribute");
     gp_func_get_attribute_reply rep = {0};
     if (gp_func_get_attribute_reply_decode(reply.body, reply.len, &rep)) {
         gp_log_error("function attribute: malformed reply");
         r = CUDA_ERROR_UNKNOWN;
     }
     gp_reply_free(&reply);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *value = rep.value;
     if (cacheable) {
         pthread_mutex_t *lock = gp_func_lock(fn);
@@ -55,16 +62,19 @@ CUresult gp_func_attr(gp_func *fn, int attr, int *value) {
     return CUDA_SUCCESS;
 }
 
-static CUresult set_attr(gp_func *fn, int attr, int value) {
+static CUresult set_attr(gp_func *fn, int attr, int value)
+{
     gp_func_set_attribute m = {.func = fn->wire, .attribute = attr, .value = value};
     GP_FRAME(frame, flen, gp_func_set_attribute, &m);
-    if (!frame) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!frame)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply reply;
     CUresult r = gp_request(frame, flen, NULL, 0, NULL, 0, &reply);
     GP_FRAME_FREE(frame);
     gp_reply_free(&reply);
     r = gp_server_result(r, "set function attribute");
-    if (r != CUDA_SUCCESS || attr < 0) return r; /* the cache config changes no attribute */
+    if (r != CUDA_SUCCESS || attr < 0)
+        return r; /* the cache config changes no attribute */
     pthread_mutex_t *lock = gp_func_lock(fn);
     pthread_mutex_lock(lock);
     atomic_store(&fn->attr_valid, 0);
@@ -73,67 +83,95 @@ static CUresult set_attr(gp_func *fn, int attr, int value) {
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
-    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
+{
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     return gp_func_attr(fn, attrib, pi);
 }
 
 GP_EXPORT CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel,
-                                        CUdevice dev) {
-    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+                                        CUdevice dev)
+{
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = enter_any_ctx();
-    if (r != CUDA_SUCCESS) return r;
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)kernel);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     return gp_func_attr(fn, attrib, pi);
 }
 
-GP_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+GP_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
+{
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
-    if (attrib < 0) return CUDA_ERROR_INVALID_VALUE; /* -1 means cache config on the wire */
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (attrib < 0)
+        return CUDA_ERROR_INVALID_VALUE; /* -1 means cache config on the wire */
     return set_attr(fn, attrib, value);
 }
 
 GP_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel,
-                                        CUdevice dev) {
+                                        CUdevice dev)
+{
     CUresult r = enter_any_ctx();
-    if (r != CUDA_SUCCESS) return r;
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)kernel);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
-    if (attrib < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (attrib < 0)
+        return CUDA_ERROR_INVALID_VALUE;
     return set_attr(fn, attrib, val);
 }
 
-GP_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+GP_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
+{
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     return set_attr(fn, -1, config);
 }
 
-GP_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
+GP_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev)
+{
     CUresult r = enter_any_ctx();
-    if (r != CUDA_SUCCESS) return r;
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)kernel);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     return set_attr(fn, -1, config);
 }
 
-static CUresult param_info(uint64_t h, size_t index, size_t *offset, size_t *size) {
-    if (!offset) return CUDA_ERROR_INVALID_VALUE;
+static CUresult param_info(uint64_t h, size_t index, size_t *offset, size_t *size)
+{
+    if (!offset)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_func *fn = gp_func_lookup(h);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     if (fn->param_count < 0) {
         if (!atomic_flag_test_and_set(&fn->warned_params))
             gp_log_info("the parameter layout of %s is unknown (the server's driver could not tell "
@@ -141,31 +179,38 @@ static CUresult param_info(uint64_t h, size_t index, size_t *offset, size_t *siz
                         fn->name);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (index >= (size_t)fn->param_count) return CUDA_ERROR_INVALID_VALUE;
+    if (index >= (size_t)fn->param_count)
+        return CUDA_ERROR_INVALID_VALUE;
     *offset = fn->param_offsets[index];
-    if (size) *size = fn->param_sizes[index];
+    if (size)
+        *size = fn->param_sizes[index];
     return CUDA_SUCCESS;
 }
 
 GP_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
-                                      size_t *paramSize) {
+                                      size_t *paramSize)
+{
     return param_info((uint64_t)(uintptr_t)func, paramIndex, paramOffset, paramSize);
 }
 
 GP_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
-                                        size_t *paramSize) {
+                                        size_t *paramSize)
+{
     return param_info((uint64_t)(uintptr_t)kernel, paramIndex, paramOffset, paramSize);
 }
 
 /* The server's driver loads a function when it is bound, so every function is loaded. */
-GP_EXPORT CUresult cuFuncIsLoaded(CUfunctionLoadingState *state, CUfunction function) {
-    if (!state) return CUDA_ERROR_INVALID_VALUE;
-    if (!gp_func_lookup((uint64_t)(uintptr_t)function)) return CUDA_ERROR_INVALID_HANDLE;
+GP_EXPORT CUresult cuFuncIsLoaded(CUfunctionLoadingState *state, CUfunction function)
+{
+    if (!state)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_func_lookup((uint64_t)(uintptr_t)function))
+        return CUDA_ERROR_INVALID_HANDLE;
     *state = CU_FUNCTION_LOADING_STATE_LOADED;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuFuncLoad(CUfunction function) {
-    return gp_func_lookup((uint64_t)(uintptr_t)function) ? CUDA_SUCCESS
-                                                          : CUDA_ERROR_INVALID_HANDLE;
+GP_EXPORT CUresult cuFuncLoad(CUfunction function)
+{
+    return gp_func_lookup((uint64_t)(uintptr_t)function) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }

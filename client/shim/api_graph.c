@@ -48,21 +48,29 @@ static atomic_uint_fast64_t next_capture_id = 1;
 static __thread int tl_mode = GP_CAPTURE_MODE_GLOBAL;
 
 /* Caller holds cap_lock. */
-static capture *find(uint64_t wire) {
+static capture *find(uint64_t wire)
+{
     for (int i = 0; i < MAX_CAPTURES; i++)
-        if (caps[i].stream == wire) return &caps[i];
+        if (caps[i].stream == wire)
+            return &caps[i];
     return NULL;
 }
 
-static void lock(void) {
-    if (pthread_mutex_lock(&cap_lock) != 0) abort(); /* a default mutex we own cannot fail */
+static void lock(void)
+{
+    if (pthread_mutex_lock(&cap_lock) != 0)
+        abort(); /* a default mutex we own cannot fail */
 }
-static void unlock(void) {
-    if (pthread_mutex_unlock(&cap_lock) != 0) abort();
+static void unlock(void)
+{
+    if (pthread_mutex_unlock(&cap_lock) != 0)
+        abort();
 }
 
-CUstreamCaptureStatus gp_capture_status(uint64_t wire) {
-    if (atomic_load(&cap_count) == 0) return CU_STREAM_CAPTURE_STATUS_NONE;
+CUstreamCaptureStatus gp_capture_status(uint64_t wire)
+{
+    if (atomic_load(&cap_count) == 0)
+        return CU_STREAM_CAPTURE_STATUS_NONE;
     lock();
     capture *c = find(wire);
     CUstreamCaptureStatus s = c ? c->status : CU_STREAM_CAPTURE_STATUS_NONE;
@@ -70,17 +78,22 @@ CUstreamCaptureStatus gp_capture_status(uint64_t wire) {
     return s;
 }
 
-int gp_capture_sync_call(uint64_t wire) {
-    if (atomic_load(&cap_count) == 0) return 0;
+int gp_capture_sync_call(uint64_t wire)
+{
+    if (atomic_load(&cap_count) == 0)
+        return 0;
     lock();
     capture *c = find(wire);
-    if (c) c->status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    if (c)
+        c->status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
     unlock();
     return c != NULL;
 }
 
-CUresult gp_capture_host_copy(uint64_t wire, const char *call) {
-    if (!gp_capture_sync_call(wire)) return CUDA_SUCCESS;
+CUresult gp_capture_host_copy(uint64_t wire, const char *call)
+{
+    if (!gp_capture_sync_call(wire))
+        return CUDA_SUCCESS;
     static atomic_int said;
     if (!atomic_exchange(&said, 1))
         gp_log_error("%s between host and device memory on a capturing stream is not supported "
@@ -92,8 +105,10 @@ CUresult gp_capture_host_copy(uint64_t wire, const char *call) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
-void gp_capture_forget(uint64_t wire) {
-    if (atomic_load(&cap_count) == 0) return;
+void gp_capture_forget(uint64_t wire)
+{
+    if (atomic_load(&cap_count) == 0)
+        return;
     lock();
     capture *c = find(wire);
     uint64_t graph = 0;
@@ -103,21 +118,26 @@ void gp_capture_forget(uint64_t wire) {
         atomic_fetch_sub(&cap_count, 1);
     }
     unlock();
-    if (graph) free(gp_handle_remove(graph, GP_H_GRAPH));
+    if (graph)
+        free(gp_handle_remove(graph, GP_H_GRAPH));
 }
 
 /* ================================================================ capture == */
 
-static CUresult begin_capture(CUstream s, int mode) {
+static CUresult begin_capture(CUstream s, int mode)
+{
     if (mode < GP_CAPTURE_MODE_GLOBAL || mode > GP_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t wire;
     CUresult r = gp_stream_enter(s, &wire);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     /* The legacy default stream cannot be captured (driver rule). */
-    if (wire <= 1) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (wire <= 1)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     gp_graph_obj *g = calloc(1, sizeof *g);
-    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     g->ctx = gp_ctx_current();
     g->id = gp_handle_new(GP_H_GRAPH, g);
     if (!g->id) {
@@ -150,29 +170,37 @@ static CUresult begin_capture(CUstream s, int mode) {
     }
     r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
-    if (r != CUDA_SUCCESS) gp_capture_forget(wire);
+    if (r != CUDA_SUCCESS)
+        gp_capture_forget(wire);
     return r;
 }
 
-GP_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, GPstreamCaptureMode mode) {
+GP_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, GPstreamCaptureMode mode)
+{
     return begin_capture(hStream, (int)mode);
 }
-GP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, GPstreamCaptureMode mode) {
+GP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, GPstreamCaptureMode mode)
+{
     return begin_capture(gp_ptsz(hStream), (int)mode);
 }
 /* The CUDA 10.0 entry point had no mode: it captured in global mode. */
-GP_EXPORT CUresult cuStreamBeginCapture(CUstream hStream) {
+GP_EXPORT CUresult cuStreamBeginCapture(CUstream hStream)
+{
     return begin_capture(hStream, GP_CAPTURE_MODE_GLOBAL);
 }
-GP_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
+GP_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
     return begin_capture(gp_ptsz(hStream), GP_CAPTURE_MODE_GLOBAL);
 }
 
-static CUresult end_capture(CUstream s, CUgraph *out) {
-    if (!out) return CUDA_ERROR_INVALID_VALUE;
+static CUresult end_capture(CUstream s, CUgraph *out)
+{
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t wire;
     CUresult r = gp_stream_enter(s, &wire);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     capture c = {0};
     lock();
     capture *p = atomic_load(&cap_count) ? find(wire) : NULL;
@@ -186,7 +214,8 @@ static CUresult end_capture(CUstream s, CUgraph *out) {
         atomic_fetch_sub(&cap_count, 1);
     }
     unlock();
-    if (!p) return GP_ERR_ILLEGAL_STATE; /* not capturing */
+    if (!p)
+        return GP_ERR_ILLEGAL_STATE; /* not capturing */
     *out = NULL;
     gp_stream_end_capture m = {
         .stream = wire,
@@ -210,76 +239,93 @@ static CUresult end_capture(CUstream s, CUgraph *out) {
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+GP_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
     return end_capture(hStream, phGraph);
 }
-GP_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+GP_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
     return end_capture(gp_ptsz(hStream), phGraph);
 }
 
 /* cuStreamGetCaptureInfo, all versions: the v2/v3 outputs past id are written only while a
  * capture is active; the dependency list is always empty (nodes are not tracked here). */
 static CUresult capture_info(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
-                             CUgraph *graph, const void **deps, const void **edges,
-                             size_t *ndeps) {
-    if (!status) return CUDA_ERROR_INVALID_VALUE;
+                             CUgraph *graph, const void **deps, const void **edges, size_t *ndeps)
+{
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t wire;
     CUresult r = gp_stream_enter(s, &wire);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     capture c = {0};
     if (atomic_load(&cap_count) != 0) {
         lock();
         capture *p = find(wire);
-        if (p) c = *p;
+        if (p)
+            c = *p;
         unlock();
     }
     *status = c.stream ? c.status : CU_STREAM_CAPTURE_STATUS_NONE;
-    if (c.stream && id) *id = c.id;
+    if (c.stream && id)
+        *id = c.id;
     if (*status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-        if (graph) *graph = (CUgraph)(uintptr_t)c.graph;
-        if (deps) *deps = NULL;
-        if (edges) *edges = NULL;
-        if (ndeps) *ndeps = 0;
+        if (graph)
+            *graph = (CUgraph)(uintptr_t)c.graph;
+        if (deps)
+            *deps = NULL;
+        if (edges)
+            *edges = NULL;
+        if (ndeps)
+            *ndeps = 0;
     }
     return CUDA_SUCCESS;
 }
 
 GP_EXPORT CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *status,
-                                          cuuint64_t *id) {
+                                          cuuint64_t *id)
+{
     return capture_info(hStream, status, id, NULL, NULL, NULL, NULL);
 }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream hStream, CUstreamCaptureStatus *status,
-                                               cuuint64_t *id) {
+                                               cuuint64_t *id)
+{
     return capture_info(gp_ptsz(hStream), status, id, NULL, NULL, NULL, NULL);
 }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *status,
                                              cuuint64_t *id, CUgraph *graph, const void **deps,
-                                             size_t *ndeps) {
+                                             size_t *ndeps)
+{
     return capture_info(hStream, status, id, graph, deps, NULL, ndeps);
 }
-GP_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream,
-                                                  CUstreamCaptureStatus *status, cuuint64_t *id,
-                                                  CUgraph *graph, const void **deps,
-                                                  size_t *ndeps) {
+GP_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *status,
+                                                  cuuint64_t *id, CUgraph *graph, const void **deps,
+                                                  size_t *ndeps)
+{
     return capture_info(gp_ptsz(hStream), status, id, graph, deps, NULL, ndeps);
 }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *status,
                                              cuuint64_t *id, CUgraph *graph, const void **deps,
-                                             const void **edges, size_t *ndeps) {
+                                             const void **edges, size_t *ndeps)
+{
     return capture_info(hStream, status, id, graph, deps, edges, ndeps);
 }
-GP_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream,
-                                                  CUstreamCaptureStatus *status, cuuint64_t *id,
-                                                  CUgraph *graph, const void **deps,
-                                                  const void **edges, size_t *ndeps) {
+GP_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *status,
+                                                  cuuint64_t *id, CUgraph *graph, const void **deps,
+                                                  const void **edges, size_t *ndeps)
+{
     return capture_info(gp_ptsz(hStream), status, id, graph, deps, edges, ndeps);
 }
 
 /* The mode is the calling thread's; the worker captures in relaxed mode and never needs it. */
-GP_EXPORT CUresult cuThreadExchangeStreamCaptureMode(GPstreamCaptureMode *mode) {
-    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuThreadExchangeStreamCaptureMode(GPstreamCaptureMode *mode)
+{
+    if (!mode)
+        return CUDA_ERROR_INVALID_VALUE;
     int m = (int)*mode;
-    if (m < GP_CAPTURE_MODE_GLOBAL || m > GP_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    if (m < GP_CAPTURE_MODE_GLOBAL || m > GP_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
     *mode = (GPstreamCaptureMode)tl_mode;
     tl_mode = m;
     return CUDA_SUCCESS;
@@ -287,23 +333,30 @@ GP_EXPORT CUresult cuThreadExchangeStreamCaptureMode(GPstreamCaptureMode *mode) 
 
 /* ================================================================ graphs == */
 
-static CUresult post_simple(uint8_t *buf, size_t len) {
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+static CUresult post_simple(uint8_t *buf, size_t len)
+{
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return gp_post(buf, len, NULL, 0);
 }
 
 /* Flags the driver knows: auto free on launch, upload, device launch, node priorities. */
 #define INSTANTIATE_FLAGS 0xfull
 
-static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long flags) {
-    if (!out || (flags & ~INSTANTIATE_FLAGS)) return CUDA_ERROR_INVALID_VALUE;
+static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long flags)
+{
+    if (!out || (flags & ~INSTANTIATE_FLAGS))
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t gh = (uint64_t)(uintptr_t)graph;
     gp_graph_obj *g = gp_handle_get(gh, GP_H_GRAPH);
-    if (!g) return CUDA_ERROR_INVALID_VALUE; /* the driver's answer for a bad graph */
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE; /* the driver's answer for a bad graph */
     gp_graph_obj *x = calloc(1, sizeof *x);
-    if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!x)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     x->ctx = g->ctx;
     x->id = gp_handle_new(GP_H_GRAPH_EXEC, x);
     if (!x->id) {
@@ -314,7 +367,8 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long 
     gp_graph_instantiate m = {.graph = gh, .exec = x->id, .flags = flags};
     GP_FRAME(buf, len, gp_graph_instantiate, &m);
     r = post_simple(buf, len);
-    if (buf) GP_FRAME_FREE(buf);
+    if (buf)
+        GP_FRAME_FREE(buf);
     if (r != CUDA_SUCCESS) {
         free(gp_handle_remove(x->id, GP_H_GRAPH_EXEC));
         return r;
@@ -324,96 +378,123 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long 
 }
 
 GP_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                               unsigned long long flags) {
+                                               unsigned long long flags)
+{
     return instantiate(phGraphExec, hGraph, flags);
 }
 /* The 10.0 / 11.0 signature: error node and log buffer. Errors are deferred here, so there is
  * never an error node, and the log stays empty. */
 GP_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                         void **phErrorNode, char *logBuffer, size_t bufferSize) {
-    if (phErrorNode) *phErrorNode = NULL;
-    if (logBuffer && bufferSize > 0) logBuffer[0] = '\0';
+                                         void **phErrorNode, char *logBuffer, size_t bufferSize)
+{
+    if (phErrorNode)
+        *phErrorNode = NULL;
+    if (logBuffer && bufferSize > 0)
+        logBuffer[0] = '\0';
     return instantiate(phGraphExec, hGraph, 0);
 }
 GP_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, void **phErrorNode,
-                                      char *logBuffer, size_t bufferSize) {
+                                      char *logBuffer, size_t bufferSize)
+{
     return cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
 }
 
-static CUresult graph_launch(CUgraphExec exec, CUstream s, int upload) {
+static CUresult graph_launch(CUgraphExec exec, CUstream s, int upload)
+{
     uint64_t wire;
     CUresult r = gp_stream_enter(s, &wire);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t xh = (uint64_t)(uintptr_t)exec;
-    if (!gp_handle_get(xh, GP_H_GRAPH_EXEC)) return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_handle_get(xh, GP_H_GRAPH_EXEC))
+        return CUDA_ERROR_INVALID_VALUE;
     if (gp_capture_status(wire) == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
         return GP_ERR_CAPTURE_INVALIDATED;
     gp_graph_launch m = {.exec = xh, .stream = wire, .upload = (uint32_t)upload};
     GP_FRAME(buf, len, gp_graph_launch, &m);
     r = post_simple(buf, len);
-    if (buf) GP_FRAME_FREE(buf);
+    if (buf)
+        GP_FRAME_FREE(buf);
     return r;
 }
 
-GP_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+GP_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
     return graph_launch(hGraphExec, hStream, 0);
 }
-GP_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+GP_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
     return graph_launch(hGraphExec, gp_ptsz(hStream), 0);
 }
-GP_EXPORT CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
+GP_EXPORT CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
+{
     return graph_launch(hGraphExec, hStream, 1);
 }
-GP_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+GP_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
     return graph_launch(hGraphExec, gp_ptsz(hStream), 1);
 }
 
-GP_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+GP_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t xh = (uint64_t)(uintptr_t)hGraphExec;
     gp_graph_obj *x = gp_handle_remove(xh, GP_H_GRAPH_EXEC);
-    if (!x) return CUDA_ERROR_INVALID_VALUE;
+    if (!x)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_conn_use_ctx(x->ctx);
     free(x);
     gp_graph_exec_destroy m = {.exec = xh};
     GP_FRAME(buf, len, gp_graph_exec_destroy, &m);
     r = post_simple(buf, len);
-    if (buf) GP_FRAME_FREE(buf);
+    if (buf)
+        GP_FRAME_FREE(buf);
     return r;
 }
 
-GP_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
+GP_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t gh = (uint64_t)(uintptr_t)hGraph;
     /* A graph still being captured is not the program's to destroy. */
     lock();
     int capturing = 0;
     for (int i = 0; i < MAX_CAPTURES; i++)
-        if (caps[i].stream && caps[i].graph == gh) capturing = 1;
+        if (caps[i].stream && caps[i].graph == gh)
+            capturing = 1;
     unlock();
-    if (capturing) return CUDA_ERROR_INVALID_VALUE;
+    if (capturing)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_graph_obj *g = gp_handle_remove(gh, GP_H_GRAPH);
-    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_conn_use_ctx(g->ctx);
     free(g);
     gp_graph_destroy m = {.graph = gh};
     GP_FRAME(buf, len, gp_graph_destroy, &m);
     r = post_simple(buf, len);
-    if (buf) GP_FRAME_FREE(buf);
+    if (buf)
+        GP_FRAME_FREE(buf);
     return r;
 }
 
 /* cuGraphGetNodes: the count (one round trip; PyTorch asks once per capture to warn about an
  * empty graph). Node handles are not remoted. */
-GP_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, void **nodes, size_t *numNodes) {
-    if (!numNodes) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, void **nodes, size_t *numNodes)
+{
+    if (!numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t gh = (uint64_t)(uintptr_t)hGraph;
     gp_graph_obj *g = gp_handle_get(gh, GP_H_GRAPH);
-    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
     if (nodes) {
         static atomic_int said;
         if (!atomic_exchange(&said, 1))
@@ -425,15 +506,18 @@ GP_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, void **nodes, size_t *numNode
     gp_conn_use_ctx(g->ctx);
     gp_graph_get_node_count m = {.graph = gh};
     GP_FRAME(buf, len, gp_graph_get_node_count, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
-    if (r != CUDA_SUCCESS) return gp_cu_result(r);
+    if (r != CUDA_SUCCESS)
+        return gp_cu_result(r);
     gp_graph_get_node_count_reply a;
     int ok = gp_graph_get_node_count_reply_decode(rep.body, rep.len, &a) == 0;
     gp_reply_free(&rep);
-    if (!ok) return CUDA_ERROR_UNKNOWN;
+    if (!ok)
+        return CUDA_ERROR_UNKNOWN;
     *numNodes = (size_t)a.count;
     return CUDA_SUCCESS;
 }

@@ -21,16 +21,20 @@ const char *gp_cuda_error_name(CUresult err) __attribute__((weak));
 const char *gp_cuda_error_string(CUresult err) __attribute__((weak));
 
 /* A valid device ordinal after a successful cuInit: CUDA_SUCCESS, else the error to return. */
-static CUresult check_dev(CUdevice dev) {
+static CUresult check_dev(CUdevice dev)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     return gp_device(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
 /* ============================================================ init and versions == */
 
-GP_EXPORT CUresult cuInit(unsigned int flags) {
-    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     return gp_conn_init();
 }
 
@@ -38,9 +42,12 @@ GP_EXPORT CUresult cuInit(unsigned int flags) {
  * already (cuInit would a moment later anyway), so the version is the server driver's. When no
  * server can be reached we report GP_FALLBACK_DRIVER_VERSION (13000): cudart then calls cuInit,
  * which fails with CUDA_ERROR_NO_DEVICE after one line saying why. */
-GP_EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
-    if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
-    if (!gp_conn_attempted()) gp_conn_ensure();
+GP_EXPORT CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_conn_attempted())
+        gp_conn_ensure();
     *driverVersion = gp_reported_driver_version();
     static atomic_int said;
     if (!atomic_exchange(&said, 1))
@@ -49,129 +56,172 @@ GP_EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr) {
-    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
     *pStr = gp_cuda_error_name ? gp_cuda_error_name(error) : NULL;
     return *pStr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-GP_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr) {
-    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
     *pStr = gp_cuda_error_string ? gp_cuda_error_string(error) : NULL;
     return *pStr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Lazy loading: a module crosses the network only when a kernel of it is first used.
  * CUDA_MODULE_LOADING=EAGER asks for the other mode. */
-GP_EXPORT CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
-    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
+{
+    if (!mode)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     const char *env = getenv("CUDA_MODULE_LOADING");
-    *mode = env && strcasecmp(env, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING
-                                                 : CU_MODULE_LAZY_LOADING;
+    *mode = env && strcasecmp(env, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
     return CUDA_SUCCESS;
 }
 
 /* The driver's own log messages: we produce none, so a callback is accepted and never called. */
 GP_EXPORT CUresult cuLogsRegisterCallback(CUlogsCallback callbackFunc, void *userData,
-                                          CUlogsCallbackHandle *callback_out) {
+                                          CUlogsCallbackHandle *callback_out)
+{
     (void)userData;
-    if (!callbackFunc) return CUDA_ERROR_INVALID_VALUE;
-    if (callback_out) *callback_out = (CUlogsCallbackHandle)(uintptr_t)0x1;
+    if (!callbackFunc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (callback_out)
+        *callback_out = (CUlogsCallbackHandle)(uintptr_t)0x1;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle callback) {
+GP_EXPORT CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle callback)
+{
     (void)callback;
     return CUDA_SUCCESS;
 }
 
 /* =============================================================== device queries == */
 
-GP_EXPORT CUresult cuDeviceGetCount(int *count) {
-    if (!count) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *count = gp_device_count();
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-    if (!device) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(ordinal);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     snprintf(name, (size_t)len, "%s", gp_device(dev)->name);
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *uuid = gp_device(dev)->uuid;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+GP_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    return cuDeviceGetUuid(uuid, dev);
+}
 
-GP_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *deviceNodeMask, CUdevice dev) {
+GP_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *deviceNodeMask, CUdevice dev)
+{
     (void)luid, (void)deviceNodeMask, (void)dev;
     return CUDA_ERROR_NOT_SUPPORTED; /* a Windows (WDDM) notion */
 }
 
-GP_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *bytes = (size_t)gp_device(dev)->total_mem;
     return CUDA_SUCCESS;
 }
 
 /* The CUDA 3.1 signature (32-bit size). */
-GP_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+GP_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
     size_t b;
-    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = cuDeviceTotalMem_v2(&b, dev);
-    if (r == CUDA_SUCCESS) *bytes = b > UINT_MAX ? UINT_MAX : (unsigned int)b;
+    if (r == CUDA_SUCCESS)
+        *bytes = b > UINT_MAX ? UINT_MAX : (unsigned int)b;
     return r;
 }
 
-GP_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
-    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     const gp_device_snapshot *d = gp_device(dev);
-    if (attrib <= 0 || attrib >= d->attribute_count) return CUDA_ERROR_INVALID_VALUE;
+    if (attrib <= 0 || attrib >= d->attribute_count)
+        return CUDA_ERROR_INVALID_VALUE;
     *pi = d->attributes[attrib];
     return CUDA_SUCCESS;
 }
 
-static int attr(const gp_device_snapshot *d, int a) {
+static int attr(const gp_device_snapshot *d, int a)
+{
     return a > 0 && a < d->attribute_count ? d->attributes[a] : 0;
 }
 
-GP_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
-    if (!major || !minor) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
+{
+    if (!major || !minor)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *major = attr(gp_device(dev), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
     *minor = attr(gp_device(dev), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceGetProperties(CUdevprop *prop, CUdevice dev) {
-    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetProperties(CUdevprop *prop, CUdevice dev)
+{
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     const gp_device_snapshot *d = gp_device(dev);
     prop->maxThreadsPerBlock = attr(d, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
     prop->maxThreadsDim[0] = attr(d, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
@@ -191,10 +241,13 @@ GP_EXPORT CUresult cuDeviceGetProperties(CUdevprop *prop, CUdevice dev) {
 }
 
 /* "0000:3B:00.0": four hex digits of domain, then bus and device, upper case, function 0. */
-GP_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
-    if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    if (!pciBusId || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     const gp_device_snapshot *d = gp_device(dev);
     snprintf(pciBusId, (size_t)len, "%04X:%02X:%02X.0", (unsigned)d->pci_domain,
              (unsigned)d->pci_bus, (unsigned)d->pci_device);
@@ -202,21 +255,27 @@ GP_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
 }
 
 /* Accepts "domain:bus:device.function" and "bus:device.function", hex, any case. */
-GP_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId) {
-    if (!dev || !pciBusId) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
+{
+    if (!dev || !pciBusId)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     unsigned v[4];
     int n = 0;
     const char *p = pciBusId;
     while (n < 4) {
         char *end;
         unsigned long x = strtoul(p, &end, 16);
-        if (end == p) break;
+        if (end == p)
+            break;
         v[n++] = (unsigned)x;
         p = end;
-        if (*p == ':' || *p == '.') p++;
-        else break;
+        if (*p == ':' || *p == '.')
+            p++;
+        else
+            break;
     }
     unsigned domain, bus, device;
     if (n == 4 || (n == 3 && strchr(pciBusId, '.') == NULL)) {
@@ -241,9 +300,11 @@ GP_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId) {
  * cuDeviceSetMemPool accept as "the default pool". */
 static atomic_uint_fast64_t default_pool;
 
-uint64_t gp_default_mempool(void) {
+uint64_t gp_default_mempool(void)
+{
     uint64_t p = atomic_load(&default_pool);
-    if (p) return p;
+    if (p)
+        return p;
     uint64_t h = gp_handle_new(GP_H_MEMPOOL, NULL);
     uint64_t expected = 0;
     if (!atomic_compare_exchange_strong(&default_pool, &expected, h)) {
@@ -253,33 +314,44 @@ uint64_t gp_default_mempool(void) {
     return h;
 }
 
-GP_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
-    if (!pool_out) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    if (!pool_out)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *pool_out = (CUmemoryPool)(uintptr_t)gp_default_mempool();
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+GP_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
     return cuDeviceGetDefaultMemPool(pool, dev);
 }
 
-GP_EXPORT CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
-    if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    if (!canAccessPeer)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r == CUDA_SUCCESS) r = check_dev(peerDev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r == CUDA_SUCCESS)
+        r = check_dev(peerDev);
+    if (r != CUDA_SUCCESS)
+        return r;
     *canAccessPeer = 0; /* one device per session */
     return CUDA_SUCCESS;
 }
 
 /* ============================================================ primary context == */
 
-GP_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_primary_retain();
     *pctx = (CUcontext)(uintptr_t)GP_PRIMARY_CTX_ID;
     return CUDA_SUCCESS;
@@ -287,13 +359,15 @@ GP_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 
 /* Drop the primary context's state everywhere: on the worker (its allocations, streams,
  * modules) and here. The handle itself stays valid, as the driver's does. */
-static CUresult primary_reset(void) {
+static CUresult primary_reset(void)
+{
     gp_ctx_forget_resources(GP_PRIMARY_CTX_ID);
     gp_primary_reset_local();
     gp_conn_use_ctx(GP_PRIMARY_CTX_ID);
     gp_primary_ctx_reset m = {0};
     GP_FRAME(buf, len, gp_primary_ctx_reset, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
@@ -302,21 +376,30 @@ static CUresult primary_reset(void) {
     return gp_cu_result(r);
 }
 
-GP_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+GP_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     int last = 0;
-    if (gp_primary_release(&last) != 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (gp_primary_release(&last) != 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
     /* The last release destroys the primary context, as in the driver. */
     return last ? primary_reset() : CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+GP_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
 
-GP_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
-    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_primary_state st;
     gp_primary_get(&st);
     *flags = st.flags;
@@ -324,48 +407,65 @@ GP_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
     return CUDA_SUCCESS;
 }
 
-static CUresult check_ctx_flags(unsigned int flags) {
+static CUresult check_ctx_flags(unsigned int flags)
+{
     unsigned sched = flags & CU_CTX_SCHED_MASK;
     if ((flags & ~(unsigned)CU_CTX_FLAGS_MASK) || sched == 3 || sched > 4)
         return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
     CUresult r = check_dev(dev);
-    if (r == CUDA_SUCCESS) r = check_ctx_flags(flags);
-    if (r != CUDA_SUCCESS) return r;
+    if (r == CUDA_SUCCESS)
+        r = check_ctx_flags(flags);
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_primary_set_flags(flags); /* scheduling flags only matter on the server: kept locally */
     return CUDA_SUCCESS;
 }
 
 /* Version 1 refuses to change the flags of an active primary context. */
-GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_primary_state st;
     gp_primary_get(&st);
-    if (st.retained > 0) return CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE;
+    if (st.retained > 0)
+        return CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE;
     return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
 }
 
-GP_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+GP_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
     CUresult r = check_dev(dev);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     return primary_reset();
 }
 
-GP_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+GP_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return cuDevicePrimaryCtxReset_v2(dev);
+}
 
 /* ============================================================ regular contexts == */
 
-static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_dev(dev);
-    if (r == CUDA_SUCCESS) r = check_ctx_flags(flags);
-    if (r != CUDA_SUCCESS) return r;
+    if (r == CUDA_SUCCESS)
+        r = check_ctx_flags(flags);
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_ctx_obj *c = calloc(1, sizeof *c);
-    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     c->device = dev;
     c->flags = flags;
     c->id = gp_handle_new(GP_H_CTX, c);
@@ -389,130 +489,178 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
         free(gp_handle_remove(c->id, GP_H_CTX));
         return gp_cu_result(r);
     }
-    if (gp_ctx_stack_push(c->id) != 0) gp_ctx_stack_set_top(c->id);
+    if (gp_ctx_stack_push(c->id) != 0)
+        gp_ctx_stack_set_top(c->id);
     *pctx = (CUcontext)(uintptr_t)c->id;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+GP_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
     return ctx_create(pctx, flags, dev);
 }
 
-GP_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+GP_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
     return ctx_create(pctx, flags, dev);
 }
 
-GP_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
-                                  int numParams, unsigned int flags, CUdevice dev) {
-    if (numParams < 0 || (numParams > 0 && !paramsArray)) return CUDA_ERROR_INVALID_VALUE;
-    if (numParams > 0) return CUDA_ERROR_NOT_SUPPORTED; /* execution affinity is not remoted */
+GP_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                                  unsigned int flags, CUdevice dev)
+{
+    if (numParams < 0 || (numParams > 0 && !paramsArray))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (numParams > 0)
+        return CUDA_ERROR_NOT_SUPPORTED; /* execution affinity is not remoted */
     return ctx_create(pctx, flags, dev);
 }
 
 GP_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
-                                  unsigned int flags, CUdevice dev) {
+                                  unsigned int flags, CUdevice dev)
+{
     if (ctxCreateParams &&
         (ctxCreateParams->numExecAffinityParams > 0 || ctxCreateParams->cigParams))
         return CUDA_ERROR_NOT_SUPPORTED;
     return ctx_create(pctx, flags, dev);
 }
 
-GP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+GP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h = (uint64_t)(uintptr_t)ctx;
-    if (h == GP_PRIMARY_CTX_ID || !gp_handle_get(h, GP_H_CTX)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (h == GP_PRIMARY_CTX_ID || !gp_handle_get(h, GP_H_CTX))
+        return CUDA_ERROR_INVALID_CONTEXT;
     /* What the client knows goes first (context-local storage destructors may still use the
      * context), then the server's context. */
     gp_ctx_forget_resources(h);
     gp_ctx_destroy m = {.ctx = h};
     GP_FRAME(buf, len, gp_ctx_destroy, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_conn_use_ctx(0);
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
     gp_reply_free(&rep);
     gp_conn_forget_ctx();
-    if (r != CUDA_SUCCESS && r != GP_LOST_CONNECTION_ERROR) return gp_cu_result(r);
+    if (r != CUDA_SUCCESS && r != GP_LOST_CONNECTION_ERROR)
+        return gp_cu_result(r);
     gp_ctx_obj *obj = gp_handle_remove(h, GP_H_CTX);
-    if (gp_ctx_current() == h) gp_ctx_stack_pop();
+    if (gp_ctx_current() == h)
+        gp_ctx_stack_pop();
     free(obj);
     return r;
 }
 
-GP_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+GP_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    return cuCtxDestroy_v2(ctx);
+}
 
 /* ========================================================= the context stack == */
 
-GP_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+GP_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h = gp_ctx_check(ctx);
-    if (!h) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!h)
+        return CUDA_ERROR_INVALID_CONTEXT;
     return gp_ctx_stack_push(h) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-GP_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+GP_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    return cuCtxPushCurrent_v2(ctx);
+}
 
-GP_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+GP_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (gp_ctx_current() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (gp_ctx_current() == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t h = gp_ctx_stack_pop();
-    if (pctx) *pctx = (CUcontext)(uintptr_t)h;
+    if (pctx)
+        *pctx = (CUcontext)(uintptr_t)h;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
+GP_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    return cuCtxPopCurrent_v2(pctx);
+}
 
-GP_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+GP_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h = 0;
-    if (ctx && !(h = gp_ctx_check(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx && !(h = gp_ctx_check(ctx)))
+        return CUDA_ERROR_INVALID_CONTEXT;
     gp_ctx_stack_set_top(h);
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *pctx = (CUcontext)(uintptr_t)gp_ctx_current();
     return CUDA_SUCCESS;
 }
 
 /* ctx NULL means the current one; CUDA_SUCCESS with *out set, or the error. */
-static CUresult ctx_arg(CUcontext ctx, gp_ctx_obj **out) {
+static CUresult ctx_arg(CUcontext ctx, gp_ctx_obj **out)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h = ctx ? (uint64_t)(uintptr_t)ctx : gp_ctx_current();
-    if (!h) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!h)
+        return CUDA_ERROR_INVALID_CONTEXT;
     *out = gp_ctx_obj_get(h);
-    if (!*out) return ctx ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (!*out)
+        return ctx ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_CONTEXT_IS_DESTROYED;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
-    if (!device) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(ctx, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *device = c->device;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetDevice(CUdevice *device) { return cuCtxGetDevice_v2(device, NULL); }
+GP_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+{
+    return cuCtxGetDevice_v2(device, NULL);
+}
 
-GP_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+GP_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
     gp_ctx_obj *c;
     CUresult r = ctx_arg(ctx, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_conn_use_ctx(c->id);
     gp_ctx_synchronize m = {0};
     GP_FRAME(buf, len, gp_ctx_synchronize, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
@@ -520,38 +668,52 @@ GP_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
     return gp_sync_result(r);
 }
 
-GP_EXPORT CUresult cuCtxSynchronize(void) { return cuCtxSynchronize_v2(NULL); }
+GP_EXPORT CUresult cuCtxSynchronize(void)
+{
+    return cuCtxSynchronize_v2(NULL);
+}
 
-GP_EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
-    if (!pvalue) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    if (!pvalue)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
-    if (limit < 0 || limit >= 64) return CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (limit < 0 || limit >= 64)
+        return CUDA_ERROR_INVALID_VALUE;
     if (c->limit_set & (1ull << limit)) {
         *pvalue = (size_t)c->limit_val[limit];
         return CUDA_SUCCESS;
     }
     const gp_device_snapshot *d = gp_device(c->device);
-    if (limit >= d->limit_count) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (limit >= d->limit_count)
+        return CUDA_ERROR_UNSUPPORTED_LIMIT;
     *pvalue = (size_t)d->limits[limit];
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
-    if (limit < 0 || limit >= 64) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    if (limit < 0 || limit >= 64)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_ctx_obj *c = gp_ctx_current_obj();
-    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
     gp_ctx_set_limit m = {.limit = (uint32_t)limit, .value = value};
     GP_FRAME(buf, len, gp_ctx_set_limit, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
     gp_reply_free(&rep);
-    if (r != CUDA_SUCCESS) return gp_cu_result(r);
+    if (r != CUDA_SUCCESS)
+        return gp_cu_result(r);
     /* The driver may round the value: remember what it actually set. */
     uint64_t actual = value;
     gp_ctx_get_limit q = {.limit = (uint32_t)limit};
@@ -559,7 +721,8 @@ GP_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     if (qbuf) {
         if (gp_request(qbuf, qlen, NULL, 0, NULL, 0, &rep) == CUDA_SUCCESS) {
             gp_ctx_get_limit_reply gr;
-            if (gp_ctx_get_limit_reply_decode(rep.body, rep.len, &gr) == 0) actual = gr.value;
+            if (gp_ctx_get_limit_reply_decode(rep.body, rep.len, &gr) == 0)
+                actual = gr.value;
         }
         gp_reply_free(&rep);
         GP_FRAME_FREE(qbuf);
@@ -569,79 +732,103 @@ GP_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+GP_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
     gp_ctx_obj *c;
     CUresult r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     const gp_device_snapshot *d = gp_device(c->device);
-    if (leastPriority) *leastPriority = d->stream_priority_least;
-    if (greatestPriority) *greatestPriority = d->stream_priority_greatest;
+    if (leastPriority)
+        *leastPriority = d->stream_priority_least;
+    if (greatestPriority)
+        *greatestPriority = d->stream_priority_greatest;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig) {
-    if (!pconfig) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
+{
+    if (!pconfig)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *pconfig = (CUfunc_cache)c->cache_config;
     return CUDA_SUCCESS;
 }
 
 /* A preference only: kept locally, not forwarded. */
-GP_EXPORT CUresult cuCtxSetCacheConfig(CUfunc_cache config) {
-    if ((int)config < 0 || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxSetCacheConfig(CUfunc_cache config)
+{
+    if ((int)config < 0 || config > CU_FUNC_CACHE_PREFER_EQUAL)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     c->cache_config = (int)config;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetSharedMemConfig(CUsharedconfig *pConfig) {
-    if (!pConfig) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetSharedMemConfig(CUsharedconfig *pConfig)
+{
+    if (!pConfig)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *pConfig = c->shmem_config ? (CUsharedconfig)c->shmem_config
                                : CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxSetSharedMemConfig(CUsharedconfig config) {
+GP_EXPORT CUresult cuCtxSetSharedMemConfig(CUsharedconfig config)
+{
     if ((int)config < 0 || config > CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE)
         return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     c->shmem_config = (int)config;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
-    if (!version) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(ctx, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *version = 3020; /* the context API revision every context since CUDA 3.2 reports */
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetFlags(unsigned int *flags) {
-    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *flags = c->flags;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
+GP_EXPORT CUresult cuCtxSetFlags(unsigned int flags)
+{
     CUresult r = check_ctx_flags(flags);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_ctx_obj *c;
     r = ctx_arg(NULL, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     if (c->primary)
         gp_primary_set_flags(flags);
     else
@@ -649,11 +836,14 @@ GP_EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId) {
-    if (!ctxId) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    if (!ctxId)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_ctx_obj *c;
     CUresult r = ctx_arg(ctx, &c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *ctxId = c->id & ((1ull << 40) - 1);
     return CUDA_SUCCESS;
 }

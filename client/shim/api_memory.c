@@ -29,9 +29,13 @@
 #include "shim.h"
 #include "shim_core.h"
 
-static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
+static uint64_t page_size(void)
+{
+    return (uint64_t)sysconf(_SC_PAGESIZE);
+}
 
-static void warn_mapped_once(void) {
+static void warn_mapped_once(void)
+{
     static atomic_int said;
     if (!atomic_exchange(&said, 1))
         gp_log_info("mapped (zero-copy) host memory was requested, but this memory stays on this "
@@ -45,28 +49,35 @@ static void warn_mapped_once(void) {
 
 /* ================================================================ allocation == */
 
-static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytesize, CUstream stream, int is_async) {
-    if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytesize, CUstream stream, int is_async)
+{
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t wire = 0;
     CUresult r = is_async ? gp_stream_enter(stream, &wire) : gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t ctx = gp_ctx_current();
     if (is_async && wire > 2) {
         gp_stream_obj *st = gp_handle_get(wire, GP_H_STREAM);
-        if (!st) return CUDA_ERROR_INVALID_HANDLE; /* destroyed meanwhile */
+        if (!st)
+            return CUDA_ERROR_INVALID_HANDLE; /* destroyed meanwhile */
         ctx = st->ctx;
     }
     gp_mem_alloc m = {.size = bytesize, .stream = wire, .flags = 0};
     GP_FRAME(buf, len, gp_mem_alloc, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
-    if (r != CUDA_SUCCESS) return gp_cu_result(r);
+    if (r != CUDA_SUCCESS)
+        return gp_cu_result(r);
     gp_mem_alloc_reply a;
     int ok = gp_mem_alloc_reply_decode(rep.body, rep.len, &a) == 0 && a.dptr != 0;
     gp_reply_free(&rep);
-    if (!ok) return CUDA_ERROR_UNKNOWN;
+    if (!ok)
+        return CUDA_ERROR_UNKNOWN;
     if (!gp_vamap_in_window(a.dptr)) {
         static atomic_int said;
         if (!atomic_exchange(&said, 1))
@@ -74,185 +85,244 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytesize, CUstream stream, i
                          "reserved window; such pointers may alias host memory",
                          (unsigned long long)a.dptr);
     }
-    gp_range rg = {.base = a.dptr, .size = bytesize, .kind = GP_RANGE_DEVICE, .ctx = ctx,
-                   .flags = is_async ? GP_RANGE_F_ASYNC : 0, .mapped_size = a.mapped_size};
+    gp_range rg = {.base = a.dptr,
+                   .size = bytesize,
+                   .kind = GP_RANGE_DEVICE,
+                   .ctx = ctx,
+                   .flags = is_async ? GP_RANGE_F_ASYNC : 0,
+                   .mapped_size = a.mapped_size};
     if (gp_vamap_add(&rg) != 0)
         gp_log_error("device allocation 0x%llx+%llu overlaps a range this process already "
                      "has; copies to it may be refused",
                      (unsigned long long)a.dptr, (unsigned long long)bytesize);
     *dptr = a.dptr;
-    if (is_async) gp_pool_note_alloc();
+    if (is_async)
+        gp_pool_note_alloc();
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+GP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
     return mem_alloc(dptr, bytesize, NULL, 0);
 }
 
-GP_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+GP_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
     return mem_alloc(dptr, bytesize, hStream, 1);
 }
 
-GP_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+GP_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
     return mem_alloc(dptr, bytesize, gp_ptsz(hStream), 1);
 }
 
 /* Only the dummy default pool exists (cuDeviceGetDefaultMemPool). */
 GP_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                           CUstream hStream) {
-    if ((uint64_t)(uintptr_t)pool != gp_default_mempool()) return CUDA_ERROR_INVALID_VALUE;
+                                           CUstream hStream)
+{
+    if ((uint64_t)(uintptr_t)pool != gp_default_mempool())
+        return CUDA_ERROR_INVALID_VALUE;
     return mem_alloc(dptr, bytesize, hStream, 1);
 }
 
 GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                                CUmemoryPool pool, CUstream hStream) {
+                                                CUmemoryPool pool, CUstream hStream)
+{
     return cuMemAllocFromPoolAsync(dptr, bytesize, pool, gp_ptsz(hStream));
 }
 
 /* Rows padded to a multiple of the texture pitch alignment (512 bytes on current GPUs). */
 GP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
-                                      size_t Height, unsigned int ElementSizeBytes) {
-    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
+                                      size_t Height, unsigned int ElementSizeBytes)
+{
+    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     const gp_device_snapshot *d = gp_device(0);
     size_t align = 512;
     if (d && CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT < d->attribute_count &&
         d->attributes[CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT] > 0)
         align = (size_t)d->attributes[CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT];
     size_t pitch = (WidthInBytes + align - 1) / align * align;
-    if (Height > SIZE_MAX / pitch) return CUDA_ERROR_INVALID_VALUE;
+    if (Height > SIZE_MAX / pitch)
+        return CUDA_ERROR_INVALID_VALUE;
     r = mem_alloc(dptr, pitch * Height, NULL, 0);
-    if (r == CUDA_SUCCESS) *pPitch = pitch;
+    if (r == CUDA_SUCCESS)
+        *pPitch = pitch;
     return r;
 }
 
-static CUresult mem_free(CUdeviceptr dptr, CUstream stream, int is_async) {
+static CUresult mem_free(CUdeviceptr dptr, CUstream stream, int is_async)
+{
     uint64_t wire = 0;
     CUresult r = is_async ? gp_stream_enter(stream, &wire) : gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (dptr == 0) return is_async ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (dptr == 0)
+        return is_async ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     gp_range rg;
     if (gp_vamap_find(dptr, &rg) != 0 || rg.kind != GP_RANGE_DEVICE || rg.base != dptr ||
         (rg.flags & GP_RANGE_F_VMM)) /* cuMemMap memory is returned with cuMemUnmap */
         return CUDA_ERROR_INVALID_VALUE;
-    if (gp_vamap_remove(dptr, &rg) != 0) return CUDA_ERROR_INVALID_VALUE; /* freed meanwhile */
-    if (!is_async) gp_conn_use_ctx(rg.ctx);
+    if (gp_vamap_remove(dptr, &rg) != 0)
+        return CUDA_ERROR_INVALID_VALUE; /* freed meanwhile */
+    if (!is_async)
+        gp_conn_use_ctx(rg.ctx);
     gp_mem_free m = {.dptr = dptr, .stream = wire};
     GP_FRAME(buf, len, gp_mem_free, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
     return r;
 }
 
-GP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return mem_free(dptr, NULL, 0); }
+GP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return mem_free(dptr, NULL, 0);
+}
 
-GP_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+GP_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
     return mem_free(dptr, hStream, 1);
 }
 
-GP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+GP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
     return mem_free(dptr, gp_ptsz(hStream), 1);
 }
 
-GP_EXPORT CUresult cuMemGetInfo_v2(size_t *free_out, size_t *total_out) {
+GP_EXPORT CUresult cuMemGetInfo_v2(size_t *free_out, size_t *total_out)
+{
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_mem_get_info m = {0};
     GP_FRAME(buf, len, gp_mem_get_info, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
-    if (r != CUDA_SUCCESS) return gp_cu_result(r);
+    if (r != CUDA_SUCCESS)
+        return gp_cu_result(r);
     gp_mem_get_info_reply a;
     int ok = gp_mem_get_info_reply_decode(rep.body, rep.len, &a) == 0;
     gp_reply_free(&rep);
-    if (!ok) return CUDA_ERROR_UNKNOWN;
-    if (free_out) *free_out = (size_t)a.free;
-    if (total_out) *total_out = (size_t)a.total;
+    if (!ok)
+        return CUDA_ERROR_UNKNOWN;
+    if (free_out)
+        *free_out = (size_t)a.free;
+    if (total_out)
+        *total_out = (size_t)a.total;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemGetInfo(unsigned int *free_out, unsigned int *total_out) {
+GP_EXPORT CUresult cuMemGetInfo(unsigned int *free_out, unsigned int *total_out)
+{
     size_t f, t;
     CUresult r = cuMemGetInfo_v2(&f, &t);
-    if (r != CUDA_SUCCESS) return r;
-    if (free_out) *free_out = f > 0xffffffffu ? 0xffffffffu : (unsigned int)f;
-    if (total_out) *total_out = t > 0xffffffffu ? 0xffffffffu : (unsigned int)t;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (free_out)
+        *free_out = f > 0xffffffffu ? 0xffffffffu : (unsigned int)f;
+    if (total_out)
+        *total_out = t > 0xffffffffu ? 0xffffffffu : (unsigned int)t;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+GP_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_range rg;
     if (gp_vamap_find(dptr, &rg) != 0 || rg.kind == GP_RANGE_HOST_REG)
         return CUDA_ERROR_NOT_FOUND;
-    if (pbase) *pbase = rg.base;
-    if (psize) *psize = (size_t)rg.size;
+    if (pbase)
+        *pbase = rg.base;
+    if (psize)
+        *psize = (size_t)rg.size;
     return CUDA_SUCCESS;
 }
 
 /* ==================================================================== copies == */
 
-static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint64_t wire, int is_async) {
-    if (n == 0) return CUDA_SUCCESS;
-    if (!src || !gp_vamap_device_span(dst, n)) return CUDA_ERROR_INVALID_VALUE;
-    gp_memcpy_htod m = {.dst = dst, .stream = wire, .is_async = (uint32_t)is_async,
-                        .data_len = n};
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint64_t wire, int is_async)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!src || !gp_vamap_device_span(dst, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_memcpy_htod m = {.dst = dst, .stream = wire, .is_async = (uint32_t)is_async, .data_len = n};
     GP_FRAME(buf, len, gp_memcpy_htod, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = gp_conn_lz4() && gp_cz_applies(n) ? gp_post_lz4(buf, len, src, n)
-                                                  : gp_post(buf, len, src, n);
+                                                   : gp_post(buf, len, src, n);
     GP_FRAME_FREE(buf);
     return r;
 }
 
-static CUresult dtoh_sync(void *dst, CUdeviceptr src, size_t n, uint64_t wire) {
-    if (n == 0) return CUDA_SUCCESS;
-    if (!dst || !gp_vamap_device_span(src, n)) return CUDA_ERROR_INVALID_VALUE;
+static CUresult dtoh_sync(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst || !gp_vamap_device_span(src, n))
+        return CUDA_ERROR_INVALID_VALUE;
     gp_memcpy_dtoh m = {.src = src, .size = n, .stream = wire, .is_async = 0};
     GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     CUresult r = gp_request(buf, len, NULL, 0, dst, n, &rep);
     GP_FRAME_FREE(buf);
-    if (r == CUDA_SUCCESS && rep.bulk_len != n) r = CUDA_ERROR_UNKNOWN;
+    if (r == CUDA_SUCCESS && rep.bulk_len != n)
+        r = CUDA_ERROR_UNKNOWN;
     gp_reply_free(&rep);
     return gp_sync_result(r);
 }
 
-static CUresult dtoh_async(void *dst, CUdeviceptr src, size_t n, uint64_t wire) {
-    if (n == 0) return CUDA_SUCCESS;
-    if (!dst || !gp_vamap_device_span(src, n)) return CUDA_ERROR_INVALID_VALUE;
+static CUresult dtoh_async(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst || !gp_vamap_device_span(src, n))
+        return CUDA_ERROR_INVALID_VALUE;
     gp_memcpy_dtoh m = {.src = src, .size = n, .stream = wire, .is_async = 1};
     GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = gp_request_detached(buf, len, dst, n);
     GP_FRAME_FREE(buf);
     return r;
 }
 
-static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint64_t wire, int is_async) {
-    if (n == 0) return CUDA_SUCCESS;
+static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint64_t wire, int is_async)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
     if (!gp_vamap_device_span(dst, n) || !gp_vamap_device_span(src, n))
         return CUDA_ERROR_INVALID_VALUE;
-    gp_memcpy_dtod m = {.dst = dst, .src = src, .size = n, .stream = wire,
-                        .is_async = (uint32_t)is_async};
+    gp_memcpy_dtod m = {
+        .dst = dst, .src = src, .size = n, .stream = wire, .is_async = (uint32_t)is_async};
     GP_FRAME(buf, len, gp_memcpy_dtod, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
     return r;
 }
 
 /* Enter a call on `stream` (async) or on the default stream of a sync call. */
-static CUresult enter(CUstream stream, int is_async, int ptds, uint64_t *wire) {
-    if (is_async) return gp_stream_enter(stream, wire);
+static CUresult enter(CUstream stream, int is_async, int ptds, uint64_t *wire)
+{
+    if (is_async)
+        return gp_stream_enter(stream, wire);
     *wire = SYNC_STREAM(ptds);
     return gp_ctx_enter();
 }
@@ -261,197 +331,254 @@ static CUresult enter(CUstream stream, int is_async, int ptds, uint64_t *wire) {
     uint64_t wire;                                                                                 \
     do {                                                                                           \
         CUresult er_ = enter((stream), (is_async), (ptds), &wire);                                 \
-        if (er_ != CUDA_SUCCESS) return er_;                                                       \
+        if (er_ != CUDA_SUCCESS)                                                                   \
+            return er_;                                                                            \
     } while (0)
 
 static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s, int is_async,
-                          int ptds) {
+                          int ptds)
+{
     ENTER(s, is_async, ptds);
     /* Host memory in a capture cannot replay on the server (api_graph.c). */
     CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyHtoDAsync") : CUDA_SUCCESS;
-    if (cr != CUDA_SUCCESS) return cr;
+    if (cr != CUDA_SUCCESS)
+        return cr;
     return htod(dst, src, n, wire, is_async);
 }
 
-static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
-                          int ptds) {
+static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s, int is_async, int ptds)
+{
     ENTER(s, is_async, ptds);
     CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyDtoHAsync") : CUDA_SUCCESS;
-    if (cr != CUDA_SUCCESS) return cr;
+    if (cr != CUDA_SUCCESS)
+        return cr;
     return is_async ? dtoh_async(dst, src, n, wire) : dtoh_sync(dst, src, n, wire);
 }
 
 static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
-                          int ptds) {
+                          int ptds)
+{
     ENTER(s, is_async, ptds);
     return dtod(dst, src, n, wire, is_async);
 }
 
-GP_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+GP_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
     return copy_htod(dstDevice, srcHost, ByteCount, NULL, 0, 0);
 }
 GP_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost,
-                                        size_t ByteCount) {
+                                        size_t ByteCount)
+{
     return copy_htod(dstDevice, srcHost, ByteCount, NULL, 0, 1);
 }
 GP_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost,
-                                        size_t ByteCount, CUstream hStream) {
+                                        size_t ByteCount, CUstream hStream)
+{
     return copy_htod(dstDevice, srcHost, ByteCount, hStream, 1, 0);
 }
 GP_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost,
-                                             size_t ByteCount, CUstream hStream) {
+                                             size_t ByteCount, CUstream hStream)
+{
     return copy_htod(dstDevice, srcHost, ByteCount, gp_ptsz(hStream), 1, 0);
 }
 
-GP_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+GP_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
     return copy_dtoh(dstHost, srcDevice, ByteCount, NULL, 0, 0);
 }
-GP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+GP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
     return copy_dtoh(dstHost, srcDevice, ByteCount, NULL, 0, 1);
 }
 GP_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
-                                        CUstream hStream) {
+                                        CUstream hStream)
+{
     return copy_dtoh(dstHost, srcDevice, ByteCount, hStream, 1, 0);
 }
-GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice,
-                                             size_t ByteCount, CUstream hStream) {
+GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                             CUstream hStream)
+{
     return copy_dtoh(dstHost, srcDevice, ByteCount, gp_ptsz(hStream), 1, 0);
 }
 
-GP_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+GP_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
     return copy_dtod(dstDevice, srcDevice, ByteCount, NULL, 0, 0);
 }
 GP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                        size_t ByteCount) {
+                                        size_t ByteCount)
+{
     return copy_dtod(dstDevice, srcDevice, ByteCount, NULL, 0, 1);
 }
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                        size_t ByteCount, CUstream hStream) {
+                                        size_t ByteCount, CUstream hStream)
+{
     return copy_dtod(dstDevice, srcDevice, ByteCount, hStream, 1, 0);
 }
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                             size_t ByteCount, CUstream hStream) {
+                                             size_t ByteCount, CUstream hStream)
+{
     return copy_dtod(dstDevice, srcDevice, ByteCount, gp_ptsz(hStream), 1, 0);
 }
 
 /* cuMemcpy without a direction (unified addressing): anything in the window or in a module
  * global is device memory, everything else is host memory. */
-static int is_device(uint64_t a) {
-    if (gp_vamap_in_window(a)) return 1;
+static int is_device(uint64_t a)
+{
+    if (gp_vamap_in_window(a))
+        return 1;
     gp_range rg;
     return gp_vamap_find(a, &rg) == 0 && (rg.kind == GP_RANGE_DEVICE || rg.kind == GP_RANGE_GLOBAL);
 }
 
 static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
-                         int ptds) {
+                         int ptds)
+{
     ENTER(s, is_async, ptds);
-    if (n == 0) return CUDA_SUCCESS;
+    if (n == 0)
+        return CUDA_SUCCESS;
     int dd = is_device(dst), sd = is_device(src);
-    if (dd && sd) return dtod(dst, src, n, wire, is_async);
+    if (dd && sd)
+        return dtod(dst, src, n, wire, is_async);
     CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyAsync") : CUDA_SUCCESS;
-    if (cr != CUDA_SUCCESS) return cr;
-    if (dd) return htod(dst, (const void *)(uintptr_t)src, n, wire, is_async);
+    if (cr != CUDA_SUCCESS)
+        return cr;
+    if (dd)
+        return htod(dst, (const void *)(uintptr_t)src, n, wire, is_async);
     if (sd) {
         return is_async ? dtoh_async((void *)(uintptr_t)dst, src, n, wire)
                         : dtoh_sync((void *)(uintptr_t)dst, src, n, wire);
     }
     /* Host to host: earlier work of the stream may still be writing the source (an async
      * device-to-host copy), so wait for the stream first, then copy here. */
-    if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_stream_synchronize m = {.stream = wire};
     GP_FRAME(buf, len, gp_stream_synchronize, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
     gp_reply_free(&rep);
     r = gp_sync_result(r);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+GP_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
     return copy_any(dst, src, ByteCount, NULL, 0, 0);
 }
-GP_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+GP_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
     return copy_any(dst, src, ByteCount, NULL, 0, 1);
 }
 GP_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
-                                 CUstream hStream) {
+                                 CUstream hStream)
+{
     return copy_any(dst, src, ByteCount, hStream, 1, 0);
 }
 GP_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
-                                      CUstream hStream) {
+                                      CUstream hStream)
+{
     return copy_any(dst, src, ByteCount, gp_ptsz(hStream), 1, 0);
 }
 
 /* =================================================================== memsets == */
 
 static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t count, CUstream s,
-                          int is_async, int ptds) {
+                          int is_async, int ptds)
+{
     ENTER(s, is_async, ptds);
-    if (count == 0) return CUDA_SUCCESS;
-    if (dst % elem != 0 || count > UINT64_MAX / elem) return CUDA_ERROR_INVALID_VALUE;
-    if (!gp_vamap_device_span(dst, (uint64_t)count * elem)) return CUDA_ERROR_INVALID_VALUE;
-    gp_memset m = {.dst = dst, .value = value, .elem_size = elem, .count = count,
-                   .stream = wire, .is_async = (uint32_t)is_async};
+    if (count == 0)
+        return CUDA_SUCCESS;
+    if (dst % elem != 0 || count > UINT64_MAX / elem)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_vamap_device_span(dst, (uint64_t)count * elem))
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_memset m = {.dst = dst,
+                   .value = value,
+                   .elem_size = elem,
+                   .count = count,
+                   .stream = wire,
+                   .is_async = (uint32_t)is_async};
     GP_FRAME(buf, len, gp_memset, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
     return r;
 }
 
 static CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, uint32_t elem,
-                          size_t width, size_t height, CUstream s, int is_async, int ptds) {
+                          size_t width, size_t height, CUstream s, int is_async, int ptds)
+{
     ENTER(s, is_async, ptds);
-    if (width == 0 || height == 0) return CUDA_SUCCESS;
-    if (dst % elem != 0 || width > UINT64_MAX / elem) return CUDA_ERROR_INVALID_VALUE;
+    if (width == 0 || height == 0)
+        return CUDA_SUCCESS;
+    if (dst % elem != 0 || width > UINT64_MAX / elem)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t row = (uint64_t)width * elem;
     if (height > 1 && (pitch < row || (height - 1) > (UINT64_MAX - row) / pitch))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t span = (uint64_t)pitch * (height - 1) + row;
-    if (!gp_vamap_device_span(dst, span)) return CUDA_ERROR_INVALID_VALUE;
-    gp_memset_2d m = {.dst = dst, .pitch = pitch, .value = value, .elem_size = elem,
-                      .width = width, .height = height, .stream = wire,
+    if (!gp_vamap_device_span(dst, span))
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_memset_2d m = {.dst = dst,
+                      .pitch = pitch,
+                      .value = value,
+                      .elem_size = elem,
+                      .width = width,
+                      .height = height,
+                      .stream = wire,
                       .is_async = (uint32_t)is_async};
     GP_FRAME(buf, len, gp_memset_2d, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
     return r;
 }
 
 #define GP_MEMSET_1D(suffix, T, elem)                                                              \
-    GP_EXPORT CUresult cuMemsetD##suffix##_v2(CUdeviceptr d, T v, size_t n) {                      \
+    GP_EXPORT CUresult cuMemsetD##suffix##_v2(CUdeviceptr d, T v, size_t n)                        \
+    {                                                                                              \
         return memset_1d(d, v, elem, n, NULL, 0, 0);                                               \
     }                                                                                              \
-    GP_EXPORT CUresult cuMemsetD##suffix##_v2_ptds(CUdeviceptr d, T v, size_t n) {                 \
+    GP_EXPORT CUresult cuMemsetD##suffix##_v2_ptds(CUdeviceptr d, T v, size_t n)                   \
+    {                                                                                              \
         return memset_1d(d, v, elem, n, NULL, 0, 1);                                               \
     }                                                                                              \
-    GP_EXPORT CUresult cuMemsetD##suffix##Async(CUdeviceptr d, T v, size_t n, CUstream s) {        \
+    GP_EXPORT CUresult cuMemsetD##suffix##Async(CUdeviceptr d, T v, size_t n, CUstream s)          \
+    {                                                                                              \
         return memset_1d(d, v, elem, n, s, 1, 0);                                                  \
     }                                                                                              \
-    GP_EXPORT CUresult cuMemsetD##suffix##Async_ptsz(CUdeviceptr d, T v, size_t n, CUstream s) {   \
+    GP_EXPORT CUresult cuMemsetD##suffix##Async_ptsz(CUdeviceptr d, T v, size_t n, CUstream s)     \
+    {                                                                                              \
         return memset_1d(d, v, elem, n, gp_ptsz(s), 1, 0);                                         \
     }
 
 #define GP_MEMSET_2D(suffix, T, elem)                                                              \
-    GP_EXPORT CUresult cuMemsetD2D##suffix##_v2(CUdeviceptr d, size_t p, T v, size_t w,            \
-                                                size_t h) {                                        \
+    GP_EXPORT CUresult cuMemsetD2D##suffix##_v2(CUdeviceptr d, size_t p, T v, size_t w, size_t h)  \
+    {                                                                                              \
         return memset_2d(d, p, v, elem, w, h, NULL, 0, 0);                                         \
     }                                                                                              \
     GP_EXPORT CUresult cuMemsetD2D##suffix##_v2_ptds(CUdeviceptr d, size_t p, T v, size_t w,       \
-                                                     size_t h) {                                   \
+                                                     size_t h)                                     \
+    {                                                                                              \
         return memset_2d(d, p, v, elem, w, h, NULL, 0, 1);                                         \
     }                                                                                              \
     GP_EXPORT CUresult cuMemsetD2D##suffix##Async(CUdeviceptr d, size_t p, T v, size_t w,          \
-                                                  size_t h, CUstream s) {                          \
+                                                  size_t h, CUstream s)                            \
+    {                                                                                              \
         return memset_2d(d, p, v, elem, w, h, s, 1, 0);                                            \
     }                                                                                              \
     GP_EXPORT CUresult cuMemsetD2D##suffix##Async_ptsz(CUdeviceptr d, size_t p, T v, size_t w,     \
-                                                       size_t h, CUstream s) {                     \
+                                                       size_t h, CUstream s)                       \
+    {                                                                                              \
         return memset_2d(d, p, v, elem, w, h, gp_ptsz(s), 1, 0);                                   \
     }
 
@@ -464,75 +591,101 @@ GP_MEMSET_2D(32, unsigned int, 4)
 
 /* ================================================================ host memory == */
 
-static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags) {
-    if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    if (!pp || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     if (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
                             CU_MEMHOSTALLOC_WRITECOMBINED))
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t pg = page_size();
-    if (bytesize > SIZE_MAX - pg) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (bytesize > SIZE_MAX - pg)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     size_t mapped = (bytesize + pg - 1) & ~(pg - 1);
     void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    gp_range rg = {.base = (uint64_t)(uintptr_t)p, .size = bytesize,
-                   .kind = GP_RANGE_HOST_ALLOC, .ctx = gp_ctx_current(), .flags = flags};
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_range rg = {.base = (uint64_t)(uintptr_t)p,
+                   .size = bytesize,
+                   .kind = GP_RANGE_HOST_ALLOC,
+                   .ctx = gp_ctx_current(),
+                   .flags = flags};
     if (gp_vamap_add(&rg) != 0) {
         munmap(p, mapped);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (flags & CU_MEMHOSTALLOC_DEVICEMAP) warn_mapped_once();
+    if (flags & CU_MEMHOSTALLOC_DEVICEMAP)
+        warn_mapped_once();
     *pp = p;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+GP_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
     return host_alloc(pp, bytesize, Flags);
 }
 
-GP_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+GP_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
     return host_alloc(pp, bytesize, 0);
 }
 
-GP_EXPORT CUresult cuMemAllocHost(void **pp, unsigned int bytesize) {
+GP_EXPORT CUresult cuMemAllocHost(void **pp, unsigned int bytesize)
+{
     return host_alloc(pp, bytesize, 0);
 }
 
-GP_EXPORT CUresult cuMemFreeHost(void *p) {
+GP_EXPORT CUresult cuMemFreeHost(void *p)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t a = (uint64_t)(uintptr_t)p;
     gp_range rg;
     if (!p || gp_vamap_find(a, &rg) != 0 || rg.kind != GP_RANGE_HOST_ALLOC || rg.base != a)
         return CUDA_ERROR_INVALID_VALUE;
-    if (gp_vamap_remove(a, &rg) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_vamap_remove(a, &rg) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t pg = page_size();
     munmap(p, (rg.size + pg - 1) & ~(pg - 1));
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
-    if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    if (!p || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     if (Flags & ~(unsigned)(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
                             CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY))
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
-    gp_range rg = {.base = (uint64_t)(uintptr_t)p, .size = bytesize, .kind = GP_RANGE_HOST_REG,
-                   .ctx = gp_ctx_current(), .flags = Flags};
-    if (gp_vamap_add(&rg) != 0) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    if (Flags & CU_MEMHOSTREGISTER_DEVICEMAP) warn_mapped_once();
+    if (r != CUDA_SUCCESS)
+        return r;
+    gp_range rg = {.base = (uint64_t)(uintptr_t)p,
+                   .size = bytesize,
+                   .kind = GP_RANGE_HOST_REG,
+                   .ctx = gp_ctx_current(),
+                   .flags = Flags};
+    if (gp_vamap_add(&rg) != 0)
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    if (Flags & CU_MEMHOSTREGISTER_DEVICEMAP)
+        warn_mapped_once();
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
+GP_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
+{
     return cuMemHostRegister_v2(p, bytesize, Flags);
 }
 
-GP_EXPORT CUresult cuMemHostUnregister(void *p) {
+GP_EXPORT CUresult cuMemHostUnregister(void *p)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t a = (uint64_t)(uintptr_t)p;
     gp_range rg;
     if (!p || gp_vamap_find(a, &rg) != 0 || rg.kind != GP_RANGE_HOST_REG || rg.base != a)
@@ -542,10 +695,13 @@ GP_EXPORT CUresult cuMemHostUnregister(void *p) {
 }
 
 /* Unified addressing: the device pointer of pinned memory is its host address. */
-GP_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
-    if (!pdptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    if (!pdptr || Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_range rg;
     if (!p || gp_vamap_find((uint64_t)(uintptr_t)p, &rg) != 0 ||
         (rg.kind != GP_RANGE_HOST_ALLOC && rg.kind != GP_RANGE_HOST_REG))
@@ -555,10 +711,13 @@ GP_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, uns
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
-    if (!pFlags) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
+{
+    if (!pFlags)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_range rg;
     if (!p || gp_vamap_find((uint64_t)(uintptr_t)p, &rg) != 0 || rg.kind != GP_RANGE_HOST_ALLOC)
         return CUDA_ERROR_INVALID_VALUE;
@@ -569,12 +728,17 @@ GP_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
 /* ======================================================== pointer attributes == */
 
 /* Bytes the driver writes for each attribute (0: not an attribute we know). */
-static size_t attr_size(int a) {
+static size_t attr_size(int a)
+{
     switch (a) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: return sizeof(CUcontext);
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: return sizeof(unsigned int);
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: return sizeof(CUdeviceptr);
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER: return sizeof(void *);
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        return sizeof(CUcontext);
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        return sizeof(unsigned int);
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        return sizeof(void *);
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
@@ -582,22 +746,30 @@ static size_t attr_size(int a) {
     case CU_POINTER_ATTRIBUTE_MAPPED:
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
-    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: return sizeof(int);
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+        return sizeof(int);
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
-    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+        return sizeof(unsigned long long);
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+        return sizeof(CUdeviceptr);
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: return sizeof(size_t);
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: return sizeof(unsigned int);
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: return sizeof(CUmemoryPool);
-    default: return 0;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+        return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+        return sizeof(unsigned int);
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        return sizeof(CUmemoryPool);
+    default:
+        return 0;
     }
 }
 
 /* One attribute of a known range. `strict`: cuPointerGetAttribute, where "no such value" is an
  * error; cuPointerGetAttributes writes NULL instead. */
-static CUresult ptr_attr(const gp_range *rg, uint64_t ptr, int a, void *data, int strict) {
+static CUresult ptr_attr(const gp_range *rg, uint64_t ptr, int a, void *data, int strict)
+{
     int dev = rg->kind == GP_RANGE_DEVICE || rg->kind == GP_RANGE_GLOBAL;
     int iv;
     uint64_t u;
@@ -612,7 +784,8 @@ static CUresult ptr_attr(const gp_range *rg, uint64_t ptr, int a, void *data, in
         *(CUdeviceptr *)data = ptr;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (dev && strict) return CUDA_ERROR_INVALID_VALUE;
+        if (dev && strict)
+            return CUDA_ERROR_INVALID_VALUE;
         *(void **)data = dev ? NULL : (void *)(uintptr_t)ptr;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
@@ -631,41 +804,56 @@ static CUresult ptr_attr(const gp_range *rg, uint64_t ptr, int a, void *data, in
         *(size_t *)data = (size_t)u;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-        *(CUmemoryPool *)data =
-            (rg->flags & GP_RANGE_F_ASYNC) && rg->kind == GP_RANGE_DEVICE
-                ? (CUmemoryPool)(uintptr_t)gp_default_mempool()
-                : NULL;
+        *(CUmemoryPool *)data = (rg->flags & GP_RANGE_F_ASYNC) && rg->kind == GP_RANGE_DEVICE
+                                    ? (CUmemoryPool)(uintptr_t)gp_default_mempool()
+                                    : NULL;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
         *(unsigned int *)data = 0;
         return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: iv = 0; break;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: iv = 0; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: iv = 0; break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+        iv = 0;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        iv = 0;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        iv = 0;
+        break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
         iv = rg->kind == GP_RANGE_DEVICE && !(rg->flags & (GP_RANGE_F_ASYNC | GP_RANGE_F_VMM));
         break;
-    case CU_POINTER_ATTRIBUTE_MAPPED: iv = 1; break;
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: iv = 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        iv = 1;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+        iv = 0;
+        break;
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: /* READWRITE, or none before cuMemSetAccess */
         iv = (rg->flags & GP_RANGE_F_NOACCESS) ? 0 : 3;
         break;
-    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: iv = 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+        iv = 0;
+        break;
     case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
         return strict ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
     }
     *(int *)data = iv;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
-                                         CUdeviceptr ptr) {
-    if (!data) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_range rg;
-    if (gp_vamap_find(ptr, &rg) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_vamap_find(ptr, &rg) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     return ptr_attr(&rg, ptr, attribute, data, 1);
 }
 
@@ -673,10 +861,13 @@ GP_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribu
  * device ordinal -2, as cudart reports for unregistered memory). */
 GP_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
                                           CUpointer_attribute *attributes, void **data,
-                                          CUdeviceptr ptr) {
-    if (numAttributes == 0 || !attributes || !data) return CUDA_ERROR_INVALID_VALUE;
+                                          CUdeviceptr ptr)
+{
+    if (numAttributes == 0 || !attributes || !data)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     for (unsigned i = 0; i < numAttributes; i++) {
         if (!data[i] || !attr_size(attributes[i]) ||
             attributes[i] == CU_POINTER_ATTRIBUTE_P2P_TOKENS)
@@ -687,11 +878,13 @@ GP_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
     for (unsigned i = 0; i < numAttributes; i++) {
         if (!known) {
             memset(data[i], 0, attr_size(attributes[i]));
-            if (attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *(int *)data[i] = -2;
+            if (attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+                *(int *)data[i] = -2;
             continue;
         }
         r = ptr_attr(&rg, ptr, attributes[i], data[i], 0);
-        if (r != CUDA_SUCCESS) return r;
+        if (r != CUDA_SUCCESS)
+            return r;
     }
     return CUDA_SUCCESS;
 }

@@ -51,7 +51,8 @@ struct gp_module {
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
-CUresult gp_server_result(int32_t result, const char *what) {
+CUresult gp_server_result(int32_t result, const char *what)
+{
     if (result >= 100000 || result < 0) {
         gp_log_error("%s: the server answered protocol error %d", what, (int)result);
         return CUDA_ERROR_UNKNOWN;
@@ -59,23 +60,31 @@ CUresult gp_server_result(int32_t result, const char *what) {
     return (CUresult)result;
 }
 
-static uint32_t name_hash(const char *s) {
+static uint32_t name_hash(const char *s)
+{
     uint32_t h = 2166136261u; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
     return h;
 }
 
-gp_func *gp_func_lookup(uint64_t h) {
+gp_func *gp_func_lookup(uint64_t h)
+{
     int k = gp_handle_kind_of(h);
-    if (k != GP_H_FUNC && k != GP_H_KERNEL) return NULL;
+    if (k != GP_H_FUNC && k != GP_H_KERNEL)
+        return NULL;
     return gp_handle_get(h, (enum gp_handle_kind)k);
 }
 
-pthread_mutex_t *gp_func_lock(gp_func *fn) { return &fn->mod->lock; }
+pthread_mutex_t *gp_func_lock(gp_func *fn)
+{
+    return &fn->mod->lock;
+}
 
 /* Context check for calls that work without a current context (library API): initialised and
  * connected is enough. */
-static CUresult enter_any_ctx(void) {
+static CUresult enter_any_ctx(void)
+{
     CUresult r = gp_ctx_enter();
     return r == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : r;
 }
@@ -86,18 +95,22 @@ static pthread_mutex_t known_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t (*known)[32];
 static size_t known_count, known_cap;
 
-static int known_has(const uint8_t sha[32]) {
+static int known_has(const uint8_t sha[32])
+{
     int found = 0;
     pthread_mutex_lock(&known_lock);
-    for (size_t i = 0; i < known_count && !found; i++) found = memcmp(known[i], sha, 32) == 0;
+    for (size_t i = 0; i < known_count && !found; i++)
+        found = memcmp(known[i], sha, 32) == 0;
     pthread_mutex_unlock(&known_lock);
     return found;
 }
 
-static void known_add(const uint8_t sha[32]) {
+static void known_add(const uint8_t sha[32])
+{
     pthread_mutex_lock(&known_lock);
     int found = 0;
-    for (size_t i = 0; i < known_count && !found; i++) found = memcmp(known[i], sha, 32) == 0;
+    for (size_t i = 0; i < known_count && !found; i++)
+        found = memcmp(known[i], sha, 32) == 0;
     if (!found) {
         if (known_count == known_cap) {
             size_t cap = known_cap ? 2 * known_cap : 64;
@@ -107,7 +120,8 @@ static void known_add(const uint8_t sha[32]) {
                 known_cap = cap;
             }
         }
-        if (known_count < known_cap) memcpy(known[known_count++], sha, 32);
+        if (known_count < known_cap)
+            memcpy(known[known_count++], sha, 32);
     }
     pthread_mutex_unlock(&known_lock);
 }
@@ -116,21 +130,24 @@ static void known_add(const uint8_t sha[32]) {
 
 /* One module_load; returns gp_request's answer as is (GP_ENEEDIMAGE included). */
 static CUresult send_load(uint64_t id, uint32_t kind, const uint8_t sha[32], const void *data,
-                          uint64_t size, int with_image) {
-    gp_module_load m = {.module = id, .kind = kind, .image_size = size,
-                        .data_len = with_image ? size : 0};
+                          uint64_t size, int with_image)
+{
+    gp_module_load m = {
+        .module = id, .kind = kind, .image_size = size, .data_len = with_image ? size : 0};
     memcpy(m.sha256, sha, 32);
     GP_FRAME(frame, flen, gp_module_load, &m);
-    if (!frame) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!frame)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply reply;
-    CUresult r = gp_request(frame, flen, with_image ? data : NULL, with_image ? size : 0, NULL, 0,
-                            &reply);
+    CUresult r =
+        gp_request(frame, flen, with_image ? data : NULL, with_image ? size : 0, NULL, 0, &reply);
     GP_FRAME_FREE(frame);
     gp_reply_free(&reply);
     return r;
 }
 
-static void module_free(gp_module *mod) {
+static void module_free(gp_module *mod)
+{
     for (int b = 0; b < FUNC_BUCKETS; b++) {
         gp_func *fn = mod->funcs[b];
         while (fn) {
@@ -158,7 +175,8 @@ static void module_free(gp_module *mod) {
  * owned: image is our malloc'ed buffer, now the module's. preserved: the caller keeps the
  * image alive until unload (no copy needed). */
 static CUresult load_image(uint32_t kind, const void *image, size_t avail, void *owned,
-                           int preserved, uint64_t *out) {
+                           int preserved, uint64_t *out)
+{
     size_t size;
     int ikind;
     if (gp_image_size_n(image, avail, &size, &ikind) != 0) {
@@ -187,7 +205,8 @@ static CUresult load_image(uint32_t kind, const void *image, size_t avail, void 
         /* The caller may free its buffer after the call (as the driver allows): keep a copy
          * for the parameter fallback. Without memory for it, the load still goes ahead. */
         mod->image_owned = malloc(size);
-        if (mod->image_owned) memcpy(mod->image_owned, data, size);
+        if (mod->image_owned)
+            memcpy(mod->image_owned, data, size);
         mod->image = mod->image_owned;
     }
     mod->image_size = mod->image ? size : 0;
@@ -203,8 +222,7 @@ static CUresult load_image(uint32_t kind, const void *image, size_t avail, void 
     CUresult r = send_load(mod->handle, kind, sha, data, size, 0);
     if (r == GP_ENEEDIMAGE) {
         if (was_known)
-            gp_log_debug("module load: the server no longer has a %zu-byte image, resending",
-                         size);
+            gp_log_debug("module load: the server no longer has a %zu-byte image, resending", size);
         r = send_load(mod->handle, kind, sha, data, size, 1);
     }
     r = gp_server_result(r, "module load");
@@ -219,9 +237,11 @@ static CUresult load_image(uint32_t kind, const void *image, size_t avail, void 
 }
 
 /* Read a whole file into a NUL-terminated buffer (PTX files need the terminator). */
-static CUresult read_file(const char *path, void **buf, size_t *len) {
+static CUresult read_file(const char *path, void **buf, size_t *len)
+{
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return CUDA_ERROR_FILE_NOT_FOUND;
+    if (fd < 0)
+        return CUDA_ERROR_FILE_NOT_FOUND;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);
@@ -240,8 +260,10 @@ static CUresult read_file(const char *path, void **buf, size_t *len) {
     size_t got = 0;
     while (got < n) {
         ssize_t k = read(fd, p + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
         got += (size_t)k;
     }
     close(fd);
@@ -257,12 +279,14 @@ static CUresult read_file(const char *path, void **buf, size_t *len) {
 
 /* ---- unloading -------------------------------------------------------------------------- */
 
-static CUresult unload(gp_module *mod) {
+static CUresult unload(gp_module *mod)
+{
     pthread_mutex_lock(&mod->lock);
     for (int b = 0; b < FUNC_BUCKETS; b++) {
         for (gp_func *fn = mod->funcs[b]; fn; fn = fn->next_hash) {
             gp_handle_remove(fn->handle, (enum gp_handle_kind)gp_handle_kind_of(fn->handle));
-            if (fn->func_alias) gp_handle_remove(fn->func_alias, GP_H_FUNC);
+            if (fn->func_alias)
+                gp_handle_remove(fn->func_alias, GP_H_FUNC);
         }
     }
     for (gp_global *g = mod->globals; g; g = g->next) {
@@ -270,7 +294,8 @@ static CUresult unload(gp_module *mod) {
         if (g->in_vamap && gp_vamap_remove(g->dptr, &removed) != 0)
             gp_log_debug("global %s was no longer in the VA map", g->name);
     }
-    if (mod->module_alias) gp_handle_remove(mod->module_alias, GP_H_MODULE);
+    if (mod->module_alias)
+        gp_handle_remove(mod->module_alias, GP_H_MODULE);
     pthread_mutex_unlock(&mod->lock);
 
     gp_module_unload m = {.module = mod->handle, .kind = mod->kind};
@@ -286,13 +311,16 @@ static CUresult unload(gp_module *mod) {
 
 /* ---- functions and kernels -------------------------------------------------------------- */
 
-static gp_func *find_func(gp_module *mod, const char *name, uint32_t h) {
+static gp_func *find_func(gp_module *mod, const char *name, uint32_t h)
+{
     for (gp_func *fn = mod->funcs[h % FUNC_BUCKETS]; fn; fn = fn->next_hash)
-        if (strcmp(fn->name, name) == 0) return fn;
+        if (strcmp(fn->name, name) == 0)
+            return fn;
     return NULL;
 }
 
-static void store_layout(gp_func *fn, const gp_get_function_reply *rep, const gp_module *mod) {
+static void store_layout(gp_func *fn, const gp_get_function_reply *rep, const gp_module *mod)
+{
     int count = rep->param_count;
     uint32_t *offs = NULL, *sizes = NULL;
     if (count >= 0 && (uint32_t)count == rep->param_offsets_count &&
@@ -309,7 +337,9 @@ static void store_layout(gp_func *fn, const gp_get_function_reply *rep, const gp
         }
     } else {
         /* The server cannot tell: read the cubin's own records. */
-        enum { MAXP = 8192 };
+        enum {
+            MAXP = 8192
+        };
         offs = malloc(sizeof *offs * MAXP);
         sizes = malloc(sizeof *sizes * MAXP);
         count = offs && sizes && mod->image
@@ -334,7 +364,8 @@ static void store_layout(gp_func *fn, const gp_get_function_reply *rep, const gp
             total = 0;
             break;
         }
-        if (end > total) total = (uint32_t)end;
+        if (end > total)
+            total = (uint32_t)end;
     }
     fn->param_count = count;
     fn->param_bytes = total;
@@ -345,7 +376,8 @@ static void store_layout(gp_func *fn, const gp_get_function_reply *rep, const gp
 /* The function or kernel `name` of mod, from the table or with one get_function request.
  * Called with mod->lock held (held across the request, so concurrent lookups of one module
  * do not race to bind two ids). */
-static CUresult get_func_locked(gp_module *mod, const char *name, gp_func **out) {
+static CUresult get_func_locked(gp_module *mod, const char *name, gp_func **out)
+{
     uint32_t h = name_hash(name);
     gp_func *fn = find_func(mod, name, h);
     if (fn) {
@@ -373,8 +405,11 @@ static CUresult get_func_locked(gp_module *mod, const char *name, gp_func **out)
         free(fn);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    gp_get_function m = {.module = mod->handle, .kind = mod->kind, .func = fn->wire,
-                         .name = name, .name_len = (uint32_t)nlen};
+    gp_get_function m = {.module = mod->handle,
+                         .kind = mod->kind,
+                         .func = fn->wire,
+                         .name = name,
+                         .name_len = (uint32_t)nlen};
     GP_FRAME(frame, flen, gp_get_function, &m);
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply reply = {0};
@@ -387,7 +422,8 @@ static CUresult get_func_locked(gp_module *mod, const char *name, gp_func **out)
         gp_log_error("get function: malformed reply");
         r = CUDA_ERROR_UNKNOWN;
     }
-    if (r == CUDA_SUCCESS) store_layout(fn, &rep, mod);
+    if (r == CUDA_SUCCESS)
+        store_layout(fn, &rep, mod);
     gp_reply_free(&reply);
     if (r != CUDA_SUCCESS) {
         gp_handle_remove(fn->handle, hk);
@@ -402,28 +438,32 @@ static CUresult get_func_locked(gp_module *mod, const char *name, gp_func **out)
 }
 
 /* The CUfunction handle of a kernel (created on first use). Called with mod->lock held. */
-static CUresult kernel_func_alias_locked(gp_func *fn, uint64_t *out) {
+static CUresult kernel_func_alias_locked(gp_func *fn, uint64_t *out)
+{
     if (gp_handle_kind_of(fn->handle) == GP_H_FUNC) {
         *out = fn->handle;
         return CUDA_SUCCESS;
     }
     if (!fn->func_alias) {
         fn->func_alias = gp_handle_new(GP_H_FUNC, fn);
-        if (!fn->func_alias) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!fn->func_alias)
+            return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *out = fn->func_alias;
     return CUDA_SUCCESS;
 }
 
 /* The CUmodule handle of a library (created on first use). Called with mod->lock held. */
-static CUresult library_module_alias_locked(gp_module *mod, uint64_t *out) {
+static CUresult library_module_alias_locked(gp_module *mod, uint64_t *out)
+{
     if (mod->kind == GP_MODKIND_MODULE) {
         *out = mod->handle;
         return CUDA_SUCCESS;
     }
     if (!mod->module_alias) {
         mod->module_alias = gp_handle_new(GP_H_MODULE, mod);
-        if (!mod->module_alias) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!mod->module_alias)
+            return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *out = mod->module_alias;
     return CUDA_SUCCESS;
@@ -431,18 +471,22 @@ static CUresult library_module_alias_locked(gp_module *mod, uint64_t *out) {
 
 /* ---- globals ---------------------------------------------------------------------------- */
 
-static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, const char *name) {
-    if (!name || (!dptr && !bytes)) return CUDA_ERROR_INVALID_VALUE;
+static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, const char *name)
+{
+    if (!name || (!dptr && !bytes))
+        return CUDA_ERROR_INVALID_VALUE;
     size_t nlen = strlen(name);
-    if (nlen > MAX_NAME) return CUDA_ERROR_NOT_FOUND;
+    if (nlen > MAX_NAME)
+        return CUDA_ERROR_NOT_FOUND;
     pthread_mutex_lock(&mod->lock);
     gp_global *g;
     for (g = mod->globals; g; g = g->next)
-        if (strcmp(g->name, name) == 0) break;
+        if (strcmp(g->name, name) == 0)
+            break;
     CUresult r = CUDA_SUCCESS;
     if (!g) {
-        gp_get_global m = {.module = mod->handle, .kind = mod->kind, .name = name,
-                           .name_len = (uint32_t)nlen};
+        gp_get_global m = {
+            .module = mod->handle, .kind = mod->kind, .name = name, .name_len = (uint32_t)nlen};
         GP_FRAME(frame, flen, gp_get_global, &m);
         gp_reply reply = {0};
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -480,8 +524,10 @@ static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, con
         }
     }
     if (g) {
-        if (dptr) *dptr = g->dptr;
-        if (bytes) *bytes = g->size;
+        if (dptr)
+            *dptr = g->dptr;
+        if (bytes)
+            *bytes = g->size;
     }
     pthread_mutex_unlock(&mod->lock);
     return r;
@@ -491,26 +537,38 @@ static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, con
 
 /* The compiler runs on the server with its defaults; what the options would return is filled in
  * here: no wall time, an empty info log, and on failure one line in the error log. */
-static void jit_outputs(unsigned int n, const CUjit_option *options, void **values, CUresult r) {
-    if (!options || !values) return;
+static void jit_outputs(unsigned int n, const CUjit_option *options, void **values, CUresult r)
+{
+    if (!options || !values)
+        return;
     char *logs[2] = {NULL, NULL};
     size_t caps[2] = {0, 0};
     for (unsigned int i = 0; i < n; i++) {
         switch (options[i]) {
-        case CU_JIT_INFO_LOG_BUFFER: logs[0] = values[i]; break;
-        case CU_JIT_ERROR_LOG_BUFFER: logs[1] = values[i]; break;
-        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: caps[0] = (uintptr_t)values[i]; break;
-        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: caps[1] = (uintptr_t)values[i]; break;
-        default: break;
+        case CU_JIT_INFO_LOG_BUFFER:
+            logs[0] = values[i];
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER:
+            logs[1] = values[i];
+            break;
+        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
+            caps[0] = (uintptr_t)values[i];
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
+            caps[1] = (uintptr_t)values[i];
+            break;
+        default:
+            break;
         }
     }
     size_t used[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
-        if (!logs[k] || !caps[k]) continue;
+        if (!logs[k] || !caps[k])
+            continue;
         if (k == 1 && r != CUDA_SUCCESS) {
-            int len = snprintf(logs[k], caps[k],
-                               "gpupool: the server's driver refused this image (CUresult %d)",
-                               (int)r);
+            int len =
+                snprintf(logs[k], caps[k],
+                         "gpupool: the server's driver refused this image (CUresult %d)", (int)r);
             used[k] = len < 0 ? 0 : (size_t)len + 1 < caps[k] ? (size_t)len + 1 : caps[k];
         } else {
             logs[k][0] = '\0';
@@ -532,99 +590,131 @@ static void jit_outputs(unsigned int n, const CUjit_option *options, void **valu
 
 /* ---- entry points: modules -------------------------------------------------------------- */
 
-GP_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h;
     r = load_image(GP_MODKIND_MODULE, image, SIZE_MAX, NULL, 0, &h);
-    if (r == CUDA_SUCCESS) *module = (CUmodule)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        *module = (CUmodule)(uintptr_t)h;
     return r;
 }
 
 GP_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
-                                      CUjit_option *options, void **optionValues) {
+                                      CUjit_option *options, void **optionValues)
+{
     /* JIT options only affect compiling PTX, which the server's driver does with its defaults. */
     CUresult r = cuModuleLoadData(module, image);
     jit_outputs(numOptions, options, optionValues, r);
     return r;
 }
 
-GP_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+GP_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
     return cuModuleLoadData(module, fatCubin);
 }
 
-GP_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname) {
-    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     void *buf;
     size_t len;
     r = read_file(fname, &buf, &len);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h;
     r = load_image(GP_MODKIND_MODULE, buf, len, buf, 1, &h);
-    if (r == CUDA_SUCCESS) *module = (CUmodule)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        *module = (CUmodule)(uintptr_t)h;
     return r;
 }
 
-GP_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+GP_EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
     CUresult r = enter_any_ctx();
-    if (r == CUDA_ERROR_NOT_INITIALIZED) return r;
+    if (r == CUDA_ERROR_NOT_INITIALIZED)
+        return r;
     uint64_t h = (uint64_t)(uintptr_t)hmod;
     gp_module *mod = gp_handle_get(h, GP_H_MODULE);
-    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
-    if (mod->kind != GP_MODKIND_MODULE) return CUDA_ERROR_NOT_PERMITTED; /* cuLibraryGetModule's */
-    if (gp_handle_remove(h, GP_H_MODULE) != mod) return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (mod->kind != GP_MODKIND_MODULE)
+        return CUDA_ERROR_NOT_PERMITTED; /* cuLibraryGetModule's */
+    if (gp_handle_remove(h, GP_H_MODULE) != mod)
+        return CUDA_ERROR_INVALID_HANDLE;
     CUresult u = unload(mod);
     return r != CUDA_SUCCESS ? r : u;
 }
 
-GP_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
-    if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_module *mod = gp_handle_get((uint64_t)(uintptr_t)hmod, GP_H_MODULE);
-    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&mod->lock);
     gp_func *fn;
     uint64_t h = 0;
     r = get_func_locked(mod, name, &fn);
-    if (r == CUDA_SUCCESS) r = kernel_func_alias_locked(fn, &h);
+    if (r == CUDA_SUCCESS)
+        r = kernel_func_alias_locked(fn, &h);
     pthread_mutex_unlock(&mod->lock);
-    if (r == CUDA_SUCCESS) *hfunc = (CUfunction)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        *hfunc = (CUfunction)(uintptr_t)h;
     return r;
 }
 
 GP_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod,
-                                        const char *name) {
+                                        const char *name)
+{
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_module *mod = gp_handle_get((uint64_t)(uintptr_t)hmod, GP_H_MODULE);
-    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_HANDLE;
     return get_global(mod, dptr, bytes, name);
 }
 
 /* ---- entry points: libraries ------------------------------------------------------------ */
 
-static int library_preserved(CUlibraryOption *opts, void **values, unsigned int n) {
-    if (!opts) return 0;
+static int library_preserved(CUlibraryOption *opts, void **values, unsigned int n)
+{
+    if (!opts)
+        return 0;
     for (unsigned int i = 0; i < n; i++)
-        if (opts[i] == CU_LIBRARY_BINARY_IS_PRESERVED && (!values || values[i])) return 1;
+        if (opts[i] == CU_LIBRARY_BINARY_IS_PRESERVED && (!values || values[i]))
+            return 1;
     return 0;
 }
 
 GP_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                                      void **jitOptionsValues, unsigned int numJitOptions,
                                      CUlibraryOption *libraryOptions, void **libraryOptionValues,
-                                     unsigned int numLibraryOptions) {
-    if (!library || !code) return CUDA_ERROR_INVALID_VALUE;
+                                     unsigned int numLibraryOptions)
+{
+    if (!library || !code)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = enter_any_ctx();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t h;
     r = load_image(GP_MODKIND_LIBRARY, code, SIZE_MAX, NULL,
                    library_preserved(libraryOptions, libraryOptionValues, numLibraryOptions), &h);
-    if (r == CUDA_SUCCESS) *library = (CUlibrary)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        *library = (CUlibrary)(uintptr_t)h;
     jit_outputs(numJitOptions, jitOptions, jitOptionsValues, r);
     return r;
 }
@@ -633,122 +723,161 @@ GP_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
                                          CUjit_option *jitOptions, void **jitOptionsValues,
                                          unsigned int numJitOptions,
                                          CUlibraryOption *libraryOptions,
-                                         void **libraryOptionValues,
-                                         unsigned int numLibraryOptions) {
-    if (!library || !fileName) return CUDA_ERROR_INVALID_VALUE;
+                                         void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    if (!library || !fileName)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = enter_any_ctx();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     void *buf;
     size_t len;
     r = read_file(fileName, &buf, &len);
     uint64_t h;
-    if (r == CUDA_SUCCESS) r = load_image(GP_MODKIND_LIBRARY, buf, len, buf, 1, &h);
-    if (r == CUDA_SUCCESS) *library = (CUlibrary)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        r = load_image(GP_MODKIND_LIBRARY, buf, len, buf, 1, &h);
+    if (r == CUDA_SUCCESS)
+        *library = (CUlibrary)(uintptr_t)h;
     jit_outputs(numJitOptions, jitOptions, jitOptionsValues, r);
     return r;
 }
 
-GP_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
+GP_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
     CUresult r = enter_any_ctx();
-    if (r == CUDA_ERROR_NOT_INITIALIZED) return r;
+    if (r == CUDA_ERROR_NOT_INITIALIZED)
+        return r;
     gp_module *mod = gp_handle_remove((uint64_t)(uintptr_t)library, GP_H_LIBRARY);
-    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_HANDLE;
     CUresult u = unload(mod);
     return r != CUDA_SUCCESS ? r : u;
 }
 
-GP_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
-    if (!pKernel || !name) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    if (!pKernel || !name)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = enter_any_ctx();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_module *mod = gp_handle_get((uint64_t)(uintptr_t)library, GP_H_LIBRARY);
-    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&mod->lock);
     gp_func *fn;
     r = get_func_locked(mod, name, &fn);
     pthread_mutex_unlock(&mod->lock);
-    if (r == CUDA_SUCCESS) *pKernel = (CUkernel)(uintptr_t)fn->handle;
+    if (r == CUDA_SUCCESS)
+        *pKernel = (CUkernel)(uintptr_t)fn->handle;
     return r;
 }
 
-GP_EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
-    if (!pMod) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
+{
+    if (!pMod)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_module *mod = gp_handle_get((uint64_t)(uintptr_t)library, GP_H_LIBRARY);
-    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_HANDLE;
     uint64_t h = 0;
     pthread_mutex_lock(&mod->lock);
     r = library_module_alias_locked(mod, &h);
     pthread_mutex_unlock(&mod->lock);
-    if (r == CUDA_SUCCESS) *pMod = (CUmodule)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        *pMod = (CUmodule)(uintptr_t)h;
     return r;
 }
 
 GP_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
-                                      const char *name) {
+                                      const char *name)
+{
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_module *mod = gp_handle_get((uint64_t)(uintptr_t)library, GP_H_LIBRARY);
-    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_HANDLE;
     return get_global(mod, dptr, bytes, name);
 }
 
 /* ---- entry points: kernels and functions ------------------------------------------------ */
 
-GP_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
-    if (!pFunc) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    if (!pFunc)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_ctx_enter();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_func *fn = gp_handle_get((uint64_t)(uintptr_t)kernel, GP_H_KERNEL);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     uint64_t h = 0;
     pthread_mutex_lock(&fn->mod->lock);
     r = kernel_func_alias_locked(fn, &h);
     pthread_mutex_unlock(&fn->mod->lock);
-    if (r == CUDA_SUCCESS) *pFunc = (CUfunction)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        *pFunc = (CUfunction)(uintptr_t)h;
     return r;
 }
 
-GP_EXPORT CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel) {
-    if (!pLib) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel)
+{
+    if (!pLib)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_func *fn = gp_handle_get((uint64_t)(uintptr_t)kernel, GP_H_KERNEL);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     *pLib = (CUlibrary)(uintptr_t)fn->mod->handle;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
-    if (!name || !hfunc) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuKernelGetName(const char **name, CUkernel hfunc)
+{
+    if (!name || !hfunc)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_func *fn = gp_handle_get((uint64_t)(uintptr_t)hfunc, GP_H_KERNEL);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     *name = fn->name;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
-    if (!name || !hfunc) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuFuncGetName(const char **name, CUfunction hfunc)
+{
+    if (!name || !hfunc)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     *name = fn->name;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
-    if (!hmod) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc)
+{
+    if (!hmod)
+        return CUDA_ERROR_INVALID_VALUE;
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
     uint64_t h = 0;
     pthread_mutex_lock(&fn->mod->lock);
     CUresult r = library_module_alias_locked(fn->mod, &h);
     pthread_mutex_unlock(&fn->mod->lock);
-    if (r == CUDA_SUCCESS) *hmod = (CUmodule)(uintptr_t)h;
+    if (r == CUDA_SUCCESS)
+        *hmod = (CUmodule)(uintptr_t)h;
     return r;
 }
 
 /* ---- JIT linking: not supported --------------------------------------------------------- */
 
-static CUresult link_unsupported(void) {
+static CUresult link_unsupported(void)
+{
     static atomic_flag said = ATOMIC_FLAG_INIT;
     if (!atomic_flag_test_and_set(&said))
         gp_log_error("JIT linking (cuLink*) is not supported by gpupool yet; load a complete "
@@ -756,35 +885,45 @@ static CUresult link_unsupported(void) {
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-GP_EXPORT CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options,
-                                void **optionValues, CUlinkState *stateOut) {
+GP_EXPORT CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options, void **optionValues,
+                                CUlinkState *stateOut)
+{
     return link_unsupported();
 }
 GP_EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options,
-                                   void **optionValues, CUlinkState *stateOut) {
+                                   void **optionValues, CUlinkState *stateOut)
+{
     return link_unsupported();
 }
 GP_EXPORT CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void *data, size_t size,
                                  const char *name, unsigned int numOptions, CUjit_option *options,
-                                 void **optionValues) {
+                                 void **optionValues)
+{
     return link_unsupported();
 }
-GP_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data,
-                                    size_t size, const char *name, unsigned int numOptions,
-                                    CUjit_option *options, void **optionValues) {
+GP_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size,
+                                    const char *name, unsigned int numOptions,
+                                    CUjit_option *options, void **optionValues)
+{
     return link_unsupported();
 }
 GP_EXPORT CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path,
                                  unsigned int numOptions, CUjit_option *options,
-                                 void **optionValues) {
+                                 void **optionValues)
+{
     return link_unsupported();
 }
 GP_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path,
                                     unsigned int numOptions, CUjit_option *options,
-                                    void **optionValues) {
+                                    void **optionValues)
+{
     return link_unsupported();
 }
-GP_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut) {
+GP_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut)
+{
     return link_unsupported();
 }
-GP_EXPORT CUresult cuLinkDestroy(CUlinkState state) { return link_unsupported(); }
+GP_EXPORT CUresult cuLinkDestroy(CUlinkState state)
+{
+    return link_unsupported();
+}

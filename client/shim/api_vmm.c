@@ -74,14 +74,17 @@ static size_t nresv, capresv;
 static struct mapping *maps; /* sorted by base, never overlapping */
 static size_t nmaps, capmaps;
 
-static uint64_t granularity(void) {
+static uint64_t granularity(void)
+{
     const gp_device_snapshot *d = gp_device(0);
     return d && d->granularity ? d->granularity : GP_DEFAULT_GRANULARITY;
 }
 
 /* Checks an allocation property as cuMemCreate and cuMemGetAllocationGranularity do. */
-static CUresult check_prop(const CUmemAllocationProp *prop, const char *call) {
-    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+static CUresult check_prop(const CUmemAllocationProp *prop, const char *call)
+{
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
     if (prop->location.type >= GP_LOC_HOST && prop->location.type <= GP_LOC_HOST_NUMA_CURRENT) {
         static atomic_int said;
         if (!atomic_exchange(&said, 1))
@@ -91,13 +94,16 @@ static CUresult check_prop(const CUmemAllocationProp *prop, const char *call) {
                          call);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (prop->location.type != GP_LOC_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (!gp_device(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    if (prop->location.type != GP_LOC_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_device(prop->location.id))
+        return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
 }
 
 /* Index of the first mapping with base > addr. Caller holds vmm_lock. */
-static size_t maps_upper(uint64_t addr) {
+static size_t maps_upper(uint64_t addr)
+{
     size_t lo = 0, hi = nmaps;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -110,14 +116,17 @@ static size_t maps_upper(uint64_t addr) {
 }
 
 /* Index of the mapping containing addr, or -1. Caller holds vmm_lock. */
-static long map_containing(uint64_t addr) {
+static long map_containing(uint64_t addr)
+{
     size_t i = maps_upper(addr);
-    if (i == 0) return -1;
+    if (i == 0)
+        return -1;
     return addr - maps[i - 1].base < maps[i - 1].size ? (long)(i - 1) : -1;
 }
 
 /* The reservation wholly containing [ptr, ptr+size), or -1. Caller holds vmm_lock. */
-static long resv_containing(uint64_t ptr, uint64_t size) {
+static long resv_containing(uint64_t ptr, uint64_t size)
+{
     for (size_t i = 0; i < nresv; i++)
         if (ptr >= resvs[i].base && size <= resvs[i].size &&
             ptr - resvs[i].base <= resvs[i].size - size)
@@ -125,10 +134,12 @@ static long resv_containing(uint64_t ptr, uint64_t size) {
     return -1;
 }
 
-static CUresult post_frame_release(uint64_t handle) {
+static CUresult post_frame_release(uint64_t handle)
+{
     gp_vmm_release m = {.handle = handle};
     GP_FRAME(buf, len, gp_vmm_release, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
     return r;
@@ -136,8 +147,10 @@ static CUresult post_frame_release(uint64_t handle) {
 
 /* Drops the handle when nothing refers to it any more; the caller holds vmm_lock. Returns 1 if
  * the worker must be told (after the lock is released: post_frame_release). */
-static int phys_maybe_drop(uint64_t handle, struct phys *p) {
-    if (p->refs > 0 || p->maps > 0) return 0;
+static int phys_maybe_drop(uint64_t handle, struct phys *p)
+{
+    if (p->refs > 0 || p->maps > 0)
+        return 0;
     free(gp_handle_remove(handle, GP_H_MEMHANDLE));
     return 1;
 }
@@ -145,24 +158,30 @@ static int phys_maybe_drop(uint64_t handle, struct phys *p) {
 /* ======================================================================= reservations == */
 
 GP_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
-                                       CUdeviceptr addr, unsigned long long flags) {
-    if (!ptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+                                       CUdeviceptr addr, unsigned long long flags)
+{
+    if (!ptr || size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     if (size % granularity() != 0 || (alignment & (alignment - 1)) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     gp_vmm_reserve m = {.size = size, .alignment = alignment, .addr = addr};
     GP_FRAME(buf, len, gp_vmm_reserve, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
     GP_FRAME_FREE(buf);
-    if (r != CUDA_SUCCESS) return gp_cu_result(r);
+    if (r != CUDA_SUCCESS)
+        return gp_cu_result(r);
     gp_vmm_reserve_reply a;
     int ok = gp_vmm_reserve_reply_decode(rep.body, rep.len, &a) == 0 && a.ptr != 0 &&
              gp_vamap_in_window(a.ptr) && gp_vamap_in_window(a.ptr + size - 1);
     gp_reply_free(&rep);
-    if (!ok) return CUDA_ERROR_UNKNOWN;
+    if (!ok)
+        return CUDA_ERROR_UNKNOWN;
     int stored = 0;
     pthread_mutex_lock(&vmm_lock);
     if (nresv == capresv) {
@@ -191,14 +210,17 @@ GP_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t ali
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+GP_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t drop[64];
     size_t ndrop = 0, overflow = 0;
     pthread_mutex_lock(&vmm_lock);
     size_t i = 0;
-    while (i < nresv && !(resvs[i].base == ptr && resvs[i].size == size)) i++;
+    while (i < nresv && !(resvs[i].base == ptr && resvs[i].size == size))
+        i++;
     if (i == nresv) {
         pthread_mutex_unlock(&vmm_lock);
         return CUDA_ERROR_INVALID_VALUE;
@@ -225,10 +247,12 @@ GP_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     pthread_mutex_unlock(&vmm_lock);
     gp_vmm_address_free m = {.ptr = ptr, .size = size};
     GP_FRAME(buf, len, gp_vmm_address_free, &m);
-    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
-    for (size_t j = 0; j < ndrop && r == CUDA_SUCCESS; j++) r = post_frame_release(drop[j]);
+    for (size_t j = 0; j < ndrop && r == CUDA_SUCCESS; j++)
+        r = post_frame_release(drop[j]);
     if (overflow)
         gp_log_error("cuMemAddressFree: %zu released handles stay allocated on the server until "
                      "the process ends (too many at once)",
@@ -239,29 +263,38 @@ GP_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 /* ========================================================================== handles == */
 
 GP_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity_out,
-                                                 const CUmemAllocationProp *prop, int option) {
+                                                 const CUmemAllocationProp *prop, int option)
+{
     if (!granularity_out || !prop ||
         (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
          option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     r = check_prop(prop, "cuMemGetAllocationGranularity");
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     *granularity_out = (size_t)granularity();
     return CUDA_SUCCESS;
 }
 
 GP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                               const CUmemAllocationProp *prop, unsigned long long flags) {
-    if (!handle || !prop || flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+                               const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!handle || !prop || flags != 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     r = check_prop(prop, "cuMemCreate");
-    if (r != CUDA_SUCCESS) return r;
-    if (size % granularity() != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (size % granularity() != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     struct phys *p = calloc(1, sizeof *p);
-    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     p->prop = *prop;
     p->size = size;
     p->refs = 1;
@@ -295,9 +328,11 @@ GP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+GP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     pthread_mutex_lock(&vmm_lock);
     struct phys *p = gp_handle_get(handle, GP_H_MEMHANDLE);
     int tell = 0;
@@ -311,10 +346,13 @@ GP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     return tell ? post_frame_release(handle) : r;
 }
 
-GP_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
-    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     pthread_mutex_lock(&vmm_lock);
     long i = map_containing((uint64_t)(uintptr_t)addr);
     struct phys *p = i >= 0 ? gp_handle_get(maps[i].handle, GP_H_MEMHANDLE) : NULL;
@@ -329,10 +367,13 @@ GP_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 }
 
 GP_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
-                                                          CUmemGenericAllocationHandle handle) {
-    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+                                                          CUmemGenericAllocationHandle handle)
+{
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     pthread_mutex_lock(&vmm_lock);
     const struct phys *p = gp_handle_get(handle, GP_H_MEMHANDLE);
     if (p && p->refs > 0)
@@ -346,9 +387,11 @@ GP_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *p
 /* ========================================================================= mappings == */
 
 GP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-                            CUmemGenericAllocationHandle handle, unsigned long long flags) {
+                            CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t g = granularity();
     if (flags != 0 || size == 0 || ptr % g || size % g || offset % g || ptr + size < ptr)
         return CUDA_ERROR_INVALID_VALUE;
@@ -356,8 +399,7 @@ GP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     struct phys *p = gp_handle_get(handle, GP_H_MEMHANDLE);
     size_t i = maps_upper(ptr);
     if (!p || p->refs == 0 || offset > p->size || size > p->size - offset ||
-        resv_containing(ptr, size) < 0 ||
-        (i > 0 && maps[i - 1].base + maps[i - 1].size > ptr) ||
+        resv_containing(ptr, size) < 0 || (i > 0 && maps[i - 1].base + maps[i - 1].size > ptr) ||
         (i < nmaps && maps[i].base < ptr + size)) {
         /* no such handle, outside its memory or outside every reservation, or over a mapping */
         pthread_mutex_unlock(&vmm_lock);
@@ -373,15 +415,19 @@ GP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         maps = n;
         capmaps = ncap;
     }
-    gp_range rg = {.base = ptr, .size = size, .kind = GP_RANGE_DEVICE, .ctx = 0,
-                   .flags = GP_RANGE_F_VMM | GP_RANGE_F_NOACCESS, .mapped_size = size};
+    gp_range rg = {.base = ptr,
+                   .size = size,
+                   .kind = GP_RANGE_DEVICE,
+                   .ctx = 0,
+                   .flags = GP_RANGE_F_VMM | GP_RANGE_F_NOACCESS,
+                   .mapped_size = size};
     if (gp_vamap_add(&rg) != 0) {
         pthread_mutex_unlock(&vmm_lock);
         return CUDA_ERROR_INVALID_VALUE; /* overlaps another device range */
     }
     memmove(&maps[i + 1], &maps[i], (nmaps - i) * sizeof *maps);
-    maps[i] = (struct mapping){.base = ptr, .size = size, .offset = offset, .handle = handle,
-                               .access = GP_ACCESS_NONE};
+    maps[i] = (struct mapping){
+        .base = ptr, .size = size, .offset = offset, .handle = handle, .access = GP_ACCESS_NONE};
     nmaps++;
     p->maps++;
     gp_vmm_map m = {.ptr = ptr, .size = size, .offset = offset, .handle = handle};
@@ -393,10 +439,13 @@ GP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     return r;
 }
 
-GP_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+GP_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (size == 0 || ptr + size < ptr) return CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (size == 0 || ptr + size < ptr)
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&vmm_lock);
     /* Whole mappings only, side by side from ptr to ptr+size; checked before anything changes. */
     long first = map_containing(ptr);
@@ -434,21 +483,27 @@ GP_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 }
 
 GP_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
-                                  size_t count) {
-    if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+                                  size_t count)
+{
+    if (!desc || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     int flags = -1;
     for (size_t i = 0; i < count; i++) {
-        if (desc[i].location.type != GP_LOC_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-        if (!gp_device(desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].location.type != GP_LOC_DEVICE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (!gp_device(desc[i].location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
         if (desc[i].flags != GP_ACCESS_NONE && desc[i].flags != GP_ACCESS_READ &&
             desc[i].flags != GP_ACCESS_RW)
             return CUDA_ERROR_INVALID_VALUE;
         flags = desc[i].flags; /* one device: the last description wins */
     }
     uint64_t g = granularity();
-    if (ptr % g || size % g) return CUDA_ERROR_INVALID_VALUE;
+    if (ptr % g || size % g)
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&vmm_lock);
     unsigned set = flags == GP_ACCESS_NONE ? GP_RANGE_F_NOACCESS : 0;
     unsigned clear = flags == GP_ACCESS_NONE ? 0 : GP_RANGE_F_NOACCESS;
@@ -468,12 +523,17 @@ GP_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 }
 
 GP_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
-                                  CUdeviceptr ptr) {
-    if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
+                                  CUdeviceptr ptr)
+{
+    if (!flags || !location)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (location->type != GP_LOC_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (!gp_device(location->id)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (location->type != GP_LOC_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_device(location->id))
+        return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&vmm_lock);
     long i = map_containing(ptr);
     if (i >= 0)
@@ -492,71 +552,100 @@ static uint64_t pool_release_threshold;
 static int pool_reuse[4] = {0, 1, 1, 1}; /* by attribute 1..3: the driver's defaults */
 static uint64_t pool_used_high, pool_reserved_high;
 
-void gp_pool_note_alloc(void) {
+void gp_pool_note_alloc(void)
+{
     uint64_t used, mapped;
     gp_vamap_async_bytes(&used, &mapped);
     pthread_mutex_lock(&pool_lock);
-    if (used > pool_used_high) pool_used_high = used;
-    if (mapped > pool_reserved_high) pool_reserved_high = mapped;
+    if (used > pool_used_high)
+        pool_used_high = used;
+    if (mapped > pool_reserved_high)
+        pool_reserved_high = mapped;
     pthread_mutex_unlock(&pool_lock);
 }
 
-static CUresult check_pool(CUmemoryPool pool) {
+static CUresult check_pool(CUmemoryPool pool)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     return (uint64_t)(uintptr_t)pool == gp_default_mempool() ? CUDA_SUCCESS
                                                              : CUDA_ERROR_INVALID_VALUE;
 }
 
-GP_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
-    if (!value) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_pool(pool);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t used, mapped;
     gp_vamap_async_bytes(&used, &mapped);
     pthread_mutex_lock(&pool_lock);
     switch (attr) {
     case GP_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case GP_POOL_REUSE_ALLOW_OPPORTUNISTIC:
-    case GP_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = pool_reuse[attr]; break;
-    case GP_POOL_RELEASE_THRESHOLD: *(uint64_t *)value = pool_release_threshold; break;
+    case GP_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *(int *)value = pool_reuse[attr];
+        break;
+    case GP_POOL_RELEASE_THRESHOLD:
+        *(uint64_t *)value = pool_release_threshold;
+        break;
     /* Nothing is cached: what the pool holds is what is in use. */
-    case GP_POOL_RESERVED_MEM_CURRENT: *(uint64_t *)value = mapped; break;
+    case GP_POOL_RESERVED_MEM_CURRENT:
+        *(uint64_t *)value = mapped;
+        break;
     case GP_POOL_RESERVED_MEM_HIGH:
         *(uint64_t *)value = pool_reserved_high > mapped ? pool_reserved_high : mapped;
         break;
-    case GP_POOL_USED_MEM_CURRENT: *(uint64_t *)value = used; break;
+    case GP_POOL_USED_MEM_CURRENT:
+        *(uint64_t *)value = used;
+        break;
     case GP_POOL_USED_MEM_HIGH:
         *(uint64_t *)value = pool_used_high > used ? pool_used_high : used;
         break;
-    default: r = CUDA_ERROR_INVALID_VALUE;
+    default:
+        r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&pool_lock);
     return r;
 }
 
-GP_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
-    if (!value) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_pool(pool);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t used, mapped;
     gp_vamap_async_bytes(&used, &mapped);
     pthread_mutex_lock(&pool_lock);
     switch (attr) {
     case GP_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case GP_POOL_REUSE_ALLOW_OPPORTUNISTIC:
-    case GP_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES: pool_reuse[attr] = *(int *)value != 0; break;
-    case GP_POOL_RELEASE_THRESHOLD: pool_release_threshold = *(uint64_t *)value; break;
+    case GP_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        pool_reuse[attr] = *(int *)value != 0;
+        break;
+    case GP_POOL_RELEASE_THRESHOLD:
+        pool_release_threshold = *(uint64_t *)value;
+        break;
     /* The high-water marks can only be reset, to the current value (the driver requires 0). */
     case GP_POOL_RESERVED_MEM_HIGH:
-        if (*(uint64_t *)value != 0) r = CUDA_ERROR_INVALID_VALUE;
-        else pool_reserved_high = mapped;
+        if (*(uint64_t *)value != 0)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else
+            pool_reserved_high = mapped;
         break;
     case GP_POOL_USED_MEM_HIGH:
-        if (*(uint64_t *)value != 0) r = CUDA_ERROR_INVALID_VALUE;
-        else pool_used_high = used;
+        if (*(uint64_t *)value != 0)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else
+            pool_used_high = used;
         break;
-    default: r = CUDA_ERROR_INVALID_VALUE;
+    default:
+        r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&pool_lock);
     return r;
@@ -564,46 +653,62 @@ GP_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *valu
 
 /* Freed memory goes back to the device at once (the worker frees it), so nothing is left to
  * trim. */
-GP_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+GP_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
     (void)minBytesToKeep;
     return check_pool(pool);
 }
 
-GP_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map,
-                                      size_t count) {
-    if (!map && count) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    if (!map && count)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_pool(pool);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     for (size_t i = 0; i < count; i++) {
-        if (map[i].location.type != GP_LOC_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-        if (!gp_device(map[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        if (map[i].location.type != GP_LOC_DEVICE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (!gp_device(map[i].location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
         /* The pool's own device always has read-write access, and cannot be given less. */
-        if (map[i].flags != GP_ACCESS_RW) return CUDA_ERROR_INVALID_DEVICE;
+        if (map[i].flags != GP_ACCESS_RW)
+            return CUDA_ERROR_INVALID_DEVICE;
     }
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, CUmemLocation *location) {
-    if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, CUmemLocation *location)
+{
+    if (!flags || !location)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_pool(pool);
-    if (r != CUDA_SUCCESS) return r;
-    if (location->type != GP_LOC_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (!gp_device(location->id)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (location->type != GP_LOC_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_device(location->id))
+        return CUDA_ERROR_INVALID_DEVICE;
     *flags = GP_ACCESS_RW;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+GP_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (!gp_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!gp_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
     return (uint64_t)(uintptr_t)pool == gp_default_mempool() ? CUDA_SUCCESS
                                                              : CUDA_ERROR_INVALID_VALUE;
 }
 
-GP_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *poolProps) {
+GP_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *poolProps)
+{
     (void)poolProps;
-    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
     static atomic_int said;
     if (!atomic_exchange(&said, 1))
         gp_log_error("cuMemPoolCreate: only the default memory pool is available over gpupool "
@@ -612,7 +717,8 @@ GP_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *poolProps) {
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-GP_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+GP_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
     CUresult r = check_pool(pool);
     /* The default pool cannot be destroyed; there is no other. */
     return r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : r;
@@ -630,22 +736,30 @@ enum {
     GP_GRAPH_MEM_RESERVED_HIGH = 3,
 };
 
-GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr, void *value) {
-    if (!value) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr, void *value)
+{
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (!gp_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!gp_device(device))
+        return CUDA_ERROR_INVALID_DEVICE;
     if (attr < GP_GRAPH_MEM_USED_CURRENT || attr > GP_GRAPH_MEM_RESERVED_HIGH)
         return CUDA_ERROR_INVALID_VALUE;
     *(uint64_t *)value = 0;
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, int attr, void *value) {
-    if (!value) return CUDA_ERROR_INVALID_VALUE;
+GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, int attr, void *value)
+{
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (!gp_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!gp_device(device))
+        return CUDA_ERROR_INVALID_DEVICE;
     /* Only the high-water marks can be set, and only reset to 0. */
     if ((attr != GP_GRAPH_MEM_USED_HIGH && attr != GP_GRAPH_MEM_RESERVED_HIGH) ||
         *(uint64_t *)value != 0)
@@ -653,8 +767,10 @@ GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, int attr, void 
     return CUDA_SUCCESS;
 }
 
-GP_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
+GP_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     return gp_device(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }

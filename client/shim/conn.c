@@ -50,13 +50,19 @@
 #include "shim.h"
 #include "shim_core.h"
 
-#define BATCH_LIMIT (256u * 1024)   /* flush the batch once it is this large */
-#define DIRECT_BULK (64u * 1024)    /* bulk above this is written from the caller's buffer */
-#define FLUSH_DELAY_NS 50000ull     /* flusher: this long after the last append... */
+#define BATCH_LIMIT (256u * 1024)    /* flush the batch once it is this large */
+#define DIRECT_BULK (64u * 1024)     /* bulk above this is written from the caller's buffer */
+#define FLUSH_DELAY_NS 50000ull      /* flusher: this long after the last append... */
 #define FLUSH_MAX_DELAY_NS 500000ull /* ...but never later than this after the first one */
 #define RBUF_SIZE (256u * 1024)
 
-enum { ST_NONE, ST_READY, ST_FAILED, ST_FORKED, ST_CLOSED };
+enum {
+    ST_NONE,
+    ST_READY,
+    ST_FAILED,
+    ST_FORKED,
+    ST_CLOSED
+};
 
 static atomic_int state = ST_NONE;
 static atomic_int dead;
@@ -67,8 +73,8 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED; /* guarded by init_lock */
 
 static int sock = -1;
-static gp_tls *tls;            /* the TLS session with the worker, or NULL (plaintext) */
-static char tls_err[300];      /* the reader's last TLS error (only the reader writes it) */
+static gp_tls *tls;           /* the TLS session with the worker, or NULL (plaintext) */
+static char tls_err[300];     /* the reader's last TLS error (only the reader writes it) */
 static char server_desc[300]; /* "host:port" of the server in use */
 
 /* ---- send side (send_lock) ---- */
@@ -105,7 +111,11 @@ static waiter *wait_head, *wait_tail;
  * own reply has come, so the common round trip needs no thread hand-off. The receiver waits in
  * poll() without the role, takes it only while no caller holds it, and parks on role_cv while
  * a caller does. A leader drains what it buffered before it gives the role back. */
-enum { RD_NONE, RD_RECEIVER, RD_CALLER };
+enum {
+    RD_NONE,
+    RD_RECEIVER,
+    RD_CALLER
+};
 static int reader;          /* RD_* */
 static int recv_parked;     /* the receiver waits on role_cv */
 static uint64_t reader_gen; /* counts the times a caller took the role */
@@ -114,22 +124,22 @@ static uint64_t reader_gen; /* counts the times a caller took the role */
  * notices and loss that arrive meanwhile are seen at most this late. */
 #define LINGER_NS 2000000ull
 static uint64_t linger_until;
-static int detached_count;  /* detached waiters in the list */
+static int detached_count;     /* detached waiters in the list */
 static pthread_cond_t role_cv; /* CLOCK_MONOTONIC */
 typedef struct rstate {
     uint8_t *buf;
     size_t pos, len;
 } rstate;
-static rstate rs; /* the read buffer; only the reader touches it */
+static rstate rs;      /* the read buffer; only the reader touches it */
 static uint8_t *cz_in; /* one LZ4 block's stored bytes (GP_LZ4_BLOCK); only the reader touches it */
 static atomic_int lz4_on; /* LZ4-compressed copies negotiated (connect.c) */
 
 /* ---- keepalive ---- */
-#define KEEPALIVE_SLICE_MS 1000      /* reads wake this often to look at the silence */
-#define KEEPALIVE_REQ UINT64_MAX     /* our pings' request id: their replies are dropped */
-#define SERVER_TIMEOUT_DEFAULT 30.0  /* seconds; GPUPOOL_SERVER_TIMEOUT */
-static atomic_int keepalive_on;      /* the server promised keepalives and the timeout is on */
-static uint64_t server_timeout_ns;   /* set before keepalive_on */
+#define KEEPALIVE_SLICE_MS 1000     /* reads wake this often to look at the silence */
+#define KEEPALIVE_REQ UINT64_MAX    /* our pings' request id: their replies are dropped */
+#define SERVER_TIMEOUT_DEFAULT 30.0 /* seconds; GPUPOOL_SERVER_TIMEOUT */
+static atomic_int keepalive_on;     /* the server promised keepalives and the timeout is on */
+static uint64_t server_timeout_ns;  /* set before keepalive_on */
 static atomic_uint_fast64_t last_rx_ns, last_tx_ns, last_ping_ns;
 
 /* ---- pending error and notices ---- */
@@ -138,44 +148,58 @@ static pthread_mutex_t notice_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t notice_seen[512];
 static size_t notice_count;
 
-static uint64_t mono_ns(void) {
+static uint64_t mono_ns(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Bytes moved: the server is alive (a sender's progress counts as much as a reply). */
-static void note_rx(void) {
+static void note_rx(void)
+{
     if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
         atomic_store_explicit(&last_rx_ns, mono_ns(), memory_order_relaxed);
 }
-static void note_tx(void) {
+static void note_tx(void)
+{
     if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
         atomic_store_explicit(&last_tx_ns, mono_ns(), memory_order_relaxed);
 }
 
-static int is_sticky(int code) { return (code >= 700 && code <= 719) || code == 999; }
+static int is_sticky(int code)
+{
+    return (code >= 700 && code <= 719) || code == 999;
+}
 
 /* ======================================================================== pending errors == */
 
-CUresult gp_cu_result(int32_t r) { return r >= 100000 || r < 0 ? CUDA_ERROR_UNKNOWN : r; }
+CUresult gp_cu_result(int32_t r)
+{
+    return r >= 100000 || r < 0 ? CUDA_ERROR_UNKNOWN : r;
+}
 
-static void record_pending(int32_t code) {
-    if (code == 0) return;
+static void record_pending(int32_t code)
+{
+    if (code == 0)
+        return;
     int expected = 0;
     atomic_compare_exchange_strong(&pending_error, &expected, (int)gp_cu_result(code));
 }
 
-CUresult gp_take_pending_error(void) {
+CUresult gp_take_pending_error(void)
+{
     int v = atomic_load(&pending_error);
-    if (v == 0 || is_sticky(v)) return v;
+    if (v == 0 || is_sticky(v))
+        return v;
     atomic_compare_exchange_strong(&pending_error, &v, 0);
     return v;
 }
 
 /* ============================================================================== state == */
 
-CUresult gp_check_init(void) {
+CUresult gp_check_init(void)
+{
     switch (atomic_load_explicit(&state, memory_order_acquire)) {
     case ST_READY:
         if (!atomic_load_explicit(&initialized, memory_order_relaxed))
@@ -189,9 +213,13 @@ CUresult gp_check_init(void) {
     }
 }
 
-int gp_conn_attempted(void) { return atomic_load(&state) != ST_NONE; }
+int gp_conn_attempted(void)
+{
+    return atomic_load(&state) != ST_NONE;
+}
 
-CUresult gp_conn_init(void) {
+CUresult gp_conn_init(void)
+{
     CUresult r = gp_conn_ensure();
     if (r == CUDA_SUCCESS) {
         atomic_store(&initialized, 1);
@@ -199,17 +227,26 @@ CUresult gp_conn_init(void) {
     }
     return r;
 }
-const char *gp_conn_server(void) { return server_desc; }
+const char *gp_conn_server(void)
+{
+    return server_desc;
+}
 
-uint64_t gp_conn_new_req(void) { return atomic_fetch_add(&next_req, 1); }
+uint64_t gp_conn_new_req(void)
+{
+    return atomic_fetch_add(&next_req, 1);
+}
 
 /* ========================================================================== loss == */
 
 static void conn_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void conn_fail(const char *fmt, ...) {
+static void conn_fail(const char *fmt, ...)
+{
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&dead, &expected, 1)) return;
-    if (sock >= 0) shutdown(sock, SHUT_RDWR); /* unblocks a sender stuck in sendmsg */
+    if (!atomic_compare_exchange_strong(&dead, &expected, 1))
+        return;
+    if (sock >= 0)
+        shutdown(sock, SHUT_RDWR); /* unblocks a sender stuck in sendmsg */
     if (atomic_load(&state) == ST_READY) {
         char reason[512];
         va_list ap;
@@ -245,10 +282,12 @@ static void conn_fail(const char *fmt, ...) {
 /* ====================================================================== sending == */
 
 /* TLS: every iovec through the session (a record or more each). Caller holds send_lock. */
-static int write_iov_tls_locked(const struct iovec *iov, int n) {
+static int write_iov_tls_locked(const struct iovec *iov, int n)
+{
     char err[300];
     for (int i = 0; i < n; i++) {
-        if (atomic_load(&dead)) return -1;
+        if (atomic_load(&dead))
+            return -1;
         if (iov[i].iov_len &&
             gp_tls_write(tls, iov[i].iov_base, iov[i].iov_len, err, sizeof err) != 0) {
             conn_fail("%s", err);
@@ -260,15 +299,20 @@ static int write_iov_tls_locked(const struct iovec *iov, int n) {
 }
 
 /* Write every iovec completely. Caller holds send_lock. 0, or -1 (connection failed). */
-static int write_iov_locked(struct iovec *iov, int n) {
-    if (tls) return write_iov_tls_locked(iov, n);
-    while (n > 0 && iov[0].iov_len == 0) iov++, n--;
+static int write_iov_locked(struct iovec *iov, int n)
+{
+    if (tls)
+        return write_iov_tls_locked(iov, n);
+    while (n > 0 && iov[0].iov_len == 0)
+        iov++, n--;
     while (n > 0) {
-        if (atomic_load(&dead)) return -1;
+        if (atomic_load(&dead))
+            return -1;
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)(n > 64 ? 64 : n)};
         ssize_t w = sendmsg(sock, &mh, MSG_NOSIGNAL);
         if (w < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR)
+                continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 /* only with a send timeout (at exit, or the keepalive's): give up */
                 if (atomic_load(&keepalive_on) && atomic_load(&state) == ST_READY)
@@ -292,26 +336,32 @@ static int write_iov_locked(struct iovec *iov, int n) {
             iov[0].iov_base = (uint8_t *)iov[0].iov_base + left;
             iov[0].iov_len -= left;
         }
-        while (n > 0 && iov[0].iov_len == 0) iov++, n--;
+        while (n > 0 && iov[0].iov_len == 0)
+            iov++, n--;
     }
     return 0;
 }
 
 /* Write the batch followed by up to two extra buffers. Caller holds send_lock. */
-static int flush_locked(const void *a, size_t alen, const void *b, size_t blen) {
+static int flush_locked(const void *a, size_t alen, const void *b, size_t blen)
+{
     struct iovec iov[3] = {{batch, batch_len}, {(void *)a, alen}, {(void *)b, blen}};
     int rc = write_iov_locked(iov, 3);
     batch_len = 0;
     return rc;
 }
 
-static int batch_append_locked(const void *p, size_t n) {
-    if (n == 0) return 0;
+static int batch_append_locked(const void *p, size_t n)
+{
+    if (n == 0)
+        return 0;
     if (batch_len + n > batch_cap) {
         size_t ncap = batch_cap ? batch_cap : 64 * 1024;
-        while (ncap < batch_len + n) ncap *= 2;
+        while (ncap < batch_len + n)
+            ncap *= 2;
         uint8_t *nb = realloc(batch, ncap);
-        if (!nb) return -1;
+        if (!nb)
+            return -1;
         batch = nb;
         batch_cap = ncap;
     }
@@ -322,27 +372,35 @@ static int batch_append_locked(const void *p, size_t n) {
 
 /* Before a frame of the calling thread: switch the worker's context if this thread's differs
  * from the last one sent. Caller holds send_lock. */
-static int apply_ctx_locked(void) {
+static int apply_ctx_locked(void)
+{
     uint64_t want = tl_wire_ctx;
-    if (want == 0 || want == last_ctx_sent) return 0;
+    if (want == 0 || want == last_ctx_sent)
+        return 0;
     gp_ctx_set_current m = {.ctx = want};
     uint8_t f[16 + 8];
     size_t n = gp_ctx_set_current_frame(f, atomic_fetch_add(&next_req, 1), &m);
-    if (batch_append_locked(f, n) != 0) return -1;
+    if (batch_append_locked(f, n) != 0)
+        return -1;
     last_ctx_sent = want;
     return 0;
 }
 
-void gp_conn_use_ctx(uint64_t ctx_id) { tl_wire_ctx = ctx_id; }
+void gp_conn_use_ctx(uint64_t ctx_id)
+{
+    tl_wire_ctx = ctx_id;
+}
 
-void gp_conn_forget_ctx(void) {
+void gp_conn_forget_ctx(void)
+{
     pthread_mutex_lock(&send_lock);
     last_ctx_sent = UINT64_MAX;
     pthread_mutex_unlock(&send_lock);
 }
 
 /* A frame was appended: make sure the flusher will send it soon. Caller holds send_lock. */
-static void kick_flusher_locked(size_t len_before) {
+static void kick_flusher_locked(size_t len_before)
+{
     uint64_t now = mono_ns();
     last_append_ns = now;
     if (len_before == 0) {
@@ -352,33 +410,41 @@ static void kick_flusher_locked(size_t len_before) {
 }
 
 /* Queue header+body (+ bulk) of a fire-and-forget frame. Caller holds send_lock. */
-static CUresult post_locked(uint8_t *frame, size_t frame_len, const void *bulk,
-                            uint64_t bulk_len) {
-    if (atomic_load(&dead)) return GP_LOST_CONNECTION_ERROR;
+static CUresult post_locked(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
+{
+    if (atomic_load(&dead))
+        return GP_LOST_CONNECTION_ERROR;
     size_t before = batch_len;
-    if (apply_ctx_locked() != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (apply_ctx_locked() != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     if (bulk_len > DIRECT_BULK) {
-        if (flush_locked(frame, frame_len, bulk, bulk_len) != 0) return GP_LOST_CONNECTION_ERROR;
+        if (flush_locked(frame, frame_len, bulk, bulk_len) != 0)
+            return GP_LOST_CONNECTION_ERROR;
         return CUDA_SUCCESS;
     }
     if (batch_append_locked(frame, frame_len) != 0 || batch_append_locked(bulk, bulk_len) != 0) {
-        batch_len = before;          /* never leave half a frame behind... */
-        last_ctx_sent = UINT64_MAX;  /* ...nor believe a dropped context switch went out */
+        batch_len = before;         /* never leave half a frame behind... */
+        last_ctx_sent = UINT64_MAX; /* ...nor believe a dropped context switch went out */
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (batch_len >= BATCH_LIMIT) {
-        if (flush_locked(NULL, 0, NULL, 0) != 0) return GP_LOST_CONNECTION_ERROR;
+        if (flush_locked(NULL, 0, NULL, 0) != 0)
+            return GP_LOST_CONNECTION_ERROR;
     } else {
         kick_flusher_locked(before);
     }
     return CUDA_SUCCESS;
 }
 
-CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len) {
+CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (!frame || frame_len < 16) return CUDA_ERROR_INVALID_VALUE;
-    if (bulk_len && !bulk) return CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!frame || frame_len < 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (bulk_len && !bulk)
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&send_lock);
     gp_wr_u64(frame + 8, atomic_fetch_add(&next_req, 1));
     r = post_locked(frame, frame_len, bulk, bulk_len);
@@ -386,34 +452,44 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
     return r;
 }
 
-void gp_conn_set_lz4(int on) { atomic_store(&lz4_on, on); }
+void gp_conn_set_lz4(int on)
+{
+    atomic_store(&lz4_on, on);
+}
 
-double gp_server_timeout_setting(void) {
+double gp_server_timeout_setting(void)
+{
     const char *v = getenv("GPUPOOL_SERVER_TIMEOUT");
-    if (!v || !*v) return SERVER_TIMEOUT_DEFAULT;
+    if (!v || !*v)
+        return SERVER_TIMEOUT_DEFAULT;
     char *end;
     double t = strtod(v, &end);
     if (*end || end == v || !(t == 0 || (t >= 3 && t <= 86400))) {
         static atomic_int said;
         if (!atomic_exchange(&said, 1))
             gp_log_error("GPUPOOL_SERVER_TIMEOUT=%s is not 0 or a number of seconds from 3 to "
-                         "86400; using %.0f", v, SERVER_TIMEOUT_DEFAULT);
+                         "86400; using %.0f",
+                         v, SERVER_TIMEOUT_DEFAULT);
         return SERVER_TIMEOUT_DEFAULT;
     }
     return t;
 }
 
 static int server_keepalive; /* the hello reply promised keepalives (connect.c says so) */
-void gp_conn_set_keepalive(int on) { server_keepalive = on; }
+void gp_conn_set_keepalive(int on)
+{
+    server_keepalive = on;
+}
 
 /* Once connected: arm the timeout on socket s when the server sends keepalives, unless
  * GPUPOOL_SERVER_TIMEOUT=0. */
-static void arm_keepalive(int s, gp_tls *t) {
+static void arm_keepalive(int s, gp_tls *t)
+{
     double timeout = gp_server_timeout_setting();
     if (!server_keepalive || timeout <= 0) {
         atomic_store(&keepalive_on, 0);
-        gp_log_debug("keepalive: off (%s)", server_keepalive ? "GPUPOOL_SERVER_TIMEOUT=0"
-                                                             : "the server sends none");
+        gp_log_debug("keepalive: off (%s)",
+                     server_keepalive ? "GPUPOOL_SERVER_TIMEOUT=0" : "the server sends none");
         return;
     }
     server_timeout_ns = (uint64_t)(timeout * 1e9);
@@ -431,21 +507,29 @@ static void arm_keepalive(int s, gp_tls *t) {
         gp_log_debug("keepalive: setsockopt: %s; no server timeout", strerror(errno));
         return;
     }
-    if (t) gp_tls_set_send_timeout(t, (int)(timeout * 1000));
+    if (t)
+        gp_tls_set_send_timeout(t, (int)(timeout * 1000));
     atomic_store(&keepalive_on, 1);
     gp_log_debug("keepalive: a server silent for %.0f s is given up (GPUPOOL_SERVER_TIMEOUT)",
                  timeout);
 }
-int gp_conn_lz4(void) { return atomic_load(&lz4_on); }
+int gp_conn_lz4(void)
+{
+    return atomic_load(&lz4_on);
+}
 
 #define CZ_PIECE ((size_t)8 << 20) /* encoded and sent in pieces of this many raw bytes */
 
-CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n) {
+CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (!frame || frame_len < 16 || !src) return CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!frame || frame_len < 16 || !src)
+        return CUDA_ERROR_INVALID_VALUE;
     uint8_t *enc = malloc((size_t)gp_cz_bound(CZ_PIECE));
-    if (!enc) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!enc)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     const uint8_t *s = src;
     gp_cz_enc st = {0};
     pthread_mutex_lock(&send_lock);
@@ -474,7 +558,8 @@ CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t
 }
 
 /* Link a waiter in (unless the connection is dead). 0, or -1 if dead. */
-static int waiter_add(waiter *w) {
+static int waiter_add(waiter *w)
+{
     pthread_mutex_lock(&wait_lock);
     if (atomic_load(&dead)) {
         pthread_mutex_unlock(&wait_lock);
@@ -493,17 +578,21 @@ static int waiter_add(waiter *w) {
 }
 
 /* Unlink the waiter with this request id and return it (NULL if none). Caller holds wait_lock. */
-static waiter *waiter_take_locked(uint64_t req) {
+static waiter *waiter_take_locked(uint64_t req)
+{
     waiter *prev = NULL;
     for (waiter *w = wait_head; w; prev = w, w = w->next) {
-        if (w->req != req) continue;
+        if (w->req != req)
+            continue;
         if (prev)
             prev->next = w->next;
         else
             wait_head = w->next;
-        if (wait_tail == w) wait_tail = prev;
+        if (wait_tail == w)
+            wait_tail = prev;
         w->next = NULL;
-        if (w->detached) detached_count--;
+        if (w->detached)
+            detached_count--;
         return w;
     }
     return NULL;
@@ -511,21 +600,27 @@ static waiter *waiter_take_locked(uint64_t req) {
 
 static void await_reply(waiter *w);
 
-void gp_reply_free(gp_reply *reply) {
-    if (!reply) return;
+void gp_reply_free(gp_reply *reply)
+{
+    if (!reply)
+        return;
     free(reply->body);
     reply->body = NULL;
     reply->len = 0;
 }
 
 CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len,
-                    void *bulk_dst, uint64_t bulk_cap, gp_reply *reply) {
+                    void *bulk_dst, uint64_t bulk_cap, gp_reply *reply)
+{
     gp_reply dummy;
-    if (!reply) reply = &dummy;
+    if (!reply)
+        reply = &dummy;
     memset(reply, 0, sizeof *reply);
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return reply->result = r;
-    if (!frame || frame_len < 16 || (bulk_len && !bulk)) return CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS)
+        return reply->result = r;
+    if (!frame || frame_len < 16 || (bulk_len && !bulk))
+        return CUDA_ERROR_INVALID_VALUE;
 
     waiter w = {.dst = bulk_dst, .cap = bulk_dst ? bulk_cap : 0};
     pthread_cond_init(&w.cv, NULL);
@@ -543,7 +638,8 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
             pthread_mutex_unlock(&send_lock);
             pthread_mutex_lock(&wait_lock);
             int mine = waiter_take_locked(w.req) != NULL;
-            while (!mine && !w.done) pthread_cond_wait(&w.cv, &wait_lock);
+            while (!mine && !w.done)
+                pthread_cond_wait(&w.cv, &wait_lock);
             pthread_mutex_unlock(&wait_lock);
             pthread_cond_destroy(&w.cv);
             free(w.body);
@@ -560,17 +656,21 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     reply->body = w.body;
     reply->len = w.len;
     reply->bulk_len = w.bulk_len;
-    if (w.result != 0) gp_reply_free(reply);
+    if (w.result != 0)
+        gp_reply_free(reply);
     return w.result;
 }
 
-CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst,
-                             uint64_t bulk_cap) {
+CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, uint64_t bulk_cap)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
-    if (!frame || frame_len < 16) return CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!frame || frame_len < 16)
+        return CUDA_ERROR_INVALID_VALUE;
     waiter *w = calloc(1, sizeof *w);
-    if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!w)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     w->detached = 1;
     w->dst = bulk_dst;
     w->cap = bulk_dst ? bulk_cap : 0;
@@ -596,13 +696,16 @@ CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst,
 
 /* ===================================================================== the flusher == */
 
-static void *flusher_main(void *arg) {
+static void *flusher_main(void *arg)
+{
     (void)arg;
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake close to the 50 us deadline */
     pthread_mutex_lock(&send_lock);
     for (;;) {
-        while (!atomic_load(&dead) && batch_len == 0) pthread_cond_wait(&flush_cv, &send_lock);
-        if (atomic_load(&dead)) break;
+        while (!atomic_load(&dead) && batch_len == 0)
+            pthread_cond_wait(&flush_cv, &send_lock);
+        if (atomic_load(&dead))
+            break;
         uint64_t now = mono_ns();
         uint64_t deadline = last_append_ns + FLUSH_DELAY_NS;
         if (deadline > first_append_ns + FLUSH_MAX_DELAY_NS)
@@ -623,15 +726,18 @@ static void *flusher_main(void *arg) {
 
 /* Our keepalive: a ping whose reply is dropped. Only if nobody is sending (a sender's progress
  * counts already, and the reader must never wait for send_lock). */
-static void send_keepalive(void) {
-    if (pthread_mutex_trylock(&send_lock) != 0) return;
+static void send_keepalive(void)
+{
+    if (pthread_mutex_trylock(&send_lock) != 0)
+        return;
     gp_ping m = {.token = 0};
     uint8_t f[16 + 8];
     size_t n = gp_ping_frame(f, KEEPALIVE_REQ, &m);
     /* A ping the kernel buffers proves nothing about the server: it must not count as progress
      * (senders are held off by send_lock meanwhile). */
     uint64_t tx = atomic_load(&last_tx_ns);
-    if (!atomic_load(&dead)) flush_locked(f, n, NULL, 0);
+    if (!atomic_load(&dead))
+        flush_locked(f, n, NULL, 0);
     atomic_store(&last_tx_ns, tx);
     pthread_mutex_unlock(&send_lock);
 }
@@ -639,7 +745,8 @@ static void send_keepalive(void) {
 /* The connection has been quiet for a read slice while a reply is awaited: ping the server
  * when it has been quiet for a third of the timeout; -1 (with *why) once nothing came in and
  * nothing went out for the whole timeout. */
-static int silence_check(const char **why) {
+static int silence_check(const char **why)
+{
     static char text[300];
     uint64_t now = mono_ns(), rx = atomic_load(&last_rx_ns), tx = atomic_load(&last_tx_ns);
     uint64_t heard = rx > tx ? rx : tx;
@@ -652,7 +759,8 @@ static int silence_check(const char **why) {
         *why = text;
         return -1;
     }
-    if (quiet >= server_timeout_ns / 3 && now - atomic_load(&last_ping_ns) >= server_timeout_ns / 3) {
+    if (quiet >= server_timeout_ns / 3 &&
+        now - atomic_load(&last_ping_ns) >= server_timeout_ns / 3) {
         atomic_store(&last_ping_ns, now);
         send_keepalive();
     }
@@ -660,12 +768,14 @@ static int silence_check(const char **why) {
 }
 
 /* Read exactly n bytes into dst (NULL: discard). 0, or -1 with *why set. */
-static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
+static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why)
+{
     uint8_t *d = dst;
     while (n > 0) {
         if (rs->pos < rs->len) {
             size_t k = rs->len - rs->pos;
-            if (k > n) k = (size_t)n;
+            if (k > n)
+                k = (size_t)n;
             if (d) {
                 memcpy(d, rs->buf + rs->pos, k);
                 d += k;
@@ -676,8 +786,8 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
         }
         ssize_t got;
         /* With keepalives on, reads wake every slice (SO_RCVTIMEO; TLS: the read's timeout) */
-        int slice = atomic_load_explicit(&keepalive_on, memory_order_relaxed)
-                        ? KEEPALIVE_SLICE_MS : -1;
+        int slice =
+            atomic_load_explicit(&keepalive_on, memory_order_relaxed) ? KEEPALIVE_SLICE_MS : -1;
         if (d && n >= RBUF_SIZE / 4) {
             /* large bulk: straight into the destination, no intermediate copy */
             size_t want = n > (1u << 30) ? (1u << 30) : (size_t)n;
@@ -699,10 +809,12 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
                 continue;
             }
         }
-        if (got < 0 && errno == EINTR && !tls) continue;
+        if (got < 0 && errno == EINTR && !tls)
+            continue;
         if (got < 0 && slice >= 0 &&
             (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT)) {
-            if (silence_check(why) != 0) return -1;
+            if (silence_check(why) != 0)
+                return -1;
             continue;
         }
         *why = got == 0 ? "connection closed by the server" : tls ? tls_err : strerror(errno);
@@ -713,52 +825,66 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why) {
 
 /* The bulk of a reply: n raw bytes into dst (NULL: discard), as LZ4 blocks when cz. A corrupt
  * block breaks the stream. 0, or -1 with *why set. */
-static int rd_bulk(rstate *r, uint8_t *dst, uint64_t n, int cz, const char **why) {
-    if (!cz) return rd_exact(r, dst, n, why);
+static int rd_bulk(rstate *r, uint8_t *dst, uint64_t n, int cz, const char **why)
+{
+    if (!cz)
+        return rd_exact(r, dst, n, why);
     for (uint64_t done = 0; done < n;) {
         uint8_t hdr[GP_CZ_HDR];
         uint32_t raw, stored;
-        if (rd_exact(r, hdr, sizeof hdr, why) != 0) return -1;
-        if (gp_cz_header(hdr, n - done, &raw, &stored, why) != 0) return -1;
+        if (rd_exact(r, hdr, sizeof hdr, why) != 0)
+            return -1;
+        if (gp_cz_header(hdr, n - done, &raw, &stored, why) != 0)
+            return -1;
         if (stored == raw || !dst) {
-            if (rd_exact(r, dst ? dst + done : NULL, stored, why) != 0) return -1;
+            if (rd_exact(r, dst ? dst + done : NULL, stored, why) != 0)
+                return -1;
         } else {
             if (!cz_in && !(cz_in = malloc(GP_LZ4_BLOCK))) {
                 *why = "out of memory for a compressed copy";
                 return -1;
             }
-            if (rd_exact(r, cz_in, stored, why) != 0) return -1;
-            if (gp_cz_inflate(cz_in, stored, dst + done, raw, why) != 0) return -1;
+            if (rd_exact(r, cz_in, stored, why) != 0)
+                return -1;
+            if (gp_cz_inflate(cz_in, stored, dst + done, raw, why) != 0)
+                return -1;
         }
         done += raw;
     }
     return 0;
 }
 
-void gp_conn_notice(const uint8_t *body, size_t len) {
+void gp_conn_notice(const uint8_t *body, size_t len)
+{
     gp_notice m;
-    if (gp_notice_decode(body, len, &m) != 0) return;
+    if (gp_notice_decode(body, len, &m) != 0)
+        return;
     if (gp_code_is_info(m.code)) { /* status, not an error: every one is news */
-        if (m.text_len) gp_log_info("%.*s", (int)m.text_len, m.text);
+        if (m.text_len)
+            gp_log_info("%.*s", (int)m.text_len, m.text);
         return;
     }
     /* FNV-1a of the text: print each distinct text once. A full table only stops remembering:
      * texts it has no room for are still printed (show stays 1), never silenced. */
     uint64_t h = 1469598103934665603ull;
-    for (uint32_t i = 0; i < m.text_len; i++) h = (h ^ (uint8_t)m.text[i]) * 1099511628211ull;
+    for (uint32_t i = 0; i < m.text_len; i++)
+        h = (h ^ (uint8_t)m.text[i]) * 1099511628211ull;
     int show = 1;
     pthread_mutex_lock(&notice_lock);
     for (size_t i = 0; i < notice_count; i++)
-        if (notice_seen[i] == h) show = 0;
+        if (notice_seen[i] == h)
+            show = 0;
     if (show && notice_count < sizeof notice_seen / sizeof notice_seen[0])
         notice_seen[notice_count++] = h;
     pthread_mutex_unlock(&notice_lock);
-    if (show && m.text_len) gp_log_error("%.*s", (int)m.text_len, m.text);
+    if (show && m.text_len)
+        gp_log_error("%.*s", (int)m.text_len, m.text);
     record_pending(m.code);
 }
 
 /* Deliver one reply. 0, or -1 if the stream broke (*why set). */
-static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, const char **why) {
+static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, const char **why)
+{
     if (hd->len < 4) {
         free(body);
         *why = "malformed reply from the server";
@@ -794,15 +920,18 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
         gp_log_error("server sent %llu bytes for a %llu-byte copy (op %s); dropped",
                      (unsigned long long)bulk, (unsigned long long)w->cap, gp_op_name(hd->op));
         rc = rd_bulk(rs, NULL, bulk, cz, why);
-        if (result == 0) result = CUDA_ERROR_UNKNOWN;
+        if (result == 0)
+            result = CUDA_ERROR_UNKNOWN;
         bulk = 0;
     } else if (bulk) {
         rc = rd_bulk(rs, w->dst, bulk, cz, why);
     }
-    if (rc != 0) result = GP_LOST_CONNECTION_ERROR;
+    if (rc != 0)
+        result = GP_LOST_CONNECTION_ERROR;
 
     if (w->detached) {
-        if (result != 0 && rc == 0) record_pending(result);
+        if (result != 0 && rc == 0)
+            record_pending(result);
         free(body);
         free(w);
         return rc;
@@ -819,9 +948,11 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
 }
 
 /* Read and dispatch one frame. Caller holds the reader role. 0, or -1 (*why set). */
-static int read_frame(const char **why) {
+static int read_frame(const char **why)
+{
     uint8_t h[16];
-    if (rd_exact(&rs, h, 16, why) != 0) return -1;
+    if (rd_exact(&rs, h, 16, why) != 0)
+        return -1;
     gp_frame_header hd;
     gp_header_decode(h, &hd);
     if (hd.len > GP_PROTO_MAX_BODY) {
@@ -837,7 +968,8 @@ static int read_frame(const char **why) {
         free(body);
         return -1;
     }
-    if (hd.flags & GP_FLAG_REPLY) return handle_reply(&rs, &hd, body, why);
+    if (hd.flags & GP_FLAG_REPLY)
+        return handle_reply(&rs, &hd, body, why);
     if (hd.op == GP_OP_NOTICE) {
         gp_conn_notice(body, hd.len);
         free(body);
@@ -850,8 +982,10 @@ static int read_frame(const char **why) {
 
 /* Give the reader role back and wake whoever may take it next: the parked receiver, and one
  * caller waiting for its reply. Caller holds wait_lock. */
-static void release_role_locked(void) {
-    if (reader == RD_CALLER) linger_until = mono_ns() + LINGER_NS;
+static void release_role_locked(void)
+{
+    if (reader == RD_CALLER)
+        linger_until = mono_ns() + LINGER_NS;
     reader = RD_NONE;
     if (recv_parked && (detached_count > 0 || rs.pos < rs.len || (tls && gp_tls_pending(tls))))
         pthread_cond_signal(&role_cv);
@@ -864,7 +998,8 @@ static void release_role_locked(void) {
 }
 
 /* Wait for w's reply, reading the socket ourselves whenever no other thread does. */
-static void await_reply(waiter *w) {
+static void await_reply(waiter *w)
+{
     pthread_mutex_lock(&wait_lock);
     while (!w->done) {
         if (reader != RD_NONE || atomic_load(&dead)) {
@@ -897,7 +1032,8 @@ static void await_reply(waiter *w) {
     pthread_mutex_unlock(&wait_lock);
 }
 
-static void *receiver_main(void *arg) {
+static void *receiver_main(void *arg)
+{
     (void)arg;
     const char *why = "connection lost";
     pthread_mutex_lock(&wait_lock);
@@ -921,7 +1057,8 @@ static void *receiver_main(void *arg) {
                 pthread_mutex_unlock(&wait_lock);
                 return NULL;
             }
-            if (ready || rs.pos < rs.len || (tls && gp_tls_pending(tls))) break;
+            if (ready || rs.pos < rs.len || (tls && gp_tls_pending(tls)))
+                break;
             if (detached_count == 0 && linger_until) {
                 uint64_t now = mono_ns();
                 if (now < linger_until) {
@@ -979,20 +1116,23 @@ fail:
 static void atfork_child(void);
 static void at_exit(void);
 
-static int start_thread(void *(*fn)(void *), const char *name) {
+static int start_thread(void *(*fn)(void *), const char *name)
+{
     pthread_t t;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals stay on its threads */
     int rc = pthread_create(&t, NULL, fn, NULL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) return -1;
+    if (rc != 0)
+        return -1;
     pthread_setname_np(t, name);
     pthread_detach(t);
     return 0;
 }
 
-static void init_once_handlers(void) {
+static void init_once_handlers(void)
+{
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1003,19 +1143,27 @@ static void init_once_handlers(void) {
 }
 
 /* The connection's own status (gp_check_init without the cuInit requirement). */
-static CUresult conn_status(void) {
+static CUresult conn_status(void)
+{
     int s = atomic_load_explicit(&state, memory_order_acquire);
-    if (s == ST_READY) return atomic_load(&dead) ? GP_LOST_CONNECTION_ERROR : CUDA_SUCCESS;
-    if (s == ST_CLOSED) return CUDA_ERROR_DEINITIALIZED;
-    if (s == ST_FORKED) return CUDA_ERROR_NOT_INITIALIZED;
+    if (s == ST_READY)
+        return atomic_load(&dead) ? GP_LOST_CONNECTION_ERROR : CUDA_SUCCESS;
+    if (s == ST_CLOSED)
+        return CUDA_ERROR_DEINITIALIZED;
+    if (s == ST_FORKED)
+        return CUDA_ERROR_NOT_INITIALIZED;
     return CUDA_ERROR_NO_DEVICE;
 }
 
-CUresult gp_conn_ensure(void) {
+CUresult gp_conn_ensure(void)
+{
     int s = atomic_load_explicit(&state, memory_order_acquire);
-    if (s == ST_READY || s == ST_CLOSED) return conn_status();
-    if (s == ST_FAILED) return CUDA_ERROR_NO_DEVICE;
-    if (s == ST_FORKED) return CUDA_ERROR_NOT_INITIALIZED;
+    if (s == ST_READY || s == ST_CLOSED)
+        return conn_status();
+    if (s == ST_FAILED)
+        return CUDA_ERROR_NO_DEVICE;
+    if (s == ST_FORKED)
+        return CUDA_ERROR_NOT_INITIALIZED;
 
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, init_once_handlers);
@@ -1059,12 +1207,15 @@ CUresult gp_conn_ensure(void) {
 
 /* ============================================================== fork and exit == */
 
-static void atfork_child(void) {
+static void atfork_child(void)
+{
     /* Only this thread survives; the connection belongs to the parent. Send nothing, and close
      * our copy of the socket so the parent's session ends when the parent does. */
     int s = atomic_load(&state);
-    if (s == ST_NONE || s == ST_FAILED) return; /* the child may connect on its own */
-    if (sock >= 0) close(sock);
+    if (s == ST_NONE || s == ST_FAILED)
+        return; /* the child may connect on its own */
+    if (sock >= 0)
+        close(sock);
     sock = -1;
     atomic_store(&dead, 1);
     atomic_store(&state, ST_FORKED);
@@ -1072,20 +1223,26 @@ static void atfork_child(void) {
                  "the parent)");
 }
 
-static void at_exit(void) {
-    if (atomic_load(&state) != ST_READY || atomic_load(&dead)) return;
+static void at_exit(void)
+{
+    if (atomic_load(&state) != ST_READY || atomic_load(&dead))
+        return;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 200000000L;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    if (pthread_mutex_timedlock(&send_lock, &ts) != 0) return; /* a sender is stuck: just go */
+    if (ts.tv_nsec >= 1000000000L)
+        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    if (pthread_mutex_timedlock(&send_lock, &ts) != 0)
+        return; /* a sender is stuck: just go */
     atomic_store(&state, ST_CLOSED);
     struct timeval tv = {.tv_sec = 1};
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (tls) gp_tls_set_send_timeout(tls, 1000);
+    if (tls)
+        gp_tls_set_send_timeout(tls, 1000);
     gp_goodbye m = {0};
     uint8_t f[16 + 1];
     size_t n = gp_goodbye_frame(f, atomic_fetch_add(&next_req, 1), &m);
-    if (!atomic_load(&dead)) flush_locked(f, n, NULL, 0);
+    if (!atomic_load(&dead))
+        flush_locked(f, n, NULL, 0);
     pthread_mutex_unlock(&send_lock);
 }

@@ -52,7 +52,8 @@
 #define VA_TRIES 8
 
 /* "prog arg1 arg2" from /proc/self/cmdline, argv[0] reduced to its basename. */
-static size_t program_string(char *out, size_t cap) {
+static size_t program_string(char *out, size_t cap)
+{
     char raw[8192];
     size_t n = 0;
     FILE *f = fopen("/proc/self/cmdline", "rb");
@@ -60,7 +61,8 @@ static size_t program_string(char *out, size_t cap) {
         n = fread(raw, 1, sizeof raw - 1, f);
         fclose(f);
     }
-    if (n == 0) return gp_utf8_clean(out, cap, "?", 1);
+    if (n == 0)
+        return gp_utf8_clean(out, cap, "?", 1);
     raw[n] = 0;
     const char *argv0 = raw, *slash = strrchr(argv0, '/');
     const char *start = slash ? slash + 1 : argv0;
@@ -68,14 +70,18 @@ static size_t program_string(char *out, size_t cap) {
     char joined[8192];
     memcpy(joined, start, len);
     size_t j = len;
-    for (size_t i = strlen(raw); i < n; i++) joined[j++] = raw[i] ? raw[i] : ' ';
-    while (j > 0 && joined[j - 1] == ' ') j--;
+    for (size_t i = strlen(raw); i < n; i++)
+        joined[j++] = raw[i] ? raw[i] : ' ';
+    while (j > 0 && joined[j - 1] == ' ')
+        j--;
     return gp_utf8_clean(out, cap, joined, j);
 }
 
-static uint64_t env_u64(const char *name, uint64_t dflt) {
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
     const char *v = getenv(name);
-    if (!v || !*v) return dflt;
+    if (!v || !*v)
+        return dflt;
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 0);
@@ -84,11 +90,28 @@ static uint64_t env_u64(const char *name, uint64_t dflt) {
         return dflt;
     }
     switch (*end) {
-    case 'k': case 'K': x <<= 10; end++; break;
-    case 'm': case 'M': x <<= 20; end++; break;
-    case 'g': case 'G': x <<= 30; end++; break;
-    case 't': case 'T': x <<= 40; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        x <<= 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        x <<= 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        x <<= 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        x <<= 40;
+        end++;
+        break;
+    default:
+        break;
     }
     if (*end) {
         gp_log_error("ignoring %s=%s (not a number)", name, v);
@@ -98,8 +121,14 @@ static uint64_t env_u64(const char *name, uint64_t dflt) {
 }
 /* ATTEMPT_RESTARTING: the server said it is stopping or restarting (GP_ESHUTDOWN), or closed
  * the connection after it had accepted the hello (it went away while we waited): try again. */
-enum { ATTEMPT_OK, ATTEMPT_CONNECT, ATTEMPT_REFUSED, ATTEMPT_VAWINDOW, ATTEMPT_TLS,
-       ATTEMPT_RESTARTING };
+enum {
+    ATTEMPT_OK,
+    ATTEMPT_CONNECT,
+    ATTEMPT_REFUSED,
+    ATTEMPT_VAWINDOW,
+    ATTEMPT_TLS,
+    ATTEMPT_RESTARTING
+};
 
 typedef struct hello_ctx {
     char host[256], user[256], program[1024];
@@ -108,39 +137,46 @@ typedef struct hello_ctx {
     double timeout_s;
     const char *desc;       /* the server being tried ("host:port"), for messages */
     const char *token_hint; /* what to check when the token is refused */
-    int64_t restart_until;  /* mono_ms deadline of the retries across a server restart; 0: none yet */
+    int64_t
+        restart_until; /* mono_ms deadline of the retries across a server restart; 0: none yet */
 } hello_ctx;
 
 /* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
  * deferred error of one: print it and record nothing. Every one is printed, bypassing
  * gp_conn_notice's table of texts already shown: queue updates are news each time, and a long
  * wait must not fill that table for the session. Its code, 0 if unreadable. */
-static int early_notice(const uint8_t *body, size_t len) {
+static int early_notice(const uint8_t *body, size_t len)
+{
     gp_notice m;
     if (gp_notice_decode(body, len, &m) != 0) {
         gp_log_debug("malformed notice before the hello reply ignored");
         return 0;
     }
     if (gp_code_is_info(m.code)) {
-        if (m.text_len) gp_log_info("%.*s", (int)m.text_len, m.text);
+        if (m.text_len)
+            gp_log_info("%.*s", (int)m.text_len, m.text);
         return m.code;
     }
-    if (m.text_len) gp_log_error("%.*s", (int)m.text_len, m.text);
+    if (m.text_len)
+        gp_log_error("%.*s", (int)m.text_len, m.text);
     return m.code;
 }
 
-static int64_t mono_ms(void) {
+static int64_t mono_ms(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* GPUPOOL_SERVER_TIMEOUT in ms (conn.c reads it); 0: none. */
-static int64_t handshake_timeout_ms(void) {
+static int64_t handshake_timeout_ms(void)
+{
     return (int64_t)(gp_server_timeout_setting() * 1000);
 }
 
-static uint64_t handoff_binding(const uint8_t *body, size_t len) {
+static uint64_t handoff_binding(const uint8_t *body, size_t len)
+{
     static const char label[] = "gpupool tls handoff";
     gp_sha256_ctx c;
     uint8_t d[GP_SHA256_DIGEST_SIZE];
@@ -154,15 +190,17 @@ static uint64_t handoff_binding(const uint8_t *body, size_t len) {
 /* GP_INFO_HANDOFF: gpupoold's TLS session ends (close_notify both ways) and the worker's
  * begins on the same socket, where we prove first that we are the client of that hello. 0, or
  * -1 with msg filled. */
-static int tls_handoff(gp_link *l, const hello_ctx *hc, uint64_t binding, char *msg,
-                       size_t mcap) {
+static int tls_handoff(gp_link *l, const hello_ctx *hc, uint64_t binding, char *msg, size_t mcap)
+{
     int ms = gp_timeout_ms(hc->timeout_s);
     int rc = gp_tls_close(l->tls, ms, msg, mcap);
     gp_tls_free(l->tls);
     l->tls = NULL;
-    if (rc != 0) return -1;
+    if (rc != 0)
+        return -1;
     l->tls = gp_tls_connect(hc->srv, l->fd, 1, ms, msg, mcap);
-    if (!l->tls) return -1;
+    if (!l->tls)
+        return -1;
     gp_ping p = {.token = binding};
     uint8_t f[16 + 8];
     size_t n = gp_ping_frame(f, gp_conn_new_req(), &p);
@@ -175,7 +213,8 @@ static int tls_handoff(gp_link *l, const hello_ctx *hc, uint64_t binding, char *
 
 /* A TLS alert instead of an answer: with TLS 1.3 the server checks our certificate after our
  * side of the handshake has finished, so a missing or refused one shows up here. */
-static int tls_refusal(gp_link *l, char *msg, size_t mcap) {
+static int tls_refusal(gp_link *l, char *msg, size_t mcap)
+{
     const char *hint = "";
     if (strstr(l->err, "certificate required"))
         hint = "; it requires a client certificate that its tls_client_ca signed: set "
@@ -189,31 +228,46 @@ static int tls_refusal(gp_link *l, char *msg, size_t mcap) {
 
 /* GP_HELLO_LZ4 when the server's configuration (its own compression, else the top level's, or
  * GPUPOOL_COMPRESSION) asks for compressed copies and liblz4 loads. */
-static uint32_t want_lz4(const gp_server_config *srv) {
-    if (srv->compression != GP_COMPRESSION_LZ4) return 0;
-    if (gp_lz4_available()) return GP_HELLO_LZ4;
+static uint32_t want_lz4(const gp_server_config *srv)
+{
+    if (srv->compression != GP_COMPRESSION_LZ4)
+        return 0;
+    if (gp_lz4_available())
+        return GP_HELLO_LZ4;
     static atomic_int said;
     if (!atomic_exchange(&said, 1))
         gp_log_info("compression = lz4 is set but %s: copies stay uncompressed (install liblz4, "
-                    "package liblz4-1)", gp_lz4_why());
+                    "package liblz4-1)",
+                    gp_lz4_why());
     return 0;
 }
 
 /* Hello on a connected socket (inside TLS when l->tls). Fills msg with the reason when not
  * ATTEMPT_OK. */
-static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t va_size,
-                     char *msg, size_t mcap) {
+static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t va_size, char *msg,
+                     size_t mcap)
+{
     gp_hello h = {
-        .magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
-        .pid = (uint32_t)getpid(), .flags = want_lz4(hc->srv) | GP_HELLO_KEEPALIVE,
-        .host = hc->host, .host_len = (uint32_t)strlen(hc->host),
-        .user = hc->user, .user_len = (uint32_t)strlen(hc->user),
-        .program = hc->program, .program_len = (uint32_t)strlen(hc->program),
-        .token = hc->srv->token, .token_len = (uint32_t)strlen(hc->srv->token),
-        .gpu = hc->cfg->gpu, .gpu_len = (uint32_t)strlen(hc->cfg->gpu),
-        .model = hc->cfg->model, .model_len = (uint32_t)strlen(hc->cfg->model),
+        .magic = GP_PROTO_MAGIC,
+        .major = GP_PROTO_MAJOR,
+        .minor = GP_PROTO_MINOR,
+        .pid = (uint32_t)getpid(),
+        .flags = want_lz4(hc->srv) | GP_HELLO_KEEPALIVE,
+        .host = hc->host,
+        .host_len = (uint32_t)strlen(hc->host),
+        .user = hc->user,
+        .user_len = (uint32_t)strlen(hc->user),
+        .program = hc->program,
+        .program_len = (uint32_t)strlen(hc->program),
+        .token = hc->srv->token,
+        .token_len = (uint32_t)strlen(hc->srv->token),
+        .gpu = hc->cfg->gpu,
+        .gpu_len = (uint32_t)strlen(hc->cfg->gpu),
+        .model = hc->cfg->model,
+        .model_len = (uint32_t)strlen(hc->cfg->model),
         .min_memory = hc->cfg->min_memory,
-        .va_base = va_base, .va_size = va_size,
+        .va_base = va_base,
+        .va_size = va_size,
     };
     size_t n = 16 + gp_hello_size(&h);
     uint8_t *f = malloc(n);
@@ -231,7 +285,8 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
          * read it, it says more than the failed write. */
         int err = errno;
         uint8_t b;
-        if (gp_link_read(l, &b, 1, 2000) != 0 && errno == EPROTO) return tls_refusal(l, msg, mcap);
+        if (gp_link_read(l, &b, 1, 2000) != 0 && errno == EPROTO)
+            return tls_refusal(l, msg, mcap);
         errno = err;
     }
     if (!ok) {
@@ -251,9 +306,11 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         int rc = gp_link_read(l, hb, 1, keepalive ? 1000 : 5000);
         if (rc != 0 && errno == ETIMEDOUT) {
             if (keepalive && limit_ms > 0 && mono_ms() - heard >= limit_ms) {
-                snprintf(msg, mcap, "the server stopped answering while we waited for a GPU "
+                snprintf(msg, mcap,
+                         "the server stopped answering while we waited for a GPU "
                          "(no keepalive for %lld s): it is hung or stopped "
-                         "(GPUPOOL_SERVER_TIMEOUT)", (long long)(limit_ms / 1000));
+                         "(GPUPOOL_SERVER_TIMEOUT)",
+                         (long long)(limit_ms / 1000));
                 return ATTEMPT_CONNECT;
             }
             if (!waited_note++ && !queued && !keepalive)
@@ -263,7 +320,8 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         }
         heard = mono_ms();
         if (rc != 0 || gp_link_read(l, hb + 1, 15, 30000) != 0) {
-            if (errno == EPROTO && l->tls) return tls_refusal(l, msg, mcap);
+            if (errno == EPROTO && l->tls)
+                return tls_refusal(l, msg, mcap);
             snprintf(msg, mcap, "no answer to hello: %s", gp_link_error(l, errno));
             /* It had taken us in (queued us, or kept us informed) and went away: a restart. */
             return queued || keepalive ? ATTEMPT_RESTARTING : ATTEMPT_CONNECT;
@@ -280,10 +338,11 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             snprintf(msg, mcap, "no answer to hello: %s", gp_link_error(l, errno));
             return ATTEMPT_CONNECT;
         }
-        if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE && l->tls &&
-            hd.len >= 4 && (int32_t)gp_rd_u32(body) == GP_INFO_HANDOFF) {
+        if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE && l->tls && hd.len >= 4 &&
+            (int32_t)gp_rd_u32(body) == GP_INFO_HANDOFF) {
             free(body);
-            if (tls_handoff(l, hc, binding, msg, mcap) != 0) return ATTEMPT_TLS;
+            if (tls_handoff(l, hc, binding, msg, mcap) != 0)
+                return ATTEMPT_TLS;
             keepalive = 0; /* the worker's part: it answers the hello, gpupoold sends nothing */
             continue;
         }
@@ -304,7 +363,7 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         int drc = gp_hello_reply_decode(body, hd.len, &r);
         /* A newer server appends fields to its reply: the ones we know are enough. */
         int decoded = drc == 0 || (drc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR &&
-                                  r.minor > GP_PROTO_MINOR);
+                                   r.minor > GP_PROTO_MINOR);
         int32_t result = (int32_t)gp_rd_u32(body);
         if (result == GP_EVAWINDOW) {
             free(body);
@@ -335,8 +394,8 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             return ATTEMPT_REFUSED;
         }
         if (r.major != GP_PROTO_MAJOR) {
-            snprintf(msg, mcap, "server speaks protocol %u.%u, this client %u.%u", r.major,
-                     r.minor, GP_PROTO_MAJOR, GP_PROTO_MINOR);
+            snprintf(msg, mcap, "server speaks protocol %u.%u, this client %u.%u", r.major, r.minor,
+                     GP_PROTO_MAJOR, GP_PROTO_MINOR);
             free(body);
             return ATTEMPT_REFUSED;
         }
@@ -348,29 +407,32 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         gp_conn_set_lz4((h.flags & GP_HELLO_LZ4) && (r.features & GP_HELLO_LZ4));
         gp_conn_set_keepalive((r.features & GP_HELLO_KEEPALIVE) != 0);
         if (h.flags & GP_HELLO_LZ4)
-            gp_log_debug("lz4-compressed copies: %s", r.features & GP_HELLO_LZ4
-                                                         ? "on"
-                                                         : "not accepted by the server");
+            gp_log_debug("lz4-compressed copies: %s",
+                         r.features & GP_HELLO_LZ4 ? "on" : "not accepted by the server");
         gp_log_debug("connected to %s (%.*s%s, session %llu, device \"%.*s\", driver %d, "
                      "window 0x%llx+0x%llx)",
                      hc->desc, (int)r.server_len, r.server, r.simulated ? ", simulated" : "",
-                     (unsigned long long)r.session_id, (int)r.name_len, r.name,
-                     r.driver_version, (unsigned long long)va_base, (unsigned long long)va_size);
+                     (unsigned long long)r.session_id, (int)r.name_len, r.name, r.driver_version,
+                     (unsigned long long)va_base, (unsigned long long)va_size);
         free(body);
         return ATTEMPT_OK;
     }
 }
 
-static void fill_identity(hello_ctx *hc) {
+static void fill_identity(hello_ctx *hc)
+{
     char buf[512];
-    if (gethostname(buf, sizeof buf) != 0) strcpy(buf, "?");
+    if (gethostname(buf, sizeof buf) != 0)
+        strcpy(buf, "?");
     buf[sizeof buf - 1] = 0;
     gp_utf8_clean(hc->host, sizeof hc->host, buf, strlen(buf));
     struct passwd pw, *res = NULL;
     char pwbuf[4096];
     const char *user = NULL;
-    if (getpwuid_r(geteuid(), &pw, pwbuf, sizeof pwbuf, &res) == 0 && res) user = res->pw_name;
-    if (!user) user = getenv("USER");
+    if (getpwuid_r(geteuid(), &pw, pwbuf, sizeof pwbuf, &res) == 0 && res)
+        user = res->pw_name;
+    if (!user)
+        user = getenv("USER");
     if (!user) {
         snprintf(buf, sizeof buf, "uid%u", (unsigned)geteuid());
         user = buf;
@@ -385,36 +447,40 @@ typedef struct probe {
     const gp_client_config *cfg;
     const gp_server_config *srv;
     gp_info_result res;
-    int rc;          /* gp_info_fetch's */
-    char err[1024];  /* why it failed */
+    int rc;         /* gp_info_fetch's */
+    char err[1024]; /* why it failed */
     pthread_t thread;
     int threaded;
 } probe;
 
 /* probe_timeout is a hard limit for each probe; 0 means GP_INFO_DEFAULT_TIMEOUT (2 s), never
  * forever (gp_info_fetch). */
-static void *probe_main(void *arg) {
+static void *probe_main(void *arg)
+{
     probe *p = arg;
     p->rc = gp_info_fetch(p->cfg, p->srv, p->cfg->probe_timeout, &p->res, p->err, sizeof p->err);
     return NULL;
 }
 
 /* "GPU 1, model 'H100', at least 40000000000 bytes" or "any GPU": for messages. */
-static void describe_requirements(const gp_client_config *cfg, char *out, size_t cap) {
+static void describe_requirements(const gp_client_config *cfg, char *out, size_t cap)
+{
     out[0] = 0;
     size_t n = 0;
-    if (*cfg->gpu) n += (size_t)snprintf(out + n, cap - n, "GPU %s", cfg->gpu);
+    if (*cfg->gpu)
+        n += (size_t)snprintf(out + n, cap - n, "GPU %s", cfg->gpu);
     if (*cfg->model && n < cap)
         n += (size_t)snprintf(out + n, cap - n, "%smodel '%s'", n ? ", " : "", cfg->model);
     if (cfg->min_memory && n < cap)
         snprintf(out + n, cap - n, "%sat least %llu bytes", n ? ", " : "",
                  (unsigned long long)cfg->min_memory);
-    if (!*out) snprintf(out, cap, "any GPU");
+    if (!*out)
+        snprintf(out, cap, "any GPU");
 }
 
 /* Append "desc: why" to the failures list. */
-static void add_failure(char *failures, size_t cap, int *nfail, const char *desc,
-                        const char *why) {
+static void add_failure(char *failures, size_t cap, int *nfail, const char *desc, const char *why)
+{
     size_t n = strlen(failures);
     if (n < cap)
         snprintf(failures + n, cap - n, "%s%s: %s", *nfail ? "; " : "", desc, why);
@@ -424,11 +490,13 @@ static void add_failure(char *failures, size_t cap, int *nfail, const char *desc
 /* Probe every server with info (all at once) and put the candidates, best first, in order[].
  * Returns how many; the others are in failures (with their warning lines printed). */
 static int select_servers(const gp_client_config *cfg, int *order, char *failures, size_t fcap,
-                          int *nfail) {
+                          int *nfail)
+{
     int n = cfg->nservers;
     probe *p = calloc((size_t)n, sizeof *p);
     if (!p) { /* no memory for the probes: try them in list order, as without selection */
-        for (int i = 0; i < n; i++) order[i] = i;
+        for (int i = 0; i < n; i++)
+            order[i] = i;
         return n;
     }
     for (int i = 0; i < n; i++) {
@@ -457,8 +525,8 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
     int fallback = !answered && old_servers > 0;
     if (fallback)
         gp_log_debug("no server answered info and %d speak%s protocol 1.0: trying %s with hello "
-                     "in list order, without selection", old_servers,
-                     old_servers == 1 ? "s" : "", old_servers == 1 ? "it" : "them");
+                     "in list order, without selection",
+                     old_servers, old_servers == 1 ? "s" : "", old_servers == 1 ? "it" : "them");
     int nfree = 0, nwait = 0, wait_idx[GP_MAX_SERVERS];
     for (int i = 0; i < n; i++) {
         char desc[600], why[1200];
@@ -478,9 +546,13 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
                          r->major, r->minor, GP_PROTO_MAJOR, GP_PROTO_MINOR,
                          *r->message ? ": " : "", r->message);
             else
-                snprintf(why, sizeof why, "%s%s", *r->message ? r->message
-                         : code ? code : "refused", r->result == GP_EAUTH
-                         ? " (check its token: GPUPOOL_TOKEN or the configuration file)" : "");
+                snprintf(why, sizeof why, "%s%s",
+                         *r->message ? r->message
+                         : code      ? code
+                                     : "refused",
+                         r->result == GP_EAUTH
+                             ? " (check its token: GPUPOOL_TOKEN or the configuration file)"
+                             : "");
         } else {
             gp_log_debug("probe %s (%s): %u GPUs, %u matching (%s), %u free, queue %u", desc,
                          r->server, r->gpus, r->matching, req, r->free_matching, r->queue);
@@ -509,17 +581,20 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
         }
         wait_idx[b + 1] = v;
     }
-    for (int a = 0; a < nwait; a++) order[nfree + a] = wait_idx[a];
+    for (int a = 0; a < nwait; a++)
+        order[nfree + a] = wait_idx[a];
     int count = nfree + nwait;
     if (count > 0 && gp_log_debug_enabled()) {
         char desc[600];
         gp_server_desc(&cfg->servers[order[0]], desc, sizeof desc);
         gp_log_debug("chose server %s (%s; %d candidate%s)", desc,
                      fallback ? "protocol 1.0, first in list order"
-                     : nfree ? "a matching GPU is free" : "shortest queue", count,
-                     count == 1 ? "" : "s");
+                     : nfree  ? "a matching GPU is free"
+                              : "shortest queue",
+                     count, count == 1 ? "" : "s");
     }
-    for (int i = 0; i < n; i++) gp_info_free(&p[i].res);
+    for (int i = 0; i < n; i++)
+        gp_info_free(&p[i].res);
     free(p);
     return count;
 }
@@ -532,10 +607,12 @@ static int select_servers(const gp_client_config *cfg, int *order, char *failure
 /* A server restarting (why: msg): 1 after a pause when there is time left to try again, the
  * first call setting the deadline `budget_ms` from now (0: keep the one set), with one line for
  * the user when the server said so (`said_restarting`); 0 when the time is up. */
-static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg, int said_restarting) {
+static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg, int said_restarting)
+{
     int64_t now = mono_ms();
     if (!hc->restart_until) {
-        if (budget_ms <= 0) return 0;
+        if (budget_ms <= 0)
+            return 0;
         hc->restart_until = now + budget_ms;
         /* A line for the user only when the server said it restarts: a refused connection is
          * more often a server that is not running, and then the one error line says it all. */
@@ -548,7 +625,8 @@ static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg, int s
     } else if (budget_ms > 0 && now + budget_ms > hc->restart_until) {
         hc->restart_until = now + budget_ms; /* it said it restarts: the longer wait */
     }
-    if (now >= hc->restart_until) return 0;
+    if (now >= hc->restart_until)
+        return 0;
     struct timespec ts = {0, RESTART_RETRY_MS * 1000000L};
     nanosleep(&ts, NULL);
     return 1;
@@ -557,18 +635,23 @@ static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg, int s
 /* Connect and say hello to one server, with the window retries. ATTEMPT_OK with *fd_out and
  * *tls_out set, else the kind of failure with msg filled; ATTEMPT_FATAL after the one error line
  * was printed (no window at all). */
-enum { ATTEMPT_FATAL = 100 };
+enum {
+    ATTEMPT_FATAL = 100
+};
 static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_t step,
-                      int *base_index, int *fd_out, gp_tls **tls_out, char *msg, size_t mcap) {
+                      int *base_index, int *fd_out, gp_tls **tls_out, char *msg, size_t mcap)
+{
     const gp_server_config *srv = hc->srv;
-    if (srv->tls && gp_tls_setup(srv, msg, mcap) != 0) return ATTEMPT_TLS;
+    if (srv->tls && gp_tls_setup(srv, msg, mcap) != 0)
+        return ATTEMPT_TLS;
     for (;;) {
         /* The window first: device pointers must never alias our memory. */
         while (gp_vamap_window_size() == 0 && *base_index < VA_TRIES) {
             uint64_t b = va_base + (uint64_t)*base_index * step;
-            if (gp_vamap_reserve_window(b, va_size) == 0) break;
-            gp_log_debug("cannot reserve the address window at 0x%llx: %s",
-                         (unsigned long long)b, strerror(errno));
+            if (gp_vamap_reserve_window(b, va_size) == 0)
+                break;
+            gp_log_debug("cannot reserve the address window at 0x%llx: %s", (unsigned long long)b,
+                         strerror(errno));
             (*base_index)++;
         }
         if (gp_vamap_window_size() == 0) {
@@ -591,7 +674,8 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         int k = ATTEMPT_OK;
         if (srv->tls) {
             l.tls = gp_tls_connect(srv, fd, 0, gp_timeout_ms(hc->timeout_s), msg, mcap);
-            if (!l.tls) k = ATTEMPT_TLS;
+            if (!l.tls)
+                k = ATTEMPT_TLS;
         }
         if (k == ATTEMPT_OK)
             k = say_hello(&l, hc, gp_vamap_window_base(), gp_vamap_window_size(), msg, mcap);
@@ -619,12 +703,14 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
 }
 
 /* The one error line when no server has been configured. */
-static void no_server(const gp_client_config *cfg) {
+static void no_server(const gp_client_config *cfg)
+{
     if (*cfg->file)
         gp_log_error("GPUPOOL_SERVER is not set and %s names no server: no GPU server to run "
                      "CUDA on. Set GPUPOOL_SERVER=host:port (and GPUPOOL_TOKEN if the server "
                      "needs one), add a [[servers]] entry to %s (`gpupool login`), or start the "
-                     "program with `gpupool run`.", cfg->file, cfg->file);
+                     "program with `gpupool run`.",
+                     cfg->file, cfg->file);
     else
         gp_log_error("GPUPOOL_SERVER is not set: no GPU server to run CUDA on. Set "
                      "GPUPOOL_SERVER=host:port (and GPUPOOL_TOKEN if the server needs one), run "
@@ -632,7 +718,8 @@ static void no_server(const gp_client_config *cfg) {
 }
 
 static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls **tls_out,
-                             char *server_desc, size_t desc_cap) {
+                             char *server_desc, size_t desc_cap)
+{
     if (cfg->nservers == 0) {
         no_server(cfg);
         return CUDA_ERROR_NO_DEVICE;
@@ -640,7 +727,8 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
     hello_ctx hc = {.cfg = cfg, .timeout_s = cfg->connect_timeout};
     fill_identity(&hc);
     const char *tok = getenv("GPUPOOL_TOKEN");
-    while (tok && (*tok == ' ' || *tok == '\t' || *tok == '\n' || *tok == '\r')) tok++;
+    while (tok && (*tok == ' ' || *tok == '\t' || *tok == '\n' || *tok == '\r'))
+        tok++;
     char hint[4200];
     if ((tok && *tok) || !*cfg->file)
         snprintf(hint, sizeof hint, "GPUPOOL_TOKEN");
@@ -651,7 +739,8 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t va_base = env_u64("GPUPOOL_VA_BASE", DEFAULT_VA_BASE) & ~(page - 1);
     uint64_t va_size = (env_u64("GPUPOOL_VA_SIZE", DEFAULT_VA_SIZE) + page - 1) & ~(page - 1);
-    if (va_size == 0) va_size = DEFAULT_VA_SIZE;
+    if (va_size == 0)
+        va_size = DEFAULT_VA_SIZE;
     uint64_t step = va_size > VA_STEP ? (va_size + VA_STEP - 1) / VA_STEP * VA_STEP : VA_STEP;
 
     char failures[4096] = "";
@@ -677,7 +766,8 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
             *sock_out = fd;
             return CUDA_SUCCESS;
         }
-        if (last_kind == ATTEMPT_FATAL) return CUDA_ERROR_NO_DEVICE;
+        if (last_kind == ATTEMPT_FATAL)
+            return CUDA_ERROR_NO_DEVICE;
         if (count > 1 || nfail > 0)
             gp_log_debug("server %s: %s; trying the next one", server_desc, last_msg);
         add_failure(failures, sizeof failures, &nfail, server_desc, last_msg);
@@ -703,7 +793,8 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
     return CUDA_ERROR_NO_DEVICE;
 }
 
-CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap) {
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap)
+{
     *tls_out = NULL;
     gp_client_config *cfg = malloc(sizeof *cfg);
     if (!cfg) {
@@ -718,7 +809,8 @@ CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t d
     } else {
         r = connect_with(cfg, sock_out, tls_out, server_desc, desc_cap);
     }
-    if (r != CUDA_SUCCESS) gp_vamap_release_window();
+    if (r != CUDA_SUCCESS)
+        gp_vamap_release_window();
     free(cfg);
     return r;
 }

@@ -58,22 +58,22 @@ static const char *const table_names[ET_COUNT] = {
 static const uint8_t UUID_F8CFF951[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
                                           0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
 static const uint8_t table_uuids[ET_COUNT][16] = {
-    [ET_CUDART_INTERFACE] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9,
-                             0x39, 0x12, 0xfd, 0x9d, 0xf9},
-    [ET_TOOLS_RUNTIME_CALLBACK_HOOKS] = {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93,
-                                         0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66},
-    [ET_TOOLS_TLS] = {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7,
-                      0x8a, 0x3a, 0xec, 0xdc},
-    [ET_CONTEXT_LOCAL_STORAGE] = {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3,
-                                  0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93},
-    [ET_CONTEXT_CHECKS] = {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb,
-                           0xd5, 0x00, 0x6d, 0xfa, 0x7e},
-    [ET_INTEGRITY_CHECK] = {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba,
-                            0x12, 0x3c, 0x66, 0xe1, 0xf2},
-    [ET_21318C60] = {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff,
-                     0x73, 0x24, 0xc8, 0xf2},
-    [ET_1734DC26] = {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1,
-                     0xe7, 0xdd, 0x8b, 0xca},
+    [ET_CUDART_INTERFACE] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39,
+                             0x12, 0xfd, 0x9d, 0xf9},
+    [ET_TOOLS_RUNTIME_CALLBACK_HOOKS] = {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2,
+                                         0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66},
+    [ET_TOOLS_TLS] = {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a,
+                      0x3a, 0xec, 0xdc},
+    [ET_CONTEXT_LOCAL_STORAGE] = {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68,
+                                  0xf3, 0x55, 0xd8, 0x95, 0x93},
+    [ET_CONTEXT_CHECKS] = {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5,
+                           0x00, 0x6d, 0xfa, 0x7e},
+    [ET_INTEGRITY_CHECK] = {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12,
+                            0x3c, 0x66, 0xe1, 0xf2},
+    [ET_21318C60] = {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73,
+                     0x24, 0xc8, 0xf2},
+    [ET_1734DC26] = {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7,
+                     0xdd, 0x8b, 0xca},
 };
 
 /* ---- logging ------------------------------------------------------------------------------ */
@@ -81,22 +81,24 @@ static const uint8_t table_uuids[ET_COUNT][16] = {
 static pthread_once_t quiet_once = PTHREAD_ONCE_INIT;
 static int quiet_flag; /* written once under quiet_once, read-only afterwards */
 
-static void read_quiet(void) {
+static void read_quiet(void)
+{
     const char *env = getenv("GPUPOOL_LOG");
     quiet_flag = (env != NULL && strcmp(env, "quiet") == 0);
 }
 
-static int quiet(void) {
+static int quiet(void)
+{
     if (pthread_once(&quiet_once, read_quiet) != 0)
         return 0; /* cannot happen; rather log than hide */
     return quiet_flag;
 }
 
-static void format_uuid(const uint8_t b[16], char out[37]) {
-    (void)snprintf(out, 37,
-                   "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                   b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-                   b[12], b[13], b[14], b[15]);
+static void format_uuid(const uint8_t b[16], char out[37])
+{
+    (void)snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                   b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+                   b[13], b[14], b[15]);
 }
 
 /* ---- slots nobody was seen to call: log once, return 0 ---------------------------------- */
@@ -104,7 +106,8 @@ static void format_uuid(const uint8_t b[16], char out[37]) {
 /* One flag per (table, slot): lock-free, and a duplicate line in a race is harmless. */
 static atomic_uchar slot_logged[ET_COUNT][GP_ET_SLOTS];
 
-static uint64_t unexpected_slot(enum gp_et_table t, int slot) {
+static uint64_t unexpected_slot(enum gp_et_table t, int slot)
+{
     if (!atomic_exchange(&slot_logged[t][slot], 1) && !quiet())
         (void)fprintf(stderr, "gpupool: export table %s slot %d called (returned 0)\n",
                       table_names[t], slot);
@@ -112,15 +115,21 @@ static uint64_t unexpected_slot(enum gp_et_table t, int slot) {
     return 0;
 }
 
+/* A table clang-format cannot lay out stably: kept as written. */
+// clang-format off
 #define GP_ET_SLOT_NUMBERS(X, t)                                                                \
     X(t, 0) X(t, 1) X(t, 2) X(t, 3) X(t, 4) X(t, 5) X(t, 6) X(t, 7) X(t, 8) X(t, 9) X(t, 10)     \
     X(t, 11) X(t, 12) X(t, 13) X(t, 14) X(t, 15) X(t, 16) X(t, 17) X(t, 18) X(t, 19) X(t, 20)   \
     X(t, 21) X(t, 22) X(t, 23) X(t, 24) X(t, 25) X(t, 26) X(t, 27) X(t, 28) X(t, 29) X(t, 30)   \
     X(t, 31)
+// clang-format on
 
 /* A distinct function per (table, slot) so that the log line can say which slot was called. */
-#define GP_ET_DEFINE_FILLER(t, n)                                                               \
-    static uint64_t filler_##t##_##n(void) { return unexpected_slot(t, n); }
+#define GP_ET_DEFINE_FILLER(t, n)                                                                  \
+    static uint64_t filler_##t##_##n(void)                                                         \
+    {                                                                                              \
+        return unexpected_slot(t, n);                                                              \
+    }
 #define GP_ET_FILLER_INIT(t, n) [n] = {.fn = (gp_et_fn)filler_##t##_##n},
 
 GP_ET_SLOT_NUMBERS(GP_ET_DEFINE_FILLER, ET_CUDART_INTERFACE)
@@ -136,7 +145,8 @@ GP_ET_SLOT_NUMBERS(GP_ET_DEFINE_FILLER, ET_1734DC26)
 
 /* Slot 2: the device's primary context, not retained and not made current: cudart retains it
  * itself afterwards (cuDevicePrimaryCtxRetain). */
-static CUresult cudart_get_primary_ctx(CUcontext *pctx, CUdevice dev) {
+static CUresult cudart_get_primary_ctx(CUcontext *pctx, CUdevice dev)
+{
     if (pctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUcontext ctx = gp_ctx_primary_for_tables(dev);
@@ -159,14 +169,16 @@ static CUresult cudart_get_primary_ctx(CUcontext *pctx, CUdevice dev) {
 static uint64_t hooks_buffer_2[1024];
 static uint64_t hooks_buffer_6[14];
 
-static void hooks_get_buffer_2(void **ptr, size_t *len) {
+static void hooks_get_buffer_2(void **ptr, size_t *len)
+{
     if (ptr != NULL)
         *ptr = hooks_buffer_2;
     if (len != NULL)
         *len = sizeof hooks_buffer_2 / sizeof hooks_buffer_2[0];
 }
 
-static void hooks_get_buffer_6(void **ptr, size_t *len) {
+static void hooks_get_buffer_6(void **ptr, size_t *len)
+{
     if (ptr != NULL)
         *ptr = hooks_buffer_6;
     if (len != NULL)
@@ -177,7 +189,8 @@ static void hooks_get_buffer_6(void **ptr, size_t *len) {
 
 /* TOOLS_TLS slot 2 (cuBLASLt), 21318c60 / 1734dc26 slot 4 (cuBLASLt GEMM, fp16 path),
  * CONTEXT_CHECKS slot 3 (cudart init). Argument lists unknown and ignored. */
-static uint64_t known_slot_returns_zero(void) {
+static uint64_t known_slot_returns_zero(void)
+{
     return 0;
 }
 
@@ -185,7 +198,8 @@ static uint64_t known_slot_returns_zero(void) {
 
 /* Slot 2: context_check(ctx, u32 *out, void **) at context use and synchronisation; the answer
  * "0 and *out = 0" lets cudart go on. The third argument is left alone. */
-static CUresult context_check(CUcontext ctx, uint32_t *out, void **unused) {
+static CUresult context_check(CUcontext ctx, uint32_t *out, void **unused)
+{
     (void)ctx;
     (void)unused;
     if (out != NULL)
@@ -214,7 +228,8 @@ static cls_entry *cls_slots; /* guarded by cls_lock */
 static size_t cls_cap;       /* guarded by cls_lock; 0 or a power of two */
 static size_t cls_count;     /* guarded by cls_lock */
 
-static size_t cls_hash(CUcontext ctx, void *key) {
+static size_t cls_hash(CUcontext ctx, void *key)
+{
     /* splitmix64 finaliser over both pointers: pointers share low and high bits, so they must
      * be mixed before masking. */
     uint64_t x = (uint64_t)(uintptr_t)ctx * 0x9e3779b97f4a7c15u ^ (uint64_t)(uintptr_t)key;
@@ -227,7 +242,8 @@ static size_t cls_hash(CUcontext ctx, void *key) {
 }
 
 /* Slot of (ctx, key), or of the empty slot where it would go. Caller holds the lock; cap > 0. */
-static size_t cls_probe(CUcontext ctx, void *key) {
+static size_t cls_probe(CUcontext ctx, void *key)
+{
     size_t mask = cls_cap - 1;
     size_t i = cls_hash(ctx, key) & mask;
     while (cls_slots[i].used && !(cls_slots[i].ctx == ctx && cls_slots[i].key == key))
@@ -236,7 +252,8 @@ static size_t cls_probe(CUcontext ctx, void *key) {
 }
 
 /* Caller holds the lock. Returns 0, or -1 if memory ran out (the map is unchanged then). */
-static int cls_grow(void) {
+static int cls_grow(void)
+{
     size_t new_cap = cls_cap ? cls_cap * 2 : 64;
     cls_entry *fresh = calloc(new_cap, sizeof *fresh);
     if (fresh == NULL)
@@ -253,7 +270,8 @@ static int cls_grow(void) {
 }
 
 /* Remove the entry in slot i and close the gap. Caller holds the lock. */
-static void cls_remove_at(size_t i) {
+static void cls_remove_at(size_t i)
+{
     size_t mask = cls_cap - 1;
     cls_slots[i].used = 0;
     cls_count--;
@@ -269,7 +287,8 @@ static void cls_remove_at(size_t i) {
     }
 }
 
-static CUresult cls_resolve_ctx(CUcontext *ctx) {
+static CUresult cls_resolve_ctx(CUcontext *ctx)
+{
     if (*ctx == NULL)
         *ctx = gp_ctx_current_for_tables();
     return *ctx == NULL ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
@@ -277,7 +296,8 @@ static CUresult cls_resolve_ctx(CUcontext *ctx) {
 
 /* Slot 0: put(ctx, key, value, destructor). A second put for the same (ctx, key) replaces the
  * value and destructor without running the old destructor (the caller replaced its own data). */
-static CUresult cls_put(CUcontext ctx, void *key, void *value, gp_cls_dtor dtor) {
+static CUresult cls_put(CUcontext ctx, void *key, void *value, gp_cls_dtor dtor)
+{
     CUresult rc = cls_resolve_ctx(&ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -302,7 +322,8 @@ static CUresult cls_put(CUcontext ctx, void *key, void *value, gp_cls_dtor dtor)
  * freeing the value itself); running the destructor as well could free the value twice. The
  * destructor is for the context going away underneath the owner (gp_cls_context_destroyed).
  * Deleting an absent entry succeeds: teardown after a context reset must not fail. */
-static CUresult cls_delete(CUcontext ctx, void *key) {
+static CUresult cls_delete(CUcontext ctx, void *key)
+{
     CUresult rc = cls_resolve_ctx(&ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -319,7 +340,8 @@ static CUresult cls_delete(CUcontext ctx, void *key) {
 }
 
 /* Slot 2: get(&value, ctx, key) -> CUDA_ERROR_INVALID_HANDLE (and value NULL) if absent. */
-static CUresult cls_get(void **value, CUcontext ctx, void *key) {
+static CUresult cls_get(void **value, CUcontext ctx, void *key)
+{
     if (value == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *value = NULL;
@@ -341,7 +363,8 @@ static CUresult cls_get(void **value, CUcontext ctx, void *key) {
     return rc;
 }
 
-void gp_cls_context_destroyed(CUcontext ctx) {
+void gp_cls_context_destroyed(CUcontext ctx)
+{
     if (ctx == NULL)
         return;
     /* One entry per pass, destructor called without the lock held: destructors are cudart code
@@ -387,56 +410,48 @@ void gp_cls_context_destroyed(CUcontext ctx) {
 #pragma GCC diagnostic ignored "-Woverride-init"
 
 static const gp_et_slot cudart_interface[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_CUDART_INTERFACE)
-    GP_ET_SIZE_WORD,
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_CUDART_INTERFACE) GP_ET_SIZE_WORD,
     [2] = {.fn = (gp_et_fn)cudart_get_primary_ctx},
 };
 
 static const gp_et_slot tools_runtime_callback_hooks[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_TOOLS_RUNTIME_CALLBACK_HOOKS)
-    GP_ET_SIZE_WORD,
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_TOOLS_RUNTIME_CALLBACK_HOOKS) GP_ET_SIZE_WORD,
     [2] = {.fn = (gp_et_fn)hooks_get_buffer_2},
     [6] = {.fn = (gp_et_fn)hooks_get_buffer_6},
 };
 
 static const gp_et_slot tools_tls[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_TOOLS_TLS)
-    GP_ET_SIZE_WORD,
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_TOOLS_TLS) GP_ET_SIZE_WORD,
     [2] = {.fn = (gp_et_fn)known_slot_returns_zero},
 };
 
 /* No size word: slot 0 is put. */
 static const gp_et_slot context_local_storage[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_CONTEXT_LOCAL_STORAGE)
-    [0] = {.fn = (gp_et_fn)cls_put},
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_CONTEXT_LOCAL_STORAGE)[0] = {.fn = (gp_et_fn)cls_put},
     [1] = {.fn = (gp_et_fn)cls_delete},
     [2] = {.fn = (gp_et_fn)cls_get},
 };
 
 static const gp_et_slot context_checks[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_CONTEXT_CHECKS)
-    GP_ET_SIZE_WORD,
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_CONTEXT_CHECKS) GP_ET_SIZE_WORD,
     [2] = {.fn = (gp_et_fn)context_check},
     [3] = {.fn = (gp_et_fn)known_slot_returns_zero},
 };
 
 static const gp_et_slot integrity_check[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_INTEGRITY_CHECK)
-    GP_ET_SIZE_WORD,
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_INTEGRITY_CHECK) GP_ET_SIZE_WORD,
     [1] = {.fn = (gp_et_fn)gp_integrity_check},
 };
 
 /* Unnamed tables used by cuBLASLt: slot 4 answers 0 and writes nothing (measured enough for
  * GEMM); every other slot is the harmless log-once-and-return-0 filler. */
 static const gp_et_slot table_21318c60[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_21318C60)
-    GP_ET_SIZE_WORD,
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_21318C60) GP_ET_SIZE_WORD,
     [4] = {.fn = (gp_et_fn)known_slot_returns_zero},
 };
 
 static const gp_et_slot table_1734dc26[GP_ET_SLOTS] = {
-    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_1734DC26)
-    GP_ET_SIZE_WORD,
+    GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_1734DC26) GP_ET_SIZE_WORD,
     [4] = {.fn = (gp_et_fn)known_slot_returns_zero},
 };
 
@@ -453,11 +468,13 @@ static const gp_et_slot *const tables[ET_COUNT] = {
     [ET_1734DC26] = table_1734dc26,
 };
 
-const void *gp_export_table_cudart_interface(void) {
+const void *gp_export_table_cudart_interface(void)
+{
     return cudart_interface;
 }
 
-const void *gp_export_table_integrity_check(void) {
+const void *gp_export_table_integrity_check(void)
+{
     return integrity_check;
 }
 
@@ -468,7 +485,8 @@ static pthread_mutex_t unknown_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t unknown_seen[UNKNOWN_REMEMBERED][16]; /* guarded by unknown_lock */
 static int unknown_count;                            /* guarded by unknown_lock */
 
-static void report_unknown(const uint8_t id[16]) {
+static void report_unknown(const uint8_t id[16])
+{
     int first = 1;
     if (pthread_mutex_lock(&unknown_lock) == 0) {
         for (int i = 0; i < unknown_count; i++)
@@ -490,7 +508,8 @@ static void report_unknown(const uint8_t id[16]) {
 }
 
 __attribute__((visibility("default"))) CUresult cuGetExportTable(const void **ppExportTable,
-                                                                 const CUuuid *pExportTableId) {
+                                                                 const CUuuid *pExportTableId)
+{
     if (ppExportTable == NULL || pExportTableId == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     const uint8_t *id = (const uint8_t *)pExportTableId->bytes;

@@ -35,17 +35,23 @@ enum {
 };
 
 typedef int CUfunctionLoadingState;
-enum { CU_FUNCTION_LOADING_STATE_UNLOADED = 0, CU_FUNCTION_LOADING_STATE_LOADED = 1 };
+enum {
+    CU_FUNCTION_LOADING_STATE_UNLOADED = 0,
+    CU_FUNCTION_LOADING_STATE_LOADED = 1
+};
 
 enum {
     CU_LAUNCH_ATTRIBUTE_IGNORE = 0,
     CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2,
     CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
-    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT = 7,     /* value holds a CUevent */
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT = 7,       /* value holds a CUevent */
     CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT = 12, /* value holds a CUevent */
 };
 
-enum { CU_OCCUPANCY_DEFAULT = 0x0, CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE = 0x1 };
+enum {
+    CU_OCCUPANCY_DEFAULT = 0x0,
+    CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE = 0x1
+};
 
 typedef int CUjitInputType;
 
@@ -139,11 +145,10 @@ CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramO
 CUresult cuFuncIsLoaded(CUfunctionLoadingState *state, CUfunction function);
 CUresult cuFuncLoad(CUfunction function);
 
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
-                                                     int blockSize, size_t dynamicSMemSize);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func,
-                                                              int blockSize,
-                                                              size_t dynamicSMemSize,
+                                                              int blockSize, size_t dynamicSMemSize,
                                                               unsigned int flags);
 CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func,
                                                  int numBlocks, int blockSize);

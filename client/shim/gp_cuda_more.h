@@ -27,7 +27,9 @@ enum {
 };
 
 /* ---- pointer attributes --------------------------------------------------------------------- */
-enum { CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE = 21 };
+enum {
+    CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE = 21
+};
 
 /* ---- contexts ------------------------------------------------------------------------------- */
 enum {
@@ -81,8 +83,14 @@ typedef enum CUstreamCaptureStatus_enum {
     CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
 } CUstreamCaptureStatus;
 
-enum { CU_EVENT_RECORD_DEFAULT = 0x0, CU_EVENT_RECORD_EXTERNAL = 0x1 };
-enum { CU_EVENT_WAIT_DEFAULT = 0x0, CU_EVENT_WAIT_EXTERNAL = 0x1 };
+enum {
+    CU_EVENT_RECORD_DEFAULT = 0x0,
+    CU_EVENT_RECORD_EXTERNAL = 0x1
+};
+enum {
+    CU_EVENT_WAIT_DEFAULT = 0x0,
+    CU_EVENT_WAIT_EXTERNAL = 0x1
+};
 
 /* ---- logs ----------------------------------------------------------------------------------- */
 typedef int CUlogLevel;

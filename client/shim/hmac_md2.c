@@ -10,7 +10,8 @@
 #define OPAD 0x5Cu
 
 void gp_hmac_md2(const void *key, size_t key_len, const void *msg, size_t msg_len,
-                 uint8_t out[GP_MD2_DIGEST_SIZE]) {
+                 uint8_t out[GP_MD2_DIGEST_SIZE])
+{
     uint8_t k0[GP_MD2_BLOCK_SIZE] = {0};
     if (key_len > GP_MD2_BLOCK_SIZE) {
         /* RFC 2104: keys longer than B are first hashed (MD2's digest is exactly B long). */

@@ -18,17 +18,20 @@ static const uint8_t INTEGRITY_KEY[16] = {0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0x
 #define HEADER_SIZE 48 /* 4 x u32 + 3 pointers + u64 */
 #define DEVICE_SIZE 28 /* 16-byte uuid + 3 x i32 */
 
-static void put_le32(uint8_t *p, uint32_t v) {
+static void put_le32(uint8_t *p, uint32_t v)
+{
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void put_le64(uint8_t *p, uint64_t v) {
+static void put_le64(uint8_t *p, uint64_t v)
+{
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static uint64_t get_le64(const uint8_t *p) {
+static uint64_t get_le64(const uint8_t *p)
+{
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
         v |= (uint64_t)p[i] << (8 * i);
@@ -36,7 +39,8 @@ static uint64_t get_le64(const uint8_t *p) {
 }
 
 CUresult gp_integrity_check(unsigned int version, unsigned long long unix_seconds,
-                            unsigned long long out[2]) {
+                            unsigned long long out[2])
+{
     if (out == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     /* The first two of cudart's three calls expect constants. */

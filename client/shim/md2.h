@@ -14,10 +14,10 @@
 #define GP_MD2_DIGEST_SIZE 16
 
 typedef struct gp_md2_ctx {
-    uint8_t state[48];                  /* X in the RFC: 16 bytes of digest + 32 of work space */
-    uint8_t checksum[16];               /* C in the RFC, updated block by block */
-    uint8_t last;                       /* L in the RFC: last checksum byte written */
-    uint8_t buf[GP_MD2_BLOCK_SIZE];     /* a partial block not yet processed */
+    uint8_t state[48];              /* X in the RFC: 16 bytes of digest + 32 of work space */
+    uint8_t checksum[16];           /* C in the RFC, updated block by block */
+    uint8_t last;                   /* L in the RFC: last checksum byte written */
+    uint8_t buf[GP_MD2_BLOCK_SIZE]; /* a partial block not yet processed */
     size_t buf_len;
 } gp_md2_ctx;
 

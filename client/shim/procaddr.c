@@ -17,7 +17,8 @@
 #include "procaddr.h"
 
 /* Index of `name` in the sorted base table, or -1. */
-static long find_base(const char *name) {
+static long find_base(const char *name)
+{
     size_t lo = 0, hi = gp_procaddr_bases_len;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -32,7 +33,8 @@ static long find_base(const char *name) {
     return -1;
 }
 
-gp_cu_fn gp_symbol_lookup(const char *name) {
+gp_cu_fn gp_symbol_lookup(const char *name)
+{
     if (name == NULL)
         return NULL;
     size_t lo = 0, hi = gp_symbol_table_len;
@@ -50,7 +52,8 @@ gp_cu_fn gp_symbol_lookup(const char *name) {
 }
 
 CUresult gp_procaddr_lookup(const char *symbol, int cuda_version, cuuint64_t flags, gp_cu_fn *fn,
-                            CUdriverProcAddressQueryResult *status) {
+                            CUdriverProcAddressQueryResult *status)
+{
     *fn = NULL;
     long b = find_base(symbol);
     if (b >= 0) {
@@ -70,7 +73,7 @@ CUresult gp_procaddr_lookup(const char *symbol, int cuda_version, cuuint64_t fla
          * default one in force at its version, so preferring it never changes the signature. */
         const gp_procaddr_entry *pick =
             (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && per_thread ? per_thread
-                                                                                   : plain;
+                                                                                  : plain;
         if (pick == NULL) {
             *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
             return CUDA_ERROR_NOT_FOUND;
@@ -91,8 +94,9 @@ CUresult gp_procaddr_lookup(const char *symbol, int cuda_version, cuuint64_t fla
     return CUDA_ERROR_NOT_FOUND;
 }
 
-static CUresult get_proc_address(const char *symbol, void **pfn, int cuda_version,
-                                 cuuint64_t flags, CUdriverProcAddressQueryResult *symbol_status) {
+static CUresult get_proc_address(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *symbol_status)
+{
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     if (symbol == NULL || pfn == NULL) {
         if (pfn != NULL)
@@ -114,14 +118,15 @@ static CUresult get_proc_address(const char *symbol, void **pfn, int cuda_versio
 
 /* The CUDA 11.3 form (cudart still asks for it by name at 11030). */
 __attribute__((visibility("default"))) CUresult cuGetProcAddress(const char *symbol, void **pfn,
-                                                                 int cudaVersion,
-                                                                 cuuint64_t flags) {
+                                                                 int cudaVersion, cuuint64_t flags)
+{
     return get_proc_address(symbol, pfn, cudaVersion, flags, NULL);
 }
 
 /* The CUDA 12.0 form; symbolStatus is optional. */
 __attribute__((visibility("default"))) CUresult
 cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                    CUdriverProcAddressQueryResult *symbolStatus) {
+                    CUdriverProcAddressQueryResult *symbolStatus)
+{
     return get_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
 }

@@ -53,8 +53,8 @@ int gp_conn_lz4(void);
 
 /* A decoded reply: `body` points at the reply body (starting with the i32 result). */
 typedef struct gp_reply {
-    int32_t result;  /* the CUresult (or GP_E* code) the server returned */
-    uint8_t *body;   /* malloc'ed reply body; free with gp_reply_free */
+    int32_t result; /* the CUresult (or GP_E* code) the server returned */
+    uint8_t *body;  /* malloc'ed reply body; free with gp_reply_free */
     size_t len;
     uint64_t bulk_len; /* bytes of reply bulk written to the caller's bulk_dst */
 } gp_reply;
@@ -104,11 +104,13 @@ CUresult gp_check_init(void);
 #define GP_FRAME(buf_, len_, type_, msgp_)                                                         \
     uint8_t buf_##_stack[1024];                                                                    \
     size_t len_ = 16 + type_##_size(msgp_);                                                        \
-    uint8_t *buf_ = len_ <= sizeof buf_##_stack ? buf_##_stack : (uint8_t *)malloc(len_);         \
-    if (buf_) type_##_frame(buf_, 0, msgp_)
+    uint8_t *buf_ = len_ <= sizeof buf_##_stack ? buf_##_stack : (uint8_t *)malloc(len_);          \
+    if (buf_)                                                                                      \
+    type_##_frame(buf_, 0, msgp_)
 #define GP_FRAME_FREE(buf_)                                                                        \
     do {                                                                                           \
-        if (buf_ != buf_##_stack) free(buf_);                                                      \
+        if (buf_ != buf_##_stack)                                                                  \
+            free(buf_);                                                                            \
     } while (0)
 
 /* ---- handles (handles.c) ---------------------------------------------------------------- */
@@ -138,31 +140,32 @@ int gp_handle_register(uint64_t h, enum gp_handle_kind kind, void *obj);
 int gp_handle_remove_if(enum gp_handle_kind kind, int (*pred)(uint64_t h, void *obj, void *arg),
                         void *arg, void (*dispose)(void *obj));
 /* The kind bits of a handle value (0 if it does not carry the tag). */
-static inline int gp_handle_kind_of(uint64_t h) {
+static inline int gp_handle_kind_of(uint64_t h)
+{
     return (h & 0xffff000000000000ull) == GP_HANDLE_TAG ? (int)((h >> 40) & 0xff) : 0;
 }
 
 /* ---- VA map (vamap.c) ------------------------------------------------------------------- */
 enum gp_range_kind {
-    GP_RANGE_DEVICE = 1,      /* device allocation (cuMemAlloc etc.) */
-    GP_RANGE_GLOBAL = 2,      /* module global reserved at the server's address */
-    GP_RANGE_HOST_ALLOC = 3,  /* cuMemHostAlloc / cuMemAllocHost: local memory */
-    GP_RANGE_HOST_REG = 4,    /* cuMemHostRegister'ed local memory */
+    GP_RANGE_DEVICE = 1,     /* device allocation (cuMemAlloc etc.) */
+    GP_RANGE_GLOBAL = 2,     /* module global reserved at the server's address */
+    GP_RANGE_HOST_ALLOC = 3, /* cuMemHostAlloc / cuMemAllocHost: local memory */
+    GP_RANGE_HOST_REG = 4,   /* cuMemHostRegister'ed local memory */
 };
 typedef struct gp_range {
     uint64_t base, size;
     enum gp_range_kind kind;
-    uint64_t ctx;       /* context handle it belongs to */
-    unsigned flags;     /* kind-specific (host alloc flags...) */
-    uint64_t buffer_id; /* unique per range, for CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    uint64_t ctx;         /* context handle it belongs to */
+    unsigned flags;       /* kind-specific (host alloc flags...) */
+    uint64_t buffer_id;   /* unique per range, for CU_POINTER_ATTRIBUTE_BUFFER_ID */
     uint64_t mapped_size; /* device: bytes the server mapped (granularity-rounded); else 0 */
 } gp_range;
 /* Range flags for device kinds (gp_range.flags). */
 #define GP_RANGE_F_ASYNC 0x1u /* from cuMemAllocAsync / cuMemAllocFromPoolAsync */
 /* 0, or -1 if it overlaps (or size is 0). buffer_id 0 gets a fresh unique id. */
 int gp_vamap_add(const gp_range *r);
-int gp_vamap_remove(uint64_t base, gp_range *out);    /* 0 and the removed range, or -1 */
-int gp_vamap_find(uint64_t addr, gp_range *out);      /* range containing addr: 0, else -1 */
+int gp_vamap_remove(uint64_t base, gp_range *out); /* 0 and the removed range, or -1 */
+int gp_vamap_find(uint64_t addr, gp_range *out);   /* range containing addr: 0, else -1 */
 /* 1 if [addr, addr+len) lies inside one device or global range. */
 int gp_vamap_device_span(uint64_t addr, uint64_t len);
 /* The client's reserved window for device memory (0, 0 before it is reserved). */
@@ -194,7 +197,7 @@ typedef struct gp_device_snapshot {
     uint64_t granularity;
     int simulated;
 } gp_device_snapshot;
-int gp_device_count(void); /* 0 before a successful connect */
+int gp_device_count(void);                        /* 0 before a successful connect */
 const gp_device_snapshot *gp_device(int ordinal); /* NULL if out of range */
 
 #define GP_PRIMARY_CTX_ID (GP_HANDLE_TAG | ((uint64_t)GP_H_CTX << 40) | 1)
@@ -213,6 +216,9 @@ uint64_t gp_ctx_check(CUcontext ctx);
 int gp_stream_wire(CUstream s, uint64_t *wire);
 
 /* In a _ptsz / _ptds entry point a NULL stream means the per-thread default stream. */
-static inline CUstream gp_ptsz(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
+static inline CUstream gp_ptsz(CUstream s)
+{
+    return s ? s : CU_STREAM_PER_THREAD;
+}
 
 #endif /* GP_SHIM_H */

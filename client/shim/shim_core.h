@@ -81,7 +81,7 @@ typedef struct gp_primary_state {
     unsigned flags;
 } gp_primary_state;
 void gp_primary_get(gp_primary_state *out);
-int gp_primary_retain(void);          /* returns the new count */
+int gp_primary_retain(void);           /* returns the new count */
 int gp_primary_release(int *was_last); /* -1 if it was not retained */
 void gp_primary_set_flags(unsigned flags);
 void gp_primary_reset_local(void);

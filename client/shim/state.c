@@ -45,7 +45,8 @@ static gp_ctx_obj primary_obj = {.id = GP_PRIMARY_CTX_ID, .primary = 1};
 static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
 static gp_primary_state primary_st; /* guarded by primary_lock */
 
-void gp_state_set_snapshot(const gp_hello_reply *r) {
+void gp_state_set_snapshot(const gp_hello_reply *r)
+{
     gp_device_snapshot *d = &dev0;
     memset(d, 0, sizeof *d);
     size_t nl = r->name_len < sizeof d->name - 1 ? r->name_len : sizeof d->name - 1;
@@ -57,11 +58,14 @@ void gp_state_set_snapshot(const gp_hello_reply *r) {
     d->pci_bus = r->pci_bus;
     d->pci_device = r->pci_device;
     d->attribute_count = (int)(r->attributes_count < 512 ? r->attributes_count : 512);
-    for (int i = 0; i < d->attribute_count; i++) d->attributes[i] = gp_arr_i32(r->attributes, i);
+    for (int i = 0; i < d->attribute_count; i++)
+        d->attributes[i] = gp_arr_i32(r->attributes, i);
     for (size_t i = 0; i < sizeof remote_off / sizeof remote_off[0]; i++)
-        if (remote_off[i] < d->attribute_count) d->attributes[remote_off[i]] = 0;
+        if (remote_off[i] < d->attribute_count)
+            d->attributes[remote_off[i]] = 0;
     d->limit_count = (int)(r->limits_count < 64 ? r->limits_count : 64);
-    for (int i = 0; i < d->limit_count; i++) d->limits[i] = gp_arr_u64(r->limits, i);
+    for (int i = 0; i < d->limit_count; i++)
+        d->limits[i] = gp_arr_u64(r->limits, i);
     d->stream_priority_least = r->stream_priority_least;
     d->stream_priority_greatest = r->stream_priority_greatest;
     d->granularity = r->granularity;
@@ -76,14 +80,20 @@ void gp_state_set_snapshot(const gp_hello_reply *r) {
     atomic_store(&ndev, 1);
 }
 
-int gp_device_count(void) { return atomic_load(&ndev); }
+int gp_device_count(void)
+{
+    return atomic_load(&ndev);
+}
 
-const gp_device_snapshot *gp_device(int ordinal) {
+const gp_device_snapshot *gp_device(int ordinal)
+{
     return ordinal >= 0 && ordinal < atomic_load(&ndev) ? &dev0 : NULL;
 }
 
-int gp_reported_driver_version(void) {
-    if (atomic_load(&ndev) > 0 && dev0.driver_version > 0) return dev0.driver_version;
+int gp_reported_driver_version(void)
+{
+    if (atomic_load(&ndev) > 0 && dev0.driver_version > 0)
+        return dev0.driver_version;
     return GP_FALLBACK_DRIVER_VERSION;
 }
 
@@ -93,10 +103,14 @@ int gp_reported_driver_version(void) {
 #error "GPUPOOL_VERSION must be defined (shim.mk passes the version of client/gpupool/__init__.py)"
 #endif
 
-GP_EXPORT const char *gpupool_shim_version(void) { return GPUPOOL_VERSION; }
+GP_EXPORT const char *gpupool_shim_version(void)
+{
+    return GPUPOOL_VERSION;
+}
 
 /* s as the body of a JSON string (quotes, backslashes and control characters escaped). */
-static size_t json_text(char *out, size_t cap, const char *s) {
+static size_t json_text(char *out, size_t cap, const char *s)
+{
     size_t o = 0;
     for (; *s && o + 7 < cap; s++) {
         unsigned char c = (unsigned char)*s;
@@ -113,17 +127,19 @@ static size_t json_text(char *out, size_t cap, const char *s) {
     return o;
 }
 
-GP_EXPORT int gpupool_shim_lease_json(char *buf, size_t cap) {
+GP_EXPORT int gpupool_shim_lease_json(char *buf, size_t cap)
+{
     const gp_device_snapshot *d = gp_device(0);
-    if (!d || gp_check_init() != CUDA_SUCCESS) return snprintf(buf, cap, "{\"connected\":false}");
+    if (!d || gp_check_init() != CUDA_SUCCESS)
+        return snprintf(buf, cap, "{\"connected\":false}");
     char name[sizeof d->name * 6 + 1], server[300 * 6 + 1], uuid[48];
     json_text(name, sizeof name, d->name);
     json_text(server, sizeof server, gp_conn_server());
     const uint8_t *u = (const uint8_t *)d->uuid.bytes;
     snprintf(uuid, sizeof uuid,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+             u[15]);
     return snprintf(buf, cap,
                     "{\"connected\":true,\"server\":\"%s\",\"uuid\":\"%s\",\"name\":\"%s\","
                     "\"session_id\":%llu,\"simulated\":%s}",
@@ -133,12 +149,18 @@ GP_EXPORT int gpupool_shim_lease_json(char *buf, size_t cap) {
 
 /* ---- hooks for the export tables and the integrity check ---------------------------------- */
 
-int gp_integrity_driver_version(void) { return gp_reported_driver_version(); }
+int gp_integrity_driver_version(void)
+{
+    return gp_reported_driver_version();
+}
 
-int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_dev, int max) {
-    if (gp_check_init() != CUDA_SUCCESS) return -1;
+int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_dev, int max)
+{
+    if (gp_check_init() != CUDA_SUCCESS)
+        return -1;
     int n = gp_device_count();
-    if (n > max) n = max;
+    if (n > max)
+        n = max;
     for (int i = 0; i < n; i++) {
         const gp_device_snapshot *d = gp_device(i);
         uuids[i] = d->uuid;
@@ -149,9 +171,13 @@ int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_
     return n;
 }
 
-CUcontext gp_ctx_current_for_tables(void) { return (CUcontext)(uintptr_t)gp_ctx_current(); }
+CUcontext gp_ctx_current_for_tables(void)
+{
+    return (CUcontext)(uintptr_t)gp_ctx_current();
+}
 
-CUcontext gp_ctx_primary_for_tables(int dev) {
+CUcontext gp_ctx_primary_for_tables(int dev)
+{
     return gp_device(dev) ? (CUcontext)(uintptr_t)GP_PRIMARY_CTX_ID : NULL;
 }
 
@@ -161,19 +187,29 @@ CUcontext gp_ctx_primary_for_tables(int dev) {
 static __thread uint64_t tl_stack[STACK_MAX];
 static __thread int tl_depth;
 
-uint64_t gp_ctx_current(void) { return tl_depth > 0 ? tl_stack[tl_depth - 1] : 0; }
+uint64_t gp_ctx_current(void)
+{
+    return tl_depth > 0 ? tl_stack[tl_depth - 1] : 0;
+}
 
-int gp_ctx_stack_push(uint64_t ctx) {
-    if (tl_depth >= STACK_MAX) return -1;
+int gp_ctx_stack_push(uint64_t ctx)
+{
+    if (tl_depth >= STACK_MAX)
+        return -1;
     tl_stack[tl_depth++] = ctx;
     return 0;
 }
 
-uint64_t gp_ctx_stack_pop(void) { return tl_depth > 0 ? tl_stack[--tl_depth] : 0; }
+uint64_t gp_ctx_stack_pop(void)
+{
+    return tl_depth > 0 ? tl_stack[--tl_depth] : 0;
+}
 
-void gp_ctx_stack_set_top(uint64_t ctx) {
+void gp_ctx_stack_set_top(uint64_t ctx)
+{
     if (ctx == 0) {
-        if (tl_depth > 0) tl_depth--;
+        if (tl_depth > 0)
+            tl_depth--;
     } else if (tl_depth == 0) {
         tl_stack[tl_depth++] = ctx;
     } else {
@@ -181,26 +217,33 @@ void gp_ctx_stack_set_top(uint64_t ctx) {
     }
 }
 
-gp_ctx_obj *gp_ctx_obj_get(uint64_t h) {
-    if (h == GP_PRIMARY_CTX_ID) return atomic_load(&ndev) > 0 ? &primary_obj : NULL;
+gp_ctx_obj *gp_ctx_obj_get(uint64_t h)
+{
+    if (h == GP_PRIMARY_CTX_ID)
+        return atomic_load(&ndev) > 0 ? &primary_obj : NULL;
     return gp_handle_get(h, GP_H_CTX);
 }
 
-gp_ctx_obj *gp_ctx_current_obj(void) {
+gp_ctx_obj *gp_ctx_current_obj(void)
+{
     uint64_t c = gp_ctx_current();
     return c ? gp_ctx_obj_get(c) : NULL;
 }
 
-uint64_t gp_ctx_check(CUcontext ctx) {
+uint64_t gp_ctx_check(CUcontext ctx)
+{
     uint64_t h = (uint64_t)(uintptr_t)ctx;
     return h && gp_ctx_obj_get(h) ? h : 0;
 }
 
-CUresult gp_ctx_enter(void) {
+CUresult gp_ctx_enter(void)
+{
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t c = gp_ctx_current();
-    if (c == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
     if (c != GP_PRIMARY_CTX_ID && !gp_handle_get(c, GP_H_CTX))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     gp_conn_use_ctx(c);
@@ -209,32 +252,41 @@ CUresult gp_ctx_enter(void) {
 
 /* ======================================================================= streams == */
 
-int gp_stream_wire(CUstream s, uint64_t *wire) {
+int gp_stream_wire(CUstream s, uint64_t *wire)
+{
     uint64_t h = (uint64_t)(uintptr_t)s;
-    if (h > 2 && !gp_handle_get(h, GP_H_STREAM)) return -1;
-    if (wire) *wire = h;
+    if (h > 2 && !gp_handle_get(h, GP_H_STREAM))
+        return -1;
+    if (wire)
+        *wire = h;
     return 0;
 }
 
-CUresult gp_stream_enter(CUstream s, uint64_t *wire) {
+CUresult gp_stream_enter(CUstream s, uint64_t *wire)
+{
     uint64_t h = (uint64_t)(uintptr_t)s;
     if (h <= 2) {
         CUresult r = gp_ctx_enter();
-        if (r != CUDA_SUCCESS) return r;
+        if (r != CUDA_SUCCESS)
+            return r;
         *wire = h;
         return CUDA_SUCCESS;
     }
     CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS)
+        return r;
     gp_stream_obj *st = gp_handle_get(h, GP_H_STREAM);
-    if (!st) return CUDA_ERROR_INVALID_HANDLE;
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
     gp_conn_use_ctx(st->ctx);
     *wire = h;
     return CUDA_SUCCESS;
 }
 
-CUresult gp_sync_result(CUresult r) {
-    if (r == CUDA_SUCCESS) return gp_take_pending_error();
+CUresult gp_sync_result(CUresult r)
+{
+    if (r == CUDA_SUCCESS)
+        return gp_take_pending_error();
     if (r != GP_LOST_CONNECTION_ERROR)
         gp_take_pending_error(); /* the server reported the error itself: one report is enough */
     return gp_cu_result(r);
@@ -242,20 +294,23 @@ CUresult gp_sync_result(CUresult r) {
 
 /* ===================================================================== the primary == */
 
-void gp_primary_get(gp_primary_state *out) {
+void gp_primary_get(gp_primary_state *out)
+{
     pthread_mutex_lock(&primary_lock);
     *out = primary_st;
     pthread_mutex_unlock(&primary_lock);
 }
 
-int gp_primary_retain(void) {
+int gp_primary_retain(void)
+{
     pthread_mutex_lock(&primary_lock);
     int n = ++primary_st.retained;
     pthread_mutex_unlock(&primary_lock);
     return n;
 }
 
-int gp_primary_release(int *was_last) {
+int gp_primary_release(int *was_last)
+{
     int rc = 0;
     pthread_mutex_lock(&primary_lock);
     if (primary_st.retained <= 0) {
@@ -268,14 +323,16 @@ int gp_primary_release(int *was_last) {
     return rc;
 }
 
-void gp_primary_set_flags(unsigned flags) {
+void gp_primary_set_flags(unsigned flags)
+{
     pthread_mutex_lock(&primary_lock);
     primary_st.flags = flags;
     primary_obj.flags = flags;
     pthread_mutex_unlock(&primary_lock);
 }
 
-void gp_primary_reset_local(void) {
+void gp_primary_reset_local(void)
+{
     pthread_mutex_lock(&primary_lock);
     primary_st.retained = 0;
     primary_st.flags = 0;
@@ -288,19 +345,24 @@ void gp_primary_reset_local(void) {
 
 /* ============================================================= forgetting a context == */
 
-static int owned_by(uint64_t h, void *obj, void *arg) {
+static int owned_by(uint64_t h, void *obj, void *arg)
+{
     (void)h;
     uint64_t ctx = *(uint64_t *)arg;
     int kind = gp_handle_kind_of(h);
-    if (kind == GP_H_STREAM) return ((gp_stream_obj *)obj)->ctx == ctx;
-    if (kind == GP_H_EVENT) return ((gp_event_obj *)obj)->ctx == ctx;
+    if (kind == GP_H_STREAM)
+        return ((gp_stream_obj *)obj)->ctx == ctx;
+    if (kind == GP_H_EVENT)
+        return ((gp_event_obj *)obj)->ctx == ctx;
     return 0;
 }
 
-void gp_ctx_forget_resources(uint64_t ctx) {
+void gp_ctx_forget_resources(uint64_t ctx)
+{
     /* Context-local storage first: its destructors are cudart code that may still free what it
      * allocated in this context, so the context's ranges and handles must be known then. */
-    if (gp_cls_context_destroyed) gp_cls_context_destroyed((CUcontext)(uintptr_t)ctx);
+    if (gp_cls_context_destroyed)
+        gp_cls_context_destroyed((CUcontext)(uintptr_t)ctx);
     int nr = gp_vamap_remove_ctx(ctx);
     int ns = gp_handle_remove_if(GP_H_STREAM, owned_by, &ctx, free);
     int ne = gp_handle_remove_if(GP_H_EVENT, owned_by, &ctx, free);

@@ -21,7 +21,8 @@ static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *seen[SEEN_SLOTS]; /* guarded by seen_lock */
 static int quiet = -1;               /* guarded by seen_lock; -1 = GPUPOOL_LOG not read yet */
 
-static uint32_t name_hash(const char *s) {
+static uint32_t name_hash(const char *s)
+{
     /* FNV-1a: short identifiers, no adversary; only needs to spread them over the slots. */
     uint32_t h = 2166136261u;
     for (; *s; s++) {
@@ -32,7 +33,8 @@ static uint32_t name_hash(const char *s) {
 }
 
 /* Returns 1 if `name` was not seen before (and records it), 0 if it was. Caller holds the lock. */
-static int first_sighting(const char *name) {
+static int first_sighting(const char *name)
+{
     uint32_t i = name_hash(name) & (SEEN_SLOTS - 1);
     for (uint32_t probes = 0; probes < SEEN_SLOTS; probes++, i = (i + 1) & (SEEN_SLOTS - 1)) {
         if (seen[i] == NULL) {
@@ -45,7 +47,8 @@ static int first_sighting(const char *name) {
     return 1; /* full: report again rather than stay silent */
 }
 
-CUresult gp_unimplemented(const char *name) {
+CUresult gp_unimplemented(const char *name)
+{
     if (name == NULL)
         name = "(unnamed function)";
     int report = 0;

@@ -35,7 +35,8 @@ static atomic_uint_fast64_t next_buffer_id = 1;
 static uint64_t win_base, win_size; /* set once before any device range exists */
 
 /* Index of the first range whose base is > addr. Caller holds the lock. */
-static size_t upper(uint64_t addr) {
+static size_t upper(uint64_t addr)
+{
     size_t lo = 0, hi = nranges;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -48,15 +49,19 @@ static size_t upper(uint64_t addr) {
 }
 
 /* Index of the range containing addr, or -1. Caller holds the lock. */
-static long containing(uint64_t addr) {
+static long containing(uint64_t addr)
+{
     size_t i = upper(addr);
-    if (i == 0) return -1;
+    if (i == 0)
+        return -1;
     const gp_range *r = &ranges[i - 1];
     return addr - r->base < r->size ? (long)(i - 1) : -1;
 }
 
-int gp_vamap_add(const gp_range *r) {
-    if (!r || r->size == 0 || r->base + r->size < r->base) return -1;
+int gp_vamap_add(const gp_range *r)
+{
+    if (!r || r->size == 0 || r->base + r->size < r->base)
+        return -1;
     int rc = -1;
     pthread_rwlock_wrlock(&map_lock);
     size_t i = upper(r->base);
@@ -66,13 +71,15 @@ int gp_vamap_add(const gp_range *r) {
         if (nranges == rcap) {
             size_t ncap = rcap ? rcap * 2 : 64;
             gp_range *n = realloc(ranges, ncap * sizeof *n);
-            if (!n) goto out;
+            if (!n)
+                goto out;
             ranges = n;
             rcap = ncap;
         }
         memmove(&ranges[i + 1], &ranges[i], (nranges - i) * sizeof *ranges);
         ranges[i] = *r;
-        if (ranges[i].buffer_id == 0) ranges[i].buffer_id = atomic_fetch_add(&next_buffer_id, 1);
+        if (ranges[i].buffer_id == 0)
+            ranges[i].buffer_id = atomic_fetch_add(&next_buffer_id, 1);
         nranges++;
         rc = 0;
     }
@@ -81,12 +88,14 @@ out:
     return rc;
 }
 
-int gp_vamap_remove(uint64_t base, gp_range *out) {
+int gp_vamap_remove(uint64_t base, gp_range *out)
+{
     int rc = -1;
     pthread_rwlock_wrlock(&map_lock);
     size_t i = upper(base);
     if (i > 0 && ranges[i - 1].base == base) {
-        if (out) *out = ranges[i - 1];
+        if (out)
+            *out = ranges[i - 1];
         memmove(&ranges[i - 1], &ranges[i], (nranges - i) * sizeof *ranges);
         nranges--;
         rc = 0;
@@ -95,20 +104,24 @@ int gp_vamap_remove(uint64_t base, gp_range *out) {
     return rc;
 }
 
-int gp_vamap_find(uint64_t addr, gp_range *out) {
+int gp_vamap_find(uint64_t addr, gp_range *out)
+{
     pthread_rwlock_rdlock(&map_lock);
     long i = containing(addr);
-    if (i >= 0 && out) *out = ranges[i];
+    if (i >= 0 && out)
+        *out = ranges[i];
     pthread_rwlock_unlock(&map_lock);
     return i >= 0 ? 0 : -1;
 }
 
-static int accessible(const gp_range *r) {
+static int accessible(const gp_range *r)
+{
     return (r->kind == GP_RANGE_DEVICE || r->kind == GP_RANGE_GLOBAL) &&
            !(r->flags & GP_RANGE_F_NOACCESS);
 }
 
-int gp_vamap_device_span(uint64_t addr, uint64_t len) {
+int gp_vamap_device_span(uint64_t addr, uint64_t len)
+{
     int ok = 0;
     pthread_rwlock_rdlock(&map_lock);
     long i = containing(addr);
@@ -119,7 +132,8 @@ int gp_vamap_device_span(uint64_t addr, uint64_t len) {
         /* cuMemMap mappings placed side by side are one span of virtual addresses. */
         for (size_t k = (size_t)i + 1; !ok && (r->flags & GP_RANGE_F_VMM) && k < nranges; k++) {
             const gp_range *n = &ranges[k];
-            if (n->base != end || !(n->flags & GP_RANGE_F_VMM) || !accessible(n)) break;
+            if (n->base != end || !(n->flags & GP_RANGE_F_VMM) || !accessible(n))
+                break;
             end += n->size;
             ok = len <= end - addr;
         }
@@ -128,8 +142,10 @@ int gp_vamap_device_span(uint64_t addr, uint64_t len) {
     return ok;
 }
 
-int gp_vamap_vmm_flags(uint64_t addr, uint64_t len, unsigned set, unsigned clear) {
-    if (len == 0 || addr + len < addr) return -1;
+int gp_vamap_vmm_flags(uint64_t addr, uint64_t len, unsigned set, unsigned clear)
+{
+    if (len == 0 || addr + len < addr)
+        return -1;
     int rc = -1;
     pthread_rwlock_wrlock(&map_lock);
     long i = containing(addr);
@@ -140,7 +156,8 @@ int gp_vamap_vmm_flags(uint64_t addr, uint64_t len, unsigned set, unsigned clear
                cur - addr < len)
             cur += ranges[k++].size;
         if (cur - addr == len) {
-            for (size_t j = (size_t)i; j < k; j++) ranges[j].flags = (ranges[j].flags | set) & ~clear;
+            for (size_t j = (size_t)i; j < k; j++)
+                ranges[j].flags = (ranges[j].flags | set) & ~clear;
             rc = 0;
         }
     }
@@ -148,11 +165,13 @@ int gp_vamap_vmm_flags(uint64_t addr, uint64_t len, unsigned set, unsigned clear
     return rc;
 }
 
-void gp_vamap_async_bytes(uint64_t *used, uint64_t *mapped) {
+void gp_vamap_async_bytes(uint64_t *used, uint64_t *mapped)
+{
     uint64_t u = 0, m = 0;
     pthread_rwlock_rdlock(&map_lock);
     for (size_t i = 0; i < nranges; i++) {
-        if (ranges[i].kind != GP_RANGE_DEVICE || !(ranges[i].flags & GP_RANGE_F_ASYNC)) continue;
+        if (ranges[i].kind != GP_RANGE_DEVICE || !(ranges[i].flags & GP_RANGE_F_ASYNC))
+            continue;
         u += ranges[i].size;
         m += ranges[i].mapped_size ? ranges[i].mapped_size : ranges[i].size;
     }
@@ -161,7 +180,8 @@ void gp_vamap_async_bytes(uint64_t *used, uint64_t *mapped) {
     *mapped = m;
 }
 
-int gp_vamap_remove_ctx(uint64_t ctx) {
+int gp_vamap_remove_ctx(uint64_t ctx)
+{
     int n = 0;
     pthread_rwlock_wrlock(&map_lock);
     size_t k = 0;
@@ -180,16 +200,28 @@ int gp_vamap_remove_ctx(uint64_t ctx) {
 
 /* ---- the window ---------------------------------------------------------------------------- */
 
-uint64_t gp_vamap_window_base(void) { return win_base; }
-uint64_t gp_vamap_window_size(void) { return win_size; }
+uint64_t gp_vamap_window_base(void)
+{
+    return win_base;
+}
+uint64_t gp_vamap_window_size(void)
+{
+    return win_size;
+}
 
-int gp_vamap_in_window(uint64_t addr) { return win_size && addr - win_base < win_size; }
+int gp_vamap_in_window(uint64_t addr)
+{
+    return win_size && addr - win_base < win_size;
+}
 
-int gp_vamap_reserve_window(uint64_t base, uint64_t size) {
-    if (win_size) return -1;
+int gp_vamap_reserve_window(uint64_t base, uint64_t size)
+{
+    if (win_size)
+        return -1;
     void *p = mmap((void *)(uintptr_t)base, size, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-    if (p == MAP_FAILED) return -1;
+    if (p == MAP_FAILED)
+        return -1;
     if ((uint64_t)(uintptr_t)p != base) {
         /* A kernel older than 4.17 ignores MAP_FIXED_NOREPLACE and treats base as a hint. */
         munmap(p, size);
@@ -201,8 +233,10 @@ int gp_vamap_reserve_window(uint64_t base, uint64_t size) {
     return 0;
 }
 
-void gp_vamap_release_window(void) {
-    if (!win_size) return;
+void gp_vamap_release_window(void)
+{
+    if (!win_size)
+        return;
     munmap((void *)(uintptr_t)win_base, win_size);
     win_base = win_size = 0;
 }
@@ -210,20 +244,24 @@ void gp_vamap_release_window(void) {
 /* ---- module globals ------------------------------------------------------------------------ */
 
 /* Reserve [base, base+size) PROT_NONE where nothing is mapped yet (best effort). */
-static void reserve_pages(uint64_t base, uint64_t size) {
+static void reserve_pages(uint64_t base, uint64_t size)
+{
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t lo = base & ~(page - 1), hi = (base + size + page - 1) & ~(page - 1);
     int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE;
     void *p = mmap((void *)(uintptr_t)lo, hi - lo, PROT_NONE, flags, -1, 0);
-    if (p != MAP_FAILED && (uint64_t)(uintptr_t)p == lo) return;
-    if (p != MAP_FAILED) munmap(p, hi - lo);
+    if (p != MAP_FAILED && (uint64_t)(uintptr_t)p == lo)
+        return;
+    if (p != MAP_FAILED)
+        munmap(p, hi - lo);
     /* Part of it is mapped already (often our own reservation of a neighbouring global): do the
      * rest page by page, for ranges of sane size. */
     int clash = 0;
     for (uint64_t a = lo; a < hi && (hi - lo) / page <= 16384; a += page) {
         p = mmap((void *)(uintptr_t)a, page, PROT_NONE, flags, -1, 0);
         if (p == MAP_FAILED || (uint64_t)(uintptr_t)p != a) {
-            if (p != MAP_FAILED) munmap(p, page);
+            if (p != MAP_FAILED)
+                munmap(p, page);
             clash = 1;
         }
     }
@@ -233,12 +271,15 @@ static void reserve_pages(uint64_t base, uint64_t size) {
                      (unsigned long long)base, (unsigned long long)size);
 }
 
-int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx) {
-    if (size == 0) size = 1;
+int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx)
+{
+    if (size == 0)
+        size = 1;
     gp_range have;
     if (gp_vamap_find(base, &have) == 0)
         return (have.kind == GP_RANGE_GLOBAL && have.base == base && have.size == size) ? 0 : -1;
-    if (!gp_vamap_in_window(base)) reserve_pages(base, size);
+    if (!gp_vamap_in_window(base))
+        reserve_pages(base, size);
     gp_range r = {.base = base, .size = size, .kind = GP_RANGE_GLOBAL, .ctx = ctx};
     int rc = gp_vamap_add(&r);
     if (rc != 0 && gp_vamap_find(base, &have) == 0 && have.kind == GP_RANGE_GLOBAL &&

@@ -20,7 +20,8 @@
 #include "client_config.h"
 
 /* A JSON string: quotes, backslashes and control characters escaped, other bytes as they are. */
-static void put_string(const char *s) {
+static void put_string(const char *s)
+{
     putchar('"');
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\')
@@ -33,16 +34,19 @@ static void put_string(const char *s) {
     putchar('"');
 }
 
-static void put_key_string(const char *key, const char *value, int comma) {
+static void put_key_string(const char *key, const char *value, int comma)
+{
     printf("%s\"%s\": ", comma ? ", " : "", key);
     put_string(value);
 }
 
-static const char *compression_name(int c) {
+static const char *compression_name(int c)
+{
     return c == GP_COMPRESSION_LZ4 ? "lz4" : "off";
 }
 
-int main(void) {
+int main(void)
+{
     gp_client_config *cfg = calloc(1, sizeof *cfg);
     if (!cfg) {
         fprintf(stderr, "config_dump: out of memory\n");

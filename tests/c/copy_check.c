@@ -37,34 +37,38 @@ CUresult cuCtxSynchronize(void);
 
 static int checks, failed;
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        checks++;                                                                               \
-        CUresult rc_ = (call);                                                                  \
-        if (rc_ != CUDA_SUCCESS) {                                                              \
-            failed++;                                                                           \
-            printf("line %d: %s returned %d\n", __LINE__, #call, (int)rc_);                     \
-        }                                                                                       \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        checks++;                                                                                  \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != CUDA_SUCCESS) {                                                                 \
+            failed++;                                                                              \
+            printf("line %d: %s returned %d\n", __LINE__, #call, (int)rc_);                        \
+        }                                                                                          \
     } while (0)
 
-static void same(const uint8_t *a, const uint8_t *b, size_t n, const char *what, size_t size) {
+static void same(const uint8_t *a, const uint8_t *b, size_t n, const char *what, size_t size)
+{
     checks++;
     if (memcmp(a, b, n) != 0) {
         failed++;
         size_t i = 0;
-        while (a[i] == b[i]) i++;
+        while (a[i] == b[i])
+            i++;
         printf("%s of %zu bytes: byte %zu differs (%u != %u)\n", what, size, i, a[i], b[i]);
     }
 }
 
-static double now_s(void) {
+static double now_s(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* Context and one device buffer of n bytes on device 0; 0, or -1 (counted as failed). */
-static int open_device(size_t n, CUcontext *ctx, CUdeviceptr *d) {
+static int open_device(size_t n, CUcontext *ctx, CUdeviceptr *d)
+{
     CUdevice dev;
     int before = failed;
     CK(cuInit(0));
@@ -74,7 +78,8 @@ static int open_device(size_t n, CUcontext *ctx, CUdeviceptr *d) {
     return failed == before ? 0 : -1;
 }
 
-static int bench(size_t mib, int reps) {
+static int bench(size_t mib, int reps)
+{
     size_t n = mib << 20;
     uint8_t *buf = malloc(n);
     CUcontext ctx;
@@ -97,8 +102,10 @@ static int bench(size_t mib, int reps) {
             double t1 = now_s();
             CK(cuMemcpyDtoH_v2(buf, d, n));
             double t2 = now_s();
-            if (t1 - t0 < best_h) best_h = t1 - t0;
-            if (t2 - t1 < best_d) best_d = t2 - t1;
+            if (t1 - t0 < best_h)
+                best_h = t1 - t0;
+            if (t2 - t1 < best_d)
+                best_d = t2 - t1;
         }
         const char *name = pattern ? "random" : "zeros";
         printf("RESULT {\"pattern\": \"%s\", \"dir\": \"htod\", \"bytes_per_s\": %.0f}\n", name,
@@ -112,7 +119,8 @@ static int bench(size_t mib, int reps) {
     return failed ? 1 : 0;
 }
 
-static int dtoh_once(size_t mib) {
+static int dtoh_once(size_t mib)
+{
     size_t n = mib << 20;
     uint8_t *buf = malloc(n);
     CUcontext ctx;
@@ -127,8 +135,10 @@ static int dtoh_once(size_t mib) {
     return failed ? 1 : 0;
 }
 
-int main(int argc, char **argv) {
-    if (argc > 2 && !strcmp(argv[1], "dtoh")) return dtoh_once(strtoul(argv[2], NULL, 10));
+int main(int argc, char **argv)
+{
+    if (argc > 2 && !strcmp(argv[1], "dtoh"))
+        return dtoh_once(strtoul(argv[2], NULL, 10));
     if (argc > 3 && !strcmp(argv[1], "bench"))
         return bench(strtoul(argv[2], NULL, 10), atoi(argv[3]));
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
@@ -142,7 +152,8 @@ int main(int argc, char **argv) {
     CUcontext ctx;
     CUdeviceptr d = 0;
     CUstream s = NULL;
-    if (open_device(big, &ctx, &d) == 0) CK(cuStreamCreate(&s, 0));
+    if (open_device(big, &ctx, &d) == 0)
+        CK(cuStreamCreate(&s, 0));
     if (failed) {
         printf("FAIL copy_check: setup failed\n");
         return 1;
@@ -151,7 +162,8 @@ int main(int argc, char **argv) {
     uint64_t x = 0x243f6a8885a308d3ull;
     for (int pattern = 0; pattern < 3; pattern++) {
         const char *name = pattern == 0 ? "zeros" : pattern == 1 ? "random" : "mixed";
-        if (strcmp(only, "all") != 0 && strcmp(only, name) != 0) continue;
+        if (strcmp(only, "all") != 0 && strcmp(only, name) != 0)
+            continue;
         for (size_t i = 0; i < big; i++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             /* mixed: random in the first half of every MiB, zeros in the second */

@@ -118,8 +118,8 @@ CUresult cuEventElapsedTime_v2(float *, CUevent, CUevent);
 static int checks, failures;
 static pthread_mutex_t check_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void fail_line(const char *file, int line, const char *what, long long got,
-                      long long want) {
+static void fail_line(const char *file, int line, const char *what, long long got, long long want)
+{
     pthread_mutex_lock(&check_lock);
     failures++;
     printf("  check failed at %s:%d: %s -> %lld, expected %lld\n", file, line, what, got, want);
@@ -131,12 +131,14 @@ static void fail_line(const char *file, int line, const char *what, long long go
     do {                                                                                           \
         long long got_ = (long long)(expr), want_ = (long long)(want);                             \
         __atomic_add_fetch(&checks, 1, __ATOMIC_RELAXED);                                          \
-        if (got_ != want_) fail_line(__FILE__, __LINE__, #expr, got_, want_);                      \
+        if (got_ != want_)                                                                         \
+            fail_line(__FILE__, __LINE__, #expr, got_, want_);                                     \
     } while (0)
 #define OK(expr) EXPECT_EQ(expr, CUDA_SUCCESS)
 #define EXPECT(cond) EXPECT_EQ(!!(cond), 1)
 
-static int finish(const char *name) {
+static int finish(const char *name)
+{
     if (failures)
         printf("FAIL %s: %d of %d checks failed\n", name, failures, checks);
     else
@@ -145,17 +147,21 @@ static int finish(const char *name) {
     return failures ? 1 : 0;
 }
 
-static double now_s(void) {
+static double now_s(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void fill(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)((i * 2654435761u + seed) >> 13);
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)((i * 2654435761u + seed) >> 13);
 }
 
-static CUcontext setup(void) {
+static CUcontext setup(void)
+{
     OK(cuInit(0));
     CUdevice dev;
     OK(cuDeviceGet(&dev, 0));
@@ -167,7 +173,8 @@ static CUcontext setup(void) {
 
 /* ========================================================================= basic == */
 
-static void basic_devices(void) {
+static void basic_devices(void)
+{
     int v = 0, n = 0;
     OK(cuDriverGetVersion(&v));
     EXPECT(v >= 12000);
@@ -234,7 +241,8 @@ static void basic_devices(void) {
     EXPECT_EQ(mode, CU_MODULE_LAZY_LOADING);
 }
 
-static void basic_contexts(void) {
+static void basic_contexts(void)
+{
     CUcontext cur = (CUcontext)1, prim = NULL, prim2 = NULL;
     OK(cuCtxGetCurrent(&cur));
     EXPECT(cur == NULL);
@@ -311,7 +319,8 @@ static void basic_contexts(void) {
     EXPECT(cur == prim);
 }
 
-static void basic_memory(void) {
+static void basic_memory(void)
+{
     CUdeviceptr a = 0, b = 0, c = 0;
     OK(cuMemAlloc_v2(&a, 4000));
     OK(cuMemAlloc_v2(&b, 3 << 20));
@@ -346,9 +355,9 @@ static void basic_memory(void) {
                                     (CUdeviceptr)(uintptr_t)&stack_var),
               CUDA_ERROR_INVALID_VALUE);
     /* cuPointerGetAttributes: an unknown pointer is not an error */
-    int attrs[6] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+    int attrs[6] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,  CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
                     CU_POINTER_ATTRIBUTE_HOST_POINTER, CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                    CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+                    CU_POINTER_ATTRIBUTE_CONTEXT,      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
     unsigned a_mt = 77;
     CUdeviceptr a_dp = 77;
     void *a_hp = (void *)77;
@@ -369,7 +378,9 @@ static void basic_memory(void) {
     EXPECT(a_ctx != NULL);
 
     /* copies, checked locally */
-    enum { N = 200000 };
+    enum {
+        N = 200000
+    };
     uint8_t *h = malloc(N), *o = malloc(N);
     fill(h, N, 1);
     OK(cuMemcpyHtoD_v2(b, h, N));
@@ -390,10 +401,10 @@ static void basic_memory(void) {
     /* cuMemcpy without a direction: every combination */
     uint8_t hb[512], hc[512];
     fill(hb, sizeof hb, 3);
-    OK(cuMemcpy(a, (CUdeviceptr)(uintptr_t)hb, sizeof hb));           /* H -> D */
-    OK(cuMemcpy(b, a, sizeof hb));                                    /* D -> D */
+    OK(cuMemcpy(a, (CUdeviceptr)(uintptr_t)hb, sizeof hb)); /* H -> D */
+    OK(cuMemcpy(b, a, sizeof hb));                          /* D -> D */
     memset(hc, 0, sizeof hc);
-    OK(cuMemcpy((CUdeviceptr)(uintptr_t)hc, b, sizeof hc));           /* D -> H */
+    OK(cuMemcpy((CUdeviceptr)(uintptr_t)hc, b, sizeof hc)); /* D -> H */
     EXPECT_EQ(memcmp(hb, hc, sizeof hb), 0);
     memset(hc, 0, sizeof hc);
     OK(cuMemcpy((CUdeviceptr)(uintptr_t)hc, (CUdeviceptr)(uintptr_t)hb, sizeof hc)); /* H -> H */
@@ -404,7 +415,8 @@ static void basic_memory(void) {
     OK(cuMemsetD8_v2(a, 0xab, 4000));
     OK(cuMemcpyDtoH_v2(o, a, 4000));
     int bad = 0;
-    for (int i = 0; i < 4000; i++) bad += o[i] != 0xab;
+    for (int i = 0; i < 4000; i++)
+        bad += o[i] != 0xab;
     EXPECT_EQ(bad, 0);
     OK(cuMemsetD16_v2(a + 2, 0x1234, 10));
     OK(cuMemsetD32_v2(a + 100, 0xdeadbeef, 5));
@@ -444,7 +456,8 @@ static void basic_memory(void) {
     free(o);
 }
 
-static void basic_host_memory(void) {
+static void basic_host_memory(void)
+{
     void *p = NULL, *q = NULL;
     OK(cuMemHostAlloc(&p, 10000, CU_MEMHOSTALLOC_PORTABLE));
     EXPECT(p != NULL && ((uintptr_t)p & 4095) == 0);
@@ -458,7 +471,8 @@ static void basic_host_memory(void) {
     OK(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)p));
     EXPECT_EQ(mt, CU_MEMORYTYPE_HOST);
     void *hp = NULL;
-    OK(cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, (CUdeviceptr)(uintptr_t)p + 8));
+    OK(cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                             (CUdeviceptr)(uintptr_t)p + 8));
     EXPECT(hp == (char *)p + 8);
     CUdeviceptr dp = 0;
     OK(cuMemHostGetDevicePointer_v2(&dp, p, 0));
@@ -507,7 +521,8 @@ static void basic_host_memory(void) {
     OK(cuStreamDestroy_v2(s));
 }
 
-static void basic_streams_events(void) {
+static void basic_streams_events(void)
+{
     int least = 0, greatest = 0;
     OK(cuCtxGetStreamPriorityRange(&least, &greatest));
     CUstream s1, s2;
@@ -599,7 +614,8 @@ static void basic_streams_events(void) {
     OK(cuCtxSynchronize());
 }
 
-static int scenario_basic(void) {
+static int scenario_basic(void)
+{
     basic_devices();
     basic_contexts();
     basic_memory();
@@ -611,7 +627,8 @@ static int scenario_basic(void) {
 
 /* ========================================================================== fork == */
 
-static int scenario_fork(void) {
+static int scenario_fork(void)
+{
     setup();
     CUdeviceptr d;
     OK(cuMemAlloc_v2(&d, 4096));
@@ -646,7 +663,8 @@ static int scenario_fork(void) {
 
 /* Each thread has its own context (or the primary) and stream and checks its own data; the
  * worker's current context must follow every frame. */
-static void *thread_main(void *arg) {
+static void *thread_main(void *arg)
+{
     int t = (int)(uintptr_t)arg;
     CUcontext ctx = NULL;
     if (t % 2) {
@@ -657,7 +675,9 @@ static void *thread_main(void *arg) {
     }
     CUstream s;
     OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    enum { N = 70000 }; /* above the direct-write threshold */
+    enum {
+        N = 70000
+    }; /* above the direct-write threshold */
     uint8_t *h = malloc(N), *o = malloc(N);
     CUdeviceptr d;
     OK(cuMemAlloc_v2(&d, N));
@@ -686,24 +706,29 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 
-static int scenario_threads(void) {
+static int scenario_threads(void)
+{
     OK(cuInit(0));
     CUcontext keep;
     OK(cuDevicePrimaryCtxRetain(&keep, 0)); /* keeps the primary alive across the threads */
     pthread_t th[8];
-    for (int t = 0; t < 8; t++) pthread_create(&th[t], NULL, thread_main, (void *)(uintptr_t)t);
-    for (int t = 0; t < 8; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < 8; t++)
+        pthread_create(&th[t], NULL, thread_main, (void *)(uintptr_t)t);
+    for (int t = 0; t < 8; t++)
+        pthread_join(th[t], NULL);
     return finish("threads");
 }
 
 /* =================================================================== noexit-sync == */
 
 /* Work queued and never synchronised: exit must neither hang nor lose the connection noisily. */
-static int scenario_noexit_sync(void) {
+static int scenario_noexit_sync(void)
+{
     setup();
     CUdeviceptr d;
     OK(cuMemAlloc_v2(&d, 1 << 20));
-    for (int i = 0; i < 1000; i++) OK(cuMemsetD8Async(d, (unsigned char)i, 1 << 20, NULL));
+    for (int i = 0; i < 1000; i++)
+        OK(cuMemsetD8Async(d, (unsigned char)i, 1 << 20, NULL));
     return finish("noexit-sync");
 }
 
@@ -712,7 +737,8 @@ static int scenario_noexit_sync(void) {
 /* For the scripted fake server: it answers the memset with a notice (code in argv) and the next
  * synchronisations with success; the shim must return the notice's code once (or for ever, when
  * sticky). */
-static int scenario_pending(int code, int sticky) {
+static int scenario_pending(int code, int sticky)
+{
     setup();
     CUdeviceptr d;
     OK(cuMemAlloc_v2(&d, 4096));
@@ -729,7 +755,8 @@ static int scenario_pending(int code, int sticky) {
 /* Work and synchronisations that all succeed: nothing the server said before (queue notices
  * while the hello waited) may come back as an error. Written to 0x5a and read back, so against
  * the simulated device it also proves the session really ran. */
-static int scenario_sync(int check_data) {
+static int scenario_sync(int check_data)
+{
     setup();
     CUdeviceptr d;
     OK(cuMemAlloc_v2(&d, 4096));
@@ -740,7 +767,8 @@ static int scenario_sync(int check_data) {
         uint8_t back[4096];
         OK(cuMemcpyDtoH_v2(back, d, sizeof back));
         int same = 1;
-        for (size_t i = 0; i < sizeof back; i++) same &= back[i] == 0x5a;
+        for (size_t i = 0; i < sizeof back; i++)
+            same &= back[i] == 0x5a;
         EXPECT(same);
     }
     OK(cuMemFree_v2(d));
@@ -750,7 +778,8 @@ static int scenario_sync(int check_data) {
 
 /* ===================================================================== init-race == */
 
-static void *init_thread(void *arg) {
+static void *init_thread(void *arg)
+{
     (void)arg;
     int v = 0, n = 0;
     OK(cuDriverGetVersion(&v));
@@ -761,10 +790,13 @@ static void *init_thread(void *arg) {
 }
 
 /* Many threads initialising at once: one connection, every cuInit succeeds. */
-static int scenario_init_race(void) {
+static int scenario_init_race(void)
+{
     pthread_t th[16];
-    for (int t = 0; t < 16; t++) pthread_create(&th[t], NULL, init_thread, NULL);
-    for (int t = 0; t < 16; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < 16; t++)
+        pthread_create(&th[t], NULL, init_thread, NULL);
+    for (int t = 0; t < 16; t++)
+        pthread_join(th[t], NULL);
     return finish("init-race");
 }
 
@@ -772,7 +804,8 @@ static int scenario_init_race(void) {
 
 /* For the scripted fake server, which drops the connection at the first synchronisation: every
  * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE from then on, promptly. */
-static int scenario_lost(void) {
+static int scenario_lost(void)
+{
     setup();
     CUdeviceptr d;
     OK(cuMemAlloc_v2(&d, 4096));
@@ -789,7 +822,8 @@ static int scenario_lost(void) {
 
 /* A fire-and-forget call with no synchronisation after it must still reach the server soon
  * (the flusher): prints when it was posted, then idles. */
-static int scenario_flush(void) {
+static int scenario_flush(void)
+{
     setup();
     CUdeviceptr d;
     OK(cuMemAlloc_v2(&d, 4096));
@@ -804,22 +838,27 @@ static int scenario_flush(void) {
 
 /* ========================================================================= bench == */
 
-static int scenario_bench(void) {
+static int scenario_bench(void)
+{
     setup();
     CUdeviceptr d;
     size_t big = 64 << 20;
     OK(cuMemAlloc_v2(&d, big));
     int iters = 5000;
-    for (int i = 0; i < 100; i++) OK(cuCtxSynchronize());
+    for (int i = 0; i < 100; i++)
+        OK(cuCtxSynchronize());
     double t = now_s();
-    for (int i = 0; i < iters; i++) OK(cuCtxSynchronize());
+    for (int i = 0; i < iters; i++)
+        OK(cuCtxSynchronize());
     double rtt = (now_s() - t) / iters;
     uint32_t v;
     t = now_s();
-    for (int i = 0; i < iters; i++) OK(cuMemcpyDtoH_v2(&v, d, 4));
+    for (int i = 0; i < iters; i++)
+        OK(cuMemcpyDtoH_v2(&v, d, 4));
     double d2h4 = (now_s() - t) / iters;
     t = now_s();
-    for (int i = 0; i < iters * 10; i++) OK(cuMemsetD8Async(d, 1, 64, NULL));
+    for (int i = 0; i < iters * 10; i++)
+        OK(cuMemsetD8Async(d, 1, 64, NULL));
     double post = (now_s() - t) / (iters * 10);
     OK(cuCtxSynchronize());
     double postsync = (now_s() - t) / (iters * 10);
@@ -828,11 +867,13 @@ static int scenario_bench(void) {
     OK(cuMemcpyHtoD_v2(d, h, big));
     OK(cuCtxSynchronize());
     t = now_s();
-    for (int i = 0; i < 4; i++) OK(cuMemcpyHtoD_v2(d, h, big));
+    for (int i = 0; i < 4; i++)
+        OK(cuMemcpyHtoD_v2(d, h, big));
     OK(cuCtxSynchronize());
     double h2d = 4.0 * (double)big / (now_s() - t);
     t = now_s();
-    for (int i = 0; i < 4; i++) OK(cuMemcpyDtoH_v2(h, d, big));
+    for (int i = 0; i < 4; i++)
+        OK(cuMemcpyDtoH_v2(h, d, big));
     double d2h = 4.0 * (double)big / (now_s() - t);
     printf("bench: sync round trip %.1f us; 4-byte D2H %.1f us; async post %.2f us/call "
            "(%.2f us incl. final sync); H2D %.0f MB/s; D2H %.0f MB/s\n",
@@ -846,7 +887,8 @@ static int scenario_bench(void) {
 
 /* The server is unreachable or refuses: cuInit says CUDA_ERROR_NO_DEVICE, everything else
  * CUDA_ERROR_NOT_INITIALIZED, the driver version is still answered. */
-static int scenario_init_fail(void) {
+static int scenario_init_fail(void)
+{
     int v = 0, n = 5;
     OK(cuDriverGetVersion(&v));
     EXPECT(v >= 12000);
@@ -858,21 +900,32 @@ static int scenario_init_fail(void) {
     return finish("init-fail");
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *s = argc > 1 ? argv[1] : "basic";
-    if (strcmp(s, "basic") == 0) return scenario_basic();
-    if (strcmp(s, "fork") == 0) return scenario_fork();
-    if (strcmp(s, "threads") == 0) return scenario_threads();
-    if (strcmp(s, "noexit-sync") == 0) return scenario_noexit_sync();
+    if (strcmp(s, "basic") == 0)
+        return scenario_basic();
+    if (strcmp(s, "fork") == 0)
+        return scenario_fork();
+    if (strcmp(s, "threads") == 0)
+        return scenario_threads();
+    if (strcmp(s, "noexit-sync") == 0)
+        return scenario_noexit_sync();
     if (strcmp(s, "pending") == 0)
         return scenario_pending(argc > 2 ? atoi(argv[2]) : 700, argc > 3 && atoi(argv[3]));
-    if (strcmp(s, "sync") == 0) return scenario_sync(argc > 2 && atoi(argv[2]));
-    if (strcmp(s, "bench") == 0) return scenario_bench();
-    if (strcmp(s, "lost") == 0) return scenario_lost();
-    if (strcmp(s, "init-race") == 0) return scenario_init_race();
-    if (strcmp(s, "flush") == 0) return scenario_flush();
-    if (strcmp(s, "init-fail") == 0) return scenario_init_fail();
+    if (strcmp(s, "sync") == 0)
+        return scenario_sync(argc > 2 && atoi(argv[2]));
+    if (strcmp(s, "bench") == 0)
+        return scenario_bench();
+    if (strcmp(s, "lost") == 0)
+        return scenario_lost();
+    if (strcmp(s, "init-race") == 0)
+        return scenario_init_race();
+    if (strcmp(s, "flush") == 0)
+        return scenario_flush();
+    if (strcmp(s, "init-fail") == 0)
+        return scenario_init_fail();
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
 }

@@ -13,14 +13,19 @@
 
 #include "image.h"
 
-static inline void put16(uint8_t *p, uint16_t v) {
+static inline void put16(uint8_t *p, uint16_t v)
+{
     p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
 }
-static inline void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+static inline void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> 8 * i);
 }
-static inline void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
+static inline void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> 8 * i);
 }
 
 /* ---- a synthetic cubin ------------------------------------------------------------------ */
@@ -28,8 +33,9 @@ static inline void put64(uint8_t *p, uint64_t v) {
 /* Builds a minimal ELF64 with sections: NULL, .shstrtab, .nv.info.<kernel> holding KPARAM_INFO
  * records (in reverse order, as nvcc writes them) for the given offsets/sizes, plus one HVAL
  * and one NVAL record, and a NOBITS section whose size must not count. */
-static inline uint8_t *synth_elf(const char *kernel, const uint32_t *offs,
-                                 const uint32_t *sizes, int n, size_t *len) {
+static inline uint8_t *synth_elf(const char *kernel, const uint32_t *offs, const uint32_t *sizes,
+                                 int n, size_t *len)
+{
     char names[512];
     size_t nl = 0;
     names[nl++] = 0;
@@ -44,8 +50,12 @@ static inline uint8_t *synth_elf(const char *kernel, const uint32_t *offs,
     size_t off_names = 64, off_info = off_names + nl, off_sh = (off_info + info_len + 7) & ~7u;
     size_t total = off_sh + 4 * 64;
     uint8_t *p = calloc(1, total);
-    if (!p) exit(2);
-    memcpy(p, "\x7f" "ELF", 4);
+    if (!p)
+        exit(2);
+    memcpy(p,
+           "\x7f"
+           "ELF",
+           4);
     p[4] = 2, p[5] = 1, p[6] = 1, p[7] = 0x41;
     put16(p + 0x10, 2), put16(p + 0x12, 190), put32(p + 0x14, 1);
     put64(p + 0x28, off_sh);
@@ -82,11 +92,14 @@ typedef struct entry {
     size_t len;
 } entry;
 
-static inline uint8_t *synth_fatbin(const entry *e, int n, size_t *len) {
+static inline uint8_t *synth_fatbin(const entry *e, int n, size_t *len)
+{
     size_t total = 16;
-    for (int i = 0; i < n; i++) total += 64 + ((e[i].len + 7) & ~(size_t)7);
+    for (int i = 0; i < n; i++)
+        total += 64 + ((e[i].len + 7) & ~(size_t)7);
     uint8_t *p = calloc(1, total);
-    if (!p) exit(2);
+    if (!p)
+        exit(2);
     put32(p, GP_FATBIN_MAGIC), put16(p + 4, 1), put16(p + 6, 16), put64(p + 8, total - 16);
     size_t off = 16;
     for (int i = 0; i < n; i++) {

@@ -28,7 +28,8 @@ static char rroot[4096], rhome[4200]; /* the same with symlinks resolved (TMPDIR
 
 /* ------------------------------------------------------------------------------- helpers */
 
-static void clear_env(void) {
+static void clear_env(void)
+{
     for (;;) {
         char name[256] = "";
         for (char **e = environ; *e; e++) {
@@ -42,34 +43,39 @@ static void clear_env(void) {
                 break;
             }
         }
-        if (!*name) return;
+        if (!*name)
+            return;
         CHECK_EQ(unsetenv(name), 0);
     }
 }
 
-static void set(const char *name, const char *value) {
+static void set(const char *name, const char *value)
+{
     if (value)
         CHECK_EQ(setenv(name, value, 1), 0);
     else
         CHECK_EQ(unsetenv(name), 0);
 }
 
-static void mkdirs(const char *path) {
+static void mkdirs(const char *path)
+{
     char p[4096];
     snprintf(p, sizeof p, "%s", path);
     for (char *s = p + 1; *s; s++) {
-        if (*s != '/') continue;
+        if (*s != '/')
+            continue;
         *s = 0;
-        if (mkdir(p, 0700) != 0 && errno != EEXIST) fprintf(stderr, "mkdir %s: %s\n", p,
-                                                            strerror(errno));
+        if (mkdir(p, 0700) != 0 && errno != EEXIST)
+            fprintf(stderr, "mkdir %s: %s\n", p, strerror(errno));
         *s = '/';
     }
-    if (mkdir(p, 0700) != 0 && errno != EEXIST) fprintf(stderr, "mkdir %s: %s\n", p,
-                                                        strerror(errno));
+    if (mkdir(p, 0700) != 0 && errno != EEXIST)
+        fprintf(stderr, "mkdir %s: %s\n", p, strerror(errno));
 }
 
 /* Write text to path (its folders made) with the given mode. */
-static void write_file(const char *path, const char *text, mode_t mode) {
+static void write_file(const char *path, const char *text, mode_t mode)
+{
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -79,19 +85,22 @@ static void write_file(const char *path, const char *text, mode_t mode) {
     }
     FILE *f = fopen(path, "wb");
     CHECK(f != NULL);
-    if (!f) return;
+    if (!f)
+        return;
     CHECK_EQ(fwrite(text, 1, strlen(text), f), strlen(text));
     CHECK_EQ(fclose(f), 0);
     CHECK_EQ(chmod(path, mode), 0);
 }
 
 /* gp_client_config_load with stderr captured into `captured`. */
-static int load(void) {
+static int load(void)
+{
     fflush(stderr);
     int saved = dup(2);
     FILE *tmp = tmpfile();
     CHECK(saved >= 0 && tmp != NULL);
-    if (saved < 0 || !tmp) return -2;
+    if (saved < 0 || !tmp)
+        return -2;
     CHECK(dup2(fileno(tmp), 2) >= 0);
     err[0] = 0;
     int rc = gp_client_config_load(cfg, err, sizeof err);
@@ -104,35 +113,40 @@ static int load(void) {
     return rc;
 }
 
-static int line_count(const char *text) {
+static int line_count(const char *text)
+{
     int n = 0;
-    for (; *text; text++) n += *text == '\n';
+    for (; *text; text++)
+        n += *text == '\n';
     return n;
 }
 
-#define LOAD_OK()                                                                               \
-    do {                                                                                        \
-        int rc_ = load();                                                                       \
-        if (rc_ != 0) fprintf(stderr, "%s:%d: load failed: %s\n", __FILE__, __LINE__, err);     \
-        CHECK_EQ(rc_, 0);                                                                       \
+#define LOAD_OK()                                                                                  \
+    do {                                                                                           \
+        int rc_ = load();                                                                          \
+        if (rc_ != 0)                                                                              \
+            fprintf(stderr, "%s:%d: load failed: %s\n", __FILE__, __LINE__, err);                  \
+        CHECK_EQ(rc_, 0);                                                                          \
     } while (0)
 
-#define CHECK_CONTAINS(hay, needle)                                                             \
-    do {                                                                                        \
-        if (!strstr((hay), (needle))) {                                                         \
-            fprintf(stderr, "%s:%d: \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__,      \
-                    (hay), (needle));                                                           \
-            gp_test_failures++;                                                                 \
-        }                                                                                       \
+#define CHECK_CONTAINS(hay, needle)                                                                \
+    do {                                                                                           \
+        if (!strstr((hay), (needle))) {                                                            \
+            fprintf(stderr, "%s:%d: \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__, (hay),  \
+                    (needle));                                                                     \
+            gp_test_failures++;                                                                    \
+        }                                                                                          \
     } while (0)
 
-static void path_in(char *out, size_t cap, const char *base, const char *rel) {
+static void path_in(char *out, size_t cap, const char *base, const char *rel)
+{
     int n = snprintf(out, cap, "%s/%s", base, rel);
     CHECK(n > 0 && (size_t)n < cap);
 }
 
 /* A fresh case: no GPUPOOL_* variables, no config file found by default (HOME has none). */
-static void fresh(void) {
+static void fresh(void)
+{
     clear_env();
     char p[4400];
     path_in(p, sizeof p, home, ".config/gpupool/config.toml");
@@ -141,7 +155,8 @@ static void fresh(void) {
 
 /* --------------------------------------------------------------------------------- cases */
 
-static void test_nothing_configured(void) {
+static void test_nothing_configured(void)
+{
     fresh();
     LOAD_OK();
     CHECK_EQ(cfg->nservers, 0);
@@ -150,11 +165,13 @@ static void test_nothing_configured(void) {
     CHECK_STR_EQ(cfg->gpu, "");
     CHECK_STR_EQ(cfg->model, "");
     CHECK_EQ(cfg->min_memory, 0);
-    if (access("/etc/gpupool/config.toml", F_OK) != 0) CHECK_STR_EQ(cfg->file, "");
+    if (access("/etc/gpupool/config.toml", F_OK) != 0)
+        CHECK_STR_EQ(cfg->file, "");
     CHECK_STR_EQ(captured, "");
 }
 
-static void test_environment_only(void) {
+static void test_environment_only(void)
+{
     fresh();
     set("GPUPOOL_CONFIG", "none");
     set("GPUPOOL_SERVER", " a.example:1 ,tls://b, [::1]:7071,");
@@ -206,13 +223,15 @@ static void test_environment_only(void) {
     CHECK_EQ(cfg->min_memory, 40000000000ull);
 }
 
-static void test_environment_errors(void) {
+static void test_environment_errors(void)
+{
     static const struct {
         const char *name, *value, *words;
     } cases[] = {
         {"GPUPOOL_TLS", "maybe", "GPUPOOL_TLS=maybe is not understood: use 1 (TLS) or 0"},
-        {"GPUPOOL_CONNECT_TIMEOUT", "ten", "GPUPOOL_CONNECT_TIMEOUT=ten is not a number of "
-                                           "seconds"},
+        {"GPUPOOL_CONNECT_TIMEOUT", "ten",
+         "GPUPOOL_CONNECT_TIMEOUT=ten is not a number of "
+         "seconds"},
         {"GPUPOOL_PROBE_TIMEOUT", "-1", "GPUPOOL_PROBE_TIMEOUT=-1 is not a number of seconds"},
         {"GPUPOOL_PROBE_TIMEOUT", "nan", "is not a number of seconds"},
         {"GPUPOOL_PROBE_TIMEOUT", "+5", "GPUPOOL_PROBE_TIMEOUT=+5 is not a number of seconds"},
@@ -284,36 +303,36 @@ static void test_environment_errors(void) {
     CHECK_CONTAINS(err, "more than 16 servers");
 }
 
-static const char FULL[] =
-    "# written by hand\n"
-    "token = \"gpt_default\"   # the default token\n"
-    "tls = false\n"
-    "tls_ca = \"ca.pem\"\n"
-    "tls_cert = '~/certs/client.pem'\n"
-    "tls_key = \"~/certs/client.key\"\n"
-    "connect_timeout = 5\n"
-    "probe_timeout = 0.25\n"
-    "\n"
-    "[requirements]\n"
-    "gpu = \"1\"\n"
-    "model = \"H100\"\n"
-    "min_memory = \"40GiB\"\n"
-    "\n"
-    "[[servers]]   # first choice\n"
-    "address = \"gpu1.example.com:7070\"\n"
-    "token = \"gpt_one\"\n"
-    "\n"
-    "[[servers]]\n"
-    "address = \"tls://gpu2:7071\"\n"
-    "tls_ca = \"/etc/ssl/gpu2-ca.pem\"\n"
-    "tls = false # tls:// wins\n"
-    "\n"
-    "  [[ servers ]]\n"
-    "  address = \"gpu3\"\n"
-    "  tls = true\n"
-    "  tls_cert = \"\"\n";
+static const char FULL[] = "# written by hand\n"
+                           "token = \"gpt_default\"   # the default token\n"
+                           "tls = false\n"
+                           "tls_ca = \"ca.pem\"\n"
+                           "tls_cert = '~/certs/client.pem'\n"
+                           "tls_key = \"~/certs/client.key\"\n"
+                           "connect_timeout = 5\n"
+                           "probe_timeout = 0.25\n"
+                           "\n"
+                           "[requirements]\n"
+                           "gpu = \"1\"\n"
+                           "model = \"H100\"\n"
+                           "min_memory = \"40GiB\"\n"
+                           "\n"
+                           "[[servers]]   # first choice\n"
+                           "address = \"gpu1.example.com:7070\"\n"
+                           "token = \"gpt_one\"\n"
+                           "\n"
+                           "[[servers]]\n"
+                           "address = \"tls://gpu2:7071\"\n"
+                           "tls_ca = \"/etc/ssl/gpu2-ca.pem\"\n"
+                           "tls = false # tls:// wins\n"
+                           "\n"
+                           "  [[ servers ]]\n"
+                           "  address = \"gpu3\"\n"
+                           "  tls = true\n"
+                           "  tls_cert = \"\"\n";
 
-static void test_full_file(void) {
+static void test_full_file(void)
+{
     fresh();
     char file[4400], ca[4400], cert[4400], key[4400];
     path_in(file, sizeof file, home, ".config/gpupool/config.toml");
@@ -376,7 +395,8 @@ static void test_full_file(void) {
     CHECK_EQ(cfg->nservers, 0);
 }
 
-static void test_environment_over_file(void) {
+static void test_environment_over_file(void)
+{
     fresh();
     char file[4400], ca[4400], cert[4400];
     path_in(file, sizeof file, home, ".config/gpupool/config.toml");
@@ -405,7 +425,7 @@ static void test_environment_over_file(void) {
     LOAD_OK();
     CHECK_EQ(cfg->servers[0].tls, 1);
     CHECK_STR_EQ(cfg->servers[0].address, "other:9");
-    CHECK_EQ(cfg->servers[1].tls, 1); /* the file's tls = true */
+    CHECK_EQ(cfg->servers[1].tls, 1);             /* the file's tls = true */
     CHECK_STR_EQ(cfg->servers[1].tls_cert, cert); /* its tls_cert = "" is unset */
     /* "" counts as unset */
     set("GPUPOOL_SERVER", "");
@@ -434,14 +454,15 @@ static void test_environment_over_file(void) {
     CHECK_EQ(cfg->servers[2].tls, 0); /* tls = true yields to GPUPOOL_TLS=0 */
     set("GPUPOOL_TLS", "yes");
     LOAD_OK();
-    for (int i = 0; i < 3; i++) CHECK_EQ(cfg->servers[i].tls, 1);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(cfg->servers[i].tls, 1);
 
     /* the requirements and timeouts, key by key */
     set("GPUPOOL_GPU_MODEL", "A100");
     set("GPUPOOL_PROBE_TIMEOUT", "7");
     LOAD_OK();
     CHECK_STR_EQ(cfg->model, "A100");
-    CHECK_STR_EQ(cfg->gpu, "1");          /* from the file */
+    CHECK_STR_EQ(cfg->gpu, "1");            /* from the file */
     CHECK_EQ(cfg->min_memory, 40ull << 30); /* from the file */
     CHECK(cfg->probe_timeout == 7.0);
     CHECK(cfg->connect_timeout == 5.0);
@@ -452,7 +473,8 @@ static void test_environment_over_file(void) {
     CHECK_STR_EQ(cfg->gpu, "GPU-ab");
 }
 
-static void test_short_form_and_values(void) {
+static void test_short_form_and_values(void)
+{
     fresh();
     char file[4400];
     path_in(file, sizeof file, root, "short/config.toml");
@@ -503,7 +525,8 @@ static void test_short_form_and_values(void) {
 /* Blanks around values are stripped and an empty value is unset (file and environment); gpu may
  * be an integer; ~/ in GPUPOOL_CONFIG; relative paths from the folder of a symlinked file's
  * target; a client certificate needs its key. */
-static void test_blanks_symlinks_and_pairs(void) {
+static void test_blanks_symlinks_and_pairs(void)
+{
     fresh();
     char real[4400], link[4400], linkdir[4400], ca[4400];
     path_in(real, sizeof real, root, "real/config.toml");
@@ -519,8 +542,8 @@ static void test_blanks_symlinks_and_pairs(void) {
                "min_memory = \"  \"\n"
                "[[servers]]\n"
                "address = \"  h:1 \"\n"
-               "token = \" \"\n"      /* unset: the default token */
-               "tls_ca = \"\"\n"      /* unset: the default CA */
+               "token = \" \"\n" /* unset: the default token */
+               "tls_ca = \"\"\n" /* unset: the default CA */
                "[[servers]]\n"
                "address = \"g\"\n"
                "token = \"\\town\\n\"\n",
@@ -580,7 +603,8 @@ static void test_blanks_symlinks_and_pairs(void) {
     CHECK_STR_EQ(cfg->servers[0].tls_key, "/k.pem");
 }
 
-static void test_warnings(void) {
+static void test_warnings(void)
+{
     fresh();
     char file[4400];
     path_in(file, sizeof file, home, ".config/gpupool/config.toml");
@@ -599,8 +623,10 @@ static void test_warnings(void) {
     char want[9000];
     snprintf(want, sizeof want, "gpupool: %s:1: unknown setting 'colour' ignored", file);
     CHECK_CONTAINS(captured, want);
-    snprintf(want, sizeof want, "gpupool: %s:4: unknown setting 'vendor' in [requirements] "
-             "ignored", file);
+    snprintf(want, sizeof want,
+             "gpupool: %s:4: unknown setting 'vendor' in [requirements] "
+             "ignored",
+             file);
     CHECK_CONTAINS(captured, want);
     snprintf(want, sizeof want, "gpupool: %s:5: unknown table [extra] ignored", file);
     CHECK_CONTAINS(captured, want);
@@ -611,8 +637,10 @@ static void test_warnings(void) {
     /* a token readable by others, under HOME: one warning naming the mode and the fix */
     write_file(file, "[[servers]]\naddress = \"a:1\"\ntoken = \"gpt_x\"\n", 0644);
     LOAD_OK();
-    snprintf(want, sizeof want, "gpupool: %s holds a token and is readable by other users "
-             "(mode 0644): chmod 600 %s\n", file, file);
+    snprintf(want, sizeof want,
+             "gpupool: %s holds a token and is readable by other users "
+             "(mode 0644): chmod 600 %s\n",
+             file, file);
     CHECK_STR_EQ(captured, want);
     CHECK_EQ(chmod(file, 0640), 0);
     LOAD_OK();
@@ -633,7 +661,8 @@ static void test_warnings(void) {
     CHECK_STR_EQ(captured, "");
 }
 
-static void test_errors(void) {
+static void test_errors(void)
+{
     static const struct {
         const char *text;
         int line;
@@ -704,7 +733,8 @@ static void test_errors(void) {
         write_file(file, cases[i].text, 0600);
         set("GPUPOOL_CONFIG", file);
         int rc = load();
-        if (rc != -1) fprintf(stderr, "accepted: %s", cases[i].text);
+        if (rc != -1)
+            fprintf(stderr, "accepted: %s", cases[i].text);
         CHECK_EQ(rc, -1);
         char where[4500];
         snprintf(where, sizeof where, "%s:%d: ", file, cases[i].line);
@@ -746,9 +776,11 @@ static void test_errors(void) {
     CHECK_CONTAINS(err, "is not a regular file");
 }
 
-int main(void) {
+int main(void)
+{
     cfg = calloc(1, sizeof *cfg);
-    if (!cfg) return 2;
+    if (!cfg)
+        return 2;
     const char *tmp = getenv("TMPDIR");
     snprintf(root, sizeof root, "%s/gpupool-config-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(root)) {
@@ -777,7 +809,8 @@ int main(void) {
 
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", root);
     free(cfg);
     return gp_test_done("test_client_config");
 }

@@ -24,11 +24,13 @@ static int test_device_count = 2;
 #define PRIMARY_0 ((CUcontext)0x6750000100000001ull)
 #define PRIMARY_1 ((CUcontext)0x6750000100000002ull)
 
-CUcontext gp_ctx_current_for_tables(void) {
+CUcontext gp_ctx_current_for_tables(void)
+{
     return test_current;
 }
 
-CUcontext gp_ctx_primary_for_tables(int dev) {
+CUcontext gp_ctx_primary_for_tables(int dev)
+{
     return dev == 0 ? PRIMARY_0 : dev == 1 ? PRIMARY_1 : NULL;
 }
 
@@ -40,11 +42,13 @@ static const CUuuid test_uuids[2] = {
 };
 static const int test_pci[2][3] = {{0, 0x1b, 0}, {1, 0xc1, 3}};
 
-int gp_integrity_driver_version(void) {
+int gp_integrity_driver_version(void)
+{
     return test_driver_version;
 }
 
-int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_dev, int max) {
+int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_dev, int max)
+{
     if (test_device_count < 0)
         return -1;
     int n = test_device_count < max ? test_device_count : max;
@@ -64,7 +68,8 @@ typedef union slot {
     void (*fn)(void);
 } slot;
 
-static const slot *get_table(const char *uuid_hex) {
+static const slot *get_table(const char *uuid_hex)
+{
     CUuuid id;
     CHECK_EQ(gp_test_unhex(uuid_hex, (unsigned char *)id.bytes, 16), 16);
     const void *table = NULL;
@@ -74,7 +79,8 @@ static const slot *get_table(const char *uuid_hex) {
 }
 
 /* Runs `call` with stderr redirected to a temporary file and returns what was written. */
-static char *capture_stderr(void (*call)(void)) {
+static char *capture_stderr(void (*call)(void))
+{
     static char buf[4096];
     buf[0] = '\0';
     FILE *tmp = tmpfile();
@@ -107,7 +113,8 @@ static char *capture_stderr(void (*call)(void)) {
 
 /* ---- lookups -------------------------------------------------------------------------------- */
 
-static void unknown_twice(void) {
+static void unknown_twice(void)
+{
     CUuuid id;
     CHECK_EQ(gp_test_unhex("0ca50b8c1004929a89a7d0df10e77286", (unsigned char *)id.bytes, 16), 16);
     const void *table = (const void *)0x1;
@@ -121,10 +128,10 @@ static void unknown_twice(void) {
     CHECK_PTR_EQ(table, NULL);
 }
 
-static void test_lookup(void) {
-    static const char *const known[] = {CUDART_INTERFACE, TOOLS_HOOKS,    TOOLS_TLS,
-                                        CLS,              CONTEXT_CHECKS, INTEGRITY,
-                                        T_21318C60, T_1734DC26};
+static void test_lookup(void)
+{
+    static const char *const known[] = {CUDART_INTERFACE, TOOLS_HOOKS, TOOLS_TLS,  CLS,
+                                        CONTEXT_CHECKS,   INTEGRITY,   T_21318C60, T_1734DC26};
     const void *seen[8];
     for (int i = 0; i < 8; i++) {
         seen[i] = get_table(known[i]);
@@ -148,7 +155,8 @@ static void test_lookup(void) {
 
 /* ---- simple tables -------------------------------------------------------------------------- */
 
-static void call_unexpected_slots(void) {
+static void call_unexpected_slots(void)
+{
     const slot *t = get_table(CUDART_INTERFACE);
     uint64_t (*fn)(void) = (uint64_t(*)(void))t[9].fn;
     CHECK_EQ(fn(), 0);
@@ -158,7 +166,8 @@ static void call_unexpected_slots(void) {
     CHECK_EQ(fn(), 0);
 }
 
-static void test_simple_tables(void) {
+static void test_simple_tables(void)
+{
     const slot *t = get_table(CUDART_INTERFACE);
     CHECK_EQ(t[0].size, 32 * sizeof(slot));
     for (int i = 1; i < 32; i++)
@@ -193,13 +202,13 @@ static void test_simple_tables(void) {
     /* Slots measured as "returns 0, writes nothing": the arguments cuBLASLt passes stay as they
      * were. */
     uint64_t sentinel[4] = {0xa5a5, 0xa5a5, 0xa5a5, 0xa5a5};
-    static const char *const zero_tables[] = {TOOLS_TLS, T_21318C60,
-                                              T_1734DC26};
+    static const char *const zero_tables[] = {TOOLS_TLS, T_21318C60, T_1734DC26};
     static const int zero_slots[] = {2, 4, 4};
     for (int i = 0; i < 3; i++) {
         t = get_table(zero_tables[i]);
         CHECK_EQ(t[0].size, 32 * sizeof(slot));
-        uint64_t (*fn)(void *, void *, void *) = (uint64_t(*)(void *, void *, void *))t[zero_slots[i]].fn;
+        uint64_t (*fn)(void *, void *, void *) =
+            (uint64_t(*)(void *, void *, void *))t[zero_slots[i]].fn;
         CHECK_EQ(fn(&sentinel[0], &sentinel[1], &sentinel[2]), 0);
         for (int k = 0; k < 4; k++)
             CHECK_EQ(sentinel[k], 0xa5a5);
@@ -238,14 +247,16 @@ typedef struct dtor_call {
 static dtor_call dtor_calls[64];
 static int dtor_count;
 
-static void record_dtor(CUcontext ctx, void *key, void *value) {
+static void record_dtor(CUcontext ctx, void *key, void *value)
+{
     if (dtor_count < 64)
         dtor_calls[dtor_count] = (dtor_call){ctx, key, value};
     dtor_count++;
 }
 
 /* A destructor that uses the table again (cudart's may): must not deadlock. */
-static void reentrant_dtor(CUcontext ctx, void *key, void *value) {
+static void reentrant_dtor(CUcontext ctx, void *key, void *value)
+{
     record_dtor(ctx, key, value);
     void *v = NULL;
     CHECK_EQ(cls_get(&v, ctx, key), CUDA_ERROR_INVALID_HANDLE);
@@ -254,12 +265,14 @@ static void reentrant_dtor(CUcontext ctx, void *key, void *value) {
 
 /* A destructor that registers again in the dying context (must not loop forever). */
 static int readd_key;
-static void readding_dtor(CUcontext ctx, void *key, void *value) {
+static void readding_dtor(CUcontext ctx, void *key, void *value)
+{
     record_dtor(ctx, key, value);
     CHECK_EQ(cls_put(ctx, &readd_key, value, NULL), CUDA_SUCCESS);
 }
 
-static void test_cls_basic(void) {
+static void test_cls_basic(void)
+{
     const slot *t = get_table(CLS);
     cls_put = (cls_put_fn)t[0].fn;
     cls_delete = (cls_delete_fn)t[1].fn;
@@ -334,10 +347,13 @@ static void test_cls_basic(void) {
     CHECK_EQ(dtor_count, 1);
 }
 
-static void test_cls_many(void) {
+static void test_cls_many(void)
+{
     /* Enough entries to grow the map several times, then delete every other one: lookups must
      * still find the rest (this exercises deletion's backward shift). */
-    enum { N = 3000 };
+    enum {
+        N = 3000
+    };
     static char keys[N];
     for (int i = 0; i < N; i++) {
         CUcontext ctx = (CUcontext)(uintptr_t)(0x10000 + (i % 7) * 0x100);
@@ -367,7 +383,8 @@ static void test_cls_many(void) {
     }
 }
 
-static void *cls_thread(void *arg) {
+static void *cls_thread(void *arg)
+{
     uintptr_t id = (uintptr_t)arg;
     CUcontext ctx = (CUcontext)(0x500000 + id * 0x1000);
     test_current = ctx;
@@ -385,7 +402,8 @@ static void *cls_thread(void *arg) {
     return (void *)(uintptr_t)bad;
 }
 
-static void test_cls_threads(void) {
+static void test_cls_threads(void)
+{
     pthread_t th[8];
     for (uintptr_t i = 0; i < 8; i++)
         CHECK_EQ(pthread_create(&th[i], NULL, cls_thread, (void *)i), 0);
@@ -403,7 +421,8 @@ typedef CUresult (*integrity_fn)(unsigned int, unsigned long long, unsigned long
 /* The expected answer, built independently of integrity.c and hmac_md2.c: the message packed
  * with memcpy from native values (x86-64 is little-endian) and HMAC spelled out with MD2. */
 static void expected_integrity(unsigned int version, unsigned long long secs, const void *fn,
-                               unsigned long long out[2]) {
+                               unsigned long long out[2])
+{
     unsigned char msg[48 + 28 * 2];
     uint32_t u32[4] = {(uint32_t)test_driver_version, version, (uint32_t)getpid(),
                        (uint32_t)pthread_self()};
@@ -436,7 +455,8 @@ static void expected_integrity(unsigned int version, unsigned long long secs, co
     memcpy(out, digest, 16);
 }
 
-static void test_integrity(void) {
+static void test_integrity(void)
+{
     const slot *t = get_table(INTEGRITY);
     CHECK_EQ(t[0].size, 32 * sizeof(slot));
     integrity_fn check = (integrity_fn)t[1].fn;
@@ -481,7 +501,8 @@ static void test_integrity(void) {
     CHECK_EQ(check(13002, 1, NULL), CUDA_ERROR_INVALID_VALUE);
 }
 
-int main(void) {
+int main(void)
+{
     test_lookup();
     test_simple_tables();
     test_cls_basic();

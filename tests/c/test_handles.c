@@ -12,7 +12,8 @@
 
 static int objs[64];
 
-static void test_layout(void) {
+static void test_layout(void)
+{
     uint64_t h = gp_handle_new(GP_H_STREAM, &objs[0]);
     CHECK(h != 0);
     CHECK_EQ(h & 0xffff000000000000ull, GP_HANDLE_TAG);
@@ -43,13 +44,14 @@ static void test_layout(void) {
     gp_handle_remove(pool, GP_H_MEMPOOL);
 }
 
-static void test_register(void) {
+static void test_register(void)
+{
     CHECK_EQ(gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_CTX, &objs[2]), 0);
     CHECK_PTR_EQ(gp_handle_get(GP_PRIMARY_CTX_ID, GP_H_CTX), &objs[2]);
     CHECK_EQ(gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_CTX, &objs[3]), -1); /* taken */
     CHECK_PTR_EQ(gp_handle_get(GP_PRIMARY_CTX_ID, GP_H_CTX), &objs[2]);
     CHECK_EQ(gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_STREAM, &objs[3]), -1); /* wrong kind */
-    CHECK_EQ(gp_handle_register(12345, GP_H_CTX, &objs[3]), -1);               /* no tag */
+    CHECK_EQ(gp_handle_register(12345, GP_H_CTX, &objs[3]), -1);                /* no tag */
     /* fresh context handles never collide with the fixed primary one */
     for (int i = 0; i < 100; i++) {
         uint64_t h = gp_handle_new(GP_H_CTX, &objs[4]);
@@ -59,20 +61,25 @@ static void test_register(void) {
     CHECK_PTR_EQ(gp_handle_remove(GP_PRIMARY_CTX_ID, GP_H_CTX), &objs[2]);
 }
 
-static int odd_obj(uint64_t h, void *obj, void *arg) {
+static int odd_obj(uint64_t h, void *obj, void *arg)
+{
     (void)h;
     (void)arg;
     return ((int *)obj - objs) % 2 == 1;
 }
 
 static int disposed;
-static void count_dispose(void *obj) {
+static void count_dispose(void *obj)
+{
     (void)obj;
     disposed++;
 }
 
-static void test_many(void) {
-    enum { N = 20000 };
+static void test_many(void)
+{
+    enum {
+        N = 20000
+    };
     uint64_t *hs = malloc(N * sizeof *hs);
     for (int i = 0; i < N; i++) {
         hs[i] = gp_handle_new(i % 3 == 0 ? GP_H_EVENT : GP_H_STREAM, &objs[i % 64]);
@@ -81,7 +88,8 @@ static void test_many(void) {
     for (int i = 0; i < N; i++) {
         int kind = i % 3 == 0 ? GP_H_EVENT : GP_H_STREAM;
         CHECK_PTR_EQ(gp_handle_get(hs[i], kind), &objs[i % 64]);
-        if (i > 0) CHECK(hs[i] != hs[i - 1]);
+        if (i > 0)
+            CHECK(hs[i] != hs[i - 1]);
     }
     /* remove every other one, the rest must stay reachable (backward-shift deletion) */
     for (int i = 0; i < N; i += 2) {
@@ -95,7 +103,8 @@ static void test_many(void) {
     /* bulk removal: streams whose object index is odd */
     int expect = 0;
     for (int i = 1; i < N; i += 2)
-        if (i % 3 != 0 && (i % 64) % 2 == 1) expect++;
+        if (i % 3 != 0 && (i % 64) % 2 == 1)
+            expect++;
     disposed = 0;
     CHECK_EQ(gp_handle_remove_if(GP_H_STREAM, odd_obj, NULL, count_dispose), expect);
     CHECK_EQ(disposed, expect);
@@ -107,8 +116,10 @@ static void test_many(void) {
     /* everything else, by kind */
     int left_ev = 0, left_st = 0;
     for (int i = 1; i < N; i += 2) {
-        if (i % 3 == 0) left_ev++;
-        else if ((i % 64) % 2 == 0) left_st++;
+        if (i % 3 == 0)
+            left_ev++;
+        else if ((i % 64) % 2 == 0)
+            left_st++;
     }
     CHECK_EQ(gp_handle_remove_if(GP_H_EVENT, NULL, NULL, NULL), left_ev);
     CHECK_EQ(gp_handle_remove_if(GP_H_STREAM, NULL, NULL, NULL), left_st);
@@ -116,21 +127,26 @@ static void test_many(void) {
     free(hs);
 }
 
-static void *churn(void *arg) {
+static void *churn(void *arg)
+{
     int kind = (int)(uintptr_t)arg;
     uint64_t mine[256];
     int bad = 0;
     for (int round = 0; round < 500; round++) {
-        for (int i = 0; i < 256; i++) mine[i] = gp_handle_new(kind, &objs[i % 64]);
         for (int i = 0; i < 256; i++)
-            if (gp_handle_get(mine[i], kind) != &objs[i % 64]) bad++;
+            mine[i] = gp_handle_new(kind, &objs[i % 64]);
         for (int i = 0; i < 256; i++)
-            if (gp_handle_remove(mine[i], kind) != &objs[i % 64]) bad++;
+            if (gp_handle_get(mine[i], kind) != &objs[i % 64])
+                bad++;
+        for (int i = 0; i < 256; i++)
+            if (gp_handle_remove(mine[i], kind) != &objs[i % 64])
+                bad++;
     }
     return (void *)(uintptr_t)bad;
 }
 
-static void test_threads(void) {
+static void test_threads(void)
+{
     pthread_t th[8];
     for (int t = 0; t < 8; t++)
         pthread_create(&th[t], NULL, churn, (void *)(uintptr_t)(t % 2 ? GP_H_STREAM : GP_H_FUNC));
@@ -141,7 +157,8 @@ static void test_threads(void) {
     }
 }
 
-int main(void) {
+int main(void)
+{
     test_layout();
     test_register();
     test_many();

@@ -30,32 +30,40 @@ static int failures, checks;
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static uint8_t *read_file(const char *path, size_t *len) {
+static uint8_t *read_file(const char *path, size_t *len)
+{
     FILE *f = fopen(path, "rb");
     if (!f) {
         perror(path);
         exit(2);
     }
-    if (fseek(f, 0, SEEK_END) != 0) exit(2);
+    if (fseek(f, 0, SEEK_END) != 0)
+        exit(2);
     long n = ftell(f);
-    if (n <= 0 || fseek(f, 0, SEEK_SET) != 0) exit(2);
+    if (n <= 0 || fseek(f, 0, SEEK_SET) != 0)
+        exit(2);
     uint8_t *buf = malloc((size_t)n);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) exit(2);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n)
+        exit(2);
     fclose(f);
     *len = (size_t)n;
     return buf;
 }
 
 /* An exact-size heap copy, so that AddressSanitizer sees any read past the end. */
-static uint8_t *dup_exact(const uint8_t *src, size_t n) {
+static uint8_t *dup_exact(const uint8_t *src, size_t n)
+{
     uint8_t *p = malloc(n ? n : 1);
-    if (!p) exit(2);
-    if (n) memcpy(p, src, n);
+    if (!p)
+        exit(2);
+    if (n)
+        memcpy(p, src, n);
     return p;
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
+static uint64_t rnd(void)
+{
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
@@ -65,7 +73,8 @@ static uint64_t rnd(void) {
 /* ---- checks ----------------------------------------------------------------------------- */
 
 static void expect_layout(const void *img, size_t len, const char *kernel, int n,
-                          const uint32_t *offs, const uint32_t *sizes, const char *what) {
+                          const uint32_t *offs, const uint32_t *sizes, const char *what)
+{
     uint32_t o[64], s[64];
     int got = gp_image_param_info(img, len, kernel, o, s, 64);
     CHECK(got == n, "%s: %s has %d params, expected %d", what, kernel, got, n);
@@ -76,7 +85,8 @@ static void expect_layout(const void *img, size_t len, const char *kernel, int n
 
 /* Every truncation must be refused (the size exceeds what is there) without reading past the
  * end, and random corruption must never crash. */
-static void robustness(const uint8_t *img, size_t len, const char *kernel, const char *what) {
+static void robustness(const uint8_t *img, size_t len, const char *kernel, const char *what)
+{
     size_t sz;
     int kind;
     uint32_t o[16], s[16];
@@ -93,8 +103,10 @@ static void robustness(const uint8_t *img, size_t len, const char *kernel, const
         for (int f = 0; f < flips; f++) {
             size_t at = (size_t)(rnd() % len);
             /* Favour the headers and tables, where corruption changes the parse. */
-            if (rnd() % 2) at = (size_t)(rnd() % (len < 128 ? len : 128));
-            if (rnd() % 4 == 0) at = len - 1 - (size_t)(rnd() % (len < 300 ? len : 300));
+            if (rnd() % 2)
+                at = (size_t)(rnd() % (len < 128 ? len : 128));
+            if (rnd() % 4 == 0)
+                at = len - 1 - (size_t)(rnd() % (len < 300 ? len : 300));
             t[at] = (uint8_t)rnd();
         }
         if (gp_image_size_n(t, len, &sz, &kind) == 0)
@@ -104,7 +116,8 @@ static void robustness(const uint8_t *img, size_t len, const char *kernel, const
     }
 }
 
-static void synthetic(void) {
+static void synthetic(void)
+{
     /* ELF. */
     const uint32_t offs[] = {0, 8, 16, 24}, sizes[] = {4, 8, 8, 4};
     size_t len, sz;
@@ -136,7 +149,8 @@ static void synthetic(void) {
 
     /* Fatbin: a compressed ELF entry (garbage payload) is skipped, the next ELF is used. */
     uint8_t junk[100];
-    for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)rnd();
     const char ptx[] = ".version 8.0\n";
     entry es[] = {
         {1, 0x8011, (const uint8_t *)ptx, sizeof ptx},
@@ -200,11 +214,19 @@ static void synthetic(void) {
     for (size_t n = 0; n < 300; n++) {
         for (int rep = 0; rep < 50; rep++) {
             uint8_t *t = malloc(n ? n : 1);
-            if (!t) exit(2);
-            for (size_t i = 0; i < n; i++) t[i] = (uint8_t)rnd();
-            if (n >= 4 && rep % 3 == 0) memcpy(t, "\x7f" "ELF", 4);
-            if (n >= 4 && rep % 3 == 1) put32(t, GP_FATBIN_MAGIC);
-            if (gp_image_size_n(t, n, &sz, &kind) == 0) CHECK(sz <= n, "garbage size %zu", sz);
+            if (!t)
+                exit(2);
+            for (size_t i = 0; i < n; i++)
+                t[i] = (uint8_t)rnd();
+            if (n >= 4 && rep % 3 == 0)
+                memcpy(t,
+                       "\x7f"
+                       "ELF",
+                       4);
+            if (n >= 4 && rep % 3 == 1)
+                put32(t, GP_FATBIN_MAGIC);
+            if (gp_image_size_n(t, n, &sz, &kind) == 0)
+                CHECK(sz <= n, "garbage size %zu", sz);
             (void)gp_image_param_info(t, n, "k", o, s, 4);
             free(t);
         }
@@ -215,7 +237,8 @@ static void synthetic(void) {
     free(elf);
 }
 
-static void real_files(const char *cubin_path, const char *fatbin_path) {
+static void real_files(const char *cubin_path, const char *fatbin_path)
+{
     size_t clen, flen, sz;
     int kind;
     uint8_t *cubin = read_file(cubin_path, &clen);
@@ -246,13 +269,15 @@ static void real_files(const char *cubin_path, const char *fatbin_path) {
     free(fat);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     if (argc != 1 && argc != 3) {
         fprintf(stderr, "usage: %s [K.cubin K.fatbin]\n", argv[0]);
         return 2;
     }
     synthetic();
-    if (argc == 3) real_files(argv[1], argv[2]);
+    if (argc == 3)
+        real_files(argv[1], argv[2]);
     if (failures) {
         fprintf(stderr, "test_image: %d of %d checks failed\n", failures, checks);
         return 1;

@@ -9,7 +9,8 @@
 #include "hmac_md2.h"
 #include "md2.h"
 
-static void check_md2(const char *msg, const char *hex) {
+static void check_md2(const char *msg, const char *hex)
+{
     uint8_t want[16], got[16];
     CHECK_EQ(gp_test_unhex(hex, want, sizeof want), 16);
     gp_md2(msg, strlen(msg), got);
@@ -28,14 +29,16 @@ static void check_md2(const char *msg, const char *hex) {
     }
 }
 
-static void check_hmac(const void *key, size_t key_len, const char *msg, const char *hex) {
+static void check_hmac(const void *key, size_t key_len, const char *msg, const char *hex)
+{
     uint8_t want[16], got[16];
     CHECK_EQ(gp_test_unhex(hex, want, sizeof want), 16);
     gp_hmac_md2(key, key_len, msg, strlen(msg), got);
     CHECK_MEM_EQ(got, want, 16);
 }
 
-int main(void) {
+int main(void)
+{
     /* RFC 1319, A.5 */
     check_md2("", "8350e5a3e24c153df2275c9f80692773");
     check_md2("a", "32ec01ec4a6dac72c0ab96fb34c0b5d1");
@@ -52,8 +55,8 @@ int main(void) {
      * longer than a block (hashed first), and the empty key and message. */
     static const uint8_t integrity_key[16] = {0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52,
                                               0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F};
-    check_hmac(integrity_key, sizeof integrity_key,
-               "The quick brown fox jumps over the lazy dog", "6ff0a92b1488b5790782668dc4f71b6a");
+    check_hmac(integrity_key, sizeof integrity_key, "The quick brown fox jumps over the lazy dog",
+               "6ff0a92b1488b5790782668dc4f71b6a");
     check_hmac("key", 3, "The quick brown fox jumps over the lazy dog",
                "13758b9534bfb38d850457814613b0c1");
     uint8_t long_key[40];

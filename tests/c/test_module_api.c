@@ -44,7 +44,8 @@ static int failures, checks;
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_errors;
 
-void gp_log_error(const char *fmt, ...) {
+void gp_log_error(const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
     fputs("  (log) ", stderr);
@@ -53,8 +54,14 @@ void gp_log_error(const char *fmt, ...) {
     va_end(ap);
     __atomic_add_fetch(&log_errors, 1, __ATOMIC_RELAXED);
 }
-void gp_log_info(const char *fmt, ...) { (void)fmt; }
-void gp_log_debug(const char *fmt, ...) { (void)fmt; }
+void gp_log_info(const char *fmt, ...)
+{
+    (void)fmt;
+}
+void gp_log_debug(const char *fmt, ...)
+{
+    (void)fmt;
+}
 
 /* Handles. */
 #define MAX_HANDLES 4096
@@ -64,14 +71,19 @@ static struct {
 } handles[MAX_HANDLES];
 static uint64_t next_n = 16;
 
-static size_t slot_of(uint64_t h) { return (size_t)(h & (MAX_HANDLES - 1)); }
+static size_t slot_of(uint64_t h)
+{
+    return (size_t)(h & (MAX_HANDLES - 1));
+}
 
-uint64_t gp_handle_new(enum gp_handle_kind kind, void *obj) {
+uint64_t gp_handle_new(enum gp_handle_kind kind, void *obj)
+{
     pthread_mutex_lock(&fake_lock);
     uint64_t h = 0;
     for (int tries = 0; tries < MAX_HANDLES && !h; tries++) {
         uint64_t n = next_n++;
-        if (handles[slot_of(n)].h) continue;
+        if (handles[slot_of(n)].h)
+            continue;
         h = GP_HANDLE_TAG | (uint64_t)kind << 40 | n;
         handles[slot_of(n)].h = h;
         handles[slot_of(n)].obj = obj;
@@ -79,16 +91,21 @@ uint64_t gp_handle_new(enum gp_handle_kind kind, void *obj) {
     pthread_mutex_unlock(&fake_lock);
     return h;
 }
-void *gp_handle_get(uint64_t h, enum gp_handle_kind kind) {
-    if (gp_handle_kind_of(h) != (int)kind) return NULL;
+void *gp_handle_get(uint64_t h, enum gp_handle_kind kind)
+{
+    if (gp_handle_kind_of(h) != (int)kind)
+        return NULL;
     void *obj = NULL;
     pthread_mutex_lock(&fake_lock);
-    if (handles[slot_of(h)].h == h) obj = handles[slot_of(h)].obj;
+    if (handles[slot_of(h)].h == h)
+        obj = handles[slot_of(h)].obj;
     pthread_mutex_unlock(&fake_lock);
     return obj;
 }
-void *gp_handle_remove(uint64_t h, enum gp_handle_kind kind) {
-    if (gp_handle_kind_of(h) != (int)kind) return NULL;
+void *gp_handle_remove(uint64_t h, enum gp_handle_kind kind)
+{
+    if (gp_handle_kind_of(h) != (int)kind)
+        return NULL;
     void *obj = NULL;
     pthread_mutex_lock(&fake_lock);
     if (handles[slot_of(h)].h == h) {
@@ -102,13 +119,15 @@ void *gp_handle_remove(uint64_t h, enum gp_handle_kind kind) {
 /* VA map: just counts. */
 static int vamap_globals, vamap_removed;
 static uint64_t last_global_base;
-int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx) {
+int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx)
+{
     (void)size, (void)ctx;
     __atomic_add_fetch(&vamap_globals, 1, __ATOMIC_RELAXED);
     last_global_base = base;
     return 0;
 }
-int gp_vamap_remove(uint64_t base, gp_range *out) {
+int gp_vamap_remove(uint64_t base, gp_range *out)
+{
     (void)out;
     __atomic_add_fetch(&vamap_removed, 1, __ATOMIC_RELAXED);
     return base == last_global_base ? 0 : -1;
@@ -117,13 +136,27 @@ int gp_vamap_remove(uint64_t base, gp_range *out) {
 /* Device and context. */
 static gp_device_snapshot dev;
 static CUresult ctx_result = CUDA_SUCCESS;
-int gp_device_count(void) { return 1; }
-const gp_device_snapshot *gp_device(int ordinal) { return ordinal == 0 ? &dev : NULL; }
-uint64_t gp_ctx_current(void) { return GP_PRIMARY_CTX_ID; }
-CUresult gp_ctx_enter(void) { return ctx_result; }
-int gp_stream_wire(CUstream s, uint64_t *wire) {
+int gp_device_count(void)
+{
+    return 1;
+}
+const gp_device_snapshot *gp_device(int ordinal)
+{
+    return ordinal == 0 ? &dev : NULL;
+}
+uint64_t gp_ctx_current(void)
+{
+    return GP_PRIMARY_CTX_ID;
+}
+CUresult gp_ctx_enter(void)
+{
+    return ctx_result;
+}
+int gp_stream_wire(CUstream s, uint64_t *wire)
+{
     uint64_t v = (uint64_t)(uintptr_t)s;
-    if (v > 2 && gp_handle_kind_of(v) != GP_H_STREAM) return -1;
+    if (v > 2 && gp_handle_kind_of(v) != GP_H_STREAM)
+        return -1;
     *wire = v;
     return 0;
 }
@@ -138,10 +171,17 @@ static struct {
     size_t last_post_len;
 } srv;
 
-static int posts_of(int op) { return __atomic_load_n(&srv.posts[op], __ATOMIC_RELAXED); }
-static int requests_of(int op) { return __atomic_load_n(&srv.requests[op], __ATOMIC_RELAXED); }
+static int posts_of(int op)
+{
+    return __atomic_load_n(&srv.posts[op], __ATOMIC_RELAXED);
+}
+static int requests_of(int op)
+{
+    return __atomic_load_n(&srv.requests[op], __ATOMIC_RELAXED);
+}
 
-CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len) {
+CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
+{
     (void)bulk, (void)bulk_len;
     uint16_t op = gp_rd_u16(frame + 4);
     if (gp_rd_u32(frame) != frame_len - 16) {
@@ -158,7 +198,8 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
     return CUDA_SUCCESS;
 }
 
-static int attr_value(int attr) {
+static int attr_value(int attr)
+{
     return attr == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 768 : attr * 10;
 }
 
@@ -171,29 +212,36 @@ static int attr_value(int attr) {
     } while (0)
 
 CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len,
-                    void *bulk_dst, uint64_t bulk_cap, gp_reply *reply) {
+                    void *bulk_dst, uint64_t bulk_cap, gp_reply *reply)
+{
     (void)bulk_dst, (void)bulk_cap;
     uint16_t op = gp_rd_u16(frame + 4);
     const uint8_t *body = frame + 16;
     size_t blen = frame_len - 16;
-    if (gp_rd_u32(frame) != blen) abort();
+    if (gp_rd_u32(frame) != blen)
+        abort();
     pthread_mutex_lock(&fake_lock);
     srv.requests[op]++;
     memset(reply, 0, sizeof *reply);
     switch (op) {
     case GP_OP_MODULE_LOAD: {
         gp_module_load m;
-        if (gp_module_load_decode(body, blen, &m)) abort();
+        if (gp_module_load_decode(body, blen, &m))
+            abort();
         gp_module_load_reply rep = {0};
         int have = 0;
-        for (int i = 0; i < srv.nhave; i++) have |= !memcmp(srv.have[i], m.sha256, 32);
+        for (int i = 0; i < srv.nhave; i++)
+            have |= !memcmp(srv.have[i], m.sha256, 32);
         if (m.data_len) {
             uint8_t sha[32];
-            if (m.data_len != bulk_len || m.image_size != bulk_len) abort();
+            if (m.data_len != bulk_len || m.image_size != bulk_len)
+                abort();
             gp_sha256(bulk, bulk_len, sha);
-            if (memcmp(sha, m.sha256, 32)) abort();
+            if (memcmp(sha, m.sha256, 32))
+                abort();
             srv.bulk_bytes += bulk_len;
-            if (!have && srv.nhave < 64) memcpy(srv.have[srv.nhave++], sha, 32);
+            if (!have && srv.nhave < 64)
+                memcpy(srv.have[srv.nhave++], sha, 32);
         } else if (!have) {
             rep.result = GP_ENEEDIMAGE;
         }
@@ -202,7 +250,8 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     }
     case GP_OP_GET_FUNCTION: {
         gp_get_function m;
-        if (gp_get_function_decode(body, blen, &m)) abort();
+        if (gp_get_function_decode(body, blen, &m))
+            abort();
         char name[64] = {0};
         memcpy(name, m.name, m.name_len < 63 ? m.name_len : 63);
         uint8_t offs[16], sizes[16];
@@ -231,7 +280,8 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     }
     case GP_OP_GET_GLOBAL: {
         gp_get_global m;
-        if (gp_get_global_decode(body, blen, &m)) abort();
+        if (gp_get_global_decode(body, blen, &m))
+            abort();
         gp_get_global_reply rep = {0};
         if (m.name_len == 1 && m.name[0] == 'g')
             rep.dptr = 0x200000001000ull, rep.size = 64;
@@ -242,7 +292,8 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     }
     case GP_OP_FUNC_GET_ATTRIBUTE: {
         gp_func_get_attribute m;
-        if (gp_func_get_attribute_decode(body, blen, &m)) abort();
+        if (gp_func_get_attribute_decode(body, blen, &m))
+            abort();
         gp_func_get_attribute_reply rep = {0};
         if (m.attribute < 0 || m.attribute >= CU_FUNC_ATTRIBUTE_MAX)
             rep.result = CUDA_ERROR_INVALID_VALUE;
@@ -253,14 +304,16 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     }
     case GP_OP_FUNC_SET_ATTRIBUTE: {
         gp_func_set_attribute m;
-        if (gp_func_set_attribute_decode(body, blen, &m)) abort();
+        if (gp_func_set_attribute_decode(body, blen, &m))
+            abort();
         gp_func_set_attribute_reply rep = {0};
         REPLY(gp_func_set_attribute_reply, rep);
         break;
     }
     case GP_OP_OCCUPANCY: {
         gp_occupancy m;
-        if (gp_occupancy_decode(body, blen, &m)) abort();
+        if (gp_occupancy_decode(body, blen, &m))
+            abort();
         gp_occupancy_reply rep = {0};
         if (m.kind == 0) {
             /* Pretend registers allow 40960 threads' worth... simple model: 2048 threads per
@@ -268,7 +321,8 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
             int64_t by_threads = 2048 / m.block_size, by_blocks = 32;
             int64_t by_smem = m.dyn_smem ? 232448 / (int64_t)m.dyn_smem : 1000;
             rep.value = by_threads < by_blocks ? by_threads : by_blocks;
-            if (by_smem < rep.value) rep.value = by_smem;
+            if (by_smem < rep.value)
+                rep.value = by_smem;
         } else if (m.kind == 1) {
             rep.value = 232448;
         } else if (m.kind == 2) {
@@ -297,14 +351,16 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     return reply->result;
 }
 
-void gp_reply_free(gp_reply *reply) {
+void gp_reply_free(gp_reply *reply)
+{
     free(reply->body);
     reply->body = NULL;
 }
 
 /* ==== tests ================================================================================ */
 
-static gp_launch last_launch(void) {
+static gp_launch last_launch(void)
+{
     gp_launch m;
     memset(&m, 0, sizeof m);
     CHECK(gp_rd_u16(srv.last_post + 4) == GP_OP_LAUNCH, "last post is op %u",
@@ -317,7 +373,8 @@ static gp_launch last_launch(void) {
 static uint8_t *elf_image;
 static size_t elf_len;
 
-static void test_module_load_and_functions(void) {
+static void test_module_load_and_functions(void)
+{
     CUmodule mod, mod2;
     int before = requests_of(GP_OP_MODULE_LOAD);
     CHECK_RC(cuModuleLoadData(&mod, elf_image), CUDA_SUCCESS);
@@ -411,11 +468,13 @@ static void test_module_load_and_functions(void) {
     ctx_result = CUDA_SUCCESS;
 }
 
-static void test_module_load_file(void) {
+static void test_module_load_file(void)
+{
     char path[] = "/tmp/gp_test_module_XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0, "mkstemp");
-    if (fd < 0) return;
+    if (fd < 0)
+        return;
     FILE *f = fdopen(fd, "wb");
     CHECK(f && fwrite(elf_image, 1, elf_len, f) == elf_len, "write");
     fclose(f);
@@ -433,7 +492,8 @@ static void test_module_load_file(void) {
     remove(path);
 }
 
-static void test_library_and_kernels(void) {
+static void test_library_and_kernels(void)
+{
     entry es[] = {{2, 0x11, elf_image, elf_len}};
     size_t flen;
     uint8_t *fat = synth_fatbin(es, 1, &flen);
@@ -475,8 +535,7 @@ static void test_library_and_kernels(void) {
     uint64_t x = 0x200000000000ull, y = 0x200000100000ull;
     int n = 77;
     void *params[] = {&a, &x, &y, &n};
-    CHECK_RC(cuLaunchKernel((CUfunction)k, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL),
-             CUDA_SUCCESS);
+    CHECK_RC(cuLaunchKernel((CUfunction)k, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL), CUDA_SUCCESS);
     CHECK(last_launch().func == (uint64_t)(uintptr_t)k, "kernel launch wire id");
     CHECK_RC(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL), CUDA_SUCCESS);
     CHECK(last_launch().func == (uint64_t)(uintptr_t)k, "function-of-kernel launch wire id");
@@ -503,8 +562,7 @@ static void test_library_and_kernels(void) {
     int v;
     CHECK_RC(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_NUM_REGS, k, 0), CUDA_SUCCESS);
     CHECK(v == 40, "kernel attribute %d", v);
-    CHECK_RC(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_NUM_REGS, k, 1),
-             CUDA_ERROR_INVALID_DEVICE);
+    CHECK_RC(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_NUM_REGS, k, 1), CUDA_ERROR_INVALID_DEVICE);
     CHECK_RC(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 232448, k, 0),
              CUDA_SUCCESS);
     CHECK_RC(cuKernelSetCacheConfig(k, CU_FUNC_CACHE_PREFER_SHARED, 0), CUDA_SUCCESS);
@@ -519,7 +577,8 @@ static void test_library_and_kernels(void) {
     free(fat);
 }
 
-static void test_launch(void) {
+static void test_launch(void)
+{
     CUmodule mod;
     CHECK_RC(cuModuleLoadData(&mod, elf_image), CUDA_SUCCESS);
     CUfunction f, fbig, fnone, fnolayout;
@@ -556,7 +615,8 @@ static void test_launch(void) {
     /* extra. */
     uint8_t buf[28];
     size_t bsz = sizeof buf;
-    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)(i * 7);
+    for (size_t i = 0; i < sizeof buf; i++)
+        buf[i] = (uint8_t)(i * 7);
     void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &bsz,
                      CU_LAUNCH_PARAM_END};
     CHECK_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra), CUDA_SUCCESS);
@@ -584,13 +644,13 @@ static void test_launch(void) {
 
     /* A big argument block (heap path). */
     uint8_t *big = malloc(5000);
-    for (int i = 0; i < 5000; i++) big[i] = (uint8_t)(i * 13);
+    for (int i = 0; i < 5000; i++)
+        big[i] = (uint8_t)(i * 13);
     uint64_t out = 0x200000200000ull;
     void *bparams[] = {big, &out};
     CHECK_RC(cuLaunchKernel(fbig, 1, 1, 1, 1, 1, 1, 0, NULL, bparams, NULL), CUDA_SUCCESS);
     m = last_launch();
-    CHECK(m.params_len == 5008 && !memcmp(m.params, big, 5000) &&
-              !memcmp(m.params + 5000, &out, 8),
+    CHECK(m.params_len == 5008 && !memcmp(m.params, big, 5000) && !memcmp(m.params + 5000, &out, 8),
           "big argument block (%u bytes)", m.params_len);
     free(big);
 
@@ -667,7 +727,8 @@ static void test_launch(void) {
     CHECK_RC(cuModuleUnload(mod), CUDA_SUCCESS);
 }
 
-static void test_attributes_and_occupancy(void) {
+static void test_attributes_and_occupancy(void)
+{
     CUmodule mod;
     CHECK_RC(cuModuleLoadData(&mod, elf_image), CUDA_SUCCESS);
     CUfunction f;
@@ -750,9 +811,13 @@ static void test_attributes_and_occupancy(void) {
     CHECK_RC(cuModuleUnload(mod), CUDA_SUCCESS);
 }
 
-static size_t smem_per_block(int block_size) { return (size_t)block_size * 256; }
+static size_t smem_per_block(int block_size)
+{
+    return (size_t)block_size * 256;
+}
 
-static void test_occupancy_callback(void) {
+static void test_occupancy_callback(void)
+{
     CUmodule mod;
     CHECK_RC(cuModuleLoadData(&mod, elf_image), CUDA_SUCCESS);
     CUfunction f;
@@ -766,17 +831,18 @@ static void test_occupancy_callback(void) {
     CHECK_RC(cuModuleUnload(mod), CUDA_SUCCESS);
 }
 
-static void test_jit_outputs(void) {
+static void test_jit_outputs(void)
+{
     char info[64], err[128];
     memset(info, 'x', sizeof info);
     memset(err, 'x', sizeof err);
     float wall = 123.0f;
     void *wall_v;
     memcpy(&wall_v, &wall, sizeof wall);
-    CUjit_option opts[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+    CUjit_option opts[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
                            CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                           CU_JIT_WALL_TIME, 0 /* max registers: ignored */};
-    void *vals[] = {info, (void *)(uintptr_t)sizeof info, err, (void *)(uintptr_t)sizeof err,
+                           CU_JIT_WALL_TIME,        0 /* max registers: ignored */};
+    void *vals[] = {info,   (void *)(uintptr_t)sizeof info, err, (void *)(uintptr_t)sizeof err,
                     wall_v, (void *)(uintptr_t)32};
     CUmodule mod;
     CHECK_RC(cuModuleLoadDataEx(&mod, elf_image, 6, opts, vals), CUDA_SUCCESS);
@@ -800,7 +866,8 @@ static void test_jit_outputs(void) {
     CHECK_RC(cuModuleUnload(mod), CUDA_SUCCESS);
 }
 
-static void test_link_unsupported(void) {
+static void test_link_unsupported(void)
+{
     CUlinkState st;
     int errs = log_errors;
     CHECK_RC(cuLinkCreate_v2(0, NULL, NULL, &st), CUDA_ERROR_NOT_SUPPORTED);
@@ -815,13 +882,16 @@ static void test_link_unsupported(void) {
 static CUmodule shared_mod;
 static CUfunction thread_funcs[8];
 
-static void *thread_main(void *arg) {
+static void *thread_main(void *arg)
+{
     int id = (int)(intptr_t)arg;
     CUfunction f = NULL;
     for (int i = 0; i < 200; i++) {
         CUfunction g;
-        if (cuModuleGetFunction(&g, shared_mod, "k4") != CUDA_SUCCESS) return (void *)1;
-        if (f && g != f) return (void *)2;
+        if (cuModuleGetFunction(&g, shared_mod, "k4") != CUDA_SUCCESS)
+            return (void *)1;
+        if (f && g != f)
+            return (void *)2;
         f = g;
         float a = 1;
         uint64_t x = 0, y = 0;
@@ -832,35 +902,42 @@ static void *thread_main(void *arg) {
         int v;
         if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&v, f, 32 * (1 + (i + id) % 8), 0))
             return (void *)4;
-        if (cuFuncGetAttribute(&v, (i + id) % 8, f) != CUDA_SUCCESS) return (void *)5;
-        if (i % 50 == 0 && cuFuncSetAttribute(f, 8, 1000 + i) != CUDA_SUCCESS) return (void *)6;
+        if (cuFuncGetAttribute(&v, (i + id) % 8, f) != CUDA_SUCCESS)
+            return (void *)5;
+        if (i % 50 == 0 && cuFuncSetAttribute(f, 8, 1000 + i) != CUDA_SUCCESS)
+            return (void *)6;
     }
     thread_funcs[id] = f;
     return NULL;
 }
 
-static void test_threads(void) {
+static void test_threads(void)
+{
     CHECK_RC(cuModuleLoadData(&shared_mod, elf_image), CUDA_SUCCESS);
     pthread_t t[8];
-    for (int i = 0; i < 8; i++) pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)i);
+    for (int i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)i);
     for (int i = 0; i < 8; i++) {
         void *ret;
         pthread_join(t[i], &ret);
         CHECK(ret == NULL, "thread %d failed at step %d", i, (int)(intptr_t)ret);
     }
-    for (int i = 1; i < 8; i++) CHECK(thread_funcs[i] == thread_funcs[0], "same function");
+    for (int i = 1; i < 8; i++)
+        CHECK(thread_funcs[i] == thread_funcs[0], "same function");
     CHECK_RC(cuModuleUnload(shared_mod), CUDA_SUCCESS);
 }
 
 /* ---- client-side launch rate ------------------------------------------------------------- */
 
-static double now(void) {
+static double now(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void bench_launch(void) {
+static void bench_launch(void)
+{
     CUmodule mod;
     CHECK_RC(cuModuleLoadData(&mod, elf_image), CUDA_SUCCESS);
     CUfunction f0, f4;
@@ -872,9 +949,11 @@ static void bench_launch(void) {
     void *params[] = {&a, &x, &y, &n};
     const int iters = 1000000;
     double t0 = now();
-    for (int i = 0; i < iters; i++) cuLaunchKernel(f0, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    for (int i = 0; i < iters; i++)
+        cuLaunchKernel(f0, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
     double t1 = now();
-    for (int i = 0; i < iters; i++) cuLaunchKernel(f4, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+    for (int i = 0; i < iters; i++)
+        cuLaunchKernel(f4, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
     double t2 = now();
     printf("client-side launch rate (fake core, fake handle map): no-arg %.2f M/s, 4 args "
            "%.2f M/s\n",
@@ -882,7 +961,8 @@ static void bench_launch(void) {
     CHECK_RC(cuModuleUnload(mod), CUDA_SUCCESS);
 }
 
-int main(void) {
+int main(void)
+{
     dev.attributes[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK] = 1024;
     dev.attributes[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X] = 1024;
     dev.attributes[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y] = 1024;

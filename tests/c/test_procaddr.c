@@ -24,6 +24,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
                              CUdriverProcAddressQueryResult *symbolStatus);
 
 /* Functions whose addresses the answers are compared with (weak stubs here). */
+/* A table clang-format cannot lay out stably: kept as written. */
+// clang-format off
 #define FN(name) extern CUresult name(void);
 FN(cuCtxGetDevice) FN(cuCtxGetDevice_v2) FN(cuCtxSynchronize) FN(cuCtxSynchronize_v2)
 FN(cuEventElapsedTime) FN(cuEventElapsedTime_v2) FN(cuMemAlloc) FN(cuMemAlloc_v2)
@@ -33,10 +35,13 @@ FN(cuLaunchKernel) FN(cuLaunchKernel_ptsz) FN(cuStreamBeginCapture_ptsz)
 FN(cuStreamBeginCapture_v2) FN(cuStreamBeginCapture_v2_ptsz) FN(cuGraphInstantiateWithFlags)
 FN(cuDeviceTotalMem_v2) FN(cuMemcpyDtoHAsync_v2) FN(cuMemcpyDtoHAsync_v2_ptsz) FN(cuInit)
 FN(cuLinkCreate_v2) FN(cuStreamGetCtx_v2) FN(cuCtxCreate_v4) FN(cuMemFree_v2)
+// clang-format on
 #undef FN
 
-static void *lookup(const char *name, int version, cuuint64_t flags, CUresult want_rc,
-                    CUdriverProcAddressQueryResult want_status) {
+                                    static void *lookup(const char *name, int version,
+                                                        cuuint64_t flags, CUresult want_rc,
+                                                        CUdriverProcAddressQueryResult want_status)
+{
     void *fn = (void *)0x1;
     CUdriverProcAddressQueryResult status = (CUdriverProcAddressQueryResult)99;
     CUresult rc = cuGetProcAddress_v2(name, &fn, version, flags, &status);
@@ -49,11 +54,12 @@ static void *lookup(const char *name, int version, cuuint64_t flags, CUresult wa
     return fn;
 }
 
-#define EXPECT(name, version, flags, target)                                                    \
-    CHECK_PTR_EQ(lookup(name, version, flags, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS),       \
+#define EXPECT(name, version, flags, target)                                                       \
+    CHECK_PTR_EQ(lookup(name, version, flags, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS),          \
                  (void *)(target))
 
-static void test_facts(void) {
+static void test_facts(void)
+{
     EXPECT("cuCtxGetDevice", 13000, 0, cuCtxGetDevice_v2);
     EXPECT("cuCtxGetDevice", 12090, 0, cuCtxGetDevice);
     EXPECT("cuCtxSynchronize", 13000, 0, cuCtxSynchronize_v2);
@@ -92,7 +98,8 @@ static void test_facts(void) {
     lookup("cuInit", 0, 0, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
 }
 
-static void test_per_thread(void) {
+static void test_per_thread(void)
+{
     const cuuint64_t ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
     EXPECT("cuMemcpyHtoD", 13000, ptds, cuMemcpyHtoD_v2_ptds);
     EXPECT("cuMemcpyHtoD", 13000, 0, cuMemcpyHtoD_v2);
@@ -109,7 +116,8 @@ static void test_per_thread(void) {
     EXPECT("cuMemAlloc", 13000, ptds, cuMemAlloc_v2); /* no per-thread variant: the plain one */
 }
 
-static void test_fallbacks_and_errors(void) {
+static void test_fallbacks_and_errors(void)
+{
     /* An exact exported name resolves even though it is not a base name. */
     EXPECT("cuMemAlloc_v2", 13000, 0, cuMemAlloc_v2);
     EXPECT("cuMemcpyHtoD_v2_ptds", 2000, 0, cuMemcpyHtoD_v2_ptds);
@@ -139,7 +147,8 @@ static void test_fallbacks_and_errors(void) {
     CHECK_PTR_EQ(fn, NULL);
 }
 
-static void test_table_invariants(void) {
+static void test_table_invariants(void)
+{
     CHECK(gp_procaddr_bases_len > 400);
     CHECK(gp_symbol_table_len >= gp_procaddr_bases_len);
     size_t covered = 0;
@@ -179,9 +188,10 @@ static void test_table_invariants(void) {
     CHECK_PTR_EQ((void *)gp_symbol_lookup(NULL), NULL);
 }
 
-static void test_speed(void) {
+static void test_speed(void)
+{
     /* cudart does ~440 lookups per instance at start-up; make sure that costs nothing. */
-    static const char *const names[] = {"cuInit", "cuMemAlloc", "cuStreamSynchronize",
+    static const char *const names[] = {"cuInit",         "cuMemAlloc",     "cuStreamSynchronize",
                                         "cuLaunchKernel", "cuCtxGetDevice", "cuWhatever"};
     struct timespec t0, t1;
     CHECK_EQ(clock_gettime(CLOCK_MONOTONIC, &t0), 0);
@@ -195,15 +205,16 @@ static void test_speed(void) {
             found++;
     }
     CHECK_EQ(clock_gettime(CLOCK_MONOTONIC, &t1), 0);
-    double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) /
-                rounds;
+    double ns =
+        ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / rounds;
     printf("test_procaddr: %.0f ns per lookup\n", ns);
     CHECK_EQ(found, expected);
     CHECK(ns < 20000.0); /* generous: sanitizer builds and loaded CI machines */
 }
 
 /* Runs `call` with stderr redirected to a temporary file and returns what was written. */
-static char *capture_stderr(void (*call)(void)) {
+static char *capture_stderr(void (*call)(void))
+{
     static char buf[4096];
     buf[0] = '\0';
     FILE *tmp = tmpfile();
@@ -225,7 +236,8 @@ static char *capture_stderr(void (*call)(void)) {
     return buf;
 }
 
-static void call_stubs(void) {
+static void call_stubs(void)
+{
     CHECK_EQ(cuMemFree_v2(), CUDA_ERROR_NOT_SUPPORTED);
     CHECK_EQ(cuMemFree_v2(), CUDA_ERROR_NOT_SUPPORTED);
     /* The same name from another string (not the stub's literal): still reported only once. */
@@ -234,7 +246,8 @@ static void call_stubs(void) {
     CHECK_EQ(cuLinkCreate_v2(), CUDA_ERROR_NOT_SUPPORTED);
 }
 
-static void test_stubs(void) {
+static void test_stubs(void)
+{
     /* GPUPOOL_LOG=quiet silences the report. The setting is read once, at the first report, so
      * this runs in a child forked before this process reports anything. */
     pid_t pid = fork();
@@ -253,14 +266,14 @@ static void test_stubs(void) {
     }
 
     const char *out = capture_stderr(call_stubs);
-    CHECK_STR_EQ(out,
-                 "gpupool: cuMemFree_v2 is not implemented by the gpupool shim (returned "
-                 "CUDA_ERROR_NOT_SUPPORTED); please report it\n"
-                 "gpupool: cuLinkCreate_v2 is not implemented by the gpupool shim (returned "
-                 "CUDA_ERROR_NOT_SUPPORTED); please report it\n");
+    CHECK_STR_EQ(out, "gpupool: cuMemFree_v2 is not implemented by the gpupool shim (returned "
+                      "CUDA_ERROR_NOT_SUPPORTED); please report it\n"
+                      "gpupool: cuLinkCreate_v2 is not implemented by the gpupool shim (returned "
+                      "CUDA_ERROR_NOT_SUPPORTED); please report it\n");
 }
 
-int main(void) {
+int main(void)
+{
     test_facts();
     test_per_thread();
     test_fallbacks_and_errors();

@@ -20,20 +20,26 @@ static int failures;
         failures++;                                                                                \
     } while (0)
 
-static int hexval(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
     return -1;
 }
 
 static uint8_t golden[1 << 20], mine[1 << 20], again[1 << 20];
 
 /* Append a little-endian integer / a protocol string to a hand-built body. */
-static uint8_t *put(uint8_t *p, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++) *p++ = (uint8_t)(v >> (8 * i));
+static uint8_t *put(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        *p++ = (uint8_t)(v >> (8 * i));
     return p;
 }
-static uint8_t *put_str(uint8_t *p, const char *s) {
+static uint8_t *put_str(uint8_t *p, const char *s)
+{
     size_t n = strlen(s);
     p = put(p, n, 4);
     memcpy(p, s, n);
@@ -43,22 +49,23 @@ static uint8_t *put_str(uint8_t *p, const char *s) {
 /* The hello's layout, written out by hand as docs/protocol.md describes it, independently of the
  * generator: the daemon, the worker and clients of other versions depend on exactly these bytes
  * (the 8-byte prefix never moves; the requirements sit between the token and the VA window). */
-static void check_hello_layout(void) {
+static void check_hello_layout(void)
+{
     uint8_t body[512], *p = body;
     p = put(p, GP_PROTO_MAGIC, 4);
     p = put(p, GP_PROTO_MAJOR, 2);
     p = put(p, GP_PROTO_MINOR, 2);
-    p = put(p, 4242, 4);  /* pid */
-    p = put(p, 0, 4);     /* flags */
+    p = put(p, 4242, 4); /* pid */
+    p = put(p, 0, 4);    /* flags */
     p = put_str(p, "node7");
     p = put_str(p, "ada");
     p = put_str(p, "train.py --epochs 3");
     p = put_str(p, "gpt_abc");
     p = put_str(p, "GPU-8f3a");
     p = put_str(p, "A100");
-    p = put(p, 40ull << 30, 8);          /* min_memory */
-    p = put(p, 0x200000000000ull, 8);    /* va_base */
-    p = put(p, 1ull << 40, 8);           /* va_size */
+    p = put(p, 40ull << 30, 8);       /* min_memory */
+    p = put(p, 0x200000000000ull, 8); /* va_base */
+    p = put(p, 1ull << 40, 8);        /* va_size */
     size_t n = (size_t)(p - body);
     gp_hello h;
     if (gp_hello_decode(body, n, &h) != 0) {
@@ -67,25 +74,34 @@ static void check_hello_layout(void) {
     }
     if (h.magic != GP_PROTO_MAGIC || h.major != GP_PROTO_MAJOR || h.pid != 4242)
         FAIL("hello prefix decoded wrong");
-    if (h.gpu_len != 8 || memcmp(h.gpu, "GPU-8f3a", 8) != 0) FAIL("hello gpu decoded wrong");
-    if (h.model_len != 4 || memcmp(h.model, "A100", 4) != 0) FAIL("hello model decoded wrong");
-    if (h.min_memory != 40ull << 30) FAIL("hello min_memory decoded wrong");
-    if (h.va_base != 0x200000000000ull || h.va_size != 1ull << 40) FAIL("hello window wrong");
-    if (gp_hello_size(&h) != n) FAIL("gp_hello_size %zu, hand-built %zu", gp_hello_size(&h), n);
+    if (h.gpu_len != 8 || memcmp(h.gpu, "GPU-8f3a", 8) != 0)
+        FAIL("hello gpu decoded wrong");
+    if (h.model_len != 4 || memcmp(h.model, "A100", 4) != 0)
+        FAIL("hello model decoded wrong");
+    if (h.min_memory != 40ull << 30)
+        FAIL("hello min_memory decoded wrong");
+    if (h.va_base != 0x200000000000ull || h.va_size != 1ull << 40)
+        FAIL("hello window wrong");
+    if (gp_hello_size(&h) != n)
+        FAIL("gp_hello_size %zu, hand-built %zu", gp_hello_size(&h), n);
     if (gp_hello_encode(mine, &h) != n || memcmp(mine, body, n) != 0)
         FAIL("hello re-encodes differently from the hand-built bytes");
 }
 
 /* Informational notice codes are named like results but are never errors. */
-static void check_codes(void) {
-    if (!gp_code_is_info(GP_INFO_QUEUED)) FAIL("GP_INFO_QUEUED is not informational");
+static void check_codes(void)
+{
+    if (!gp_code_is_info(GP_INFO_QUEUED))
+        FAIL("GP_INFO_QUEUED is not informational");
     if (gp_code_is_info(0) || gp_code_is_info(GP_EBUSY) || gp_code_is_info(700))
         FAIL("an error code counts as informational");
     const char *name = gp_result_name(GP_INFO_QUEUED);
-    if (!name || strcmp(name, "GP_INFO_QUEUED") != 0) FAIL("no name for GP_INFO_QUEUED");
+    if (!name || strcmp(name, "GP_INFO_QUEUED") != 0)
+        FAIL("no name for GP_INFO_QUEUED");
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     if (argc != 2) {
         fprintf(stderr, "usage: %s samples.hex\n", argv[0]);
         return 2;
@@ -99,9 +115,11 @@ int main(int argc, char **argv) {
     size_t cap = 0;
     int checked = 0;
     while (getline(&line, &cap, f) > 0) {
-        if (line[0] == '#') continue;
+        if (line[0] == '#')
+            continue;
         char *sp = strchr(line, ' ');
-        if (!sp) continue;
+        if (!sp)
+            continue;
         *sp = 0;
         const char *hex = sp + 1;
         size_t n = 0;
@@ -111,7 +129,8 @@ int main(int argc, char **argv) {
         }
         const gp_sample_entry *e = NULL;
         for (int i = 0; i < GP_SAMPLE_COUNT; i++)
-            if (strcmp(gp_samples[i].name, line) == 0) e = &gp_samples[i];
+            if (strcmp(gp_samples[i].name, line) == 0)
+                e = &gp_samples[i];
         if (!e) {
             FAIL("golden entry %s has no C sample", line);
             continue;
@@ -138,7 +157,8 @@ int main(int argc, char **argv) {
     fclose(f);
     check_hello_layout();
     check_codes();
-    if (checked != GP_SAMPLE_COUNT) FAIL("checked %d samples, expected %d", checked, GP_SAMPLE_COUNT);
+    if (checked != GP_SAMPLE_COUNT)
+        FAIL("checked %d samples, expected %d", checked, GP_SAMPLE_COUNT);
     printf("test_protocol: %d samples, %d failures\n", checked, failures);
     return failures ? 1 : 0;
 }

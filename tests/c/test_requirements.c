@@ -10,7 +10,8 @@
 #include "client_config.h"
 #include "gp_test.h"
 
-static void size_ok(const char *text, uint64_t want) {
+static void size_ok(const char *text, uint64_t want)
+{
     uint64_t got = 12345;
     int rc = gp_parse_size(text, &got);
     if (rc != 0 || got != want)
@@ -20,16 +21,18 @@ static void size_ok(const char *text, uint64_t want) {
     CHECK_EQ(got, want);
 }
 
-static void size_bad(const char *text) {
+static void size_bad(const char *text)
+{
     uint64_t got = 12345;
     int rc = gp_parse_size(text, &got);
-    if (rc != -1) fprintf(stderr, "gp_parse_size(\"%s\") accepted: %llu\n", text,
-                          (unsigned long long)got);
+    if (rc != -1)
+        fprintf(stderr, "gp_parse_size(\"%s\") accepted: %llu\n", text, (unsigned long long)got);
     CHECK_EQ(rc, -1);
     CHECK_EQ(got, 12345); /* untouched on failure */
 }
 
-static void test_sizes(void) {
+static void test_sizes(void)
+{
     size_ok("0", 0);
     size_ok("17179869184", 17179869184ull);
     size_ok("40G", 40000000000ull);
@@ -47,7 +50,7 @@ static void test_sizes(void) {
     size_ok("1.5G", 1500000000ull);
     size_ok("1.5GiB", 3ull << 29);
     size_ok(" 40 GB ", 40000000000ull);
-    size_ok("0.0000001G", 0);               /* digits past the sixth are dropped */
+    size_ok("0.0000001G", 0); /* digits past the sixth are dropped */
     size_ok("18446744073709551615", UINT64_MAX);
     size_ok("16777215TiB", 16777215ull << 40);
     size_bad("");
@@ -68,7 +71,8 @@ static void test_sizes(void) {
     size_ok("10.5", 10); /* a fraction of a byte is dropped */
 }
 
-int main(void) {
+int main(void)
+{
     test_sizes();
     return gp_test_done("test_requirements");
 }

@@ -9,7 +9,8 @@
 #include "gp_test.h"
 #include "sha256.h"
 
-static void check_pieces(const uint8_t *msg, size_t len, const uint8_t want[32]) {
+static void check_pieces(const uint8_t *msg, size_t len, const uint8_t want[32])
+{
     static const size_t steps[] = {1, 3, 55, 56, 63, 64, 65, 127, 1000};
     for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
         gp_sha256_ctx ctx;
@@ -22,7 +23,8 @@ static void check_pieces(const uint8_t *msg, size_t len, const uint8_t want[32])
     }
 }
 
-static void check(const void *msg, size_t len, const char *hex) {
+static void check(const void *msg, size_t len, const char *hex)
+{
     uint8_t want[32], got[32];
     char got_hex[65];
     CHECK_EQ(gp_test_unhex(hex, want, sizeof want), 32);
@@ -33,11 +35,13 @@ static void check(const void *msg, size_t len, const char *hex) {
     check_pieces(msg, len, want);
 }
 
-static void check_str(const char *msg, const char *hex) {
+static void check_str(const char *msg, const char *hex)
+{
     check(msg, strlen(msg), hex);
 }
 
-int main(void) {
+int main(void)
+{
     check_str("", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     check_str("abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     check_str("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",

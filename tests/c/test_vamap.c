@@ -18,32 +18,39 @@
 #define GIB (1ull << 30)
 
 /* A base where nothing is mapped in a test process: 0x300000000000 and up. */
-static uint64_t free_base(uint64_t size) {
+static uint64_t free_base(uint64_t size)
+{
     for (uint64_t b = 0x300000000000ull; b < 0x700000000000ull; b += 0x10000000000ull) {
         void *p = mmap((void *)(uintptr_t)b, size, PROT_NONE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-        if (p == MAP_FAILED) continue;
+        if (p == MAP_FAILED)
+            continue;
         munmap(p, size);
-        if ((uint64_t)(uintptr_t)p == b) return b;
+        if ((uint64_t)(uintptr_t)p == b)
+            return b;
     }
     return 0;
 }
 
-static int page_is_mapped(uint64_t addr) {
+static int page_is_mapped(uint64_t addr)
+{
     long pg = sysconf(_SC_PAGESIZE);
     void *p = mmap((void *)(uintptr_t)(addr & ~(uint64_t)(pg - 1)), (size_t)pg, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-    if (p == MAP_FAILED) return errno == EEXIST;
+    if (p == MAP_FAILED)
+        return errno == EEXIST;
     munmap(p, (size_t)pg);
     return (uint64_t)(uintptr_t)p != (addr & ~(uint64_t)(pg - 1)); /* old kernel: a hint */
 }
 
-static gp_range dev_range(uint64_t base, uint64_t size, uint64_t ctx) {
+static gp_range dev_range(uint64_t base, uint64_t size, uint64_t ctx)
+{
     gp_range r = {.base = base, .size = size, .kind = GP_RANGE_DEVICE, .ctx = ctx};
     return r;
 }
 
-static void test_window(uint64_t base) {
+static void test_window(uint64_t base)
+{
     CHECK_EQ(gp_vamap_window_size(), 0);
     CHECK(!gp_vamap_in_window(base));
     CHECK_EQ(gp_vamap_reserve_window(base, 4 * GIB), 0);
@@ -53,7 +60,7 @@ static void test_window(uint64_t base) {
     CHECK(gp_vamap_in_window(base + 4 * GIB - 1));
     CHECK(!gp_vamap_in_window(base + 4 * GIB));
     CHECK(!gp_vamap_in_window(base - 1));
-    CHECK(page_is_mapped(base + GIB));            /* really reserved */
+    CHECK(page_is_mapped(base + GIB));                /* really reserved */
     CHECK_EQ(gp_vamap_reserve_window(base, GIB), -1); /* only one window */
     gp_vamap_release_window();
     CHECK_EQ(gp_vamap_window_size(), 0);
@@ -72,21 +79,22 @@ static void test_window(uint64_t base) {
     CHECK_EQ(gp_vamap_reserve_window(base, 4 * GIB), 0); /* kept for the other tests */
 }
 
-static void test_basic(uint64_t base) {
+static void test_basic(uint64_t base)
+{
     gp_range a = dev_range(base, 4000, 11), b = dev_range(base + 2 * MIB, 2 * MIB, 11);
     CHECK_EQ(gp_vamap_add(&a), 0);
     CHECK_EQ(gp_vamap_add(&b), 0);
     gp_range o;
-    CHECK_EQ(gp_vamap_add(&a), -1);                          /* same range again */
+    CHECK_EQ(gp_vamap_add(&a), -1); /* same range again */
     gp_range over = dev_range(base + 3999, 10, 11);
-    CHECK_EQ(gp_vamap_add(&over), -1);                       /* overlaps a's last byte */
+    CHECK_EQ(gp_vamap_add(&over), -1); /* overlaps a's last byte */
     over = dev_range(base + 2 * MIB - 1, 2, 11);
-    CHECK_EQ(gp_vamap_add(&over), -1);                       /* overlaps b's first byte */
+    CHECK_EQ(gp_vamap_add(&over), -1); /* overlaps b's first byte */
     over = dev_range(base - 10, 100 * MIB, 11);
-    CHECK_EQ(gp_vamap_add(&over), -1);                       /* covers both */
+    CHECK_EQ(gp_vamap_add(&over), -1); /* covers both */
     gp_range zero = dev_range(base + 10 * MIB, 0, 11);
     CHECK_EQ(gp_vamap_add(&zero), -1);
-    gp_range adj = dev_range(base + 4000, 96, 12);           /* touches a: fine */
+    gp_range adj = dev_range(base + 4000, 96, 12); /* touches a: fine */
     CHECK_EQ(gp_vamap_add(&adj), 0);
 
     CHECK_EQ(gp_vamap_find(base, &o), 0);
@@ -106,8 +114,8 @@ static void test_basic(uint64_t base) {
 
     CHECK(gp_vamap_device_span(base, 4000));
     CHECK(gp_vamap_device_span(base + 1000, 3000));
-    CHECK(!gp_vamap_device_span(base + 1000, 3001));     /* runs past the end */
-    CHECK(!gp_vamap_device_span(base, 4096));            /* spans two ranges: refused */
+    CHECK(!gp_vamap_device_span(base + 1000, 3001)); /* runs past the end */
+    CHECK(!gp_vamap_device_span(base, 4096));        /* spans two ranges: refused */
     CHECK(gp_vamap_device_span(base + 3999, 1));
     CHECK(gp_vamap_device_span(base + 3999, 0));
     CHECK(!gp_vamap_device_span(base + 5000, 1));
@@ -115,8 +123,11 @@ static void test_basic(uint64_t base) {
 
     /* Host ranges are never device spans. */
     static char host[8192];
-    gp_range h = {.base = (uint64_t)(uintptr_t)host, .size = sizeof host,
-                  .kind = GP_RANGE_HOST_ALLOC, .ctx = 11, .flags = 2};
+    gp_range h = {.base = (uint64_t)(uintptr_t)host,
+                  .size = sizeof host,
+                  .kind = GP_RANGE_HOST_ALLOC,
+                  .ctx = 11,
+                  .flags = 2};
     CHECK_EQ(gp_vamap_add(&h), 0);
     CHECK(!gp_vamap_device_span((uint64_t)(uintptr_t)host, 1));
     CHECK_EQ(gp_vamap_find((uint64_t)(uintptr_t)host + 100, &o), 0);
@@ -146,10 +157,11 @@ static void test_basic(uint64_t base) {
     CHECK_EQ(gp_vamap_remove((uint64_t)(uintptr_t)host, NULL), 0);
 }
 
-static void test_globals(uint64_t win) {
+static void test_globals(uint64_t win)
+{
     /* Inside the window: just recorded. */
     CHECK_EQ(gp_vamap_add_global(win + 64 * MIB, 64, 5), 0);
-    CHECK_EQ(gp_vamap_add_global(win + 64 * MIB, 64, 5), 0); /* idempotent */
+    CHECK_EQ(gp_vamap_add_global(win + 64 * MIB, 64, 5), 0);  /* idempotent */
     CHECK_EQ(gp_vamap_add_global(win + 64 * MIB, 65, 5), -1); /* a different range there */
     CHECK(gp_vamap_device_span(win + 64 * MIB + 60, 4));
     gp_range o;
@@ -174,7 +186,8 @@ static struct {
     int live;
 } model[MODEL_N];
 
-static void test_random(uint64_t win) {
+static void test_random(uint64_t win)
+{
     unsigned seed = 12345;
     for (int step = 0; step < 20000; step++) {
         seed = seed * 1103515245u + 12345u;
@@ -215,40 +228,49 @@ static void test_random(uint64_t win) {
             gp_range o;
             int rc = gp_vamap_find(a, &o);
             CHECK_EQ(rc, expect);
-            if (rc == 0 && expect == 0) CHECK_EQ(o.base, eb);
+            if (rc == 0 && expect == 0)
+                CHECK_EQ(o.base, eb);
         }
     }
     int live = 0;
-    for (int k = 0; k < MODEL_N; k++) live += model[k].live;
+    for (int k = 0; k < MODEL_N; k++)
+        live += model[k].live;
     CHECK_EQ(gp_vamap_remove_ctx(77), live);
 }
 
 /* Several threads adding, finding and removing their own ranges at once. */
 static uint64_t thread_win;
 
-static void *worker(void *arg) {
+static void *worker(void *arg)
+{
     uint64_t t = (uint64_t)(uintptr_t)arg;
     uint64_t base = thread_win + 128 * MIB + t * 16 * MIB;
     int bad = 0;
     for (int round = 0; round < 2000; round++) {
         for (uint64_t k = 0; k < 8; k++) {
             gp_range r = dev_range(base + k * MIB, MIB / 2, 100 + t);
-            if (gp_vamap_add(&r) != 0) bad++;
+            if (gp_vamap_add(&r) != 0)
+                bad++;
         }
         for (uint64_t k = 0; k < 8; k++) {
-            if (!gp_vamap_device_span(base + k * MIB + 10, 100)) bad++;
-            if (gp_vamap_device_span(base + k * MIB + MIB / 2, 1)) bad++;
+            if (!gp_vamap_device_span(base + k * MIB + 10, 100))
+                bad++;
+            if (gp_vamap_device_span(base + k * MIB + MIB / 2, 1))
+                bad++;
         }
         for (uint64_t k = 0; k < 8; k++)
-            if (gp_vamap_remove(base + k * MIB, NULL) != 0) bad++;
+            if (gp_vamap_remove(base + k * MIB, NULL) != 0)
+                bad++;
     }
     return (void *)(uintptr_t)bad;
 }
 
-static void test_threads(uint64_t win) {
+static void test_threads(uint64_t win)
+{
     thread_win = win;
     pthread_t th[8];
-    for (uintptr_t t = 0; t < 8; t++) pthread_create(&th[t], NULL, worker, (void *)t);
+    for (uintptr_t t = 0; t < 8; t++)
+        pthread_create(&th[t], NULL, worker, (void *)t);
     for (int t = 0; t < 8; t++) {
         void *bad;
         pthread_join(th[t], &bad);
@@ -256,11 +278,13 @@ static void test_threads(uint64_t win) {
     }
 }
 
-int main(void) {
+int main(void)
+{
     setenv("GPUPOOL_LOG", "quiet", 1);
     uint64_t base = free_base(4 * GIB);
     CHECK(base != 0);
-    if (!base) return gp_test_done("test_vamap");
+    if (!base)
+        return gp_test_done("test_vamap");
     test_window(base);
     test_basic(base);
     test_globals(base);

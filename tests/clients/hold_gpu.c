@@ -21,25 +21,27 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
+static double now_s(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-#define CHECK(call)                                                                          \
-    do {                                                                                     \
-        CUresult rc_ = (call);                                                               \
-        if (rc_ != CUDA_SUCCESS) {                                                           \
-            const char *name_ = NULL;                                                        \
-            cuGetErrorName(rc_, &name_);                                                     \
-            fprintf(stderr, "hold_gpu: %s failed: %s (%d)\n", #call, name_ ? name_ : "?",   \
-                    (int)rc_);                                                               \
-            return 1;                                                                        \
-        }                                                                                    \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != CUDA_SUCCESS) {                                                                 \
+            const char *name_ = NULL;                                                              \
+            cuGetErrorName(rc_, &name_);                                                           \
+            fprintf(stderr, "hold_gpu: %s failed: %s (%d)\n", #call, name_ ? name_ : "?",          \
+                    (int)rc_);                                                                     \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
-static uint8_t pattern_byte(uint64_t seed, size_t i) {
+static uint8_t pattern_byte(uint64_t seed, size_t i)
+{
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + i;
     x ^= x >> 29;
     x *= 0xBF58476D1CE4E5B9ull;
@@ -47,7 +49,8 @@ static uint8_t pattern_byte(uint64_t seed, size_t i) {
     return (uint8_t)(x | 1); /* never zero: a zero would hide a missed write */
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     if (argc < 4) {
         fprintf(stderr, "usage: hold_gpu BYTES HOLD_MS SEED [LOOP_COPIES]\n");
         return 2;
@@ -75,8 +78,10 @@ int main(int argc, char **argv) {
     CHECK(cuMemAlloc(&d, bytes));
     CHECK(cuMemcpyDtoH(back, d, bytes));
     size_t nonzero = 0;
-    for (size_t i = 0; i < bytes; i++) nonzero += back[i] != 0;
-    for (size_t i = 0; i < bytes; i++) host[i] = pattern_byte(seed, i);
+    for (size_t i = 0; i < bytes; i++)
+        nonzero += back[i] != 0;
+    for (size_t i = 0; i < bytes; i++)
+        host[i] = pattern_byte(seed, i);
     CHECK(cuMemcpyHtoD(d, host, bytes));
     printf("holding seed=%llu\n", (unsigned long long)seed);
     fflush(stdout);
@@ -103,7 +108,8 @@ int main(int argc, char **argv) {
     CHECK(cuMemcpyDtoH(back, d, bytes));
     int exact = memcmp(host, back, bytes) == 0;
     printf("seed=%llu uuid=", (unsigned long long)seed);
-    for (int i = 0; i < 16; i++) printf("%02x", (unsigned char)uuid.bytes[i]);
+    for (int i = 0; i < 16; i++)
+        printf("%02x", (unsigned char)uuid.bytes[i]);
     printf(" nonzero_before=%zu exact=%d copies=%ld t_start=%.6f t_leased=%.6f t_end=%.6f\n",
            nonzero, exact, copies, t_start, t_leased, now_s());
     return exact ? 0 : 1;

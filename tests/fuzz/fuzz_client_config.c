@@ -34,11 +34,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     /* Only the file: no server, token or TLS settings from the environment. */
-    static const char *const vars[] = {"GPUPOOL_SERVER", "GPUPOOL_TOKEN", "GPUPOOL_TLS",
-                                       "GPUPOOL_TLS_CA", "GPUPOOL_TLS_CERT", "GPUPOOL_TLS_KEY",
-                                       "GPUPOOL_GPU", "GPUPOOL_DEVICE", "GPUPOOL_GPU_MODEL",
-                                       "GPUPOOL_MIN_MEMORY", "GPUPOOL_COMPRESSION",
-                                       "GPUPOOL_CONNECT_TIMEOUT", "GPUPOOL_PROBE_TIMEOUT"};
+    static const char *const vars[] = {
+        "GPUPOOL_SERVER",       "GPUPOOL_TOKEN",       "GPUPOOL_TLS",
+        "GPUPOOL_TLS_CA",       "GPUPOOL_TLS_CERT",    "GPUPOOL_TLS_KEY",
+        "GPUPOOL_GPU",          "GPUPOOL_DEVICE",      "GPUPOOL_GPU_MODEL",
+        "GPUPOOL_MIN_MEMORY",   "GPUPOOL_COMPRESSION", "GPUPOOL_CONNECT_TIMEOUT",
+        "GPUPOOL_PROBE_TIMEOUT"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
     setenv("GPUPOOL_LOG", "quiet", 1);

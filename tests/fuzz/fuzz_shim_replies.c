@@ -71,8 +71,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         waiter *d = calloc(1, sizeof *d);
         if (!d)
             abort();
-        *d = (waiter){.req = (uint64_t)(CALLERS + i) + 1, .detached = 1,
-                      .dst = dst[CALLERS + i], .cap = BUF};
+        *d = (waiter){
+            .req = (uint64_t)(CALLERS + i) + 1, .detached = 1, .dst = dst[CALLERS + i], .cap = BUF};
         if (waiter_add(d) != 0)
             abort();
     }

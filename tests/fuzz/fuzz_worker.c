@@ -95,13 +95,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     w->ctl.fd = -1;
     w->ctl.listen_fd = -1;
     w->simulated = 1;
-    struct wk_options o = {.fd = sv[1], .control_fd = -1, .driver = sim_path, .ordinal = 0,
-                           .cache_dir = cache_dir, .session_id = 1, .hello_req = 1,
+    struct wk_options o = {.fd = sv[1],
+                           .control_fd = -1,
+                           .driver = sim_path,
+                           .ordinal = 0,
+                           .cache_dir = cache_dir,
+                           .session_id = 1,
+                           .hello_req = 1,
                            .simulated = 1};
-    gp_hello hello = {.magic = GP_PROTO_MAGIC, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
-                      .pid = 1, .flags = GP_HELLO_KEEPALIVE, .host = "fuzz", .host_len = 4,
-                      .user = "fuzz", .user_len = 4, .program = "fuzz", .program_len = 4,
-                      .va_base = 0x200000000000ull, .va_size = 1ull << 30};
+    gp_hello hello = {.magic = GP_PROTO_MAGIC,
+                      .major = GP_PROTO_MAJOR,
+                      .minor = GP_PROTO_MINOR,
+                      .pid = 1,
+                      .flags = GP_HELLO_KEEPALIVE,
+                      .host = "fuzz",
+                      .host_len = 4,
+                      .user = "fuzz",
+                      .user_len = 4,
+                      .program = "fuzz",
+                      .program_len = 4,
+                      .va_base = 0x200000000000ull,
+                      .va_size = 1ull << 30};
     struct fuzz_feed feed;
     fuzz_feed_start(&feed, sv[0], data, size); /* the client's side */
     if (wk_session_start(w, &o, &hello) == 0)

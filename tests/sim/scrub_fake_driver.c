@@ -81,20 +81,34 @@ CUresult cuInit(unsigned int flags)
 CUresult cuGetErrorName(CUresult e, const char **s)
 {
     switch (e) {
-    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
-    case CUDA_ERROR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; return CUDA_SUCCESS;
-    case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        *s = "CUDA_ERROR_OUT_OF_MEMORY";
+        return CUDA_SUCCESS;
+    case CUDA_ERROR_NO_DEVICE:
+        *s = "CUDA_ERROR_NO_DEVICE";
+        return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+        *s = "CUDA_ERROR_ILLEGAL_ADDRESS";
+        return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE:
+        *s = "CUDA_ERROR_INVALID_VALUE";
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
     }
 }
 
 CUresult cuGetErrorString(CUresult e, const char **s)
 {
     switch (e) {
-    case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; return CUDA_SUCCESS;
-    case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; return 0;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CUDA_ERROR_NO_DEVICE:
+        *s = "no CUDA-capable device is detected";
+        return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+        *s = "an illegal memory access was encountered";
+        return 0;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
     }
 }
 
@@ -112,9 +126,15 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
     return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+    return CUDA_SUCCESS;
+}
 
-CUresult cuCtxSetCurrent(CUcontext c) { return CUDA_SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext c)
+{
+    return CUDA_SUCCESS;
+}
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {

@@ -135,8 +135,7 @@ int main(int argc, char **argv)
                 zeros += buf[i] == 0;
             }
             printf("%s{\"size\":%llu,\"pattern\":%llu,\"zero\":%llu}", k ? "," : "",
-                   (unsigned long long)size, (unsigned long long)match,
-                   (unsigned long long)zeros);
+                   (unsigned long long)size, (unsigned long long)match, (unsigned long long)zeros);
         }
         free(buf);
     }

@@ -104,24 +104,23 @@ static void test_attributes(void)
 
 static void test_config_file(void)
 {
-    const char *path = sim_test_write_temp(
-        "# a test device\n"
-        "name = Test GPU (simulated)   # trailing comment\n"
-        "\n"
-        "total_memory = 16 GiB\n"
-        "cc_major = 8\n"
-        "  cc_minor=6\n"
-        "sm_count = 84\n"
-        "uuid = 00112233-4455-6677-8899-aabbccddeeff\n"
-        "pci_domain = 0x2\n"
-        "pci_bus = 0x41\n"
-        "pci_device = 3\n"
-        "driver_version = 12080\n"
-        "device_count = 2\n"
-        "granularity = 64KiB\n"
-        "heap_base = 0x310000000000\n"
-        "attr.13 = 1500000\n"
-        "attr.131 = -1\n");
+    const char *path = sim_test_write_temp("# a test device\n"
+                                           "name = Test GPU (simulated)   # trailing comment\n"
+                                           "\n"
+                                           "total_memory = 16 GiB\n"
+                                           "cc_major = 8\n"
+                                           "  cc_minor=6\n"
+                                           "sm_count = 84\n"
+                                           "uuid = 00112233-4455-6677-8899-aabbccddeeff\n"
+                                           "pci_domain = 0x2\n"
+                                           "pci_bus = 0x41\n"
+                                           "pci_device = 3\n"
+                                           "driver_version = 12080\n"
+                                           "device_count = 2\n"
+                                           "granularity = 64KiB\n"
+                                           "heap_base = 0x310000000000\n"
+                                           "attr.13 = 1500000\n"
+                                           "attr.131 = -1\n");
     CHECK(setenv("GPUPOOL_SIM_CONFIG", path, 1) == 0);
     OK(cuInit(0));
     int n = 0, v = 0;

@@ -11,9 +11,9 @@
 #include "sim_internal.h"
 #include "sim_test.h"
 
-static const char *const table_kernels[] = {"gp_test_noop",       "gp_test_axpy",
-                                            "gp_test_scalars",    "gp_test_big_struct",
-                                            "gp_test_index",      "gp_test_spin"};
+static const char *const table_kernels[] = {"gp_test_noop",    "gp_test_axpy",
+                                            "gp_test_scalars", "gp_test_big_struct",
+                                            "gp_test_index",   "gp_test_spin"};
 
 static const struct sim_elf_kernel *kernel(const struct sim_elf_info *info, const char *name)
 {
@@ -54,8 +54,8 @@ static void test_table_matches_cubin(void)
             if (k->params[p].offset != def->params[p].offset ||
                 k->params[p].size != def->params[p].size) {
                 fprintf(stderr, "%s parameter %d: nvcc (offset %u, size %u), table (%u, %u)\n",
-                        def->name, p, k->params[p].offset, k->params[p].size,
-                        def->params[p].offset, def->params[p].size);
+                        def->name, p, k->params[p].offset, k->params[p].size, def->params[p].offset,
+                        def->params[p].size);
                 exit(1);
             }
         }

@@ -7,8 +7,16 @@
 
 #include "sim_test.h"
 
-enum { ILLEGAL_STATE = 401, CAPTURE_INVALIDATED = 901, CAPTURED_EVENT = 907 };
-enum { NONE = 0, ACTIVE = 1, INVALIDATED = 2 };
+enum {
+    ILLEGAL_STATE = 401,
+    CAPTURE_INVALIDATED = 901,
+    CAPTURED_EVENT = 907
+};
+enum {
+    NONE = 0,
+    ACTIVE = 1,
+    INVALIDATED = 2
+};
 #define WORDS 1024
 
 static int status(CUstream s)
@@ -42,7 +50,7 @@ static void test_capture_and_replay(void)
     OK(cuMemcpyDtoDAsync_v2(dst, src, WORDS * 2, s)); /* first half of dst = src */
     CUevent e;
     OK(cuEventCreate(&e, 0));
-    OK(cuEventRecord(e, s)); /* a captured event, no node */
+    OK(cuEventRecord(e, s));        /* a captured event, no node */
     CHECK_EQ(host(dst)[0], 0xdead); /* nothing ran */
     CUgraph g = NULL;
     OK(cuStreamEndCapture(s, &g));

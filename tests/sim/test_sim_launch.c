@@ -56,8 +56,8 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
     }
     void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &total,
                      CU_LAUNCH_PARAM_END};
-    return cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, NULL,
-                          NULL, extra);
+    return cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, NULL, NULL,
+                          extra);
 }
 
 static const unsigned one[3] = {1, 1, 1};
@@ -68,7 +68,9 @@ static void run_all_kernels(CUmodule m, bool use_extra)
     OK(launch(get_fn(m, "gp_test_noop"), one, one, NULL, use_extra));
 
     /* gp_test_axpy: 1024 threads, n = 1000 */
-    enum { N = 1000 };
+    enum {
+        N = 1000
+    };
     float x[N], y[N], out[N];
     for (int i = 0; i < N; i++) {
         x[i] = (float)i;
@@ -122,7 +124,9 @@ static void run_all_kernels(CUmodule m, bool use_extra)
     CHECK_EQ(rr[2], 99 * 3 - 7);
 
     /* gp_test_index: a 3D grid of 3D blocks, 288 threads, n = 250 */
-    enum { M = 300 };
+    enum {
+        M = 300
+    };
     unsigned idx[M];
     CUdeviceptr didx = 0;
     OK(cuMemAlloc_v2(&didx, sizeof(idx)));
@@ -371,8 +375,14 @@ static void test_launch_ex(void)
     attr.value.clusterDim.x = 2;
     attr.value.clusterDim.y = 1;
     attr.value.clusterDim.z = 1;
-    CUlaunchConfig cfg = {.gridDimX = 4, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 16,
-                          .blockDimY = 1, .blockDimZ = 1, .attrs = &attr, .numAttrs = 1};
+    CUlaunchConfig cfg = {.gridDimX = 4,
+                          .gridDimY = 1,
+                          .gridDimZ = 1,
+                          .blockDimX = 16,
+                          .blockDimY = 1,
+                          .blockDimZ = 1,
+                          .attrs = &attr,
+                          .numAttrs = 1};
     OK(cuLaunchKernelEx(&cfg, f, args, NULL));
     unsigned out[64];
     OK(cuMemcpyDtoH_v2(out, d, sizeof(out)));
@@ -455,8 +465,12 @@ static void test_attributes_occupancy(void)
     CHECK_EQ(smem, 233472 / 4 - 1024);
     OK(cuOccupancyAvailableDynamicSMemPerBlock(&smem, f, 9, 256));
     CHECK_EQ(smem, 0); /* 9 blocks of 256 threads do not fit */
-    CUlaunchConfig cfg = {.gridDimX = 64, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128,
-                          .blockDimY = 1, .blockDimZ = 1};
+    CUlaunchConfig cfg = {.gridDimX = 64,
+                          .gridDimY = 1,
+                          .gridDimZ = 1,
+                          .blockDimX = 128,
+                          .blockDimY = 1,
+                          .blockDimZ = 1};
     int cs = 0, nc = 0;
     OK(cuOccupancyMaxPotentialClusterSize(&cs, f, &cfg));
     CHECK_EQ(cs, 8);

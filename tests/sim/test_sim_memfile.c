@@ -48,7 +48,10 @@ static void in_child(void (*fn)(void))
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-static unsigned char pat(unsigned seed, uint64_t i) { return (unsigned char)(i * 131 + seed * 17 + 1); }
+static unsigned char pat(unsigned seed, uint64_t i)
+{
+    return (unsigned char)(i * 131 + seed * 17 + 1);
+}
 
 static void fill(CUdeviceptr p, uint64_t n, unsigned seed)
 {

@@ -322,7 +322,7 @@ static void test_memsets(void)
     CHECK_EQ(w[15], 0xdeadbeef);
     CHECK_RC(cuMemsetD16_v2(a + 1, 0, 2), CUDA_ERROR_INVALID_VALUE); /* misaligned */
     CHECK_RC(cuMemsetD32_v2(a + 2, 0, 2), CUDA_ERROR_INVALID_VALUE);
-    CHECK_RC(cuMemsetD32_v2(a, 0, 17), CUDA_ERROR_INVALID_VALUE);    /* 68 bytes > 64 */
+    CHECK_RC(cuMemsetD32_v2(a, 0, 17), CUDA_ERROR_INVALID_VALUE); /* 68 bytes > 64 */
     CHECK_RC(cuMemsetD8_v2(a, 0, (size_t)-1), CUDA_ERROR_INVALID_VALUE);
     CHECK_RC(cuMemsetD32_v2(a, 0, (size_t)-1 / 2), CUDA_ERROR_INVALID_VALUE);
     OK(cuMemsetD8Async(a, 1, 64, NULL));

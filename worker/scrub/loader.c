@@ -21,7 +21,10 @@ struct sym {
     const char *name;
 };
 
-#define SYM(req_, field_, name_) {req_, offsetof(struct scrub_drv, field_), name_}
+#define SYM(req_, field_, name_)                                                                   \
+    {                                                                                              \
+        req_, offsetof(struct scrub_drv, field_), name_                                            \
+    }
 static const struct sym syms[] = {
     SYM(true, cuInit, "cuInit"),
     SYM(true, cuDeviceGet, "cuDeviceGet"),

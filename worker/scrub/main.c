@@ -117,7 +117,8 @@ static int parse_args(struct scrub_run *r, int argc, char **argv, const char **d
             if (parse_bytes(v, &n) != 0 || n < 4096 || n > (1ull << 40))
                 return scrub_fail(r, "init",
                                   "--min-chunk %s: expected 4096 bytes to 1 TiB (suffixes KiB, "
-                                  "MiB, GiB)", v);
+                                  "MiB, GiB)",
+                                  v);
             r->min_chunk = n;
         }
     }
@@ -225,8 +226,8 @@ int main(int argc, char **argv)
     if (rc == 0) {
         printf("{\"ok\":true,\"bytes\":%llu,\"allocations\":%zu,\"free_before\":%zu,"
                "\"total\":%zu,\"samples\":%llu,\"duration_s\":%.6f,\"init_s\":%.6f}\n",
-               (unsigned long long)r.bytes, r.nallocs,
-               r.free_before, r.total, (unsigned long long)r.samples_done, duration, init_s);
+               (unsigned long long)r.bytes, r.nallocs, r.free_before, r.total,
+               (unsigned long long)r.samples_done, duration, init_s);
     } else {
         printf("{\"ok\":false,\"stage\":");
         put_json_string(stdout, r.stage ? r.stage : "init");

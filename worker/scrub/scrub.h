@@ -51,15 +51,15 @@ struct scrub_run {
     bool simulated;
     int ordinal;
     uint64_t min_chunk;
-    unsigned samples;       /* --samples: spread over all allocations besides first and last */
+    unsigned samples; /* --samples: spread over all allocations besides first and last */
     CUdevice dev;
     size_t free_before, total;
     struct scrub_alloc *allocs;
     size_t nallocs, cap;
-    uint64_t bytes;         /* allocated (and so zeroed) */
-    uint64_t samples_done;  /* 4 KiB pieces copied back and checked */
-    uint64_t rng;           /* xorshift state for the sample offsets */
-    const char *stage;      /* on failure: init, alloc, memset, sync, verify or free */
+    uint64_t bytes;        /* allocated (and so zeroed) */
+    uint64_t samples_done; /* 4 KiB pieces copied back and checked */
+    uint64_t rng;          /* xorshift state for the sample offsets */
+    const char *stage;     /* on failure: init, alloc, memset, sync, verify or free */
     char error[2048];
 };
 

@@ -55,13 +55,15 @@ int scrub_alloc_all(struct scrub_run *r)
         }
         if (push_alloc(r, p, (size_t)chunk) != 0) {
             /* The allocation is released with the process. */
-            return scrub_fail(r, "alloc", "out of host memory for the allocation list (%zu "
-                              "entries); run the scrub with a larger --min-chunk", r->nallocs);
+            return scrub_fail(r, "alloc",
+                              "out of host memory for the allocation list (%zu "
+                              "entries); run the scrub with a larger --min-chunk",
+                              r->nallocs);
         }
         r->bytes += chunk;
-        scrub_log("allocation %zu: %llu bytes at 0x%llx (%llu of %zu free bytes taken)",
-                  r->nallocs, (unsigned long long)chunk, (unsigned long long)p,
-                  (unsigned long long)r->bytes, r->free_before);
+        scrub_log("allocation %zu: %llu bytes at 0x%llx (%llu of %zu free bytes taken)", r->nallocs,
+                  (unsigned long long)chunk, (unsigned long long)p, (unsigned long long)r->bytes,
+                  r->free_before);
     }
     if (r->nallocs == 0 && r->free_before >= r->min_chunk)
         return scrub_fail(r, "alloc",

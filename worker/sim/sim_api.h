@@ -71,8 +71,8 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                 size_t count);
-SIM_API CUresult cuMemGetAllocationGranularity(size_t *granularity,
-                                               const CUmemAllocationProp *prop, int option);
+SIM_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                               int option);
 SIM_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr);
 SIM_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
@@ -81,8 +81,8 @@ SIM_API CUresult cuMemFreeHost(void *p);
 SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
 SIM_API CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 SIM_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
-SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost,
-                                      size_t ByteCount, CUstream hStream);
+SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                      CUstream hStream);
 SIM_API CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                       CUstream hStream);
 SIM_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
@@ -149,13 +149,9 @@ SIM_API CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice de
 
 /* ---- occupancy --------------------------------------------------------------------------- */
 SIM_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
-                                                             int blockSize,
-                                                             size_t dynamicSMemSize);
-SIM_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks,
-                                                                      CUfunction func,
-                                                                      int blockSize,
-                                                                      size_t dynamicSMemSize,
-                                                                      unsigned int flags);
+                                                             int blockSize, size_t dynamicSMemSize);
+SIM_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags);
 SIM_API CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func,
                                                          int numBlocks, int blockSize);
 SIM_API CUresult cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func,
@@ -167,8 +163,8 @@ SIM_API CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func,
 SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                 unsigned int gridDimZ, unsigned int blockDimX,
                                 unsigned int blockDimY, unsigned int blockDimZ,
-                                unsigned int sharedMemBytes, CUstream hStream,
-                                void **kernelParams, void **extra);
+                                unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
+                                void **extra);
 SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                   void **extra);
 

@@ -35,103 +35,103 @@ extern char **environ;
  * say 0 so that a program does not pick a path that is bound to fail. The ones that depend on
  * configuration keys are filled in by sim_config_attr(). */
 static const int h100_attrs[CU_DEVICE_ATTRIBUTE_MAX] = {
-    [1] = 1024,       /* MAX_THREADS_PER_BLOCK */
-    [2] = 1024,       /* MAX_BLOCK_DIM_X */
-    [3] = 1024,       /* MAX_BLOCK_DIM_Y */
-    [4] = 64,         /* MAX_BLOCK_DIM_Z */
-    [5] = 2147483647, /* MAX_GRID_DIM_X */
-    [6] = 65535,      /* MAX_GRID_DIM_Y */
-    [7] = 65535,      /* MAX_GRID_DIM_Z */
-    [8] = 49152,      /* MAX_SHARED_MEMORY_PER_BLOCK */
-    [9] = 65536,      /* TOTAL_CONSTANT_MEMORY */
-    [10] = 32,        /* WARP_SIZE */
-    [11] = 2147483647, /* MAX_PITCH */
-    [12] = 65536,     /* MAX_REGISTERS_PER_BLOCK */
-    [13] = 1980000,   /* CLOCK_RATE (kHz) */
-    [14] = 512,       /* TEXTURE_ALIGNMENT */
-    [15] = 1,         /* GPU_OVERLAP */
-    [17] = 0,         /* KERNEL_EXEC_TIMEOUT */
-    [18] = 0,         /* INTEGRATED */
-    [19] = 1,         /* CAN_MAP_HOST_MEMORY */
-    [20] = 0,         /* COMPUTE_MODE: default */
-    [21] = 131072, [22] = 131072, [23] = 65536,          /* texture 1D / 2D sizes */
-    [24] = 16384, [25] = 16384, [26] = 16384,            /* texture 3D */
-    [27] = 32768, [28] = 32768, [29] = 2048,             /* texture 2D layered */
-    [30] = 512,       /* SURFACE_ALIGNMENT */
-    [31] = 1,         /* CONCURRENT_KERNELS */
-    [32] = 1,         /* ECC_ENABLED */
-    [35] = 0,         /* TCC_DRIVER */
-    [36] = 2619000,   /* MEMORY_CLOCK_RATE (kHz) */
-    [37] = 5120,      /* GLOBAL_MEMORY_BUS_WIDTH (bits) */
-    [38] = 52428800,  /* L2_CACHE_SIZE */
-    [39] = 2048,      /* MAX_THREADS_PER_MULTIPROCESSOR */
-    [40] = 3,         /* ASYNC_ENGINE_COUNT */
-    [41] = 1,         /* UNIFIED_ADDRESSING */
-    [42] = 32768, [43] = 2048,                           /* texture 1D layered */
-    [44] = 0,         /* CAN_TEX2D_GATHER (deprecated) */
-    [45] = 32768, [46] = 32768,                          /* texture 2D gather */
-    [47] = 8192, [48] = 8192, [49] = 32768,              /* texture 3D alternate */
-    [51] = 32,        /* TEXTURE_PITCH_ALIGNMENT */
-    [52] = 32768, [53] = 32768, [54] = 2046,             /* texture cubemap */
-    [55] = 32768, [56] = 131072, [57] = 65536,           /* surface 1D / 2D */
-    [58] = 16384, [59] = 16384, [60] = 16384,            /* surface 3D */
-    [61] = 32768, [62] = 2048,                           /* surface 1D layered */
-    [63] = 32768, [64] = 32768, [65] = 2048,             /* surface 2D layered */
-    [66] = 32768, [67] = 32768, [68] = 2046,             /* surface cubemap */
-    [69] = 268435456, [70] = 131072, [71] = 65000, [72] = 2097120, /* linear textures */
-    [73] = 32768, [74] = 32768,                          /* mipmapped 2D */
-    [77] = 32768,     /* MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH */
-    [78] = 1,         /* STREAM_PRIORITIES_SUPPORTED */
-    [79] = 1,         /* GLOBAL_L1_CACHE_SUPPORTED */
-    [80] = 1,         /* LOCAL_L1_CACHE_SUPPORTED */
-    [81] = 233472,    /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
-    [82] = 65536,     /* MAX_REGISTERS_PER_MULTIPROCESSOR */
-    [83] = 1,         /* MANAGED_MEMORY */
-    [84] = 0,         /* MULTI_GPU_BOARD */
-    [86] = 0,         /* HOST_NATIVE_ATOMIC_SUPPORTED */
-    [87] = 2,         /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
-    [88] = 0,         /* PAGEABLE_MEMORY_ACCESS */
-    [89] = 1,         /* CONCURRENT_MANAGED_ACCESS */
-    [90] = 1,         /* COMPUTE_PREEMPTION_SUPPORTED */
-    [91] = 0,         /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
-    [95] = 1,         /* COOPERATIVE_LAUNCH */
-    [96] = 1,         /* COOPERATIVE_MULTI_DEVICE_LAUNCH (deprecated) */
-    [97] = 232448,    /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
-    [98] = 0,         /* CAN_FLUSH_REMOTE_WRITES */
-    [99] = 1,         /* HOST_REGISTER_SUPPORTED */
-    [100] = 0,        /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
-    [101] = 0,        /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
-    [102] = 1,        /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
-    [103] = 0,        /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: no shareable handles */
-    [106] = 32,       /* MAX_BLOCKS_PER_MULTIPROCESSOR */
-    [107] = 0,        /* GENERIC_COMPRESSION_SUPPORTED */
-    [108] = 32505856, /* MAX_PERSISTING_L2_CACHE_SIZE */
-    [109] = 134213632, /* MAX_ACCESS_POLICY_WINDOW_SIZE */
-    [110] = 0,        /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
-    [111] = 1024,     /* RESERVED_SHARED_MEMORY_PER_BLOCK */
-    [112] = 0,        /* SPARSE_CUDA_ARRAY_SUPPORTED */
-    [113] = 0,        /* READ_ONLY_HOST_REGISTER_SUPPORTED */
-    [114] = 0,        /* TIMELINE_SEMAPHORE_INTEROP_SUPPORTED */
-    [115] = 1,        /* MEMORY_POOLS_SUPPORTED */
-    [116] = 0,        /* GPU_DIRECT_RDMA_SUPPORTED */
-    [117] = 0,        /* GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS */
-    [118] = 0,        /* GPU_DIRECT_RDMA_WRITES_ORDERING */
-    [119] = 0,        /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
-    [120] = 1,        /* CLUSTER_LAUNCH */
-    [121] = 0,        /* DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED */
-    [122] = 1,        /* CAN_USE_64_BIT_STREAM_MEM_OPS */
-    [123] = 1,        /* CAN_USE_STREAM_WAIT_VALUE_NOR */
-    [124] = 0,        /* DMA_BUF_SUPPORTED */
-    [125] = 0,        /* IPC_EVENT_SUPPORTED */
-    [126] = 4,        /* MEM_SYNC_DOMAIN_COUNT */
-    [127] = 1,        /* TENSOR_MAP_ACCESS_SUPPORTED */
-    [128] = 0,        /* HANDLE_TYPE_FABRIC_SUPPORTED */
-    [129] = 0,        /* UNIFIED_FUNCTION_POINTERS */
-    [130] = 0,        /* NUMA_CONFIG: none */
-    [131] = -1,       /* NUMA_ID */
-    [132] = 0,        /* MULTICAST_SUPPORTED */
-    [133] = 0,        /* MPS_ENABLED */
-    [134] = 0,        /* HOST_NUMA_ID */
+    [1] = 1024,                                      /* MAX_THREADS_PER_BLOCK */
+    [2] = 1024,                                      /* MAX_BLOCK_DIM_X */
+    [3] = 1024,                                      /* MAX_BLOCK_DIM_Y */
+    [4] = 64,                                        /* MAX_BLOCK_DIM_Z */
+    [5] = 2147483647,                                /* MAX_GRID_DIM_X */
+    [6] = 65535,                                     /* MAX_GRID_DIM_Y */
+    [7] = 65535,                                     /* MAX_GRID_DIM_Z */
+    [8] = 49152,                                     /* MAX_SHARED_MEMORY_PER_BLOCK */
+    [9] = 65536,                                     /* TOTAL_CONSTANT_MEMORY */
+    [10] = 32,                                       /* WARP_SIZE */
+    [11] = 2147483647,                               /* MAX_PITCH */
+    [12] = 65536,                                    /* MAX_REGISTERS_PER_BLOCK */
+    [13] = 1980000,                                  /* CLOCK_RATE (kHz) */
+    [14] = 512,                                      /* TEXTURE_ALIGNMENT */
+    [15] = 1,                                        /* GPU_OVERLAP */
+    [17] = 0,                                        /* KERNEL_EXEC_TIMEOUT */
+    [18] = 0,                                        /* INTEGRATED */
+    [19] = 1,                                        /* CAN_MAP_HOST_MEMORY */
+    [20] = 0,                                        /* COMPUTE_MODE: default */
+    [21] = 131072,      [22] = 131072, [23] = 65536, /* texture 1D / 2D sizes */
+    [24] = 16384,       [25] = 16384,  [26] = 16384, /* texture 3D */
+    [27] = 32768,       [28] = 32768,  [29] = 2048,  /* texture 2D layered */
+    [30] = 512,                                      /* SURFACE_ALIGNMENT */
+    [31] = 1,                                        /* CONCURRENT_KERNELS */
+    [32] = 1,                                        /* ECC_ENABLED */
+    [35] = 0,                                        /* TCC_DRIVER */
+    [36] = 2619000,                                  /* MEMORY_CLOCK_RATE (kHz) */
+    [37] = 5120,                                     /* GLOBAL_MEMORY_BUS_WIDTH (bits) */
+    [38] = 52428800,                                 /* L2_CACHE_SIZE */
+    [39] = 2048,                                     /* MAX_THREADS_PER_MULTIPROCESSOR */
+    [40] = 3,                                        /* ASYNC_ENGINE_COUNT */
+    [41] = 1,                                        /* UNIFIED_ADDRESSING */
+    [42] = 32768,       [43] = 2048,                 /* texture 1D layered */
+    [44] = 0,                                        /* CAN_TEX2D_GATHER (deprecated) */
+    [45] = 32768,       [46] = 32768,                /* texture 2D gather */
+    [47] = 8192,        [48] = 8192,   [49] = 32768, /* texture 3D alternate */
+    [51] = 32,                                       /* TEXTURE_PITCH_ALIGNMENT */
+    [52] = 32768,       [53] = 32768,  [54] = 2046,  /* texture cubemap */
+    [55] = 32768,       [56] = 131072, [57] = 65536, /* surface 1D / 2D */
+    [58] = 16384,       [59] = 16384,  [60] = 16384, /* surface 3D */
+    [61] = 32768,       [62] = 2048,                 /* surface 1D layered */
+    [63] = 32768,       [64] = 32768,  [65] = 2048,  /* surface 2D layered */
+    [66] = 32768,       [67] = 32768,  [68] = 2046,  /* surface cubemap */
+    [69] = 268435456,   [70] = 131072, [71] = 65000, [72] = 2097120, /* linear textures */
+    [73] = 32768,       [74] = 32768,                                /* mipmapped 2D */
+    [77] = 32768,       /* MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH */
+    [78] = 1,           /* STREAM_PRIORITIES_SUPPORTED */
+    [79] = 1,           /* GLOBAL_L1_CACHE_SUPPORTED */
+    [80] = 1,           /* LOCAL_L1_CACHE_SUPPORTED */
+    [81] = 233472,      /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
+    [82] = 65536,       /* MAX_REGISTERS_PER_MULTIPROCESSOR */
+    [83] = 1,           /* MANAGED_MEMORY */
+    [84] = 0,           /* MULTI_GPU_BOARD */
+    [86] = 0,           /* HOST_NATIVE_ATOMIC_SUPPORTED */
+    [87] = 2,           /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
+    [88] = 0,           /* PAGEABLE_MEMORY_ACCESS */
+    [89] = 1,           /* CONCURRENT_MANAGED_ACCESS */
+    [90] = 1,           /* COMPUTE_PREEMPTION_SUPPORTED */
+    [91] = 0,           /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+    [95] = 1,           /* COOPERATIVE_LAUNCH */
+    [96] = 1,           /* COOPERATIVE_MULTI_DEVICE_LAUNCH (deprecated) */
+    [97] = 232448,      /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    [98] = 0,           /* CAN_FLUSH_REMOTE_WRITES */
+    [99] = 1,           /* HOST_REGISTER_SUPPORTED */
+    [100] = 0,          /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
+    [101] = 0,          /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
+    [102] = 1,          /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    [103] = 0,          /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: no shareable handles */
+    [106] = 32,         /* MAX_BLOCKS_PER_MULTIPROCESSOR */
+    [107] = 0,          /* GENERIC_COMPRESSION_SUPPORTED */
+    [108] = 32505856,   /* MAX_PERSISTING_L2_CACHE_SIZE */
+    [109] = 134213632,  /* MAX_ACCESS_POLICY_WINDOW_SIZE */
+    [110] = 0,          /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
+    [111] = 1024,       /* RESERVED_SHARED_MEMORY_PER_BLOCK */
+    [112] = 0,          /* SPARSE_CUDA_ARRAY_SUPPORTED */
+    [113] = 0,          /* READ_ONLY_HOST_REGISTER_SUPPORTED */
+    [114] = 0,          /* TIMELINE_SEMAPHORE_INTEROP_SUPPORTED */
+    [115] = 1,          /* MEMORY_POOLS_SUPPORTED */
+    [116] = 0,          /* GPU_DIRECT_RDMA_SUPPORTED */
+    [117] = 0,          /* GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS */
+    [118] = 0,          /* GPU_DIRECT_RDMA_WRITES_ORDERING */
+    [119] = 0,          /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
+    [120] = 1,          /* CLUSTER_LAUNCH */
+    [121] = 0,          /* DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED */
+    [122] = 1,          /* CAN_USE_64_BIT_STREAM_MEM_OPS */
+    [123] = 1,          /* CAN_USE_STREAM_WAIT_VALUE_NOR */
+    [124] = 0,          /* DMA_BUF_SUPPORTED */
+    [125] = 0,          /* IPC_EVENT_SUPPORTED */
+    [126] = 4,          /* MEM_SYNC_DOMAIN_COUNT */
+    [127] = 1,          /* TENSOR_MAP_ACCESS_SUPPORTED */
+    [128] = 0,          /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    [129] = 0,          /* UNIFIED_FUNCTION_POINTERS */
+    [130] = 0,          /* NUMA_CONFIG: none */
+    [131] = -1,         /* NUMA_ID */
+    [132] = 0,          /* MULTICAST_SUPPORTED */
+    [133] = 0,          /* MPS_ENABLED */
+    [134] = 0,          /* HOST_NUMA_ID */
     [139] = 0x233010de, /* GPU_PCI_DEVICE_ID: device 0x2330 (H100 SXM5 80GB), vendor NVIDIA */
     [140] = 0x16c110de, /* GPU_PCI_SUBSYSTEM_ID */
 };
@@ -275,7 +275,10 @@ static const char *parse_uuid(const char *s, unsigned char out[16])
     return NULL;
 }
 
-static bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+static bool is_pow2(uint64_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
 
 /* Applies one key. Returns NULL when fine; *unknown is set when the key does not exist. */
 static const char *apply_key(struct sim_config *cfg, const char *key, const char *val,

@@ -15,16 +15,16 @@ static struct sim_ctx *primaries[SIM_MAX_DEVICES];
 
 /* Defaults of the 13.0 driver for a fresh context, by CUlimit. */
 static const size_t default_limits[SIM_LIMIT_COUNT] = {
-    1024,            /* STACK_SIZE */
-    1048576,         /* PRINTF_FIFO_SIZE */
-    8388608,         /* MALLOC_HEAP_SIZE */
-    2,               /* DEV_RUNTIME_SYNC_DEPTH */
-    2048,            /* DEV_RUNTIME_PENDING_LAUNCH_COUNT */
-    64,              /* MAX_L2_FETCH_GRANULARITY */
-    0,               /* PERSISTING_L2_CACHE_SIZE */
-    0,               /* SHMEM_SIZE (CIG contexts only) */
-    0,               /* CIG_ENABLED */
-    0,               /* CIG_SHMEM_FALLBACK_ENABLED */
+    1024,    /* STACK_SIZE */
+    1048576, /* PRINTF_FIFO_SIZE */
+    8388608, /* MALLOC_HEAP_SIZE */
+    2,       /* DEV_RUNTIME_SYNC_DEPTH */
+    2048,    /* DEV_RUNTIME_PENDING_LAUNCH_COUNT */
+    64,      /* MAX_L2_FETCH_GRANULARITY */
+    0,       /* PERSISTING_L2_CACHE_SIZE */
+    0,       /* SHMEM_SIZE (CIG contexts only) */
+    0,       /* CIG_ENABLED */
+    0,       /* CIG_SHMEM_FALLBACK_ENABLED */
 };
 
 static void reset_state(struct sim_ctx *c)

@@ -151,9 +151,11 @@ static CUresult memset_n(CUdeviceptr dst, unsigned value, size_t n, unsigned ele
         return sim_leave(rc);
     if (g && n > 0) {
         /* Checked now, as the driver checks a memset node's parameters at capture. */
-        if (dst % elem != 0 || n > SIZE_MAX / elem || !dev_range("cuMemset", dst, (uint64_t)n * elem))
+        if (dst % elem != 0 || n > SIZE_MAX / elem ||
+            !dev_range("cuMemset", dst, (uint64_t)n * elem))
             return sim_leave(CUDA_ERROR_INVALID_VALUE);
-        struct sim_op op = {.kind = SIM_OP_MEMSET, .dst = dst, .n = n, .value = value, .elem = elem};
+        struct sim_op op = {
+            .kind = SIM_OP_MEMSET, .dst = dst, .n = n, .value = value, .elem = elem};
         return sim_leave(sim_graph_add(g, &op));
     }
     return sim_leave(sim_memset_run(dst, value, n, elem));
@@ -177,8 +179,8 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t 
     }
     if (width == 0 || height == 0)
         return sim_leave(CUDA_SUCCESS);
-    if (dst % elem != 0 || pitch % elem != 0 || width > SIZE_MAX / elem ||
-        width * elem > pitch || (height - 1) > (SIZE_MAX - width * elem) / pitch)
+    if (dst % elem != 0 || pitch % elem != 0 || width > SIZE_MAX / elem || width * elem > pitch ||
+        (height - 1) > (SIZE_MAX - width * elem) / pitch)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
     uint64_t span = (uint64_t)(height - 1) * pitch + (uint64_t)width * elem;
     unsigned char *d = dev_range("cuMemsetD2D", dst, span);
@@ -281,8 +283,8 @@ CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char
     return memset_2d(dstDevice, dstPitch, uc, Width, Height, 1, hStream);
 }
 
-CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us,
-                            size_t Width, size_t Height, CUstream hStream)
+CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                            size_t Height, CUstream hStream)
 {
     return memset_2d(dstDevice, dstPitch, us, Width, Height, 2, hStream);
 }

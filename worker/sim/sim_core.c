@@ -102,9 +102,15 @@ void sim_init_fail(const char *fmt, ...)
     fprintf(stderr, "gpupool-sim: %s\n", init_error);
 }
 
-const char *gpupoolSimLastErrorDetail(void) { return tl_detail; }
+const char *gpupoolSimLastErrorDetail(void)
+{
+    return tl_detail;
+}
 
-bool sim_dev_valid(CUdevice dev) { return dev >= 0 && dev < sim_cfg.device_count; }
+bool sim_dev_valid(CUdevice dev)
+{
+    return dev >= 0 && dev < sim_cfg.device_count;
+}
 
 uint64_t sim_now_ns(void)
 {
@@ -162,5 +168,11 @@ CUresult cuDriverGetVersion(int *driverVersion)
 }
 
 /* ---- the current context (used by sim_context.c) ----------------------------------------- */
-uint64_t sim_current_ctx(void) { return tl_ctx; }
-void sim_set_current_ctx(uint64_t h) { tl_ctx = h; }
+uint64_t sim_current_ctx(void)
+{
+    return tl_ctx;
+}
+void sim_set_current_ctx(uint64_t h)
+{
+    tl_ctx = h;
+}

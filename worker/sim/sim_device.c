@@ -64,8 +64,14 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
     return sim_leave(CUDA_SUCCESS);
 }
 
-CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return get_uuid(uuid, dev); }
-CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return get_uuid(uuid, dev); }
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return get_uuid(uuid, dev);
+}
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    return get_uuid(uuid, dev);
+}
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {

@@ -48,11 +48,29 @@ struct elf {
     unsigned shnum;
 };
 
-static uint16_t rd16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint16_t rd16(const unsigned char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static uint32_t rd32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
-static bool in_bounds(size_t len, uint64_t off, uint64_t n) { return off <= len && n <= len - off; }
+static bool in_bounds(size_t len, uint64_t off, uint64_t n)
+{
+    return off <= len && n <= len - off;
+}
 
 /* A NUL-terminated string at offset off of string section idx, or NULL. */
 static const char *str_at(const struct elf *e, unsigned idx, uint64_t off)
@@ -121,7 +139,7 @@ static bool add_global(struct sim_elf_info *info, const char *name, uint64_t siz
  * are inconsistent: the layout is then unknown, which is not an image error. */
 static bool parse_kparams(const unsigned char *b, uint64_t size, struct sim_elf_kernel *k)
 {
-    uint32_t (*rec)[3] = NULL; /* ordinal, offset, size */
+    uint32_t(*rec)[3] = NULL; /* ordinal, offset, size */
     size_t nrec = 0;
     uint64_t cbank = 0;
     bool consistent = true;
@@ -171,8 +189,7 @@ static bool parse_kparams(const unsigned char *b, uint64_t size, struct sim_elf_
         /* Records come in any order (nvcc writes them last to first); each ordinal once. */
         for (size_t i = 0; i < nrec && consistent; i++) {
             uint32_t ord = rec[i][0], off = rec[i][1], sz = rec[i][2];
-            if (ord >= nrec || params[ord].size != 0 || sz == 0 ||
-                (cbank != 0 && off + sz > cbank))
+            if (ord >= nrec || params[ord].size != 0 || sz == 0 || (cbank != 0 && off + sz > cbank))
                 consistent = false;
             else
                 params[ord] = (struct sim_param){.offset = off, .size = sz};

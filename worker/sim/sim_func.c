@@ -9,9 +9,16 @@
 #include "sim_internal.h"
 
 /* Attributes gp_cuda.h does not name. */
-enum { ATTR_MAX_REGS_PER_SM = 82, ATTR_MAX_BLOCKS_PER_SM = 106, ATTR_RESERVED_SMEM = 111 };
+enum {
+    ATTR_MAX_REGS_PER_SM = 82,
+    ATTR_MAX_BLOCKS_PER_SM = 106,
+    ATTR_RESERVED_SMEM = 111
+};
 
-static int dev_attr(int id) { return sim_config_attr(&sim_cfg, 0, id); }
+static int dev_attr(int id)
+{
+    return sim_config_attr(&sim_cfg, 0, id);
+}
 
 /* For values used as divisors or counts: attr.<N> overrides may say 0 or less. */
 static int dev_attr_pos(int id)
@@ -20,7 +27,10 @@ static int dev_attr_pos(int id)
     return v > 0 ? v : 1;
 }
 
-static int cc(void) { return sim_cfg.cc_major * 10 + sim_cfg.cc_minor; }
+static int cc(void)
+{
+    return sim_cfg.cc_major * 10 + sim_cfg.cc_minor;
+}
 
 /* Registers a warp holds: per-thread count times 32, in units of 256. */
 static int regs_per_warp(const struct sim_func *f)
@@ -168,7 +178,10 @@ CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice dev)
 
 /* ---- occupancy --------------------------------------------------------------------------- */
 
-static int min_int(int a, int b) { return a < b ? a : b; }
+static int min_int(int a, int b)
+{
+    return a < b ? a : b;
+}
 
 /* Resident blocks per SM for a launch of block_size threads with dyn bytes of dynamic shared
  * memory. */
@@ -202,15 +215,14 @@ static CUresult max_blocks(int *numBlocks, CUfunction func, int blockSize, size_
     return sim_leave(CUDA_SUCCESS);
 }
 
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
-                                                     int blockSize, size_t dynamicSMemSize)
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize)
 {
     return max_blocks(numBlocks, func, blockSize, dynamicSMemSize, 0);
 }
 
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func,
-                                                              int blockSize,
-                                                              size_t dynamicSMemSize,
+                                                              int blockSize, size_t dynamicSMemSize,
                                                               unsigned int flags)
 {
     return max_blocks(numBlocks, func, blockSize, dynamicSMemSize, flags);

@@ -18,7 +18,7 @@ struct sim_graph {
     uint64_t handle, ctx; /* handle: 0 while being captured */
     struct sim_op *ops;
     size_t n, cap;
-    bool exec;            /* an instantiated copy (SIM_K_GRAPH_EXEC) */
+    bool exec; /* an instantiated copy (SIM_K_GRAPH_EXEC) */
 };
 
 struct sim_graph *sim_graph_new(uint64_t ctx)

@@ -110,8 +110,7 @@ void sim_handle_del(uint64_t h)
     }
 }
 
-void sim_handle_foreach(enum sim_kind kind, void (*fn)(uint64_t h, void *obj, void *arg),
-                        void *arg)
+void sim_handle_foreach(enum sim_kind kind, void (*fn)(uint64_t h, void *obj, void *arg), void *arg)
 {
     /* Deleting turns a slot into a tombstone and never moves another entry, so the scan stays
      * valid while fn deletes the handle it was given. */

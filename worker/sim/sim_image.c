@@ -29,9 +29,24 @@
 #define FLAG_LZ4 0x2000u
 #define FLAG_COMPRESSED (FLAG_ZSTD | FLAG_LZ4)
 
-static uint16_t rd16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint16_t rd16(const unsigned char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static uint32_t rd32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
 /* SASS runs on devices of the same major version and an equal or higher minor; code whose
  * architecture we could not read (0) is given the benefit of the doubt. */
@@ -94,8 +109,9 @@ CUresult sim_fatbin_parse(const unsigned char *buf, size_t len, int dev_sm, stru
         }
         CUresult rc = sim_elf_parse(best, best_len, &out->elf); /* copies what it keeps */
         free(plain);
-        return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : rc != CUDA_SUCCESS ? CUDA_ERROR_INVALID_IMAGE
-                                                                        : CUDA_SUCCESS;
+        return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc
+               : rc != CUDA_SUCCESS           ? CUDA_ERROR_INVALID_IMAGE
+                                              : CUDA_SUCCESS;
     }
     if (other_usable) {
         out->any_name = true;
@@ -192,4 +208,7 @@ CUresult sim_image_load(const void *image, int dev_sm, struct sim_image *out)
     return CUDA_ERROR_INVALID_IMAGE;
 }
 
-void sim_image_free(struct sim_image *img) { sim_elf_free(&img->elf); }
+void sim_image_free(struct sim_image *img)
+{
+    sim_elf_free(&img->elf);
+}

@@ -46,7 +46,9 @@ enum {
     SIM_FUNC_ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15,
     SIM_FUNC_ATTR_COUNT = 16,
 };
-enum { SIM_LAUNCH_ATTR_CLUSTER_DIMENSION = 4 };
+enum {
+    SIM_LAUNCH_ATTR_CLUSTER_DIMENSION = 4
+};
 
 /* ---- configuration (sim_config.c) -------------------------------------------------------- */
 struct sim_config {
@@ -76,10 +78,10 @@ struct sim_ctx {
     uint64_t handle;
     int dev;
     bool primary;
-    bool active;          /* a primary context is active while retained */
-    unsigned refcount;    /* primary contexts: retain count */
+    bool active;       /* a primary context is active while retained */
+    unsigned refcount; /* primary contexts: retain count */
     unsigned flags;
-    CUresult sticky;      /* CUDA_ERROR_ILLEGAL_ADDRESS after a faulting kernel, else 0 */
+    CUresult sticky; /* CUDA_ERROR_ILLEGAL_ADDRESS after a faulting kernel, else 0 */
     size_t limits[SIM_LIMIT_COUNT];
 };
 
@@ -120,7 +122,7 @@ enum sim_kind {
     SIM_K_FUNC,
     SIM_K_KERNEL,
     SIM_K_MEMHANDLE,
-    SIM_K_GRAPH = 20,      /* sim_graph.c (explicit values: other kinds may be added above) */
+    SIM_K_GRAPH = 20, /* sim_graph.c (explicit values: other kinds may be added above) */
     SIM_K_GRAPH_EXEC = 21,
 };
 uint64_t sim_handle_new(enum sim_kind kind, void *obj); /* 0 when out of memory */
@@ -131,8 +133,14 @@ void sim_handle_foreach(enum sim_kind kind, void (*fn)(uint64_t h, void *obj, vo
                         void *arg);
 
 /* ---- device memory (sim_memory.c) -------------------------------------------------------- */
-enum sim_seg_kind { SIM_SEG_HEAP = 1, SIM_SEG_VMM, SIM_SEG_HOST };
-enum { SIM_SEG_GLOBAL = 1 }; /* heap segment holding a module global (cuMemFree refuses it) */
+enum sim_seg_kind {
+    SIM_SEG_HEAP = 1,
+    SIM_SEG_VMM,
+    SIM_SEG_HOST
+};
+enum {
+    SIM_SEG_GLOBAL = 1
+}; /* heap segment holding a module global (cuMemFree refuses it) */
 
 struct sim_seg {
     uint64_t start;
@@ -141,8 +149,8 @@ struct sim_seg {
     enum sim_seg_kind kind;
     unsigned flags;
     int dev;
-    uint64_t owner;  /* heap: the owning context's handle */
-    void *obj;       /* VMM: the physical allocation mapped here */
+    uint64_t owner;    /* heap: the owning context's handle */
+    void *obj;         /* VMM: the physical allocation mapped here */
     bool in_file;      /* mapped from the memory file (sim_memfile.c) */
     uint64_t file_off; /* in_file: where `start` lies in the memory file */
 };
@@ -175,7 +183,7 @@ void sim_zero_range(uint64_t addr, uint64_t len);
  * page), placed first fit from the start of that part, so that the same allocations in the same
  * order get the same bytes back in the next process, as from a GPU's DRAM. All of these expect
  * the sim lock to be held. */
-CUresult sim_memfile_init(void);   /* no-op without memory_file */
+CUresult sim_memfile_init(void); /* no-op without memory_file */
 bool sim_memfile_enabled(void);
 /* Reserves len bytes (a multiple of the page size) of device dev's part of the file. */
 CUresult sim_memfile_alloc(int dev, uint64_t len, uint64_t *off);
@@ -198,9 +206,9 @@ struct sim_param {
 
 struct sim_elf_kernel {
     char *name;
-    int nparams;               /* -1: the image does not say */
-    struct sim_param *params;  /* nparams entries, by index */
-    int regs;                  /* -1: unknown */
+    int nparams;              /* -1: the image does not say */
+    struct sim_param *params; /* nparams entries, by index */
+    int regs;                 /* -1: unknown */
 };
 
 struct sim_elf_global {
@@ -261,15 +269,15 @@ uint32_t sim_params_size(int nparams, const struct sim_param *params);
 /* ---- modules and functions (sim_module.c) ------------------------------------------------ */
 struct sim_module;
 struct sim_func {
-    uint64_t fh;                     /* CUfunction handle */
-    uint64_t kh;                     /* CUkernel handle (library kernels), else 0 */
+    uint64_t fh; /* CUfunction handle */
+    uint64_t kh; /* CUkernel handle (library kernels), else 0 */
     struct sim_module *mod;
     char *name;
     const struct sim_kernel_def *def; /* the host version, or NULL */
     int nparams;                      /* -1: unknown */
     const struct sim_param *params;
     int regs;
-    int attr[SIM_FUNC_ATTR_COUNT];    /* settable attributes */
+    int attr[SIM_FUNC_ATTR_COUNT]; /* settable attributes */
     int cache_config;
 };
 /* The function named by a CUfunction or a CUkernel handle, or NULL. */
@@ -280,19 +288,28 @@ void sim_module_release_ctx(uint64_t ctx);
 int sim_func_attr_value(const struct sim_func *f, int attrib);
 
 /* ---- stream capture and graphs (sim_stream.c, sim_graph.c) -------------------------------- */
-enum { SIM_ERR_ILLEGAL_STATE = 401, SIM_ERR_CAPTURE_INVALIDATED = 901, SIM_ERR_CAPTURED_EVENT = 907 };
+enum {
+    SIM_ERR_ILLEGAL_STATE = 401,
+    SIM_ERR_CAPTURE_INVALIDATED = 901,
+    SIM_ERR_CAPTURED_EVENT = 907
+};
 /* What a capturing stream records instead of doing it; a graph launch replays them in order. */
-enum sim_op_kind { SIM_OP_MEMSET = 1, SIM_OP_DTOD, SIM_OP_KERNEL, SIM_OP_EVENT_RECORD,
-                   SIM_OP_EVENT_WAIT };
+enum sim_op_kind {
+    SIM_OP_MEMSET = 1,
+    SIM_OP_DTOD,
+    SIM_OP_KERNEL,
+    SIM_OP_EVENT_RECORD,
+    SIM_OP_EVENT_WAIT
+};
 struct sim_op {
     enum sim_op_kind kind;
-    uint64_t dst, src, n;     /* memset: n elements of elem bytes; dtod: n bytes */
+    uint64_t dst, src, n; /* memset: n elements of elem bytes; dtod: n bytes */
     unsigned value, elem;
-    uint64_t func;            /* kernel: the CUfunction / CUkernel handle */
-    unsigned char *params;    /* kernel: packed arguments (the graph owns a copy) */
+    uint64_t func;         /* kernel: the CUfunction / CUkernel handle */
+    unsigned char *params; /* kernel: packed arguments (the graph owns a copy) */
     uint32_t params_len;
     struct sim_dims dims;
-    uint64_t event;           /* event record / wait */
+    uint64_t event; /* event record / wait */
 };
 struct sim_graph;
 /* Where work submitted to stream s goes: CUDA_SUCCESS with *g NULL when s is not capturing (run

@@ -40,7 +40,7 @@ static void *touch(const char *kernel, const char *param, uint64_t addr, uint64_
 }
 
 /* Unpacks a parameter buffer into the kernel's argument struct (tail padding stays zero). */
-#define UNPACK(type, var, params, nbytes)                                                         \
+#define UNPACK(type, var, params, nbytes)                                                          \
     type var;                                                                                      \
     memset(&var, 0, sizeof(var));                                                                  \
     memcpy(&var, params, nbytes)
@@ -164,8 +164,8 @@ static CUresult k_index(const unsigned char *params, const struct sim_dims *d)
                         for (unsigned tx = 0; tx < bx_n; tx++) {
                             if (visited++ >= m)
                                 return CUDA_SUCCESS;
-                            uint32_t tid = ((bz * gy + by) * gx + bx) * bsize +
-                                           (tz * by_n + ty) * bx_n + tx;
+                            uint32_t tid =
+                                ((bz * gy + by) * gx + bx) * bsize + (tz * by_n + ty) * bx_n + tx;
                             if (tid < args.n) {
                                 uint32_t v = tid * 2654435761u;
                                 memcpy(out + (size_t)tid * 4, &v, 4);
@@ -192,15 +192,20 @@ static CUresult k_spin(const unsigned char *params, const struct sim_dims *d)
 }
 
 /* ---- the table --------------------------------------------------------------------------- */
-#define P(type, member) {offsetof(type, member), sizeof(((type *)0)->member)}
+#define P(type, member)                                                                            \
+    {                                                                                              \
+        offsetof(type, member), sizeof(((type *)0)->member)                                        \
+    }
 
 static const struct sim_kernel_def kernels[] = {
     {"gp_test_noop", 0, {{0, 0}}, k_noop},
-    {"gp_test_axpy", 4,
+    {"gp_test_axpy",
+     4,
      {P(struct axpy_args, a), P(struct axpy_args, x), P(struct axpy_args, y),
       P(struct axpy_args, n)},
      k_axpy},
-    {"gp_test_scalars", 7,
+    {"gp_test_scalars",
+     7,
      {P(struct scalars_args, out), P(struct scalars_args, c), P(struct scalars_args, s),
       P(struct scalars_args, i), P(struct scalars_args, l), P(struct scalars_args, f),
       P(struct scalars_args, d)},

@@ -57,8 +57,7 @@ static CUresult check_attrs(const struct launch *l, const struct sim_func *f)
         unsigned c[3] = {l->attrs[i].value.clusterDim.x, l->attrs[i].value.clusterDim.y,
                          l->attrs[i].value.clusterDim.z};
         int limit = f->attr[SIM_FUNC_ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED] ? 16 : 8;
-        if (c[0] == 0 || c[1] == 0 || c[2] == 0 ||
-            (uint64_t)c[0] * c[1] * c[2] > (uint64_t)limit)
+        if (c[0] == 0 || c[1] == 0 || c[2] == 0 || (uint64_t)c[0] * c[1] * c[2] > (uint64_t)limit)
             return SIM_ERR_INVALID_CLUSTER_SIZE;
         for (int d = 0; d < 3; d++)
             if (l->grid[d] % c[d] != 0)
@@ -136,8 +135,10 @@ static CUresult launch(CUfunction fh, const struct launch *l)
         rc = sim_capture_target(l->stream, &g);
     if (rc == CUDA_SUCCESS && g) {
         /* A capturing stream records the launch (sim_graph.c) with its packed arguments. */
-        struct sim_op op = {.kind = SIM_OP_KERNEL, .func = (uint64_t)(uintptr_t)fh,
-                            .params = buf, .params_len = total,
+        struct sim_op op = {.kind = SIM_OP_KERNEL,
+                            .func = (uint64_t)(uintptr_t)fh,
+                            .params = buf,
+                            .params_len = total,
                             .dims = {{l->grid[0], l->grid[1], l->grid[2]},
                                      {l->block[0], l->block[1], l->block[2]}}};
         rc = sim_graph_add(g, &op);

@@ -48,7 +48,10 @@ static uint64_t stride, usable;
 static struct dev_ranges used[SIM_MAX_DEVICES];
 static bool punch_unsupported; /* the file system said so once: write zeros from then on */
 
-bool sim_memfile_enabled(void) { return mem_fd >= 0; }
+bool sim_memfile_enabled(void)
+{
+    return mem_fd >= 0;
+}
 
 CUresult sim_memfile_init(void)
 {

@@ -161,16 +161,22 @@ void sim_zero_range(uint64_t addr, uint64_t len)
 
 /* ---- accounting -------------------------------------------------------------------------- */
 
-uint64_t sim_mem_used(int dev) { return used_bytes[dev]; }
+uint64_t sim_mem_used(int dev)
+{
+    return used_bytes[dev];
+}
 
-void sim_mem_account(int dev, int64_t delta) { used_bytes[dev] += (uint64_t)delta; }
+void sim_mem_account(int dev, int64_t delta)
+{
+    used_bytes[dev] += (uint64_t)delta;
+}
 
 /* ---- the cuMemAlloc heap ----------------------------------------------------------------- */
 
 CUresult sim_memory_init(void)
 {
-    heap_stride = (sim_cfg.total_memory + HEAP_STRIDE_ALIGN - 1) / HEAP_STRIDE_ALIGN *
-                  HEAP_STRIDE_ALIGN;
+    heap_stride =
+        (sim_cfg.total_memory + HEAP_STRIDE_ALIGN - 1) / HEAP_STRIDE_ALIGN * HEAP_STRIDE_ALIGN;
     uint64_t span = heap_stride * (uint64_t)sim_cfg.device_count;
     void *want = (void *)(uintptr_t)sim_cfg.heap_base;
     void *p = mmap(want, span, PROT_NONE,
@@ -204,8 +210,13 @@ CUresult sim_heap_alloc(int dev, uint64_t owner, uint64_t size, unsigned flags, 
     }
     if (top - cand < foot)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    struct sim_seg s = {.start = cand, .len = size, .foot = foot, .kind = SIM_SEG_HEAP,
-                        .flags = flags, .dev = dev, .owner = owner,
+    struct sim_seg s = {.start = cand,
+                        .len = size,
+                        .foot = foot,
+                        .kind = SIM_SEG_HEAP,
+                        .flags = flags,
+                        .dev = dev,
+                        .owner = owner,
                         .in_file = sim_memfile_enabled()};
     if (s.in_file && sim_memfile_alloc(dev, foot, &s.file_off) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY; /* the file's part is too fragmented */
@@ -330,8 +341,12 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     void *p = mmap(NULL, foot, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
-    struct sim_seg s = {.start = (uint64_t)(uintptr_t)p, .len = bytesize, .foot = foot,
-                        .kind = SIM_SEG_HOST, .dev = c->dev, .owner = c->handle};
+    struct sim_seg s = {.start = (uint64_t)(uintptr_t)p,
+                        .len = bytesize,
+                        .foot = foot,
+                        .kind = SIM_SEG_HOST,
+                        .dev = c->dev,
+                        .owner = c->handle};
     if (sim_seg_add(&s) != CUDA_SUCCESS) {
         if (munmap(p, foot) != 0)
             fprintf(stderr, "gpupool-sim: munmap of host memory failed\n");

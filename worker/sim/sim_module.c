@@ -161,8 +161,10 @@ static CUresult get_func(struct sim_module *m, const char *name, struct sim_func
     if (f->def && k && k->nparams >= 0 &&
         (k->nparams != f->def->nparams || !same_layout(k->nparams, k->params, f->def->params))) {
         /* Same name, different kernel: running our host version would misread its arguments. */
-        fprintf(stderr, "gpupool-sim: kernel '%s' in this image does not have the parameters of "
-                        "the simulated one; it will not be simulated\n", name);
+        fprintf(stderr,
+                "gpupool-sim: kernel '%s' in this image does not have the parameters of "
+                "the simulated one; it will not be simulated\n",
+                name);
         f->def = NULL;
     }
     if (f->def) {
@@ -199,7 +201,8 @@ static CUresult get_global(struct sim_module *m, struct sim_ctx *c, const char *
     if (gi == m->img.elf.nglobals) {
         if (m->img.any_name)
             sim_detail("global '%s': the simulated device cannot see the globals of PTX or "
-                       "compressed code", name);
+                       "compressed code",
+                       name);
         return CUDA_ERROR_NOT_FOUND;
     }
     const struct sim_elf_global *g = &m->img.elf.globals[gi];
@@ -382,7 +385,8 @@ static CUresult param_info(struct sim_func *f, size_t idx, size_t *off, size_t *
         return CUDA_ERROR_INVALID_VALUE;
     if (f->nparams < 0) {
         sim_detail("kernel '%s': the simulated device does not know its parameters (not a "
-                   "gp_test_* kernel and no parameter records in the image)", f->name);
+                   "gp_test_* kernel and no parameter records in the image)",
+                   f->name);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     if (idx >= (size_t)f->nparams)

@@ -19,7 +19,10 @@
 #include "sim_api.h"
 #include "sim_internal.h"
 
-enum { EVENT_RECORD_EXTERNAL = 0x1, EVENT_WAIT_EXTERNAL = 0x1 };
+enum {
+    EVENT_RECORD_EXTERNAL = 0x1,
+    EVENT_WAIT_EXTERNAL = 0x1
+};
 
 struct sim_stream {
     uint64_t handle, ctx;
@@ -154,10 +157,16 @@ static CUresult stream_wait(CUstream hStream)
     return sim_leave(CUDA_SUCCESS);
 }
 
-CUresult cuStreamSynchronize(CUstream hStream) { return stream_wait(hStream); }
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+    return stream_wait(hStream);
+}
 
 /* Never CUDA_ERROR_NOT_READY: all work is done. */
-CUresult cuStreamQuery(CUstream hStream) { return stream_wait(hStream); }
+CUresult cuStreamQuery(CUstream hStream)
+{
+    return stream_wait(hStream);
+}
 
 CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
 {
@@ -340,7 +349,10 @@ static CUresult record(CUevent hEvent, CUstream hStream, unsigned flags)
     return sim_leave(CUDA_SUCCESS);
 }
 
-CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return record(hEvent, hStream, 0); }
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    return record(hEvent, hStream, 0);
+}
 
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
@@ -365,8 +377,14 @@ static CUresult event_done(CUevent hEvent)
     return sim_leave(CUDA_SUCCESS);
 }
 
-CUresult cuEventQuery(CUevent hEvent) { return event_done(hEvent); }
-CUresult cuEventSynchronize(CUevent hEvent) { return event_done(hEvent); }
+CUresult cuEventQuery(CUevent hEvent)
+{
+    return event_done(hEvent);
+}
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+    return event_done(hEvent);
+}
 
 CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {

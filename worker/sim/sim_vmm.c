@@ -41,7 +41,10 @@ static struct resv *resvs;
 static size_t nresv, capresv;
 static uint64_t va_cursor; /* where the next addr == 0 reservation is tried */
 
-static bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+static bool is_pow2(uint64_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
 
 static bool try_reserve(uint64_t addr, uint64_t size)
 {
@@ -79,8 +82,8 @@ static bool reserve_anywhere(uint64_t size, uint64_t align, uint64_t *out)
     /* Over-reserve by the alignment and trim both ends. */
     if (size + align < size)
         return false;
-    void *p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void *p =
+        mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return false;
     uint64_t start = (uint64_t)(uintptr_t)p, aligned = (start + align - 1) & ~(align - 1);
@@ -274,8 +277,13 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
             fprintf(stderr, "gpupool-sim: cannot unmap 0x%llx\n", (unsigned long long)ptr);
         return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    struct sim_seg s = {.start = ptr, .len = size, .foot = size, .kind = SIM_SEG_VMM,
-                        .dev = p->dev, .obj = p, .in_file = p->in_file,
+    struct sim_seg s = {.start = ptr,
+                        .len = size,
+                        .foot = size,
+                        .kind = SIM_SEG_VMM,
+                        .dev = p->dev,
+                        .obj = p,
+                        .in_file = p->in_file,
                         .file_off = p->file_off + offset};
     if (sim_seg_add(&s) != CUDA_SUCCESS) {
         if (sim_remap(ptr, size, PROT_NONE) != 0)
