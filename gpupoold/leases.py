@@ -15,7 +15,8 @@ a new client's hello is answered without waiting for initialisation.
 
 At start-up every GPU is scrubbed before its first lease (a previous daemon may have died with
 leases open: their records are closed as "daemon lost" and get that scrub's result), and workers
-a dead daemon left behind are killed. Drained and quarantined GPUs stay so across restarts.
+a dead daemon left behind are killed. Drained and quarantined GPUs stay so across restarts (in
+the store's gpu_state table).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
 END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
 PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
 ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has to answer ADOPT
-STATE_FILE = "gpu-state.json"
+LEGACY_STATE_FILE = "gpu-state.json"  # where drained/quarantined GPUs were kept before the store
 
 
 class LeaseError(Exception):
@@ -97,7 +98,7 @@ class LeaseManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._dir = WorkerDir(settings.state_dir)
-        self._state_file = settings.state_dir / STATE_FILE
+        self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
 
     # ---------------------------------------------------------------------------- life cycle
     async def start(self) -> None:
@@ -108,7 +109,7 @@ class LeaseManager:
         records are closed (with the reason the worker left, when it left one) and their GPUs
         are scrubbed before their first lease, like every GPU at start-up."""
         await asyncio.to_thread(self._dir.prepare, self.settings.worker_orphan_grace > 0)
-        saved = await asyncio.to_thread(self._load_state)
+        saved = await self._load_state()
         takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
         gone: list[LeaseRecord] = []
         for rec in await self.store.open_leases():
@@ -668,29 +669,44 @@ class LeaseManager:
         self._dir.forget_pid(worker.pid)
 
     # ----------------------------------------------------------------- drained / quarantined state
-    def _load_state(self) -> dict[str, Any]:
+    async def _load_state(self) -> dict[str, Any]:
+        """Drained and quarantined GPUs from the store, after importing the file an older
+        gpupoold kept them in (once: the file is removed when the store has them)."""
+        legacy = await asyncio.to_thread(self._read_legacy_state)
+        if legacy is not None:
+            states = await self.store.gpu_states()
+            if not states and legacy:
+                await self.store.save_gpu_states(legacy)
+                log.info("drained/quarantined GPUs imported into the database from %s",
+                         self._legacy_state_file)
+            await asyncio.to_thread(self._legacy_state_file.unlink, missing_ok=True)
+        return await self.store.gpu_states()
+
+    def _read_legacy_state(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self._state_file.read_text())
-            return data if isinstance(data, dict) else {}
+            data = json.loads(self._legacy_state_file.read_text())
         except FileNotFoundError:
-            return {}
+            return None
         except (OSError, ValueError) as exc:
-            log.error("cannot read %s (%s): starting with every GPU in service",
-                      self._state_file, exc)
+            log.error("cannot read %s (%s): its drained/quarantined GPUs are not imported (the "
+                      "file is left in place; fix or remove it)", self._legacy_state_file, exc)
+            return None
+        if not isinstance(data, dict):
             return {}
+        return {str(k): {"draining": bool(v.get("draining")), "quarantine": v.get("quarantine")}
+                for k, v in data.items() if isinstance(v, dict)}
 
     def _state_snapshot(self) -> dict[str, Any]:
         return {(s.gpu.uuid or str(s.gpu.index)): {"draining": s.draining,
                                                    "quarantine": s.quarantine}
                 for s in self.slots if s.draining or s.quarantine}
 
-    def _write_state(self, data: dict[str, Any]) -> None:
-        tmp = self._state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(self._state_file)
+    async def _save_state(self) -> None:
+        await self.store.save_gpu_states(self._state_snapshot())
 
     def _save_state_soon(self) -> None:
-        self._spawn(asyncio.to_thread(self._write_state, self._state_snapshot()), "save-state")
+        # The snapshot is taken now; the store runs its calls in order, so the last one wins.
+        self._spawn(self.store.save_gpu_states(self._state_snapshot()), "save-state")
 
     # ------------------------------------------------------------------------------- lookups
     def slot(self, index: int) -> Slot:
@@ -715,7 +731,7 @@ class LeaseManager:
             if slot.state == FREE:
                 slot.set_state(DRAINED)
                 self._stop_idle(slot)
-            await asyncio.to_thread(self._write_state, self._state_snapshot())
+            await self._save_state()
             await self.store.audit(actor, "gpu.drain", f"gpu {index}", slot.state)
             log.info("GPU %d drained by %s (%s)", index, actor, slot.state)
             self._changed(slot)
@@ -728,7 +744,7 @@ class LeaseManager:
             if slot.state == DRAINED:
                 slot.set_state(FREE)
                 self._prestart(slot)
-            await asyncio.to_thread(self._write_state, self._state_snapshot())
+            await self._save_state()
             await self.store.audit(actor, "gpu.undrain", f"gpu {index}", slot.state)
             log.info("GPU %d back in service (undrained by %s)", index, actor)
             self._changed(slot)
@@ -743,7 +759,7 @@ class LeaseManager:
         slot.quarantine = None
         slot.set_state(SCRUBBING)
         self._own(slot, self._clean(slot, []), f"clear-scrub-{index}")
-        await asyncio.to_thread(self._write_state, self._state_snapshot())
+        await self._save_state()
         await self.store.audit(actor, "gpu.clear", f"gpu {index}", f"was: {reason}")
         log.info("GPU %d quarantine cleared by %s: scrubbing and checking it again", index, actor)
         self._changed(slot)

@@ -1,4 +1,5 @@
-"""gpupoold's records in SQLite (`<state_dir>/gpupoold.db`): tokens, lease history, audit log.
+"""gpupoold's records in SQLite (`<state_dir>/gpupoold.db`): tokens, lease history, audit log,
+and the GPUs that stay drained or quarantined across restarts.
 
 Two faces over one schema:
 
@@ -94,6 +95,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     (  # v2: module image bytes the worker received from the client (0 for older records)
         "ALTER TABLE leases ADD COLUMN module_bytes INTEGER NOT NULL DEFAULT 0",
+    ),
+    (  # v3: GPUs an operator drained or the scrub quarantined, kept across restarts (they were
+       # in <state_dir>/gpu-state.json before; the lease manager imports that file once)
+        """CREATE TABLE gpu_state (
+            gpu TEXT PRIMARY KEY,
+            draining INTEGER NOT NULL DEFAULT 0,
+            quarantine TEXT,
+            updated REAL NOT NULL
+        )""",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -437,6 +447,33 @@ class StoreDB:
         rows = self._conn.execute("SELECT * FROM leases WHERE ended IS NULL ORDER BY id")
         return [_lease(r) for r in rows.fetchall()]
 
+    # ---------------------------------------------------------------------------- GPU state
+    def gpu_states(self) -> dict[str, dict[str, Any]]:
+        """{GPU UUID (its index when it has none): {"draining": bool, "quarantine": dict|None}}
+        for every GPU that is drained, draining or quarantined."""
+        out: dict[str, dict[str, Any]] = {}
+        for gpu, draining, quarantine in self._conn.execute(
+                "SELECT gpu, draining, quarantine FROM gpu_state ORDER BY gpu"):
+            try:
+                q = json.loads(quarantine) if quarantine else None
+            except ValueError:
+                q = {"reason": "unreadable quarantine record in the database", "since": 0.0}
+            out[gpu] = {"draining": bool(draining), "quarantine": q if isinstance(q, dict) or q is None
+                        else {"reason": str(q), "since": 0.0}}
+        return out
+
+    def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
+        """Replace the whole set (`states` as gpu_states returns it) in one transaction."""
+        now = time.time()
+        with self._write() as db:
+            db.execute("DELETE FROM gpu_state")
+            for gpu, st in states.items():
+                q = st.get("quarantine")
+                db.execute("INSERT INTO gpu_state (gpu, draining, quarantine, updated) "
+                           "VALUES (?, ?, ?, ?)",
+                           (gpu, int(bool(st.get("draining"))),
+                            None if q is None else json.dumps(q, default=str), now))
+
     def leases(self, state: str = "all", limit: int = 100,
                before: int | None = None) -> list[LeaseRecord]:
         """Lease records, newest first: `active` (not ended), `ended` or `all`; only ids below
@@ -553,6 +590,13 @@ class Store:
 
     async def open_leases(self) -> list[LeaseRecord]:
         return await self._run(self._db.open_leases)
+
+    # GPU state
+    async def gpu_states(self) -> dict[str, dict[str, Any]]:
+        return await self._run(self._db.gpu_states)
+
+    async def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
+        await self._run(self._db.save_gpu_states, states)
 
     async def leases(self, state: str = "all", limit: int = 100,
                      before: int | None = None) -> list[LeaseRecord]:

@@ -101,6 +101,8 @@ class FakeStore:
     scrubbed: dict[int, tuple[bool, dict[str, Any]]] = field(default_factory=dict)
     audits: list[tuple[str, str, str, str]] = field(default_factory=list)
     open: list[Any] = field(default_factory=list)
+    # Drained/quarantined GPUs, shared by the managers of one test (a restart keeps them).
+    gpu_state: dict[str, Any] = field(default_factory=dict)
 
     async def lease_started(self, lease: Any) -> int:
         lease_id = len(self.started) + 1
@@ -120,6 +122,13 @@ class FakeStore:
 
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         self.audits.append((actor, action, target, detail))
+
+    async def gpu_states(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.gpu_state))
+
+    async def save_gpu_states(self, states: dict[str, Any]) -> None:
+        self.gpu_state.clear()
+        self.gpu_state.update(json.loads(json.dumps(states)))
 
 
 class FakeCleaner:
@@ -149,12 +158,13 @@ async def settle() -> None:
 @pytest.fixture
 async def mgr(tmp_path: Path) -> Any:
     managers = []
+    gpu_state: dict[str, Any] = {}  # the database's GPU state, as a restart finds it
 
     async def make(n_gpus: int = 2, gpus: list[Gpu] | None = None, **overrides: Any) -> Any:
         settings = replace(Settings(state_dir=tmp_path), **overrides)
         inv = Inventory(tuple(gpus or [make_gpu(i) for i in range(n_gpus)]))
-        m = LeaseManager(inv, settings, FakeStore(), FakeSupervisor(), FakeCleaner(),
-                         Counters())  # type: ignore[arg-type]
+        m = LeaseManager(inv, settings, FakeStore(gpu_state=gpu_state), FakeSupervisor(),
+                         FakeCleaner(), Counters())  # type: ignore[arg-type]
         await m.start()
         await settle()
         managers.append(m)
@@ -277,12 +287,11 @@ async def test_failed_scrub_quarantines_until_cleared_and_persists(mgr: Any) -> 
     assert slot.state == QUARANTINED and "ECC" in slot.quarantine["reason"]
     assert m.store.scrubbed[lease.id][0] is False
     assert m.feasible(Requirements()) is not None  # nothing can serve a client now
-    state_file = m.settings.state_dir / "gpu-state.json"
-    for _ in range(200):  # written from a thread
-        if state_file.exists():
+    for _ in range(200):  # written by a task
+        if m.store.gpu_state:
             break
         await asyncio.sleep(0.01)
-    saved = json.loads(state_file.read_text())
+    saved = m.store.gpu_state
     assert saved[slot.gpu.uuid]["quarantine"]["reason"] == slot.quarantine["reason"]
     # A restarted daemon keeps it quarantined without scrubbing it.
     m2 = await mgr(1)
@@ -476,3 +485,32 @@ async def test_close_leaves_adoptable_leases_running_and_open(mgr: Any) -> None:
     assert kept.worker.detached and not kept.worker.exited.done()
     assert kept.id not in m.store.ended
     assert m.store.ended[ended.id][0] == "daemon stopped"
+
+
+async def test_the_state_file_of_an_older_gpupoold_is_imported_once(mgr: Any, tmp_path: Path,
+                                                                    caplog: Any) -> None:
+    """Drained and quarantined GPUs were kept in <state_dir>/gpu-state.json before the store
+    had them: the first start imports the file into the store and removes it."""
+    legacy = tmp_path / "gpu-state.json"
+    legacy.write_text(json.dumps({
+        make_gpu(0).uuid: {"draining": False, "quarantine": {"reason": "XID 79", "since": 5.0}},
+        make_gpu(1).uuid: {"draining": True, "quarantine": None}}))
+    with caplog.at_level("INFO", logger="gpupoold.leases"):
+        m = await mgr(2)
+    assert m.slots[0].state == QUARANTINED and m.slots[0].quarantine["reason"] == "XID 79"
+    assert m.slots[1].state == DRAINED and m.slots[1].draining
+    assert not legacy.exists() and "imported into the database" in caplog.text
+    assert m.store.gpu_state[make_gpu(1).uuid]["draining"] is True
+    # The next start reads the store alone.
+    m2 = await mgr(2)
+    assert (m2.slots[0].state, m2.slots[1].state) == (QUARANTINED, DRAINED)
+
+
+async def test_an_unreadable_state_file_is_left_in_place(mgr: Any, tmp_path: Path,
+                                                         caplog: Any) -> None:
+    legacy = tmp_path / "gpu-state.json"
+    legacy.write_text("{not json")
+    with caplog.at_level("ERROR", logger="gpupoold.leases"):
+        m = await mgr(1)
+    assert legacy.exists() and "left in place" in caplog.text
+    assert m.slots[0].state == FREE

@@ -50,11 +50,11 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(db: StoreDB, db_path: Path) -> None:
-    assert db.schema_version() == SCHEMA_VERSION == 2
+    assert db.schema_version() == SCHEMA_VERSION == 3
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"tokens", "leases", "audit"} <= tables
+        assert {"tokens", "leases", "audit", "gpu_state"} <= tables
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         cols = {r[1] for r in conn.execute("PRAGMA table_info(tokens)")}
         assert cols == {"id", "name", "role", "secret_sha256", "created", "expires", "revoked",
@@ -279,7 +279,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 2
+        assert db.schema_version() == SCHEMA_VERSION == 3
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)
@@ -438,3 +438,56 @@ async def test_open_failure_is_raised(db_path: Path) -> None:
     db_path.write_bytes(b"garbage " * 1000)
     with pytest.raises(sqlite3.DatabaseError):
         await Store.open(db_path)
+
+
+def test_gpu_states_are_replaced_as_a_whole_and_survive_a_reopen(db_path: Path) -> None:
+    db = StoreDB(db_path)
+    q = {"reason": "uncorrected ECC errors", "since": 12.5, "problems": ["ecc"]}
+    db.save_gpu_states({"GPU-a": {"draining": True, "quarantine": None},
+                        "GPU-b": {"draining": False, "quarantine": q}})
+    assert db.gpu_states() == {"GPU-a": {"draining": True, "quarantine": None},
+                               "GPU-b": {"draining": False, "quarantine": q}}
+    db.save_gpu_states({"GPU-b": {"draining": True, "quarantine": q}})  # GPU-a back in service
+    db.close()
+    again = StoreDB(db_path)
+    try:
+        assert again.gpu_states() == {"GPU-b": {"draining": True, "quarantine": q}}
+        again.save_gpu_states({})
+        assert again.gpu_states() == {}
+    finally:
+        again.close()
+
+
+def test_a_damaged_quarantine_record_still_quarantines(db_path: Path) -> None:
+    db = StoreDB(db_path)
+    db.close()
+    conn = raw(db_path)
+    conn.execute("INSERT INTO gpu_state (gpu, draining, quarantine, updated) "
+                 "VALUES ('GPU-x', 0, '{not json', 1.0)")
+    conn.commit()
+    conn.close()
+    again = StoreDB(db_path)
+    try:
+        st = again.gpu_states()["GPU-x"]
+        assert st["quarantine"] is not None and "unreadable" in st["quarantine"]["reason"]
+    finally:
+        again.close()
+
+
+def test_a_version_2_database_gains_the_gpu_state_table(db_path: Path) -> None:
+    """A database of the gpupoold before this table: its records stay, the table is added."""
+    conn = raw(db_path)
+    with conn:
+        for statements in store_mod.MIGRATIONS[:2]:
+            for sql in statements:
+                conn.execute(sql)
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute("INSERT INTO audit (at, actor, action) VALUES (1.0, 'root', 'gpu.drain')")
+    conn.close()
+    db = StoreDB(db_path)
+    try:
+        assert db.schema_version() == SCHEMA_VERSION >= 3
+        assert db.gpu_states() == {}
+        assert [a.action for a in db.audit_log()] == ["gpu.drain"]
+    finally:
+        db.close()
