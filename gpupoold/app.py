@@ -39,7 +39,7 @@ from gpupoold.settings import Settings
 from gpupoold.store import Store
 from gpupoold.telemetry import Telemetry
 from gpupoold.views import PoolViews
-from gpupoold.worker_dir import worker_dir
+from gpupoold.worker_dir import WorkerDir
 from gpupoold.workers import WorkerSupervisor, WorkerTls
 
 log = logging.getLogger("gpupoold")
@@ -156,7 +156,7 @@ async def supervisor_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.tls_cert is not None and settings.tls_key is not None:
         tls = WorkerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir, tls=tls,
-                                       adopt_dir=worker_dir(settings.state_dir),
+                                       workers_dir=WorkerDir(settings.state_dir),
                                        orphan_grace=settings.worker_orphan_grace)
     yield
 

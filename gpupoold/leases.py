@@ -42,7 +42,6 @@ from gpupoold.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease,
 from gpupoold.store import LeaseRecord, NewLease, Store
 from gpupoold.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.watchdog import Watchdog, stuck_reason
-from gpupoold.worker_dir import WorkerDir
 from gpupoold.workers import (AdoptError, Worker, WorkerExit, WorkerStartError, WorkerStats,
                               WorkerSupervisor)
 
@@ -97,7 +96,6 @@ class LeaseManager:
         self._leases: dict[int, Lease] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self._dir = WorkerDir(settings.state_dir)
         self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
 
     # ---------------------------------------------------------------------------- life cycle
@@ -108,19 +106,23 @@ class LeaseManager:
         with their leases: their GPUs stay leased, and nobody else gets them. The other open
         records are closed (with the reason the worker left, when it left one) and their GPUs
         are scrubbed before their first lease, like every GPU at start-up."""
-        await asyncio.to_thread(self._dir.prepare, self.settings.worker_orphan_grace > 0)
+        await asyncio.to_thread(self.supervisor.prepare_workers_dir,
+                                self.settings.worker_orphan_grace > 0)
         saved = await self._load_state()
         takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
         gone: list[LeaseRecord] = []
         for rec in await self.store.open_leases():
             try:
-                sock, pid = await self.supervisor.connect_adoption(self._dir.socket(rec.id))
+                path = self.supervisor.adoption_socket(rec.id)
+                if path is None:
+                    raise AdoptError("this gpupoold keeps no workers directory")
+                sock, pid = await self.supervisor.connect_adoption(path)
             except AdoptError:
                 gone.append(rec)
                 continue
             takeover.append((rec, sock, pid))
         # Workers of the previous daemon that hold no session we take over end now.
-        await asyncio.to_thread(self._dir.kill_orphans, {pid for _, _, pid in takeover})
+        await asyncio.to_thread(self.supervisor.kill_orphans, {pid for _, _, pid in takeover})
         orphaned: dict[int, list[int]] = {}
         for rec in gone:
             await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
@@ -221,7 +223,7 @@ class LeaseManager:
     async def _close_previous(self, rec: LeaseRecord, detail: str) -> None:
         """Close the record of a previous daemon's lease that nobody takes over: with the end
         its worker recorded when it ended alone (worker/adopt.c), else as "daemon lost"."""
-        end = await asyncio.to_thread(self._dir.end_record, rec.id)
+        end = await asyncio.to_thread(self.supervisor.end_record, rec.id)
         reason, stats = "daemon lost", WorkerStats()
         if end is not None:
             stats = WorkerStats.from_event(end)
@@ -234,7 +236,7 @@ class LeaseManager:
         except Exception:
             log.exception("lease %d: closing its record failed", rec.id)
         self.counters.inc("leases_ended", reason=reason)
-        await asyncio.to_thread(self._dir.forget_lease, rec.id)
+        await asyncio.to_thread(self.supervisor.forget_lease, rec.id)
 
     async def _adopt(self, slot: Slot, rec: LeaseRecord, sock: socket.socket, pid: int) -> None:
         """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
@@ -473,7 +475,6 @@ class LeaseManager:
         if worker is not None and not worker.exited.done():
             return worker
         worker = await self.supervisor.spawn(slot.gpu)
-        self._note_pid(worker)
         return worker
 
     def _expire(self, lease: Lease) -> None:
@@ -521,7 +522,6 @@ class LeaseManager:
         if self._closing and lease.end_override is None and reason in ("shutdown",
                                                                        "worker crashed"):
             reason, detail = "daemon stopped", f"gpupoold stopped ({ex.detail or ex.reason})"
-        self._forget_pid(lease.worker)
         s = ex.stats
         # Same event-loop step as the pop in _watch: a scrape sees the lease live or ended, once.
         self.events.publish(LeaseEnded(lease.id, slot.gpu.index, lease.token, reason,
@@ -534,7 +534,7 @@ class LeaseManager:
         await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
                                      s.bytes_d2h, dict(s.calls), module_bytes=s.module_bytes)
         if lease.worker.adoptable:  # recorded: the end record it left in case we had not
-            await asyncio.to_thread(self._dir.forget_lease, lease.id)
+            await asyncio.to_thread(self.supervisor.forget_lease, lease.id)
 
     async def _clean(self, slot: Slot, lease_ids: list[int]) -> None:
         """Scrub and check `slot`'s GPU, record the result, and free or quarantine it. Never
@@ -641,7 +641,6 @@ class LeaseManager:
             return
         finally:
             slot.prestart_task = None
-        self._note_pid(worker)
         slot.idle_worker = worker
         worker.exited.add_done_callback(lambda _f: self._idle_exited(slot, worker))
 
@@ -650,7 +649,6 @@ class LeaseManager:
             self._prestart(slot)
 
     def _idle_exited(self, slot: Slot, worker: Worker) -> None:
-        self._forget_pid(worker)
         if slot.idle_worker is worker:  # not taken by a lease: it died while waiting
             slot.idle_worker = None
             ex = worker.exited.result()
@@ -662,12 +660,6 @@ class LeaseManager:
                                                       slot)
 
     # ------------------------------------------------------------------------- pid files
-    def _note_pid(self, worker: Worker) -> None:
-        self._dir.note_pid(worker.pid, worker.gpu.index)
-
-    def _forget_pid(self, worker: Worker) -> None:
-        self._dir.forget_pid(worker.pid)
-
     # ----------------------------------------------------------------- drained / quarantined state
     async def _load_state(self) -> dict[str, Any]:
         """Drained and quarantined GPUs from the store, after importing the file an older

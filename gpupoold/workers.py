@@ -43,6 +43,7 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold.gpus import Gpu
+from gpupoold.worker_dir import WorkerDir
 from gpupoold.worker_process import WorkerProcess
 
 log = logging.getLogger("gpupoold.workers")
@@ -480,7 +481,7 @@ class Worker:
             asyncio.get_running_loop().call_soon(self._close_socket)
         else:
             self._close_socket()
-        self._supervisor._workers.discard(self)
+        self._supervisor._reaped(self)
         ex = self._exit_record(code)
         if not self._ready.done():
             why = self._failure or (describe_exit(code) if code is not None else "unknown")
@@ -567,18 +568,22 @@ _SHIM_MAX_SIZE = 16 << 20
 
 
 class WorkerSupervisor:
-    """Starts every worker, follows it until it is reaped, and stops them all at shutdown."""
+    """Starts every worker, follows it until it is reaped, and stops them all at shutdown.
+    With a `workers_dir` (worker_dir.py) it also keeps a pid file per worker it follows, so the
+    next gpupoold can tell its predecessor's workers (take over or kill the orphans), and holds
+    the adoption sockets and end records the workers leave there."""
 
     def __init__(self, worker: Path | None, cache_dir: Path, *,
                  on_stats: Callable[[Worker], None] | None = None,
-                 tls: WorkerTls | None = None, adopt_dir: Path | None = None,
+                 tls: WorkerTls | None = None, workers_dir: WorkerDir | None = None,
                  orphan_grace: float = 0.0) -> None:
         self.worker = worker
         self.cache_dir = cache_dir
         self.tls = tls  # the remoting port's TLS files, given to every worker
         # Sessions outlive this daemon by up to `orphan_grace` seconds, adoptable through
-        # sockets in `adopt_dir` (worker/adopt.c); None or 0: they end with it.
-        self.adopt_dir = adopt_dir
+        # sockets in `workers_dir` (worker/adopt.c); None or 0: they end with it.
+        self.workers_dir = workers_dir
+        self.adopt_dir = workers_dir.path if workers_dir is not None else None
         self.orphan_grace = orphan_grace
         self.on_stats = on_stats
         self._workers: set[Worker] = set()
@@ -644,7 +649,7 @@ class WorkerSupervisor:
             theirs.close()
             os.close(out_w)
         worker = Worker(self, gpu, WorkerProcess(popen.pid, popen), ours, out_r, spawned)
-        self._workers.add(worker)
+        self._follow(worker)
         worker._start()
         try:
             await asyncio.wait_for(asyncio.shield(worker._ready), timeout)
@@ -694,7 +699,7 @@ class WorkerSupervisor:
         out_r, out_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         os.set_blocking(out_w, True)
         worker = Worker(self, gpu, WorkerProcess(pid), sock, out_r, time.monotonic())
-        self._workers.add(worker)
+        self._follow(worker)
         worker._ready.set_result(None)
         worker._start()
         try:
@@ -737,6 +742,39 @@ class WorkerSupervisor:
         worker._started.set_result(True)
         worker.adoptable = True
         return worker
+
+    def _follow(self, worker: Worker) -> None:
+        self._workers.add(worker)
+        if self.workers_dir is not None:
+            self.workers_dir.note_pid(worker.pid, worker.gpu.index)
+
+    def _reaped(self, worker: Worker) -> None:
+        """The worker's process is gone (not merely detached: a detached worker keeps its pid
+        file for the next gpupoold)."""
+        self._workers.discard(worker)
+        if self.workers_dir is not None:
+            self.workers_dir.forget_pid(worker.pid)
+
+    # ---------------------------------------------- what workers leave under state_dir/workers
+    def prepare_workers_dir(self, adoptable: bool) -> None:
+        if self.workers_dir is not None:
+            self.workers_dir.prepare(adoptable)
+
+    def adoption_socket(self, lease_id: int) -> Path | None:
+        return self.workers_dir.socket(lease_id) if self.workers_dir is not None else None
+
+    def end_record(self, lease_id: int) -> dict[str, Any] | None:
+        return self.workers_dir.end_record(lease_id) if self.workers_dir is not None else None
+
+    def forget_lease(self, lease_id: int) -> None:
+        if self.workers_dir is not None:
+            self.workers_dir.forget_lease(lease_id)
+
+    def kill_orphans(self, keep: set[int]) -> None:
+        """Kill the workers a previous gpupoold left running, except `keep` (blocking: run it
+        in a thread)."""
+        if self.workers_dir is not None:
+            self.workers_dir.kill_orphans(keep)
 
     async def retire(self, worker: Worker) -> None:
         """End a worker we will not keep: END, then SIGKILL after the grace; until reaped."""

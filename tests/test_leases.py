@@ -93,6 +93,22 @@ class FakeSupervisor:
     async def connect_adoption(path: Path) -> tuple[Any, int]:
         raise AdoptError(f"no worker listens on {path}")
 
+    # What workers leave under state_dir/workers (pid files, sockets, end records): none here.
+    def prepare_workers_dir(self, adoptable: bool) -> None:
+        pass
+
+    def adoption_socket(self, lease_id: int) -> Path:
+        return Path(f"/nonexistent/lease-{lease_id}.sock")
+
+    def end_record(self, lease_id: int) -> dict[str, Any] | None:
+        return None
+
+    def forget_lease(self, lease_id: int) -> None:
+        pass
+
+    def kill_orphans(self, keep: set[int]) -> None:
+        pass
+
 
 @dataclass
 class FakeStore:

@@ -807,3 +807,37 @@ async def test_worker_process_follows_a_process_that_is_not_our_child(tmp_path: 
     assert await asyncio.wait_for(proc.wait(), 10) is None  # not our child: no status
     assert proc.ended
     proc.signal(signal.SIGKILL)  # a no-op once it has ended (the pid may be reused)
+
+
+async def test_the_supervisor_keeps_a_pid_file_per_worker_it_follows(tmp_path: Path,
+                                                                     gpu: Gpu) -> None:
+    """Pid files under state_dir/workers name the workers a daemon follows (the next gpupoold
+    kills the ones it does not take over): written at spawn, removed once the worker is reaped;
+    kill_orphans kills a worker whose daemon is gone and spares the ones it is told to keep."""
+    from gpupoold.worker_dir import WorkerDir
+    wdir = WorkerDir(tmp_path)
+    sup = WorkerSupervisor(WORKER, tmp_path / "cache", workers_dir=wdir)
+    sup.prepare_workers_dir(adoptable=False)
+    try:
+        first = await sup.spawn(gpu)
+        second = await sup.spawn(gpu)
+        assert (wdir.path / str(first.pid)).read_text() == "0"
+        assert (wdir.path / str(second.pid)).is_file()
+        first.kill()
+        await asyncio.wait_for(asyncio.shield(first.exited), 30)
+        assert not (wdir.path / str(first.pid)).exists()
+        # A stray worker of "a previous daemon" (a process named gpupool-worker that nobody
+        # follows) and its pid file: killed; the kept worker is not.
+        stray = subprocess.Popen(["bash", "-c", "exec -a gpupool-worker sleep 120"])
+        for _ in range(100):
+            if b"gpupool-worker" in Path(f"/proc/{stray.pid}/cmdline").read_bytes():
+                break
+            await asyncio.sleep(0.02)
+        (wdir.path / str(stray.pid)).write_text("0")
+        await asyncio.to_thread(sup.kill_orphans, {second.pid})
+        assert stray.wait(10) == -signal.SIGKILL
+        assert not (wdir.path / str(stray.pid)).exists()
+        assert not second.exited.done() and (wdir.path / str(second.pid)).is_file()
+    finally:
+        await sup.stop_all(grace=10)
+    assert not any(p.name.isdigit() for p in wdir.path.iterdir())
