@@ -4,7 +4,7 @@
 generators, started in this order and stopped in reverse: state directories, the store
 (SQLite) and authentication, the GPU inventory (NVML), the worker supervisor, the lease manager,
 the live GPU values (telemetry.py), the Prometheus collector (metrics.py), the web dashboard's
-history sampler (dashboard.py), the remoting listener. So at shutdown the listener stops
+history sampler (dashboard/live.py), the remoting listener. So at shutdown the listener stops
 accepting first, then the leases end (their workers stopped and their records written), and the
 store closes last.
 """

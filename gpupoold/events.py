@@ -2,7 +2,7 @@
 
 The lease manager (leases.py) publishes these events on an `EventBus`; its adapters subscribe:
 the Prometheus registry (metrics.py) observes grants, ends and scrubs, the web dashboard
-(dashboard.py) pushes a GPU's new state to open pages. The domain code therefore imports none
+(dashboard/live.py) pushes a GPU's new state to open pages. The domain code therefore imports none
 of them (no import of aiohttp or prometheus_client, no import cycle through the HTTP layer).
 
 Delivery is synchronous, in the publisher's event-loop step: a lease's end is counted by the

@@ -6,7 +6,7 @@ One point per `telemetry_interval` (docs/configuration.md), kept in fixed-size r
 - for the pool: copy throughput (bytes per second, both directions), from the total bytes the
   workers have reported (ended leases' totals plus the active leases' latest stats).
 
-`History.record` is called by the dashboard's sampler (dashboard.py) with values read from the
+`History.record` is called by the dashboard's sampler (dashboard/live.py) with values read from the
 telemetry cache and the lease manager: no NVML call and no database access, so it runs on the
 event loop. It also remembers when each GPU was last seen busy, for "idle while leased".
 """

@@ -7,7 +7,7 @@ Every route declares its role once, in routes.py's table (`ROUTES`):
 - `ADMIN`: an admin token (operator actions, tokens, the audit log);
 - `METRICS`: as `USER`, and also no token when the setting `metrics_anonymous` is on (only
   `/metrics`, for a Prometheus that scrapes without credentials);
-- `SESSION`: the web dashboard's pages (`/ui/...`, dashboard.py): no Bearer token here, the
+- `SESSION`: the web dashboard's pages (`/ui/...`, gpupoold/dashboard/): no Bearer token here, the
   dashboard checks its own login session (cookie) and CSRF token in the handler.
 
 `auth_middleware` looks up the matched route's role, reads `Authorization: Bearer <token>`, asks

@@ -1,4 +1,4 @@
-"""The web dashboard (gpupoold/dashboard.py, web/) over HTTP, in process: the real app factory
+"""The web dashboard (gpupoold/dashboard/) over HTTP, in process: the real app factory
 with a simulated GPU and the fake worker of test_daemon.py, token authentication on.
 
 Login and its cookie, the pages and their markup (docs/dashboard.md, "For developers"),

@@ -101,7 +101,7 @@ def test_dists_metadata_and_contents(dists: Path) -> None:
     with zipfile.ZipFile(daemon) as zf:
         names = set(zf.namelist())
         assert {"gpupoold/bin/gpupool-worker", "gpupoold/bin/gpupool-scrub", "gpupoold/bin/libgpupool-sim.so",
-                "gpupoold_web/templates/base.html", "gpupoold_web/static/dashboard.js"} <= names
+                "gpupoold/dashboard/templates/base.html", "gpupoold/dashboard/static/dashboard.js"} <= names
         assert zf.getinfo("gpupoold/bin/gpupool-worker").external_attr >> 16 & 0o111, "worker not executable"
         assert zf.read("gpupoold/bin/libgpupool-sim.so")[:4] == b"\x7fELF"
     with zipfile.ZipFile(client) as zf:

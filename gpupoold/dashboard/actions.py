@@ -1,0 +1,144 @@
+"""Admin actions from the pages: drain, undrain, clear, end a lease, create and revoke tokens.
+Each needs an admin session and the session's CSRF token, and a confirmation."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gpupoold.dashboard.access import refused, viewer
+from gpupoold.dashboard.pages import render_tokens
+from gpupoold.dashboard.sessions import Viewer, csrf_ok
+from gpupoold.dashboard.state import DASHBOARD
+from gpupoold.keys import LEASES, STORE
+from gpupoold.leases import LeaseError
+from gpupoold.store import NotFound, TokenExists
+from gpupoold.tokens import check_token_name, parse_expiry
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _admin_form(request: web.Request) -> tuple[Viewer | None, Any, web.Response | None]:
+    """(viewer, form, None) for an admin session with the right CSRF token, else a 403."""
+    v = await viewer(request)
+    if v is None or not v.admin:
+        who = "no session" if v is None or v.session is None else f"'{v.name}' is a {v.role}"
+        return v, None, refused(request, 403, f"this action needs an admin session ({who})",
+                                "log in with an admin token at /ui/login", v)
+    form = await request.post()
+    assert v.session is not None
+    if not csrf_ok(v.session, form.get("csrf")):
+        return v, None, refused(request, 403, "the form's CSRF token is missing or wrong",
+                                "reload the page and try again (the form was not made by this "
+                                "session's page)", v)
+    return v, form, None
+
+
+def _confirm(request: web.Request, v: Viewer, form: Any, question: str) -> web.Response | None:
+    """A confirmation page unless the form says confirm=yes."""
+    if form.get("confirm") == "yes":
+        return None
+    fields = [(k, val) for k, val in form.items() if k not in ("confirm", "csrf")
+              and isinstance(val, str)]
+    return request.app[DASHBOARD].render("confirm.html", viewer=v, page="confirm",
+                                         question=question, action=request.path, fields=fields)
+
+
+def _back(form: Any, default: str = "/ui/") -> web.HTTPSeeOther:
+    nxt = form.get("next") if form is not None else None
+    if isinstance(nxt, str) and nxt.startswith("/ui/") and "//" not in nxt and "\\" not in nxt:
+        return web.HTTPSeeOther(nxt)
+    return web.HTTPSeeOther(default)
+
+
+def gpu_action(name: str) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        v, form, refusal = await _admin_form(request)
+        if refusal is not None:
+            return refusal
+        assert v is not None
+        try:
+            index = int(request.match_info["index"])
+        except ValueError:
+            return refused(request, 400, "the GPU index must be a whole number",
+                           "use the buttons on the pool overview", v)
+        ask = _confirm(request, v, form, f"{name.capitalize()} GPU {index}?")
+        if ask is not None:
+            return ask
+        fn = getattr(request.app[LEASES], name)
+        try:
+            await fn(index, v.name)
+        except LeaseError as exc:
+            return refused(request, exc.status, str(exc), "check the GPU's state on the overview", v)
+        request.app[DASHBOARD].notify()
+        raise _back(form)
+    handler.__name__ = f"ui_{name}"
+    return handler
+
+
+async def end_lease(request: web.Request) -> web.Response:
+    v, form, refusal = await _admin_form(request)
+    if refusal is not None:
+        return refusal
+    assert v is not None
+    try:
+        lease_id = int(request.match_info["id"])
+    except ValueError:
+        return refused(request, 400, "the lease id must be a whole number",
+                       "use the buttons on the leases page", v)
+    ask = _confirm(request, v, form, f"End lease {lease_id}? The client loses its GPU.")
+    if ask is not None:
+        return ask
+    reason = form.get("reason")
+    reason = reason.strip()[:500] if isinstance(reason, str) else ""
+    try:
+        await request.app[LEASES].end_lease(lease_id, v.name, reason or "ended from the dashboard")
+    except LeaseError as exc:
+        return refused(request, exc.status, str(exc), "the lease may have ended already", v)
+    request.app[DASHBOARD].notify()
+    raise _back(form, "/ui/leases")
+
+
+async def create_token(request: web.Request) -> web.Response:
+    v, form, refusal = await _admin_form(request)
+    if refusal is not None:
+        return refusal
+    assert v is not None
+    name = str(form.get("name") or "").strip()
+    role = str(form.get("role") or "user")
+    expires_text = str(form.get("expires") or "never").strip() or "never"
+    try:
+        check_token_name(name)
+        if role not in ("user", "admin"):
+            raise ValueError(f"unknown role {role!r}: use user or admin")
+        expires = parse_expiry(expires_text)
+    except ValueError as exc:
+        return await render_tokens(request, v, None, status=400, error=f"cannot create {name!r}: {exc}")
+    ask = _confirm(request, v, form, f"Create the {role} token {name!r} (expires: {expires_text})?")
+    if ask is not None:
+        return ask
+    try:
+        record, secret = await request.app[STORE].create_token(name, role, expires, v.name)
+    except TokenExists:
+        return await render_tokens(request, v, None, status=409,
+                             error=f"a token named {name!r} already exists: choose another name "
+                                   "or revoke the old one first")
+    return await render_tokens(request, v, None, status=201, secret=secret, created=record.name)
+
+
+async def revoke_token(request: web.Request) -> web.Response:
+    v, form, refusal = await _admin_form(request)
+    if refusal is not None:
+        return refusal
+    assert v is not None
+    name = request.match_info["name"]
+    ask = _confirm(request, v, form, f"Revoke the token {name!r}? Its clients are refused from now on.")
+    if ask is not None:
+        return ask
+    try:
+        await request.app[STORE].revoke_token(name, v.name)
+    except NotFound:
+        return await render_tokens(request, v, None, status=404, error=f"no token named {name!r}")
+    raise web.HTTPSeeOther("/ui/tokens")

@@ -1,0 +1,89 @@
+"""The state a page shows and an event carries: the API's views (views.py) with each GPU's
+`idle` flag, and the last hour's charts."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from gpupoold.dashboard.formatting import human_bytes
+from gpupoold.dashboard.state import DASHBOARD
+from gpupoold.history import polyline
+from gpupoold.keys import VIEWS
+
+
+def state_payload(app: web.Application) -> dict[str, Any]:
+    """The JSON of an `event: state` (and the pages' data): the API's views, each GPU with
+    `idle` (leased and 0 % for the last 5 minutes) added."""
+    views = app[VIEWS]
+    gpus = views.gpu_views()
+    history = app[DASHBOARD].history
+    now = time.time()
+    for g in gpus:
+        lease = g.get("lease")
+        started = lease.get("started") if isinstance(lease, dict) else None
+        g["idle"] = bool(history is not None and g.get("state") == "leased"
+                         and history.idle(g["index"], started, now))
+    return {"time": now, "gpus": gpus, "leases": views.active_leases(),
+            "queue": views.queue_view(), "summary": views.summary()}
+
+
+def stable_text(payload: dict[str, Any]) -> str:
+    """The payload without what moves by itself (clock, durations, waiting times): a change
+    here is worth an event at once."""
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items()
+                    if k not in ("time", "duration_s", "waiting_s", "at")}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+    return json.dumps(strip(payload), sort_keys=True, default=str)
+
+
+CHART_W, CHART_H = 300.0, 60.0
+
+
+def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    history = app[DASHBOARD].history
+    end = time.time()
+    start = end - (history.span if history is not None else 3600.0)
+    out: dict[str, Any] = {"width": CHART_W, "height": CHART_H, "util": {}, "mem": {},
+                           "copy": "", "copy_top": 0.0, "copy_last": None}
+    if history is None:
+        return out
+    # The time axis spans the last hour, or less while the daemon has less history (at least
+    # a minute): a young daemon's few points would otherwise sit in the last pixel.
+    first = [p.at for g in gpus for p in history.gpu(g["index"])[:1]]
+    first += [p.at for p in history.pool()[:1]]
+    if first:
+        start = max(start, min(min(first), end - 60.0))
+    for g in gpus:
+        pts = history.gpu(g["index"])
+        out["util"][g["index"]] = polyline([(p.at, p.util) for p in pts], CHART_W, CHART_H,
+                                           100.0, start, end)
+        last = next((p.util for p in reversed(pts) if p.util is not None), None)
+        out.setdefault("util_last", {})[g["index"]] = last
+    pool = history.pool()
+    top = max((p.copy_bps for p in pool), default=0.0)
+    out["copy_top"] = top
+    out["copy_last"] = pool[-1].copy_bps if pool else None
+    out["copy"] = polyline([(p.at, p.copy_bps) for p in pool], CHART_W, CHART_H,
+                           top if top > 0 else 1.0, start, end)
+    return out
+
+
+def chart_update(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the page's script needs to redraw the charts: the polylines and the captions'
+    values as text (the same formatting as the page's)."""
+    c = charts(app, gpus)
+    util_last = c.get("util_last") or {}
+    return {"util": {str(i): pts for i, pts in c["util"].items()},
+            "util_now": {str(i): (f"{v} %" if v is not None else "not reported")
+                         for i, v in util_last.items()},
+            "copy": c["copy"], "copy_top": f"{human_bytes(c['copy_top'])}/s",
+            "copy_now": (f"{human_bytes(c['copy_last'])}/s" if c["copy_last"] is not None
+                         else "no data yet")}
