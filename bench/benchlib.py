@@ -34,11 +34,11 @@ def stop_process_group(proc: subprocess.Popen, timeout: float) -> None:
 
 def remove_state(state: Path) -> None:
     """A benchmark daemon's state folder and the memory of its simulated GPUs (kept apart, under
-    gpupoold.sim.sim_memory_dir); missing pieces are fine."""
+    gpupoold.gpu.sim.sim_memory_dir); missing pieces are fine."""
     try:
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
-        from gpupoold.sim import sim_memory_dir
+        from gpupoold.gpu.sim import sim_memory_dir
 
         shutil.rmtree(sim_memory_dir(state), ignore_errors=True)
     except ImportError:  # a tree without the daemon package: nothing simulated to remove

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gpupoold.settings import format_address, parse_address
+from gpupoold.config.settings import format_address, parse_address
 
 DEFAULT_TIMEOUT = 30.0
 NOT_RUNNING_HINT = "is gpupoold running? `systemctl status gpupoold`"

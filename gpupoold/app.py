@@ -3,7 +3,7 @@
 `create_app(settings)` returns an aiohttp application whose resources are `cleanup_ctx`
 generators, started in this order and stopped in reverse: state directories, the store
 (SQLite) and authentication, the GPU inventory (NVML), the worker supervisor, the lease manager,
-the live GPU values (telemetry.py), the Prometheus collector (metrics.py), the web dashboard's
+the live GPU values (gpu/telemetry.py), the Prometheus collector (http/metrics.py), the web dashboard's
 history sampler (dashboard/live.py), the remoting listener. So at shutdown the listener stops
 accepting first, then the leases end (their workers stopped and their records written), and the
 store closes last.
@@ -19,28 +19,28 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpupoold.auth import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
-from gpupoold.counters import Counters
+from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
+from gpupoold.pool.counters import Counters
 from gpupoold.dashboard import dashboard_ctx, setup_dashboard
-from gpupoold.events import EventBus
-from gpupoold.gpus import InventoryError, build_inventory
-from gpupoold.http_auth import auth_middleware
-from gpupoold.keys import (AUTH, COUNTERS, EVENTS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS,
+from gpupoold.pool.events import EventBus
+from gpupoold.gpu.inventory import InventoryError, build_inventory
+from gpupoold.http.auth import auth_middleware
+from gpupoold.http.keys import (AUTH, COUNTERS, EVENTS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS,
                            STORE, SUPERVISOR, TELEMETRY, VIEWS)
-from gpupoold.leases import LeaseManager
-from gpupoold.metrics import METRICS_KEY, DaemonMetrics
-from gpupoold.nvml import Nvml
+from gpupoold.pool.leases import LeaseManager
+from gpupoold.http.metrics import METRICS_KEY, DaemonMetrics
+from gpupoold.gpu.nvml import Nvml
 from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
-from gpupoold.remoting import RemotingListener
-from gpupoold.routes import setup_routes
-from gpupoold.scrubber import GpuCleaner
+from gpupoold.remoting.listener import RemotingListener
+from gpupoold.http.routes import setup_routes
+from gpupoold.gpu.cleaner import GpuCleaner
 from gpupoold import sdlisten
-from gpupoold.settings import Settings
-from gpupoold.store import Store
-from gpupoold.telemetry import Telemetry
-from gpupoold.views import PoolViews
-from gpupoold.worker_dir import WorkerDir
-from gpupoold.workers import WorkerSupervisor, WorkerTls
+from gpupoold.config.settings import Settings
+from gpupoold.store.database import Store
+from gpupoold.gpu.telemetry import Telemetry
+from gpupoold.pool.views import PoolViews
+from gpupoold.workers.state_dir import WorkerDir
+from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
 
 log = logging.getLogger("gpupoold")
 DB_NAME = "gpupoold.db"

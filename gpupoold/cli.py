@@ -1,7 +1,7 @@
 """The `gpupoold` command line.
 
 - `serve`: run the daemon. Its flags are generated from the settings that declare one
-  (settings.py), so a flag and its config key always mean the same thing.
+  (config/settings.py), so a flag and its config key always mean the same thing.
 - `token create|list|revoke`: API tokens, on the database directly (`<state_dir>/gpupoold.db`),
   whether the daemon runs or not; audited as `cli:<unix user>`.
 - `status`, `gpu drain|undrain|clear INDEX`, `lease end ID`: clients of the running daemon's HTTP
@@ -26,11 +26,11 @@ from typing import Any
 
 from gpupoold import __version__
 from gpupoold.admin_client import AdminClient, AdminError, base_url, tls_context
-from gpupoold.auth import LOCAL_ADMIN_FILE
-from gpupoold.config import ConfigError, load_settings
-from gpupoold.settings import DEFAULT_CONFIG, Settings, iter_flags
-from gpupoold.store import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
-from gpupoold.tokens import check_token_name, format_local, parse_expiry
+from gpupoold.auth.authenticator import LOCAL_ADMIN_FILE
+from gpupoold.config.file import ConfigError, load_settings
+from gpupoold.config.settings import DEFAULT_CONFIG, Settings, iter_flags
+from gpupoold.store.database import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
+from gpupoold.auth.tokens import check_token_name, format_local, parse_expiry
 
 ADMIN_TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
 

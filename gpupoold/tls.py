@@ -1,5 +1,5 @@
 """TLS contexts: HTTPS for the HTTP listener (`http_tls_*` settings) and the remoting listener's
-first TLS session (`tls_*` settings, `remoting_ssl_context`; gpupoold/remoting_tls.py).
+first TLS session (`tls_*` settings, `remoting_ssl_context`; gpupoold/remoting/tls_session.py).
 
     http_tls_cert       PEM certificate chain (leaf first)      } both, or neither (plain HTTP)
     http_tls_key        PEM private key, unencrypted            }
@@ -19,7 +19,7 @@ import os
 import ssl
 from pathlib import Path
 
-from gpupoold.settings import Settings
+from gpupoold.config.settings import Settings
 
 
 class TlsSettingError(Exception):

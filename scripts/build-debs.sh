@@ -106,7 +106,7 @@ wrapper() {  # wrapper PACKAGE COMMAND MODULE
 }
 install -d "$D/usr/bin" "$C/usr/bin"
 wrapper gpupoold gpupoold gpupoold.cli
-wrapper gpupoold gpupool-reset-helper gpupoold.reset_helper
+wrapper gpupoold gpupool-reset-helper gpupoold.gpu.reset_helper
 wrapper gpupool-client gpupool gpupool.cli
 
 install -d "$D/usr/lib/systemd/system"

@@ -49,7 +49,7 @@ BUILD_BASE = ("Makefile", "protocol/protocol.mk", "protocol/generated/gp_protoco
 
 EXPECTED: dict[str, Expected] = {
     "gpupoold": Expected(
-        scripts={"gpupoold": "gpupoold.cli:main", "gpupool-reset-helper": "gpupoold.reset_helper:main"},
+        scripts={"gpupoold": "gpupoold.cli:main", "gpupool-reset-helper": "gpupoold.gpu.reset_helper:main"},
         requires=frozenset({"gpupool-protocol", "aiohttp", "nvidia-ml-py", "prometheus-client", "jinja2"}),
         requires_python=">=3.11",
         version_file=ROOT / "gpupoold" / "__init__.py",
@@ -63,7 +63,7 @@ EXPECTED: dict[str, Expected] = {
                      "gpupoold/dashboard/templates/base.html",
                      "gpupoold/dashboard/static/dashboard.js"),
         sdist_globs=(("worker/*.[ch]", "", ""), ("worker/sim/*.[ch]", "", ""), ("worker/scrub/*.[ch]", "", ""),
-                     ("gpupoold/*.py", "", ""), ("gpupoold/dashboard/*.py", "", ""),
+                     ("gpupoold/*.py", "", ""), ("gpupoold/*/*.py", "", ""),
                      ("gpupoold/dashboard/templates/*.html", "", ""), ("gpupoold/dashboard/static/*", "", "")),
     ),
     "gpupool": Expected(

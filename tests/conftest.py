@@ -348,10 +348,10 @@ def gpupool_server(native_build: Path, start_daemon: Callable[..., GpupoolServer
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_simulated_gpu_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Simulated GPU memory lives in /dev/shm (gpupoold/sim.py); remove what this session's
+    """Simulated GPU memory lives in /dev/shm (gpupoold/gpu/sim.py); remove what this session's
     daemons made there (each folder names its state dir), not other runs' folders."""
     yield
-    from gpupoold.sim import SHM, STATE_DIR_NOTE
+    from gpupoold.gpu.sim import SHM, STATE_DIR_NOTE
 
     base = tmp_path_factory.getbasetemp().resolve()
     for folder in SHM.glob(f"gpupool-sim-{os.getuid()}-*"):

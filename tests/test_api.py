@@ -1,4 +1,4 @@
-"""The HTTP API (gpupoold/api.py, http_auth.py, routes.py) in process: the real store, token
+"""The HTTP API (gpupoold/http/api.py, http/auth.py, http/routes.py) in process: the real store, token
 authentication and route table, with a fake lease manager standing in for the GPUs.
 
 The 401/403 matrix runs over routes.ROUTES, so a route added later is covered by its declared
@@ -21,22 +21,22 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpupoold import __version__
-from gpupoold.auth import NoAuthentication, TokenAuthenticator
-from gpupoold.counters import Counters
-from gpupoold.http_auth import ADMIN, METRICS, PUBLIC, ROUTE_ROLES, USER, auth_middleware
-from gpupoold.keys import AUTH, COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
-from gpupoold.leases import LeaseError
-from gpupoold.routes import ROUTES, Route, setup_routes
-from gpupoold.settings import Settings
-from gpupoold.store import NewLease, Store
+from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator
+from gpupoold.pool.counters import Counters
+from gpupoold.http.auth import ADMIN, METRICS, PUBLIC, ROUTE_ROLES, USER, auth_middleware
+from gpupoold.http.keys import AUTH, COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
+from gpupoold.pool.leases import LeaseError
+from gpupoold.http.routes import ROUTES, Route, setup_routes
+from gpupoold.config.settings import Settings
+from gpupoold.store.database import NewLease, Store
 
 GIB = 1 << 30
 
 
 # ------------------------------------------------------------------------------------ fakes
 class FakeLeaseManager:
-    """The lease manager's operator actions (gpupoold/leases.py) and its views
-    (gpupoold/views.py), in memory: the operator actions return the views themselves.
+    """The lease manager's operator actions (gpupoold/pool/leases.py) and its views
+    (gpupoold/pool/views.py), in memory: the operator actions return the views themselves.
 
     It records the operator actions it is asked for (`calls`) so the tests can check who the API
     says the actor is, and that a refused request reached nothing."""

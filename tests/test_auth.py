@@ -1,4 +1,4 @@
-"""Token authentication and the local admin token (gpupoold/auth.py)."""
+"""Token authentication and the local admin token (gpupoold/auth/authenticator.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold import tokens
-from gpupoold.auth import (LOCAL_ADMIN_FILE, AcceptAnyToken, AuthDecision, NoAuthentication,
+from gpupoold.auth import tokens
+from gpupoold.auth.authenticator import (LOCAL_ADMIN_FILE, AcceptAnyToken, AuthDecision, NoAuthentication,
                            TokenAuthenticator, ensure_local_admin_token, write_secret_file)
-from gpupoold.store import Store
+from gpupoold.store.database import Store
 
 
 @pytest.fixture

@@ -28,10 +28,10 @@ import pytest
 import trustme
 from aiohttp import web
 
-from gpupoold import config as config_mod
-from gpupoold.auth import LOCAL_ADMIN_FILE
+from gpupoold.config import file as config_mod
+from gpupoold.auth.authenticator import LOCAL_ADMIN_FILE
 from gpupoold.cli import build_parser, cli_actor, main
-from gpupoold.store import DB_NAME, StoreDB
+from gpupoold.store.database import DB_NAME, StoreDB
 
 TOKEN_RE = re.compile(r"gpt_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")
 ADMIN = "gpt_aaaaaaaaaaaa_" + "A" * 43

@@ -1,4 +1,4 @@
-"""Settings, the config file parser and the CLI flags (gpupoold/settings.py, config.py, cli.py)."""
+"""Settings, the config file parser and the CLI flags (gpupoold/config/settings.py, config.py, cli.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold import config as config_mod
+from gpupoold.config import file as config_mod
 from gpupoold.cli import build_parser
-from gpupoold.config import ConfigError, load_settings
-from gpupoold.settings import Settings, format_address, parse_address, settings_info
+from gpupoold.config.file import ConfigError, load_settings
+from gpupoold.config.settings import Settings, format_address, parse_address, settings_info
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -26,9 +26,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import REPO, GpupoolServer, daemon_env, require
 
 from gpupoold.app import StartupError, create_app
-from gpupoold.gpus import Gpu
-from gpupoold.keys import COUNTERS, INVENTORY, REMOTING, SUPERVISOR
-from gpupoold.settings import Settings
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.http.keys import COUNTERS, INVENTORY, REMOTING, SUPERVISOR
+from gpupoold.config.settings import Settings
 
 FAKE_WORKER = REPO / "tests" / "fake_worker.py"
 
@@ -594,7 +594,7 @@ def test_sigterm_ends_leases_and_exits_0(start_daemon, tmp_path: Path) -> None:
     log = server.log_text()
     assert "lease 1 ended (daemon stopped" in log
     # The record says so (read the database directly: the daemon is gone).
-    from gpupoold.store import StoreDB
+    from gpupoold.store.database import StoreDB
 
     db = StoreDB(state_dir / "gpupoold.db")
     try:

@@ -24,9 +24,9 @@ from test_daemon import Daemon, RawClient, hello, settings_for
 from gpupoold.app import create_app
 
 from gpupoold.dashboard import COOKIE, DASHBOARD, Dashboard, Sessions, Viewer, web_dir
-from gpupoold.history import History, polyline
-from gpupoold.http_auth import PUBLIC, ROUTE_ROLES, SESSION
-from gpupoold.keys import STORE, VIEWS
+from gpupoold.dashboard.history import History, polyline
+from gpupoold.http.auth import PUBLIC, ROUTE_ROLES, SESSION
+from gpupoold.http.keys import STORE, VIEWS
 
 CARD = re.compile(r'<article class="gpu-card[^"]*" data-gpu="(\d+)" data-state="(\w+)" '
                   r'data-idle="([01])"')

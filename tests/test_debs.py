@@ -32,8 +32,8 @@ from conftest import REPO, require, run_client
 from test_e2e_leases import hold_gpu  # noqa: F401 (fixture)
 
 from gpupoold import __version__ as DAEMON_VERSION
-from gpupoold.config import load_settings
-from gpupoold.settings import Settings, settings_info
+from gpupoold.config.file import load_settings
+from gpupoold.config.settings import Settings, settings_info
 
 CLIENT_VERSION = re.search(r'^__version__ = "([^"]+)"',
                            (REPO / "client" / "gpupool" / "__init__.py").read_text(), re.M)[1]  # type: ignore[index]

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from gpupoold.cli import build_parser
-from gpupoold.settings import markdown_table, settings_info
+from gpupoold.config.settings import markdown_table, settings_info
 
 DOCS = REPO / "docs"
 
@@ -22,7 +22,7 @@ def test_configuration_md_has_the_generated_settings_table() -> None:
     text = (DOCS / "configuration.md").read_text()
     assert markdown_table() in text, (
         "docs/configuration.md is out of date: paste the output of "
-        "`python -m gpupoold.settings` over its settings table")
+        "`python -m gpupoold.config.settings` over its settings table")
 
 
 @pytest.mark.parametrize("name", [info.name for info in settings_info()])

@@ -30,7 +30,7 @@ PROGRAMS = ("devices", "copies", "events", "kernels", "errors", "longrun", "thre
 ARCH = os.environ.get("GPUPOOL_TEST_ARCH", "sm_90")
 GIB = 1 << 30
 
-# What the simulated device declares by default (worker/sim, gpupoold/settings.py).
+# What the simulated device declares by default (worker/sim, gpupoold/config/settings.py).
 SIM_DEFAULTS = {"totalGlobalMem": 80 * GIB, "major": 9, "minor": 0, "multiProcessorCount": 132}
 
 
@@ -131,7 +131,7 @@ def test_devices(cuda_programs, gpupool_server, mode):
     assert gpus[0]["simulated"] is True
     assert kv["dev0.name"] == gpus[0]["name"]
     assert kv["dev0.uuid"].lower() == gpus[0]["uuid"].lower()
-    from gpupoold.sim import sim_pci_bus
+    from gpupoold.gpu.sim import sim_pci_bus
 
     assert int(kv["dev0.pciBusID"]) == sim_pci_bus(0)
 

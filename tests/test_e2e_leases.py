@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import REPO, ApiError, GpupoolServer, run_client
 
-from gpupoold.sim import sim_memory_file
+from gpupoold.gpu.sim import sim_memory_file
 
 CLIENT_SRC = REPO / "tests" / "clients" / "hold_gpu.c"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"

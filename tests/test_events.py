@@ -1,4 +1,4 @@
-"""The lease manager's event bus (gpupoold/events.py) and the metrics that follow it."""
+"""The lease manager's event bus (gpupoold/pool/events.py) and the metrics that follow it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from gpupoold.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
-from gpupoold.metrics import DaemonMetrics
-from gpupoold.workers import WorkerStats
+from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
+from gpupoold.http.metrics import DaemonMetrics
+from gpupoold.workers.supervisor import WorkerStats
 
 
 def test_subscribers_get_their_type_in_order_and_can_leave() -> None:

@@ -1,4 +1,4 @@
-"""The GPU inventory (gpupoold/gpus.py): simulated, real through a fake NVML, and the fallbacks."""
+"""The GPU inventory (gpupoold/gpu/inventory.py): simulated, real through a fake NVML, and the fallbacks."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pynvml
 import pytest
 
 from fake_nvml import GIB, FakeGpu, FakePynvml, gpus
-from gpupoold.gpus import Gpu, InventoryError, build_inventory
-from gpupoold.nvml import Nvml
-from gpupoold.settings import Settings
-from gpupoold.sim import format_uuid, sim_uuid
+from gpupoold.gpu.inventory import Gpu, InventoryError, build_inventory
+from gpupoold.gpu.nvml import Nvml
+from gpupoold.config.settings import Settings
+from gpupoold.gpu.sim import format_uuid, sim_uuid
 
 LOADABLE = "libc.so.6"  # stands in for libcuda.so.1: a library the loader finds
 MISSING = "/nonexistent/libcuda.so.1"

@@ -1,4 +1,4 @@
-"""gpupoold/handshake.py without I/O: decoding the hello with the client's requirements, the
+"""gpupoold/remoting/handshake.py without I/O: decoding the hello with the client's requirements, the
 refusal reply, the requirement text for logs and the API, the queue notice."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 import gpupool_protocol as gp
 import pytest
 
-from gpupoold.handshake import (
+from gpupoold.remoting.handshake import (
     Refusal,
     format_size,
     parse_hello,

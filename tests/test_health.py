@@ -1,4 +1,4 @@
-"""Health between tenants (gpupoold/health.py): the messages, NVML GPUs, simulated fault files."""
+"""Health between tenants (gpupoold/gpu/health.py): the messages, NVML GPUs, simulated fault files."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pynvml
 
 from fake_nvml import MIB, FakePynvml, gpus
-from gpupoold.gpus import Gpu
-from gpupoold.health import check_gpu, evaluate, fault_file
-from gpupoold.nvml import GpuProcess, HealthReport, Nvml
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.gpu.health import check_gpu, evaluate, fault_file
+from gpupoold.gpu.nvml import GpuProcess, HealthReport, Nvml
 
 
 def real_gpu(index: int = 0, ordinal: int = 0) -> Gpu:

@@ -340,11 +340,11 @@ def test_info_in_plaintext_on_the_tls_port_is_told_to_use_tls(
 
 
 # ------------------------------------------------------------------ the daemon's side, in-process
-# RemotingListener and InfoCache (gpupoold/remoting.py, gpupoold/info.py) on a stand-in lease
+# RemotingListener and InfoCache (gpupoold/remoting/listener.py, gpupoold/remoting/info.py) on a stand-in lease
 # manager whose views can be made as large as the reply allows.
 class StandInLeases:
     """What InfoCache and the info path of RemotingListener read of the lease manager and of its
-    views (gpupoold/views.py): one object passed as both."""
+    views (gpupoold/pool/views.py): one object passed as both."""
 
     def __init__(self, leases: int = 0, queue: int = 0, pad: int = 0, gpu_pad: int = 0) -> None:
         self.slots = [SimpleNamespace(gpu=SimpleNamespace(simulated=True))]
@@ -383,7 +383,7 @@ class StandInLeases:
 
 
 def doc_settings(**changes: Any) -> Any:
-    from gpupoold.settings import Settings
+    from gpupoold.config.settings import Settings
     return Settings(listen="127.0.0.1:0", auth="none", **changes)
 
 
@@ -397,7 +397,7 @@ def doc_settings(**changes: Any) -> Any:
 ])
 async def test_the_cached_document_is_the_reference_encoding(
         leases: int, queue: int, pad: int, gpu_pad: int, truncated: str | None) -> None:
-    from gpupoold import info
+    from gpupoold.remoting import info
     stand_in = StandInLeases(leases, queue, pad, gpu_pad)
     settings = doc_settings()
     cache = info.InfoCache(settings, stand_in, stand_in)  # type: ignore[arg-type]
@@ -422,7 +422,7 @@ async def test_the_cached_document_is_the_reference_encoding(
 
 async def test_repeat_requests_share_one_snapshot_until_something_changes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpupoold import info
+    from gpupoold.remoting import info
     monkeypatch.setattr(info, "CACHE_TTL", 0.3)
     stand_in = StandInLeases(leases=3)
     stand_in.telemetry = SimpleNamespace(samples=1, driver_version="", cuda_driver_version=13000)
@@ -457,7 +457,7 @@ async def test_repeat_requests_share_one_snapshot_until_something_changes(
 
 async def test_a_large_snapshot_is_encoded_off_the_event_loop(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpupoold import info
+    from gpupoold.remoting import info
     threads: list[bool] = []
     encode = info._encode_lists
 
@@ -478,9 +478,9 @@ class InProcessDaemon:
     """A RemotingListener on 127.0.0.1:0 with a stand-in lease manager, answering `info`."""
 
     def __init__(self, leases: StandInLeases, **settings: Any) -> None:
-        from gpupoold.auth import NoAuthentication
-        from gpupoold.counters import Counters
-        from gpupoold.remoting import RemotingListener
+        from gpupoold.auth.authenticator import NoAuthentication
+        from gpupoold.pool.counters import Counters
+        from gpupoold.remoting.listener import RemotingListener
         self.counters = Counters()
         self.listener = RemotingListener(doc_settings(**settings), leases,  # type: ignore[arg-type]
                                          NoAuthentication(), self.counters,  # type: ignore[arg-type]
@@ -543,7 +543,7 @@ def ask_in_thread(daemon: InProcessDaemon, tls_ca: Path | None = None) -> gp.Inf
 async def test_a_client_that_never_reads_its_reply_is_dropped(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, pki: Pki,  # noqa: F811
         use_tls: bool) -> None:
-    from gpupoold import remoting
+    from gpupoold.remoting import listener as remoting
     monkeypatch.setattr(remoting, "SEND_TIMEOUT", 1.0)
     monkeypatch.setattr(remoting, "CLOSE_TIMEOUT", 1.0)
     tls: dict[str, Any] = {"tls_cert": pki.cert, "tls_key": pki.key} if use_tls else {}
@@ -575,7 +575,7 @@ async def test_a_client_that_never_reads_its_reply_is_dropped(
 
 async def test_info_requests_answered_at_once_are_bounded(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpupoold import remoting
+    from gpupoold.remoting import listener as remoting
     monkeypatch.setattr(remoting, "MAX_INFO_AT_ONCE", 1)
     monkeypatch.setattr(remoting, "SEND_TIMEOUT", 3.0)
     daemon = await InProcessDaemon(StandInLeases(leases=1500, pad=1500),
@@ -606,7 +606,7 @@ async def test_info_requests_answered_at_once_are_bounded(
 @pytest.mark.parametrize("use_tls", [False, True], ids=["plain", "tls"])
 async def test_a_client_that_reads_slowly_gets_its_whole_reply(
         monkeypatch: pytest.MonkeyPatch, pki: Pki, use_tls: bool) -> None:  # noqa: F811
-    from gpupoold import remoting
+    from gpupoold.remoting import listener as remoting
     monkeypatch.setattr(remoting, "SEND_TIMEOUT", 1.0)
     tls: dict[str, Any] = {"tls_cert": pki.cert, "tls_key": pki.key} if use_tls else {}
     ca = pki.ca if use_tls else None

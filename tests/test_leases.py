@@ -1,4 +1,4 @@
-"""The lease manager (gpupoold/leases.py) with fake workers, store and cleaner: grants, the FIFO
+"""The lease manager (gpupoold/pool/leases.py) with fake workers, store and cleaner: grants, the FIFO
 queue, token limits, lease ends, scrub outcomes, drain/undrain, quarantine/clear, max duration."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from gpupoold.counters import Counters
-from gpupoold.gpus import Gpu, Inventory
-from gpupoold.leases import (DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, LeaseError,
+from gpupoold.pool.counters import Counters
+from gpupoold.gpu.inventory import Gpu, Inventory
+from gpupoold.pool.leases import (DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, LeaseError,
                              LeaseManager, LeaseStartError, QueueFull, Slot)
-from gpupoold.requirements import Requirements
-from gpupoold.scrubber import CleanResult
-from gpupoold.settings import Settings
-from gpupoold.waitqueue import ClientInfo, Waiter
-from gpupoold.workers import AdoptError, WorkerExit, WorkerStats
-from gpupoold.views import PoolViews
+from gpupoold.pool.requirements import Requirements
+from gpupoold.gpu.cleaner import CleanResult
+from gpupoold.config.settings import Settings
+from gpupoold.pool.waitqueue import ClientInfo, Waiter
+from gpupoold.workers.supervisor import AdoptError, WorkerExit, WorkerStats
+from gpupoold.pool.views import PoolViews
 
 GIB = 1 << 30
 _pids = itertools.count(1000)

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_e2e_leases import hold_gpu, start_client, wait_until  # noqa: F401 - hold_gpu: fixture
 
 from gpupoold import __version__
-from gpupoold import workers as workers_module
+from gpupoold.workers import supervisor as workers_module
 
 MIB = 1 << 20
 

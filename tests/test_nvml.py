@@ -1,4 +1,4 @@
-"""gpupoold/nvml.py against the fake pynvml (tests/fake_nvml.py); no NVIDIA driver needed."""
+"""gpupoold/gpu/nvml.py against the fake pynvml (tests/fake_nvml.py); no NVIDIA driver needed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from fake_nvml import GIB, MIB, FakeGpu, FakePynvml, gpus
-from gpupoold.nvml import GpuProcess, HealthReport, Nvml, NvmlUnavailable
+from gpupoold.gpu.nvml import GpuProcess, HealthReport, Nvml, NvmlUnavailable
 
 
 def make(n: int = 2) -> tuple[Nvml, FakePynvml]:

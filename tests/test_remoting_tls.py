@@ -25,9 +25,9 @@ from conftest import GpupoolServer, run_client
 from test_e2e_leases import (  # noqa: F401  (hold_gpu is a fixture)
     ended_leases, facts, gpu_states, hold_gpu, start_client, wait_until)
 
-from gpupoold.remoting_tls import TlsStream, looks_like_tls
+from gpupoold.remoting.tls_session import TlsStream, looks_like_tls
 from gpupoold.tls import server_context
-from gpupoold.workers import SESSION_HEADER, SESSION_HEADER_V2, WorkerSupervisor, WorkerTls
+from gpupoold.workers.supervisor import SESSION_HEADER, SESSION_HEADER_V2, WorkerSupervisor, WorkerTls
 
 MIB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""Client requirements (gpupoold/requirements.py) and the wait queue (gpupoold/waitqueue.py)."""
+"""Client requirements (gpupoold/pool/requirements.py) and the wait queue (gpupoold/pool/waitqueue.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpupoold.gpus import Gpu
-from gpupoold.requirements import Requirements, format_bytes
-from gpupoold.waitqueue import ClientInfo, WaitQueue
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.pool.requirements import Requirements, format_bytes
+from gpupoold.pool.waitqueue import ClientInfo, WaitQueue
 
 GIB = 1 << 30
 

@@ -1,5 +1,5 @@
-"""GPU reset: the daemon-side client (gpupoold/reset.py) and the privileged helper
-(gpupoold/reset_helper.py), end to end over Unix sockets, with a fake NVML and a fake nvidia-smi."""
+"""GPU reset: the daemon-side client (gpupoold/gpu/reset.py) and the privileged helper
+(gpupoold/gpu/reset_helper.py), end to end over Unix sockets, with a fake NVML and a fake nvidia-smi."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ import pynvml
 import pytest
 
 from fake_nvml import MIB, FakePynvml, gpus
-from gpupoold import reset_helper
-from gpupoold.gpus import Gpu
-from gpupoold.nvml import Nvml
-from gpupoold.reset import request_reset, should_reset
-from gpupoold.reset_helper import ResetHelper, SetupError, bind_socket
+from gpupoold.gpu import reset_helper
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.gpu.nvml import Nvml
+from gpupoold.gpu.reset import request_reset, should_reset
+from gpupoold.gpu.reset_helper import ResetHelper, SetupError, bind_socket
 
 REPO = Path(__file__).resolve().parent.parent
 OK_OUTPUT = "GPU 00000000:28:00.0 was successfully reset."
@@ -433,7 +433,7 @@ def test_bind_socket_refuses_other_files_and_groups(tmp: Path) -> None:
 
 
 def helper_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpupoold.reset_helper", *args]
+    return [sys.executable, "-m", "gpupoold.gpu.reset_helper", *args]
 
 
 def test_main_refuses_missing_nvidia_smi(tmp: Path) -> None:

@@ -1,4 +1,4 @@
-"""gpupool-scrub (worker/scrub) and gpupoold/scrub.py: wiping a GPU's memory between tenants.
+"""gpupool-scrub (worker/scrub) and gpupoold/gpu/scrub.py: wiping a GPU's memory between tenants.
 
 On the simulated device with a memory file, a tenant process writes a pattern and exits; the
 pattern is still there for the next process (the precondition that makes these tests able to
@@ -18,10 +18,10 @@ import pytest
 from conftest import BUILD_DIR
 from test_sim_device import SIZES, allocated_bytes, memtool, sim_env
 
-from gpupoold.gpus import Gpu
+from gpupoold.gpu.inventory import Gpu
 from gpupoold.paths import SCRUB_NAME
-from gpupoold.scrub import ScrubResult, run_scrub
-from gpupoold.sim import sim_memory_file, write_sim_config
+from gpupoold.gpu.scrub import ScrubResult, run_scrub
+from gpupoold.gpu.sim import sim_memory_file, write_sim_config
 
 MIB = 1 << 20
 SIM_NAME = "Test GPU (gpupool simulated)"
@@ -176,7 +176,7 @@ def test_scrub_refuses_a_real_driver_said_to_be_simulated(native_build):
     assert "is not the simulated device" in result["error"]
 
 
-# ---------------------------------------------------------------------- gpupoold/scrub.py
+# ---------------------------------------------------------------------- gpupoold/gpu/scrub.py
 def sim_gpu(tmp_path: Path, build: Path, memory_gib: int = 1) -> Gpu:
     conf = write_sim_config(tmp_path, 0, SIM_NAME, memory_gib)
     return Gpu(index=0, name=SIM_NAME, uuid="GPU-test", simulated=True,
@@ -281,7 +281,7 @@ async def test_run_scrub_missing_binary_or_driver(tmp_path):
 
 
 def test_simulated_memory_falls_back_to_the_state_dir_without_a_big_dev_shm(tmp_path, monkeypatch):
-    import gpupoold.sim as sim
+    import gpupoold.gpu.sim as sim
 
     monkeypatch.setattr(sim, "SHM_MIN_FREE", 1 << 62)  # no /dev/shm is that big
     assert sim.sim_memory_file(tmp_path, 1) == tmp_path.resolve() / "sim" / "gpu1.mem"

@@ -1,4 +1,4 @@
-"""The SQLite store (gpupoold/store.py): schema and migrations, records, and the daemon's async
+"""The SQLite store (gpupoold/store/database.py): schema and migrations, records, and the daemon's async
 store sharing the database with the CLI's synchronous access."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold import store as store_mod
-from gpupoold.store import (SCHEMA_VERSION, NewLease, NotFound, SchemaTooNew, Store, StoreClosed,
+from gpupoold.store import database as store_mod
+from gpupoold.store.database import (SCHEMA_VERSION, NewLease, NotFound, SchemaTooNew, Store, StoreClosed,
                             StoreDB, TokenExists)
 
 

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold import reset_helper, sdlisten
+from gpupoold import sdlisten
+
+from gpupoold.gpu import reset_helper
 from gpupoold.sdnotify import Notifier, watchdog_interval
-from gpupoold.settings import Settings
+from gpupoold.config.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "systemd"

@@ -1,4 +1,4 @@
-"""Live GPU values (gpupoold/telemetry.py, docs/api.md "GPU view"): a real gpupoold on a simulated
+"""Live GPU values (gpupoold/gpu/telemetry.py, docs/api.md "GPU view"): a real gpupoold on a simulated
 GPU whose lease allocates memory, and the sampler itself against the fake pynvml (real-GPU mode)
 and against stand-in workers (simulated mode)."""
 
@@ -16,12 +16,12 @@ from conftest import GpupoolServer
 from fake_nvml import GIB, FakePynvml, gpus
 from test_info import MIB, Tenant, wait_until
 
-from gpupoold import telemetry as telemetry_module
-from gpupoold.gpus import Gpu, Inventory, nvml_gpus
-from gpupoold.nvml import Nvml
-from gpupoold.settings import Settings
-from gpupoold.telemetry import LIVE_FIELDS, Telemetry, unknown_live
-from gpupoold.workers import WorkerStats
+from gpupoold.gpu import telemetry as telemetry_module
+from gpupoold.gpu.inventory import Gpu, Inventory, nvml_gpus
+from gpupoold.gpu.nvml import Nvml
+from gpupoold.config.settings import Settings
+from gpupoold.gpu.telemetry import LIVE_FIELDS, Telemetry, unknown_live
+from gpupoold.workers.supervisor import WorkerStats
 
 
 def live(server: GpupoolServer, index: int = 0) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import trustme
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
-from gpupoold.settings import Settings
+from gpupoold.config.settings import Settings
 from gpupoold.tls import TlsSettingError, http_ssl_context
 
 

@@ -1,4 +1,4 @@
-"""API token text, hashing, names and expiry (gpupoold/tokens.py)."""
+"""API token text, hashing, names and expiry (gpupoold/auth/tokens.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpupoold import tokens
-from gpupoold.tokens import (LOCAL_ADMIN, check_role, check_token_name, format_utc, hash_secret,
+from gpupoold.auth import tokens
+from gpupoold.auth.tokens import (LOCAL_ADMIN, check_role, check_token_name, format_utc, hash_secret,
                              new_token, parse_expiry, parse_token, secret_matches)
 
 NOW = 1_800_000_000.0  # a fixed "now" for expiry arithmetic

@@ -1,4 +1,4 @@
-"""gpupool-worker's control mode (--control-fd) and gpupoold/workers.py, on the simulated device.
+"""gpupool-worker's control mode (--control-fd) and gpupoold/workers/supervisor.py, on the simulated device.
 
 The tests play the daemon (WorkerSupervisor, or the control socket by hand for what the
 supervisor never does) and the client (a TCP connection, frames from the generated protocol).
@@ -27,8 +27,8 @@ import pytest
 from conftest import BUILD_DIR, SANITIZER_MARKS, require
 from sim_images import NOOP_PTX
 
-from gpupoold.gpus import Gpu
-from gpupoold.workers import (LATENCY_BUCKETS, Worker, WorkerExit, WorkerStartError, WorkerStats,
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.workers.supervisor import (LATENCY_BUCKETS, Worker, WorkerExit, WorkerStartError, WorkerStats,
                               WorkerSupervisor, describe_exit)
 
 pytestmark = pytest.mark.san  # quick: scripts/test.sh runs them against the sanitizer build too
@@ -781,7 +781,7 @@ def test_usage_errors(tmp_path: Path) -> None:
 
 
 def test_workers_never_get_the_client_shim_as_their_driver(tmp_path, native_build) -> None:
-    from gpupoold.workers import without_shim_dirs
+    from gpupoold.workers.supervisor import without_shim_dirs
 
     shim_dir, driver_dir, empty = tmp_path / "shim", tmp_path / "driver", tmp_path / "empty"
     for d in (shim_dir, driver_dir, empty):
@@ -795,7 +795,7 @@ def test_workers_never_get_the_client_shim_as_their_driver(tmp_path, native_buil
 async def test_worker_process_follows_a_process_that_is_not_our_child(tmp_path: Path) -> None:
     """An adopted worker is someone else's child: its end is seen through the pidfd (or /proc),
     its exit status is unknown, and a signal reaches it only while it is the same process."""
-    from gpupoold.worker_process import WorkerProcess
+    from gpupoold.workers.process import WorkerProcess
 
     # A grandchild: `sh` starts sleep in the background and exits, so sleep is not ours.
     out = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True,
@@ -814,7 +814,7 @@ async def test_the_supervisor_keeps_a_pid_file_per_worker_it_follows(tmp_path: P
     """Pid files under state_dir/workers name the workers a daemon follows (the next gpupoold
     kills the ones it does not take over): written at spawn, removed once the worker is reaped;
     kill_orphans kills a worker whose daemon is gone and spares the ones it is told to keep."""
-    from gpupoold.worker_dir import WorkerDir
+    from gpupoold.workers.state_dir import WorkerDir
     wdir = WorkerDir(tmp_path)
     sup = WorkerSupervisor(WORKER, tmp_path / "cache", workers_dir=wdir)
     sup.prepare_workers_dir(adoptable=False)

@@ -96,7 +96,7 @@ enum wk_call_class {
 
 /* The latency histogram's bucket upper bounds in ns (inclusive), the last bucket being +Inf:
  * 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms 250ms 500ms 1s 2.5s 5s 10s +Inf.
- * gpupoold/workers.py LATENCY_BUCKETS holds the same bounds in seconds (tests compare them). */
+ * gpupoold/workers/supervisor.py LATENCY_BUCKETS holds the same bounds in seconds (tests compare them). */
 #define WK_LAT_BUCKETS 18
 #define WK_LAT_BOUNDS_NS                                                                           \
     {                                                                                              \
@@ -178,7 +178,7 @@ struct wk_heartbeat {
 };
 
 /* The control channel's version as ADOPT checks it: a new gpupoold adopts only workers that speak
- * a version it knows (gpupoold/workers.py ADOPT_VERSIONS). */
+ * a version it knows (gpupoold/workers/supervisor.py ADOPT_VERSIONS). */
 #define WK_CONTROL_VERSION 1
 #define PATH_MAX_ADOPT 4096
 

@@ -69,7 +69,7 @@ int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, g
 /* Only the live values (and pids) of *g from a newer document's view of the same GPU. */
 void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_live *out);
 
-/* 1 when g meets the client's requirements as the server reads them (gpupoold/requirements.py):
+/* 1 when g meets the client's requirements as the server reads them (gpupoold/pool/requirements.py):
  * gpu = server index (digits) or UUID prefix (case-insensitive), model = substring of the name
  * (case-insensitive), min_memory <= total memory. Empty/0 requirements match anything. */
 int gp_nvml_gpu_matches(const gp_nvml_gpu *g, const char *gpu, const char *model,

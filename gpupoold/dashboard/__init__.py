@@ -3,7 +3,7 @@
 Pages are jinja2 templates (autoescape on) from `templates/` in this package; our own JavaScript
 and CSS are served from its `static/` at `/ui/static/` (they ship inside the package, as
 Datasette's do). The routes are declared with the role `SESSION`
-(http_auth.py): the Bearer-token middleware lets them through and the handlers here check the
+(http/auth.py): the Bearer-token middleware lets them through and the handlers here check the
 dashboard's own session instead:
 
 - `POST /ui/login` takes a user or admin token (form field `token`), checks it like the API
@@ -40,7 +40,7 @@ from gpupoold.dashboard.pages import (leases_page, login, login_form, logout, ov
                                       root, tokens_page)
 from gpupoold.dashboard.sessions import COOKIE, Sessions, Viewer
 from gpupoold.dashboard.state import DASHBOARD, Dashboard, web_dir
-from gpupoold.http_auth import PUBLIC, SESSION, declare_roles
+from gpupoold.http.auth import PUBLIC, SESSION, declare_roles
 
 __all__ = ["COOKIE", "DASHBOARD", "Dashboard", "Sessions", "UI_ROUTES", "Viewer",
            "dashboard_ctx", "setup_dashboard", "state_payload", "web_dir"]

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from gpupoold.dashboard.sessions import COOKIE, SESSION_IDLE_S, Session, Viewer
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.keys import AUTH, COUNTERS, SETTINGS
+from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS
 
 log = logging.getLogger("gpupoold.dashboard")
 

@@ -12,10 +12,10 @@ from gpupoold.dashboard.access import refused, viewer
 from gpupoold.dashboard.pages import render_tokens
 from gpupoold.dashboard.sessions import Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.keys import LEASES, STORE
-from gpupoold.leases import LeaseError
-from gpupoold.store import NotFound, TokenExists
-from gpupoold.tokens import check_token_name, parse_expiry
+from gpupoold.http.keys import LEASES, STORE
+from gpupoold.pool.leases import LeaseError
+from gpupoold.store.database import NotFound, TokenExists
+from gpupoold.auth.tokens import check_token_name, parse_expiry
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

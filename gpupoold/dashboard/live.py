@@ -1,5 +1,5 @@
 """Live updates: the server-sent event stream the pages follow, and the sampler that keeps the
-last hour's history; both fed by the lease manager's events (events.py), no I/O."""
+last hour's history; both fed by the lease manager's events (pool/events.py), no I/O."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from aiohttp import web
 from gpupoold.dashboard.access import refused, viewer
 from gpupoold.dashboard.payload import chart_update, stable_text, state_payload
 from gpupoold.dashboard.state import DASHBOARD, STREAM_BACKLOG
-from gpupoold.events import GpuChanged
-from gpupoold.history import History
-from gpupoold.keys import EVENTS, LEASES, SETTINGS, TELEMETRY, VIEWS
-from gpupoold.metrics import METRICS_KEY
+from gpupoold.pool.events import GpuChanged
+from gpupoold.dashboard.history import History
+from gpupoold.http.keys import EVENTS, LEASES, SETTINGS, TELEMETRY, VIEWS
+from gpupoold.http.metrics import METRICS_KEY
 
 log = logging.getLogger("gpupoold.dashboard")
 

@@ -10,8 +10,8 @@ from gpupoold.dashboard.access import page, page_viewer, login_redirect, refused
 from gpupoold.dashboard.payload import charts, state_payload
 from gpupoold.dashboard.sessions import COOKIE, Session, Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.history import IDLE_WINDOW_S
-from gpupoold.keys import AUTH, COUNTERS, SETTINGS, STORE
+from gpupoold.dashboard.history import IDLE_WINDOW_S
+from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE
 
 log = logging.getLogger("gpupoold.dashboard")
 

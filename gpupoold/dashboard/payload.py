@@ -1,4 +1,4 @@
-"""The state a page shows and an event carries: the API's views (views.py) with each GPU's
+"""The state a page shows and an event carries: the API's views (pool/views.py) with each GPU's
 `idle` flag, and the last hour's charts."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from aiohttp import web
 
 from gpupoold.dashboard.formatting import human_bytes
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.history import polyline
-from gpupoold.keys import VIEWS
+from gpupoold.dashboard.history import polyline
+from gpupoold.http.keys import VIEWS
 
 
 def state_payload(app: web.Application) -> dict[str, Any]:

@@ -3,7 +3,7 @@
  *
  *   gpupool-scrub --driver PATH --device ORDINAL [--simulated] [--samples N] [--min-chunk BYTES]
  *
- * One JSON line on stdout (what gpupoold/scrub.py reads, worker/scrub/README.md), progress on stderr. Exit 0 when the memory was wiped and verified, 1 otherwise.
+ * One JSON line on stdout (what gpupoold/gpu/scrub.py reads, worker/scrub/README.md), progress on stderr. Exit 0 when the memory was wiped and verified, 1 otherwise.
  */
 #include <errno.h>
 #include <stdarg.h>

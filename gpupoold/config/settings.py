@@ -1,0 +1,332 @@
+"""Every gpupoold setting, defined once.
+
+A setting is a field of `Settings`: its name is the key in the TOML config file, its type and
+default are the field's, and its metadata carries the help text and, for some, a command-line
+flag. The config parser (`config.py`), the CLI (`cli.py`) and `docs/configuration.md` (checked by
+`tests/test_docs.py`; `python -m gpupoold.config.settings` prints the table) all read this one list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG = Path("/etc/gpupoold/gpupoold.toml")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+AUTH_MODES = ("token", "none")
+RESET_POLICIES = ("never", "on-error", "always")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[IPV6]:PORT' -> (host, port). Raises ValueError with the reason."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, as [::1]:7070")
+    if not re.fullmatch(r"[0-9]+", port_text) or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{text!r}: port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _check_address(value: str) -> None:
+    parse_address(value)
+
+
+def _check_positive(value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+
+
+def _check_not_negative(value: float) -> None:
+    if value < 0:
+        raise ValueError(f"must be 0 or more, got {value}")
+
+
+def _check_gpus(value: list[int]) -> None:
+    if any(v < 0 for v in value) or len(set(value)) != len(value):
+        raise ValueError(f"must be distinct GPU indices >= 0, got {value}")
+
+
+def _check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
+    return check
+
+
+def _check_sim_name(value: str) -> None:
+    if "simulated" not in value.lower():
+        raise ValueError(f"must contain the word 'simulated' (got {value!r}): users must see it")
+
+
+def _check_sim_memory(value: int) -> None:
+    if not 1 <= value <= 16384:
+        raise ValueError(f"must be from 1 to 16384 (GiB), got {value}")
+
+
+def _check_log_level(value: str) -> None:
+    if value not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+
+
+def _setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    check: Callable[[Any], None] | None = None,
+) -> Any:
+    meta = {"help": help, "flag": flag, "metavar": metavar, "check": check}
+    if isinstance(default, list):
+        return field(default_factory=functools.partial(list, default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """gpupoold's configuration. Fields without a default value (None) are found automatically."""
+
+    listen: str = _setting(
+        "0.0.0.0:7070",
+        "Remoting listener (`HOST:PORT`, `[IPv6]:PORT`): where clients' `GPUPOOL_SERVER` points. "
+        "Port 0 picks a free port.",
+        flag="--listen", metavar="HOST:PORT", check=_check_address)
+    http: str = _setting(
+        "127.0.0.1:7071",
+        "HTTP listener for the API, the dashboard and `/healthz`. Loopback by default; to reach it "
+        "from other machines listen on `0.0.0.0:7071` (the API needs a token, see `auth`) and "
+        "consider `http_tls_cert`. Port 0 picks a free port.",
+        flag="--http", metavar="HOST:PORT", check=_check_address)
+    auth: str = _setting(
+        "token",
+        "`token`: every client and every API call needs an API token (`gpupoold token create`). "
+        "`none`: no authentication at all, for a single-user test box only (logged loudly at "
+        "start).",
+        flag="--auth", metavar="MODE", check=_check_choice(AUTH_MODES))
+    http_anonymous_read: bool = _setting(
+        False,
+        "Let the HTTP API's read-only views (GPUs, leases, queue, status) answer without a token. "
+        "Tokens and the audit log always need an admin token; `/healthz` never needs one.")
+    metrics_anonymous: bool = _setting(
+        False,
+        "Let `GET /metrics` (Prometheus, docs/metrics.md) answer without a token. Off: Prometheus "
+        "scrapes with a token (`authorization: {credentials_file: ...}`). The metrics name token "
+        "names and GPU models but no client hosts, users or lease ids.")
+    tls_cert: Path | None = _setting(
+        None,
+        "PEM certificate chain for TLS on the remoting listener (with `tls_key`): clients then "
+        "connect with `GPUPOOL_TLS=1` (and `GPUPOOL_TLS_CA` unless the certificate is trusted by "
+        "the system). The data path's TLS runs in the worker (OpenSSL). Unset: plain TCP.",
+        metavar="PATH")
+    tls_key: Path | None = _setting(None, "PEM private key of `tls_cert`.", metavar="PATH")
+    tls_client_ca: Path | None = _setting(
+        None,
+        "PEM CA bundle: when set, remoting clients must present a certificate signed by it "
+        "(`GPUPOOL_TLS_CERT`, `GPUPOOL_TLS_KEY`), in addition to their token.",
+        metavar="PATH")
+    http_tls_cert: Path | None = _setting(
+        None,
+        "PEM certificate chain for HTTPS on the `http` listener (with `http_tls_key`). Unset: "
+        "plain HTTP.",
+        metavar="PATH")
+    http_tls_key: Path | None = _setting(
+        None, "PEM private key of `http_tls_cert`.", metavar="PATH")
+    http_tls_client_ca: Path | None = _setting(
+        None,
+        "PEM CA bundle: when set, HTTPS clients must present a certificate signed by it "
+        "(mutual TLS), in addition to their token.",
+        metavar="PATH")
+    state_dir: Path = _setting(
+        Path("/var/lib/gpupoold"),
+        "Directory for the daemon's state: the database (`gpupoold.db`: tokens, lease history, "
+        "audit log), the local admin token, simulated GPUs (`sim/`) and the module cache "
+        "(unless `cache_dir` is set). Created if missing.",
+        flag="--state-dir", metavar="DIR")
+    cache_dir: Path | None = _setting(
+        None,
+        "Module image cache shared by all workers (`<cache_dir>/modules/<sha256>`). "
+        "Default: `<state_dir>/cache`.",
+        metavar="DIR")
+    simulated: int = _setting(
+        0,
+        "Number of simulated GPUs to serve. 0 serves the real GPUs listed in `gpus`; when no "
+        "NVIDIA driver can be loaded, gpupoold then falls back to 1 simulated GPU and says so.",
+        flag="--simulated", metavar="N", check=_check_not_negative)
+    gpus: list[int] = _setting(
+        [],
+        "Indices (as `nvidia-smi` numbers them) of the real GPUs to serve; empty serves them all. "
+        "Real mode only.",
+        check=_check_gpus)
+    driver: str = _setting(
+        "libcuda.so.1",
+        "The NVIDIA driver library that workers load for real GPUs (a name for the dynamic "
+        "loader or a path).",
+        metavar="PATH")
+    worker: Path | None = _setting(
+        None,
+        "The `gpupool-worker` binary. Default: the one shipped in the package "
+        "(`gpupoold/bin/`), else the repository's `build/` (development).",
+        flag="--worker", metavar="PATH")
+    sim_lib: Path | None = _setting(
+        None,
+        "The simulated device library `libgpupool-sim.so`, found like `worker`.",
+        flag="--sim-lib", metavar="PATH")
+    sim_name: str = _setting(
+        "NVIDIA H100 80GB HBM3 (gpupool simulated)",
+        "Device name of the simulated GPUs; it must contain the word 'simulated'.",
+        check=_check_sim_name)
+    sim_memory_gib: int = _setting(
+        80, "Total memory of each simulated GPU, in GiB (1 to 16384).", check=_check_sim_memory)
+    queue_timeout: float = _setting(
+        600.0,
+        "Seconds a client may wait in the queue for a free GPU before it is refused "
+        "(it is told its position when it joins and every `queue_notice_interval` seconds).",
+        check=_check_positive)
+    queue_notice_interval: float = _setting(
+        5.0, "Seconds between the position notices sent to a waiting client.",
+        check=_check_positive)
+    max_queue: int = _setting(
+        256, "Most clients that may wait in the queue; more are refused at once (0: no queue).",
+        check=_check_not_negative)
+    max_lease_seconds: float = _setting(
+        0.0,
+        "Longest a lease may last: the client is told why and disconnected after this many "
+        "seconds. 0: no limit.",
+        check=_check_not_negative)
+    max_gpus_per_token: int = _setting(
+        0,
+        "Most GPUs one token may hold at once; its further clients wait in the queue. "
+        "0: no limit.",
+        check=_check_not_negative)
+    prestart_workers: bool = _setting(
+        True,
+        "Keep one worker per free GPU started and initialised (driver loaded, context created) "
+        "so that a new client's first reply does not wait for it.")
+    telemetry_interval: float = _setting(
+        1.0,
+        "Seconds between two readings of every GPU's live values (memory used, utilisation, "
+        "temperature, power, clocks) shown by the API, `gpupool smi` and the NVML shim: from "
+        "NVML for real GPUs, from the lease's worker for simulated ones.",
+        check=_check_positive)
+    scrub_timeout: float = _setting(
+        600.0,
+        "Seconds the memory scrub after a lease may take before the GPU is quarantined.",
+        check=_check_positive)
+    reset_policy: str = _setting(
+        "never",
+        "When to fully reset a GPU (`nvidia-smi -r`) through the privileged reset helper: "
+        "`never`, `on-error` (a failed scrub or health check; the GPU is quarantined if the reset "
+        "does not help) or `always` (after every lease). Only when no process holds the GPU.",
+        check=_check_choice(RESET_POLICIES))
+    reset_socket: Path = _setting(
+        Path("/run/gpupoold/reset.sock"),
+        "Unix socket of the privileged reset helper (`gpupool-reset-helper`, its own systemd "
+        "unit). Used only when `reset_policy` is not `never`.",
+        metavar="PATH")
+    handshake_timeout: float = _setting(
+        10.0,
+        "Seconds a new connection has to send its `hello` frame before it is closed.",
+        check=_check_positive)
+    stop_grace: float = _setting(
+        5.0,
+        "Seconds workers get to exit after SIGTERM when gpupoold stops, before SIGKILL.",
+        check=_check_positive)
+    worker_orphan_grace: float = _setting(
+        300.0,
+        "Seconds a lease outlives gpupoold: when the daemon stops, restarts, is upgraded or "
+        "crashes, each worker keeps serving its client and waits this long for a new gpupoold "
+        "to adopt it (with its lease, unbroken); then it ends the lease and the next gpupoold "
+        "scrubs the GPU. 0: every lease ends when gpupoold stops.",
+        check=_check_not_negative)
+    log_level: str = _setting(
+        "info", "Log level: debug, info, warning or error.",
+        flag="--log-level", metavar="LEVEL", check=_check_log_level)
+
+    @property
+    def effective_cache_dir(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.state_dir / "cache"
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """What the config parser, the CLI and the docs need to know about one setting."""
+
+    name: str
+    type: Any  # the resolved annotation: str, int, float, Path, list[int], Path | None
+    default: Any
+    help: str
+    flag: str | None
+    metavar: str | None
+    check: Callable[[Any], None] | None
+
+    @property
+    def base_type(self) -> Any:
+        """The type without `| None`."""
+        if typing.get_origin(self.type) in (typing.Union, types.UnionType):
+            return next(a for a in typing.get_args(self.type) if a is not type(None))
+        return self.type
+
+    @property
+    def optional(self) -> bool:
+        return type(None) in typing.get_args(self.type)
+
+    def default_text(self) -> str:
+        """The default as written in the docs."""
+        if self.default is None:
+            return "(automatic)"
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        if isinstance(self.default, str | Path):
+            return f'"{self.default}"'
+        return str(self.default)
+
+
+@functools.cache
+def settings_info() -> tuple[SettingInfo, ...]:
+    hints = typing.get_type_hints(Settings)
+    out = []
+    for f in dataclasses.fields(Settings):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append(SettingInfo(
+            name=f.name, type=hints[f.name], default=default, help=f.metadata["help"],
+            flag=f.metadata["flag"], metavar=f.metadata["metavar"], check=f.metadata["check"]))
+    return tuple(out)
+
+
+def setting(name: str) -> SettingInfo:
+    for info in settings_info():
+        if info.name == name:
+            return info
+    raise KeyError(name)
+
+
+def markdown_table() -> str:
+    """The settings table of docs/configuration.md (a test checks the doc contains it)."""
+    lines = ["| setting | default | flag | meaning |", "|---|---|---|---|"]
+    for info in settings_info():
+        flag = f"`{info.flag} {info.metavar}`" if info.flag else ""
+        lines.append(f"| `{info.name}` | `{info.default_text()}` | {flag} | {info.help} |")
+    return "\n".join(lines) + "\n"
+
+
+def iter_flags() -> Iterator[SettingInfo]:
+    return (info for info in settings_info() if info.flag)
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -1,0 +1,2 @@
+"""The GPUs themselves: the inventory (NVML or simulated), live values, health checks, the scrub
+between tenants and resets."""

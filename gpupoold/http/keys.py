@@ -1,0 +1,31 @@
+"""Typed keys of the objects the application holds (set up in app.py)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gpupoold.auth.authenticator import Authenticator
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.events import EventBus
+from gpupoold.gpu.inventory import Inventory
+from gpupoold.pool.leases import LeaseManager
+from gpupoold.gpu.nvml import Nvml
+from gpupoold.remoting.listener import RemotingListener
+from gpupoold.config.settings import Settings
+from gpupoold.store.database import Store
+from gpupoold.gpu.telemetry import Telemetry
+from gpupoold.pool.views import PoolViews
+from gpupoold.workers.supervisor import WorkerSupervisor
+
+SETTINGS = web.AppKey("settings", Settings)
+COUNTERS = web.AppKey("counters", Counters)
+EVENTS = web.AppKey("events", EventBus)
+STORE = web.AppKey("store", Store)
+AUTH = web.AppKey("auth", Authenticator)
+NVML = web.AppKey("nvml", Nvml)
+INVENTORY = web.AppKey("inventory", Inventory)
+SUPERVISOR = web.AppKey("supervisor", WorkerSupervisor)
+LEASES = web.AppKey("leases", LeaseManager)
+REMOTING = web.AppKey("remoting", RemotingListener)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+VIEWS = web.AppKey("views", PoolViews)

@@ -1,0 +1,407 @@
+"""The Prometheus exporter: `GET /metrics` (docs/metrics.md lists every name and label).
+
+`DaemonMetrics` holds one `CollectorRegistry` per application (not prometheus_client's global
+one: a process may run several daemons, the tests do). In it:
+
+- histograms observed from the lease manager's events (pool/events.py, subscribed in app.py): the
+  queue wait and the lease duration (at a lease's start and end), the scrub and reset durations
+  (after each clean);
+- the totals of ended leases that the workers reported (calls by class, bytes by direction, the
+  call latency histogram, GPU-seconds by token name), added once per lease end (`lease_ended`);
+- `Collector`, which builds everything else at scrape time from what the daemon already holds in
+  memory: the lease manager's slots and active leases (their workers' latest stats), the
+  telemetry cache and the event counters (pool/counters.py). No NVML call, no SQLite, no per-call
+  Python: a scrape costs about the same with or without traffic.
+
+A value a GPU does not report (a simulated GPU's temperature, power...) has no sample; it is
+never exported as 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import gpupool_protocol as gp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+from prometheus_client.registry import Collector as _CollectorBase
+
+from gpupoold import __version__
+from gpupoold.workers import supervisor as _workers
+from gpupoold.pool.events import EventBus, GpuCleaned, LeaseEnded, LeaseGranted
+
+if TYPE_CHECKING:
+    from gpupoold.pool.counters import Counters
+    from gpupoold.pool.leases import LeaseManager
+    from gpupoold.gpu.telemetry import Telemetry
+    from gpupoold.workers.supervisor import WorkerStats
+
+# Text exposition format 0.0.4.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# The workers' call latency buckets (worker/README.md, "Control channel"), as the workers count them.
+LATENCY_BUCKETS: tuple[float, ...] = _workers.LATENCY_BUCKETS
+
+QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600)
+LEASE_DURATION_BUCKETS = (1, 10, 60, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)
+SCRUB_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+RESET_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
+GPU_STATES = ("free", "leased", "scrubbing", "quarantined", "drained")
+LEASE_REQUEST_RESULTS = ("granted", "auth", "requirements", "queue_full", "queue_timeout",
+                         "abandoned", "malformed", "version", "shutdown", "other")
+IDLE_WINDOW = 300.0  # seconds of zero utilisation after which a leased GPU counts as idle
+
+
+def latency_of(stats: WorkerStats) -> tuple[list[int], int]:
+    """(per-bucket counts, not cumulative, len(LATENCY_BUCKETS) + 1; sum in ns) of a worker's
+    stats (zeros from a worker that predates the histogram: WorkerStats' defaults)."""
+    counts = stats.latency_counts
+    if len(counts) != len(LATENCY_BUCKETS) + 1:
+        counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    return list(counts), stats.latency_sum_ns
+
+
+@dataclass
+class EndedTotals:
+    """What the ended leases' workers reported, summed (the live ones are added at scrape)."""
+
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CALL_CLASSES, 0))
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    latency_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum_ns: int = 0
+    gpu_seconds: dict[str, float] = field(default_factory=dict)  # by token name
+
+    def add(self, stats: WorkerStats) -> None:
+        for k in CALL_CLASSES:
+            self.calls[k] += int(stats.calls.get(k, 0))
+        self.bytes_h2d += stats.bytes_h2d
+        self.bytes_d2h += stats.bytes_d2h
+        counts, total = latency_of(stats)
+        self.latency_counts = [a + b for a, b in zip(self.latency_counts, counts, strict=True)]
+        self.latency_sum_ns += total
+
+
+class DaemonMetrics:
+    """The per-application registry, its histograms and the ended leases' totals."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.queue_wait = Histogram(
+            "gpupool_queue_wait_seconds", "Time a granted lease request waited for its GPU.",
+            buckets=QUEUE_WAIT_BUCKETS, registry=self.registry)
+        self.lease_duration = Histogram(
+            "gpupool_lease_duration_seconds", "Duration of ended leases.",
+            buckets=LEASE_DURATION_BUCKETS, registry=self.registry)
+        self.scrub_duration = Histogram(
+            "gpupool_scrub_duration_seconds",
+            "Time to clean a GPU between tenants (memory scrub, health check, and a reset when "
+            "one was done).", buckets=SCRUB_BUCKETS, registry=self.registry)
+        self.reset_duration = Histogram(
+            "gpupool_reset_duration_seconds", "Duration of GPU resets (successful or not).",
+            buckets=RESET_BUCKETS, registry=self.registry)
+        self.ended = EndedTotals()
+        self.collector: Collector | None = None
+        self._idle_task: asyncio.Task[None] | None = None
+
+    # -------------------------------------------------------------------------- events
+    def subscribe(self, bus: EventBus) -> list[Callable[[], None]]:
+        """Follow the lease manager's events (pool/events.py); returns the unsubscribe calls."""
+        return [bus.subscribe(LeaseGranted, self.lease_granted),
+                bus.subscribe(LeaseEnded, self.lease_ended),
+                bus.subscribe(GpuCleaned, self.cleaned)]
+
+    def lease_granted(self, e: LeaseGranted) -> None:
+        self.queue_wait.observe(max(0.0, e.queued_s))
+
+    def lease_ended(self, e: LeaseEnded) -> None:
+        """A lease ended with its worker's final stats: published in the same event-loop step
+        that removes the lease from the active ones, so no scrape counts it twice or not at all."""
+        duration_s = max(0.0, e.duration_s)
+        self.lease_duration.observe(duration_s)
+        self.ended.add(e.stats)
+        self.ended.gpu_seconds[e.token] = self.ended.gpu_seconds.get(e.token, 0.0) + duration_s
+
+    def cleaned(self, e: GpuCleaned) -> None:
+        self.scrub_duration.observe(max(0.0, e.duration_s))
+        if e.reset is not None:
+            d = e.reset.get("duration_s")
+            self.reset_duration.observe(float(d) if isinstance(d, int | float) else 0.0)
+
+    # -------------------------------------------------------------------------- wiring
+    def attach(self, leases: LeaseManager, telemetry: Telemetry | None, counters: Counters,
+               interval: float) -> None:
+        """Register the scrape-time collector and start following the GPUs' utilisation (for
+        `gpupool_gpu_lease_idle`)."""
+        self.collector = Collector(self, leases, telemetry, counters)
+        self.registry.register(self.collector)
+        if telemetry is not None:
+            self._idle_task = asyncio.create_task(self._follow_utilisation(interval),
+                                                  name="metrics-idle")
+
+    async def close(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+            self._idle_task = None
+
+    async def _follow_utilisation(self, interval: float) -> None:
+        while True:
+            if self.collector is not None:
+                self.collector.note_utilisation()
+            await asyncio.sleep(interval)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Collector(_CollectorBase):
+    """Builds the scrape-time families (everything but the histograms above)."""
+
+    def __init__(self, metrics: DaemonMetrics, leases: LeaseManager,
+                 telemetry: Telemetry | None, counters: Counters) -> None:
+        self.metrics = metrics
+        self.leases = leases
+        self.telemetry = telemetry
+        self.counters = counters
+        # GPU index -> monotonic time of the last telemetry sample with utilisation > 0 (or of
+        # the start of following it).
+        self._busy_at: dict[int, float] = {}
+
+    def note_utilisation(self) -> None:
+        """Look at the telemetry cache (cheap, in memory): remember when each GPU was busy."""
+        if self.telemetry is None:
+            return
+        now = time.monotonic()
+        for slot in self.leases.slots:
+            i = slot.gpu.index
+            live = self.telemetry.live(i)
+            util = live.get("gpu_util")
+            if i not in self._busy_at or (isinstance(util, int | float) and util > 0):
+                self._busy_at[i] = now
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._gpus()
+        yield from self._leases()
+        yield from self._data_plane()
+        yield from self._service()
+
+    # -------------------------------------------------------------------------------- GPUs
+    def _gpus(self) -> Iterator[Metric]:
+        slots = self.leases.slots
+        info = GaugeMetricFamily("gpupool_gpu_info", "Identity of each GPU (value 1).",
+                                 labels=["gpu", "uuid", "name", "pci_bus_id", "simulated"])
+        state = GaugeMetricFamily("gpupool_gpu_state",
+                                  "1 for the GPU's current state, 0 for the others.",
+                                  labels=["gpu", "state"])
+        draining = GaugeMetricFamily("gpupool_gpu_draining",
+                                     "1 when a drain is pending or in effect.", labels=["gpu"])
+        stuck = GaugeMetricFamily("gpupool_gpu_stuck", "1 while the watchdog finds the GPU "
+                                  "unable to move on by itself (it repairs it).", labels=["gpu"])
+        idle = GaugeMetricFamily("gpupool_gpu_lease_idle", "1 when the GPU is leased and its "
+                                 "utilisation was 0 in every sample of the last 5 minutes.",
+                                 labels=["gpu"])
+        gauges = {
+            "gpu_util": GaugeMetricFamily("gpupool_gpu_utilization_ratio",
+                                          "GPU utilisation, 0 to 1.", labels=["gpu"]),
+            "memory_util": GaugeMetricFamily("gpupool_gpu_memory_utilization_ratio",
+                                             "Memory controller utilisation, 0 to 1.",
+                                             labels=["gpu"]),
+            "memory_used": GaugeMetricFamily("gpupool_gpu_memory_used_bytes",
+                                             "Device memory in use.", labels=["gpu"]),
+            "memory_total": GaugeMetricFamily("gpupool_gpu_memory_total_bytes",
+                                              "Device memory size.", labels=["gpu"]),
+            "temperature_c": GaugeMetricFamily("gpupool_gpu_temperature_celsius",
+                                               "GPU temperature.", labels=["gpu"]),
+            "power_w": GaugeMetricFamily("gpupool_gpu_power_watts", "Power draw.",
+                                         labels=["gpu"]),
+            "power_limit_w": GaugeMetricFamily("gpupool_gpu_power_limit_watts",
+                                               "Power limit.", labels=["gpu"]),
+            "sm_clock_mhz": GaugeMetricFamily("gpupool_gpu_sm_clock_hertz", "SM clock.",
+                                              labels=["gpu"]),
+            "mem_clock_mhz": GaugeMetricFamily("gpupool_gpu_memory_clock_hertz",
+                                               "Memory clock.", labels=["gpu"]),
+        }
+        scale = {"gpu_util": 0.01, "memory_util": 0.01, "sm_clock_mhz": 1e6,
+                 "mem_clock_mhz": 1e6}
+        energy = CounterMetricFamily("gpupool_gpu_energy_joules",
+                                     "Energy used since the driver loaded.", labels=["gpu"])
+        ecc = CounterMetricFamily("gpupool_gpu_ecc_uncorrected_errors",
+                                  "Uncorrected ECC errors (volatile: since the driver loaded).",
+                                  labels=["gpu"])
+        xid = CounterMetricFamily("gpupool_gpu_xid_errors",
+                                  "XID errors the daemon has seen.", labels=["gpu"])
+        rows_pending = GaugeMetricFamily("gpupool_gpu_remapped_rows_pending",
+                                         "1 when a row remap waits for a GPU reset.",
+                                         labels=["gpu"])
+        rows_failure = GaugeMetricFamily("gpupool_gpu_remapped_rows_failure",
+                                         "1 when a row could not be remapped.", labels=["gpu"])
+        now = time.monotonic()
+        for slot in slots:
+            g = slot.gpu
+            gpu = str(g.index)
+            info.add_metric([gpu, g.uuid or "", g.name, g.pci_bus_id or "",
+                             "true" if g.simulated else "false"], 1)
+            for st in GPU_STATES:
+                state.add_metric([gpu, st], 1 if slot.state == st else 0)
+            draining.add_metric([gpu], 1 if slot.draining else 0)
+            stuck.add_metric([gpu], 1 if slot.stuck is not None else 0)
+            busy_at = self._busy_at.get(g.index)
+            is_idle = (slot.lease is not None and busy_at is not None
+                       and now - busy_at >= IDLE_WINDOW
+                       and time.time() - slot.lease.started >= IDLE_WINDOW)
+            idle.add_metric([gpu], 1 if is_idle else 0)
+            if self.telemetry is None:
+                continue
+            live = self.telemetry.live(g.index)
+            for key, family in gauges.items():
+                value = live.get(key)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    family.add_metric([gpu], value * scale.get(key, 1))
+            value = live.get("energy_j")
+            if isinstance(value, int | float):
+                energy.add_metric([gpu], value)
+            for key, fam in (("ecc_uncorrected", ecc), ("xid_errors", xid)):
+                value = live.get(key)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    fam.add_metric([gpu], value)
+            for key, fam in (("remapped_rows_pending", rows_pending),
+                             ("remapped_rows_failure", rows_failure)):
+                value = live.get(key)
+                if isinstance(value, bool):
+                    fam.add_metric([gpu], 1 if value else 0)
+        yield info
+        yield state
+        yield draining
+        yield stuck
+        yield from gauges.values()
+        yield energy
+        yield ecc
+        yield xid
+        yield rows_pending
+        yield rows_failure
+        yield idle
+
+    # ------------------------------------------------------------------------------ leases
+    def _leases(self) -> Iterator[Metric]:
+        lm = self.leases
+        c = self.counters
+        active = list(lm.active())
+        yield GaugeMetricFamily("gpupool_leases_active", "Leases in progress.",
+                                value=len(active))
+        yield GaugeMetricFamily("gpupool_queue_length", "Clients waiting for a GPU.",
+                                value=len(lm.queue))
+        req = CounterMetricFamily("gpupool_lease_requests",
+                                  "Lease requests (hellos) by result.", labels=["result"])
+        for result in LEASE_REQUEST_RESULTS:
+            req.add_metric([result], c.get("lease_requests", result=result))
+        yield req
+        ends = CounterMetricFamily("gpupool_lease_ends", "Ended leases by reason.",
+                                   labels=["reason"])
+        for reason, value in sorted(_by_label(c, "leases_ended", "reason").items()):
+            ends.add_metric([reason.replace(" ", "_")], value)
+        yield ends
+        seconds = dict(self.metrics.ended.gpu_seconds)
+        now = time.time()
+        for lease in active:
+            seconds[lease.token] = seconds.get(lease.token, 0.0) + max(0.0, now - lease.started)
+        gs = CounterMetricFamily("gpupool_gpu_seconds",
+                                 "GPU-seconds leased, by token name.", labels=["token"])
+        for token, value in sorted(seconds.items()):
+            gs.add_metric([token], value)
+        yield gs
+
+    # -------------------------------------------------------------------------- data plane
+    def _data_plane(self) -> Iterator[Metric]:
+        ended = self.metrics.ended
+        calls = dict(ended.calls)
+        h2d, d2h = ended.bytes_h2d, ended.bytes_d2h
+        counts = list(ended.latency_counts)
+        sum_ns = ended.latency_sum_ns
+        for lease in self.leases.active():
+            s = lease.worker.stats
+            for k in CALL_CLASSES:
+                calls[k] += int(s.calls.get(k, 0))
+            h2d += s.bytes_h2d
+            d2h += s.bytes_d2h
+            lc, ls = latency_of(s)
+            counts = [a + b for a, b in zip(counts, lc, strict=True)]
+            sum_ns += ls
+        fam = CounterMetricFamily("gpupool_calls", "Calls the workers executed, by class.",
+                                  labels=["class"])
+        for k in CALL_CLASSES:
+            fam.add_metric([k], calls[k])
+        yield fam
+        fam = CounterMetricFamily("gpupool_copy_bytes", "Bytes copied between the clients and "
+                                  "the GPUs, by direction.", labels=["direction"])
+        fam.add_metric(["h2d"], h2d)
+        fam.add_metric(["d2h"], d2h)
+        yield fam
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
+            running += n
+            buckets.append(("+Inf" if bound == float("inf") else _float_text(bound), running))
+        yield HistogramMetricFamily("gpupool_call_duration_seconds",
+                                    "Time the workers spent on each call.", buckets=buckets,
+                                    sum_value=sum_ns / 1e9)
+        yield CounterMetricFamily("gpupool_connections", "Remoting connections accepted.",
+                                  value=self.counters.get("connections"))
+        auth = CounterMetricFamily("gpupool_auth_failures", "Refused credentials, by "
+                                   "interface and reason.", labels=["interface", "reason"])
+        for interface, name in (("remoting", "auth_refused"), ("http", "http_auth_refused")):
+            for reason, value in sorted(_by_label(self.counters, name, "reason").items()):
+                auth.add_metric([interface, reason], value)
+        yield auth
+
+    # ------------------------------------------------------------------- scrub, reset, build
+    def _service(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("gpupool_scrub_failures",
+                                  "GPU cleanings that failed (the GPU was quarantined).",
+                                  value=self.counters.get("scrubs", result="failed"))
+        yield CounterMetricFamily("gpupool_reset_failures", "GPU resets that failed.",
+                                  value=self.counters.get("resets", result="failed"))
+        yield CounterMetricFamily("gpupool_watchdog_repairs", "GPUs the watchdog found stuck "
+                                  "and repaired (or quarantined).",
+                                  value=self.counters.get("watchdog_repairs"))
+        build = GaugeMetricFamily("gpupool_build_info", "gpupoold's version and protocol (value 1).",
+                                  labels=["version", "protocol"])
+        build.add_metric([__version__, f"{gp.MAJOR}.{gp.MINOR}"], 1)
+        yield build
+
+
+# The application's DaemonMetrics (app.py sets it).
+METRICS_KEY = web.AppKey("gpupool_metrics", DaemonMetrics)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    """GET /metrics: the text exposition format 0.0.4."""
+    from gpupoold.http.auth import ApiError
+
+    metrics = request.app.get(METRICS_KEY)
+    if metrics is None or metrics.collector is None:
+        raise ApiError(503, "the metrics are not ready: gpupoold is starting or stopping",
+                       "try again in a few seconds")
+    return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def _by_label(counters: Counters, name: str, label: str) -> dict[str, int]:
+    return counters.by_label(name, label)
+
+
+def _float_text(value: float) -> str:
+    return repr(float(value))

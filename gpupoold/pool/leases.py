@@ -1,0 +1,779 @@
+"""Leases: one whole GPU per client process, a FIFO queue when all are taken, a scrub after each.
+
+Each GPU is a `Slot` in one of these states:
+
+    free ──grant──► leased ──worker exits──► scrubbing ──ok──► free (or drained)
+      ▲                                          └──failure──► quarantined ──clear──► scrubbing
+      └────────────── undrain ◄── drained ◄── drain (when free, or after the lease's scrub)
+
+A lease ends when its worker exits: the client said goodbye ("client exit"), its connection was
+lost ("client lost"), the worker crashed, an operator ended it ("revoked"), it reached
+`max_lease_seconds` ("max duration"), or the daemon stopped. Every end is written to the store
+with the bytes moved, then the GPU is scrubbed and checked (gpu/cleaner.py) and the result is added
+to the same record. A free GPU keeps a pre-started worker (driver loaded, context created) so that
+a new client's hello is answered without waiting for initialisation.
+
+At start-up every GPU is scrubbed before its first lease (a previous daemon may have died with
+leases open: their records are closed as "daemon lost" and get that scrub's result), and workers
+a dead daemon left behind are killed. Drained and quarantined GPUs stay so across restarts (in
+the store's gpu_state table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import gpupool_protocol as gp
+
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
+from gpupoold.gpu.inventory import Inventory
+from gpupoold.pool.requirements import Requirements
+from gpupoold.gpu.cleaner import CleanResult, GpuCleaner
+from gpupoold.config.settings import Settings
+from gpupoold.pool.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, Slot
+from gpupoold.store.database import LeaseRecord, NewLease, Store
+from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
+from gpupoold.pool.watchdog import Watchdog, stuck_reason
+from gpupoold.workers.supervisor import (AdoptError, Worker, WorkerExit, WorkerStartError, WorkerStats,
+                              WorkerSupervisor)
+
+log = logging.getLogger("gpupoold.leases")
+
+START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
+END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
+PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
+ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has to answer ADOPT
+LEGACY_STATE_FILE = "gpu-state.json"  # where drained/quarantined GPUs were kept before the store
+
+
+class LeaseError(Exception):
+    """An API request the lease manager refuses; `status` is the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class QueueFull(Exception):
+    """The queue is at `max_queue`."""
+
+
+class ShuttingDown(Exception):
+    """The daemon is stopping: no new leases."""
+
+
+class LeaseStartError(Exception):
+    """The granted GPU could not start the lease; the message is for the client (None: the
+    worker already answered the client itself)."""
+
+    def __init__(self, message: str | None) -> None:
+        super().__init__(message or "")
+        self.message = message
+
+
+class LeaseManager:
+    def __init__(self, inventory: Inventory, settings: Settings, store: Store,
+                 supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters,
+                 events: EventBus | None = None) -> None:
+        self.settings = settings
+        # Where grants, ends, scrubs and state changes are published (pool/events.py): the metrics
+        # and the dashboard subscribe; this module knows neither.
+        self.events = events if events is not None else EventBus()
+        self.store = store
+        self.supervisor = supervisor
+        self.cleaner = cleaner
+        self.counters = counters
+        self.slots = [Slot(gpu) for gpu in inventory.gpus]
+        self.queue = WaitQueue()
+        self._leases: dict[int, Lease] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
+
+    # ---------------------------------------------------------------------------- life cycle
+    async def start(self) -> None:
+        """Take over from the previous gpupoold, then put every other GPU in service.
+
+        Sessions of the previous daemon whose workers still run (worker/adopt.c) are adopted
+        with their leases: their GPUs stay leased, and nobody else gets them. The other open
+        records are closed (with the reason the worker left, when it left one) and their GPUs
+        are scrubbed before their first lease, like every GPU at start-up."""
+        await asyncio.to_thread(self.supervisor.prepare_workers_dir,
+                                self.settings.worker_orphan_grace > 0)
+        saved = await self._load_state()
+        takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
+        gone: list[LeaseRecord] = []
+        for rec in await self.store.open_leases():
+            try:
+                path = self.supervisor.adoption_socket(rec.id)
+                if path is None:
+                    raise AdoptError("this gpupoold keeps no workers directory")
+                sock, pid = await self.supervisor.connect_adoption(path)
+            except AdoptError:
+                gone.append(rec)
+                continue
+            takeover.append((rec, sock, pid))
+        # Workers of the previous daemon that hold no session we take over end now.
+        await asyncio.to_thread(self.supervisor.kill_orphans, {pid for _, _, pid in takeover})
+        orphaned: dict[int, list[int]] = {}
+        for rec in gone:
+            await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
+                                       "worker is gone; its GPU was scrubbed at the next start")
+            orphaned.setdefault(rec.gpu_index, []).append(rec.id)
+        if gone:
+            log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
+        adopting: dict[int, tuple[LeaseRecord, socket.socket, int]] = {}
+        for rec, sock, pid in takeover:
+            slot = self._slot_of(rec)
+            if slot is None or slot.gpu.index in adopting:
+                why = ("its GPU is not served any more" if slot is None
+                       else f"GPU {rec.gpu_index} is already taken over by lease "
+                            f"{adopting[slot.gpu.index][0].id}")
+                self._spawn(self._refuse_previous(rec, sock, pid, why), f"retire-{rec.id}")
+                continue
+            adopting[slot.gpu.index] = (rec, sock, pid)
+        for slot in self.slots:
+            st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
+            slot.draining = bool(st.get("draining"))
+            if slot.gpu.index in adopting:
+                rec, sock, pid = adopting[slot.gpu.index]
+                slot.adopting = rec.id
+                slot.set_state(LEASED)
+                self._own(slot, self._adopt(slot, rec, sock, pid), f"lease-{rec.id}")
+                continue
+            if st.get("quarantine"):
+                slot.quarantine = st["quarantine"]
+                slot.set_state(QUARANTINED)
+                log.warning("GPU %d stays quarantined (%s): clear it with `gpupoold gpu clear "
+                            "%d` once fixed", slot.gpu.index, slot.quarantine.get("reason"),
+                            slot.gpu.index)
+                continue
+            slot.set_state(SCRUBBING)
+            self._own(slot, self._clean(slot, orphaned.get(slot.gpu.index, [])),
+                      f"startup-scrub-{slot.gpu.index}")
+        if adopting:
+            log.info("taking over %d lease(s) of the previous gpupoold: %s", len(adopting),
+                     ", ".join(f"lease {rec.id} on GPU {i} (worker pid {pid})"
+                               for i, (rec, _, pid) in sorted(adopting.items())))
+        watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self._changed,
+                            lambda: self.counters.inc("watchdog_repairs"))
+        self._spawn(watchdog.run(), "watchdog")
+
+    async def close(self, grace: float) -> None:
+        """Refuse the waiters and stop. Leases whose workers can outlive the daemon continue
+        (their workers wait for the next gpupoold, `worker_orphan_grace`); every other worker
+        is stopped and its lease's end recorded."""
+        self.stop_queue()
+        for slot in self.slots:
+            if slot.prestart_task is not None:
+                slot.prestart_task.cancel()
+        # A worker that has reported its end is about to exit: its end is recorded here, not
+        # left to the next daemon.
+        kept = [lease for lease in self._leases.values()
+                if lease.worker.adoptable and not lease.worker.exited.done()
+                and not lease.worker.reported_end]
+        for lease in kept:
+            lease.worker.detach()
+            if lease.timer is not None:
+                lease.timer.cancel()
+        if kept:
+            log.warning("%d lease(s) continue without gpupoold: %s. A gpupoold started within "
+                        "%g s (worker_orphan_grace) takes them over; after that they end",
+                        len(kept), ", ".join(f"lease {lease.id} on GPU {lease.slot.gpu.index} "
+                                             f"(worker pid {lease.worker.pid})" for lease in kept),
+                        self.settings.worker_orphan_grace)
+        await self.supervisor.stop_all(grace, keep=frozenset(lease.worker for lease in kept))
+        # Watchers of stopped workers record the ends; kept leases stay open in the store for the
+        # next daemon; cleaning tasks are abandoned (the next start scrubs).
+        kept_names = {f"lease-{lease.id}" for lease in kept}
+        pending = [t for t in self._tasks
+                   if not t.get_name().startswith("lease-") or t.get_name() in kept_names]
+        for t in pending:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace + 5)
+
+    def stop_queue(self) -> None:
+        """The daemon is stopping: no new leases, and every waiter is refused (ShuttingDown:
+        the handshake tells its client to come back, GP_ESHUTDOWN)."""
+        self._closing = True
+        for w in self.queue:
+            self.queue.leave(w)
+            if not w.future.done():
+                w.future.set_exception(ShuttingDown())
+
+    # ---------------------------------------------------------------- the previous daemon's leases
+    def _slot_of(self, rec: LeaseRecord) -> Slot | None:
+        """The slot of a previous lease's GPU, if this daemon still serves that very GPU."""
+        if not 0 <= rec.gpu_index < len(self.slots):
+            return None
+        slot = self.slots[rec.gpu_index]
+        if rec.gpu_uuid and slot.gpu.uuid and rec.gpu_uuid != slot.gpu.uuid:
+            return None
+        return slot
+
+    async def _close_previous(self, rec: LeaseRecord, detail: str) -> None:
+        """Close the record of a previous daemon's lease that nobody takes over: with the end
+        its worker recorded when it ended alone (worker/adopt.c), else as "daemon lost"."""
+        end = await asyncio.to_thread(self.supervisor.end_record, rec.id)
+        reason, stats = "daemon lost", WorkerStats()
+        if end is not None:
+            stats = WorkerStats.from_event(end)
+            reason = str(end.get("reason") or "daemon lost")
+            detail = str(end.get("detail") or detail)
+        try:
+            await self.store.lease_ended(rec.id, time.time(), reason, detail, stats.bytes_h2d,
+                                         stats.bytes_d2h, dict(stats.calls),
+                                         module_bytes=stats.module_bytes)
+        except Exception:
+            log.exception("lease %d: closing its record failed", rec.id)
+        self.counters.inc("leases_ended", reason=reason)
+        await asyncio.to_thread(self.supervisor.forget_lease, rec.id)
+
+    async def _adopt(self, slot: Slot, rec: LeaseRecord, sock: socket.socket, pid: int) -> None:
+        """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
+        as any other; a worker that cannot be adopted ends and its GPU is scrubbed."""
+        try:
+            # A worker busy in one call answers when it returns; one that has not answered a
+            # minute after its own grace would have ended has lost its way.
+            worker = await self.supervisor.adopt(
+                slot.gpu, sock, pid, max_wait=self.settings.worker_orphan_grace + ADOPT_SLACK)
+            if worker.session_id != rec.id:
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} serves session {worker.session_id}, not "
+                                 f"lease {rec.id}")
+            if worker.uuid and slot.gpu.uuid and worker.uuid != slot.gpu.uuid:
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} runs on {worker.uuid}, not on GPU "
+                                 f"{slot.gpu.index} ({slot.gpu.uuid})")
+        except AdoptError as exc:
+            slot.adopting = None
+            log.error("lease %d on GPU %d could not be taken over: %s; its GPU is scrubbed",
+                      rec.id, slot.gpu.index, exc)
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                            f"lease: {exc}")
+            if not self._closing:
+                await self._clean(slot, [rec.id])
+            return
+        req = worker.request
+        lease = Lease(id=rec.id, slot=slot, token=rec.token_name,
+                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
+                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
+                      req=Requirements(gpu=str(req.get("gpu") or ""),
+                                       model=str(req.get("model") or ""),
+                                       min_memory=_nonneg(req.get("min_memory"))),
+                      worker=worker, queued_s=rec.queued_s, started=rec.started)
+        slot.adopting = None
+        slot.lease = lease
+        self._leases[lease.id] = lease
+        self.counters.inc("leases_adopted")
+        limit = self.settings.max_lease_seconds
+        if limit > 0:
+            left = max(0.0, limit - (time.time() - rec.started))
+            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+        log.info("lease %d taken over: GPU %d, %s, worker pid %d (it served %.1f s without "
+                 "gpupoold)", lease.id, slot.gpu.index, lease.client.describe(), worker.pid,
+                 worker.orphaned_s)
+        self._changed(slot)
+        await self._watch(lease)
+
+    async def _refuse_previous(self, rec: LeaseRecord, sock: socket.socket, pid: int,
+                               why: str) -> None:
+        """A previous lease this daemon cannot take over (its GPU is gone or taken): end its
+        worker and close the record."""
+        log.error("lease %d of the previous gpupoold cannot be taken over: %s; ending it",
+                  rec.id, why)
+        gpu = self.slots[0].gpu if self.slots else None
+        if gpu is not None:
+            with contextlib.suppress(AdoptError):
+                await self.supervisor.retire(await self.supervisor.adopt(gpu, sock, pid))
+        else:
+            sock.close()
+        await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                        f"lease: {why}")
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]:
+        """Spawn the task that moves `slot` on (a lease's watcher or a scrub)."""
+        slot.task = self._spawn(coro, name)
+        return slot.task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("internal task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _changed(self, slot: Slot) -> None:
+        self.events.publish(GpuChanged(slot.gpu.index))
+
+    # ------------------------------------------------------------------------- handshake side
+    def feasible(self, req: Requirements) -> str | None:
+        """None when some GPU here can serve `req` now or later, else the refusal text."""
+        gpus = [s.gpu for s in self.slots]
+        candidates = [s for s in self.slots if req.matches(s.gpu)]
+        if not candidates:
+            return req.refusal(gpus)
+        if all(s.state in (QUARANTINED, DRAINED) or s.draining for s in candidates):
+            why = "; ".join(
+                f"GPU {s.gpu.index}: " + ("quarantined (" + str((s.quarantine or {}).get(
+                    "reason", "")) + ")" if s.state == QUARANTINED else "drained by the operator")
+                for s in candidates)
+            return (f"every GPU that meets the request ({req.describe()}) is out of service: "
+                    f"{why}. Try again later or use another server")
+        return None
+
+    def in_service(self, slot: Slot) -> bool:
+        """Not drained, draining or quarantined: the GPU may serve another lease."""
+        return not (slot.state in (QUARANTINED, DRAINED) or slot.draining)
+
+    def free_now(self, slot: Slot, req: Requirements, token: str) -> bool:
+        """Whether a hello from `token` with `req` would be granted `slot` at once: it is free,
+        meets `req`, the token is under `max_gpus_per_token`, and nobody in the queue who may
+        take it is ahead (the queue is served in order)."""
+        return (not self._closing and slot.state == FREE and self.in_service(slot)
+                and req.matches(slot.gpu) and self._under_limit(token)
+                and self.queue.first(lambda w: w.req.matches(slot.gpu)
+                                     and self._under_limit(w.token)) is None)
+
+    def counts(self, req: Requirements, token: str) -> tuple[int, int, int, int]:
+        """(GPUs, those meeting `req` in service, of those the ones a hello from `token` would get
+        at once, clients waiting): the counts of an `info` reply."""
+        matching = [s for s in self.slots if req.matches(s.gpu) and self.in_service(s)]
+        free = sum(1 for s in matching if self.free_now(s, req, token))
+        return len(self.slots), len(matching), free, len(self.queue)
+
+    def enqueue(self, req: Requirements, token: str, client: ClientInfo) -> Waiter:
+        """Join the queue; the waiter's future resolves with a Slot when a GPU is granted (at
+        once if one is free). Raises QueueFull or ShuttingDown."""
+        if self._closing:
+            raise ShuttingDown()
+        if len(self.queue) >= self.settings.max_queue and not self._free_for(req, token):
+            raise QueueFull(f"every GPU is busy and the queue is full ({len(self.queue)} "
+                            f"waiting, max_queue = {self.settings.max_queue}); try again later")
+        w = self.queue.join(req, token, client)
+        self._dispatch()
+        return w
+
+    def _free_for(self, req: Requirements, token: str) -> bool:
+        return any(s.state == FREE and req.matches(s.gpu) for s in self.slots) and \
+            self._under_limit(token)
+
+    def position(self, w: Waiter) -> tuple[int, int]:
+        return self.queue.position(w), len(self.queue)
+
+    def abandon(self, w: Waiter) -> None:
+        """The waiter's client left (or timed out): leave the queue, or give back its grant."""
+        self.queue.leave(w)
+        if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
+            slot: Slot = w.future.result()
+            if slot.reserved is w:
+                slot.reserved = None
+                self._release_unused(slot)
+        elif not w.future.done():
+            w.future.cancel()
+        self._dispatch()
+
+    def _under_limit(self, token: str) -> bool:
+        limit = self.settings.max_gpus_per_token
+        return limit <= 0 or sum(1 for s in self.slots if s.holder() == token) < limit
+
+    def _dispatch(self) -> None:
+        """Grant free GPUs to the first waiters that may take them."""
+        if self._closing:
+            return
+        for slot in self.slots:
+            if slot.state != FREE:
+                continue
+            w = self.queue.first(lambda w, g=slot.gpu: w.req.matches(g)
+                                 and self._under_limit(w.token))
+            if w is None:
+                continue
+            self.queue.leave(w)
+            slot.reserved = w
+            slot.reserved_at = time.monotonic()
+            slot.set_state(LEASED)
+            w.future.set_result(slot)
+            self._changed(slot)
+
+    def _release_unused(self, slot: Slot) -> None:
+        """A granted GPU nobody used (the client left before its lease started)."""
+        slot.set_state(DRAINED if slot.draining else FREE)
+        self._changed(slot)
+        if slot.state == FREE:
+            self._prestart(slot)
+        self._dispatch()
+
+    async def begin(self, w: Waiter, slot: Slot, hello_body: bytes, hello_req: int,
+                    client_fd: int,
+                    before_handover: Callable[[], Awaitable[None]] | None = None) -> Lease:
+        """Start the lease of a granted waiter: hand the client to the slot's worker
+        (`before_handover` is awaited just before: after it the socket is the worker's)."""
+        slot.reserved = w
+        try:
+            worker = await self._take_worker(slot)
+        except WorkerStartError as exc:
+            slot.reserved = None
+            self._release_unused(slot)
+            raise LeaseStartError(f"the server could not start a worker for GPU "
+                                  f"{slot.gpu.index}: {exc}") from None
+        try:
+            lease_id = await self.store.lease_started(NewLease(
+                gpu_index=slot.gpu.index, gpu_uuid=slot.gpu.uuid, gpu_name=slot.gpu.name,
+                simulated=slot.gpu.simulated, token_name=w.token, client_host=w.client.host,
+                client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
+                peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
+                started=time.time()))
+        except Exception:
+            worker.kill()
+            slot.reserved = None
+            self._release_unused(slot)
+            raise
+        lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
+                      worker=worker, queued_s=w.waited())
+        slot.reserved = None
+        slot.lease = lease
+        self._leases[lease.id] = lease
+        self.counters.inc("leases_started")
+        self.events.publish(LeaseGranted(lease.id, slot.gpu.index, lease.token, lease.queued_s))
+        self._own(slot, self._watch(lease), f"lease-{lease.id}")
+        self._changed(slot)
+        try:
+            if before_handover is not None:
+                await before_handover()
+            await worker.assign(lease.id, client_fd, hello_body, hello_req)
+        except WorkerStartError as exc:
+            lease.end_override = ("worker crashed", f"before the lease started: {exc}")
+            worker.kill()
+            raise LeaseStartError(f"the worker for GPU {slot.gpu.index} failed: {exc}") from None
+        if not await worker.wait_started(START_TIMEOUT):
+            lease.end_override = lease.end_override or ("not started", "the worker refused "
+                                                        "the hello or exited before answering")
+            raise LeaseStartError(None)
+        if self.settings.max_lease_seconds > 0:
+            lease.timer = asyncio.get_running_loop().call_later(
+                self.settings.max_lease_seconds, self._expire, lease)
+        return lease
+
+    async def _take_worker(self, slot: Slot) -> Worker:
+        if slot.prestart_task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(slot.prestart_task)
+        worker, slot.idle_worker = slot.idle_worker, None
+        if worker is not None and not worker.exited.done():
+            return worker
+        worker = await self.supervisor.spawn(slot.gpu)
+        return worker
+
+    def _expire(self, lease: Lease) -> None:
+        if lease.id not in self._leases:
+            return
+        limit = self.settings.max_lease_seconds
+        lease.end_override = ("max duration", f"the lease reached max_lease_seconds = {limit:g}")
+        self._spawn(self._end_worker(lease, f"this GPU lease reached its maximum duration of "
+                                            f"{limit:g} s (the server's max_lease_seconds); "
+                                            "run the program again to get a new lease"),
+                    f"expire-{lease.id}")
+
+    async def _end_worker(self, lease: Lease, text: str) -> None:
+        await lease.worker.end(text, gp.GP_EREFUSED)
+        try:
+            await asyncio.wait_for(asyncio.shield(lease.worker.exited), END_GRACE)
+        except TimeoutError:
+            log.warning("lease %d: worker pid %d did not end within %g s: SIGKILL", lease.id,
+                        lease.worker.pid, END_GRACE)
+            lease.worker.kill()
+
+    async def _watch(self, lease: Lease) -> None:
+        """Wait for the lease's worker to exit, record the end, then clean the GPU. Whatever fails
+        in the bookkeeping, the GPU leaves the lease and is scrubbed (or quarantined)."""
+        # Shielded: cancelling a watcher (the daemon stops) must not cancel the worker's exit.
+        ex = await asyncio.shield(lease.worker.exited)
+        slot = lease.slot
+        try:
+            self._leases.pop(lease.id, None)
+            if slot.lease is lease:
+                slot.lease = None
+            if lease.timer is not None:
+                lease.timer.cancel()
+            await self._record_end(lease, ex)
+        except Exception:
+            log.exception("lease %d: recording its end failed; its GPU %d is scrubbed anyway",
+                          lease.id, slot.gpu.index)
+        if self._closing:
+            return
+        await self._clean(slot, [lease.id])
+
+    async def _record_end(self, lease: Lease, ex: WorkerExit) -> None:
+        slot = lease.slot
+        reason, detail = lease.end_override or (ex.reason, ex.detail)
+        if self._closing and lease.end_override is None and reason in ("shutdown",
+                                                                       "worker crashed"):
+            reason, detail = "daemon stopped", f"gpupoold stopped ({ex.detail or ex.reason})"
+        s = ex.stats
+        # Same event-loop step as the pop in _watch: a scrape sees the lease live or ended, once.
+        self.events.publish(LeaseEnded(lease.id, slot.gpu.index, lease.token, reason,
+                                       time.time() - lease.started, s))
+        level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
+        log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
+                reason, f": {detail}" if detail else "", slot.gpu.index, lease.client.describe(),
+                time.time() - lease.started, s.bytes_h2d, s.bytes_d2h)
+        self.counters.inc("leases_ended", reason=reason)
+        await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
+                                     s.bytes_d2h, dict(s.calls), module_bytes=s.module_bytes)
+        if lease.worker.adoptable:  # recorded: the end record it left in case we had not
+            await asyncio.to_thread(self.supervisor.forget_lease, lease.id)
+
+    async def _clean(self, slot: Slot, lease_ids: list[int]) -> None:
+        """Scrub and check `slot`'s GPU, record the result, and free or quarantine it. Never
+        raises: a failure of the cleaner quarantines the GPU; a failure of the records is
+        logged."""
+        slot.set_state(SCRUBBING)
+        self._changed(slot)
+        try:
+            result = await self.cleaner.clean(slot.gpu)
+        except Exception as exc:
+            log.exception("GPU %d: the scrub failed", slot.gpu.index)
+            result = CleanResult(ok=False, problems=[f"internal error while cleaning: {exc}"])
+        for lease_id in lease_ids:
+            try:
+                await self.store.lease_scrubbed(lease_id, result.ok, result.to_json())
+            except Exception:
+                log.exception("lease %d: recording its scrub failed", lease_id)
+        self._after_clean(slot, result)
+
+    def _after_clean(self, slot: Slot, result: CleanResult) -> None:
+        # The GPU's new state first: nothing below (logs, metrics) may leave it scrubbing.
+        if result.ok:
+            slot.set_state(DRAINED if slot.draining else FREE)
+        else:
+            slot.quarantine = {"reason": result.summary(), "since": time.time(),
+                               "problems": result.problems}
+            slot.set_state(QUARANTINED)
+        slot.last_scrub = {"ok": result.ok, "at": time.time(), "summary": result.summary(),
+                           "bytes": result.scrub.get("bytes", 0),
+                           "duration_s": round(result.duration_s, 3)}
+        try:
+            self.counters.inc("scrubs", result="ok" if result.ok else "failed")
+            if result.reset is not None:
+                self.counters.inc("resets", result="ok" if result.reset.get("ok") else "failed")
+            self.events.publish(GpuCleaned(slot.gpu.index, result.ok, result.duration_s,
+                                           result.reset))
+        except Exception:
+            log.exception("GPU %d: counting the scrub failed", slot.gpu.index)
+        if result.ok:
+            log.info("GPU %d clean: %s", slot.gpu.index, result.summary())
+            if slot.state == FREE:
+                self._prestart(slot)
+        else:
+            log.error("GPU %d QUARANTINED: %s. Investigate, then `gpupoold gpu clear %d`",
+                      slot.gpu.index, result.summary(), slot.gpu.index)
+            self._save_state_soon()
+        self._changed(slot)
+        self._dispatch()
+
+    # ------------------------------------------------------------------------------ watchdog
+    def stuck_reason(self, slot: Slot) -> str | None:
+        """Why `slot` cannot move on by itself (pool/watchdog.py), None when it can."""
+        return stuck_reason(slot)
+
+    def _repair(self, slot: Slot, why: str) -> None:
+        lease = slot.lease
+        if lease is not None and slot.state == LEASED:
+            # The watcher records the end (at once if the worker is gone) and scrubs.
+            log.error("watchdog: GPU %d: %s; watching lease %d again", slot.gpu.index, why,
+                      lease.id)
+            self._own(slot, self._watch(lease), f"lease-{lease.id}")
+            return
+        log.error("watchdog: GPU %d: %s; scrubbing it", slot.gpu.index, why)
+        if lease is not None:
+            self._leases.pop(lease.id, None)
+            slot.lease = None
+        if slot.reserved is not None:
+            w, slot.reserved = slot.reserved, None
+            self.queue.leave(w)
+            if not w.future.done():
+                w.future.cancel()
+        self._own(slot, self._clean(slot, [lease.id] if lease is not None else []),
+                  f"repair-scrub-{slot.gpu.index}")
+
+    def _quarantine_stuck(self, slot: Slot, reason: str) -> None:
+        log.error("GPU %d QUARANTINED: %s. Investigate (the log above), then `gpupoold gpu clear "
+                  "%d`", slot.gpu.index, reason, slot.gpu.index)
+        if slot.task is not None:
+            slot.task.cancel()
+        if slot.lease is not None:
+            self._leases.pop(slot.lease.id, None)
+            slot.lease.worker.kill()
+            slot.lease = None
+        slot.reserved = None
+        slot.quarantine = {"reason": reason, "since": time.time(), "problems": [reason]}
+        slot.set_state(QUARANTINED)
+        self._save_state_soon()
+        self._dispatch()
+
+    # ------------------------------------------------------------------------- pre-started workers
+    def _prestart(self, slot: Slot) -> None:
+        if (not self.settings.prestart_workers or self._closing or self.supervisor.worker is None
+                or slot.idle_worker is not None or slot.prestart_task is not None):
+            return
+        slot.prestart_task = self._spawn(self._prestart_run(slot), f"prestart-{slot.gpu.index}")
+
+    async def _prestart_run(self, slot: Slot) -> None:
+        try:
+            worker = await self.supervisor.spawn(slot.gpu)
+        except WorkerStartError as exc:
+            log.warning("GPU %d: could not pre-start a worker (%s); retrying in %g s",
+                        slot.gpu.index, exc, PRESTART_RETRY)
+            asyncio.get_running_loop().call_later(PRESTART_RETRY, self._prestart_again, slot)
+            return
+        finally:
+            slot.prestart_task = None
+        slot.idle_worker = worker
+        worker.exited.add_done_callback(lambda _f: self._idle_exited(slot, worker))
+
+    def _prestart_again(self, slot: Slot) -> None:
+        if slot.state == FREE:
+            self._prestart(slot)
+
+    def _idle_exited(self, slot: Slot, worker: Worker) -> None:
+        if slot.idle_worker is worker:  # not taken by a lease: it died while waiting
+            slot.idle_worker = None
+            ex = worker.exited.result()
+            if not self._closing:
+                log.warning("GPU %d: pre-started worker pid %d exited (%s); starting another "
+                            "in %g s", slot.gpu.index, worker.pid, ex.detail or ex.reason,
+                            PRESTART_RETRY)
+                asyncio.get_running_loop().call_later(PRESTART_RETRY, self._prestart_again,
+                                                      slot)
+
+    # ------------------------------------------------------------------------- pid files
+    # ----------------------------------------------------------------- drained / quarantined state
+    async def _load_state(self) -> dict[str, Any]:
+        """Drained and quarantined GPUs from the store, after importing the file an older
+        gpupoold kept them in (once: the file is removed when the store has them)."""
+        legacy = await asyncio.to_thread(self._read_legacy_state)
+        if legacy is not None:
+            states = await self.store.gpu_states()
+            if not states and legacy:
+                await self.store.save_gpu_states(legacy)
+                log.info("drained/quarantined GPUs imported into the database from %s",
+                         self._legacy_state_file)
+            await asyncio.to_thread(self._legacy_state_file.unlink, missing_ok=True)
+        return await self.store.gpu_states()
+
+    def _read_legacy_state(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._legacy_state_file.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.error("cannot read %s (%s): its drained/quarantined GPUs are not imported (the "
+                      "file is left in place; fix or remove it)", self._legacy_state_file, exc)
+            return None
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): {"draining": bool(v.get("draining")), "quarantine": v.get("quarantine")}
+                for k, v in data.items() if isinstance(v, dict)}
+
+    def _state_snapshot(self) -> dict[str, Any]:
+        return {(s.gpu.uuid or str(s.gpu.index)): {"draining": s.draining,
+                                                   "quarantine": s.quarantine}
+                for s in self.slots if s.draining or s.quarantine}
+
+    async def _save_state(self) -> None:
+        await self.store.save_gpu_states(self._state_snapshot())
+
+    def _save_state_soon(self) -> None:
+        # The snapshot is taken now; the store runs its calls in order, so the last one wins.
+        self._spawn(self.store.save_gpu_states(self._state_snapshot()), "save-state")
+
+    # ------------------------------------------------------------------------------- lookups
+    def slot(self, index: int) -> Slot:
+        """GPU `index`'s slot; LeaseError (404) when there is none."""
+        if not 0 <= index < len(self.slots):
+            raise LeaseError(f"no GPU {index} on this server (it has {len(self.slots)}: "
+                             f"0 to {len(self.slots) - 1})", 404)
+        return self.slots[index]
+
+    def active(self) -> list[Lease]:
+        """The active leases, in the order they started."""
+        return list(self._leases.values())
+
+    def lease(self, lease_id: int) -> Lease | None:
+        return self._leases.get(lease_id)
+
+    # ------------------------------------------------------------------------- operator actions
+    async def drain(self, index: int, actor: str) -> Slot:
+        slot = self.slot(index)
+        if not slot.draining:
+            slot.draining = True
+            if slot.state == FREE:
+                slot.set_state(DRAINED)
+                self._stop_idle(slot)
+            await self._save_state()
+            await self.store.audit(actor, "gpu.drain", f"gpu {index}", slot.state)
+            log.info("GPU %d drained by %s (%s)", index, actor, slot.state)
+            self._changed(slot)
+        return slot
+
+    async def undrain(self, index: int, actor: str) -> Slot:
+        slot = self.slot(index)
+        if slot.draining:
+            slot.draining = False
+            if slot.state == DRAINED:
+                slot.set_state(FREE)
+                self._prestart(slot)
+            await self._save_state()
+            await self.store.audit(actor, "gpu.undrain", f"gpu {index}", slot.state)
+            log.info("GPU %d back in service (undrained by %s)", index, actor)
+            self._changed(slot)
+            self._dispatch()
+        return slot
+
+    async def clear(self, index: int, actor: str) -> Slot:
+        slot = self.slot(index)
+        if slot.state != QUARANTINED:
+            raise LeaseError(f"GPU {index} is not quarantined (it is {slot.state})", 409)
+        reason = (slot.quarantine or {}).get("reason", "")
+        slot.quarantine = None
+        slot.set_state(SCRUBBING)
+        self._own(slot, self._clean(slot, []), f"clear-scrub-{index}")
+        await self._save_state()
+        await self.store.audit(actor, "gpu.clear", f"gpu {index}", f"was: {reason}")
+        log.info("GPU %d quarantine cleared by %s: scrubbing and checking it again", index, actor)
+        self._changed(slot)
+        return slot
+
+    async def end_lease(self, lease_id: int, actor: str, reason: str) -> Lease:
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not active", 404)
+        reason = reason.strip() or "no reason given"
+        lease.end_override = ("revoked", f"ended by {actor}: {reason}")
+        await self.store.audit(actor, "lease.end", f"lease {lease_id}", reason)
+        log.warning("lease %d ended by %s: %s", lease_id, actor, reason)
+        self._spawn(self._end_worker(lease, f"the gpupool operator ended this GPU lease "
+                                            f"({reason})"), f"end-{lease_id}")
+        return lease
+
+    def _stop_idle(self, slot: Slot) -> None:
+        worker, slot.idle_worker = slot.idle_worker, None
+        if worker is not None:
+            worker.kill()
+
+
+def _nonneg(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -1,0 +1,80 @@
+"""What a client asks of its GPU (from its hello): a specific GPU, a model, a minimum of memory.
+
+A requirement no GPU of this server can ever meet is refused at once, with the reason for each
+GPU, so the user can fix the variable (`GPUPOOL_GPU`, `GPUPOOL_GPU_MODEL`, `GPUPOOL_MIN_MEMORY`)
+or pick another server instead of waiting in a queue forever.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpupoold.gpu.inventory import Gpu
+
+GIB = 1 << 30
+_INDEX = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+
+
+def format_bytes(n: int, exact: bool = False) -> str:
+    """In the unit `n` is a whole multiple of (as users write GPUPOOL_MIN_MEMORY: "40 GB",
+    "40 GiB"), else approximately in GiB or MiB, or with `exact` in bytes."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", GIB), ("TB", 10**12), ("GB", 10**9),
+                       ("MiB", 1 << 20), ("MB", 10**6)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    if exact or n < 1 << 20:
+        return f"{n} bytes"
+    if n >= GIB:
+        return f"{n / GIB:.4g} GiB"
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+@dataclass(frozen=True)
+class Requirements:
+    gpu: str = ""  # an inventory index, or a UUID (prefix); "" = any
+    model: str = ""  # a case-insensitive substring of the GPU name; "" = any
+    min_memory: int = 0  # bytes of total device memory; 0 = any
+
+    @classmethod
+    def from_hello(cls, hello: Any) -> Requirements:
+        return cls(gpu=str(getattr(hello, "gpu", "")).strip(),
+                   model=str(getattr(hello, "model", "")).strip(),
+                   min_memory=int(getattr(hello, "min_memory", 0)))
+
+    def why_not(self, gpu: Gpu) -> str | None:
+        """None when `gpu` meets the requirements, else the reason in words."""
+        if self.gpu:
+            if _INDEX.fullmatch(self.gpu):
+                if gpu.index != int(self.gpu):
+                    return f"not GPU {self.gpu}"
+            elif not (gpu.uuid and gpu.uuid.lower().startswith(self.gpu.lower())):
+                return f"its UUID does not start with {self.gpu!r}"
+        if self.model and self.model.lower() not in gpu.name.lower():
+            return f"its name does not contain {self.model!r}"
+        total = gpu.memory_total
+        if self.min_memory and total < self.min_memory:
+            return f"it has {format_bytes(total)}, less than {format_bytes(self.min_memory)}"
+        return None
+
+    def matches(self, gpu: Gpu) -> bool:
+        return self.why_not(gpu) is None
+
+    def describe(self) -> str:
+        parts = []
+        if self.gpu:
+            parts.append(f"GPU {self.gpu}")
+        if self.model:
+            parts.append(f"model {self.model!r}")
+        if self.min_memory:
+            parts.append(f"at least {format_bytes(self.min_memory)}")
+        return ", ".join(parts) if parts else "any GPU"
+
+    def refusal(self, gpus: Iterable[Gpu]) -> str:
+        """The message for a client whose requirements no GPU here meets."""
+        reasons = "; ".join(f"GPU {g.index} ({g.name}): {self.why_not(g)}" for g in gpus)
+        return (f"no GPU on this server meets the request ({self.describe()}): {reasons}. "
+                "Change GPUPOOL_GPU / GPUPOOL_GPU_MODEL / GPUPOOL_MIN_MEMORY, or use another "
+                "server")

@@ -1,0 +1,90 @@
+"""The pool as JSON: what `/api/v1`, the dashboard and the info reply show of the lease manager.
+
+The lease manager (pool/leases.py) keeps the state; this module only reads it, together with the
+telemetry cache's live values (gpu/telemetry.py), and builds the dicts the adapters serialise. One
+place decides what a GPU, a lease and the queue look like, so the API, the dashboard and
+`gpupool status` always agree.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpupoold.pool.leases import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, LeaseManager, Slot
+from gpupoold.gpu.telemetry import unknown_live
+
+if TYPE_CHECKING:
+    from gpupoold.gpu.telemetry import Telemetry
+
+
+def lease_view(lease: Lease) -> dict[str, Any]:
+    s = lease.worker.stats
+    return {"id": lease.id, "gpu": lease.slot.gpu.index, "token": lease.token,
+            "client": lease.client.to_json(), "request": lease.req.describe(),
+            "started": lease.started, "duration_s": round(time.time() - lease.started, 3),
+            "queued_s": round(lease.queued_s, 3), "worker_pid": lease.worker.pid,
+            "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h,
+            "module_bytes": s.module_bytes, "calls": dict(s.calls)}
+
+
+class PoolViews:
+    """Views of one lease manager's GPUs, leases and queue. `telemetry` is set while the live
+    values are followed (app.py); without it every live value is unknown."""
+
+    def __init__(self, leases: LeaseManager) -> None:
+        self.leases = leases
+        self.telemetry: Telemetry | None = None
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.leases.slots
+
+    def gpu(self, slot: Slot) -> dict[str, Any]:
+        g = slot.gpu
+        return {"index": g.index, "name": g.name, "uuid": g.uuid, "simulated": g.simulated,
+                "memory_total": g.memory_total, "pci_bus_id": g.pci_bus_id,
+                "state": slot.state, "since": slot.since, "draining": slot.draining,
+                "lease": lease_view(slot.lease) if slot.lease is not None else None,
+                "quarantine": slot.quarantine, "last_scrub": slot.last_scrub,
+                "stuck": slot.stuck,
+                "worker_ready": slot.idle_worker is not None,
+                "live": (self.telemetry.live(g.index) if self.telemetry is not None
+                         else unknown_live(g))}
+
+    def lease(self, lease: Lease) -> dict[str, Any]:
+        return lease_view(lease)
+
+    def gpu_views(self) -> list[dict[str, Any]]:
+        return [self.gpu(s) for s in self.leases.slots]
+
+    def gpu_view(self, index: int) -> dict[str, Any]:
+        """One GPU; LeaseError (404) when there is no GPU `index`."""
+        return self.gpu(self.leases.slot(index))
+
+    def active_leases(self) -> list[dict[str, Any]]:
+        return [lease_view(lease) for lease in sorted(self.leases.active(), key=lambda x: x.id)]
+
+    def queue_view(self) -> list[dict[str, Any]]:
+        return self.leases.queue.view()
+
+    def view_key(self) -> tuple[Any, ...]:
+        """A value that changes whenever the views above would, except for what moves by itself
+        (running durations, waiting times) and the live values (Telemetry.samples): the info
+        reply's cache (remoting/info.py) is rebuilt when it changes."""
+        slots = tuple((s.state, s.since, s.draining, s.lease,
+                       s.lease.worker.stats if s.lease is not None else None,
+                       s.quarantine, s.last_scrub, s.idle_worker is not None,
+                       s.stuck is not None) for s in self.leases.slots)
+        leases = tuple((lease, lease.worker.stats) for lease in self.leases.active())
+        return slots, leases, tuple(w.ticket for w in self.leases.queue)
+
+    def summary(self) -> dict[str, Any]:
+        states = {st: 0 for st in (FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED)}
+        for s in self.leases.slots:
+            states[s.state] += 1
+        stuck = [{"gpu": s.gpu.index, "state": s.state, **s.stuck}
+                 for s in self.leases.slots if s.stuck is not None]
+        return {"gpus": len(self.leases.slots), "states": states,
+                "leases": len(self.leases.active()), "queue": len(self.leases.queue),
+                "stuck": stuck}

@@ -1,0 +1,88 @@
+"""The FIFO queue of clients waiting for a GPU.
+
+A free GPU goes to the first waiter, in arrival order, that may take it: one whose requirements
+the GPU meets and whose token is under its GPU limit. So nobody is overtaken by a later client who
+wants the same GPU, and a waiter who wants a GPU that is busy does not block the ones behind it
+who would take another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupoold.pool.requirements import Requirements
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """Who a client is, from its hello and its connection."""
+
+    host: str
+    user: str
+    pid: int
+    program: str
+    peer: str
+
+    def describe(self) -> str:
+        return f"{self.user}@{self.host} pid {self.pid} ({self.program or '?'}) from {self.peer}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "user": self.user, "pid": self.pid, "program": self.program,
+                "peer": self.peer}
+
+
+@dataclass(eq=False)
+class Waiter:
+    ticket: int
+    req: Requirements
+    token: str  # token name (identity)
+    client: ClientInfo
+    future: asyncio.Future[Any]  # resolved with the GPU slot handed to this waiter
+    joined: float = field(default_factory=time.monotonic)
+    joined_wall: float = field(default_factory=time.time)
+
+    def waited(self) -> float:
+        return time.monotonic() - self.joined
+
+
+class WaitQueue:
+    def __init__(self) -> None:
+        self._waiters: list[Waiter] = []
+        self._tickets = itertools.count(1)
+
+    def join(self, req: Requirements, token: str, client: ClientInfo) -> Waiter:
+        w = Waiter(next(self._tickets), req, token, client,
+                   asyncio.get_running_loop().create_future())
+        self._waiters.append(w)
+        return w
+
+    def leave(self, w: Waiter) -> None:
+        if w in self._waiters:
+            self._waiters.remove(w)
+
+    def position(self, w: Waiter) -> int:
+        """1-based place in the queue (0: not waiting any more)."""
+        try:
+            return self._waiters.index(w) + 1
+        except ValueError:
+            return 0
+
+    def first(self, may_take: Callable[[Waiter], bool]) -> Waiter | None:
+        return next((w for w in self._waiters if may_take(w)), None)
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def __iter__(self) -> Iterator[Waiter]:
+        return iter(list(self._waiters))
+
+    def view(self) -> list[dict[str, Any]]:
+        return [{"position": i + 1, "ticket": w.ticket, "token": w.token,
+                 "client": w.client.to_json(), "request": w.req.describe(),
+                 "since": w.joined_wall, "waiting_s": round(w.waited(), 3)}
+                for i, w in enumerate(self._waiters)]

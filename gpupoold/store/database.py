@@ -1,0 +1,613 @@
+"""gpupoold's records in SQLite (`<state_dir>/gpupoold.db`): tokens, lease history, audit log,
+and the GPUs that stay drained or quarantined across restarts.
+
+Two faces over one schema:
+
+- `StoreDB`, synchronous, owns one `sqlite3` connection that may be used only by the thread that
+  opened it (sqlite3's own check enforces this). The admin CLI (`gpupoold token ...`) uses it
+  directly, possibly while the daemon runs: the database is in WAL mode (readers never block the
+  writer) and every write transaction starts with `BEGIN IMMEDIATE` under a busy timeout, so two
+  processes writing at once wait for each other instead of failing.
+- `Store`, the daemon's asynchronous API: a `StoreDB` living in one dedicated worker thread (a
+  single-thread executor), so no SQLite call ever blocks the event loop and calls run one at a
+  time in the order they were made.
+
+The schema is versioned with `PRAGMA user_version`; `MIGRATIONS[n]` brings version n to n+1. A
+database written by a newer gpupoold (a higher version than this one knows) is refused rather
+than guessed at. Times are Unix seconds (float). Token secrets are never stored: only the SHA-256
+of the secret (auth/tokens.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpupoold.auth.tokens import (check_role, check_token_name, format_utc, hash_secret, new_token,
+                             parse_token, secret_matches)
+
+DB_NAME = "gpupoold.db"
+BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction
+LEASE_STATES = ("active", "ended", "all")
+CHECK_RESULTS = ("ok", "missing", "malformed", "unknown", "revoked", "expired")
+_NEW_ID_TRIES = 8  # a 48-bit token id colliding even twice means something else is wrong
+
+T = TypeVar("T")
+
+# MIGRATIONS[n]: the statements that bring schema version n to n + 1 (run in one transaction).
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # v1
+        """CREATE TABLE tokens (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'admin')),
+            secret_sha256 TEXT NOT NULL,
+            created REAL NOT NULL,
+            expires REAL,
+            revoked REAL,
+            last_used REAL,
+            created_by TEXT NOT NULL DEFAULT ''
+        )""",
+        """CREATE TABLE leases (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            gpu_index INTEGER NOT NULL,
+            gpu_uuid TEXT NOT NULL DEFAULT '',
+            gpu_name TEXT NOT NULL DEFAULT '',
+            simulated INTEGER NOT NULL DEFAULT 0,
+            token_name TEXT NOT NULL DEFAULT '',
+            client_host TEXT NOT NULL DEFAULT '',
+            client_user TEXT NOT NULL DEFAULT '',
+            client_pid INTEGER NOT NULL DEFAULT 0,
+            program TEXT NOT NULL DEFAULT '',
+            peer TEXT NOT NULL DEFAULT '',
+            request TEXT NOT NULL DEFAULT '',
+            queued_s REAL NOT NULL DEFAULT 0,
+            started REAL NOT NULL,
+            ended REAL,
+            end_reason TEXT,
+            end_detail TEXT,
+            bytes_h2d INTEGER NOT NULL DEFAULT 0,
+            bytes_d2h INTEGER NOT NULL DEFAULT 0,
+            calls TEXT NOT NULL DEFAULT '{}',
+            scrub_ok INTEGER,
+            scrub TEXT
+        )""",
+        "CREATE INDEX leases_open ON leases (id) WHERE ended IS NULL",
+        """CREATE TABLE audit (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL DEFAULT '',
+            detail TEXT NOT NULL DEFAULT ''
+        )""",
+    ),
+    (  # v2: module image bytes the worker received from the client (0 for older records)
+        "ALTER TABLE leases ADD COLUMN module_bytes INTEGER NOT NULL DEFAULT 0",
+    ),
+    (  # v3: GPUs an operator drained or the scrub quarantined, kept across restarts (they were
+       # in <state_dir>/gpu-state.json before; the lease manager imports that file once)
+        """CREATE TABLE gpu_state (
+            gpu TEXT PRIMARY KEY,
+            draining INTEGER NOT NULL DEFAULT 0,
+            quarantine TEXT,
+            updated REAL NOT NULL
+        )""",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# ------------------------------------------------------------------------------------ errors
+class StoreError(Exception):
+    """A store problem; the message says what happened."""
+
+
+class NotFound(StoreError):
+    """No token with that name, or no lease with that id."""
+
+
+class TokenExists(StoreError):
+    """A token with that name exists already (revoked tokens keep their name)."""
+
+
+class StoreClosed(StoreError):
+    """The store was used after close()."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was written by a newer gpupoold."""
+
+
+# ----------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class TokenRecord:
+    id: str  # the 12 hex digits of the token's text
+    name: str
+    role: str  # user | admin
+    created: float
+    expires: float | None
+    revoked: float | None
+    last_used: float | None
+    created_by: str
+
+    def state(self, now: float | None = None) -> str:
+        """valid, revoked or expired."""
+        if self.revoked is not None:
+            return "revoked"
+        if self.expires is not None and self.expires <= (time.time() if now is None else now):
+            return "expired"
+        return "valid"
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's view of a token: never the hash, never the secret."""
+        return {"id": self.id, "name": self.name, "role": self.role, "created": self.created,
+                "expires": self.expires, "revoked": self.revoked, "last_used": self.last_used,
+                "created_by": self.created_by, "state": self.state()}
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """The result of checking a presented token."""
+
+    result: str  # one of CHECK_RESULTS
+    token: TokenRecord | None = None  # set for ok, revoked and expired
+    token_id: str = ""  # the id in the token's text, once it parsed (safe to log)
+
+    @property
+    def ok(self) -> bool:
+        return self.result == "ok"
+
+
+@dataclass(frozen=True)
+class NewLease:
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    simulated: bool
+    token_name: str
+    client_host: str
+    client_user: str
+    client_pid: int
+    program: str
+    peer: str
+    request: str  # the client's requirements, in words
+    queued_s: float
+    started: float
+
+
+_NEW_LEASE_FIELDS = tuple(NewLease.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    id: int
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    simulated: bool
+    token_name: str
+    client_host: str
+    client_user: str
+    client_pid: int
+    program: str
+    peer: str
+    request: str
+    queued_s: float
+    started: float
+    ended: float | None
+    end_reason: str | None
+    end_detail: str | None
+    bytes_h2d: int
+    bytes_d2h: int
+    calls: dict[str, int]
+    scrub_ok: bool | None  # None until the GPU was scrubbed after the lease
+    scrub: dict[str, Any] | None
+    module_bytes: int = 0  # module images received (cache misses); 0 when all were cached
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    id: int
+    at: float
+    actor: str
+    action: str
+    target: str
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "time": self.at, "actor": self.actor, "action": self.action,
+                "target": self.target, "detail": self.detail}
+
+
+def _token(row: sqlite3.Row) -> TokenRecord:
+    return TokenRecord(id=row["id"], name=row["name"], role=row["role"], created=row["created"],
+                       expires=row["expires"], revoked=row["revoked"],
+                       last_used=row["last_used"], created_by=row["created_by"])
+
+
+def _counter(value: int) -> int:
+    """A byte or call count as SQLite's INTEGER holds it: clamped to 0 .. 2^63 - 1 (the counts
+    come from workers, whose numbers are never trusted to fit)."""
+    return min(max(int(value), 0), (1 << 63) - 1)
+
+
+def _lease(row: sqlite3.Row) -> LeaseRecord:
+    values = {key: row[key] for key in row.keys()}
+    values["simulated"] = bool(values["simulated"])
+    values["calls"] = json.loads(values["calls"] or "{}")
+    values["scrub_ok"] = None if values["scrub_ok"] is None else bool(values["scrub_ok"])
+    values["scrub"] = None if values["scrub"] is None else json.loads(values["scrub"])
+    return LeaseRecord(**values)
+
+
+def _audit(row: sqlite3.Row) -> AuditRecord:
+    return AuditRecord(id=row["id"], at=row["at"], actor=row["actor"], action=row["action"],
+                       target=row["target"], detail=row["detail"])
+
+
+def _expiry_text(expires: float | None) -> str:
+    return "never" if expires is None else format_utc(expires)
+
+
+# ---------------------------------------------------------------------- the synchronous store
+class StoreDB:
+    """One SQLite connection, usable only from the thread that created this object."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            # Created here rather than by SQLite to choose the mode: lease history says who used
+            # the GPUs from where; SQLite gives its -wal and -shm files the same mode.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = FULL")  # a committed record survives a crash
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction. IMMEDIATE takes the write lock at once (waiting up to the busy
+        timeout), so a transaction never fails half-way for another process's lock."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    f"{self.path} has schema version {version}, written by a newer gpupoold; "
+                    f"this one knows up to version {SCHEMA_VERSION}: upgrade gpupoold (or use a "
+                    f"backup of the database from before the upgrade)")
+            for statements in MIGRATIONS[version:]:
+                for sql in statements:
+                    db.execute(sql)
+            if version != SCHEMA_VERSION:
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _add_audit(self, db: sqlite3.Connection, actor: str, action: str, target: str,
+                   detail: str, at: float | None = None) -> int:
+        cur = db.execute("INSERT INTO audit (at, actor, action, target, detail) "
+                         "VALUES (?, ?, ?, ?, ?)",
+                         (time.time() if at is None else at, actor, action, target, detail))
+        return int(cur.lastrowid or 0)
+
+    # ------------------------------------------------------------------------------- tokens
+    def create_token(self, name: str, role: str, expires: float | None, actor: str,
+                     ) -> tuple[TokenRecord, str]:
+        """A new token: its record and its full text (shown once, never stored)."""
+        check_token_name(name, allow_reserved=True)
+        check_role(role)
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM tokens WHERE name = ?", (name,)).fetchone():
+                raise TokenExists(f"a token named {name!r} already exists")
+            record, text = self._insert_token(db, name, role, expires, actor)
+            self._add_audit(db, actor, "token.create", f"token {name}",
+                            f"role {role}, expires {_expiry_text(expires)}, id {record.id}",
+                            record.created)
+        return record, text
+
+    def _insert_token(self, db: sqlite3.Connection, name: str, role: str,
+                      expires: float | None, actor: str) -> tuple[TokenRecord, str]:
+        now = time.time()
+        for _ in range(_NEW_ID_TRIES):
+            token_id, secret, text = new_token()
+            try:
+                db.execute("INSERT INTO tokens (id, name, role, secret_sha256, created, expires, "
+                           "created_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (token_id, name, role, hash_secret(secret), now, expires, actor))
+            except sqlite3.IntegrityError:
+                continue  # the random id is taken (the name was checked by the caller)
+            return TokenRecord(token_id, name, role, now, expires, None, None, actor), text
+        raise StoreError("could not find a free token id")  # pragma: no cover
+
+    def replace_token(self, name: str, role: str, actor: str) -> tuple[TokenRecord, str]:
+        """Create the token `name` afresh (never expiring), deleting a previous one of that
+        name in the same transaction: its secret stops working at once."""
+        check_token_name(name, allow_reserved=True)
+        check_role(role)
+        with self._write() as db:
+            old = db.execute("SELECT id FROM tokens WHERE name = ?", (name,)).fetchone()
+            db.execute("DELETE FROM tokens WHERE name = ?", (name,))
+            record, text = self._insert_token(db, name, role, None, actor)
+            detail = f"role {role}, id {record.id}" + (f", replaces id {old['id']}" if old else "")
+            self._add_audit(db, actor, "token.rotate" if old else "token.create",
+                            f"token {name}", detail, record.created)
+        return record, text
+
+    def list_tokens(self) -> list[TokenRecord]:
+        rows = self._conn.execute("SELECT * FROM tokens ORDER BY created, name").fetchall()
+        return [_token(r) for r in rows]
+
+    def get_token(self, name: str) -> TokenRecord | None:
+        row = self._conn.execute("SELECT * FROM tokens WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _token(row)
+
+    def revoke_token(self, name: str, actor: str) -> TokenRecord:
+        """Revoke the token `name` (NotFound if there is none). Revoking a revoked token changes
+        nothing and is not audited again."""
+        with self._write() as db:
+            row = db.execute("SELECT * FROM tokens WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise NotFound(f"no token named {name!r}")
+            record = _token(row)
+            if record.revoked is None:
+                now = time.time()
+                db.execute("UPDATE tokens SET revoked = ? WHERE id = ?", (now, record.id))
+                self._add_audit(db, actor, "token.revoke", f"token {name}",
+                                f"role {record.role}, id {record.id}", now)
+                record = dataclasses.replace(record, revoked=now)
+        return record
+
+    def verify_token(self, token: str, now: float | None = None) -> TokenCheck:
+        """Check a presented token's text. The secret is compared in constant time, also when the
+        id is unknown; revoked and expired are only told to whoever holds the right secret."""
+        token = token.strip()
+        if not token:
+            return TokenCheck("missing")
+        parsed = parse_token(token)
+        if parsed is None:
+            return TokenCheck("malformed")
+        row = self._conn.execute("SELECT * FROM tokens WHERE id = ?", (parsed.id,)).fetchone()
+        if not secret_matches(parsed.secret, None if row is None else row["secret_sha256"]):
+            return TokenCheck("unknown", token_id=parsed.id)
+        record = _token(row)
+        state = record.state(now)
+        return TokenCheck("ok" if state == "valid" else state, record, parsed.id)
+
+    def touch_token(self, token_id: str, when: float) -> None:
+        """Note that the token was used at `when` (never moves last_used backwards)."""
+        with self._write() as db:
+            db.execute("UPDATE tokens SET last_used = ? WHERE id = ? "
+                       "AND (last_used IS NULL OR last_used < ?)", (when, token_id, when))
+
+    # ------------------------------------------------------------------------------- leases
+    def lease_started(self, lease: NewLease) -> int:
+        values = [getattr(lease, f) for f in _NEW_LEASE_FIELDS]
+        marks = ", ".join("?" * len(values))
+        with self._write() as db:
+            cur = db.execute(f"INSERT INTO leases ({', '.join(_NEW_LEASE_FIELDS)}) "
+                             f"VALUES ({marks})", values)
+        return int(cur.lastrowid or 0)
+
+    def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
+                    bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
+                    module_bytes: int = 0) -> None:
+        with self._write() as db:
+            cur = db.execute(
+                "UPDATE leases SET ended = ?, end_reason = ?, end_detail = ?, bytes_h2d = ?, "
+                "bytes_d2h = ?, calls = ?, module_bytes = ? WHERE id = ?",
+                (ended, reason, detail, _counter(bytes_h2d), _counter(bytes_d2h),
+                 json.dumps(calls, sort_keys=True), _counter(module_bytes), lease_id))
+            if cur.rowcount == 0:
+                raise NotFound(f"no lease {lease_id}")
+
+    def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:
+        with self._write() as db:
+            cur = db.execute("UPDATE leases SET scrub_ok = ?, scrub = ? WHERE id = ?",
+                             (int(ok), json.dumps(result, default=str), lease_id))
+            if cur.rowcount == 0:
+                raise NotFound(f"no lease {lease_id}")
+
+    def open_leases(self) -> list[LeaseRecord]:
+        rows = self._conn.execute("SELECT * FROM leases WHERE ended IS NULL ORDER BY id")
+        return [_lease(r) for r in rows.fetchall()]
+
+    # ---------------------------------------------------------------------------- GPU state
+    def gpu_states(self) -> dict[str, dict[str, Any]]:
+        """{GPU UUID (its index when it has none): {"draining": bool, "quarantine": dict|None}}
+        for every GPU that is drained, draining or quarantined."""
+        out: dict[str, dict[str, Any]] = {}
+        for gpu, draining, quarantine in self._conn.execute(
+                "SELECT gpu, draining, quarantine FROM gpu_state ORDER BY gpu"):
+            try:
+                q = json.loads(quarantine) if quarantine else None
+            except ValueError:
+                q = {"reason": "unreadable quarantine record in the database", "since": 0.0}
+            out[gpu] = {"draining": bool(draining), "quarantine": q if isinstance(q, dict) or q is None
+                        else {"reason": str(q), "since": 0.0}}
+        return out
+
+    def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
+        """Replace the whole set (`states` as gpu_states returns it) in one transaction."""
+        now = time.time()
+        with self._write() as db:
+            db.execute("DELETE FROM gpu_state")
+            for gpu, st in states.items():
+                q = st.get("quarantine")
+                db.execute("INSERT INTO gpu_state (gpu, draining, quarantine, updated) "
+                           "VALUES (?, ?, ?, ?)",
+                           (gpu, int(bool(st.get("draining"))),
+                            None if q is None else json.dumps(q, default=str), now))
+
+    def leases(self, state: str = "all", limit: int = 100,
+               before: int | None = None) -> list[LeaseRecord]:
+        """Lease records, newest first: `active` (not ended), `ended` or `all`; only ids below
+        `before` when given (the next page)."""
+        if state not in LEASE_STATES:
+            raise ValueError(f"lease state must be one of {', '.join(LEASE_STATES)}, got {state!r}")
+        where = {"active": ["ended IS NULL"], "ended": ["ended IS NOT NULL"], "all": []}[state]
+        args: list[Any] = []
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
+        sql = "SELECT * FROM leases" + (f" WHERE {' AND '.join(where)}" if where else "")
+        rows = self._conn.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_lease(r) for r in rows]
+
+    def get_lease(self, lease_id: int) -> LeaseRecord | None:
+        row = self._conn.execute("SELECT * FROM leases WHERE id = ?", (lease_id,)).fetchone()
+        return None if row is None else _lease(row)
+
+    # -------------------------------------------------------------------------------- audit
+    def audit(self, actor: str, action: str, target: str, detail: str = "") -> int:
+        with self._write() as db:
+            return self._add_audit(db, actor, action, target, detail)
+
+    def audit_log(self, limit: int = 100, before: int | None = None) -> list[AuditRecord]:
+        """Audit records, newest first; only ids below `before` when given."""
+        if before is None:
+            rows = self._conn.execute("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,))
+        else:
+            rows = self._conn.execute("SELECT * FROM audit WHERE id < ? ORDER BY id DESC "
+                                      "LIMIT ?", (before, limit))
+        return [_audit(r) for r in rows.fetchall()]
+
+
+# --------------------------------------------------------------------- the asynchronous store
+class Store:
+    """The daemon's store: every call runs on the store's own thread, one at a time."""
+
+    def __init__(self, db: StoreDB, executor: ThreadPoolExecutor) -> None:
+        self._db = db
+        self._executor = executor
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupoold-store")
+        loop = asyncio.get_running_loop()
+        try:
+            db = await loop.run_in_executor(executor, StoreDB, Path(path))
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(db, executor)
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    async def close(self) -> None:
+        """Wait for the calls already made, then close the database."""
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._db.close)
+        await asyncio.to_thread(self._executor.shutdown, True)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise StoreClosed("the store is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        except RuntimeError as exc:  # submitted after the executor was shut down
+            if self._closed:
+                raise StoreClosed("the store is closed") from exc
+            raise
+
+    # tokens
+    async def create_token(self, name: str, role: str, expires: float | None,
+                           actor: str) -> tuple[TokenRecord, str]:
+        return await self._run(self._db.create_token, name, role, expires, actor)
+
+    async def replace_token(self, name: str, role: str, actor: str) -> tuple[TokenRecord, str]:
+        return await self._run(self._db.replace_token, name, role, actor)
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        return await self._run(self._db.list_tokens)
+
+    async def get_token(self, name: str) -> TokenRecord | None:
+        return await self._run(self._db.get_token, name)
+
+    async def revoke_token(self, name: str, actor: str) -> TokenRecord:
+        return await self._run(self._db.revoke_token, name, actor)
+
+    async def verify_token(self, secret: str) -> TokenCheck:
+        return await self._run(self._db.verify_token, secret)
+
+    async def touch_token(self, token_id: str, when: float) -> None:
+        await self._run(self._db.touch_token, token_id, when)
+
+    # leases
+    async def lease_started(self, lease: NewLease) -> int:
+        return await self._run(self._db.lease_started, lease)
+
+    async def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
+                          bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
+                          module_bytes: int = 0) -> None:
+        await self._run(self._db.lease_ended, lease_id, ended, reason, detail, bytes_h2d,
+                        bytes_d2h, calls, module_bytes)
+
+    async def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:
+        await self._run(self._db.lease_scrubbed, lease_id, ok, result)
+
+    async def open_leases(self) -> list[LeaseRecord]:
+        return await self._run(self._db.open_leases)
+
+    # GPU state
+    async def gpu_states(self) -> dict[str, dict[str, Any]]:
+        return await self._run(self._db.gpu_states)
+
+    async def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
+        await self._run(self._db.save_gpu_states, states)
+
+    async def leases(self, state: str = "all", limit: int = 100,
+                     before: int | None = None) -> list[LeaseRecord]:
+        return await self._run(self._db.leases, state, limit, before)
+
+    async def get_lease(self, lease_id: int) -> LeaseRecord | None:
+        return await self._run(self._db.get_lease, lease_id)
+
+    # audit
+    async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
+        await self._run(self._db.audit, actor, action, target, detail)
+
+    async def audit_log(self, limit: int = 100, before: int | None = None) -> list[AuditRecord]:
+        return await self._run(self._db.audit_log, limit, before)

@@ -1,0 +1,809 @@
+"""Worker processes: pre-start one per free GPU, hand it a client, follow it, reap it.
+
+The worker contract (worker/README.md, "Control channel"):
+
+    gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
+                   [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]
+
+(the --tls-* options when the supervisor was made with `tls=WorkerTls(...)`: TLS on the remoting
+port; SESSION version 2 then carries the TLS flag and the worker runs the client's second TLS
+handshake itself, docs/protocol.md "TLS".)
+
+N is one end of a SOCK_SEQPACKET socketpair. The worker sets the device up before any client
+comes and says `ready` (JSON events, one per message); `WorkerSupervisor.spawn` returns then.
+`Worker.assign` sends SESSION (binary header + the client's hello body, the client socket in
+SCM_RIGHTS); the worker answers the client's hello itself and reports `started` or `refused`,
+then `stats` (at most once a second, when a counter, `mem_used` or `busy_ns` changed) and `end`
+(reason and counters) before it exits. END asks it to stop serving. Closing the control socket
+(the daemon's exit) makes it exit at once.
+
+Nothing here raises into the daemon for a worker's sake: a worker that dies, talks nonsense or
+hangs ends up as a `WorkerExit` on `Worker.exited`, which always resolves once the process is
+reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpupool_protocol as gp
+
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.workers.state_dir import WorkerDir
+from gpupoold.workers.process import WorkerProcess
+
+log = logging.getLogger("gpupoold.workers")
+wlog = logging.getLogger("gpupoold.worker")
+
+EXIT_MEANINGS = {0: "normal end", 1: "setup failure or refused session",
+                 2: "usage error (daemon/worker mismatch?)"}
+OUTPUT_LINE_LIMIT = 1 << 20
+CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
+# The upper bounds (seconds, inclusive) of the workers' call latency histogram; the worker counts
+# into these 17 buckets and an 18th above them (+Inf). worker/worker.h WK_LAT_BOUNDS_NS holds the
+# same bounds in ns (tests/test_worker_control.py compares them).
+LATENCY_BUCKETS: tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# Control messages (little-endian), daemon -> worker.
+SESSION_MAGIC = b"GPWS"
+SESSION_VERSION = 1
+SESSION_HEADER = struct.Struct("<4sIQQI")  # magic, version, session_id, hello_req, hello_len
+# Version 2 (TLS only; version 1 stays byte for byte what it was): hello_len, then u32 flags.
+SESSION_VERSION_FLAGS = 2
+SESSION_HEADER_V2 = struct.Struct("<4sIQQII")
+SESSION_FLAG_TLS = 1
+END_MAGIC = b"GPWE"
+END_HEADER = struct.Struct("<4si")  # magic, code; then UTF-8 text to the end of the message
+END_TEXT_LIMIT = 4000  # bytes; the worker reads at most 4096 per control message
+# ADOPT (daemon -> a worker of an earlier daemon, on its adoption socket; worker/adopt.c): magic,
+# control version, daemon pid, flags (0); the new log pipe travels with it (SCM_RIGHTS).
+ADOPT_MAGIC = b"GPWA"
+ADOPT_VERSION = 1
+ADOPT_VERSIONS = frozenset({1})  # the control versions this gpupoold can follow
+ADOPT_HEADER = struct.Struct("<4sIII")
+ADOPT_NOTICE_EVERY = 10.0  # seconds between log lines while a busy worker has not answered
+RETIRE_GRACE = 10.0  # seconds an unadoptable worker has to end after END, before SIGKILL
+CONTROL_RECV = 65536  # worker events are under 4 KiB
+DRAIN_TIMEOUT = 5.0  # seconds to read what an exited worker left in its pipes
+
+
+@dataclass(frozen=True)
+class WorkerTls:
+    """The remoting listener's TLS files, passed to every worker (`--tls-*`): the worker
+    terminates the data path's TLS itself."""
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def argv(self) -> list[str]:
+        args = ["--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+        if self.client_ca is not None:
+            args += ["--tls-client-ca", str(self.client_ca)]
+        return args
+
+
+class AdoptError(Exception):
+    """A worker of an earlier gpupoold could not be adopted; the message says why."""
+
+
+class WorkerStartError(Exception):
+    """The worker could not be started or given its client; the message is for the client and
+    the log."""
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code} ({EXIT_MEANINGS.get(code, 'error')})"
+
+
+COUNTER_MAX = (1 << 63) - 1  # what SQLite's INTEGER (and Prometheus' int64 view) can hold
+
+
+def _int(value: object) -> int:
+    """A counter from a worker event: a non-negative integer that fits the store, else 0 (a
+    worker's number is input to the daemon, never trusted to fit)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= COUNTER_MAX:
+        return value
+    return 0
+
+
+@dataclass
+class WorkerStats:
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CALL_CLASSES, 0))
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    module_bytes: int = 0  # module image bytes received from the client
+    duration_s: float = 0.0  # since the session started
+    mem_used: int = 0  # bytes of device memory the session holds now
+    busy_ns: int = 0  # simulated device: ns spent executing work (0 on real GPUs)
+    # Calls per latency bucket (LATENCY_BUCKETS, then +Inf; not cumulative) and their total time,
+    # over the session. Once a call is over it is in both these and `calls`.
+    latency_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum_ns: int = 0
+
+    @classmethod
+    def from_event(cls, ev: dict[str, Any]) -> WorkerStats:
+        """The COUNTERS of a stats or end event (missing or odd values read 0; an event without
+        a well-formed `latency`, from an older worker, reads as no calls timed)."""
+        calls = ev.get("calls")
+        calls = calls if isinstance(calls, dict) else {}
+        dur = ev.get("duration_s")
+        latency = ev.get("latency")
+        latency = latency if isinstance(latency, dict) else {}
+        counts = latency.get("counts")
+        buckets = len(LATENCY_BUCKETS) + 1
+        if not isinstance(counts, list) or len(counts) != buckets:
+            counts = [0] * buckets
+        return cls(calls={k: _int(calls.get(k)) for k in CALL_CLASSES},
+                   bytes_h2d=_int(ev.get("bytes_h2d")), bytes_d2h=_int(ev.get("bytes_d2h")),
+                   module_bytes=_int(ev.get("module_bytes")),
+                   duration_s=float(dur) if isinstance(dur, (int, float)) else 0.0,
+                   mem_used=_int(ev.get("mem_used")), busy_ns=_int(ev.get("busy_ns")),
+                   latency_counts=[_int(n) for n in counts],
+                   latency_sum_ns=_int(latency.get("sum_ns")))
+
+    def to_json(self) -> dict[str, object]:
+        return {"calls": dict(self.calls), "bytes_h2d": self.bytes_h2d,
+                "bytes_d2h": self.bytes_d2h, "module_bytes": self.module_bytes,
+                "duration_s": self.duration_s, "mem_used": self.mem_used,
+                "busy_ns": self.busy_ns,
+                "latency": {"counts": list(self.latency_counts), "sum_ns": self.latency_sum_ns}}
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    # client exit | client lost | protocol error | server ended | shutdown | worker error (the
+    # worker's `end`); refused (hello refused) | setup failed (`failed`) | worker crashed (no
+    # event explains the exit)
+    reason: str
+    detail: str  # human text (e.g. "killed by SIGSEGV")
+    exit_code: int | None  # as asyncio reports it (negative: signal)
+    stats: WorkerStats
+
+
+class Worker:
+    """One worker process: pre-started on a GPU, then serving at most one session."""
+
+    def __init__(self, supervisor: WorkerSupervisor, gpu: Gpu, proc: WorkerProcess,
+                 sock: socket.socket, output: int, spawned: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.pid = proc.pid
+        self.gpu = gpu
+        self.init_ms = 0.0  # the worker's own set-up time (process start to `ready`)
+        self.spawn_ms = 0.0  # spawn to `ready` as the daemon saw it
+        self.device = ""  # device name as the driver reports it
+        self.uuid = ""
+        self.total_memory = 0
+        self.session_id: int | None = None
+        self.stats = WorkerStats()
+        self.refusal: tuple[int, str] | None = None  # (result, error) of a refused hello
+        self.exited: asyncio.Future[WorkerExit] = loop.create_future()
+        self._supervisor = supervisor
+        self._proc = proc
+        self._sock = sock
+        self._output_fd = output  # read end of the pipe that carries its stdout and stderr
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._started: asyncio.Future[bool] = loop.create_future()
+        # Adoption (WorkerSupervisor.adopt): resolves with the `adopted` event.
+        self._adopted: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._adopted.add_done_callback(_consume)
+        self.request: dict[str, Any] = {}  # what the client asked for (`adopted` event)
+        self.orphaned_s = 0.0  # how long it served alone before this daemon adopted it
+        self.detached = False  # left running when this daemon stopped (detach())
+        # Its session can outlive this daemon (it listens on its adoption socket; `started`).
+        self.adoptable = False
+        self._end: dict[str, Any] | None = None
+        self._failure: str | None = None
+        self._killed = False
+        self._spawned = spawned  # time.monotonic() before the process was created
+        self._assigned = 0.0
+        self.start_ms = 0.0  # SESSION sent to `started` received
+        # Nobody may be waiting on these when the worker exits: no "never retrieved" warnings.
+        self._ready.add_done_callback(_consume)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._supervise_task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return (f"<Worker pid={self.pid} gpu={self.gpu.index} session={self.session_id} "
+                f"{'exited' if self.exited.done() else 'running'}>")
+
+    @property
+    def reported_end(self) -> bool:
+        """The worker sent its `end` event: its session is over and it exits."""
+        return self._end is not None
+
+    @property
+    def label(self) -> str:
+        """How its log lines are prefixed."""
+        if self.session_id is not None:
+            return f"[session {self.session_id}]"
+        return f"[GPU {self.gpu.index} prestart]"
+
+    # ------------------------------------------------------------------ the daemon's side
+    async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
+                     hello_req: int, tls: bool | None = None) -> None:
+        """Hand the client (its socket and hello) to this worker. The caller keeps its own copy
+        of client_fd and closes it. WorkerStartError if the worker is gone or taken.
+
+        tls: the client speaks TLS (the daemon closed its own TLS session on client_fd; the
+        worker runs the next handshake). None: as the supervisor is set up (TLS when it was made
+        with `tls=`), so that a TLS listener needs no change in the callers."""
+        if tls is None:
+            tls = self._supervisor.tls is not None
+        if tls and self._supervisor.tls is None:
+            raise WorkerStartError("a TLS session was assigned to a worker started without the "
+                                   "TLS certificate (WorkerSupervisor(tls=...) is not set)")
+        if self.session_id is not None:
+            raise WorkerStartError(f"the worker for GPU {self.gpu.index} already serves "
+                                   f"session {self.session_id}")
+        if self.exited.done() or self._proc.ended:
+            raise WorkerStartError(f"the worker for GPU {self.gpu.index} (pid {self.pid}) has "
+                                   "exited")
+        if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64):
+            raise WorkerStartError("session id or hello request id out of range")
+        if tls:
+            msg = SESSION_HEADER_V2.pack(SESSION_MAGIC, SESSION_VERSION_FLAGS, session_id,
+                                         hello_req, len(hello_body), SESSION_FLAG_TLS) + hello_body
+        else:
+            msg = SESSION_HEADER.pack(SESSION_MAGIC, SESSION_VERSION, session_id, hello_req,
+                                      len(hello_body)) + hello_body
+        self.session_id = session_id
+        self._assigned = time.monotonic()
+        try:
+            await self._send(msg, [client_fd])
+        except OSError as exc:
+            raise WorkerStartError(f"the worker for GPU {self.gpu.index} (pid {self.pid}) is "
+                                   f"gone ({exc.strerror or exc})") from None
+
+    async def wait_started(self, timeout: float) -> bool:
+        """True once the worker has answered the hello with success; False when it refused it,
+        exited, or did not answer within `timeout` seconds (it is killed then)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._started), timeout)
+        except TimeoutError:
+            log.warning("%s worker pid %d did not answer the hello within %g s: SIGKILL",
+                        self.label, self.pid, timeout)
+            self.kill()
+            return False
+
+    async def end(self, text: str, code: int) -> None:
+        """Ask the worker to end its session: the client gets a notice (code, text), the worker
+        releases everything, reports `end` ("server ended") and exits. No-op if it is gone."""
+        if self.exited.done() or self._sock.fileno() < 0:
+            return
+        data = text.encode()[:END_TEXT_LIMIT].decode(errors="ignore").encode()
+        try:
+            await self._send(END_HEADER.pack(END_MAGIC, code) + data, [])
+        except OSError as exc:
+            log.info("%s could not send END to worker pid %d: %s", self.label, self.pid, exc)
+
+    def kill(self) -> None:
+        """SIGKILL (the exit is still reaped and reported on `exited`)."""
+        if not self._proc.ended:
+            self._killed = True
+            self._proc.signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        """SIGTERM: the worker tells its client, releases everything and reports "shutdown"."""
+        self._proc.signal(signal.SIGTERM)
+
+    def detach(self) -> None:
+        """This daemon is stopping and leaves the worker serving its client: close the control
+        socket (the worker goes on alone, worker/adopt.c, until a new gpupoold adopts it) and
+        forget the process. `exited` never resolves after this."""
+        self.detached = True
+        for task in self._tasks:
+            task.cancel()
+        if self._supervise_task is not None:
+            self._supervise_task.cancel()
+        asyncio.get_running_loop().call_soon(self._forget)
+
+    def _forget(self) -> None:
+        self._proc.forget()
+        self._close_socket()
+
+    # ------------------------------------------------------------------ internals
+    async def _send(self, data: bytes, fds: list[int]) -> None:
+        """One control message (with descriptors), waiting for room if the socket is full."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                socket.send_fds(self._sock, [data], fds)
+                return
+            except BlockingIOError:
+                pass
+            writable: asyncio.Future[None] = loop.create_future()
+            fd = self._sock.fileno()
+            loop.add_writer(fd, _set_once, writable)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(fd)
+
+    def _start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._read_control(), name=f"worker-{self.pid}-control"),
+            asyncio.create_task(self._read_output(), name=f"worker-{self.pid}-output"),
+        ]
+        supervise = asyncio.create_task(self._supervise(), name=f"worker-{self.pid}")
+        self._supervise_task = supervise
+        self._supervisor._tasks.add(supervise)
+        supervise.add_done_callback(self._supervisor._tasks.discard)
+
+    async def _read_control(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data = await loop.sock_recv(self._sock, CONTROL_RECV)
+            except OSError as exc:
+                log.info("%s control socket of worker pid %d: %s", self.label, self.pid, exc)
+                return
+            if not data:
+                return
+            try:
+                ev = json.loads(data.decode(errors="replace"))
+                if not isinstance(ev, dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                log.warning("%s worker pid %d sent an unreadable control message (%s): %r",
+                            self.label, self.pid, exc, data[:200])
+                continue
+            try:
+                self._on_event(ev)
+            except Exception:  # an odd event costs that event, never the daemon
+                log.exception("%s worker pid %d: cannot handle %r", self.label, self.pid, ev)
+
+    def _on_event(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("event")
+        if kind == "ready":
+            self.init_ms = float(ev.get("init_ms") or 0.0)
+            self.device = str(ev.get("device") or "")
+            self.uuid = str(ev.get("uuid") or "")
+            self.total_memory = _int(ev.get("total_memory"))
+            self.spawn_ms = (time.monotonic() - self._spawned) * 1000
+            if not self._ready.done():
+                self._ready.set_result(None)
+        elif kind == "failed":
+            self._failure = str(ev.get("error") or "the worker failed to start")
+            if not self._ready.done():
+                self._ready.set_exception(WorkerStartError(
+                    f"the worker for GPU {self.gpu.index} failed to start: {self._failure}"))
+        elif kind == "started":
+            self.start_ms = (time.monotonic() - self._assigned) * 1000
+            self.adoptable = ev.get("adoptable") is True
+            if not self._started.done():
+                self._started.set_result(True)
+        elif kind == "refused":
+            self.refusal = (_int(ev.get("result")), str(ev.get("error") or ""))
+            if not self._started.done():
+                self._started.set_result(False)
+        elif kind == "stats":
+            self.stats = WorkerStats.from_event(ev)
+            if self._supervisor.on_stats is not None:
+                try:
+                    self._supervisor.on_stats(self)
+                except Exception:  # the callback's bug must not stop the worker's events
+                    log.exception("%s on_stats callback failed", self.label)
+        elif kind == "end":
+            self._end = ev
+            self.stats = WorkerStats.from_event(ev)
+        elif kind == "adopted":
+            self.stats = WorkerStats.from_event(ev)
+            session = ev.get("session")
+            self.session_id = session if isinstance(session, int) else None
+            self.uuid = str(ev.get("uuid") or "")
+            request = ev.get("request")
+            self.request = request if isinstance(request, dict) else {}
+            orphaned = ev.get("orphaned_s")
+            self.orphaned_s = float(orphaned) if isinstance(orphaned, int | float) else 0.0
+            if not self._adopted.done():
+                self._adopted.set_result(ev)
+        elif kind == "adopt_refused":
+            if not self._adopted.done():
+                self._adopted.set_exception(AdoptError(
+                    f"worker pid {self.pid} refused: {ev.get('error') or 'no reason given'}"))
+        else:
+            log.warning("%s worker pid %d sent an unknown event %r", self.label, self.pid, kind)
+
+    async def _read_output(self) -> None:
+        """Forward the worker's stderr (and stdout) lines to the log."""
+        loop = asyncio.get_running_loop()
+        stream = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT)
+        pipe = os.fdopen(self._output_fd, "rb", buffering=0, closefd=False)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), pipe)
+        try:
+            while True:
+                try:
+                    line = await stream.readline()
+                except ValueError:  # a line longer than the limit: take it in pieces
+                    line = await stream.read(OUTPUT_LINE_LIMIT)
+                if not line:
+                    return
+                wlog.info("%s %s", self.label, line.decode(errors="replace").rstrip("\n"))
+        except OSError as exc:
+            log.warning("%s reading the output of worker pid %d: %s", self.label, self.pid, exc)
+        finally:
+            transport.close()
+
+    async def _supervise(self) -> None:
+        """Reap the process, let the readers finish, resolve `exited` (always)."""
+        code: int | None = None
+        try:
+            code = await self._proc.wait()
+            # The readers end at end of stream, which the exit brings, unless something else
+            # holds the pipe or the socket (a grandchild): then stop reading after a while.
+            _, pending = await asyncio.wait(self._tasks, timeout=DRAIN_TIMEOUT)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            if self.detached:  # left running on purpose: nothing to resolve or report
+                raise
+            self.kill()
+            self._finish(code)
+            raise
+        except Exception:  # never let a worker take the daemon down
+            log.exception("%s error while supervising worker pid %d", self.label, self.pid)
+            self.kill()
+            with contextlib.suppress(Exception):
+                code = await self._proc.wait()
+        self._finish(code)
+
+    def _finish(self, code: int | None) -> None:
+        pending = [task for task in self._tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            # The cancelled sock_recv unregisters the socket in a callback that is already
+            # queued: close after it, so that the descriptor number is not reused before.
+            asyncio.get_running_loop().call_soon(self._close_socket)
+        else:
+            self._close_socket()
+        self._supervisor._reaped(self)
+        ex = self._exit_record(code)
+        if not self._ready.done():
+            why = self._failure or (describe_exit(code) if code is not None else "unknown")
+            self._ready.set_exception(WorkerStartError(
+                f"the worker for GPU {self.gpu.index} exited during start-up ({why})"))
+        if not self._started.done():
+            self._started.set_result(False)
+        if not self.exited.done():
+            self.exited.set_result(ex)
+        if ex.reason in ("client exit", "server ended", "shutdown") and code == 0:
+            level = logging.INFO
+        elif ex.reason in ("client lost", "refused") and code in (0, 1):
+            level = logging.INFO
+        else:
+            level = logging.WARNING
+        if code is not None:
+            status = describe_exit(code)
+        else:
+            status = "exit status unknown: adopted" if self._proc.adopted else "not reaped"
+        log.log(level, "%s worker pid %d (GPU %d) exited: %s%s (%s)", self.label, self.pid,
+                self.gpu.index, ex.reason, f": {ex.detail}" if ex.detail else "", status)
+
+    def _close_socket(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(OSError):
+            os.close(self._output_fd)
+        self._output_fd = -1
+
+    def _exit_record(self, code: int | None) -> WorkerExit:
+        if self._end is not None:
+            return WorkerExit(str(self._end.get("reason") or "worker crashed"),
+                              str(self._end.get("detail") or ""), code, self.stats)
+        if self.refusal is not None:
+            result, error = self.refusal
+            return WorkerExit("refused", f"{error} (result {result})", code, self.stats)
+        if self._failure is not None:
+            return WorkerExit("setup failed", self._failure, code, self.stats)
+        if code is not None:
+            detail = describe_exit(code)
+        elif self._proc.adopted:
+            detail = "it ended without a word (adopted from an earlier gpupoold: exit status unknown)"
+        else:
+            detail = "the process could not be reaped"
+        if self._killed:
+            detail += " (killed by gpupoold)"
+        return WorkerExit("worker crashed", detail, code, self.stats)
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+@functools.lru_cache(maxsize=8)
+def without_shim_dirs(search_path: str) -> str:
+    """LD_LIBRARY_PATH without the folders that hold gpupool's client shim as libcuda.so.1: a
+    daemon started from a shell set up for gpupool clients (`gpupool env`) would otherwise give
+    its workers the shim instead of the NVIDIA driver. Cached: the files are read once."""
+    kept = []
+    for folder in search_path.split(":"):
+        lib = Path(folder or ".") / "libcuda.so.1"
+        try:
+            # The shim is about 1 MiB; a real driver is tens of MiB and never read whole here.
+            is_shim = lib.stat().st_size < _SHIM_MAX_SIZE and _SHIM_MARK in lib.read_bytes()
+        except OSError:
+            is_shim = False
+        if is_shim:
+            log.warning("LD_LIBRARY_PATH folder %s holds the gpupool client shim as libcuda.so.1: "
+                        "left out of the workers' LD_LIBRARY_PATH (they need the NVIDIA driver)",
+                        folder)
+        else:
+            kept.append(folder)
+    return ":".join(kept)
+
+
+_SHIM_MARK = b"GPUPOOL_SERVER is not set"  # a message only the client shim carries
+_SHIM_MAX_SIZE = 16 << 20
+
+
+class WorkerSupervisor:
+    """Starts every worker, follows it until it is reaped, and stops them all at shutdown.
+    With a `workers_dir` (workers/state_dir.py) it also keeps a pid file per worker it follows, so the
+    next gpupoold can tell its predecessor's workers (take over or kill the orphans), and holds
+    the adoption sockets and end records the workers leave there."""
+
+    def __init__(self, worker: Path | None, cache_dir: Path, *,
+                 on_stats: Callable[[Worker], None] | None = None,
+                 tls: WorkerTls | None = None, workers_dir: WorkerDir | None = None,
+                 orphan_grace: float = 0.0) -> None:
+        self.worker = worker
+        self.cache_dir = cache_dir
+        self.tls = tls  # the remoting port's TLS files, given to every worker
+        # Sessions outlive this daemon by up to `orphan_grace` seconds, adoptable through
+        # sockets in `workers_dir` (worker/adopt.c); None or 0: they end with it.
+        self.workers_dir = workers_dir
+        self.adopt_dir = workers_dir.path if workers_dir is not None else None
+        self.orphan_grace = orphan_grace
+        self.on_stats = on_stats
+        self._workers: set[Worker] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    @property
+    def workers(self) -> list[Worker]:
+        """The workers not reaped yet."""
+        return sorted(self._workers, key=lambda w: w.pid)
+
+    def argv(self, gpu: Gpu, control_fd: int) -> list[str]:
+        assert self.worker is not None
+        argv = [str(self.worker), "--control-fd", str(control_fd), "--driver", gpu.driver,
+                "--device", str(gpu.ordinal), "--cache-dir", str(self.cache_dir)]
+        if gpu.simulated:
+            argv.append("--simulated")
+        if self.tls is not None:
+            argv += self.tls.argv()
+        if self.adopt_dir is not None and self.orphan_grace > 0:
+            argv += ["--adopt-dir", str(self.adopt_dir), "--orphan-grace", f"{self.orphan_grace:g}"]
+        return argv
+
+    @staticmethod
+    def environment(gpu: Gpu) -> dict[str, str]:
+        """The daemon's environment, the GPU's, CUDA ordinals in NVML (PCI bus) order, and no
+        LD_PRELOAD (what is preloaded into the daemon has no business in a worker)."""
+        env = dict(os.environ)
+        env.update(gpu.env)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env.pop("LD_PRELOAD", None)
+        if env.get("LD_LIBRARY_PATH"):
+            env["LD_LIBRARY_PATH"] = without_shim_dirs(env["LD_LIBRARY_PATH"])
+        return env
+
+    async def spawn(self, gpu: Gpu, timeout: float = 60.0) -> Worker:
+        """Start a worker on `gpu` and return it once it is `ready` (device set up, waiting for
+        a session). WorkerStartError (with a message for the log and the client) otherwise."""
+        if self._closing:
+            raise WorkerStartError("the server is shutting down")
+        if self.worker is None:
+            raise WorkerStartError("this server has no gpupool-worker binary (set `worker`)")
+        if not gpu.driver:
+            raise WorkerStartError(f"GPU {gpu.index} has no driver library: the simulated device "
+                                   "library was not found (set `sim_lib`)")
+        spawned = time.monotonic()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(out_w, True)  # the worker's end: its writes block, never fail EAGAIN
+        try:
+            ours.setblocking(False)
+            # Popen, not asyncio's subprocess: the worker may outlive this daemon (module doc of
+            # workers/process.py).
+            popen = subprocess.Popen(
+                self.argv(gpu, theirs.fileno()), pass_fds=(theirs.fileno(),),
+                env=self.environment(gpu), stdin=subprocess.DEVNULL, stdout=out_w,
+                stderr=out_w)
+        except OSError as exc:
+            ours.close()
+            os.close(out_r)
+            raise WorkerStartError(f"cannot start {self.worker}: {exc.strerror or exc}") from exc
+        finally:
+            theirs.close()
+            os.close(out_w)
+        worker = Worker(self, gpu, WorkerProcess(popen.pid, popen), ours, out_r, spawned)
+        self._follow(worker)
+        worker._start()
+        try:
+            await asyncio.wait_for(asyncio.shield(worker._ready), timeout)
+        except TimeoutError:
+            worker.kill()
+            raise WorkerStartError(f"the worker for GPU {gpu.index} was not ready within "
+                                   f"{timeout:g} s (the driver may hang: check the GPU with "
+                                   "nvidia-smi)") from None
+        except WorkerStartError:
+            # It exits by itself after `failed`; the caller gets the error once it is reaped.
+            await asyncio.wait([worker.exited], timeout=DRAIN_TIMEOUT)
+            if not worker.exited.done():
+                worker.kill()
+                await asyncio.wait([worker.exited])
+            raise
+        except asyncio.CancelledError:
+            worker.kill()
+            raise
+        log.info("[GPU %d prestart] worker pid %d ready on %s in %.1f ms (set-up %.1f ms)",
+                 gpu.index, worker.pid, worker.device, worker.spawn_ms, worker.init_ms)
+        return worker
+
+    @staticmethod
+    async def connect_adoption(path: Path) -> tuple[socket.socket, int]:
+        """Connect to the adoption socket at `path` (worker/adopt.c): the connection and the
+        listening worker's pid. AdoptError when nobody listens there (the worker is gone)."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, str(path))
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                    struct.calcsize("3i"))
+        except OSError as exc:
+            sock.close()
+            raise AdoptError(f"no worker listens on {path} ({exc.strerror or exc})") from None
+        return sock, struct.unpack("3i", creds)[0]
+
+    async def adopt(self, gpu: Gpu, sock: socket.socket, pid: int,
+                    max_wait: float = 3600.0) -> Worker:
+        """Adopt the worker `pid` on its adoption connection `sock` (connect_adoption): a
+        session of an earlier gpupoold. Returns it once it has answered ADOPT with `adopted`
+        (session id, uuid, request and counters set), which may take as long as the call it is
+        busy with, up to `max_wait` seconds; AdoptError if the worker refuses, ends, does not
+        answer in time or speaks a control version we do not know (it is ended then, and gone
+        when this returns)."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(out_w, True)
+        worker = Worker(self, gpu, WorkerProcess(pid), sock, out_r, time.monotonic())
+        self._follow(worker)
+        worker._ready.set_result(None)
+        worker._start()
+        try:
+            await worker._send(ADOPT_HEADER.pack(ADOPT_MAGIC, ADOPT_VERSION, os.getpid(), 0),
+                               [out_w])
+        except OSError as exc:
+            worker.kill()
+            await asyncio.shield(worker.exited)
+            raise AdoptError(f"worker pid {pid}: {exc.strerror or exc}") from None
+        finally:
+            os.close(out_w)
+        waited = 0.0
+        while True:
+            done, _ = await asyncio.wait([worker._adopted, worker.exited],
+                                         timeout=ADOPT_NOTICE_EVERY,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if worker._adopted.done():
+                break
+            if worker.exited.done():
+                raise AdoptError(f"worker pid {pid} ended before answering "
+                                 f"({worker.exited.result().detail})")
+            waited += ADOPT_NOTICE_EVERY
+            if waited >= max_wait:
+                worker.kill()
+                await asyncio.shield(worker.exited)
+                raise AdoptError(f"worker pid {pid} did not answer its adoption within "
+                                 f"{max_wait:g} s (stuck in one driver call?); it was killed")
+            log.warning("[GPU %d] still waiting for worker pid %d to answer its adoption "
+                        "(%.0f s; busy in a long call?)", gpu.index, pid, waited)
+        try:
+            ev = worker._adopted.result()
+        except AdoptError:
+            await self.retire(worker)
+            raise
+        control = ev.get("control")
+        if control not in ADOPT_VERSIONS:
+            await self.retire(worker)
+            raise AdoptError(f"worker pid {pid} speaks control version {control!r}; this "
+                             f"gpupoold knows {sorted(ADOPT_VERSIONS)}")
+        worker._started.set_result(True)
+        worker.adoptable = True
+        return worker
+
+    def _follow(self, worker: Worker) -> None:
+        self._workers.add(worker)
+        if self.workers_dir is not None:
+            self.workers_dir.note_pid(worker.pid, worker.gpu.index)
+
+    def _reaped(self, worker: Worker) -> None:
+        """The worker's process is gone (not merely detached: a detached worker keeps its pid
+        file for the next gpupoold)."""
+        self._workers.discard(worker)
+        if self.workers_dir is not None:
+            self.workers_dir.forget_pid(worker.pid)
+
+    # ---------------------------------------------- what workers leave under state_dir/workers
+    def prepare_workers_dir(self, adoptable: bool) -> None:
+        if self.workers_dir is not None:
+            self.workers_dir.prepare(adoptable)
+
+    def adoption_socket(self, lease_id: int) -> Path | None:
+        return self.workers_dir.socket(lease_id) if self.workers_dir is not None else None
+
+    def end_record(self, lease_id: int) -> dict[str, Any] | None:
+        return self.workers_dir.end_record(lease_id) if self.workers_dir is not None else None
+
+    def forget_lease(self, lease_id: int) -> None:
+        if self.workers_dir is not None:
+            self.workers_dir.forget_lease(lease_id)
+
+    def kill_orphans(self, keep: set[int]) -> None:
+        """Kill the workers a previous gpupoold left running, except `keep` (blocking: run it
+        in a thread)."""
+        if self.workers_dir is not None:
+            self.workers_dir.kill_orphans(keep)
+
+    async def retire(self, worker: Worker) -> None:
+        """End a worker we will not keep: END, then SIGKILL after the grace; until reaped."""
+        await worker.end("the gpupool server could not take over this session after a "
+                         "restart; run the program again", gp.GP_EREFUSED)
+        try:
+            await asyncio.wait_for(asyncio.shield(worker.exited), RETIRE_GRACE)
+        except TimeoutError:
+            worker.kill()
+            await asyncio.shield(worker.exited)
+
+    async def stop_all(self, grace: float, keep: frozenset[Worker] = frozenset()) -> None:
+        """SIGTERM every worker but `keep`, SIGKILL the ones still there after `grace` seconds,
+        reap all."""
+        self._closing = True
+        workers = [w for w in self._workers if not w.exited.done() and w not in keep
+                   and not w.detached]
+        if workers:
+            log.info("stopping %d worker(s)", len(workers))
+            for w in workers:
+                w.terminate()
+            _, pending = await asyncio.wait([w.exited for w in workers], timeout=grace)
+            if pending:
+                log.warning("%d worker(s) still running after %.1f s: SIGKILL", len(pending),
+                            grace)
+                for w in workers:
+                    if not w.exited.done():
+                        w.kill()
+                await asyncio.wait(pending)
+        tasks = {t for t in self._tasks if not t.done()}
+        if tasks:
+            await asyncio.wait(tasks)
