@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402 - bench/ is not a package
+
 BUILD = ROOT / "build"
 MIB = 1 << 20
 

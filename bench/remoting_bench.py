@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402 - bench/ is not a package
+
 BENCH = ROOT / "bench"
 SIZES = (4096, 1 << 20, 256 << 20)
 READY = re.compile(r"gpupoold: remoting on (\S+):(\d+)")

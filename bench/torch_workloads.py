@@ -54,6 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402 - bench/ is not a package
+
 TRAIN_TARGET = 1.10
 GENERATION_TARGET = 1.30
 SEED = 1234

@@ -19,26 +19,38 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
-from gpupoold.pool.counters import Counters
-from gpupoold.dashboard import dashboard_ctx, setup_dashboard
-from gpupoold.pool.events import EventBus
-from gpupoold.gpu.inventory import InventoryError, build_inventory
-from gpupoold.http.auth import auth_middleware
-from gpupoold.http.keys import (AUTH, COUNTERS, EVENTS, INVENTORY, LEASES, NVML, REMOTING, SETTINGS,
-                           STORE, SUPERVISOR, TELEMETRY, VIEWS)
-from gpupoold.pool.leases import LeaseManager
-from gpupoold.http.metrics import METRICS_KEY, DaemonMetrics
-from gpupoold.gpu.nvml import Nvml
-from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
-from gpupoold.remoting.listener import RemotingListener
-from gpupoold.http.routes import setup_routes
-from gpupoold.gpu.cleaner import GpuCleaner
 from gpupoold import sdlisten
+from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
 from gpupoold.config.settings import Settings
-from gpupoold.store.database import Store
+from gpupoold.dashboard import dashboard_ctx, setup_dashboard
+from gpupoold.gpu.cleaner import GpuCleaner
+from gpupoold.gpu.inventory import InventoryError, build_inventory
+from gpupoold.gpu.nvml import Nvml
 from gpupoold.gpu.telemetry import Telemetry
+from gpupoold.http.auth import auth_middleware
+from gpupoold.http.keys import (
+    AUTH,
+    COUNTERS,
+    EVENTS,
+    INVENTORY,
+    LEASES,
+    NVML,
+    REMOTING,
+    SETTINGS,
+    STORE,
+    SUPERVISOR,
+    TELEMETRY,
+    VIEWS,
+)
+from gpupoold.http.metrics import METRICS_KEY, DaemonMetrics
+from gpupoold.http.routes import setup_routes
+from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.events import EventBus
+from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.views import PoolViews
+from gpupoold.remoting.listener import RemotingListener
+from gpupoold.store.database import Store
 from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
 

@@ -13,9 +13,9 @@ from aiohttp import web
 
 from gpupoold import __version__, sdlisten
 from gpupoold.app import StartupError, create_app
+from gpupoold.config.settings import Settings, format_address, parse_address
 from gpupoold.http.keys import REMOTING
 from gpupoold.sdnotify import Notifier
-from gpupoold.config.settings import Settings, format_address, parse_address
 from gpupoold.tls import TlsSettingError, http_ssl_context, remoting_ssl_context
 
 log = logging.getLogger("gpupoold")

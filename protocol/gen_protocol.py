@@ -16,8 +16,8 @@ Usage: gen_protocol.py [--spec PATH] [--out-dir ROOT]  (ROOT defaults to the rep
 from __future__ import annotations
 
 import argparse
-import keyword
 import hashlib
+import keyword
 import re
 import struct
 import sys

@@ -22,12 +22,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpupoold import __version__
 from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator
-from gpupoold.pool.counters import Counters
+from gpupoold.config.settings import Settings
 from gpupoold.http.auth import ADMIN, METRICS, PUBLIC, ROUTE_ROLES, USER, auth_middleware
 from gpupoold.http.keys import AUTH, COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
-from gpupoold.pool.leases import LeaseError
 from gpupoold.http.routes import ROUTES, Route, setup_routes
-from gpupoold.config.settings import Settings
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.leases import LeaseError
 from gpupoold.store.database import NewLease, Store
 
 GIB = 1 << 30

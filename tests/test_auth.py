@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from gpupoold.auth import tokens
-from gpupoold.auth.authenticator import (LOCAL_ADMIN_FILE, AcceptAnyToken, AuthDecision, NoAuthentication,
-                           TokenAuthenticator, ensure_local_admin_token, write_secret_file)
+from gpupoold.auth.authenticator import (
+    LOCAL_ADMIN_FILE,
+    AcceptAnyToken,
+    AuthDecision,
+    NoAuthentication,
+    TokenAuthenticator,
+    ensure_local_admin_token,
+    write_secret_file,
+)
 from gpupoold.store.database import Store
 
 

@@ -11,9 +11,9 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import socket
 import ssl
-import shutil
 import stat
 import sys
 import tempfile
@@ -28,9 +28,9 @@ import pytest
 import trustme
 from aiohttp import web
 
-from gpupoold.config import file as config_mod
 from gpupoold.auth.authenticator import LOCAL_ADMIN_FILE
 from gpupoold.cli import build_parser, cli_actor, main
+from gpupoold.config import file as config_mod
 from gpupoold.store.database import DB_NAME, StoreDB
 
 TOKEN_RE = re.compile(r"gpt_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")

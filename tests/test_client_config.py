@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from client_config_example import EXAMPLE
 from conftest import REPO
-
 from gpupool import config as cc
 
 

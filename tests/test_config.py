@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold.config import file as config_mod
 from gpupoold.cli import build_parser
+from gpupoold.config import file as config_mod
 from gpupoold.config.file import ConfigError, load_settings
 from gpupoold.config.settings import Settings, format_address, parse_address, settings_info
 

@@ -17,9 +17,7 @@ from typing import Any
 import pytest
 from client_config_example import EXAMPLE
 from conftest import require, run_client
-
 from gpupool import config as cc
-
 
 BLANKS = """\
 token = "  gpt_x \\t"

@@ -26,9 +26,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import REPO, GpupoolServer, daemon_env, require
 
 from gpupoold.app import StartupError, create_app
+from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.http.keys import COUNTERS, INVENTORY, REMOTING, SUPERVISOR
-from gpupoold.config.settings import Settings
 
 FAKE_WORKER = REPO / "tests" / "fake_worker.py"
 

@@ -22,7 +22,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from test_daemon import Daemon, RawClient, hello, settings_for
 
 from gpupoold.app import create_app
-
 from gpupoold.dashboard import COOKIE, DASHBOARD, Dashboard, Sessions, Viewer, web_dir
 from gpupoold.dashboard.history import History, polyline
 from gpupoold.http.auth import PUBLIC, ROUTE_ROLES, SESSION

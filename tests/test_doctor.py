@@ -14,11 +14,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import gpupool_protocol as gp
 import pytest
 import trustme
 from conftest import REPO, GpupoolServer, require, run_client
-
-import gpupool_protocol as gp
 
 FAKE_CUDA = "int cuInit(unsigned flags) { (void)flags; return 100; }\n"
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import GpupoolServer
-from test_e2e_leases import (MIB, ended_leases, facts, gpu_states, hold_gpu,  # noqa: F401
-                             start_client, wait_until)
+from test_e2e_leases import MIB, ended_leases, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401
 
 GIB = 1 << 30
 

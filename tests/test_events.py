@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
 from gpupoold.http.metrics import DaemonMetrics
+from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
 from gpupoold.workers.supervisor import WorkerStats
 
 

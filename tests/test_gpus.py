@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pynvml
 import pytest
-
 from fake_nvml import GIB, FakeGpu, FakePynvml, gpus
+
+from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu, InventoryError, build_inventory
 from gpupoold.gpu.nvml import Nvml
-from gpupoold.config.settings import Settings
 from gpupoold.gpu.sim import format_uuid, sim_uuid
 
 LOADABLE = "libc.so.6"  # stands in for libcuda.so.1: a library the loader finds

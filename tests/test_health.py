@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pynvml
-
 from fake_nvml import MIB, FakePynvml, gpus
-from gpupoold.gpu.inventory import Gpu
+
 from gpupoold.gpu.health import check_gpu, evaluate, fault_file
+from gpupoold.gpu.inventory import Gpu
 from gpupoold.gpu.nvml import GpuProcess, HealthReport, Nvml
 
 

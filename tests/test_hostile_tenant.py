@@ -20,11 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gpupool_protocol as gp
 import pytest
 from conftest import GpupoolServer, run_client
 from test_e2e_leases import MIB, ended_leases, gpu_states, hold_gpu  # noqa: F401 (fixture)
-
-import gpupool_protocol as gp
 
 VA_BASE = 0x200000000000
 VA_SIZE = 1 << 40

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require, run_client
-
 from gpupool.elf import exported_symbols
 
 FAKE_DRIVER = "int cuInit(unsigned flags) { (void)flags; return 0; }\n"

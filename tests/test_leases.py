@@ -12,16 +12,26 @@ from typing import Any
 
 import pytest
 
-from gpupoold.pool.counters import Counters
-from gpupoold.gpu.inventory import Gpu, Inventory
-from gpupoold.pool.leases import (DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, LeaseError,
-                             LeaseManager, LeaseStartError, QueueFull, Slot)
-from gpupoold.pool.requirements import Requirements
-from gpupoold.gpu.cleaner import CleanResult
 from gpupoold.config.settings import Settings
+from gpupoold.gpu.cleaner import CleanResult
+from gpupoold.gpu.inventory import Gpu, Inventory
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.leases import (
+    DRAINED,
+    FREE,
+    LEASED,
+    QUARANTINED,
+    SCRUBBING,
+    LeaseError,
+    LeaseManager,
+    LeaseStartError,
+    QueueFull,
+    Slot,
+)
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.views import PoolViews
 from gpupoold.pool.waitqueue import ClientInfo, Waiter
 from gpupoold.workers.supervisor import AdoptError, WorkerExit, WorkerStats
-from gpupoold.pool.views import PoolViews
 
 GIB = 1 << 30
 _pids = itertools.count(1000)

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import trustme
 from conftest import REPO, GpupoolServer, run_client
-
 from gpupool import config as cc
 from gpupool import login as lg
 

@@ -8,8 +8,8 @@ import threading
 
 import pynvml
 import pytest
-
 from fake_nvml import GIB, MIB, FakeGpu, FakePynvml, gpus
+
 from gpupoold.gpu.nvml import GpuProcess, HealthReport, Nvml, NvmlUnavailable
 
 

@@ -22,8 +22,7 @@ import gpupool_protocol as gp
 import pytest
 import trustme
 from conftest import GpupoolServer, run_client
-from test_e2e_leases import (  # noqa: F401  (hold_gpu is a fixture)
-    ended_leases, facts, gpu_states, hold_gpu, start_client, wait_until)
+from test_e2e_leases import ended_leases, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401  (hold_gpu is a fixture)
 
 from gpupoold.remoting.tls_session import TlsStream, looks_like_tls
 from gpupoold.tls import server_context

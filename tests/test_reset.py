@@ -22,8 +22,8 @@ from typing import Any
 
 import pynvml
 import pytest
-
 from fake_nvml import MIB, FakePynvml, gpus
+
 from gpupoold.gpu import reset_helper
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.gpu.nvml import Nvml

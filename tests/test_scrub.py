@@ -19,9 +19,9 @@ from conftest import BUILD_DIR
 from test_sim_device import SIZES, allocated_bytes, memtool, sim_env
 
 from gpupoold.gpu.inventory import Gpu
-from gpupoold.paths import SCRUB_NAME
 from gpupoold.gpu.scrub import ScrubResult, run_scrub
 from gpupoold.gpu.sim import sim_memory_file, write_sim_config
+from gpupoold.paths import SCRUB_NAME
 
 MIB = 1 << 20
 SIM_NAME = "Test GPU (gpupool simulated)"

@@ -20,13 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gpupool_protocol as gp
 import pytest
 from conftest import REPO, GpupoolServer, run_client
-from test_e2e_leases import (  # noqa: F401  (hold_gpu is a fixture)
-    ended_leases, facts, hold_gpu, start_client, wait_until)
+from test_e2e_leases import ended_leases, facts, hold_gpu, start_client, wait_until  # noqa: F401  (hold_gpu is a fixture)
 from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
-
-import gpupool_protocol as gp
 
 MIB = 1 << 20
 HEADER = struct.Struct("<IHHQ")  # len, op, flags, req (docs/protocol.md)

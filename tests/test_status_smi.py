@@ -15,10 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import gpupool_protocol as gp
 import pytest
 from conftest import REPO, GpupoolServer, run_client
-
-import gpupool_protocol as gp
 
 PROTOCOL = f"{gp.MAJOR}.{gp.MINOR}"  # this checkout's protocol version
 

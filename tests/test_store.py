@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from gpupoold.store import database as store_mod
-from gpupoold.store.database import (SCHEMA_VERSION, NewLease, NotFound, SchemaTooNew, Store, StoreClosed,
-                            StoreDB, TokenExists)
+from gpupoold.store.database import (
+    SCHEMA_VERSION,
+    NewLease,
+    NotFound,
+    SchemaTooNew,
+    Store,
+    StoreClosed,
+    StoreDB,
+    TokenExists,
+)
 
 
 @pytest.fixture

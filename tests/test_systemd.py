@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from gpupoold import sdlisten
-
+from gpupoold.config.settings import Settings
 from gpupoold.gpu import reset_helper
 from gpupoold.sdnotify import Notifier, watchdog_interval
-from gpupoold.config.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "systemd"

@@ -16,10 +16,10 @@ from conftest import GpupoolServer
 from fake_nvml import GIB, FakePynvml, gpus
 from test_info import MIB, Tenant, wait_until
 
+from gpupoold.config.settings import Settings
 from gpupoold.gpu import telemetry as telemetry_module
 from gpupoold.gpu.inventory import Gpu, Inventory, nvml_gpus
 from gpupoold.gpu.nvml import Nvml
-from gpupoold.config.settings import Settings
 from gpupoold.gpu.telemetry import LIVE_FIELDS, Telemetry, unknown_live
 from gpupoold.workers.supervisor import WorkerStats
 

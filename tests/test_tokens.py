@@ -10,8 +10,17 @@ from datetime import UTC, datetime
 import pytest
 
 from gpupoold.auth import tokens
-from gpupoold.auth.tokens import (LOCAL_ADMIN, check_role, check_token_name, format_utc, hash_secret,
-                             new_token, parse_expiry, parse_token, secret_matches)
+from gpupoold.auth.tokens import (
+    LOCAL_ADMIN,
+    check_role,
+    check_token_name,
+    format_utc,
+    hash_secret,
+    new_token,
+    parse_expiry,
+    parse_token,
+    secret_matches,
+)
 
 NOW = 1_800_000_000.0  # a fixed "now" for expiry arithmetic
 

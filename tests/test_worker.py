@@ -18,9 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import SANITIZER_MARKS, require
-
 import worker_client as wc
+from conftest import SANITIZER_MARKS, require
 from worker_client import PRIMARY_CTX, WorkerSession, gp, handle
 
 CUDA_SUCCESS = 0

@@ -28,8 +28,15 @@ from conftest import BUILD_DIR, SANITIZER_MARKS, require
 from sim_images import NOOP_PTX
 
 from gpupoold.gpu.inventory import Gpu
-from gpupoold.workers.supervisor import (LATENCY_BUCKETS, Worker, WorkerExit, WorkerStartError, WorkerStats,
-                              WorkerSupervisor, describe_exit)
+from gpupoold.workers.supervisor import (
+    LATENCY_BUCKETS,
+    Worker,
+    WorkerExit,
+    WorkerStartError,
+    WorkerStats,
+    WorkerSupervisor,
+    describe_exit,
+)
 
 pytestmark = pytest.mark.san  # quick: scripts/test.sh runs them against the sanitizer build too
 

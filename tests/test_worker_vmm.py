@@ -10,9 +10,8 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import SANITIZER_MARKS, require
-
 import worker_client as wc
+from conftest import SANITIZER_MARKS, require
 from worker_client import WorkerSession, gp, handle
 
 pytestmark = pytest.mark.san

@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpupool import __version__
 import gpupool_protocol as gp
+
+from gpupool import __version__
 from gpupool.config import ClientConfig, ConfigError, ServerConfig, load
 from gpupool.probe import Probe, probe_all, probe_limit
 from gpupool.shim import NVML_NAME, SHIM_NAME, ShimNotFound, client_env

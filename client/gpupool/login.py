@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import gpupool_protocol as gp
+
 from gpupool.config import (
     BLANKS,
     DEFAULT_CONNECT_TIMEOUT,

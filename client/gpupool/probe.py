@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import gpupool_protocol as gp
+
 from gpupool.config import ClientConfig, ServerConfig
 from gpupool.wire import InfoResult, WireError, fetch_info
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gpupoold.store.database import Store, StoreClosed, TokenCheck
 from gpupoold.auth.tokens import FORMAT_TEXT, LOCAL_ADMIN, PREFIX, format_utc
+from gpupoold.store.database import Store, StoreClosed, TokenCheck
 
 log = logging.getLogger("gpupoold.auth")
 

@@ -14,12 +14,12 @@ from typing import Any
 from aiohttp import web
 
 from gpupoold.dashboard.access import refused, viewer
+from gpupoold.dashboard.history import History
 from gpupoold.dashboard.payload import chart_update, stable_text, state_payload
 from gpupoold.dashboard.state import DASHBOARD, STREAM_BACKLOG
-from gpupoold.pool.events import GpuChanged
-from gpupoold.dashboard.history import History
 from gpupoold.http.keys import EVENTS, LEASES, SETTINGS, TELEMETRY, VIEWS
 from gpupoold.http.metrics import METRICS_KEY
+from gpupoold.pool.events import GpuChanged
 
 log = logging.getLogger("gpupoold.dashboard")
 

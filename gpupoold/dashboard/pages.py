@@ -6,11 +6,11 @@ import logging
 
 from aiohttp import web
 
-from gpupoold.dashboard.access import page, page_viewer, login_redirect, refused, set_cookie, viewer
+from gpupoold.dashboard.access import login_redirect, page, page_viewer, refused, set_cookie, viewer
+from gpupoold.dashboard.history import IDLE_WINDOW_S
 from gpupoold.dashboard.payload import charts, state_payload
 from gpupoold.dashboard.sessions import COOKIE, Session, Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.dashboard.history import IDLE_WINDOW_S
 from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE
 
 log = logging.getLogger("gpupoold.dashboard")

@@ -10,8 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from gpupoold.dashboard.formatting import human_bytes
-from gpupoold.dashboard.state import DASHBOARD
 from gpupoold.dashboard.history import polyline
+from gpupoold.dashboard.state import DASHBOARD
 from gpupoold.http.keys import VIEWS
 
 

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from gpupoold import __version__
 from gpupoold.dashboard.formatting import duration, human_bytes, when
-from gpupoold.dashboard.sessions import Sessions
 from gpupoold.dashboard.history import History
+from gpupoold.dashboard.sessions import Sessions
 
 STREAM_BACKLOG = 64  # announced changes a stream may fall behind before it loses the oldest
 CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "

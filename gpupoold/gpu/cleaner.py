@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupoold.gpu.inventory import Gpu
 from gpupoold.gpu.health import check_gpu
+from gpupoold.gpu.inventory import Gpu
 from gpupoold.gpu.nvml import Nvml
 from gpupoold.gpu.reset import request_reset, should_reset
 from gpupoold.gpu.scrub import ScrubResult, run_scrub

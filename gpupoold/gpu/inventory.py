@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpupoold.gpu.nvml import Nvml, NvmlDevice, NvmlUnavailable
 from gpupoold.config.settings import Settings
+from gpupoold.gpu.nvml import Nvml, NvmlDevice, NvmlUnavailable
 from gpupoold.gpu.sim import format_uuid, sim_pci_bus, sim_uuid, write_sim_config
 
 log = logging.getLogger("gpupoold.gpus")

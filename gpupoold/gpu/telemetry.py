@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu, Inventory
 from gpupoold.gpu.nvml import NvmlUnavailable
-from gpupoold.config.settings import Settings
 
 if TYPE_CHECKING:
     from gpupoold.pool.leases import LeaseManager

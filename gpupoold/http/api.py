@@ -19,12 +19,12 @@ from typing import Any
 from aiohttp import web
 
 from gpupoold import __version__
+from gpupoold.auth.tokens import check_token_name, parse_expiry
 from gpupoold.http.auth import ApiError, caller
 from gpupoold.http.keys import COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import NotFound, TokenExists
-from gpupoold.auth.tokens import check_token_name, parse_expiry
 
 LEASE_STATES = ("active", "ended", "all")
 TOKEN_ROLES = ("user", "admin")

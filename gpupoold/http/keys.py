@@ -5,16 +5,16 @@ from __future__ import annotations
 from aiohttp import web
 
 from gpupoold.auth.authenticator import Authenticator
+from gpupoold.config.settings import Settings
+from gpupoold.gpu.inventory import Inventory
+from gpupoold.gpu.nvml import Nvml
+from gpupoold.gpu.telemetry import Telemetry
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.events import EventBus
-from gpupoold.gpu.inventory import Inventory
 from gpupoold.pool.leases import LeaseManager
-from gpupoold.gpu.nvml import Nvml
-from gpupoold.remoting.listener import RemotingListener
-from gpupoold.config.settings import Settings
-from gpupoold.store.database import Store
-from gpupoold.gpu.telemetry import Telemetry
 from gpupoold.pool.views import PoolViews
+from gpupoold.remoting.listener import RemotingListener
+from gpupoold.store.database import Store
 from gpupoold.workers.supervisor import WorkerSupervisor
 
 SETTINGS = web.AppKey("settings", Settings)

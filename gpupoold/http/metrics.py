@@ -29,18 +29,17 @@ from typing import TYPE_CHECKING
 import gpupool_protocol as gp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                    HistogramMetricFamily, Metric)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector as _CollectorBase
 
 from gpupoold import __version__
-from gpupoold.workers import supervisor as _workers
 from gpupoold.pool.events import EventBus, GpuCleaned, LeaseEnded, LeaseGranted
+from gpupoold.workers import supervisor as _workers
 
 if TYPE_CHECKING:
+    from gpupoold.gpu.telemetry import Telemetry
     from gpupoold.pool.counters import Counters
     from gpupoold.pool.leases import LeaseManager
-    from gpupoold.gpu.telemetry import Telemetry
     from gpupoold.workers.supervisor import WorkerStats
 
 # Text exposition format 0.0.4.

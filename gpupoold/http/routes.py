@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpupoold.http import api
-
-from gpupoold.http import metrics
+from gpupoold.http import api, metrics
 from gpupoold.http.auth import ADMIN, METRICS, PUBLIC, USER, declare_roles
 
 

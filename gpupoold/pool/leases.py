@@ -32,18 +32,17 @@ from typing import Any
 
 import gpupool_protocol as gp
 
+from gpupoold.config.settings import Settings
+from gpupoold.gpu.cleaner import CleanResult, GpuCleaner
+from gpupoold.gpu.inventory import Inventory
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
-from gpupoold.gpu.inventory import Inventory
 from gpupoold.pool.requirements import Requirements
-from gpupoold.gpu.cleaner import CleanResult, GpuCleaner
-from gpupoold.config.settings import Settings
 from gpupoold.pool.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, Slot
-from gpupoold.store.database import LeaseRecord, NewLease, Store
 from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.pool.watchdog import Watchdog, stuck_reason
-from gpupoold.workers.supervisor import (AdoptError, Worker, WorkerExit, WorkerStartError, WorkerStats,
-                              WorkerSupervisor)
+from gpupoold.store.database import LeaseRecord, NewLease, Store
+from gpupoold.workers.supervisor import AdoptError, Worker, WorkerExit, WorkerStartError, WorkerStats, WorkerSupervisor
 
 log = logging.getLogger("gpupoold.leases")
 

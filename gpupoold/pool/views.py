@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gpupoold.pool.leases import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, LeaseManager, Slot
 from gpupoold.gpu.telemetry import unknown_live
+from gpupoold.pool.leases import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, LeaseManager, Slot
 
 if TYPE_CHECKING:
     from gpupoold.gpu.telemetry import Telemetry

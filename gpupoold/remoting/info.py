@@ -23,11 +23,11 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold import __version__
-from gpupoold.remoting.handshake import Refusal, clip, parse_first_frame, server_name
+from gpupoold.config.settings import Settings
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.requirements import Requirements
-from gpupoold.config.settings import Settings
 from gpupoold.pool.views import PoolViews
+from gpupoold.remoting.handshake import Refusal, clip, parse_first_frame, server_name
 
 SCHEMA = 1
 JSON_LIMIT = 4194304  # bytes: the reply's json field

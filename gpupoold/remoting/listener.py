@@ -23,19 +23,25 @@ from typing import Any
 
 import gpupool_protocol as gp
 
-from gpupoold.auth.authenticator import Authenticator
-from gpupoold.pool.counters import Counters
 from gpupoold import sdlisten
-from gpupoold.remoting import info
-from gpupoold.remoting.handshake import (HELLO_MAX_BODY, Refusal, parse_hello, queue_notice, refusal_reply,
-                                requirements_text)
-from gpupoold.pool.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
-from gpupoold.remoting.tls_session import TlsStream, start_tls_server
-from gpupoold.pool.requirements import Requirements
+from gpupoold.auth.authenticator import Authenticator
 from gpupoold.config.settings import Settings, format_address, parse_address
-from gpupoold.tls import remoting_ssl_context
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
+from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
 from gpupoold.pool.waitqueue import ClientInfo, Waiter
+from gpupoold.remoting import info
+from gpupoold.remoting.handshake import (
+    HELLO_MAX_BODY,
+    Refusal,
+    parse_hello,
+    queue_notice,
+    refusal_reply,
+    requirements_text,
+)
+from gpupoold.remoting.tls_session import TlsStream, start_tls_server
+from gpupoold.tls import remoting_ssl_context
 
 log = logging.getLogger("gpupoold.remoting")
 

@@ -32,10 +32,10 @@ from typing import Any
 
 import gpupool_protocol as gp
 
+from gpupoold.config.settings import format_address
 from gpupoold.pool.counters import Counters
 from gpupoold.remoting.handshake import Refusal, refusal_reply
 from gpupoold.remoting.info import refusal as info_refusal
-from gpupoold.config.settings import format_address
 
 log = logging.getLogger("gpupoold.remoting")
 

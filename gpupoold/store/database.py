@@ -34,8 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpupoold.auth.tokens import (check_role, check_token_name, format_utc, hash_secret, new_token,
-                             parse_token, secret_matches)
+from gpupoold.auth.tokens import (
+    check_role,
+    check_token_name,
+    format_utc,
+    hash_secret,
+    new_token,
+    parse_token,
+    secret_matches,
+)
 
 DB_NAME = "gpupoold.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction

@@ -43,8 +43,8 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold.gpu.inventory import Gpu
-from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.process import WorkerProcess
+from gpupoold.workers.state_dir import WorkerDir
 
 log = logging.getLogger("gpupoold.workers")
 wlog = logging.getLogger("gpupoold.worker")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gpupool_protocol as gp
+
 from gpupool.config import ServerConfig, format_number
 from gpupool.wire.frames import Frame, read_frame, send_message
 
