@@ -35,8 +35,9 @@ from pathlib import Path
 from aiohttp import web
 
 from gpupoold.dashboard.actions import Handler, create_token, end_lease, gpu_action, revoke_token
-from gpupoold.dashboard.live import dashboard_ctx, events, state_payload
+from gpupoold.dashboard.live import dashboard_ctx, events
 from gpupoold.dashboard.pages import leases_page, login, login_form, logout, overview, queue_page, root, tokens_page
+from gpupoold.dashboard.payload import state_payload
 from gpupoold.dashboard.sessions import COOKIE, Sessions, Viewer
 from gpupoold.dashboard.state import DASHBOARD, Dashboard, web_dir
 from gpupoold.http.auth import PUBLIC, SESSION, declare_roles

@@ -464,9 +464,10 @@ class StoreDB:
             try:
                 q = json.loads(quarantine) if quarantine else None
             except ValueError:
-                q = {"reason": "unreadable quarantine record in the database", "since": 0.0}
-            out[gpu] = {"draining": bool(draining), "quarantine": q if isinstance(q, dict) or q is None
-                        else {"reason": str(q), "since": 0.0}}
+                q = "unreadable quarantine record in the database"
+            if q is not None and not isinstance(q, dict):  # damaged: still quarantined, saying so
+                q = {"reason": str(q), "since": 0.0}
+            out[gpu] = {"draining": bool(draining), "quarantine": q}
         return out
 
     def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
