@@ -721,8 +721,8 @@ def text_table(rows: list[dict[str, Any]], remote_label: str) -> str:
     head = ("workload", "unit", "native", remote_label, "remote/native", "target", "result", "agreement")
     body = []
     for r in rows:
-        if r["status"] == "skipped":
-            body.append((r["workload"], r["unit"], "-", "-", "-", f"<= {r['target']:.2f}", "skipped",
+        if r["status"] in ("skipped", "not run"):
+            body.append((r["workload"], r["unit"], "-", "-", "-", f"<= {r['target']:.2f}", r["status"],
                          r["skip_reason"]))
             continue
         body.append((r["workload"], r["unit"], fmt_rate(r["native"].get("rate")),
@@ -769,8 +769,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
            "agreement |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["status"] == "skipped":
-            out.append(f"| {r['workload']} | {r['unit']} | - | - | - | <= {r['target']:.2f} | skipped | "
+        if r["status"] in ("skipped", "not run"):
+            out.append(f"| {r['workload']} | {r['unit']} | - | - | - | <= {r['target']:.2f} | {r['status']} | "
                        f"{r['skip_reason']} |")
             continue
         out.append(f"| {r['workload']} | {r['unit']} | {fmt_rate(r['native'].get('rate'))} | "
@@ -842,23 +842,29 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
                 log(f"cannot start gpupoold on the real GPU: {exc}")
                 return 2
             log(f"gpupoold on {daemon.address}, serving {daemon.gpu_name}")
-            for w in runnable:
-                daemon.wait_free()  # the scrub after the last lease uses the GPU: let it finish
-                results[w.name, "native"] = run_child([w.name], "native", args, base_env(tmp, "native"),
-                                                      False, log_dir)[w.name]
-                daemon.wait_free()
-                results[w.name, "remote"] = run_child([w.name], "remote", args,
-                                                      daemon.client_env(base_env(tmp, "remote")),
-                                                      args.perturb_remote, log_dir)[w.name]
+            try:
+                for w in runnable:
+                    daemon.wait_free()  # the scrub after the last lease uses the GPU: let it finish
+                    results[w.name, "native"] = run_child([w.name], "native", args, base_env(tmp, "native"),
+                                                          False, log_dir)[w.name]
+                    daemon.wait_free()
+                    results[w.name, "remote"] = run_child([w.name], "remote", args,
+                                                          daemon.client_env(base_env(tmp, "remote")),
+                                                          args.perturb_remote, log_dir)[w.name]
+            except KeyboardInterrupt as exc:
+                # Stopped from outside (a time limit): report the workloads that finished.
+                log(f"interrupted ({exc}): reporting the workloads that finished")
     finally:
         if daemon is not None:
             daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     for spec in workloads:
-        if spec not in runnable:
-            log(f"{spec.name}: skipped ({spec.cpu_skip})")
+        if spec not in runnable or (spec.name, "remote") not in results:
+            status, why = (("skipped", spec.cpu_skip) if spec not in runnable
+                           else ("not run", "not run: the time limit came first"))
+            log(f"{spec.name}: {status} ({why})")
             rows.append({"workload": spec.name, "title": spec.title, "unit": spec.unit,
-                         "target": spec.target, "status": "skipped", "skip_reason": spec.cpu_skip})
+                         "target": spec.target, "status": status, "skip_reason": why})
             continue
         row = evaluate(spec, results[spec.name, "native"], results[spec.name, "remote"])
         rows.append(row)

@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
 # GPU validation on a lent GPU machine (docs/validation.md, "How to run the GPU validation").
 #
-#   bash scripts/gpu-validation.sh [--dry-run] [--quick] [--only STEP,...] [--budget SECONDS]
+#   bash scripts/gpu-validation.sh [--prepare] [--dry-run] [--long] [--only STEP,...] [--budget SECONDS]
 #
-# From the repository root on the GPU machine: prints the GPU, driver and commit, builds (make),
-# then runs the real-GPU tiers, each step with its own time limit, and writes every log and a
-# summary under $OUT (the device tool brings $OUT back; elsewhere: /tmp/gpu-validation-out).
+# A task lent a GPU gets 15 minutes of device time in all, the machine's start included, so the
+# default plan is ONE device call of at most 8 minutes (--budget 450 by default; give the call a
+# timeout_s of 480). From the repository root on the GPU machine it prints the GPU, driver,
+# runtime (Firecracker or gVisor) and commit, takes the binaries prepared here (or builds), then
+# runs the real-GPU steps in the order of what they tell us, each under its own time limit, going
+# on past a failing step and rewriting $OUT/summary.md after each one, so a run cut short still
+# reports (the device tool brings $OUT back; elsewhere: /tmp/gpu-validation-out).
+#
+#   --prepare      on YOUR machine, before the call (no GPU needed): make, compile the CUDA test
+#                  programs and the bench clients into build/, and print the `carry` list for the
+#                  call. The device then skips the build if those binaries load there.
+#   --long         the optional second call, only when the device's status shows time left: the
+#                  longer figures (the six workloads and the remoting benchmark in full).
 # Steps, in order (--only picks some; `info` is cheap and always worth keeping):
-#   info           nvidia-smi -L / --query-gpu, driver, commit, python, torch, nvcc (read-only)
-#   build          make -j (the native tree into build/, or $GPUPOOL_BUILD_DIR)
+#   info           nvidia-smi -L / --query-gpu, driver, runtime, commit, python, torch, nvcc (read-only)
+#   build          the prepared binaries if they load here, else make -j (into build/ or $GPUPOOL_BUILD_DIR)
 #   cuda           tests/cuda programs (nvcc) natively, then through gpupool on the same GPU:
 #                  each must print PASS both ways; devices' property lines are diffed
 #   torch-scripts  tests/torch_scripts (device info, runtime, transfers, cuBLAS/cuBLASLt init,
-#                  Triton probe) natively, then through gpupool
+#                  Triton probe, graphs, the two other allocators) natively, then through gpupool
+#   frameworks     tests/framework_scripts: CuPy (NVRTC kernels, PTX, cuBLAS/cuFFT/cuRAND/CUB),
+#                  cuda-bindings (PTX and cubin through cuGetProcAddress), numba-cuda and JAX,
+#                  natively, then through gpupool
 #   remoting       bench/remoting_bench.py against gpupoold on the real GPU (--server)
-#   workloads      bench/torch_workloads.py: the six PyTorch workloads, native vs
-#                  gpupool (it starts its own gpupoold; the script's own is stopped first)
+#   workloads      bench/torch_workloads.py: the six PyTorch workloads, native vs gpupool
+#                  (it starts its own gpupoold; the script's own is stopped first)
+#   restart        bench/restart_check.py --real: a training loop across gpupoold restarts
 # No pytest tier needs a real GPU: tests/conftest.py always starts a simulated one, so the
-# `cuda` and `torch-scripts` steps are the real-GPU end-to-end tier.
+# `cuda`, `torch-scripts` and `frameworks` steps are the real-GPU end-to-end tier.
 #
 # Files under $OUT (the device tool brings back at most 8): summary.md (steps, results, the
 # markdown sections to paste), gpu-validation.log (this console), logs.tar.gz (every step's log),
-# workloads.json, remoting.json.
+# workloads.json, remoting.json, restart.json.
 # Exit status: 0 when every selected step passed, 1 otherwise (a step past its time limit or not
 # started for lack of time counts as failed). The script goes on past a failing step.
 #
@@ -34,16 +48,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 DRY_RUN=0
-QUICK=0
+LONG=0
+PREPARE=0
 ONLY=""
-BUDGET=560 # the device tool stops a command after 600 s: end well inside it
-ALL_STEPS=(info build cuda torch-scripts remoting restart workloads)
+BUDGET=""
+ALL_STEPS=(info build cuda torch-scripts frameworks remoting workloads restart)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
     case "$1" in
     --dry-run) DRY_RUN=1 ;;
-    --quick) QUICK=1 ;;
+    --long) LONG=1 ;;
+    --prepare) PREPARE=1 ;;
     --only) ONLY="${2:?--only needs STEP,...}"; shift ;;
     --only=*) ONLY="${1#--only=}" ;;
     --budget) BUDGET="${2:?--budget needs seconds}"; shift ;;
@@ -53,6 +69,13 @@ while (($#)); do
     esac
     shift
 done
+if ((LONG)); then
+    # The second call: the figures that take long; the machine may be a fresh one (build again).
+    [[ -z "$ONLY" ]] && ONLY="info,build,remoting,workloads"
+    BUDGET="${BUDGET:-560}" # inside the tool's 10 minutes a command
+else
+    BUDGET="${BUDGET:-450}" # one call of at most 8 minutes (timeout_s 480)
+fi
 if ! [[ "$BUDGET" =~ ^[0-9]+$ ]]; then
     echo "gpu-validation.sh: --budget wants whole seconds, got $BUDGET" >&2
     exit 2
@@ -72,7 +95,13 @@ BUILD="${GPUPOOL_BUILD_DIR:-build}" # bench/remoting_bench.py always uses build/
 [[ "$BUILD" == /* ]] || BUILD="$PWD/$BUILD"
 export BUILD
 export OUT="${OUT:-${TMPDIR:-/tmp}/gpu-validation-out}"
-export QUICK
+export LONG
+# One program's run, natively or through gpupool: a hang costs this much of the budget at most.
+RUN_LIMIT=90
+((LONG)) && RUN_LIMIT=150
+export RUN_LIMIT
+PREPARED="$BUILD/validation" # what --prepare compiled on the developer's machine
+export PREPARED
 JOBS=$(nproc 2>/dev/null || echo 2)
 ((JOBS > 16)) && JOBS=16
 export JOBS
@@ -82,34 +111,93 @@ DEADLINE=$((START + BUDGET))
 selected() { [[ -z "$ONLY" || ",$ONLY," == *",$1,"* ]]; }
 stamp() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - START))s] $*"; }
 
+# ------------------------------------------------------------------------------ the CUDA programs
+CUDA_PROGRAMS=(devices copies events kernels errors threads graphs vmm modules)
+CUDA_ARCH="${GPUPOOL_TEST_ARCH:-sm_90}"
+export CUDA_ARCH
+# compile_cuda DIR: every program of the cuda step into DIR (static cudart; `modules` also links
+# libcuda, resolved at run time to the driver natively and to our shim through gpupool, and gets
+# its three images: cubin, fatbin, PTX). Skips what DIR already holds. Used by --prepare here and
+# by the cuda step there when nothing was prepared.
+compile_cuda() {
+    local dir="$1" nvcc p kind gen
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    gen=(-gencode "arch=compute_${CUDA_ARCH#sm_},code=[${CUDA_ARCH},compute_${CUDA_ARCH#sm_}]")
+    mkdir -p "$dir" || return 1
+    for p in $CUDA_PROGRAMS_LIST; do
+        [[ -x "$dir/$p" ]] && continue
+        local extra=()
+        [[ $p == modules ]] && extra=(-L "$BUILD/client" -lcuda)
+        echo "  nvcc -O2 ${gen[*]} -o $dir/$p tests/cuda/$p.cu ${extra[*]}"
+        "$nvcc" -O2 "${gen[@]}" -o "$dir/$p" "tests/cuda/$p.cu" "${extra[@]}" || return 1
+    done
+    for kind in cubin fatbin ptx; do
+        [[ -s "$dir/modules.$kind" ]] && continue
+        "$nvcc" -arch="$CUDA_ARCH" "-$kind" -o "$dir/modules.$kind" tests/cuda/modules.cu || return 1
+    done
+}
+export CUDA_PROGRAMS_LIST="${CUDA_PROGRAMS[*]}"
+export -f compile_cuda
+
 # ------------------------------------------------------------------------------ dry run
 describe() {
     case "$1" in
-    info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; commit; $PY/torch/nvcc versions" ;;
-    build) echo "make -j$JOBS BUILD=$BUILD" ;;
+    info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; runtime (uname -r); commit; $PY/torch/nvcc versions" ;;
+    build) echo "the binaries of --prepare ($PREPARED/PREPARED) if they load there, else make -j$JOBS BUILD=$BUILD" ;;
     daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token" ;;
-    cuda) echo "nvcc tests/cuda/{devices,copies,events,kernels,errors,threads[,graphs,vmm]}.cu; each natively, then through gpupool" ;;
-    torch-scripts) echo "tests/torch_scripts/{device_info,runtime,transfers,blas_init,triton_probe[,graph_capture]}.py, memory_backends.py (expandable, async) natively, then through gpupool" ;;
-    remoting) echo "$PY bench/remoting_bench.py --no-build --server ADDRESS$( ((QUICK)) && echo ' --quick')" ;;
+    cuda) echo "tests/cuda/{${CUDA_PROGRAMS_LIST// /,}}.cu (${CUDA_ARCH}): each natively, then through gpupool (${RUN_LIMIT} s a run)" ;;
+    torch-scripts) echo "tests/torch_scripts/{device_info,runtime,transfers,blas_init,triton_probe,graph_capture}.py, memory_backends.py (expandable, async) natively, then through gpupool" ;;
+    frameworks) echo "tests/framework_scripts/{cupy,cuda_python,numba,jax}_probe.py natively, then through gpupool" ;;
+    remoting) echo "$PY bench/remoting_bench.py --no-build --server ADDRESS$( ((LONG)) || echo ' --quick')" ;;
     stop-daemon) echo "stop the script's gpupoold (the workloads start their own)" ;;
-    restart) echo "$PY bench/restart_check.py --real --seconds 45: a PyTorch training loop through gpupool while its gpupoold is restarted with SIGTERM, then SIGKILL (its own gpupoold, reset policy never)" ;;
-    workloads) echo "$PY bench/torch_workloads.py$( ((QUICK)) && echo ' --quick') --json \$OUT/workloads.json" ;;
+    workloads) echo "$PY bench/torch_workloads.py$( ((LONG)) || echo ' --quick') --json \$OUT/workloads.json" ;;
+    restart) echo "$PY bench/restart_check.py --real --seconds $RESTART_SECONDS: a PyTorch training loop through gpupool while its gpupoold is restarted with SIGTERM, then SIGKILL (its own gpupoold, reset policy never)" ;;
     esac
 }
 
-# Step time limits (seconds); each is also cut to what is left of --budget.
-declare -A LIMIT=([info]=60 [build]=300 [daemon]=150 [cuda]=240 [torch-scripts]=300
-    [remoting]=300 [restart]=150 [workloads]=480)
+# Step time limits (seconds); each is also cut to what is left of --budget, so a slow step
+# takes the later ones' time, never the call's.
+if ((LONG)); then
+    declare -A LIMIT=([info]=30 [build]=240 [daemon]=60 [cuda]=240 [torch-scripts]=300 [frameworks]=200
+        [remoting]=300 [workloads]=480 [restart]=150)
+    RESTART_SECONDS=45
+else
+    declare -A LIMIT=([info]=30 [build]=240 [daemon]=60 [cuda]=110 [torch-scripts]=150 [frameworks]=110
+        [remoting]=60 [workloads]=150 [restart]=75)
+    RESTART_SECONDS=20
+fi
+export RESTART_SECONDS
+PLAN=(info build daemon cuda torch-scripts frameworks remoting stop-daemon workloads restart)
+needs_daemon() { selected cuda || selected torch-scripts || selected frameworks || selected remoting; }
 
 if ((DRY_RUN)); then
-    echo "gpu-validation.sh --dry-run: nothing is run; OUT would be $OUT, budget $BUDGET s"
-    for s in info build daemon cuda torch-scripts remoting stop-daemon restart workloads; do
+    echo "gpu-validation.sh --dry-run: nothing is run; OUT would be $OUT"
+    echo "one device call: budget $BUDGET s for the whole run (give the call timeout_s $((BUDGET + 30)));"
+    echo "each step's limit is also cut to what is left of the budget"
+    for s in "${PLAN[@]}"; do
         case "$s" in
-        daemon | stop-daemon) selected cuda || selected torch-scripts || selected remoting || continue ;;
+        daemon | stop-daemon) needs_daemon || continue ;;
         *) selected "$s" || continue ;;
         esac
         printf '  step %-14s timeout %4ss  %s\n' "$s" "${LIMIT[$s]:-30}" "$(describe "$s")"
     done
+    exit 0
+fi
+
+if ((PREPARE)); then
+    # On the developer's machine: everything the device would otherwise spend its minutes on.
+    echo "gpu-validation.sh --prepare: building into $BUILD (no GPU needed)"
+    make -j"$JOBS" BUILD="$BUILD" || exit 1
+    rm -rf "$PREPARED"
+    compile_cuda "$PREPARED/cuda" || exit 1
+    "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, "bench"); import remoting_bench
+remoting_bench.build(Path(sys.argv[1]), make=True)' "$BUILD/bench" || exit 1
+    echo "prepared by $(uname -n), commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo '?'), $(date -u)" \
+        >"$PREPARED/PREPARED"
+    rel="${BUILD#"$PWD"/}"
+    echo "prepared; name these in the device call's carry (git ignores them):"
+    echo "  [\"$rel/gpupool-worker\", \"$rel/gpupool-scrub\", \"$rel/client\", \"$rel/bench\", \"$rel/validation\"]"
+    du -shc "$BUILD/gpupool-worker" "$BUILD/gpupool-scrub" "$BUILD/client" "$BUILD/bench" "$PREPARED" | tail -n 1
     exit 0
 fi
 
@@ -129,7 +217,14 @@ GPU_LINE=$(timeout 30 nvidia-smi --query-gpu=name,driver_version --format=csv,no
 GPU_NAME="${GPU_LINE%%,*}"
 GPU_DRIVER="${GPU_LINE#*, }"
 [[ -z "$GPU_LINE" ]] && GPU_NAME="(nvidia-smi failed)" && GPU_DRIVER="?"
-export COMMIT
+# The sandbox the GPU machine runs in: its GPU proxy may refuse driver calls a bare host allows,
+# so every result says which one it came from.
+case "$(uname -r)" in
+4.4.0*) RUNTIME="gVisor (kernel $(uname -r))" ;;
+*-fc-*) RUNTIME="Firecracker (kernel $(uname -r))" ;;
+*) RUNTIME="kernel $(uname -r)" ;;
+esac
+export COMMIT RUNTIME
 
 RESULTS=()  # "step|result|seconds"
 FAILED=0
@@ -144,7 +239,7 @@ write_summary() {
     {
         echo "# GPU validation, $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo
-        echo "- GPU: $GPU_NAME, driver $GPU_DRIVER (nvidia-smi)"
+        echo "- GPU: $GPU_NAME, driver $GPU_DRIVER (nvidia-smi); runtime: $RUNTIME"
         echo "- commit: $COMMIT"
         echo "- host: $(uname -n), $(nproc) CPUs, Linux $(uname -r)"
         echo "- command: scripts/gpu-validation.sh${ARGS_TEXT}"
@@ -167,7 +262,7 @@ write_summary() {
         echo
         echo "## Row for docs/validation.md (check, then paste)"
         echo
-        echo "| $(date -u +%Y-%m-%d) | $GPU_NAME | $GPU_DRIVER | $COMMIT | scripts/gpu-validation.sh${ARGS_TEXT}: $what | passed: ${ok:-none}${bad:+; failed: $bad} |"
+        echo "| $(date -u +%Y-%m-%d) | $GPU_NAME ($RUNTIME) | $GPU_DRIVER | $COMMIT | scripts/gpu-validation.sh${ARGS_TEXT}: $what | passed: ${ok:-none}${bad:+; failed: $bad} |"
         if [[ -s "$LOGS/workloads.md" ]]; then
             echo
             echo "## PyTorch workload suite (for docs/benchmarks.md)"
@@ -183,7 +278,7 @@ write_summary() {
     } >"$OUT/summary.md"
 }
 ARGS_TEXT=""
-((QUICK)) && ARGS_TEXT+=" --quick"
+((LONG)) && ARGS_TEXT+=" --long"
 [[ -n "$ONLY" ]] && ARGS_TEXT+=" --only $ONLY"
 
 # run_step NAME FUNCTION: FUNCTION (exported) in its own bash under `timeout`, its output to
@@ -245,16 +340,22 @@ remote() { # run a command as `gpupool run` would: the shim first on LD_LIBRARY_
 both_ways() {
     local name="$1" check="$2" side rc bad=0
     shift 2
+    local t0 ms
     for side in native remote; do
-        wait_free || return 1
+        # The native run needs no lease (another context on the GPU is fine); the remote one
+        # waits until the scrub after the last lease is done, overlapped with the native run.
+        [[ $side == remote ]] && { wait_free || return 1; }
+        t0=$(date +%s%3N)
         if [[ $side == native ]]; then
-            timeout -k 5 150 "$@" >"$LOGS/$name-$side.txt" 2>&1
+            timeout -k 5 "$RUN_LIMIT" "$@" >"$LOGS/$name-$side.txt" 2>&1
         else
-            remote timeout -k 5 150 "$@" >"$LOGS/$name-$side.txt" 2>&1
+            remote timeout -k 5 "$RUN_LIMIT" "$@" >"$LOGS/$name-$side.txt" 2>&1
         fi
         rc=$?
+        ms=$(($(date +%s%3N) - t0))
+        echo "$name $side $(date -u +%T) exit $rc $((ms / 1000)).$((ms % 1000 / 100)) s" >>"$LOGS/timings.txt"
         if ((rc == 0)) && "$check" "$LOGS/$name-$side.txt"; then
-            echo "  $name ($side): ok: $(tail -n 1 "$LOGS/$name-$side.txt" | cut -c1-150)"
+            echo "  $name ($side): ok ($(tail -n 1 "$LOGS/timings.txt" | awk '{print $(NF-1)}') s): $(tail -n 1 "$LOGS/$name-$side.txt" | cut -c1-150)"
         else
             echo "  $name ($side): FAILED (exit $rc); last lines:"
             tail -n 15 "$LOGS/$name-$side.txt" | sed 's/^/    /'
@@ -273,33 +374,47 @@ step_info() {
     echo "date: $(date -u)"
     echo "commit: $COMMIT"
     echo "host: $(uname -a)"
+    echo "runtime: $RUNTIME"
     nvidia-smi -L || bad=1
     nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used,pci.bus_id,compute_cap,temperature.gpu \
         --format=csv
     nvidia-smi # the status table: processes already on the GPU, if any
     echo "python: $("$PY" --version 2>&1) ($(command -v "$PY"))"
     "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "available", torch.cuda.is_available())'
-    for m in triton cupy aiohttp pynvml prometheus_client jinja2; do
+    for m in triton cupy jax numba cuda.bindings aiohttp pynvml prometheus_client jinja2; do
         "$PY" -c "import $m; print('$m', getattr($m, '__version__', '?'))" 2>/dev/null || echo "$m: not importable"
     done
     if command -v nvcc >/dev/null; then nvcc --version | tail -n 2; else echo "nvcc: not on PATH"; fi
     return "$bad"
 }
-step_build() { make -j"$JOBS" BUILD="$BUILD"; }
+step_build() {
+    # The binaries --prepare made on the developer's machine, if each loads here (same glibc and
+    # OpenSSL line); else the whole tree with every core.
+    if [[ -f "$PREPARED/PREPARED" ]]; then
+        local f missing=""
+        for f in "$BUILD/gpupool-worker" "$BUILD/gpupool-scrub" "$BUILD/client/libcuda.so.1" \
+            "$BUILD/client/libnvidia-ml.so.1" "$BUILD/bench/bench_client"; do
+            if [[ ! -e "$f" ]] || ldd "$f" 2>&1 | grep -q "not found"; then missing+=" $f"; fi
+        done
+        if [[ -z "$missing" ]]; then
+            echo "using the prepared binaries: $(cat "$PREPARED/PREPARED")"
+            return 0
+        fi
+        echo "prepared binaries do not load here (${missing# }): building"
+        rm -rf "$PREPARED"
+    fi
+    make -j"$JOBS" BUILD="$BUILD"
+}
 step_cuda() {
-    local dir="$WORK/cuda" arch="${GPUPOOL_TEST_ARCH:-sm_90}" p bad=0 args nvcc progs
-    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-    progs=(devices copies events kernels errors threads)
-    [[ -f tests/cuda/graphs.cu ]] && progs+=(graphs) # CUDA graphs, where present
-    [[ -f tests/cuda/vmm.cu ]] && progs+=(vmm)       # virtual memory and memory pools, where present
-    mkdir -p "$dir"
-    for p in "${progs[@]}"; do
-        echo "$nvcc -O2 -arch=$arch -o $dir/$p tests/cuda/$p.cu   (static cudart)"
-        "$nvcc" -O2 -arch="$arch" -o "$dir/$p" "tests/cuda/$p.cu" || return 1
-    done
-    for p in "${progs[@]}"; do
+    local dir="$PREPARED/cuda" p bad=0 args
+    if [[ ! -f "$PREPARED/PREPARED" ]]; then
+        dir="$WORK/cuda"
+        compile_cuda "$dir" || return 1
+    fi
+    for p in $CUDA_PROGRAMS_LIST; do
         args=()
         [[ $p == errors ]] && args=(--no-bogus-handles) # bogus handles crash a real driver
+        [[ $p == modules ]] && args=("$dir/modules.cubin" "$dir/modules.fatbin" "$dir/modules.ptx")
         both_ways "cuda-$p" last_line_pass "$dir/$p" "${args[@]}" || bad=1
     done
     # What the shim reports about the device next to what the driver reports (not a pass/fail).
@@ -325,23 +440,40 @@ step_torch_scripts() {
     fi
     return "$bad"
 }
+step_frameworks() { # other users of the driver API, each checking its own results
+    local s mod bad=0 ran=0
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_CACHE_DIR="$WORK/cupy-cache" NUMBA_CACHE_DIR="$WORK/numba-cache"
+    for s in cupy:cupy cuda_python:cuda.bindings numba:numba.cuda jax:jax; do
+        mod="${s#*:}" s="${s%%:*}"
+        if ! "$PY" -c "import $mod" 2>/dev/null; then
+            echo "  $s: $mod is not installed here: skipped"
+            continue
+        fi
+        ran=$((ran + 1))
+        both_ways "fw-$s" last_line_pass "$PY" "tests/framework_scripts/${s}_probe.py" || bad=1
+    done
+    ((ran > 0)) || { echo "  no framework installed"; return 1; }
+    return "$bad"
+}
 step_remoting() {
-    local quick=()
-    ((QUICK)) && quick=(--quick)
+    local quick=(--quick)
+    ((LONG)) && quick=()
     wait_free || return 1
     GPUPOOL_TOKEN="$GP_TOKEN" "$PY" bench/remoting_bench.py --no-build --server "$GP_ADDRESS" "${quick[@]}" \
         --json "$OUT/remoting.json" --markdown "$LOGS/remoting.md"
 }
 step_restart() { # a PyTorch training job keeps its GPU across gpupoold restarts
-    "$PY" bench/restart_check.py --real --seconds 45 --json "$OUT/restart.json"
+    "$PY" bench/restart_check.py --real --seconds "$RESTART_SECONDS" --json "$OUT/restart.json"
 }
 step_workloads() {
-    local quick=()
-    ((QUICK)) && quick=(--quick)
-    "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" --child-timeout 300 --json "$OUT/workloads.json" \
-        --markdown "$LOGS/workloads.md" --log-dir "$LOGS/workloads"
+    # One call: a fifth of the steps, torch.compile last (its compile alone takes the longest),
+    # and what finished is reported when the time limit stops the rest.
+    local quick=(--quick --only mlp,cnn,gpt,generate,cuda_graph,compile)
+    ((LONG)) && quick=()
+    "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" --child-timeout "$((RUN_LIMIT * 2))" \
+        --json "$OUT/workloads.json" --markdown "$LOGS/workloads.md" --log-dir "$LOGS/workloads"
 }
-export -f step_info step_build step_cuda step_torch_scripts step_remoting step_restart step_workloads
+export -f step_info step_build step_cuda step_torch_scripts step_frameworks step_remoting step_restart step_workloads
 
 # ------------------------------------------------------------------------------ gpupoold
 DAEMON_PID=""
@@ -401,7 +533,7 @@ stop_daemon() {
     kill -KILL -- "-$DAEMON_PID" 2>/dev/null
     DAEMON_PID=""
     # A gpupoold that fell back to a simulated GPU (refused above) left its memory in /dev/shm.
-    PYTHONPATH="$PWD" "$PY" -c 'import shutil, sys; from pathlib import Path; from gpupoold.sim import sim_memory_dir
+    PYTHONPATH="$PWD" "$PY" -c 'import shutil, sys; from pathlib import Path; from gpupoold.gpu.sim import sim_memory_dir
 shutil.rmtree(sim_memory_dir(Path(sys.argv[1])), ignore_errors=True)' "$WORK/gpupoold" 2>/dev/null
 }
 finish() {
@@ -415,23 +547,24 @@ trap finish EXIT
 stamp "gpu-validation.sh: GPU $GPU_NAME, driver $GPU_DRIVER, commit $COMMIT; budget $BUDGET s; logs in $OUT"
 selected info && run_step info step_info
 selected build && run_step build step_build
-if selected cuda || selected torch-scripts || selected remoting; then
+if needs_daemon; then
     if [[ ! -x $BUILD/gpupool-worker || ! -e $BUILD/client/libcuda.so.1 ]]; then
         stamp "no $BUILD/gpupool-worker or $BUILD/client/libcuda.so.1: the gpupool steps cannot run"
         record daemon "FAILED (not built)" 0
     elif start_daemon; then
         selected cuda && run_step cuda step_cuda
         selected torch-scripts && run_step torch-scripts step_torch_scripts
+        selected frameworks && run_step frameworks step_frameworks
         selected remoting && run_step remoting step_remoting
     else
-        for s in cuda torch-scripts remoting; do
+        for s in cuda torch-scripts frameworks remoting; do
             selected "$s" && record "$s" "not run (no gpupoold)" 0
         done
     fi
     stop_daemon
 fi
-selected restart && run_step restart step_restart # its own gpupoold, like the workloads
-selected workloads && run_step workloads step_workloads
+selected workloads && run_step workloads step_workloads # its own gpupoold
+selected restart && run_step restart step_restart       # its own gpupoold, like the workloads
 
 stamp "summary:"
 for r in "${RESULTS[@]}"; do
