@@ -342,9 +342,9 @@ both_ways() {
     shift 2
     local t0 ms
     for side in native remote; do
-        # The native run needs no lease (another context on the GPU is fine); the remote one
-        # waits until the scrub after the last lease is done, overlapped with the native run.
-        [[ $side == remote ]] && { wait_free || return 1; }
+        # Both wait for the scrub after the last lease: a native process on the GPU while it
+        # checks would be taken for a leftover of the lease, and the GPU quarantined.
+        wait_free || return 1
         t0=$(date +%s%3N)
         if [[ $side == native ]]; then
             timeout -k 5 "$RUN_LIMIT" "$@" >"$LOGS/$name-$side.txt" 2>&1
