@@ -489,6 +489,27 @@ GP_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
 
 /* =================================================================== memsets == */
 
+/* A memset outside the device memory this process allocated through gpupool fails as with the
+ * driver (invalid value); once per process a line says what the address is, since the usual
+ * cause is memory that stays on this machine (mapped host memory) in a program that ran natively. */
+static CUresult memset_outside(uint64_t addr, uint64_t len)
+{
+    static atomic_int said;
+    if (atomic_exchange(&said, 1) == 0) {
+        gp_range rg;
+        const char *what = "no memory this process allocated through gpupool";
+        if (gp_vamap_find(addr, &rg) == 0)
+            what = rg.kind == GP_RANGE_HOST_ALLOC || rg.kind == GP_RANGE_HOST_REG
+                       ? "host memory, which stays on this machine (kernels and memsets on the "
+                         "remote GPU cannot reach it)"
+                       : "memory it runs past the end of";
+        gp_log_error("memset of %llu bytes at 0x%llx: that is %s; it fails with "
+                     "CUDA_ERROR_INVALID_VALUE (said once per process)",
+                     (unsigned long long)len, (unsigned long long)addr, what);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
 static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t count, CUstream s,
                           int is_async, int ptds)
 {
@@ -498,7 +519,7 @@ static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t
     if (dst % elem != 0 || count > UINT64_MAX / elem)
         return CUDA_ERROR_INVALID_VALUE;
     if (!gp_vamap_device_span(dst, (uint64_t)count * elem))
-        return CUDA_ERROR_INVALID_VALUE;
+        return memset_outside(dst, (uint64_t)count * elem);
     gp_memset m = {.dst = dst,
                    .value = value,
                    .elem_size = elem,
@@ -526,7 +547,7 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, uint32_
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t span = (uint64_t)pitch * (height - 1) + row;
     if (!gp_vamap_device_span(dst, span))
-        return CUDA_ERROR_INVALID_VALUE;
+        return memset_outside(dst, span);
     gp_memset_2d m = {.dst = dst,
                       .pitch = pitch,
                       .value = value,

@@ -122,6 +122,35 @@ int main(int argc, char **argv)
         CHECK(cudaEventDestroy(many[i]));
     }
 
+    /* 4. a host function runs after the work queued before it (a copy into pinned memory) and
+     * before the work queued after it (a copy out of the buffer it wrote). */
+    struct host_fn_state {
+        const float *seen;
+        float *out;
+        float first;
+        int calls;
+    } hs = {hy, hx, -1.0f, 0};
+    hx[0] = 0.0f;
+    CHECK(cudaMemsetAsync(y, 0, sizeof(float), s1));
+    CHECK(cudaMemcpyAsync(hy, x + 7, sizeof(float), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaLaunchHostFunc(
+        s1,
+        [](void *arg) {
+            host_fn_state *st = (host_fn_state *)arg;
+            st->first = st->seen[0];
+            st->out[0] = 42.0f;
+            st->calls++;
+        },
+        &hs));
+    CHECK(cudaMemcpyAsync(y, hx, sizeof(float), cudaMemcpyHostToDevice, s1));
+    float after = 0.0f;
+    CHECK(cudaMemcpyAsync(&after, y, sizeof(float), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    EXPECT(hs.calls == 1, "the host function ran %d times", hs.calls);
+    EXPECT(hs.first == 7.0f, "the host function saw %g, not the 7 copied before it", hs.first);
+    EXPECT(after == 42.0f, "the copy after the host function read %g, not the 42 it wrote", after);
+    hx[0] = 0.0f;
+
     CHECK(cudaEventDestroy(e0));
     CHECK(cudaEventDestroy(e1));
     CHECK(cudaEventDestroy(e2));

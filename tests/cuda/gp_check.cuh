@@ -193,6 +193,11 @@ static inline void *gp_driver_fn(const char *name)
     return fn;
 }
 
+/* True when this program runs through gpupool (the shim reads GPUPOOL_SERVER; the tests and the
+ * GPU validation always set it), false when it runs on a local driver: a few checks differ
+ * where gpupool deliberately answers otherwise than a driver (docs/user-guide.md). */
+static inline bool gp_through_gpupool(void) { return getenv("GPUPOOL_SERVER") != NULL; }
+
 /* True when device 0 is gpupool's simulated device (its name says so). */
 static inline bool gp_is_simulated(void)
 {

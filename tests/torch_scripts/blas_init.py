@@ -60,9 +60,11 @@ def main() -> int:
     if torch.cuda.current_blas_handle() != handle:
         print("FAIL blas_init: a second current_blas_handle() gave another handle")
         return 1
-    print(json.dumps({"blas_handle": hex(handle),
-                      "cublas_workspace": torch._C._cuda_getCublasWorkspaceSize(),
-                      "cublaslt_workspace": torch._C._cuda_getCublasLtWorkspaceSize()}))
+    # The workspace sizes are private helpers that not every PyTorch has (2.11 lacks the cuBLAS one).
+    sizes = {name: getattr(torch._C, f"_cuda_get{name}WorkspaceSize", lambda: None)()
+             for name in ("Cublas", "CublasLt")}
+    print(json.dumps({"blas_handle": hex(handle), "cublas_workspace": sizes["Cublas"],
+                      "cublaslt_workspace": sizes["CublasLt"]}))
     problems = []
     for backend, dtype in GEMMS:
         res = gemm(backend, dtype)

@@ -290,8 +290,7 @@ int sim_func_attr_value(const struct sim_func *f, int attrib);
 /* ---- stream capture and graphs (sim_stream.c, sim_graph.c) -------------------------------- */
 enum {
     SIM_ERR_ILLEGAL_STATE = 401,
-    SIM_ERR_CAPTURE_INVALIDATED = 901,
-    SIM_ERR_CAPTURED_EVENT = 907
+    SIM_ERR_CAPTURE_INVALIDATED = 901
 };
 /* What a capturing stream records instead of doing it; a graph launch replays them in order. */
 enum sim_op_kind {

@@ -371,8 +371,10 @@ static CUresult event_done(CUevent hEvent)
     if (!e)
         return sim_leave(CUDA_ERROR_INVALID_HANDLE);
     if (e->captured) {
+        /* What the real driver answers (580.x on an H200, docs/validation.md 2026-11-27), not
+         * the CUDA_ERROR_CAPTURED_EVENT its documentation suggests. */
         sim_detail("the event was last recorded in a stream capture");
-        return sim_leave(SIM_ERR_CAPTURED_EVENT);
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
     }
     return sim_leave(CUDA_SUCCESS);
 }
