@@ -142,7 +142,7 @@ export -f compile_cuda
 # ------------------------------------------------------------------------------ dry run
 describe() {
     case "$1" in
-    info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; runtime (uname -r); commit; $PY/torch/nvcc versions" ;;
+    info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; runtime (kernel release); commit; $PY/torch/nvcc versions" ;;
     build) echo "the binaries of --prepare ($PREPARED/PREPARED) if they load there, else make -j$JOBS BUILD=$BUILD" ;;
     daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token" ;;
     cuda) echo "tests/cuda/{${CUDA_PROGRAMS_LIST// /,}}.cu (${CUDA_ARCH}): each natively, then through gpupool (${RUN_LIMIT} s a run)" ;;

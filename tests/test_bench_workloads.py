@@ -185,15 +185,20 @@ def test_script_dry_run_lists_steps_and_runs_nothing(tmp_path):
     proc = run_client(["bash", SCRIPT, "--dry-run"], env=env, timeout=30)
     assert proc.returncode == 0, proc.stderr
     steps = re.findall(r"^  step (\S+) +timeout +(\d+)s  (.*)$", proc.stdout, re.M)
-    assert [s[0] for s in steps] == ["info", "build", "daemon", "cuda", "torch-scripts", "remoting",
-                                     "stop-daemon", "restart", "workloads"]
+    # In the order of what they tell; the workloads and the restart check start their own gpupoold.
+    assert [s[0] for s in steps] == ["info", "build", "daemon", "cuda", "torch-scripts", "frameworks",
+                                     "remoting", "stop-daemon", "workloads", "restart"]
     assert all(int(s[1]) > 0 for s in steps)
     assert 'reset_policy = "never"' in proc.stdout
+    # The default plan is one device call of at most 8 minutes.
+    budget = int(re.search(r"budget (\d+) s for the whole run", proc.stdout).group(1))
+    assert budget + 30 <= 480, proc.stdout
+    assert "torch_workloads.py --quick" in proc.stdout
     assert not out.exists()  # a dry run writes nothing
-    proc = run_client(["bash", SCRIPT, "--dry-run", "--quick", "--only", "info,workloads"], env=env, timeout=30)
+    proc = run_client(["bash", SCRIPT, "--dry-run", "--long", "--only", "info,workloads"], env=env, timeout=30)
     assert proc.returncode == 0
     assert re.findall(r"^  step (\S+)", proc.stdout, re.M) == ["info", "workloads"]
-    assert "torch_workloads.py --quick" in proc.stdout
+    assert "torch_workloads.py --json" in proc.stdout  # the full figures in the second call
 
 
 def test_script_rejects_unknown_steps_and_arguments():
