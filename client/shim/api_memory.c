@@ -490,23 +490,20 @@ GP_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
 /* =================================================================== memsets == */
 
 /* A memset outside the device memory this process allocated through gpupool fails as with the
- * driver (invalid value); once per process a line says what the address is, since the usual
- * cause is memory that stays on this machine (mapped host memory) in a program that ran natively. */
+ * driver (invalid value), silently like the driver's, except where the address is host memory:
+ * that works on a local GPU (mapped host memory: JAX/XLA memsets it) and cannot through gpupool,
+ * so once per process a line says why. */
 static CUresult memset_outside(uint64_t addr, uint64_t len)
 {
     static atomic_int said;
-    if (atomic_exchange(&said, 1) == 0) {
-        gp_range rg;
-        const char *what = "no memory this process allocated through gpupool";
-        if (gp_vamap_find(addr, &rg) == 0)
-            what = rg.kind == GP_RANGE_HOST_ALLOC || rg.kind == GP_RANGE_HOST_REG
-                       ? "host memory, which stays on this machine (kernels and memsets on the "
-                         "remote GPU cannot reach it)"
-                       : "memory it runs past the end of";
-        gp_log_error("memset of %llu bytes at 0x%llx: that is %s; it fails with "
-                     "CUDA_ERROR_INVALID_VALUE (said once per process)",
-                     (unsigned long long)len, (unsigned long long)addr, what);
-    }
+    gp_range rg;
+    if (gp_vamap_find(addr, &rg) == 0 &&
+        (rg.kind == GP_RANGE_HOST_ALLOC || rg.kind == GP_RANGE_HOST_REG) &&
+        atomic_exchange(&said, 1) == 0)
+        gp_log_error("memset of %llu bytes at 0x%llx: that is host memory, which stays on this "
+                     "machine (kernels and memsets on the remote GPU cannot reach it); it fails "
+                     "with CUDA_ERROR_INVALID_VALUE (said once per process)",
+                     (unsigned long long)len, (unsigned long long)addr);
     return CUDA_ERROR_INVALID_VALUE;
 }
 
