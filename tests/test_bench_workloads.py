@@ -265,3 +265,26 @@ def test_gpu_mode_refuses_a_simulated_gpu(torch_ok, native_build, tmp_path):
     require(shutil.which("nvidia-smi") is None, "this machine has a GPU: run the suite for real instead")
     proc = run_client([sys.executable, BENCH, "--only", "mlp", "--build-dir", native_build], timeout=120)
     assert proc.returncode == 2 and "gpupoold serves no real GPU here" in proc.stderr, proc.stderr
+
+
+def test_script_smoke_mode_runs_the_cuda_step_through_gpupool(native_build, tmp_path):
+    """--smoke (what CI can run without a GPU): the CUDA programs are compiled as on the device
+    and run through gpupool against the simulated GPU; every one must pass, the summary says so."""
+    require(shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists(),
+            "nvcc (CUDA toolkit) not found: the CUDA test programs cannot be built")
+    out = tmp_path / "out"
+    build = tmp_path / "build"  # a copy of the native build, so that the programs land here
+    shutil.copytree(native_build / "client", build / "client", symlinks=True)
+    for name in ("gpupool-worker", "gpupool-scrub", "libgpupool-sim.so"):
+        shutil.copy2(native_build / name, build / name)
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "TMPDIR": str(tmp_path),
+           "GPUPOOL_BUILD_DIR": str(build)}
+    proc = run_client(["bash", SCRIPT, "--smoke", "--only", "cuda", "--budget", "400"], env=env, cwd=REPO,
+                      timeout=600)
+    summary = (out / "summary.md").read_text()
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr + summary
+    assert re.search(r"^\| cuda \| ok \| \d+ \|$", summary, re.M), summary
+    for program in ("devices", "copies", "events", "kernels", "errors", "threads", "graphs", "vmm", "modules"):
+        assert re.search(rf"^  cuda-{program} \(remote\): ok \(.*\): PASS {program}: \d+ checks", proc.stdout,
+                         re.M), (program, proc.stdout[-6000:])
+    assert "(native)" not in proc.stdout  # no GPU here: nothing runs natively
