@@ -155,42 +155,6 @@ GP_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
     return stream_wait_op(gp_ptsz(hStream), 1);
 }
 
-/* A host function runs on this machine, after the work queued before it on the stream: the
- * shim waits for the stream, then calls it on the caller's thread, so the launch returns once it
- * ran rather than at once (JAX/XLA launch these). Work queued later on the stream is sent after
- * it returns, so it waits for the function as with the driver. A capture cannot hold one: its
- * graph replays on the server, where this process's functions are not. */
-static CUresult stream_is_capturing(CUstream s, CUstreamCaptureStatus *status);
-typedef void (*gp_host_fn)(void *user_data); /* the driver's CUhostFn */
-
-static CUresult launch_host_func(CUstream s, gp_host_fn fn, void *data)
-{
-    if (!fn)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUstreamCaptureStatus status;
-    CUresult r = stream_is_capturing(s, &status);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-        gp_log_error("cuLaunchHostFunc on a capturing stream is not supported: a graph replays on "
-                     "the GPU server, where this process's host functions do not exist");
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
-    r = stream_wait_op(s, 0);
-    if (r != CUDA_SUCCESS)
-        return r;
-    fn(data);
-    return CUDA_SUCCESS;
-}
-GP_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, gp_host_fn fn, void *userData)
-{
-    return launch_host_func(hStream, fn, userData);
-}
-GP_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream hStream, gp_host_fn fn, void *userData)
-{
-    return launch_host_func(gp_ptsz(hStream), fn, userData);
-}
-
 static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
 {
     if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
@@ -362,6 +326,40 @@ GP_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *
 GP_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
     return stream_is_capturing(gp_ptsz(hStream), captureStatus);
+}
+
+/* A host function runs on this machine, after the work queued before it on the stream: the
+ * shim waits for the stream, then calls it on the caller's thread, so the launch returns once it
+ * ran rather than at once (JAX/XLA launch these). Work queued later on the stream is sent after
+ * it returns, so it waits for the function as with the driver. A capture cannot hold one: its
+ * graph replays on the server, where this process's functions are not. */
+typedef void (*gp_host_fn)(void *user_data); /* the driver's CUhostFn */
+static CUresult launch_host_func(CUstream s, gp_host_fn fn, void *data)
+{
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureStatus status;
+    CUresult r = stream_is_capturing(s, &status);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+        gp_log_error("cuLaunchHostFunc on a capturing stream is not supported: a graph replays on "
+                     "the GPU server, where this process's host functions do not exist");
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    r = stream_wait_op(s, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    fn(data);
+    return CUDA_SUCCESS;
+}
+GP_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, gp_host_fn fn, void *userData)
+{
+    return launch_host_func(hStream, fn, userData);
+}
+GP_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream hStream, gp_host_fn fn, void *userData)
+{
+    return launch_host_func(gp_ptsz(hStream), fn, userData);
 }
 
 /* Ids: the handle's counter for created streams; 1 and 2 for the legacy and per-thread default

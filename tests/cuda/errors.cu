@@ -183,6 +183,16 @@ int main(int argc, char **argv)
     EXPECT_ERR(cudaSetDevice(99), cudaErrorInvalidDevice);
     (void)cudaGetLastError();
 
+    /* 5b. a memset of mapped host memory: fine on a local GPU, impossible through gpupool (the
+     * memory stays on this machine): an error, and one line from the shim saying why. */
+    if (gp_through_gpupool()) {
+        unsigned char *hm = NULL;
+        REQUIRE(cudaHostAlloc((void **)&hm, 4096, cudaHostAllocMapped));
+        EXPECT_ERR(cudaMemsetAsync(hm, 0, 4096, 0), cudaErrorInvalidValue);
+        (void)cudaGetLastError();
+        CHECK(cudaFreeHost(hm));
+    }
+
     /* 6. an unknown kernel: last, because it is the one most likely to upset the session */
     {
         int *out = NULL, h[32] = {0};
