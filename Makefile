@@ -41,6 +41,7 @@ include common/common.mk
 -include client/common/client_common.mk
 -include client/shim/shim.mk
 -include client/nvml/nvml.mk
+-include client/config/config.mk
 -include worker/sim/sim.mk
 -include worker/worker.mk
 -include worker/scrub/scrub.mk

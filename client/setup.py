@@ -1,6 +1,8 @@
 """Build step of the gpupool client: build the shims ($BUILD/client/libcuda.so.1 and
-$BUILD/client/libnvidia-ml.so.1) with make and ship them in gpupool/lib/ as libcuda.so.1 +
-libcuda.so and libnvidia-ml.so.1 + libnvidia-ml.so (metadata is in pyproject.toml). Only make and
+$BUILD/client/libnvidia-ml.so.1) and the configuration reader of the `gpupool` command
+($BUILD/client/libgpupool-config.so) with make and ship them in gpupool/lib/ as libcuda.so.1 +
+libcuda.so, libnvidia-ml.so.1 + libnvidia-ml.so and libgpupool-config.so (metadata is in
+pyproject.toml). Only make and
 a C compiler are needed: no CUDA toolkit, no NVIDIA driver.
 
 Where the C sources come from:
@@ -32,7 +34,7 @@ from setuptools.command.sdist import sdist
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NATIVE = HERE / "native"  # in an sdist only: the build recipe and sources (see NATIVE_SOURCES)
-FRAGMENTS = ("client/shim/shim.mk", "client/nvml/nvml.mk")
+FRAGMENTS = ("client/shim/shim.mk", "client/nvml/nvml.mk", "client/config/config.mk")
 # What make needs to build the two shims, as globs relative to the repository (or to native/): the
 # top-level Makefile (it -includes the fragments that are there and skips the others), the
 # fragments, the sources they compile and the headers these include. Each glob must match.
@@ -46,6 +48,7 @@ NATIVE_SOURCES = (
     "client/shim/generated/*.c", "client/shim/generated/*.h",
     "client/nvml/nvml.mk", "client/nvml/*.c", "client/nvml/*.h",
     "client/nvml/generated/*.c",
+    "client/config/config.mk", "client/config/*.c",
     "client/gpupool/__init__.py",  # shim.mk reads the version the libraries report from it
 )
 NATIVE_EXCLUDE = ("client/nvml/test_*.c",)  # unit tests of the NVML shim, not part of it
@@ -53,7 +56,8 @@ NATIVE_EXCLUDE = ("client/nvml/test_*.c",)  # unit tests of the NVML shim, not p
 # symbolic links (wheels hold none); the unversioned names are for programs linked with -lcuda
 # (Triton) or -lnvidia-ml.
 LIBS = (("libcuda.so.1", ("libcuda.so.1", "libcuda.so")),
-        ("libnvidia-ml.so.1", ("libnvidia-ml.so.1", "libnvidia-ml.so")))
+        ("libnvidia-ml.so.1", ("libnvidia-ml.so.1", "libnvidia-ml.so")),
+        ("libgpupool-config.so", ("libgpupool-config.so",)))
 
 
 def _in_checkout() -> bool:

@@ -1,5 +1,5 @@
 """The example client configuration that tests/test_client_config.py and
-tests/test_config_agreement.py both read: one file with every kind of setting."""
+tests/test_client_config_cases.py both read: one file with every kind of setting."""
 
 EXAMPLE = """\
 # written by `gpupool login`; mode 0600

@@ -1,5 +1,6 @@
-"""The client configuration in Python (client/gpupool/config.py): which file, the TOML subset,
-environment overrides, warnings, writing; and `gpupool config` (docs/client-configuration.md)."""
+"""The client configuration as the `gpupool` command reads it (client/gpupool/config.py, through
+the shims' own reader in libgpupool-config.so): which file, the TOML subset, environment
+overrides, warnings, writing; and `gpupool config` (docs/client-configuration.md)."""
 
 from __future__ import annotations
 
@@ -338,10 +339,19 @@ def test_at_most_16_servers() -> None:
 @pytest.mark.parametrize(("text", "value"), [
     ("0", 0), ("123", 123), ("40G", 40 * 10**9), ("40GB", 40 * 10**9), ("40gib", 40 << 30),
     ("1.5T", 1500 * 10**9), ("512 MiB", 512 << 20), (" 2k ", 2000), ("0.5KiB", 512),
-    ("40X", None), ("-1", None), ("1.G", None), ("G", None), ("", None), ("1e3", None),
+    ("40X", None), ("-1", None), ("1.G", None), ("G", None), ("1e3", None),
+    ("18446744073709551616", None), ("", 0),  # past 2^64; blank: unset
 ])
 def test_sizes_as_the_shim_reads_them(text: str, value: int | None) -> None:
-    assert cc.parse_size(text) == value
+    env = env_for(None, GPUPOOL_MIN_MEMORY=text)
+    if value is None:
+        with pytest.raises(cc.ConfigError, match=re.escape(f"GPUPOOL_MIN_MEMORY={text.strip()} "
+                                                           "is not a size: write bytes")):
+            load(env)
+    else:
+        cfg, _ = load(env)
+        assert cfg.min_memory == value
+        assert cfg.sources.get("min_memory") == ("GPUPOOL_MIN_MEMORY" if text else None)
 
 
 @pytest.mark.parametrize(("text", "parts"), [
@@ -431,10 +441,17 @@ def test_writing_through_a_symlink_keeps_the_link(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "value"), [
     ("10", 10.0), ("2.5", 2.5), ("0", 0.0), ("007.50", 7.5), ("+5", None), ("-1", None),
     ("1_0", None), ("1e3", None), (".5", None), ("5.", None), ("inf", None), ("nan", None),
-    ("0x10", None), ("", None), (" 5", None), ("١", None),
+    ("0x10", None), ("١", None), (" 5\t", 5.0), ("", 10.0),  # blanks stripped; blank: unset
 ])
 def test_seconds_as_the_shim_reads_them(text: str, value: float | None) -> None:
-    assert cc.parse_seconds(text) == value
+    env = env_for(None, GPUPOOL_CONNECT_TIMEOUT=text)
+    if value is None:
+        with pytest.raises(cc.ConfigError, match="GPUPOOL_CONNECT_TIMEOUT=.* is not a number of "
+                                                 "seconds"):
+            load(env)
+    else:
+        cfg, _ = load(env)
+        assert cfg.connect_timeout == value
 
 
 def test_empty_strings_are_unset_and_values_are_stripped(tmp_path: Path) -> None:

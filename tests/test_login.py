@@ -102,7 +102,7 @@ def test_an_unreachable_server_writes_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "code", "what"), [
-    (("login", "h:x", "--token", "t"), 2, "the port must be a number"),
+    (("login", "h:x", "--token", "t"), 2, "'h:x' is not a server address (host, host:port"),
     (("login", "h:1", "--token", " "), 2, "--token is empty"),
     (("login", "h:1", "--token", "t", "--tls-ca", "/nonexistent/ca.pem"), 1,
      "--tls-ca /nonexistent/ca.pem: no such file"),

@@ -1,8 +1,9 @@
 /*
  * client_config.c: the client configuration (client_config.h;
  * docs/client-configuration.md): the file, the TOML subset it may use, and the environment on top of it.
- * client/gpupool/config.py reads the same file with the same rules (and the same messages);
- * tests/test_config_agreement.py runs both on one table of cases.
+ * The one reader of this file: the shims link it, and the `gpupool` command calls it through
+ * libgpupool-config.so (client/config/binding.c; tests/test_client_config_cases.py runs a table of
+ * cases through it, also under ASan/UBSan).
  *
  * The subset (what `gpupool login` writes, and what people write by hand):
  *   # comments                    anywhere outside a string
@@ -35,7 +36,8 @@
  * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_COMPRESSION (off, lz4; every
  * server, over the servers' own compression).
  *
- * Self-contained: no shim state, no globals (the NVML shim links this file too).
+ * Self-contained: no shim state (the NVML shim links this file too). The only static state is
+ * the hooks of the load running on this thread (thread-local, so no lock).
  */
 #include <errno.h>
 #include <limits.h>
@@ -66,6 +68,55 @@ static const char SUPPORTED[] =
     "[[servers]]";
 
 /* ====================================================================== helpers == */
+
+/* The hooks of the gp_client_config_load_with running on this thread (NULL: none): set for the
+ * duration of that call only. Thread-local, so loads on other threads never see them. */
+static _Thread_local const gp_config_hooks *hooks;
+
+/* getenv, or the hooks' environment block. */
+static const char *cfg_getenv(const char *name)
+{
+    if (!hooks || !hooks->envp)
+        return getenv(name);
+    size_t n = strlen(name);
+    for (char *const *e = hooks->envp; *e; e++)
+        if (!strncmp(*e, name, n) && (*e)[n] == '=')
+            return *e + n + 1;
+    return NULL;
+}
+
+/* A warning: one line to the hooks' warn, else to the log. */
+static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void warn(const char *fmt, ...)
+{
+    char line[8448];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (hooks && hooks->warn)
+        hooks->warn(hooks->ctx, line);
+    else
+        gp_log_info("%s", line);
+}
+
+static void visit(int kind, const char *key, const char *text)
+{
+    if (hooks && hooks->visit)
+        hooks->visit(hooks->ctx, kind, key, text);
+}
+
+static void src_line(gp_config_source *src, int line)
+{
+    src->line = line;
+    src->what = NULL;
+}
+
+static void src_what(gp_config_source *src, const char *what)
+{
+    src->line = 0;
+    src->what = what;
+}
 
 static void set_err(char *err, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -98,7 +149,7 @@ static const char *strip(const char *s, size_t *n)
 /* $HOME, else the password database's home; "" when neither is known. */
 static void home_dir(char *out, size_t cap)
 {
-    const char *h = getenv("HOME");
+    const char *h = cfg_getenv("HOME");
     if (h && *h) {
         snprintf(out, cap, "%s", h);
         return;
@@ -115,7 +166,7 @@ static void home_dir(char *out, size_t cap)
  * byte, with *n its length (the text is not NUL-terminated there). */
 static const char *env_view(const char *name, size_t *n)
 {
-    const char *v = getenv(name);
+    const char *v = cfg_getenv(name);
     if (!v)
         return NULL;
     *n = strlen(v);
@@ -127,7 +178,7 @@ static const char *env_view(const char *name, size_t *n)
  * "". */
 static const char *env_raw(const char *name)
 {
-    const char *v = getenv(name);
+    const char *v = cfg_getenv(name);
     return v && *v ? v : NULL;
 }
 
@@ -252,6 +303,7 @@ static const char SIZE_HOW[] =
 static int parse_address(const char *text, size_t n, gp_server_config *srv, int *tls_prefix)
 {
     *tls_prefix = 0;
+    srv->tls_prefix = 0;
     if (n >= 6 && strncasecmp(text, "tls://", 6) == 0) {
         *tls_prefix = 1;
         text += 6;
@@ -269,7 +321,18 @@ static int parse_address(const char *text, size_t n, gp_server_config *srv, int 
         return -1;
     size_t pl = strlen(srv->port);
     long port = strtol(srv->port, NULL, 10);
-    return pl >= 1 && pl <= 5 && port >= 1 && port <= 65535 ? 0 : -1;
+    if (pl < 1 || pl > 5 || port < 1 || port > 65535)
+        return -1;
+    srv->tls_prefix = *tls_prefix;
+    return 0;
+}
+
+int gp_parse_server_address(const char *text, gp_server_config *srv)
+{
+    size_t n = strlen(text);
+    const char *t = strip(text, &n);
+    int prefix;
+    return parse_address(t, n, srv, &prefix);
 }
 
 void gp_server_desc(const gp_server_config *srv, char *out, size_t cap)
@@ -685,6 +748,8 @@ typedef struct file_settings {
     char bad_compression[MAX_STRING];
     int holds_token;
     char dir[4096]; /* the file's folder, symlinks resolved: relative paths start there */
+    gp_config_source src[GP_CFG_NSETTINGS];         /* the top-level settings' lines */
+    gp_config_source default_src[GP_SRV_NSETTINGS]; /* token, tls, tls_* at the top level */
 } file_settings;
 
 enum section {
@@ -832,28 +897,41 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         if (!strcmp(key, "token")) {
             if (token_value(ps, key, v, fs->token) != 0)
                 return -1;
-            if (*fs->token)
+            if (*fs->token) {
                 fs->holds_token = 1;
+                src_line(&fs->default_src[GP_SRV_TOKEN], ps->line);
+            }
             return 0;
         }
         if (!strcmp(key, "tls")) {
             if (want_type(ps, key, v, V_BOOL, "true or false") != 0)
                 return -1;
             fs->tls = v->b;
+            src_line(&fs->default_src[GP_SRV_TLS], ps->line);
             return 0;
         }
-        if (!strcmp(key, "tls_ca"))
-            return path_value(ps, key, v, dir, fs->tls_ca);
-        if (!strcmp(key, "tls_cert"))
-            return path_value(ps, key, v, dir, fs->tls_cert);
-        if (!strcmp(key, "tls_key"))
-            return path_value(ps, key, v, dir, fs->tls_key);
+        int which = !strcmp(key, "tls_ca")     ? GP_SRV_TLS_CA
+                    : !strcmp(key, "tls_cert") ? GP_SRV_TLS_CERT
+                    : !strcmp(key, "tls_key")  ? GP_SRV_TLS_KEY
+                                               : -1;
+        if (which >= 0) {
+            char *dst = which == GP_SRV_TLS_CA     ? fs->tls_ca
+                        : which == GP_SRV_TLS_CERT ? fs->tls_cert
+                                                   : fs->tls_key;
+            if (path_value(ps, key, v, dir, dst) != 0)
+                return -1;
+            if (*dst)
+                src_line(&fs->default_src[which], ps->line);
+            return 0;
+        }
         if (!strcmp(key, "connect_timeout")) {
             fs->has_connect_timeout = 1;
+            src_line(&fs->src[GP_CFG_CONNECT_TIMEOUT], ps->line);
             return timeout_value(ps, key, v, &fs->connect_timeout);
         }
         if (!strcmp(key, "probe_timeout")) {
             fs->has_probe_timeout = 1;
+            src_line(&fs->src[GP_CFG_PROBE_TIMEOUT], ps->line);
             return timeout_value(ps, key, v, &fs->probe_timeout);
         }
         if (!strcmp(key, "compression")) {
@@ -870,6 +948,7 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 return -1;
             }
             fs->compression = c;
+            src_line(&fs->src[GP_CFG_COMPRESSION], ps->line);
             return 0;
         }
         if (!strcmp(key, "servers")) {
@@ -891,6 +970,7 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 int prefix;
                 if (address_value(ps, v->items[i], &fs->servers[fs->nservers], &prefix) < 0)
                     return -1;
+                src_line(&fs->servers[fs->nservers].source[GP_SRV_ADDRESS], ps->line);
                 if (prefix)
                     fs->set[fs->nservers] |= F_PREFIX;
                 fs->nservers++;
@@ -913,6 +993,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 PERR(ps, "%s", why);
                 return -1;
             }
+            if (*fs->gpu)
+                src_line(&fs->src[GP_CFG_GPU], ps->line);
             return 0;
         }
         if (!strcmp(key, "model")) {
@@ -923,11 +1005,14 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 PERR(ps, "%s", why);
                 return -1;
             }
+            if (*fs->model)
+                src_line(&fs->src[GP_CFG_MODEL], ps->line);
             return 0;
         }
         if (!strcmp(key, "min_memory")) {
             if (v->type == V_INT && v->i >= 0) {
                 fs->min_memory = (uint64_t)v->i;
+                src_line(&fs->src[GP_CFG_MIN_MEMORY], ps->line); /* 0 as an integer: set */
             } else if (v->type != V_STR) {
                 PERR(ps, "min_memory must be a size in quotes (\"40GiB\", \"80G\") or bytes as "
                          "an integer");
@@ -949,6 +1034,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                     PERR(ps, "min_memory = \"%.*s\" is not a size: %s", (int)n, s, SIZE_HOW);
                     return -1;
                 }
+                if (fs->min_memory)
+                    src_line(&fs->src[GP_CFG_MIN_MEMORY], ps->line);
             }
             return 0;
         }
@@ -961,6 +1048,8 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             int prefix, rc = address_value(ps, v->s, s, &prefix);
             if (rc < 0)
                 return -1;
+            if (rc > 0)
+                src_line(&s->source[GP_SRV_ADDRESS], ps->line);
             if (prefix)
                 fs->set[i] |= F_PREFIX;
             return 0;
@@ -971,6 +1060,7 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             if (*s->token) {
                 fs->set[i] |= F_TOKEN;
                 fs->holds_token = 1;
+                src_line(&s->source[GP_SRV_TOKEN], ps->line);
             }
             return 0;
         }
@@ -979,6 +1069,7 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 return -1;
             s->tls = v->b;
             fs->set[i] |= F_TLS;
+            src_line(&s->source[GP_SRV_TLS], ps->line);
             return 0;
         }
         unsigned bit = !strcmp(key, "tls_ca")     ? F_CA
@@ -989,8 +1080,13 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             char *dst = bit == F_CA ? s->tls_ca : bit == F_CERT ? s->tls_cert : s->tls_key;
             if (path_value(ps, key, v, dir, dst) != 0)
                 return -1;
-            if (*dst)
+            if (*dst) {
                 fs->set[i] |= bit;
+                src_line(&s->source[bit == F_CA     ? GP_SRV_TLS_CA
+                                    : bit == F_CERT ? GP_SRV_TLS_CERT
+                                                    : GP_SRV_TLS_KEY],
+                         ps->line);
+            }
             return 0;
         }
         if (!strcmp(key, "compression")) {
@@ -1005,8 +1101,10 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 return 0;
             }
             s->compression = c;
-            if (n)
-                fs->set[i] |= F_COMP; /* blank: unset, the top level's applies */
+            if (n) { /* blank: unset, the top level's applies */
+                fs->set[i] |= F_COMP;
+                src_line(&s->source[GP_SRV_COMPRESSION], ps->line);
+            }
             return 0;
         }
     }
@@ -1017,9 +1115,38 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         "address, token, tls, tls_ca, tls_cert, tls_key, compression",
     };
     static const char *const where[] = {"", " in [requirements]", " in [[servers]]"};
-    gp_log_info("%s:%d: unknown setting '%s'%s ignored (known there: %s)", ps->file, ps->line, key,
-                where[sec], known[sec]);
+    warn("%s:%d: unknown setting '%s'%s ignored (known there: %s)", ps->file, ps->line, key,
+         where[sec], known[sec]);
     return 0;
+}
+
+/* A value as written, to the hooks' visitor. */
+static void visit_value(const char *key, const value *v)
+{
+    if (!hooks || !hooks->visit)
+        return;
+    char num[64];
+    switch (v->type) {
+    case V_STR:
+        visit(GP_VISIT_STRING, key, v->s);
+        break;
+    case V_INT:
+        snprintf(num, sizeof num, "%lld", v->i);
+        visit(GP_VISIT_INTEGER, key, num);
+        break;
+    case V_FLOAT:
+        snprintf(num, sizeof num, "%.17g", v->f);
+        visit(GP_VISIT_FLOAT, key, num);
+        break;
+    case V_BOOL:
+        visit(GP_VISIT_BOOL, key, v->b ? "true" : "false");
+        break;
+    case V_ARRAY:
+        visit(GP_VISIT_ARRAY, key, NULL);
+        for (int i = 0; i < v->nitems; i++)
+            visit(GP_VISIT_ITEM, key, v->items[i]);
+        break;
+    }
 }
 
 /* A [table] or [[table]] header line at ps->p. 0, or -1 (error set). */
@@ -1085,11 +1212,13 @@ static int parse_header(parser *ps, file_settings *fs, enum section *sec, int *r
             *sec = SEC_SERVER;
         }
     } else {
-        gp_log_info("%s:%d: unknown table %s%s%s ignored (known: [requirements], [[servers]])",
-                    ps->file, ps->line, dbl ? "[[" : "[", n, dbl ? "]]" : "]");
+        warn("%s:%d: unknown table %s%s%s ignored (known: [requirements], [[servers]])", ps->file,
+             ps->line, dbl ? "[[" : "[", n, dbl ? "]]" : "]");
         *sec = SEC_UNKNOWN;
     }
     ps->line = next_line;
+    if (rc == 0)
+        visit(dbl ? GP_VISIT_ARRAY_TABLE : GP_VISIT_TABLE, NULL, n);
     return rc;
 }
 
@@ -1196,8 +1325,10 @@ static int parse_file(const char *file, const char *text, size_t len, file_setti
         ps.line = line; /* messages about the key name the line it starts on */
         if (sec != SEC_UNKNOWN && seen_before(&ps, seen, key) != 0)
             rc = -1;
-        if (rc == 0)
+        if (rc == 0) {
+            visit_value(key, &v);
             rc = apply_key(&ps, fs, sec, key, &v);
+        }
         value_free(&v);
         ps.line = value_end_line;
         if (rc == 0)
@@ -1211,15 +1342,18 @@ static int parse_file(const char *file, const char *text, size_t len, file_setti
 
 /* ======================================================================= the file == */
 
-/* Which file: 1 with path set, 0 for none, -1 with err. */
-static int find_file(char *path, size_t cap, char *err, size_t ecap)
+/* Which file: 1 with path set, 0 for none, -1 with err; why (cap 8448) says why that file or why
+ * none, for `gpupool config`. */
+static int find_file(char *path, size_t cap, char *why, char *err, size_t ecap)
 {
     size_t n;
     const char *explicit_ = env_view("GPUPOOL_CONFIG", &n);
     struct stat st;
     if (explicit_) {
-        if (n == 4 && !strncmp(explicit_, "none", 4))
+        if (n == 4 && !strncmp(explicit_, "none", 4)) {
+            snprintf(why, 8448, "GPUPOOL_CONFIG=none: no file is read");
             return 0;
+        }
         int rc = expand_path(explicit_, n, NULL, path, cap);
         if (rc != 0) {
             set_err(err, ecap,
@@ -1237,6 +1371,7 @@ static int find_file(char *path, size_t cap, char *err, size_t ecap)
                     (int)n, explicit_, strerror(errno));
             return -1;
         }
+        snprintf(why, 8448, "from GPUPOOL_CONFIG");
         return 1;
     }
     const char *xdg = env_raw("XDG_CONFIG_HOME");
@@ -1249,11 +1384,22 @@ static int find_file(char *path, size_t cap, char *err, size_t ecap)
         if (*home)
             k = snprintf(path, cap, "%s/.config/gpupool/config.toml", home);
     }
-    if (k > 0 && (size_t)k < cap && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+    if (k > 0 && (size_t)k < cap && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        snprintf(why, 8448, "the user's file");
         return 1;
-    snprintf(path, cap, "/etc/gpupool/config.toml");
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
+    }
+    char user[4096];
+    if (k > 0 && (size_t)k < cap)
+        snprintf(user, sizeof user, "%s", path);
+    else
+        snprintf(user, sizeof user, "(no home folder)");
+    snprintf(path, cap, "%s",
+             hooks && hooks->system_file ? hooks->system_file : "/etc/gpupool/config.toml");
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        snprintf(why, 8448, "the system file (no user file at %s)", user);
         return 1;
+    }
+    snprintf(why, 8448, "no file (%s and %s do not exist)", user, path);
     path[0] = 0;
     return 0;
 }
@@ -1356,8 +1502,8 @@ static void check_mode(const char *path, const struct stat *st, const file_setti
 {
     if (!fs->holds_token || !(st->st_mode & 044) || !under_home(path))
         return;
-    gp_log_info("%s holds a token and is readable by other users (mode %04o): chmod 600 %s", path,
-                (unsigned)(st->st_mode & 07777), path);
+    warn("%s holds a token and is readable by other users (mode %04o): chmod 600 %s", path,
+         (unsigned)(st->st_mode & 07777), path);
 }
 
 /* ================================================================ the environment == */
@@ -1406,6 +1552,7 @@ static int env_servers(const char *list, size_t len, const file_settings *fs, gp
             break;
         }
         unsigned bits = 0;
+        src_what(&s->source[GP_SRV_ADDRESS], "GPUPOOL_SERVER");
         for (int j = 0; j < fs->nservers; j++) {
             const gp_server_config *f = &fs->servers[j];
             if (strcasecmp(f->host, s->host) != 0 || strcmp(f->port, s->port) != 0)
@@ -1418,6 +1565,9 @@ static int env_servers(const char *list, size_t len, const file_settings *fs, gp
             memcpy(s->tls_cert, f->tls_cert, sizeof s->tls_cert);
             memcpy(s->tls_key, f->tls_key, sizeof s->tls_key);
             s->compression = f->compression;
+            s->tls_prefix = f->tls_prefix || s->tls_prefix;
+            for (int k = GP_SRV_TOKEN; k < GP_SRV_NSETTINGS; k++)
+                s->source[k] = f->source[k];
             bits = fs->set[j];
             break;
         }
@@ -1472,16 +1622,20 @@ static int env_requirements(gp_client_config *cfg, char *err, size_t ecap)
         gn = on;
         gpu_var = "GPUPOOL_DEVICE";
     } else if (old && (on != gn || memcmp(old, gpu, gn) != 0)) {
-        gp_log_info("GPUPOOL_DEVICE=%.*s ignored: GPUPOOL_GPU=%.*s is set (GPUPOOL_DEVICE is its "
-                    "old name)",
-                    (int)on, old, (int)gn, gpu);
+        warn("GPUPOOL_DEVICE=%.*s ignored: GPUPOOL_GPU=%.*s is set (GPUPOOL_DEVICE is its old "
+             "name)",
+             (int)on, old, (int)gn, gpu);
     }
     if (gpu && check_text(gpu_var, gpu, gn, GPU_HOW, cfg->gpu, sizeof cfg->gpu, err, ecap) != 0)
         return -1;
+    if (gpu)
+        src_what(&cfg->source[GP_CFG_GPU], gpu_var);
     const char *model = env_view("GPUPOOL_GPU_MODEL", &n);
     if (model && check_text("GPUPOOL_GPU_MODEL", model, n, MODEL_HOW, cfg->model, sizeof cfg->model,
                             err, ecap) != 0)
         return -1;
+    if (model)
+        src_what(&cfg->source[GP_CFG_MODEL], "GPUPOOL_GPU_MODEL");
     const char *mem = env_view("GPUPOOL_MIN_MEMORY", &n);
     if (mem) {
         char *text = strndup(mem, n);
@@ -1495,6 +1649,7 @@ static int env_requirements(gp_client_config *cfg, char *err, size_t ecap)
             set_err(err, ecap, "GPUPOOL_MIN_MEMORY=%.*s is not a size: %s", (int)n, mem, SIZE_HOW);
             return -1;
         }
+        src_what(&cfg->source[GP_CFG_MIN_MEMORY], "GPUPOOL_MIN_MEMORY");
     }
     return 0;
 }
@@ -1520,7 +1675,7 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     cfg->probe_timeout = 2;
 
     char path[4096];
-    int found = find_file(path, sizeof path, err, ecap);
+    int found = find_file(path, sizeof path, cfg->file_reason, err, ecap);
     if (found < 0)
         return -1;
     if (found) {
@@ -1545,6 +1700,7 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         snprintf(cfg->model, sizeof cfg->model, "%s", fs->model);
         cfg->min_memory = fs->min_memory;
         cfg->compression = fs->compression;
+        memcpy(cfg->source, fs->src, sizeof cfg->source);
     }
 
     /* The list, with what each entry sets itself. */
@@ -1554,6 +1710,7 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     if (list) {
         if (env_servers(list, n, fs, cfg, set, err, ecap) != 0)
             return -1;
+        src_what(&cfg->source[GP_CFG_SERVERS], "GPUPOOL_SERVER");
     } else {
         cfg->nservers = fs->nservers;
         for (int i = 0; i < fs->nservers; i++) {
@@ -1586,20 +1743,41 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         return -1;
     for (int i = 0; i < cfg->nservers; i++) {
         gp_server_config *s = &cfg->servers[i];
-        if (tv)
+        gp_config_source *src = s->source;
+        const gp_config_source *dflt = fs->default_src;
+        if (tv) {
             memcpy(s->token, token, sizeof token);
-        else if (!(set[i] & F_TOKEN))
+            src_what(&src[GP_SRV_TOKEN], "GPUPOOL_TOKEN");
+        } else if (!(set[i] & F_TOKEN)) {
             memcpy(s->token, fs->token, sizeof fs->token);
-        if (set[i] & F_PREFIX)
+            src[GP_SRV_TOKEN] = dflt[GP_SRV_TOKEN];
+        }
+        if (set[i] & F_PREFIX) {
             s->tls = 1; /* tls://: TLS whatever else says */
-        else if (tls_env >= 0)
+            src_what(&src[GP_SRV_TLS], "tls:// in the address");
+        } else if (tls_env >= 0) {
             s->tls = tls_env;
-        else if (!(set[i] & F_TLS))
+            src_what(&src[GP_SRV_TLS], "GPUPOOL_TLS");
+        } else if (!(set[i] & F_TLS)) {
             s->tls = fs->tls;
+            src[GP_SRV_TLS] = dflt[GP_SRV_TLS];
+        }
+        if (env_ca)
+            src_what(&src[GP_SRV_TLS_CA], "GPUPOOL_TLS_CA");
+        else if (!(set[i] & F_CA))
+            src[GP_SRV_TLS_CA] = dflt[GP_SRV_TLS_CA];
         if (env_ca || !(set[i] & F_CA))
             memcpy(s->tls_ca, ca, sizeof ca);
+        if (env_cert)
+            src_what(&src[GP_SRV_TLS_CERT], "GPUPOOL_TLS_CERT");
+        else if (!(set[i] & F_CERT))
+            src[GP_SRV_TLS_CERT] = dflt[GP_SRV_TLS_CERT];
         if (env_cert || !(set[i] & F_CERT))
             memcpy(s->tls_cert, cert, sizeof cert);
+        if (env_key)
+            src_what(&src[GP_SRV_TLS_KEY], "GPUPOOL_TLS_KEY");
+        else if (!(set[i] & F_KEY))
+            src[GP_SRV_TLS_KEY] = dflt[GP_SRV_TLS_KEY];
         if (env_key || !(set[i] & F_KEY))
             memcpy(s->tls_key, key, sizeof key);
     }
@@ -1610,6 +1788,10 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
             0 ||
         env_requirements(cfg, err, ecap) != 0)
         return -1;
+    if (env_view("GPUPOOL_CONNECT_TIMEOUT", &n))
+        src_what(&cfg->source[GP_CFG_CONNECT_TIMEOUT], "GPUPOOL_CONNECT_TIMEOUT");
+    if (env_view("GPUPOOL_PROBE_TIMEOUT", &n))
+        src_what(&cfg->source[GP_CFG_PROBE_TIMEOUT], "GPUPOOL_PROBE_TIMEOUT");
     size_t cn;
     const char *cv = env_view("GPUPOOL_COMPRESSION", &cn);
     if (cv) {
@@ -1622,11 +1804,15 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
             return -1;
         }
         cfg->compression = c;
+        src_what(&cfg->source[GP_CFG_COMPRESSION], "GPUPOOL_COMPRESSION");
     }
     /* Each server's compression: GPUPOOL_COMPRESSION, else its own, else the top level's. */
-    for (int i = 0; i < cfg->nservers; i++)
-        if (cv || !(set[i] & F_COMP))
+    for (int i = 0; i < cfg->nservers; i++) {
+        if (cv || !(set[i] & F_COMP)) {
             cfg->servers[i].compression = cfg->compression;
+            cfg->servers[i].source[GP_SRV_COMPRESSION] = cfg->source[GP_CFG_COMPRESSION];
+        }
+    }
 
     /* A client certificate needs its key, and a key its certificate. */
     for (int i = 0; i < cfg->nservers; i++) {
@@ -1644,14 +1830,23 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     return 0;
 }
 
-int gp_client_config_load(gp_client_config *cfg, char *err, size_t errcap)
+int gp_client_config_load_with(gp_client_config *cfg, const gp_config_hooks *with, char *err,
+                               size_t errcap)
 {
     file_settings *fs = calloc(1, sizeof *fs);
     if (!fs) {
         set_err(err, errcap, "out of memory reading the gpupool configuration");
         return -1;
     }
+    const gp_config_hooks *outer = hooks;
+    hooks = with;
     int rc = load(cfg, fs, err, errcap);
+    hooks = outer;
     free(fs);
     return rc;
+}
+
+int gp_client_config_load(gp_client_config *cfg, char *err, size_t errcap)
+{
+    return gp_client_config_load_with(cfg, NULL, err, errcap);
 }

@@ -1,7 +1,7 @@
 /*
  * client_config.h: the client configuration (docs/client-configuration.md; the user's
- * view: docs/user-guide.md). One meaning, read by libcuda.so.1 and libnvidia-ml.so.1 here and by
- * the `gpupool` command (client/gpupool/config.py).
+ * view: docs/user-guide.md). The one reader of that file: libcuda.so.1 and libnvidia-ml.so.1 link
+ * it, and the `gpupool` command calls it through libgpupool-config.so (client/config/, ctypes).
  *
  * The file: $GPUPOOL_CONFIG when set (it must exist; "none": no file), else
  * ${XDG_CONFIG_HOME:-$HOME/.config}/gpupool/config.toml when it exists, else
@@ -25,6 +25,38 @@
 #define GP_COMPRESSION_LZ4 1
 #define GP_DEFAULT_PORT "7070" /* gpupoold's default remoting listener */
 
+/* Where a setting's value came from: line > 0, the config file (gp_client_config.file) at that
+ * line; else `what`, a static text (the environment variable, or "tls:// in the address"); neither:
+ * the default. */
+typedef struct gp_config_source {
+    int line;
+    const char *what;
+} gp_config_source;
+
+/* The settings of a server, in the order of gp_server_config.source. */
+enum gp_server_setting {
+    GP_SRV_ADDRESS,
+    GP_SRV_TOKEN,
+    GP_SRV_TLS,
+    GP_SRV_TLS_CA,
+    GP_SRV_TLS_CERT,
+    GP_SRV_TLS_KEY,
+    GP_SRV_COMPRESSION,
+    GP_SRV_NSETTINGS
+};
+
+/* The top-level settings, in the order of gp_client_config.source. */
+enum gp_client_setting {
+    GP_CFG_CONNECT_TIMEOUT,
+    GP_CFG_PROBE_TIMEOUT,
+    GP_CFG_COMPRESSION,
+    GP_CFG_GPU,
+    GP_CFG_MODEL,
+    GP_CFG_MIN_MEMORY,
+    GP_CFG_SERVERS, /* the list itself: GPUPOOL_SERVER, else the file */
+    GP_CFG_NSETTINGS
+};
+
 typedef struct gp_server_config {
     char address[512]; /* as written, without tls:// ("host:port", "host", "[v6]:port") */
     char host[256], port[32];
@@ -32,6 +64,8 @@ typedef struct gp_server_config {
     char token[4097];
     char tls_ca[4096], tls_cert[4096], tls_key[4096];
     int compression; /* GP_COMPRESSION_*: GPUPOOL_COMPRESSION, else its own, else the top level */
+    int tls_prefix;  /* written tls://... (TLS whatever else says) */
+    gp_config_source source[GP_SRV_NSETTINGS];
 } gp_server_config;
 
 typedef struct gp_client_config {
@@ -40,14 +74,45 @@ typedef struct gp_client_config {
     double connect_timeout, probe_timeout; /* seconds; connect 0: no limit; probe 0: 2 s */
     char gpu[256], model[256];
     uint64_t min_memory;
-    int compression; /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
+    int compression;        /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
                       * use each server's own (gp_server_config.compression) */
-    char file[4096]; /* the file read, "" for none */
+    char file[4096];        /* the file read, "" for none */
+    char file_reason[8448]; /* why that file, or why none ("the user's file", ...) */
+    gp_config_source source[GP_CFG_NSETTINGS];
 } gp_client_config;
 
 /* 0, or -1 with a one-line error in err (what, where, what to do). Warnings go to gp_log_*.
  * The struct is large (~270 KB): allocate it, do not put it on a thread's stack. */
 int gp_client_config_load(gp_client_config *cfg, char *err, size_t errcap);
+
+/* What a caller other than the shims may change in how the configuration is read (the
+ * `gpupool` command, through client/config/binding.c). Any member may be NULL: the process's
+ * environment, warnings to gp_log_info, no visitor, /etc/gpupool/config.toml. */
+enum gp_config_visit {
+    GP_VISIT_TABLE = 1,   /* [name]: text is the name, key NULL */
+    GP_VISIT_ARRAY_TABLE, /* [[name]] */
+    GP_VISIT_STRING,      /* key = "text" (as written, unstripped) */
+    GP_VISIT_INTEGER,     /* key = text (decimal) */
+    GP_VISIT_FLOAT,       /* key = text (%.17g: reads back to the same double) */
+    GP_VISIT_BOOL,        /* key = text ("true" or "false") */
+    GP_VISIT_ARRAY,       /* key = [ ... ]: text NULL, then one GP_VISIT_ITEM per string */
+    GP_VISIT_ITEM
+};
+typedef struct gp_config_hooks {
+    char *const *envp; /* "NAME=VALUE" strings, NULL-terminated, read instead of environ */
+    void (*warn)(void *ctx, const char *line);
+    /* Every header and value of the file, in order, as written: what `gpupool login` needs to
+     * rewrite the file (the reader's checks still apply: an error stops the visit). */
+    void (*visit)(void *ctx, int kind, const char *key, const char *text);
+    void *ctx;
+    const char *system_file;
+} gp_config_hooks;
+int gp_client_config_load_with(gp_client_config *cfg, const gp_config_hooks *hooks, char *err,
+                               size_t errcap);
+
+/* Split an address as a user writes it ([tls://]host[:port], [v6]:port) into srv's address,
+ * host and port and srv->tls_prefix. 0, or -1 (not an address). */
+int gp_parse_server_address(const char *text, gp_server_config *srv);
 
 /* "host:port" of a server for messages: its address, with the default port added to a bare
  * host name. */

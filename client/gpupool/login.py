@@ -18,9 +18,8 @@ from gpupool.config import (
     SYSTEM_FILE,
     ConfigError,
     ServerConfig,
-    _expand,
-    _NoHome,
     default_user_file,
+    expand_home,
     read_file,
     split_address,
     write_file,
@@ -47,8 +46,8 @@ def target_file(env: Mapping[str, str], system: bool) -> Path:
     explicit = (env.get("GPUPOOL_CONFIG") or "").strip(BLANKS)  # as the readers take it
     if explicit and explicit != "none":
         try:
-            return Path(_expand(explicit, None, env))
-        except _NoHome:
+            return Path(expand_home(explicit, env))
+        except ConfigError:
             raise ConfigError(f"GPUPOOL_CONFIG={explicit}: ~ stands for the home folder, and "
                               "HOME is not set") from None
     user = default_user_file(env)

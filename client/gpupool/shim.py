@@ -1,5 +1,6 @@
-"""Where our libcuda.so.1 (the shim) and libnvidia-ml.so.1 (the NVML shim) are, and the
-environment that makes programs load them."""
+"""Where our libcuda.so.1 (the shim), libnvidia-ml.so.1 (the NVML shim) and libgpupool-config.so
+(the configuration reader, gpupool.config) are, and the environment that makes programs load the
+shims."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 SHIM_NAME = "libcuda.so.1"
 NVML_NAME = "libnvidia-ml.so.1"  # the NVML shim, next to it
+CONFIG_LIB_NAME = "libgpupool-config.so"  # the configuration reader for `gpupool`, next to it
 PACKAGE_LIB = Path(__file__).resolve().parent / "lib"
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -41,6 +43,20 @@ def shim_dir(env: Mapping[str, str] | None = None) -> Path:
     looked = ", ".join(str(p) for p in places)
     raise ShimNotFound(f"{SHIM_NAME} not found (looked in {looked}); reinstall the gpupool "
                        "package or set GPUPOOL_SHIM_DIR")
+
+
+def config_library(env: Mapping[str, str] | None = None) -> Path:
+    """libgpupool-config.so: the first of the candidates that has it. Unlike the shims, a
+    GPUPOOL_SHIM_DIR without it is passed over: the command reads its configuration even while
+    the shims it points at are missing (what `gpupool doctor` reports)."""
+    places = candidates(os.environ if env is None else env)
+    for place in places:
+        if (place / CONFIG_LIB_NAME).is_file():
+            return place / CONFIG_LIB_NAME
+    looked = ", ".join(str(p) for p in places)
+    raise ShimNotFound(f"{CONFIG_LIB_NAME} not found (looked in {looked}); reinstall the "
+                       "gpupool package or set GPUPOOL_SHIM_DIR to a folder with gpupool's "
+                       "libraries")
 
 
 def client_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

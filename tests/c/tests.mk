@@ -42,13 +42,6 @@ $(BUILD)/tests/test_client_config: $(BUILD)/obj/tests/c/test_client_config.o \
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl
 
-# The same configuration as JSON, for tests/test_config_agreement.py (C and Python must agree).
-TEST_BINS += $(BUILD)/tests/config_dump
-$(BUILD)/tests/config_dump: $(BUILD)/obj/tests/c/config_dump.o \
-		$(addprefix $(CLIENT_COMMON_OBJ)/,client_config.o requirements.o net.o tls.o log.o)
-	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl
-
 # The LZ4 block codec of compressed copies (common/compress.c).
 TEST_BINS += $(BUILD)/tests/test_compress
 $(BUILD)/tests/test_compress: $(BUILD)/obj/tests/c/test_compress.o $(GP_COMPRESS_OBJS)

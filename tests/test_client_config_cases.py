@@ -1,22 +1,22 @@
-"""The shims and the `gpupool` command read the client configuration the same way
-(docs/client-configuration.md): one table of cases (files and environments, good and
-bad) goes through the C reader (tests/c/config_dump.c on client/common/client_config.c, printing
-the effective settings as JSON) and through `gpupool.config.load`; both must give the same
-servers, tokens, TLS settings and files, timeouts, requirements and warnings, or refuse with the
-same one-line error. Also run under ASan/UBSan (GPUPOOL_SAN=1)."""
+"""The client configuration reader (client/common/client_config.c, the only one: the shims link
+it, `gpupool` calls it through libgpupool-config.so) on one table of cases, files and
+environments, good and bad (docs/client-configuration.md): each gives the effective servers,
+tokens, TLS settings and files, timeouts, requirements and warnings, or one-line error, that the
+case says. Each case runs in a process of its own through `gpupool.config.load`, so that the
+sanitizer build (GPUPOOL_SAN=1) runs the table under ASan/UBSan too."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from client_config_example import EXAMPLE
-from conftest import require, run_client
+from conftest import REPO, _libasan, require, run_client
 from gpupool import config as cc
 
 BLANKS = """\
@@ -298,26 +298,37 @@ def _setup(case: Case, tmp: Path) -> dict[str, str]:
     return env
 
 
-def _python(env: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-    warnings: list[str] = []
-    try:
-        cfg = cc.load(env, warn=warnings.append)
-    except cc.ConfigError as exc:
-        return {"ok": False, "error": str(exc)}, warnings
-    return {"ok": True, "file": cfg.file, "connect_timeout": cfg.connect_timeout,
-            "probe_timeout": cfg.probe_timeout, "gpu": cfg.gpu, "model": cfg.model,
-            "min_memory": cfg.min_memory, "compression": cfg.compression,
-            "servers": [{"address": s.address, "host": s.host, "port": s.port, "tls": s.tls,
-                         "token": s.token, "tls_ca": s.tls_ca, "tls_cert": s.tls_cert,
-                         "tls_key": s.tls_key, "compression": s.compression}
-                        for s in cfg.servers]}, warnings
+# Prints what gpupool.config.load gives, as JSON; warnings go to stderr as `gpupool` prints them.
+DUMP = """
+import json
+from gpupool import config as cc
+try:
+    cfg = cc.load()
+except cc.ConfigError as exc:
+    print(json.dumps({"ok": False, "error": str(exc)}))
+    raise SystemExit(0)
+print(json.dumps({"ok": True, "file": cfg.file, "connect_timeout": cfg.connect_timeout,
+                  "probe_timeout": cfg.probe_timeout, "gpu": cfg.gpu, "model": cfg.model,
+                  "min_memory": cfg.min_memory, "compression": cfg.compression,
+                  "servers": [{"address": s.address, "host": s.host, "port": s.port,
+                               "tls": s.tls, "token": s.token, "tls_ca": s.tls_ca,
+                               "tls_cert": s.tls_cert, "tls_key": s.tls_key,
+                               "compression": s.compression} for s in cfg.servers]},
+                 ensure_ascii=False))
+"""
 
 
-def _c(binary: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, Any], list[str]]:
-    proc = run_client([binary], env={**env, "ASAN_OPTIONS": "detect_leaks=1"}, cwd=cwd,
-                      timeout=60)
+def _read(lib_dir: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, Any], list[str]]:
+    """The case's configuration, read in a process whose environment is the case's (plus where
+    the library and the package are; libasan first for the sanitizer build)."""
+    run_env = {**env, "GPUPOOL_SHIM_DIR": str(lib_dir), "PYTHONPATH": str(REPO / "client")}
+    if lib_dir.parent.name == "build-asan":
+        asan = _libasan()
+        require(asan is not None, "the sanitizer build needs libasan (cc -print-file-name)")
+        run_env.update(LD_PRELOAD=str(asan), ASAN_OPTIONS="detect_leaks=0")
+    proc = run_client([sys.executable, "-c", DUMP], env=run_env, cwd=cwd, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for mark in ("AddressSanitizer", "runtime error:", "LeakSanitizer"):
+    for mark in ("AddressSanitizer", "runtime error:"):
         assert mark not in proc.stderr, proc.stderr
     lines = proc.stderr.splitlines()
     assert all(line.startswith("gpupool: ") for line in lines), proc.stderr
@@ -325,28 +336,23 @@ def _c(binary: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, Any], li
 
 
 @pytest.fixture(scope="module")
-def dump(native_build: Path) -> Path:
-    binary = native_build / "tests" / "config_dump"
-    require(binary.is_file(), f"{binary} not built")
-    return binary
+def lib_dir(native_build: Path) -> Path:
+    folder = native_build / "client"
+    require((folder / cc.CONFIG_LIB_NAME).is_file(), f"{folder / cc.CONFIG_LIB_NAME} not built")
+    return folder
 
 
 @pytest.mark.san
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_c_and_python_agree(case: Case, dump: Path, tmp_path: Path,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_case_reads_as_it_says(case: Case, lib_dir: Path, tmp_path: Path) -> None:
     env = _setup(case, tmp_path)
-    monkeypatch.chdir(tmp_path)
-    c, c_warnings = _c(dump, env, tmp_path)
-    py, py_warnings = _python(env)
-    assert c == py, f"C: {c}\nPython: {py}"
-    assert c_warnings == py_warnings
+    c, _ = _read(lib_dir, env, tmp_path)
     assert c["ok"] is (case.expect == "ok"), c
     shown = c["error"] if not c["ok"] else json.dumps(c, ensure_ascii=False)
     assert case.words in shown, shown
 
 
-def test_the_table_says_what_it_means(dump: Path, tmp_path: Path,
+def test_the_table_says_what_it_means(lib_dir: Path, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A few cases checked for their exact meaning, not only for agreement."""
     by_name = {c.name: c for c in CASES}
@@ -357,7 +363,7 @@ def test_the_table_says_what_it_means(dump: Path, tmp_path: Path,
         tmp.mkdir()
         env = _setup(case, tmp)
         monkeypatch.chdir(tmp)
-        return _c(dump, env, tmp)
+        return _read(lib_dir, env, tmp)
 
     out, _ = run("blanks around strings, empty means unset")
     folder = os.path.realpath(os.getcwd() + "/cfg")
@@ -401,30 +407,17 @@ def test_the_table_says_what_it_means(dump: Path, tmp_path: Path,
                         "its old name)"]
 
 
-def test_python_writes_what_c_reads(dump: Path, tmp_path: Path) -> None:
-    """`gpupool login` writes the file with config.write_file: the shims read back the same."""
+def test_what_login_writes_reads_back(lib_dir: Path, tmp_path: Path) -> None:
+    """`gpupool login` writes the file with config.write_file: the reader takes it back."""
     data = {"token": 'q"uote\\back é', "tls": True, "connect_timeout": 2.5, "probe_timeout": 3,
             "requirements": {"gpu": 1, "model": "A100", "min_memory": "40GiB"},
             "servers": [{"address": "tls://h:1", "token": "t1"}, {"address": "g"}]}
     path = tmp_path / "sub" / "config.toml"
     cc.write_file(path, data)
     env = {"HOME": str(tmp_path), "GPUPOOL_CONFIG": str(path), "PATH": "/usr/bin:/bin"}
-    c, c_warnings = _c(dump, env, tmp_path)
-    py, py_warnings = _python(env)
-    assert c == py and c_warnings == py_warnings == []
-    assert c["ok"] and c["gpu"] == "1" and [s["token"] for s in c["servers"]] == \
-        ["t1", data["token"]]
-
-
-def test_the_dump_program_needs_no_python(dump: Path) -> None:
-    """config_dump is a plain C program: it runs with an empty environment."""
-    proc = subprocess.run([dump], env={"GPUPOOL_CONFIG": "none"}, capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"ok": True, "file": "", "connect_timeout": 10,
-                                       "probe_timeout": 2, "gpu": "", "model": "",
-                                       "min_memory": 0, "compression": "off", "servers": []}
-    proc = subprocess.run([dump], env={"GPUPOOL_CONFIG": "none", "GPUPOOL_SERVER": "a"},
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["servers"][0]["compression"] == "off"
+    c, warnings = _read(lib_dir, env, tmp_path)
+    assert warnings == []
+    assert c["ok"] and c["gpu"] == "1" and c["min_memory"] == 40 << 30
+    assert [s["token"] for s in c["servers"]] == ["t1", data["token"]]
+    assert [s["tls"] for s in c["servers"]] == [True, True]
+    assert c["connect_timeout"] == 2.5 and c["probe_timeout"] == 3
