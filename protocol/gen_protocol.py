@@ -47,9 +47,11 @@ class SpecError(Exception):
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # scalar | bytes | string | blob | array | bulk
+    kind: str  # scalar | bytes | string | blob | array | bulk | record
     scalar: str = ""  # scalar type (for scalar and array)
     size: int = 0  # bytes:N size, or max length / count
+    record: str = ""  # record: the record's name
+    members: tuple[Field, ...] = ()  # record: its fields
 
     @property
     def fixed_size(self) -> int:
@@ -59,7 +61,29 @@ class Field:
             return self.size
         if self.kind in ("string", "blob", "array"):
             return 4
+        if self.kind == "record":
+            return sum(m.fixed_size for m in self.members)
         return 8  # bulk: the u64 length
+
+    @property
+    def worst_size(self) -> int:
+        """The most bytes this field can take in a body."""
+        if self.kind in ("string", "blob"):
+            return 4 + self.size
+        if self.kind == "array":
+            return 4 + self.size * SCALARS[self.scalar][2]
+        if self.kind == "record":
+            return sum(m.worst_size for m in self.members)
+        return self.fixed_size
+
+
+@dataclass(frozen=True)
+class Record:
+    """A named group of fields that messages embed (`record:NAME`): encoded as its fields in
+    order, with no header of its own."""
+    name: str
+    doc: str
+    fields: tuple[Field, ...]
 
 
 @dataclass(frozen=True)
@@ -71,7 +95,7 @@ class Message:
     reply: tuple[Field, ...] | None
 
 
-def parse_field(text: str, where: str) -> Field:
+def parse_field(text: str, where: str, records: dict[str, Record] | None = None) -> Field:
     parts = text.split()
     if len(parts) != 2:
         raise SpecError(f"{where}: field {text!r} must be 'TYPE NAME'")
@@ -90,13 +114,20 @@ def parse_field(text: str, where: str) -> Field:
             return Field(name, "array", scalar=pieces[1], size=int(pieces[2]))
         if typ == "bulk":
             return Field(name, "bulk")
+        if pieces[0] == "record" and len(pieces) == 2:
+            rec = (records or {}).get(pieces[1])
+            if rec is None:
+                raise SpecError(f"{where}: no [[record]] named {pieces[1]!r} (records are "
+                                "declared before the messages that use them)")
+            return Field(name, "record", record=rec.name, members=rec.fields)
     except ValueError as exc:
         raise SpecError(f"{where}: bad size in {typ!r}") from exc
     raise SpecError(f"{where}: unknown type {typ!r}")
 
 
-def parse_fields(items: list[str], where: str, max_body: int) -> tuple[Field, ...]:
-    fields = tuple(parse_field(t, where) for t in items)
+def parse_fields(items: list[str], where: str, max_body: int,
+                 records: dict[str, Record] | None = None) -> tuple[Field, ...]:
+    fields = tuple(parse_field(t, where, records) for t in items)
     names = [f.name for f in fields]
     if len(set(names)) != len(names):
         raise SpecError(f"{where}: duplicate field names")
@@ -105,11 +136,7 @@ def parse_fields(items: list[str], where: str, max_body: int) -> tuple[Field, ..
     bulks = [i for i, f in enumerate(fields) if f.kind == "bulk"]
     if len(bulks) > 1 or (bulks and bulks[0] != len(fields) - 1):
         raise SpecError(f"{where}: at most one bulk field, and it must be last")
-    worst = sum(f.fixed_size for f in fields) + sum(
-        f.size if f.kind in ("string", "blob") else
-        f.size * SCALARS[f.scalar][2] if f.kind == "array" else 0
-        for f in fields
-    )
+    worst = sum(f.worst_size for f in fields)
     if worst > max_body:
         raise SpecError(f"{where}: worst-case body {worst} exceeds max_body {max_body}")
     for f in fields:
@@ -150,6 +177,20 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
                             ">= 100100")
     if len(set(info.values())) != len(info) or set(info.values()) & set(results.values()):
         raise SpecError("[notice_codes] values must be unique and distinct from [results]")
+    records: dict[str, Record] = {}
+    for i, r in enumerate(spec.get("record", [])):
+        where = f"record #{i} ({r.get('name', '?')})"
+        unknown = set(r) - {"name", "doc", "fields"}
+        if unknown:
+            raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
+        name = r.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name) or name in records:
+            raise SpecError(f"{where}: bad or duplicate name")
+        fields = parse_fields(r.get("fields", []), where, proto["max_body"])
+        if not fields or any(f.kind in ("bulk", "record") for f in fields):
+            raise SpecError(f"{where}: a record has fields, and no bulk or record among them")
+        records[name] = Record(name, str(r.get("doc", "")).strip(), fields)
+    proto["records"] = records
     messages = []
     seen_ids: set[int] = set()
     seen_names: set[str] = set()
@@ -167,13 +208,16 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
             raise SpecError(f"{where}: duplicate id or name")
         seen_ids.add(mid)
         seen_names.add(name)
-        fields = parse_fields(m.get("fields", []), where, proto["max_body"])
+        fields = parse_fields(m.get("fields", []), where, proto["max_body"], records)
         reply = None
         if "reply" in m:
-            reply = parse_fields(m["reply"], where + " reply", proto["max_body"])
+            reply = parse_fields(m["reply"], where + " reply", proto["max_body"], records)
         messages.append(Message(mid, name, str(m.get("doc", "")).strip(), fields, reply))
     if not messages:
         raise SpecError("no messages")
+    used = {f.record for m in messages for f in (*m.fields, *(m.reply or ())) if f.record}
+    if set(records) - used:
+        raise SpecError(f"records no message uses: {sorted(set(records) - used)}")
     messages.sort(key=lambda msg: msg.id)
     return proto, {**results, **info}, set(info.values()), messages
 
@@ -218,6 +262,8 @@ def c_struct_members(fields: tuple[Field, ...], with_result: bool) -> list[str]:
         elif f.kind == "array":
             out.append(f"    const uint8_t *{f.name}; /* {f.scalar} x count, little-endian */")
             out.append(f"    uint32_t {f.name}_count; /* <= {f.size} */")
+        elif f.kind == "record":
+            out.append(f"    gp_{f.record} {f.name};")
         else:
             out.append(f"    uint64_t {f.name}_len; /* raw bytes that follow the body */")
     if not out:
@@ -226,13 +272,15 @@ def c_struct_members(fields: tuple[Field, ...], with_result: bool) -> list[str]:
 
 
 def c_size_expr(fields: tuple[Field, ...], with_result: bool) -> str:
-    fixed = (4 if with_result else 0) + sum(f.fixed_size for f in fields)
+    fixed = (4 if with_result else 0) + sum(f.fixed_size for f in fields if f.kind != "record")
     parts = [str(fixed)]
     for f in fields:
         if f.kind in ("string", "blob"):
             parts.append(f"(size_t)m->{f.name}_len")
         elif f.kind == "array":
             parts.append(f"(size_t)m->{f.name}_count * {SCALARS[f.scalar][2]}")
+        elif f.kind == "record":
+            parts.append(f"gp_{f.record}_size_(&m->{f.name})")
     return " + ".join(parts)
 
 
@@ -264,12 +312,16 @@ def c_encode_body(fields: tuple[Field, ...], with_result: bool) -> list[str]:
             out.append(f"    if (m->{f.name}_count) memcpy(p, m->{f.name}, "
                        f"(size_t)m->{f.name}_count * {sz});")
             out.append(f"    p += (size_t)m->{f.name}_count * {sz};")
+        elif f.kind == "record":
+            out.append(f"    p = gp_{f.record}_put_(p, &m->{f.name});")
         else:
             out.append(f"    gp_wr_u64(p, m->{f.name}_len); p += 8;")
     return out
 
 
-def c_decode_body(fields: tuple[Field, ...], with_result: bool) -> list[str]:
+def c_decode_body(fields: tuple[Field, ...], with_result: bool, whole: bool = True) -> list[str]:
+    """The decoding statements; whole: the body ends after these fields (a message), else a
+    record within one (the caller goes on from p)."""
     out = []
 
     def need(n: str) -> None:
@@ -308,45 +360,53 @@ def c_decode_body(fields: tuple[Field, ...], with_result: bool) -> list[str]:
             out.append(f"    if (m->{f.name}_count > {f.size}u) return GP_PROTO_EMALFORMED;")
             need(f"(size_t)m->{f.name}_count * {sz}")
             out.append(f"    m->{f.name} = p; p += (size_t)m->{f.name}_count * {sz};")
+        elif f.kind == "record":
+            out.append(f"    {{ int rc_ = gp_{f.record}_get_(&p, end, &m->{f.name}); "
+                       "if (rc_ != 0) return rc_; }")
         else:
             need("8")
             out.append(f"    m->{f.name}_len = gp_rd_u64(p); p += 8;")
-    out.append("    return p == end ? 0 : GP_PROTO_ETRAILING;")
+    if whole:
+        out.append("    return p == end ? 0 : GP_PROTO_ETRAILING;")
     return out
 
 
-def c_sample_body(fields: tuple[Field, ...], with_result: bool, mid: int) -> list[str]:
-    out = ["    memset(m, 0, sizeof *m);"]
+def c_sample_body(fields: tuple[Field, ...], with_result: bool, mid: int,
+                  acc: str = "m->") -> list[str]:
+    out = ["    memset(m, 0, sizeof *m);"] if acc == "m->" else []
     if with_result:
         out.append("    m->result = -7;")
     for k, f in enumerate(fields):
+        if f.kind == "record":
+            out += c_sample_body(f.members, False, mid, f"{acc}{f.name}.")
+            continue
         v = sample_value(f, k, mid)
         if f.kind == "scalar":
             if f.scalar in ("f32", "f64"):
-                out.append(f"    m->{f.name} = {v!r};")
+                out.append(f"    {acc}{f.name} = {v!r};")
             elif f.scalar.startswith("i"):
-                out.append(f"    m->{f.name} = ({SCALARS[f.scalar][0]})({v}LL);")
+                out.append(f"    {acc}{f.name} = ({SCALARS[f.scalar][0]})({v}LL);")
             else:
-                out.append(f"    m->{f.name} = ({SCALARS[f.scalar][0]}){v}ULL;")
+                out.append(f"    {acc}{f.name} = ({SCALARS[f.scalar][0]}){v}ULL;")
         elif f.kind == "bytes":
             assert isinstance(v, bytes)
             out.append(f"    for (int j = 0; j < {f.size}; j++) "
-                       f"m->{f.name}[j] = (uint8_t)(({k + 1} * (j + 3)) & 0xFF);")
+                       f"{acc}{f.name}[j] = (uint8_t)(({k + 1} * (j + 3)) & 0xFF);")
         elif f.kind == "string":
-            out.append(f'    m->{f.name} = "{v}"; m->{f.name}_len = {len(str(v))};')
+            out.append(f'    {acc}{f.name} = "{v}"; {acc}{f.name}_len = {len(str(v))};')
         elif f.kind == "blob":
             assert isinstance(v, bytes)
             arr = ", ".join(str(b) for b in v)
-            out.append(f"    {{ static const uint8_t d[] = {{{arr}}}; m->{f.name} = d; "
-                       f"m->{f.name}_len = {len(v)}; }}")
+            out.append(f"    {{ static const uint8_t d[] = {{{arr}}}; {acc}{f.name} = d; "
+                       f"{acc}{f.name}_len = {len(v)}; }}")
         elif f.kind == "array":
             sz = SCALARS[f.scalar][2]
             data = b"".join(struct.pack("<" + SCALARS[f.scalar][1], x) for x in v)  # type: ignore[union-attr]
             arr = ", ".join(str(b) for b in data)
-            out.append(f"    {{ static const uint8_t d[] = {{{arr}}}; m->{f.name} = d; "
-                       f"m->{f.name}_count = {len(data) // sz}; }}")
+            out.append(f"    {{ static const uint8_t d[] = {{{arr}}}; {acc}{f.name} = d; "
+                       f"{acc}{f.name}_count = {len(data) // sz}; }}")
         else:
-            out.append(f"    m->{f.name}_len = {v};")
+            out.append(f"    {acc}{f.name}_len = {v};")
     return out
 
 
@@ -425,7 +485,25 @@ def gen_c(proto: dict, results: dict[str, int], info: set[int], messages: list[M
         "int gp_code_is_info(int code);",
         "",
     ]
+    for r in proto["records"].values():
+        h.append(f"/* ---- record {r.name}{': ' + r.doc.splitlines()[0] if r.doc else ''} */")
+        h.append(f"typedef struct gp_{r.name} {{")
+        h += c_struct_members(r.fields, False)
+        h.append(f"}} gp_{r.name};")
+        h.append("")
     c: list[str] = [banner, '#include "gp_protocol.h"', ""]
+    for r in proto["records"].values():
+        rn = f"gp_{r.name}"
+        c.append(f"static size_t {rn}_size_(const {rn} *m) {{")
+        c.append("    (void)m;")
+        c.append(f"    return {c_size_expr(r.fields, False)};\n}}\n")
+        c.append(f"static uint8_t *{rn}_put_(uint8_t *p, const {rn} *m) {{")
+        c += c_encode_body(r.fields, False)
+        c.append("    return p;\n}\n")
+        c.append(f"static int {rn}_get_(const uint8_t **pp, const uint8_t *end, {rn} *m) {{")
+        c.append("    const uint8_t *p = *pp;")
+        c += c_decode_body(r.fields, False, whole=False)
+        c.append("    *pp = p;\n    return 0;\n}\n")
     c.append("const char *gp_op_name(unsigned op) {\n    switch (op) {")
     for m in messages:
         c.append(f'    case {m.id}: return "{m.name}";')
@@ -519,6 +597,50 @@ def gen_c(proto: dict, results: dict[str, int], info: set[int], messages: list[M
 
 
 # ------------------------------------------------------------------------------ Python generation
+def py_record_name(record: str) -> str:
+    return "".join(p.capitalize() for p in record.split("_"))
+
+
+def py_record_class(r: Record) -> list[str]:
+    cls = py_record_name(r.name)
+    out = [f"class {cls}:"]
+    out.append(f'    """record {r.name}: {r.doc.splitlines()[0] if r.doc else r.name}"""')
+    out.append("")
+    out.append(f"    __slots__ = ({', '.join(repr(f.name) for f in r.fields)},)")
+    out.append("")
+    params = ", ".join(f"{f.name}: {py_type(f)} = {py_default(f)}" for f in r.fields)
+    out.append(f"    def __init__(self, {params}) -> None:")
+    for f in r.fields:
+        out.append(f"        self.{f.name} = {f.name}")
+    out.append("")
+    out.append("    def __eq__(self, other: object) -> bool:")
+    out.append("        return type(self) is type(other) and all(")
+    out.append("            getattr(self, s) == getattr(other, s) for s in self.__slots__)")
+    out.append("")
+    out.append("    def __repr__(self) -> str:")
+    out.append("        inner = ', '.join(f'{s}={getattr(self, s)!r}' for s in self.__slots__)")
+    out.append("        return f'{type(self).__name__}({inner})'")
+    out.append("")
+    out.append("    def _put(self, w: _Writer) -> None:")
+    for f in r.fields:
+        out.append(f"        w.{f.kind}({py_enc_args(f)})")
+    out.append("")
+    out.append("    @classmethod")
+    out.append(f"    def _get(cls, r: _Reader) -> {cls!r}:")
+    args = ", ".join(f"{f.name}=r.{f.kind}({py_dec_args(f)})" for f in r.fields)
+    out.append(f"        return cls({args})")
+    out.append("")
+    out.append("")
+    return out
+
+
+def py_sample(f: Field, k: int, mid: int) -> str:
+    if f.kind == "record":
+        inner = ", ".join(f"{g.name}={py_sample(g, j, mid)}" for j, g in enumerate(f.members))
+        return f"{py_record_name(f.record)}({inner})"
+    return repr(sample_value(f, k, mid))
+
+
 def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
              is_reply: bool) -> list[str]:
     allf = ([Field("result", "scalar", "i32")] if with_result else []) + list(fields)
@@ -534,7 +656,11 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
     params = ", ".join(f"{f.name}: {py_type(f)} = {py_default(f)}" for f in allf)
     out.append(f"    def __init__(self{', ' if params else ''}{params}) -> None:")
     for f in allf:
-        out.append(f"        self.{f.name} = {f.name}")
+        if f.kind == "record":
+            out.append(f"        self.{f.name} = {py_record_name(f.record)}() if {f.name} is None "
+                       f"else {f.name}")
+        else:
+            out.append(f"        self.{f.name} = {f.name}")
     if not allf:
         out.append("        pass")
     out.append("")
@@ -549,7 +675,10 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
     out.append("    def encode(self) -> bytes:")
     out.append("        w = _Writer()")
     for f in allf:
-        out.append(f"        w.{f.kind}({py_enc_args(f)})")
+        if f.kind == "record":
+            out.append(f"        self.{f.name}._put(w)")
+        else:
+            out.append(f"        w.{f.kind}({py_enc_args(f)})")
     out.append("        return w.getvalue()")
     out.append("")
     out.append("    @classmethod")
@@ -557,7 +686,8 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
     out.append('        """allow_trailing: ignore bytes after the known fields (a newer minor '
                'version\'s)."""')
     out.append("        r = _Reader(body)")
-    args = ", ".join(f"{f.name}=r.{f.kind}({py_dec_args(f)})" for f in allf)
+    args = ", ".join(f"{f.name}={py_record_name(f.record)}._get(r)" if f.kind == "record"
+                     else f"{f.name}=r.{f.kind}({py_dec_args(f)})" for f in allf)
     out.append(f"        msg = cls({args})")
     out.append("        if not allow_trailing:")
     out.append("            r.finish()")
@@ -569,7 +699,7 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
     if with_result:
         vals.append("result=-7")
     for k, f in enumerate(fields):
-        vals.append(f"{f.name}={sample_value(f, k, m.id)!r}")
+        vals.append(f"{f.name}={py_sample(f, k, m.id)}")
     out.append(f"        return cls({', '.join(vals)})")
     out.append("")
     out.append("")
@@ -577,6 +707,8 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
 
 
 def py_type(f: Field) -> str:
+    if f.kind == "record":
+        return f"{py_record_name(f.record)} | None"
     if f.kind == "scalar":
         return "float" if f.scalar.startswith("f") else "int"
     return {"bytes": "bytes", "string": "str", "blob": "bytes", "array": "list[int]",
@@ -584,6 +716,8 @@ def py_type(f: Field) -> str:
 
 
 def py_default(f: Field) -> str:
+    if f.kind == "record":
+        return "None"
     if f.kind == "scalar":
         return "0.0" if f.scalar.startswith("f") else "0"
     if f.kind == "bytes":
@@ -638,6 +772,8 @@ def gen_py(proto: dict, results: dict[str, int], info: set[int], messages: list[
     for name, value in sorted(results.items(), key=lambda kv: kv[1]):
         out.append(f"{name} = {value}")
     out.append("")
+    for r in proto["records"].values():
+        out += py_record_class(r)
     requests, replies = [], []
     for m in messages:
         cls = "".join(p.capitalize() for p in m.name.split("_"))

@@ -3,22 +3,22 @@
     fake_worker.py MODE --control-fd N --driver PATH --device ORDINAL --cache-dir DIR
                    [--simulated] [--adopt-dir DIR --orphan-grace SECONDS]
 
-It never claims its session can outlive the daemon (`started` says nothing of `adoptable`, so
-gpupoold stops it with itself, as it stops a worker that cannot listen for adoption). It sends
-`ready` on the control socket, waits for a SESSION message (the client socket comes with
-it), answers the hello like the real worker and then, by MODE:
-  serve     answer pings until goodbye (end: client exit) or end of stream (end: client lost);
-            an END message sends the client a notice and ends with "server ended"
-  exit3     exit with code 3 right after the hello reply, without an `end` event (a crash)
+It never claims its session can outlive the daemon (worker_started has adoptable 0, so gpupoold
+stops it with itself, as it stops a worker that cannot listen for adoption). It speaks the
+spec's control messages (protocol/gpupool.toml, "control"): sends worker_ready, waits for
+worker_session (the client socket comes with it), answers the hello like the real worker and
+then, by MODE:
+  serve     answer pings until goodbye (ended: client exit) or end of stream (client lost);
+            a worker_end message sends the client a notice and ends with "server ended"
+  exit3     exit with code 3 right after the hello reply, without worker_ended (a crash)
   stubborn  ignore SIGTERM and sleep (the daemon must SIGKILL it)
-  noinit    report a set-up failure (`failed`) and exit 1 before `ready`
+  noinit    report a set-up failure (worker_failed) and exit 1 before worker_ready
 Each step is printed to stderr (the daemon forwards it to its log).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
@@ -29,15 +29,20 @@ import time
 
 import gpupool_protocol as gp
 
-SESSION = struct.Struct("<4sIQQI")
-
 
 def say(text: str) -> None:
     print(f"fake-worker: {text}", file=sys.stderr, flush=True)
 
 
-def event(ctl: socket.socket, **fields: object) -> None:
-    ctl.send(json.dumps(fields).encode())
+def event(ctl: socket.socket, msg: object) -> None:
+    ctl.send(gp.encode_frame(msg))
+
+
+def control_message(packet: bytes) -> object:
+    """The daemon's message in one packet."""
+    length, op, _flags, _req = gp.HEADER.unpack_from(packet)
+    assert length == len(packet) - gp.HEADER.size, (length, len(packet))
+    return gp.REQUESTS[op].decode(packet[gp.HEADER.size:])
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -64,20 +69,20 @@ def main() -> int:
     ctl = socket.socket(fileno=args.control_fd)
     if args.mode == "noinit":
         say("set-up failed (on purpose)")
-        event(ctl, event="failed", error="fake set-up failure: the driver is on holiday")
+        event(ctl, gp.WorkerFailed(error="fake set-up failure: the driver is on holiday"))
         return 1
     if args.mode == "stubborn":
         signal.signal(signal.SIGTERM, lambda *_: say("ignoring SIGTERM"))
     say(f"pre-started on device {args.device} simulated={int(args.simulated)} "
         f"CUDA_DEVICE_ORDER={os.environ.get('CUDA_DEVICE_ORDER')}")
-    event(ctl, event="ready", pid=os.getpid(), init_ms=1.0, device="fake worker (simulated)")
+    event(ctl, gp.WorkerReady(pid=os.getpid(), init_ms=1.0, device="fake worker (simulated)"))
     msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
     if not msg:
         say("daemon gone before a session")
         return 0
-    magic, _version, session_id, hello_req, hello_len = SESSION.unpack_from(msg)
-    assert magic == b"GPWS" and len(fds) == 1, (magic, fds)
-    body = msg[SESSION.size:SESSION.size + hello_len]
+    session = control_message(msg)
+    assert isinstance(session, gp.WorkerSession) and len(fds) == 1, (session, fds)
+    session_id, hello_req, body = session.session_id, session.hello_req, session.hello
     hello = gp.Hello.decode(body, allow_trailing=gp.Hello.decode(body, True).minor > gp.MINOR)
     say(f"session {session_id} hello from {hello.user}@{hello.host}")
     sock = socket.socket(fileno=fds[0])
@@ -86,7 +91,7 @@ def main() -> int:
                           session_id=session_id, simulated=int(args.simulated),
                           name="fake worker (simulated)", total_mem=1 << 30)
     sock.sendall(gp.encode_frame(reply, hello_req))
-    event(ctl, event="started", session=session_id)
+    event(ctl, gp.WorkerStarted(session_id=session_id, adoptable=0))
     if args.mode == "exit3":
         return 3
     if args.mode == "stubborn":
@@ -95,10 +100,11 @@ def main() -> int:
     started = time.monotonic()
 
     def end(reason: str, detail: str = "") -> int:
-        event(ctl, event="end", session=session_id, reason=reason, detail=detail,
-              calls={"launch": 0, "copy": 0, "alloc": 0, "sync": 0, "other": 1}, bytes_h2d=0,
-              bytes_d2h=0, module_bytes=0, duration_s=time.monotonic() - started, mem_used=0,
-              busy_ns=0, latency={"counts": [1] + [0] * 17, "sum_ns": 20_000})  # the one call
+        counters = gp.WorkerCounters(calls_other=1, duration_s=time.monotonic() - started,
+                                     latency_counts=[1] + [0] * 17,  # the one call
+                                     latency_sum_ns=20_000)
+        event(ctl, gp.WorkerEnded(in_session=1, session_id=session_id, reason=reason,
+                                  detail=detail, counters=counters))
         return 0
 
     while True:
@@ -108,9 +114,9 @@ def main() -> int:
             if not data:
                 say("daemon gone")
                 return 0
-            if data[:4] == b"GPWE":
-                (code,) = struct.unpack_from("<i", data, 4)
-                text = data[8:].decode()
+            msg = control_message(data)
+            if isinstance(msg, gp.WorkerEnd):
+                code, text = msg.code, msg.text
                 sock.sendall(gp.encode_frame(gp.Notice(code=code, op=0, text=text), 0))
                 say(f"ended by the server: {text}")
                 return end("server ended", text)

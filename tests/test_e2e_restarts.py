@@ -9,7 +9,6 @@ GPUs.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,8 @@ from typing import Any
 import pytest
 from conftest import GpupoolServer
 from test_e2e_leases import MIB, ended_leases, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401
+
+from gpupoold.workers import control
 
 GIB = 1 << 30
 
@@ -123,7 +124,7 @@ def test_a_worker_whose_daemon_never_returns_ends_after_the_grace(
     wait_until("the worker's end record", end.exists, timeout=10, interval=0.05)
     waited = time.monotonic() - t0
     assert 1.4 <= waited < 6, waited
-    assert json.loads(end.read_text())["reason"] == "daemon lost"
+    assert control.decode(end.read_bytes()).reason == "daemon lost"
     # The idle client learns it at once (its shim prints the notice) and fails at its next call.
     out, err = client.communicate(timeout=30)
     assert client.returncode != 0

@@ -4,10 +4,12 @@ side must reproduce the Python side's golden bytes."""
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import gpupool_protocol as gp
 import pytest
 from conftest import REPO, require, run_client
 
@@ -78,3 +80,53 @@ def test_one_generated_python_module_for_daemon_and_client() -> None:
         a.sendall(gp.HEADER.pack(gp.MAX_BODY + 1, 1, 0, 0))
         with pytest.raises(gp.ProtocolError, match="exceeds the limit"):
             frames.read_frame(b)
+
+
+# ---------------------------------------------------------------------------------- records
+SPEC_HEAD = """
+[protocol]
+magic = 1
+major = 1
+minor = 0
+max_body = 4096
+header_size = 16
+"""
+
+
+def _load(tmp_path: Path, text: str) -> object:
+    sys.path.insert(0, str(REPO / "protocol"))
+    try:
+        import gen_protocol
+    finally:
+        sys.path.pop(0)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC_HEAD + text)
+    return gen_protocol, spec
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('[[message]]\nid = 1\nname = "m"\nfields = ["record:nope r"]\n', "no [[record]] named 'nope'"),
+    ('[[record]]\nname = "r"\nfields = ["u32 a"]\n[[message]]\nid = 1\nname = "m"\n'
+     'fields = ["u32 x"]\n', "records no message uses: ['r']"),
+    ('[[record]]\nname = "r"\nfields = ["bulk b"]\n[[message]]\nid = 1\nname = "m"\n'
+     'fields = ["record:r x"]\n', "no bulk or record among them"),
+    ('[[record]]\nname = "r"\nfields = ["string:4000 s"]\n[[message]]\nid = 1\nname = "m"\n'
+     'fields = ["record:r a", "record:r b"]\n', "worst-case body 8008 exceeds max_body 4096"),
+])
+def test_spec_errors_about_records(tmp_path: Path, text: str, words: str) -> None:
+    gen, spec = _load(tmp_path, text)
+    with pytest.raises(gen.SpecError, match=re.escape(words)):  # type: ignore[attr-defined]
+        gen.generate(spec)  # type: ignore[attr-defined]
+
+
+def test_a_record_round_trips_in_python() -> None:
+    """A message embedding a record encodes its fields in order, with no header of their own."""
+    c = gp.WorkerCounters(calls_launch=1, duration_s=0.5, latency_counts=[3, 4],
+                          latency_sum_ns=9)
+    msg = gp.WorkerStats(session_id=7, counters=c)
+    body = msg.encode()
+    assert body[:8] == (7).to_bytes(8, "little") and body[8:16] == (1).to_bytes(8, "little")
+    assert gp.WorkerStats.decode(body) == msg
+    assert gp.WorkerStats().counters == gp.WorkerCounters()  # a default record, not None
+    with pytest.raises(gp.ProtocolError):
+        gp.WorkerStats.decode(body[:-1])

@@ -26,7 +26,7 @@ from test_e2e_leases import ended_leases, facts, gpu_states, hold_gpu, start_cli
 
 from gpupoold.remoting.tls_session import TlsStream, looks_like_tls
 from gpupoold.tls import server_context
-from gpupoold.workers.supervisor import SESSION_HEADER, SESSION_HEADER_V2, WorkerSupervisor, WorkerTls
+from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
 
 MIB = 1 << 20
 
@@ -294,7 +294,10 @@ def test_worker_session_message_and_argv(tmp_path: Path) -> None:
     args = tls.argv(gpu, 3)  # type: ignore[arg-type]
     assert args[-6:] == ["--tls-cert", str(tmp_path / "c.pem"), "--tls-key",
                          str(tmp_path / "k.pem"), "--tls-client-ca", str(tmp_path / "ca.pem")]
-    assert SESSION_HEADER.size == 28 and SESSION_HEADER_V2.size == 32
+    # worker_session carries the TLS flag the worker acts on (worker/prestart.c).
+    msg = gp.WorkerSession(session_id=9, hello_req=4, flags=gp.GP_WORKER_SESSION_TLS, hello=b"h")
+    assert gp.WorkerSession.decode(gp.encode_frame(msg)[gp.HEADER_SIZE:]) == msg
+    assert gp.GP_WORKER_SESSION_TLS == 1
 
 
 # --------------------------------------------------- the hand-over, driven frame by frame

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +26,7 @@ from conftest import BUILD_DIR, SANITIZER_MARKS, require
 from sim_images import NOOP_PTX
 
 from gpupoold.gpu.inventory import Gpu
+from gpupoold.workers import control
 from gpupoold.workers.supervisor import (
     LATENCY_BUCKETS,
     Worker,
@@ -263,31 +262,50 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_worker_stats_latency_parsing() -> None:
-    ev = {"calls": {"launch": 3, "other": 1}, "duration_s": 1.5,
-          "latency": {"counts": [2, 1, 0, 0, 1] + [0] * 13, "sum_ns": 1_234_567}}
-    st = WorkerStats.from_event(ev)
+    counters = gp.WorkerCounters(calls_launch=3, calls_other=1, duration_s=1.5,
+                                 latency_counts=[2, 1, 0, 0, 1] + [0] * 13,
+                                 latency_sum_ns=1_234_567)
+    st = WorkerStats.from_counters(counters)
     assert st.latency_counts == [2, 1, 0, 0, 1] + [0] * 13 and st.latency_sum_ns == 1_234_567
+    assert st.calls == {"launch": 3, "copy": 0, "alloc": 0, "sync": 0, "other": 1}
     out = st.to_json()
     assert out["latency"] == {"counts": st.latency_counts, "sum_ns": 1_234_567}
-    assert WorkerStats.from_event(json.loads(json.dumps(out))) == st
-    # An older worker without the histogram, or a malformed one: no calls timed.
-    for latency in (None, 7, {"counts": [1, 2]}, {"counts": "x", "sum_ns": "y"}):
-        old = WorkerStats.from_event({**ev, "latency": latency} if latency is not None else
-                                     {k: v for k, v in ev.items() if k != "latency"})
-        assert old.latency_counts == [0] * 18 and old.latency_sum_ns == 0
-        assert old.calls["launch"] == 3
+    # Through a packet, as a worker sends them.
+    packet = control.encode(gp.WorkerStats(session_id=5, counters=counters))
+    assert WorkerStats.from_counters(control.decode(packet).counters) == st
+    # A worker built with another histogram: no calls timed, the rest as sent.
+    for counts in ([], [1, 2], [1] * 19):
+        other = WorkerStats.from_counters(gp.WorkerCounters(calls_launch=3,
+                                                            latency_counts=counts))
+        assert other.latency_counts == [0] * 18 and other.latency_sum_ns == 0
+        assert other.calls["launch"] == 3
     assert WorkerStats().latency_counts == [0] * 18 and WorkerStats().latency_sum_ns == 0
 
 
 def test_worker_stats_refuse_numbers_that_do_not_fit() -> None:
-    """Counters from a worker are input: negative, fractional, boolean or beyond int64 read 0."""
-    ev = {"bytes_h2d": 1 << 63, "bytes_d2h": -1, "module_bytes": True, "mem_used": 1.5,
-          "calls": {"copy": 1 << 64, "launch": 7},
-          "latency": {"counts": [1 << 63] + [1] * 17, "sum_ns": (1 << 63) - 1}}
-    st = WorkerStats.from_event(ev)
-    assert (st.bytes_h2d, st.bytes_d2h, st.module_bytes, st.mem_used) == (0, 0, 0, 0)
+    """Counters from a worker are input: beyond int64 (what the store holds) they read 0, and
+    so does a duration that is negative or not a number."""
+    counters = gp.WorkerCounters(bytes_h2d=1 << 63, bytes_d2h=(1 << 64) - 1, module_bytes=5,
+                                 calls_copy=1 << 63, calls_launch=7, duration_s=float("nan"),
+                                 latency_counts=[1 << 63] + [1] * 17,
+                                 latency_sum_ns=(1 << 63) - 1)
+    st = WorkerStats.from_counters(counters)
+    assert (st.bytes_h2d, st.bytes_d2h, st.module_bytes, st.duration_s) == (0, 0, 5, 0.0)
     assert st.calls["copy"] == 0 and st.calls["launch"] == 7
     assert st.latency_counts == [0] + [1] * 17 and st.latency_sum_ns == (1 << 63) - 1
+    assert WorkerStats.from_counters(gp.WorkerCounters(duration_s=-2.0)).duration_s == 0.0
+
+
+def test_control_packets_are_checked() -> None:
+    """A packet that is not one whole frame of a message a worker sends is refused, saying
+    what it is."""
+    good = control.encode(gp.WorkerStarted(session_id=3, adoptable=1))
+    assert control.decode(good) == gp.WorkerStarted(session_id=3, adoptable=1)
+    for bad, words in ((good[:10], "10 bytes"), (good + b"x", "in a packet of"),
+                       (control.encode(gp.WorkerEnd(code=1, text="x")), "not a message a worker"),
+                       (b"{\"event\": \"ready\"}", "exceeds the limit")):  # a JSON event
+        with pytest.raises(gp.ProtocolError, match=words):
+            control.decode(bad)
 
 
 def test_latency_bounds_agree_with_the_worker() -> None:
@@ -605,22 +623,17 @@ class RawWorker:
             stdin=subprocess.DEVNULL)
         theirs.close()
 
-    def start_session(self, client: Client, session: int = 77) -> dict[str, object]:
-        body = hello_body()
-        msg = struct.pack("<4sIQQI", b"GPWS", 1, session, HELLO_REQ, len(body)) + body
+    def start_session(self, client: Client, session: int = 77) -> gp.WorkerStarted:
+        msg = session_message(session)
         socket.send_fds(self.ctl, [msg], [client.hand_over()])
         client.close_server_side()
         ev = self.event()
-        assert ev["event"] == "started", ev
+        assert isinstance(ev, gp.WorkerStarted), ev
         assert client.hello_reply().result == 0
         return ev
 
-    def event(self) -> dict[str, object]:
-        data = self.ctl.recv(65536)
-        assert data, "control socket closed"
-        ev = json.loads(data)
-        assert isinstance(ev, dict)
-        return ev
+    def event(self) -> object:
+        return control_event(self.ctl)
 
     def finish(self, timeout: float) -> tuple[int, str]:
         try:
@@ -636,9 +649,14 @@ class RawWorker:
         return self.proc.returncode, text
 
 
+def session_message(session: int) -> bytes:
+    return control.encode(gp.WorkerSession(session_id=session, hello_req=HELLO_REQ,
+                                           hello=hello_body()))
+
+
 def test_control_socket_closed_while_idle(tmp_path: Path) -> None:
     rw = RawWorker(tmp_path)
-    assert rw.event()["event"] == "ready"
+    assert isinstance(rw.event(), gp.WorkerReady)
     rw.ctl.shutdown(socket.SHUT_RDWR)  # the daemon is gone
     code, err = rw.finish(timeout=5)  # promptly: not a timeout
     assert code == 0 and "gpupoold is gone" in err
@@ -646,14 +664,12 @@ def test_control_socket_closed_while_idle(tmp_path: Path) -> None:
 
 def test_control_socket_closed_during_a_session(tmp_path: Path) -> None:
     rw = RawWorker(tmp_path)
-    assert rw.event()["event"] == "ready"
+    assert isinstance(rw.event(), gp.WorkerReady)
     c = Client()
     try:
-        body = hello_body()
-        msg = struct.pack("<4sIQQI", b"GPWS", 1, 77, HELLO_REQ, len(body)) + body
-        socket.send_fds(rw.ctl, [msg], [c.hand_over()])
+        socket.send_fds(rw.ctl, [session_message(77)], [c.hand_over()])
         c.close_server_side()
-        assert rw.event() == {"event": "started", "session": 77, "adoptable": False}
+        assert rw.event() == gp.WorkerStarted(session_id=77, adoptable=0)
         assert c.hello_reply().result == 0
         rw.ctl.shutdown(socket.SHUT_RDWR)
         c.wait_closed()  # the worker closes the client connection...
@@ -665,23 +681,23 @@ def test_control_socket_closed_during_a_session(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ adoption (worker/adopt.c)
-def adopt(path: Path, version: int = 1) -> tuple[socket.socket, int]:
-    """Connect to an adoption socket and send ADOPT with a new log pipe: (control, pipe)."""
+def adopt(path: Path, version: int = gp.GP_WORKER_CONTROL_VERSION) -> tuple[socket.socket, int]:
+    """Connect to an adoption socket and send worker_adopt with a new log pipe: (control,
+    pipe)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(30)
     sock.connect(str(path))
     r, w = os.pipe()
-    socket.send_fds(sock, [struct.pack("<4sIII", b"GPWA", version, os.getpid(), 0)], [w])
+    msg = gp.WorkerAdopt(control=version, daemon_pid=os.getpid())
+    socket.send_fds(sock, [control.encode(msg)], [w])
     os.close(w)
     return sock, r
 
 
-def control_event(sock: socket.socket) -> dict[str, object]:
+def control_event(sock: socket.socket) -> object:
     data = sock.recv(65536)
     assert data, "control socket closed"
-    ev = json.loads(data)
-    assert isinstance(ev, dict)
-    return ev
+    return control.decode(data)
 
 
 def adoptable_worker(tmp_path: Path, grace: str) -> tuple[RawWorker, Path]:
@@ -689,7 +705,7 @@ def adoptable_worker(tmp_path: Path, grace: str) -> tuple[RawWorker, Path]:
     folder = tmp_path / "workers"
     folder.mkdir()
     rw = RawWorker(tmp_path, "--adopt-dir", str(folder), "--orphan-grace", grace)
-    assert rw.event()["event"] == "ready"
+    assert isinstance(rw.event(), gp.WorkerReady)
     return rw, folder
 
 
@@ -697,7 +713,7 @@ def test_an_orphaned_session_goes_on_and_is_adopted(tmp_path: Path) -> None:
     rw, folder = adoptable_worker(tmp_path, "30")
     c = Client()
     try:
-        assert rw.start_session(c)["adoptable"] is True
+        assert rw.start_session(c).adoptable == 1
         path = folder / "lease-77.sock"
         assert path.is_socket() and path.stat().st_mode & 0o077 == 0  # the daemon's user only
         assert c.call(gp.Ping(token=1))[0].token == 1
@@ -708,25 +724,28 @@ def test_an_orphaned_session_goes_on_and_is_adopted(tmp_path: Path) -> None:
         # An unknown control version is refused; the session goes on, still adoptable.
         bad, bad_log = adopt(path, version=99)
         ev = control_event(bad)
-        assert ev["event"] == "adopt_refused" and "control version 1" in str(ev["error"])
+        assert isinstance(ev, gp.WorkerAdoptRefused), ev
+        assert f"control version {gp.GP_WORKER_CONTROL_VERSION}" in ev.error
         bad.close()
         os.close(bad_log)
         ctl, log_fd = adopt(path)
         ev = control_event(ctl)
-        assert ev["event"] == "adopted" and ev["session"] == 77 and ev["control"] == 1
-        assert ev["pid"] == rw.proc.pid and ev["device"] == 0
-        assert isinstance(ev["orphaned_s"], float) and ev["orphaned_s"] >= 0.3
-        assert ev["request"] == {"gpu": "", "model": "", "min_memory": 0}
-        assert ev["calls"] == {"launch": 0, "copy": 0, "alloc": 0, "sync": 0, "other": 0}
+        assert isinstance(ev, gp.WorkerAdopted), ev
+        assert ev.session_id == 77 and ev.control == gp.GP_WORKER_CONTROL_VERSION
+        assert ev.pid == rw.proc.pid and ev.device == 0
+        assert ev.orphaned_s >= 0.3 and ev.uuid.startswith("GPU-")
+        assert (ev.gpu, ev.model, ev.min_memory) == ("", "", 0)
+        assert WorkerStats.from_counters(ev.counters).calls == dict.fromkeys(
+            ("launch", "copy", "alloc", "sync", "other"), 0)
         # A second daemon cannot take it while this one follows it.
         other, other_log = adopt(path)
-        assert control_event(other)["event"] == "adopt_refused"
+        assert isinstance(control_event(other), gp.WorkerAdoptRefused)
         other.close()
         os.close(other_log)
         assert c.call(gp.Ping(token=3))[0].token == 3
-        ctl.send(struct.pack("<4si", b"GPWE", 100007) + b"maintenance")  # END on the new socket
+        ctl.send(control.encode(gp.WorkerEnd(code=100007, text="maintenance")))  # the new socket
         ev = control_event(ctl)
-        assert ev["event"] == "end" and ev["reason"] == "server ended", ev
+        assert isinstance(ev, gp.WorkerEnded) and ev.reason == "server ended", ev
         c.wait_closed()
         assert rw.proc.wait(timeout=10) == 0
         with os.fdopen(log_fd, "rb") as pipe:
@@ -757,19 +776,25 @@ def test_an_orphan_ends_after_its_grace_and_records_its_end(tmp_path: Path) -> N
     assert code == 0 and "no gpupoold adopted this session within 0.5 s" in err
     assert [n.code for n in c.notices] == [CUDA_ERROR_DEVICE_UNAVAILABLE]
     assert "gone for 0.5 s" in c.notices[0].text
-    end = json.loads((folder / "lease-78.end").read_text())
-    assert end["event"] == "end" and end["session"] == 78 and end["reason"] == "daemon lost"
-    assert "worker_orphan_grace" in end["detail"]
+    end = control.decode((folder / "lease-78.end").read_bytes())
+    assert isinstance(end, gp.WorkerEnded) and end.in_session == 1
+    assert end.session_id == 78 and end.reason == "daemon lost"
+    assert "worker_orphan_grace" in end.detail
     assert not (folder / "lease-78.sock").exists()
 
 
-@pytest.mark.parametrize("garbage", [b"GPWS", b"hello?", struct.pack("<4sIQQI", b"GPWS", 2, 1, 1, 0)])
+@pytest.mark.parametrize("garbage", [
+    b"GPWS", b"hello?",
+    session_message(1)[:-1],  # the header says one byte more
+    control.encode(gp.WorkerAdopt(control=2)),  # not worker_session
+    control.encode(gp.WorkerSession(session_id=1, flags=4, hello=b"")),  # an unknown flag
+], ids=["short", "text", "cut", "other message", "unknown flag"])
 def test_malformed_session(tmp_path: Path, garbage: bytes) -> None:
     rw = RawWorker(tmp_path)
-    assert rw.event()["event"] == "ready"
+    assert isinstance(rw.event(), gp.WorkerReady)
     rw.ctl.send(garbage)
     ev = rw.event()
-    assert ev["event"] == "failed" and "reinstall gpupool" in str(ev["error"])
+    assert isinstance(ev, gp.WorkerFailed) and "reinstall gpupool" in ev.error
     code, _ = rw.finish(timeout=30)
     assert code == 1
 

@@ -5,13 +5,13 @@
  * start of its session, on DIR/lease-<session id>.sock (SOCK_SEQPACKET, 0600, in the daemon's
  * private state directory). When the control socket closes (gpupoold stopped, restarted,
  * crashed) the worker is "orphaned": it keeps serving its client, with no daemon, for at most S
- * seconds. A new gpupoold connects to the socket and sends ADOPT; the worker answers with an
- * `adopted` event (who it is, what it serves, its counters) and that connection becomes the
- * control socket, exactly as the first one was. ADOPT may carry a descriptor: the new daemon's
- * log pipe, which replaces stdout and stderr (the old ones lead to the dead daemon).
+ * seconds. A new gpupoold connects to the socket and sends worker_adopt; the worker answers with
+ * worker_adopted (who it is, what it serves, its counters) and that connection becomes the
+ * control socket, exactly as the first one was. worker_adopt may carry a descriptor: the new
+ * daemon's log pipe, which replaces stdout and stderr (the old ones lead to the dead daemon).
  *
  * When the grace period passes with no daemon, the session ends ("daemon lost"): the client is
- * told, everything is released. An adoptable session always leaves its `end` event in
+ * told, everything is released. An adoptable session always leaves its worker_ended frame in
  * DIR/lease-<session id>.end before it reports it: a daemon that dies (or stops) between the
  * report and its record, and the next gpupoold, still know how the lease ended. The daemon
  * removes the file once its record is written.
@@ -34,9 +34,7 @@
 
 #include "worker.h"
 
-#define ADOPT_MAGIC "GPWA"
-#define ADOPT_HEADER 16    /* "GPWA", u32 version, u32 daemon pid, u32 flags */
-#define ADOPT_READ_MS 5000 /* a connected daemon has this long to send ADOPT */
+#define ADOPT_READ_MS 5000 /* a connected daemon has this long to send worker_adopt */
 
 static void adopt_path(const struct worker *w, char *buf, size_t cap, const char *suffix)
 {
@@ -134,36 +132,36 @@ int wk_adopt_check_grace(struct worker *w)
     return -1;
 }
 
-/* The `adopted` event: who we are, what we serve, the counters so far. */
+/* worker_adopted: who we are, what we serve, the counters so far. */
 static void send_adopted(struct worker *w)
 {
-    const uint8_t *u = w->snap.uuid;
-    double orphaned = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0.0;
-    struct jbuf j = {.n = 0};
-    wk_jb_printf(&j,
-                 "{\"event\":\"adopted\",\"session\":%llu,\"pid\":%ld,\"control\":%d,"
-                 "\"device\":%d,\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
-                 "%02x%02x%02x%02x%02x%02x\",\"orphaned_s\":%.3f,\"request\":{\"gpu\":",
-                 (unsigned long long)w->ctl.session_id, (long)getpid(), WK_CONTROL_VERSION,
-                 w->ordinal, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
-                 u[11], u[12], u[13], u[14], u[15], orphaned);
-    wk_jb_str(&j, w->ctl.req_gpu);
-    wk_jb_printf(&j, ",\"model\":");
-    wk_jb_str(&j, w->ctl.req_model);
-    wk_jb_printf(&j, ",\"min_memory\":%llu},", (unsigned long long)w->ctl.req_min_memory);
-    wk_ctl_counters_json(w, &j);
-    wk_jb_printf(&j, "}");
-    (void)wk_ctl_send(w, &j, 0);
+    gp_worker_adopted m = {
+        .session_id = w->ctl.session_id,
+        .pid = (uint32_t)getpid(),
+        .control = GP_WORKER_CONTROL_VERSION,
+        .device = w->ordinal,
+        .orphaned_s = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0.0,
+        .min_memory = w->ctl.req_min_memory,
+    };
+    char uuid[64], gpu[256], model[256];
+    wk_uuid_text(w, uuid); /* ASCII already */
+    m.uuid = uuid;
+    m.uuid_len = (uint32_t)strlen(uuid);
+    WK_SET_TEXT(m.gpu, gpu, w->ctl.req_gpu);
+    WK_SET_TEXT(m.model, model, w->ctl.req_model);
+    uint8_t lat[8 * WK_LAT_BUCKETS];
+    wk_ctl_counters(w, &m.counters, lat);
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_adopted, &m), 0);
 }
 
-static void refuse(int fd, uint64_t session, const char *why)
+/* worker_adopt_refused on the adoption connection fd, which is closed. */
+static void refuse(struct worker *w, int fd, const char *why)
 {
-    struct jbuf j = {.n = 0};
-    wk_jb_printf(&j, "{\"event\":\"adopt_refused\",\"session\":%llu,\"error\":",
-                 (unsigned long long)session);
-    wk_jb_str(&j, why);
-    wk_jb_printf(&j, "}");
-    if (!j.overflow && send(fd, j.b, j.n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+    gp_worker_adopt_refused m = {.session_id = w->ctl.session_id};
+    char error[1024];
+    WK_SET_TEXT(m.error, error, why);
+    size_t n = WK_CTL_ENCODE(w, worker_adopt_refused, &m);
+    if (n && send(fd, w->ctl.out, n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         wk_log("refusing an adoption: %s", strerror(errno));
     if (close(fd) != 0)
         wk_log("close: %s", strerror(errno));
@@ -190,7 +188,7 @@ int wk_adopt_accept(struct worker *w)
     }
     if (!peer_allowed(fd)) {
         wk_log("refused an adoption from another user");
-        refuse(fd, w->ctl.session_id, "only gpupoold's own user may adopt this worker");
+        refuse(w, fd, "only gpupoold's own user may adopt this worker");
         return 0;
     }
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -198,7 +196,7 @@ int wk_adopt_accept(struct worker *w)
     do {
         r = poll(&p, 1, ADOPT_READ_MS);
     } while (r < 0 && errno == EINTR);
-    uint8_t buf[64];
+    uint8_t buf[256];
     int passed = -1, truncated = 0;
     ssize_t n = -1;
     if (r == 1) {
@@ -207,29 +205,32 @@ int wk_adopt_accept(struct worker *w)
         n = wk_ctl_recv(w, buf, sizeof buf, &passed, &truncated);
         w->ctl.fd = saved;
     }
-    if (n < ADOPT_HEADER || truncated || memcmp(buf, ADOPT_MAGIC, 4) != 0) {
-        wk_log("an adoption connection sent no valid ADOPT message (%zd bytes); ignored", n);
+    gp_worker_adopt adopt;
+    const uint8_t *body =
+        n > 0 && !truncated ? wk_ctl_decode(buf, (size_t)n, GP_OP_WORKER_ADOPT) : NULL;
+    if (!body || gp_worker_adopt_decode(body, (size_t)n - GP_PROTO_HEADER_SIZE, &adopt) != 0) {
+        wk_log("an adoption connection sent no valid worker_adopt message (%zd bytes); ignored", n);
         if (passed >= 0 && close(passed) != 0)
             wk_log("close: %s", strerror(errno));
-        refuse(fd, w->ctl.session_id, "expected an ADOPT message");
+        refuse(w, fd, "expected a worker_adopt message");
         return 0;
     }
-    uint32_t version = gp_rd_u32(buf + 4), daemon_pid = gp_rd_u32(buf + 8);
-    if (version != WK_CONTROL_VERSION) {
+    uint32_t version = adopt.control, daemon_pid = adopt.daemon_pid;
+    if (version != GP_WORKER_CONTROL_VERSION) {
         char why[160];
         snprintf(why, sizeof why, "this worker speaks control version %d, gpupoold asked for %u",
-                 WK_CONTROL_VERSION, version);
+                 GP_WORKER_CONTROL_VERSION, version);
         wk_log("refused an adoption: %s", why);
         if (passed >= 0 && close(passed) != 0)
             wk_log("close: %s", strerror(errno));
-        refuse(fd, w->ctl.session_id, why);
+        refuse(w, fd, why);
         return 0;
     }
     if (w->ctl.fd >= 0) {
         wk_log("refused an adoption: a gpupoold already follows this session");
         if (passed >= 0 && close(passed) != 0)
             wk_log("close: %s", strerror(errno));
-        refuse(fd, w->ctl.session_id,
+        refuse(w, fd,
                "another gpupoold already follows this session (two "
                "daemons on one state directory?)");
         return 0;
@@ -254,16 +255,16 @@ int wk_adopt_accept(struct worker *w)
     return 0;
 }
 
-void wk_adopt_write_end(struct worker *w, const struct jbuf *j, int alone)
+void wk_adopt_write_end(struct worker *w, size_t n, int alone)
 {
-    if (!w->ctl.adopt_dir || j->overflow)
+    if (!w->ctl.adopt_dir || n == 0)
         return;
     char path[PATH_MAX_ADOPT], tmp[PATH_MAX_ADOPT + 8];
     adopt_path(w, path, sizeof path, "end");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (unlink(tmp) != 0 && errno != ENOENT) /* a leftover of a crash */
         wk_log("removing %s: %s", tmp, strerror(errno));
-    if (wk_write_file_atomic(tmp, path, j->b, j->n, alone) != 0) {
+    if (wk_write_file_atomic(tmp, path, w->ctl.out, n, alone) != 0) {
         wk_log("cannot record the session's end in %s: %s", path, strerror(errno));
         return;
     }

@@ -3,9 +3,9 @@
  * worker/README.md "Control channel").
  *
  * One SOCK_SEQPACKET socket: message boundaries come for free, a descriptor (the client socket)
- * travels with SESSION, and the daemon's exit shows up as end of stream. Daemon -> worker
- * messages are small binary records (SESSION, END); worker -> daemon messages are one JSON
- * object each, which the Python side reads without a schema compiler.
+ * travels with worker_session, and the daemon's exit shows up as end of stream. Every message
+ * either way is a frame of protocol/gpupool.toml ("control"), encoded and decoded by the
+ * generated code, as gpupoold's side is (gpupoold/workers/supervisor.py).
  *
  * Stats are reported from the paths where the worker waits anyway (io_wait) and every 1024
  * frames, so the hot path pays nothing but the counter increments themselves.
@@ -20,8 +20,6 @@
 #include "worker.h"
 
 #define STATS_INTERVAL_NS 1000000000ull /* at most one stats event per second */
-#define END_MAGIC "GPWE"
-#define END_HEADER 8 /* "GPWE", i32 code */
 
 uint64_t wk_now_ns(void)
 {
@@ -31,49 +29,17 @@ uint64_t wk_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void wk_jb_printf(struct jbuf *j, const char *fmt, ...)
-{
-    if (j->overflow)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(j->b + j->n, sizeof j->b - j->n, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof j->b - j->n) {
-        j->overflow = 1;
-        return;
-    }
-    j->n += (size_t)n;
-}
-
-void wk_jb_str(struct jbuf *j, const char *s)
-{
-    wk_jb_printf(j, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p && !j->overflow; p++) {
-        unsigned char c = *p;
-        if (c == '"' || c == '\\')
-            wk_jb_printf(j, "\\%c", c);
-        else if (c == '\n')
-            wk_jb_printf(j, "\\n");
-        else if (c < 0x20 || c == 0x7f)
-            wk_jb_printf(j, "\\u%04x", c);
-        else
-            wk_jb_printf(j, "%c", c); /* UTF-8 passes through; the daemon decodes with replace */
-    }
-    wk_jb_printf(j, "\"");
-}
-
-int wk_ctl_send(struct worker *w, const struct jbuf *j, int best_effort)
+int wk_ctl_send(struct worker *w, size_t n, int best_effort)
 {
     if (w->ctl.fd < 0 || w->ctl.gone)
         return -1;
-    if (j->overflow) {
-        wk_log("a control event did not fit in %d bytes; not sent", WK_CTL_MAX);
+    if (n == 0) {
+        wk_log("a control message did not fit in %d bytes; not sent", WK_CTL_MAX);
         return -1;
     }
     for (;;) {
-        ssize_t r = send(w->ctl.fd, j->b, j->n, MSG_NOSIGNAL | (best_effort ? MSG_DONTWAIT : 0));
-        if (r == (ssize_t)j->n)
+        ssize_t r = send(w->ctl.fd, w->ctl.out, n, MSG_NOSIGNAL | (best_effort ? MSG_DONTWAIT : 0));
+        if (r == (ssize_t)n)
             return 0;
         if (r < 0 && errno == EINTR)
             continue;
@@ -126,26 +92,45 @@ ssize_t wk_ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *trunc
     return n;
 }
 
-void wk_ctl_counters_json(struct worker *w, struct jbuf *j)
+void wk_ctl_counters(struct worker *w, gp_worker_counters *c, uint8_t lat[8 * WK_LAT_BUCKETS])
 {
-    const uint64_t *c = w->stats.calls;
-    double dur = w->ctl.started_ns ? (double)(wk_now_ns() - w->ctl.started_ns) / 1e9 : 0.0;
-    wk_jb_printf(j,
-                 "\"calls\":{\"launch\":%llu,\"copy\":%llu,\"alloc\":%llu,\"sync\":%llu,"
-                 "\"other\":%llu},\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"module_bytes\":%llu,"
-                 "\"duration_s\":%.3f,\"mem_used\":%llu,\"busy_ns\":%llu",
-                 (unsigned long long)c[WK_CALL_LAUNCH], (unsigned long long)c[WK_CALL_COPY],
-                 (unsigned long long)c[WK_CALL_ALLOC], (unsigned long long)c[WK_CALL_SYNC],
-                 (unsigned long long)c[WK_CALL_OTHER], (unsigned long long)w->stats.h2d_bytes,
-                 (unsigned long long)w->stats.d2h_bytes,
-                 (unsigned long long)w->stats.module_bytes_received, dur,
-                 (unsigned long long)w->stats.mem_used, (unsigned long long)w->stats.busy_ns);
-    /* At most 431 bytes (20-digit numbers): the longest end event (511 detail bytes escaped to 6
-     * each, every number at 20 digits) stays under 3,950 of WK_CTL_MAX's 4,096 bytes. */
-    wk_jb_printf(j, ",\"latency\":{\"counts\":[");
+    const uint64_t *calls = w->stats.calls;
+    memset(c, 0, sizeof *c);
+    c->calls_launch = calls[WK_CALL_LAUNCH];
+    c->calls_copy = calls[WK_CALL_COPY];
+    c->calls_alloc = calls[WK_CALL_ALLOC];
+    c->calls_sync = calls[WK_CALL_SYNC];
+    c->calls_other = calls[WK_CALL_OTHER];
+    c->bytes_h2d = w->stats.h2d_bytes;
+    c->bytes_d2h = w->stats.d2h_bytes;
+    c->module_bytes = w->stats.module_bytes_received;
+    c->duration_s = w->ctl.started_ns ? (double)(wk_now_ns() - w->ctl.started_ns) / 1e9 : 0.0;
+    c->mem_used = w->stats.mem_used;
+    c->busy_ns = w->stats.busy_ns;
     for (int i = 0; i < WK_LAT_BUCKETS; i++)
-        wk_jb_printf(j, i ? ",%llu" : "%llu", (unsigned long long)w->stats.lat_counts[i]);
-    wk_jb_printf(j, "],\"sum_ns\":%llu}", (unsigned long long)w->stats.lat_sum_ns);
+        gp_wr_u64(lat + 8 * i, w->stats.lat_counts[i]);
+    c->latency_counts = lat;
+    c->latency_counts_count = WK_LAT_BUCKETS;
+    c->latency_sum_ns = w->stats.lat_sum_ns;
+}
+
+const uint8_t *wk_ctl_decode(const uint8_t *msg, size_t n, unsigned op)
+{
+    if (n < GP_PROTO_HEADER_SIZE)
+        return NULL;
+    gp_frame_header h;
+    gp_header_decode(msg, &h);
+    if (h.op != op || (h.flags & GP_FLAG_REPLY) || h.len != n - GP_PROTO_HEADER_SIZE)
+        return NULL;
+    return msg + GP_PROTO_HEADER_SIZE;
+}
+
+void wk_uuid_text(const struct worker *w, char out[64])
+{
+    const uint8_t *u = w->snap.uuid;
+    snprintf(out, 64, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
 }
 
 /* Whether the counters a stats event reports differ from the last one sent (a change of mem_used,
@@ -167,13 +152,11 @@ int wk_ctl_stats_tick(struct worker *w)
     uint64_t due = w->ctl.stats_ns + STATS_INTERVAL_NS;
     if (now < due)
         return (int)((due - now + 999999) / 1000000);
-    struct jbuf j = {.n = 0};
-    wk_jb_printf(&j, "{\"event\":\"stats\",\"session\":%llu,",
-                 (unsigned long long)w->ctl.session_id);
-    wk_ctl_counters_json(w, &j);
-    wk_jb_printf(&j, "}");
+    gp_worker_stats m = {.session_id = w->ctl.session_id};
+    uint8_t lat[8 * WK_LAT_BUCKETS];
+    wk_ctl_counters(w, &m.counters, lat);
     /* Best effort: a daemon that does not read gets the next one a second later. */
-    (void)wk_ctl_send(w, &j, 1);
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_stats, &m), 1);
     w->ctl.sent = w->stats;
     w->ctl.stats_ns = now;
     return -1;
@@ -211,15 +194,18 @@ int wk_ctl_handle(struct worker *w)
             wk_log("reading the control socket: %s", strerror(errno));
         return daemon_gone(w);
     }
-    if ((size_t)n < END_HEADER || memcmp(buf, END_MAGIC, 4) != 0) {
+    gp_worker_end end;
+    if (wk_ctl_decode(buf, (size_t)n, GP_OP_WORKER_END) == NULL ||
+        gp_worker_end_decode(buf + GP_PROTO_HEADER_SIZE, (size_t)n - GP_PROTO_HEADER_SIZE, &end) !=
+            0) {
         wk_log("ignoring an unexpected control message of %zd bytes during a session", n);
         return 0;
     }
-    int32_t code = (int32_t)gp_rd_u32(buf + 4);
-    buf[n] = '\0'; /* the text runs to the end of the message (cut at WK_CTL_MAX) */
-    const char *text = (const char *)buf + END_HEADER;
+    int32_t code = end.code;
+    char text[2048];
+    snprintf(text, sizeof text, "%.*s", (int)end.text_len, end.text);
     if (!*text)
-        text = "the gpupool server ended this session";
+        snprintf(text, sizeof text, "the gpupool server ended this session");
     wk_log("the server ended the session (%d): %s", code, text);
     wk_end_session(w, WK_END_SERVER_ENDED, "%s", text);
     wk_close_client(w, code, text);
@@ -228,21 +214,19 @@ int wk_ctl_handle(struct worker *w)
 
 void wk_ctl_send_end(struct worker *w)
 {
-    struct jbuf j = {.n = 0};
-    wk_jb_printf(&j, "{\"event\":\"end\",\"session\":");
-    if (w->ctl.in_session)
-        wk_jb_printf(&j, "%llu", (unsigned long long)w->ctl.session_id);
-    else
-        wk_jb_printf(&j, "null");
-    wk_jb_printf(&j, ",\"reason\":\"%s\",\"detail\":", wk_end_reason_name(w->end_reason));
-    wk_jb_str(&j, w->end_reason == WK_END_NONE ? "the connection ended" : w->end_detail);
-    wk_jb_printf(&j, ",");
-    wk_ctl_counters_json(w, &j);
-    wk_jb_printf(&j, "}");
+    gp_worker_ended m = {.in_session = w->ctl.in_session ? 1u : 0u,
+                         .session_id = w->ctl.in_session ? w->ctl.session_id : 0};
+    char reason[64], detail[1024];
+    WK_SET_TEXT(m.reason, reason, wk_end_reason_name(w->end_reason));
+    WK_SET_TEXT(m.detail, detail,
+                w->end_reason == WK_END_NONE ? "the connection ended" : w->end_detail);
+    uint8_t lat[8 * WK_LAT_BUCKETS];
+    wk_ctl_counters(w, &m.counters, lat);
+    size_t n = WK_CTL_ENCODE(w, worker_ended, &m);
     /* An adoptable session writes its end down first: if the daemon goes before it records
      * this event (or there is none: orphaned), the next one reads the file. */
     int adoptable = w->ctl.in_session && w->ctl.listen_fd >= 0;
     if (adoptable)
-        wk_adopt_write_end(w, &j, w->ctl.fd < 0);
-    (void)wk_ctl_send(w, &j, 0);
+        wk_adopt_write_end(w, n, w->ctl.fd < 0);
+    (void)wk_ctl_send(w, n, 0);
 }

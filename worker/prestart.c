@@ -3,10 +3,11 @@
  *
  * gpupoold starts one worker per free GPU before any client comes, so that a client's wait is
  * only the hello exchange: everything that does not depend on the hello (driver load, cuInit,
- * the primary context, the device snapshot) happens here first, then `ready` goes out and the
- * worker waits for SESSION: the client socket (SCM_RIGHTS) and its hello. From then on it is the
- * same session as in --fd mode, with `started`/`refused`, `stats` and `end` reported on the
- * control socket. One worker serves one session and exits.
+ * the primary context, the device snapshot) happens here first, then worker_ready goes out and
+ * the worker waits for worker_session: the client socket (SCM_RIGHTS) and its hello. From then
+ * on it is the same session as in --fd mode, with worker_started/worker_refused, worker_stats and
+ * worker_ended reported on the control socket (messages of protocol/gpupool.toml, "control").
+ * One worker serves one session and exits.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,15 +24,8 @@
 #include "sha256.h"
 #include "worker.h"
 
-#define SESSION_MAGIC "GPWS"
-#define SESSION_VERSION 1
-#define SESSION_HEADER 28 /* "GPWS", u32 version, u64 session_id, u64 hello_req, u32 hello_len */
-/* Version 2 adds u32 flags after hello_len (the hello follows it): SESSION_TLS = the client
- * speaks TLS; the worker runs the handshake before its hello reply (tls.c). */
-#define SESSION_VERSION_FLAGS 2
-#define SESSION_HEADER_V2 32
-#define SESSION_TLS 1u
-#define MAX_HELLO_BODY ((size_t)64 << 10)
+/* The longest worker_session: the frame header, its fixed fields and a hello of 64 KiB. */
+#define MAX_SESSION_MESSAGE ((size_t)GP_PROTO_HEADER_SIZE + 24 + ((size_t)64 << 10))
 
 /* What the daemon asked for while the worker waited for a session. */
 enum wait_result {
@@ -46,30 +40,23 @@ enum wait_result {
 static void send_failed(struct worker *w, const char *text)
 {
     wk_log("set-up failed: %s", text);
-    struct jbuf j = {.n = 0};
-    wk_jb_printf(&j, "{\"event\":\"failed\",\"error\":");
-    wk_jb_str(&j, text);
-    wk_jb_printf(&j, "}");
-    (void)wk_ctl_send(w, &j, 0);
+    gp_worker_failed m;
+    char error[2048];
+    WK_SET_TEXT(m.error, error, text);
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_failed, &m), 0);
 }
 
 static void send_ready(struct worker *w, uint64_t t0)
 {
-    const struct wk_snapshot *s = &w->snap;
-    const uint8_t *u = s->uuid;
-    char uuid[64];
-    snprintf(uuid, sizeof uuid,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
-             u[15]);
-    struct jbuf j = {.n = 0};
-    wk_jb_printf(&j,
-                 "{\"event\":\"ready\",\"pid\":%ld,\"init_ms\":%.3f,\"device\":", (long)getpid(),
-                 (double)(wk_now_ns() - t0) / 1e6);
-    wk_jb_str(&j, s->name);
-    wk_jb_printf(&j, ",\"uuid\":\"%s\",\"total_memory\":%llu}", uuid,
-                 (unsigned long long)s->total_mem);
-    (void)wk_ctl_send(w, &j, 0);
+    gp_worker_ready m = {.pid = (uint32_t)getpid(),
+                         .init_ms = (double)(wk_now_ns() - t0) / 1e6,
+                         .total_memory = w->snap.total_mem};
+    char device[256], uuid[64];
+    WK_SET_TEXT(m.device, device, w->snap.name);
+    wk_uuid_text(w, uuid);
+    m.uuid = uuid;
+    m.uuid_len = (uint32_t)strlen(uuid);
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_ready, &m), 0);
 }
 
 /* A pre-session end (END or a signal before any client): `end` with session null. */
@@ -147,13 +134,14 @@ static enum wait_result wait_session(struct worker *w, uint8_t *buf, size_t cap,
             wk_log("a control message of more than %zu bytes was cut", cap);
             return BAD_MESSAGE;
         }
-        if (m >= 8 && memcmp(buf, "GPWE", 4) == 0) {
+        if (wk_ctl_decode(buf, (size_t)m, GP_OP_WORKER_END) != NULL) {
             if (*fd >= 0 && close(*fd) != 0)
                 wk_log("close: %s", strerror(errno));
             *fd = -1;
             return GOT_END;
         }
-        /* Anything else is meant to be SESSION; run_session checks it and says what is wrong. */
+        /* Anything else is meant to be worker_session; run_session checks it and says what is
+         * wrong. */
         return GOT_SESSION;
     }
 }
@@ -190,49 +178,51 @@ static int check_binding(struct worker *w, const uint8_t *hello, size_t hello_le
     return 0;
 }
 
-/* One session on the client socket `fd` (ours now) with the hello in the SESSION message.
+/* worker_refused for the session, with the client's result and text. */
+static void send_refused(struct worker *w, uint64_t session, int32_t code, const char *text)
+{
+    gp_worker_refused m = {.session_id = session, .code = code};
+    char error[2048];
+    WK_SET_TEXT(m.error, error, text);
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_refused, &m), 0);
+}
+
+/* One session on the client socket `fd` (ours now) with the hello in the worker_session message.
  * Returns the exit status. */
 static int run_session(struct worker *w, const struct wk_options *base, const uint8_t *msg,
                        size_t len, int fd)
 {
     struct wk_options o = *base;
-    uint32_t version = len >= 8 ? gp_rd_u32(msg + 4) : 0;
-    size_t header = version == SESSION_VERSION_FLAGS ? SESSION_HEADER_V2 : SESSION_HEADER;
-    uint32_t hello_len = len >= header ? gp_rd_u32(msg + 24) : 0;
-    uint32_t flags = version == SESSION_VERSION_FLAGS && len >= header ? gp_rd_u32(msg + 28) : 0;
-    if (len < header || memcmp(msg, SESSION_MAGIC, 4) != 0 ||
-        (version != SESSION_VERSION && version != SESSION_VERSION_FLAGS) ||
-        hello_len != len - header || (flags & ~SESSION_TLS) != 0 || fd < 0) {
+    const uint8_t *body = wk_ctl_decode(msg, len, GP_OP_WORKER_SESSION);
+    gp_worker_session sm;
+    if (!body || gp_worker_session_decode(body, len - GP_PROTO_HEADER_SIZE, &sm) != 0 ||
+        (sm.flags & ~(uint32_t)GP_WORKER_SESSION_TLS) != 0 || fd < 0) {
         char text[200];
         snprintf(text, sizeof text,
-                 "malformed SESSION message (%zu bytes, version %u, %s); gpupoold and "
+                 "malformed worker_session message (%zu bytes, op %u, %s); gpupoold and "
                  "gpupool-worker do not match: reinstall gpupool",
-                 len, version, fd < 0 ? "no client socket" : "with a socket");
+                 len, len >= GP_PROTO_HEADER_SIZE ? gp_rd_u16(msg + 4) : 0u,
+                 fd < 0 ? "no client socket" : "with a socket");
         if (fd >= 0 && close(fd) != 0)
             wk_log("close: %s", strerror(errno));
         send_failed(w, text);
         return 1;
     }
-    o.session_id = gp_rd_u64(msg + 8);
-    o.hello_req = gp_rd_u64(msg + 16);
+    o.session_id = sm.session_id;
+    o.hello_req = sm.hello_req;
     o.fd = fd;
     w->ctl.session_id = o.session_id;
     if (wk_prepare_socket(fd) != 0)
         wk_log("preparing the client socket: %s", strerror(errno));
     w->fd = fd;
 
-    if (flags & SESSION_TLS) {
+    if (sm.flags & GP_WORKER_SESSION_TLS) {
         char err[400];
         if (wk_tls_accept(w, err, sizeof err) != 0 ||
-            check_binding(w, msg + header, hello_len, err, sizeof err) != 0) {
+            check_binding(w, sm.hello, sm.hello_len, err, sizeof err) != 0) {
             /* Nothing can reach the client but TLS alerts: tell the daemon, which logs it. */
             wk_log("session %llu: %s", (unsigned long long)o.session_id, err);
-            struct jbuf j = {.n = 0};
-            wk_jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
-                         (unsigned long long)o.session_id, (int)GP_EREFUSED);
-            wk_jb_str(&j, err);
-            wk_jb_printf(&j, "}");
-            (void)wk_ctl_send(w, &j, 0);
+            send_refused(w, o.session_id, GP_EREFUSED, err);
             wk_session_end(w);
             return 1;
         }
@@ -240,19 +230,14 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
 
     gp_hello hello;
     int ok;
-    if (wk_hello_decode(msg + header, hello_len, &hello) != 0) {
+    if (wk_hello_decode(sm.hello, sm.hello_len, &hello) != 0) {
         wk_hello_refuse(w, o.hello_req, GP_EPROTO, "the server could not read the hello message");
         ok = 0;
     } else {
         ok = wk_session_start(w, &o, &hello) == 0;
     }
-    struct jbuf j = {.n = 0};
     if (!ok) {
-        wk_jb_printf(&j, "{\"event\":\"refused\",\"session\":%llu,\"result\":%d,\"error\":",
-                     (unsigned long long)o.session_id, (int)w->refused_code);
-        wk_jb_str(&j, w->refused_text);
-        wk_jb_printf(&j, "}");
-        (void)wk_ctl_send(w, &j, 0);
+        send_refused(w, o.session_id, w->refused_code, w->refused_text);
         wk_session_end(w);
         return 1;
     }
@@ -265,9 +250,9 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     (void)wk_adopt_listen(w); /* before `started`: the daemon may die right after reading it */
     w->ctl.in_session = 1;
     w->ctl.started_ns = w->ctl.stats_ns = wk_now_ns();
-    wk_jb_printf(&j, "{\"event\":\"started\",\"session\":%llu,\"adoptable\":%s}",
-                 (unsigned long long)o.session_id, w->ctl.listen_fd >= 0 ? "true" : "false");
-    (void)wk_ctl_send(w, &j, 0);
+    gp_worker_started started = {.session_id = o.session_id,
+                                 .adoptable = w->ctl.listen_fd >= 0 ? 1u : 0u};
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_started, &started), 0);
     wk_log("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
            hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
            (int)hello.program_len, hello.program);
@@ -314,7 +299,7 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
     wk_log("ready on %s (device %d) in %.1f ms", w->snap.name, o->ordinal,
            (double)(wk_now_ns() - t0) / 1e6);
 
-    size_t cap = SESSION_HEADER + MAX_HELLO_BODY;
+    size_t cap = MAX_SESSION_MESSAGE;
     uint8_t *buf = malloc(cap);
     if (!buf) {
         send_failed(w, "out of memory");
@@ -343,8 +328,8 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
     case BAD_MESSAGE:
         if (fd >= 0 && close(fd) != 0)
             wk_log("close: %s", strerror(errno));
-        send_failed(w, "an unexpected control message came instead of SESSION; gpupoold and "
-                       "gpupool-worker do not match: reinstall gpupool");
+        send_failed(w, "an unexpected control message came instead of worker_session; gpupoold "
+                       "and gpupool-worker do not match: reinstall gpupool");
         wk_session_end(w);
         status = 1;
         break;

@@ -33,6 +33,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "driver.h"
@@ -40,6 +41,7 @@
 #include "gp_protocol.h"
 #include "idmap.h"
 #include "modcache.h"
+#include "utf8.h"
 #include "vm.h"
 
 /* The client's primary context id: 0x6750000000000000 | GP_H_CTX << 40 | 1 (client/shim/shim.h).
@@ -160,6 +162,7 @@ struct wk_control {
     /* What the client asked for (its hello): a new daemon rebuilds the lease's view from it. */
     char req_gpu[128], req_model[256];
     uint64_t req_min_memory;
+    uint8_t out[4096]; /* the control message being sent (WK_CTL_ENCODE), WK_CTL_MAX bytes */
 };
 
 /* The keepalive thread (heartbeat.c): the only state two threads share, hence the atomics and
@@ -177,9 +180,6 @@ struct wk_heartbeat {
     pthread_cond_t wake;
 };
 
-/* The control channel's version as ADOPT checks it: a new gpupoold adopts only workers that speak
- * a version it knows (gpupoold/workers/supervisor.py ADOPT_VERSIONS). */
-#define WK_CONTROL_VERSION 1
 #define PATH_MAX_ADOPT 4096
 
 struct worker {
@@ -432,20 +432,24 @@ void wk_hello_refuse(struct worker *w, uint64_t req, int32_t result, const char 
 void wk_worker_loop(struct worker *w);
 
 /* ---- control.c -------------------------------------------------------------------------- */
-#define WK_CTL_MAX 4096 /* the longest control message either way, except SESSION's hello */
+#define WK_CTL_MAX 4096 /* the longest control message either way, except worker_session */
 
-/* A JSON event being built. Every string in an event is bounded (device name, texts of at most
- * 512 bytes), so 4 KiB always holds one; `overflow` guards the rule anyway. */
-struct jbuf {
-    char b[WK_CTL_MAX];
-    size_t n;
-    int overflow;
-};
-void wk_jb_printf(struct jbuf *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void wk_jb_str(struct jbuf *j, const char *s); /* s as a JSON string literal (quoted, escaped) */
-/* Sends one JSON event; blocking unless `best_effort` (then dropped when the socket is full).
- * 0, or -1 (not sent: the daemon is gone, or the event overflowed). */
-int wk_ctl_send(struct worker *w, const struct jbuf *j, int best_effort);
+/* Control messages are frames of protocol/gpupool.toml ("control"; the version both sides speak
+ * is GP_WORKER_CONTROL_VERSION). WK_CTL_ENCODE encodes message msg_ (a gp_<kind_> *) into
+ * w->ctl.out: its length, or 0 when it would not fit (every text field is bounded well under
+ * WK_CTL_MAX, so only a bug gets 0). */
+#define WK_CTL_ENCODE(w_, kind_, msg_)                                                             \
+    (gp_##kind_##_size(msg_) + GP_PROTO_HEADER_SIZE <= sizeof(w_)->ctl.out                         \
+         ? gp_##kind_##_frame((w_)->ctl.out, 0, (msg_))                                            \
+         : 0)
+/* Points a message's text field at buf (a char array), holding src as valid UTF-8 of at most
+ * sizeof buf - 1 bytes (the field's limit in the spec). */
+#define WK_SET_TEXT(field_, buf_, src_)                                                            \
+    ((field_##_len) = (uint32_t)gp_utf8_clean((buf_), sizeof(buf_), (src_), strlen(src_)),         \
+     (field_) = (buf_))
+/* Sends the n bytes WK_CTL_ENCODE put in w->ctl.out; blocking unless `best_effort` (then dropped
+ * when the socket is full). 0, or -1 (not sent: the daemon is gone, or n is 0). */
+int wk_ctl_send(struct worker *w, size_t n, int best_effort);
 /* Receives one control message into buf: its length, 0 at end of stream (the daemon is gone),
  * -1 on error (errno). *fd gets the descriptor passed with it, or -1 (extra ones are closed);
  * *truncated is set when the message did not fit in cap bytes. */
@@ -458,11 +462,17 @@ int wk_ctl_stats_tick(struct worker *w);
  * stream (the daemon is gone: stop), or a message out of place (logged, ignored). 0: carry on;
  * -1: the loop must stop. */
 int wk_ctl_handle(struct worker *w);
-/* The `end` event with the counters; an adoptable session writes it to its end record first
+/* worker_ended with the counters; an adoptable session writes it to its end record first
  * (wk_adopt_write_end), for a daemon that goes before it records it. */
 void wk_ctl_send_end(struct worker *w);
-/* The COUNTERS part of stats, end and adopted events. */
-void wk_ctl_counters_json(struct worker *w, struct jbuf *j);
+/* The counters of worker_stats, worker_ended and worker_adopted; lat holds the latency counts
+ * (little-endian) that c->latency_counts points at. */
+void wk_ctl_counters(struct worker *w, gp_worker_counters *c, uint8_t lat[8 * WK_LAT_BUCKETS]);
+/* The body of control message msg (n bytes, as received) when it is one whole frame of `op`,
+ * else NULL. */
+const uint8_t *wk_ctl_decode(const uint8_t *msg, size_t n, unsigned op);
+/* The device's UUID as NVML writes it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"). */
+void wk_uuid_text(const struct worker *w, char out[64]);
 
 /* ---- fileio.c --------------------------------------------------------------------------- */
 /* Writes data into tmp (created 0600; it must not exist), fsynced when `sync`, then renames it
@@ -486,9 +496,10 @@ int wk_adopt_check_grace(struct worker *w);
 /* The adoption socket is readable: accept, check, take ADOPT, send `adopted`. Always 0 (a bad
  * adoption attempt is refused and changes nothing). */
 int wk_adopt_accept(struct worker *w);
-/* Writes an `end` event to <adopt_dir>/lease-<session>.end (atomically; fsynced and logged when
- * `alone`: no daemon follows the session) for whichever daemon records the lease's end. */
-void wk_adopt_write_end(struct worker *w, const struct jbuf *j, int alone);
+/* Writes the encoded worker_ended frame (n bytes of w->ctl.out) to <adopt_dir>/lease-<session>.end
+ * (atomically; fsynced and logged when `alone`: no daemon follows the session) for whichever
+ * daemon records the lease's end. */
+void wk_adopt_write_end(struct worker *w, size_t n, int alone);
 
 /* ---- main.c ----------------------------------------------------------------------------- */
 /* Makes the client socket blocking, TCP_NODELAY on TCP. 0, or -1 (not an open descriptor). */

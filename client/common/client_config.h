@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "utf8.h"
+
 #define GP_MAX_SERVERS 16
 #define GP_COMPRESSION_OFF 0
 #define GP_COMPRESSION_LZ4 1
@@ -119,9 +121,7 @@ int gp_parse_server_address(const char *text, gp_server_config *srv);
 void gp_server_desc(const gp_server_config *srv, char *out, size_t cap);
 
 /* ---- requirements.c: texts and sizes ------------------------------------------------------ */
-/* Copy src (n bytes) into dst as valid UTF-8 of at most cap-1 bytes (invalid bytes become '?',
- * truncation never splits a character); returns the length. */
-size_t gp_utf8_clean(char *dst, size_t cap, const char *src, size_t n);
+/* gp_utf8_clean: common/utf8.h. */
 /* "40G", "40GB" (40*10^9), "40GiB" (40*2^30), "1.5T", "512M", "17179869184": 0 with *out set,
  * or -1 (not a size, or past 2^64). Units are case-insensitive; K/M/G/T alone are decimal. */
 int gp_parse_size(const char *s, uint64_t *out);

@@ -40,8 +40,8 @@ GP_EXPORT int gpupool_config_get(const gp_client_config *cfg, int server, const 
                                  char *out, size_t cap, char *source, size_t scap);
 /* An address as a user writes it: 1 (written tls://...) or 0 with its parts (address without
  * tls://, host, port), or -1 when it is not one. */
-GP_EXPORT int gpupool_config_split_address(const char *text, char *address, size_t acap,
-                                           char *host, size_t hcap, char *port, size_t pcap);
+GP_EXPORT int gpupool_config_split_address(const char *text, char *address, size_t acap, char *host,
+                                           size_t hcap, char *port, size_t pcap);
 
 gp_client_config *gpupool_config_load(char *const *envp, warn_fn warn, visit_fn visit,
                                       const char *system_file, char *err, size_t errcap)
@@ -138,9 +138,12 @@ static int server_setting(const gp_server_config *s, const char *key, char *out,
                           const gp_config_source **src)
 {
     static const char *const names[GP_SRV_NSETTINGS] = {
-        [GP_SRV_ADDRESS] = "address", [GP_SRV_TOKEN] = "token",
-        [GP_SRV_TLS] = "tls",         [GP_SRV_TLS_CA] = "tls_ca",
-        [GP_SRV_TLS_CERT] = "tls_cert", [GP_SRV_TLS_KEY] = "tls_key",
+        [GP_SRV_ADDRESS] = "address",
+        [GP_SRV_TOKEN] = "token",
+        [GP_SRV_TLS] = "tls",
+        [GP_SRV_TLS_CA] = "tls_ca",
+        [GP_SRV_TLS_CERT] = "tls_cert",
+        [GP_SRV_TLS_KEY] = "tls_key",
         [GP_SRV_COMPRESSION] = "compression",
     };
     if (!strcmp(key, "host"))

@@ -11,7 +11,8 @@
 NVML_SRCS := $(sort $(filter-out client/nvml/test_%.c,$(wildcard client/nvml/*.c)) \
                $(wildcard client/nvml/generated/*.c))
 # The client units shared with libcuda.so.1 (client/common/) and SHA-256 (common/).
-NVML_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(NVML_SRCS)) $(CLIENT_COMMON_OBJS) $(GP_SHA256_OBJS)
+NVML_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(NVML_SRCS)) $(CLIENT_COMMON_OBJS) $(GP_SHA256_OBJS) \
+            $(GP_UTF8_OBJS)
 NVML_LIB  := $(BUILD)/client/libnvidia-ml.so.1
 
 # client/nvml's sources include the shared client headers of client/common.

@@ -14,7 +14,8 @@ $(BUILD)/tests/test_handles: $(BUILD)/obj/tests/c/test_handles.o \
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread
 
 $(BUILD)/tests/test_requirements: $(BUILD)/obj/tests/c/test_requirements.o \
-		$(BUILD)/obj/client/common/requirements.o $(BUILD)/obj/client/common/log.o
+		$(BUILD)/obj/client/common/requirements.o $(BUILD)/obj/client/common/log.o \
+		$(GP_UTF8_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^
 

@@ -225,9 +225,9 @@ class LeaseManager:
         end = await asyncio.to_thread(self.supervisor.end_record, rec.id)
         reason, stats = "daemon lost", WorkerStats()
         if end is not None:
-            stats = WorkerStats.from_event(end)
-            reason = str(end.get("reason") or "daemon lost")
-            detail = str(end.get("detail") or detail)
+            stats = WorkerStats.from_counters(end.counters)
+            reason = end.reason or "daemon lost"
+            detail = end.detail or detail
         try:
             await self.store.lease_ended(rec.id, time.time(), reason, detail, stats.bytes_h2d,
                                          stats.bytes_d2h, dict(stats.calls),

@@ -10,14 +10,16 @@ that hold nothing worth keeping. The blocking methods run in a thread.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
 import signal
 import time
 from pathlib import Path
-from typing import Any
+
+import gpupool_protocol as gp
+
+from gpupoold.workers import control
 
 log = logging.getLogger("gpupoold.workers")
 
@@ -37,7 +39,8 @@ def adoption_socket(folder: Path, lease_id: int) -> Path:
 
 
 def adoption_end_record(folder: Path, lease_id: int) -> Path:
-    """The `end` event a worker leaves when its session ended with no daemon following it."""
+    """The worker_ended frame a worker leaves when its session ended with no daemon following
+    it."""
     return folder / f"lease-{lease_id}.end"
 
 
@@ -68,17 +71,21 @@ class WorkerDir:
         with contextlib.suppress(OSError):
             (self.path / str(pid)).unlink()
 
-    def end_record(self, lease_id: int) -> dict[str, Any] | None:
-        """The `end` event the lease's worker left (None: none, or unreadable: logged)."""
+    def end_record(self, lease_id: int) -> gp.WorkerEnded | None:
+        """The worker_ended frame the lease's worker left (None: none, or unreadable: logged)."""
         path = adoption_end_record(self.path, lease_id)
         try:
-            data = json.loads(path.read_text())
+            msg = control.decode(path.read_bytes())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, gp.ProtocolError) as exc:
             log.warning("ignoring the unreadable end record %s: %s", path, exc)
             return None
-        return data if isinstance(data, dict) else None
+        if not isinstance(msg, gp.WorkerEnded):
+            log.warning("ignoring the end record %s: it holds %s, not worker_ended", path,
+                        type(msg).NAME)
+            return None
+        return msg
 
     def forget_lease(self, lease_id: int) -> None:
         """The lease is closed: its end record and a stale socket go."""

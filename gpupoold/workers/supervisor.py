@@ -6,16 +6,17 @@ The worker contract (worker/README.md, "Control channel"):
                    [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]
 
 (the --tls-* options when the supervisor was made with `tls=WorkerTls(...)`: TLS on the remoting
-port; SESSION version 2 then carries the TLS flag and the worker runs the client's second TLS
-handshake itself, docs/protocol.md "TLS".)
+port; worker_session then carries GP_WORKER_SESSION_TLS and the worker runs the client's second
+TLS handshake itself, docs/protocol.md "TLS".)
 
-N is one end of a SOCK_SEQPACKET socketpair. The worker sets the device up before any client
-comes and says `ready` (JSON events, one per message); `WorkerSupervisor.spawn` returns then.
-`Worker.assign` sends SESSION (binary header + the client's hello body, the client socket in
-SCM_RIGHTS); the worker answers the client's hello itself and reports `started` or `refused`,
-then `stats` (at most once a second, when a counter, `mem_used` or `busy_ns` changed) and `end`
-(reason and counters) before it exits. END asks it to stop serving. Closing the control socket
-(the daemon's exit) makes it exit at once.
+N is one end of a SOCK_SEQPACKET socketpair; every packet either way is one frame of the spec's
+control messages (workers/control.py, protocol/gpupool.toml "control"). The worker sets the
+device up before any client comes and says worker_ready; `WorkerSupervisor.spawn` returns then.
+`Worker.assign` sends worker_session (the client's hello body, the client socket in SCM_RIGHTS);
+the worker answers the client's hello itself and reports worker_started or worker_refused, then
+worker_stats (at most once a second, when a counter, `mem_used` or `busy_ns` changed) and
+worker_ended (reason and counters) before it exits. worker_end asks it to stop serving. Closing
+the control socket (the daemon's exit) makes it exit at once.
 
 Nothing here raises into the daemon for a worker's sake: a worker that dies, talks nonsense or
 hangs ends up as a `WorkerExit` on `Worker.exited`, which always resolves once the process is
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import signal
@@ -43,6 +43,7 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold.gpu.inventory import Gpu
+from gpupoold.workers import control
 from gpupoold.workers.process import WorkerProcess
 from gpupoold.workers.state_dir import WorkerDir
 
@@ -59,23 +60,7 @@ CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
 LATENCY_BUCKETS: tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                       0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-# Control messages (little-endian), daemon -> worker.
-SESSION_MAGIC = b"GPWS"
-SESSION_VERSION = 1
-SESSION_HEADER = struct.Struct("<4sIQQI")  # magic, version, session_id, hello_req, hello_len
-# Version 2 (TLS only; version 1 stays byte for byte what it was): hello_len, then u32 flags.
-SESSION_VERSION_FLAGS = 2
-SESSION_HEADER_V2 = struct.Struct("<4sIQQII")
-SESSION_FLAG_TLS = 1
-END_MAGIC = b"GPWE"
-END_HEADER = struct.Struct("<4si")  # magic, code; then UTF-8 text to the end of the message
-END_TEXT_LIMIT = 4000  # bytes; the worker reads at most 4096 per control message
-# ADOPT (daemon -> a worker of an earlier daemon, on its adoption socket; worker/adopt.c): magic,
-# control version, daemon pid, flags (0); the new log pipe travels with it (SCM_RIGHTS).
-ADOPT_MAGIC = b"GPWA"
-ADOPT_VERSION = 1
-ADOPT_VERSIONS = frozenset({1})  # the control versions this gpupoold can follow
-ADOPT_HEADER = struct.Struct("<4sIII")
+END_TEXT_LIMIT = 2047  # bytes of worker_end's text (the spec's string:2047)
 ADOPT_NOTICE_EVERY = 10.0  # seconds between log lines while a busy worker has not answered
 RETIRE_GRACE = 10.0  # seconds an unadoptable worker has to end after END, before SIGKILL
 CONTROL_RECV = 65536  # worker events are under 4 KiB
@@ -142,25 +127,22 @@ class WorkerStats:
     latency_sum_ns: int = 0
 
     @classmethod
-    def from_event(cls, ev: dict[str, Any]) -> WorkerStats:
-        """The COUNTERS of a stats or end event (missing or odd values read 0; an event without
-        a well-formed `latency`, from an older worker, reads as no calls timed)."""
-        calls = ev.get("calls")
-        calls = calls if isinstance(calls, dict) else {}
-        dur = ev.get("duration_s")
-        latency = ev.get("latency")
-        latency = latency if isinstance(latency, dict) else {}
-        counts = latency.get("counts")
+    def from_counters(cls, c: gp.WorkerCounters) -> WorkerStats:
+        """The counters of a worker_stats, worker_ended or worker_adopted message (a number past
+        what the store holds reads 0; a histogram of another length, from a worker built with
+        other buckets, reads as no calls timed)."""
         buckets = len(LATENCY_BUCKETS) + 1
-        if not isinstance(counts, list) or len(counts) != buckets:
-            counts = [0] * buckets
-        return cls(calls={k: _int(calls.get(k)) for k in CALL_CLASSES},
-                   bytes_h2d=_int(ev.get("bytes_h2d")), bytes_d2h=_int(ev.get("bytes_d2h")),
-                   module_bytes=_int(ev.get("module_bytes")),
-                   duration_s=float(dur) if isinstance(dur, (int, float)) else 0.0,
-                   mem_used=_int(ev.get("mem_used")), busy_ns=_int(ev.get("busy_ns")),
+        counts = c.latency_counts if len(c.latency_counts) == buckets else [0] * buckets
+        dur = c.duration_s
+        return cls(calls={"launch": _int(c.calls_launch), "copy": _int(c.calls_copy),
+                          "alloc": _int(c.calls_alloc), "sync": _int(c.calls_sync),
+                          "other": _int(c.calls_other)},
+                   bytes_h2d=_int(c.bytes_h2d), bytes_d2h=_int(c.bytes_d2h),
+                   module_bytes=_int(c.module_bytes),
+                   duration_s=dur if dur >= 0 and dur == dur else 0.0,
+                   mem_used=_int(c.mem_used), busy_ns=_int(c.busy_ns),
                    latency_counts=[_int(n) for n in counts],
-                   latency_sum_ns=_int(latency.get("sum_ns")))
+                   latency_sum_ns=_int(c.latency_sum_ns))
 
     def to_json(self) -> dict[str, object]:
         return {"calls": dict(self.calls), "bytes_h2d": self.bytes_h2d,
@@ -204,15 +186,15 @@ class Worker:
         self._output_fd = output  # read end of the pipe that carries its stdout and stderr
         self._ready: asyncio.Future[None] = loop.create_future()
         self._started: asyncio.Future[bool] = loop.create_future()
-        # Adoption (WorkerSupervisor.adopt): resolves with the `adopted` event.
-        self._adopted: asyncio.Future[dict[str, Any]] = loop.create_future()
+        # Adoption (WorkerSupervisor.adopt): resolves with the worker_adopted message.
+        self._adopted: asyncio.Future[gp.WorkerAdopted] = loop.create_future()
         self._adopted.add_done_callback(_consume)
-        self.request: dict[str, Any] = {}  # what the client asked for (`adopted` event)
+        self.request: dict[str, Any] = {}  # what the client asked for (worker_adopted)
         self.orphaned_s = 0.0  # how long it served alone before this daemon adopted it
         self.detached = False  # left running when this daemon stopped (detach())
         # Its session can outlive this daemon (it listens on its adoption socket; `started`).
         self.adoptable = False
-        self._end: dict[str, Any] | None = None
+        self._end: gp.WorkerEnded | None = None
         self._failure: str | None = None
         self._killed = False
         self._spawned = spawned  # time.monotonic() before the process was created
@@ -261,12 +243,9 @@ class Worker:
                                    "exited")
         if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64):
             raise WorkerStartError("session id or hello request id out of range")
-        if tls:
-            msg = SESSION_HEADER_V2.pack(SESSION_MAGIC, SESSION_VERSION_FLAGS, session_id,
-                                         hello_req, len(hello_body), SESSION_FLAG_TLS) + hello_body
-        else:
-            msg = SESSION_HEADER.pack(SESSION_MAGIC, SESSION_VERSION, session_id, hello_req,
-                                      len(hello_body)) + hello_body
+        msg = control.encode(gp.WorkerSession(
+            session_id=session_id, hello_req=hello_req,
+            flags=gp.GP_WORKER_SESSION_TLS if tls else 0, hello=hello_body))
         self.session_id = session_id
         self._assigned = time.monotonic()
         try:
@@ -291,9 +270,9 @@ class Worker:
         releases everything, reports `end` ("server ended") and exits. No-op if it is gone."""
         if self.exited.done() or self._sock.fileno() < 0:
             return
-        data = text.encode()[:END_TEXT_LIMIT].decode(errors="ignore").encode()
+        msg = gp.WorkerEnd(code=code, text=control.clip_text(text, END_TEXT_LIMIT))
         try:
-            await self._send(END_HEADER.pack(END_MAGIC, code) + data, [])
+            await self._send(control.encode(msg), [])
         except OSError as exc:
             log.info("%s could not send END to worker pid %d: %s", self.label, self.pid, exc)
 
@@ -361,10 +340,8 @@ class Worker:
             if not data:
                 return
             try:
-                ev = json.loads(data.decode(errors="replace"))
-                if not isinstance(ev, dict):
-                    raise ValueError("not an object")
-            except ValueError as exc:
+                ev = control.decode(data)
+            except gp.ProtocolError as exc:
                 log.warning("%s worker pid %d sent an unreadable control message (%s): %r",
                             self.label, self.pid, exc, data[:200])
                 continue
@@ -373,57 +350,51 @@ class Worker:
             except Exception:  # an odd event costs that event, never the daemon
                 log.exception("%s worker pid %d: cannot handle %r", self.label, self.pid, ev)
 
-    def _on_event(self, ev: dict[str, Any]) -> None:
-        kind = ev.get("event")
-        if kind == "ready":
-            self.init_ms = float(ev.get("init_ms") or 0.0)
-            self.device = str(ev.get("device") or "")
-            self.uuid = str(ev.get("uuid") or "")
-            self.total_memory = _int(ev.get("total_memory"))
+    def _on_event(self, ev: Any) -> None:
+        if isinstance(ev, gp.WorkerReady):
+            self.init_ms = ev.init_ms if ev.init_ms >= 0 else 0.0
+            self.device = ev.device
+            self.uuid = ev.uuid
+            self.total_memory = _int(ev.total_memory)
             self.spawn_ms = (time.monotonic() - self._spawned) * 1000
             if not self._ready.done():
                 self._ready.set_result(None)
-        elif kind == "failed":
-            self._failure = str(ev.get("error") or "the worker failed to start")
+        elif isinstance(ev, gp.WorkerFailed):
+            self._failure = ev.error or "the worker failed to start"
             if not self._ready.done():
                 self._ready.set_exception(WorkerStartError(
                     f"the worker for GPU {self.gpu.index} failed to start: {self._failure}"))
-        elif kind == "started":
+        elif isinstance(ev, gp.WorkerStarted):
             self.start_ms = (time.monotonic() - self._assigned) * 1000
-            self.adoptable = ev.get("adoptable") is True
+            self.adoptable = ev.adoptable == 1
             if not self._started.done():
                 self._started.set_result(True)
-        elif kind == "refused":
-            self.refusal = (_int(ev.get("result")), str(ev.get("error") or ""))
+        elif isinstance(ev, gp.WorkerRefused):
+            self.refusal = (ev.code, ev.error)
             if not self._started.done():
                 self._started.set_result(False)
-        elif kind == "stats":
-            self.stats = WorkerStats.from_event(ev)
+        elif isinstance(ev, gp.WorkerStats):
+            self.stats = WorkerStats.from_counters(ev.counters)
             if self._supervisor.on_stats is not None:
                 try:
                     self._supervisor.on_stats(self)
                 except Exception:  # the callback's bug must not stop the worker's events
                     log.exception("%s on_stats callback failed", self.label)
-        elif kind == "end":
+        elif isinstance(ev, gp.WorkerEnded):
             self._end = ev
-            self.stats = WorkerStats.from_event(ev)
-        elif kind == "adopted":
-            self.stats = WorkerStats.from_event(ev)
-            session = ev.get("session")
-            self.session_id = session if isinstance(session, int) else None
-            self.uuid = str(ev.get("uuid") or "")
-            request = ev.get("request")
-            self.request = request if isinstance(request, dict) else {}
-            orphaned = ev.get("orphaned_s")
-            self.orphaned_s = float(orphaned) if isinstance(orphaned, int | float) else 0.0
+            self.stats = WorkerStats.from_counters(ev.counters)
+        elif isinstance(ev, gp.WorkerAdopted):
+            self.stats = WorkerStats.from_counters(ev.counters)
+            self.session_id = ev.session_id
+            self.uuid = ev.uuid
+            self.request = {"gpu": ev.gpu, "model": ev.model, "min_memory": ev.min_memory}
+            self.orphaned_s = ev.orphaned_s if ev.orphaned_s >= 0 else 0.0
             if not self._adopted.done():
                 self._adopted.set_result(ev)
-        elif kind == "adopt_refused":
+        elif isinstance(ev, gp.WorkerAdoptRefused):
             if not self._adopted.done():
                 self._adopted.set_exception(AdoptError(
-                    f"worker pid {self.pid} refused: {ev.get('error') or 'no reason given'}"))
-        else:
-            log.warning("%s worker pid %d sent an unknown event %r", self.label, self.pid, kind)
+                    f"worker pid {self.pid} refused: {ev.error or 'no reason given'}"))
 
     async def _read_output(self) -> None:
         """Forward the worker's stderr (and stdout) lines to the log."""
@@ -513,8 +484,8 @@ class Worker:
 
     def _exit_record(self, code: int | None) -> WorkerExit:
         if self._end is not None:
-            return WorkerExit(str(self._end.get("reason") or "worker crashed"),
-                              str(self._end.get("detail") or ""), code, self.stats)
+            return WorkerExit(self._end.reason or "worker crashed", self._end.detail, code,
+                              self.stats)
         if self.refusal is not None:
             result, error = self.refusal
             return WorkerExit("refused", f"{error} (result {result})", code, self.stats)
@@ -703,8 +674,8 @@ class WorkerSupervisor:
         worker._ready.set_result(None)
         worker._start()
         try:
-            await worker._send(ADOPT_HEADER.pack(ADOPT_MAGIC, ADOPT_VERSION, os.getpid(), 0),
-                               [out_w])
+            await worker._send(control.encode(gp.WorkerAdopt(
+                control=gp.GP_WORKER_CONTROL_VERSION, daemon_pid=os.getpid(), flags=0)), [out_w])
         except OSError as exc:
             worker.kill()
             await asyncio.shield(worker.exited)
@@ -734,11 +705,10 @@ class WorkerSupervisor:
         except AdoptError:
             await self.retire(worker)
             raise
-        control = ev.get("control")
-        if control not in ADOPT_VERSIONS:
+        if ev.control not in control.CONTROL_VERSIONS:
             await self.retire(worker)
-            raise AdoptError(f"worker pid {pid} speaks control version {control!r}; this "
-                             f"gpupoold knows {sorted(ADOPT_VERSIONS)}")
+            raise AdoptError(f"worker pid {pid} speaks control version {ev.control}; this "
+                             f"gpupoold knows {sorted(control.CONTROL_VERSIONS)}")
         worker._started.set_result(True)
         worker.adoptable = True
         return worker
@@ -763,7 +733,7 @@ class WorkerSupervisor:
     def adoption_socket(self, lease_id: int) -> Path | None:
         return self.workers_dir.socket(lease_id) if self.workers_dir is not None else None
 
-    def end_record(self, lease_id: int) -> dict[str, Any] | None:
+    def end_record(self, lease_id: int) -> gp.WorkerEnded | None:
         return self.workers_dir.end_record(lease_id) if self.workers_dir is not None else None
 
     def forget_lease(self, lease_id: int) -> None:

@@ -60,7 +60,8 @@ $(FUZZ_BUILD)/fuzz_shim_replies: $(FUZZ_OBJ)/tests/fuzz/fuzz_shim_replies.o \
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
 $(FUZZ_BUILD)/fuzz_client_config: $(FUZZ_OBJ)/tests/fuzz/fuzz_client_config.o \
-		$(addprefix $(FUZZ_OBJ)/client/common/,client_config.o requirements.o net.o tls.o log.o)
+		$(addprefix $(FUZZ_OBJ)/client/common/,client_config.o requirements.o net.o tls.o log.o) \
+		$(FUZZ_OBJ)/common/utf8.o
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
 $(FUZZ_BUILD)/fuzz_info: $(FUZZ_OBJ)/tests/fuzz/fuzz_info.o \
