@@ -47,11 +47,11 @@ class SpecError(Exception):
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # scalar | bytes | string | blob | array | bulk | record
+    kind: str  # scalar | bytes | string | blob | array | bulk | record | records
     scalar: str = ""  # scalar type (for scalar and array)
     size: int = 0  # bytes:N size, or max length / count
-    record: str = ""  # record: the record's name
-    members: tuple[Field, ...] = ()  # record: its fields
+    record: str = ""  # record, records: the record's name
+    members: tuple[Field, ...] = ()  # record, records: its fields
 
     @property
     def fixed_size(self) -> int:
@@ -59,7 +59,7 @@ class Field:
             return SCALARS[self.scalar][2]
         if self.kind == "bytes":
             return self.size
-        if self.kind in ("string", "blob", "array"):
+        if self.kind in ("string", "blob", "array", "records"):
             return 4
         if self.kind == "record":
             return sum(m.fixed_size for m in self.members)
@@ -74,6 +74,8 @@ class Field:
             return 4 + self.size * SCALARS[self.scalar][2]
         if self.kind == "record":
             return sum(m.worst_size for m in self.members)
+        if self.kind == "records":
+            return 4 + self.size * sum(m.worst_size for m in self.members)
         return self.fixed_size
 
 
@@ -114,12 +116,14 @@ def parse_field(text: str, where: str, records: dict[str, Record] | None = None)
             return Field(name, "array", scalar=pieces[1], size=int(pieces[2]))
         if typ == "bulk":
             return Field(name, "bulk")
-        if pieces[0] == "record" and len(pieces) == 2:
+        if pieces[0] in ("record", "records") and len(pieces) == (2 if pieces[0] == "record"
+                                                                   else 3):
             rec = (records or {}).get(pieces[1])
             if rec is None:
                 raise SpecError(f"{where}: no [[record]] named {pieces[1]!r} (records are "
                                 "declared before the messages that use them)")
-            return Field(name, "record", record=rec.name, members=rec.fields)
+            size = int(pieces[2]) if pieces[0] == "records" else 0
+            return Field(name, pieces[0], record=rec.name, members=rec.fields, size=size)
     except ValueError as exc:
         raise SpecError(f"{where}: bad size in {typ!r}") from exc
     raise SpecError(f"{where}: unknown type {typ!r}")
@@ -140,7 +144,7 @@ def parse_fields(items: list[str], where: str, max_body: int,
     if worst > max_body:
         raise SpecError(f"{where}: worst-case body {worst} exceeds max_body {max_body}")
     for f in fields:
-        if f.kind in ("bytes", "string", "blob", "array") and f.size <= 0:
+        if f.kind in ("bytes", "string", "blob", "array", "records") and f.size <= 0:
             raise SpecError(f"{where}: field {f.name} needs a positive size")
     return fields
 
@@ -187,7 +191,7 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
         if not isinstance(name, str) or not NAME_RE.match(name) or name in records:
             raise SpecError(f"{where}: bad or duplicate name")
         fields = parse_fields(r.get("fields", []), where, proto["max_body"])
-        if not fields or any(f.kind in ("bulk", "record") for f in fields):
+        if not fields or any(f.kind in ("bulk", "record", "records") for f in fields):
             raise SpecError(f"{where}: a record has fields, and no bulk or record among them")
         records[name] = Record(name, str(r.get("doc", "")).strip(), fields)
     proto["records"] = records
@@ -264,6 +268,11 @@ def c_struct_members(fields: tuple[Field, ...], with_result: bool) -> list[str]:
             out.append(f"    uint32_t {f.name}_count; /* <= {f.size} */")
         elif f.kind == "record":
             out.append(f"    gp_{f.record} {f.name};")
+        elif f.kind == "records":
+            out.append(f"    gp_record_span {f.name}; /* decoded: <= {f.size} records, read them "
+                       f"with gp_{f.record}_next */")
+            out.append(f"    const gp_{f.record} *{f.name}_items; /* to encode: {f.name}.count "
+                       "records (NULL: re-encode the decoded span) */")
         else:
             out.append(f"    uint64_t {f.name}_len; /* raw bytes that follow the body */")
     if not out:
@@ -272,7 +281,8 @@ def c_struct_members(fields: tuple[Field, ...], with_result: bool) -> list[str]:
 
 
 def c_size_expr(fields: tuple[Field, ...], with_result: bool) -> str:
-    fixed = (4 if with_result else 0) + sum(f.fixed_size for f in fields if f.kind != "record")
+    fixed = (4 if with_result else 0) + sum(f.fixed_size for f in fields
+                                            if f.kind not in ("record", "records"))
     parts = [str(fixed)]
     for f in fields:
         if f.kind in ("string", "blob"):
@@ -281,6 +291,8 @@ def c_size_expr(fields: tuple[Field, ...], with_result: bool) -> str:
             parts.append(f"(size_t)m->{f.name}_count * {SCALARS[f.scalar][2]}")
         elif f.kind == "record":
             parts.append(f"gp_{f.record}_size_(&m->{f.name})")
+        elif f.kind == "records":
+            parts.append(f"gp_{f.record}_span_size_(&m->{f.name}, m->{f.name}_items)")
     return " + ".join(parts)
 
 
@@ -314,6 +326,8 @@ def c_encode_body(fields: tuple[Field, ...], with_result: bool) -> list[str]:
             out.append(f"    p += (size_t)m->{f.name}_count * {sz};")
         elif f.kind == "record":
             out.append(f"    p = gp_{f.record}_put_(p, &m->{f.name});")
+        elif f.kind == "records":
+            out.append(f"    p = gp_{f.record}_span_put_(p, &m->{f.name}, m->{f.name}_items);")
         else:
             out.append(f"    gp_wr_u64(p, m->{f.name}_len); p += 8;")
     return out
@@ -363,6 +377,9 @@ def c_decode_body(fields: tuple[Field, ...], with_result: bool, whole: bool = Tr
         elif f.kind == "record":
             out.append(f"    {{ int rc_ = gp_{f.record}_get_(&p, end, &m->{f.name}); "
                        "if (rc_ != 0) return rc_; }")
+        elif f.kind == "records":
+            out.append(f"    {{ int rc_ = gp_{f.record}_span_get_(&p, end, {f.size}u, "
+                       f"&m->{f.name}); if (rc_ != 0) return rc_; }}")
         else:
             need("8")
             out.append(f"    m->{f.name}_len = gp_rd_u64(p); p += 8;")
@@ -379,6 +396,13 @@ def c_sample_body(fields: tuple[Field, ...], with_result: bool, mid: int,
     for k, f in enumerate(fields):
         if f.kind == "record":
             out += c_sample_body(f.members, False, mid, f"{acc}{f.name}.")
+            continue
+        if f.kind == "records":  # two records with the same sample values
+            out.append(f"    {{ static gp_{f.record} items[2];")
+            out.append("      memset(items, 0, sizeof items);")
+            for i in (0, 1):
+                out += c_sample_body(f.members, False, mid, f"items[{i}].")
+            out.append(f"      {acc}{f.name}_items = items; {acc}{f.name}.count = 2; }}")
             continue
         v = sample_value(f, k, mid)
         if f.kind == "scalar":
@@ -485,11 +509,23 @@ def gen_c(proto: dict, results: dict[str, int], info: set[int], messages: list[M
         "int gp_code_is_info(int code);",
         "",
     ]
+    arrays = {f.record for m in messages for f in (*m.fields, *(m.reply or ()))
+              if f.kind == "records"}
+    h += ["/* An array of records as decoded: `count` records, encoded from p to end, checked by the",
+          " * message's decoder; read them with gp_<record>_next (which advances p and count). */",
+          "typedef struct gp_record_span {",
+          "    const uint8_t *p, *end;",
+          "    uint32_t count;",
+          "} gp_record_span;", ""]
     for r in proto["records"].values():
         h.append(f"/* ---- record {r.name}{': ' + r.doc.splitlines()[0] if r.doc else ''} */")
         h.append(f"typedef struct gp_{r.name} {{")
         h += c_struct_members(r.fields, False)
         h.append(f"}} gp_{r.name};")
+        if r.name in arrays:
+            h.append("/* The next record of a decoded span into out (its strings point into the "
+                     "body): 0, or -1 when none is left. */")
+            h.append(f"int gp_{r.name}_next(gp_record_span *s, gp_{r.name} *out);")
         h.append("")
     c: list[str] = [banner, '#include "gp_protocol.h"', ""]
     for r in proto["records"].values():
@@ -504,6 +540,39 @@ def gen_c(proto: dict, results: dict[str, int], info: set[int], messages: list[M
         c.append("    const uint8_t *p = *pp;")
         c += c_decode_body(r.fields, False, whole=False)
         c.append("    *pp = p;\n    return 0;\n}\n")
+        if r.name not in arrays:
+            continue
+        # Arrays of the record: a count, then the records; decoded as a checked span.
+        c.append(f"static size_t {rn}_span_size_(const gp_record_span *s, const {rn} *items) {{")
+        c.append("    size_t n = 4;")
+        c.append("    if (!items) return n + (size_t)(s->end - s->p);")
+        c.append(f"    for (uint32_t i = 0; i < s->count; i++) n += {rn}_size_(&items[i]);")
+        c.append("    return n;\n}\n")
+        c.append(f"static uint8_t *{rn}_span_put_(uint8_t *p, const gp_record_span *s, "
+                 f"const {rn} *items) {{")
+        c.append("    gp_wr_u32(p, s->count); p += 4;")
+        c.append("    if (!items) {")
+        c.append("        if (s->end > s->p) memcpy(p, s->p, (size_t)(s->end - s->p));")
+        c.append("        return p + (s->end - s->p);\n    }")
+        c.append(f"    for (uint32_t i = 0; i < s->count; i++) p = {rn}_put_(p, &items[i]);")
+        c.append("    return p;\n}\n")
+        c.append(f"static int {rn}_span_get_(const uint8_t **pp, const uint8_t *end, "
+                 "uint32_t max, gp_record_span *s) {")
+        c.append("    const uint8_t *p = *pp;")
+        c.append("    if ((size_t)(end - p) < 4) return GP_PROTO_EMALFORMED;")
+        c.append("    s->count = gp_rd_u32(p); p += 4;")
+        c.append("    if (s->count > max) return GP_PROTO_EMALFORMED;")
+        c.append("    s->p = p;")
+        c.append("    for (uint32_t i = 0; i < s->count; i++) {")
+        c.append(f"        {rn} tmp;")
+        c.append(f"        int rc = {rn}_get_(&p, end, &tmp);")
+        c.append("        if (rc != 0) return GP_PROTO_EMALFORMED;\n    }")
+        c.append("    s->end = p;\n    *pp = p;\n    return 0;\n}\n")
+        c.append(f"int {rn}_next(gp_record_span *s, {rn} *out) {{")
+        c.append("    if (s->count == 0) return -1;")
+        c.append("    const uint8_t *p = s->p;")
+        c.append(f"    if ({rn}_get_(&p, s->end, out) != 0) return -1;")
+        c.append("    s->p = p; s->count--;\n    return 0;\n}\n")
     c.append("const char *gp_op_name(unsigned op) {\n    switch (op) {")
     for m in messages:
         c.append(f'    case {m.id}: return "{m.name}";')
@@ -635,6 +704,9 @@ def py_record_class(r: Record) -> list[str]:
 
 
 def py_sample(f: Field, k: int, mid: int) -> str:
+    if f.kind == "records":
+        one = py_sample(Field(f.name, "record", record=f.record, members=f.members), k, mid)
+        return f"[{one}, {one}]"
     if f.kind == "record":
         inner = ", ".join(f"{g.name}={py_sample(g, j, mid)}" for j, g in enumerate(f.members))
         return f"{py_record_name(f.record)}({inner})"
@@ -659,6 +731,8 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
         if f.kind == "record":
             out.append(f"        self.{f.name} = {py_record_name(f.record)}() if {f.name} is None "
                        f"else {f.name}")
+        elif f.kind == "records":
+            out.append(f"        self.{f.name} = list({f.name})  # decode gives a list too")
         else:
             out.append(f"        self.{f.name} = {f.name}")
     if not allf:
@@ -709,6 +783,8 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
 def py_type(f: Field) -> str:
     if f.kind == "record":
         return f"{py_record_name(f.record)} | None"
+    if f.kind == "records":
+        return f"list[{py_record_name(f.record)}]"
     if f.kind == "scalar":
         return "float" if f.scalar.startswith("f") else "int"
     return {"bytes": "bytes", "string": "str", "blob": "bytes", "array": "list[int]",
@@ -718,6 +794,8 @@ def py_type(f: Field) -> str:
 def py_default(f: Field) -> str:
     if f.kind == "record":
         return "None"
+    if f.kind == "records":
+        return "()"
     if f.kind == "scalar":
         return "0.0" if f.scalar.startswith("f") else "0"
     if f.kind == "bytes":
@@ -726,6 +804,8 @@ def py_default(f: Field) -> str:
 
 
 def py_enc_args(f: Field) -> str:
+    if f.kind == "records":
+        return f"self.{f.name}, {f.size}"
     if f.kind == "scalar":
         return f"{SCALARS[f.scalar][1]!r}, self.{f.name}"
     if f.kind == "array":
@@ -736,6 +816,8 @@ def py_enc_args(f: Field) -> str:
 
 
 def py_dec_args(f: Field) -> str:
+    if f.kind == "records":
+        return f"{py_record_name(f.record)}, {f.size}"
     if f.kind == "scalar":
         return f"{SCALARS[f.scalar][1]!r}"
     if f.kind == "array":

@@ -91,6 +91,20 @@ def daemon_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 20,
+               interval: float = 0.02) -> Any:
+    """predicate()'s first true value, polled every `interval` s; AssertionError naming `what`
+    after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
 def _libasan() -> str | None:
     cc = os.environ.get("CC", "cc")
     try:

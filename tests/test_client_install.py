@@ -21,17 +21,10 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, GpupoolServer, require, run_client
+from test_e2e_cuda import nvcc_path
 
 ARCH = os.environ.get("GPUPOOL_TEST_ARCH", "sm_90")
 SHIPPED = ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so")
-
-
-def nvcc_path() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    default = Path("/usr/local/cuda/bin/nvcc")
-    return str(default) if default.exists() else None
 
 
 def torch_site() -> Path | None:

@@ -7,7 +7,6 @@ worker."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -269,8 +268,7 @@ async def test_info_is_answered_by_the_daemon_and_never_reaches_a_worker(daemon:
     reply = gp.InfoReply.decode(got.body)
     assert (reply.result, reply.gpus, reply.matching, reply.free_matching, reply.queue) == \
         (0, 1, 1, 1, 0)
-    doc = json.loads(reply.json)
-    assert doc["you"] == {"name": "anonymous", "role": "admin"} and doc["leases"] == []
+    assert (reply.you_name, reply.you_role, reply.lease_views) == ("anonymous", "admin", [])
     assert await client.closed_by_server()
     # The pre-started worker was not used: no lease, the same worker still waiting.
     after = (await daemon.get("/api/v1/gpus"))["gpus"]

@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 from browser import BrowserError, Chromium, Page, find_chromium
-from conftest import BUILD_DIR, REPO, GpupoolServer, require
+from conftest import BUILD_DIR, GpupoolServer, require
+from test_e2e_leases import hold_gpu  # noqa: F401  (a fixture)
 
-CLIENT_SRC = REPO / "tests" / "clients" / "hold_gpu.c"
-CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 CARD = 'article.gpu-card[data-gpu="0"]'
 ADMIN_ACTIONS = ("drain", "undrain", "clear", "end", "revoke", "create-token")
 LEASED_WITHIN_S = 3.0
@@ -51,20 +50,6 @@ RECORDER = """(() => {
 })()"""
 
 
-@pytest.fixture(scope="session")
-def hold_gpu(native_build: Path) -> Path:
-    """tests/clients/hold_gpu.c linked against the shim of native_build."""
-    out = native_build / "test-clients" / "hold_gpu"
-    shim = native_build / "client" / "libcuda.so.1"
-    if not out.exists() or out.stat().st_mtime < max(CLIENT_SRC.stat().st_mtime,
-                                                      shim.stat().st_mtime):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [os.environ.get("CC", "cc"), "-std=c11", "-O2", "-Wall", "-Werror",
-               f"-I{CUDA_INCLUDE}", "-o", str(out), str(CLIENT_SRC), str(shim)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)}\n{proc.stderr}", pytrace=False)
-    return out
 
 
 @pytest.fixture
@@ -133,7 +118,8 @@ def lease_of(server: GpupoolServer, pid: int) -> dict[str, Any] | None:
     return None
 
 
-def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path, hold_gpu: Path,
+def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
+                                    hold_gpu: Path,  # noqa: F811 (the fixture imported above)
                                     chromium: Chromium, artifacts: Path) -> None:
     server = start_daemon(build_dir=native_build)
     tenant = "browser-tenant"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ApiError, GpupoolServer, run_client
+from conftest import REPO, ApiError, GpupoolServer, run_client, wait_until
 
 from gpupoold.gpu.sim import sim_memory_file
 
@@ -54,15 +54,6 @@ def start_client(server: GpupoolServer, hold_gpu: Path, nbytes: int, hold_ms: in
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
 
-def wait_until(what: str, predicate: Any, timeout: float = 20, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def gpu_states(server: GpupoolServer) -> list[str]:

@@ -11,25 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from conftest import REPO, require, run_client
+from test_e2e_cuda import nvcc_path
 
 SOURCE = REPO / "tests" / "cuda" / "modules.cu"
 DEPS = (SOURCE, REPO / "tests" / "cuda" / "gp_check.cuh", REPO / "tests" / "sim" / "gp_test_kernels.cuh")
 ARCH = os.environ.get("GPUPOOL_TEST_ARCH", "sm_90")
-
-
-def nvcc_path() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    default = Path("/usr/local/cuda/bin/nvcc")
-    return str(default) if default.exists() else None
 
 
 def _nvcc(nvcc: str, out: Path, *args: str) -> Path:

@@ -7,12 +7,12 @@ and a fatbin of known kernels at test time and hands their paths to the first.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import require, run_client
+from test_e2e_cuda import nvcc_path
 
 SOURCE = r"""
 struct big { int v[100]; };  /* 400 bytes */
@@ -27,14 +27,6 @@ extern "C" __global__ void kbig(struct big b, long long *out)
     out[0] = b.v[0] + b.v[99];
 }
 """
-
-
-def nvcc_path() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    default = Path("/usr/local/cuda/bin/nvcc")
-    return str(default) if default.exists() else None
 
 
 def _binary(native_build: Path, name: str) -> Path:

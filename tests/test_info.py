@@ -7,7 +7,6 @@ shim; tests/test_telemetry.py uses it too.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import ssl
@@ -20,7 +19,8 @@ from typing import Any
 
 import gpupool_protocol as gp
 import pytest
-from conftest import GpupoolServer
+from conftest import GpupoolServer, wait_until
+from gpupool.wire.info import document as client_document
 from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
 
 HOST = socket.gethostname()
@@ -76,11 +76,12 @@ def ask(server: GpupoolServer, request: gp.Info | bytes, tls_ca: Path | None = N
     return reply
 
 
-def document(reply: gp.InfoReply) -> dict[str, Any]:
+def document(reply: gp.InfoReply | Any) -> dict[str, Any]:
+    """The reply's records as the `gpupool` command reads them (gpupool.wire.info.document)."""
+    if not isinstance(reply, gp.InfoReply):  # InfoCache's pre-encoded reply
+        reply = gp.InfoReply.decode(reply.encode())
     assert reply.result == 0, reply
-    doc = json.loads(reply.json)
-    assert isinstance(doc, dict)
-    return doc
+    return client_document(reply)
 
 
 class Tenant:
@@ -136,15 +137,6 @@ class Tenant:
         self.sock.close()
 
 
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def counter(server: GpupoolServer, result: str) -> int:
@@ -152,14 +144,21 @@ def counter(server: GpupoolServer, result: str) -> int:
     return int(counters.get("info_requests", {}).get(f"result={result}", 0))
 
 
-def comparable(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def comparable(gpus: list[dict[str, Any]], like: list[dict[str, Any]] | None = None,
+               ) -> list[dict[str, Any]]:
     """GPU views without what moves by itself between two requests (live readings, a lease's
-    running duration)."""
+    running duration); with `like`, only the keys those views have (the reply carries what
+    clients use of the API's views)."""
     out = []
-    for g in gpus:
-        g = {**g, "live": {k: v for k, v in g["live"].items() if k != "at"}}
+    for n, g in enumerate(gpus):
+        keys = like[n] if like is not None else g
+        live_keys = keys["live"] if like is not None else g["live"]
+        g = {k: v for k, v in g.items() if k in keys}
+        g["live"] = {k: v for k, v in g["live"].items() if k in live_keys and k != "at"}
         if g["lease"] is not None:
-            g["lease"] = {k: v for k, v in g["lease"].items() if k != "duration_s"}
+            lease_keys = keys["lease"] if like is not None else g["lease"]
+            g["lease"] = {k: v for k, v in g["lease"].items()
+                          if k in lease_keys and k != "duration_s"}
         out.append(g)
     return out
 
@@ -171,7 +170,6 @@ def test_info_without_leases(gpupool_server: GpupoolServer) -> None:
     assert reply.server.startswith("gpupoold ") and reply.server.endswith(f" on {HOST}")
     assert (reply.gpus, reply.matching, reply.free_matching, reply.queue) == (1, 1, 1, 0)
     doc = document(reply)
-    assert doc["schema"] == 1
     assert doc["server"]["protocol"] == f"{gp.MAJOR}.{gp.MINOR}"
     assert doc["server"]["remoting"] == gpupool_server.address
     assert doc["server"]["host"] == HOST
@@ -184,7 +182,9 @@ def test_info_without_leases(gpupool_server: GpupoolServer) -> None:
     assert doc["leases"] == [] and doc["queue"] == []
     # The GPU views are the API's.
     api = gpupool_server.get_json("/api/v1/gpus", token=gpupool_server.token)["gpus"]
-    assert comparable(doc["gpus"]) == comparable(api)
+    assert comparable(api, like=doc["gpus"]) == comparable(doc["gpus"])
+    assert len(doc["gpus"][0]) == 12 and len(doc["gpus"][0]["live"]) == 13  # all of them
+    assert doc["truncated"] is False
     gpu = doc["gpus"][0]
     assert gpu["pci_bus_id"].startswith("00000000:") and gpu["pci_bus_id"].endswith(":00.0")
     assert gpu["live"]["memory_used"] == 0 and gpu["live"]["memory_total"] == 80 * GIB
@@ -202,7 +202,11 @@ def test_info_with_a_lease_and_a_queue(gpupool_server: GpupoolServer) -> None:
         assert [(le["gpu"], le["token"], le["mine"]) for le in doc["leases"]] == [(0, "tests", True)]
         assert doc["gpus"][0]["state"] == "leased"
         assert doc["gpus"][0]["lease"]["client"]["host"] == HOST
-        assert comparable(doc["gpus"]) == comparable(server.get_json("/api/v1/gpus")["gpus"])
+        api = server.get_json("/api/v1/gpus")["gpus"]
+        assert comparable(api, like=doc["gpus"]) == comparable(doc["gpus"])
+        (lease,) = server.get_json("/api/v1/leases?state=active")["leases"]
+        assert {k: v for k, v in lease.items() if k in doc["leases"][0] and k != "duration_s"} \
+            == {k: v for k, v in doc["leases"][0].items() if k not in ("mine", "duration_s")}
 
         # Another host, or another token, does not own the lease.
         other = document(ask(server, info_request(server.token, host="elsewhere")))
@@ -260,8 +264,8 @@ def test_a_refused_token(gpupool_server: GpupoolServer, token: str, why: str) ->
     reply = ask(gpupool_server, info_request(token))
     assert reply.result == gp.GP_EAUTH
     assert why in reply.message and "GPUPOOL_TOKEN" in reply.message, reply.message
-    assert (reply.gpus, reply.matching, reply.free_matching, reply.queue, reply.json) == \
-        (0, 0, 0, 0, "")
+    assert (reply.gpus, reply.matching, reply.free_matching, reply.queue) == (0, 0, 0, 0)
+    assert (reply.gpu_views, reply.lease_views, reply.queue_views) == ([], [], [])
     assert (reply.major, reply.minor) == (gp.MAJOR, gp.MINOR)
     assert counter(gpupool_server, "auth") == 1 and counter(gpupool_server, "ok") == 0
 
@@ -278,7 +282,7 @@ def test_another_major_version(gpupool_server: GpupoolServer) -> None:
     assert reply.result == gp.GP_EVERSION
     assert (reply.major, reply.minor) == (gp.MAJOR, gp.MINOR)  # the server's
     assert "protocol 2.0" in reply.message and "upgrade gpupoold" in reply.message
-    assert (reply.gpus, reply.json) == (0, "")
+    assert (reply.gpus, reply.gpu_views) == (0, [])
     assert counter(gpupool_server, "version") == 1
 
 
@@ -286,7 +290,7 @@ def test_a_malformed_info(gpupool_server: GpupoolServer) -> None:
     body = info_request(gpupool_server.token).encode()[:-3]  # the host string cut short
     reply = ask(gpupool_server, gp.HEADER.pack(len(body), gp.Info.OP, 0, INFO_REQ) + body)
     assert reply.result == gp.GP_EPROTO and "malformed info" in reply.message
-    assert (reply.gpus, reply.json) == (0, "")
+    assert (reply.gpus, reply.gpu_views) == (0, [])
     assert counter(gpupool_server, "malformed") == 1
 
 
@@ -388,36 +392,36 @@ def doc_settings(**changes: Any) -> Any:
 
 
 @pytest.mark.parametrize(("leases", "queue", "pad", "gpu_pad", "truncated"), [
-    (0, 0, 0, 0, None),
-    (7, 5, 10, 0, None),
-    (2200, 300, 1500, 0, "queue"),  # ~3.7 MB of leases fit, with the queue they would not
-    (1500, 1500, 1500, 0, "queue"),
-    (3000, 10, 1500, 0, "leases"),
-    (1, 1, 0, 5 * MIB, "gpus"),
+    (0, 0, 0, 0, False),
+    (7, 5, 10, 0, False),
+    (2200, 300, 1500, 0, False),  # programs' names cut to the field's 1,023 bytes
+    (4096, 4096, 0, 0, False),  # the limits exactly
+    (5000, 10, 0, 0, True),  # past the lease limit
+    (1, 4100, 0, 0, True),  # past the queue limit
+    (1, 1, 0, 5 * MIB, False),  # a GPU name cut to 255 bytes
 ])
-async def test_the_cached_document_is_the_reference_encoding(
-        leases: int, queue: int, pad: int, gpu_pad: int, truncated: str | None) -> None:
+async def test_the_cached_reply_is_the_reference_encoding(
+        leases: int, queue: int, pad: int, gpu_pad: int, truncated: bool) -> None:
     from gpupoold.remoting import info
     stand_in = StandInLeases(leases, queue, pad, gpu_pad)
     settings = doc_settings()
     cache = info.InfoCache(settings, stand_in, stand_in)  # type: ignore[arg-type]
     snap = await cache.snapshot("0.0.0.0:7070")
-    now = json.loads(snap.time)
+    counts = (1, 1, 1, queue)
     for name, host in (("alice", "h1"), ("bob", "hé"), ("alice", ""), ("carol", "h2"),
                        ("anonymous", "h1")):
-        expected = info.encode_document(info.document(
-            settings, stand_in, "0.0.0.0:7070", name, "user", host, now=now))  # type: ignore[arg-type]
-        got = snap.compose(name, "user", host)
+        expected = info.reply(settings, stand_in, "0.0.0.0:7070", name, "user", host,  # type: ignore[arg-type]
+                              counts, now=snap.time).encode()
+        got = snap.compose(name, "user", host, counts)
         assert got == expected, (name, host)
-    doc = json.loads(got)
-    assert len(got.encode()) <= info.JSON_LIMIT
-    assert doc.get("truncated") is (None if truncated is None else True)
-    if truncated is None:
-        assert len(doc["leases"]) == leases and len(doc["queue"]) == queue
-    else:
-        assert doc["queue"] == []
-        assert (doc["leases"] == []) is (truncated in ("leases", "gpus"))
-        assert (doc["gpus"] == []) is (truncated == "gpus")
+    reply = gp.InfoReply.decode(snap.compose("alice", "user", "h1", counts))
+    assert reply.truncated == int(truncated)
+    assert len(reply.lease_views) == min(leases, info.LEASE_LIMIT)
+    assert len(reply.queue_views) == min(queue, info.QUEUE_LIMIT)
+    assert len(reply.gpu_views[0].name.encode()) <= 255
+    assert all(len(r.client_program.encode()) <= 1023 for r in reply.lease_views)
+    mine = [r.mine for r in reply.lease_views[:6]]
+    assert mine == [int(i % 2 == 0 and i % 3 == 0) for i in range(len(mine))]  # alice on h1
 
 
 async def test_repeat_requests_share_one_snapshot_until_something_changes(
@@ -589,7 +593,7 @@ async def test_info_requests_answered_at_once_are_bounded(
             assert busy.result == gp.GP_EBUSY, busy
             assert "too many info requests at once (1)" in busy.message, busy.message
             assert "try again" in busy.message
-            assert (busy.gpus, busy.json) == (0, "")
+            assert (busy.gpus, busy.gpu_views) == (0, [])
             assert 0.9 < waited < 2.5, waited  # it waited its turn for handshake_timeout
             assert daemon.counters.get("info_requests", result="busy") == 1
         finally:

@@ -480,10 +480,22 @@ def test_a_silent_server_does_not_stall_queries(gpupool_server: GpupoolServer) -
 FAKE_LIBCUDA = r"""
 #include <stdio.h>
 #include <stdlib.h>
-/* Stands in for our libcuda.so.1 holding a lease: the lease JSON comes from the environment. */
-__attribute__((visibility("default"))) int gpupool_shim_lease_json(char *buf, size_t cap) {
-    const char *json = getenv("FAKE_LEASE_JSON");
-    return snprintf(buf, cap, "%s", json ? json : "{\"connected\":false}");
+#include <string.h>
+/* Stands in for our libcuda.so.1 holding a lease: the lease comes from the environment
+ * (FAKE_LEASE = "server uuid name", unset: no lease). */
+__attribute__((visibility("default"))) int gpupool_shim_lease(
+        char *server, size_t server_cap, char *uuid, size_t uuid_cap, char *name,
+        size_t name_cap, unsigned long long *session, int *simulated) {
+    const char *lease = getenv("FAKE_LEASE");
+    char s[300], u[100], n[100];
+    if (!lease || sscanf(lease, "%299s %99s %99[^\n]", s, u, n) != 3)
+        return 0;
+    snprintf(server, server_cap, "%s", s);
+    snprintf(uuid, uuid_cap, "%s", u);
+    snprintf(name, name_cap, "%s", n);
+    *session = 1;
+    *simulated = 1;
+    return 1;
 }
 """
 
@@ -526,9 +538,7 @@ def test_a_lease_on_an_unconfigured_server_gets_no_credentials(
     def run(lease_server: str, extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
         env = gpupool_server.client_env(extra)
         env["LD_LIBRARY_PATH"] = f"{tmp_path}:{env['LD_LIBRARY_PATH']}"
-        env["FAKE_LEASE_JSON"] = json.dumps({
-            "connected": True, "server": lease_server, "uuid": gpu["uuid"],
-            "name": "Leased GPU", "session_id": 1, "simulated": True})
+        env["FAKE_LEASE"] = f"{lease_server} {gpu['uuid']} Leased GPU"
         return run_client([sys.executable, "-c", textwrap.dedent(READ_LEASED)], env=env)
 
     # A server nobody configured (its port takes connections): nothing is sent there; the GPU

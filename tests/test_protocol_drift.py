@@ -72,7 +72,8 @@ def test_one_generated_python_module_for_daemon_and_client() -> None:
     # The blocking client and the runtime agree on a frame, both ways.
     a, b = socket.socketpair()
     with a, b:
-        msg = gp.InfoReply(result=0, major=1, minor=1, gpus=2, matching=1, json="{}")
+        msg = gp.InfoReply(result=0, major=1, minor=1, gpus=2, matching=1, you_name="é",
+                           gpu_views=[gp.InfoGpu(index=3, name="x")])
         frames.send_message(a, msg, req=9)
         frame = frames.read_frame(b)
         assert (frame.op, frame.flags, frame.req) == (gp.Info.OP, gp.FLAG_REPLY, 9)

@@ -584,7 +584,7 @@ async def test_info_is_not_for_a_worker(supervisor: WorkerSupervisor, gpu: Gpu) 
     assert (op, req) == (gp.Info.OP, 77)
     reply = gp.InfoReply.decode(body)
     assert reply.result == gp.GP_EPROTO and "gpupoold" in reply.message
-    assert (reply.major, reply.minor, reply.gpus, reply.json) == (gp.MAJOR, gp.MINOR, 0, "")
+    assert (reply.major, reply.minor, reply.gpus, reply.gpu_views) == (gp.MAJOR, gp.MINOR, 0, [])
     assert [n.code for n in c.notices] == [gp.GP_EPROTO]
     assert ex.reason == "protocol error" and "info" in ex.detail, ex
 

@@ -1762,24 +1762,26 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
             s->tls = fs->tls;
             src[GP_SRV_TLS] = dflt[GP_SRV_TLS];
         }
-        if (env_ca)
-            src_what(&src[GP_SRV_TLS_CA], "GPUPOOL_TLS_CA");
-        else if (!(set[i] & F_CA))
-            src[GP_SRV_TLS_CA] = dflt[GP_SRV_TLS_CA];
-        if (env_ca || !(set[i] & F_CA))
-            memcpy(s->tls_ca, ca, sizeof ca);
-        if (env_cert)
-            src_what(&src[GP_SRV_TLS_CERT], "GPUPOOL_TLS_CERT");
-        else if (!(set[i] & F_CERT))
-            src[GP_SRV_TLS_CERT] = dflt[GP_SRV_TLS_CERT];
-        if (env_cert || !(set[i] & F_CERT))
-            memcpy(s->tls_cert, cert, sizeof cert);
-        if (env_key)
-            src_what(&src[GP_SRV_TLS_KEY], "GPUPOOL_TLS_KEY");
-        else if (!(set[i] & F_KEY))
-            src[GP_SRV_TLS_KEY] = dflt[GP_SRV_TLS_KEY];
-        if (env_key || !(set[i] & F_KEY))
-            memcpy(s->tls_key, key, sizeof key);
+        /* The three TLS files: the variable, else the entry's own, else the top level's. */
+        const struct {
+            int env;
+            unsigned bit;
+            int setting;
+            const char *var, *value;
+            char *dst;
+        } files[] = {
+            {env_ca, F_CA, GP_SRV_TLS_CA, "GPUPOOL_TLS_CA", ca, s->tls_ca},
+            {env_cert, F_CERT, GP_SRV_TLS_CERT, "GPUPOOL_TLS_CERT", cert, s->tls_cert},
+            {env_key, F_KEY, GP_SRV_TLS_KEY, "GPUPOOL_TLS_KEY", key, s->tls_key},
+        };
+        for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
+            if (files[k].env)
+                src_what(&src[files[k].setting], files[k].var);
+            else if (!(set[i] & files[k].bit))
+                src[files[k].setting] = dflt[files[k].setting];
+            if (files[k].env || !(set[i] & files[k].bit))
+                memcpy(files[k].dst, files[k].value, 4096);
+        }
     }
 
     if (env_seconds("GPUPOOL_CONNECT_TIMEOUT", "0: no limit", &cfg->connect_timeout, err, ecap) !=

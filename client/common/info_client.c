@@ -16,11 +16,11 @@
 #include "info_client.h"
 #include "net.h"
 
-/* The largest frames an answer to info can be (protocol/gpupool.toml): the info reply (i32
- * result, u16 major, u16 minor, string:4095 message, string:255 server, 4 x u32, string:4194304
- * json; 4 bytes of length before each string) and a notice (i32 code, u16 op, string:4095 text).
- * A bigger frame is refused before anything is allocated for it. */
-#define INFO_REPLY_MAX_BODY (4u + 2u + 2u + (4u + 4095u) + (4u + 255u) + 16u + (4u + 4194304u))
+/* The largest frames an answer to info may be: the info reply with every view array at its
+ * spec limit is about 24 MiB (protocol/gpupool.toml: 1024 GPUs, 4096 leases, 4096 waiters, every
+ * string at its longest), so 32 MiB; a notice (i32 code, u16 op, string:4095 text). A bigger
+ * frame is refused before anything is allocated for it. */
+#define INFO_REPLY_MAX_BODY (32u << 20)
 #define NOTICE_MAX_BODY (4u + 2u + (4u + 4095u))
 
 /* "Connection refused" -> "connection refused" (a system message inside our sentence). */
@@ -184,14 +184,6 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
                      GP_PROTO_MAJOR, GP_PROTO_MINOR);
             return -1;
         }
-        out->json = malloc((size_t)r.json_len + 1);
-        if (!out->json) {
-            free(body);
-            snprintf(err, cap, "out of memory");
-            return -1;
-        }
-        memcpy(out->json, r.json, r.json_len);
-        out->json[r.json_len] = 0;
         out->result = r.result;
         out->major = r.major;
         out->minor = r.minor;
@@ -201,7 +193,8 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
         out->matching = r.matching;
         out->free_matching = r.free_matching;
         out->queue = r.queue;
-        free(body);
+        out->reply = r;
+        out->body = body; /* the reply's strings and spans point into it */
         return 0;
     }
 }
@@ -249,6 +242,7 @@ void gp_info_free(gp_info_result *r)
 {
     if (!r)
         return;
-    free(r->json);
-    r->json = NULL;
+    free(r->body);
+    r->body = NULL;
+    memset(&r->reply, 0, sizeof r->reply);
 }

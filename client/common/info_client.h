@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "client_config.h"
+#include "gp_protocol.h"
 
 typedef struct gp_info_result {
     int32_t result; /* 0 or a GP_E* code (refused: message says why) */
@@ -18,7 +19,10 @@ typedef struct gp_info_result {
     uint16_t major, minor; /* the server's protocol version */
     char server[256];
     uint32_t gpus, matching, free_matching, queue;
-    char *json; /* malloc'd, NUL-terminated ("" on refusal); gp_info_free */
+    /* The whole reply, decoded (server facts, you, the GPU, lease and queue views as record
+     * spans): its strings and spans point into `body` (malloc'd; gp_info_free). */
+    gp_info_reply reply;
+    uint8_t *body;
 } gp_info_result;
 
 /* probe_timeout 0 (and any timeout_s <= 0) means this many seconds for a probe: never forever. */

@@ -117,12 +117,14 @@ t3 = time.monotonic()
 same = dst.raw == data
 call("cuMemFree_v2", dptr)
 try:
-    f = cuda.gpupool_shim_lease_json
-    buf = ctypes.create_string_buffer(4096)
-    f.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    f(buf, 4096)
-    out["lease"] = json.loads(buf.value.decode())
-except (AttributeError, ValueError):
+    f = cuda.gpupool_shim_lease
+    server, uuid, gname = (ctypes.create_string_buffer(n) for n in (300, 96, 96))
+    session, simulated = ctypes.c_ulonglong(), ctypes.c_int()
+    f.argtypes = [ctypes.c_char_p, ctypes.c_size_t] * 3 + [ctypes.c_void_p] * 2
+    if f(server, 300, uuid, 96, gname, 96, ctypes.byref(session), ctypes.byref(simulated)) == 1:
+        out["lease"] = {"server": server.value.decode(), "uuid": uuid.value.decode(),
+                        "session_id": session.value}
+except AttributeError:
     pass
 out.update(ok=same, init_ms=(t1 - t0) * 1e3, copy_ms=(t3 - t2) * 1e3)
 if not same:

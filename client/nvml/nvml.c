@@ -1,10 +1,10 @@
 /*
  * nvml.c: our libnvidia-ml.so.1 (docs/architecture.md, "The NVML shim"): the NVML entry
  * points that tools (pynvml, nvitop, PyTorch) use, answered from gpupool servers' `info`
- * documents instead of a local driver.
+ * replies instead of a local driver.
  *
- * Which GPUs: when this process's libcuda.so.1 is ours and holds a lease (gpupool_shim_lease_json
- * says connected), exactly that GPU, as index 0 (as CUDA numbers it). Its values come from the
+ * Which GPUs: when this process's libcuda.so.1 is ours and holds a lease (gpupool_shim_lease
+ * says so), exactly that GPU, as index 0 (as CUDA numbers it). Its values come from the
  * lease's server only when that server is one of the configured ones (host case-insensitive, a
  * bare host meaning port 7070): the configured token and TLS files are never sent anywhere else.
  * Otherwise the GPU shows what the lease itself says (name, UUID), without live values.
@@ -20,7 +20,7 @@
  * error when the program uses the GPU.
  *
  * Locking. `lock` guards all state (st) and is never held during network I/O:
- * - a refresh is started under it (one per server at a time: `refreshing`), fetched and parsed
+ * - a refresh is started under it (one per server at a time: `refreshing`), fetched and decoded
  *   without it, and swapped in under it again; queries meanwhile answer from the cache. The
  *   fetching query itself waits at most the fetch timeout (probe_timeout, FETCH_TIMEOUT_S when
  *   that is 0: an NVML query never waits forever).
@@ -48,7 +48,6 @@
 #include "client_config.h"
 #include "gp_log.h"
 #include "info_client.h"
-#include "json.h"
 #include "net.h"
 #include "nvml_internal.h"
 #include "nvml_view.h"
@@ -128,35 +127,45 @@ static void config_release(config_ref *conf)
 
 /* ------------------------------------------------------------------------ info requests == */
 
-/* Fetch and parse srv's info document: the document, or NULL with why in err. Touches no state
- * (runs without the lock). */
-static gp_json_value *fetch_doc(const gp_client_config *cfg, const gp_server_config *srv, char *err,
-                                size_t errcap)
+/* Fetch srv's info reply: the decoded reply (free with doc_free), or NULL with why in err.
+ * Touches no state (runs without the lock). */
+static gp_info_result *fetch_doc(const gp_client_config *cfg, const gp_server_config *srv,
+                                 char *err, size_t errcap)
 {
-    gp_info_result r;
-    memset(&r, 0, sizeof r);
+    gp_info_result *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, errcap, "out of memory");
+        return NULL;
+    }
     double timeout = cfg->probe_timeout > 0 ? cfg->probe_timeout : FETCH_TIMEOUT_S;
-    if (gp_info_fetch(cfg, srv, timeout, &r, err, errcap) != 0) {
-        gp_info_free(&r);
+    if (gp_info_fetch(cfg, srv, timeout, r, err, errcap) != 0) {
+        gp_info_free(r);
+        free(r);
         return NULL;
     }
-    if (r.result != 0) {
-        snprintf(err, errcap, "refused: %.400s", r.message[0] ? r.message : "no reason given");
-        gp_info_free(&r);
+    if (r->result != 0) {
+        snprintf(err, errcap, "refused: %.400s", r->message[0] ? r->message : "no reason given");
+        gp_info_free(r);
+        free(r);
         return NULL;
     }
-    gp_json_value *doc =
-        gp_nvml_parse_info(r.json ? r.json : "", r.json ? strlen(r.json) : 0, err, errcap);
-    gp_info_free(&r);
-    return doc;
+    return r;
+}
+
+static void doc_free(gp_info_result *doc)
+{
+    if (doc) {
+        gp_info_free(doc);
+        free(doc);
+    }
 }
 
 /* Server s's fetch is over (doc, or NULL after a failure): when its values are next due. */
-static void fetched(server_state *ss, const gp_json_value *doc)
+static void fetched(server_state *ss, const gp_info_result *doc)
 {
     double t = now_s();
     if (doc) {
-        gp_nvml_server_from_doc(doc, &ss->info);
+        gp_nvml_server_from_reply(&doc->reply, &ss->info);
         ss->answered = 1;
         ss->retry_s = 0;
         ss->next_fetch = t + REFRESH_S;
@@ -168,19 +177,13 @@ static void fetched(server_state *ss, const gp_json_value *doc)
     }
 }
 
-/* The GPU view of doc that device d shows: by UUID, else by the server's index. */
-static const gp_json_value *view_of(const gp_json_value *doc, const struct nvmlDevice_st *d)
+/* The GPU view of doc that device d shows, by UUID, else by the server's index: 0 with *view,
+ * or -1. */
+static int view_of(const gp_info_result *doc, const struct nvmlDevice_st *d, gp_info_gpu *view)
 {
     if (d->gpu.uuid[0])
-        return gp_nvml_find_gpu(doc, d->gpu.uuid);
-    const gp_json_value *gpus = gp_json_get(doc, "gpus");
-    for (size_t i = 0; i < gp_json_count(gpus); i++) {
-        int64_t index;
-        if (gp_json_i64(gp_json_get(gp_json_at(gpus, i), "index"), &index) &&
-            index == d->gpu.server_index)
-            return gp_json_at(gpus, i);
-    }
-    return NULL;
+        return gp_nvml_find_gpu(&doc->reply, d->gpu.uuid, view);
+    return gp_nvml_find_gpu_index(&doc->reply, d->gpu.server_index, view);
 }
 
 /* Called with the lock held by a query that wants d's live values: when they are due and no
@@ -206,17 +209,17 @@ static int refresh(struct nvmlDevice_st *d)
     pthread_mutex_unlock(&lock);
 
     char err[512];
-    gp_json_value *doc = fetch_doc(&conf->cfg, srv, err, sizeof err);
+    gp_info_result *doc = fetch_doc(&conf->cfg, srv, err, sizeof err);
     if (!doc)
         gp_log_debug("nvml: refreshing %s failed (%s); showing the values from before", desc, err);
 
     if (pthread_mutex_lock(&lock) != 0) {
-        gp_json_free(doc); /* conf stays referenced: better a leak than a free under a reader */
+        doc_free(doc); /* conf stays referenced: better a leak than a free under a reader */
         return -2;
     }
     config_release(conf);
     if (st.refcount == 0 || st.generation != generation) {
-        gp_json_free(doc); /* shut down (and maybe initialised again) meanwhile: not ours to show */
+        doc_free(doc); /* shut down (and maybe initialised again) meanwhile: not ours to show */
         return -1;
     }
     ss->refreshing = 0;
@@ -226,13 +229,13 @@ static int refresh(struct nvmlDevice_st *d)
             struct nvmlDevice_st *o = &st.devices[i];
             if (o->server != d->server)
                 continue;
-            const gp_json_value *view = view_of(doc, o);
-            if (view)
-                gp_nvml_live_from_view(doc, view, &o->gpu.live);
+            gp_info_gpu view;
+            if (view_of(doc, o, &view) == 0)
+                gp_nvml_live_from_view(&doc->reply, &view, &o->gpu.live);
             else
                 gp_log_debug("nvml: %s no longer lists GPU %s", desc, o->gpu.uuid);
         }
-        gp_json_free(doc);
+        doc_free(doc);
     }
     return 0;
 }
@@ -251,11 +254,11 @@ static int add_server(const gp_server_config *srv)
     return st.nservers++;
 }
 
-/* The first fetch of server s at init: its document or NULL (err says why). */
-static gp_json_value *init_fetch(const config_ref *conf, int s, char *err, size_t errcap)
+/* The first fetch of server s at init: its reply or NULL (err says why). */
+static gp_info_result *init_fetch(const config_ref *conf, int s, char *err, size_t errcap)
 {
     server_state *ss = &st.servers[s];
-    gp_json_value *doc = fetch_doc(&conf->cfg, ss->srv, err, errcap);
+    gp_info_result *doc = fetch_doc(&conf->cfg, ss->srv, err, errcap);
     fetched(ss, doc);
     return doc;
 }
@@ -284,31 +287,25 @@ static void *libcuda_sym(const char *name)
     return sym;
 }
 
-/* This process's lease from our libcuda.so.1, if it is loaded and holds one: 1 with the
- * parsed JSON in *out (free with gp_json_free), else 0. */
-static int lease_of_this_process(gp_json_value **out)
+/* This process's lease as our libcuda.so.1 describes it (gpupool_shim_lease). */
+typedef struct shim_lease {
+    char server[300], uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE], name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    unsigned long long session_id;
+    int simulated;
+} shim_lease;
+
+/* This process's lease from our libcuda.so.1, if it is loaded and holds one: 1 with *out, else
+ * 0. */
+static int lease_of_this_process(shim_lease *out)
 {
-    void *sym = libcuda_sym("gpupool_shim_lease_json");
+    void *sym = libcuda_sym("gpupool_shim_lease");
     if (!sym)
         return 0;
-    int (*lease_json)(char *, size_t);
-    memcpy(&lease_json, &sym, sizeof lease_json); /* object pointer -> function pointer */
-    char buf[8192];
-    int n = lease_json(buf, sizeof buf);
-    if (n <= 0 || (size_t)n >= sizeof buf)
-        return 0;
-    char err[200];
-    gp_json_value *lease = gp_json_parse(buf, (size_t)n, err, sizeof err);
-    if (!lease) {
-        gp_log_debug("nvml: gpupool_shim_lease_json gave invalid JSON (%s)", err);
-        return 0;
-    }
-    if (!gp_json_bool(gp_json_get(lease, "connected"), 0)) {
-        gp_json_free(lease);
-        return 0;
-    }
-    *out = lease;
-    return 1;
+    int (*lease)(char *, size_t, char *, size_t, char *, size_t, unsigned long long *, int *);
+    memcpy(&lease, &sym, sizeof lease); /* object pointer -> function pointer */
+    memset(out, 0, sizeof *out);
+    return lease(out->server, sizeof out->server, out->uuid, sizeof out->uuid, out->name,
+                 sizeof out->name, &out->session_id, &out->simulated) == 1;
 }
 
 /* The leased GPU's compute capability from libcuda's device snapshot (device 0), which our
@@ -353,20 +350,20 @@ static int lease_server(const gp_client_config *cfg, const char *where)
 }
 
 /* The leased GPU as the lease itself describes it: no live values. */
-static void gpu_from_lease(const gp_json_value *lease, gp_nvml_gpu *g)
+static void gpu_from_lease(const shim_lease *lease, gp_nvml_gpu *g)
 {
     memset(g, 0, sizeof *g);
-    snprintf(g->name, sizeof g->name, "%s", gp_json_string(gp_json_get(lease, "name"), ""));
-    snprintf(g->uuid, sizeof g->uuid, "%s", gp_json_string(gp_json_get(lease, "uuid"), ""));
-    g->simulated = gp_json_bool(gp_json_get(lease, "simulated"), 0);
+    snprintf(g->name, sizeof g->name, "%s", lease->name);
+    snprintf(g->uuid, sizeof g->uuid, "%s", lease->uuid);
+    g->simulated = lease->simulated != 0;
     g->cc_major = g->cc_minor = -1;
 }
 
 /* Lease mode: the leased GPU as device 0. */
-static void init_lease(const config_ref *conf, const gp_json_value *lease)
+static void init_lease(const config_ref *conf, const shim_lease *lease)
 {
-    const char *where = gp_json_string(gp_json_get(lease, "server"), "");
-    const char *uuid = gp_json_string(gp_json_get(lease, "uuid"), "");
+    const char *where = lease->server;
+    const char *uuid = lease->uuid;
     gp_nvml_gpu g;
     int s = lease_server(&conf->cfg, where);
     if (s < 0) {
@@ -379,9 +376,10 @@ static void init_lease(const config_ref *conf, const gp_json_value *lease)
     } else {
         st.system_server = s;
         char err[512];
-        gp_json_value *doc = init_fetch(conf, s, err, sizeof err);
-        const gp_json_value *view = doc ? gp_nvml_find_gpu(doc, uuid) : NULL;
-        if (view && gp_nvml_gpu_from_view(doc, view, &g) == 0) {
+        gp_info_result *doc = init_fetch(conf, s, err, sizeof err);
+        gp_info_gpu view;
+        if (doc && gp_nvml_find_gpu(&doc->reply, uuid, &view) == 0 &&
+            gp_nvml_gpu_from_view(&doc->reply, &view, &g) == 0) {
             add_device(s, &g);
         } else {
             /* The lease itself says which GPU it is; its live values stay unknown for now. */
@@ -393,7 +391,7 @@ static void init_lease(const config_ref *conf, const gp_json_value *lease)
                  "the GPU without them",
                  st.servers[s].desc, err);
         }
-        gp_json_free(doc);
+        doc_free(doc);
     }
     if (st.ndevices == 1 && st.devices[0].gpu.cc_major < 0)
         lease_compute_capability(&st.devices[0].gpu);
@@ -411,7 +409,7 @@ static void init_servers(const config_ref *conf)
         if (s < 0)
             break;
         char err[512];
-        gp_json_value *doc = init_fetch(conf, s, err, sizeof err);
+        gp_info_result *doc = init_fetch(conf, s, err, sizeof err);
         if (!doc) {
             if (wl < sizeof why - 1) {
                 int n = snprintf(why + wl, sizeof why - wl, "%s%s: %s", wl ? "; " : "",
@@ -424,20 +422,21 @@ static void init_servers(const config_ref *conf)
         answered++;
         if (st.system_server < 0)
             st.system_server = s;
-        const gp_json_value *gpus = gp_json_get(doc, "gpus");
-        unsigned matching = 0;
-        for (size_t k = 0; k < gp_json_count(gpus); k++) {
+        unsigned matching = 0, count = doc->reply.gpu_views.count;
+        gp_record_span views = doc->reply.gpu_views;
+        gp_info_gpu view;
+        while (gp_info_gpu_next(&views, &view) == 0) {
             gp_nvml_gpu g;
-            if (gp_nvml_gpu_from_view(doc, gp_json_at(gpus, k), &g) != 0)
+            if (gp_nvml_gpu_from_view(&doc->reply, &view, &g) != 0)
                 continue;
             if (!gp_nvml_gpu_matches(&g, cfg->gpu, cfg->model, cfg->min_memory))
                 continue;
             add_device(s, &g);
             matching++;
         }
-        gp_log_debug("nvml: %s: %zu GPUs, %u meet the requirements", st.servers[s].desc,
-                     gp_json_count(gpus), matching);
-        gp_json_free(doc);
+        gp_log_debug("nvml: %s: %u GPUs, %u meet the requirements", st.servers[s].desc, count,
+                     matching);
+        doc_free(doc);
     }
     if (!answered)
         warn("nvml: no GPU server answered (%s); NVML shows 0 GPUs (`gpupool doctor` checks "
@@ -457,13 +456,12 @@ static nvmlReturn_t build_state(config_ref **out)
         return NVML_ERROR_MEMORY;
     conf->refs = 1;
     char err[1024];
-    gp_json_value *lease = NULL;
+    shim_lease lease;
     if (gp_client_config_load(&conf->cfg, err, sizeof err) != 0) {
         warn("nvml: %s; NVML shows 0 GPUs", err);
         conf->cfg.nservers = 0;
     } else if (lease_of_this_process(&lease)) {
-        init_lease(conf, lease);
-        gp_json_free(lease);
+        init_lease(conf, &lease);
     } else if (conf->cfg.nservers == 0) {
         warn("nvml: no GPU server is configured (set GPUPOOL_SERVER, or run `gpupool login URL "
              "--token TOKEN`); NVML shows 0 GPUs");

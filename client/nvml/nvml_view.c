@@ -1,8 +1,8 @@
 /*
- * nvml_view.c: an info document's GPU views as NVML answers (nvml_view.h). Units: the document
- * speaks bytes, percent, degrees C, watts, joules and MHz; NVML speaks bytes, percent, degrees,
- * milliwatts, millijoules and MHz. A value the server reports as null stays "not supported":
- * nothing here invents a number.
+ * nvml_view.c: an info reply's GPU views (records of protocol/gpupool.toml, info_gpu) as NVML
+ * answers (nvml_view.h). Units: the reply speaks bytes, percent, degrees C, watts, joules and
+ * MHz; NVML speaks bytes, percent, degrees, milliwatts, millijoules and MHz. A value the server
+ * reports as unknown (-1, NaN) stays "not supported": nothing here invents a number.
  */
 #include "nvml_view.h"
 
@@ -13,37 +13,6 @@
 #include <string.h>
 #include <strings.h>
 
-gp_json_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap)
-{
-    char jerr[200];
-    gp_json_value *doc = gp_json_parse(json, len, jerr, sizeof jerr);
-    if (!doc) {
-        snprintf(err, errcap, "the server's info document is not valid JSON (%s)", jerr);
-        return NULL;
-    }
-    int64_t schema = 0;
-    if (doc->type != GPJ_OBJECT || !gp_json_i64(gp_json_get(doc, "schema"), &schema)) {
-        snprintf(err, errcap, "the server's info document has no schema number");
-        gp_json_free(doc);
-        return NULL;
-    }
-    if (schema != 1) {
-        snprintf(err, errcap,
-                 "the server's info document has schema %lld; this client reads schema 1: "
-                 "upgrade the gpupool client",
-                 (long long)schema);
-        gp_json_free(doc);
-        return NULL;
-    }
-    const gp_json_value *gpus = gp_json_get(doc, "gpus");
-    if (!gpus || gpus->type != GPJ_ARRAY) {
-        snprintf(err, errcap, "the server's info document has no \"gpus\" list");
-        gp_json_free(doc);
-        return NULL;
-    }
-    return doc;
-}
-
 static int contains_ci(const char *hay, const char *needle)
 {
     size_t n = strlen(needle), h = strlen(hay);
@@ -53,41 +22,47 @@ static int contains_ci(const char *hay, const char *needle)
     return 0;
 }
 
-static void copy_text(char *dst, size_t cap, const char *src)
+/* A reply string (not NUL-terminated) into dst as valid UTF-8. */
+static void copy_text(char *dst, size_t cap, const char *src, uint32_t len)
 {
-    snprintf(dst, cap, "%s", src ? src : "");
+    gp_utf8_clean(dst, cap, src ? src : "", src ? len : 0);
 }
 
-void gp_nvml_server_from_doc(const gp_json_value *doc, gp_nvml_server *out)
+void gp_nvml_server_from_reply(const gp_info_reply *r, gp_nvml_server *out)
 {
     memset(out, 0, sizeof *out);
-    const gp_json_value *server = gp_json_get(doc, "server");
-    copy_text(out->driver_version, sizeof out->driver_version,
-              gp_json_string(gp_json_get(server, "driver_version"), ""));
-    int64_t v = 0;
-    if (gp_json_i64(gp_json_get(server, "cuda_driver_version"), &v) && v > 0 && v < 1000000)
-        out->cuda_driver_version = (int)v;
+    copy_text(out->driver_version, sizeof out->driver_version, r->driver_version,
+              r->driver_version_len);
+    if (r->cuda_driver_version > 0 && r->cuda_driver_version < 1000000)
+        out->cuda_driver_version = r->cuda_driver_version;
 }
 
-const gp_json_value *gp_nvml_find_gpu(const gp_json_value *doc, const char *uuid)
+int gp_nvml_find_gpu(const gp_info_reply *r, const char *uuid, gp_info_gpu *out)
 {
-    const gp_json_value *gpus = gp_json_get(doc, "gpus");
     if (!uuid || !uuid[0])
-        return NULL;
-    for (size_t i = 0; i < gp_json_count(gpus); i++) {
-        const gp_json_value *g = gp_json_at(gpus, i);
-        const char *u = gp_json_string(gp_json_get(g, "uuid"), NULL);
-        if (u && strcasecmp(u, uuid) == 0)
-            return g;
-    }
-    return NULL;
+        return -1;
+    size_t n = strlen(uuid);
+    gp_record_span s = r->gpu_views;
+    while (gp_info_gpu_next(&s, out) == 0)
+        if (out->uuid_len == n && strncasecmp(out->uuid, uuid, n) == 0)
+            return 0;
+    return -1;
 }
 
-/* A non-negative number as an unsigned, rounded to nearest; 0 when absent/null/negative/huge. */
-static int get_uint(const gp_json_value *obj, const char *key, double scale, unsigned *out)
+int gp_nvml_find_gpu_index(const gp_info_reply *r, unsigned index, gp_info_gpu *out)
 {
-    double d;
-    if (!gp_json_number(gp_json_get(obj, key), &d) || !isfinite(d) || d < 0)
+    gp_record_span s = r->gpu_views;
+    while (gp_info_gpu_next(&s, out) == 0)
+        if (out->index == index)
+            return 0;
+    return -1;
+}
+
+/* A non-negative reply number as an unsigned, rounded to nearest; 0 (not known) when unknown,
+ * negative or too big. */
+static int known_uint(double d, double scale, unsigned *out)
+{
+    if (!isfinite(d) || d < 0)
         return 0;
     d = floor(d * scale + 0.5);
     if (d > 4294967294.0)
@@ -96,13 +71,9 @@ static int get_uint(const gp_json_value *obj, const char *key, double scale, uns
     return 1;
 }
 
-static int get_u64(const gp_json_value *obj, const char *key, double scale, uint64_t *out)
+static int known_u64(double d, double scale, uint64_t *out)
 {
-    const gp_json_value *v = gp_json_get(obj, key);
-    if (scale == 1.0 && gp_json_u64(v, out))
-        return 1; /* exact for byte counts */
-    double d;
-    if (!gp_json_number(v, &d) || !isfinite(d) || d < 0)
+    if (!isfinite(d) || d < 0)
         return 0;
     d = floor(d * scale + 0.5);
     if (d >= 18446744073709549568.0)
@@ -111,15 +82,26 @@ static int get_u64(const gp_json_value *obj, const char *key, double scale, uint
     return 1;
 }
 
-void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_live *out)
+/* An integer reply value: -1 (or any negative) is unknown. */
+static int known_int(int64_t v, uint64_t *out)
+{
+    if (v < 0)
+        return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+void gp_nvml_live_from_view(const gp_info_reply *r, const gp_info_gpu *view, gp_nvml_live *out)
 {
     memset(out, 0, sizeof *out);
-    const gp_json_value *live = gp_json_get(view, "live");
     uint64_t total = 0, used = 0, freeb = 0;
-    int has_total =
-        get_u64(live, "memory_total", 1.0, &total) || get_u64(view, "memory_total", 1.0, &total);
-    int has_used = get_u64(live, "memory_used", 1.0, &used);
-    int has_free = get_u64(live, "memory_free", 1.0, &freeb);
+    int has_total = known_int(view->live_memory_total, &total);
+    if (!has_total && view->memory_total) {
+        total = view->memory_total;
+        has_total = 1;
+    }
+    int has_used = known_int(view->memory_used, &used);
+    int has_free = known_int(view->memory_free, &freeb);
     /* The size alone (requirements need it) even when the use is not reported. */
     out->has_memory_total = has_total;
     out->memory_total = has_total ? total : 0;
@@ -128,86 +110,43 @@ void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view,
         out->memory_used = used;
         out->memory_free = has_free ? freeb : (used < total ? total - used : 0);
     }
-    out->has_util = get_uint(live, "gpu_util", 1.0, &out->gpu_util);
-    if (out->has_util && !get_uint(live, "memory_util", 1.0, &out->memory_util))
+    out->has_util = known_uint(view->gpu_util, 1.0, &out->gpu_util);
+    if (out->has_util && !known_uint(view->memory_util, 1.0, &out->memory_util))
         out->memory_util = 0;
     if (out->gpu_util > 100)
         out->gpu_util = 100;
     if (out->memory_util > 100)
         out->memory_util = 100;
-    out->has_temperature = get_uint(live, "temperature_c", 1.0, &out->temperature_c);
-    out->has_power = get_uint(live, "power_w", 1000.0, &out->power_mw);
-    out->has_power_limit = get_uint(live, "power_limit_w", 1000.0, &out->power_limit_mw);
-    out->has_energy = get_u64(live, "energy_j", 1000.0, &out->energy_mj);
-    out->has_sm_clock = get_uint(live, "sm_clock_mhz", 1.0, &out->sm_clock_mhz);
-    out->has_mem_clock = get_uint(live, "mem_clock_mhz", 1.0, &out->mem_clock_mhz);
-    out->has_max_sm_clock = get_uint(live, "max_sm_clock_mhz", 1.0, &out->max_sm_clock_mhz);
-    out->has_max_mem_clock = get_uint(live, "max_mem_clock_mhz", 1.0, &out->max_mem_clock_mhz);
+    out->has_temperature = known_uint(view->temperature_c, 1.0, &out->temperature_c);
+    out->has_power = known_uint(view->power_w, 1000.0, &out->power_mw);
+    out->has_power_limit = known_uint(view->power_limit_w, 1000.0, &out->power_limit_mw);
+    out->has_energy = known_u64(view->energy_j, 1000.0, &out->energy_mj);
+    out->has_sm_clock = known_uint(view->sm_clock_mhz, 1.0, &out->sm_clock_mhz);
+    out->has_mem_clock = known_uint(view->mem_clock_mhz, 1.0, &out->mem_clock_mhz);
+    /* The reply carries no maximum clocks: those queries answer "not supported". */
 
     /* This client's processes on the GPU: the leases the server marked "mine". */
-    int64_t index = -1;
-    if (!gp_json_i64(gp_json_get(view, "index"), &index))
-        return;
-    const gp_json_value *leases = gp_json_get(doc, "leases");
-    for (size_t i = 0; i < gp_json_count(leases) && out->npids < GP_NVML_MAX_PIDS; i++) {
-        const gp_json_value *l = gp_json_at(leases, i);
-        int64_t gpu = -1, pid = -1;
-        if (!gp_json_bool(gp_json_get(l, "mine"), 0))
+    gp_record_span s = r->lease_views;
+    gp_info_lease l;
+    while (out->npids < GP_NVML_MAX_PIDS && gp_info_lease_next(&s, &l) == 0) {
+        if (!l.mine || l.gpu != view->index || l.client_pid == 0 || l.client_pid > 0x7FFFFFFF)
             continue;
-        if (!gp_json_i64(gp_json_get(l, "gpu"), &gpu) || gpu != index)
-            continue;
-        if (!gp_json_i64(gp_json_get(gp_json_get(l, "client"), "pid"), &pid) || pid <= 0 ||
-            pid > 0x7FFFFFFF)
-            continue;
-        out->pids[out->npids++] = (unsigned)pid;
+        out->pids[out->npids++] = l.client_pid;
     }
 }
 
-/* "9.0", [9, 0] or {"major": 9, "minor": 0}: 0 and the numbers, else -1. */
-static int compute_capability(const gp_json_value *v, int *major, int *minor)
-{
-    int64_t a, b;
-    if (!v)
-        return -1;
-    if (v->type == GPJ_STRING) {
-        int x, y;
-        char extra;
-        if (sscanf(v->str, "%d.%d%c", &x, &y, &extra) != 2 || x < 0 || y < 0)
-            return -1;
-        *major = x;
-        *minor = y;
-        return 0;
-    }
-    int ok = (v->type == GPJ_ARRAY && gp_json_i64(gp_json_at(v, 0), &a) &&
-              gp_json_i64(gp_json_at(v, 1), &b)) ||
-             (v->type == GPJ_OBJECT && gp_json_i64(gp_json_get(v, "major"), &a) &&
-              gp_json_i64(gp_json_get(v, "minor"), &b));
-    if (!ok || a < 0 || b < 0 || a > 1000 || b > 1000)
-        return -1;
-    *major = (int)a;
-    *minor = (int)b;
-    return 0;
-}
-
-int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_gpu *out)
+int gp_nvml_gpu_from_view(const gp_info_reply *r, const gp_info_gpu *view, gp_nvml_gpu *out)
 {
     memset(out, 0, sizeof *out);
-    int64_t index;
-    const char *uuid = gp_json_string(gp_json_get(view, "uuid"), "");
-    const char *name = gp_json_string(gp_json_get(view, "name"), NULL);
-    if (!gp_json_i64(gp_json_get(view, "index"), &index) || index < 0 || index > 0xFFFF || !name)
+    if (view->index > 0xFFFF || view->name_len == 0)
         return -1;
-    out->server_index = (unsigned)index;
-    copy_text(out->name, sizeof out->name, name);
-    copy_text(out->uuid, sizeof out->uuid, uuid);
-    copy_text(out->pci_bus_id, sizeof out->pci_bus_id,
-              gp_json_string(gp_json_get(view, "pci_bus_id"), ""));
-    out->simulated = gp_json_bool(gp_json_get(view, "simulated"), 0);
-    out->cc_major = out->cc_minor = -1;
-    if (compute_capability(gp_json_get(view, "compute_capability"), &out->cc_major,
-                           &out->cc_minor) != 0)
-        out->cc_major = out->cc_minor = -1;
-    gp_nvml_live_from_view(doc, view, &out->live);
+    out->server_index = view->index;
+    copy_text(out->name, sizeof out->name, view->name, view->name_len);
+    copy_text(out->uuid, sizeof out->uuid, view->uuid, view->uuid_len);
+    copy_text(out->pci_bus_id, sizeof out->pci_bus_id, view->pci_bus_id, view->pci_bus_id_len);
+    out->simulated = view->simulated != 0;
+    out->cc_major = out->cc_minor = -1; /* not in the reply: the lease's libcuda knows it */
+    gp_nvml_live_from_view(r, view, &out->live);
     return 0;
 }
 

@@ -1,7 +1,8 @@
 /*
- * nvml_view.h: from a server's `info` document (docs/protocol.md, "info")
- * to NVML's answers. Pure functions over parsed JSON and plain structs: no connections, no
- * locks, no global state, so the C unit test (test_nvml_view.c) drives them with JSON strings.
+ * nvml_view.h: from a server's `info` reply (docs/protocol.md, "info": the spec's info_gpu and
+ * info_lease records) to NVML's answers. Pure functions over the decoded reply and plain
+ * structs: no connections, no locks, no global state, so the C unit test (test_nvml_view.c)
+ * drives them with replies it encodes itself.
  *
  * nvml.c owns the devices, the locking and the refreshes; it calls these to build a device
  * from a GPU view and to answer each query from the device's cached values.
@@ -12,13 +13,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "json.h"
+#include "gp_protocol.h"
 #include "nvml_types.h"
+#include "utf8.h"
 
 #define GP_NVML_MAX_PIDS 64
 
-/* Live values of one GPU; a has_* of 0 means the server did not report it (JSON null or
- * missing), and the matching NVML query answers NVML_ERROR_NOT_SUPPORTED. */
+/* Live values of one GPU; a has_* of 0 means the server did not report it (-1 or NaN in the
+ * reply), and the matching NVML query answers NVML_ERROR_NOT_SUPPORTED. */
 typedef struct gp_nvml_live {
     int has_memory_total; /* the size is known (live, else the view's memory_total) */
     int has_memory;       /* and so is the use: the memory queries answer */
@@ -43,31 +45,29 @@ typedef struct gp_nvml_gpu {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     char pci_bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE]; /* "00000000:18:00.0" or "" */
     int simulated;
-    int cc_major, cc_minor; /* compute capability; -1 when the document does not say */
+    int cc_major, cc_minor; /* compute capability; -1 when not known (the reply has none) */
     gp_nvml_live live;
 } gp_nvml_gpu;
 
-/* What a server's document says about the server itself. */
+/* What a server's reply says about the server itself. */
 typedef struct gp_nvml_server {
     char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE]; /* "" unknown (simulated) */
     int cuda_driver_version;                                     /* 13000; 0 unknown */
 } gp_nvml_server;
 
-/* Parse an info document and check it is one we understand (an object with "schema": 1 and a
- * "gpus" array). NULL with err filled otherwise. Free with gp_json_free. */
-gp_json_value *gp_nvml_parse_info(const char *json, size_t len, char *err, size_t errcap);
+void gp_nvml_server_from_reply(const gp_info_reply *r, gp_nvml_server *out);
 
-void gp_nvml_server_from_doc(const gp_json_value *doc, gp_nvml_server *out);
+/* The GPU view of r whose uuid is `uuid` (case-insensitive), or whose server index is `index`,
+ * into *out (its strings point into the reply's body): 0, or -1 when there is none. */
+int gp_nvml_find_gpu(const gp_info_reply *r, const char *uuid, gp_info_gpu *out);
+int gp_nvml_find_gpu_index(const gp_info_reply *r, unsigned index, gp_info_gpu *out);
 
-/* The GPU view in doc whose uuid is `uuid` (case-insensitive), or NULL. */
-const gp_json_value *gp_nvml_find_gpu(const gp_json_value *doc, const char *uuid);
+/* Fill *out from a GPU view of r (identity and live values; pids from r's lease views marked
+ * mine on this GPU). 0, or -1 when the view has no usable index or name. */
+int gp_nvml_gpu_from_view(const gp_info_reply *r, const gp_info_gpu *view, gp_nvml_gpu *out);
 
-/* Fill *out from a GPU view of doc (identity and live values; pids from doc's "leases" with
- * "mine": true on this GPU). 0, or -1 when the view has no usable index/uuid/name. */
-int gp_nvml_gpu_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_gpu *out);
-
-/* Only the live values (and pids) of *g from a newer document's view of the same GPU. */
-void gp_nvml_live_from_view(const gp_json_value *doc, const gp_json_value *view, gp_nvml_live *out);
+/* Only the live values (and pids) of a GPU from a newer reply's view of the same GPU. */
+void gp_nvml_live_from_view(const gp_info_reply *r, const gp_info_gpu *view, gp_nvml_live *out);
 
 /* 1 when g meets the client's requirements as the server reads them (gpupoold/pool/requirements.py):
  * gpu = server index (digits) or UUID prefix (case-insensitive), model = substring of the name

@@ -1,13 +1,17 @@
 /*
- * test_nvml_view.c: unit tests of nvml_view.c, from info documents (JSON text) to NVML's
- * answers: identity, units, nulls as NOT_SUPPORTED, requirements, this client's processes,
- * NVML's count protocol and struct layouts. Run by tests/test_nvml_json.py (also under
+ * test_nvml_view.c: unit tests of nvml_view.c, from info replies (encoded here with the generated
+ * code of protocol/gpupool.toml, then decoded as the NVML shim decodes them) to NVML's answers:
+ * identity, units, unknown values as NOT_SUPPORTED, requirements, this client's processes,
+ * NVML's count protocol and struct layouts. Run by tests/test_nvml_view.py (also under
  * ASan/UBSan). Prints "all checks passed" and exits 0, or names each failure.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "gp_protocol.h"
 #include "nvml_view.h"
 
 static int failures;
@@ -20,101 +24,191 @@ static int failures;
         }                                                                                          \
     } while (0)
 
-static const char *DOC =
-    "{\"schema\": 1,"
-    " \"server\": {\"version\": \"0.1.0\", \"host\": \"gpu-box\", \"protocol\": \"1.1\","
-    "   \"simulated\": false, \"driver_version\": \"580.65.06\", \"cuda_driver_version\": 13000},"
-    " \"you\": {\"name\": \"alice\", \"role\": \"user\"}, \"time\": 1767225600.1,"
-    " \"gpus\": ["
-    "  {\"index\": 0, \"name\": \"NVIDIA H100 80GB HBM3\","
-    "   \"uuid\": \"GPU-0a1b2c3d-0000-1111-2222-333344445555\","
-    "   \"simulated\": false, \"memory_total\": 85520809984, \"pci_bus_id\": \"00000000:18:00.0\","
-    "   \"state\": \"leased\", \"compute_capability\": \"9.0\","
-    "   \"live\": {\"at\": 1767225600.0, \"memory_total\": 85520809984,"
-    "     \"memory_used\": 1073741824,"
-    "     \"memory_free\": 84447068160, \"gpu_util\": 37.6, \"memory_util\": 5,"
-    "     \"temperature_c\": 41, \"power_w\": 123.4567, \"power_limit_w\": 700.0,"
-    "     \"energy_j\": 5000.25, \"sm_clock_mhz\": 1980, \"mem_clock_mhz\": 2619,"
-    "     \"cuda_driver_version\": 13000}},"
-    "  {\"index\": 1, \"name\": \"Simulated GPU\","
-    "   \"uuid\": \"GPU-5e000000-0000-0000-0000-000000000001\","
-    "   \"simulated\": true, \"memory_total\": 17179869184, \"pci_bus_id\": \"00000000:41:00.0\","
-    "   \"state\": \"free\","
-    "   \"live\": {\"at\": 1767225600.0, \"memory_total\": 17179869184, \"memory_used\": 0,"
-    "     \"memory_free\": 17179869184, \"gpu_util\": 0, \"memory_util\": 0,"
-    "     \"temperature_c\": null, \"power_w\": null, \"power_limit_w\": null, \"energy_j\": null,"
-    "     \"sm_clock_mhz\": null, \"mem_clock_mhz\": null, \"cuda_driver_version\": 13000}},"
-    "  {\"index\": 2, \"name\": \"Old server GPU\", \"uuid\": \"\", \"simulated\": false,"
-    "   \"memory_total\": 1000, \"pci_bus_id\": \"\"}"
-    " ],"
-    " \"leases\": ["
-    "  {\"id\": 7, \"gpu\": 0, \"client\": {\"host\": \"laptop\", \"pid\": 4242}, \"mine\": true},"
-    "  {\"id\": 8, \"gpu\": 0, \"client\": {\"host\": \"other\", \"pid\": 99}, \"mine\": false},"
-    "  {\"id\": 9, \"gpu\": 0, \"client\": {\"host\": \"laptop\", \"pid\": 4343}, \"mine\": true},"
-    "  {\"id\": 10, \"gpu\": 1, \"client\": {\"host\": \"laptop\", \"pid\": 5555}},"
-    "  {\"id\": 11, \"gpu\": 1, \"client\": {\"host\": \"laptop\", \"pid\": -1}, \"mine\": true}"
-    " ],"
-    " \"queue\": []}";
+/* A record's text field from a literal. */
+#define TEXT(field_, s_) ((field_) = (s_), (field_##_len) = (uint32_t)strlen(s_))
 
-static gp_json_value *load(const char *text)
+/* A GPU view whose live values are all unknown (-1, NaN). */
+static gp_info_gpu unknown_gpu(unsigned index, const char *name, const char *uuid,
+                               uint64_t memory_total)
 {
-    char err[300];
-    gp_json_value *doc = gp_nvml_parse_info(text, strlen(text), err, sizeof err);
-    if (!doc)
-        printf("  (parse failed: %s)\n", err);
-    return doc;
+    gp_info_gpu g;
+    memset(&g, 0, sizeof g);
+    g.index = index;
+    TEXT(g.name, name);
+    TEXT(g.uuid, uuid);
+    TEXT(g.pci_bus_id, "");
+    TEXT(g.state, "free");
+    g.memory_total = memory_total;
+    g.live_at = NAN;
+    g.live_memory_total = g.memory_used = g.memory_free = -1;
+    g.gpu_util = g.memory_util = g.temperature_c = g.sm_clock_mhz = g.mem_clock_mhz = -1;
+    g.power_w = g.power_limit_w = g.energy_j = NAN;
+    g.cuda_driver_version = 13000;
+    return g;
 }
 
-/* 1 when text is refused (err says why). */
-static int parse_fails(const char *text, char *err, size_t cap)
+static gp_info_lease lease(uint64_t id, unsigned gpu, const char *host, unsigned pid, int mine)
 {
-    gp_json_value *doc = gp_nvml_parse_info(text, strlen(text), err, cap);
-    gp_json_free(doc);
-    return doc == NULL;
+    gp_info_lease l;
+    memset(&l, 0, sizeof l);
+    l.id = id;
+    l.gpu = gpu;
+    TEXT(l.client_host, host);
+    l.client_pid = pid;
+    l.mine = (uint32_t)mine;
+    return l;
 }
 
-static void test_parse_checks(void)
+/* An info reply as a server sends it, decoded as the NVML shim decodes it. */
+typedef struct reply {
+    uint8_t *body;
+    gp_info_reply r;
+} reply;
+
+static int build(reply *out, const gp_info_gpu *gpus, uint32_t ngpus, const gp_info_lease *leases,
+                 uint32_t nleases)
 {
-    char err[300];
-    CHECK(parse_fails("{\"schema\": 2, \"gpus\": []}", err, sizeof err));
-    CHECK(strstr(err, "schema 2") && strstr(err, "upgrade the gpupool client"));
-    CHECK(parse_fails("{\"gpus\": []}", err, sizeof err));
-    CHECK(strstr(err, "no schema"));
-    CHECK(parse_fails("{\"schema\": 1}", err, sizeof err));
-    CHECK(strstr(err, "\"gpus\""));
-    CHECK(parse_fails("[1, 2", err, sizeof err));
-    CHECK(strstr(err, "not valid JSON"));
-    CHECK(parse_fails("", err, sizeof err));
+    gp_info_reply m;
+    memset(&m, 0, sizeof m);
+    m.major = GP_PROTO_MAJOR;
+    m.minor = GP_PROTO_MINOR;
+    TEXT(m.driver_version, "580.65.06");
+    m.cuda_driver_version = 13000;
+    m.gpu_views.count = ngpus;
+    m.gpu_views_items = gpus;
+    m.lease_views.count = nleases;
+    m.lease_views_items = leases;
+    size_t n = gp_info_reply_size(&m);
+    out->body = malloc(n);
+    if (!out->body || gp_info_reply_encode(out->body, &m) != n)
+        return -1;
+    return gp_info_reply_decode(out->body, n, &out->r);
+}
+
+/* The i-th GPU view of a reply. */
+static int view(const reply *rep, unsigned i, gp_info_gpu *out)
+{
+    gp_record_span s = rep->r.gpu_views;
+    for (unsigned k = 0; gp_info_gpu_next(&s, out) == 0; k++)
+        if (k == i)
+            return 0;
+    return -1;
+}
+
+/* The reply most tests read: an H100 with every live value, a simulated GPU with some unknown,
+ * an old server's GPU with none; leases of this client ("mine") and of others. */
+static int load(reply *out)
+{
+    gp_info_gpu g[3];
+    g[0] = unknown_gpu(0, "NVIDIA H100 80GB HBM3", "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+                       85520809984ull);
+    TEXT(g[0].pci_bus_id, "00000000:18:00.0");
+    TEXT(g[0].state, "leased");
+    g[0].live_at = 1767225600.0;
+    g[0].live_memory_total = 85520809984ll;
+    g[0].memory_used = 1073741824ll;
+    g[0].memory_free = 84447068160ll;
+    g[0].gpu_util = 38;
+    g[0].memory_util = 5;
+    g[0].temperature_c = 41;
+    g[0].power_w = 123.4567;
+    g[0].power_limit_w = 700.0;
+    g[0].energy_j = 5000.25;
+    g[0].sm_clock_mhz = 1980;
+    g[0].mem_clock_mhz = 2619;
+    g[1] =
+        unknown_gpu(1, "Simulated GPU", "GPU-5e000000-0000-0000-0000-000000000001", 17179869184ull);
+    TEXT(g[1].pci_bus_id, "00000000:41:00.0");
+    g[1].simulated = 1;
+    g[1].live_at = 1767225600.0;
+    g[1].live_memory_total = 17179869184ll;
+    g[1].memory_used = 0;
+    g[1].memory_free = 17179869184ll;
+    g[1].gpu_util = 0;
+    g[1].memory_util = 0;
+    g[2] = unknown_gpu(2, "Old server GPU", "", 1000);
+    gp_info_lease l[5] = {
+        lease(7, 0, "laptop", 4242, 1), lease(8, 0, "other", 99, 0),
+        lease(9, 0, "laptop", 4343, 1), lease(10, 1, "laptop", 5555, 0),
+        lease(11, 1, "laptop", 0, 1), /* no pid known */
+    };
+    int rc = build(out, g, 3, l, 5);
+    if (rc != 0)
+        printf("  (decoding the reply failed: %d)\n", rc);
+    return rc;
+}
+
+static void test_decoding(void)
+{
+    reply rep;
+    CHECK(load(&rep) == 0);
+    size_t n = gp_info_reply_size(&rep.r); /* a decoded reply re-encodes its spans as they are */
+    uint8_t *again = malloc(n);
+    CHECK(again && gp_info_reply_encode(again, &rep.r) == n);
+    CHECK(again && rep.r.gpu_views.count == 3 && rep.r.lease_views.count == 5);
+    gp_info_reply cut;
+    for (size_t k = 0; again && k < n; k += 7) /* every shorter body is refused */
+        CHECK(gp_info_reply_decode(again, k, &cut) != 0);
+    if (again) {
+        uint8_t *longer = malloc(n + 1);
+        CHECK(longer != NULL);
+        if (longer) {
+            memcpy(longer, again, n);
+            longer[n] = 0;
+            CHECK(gp_info_reply_decode(longer, n + 1, &cut) == GP_PROTO_ETRAILING);
+            free(longer);
+        }
+    }
+    free(again);
+    /* a span's count past the spec's limit is refused before any record is read */
+    gp_info_reply m;
+    memset(&m, 0, sizeof m);
+    uint8_t body[256];
+    size_t k = gp_info_reply_encode(body, &m);
+    gp_wr_u32(body + k - 12, 1025); /* gpu_views: 1,025 of at most 1,024 */
+    CHECK(gp_info_reply_decode(body, k, &cut) == GP_PROTO_EMALFORMED);
+    free(rep.body);
 }
 
 static void test_server_and_identity(void)
 {
-    gp_json_value *doc = load(DOC);
-    CHECK(doc != NULL);
-    if (!doc)
-        return;
+    reply rep;
+    CHECK(load(&rep) == 0);
     gp_nvml_server s;
-    gp_nvml_server_from_doc(doc, &s);
+    gp_nvml_server_from_reply(&rep.r, &s);
     CHECK(strcmp(s.driver_version, "580.65.06") == 0 && s.cuda_driver_version == 13000);
 
-    const gp_json_value *v = gp_nvml_find_gpu(doc, "gpu-5E000000-0000-0000-0000-000000000001");
-    CHECK(v != NULL);
-    CHECK(gp_nvml_find_gpu(doc, "GPU-nope") == NULL && gp_nvml_find_gpu(doc, "") == NULL);
+    gp_info_gpu v;
+    CHECK(gp_nvml_find_gpu(&rep.r, "gpu-5E000000-0000-0000-0000-000000000001", &v) == 0);
+    CHECK(gp_nvml_find_gpu(&rep.r, "GPU-nope", &v) == -1 && gp_nvml_find_gpu(&rep.r, "", &v) == -1);
+    CHECK(gp_nvml_find_gpu(&rep.r, "GPU-5e000000", &v) == -1); /* a prefix is not the UUID */
     gp_nvml_gpu g;
-    CHECK(gp_nvml_gpu_from_view(doc, v, &g) == 0);
+    CHECK(gp_nvml_find_gpu(&rep.r, "GPU-5e000000-0000-0000-0000-000000000001", &v) == 0 &&
+          gp_nvml_gpu_from_view(&rep.r, &v, &g) == 0);
     CHECK(g.server_index == 1 && g.simulated == 1 && strcmp(g.name, "Simulated GPU") == 0);
     CHECK(strcmp(g.uuid, "GPU-5e000000-0000-0000-0000-000000000001") == 0);
-    CHECK(g.cc_major == -1);
+    CHECK(g.cc_major == -1); /* the reply does not carry it: the lease's libcuda answers */
     CHECK(gp_nvml_brand(g.name) == NVML_BRAND_UNKNOWN);
+    CHECK(gp_nvml_find_gpu_index(&rep.r, 2, &v) == 0 && v.index == 2);
+    CHECK(gp_nvml_find_gpu_index(&rep.r, 3, &v) == -1);
 
     gp_nvml_gpu h;
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(h.cc_major == 9 && h.cc_minor == 0);
+    CHECK(view(&rep, 0, &v) == 0 && gp_nvml_gpu_from_view(&rep.r, &v, &h) == 0);
     CHECK(strcmp(h.pci_bus_id, "00000000:18:00.0") == 0);
 
-    /* not a GPU view */
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_get(doc, "server"), &g) == -1);
-    gp_json_free(doc);
+    /* a view without a name is no GPU to show */
+    gp_info_gpu nameless = unknown_gpu(5, "", "GPU-x", 1);
+    reply other;
+    CHECK(build(&other, &nameless, 1, NULL, 0) == 0);
+    CHECK(view(&other, 0, &v) == 0 && gp_nvml_gpu_from_view(&other.r, &v, &g) == -1);
+    free(other.body);
+    /* invalid UTF-8 from a server is cleaned, never passed on to tools */
+    gp_info_gpu odd = unknown_gpu(0, "bad \xff name", "GPU-y", 1);
+    CHECK(build(&other, &odd, 1, NULL, 0) == 0);
+    CHECK(view(&other, 0, &v) == 0 && gp_nvml_gpu_from_view(&other.r, &v, &g) == 0 &&
+          strcmp(g.name, "bad ? name") == 0);
+    free(other.body);
+    free(rep.body);
 
     CHECK(gp_nvml_brand("NVIDIA GeForce RTX 4090") == NVML_BRAND_GEFORCE);
     CHECK(gp_nvml_brand("Quadro RTX 6000") == NVML_BRAND_QUADRO);
@@ -122,18 +216,30 @@ static void test_server_and_identity(void)
     CHECK(gp_nvml_brand("NVIDIA TITAN RTX") == NVML_BRAND_TITAN);
 }
 
+/* GPUs 0, 1, 2 of the usual reply. */
+static int three(gp_nvml_gpu *h, gp_nvml_gpu *sim, gp_nvml_gpu *old)
+{
+    reply rep;
+    if (load(&rep) != 0) {
+        free(rep.body);
+        return -1;
+    }
+    gp_info_gpu v;
+    int rc = 0;
+    rc |= view(&rep, 0, &v) || gp_nvml_gpu_from_view(&rep.r, &v, h);
+    rc |= view(&rep, 1, &v) || gp_nvml_gpu_from_view(&rep.r, &v, sim);
+    rc |= view(&rep, 2, &v) || gp_nvml_gpu_from_view(&rep.r, &v, old);
+    free(rep.body);
+    return rc ? -1 : 0;
+}
+
 static void test_live_values(void)
 {
-    gp_json_value *doc = load(DOC);
-    if (!doc) {
+    gp_nvml_gpu h, sim, old;
+    if (three(&h, &sim, &old) != 0) {
         failures++;
         return;
     }
-    gp_nvml_gpu h, sim, old;
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 1), &sim) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 2), &old) == 0);
-
     nvmlMemory_t m;
     CHECK(gp_nvml_memory(&h, &m) == NVML_SUCCESS);
     CHECK(m.total == 85520809984ull && m.used == 1073741824ull && m.free == 84447068160ull);
@@ -147,7 +253,7 @@ static void test_live_values(void)
           m2.free == 84447068160ull);
     m2.version = 1;
     CHECK(gp_nvml_memory_v2(&h, &m2) == NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    /* an old server's view without live values: not supported, never made up */
+    /* a GPU without live values: not supported, never made up */
     CHECK(gp_nvml_memory(&old, &m) == NVML_ERROR_NOT_SUPPORTED);
     nvmlUtilization_t u;
     CHECK(gp_nvml_utilization(&old, &u) == NVML_ERROR_NOT_SUPPORTED);
@@ -174,34 +280,31 @@ static void test_live_values(void)
     CHECK(gp_nvml_clock(&h, 7, 0, &mhz) == NVML_ERROR_INVALID_ARGUMENT);
     CHECK(gp_nvml_clock(&sim, NVML_CLOCK_SM, 0, &mhz) == NVML_ERROR_NOT_SUPPORTED);
 
-    /* a newer document updates only the live values */
-    const char *newer = "{\"schema\": 1, \"gpus\": [{\"index\": 1, \"name\": \"renamed\", "
-                        "\"uuid\": \"GPU-5e000000-0000-0000-0000-000000000001\", "
-                        "\"memory_total\": 17179869184, \"live\": {\"memory_used\": 1048576, "
-                        "\"memory_free\": 17178820608, \"gpu_util\": 100.0, "
-                        "\"memory_util\": 0}}], \"leases\": []}";
-    gp_json_value *doc2 = load(newer);
-    CHECK(doc2 != NULL);
-    gp_nvml_live_from_view(doc2, gp_json_at(gp_json_get(doc2, "gpus"), 0), &sim.live);
+    /* a newer reply updates only the live values */
+    gp_info_gpu newer =
+        unknown_gpu(1, "renamed", "GPU-5e000000-0000-0000-0000-000000000001", 17179869184ull);
+    newer.memory_used = 1048576;
+    newer.memory_free = 17178820608ll;
+    newer.gpu_util = 100;
+    newer.memory_util = 0;
+    reply rep2;
+    gp_info_gpu v;
+    CHECK(build(&rep2, &newer, 1, NULL, 0) == 0 && view(&rep2, 0, &v) == 0);
+    gp_nvml_live_from_view(&rep2.r, &v, &sim.live);
+    free(rep2.body);
     CHECK(strcmp(sim.name, "Simulated GPU") == 0);
     CHECK(gp_nvml_memory(&sim, &m) == NVML_SUCCESS && m.used == 1048576 &&
           m.total == 17179869184ull && m.free == 17178820608ull);
     CHECK(gp_nvml_utilization(&sim, &u) == NVML_SUCCESS && u.gpu == 100);
-    gp_json_free(doc2);
-    gp_json_free(doc);
 }
 
 static void test_pci(void)
 {
-    gp_json_value *doc = load(DOC);
-    if (!doc) {
+    gp_nvml_gpu h, sim, old;
+    if (three(&h, &sim, &old) != 0) {
         failures++;
         return;
     }
-    gp_nvml_gpu h, old;
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 2), &old) == 0);
-    gp_json_free(doc);
 
     /* the layouts pynvml uses */
     CHECK(sizeof(nvmlPciInfo_t) == 68 && offsetof(nvmlPciInfo_t, busId) == 36);
@@ -231,15 +334,11 @@ static void test_pci(void)
 
 static void test_processes(void)
 {
-    gp_json_value *doc = load(DOC);
-    if (!doc) {
+    gp_nvml_gpu h, sim, old;
+    if (three(&h, &sim, &old) != 0) {
         failures++;
         return;
     }
-    gp_nvml_gpu h, sim;
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 1), &sim) == 0);
-    gp_json_free(doc);
     /* only the leases marked mine, on this GPU, with a real pid */
     CHECK(h.live.npids == 2 && h.live.pids[0] == 4242 && h.live.pids[1] == 4343);
     CHECK(sim.live.npids == 0);
@@ -266,15 +365,11 @@ static void test_processes(void)
 
 static void test_requirements(void)
 {
-    gp_json_value *doc = load(DOC);
-    if (!doc) {
+    gp_nvml_gpu h, sim, old;
+    if (three(&h, &sim, &old) != 0) {
         failures++;
         return;
     }
-    gp_nvml_gpu h, sim;
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 0), &h) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gp_json_get(doc, "gpus"), 1), &sim) == 0);
-    gp_json_free(doc);
     CHECK(gp_nvml_gpu_matches(&h, "", "", 0));
     CHECK(gp_nvml_gpu_matches(&h, NULL, NULL, 0));
     CHECK(gp_nvml_gpu_matches(&h, "0", "", 0) && !gp_nvml_gpu_matches(&sim, "0", "", 0));
@@ -289,33 +384,31 @@ static void test_requirements(void)
     CHECK(gp_nvml_gpu_matches(&sim, "", "", 16ull << 30));
 }
 
-/* min_memory needs only the GPU's size: a view whose live memory use is null (or that has no
+/* min_memory needs only the GPU's size: a view whose live memory use is unknown (or that has no
  * live values at all) still meets it through the view's own memory_total, as on the server. */
 static void test_requirements_without_memory_use(void)
 {
-    const char *text =
-        "{\"schema\": 1, \"gpus\": ["
-        "  {\"index\": 0, \"name\": \"A\", \"uuid\": \"GPU-a\", \"memory_total\": 17179869184,"
-        "   \"live\": {\"memory_total\": null, \"memory_used\": null, \"memory_free\": null,"
-        "     \"gpu_util\": null}},"
-        "  {\"index\": 1, \"name\": \"B\", \"uuid\": \"GPU-b\", \"memory_total\": 1000},"
-        "  {\"index\": 2, \"name\": \"C\", \"uuid\": \"GPU-c\","
-        "   \"live\": {\"memory_total\": 2000, \"memory_used\": null}},"
-        "  {\"index\": 3, \"name\": \"D\", \"uuid\": \"GPU-d\", \"memory_total\": null,"
-        "   \"live\": {\"memory_used\": 5}}"
-        "]}";
-    gp_json_value *doc = load(text);
-    if (!doc) {
+    gp_info_gpu g[4] = {
+        unknown_gpu(0, "A", "GPU-a", 17179869184ull),
+        unknown_gpu(1, "B", "GPU-b", 1000),
+        unknown_gpu(2, "C", "GPU-c", 0),
+        unknown_gpu(3, "D", "GPU-d", 0),
+    };
+    g[2].live_memory_total = 2000;
+    g[3].memory_used = 5;
+    reply rep;
+    if (build(&rep, g, 4, NULL, 0) != 0) {
         failures++;
+        free(rep.body);
         return;
     }
     gp_nvml_gpu a, b, c, d;
-    const gp_json_value *gpus = gp_json_get(doc, "gpus");
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 0), &a) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 1), &b) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 2), &c) == 0);
-    CHECK(gp_nvml_gpu_from_view(doc, gp_json_at(gpus, 3), &d) == 0);
-    gp_json_free(doc);
+    gp_info_gpu v;
+    CHECK(view(&rep, 0, &v) == 0 && gp_nvml_gpu_from_view(&rep.r, &v, &a) == 0);
+    CHECK(view(&rep, 1, &v) == 0 && gp_nvml_gpu_from_view(&rep.r, &v, &b) == 0);
+    CHECK(view(&rep, 2, &v) == 0 && gp_nvml_gpu_from_view(&rep.r, &v, &c) == 0);
+    CHECK(view(&rep, 3, &v) == 0 && gp_nvml_gpu_from_view(&rep.r, &v, &d) == 0);
+    free(rep.body);
     CHECK(a.live.has_memory_total && a.live.memory_total == 17179869184ull && !a.live.has_memory);
     CHECK(gp_nvml_gpu_matches(&a, "", "", 16ull << 30));
     CHECK(gp_nvml_gpu_matches(&a, "", "", 17179869184ull));
@@ -350,7 +443,7 @@ static void test_strings_and_errors(void)
 
 int main(void)
 {
-    test_parse_checks();
+    test_decoding();
     test_server_and_identity();
     test_live_values();
     test_pci();

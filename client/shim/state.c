@@ -108,43 +108,28 @@ GP_EXPORT const char *gpupool_shim_version(void)
     return GPUPOOL_VERSION;
 }
 
-/* s as the body of a JSON string (quotes, backslashes and control characters escaped). */
-static size_t json_text(char *out, size_t cap, const char *s)
-{
-    size_t o = 0;
-    for (; *s && o + 7 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            out[o++] = '\\';
-            out[o++] = (char)c;
-        } else if (c < 0x20) {
-            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
-        } else {
-            out[o++] = (char)c;
-        }
-    }
-    out[o] = 0;
-    return o;
-}
-
-GP_EXPORT int gpupool_shim_lease_json(char *buf, size_t cap)
+/* This process's lease (libnvidia-ml.so.1 and `gpupool doctor` ask, by dlsym / ctypes): 1 with
+ * its server ("host:port" as connected), the GPU's UUID ("GPU-...") and name, the session id and
+ * whether the GPU is simulated, each string NUL-terminated, valid UTF-8 and cut to its buffer;
+ * 0 (nothing written) when this library holds no lease. Plain arguments rather than a struct or
+ * a text format: the callers need no copy of any layout. */
+GP_EXPORT int gpupool_shim_lease(char *server, size_t server_cap, char *uuid, size_t uuid_cap,
+                                 char *name, size_t name_cap, unsigned long long *session,
+                                 int *simulated)
 {
     const gp_device_snapshot *d = gp_device(0);
     if (!d || gp_check_init() != CUDA_SUCCESS)
-        return snprintf(buf, cap, "{\"connected\":false}");
-    char name[sizeof d->name * 6 + 1], server[300 * 6 + 1], uuid[48];
-    json_text(name, sizeof name, d->name);
-    json_text(server, sizeof server, gp_conn_server());
+        return 0;
     const uint8_t *u = (const uint8_t *)d->uuid.bytes;
-    snprintf(uuid, sizeof uuid,
+    snprintf(uuid, uuid_cap,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
              u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
              u[15]);
-    return snprintf(buf, cap,
-                    "{\"connected\":true,\"server\":\"%s\",\"uuid\":\"%s\",\"name\":\"%s\","
-                    "\"session_id\":%llu,\"simulated\":%s}",
-                    server, uuid, name, (unsigned long long)session_id,
-                    d->simulated ? "true" : "false");
+    gp_utf8_clean(server, server_cap, gp_conn_server(), strlen(gp_conn_server()));
+    gp_utf8_clean(name, name_cap, d->name, strnlen(d->name, sizeof d->name));
+    *session = (unsigned long long)session_id;
+    *simulated = d->simulated ? 1 : 0;
+    return 1;
 }
 
 /* ---- hooks for the export tables and the integrity check ---------------------------------- */

@@ -2,21 +2,24 @@
 
 A client sends `info` instead of `hello` as the first frame of a connection (`gpupool status`,
 `gpupool smi`, the NVML shim, server selection). gpupoold authenticates it as a hello, answers
-with counts for the client's requirements and one JSON document (schema 1), and closes the
-connection (remoting/listener.py does the I/O). The document's views are the HTTP API's own
-(`PoolViews`, pool/views.py), so `info` and `GET /api/v1/gpus` never disagree. docs/protocol.md,
-"info", is the reference.
+with counts for the client's requirements, the server's facts and its views of the GPUs, the
+active leases and the queue as records of the spec (protocol/gpupool.toml: info_gpu,
+info_lease, info_waiter), and closes the connection (remoting/listener.py does the I/O). The
+views are the HTTP API's own (`PoolViews`, pool/views.py), so `info` and `GET /api/v1/gpus`
+never disagree. docs/protocol.md, "info", is the reference.
 
-`InfoCache` builds the document: the views are encoded once per change (or every CACHE_TTL
-seconds) for every caller, and large documents are encoded in a thread, off the event loop.
+`InfoCache` builds the reply: the views are turned into records and encoded once per change (or
+every CACHE_TTL seconds) for every caller; only `you` and each lease's and waiter's `mine` are
+per caller. Large snapshots are encoded in a thread, off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import math
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +32,12 @@ from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.handshake import Refusal, clip, parse_first_frame, server_name
 
-SCHEMA = 1
-JSON_LIMIT = 4194304  # bytes: the reply's json field
+# The spec's limits on the reply's arrays (records:info_gpu:1024 and so on): what is past them is
+# left out, and `truncated` says so.
+GPU_LIMIT = 1024
+LEASE_LIMIT = 4096
+QUEUE_LIMIT = 4096
+UNKNOWN = -1  # an integer the server does not know (NaN for a float)
 
 
 def parse_info(body: bytes) -> gp.Info | Refusal:
@@ -40,134 +47,233 @@ def parse_info(body: bytes) -> gp.Info | Refusal:
 
 
 def refusal(refused: Refusal) -> gp.InfoReply:
-    """The reply to a refused info request: counts 0, json ""."""
+    """The reply to a refused info request: counts 0, no views."""
     return gp.InfoReply(result=refused.result, major=gp.MAJOR, minor=gp.MINOR,
-                        message=clip(refused.message, 4095), server=clip(server_name(), 255))
+                        message=clip(refused.message, 4095), server=clip(server_name(), 255),
+                        cuda_driver_version=UNKNOWN, time=math.nan)
 
 
-def _mine(view: dict[str, Any], name: str, host: str) -> dict[str, Any]:
+def _mine(view: dict[str, Any], name: str, host: str) -> bool:
     client = view.get("client") or {}
-    return {**view, "mine": bool(host) and view.get("token") == name
-            and client.get("host") == host}
+    return bool(host) and view.get("token") == name and client.get("host") == host
+
+
+# ------------------------------------------------------------------------------ views -> records
+def _text(value: Any, limit: int) -> str:
+    return clip("" if value is None else str(value), limit)
+
+
+def _int(value: Any, low: int, high: int) -> int:
+    """An integer view value within the field's range, UNKNOWN (or 0 for unsigned fields) when
+    it is missing, not a whole number, or out of range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return UNKNOWN if low < 0 else 0
+    if isinstance(value, float) and not value.is_integer():
+        value = round(value)
+    n = int(value)
+    return n if low <= n <= high else (UNKNOWN if low < 0 else 0)
+
+
+def _i32(value: Any) -> int:
+    return _int(value, -(1 << 31), (1 << 31) - 1)
+
+
+def _i64(value: Any) -> int:
+    return _int(value, -(1 << 63), (1 << 63) - 1)
+
+
+def _u32(value: Any) -> int:
+    return _int(value, 0, 0xFFFFFFFF)
+
+
+def _u64(value: Any) -> int:
+    return _int(value, 0, (1 << 64) - 1)
+
+
+def _f64(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
 
 
 def server_view(settings: Settings, views: PoolViews, remoting: str) -> dict[str, Any]:
-    """The document's "server" object."""
+    """The server's facts the reply carries."""
     telemetry = views.telemetry
     gpus = [s.gpu for s in views.slots]
     return {
         "version": __version__, "host": socket.gethostname(), "remoting": remoting,
-        "protocol": f"{gp.MAJOR}.{gp.MINOR}", "auth": settings.auth,
-        "simulated": bool(gpus) and all(g.simulated for g in gpus),
+        "auth": settings.auth, "simulated": bool(gpus) and all(g.simulated for g in gpus),
         "driver_version": telemetry.driver_version if telemetry is not None else "",
         "cuda_driver_version": telemetry.cuda_driver_version if telemetry is not None else 0,
     }
 
 
-def document(settings: Settings, views: PoolViews, remoting: str, name: str, role: str,
-             host: str, now: float | None = None) -> dict[str, Any]:
-    """The info json (schema 1) for the caller `name` (`role`) on client host `host`."""
-    return {
-        "schema": SCHEMA,
-        "server": server_view(settings, views, remoting),
-        "you": {"name": name, "role": role},
-        "time": time.time() if now is None else now,
-        "gpus": views.gpu_views(),
-        "leases": [_mine(v, name, host) for v in views.active_leases()],
-        "queue": [_mine(v, name, host) for v in views.queue_view()],
-    }
+def gpu_record(view: dict[str, Any]) -> gp.InfoGpu:
+    """A GPU view (PoolViews.gpu) as the reply's record."""
+    live = view.get("live") or {}
+    lease = view.get("lease") or {}
+    return gp.InfoGpu(
+        index=_u32(view.get("index")), name=_text(view.get("name"), 255),
+        uuid=_text(view.get("uuid"), 95), simulated=int(bool(view.get("simulated"))),
+        memory_total=_u64(view.get("memory_total")),
+        pci_bus_id=_text(view.get("pci_bus_id"), 31), state=_text(view.get("state"), 15),
+        since=_f64(view.get("since")), draining=int(bool(view.get("draining"))),
+        worker_ready=int(bool(view.get("worker_ready"))), lease_id=_u64(lease.get("id")),
+        live_at=_f64(live.get("at")), live_memory_total=_i64(live.get("memory_total")),
+        memory_used=_i64(live.get("memory_used")), memory_free=_i64(live.get("memory_free")),
+        gpu_util=_i32(live.get("gpu_util")), memory_util=_i32(live.get("memory_util")),
+        temperature_c=_i32(live.get("temperature_c")), power_w=_f64(live.get("power_w")),
+        power_limit_w=_f64(live.get("power_limit_w")), energy_j=_f64(live.get("energy_j")),
+        sm_clock_mhz=_i32(live.get("sm_clock_mhz")),
+        mem_clock_mhz=_i32(live.get("mem_clock_mhz")),
+        cuda_driver_version=_i32(live.get("cuda_driver_version")))
 
 
-def encode_document(doc: dict[str, Any]) -> str:
-    """The document as JSON within the reply's limit: when it does not fit (thousands of
-    leases), the queue and then the leases are left out and `"truncated": true` says so.
-    The reference encoding: InfoCache produces the same text without encoding the shared parts
-    again for every caller (tests/test_info.py compares the two)."""
-    text = _dumps(doc)
-    if _size(text) <= JSON_LIMIT:
-        return text
-    for key in ("queue", "leases"):
-        doc = {**doc, key: [], "truncated": True}
-        text = _dumps(doc)
-        if _size(text) <= JSON_LIMIT:
-            return text
-    doc = {**doc, "gpus": []}
-    return _dumps(doc)
+def _client(view: dict[str, Any]) -> dict[str, Any]:
+    c = view.get("client") or {}
+    return {"client_host": _text(c.get("host"), 255), "client_user": _text(c.get("user"), 255),
+            "client_pid": _u32(c.get("pid")), "client_program": _text(c.get("program"), 1023),
+            "client_peer": _text(c.get("peer"), 255)}
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def lease_record(view: dict[str, Any], mine: bool) -> gp.InfoLease:
+    """An active lease view (pool/views.lease_view) as the reply's record."""
+    return gp.InfoLease(
+        id=_u64(view.get("id")), gpu=_u32(view.get("gpu")), token=_text(view.get("token"), 255),
+        **_client(view), request=_text(view.get("request"), 1023),
+        started=_f64(view.get("started")), duration_s=_f64(view.get("duration_s")),
+        queued_s=_f64(view.get("queued_s")), worker_pid=_u32(view.get("worker_pid")),
+        bytes_h2d=_u64(view.get("bytes_h2d")), bytes_d2h=_u64(view.get("bytes_d2h")),
+        module_bytes=_u64(view.get("module_bytes")), mine=int(mine))
 
 
-def _size(text: str) -> int:
-    """UTF-8 bytes of `text`."""
-    return len(text) if text.isascii() else len(text.encode())
+def waiter_record(view: dict[str, Any], mine: bool) -> gp.InfoWaiter:
+    """A queue entry (pool/waitqueue.WaitQueue.view) as the reply's record."""
+    return gp.InfoWaiter(
+        position=_u32(view.get("position")), ticket=_u64(view.get("ticket")),
+        token=_text(view.get("token"), 255), **_client(view),
+        request=_text(view.get("request"), 1023), since=_f64(view.get("since")),
+        waiting_s=_f64(view.get("waiting_s")), mine=int(mine))
+
+
+def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: str, host: str,
+          counts: Sequence[int] = (0, 0, 0, 0), now: float | None = None) -> gp.InfoReply:
+    """The reply (result 0) for the caller `name` (`role`) on client host `host`, with the
+    counts (gpus, matching, free_matching, queue). The reference: InfoCache gives the same bytes
+    without building the shared parts again for every caller (tests/test_info.py compares)."""
+    leases, queue = views.active_leases(), views.queue_view()
+    srv = server_view(settings, views, remoting)
+    return gp.InfoReply(
+        result=0, major=gp.MAJOR, minor=gp.MINOR, message="", server=clip(server_name(), 255),
+        gpus=_u32(counts[0]), matching=_u32(counts[1]), free_matching=_u32(counts[2]),
+        queue=_u32(counts[3]), version=_text(srv["version"], 63),
+        host=_text(srv["host"], 255), remoting=_text(srv["remoting"], 255),
+        auth=_text(srv["auth"], 15), simulated=int(srv["simulated"]),
+        driver_version=_text(srv["driver_version"], 79),
+        cuda_driver_version=_i32(srv["cuda_driver_version"]),
+        you_name=_text(name, 255), you_role=_text(role, 15),
+        time=time.time() if now is None else now,
+        truncated=int(len(leases) > LEASE_LIMIT or len(queue) > QUEUE_LIMIT
+                      or len(views.gpu_views()) > GPU_LIMIT),
+        gpu_views=[gpu_record(v) for v in views.gpu_views()[:GPU_LIMIT]],
+        lease_views=[lease_record(v, _mine(v, name, host)) for v in leases[:LEASE_LIMIT]],
+        queue_views=[waiter_record(v, _mine(v, name, host)) for v in queue[:QUEUE_LIMIT]])
 
 
 # ------------------------------------------------------------------------------------ the cache
 CACHE_TTL = 0.5  # seconds a snapshot of the views serves while nothing changed
 THREAD_ITEMS = 200  # leases + queue entries above which a snapshot is encoded in a thread
-THREAD_BYTES = 256 * 1024  # snapshots larger than this are put together in a thread
-_MINE = (',"mine":false}', ',"mine":true}')
+THREAD_BYTES = 256 * 1024  # replies larger than this are put together in a thread
+_MINE = (0).to_bytes(4, "little"), (1).to_bytes(4, "little")
 
 
 @dataclass(frozen=True)
 class _Entry:
-    """A lease or queue view, encoded without its closing brace (its "mine" is per caller)."""
+    """A lease or waiter record, encoded with mine = 0. `mine` is the record's last field (a
+    u32), so a caller's copy differs in the last 4 bytes only."""
 
-    head: str
+    body: bytes
     token: object
     host: object
 
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """The caller-independent parts of the info document, encoded once."""
+    """The caller-independent parts of the reply, encoded once."""
 
     key: tuple[Any, ...]
     made: float  # loop time
-    server: str
-    time: str
-    gpus: str
+    server: dict[str, Any]
+    time: float
+    gpus: bytes  # the gpu_views array: count, then the records
     leases: tuple[_Entry, ...]
     queue: tuple[_Entry, ...]
-    size: int  # characters of the parts, roughly the document's size
+    truncated: bool
+    size: int  # bytes of the encoded parts
 
-    def compose(self, name: str, role: str, host: str) -> str:
-        """The document for one caller: exactly encode_document(document(...)) at `time`."""
-        def part(entries: tuple[_Entry, ...]) -> str:
-            return "[" + ",".join(
-                e.head + _MINE[bool(host) and e.token == name and e.host == host]
-                for e in entries) + "]"
+    def compose(self, name: str, role: str, host: str, counts: Sequence[int]) -> bytes:
+        """The reply body for one caller: exactly reply(...).encode() at `time`."""
+        def part(entries: tuple[_Entry, ...]) -> bytes:
+            return len(entries).to_bytes(4, "little") + b"".join(
+                e.body[:-4] + _MINE[1] if bool(host) and e.token == name and e.host == host
+                else e.body for e in entries)
 
-        you = _dumps({"name": name, "role": role})
-        leases, queue = part(self.leases), part(self.queue)
-        head = f'{{"schema":{SCHEMA},"server":{self.server},"you":{you},"time":{self.time},'
-        text = f'{head}"gpus":{self.gpus},"leases":{leases},"queue":{queue}}}'
-        if _size(text) <= JSON_LIMIT:
-            return text
-        text = f'{head}"gpus":{self.gpus},"leases":{leases},"queue":[],"truncated":true}}'
-        if _size(text) <= JSON_LIMIT:
-            return text
-        text = f'{head}"gpus":{self.gpus},"leases":[],"queue":[],"truncated":true}}'
-        if _size(text) <= JSON_LIMIT:
-            return text
-        return f'{head}"gpus":[],"leases":[],"queue":[],"truncated":true}}'
+        srv = self.server
+        head = gp.InfoReply(
+            result=0, major=gp.MAJOR, minor=gp.MINOR, message="",
+            server=clip(server_name(), 255), gpus=_u32(counts[0]), matching=_u32(counts[1]),
+            free_matching=_u32(counts[2]), queue=_u32(counts[3]),
+            version=_text(srv["version"], 63), host=_text(srv["host"], 255),
+            remoting=_text(srv["remoting"], 255), auth=_text(srv["auth"], 15),
+            simulated=int(srv["simulated"]), driver_version=_text(srv["driver_version"], 79),
+            cuda_driver_version=_i32(srv["cuda_driver_version"]), you_name=_text(name, 255),
+            you_role=_text(role, 15), time=self.time, truncated=int(self.truncated)).encode()
+        # The three arrays come last in the reply: the empty ones' counts (3 x u32 0) are
+        # replaced by the encoded arrays.
+        return head[:-12] + self.gpus + part(self.leases) + part(self.queue)
 
 
-def _entries(views: list[dict[str, Any]]) -> tuple[_Entry, ...]:
-    """Each view encoded as `{...` (views are never empty, so `,"mine":...}` completes it)."""
+def _entries(records: list[Any], views: list[dict[str, Any]]) -> tuple[_Entry, ...]:
     out = []
-    for view in views:
-        assert view, "an empty view"
+    for record, view in zip(records, views):
         client = view.get("client") or {}
-        out.append(_Entry(_dumps(view)[:-1], view.get("token"), client.get("host")))
+        out.append(_Entry(_encode_record(record), view.get("token"), client.get("host")))
     return tuple(out)
+
+
+def _encode_record(record: Any) -> bytes:
+    w = gp.Writer()
+    record._put(w)
+    return w.getvalue()
 
 
 def _encode_lists(leases: list[dict[str, Any]], queue: list[dict[str, Any]],
                   ) -> tuple[tuple[_Entry, ...], tuple[_Entry, ...]]:
-    return _entries(leases), _entries(queue)
+    """The lease and queue views as encoded records (mine = 0), within the limits."""
+    leases, queue = leases[:LEASE_LIMIT], queue[:QUEUE_LIMIT]
+    return (_entries([lease_record(v, False) for v in leases], leases),
+            _entries([waiter_record(v, False) for v in queue], queue))
+
+
+def _encode_gpus(views: list[dict[str, Any]]) -> bytes:
+    w = gp.Writer()
+    w.records([gpu_record(v) for v in views[:GPU_LIMIT]], GPU_LIMIT)
+    return w.getvalue()
+
+
+class EncodedInfoReply:
+    """An info reply whose body is encoded already (InfoCache): sent by the listener like any
+    generated message (gp.encode_frame reads OP, IS_REPLY and encode())."""
+
+    OP = gp.InfoReply.OP
+    IS_REPLY = True
+
+    def __init__(self, body: bytes, counts: Sequence[int]) -> None:
+        self.body = body
+        self.gpus, self.matching, self.free_matching, self.queue = (_u32(n) for n in counts)
+
+    def encode(self) -> bytes:
+        return self.body
 
 
 class InfoCache:
@@ -175,7 +281,7 @@ class InfoCache:
     rebuilt when the lease manager's state or the live values change (`PoolViews.view_key`,
     `Telemetry.samples`), or after CACHE_TTL seconds (running durations). Only `you` and each
     entry's `mine` are per caller. Large snapshots are encoded and put together in a thread, so
-    that a document of megabytes never holds up the event loop."""
+    that a reply of megabytes never holds up the event loop."""
 
     def __init__(self, settings: Settings, views: PoolViews, leases: LeaseManager) -> None:
         self.settings = settings
@@ -200,37 +306,32 @@ class InfoCache:
             # The views are taken here, on the loop, in one go; only their encoding may move.
             made, now = loop.time(), time.time()
             leases, queue = self.views.active_leases(), self.views.queue_view()
-            server = _dumps(server_view(self.settings, self.views, remoting))
-            gpus = _dumps(self.views.gpu_views())
+            gpu_views = self.views.gpu_views()
+            server = server_view(self.settings, self.views, remoting)
+            gpus = _encode_gpus(gpu_views)
             if len(leases) + len(queue) > THREAD_ITEMS:
                 lease_entries, queue_entries = await asyncio.to_thread(_encode_lists, leases,
                                                                        queue)
             else:
                 lease_entries, queue_entries = _encode_lists(leases, queue)
-            size = len(server) + len(gpus) + sum(len(e.head) + 14 for e in lease_entries) + \
-                sum(len(e.head) + 14 for e in queue_entries)
-            snap = _Snapshot(key, made, server, _dumps(now), gpus, lease_entries,
-                             queue_entries, size)
+            truncated = (len(leases) > LEASE_LIMIT or len(queue) > QUEUE_LIMIT
+                         or len(gpu_views) > GPU_LIMIT)
+            size = len(gpus) + sum(len(e.body) for e in lease_entries + queue_entries)
+            snap = _Snapshot(key, made, server, now, gpus, lease_entries, queue_entries,
+                             truncated, size)
             self._snapshot = snap
             self.builds += 1
             return snap
 
     async def answer(self, request: gp.Info, name: str, role: str,
-                     remoting: str) -> gp.InfoReply:
+                     remoting: str) -> EncodedInfoReply:
         """The reply to an authenticated info request."""
         snap = await self.snapshot(remoting)
         req = Requirements.from_hello(request)
-        gpus, matching, free, queue = self.leases.counts(req, name)
+        counts = self.leases.counts(req, name)
         host = request.host.strip()
         if snap.size > THREAD_BYTES:
-            text = await asyncio.to_thread(snap.compose, name, role, host)
+            body = await asyncio.to_thread(snap.compose, name, role, host, counts)
         else:
-            text = snap.compose(name, role, host)
-        return gp.InfoReply(result=0, major=gp.MAJOR, minor=gp.MINOR, message="",
-                            server=clip(server_name(), 255), gpus=_u32(gpus),
-                            matching=_u32(matching), free_matching=_u32(free),
-                            queue=_u32(queue), json=text)
-
-
-def _u32(n: int) -> int:
-    return max(0, min(n, 0xFFFFFFFF))
+            body = snap.compose(name, role, host, counts)
+        return EncodedInfoReply(body, counts)

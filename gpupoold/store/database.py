@@ -198,21 +198,10 @@ _NEW_LEASE_FIELDS = tuple(NewLease.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
-class LeaseRecord:
+class LeaseRecord(NewLease):
+    """A lease as the store has it: what it was given (NewLease), its id and how it ended."""
+
     id: int
-    gpu_index: int
-    gpu_uuid: str
-    gpu_name: str
-    simulated: bool
-    token_name: str
-    client_host: str
-    client_user: str
-    client_pid: int
-    program: str
-    peer: str
-    request: str
-    queued_s: float
-    started: float
     ended: float | None
     end_reason: str | None
     end_detail: str | None

@@ -45,7 +45,7 @@ $(FUZZ_BUILD)/fuzz_protocol: $(FUZZ_OBJ)/tests/fuzz/fuzz_protocol.o $(FUZZ_PROTO
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^
 
 FUZZ_WORKER_OBJS := $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(wildcard worker/*.c)) \
-                    $(FUZZ_OBJ)/common/sha256.o $(FUZZ_OBJ)/common/compress.o
+                    $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(COMMON_SRCS))
 $(FUZZ_BUILD)/fuzz_worker: $(FUZZ_OBJ)/tests/fuzz/fuzz_worker.o $(FUZZ_WORKER_OBJS) $(FUZZ_PROTO) \
 		| $(FUZZ_BUILD)/libgpupool-sim.so
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $(filter %.o,$^) -ldl -lpthread -lssl -lcrypto
@@ -65,5 +65,5 @@ $(FUZZ_BUILD)/fuzz_client_config: $(FUZZ_OBJ)/tests/fuzz/fuzz_client_config.o \
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
 $(FUZZ_BUILD)/fuzz_info: $(FUZZ_OBJ)/tests/fuzz/fuzz_info.o \
-		$(FUZZ_OBJ)/client/nvml/json.o $(FUZZ_OBJ)/client/nvml/nvml_view.o
+		$(FUZZ_OBJ)/client/nvml/nvml_view.o $(FUZZ_PROTO) $(FUZZ_OBJ)/common/utf8.o
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lm

@@ -1,6 +1,6 @@
 """Seed inputs of the fuzz targets (tests/fuzz/README.md), made from the sources they describe so
 that they never go stale: the protocol's golden samples, sessions written with the generated
-protocol module, the example client configuration, an info document of the shape gpupoold
+protocol module, the example client configuration, an info reply of the shape gpupoold
 sends. The fuzzer starts from these and mutates them; without seeds it would spend most of its
 time learning the frame header.
 
@@ -10,7 +10,6 @@ time learning the frame header.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -168,35 +167,36 @@ def config_files() -> Iterator[tuple[str, bytes]]:
                           b'compression = "off"\n')
 
 
-def info_documents() -> Iterator[tuple[str, bytes]]:
-    live = {"at": 1767225600.0, "memory_total": 85520809984, "memory_used": 1073741824,
-            "memory_free": 84447068160, "gpu_util": 37.6, "memory_util": 5,
-            "temperature_c": 41, "power_w": 123.4, "power_limit_w": 700.0, "energy_j": 5000.25,
-            "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "cuda_driver_version": 13000}
-    doc = {
-        "schema": 1,
-        "server": {"version": "0.1.0", "host": "gpu-box", "protocol": "1.2", "simulated": False,
-                   "driver_version": "580.65.06", "cuda_driver_version": 13000},
-        "you": {"name": "alice", "role": "user"}, "time": 1767225600.1,
-        "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3",
-                  "uuid": "GPU-0a1b2c3d-0000-1111-2222-333344445555", "simulated": False,
-                  "memory_total": 85520809984, "pci_bus_id": "00000000:18:00.0",
-                  "state": "leased", "compute_capability": "9.0", "live": live},
-                 {"index": 1, "name": "Simulated GPU", "uuid": "GPU-5e00", "simulated": True,
-                  "memory_total": 17179869184, "pci_bus_id": "", "state": "free",
-                  "live": {**live, "temperature_c": None, "power_w": None}}],
-        "leases": [{"id": 7, "gpu": 0, "client": {"host": "laptop", "pid": 4242}, "mine": True},
-                   {"id": 8, "gpu": 1, "client": {"host": "x", "pid": 9}, "mine": False}],
-        "queue": [],
-    }
-    yield "document", json.dumps(doc).encode()
-    yield "empty", b'{"schema": 1, "gpus": []}'
+def info_replies() -> Iterator[tuple[str, bytes]]:
+    gpu = gp.InfoGpu(index=0, name="NVIDIA H100 80GB HBM3",
+                     uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555", memory_total=85520809984,
+                     pci_bus_id="00000000:18:00.0", state="leased", since=1767225600.0,
+                     lease_id=7, live_at=1767225600.0, live_memory_total=85520809984,
+                     memory_used=1073741824, memory_free=84447068160, gpu_util=38,
+                     memory_util=5, temperature_c=41, power_w=123.4, power_limit_w=700.0,
+                     energy_j=5000.25, sm_clock_mhz=1980, mem_clock_mhz=2619,
+                     cuda_driver_version=13000)
+    sim = gp.InfoGpu(index=1, name="Simulated GPU", uuid="GPU-5e00", simulated=1,
+                     memory_total=17179869184, state="free", live_at=float("nan"),
+                     live_memory_total=-1, memory_used=-1, memory_free=-1, gpu_util=-1,
+                     memory_util=-1, temperature_c=-1, power_w=float("nan"),
+                     power_limit_w=float("nan"), energy_j=float("nan"), sm_clock_mhz=-1,
+                     mem_clock_mhz=-1, cuda_driver_version=13000)
+    reply = gp.InfoReply(
+        result=0, major=gp.MAJOR, minor=gp.MINOR, server="gpupoold 0.1.0 on gpu-box", gpus=2,
+        matching=2, free_matching=1, version="0.1.0", host="gpu-box", remoting="0.0.0.0:7070",
+        auth="token", driver_version="580.65.06", cuda_driver_version=13000, you_name="alice",
+        you_role="user", time=1767225600.1, gpu_views=[gpu, sim],
+        lease_views=[gp.InfoLease(id=7, gpu=0, client_host="laptop", client_pid=4242, mine=1),
+                     gp.InfoLease(id=8, gpu=1, client_host="x", client_pid=9)])
+    yield "reply", reply.encode()
+    yield "empty", gp.InfoReply(result=0).encode()
 
 
 TARGETS: dict[str, Callable[[], Iterator[tuple[str, bytes]]]] = {
     "fuzz_protocol": protocol_seeds, "fuzz_worker": worker_sessions,
     "fuzz_shim_replies": shim_streams, "fuzz_client_config": config_files,
-    "fuzz_info": info_documents,
+    "fuzz_info": info_replies,
 }
 
 

@@ -3,12 +3,14 @@
 One connection per request: connect (TLS when the server's settings say so: the `ssl` module,
 the server's certificate checked against tls_ca or the system store, the host name checked, a
 client certificate when tls_cert/tls_key are set), send `info` as the first frame, read the
-reply; gpupoold then closes the connection.
+reply; gpupoold then closes the connection. `document` turns the reply's records into the
+dictionary `gpupool status`, `smi` and `doctor` read (and `status --json` prints), with the
+HTTP API's names.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import socket
 import ssl
 import time
@@ -44,7 +46,7 @@ class InfoResult:
     matching: int
     free_matching: int
     queue: int
-    data: dict[str, Any] = field(default_factory=dict)  # the json, parsed ({} on refusal)
+    data: dict[str, Any] = field(default_factory=dict)  # document(reply) ({} on refusal)
     elapsed_s: float = 0.0
     tls_version: str = ""  # "TLSv1.3" over TLS, "" for plain TCP
 
@@ -203,17 +205,72 @@ def fetch_info(srv: ServerConfig, timeout: float, gpu: str = "", model: str = ""
     except gp.ProtocolError as exc:
         raise WireError(f"the server's info reply is malformed ({exc}); is it a gpupoold of "
                         "this version?", "protocol") from None
-    data: dict[str, Any] = {}
-    if reply.result == 0 and reply.json:
-        try:
-            parsed = json.loads(reply.json)
-        except ValueError as exc:
-            raise WireError(f"the server's info json is malformed ({exc})", "protocol") from None
-        if not isinstance(parsed, dict):
-            raise WireError("the server's info json is not an object", "protocol")
-        data = parsed
+    data = document(reply) if reply.result == 0 else {}
     return InfoResult(result=reply.result, message=reply.message, major=reply.major,
                       minor=reply.minor, server=reply.server, gpus=reply.gpus,
                       matching=reply.matching, free_matching=reply.free_matching,
                       queue=reply.queue, data=data, elapsed_s=time.monotonic() - start,
                       tls_version=tls_version)
+
+
+# ------------------------------------------------------------------------------ the document
+def _known(value: float | int) -> Any:
+    """A reply number as the document shows it: None where the server said unknown (-1, NaN)."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    return None if value < 0 else value
+
+
+def _client(r: Any) -> dict[str, Any]:
+    return {"host": r.client_host, "user": r.client_user, "pid": r.client_pid,
+            "program": r.client_program, "peer": r.client_peer}
+
+
+def lease_view(r: gp.InfoLease) -> dict[str, Any]:
+    return {"id": r.id, "gpu": r.gpu, "token": r.token, "client": _client(r),
+            "request": r.request, "started": _known(r.started),
+            "duration_s": _known(r.duration_s), "queued_s": _known(r.queued_s),
+            "worker_pid": r.worker_pid, "bytes_h2d": r.bytes_h2d, "bytes_d2h": r.bytes_d2h,
+            "module_bytes": r.module_bytes, "mine": bool(r.mine)}
+
+
+def waiter_view(r: gp.InfoWaiter) -> dict[str, Any]:
+    return {"position": r.position, "ticket": r.ticket, "token": r.token,
+            "client": _client(r), "request": r.request, "since": _known(r.since),
+            "waiting_s": _known(r.waiting_s), "mine": bool(r.mine)}
+
+
+def gpu_view(r: gp.InfoGpu, leases: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    live = {"at": _known(r.live_at), "memory_total": _known(r.live_memory_total),
+            "memory_used": _known(r.memory_used), "memory_free": _known(r.memory_free),
+            "gpu_util": _known(r.gpu_util), "memory_util": _known(r.memory_util),
+            "temperature_c": _known(r.temperature_c), "power_w": _known(r.power_w),
+            "power_limit_w": _known(r.power_limit_w), "energy_j": _known(r.energy_j),
+            "sm_clock_mhz": _known(r.sm_clock_mhz), "mem_clock_mhz": _known(r.mem_clock_mhz),
+            "cuda_driver_version": _known(r.cuda_driver_version)}
+    lease = {k: v for k, v in leases[r.lease_id].items() if k != "mine"} \
+        if r.lease_id in leases else None
+    return {"index": r.index, "name": r.name, "uuid": r.uuid, "simulated": bool(r.simulated),
+            "memory_total": r.memory_total, "pci_bus_id": r.pci_bus_id, "state": r.state,
+            "since": _known(r.since), "draining": bool(r.draining),
+            "worker_ready": bool(r.worker_ready), "lease": lease, "live": live}
+
+
+def document(reply: gp.InfoReply) -> dict[str, Any]:
+    """The reply's server facts and views, with the names of the HTTP API's views (docs/api.md):
+    {"server": {...}, "you": {...}, "time", "gpus": [...], "leases": [...], "queue": [...],
+    "truncated"}. Unknown numbers are None."""
+    leases = [lease_view(r) for r in reply.lease_views]
+    by_id = {lease["id"]: lease for lease in leases}
+    return {
+        "server": {"version": reply.version, "host": reply.host, "remoting": reply.remoting,
+                   "protocol": f"{reply.major}.{reply.minor}", "auth": reply.auth,
+                   "simulated": bool(reply.simulated), "driver_version": reply.driver_version,
+                   "cuda_driver_version": _known(reply.cuda_driver_version) or 0},
+        "you": {"name": reply.you_name, "role": reply.you_role},
+        "time": _known(reply.time),
+        "gpus": [gpu_view(r, by_id) for r in reply.gpu_views],
+        "leases": leases,
+        "queue": [waiter_view(r) for r in reply.queue_views],
+        "truncated": bool(reply.truncated),
+    }

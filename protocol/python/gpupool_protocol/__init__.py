@@ -5,7 +5,17 @@ an asyncio stream (framing.py). One package for the daemon and the `gpupool` cli
 from gpupool_protocol._generated import *  # noqa: F403
 from gpupool_protocol._generated import MAJOR, MAX_BODY, MINOR, REPLIES, REQUESTS
 from gpupool_protocol.framing import read_frame
-from gpupool_protocol.runtime import FLAG_REPLY, HEADER, HEADER_SIZE, Frame, ProtocolError, encode_frame, parse_header
+from gpupool_protocol.runtime import (
+                                      FLAG_REPLY,
+                                      HEADER,
+                                      HEADER_SIZE,
+                                      Frame,
+                                      ProtocolError,
+                                      Reader,
+                                      Writer,
+                                      encode_frame,
+                                      parse_header,
+)
 
 __version__ = "1.2.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
 
@@ -20,6 +30,8 @@ __all__ = [
     "REQUESTS",
     "Frame",
     "ProtocolError",
+    "Reader",
+    "Writer",
     "encode_frame",
     "parse_header",
     "read_frame",

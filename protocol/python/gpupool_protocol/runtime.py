@@ -72,6 +72,14 @@ class Writer:
             raise ProtocolError(f"{len(values)} items exceed the limit of {limit}")
         self._parts.append(struct.pack(f"<I{len(values)}{fmt}", len(values), *values))
 
+    def records(self, values: Sequence[Any], limit: int) -> None:
+        """A count, then each record's fields (its generated `_put`)."""
+        if len(values) > limit:
+            raise ProtocolError(f"{len(values)} records exceed the limit of {limit}")
+        self._parts.append(struct.pack("<I", len(values)))
+        for value in values:
+            value._put(self)
+
     def bulk(self, length: int) -> None:
         self._parts.append(struct.pack("<Q", length))
 
@@ -118,6 +126,13 @@ class Reader:
             raise ProtocolError(f"{n} items exceed the limit of {limit}")
         size = struct.calcsize("<" + fmt)
         return list(struct.unpack(f"<{n}{fmt}", self._take(n * size)))
+
+    def records(self, cls: Any, limit: int) -> list[Any]:
+        """A count, then that many records of the generated record class `cls`."""
+        n = self.scalar("I")
+        if n > limit:
+            raise ProtocolError(f"{n} records exceed the limit of {limit}")
+        return [cls._get(self) for _ in range(n)]
 
     def bulk(self) -> int:
         return int(self.scalar("Q"))
