@@ -666,6 +666,19 @@ def gen_c(proto: dict, results: dict[str, int], info: set[int], messages: list[M
 
 
 # ------------------------------------------------------------------------------ Python generation
+# __eq__ and __repr__ of every generated class (messages and records), by their __slots__.
+PY_EQ_REPR = [
+    "    def __eq__(self, other: object) -> bool:",
+    "        return type(self) is type(other) and all(",
+    "            getattr(self, s) == getattr(other, s) for s in self.__slots__)",
+    "",
+    "    def __repr__(self) -> str:",
+    "        inner = ', '.join(f'{s}={getattr(self, s)!r}' for s in self.__slots__)",
+    "        return f'{type(self).__name__}({inner})'",
+    "",
+]
+
+
 def py_record_name(record: str) -> str:
     return "".join(p.capitalize() for p in record.split("_"))
 
@@ -682,14 +695,7 @@ def py_record_class(r: Record) -> list[str]:
     for f in r.fields:
         out.append(f"        self.{f.name} = {f.name}")
     out.append("")
-    out.append("    def __eq__(self, other: object) -> bool:")
-    out.append("        return type(self) is type(other) and all(")
-    out.append("            getattr(self, s) == getattr(other, s) for s in self.__slots__)")
-    out.append("")
-    out.append("    def __repr__(self) -> str:")
-    out.append("        inner = ', '.join(f'{s}={getattr(self, s)!r}' for s in self.__slots__)")
-    out.append("        return f'{type(self).__name__}({inner})'")
-    out.append("")
+    out += PY_EQ_REPR
     out.append("    def _put(self, w: _Writer) -> None:")
     for f in r.fields:
         out.append(f"        w.{f.kind}({py_enc_args(f)})")
@@ -738,14 +744,7 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
     if not allf:
         out.append("        pass")
     out.append("")
-    out.append("    def __eq__(self, other: object) -> bool:")
-    out.append("        return type(self) is type(other) and all(")
-    out.append("            getattr(self, s) == getattr(other, s) for s in self.__slots__)")
-    out.append("")
-    out.append("    def __repr__(self) -> str:")
-    out.append("        inner = ', '.join(f'{s}={getattr(self, s)!r}' for s in self.__slots__)")
-    out.append("        return f'{type(self).__name__}({inner})'")
-    out.append("")
+    out += PY_EQ_REPR
     out.append("    def encode(self) -> bytes:")
     out.append("        w = _Writer()")
     for f in allf:

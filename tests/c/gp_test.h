@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static int gp_test_failures;
 
@@ -95,6 +96,30 @@ static inline int gp_test_done(const char *name)
     }
     printf("%s: all checks passed\n", name);
     return 0;
+}
+
+/* Runs `call` with stderr redirected to a temporary file and returns what was written. */
+static inline char *capture_stderr(void (*call)(void))
+{
+    static char buf[4096];
+    buf[0] = '\0';
+    FILE *tmp = tmpfile();
+    CHECK(tmp != NULL);
+    if (tmp == NULL)
+        return buf;
+    int saved = dup(2);
+    CHECK(saved >= 0);
+    CHECK(fflush(stderr) == 0);
+    CHECK(dup2(fileno(tmp), 2) == 2);
+    call();
+    CHECK(fflush(stderr) == 0);
+    CHECK(dup2(saved, 2) == 2);
+    CHECK(close(saved) == 0);
+    rewind(tmp);
+    size_t n = fread(buf, 1, sizeof buf - 1, tmp);
+    buf[n] = '\0';
+    CHECK(fclose(tmp) == 0);
+    return buf;
 }
 
 #endif /* GP_TEST_H */

@@ -78,30 +78,6 @@ static const slot *get_table(const char *uuid_hex)
     return table;
 }
 
-/* Runs `call` with stderr redirected to a temporary file and returns what was written. */
-static char *capture_stderr(void (*call)(void))
-{
-    static char buf[4096];
-    buf[0] = '\0';
-    FILE *tmp = tmpfile();
-    CHECK(tmp != NULL);
-    if (tmp == NULL)
-        return buf;
-    int saved = dup(2);
-    CHECK(saved >= 0);
-    CHECK(fflush(stderr) == 0);
-    CHECK(dup2(fileno(tmp), 2) == 2);
-    call();
-    CHECK(fflush(stderr) == 0);
-    CHECK(dup2(saved, 2) == 2);
-    CHECK(close(saved) == 0);
-    rewind(tmp);
-    size_t n = fread(buf, 1, sizeof buf - 1, tmp);
-    buf[n] = '\0';
-    CHECK(fclose(tmp) == 0);
-    return buf;
-}
-
 #define CUDART_INTERFACE "6bd5fb6c5bf4e74a8987d93912fd9df9"
 #define TOOLS_HOOKS "a094798c2e742e7493f20800200c0a66"
 #define TOOLS_TLS "42d85a8123f6cb478298f6e78a3aecdc"

@@ -212,30 +212,6 @@ static void test_speed(void)
     CHECK(ns < 20000.0); /* generous: sanitizer builds and loaded CI machines */
 }
 
-/* Runs `call` with stderr redirected to a temporary file and returns what was written. */
-static char *capture_stderr(void (*call)(void))
-{
-    static char buf[4096];
-    buf[0] = '\0';
-    FILE *tmp = tmpfile();
-    CHECK(tmp != NULL);
-    if (tmp == NULL)
-        return buf;
-    int saved = dup(2);
-    CHECK(saved >= 0);
-    CHECK(fflush(stderr) == 0);
-    CHECK(dup2(fileno(tmp), 2) == 2);
-    call();
-    CHECK(fflush(stderr) == 0);
-    CHECK(dup2(saved, 2) == 2);
-    CHECK(close(saved) == 0);
-    rewind(tmp);
-    size_t n = fread(buf, 1, sizeof buf - 1, tmp);
-    buf[n] = '\0';
-    CHECK(fclose(tmp) == 0);
-    return buf;
-}
-
 static void call_stubs(void)
 {
     CHECK_EQ(cuMemFree_v2(), CUDA_ERROR_NOT_SUPPORTED);
