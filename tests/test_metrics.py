@@ -1,6 +1,7 @@
 """`GET /metrics` (docs/metrics.md) against a real
 gpupoold on simulated GPUs: every family with its type, the values a real lease moves, the GPU
-state gauge, the token rules, and `promtool check metrics` on a real scrape.
+state gauge, the token rules, the process collector, no `_created` series, OpenMetrics for a
+scraper that asks for it, and `promtool check metrics` on a real scrape.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 
 import pytest
 from conftest import GpupoolServer, have, require
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from test_e2e_leases import hold_gpu, start_client, wait_until  # noqa: F401 - hold_gpu: fixture
 
@@ -46,15 +50,23 @@ FAMILIES = {
 }
 
 
-def scrape_text(server: GpupoolServer, token: str | None = None) -> str:
-    """The body of GET /metrics with `token` (None: the test user token; "": none)."""
+OPENMETRICS = "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"
+
+
+def scrape_text(server: GpupoolServer, token: str | None = None, accept: str = "") -> str:
+    """The body of GET /metrics with `token` (None: the test user token; "": none), in the
+    text format 0.0.4, or OpenMetrics with accept=OPENMETRICS (what Prometheus sends)."""
     token = server.token if token is None else token
     req = urllib.request.Request(server.http_url + "/metrics")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
+    if accept:
+        req.add_header("Accept", accept)
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        want = "application/openmetrics-text; version=1.0.0" if accept else \
+            "text/plain; version=0.0.4"
+        assert resp.headers["Content-Type"].startswith(want), resp.headers["Content-Type"]
         return resp.read().decode()
 
 
@@ -97,6 +109,31 @@ def test_every_family_has_its_type(gpupool_server: GpupoolServer) -> None:
     # The startup scrub was observed.
     assert value(text, "gpupool_scrub_duration_seconds_count") >= 1
     assert value(text, "gpupool_leases_active") == 0 and value(text, "gpupool_queue_length") == 0
+    # The daemon's own process, and no _created series.
+    assert types.get("process_resident_memory_bytes") == "gauge"
+    assert types.get("process_cpu_seconds") == "counter" and types.get("process_open_fds")
+    assert not [line for line in text.splitlines() if "_created" in line]
+
+
+def test_openmetrics_for_a_scraper_that_asks(gpupool_server: GpupoolServer) -> None:
+    """Prometheus asks for OpenMetrics first: it gets it, strictly valid (prometheus_client's
+    OpenMetrics parser refuses any deviation, # EOF included), with the same families and
+    values as the text format."""
+    server = gpupool_server
+    wait_until("GPU free", lambda: value(scrape_text(server), "gpupool_gpu_state", gpu="0",
+                                         state="free") == 1)
+    om = scrape_text(server, accept=OPENMETRICS)
+    assert om.endswith("# EOF\n")
+    families = {fam.name: fam for fam in openmetrics_families(om)}
+    text_types = {fam.name: fam.type for fam in text_string_to_metric_families(scrape_text(
+        server))}
+    assert {n: f.type for n, f in families.items() if n.startswith("gpupool_")} == \
+        {n: t for n, t in text_types.items() if n.startswith("gpupool_")}
+    state = families["gpupool_gpu_state"]
+    assert {s.labels["state"]: s.value for s in state.samples if s.labels["gpu"] == "0"} == \
+        {"free": 1, "leased": 0, "scrubbing": 0, "quarantined": 0, "drained": 0}
+    assert "process_cpu_seconds" in families
+    assert not [line for line in om.splitlines() if "_created" in line]
 
 
 def info_protocol(text: str) -> str:
@@ -220,3 +257,9 @@ def test_promtool_check_metrics(gpupool_server: GpupoolServer, hold_gpu: Path,  
                            text=True, timeout=60)
     assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), (
         f"promtool check metrics:\n{check.stdout}\n{check.stderr}\n--- exposition:\n{text}")
+    # The same scrape as OpenMetrics: promtool (2.42, Debian's) lints only the text format (it
+    # reads a counter's OpenMetrics family name without _total as a missing HELP), so the strict
+    # OpenMetrics parser checks it instead.
+    om = scrape_text(server, accept=OPENMETRICS)
+    assert sum(1 for _ in openmetrics_families(om)) == sum(
+        1 for _ in text_string_to_metric_families(text))

@@ -15,6 +15,13 @@ one: a process may run several daemons, the tests do). In it:
 
 A value a GPU does not report (a simulated GPU's temperature, power...) has no sample; it is
 never exported as 0.
+
+The registry also holds prometheus_client's process collector (`process_cpu_seconds_total`,
+`process_resident_memory_bytes`, open file descriptors...: the daemon's own process). No
+`_created` series: they double the histograms' series for a value nobody graphs
+(prometheus_client's `disable_created_metrics`, process-wide: gpupoold is the whole process).
+A scraper that asks for OpenMetrics (`Accept: application/openmetrics-text`, as Prometheus
+does by default) gets it; anything else gets the text format 0.0.4.
 """
 
 from __future__ import annotations
@@ -28,8 +35,14 @@ from typing import TYPE_CHECKING
 
 import gpupool_protocol as gp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector as _CollectorBase
 
 from gpupoold import __version__
@@ -42,7 +55,7 @@ if TYPE_CHECKING:
     from gpupoold.pool.leases import LeaseManager
     from gpupoold.workers.supervisor import WorkerStats
 
-# Text exposition format 0.0.4.
+# Text exposition format 0.0.4, unless the scraper asks for OpenMetrics (choose_encoder).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # The workers' call latency buckets (worker/README.md, "Control channel"), as the workers count them.
@@ -95,7 +108,9 @@ class DaemonMetrics:
     """The per-application registry, its histograms and the ended leases' totals."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # before the histograms: they would carry _created series
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
         self.queue_wait = Histogram(
             "gpupool_queue_wait_seconds", "Time a granted lease request waited for its GPU.",
             buckets=QUEUE_WAIT_BUCKETS, registry=self.registry)
@@ -161,8 +176,10 @@ class DaemonMetrics:
                 self.collector.note_utilisation()
             await asyncio.sleep(interval)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """The registry in the format the `Accept` header asks for: (body, content type)."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
 
 
 class Collector(_CollectorBase):
@@ -388,14 +405,15 @@ METRICS_KEY = web.AppKey("gpupool_metrics", DaemonMetrics)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    """GET /metrics: the text exposition format 0.0.4."""
+    """GET /metrics: OpenMetrics when the scraper asks for it, else the text format 0.0.4."""
     from gpupoold.http.auth import ApiError
 
     metrics = request.app.get(METRICS_KEY)
     if metrics is None or metrics.collector is None:
         raise ApiError(503, "the metrics are not ready: gpupoold is starting or stopping",
                        "try again in a few seconds")
-    return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+    body, content_type = metrics.exposition(request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 def _by_label(counters: Counters, name: str, label: str) -> dict[str, int]:
