@@ -8,7 +8,8 @@
   API (admin_client.py), authenticated with `--token`, `GPUPOOL_ADMIN_TOKEN` or the local admin
   token the daemon writes to `<state_dir>/local-admin.token`.
 
-Exit status: 0 done, 1 failed (the message says why and what to do), 2 bad command line.
+Exit status: 0 done, 1 failed (the message says why and what to do), 2 bad command line, 78
+(EX_CONFIG) `serve` with a configuration that cannot work (systemd then does not restart it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gpupoold import __version__
 from gpupoold.admin_client import AdminClient, AdminError, base_url, tls_context
 from gpupoold.auth.authenticator import LOCAL_ADMIN_FILE
 from gpupoold.auth.tokens import check_token_name, format_local, parse_expiry
-from gpupoold.config.file import ConfigError, load_settings
+from gpupoold.config.file import EX_CONFIG, ConfigError, load_settings
 from gpupoold.config.settings import DEFAULT_CONFIG, Settings, iter_flags
 from gpupoold.store.database import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
 
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = load_settings(args.config, overrides)
         except ConfigError as exc:
             print(f"gpupoold: error: {exc}", file=sys.stderr)
-            return 1
+            return EX_CONFIG
         from gpupoold.log import setup_logging
         from gpupoold.serve import run
 

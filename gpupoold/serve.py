@@ -1,4 +1,6 @@
-"""`gpupoold serve`: run the application until SIGTERM or SIGINT, then stop cleanly (exit 0)."""
+"""`gpupoold serve`: run the application until SIGTERM or SIGINT, then stop cleanly (exit 0).
+A start-up that cannot work as configured (a TLS file, the sockets systemd passed) exits 78
+(EX_CONFIG); one that might work on another try (a port in use) exits 1."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from aiohttp import web
 
 from gpupoold import __version__, sdlisten
 from gpupoold.app import StartupError, create_app
+from gpupoold.config.file import EX_CONFIG
 from gpupoold.config.settings import Settings, format_address, parse_address
 from gpupoold.http.keys import REMOTING
 from gpupoold.sdnotify import Notifier
@@ -43,7 +46,7 @@ async def serve(settings: Settings) -> int:
     except sdlisten.SdListenError as exc:
         print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
         notifier.close()
-        return 1
+        return EX_CONFIG
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -53,7 +56,7 @@ async def serve(settings: Settings) -> int:
         await asyncio.to_thread(remoting_ssl_context, settings)  # checks the tls_* settings
     except TlsSettingError as exc:
         print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return EX_CONFIG
     app = create_app(settings)
     app[sdlisten.SOCKETS] = passed
     http_sock = passed.get(sdlisten.HTTP)

@@ -137,6 +137,7 @@ def test_gpupoold_service_runs_the_daemon_unprivileged_with_notify() -> None:
     assert one(d, "Service.Type") == "notify"
     assert one(d, "Service.WatchdogSec") == "30"
     assert one(d, "Service.Restart") == "on-failure"
+    assert one(d, "Service.RestartPreventExitStatus") == "78"  # EX_CONFIG (gpupoold/config/file.py)
     assert one(d, "Service.User") == one(d, "Service.Group") == "gpupoold"
     for kind in ("State", "Runtime", "Configuration"):
         assert one(d, f"Service.{kind}Directory") == "gpupoold"

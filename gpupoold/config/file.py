@@ -19,6 +19,12 @@ class ConfigError(Exception):
     """A configuration problem; the message says where and what."""
 
 
+# The exit status of `gpupoold serve` when its configuration cannot work (sysexits.h EX_CONFIG):
+# the unit's RestartPreventExitStatus=78 stops systemd from restarting it every RestartSec with
+# the same error, and leaves the unit failed with the message in the journal.
+EX_CONFIG = 78
+
+
 def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
