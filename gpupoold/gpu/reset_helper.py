@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupoold.gpu.nvml import GpuProcess, Nvml, NvmlUnavailable
+from gpupoold.log import handler as log_handler
 
 log = logging.getLogger("gpupool-reset-helper")
 
@@ -338,8 +339,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, nvml: Nvml | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="gpupool-reset-helper: %(levelname)s %(message)s")
+    root = logging.getLogger()
+    root.handlers[:] = [log_handler(sys.stderr, "gpupool-reset-helper: %(levelname)s %(message)s",
+                                    journal_prefix="")]
+    root.setLevel(logging.INFO)
     try:
         smi = find_nvidia_smi(args.nvidia_smi)
         listener = systemd_socket()
