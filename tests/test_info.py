@@ -175,7 +175,7 @@ def test_info_without_leases(gpupool_server: GpupoolServer) -> None:
     assert doc["server"]["host"] == HOST
     assert doc["server"]["auth"] == "token"
     assert doc["server"]["simulated"] is True
-    assert doc["server"]["driver_version"] == ""
+    assert doc["server"]["driver_version"] == "580.00.00"  # simulated GPUs (gpu/telemetry.py)
     assert doc["server"]["cuda_driver_version"] == 13000
     assert doc["you"] == {"name": "tests", "role": "user"}
     assert abs(doc["time"] - time.time()) < 60

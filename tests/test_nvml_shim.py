@@ -170,8 +170,8 @@ def test_pynvml_reads_the_simulated_gpu(gpupool_server: GpupoolServer) -> None:
     assert g["cc"] == "NVMLError_NotSupported"  # the info document does not say; no lease here
     assert g["procs"] == [] and g["graphics"] == []
     assert got["cuda"] == got["cuda_v2"] == live["cuda_driver_version"] == 13000
-    # Simulated GPUs have no NVIDIA driver version.
-    assert got["driver"] == "NVMLError_NotSupported"
+    # A server of simulated GPUs reports the driver version of its CUDA 13.0 (telemetry.py).
+    assert got["driver"] == "580.00.00"
 
 
 # A client holding a lease through our libcuda.so.1 (ctypes on the driver API), with 256 MiB

@@ -252,7 +252,7 @@ async def test_simulated_gpus_follow_their_lease_worker(monkeypatch: pytest.Monk
     tel = Telemetry(sim_inventory(2), lambda: leases, Settings(telemetry_interval=0.01))
     await tel.sample_once()
     assert tel.live(0)["memory_used"] == 0 and tel.live(0)["gpu_util"] == 0
-    assert tel.cuda_driver_version == 13000 and tel.driver_version == ""
+    assert tel.cuda_driver_version == 13000 and tel.driver_version == "580.00.00"
 
     w = StandInWorker(WorkerStats(duration_s=2.0, busy_ns=500_000_000, mem_used=3 * GIB))
     leases.hold(1, w)

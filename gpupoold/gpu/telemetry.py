@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpupoold.telemetry")
 
 SIM_CUDA_DRIVER_VERSION = 13000  # what the simulated device's cuDriverGetVersion answers
+# The NVIDIA driver version a server of simulated GPUs reports (NVML's nvmlSystemGetDriverVersion
+# through the NVML shim, the info reply, `gpupool smi`): the 580 branch is the one that ships
+# CUDA 13.0, which the simulated device claims; ".00.00" says no real build is meant. NVML tools
+# (nvitop, gpustat) ask for it first and give up when there is none.
+SIM_DRIVER_VERSION = "580.00.00"
 IDLE_AFTER = 2.5  # seconds without a worker stats event: the simulated GPU is idle
 LIVE_FIELDS = ("at", "memory_total", "memory_used", "memory_free", "gpu_util", "memory_util",
                "temperature_c", "power_w", "power_limit_w", "energy_j", "sm_clock_mhz",
@@ -77,10 +82,11 @@ class Telemetry:
         self._leases = leases
         self.interval = settings.telemetry_interval
         self.nvml = inventory.nvml
-        self.driver_version = ""  # NVML's; "" for simulated GPUs or when unknown
+        self.driver_version = ""  # NVML's (simulated GPUs: SIM_DRIVER_VERSION); "": unknown
         self.cuda_driver_version = 0  # cuDriverGetVersion's number (sim: 13000); 0: unknown
         if self.nvml is None and inventory.gpus and all(g.simulated for g in inventory.gpus):
             self.cuda_driver_version = SIM_CUDA_DRIVER_VERSION
+            self.driver_version = SIM_DRIVER_VERSION
         self._live: dict[int, dict[str, Any]] = {
             g.index: unknown_live(g, self.cuda_driver_version) for g in inventory.gpus}
         self._sim: dict[int, _SimTrack] = {}
