@@ -391,6 +391,26 @@ def test_nvitop_shows_the_pool_gpu(gpupool_server: GpupoolServer) -> None:
     assert gpu["pci_bus_id"] in out, out
     assert f"{gpu['memory_total'] / 2**30:.2f}GiB" in out, out  # "80.00GiB"
     assert "simulated)" in out, out  # the end of the name, as nvitop shortens it
+    assert "Driver Version: 580.00.00" in out, out
+
+
+def test_gpustat_shows_the_pool_gpu(gpupool_server: GpupoolServer) -> None:
+    """gpustat (unmodified) lists the simulated GPU from our NVML library: it asks for the driver
+    version first and gives up without one; then index, name, memory used and total."""
+    gpustat = Path(sys.executable).parent / "gpustat"
+    require(gpustat.exists(), f"needs gpustat next to {sys.executable} (pip install gpustat)")
+    gpu = gpupool_server.get_json("/api/v1/gpus")["gpus"][0]
+    proc = run_client([gpustat, "--no-color", "--json"], env=gpupool_server.client_env(),
+                      timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["driver_version"] == "580.00.00"
+    (g,) = got["gpus"]
+    assert g["index"] == 0 and g["name"] == gpu["name"] and g["uuid"] == gpu["uuid"]
+    assert g["memory.total"] == gpu["memory_total"] >> 20  # MiB
+    assert g["memory.used"] == 0 and g["utilization.gpu"] == 0
+    proc = run_client([gpustat, "--no-color"], env=gpupool_server.client_env(), timeout=60)
+    assert proc.returncode == 0 and "580.00.00" in proc.stdout.splitlines()[0], proc.stdout
 
 
 # ------------------------------------------------------------------ a server that goes quiet
