@@ -146,6 +146,12 @@ install -m 0644 systemd/README.md "$D_DOC/systemd.md"
 for doc in configuration operator-guide security api metrics; do
     [[ -f docs/$doc.md ]] && install -m 0644 "docs/$doc.md" "$D_DOC/"
 done
+# The Grafana dashboard, ready for file provisioning (packaging/grafana/README.md), and the
+# provisioning file that points Grafana at it, as an example.
+install -D -m 0644 packaging/grafana/gpupool.json "$D/usr/share/gpupoold/grafana/gpupool.json"
+install -D -m 0644 packaging/grafana/provisioning/gpupool.yaml \
+    "$D_DOC/examples/grafana-provisioning.yaml"
+install -m 0644 packaging/grafana/README.md "$D_DOC/grafana.md"
 install -m 0644 "$PKG/gpupool-client.README.md" "$C_DOC/README.md"
 install -m 0644 "$PKG/gpupool-client.copyright" "$C_DOC/copyright"
 [[ -f docs/user-guide.md ]] && install -m 0644 docs/user-guide.md "$C_DOC/"

@@ -171,6 +171,9 @@ def test_files_land_where_the_units_expect_them(daemon_files: dict[str, tarfile.
     assert f"{TREE}/gpupoold/bin/libgpupool-sim.so" in daemon_files
     for doc in ("README.md", "copyright", "changelog.Debian.gz"):
         assert f"/usr/share/doc/gpupoold/{doc}" in daemon_files
+    # The Grafana dashboard where the provisioning example points.
+    assert daemon_files["/usr/share/gpupoold/grafana/gpupool.json"].mode == 0o644
+    assert "/usr/share/doc/gpupoold/examples/grafana-provisioning.yaml" in daemon_files
     assert not [p for p in daemon_files if "__pycache__" in p or p.endswith(".pyc")]
     assert not [p for p in daemon_files if p.startswith((STATE, "/run"))], \
         "state and runtime directories are made by the postinst and systemd, not shipped"

@@ -1,8 +1,9 @@
 """packaging/grafana/gpupool.json: an importable Grafana dashboard that queries only what gpupoold's
 /metrics exports.
 
-- the dashboard's structure: what Grafana's import needs (the `${DS_PROMETHEUS}` datasource
-  input, `__requires`), unique panel ids, a grid position for every panel, an expr and the input
+- the dashboard's structure: what Grafana's import and file provisioning need (a `datasource`
+  template variable rather than an import-only `${DS_PROMETHEUS}` input, `__requires` naming
+  the Grafana the README names), unique panel ids, a grid position for every panel, an expr and the input
   datasource for every query, the template variables and rows the contract names;
 - every metric name in every query is one docs/metrics.md lists (its tables parsed here),
   histograms only through `_bucket/_sum/_count`, labels and label values as listed;
@@ -26,7 +27,7 @@ from conftest import GpupoolServer, require
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "packaging" / "grafana" / "gpupool.json"
 REFERENCE = REPO / "docs" / "metrics.md"  # every metric name, type and label
-DS_INPUT = "${DS_PROMETHEUS}"
+DS_INPUT = "${datasource}"  # the data-source template variable: works imported and provisioned
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (job, instance) or that a histogram's buckets have.
 SCRAPE_LABELS = {"job", "instance"}
@@ -153,16 +154,24 @@ def metric_names(expr: str) -> set[str]:
 
 def test_dashboard_structure() -> None:
     dash = load_dashboard()
-    for key in ("__inputs", "__requires", "title", "uid", "schemaVersion", "panels", "templating",
+    for key in ("__requires", "title", "uid", "schemaVersion", "panels", "templating",
                 "time", "annotations"):
         assert key in dash, f"dashboard lacks top-level {key!r}"
     assert dash.get("id") is None, "an exported dashboard has id null (Grafana assigns one)"
     assert isinstance(dash["schemaVersion"], int) and 36 <= dash["schemaVersion"] <= 41
     assert re.fullmatch(r"[A-Za-z0-9_-]{1,40}", dash["uid"]), dash["uid"]
 
-    inputs = {i["name"]: i for i in dash["__inputs"]}
-    assert inputs.get("DS_PROMETHEUS", {}).get("type") == "datasource"
-    assert inputs["DS_PROMETHEUS"].get("pluginId") == "prometheus"
+    # File provisioning does not replace `__inputs` placeholders: the data source is a variable
+    # (the default Prometheus when provisioned, a choice on import), the first of them.
+    assert "__inputs" not in dash and "DS_PROMETHEUS" not in json.dumps(dash)
+    first = dash["templating"]["list"][0]
+    assert (first["name"], first["type"], first["query"]) == ("datasource", "datasource",
+                                                               "prometheus"), first
+    # One Grafana version everywhere: the one __requires names is the one the README names.
+    (grafana,) = [r for r in dash["__requires"] if r["type"] == "grafana"]
+    readme = (REPO / "packaging" / "grafana" / "README.md").read_text()
+    assert re.search(rf"Grafana {re.escape(grafana['version'])} or later", readme), \
+        grafana["version"]
     requires = {(r["type"], r["id"]) for r in dash["__requires"]}
     assert ("grafana", "grafana") in requires and ("datasource", "prometheus") in requires
     panels = all_panels(dash)
@@ -388,3 +397,15 @@ def test_live_scrape_exports_every_dashboard_metric(gpupool_server: GpupoolServe
                            f"{metrics[name].kind}")
     assert not missing, ("the dashboard queries what /metrics does not export:\n"
                          + "\n".join(missing))
+
+
+def test_the_provisioning_example_points_where_the_package_installs_the_dashboard() -> None:
+    """packaging/grafana/provisioning/gpupool.yaml: a Grafana dashboards provider (apiVersion 1,
+    type file) whose path is the folder scripts/build-debs.sh installs gpupool.json into."""
+    example = (REPO / "packaging" / "grafana" / "provisioning" / "gpupool.yaml").read_text()
+    assert re.search(r"^apiVersion: 1$", example, re.M)
+    assert re.search(r"^\s+type: file$", example, re.M)
+    path = re.search(r"^\s+path: (\S+)$", example, re.M)
+    assert path, example
+    build = (REPO / "scripts" / "build-debs.sh").read_text()
+    assert f'"$D{path.group(1)}/gpupool.json"' in build, path.group(1)
