@@ -99,14 +99,18 @@ find "$D_TREE" "$C_TREE" -depth \( -name __pycache__ -o -name direct_url.json \)
 
 # ------------------------------------------------------------------------------------- layout
 step 3 "laying out the files (wrappers, systemd units, sysusers, config, docs)"
-wrapper() {  # wrapper PACKAGE COMMAND MODULE
-    sed -e "s/@PACKAGE@/$1/g" -e "s/@COMMAND@/$2/g" -e "s/@MODULE@/$3/g" "$PKG/wrapper.in" \
-        > "$STAGE/$1/usr/bin/$2"
-    chmod 0755 "$STAGE/$1/usr/bin/$2"
+wrapper() {  # wrapper PACKAGE COMMAND MODULE [FOLDER under /usr, default bin]
+    local folder=${4:-bin}
+    local up=$(( $(tr -cd / <<<"$folder" | wc -c) + 2 ))  # from the wrapper's folder up to /usr
+    install -d "$STAGE/$1/usr/$folder"
+    sed -e "s/@PACKAGE@/$1/g" -e "s/@COMMAND@/$2/g" -e "s/@MODULE@/$3/g" -e "s/@UP@/$up/g" \
+        "$PKG/wrapper.in" > "$STAGE/$1/usr/$folder/$2"
+    chmod 0755 "$STAGE/$1/usr/$folder/$2"
 }
 install -d "$D/usr/bin" "$C/usr/bin"
 wrapper gpupoold gpupoold gpupoold.cli
-wrapper gpupoold gpupool-reset-helper gpupoold.gpu.reset_helper
+# The root-only reset helper is no command for people: not on PATH (socket-activated by its unit).
+wrapper gpupoold gpupool-reset-helper gpupoold.gpu.reset_helper libexec/gpupoold
 wrapper gpupool-client gpupool gpupool.cli
 
 install -d "$D/usr/lib/systemd/system"
@@ -176,7 +180,8 @@ for pkg in gpupoold gpupool-client; do
     root=$STAGE/$pkg
     install -d "$root/DEBIAN"  # how dpkg-shlibdeps recognises the package's root
     find "$root" -type d -exec chmod 0755 {} +
-    find "$root" -type f ! -path "$root/usr/bin/*" -exec chmod 0644 {} +
+    find "$root" -type f ! -path "$root/usr/bin/*" ! -path "$root/usr/libexec/*" \
+        -exec chmod 0644 {} +
     elves=()
     while IFS= read -r -d '' f; do
         is_elf "$f" || continue

@@ -332,7 +332,9 @@ def test_installed_commands_run(debs: Debs, root: Root, tmp_path: Path) -> None:
                           ("gpupool", f"gpupool {CLIENT_VERSION}")):
         proc = run_client([root / f"/usr/bin/{command}", "--version"], env=_clean_env(), cwd=tmp_path)
         assert proc.returncode == 0 and proc.stdout.strip() == want, proc
-    proc = run_client([root / "/usr/bin/gpupool-reset-helper", "--help"], env=_clean_env(), cwd=tmp_path)
+    assert not (root / "usr/bin/gpupool-reset-helper").exists()  # root-only: not on PATH
+    proc = run_client([root / "/usr/libexec/gpupoold/gpupool-reset-helper", "--help"],
+                      env=_clean_env(), cwd=tmp_path)
     assert proc.returncode == 0 and "usage" in proc.stdout.lower(), proc
     # through a symbolic link too (the wrapper resolves its real path)
     link = tmp_path / "gpupoold"

@@ -66,16 +66,19 @@ def _verify(folder: Path, names: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
-    # verify checks that every ExecStart binary exists: point /usr/bin/ at stand-ins here.
+    # verify checks that every ExecStart binary exists: point /usr/bin/ and /usr/libexec/gpupoold/
+    # at stand-ins here.
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for unit in UNIT_FILES:
         text = (UNITS / unit).read_text()
-        for exe in re.findall(r"^Exec\w+=[-@:+!]*(/usr/bin/\S+)", text, re.M):
+        for exe in re.findall(r"^Exec\w+=[-@:+!]*(/usr/(?:bin|libexec/gpupoold)/\S+)", text,
+                              re.M):
             stub = stubs / Path(exe).name
             stub.write_text("#!/bin/sh\nexit 0\n")
             stub.chmod(0o755)
-        (tmp_path / unit).write_text(text.replace("/usr/bin/", f"{stubs}/"))
+        (tmp_path / unit).write_text(text.replace("/usr/bin/", f"{stubs}/").replace(
+            "/usr/libexec/gpupoold/", f"{stubs}/"))
     assert (stubs / "gpupoold").exists() and (stubs / "gpupool-reset-helper").exists()
     proc = _verify(tmp_path, list(UNIT_FILES))
     # verify exits 0 on an unknown key or a bad value and only says so: no output at all is a pass.
@@ -176,7 +179,8 @@ def test_reset_helper_units_match_the_helper_and_the_daemon() -> None:
     assert one(sock, "Socket.SocketGroup") == "gpupoold"
     # The helper accept()s on the listening socket systemd passes and runs one reset at a time.
     assert one(sock, "Socket.Accept") == "no"
-    assert one(svc, "Service.ExecStart").split()[0] == "/usr/bin/gpupool-reset-helper"
+    # Root-only, no command for people: not on PATH.
+    assert one(svc, "Service.ExecStart").split()[0] == "/usr/libexec/gpupoold/gpupool-reset-helper"
     assert "gpupool-reset-helper" in (REPO / "pyproject.toml").read_text()
     assert "Service.PrivateDevices" not in svc
 
