@@ -426,16 +426,29 @@ def test_upgrade_keeps_config_and_state_purge_removes_them(debs: Debs, root: Roo
     assert not (root / "/usr/bin/gpupoold").exists()
 
     (root / "/run/gpupoold").mkdir(parents=True)
-    (root / CONFIG).with_name("tls").mkdir()
+    tls = (root / CONFIG).with_name("tls")
+    tls.mkdir()
+    (tls / "server.key").write_text("the operator's key")  # not the package's: it stays
+    (root / CONFIG).with_name("gpupoold.toml.dpkg-old").write_text("dpkg's copy")
     wants = root / "/etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True)
     (wants / "gpupoold.service").symlink_to("/usr/lib/systemd/system/gpupoold.service")
-    root.dpkg("--purge", "gpupoold")
+    purge = root.dpkg("--purge", "gpupoold")
     assert root.status("gpupoold") == "not known" or root.status("gpupoold").startswith("unknown ok not-installed")
-    for gone in ("/etc/gpupoold", STATE, "/run/gpupoold"):
+    for gone in (CONFIG, CONFIG + ".dpkg-old", STATE, "/run/gpupoold"):
         assert not (root / gone).exists(), f"purge left {gone}"
+    assert (tls / "server.key").read_text() == "the operator's key"
+    assert "kept /etc/gpupoold: it holds files this package did not install" in purge.stderr
+    assert "  tls/server.key" in purge.stderr, purge.stderr
     assert not (wants / "gpupoold.service").is_symlink(), "purge left the enable link"
     assert root.account("passwd")[2] == uid, "the system user stays (Debian policy)"
+
+    # With nothing of the operator's there, the folder goes too.
+    root.dpkg("-i", debs.daemon)
+    (tls / "server.key").unlink()
+    tls.rmdir()
+    purge = root.dpkg("--purge", "gpupoold")
+    assert not (root / "/etc/gpupoold").exists() and "kept" not in purge.stderr
 
 
 class Installed:
