@@ -150,6 +150,16 @@ install -m 0644 systemd/README.md "$D_DOC/systemd.md"
 for doc in configuration operator-guide security api metrics; do
     [[ -f docs/$doc.md ]] && install -m 0644 "docs/$doc.md" "$D_DOC/"
 done
+# Man pages, made from the commands' argparse definitions (scripts/man_pages.py), compressed
+# without a time stamp (gzip -n) for reproducible packages.
+"$PY" scripts/man_pages.py "$WORK/man" >/dev/null || die "making the man pages failed (see above)"
+man_page() {  # man_page PACKAGE PAGE SECTION
+    install -D -m 0644 "$WORK/man/$2.$3" "$STAGE/$1/usr/share/man/man$3/$2.$3"
+    gzip -9nf "$STAGE/$1/usr/share/man/man$3/$2.$3"
+}
+man_page gpupoold gpupoold 8
+man_page gpupoold gpupool-reset-helper 8
+man_page gpupool-client gpupool 1
 # The Grafana dashboard, ready for file provisioning (packaging/grafana/README.md), and the
 # provisioning file that points Grafana at it, as an example.
 install -D -m 0644 packaging/grafana/gpupool.json "$D/usr/share/gpupoold/grafana/gpupool.json"

@@ -174,6 +174,8 @@ def test_files_land_where_the_units_expect_them(daemon_files: dict[str, tarfile.
     # The Grafana dashboard where the provisioning example points.
     assert daemon_files["/usr/share/gpupoold/grafana/gpupool.json"].mode == 0o644
     assert "/usr/share/doc/gpupoold/examples/grafana-provisioning.yaml" in daemon_files
+    for page in ("man8/gpupoold.8.gz", "man8/gpupool-reset-helper.8.gz"):
+        assert f"/usr/share/man/{page}" in daemon_files, page
     assert not [p for p in daemon_files if "__pycache__" in p or p.endswith(".pyc")]
     assert not [p for p in daemon_files if p.startswith((STATE, "/run"))], \
         "state and runtime directories are made by the postinst and systemd, not shipped"
@@ -562,4 +564,7 @@ def test_lintian_reports_no_errors(debs: Debs) -> None:
     print("lintian (warnings are for information):\n" + "\n".join(tags))
     errors = [t for t in tags if t.startswith("E: ")]
     assert not errors, "lintian errors:\n" + "\n".join(errors)
+    # Every command on PATH has its man page (scripts/man_pages.py, from its argparse
+    # definition), and the pages are well formed.
+    assert not [t for t in tags if "manual-page" in t or "manpage" in t], tags
     assert proc.returncode == 0, f"lintian failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"

@@ -321,7 +321,8 @@ def find_nvidia_smi(configured: str | None) -> str:
     return found
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also the source of its man page, scripts/man_pages.py)."""
     p = argparse.ArgumentParser(prog="gpupool-reset-helper",
                                 description="Privileged GPU reset helper for gpupoold (run as root).")
     p.add_argument("--socket", type=Path, default=DEFAULT_SOCKET,
@@ -334,7 +335,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "supports resetting one GPU alone)")
     p.add_argument("--reset-timeout", type=float, default=DEFAULT_RESET_TIMEOUT,
                    help=f"seconds nvidia-smi -r may take (default {DEFAULT_RESET_TIMEOUT:g})")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None, nvml: Nvml | None = None) -> int:
