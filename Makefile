@@ -54,6 +54,11 @@ include common/common.mk
 
 real_all: $(ALL_TARGETS) $(TEST_BINS)
 
+# What runs (worker, simulated device, shims, scrub, the config reader) without the test programs:
+# `make demo` builds only this.
+.PHONY: native
+native: $(ALL_TARGETS)
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(EXTRA_CFLAGS_$(subst /,_,$(dir $<))) -MMD -MP -c $< -o $@

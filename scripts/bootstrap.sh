@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Create or update the development virtual environment .venv/ (idempotent, fast when current):
 # the daemon and the client in editable mode, the test tools, and PyTorch's CUDA wheel.
+#   --demo                    only what `make demo` needs: the daemon, the client and the protocol
+#                             package with their dependencies (no test tools, Debian packages or
+#                             PyTorch); a full bootstrap later adds the rest
 #   GPUPOOL_NO_TORCH=1        skip PyTorch (the torch tests then skip; under CI=true they fail)
 #   GPUPOOL_TORCH_SPEC=...    another PyTorch requirement (default torch==2.14.1)
 #   PYTHON=...                the interpreter to build the venv from (3.11 or newer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+demo=0
+[[ "${1:-}" == "--demo" ]] && demo=1
 
 VENV=.venv
 TORCH_SPEC=${GPUPOOL_TORCH_SPEC:-torch==2.14.1}
@@ -18,7 +24,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
     exit 1
 fi
 
-# Debian packages some tests need: one `apt-get update` for all that are missing.
+# Debian packages some tests need (not the demo): one `apt-get update` for all that are missing.
 #   need_tool COMMAND PACKAGE WHAT-NEEDS-IT
 apt_updated=0
 need_tool() {
@@ -32,19 +38,21 @@ need_tool() {
              "under CI=true); install it with \`sudo apt-get install --no-install-recommends $2\`" >&2
     fi
 }
-need_tool promtool prometheus "the /metrics lint test (tests/test_metrics.py)"
-need_tool chromium chromium "the dashboard's browser test (tests/test_dashboard_browser.py)"
-need_tool dpkg-shlibdeps dpkg-dev "scripts/build-debs.sh and the Debian package test (tests/test_debs.py)"
-need_tool lintian lintian "the Debian package test (tests/test_debs.py)"
-need_tool systemd-analyze systemd "the unit checks and socket activation (tests/test_systemd.py, tests/test_sdlisten.py)"
-need_tool nm binutils "the wheel tests' shim symbol check (tests/test_wheels.py)"
-need_tool clang clang "the fuzz targets (tests/fuzz/, tests/test_fuzz.py, make fuzz)"
-need_tool clang-format clang-format "the C style check (scripts/c-style.sh, make lint, tests/test_layout.py)"
-# libFuzzer's runtime comes apart from clang in Debian: look for the library itself.
-if command -v clang >/dev/null 2>&1 && [[ -z "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null | grep /)" ||
-        ! -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ]]; then
-    need_tool libfuzzer-runtime-absent "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev" \
-        "the fuzz targets (libFuzzer runtime)"
+if [[ $demo == 0 ]]; then
+    need_tool promtool prometheus "the /metrics lint test (tests/test_metrics.py)"
+    need_tool chromium chromium "the dashboard's browser test (tests/test_dashboard_browser.py)"
+    need_tool dpkg-shlibdeps dpkg-dev "scripts/build-debs.sh and the Debian package test (tests/test_debs.py)"
+    need_tool lintian lintian "the Debian package test (tests/test_debs.py)"
+    need_tool systemd-analyze systemd "the unit checks and socket activation (tests/test_systemd.py, tests/test_sdlisten.py)"
+    need_tool nm binutils "the wheel tests' shim symbol check (tests/test_wheels.py)"
+    need_tool clang clang "the fuzz targets (tests/fuzz/, tests/test_fuzz.py, make fuzz)"
+    need_tool clang-format clang-format "the C style check (scripts/c-style.sh, make lint, tests/test_layout.py)"
+    # libFuzzer's runtime comes apart from clang in Debian: look for the library itself.
+    if command -v clang >/dev/null 2>&1 && [[ -z "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null | grep /)" ||
+            ! -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ]]; then
+        need_tool libfuzzer-runtime-absent "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev" \
+            "the fuzz targets (libFuzzer runtime)"
+    fi
 fi
 
 if [[ ! -x $VENV/bin/python ]]; then
@@ -59,6 +67,19 @@ want="$want ${GPUPOOL_NO_TORCH:-0} $TORCH_SPEC"
 stamp=$VENV/.gpupool-bootstrap
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
     echo "bootstrap: $VENV is up to date"
+    exit 0
+fi
+if [[ $demo == 1 ]]; then  # a full bootstrap of the same sources has all the demo needs
+    if [[ -f $stamp && "$(cut -d' ' -f1 "$stamp")" == "${want%% *}" ]] || [[ -f $stamp.demo &&
+            "$(cat "$stamp.demo")" == "${want%% *}" ]]; then
+        echo "bootstrap: $VENV is up to date for the demo"
+        exit 0
+    fi
+    echo "bootstrap: installing gpupoold, gpupool and gpupool-protocol (editable) for the demo"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ./protocol/python \
+        -e . -e ./client
+    echo "${want%% *}" > "$stamp.demo"
+    echo "bootstrap: $VENV ready for the demo (\`make test\` sets up the rest)"
     exit 0
 fi
 

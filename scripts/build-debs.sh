@@ -229,7 +229,12 @@ control() {  # control PACKAGE VERSION DEPENDS
         xargs -0 md5sum) > "$root/DEBIAN/md5sums"
     chmod 0644 "$root/DEBIAN/md5sums"
 }
-control gpupoold "$D_VERSION-$DEBIAN_REVISION" "python3 (>= 3.11), $(cat "$WORK/gpupoold.shlibs")"
+# The daemon's bundled dependencies include compiled extensions for the building Python's minor
+# version (aiohttp, multidict, yarl: cpython-3XY): the package works with that Python only.
+py_minor=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+py_next=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1] + 1}")')
+control gpupoold "$D_VERSION-$DEBIAN_REVISION" \
+    "python3 (>= $py_minor), python3 (<< $py_next), $(cat "$WORK/gpupoold.shlibs")"
 control gpupool-client "$C_VERSION-$DEBIAN_REVISION" "python3 (>= 3.9), $(cat "$WORK/gpupool-client.shlibs")"
 say "gpupoold: $units systemd units, $(find "$D_TREE" -maxdepth 1 -name '*.dist-info' | wc -l) bundled distributions"
 

@@ -16,9 +16,13 @@ else
 fi
 
 bold "1. Setting up (.venv, native build)"
-scripts/bootstrap.sh
-make -s -j2
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [[ $use_torch == 1 || ! -x $NVCC ]]; then
+    scripts/bootstrap.sh  # the PyTorch client: the full set-up
+else
+    scripts/bootstrap.sh --demo  # only the daemon and the client: no test tools, no PyTorch
+fi
+make -s -j2 native
 client=(.venv/bin/python scripts/demo_client.py)
 if [[ $use_torch == 0 && -x $NVCC && -f tests/cuda/demo.cu ]]; then
     mkdir -p build/demo

@@ -121,7 +121,13 @@ def test_control_fields(debs: Debs) -> None:
         assert re.fullmatch(r".+ <[^@ ]+@[^@ ]+>", _field(deb, "Maintainer"))
         assert int(_field(deb, "Installed-Size")) > 0
     daemon_deps = [d.strip() for d in _field(debs.daemon, "Depends").split(",")]
-    assert "python3 (>= 3.11)" in daemon_deps
+    # The bundle holds compiled extensions for the building Python's minor version: that one
+    # only (the tests build with this interpreter).
+    minor = sys.version_info[:2]
+    assert f"python3 (>= {minor[0]}.{minor[1]})" in daemon_deps, daemon_deps
+    assert f"python3 (<< {minor[0]}.{minor[1] + 1})" in daemon_deps, daemon_deps
+    bundled = [n for n in _members(debs.daemon) if n.endswith(".so") and "cpython-" in n]
+    assert bundled and all(f"cpython-{minor[0]}{minor[1]}-" in n for n in bundled), bundled[:5]
     assert any(d.startswith("libc6 (>= ") for d in daemon_deps), daemon_deps
     assert any(d.startswith("libssl3") for d in daemon_deps), "gpupool-worker links OpenSSL"
     # the Python dependencies are bundled, not taken from Debian
