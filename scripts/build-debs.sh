@@ -33,6 +33,8 @@ fi
     die "$PY is $("$PY" --version 2>&1); the daemon needs Python 3.11 or newer: set PYTHON=/path/to/python3.11"
 "$PY" -m pip --version >/dev/null 2>&1 ||
     die "$PY has no pip: run scripts/bootstrap.sh, or set PYTHON to a Python with pip"
+py_minor=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+py_next=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1] + 1}")')
 
 need() {  # need COMMAND DEBIAN-PACKAGE
     command -v "$1" >/dev/null 2>&1 ||
@@ -87,9 +89,19 @@ pip_target=("$PY" -m pip install --quiet --disable-pip-version-check --no-compil
             --ignore-installed --no-warn-script-location --only-binary=:all:
             --find-links "$WORK/wheels")
 step 2 "installing gpupoold and its dependencies into /usr/lib/gpupoold/python (pip --target)"
-"${pip_target[@]}" --target "$D_TREE" "$WORK"/wheels/gpupoold-*.whl ||
-    die "pip could not install the daemon's dependencies (see above): it needs the package index," \
-        "or a wheelhouse: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels $0"
+# The dependencies from their hashed lock (scripts/lock-deps.py): two builds of one commit bundle
+# the same bytes. The lock is for one Python minor version (compiled extensions).
+LOCK=packaging/debian/gpupoold-deps.lock
+lock_py=$(sed -n '1s/^# Python \([0-9.]*\):.*/\1/p' "$LOCK")
+[[ "$lock_py" == "$py_minor" ]] ||
+    die "$LOCK is for Python $lock_py, this build uses $py_minor ($PY): run" \
+        "\`$PY scripts/lock-deps.py\` (or build with Python $lock_py: PYTHON=python$lock_py)"
+"${pip_target[@]}" --target "$D_TREE" --require-hashes --no-deps -r "$LOCK" ||
+    die "pip could not install the daemon's locked dependencies (see above): it needs the" \
+        "package index, or a wheelhouse: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels $0;" \
+        "after a dependency change, run scripts/lock-deps.py"
+"${pip_target[@]}" --no-deps --target "$D_TREE" "$WORK"/wheels/gpupoold-*.whl \
+    "$WORK"/wheels/gpupool_protocol-*.whl
 "${pip_target[@]}" --no-deps --target "$C_TREE" "$WORK"/wheels/gpupool-*.whl \
     "$WORK"/wheels/gpupool_protocol-*.whl
 # Console scripts with the build's interpreter in their #! line (the packages have their own
@@ -231,8 +243,6 @@ control() {  # control PACKAGE VERSION DEPENDS
 }
 # The daemon's bundled dependencies include compiled extensions for the building Python's minor
 # version (aiohttp, multidict, yarl: cpython-3XY): the package works with that Python only.
-py_minor=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-py_next=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1] + 1}")')
 control gpupoold "$D_VERSION-$DEBIAN_REVISION" \
     "python3 (>= $py_minor), python3 (<< $py_next), $(cat "$WORK/gpupoold.shlibs")"
 control gpupool-client "$C_VERSION-$DEBIAN_REVISION" "python3 (>= 3.9), $(cat "$WORK/gpupool-client.shlibs")"

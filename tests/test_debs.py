@@ -574,3 +574,44 @@ def test_lintian_reports_no_errors(debs: Debs) -> None:
     # definition), and the pages are well formed.
     assert not [t for t in tags if "manual-page" in t or "manpage" in t], tags
     assert proc.returncode == 0, f"lintian failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+
+
+# ------------------------------------------------------------------- the bundled dependencies
+def test_the_dependency_lock_matches_the_project() -> None:
+    """packaging/debian/gpupoold-deps.lock (scripts/lock-deps.py) covers every runtime dependency
+    of pyproject.toml, each with a hash."""
+    proc = run_client([sys.executable, REPO / "scripts" / "lock-deps.py", "--check"])
+    assert proc.returncode == 0, proc.stderr
+    lock = (REPO / "packaging" / "debian" / "gpupoold-deps.lock").read_text()
+    pins = re.findall(r"^([a-z0-9-]+)==\S+ \\\n    --hash=sha256:[0-9a-f]{64}$", lock, re.M)
+    assert len(pins) == lock.count("==") and {"aiohttp", "jinja2", "prometheus-client"} <= set(
+        pins), pins
+
+
+def _dependency_files(deb: Path) -> dict[str, bytes]:
+    """The bundled third-party files of the daemon's package (not gpupool's own), by path."""
+    data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True,
+                          check=True).stdout
+    ours = ("gpupoold", "gpupool_protocol")
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar.getmembers():
+            path = "/" + m.name.removeprefix("./")
+            rel = path.removeprefix(f"{TREE}/")
+            if rel == path or not m.isfile() or rel.split("/")[0].split("-")[0] in ours:
+                continue
+            f = tar.extractfile(m)
+            assert f is not None
+            out[rel] = f.read()
+    return out
+
+
+def test_two_builds_bundle_the_same_dependency_bytes(debs: Debs, tmp_path: Path) -> None:
+    proc = run_client([REPO / "scripts" / "build-debs.sh", tmp_path],
+                      env=dict(os.environ, PYTHON=sys.executable), timeout=600)
+    assert proc.returncode == 0, f"build-debs.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    first = _dependency_files(debs.daemon)
+    second = _dependency_files(tmp_path / debs.daemon.name)
+    assert len(first) > 100 and any(p.startswith("aiohttp/") for p in first), sorted(first)[:5]
+    assert first.keys() == second.keys()
+    assert [p for p in first if first[p] != second[p]] == []
