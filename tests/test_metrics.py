@@ -103,9 +103,11 @@ def test_every_family_has_its_type(gpupool_server: GpupoolServer) -> None:
               for s in ("free", "leased", "scrubbing", "quarantined", "drained")}
     assert states == {"free": 1, "leased": 0, "scrubbing": 0, "quarantined": 0, "drained": 0}
     assert value(text, "gpupool_gpu_memory_total_bytes", gpu="0") > 0
-    # A simulated GPU has no temperature or power: no sample, never a made-up 0.
-    assert ("gpupool_gpu_temperature_celsius", (("gpu", "0"),)) not in samples(text)
-    assert ("gpupool_gpu_power_watts", (("gpu", "0"),)) not in samples(text)
+    # A simulated GPU's sensors follow its utilisation (gpupoold/gpu/sim.py): idle here.
+    assert value(text, "gpupool_gpu_temperature_celsius", gpu="0") == 32
+    assert value(text, "gpupool_gpu_power_watts", gpu="0") == 70
+    assert value(text, "gpupool_gpu_power_limit_watts", gpu="0") == 700
+    assert value(text, "gpupool_gpu_sm_clock_hertz", gpu="0") == 345e6
     # The startup scrub was observed.
     assert value(text, "gpupool_scrub_duration_seconds_count") >= 1
     assert value(text, "gpupool_leases_active") == 0 and value(text, "gpupool_queue_length") == 0

@@ -163,9 +163,10 @@ def test_pynvml_reads_the_simulated_gpu(gpupool_server: GpupoolServer) -> None:
     assert g["memory_v2"] == g["memory"]
     assert g["memory"][0] == live["memory_total"] > 0
     assert g["util"] == [round(live["gpu_util"]), round(live["memory_util"])]
-    # The simulated GPU reports no temperature, power or clocks: not invented.
-    assert live["temperature_c"] is None and g["temperature"] == "NVMLError_NotSupported"
-    assert g["power"] == g["sm_clock"] == "NVMLError_NotSupported"
+    # The simulated GPU's sensors (gpupoold/gpu/sim.py, idle here), in NVML's units.
+    assert g["temperature"] == live["temperature_c"] == 32
+    assert g["power"] == round(live["power_w"] * 1000) == 70000  # mW
+    assert g["sm_clock"] == live["sm_clock_mhz"] == 345
     assert g["serial"] == "NVMLError_NotSupported"
     assert g["cc"] == "NVMLError_NotSupported"  # the info document does not say; no lease here
     assert g["procs"] == [] and g["graphics"] == []

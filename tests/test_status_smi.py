@@ -159,8 +159,8 @@ def test_status_and_smi_show_gpus_my_lease_and_the_queue(
     out = proc.stdout
     used = view["gpus"][0]["live"]["memory_used"] // MIB
     assert re.search(rf"^\| {re.escape(server.address)} \|   0 \| NVIDIA H100 80GB HBM3 "
-                     rf"\(gpupool simulated\) \| leased \| +{used}MiB / 81920MiB \| +\d+% \| +N/A "
-                     rf"\| +N/A / N/A \|$", out, re.M), out
+                     rf"\(gpupool simulated\) \| leased \| +{used}MiB / 81920MiB \| +\d+% \| +\d+C "
+                     rf"\| +\d+W / 700W \|$", out, re.M), out  # the simulated sensors (gpu/sim.py)
     assert used >= HELD // MIB
     assert "servers: 1 of 1 answering    GPUs: 1" in out
     assert f"{server.address}: gpupoold 0.1.0 on" in out and "CUDA 13.0" in out

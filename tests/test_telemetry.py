@@ -36,9 +36,14 @@ def test_a_lease_that_allocates_shows_its_memory(gpupool_server: GpupoolServer) 
     assert before["memory_used"] == 0 and before["memory_free"] == before["memory_total"] == 80 * GIB
     assert before["gpu_util"] == 0 and before["memory_util"] == 0
     assert before["cuda_driver_version"] == 13000
-    for key in ("temperature_c", "power_w", "power_limit_w", "energy_j", "sm_clock_mhz",
-                "mem_clock_mhz"):
-        assert before[key] is None, key  # the simulator has none: nothing is invented
+    # The simulated sensors, idle (gpupoold/gpu/sim.py); energy adds up from the daemon's start.
+    assert (before["temperature_c"], before["power_w"], before["power_limit_w"]) == (32, 70.0,
+                                                                                    700.0)
+    assert (before["sm_clock_mhz"], before["mem_clock_mhz"]) == (345, 2619)
+    assert before["energy_j"] >= 0
+    later = wait_until("energy accumulating", lambda: (v := live(server))["energy_j"] >
+                       before["energy_j"] and v, timeout=10)
+    assert later["energy_j"] - before["energy_j"] <= 70.0 * (later["at"] - before["at"]) + 1
     assert server.get_json("/api/v1/gpus/0", token=server.token)["live"]["memory_total"] == 80 * GIB
 
     tenant = Tenant(server, server.token)
@@ -260,7 +265,11 @@ async def test_simulated_gpus_follow_their_lease_worker(monkeypatch: pytest.Monk
     got = tel.live(1)
     assert (got["memory_used"], got["memory_free"]) == (3 * GIB, 77 * GIB)
     assert got["gpu_util"] == 25  # 0.5 s busy in the first 2 s of the session
-    assert got["memory_util"] == 0 and got["temperature_c"] is None
+    assert got["memory_util"] == 0
+    # The sensors follow the utilisation (gpupoold/gpu/sim.py): 25 % of the way from idle.
+    assert (got["temperature_c"], got["power_w"], got["sm_clock_mhz"]) == (41, 215.0, 754)
+    assert (got["power_limit_w"], got["mem_clock_mhz"]) == (700.0, 2619)
+    assert tel.live(0)["temperature_c"] == 32 and tel.live(0)["power_w"] == 70.0  # idle
     assert tel.live(0)["memory_used"] == 0  # the other GPU has no lease
 
     # The next stats event: 0.9 s busy in 1 s.

@@ -102,3 +102,33 @@ def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int) ->
     tmp.write_text(sim_config_text(index, name, memory_gib, memory_file))
     tmp.replace(path)
     return path
+
+
+# ------------------------------------------------------------------------- simulated sensors
+# What a simulated GPU's "sensors" read, so that NVML tools (nvidia-smi-like tables, nvitop,
+# gpustat, Grafana's panels) show a device that behaves like the H100 SXM it claims to be: from
+# idle to full load, temperature, power draw and SM clock follow the simulated utilisation
+# linearly, memory clock and power limit are the part's, energy accumulates the power drawn. The
+# numbers are a model, not a measurement: every place a simulated GPU is shown says "simulated".
+SIM_IDLE_TEMPERATURE_C = 32
+SIM_FULL_TEMPERATURE_C = 68
+SIM_IDLE_POWER_W = 70.0
+SIM_FULL_POWER_W = 650.0
+SIM_POWER_LIMIT_W = 700.0
+SIM_IDLE_SM_CLOCK_MHZ = 345
+SIM_FULL_SM_CLOCK_MHZ = 1980
+SIM_MEM_CLOCK_MHZ = 2619
+
+
+def sim_sensors(util: int) -> dict[str, float | int]:
+    """The simulated sensors at `util` percent (0..100) of GPU utilisation."""
+    u = max(0, min(100, util)) / 100
+    return {
+        "temperature_c": round(SIM_IDLE_TEMPERATURE_C
+                               + u * (SIM_FULL_TEMPERATURE_C - SIM_IDLE_TEMPERATURE_C)),
+        "power_w": round(SIM_IDLE_POWER_W + u * (SIM_FULL_POWER_W - SIM_IDLE_POWER_W), 1),
+        "power_limit_w": SIM_POWER_LIMIT_W,
+        "sm_clock_mhz": round(SIM_IDLE_SM_CLOCK_MHZ
+                              + u * (SIM_FULL_SM_CLOCK_MHZ - SIM_IDLE_SM_CLOCK_MHZ)),
+        "mem_clock_mhz": SIM_MEM_CLOCK_MHZ,
+    }

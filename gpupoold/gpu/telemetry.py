@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu, Inventory
 from gpupoold.gpu.nvml import NvmlUnavailable
+from gpupoold.gpu.sim import sim_sensors
 
 if TYPE_CHECKING:
     from gpupoold.pool.leases import LeaseManager
@@ -72,6 +73,8 @@ class _SimTrack:
     stats: WorkerStats | None = None
     seen: float = 0.0  # monotonic time the last new stats event was seen
     util: int = 0
+    read_at: float = 0.0  # monotonic time of the last reading (for the energy)
+    energy_j: float = 0.0
 
 
 class Telemetry:
@@ -213,9 +216,18 @@ class Telemetry:
                 track.util = 0  # the worker reports only changes: nothing ran
             used = stats.mem_used
         total = g.memory_total
+        sensors = sim_sensors(track.util)
+        # Energy: the power drawn since the last reading, added up (as NVML's counter since the
+        # driver loaded).
+        if track.read_at:
+            track.energy_j += sensors["power_w"] * max(0.0, now - track.read_at)
+        track.read_at = now
         return {"at": time.time(), "memory_total": total, "memory_used": used,
                 "memory_free": max(0, total - used), "gpu_util": track.util, "memory_util": 0,
-                "temperature_c": None, "power_w": None, "power_limit_w": None, "energy_j": None,
-                "sm_clock_mhz": None, "mem_clock_mhz": None,
-                "cuda_driver_version": self.cuda_driver_version, "ecc_uncorrected": None,
-                "xid_errors": None, "remapped_rows_pending": None, "remapped_rows_failure": None}
+                "temperature_c": sensors["temperature_c"], "power_w": sensors["power_w"],
+                "power_limit_w": sensors["power_limit_w"], "energy_j": round(track.energy_j, 3),
+                "sm_clock_mhz": sensors["sm_clock_mhz"], "mem_clock_mhz": sensors["mem_clock_mhz"],
+                "cuda_driver_version": self.cuda_driver_version,
+                # A healthy simulated part: no errors, no retired memory.
+                "ecc_uncorrected": 0, "xid_errors": 0, "remapped_rows_pending": 0,
+                "remapped_rows_failure": 0}
