@@ -8,7 +8,8 @@ stops it with itself, as it stops a worker that cannot listen for adoption). It 
 spec's control messages (protocol/gpupool.toml, "control"): sends worker_ready, waits for
 worker_session (the client socket comes with it), answers the hello like the real worker and
 then, by MODE:
-  serve     answer pings until goodbye (ended: client exit) or end of stream (client lost);
+  serve     answer pings (and mem_alloc, reporting the memory in worker_stats) until goodbye
+            (ended: client exit) or end of stream (client lost);
             a worker_end message sends the client a notice and ends with "server ended"
   exit3     exit with code 3 right after the hello reply, without worker_ended (a crash)
   stubborn  ignore SIGTERM and sleep (the daemon must SIGKILL it)
@@ -98,6 +99,7 @@ def main() -> int:
         while True:
             time.sleep(1)
     started = time.monotonic()
+    held = [0]  # bytes "allocated" (MemAlloc)
 
     def end(reason: str, detail: str = "") -> int:
         counters = gp.WorkerCounters(calls_other=1, duration_s=time.monotonic() - started,
@@ -135,6 +137,13 @@ def main() -> int:
             if op == gp.Ping.OP:
                 (token,) = struct.unpack("<Q", body)
                 sock.sendall(gp.encode_frame(gp.PingReply(result=0, token=token), req))
+            if op == gp.MemAlloc.OP:  # memory it "holds", reported as the real worker does
+                size = gp.MemAlloc.decode(body).size
+                sock.sendall(gp.encode_frame(gp.MemAllocReply(result=0, dptr=0x300000000000
+                                                              + held[0]), req))
+                held[0] += size
+                event(ctl, gp.WorkerStats(session_id=session_id, counters=gp.WorkerCounters(
+                    calls_alloc=1, mem_used=held[0], duration_s=time.monotonic() - started)))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import gpupool_protocol as gp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from test_daemon import Daemon, RawClient, hello, settings_for
@@ -381,3 +382,56 @@ async def test_event_streams_end_when_the_daemon_stops(ui: Ui) -> None:
     await ui.d.app.shutdown()  # what the runner does first when gpupoold stops
     await asyncio.wait_for(resp.content.read(), 5)  # the stream ends: no wait for a timeout
     assert resp.content.at_eof()
+
+
+async def test_memory_per_lease_and_the_lease_history_with_filters(ui: Ui) -> None:
+    """The leases page shows the device memory a lease holds (as its client allocated it); the
+    history page lists the leases from the database, filtered by token, client user, GPU and
+    time, and says when a filter is wrong instead of ignoring it."""
+    await ui.login(ui.admin)
+    raw = await RawClient.connect(ui.d.address)
+    assert (await raw.hello(hello(token=ui.user))).result == 0
+    size = 48 << 20
+    await raw.send(gp.encode_frame(gp.MemAlloc(size=size, stream=0, flags=0), 8))
+    frame = await raw.recv()
+    while frame.op != gp.MemAlloc.OP:  # notices (queue, keepalive) come before
+        frame = await raw.recv()
+    assert gp.MemAllocReply.decode(frame.body).result == 0
+
+    def held(d: dict[str, Any]) -> bool:
+        return bool(d["leases"]) and d["leases"][0].get("memory_used") == size
+
+    resp = await ui.client.get("/ui/events")
+    await read_state(resp, held, timeout=10)
+    resp.close()
+    leases_page = await ui.page("/ui/leases")
+    assert "<th>GPU memory</th>" in leases_page and "48.0 MiB" in leases_page, leases_page
+    api = await ui.client.get("/api/v1/leases?state=active",
+                              headers={"Authorization": f"Bearer {ui.admin}"})
+    (lease,) = (await api.json())["leases"]
+    assert lease["memory_used"] == size
+    await raw.close()
+    deadline = time.monotonic() + 15
+    while (await ui.d.app[STORE].leases("active", 10)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+    page = await ui.page("/ui/history")
+    assert f'<tr data-lease="{lease["id"]}">' in page and 'aria-current="page">History' in page
+    assert "alice" in page and ("client lost" in page or "client exit" in page)
+    for query, shown in (("?token=alice", True), ("?token=bob", False), ("?gpu=0", True),
+                         ("?gpu=1", False), ("?user=ada", True), ("?user=nobody", False),
+                         ("?period=hour", True), ("?period=all&token=alice&gpu=0", True)):
+        page = await ui.page("/ui/history" + query)
+        assert (f'<tr data-lease="{lease["id"]}">' in page) is shown, query
+        assert ("No lease matches." in page) is (not shown), query
+    page = await ui.page("/ui/history?gpu=first&period=century")
+    assert "GPU must be a GPU index" in page and f'<tr data-lease="{lease["id"]}">' in page
+    # The API has the same filters; a wrong one is a 400.
+    headers = {"Authorization": f"Bearer {ui.admin}"}
+    for query, count in (("token=alice&gpu=0", 1), ("token=bob", 0), ("user=ada", 1),
+                         (f"since={lease['started'] + 3600}", 0), (f"until={lease['started'] - 1}", 0),
+                         (f"since={lease['started'] - 1}&until={lease['started'] + 1}", 1)):
+        got = await ui.client.get(f"/api/v1/leases?{query}", headers=headers)
+        assert got.status == 200 and len((await got.json())["leases"]) == count, query
+    bad = await ui.client.get("/api/v1/leases?since=yesterday", headers=headers)
+    assert bad.status == 400 and "since must be a time" in await bad.text()

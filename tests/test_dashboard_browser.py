@@ -142,7 +142,7 @@ def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
         page.screenshot(artifacts / "1-overview-free.png")
 
         # ---- a client takes the GPU: the card turns leased, in place, with the holder
-        client = subprocess.Popen([str(hold_gpu), str(1 << 20), str(HOLD_MS), "7"],
+        client = subprocess.Popen([str(hold_gpu), str(8 << 20), str(HOLD_MS), "7"],
                                   env=server.client_env({"GPUPOOL_TOKEN": tenant_token}),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   stdin=subprocess.DEVNULL)
@@ -166,6 +166,10 @@ def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
         assert "leased" in text, f"the state word is not in the card: {text}"
         assert tenant in text, f"the holder's token name {tenant!r} is not in the card: {text}"
         assert str(client.pid) in text, f"the holder's pid {client.pid} is not in the card: {text}"
+        # The memory in use is what the client allocated (8 MiB, hold_gpu's first argument: a
+        # multiple of the 2 MiB allocation granularity, so the GPU holds exactly that).
+        page.wait_for(f"document.querySelector('{CARD}').innerText.includes('8.0 MiB / 80.0 GiB')",
+                      timeout=10, what="the card to show the 8 MiB the client allocated")
         assert page.evaluate("window.__gpupoolMarker") == f"kept-{marker}", \
             "the page was reloaded or navigated (the marker set before is gone)"
         page.screenshot(artifacts / "2-overview-leased.png")
@@ -203,6 +207,15 @@ def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
         admin.wait_for(f"!!document.querySelector('{CARD} [data-action=\"drain\"]')",
                        what='the drain button (button[data-action="drain"]) for an admin')
         admin.screenshot(artifacts / "6-overview-admin.png")
+
+        # ---- the lease history page, filtered by the tenant's token, has the ended lease
+        admin.goto(server.http_url + f"/ui/history?token={tenant}")
+        admin.wait_for(f"!!document.querySelector('#history tr[data-lease=\"{lease['id']}\"]')",
+                       what=f"lease {lease['id']} in the history filtered by token {tenant}")
+        row = admin.evaluate(f"document.querySelector('#history tr[data-lease=\"{lease['id']}\"]')"
+                             ".innerText")
+        assert tenant in row and str(client.pid) in row, row
+        admin.screenshot(artifacts / "7-history.png")
     except (AssertionError, BrowserError, pytest.fail.Exception):
         try:
             page.screenshot(artifacts / "failure.png")

@@ -36,7 +36,17 @@ from aiohttp import web
 
 from gpupoold.dashboard.actions import Handler, create_token, end_lease, gpu_action, revoke_token
 from gpupoold.dashboard.live import dashboard_ctx, events
-from gpupoold.dashboard.pages import leases_page, login, login_form, logout, overview, queue_page, root, tokens_page
+from gpupoold.dashboard.pages import (
+    history_page,
+    leases_page,
+    login,
+    login_form,
+    logout,
+    overview,
+    queue_page,
+    root,
+    tokens_page,
+)
 from gpupoold.dashboard.payload import state_payload
 from gpupoold.dashboard.sessions import COOKIE, Sessions, Viewer
 from gpupoold.dashboard.state import DASHBOARD, Dashboard, web_dir
@@ -49,6 +59,7 @@ UI_ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/", root),
     ("GET", "/ui/", overview),
     ("GET", "/ui/leases", leases_page),
+    ("GET", "/ui/history", history_page),
     ("GET", "/ui/queue", queue_page),
     ("GET", "/ui/tokens", tokens_page),
     ("GET", "/ui/login", login_form),

@@ -1,8 +1,11 @@
-"""The pages (pool, leases, queue, tokens) and logging in and out."""
+"""The pages (pool, leases, queue, lease history, tokens) and logging in and out."""
 
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 
@@ -12,10 +15,15 @@ from gpupoold.dashboard.payload import charts, state_payload
 from gpupoold.dashboard.sessions import COOKIE, Session, Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
 from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE
+from gpupoold.store.database import LeaseFilter
 
 log = logging.getLogger("gpupoold.dashboard")
 
 HISTORY_ROWS = 50
+HISTORY_PAGE_ROWS = 100
+# The history page's time filter: (value, label, seconds back; None: any time).
+PERIODS = (("day", "in the last day", 86400.0), ("hour", "in the last hour", 3600.0),
+           ("week", "in the last week", 7 * 86400.0), ("all", "at any time", None))
 
 
 async def root(request: web.Request) -> web.Response:
@@ -45,6 +53,51 @@ async def leases_page(request: web.Request) -> web.Response:
             "scrub": ("pending" if r.scrub_ok is None else "passed" if r.scrub_ok else "failed"),
         })
     return page(request, "leases.html", v, new, state=payload, history=history)
+
+
+def _history_row(r: Any) -> dict[str, Any]:
+    return {"id": r.id, "gpu": r.gpu_index, "token": r.token_name, "host": r.client_host,
+            "user": r.client_user, "pid": r.client_pid, "program": r.program,
+            "started": r.started, "queued_s": r.queued_s,
+            "duration": (r.ended - r.started) if r.ended is not None else None,
+            "bytes": r.bytes_h2d + r.bytes_d2h,
+            "end_reason": r.end_reason or ("running" if r.ended is None else "n/a"),
+            "end_detail": r.end_detail or "",
+            "scrub": ("pending" if r.scrub_ok is None else "passed" if r.scrub_ok else "failed")}
+
+
+async def history_page(request: web.Request) -> web.Response:
+    """The lease history from the database, filtered by token, client user, GPU and when the
+    lease started (GET parameters of the page's own form; a wrong one is said, not ignored)."""
+    v, new = await page_viewer(request)
+    q = request.query
+    period = q.get("period", "day")
+    back = {value: seconds for value, _, seconds in PERIODS}
+    problem = ""
+    if period not in back:
+        problem, period = f"unknown period {period!r}: showing the last day", "day"
+    gpu: int | None = None
+    if q.get("gpu", "").strip():
+        try:
+            gpu = int(q["gpu"])
+            if gpu < 0:
+                raise ValueError
+        except ValueError:
+            problem = f"GPU must be a GPU index (0, 1, ...), not {q['gpu']!r}: any GPU shown"
+    before: int | None = None
+    if q.get("before", "").isdigit():
+        before = int(q["before"])
+    seconds = back[period]
+    filters = LeaseFilter(token=q.get("token", "").strip() or None,
+                          user=q.get("user", "").strip() or None, gpu=gpu,
+                          since=time.time() - seconds if seconds is not None else None)
+    records = await request.app[STORE].leases("all", HISTORY_PAGE_ROWS, before, filters)
+    next_before = records[-1].id if len(records) == HISTORY_PAGE_ROWS else None
+    keep = {k: q[k] for k in ("token", "user", "gpu", "period") if q.get(k)}
+    next_url = "/ui/history?" + urlencode({**keep, "before": next_before}) if next_before else ""
+    return page(request, "history.html", v, new, rows=[_history_row(r) for r in records],
+                filters=filters, period=period, periods=[(p, label) for p, label, _ in PERIODS],
+                problem=problem, next_before=next_before, next_url=next_url)
 
 
 async def queue_page(request: web.Request) -> web.Response:

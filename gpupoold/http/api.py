@@ -24,7 +24,7 @@ from gpupoold.http.auth import ApiError, caller
 from gpupoold.http.keys import COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.views import PoolViews
-from gpupoold.store.database import NotFound, TokenExists
+from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
 
 LEASE_STATES = ("active", "ended", "all")
 TOKEN_ROLES = ("user", "admin")
@@ -211,14 +211,36 @@ async def clear_gpu(request: web.Request) -> web.Response:
     return _json(_views(request).gpu(slot))
 
 
+def _time(text: str, what: str) -> float:
+    """A query parameter in Unix time (seconds, a fraction allowed), or a 400 naming it."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ApiError(400, f"{what} must be a time in Unix seconds, got {text!r}",
+                       f"e.g. {what}=1767225600")
+    return value
+
+
+def lease_filter(query: dict[str, str]) -> LeaseFilter:
+    """The lease filters of a query (`token`, `user`, `gpu`, `since`, `until`)."""
+    return LeaseFilter(
+        token=query.get("token") or None, user=query.get("user") or None,
+        gpu=_int(query["gpu"], "gpu", 0) if query.get("gpu") else None,
+        since=_time(query["since"], "since") if query.get("since") else None,
+        until=_time(query["until"], "until") if query.get("until") else None)
+
+
 async def list_leases(request: web.Request) -> web.Response:
-    query = _query(request, ("state", "limit", "before"))
+    query = _query(request, ("state", "limit", "before", "token", "user", "gpu", "since",
+                             "until"))
     state = query.get("state", "all")
     if state not in LEASE_STATES:
         raise ApiError(400, f"unknown lease state {state!r}",
                        f"state is one of: {', '.join(LEASE_STATES)}")
     limit, before = _paging(query)
-    records = await request.app[STORE].leases(state, limit, before)
+    records = await request.app[STORE].leases(state, limit, before, lease_filter(query))
     live = {view["id"]: view for view in _views(request).active_leases()}
     return _json({"leases": [_lease_json(r, live) for r in records],
                   "next_before": records[-1].id if len(records) == limit else None})

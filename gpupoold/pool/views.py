@@ -25,7 +25,8 @@ def lease_view(lease: Lease) -> dict[str, Any]:
             "started": lease.started, "duration_s": round(time.time() - lease.started, 3),
             "queued_s": round(lease.queued_s, 3), "worker_pid": lease.worker.pid,
             "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h,
-            "module_bytes": s.module_bytes, "calls": dict(s.calls)}
+            "module_bytes": s.module_bytes, "calls": dict(s.calls),
+            "memory_used": s.mem_used}  # device memory the lease's allocations hold now
 
 
 class PoolViews:

@@ -198,6 +198,18 @@ _NEW_LEASE_FIELDS = tuple(NewLease.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
+class LeaseFilter:
+    """Which lease records a listing keeps (None: any): the token's name, the client's user
+    name, the GPU index, and when it started (`since` inclusive, `until` exclusive; epoch s)."""
+
+    token: str | None = None
+    user: str | None = None
+    gpu: int | None = None
+    since: float | None = None
+    until: float | None = None
+
+
+@dataclass(frozen=True)
 class LeaseRecord(NewLease):
     """A lease as the store has it: what it was given (NewLease), its id and how it ended."""
 
@@ -471,10 +483,10 @@ class StoreDB:
                            (gpu, int(bool(st.get("draining"))),
                             None if q is None else json.dumps(q, default=str), now))
 
-    def leases(self, state: str = "all", limit: int = 100,
-               before: int | None = None) -> list[LeaseRecord]:
+    def leases(self, state: str = "all", limit: int = 100, before: int | None = None,
+               filters: LeaseFilter | None = None) -> list[LeaseRecord]:
         """Lease records, newest first: `active` (not ended), `ended` or `all`; only ids below
-        `before` when given (the next page)."""
+        `before` when given (the next page); only those `filters` lets through."""
         if state not in LEASE_STATES:
             raise ValueError(f"lease state must be one of {', '.join(LEASE_STATES)}, got {state!r}")
         where = {"active": ["ended IS NULL"], "ended": ["ended IS NOT NULL"], "all": []}[state]
@@ -482,6 +494,18 @@ class StoreDB:
         if before is not None:
             where.append("id < ?")
             args.append(before)
+        f = filters or LeaseFilter()
+        for column, value in (("token_name", f.token), ("client_user", f.user),
+                              ("gpu_index", f.gpu)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if f.since is not None:  # started at or after
+            where.append("started >= ?")
+            args.append(f.since)
+        if f.until is not None:  # started before
+            where.append("started < ?")
+            args.append(f.until)
         sql = "SELECT * FROM leases" + (f" WHERE {' AND '.join(where)}" if where else "")
         rows = self._conn.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_lease(r) for r in rows]
@@ -595,9 +619,9 @@ class Store:
     async def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
         await self._run(self._db.save_gpu_states, states)
 
-    async def leases(self, state: str = "all", limit: int = 100,
-                     before: int | None = None) -> list[LeaseRecord]:
-        return await self._run(self._db.leases, state, limit, before)
+    async def leases(self, state: str = "all", limit: int = 100, before: int | None = None,
+                     filters: LeaseFilter | None = None) -> list[LeaseRecord]:
+        return await self._run(self._db.leases, state, limit, before, filters)
 
     async def get_lease(self, lease_id: int) -> LeaseRecord | None:
         return await self._run(self._db.get_lease, lease_id)

@@ -183,11 +183,12 @@
       var c = l.client || {};
       var cells = [String(l.id), String(l.gpu), l.token, c.host + " pid " + c.pid + " " + (c.program || ""),
         when(l.started), duration(l.duration_s),
+        typeof l.memory_used === "number" ? bytes(l.memory_used) : "not reported",
         bytes(l.bytes_h2d + l.bytes_d2h) + " (to GPU " + bytes(l.bytes_h2d) + ", from GPU " + bytes(l.bytes_d2h) + ")",
         l.queued_s + " s"];
       if (admin) cells.push(adminForm("end", "/ui/leases/" + l.id + "/end", "End lease", "End lease " + l.id + " of " + l.token + "? The client loses its GPU.", "/ui/leases"));
       return { attrs: { "data-lease": String(l.id) }, cells: cells };
-    }), "No active lease.", 9);
+    }), "No active lease.", 10);
   }
 
   function renderQueue(state) {
