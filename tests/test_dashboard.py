@@ -435,3 +435,28 @@ async def test_memory_per_lease_and_the_lease_history_with_filters(ui: Ui) -> No
         assert got.status == 200 and len((await got.json())["leases"]) == count, query
     bad = await ui.client.get("/api/v1/leases?since=yesterday", headers=headers)
     assert bad.status == 400 and "since must be a time" in await bad.text()
+
+
+def test_the_day_view_counts_leased_hours_and_queue_waits() -> None:
+    """dashboard/history.py day_view: a GPU's share of each hour it was leased (a running lease
+    up to now), and the mean queue wait of the leases that started in each hour."""
+    from types import SimpleNamespace as R
+
+    from gpupoold.dashboard.history import HOUR_S, bars, day_view
+    now = 1_767_225_600.0
+    start = now - 24 * HOUR_S
+    records = [
+        R(gpu_index=0, started=start + 1.5 * HOUR_S, ended=start + 3.0 * HOUR_S, queued_s=10.0),
+        R(gpu_index=0, started=now - 0.25 * HOUR_S, ended=None, queued_s=30.0),  # running
+        R(gpu_index=1, started=start - 5 * HOUR_S, ended=start + 0.5 * HOUR_S, queued_s=99.0),
+        R(gpu_index=1, started=start + 1.75 * HOUR_S, ended=start + 1.8 * HOUR_S, queued_s=2.0),
+    ]
+    view = day_view(records, [0, 1, 2], now)
+    assert view.start == start and len(view.leased[0]) == 24 and view.leased[2] == [0.0] * 24
+    assert view.leased[0][:4] == [0.0, 0.5, 1.0, 0.0] and view.leased[0][23] == 0.25
+    assert view.leased[1][0] == 0.5  # started before the day: only its part in it
+    assert abs(view.leased[1][1] - 0.05) < 1e-9
+    assert view.wait[1] == (10.0 + 2.0) / 2 and view.wait[23] == 30.0
+    assert view.wait[0] is None  # the lease of GPU 1 started before the day
+    rects = bars(view.leased[0], 300.0, 60.0, 1.0)
+    assert [r[3] for r in rects] == [30.0, 60.0, 15.0] and all(r[2] > 0 for r in rects)

@@ -206,6 +206,10 @@ def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
         login(admin, server, server.admin_token)
         admin.wait_for(f"!!document.querySelector('{CARD} [data-action=\"drain\"]')",
                        what='the drain button (button[data-action="drain"]) for an admin')
+        # The last-day view (stored history, drawn at page load) has the lease's hour.
+        bars_drawn = admin.evaluate("document.querySelectorAll('#last-day svg[data-series=\"day-0\"] "
+                                    "rect.bar').length")
+        assert bars_drawn >= 1, "the last-day chart of GPU 0 shows no leased hour"
         admin.screenshot(artifacts / "6-overview-admin.png")
 
         # ---- the lease history page, filtered by the tenant's token, has the ended lease

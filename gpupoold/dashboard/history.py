@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 SPAN_S = 3600.0  # what the charts show: the last hour
 IDLE_WINDOW_S = 300.0  # leased and 0 % utilisation for this long: "idle while leased"
@@ -101,3 +102,56 @@ def polyline(values: list[tuple[float, float | None]], width: float, height: flo
         y = height - min(max(v / top, 0.0), 1.0) * height
         out.append(f"{x:.1f},{y:.1f}")
     return " ".join(out)
+
+
+# ------------------------------------------------------------------------------ the day view
+DAY_S = 86400.0
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class DayView:
+    """The last 24 hours from the stored lease history, hour by hour (oldest first): each GPU's
+    share of the hour it was leased (0 to 1), and the mean queue wait of the leases that started
+    in the hour (None: none started)."""
+
+    start: float  # the first hour's start (time.time())
+    leased: dict[int, list[float]]
+    wait: list[float | None]
+
+
+def day_view(records: Iterable[Any], gpus: Iterable[int], now: float) -> DayView:
+    """records: lease records (gpu_index, started, ended or None while running, queued_s) that
+    overlap the last day."""
+    start = now - DAY_S
+    leased = {g: [0.0] * 24 for g in gpus}
+    waits: list[list[float]] = [[] for _ in range(24)]
+    for r in records:
+        gpu, began, ended = r.gpu_index, float(r.started), r.ended
+        finish = now if ended is None else float(ended)
+        hours = leased.get(gpu)
+        for h in range(24):
+            lo, hi = start + h * HOUR_S, start + (h + 1) * HOUR_S
+            overlap = min(hi, finish) - max(lo, began)
+            if hours is not None and overlap > 0:
+                hours[h] += overlap / HOUR_S
+        if start <= began < now:
+            waits[min(23, int((began - start) // HOUR_S))].append(float(r.queued_s))
+    return DayView(start, {g: [min(1.0, v) for v in hours] for g, hours in leased.items()},
+                   [sum(w) / len(w) if w else None for w in waits])
+
+
+def bars(values: list[float | None], width: float, height: float, top: float,
+         ) -> list[tuple[float, float, float, float]]:
+    """SVG rectangles (x, y, w, h) of a bar chart of `values` (None: no bar), `top` at the top
+    edge."""
+    n = max(1, len(values))
+    w = width / n
+    top = top if top > 0 else 1.0
+    out = []
+    for i, v in enumerate(values):
+        if v is None or v <= 0:
+            continue
+        h = min(max(v / top, 0.0), 1.0) * height
+        out.append((round(i * w + 0.5, 1), round(height - h, 1), round(w - 1.0, 1), round(h, 1)))
+    return out

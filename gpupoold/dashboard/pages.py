@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gpupoold.dashboard.access import login_redirect, page, page_viewer, refused, set_cookie, viewer
 from gpupoold.dashboard.history import IDLE_WINDOW_S
-from gpupoold.dashboard.payload import charts, state_payload
+from gpupoold.dashboard.payload import charts, day_charts, state_payload
 from gpupoold.dashboard.sessions import COOKIE, Session, Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
 from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE
@@ -34,7 +34,9 @@ async def overview(request: web.Request) -> web.Response:
     v, new = await page_viewer(request)
     payload = state_payload(request.app)
     return page(request, "overview.html", v, new, state=payload,
-                 charts=charts(request.app, payload["gpus"]), idle_minutes=int(IDLE_WINDOW_S // 60))
+                charts=charts(request.app, payload["gpus"]),
+                day=await day_charts(request.app, payload["gpus"]),
+                idle_minutes=int(IDLE_WINDOW_S // 60))
 
 
 async def leases_page(request: web.Request) -> web.Response:

@@ -10,9 +10,12 @@ from typing import Any
 from aiohttp import web
 
 from gpupoold.dashboard.formatting import human_bytes
-from gpupoold.dashboard.history import polyline
+from gpupoold.dashboard.history import DAY_S, bars, day_view, polyline
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.http.keys import VIEWS
+from gpupoold.http.keys import STORE, VIEWS
+from gpupoold.store.database import LeaseFilter
+
+DAY_ROWS = 10000  # lease records read for the day view (a day of short jobs fits)
 
 
 def state_payload(app: web.Application) -> dict[str, Any]:
@@ -74,6 +77,22 @@ def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     out["copy"] = polyline([(p.at, p.copy_bps) for p in pool], CHART_W, CHART_H,
                            top if top > 0 else 1.0, start, end)
     return out
+
+
+async def day_charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """The overview's "last day" charts, from the stored lease history (one query per page
+    load, in the store's thread): each GPU's share of every hour it was leased, and the mean
+    queue wait of the leases that started in each hour."""
+    now = time.time()
+    records = await app[STORE].leases("all", DAY_ROWS, None,
+                                      LeaseFilter(ended_after=now - DAY_S, until=now))
+    view = day_view(records, [g["index"] for g in gpus], now)
+    top_wait = max((w for w in view.wait if w is not None), default=0.0)
+    return {"width": CHART_W, "height": CHART_H, "start": view.start,
+            "leased": {g: bars(v, CHART_W, CHART_H, 1.0) for g, v in view.leased.items()},
+            "leased_total": {g: round(sum(v), 1) for g, v in view.leased.items()},
+            "wait": bars(view.wait, CHART_W, CHART_H, top_wait), "wait_top": top_wait,
+            "leases": len(records)}
 
 
 def chart_update(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:

@@ -207,6 +207,7 @@ class LeaseFilter:
     gpu: int | None = None
     since: float | None = None
     until: float | None = None
+    ended_after: float | None = None  # still running, or ended at or after this
 
 
 @dataclass(frozen=True)
@@ -506,6 +507,9 @@ class StoreDB:
         if f.until is not None:  # started before
             where.append("started < ?")
             args.append(f.until)
+        if f.ended_after is not None:
+            where.append("(ended IS NULL OR ended >= ?)")
+            args.append(f.ended_after)
         sql = "SELECT * FROM leases" + (f" WHERE {' AND '.join(where)}" if where else "")
         rows = self._conn.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_lease(r) for r in rows]
