@@ -35,6 +35,7 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUlinkState_st *CUlinkState;
+typedef struct CUarray_st *CUarray;
 
 typedef struct CUuuid_st {
     char bytes[16];
@@ -189,6 +190,26 @@ enum {
     CU_MEMORYTYPE_UNIFIED = 0x04,
 };
 typedef int CUmemorytype;
+
+/* cuMemcpy2D_v2 / cuMemcpy2DAsync_v2 / cuMemcpy2DUnaligned_v2. */
+typedef struct CUDA_MEMCPY2D_st {
+    size_t srcXInBytes;
+    size_t srcY;
+    CUmemorytype srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes;
+    size_t dstY;
+    CUmemorytype dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes;
+    size_t Height;
+} CUDA_MEMCPY2D;
 
 enum {
     CU_POINTER_ATTRIBUTE_CONTEXT = 1,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the development virtual environment .venv/ (idempotent, fast when current):
-# the daemon and the client in editable mode, the test tools, and PyTorch's CUDA wheel.
+# the daemon and the client in editable mode, the test tools, PyTorch's CUDA wheel and pycuda
+# (built from source: scripts/build-pycuda.sh).
 #   --demo                    only what `make demo` needs: the daemon, the client and the protocol
 #                             package with their dependencies (no test tools, Debian packages or
 #                             PyTorch); a full bootstrap later adds the rest
@@ -61,7 +62,8 @@ if [[ ! -x $VENV/bin/python ]]; then
 fi
 
 # Re-run pip only when what it installs changed.
-want=$(cat pyproject.toml setup.py client/pyproject.toml client/setup.py protocol/python/pyproject.toml "$0" |
+want=$(cat pyproject.toml setup.py client/pyproject.toml client/setup.py protocol/python/pyproject.toml "$0" \
+        scripts/build-pycuda.sh |
        sha256sum | cut -c1-16)
 want="$want ${GPUPOOL_NO_TORCH:-0} $TORCH_SPEC"
 stamp=$VENV/.gpupool-bootstrap
@@ -90,5 +92,7 @@ if [[ "${GPUPOOL_NO_TORCH:-0}" != 1 ]]; then
     echo "bootstrap: installing $TORCH_SPEC (first time: a few minutes)"
     "${pip[@]}" "$TORCH_SPEC"
 fi
+# pycuda has no wheels; it is built from source against the CUDA toolkit (a test client).
+scripts/build-pycuda.sh "$VENV"
 echo "$want" > "$stamp"
 echo "bootstrap: $VENV ready"

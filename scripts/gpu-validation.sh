@@ -27,7 +27,9 @@
 #   torch-scripts  tests/torch_scripts (device info, runtime, transfers, cuBLAS/cuBLASLt init,
 #                  Triton probe, graphs, the two other allocators) natively, then through gpupool
 #   frameworks     tests/framework_scripts: CuPy (NVRTC kernels, PTX, cuBLAS/cuFFT/cuRAND/CUB),
-#                  cuda-bindings (PTX and cubin through cuGetProcAddress), numba-cuda and JAX,
+#                  cuda-bindings (PTX and cubin through cuGetProcAddress), numba-cuda and JAX;
+#                  the pycuda and cuda-python clients of the simulated-device tier (driver and
+#                  runtime API),
 #                  natively, then through gpupool
 #   remoting       bench/remoting_bench.py against gpupoold on the real GPU (--server)
 #   workloads      bench/torch_workloads.py: the six PyTorch workloads, native vs gpupool
@@ -157,7 +159,7 @@ describe() {
     daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token" ;;
     cuda) echo "tests/cuda/{${CUDA_PROGRAMS_LIST// /,}}.cu (${CUDA_ARCH}): each natively, then through gpupool (${RUN_LIMIT} s a run)" ;;
     torch-scripts) echo "tests/torch_scripts/{device_info,runtime,transfers,blas_init,triton_probe,graph_capture}.py, memory_backends.py (expandable, async) natively, then through gpupool" ;;
-    frameworks) echo "tests/framework_scripts/{cupy,cuda_python,numba,jax}_probe.py natively, then through gpupool" ;;
+    frameworks) echo "tests/framework_scripts/{cupy,cuda_python,numba,jax}_probe.py, cuda_python_client.py (driver, runtime), pycuda_client.py natively, then through gpupool" ;;
     remoting) echo "$PY bench/remoting_bench.py --no-build --server ADDRESS$( ((LONG)) || echo ' --quick')" ;;
     stop-daemon) echo "stop the script's gpupoold (the workloads start their own)" ;;
     workloads) echo "$PY bench/torch_workloads.py$( ((LONG)) || echo ' --quick') --json \$OUT/workloads.json" ;;
@@ -459,14 +461,21 @@ step_torch_scripts() {
 step_frameworks() { # other users of the driver API, each checking its own results
     local s mod bad=0 ran=0
     export XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_CACHE_DIR="$WORK/cupy-cache" NUMBA_CACHE_DIR="$WORK/numba-cache"
-    for s in cupy:cupy cuda_python:cuda.bindings numba:numba.cuda jax:jax; do
-        mod="${s#*:}" s="${s%%:*}"
+    # name:module:script[:argument]; the *_client programs are the simulated-device tier's
+    # (tests/test_e2e_python_clients.py), here checked against the real GPU too.
+    local entry name script arg
+    for entry in cupy:cupy:cupy_probe numba:numba.cuda:numba_probe jax:jax:jax_probe \
+            cuda_python:cuda.bindings:cuda_python_probe \
+            cuda_python_driver:cuda.bindings:cuda_python_client:--api=driver \
+            cuda_python_runtime:cuda.bindings:cuda_python_client:--api=runtime \
+            pycuda:pycuda.driver:pycuda_client; do
+        IFS=: read -r name mod script arg <<<"$entry"
         if ! "$PY" -c "import $mod" 2>/dev/null; then
-            echo "  $s: $mod is not installed here: skipped"
+            echo "  $name: $mod is not installed here: skipped"
             continue
         fi
         ran=$((ran + 1))
-        both_ways "fw-$s" last_line_pass "$PY" "tests/framework_scripts/${s}_probe.py" || bad=1
+        both_ways "fw-$name" last_line_pass "$PY" "tests/framework_scripts/$script.py" ${arg:+"$arg"} || bad=1
     done
     ((ran > 0)) || { echo "  no framework installed"; return 1; }
     return "$bad"

@@ -35,13 +35,16 @@ LAYOUTS: dict[str, list[str]] = {
     "CUlaunchAttributeValue": ["pad", "cooperative", "clusterDim", "clusterDim.x",
                                "clusterDim.y", "clusterDim.z"],
     "CUlaunchAttribute": ["id", "pad", "value"],
+    "CUDA_MEMCPY2D": ["srcXInBytes", "srcY", "srcMemoryType", "srcHost", "srcDevice", "srcArray",
+                      "srcPitch", "dstXInBytes", "dstY", "dstMemoryType", "dstHost", "dstDevice",
+                      "dstArray", "dstPitch", "WidthInBytes", "Height"],
     "CUlaunchConfig": ["gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
                        "sharedMemBytes", "hStream", "attrs", "numAttrs"],
 }
 # Scalar and handle types whose size must match.
 SIZES = ["CUresult", "CUdevice", "CUdeviceptr", "CUmemGenericAllocationHandle", "cuuint64_t",
          "cuuint32_t", "CUcontext", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUstream",
-         "CUevent", "CUmemoryPool", "CUgraph", "CUgraphExec", "CUlinkState",
+         "CUevent", "CUmemoryPool", "CUgraph", "CUgraphExec", "CUlinkState", "CUarray",
          "CUdriverProcAddressQueryResult", "CUdevice_attribute", "CUfunction_attribute",
          "CUlimit", "CUpointer_attribute", "CUmemorytype", "CUlaunchAttributeID",
          "CUoccupancyB2DSize", "CUjit_option", "CUlibraryOption", "CUmoduleLoadingMode"]

@@ -177,6 +177,9 @@ def test_generator_fails_loudly_and_writes_nothing(tmp_path: Path) -> None:
         "#include <cuda.h>\n" + typedefs
         + "typedef CUresult (*PFN_cuFoo_v2000)(int x);\n"
         + "typedef CUresult (*PFN_cuFoo_v3020)(int x);\n")
+    # The profiler-control headers the generator reads besides (nothing in them here).
+    (inc / "cudaProfiler.h").write_text("#include <cuda.h>\n")
+    (inc / "cudaProfilerTypedefs.h").write_text("#include <cuda.h>\n")
     overrides = tmp_path / "overrides.toml"
     overrides.write_text("")
     out = tmp_path / "out"

@@ -152,6 +152,29 @@ GP_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
     return set_attr(fn, -1, config);
 }
 
+/* The pre-CUDA 4 launch state (cuFuncSetBlockShape, cuFuncSetSharedSize, then cuParamSet* and
+ * cuLaunchGrid). pycuda still sets the block shape before every cuLaunchKernel, which does not
+ * read it: the two setters check their arguments and succeed; the launch half of that API
+ * (cuParamSet*, cuLaunch, cuLaunchGrid) is not implemented and says so. */
+GP_EXPORT CUresult cuFuncSetBlockShape(CUfunction hfunc, int x, int y, int z)
+{
+    CUresult r = gp_ctx_enter();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!gp_func_lookup((uint64_t)(uintptr_t)hfunc))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return x > 0 && y > 0 && z > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+GP_EXPORT CUresult cuFuncSetSharedSize(CUfunction hfunc, unsigned int bytes)
+{
+    (void)bytes;
+    CUresult r = gp_ctx_enter();
+    if (r != CUDA_SUCCESS)
+        return r;
+    return gp_func_lookup((uint64_t)(uintptr_t)hfunc) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
 GP_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev)
 {
     CUresult r = enter_any_ctx();

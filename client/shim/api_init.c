@@ -559,6 +559,19 @@ GP_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
     return cuCtxDestroy_v2(ctx);
 }
 
+/* The pre-CUDA 4 way to end a context (pycuda still calls it): it drops one use of a context that
+ * cuCtxCreate made, which must be current, and destroys it at none. gpupool has no cuCtxAttach, so
+ * a context has one use and goes at once. */
+GP_EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    CUresult r = gp_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!ctx || gp_ctx_current() != (uint64_t)(uintptr_t)ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return cuCtxDestroy_v2(ctx);
+}
+
 /* ========================================================= the context stack == */
 
 GP_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
@@ -671,6 +684,32 @@ GP_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
 GP_EXPORT CUresult cuCtxSynchronize(void)
 {
     return cuCtxSynchronize_v2(NULL);
+}
+
+/* Profiler control. The work runs on the server, so a profiler (Nsight Systems, Nsight Compute)
+ * is attached to the worker there; on the client no tool is attached, and the driver's answer
+ * then is success with no effect. The context checks are the driver's. */
+GP_EXPORT CUresult cuProfilerStart(void)
+{
+    gp_ctx_obj *c;
+    return ctx_arg(NULL, &c);
+}
+
+GP_EXPORT CUresult cuProfilerStop(void)
+{
+    gp_ctx_obj *c;
+    return ctx_arg(NULL, &c);
+}
+
+/* Deprecated: from CUDA 12.0 the driver always answers NOT_SUPPORTED (cudaProfiler.h). The last
+ * argument is a CUoutput_mode, an int-sized enum. */
+GP_EXPORT CUresult cuProfilerInitialize(const char *configFile, const char *outputFile,
+                                        int outputMode)
+{
+    (void)configFile;
+    (void)outputFile;
+    (void)outputMode;
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 GP_EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)

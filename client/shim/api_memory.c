@@ -431,6 +431,21 @@ static int is_device(uint64_t a)
     return gp_vamap_find(a, &rg) == 0 && (rg.kind == GP_RANGE_DEVICE || rg.kind == GP_RANGE_GLOBAL);
 }
 
+/* Wait for the work queued on `wire` (and so for the detached replies before it: replies come in
+ * order). */
+static CUresult wait_stream(uint64_t wire)
+{
+    gp_stream_synchronize m = {.stream = wire};
+    GP_FRAME(buf, len, gp_stream_synchronize, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    GP_FRAME_FREE(buf);
+    gp_reply_free(&rep);
+    return gp_sync_result(r);
+}
+
 static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
                          int ptds)
 {
@@ -453,15 +468,7 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
      * device-to-host copy), so wait for the stream first, then copy here. */
     if (!dst || !src)
         return CUDA_ERROR_INVALID_VALUE;
-    gp_stream_synchronize m = {.stream = wire};
-    GP_FRAME(buf, len, gp_stream_synchronize, &m);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    gp_reply rep;
-    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
-    GP_FRAME_FREE(buf);
-    gp_reply_free(&rep);
-    r = gp_sync_result(r);
+    CUresult r = wait_stream(wire);
     if (r != CUDA_SUCCESS)
         return r;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
@@ -485,6 +492,171 @@ GP_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
                                       CUstream hStream)
 {
     return copy_any(dst, src, ByteCount, gp_ptsz(hStream), 1, 0);
+}
+
+/* ================================================================ 2D copies == */
+
+/* cuMemcpy2D: a rectangle of Height rows of WidthInBytes, each side with its own pitch. It travels
+ * as the 1D copies above, so it has their chunking, compression and ordering:
+ *   - a side whose rows are contiguous (pitch == width) is one span;
+ *   - host to device: host rows are gathered into one buffer when the device rows are
+ *     contiguous, else each row is its own copy (posted, no round trip);
+ *   - device to host: one copy into a buffer scattered to the host rows when the device rows are
+ *     contiguous and the copy is synchronous, else each row is its own copy (replies land in the
+ *     host rows; a synchronous copy then waits for its stream once);
+ *   - device to device: one copy when both sides are contiguous, else one per row.
+ * So a rectangle whose device side is pitched costs a message per row. CUDA arrays (textures)
+ * are not supported by gpupool at all. */
+typedef struct {
+    int device; /* 1: device memory, 0: host memory */
+    uint64_t addr;
+    size_t pitch;
+} side_2d;
+
+static CUresult resolve_side(CUmemorytype type, const void *host, CUdeviceptr dev, size_t x,
+                             size_t y, size_t pitch, size_t width, size_t height, side_2d *out)
+{
+    uint64_t base;
+    switch (type) {
+    case CU_MEMORYTYPE_HOST:
+        base = (uint64_t)(uintptr_t)host;
+        out->device = 0;
+        break;
+    case CU_MEMORYTYPE_DEVICE:
+        base = dev;
+        out->device = 1;
+        break;
+    case CU_MEMORYTYPE_UNIFIED:
+        base = dev;
+        out->device = is_device(dev);
+        break;
+    case CU_MEMORYTYPE_ARRAY: {
+        static atomic_int said;
+        if (atomic_exchange(&said, 1) == 0)
+            gp_log_error("cuMemcpy2D: CUDA arrays are not supported by gpupool; copy to or from "
+                         "linear device memory instead (CUDA_ERROR_NOT_SUPPORTED; said once "
+                         "per process)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (base == 0 || (height > 1 && pitch < width))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* The last byte touched must not wrap around. */
+    size_t rows = height - 1;
+    if (pitch != 0 && rows > (UINT64_MAX - base - x - width) / pitch)
+        return CUDA_ERROR_INVALID_VALUE;
+    out->addr = base + y * pitch + x;
+    out->pitch = height > 1 ? pitch : width;
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_2d(const CUDA_MEMCPY2D *p, CUstream s, int is_async, int ptds)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    ENTER(s, is_async, ptds);
+    size_t w = p->WidthInBytes, h = p->Height;
+    if (w == 0 || h == 0)
+        return CUDA_SUCCESS;
+    if (h > SIZE_MAX / w)
+        return CUDA_ERROR_INVALID_VALUE;
+    side_2d src, dst;
+    CUresult r = resolve_side(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes, p->srcY,
+                              p->srcPitch, w, h, &src);
+    if (r == CUDA_SUCCESS)
+        r = resolve_side(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes, p->dstY,
+                         p->dstPitch, w, h, &dst);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!src.device && !dst.device) { /* host to host, after the stream's earlier work */
+        r = wait_stream(wire);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            memmove((void *)(uintptr_t)(dst.addr + i * dst.pitch),
+                    (const void *)(uintptr_t)(src.addr + i * src.pitch), w);
+        return r;
+    }
+    if (src.device != dst.device) {
+        r = is_async ? gp_capture_host_copy(wire, "cuMemcpy2DAsync") : CUDA_SUCCESS;
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    int src_packed = src.pitch == w, dst_packed = dst.pitch == w;
+    if (src.device && dst.device) {
+        if (src_packed && dst_packed)
+            return dtod(dst.addr, src.addr, w * h, wire, is_async);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            r = dtod(dst.addr + i * dst.pitch, src.addr + i * src.pitch, w, wire, is_async);
+        return r;
+    }
+    if (dst.device) { /* host to device */
+        if (src_packed && dst_packed)
+            return htod(dst.addr, (const void *)(uintptr_t)src.addr, w * h, wire, is_async);
+        if (dst_packed) {
+            unsigned char *staged = malloc(w * h);
+            if (!staged)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            for (size_t i = 0; i < h; i++)
+                memcpy(staged + i * w, (const void *)(uintptr_t)(src.addr + i * src.pitch), w);
+            r = htod(dst.addr, staged, w * h, wire, is_async); /* sent before it returns */
+            free(staged);
+            return r;
+        }
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            r = htod(dst.addr + i * dst.pitch, (const void *)(uintptr_t)(src.addr + i * src.pitch),
+                     w, wire, is_async);
+        return r;
+    }
+    /* device to host */
+    if (src_packed && dst_packed) {
+        void *to = (void *)(uintptr_t)dst.addr;
+        return is_async ? dtoh_async(to, src.addr, w * h, wire)
+                        : dtoh_sync(to, src.addr, w * h, wire);
+    }
+    if (src_packed && !is_async) {
+        unsigned char *staged = malloc(w * h);
+        if (!staged)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        r = dtoh_sync(staged, src.addr, w * h, wire);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            memcpy((void *)(uintptr_t)(dst.addr + i * dst.pitch), staged + i * w, w);
+        free(staged);
+        return r;
+    }
+    for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+        r = dtoh_async((void *)(uintptr_t)(dst.addr + i * dst.pitch), src.addr + i * src.pitch, w,
+                       wire);
+    if (r == CUDA_SUCCESS && !is_async)
+        r = wait_stream(wire);
+    return r;
+}
+
+GP_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 1);
+}
+/* "Unaligned" lifts the driver's pitch alignment rules for arrays; with linear memory only, it is
+ * the same copy. */
+GP_EXPORT CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 1);
+}
+GP_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    return copy_2d(pCopy, hStream, 1, 0);
+}
+GP_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    return copy_2d(pCopy, gp_ptsz(hStream), 1, 0);
 }
 
 /* =================================================================== memsets == */

@@ -11,7 +11,8 @@
  *   4. asynchronous with pageable host memory, on a stream and on the legacy default stream;
  *   5. cudaMemcpyAsync with cudaMemcpyDefault, pinned memory.
  * Then memsets: cudaMemset, cudaMemsetAsync, cuMemsetD8/D16/D32 and their Async forms (through
- * cudaGetDriverEntryPointByVersion), and cudaMemset2D.
+ * cudaGetDriverEntryPointByVersion), and cudaMemset2D; and 2D copies (test_copies_2d) between
+ * pitched and packed host and device memory, sync and async.
  */
 #include "gp_check.cuh"
 
@@ -276,6 +277,113 @@ static void test_memsets(cudaStream_t s)
     printf("memsets: done (%ld failures so far)\n", gp_failures.load());
 }
 
+/* 2D copies (cudaMemcpy2D[Async] -> cuMemcpy2D[Async]_v2): a rectangle of `height` rows of
+ * `width` bytes between pitched and packed host and device memory, sync and async. Each result
+ * is read back in full, so padding a copy must not touch is checked as well. */
+static void expect_rows(const char *what, const uint8_t *got, size_t gpitch, const uint8_t *want,
+                        size_t wpitch, size_t width, size_t height)
+{
+    long long bad = -1;
+    for (size_t r = 0; r < height && bad < 0; r++)
+        for (size_t c = 0; c < width && bad < 0; c++)
+            if (got[r * gpitch + c] != want[r * wpitch + c])
+                bad = (long long)(r * width + c);
+    EXPECT(bad < 0, "%s: wrong byte at row %lld, column %lld", what, bad < 0 ? -1 : bad / (long long)width,
+           bad < 0 ? -1 : bad % (long long)width);
+}
+
+static void test_copies_2d(cudaStream_t s)
+{
+    const size_t width = 300, height = 41, hpitch = 333, hpitch2 = 317;
+    uint8_t *h = (uint8_t *)malloc(hpitch * height), *back = (uint8_t *)malloc(hpitch2 * height);
+    uint8_t *packed_host = (uint8_t *)malloc(width * height);
+    REQUIRE(h && back && packed_host ? cudaSuccess : cudaErrorMemoryAllocation);
+    gp_fill(h, hpitch * height, 77);
+    uint8_t *dp = NULL, *dpacked = NULL, *dp2 = NULL;
+    size_t dpitch = 0, dpitch2 = 0;
+    REQUIRE(cudaMallocPitch((void **)&dp, &dpitch, width, height));
+    REQUIRE(cudaMallocPitch((void **)&dp2, &dpitch2, width + 100, height));
+    REQUIRE(cudaMalloc(&dpacked, width * height));
+    EXPECT(dpitch >= width, "cudaMallocPitch gave pitch %zu for width %zu", dpitch, width);
+
+    /* pitched host -> pitched device -> other pitched host (row per message) */
+    CHECK(cudaMemcpy2D(dp, dpitch, h, hpitch, width, height, cudaMemcpyHostToDevice));
+    memset(back, 0xEE, hpitch2 * height);
+    CHECK(cudaMemcpy2D(back, hpitch2, dp, dpitch, width, height, cudaMemcpyDeviceToHost));
+    expect_rows("2D pitched host -> pitched device -> host", back, hpitch2, h, hpitch, width, height);
+    EXPECT(back[width] == 0xEE && back[hpitch2 - 1] == 0xEE, "2D copy wrote into the host padding");
+
+    /* pitched host -> packed device (gathered) -> pitched host (scattered) */
+    CHECK(cudaMemcpy2D(dpacked, width, h, hpitch, width, height, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(packed_host, dpacked, width * height, cudaMemcpyDeviceToHost));
+    expect_rows("2D pitched host -> packed device", packed_host, width, h, hpitch, width, height);
+    memset(back, 0, hpitch2 * height);
+    CHECK(cudaMemcpy2D(back, hpitch2, dpacked, width, width, height, cudaMemcpyDeviceToHost));
+    expect_rows("2D packed device -> pitched host", back, hpitch2, h, hpitch, width, height);
+
+    /* device to device, pitched <-> packed, with an x/y offset into the wider rows */
+    CHECK(cudaMemset(dp2, 0x11, dpitch2 * height));
+    CHECK(cudaMemcpy2D(dp2 + 50, dpitch2, dpacked, width, width, height, cudaMemcpyDeviceToDevice));
+    CHECK(cudaMemcpy2D(dp, dpitch, dp2 + 50, dpitch2, width, height, cudaMemcpyDefault));
+    memset(back, 0, hpitch2 * height);
+    CHECK(cudaMemcpy2D(back, hpitch2, dp, dpitch, width, height, cudaMemcpyDeviceToHost));
+    expect_rows("2D device -> device -> device", back, hpitch2, h, hpitch, width, height);
+    uint8_t edge[2] = {0, 0};
+    CHECK(cudaMemcpy(&edge[0], dp2 + 49, 1, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(&edge[1], dp2 + 50 + width, 1, cudaMemcpyDeviceToHost));
+    EXPECT(edge[0] == 0x11 && edge[1] == 0x11, "2D device copy touched bytes beside its rows");
+
+    /* async, through pinned memory, on a stream */
+    uint8_t *ph = NULL, *pb = NULL;
+    REQUIRE(cudaMallocHost(&ph, hpitch * height));
+    REQUIRE(cudaMallocHost(&pb, hpitch2 * height));
+    memcpy(ph, h, hpitch * height);
+    memset(pb, 0, hpitch2 * height);
+    CHECK(cudaMemset2DAsync(dp, dpitch, 0, width, height, s));
+    CHECK(cudaMemcpy2DAsync(dp, dpitch, ph, hpitch, width, height, cudaMemcpyHostToDevice, s));
+    CHECK(cudaMemcpy2DAsync(pb, hpitch2, dp, dpitch, width, height, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    expect_rows("2D async pinned host -> device -> host", pb, hpitch2, h, hpitch, width, height);
+    CHECK(cudaMemcpy2DAsync(pb, width, dpacked, width, width, height, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    expect_rows("2D async packed device -> packed host", pb, width, h, hpitch, width, height);
+
+    /* one row, and the driver's own checks */
+    CHECK(cudaMemcpy2D(back, 0, dp, 0, width, 1, cudaMemcpyDeviceToHost));
+    typedef CUresult (*pfn_memcpy2d)(const CUDA_MEMCPY2D *);
+    pfn_memcpy2d m2d = (pfn_memcpy2d)gp_driver_fn("cuMemcpy2D");
+    EXPECT(m2d != NULL, "cuMemcpy2D entry point not found");
+    if (m2d) {
+        CUDA_MEMCPY2D p;
+        memset(&p, 0, sizeof p);
+        p.srcMemoryType = CU_MEMORYTYPE_HOST;
+        p.srcHost = h;
+        p.srcPitch = width - 1; /* narrower than a row */
+        p.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        p.dstDevice = (CUdeviceptr)(uintptr_t)dp;
+        p.dstPitch = dpitch;
+        p.WidthInBytes = width;
+        p.Height = 2;
+        CUresult e = m2d(&p);
+        EXPECT(e == CUDA_ERROR_INVALID_VALUE, "cuMemcpy2D with a pitch under the width gave %d", (int)e);
+        p.srcPitch = hpitch;
+        p.srcMemoryType = (CUmemorytype)42;
+        e = m2d(&p);
+        EXPECT(e == CUDA_ERROR_INVALID_VALUE, "cuMemcpy2D of an unknown memory type gave %d", (int)e);
+        p.srcMemoryType = CU_MEMORYTYPE_HOST;
+        CHECK_CU(m2d(&p));
+    }
+
+    CHECK(cudaFreeHost(ph));
+    CHECK(cudaFreeHost(pb));
+    CHECK(cudaFree(dp));
+    CHECK(cudaFree(dp2));
+    CHECK(cudaFree(dpacked));
+    free(h);
+    free(back);
+    free(packed_host);
+}
+
 int main(int argc, char **argv)
 {
     gp_begin("copies");
@@ -311,8 +419,10 @@ int main(int argc, char **argv)
 
     for (int i = 0; i < nsizes; i++)
         test_size(sizes[i], s, 1000 * (uint64_t)(i + 1));
-    if (memsets)
+    if (memsets) {
         test_memsets(s[0]);
+        test_copies_2d(s[1]);
+    }
 
     for (int i = 0; i < 3; i++)
         CHECK(cudaStreamDestroy(s[i]));
