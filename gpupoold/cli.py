@@ -150,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             settings = load_settings(args.config, overrides)
         except ConfigError as exc:
-            print(f"gpupoold: error: {exc}", file=sys.stderr)
+            from gpupoold.log import print_error
+
+            print_error(f"gpupoold: error: {exc}")
             return EX_CONFIG
         from gpupoold.log import setup_logging
         from gpupoold.serve import run

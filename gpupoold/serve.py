@@ -9,7 +9,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 
 from aiohttp import web
 
@@ -18,6 +17,7 @@ from gpupoold.app import StartupError, create_app
 from gpupoold.config.file import EX_CONFIG
 from gpupoold.config.settings import Settings, format_address, parse_address
 from gpupoold.http.keys import REMOTING
+from gpupoold.log import print_error
 from gpupoold.sdnotify import Notifier
 from gpupoold.tls import TlsSettingError, http_ssl_context, remoting_ssl_context
 
@@ -44,7 +44,7 @@ async def serve(settings: Settings) -> int:
         # environment too); empty without it.
         passed = sdlisten.take()
     except sdlisten.SdListenError as exc:
-        print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
+        print_error(f"gpupoold: error: {exc}")
         notifier.close()
         return EX_CONFIG
     stop = asyncio.Event()
@@ -55,7 +55,7 @@ async def serve(settings: Settings) -> int:
         ssl_context = await asyncio.to_thread(http_ssl_context, settings)
         await asyncio.to_thread(remoting_ssl_context, settings)  # checks the tls_* settings
     except TlsSettingError as exc:
-        print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
+        print_error(f"gpupoold: error: {exc}")
         return EX_CONFIG
     app = create_app(settings)
     app[sdlisten.SOCKETS] = passed
@@ -77,7 +77,7 @@ async def serve(settings: Settings) -> int:
             raise StartupError(f"setting 'http': cannot listen on {where}: "
                                f"{exc.strerror or exc}") from None
     except StartupError as exc:
-        print(f"gpupoold: error: {exc}", file=sys.stderr, flush=True)
+        print_error(f"gpupoold: error: {exc}")
         await runner.cleanup()
         return 1
     remoting = app[REMOTING]

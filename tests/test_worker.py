@@ -166,6 +166,8 @@ def test_bad_hello_on_stdin(cache_dir: Path) -> None:
 def test_usage_errors(tmp_path: Path) -> None:
     rc, err = wc.spawn_raw([])
     assert rc == 2 and "usage" in err
+    # An error line carries its sd-daemon priority, which gpupoold's log keeps (worker_line).
+    assert err.startswith("<3>gpupool-worker["), err
     rc, err = wc.spawn_raw(["--fd", "999", "--driver", str(wc.SIM), "--device", "0",
                             "--cache-dir", str(tmp_path), "--session-id", "1",
                             "--hello-req", "1"])

@@ -50,33 +50,33 @@ int wk_adopt_listen(struct worker *w)
     char path[PATH_MAX_ADOPT];
     adopt_path(w, path, sizeof path, "sock");
     if (strlen(path) >= sizeof a.sun_path) {
-        wk_log("adoption socket path %s is longer than a Unix socket allows (%zu bytes): this "
-               "session ends with gpupoold (use a shorter state_dir)",
-               path, sizeof a.sun_path - 1);
+        wk_warn("adoption socket path %s is longer than a Unix socket allows (%zu bytes): this "
+                "session ends with gpupoold (use a shorter state_dir)",
+                path, sizeof a.sun_path - 1);
         return -1;
     }
     memcpy(a.sun_path, path, strlen(path) + 1);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
-        wk_log("adoption socket: %s; this session ends with gpupoold", strerror(errno));
+        wk_warn("adoption socket: %s; this session ends with gpupoold", strerror(errno));
         return -1;
     }
     if (unlink(path) != 0 && errno != ENOENT) /* a stale one of an earlier run */
-        wk_log("removing the stale %s: %s", path, strerror(errno));
+        wk_warn("removing the stale %s: %s", path, strerror(errno));
     mode_t old = umask(077); /* the daemon's user only, whatever the directory allows */
     int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
     umask(old);
     if (rc != 0 || listen(fd, 2) != 0) {
-        wk_log("adoption socket %s: %s; this session ends with gpupoold", path, strerror(errno));
+        wk_warn("adoption socket %s: %s; this session ends with gpupoold", path, strerror(errno));
         if (close(fd) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
         return -1;
     }
     w->ctl.listen_fd = fd;
     /* From now on the daemon's death must not end us: no SIGTERM at its exit (watch_parent
      * asked for one before the session); the control socket's end of stream tells instead. */
     if (prctl(PR_SET_PDEATHSIG, 0) != 0)
-        wk_log("PR_SET_PDEATHSIG: %s", strerror(errno));
+        wk_warn("PR_SET_PDEATHSIG: %s", strerror(errno));
     return 0;
 }
 
@@ -85,12 +85,12 @@ void wk_adopt_close(struct worker *w)
     if (w->ctl.listen_fd < 0)
         return;
     if (close(w->ctl.listen_fd) != 0)
-        wk_log("closing the adoption socket: %s", strerror(errno));
+        wk_warn("closing the adoption socket: %s", strerror(errno));
     w->ctl.listen_fd = -1;
     char path[PATH_MAX_ADOPT];
     adopt_path(w, path, sizeof path, "sock");
     if (unlink(path) != 0 && errno != ENOENT)
-        wk_log("removing %s: %s", path, strerror(errno));
+        wk_warn("removing %s: %s", path, strerror(errno));
 }
 
 int wk_adopt_orphan(struct worker *w)
@@ -98,7 +98,7 @@ int wk_adopt_orphan(struct worker *w)
     if (!w->ctl.in_session || w->ctl.listen_fd < 0 || w->dead)
         return -1;
     if (close(w->ctl.fd) != 0)
-        wk_log("closing the control socket: %s", strerror(errno));
+        wk_warn("closing the control socket: %s", strerror(errno));
     w->ctl.fd = -1;
     w->ctl.orphan_since = wk_now_ns();
     wk_log("gpupoold is gone: serving on, waiting up to %g s for a new gpupoold to adopt this "
@@ -162,9 +162,9 @@ static void refuse(struct worker *w, int fd, const char *why)
     WK_SET_TEXT(m.error, error, why);
     size_t n = WK_CTL_ENCODE(w, worker_adopt_refused, &m);
     if (n && send(fd, w->ctl.out, n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-        wk_log("refusing an adoption: %s", strerror(errno));
+        wk_warn("refusing an adoption: %s", strerror(errno));
     if (close(fd) != 0)
-        wk_log("close: %s", strerror(errno));
+        wk_warn("close: %s", strerror(errno));
 }
 
 /* Only the daemon's own user (or root) may adopt: the socket's mode says so already; the peer's
@@ -183,11 +183,11 @@ int wk_adopt_accept(struct worker *w)
     int fd = accept4(w->ctl.listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-            wk_log("accepting on the adoption socket: %s", strerror(errno));
+            wk_warn("accepting on the adoption socket: %s", strerror(errno));
         return 0;
     }
     if (!peer_allowed(fd)) {
-        wk_log("refused an adoption from another user");
+        wk_warn("refused an adoption from another user");
         refuse(w, fd, "only gpupoold's own user may adopt this worker");
         return 0;
     }
@@ -209,9 +209,10 @@ int wk_adopt_accept(struct worker *w)
     const uint8_t *body =
         n > 0 && !truncated ? wk_ctl_decode(buf, (size_t)n, GP_OP_WORKER_ADOPT) : NULL;
     if (!body || gp_worker_adopt_decode(body, (size_t)n - GP_PROTO_HEADER_SIZE, &adopt) != 0) {
-        wk_log("an adoption connection sent no valid worker_adopt message (%zd bytes); ignored", n);
+        wk_warn("an adoption connection sent no valid worker_adopt message (%zd bytes); ignored",
+                n);
         if (passed >= 0 && close(passed) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
         refuse(w, fd, "expected a worker_adopt message");
         return 0;
     }
@@ -220,16 +221,16 @@ int wk_adopt_accept(struct worker *w)
         char why[160];
         snprintf(why, sizeof why, "this worker speaks control version %d, gpupoold asked for %u",
                  GP_WORKER_CONTROL_VERSION, version);
-        wk_log("refused an adoption: %s", why);
+        wk_warn("refused an adoption: %s", why);
         if (passed >= 0 && close(passed) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
         refuse(w, fd, why);
         return 0;
     }
     if (w->ctl.fd >= 0) {
-        wk_log("refused an adoption: a gpupoold already follows this session");
+        wk_warn("refused an adoption: a gpupoold already follows this session");
         if (passed >= 0 && close(passed) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
         refuse(w, fd,
                "another gpupoold already follows this session (two "
                "daemons on one state directory?)");
@@ -237,13 +238,13 @@ int wk_adopt_accept(struct worker *w)
     }
     if (passed >= 0) { /* the new daemon's log pipe becomes our stdout and stderr */
         if (dup2(passed, STDOUT_FILENO) < 0 || dup2(passed, STDERR_FILENO) < 0)
-            wk_log("taking the new log pipe: %s", strerror(errno));
+            wk_warn("taking the new log pipe: %s", strerror(errno));
         if (close(passed) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || ((fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0))
-        wk_log("making the control socket blocking: %s", strerror(errno));
+        wk_warn("making the control socket blocking: %s", strerror(errno));
     double orphaned = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0;
     w->ctl.fd = fd;
     w->ctl.gone = 0;
@@ -263,9 +264,9 @@ void wk_adopt_write_end(struct worker *w, size_t n, int alone)
     adopt_path(w, path, sizeof path, "end");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (unlink(tmp) != 0 && errno != ENOENT) /* a leftover of a crash */
-        wk_log("removing %s: %s", tmp, strerror(errno));
+        wk_warn("removing %s: %s", tmp, strerror(errno));
     if (wk_write_file_atomic(tmp, path, w->ctl.out, n, alone) != 0) {
-        wk_log("cannot record the session's end in %s: %s", path, strerror(errno));
+        wk_error("cannot record the session's end in %s: %s", path, strerror(errno));
         return;
     }
     if (alone)

@@ -34,7 +34,7 @@ int wk_ctl_send(struct worker *w, size_t n, int best_effort)
     if (w->ctl.fd < 0 || w->ctl.gone)
         return -1;
     if (n == 0) {
-        wk_log("a control message did not fit in %d bytes; not sent", WK_CTL_MAX);
+        wk_warn("a control message did not fit in %d bytes; not sent", WK_CTL_MAX);
         return -1;
     }
     for (;;) {
@@ -47,7 +47,7 @@ int wk_ctl_send(struct worker *w, size_t n, int best_effort)
             return -1; /* the daemon is not reading: a stats event can wait for the next */
         /* EPIPE/ECONNRESET: the daemon is gone; the poll on the socket will say so too. */
         if (r < 0 && errno != EPIPE && errno != ECONNRESET)
-            wk_log("sending a control event: %s", strerror(errno));
+            wk_warn("sending a control event: %s", strerror(errno));
         return -1;
     }
 }
@@ -83,7 +83,7 @@ ssize_t wk_ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *trunc
             } else {
                 wk_log("closing an extra descriptor sent on the control socket");
                 if (close(got) != 0)
-                    wk_log("close: %s", strerror(errno));
+                    wk_warn("close: %s", strerror(errno));
             }
         }
     }
@@ -185,20 +185,20 @@ int wk_ctl_handle(struct worker *w)
     if (fd >= 0) {
         wk_log("closing a descriptor sent on the control socket during a session");
         if (close(fd) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return 0; /* spurious wake-up */
     if (n <= 0) {
         if (n < 0)
-            wk_log("reading the control socket: %s", strerror(errno));
+            wk_warn("reading the control socket: %s", strerror(errno));
         return daemon_gone(w);
     }
     gp_worker_end end;
     if (wk_ctl_decode(buf, (size_t)n, GP_OP_WORKER_END) == NULL ||
         gp_worker_end_decode(buf + GP_PROTO_HEADER_SIZE, (size_t)n - GP_PROTO_HEADER_SIZE, &end) !=
             0) {
-        wk_log("ignoring an unexpected control message of %zd bytes during a session", n);
+        wk_warn("ignoring an unexpected control message of %zd bytes during a session", n);
         return 0;
     }
     int32_t code = end.code;

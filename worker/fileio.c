@@ -44,7 +44,7 @@ int wk_write_file_atomic(const char *tmp, const char *path, const void *data, si
     }
     if (!ok) {
         if (unlink(tmp) != 0 && errno != ENOENT)
-            wk_log("cannot remove %s: %s", tmp, strerror(errno));
+            wk_warn("cannot remove %s: %s", tmp, strerror(errno));
         errno = saved;
         return -1;
     }

@@ -27,9 +27,9 @@ static void events_destroy(struct worker *w)
     for (int i = 0; i < 2; i++) {
         if (w->st.ev[i]) {
             if (w->st.busy[i] && DRV(w, cuEventSynchronize, w->st.ev[i]) != CUDA_SUCCESS)
-                wk_log("waiting for a staging copy failed");
+                wk_warn("waiting for a staging copy failed");
             if (DRV(w, cuEventDestroy, w->st.ev[i]) != CUDA_SUCCESS)
-                wk_log("destroying a staging event failed");
+                wk_warn("destroying a staging event failed");
         }
         w->st.ev[i] = NULL;
         w->st.busy[i] = 0;
@@ -52,7 +52,7 @@ void wk_staging_release(struct worker *w)
         if (w->st.pinned) {
             CUresult rc = DRV(w, cuMemFreeHost, w->st.buf[i]);
             if (rc != CUDA_SUCCESS)
-                wk_log("freeing a staging buffer: %s", wk_err_name(w, rc));
+                wk_warn("freeing a staging buffer: %s", wk_err_name(w, rc));
         } else {
             free(w->st.buf[i]);
         }
@@ -73,19 +73,19 @@ static int pinned_alloc(struct worker *w)
     for (int i = 0; i < 2 && ok; i++) {
         CUresult rc = w->drv.cuMemHostAlloc(&w->st.buf[i], WK_CHUNK, CU_MEMHOSTALLOC_PORTABLE);
         if (rc != CUDA_SUCCESS) {
-            wk_log("pinned staging memory unavailable (%s); copies run synchronously",
-                   wk_err_name(w, rc));
+            wk_warn("pinned staging memory unavailable (%s); copies run synchronously",
+                    wk_err_name(w, rc));
             w->st.buf[i] = NULL;
             ok = 0;
         }
     }
     if (!ok && w->st.buf[0]) {
         if (w->drv.cuMemFreeHost(w->st.buf[0]) != CUDA_SUCCESS)
-            wk_log("freeing a staging buffer failed");
+            wk_warn("freeing a staging buffer failed");
         w->st.buf[0] = NULL;
     }
     if (cur != w->primary && w->drv.cuCtxSetCurrent(cur) != CUDA_SUCCESS)
-        wk_log("restoring the current context after allocating staging memory failed");
+        wk_warn("restoring the current context after allocating staging memory failed");
     return ok ? 0 : -1;
 }
 

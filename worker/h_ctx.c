@@ -39,10 +39,10 @@ WK_HANDLER(ctx_create)
         /* cuCtxCreate made the new context current: restore what the client last chose. */
         CUresult rc = w->drv.cuCtxSetCurrent(w->cur_ctx ? wk_ctx_handle(w, w->cur_ctx) : NULL);
         if (rc != CUDA_SUCCESS)
-            wk_log("restoring the current context after cuCtxCreate: %s", wk_err_name(w, rc));
+            wk_warn("restoring the current context after cuCtxCreate: %s", wk_err_name(w, rc));
         r.result = wk_obj_bind(&w->ctxs, m->ctx, wk_obj_new(0, c, NULL, 0));
         if (r.result != CUDA_SUCCESS && DRV(w, cuCtxDestroy, c) != CUDA_SUCCESS)
-            wk_log("destroying an unbound context failed");
+            wk_warn("destroying an unbound context failed");
     }
     WK_REPLY(w, req, gp_ctx_create_reply, &r);
 }
@@ -59,7 +59,7 @@ CUresult wk_ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o)
     if (w->cur_ctx == id) {
         CUresult r2 = w->drv.cuCtxSetCurrent(w->primary);
         if (r2 != CUDA_SUCCESS)
-            wk_log("making the primary context current: %s", wk_err_name(w, r2));
+            wk_warn("making the primary context current: %s", wk_err_name(w, r2));
         w->cur_ctx = WK_PRIMARY_CTX_ID;
     }
     /* Our VMM allocations are not tied to a context: free those made in it ourselves, once its
@@ -173,14 +173,14 @@ WK_HANDLER(primary_ctx_reset)
         w->primary = c;
         w->primary_retains++;
     } else {
-        wk_log("retaining the primary context after a reset: %s", wk_err_name(w, rc));
+        wk_warn("retaining the primary context after a reset: %s", wk_err_name(w, rc));
         if (r.result == CUDA_SUCCESS)
             r.result = rc;
     }
     if (w->cur_ctx == WK_PRIMARY_CTX_ID) {
         rc = w->drv.cuCtxSetCurrent(w->primary);
         if (rc != CUDA_SUCCESS)
-            wk_log("making the primary context current after a reset: %s", wk_err_name(w, rc));
+            wk_warn("making the primary context current after a reset: %s", wk_err_name(w, rc));
     }
     if (rereserve) {
         rc = wk_va_reserve(w);

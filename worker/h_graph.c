@@ -41,7 +41,7 @@ static void graph_destroy_handle(struct worker *w, CUgraph g, uint64_t id)
 {
     CUresult rc = DRV(w, cuGraphDestroy, g);
     if (rc != CUDA_SUCCESS)
-        wk_log("destroying graph 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("destroying graph 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
 WK_HANDLER(stream_end_capture)
@@ -84,7 +84,7 @@ WK_HANDLER(graph_instantiate)
     if (rc == CUDA_SUCCESS) {
         rc = wk_obj_bind(&w->graph_execs, m->exec, wk_obj_new(w->cur_ctx, x, NULL, 0));
         if (rc != CUDA_SUCCESS && DRV(w, cuGraphExecDestroy, x) != CUDA_SUCCESS)
-            wk_log("destroying an unbound graph exec failed");
+            wk_warn("destroying an unbound graph exec failed");
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_GRAPH_INSTANTIATE, rc, "instantiation of graph 0x%llx",
@@ -114,7 +114,7 @@ static void destroy_exec(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuGraphExecDestroy, o->h);
     if (rc != CUDA_SUCCESS)
-        wk_log("destroying graph exec 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("destroying graph exec 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
 static void destroy_graph(struct worker *w, uint64_t id, struct wk_obj *o)

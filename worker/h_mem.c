@@ -19,7 +19,7 @@ CUresult wk_va_reserve(struct worker *w)
         /* The hint is only a hint: the driver gave us other addresses, useless to this client. */
         rc = w->drv.cuMemAddressFree(p, w->va_size);
         if (rc != CUDA_SUCCESS)
-            wk_log("freeing a misplaced VA reservation: %s", wk_err_name(w, rc));
+            wk_warn("freeing a misplaced VA reservation: %s", wk_err_name(w, rc));
         return (CUresult)-1;
     }
     w->va_reserved = 1;
@@ -32,7 +32,7 @@ void wk_va_release(struct worker *w)
         return;
     CUresult rc = w->drv.cuMemAddressFree(w->va_base, w->va_size);
     if (rc != CUDA_SUCCESS)
-        wk_log("releasing the VA window: %s", wk_err_name(w, rc));
+        wk_warn("releasing the VA window: %s", wk_err_name(w, rc));
     w->va_reserved = 0;
 }
 
@@ -40,14 +40,15 @@ void wk_obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = w->drv.cuMemUnmap(id, o->size);
     if (rc != CUDA_SUCCESS)
-        wk_log("unmapping 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("unmapping 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
     rc = w->drv.cuMemRelease(o->mem);
     if (rc != CUDA_SUCCESS)
-        wk_log("releasing the memory at 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("releasing the memory at 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
     w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
     /* Only a range that is really unmapped may be handed out again. */
     if (w->va_reserved && wk_vm_free(&w->vm, id, o->size) != 0)
-        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)o->size);
+        wk_error("out of memory: %llu bytes of the VA window are lost",
+                 (unsigned long long)o->size);
 }
 
 static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, uint64_t *mapped)
@@ -95,13 +96,13 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
 
 unmap:
     if (w->drv.cuMemUnmap(addr, len) != CUDA_SUCCESS)
-        wk_log("unmapping a failed allocation at 0x%llx failed", (unsigned long long)addr);
+        wk_warn("unmapping a failed allocation at 0x%llx failed", (unsigned long long)addr);
 release:
     if (w->drv.cuMemRelease(h) != CUDA_SUCCESS)
-        wk_log("releasing a failed allocation failed");
+        wk_warn("releasing a failed allocation failed");
 free_range:
     if (wk_vm_free(&w->vm, addr, len) != 0)
-        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)len);
+        wk_error("out of memory: %llu bytes of the VA window are lost", (unsigned long long)len);
     return rc;
 }
 
@@ -139,7 +140,7 @@ WK_HANDLER(mem_free)
         return;
     rc = WK_LONG(w, m->stream ? DRV(w, cuStreamSynchronize, s) : DRV(w, cuCtxSynchronize));
     if (rc != CUDA_SUCCESS)
-        wk_log("synchronising before a free: %s", wk_err_name(w, rc));
+        wk_warn("synchronising before a free: %s", wk_err_name(w, rc));
     o = wk_idmap_del(&w->allocs, m->dptr);
     wk_obj_destroy_alloc(w, m->dptr, o);
     free(o);

@@ -98,7 +98,7 @@ WK_HANDLER(module_load)
             if (r.result != CUDA_SUCCESS) {
                 CUresult rc = m->kind == 0 ? DRV(w, cuModuleUnload, h) : DRV(w, cuLibraryUnload, h);
                 if (rc != CUDA_SUCCESS)
-                    wk_log("unloading an unbound module: %s", wk_err_name(w, rc));
+                    wk_warn("unloading an unbound module: %s", wk_err_name(w, rc));
             } else {
                 w->stats.modules_loaded++;
             }

@@ -20,7 +20,7 @@ WK_HANDLER(stream_create)
         if (rc == CUDA_SUCCESS) {
             rc = wk_obj_bind(&w->streams, m->stream, wk_obj_new(w->cur_ctx, s, NULL, 0));
             if (rc != CUDA_SUCCESS && DRV(w, cuStreamDestroy, s) != CUDA_SUCCESS)
-                wk_log("destroying an unbound stream failed");
+                wk_warn("destroying an unbound stream failed");
         }
     }
     if (rc != CUDA_SUCCESS)
@@ -88,7 +88,7 @@ WK_HANDLER(event_create)
         if (rc == CUDA_SUCCESS) {
             rc = wk_obj_bind(&w->events, m->event, wk_obj_new(w->cur_ctx, e, NULL, 0));
             if (rc != CUDA_SUCCESS && DRV(w, cuEventDestroy, e) != CUDA_SUCCESS)
-                wk_log("destroying an unbound event failed");
+                wk_warn("destroying an unbound event failed");
         }
     }
     if (rc != CUDA_SUCCESS)

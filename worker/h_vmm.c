@@ -47,8 +47,8 @@ WK_HANDLER(vmm_reserve)
             o->size = m->size;
         r.result = wk_obj_bind(&w->vmm_resvs, addr, o);
         if (r.result != CUDA_SUCCESS && wk_vm_free(&w->vm, addr, m->size) != 0)
-            wk_log("out of memory: %llu bytes of the VA window are lost",
-                   (unsigned long long)m->size);
+            wk_error("out of memory: %llu bytes of the VA window are lost",
+                     (unsigned long long)m->size);
         r.ptr = r.result == CUDA_SUCCESS ? addr : 0;
     }
     WK_REPLY(w, req, gp_vmm_reserve_reply, &r);
@@ -71,7 +71,7 @@ static int quiesce(struct worker *w)
         return -1;
     CUresult rc = DRV(w, cuCtxSynchronize);
     if (rc != CUDA_SUCCESS)
-        wk_log("synchronising before an unmap: %s", wk_err_name(w, rc));
+        wk_warn("synchronising before an unmap: %s", wk_err_name(w, rc));
     return 0;
 }
 
@@ -87,8 +87,8 @@ static void unmap_inside(struct worker *w, uint64_t base, uint64_t size)
         return;
     uint64_t *keys = malloc(n * sizeof *keys);
     if (!keys) {
-        wk_log("out of memory: mappings inside 0x%llx stay until the session ends",
-               (unsigned long long)base);
+        wk_error("out of memory: mappings inside 0x%llx stay until the session ends",
+                 (unsigned long long)base);
         return;
     }
     size_t k = 0;
@@ -116,7 +116,8 @@ WK_HANDLER(vmm_address_free)
     unmap_inside(w, m->ptr, m->size);
     r = wk_idmap_del(&w->vmm_resvs, m->ptr);
     if (wk_vm_free(&w->vm, m->ptr, r->size) != 0)
-        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)r->size);
+        wk_error("out of memory: %llu bytes of the VA window are lost",
+                 (unsigned long long)r->size);
     free(r);
 }
 
@@ -146,7 +147,7 @@ WK_HANDLER(vmm_create)
         if (r.result != CUDA_SUCCESS) {
             CUresult rc = DRV(w, cuMemRelease, h);
             if (rc != CUDA_SUCCESS)
-                wk_log("releasing an unbound allocation: %s", wk_err_name(w, rc));
+                wk_warn("releasing an unbound allocation: %s", wk_err_name(w, rc));
         } else {
             w->stats.mem_used += m->size;
         }
@@ -196,7 +197,7 @@ WK_HANDLER(vmm_map)
         }
         rc = wk_obj_bind(&w->vmm_maps, m->ptr, o);
         if (rc != CUDA_SUCCESS && DRV(w, cuMemUnmap, m->ptr, m->size) != CUDA_SUCCESS)
-            wk_log("unmapping an unrecorded mapping at 0x%llx failed", (unsigned long long)m->ptr);
+            wk_warn("unmapping an unrecorded mapping at 0x%llx failed", (unsigned long long)m->ptr);
     }
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_VMM_MAP, rc, "cuMemMap of %llu bytes at 0x%llx (offset %llu)",
@@ -238,7 +239,7 @@ static void destroy_map(struct worker *w, uint64_t ptr, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuMemUnmap, ptr, o->size);
     if (rc != CUDA_SUCCESS)
-        wk_log("unmapping 0x%llx: %s", (unsigned long long)ptr, wk_err_name(w, rc));
+        wk_warn("unmapping 0x%llx: %s", (unsigned long long)ptr, wk_err_name(w, rc));
 }
 
 static void destroy_handle(struct worker *w, uint64_t id, struct wk_obj *o)
@@ -246,14 +247,15 @@ static void destroy_handle(struct worker *w, uint64_t id, struct wk_obj *o)
     (void)id;
     CUresult rc = DRV(w, cuMemRelease, o->mem);
     if (rc != CUDA_SUCCESS)
-        wk_log("releasing VMM memory: %s", wk_err_name(w, rc));
+        wk_warn("releasing VMM memory: %s", wk_err_name(w, rc));
     w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
 }
 
 static void destroy_resv(struct worker *w, uint64_t base, struct wk_obj *o)
 {
     if (w->va_reserved && wk_vm_free(&w->vm, base, o->size) != 0)
-        wk_log("out of memory: %llu bytes of the VA window are lost", (unsigned long long)o->size);
+        wk_error("out of memory: %llu bytes of the VA window are lost",
+                 (unsigned long long)o->size);
 }
 
 void wk_vmm_release_all(struct worker *w)
@@ -261,7 +263,7 @@ void wk_vmm_release_all(struct worker *w)
     if (w->vmm_maps.count > 0) {
         CUresult rc = DRV(w, cuCtxSynchronize);
         if (rc != CUDA_SUCCESS)
-            wk_log("synchronising before unmapping the session's memory: %s", wk_err_name(w, rc));
+            wk_warn("synchronising before unmapping the session's memory: %s", wk_err_name(w, rc));
     }
     wk_obj_purge(w, &w->vmm_maps, 0, 0, destroy_map);
     wk_obj_purge(w, &w->vmm_handles, 0, 0, destroy_handle);

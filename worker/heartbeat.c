@@ -43,7 +43,7 @@ static void write_frame(struct worker *w, const uint8_t *p, size_t n)
             char err[200];
             r = wk_tls_io(w, (void *)(p + done), n - done, 1, &wait, err, sizeof err);
             if (r < 0 && wait == 0) {
-                wk_log("keepalive: %s", err);
+                wk_warn("keepalive: %s", err);
                 break;
             }
         } else {
@@ -64,11 +64,11 @@ static void write_frame(struct worker *w, const uint8_t *p, size_t n)
             break;
     }
     if (done > 0 && done < n) {
-        wk_log("keepalive: the client took only %zu of %zu bytes of a notice; closing the "
-               "connection (its stream would be broken)",
-               done, n);
+        wk_warn("keepalive: the client took only %zu of %zu bytes of a notice; closing the "
+                "connection (its stream would be broken)",
+                done, n);
         if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
-            wk_log("shutdown of the client socket failed: %s", strerror(errno));
+            wk_warn("shutdown of the client socket failed: %s", strerror(errno));
     }
 }
 
@@ -84,7 +84,7 @@ static void beat(struct worker *w)
         write_frame(w, frame, n);
     atomic_store(&w->hb.sending, 0);
     if (pthread_mutex_unlock(&w->hb.lock) != 0)
-        wk_log("keepalive: unlocking failed");
+        wk_warn("keepalive: unlocking failed");
 }
 
 /* Sleeps one tick, or less when wk_hb_stop wakes us. 1 when it is time to stop. */
@@ -161,11 +161,11 @@ int wk_hb_start(struct worker *w)
      * blocked in every thread already, since main() blocked them before anything started). */
     int rc = pthread_create(&w->hb.thread, NULL, hb_main, w);
     if (rc != 0) {
-        wk_log("keepalive thread: %s; long calls will look like a silent server", strerror(rc));
+        wk_warn("keepalive thread: %s; long calls will look like a silent server", strerror(rc));
         (void)pthread_cond_destroy(&w->hb.wake);
         (void)pthread_mutex_destroy(&w->hb.wake_lock);
         if (pthread_mutex_destroy(&w->hb.lock) != 0)
-            wk_log("keepalive: destroying the lock failed");
+            wk_warn("keepalive: destroying the lock failed");
         return -1;
     }
     w->hb.running = 1;
@@ -180,21 +180,21 @@ void wk_hb_stop(struct worker *w)
     if (pthread_mutex_lock(&w->hb.wake_lock) == 0) {
         atomic_store(&w->hb.stop, 1);
         if (pthread_cond_signal(&w->hb.wake) != 0 || pthread_mutex_unlock(&w->hb.wake_lock) != 0)
-            wk_log("keepalive: waking the thread failed");
+            wk_warn("keepalive: waking the thread failed");
     } else {
         atomic_store(&w->hb.stop, 1); /* it still stops, within a tick */
     }
     int rc = pthread_join(w->hb.thread, NULL);
     if (rc != 0)
-        wk_log("joining the keepalive thread: %s", strerror(rc));
+        wk_warn("joining the keepalive thread: %s", strerror(rc));
     if (pthread_cond_destroy(&w->hb.wake) != 0 || pthread_mutex_destroy(&w->hb.wake_lock) != 0 ||
         pthread_mutex_destroy(&w->hb.lock) != 0)
-        wk_log("keepalive: destroying its locks failed");
+        wk_warn("keepalive: destroying its locks failed");
     w->hb.running = 0;
 }
 
 void wk_hb_wait_writer(struct worker *w)
 {
     if (pthread_mutex_lock(&w->hb.lock) == 0 && pthread_mutex_unlock(&w->hb.lock) != 0)
-        wk_log("keepalive: unlocking failed");
+        wk_warn("keepalive: unlocking failed");
 }

@@ -41,7 +41,7 @@ void wk_io_free(struct worker *w)
 static void lost(struct worker *w, const char *what, int err)
 {
     if (!w->dead)
-        wk_log("client connection lost (%s: %s)", what, strerror(err));
+        wk_warn("client connection lost (%s: %s)", what, strerror(err));
     wk_end_session(w, WK_END_CLIENT_LOST, "client connection lost (%s: %s)", what, strerror(err));
     w->dead = 1;
 }
@@ -179,7 +179,7 @@ static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
                 return -1;
         } else {
             if (!w->dead)
-                wk_log("TLS write: %s", err);
+                wk_warn("TLS write: %s", err);
             lost(w, "TLS write", EPIPE);
             return -1;
         }
@@ -199,7 +199,7 @@ static ssize_t tls_read_some(struct worker *w, void *dst, size_t n)
             return r;
         if (!ev) {
             if (!w->dead)
-                wk_log("TLS read: %s", err);
+                wk_warn("TLS read: %s", err);
             lost(w, "TLS read", EPROTO);
             return -1;
         }
@@ -271,7 +271,7 @@ uint8_t *wk_io_reserve(struct worker *w, size_t n)
             cap *= 2;
         uint8_t *o = realloc(w->out, cap);
         if (!o) {
-            wk_log("out of memory for a %zu-byte reply; closing the session", n);
+            wk_error("out of memory for a %zu-byte reply; closing the session", n);
             wk_end_session(w, WK_END_WORKER_ERROR,
                            "the server ran out of memory for a %zu-byte reply", n);
             return NULL;
@@ -343,7 +343,7 @@ static int fill(struct worker *w, size_t need)
             if (need > w->in_cap) {
                 uint8_t *n = realloc(w->in, need);
                 if (!n) {
-                    wk_log("out of memory for a %zu-byte frame; closing the session", need);
+                    wk_error("out of memory for a %zu-byte frame; closing the session", need);
                     wk_end_session(w, WK_END_WORKER_ERROR,
                                    "the server ran out of memory for a %zu-byte frame", need);
                     return -1;
@@ -361,7 +361,7 @@ static int fill(struct worker *w, size_t need)
         if (r == 0) {
             if (w->in_end == w->in_pos)
                 return 0;
-            wk_log("client closed the connection in the middle of a frame");
+            wk_warn("client closed the connection in the middle of a frame");
             wk_end_session(w, WK_END_CLIENT_LOST,
                            "the client closed the connection in the middle of a frame");
             return -1;
@@ -401,7 +401,7 @@ int wk_io_next_frame(struct worker *w, gp_frame_header *h, const uint8_t **body)
     r = fill(w, GP_PROTO_HEADER_SIZE + (size_t)h->len);
     if (r <= 0) {
         if (r == 0) { /* end of stream right after a header */
-            wk_log("client closed the connection in the middle of a frame");
+            wk_warn("client closed the connection in the middle of a frame");
             wk_end_session(w, WK_END_CLIENT_LOST,
                            "the client closed the connection in the middle of a frame");
         }
@@ -453,7 +453,7 @@ int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n)
         ssize_t r = read_some(w, d ? (void *)d : (void *)scratch, want);
         if (r <= 0) {
             if (r == 0) {
-                wk_log("client closed the connection in the middle of bulk data");
+                wk_warn("client closed the connection in the middle of bulk data");
                 wk_end_session(w, WK_END_CLIENT_LOST,
                                "the client closed the connection in the middle of bulk data");
             }

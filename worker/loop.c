@@ -190,5 +190,5 @@ void wk_worker_loop(struct worker *w)
             break;
     }
     if (w->out_len > 0 && wk_io_flush(w) != 0)
-        wk_log("could not send the last replies");
+        wk_error("could not send the last replies");
 }

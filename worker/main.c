@@ -38,7 +38,7 @@
 
 static void usage(const char *why)
 {
-    wk_log("usage error: %s", why);
+    wk_error("usage error: %s", why);
     fprintf(stderr,
             "usage: gpupool-worker --control-fd N --driver PATH --device ORDINAL "
             "--cache-dir DIR [--simulated]\n"
@@ -166,7 +166,7 @@ int wk_prepare_socket(int fd)
         (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)) {
         int one = 1, idle = 30, intvl = 10, cnt = 3;
         if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
-            wk_log("TCP_NODELAY: %s", strerror(errno));
+            wk_warn("TCP_NODELAY: %s", strerror(errno));
         /* A client machine that vanishes (powered off, cable pulled) is noticed within about a
          * minute even while the session is idle, and its lease ends as "client lost". A client
          * that is alive but stopped keeps its lease: its kernel still answers. */
@@ -174,7 +174,7 @@ int wk_prepare_socket(int fd)
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0 ||
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) != 0 ||
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) != 0)
-            wk_log("TCP keepalive: %s", strerror(errno));
+            wk_warn("TCP keepalive: %s", strerror(errno));
     }
     return 0;
 }
@@ -191,7 +191,7 @@ static uint8_t *read_hello(size_t *len)
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || (r > 0 && n + (size_t)r == MAX_HELLO_BODY)) {
-            wk_log("reading the hello from stdin: %s", r < 0 ? strerror(errno) : "too long");
+            wk_warn("reading the hello from stdin: %s", r < 0 ? strerror(errno) : "too long");
             free(buf);
             return NULL;
         }
@@ -248,7 +248,7 @@ int main(int argc, char **argv)
     }
     /* Writes to a vanished client must fail with EPIPE, not kill us before we clean up. */
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
-        wk_log("cannot ignore SIGPIPE: %s", strerror(errno));
+        wk_warn("cannot ignore SIGPIPE: %s", strerror(errno));
 
     /* gpupoold stops workers with SIGTERM: turn it (and SIGINT) into an event the loop sees
      * while it waits for the client, so the client is told and everything is released. Blocked
@@ -259,18 +259,18 @@ int main(int argc, char **argv)
         sigaddset(&stop, SIGINT) == 0 && sigprocmask(SIG_BLOCK, &stop, NULL) == 0) {
         sigfd = signalfd(-1, &stop, SFD_CLOEXEC);
         if (sigfd < 0) {
-            wk_log("signalfd: %s; SIGTERM ends the worker at once", strerror(errno));
+            wk_warn("signalfd: %s; SIGTERM ends the worker at once", strerror(errno));
             if (sigprocmask(SIG_UNBLOCK, &stop, NULL) != 0)
-                wk_log("sigprocmask: %s", strerror(errno));
+                wk_warn("sigprocmask: %s", strerror(errno));
         }
     } else {
-        wk_log("cannot block SIGTERM: %s", strerror(errno));
+        wk_warn("cannot block SIGTERM: %s", strerror(errno));
     }
 
     /* All state of the session; see worker.h for why there is no global state. */
     struct worker *w = calloc(1, sizeof *w);
     if (!w || wk_io_init(w, o.fd, sigfd) != 0) {
-        wk_log("out of memory at start");
+        wk_error("out of memory at start");
         return 1;
     }
     w->simulated = o.simulated;
@@ -290,6 +290,6 @@ int main(int argc, char **argv)
     wk_tls_free(w);
     free(w);
     if (sigfd >= 0 && close(sigfd) != 0)
-        wk_log("closing the signalfd: %s", strerror(errno));
+        wk_warn("closing the signalfd: %s", strerror(errno));
     return status;
 }

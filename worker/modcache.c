@@ -48,8 +48,8 @@ int wk_modcache_init(struct modcache *c, const char *cache_dir)
         return -1;
     snprintf(c->dir, n, "%s/modules", cache_dir);
     if (mkdir_p(c->dir) != 0) {
-        wk_log("module disk cache %s unusable (%s); caching in memory only", c->dir,
-               strerror(errno));
+        wk_warn("module disk cache %s unusable (%s); caching in memory only", c->dir,
+                strerror(errno));
         free(c->dir);
         c->dir = NULL;
     }
@@ -118,7 +118,7 @@ static uint8_t *read_file(const char *path, size_t *len)
     *len = n;
 out:
     if (close(fd) != 0)
-        wk_log("closing %s: %s", path, strerror(errno));
+        wk_warn("closing %s: %s", path, strerror(errno));
     return data;
 }
 
@@ -137,7 +137,7 @@ const struct mc_entry *wk_modcache_get(struct modcache *c, const uint8_t sha[32]
     uint8_t got[32];
     gp_sha256(data, len, got);
     if (memcmp(got, sha, 32) != 0 || (expected_size != 0 && expected_size != len)) {
-        wk_log("cached module %s does not match its name; ignoring it", path);
+        wk_warn("cached module %s does not match its name; ignoring it", path);
         free(data);
         return NULL;
     }
@@ -153,7 +153,7 @@ static void write_disk(struct modcache *c, const struct mc_entry *e)
     snprintf(tmp, sizeof tmp, "%s/.tmp-%ld-%u", c->dir, (long)getpid(), c->tmp_seq++);
     /* No fsync: after a crash a truncated file only fails its hash check and is replaced. */
     if (wk_write_file_atomic(tmp, path, e->data, e->len, 0) != 0)
-        wk_log("cannot store module cache file %s: %s", path, strerror(errno));
+        wk_warn("cannot store module cache file %s: %s", path, strerror(errno));
 }
 
 const struct mc_entry *wk_modcache_put(struct modcache *c, const uint8_t sha[32], uint8_t *data,

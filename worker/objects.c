@@ -79,7 +79,7 @@ void wk_obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned ki
     /* Collect first: the map must not change while we iterate it. */
     uint64_t *ids = malloc(m->count * sizeof *ids);
     if (!ids) {
-        wk_log("out of memory while releasing objects; some are left to process exit");
+        wk_error("out of memory while releasing objects; some are left to process exit");
         return;
     }
     size_t n = 0, pos = 0;
@@ -106,14 +106,14 @@ void wk_obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuStreamDestroy, o->h);
     if (rc != CUDA_SUCCESS)
-        wk_log("destroying stream 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("destroying stream 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
 void wk_obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = DRV(w, cuEventDestroy, o->h);
     if (rc != CUDA_SUCCESS)
-        wk_log("destroying event 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("destroying event 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
 void wk_obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o)
@@ -122,5 +122,5 @@ void wk_obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o)
     wk_obj_purge(w, &w->funcs, id, 0, NULL);
     CUresult rc = o->kind == 1 ? DRV(w, cuLibraryUnload, o->h) : DRV(w, cuModuleUnload, o->h);
     if (rc != CUDA_SUCCESS)
-        wk_log("unloading module 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("unloading module 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }

@@ -39,7 +39,7 @@ enum wait_result {
 /* `failed`: set-up failed; text says what to do. */
 static void send_failed(struct worker *w, const char *text)
 {
-    wk_log("set-up failed: %s", text);
+    wk_warn("set-up failed: %s", text);
     gp_worker_failed m;
     char error[2048];
     WK_SET_TEXT(m.error, error, text);
@@ -73,8 +73,8 @@ static int watch_parent(struct worker *w)
 {
     pid_t parent = getppid();
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0)
-        wk_log("PR_SET_PDEATHSIG: %s (the control socket still tells when gpupoold goes)",
-               strerror(errno));
+        wk_warn("PR_SET_PDEATHSIG: %s (the control socket still tells when gpupoold goes)",
+                strerror(errno));
     if (getppid() != parent)
         return -1;
     struct pollfd p = {.fd = w->ctl.fd, .events = POLLIN};
@@ -108,7 +108,7 @@ static enum wait_result wait_session(struct worker *w, uint8_t *buf, size_t cap,
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            wk_log("poll: %s", strerror(errno));
+            wk_warn("poll: %s", strerror(errno));
             return DAEMON_GONE;
         }
         if (n == 2 && (p[1].revents & POLLIN)) {
@@ -126,17 +126,17 @@ static enum wait_result wait_session(struct worker *w, uint8_t *buf, size_t cap,
             continue;
         if (m <= 0) {
             if (m < 0)
-                wk_log("reading the control socket: %s", strerror(errno));
+                wk_warn("reading the control socket: %s", strerror(errno));
             return DAEMON_GONE;
         }
         *len = (size_t)m;
         if (truncated) {
-            wk_log("a control message of more than %zu bytes was cut", cap);
+            wk_warn("a control message of more than %zu bytes was cut", cap);
             return BAD_MESSAGE;
         }
         if (wk_ctl_decode(buf, (size_t)m, GP_OP_WORKER_END) != NULL) {
             if (*fd >= 0 && close(*fd) != 0)
-                wk_log("close: %s", strerror(errno));
+                wk_warn("close: %s", strerror(errno));
             *fd = -1;
             return GOT_END;
         }
@@ -204,7 +204,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
                  len, len >= GP_PROTO_HEADER_SIZE ? gp_rd_u16(msg + 4) : 0u,
                  fd < 0 ? "no client socket" : "with a socket");
         if (fd >= 0 && close(fd) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
         send_failed(w, text);
         return 1;
     }
@@ -213,7 +213,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     o.fd = fd;
     w->ctl.session_id = o.session_id;
     if (wk_prepare_socket(fd) != 0)
-        wk_log("preparing the client socket: %s", strerror(errno));
+        wk_warn("preparing the client socket: %s", strerror(errno));
     w->fd = fd;
 
     if (sm.flags & GP_WORKER_SESSION_TLS) {
@@ -259,7 +259,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     wk_worker_loop(w);
     /* The client sees the end before our teardown (which may take a while on a real GPU). */
     if (!w->dead && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN && errno != ENOTSOCK)
-        wk_log("shutdown of the client socket failed: %s", strerror(errno));
+        wk_warn("shutdown of the client socket failed: %s", strerror(errno));
     w->dead = 1;
     wk_session_end(w);
     wk_ctl_send_end(w);
@@ -270,7 +270,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
 int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
 {
     if (prepare_control(w->ctl.fd) != 0) {
-        wk_log("preparing the control socket: %s", strerror(errno));
+        wk_warn("preparing the control socket: %s", strerror(errno));
         return 1;
     }
     if (watch_parent(w) != 0) {
@@ -327,7 +327,7 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
         break;
     case BAD_MESSAGE:
         if (fd >= 0 && close(fd) != 0)
-            wk_log("close: %s", strerror(errno));
+            wk_warn("close: %s", strerror(errno));
         send_failed(w, "an unexpected control message came instead of worker_session; gpupoold "
                        "and gpupool-worker do not match: reinstall gpupool");
         wk_session_end(w);

@@ -29,7 +29,7 @@ void wk_hello_refuse(struct worker *w, uint64_t req, int32_t result, const char 
     if (n < 0)
         msg[0] = '\0';
     server_name(host);
-    wk_log("refusing the session: %s", msg);
+    wk_warn("refusing the session: %s", msg);
     /* Kept for the control channel's `refused` event. */
     w->refused_code = result;
     snprintf(w->refused_text, sizeof w->refused_text, "%s", msg);
@@ -249,7 +249,7 @@ static void destroy_ctx(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     CUresult rc = wk_ctx_teardown(w, id, o);
     if (rc != CUDA_SUCCESS)
-        wk_log("destroying context 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
+        wk_warn("destroying context 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
 }
 
 void wk_session_end(struct worker *w)
@@ -261,7 +261,7 @@ void wk_session_end(struct worker *w)
          * client's own contexts are gone. */
         CUresult rc = w->drv.cuCtxSetCurrent(w->primary);
         if (rc != CUDA_SUCCESS)
-            wk_log("making the primary context current for cleanup: %s", wk_err_name(w, rc));
+            wk_warn("making the primary context current for cleanup: %s", wk_err_name(w, rc));
         w->cur_ctx = WK_PRIMARY_CTX_ID;
         wk_staging_release(w);
         wk_graph_release_all(w);
@@ -276,7 +276,7 @@ void wk_session_end(struct worker *w)
         for (; w->primary_retains > 0; w->primary_retains--) {
             rc = DRV(w, cuDevicePrimaryCtxRelease, w->dev);
             if (rc != CUDA_SUCCESS)
-                wk_log("releasing the primary context: %s", wk_err_name(w, rc));
+                wk_warn("releasing the primary context: %s", wk_err_name(w, rc));
         }
     }
     /* The driver library stays loaded: libcuda does not support being unloaded, and the process

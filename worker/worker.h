@@ -304,7 +304,16 @@ static inline CUresult hb_leave(struct worker *w, CUresult rc)
 #define WK_LONG(w_, call_) (hb_enter(w_), hb_leave((w_), (call_)))
 
 /* ---- errors.c --------------------------------------------------------------------------- */
+/* Log lines: information, and the warnings and errors gpupoold logs at their level (sd-daemon(3)
+ * priorities). */
+enum {
+    WK_LOG_ERR = 3,
+    WK_LOG_WARNING = 4,
+    WK_LOG_INFO = 6
+};
 void wk_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void wk_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void wk_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "CUDA_ERROR_INVALID_VALUE" etc. (driver's name when it has one). Valid until the next call. */
 const char *wk_err_name(struct worker *w, CUresult rc);
 void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text);

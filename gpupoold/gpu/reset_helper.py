@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None, nvml: Nvml | None = None) -> int:
     args = parse_args(argv)
     root = logging.getLogger()
     root.handlers[:] = [log_handler(sys.stderr, "gpupool-reset-helper: %(levelname)s %(message)s",
-                                    journal_prefix="")]
+                                    journal_prefix="", identifier="gpupool-reset-helper")]
     root.setLevel(logging.INFO)
     try:
         smi = find_nvidia_smi(args.nvidia_smi)

@@ -35,6 +35,7 @@ import gpupool_protocol as gp
 from gpupoold.config.settings import Settings
 from gpupoold.gpu.cleaner import CleanResult, GpuCleaner
 from gpupoold.gpu.inventory import Inventory
+from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
 from gpupoold.pool.requirements import Requirements
@@ -256,7 +257,7 @@ class LeaseManager:
         except AdoptError as exc:
             slot.adopting = None
             log.error("lease %d on GPU %d could not be taken over: %s; its GPU is scrubbed",
-                      rec.id, slot.gpu.index, exc)
+                      rec.id, slot.gpu.index, exc, extra=journal_fields(rec.id, slot.gpu.index))
             await self._close_previous(rec, f"gpupoold restarted and could not take over the "
                                             f"lease: {exc}")
             if not self._closing:
@@ -280,7 +281,8 @@ class LeaseManager:
             lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
         log.info("lease %d taken over: GPU %d, %s, worker pid %d (it served %.1f s without "
                  "gpupoold)", lease.id, slot.gpu.index, lease.client.describe(), worker.pid,
-                 worker.orphaned_s)
+                 worker.orphaned_s,
+                 extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
         self._changed(slot)
         await self._watch(lease)
 
@@ -289,7 +291,7 @@ class LeaseManager:
         """A previous lease this daemon cannot take over (its GPU is gone or taken): end its
         worker and close the record."""
         log.error("lease %d of the previous gpupoold cannot be taken over: %s; ending it",
-                  rec.id, why)
+                  rec.id, why, extra=journal_fields(rec.id))
         gpu = self.slots[0].gpu if self.slots else None
         if gpu is not None:
             with contextlib.suppress(AdoptError):
@@ -528,7 +530,8 @@ class LeaseManager:
         level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
         log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
                 reason, f": {detail}" if detail else "", slot.gpu.index, lease.client.describe(),
-                time.time() - lease.started, s.bytes_h2d, s.bytes_d2h)
+                time.time() - lease.started, s.bytes_h2d, s.bytes_d2h,
+                extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
         self.counters.inc("leases_ended", reason=reason)
         await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
                                      s.bytes_d2h, dict(s.calls), module_bytes=s.module_bytes)
@@ -573,12 +576,14 @@ class LeaseManager:
         except Exception:
             log.exception("GPU %d: counting the scrub failed", slot.gpu.index)
         if result.ok:
-            log.info("GPU %d clean: %s", slot.gpu.index, result.summary())
+            log.info("GPU %d clean: %s", slot.gpu.index, result.summary(),
+                     extra=journal_fields(gpu=slot.gpu.index))
             if slot.state == FREE:
                 self._prestart(slot)
         else:
             log.error("GPU %d QUARANTINED: %s. Investigate, then `gpupoold gpu clear %d`",
-                      slot.gpu.index, result.summary(), slot.gpu.index)
+                      slot.gpu.index, result.summary(), slot.gpu.index,
+                      extra=journal_fields(gpu=slot.gpu.index))
             self._save_state_soon()
         self._changed(slot)
         self._dispatch()
@@ -593,10 +598,11 @@ class LeaseManager:
         if lease is not None and slot.state == LEASED:
             # The watcher records the end (at once if the worker is gone) and scrubs.
             log.error("watchdog: GPU %d: %s; watching lease %d again", slot.gpu.index, why,
-                      lease.id)
+                      lease.id, extra=journal_fields(lease.id, slot.gpu.index))
             self._own(slot, self._watch(lease), f"lease-{lease.id}")
             return
-        log.error("watchdog: GPU %d: %s; scrubbing it", slot.gpu.index, why)
+        log.error("watchdog: GPU %d: %s; scrubbing it", slot.gpu.index, why,
+                  extra=journal_fields(gpu=slot.gpu.index))
         if lease is not None:
             self._leases.pop(lease.id, None)
             slot.lease = None
@@ -610,7 +616,8 @@ class LeaseManager:
 
     def _quarantine_stuck(self, slot: Slot, reason: str) -> None:
         log.error("GPU %d QUARANTINED: %s. Investigate (the log above), then `gpupoold gpu clear "
-                  "%d`", slot.gpu.index, reason, slot.gpu.index)
+                  "%d`", slot.gpu.index, reason, slot.gpu.index,
+                  extra=journal_fields(gpu=slot.gpu.index))
         if slot.task is not None:
             slot.task.cancel()
         if slot.lease is not None:

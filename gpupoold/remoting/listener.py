@@ -26,6 +26,7 @@ import gpupool_protocol as gp
 from gpupoold import sdlisten
 from gpupoold.auth.authenticator import Authenticator
 from gpupoold.config.settings import Settings, format_address, parse_address
+from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
 from gpupoold.pool.requirements import Requirements
@@ -267,7 +268,8 @@ class RemotingListener:
         log.info("lease %d: %s on GPU %d (%s) for token %r, %s; worker pid %d, %.1f ms from "
                  "connect to the hello reply (%.1f ms queued)", lease.id, client.describe(),
                  slot.gpu.index, slot.gpu.name, lease.token, requirements_text(hello),
-                 lease.worker.pid, took * 1000, lease.queued_s * 1000)
+                 lease.worker.pid, took * 1000, lease.queued_s * 1000,
+                 extra=journal_fields(lease.id, slot.gpu.index, client.describe()))
 
     def _request(self, result: str) -> None:
         """Count a lease request (a hello) by its result (`gpupool_lease_requests_total`)."""

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import signal
 import socket
 import struct
@@ -43,6 +44,7 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold.gpu.inventory import Gpu
+from gpupoold.log import journal_fields
 from gpupoold.workers import control
 from gpupoold.workers.process import WorkerProcess
 from gpupoold.workers.state_dir import WorkerDir
@@ -65,6 +67,21 @@ ADOPT_NOTICE_EVERY = 10.0  # seconds between log lines while a busy worker has n
 RETIRE_GRACE = 10.0  # seconds an unadoptable worker has to end after END, before SIGKILL
 CONTROL_RECV = 65536  # worker events are under 4 KiB
 DRAIN_TIMEOUT = 5.0  # seconds to read what an exited worker left in its pipes
+
+
+# The worker marks its warnings and errors with an sd-daemon(3) priority (worker/errors.c).
+WORKER_PRIORITY = re.compile(r"^<([0-7])>")
+
+
+def worker_line(line: str) -> tuple[int, str]:
+    """The logging level of a line of the worker, and the line without its priority mark."""
+    m = WORKER_PRIORITY.match(line)
+    if not m:
+        return logging.INFO, line
+    prio = int(m.group(1))
+    level = (logging.CRITICAL if prio <= 2 else logging.ERROR if prio == 3 else
+             logging.WARNING if prio == 4 else logging.INFO if prio <= 6 else logging.DEBUG)
+    return level, line[m.end():]
 
 
 @dataclass(frozen=True)
@@ -411,7 +428,9 @@ class Worker:
                     line = await stream.read(OUTPUT_LINE_LIMIT)
                 if not line:
                     return
-                wlog.info("%s %s", self.label, line.decode(errors="replace").rstrip("\n"))
+                level, text = worker_line(line.decode(errors="replace").rstrip("\n"))
+                wlog.log(level, "%s %s", self.label, text,
+                         extra=journal_fields(self.session_id, self.gpu.index))
         except OSError as exc:
             log.warning("%s reading the output of worker pid %d: %s", self.label, self.pid, exc)
         finally:
