@@ -35,6 +35,11 @@ LAYOUTS: dict[str, list[str]] = {
     "CUlaunchAttributeValue": ["pad", "cooperative", "clusterDim", "clusterDim.x",
                                "clusterDim.y", "clusterDim.z"],
     "CUlaunchAttribute": ["id", "pad", "value"],
+    "CUcheckpointLockArgs": ["timeoutMs", "reserved0", "reserved1"],
+    "CUcheckpointCheckpointArgs": ["reserved"],
+    "CUcheckpointGpuPair": ["oldUuid", "newUuid"],
+    "CUcheckpointRestoreArgs": ["gpuPairs", "gpuPairsCount", "reserved", "reserved1"],
+    "CUcheckpointUnlockArgs": ["reserved"],
     "CUDA_MEMCPY2D": ["srcXInBytes", "srcY", "srcMemoryType", "srcHost", "srcDevice", "srcArray",
                       "srcPitch", "dstXInBytes", "dstY", "dstMemoryType", "dstHost", "dstDevice",
                       "dstArray", "dstPitch", "WidthInBytes", "Height"],
@@ -44,7 +49,7 @@ LAYOUTS: dict[str, list[str]] = {
 # Scalar and handle types whose size must match.
 SIZES = ["CUresult", "CUdevice", "CUdeviceptr", "CUmemGenericAllocationHandle", "cuuint64_t",
          "cuuint32_t", "CUcontext", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUstream",
-         "CUevent", "CUmemoryPool", "CUgraph", "CUgraphExec", "CUlinkState", "CUarray",
+         "CUevent", "CUmemoryPool", "CUgraph", "CUgraphExec", "CUlinkState", "CUarray", "CUprocessState",
          "CUdriverProcAddressQueryResult", "CUdevice_attribute", "CUfunction_attribute",
          "CUlimit", "CUpointer_attribute", "CUmemorytype", "CUlaunchAttributeID",
          "CUoccupancyB2DSize", "CUjit_option", "CUlibraryOption", "CUmoduleLoadingMode"]

@@ -31,6 +31,7 @@ C_TESTS = [
     "test_sim_elf",
     "test_sim_memfile",
     "test_sim_graph",
+    "test_sim_checkpoint",
 ]
 
 EXPORTS = """
@@ -57,6 +58,8 @@ cuOccupancyMaxActiveClusters cuLaunchKernel cuLaunchKernelEx gpupoolSimLastError
 gpupoolSimHostPointer
 cuStreamBeginCapture_v2 cuStreamEndCapture cuStreamIsCapturing cuGraphInstantiateWithFlags
 cuGraphLaunch cuGraphUpload cuGraphExecDestroy cuGraphDestroy cuGraphGetNodes
+cuCheckpointProcessGetState cuCheckpointProcessGetRestoreThreadId cuCheckpointProcessLock
+cuCheckpointProcessCheckpoint cuCheckpointProcessRestore cuCheckpointProcessUnlock
 """.split()
 
 

@@ -181,6 +181,14 @@ SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 SIM_API CUresult cuGraphDestroy(CUgraph hGraph);
 SIM_API CUresult cuGraphGetNodes(CUgraph hGraph, void **nodes, size_t *numNodes);
 
+/* ---- process checkpoints (sim_checkpoint.c) ---------------------------------------------- */
+SIM_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state);
+SIM_API CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
+SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args);
+SIM_API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args);
+SIM_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args);
+SIM_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,6 +2,7 @@
  * sim_core.c: initialisation, the global lock, the calling thread's current context and error
  * detail, and the few entry points that work before cuInit (cuDriverGetVersion, the detail).
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,6 +21,10 @@ static CUresult cfg_rc;
 static bool init_done;
 static CUresult init_rc = CUDA_ERROR_NOT_INITIALIZED;
 static char init_error[512]; /* why configuration or cuInit failed, or "" */
+
+/* Which simulated GPU each device ordinal of this process is (identity until a checkpoint is
+ * restored onto other GPUs: sim_checkpoint.c). */
+static int phys_of[SIM_MAX_DEVICES];
 
 /* Per thread, as in the driver: the current context and the detail of the last error. */
 static _Thread_local uint64_t tl_ctx;
@@ -107,6 +112,37 @@ const char *gpupoolSimLastErrorDetail(void)
     return tl_detail;
 }
 
+int sim_phys_dev(int dev)
+{
+    return phys_of[dev];
+}
+
+void sim_set_phys_dev(int dev, int phys)
+{
+    phys_of[dev] = phys;
+}
+
+int sim_lock_wait(unsigned timeout_ms)
+{
+    if (timeout_ms == 0)
+        return pthread_mutex_lock(&sim_mu);
+    struct timespec until;
+    if (clock_gettime(CLOCK_REALTIME, &until) != 0)
+        return errno;
+    until.tv_sec += (time_t)(timeout_ms / 1000);
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    return pthread_mutex_timedlock(&sim_mu, &until);
+}
+
+void sim_lock_release(void)
+{
+    unlock();
+}
+
 bool sim_dev_valid(CUdevice dev)
 {
     return dev >= 0 && dev < sim_cfg.device_count;
@@ -146,6 +182,10 @@ CUresult cuInit(unsigned int Flags)
             rc = sim_memory_init();
         if (rc == CUDA_SUCCESS)
             rc = sim_ctx_create_primaries();
+        for (int d = 0; d < SIM_MAX_DEVICES; d++)
+            phys_of[d] = d;
+        if (rc == CUDA_SUCCESS)
+            sim_checkpoint_listen(); /* a failure is said on stderr; the rest works without it */
         init_rc = rc;
     }
     if (init_rc != CUDA_SUCCESS && init_error[0])

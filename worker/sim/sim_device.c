@@ -59,8 +59,9 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
     if (!sim_dev_valid(dev))
         return sim_leave(CUDA_ERROR_INVALID_DEVICE);
     memcpy(uuid->bytes, sim_cfg.uuid, 16);
-    /* Devices must differ; the configured UUID is device 0's. */
-    uuid->bytes[15] = (char)(sim_cfg.uuid[15] + (unsigned)dev);
+    /* Devices must differ; the configured UUID is device 0's. An ordinal restored onto another
+     * GPU (sim_checkpoint.c) is that GPU. */
+    uuid->bytes[15] = (char)(sim_cfg.uuid[15] + (unsigned)sim_phys_dev(dev));
     return sim_leave(CUDA_SUCCESS);
 }
 
@@ -95,7 +96,7 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
     if (!sim_dev_valid(dev))
         return sim_leave(CUDA_ERROR_INVALID_DEVICE);
-    *pi = sim_config_attr(&sim_cfg, dev, attrib);
+    *pi = sim_config_attr(&sim_cfg, sim_phys_dev(dev), attrib);
     return sim_leave(CUDA_SUCCESS);
 }
 
@@ -111,10 +112,11 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
     /* domain:bus:device.function in hex, 13 bytes with the NUL; truncated to len like the
      * driver does. */
     char buf[32];
-    int n = snprintf(buf, sizeof(buf), "%04x:%02x:%02x.0",
-                     (unsigned)sim_config_attr(&sim_cfg, dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
-                     (unsigned)sim_config_attr(&sim_cfg, dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
-                     (unsigned)sim_config_attr(&sim_cfg, dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
+    int n = snprintf(
+        buf, sizeof(buf), "%04x:%02x:%02x.0",
+        (unsigned)sim_config_attr(&sim_cfg, sim_phys_dev(dev), CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+        (unsigned)sim_config_attr(&sim_cfg, sim_phys_dev(dev), CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+        (unsigned)sim_config_attr(&sim_cfg, sim_phys_dev(dev), CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
     if (n < 0)
         return sim_leave(CUDA_ERROR_UNKNOWN);
     size_t k = strlen(buf);

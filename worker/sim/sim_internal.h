@@ -100,6 +100,15 @@ void sim_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * detail of every later cuInit / cuDriverGetVersion that returns the same failure. */
 void sim_init_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool sim_dev_valid(CUdevice dev);
+/* The simulated GPU behind device ordinal `dev` of this process (its UUID, PCI address and part
+ * of the memory file); the identity until a checkpoint is restored onto other GPUs. */
+int sim_phys_dev(int dev);
+void sim_set_phys_dev(int dev, int phys);
+/* For sim_checkpoint.c's control thread: take the global lock (waiting at most timeout_ms, 0: no
+ * limit; 0 or ETIMEDOUT returned) and hold it across requests, so that every API call of the
+ * process waits; then give it back. */
+int sim_lock_wait(unsigned timeout_ms);
+void sim_lock_release(void);
 /* The context of a handle, or NULL when it names none (or a released primary context). */
 struct sim_ctx *sim_ctx_get(CUcontext h);
 /* Frees everything a context owns (streams, events, modules, heap memory). */
@@ -188,6 +197,9 @@ bool sim_memfile_enabled(void);
 /* Reserves len bytes (a multiple of the page size) of device dev's part of the file. */
 CUresult sim_memfile_alloc(int dev, uint64_t len, uint64_t *off);
 void sim_memfile_free(int dev, uint64_t off);
+/* Reads or writes [off, off+len) of the file; -1 on an I/O error. */
+int sim_memfile_read(uint64_t off, void *buf, uint64_t len);
+int sim_memfile_write(uint64_t off, const void *buf, uint64_t len);
 /* Maps [off, off+len) of the file read-write and shared at addr (replacing what is there). */
 int sim_memfile_map(uint64_t addr, uint64_t len, uint64_t off);
 /* Zeroes [off, off+len) of the file (page-aligned) by punching a hole; -1 when the file system
@@ -330,5 +342,23 @@ void sim_event_replay_record(uint64_t event);
 void sim_graph_release_ctx(uint64_t ctx);
 /* A memset of n elements of elem (1, 2, 4) bytes, checked; the work of cuMemsetD*. Lock held. */
 CUresult sim_memset_run(uint64_t dst, unsigned value, size_t n, unsigned elem);
+
+/* ---- process checkpoints (sim_checkpoint.c, with sim_memory.c and sim_vmm.c) ------------- */
+/* Starts the thread that serves cuCheckpointProcess* calls made on this process by another one
+ * (cuInit calls it). */
+void sim_checkpoint_listen(void);
+/* With the lock held. Saving copies every device byte to host memory and changes nothing else
+ * (undone by discard); releasing then gives the device memory back; restoring maps it again, at
+ * the same addresses, on the GPUs sim_phys_dev() now names, and writes the bytes back. */
+CUresult sim_memory_save(void);
+void sim_memory_discard(void);
+void sim_memory_release(void);
+CUresult sim_memory_restore(void);
+CUresult sim_vmm_save(void);
+void sim_vmm_discard(void);
+void sim_vmm_release(void);
+CUresult sim_vmm_restore(void);
+/* The memory file offset of a VMM mapping of physical allocation `obj` once it is restored. */
+uint64_t sim_vmm_restored_offset(void *obj, uint64_t old_file_off);
 
 #endif /* GP_SIM_INTERNAL_H */

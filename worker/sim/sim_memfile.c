@@ -95,6 +95,7 @@ CUresult sim_memfile_init(void)
 
 CUresult sim_memfile_alloc(int dev, uint64_t len, uint64_t *off)
 {
+    dev = sim_phys_dev(dev); /* the GPU behind the ordinal: its part of the file */
     struct dev_ranges *d = &used[dev];
     if (len == 0 || len % PAGE != 0 || len > usable)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -125,7 +126,15 @@ CUresult sim_memfile_alloc(int dev, uint64_t len, uint64_t *off)
 
 void sim_memfile_free(int dev, uint64_t off)
 {
-    struct dev_ranges *d = &used[dev];
+    /* The part the range lies in (the ordinal may have moved to another GPU since). */
+    (void)dev;
+    uint64_t part = off / stride;
+    if (part >= SIM_MAX_DEVICES) {
+        fprintf(stderr, "gpupool-sim: memory file offset %llu is past the devices' parts\n",
+                (unsigned long long)off);
+        return;
+    }
+    struct dev_ranges *d = &used[part];
     size_t lo = 0, hi = d->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -142,6 +151,32 @@ void sim_memfile_free(int dev, uint64_t off)
     }
     memmove(&d->r[lo], &d->r[lo + 1], (d->n - lo - 1) * sizeof(*d->r));
     d->n--;
+}
+
+int sim_memfile_read(uint64_t off, void *buf, uint64_t len)
+{
+    for (uint64_t done = 0; done < len;) {
+        ssize_t n = pread(mem_fd, (char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (uint64_t)n;
+    }
+    return 0;
+}
+
+int sim_memfile_write(uint64_t off, const void *buf, uint64_t len)
+{
+    for (uint64_t done = 0; done < len;) {
+        ssize_t n = pwrite(mem_fd, (const char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (uint64_t)n;
+    }
+    return 0;
 }
 
 int sim_memfile_map(uint64_t addr, uint64_t len, uint64_t off)

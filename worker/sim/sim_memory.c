@@ -369,3 +369,100 @@ CUresult cuMemFreeHost(void *p)
     host_release(i - 1);
     return sim_leave(CUDA_SUCCESS);
 }
+
+/* ---- process checkpoints (sim_checkpoint.c) ---------------------------------------------- */
+/* Per segment, while a checkpoint holds the process: the bytes of heap segments and of VMM
+ * mappings without a memory file (with one, a mapping's bytes are its allocation's, saved by
+ * sim_vmm.c). Indexes are the registry's, which cannot change while the process is locked. */
+static void **saved;
+static size_t nsaved;
+
+static bool saves_bytes(const struct sim_seg *s)
+{
+    return s->kind == SIM_SEG_HEAP || (s->kind == SIM_SEG_VMM && !s->in_file);
+}
+
+void sim_memory_discard(void)
+{
+    for (size_t i = 0; i < nsaved; i++)
+        free(saved[i]);
+    free(saved);
+    saved = NULL;
+    nsaved = 0;
+}
+
+CUresult sim_memory_save(void)
+{
+    sim_memory_discard();
+    saved = calloc(nsegs ? nsegs : 1, sizeof(*saved));
+    if (!saved)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    nsaved = nsegs;
+    for (size_t i = 0; i < nsegs; i++) {
+        if (!saves_bytes(&segs[i]))
+            continue;
+        saved[i] = malloc(segs[i].foot);
+        if (!saved[i]) {
+            sim_memory_discard();
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        memcpy(saved[i], (const void *)(uintptr_t)segs[i].start, segs[i].foot);
+    }
+    return CUDA_SUCCESS;
+}
+
+void sim_memory_release(void)
+{
+    for (size_t i = 0; i < nsegs; i++) {
+        struct sim_seg *s = &segs[i];
+        if (s->kind == SIM_SEG_HOST)
+            continue;
+        /* The addresses stay reserved (PROT_NONE) and in the registry: the process keeps its
+         * pointers; only the memory behind them goes. */
+        if (sim_remap(s->start, s->foot, PROT_NONE) != 0)
+            fprintf(stderr, "gpupool-sim: checkpoint: cannot release 0x%llx\n",
+                    (unsigned long long)s->start);
+        if (s->kind == SIM_SEG_HEAP) {
+            if (s->in_file)
+                sim_memfile_free(s->dev, s->file_off);
+            used_bytes[s->dev] -= s->foot;
+        }
+    }
+}
+
+CUresult sim_memory_restore(void)
+{
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < nsegs && rc == CUDA_SUCCESS; i++) {
+        struct sim_seg *s = &segs[i];
+        if (s->kind == SIM_SEG_HOST)
+            continue;
+        int mapped;
+        if (s->in_file) {
+            uint64_t off = 0;
+            if (s->kind == SIM_SEG_HEAP) {
+                if (sim_memfile_alloc(s->dev, s->foot, &off) != CUDA_SUCCESS) {
+                    rc = CUDA_ERROR_OUT_OF_MEMORY;
+                    break;
+                }
+            } else {
+                off = sim_vmm_restored_offset(s->obj, s->file_off);
+            }
+            s->file_off = off;
+            mapped = sim_memfile_map(s->start, s->foot, off);
+        } else {
+            mapped = sim_remap(s->start, s->foot, PROT_READ | PROT_WRITE);
+        }
+        if (mapped != 0) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        if (i < nsaved && saved[i])
+            memcpy((void *)(uintptr_t)s->start, saved[i], s->foot);
+        if (s->kind == SIM_SEG_HEAP)
+            used_bytes[s->dev] += s->foot;
+    }
+    if (rc == CUDA_SUCCESS)
+        sim_memory_discard();
+    return rc;
+}

@@ -31,6 +31,9 @@ struct phys {
     unsigned maps;
     bool in_file;      /* backed by the memory file */
     uint64_t file_off; /* in_file: where it lies in the file */
+    /* While a checkpoint holds the process (sim_checkpoint.c): */
+    void *saved;      /* in_file: the allocation's bytes */
+    uint64_t old_off; /* in_file: file_off when it was checkpointed */
 };
 
 struct resv {
@@ -377,4 +380,92 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
         return sim_leave(rc);
     *granularity = (size_t)sim_cfg.granularity;
     return sim_leave(CUDA_SUCCESS);
+}
+
+/* ---- process checkpoints (sim_checkpoint.c) ---------------------------------------------- */
+/* Every physical allocation is accounted against its device; with a memory file its bytes live
+ * in the file (mapped or not), so they are saved here, per allocation; without one they live in
+ * the mappings, which sim_memory.c saves. */
+
+static void discard_one(uint64_t h, void *obj, void *arg)
+{
+    (void)h;
+    (void)arg;
+    struct phys *p = obj;
+    free(p->saved);
+    p->saved = NULL;
+}
+
+void sim_vmm_discard(void)
+{
+    sim_handle_foreach(SIM_K_MEMHANDLE, discard_one, NULL);
+}
+
+static void save_one(uint64_t h, void *obj, void *arg)
+{
+    (void)h;
+    struct phys *p = obj;
+    CUresult *rc = arg;
+    if (!p->in_file || *rc != CUDA_SUCCESS)
+        return;
+    p->saved = malloc(p->size);
+    if (!p->saved || sim_memfile_read(p->file_off, p->saved, p->size) != 0)
+        *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    p->old_off = p->file_off;
+}
+
+CUresult sim_vmm_save(void)
+{
+    CUresult rc = CUDA_SUCCESS;
+    sim_handle_foreach(SIM_K_MEMHANDLE, save_one, &rc);
+    if (rc != CUDA_SUCCESS)
+        sim_vmm_discard();
+    return rc;
+}
+
+static void release_one(uint64_t h, void *obj, void *arg)
+{
+    (void)h;
+    (void)arg;
+    struct phys *p = obj;
+    if (p->in_file)
+        sim_memfile_free(p->dev, p->file_off);
+    sim_mem_account(p->dev, -(int64_t)p->size);
+}
+
+void sim_vmm_release(void)
+{
+    sim_handle_foreach(SIM_K_MEMHANDLE, release_one, NULL);
+}
+
+static void restore_one(uint64_t h, void *obj, void *arg)
+{
+    (void)h;
+    struct phys *p = obj;
+    CUresult *rc = arg;
+    if (*rc != CUDA_SUCCESS)
+        return;
+    if (p->in_file) {
+        uint64_t off;
+        if (sim_memfile_alloc(p->dev, p->size, &off) != CUDA_SUCCESS ||
+            sim_memfile_write(off, p->saved, p->size) != 0) {
+            *rc = CUDA_ERROR_OUT_OF_MEMORY;
+            return;
+        }
+        p->file_off = off;
+    }
+    sim_mem_account(p->dev, (int64_t)p->size);
+}
+
+CUresult sim_vmm_restore(void)
+{
+    CUresult rc = CUDA_SUCCESS;
+    sim_handle_foreach(SIM_K_MEMHANDLE, restore_one, &rc);
+    return rc;
+}
+
+uint64_t sim_vmm_restored_offset(void *obj, uint64_t old_file_off)
+{
+    const struct phys *p = obj;
+    return p->file_off + (old_file_off - p->old_off);
 }
