@@ -45,6 +45,7 @@ include common/common.mk
 -include worker/sim/sim.mk
 -include worker/worker.mk
 -include worker/scrub/scrub.mk
+-include worker/checkpoint/checkpoint.mk
 -include tests/c/tests.mk
 -include tests/sim/sim_tests.mk
 -include client/shim/shim_tests.mk
