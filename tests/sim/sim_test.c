@@ -107,6 +107,21 @@ CUcontext sim_test_init(void)
     return ctx;
 }
 
+unsigned char sim_test_pattern(unsigned seed, uint64_t i)
+{
+    return (unsigned char)(i * 131 + seed * 17 + 1);
+}
+
+void sim_test_fill(CUdeviceptr p, uint64_t n, unsigned seed)
+{
+    unsigned char *b = malloc(n);
+    CHECK(b != NULL);
+    for (uint64_t i = 0; i < n; i++)
+        b[i] = sim_test_pattern(seed, i);
+    OK(cuMemcpyHtoD_v2(p, b, n));
+    free(b);
+}
+
 const char *sim_test_write_temp(const char *text)
 {
     static char path[64];

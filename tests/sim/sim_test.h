@@ -70,6 +70,10 @@ void sim_test_skip(const char *why) __attribute__((noreturn));
 /* cuInit, retain device 0's primary context and make it current. */
 CUcontext sim_test_init(void);
 
+/* Byte i of test pattern `seed`, and device memory filled with it (through cuMemcpyHtoD). */
+unsigned char sim_test_pattern(unsigned seed, uint64_t i);
+void sim_test_fill(CUdeviceptr p, uint64_t n, unsigned seed);
+
 /* Writes text to a new temporary file and returns its path (static storage). */
 const char *sim_test_write_temp(const char *text);
 

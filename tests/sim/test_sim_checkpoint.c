@@ -80,13 +80,8 @@ static double now_s(void)
 
 static void idle_target(int in, int out)
 {
-    OK(cuInit(0));
-    CUcontext ctx;
-    CUdevice dev;
     CUdeviceptr p;
-    OK(cuDeviceGet(&dev, 0));
-    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    OK(cuCtxSetCurrent(ctx));
+    sim_test_init();
     OK(cuMemAlloc_v2(&p, 4096)); /* GPU 0 holds memory: a restore's pair list must name it */
     char c = 'r';
     say(out, &c, 1);
@@ -143,12 +138,7 @@ static volatile int *stop;
 static void busy_target(int in, int out)
 {
     (void)in;
-    OK(cuInit(0));
-    CUcontext ctx;
-    CUdevice dev;
-    OK(cuDeviceGet(&dev, 0));
-    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    OK(cuCtxSetCurrent(ctx));
+    sim_test_init();
     char c = 'r';
     say(out, &c, 1);
     while (!*stop) {
@@ -186,18 +176,9 @@ static void test_lock_holds_every_call(void)
 
 static void spin_target(int in, int out)
 {
-    const char *path = getenv("GP_SIM_TEST_CUBIN");
-    OK(cuInit(0));
-    CUcontext ctx;
-    CUdevice dev;
-    OK(cuDeviceGet(&dev, 0));
-    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    OK(cuCtxSetCurrent(ctx));
-    FILE *f = fopen(path, "rb");
-    CHECK(f != NULL);
-    static char image[1 << 20];
-    size_t n = fread(image, 1, sizeof(image), f);
-    CHECK(n > 0 && n < sizeof(image) && fclose(f) == 0);
+    sim_test_init();
+    size_t n = 0;
+    unsigned char *image = sim_test_input("GP_SIM_TEST_CUBIN", &n);
     CUmodule mod;
     CUfunction fn;
     OK(cuModuleLoadData(&mod, image));
@@ -208,6 +189,7 @@ static void spin_target(int in, int out)
     say(out, &c, 1);
     OK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL)); /* holds the sim 1.5 s */
     hear(in, &c, 1);
+    free(image);
 }
 
 static void test_lock_waits_for_work_or_times_out(void)
@@ -246,30 +228,15 @@ struct layout {
     size_t free_before;
 };
 
-static unsigned char pat(unsigned seed, uint64_t i)
-{
-    return (unsigned char)(i * 131 + seed * 17 + 1);
-}
-
-static void fill(CUdeviceptr p, uint64_t n, unsigned seed)
-{
-    unsigned char *b = malloc(n);
-    CHECK(b != NULL);
-    for (uint64_t i = 0; i < n; i++)
-        b[i] = pat(seed, i);
-    OK(cuMemcpyHtoD_v2(p, b, n));
-    free(b);
-}
-
 static void expect(CUdeviceptr p, uint64_t n, unsigned seed)
 {
     unsigned char *b = malloc(n);
     CHECK(b != NULL);
     OK(cuMemcpyDtoH_v2(b, p, n));
     for (uint64_t i = 0; i < n; i++)
-        if (b[i] != pat(seed, i)) {
+        if (b[i] != sim_test_pattern(seed, i)) {
             fprintf(stderr, "byte %llu of 0x%llx: %u, expected %u\n", (unsigned long long)i,
-                    (unsigned long long)p, b[i], pat(seed, i));
+                    (unsigned long long)p, b[i], sim_test_pattern(seed, i));
             CHECK(0);
         }
     free(b);
@@ -277,17 +244,12 @@ static void expect(CUdeviceptr p, uint64_t n, unsigned seed)
 
 static void tenant(int in, int out)
 {
-    OK(cuInit(0));
-    CUcontext ctx;
-    CUdevice dev;
-    OK(cuDeviceGet(&dev, 0));
-    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    OK(cuCtxSetCurrent(ctx));
+    sim_test_init();
     struct layout L;
     memset(&L, 0, sizeof(L));
     for (int i = 0; i < NALLOC; i++) {
         OK(cuMemAlloc_v2(&L.heap[i], alloc_sizes[i]));
-        fill(L.heap[i], alloc_sizes[i], (unsigned)i + 1);
+        sim_test_fill(L.heap[i], alloc_sizes[i], (unsigned)i + 1);
     }
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
@@ -303,7 +265,7 @@ static void tenant(int in, int out)
     OK(cuMemMap(L.vmm, L.vmm_size, 0, h, 0));
     CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     OK(cuMemSetAccess(L.vmm, L.vmm_size, &acc, 1));
-    fill(L.vmm, L.vmm_size, 9);
+    sim_test_fill(L.vmm, L.vmm_size, 9);
     size_t total = 0;
     OK(cuMemGetInfo_v2(&L.free_before, &total));
     say(out, &L, sizeof(L));
@@ -326,7 +288,7 @@ static void tenant(int in, int out)
     OK(cuMemRelease(h));
     CUdeviceptr p;
     OK(cuMemAlloc_v2(&p, MIB));
-    fill(p, MIB, 5);
+    sim_test_fill(p, MIB, 5);
     expect(p, MIB, 5);
     OK(cuMemFree_v2(p));
 }

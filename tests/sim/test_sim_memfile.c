@@ -48,21 +48,6 @@ static void in_child(void (*fn)(void))
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-static unsigned char pat(unsigned seed, uint64_t i)
-{
-    return (unsigned char)(i * 131 + seed * 17 + 1);
-}
-
-static void fill(CUdeviceptr p, uint64_t n, unsigned seed)
-{
-    unsigned char *b = malloc(n);
-    CHECK(b != NULL);
-    for (uint64_t i = 0; i < n; i++)
-        b[i] = pat(seed, i);
-    OK(cuMemcpyHtoD_v2(p, b, n));
-    free(b);
-}
-
 /* How many bytes of [p, p+n) hold pattern `seed`, and how many are zero. */
 static void count(CUdeviceptr p, uint64_t n, unsigned seed, uint64_t *match, uint64_t *zero)
 {
@@ -71,7 +56,7 @@ static void count(CUdeviceptr p, uint64_t n, unsigned seed, uint64_t *match, uin
     OK(cuMemcpyDtoH_v2(b, p, n));
     *match = *zero = 0;
     for (uint64_t i = 0; i < n; i++) {
-        *match += b[i] == pat(seed, i);
+        *match += b[i] == sim_test_pattern(seed, i);
         *zero += b[i] == 0;
     }
     free(b);
@@ -86,7 +71,7 @@ static void tenant_a(void)
     CUdeviceptr p = 0;
     for (size_t k = 0; k < NSIZES; k++) {
         OK(cuMemAlloc_v2(&p, sizes[k]));
-        fill(p, sizes[k], (unsigned)k);
+        sim_test_fill(p, sizes[k], (unsigned)k);
     }
     /* exits holding the memory, as a crashed tenant would */
 }
@@ -140,7 +125,7 @@ static void test_free_keeps_contents(void)
     sim_test_init();
     CUdeviceptr p = 0, q = 0;
     OK(cuMemAlloc_v2(&p, 2 * MIB));
-    fill(p, 2 * MIB, 7);
+    sim_test_fill(p, 2 * MIB, 7);
     OK(cuMemFree_v2(p));
     OK(cuMemAlloc_v2(&q, 2 * MIB));
     CHECK_EQ(q, p);
@@ -170,7 +155,7 @@ static void test_zero_punches_holes(void)
     const uint64_t n = 8 * MIB;
     CUdeviceptr p = 0;
     OK(cuMemAlloc_v2(&p, n));
-    fill(p, n, 3);
+    sim_test_fill(p, n, 3);
     uint64_t before = file_blocks();
     CHECK(before >= n);
     /* Leave 100 bytes of pattern at each end: partial pages. */
@@ -181,9 +166,9 @@ static void test_zero_punches_holes(void)
     CHECK(b != NULL);
     OK(cuMemcpyDtoH_v2(b, p, n));
     for (uint64_t i = 0; i < n; i++)
-        CHECK_EQ(b[i], i < 100 || i >= n - 100 ? pat(3, i) : 0);
+        CHECK_EQ(b[i], i < 100 || i >= n - 100 ? sim_test_pattern(3, i) : 0);
     /* D32 zero punches too; a non-zero value is written. */
-    fill(p, n, 4);
+    sim_test_fill(p, n, 4);
     before = file_blocks();
     OK(cuMemsetD32_v2(p, 0, n / 4));
     CHECK(before - file_blocks() >= n);
@@ -236,7 +221,7 @@ static void test_zero_anonymous(void)
     CUdeviceptr p = 0;
     void *h = NULL;
     OK(cuMemAlloc_v2(&p, n));
-    fill(p, n, 5);
+    sim_test_fill(p, n, 5);
     const uint64_t halves = (n - 10) / 2;
     OK(cuMemsetD16_v2(p + 2, 0, halves));
     uint64_t match = 0, zero = 0;
@@ -244,10 +229,10 @@ static void test_zero_anonymous(void)
     CHECK(zero >= 2 * halves);
     unsigned char tail[8];
     OK(cuMemcpyDtoH_v2(tail, p + n - 8, 8));
-    CHECK_EQ(tail[7], pat(5, n - 1));
+    CHECK_EQ(tail[7], sim_test_pattern(5, n - 1));
     OK(cuMemcpyDtoH_v2(tail, p, 2));
-    CHECK_EQ(tail[0], pat(5, 0));
-    CHECK_EQ(tail[1], pat(5, 1));
+    CHECK_EQ(tail[0], sim_test_pattern(5, 0));
+    CHECK_EQ(tail[1], sim_test_pattern(5, 1));
     /* Pinned host memory zeroes the same way. */
     OK(cuMemHostAlloc(&h, 1 * MIB, 0));
     memset(h, 0x77, 1 * MIB);
@@ -273,7 +258,7 @@ static void vmm_tenant_a(void)
     /* Two mappings of one allocation alias, as on a GPU. */
     OK(cuMemMap(va, 4 * MIB, 0, h, 0));
     OK(cuMemMap(va + 4 * MIB, 4 * MIB, 0, h, 0));
-    fill(va, 4 * MIB, 9);
+    sim_test_fill(va, 4 * MIB, 9);
     uint64_t match = 0, zero = 0;
     count(va + 4 * MIB, 4 * MIB, 9, &match, &zero);
     CHECK_EQ(match, 4 * MIB);
@@ -282,12 +267,12 @@ static void vmm_tenant_a(void)
     OK(cuMemMap(va + 2 * MIB, 2 * MIB, 2 * MIB, h, 0)); /* the second half, at an offset */
     unsigned char b[2];
     OK(cuMemcpyDtoH_v2(b, va + 2 * MIB, 2));
-    CHECK_EQ(b[0], pat(9, 2 * MIB));
-    CHECK_EQ(b[1], pat(9, 2 * MIB + 1));
+    CHECK_EQ(b[0], sim_test_pattern(9, 2 * MIB));
+    CHECK_EQ(b[1], sim_test_pattern(9, 2 * MIB + 1));
     /* The simulated-device direct copy path sees the file's bytes too. */
     void *host = NULL;
     OK(gpupoolSimHostPointer(va + 2 * MIB, 2 * MIB, &host));
-    CHECK_EQ(((unsigned char *)host)[1], pat(9, 2 * MIB + 1));
+    CHECK_EQ(((unsigned char *)host)[1], sim_test_pattern(9, 2 * MIB + 1));
 }
 
 static void vmm_tenant_b(void)
@@ -327,10 +312,10 @@ static void two_devices_a(void)
     OK(cuDevicePrimaryCtxRetain(&c1, 1));
     OK(cuCtxSetCurrent(c0));
     OK(cuMemAlloc_v2(&p0, 1 * MIB));
-    fill(p0, 1 * MIB, 1);
+    sim_test_fill(p0, 1 * MIB, 1);
     OK(cuCtxSetCurrent(c1));
     OK(cuMemAlloc_v2(&p1, 1 * MIB));
-    fill(p1, 1 * MIB, 2);
+    sim_test_fill(p1, 1 * MIB, 2);
 }
 
 static void two_devices_b(void)

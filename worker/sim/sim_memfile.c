@@ -153,10 +153,13 @@ void sim_memfile_free(int dev, uint64_t off)
     d->n--;
 }
 
-int sim_memfile_read(uint64_t off, void *buf, uint64_t len)
+/* All of [off, off+len) of the file read into buf, or buf written there; -1 on an I/O error. */
+static int file_io(bool write, uint64_t off, void *buf, uint64_t len)
 {
     for (uint64_t done = 0; done < len;) {
-        ssize_t n = pread(mem_fd, (char *)buf + done, len - done, (off_t)(off + done));
+        char *at = (char *)buf + done;
+        ssize_t n = write ? pwrite(mem_fd, at, len - done, (off_t)(off + done))
+                          : pread(mem_fd, at, len - done, (off_t)(off + done));
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -166,17 +169,14 @@ int sim_memfile_read(uint64_t off, void *buf, uint64_t len)
     return 0;
 }
 
+int sim_memfile_read(uint64_t off, void *buf, uint64_t len)
+{
+    return file_io(false, off, buf, len);
+}
+
 int sim_memfile_write(uint64_t off, const void *buf, uint64_t len)
 {
-    for (uint64_t done = 0; done < len;) {
-        ssize_t n = pwrite(mem_fd, (const char *)buf + done, len - done, (off_t)(off + done));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        done += (uint64_t)n;
-    }
-    return 0;
+    return file_io(true, off, (void *)(uintptr_t)buf, len); /* pwrite only reads it */
 }
 
 int sim_memfile_map(uint64_t addr, uint64_t len, uint64_t off)
