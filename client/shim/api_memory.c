@@ -543,11 +543,14 @@ static CUresult resolve_side(CUmemorytype type, const void *host, CUdeviceptr de
     }
     if (base == 0 || (height > 1 && pitch < width))
         return CUDA_ERROR_INVALID_VALUE;
-    /* The last byte touched must not wrap around. */
-    size_t rows = height - 1;
-    if (pitch != 0 && rows > (UINT64_MAX - base - x - width) / pitch)
+    /* The first and the last byte touched must not wrap around the address space. */
+    uint64_t first, last;
+    if (__builtin_mul_overflow((uint64_t)y, (uint64_t)pitch, &first) ||
+        __builtin_add_overflow(first, base, &first) || __builtin_add_overflow(first, x, &first) ||
+        __builtin_mul_overflow((uint64_t)(height - 1), (uint64_t)pitch, &last) ||
+        __builtin_add_overflow(last, first, &last) || __builtin_add_overflow(last, width, &last))
         return CUDA_ERROR_INVALID_VALUE;
-    out->addr = base + y * pitch + x;
+    out->addr = first;
     out->pitch = height > 1 ? pitch : width;
     return CUDA_SUCCESS;
 }

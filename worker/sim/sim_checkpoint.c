@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,9 +296,18 @@ void sim_checkpoint_listen(void)
     } else if (pthread_attr_init(&attr) != 0) {
         fprintf(stderr, "gpupool-sim: checkpoint requests not served (thread attributes)\n");
     } else {
-        int e = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* The thread takes no signal: a program that blocks a signal to read it elsewhere (a
+         * signalfd) must not see it delivered here. It inherits the mask set around its
+         * creation. */
+        sigset_t all, old;
+        int e = sigfillset(&all) == 0 ? pthread_sigmask(SIG_BLOCK, &all, &old) : EINVAL;
+        bool masked = e == 0;
+        if (e == 0)
+            e = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         if (e == 0)
             e = pthread_create(&t, &attr, serve_thread, (void *)(intptr_t)fd);
+        if (masked && pthread_sigmask(SIG_SETMASK, &old, NULL) != 0)
+            fprintf(stderr, "gpupool-sim: checkpoint: cannot restore the signal mask\n");
         if (pthread_attr_destroy(&attr) != 0)
             fprintf(stderr, "gpupool-sim: checkpoint: pthread_attr_destroy failed\n");
         if (e == 0)
