@@ -343,7 +343,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "clients_killed": tally.killed, "clients_failed": tally.failed,
             "verified_bytes": tally.verified_bytes, "leases": len(records), "lease_ends": ends,
             "leases_lost": len(lost), "lost_detail": lost[:5], "worker_crashes": crashes,
-            "unscrubbed": len(unscrubbed), "fds": [fds0, fds1], "rss": [rss0, rss1],
+            "unscrubbed": len(unscrubbed), "unscrubbed_detail": unscrubbed[:5],
+            "fds": [fds0, fds1], "rss": [rss0, rss1],
         }
         result["ok"] = (not lost and crashes == 0 and not tally.failed and not unscrubbed
                         and abs(fds1 - fds0) <= max(1, RESOURCE_SLACK * fds0)

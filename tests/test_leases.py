@@ -127,6 +127,7 @@ class FakeStore:
     scrubbed: dict[int, tuple[bool, dict[str, Any]]] = field(default_factory=dict)
     audits: list[tuple[str, str, str, str]] = field(default_factory=list)
     open: list[Any] = field(default_factory=list)
+    unscrubbed: list[Any] = field(default_factory=list)  # ended, the daemon gone before a scrub
     # Drained/quarantined GPUs, shared by the managers of one test (a restart keeps them).
     gpu_state: dict[str, Any] = field(default_factory=dict)
 
@@ -145,6 +146,9 @@ class FakeStore:
 
     async def open_leases(self) -> list[Any]:
         return self.open
+
+    async def unscrubbed_last_leases(self) -> list[Any]:
+        return self.unscrubbed
 
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         self.audits.append((actor, action, target, detail))
@@ -401,6 +405,30 @@ async def test_open_records_of_a_dead_daemon_are_closed_and_get_the_startup_scru
     try:
         assert store.ended[7][0] == "daemon lost" and store.ended[8][0] == "daemon lost"
         assert store.scrubbed[7][0] is True and store.scrubbed[8][0] is True
+    finally:
+        await m.close(0.1)
+
+
+async def test_a_lease_ended_before_its_scrub_gets_the_startup_scrub_of_its_gpu(
+        tmp_path: Path) -> None:
+    @dataclass
+    class Rec:
+        id: int
+        gpu_index: int
+        gpu_uuid: str
+
+    # Lease 5 ended on GPU 1, then the daemon was killed before the scrub; lease 6 ended on a
+    # GPU this daemon no longer serves (its record stays pending, nothing scrubs it).
+    store = FakeStore(unscrubbed=[Rec(5, 1, make_gpu(1).uuid), Rec(6, 9, "GPU-gone")])
+    cleaner = FakeCleaner()
+    m = LeaseManager(Inventory((make_gpu(0), make_gpu(1))), Settings(state_dir=tmp_path), store,  # type: ignore[arg-type]
+                     FakeSupervisor(), cleaner, Counters())  # type: ignore[arg-type]
+    await m.start()
+    await settle()
+    try:
+        assert store.scrubbed == {5: (True, store.scrubbed[5][1])}
+        assert store.scrubbed[5][1]["scrub"]["bytes"] == 123 and sorted(cleaner.cleaned) == [0, 1]
+        assert store.ended == {}  # its end stays as the previous daemon recorded it
     finally:
         await m.close(0.1)
 

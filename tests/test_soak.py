@@ -29,7 +29,7 @@ def test_two_minute_soak(native_build: Path, tmp_path: Path) -> None:
     assert r["leases_lost"] == 0, r["lost_detail"]
     assert r["worker_crashes"] == 0
     assert not r["clients_failed"], r["clients_failed"]
-    assert r["unscrubbed"] == 0
+    assert r["unscrubbed"] == 0, r["unscrubbed_detail"]
     served = sum(r["clients_served"].values())
     assert served >= 100 and r["clients_killed"] >= 5 and len(r["restarts"]) == 2, r
     assert r["verified_bytes"] > 1 << 30

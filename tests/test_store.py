@@ -276,6 +276,22 @@ def test_lease_life_cycle(db: StoreDB) -> None:
     assert db.get_lease(lease_id + 1) is None
 
 
+def test_unscrubbed_last_leases_are_each_gpus_latest_ended_lease_without_a_scrub(
+        db: StoreDB) -> None:
+    calls = {"launch": 0, "copy": 0, "alloc": 0, "sync": 0, "other": 0}
+    old0 = db.lease_started(new_lease(gpu=0))
+    db.lease_ended(old0, 1.0, "client exit", "", 0, 0, calls)  # never scrubbed, but not latest
+    last0 = db.lease_started(new_lease(gpu=0))
+    db.lease_ended(last0, 2.0, "client exit", "", 0, 0, calls)  # the daemon stopped here
+    last1 = db.lease_started(new_lease(gpu=1))
+    db.lease_ended(last1, 3.0, "client exit", "", 0, 0, calls)
+    db.lease_scrubbed(last1, True, {})  # scrubbed: nothing to do
+    db.lease_started(new_lease(gpu=2))  # open: the adoption or "gone" path, not this one
+    assert [r.id for r in db.unscrubbed_last_leases()] == [last0]
+    db.lease_scrubbed(last0, False, {})
+    assert db.unscrubbed_last_leases() == []
+
+
 def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Schema v2 adds leases.module_bytes; records written by a v1 daemon read 0."""

@@ -109,6 +109,8 @@ class LeaseManager:
         await asyncio.to_thread(self.supervisor.prepare_workers_dir,
                                 self.settings.worker_orphan_grace > 0)
         saved = await self._load_state()
+        # Read before the open records below are closed: those are scrubbed as "gone".
+        unscrubbed = await self.store.unscrubbed_last_leases()
         takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
         gone: list[LeaseRecord] = []
         for rec in await self.store.open_leases():
@@ -130,6 +132,15 @@ class LeaseManager:
             orphaned.setdefault(rec.gpu_index, []).append(rec.id)
         if gone:
             log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
+        # A lease that ended while the previous daemon stopped before its GPU's scrub: the
+        # start-up scrub of that very GPU is its scrub.
+        for rec in unscrubbed:
+            slot = self._slot_of(rec)
+            if slot is not None:
+                log.info("lease %d ended before the previous gpupoold stopped, its GPU not yet "
+                         "scrubbed: the scrub of GPU %d at this start is recorded for it", rec.id,
+                         slot.gpu.index, extra=journal_fields(rec.id, slot.gpu.index))
+                orphaned.setdefault(slot.gpu.index, []).append(rec.id)
         adopting: dict[int, tuple[LeaseRecord, socket.socket, int]] = {}
         for rec, sock, pid in takeover:
             slot = self._slot_of(rec)

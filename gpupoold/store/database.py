@@ -456,6 +456,15 @@ class StoreDB:
         rows = self._conn.execute("SELECT * FROM leases WHERE ended IS NULL ORDER BY id")
         return [_lease(r) for r in rows.fetchall()]
 
+    def unscrubbed_last_leases(self) -> list[LeaseRecord]:
+        """Ended leases still waiting for their scrub's result: only each GPU's latest lease
+        can be (a GPU is scrubbed before its next lease), when the daemon stopped between the
+        lease's end and its scrub."""
+        rows = self._conn.execute(
+            "SELECT * FROM leases WHERE id IN (SELECT MAX(id) FROM leases GROUP BY gpu_index) "
+            "AND ended IS NOT NULL AND scrub_ok IS NULL ORDER BY id")
+        return [_lease(r) for r in rows.fetchall()]
+
     # ---------------------------------------------------------------------------- GPU state
     def gpu_states(self) -> dict[str, dict[str, Any]]:
         """{GPU UUID (its index when it has none): {"draining": bool, "quarantine": dict|None}}
@@ -615,6 +624,9 @@ class Store:
 
     async def open_leases(self) -> list[LeaseRecord]:
         return await self._run(self._db.open_leases)
+
+    async def unscrubbed_last_leases(self) -> list[LeaseRecord]:
+        return await self._run(self._db.unscrubbed_last_leases)
 
     # GPU state
     async def gpu_states(self) -> dict[str, dict[str, Any]]:
