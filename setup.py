@@ -27,6 +27,7 @@ BUILD_DIR = Path(BUILD) if Path(BUILD).is_absolute() else ROOT / BUILD
 NATIVE = [
     ("gpupool-worker", "worker/worker.mk", "gpupool-worker"),
     ("gpupool-scrub", "worker/scrub/scrub.mk", "gpupool-scrub"),
+    ("gpupool-checkpoint", "worker/checkpoint/checkpoint.mk", "gpupool-checkpoint"),
     ("libgpupool-sim.so", "worker/sim/sim.mk", "libgpupool-sim.so"),
 ]
 

@@ -44,8 +44,9 @@ from gpupoold.http.keys import (
 )
 from gpupoold.http.metrics import METRICS_KEY, DaemonMetrics
 from gpupoold.http.routes import setup_routes
-from gpupoold.paths import SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
+from gpupoold.paths import CHECKPOINT_NAME, SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
 from gpupoold.pool.counters import Counters
+from gpupoold.pool.detach import Checkpointer
 from gpupoold.pool.events import EventBus
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.views import PoolViews
@@ -185,8 +186,14 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
                   ", ".join(str(p) for p in candidates(SCRUB_NAME)))
     cleaner = GpuCleaner(scrub, app[INVENTORY].nvml, settings.state_dir, settings.reset_policy,
                          settings.reset_socket, settings.scrub_timeout)
+    # So does the checkpoint tool (idle detach); without it no lease detaches.
+    checkpoint = find_native(CHECKPOINT_NAME, worker.parent / CHECKPOINT_NAME if worker is not None
+                             and (worker.parent / CHECKPOINT_NAME).is_file() else None)
+    if checkpoint is None and settings.idle_detach_after > 0:
+        log.warning("%s not found (looked beside the worker and in %s): idle leases keep their "
+                    "GPUs", CHECKPOINT_NAME, ", ".join(str(p) for p in candidates(CHECKPOINT_NAME)))
     leases = LeaseManager(app[INVENTORY], settings, app[STORE], app[SUPERVISOR], cleaner,
-                          app[COUNTERS], app[EVENTS])
+                          app[COUNTERS], app[EVENTS], Checkpointer(checkpoint))
     app[LEASES] = leases
     app[VIEWS] = PoolViews(leases)
     await leases.start()

@@ -12,6 +12,7 @@ PACKAGE_BIN = Path(__file__).resolve().parent / "bin"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER_NAME = "gpupool-worker"
 SCRUB_NAME = "gpupool-scrub"
+CHECKPOINT_NAME = "gpupool-checkpoint"
 SIM_LIB_NAME = "libgpupool-sim.so"
 
 

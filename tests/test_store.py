@@ -58,11 +58,11 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(db: StoreDB, db_path: Path) -> None:
-    assert db.schema_version() == SCHEMA_VERSION == 3
+    assert db.schema_version() == SCHEMA_VERSION == 4
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"tokens", "leases", "audit", "gpu_state"} <= tables
+        assert {"tokens", "leases", "audit", "gpu_state", "lease_events"} <= tables
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         cols = {r[1] for r in conn.execute("PRAGMA table_info(tokens)")}
         assert cols == {"id", "name", "role", "secret_sha256", "created", "expires", "revoked",
@@ -292,6 +292,21 @@ def test_unscrubbed_last_leases_are_each_gpus_latest_ended_lease_without_a_scrub
     assert db.unscrubbed_last_leases() == []
 
 
+def test_lease_events_keep_every_transition_and_the_totals(db: StoreDB) -> None:
+    lease_id = db.lease_started(new_lease(gpu=0))
+    assert db.get_lease(lease_id).detaches == 0  # type: ignore[union-attr]
+    db.lease_event(lease_id, 10.0, "detached", 0, "idle 61 s, 2 GiB saved", 1, 0.0)
+    db.lease_event(lease_id, 25.5, "attached", 1, "moved from GPU 0", 1, 15.5)
+    rec = db.get_lease(lease_id)
+    assert rec is not None and (rec.detaches, rec.detached_s) == (1, 15.5)
+    assert db.lease_events(lease_id) == [
+        {"at": 10.0, "state": "detached", "gpu": 0, "detail": "idle 61 s, 2 GiB saved"},
+        {"at": 25.5, "state": "attached", "gpu": 1, "detail": "moved from GPU 0"}]
+    assert db.lease_events(lease_id + 1) == []
+    with pytest.raises(NotFound):
+        db.lease_event(lease_id + 1, 1.0, "detached", 0, "", 1, 0.0)
+
+
 def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Schema v2 adds leases.module_bytes; records written by a v1 daemon read 0."""
@@ -303,7 +318,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 3
+        assert db.schema_version() == SCHEMA_VERSION == 4
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)

@@ -167,6 +167,10 @@ int wk_ctl_stats_tick(struct worker *w)
  * the client is told why, best effort. 0: carry on (orphaned); -1: the session ends. */
 static int daemon_gone(struct worker *w)
 {
+    if (w->ctl.parked) {
+        wk_detach_daemon_gone(w);
+        return -1;
+    }
     if (wk_adopt_orphan(w) == 0)
         return 0;
     wk_log("the control socket was closed: gpupoold is gone; ending");
@@ -194,6 +198,13 @@ int wk_ctl_handle(struct worker *w)
             wk_warn("reading the control socket: %s", strerror(errno));
         return daemon_gone(w);
     }
+    if ((size_t)n >= GP_PROTO_HEADER_SIZE && !truncated) {
+        gp_frame_header h;
+        gp_header_decode(buf, &h);
+        if (h.op != GP_OP_WORKER_END && wk_ctl_decode(buf, (size_t)n, h.op) != NULL)
+            return wk_detach_control(w, h.op, buf + GP_PROTO_HEADER_SIZE,
+                                     (size_t)n - GP_PROTO_HEADER_SIZE);
+    }
     gp_worker_end end;
     if (wk_ctl_decode(buf, (size_t)n, GP_OP_WORKER_END) == NULL ||
         gp_worker_end_decode(buf + GP_PROTO_HEADER_SIZE, (size_t)n - GP_PROTO_HEADER_SIZE, &end) !=
@@ -206,6 +217,7 @@ int wk_ctl_handle(struct worker *w)
     snprintf(text, sizeof text, "%.*s", (int)end.text_len, end.text);
     if (!*text)
         snprintf(text, sizeof text, "the gpupool server ended this session");
+    wk_detach_end_parked(w);
     wk_log("the server ended the session (%d): %s", code, text);
     wk_end_session(w, WK_END_SERVER_ENDED, "%s", text);
     wk_close_client(w, code, text);

@@ -53,6 +53,7 @@ static void on_signal(struct worker *w)
     struct signalfd_siginfo si;
     ssize_t n = read(w->sigfd, &si, sizeof si);
     int sig = n == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
+    wk_detach_end_parked(w);
     wk_log("%s: ending the session", sig ? strsignal(sig) : "signal");
     wk_end_session(w, WK_END_SHUTDOWN, "%s: the server is shutting down",
                    sig ? strsignal(sig) : "signal");
@@ -64,15 +65,37 @@ static void on_signal(struct worker *w)
     w->dead = 1;
 }
 
+static int io_wait_loop(struct worker *w, short events);
+
 /* Blocks until the client socket is ready for `events`, watching the signalfd and the control
  * socket too (whichever exist), and sending stats when they are due. 0 when the client socket is
  * ready (or hung up / in error: the next read or write tells which); -1 when the session must
  * stop (a termination signal, END, the daemon gone, poll failed). */
 static int io_wait(struct worker *w, short events)
 {
+    /* Waiting for the client's next frame with nothing half done: the one moment a detach may be
+     * agreed (detach.c). */
+    w->ctl.waiting = (events & POLLIN) && !w->in_write && w->out_len == 0 &&
+                     w->in_end == w->in_pos && w->ctl.in_session;
+    if (w->ctl.waiting)
+        w->ctl.idle_since_ns = wk_now_ns();
+    int rc = io_wait_loop(w, events);
+    w->ctl.waiting = 0;
+    return rc;
+}
+
+static int io_wait_loop(struct worker *w, short events)
+{
     for (;;) {
-        /* The set is rebuilt each round: the control socket comes and goes (adopt.c). */
+        /* The set is rebuilt each round: the control socket comes and goes (adopt.c). Parked
+         * (detach.c), the client socket is only watched for its next frame, never read, and not
+         * at all once that frame has asked for a GPU. */
         struct pollfd p[4] = {{.fd = w->fd, .events = events}};
+        if (w->ctl.parked) {
+            p[0].events = POLLIN;
+            if (w->ctl.want_sent)
+                p[0].fd = -1;
+        }
         nfds_t n = 1;
         int si = -1, ci = -1, li = -1;
         if (w->sigfd >= 0) {
@@ -110,6 +133,11 @@ static int io_wait(struct worker *w, short events)
             return -1;
         if (li >= 0 && (p[li].revents & POLLIN))
             (void)wk_adopt_accept(w);
+        if (p[0].revents && w->ctl.parked) {
+            if (wk_detach_client_ready(w) != 0)
+                return -1;
+            continue;
+        }
         if (p[0].revents)
             return 0;
     }

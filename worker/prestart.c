@@ -261,6 +261,17 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     if (!w->dead && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN && errno != ENOTSOCK)
         wk_warn("shutdown of the client socket failed: %s", strerror(errno));
     w->dead = 1;
+    if (w->ctl.no_driver) {
+        /* The driver may hold this process locked or checkpointed (detach.c): a driver call
+         * would wait for an attach that never comes. Nothing on the GPU is ours any more, and
+         * the exit frees the host memory holding the saved state. */
+        wk_ctl_send_end(w);
+        wk_adopt_close(w);
+        wk_log("session over while %s: exiting without releasing driver state",
+               w->ctl.detached ? "detached" : "parked");
+        fflush(NULL);
+        _exit(0);
+    }
     wk_session_end(w);
     wk_ctl_send_end(w);
     wk_adopt_close(w);

@@ -163,6 +163,15 @@ struct wk_control {
     char req_gpu[128], req_model[256];
     uint64_t req_min_memory;
     uint8_t out[4096]; /* the control message being sent (WK_CTL_ENCODE), WK_CTL_MAX bytes */
+    /* Idle detach (detach.c). */
+    int waiting;            /* in io_wait for the client's next frame, nothing half done */
+    uint64_t idle_since_ns; /* CLOCK_MONOTONIC when that wait began */
+    int parked;             /* said worker_detach_ok: reads no client frame until attached */
+    int want_sent;          /* parked and worker_wants_gpu sent: the client has a frame */
+    int detached;           /* parked and checkpointed (worker_detached) */
+    int no_driver;          /* parked (or ended while parked): the driver may hold this process
+                             * locked or checkpointed, so no driver call, even at the end */
+    uint64_t detaches;      /* times this session was detached */
 };
 
 /* The keepalive thread (heartbeat.c): the only state two threads share, hence the atomics and
@@ -471,6 +480,21 @@ int wk_ctl_stats_tick(struct worker *w);
  * stream (the daemon is gone: stop), or a message out of place (logged, ignored). 0: carry on;
  * -1: the loop must stop. */
 int wk_ctl_handle(struct worker *w);
+/* ---- detach.c (idle detach) --------------------------------------------------------------- */
+/* A control message of idle detach (op: worker_detach_ask, worker_detached, worker_attached;
+ * body of n bytes): 0 carry on, -1 the loop must stop. */
+int wk_detach_control(struct worker *w, unsigned op, const uint8_t *body, size_t n);
+/* Parked, and the client socket is readable: a frame (ask gpupoold for a GPU) or the client's
+ * end (the session ends as client lost). 0 carry on, -1 stop. */
+int wk_detach_client_ready(struct worker *w);
+/* The session ends while parked (a signal, worker_end, the client or the daemon gone): stop
+ * the keepalive notices and unpark, so that the last notice to the client can be written; the
+ * exit then makes no driver call (no_driver stays set). */
+void wk_detach_end_parked(struct worker *w);
+/* The daemon went away while parked: the session cannot be adopted (the new daemon would not
+ * know its GPU is gone); the client is told and the session ends. */
+void wk_detach_daemon_gone(struct worker *w);
+
 /* worker_ended with the counters; an adoptable session writes it to its end record first
  * (wk_adopt_write_end), for a daemon that goes before it records it. */
 void wk_ctl_send_end(struct worker *w);

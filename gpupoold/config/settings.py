@@ -21,6 +21,7 @@ from typing import Any
 DEFAULT_CONFIG = Path("/etc/gpupoold/gpupoold.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTH_MODES = ("token", "none")
+DETACH_POLICIES = ("when-queued", "always")
 RESET_POLICIES = ("never", "on-error", "always")
 
 
@@ -252,6 +253,25 @@ class Settings:
         "crashes, each worker keeps serving its client and waits this long for a new gpupoold "
         "to adopt it (with its lease, unbroken); then it ends the lease and the next gpupoold "
         "scrubs the GPU. 0: every lease ends when gpupoold stops.",
+        check=_check_not_negative)
+    idle_detach_after: float = _setting(
+        60.0,
+        "Seconds a lease's client may send nothing, its streams all complete, before the lease "
+        "gives its GPU back (idle detach, per `detach_policy`): its device memory and objects "
+        "wait in server host memory and its next call brings them back, on the same GPU or "
+        "another of the same model, at the same addresses. 0: never detach.",
+        check=_check_not_negative)
+    detach_policy: str = _setting(
+        "when-queued",
+        "When an idle lease is detached: `when-queued` (only while a client waits for a GPU "
+        "it could take) or `always` (as soon as it idles, so that the GPU is free for the next "
+        "client at once).",
+        check=_check_choice(DETACH_POLICIES))
+    detach_memory_limit_gib: float = _setting(
+        0.0,
+        "GiB of device memory that detached leases may hold in the server's host memory, all "
+        "together; a lease that would not fit keeps its GPU (and the API says so). 0: half of "
+        "the server's physical memory.",
         check=_check_not_negative)
     log_level: str = _setting(
         "info", "Log level: debug, info, warning or error.",

@@ -50,6 +50,29 @@ class LeaseEnded:
 
 
 @dataclass(frozen=True)
+class LeaseDetached:
+    """An idle lease gave its GPU back (pool/detach.py): `saved_bytes` of device memory now wait
+    in host memory; the detach (lock and checkpoint) took `seconds`."""
+
+    lease_id: int
+    gpu: int
+    saved_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LeaseAttached:
+    """A detached lease is on a GPU again, `latency_s` after its client's call asked for one
+    (queueing included); `moved`: another GPU than the one it left."""
+
+    lease_id: int
+    gpu: int
+    moved: bool
+    latency_s: float
+    saved_bytes: int
+
+
+@dataclass(frozen=True)
 class GpuCleaned:
     """A GPU was scrubbed (and reset when `reset` is not None), successfully or not."""
     gpu: int

@@ -37,9 +37,10 @@ from gpupoold.gpu.cleaner import CleanResult, GpuCleaner
 from gpupoold.gpu.inventory import Inventory
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
+from gpupoold.pool.detach import Checkpointer, IdleDetacher
 from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
 from gpupoold.pool.requirements import Requirements
-from gpupoold.pool.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, Slot
+from gpupoold.pool.slots import ATTACHED, DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, Slot
 from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.pool.watchdog import Watchdog, stuck_reason
 from gpupoold.store.database import LeaseRecord, NewLease, Store
@@ -82,7 +83,7 @@ class LeaseStartError(Exception):
 class LeaseManager:
     def __init__(self, inventory: Inventory, settings: Settings, store: Store,
                  supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters,
-                 events: EventBus | None = None) -> None:
+                 events: EventBus | None = None, checkpointer: Checkpointer | None = None) -> None:
         self.settings = settings
         # Where grants, ends, scrubs and state changes are published (pool/events.py): the metrics
         # and the dashboard subscribe; this module knows neither.
@@ -97,6 +98,7 @@ class LeaseManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
+        self.detacher = IdleDetacher(self, checkpointer or Checkpointer(None))
 
     # ---------------------------------------------------------------------------- life cycle
     async def start(self) -> None:
@@ -177,6 +179,7 @@ class LeaseManager:
         watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self._changed,
                             lambda: self.counters.inc("watchdog_repairs"))
         self._spawn(watchdog.run(), "watchdog")
+        self._spawn(self.detacher.run(), "idle-detach")
 
     async def close(self, grace: float) -> None:
         """Refuse the waiters and stop. Leases whose workers can outlive the daemon continue
@@ -190,7 +193,8 @@ class LeaseManager:
         # left to the next daemon.
         kept = [lease for lease in self._leases.values()
                 if lease.worker.adoptable and not lease.worker.exited.done()
-                and not lease.worker.reported_end]
+                and not lease.worker.reported_end and lease.state == ATTACHED
+                and lease.cycle is None and lease.slot is not None]
         for lease in kept:
             lease.worker.detach()
             if lease.timer is not None:
@@ -198,7 +202,7 @@ class LeaseManager:
         if kept:
             log.warning("%d lease(s) continue without gpupoold: %s. A gpupoold started within "
                         "%g s (worker_orphan_grace) takes them over; after that they end",
-                        len(kept), ", ".join(f"lease {lease.id} on GPU {lease.slot.gpu.index} "
+                        len(kept), ", ".join(f"lease {lease.id} on GPU {lease.gpu_index()} "
                                              f"(worker pid {lease.worker.pid})" for lease in kept),
                         self.settings.worker_orphan_grace)
         await self.supervisor.stop_all(grace, keep=frozenset(lease.worker for lease in kept))
@@ -331,6 +335,40 @@ class LeaseManager:
     def _changed(self, slot: Slot) -> None:
         self.events.publish(GpuChanged(slot.gpu.index))
 
+    # What the idle detacher (pool/detach.py) moves leases and GPUs with.
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        return self._spawn(coro, name)
+
+    def own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]:
+        return self._own(slot, coro, name)
+
+    def clean(self, slot: Slot, lease_ids: list[int]) -> Any:
+        return self._clean(slot, lease_ids)
+
+    def changed(self, slot: Slot) -> None:
+        self._changed(slot)
+
+    def changed_any(self) -> None:
+        """A detached lease changed: the GPU views do not show it, the lease views do."""
+        if self.slots:
+            self._changed(self.slots[0])
+
+    def dispatch(self) -> None:
+        self._dispatch()
+
+    def grant(self, slot: Slot, w: Waiter) -> None:
+        """Give free `slot` to waiter `w` (who leaves the queue)."""
+        self.queue.leave(w)
+        slot.reserved = w
+        slot.reserved_at = time.monotonic()
+        slot.set_state(LEASED)
+        w.future.set_result(slot)
+        self._changed(slot)
+
     # ------------------------------------------------------------------------- handshake side
     def feasible(self, req: Requirements) -> str | None:
         """None when some GPU here can serve `req` now or later, else the refusal text."""
@@ -357,7 +395,7 @@ class LeaseManager:
         take it is ahead (the queue is served in order)."""
         return (not self._closing and slot.state == FREE and self.in_service(slot)
                 and req.matches(slot.gpu) and self._under_limit(token)
-                and self.queue.first(lambda w: w.req.matches(slot.gpu)
+                and self.queue.first(lambda w: w.accepts(slot.gpu)
                                      and self._under_limit(w.token)) is None)
 
     def counts(self, req: Requirements, token: str) -> tuple[int, int, int, int]:
@@ -409,16 +447,11 @@ class LeaseManager:
         for slot in self.slots:
             if slot.state != FREE:
                 continue
-            w = self.queue.first(lambda w, g=slot.gpu: w.req.matches(g)
-                                 and self._under_limit(w.token))
+            w = self.queue.first(lambda w, g=slot.gpu: w.accepts(g)
+                                 and (w.returning is not None or self._under_limit(w.token)))
             if w is None:
                 continue
-            self.queue.leave(w)
-            slot.reserved = w
-            slot.reserved_at = time.monotonic()
-            slot.set_state(LEASED)
-            w.future.set_result(slot)
-            self._changed(slot)
+            self.grant(slot, w)
 
     def _release_unused(self, slot: Slot) -> None:
         """A granted GPU nobody used (the client left before its lease started)."""
@@ -454,13 +487,13 @@ class LeaseManager:
             self._release_unused(slot)
             raise
         lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
-                      worker=worker, queued_s=w.waited())
+                      worker=worker, queued_s=w.waited(), keep_gpu=_keeps_gpu(hello_body))
         slot.reserved = None
         slot.lease = lease
         self._leases[lease.id] = lease
         self.counters.inc("leases_started")
         self.events.publish(LeaseGranted(lease.id, slot.gpu.index, lease.token, lease.queued_s))
-        self._own(slot, self._watch(lease), f"lease-{lease.id}")
+        lease.watcher = self._own(slot, self._watch(lease), f"lease-{lease.id}")
         self._changed(slot)
         try:
             if before_handover is not None:
@@ -513,36 +546,39 @@ class LeaseManager:
         in the bookkeeping, the GPU leaves the lease and is scrubbed (or quarantined)."""
         # Shielded: cancelling a watcher (the daemon stops) must not cancel the worker's exit.
         ex = await asyncio.shield(lease.worker.exited)
+        if lease.cycle is not None and not lease.cycle.done():
+            # A detach cycle sees the exit too and settles where the lease is (on a GPU or not).
+            await asyncio.wait([lease.cycle])
         slot = lease.slot
         try:
             self._leases.pop(lease.id, None)
-            if slot.lease is lease:
+            if slot is not None and slot.lease is lease:
                 slot.lease = None
             if lease.timer is not None:
                 lease.timer.cancel()
             await self._record_end(lease, ex)
         except Exception:
-            log.exception("lease %d: recording its end failed; its GPU %d is scrubbed anyway",
-                          lease.id, slot.gpu.index)
-        if self._closing:
-            return
+            log.exception("lease %d: recording its end failed; its GPU %s is scrubbed anyway",
+                          lease.id, lease.gpu_index())
+        if self._closing or slot is None:
+            return  # detached: its last GPU was scrubbed when it left
         await self._clean(slot, [lease.id])
 
     async def _record_end(self, lease: Lease, ex: WorkerExit) -> None:
-        slot = lease.slot
+        gpu = lease.gpu_index()
         reason, detail = lease.end_override or (ex.reason, ex.detail)
         if self._closing and lease.end_override is None and reason in ("shutdown",
                                                                        "worker crashed"):
             reason, detail = "daemon stopped", f"gpupoold stopped ({ex.detail or ex.reason})"
         s = ex.stats
         # Same event-loop step as the pop in _watch: a scrape sees the lease live or ended, once.
-        self.events.publish(LeaseEnded(lease.id, slot.gpu.index, lease.token, reason,
+        self.events.publish(LeaseEnded(lease.id, gpu, lease.token, reason,
                                        time.time() - lease.started, s))
         level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
         log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
-                reason, f": {detail}" if detail else "", slot.gpu.index, lease.client.describe(),
+                reason, f": {detail}" if detail else "", gpu, lease.client.describe(),
                 time.time() - lease.started, s.bytes_h2d, s.bytes_d2h,
-                extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
+                extra=journal_fields(lease.id, gpu, lease.client.describe()))
         self.counters.inc("leases_ended", reason=reason)
         await self.store.lease_ended(lease.id, time.time(), reason, detail, s.bytes_h2d,
                                      s.bytes_d2h, dict(s.calls), module_bytes=s.module_bytes)
@@ -610,7 +646,7 @@ class LeaseManager:
             # The watcher records the end (at once if the worker is gone) and scrubs.
             log.error("watchdog: GPU %d: %s; watching lease %d again", slot.gpu.index, why,
                       lease.id, extra=journal_fields(lease.id, slot.gpu.index))
-            self._own(slot, self._watch(lease), f"lease-{lease.id}")
+            lease.watcher = self._own(slot, self._watch(lease), f"lease-{lease.id}")
             return
         log.error("watchdog: GPU %d: %s; scrubbing it", slot.gpu.index, why,
                   extra=journal_fields(gpu=slot.gpu.index))
@@ -790,6 +826,17 @@ class LeaseManager:
         worker, slot.idle_worker = slot.idle_worker, None
         if worker is not None:
             worker.kill()
+
+
+def _keeps_gpu(hello_body: bytes) -> str | None:
+    """Why a lease never detaches, from its client's hello (GP_HELLO_KEEP_GPU), or None."""
+    try:
+        flags = gp.Hello.decode(hello_body, allow_trailing=True).flags
+    except Exception:
+        return None
+    if flags & gp.GP_HELLO_KEEP_GPU:
+        return "its client asked to keep its GPU while idle (GPUPOOL_DETACH=0)"
+    return None
 
 
 def _nonneg(value: object) -> int:

@@ -18,12 +18,16 @@ from gpupoold.workers.supervisor import Worker
 
 FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED = (
     "free", "leased", "scrubbing", "quarantined", "drained")
+# A lease's own states (idle detach, pool/detach.py): on its GPU; parked and being checkpointed;
+# its state in server host memory, no GPU; its client called again and it waits for a GPU or is
+# being restored on one.
+ATTACHED, DETACHING, DETACHED, ATTACHING = "attached", "detaching", "detached", "attaching"
 
 
 @dataclass(eq=False)
 class Lease:
     id: int
-    slot: Slot
+    slot: Slot | None  # None while detached (or attaching, until its GPU is restored)
     token: str
     client: ClientInfo
     req: Requirements
@@ -32,6 +36,29 @@ class Lease:
     started: float = field(default_factory=time.time)
     end_override: tuple[str, str] | None = None  # (reason, detail) set when we end it
     timer: asyncio.TimerHandle | None = None
+    watcher: asyncio.Task[Any] | None = None  # waits for the worker's exit (pool/leases.py)
+    # Idle detach (pool/detach.py)
+    state: str = ATTACHED
+    state_since: float = field(default_factory=time.time)
+    keep_gpu: str | None = None  # why this lease never detaches (None: it may)
+    not_now: str = ""  # why the last try did not detach it
+    cycle: asyncio.Task[Any] | None = None  # the detach cycle running, if any
+    next_try: float = 0.0  # time.monotonic() before which no detach is tried again
+    home: Gpu | None = None  # the GPU it was detached from (the model its state needs)
+    detaches: int = 0
+    detached_s: float = 0.0  # total time detached, the current detach not included
+    saved_bytes: int = 0  # device memory held in host memory while detached
+
+    def set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_since = time.time()
+
+    def gpu_index(self) -> int:
+        """The GPU it is on, or (detached) the one it left."""
+        if self.slot is not None:
+            return self.slot.gpu.index
+        return self.home.index if self.home is not None else -1
 
 
 @dataclass(eq=False)

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpupoold.gpu.telemetry import unknown_live
+from gpupoold.pool.detach import detach_view
 from gpupoold.pool.leases import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, LeaseManager, Slot
 
 if TYPE_CHECKING:
@@ -20,7 +21,11 @@ if TYPE_CHECKING:
 
 def lease_view(lease: Lease) -> dict[str, Any]:
     s = lease.worker.stats
-    return {"id": lease.id, "gpu": lease.slot.gpu.index, "token": lease.token,
+    # gpu: the GPU it is on; detached, None (and `detach` says which one it left)
+    return {"id": lease.id, "gpu": lease.slot.gpu.index if lease.slot is not None else None,
+            "detach": {**detach_view(lease),
+                       "left_gpu": lease.home.index if lease.home is not None else None},
+            "token": lease.token,
             "client": lease.client.to_json(), "request": lease.req.describe(),
             "started": lease.started, "duration_s": round(time.time() - lease.started, 3),
             "queued_s": round(lease.queued_s, 3), "worker_pid": lease.worker.pid,
@@ -77,7 +82,8 @@ class PoolViews:
                        s.lease.worker.stats if s.lease is not None else None,
                        s.quarantine, s.last_scrub, s.idle_worker is not None,
                        s.stuck is not None) for s in self.leases.slots)
-        leases = tuple((lease, lease.worker.stats) for lease in self.leases.active())
+        leases = tuple((lease, lease.worker.stats, lease.state, lease.keep_gpu)
+                       for lease in self.leases.active())
         return slots, leases, tuple(w.ticket for w in self.leases.queue)
 
     def summary(self) -> dict[str, Any]:
@@ -88,4 +94,6 @@ class PoolViews:
                  for s in self.leases.slots if s.stuck is not None]
         return {"gpus": len(self.leases.slots), "states": states,
                 "leases": len(self.leases.active()), "queue": len(self.leases.queue),
+                "detached": sum(1 for lease in self.leases.active() if lease.slot is None),
+                "detached_bytes": self.leases.detacher.held_bytes(),
                 "stuck": stuck}

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupoold.gpu.inventory import Gpu
 from gpupoold.pool.requirements import Requirements
 
 
@@ -45,6 +46,13 @@ class Waiter:
     future: asyncio.Future[Any]  # resolved with the GPU slot handed to this waiter
     joined: float = field(default_factory=time.monotonic)
     joined_wall: float = field(default_factory=time.time)
+    # A detached lease coming back (pool/detach.py): only GPUs its saved state can be restored
+    # on (`only`), ahead of new arrivals.
+    returning: int | None = None  # the lease id
+    only: Callable[[Gpu], bool] | None = None
+
+    def accepts(self, gpu: Gpu) -> bool:
+        return self.req.matches(gpu) and (self.only is None or self.only(gpu))
 
     def waited(self) -> float:
         return time.monotonic() - self.joined
@@ -55,10 +63,18 @@ class WaitQueue:
         self._waiters: list[Waiter] = []
         self._tickets = itertools.count(1)
 
-    def join(self, req: Requirements, token: str, client: ClientInfo) -> Waiter:
+    def join(self, req: Requirements, token: str, client: ClientInfo, *,
+             returning: int | None = None, only: Callable[[Gpu], bool] | None = None) -> Waiter:
+        """A new waiter at the end, or (`returning`: a detached lease's id) after the other
+        returning leases but before every new arrival: it has waited for a GPU once already."""
         w = Waiter(next(self._tickets), req, token, client,
-                   asyncio.get_running_loop().create_future())
-        self._waiters.append(w)
+                   asyncio.get_running_loop().create_future(), returning=returning, only=only)
+        if returning is None:
+            self._waiters.append(w)
+        else:
+            at = next((i for i, x in enumerate(self._waiters) if x.returning is None),
+                      len(self._waiters))
+            self._waiters.insert(at, w)
         return w
 
     def leave(self, w: Waiter) -> None:
@@ -84,5 +100,6 @@ class WaitQueue:
     def view(self) -> list[dict[str, Any]]:
         return [{"position": i + 1, "ticket": w.ticket, "token": w.token,
                  "client": w.client.to_json(), "request": w.req.describe(),
+                 "returning_lease": w.returning,
                  "since": w.joined_wall, "waiting_s": round(w.waited(), 3)}
                 for i, w in enumerate(self._waiters)]

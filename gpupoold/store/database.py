@@ -112,6 +112,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             updated REAL NOT NULL
         )""",
     ),
+    (  # v4: idle detach (pool/detach.py): how often and how long a lease gave its GPU back, and
+       # every transition (attached, detached, ...) with its GPU and detail
+        "ALTER TABLE leases ADD COLUMN detaches INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN detached_s REAL NOT NULL DEFAULT 0",
+        """CREATE TABLE lease_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            lease_id INTEGER NOT NULL,
+            at REAL NOT NULL,
+            state TEXT NOT NULL,
+            gpu_index INTEGER,
+            detail TEXT NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX lease_events_lease ON lease_events (lease_id, id)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -224,6 +238,8 @@ class LeaseRecord(NewLease):
     scrub_ok: bool | None  # None until the GPU was scrubbed after the lease
     scrub: dict[str, Any] | None
     module_bytes: int = 0  # module images received (cache misses); 0 when all were cached
+    detaches: int = 0  # times the lease gave its GPU back while idle (pool/detach.py)
+    detached_s: float = 0.0  # seconds it spent detached
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -456,6 +472,23 @@ class StoreDB:
         rows = self._conn.execute("SELECT * FROM leases WHERE ended IS NULL ORDER BY id")
         return [_lease(r) for r in rows.fetchall()]
 
+    def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
+                    detail: str, detaches: int, detached_s: float) -> None:
+        """A lease changed state (idle detach): the event, and the lease's running totals."""
+        with self._write() as db:
+            cur = db.execute("UPDATE leases SET detaches = ?, detached_s = ? WHERE id = ?",
+                             (_counter(detaches), max(0.0, detached_s), lease_id))
+            if cur.rowcount == 0:
+                raise NotFound(f"no lease {lease_id}")
+            db.execute("INSERT INTO lease_events (lease_id, at, state, gpu_index, detail) "
+                       "VALUES (?, ?, ?, ?, ?)", (lease_id, at, state, gpu_index, detail))
+
+    def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
+        rows = self._conn.execute("SELECT at, state, gpu_index, detail FROM lease_events "
+                                  "WHERE lease_id = ? ORDER BY id", (lease_id,))
+        return [{"at": r["at"], "state": r["state"], "gpu": r["gpu_index"],
+                 "detail": r["detail"]} for r in rows.fetchall()]
+
     def unscrubbed_last_leases(self) -> list[LeaseRecord]:
         """Ended leases still waiting for their scrub's result: only each GPU's latest lease
         can be (a GPU is scrubbed before its next lease), when the daemon stopped between the
@@ -624,6 +657,14 @@ class Store:
 
     async def open_leases(self) -> list[LeaseRecord]:
         return await self._run(self._db.open_leases)
+
+    async def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
+                          detail: str, detaches: int, detached_s: float) -> None:
+        await self._run(self._db.lease_event, lease_id, at, state, gpu_index, detail, detaches,
+                        detached_s)
+
+    async def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
+        return await self._run(self._db.lease_events, lease_id)
 
     async def unscrubbed_last_leases(self) -> list[LeaseRecord]:
         return await self._run(self._db.unscrubbed_last_leases)

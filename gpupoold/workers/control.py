@@ -12,7 +12,8 @@ import gpupool_protocol as gp
 # The messages a worker sends; anything else on the socket is a protocol error.
 FROM_WORKER: tuple[type, ...] = (gp.WorkerReady, gp.WorkerFailed, gp.WorkerStarted,
                                  gp.WorkerRefused, gp.WorkerStats, gp.WorkerEnded,
-                                 gp.WorkerAdopted, gp.WorkerAdoptRefused)
+                                 gp.WorkerAdopted, gp.WorkerAdoptRefused, gp.WorkerDetachOk,
+                                 gp.WorkerDetachNo, gp.WorkerWantsGpu)
 CONTROL_VERSIONS = frozenset({gp.GP_WORKER_CONTROL_VERSION})  # what this gpupoold can follow
 
 

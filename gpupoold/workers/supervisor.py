@@ -221,6 +221,13 @@ class Worker:
         self._ready.add_done_callback(_consume)
         self._tasks: list[asyncio.Task[None]] = []
         self._supervise_task: asyncio.Task[None] | None = None
+        # Idle detach (pool/detach.py): the answer to the pending worker_detach_ask, and the
+        # parked session's client sending a frame (worker_wants_gpu).
+        self._detach_answer: asyncio.Future[Any] | None = None
+        self.wants_gpu = asyncio.Event()
+        # time.monotonic() of the last sign of activity (a changed counter, the session's
+        # start): idle detach asks only leases quiet for a while (pool/detach.py).
+        self.active_at = time.monotonic()
 
     def __repr__(self) -> str:
         return (f"<Worker pid={self.pid} gpu={self.gpu.index} session={self.session_id} "
@@ -292,6 +299,46 @@ class Worker:
             await self._send(control.encode(msg), [])
         except OSError as exc:
             log.info("%s could not send END to worker pid %d: %s", self.label, self.pid, exc)
+
+    async def ask_detach(self, idle_ms: int) -> gp.WorkerDetachOk | gp.WorkerDetachNo | None:
+        """Ask the serving worker whether it idles (worker_detach_ask): its answer, or None when
+        it exited first. It answers from its wait for the client only, so a worker inside a long
+        call answers when the call returns; the ask stays pending until then."""
+        if self.session_id is None or self.exited.done():
+            return None
+        self.wants_gpu.clear()
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._detach_answer = answer
+        try:
+            await self._send(control.encode(gp.WorkerDetachAsk(
+                session_id=self.session_id, idle_ms=max(0, min(idle_ms, 0xFFFFFFFF)))), [])
+        except OSError:
+            return None
+        done, _ = await asyncio.wait([answer, self.exited], return_when=asyncio.FIRST_COMPLETED)
+        self._detach_answer = None
+        return answer.result() if answer in done else None
+
+    async def tell_detached(self) -> None:
+        """worker_detached: its state was checkpointed and its GPU is another lease's."""
+        await self._send_quietly(gp.WorkerDetached(session_id=self.session_id or 0))
+
+    async def tell_attached(self, gpu: Gpu, moved: bool) -> None:
+        """worker_attached: serve again, on `gpu` (another one than before when `moved`)."""
+        self.gpu = gpu
+        if gpu.uuid:
+            self.uuid = gpu.uuid
+        self.wants_gpu.clear()
+        await self._send_quietly(gp.WorkerAttached(session_id=self.session_id or 0,
+                                                   moved=1 if moved else 0, uuid=gpu.uuid))
+
+    async def _send_quietly(self, msg: Any) -> None:
+        if self.exited.done() or self._sock.fileno() < 0:
+            return
+        try:
+            await self._send(control.encode(msg), [])
+        except OSError as exc:
+            log.info("%s could not send %s to worker pid %d: %s", self.label, msg.NAME,
+                     self.pid, exc)
 
     def kill(self) -> None:
         """SIGKILL (the exit is still reaped and reported on `exited`)."""
@@ -383,6 +430,7 @@ class Worker:
                     f"the worker for GPU {self.gpu.index} failed to start: {self._failure}"))
         elif isinstance(ev, gp.WorkerStarted):
             self.start_ms = (time.monotonic() - self._assigned) * 1000
+            self.active_at = time.monotonic()
             self.adoptable = ev.adoptable == 1
             if not self._started.done():
                 self._started.set_result(True)
@@ -392,11 +440,17 @@ class Worker:
                 self._started.set_result(False)
         elif isinstance(ev, gp.WorkerStats):
             self.stats = WorkerStats.from_counters(ev.counters)
+            self.active_at = time.monotonic()
             if self._supervisor.on_stats is not None:
                 try:
                     self._supervisor.on_stats(self)
                 except Exception:  # the callback's bug must not stop the worker's events
                     log.exception("%s on_stats callback failed", self.label)
+        elif isinstance(ev, (gp.WorkerDetachOk, gp.WorkerDetachNo)):
+            if self._detach_answer is not None and not self._detach_answer.done():
+                self._detach_answer.set_result(ev)
+        elif isinstance(ev, gp.WorkerWantsGpu):
+            self.wants_gpu.set()
         elif isinstance(ev, gp.WorkerEnded):
             self._end = ev
             self.stats = WorkerStats.from_counters(ev.counters)

@@ -1,0 +1,308 @@
+"""Idle detach: a lease whose client idles gives its GPU back, and gets one back on its next call
+with its memory intact (docs/architecture.md, "Idle detach").
+
+A lease moves through its own states (slots.py) while its worker process lives on:
+
+    attached ──idle, asked, parked──► detaching ──checkpointed──► detached
+        ▲            └──not now / failed──► attached                 │ the client calls
+        └──────── restored on a GPU ◄── attaching (queued first) ◄────┘
+
+Idleness is the worker's word, never a guess from its statistics: the statistics only say when
+asking is worth it (no change for `idle_detach_after`); the worker answers from its wait for the
+client's next frame, with nothing half done and every stream complete, and then parks (reads no
+client frame) until told to serve again (worker/detach.c). gpupool-checkpoint (gpu/checkpoint.py)
+moves its device memory into its own host memory with the driver's process checkpoints; the GPU
+is scrubbed and checked as after a lease and goes to the queue. The parked worker's client sends
+a frame: the lease joins the queue ahead of new arrivals (it waited once already), takes the GPU
+it left when free, else another of the same model, and is restored there at the same addresses.
+
+A lease that cannot detach keeps its GPU as before, and its view says why (`keep_gpu`): the
+client asked to keep it (GPUPOOL_DETACH=0), the GPU's driver has no process checkpoints (before
+CUDA 12.8), or a checkpoint failed. Saved state lives in the workers' host memory only, at most
+`detach_memory_limit_gib` of it; a worker's exit frees it, so nothing is ever left on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gpupool_protocol as gp
+
+from gpupoold.gpu.checkpoint import CheckpointResult, run_checkpoint
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.log import journal_fields
+from gpupoold.pool.events import LeaseAttached, LeaseDetached
+from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DETACHING, FREE, LEASED, Lease, Slot
+
+if TYPE_CHECKING:
+    from gpupoold.pool.leases import LeaseManager
+
+log = logging.getLogger("gpupoold.detach")
+
+GIB = 1 << 30
+CHECKPOINT_TIMEOUT = 300.0  # seconds a checkpoint or restore may take before it is killed
+LOCK_TIMEOUT_MS = 2000  # how long the driver may wait for work in flight when locking
+
+
+class Checkpointer:
+    """Runs gpupool-checkpoint (replaced by a fake in the lease manager's unit tests)."""
+
+    def __init__(self, binary: Path | None, timeout: float = CHECKPOINT_TIMEOUT) -> None:
+        self.binary = binary
+        self.timeout = timeout
+
+    async def detach(self, gpu: Gpu, pid: int) -> CheckpointResult:
+        if self.binary is None:
+            return CheckpointResult(False, 0.0, error="the gpupool-checkpoint binary was not "
+                                    "found (reinstall gpupoold)", unsupported=True)
+        return await run_checkpoint(self.binary, gpu, pid, "detach", timeout=self.timeout,
+                                    lock_timeout_ms=LOCK_TIMEOUT_MS)
+
+    async def attach(self, gpu: Gpu, pid: int, moves: tuple[tuple[str, str], ...]) -> CheckpointResult:
+        if self.binary is None:
+            return CheckpointResult(False, 0.0, error="the gpupool-checkpoint binary was not found")
+        return await run_checkpoint(self.binary, gpu, pid, "attach", timeout=self.timeout,
+                                    moves=moves)
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+def same_model(a: Gpu, b: Gpu) -> bool:
+    """Whether a checkpoint taken on `a` can be restored on `b` (the driver wants the same chip;
+    the same name, memory size and driver library stand for it)."""
+    return a.name == b.name and a.memory_total == b.memory_total and a.driver == b.driver
+
+
+class IdleDetacher:
+    """The detach cycles of one lease manager's leases (its `detacher`)."""
+
+    def __init__(self, manager: LeaseManager, checkpointer: Checkpointer) -> None:
+        self.m = manager
+        self.checkpointer = checkpointer
+        # Drivers found without process checkpoints: no lease on their GPUs is asked again.
+        self.unsupported: dict[str, str] = {}
+
+    @property
+    def settings(self) -> Any:
+        return self.m.settings
+
+    def memory_limit(self) -> int:
+        gib = self.settings.detach_memory_limit_gib
+        return int(gib * GIB) if gib > 0 else physical_memory() // 2
+
+    def held_bytes(self) -> int:
+        """Device memory that detached leases hold in host memory now."""
+        return sum(lease.saved_bytes for lease in self.m.active()
+                   if lease.state in (DETACHING, DETACHED, ATTACHING))
+
+    # ------------------------------------------------------------------------- when to ask
+    async def run(self) -> None:
+        while True:
+            after = self.settings.idle_detach_after
+            await asyncio.sleep(min(1.0, max(0.05, after / 4)) if after > 0 else 1.0)
+            if after <= 0 or self.m.closing:
+                continue
+            for lease in self.m.active():
+                try:
+                    if self._worth_asking(lease, after):
+                        lease.cycle = self.m.spawn(self._cycle(lease), f"detach-{lease.id}")
+                except Exception:
+                    log.exception("lease %d: idle detach check failed", lease.id)
+
+    def _worth_asking(self, lease: Lease, after: float) -> bool:
+        slot = lease.slot
+        if (lease.state != ATTACHED or lease.cycle is not None or lease.keep_gpu is not None
+                or slot is None or slot.lease is not lease or lease.worker.exited.done()):
+            return False
+        now = time.monotonic()
+        if now < lease.next_try or now - lease.worker.active_at < after:
+            return False
+        if slot.gpu.driver in self.unsupported:
+            lease.keep_gpu = self.unsupported[slot.gpu.driver]
+            self.m.changed(slot)
+            return False
+        return self._why_not_now(lease, slot, 0) is None
+
+    def _why_not_now(self, lease: Lease, slot: Slot, mem: int) -> str | None:
+        if self.settings.idle_detach_after <= 0:
+            return "idle detach was turned off"
+        if self.settings.detach_policy == "when-queued" and self.m.queue.first(
+                lambda w: w.accepts(slot.gpu) and w.returning != lease.id) is None:
+            return "nobody waits for its GPU"
+        limit = self.memory_limit()
+        held = self.held_bytes()
+        if held + mem > limit:
+            return (f"its {mem / GIB:.2f} GiB would not fit in detach_memory_limit_gib "
+                    f"({held / GIB:.2f} of {limit / GIB:.2f} GiB held by detached leases)")
+        return None
+
+    # ------------------------------------------------------------------------- the cycle
+    async def _cycle(self, lease: Lease) -> None:
+        try:
+            if await self._detach(lease):
+                await self._come_back(lease)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("lease %d: the detach cycle failed; ending the lease", lease.id)
+            lease.end_override = lease.end_override or ("worker error", "idle detach failed "
+                                                        "inside gpupoold (see its log)")
+            lease.worker.kill()
+        finally:
+            lease.cycle = None
+
+    def _retry_later(self, lease: Lease, why: str) -> None:
+        lease.not_now = why
+        lease.next_try = time.monotonic() + max(1.0, self.settings.idle_detach_after / 2)
+
+    async def _detach(self, lease: Lease) -> bool:
+        """Ask, park, checkpoint, hand the GPU over. True when the lease is detached."""
+        worker = lease.worker
+        answer = await worker.ask_detach(int(self.settings.idle_detach_after * 1000))
+        if answer is None:
+            return False  # the worker exited: its watcher ends the lease
+        if isinstance(answer, gp.WorkerDetachNo):
+            if answer.lasting:
+                lease.keep_gpu = answer.why
+            self._retry_later(lease, answer.why)
+            return False
+        slot = lease.slot
+        assert slot is not None
+        # Parked. Still worth it? Someone may have taken another GPU meanwhile.
+        why = self._why_not_now(lease, slot, answer.mem_used)
+        if why is None and worker.wants_gpu.is_set():
+            why = "its client called again"
+        if why is not None:
+            self._retry_later(lease, why)
+            await worker.tell_attached(slot.gpu, False)
+            return False
+        lease.set_state(DETACHING)
+        lease.saved_bytes = answer.mem_used
+        self.m.changed(slot)
+        res = await self.checkpointer.detach(slot.gpu, worker.pid)
+        if not res.ok:
+            lease.saved_bytes = 0
+            lease.set_state(ATTACHED)
+            if res.busy:
+                self._retry_later(lease, "work was still running when the driver locked it")
+            else:
+                lease.keep_gpu = f"the checkpoint failed: {res.error}"
+                if res.unsupported:
+                    self.unsupported[slot.gpu.driver] = lease.keep_gpu
+                log.warning("lease %d keeps GPU %d: %s", lease.id, slot.gpu.index,
+                            lease.keep_gpu, extra=journal_fields(lease.id, slot.gpu.index))
+            await worker.tell_attached(slot.gpu, False)
+            self.m.changed(slot)
+            return False
+        # Detached: the GPU leaves the lease, is scrubbed (recorded as the lease's scrub: its
+        # last use by this lease, unless it comes back) and goes to the queue.
+        lease.home = slot.gpu
+        lease.set_state(DETACHED)
+        lease.detaches += 1
+        lease.not_now = ""
+        slot.lease = None
+        lease.slot = None
+        await worker.tell_detached()
+        self.m.own(slot, self.m.clean(slot, [lease.id]), f"detach-scrub-{slot.gpu.index}")
+        self.m.changed(slot)
+        idle_s = answer.idle_ms / 1000
+        log.info("lease %d detached from GPU %d after %.1f s idle: %d bytes of device memory "
+                 "saved in %.3f s", lease.id, slot.gpu.index, idle_s, answer.mem_used,
+                 res.seconds, extra=journal_fields(lease.id, slot.gpu.index))
+        self.m.counters.inc("detaches")
+        self.m.events.publish(LeaseDetached(lease.id, slot.gpu.index, answer.mem_used,
+                                            res.seconds))
+        await self._record(lease, DETACHED, slot.gpu.index,
+                           f"idle {idle_s:.1f} s, {answer.mem_used} bytes saved in "
+                           f"{res.seconds:.3f} s")
+        return True
+
+    async def _come_back(self, lease: Lease) -> None:
+        """Wait for the client's next call, then a GPU, then restore the lease on it."""
+        worker = lease.worker
+        wants = asyncio.ensure_future(worker.wants_gpu.wait())
+        try:
+            await asyncio.wait([wants, worker.exited], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wants.cancel()
+        if worker.exited.done():
+            return
+        asked = time.monotonic()
+        detached_for = time.time() - lease.state_since
+        lease.set_state(ATTACHING)
+        self.m.changed_any()
+        home = lease.home
+        assert home is not None
+        w = self.m.queue.join(lease.req, lease.token, lease.client, returning=lease.id,
+                              only=lambda g: same_model(home, g))
+        home_slot = next((s for s in self.m.slots if s.gpu.uuid == home.uuid), None)
+        if (home_slot is not None and home_slot.state == FREE and self.m.in_service(home_slot)
+                and self.m.queue.first(lambda x: x.accepts(home_slot.gpu)) is w):
+            self.m.grant(home_slot, w)
+        else:
+            self.m.dispatch()
+        done, _ = await asyncio.wait([w.future, worker.exited], return_when=asyncio.FIRST_COMPLETED)
+        if w.future not in done or w.future.cancelled() or w.future.exception() is not None:
+            self.m.abandon(w)
+            return
+        slot: Slot = w.future.result()
+        moved = slot.gpu.uuid != home.uuid
+        moves = ((home.uuid, slot.gpu.uuid),) if moved else ()
+        res = await self.checkpointer.attach(slot.gpu, worker.pid, moves)
+        slot.reserved = None
+        if not res.ok:
+            why = f"its state could not be restored on GPU {slot.gpu.index}: {res.error}"
+            log.error("lease %d: %s; ending it", lease.id, why,
+                      extra=journal_fields(lease.id, slot.gpu.index))
+            lease.end_override = lease.end_override or ("worker error", why)
+            worker.kill()
+            self.m.own(slot, self.m.clean(slot, []), f"attach-scrub-{slot.gpu.index}")
+            self.m.changed(slot)
+            return
+        slot.lease = lease
+        lease.slot = slot
+        slot.task = lease.watcher
+        if slot.state != LEASED:
+            slot.set_state(LEASED)
+        lease.detached_s += detached_for
+        saved, lease.saved_bytes = lease.saved_bytes, 0
+        lease.set_state(ATTACHED)
+        lease.next_try = time.monotonic() + self.settings.idle_detach_after
+        await worker.tell_attached(slot.gpu, moved)
+        latency = time.monotonic() - asked
+        self.m.changed(slot)
+        log.info("lease %d attached again on GPU %d%s, %.3f s after its client called (%d bytes "
+                 "restored)", lease.id, slot.gpu.index,
+                 f" (moved from GPU {home.index})" if moved else "", latency, saved,
+                 extra=journal_fields(lease.id, slot.gpu.index))
+        self.m.counters.inc("reattaches", moved="yes" if moved else "no")
+        self.m.events.publish(LeaseAttached(lease.id, slot.gpu.index, moved, latency, saved))
+        await self._record(lease, ATTACHED, slot.gpu.index,
+                           (f"moved from GPU {home.index}, " if moved else "") +
+                           f"{latency * 1000:.1f} ms after the call, {detached_for:.1f} s detached")
+
+    async def _record(self, lease: Lease, state: str, gpu: int, detail: str) -> None:
+        try:
+            await self.m.store.lease_event(lease.id, time.time(), state, gpu, detail,
+                                           lease.detaches, lease.detached_s)
+        except Exception:
+            log.exception("lease %d: recording its %s state failed", lease.id, state)
+
+
+def detach_view(lease: Lease) -> dict[str, Any]:
+    """The idle-detach part of a lease's view (pool/views.py)."""
+    current = time.time() - lease.state_since if lease.state in (DETACHED, ATTACHING) else 0.0
+    return {"state": lease.state, "state_since": lease.state_since,
+            "detaches": lease.detaches, "detached_s": round(lease.detached_s + current, 3),
+            "saved_bytes": lease.saved_bytes, "keep_gpu": lease.keep_gpu,
+            "not_detached_because": lease.not_now or None}
