@@ -26,7 +26,7 @@ CUDA_DIR = REPO / "tests" / "cuda"
 KERNELS_HEADER = REPO / "tests" / "sim" / "gp_test_kernels.cuh"
 MODES = ("shared", "static")
 PROGRAMS = ("devices", "copies", "events", "kernels", "errors", "longrun", "threads", "demo",
-            "graphs")
+            "graphs", "detach")
 ARCH = os.environ.get("GPUPOOL_TEST_ARCH", "sm_90")
 GIB = 1 << 30
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import GpupoolServer
+from test_e2e_cuda import cuda_programs  # noqa: F401
 from test_e2e_leases import MIB, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401
 
 
@@ -66,6 +67,76 @@ def test_an_idle_tenant_gives_its_gpu_to_a_waiting_client_and_gets_it_back_intac
     # The second ran while the first was detached: it started after the first had leased.
     assert float(f2["t_leased"]) < float(f1["t_end"])
     leases = server.get_json("/api/v1/leases?state=all")["leases"]
-    print(server.log_text())
     first_rec = [le for le in leases if le["client_pid"] == first.pid][0]
     assert first_rec["detaches"] >= 1, first_rec
+
+
+def start_tenant(cuda_programs: Any, server: GpupoolServer, mib: int,  # noqa: F811
+                 clients: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    """tests/cuda/detach.cu, set up and idle (waiting for a line on stdin)."""
+    exe = cuda_programs.path("detach", "shared")
+    proc = subprocess.Popen([str(exe), str(mib)], env=server.client_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clients.append(proc)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), f"{line}{proc.stderr.read() if proc.stderr else ''}"
+    return proc
+
+
+def resume(proc: subprocess.Popen[str], server: GpupoolServer) -> str:
+    out, err = proc.communicate("go\n", timeout=300)
+    assert proc.returncode == 0 and "PASS detach" in out, (
+        f"the tenant did not pass ({proc.returncode}):\n{out}\n{err}\n{server.log_text()[-6000:]}")
+    return out
+
+
+def the_lease(server: GpupoolServer) -> dict[str, Any]:
+    (lease,) = server.get_json("/api/v1/leases?state=active")["leases"]
+    return lease
+
+
+def test_two_gib_of_state_survive_a_detach_while_another_client_uses_the_gpu(
+        start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    server = detach_server(start_daemon, native_build, tmp_path)
+    tenant = start_tenant(cuda_programs, server, 2048, clients)
+    lease_id = the_lease(server)["id"]
+    # Nobody waits: the idle tenant keeps its GPU (policy when-queued).
+    time.sleep(1.5)
+    view = server.get_json(f"/api/v1/leases/{lease_id}")
+    assert view["detach"]["state"] == "attached" and view["gpu"] == 0, view
+    other = start_client(server, hold_gpu, 256 * MIB, 200, seed=77)
+    clients.append(other)
+    f = finish(other, "the waiting client")
+    assert f["nonzero_before"] == "0" and f["exact"] == "1"  # none of the tenant's bytes
+    view = server.get_json(f"/api/v1/leases/{lease_id}")
+    assert view["detach"]["state"] == "detached" and view["gpu"] is None, view
+    assert view["detach"]["saved_bytes"] >= 2048 * MIB and view["detach"]["detaches"] == 1
+    out = resume(tenant, server)
+    print(out)
+    wait_until("the lease ended", lambda: not server.get_json("/api/v1/leases?state=active")["leases"])
+    rec = server.get_json(f"/api/v1/leases/{lease_id}")
+    assert rec["detaches"] == 1 and rec["detached_s"] > 0 and rec["scrub_ok"] is True, rec
+    states = [e["state"] for e in rec["events"]]
+    assert states == ["detached", "attached"], rec["events"]
+
+
+def test_a_detached_lease_comes_back_on_the_other_gpu_when_its_own_is_taken(
+        start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    server = detach_server(start_daemon, native_build, tmp_path, gpus=2, detach_policy="always")
+    tenant = start_tenant(cuda_programs, server, 256, clients)
+    lease_id = the_lease(server)["id"]
+    wait_until("detached", lambda: server.get_json(f"/api/v1/leases/{lease_id}")["detach"]["state"]
+               == "detached", timeout=20)
+    wait_until("both GPUs free", lambda: gpu_states(server) == ["free", "free"])
+    holder = start_client(server, hold_gpu, 16 * MIB, 8000, seed=5)
+    clients.append(holder)
+    assert holder.stdout is not None and "holding" in holder.stdout.readline()
+    assert [g["lease"] is not None for g in server.get_json("/api/v1/gpus")["gpus"]] == [True, False]
+    resume(tenant, server)
+    rec = server.get_json(f"/api/v1/leases/{lease_id}")
+    attached = [e for e in rec["events"] if e["state"] == "attached"]
+    assert attached and attached[-1]["gpu"] == 1 and "moved from GPU 0" in attached[-1]["detail"]
+    finish(holder, "the holder")

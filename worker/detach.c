@@ -101,8 +101,7 @@ static void on_attached(struct worker *w, const gp_worker_attached *m)
         if (DRV(w, cuDeviceGetUuid, &uuid, w->dev) == CUDA_SUCCESS)
             memcpy(w->snap.uuid, uuid.bytes, 16);
     }
-    wk_log("attached again%s (%.*s)", m->moved ? " on another GPU" : "", (int)m->uuid_len,
-           m->uuid);
+    wk_log("attached again%s (%.*s)", m->moved ? " on another GPU" : "", (int)m->uuid_len, m->uuid);
 }
 
 #define DECODE(kind_, var_)                                                                        \
@@ -155,8 +154,9 @@ int wk_detach_client_ready(struct worker *w)
     if (r <= 0) {
         wk_detach_end_parked(w);
         wk_log("the client went away while %s", w->ctl.detached ? "detached" : "parked");
-        wk_end_session(w, WK_END_CLIENT_LOST, "the client closed the connection while its "
-                                              "lease was %s",
+        wk_end_session(w, WK_END_CLIENT_LOST,
+                       "the client closed the connection while its "
+                       "lease was %s",
                        w->ctl.detached ? "detached" : "idle");
         w->dead = 1;
         return -1;

@@ -77,7 +77,8 @@ def sim_pci_bus_id(index: int) -> str:
 def simulated_gpus(settings: Settings, count: int, sim_lib: Path | None) -> tuple[Gpu, ...]:
     gpus = []
     for i in range(count):
-        conf = write_sim_config(settings.state_dir, i, settings.sim_name, settings.sim_memory_gib)
+        conf = write_sim_config(settings.state_dir, i, settings.sim_name, settings.sim_memory_gib,
+                                count)
         gpus.append(Gpu(index=i, name=settings.sim_name, uuid=format_uuid(sim_uuid(i)),
                         simulated=True, driver=str(sim_lib) if sim_lib else "", ordinal=0,
                         env={"GPUPOOL_SIM_CONFIG": str(conf)},

@@ -34,6 +34,7 @@ def sim_pci_bus(index: int) -> int:
     return 0x18 + 0x10 * index
 
 
+SIM_MAX_PEERS = 15  # worker/sim/sim_internal.h: SIM_MAX_DEVICES - 1
 SHM = Path("/dev/shm")
 STATE_DIR_NOTE = "STATE_DIR"
 SHM_MIN_FREE = 4 * GIB
@@ -69,7 +70,10 @@ def sim_memory_file(state_dir: Path, index: int) -> Path:
     return sim_memory_dir(state_dir) / f"gpu{index}.mem"
 
 
-def sim_config_text(index: int, name: str, memory_gib: int, memory_file: Path | None = None) -> str:
+def sim_config_text(index: int, name: str, memory_gib: int, memory_file: Path | None = None,
+                    peers: list[tuple[int, Path]] | None = None) -> str:
+    """The config of simulated GPU `index`; `peers`: the other simulated GPUs of the pool (index
+    and memory file), onto which a checkpointed worker may be restored (idle detach)."""
     text = (
         f"# written by gpupoold for simulated GPU {index}; rewritten at every start\n"
         f"name = {name}\n"
@@ -80,12 +84,16 @@ def sim_config_text(index: int, name: str, memory_gib: int, memory_file: Path | 
     )
     if memory_file is not None:
         text += f"memory_file = {memory_file}\n"
+    for peer, peer_file in peers or []:
+        text += f"peer = {sim_uuid(peer).hex()} {sim_pci_bus(peer)} {peer_file}\n"
     return text
 
 
-def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int) -> Path:
-    """Write the config file of simulated GPU `index` and return its path. Its device memory is
-    `sim_memory_file(state_dir, index)` (created by the simulated device on first use)."""
+def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int,
+                     count: int = 1) -> Path:
+    """Write the config file of simulated GPU `index` (of `count`) and return its path. Its device
+    memory is `sim_memory_file(state_dir, index)` (created by the simulated device on first use);
+    the other GPUs are its peers."""
     folder = state_dir / "sim"
     folder.mkdir(parents=True, exist_ok=True)
     # The sim refuses relative paths: workers and scrubs do not run in the daemon's directory.
@@ -99,7 +107,10 @@ def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int) ->
                          "simulated device's config file cannot hold; choose another state_dir")
     path = folder / f"gpu{index}.conf"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(sim_config_text(index, name, memory_gib, memory_file))
+    # The simulated device knows at most SIM_MAX_PEERS other GPUs (worker/sim: 16 in all).
+    peers = [(i, sim_memory_file(state_dir.resolve(), i))
+             for i in range(count) if i != index][:SIM_MAX_PEERS]
+    tmp.write_text(sim_config_text(index, name, memory_gib, memory_file, peers))
     tmp.replace(path)
     return path
 

@@ -253,7 +253,10 @@ async def get_lease(request: web.Request) -> web.Response:
     if record is None:
         raise ApiError(404, f"no lease {lease_id}", "list leases with GET /api/v1/leases")
     live = {view["id"]: view for view in _views(request).active_leases()}
-    return _json(_lease_json(record, live))
+    out = _lease_json(record, live)
+    # Its idle-detach transitions (detached, attached), oldest first.
+    out["events"] = await request.app[STORE].lease_events(lease_id)
+    return _json(out)
 
 
 async def end_lease(request: web.Request) -> web.Response:

@@ -103,10 +103,9 @@ static void set_state(CUprocessState s)
 
 static int device_of_uuid(const unsigned char uuid[16])
 {
-    for (int d = 0; d < sim_cfg.device_count; d++) {
+    for (int d = 0; d < sim_phys_count(&sim_cfg); d++) {
         unsigned char u[16];
-        memcpy(u, sim_cfg.uuid, 16);
-        u[15] = (unsigned char)(sim_cfg.uuid[15] + (unsigned)d);
+        sim_phys_uuid(&sim_cfg, d, u);
         if (memcmp(u, uuid, 16) == 0)
             return d;
     }

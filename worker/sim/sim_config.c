@@ -157,6 +157,21 @@ static void config_defaults(struct sim_config *cfg)
     cfg->device_count = 1;
 }
 
+void sim_phys_uuid(const struct sim_config *cfg, int phys, unsigned char out[16])
+{
+    if (phys >= cfg->device_count && phys - cfg->device_count < cfg->peer_count) {
+        memcpy(out, cfg->peers[phys - cfg->device_count].uuid, 16);
+        return;
+    }
+    memcpy(out, cfg->uuid, 16);
+    out[15] = (unsigned char)(cfg->uuid[15] + (unsigned)phys);
+}
+
+int sim_phys_count(const struct sim_config *cfg)
+{
+    return cfg->device_count + cfg->peer_count;
+}
+
 int sim_config_attr(const struct sim_config *cfg, int dev, int attrib)
 {
     if (cfg->attr_set[attrib])
@@ -171,6 +186,8 @@ int sim_config_attr(const struct sim_config *cfg, int dev, int attrib)
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
         return cfg->pci_domain;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+        if (dev >= cfg->device_count && dev - cfg->device_count < cfg->peer_count)
+            return cfg->peers[dev - cfg->device_count].pci_bus;
         return cfg->pci_bus + dev; /* each further device sits on the next bus */
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
         return cfg->pci_device;
@@ -342,6 +359,25 @@ static const char *apply_key(struct sim_config *cfg, const char *key, const char
         if (n > 0 && val[0] != '/')
             return "expected an absolute path (the worker and the scrub run in other directories)";
         memcpy(cfg->memory_file, val, n + 1);
+    } else if (strcmp(key, "peer") == 0) {
+        /* peer = UUID PCI_BUS MEMORY_FILE: another simulated GPU of the pool (sim_internal.h). */
+        if (cfg->peer_count >= SIM_MAX_DEVICES - 1)
+            return "too many peers";
+        struct sim_peer *p = &cfg->peers[cfg->peer_count];
+        char uuid[80], path[SIM_PATH_MAX];
+        int bus = -1, used = 0;
+        if (strlen(val) >= sizeof(path) || sscanf(val, "%79s %d %n", uuid, &bus, &used) != 2 ||
+            bus < 0 || bus > 0xff)
+            return "expected UUID PCI_BUS MEMORY_FILE";
+        why = parse_uuid(uuid, p->uuid);
+        if (why)
+            return why;
+        snprintf(path, sizeof(path), "%s", val + used);
+        if (path[0] != '/')
+            return "expected an absolute memory file path after the PCI bus";
+        p->pci_bus = bus;
+        memcpy(p->memory_file, path, strlen(path) + 1);
+        cfg->peer_count++;
     } else if (strcmp(key, "device_count") == 0) {
         if (!(why = parse_int(val, 0, SIM_MAX_DEVICES, &v)))
             cfg->device_count = (int)v;
@@ -474,6 +510,10 @@ static CUresult check_config(const struct sim_config *cfg)
         sim_init_fail("config: heap_base 0x%llx + device_count x total_memory does not fit "
                       "below 0x%llx",
                       (unsigned long long)cfg->heap_base, (unsigned long long)SIM_VA_TOP);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (cfg->device_count + cfg->peer_count > SIM_MAX_DEVICES) {
+        sim_init_fail("config: device_count + peers exceed %d GPUs", SIM_MAX_DEVICES);
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (cfg->total_memory < cfg->granularity) {

@@ -58,10 +58,11 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
     if (!sim_dev_valid(dev))
         return sim_leave(CUDA_ERROR_INVALID_DEVICE);
-    memcpy(uuid->bytes, sim_cfg.uuid, 16);
     /* Devices must differ; the configured UUID is device 0's. An ordinal restored onto another
-     * GPU (sim_checkpoint.c) is that GPU. */
-    uuid->bytes[15] = (char)(sim_cfg.uuid[15] + (unsigned)sim_phys_dev(dev));
+     * GPU (sim_checkpoint.c), a peer included, is that GPU. */
+    unsigned char u[16];
+    sim_phys_uuid(&sim_cfg, sim_phys_dev(dev), u);
+    memcpy(uuid->bytes, u, 16);
     return sim_leave(CUDA_SUCCESS);
 }
 

@@ -51,6 +51,15 @@ enum {
 };
 
 /* ---- configuration (sim_config.c) -------------------------------------------------------- */
+/* Another simulated GPU of the same pool (key `peer`): a checkpointed process may be restored
+ * onto it (sim_checkpoint.c). Its memory is its own memory file (part 0, as that GPU's own
+ * processes use it). */
+struct sim_peer {
+    unsigned char uuid[16];
+    int pci_bus;
+    char memory_file[SIM_PATH_MAX];
+};
+
 struct sim_config {
     char name[SIM_NAME_MAX];
     uint64_t total_memory; /* bytes, per device */
@@ -63,6 +72,9 @@ struct sim_config {
     uint64_t va_base;     /* where cuMemAddressReserve(addr = 0) looks first */
     int device_count;
     char memory_file[SIM_PATH_MAX]; /* "" : device memory is anonymous host memory */
+    /* Physical GPUs device_count .. device_count + peer_count - 1 (sim_phys_dev may name one). */
+    struct sim_peer peers[SIM_MAX_DEVICES - 1];
+    int peer_count;
     bool attr_set[CU_DEVICE_ATTRIBUTE_MAX];
     int attr_value[CU_DEVICE_ATTRIBUTE_MAX];
 };
@@ -70,8 +82,14 @@ struct sim_config {
 /* Defaults, then the GPUPOOL_SIM_CONFIG file, then GPUPOOL_SIM_<KEY> variables. On a bad key or
  * value: one line on stderr and CUDA_ERROR_INVALID_VALUE. */
 CUresult sim_config_load(struct sim_config *cfg);
-/* The value of device attribute `attrib` (1 .. CU_DEVICE_ATTRIBUTE_MAX-1) of device `dev`. */
+/* The value of device attribute `attrib` (1 .. CU_DEVICE_ATTRIBUTE_MAX-1) of physical GPU `dev`
+ * (a peer from device_count on). */
 int sim_config_attr(const struct sim_config *cfg, int dev, int attrib);
+/* The UUID of physical GPU `phys`: device n's is the configured one plus n in its last byte, a
+ * peer's is its own. */
+void sim_phys_uuid(const struct sim_config *cfg, int phys, unsigned char out[16]);
+/* The number of physical GPUs: devices and peers. */
+int sim_phys_count(const struct sim_config *cfg);
 
 /* ---- core state (sim_core.c) ------------------------------------------------------------- */
 struct sim_ctx {

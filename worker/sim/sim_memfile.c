@@ -14,7 +14,10 @@
  *     gets the same bytes back;
  *   - freeing a range does not clear it (nor does the GPU);
  *   - zeroing whole pages punches a hole (sim_memfile_punch): a scrub of 80 GiB costs no disk
- *     space, no memory and almost no time, and the file shrinks back to what holds data.
+ *     space, no memory and almost no time, and the file shrinks back to what holds data;
+ *   - a peer GPU (key `peer`, physical GPU device_count + k) is part 0 of its own memory file,
+ *     opened when a restore first moves memory there. Offsets here are "virtual": physical GPU
+ *     n's part starts at n * stride whichever file holds it (fd_at translates).
  *
  * Every function here runs under the sim lock (sim_internal.h), which is what makes the range
  * lists below safe to share between threads. Other processes using the same file are not seen:
@@ -44,6 +47,7 @@ struct dev_ranges {
 };
 
 static int mem_fd = -1;
+static int peer_fd[SIM_MAX_DEVICES]; /* +1: opened (fd + 1, so that zero means not yet) */
 static uint64_t stride, usable;
 static struct dev_ranges used[SIM_MAX_DEVICES];
 static bool punch_unsupported; /* the file system said so once: write zeros from then on */
@@ -91,6 +95,35 @@ CUresult sim_memfile_init(void)
     }
     mem_fd = fd;
     return CUDA_SUCCESS;
+}
+
+/* The file and real offset behind virtual offset `off`; -1 when a peer's file cannot be opened. */
+static int fd_at(uint64_t off, uint64_t *real)
+{
+    uint64_t part = off / stride;
+    if (part < (uint64_t)sim_cfg.device_count) {
+        *real = off;
+        return mem_fd;
+    }
+    uint64_t k = part - (uint64_t)sim_cfg.device_count;
+    if (k >= (uint64_t)sim_cfg.peer_count)
+        return -1;
+    if (peer_fd[k] == 0) {
+        const char *path = sim_cfg.peers[k].memory_file;
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0 ||
+            ((uint64_t)st.st_size < stride && ftruncate(fd, (off_t)stride) != 0)) {
+            fprintf(stderr, "gpupool-sim: cannot use the memory file %s of peer GPU %llu: %s\n",
+                    path, (unsigned long long)k, strerror(errno));
+            if (fd >= 0 && close(fd) != 0)
+                fprintf(stderr, "gpupool-sim: close failed\n");
+            return -1;
+        }
+        peer_fd[k] = fd + 1;
+    }
+    *real = off - part * stride;
+    return peer_fd[k] - 1;
 }
 
 CUresult sim_memfile_alloc(int dev, uint64_t len, uint64_t *off)
@@ -154,12 +187,16 @@ void sim_memfile_free(int dev, uint64_t off)
 }
 
 /* All of [off, off+len) of the file read into buf, or buf written there; -1 on an I/O error. */
-static int file_io(bool write, uint64_t off, void *buf, uint64_t len)
+static int file_io(bool write, uint64_t voff, void *buf, uint64_t len)
 {
+    uint64_t off;
+    int fd = fd_at(voff, &off);
+    if (fd < 0)
+        return -1;
     for (uint64_t done = 0; done < len;) {
         char *at = (char *)buf + done;
-        ssize_t n = write ? pwrite(mem_fd, at, len - done, (off_t)(off + done))
-                          : pread(mem_fd, at, len - done, (off_t)(off + done));
+        ssize_t n = write ? pwrite(fd, at, len - done, (off_t)(off + done))
+                          : pread(fd, at, len - done, (off_t)(off + done));
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -179,20 +216,28 @@ int sim_memfile_write(uint64_t off, const void *buf, uint64_t len)
     return file_io(true, off, (void *)(uintptr_t)buf, len); /* pwrite only reads it */
 }
 
-int sim_memfile_map(uint64_t addr, uint64_t len, uint64_t off)
+int sim_memfile_map(uint64_t addr, uint64_t len, uint64_t voff)
 {
+    uint64_t off;
+    int fd = fd_at(voff, &off);
+    if (fd < 0)
+        return -1;
     void *want = (void *)(uintptr_t)addr;
-    void *p = mmap(want, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, mem_fd, (off_t)off);
+    void *p = mmap(want, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)off);
     return p == want ? 0 : -1;
 }
 
-int sim_memfile_punch(uint64_t off, uint64_t len)
+int sim_memfile_punch(uint64_t voff, uint64_t len)
 {
     if (punch_unsupported)
         return -1;
+    uint64_t off;
+    int fd = fd_at(voff, &off);
+    if (fd < 0)
+        return -1;
     /* KEEP_SIZE: the file stays device_count x total_memory; the range reads back as zeros, in
      * this process's mapping as in any other's. */
-    if (fallocate(mem_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+    if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
         return 0;
     if (errno == EOPNOTSUPP || errno == ENOSYS) {
         punch_unsupported = true;
