@@ -82,7 +82,10 @@ class FakeLeaseManager:
         for g in self.gpus:
             states[g["state"]] += 1
         return {"gpus": len(self.gpus), "states": states, "leases": len(self.live),
-                "queue": len(self.queue), "stuck": list(self.stuck)}
+                "queue": len(self.queue), "stuck": list(self.stuck),
+                "detached": sum(1 for v in self.live.values() if v.get("gpu") is None),
+                "detached_bytes": sum(v.get("detach", {}).get("saved_bytes", 0)
+                                      for v in self.live.values())}
 
     async def drain(self, index: int, actor: str) -> dict[str, Any]:
         g = self._gpu(index)

@@ -8,6 +8,7 @@ and clients on simulated GPUs.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -140,3 +141,100 @@ def test_a_detached_lease_comes_back_on_the_other_gpu_when_its_own_is_taken(
     attached = [e for e in rec["events"] if e["state"] == "attached"]
     assert attached and attached[-1]["gpu"] == 1 and "moved from GPU 0" in attached[-1]["detail"]
     finish(holder, "the holder")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in \
+        Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+
+
+def detached(server: GpupoolServer, lease_id: int) -> bool:
+    return server.get_json(f"/api/v1/leases/{lease_id}").get("detach", {}).get("state") == \
+        "detached"
+
+
+def test_no_detach_lands_in_the_middle_of_a_long_kernel(
+        start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    server = detach_server(start_daemon, native_build, tmp_path)
+    exe = cuda_programs.path("detach", "shared")
+    tenant = subprocess.Popen([str(exe), "64", "3000"], env=server.client_env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    clients.append(tenant)
+    assert tenant.stdout is not None and tenant.stdout.readline().startswith("spinning")
+    # Someone waits the whole time the 3 s kernel runs, asking every 0.5 s (idle_detach_after).
+    other = start_client(server, hold_gpu, 16 * MIB, 100, seed=8)
+    clients.append(other)
+    spun = tenant.stdout.readline()
+    assert spun.startswith("spun at="), spun
+    assert tenant.stdout.readline().startswith("ready")
+    f = finish(other, "the waiting client")
+    assert float(f["t_leased"]) >= float(spun.split("=")[1]), (f, spun)
+    resume(tenant, server)
+
+
+def test_a_client_that_keeps_its_gpu_is_never_detached_and_the_api_says_why(
+        start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    server = detach_server(start_daemon, native_build, tmp_path, detach_policy="always")
+    exe = cuda_programs.path("detach", "shared")
+    tenant = subprocess.Popen([str(exe), "64"], env=server.client_env({"GPUPOOL_KEEP_GPU": "1"}),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    clients.append(tenant)
+    assert tenant.stdout is not None and tenant.stdout.readline().startswith("ready")
+    other = start_client(server, hold_gpu, 16 * MIB, 100, seed=9)
+    clients.append(other)
+    time.sleep(2.5)  # five times idle_detach_after
+    lease = the_lease(server)
+    assert lease["gpu"] == 0 and lease["detach"]["state"] == "attached", lease
+    assert "GPUPOOL_KEEP_GPU" in (lease["detach"]["keep_gpu"] or ""), lease
+    assert len(server.get_json("/api/v1/queue")["queue"]) == 1 and other.poll() is None
+    resume(tenant, server)
+    finish(other, "the waiting client")
+
+
+def test_a_detached_client_killed_frees_its_saved_state_at_once(
+        start_daemon: Any, native_build: Path, cuda_programs: Any,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    server = detach_server(start_daemon, native_build, tmp_path, detach_policy="always")
+    tenant = start_tenant(cuda_programs, server, 256, clients)
+    lease = the_lease(server)
+    wait_until("detached", lambda: detached(server, lease["id"]), timeout=20)
+    assert server.get_json("/api/v1/status")["detached_bytes"] >= 256 * MIB
+    worker = lease["worker_pid"]
+    tenant.kill()
+    killed = time.monotonic()
+    wait_until("the worker gone", lambda: not alive(worker), timeout=3)
+    assert time.monotonic() - killed < 3
+    wait_until("the lease ended", lambda: not server.get_json("/api/v1/leases?state=active")["leases"])
+    rec = server.get_json(f"/api/v1/leases/{lease['id']}")
+    assert rec["end_reason"] == "client lost" and rec["detaches"] == 1, rec
+    assert server.get_json("/api/v1/status")["detached_bytes"] == 0
+
+
+def test_gpupoold_killed_with_a_detached_lease_leaves_nothing_behind(
+        start_daemon: Any, native_build: Path, cuda_programs: Any,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    server = detach_server(start_daemon, native_build, tmp_path, detach_policy="always")
+    tenant = start_tenant(cuda_programs, server, 128, clients)
+    lease = the_lease(server)
+    wait_until("detached", lambda: detached(server, lease["id"]), timeout=20)
+    worker = lease["worker_pid"]
+    server.kill_daemon_only()
+    wait_until("the parked worker gone", lambda: not alive(worker), timeout=5)
+    again = start_daemon("--simulated", "1", "--config", str(tmp_path / "gpupoold.toml"),
+                         build_dir=native_build, simulated=None, state_dir=server.state_dir)
+    wait_until("GPU free", lambda: gpu_states(again) == ["free"])
+    rec = again.get_json(f"/api/v1/leases/{lease['id']}")
+    assert rec["ended"] is not None and rec["scrub_ok"] is True, rec
+    left = sorted(p.name for p in (server.state_dir / "workers").iterdir()
+                  if p.name.startswith("lease-"))
+    assert left == [], left
+    out, err = tenant.communicate("go\n", timeout=60)
+    assert tenant.returncode != 0 and "PASS" not in out  # told the server stopped, not hung

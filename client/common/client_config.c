@@ -7,6 +7,8 @@
  *
  * The subset (what `gpupool login` writes, and what people write by hand):
  *   # comments                    anywhere outside a string
+ *   keep_gpu = true | false       keep the GPU while idle: the server never detaches the lease
+ *                                 (GPUPOOL_KEEP_GPU=1 too)
  *   compression = "off" | "lz4"   LZ4-compressed copies (docs/architecture.md): at the top level
  *                                 (every server's default) and in a [[servers]] table (that
  *                                 server's own)
@@ -741,6 +743,7 @@ typedef struct file_settings {
     int has_connect_timeout, has_probe_timeout;
     char gpu[256], model[256];
     uint64_t min_memory;
+    int keep_gpu;
     int compression;
     /* A [[servers]] compression that is not a known value: refused when its entry ends, naming
      * the entry's address (it may come after). 0: none. */
@@ -922,6 +925,13 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
                 return -1;
             if (*dst)
                 src_line(&fs->default_src[which], ps->line);
+            return 0;
+        }
+        if (!strcmp(key, "keep_gpu")) {
+            if (want_type(ps, key, v, V_BOOL, "true or false") != 0)
+                return -1;
+            fs->keep_gpu = v->b;
+            src_line(&fs->src[GP_CFG_KEEP_GPU], ps->line);
             return 0;
         }
         if (!strcmp(key, "connect_timeout")) {
@@ -1699,6 +1709,7 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         snprintf(cfg->gpu, sizeof cfg->gpu, "%s", fs->gpu);
         snprintf(cfg->model, sizeof cfg->model, "%s", fs->model);
         cfg->min_memory = fs->min_memory;
+        cfg->keep_gpu = fs->keep_gpu;
         cfg->compression = fs->compression;
         memcpy(cfg->source, fs->src, sizeof cfg->source);
     }
@@ -1794,6 +1805,20 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         src_what(&cfg->source[GP_CFG_CONNECT_TIMEOUT], "GPUPOOL_CONNECT_TIMEOUT");
     if (env_view("GPUPOOL_PROBE_TIMEOUT", &n))
         src_what(&cfg->source[GP_CFG_PROBE_TIMEOUT], "GPUPOOL_PROBE_TIMEOUT");
+    size_t kn;
+    const char *kv = env_view("GPUPOOL_KEEP_GPU", &kn);
+    if (kv) {
+        int keep = parse_bool_text(kv, kn);
+        if (keep < 0) {
+            set_err(err, ecap,
+                    "GPUPOOL_KEEP_GPU=%.*s is not understood: use 1 (keep the GPU while idle) or "
+                    "0 (let the server detach an idle lease, the default)",
+                    (int)kn, kv);
+            return -1;
+        }
+        cfg->keep_gpu = keep;
+        src_what(&cfg->source[GP_CFG_KEEP_GPU], "GPUPOOL_KEEP_GPU");
+    }
     size_t cn;
     const char *cv = env_view("GPUPOOL_COMPRESSION", &cn);
     if (cv) {

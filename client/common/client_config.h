@@ -55,6 +55,7 @@ enum gp_client_setting {
     GP_CFG_GPU,
     GP_CFG_MODEL,
     GP_CFG_MIN_MEMORY,
+    GP_CFG_KEEP_GPU,
     GP_CFG_SERVERS, /* the list itself: GPUPOOL_SERVER, else the file */
     GP_CFG_NSETTINGS
 };
@@ -76,6 +77,7 @@ typedef struct gp_client_config {
     double connect_timeout, probe_timeout; /* seconds; connect 0: no limit; probe 0: 2 s */
     char gpu[256], model[256];
     uint64_t min_memory;
+    int keep_gpu;           /* 1: ask the server never to detach this process's idle lease */
     int compression;        /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
                       * use each server's own (gp_server_config.compression) */
     char file[4096];        /* the file read, "" for none */

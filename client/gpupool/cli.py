@@ -176,6 +176,8 @@ def show_config(cfg: ClientConfig) -> None:
     print(_row("requirements.model", cfg.model or "(any)", cfg.sources.get("model", "default")))
     print(_row("requirements.min_memory", f"{cfg.min_memory} bytes" if cfg.min_memory else "(any)",
                cfg.sources.get("min_memory", "default")))
+    print(_row("keep_gpu", "yes (never detached while idle)" if cfg.keep_gpu else "no",
+               cfg.sources.get("keep_gpu", "default")))
     print()
     if not cfg.servers:
         print("servers: none. `gpupool login HOST:PORT --token TOKEN` adds one (or set "

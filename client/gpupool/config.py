@@ -76,6 +76,7 @@ class ClientConfig:
     gpu: str = ""
     model: str = ""
     min_memory: int = 0
+    keep_gpu: bool = False  # the server never detaches this process's idle lease
     compression: str = "off"  # top level (or GPUPOOL_COMPRESSION): the servers' default
     file: str = ""  # the file read, "" for none
     file_reason: str = ""  # why that file (or why none)
@@ -237,6 +238,7 @@ def _settings(lib: ctypes.CDLL, cfg: int) -> ClientConfig:
     out.compression = top("compression")
     out.gpu, out.model = top("gpu"), top("model")
     out.min_memory = int(top("min_memory"))
+    out.keep_gpu = top("keep_gpu") == "1"
     top("servers")
     for i in range(lib.gpupool_config_servers(cfg)):
         srv = ServerConfig(address="", host="", port="")

@@ -252,7 +252,8 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         .major = GP_PROTO_MAJOR,
         .minor = GP_PROTO_MINOR,
         .pid = (uint32_t)getpid(),
-        .flags = want_lz4(hc->srv) | GP_HELLO_KEEPALIVE,
+        .flags =
+            want_lz4(hc->srv) | GP_HELLO_KEEPALIVE | (hc->cfg->keep_gpu ? GP_HELLO_KEEP_GPU : 0u),
         .host = hc->host,
         .host_len = (uint32_t)strlen(hc->host),
         .user = hc->user,

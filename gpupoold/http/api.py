@@ -179,6 +179,8 @@ async def status(request: web.Request) -> web.Response:
         "version": __version__, "time": time.time(), "remoting": app[REMOTING].address,
         "auth": app[SETTINGS].auth, "you": {"name": who.identity, "role": who.role},
         "gpus": s["gpus"], "states": s["states"], "leases": s["leases"], "queue": s["queue"],
+        # idle detach: leases without a GPU now, and the device memory they hold in host memory
+        "detached": s["detached"], "detached_bytes": s["detached_bytes"],
         "active_leases": views.active_leases(), "counters": app[COUNTERS].snapshot(),
     })
 

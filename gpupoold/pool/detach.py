@@ -17,7 +17,7 @@ a frame: the lease joins the queue ahead of new arrivals (it waited once already
 it left when free, else another of the same model, and is restored there at the same addresses.
 
 A lease that cannot detach keeps its GPU as before, and its view says why (`keep_gpu`): the
-client asked to keep it (GPUPOOL_DETACH=0), the GPU's driver has no process checkpoints (before
+client asked to keep it (GPUPOOL_KEEP_GPU=1), the GPU's driver has no process checkpoints (before
 CUDA 12.8), or a checkpoint failed. Saved state lives in the workers' host memory only, at most
 `detach_memory_limit_gib` of it; a worker's exit frees it, so nothing is ever left on disk.
 """

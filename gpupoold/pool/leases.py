@@ -835,7 +835,7 @@ def _keeps_gpu(hello_body: bytes) -> str | None:
     except Exception:
         return None
     if flags & gp.GP_HELLO_KEEP_GPU:
-        return "its client asked to keep its GPU while idle (GPUPOOL_DETACH=0)"
+        return "its client asked to keep its GPU while idle (GPUPOOL_KEEP_GPU=1 or keep_gpu = true)"
     return None
 
 

@@ -1,7 +1,7 @@
 /*
  * detach.cu: a tenant whose state must survive an idle detach (tests/test_e2e_detach.py).
  *
- *     detach [MIB]
+ *     detach [MIB [SPIN_MS]]
  *
  * Sets up MIB MiB (default 2048) of device memory in 32 MiB allocations, each a memset byte with
  * a splitmix pattern in its first MiB, plus a stream-ordered allocation (cudaMallocAsync), a VMM
@@ -11,6 +11,10 @@
  * every byte, the global, kernels launching on the old streams with the old pointers, the old
  * events timing a new spin; prints "first_call_ms=..." (the first call after the idle, which
  * brings the lease back) and the summary line.
+ *
+ * SPIN_MS > 0: before "ready", print "spinning" and run one kernel of SPIN_MS ms, then a
+ * synchronise, then "spun at=<epoch s>": a lease busy in one long call, which must not be
+ * detached meanwhile, whoever waits.
  */
 #include "gp_check.cuh"
 #include "../sim/gp_test_kernels.cuh"
@@ -48,6 +52,7 @@ int main(int argc, char **argv)
     gp_begin("detach");
     size_t mib = argc > 1 ? strtoull(argv[1], NULL, 0) : 2048;
     size_t pieces = mib * MIB / PIECE;
+    unsigned long long spin_ms = argc > 2 ? strtoull(argv[2], NULL, 0) : 0;
     std::vector<uint8_t> host(MIB);
 
     /* Plain allocations: memset bulk, a pattern in the first MiB of each. */
@@ -131,6 +136,16 @@ int main(int argc, char **argv)
     float before_ms = 0;
     CHECK(cudaEventElapsedTime(&before_ms, e0, e1));
 
+    if (spin_ms > 0) {
+        printf("spinning\n");
+        fflush(stdout);
+        gp_test_spin<<<1, 1, 0, s2>>>(spin_ms * 1000 * 1000);
+        CHECK(cudaGetLastError());
+        CHECK(cudaStreamSynchronize(s2));
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        printf("spun at=%.6f\n", (double)ts.tv_sec + ts.tv_nsec / 1e9);
+    }
     printf("ready pieces=%zu vmm=%zu\n", pieces, vmm_size);
     fflush(stdout);
     char line[64];
