@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import gpupool_protocol as gp
 import pytest
 
 from gpupoold.config.settings import Settings
@@ -57,9 +58,29 @@ class FakeWorker:
         self.adoptable = False  # its session may outlive the daemon (the real one says so)
         self.reported_end = False
         self.detached = False
+        # Idle detach (tests/test_detach.py): what it answers when asked (None: "no, busy"),
+        # and what it was told.
+        self.active_at = float("-inf")
+        self.wants_gpu = asyncio.Event()
+        self.idle_answer: Any = gp.WorkerDetachOk(session_id=0, idle_ms=1000, mem_used=GIB)
+        self.asked = 0
+        self.told: list[tuple[str, ...]] = []
 
     def detach(self) -> None:
         self.detached = True
+
+    async def ask_detach(self, idle_ms: int) -> Any:
+        self.asked += 1
+        if self.exited.done():
+            return None
+        return self.idle_answer
+
+    async def tell_detached(self) -> None:
+        self.told.append(("detached",))
+
+    async def tell_attached(self, gpu: Gpu, moved: bool) -> None:
+        self.gpu = gpu
+        self.told.append(("attached", gpu.uuid, str(moved)))
 
     async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
                      hello_req: int) -> None:
@@ -127,6 +148,7 @@ class FakeStore:
     scrubbed: dict[int, tuple[bool, dict[str, Any]]] = field(default_factory=dict)
     audits: list[tuple[str, str, str, str]] = field(default_factory=list)
     open: list[Any] = field(default_factory=list)
+    events: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)  # idle detach
     unscrubbed: list[Any] = field(default_factory=list)  # ended, the daemon gone before a scrub
     # Drained/quarantined GPUs, shared by the managers of one test (a restart keeps them).
     gpu_state: dict[str, Any] = field(default_factory=dict)
@@ -149,6 +171,10 @@ class FakeStore:
 
     async def unscrubbed_last_leases(self) -> list[Any]:
         return self.unscrubbed
+
+    async def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
+                          detail: str, detaches: int, detached_s: float) -> None:
+        self.events.setdefault(lease_id, []).append((state, gpu_index, detail, detaches))
 
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         self.audits.append((actor, action, target, detail))
