@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,21 @@ def test_two_gib_of_state_survive_a_detach_while_another_client_uses_the_gpu(
     assert rec["detaches"] == 1 and rec["detached_s"] > 0 and rec["scrub_ok"] is True, rec
     states = [e["state"] for e in rec["events"]]
     assert states == ["detached", "attached"], rec["events"]
+    metrics = scrape(server)
+    assert metrics["gpupool_lease_detaches_total"] == 1
+    assert metrics['gpupool_lease_reattaches_total{moved="no"}'] == 1
+    assert metrics["gpupool_lease_reattach_seconds_count"] == 1
+    assert metrics["gpupool_detached_bytes"] == 0 and metrics["gpupool_leases_detached"] == 0
+
+
+def scrape(server: GpupoolServer) -> dict[str, float]:
+    """The daemon's /metrics as {series: value}."""
+    req = urllib.request.Request(server.http_url + "/metrics",
+                                 headers={"Authorization": f"Bearer {server.admin_token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        text = resp.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
 
 
 def test_a_detached_lease_comes_back_on_the_other_gpu_when_its_own_is_taken(

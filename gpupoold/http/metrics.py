@@ -46,7 +46,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector as _CollectorBase
 
 from gpupoold import __version__
-from gpupoold.pool.events import EventBus, GpuCleaned, LeaseEnded, LeaseGranted
+from gpupoold.pool.events import EventBus, GpuCleaned, LeaseAttached, LeaseDetached, LeaseEnded, LeaseGranted
 from gpupoold.workers import supervisor as _workers
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 36
 LEASE_DURATION_BUCKETS = (1, 10, 60, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)
 SCRUB_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RESET_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Idle detach: from the first call after an idle to the lease on a GPU again (queueing included).
+REATTACH_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
 GPU_STATES = ("free", "leased", "scrubbing", "quarantined", "drained")
@@ -124,6 +126,11 @@ class DaemonMetrics:
         self.reset_duration = Histogram(
             "gpupool_reset_duration_seconds", "Duration of GPU resets (successful or not).",
             buckets=RESET_BUCKETS, registry=self.registry)
+        self.reattach_latency = Histogram(
+            "gpupool_lease_reattach_seconds",
+            "Idle detach: time from a detached lease's first call to its lease on a GPU again "
+            "(queueing and restoring its memory included).", buckets=REATTACH_BUCKETS,
+            registry=self.registry)
         self.ended = EndedTotals()
         self.collector: Collector | None = None
         self._idle_task: asyncio.Task[None] | None = None
@@ -133,7 +140,15 @@ class DaemonMetrics:
         """Follow the lease manager's events (pool/events.py); returns the unsubscribe calls."""
         return [bus.subscribe(LeaseGranted, self.lease_granted),
                 bus.subscribe(LeaseEnded, self.lease_ended),
-                bus.subscribe(GpuCleaned, self.cleaned)]
+                bus.subscribe(GpuCleaned, self.cleaned),
+                bus.subscribe(LeaseAttached, self.lease_attached),
+                bus.subscribe(LeaseDetached, self.lease_detached)]
+
+    def lease_detached(self, e: LeaseDetached) -> None:
+        pass  # counted by the lease manager (counters "detaches"); here for symmetry
+
+    def lease_attached(self, e: LeaseAttached) -> None:
+        self.reattach_latency.observe(max(0.0, e.latency_s))
 
     def lease_granted(self, e: LeaseGranted) -> None:
         self.queue_wait.observe(max(0.0, e.queued_s))
@@ -340,6 +355,20 @@ class Collector(_CollectorBase):
         for token, value in sorted(seconds.items()):
             gs.add_metric([token], value)
         yield gs
+        yield GaugeMetricFamily("gpupool_leases_detached",
+                                "Idle detach: active leases without a GPU (their state in host "
+                                "memory).", value=sum(1 for lease in active if lease.slot is None))
+        yield GaugeMetricFamily("gpupool_detached_bytes",
+                                "Idle detach: device memory of detached leases held in the "
+                                "server's host memory.", value=lm.detacher.held_bytes())
+        yield CounterMetricFamily("gpupool_lease_detaches",
+                                  "Idle detach: times an idle lease gave its GPU back.",
+                                  value=c.get("detaches"))
+        re = CounterMetricFamily("gpupool_lease_reattaches", "Idle detach: detached leases "
+                                 "back on a GPU, by whether it was another GPU.", labels=["moved"])
+        for moved in ("no", "yes"):
+            re.add_metric([moved], c.get("reattaches", moved=moved))
+        yield re
 
     # -------------------------------------------------------------------------- data plane
     def _data_plane(self) -> Iterator[Metric]:
