@@ -124,7 +124,10 @@ def print_status(probes: list[Probe]) -> None:
             print("  My leases:")
             for lease in leases:
                 c = lease.get("client") if isinstance(lease.get("client"), Mapping) else {}
-                print(f"    lease {lease.get('id')} on GPU {lease.get('gpu')}: "
+                where = (f"on GPU {lease.get('gpu')}" if lease.get("gpu") is not None else
+                         "detached while idle (its memory waits on the server; its next call "
+                         "takes a GPU again)")
+                print(f"    lease {lease.get('id')} {where}: "
                       f"{c.get('program') or '?'} (pid {c.get('pid', '?')} on "
                       f"{c.get('host') or '?'}), for {duration(lease.get('duration_s'))}")
         else:

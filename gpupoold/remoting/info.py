@@ -139,7 +139,9 @@ def _client(view: dict[str, Any]) -> dict[str, Any]:
 def lease_record(view: dict[str, Any], mine: bool) -> gp.InfoLease:
     """An active lease view (pool/views.lease_view) as the reply's record."""
     return gp.InfoLease(
-        id=_u64(view.get("id")), gpu=_u32(view.get("gpu")), token=_text(view.get("token"), 255),
+        id=_u64(view.get("id")),
+        gpu=gp.GP_INFO_NO_GPU if view.get("gpu") is None else _u32(view.get("gpu")),
+        token=_text(view.get("token"), 255),
         **_client(view), request=_text(view.get("request"), 1023),
         started=_f64(view.get("started")), duration_s=_f64(view.get("duration_s")),
         queued_s=_f64(view.get("queued_s")), worker_pid=_u32(view.get("worker_pid")),

@@ -227,7 +227,9 @@ def _client(r: Any) -> dict[str, Any]:
 
 
 def lease_view(r: gp.InfoLease) -> dict[str, Any]:
-    return {"id": r.id, "gpu": r.gpu, "token": r.token, "client": _client(r),
+    # gpu None: detached while idle (its state waits on the server)
+    return {"id": r.id, "gpu": None if r.gpu == gp.GP_INFO_NO_GPU else r.gpu,
+            "token": r.token, "client": _client(r),
             "request": r.request, "started": _known(r.started),
             "duration_s": _known(r.duration_s), "queued_s": _known(r.queued_s),
             "worker_pid": r.worker_pid, "bytes_h2d": r.bytes_h2d, "bytes_d2h": r.bytes_d2h,
