@@ -190,3 +190,15 @@ async def test_a_failed_restore_ends_the_lease_and_scrubs_the_gpu(mgr: Any) -> N
     assert m.store.ended[lease.id][0] == "worker error"
     await until("GPU scrubbed and free", lambda: m.slots[0].state == FREE)
     assert m.cleaner.cleaned[-1] == 0
+
+
+def test_the_dashboard_says_where_a_lease_is() -> None:
+    from gpupoold.dashboard.formatting import detach_text
+
+    assert detach_text({"state": "attached", "detaches": 0, "keep_gpu": None}) == "attached"
+    assert detach_text({"state": "detached", "left_gpu": 1, "saved_bytes": 2 * GIB,
+                        "detached_s": 75, "detaches": 1}) == \
+        "detached (left GPU 1, 2.0 GiB saved, 1m 15s detached in all)"
+    assert detach_text({"state": "attached", "detaches": 3, "detached_s": 9,
+                        "keep_gpu": "the checkpoint failed: x"}) == \
+        "attached (3x detached, 9s in all); keeps its GPU: the checkpoint failed: x"

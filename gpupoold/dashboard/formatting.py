@@ -30,3 +30,19 @@ def duration(s: Any) -> str:
     h, rest = divmod(s, 3600)
     m, sec = divmod(rest, 60)
     return f"{h}h {m:02d}m {sec:02d}s" if h else (f"{m}m {sec:02d}s" if m else f"{sec}s")
+
+
+def detach_text(d: Any) -> str:
+    """A lease's idle-detach state in words (pool/detach.detach_view); dashboard.js detachText
+    writes the same for live updates."""
+    if not isinstance(d, dict):
+        return ""
+    text = str(d.get("state", ""))
+    if d.get("state") in ("detached", "attaching"):
+        text += (f" (left GPU {d.get('left_gpu')}, {human_bytes(d.get('saved_bytes'))} saved, "
+                 f"{duration(d.get('detached_s'))} detached in all)")
+    elif d.get("detaches"):
+        text += f" ({d.get('detaches')}x detached, {duration(d.get('detached_s'))} in all)"
+    if d.get("keep_gpu"):
+        text += f"; keeps its GPU: {d.get('keep_gpu')}"
+    return text

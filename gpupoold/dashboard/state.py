@@ -12,7 +12,7 @@ import jinja2
 from aiohttp import web
 
 from gpupoold import __version__
-from gpupoold.dashboard.formatting import duration, human_bytes, when
+from gpupoold.dashboard.formatting import detach_text, duration, human_bytes, when
 from gpupoold.dashboard.history import History
 from gpupoold.dashboard.sessions import Sessions
 
@@ -38,6 +38,7 @@ class Dashboard:
         self.env.filters["bytes"] = human_bytes
         self.env.filters["when"] = when
         self.env.filters["duration"] = duration
+        self.env.filters["detach_text"] = detach_text
         self.sessions = Sessions()
         self.history: History | None = None
         self.changed = asyncio.Event()  # replaced at every notify(): each stream waits on its own

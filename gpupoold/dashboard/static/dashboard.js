@@ -181,14 +181,26 @@
     var admin = body.dataset.admin === "1";
     renderRows("active-leases", state.leases.map(function (l) {
       var c = l.client || {};
-      var cells = [String(l.id), String(l.gpu), l.token, c.host + " pid " + c.pid + " " + (c.program || ""),
+      var cells = [String(l.id), l.gpu === null ? "none" : String(l.gpu), l.token, c.host + " pid " + c.pid + " " + (c.program || ""),
         when(l.started), duration(l.duration_s),
         typeof l.memory_used === "number" ? bytes(l.memory_used) : "not reported",
         bytes(l.bytes_h2d + l.bytes_d2h) + " (to GPU " + bytes(l.bytes_h2d) + ", from GPU " + bytes(l.bytes_d2h) + ")",
-        l.queued_s + " s"];
+        l.queued_s + " s", detachText(l.detach)];
       if (admin) cells.push(adminForm("end", "/ui/leases/" + l.id + "/end", "End lease", "End lease " + l.id + " of " + l.token + "? The client loses its GPU.", "/ui/leases"));
       return { attrs: { "data-lease": String(l.id) }, cells: cells };
-    }), "No active lease.", 10);
+    }), "No active lease.", 11);
+  }
+
+  // A lease's idle-detach state in words (the same words as the template's detach_text filter,
+  // gpupoold/dashboard/formatting.py).
+  function detachText(d) {
+    if (!d) return "";
+    var text = d.state;
+    if (d.state === "detached" || d.state === "attaching")
+      text += " (left GPU " + d.left_gpu + ", " + bytes(d.saved_bytes) + " saved, " + duration(d.detached_s) + " detached in all)";
+    else if (d.detaches) text += " (" + d.detaches + "x detached, " + duration(d.detached_s) + " in all)";
+    if (d.keep_gpu) text += "; keeps its GPU: " + d.keep_gpu;
+    return text;
   }
 
   function renderQueue(state) {
