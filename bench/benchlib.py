@@ -1,20 +1,28 @@
-"""Pieces the benchmark scripts share: stopping a daemon they started, removing its state, the
-CPU's name, a plain-text table, and printing/saving the Markdown section of a run.
+"""Pieces the benchmark scripts share: a gpupoold of their own (Daemon), stopping a daemon they
+started, removing its state, the CPU's name, a plain-text table, and printing/saving the Markdown
+section of a run.
 
 bench/ is not a package: each script puts its own folder first on sys.path and imports this.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+BUILD = Path(os.environ.get("GPUPOOL_BUILD_DIR", ROOT / "build")).resolve()
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float) -> None:
@@ -76,3 +84,121 @@ def emit_markdown(lines: list[str], path: Path | None) -> None:
     print(text)
     if path:
         path.write_text(text)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    """gpupoold on fixed ports (clients keep their address across restarts) and one state dir;
+    on `gpus` simulated GPUs, or with real=True on the real GPU 0 (reset policy never: a lent
+    GPU is never reset)."""
+
+    def __init__(self, gpus: int, real: bool = False, config: str = "",
+                 name: str = "soak") -> None:
+        self.gpus = gpus
+        self.real = real
+        self.name = name
+        self.state = Path(tempfile.mkdtemp(prefix=f"gpupool-{name}-"))
+        self.config = self.state / "gpupoold.toml"
+        self.config.write_text(('simulated = 0\ngpus = [0]\nreset_policy = "never"\n' if real
+                                else 'reset_policy = "never"\n') + config)
+        self.listen = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), str(ROOT / "protocol" / "python"), *filter(None, [self.env.get("PYTHONPATH")])])
+        self.generation = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.groups: list[int] = []  # process groups of every daemon started (workers live on)
+        self.start()
+        made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name",
+                               name, "--state-dir", str(self.state)], env=self.env, cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        self.token = made.stdout.strip().splitlines()[-1]
+
+    @property
+    def log_path(self) -> Path:
+        return self.state / f"gpupoold-{self.generation}.log"
+
+    def start(self) -> None:
+        self.generation += 1
+        cmd = [sys.executable, "-m", "gpupoold", "serve", "--config", str(self.config),
+               *([] if self.real else ["--simulated", str(self.gpus)]),
+               "--listen", self.listen, "--http", self.http, "--state-dir", str(self.state),
+               "--worker", str(BUILD / "gpupool-worker"), "--sim-lib",
+               str(BUILD / "libgpupool-sim.so")]
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.groups.append(self.proc.pid)
+        deadline = time.monotonic() + 60
+        while "gpupoold: http on" not in self.log_path.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"{self.name}: gpupoold did not start:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+        self.admin = (self.state / "local-admin.token").read_text().strip()
+
+    def restart(self, how: str) -> float:
+        """Stop (SIGTERM: a clean stop; SIGKILL: a crash) and start again; the seconds without a
+        daemon."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        if how == "SIGTERM":
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(60)
+        else:
+            self.proc.kill()
+            self.proc.wait(60)
+        self.start()
+        return time.monotonic() - t0
+
+    def get(self, path: str) -> Any:
+        req = urllib.request.Request(f"http://{self.http}{path}",
+                                     headers={"Authorization": f"Bearer {self.admin}"})
+        with urllib.request.urlopen(req, timeout=30) as reply:
+            return json.loads(reply.read())
+
+    def wait_quiet(self, timeout: float = 60) -> None:
+        """Every GPU free with its pre-started worker, nobody queued."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            gpus = self.get("/api/v1/gpus")["gpus"]
+            if all(g["state"] == "free" and g["worker_ready"] for g in gpus) and \
+                    not self.get("/api/v1/queue")["queue"]:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"gpupoold did not become quiet: {self.get('/api/v1/gpus')}")
+
+    def resources(self) -> tuple[int, int]:
+        """(open file descriptors, resident memory in bytes) of the daemon process."""
+        assert self.proc is not None
+        fds = len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return fds, int(line.split()[1]) * 1024
+        return fds, 0
+
+    def client_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(LD_LIBRARY_PATH=str(BUILD / "client"), GPUPOOL_SERVER=self.listen,
+                   GPUPOOL_TOKEN=self.token, GPUPOOL_CONFIG="none")
+        env.pop("LD_PRELOAD", None)
+        return env
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        for group in self.groups:  # workers of every generation, whatever is left of them
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        remove_state(self.state)

@@ -23,9 +23,10 @@
 
 #include "worker.h"
 
-static void say_no(struct worker *w, uint32_t lasting, const char *why)
+static void say_no(struct worker *w, uint32_t lasting, uint64_t idle_ms, const char *why)
 {
-    gp_worker_detach_no m = {.session_id = w->ctl.session_id, .lasting = lasting};
+    gp_worker_detach_no m = {
+        .session_id = w->ctl.session_id, .lasting = lasting, .idle_ms = idle_ms};
     char text[1024];
     WK_SET_TEXT(m.why, text, why);
     (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_detach_no, &m), 0);
@@ -49,7 +50,7 @@ static void on_ask(struct worker *w, const gp_worker_detach_ask *m)
 {
     char why[256];
     if (!w->ctl.in_session || m->session_id != w->ctl.session_id) {
-        say_no(w, 0, "not serving that session");
+        say_no(w, 0, 0, "not serving that session");
         return;
     }
     if (w->ctl.parked) { /* asked twice: the first answer stands */
@@ -57,21 +58,21 @@ static void on_ask(struct worker *w, const gp_worker_detach_ask *m)
         return;
     }
     if (!w->ctl.waiting) {
-        say_no(w, 0, "a call is being served");
+        say_no(w, 0, 0, "a call is being served");
         return;
     }
     uint64_t idle_ms = (wk_now_ns() - w->ctl.idle_since_ns) / 1000000u;
     if (idle_ms < m->idle_ms) {
         snprintf(why, sizeof why, "the client sent a frame %llu ms ago",
                  (unsigned long long)idle_ms);
-        say_no(w, 0, why);
+        say_no(w, 0, idle_ms, why);
         return;
     }
     uint64_t s = busy_stream(w);
     if (s != 0) {
         snprintf(why, sizeof why, "work is queued or running on stream %llu",
                  (unsigned long long)s);
-        say_no(w, 0, why);
+        say_no(w, 0, 0, why);
         return;
     }
     gp_worker_detach_ok ok = {

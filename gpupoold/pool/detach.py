@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpupoold.detach")
 
 GIB = 1 << 30
+STATS_EVERY = 1.0  # seconds: workers report changed counters at most this often
 CHECKPOINT_TIMEOUT = 300.0  # seconds a checkpoint or restore may take before it is killed
 LOCK_TIMEOUT_MS = 2000  # how long the driver may wait for work in flight when locking
 
@@ -125,7 +126,9 @@ class IdleDetacher:
                 or slot is None or slot.lease is not lease or lease.worker.exited.done()):
             return False
         now = time.monotonic()
-        if now < lease.next_try or now - lease.worker.active_at < after:
+        # Counters arrive up to STATS_EVERY late: ask that much early, the worker has the last
+        # word (and says how long it has been idle, for the next try).
+        if now < lease.next_try or now - lease.worker.active_at < after - STATS_EVERY:
             return False
         if slot.gpu.driver in self.unsupported:
             lease.keep_gpu = self.unsupported[slot.gpu.driver]
@@ -161,9 +164,11 @@ class IdleDetacher:
         finally:
             lease.cycle = None
 
-    def _retry_later(self, lease: Lease, why: str) -> None:
+    def _retry_later(self, lease: Lease, why: str, wait: float | None = None) -> None:
         lease.not_now = why
-        lease.next_try = time.monotonic() + max(1.0, self.settings.idle_detach_after / 2)
+        if wait is None:
+            wait = max(1.0, self.settings.idle_detach_after / 2)
+        lease.next_try = time.monotonic() + wait
 
     async def _detach(self, lease: Lease) -> bool:
         """Ask, park, checkpoint, hand the GPU over. True when the lease is detached."""
@@ -174,7 +179,10 @@ class IdleDetacher:
         if isinstance(answer, gp.WorkerDetachNo):
             if answer.lasting:
                 lease.keep_gpu = answer.why
-            self._retry_later(lease, answer.why)
+            after = self.settings.idle_detach_after
+            # Silent but not long enough yet: ask again when it will have been; busy: later.
+            self._retry_later(lease, answer.why, max(0.05, after - answer.idle_ms / 1000)
+                              if answer.idle_ms else None)
             return False
         slot = lease.slot
         assert slot is not None

@@ -47,7 +47,7 @@ class Waiter:
     joined: float = field(default_factory=time.monotonic)
     joined_wall: float = field(default_factory=time.time)
     # A detached lease coming back (pool/detach.py): only GPUs its saved state can be restored
-    # on (`only`), ahead of new arrivals.
+    # on (`only`); it is not held back by max_gpus_per_token (it held its GPU already).
     returning: int | None = None  # the lease id
     only: Callable[[Gpu], bool] | None = None
 
@@ -65,16 +65,14 @@ class WaitQueue:
 
     def join(self, req: Requirements, token: str, client: ClientInfo, *,
              returning: int | None = None, only: Callable[[Gpu], bool] | None = None) -> Waiter:
-        """A new waiter at the end, or (`returning`: a detached lease's id) after the other
-        returning leases but before every new arrival: it has waited for a GPU once already."""
+        """A new waiter at the end. A detached lease coming back (`returning`: its id) too: the
+        queue is served in the order the requests were made, a returning lease's when its client
+        called again. Putting returning leases first would starve new arrivals whenever the
+        tenants take turns (two leases detaching and returning in turn would keep a GPU between
+        them forever); in arrival order every client gets its turn (bench/detach_bench.py)."""
         w = Waiter(next(self._tickets), req, token, client,
                    asyncio.get_running_loop().create_future(), returning=returning, only=only)
-        if returning is None:
-            self._waiters.append(w)
-        else:
-            at = next((i for i, x in enumerate(self._waiters) if x.returning is None),
-                      len(self._waiters))
-            self._waiters.insert(at, w)
+        self._waiters.append(w)
         return w
 
     def leave(self, w: Waiter) -> None:
