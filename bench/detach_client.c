@@ -27,7 +27,7 @@
         if (rc_ != CUDA_SUCCESS) {                                                                 \
             const char *name_ = NULL;                                                              \
             cuGetErrorName(rc_, &name_);                                                           \
-            fprintf(stderr, "detach_client: %s failed: %s\n", #call, name_ ? name_ : "?");        \
+            fprintf(stderr, "detach_client: %s failed: %s\n", #call, name_ ? name_ : "?");         \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)

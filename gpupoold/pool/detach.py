@@ -29,18 +29,17 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import gpupool_protocol as gp
 
 from gpupoold.gpu.checkpoint import CheckpointResult, run_checkpoint
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import journal_fields
-from gpupoold.pool.events import LeaseAttached, LeaseDetached
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.events import EventBus, LeaseAttached, LeaseDetached
 from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DETACHING, FREE, LEASED, Lease, Slot
-
-if TYPE_CHECKING:
-    from gpupoold.pool.leases import LeaseManager
+from gpupoold.pool.waitqueue import Waiter, WaitQueue
 
 log = logging.getLogger("gpupoold.detach")
 
@@ -84,10 +83,34 @@ def same_model(a: Gpu, b: Gpu) -> bool:
     return a.name == b.name and a.memory_total == b.memory_total and a.driver == b.driver
 
 
+class Pool(Protocol):
+    """What the detacher needs of the lease manager (pool/leases.py), which owns it."""
+
+    settings: Any
+    slots: list[Slot]
+    queue: WaitQueue
+    store: Any
+    counters: Counters
+    events: EventBus
+
+    @property
+    def closing(self) -> bool: ...
+    def active(self) -> list[Lease]: ...
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
+    def own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]: ...
+    def clean(self, slot: Slot, lease_ids: list[int]) -> Any: ...
+    def changed(self, slot: Slot) -> None: ...
+    def changed_any(self) -> None: ...
+    def dispatch(self) -> None: ...
+    def grant(self, slot: Slot, w: Waiter) -> None: ...
+    def in_service(self, slot: Slot) -> bool: ...
+    def abandon(self, w: Waiter) -> None: ...
+
+
 class IdleDetacher:
     """The detach cycles of one lease manager's leases (its `detacher`)."""
 
-    def __init__(self, manager: LeaseManager, checkpointer: Checkpointer) -> None:
+    def __init__(self, manager: Pool, checkpointer: Checkpointer) -> None:
         self.m = manager
         self.checkpointer = checkpointer
         # Drivers found without process checkpoints: no lease on their GPUs is asked again.
