@@ -8,8 +8,10 @@ and clients on simulated GPUs.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import GpupoolServer
+from conftest import REPO, GpupoolServer, require
 from test_e2e_cuda import cuda_programs  # noqa: F401
 from test_e2e_leases import MIB, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401
 
@@ -254,3 +256,29 @@ def test_gpupoold_killed_with_a_detached_lease_leaves_nothing_behind(
     assert left == [], left
     out, err = tenant.communicate("go\n", timeout=60)
     assert tenant.returncode != 0 and "PASS" not in out  # told the server stopped, not hung
+
+
+def test_a_pytorch_program_carries_on_with_identical_tensors_after_a_detach(
+        start_daemon: Any, native_build: Path, hold_gpu: Path,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    require(importlib.util.find_spec("torch") is not None,
+            f"torch is not installed in {sys.executable}")
+    server = detach_server(start_daemon, native_build, tmp_path)
+    script = REPO / "tests" / "torch_scripts" / "idle_detach.py"
+    tenant = subprocess.Popen([sys.executable, str(script)], env=server.client_env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    clients.append(tenant)
+    assert tenant.stdout is not None
+    line = tenant.stdout.readline()
+    assert line.startswith("ready"), f"{line}{tenant.stderr.read() if tenant.stderr else ''}"
+    lease_id = the_lease(server)["id"]
+    other = start_client(server, hold_gpu, 64 * MIB, 200, seed=11)
+    clients.append(other)
+    f = finish(other, "the waiting client")
+    assert f["nonzero_before"] == "0" and f["exact"] == "1"
+    assert detached(server, lease_id)
+    out, err = tenant.communicate("go\n", timeout=300)
+    assert tenant.returncode == 0 and "PASS idle_detach" in out, f"{out}\n{err}"
+    rec = server.get_json(f"/api/v1/leases/{lease_id}")
+    assert rec["detaches"] == 1 and [e["state"] for e in rec["events"]] == ["detached", "attached"]
