@@ -141,6 +141,7 @@ def scrape(server: GpupoolServer) -> dict[str, float]:
             for line in text.splitlines() if line and not line.startswith("#")}
 
 
+@pytest.mark.san  # the worker's parking and the sim's checkpoint under ASan/UBSan
 def test_a_detached_lease_comes_back_on_the_other_gpu_when_its_own_is_taken(
         start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
@@ -175,6 +176,7 @@ def detached(server: GpupoolServer, lease_id: int) -> bool:
         "detached"
 
 
+@pytest.mark.san  # the worker's parking and the sim's checkpoint under ASan/UBSan
 def test_no_detach_lands_in_the_middle_of_a_long_kernel(
         start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
@@ -217,6 +219,7 @@ def test_a_client_that_keeps_its_gpu_is_never_detached_and_the_api_says_why(
     finish(other, "the waiting client")
 
 
+@pytest.mark.san  # the worker's parking and the sim's checkpoint under ASan/UBSan
 def test_a_detached_client_killed_frees_its_saved_state_at_once(
         start_daemon: Any, native_build: Path, cuda_programs: Any,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
@@ -236,6 +239,7 @@ def test_a_detached_client_killed_frees_its_saved_state_at_once(
     assert server.get_json("/api/v1/status")["detached_bytes"] == 0
 
 
+@pytest.mark.san  # the worker's parking and the sim's checkpoint under ASan/UBSan
 def test_gpupoold_killed_with_a_detached_lease_leaves_nothing_behind(
         start_daemon: Any, native_build: Path, cuda_programs: Any,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
