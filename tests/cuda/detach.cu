@@ -6,10 +6,10 @@
  * Sets up MIB MiB (default 2048) of device memory in 32 MiB allocations, each a memset byte with
  * a splitmix pattern in its first MiB, plus a stream-ordered allocation (cudaMallocAsync), a VMM
  * mapping (cuMemCreate/Map), a module global, two streams, two events timed around a spin
- * kernel and an axpy result; prints "ready" and waits for a line on stdin (meanwhile gpupoold
+ * kernel, an axpy result and an instantiated graph (captured: a memset and an axpy); prints "ready" and waits for a line on stdin (meanwhile gpupoold
  * detaches it and another client uses the GPU). Then it checks that everything is as it left it:
  * every byte, the global, kernels launching on the old streams with the old pointers, the old
- * events timing a new spin; prints "first_call_ms=..." (the first call after the idle, which
+ * graph replaying, the old events timing a new spin; prints "first_call_ms=..." (the first call after the idle, which
  * brings the lease back) and the summary line.
  *
  * SPIN_MS > 0: before "ready", print "spinning" and run one kernel of SPIN_MS ms, then a
@@ -136,6 +136,19 @@ int main(int argc, char **argv)
     float before_ms = 0;
     CHECK(cudaEventElapsedTime(&before_ms, e0, e1));
 
+    /* A graph captured on s1: gr = 0; gr = 3 * x + gr. Replayed once now, once after the idle. */
+    float *gr = nullptr;
+    REQUIRE(cudaMalloc(&gr, n * sizeof(float)));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    REQUIRE(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    CHECK(cudaMemsetAsync(gr, 0, n * sizeof(float), s1));
+    gp_test_axpy<<<(n + 255) / 256, 256, 0, s1>>>(3.0f, x, gr, n);
+    REQUIRE(cudaStreamEndCapture(s1, &graph));
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaStreamSynchronize(s1));
+
     if (spin_ms > 0) {
         printf("spinning\n");
         fflush(stdout);
@@ -180,6 +193,17 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         wrong += hy[i] != 3.0f * (float)i + 1.0f;
     EXPECT(wrong == 0, "axpy after the detach: %d of %d wrong", wrong, n);
+    /* The old graph replays: gr was left as 3x; the memset in it clears it first. */
+    CHECK(cudaMemset(gr, 0x7f, n * sizeof(float)));
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    CHECK(cudaMemcpy(hy.data(), gr, n * sizeof(float), cudaMemcpyDeviceToHost));
+    wrong = 0;
+    for (int i = 0; i < n; i++)
+        wrong += hy[i] != 3.0f * (float)i;
+    EXPECT(wrong == 0, "graph replay after the detach: %d of %d wrong", wrong, n);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
     CHECK(cudaEventRecord(e0, s2));
     gp_test_spin<<<1, 1, 0, s2>>>(20ull * 1000 * 1000);
     CHECK(cudaEventRecord(e1, s2));
