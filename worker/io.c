@@ -75,7 +75,7 @@ static int io_wait(struct worker *w, short events)
 {
     /* Waiting for the client's next frame with nothing half done: the one moment a detach may be
      * agreed (detach.c). */
-    w->ctl.waiting = (events & POLLIN) && !w->in_write && w->out_len == 0 &&
+    w->ctl.waiting = (events & POLLIN) && !w->in_write && !w->in_call && w->out_len == 0 &&
                      w->in_end == w->in_pos && w->ctl.in_session;
     if (w->ctl.waiting)
         w->ctl.idle_since_ns = wk_now_ns();

@@ -185,7 +185,9 @@ void wk_worker_loop(struct worker *w)
         if ((++w->stats.frames & 1023) == 0 && (w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) &&
             wk_io_check(w) != 0)
             break;
+        w->in_call = 1; /* a copy's bulk is read inside its handler: not idle meanwhile */
         dispatch(w, &h, body);
+        w->in_call = 0;
         if (w->out_len >= WK_FLUSH_AT && wk_io_flush(w) != 0)
             break;
     }
