@@ -172,7 +172,7 @@ def test_files_land_where_the_units_expect_them(daemon_files: dict[str, tarfile.
     sysusers = daemon_files["/usr/lib/sysusers.d/gpupoold.conf"]
     assert sysusers.isfile() and sysusers.mode == 0o644
     assert CONFIG in daemon_files and daemon_files[CONFIG].mode == 0o644
-    for native in ("gpupool-worker", "gpupool-scrub"):
+    for native in ("gpupool-worker", "gpupool-scrub", "gpupool-checkpoint"):
         assert daemon_files[f"{TREE}/gpupoold/bin/{native}"].mode == 0o755
     assert f"{TREE}/gpupoold/bin/libgpupool-sim.so" in daemon_files
     for doc in ("README.md", "copyright", "changelog.Debian.gz"):

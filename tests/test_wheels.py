@@ -100,7 +100,8 @@ def test_dists_metadata_and_contents(dists: Path) -> None:
         assert re.fullmatch(r"gpupoold?-[0-9][^-]*-py3-none-linux_x86_64\.whl", whl.name), whl.name
     with zipfile.ZipFile(daemon) as zf:
         names = set(zf.namelist())
-        assert {"gpupoold/bin/gpupool-worker", "gpupoold/bin/gpupool-scrub", "gpupoold/bin/libgpupool-sim.so",
+        assert {"gpupoold/bin/gpupool-worker", "gpupoold/bin/gpupool-scrub",
+                "gpupoold/bin/gpupool-checkpoint", "gpupoold/bin/libgpupool-sim.so",
                 "gpupoold/dashboard/templates/base.html", "gpupoold/dashboard/static/dashboard.js"} <= names
         assert zf.getinfo("gpupoold/bin/gpupool-worker").external_attr >> 16 & 0o111, "worker not executable"
         assert zf.read("gpupoold/bin/libgpupool-sim.so")[:4] == b"\x7fELF"
