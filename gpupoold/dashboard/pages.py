@@ -65,7 +65,8 @@ def _history_row(r: Any) -> dict[str, Any]:
             "bytes": r.bytes_h2d + r.bytes_d2h,
             "end_reason": r.end_reason or ("running" if r.ended is None else "n/a"),
             "end_detail": r.end_detail or "",
-            "scrub": ("pending" if r.scrub_ok is None else "passed" if r.scrub_ok else "failed")}
+            "scrub": ("pending" if r.scrub_ok is None else "passed" if r.scrub_ok else "failed"),
+            "detaches": r.detaches, "detached_s": r.detached_s}
 
 
 async def history_page(request: web.Request) -> web.Response:
