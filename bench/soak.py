@@ -14,7 +14,9 @@ clients come back by themselves). Then the load stops and it checks:
 
   clients served      every client not killed ended well (exit 0; its data bit-exact)
   leases lost         lease records ended by anything but their client (0 allowed; the killed
-                      clients' leases end as "client lost")
+                      clients' leases end as "client lost"). A record that gpupoold's SIGKILL cut
+                      during its hand-over ("daemon lost", no call served) whose client then
+                      connected again and was served is counted apart, as a cut hand-over
   worker crashes      leases or pre-started workers that ended as "worker crashed" (0 allowed)
   daemon resources    file descriptors and resident memory of gpupoold when idle at the start
                       and at the end (after its restarts: the last one), within 10 %
@@ -92,6 +94,7 @@ class Client:
 class Tally:
     started: dict[str, int] = field(default_factory=dict)
     served: dict[str, int] = field(default_factory=dict)
+    served_pids: set[int] = field(default_factory=set)
     killed: int = 0
     failed: list[str] = field(default_factory=list)
     verified_bytes: int = 0
@@ -154,6 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     tally.verified_bytes += c.bytes * (int(facts.get("copies", "0")) + 2)
             if ok:
                 tally.served[c.kind] = tally.served.get(c.kind, 0) + 1
+                tally.served_pids.add(c.proc.pid)
             else:
                 tally.failed.append(f"{c.kind} pid {c.pid} exit {c.proc.returncode}: "
                                     f"{(c.err or c.out).strip()[-400:]}")
@@ -213,7 +217,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ends: dict[str, int] = {}
         for r in records:
             ends[r["end_reason"] or "open"] = ends.get(r["end_reason"] or "open", 0) + 1
-        lost = [r for r in records if r["end_reason"] not in ("client exit", "client lost")]
+        # A SIGKILL of gpupoold between a lease's record and its worker's session leaves a
+        # record "daemon lost" with no call served; its client connects again by itself and is
+        # served under a new lease: a hand-over cut by the restart, not a lost lease.
+        cut = [r for r in records if r["end_reason"] == "daemon lost"
+               and r["client_pid"] in tally.served_pids and not any(r["calls"].values())]
+        lost = [r for r in records if r["end_reason"] not in ("client exit", "client lost")
+                and r not in cut]
         # Leases' workers and pre-started ones alike: every crash has its log line.
         crashes = sum(p.read_text(errors="replace").count("exited: worker crashed")
                       for p in daemon.state.glob("gpupoold-*.log"))
@@ -224,6 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "clients_killed": tally.killed, "clients_failed": tally.failed,
             "verified_bytes": tally.verified_bytes, "leases": len(records), "lease_ends": ends,
             "leases_lost": len(lost), "lost_detail": lost[:5], "worker_crashes": crashes,
+            "handovers_cut": len(cut),
             "unscrubbed": len(unscrubbed), "unscrubbed_detail": unscrubbed[:5],
             "fds": [fds0, fds1], "rss": [rss0, rss1],
         }
@@ -257,6 +268,8 @@ def report(r: dict[str, Any]) -> str:
         ("data verified bit-exact", f"{r['verified_bytes'] / (1 << 30):.2f} GiB", ""),
         ("lease records", f"{r['leases']} ({_counts(r['lease_ends'])})", ""),
         ("leases lost", str(r["leases_lost"]), "0"),
+        ("hand-overs cut by a SIGKILL", f"{r['handovers_cut']} (the client connected again and "
+         "was served)", ""),
         ("leases not scrubbed after", str(r["unscrubbed"]), "0"),
         ("worker crashes", str(r["worker_crashes"]), "0"),
         ("gpupoold fds idle start -> end", f"{r['fds'][0]} -> {r['fds'][1]}", "within 10 %"),
