@@ -98,16 +98,18 @@ class Daemon:
     GPU is never reset)."""
 
     def __init__(self, gpus: int, real: bool = False, config: str = "",
-                 name: str = "soak") -> None:
+                 name: str = "soak", netns: str | None = None, host: str = "127.0.0.1") -> None:
         self.gpus = gpus
         self.real = real
         self.name = name
+        # In another network namespace (bench/link_bench.py): its API is reachable only there.
+        self.netns = netns
         self.state = Path(tempfile.mkdtemp(prefix=f"gpupool-{name}-"))
         self.config = self.state / "gpupoold.toml"
         self.config.write_text(('simulated = 0\ngpus = [0]\nreset_policy = "never"\n' if real
                                 else 'reset_policy = "never"\n') + config)
-        self.listen = f"127.0.0.1:{free_port()}"
-        self.http = f"127.0.0.1:{free_port()}"
+        self.listen = f"{host}:{free_port() if netns is None else 7070}"
+        self.http = f"{host}:{free_port() if netns is None else 7071}"
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), str(ROOT / "protocol" / "python"), *filter(None, [self.env.get("PYTHONPATH")])])
@@ -126,7 +128,8 @@ class Daemon:
 
     def start(self) -> None:
         self.generation += 1
-        cmd = [sys.executable, "-m", "gpupoold", "serve", "--config", str(self.config),
+        cmd = [*(["ip", "netns", "exec", self.netns] if self.netns else []),
+               sys.executable, "-m", "gpupoold", "serve", "--config", str(self.config),
                *([] if self.real else ["--simulated", str(self.gpus)]),
                "--listen", self.listen, "--http", self.http, "--state-dir", str(self.state),
                "--worker", str(BUILD / "gpupool-worker"), "--sim-lib",

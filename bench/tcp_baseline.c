@@ -1,10 +1,12 @@
 /*
  * tcp_baseline.c: the raw figures of a TCP link, for the remoting benchmark to compare against.
  *
- *     tcp_baseline [--host 127.0.0.1] [--reps 3] [--quick]
+ *     tcp_baseline [--host 127.0.0.1] [--reps 3] [--quick] [--server-netns NAME]
  *
  * Forks a server process (as gpupoold's worker is a separate process) and, over loopback with
- * TCP_NODELAY on both ends, measures:
+ * TCP_NODELAY on both ends (or, with --server-netns, from this network namespace to a server in
+ * the named one, `ip netns` style under /var/run/netns: a link between two namespaces, such as
+ * bench/link_bench.py's shaped veth pair; --host is then the server's address there), measures:
  *   rtt         16-byte request, 16-byte answer, N round trips (mean and median in microseconds,
  *               of the best of at least 5 runs);
  *   msgs        16-byte one-way messages, then one answer (messages per second);
@@ -18,6 +20,8 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -250,48 +254,104 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* A listening socket on host (port 0: any), bound in this process's network namespace. */
+static int listener(const char *host)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0)
+        die("socket");
+    int one = 1;
+    if (setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+        die("setsockopt");
+    memset(&server_addr, 0, sizeof server_addr);
+    server_addr.sin_family = AF_INET;
+    if (inet_pton(AF_INET, host, &server_addr.sin_addr) != 1) {
+        fprintf(stderr, "tcp_baseline: bad address %s\n", host);
+        exit(2);
+    }
+    if (bind(lfd, (struct sockaddr *)&server_addr, sizeof server_addr) < 0)
+        die("bind");
+    socklen_t alen = sizeof server_addr;
+    if (getsockname(lfd, (struct sockaddr *)&server_addr, &alen) < 0)
+        die("getsockname");
+    if (listen(lfd, 16) < 0)
+        die("listen");
+    return lfd;
+}
+
+/* The server in network namespace `ns`: a child that enters it, listens on host and tells the
+ * parent its port through a pipe. Returns the child's pid; server_addr is set for connecting. */
+static pid_t serve_in_netns(const char *ns, const char *host)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        die("pipe");
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0) {
+        char path[512];
+        snprintf(path, sizeof path, "/var/run/netns/%s", ns);
+        int nsfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) < 0)
+            die("entering the server's network namespace");
+        close(nsfd);
+        int lfd = listener(host);
+        if (write(p[1], &server_addr.sin_port, sizeof server_addr.sin_port) !=
+            (ssize_t)sizeof server_addr.sin_port)
+            die("write");
+        close(p[1]);
+        serve(lfd);
+    }
+    close(p[1]);
+    in_port_t port;
+    if (read(p[0], &port, sizeof port) != (ssize_t)sizeof port) {
+        fprintf(stderr, "tcp_baseline: the server in namespace %s did not start\n", ns);
+        exit(1);
+    }
+    close(p[0]);
+    memset(&server_addr, 0, sizeof server_addr);
+    server_addr.sin_family = AF_INET;
+    server_addr.sin_port = port;
+    if (inet_pton(AF_INET, host, &server_addr.sin_addr) != 1)
+        exit(2);
+    return pid;
+}
+
 int main(int argc, char **argv)
 {
-    const char *host = "127.0.0.1";
+    const char *host = "127.0.0.1", *server_ns = NULL;
     int reps = 3, quick = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--host") && i + 1 < argc)
             host = argv[++i];
+        else if (!strcmp(argv[i], "--server-netns") && i + 1 < argc)
+            server_ns = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else {
-            fprintf(stderr, "usage: %s [--host ADDR] [--reps N] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--host ADDR] [--reps N] [--quick] [--server-netns NAME]\n",
+                    argv[0]);
             return 2;
         }
     }
     if (reps < 1 || reps > 40)
         reps = 3;
 
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (lfd < 0)
-        die("socket");
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    memset(&server_addr, 0, sizeof server_addr);
-    server_addr.sin_family = AF_INET;
-    if (inet_pton(AF_INET, host, &server_addr.sin_addr) != 1) {
-        fprintf(stderr, "tcp_baseline: bad address %s\n", host);
-        return 2;
+    pid_t pid;
+    if (server_ns) {
+        pid = serve_in_netns(server_ns, host);
+    } else {
+        int lfd = listener(host);
+        pid = fork();
+        if (pid < 0)
+            die("fork");
+        if (pid == 0)
+            serve(lfd);
+        close(lfd);
     }
-    if (bind(lfd, (struct sockaddr *)&server_addr, sizeof server_addr) < 0)
-        die("bind");
-    socklen_t alen = sizeof server_addr;
-    getsockname(lfd, (struct sockaddr *)&server_addr, &alen);
-    if (listen(lfd, 16) < 0)
-        die("listen");
-    pid_t pid = fork();
-    if (pid < 0)
-        die("fork");
-    if (pid == 0)
-        serve(lfd);
-    close(lfd);
 
     const uint64_t rtt_n = quick ? 2000 : 10000;
     const int rtt_reps = reps < 5 ? 5 : reps;

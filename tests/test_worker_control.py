@@ -861,8 +861,11 @@ async def test_the_supervisor_keeps_a_pid_file_per_worker_it_follows(tmp_path: P
         # A stray worker of "a previous daemon" (a process named gpupool-worker that nobody
         # follows) and its pid file: killed; the kept worker is not.
         stray = subprocess.Popen(["bash", "-c", "exec -a gpupool-worker sleep 120"])
-        for _ in range(100):
-            if b"gpupool-worker" in Path(f"/proc/{stray.pid}/cmdline").read_bytes():
+        # Until the exec has happened: bash's own command line holds the name too, and during
+        # the exec /proc/PID/cmdline reads empty (kill_orphans then rightly spares the pid).
+        for _ in range(500):
+            if Path(f"/proc/{stray.pid}/comm").read_bytes() == b"sleep\n" and \
+                    Path(f"/proc/{stray.pid}/cmdline").read_bytes().startswith(b"gpupool-worker"):
                 break
             await asyncio.sleep(0.02)
         (wdir.path / str(stray.pid)).write_text("0")

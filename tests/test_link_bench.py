@@ -1,0 +1,38 @@
+"""bench/link_bench.py, short: two network namespaces, a veth pair shaped with tbf, gpupoold in
+one and the shim's copies in the other, with and without LZ4. The harness must keep working
+(every figure measured, nothing left behind); the figures themselves are the benchmark's to
+report (docs/benchmarks.md), never asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, require
+
+
+def netns_names() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_the_shaped_link_benchmark_runs_and_cleans_up(native_build: Path, tmp_path: Path) -> None:
+    require(os.geteuid() == 0, "root is needed for network namespaces and tc")
+    require(shutil.which("ip") is not None and shutil.which("tc") is not None,
+            "ip and tc (iproute2) are needed")
+    before = netns_names()
+    out = tmp_path / "link.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "link_bench.py"), "--rates", "10",
+                           "--reps", "1", "--max-mib", "32", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    combos = {(r["label"], r["pattern"], r["dir"], r["compression"]) for r in rows}
+    assert len(combos) == 2 * 3 * 2 * 2, sorted(combos)  # unshaped and 10 Gbit/s, all of it
+    assert all(r["bps"] > 0 and r["raw"] > 0 for r in rows)
+    assert netns_names() == before  # the namespaces (and the veth pair) are gone
+    assert "Shaped link" in proc.stdout
