@@ -387,8 +387,8 @@ def build_rows(tcp: dict, res: dict) -> list[Row]:
                 api = "cudaMemcpyAsync" if kind == "pinned" else "cudaMemcpy"
                 label = f"{direction.upper()} {human_size(size)} {kind} ({api})"
                 if size == SIZES[-1]:
-                    target = ">= 80%"
-                    verdict = "n/a" if m is None else ("PASS" if m / ref >= 0.8 else "MISS")
+                    target = ">= 90%"
+                    verdict = "n/a" if m is None else ("PASS" if m / ref >= 0.9 else "MISS")
                 else:
                     target, verdict = "-", ("n/a" if m is None else "info")
                 rows.append(Row(label, m, "B/s", ref, ref_what, target, verdict))

@@ -18,6 +18,11 @@
 
 #include "worker.h"
 
+#define BULK_LOWAT (1 << 20) /* bytes a big upload's reads wait for (SO_RCVLOWAT) */
+/* ...but never longer than this: the kernel may hold fewer back (a window smaller than the mark
+ * early in a connection), and a wait for bytes that cannot come would hang the copy. */
+#define LOWAT_WAIT_MS 5
+
 int wk_io_init(struct worker *w, int fd, int sigfd)
 {
     w->fd = fd;
@@ -116,6 +121,8 @@ static int io_wait_loop(struct worker *w, short events)
         int grace = wk_adopt_wait_ms(w);
         if (grace >= 0 && (timeout < 0 || grace < timeout))
             timeout = grace;
+        if (w->lowat && (timeout < 0 || timeout > LOWAT_WAIT_MS))
+            timeout = LOWAT_WAIT_MS;
         int r = poll(p, n, timeout);
         if (r < 0 && errno == EINTR)
             continue;
@@ -123,6 +130,8 @@ static int io_wait_loop(struct worker *w, short events)
             lost(w, "poll", errno);
             return -1;
         }
+        if (r == 0 && w->lowat)
+            return 0; /* take what has come (the read does not wait) */
         if (r == 0)
             continue; /* stats are due, or the grace is over: the next round sees to it */
         if (si >= 0 && (p[si].revents & POLLIN)) {
@@ -174,7 +183,7 @@ static int wait_fd(struct worker *w, short events)
         return io_wait(w, events);
     struct pollfd p = {.fd = w->fd, .events = events};
     for (;;) {
-        int r = poll(&p, 1, -1);
+        int r = poll(&p, 1, w->lowat ? LOWAT_WAIT_MS : -1);
         if (r >= 0)
             return 0;
         if (errno != EINTR) {
@@ -346,7 +355,8 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
          * (when there are). */
         if ((w->sigfd >= 0 || w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) && io_wait(w, POLLIN) != 0)
             return -1;
-        r = read(w->fd, dst, n);
+        /* Under a low-water mark, a read must not wait for it (see LOWAT_WAIT_MS). */
+        r = w->lowat ? recv(w->fd, dst, n, MSG_DONTWAIT) : read(w->fd, dst, n);
         if (r >= 0)
             return r;
         if (errno == EINTR)
@@ -457,6 +467,14 @@ void wk_io_consume(struct worker *w, size_t n)
     w->in_pos += n;
 }
 
+static void clear_lowat(struct worker *w)
+{
+    int one = 1;
+    if (w->lowat && setsockopt(w->fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one) != 0)
+        wk_warn("SO_RCVLOWAT: %s", strerror(errno));
+    w->lowat = 0;
+}
+
 int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n)
 {
     uint8_t *d = dst;
@@ -474,12 +492,20 @@ int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n)
     /* Bulk beyond the buffer goes straight to its destination. Discarded bytes (a failed call
      * must still consume its data to keep the stream in sync) go to a scratch area. */
     uint8_t scratch[64 << 10];
+    /* A big upload: wake up for a good piece of it at a time, not for every segment (each
+     * wake-up costs a poll, a read and a context switch; SO_RCVLOWAT makes poll wait for that
+     * much). Back to 1 byte after, for the frames. */
+    if (d && n >= BULK_LOWAT * 4 && !w->ssl) {
+        int v = BULK_LOWAT;
+        w->lowat = setsockopt(w->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0;
+    }
     while (n > 0) {
         size_t want = n > SIZE_MAX ? SIZE_MAX : (size_t)n;
         if (!d && want > sizeof scratch)
             want = sizeof scratch;
         ssize_t r = read_some(w, d ? (void *)d : (void *)scratch, want);
         if (r <= 0) {
+            clear_lowat(w);
             if (r == 0) {
                 wk_warn("client closed the connection in the middle of bulk data");
                 wk_end_session(w, WK_END_CLIENT_LOST,
@@ -490,6 +516,9 @@ int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n)
         if (d)
             d += r;
         n -= (uint64_t)r;
+        if (w->lowat && n < BULK_LOWAT) /* the tail: whatever comes */
+            clear_lowat(w);
     }
+    clear_lowat(w);
     return 0;
 }

@@ -199,6 +199,7 @@ struct worker {
     int sigfd;    /* signalfd for SIGTERM/SIGINT (the daemon stops us with SIGTERM), or -1 */
     int in_write; /* waiting in the middle of writing the output buffer: leave it alone */
     int in_call;  /* a frame is being served (loop.c): a wait inside it is no idle moment */
+    int lowat;    /* a big upload is read with SO_RCVLOWAT set (io.c): waits are bounded */
     uint8_t *in;
     size_t in_cap, in_pos, in_end;
     uint8_t *out;

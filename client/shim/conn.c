@@ -768,10 +768,44 @@ static int silence_check(const char **why)
 }
 
 /* Read exactly n bytes into dst (NULL: discard). 0, or -1 with *why set. */
+/* A big download wakes the reader for a good piece of it at a time, not for every segment: each
+ * wake-up is a recv and a context switch (SO_RCVLOWAT makes poll wait for that much; 1 byte
+ * again for the tail and the frames). Never longer than LOWAT_WAIT_MS, then the recv takes what
+ * has come without waiting: the kernel may hold fewer back (a window smaller than the mark early
+ * in a connection), and a wait for bytes that cannot come would hang the copy. The worker does
+ * the same for uploads. */
+#define BULK_LOWAT (1 << 20)
+#define LOWAT_WAIT_MS 5
+
+static int rd_exact_loop(rstate *rs, uint8_t *d, uint64_t n, int *lowat, const char **why);
+
+static void set_lowat(int bytes)
+{
+    if (setsockopt(sock, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) != 0)
+        gp_log_debug("SO_RCVLOWAT %d: %s", bytes, strerror(errno));
+}
+
 static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why)
 {
     uint8_t *d = dst;
+    int lowat = 0;
+    if (d && !tls && n >= 4 * (uint64_t)BULK_LOWAT) {
+        set_lowat(BULK_LOWAT);
+        lowat = 1;
+    }
+    int rc = rd_exact_loop(rs, d, n, &lowat, why);
+    if (lowat)
+        set_lowat(1);
+    return rc;
+}
+
+static int rd_exact_loop(rstate *rs, uint8_t *d, uint64_t n, int *lowat, const char **why)
+{
     while (n > 0) {
+        if (*lowat && n < BULK_LOWAT) {
+            set_lowat(1);
+            *lowat = 0;
+        }
         if (rs->pos < rs->len) {
             size_t k = rs->len - rs->pos;
             if (k > n)
@@ -791,8 +825,22 @@ static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why)
         if (d && n >= RBUF_SIZE / 4) {
             /* large bulk: straight into the destination, no intermediate copy */
             size_t want = n > (1u << 30) ? (1u << 30) : (size_t)n;
-            got = tls ? gp_tls_read(tls, d, want, slice, tls_err, sizeof tls_err)
-                      : recv(sock, d, want, 0);
+            if (*lowat) {
+                struct pollfd p = {.fd = sock, .events = POLLIN};
+                if (poll(&p, 1, LOWAT_WAIT_MS) < 0 && errno != EINTR) {
+                    *why = strerror(errno);
+                    return -1;
+                }
+                got = recv(sock, d, want, MSG_DONTWAIT);
+                if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                    if (slice >= 0 && silence_check(why) != 0)
+                        return -1;
+                    continue;
+                }
+            } else {
+                got = tls ? gp_tls_read(tls, d, want, slice, tls_err, sizeof tls_err)
+                          : recv(sock, d, want, 0);
+            }
             if (got > 0) {
                 note_rx();
                 d += got;
