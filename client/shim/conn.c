@@ -101,6 +101,7 @@ typedef struct waiter {
     int want_role; /* waits on cv for its reply or for the reader role */
     pthread_cond_t cv;
     struct waiter *next;
+    struct waiter *next_want; /* in the want list while want_role */
 } waiter;
 static pthread_mutex_t wait_lock = PTHREAD_MUTEX_INITIALIZER;
 static waiter *wait_head, *wait_tail;
@@ -124,7 +125,11 @@ static uint64_t reader_gen; /* counts the times a caller took the role */
  * notices and loss that arrive meanwhile are seen at most this late. */
 #define LINGER_NS 2000000ull
 static uint64_t linger_until;
-static int detached_count;     /* detached waiters in the list */
+static int detached_count; /* detached waiters in the list */
+/* Waiters blocked on their cv for the reader role, oldest first: a list of their own, because
+ * the waiter list may hold thousands of detached copies, and scanning it at every release of the
+ * role made 16384 small asynchronous downloads quadratic (0.15 GB/s instead of 3). */
+static waiter *want_head, *want_tail;
 static pthread_cond_t role_cv; /* CLOCK_MONOTONIC */
 typedef struct rstate {
     uint8_t *buf;
@@ -1037,12 +1042,37 @@ static void release_role_locked(void)
     reader = RD_NONE;
     if (recv_parked && (detached_count > 0 || rs.pos < rs.len || (tls && gp_tls_pending(tls))))
         pthread_cond_signal(&role_cv);
-    for (waiter *o = wait_head; o; o = o->next) {
-        if (o->want_role) {
-            pthread_cond_signal(&o->cv);
-            break;
-        }
+    if (want_head)
+        pthread_cond_signal(&want_head->cv);
+}
+
+static void want_role_locked(waiter *w)
+{
+    w->want_role = 1;
+    w->next_want = NULL;
+    if (want_tail)
+        want_tail->next_want = w;
+    else
+        want_head = w;
+    want_tail = w;
+}
+
+static void unwant_role_locked(waiter *w)
+{
+    waiter *prev = NULL;
+    for (waiter *o = want_head; o; prev = o, o = o->next_want) {
+        if (o != w)
+            continue;
+        if (prev)
+            prev->next_want = o->next_want;
+        else
+            want_head = o->next_want;
+        if (want_tail == o)
+            want_tail = prev;
+        break;
     }
+    w->want_role = 0;
+    w->next_want = NULL;
 }
 
 /* Wait for w's reply, reading the socket ourselves whenever no other thread does. */
@@ -1052,9 +1082,9 @@ static void await_reply(waiter *w)
     while (!w->done) {
         if (reader != RD_NONE || atomic_load(&dead)) {
             /* another thread reads (it completes us, or hands us the role) or conn_fail did */
-            w->want_role = 1;
+            want_role_locked(w);
             pthread_cond_wait(&w->cv, &wait_lock);
-            w->want_role = 0;
+            unwant_role_locked(w);
             continue;
         }
         reader = RD_CALLER;
