@@ -308,6 +308,17 @@ def native_paths(build_dir: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------- fixtures
+@pytest.fixture
+def clients() -> Iterator[list[subprocess.Popen[str]]]:
+    """Client processes of a test: killed and reaped at its end, whatever happened."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+
+
 @pytest.fixture(scope="session")
 def native_build() -> Path:
     """Build the native code once per session (make -j2); the build directory."""

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,6 @@ import pytest
 from conftest import REPO, GpupoolServer, require
 from test_e2e_cuda import cuda_programs  # noqa: F401
 from test_e2e_leases import MIB, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401
-
-
-@pytest.fixture
-def clients() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
 
 
 def detach_server(start_daemon: Any, native_build: Path, tmp_path: Path, gpus: int = 1,
@@ -76,16 +65,31 @@ def test_an_idle_tenant_gives_its_gpu_to_a_waiting_client_and_gets_it_back_intac
 
 
 def start_tenant(cuda_programs: Any, server: GpupoolServer, mib: int,  # noqa: F811
-                 clients: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
-    """tests/cuda/detach.cu, set up and idle (waiting for a line on stdin)."""
+                 clients: list[subprocess.Popen[str]], *args: str,  # noqa: F811
+                 env: dict[str, str] | None = None,
+                 first: str = "ready") -> subprocess.Popen[str]:
+    """tests/cuda/detach.cu (with `args` after MIB), once it has printed `first`: set up and idle
+    (waiting for a line on stdin), or (`first` "spinning") in its long kernel."""
     exe = cuda_programs.path("detach", "shared")
-    proc = subprocess.Popen([str(exe), str(mib)], env=server.client_env(), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(exe), str(mib), *args], env=server.client_env(env),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     clients.append(proc)
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert line.startswith("ready"), f"{line}{proc.stderr.read() if proc.stderr else ''}"
+    assert line.startswith(first), f"{line}{proc.stderr.read() if proc.stderr else ''}"
     return proc
+
+
+def detached_tenant(start_daemon: Any, native_build: Path, cuda_programs: Any,  # noqa: F811
+                    tmp_path: Path, clients: list[subprocess.Popen[str]],  # noqa: F811
+                    mib: int) -> tuple[GpupoolServer, subprocess.Popen[str], dict[str, Any]]:
+    """A server that detaches at once (policy always) and a tenant of `mib` MiB, detached."""
+    server = detach_server(start_daemon, native_build, tmp_path, detach_policy="always")
+    tenant = start_tenant(cuda_programs, server, mib, clients)
+    lease = the_lease(server)
+    wait_until("detached", lambda: detached(server, lease["id"]), timeout=20)
+    return server, tenant, lease
 
 
 def resume(proc: subprocess.Popen[str], server: GpupoolServer) -> str:
@@ -181,12 +185,8 @@ def test_no_detach_lands_in_the_middle_of_a_long_kernel(
         start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
     server = detach_server(start_daemon, native_build, tmp_path)
-    exe = cuda_programs.path("detach", "shared")
-    tenant = subprocess.Popen([str(exe), "64", "3000"], env=server.client_env(),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    clients.append(tenant)
-    assert tenant.stdout is not None and tenant.stdout.readline().startswith("spinning")
+    tenant = start_tenant(cuda_programs, server, 64, clients, "3000", first="spinning")
+    assert tenant.stdout is not None
     # Someone waits the whole time the 3 s kernel runs, asking every 0.5 s (idle_detach_after).
     other = start_client(server, hold_gpu, 16 * MIB, 100, seed=8)
     clients.append(other)
@@ -202,12 +202,7 @@ def test_a_client_that_keeps_its_gpu_is_never_detached_and_the_api_says_why(
         start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
     server = detach_server(start_daemon, native_build, tmp_path, detach_policy="always")
-    exe = cuda_programs.path("detach", "shared")
-    tenant = subprocess.Popen([str(exe), "64"], env=server.client_env({"GPUPOOL_KEEP_GPU": "1"}),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    clients.append(tenant)
-    assert tenant.stdout is not None and tenant.stdout.readline().startswith("ready")
+    tenant = start_tenant(cuda_programs, server, 64, clients, env={"GPUPOOL_KEEP_GPU": "1"})
     other = start_client(server, hold_gpu, 16 * MIB, 100, seed=9)
     clients.append(other)
     time.sleep(2.5)  # five times idle_detach_after
@@ -223,10 +218,8 @@ def test_a_client_that_keeps_its_gpu_is_never_detached_and_the_api_says_why(
 def test_a_detached_client_killed_frees_its_saved_state_at_once(
         start_daemon: Any, native_build: Path, cuda_programs: Any,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
-    server = detach_server(start_daemon, native_build, tmp_path, detach_policy="always")
-    tenant = start_tenant(cuda_programs, server, 256, clients)
-    lease = the_lease(server)
-    wait_until("detached", lambda: detached(server, lease["id"]), timeout=20)
+    server, tenant, lease = detached_tenant(start_daemon, native_build, cuda_programs, tmp_path,
+                                            clients, 256)
     assert server.get_json("/api/v1/status")["detached_bytes"] >= 256 * MIB
     worker = lease["worker_pid"]
     tenant.kill()
@@ -243,10 +236,8 @@ def test_a_detached_client_killed_frees_its_saved_state_at_once(
 def test_gpupoold_killed_with_a_detached_lease_leaves_nothing_behind(
         start_daemon: Any, native_build: Path, cuda_programs: Any,  # noqa: F811
         tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
-    server = detach_server(start_daemon, native_build, tmp_path, detach_policy="always")
-    tenant = start_tenant(cuda_programs, server, 128, clients)
-    lease = the_lease(server)
-    wait_until("detached", lambda: detached(server, lease["id"]), timeout=20)
+    server, tenant, lease = detached_tenant(start_daemon, native_build, cuda_programs, tmp_path,
+                                            clients, 128)
     worker = lease["worker_pid"]
     server.kill_daemon_only()
     wait_until("the parked worker gone", lambda: not alive(worker), timeout=5)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +25,6 @@ GIB = 1 << 30
 
 def active_ids(server: GpupoolServer) -> set[int]:
     return {le["id"] for le in server.get_json("/api/v1/leases?state=active")["leases"]}
-
-
-@pytest.fixture
-def clients() -> Iterator[list[subprocess.Popen[str]]]:
-    """Client processes of a test: killed and reaped at its end, whatever happened."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
 
 
 def finish(proc: subprocess.Popen[str], what: str, timeout: float = 120) -> dict[str, str]:
