@@ -13,12 +13,16 @@
  *                 a final synchronisation (bytes per second).
  * Round trips are the best of at least 5 runs (mean and median of that run); every other figure
  * is the median of --reps runs. Every result is one line `RESULT {json}` on stdout.
+ * The 256 MiB copies also report the CPU time this process (shim threads included) spent on all
+ * their runs ("cpu_s", with "bytes" moved), and print `PHASE <metric>` (flushed) just before
+ * their timed runs, so that remoting_bench.py can read the worker's CPU time around them.
  * Data is checked once per size so that a fast but wrong path cannot post a number.
  */
 #include "../tests/cuda/gp_check.cuh"
 #include "../tests/sim/gp_test_kernels.cuh"
 
 #include <algorithm>
+#include <time.h>
 #include <vector>
 
 typedef CUresult (*pfn_cuCtxSynchronize)(void);
@@ -35,6 +39,17 @@ static void result(const char *metric, double value, const char *unit, const cha
     printf("RESULT {\"metric\": \"%s\", \"value\": %.6g, \"unit\": \"%s\"%s}\n", metric, value, unit,
            extra);
     fflush(stdout);
+}
+
+/* CPU seconds of this process, all threads (the shim's reader and sender included). */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) {
+        perror("bench_client: clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+        exit(1);
+    }
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void die_on(cudaError_t e, const char *what)
@@ -166,6 +181,15 @@ int main(int argc, char **argv)
             uint8_t *host = pin ? pinned : pageable;
             for (int dir = 0; dir < 2; dir++) {
                 std::vector<double> bw;
+                char metric[64], extra[160];
+                snprintf(metric, sizeof metric, "%s_%s_%zu", dir == 0 ? "h2d" : "d2h",
+                         pin ? "pinned" : "pageable", sz);
+                const bool cpu = sz == maxs;
+                if (cpu) {
+                    printf("PHASE %s\n", metric);
+                    fflush(stdout);
+                }
+                double cpu0 = cpu_now();
                 for (int r = 0; r < reps; r++) {
                     D(cudaDeviceSynchronize());
                     double t0 = gp_now();
@@ -180,10 +204,11 @@ int main(int argc, char **argv)
                     D(pin ? cudaStreamSynchronize(s) : cudaDeviceSynchronize());
                     bw.push_back((double)(count * sz) / (gp_now() - t0));
                 }
-                char metric[64], extra[96];
-                snprintf(metric, sizeof metric, "%s_%s_%zu", dir == 0 ? "h2d" : "d2h",
-                         pin ? "pinned" : "pageable", sz);
-                snprintf(extra, sizeof extra, ", \"size\": %zu, \"count\": %zu", sz, count);
+                double cpu_s = cpu_now() - cpu0;
+                int len = snprintf(extra, sizeof extra, ", \"size\": %zu, \"count\": %zu", sz, count);
+                if (cpu)
+                    snprintf(extra + len, sizeof extra - len, ", \"cpu_s\": %.6f, \"bytes\": %zu",
+                             cpu_s, (size_t)reps * count * sz);
                 result(metric, median(bw), "B/s", extra);
             }
         }

@@ -2,7 +2,7 @@
 """The remoting benchmark: what the gpupool stack itself costs, next to the raw link.
 
     python bench/remoting_bench.py [--quick] [--reps N] [--markdown PATH] [--json PATH]
-                                   [--server HOST:PORT] [--no-build]
+                                   [--server HOST:PORT] [--no-build] [--tls]
     python bench/remoting_bench.py --compression [--native-dir build-x] [--reps N] [--mib N]
 
 In one run, on the simulated device over loopback:
@@ -12,8 +12,11 @@ In one run, on the simulated device over loopback:
   3. starts `gpupoold serve --simulated 1` on 127.0.0.1 (unless --server names a running one) and
      runs bench_client through the shim (build/client/libcuda.so.1);
   4. prints a table: metric, measured, reference (the raw figure of the same link), ratio, target,
-     PASS/MISS; and the same as markdown (to --markdown PATH, default: stdout only) with date,
-     machine and commit, ready for docs/benchmarks.md.
+     PASS/MISS; the CPU seconds per GiB moved of the 256 MiB copies (client, worker, raw TCP's
+     sender plus receiver); with --tls a second gpupoold with a throw-away certificate, the
+     same client over TLS, and plain against TLS side by side; and all of it as markdown (to
+     --markdown PATH, default: stdout only) with date, machine and commit, ready for
+     docs/benchmarks.md.
 With --compression instead: host-to-device and device-to-host throughput of zeros and of random
 bytes with GPUPOOL_COMPRESSION=off and =lz4 in the same run (<native-dir>/tests/copy_check
 through the shim, sync copies of --mib MiB, best of --reps), side by side, and the speed of LZ4
@@ -36,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +108,7 @@ def build(out: Path, make: bool) -> tuple[Path, Path]:
 class Daemon:
     """gpupoold on a simulated device, listening on loopback, ports chosen by the kernel."""
 
-    def __init__(self, native: Path | None = None) -> None:
+    def __init__(self, native: Path | None = None, config: str = "") -> None:
         native = native or ROOT / "build"
         env = dict(os.environ)
         pypath = [str(ROOT), str(ROOT / "protocol" / "python")]
@@ -115,6 +119,10 @@ class Daemon:
         cmd = [sys.executable, "-m", "gpupoold", "serve", "--simulated", "1",
                "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--state-dir", self.state_dir,
                "--log-level", "warning"]
+        if config:
+            path = Path(self.state_dir) / "gpupoold.toml"
+            path.write_text(config)
+            cmd += ["--config", str(path)]
         for flag, name in (("--worker", "gpupool-worker"), ("--sim-lib", "libgpupool-sim.so")):
             if (native / name).is_file():
                 cmd += [flag, str(native / name)]
@@ -149,6 +157,10 @@ class Daemon:
     def log_text(self) -> str:
         return "".join(self.lines)
 
+    def worker_cpu(self) -> float | None:
+        """CPU seconds used so far by this daemon's workers (its process group), or None."""
+        return workers_cpu_seconds(self.proc.pid)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -162,6 +174,56 @@ class Daemon:
                 self.proc.wait(5)
         benchlib.stop_process_group(self.proc, 0)  # workers left behind, if any
         benchlib.remove_state(Path(self.state_dir))
+
+
+def workers_cpu_seconds(group: int) -> float | None:
+    """CPU seconds of the gpupool-worker processes in process group `group`, all threads, from
+    the scheduler's nanosecond counters (/proc/PID/task/TID/schedstat); None if there are none."""
+    total, found = 0.0, False
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            pgrp = int(stat[stat.rindex(")") + 2:].split()[2])
+            if comm != "gpupool-worker" or pgrp != group:
+                continue
+            for task in os.scandir(Path(entry.path, "task")):
+                total += int(Path(task.path, "schedstat").read_text().split()[0]) * 1e-9
+            found = True
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+    return total if found else None
+
+
+class TlsFiles:
+    """A throw-away CA and a server certificate for 127.0.0.1 (trustme), as files."""
+
+    def __init__(self) -> None:
+        try:
+            import trustme
+        except ImportError:
+            sys.exit("remoting_bench: --tls needs the trustme package (scripts/bootstrap.sh "
+                     "installs it into .venv; run the benchmark with .venv/bin/python)")
+        self.dir = Path(tempfile.mkdtemp(prefix="gpupool-bench-tls-"))
+        ca = trustme.CA()
+        leaf = ca.issue_cert("127.0.0.1", "localhost")
+        self.ca, self.cert, self.key = (self.dir / n for n in ("ca.pem", "cert.pem", "key.pem"))
+        ca.cert_pem.write_to_path(str(self.ca))
+        leaf.private_key_pem.write_to_path(str(self.key))
+        with self.cert.open("wb") as f:
+            for blob in leaf.cert_chain_pems:
+                f.write(blob.bytes())
+
+    def server_config(self) -> str:
+        return f'tls_cert = "{self.cert}"\ntls_key = "{self.key}"\n'
+
+    def client_env(self) -> dict[str, str]:
+        return {"GPUPOOL_TLS": "1", "GPUPOOL_TLS_CA": str(self.ca)}
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ running
@@ -181,16 +243,21 @@ def best_of(a: dict, b: dict) -> dict:
         vb = b[key]
         if isinstance(va, dict):
             out[key] = best_of(va, vb)
-        elif key.startswith("rtt_"):
+        elif key.startswith("rtt_") or "cpu" in key:
             out[key] = min(va, vb)
         else:
             out[key] = max(va, vb)
     return out
 
 
-def run_client(client: Path, address: str, reps: int, quick: bool,
-               launches: int | None, token: str = "") -> tuple[dict, str, int]:
+def run_client(client: Path, address: str, reps: int, quick: bool, launches: int | None,
+               token: str = "", extra_env: dict[str, str] | None = None,
+               worker_cpu: Callable[[], float | None] | None = None) -> tuple[dict, str, int]:
+    """Run bench_client; its RESULT lines by metric. Around each `PHASE metric` .. its RESULT,
+    worker_cpu() (the server side's CPU seconds) is read and the difference kept as
+    "worker_cpu_s"."""
     env = dict(os.environ)
+    env.update(extra_env or {})
     if token:
         env["GPUPOOL_TOKEN"] = token
     shim_dir = str(ROOT / "build" / "client")
@@ -205,11 +272,20 @@ def run_client(client: Path, address: str, reps: int, quick: bool,
                             text=True)
     results: dict = {}
     text: list[str] = []
+    phase: tuple[str, float] | None = None
     assert proc.stdout is not None
     for line in proc.stdout:
         text.append(line)
-        if line.startswith("RESULT "):
+        if line.startswith("PHASE ") and worker_cpu is not None:
+            start = worker_cpu()
+            phase = None if start is None else (line.split()[1], start)
+        elif line.startswith("RESULT "):
             r = json.loads(line[len("RESULT "):])
+            if phase is not None and phase[0] == r["metric"]:
+                end = worker_cpu()
+                if end is not None:
+                    r["worker_cpu_s"] = end - phase[1]
+                phase = None
             results[r["metric"]] = r
             log(f"  {r['metric']}: {r['value']:.6g} {r['unit']}")
         else:
@@ -395,6 +471,68 @@ def build_rows(tcp: dict, res: dict) -> list[Row]:
     return rows
 
 
+COPY_METRICS = tuple(f"{d}_{k}_{SIZES[-1]}" for d in ("h2d", "d2h") for k in ("pinned", "pageable"))
+GIB = float(1 << 30)
+
+
+def copy_label(metric: str) -> str:
+    d, kind, size = metric.split("_")
+    return f"{d.upper()} {human_size(int(size))} {kind}"
+
+
+def cpu_table(tcp: dict, res: dict, md: bool = False) -> str:
+    """CPU seconds per GiB moved by the 256 MiB copies: the client (bench_client with the shim's
+    threads), the worker, both; next to raw TCP's sender plus receiver for the same bytes."""
+    raw = tcp.get("bulk_send_cpu_s_per_gib", 0.0) + tcp.get("bulk_recv_cpu_s_per_gib", 0.0)
+    head = ("256 MiB copy", "client s/GiB", "worker s/GiB", "gpupool s/GiB",
+            "raw TCP s/GiB (send + receive)", "gpupool / raw")
+    body = []
+    for metric in COPY_METRICS:
+        r = res.get(metric, {})
+        if "cpu_s" not in r:
+            continue
+        gib = r["bytes"] / GIB
+        client = r["cpu_s"] / gib
+        worker = r["worker_cpu_s"] / gib if "worker_cpu_s" in r else None
+        total = None if worker is None else client + worker
+        body.append((copy_label(metric), f"{client:.3f}",
+                     "n/a" if worker is None else f"{worker:.3f}",
+                     "n/a" if total is None else f"{total:.3f}",
+                     f"{raw:.3f}" if raw else "n/a",
+                     f"{total / raw:.2f}x" if total and raw else "n/a"))
+    if md:
+        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                         + ["| " + " | ".join(b) + " |" for b in body])
+    return benchlib.text_table(head, body)
+
+
+def tls_rows(plain: dict, tls: dict) -> list[tuple[str, str, str, str, str, str]]:
+    """(figure, plain, TLS, TLS/plain, target, verdict): round trips at most 1.3x plain, the
+    256 MiB copies at least 0.8x plain, all from the same run."""
+    rows = []
+    for name, label in (("sync_rtt", "sync round trip (median), cudaStreamSynchronize"),
+                        ("ctx_sync_rtt", "sync round trip (median), cuCtxSynchronize")):
+        a, b = plain.get(name), tls.get(name)
+        if a is None or b is None:
+            continue
+        pa, pb = float(a.get("p50", a["value"])), float(b.get("p50", b["value"]))
+        ratio = pb / pa
+        rows.append((label, fmt(pa, "us"), fmt(pb, "us"), f"{ratio:.2f}x", "<= 1.3x",
+                     "PASS" if ratio <= 1.3 else "MISS"))
+    for metric in COPY_METRICS:
+        a, b = plain.get(metric), tls.get(metric)
+        if a is None or b is None:
+            continue
+        ratio = float(b["value"]) / float(a["value"])
+        rows.append((copy_label(metric), fmt(float(a["value"]), "B/s"),
+                     fmt(float(b["value"]), "B/s"), f"{ratio:.2f}x", ">= 0.8x",
+                     "PASS" if ratio >= 0.8 else "MISS"))
+    return rows
+
+
+TLS_HEAD = ("figure", "plain", "TLS", "TLS / plain", "target", "result")
+
+
 def text_table(rows: list[Row]) -> str:
     head = ("metric", "measured", "reference (raw link)", "ratio", "target", "result")
     body = []
@@ -457,6 +595,17 @@ def markdown(rows: list[Row], meta: dict) -> str:
             f"and after the CUDA client). Load average (1 min) at the start: {meta['load']:.2f}. "
             "Targets are the project's; ratios above 1 for small copies come from the shim "
             "batching many small copies into one TCP write."]
+    out += ["", "CPU seconds per GiB moved by the 256 MiB copies (all runs of each; the client is "
+            "bench_client with the shim's threads, the worker is read from the scheduler's "
+            "counters around the same runs; raw TCP is tcp_baseline's sender plus receiver for "
+            "its bulk figure):", "", cpu_table(meta["tcp"], res, md=True)]
+    tls = meta.get("tls_results")
+    if tls:
+        out += ["", "With TLS (`--tls`: a second gpupoold with `tls_cert`/`tls_key`, the client "
+                "with `GPUPOOL_TLS=1`), against the plain figures above:", "",
+                "| " + " | ".join(TLS_HEAD) + " |", "|" + "---|" * len(TLS_HEAD)]
+        out += ["| " + " | ".join(r) + " |" for r in tls_rows(res, tls)]
+        out += ["", "CPU seconds per GiB moved over TLS:", "", cpu_table(meta["tcp"], tls, md=True)]
     return "\n".join(out) + "\n"
 
 
@@ -477,9 +626,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--native-dir", type=Path, default=ROOT / "build",
                     help="--compression: the native build (make BUILD=...) to use")
     ap.add_argument("--mib", type=int, default=256, help="--compression: MiB per copy")
+    ap.add_argument("--tls", action="store_true",
+                    help="also run the CUDA client over TLS (a second gpupoold with a throw-away "
+                    "certificate) and print plain and TLS side by side")
     args = ap.parse_args(argv)
     if args.compression:
         return compression_main(args)
+    if args.tls and args.server:
+        ap.error("--tls starts its own gpupoold with TLS on; it cannot be used with --server")
 
     tcp_bin, client_bin = build(args.build_dir, make=not args.no_build)
     if not (ROOT / "build" / "client" / "libcuda.so.1").exists():
@@ -498,11 +652,29 @@ def main(argv: list[str] | None = None) -> int:
             daemon = Daemon()
             address, token = daemon.address, daemon.token
             log(f"gpupoold on {address}")
-        results, client_out, rc = run_client(client_bin, address, args.reps, args.quick,
-                                             args.launches, token)
+        results, client_out, rc = run_client(
+            client_bin, address, args.reps, args.quick, args.launches, token,
+            worker_cpu=daemon.worker_cpu if daemon is not None else None)
     finally:
         if daemon is not None:
             daemon.stop()
+    tls_results: dict = {}
+    if args.tls and rc == 0:
+        files = TlsFiles()
+        daemon = None
+        try:
+            daemon = Daemon(config=files.server_config())
+            log(f"gpupoold with TLS on {daemon.address}")
+            assert daemon.address is not None
+            tls_results, tls_out, rc = run_client(
+                client_bin, daemon.address, args.reps, args.quick, args.launches, daemon.token,
+                extra_env=files.client_env(), worker_cpu=daemon.worker_cpu)
+            if rc != 0:
+                client_out = tls_out
+        finally:
+            if daemon is not None:
+                daemon.stop()
+            files.remove()
     tcp_after = run_tcp(tcp_bin, args.reps, args.quick)
     log(f"raw TCP (after): {json.dumps(tcp_after)}")
     tcp = best_of(tcp_before, tcp_after)
@@ -519,8 +691,20 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/remoting_bench.py " + " ".join(argv if argv is not None
                                                                else sys.argv[1:]),
     }
+    if tls_results:
+        meta["tls_results"] = tls_results
     print()
     print(text_table(rows))
+    print()
+    print("CPU time of the 256 MiB copies, per GiB moved (plain TCP):")
+    print(cpu_table(tcp, results))
+    if tls_results:
+        print()
+        print("TLS (GPUPOOL_TLS=1, a second gpupoold with tls_cert/tls_key) against plain, same run:")
+        print(benchlib.text_table(TLS_HEAD, tls_rows(results, tls_results)))
+        print()
+        print("CPU time of the 256 MiB copies over TLS, per GiB moved:")
+        print(cpu_table(tcp, tls_results))
     print()
     md = markdown(rows, meta)
     print(md)

@@ -11,7 +11,8 @@
  *               of the best of at least 5 runs);
  *   msgs        16-byte one-way messages, then one answer (messages per second);
  *   bulk        a 256 MiB buffer sent in 1 MiB writes, 1 GiB in all, then a 1-byte answer
- *               (bytes per second): the raw bulk figure;
+ *               (bytes per second): the raw bulk figure; with the CPU seconds per GiB moved of
+ *               the sender (this process) and the receiver (the server process), all runs;
  *   stream S    S-byte writes (S = 4 KiB, 1 MiB), then a 1-byte answer (bytes per second);
  *   reqresp S   16-byte request, S-byte answer, repeated (bytes per second): the shape of a
  *               synchronous device-to-host copy.
@@ -174,6 +175,23 @@ static void serve(int lfd)
 
 static struct sockaddr_in server_addr;
 
+static pid_t server_pid;
+/* CPU seconds of the sender (this process) and the receiver (the server) in the timed parts of
+ * every run_span so far: buffer set-up and connecting are not counted. */
+static double sender_cpu, receiver_cpu;
+
+/* CPU seconds consumed so far by process pid (0: this one), from its CPU-time clock. */
+static double cpu_seconds(pid_t pid)
+{
+    clockid_t clk = CLOCK_PROCESS_CPUTIME_ID;
+    if (pid && clock_getcpuclockid(pid, &clk) != 0)
+        die("clock_getcpuclockid");
+    struct timespec ts;
+    if (clock_gettime(clk, &ts) != 0)
+        die("clock_gettime (CPU time)");
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int connect_server(const struct cmd *c)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -200,6 +218,7 @@ static double run_span(uint32_t mode, uint64_t size, uint64_t count, double *lat
     char *buf = malloc(span);
     memset(buf, 0x33, span);
     uint64_t pos = 0;
+    double send0 = cpu_seconds(0), recv0 = cpu_seconds(server_pid);
     double t0 = now();
     switch (mode) {
     case MODE_RTT:
@@ -232,6 +251,8 @@ static double run_span(uint32_t mode, uint64_t size, uint64_t count, double *lat
         break;
     }
     double t = now() - t0;
+    sender_cpu += cpu_seconds(0) - send0;
+    receiver_cpu += cpu_seconds(server_pid) - recv0;
     close(fd);
     free(buf);
     return t;
@@ -353,6 +374,7 @@ int main(int argc, char **argv)
         close(lfd);
     }
 
+    server_pid = pid;
     const uint64_t rtt_n = quick ? 2000 : 10000;
     const int rtt_reps = reps < 5 ? 5 : reps;
     double *lat = malloc(rtt_n * sizeof(double));
@@ -384,9 +406,13 @@ int main(int argc, char **argv)
     {
         uint64_t total = quick ? (256u << 20) : (1024u << 20), count = total >> 20;
         double v[50];
+        sender_cpu = receiver_cpu = 0;
         for (int r = 0; r < reps; r++)
             v[r] = (double)total / run_span(MODE_STREAM, 1u << 20, count, NULL, 256u << 20);
-        printf(", \"bulk_Bps\": %.0f", median(v, reps));
+        double gib = (double)total * reps / (double)(1u << 30);
+        printf(", \"bulk_Bps\": %.0f, \"bulk_send_cpu_s_per_gib\": %.4f, "
+               "\"bulk_recv_cpu_s_per_gib\": %.4f",
+               median(v, reps), sender_cpu / gib, receiver_cpu / gib);
     }
 
     const uint64_t sizes[] = {4096, 1u << 20, 256u << 20};

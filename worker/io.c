@@ -221,7 +221,23 @@ static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
             return -1;
         }
     }
-    return w->dead ? -1 : 0;
+    /* The records gathered in the write buffer (tls.c) go out now: nothing waits there. */
+    while (!w->dead) {
+        short ev;
+        if (wk_tls_flush(w, &ev, err, sizeof err) == 0)
+            return 0;
+        if (!ev) {
+            wk_warn("TLS write: %s", err);
+            lost(w, "TLS write", EPIPE);
+            return -1;
+        }
+        w->in_write = 1;
+        int wr = wait_fd(w, ev);
+        w->in_write = 0;
+        if (wr != 0)
+            return -1;
+    }
+    return -1;
 }
 
 static ssize_t tls_read_some(struct worker *w, void *dst, size_t n)

@@ -12,6 +12,10 @@
  * in its usual poll (which also watches the control socket and the signalfd). Read-ahead is on:
  * fewer system calls per record for bulk data; SSL_read answers WANT_READ only when no complete
  * record is buffered, so waiting in poll() then is right.
+ *
+ * After the handshake a 256 KiB buffering BIO sits between the session and the socket: OpenSSL
+ * writes one 16 KiB record at a time, and a send() per record cost more CPU than encrypting it
+ * (docs/benchmarks.md, "TLS"). io.c empties it (wk_tls_flush) at the end of every write.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,7 +55,7 @@ int wk_tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t
     /* A client that vanishes without close_notify is "client lost", as with plain TCP. */
     SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
     SSL_CTX_set_read_ahead(ctx, 1);
-    SSL_CTX_set_default_read_buffer_len(ctx, 64 * 1024);
+    SSL_CTX_set_default_read_buffer_len(ctx, WK_TLS_BUFFER);
     /* One session per connection: no tickets to store or send. */
     if (SSL_CTX_set_num_tickets(ctx, 0) != 1)
         goto ssl_fail;
@@ -102,6 +106,40 @@ void wk_tls_free(struct worker *w)
     }
 }
 
+/* Puts a buffering BIO in front of the socket's for writing (see the top). The socket BIO stays
+ * the session's read BIO; the chain holds a reference of its own, freed with the chain. */
+static int gather_writes(struct worker *w, char *err, size_t cap)
+{
+    BIO *sock = SSL_get_wbio(w->ssl);
+    BIO *buf = BIO_new(BIO_f_buffer());
+    if (!sock || !buf || BIO_set_write_buffer_size(buf, WK_TLS_BUFFER) != 1 ||
+        BIO_up_ref(sock) != 1) {
+        BIO_free(buf);
+        err_text(err, cap, "cannot set up the TLS write buffer");
+        return -1;
+    }
+    BIO_push(buf, sock);
+    SSL_set0_wbio(w->ssl, buf); /* drops the session's old reference to sock */
+    return 0;
+}
+
+int wk_tls_flush(struct worker *w, short *wait_events, char *err, size_t cap)
+{
+    *wait_events = 0;
+    BIO *b = SSL_get_wbio(w->ssl);
+    if (!b || BIO_wpending(b) == 0)
+        return 0;
+    ERR_clear_error();
+    if (BIO_flush(b) == 1)
+        return 0;
+    if (BIO_should_retry(b)) {
+        *wait_events = POLLOUT;
+        return -1;
+    }
+    snprintf(err, cap, "%s", errno ? strerror(errno) : "connection closed");
+    return -1;
+}
+
 int wk_tls_accept(struct worker *w, char *err, size_t cap)
 {
     if (!w->tls_ctx) {
@@ -124,7 +162,7 @@ int wk_tls_accept(struct worker *w, char *err, size_t cap)
         ERR_clear_error();
         int r = SSL_accept(w->ssl);
         if (r == 1)
-            return 0;
+            return gather_writes(w, err, cap);
         int e = SSL_get_error(w->ssl, r);
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
             if (wk_io_wait_client(w, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT) != 0) {

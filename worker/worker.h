@@ -549,7 +549,12 @@ int wk_tls_accept(struct worker *w, char *err, size_t cap);
  * for POLLIN/POLLOUT, then retry) or 0 (an error, err says which). */
 ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wait_events, char *err,
                   size_t cap);
+/* Sends what the session's write buffer holds: 0 when empty, -1 with *wait_events POLLOUT (wait,
+ * then call again) or 0 (an error, err says which). */
+int wk_tls_flush(struct worker *w, short *wait_events, char *err, size_t cap);
 void wk_tls_free(struct worker *w);
+/* The TLS read-ahead buffer and the write buffer in front of the socket, in bytes. */
+#define WK_TLS_BUFFER (256 * 1024)
 /* io.c: wait until the client socket is ready for events (watching the control socket and the
  * signalfd too). 0 ready, -1 the session must stop. */
 int wk_io_wait_client(struct worker *w, short events);

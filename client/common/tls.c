@@ -11,6 +11,10 @@
  * Record I/O goes through our own BIO over the socket: send() with MSG_NOSIGNAL (a vanished
  * server is an error, never SIGPIPE) and MSG_DONTWAIT/recv(MSG_DONTWAIT), so the socket itself
  * stays blocking for the plaintext code and the TLS code waits in poll() between attempts.
+ * On the worker's session (the data path) the BIO gathers records in a 256 KiB buffer and sends
+ * them together: OpenSSL hands over one 16 KiB record per write, and a send() per record cost
+ * more CPU than the encryption (65,536 calls per GiB; docs/benchmarks.md, "TLS"). Every public
+ * call below empties that buffer before it returns, so nothing waits in it for a reply.
  * Without read-ahead OpenSSL reads exactly one record at a time: it never takes bytes past the
  * close_notify of the daemon's session, which belong to the worker's session.
  *
@@ -98,6 +102,7 @@ static struct {
     void *(*BIO_new)(const void *);
     void (*BIO_set_data)(void *, void *);
     void *(*BIO_get_data)(void *);
+    void *(*SSL_get_wbio)(const void *);
     void (*BIO_set_init)(void *, int);
     void (*BIO_set_flags)(void *, int);
     void (*BIO_clear_flags)(void *, int);
@@ -116,11 +121,18 @@ typedef struct tls_context {
 } tls_context;
 static tls_context *contexts;
 
+#define WBUF_CAP (256 * 1024)
+
 struct gp_tls {
     void *ssl;
     int fd;
     int send_timeout_ms; /* -1: wait as long as it takes; guarded by lock */
     pthread_mutex_t lock;
+    /* Records not yet sent (bio_write gathers them once `gather` is set): wbuf[woff..wlen).
+     * Guarded by lock, as every SSL call is. */
+    int gather;
+    uint8_t *wbuf;
+    size_t woff, wlen;
 };
 
 /* ------------------------------------------------------------------ loading OpenSSL == */
@@ -175,6 +187,7 @@ static int load_symbols(void *ssl, void *crypto, char *err, size_t cap)
         C(BIO_new),
         C(BIO_set_data),
         C(BIO_get_data),
+        S(SSL_get_wbio),
         C(BIO_set_init),
         C(BIO_set_flags),
         C(BIO_clear_flags),
@@ -210,22 +223,50 @@ static void ssl_error_text(char *out, size_t cap, const char *dflt)
     snprintf(out, cap, "%s", r && r[1] ? r + 1 : buf);
 }
 
-static int bio_write(void *b, const char *p, int n)
+/* One non-blocking send; EAGAIN marks the BIO for a retry. */
+static ssize_t send_some(void *b, int fd, const void *p, size_t n)
 {
-    int fd = (int)(intptr_t)O.BIO_get_data(b);
-    O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
     ssize_t w;
     do
-        w = send(fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (w < 0 && errno == EINTR);
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         O.BIO_set_flags(b, O_BIO_FLAGS_WRITE | O_BIO_FLAGS_SHOULD_RETRY);
-    return (int)w;
+    return w;
+}
+
+/* Sends what wbuf holds, without waiting: 0 when it is empty, -1 (errno; EAGAIN with the BIO
+ * marked for a retry) when the socket takes no more. */
+static int wbuf_send(gp_tls *s, void *b)
+{
+    while (s->woff < s->wlen) {
+        ssize_t w = send_some(b, s->fd, s->wbuf + s->woff, s->wlen - s->woff);
+        if (w < 0)
+            return -1;
+        s->woff += (size_t)w;
+    }
+    s->woff = s->wlen = 0;
+    return 0;
+}
+
+static int bio_write(void *b, const char *p, int n)
+{
+    gp_tls *s = O.BIO_get_data(b);
+    O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
+    if (!s->gather)
+        return (int)send_some(b, s->fd, p, (size_t)n);
+    if (s->wlen + (size_t)n > WBUF_CAP && wbuf_send(s, b) != 0)
+        return -1; /* OpenSSL offers the same record again */
+    if ((size_t)n >= WBUF_CAP)
+        return (int)send_some(b, s->fd, p, (size_t)n);
+    memcpy(s->wbuf + s->wlen, p, (size_t)n);
+    s->wlen += (size_t)n;
+    return n;
 }
 
 static int bio_read(void *b, char *p, int n)
 {
-    int fd = (int)(intptr_t)O.BIO_get_data(b);
+    int fd = ((gp_tls *)O.BIO_get_data(b))->fd;
     O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
     ssize_t r;
     do
@@ -238,8 +279,12 @@ static int bio_read(void *b, char *p, int n)
 
 static long bio_ctrl(void *b, int cmd, long num, void *ptr)
 {
-    (void)b, (void)num, (void)ptr;
-    return cmd == O_BIO_CTRL_FLUSH; /* nothing is buffered in this BIO */
+    (void)num, (void)ptr;
+    if (cmd != O_BIO_CTRL_FLUSH)
+        return 0;
+    gp_tls *s = O.BIO_get_data(b);
+    O.BIO_clear_flags(b, O_BIO_FLAGS_RWS | O_BIO_FLAGS_SHOULD_RETRY);
+    return wbuf_send(s, b) == 0;
 }
 
 /* A new SSL_CTX for srv's files, or NULL with err filled. Called under load_lock. */
@@ -477,7 +522,7 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
         free(s);
         return NULL;
     }
-    O.BIO_set_data(bio, (void *)(intptr_t)fd);
+    O.BIO_set_data(bio, s);
     O.BIO_set_init(bio, 1);
     O.SSL_set_bio(s->ssl, bio, bio); /* one reference, owned by the SSL object */
     if (read_ahead) {
@@ -510,13 +555,40 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
         gp_tls_free(s);
         return NULL;
     }
+    /* The worker's session carries bulk data: gather its records (see the top). The daemon's
+     * stays record by record, its last bytes being the close_notify before the hand-over. */
+    if (read_ahead) {
+        s->wbuf = malloc(WBUF_CAP);
+        s->gather = s->wbuf != NULL;
+    }
     return s;
+}
+
+/* Sends every gathered record, waiting for the socket as needed (until: until_ms; -1: as long
+ * as it takes). 0, or -1 with errno (ETIMEDOUT). */
+static int flush_gathered(gp_tls *s, int64_t until)
+{
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        int r = s->wlen ? wbuf_send(s, O.SSL_get_wbio(s->ssl)) : 0;
+        int saved = errno;
+        pthread_mutex_unlock(&s->lock);
+        if (r == 0)
+            return 0;
+        if (saved != EAGAIN && saved != EWOULDBLOCK) {
+            errno = saved;
+            return -1;
+        }
+        if (wait_fd(s->fd, POLLOUT, until) != 0)
+            return -1;
+    }
 }
 
 void gp_tls_free(gp_tls *s)
 {
     if (!s)
         return;
+    free(s->wbuf);
     if (s->ssl)
         O.SSL_free(s->ssl);
     pthread_mutex_destroy(&s->lock);
@@ -537,7 +609,12 @@ ssize_t gp_tls_read(gp_tls *s, void *buf, size_t n, int timeout_ms, char *err, s
         int saved = errno;
         if (e == O_SSL_ERROR_SSL)
             ssl_error_text(err, cap, "TLS error");
+        size_t gathered = s->wlen; /* an answer OpenSSL wrote (a key update) */
         pthread_mutex_unlock(&s->lock);
+        if (gathered && flush_gathered(s, until) != 0) {
+            snprintf(err, cap, "%s", strerror(errno));
+            return -1;
+        }
         if (r > 0)
             return r;
         if (e == O_SSL_ERROR_ZERO_RETURN)
@@ -595,6 +672,13 @@ int gp_tls_write(gp_tls *s, const void *p, size_t n, char *err, size_t cap)
             snprintf(err, cap, "TLS error %d", e);
         return -1;
     }
+    pthread_mutex_lock(&s->lock);
+    int timeout_ms = s->send_timeout_ms;
+    pthread_mutex_unlock(&s->lock);
+    if (flush_gathered(s, until_ms(timeout_ms)) != 0) {
+        snprintf(err, cap, "%s", errno == ETIMEDOUT ? "send timed out" : strerror(errno));
+        return -1;
+    }
     return 0;
 }
 
@@ -618,6 +702,13 @@ void gp_tls_set_send_timeout(gp_tls *s, int timeout_ms)
 int gp_tls_close(gp_tls *s, int timeout_ms, char *err, size_t cap)
 {
     int64_t until = until_ms(timeout_ms); /* both alerts */
+    if (flush_gathered(s, until) != 0) {
+        snprintf(err, cap, "closing the server's TLS session: %s", strerror(errno));
+        return -1;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->gather = 0; /* the alerts go out as they are made */
+    pthread_mutex_unlock(&s->lock);
     for (int zeros = 0;;) {
         O.ERR_clear_error();
         int r = O.SSL_shutdown(s->ssl);
