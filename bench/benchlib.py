@@ -1,6 +1,6 @@
 """Pieces the benchmark scripts share: a gpupoold of their own (Daemon), stopping a daemon they
-started, removing its state, the CPU's name, a plain-text table, and printing/saving the Markdown
-section of a run.
+started, removing its state, throw-away TLS certificates (TlsFiles), the CPU's name, a plain-text
+table, and printing/saving the Markdown section of a run.
 
 bench/ is not a package: each script puts its own folder first on sys.path and imports this.
 """
@@ -92,13 +92,44 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class TlsFiles:
+    """A throw-away CA and a server certificate for `hosts` (trustme), as files; the server's
+    settings and the client's environment that use them."""
+
+    def __init__(self, *hosts: str) -> None:
+        try:
+            import trustme
+        except ImportError:
+            sys.exit("benchmarks with TLS need the trustme package (scripts/bootstrap.sh "
+                     "installs it into .venv; run the benchmark with .venv/bin/python)")
+        self.dir = Path(tempfile.mkdtemp(prefix="gpupool-bench-tls-"))
+        ca = trustme.CA()
+        leaf = ca.issue_cert(*(hosts or ("127.0.0.1", "localhost")))
+        self.ca, self.cert, self.key = (self.dir / n for n in ("ca.pem", "cert.pem", "key.pem"))
+        ca.cert_pem.write_to_path(str(self.ca))
+        leaf.private_key_pem.write_to_path(str(self.key))
+        with self.cert.open("wb") as f:
+            for blob in leaf.cert_chain_pems:
+                f.write(blob.bytes())
+
+    def server_config(self) -> str:
+        return f'tls_cert = "{self.cert}"\ntls_key = "{self.key}"\n'
+
+    def client_env(self) -> dict[str, str]:
+        return {"GPUPOOL_TLS": "1", "GPUPOOL_TLS_CA": str(self.ca)}
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class Daemon:
     """gpupoold on fixed ports (clients keep their address across restarts) and one state dir;
     on `gpus` simulated GPUs, or with real=True on the real GPU 0 (reset policy never: a lent
     GPU is never reset)."""
 
     def __init__(self, gpus: int, real: bool = False, config: str = "",
-                 name: str = "soak", netns: str | None = None, host: str = "127.0.0.1") -> None:
+                 name: str = "soak", netns: str | None = None, host: str = "127.0.0.1",
+                 port: int = 7070) -> None:
         self.gpus = gpus
         self.real = real
         self.name = name
@@ -108,8 +139,9 @@ class Daemon:
         self.config = self.state / "gpupoold.toml"
         self.config.write_text(('simulated = 0\ngpus = [0]\nreset_policy = "never"\n' if real
                                 else 'reset_policy = "never"\n') + config)
-        self.listen = f"{host}:{free_port() if netns is None else 7070}"
-        self.http = f"{host}:{free_port() if netns is None else 7071}"
+        # In a namespace of its own, fixed ports: remoting `port`, HTTP the next one.
+        self.listen = f"{host}:{free_port() if netns is None else port}"
+        self.http = f"{host}:{free_port() if netns is None else port + 1}"
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), str(ROOT / "protocol" / "python"), *filter(None, [self.env.get("PYTHONPATH")])])

@@ -2,7 +2,7 @@
 """Copies over a shaped link: gpupool at real link rates without a real network.
 
     sudo python bench/link_bench.py [--rates 1,2.5,5,10,25] [--reps 2] [--max-mib 256]
-                                    [--markdown PATH] [--json PATH]
+                                    [--tls] [--markdown PATH] [--json PATH]
 
 Root only (network namespaces and tc). The benchmark makes, and removes when it ends, two network
 namespaces joined by a veth pair (10.77.0.1 for the server, 10.77.0.2 for the client: addresses
@@ -15,7 +15,10 @@ that exist only inside them), and shapes both directions with a `tbf` qdisc at e
             tests/c/copy_check through the shim in the client namespace: the best of --reps
             256 MiB sync copies each way (smaller at slow rates: about a second a copy) of zeros,
             of "half" data (4 KiB random, 4 KiB zeros: LZ4 halves it) and of random bytes, with
-            GPUPOOL_COMPRESSION=off and =lz4.
+            GPUPOOL_COMPRESSION=off and =lz4;
+  TLS       with --tls, a second gpupoold with a throw-away certificate beside the first, and the
+            same copies without compression over TLS (GPUPOOL_TLS=1): TLS against plain where
+            the link, not the CPU, sets the rate.
 
 Prints each copy rate with its share of the shaped rate (the target: 90 % of it without
 compression) and of the raw TCP figure, and, per data, the rates at which LZ4 beats no
@@ -110,8 +113,10 @@ def raw_tcp(link: Link, tcp: Path) -> dict[str, float]:
 
 
 def copies(link: Link, d: Daemon, copy_check: Path, mib: int, reps: int,
-           compression: str) -> dict[tuple[str, str], float]:
+           compression: str, tls: benchlib.TlsFiles | None = None) -> dict[tuple[str, str], float]:
     env = d.client_env()
+    if tls is not None:
+        env.update(tls.client_env())
     env["GPUPOOL_SERVER"] = d.listen
     env["GPUPOOL_COMPRESSION"] = compression
     env["GPUPOOL_LOG"] = "quiet"
@@ -140,6 +145,8 @@ def main() -> int:
     ap.add_argument("--max-mib", type=int, default=256, help="largest copy, in MiB")
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--json", type=Path, help="every figure, for tests")
+    ap.add_argument("--tls", action="store_true",
+                    help="also copy over TLS (a second gpupoold with tls_cert), compression off")
     args = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
         sys.exit("link_bench: needs root, ip and tc (network namespaces, veth and tbf)")
@@ -147,9 +154,14 @@ def main() -> int:
     tcp, copy_check = build()
     link = Link()
     d: Daemon | None = None
+    tls_d: Daemon | None = None
+    tls = benchlib.TlsFiles(SERVER_IP) if args.tls else None
     rows: list[dict[str, Any]] = []
     try:
         d = Daemon(1, name="link", netns=link.server, host=SERVER_IP)
+        if tls is not None:
+            tls_d = Daemon(1, name="link-tls", netns=link.server, host=SERVER_IP, port=7080,
+                           config=tls.server_config())
         for rate in rates:
             link.shape(rate)
             label = "unshaped" if rate is None else f"{rate:g} Gbit/s"
@@ -158,18 +170,25 @@ def main() -> int:
             mib = int(min(args.max_mib, max(min(32, args.max_mib), budget / MIB)))  # ~1 s a copy
             log(f"{label}: raw TCP up {gbit(raw['up'])} / down {gbit(raw['down'])} Gbit/s; "
                 f"copies of {mib} MiB")
-            for comp in ("off", "lz4"):
-                got = copies(link, d, copy_check, mib, args.reps, comp)
+            for comp in ("off", "lz4", *(["off+TLS"] if tls_d else [])):
+                if comp == "off+TLS":
+                    assert tls_d is not None
+                    got = copies(link, tls_d, copy_check, mib, args.reps, "off", tls)
+                else:
+                    got = copies(link, d, copy_check, mib, args.reps, comp)
                 for (pattern, direction), bps in sorted(got.items()):
                     rows.append({"rate": rate, "label": label, "compression": comp,
                                  "pattern": pattern, "dir": direction, "bps": bps,
                                  "raw": raw["up" if direction == "htod" else "down"],
                                  "mib": mib})
     finally:
-        if d is not None:
-            d.close()
+        for daemon in (d, tls_d):
+            if daemon is not None:
+                daemon.close()
+        if tls is not None:
+            tls.remove()
         link.close()
-    head = ("link", "data", "direction", "LZ4", "copy Gbit/s", "of shaped rate", "of raw TCP")
+    head = ("link", "data", "direction", "wire", "copy Gbit/s", "of shaped rate", "of raw TCP")
     body = []
     for r in rows:
         shaped = "" if r["rate"] is None else f"{100 * r['bps'] * 8 / (r['rate'] * 1e9):.0f} %"
@@ -185,6 +204,17 @@ def main() -> int:
                         and o["dir"] == direction and o["compression"] == "off")]
             pays.append(f"{pattern} {'H2D' if direction == 'htod' else 'D2H'}: LZ4 more than 5 % "
                         f"faster at {', '.join(wins) if wins else 'no rate measured'}")
+    if tls is not None:
+        for rate in rates:
+            for direction in ("htod", "dtoh"):
+                pairs = [(r["bps"], next(o["bps"] for o in rows if o["rate"] == rate and o[
+                    "pattern"] == r["pattern"] and o["dir"] == direction and o["compression"] == "off"))
+                    for r in rows if r["rate"] == rate and r["dir"] == direction
+                    and r["compression"] == "off+TLS"]
+                worst = min(t / o for t, o in pairs)
+                label = "unshaped" if rate is None else f"{rate:g} Gbit/s"
+                pays.append(f"TLS / plain, {label}, {'H2D' if direction == 'htod' else 'D2H'}: "
+                            f"{worst:.2f}x at worst over the three data (target >= 0.8x)")
     print("\n".join(pays))
     lines = [f"### Shaped link ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{benchlib.cpu_model()}, {os.cpu_count()} CPUs, simulated GPU; veth + tbf between "

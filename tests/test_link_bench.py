@@ -1,5 +1,5 @@
 """bench/link_bench.py, short: two network namespaces, a veth pair shaped with tbf, gpupoold in
-one and the shim's copies in the other, with and without LZ4. The harness must keep working
+one and the shim's copies in the other, with and without LZ4, and over TLS. The harness must keep working
 (every figure measured, nothing left behind); the figures themselves are the benchmark's to
 report (docs/benchmarks.md), never asserted here."""
 
@@ -27,12 +27,14 @@ def test_the_shaped_link_benchmark_runs_and_cleans_up(native_build: Path, tmp_pa
     before = netns_names()
     out = tmp_path / "link.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "link_bench.py"), "--rates", "10",
-                           "--reps", "1", "--max-mib", "32", "--json", str(out)],
+                           "--reps", "1", "--max-mib", "32", "--tls", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     combos = {(r["label"], r["pattern"], r["dir"], r["compression"]) for r in rows}
-    assert len(combos) == 2 * 3 * 2 * 2, sorted(combos)  # unshaped and 10 Gbit/s, all of it
+    # unshaped and 10 Gbit/s; three data; both directions; off, lz4 and TLS
+    assert len(combos) == 2 * 3 * 2 * 3, sorted(combos)
     assert all(r["bps"] > 0 and r["raw"] > 0 for r in rows)
     assert netns_names() == before  # the namespaces (and the veth pair) are gone
     assert "Shaped link" in proc.stdout
+    assert "TLS / plain, 10 Gbit/s, H2D" in proc.stdout
