@@ -11,6 +11,7 @@ that exist only inside them), and shapes both directions with a `tbf` qdisc at e
 
   raw TCP   bench/tcp_baseline.c, client in one namespace and server in the other: a 1 GiB
             stream one way (the upload figure) and 256 MiB answers the other (the download);
+            and the same upload over two connections at once (what striping could gain);
   gpupool   gpupoold (one simulated GPU) serving in the server namespace, and
             tests/c/copy_check through the shim in the client namespace: the best of --reps
             256 MiB sync copies each way (smaller at slow rates: about a second a copy) of zeros,
@@ -107,9 +108,10 @@ def build() -> tuple[Path, Path]:
 
 def raw_tcp(link: Link, tcp: Path) -> dict[str, float]:
     out = sh("ip", "netns", "exec", link.client, str(tcp), "--server-netns", link.server,
-             "--host", SERVER_IP, "--quick", "--reps", "1").stdout
+             "--host", SERVER_IP, "--quick", "--reps", "1", "--streams", "2").stdout
     r = json.loads(out)
-    return {"up": float(r["bulk_Bps"]), "down": float(r["reqresp_Bps"][str(256 * MIB)])}
+    return {"up": float(r["bulk_Bps"]), "down": float(r["reqresp_Bps"][str(256 * MIB)]),
+            "up2": float(r["bulk_parallel_Bps"])}
 
 
 def copies(link: Link, d: Daemon, copy_check: Path, mib: int, reps: int,
@@ -157,6 +159,7 @@ def main() -> int:
     tls_d: Daemon | None = None
     tls = benchlib.TlsFiles(SERVER_IP) if args.tls else None
     rows: list[dict[str, Any]] = []
+    raws: list[tuple[str, dict[str, float]]] = []
     try:
         d = Daemon(1, name="link", netns=link.server, host=SERVER_IP)
         if tls is not None:
@@ -166,6 +169,7 @@ def main() -> int:
             link.shape(rate)
             label = "unshaped" if rate is None else f"{rate:g} Gbit/s"
             raw = raw_tcp(link, tcp)
+            raws.append((label, raw))
             budget = raw["up"] if rate is None else rate * 1e9 / 8
             mib = int(min(args.max_mib, max(min(32, args.max_mib), budget / MIB)))  # ~1 s a copy
             log(f"{label}: raw TCP up {gbit(raw['up'])} / down {gbit(raw['down'])} Gbit/s; "
@@ -215,6 +219,10 @@ def main() -> int:
                 label = "unshaped" if rate is None else f"{rate:g} Gbit/s"
                 pays.append(f"TLS / plain, {label}, {'H2D' if direction == 'htod' else 'D2H'}: "
                             f"{worst:.2f}x at worst over the three data (target >= 0.8x)")
+    for label, raw in raws:
+        pays.append(f"raw TCP upload, {label}: one connection {gbit(raw['up'])} Gbit/s, two at "
+                    f"once {gbit(raw['up2'])} Gbit/s ({raw['up2'] / raw['up']:.2f}x: what striping "
+                    "could add at most)")
     print("\n".join(pays))
     lines = [f"### Shaped link ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{benchlib.cpu_model()}, {os.cpu_count()} CPUs, simulated GPU; veth + tbf between "
@@ -223,7 +231,8 @@ def main() -> int:
              *("| " + " | ".join(b) + " |" for b in body), "", *(f"- {p}" for p in pays)]
     benchlib.emit_markdown(lines, args.markdown)
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "lz4_pays": pays}, indent=1))
+        args.json.write_text(json.dumps({"rows": rows, "lz4_pays": pays,
+                                         "raw": {label: raw for label, raw in raws}}, indent=1))
     return 0
 
 

@@ -1,7 +1,7 @@
 /*
  * tcp_baseline.c: the raw figures of a TCP link, for the remoting benchmark to compare against.
  *
- *     tcp_baseline [--host 127.0.0.1] [--reps 3] [--quick] [--server-netns NAME]
+ *     tcp_baseline [--host 127.0.0.1] [--reps 3] [--quick] [--server-netns NAME] [--streams N]
  *
  * Forks a server process (as gpupoold's worker is a separate process) and, over loopback with
  * TCP_NODELAY on both ends (or, with --server-netns, from this network namespace to a server in
@@ -15,7 +15,11 @@
  *               the sender (this process) and the receiver (the server process), all runs;
  *   stream S    S-byte writes (S = 4 KiB, 1 MiB), then a 1-byte answer (bytes per second);
  *   reqresp S   16-byte request, S-byte answer, repeated (bytes per second): the shape of a
- *               synchronous device-to-host copy.
+ *               synchronous device-to-host copy;
+ *   parallel    with --streams N (N > 1): the bulk stream split over N connections sending at
+ *               once from N threads (bytes per second, all together): whether striping a copy
+ *               over several connections could fill more of a link than one connection does.
+ * The server serves each connection on a thread of its own.
  * Each other figure is the median of --reps runs. Prints one JSON object on stdout.
  */
 #define _GNU_SOURCE
@@ -25,6 +29,7 @@
 #include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,24 +125,20 @@ static void nodelay(int fd)
 
 #define BUF_CAP (1u << 20)
 
-static void serve(int lfd)
+static pthread_mutex_t answer_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *answer; /* MODE_REQRESP's answers; guarded by answer_lock */
+static size_t answer_cap;
+
+/* One connection: its command, then the exchange it names. */
+static void *serve_one(void *arg)
 {
+    int fd = (int)(intptr_t)arg;
     char *buf = malloc(BUF_CAP);
-    char *big = NULL;
-    size_t big_cap = 0;
-    for (;;) {
-        int fd = accept(lfd, NULL, NULL);
-        if (fd < 0) {
-            if (errno == EINTR)
-                continue;
-            die("accept");
-        }
-        nodelay(fd);
-        struct cmd c;
-        if (read_all(fd, &c, sizeof c) < 0) {
-            close(fd);
-            continue;
-        }
+    if (!buf)
+        die("malloc");
+    nodelay(fd);
+    struct cmd c;
+    if (read_all(fd, &c, sizeof c) == 0) {
         char msg[16] = {0};
         switch (c.mode) {
         case MODE_RTT:
@@ -153,23 +154,49 @@ static void serve(int lfd)
             write_all(fd, msg, 1);
             break;
         case MODE_REQRESP:
-            if (big_cap < c.size) {
-                free(big);
-                big = malloc(c.size);
-                memset(big, 0x5a, c.size);
-                big_cap = c.size;
+            /* The answer buffer is kept from one connection to the next (filling 256 MiB
+             * would be timed by the client); its lock serialises these exchanges. */
+            pthread_mutex_lock(&answer_lock);
+            if (answer_cap < c.size) {
+                free(answer);
+                answer = malloc(c.size);
+                if (!answer)
+                    die("malloc");
+                memset(answer, 0x5a, c.size);
+                answer_cap = c.size;
             }
             for (uint64_t i = 0; i < c.count; i++) {
                 if (read_all(fd, msg, 16) < 0)
                     break;
-                write_all(fd, big, c.size);
+                write_all(fd, answer, c.size);
             }
+            pthread_mutex_unlock(&answer_lock);
             break;
         case MODE_QUIT:
             close(fd);
             exit(0);
         }
-        close(fd);
+    }
+    close(fd);
+    free(buf);
+    return NULL;
+}
+
+static void serve(int lfd)
+{
+    for (;;) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0) {
+            if (errno == EINTR)
+                continue;
+            die("accept");
+        }
+        pthread_t t;
+        int e = pthread_create(&t, NULL, serve_one, (void *)(intptr_t)fd);
+        if (e != 0 || (e = pthread_detach(t)) != 0) {
+            errno = e;
+            die("pthread_create");
+        }
     }
 }
 
@@ -263,6 +290,59 @@ static double run(uint32_t mode, uint64_t size, uint64_t count, double *lat)
     return run_span(mode, size, count, lat, size);
 }
 
+/* --streams: one sender of the parallel bulk figure. */
+struct sender {
+    pthread_t thread;
+    uint64_t bytes;
+    pthread_barrier_t *start;
+};
+
+static void *send_stream(void *arg)
+{
+    struct sender *sd = arg;
+    const uint64_t span = 64u << 20;
+    struct cmd c = {MODE_STREAM, 0, 1u << 20, sd->bytes >> 20};
+    int fd = connect_server(&c);
+    char *buf = malloc(span);
+    if (!buf)
+        die("malloc");
+    memset(buf, 0x33, span);
+    pthread_barrier_wait(sd->start);
+    for (uint64_t i = 0, pos = 0; i < c.count; i++, pos = (pos + c.size) % span)
+        write_all(fd, buf + pos, c.size);
+    char msg[1];
+    if (read_all(fd, msg, 1) < 0)
+        die("no stream answer");
+    close(fd);
+    free(buf);
+    return NULL;
+}
+
+/* Bytes per second of `total` bytes sent over n connections at once. */
+static double run_parallel(int n, uint64_t total)
+{
+    struct sender sd[16];
+    pthread_barrier_t start;
+    if (pthread_barrier_init(&start, NULL, (unsigned)n + 1) != 0)
+        die("pthread_barrier_init");
+    for (int i = 0; i < n; i++) {
+        sd[i].bytes = total / (uint64_t)n;
+        sd[i].start = &start;
+        int e = pthread_create(&sd[i].thread, NULL, send_stream, &sd[i]);
+        if (e != 0) {
+            errno = e;
+            die("pthread_create");
+        }
+    }
+    pthread_barrier_wait(&start);
+    double t0 = now();
+    for (int i = 0; i < n; i++)
+        pthread_join(sd[i].thread, NULL);
+    double t = now() - t0;
+    pthread_barrier_destroy(&start);
+    return (double)(total / (uint64_t)n * (uint64_t)n) / t;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -342,7 +422,7 @@ static pid_t serve_in_netns(const char *ns, const char *host)
 int main(int argc, char **argv)
 {
     const char *host = "127.0.0.1", *server_ns = NULL;
-    int reps = 3, quick = 0;
+    int reps = 3, quick = 0, streams = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--host") && i + 1 < argc)
             host = argv[++i];
@@ -352,14 +432,22 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--streams") && i + 1 < argc)
+            streams = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--host ADDR] [--reps N] [--quick] [--server-netns NAME]\n",
+            fprintf(stderr,
+                    "usage: %s [--host ADDR] [--reps N] [--quick] [--server-netns NAME] "
+                    "[--streams N]\n",
                     argv[0]);
             return 2;
         }
     }
     if (reps < 1 || reps > 40)
         reps = 3;
+    if (streams < 1 || streams > 16) {
+        fprintf(stderr, "tcp_baseline: --streams takes 1 to 16\n");
+        return 2;
+    }
 
     pid_t pid;
     if (server_ns) {
@@ -413,6 +501,11 @@ int main(int argc, char **argv)
         printf(", \"bulk_Bps\": %.0f, \"bulk_send_cpu_s_per_gib\": %.4f, "
                "\"bulk_recv_cpu_s_per_gib\": %.4f",
                median(v, reps), sender_cpu / gib, receiver_cpu / gib);
+        if (streams > 1) {
+            for (int r = 0; r < reps; r++)
+                v[r] = run_parallel(streams, total);
+            printf(", \"bulk_streams\": %d, \"bulk_parallel_Bps\": %.0f", streams, median(v, reps));
+        }
     }
 
     const uint64_t sizes[] = {4096, 1u << 20, 256u << 20};

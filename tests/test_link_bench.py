@@ -38,3 +38,6 @@ def test_the_shaped_link_benchmark_runs_and_cleans_up(native_build: Path, tmp_pa
     assert netns_names() == before  # the namespaces (and the veth pair) are gone
     assert "Shaped link" in proc.stdout
     assert "TLS / plain, 10 Gbit/s, H2D" in proc.stdout
+    raw = json.loads(out.read_text())["raw"]
+    assert set(raw) == {"unshaped", "10 Gbit/s"}
+    assert all(r["up2"] > 0 for r in raw.values())  # two connections at once, for striping
