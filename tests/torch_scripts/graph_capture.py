@@ -9,22 +9,14 @@ Prints one line per failed check and a summary `PASS graph_capture: N checks` or
 from __future__ import annotations
 
 import sys
-import traceback
 
 import torch
+from checklist import Checklist
 
-checks = 0
-failures = 0
+checklist = Checklist("graph_capture")
+check = checklist.check
 N = 1 << 16
 REPLAYS = 10
-
-
-def check(cond: bool, what: str) -> None:
-    global checks, failures
-    checks += 1
-    if not cond:
-        failures += 1
-        print(f"  check failed: {what}")
 
 
 def to_gpu(t: torch.Tensor, dst: torch.Tensor) -> None:
@@ -65,19 +57,8 @@ def capture_and_replay() -> None:
 
 
 def main() -> int:
-    global checks, failures
-    try:
-        capture_and_replay()
-    except Exception as exc:  # noqa: BLE001 - every failure is reported
-        checks += 1
-        failures += 1
-        print(f"  check failed: capture_and_replay raised {type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    if failures:
-        print(f"FAIL graph_capture: {failures} of {checks} checks failed")
-        return 1
-    print(f"PASS graph_capture: {checks} checks")
-    return 0
+    checklist.section(capture_and_replay)
+    return checklist.finish()
 
 
 if __name__ == "__main__":

@@ -17,17 +17,10 @@ import os
 import sys
 
 import torch
+from checklist import Checklist
 
-checks = 0
-failures: list[str] = []
-
-
-def check(cond: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print(f"  check failed: {what}", flush=True)
+checklist = Checklist("memory_backends")
+check = checklist.check
 
 
 SIZES = [1, 7, 4099, 1 << 20, (1 << 20) + 3, 3 << 20, 21 << 20, 64 << 20]
@@ -101,17 +94,9 @@ def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else "expandable"
     if mode not in ("expandable", "async"):
         raise SystemExit("usage: memory_backends.py expandable|async")
-    try:
-        run(mode)
-    except Exception as exc:  # noqa: BLE001 - report and fail, the test shows the line
-        import traceback
-        traceback.print_exc()
-        failures.append(f"exception: {exc!r}")
-    if failures:
-        print(f"FAIL memory_backends {mode}: {len(failures)} of {checks} checks failed")
-        return 1
-    print(f"PASS memory_backends {mode}: {checks} checks")
-    return 0
+    checklist.name = f"memory_backends {mode}"
+    checklist.section(lambda: run(mode), f"run({mode!r})")
+    return checklist.finish()
 
 
 if __name__ == "__main__":

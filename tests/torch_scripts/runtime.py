@@ -9,32 +9,12 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 
 import torch
+from checklist import Checklist
 
-checks = 0
-failures = 0
-
-
-def check(cond: bool, what: str) -> None:
-    global checks, failures
-    checks += 1
-    if not cond:
-        failures += 1
-        print(f"  check failed: {what}")
-
-
-def section(fn) -> None:
-    """Runs one group of checks; an exception counts as one failure with its message."""
-    global checks, failures
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - every failure is reported
-        checks += 1
-        failures += 1
-        print(f"  check failed: {fn.__name__} raised {type(exc).__name__}: {exc}")
-        traceback.print_exc()
+checklist = Checklist("runtime")
+check = checklist.check
 
 
 def sync_and_memory() -> None:
@@ -130,14 +110,8 @@ def main() -> int:
         return 1
     t0 = time.monotonic()
     for fn in (sync_and_memory, streams_and_events, pinned_memory):
-        section(fn)
-    took = time.monotonic() - t0
-    if failures:
-        print(f"FAIL runtime: {failures} of {checks} checks failed ({took:.1f} s)")
-        return 1
-    print(f"PASS runtime: {checks} checks ({took:.1f} s)")
-    return 0
-
+        checklist.section(fn)
+    return checklist.finish(f"{time.monotonic() - t0:.1f} s")
 
 if __name__ == "__main__":
     sys.exit(main())
