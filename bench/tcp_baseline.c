@@ -355,6 +355,24 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* The JSON members "size": bytes per second of `mode` for the first n of 4 KiB, 1 MiB and
+ * 256 MiB messages (64 MiB, 512 MiB and 1 GiB in all; a quarter with --quick), median of reps. */
+static void sized_rates(uint32_t mode, int n, int reps, int quick)
+{
+    const uint64_t sizes[] = {4096, 1u << 20, 256u << 20};
+    const uint64_t totals[] = {64u << 20, 512u << 20, 1024u << 20};
+    for (int k = 0; k < n; k++) {
+        uint64_t s = sizes[k], total = quick ? totals[k] / 4 : totals[k];
+        if (total < s)
+            total = s;
+        uint64_t count = total / s;
+        double v[50];
+        for (int r = 0; r < reps; r++)
+            v[r] = (double)(count * s) / run(mode, s, count, NULL);
+        printf("%s\"%llu\": %.0f", k ? ", " : "", (unsigned long long)s, median(v, reps));
+    }
+}
+
 /* A listening socket on host (port 0: any), bound in this process's network namespace. */
 static int listener(const char *host)
 {
@@ -508,35 +526,10 @@ int main(int argc, char **argv)
         }
     }
 
-    const uint64_t sizes[] = {4096, 1u << 20, 256u << 20};
     printf(", \"stream_Bps\": {");
-    for (int k = 0; k < 2; k++) {
-        uint64_t s = sizes[k];
-        uint64_t total = s == 4096 ? (64u << 20) : (s == (1u << 20) ? (512u << 20) : (1024u << 20));
-        if (quick)
-            total /= 4;
-        if (total < s)
-            total = s;
-        uint64_t count = total / s;
-        double v[50];
-        for (int r = 0; r < reps; r++)
-            v[r] = (double)(count * s) / run(MODE_STREAM, s, count, NULL);
-        printf("%s\"%llu\": %.0f", k ? ", " : "", (unsigned long long)s, median(v, reps));
-    }
+    sized_rates(MODE_STREAM, 2, reps, quick); /* 4 KiB and 1 MiB writes */
     printf("}, \"reqresp_Bps\": {");
-    for (int k = 0; k < 3; k++) {
-        uint64_t s = sizes[k];
-        uint64_t total = s == 4096 ? (64u << 20) : (s == (1u << 20) ? (512u << 20) : (1024u << 20));
-        if (quick)
-            total /= 4;
-        if (total < s)
-            total = s;
-        uint64_t count = total / s;
-        double v[50];
-        for (int r = 0; r < reps; r++)
-            v[r] = (double)(count * s) / run(MODE_REQRESP, s, count, NULL);
-        printf("%s\"%llu\": %.0f", k ? ", " : "", (unsigned long long)s, median(v, reps));
-    }
+    sized_rates(MODE_REQRESP, 3, reps, quick); /* 4 KiB, 1 MiB and 256 MiB answers */
     printf("}}\n");
     fflush(stdout);
 
