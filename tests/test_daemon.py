@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import REPO, GpupoolServer, daemon_env, require
+from gpupool.wire.frames import read_frame
 
 from gpupoold.app import StartupError, create_app
 from gpupoold.config.settings import Settings
@@ -582,7 +583,7 @@ def test_sigterm_ends_leases_and_exits_0(start_daemon, tmp_path: Path) -> None:
     wait_free_sync(server)
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(gp.encode_frame(hello(token=server.token), 3))
-        reply = gp.HelloReply.decode(read_frame_sync(sock).body)
+        reply = gp.HelloReply.decode(read_frame(sock).body)
         assert reply.result == 0
         (lease,) = server.get_json("/api/v1/leases?state=active")["leases"]
         state_dir = server.state_dir
@@ -602,18 +603,6 @@ def test_sigterm_ends_leases_and_exits_0(start_daemon, tmp_path: Path) -> None:
         db.close()
 
 
-def read_frame_sync(sock: socket.socket) -> gp.Frame:
-    def exact(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            assert chunk, "connection closed"
-            data += chunk
-        return data
-    length, op, flags, req = gp.HEADER.unpack(exact(gp.HEADER.size))
-    return gp.Frame(op, flags, req, exact(length))
-
-
 # ------------------------------------------------------------------------ the real worker (C)
 @pytest.mark.san
 def test_real_worker_answers_the_hello_with_a_simulated_device(
@@ -623,7 +612,7 @@ def test_real_worker_answers_the_hello_with_a_simulated_device(
     wait_free_sync(gpupool_server)
     with socket.create_connection((gpupool_server.host, gpupool_server.port), timeout=30) as s:
         s.sendall(gp.encode_frame(hello(token=gpupool_server.token), 5))
-        answer = read_frame_sync(s)
+        answer = read_frame(s)
         assert (answer.op, answer.flags, answer.req) == (gp.Hello.OP, gp.FLAG_REPLY, 5)
         reply = gp.HelloReply.decode(answer.body)
         assert reply.result == 0, reply.message

@@ -23,6 +23,7 @@ from typing import Any
 import gpupool_protocol as gp
 import pytest
 from conftest import GpupoolServer, run_client
+from gpupool.wire.frames import read_frame
 from test_e2e_leases import MIB, ended_leases, gpu_states, hold_gpu  # noqa: F401 (fixture)
 
 VA_BASE = 0x200000000000
@@ -31,20 +32,10 @@ VA_SIZE = 1 << 40
 
 def recv_frame(s: socket.socket) -> tuple[int, bytes]:
     """(op, body) of the next frame that is not a notice."""
-    def exact(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = s.recv(n - len(data))
-            if not chunk:
-                raise EOFError("the server closed the connection")
-            data += chunk
-        return data
-
     while True:
-        length, op, flags, _req = gp.HEADER.unpack(exact(gp.HEADER.size))
-        body = exact(length)
-        if op != gp.Notice.OP or flags & gp.FLAG_REPLY:
-            return op, body
+        f = read_frame(s)
+        if f.op != gp.Notice.OP or f.flags & gp.FLAG_REPLY:
+            return f.op, f.body
 
 
 def open_session(server: GpupoolServer) -> socket.socket:

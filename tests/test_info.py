@@ -20,6 +20,7 @@ from typing import Any
 import gpupool_protocol as gp
 import pytest
 from conftest import GpupoolServer, wait_until
+from gpupool.wire import frames
 from gpupool.wire.info import document as client_document
 from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
 
@@ -32,19 +33,9 @@ GIB = 1 << 30
 
 
 # ------------------------------------------------------------------------------------ clients
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return bytes(buf)
-
-
 def read_frame(sock: socket.socket) -> tuple[int, int, int, bytes]:
-    length, op, flags, req = gp.HEADER.unpack(recv_exact(sock, gp.HEADER.size))
-    return op, flags, req, recv_exact(sock, length)
+    f = frames.read_frame(sock)
+    return f.op, f.flags, f.req, f.body
 
 
 def info_request(token: str, **changes: Any) -> gp.Info:

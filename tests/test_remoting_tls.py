@@ -22,6 +22,7 @@ import gpupool_protocol as gp
 import pytest
 import trustme
 from conftest import GpupoolServer, run_client
+from gpupool.wire.frames import read_frame
 from test_e2e_leases import ended_leases, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401  (hold_gpu is a fixture)
 
 from gpupoold.remoting.tls_session import TlsStream, looks_like_tls
@@ -302,16 +303,8 @@ def test_worker_session_message_and_argv(tmp_path: Path) -> None:
 
 # --------------------------------------------------- the hand-over, driven frame by frame
 def _read_frame(sock: ssl.SSLSocket) -> tuple[int, int, int, bytes]:
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("closed")
-            data += chunk
-        return data
-    length, op, flags, req = gp.HEADER.unpack(exactly(gp.HEADER.size))
-    return op, flags, req, exactly(length)
+    f = read_frame(sock)
+    return f.op, f.flags, f.req, f.body
 
 
 def until_handoff(sock: ssl.SSLSocket) -> None:
@@ -354,7 +347,7 @@ def test_handoff_needs_the_binding_of_the_hello(start_daemon: Any, native_build:
         assert gp.HelloReply.decode(reply).result == 0
         second.sendall(gp.encode_frame(gp.Goodbye(), 11))
     else:
-        with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
+        with pytest.raises((ConnectionError, EOFError, ssl.SSLError, OSError)):
             _read_frame(second)
         server.wait_for_log("not the binding of its hello", timeout=20)
     second.close()

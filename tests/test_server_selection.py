@@ -23,6 +23,7 @@ from typing import Any
 import gpupool_protocol as gp
 import pytest
 from conftest import REPO, GpupoolServer, run_client
+from gpupool.wire.frames import read_exactly
 from test_e2e_leases import ended_leases, facts, hold_gpu, start_client, wait_until  # noqa: F401  (hold_gpu is a fixture)
 from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
 
@@ -387,18 +388,8 @@ class FakeServer:
         self.sock.close()
 
 
-def recv_exact(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise OSError("closed")
-        data += chunk
-    return data
-
-
 def first_frame(server: FakeServer, conn: socket.socket) -> tuple[bytes, int, int]:
-    header = recv_exact(conn, 16)
+    header = read_exactly(conn, 16)
     length, op, _, _ = HEADER.unpack(header)
     server.firsts.append(op)
     return header, length, op
@@ -413,7 +404,7 @@ def old_front(backend: GpupoolServer) -> Any:
     def handle(server: FakeServer, conn: socket.socket) -> None:
         header, length, op = first_frame(server, conn)
         if op != gp.Hello.OP:
-            recv_exact(conn, length)
+            read_exactly(conn, length)
             text = b"the first frame must be hello"
             body = struct.pack("<iHI", gp.GP_EPROTO, 0, len(text)) + text
             conn.sendall(HEADER.pack(len(body), gp.Notice.OP, 0, 0) + body)

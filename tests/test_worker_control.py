@@ -23,6 +23,7 @@ from pathlib import Path
 import gpupool_protocol as gp
 import pytest
 from conftest import BUILD_DIR, SANITIZER_MARKS, require
+from gpupool.wire.frames import read_exactly
 from sim_images import NOOP_PTX
 
 from gpupoold.gpu.inventory import Gpu
@@ -109,13 +110,7 @@ class Client:
         self.server_side.close()
 
     def _exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            b = self.sock.recv(min(n - len(buf), 1 << 20))
-            if not b:
-                raise EOFError("the worker closed the connection")
-            buf += b
-        return bytes(buf)
+        return read_exactly(self.sock, n)
 
     def frame(self) -> tuple[int, int, bytes]:
         """The next frame that is not a notice (notices are kept in self.notices)."""

@@ -15,7 +15,8 @@ def send_message(sock: socket.socket, msg: object, req: int = 0) -> None:
     sock.sendall(gp.encode_frame(msg, req))
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
+def read_exactly(sock: socket.socket, n: int) -> bytes:
+    """n bytes; EOFError when the peer closed first (tests use it too)."""
     parts = []
     left = n
     while left:
@@ -29,5 +30,5 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 
 def read_frame(sock: socket.socket, max_body: int = gp.MAX_BODY) -> Frame:
     """One frame. gp.ProtocolError for an oversized body; EOFError when the peer closed."""
-    length, op, flags, req = gp.parse_header(_read_exactly(sock, gp.HEADER.size), max_body)
-    return Frame(op, flags, req, _read_exactly(sock, length))
+    length, op, flags, req = gp.parse_header(read_exactly(sock, gp.HEADER.size), max_body)
+    return Frame(op, flags, req, read_exactly(sock, length))
