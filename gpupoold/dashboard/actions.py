@@ -53,52 +53,54 @@ def _back(form: Any, default: str = "/ui/") -> web.HTTPSeeOther:
     return web.HTTPSeeOther(default)
 
 
-def gpu_action(name: str) -> Handler:
-    async def handler(request: web.Request) -> web.Response:
-        v, form, refusal = await _admin_form(request)
-        if refusal is not None:
-            return refusal
-        assert v is not None
-        try:
-            index = int(request.match_info["index"])
-        except ValueError:
-            return refused(request, 400, "the GPU index must be a whole number",
-                           "use the buttons on the pool overview", v)
-        ask = _confirm(request, v, form, f"{name.capitalize()} GPU {index}?")
-        if ask is not None:
-            return ask
-        fn = getattr(request.app[LEASES], name)
-        try:
-            await fn(index, v.name)
-        except LeaseError as exc:
-            return refused(request, exc.status, str(exc), "check the GPU's state on the overview", v)
-        request.app[DASHBOARD].notify()
-        raise _back(form)
-    handler.__name__ = f"ui_{name}"
-    return handler
-
-
-async def end_lease(request: web.Request) -> web.Response:
+async def _numbered_action(request: web.Request, key: str, what: str, where: str,
+                           question: Callable[[int], str],
+                           act: Callable[[int, Viewer, Any], Awaitable[Any]], check: str,
+                           back: str) -> web.Response:
+    """What the GPU and lease buttons share: an admin's form, a whole number in the path (`key`),
+    a confirmation, the action, a refusal that says what to check, and back to the page."""
     v, form, refusal = await _admin_form(request)
     if refusal is not None:
         return refusal
     assert v is not None
     try:
-        lease_id = int(request.match_info["id"])
+        number = int(request.match_info[key])
     except ValueError:
-        return refused(request, 400, "the lease id must be a whole number",
-                       "use the buttons on the leases page", v)
-    ask = _confirm(request, v, form, f"End lease {lease_id}? The client loses its GPU.")
+        return refused(request, 400, f"the {what} must be a whole number",
+                       f"use the buttons on {where}", v)
+    ask = _confirm(request, v, form, question(number))
     if ask is not None:
         return ask
-    reason = form.get("reason")
-    reason = reason.strip()[:500] if isinstance(reason, str) else ""
     try:
-        await request.app[LEASES].end_lease(lease_id, v.name, reason or "ended from the dashboard")
+        await act(number, v, form)
     except LeaseError as exc:
-        return refused(request, exc.status, str(exc), "the lease may have ended already", v)
+        return refused(request, exc.status, str(exc), check, v)
     request.app[DASHBOARD].notify()
-    raise _back(form, "/ui/leases")
+    raise _back(form, back)
+
+
+def gpu_action(name: str) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        fn = getattr(request.app[LEASES], name)
+        return await _numbered_action(
+            request, "index", "GPU index", "the pool overview",
+            lambda index: f"{name.capitalize()} GPU {index}?",
+            lambda index, v, _form: fn(index, v.name), "check the GPU's state on the overview",
+            "/ui/")
+    handler.__name__ = f"ui_{name}"
+    return handler
+
+
+async def end_lease(request: web.Request) -> web.Response:
+    async def end(lease_id: int, v: Viewer, form: Any) -> None:
+        reason = form.get("reason")
+        reason = reason.strip()[:500] if isinstance(reason, str) else ""
+        await request.app[LEASES].end_lease(lease_id, v.name, reason or "ended from the dashboard")
+
+    return await _numbered_action(
+        request, "id", "lease id", "the leases page",
+        lambda lease_id: f"End lease {lease_id}? The client loses its GPU.", end,
+        "the lease may have ended already", "/ui/leases")
 
 
 async def create_token(request: web.Request) -> web.Response:
