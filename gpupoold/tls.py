@@ -79,36 +79,39 @@ def server_context(cert: Path, key: Path, client_ca: Path | None,
     return ctx
 
 
-def http_ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    """The HTTP listener's TLS context, or None for plain HTTP (no `http_tls_*` set)."""
-    cert, key, ca = settings.http_tls_cert, settings.http_tls_key, settings.http_tls_client_ca
+def _files(settings: Settings, prefix: str, needs: str) -> tuple[str, str, str | None] | None:
+    """(cert, key, client CA) of the `{prefix}_cert`, `_key`, `_client_ca` settings, None when
+    neither certificate nor key is set; TlsSettingError for a half-made set (`needs`: what the
+    settings turn on, for the message)."""
+    cert, key, ca = (getattr(settings, f"{prefix}_{n}") for n in ("cert", "key", "client_ca"))
     if cert is None and key is None:
         if ca is not None:
-            raise TlsSettingError("setting 'http_tls_client_ca' needs HTTPS: set 'http_tls_cert' "
-                                  "and 'http_tls_key' as well, or remove 'http_tls_client_ca'")
+            raise TlsSettingError(f"setting '{prefix}_client_ca' needs {needs}: set "
+                                  f"'{prefix}_cert' and '{prefix}_key' as well, or remove "
+                                  f"'{prefix}_client_ca'")
         return None
     if cert is None or key is None:
-        have, missing = ("http_tls_key", "http_tls_cert") if cert is None else (
-            "http_tls_cert", "http_tls_key")
-        raise TlsSettingError(f"setting '{missing}' is not set: HTTPS needs both "
-                              f"'http_tls_cert' and 'http_tls_key' ('{have}' is set)")
-    return server_context(cert, key, ca)
+        have, missing = (f"{prefix}_key", f"{prefix}_cert") if cert is None else (
+            f"{prefix}_cert", f"{prefix}_key")
+        raise TlsSettingError(f"setting '{missing}' is not set: {needs} needs both "
+                              f"'{prefix}_cert' and '{prefix}_key' ('{have}' is set)")
+    return cert, key, ca
+
+
+def http_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The HTTP listener's TLS context, or None for plain HTTP (no `http_tls_*` set)."""
+    files = _files(settings, "http_tls", "HTTPS")
+    return None if files is None else server_context(*files)
 
 
 def remoting_ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """The remoting listener's TLS context (the daemon's part of a client's connection: hello,
     queue), or None for plain TCP (no `tls_*` set). The workers load the same files for the
     data path (`workers.WorkerTls`)."""
-    cert, key, ca = settings.tls_cert, settings.tls_key, settings.tls_client_ca
-    if cert is None and key is None:
-        if ca is not None:
-            raise TlsSettingError("setting 'tls_client_ca' needs TLS on the remoting port: set "
-                                  "'tls_cert' and 'tls_key' as well, or remove 'tls_client_ca'")
+    files = _files(settings, "tls", "TLS on the remoting port")
+    if files is None:
         return None
-    if cert is None or key is None:
-        have, missing = ("tls_key", "tls_cert") if cert is None else ("tls_cert", "tls_key")
-        raise TlsSettingError(f"setting '{missing}' is not set: TLS on the remoting port needs "
-                              f"both 'tls_cert' and 'tls_key' ('{have}' is set)")
+    cert, key, ca = files
     ctx = server_context(cert, key, ca, prefix="tls")
     # One TLS session per connection, closed at the hand-over: no session tickets.
     ctx.num_tickets = 0
