@@ -26,6 +26,12 @@ run stands in for the remote one: no gpupool, no GPU) and checks the harness: ag
 ratios. Workloads that need CUDA (cuda_graph) are reported as skipped with the reason.
 --perturb-remote perturbs the second run's weights, so that the agreement check must fail.
 
+Count mode (bench/link_model.py uses it; no GPU needed): CountDaemon is a gpupoold on a simulated
+GPU in its benchmark-only count mode (worker/sim/README.md: any kernel is accepted and not run),
+and `--child NAME --count` runs a workload through the shim with GPUPOOL_CALL_COUNTS=1 and adds to
+its JSON line what the shim sent (client/shim/call_counts.c) during set-up and warm-up and during
+the timed steps. Its outputs are garbage (no kernel ran): agreement does not apply.
+
 Exit status: 0 when every selected workload ran (or was skipped in smoke mode) and the two runs
 agreed; 1 otherwise. Ratio targets are reported, not enforced: this is a benchmark.
 """
@@ -55,6 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402 - bench/ is not a package
 
+# The environment of a gpupoold whose simulated GPU runs in count mode (worker/sim/README.md).
+COUNT_MODE_ENV = {"GPUPOOL_SIM_COUNT_ONLY": "true", "GPUPOOL_BENCH_COUNT_MODE": "1"}
 TRAIN_TARGET = 1.10
 GENERATION_TARGET = 1.30
 SEED = 1234
@@ -422,16 +430,25 @@ def run_one(torch: Any, spec: Workload, args: argparse.Namespace) -> dict[str, A
                   compile_backend=args.compile_backend or ("aot_eager" if args.smoke else "inductor"),
                   max_steps=warmup + steps)
         sync = torch.cuda.synchronize if ctx.cuda else (lambda: None)
+        counts = call_counter(args)
         t0 = time.perf_counter()
         step = spec.build(ctx)
         for i in range(warmup):
             step(i)
         sync()
         t1 = time.perf_counter()
+        before = counts() if counts else None
         for i in range(warmup, warmup + steps):
             step(i)
+        # Taken before the closing synchronisation: what the steps themselves sent.
+        after = counts() if counts else None
         sync()
         t2 = time.perf_counter()
+        if counts and before is not None and after is not None:
+            import link_model  # bench/ is on sys.path (above)
+
+            out["counts"] = {"setup": link_model.diff_counts(link_model.EMPTY_COUNTS, before),
+                             "steps": link_model.diff_counts(before, after)}
         values = torch.cat(ctx.records).double().cpu().tolist() if ctx.records else []
         out.update(steps=steps, warmup=warmup, setup_s=t1 - t0, seconds=t2 - t1,
                    rate=steps / (t2 - t1) if t2 > t1 else None, unit=spec.unit, values=values,
@@ -444,6 +461,16 @@ def run_one(torch: Any, spec: Workload, args: argparse.Namespace) -> dict[str, A
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
     return out
+
+
+def call_counter(args: argparse.Namespace) -> Callable[[], dict[str, Any]] | None:
+    """With --count: a function returning the shim's call counts now (bench/link_model.py)."""
+    if not getattr(args, "count", False):
+        return None
+    import link_model
+
+    link_model.read_counts()  # fails now, with the reason, rather than after the warm-up
+    return link_model.read_counts
 
 
 def child_main(args: argparse.Namespace) -> int:
@@ -523,18 +550,28 @@ def fmt_rate(rate: float | None) -> str:
 # ------------------------------------------------------------------------------------ daemon
 class RealGpuDaemon:
     """gpupoold serving the real GPU 0 on loopback, reset policy `never` (lent GPUs are never
-    reset), its own temporary state directory; a user token for the remote children."""
+    reset), its own temporary state directory; a user token for the remote children.
+    count_mode: one simulated GPU in the benchmark-only count mode instead (bench/link_model.py)."""
 
-    def __init__(self, build_dir: Path, log_dir: Path | None, allow_simulated: bool = False) -> None:
+    def __init__(self, build_dir: Path, log_dir: Path | None, allow_simulated: bool = False,
+                 count_mode: bool = False) -> None:
         self.state = Path(tempfile.mkdtemp(prefix="gpupool-torchwl-"))
         self.build_dir = build_dir
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "protocol" / "python"),
                                              *filter(None, [env.get("PYTHONPATH")])])
-        self.env = env
         cfg = self.state / "gpupoold.toml"
-        # Never reset: this is a lent GPU. Real mode: simulated = 0; only GPU 0.
-        cfg.write_text('simulated = 0\ngpus = [0]\nreset_policy = "never"\n')
+        if count_mode:
+            # One simulated GPU in the benchmark-only count mode (worker/sim/README.md): the
+            # workers inherit these variables; without the second the simulated device refuses
+            # the first.
+            env.update(COUNT_MODE_ENV)
+            allow_simulated = True
+            cfg.write_text("simulated = 1\n")
+        else:
+            # Never reset: this is a lent GPU. Real mode: simulated = 0; only GPU 0.
+            cfg.write_text('simulated = 0\ngpus = [0]\nreset_policy = "never"\n')
+        self.env = env
         cmd = [sys.executable, "-m", "gpupoold", "serve", "--config", str(cfg), "--listen",
                "127.0.0.1:0", "--http", "127.0.0.1:0", "--state-dir", str(self.state)]
         worker = build_dir / "gpupool-worker"
@@ -572,7 +609,7 @@ class RealGpuDaemon:
             self.stop()
             raise RuntimeError("gpupoold serves no real GPU here (no NVIDIA driver?): "
                                + ", ".join(f"{g.get('name')} (simulated: {g.get('simulated')})" for g in gpus))
-        self.gpu_name = gpus[0].get("name", "?")
+        self.gpu_name = gpus[0].get("name", "?") + (" [count mode: kernels not run]" if count_mode else "")
 
     def gpus(self) -> list[dict[str, Any]]:
         host, port = self.http.rsplit(":", 1)
@@ -627,6 +664,8 @@ def child_cmd(names: list[str], args: argparse.Namespace, perturb: bool) -> list
             cmd += ["--warmup", str(args.warmup)]
     if args.compile_backend:
         cmd += ["--compile-backend", args.compile_backend]
+    if getattr(args, "count", False):
+        cmd.append("--count")
     if perturb:
         cmd.append("--perturb")
     return cmd
@@ -926,9 +965,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-simulated", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)  # NAME[,NAME...]: run here, print JSON lines
     ap.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
+    # With --child, through a count-mode gpupoold: record the shim's call counts (link_model.py).
+    ap.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child_main(args)
+    if args.count:
+        raise SystemExit("torch_workloads: --count is for the child runs that bench/link_model.py "
+                         "starts: run `python bench/link_model.py`")
     return parent_main(args, argv)
 
 

@@ -33,6 +33,11 @@ SHIM_LDFLAGS := -Wl,-z,nodelete
 else
 SHIM_LDFLAGS := -Wl,-z,nodelete -Wl,-z,defs
 endif
+# call_counts.c counts what the program sends (GPUPOOL_CALL_COUNTS=1, bench/link_model.py) by
+# wrapping the transport's four entry points: every API file's call to gp_post etc. goes to
+# __wrap_gp_post in call_counts.c, which calls conn.c's (__real_gp_post). Calls inside conn.c
+# itself are not redirected.
+SHIM_LDFLAGS += -Wl,--wrap=gp_post,--wrap=gp_post_lz4,--wrap=gp_request,--wrap=gp_request_detached
 
 ALL_TARGETS += $(SHIM_LIB) $(BUILD)/client/libcuda.so
 

@@ -268,6 +268,52 @@ static void test_bad_values_in_file(void)
     }
 }
 
+/* count_only is a benchmark-only mode: refused without GPUPOOL_BENCH_COUNT_MODE=1, from a file
+ * or the environment, and a value other than true/false is a bad value. */
+static void test_count_only_refused(void)
+{
+    const char *path = sim_test_write_temp("count_only = true\n");
+    CHECK(setenv("GPUPOOL_SIM_CONFIG", path, 1) == 0);
+    CHECK(unsetenv("GPUPOOL_BENCH_COUNT_MODE") == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        expect_init_failure("count_only = true is a benchmark-only mode");
+        exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(unlink(path) == 0);
+    CHECK(unsetenv("GPUPOOL_SIM_CONFIG") == 0);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        CHECK(setenv("GPUPOOL_SIM_COUNT_ONLY", "true", 1) == 0);
+        CHECK(setenv("GPUPOOL_BENCH_COUNT_MODE", "yes", 1) == 0); /* only "1" confirms it */
+        expect_init_failure("refused unless GPUPOOL_BENCH_COUNT_MODE=1 is set");
+        exit(0);
+    }
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(setenv("GPUPOOL_SIM_COUNT_ONLY", "maybe", 1) == 0);
+    CHECK(setenv("GPUPOOL_BENCH_COUNT_MODE", "1", 1) == 0);
+    expect_init_failure("bad value for key 'count_only': expected true or false");
+}
+
+/* Confirmed: the device comes up and its name says that kernels are not run; false is the
+ * default and changes nothing. */
+static void test_count_only_name(void)
+{
+    CHECK(setenv("GPUPOOL_SIM_COUNT_ONLY", "true", 1) == 0);
+    CHECK(setenv("GPUPOOL_BENCH_COUNT_MODE", "1", 1) == 0);
+    OK(cuInit(0));
+    char name[256];
+    OK(cuDeviceGetName(name, sizeof(name), 0));
+    CHECK(strcmp(name, "NVIDIA H100 80GB HBM3 (gpupool simulated) [count mode: kernels not run]") ==
+          0);
+}
+
 static void test_bad_env(void)
 {
     CHECK(setenv("GPUPOOL_SIM_SM_COUNT", "many", 1) == 0);
@@ -318,6 +364,8 @@ int main(int argc, char **argv)
         {"env_overrides", test_env_overrides},
         {"bad_key_in_file", test_bad_key_in_file},
         {"bad_values_in_file", test_bad_values_in_file},
+        {"count_only_refused", test_count_only_refused},
+        {"count_only_name", test_count_only_name},
         {"bad_env", test_bad_env},
         {"unknown_env_key", test_unknown_env_key},
         {"missing_file", test_missing_file},

@@ -329,6 +329,70 @@ static void test_unknown_kernel(void)
     CHECK_EQ(rc, CUDA_ERROR_NOT_SUPPORTED);
 }
 
+/* The benchmark-only count mode: any kernel is accepted and not run, with or without a known
+ * parameter layout, directly and in a captured graph; the gp_test_* kernels still compute. */
+static void test_count_mode(void)
+{
+    CHECK(setenv("GPUPOOL_SIM_COUNT_ONLY", "true", 1) == 0);
+    CHECK(setenv("GPUPOOL_BENCH_COUNT_MODE", "1", 1) == 0);
+    sim_test_init();
+    CUmodule m = load_ptx();
+    CUfunction f = get_fn(m, "my_real_kernel");
+    size_t off = 0;
+    CHECK_RC(cuFuncGetParamInfo(f, 0, &off, NULL), CUDA_ERROR_NOT_SUPPORTED); /* layout unknown */
+    int arg = 7;
+    void *args[] = {&arg};
+    sim_test_stderr_begin();
+    CUresult rc = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    CUresult rc2 = cuLaunchKernel(f, 8, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
+    char *err = sim_test_stderr_end();
+    OK(rc);
+    OK(rc2);
+    CHECK(err[0] == '\0'); /* nothing on stderr: accepting is the point of the mode */
+    free(err);
+    /* The launch is still checked where the sim can check it. */
+    CHECK_RC(cuLaunchKernel(f, 0, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    /* gp_test_axpy still computes. */
+    enum {
+        N = 64
+    };
+    float x[N], y[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)i;
+        y[i] = 1.0f;
+    }
+    CUdeviceptr dx = 0, dy = 0;
+    OK(cuMemAlloc_v2(&dx, sizeof(x)));
+    OK(cuMemAlloc_v2(&dy, sizeof(y)));
+    OK(cuMemcpyHtoD_v2(dx, x, sizeof(x)));
+    OK(cuMemcpyHtoD_v2(dy, y, sizeof(y)));
+    float a = 2.0f;
+    int n = N;
+    void *axpy_args[] = {&a, &dx, &dy, &n};
+    OK(cuLaunchKernel(get_fn(m, "gp_test_axpy"), 1, 1, 1, N, 1, 1, 0, NULL, axpy_args, NULL));
+    OK(cuMemcpyDtoH_v2(y, dy, sizeof(y)));
+    for (int i = 0; i < N; i++)
+        CHECK(y[i] == 2.0f * (float)i + 1.0f);
+    /* Captured into a graph and replayed: accepted, not run. */
+    CUstream s;
+    OK(cuStreamCreateWithPriority(&s, 0, 0));
+    OK(cuStreamBeginCapture_v2(s, 0));
+    OK(cuLaunchKernel(f, 2, 1, 1, 32, 1, 1, 0, s, args, NULL));
+    CUgraph g = NULL;
+    OK(cuStreamEndCapture(s, &g));
+    size_t nodes = 0;
+    OK(cuGraphGetNodes(g, NULL, &nodes));
+    CHECK_EQ(nodes, 1);
+    CUgraphExec ge = NULL;
+    OK(cuGraphInstantiateWithFlags(&ge, g, 0));
+    OK(cuGraphLaunch(ge, s));
+    OK(cuGraphLaunch(ge, s));
+    OK(cuStreamSynchronize(s));
+    OK(cuGraphExecDestroy(ge));
+    OK(cuGraphDestroy(g));
+    OK(cuCtxSynchronize()); /* nothing sticky */
+}
+
 static void test_illegal_address(void)
 {
     sim_test_init();
@@ -708,6 +772,7 @@ int main(int argc, char **argv)
         {"library", test_library},
         {"launch_errors", test_launch_errors},
         {"unknown_kernel", test_unknown_kernel},
+        {"count_mode", test_count_mode},
         {"illegal_address", test_illegal_address},
         {"launch_ex", test_launch_ex},
         {"spin_timing", test_spin_timing},

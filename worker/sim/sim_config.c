@@ -381,6 +381,13 @@ static const char *apply_key(struct sim_config *cfg, const char *key, const char
     } else if (strcmp(key, "device_count") == 0) {
         if (!(why = parse_int(val, 0, SIM_MAX_DEVICES, &v)))
             cfg->device_count = (int)v;
+    } else if (strcmp(key, "count_only") == 0) {
+        if (strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
+            cfg->count_only = true;
+        else if (strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
+            cfg->count_only = false;
+        else
+            why = "expected true or false";
     } else if (strncmp(key, "attr.", 5) == 0) {
         long long id = 0;
         if (parse_int(key + 5, 1, CU_DEVICE_ATTRIBUTE_MAX - 1, &id) != NULL) {
@@ -523,6 +530,30 @@ static CUresult check_config(const struct sim_config *cfg)
     return CUDA_SUCCESS;
 }
 
+/* count_only = true: refused unless the benchmark says it wants it (the mode computes nothing, so
+ * a tenant must never get it by accident), and the device name says it. */
+static CUresult apply_count_mode(struct sim_config *cfg)
+{
+    if (!cfg->count_only)
+        return CUDA_SUCCESS;
+    const char *ok = getenv(SIM_COUNT_MODE_ENV);
+    if (!ok || strcmp(ok, "1") != 0) {
+        sim_init_fail("config: count_only = true is a benchmark-only mode (kernels are accepted "
+                      "and not run, so every result is garbage); it is refused unless %s=1 is "
+                      "set, as bench/link_model.py and `bench/torch_workloads.py --count` do",
+                      SIM_COUNT_MODE_ENV);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    size_t n = strlen(cfg->name), add = strlen(SIM_COUNT_MODE_SUFFIX);
+    if (n + add >= sizeof(cfg->name)) {
+        sim_init_fail("config: the name is too long to add '%s' (count_only)",
+                      SIM_COUNT_MODE_SUFFIX);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    memcpy(cfg->name + n, SIM_COUNT_MODE_SUFFIX, add + 1);
+    return CUDA_SUCCESS;
+}
+
 CUresult sim_config_load(struct sim_config *cfg)
 {
     config_defaults(cfg);
@@ -534,5 +565,7 @@ CUresult sim_config_load(struct sim_config *cfg)
         rc = load_env(cfg);
     if (rc == CUDA_SUCCESS)
         rc = check_config(cfg);
+    if (rc == CUDA_SUCCESS)
+        rc = apply_count_mode(cfg);
     return rc;
 }

@@ -114,6 +114,8 @@ static CUresult replay_op(struct sim_ctx *c, const struct sim_op *op)
     }
     case SIM_OP_KERNEL: {
         struct sim_func *f = sim_func_get(op->func);
+        if (f && !f->def && sim_cfg.count_only)
+            return CUDA_SUCCESS; /* count mode: captured, not run (sim_launch.c) */
         if (!f || !f->def) {
             sim_detail("graph replay: the kernel of a kernel node was unloaded");
             return CUDA_ERROR_INVALID_HANDLE;

@@ -77,7 +77,15 @@ struct sim_config {
     int peer_count;
     bool attr_set[CU_DEVICE_ATTRIBUTE_MAX];
     int attr_value[CU_DEVICE_ATTRIBUTE_MAX];
+    /* Key `count_only` (benchmarks only, SIM_COUNT_MODE_ENV must be "1"): every kernel launch
+     * succeeds without running unless the sim has a host version of the kernel, so that a real
+     * program's call stream can be counted (bench/link_model.py). The name says so. */
+    bool count_only;
 };
+/* The variable that confirms `count_only` is wanted: a benchmark sets it, nothing else does. */
+#define SIM_COUNT_MODE_ENV "GPUPOOL_BENCH_COUNT_MODE"
+/* What count mode appends to the device name. */
+#define SIM_COUNT_MODE_SUFFIX " [count mode: kernels not run]"
 
 /* Defaults, then the GPUPOOL_SIM_CONFIG file, then GPUPOOL_SIM_<KEY> variables. On a bad key or
  * value: one line on stderr and CUDA_ERROR_INVALID_VALUE. */

@@ -4,7 +4,10 @@
  * A launch is checked as the driver checks it (dimensions, shared memory, stream, parameters),
  * then runs the kernel's host version to completion. Only the kernels of sim_kernels.c can run;
  * any other fails with CUDA_ERROR_NOT_SUPPORTED and says so on stderr and in the error detail,
- * so nobody mistakes the simulated device for one that computes their program.
+ * so nobody mistakes the simulated device for one that computes their program. The one
+ * exception is the benchmark-only count mode (config key count_only, sim_config.c): there any
+ * kernel is accepted and not run, its arguments packed as far as its layout is known (an unknown
+ * layout packs nothing), so that a real program's call stream can be counted.
  *
  * Arguments come either as kernelParams (one pointer per parameter, sizes from the parameter
  * layout) or as one packed buffer in `extra`; both are copied into one buffer laid out as on the
@@ -115,7 +118,7 @@ static CUresult launch(CUfunction fh, const struct launch *l)
         return sim_leave(rc);
     if (l->params && l->extra)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
-    if (!f->def) {
+    if (!f->def && !sim_cfg.count_only) {
         fprintf(stderr,
                 "gpupool-sim: kernel '%s' cannot run on the simulated device (only gp_test_* "
                 "kernels are simulated)\n",
@@ -142,6 +145,8 @@ static CUresult launch(CUfunction fh, const struct launch *l)
                             .dims = {{l->grid[0], l->grid[1], l->grid[2]},
                                      {l->block[0], l->block[1], l->block[2]}}};
         rc = sim_graph_add(g, &op);
+    } else if (rc == CUDA_SUCCESS && !f->def) {
+        /* Count mode (benchmarks only): accepted, checked as far as the sim can, not run. */
     } else if (rc == CUDA_SUCCESS) {
         struct sim_dims d = {{l->grid[0], l->grid[1], l->grid[2]},
                              {l->block[0], l->block[1], l->block[2]}};
