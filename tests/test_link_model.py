@@ -253,3 +253,72 @@ def test_report_from_saved_counts(tmp_path, capsys):
     assert f"{want / 2:.2f}x" in text
     with pytest.raises(SystemExit, match="unknown workloads"):
         lm.main(["--counts", str(path), "--native-ms", "nope=1"])
+
+
+ATTRIBUTE_SETS = r'''
+import ctypes, json, sys
+sys.path.insert(0, sys.argv[1])
+import link_model
+cuda = ctypes.CDLL("libcuda.so.1")
+def ok(name, *args):
+    rc = getattr(cuda, name)(*args)
+    assert rc == 0, f"{name}: CUresult {rc}"
+p = ctypes.c_void_p
+ok("cuInit", 0)
+dev, ctx, mod, fn = ctypes.c_int(), p(), p(), p()
+ok("cuDeviceGet", ctypes.byref(dev), 0)
+ok("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+ok("cuCtxSetCurrent", ctx)
+ptx = b".version 9.0\n.target sm_90\n.address_size 64\n.visible .entry gp_test_noop()\n{\n\tret;\n}\n"
+ok("cuModuleLoadData", ctypes.byref(mod), ctypes.c_char_p(ptx))
+ok("cuModuleGetFunction", ctypes.byref(fn), mod, b"gp_test_noop")
+MAX_DYN_SMEM, CARVEOUT = 8, 9  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, _PREFERRED_..
+value = ctypes.c_int()
+def sets():
+    return link_model.read_counts()["ops"].get("func_set_attribute", {}).get("frames", 0)
+def get(attr):
+    ok("cuFuncGetAttribute", ctypes.byref(value), attr, fn)
+    return value.value
+out = {"start": sets()}
+for _ in range(5):  # as libraries do before every launch
+    ok("cuFuncSetAttribute", fn, MAX_DYN_SMEM, 65536)
+    ok("cuFuncSetAttribute", fn, CARVEOUT, 50)
+    ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+out["same"] = sets()
+out["got"] = get(MAX_DYN_SMEM)
+ok("cuFuncSetAttribute", fn, MAX_DYN_SMEM, 32768)
+out["other"] = sets()
+out["got_other"] = get(MAX_DYN_SMEM)
+ok("cuFuncSetAttribute", fn, MAX_DYN_SMEM, 65536)
+out["back"] = sets()
+out["got_back"] = get(MAX_DYN_SMEM)
+out["too_big"] = cuda.cuFuncSetAttribute(fn, MAX_DYN_SMEM, 1 << 30)
+out["after_error"] = sets()
+def gets():
+    return link_model.read_counts()["ops"].get("func_get_attribute", {}).get("frames", 0)
+before = gets()
+out["unknown_attr"] = [cuda.cuFuncGetAttribute(ctypes.byref(value), 16, fn) for _ in range(4)]
+out["unknown_gets"] = gets() - before
+ok("cuCtxSynchronize")
+print(json.dumps(out))
+'''
+
+
+def test_repeated_attribute_sets_need_no_round_trip(gpupool_server):
+    """A set of the value an attribute already has (libraries set the same one before every
+    launch) is answered by the shim: one round trip per attribute, not one per launch; a new
+    value still goes to the server, and reads show what was set. A read of an attribute the
+    driver does not have is refused without asking again."""
+    env = gpupool_server.client_env({"GPUPOOL_CALL_COUNTS": "1"})
+    proc = run_client([sys.executable, "-c", ATTRIBUTE_SETS, str(REPO / "bench")], env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["same"] - out["start"] == 2  # 10 sets of two attributes: each sent once
+    assert out["got"] == 65536
+    assert out["other"] - out["same"] == 1 and out["got_other"] == 32768
+    assert out["back"] - out["other"] == 1 and out["got_back"] == 65536
+    assert out["too_big"] != 0  # refused by the server: not taken for the attribute's value
+    assert out["after_error"] - out["back"] == 1
+    # An attribute number the driver does not have (cuDNN asks for CU_FUNC_ATTRIBUTE_MAX, 16):
+    # refused each time, asked of the server once.
+    assert out["unknown_attr"] == [1] * 4 and out["unknown_gets"] == 1  # CUDA_ERROR_INVALID_VALUE

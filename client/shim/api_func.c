@@ -7,6 +7,14 @@
  * (the driver may round or derive values) and bumps attr_gen, which also retires the function's
  * occupancy answers (api_occupancy.c keys them by it). cuKernel* calls take a device: gpupool
  * serves one device per connection, so the cache is effectively per (kernel, device).
+ *
+ * Libraries set the same attribute to the same value before every launch (cuDNN, Triton and
+ * cudart's cudaFuncSetAttribute: 24-68 such calls per PyTorch step, docs/benchmarks.md "Link
+ * model"). A set of the value the last successful set of that attribute gave it changes nothing,
+ * so it is answered here: no round trip, and the attribute cache stays. Whether a set can succeed
+ * depends on the attribute, the value and the device, none of which changed. A read the driver
+ * refuses with CUDA_ERROR_INVALID_VALUE (an attribute number this driver does not have: cuDNN
+ * probes CU_FUNC_ATTRIBUTE_MAX, 40 times a step in a CNN) is refused the same way from then on.
  */
 #include <stdatomic.h>
 
@@ -31,6 +39,8 @@ CUresult gp_func_attr(gp_func *fn, int attr, int *value)
         *value = atomic_load_explicit(&fn->attr_val[attr], memory_order_relaxed);
         return CUDA_SUCCESS;
     }
+    if (cacheable && (atomic_load_explicit(&fn->attr_unknown, memory_order_relaxed) & (1u << attr)))
+        return CUDA_ERROR_INVALID_VALUE;
     uint32_t gen = atomic_load(&fn->attr_gen);
     gp_func_get_attribute m = {.func = fn->wire, .attribute = attr};
     GP_FRAME(frame, flen, gp_func_get_attribute, &m);
@@ -39,6 +49,8 @@ CUresult gp_func_attr(gp_func *fn, int attr, int *value)
     gp_reply reply;
     CUresult r = gp_request(frame, flen, NULL, 0, NULL, 0, &reply);
     GP_FRAME_FREE(frame);
+    if (r == CUDA_ERROR_INVALID_VALUE && cacheable) /* see the top */
+        atomic_fetch_or_explicit(&fn->attr_unknown, 1u << attr, memory_order_relaxed);
     if (r != CUDA_SUCCESS)
         return gp_server_result(r, "function attribute");
     gp_func_get_attribute_reply rep = {0};
@@ -64,6 +76,10 @@ CUresult gp_func_attr(gp_func *fn, int attr, int *value)
 
 static CUresult set_attr(gp_func *fn, int attr, int value)
 {
+    int known = attr >= 0 && attr < GP_FUNC_ATTR_CACHE;
+    if (known && (atomic_load_explicit(&fn->set_known, memory_order_acquire) & (1u << attr)) &&
+        atomic_load_explicit(&fn->set_val[attr], memory_order_relaxed) == value)
+        return CUDA_SUCCESS; /* the value it has (see the top) */
     gp_func_set_attribute m = {.func = fn->wire, .attribute = attr, .value = value};
     GP_FRAME(frame, flen, gp_func_set_attribute, &m);
     if (!frame)
@@ -79,6 +95,10 @@ static CUresult set_attr(gp_func *fn, int attr, int value)
     pthread_mutex_lock(lock);
     atomic_store(&fn->attr_valid, 0);
     atomic_fetch_add(&fn->attr_gen, 1);
+    if (known) {
+        atomic_store_explicit(&fn->set_val[attr], value, memory_order_relaxed);
+        atomic_fetch_or_explicit(&fn->set_known, 1u << attr, memory_order_release);
+    }
     pthread_mutex_unlock(lock);
     return CUDA_SUCCESS;
 }

@@ -194,6 +194,12 @@ typedef struct gp_func {
     _Atomic uint32_t attr_valid; /* bit a: attr_val[a] holds the server's answer */
     _Atomic int attr_val[GP_FUNC_ATTR_CACHE];
     _Atomic uint32_t attr_gen; /* bumped by every successful set: part of occupancy cache keys */
+    /* bit a: the last successful set of attribute a gave it set_val[a], so setting that value
+     * again changes nothing and needs no round trip (libraries set the same value before every
+     * launch: docs/benchmarks.md, "Link model"). */
+    _Atomic uint32_t set_known;
+    _Atomic uint32_t attr_unknown; /* bit a: the driver refused to read a (INVALID_VALUE) */
+    _Atomic int set_val[GP_FUNC_ATTR_CACHE];
     atomic_flag warned_params; /* the "layout unknown" message was printed */
     struct gp_func *next_hash; /* mod->funcs chain */
 } gp_func;
