@@ -6,7 +6,7 @@
 #   make test       build, then run the whole test suite (what CI runs)
 #   make demo       daemon on a simulated GPU + a demo client
 #   make lint       ruff, the C style (clang-format) and the generated-code drift check
-#   make bench      the remoting benchmark (docs/benchmarks.md)
+#   make bench      the remoting benchmark (docs/benchmarks.md); BENCH_ARGS=--tls adds TLS
 #   make debs       the Debian packages gpupoold and gpupool-client into dist/deb/ (docs/packaging.md)
 #   make fuzz       every fuzz target for FUZZ_SECONDS (tests/fuzz/README.md; make fuzz-build)
 
@@ -81,7 +81,7 @@ demo:
 	./scripts/demo.sh
 
 bench:
-	./scripts/bench.sh
+	./scripts/bench.sh $(BENCH_ARGS)
 
 .PHONY: debs
 debs:
