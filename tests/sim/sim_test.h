@@ -29,6 +29,20 @@ struct sim_test {
 /* Runs the tests named on the command line, or all of them; returns the process exit code. */
 int sim_test_main(int argc, char **argv, const struct sim_test *tests, size_t ntests);
 
+/* A test program's main over its tests, each SIM_T(name) for a function test_<name>:
+ * SIM_TEST_MAIN(SIM_T(streams), SIM_T(events)) runs test_streams and test_events, or the ones
+ * named on the command line. */
+#define SIM_T(name)                                                                                \
+    {                                                                                              \
+#name, test_##name                                                                         \
+    }
+#define SIM_TEST_MAIN(...)                                                                         \
+    int main(int argc, char **argv)                                                                \
+    {                                                                                              \
+        static const struct sim_test tests[] = {__VA_ARGS__};                                      \
+        return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));                 \
+    }
+
 /* Ends the current test as skipped (e.g. a test input was not provided). */
 void sim_test_skip(const char *why) __attribute__((noreturn));
 

@@ -399,16 +399,7 @@ static void test_restore_other_gpu_anonymous(void)
     checkpoint_and_restore(false, true);
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"states_and_errors", test_states_and_errors},
-        {"lock_holds_every_call", test_lock_holds_every_call},
-        {"lock_waits_for_work_or_times_out", test_lock_waits_for_work_or_times_out},
-        {"restore_same_gpu_memory_file", test_restore_same_gpu_memory_file},
-        {"restore_other_gpu_memory_file", test_restore_other_gpu_memory_file},
-        {"restore_same_gpu_anonymous", test_restore_same_gpu_anonymous},
-        {"restore_other_gpu_anonymous", test_restore_other_gpu_anonymous},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(states_and_errors), SIM_T(lock_holds_every_call),
+              SIM_T(lock_waits_for_work_or_times_out), SIM_T(restore_same_gpu_memory_file),
+              SIM_T(restore_other_gpu_memory_file), SIM_T(restore_same_gpu_anonymous),
+              SIM_T(restore_other_gpu_anonymous))

@@ -354,23 +354,7 @@ static void test_heap_base_taken(void)
     free(err);
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"before_init", test_before_init},
-        {"defaults", test_defaults},
-        {"attributes", test_attributes},
-        {"config_file", test_config_file},
-        {"env_overrides", test_env_overrides},
-        {"bad_key_in_file", test_bad_key_in_file},
-        {"bad_values_in_file", test_bad_values_in_file},
-        {"count_only_refused", test_count_only_refused},
-        {"count_only_name", test_count_only_name},
-        {"bad_env", test_bad_env},
-        {"unknown_env_key", test_unknown_env_key},
-        {"missing_file", test_missing_file},
-        {"no_device", test_no_device},
-        {"heap_base_taken", test_heap_base_taken},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(before_init), SIM_T(defaults), SIM_T(attributes), SIM_T(config_file),
+              SIM_T(env_overrides), SIM_T(bad_key_in_file), SIM_T(bad_values_in_file),
+              SIM_T(count_only_refused), SIM_T(count_only_name), SIM_T(bad_env),
+              SIM_T(unknown_env_key), SIM_T(missing_file), SIM_T(no_device), SIM_T(heap_base_taken))

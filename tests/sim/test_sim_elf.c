@@ -200,14 +200,5 @@ static void test_random_bytes(void)
     }
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"table_matches_cubin", test_table_matches_cubin},
-        {"fatbin_selection", test_fatbin_selection},
-        {"fuzz_cubin", test_fuzz_cubin},
-        {"fuzz_fatbin", test_fuzz_fatbin},
-        {"random_bytes", test_random_bytes},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(table_matches_cubin), SIM_T(fatbin_selection), SIM_T(fuzz_cubin),
+              SIM_T(fuzz_fatbin), SIM_T(random_bytes))

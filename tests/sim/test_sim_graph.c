@@ -118,11 +118,4 @@ static void test_illegal_calls_invalidate(void)
     CHECK_EQ(host(d)[0], 9);
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"capture_and_replay", test_capture_and_replay},
-        {"illegal_calls_invalidate", test_illegal_calls_invalidate},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(capture_and_replay), SIM_T(illegal_calls_invalidate))

@@ -763,26 +763,9 @@ static void test_garbage_images(void)
     OK(cuCtxSynchronize()); /* nothing sticky came of it */
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"kernels_params", test_kernels_params},
-        {"kernels_extra", test_kernels_extra},
-        {"param_info", test_param_info},
-        {"library", test_library},
-        {"launch_errors", test_launch_errors},
-        {"unknown_kernel", test_unknown_kernel},
-        {"count_mode", test_count_mode},
-        {"illegal_address", test_illegal_address},
-        {"launch_ex", test_launch_ex},
-        {"spin_timing", test_spin_timing},
-        {"attributes_occupancy", test_attributes_occupancy},
-        {"cubin_module", test_cubin_module},
-        {"cubin_wrong_arch", test_cubin_wrong_arch},
-        {"fatbin", test_fatbin},
-        {"fatbin_wrong_arch", test_fatbin_wrong_arch},
-        {"fatbin_compressed", test_fatbin_compressed},
-        {"garbage_images", test_garbage_images},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(kernels_params), SIM_T(kernels_extra), SIM_T(param_info), SIM_T(library),
+              SIM_T(launch_errors), SIM_T(unknown_kernel), SIM_T(count_mode),
+              SIM_T(illegal_address), SIM_T(launch_ex), SIM_T(spin_timing),
+              SIM_T(attributes_occupancy), SIM_T(cubin_module), SIM_T(cubin_wrong_arch),
+              SIM_T(fatbin), SIM_T(fatbin_wrong_arch), SIM_T(fatbin_compressed),
+              SIM_T(garbage_images))

@@ -374,20 +374,7 @@ static void test_empty_memory_file(void)
     CHECK(unlink(conf) == 0);
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"persists_across_processes", test_persists_across_processes},
-        {"no_file_no_persistence", test_no_file_no_persistence},
-        {"free_keeps_contents", test_free_keeps_contents},
-        {"zero_punches_holes", test_zero_punches_holes},
-        {"zeros_persist", test_zeros_persist},
-        {"zero_anonymous", test_zero_anonymous},
-        {"vmm_in_file", test_vmm_in_file},
-        {"devices_have_their_own_part", test_devices_have_their_own_part},
-        {"bad_memory_file", test_bad_memory_file},
-        {"memory_file_in_missing_dir", test_memory_file_in_missing_dir},
-        {"empty_memory_file", test_empty_memory_file},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(persists_across_processes), SIM_T(no_file_no_persistence),
+              SIM_T(free_keeps_contents), SIM_T(zero_punches_holes), SIM_T(zeros_persist),
+              SIM_T(zero_anonymous), SIM_T(vmm_in_file), SIM_T(devices_have_their_own_part),
+              SIM_T(bad_memory_file), SIM_T(memory_file_in_missing_dir), SIM_T(empty_memory_file))

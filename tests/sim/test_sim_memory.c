@@ -394,20 +394,6 @@ static void test_context_owns_memory(void)
     CHECK_RC(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"heap", test_heap},
-        {"heap_oom", test_heap_oom},
-        {"reserve", test_reserve},
-        {"vmm_map", test_vmm_map},
-        {"vmm_oom", test_vmm_oom},
-        {"granularity_config", test_granularity_config},
-        {"copies", test_copies},
-        {"host_pointer", test_host_pointer},
-        {"memsets", test_memsets},
-        {"host_alloc", test_host_alloc},
-        {"context_owns_memory", test_context_owns_memory},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(heap), SIM_T(heap_oom), SIM_T(reserve), SIM_T(vmm_map), SIM_T(vmm_oom),
+              SIM_T(granularity_config), SIM_T(copies), SIM_T(host_pointer), SIM_T(memsets),
+              SIM_T(host_alloc), SIM_T(context_owns_memory))

@@ -206,14 +206,5 @@ static void test_threads(void)
     CHECK(cur == NULL);
 }
 
-int main(int argc, char **argv)
-{
-    static const struct sim_test tests[] = {
-        {"primary_context", test_primary_context},
-        {"created_context", test_created_context},
-        {"streams", test_streams},
-        {"events", test_events},
-        {"threads", test_threads},
-    };
-    return sim_test_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
-}
+SIM_TEST_MAIN(SIM_T(primary_context), SIM_T(created_context), SIM_T(streams), SIM_T(events),
+              SIM_T(threads))
