@@ -25,6 +25,7 @@ import pytest
 from conftest import BUILD_DIR, SANITIZER_MARKS, require
 from gpupool.wire.frames import read_exactly
 from sim_images import NOOP_PTX
+from worker_client import next_frame
 
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.workers import control
@@ -114,13 +115,7 @@ class Client:
 
     def frame(self) -> tuple[int, int, bytes]:
         """The next frame that is not a notice (notices are kept in self.notices)."""
-        while True:
-            length, op, flags, req = gp.HEADER.unpack(self._exact(gp.HEADER.size))
-            body = self._exact(length)
-            if op == gp.Notice.OP and not flags & gp.FLAG_REPLY:
-                self.notices.append(gp.Notice.decode(body))
-                continue
-            return op, req, body
+        return next_frame(self.sock, self.notices)
 
     def hello_reply(self) -> gp.HelloReply:
         op, req, body = self.frame()

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "protocol" / "python"))
 
 import gpupool_protocol as gp  # noqa: E402
+from gpupool.wire.frames import read_exactly  # noqa: E402
 
 # The same choice as tests/conftest.py: $GPUPOOL_BUILD_DIR, else build-asan/ when GPUPOOL_SAN=1.
 _SAN = os.environ.get("GPUPOOL_SAN") == "1"
@@ -27,6 +28,18 @@ SIM = BUILD / "libgpupool-sim.so"
 PRIMARY_CTX = 0x6750000000000000 | (1 << 40) | 1
 DEFAULT_VA_BASE = 0x200000000000
 DEFAULT_VA_SIZE = 1 << 40
+
+
+def next_frame(sock: socket.socket, notices: list[gp.Notice]) -> tuple[int, int, bytes]:
+    """(op, req, body) of the next frame from a worker that is not a notice; the notices on the
+    way are appended to `notices`."""
+    while True:
+        length, op, flags, req = gp.HEADER.unpack(read_exactly(sock, gp.HEADER.size))
+        body = read_exactly(sock, length)
+        if op == gp.Notice.OP and not flags & gp.FLAG_REPLY:
+            notices.append(gp.Notice.decode(body))
+            continue
+        return op, req, body
 
 
 def handle(kind: int, n: int) -> int:
@@ -84,24 +97,11 @@ class WorkerSession:
 
     # ---- framing ------------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:
-        chunks = []
-        while n > 0:
-            b = self.sock.recv(min(n, 1 << 20))
-            if not b:
-                raise EOFError("worker closed the connection")
-            chunks.append(b)
-            n -= len(b)
-        return b"".join(chunks)
+        return read_exactly(self.sock, n)
 
     def recv_frame(self) -> tuple[int, int, bytes]:
         """Next frame that is not a notice (notices are collected in self.notices)."""
-        while True:
-            length, op, flags, req = gp.HEADER.unpack(self._read_exact(gp.HEADER.size))
-            body = self._read_exact(length)
-            if op == gp.Notice.OP and not flags & gp.FLAG_REPLY:
-                self.notices.append(gp.Notice.decode(body))
-                continue
-            return op, req, body
+        return next_frame(self.sock, self.notices)
 
     def send(self, msg: object, bulk: bytes = b"", req: int = 0) -> None:
         self.sock.sendall(gp.encode_frame(msg, req) + bulk)
