@@ -113,11 +113,19 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    path = settings.state_dir / DB_NAME
-    try:
-        store = await Store.open(path)
-    except Exception as exc:
-        raise StartupError(f"setting 'state_dir': cannot open the database {path}: {exc}") from None
+    if settings.database:
+        try:
+            store = await Store.open(settings.database, settings.database_password_file)
+        except Exception as exc:
+            raise StartupError(f"setting 'database': {exc}") from None
+        log.info("database: %s", store.where)
+    else:
+        path = settings.state_dir / DB_NAME
+        try:
+            store = await Store.open(path)
+        except Exception as exc:
+            raise StartupError(f"setting 'state_dir': cannot open the database {path}: "
+                               f"{exc}") from None
     app[STORE] = store
     if settings.auth == "none":
         log.warning("*" * 72)

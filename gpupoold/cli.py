@@ -32,6 +32,7 @@ from gpupoold.auth.tokens import check_token_name, format_local, parse_expiry
 from gpupoold.config.file import EX_CONFIG, ConfigError, load_settings
 from gpupoold.config.settings import DEFAULT_CONFIG, Settings, iter_flags
 from gpupoold.store.database import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
+from gpupoold.store.postgres import UrlError, driver_errors
 
 ADMIN_TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
 
@@ -58,6 +59,10 @@ def _local_options() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, metavar="DIR",
                    help="the daemon's state directory, which holds gpupoold.db "
                         "[setting `state_dir`]")
+    p.add_argument("--database", metavar="URL",
+                   help="the shared PostgreSQL store (postgresql://USER@HOST:PORT/DATABASE; the "
+                        "password from PGPASSWORD or PGPASSFILE) instead of the state "
+                        "directory's SQLite file [setting `database`]")
     return p
 
 
@@ -201,7 +206,7 @@ def _print_json(data: Any) -> None:
 
 # ---------------------------------------------------------------------------- token commands
 def _token_command(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _settings(args, database=args.database)
     if args.action == "create":
         try:
             check_token_name(args.name)
@@ -211,15 +216,21 @@ def _token_command(args: argparse.Namespace) -> int:
             expires = parse_expiry(args.expires)
         except ValueError as exc:
             raise CliError(f"bad --expires {args.expires!r}: {exc}") from None
-    db = open_db(settings.state_dir, create=args.action == "create")
+    if settings.database:  # the shared PostgreSQL store: a token made here is the fleet's
+        try:
+            db = StoreDB(settings.database, settings.database_password_file)
+        except (SchemaTooNew, UrlError) as exc:
+            raise CliError(f"setting 'database': {exc}") from None
+    else:
+        db = open_db(settings.state_dir, create=args.action == "create")
     try:
         if args.action == "create":
             return _token_create(db, args, expires)
         if args.action == "list":
             return _token_list(db, args)
         return _token_revoke(db, args)
-    except sqlite3.Error as exc:
-        raise CliError(f"database {db.path}: {exc}") from None
+    except (sqlite3.Error, *driver_errors()) as exc:
+        raise CliError(f"database {db.where}: {exc}") from None
     finally:
         db.close()
 

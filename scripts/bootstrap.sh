@@ -48,6 +48,10 @@ if [[ $demo == 0 ]]; then
     need_tool nm binutils "the wheel tests' shim symbol check (tests/test_wheels.py)"
     need_tool clang clang "the fuzz targets (tests/fuzz/, tests/test_fuzz.py, make fuzz)"
     need_tool clang-format clang-format "the C style check (scripts/c-style.sh, make lint, tests/test_layout.py)"
+    # PostgreSQL's server programs live off PATH in Debian (/usr/lib/postgresql/N/bin).
+    if ! command -v initdb >/dev/null 2>&1 && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+        need_tool initdb postgresql "the store's PostgreSQL tests (tests/test_store.py, tests/pg_server.py)"
+    fi
     # libFuzzer's runtime comes apart from clang in Debian: look for the library itself.
     if command -v clang >/dev/null 2>&1 && [[ -z "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null | grep /)" ||
             ! -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ]]; then

@@ -156,13 +156,18 @@ class GpupoolServer:
         self.port = int(port)
         admin_file = state_dir / "local-admin.token"
         self.admin_token = admin_file.read_text().strip() if admin_file.is_file() else ""
-        self.token = self.create_token(f"tests{suffix}") if self.admin_token else ""
+        # Daemons sharing a PostgreSQL store share its token names: one test token each.
+        shared = f"-{state_dir.name}" if "--database" in self.args else ""
+        self.token = self.create_token(f"tests{suffix}{shared}") if self.admin_token else ""
 
     def create_token(self, name: str, role: str = "user", *extra: str) -> str:
-        """A new API token made with `gpupoold token create` on this daemon's state dir."""
+        """A new API token made with `gpupoold token create` on this daemon's store (its state
+        dir, or the PostgreSQL database its --database names)."""
+        database = [a for i, a in enumerate(self.args[1:], 1) if self.args[i - 1] == "--database"]
         proc = subprocess.run(
             [sys.executable, "-m", "gpupoold", "token", "create", "--name", name, "--role", role,
-             "--state-dir", str(self.state_dir), *extra],
+             "--state-dir", str(self.state_dir), *(["--database", database[0]] if database else []),
+             *extra],
             capture_output=True, text=True, env=daemon_env(), cwd=REPO, timeout=60)
         if proc.returncode != 0:
             raise RuntimeError(f"gpupoold token create failed ({proc.returncode}):\n"
@@ -391,6 +396,24 @@ def _remove_simulated_gpu_memory(tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(name="run_client")
 def run_client_fixture() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run_client
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """A real PostgreSQL for the session (tests/pg_server.py); a test tier that needs one and
+    cannot have it is skipped, and fails under CI=true."""
+    import pg_server as pgs
+
+    require(not (why := pgs.available()), why)
+    server = pgs.PgServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> str:
+    """The URL of a fresh, empty database on the session's PostgreSQL."""
+    return pg_server.new_database()
 
 
 @pytest.fixture(name="require")

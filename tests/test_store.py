@@ -1,11 +1,15 @@
-"""The SQLite store (gpupoold/store/database.py): schema and migrations, records, and the daemon's async
-store sharing the database with the CLI's synchronous access."""
+"""The store (gpupoold/store/database.py): schema and migrations, records, and the daemon's async
+store sharing the database with the CLI's synchronous access. Every test of the records runs on
+SQLite and on a real PostgreSQL (`location`); SQLite's own behaviour (WAL, its file, its locks)
+and PostgreSQL's own (URLs, passwords, servers sharing one database) have tests of their own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +28,7 @@ from gpupoold.store.database import (
     StoreDB,
     TokenExists,
 )
+from gpupoold.store.postgres import UrlError
 
 
 @pytest.fixture
@@ -31,15 +36,35 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "gpupoold.db"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request: pytest.FixtureRequest, db_path: Path) -> Path | str:
+    """Where a store lives: a SQLite file, or a fresh PostgreSQL database's URL."""
+    return db_path if request.param == "sqlite" else request.getfixturevalue("pg_url")
+
+
 @pytest.fixture
-def db(db_path: Path) -> Iterator[StoreDB]:
+def db(location: Path | str) -> Iterator[StoreDB]:
+    d = StoreDB(location)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+async def store(location: Path | str) -> AsyncIterator[Store]:
+    s = await Store.open(location)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def sqlite_db(db_path: Path) -> Iterator[StoreDB]:
     d = StoreDB(db_path)
     yield d
     d.close()
 
 
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[Store]:
+async def sqlite_store(db_path: Path) -> AsyncIterator[Store]:
     s = await Store.open(db_path)
     yield s
     await s.close()
@@ -57,8 +82,8 @@ def raw(path: Path) -> sqlite3.Connection:
 
 
 # ----------------------------------------------------------------------- schema, migrations
-def test_a_new_database_gets_the_current_schema_in_wal_mode(db: StoreDB, db_path: Path) -> None:
-    assert db.schema_version() == SCHEMA_VERSION == 4
+def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 4
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -72,12 +97,12 @@ def test_a_new_database_gets_the_current_schema_in_wal_mode(db: StoreDB, db_path
     assert db_path.stat().st_mode & 0o777 == 0o600
 
 
-def test_reopening_keeps_the_records(db_path: Path) -> None:
-    first = StoreDB(db_path)
+def test_reopening_keeps_the_records(location: Path | str) -> None:
+    first = StoreDB(location)
     first.create_token("alice", "user", None, "test")
     lease_id = first.lease_started(new_lease())
     first.close()
-    again = StoreDB(db_path)
+    again = StoreDB(location)
     try:
         assert again.schema_version() == SCHEMA_VERSION
         assert [t.name for t in again.list_tokens()] == ["alice"]
@@ -234,8 +259,8 @@ def test_expiry_is_checked_at_verification_time(db: StoreDB) -> None:
     assert db.verify_token(text, now=5000.0).result == "expired"
 
 
-def test_the_database_holds_no_secret(db: StoreDB, db_path: Path) -> None:
-    texts = [db.create_token(f"user{i}", "user", None, "t")[1] for i in range(5)]
+def test_the_database_holds_no_secret(sqlite_db: StoreDB, db_path: Path) -> None:
+    texts = [sqlite_db.create_token(f"user{i}", "user", None, "t")[1] for i in range(5)]
     files = [p for p in db_path.parent.iterdir() if p.name.startswith(db_path.name)]
     blob = b"".join(p.read_bytes() for p in files)
     for text in texts:
@@ -393,19 +418,20 @@ async def test_async_store_round_trip(store: Store) -> None:
 async def test_calls_run_on_one_thread_that_is_not_the_event_loop(store: Store) -> None:
     threads = {await store._run(threading.get_ident) for _ in range(5)}
     assert len(threads) == 1 and threading.get_ident() not in threads
-    # The connection belongs to that thread: sqlite3 itself refuses it anywhere else.
-    with pytest.raises(sqlite3.ProgrammingError):
-        store._db.list_tokens()
+    if store.path is not None:
+        # The connection belongs to that thread: sqlite3 itself refuses it anywhere else.
+        with pytest.raises(sqlite3.ProgrammingError):
+            store._db.list_tokens()
 
 
-async def test_a_locked_database_does_not_block_the_event_loop(store: Store,
+async def test_a_locked_database_does_not_block_the_event_loop(sqlite_store: Store,
                                                                db_path: Path) -> None:
     """Another process (the CLI) holding the write lock makes the store's write wait, on the
     store's thread; the loop keeps running meanwhile and the write lands when the lock goes."""
     other = raw(db_path)
     other.execute("BEGIN IMMEDIATE")
     try:
-        write = asyncio.create_task(store.audit("root", "gpu.drain", "gpu 0"))
+        write = asyncio.create_task(sqlite_store.audit("root", "gpu.drain", "gpu 0"))
         ticks = 0
         for _ in range(50):
             await asyncio.sleep(0)
@@ -415,10 +441,10 @@ async def test_a_locked_database_does_not_block_the_event_loop(store: Store,
         await write
     finally:
         other.close()
-    assert [a.action for a in await store.audit_log()] == ["gpu.drain"]
+    assert [a.action for a in await sqlite_store.audit_log()] == ["gpu.drain"]
 
 
-async def test_cli_and_daemon_write_at_the_same_time(store: Store, db_path: Path) -> None:
+async def test_cli_and_daemon_write_at_the_same_time(sqlite_store: Store, db_path: Path) -> None:
     """The CLI's synchronous StoreDB (another thread here, another process in real life) and
     the daemon's Store write to one database concurrently: nothing fails, nothing is lost."""
     errors: list[BaseException] = []
@@ -440,25 +466,25 @@ async def test_cli_and_daemon_write_at_the_same_time(store: Store, db_path: Path
     thread.start()
     try:
         go.set()
-        lease_ids = await asyncio.gather(*(store.lease_started(new_lease(pid=i))
+        lease_ids = await asyncio.gather(*(sqlite_store.lease_started(new_lease(pid=i))
                                            for i in range(40)))
-        await asyncio.gather(*(store.lease_ended(i, time.time(), "client exit", "", 0, 0, {})
+        await asyncio.gather(*(sqlite_store.lease_ended(i, time.time(), "client exit", "", 0, 0, {})
                                for i in lease_ids))
-        await asyncio.gather(*(store.audit("api", "gpu.drain", f"gpu {i}") for i in range(20)))
+        await asyncio.gather(*(sqlite_store.audit("api", "gpu.drain", f"gpu {i}") for i in range(20)))
     finally:
         await asyncio.to_thread(thread.join)
     assert errors == []
     assert sorted(lease_ids) == list(range(1, 41))
-    assert len(await store.leases("ended", 1000)) == 40
-    tokens = await store.list_tokens()
+    assert len(await sqlite_store.leases("ended", 1000)) == 40
+    tokens = await sqlite_store.list_tokens()
     assert len(tokens) == 25 and all(t.revoked for t in tokens)
-    actions = [a.action for a in await store.audit_log(1000)]
+    actions = [a.action for a in await sqlite_store.audit_log(1000)]
     assert (actions.count("token.create"), actions.count("token.revoke"),
             actions.count("gpu.drain")) == (25, 25, 20)
 
 
-async def test_close_finishes_pending_calls_then_refuses(db_path: Path) -> None:
-    store = await Store.open(db_path)
+async def test_close_finishes_pending_calls_then_refuses(location: Path | str) -> None:
+    store = await Store.open(location)
     pending = [asyncio.create_task(store.audit("a", "x", str(i))) for i in range(10)]
     await asyncio.sleep(0)  # the tasks submit their calls
     await store.close()
@@ -466,7 +492,7 @@ async def test_close_finishes_pending_calls_then_refuses(db_path: Path) -> None:
     await store.close()  # twice is fine
     with pytest.raises(StoreClosed):
         await store.list_tokens()
-    check = StoreDB(db_path)
+    check = StoreDB(location)
     try:
         assert len(check.audit_log()) == 10
     finally:
@@ -479,8 +505,8 @@ async def test_open_failure_is_raised(db_path: Path) -> None:
         await Store.open(db_path)
 
 
-def test_gpu_states_are_replaced_as_a_whole_and_survive_a_reopen(db_path: Path) -> None:
-    db = StoreDB(db_path)
+def test_gpu_states_are_replaced_as_a_whole_and_survive_a_reopen(location: Path | str) -> None:
+    db = StoreDB(location)
     q = {"reason": "uncorrected ECC errors", "since": 12.5, "problems": ["ecc"]}
     db.save_gpu_states({"GPU-a": {"draining": True, "quarantine": None},
                         "GPU-b": {"draining": False, "quarantine": q}})
@@ -488,7 +514,7 @@ def test_gpu_states_are_replaced_as_a_whole_and_survive_a_reopen(db_path: Path) 
                                "GPU-b": {"draining": False, "quarantine": q}}
     db.save_gpu_states({"GPU-b": {"draining": True, "quarantine": q}})  # GPU-a back in service
     db.close()
-    again = StoreDB(db_path)
+    again = StoreDB(location)
     try:
         assert again.gpu_states() == {"GPU-b": {"draining": True, "quarantine": q}}
         again.save_gpu_states({})
@@ -530,3 +556,92 @@ def test_a_version_2_database_gains_the_gpu_state_table(db_path: Path) -> None:
         assert [a.action for a in db.audit_log()] == ["gpu.drain"]
     finally:
         db.close()
+
+
+# ------------------------------------------------------------------------ PostgreSQL's own
+def test_a_database_url_with_a_password_is_refused() -> None:
+    """The URL is in the config file: a password there is refused, and never repeated."""
+    with pytest.raises(UrlError) as err:
+        StoreDB("postgresql://gpupool:s3cret@db.example:5432/gpupool")
+    assert "PGPASSWORD" in str(err.value) and "database_password_file" in str(err.value)
+    assert "s3cret" not in str(err.value)
+    with pytest.raises(UrlError, match="names no database"):
+        StoreDB("postgresql://gpupool@db.example:5432/")
+
+
+def test_an_unreachable_database_says_where(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens there once it is closed
+    with pytest.raises(UrlError, match=rf"cannot connect to the database postgresql://x@127.0.0.1:{port}/db"):
+        StoreDB(f"postgresql://x@127.0.0.1:{port}/db")
+    with pytest.raises(UrlError, match="database_password_file"):
+        StoreDB(f"postgresql://x@127.0.0.1:{port}/db", password_file=tmp_path / "missing")
+
+
+def test_servers_sharing_a_database_migrate_once_and_see_each_others_records(pg_url: str) -> None:
+    """Several gpupoold opening one fresh database at once: one migrates, all work, and what
+    one writes the others read (a token made on A verifies on B)."""
+    opened: list[StoreDB] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            opened.append(StoreDB(pg_url))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not errors and len(opened) == 4
+        a, b = opened[0], opened[1]
+        assert b.schema_version() == SCHEMA_VERSION
+        _, text = a.create_token("alice", "user", None, "server-a")
+        assert b.verify_token(text).result == "ok"
+        b.revoke_token("alice", "server-b")
+        assert a.verify_token(text).result == "revoked"
+        lease = a.lease_started(new_lease())
+        assert b.get_lease(lease) is not None and [r.id for r in b.open_leases()] == [lease]
+    finally:
+        for d in opened:
+            d.close()
+
+
+def test_one_token_name_across_servers_even_when_made_at_once(pg_url: str) -> None:
+    """Two servers creating the same name at the same moment: one gets it, the other is told it
+    exists (not an error about ids)."""
+    dbs = [StoreDB(pg_url) for _ in range(2)]
+    results: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def create(d: StoreDB) -> None:
+        barrier.wait()
+        try:
+            d.create_token("shared", "user", None, "t")
+            results.append("made")
+        except TokenExists:
+            results.append("exists")
+
+    try:
+        for _ in range(5):
+            threads = [threading.Thread(target=create, args=(d,)) for d in dbs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            dbs[0]._conn.execute("DELETE FROM tokens WHERE name = 'shared'")  # the next round
+        assert results.count("made") == 5 and results.count("exists") == 5, results
+    finally:
+        for d in dbs:
+            d.close()
+
+
+def test_without_the_driver_the_message_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psycopg is optional (the `postgresql` extra): without it a PostgreSQL URL says so."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg -> ImportError
+    with pytest.raises(UrlError, match=r"pip install 'gpupoold\[postgresql\]'"):
+        StoreDB("postgresql://x@127.0.0.1:1/db")

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import re
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,11 +135,23 @@ class NoAuthentication:
 AcceptAnyToken = NoAuthentication  # the pre-issue-4 name
 
 
+def local_admin_name(store: Store, state_dir: Path) -> str:
+    """`local-admin` in a store of this server's own (SQLite). In a shared one (PostgreSQL)
+    each server has its own, `local-admin@HOST-XXXXXXXX` (XXXXXXXX from its state directory, so
+    that two servers on one host differ), or the servers would replace each other's at start."""
+    if store.path is not None:
+        return LOCAL_ADMIN
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:32] or "host"
+    tag = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:8]
+    return f"{LOCAL_ADMIN}@{host}-{tag}"
+
+
 async def ensure_local_admin_token(store: Store, state_dir: Path) -> str:
-    """Replace the `local-admin` token (the previous one stops working) and write the new one to
-    `<state_dir>/local-admin.token`, mode 0600. Returns the file's path (not the secret, so that
-    logging the result is safe)."""
-    _, text = await store.replace_token(LOCAL_ADMIN, "admin", actor="gpupoold")
+    """Replace this server's local admin token (the previous one stops working; its name:
+    local_admin_name) and write the new one to `<state_dir>/local-admin.token`, mode 0600.
+    Returns the file's path (not the secret, so that logging the result is safe)."""
+    _, text = await store.replace_token(local_admin_name(store, state_dir), "admin",
+                                        actor="gpupoold")
     path = Path(state_dir) / LOCAL_ADMIN_FILE
     await asyncio.to_thread(write_secret_file, path, text + "\n")
     return str(path)

@@ -83,9 +83,9 @@ def check_token_name(name: str, *, allow_reserved: bool = False) -> None:
         if len(name) > NAME_MAX:
             raise ValueError(f"a token name has at most {NAME_MAX} characters, this one {len(name)}")
         raise ValueError("a token name may contain only letters, digits and . _ @ -")
-    if name == LOCAL_ADMIN and not allow_reserved:
-        raise ValueError(f"'{LOCAL_ADMIN}' is reserved for the daemon's own admin token "
-                         "(rewritten at every start)")
+    if (name == LOCAL_ADMIN or name.startswith(LOCAL_ADMIN + "@")) and not allow_reserved:
+        raise ValueError(f"'{LOCAL_ADMIN}' and '{LOCAL_ADMIN}@...' are reserved for the daemon's "
+                         "own admin token (each server's, rewritten at every start)")
 
 
 def check_role(role: str) -> None:

@@ -79,6 +79,14 @@ def _check_sim_memory(value: int) -> None:
         raise ValueError(f"must be from 1 to 16384 (GiB), got {value}")
 
 
+def _check_database(value: str) -> None:
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"must be a postgresql:// URL (unset: SQLite in state_dir), got {value!r}")
+    from gpupoold.store.postgres import check_url
+
+    check_url(value)
+
+
 def _check_log_level(value: str) -> None:
     if value not in LOG_LEVELS:
         raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
@@ -163,6 +171,22 @@ class Settings:
         "Module image cache shared by all workers (`<cache_dir>/modules/<sha256>`). "
         "Default: `<state_dir>/cache`.",
         metavar="DIR")
+    database: str | None = _setting(
+        None,
+        "Where tokens, lease history, the audit log and drained or quarantined GPUs are kept. "
+        "Unset: SQLite in `<state_dir>/gpupoold.db` (one server). `postgresql://USER@HOST:PORT/"
+        "DATABASE`: PostgreSQL, which several servers can share (docs/operator-guide.md, "
+        "\"PostgreSQL\"); needs the `postgresql` extra (`pip install 'gpupoold[postgresql]'`). "
+        "Never put the password in the URL (it is refused): give it in the environment "
+        "(`PGPASSWORD`, or a `PGPASSFILE` file) or with `database_password_file`. Other libpq "
+        "parameters (e.g. `?sslmode=verify-full&sslrootcert=...`) go in the URL's query.",
+        flag="--database", metavar="URL", check=_check_database)
+    database_password_file: Path | None = _setting(
+        None,
+        "A file whose first line is the PostgreSQL password (mode 0600, readable by the "
+        "daemon's user; or a systemd credential). Unset: libpq's own (`PGPASSWORD`, "
+        "`PGPASSFILE`, `~/.pgpass`).",
+        metavar="PATH")
     simulated: int = _setting(
         0,
         "Number of simulated GPUs to serve. 0 serves the real GPUs listed in `gpus`; when no "

@@ -1,5 +1,7 @@
-"""gpupoold's records in SQLite (`<state_dir>/gpupoold.db`): tokens, lease history, audit log,
-and the GPUs that stay drained or quarantined across restarts.
+"""gpupoold's records in SQLite (`<state_dir>/gpupoold.db`) or PostgreSQL (`database =
+"postgresql://..."`, store/postgres.py): tokens, lease history, audit log, and the GPUs that stay
+drained or quarantined across restarts. One set of queries and migrations serves both: they are
+written in the SQL both understand, and postgres.py translates placeholders and column types.
 
 Two faces over one schema:
 
@@ -12,7 +14,9 @@ Two faces over one schema:
   single-thread executor), so no SQLite call ever blocks the event loop and calls run one at a
   time in the order they were made.
 
-The schema is versioned with `PRAGMA user_version`; `MIGRATIONS[n]` brings version n to n+1. A
+The schema is versioned with `PRAGMA user_version` (PostgreSQL: the table `gpupool_schema`);
+`MIGRATIONS[n]` brings version n to n+1 (PostgreSQL: under an advisory lock, so that servers
+starting together migrate once). A
 database written by a newer gpupoold (a higher version than this one knows) is refused rather
 than guessed at. Times are Unix seconds (float). Token secrets are never stored: only the SHA-256
 of the secret (auth/tokens.py).
@@ -43,6 +47,7 @@ from gpupoold.auth.tokens import (
     parse_token,
     secret_matches,
 )
+from gpupoold.store import postgres
 
 DB_NAME = "gpupoold.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction
@@ -259,7 +264,7 @@ class AuditRecord:
                 "target": self.target, "detail": self.detail}
 
 
-def _token(row: sqlite3.Row) -> TokenRecord:
+def _token(row: Any) -> TokenRecord:
     return TokenRecord(id=row["id"], name=row["name"], role=row["role"], created=row["created"],
                        expires=row["expires"], revoked=row["revoked"],
                        last_used=row["last_used"], created_by=row["created_by"])
@@ -271,7 +276,7 @@ def _counter(value: int) -> int:
     return min(max(int(value), 0), (1 << 63) - 1)
 
 
-def _lease(row: sqlite3.Row) -> LeaseRecord:
+def _lease(row: Any) -> LeaseRecord:
     values = {key: row[key] for key in row.keys()}
     values["simulated"] = bool(values["simulated"])
     values["calls"] = json.loads(values["calls"] or "{}")
@@ -280,7 +285,7 @@ def _lease(row: sqlite3.Row) -> LeaseRecord:
     return LeaseRecord(**values)
 
 
-def _audit(row: sqlite3.Row) -> AuditRecord:
+def _audit(row: Any) -> AuditRecord:
     return AuditRecord(id=row["id"], at=row["at"], actor=row["actor"], action=row["action"],
                        target=row["target"], detail=row["detail"])
 
@@ -291,10 +296,28 @@ def _expiry_text(expires: float | None) -> str:
 
 # ---------------------------------------------------------------------- the synchronous store
 class StoreDB:
-    """One SQLite connection, usable only from the thread that created this object."""
+    """One database connection (SQLite, or PostgreSQL for a URL), usable only from the thread
+    that created this object."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, location: Path | str, password_file: Path | None = None) -> None:
+        if postgres.is_url(location):
+            assert isinstance(location, str)
+            self.path = None
+            self.where = postgres.redacted(location)
+            self._pg = True
+            pg = postgres.PgConnection(location, password_file)
+            self._conn: Any = pg
+            self._integrity_error: type[Exception] = pg.integrity_error
+            try:
+                self._migrate()
+            except BaseException:
+                pg.close()
+                raise
+            return
+        self._pg = False
+        self._integrity_error = sqlite3.IntegrityError
+        self.path = Path(location)
+        self.where = str(self.path)
         if not self.path.exists():
             # Created here rather than by SQLite to choose the mode: lease history says who used
             # the GPUs from where; SQLite gives its -wal and -shm files the same mode.
@@ -316,10 +339,11 @@ class StoreDB:
         self._conn.close()
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction. IMMEDIATE takes the write lock at once (waiting up to the busy
-        timeout), so a transaction never fails half-way for another process's lock."""
-        self._conn.execute("BEGIN IMMEDIATE")
+    def _write(self) -> Iterator[Any]:
+        """A write transaction. SQLite: IMMEDIATE takes the write lock at once (waiting up to
+        the busy timeout), so a transaction never fails half-way for another process's lock;
+        PostgreSQL locks rows as the statements reach them."""
+        self._conn.execute("BEGIN" if self._pg else "BEGIN IMMEDIATE")
         try:
             yield self._conn
         except BaseException:
@@ -327,29 +351,48 @@ class StoreDB:
             raise
         self._conn.execute("COMMIT")
 
+    def _insert(self, db: Any, sql: str, params: Any) -> int:
+        """Run an INSERT; the new row's id."""
+        if self._pg:
+            return int(db.execute(sql + " RETURNING id", params).fetchone()[0])
+        return int(db.execute(sql, params).lastrowid or 0)
+
+    def _version(self, db: Any) -> int:
+        if not self._pg:
+            return int(db.execute("PRAGMA user_version").fetchone()[0])
+        db.execute("CREATE TABLE IF NOT EXISTS gpupool_schema (version BIGINT NOT NULL)")
+        row = db.execute("SELECT version FROM gpupool_schema").fetchone()
+        return 0 if row is None else int(row[0])
+
     def schema_version(self) -> int:
-        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        return self._version(self._conn)
 
     def _migrate(self) -> None:
         with self._write() as db:
-            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if self._pg:  # one server migrates, the others wait and find it done
+                db.execute("SELECT pg_advisory_xact_lock(7070707)")
+            version = self._version(db)
             if version > SCHEMA_VERSION:
                 raise SchemaTooNew(
-                    f"{self.path} has schema version {version}, written by a newer gpupoold; "
+                    f"{self.where} has schema version {version}, written by a newer gpupoold; "
                     f"this one knows up to version {SCHEMA_VERSION}: upgrade gpupoold (or use a "
                     f"backup of the database from before the upgrade)")
             for statements in MIGRATIONS[version:]:
                 for sql in statements:
-                    db.execute(sql)
+                    db.execute(postgres.ddl(sql) if self._pg else sql)
             if version != SCHEMA_VERSION:
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                if not self._pg:
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                else:
+                    db.execute("DELETE FROM gpupool_schema")
+                    db.execute("INSERT INTO gpupool_schema (version) VALUES (?)",
+                               (SCHEMA_VERSION,))
 
-    def _add_audit(self, db: sqlite3.Connection, actor: str, action: str, target: str,
+    def _add_audit(self, db: Any, actor: str, action: str, target: str,
                    detail: str, at: float | None = None) -> int:
-        cur = db.execute("INSERT INTO audit (at, actor, action, target, detail) "
-                         "VALUES (?, ?, ?, ?, ?)",
-                         (time.time() if at is None else at, actor, action, target, detail))
-        return int(cur.lastrowid or 0)
+        return self._insert(db, "INSERT INTO audit (at, actor, action, target, detail) "
+                                "VALUES (?, ?, ?, ?, ?)",
+                            (time.time() if at is None else at, actor, action, target, detail))
 
     # ------------------------------------------------------------------------------- tokens
     def create_token(self, name: str, role: str, expires: float | None, actor: str,
@@ -366,17 +409,24 @@ class StoreDB:
                             record.created)
         return record, text
 
-    def _insert_token(self, db: sqlite3.Connection, name: str, role: str,
+    def _insert_token(self, db: Any, name: str, role: str,
                       expires: float | None, actor: str) -> tuple[TokenRecord, str]:
         now = time.time()
         for _ in range(_NEW_ID_TRIES):
             token_id, secret, text = new_token()
+            # A failed statement spoils a PostgreSQL transaction: the savepoint keeps it usable.
+            db.execute("SAVEPOINT new_token")
             try:
                 db.execute("INSERT INTO tokens (id, name, role, secret_sha256, created, expires, "
                            "created_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
                            (token_id, name, role, hash_secret(secret), now, expires, actor))
-            except sqlite3.IntegrityError:
-                continue  # the random id is taken (the name was checked by the caller)
+            except self._integrity_error:
+                db.execute("ROLLBACK TO SAVEPOINT new_token")
+                if db.execute("SELECT 1 FROM tokens WHERE name = ?", (name,)).fetchone():
+                    # another server of the fleet made it since the caller's check
+                    raise TokenExists(f"a token named {name!r} already exists") from None
+                continue  # the random id is taken
+            db.execute("RELEASE SAVEPOINT new_token")
             return TokenRecord(token_id, name, role, now, expires, None, None, actor), text
         raise StoreError("could not find a free token id")  # pragma: no cover
 
@@ -445,9 +495,8 @@ class StoreDB:
         values = [getattr(lease, f) for f in _NEW_LEASE_FIELDS]
         marks = ", ".join("?" * len(values))
         with self._write() as db:
-            cur = db.execute(f"INSERT INTO leases ({', '.join(_NEW_LEASE_FIELDS)}) "
-                             f"VALUES ({marks})", values)
-        return int(cur.lastrowid or 0)
+            return self._insert(db, f"INSERT INTO leases ({', '.join(_NEW_LEASE_FIELDS)}) "
+                                    f"VALUES ({marks})", values)
 
     def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
                     bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
@@ -585,19 +634,26 @@ class Store:
         self._closed = False
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
+    async def open(cls, location: Path | str, password_file: Path | None = None) -> Store:
+        """The store in a SQLite file, or in PostgreSQL for a `postgresql://` URL."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupoold-store")
         loop = asyncio.get_running_loop()
+        where = location if postgres.is_url(location) else Path(location)
         try:
-            db = await loop.run_in_executor(executor, StoreDB, Path(path))
+            db = await loop.run_in_executor(executor, StoreDB, where, password_file)
         except BaseException:
             executor.shutdown(wait=False)
             raise
         return cls(db, executor)
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Path | None:
         return self._db.path
+
+    @property
+    def where(self) -> str:
+        """The SQLite file, or the PostgreSQL URL without any password."""
+        return self._db.where
 
     async def close(self) -> None:
         """Wait for the calls already made, then close the database."""
