@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gpupoold import sdlisten
 from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
+from gpupoold.config.identity import server_name
 from gpupoold.config.settings import Settings
 from gpupoold.dashboard import dashboard_ctx, setup_dashboard
 from gpupoold.gpu.cleaner import GpuCleaner
@@ -34,6 +35,7 @@ from gpupoold.http.keys import (
     EVENTS,
     INVENTORY,
     LEASES,
+    MEMBERSHIP,
     NVML,
     REMOTING,
     SETTINGS,
@@ -49,6 +51,7 @@ from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer
 from gpupoold.pool.events import EventBus
 from gpupoold.pool.leases import LeaseManager
+from gpupoold.pool.membership import Membership
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import Store
@@ -80,6 +83,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(metrics_ctx)
     app.cleanup_ctx.append(dashboard_ctx)
     app.cleanup_ctx.append(remoting_ctx)
+    app.cleanup_ctx.append(membership_ctx)
     setup_routes(app)
     setup_dashboard(app)
     return app
@@ -115,14 +119,15 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     if settings.database:
         try:
-            store = await Store.open(settings.database, settings.database_password_file)
+            store = await Store.open(settings.database, settings.database_password_file,
+                                     server=server_name(settings.state_dir))
         except Exception as exc:
             raise StartupError(f"setting 'database': {exc}") from None
         log.info("database: %s", store.where)
     else:
         path = settings.state_dir / DB_NAME
         try:
-            store = await Store.open(path)
+            store = await Store.open(path, server=server_name(settings.state_dir))
         except Exception as exc:
             raise StartupError(f"setting 'state_dir': cannot open the database {path}: "
                                f"{exc}") from None
@@ -246,3 +251,12 @@ async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
     app[REMOTING] = listener
     yield
     await listener.close()
+
+
+async def membership_ctx(app: web.Application) -> AsyncIterator[None]:
+    """This server among those sharing the store (pool/membership.py), once it listens."""
+    membership = Membership(app[STORE], app[REMOTING].address, app[SETTINGS].http)
+    await membership.start()
+    app[MEMBERSHIP] = membership
+    yield
+    await membership.close()

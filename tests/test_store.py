@@ -83,7 +83,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 4
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 5
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -343,7 +343,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 4
+        assert db.schema_version() == SCHEMA_VERSION == 5
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)
@@ -645,3 +645,30 @@ def test_without_the_driver_the_message_says_what_to_install(monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg -> ImportError
     with pytest.raises(UrlError, match=r"pip install 'gpupoold\[postgresql\]'"):
         StoreDB("postgresql://x@127.0.0.1:1/db")
+
+
+def test_servers_register_heartbeat_and_go_down_once(location: Path | str) -> None:
+    """Membership in the store: a silent server is found, marked down once (a second marker
+    gets None), and only its own open leases end, with the reason; a clean stop leaves them."""
+    a, c = StoreDB(location, server="a"), StoreDB(location, server="c")
+    try:
+        a.server_up("10.0.0.1:7070", "10.0.0.1:7071", 100.0)
+        c.server_up("10.0.0.3:7070", "10.0.0.3:7071", 100.0)
+        mine, theirs = a.lease_started(new_lease(pid=1)), c.lease_started(new_lease(pid=3))
+        assert a.server_heartbeat(110.0) and c.server_heartbeat(101.0)
+        assert a.silent_servers(105.0) == ["c"] and c.silent_servers(105.0) == []
+        assert a.server_down("c", 111.0, "no heartbeat") == 1
+        assert a.server_down("c", 112.0, "no heartbeat") is None  # another server got there first
+        assert a.get_lease(mine).ended is None
+        ended = a.get_lease(theirs)
+        assert ended.ended == 111.0 and ended.end_reason == "server down" and ended.server == "c"
+        assert not c.server_heartbeat(113.0)  # it was marked down while silent
+        c.server_up("10.0.0.3:7070", "10.0.0.3:7071", 114.0)  # and comes back
+        states = {s["name"]: s for s in a.servers()}
+        assert states["c"]["state"] == "up" and states["a"]["remoting"] == "10.0.0.1:7070"
+        assert a.server_down("a", 120.0, "stopped", end_leases=False) == 0
+        assert a.get_lease(mine).ended is None  # a clean stop: its next start takes it over
+        assert {s["name"]: s["state"] for s in c.servers()} == {"a": "down", "c": "up"}
+    finally:
+        a.close()
+        c.close()

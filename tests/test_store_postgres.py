@@ -68,3 +68,48 @@ def test_a_password_in_the_database_url_stops_the_daemon(tmp_path: Path) -> None
                           capture_output=True, text=True, env=daemon_env(), cwd=REPO, timeout=60)
     assert proc.returncode == 78, proc.stderr  # EX_CONFIG: systemd does not restart it
     assert "PGPASSWORD" in proc.stderr and "hunter2" not in proc.stderr
+
+
+def servers_by_name(server: Any) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in server.get_json("/api/v1/servers")["servers"]}
+
+
+def test_a_killed_server_is_marked_down_and_its_lease_ended(start_daemon: Any, native_build: Path,
+                                                            hold_gpu: Path,  # noqa: F811
+                                                            pg_url: str) -> None:
+    """Servers on one store register and heartbeat; SIGKILL one during a lease and, within 10 s
+    of its last heartbeat, the others show it down and its lease ended ("server down"), while
+    they go on serving; a clean stop marks a server down at once."""
+    a = start_daemon("--database", pg_url, build_dir=native_build)
+    c = start_daemon("--database", pg_url, build_dir=native_build)
+    up = wait_until("both servers up", lambda: (
+        s := servers_by_name(a), len(s) == 2 and all(v["state"] == "up" for v in s.values())
+        and s)[-1])
+    me = [n for n, v in up.items() if v["this"]]
+    assert len(me) == 1 and up[me[0]]["remoting"] == a.address
+    c_name = next(n for n in up if n not in me)
+    holder = start_client(c, hold_gpu, MIB, 15_000, 4)  # holds C's GPU for 15 s
+    wait_until("a lease on C", lambda: c.get_json("/api/v1/leases?state=active")["leases"])
+    c.kill()  # the daemon and its workers: the client loses its connection
+    seen = wait_until("C marked down", lambda: servers_by_name(a)[c_name]["state"] == "down",
+                      timeout=20)
+    assert seen
+    down = servers_by_name(a)[c_name]
+    assert down["down_since"] - up[c_name]["heartbeat"] < 12 and "no heartbeat" in down["down_reason"]
+    db = StoreDB(pg_url)
+    try:
+        ended = [r for r in db.leases("all") if r.server == c_name]
+        assert len(ended) == 1 and ended[0].end_reason == "server down", ended
+    finally:
+        db.close()
+    # C's client gets the usual error at its next call; A goes on serving.
+    _, err = holder.communicate(timeout=120)
+    assert holder.returncode != 0, err
+    proc = run_hold(a, hold_gpu, a.token, 5)
+    assert proc.returncode == 0, proc.stderr
+    # A clean stop: down at once, with its reason.
+    a_name = me[0]
+    b = start_daemon("--database", pg_url, build_dir=native_build)
+    assert a.stop() == 0
+    states = servers_by_name(b)
+    assert states[a_name]["state"] == "down" and states[a_name]["down_reason"] == "stopped"

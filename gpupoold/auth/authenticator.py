@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
-import re
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpupoold.auth.tokens import FORMAT_TEXT, LOCAL_ADMIN, PREFIX, format_utc
+from gpupoold.config.identity import server_name
 from gpupoold.store.database import Store, StoreClosed, TokenCheck
 
 log = logging.getLogger("gpupoold.auth")
@@ -137,13 +135,9 @@ AcceptAnyToken = NoAuthentication  # the pre-issue-4 name
 
 def local_admin_name(store: Store, state_dir: Path) -> str:
     """`local-admin` in a store of this server's own (SQLite). In a shared one (PostgreSQL)
-    each server has its own, `local-admin@HOST-XXXXXXXX` (XXXXXXXX from its state directory, so
-    that two servers on one host differ), or the servers would replace each other's at start."""
-    if store.path is not None:
-        return LOCAL_ADMIN
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:32] or "host"
-    tag = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:8]
-    return f"{LOCAL_ADMIN}@{host}-{tag}"
+    each server has its own, `local-admin@NAME` (config/identity.py), or the servers would
+    replace each other's at start."""
+    return LOCAL_ADMIN if store.path is not None else f"{LOCAL_ADMIN}@{server_name(state_dir)}"
 
 
 async def ensure_local_admin_token(store: Store, state_dir: Path) -> str:

@@ -190,6 +190,16 @@ async def list_gpus(request: web.Request) -> web.Response:
     return _json({"gpus": _views(request).gpu_views()})
 
 
+async def list_servers(request: web.Request) -> web.Response:
+    """The servers sharing this server's store: up (heartbeating) or down, and since when."""
+    _query(request, ())
+    servers = await request.app[STORE].servers()
+    me = request.app[STORE].server
+    for s in servers:
+        s["this"] = s["name"] == me
+    return _json({"servers": servers})
+
+
 async def get_gpu(request: web.Request) -> web.Response:
     _query(request, ())
     return _json(_view(_views(request).gpu_view, _gpu_index(request)))

@@ -12,6 +12,7 @@ from gpupoold.gpu.telemetry import Telemetry
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.events import EventBus
 from gpupoold.pool.leases import LeaseManager
+from gpupoold.pool.membership import Membership
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import Store
@@ -29,3 +30,4 @@ LEASES = web.AppKey("leases", LeaseManager)
 REMOTING = web.AppKey("remoting", RemotingListener)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 VIEWS = web.AppKey("views", PoolViews)
+MEMBERSHIP = web.AppKey("membership", Membership)

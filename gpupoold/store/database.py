@@ -131,6 +131,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX lease_events_lease ON lease_events (lease_id, id)",
     ),
+    (  # v5: servers sharing the store (PostgreSQL): who is up, and which server ran each lease
+        "ALTER TABLE leases ADD COLUMN server TEXT NOT NULL DEFAULT ''",
+        """CREATE TABLE servers (
+            name TEXT PRIMARY KEY,
+            remoting TEXT NOT NULL DEFAULT '',
+            http TEXT NOT NULL DEFAULT '',
+            started REAL NOT NULL,
+            heartbeat REAL NOT NULL,
+            down REAL,
+            down_reason TEXT NOT NULL DEFAULT ''
+        )""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -245,6 +257,7 @@ class LeaseRecord(NewLease):
     module_bytes: int = 0  # module images received (cache misses); 0 when all were cached
     detaches: int = 0  # times the lease gave its GPU back while idle (pool/detach.py)
     detached_s: float = 0.0  # seconds it spent detached
+    server: str = ""  # the server that ran it (config/identity.py); "" in older records
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -299,7 +312,9 @@ class StoreDB:
     """One database connection (SQLite, or PostgreSQL for a URL), usable only from the thread
     that created this object."""
 
-    def __init__(self, location: Path | str, password_file: Path | None = None) -> None:
+    def __init__(self, location: Path | str, password_file: Path | None = None,
+                 server: str = "") -> None:
+        self.server = server  # this server's name, written into its lease records
         if postgres.is_url(location):
             assert isinstance(location, str)
             self.path = None
@@ -492,11 +507,12 @@ class StoreDB:
 
     # ------------------------------------------------------------------------------- leases
     def lease_started(self, lease: NewLease) -> int:
-        values = [getattr(lease, f) for f in _NEW_LEASE_FIELDS]
+        fields = list(_NEW_LEASE_FIELDS) + (["server"] if self.server else [])
+        values = [getattr(lease, f) for f in _NEW_LEASE_FIELDS] + ([self.server] if self.server else [])
         marks = ", ".join("?" * len(values))
         with self._write() as db:
-            return self._insert(db, f"INSERT INTO leases ({', '.join(_NEW_LEASE_FIELDS)}) "
-                                    f"VALUES ({marks})", values)
+            return self._insert(db, f"INSERT INTO leases ({', '.join(fields)}) VALUES ({marks})",
+                                values)
 
     def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
                     bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
@@ -609,6 +625,53 @@ class StoreDB:
         row = self._conn.execute("SELECT * FROM leases WHERE id = ?", (lease_id,)).fetchone()
         return None if row is None else _lease(row)
 
+    # ------------------------------------------------------------------------------ servers
+    def server_up(self, remoting: str, http: str, now: float) -> None:
+        """This server (self.server) starts: registered, or back from being marked down."""
+        with self._write() as db:
+            db.execute("INSERT INTO servers (name, remoting, http, started, heartbeat) "
+                       "VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                       "remoting = excluded.remoting, http = excluded.http, "
+                       "started = excluded.started, heartbeat = excluded.heartbeat, "
+                       "down = NULL, down_reason = ''",
+                       (self.server, remoting, http, now, now))
+
+    def server_heartbeat(self, now: float) -> bool:
+        """This server is alive at `now`; False when another had marked it down meanwhile (it
+        was silent too long: its leases are ended in the history)."""
+        with self._write() as db:
+            return db.execute("UPDATE servers SET heartbeat = ? WHERE name = ? AND down IS NULL",
+                              (now, self.server)).rowcount == 1
+
+    def server_down(self, name: str, now: float, reason: str, end_leases: bool = True,
+                    ) -> int | None:
+        """Mark `name` down and, with `end_leases`, end its open leases ("server down"); the
+        number of leases ended, or None when it was down already (another server got there
+        first). A server stopping cleanly keeps its leases open: its next start takes them
+        over."""
+        with self._write() as db:
+            if db.execute("UPDATE servers SET down = ?, down_reason = ? "
+                          "WHERE name = ? AND down IS NULL", (now, reason, name)).rowcount != 1:
+                return None
+            if not end_leases:
+                return 0
+            return db.execute("UPDATE leases SET ended = ?, end_reason = 'server down', "
+                              "end_detail = ? WHERE server = ? AND ended IS NULL",
+                              (now, reason, name)).rowcount
+
+    def silent_servers(self, before: float) -> list[str]:
+        """Servers up whose last heartbeat is older than `before` (not this one)."""
+        rows = self._conn.execute("SELECT name FROM servers WHERE down IS NULL AND heartbeat < ? "
+                                  "AND name <> ? ORDER BY name", (before, self.server))
+        return [r[0] for r in rows.fetchall()]
+
+    def servers(self) -> list[dict[str, Any]]:
+        rows = self._conn.execute("SELECT * FROM servers ORDER BY name").fetchall()
+        return [{"name": r["name"], "remoting": r["remoting"], "http": r["http"],
+                 "started": r["started"], "heartbeat": r["heartbeat"],
+                 "state": "up" if r["down"] is None else "down", "down_since": r["down"],
+                 "down_reason": r["down_reason"]} for r in rows]
+
     # -------------------------------------------------------------------------------- audit
     def audit(self, actor: str, action: str, target: str, detail: str = "") -> int:
         with self._write() as db:
@@ -634,13 +697,15 @@ class Store:
         self._closed = False
 
     @classmethod
-    async def open(cls, location: Path | str, password_file: Path | None = None) -> Store:
-        """The store in a SQLite file, or in PostgreSQL for a `postgresql://` URL."""
+    async def open(cls, location: Path | str, password_file: Path | None = None,
+                   server: str = "") -> Store:
+        """The store in a SQLite file, or in PostgreSQL for a `postgresql://` URL; `server`:
+        this server's name (config/identity.py), written into its lease records."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupoold-store")
         loop = asyncio.get_running_loop()
         where = location if postgres.is_url(location) else Path(location)
         try:
-            db = await loop.run_in_executor(executor, StoreDB, where, password_file)
+            db = await loop.run_in_executor(executor, StoreDB, where, password_file, server)
         except BaseException:
             executor.shutdown(wait=False)
             raise
@@ -740,6 +805,26 @@ class Store:
         return await self._run(self._db.get_lease, lease_id)
 
     # audit
+    @property
+    def server(self) -> str:
+        return self._db.server
+
+    async def server_up(self, remoting: str, http: str, now: float) -> None:
+        await self._run(self._db.server_up, remoting, http, now)
+
+    async def server_heartbeat(self, now: float) -> bool:
+        return await self._run(self._db.server_heartbeat, now)
+
+    async def server_down(self, name: str, now: float, reason: str, end_leases: bool = True,
+                          ) -> int | None:
+        return await self._run(self._db.server_down, name, now, reason, end_leases)
+
+    async def silent_servers(self, before: float) -> list[str]:
+        return await self._run(self._db.silent_servers, before)
+
+    async def servers(self) -> list[dict[str, Any]]:
+        return await self._run(self._db.servers)
+
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         await self._run(self._db.audit, actor, action, target, detail)
 

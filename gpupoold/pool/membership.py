@@ -1,0 +1,73 @@
+"""The servers sharing one store (PostgreSQL, `database`): each registers at start, writes a
+heartbeat every HEARTBEAT_S, and checks the others; one silent for DOWN_AFTER_S is marked down
+and its open leases are ended in the history ("server down"), by whichever live server sees it
+first (the store makes that a single transition). A clean stop marks this server down itself,
+its leases left open for its next start to take over (docs/architecture.md, "Reliability").
+With SQLite the one server registers too (the API then lists one server).
+
+Not here yet: the fleet-wide queue and redirects (a lease still needs a GPU of the server the
+client connected to), and the fleet views of GPUs and leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from gpupoold.store.database import Store, StoreError
+
+log = logging.getLogger("gpupoold.membership")
+
+HEARTBEAT_S = 2.0
+DOWN_AFTER_S = 10.0 - 2 * HEARTBEAT_S  # seen down within 10 s of its last heartbeat
+
+
+class Membership:
+    def __init__(self, store: Store, remoting: str, http: str) -> None:
+        self.store = store
+        self.remoting = remoting
+        self.http = http
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.store.server
+
+    async def start(self) -> None:
+        await self.store.server_up(self.remoting, self.http, time.time())
+        self._task = asyncio.create_task(self._run(), name="membership")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self.beat()
+            except (StoreError, OSError) as exc:  # the database may come back: keep trying
+                log.warning("membership: cannot reach the store: %s", exc)
+            except Exception:  # noqa: BLE001 - a driver's error must not end the heartbeats
+                log.exception("membership: heartbeat failed")
+
+    async def beat(self) -> None:
+        """One heartbeat and one look at the others."""
+        now = time.time()
+        if not await self.store.server_heartbeat(now):
+            log.warning("this server (%s) was marked down by another while silent; its leases "
+                        "were ended in the history; registering again", self.name)
+            await self.store.server_up(self.remoting, self.http, now)
+        for name in await self.store.silent_servers(now - DOWN_AFTER_S):
+            ended = await self.store.server_down(
+                name, now, f"no heartbeat for {DOWN_AFTER_S:.0f} s (seen by {self.name})")
+            if ended is not None:
+                log.warning("server %s stopped sending heartbeats: marked down, %d of its leases "
+                            "ended in the history", name, ended)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):  # leases stay open: a restart takes them over
+            await self.store.server_down(self.name, time.time(), "stopped", end_leases=False)
