@@ -20,6 +20,7 @@ from gpupoold.dashboard.state import DASHBOARD, STREAM_BACKLOG
 from gpupoold.http.keys import EVENTS, LEASES, SETTINGS, TELEMETRY, VIEWS
 from gpupoold.http.metrics import METRICS_KEY
 from gpupoold.pool.events import GpuChanged
+from gpupoold.tasks import stop_task
 
 log = logging.getLogger("gpupoold.dashboard")
 
@@ -120,7 +121,5 @@ async def dashboard_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task)
         unsubscribe()

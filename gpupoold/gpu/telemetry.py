@@ -20,7 +20,6 @@ is null.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu, Inventory
 from gpupoold.gpu.nvml import NvmlUnavailable
 from gpupoold.gpu.sim import sim_sensors
+from gpupoold.tasks import stop_task
 
 if TYPE_CHECKING:
     from gpupoold.pool.leases import LeaseManager
@@ -112,11 +112,8 @@ class Telemetry:
         self._task = asyncio.create_task(self._run(), name="telemetry")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

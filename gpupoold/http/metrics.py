@@ -27,7 +27,6 @@ does by default) gets it; anything else gets the text format 0.0.4.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from prometheus_client.registry import Collector as _CollectorBase
 
 from gpupoold import __version__
 from gpupoold.pool.events import EventBus, GpuCleaned, LeaseAttached, LeaseDetached, LeaseEnded, LeaseGranted
+from gpupoold.tasks import stop_task
 from gpupoold.workers import supervisor as _workers
 
 if TYPE_CHECKING:
@@ -179,11 +179,8 @@ class DaemonMetrics:
                                                   name="metrics-idle")
 
     async def close(self) -> None:
-        if self._idle_task is not None:
-            self._idle_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._idle_task
-            self._idle_task = None
+        await stop_task(self._idle_task)
+        self._idle_task = None
 
     async def _follow_utilisation(self, interval: float) -> None:
         while True:

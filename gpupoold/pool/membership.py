@@ -17,6 +17,7 @@ import logging
 import time
 
 from gpupoold.store.database import Store, StoreError
+from gpupoold.tasks import stop_task
 
 log = logging.getLogger("gpupoold.membership")
 
@@ -64,10 +65,7 @@ class Membership:
                             "ended in the history", name, ended)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         with contextlib.suppress(Exception):  # leases stay open: a restart takes them over
             await self.store.server_down(self.name, time.time(), "stopped", end_leases=False)

@@ -42,6 +42,7 @@ from gpupoold.remoting.handshake import (
     requirements_text,
 )
 from gpupoold.remoting.tls_session import TlsStream, start_tls_server
+from gpupoold.tasks import stop_task
 from gpupoold.tls import remoting_ssl_context
 
 log = logging.getLogger("gpupoold.remoting")
@@ -234,7 +235,7 @@ class RemotingListener:
             await self._start_lease(writer, frame, peer, hello, client, waiter, slot, keepalive,
                                     accepted)
         finally:
-            await _stop(keepalive)
+            await stop_task(keepalive)
 
     async def _start_lease(self, writer: asyncio.StreamWriter, frame: gp.Frame, peer: str,
                            hello: gp.Hello, client: ClientInfo, waiter: Waiter, slot: Slot,
@@ -242,7 +243,7 @@ class RemotingListener:
         """Hand the client of a granted GPU to its worker (keepalive: the task writing
         keepalives meanwhile, stopped before anything else is written)."""
         if isinstance(writer, TlsStream):  # TLS: end our TLS session; the worker runs the next
-            await _stop(keepalive)  # nothing more of ours in that session
+            await stop_task(keepalive)  # nothing more of ours in that session
             try:
                 await asyncio.wait_for(writer.handoff(), self.handshake_timeout)
             except (ConnectionError, ssl.SSLError, OSError, TimeoutError) as exc:
@@ -254,10 +255,10 @@ class RemotingListener:
         sock = writer.get_extra_info("socket")
         try:
             lease = await self.leases.begin(waiter, slot, frame.body, frame.req, sock.fileno(),
-                                            before_handover=lambda: _stop(keepalive))
+                                            before_handover=lambda: stop_task(keepalive))
         except LeaseStartError as exc:
             self._request("other")
-            await _stop(keepalive)
+            await stop_task(keepalive)
             if exc.message is not None:
                 log.error("connection from %s: %s", peer, exc.message)
                 await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, exc.message))
@@ -455,14 +456,6 @@ async def _keepalive(writer: asyncio.StreamWriter) -> None:
             await asyncio.sleep(KEEPALIVE_EVERY)
             writer.write(_KEEPALIVE_FRAME)
             await _drain(writer)
-
-
-async def _stop(task: asyncio.Task[None] | None) -> None:
-    """Cancel a keepalive task and wait until it is gone (it writes nothing after this)."""
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _unsent(writer: asyncio.StreamWriter) -> int:
