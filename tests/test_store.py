@@ -672,3 +672,26 @@ def test_servers_register_heartbeat_and_go_down_once(location: Path | str) -> No
     finally:
         a.close()
         c.close()
+
+
+@pytest.mark.parametrize("location", ["sqlite", "postgresql"], indirect=True)
+async def test_heartbeats_only_where_other_servers_read_them(
+        location: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared store (PostgreSQL) gets a heartbeat every HEARTBEAT_S; a server's own SQLite file
+    is registered once and then left alone (each heartbeat would be a synced write)."""
+    from gpupoold.pool import membership
+
+    monkeypatch.setattr(membership, "HEARTBEAT_S", 0.05)
+    store = await Store.open(location, server="me")
+    m = membership.Membership(store, "127.0.0.1:7070", "127.0.0.1:7071")
+    try:
+        await m.start()
+        await asyncio.sleep(0.5)
+        (me,) = await store.servers()
+        beating = me["heartbeat"] > me["started"]
+        assert beating == (store.path is None), me
+        await m.close()
+        (me,) = await store.servers()
+        assert me["state"] == "down" and me["down_reason"] == "stopped"
+    finally:
+        await store.close()

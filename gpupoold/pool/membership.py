@@ -3,7 +3,8 @@ heartbeat every HEARTBEAT_S, and checks the others; one silent for DOWN_AFTER_S 
 and its open leases are ended in the history ("server down"), by whichever live server sees it
 first (the store makes that a single transition). A clean stop marks this server down itself,
 its leases left open for its next start to take over (docs/architecture.md, "Reliability").
-With SQLite the one server registers too (the API then lists one server).
+With SQLite the one server registers too (the API then lists one server) but sends no
+heartbeats: nobody else reads that database, and each would be a synced write every 2 s.
 
 Not here yet: the fleet-wide queue and redirects (a lease still needs a GPU of the server the
 client connected to), and the fleet views of GPUs and leases.
@@ -38,7 +39,8 @@ class Membership:
 
     async def start(self) -> None:
         await self.store.server_up(self.remoting, self.http, time.time())
-        self._task = asyncio.create_task(self._run(), name="membership")
+        if self.store.path is None:  # a shared store (see the top)
+            self._task = asyncio.create_task(self._run(), name="membership")
 
     async def _run(self) -> None:
         while True:
