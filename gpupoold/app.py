@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gpupoold import sdlisten
 from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
-from gpupoold.config.identity import server_name
+from gpupoold.config.identity import advertised_address, server_name
 from gpupoold.config.settings import Settings
 from gpupoold.dashboard import dashboard_ctx, setup_dashboard
 from gpupoold.gpu.cleaner import GpuCleaner
@@ -50,11 +50,13 @@ from gpupoold.paths import CHECKPOINT_NAME, SCRUB_NAME, SIM_LIB_NAME, WORKER_NAM
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer
 from gpupoold.pool.events import EventBus
+from gpupoold.pool.fleet import FleetQueue
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.membership import Membership
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import Store
+from gpupoold.store.notify import Notifications
 from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
 
@@ -207,6 +209,8 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
                     "GPUs", CHECKPOINT_NAME, ", ".join(str(p) for p in candidates(CHECKPOINT_NAME)))
     leases = LeaseManager(app[INVENTORY], settings, app[STORE], app[SUPERVISOR], cleaner,
                           app[COUNTERS], app[EVENTS], Checkpointer(checkpoint))
+    if app[STORE].path is None:  # a shared store: the fleet queue grants (pool/fleet.py)
+        leases.fleet = FleetQueue(leases, app[STORE], settings.max_gpus_per_token)
     app[LEASES] = leases
     app[VIEWS] = PoolViews(leases)
     await leases.start()
@@ -254,9 +258,25 @@ async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def membership_ctx(app: web.Application) -> AsyncIterator[None]:
-    """This server among those sharing the store (pool/membership.py), once it listens."""
-    membership = Membership(app[STORE], app[REMOTING].address, app[SETTINGS].http)
+    """This server among those sharing the store (pool/membership.py), once it listens; in a
+    fleet, its part of the fleet queue from then on (pool/fleet.py), woken by the other
+    servers' notifications (store/notify.py)."""
+    settings = app[SETTINGS]
+    address = advertised_address(settings.advertise, app[REMOTING].address)
+    membership = Membership(app[STORE], address, settings.http)
     await membership.start()
     app[MEMBERSHIP] = membership
+    fleet = app[LEASES].fleet
+    notifications = None
+    if fleet is not None and settings.database:
+        log.info("fleet: this server is %s, reached at %s", app[STORE].server, address)
+        fleet.start()
+        notifications = Notifications(settings.database, settings.database_password_file,
+                                      fleet.kick)
+        notifications.start()
     yield
+    if fleet is not None:
+        await fleet.close()
+    if notifications is not None:
+        await notifications.close()
     await membership.close()

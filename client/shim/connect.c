@@ -127,8 +127,13 @@ enum {
     ATTEMPT_REFUSED,
     ATTEMPT_VAWINDOW,
     ATTEMPT_TLS,
-    ATTEMPT_RESTARTING
+    ATTEMPT_RESTARTING,
+    ATTEMPT_REDIRECT
 };
+
+/* A fleet sends a client on to the server that holds a GPU for it (GP_EREDIRECT); more than
+ * this many hops in one connect means the servers disagree: give up rather than loop. */
+#define MAX_REDIRECTS 4
 
 typedef struct hello_ctx {
     char host[256], user[256], program[1024];
@@ -370,6 +375,13 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             free(body);
             snprintf(msg, mcap, "the server could not reserve the address window");
             return ATTEMPT_VAWINDOW;
+        }
+        if (result == GP_EREDIRECT && decoded && r.redirect_len > 0) {
+            /* msg: the address to say the same hello to (the reason goes to the log) */
+            gp_log_debug("server %s: %.*s", hc->desc, (int)r.message_len, r.message);
+            snprintf(msg, mcap, "%.*s", (int)r.redirect_len, r.redirect);
+            free(body);
+            return ATTEMPT_REDIRECT;
         }
         if (result == GP_ESHUTDOWN) {
             snprintf(msg, mcap, "the server is stopping or restarting");
@@ -645,6 +657,12 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
     const gp_server_config *srv = hc->srv;
     if (srv->tls && gp_tls_setup(srv, msg, mcap) != 0)
         return ATTEMPT_TLS;
+    /* A redirect's target: the same token, TLS and compression settings (a fleet shares its
+     * tokens), another address. */
+    gp_server_config *hop = NULL;
+    const char *first_desc = hc->desc;
+    char hop_desc[600];
+    int hops = 0, k = ATTEMPT_OK;
     for (;;) {
         /* The window first: device pointers must never alias our memory. */
         while (gp_vamap_window_size() == 0 && *base_index < VA_TRIES) {
@@ -660,7 +678,8 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
                          "(tried %d bases from 0x%llx); set GPUPOOL_VA_BASE / "
                          "GPUPOOL_VA_SIZE to a free range",
                          (unsigned long long)va_size, VA_TRIES, (unsigned long long)va_base);
-            return ATTEMPT_FATAL;
+            k = ATTEMPT_FATAL;
+            break;
         }
         int fd = gp_tcp_connect(srv->host, srv->port, hc->timeout_s, msg, mcap);
         if (fd < 0) {
@@ -669,10 +688,11 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
             if (errno == ECONNREFUSED &&
                 restart_wait(hc, hc->restart_until ? 0 : REFUSED_WAIT_MS, msg, 0))
                 continue;
-            return ATTEMPT_CONNECT;
+            k = ATTEMPT_CONNECT;
+            break;
         }
         gp_link l = {.fd = fd};
-        int k = ATTEMPT_OK;
+        k = ATTEMPT_OK;
         if (srv->tls) {
             l.tls = gp_tls_connect(srv, fd, 0, gp_timeout_ms(hc->timeout_s), msg, mcap);
             if (!l.tls)
@@ -683,10 +703,39 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         if (k == ATTEMPT_OK) {
             *fd_out = fd;
             *tls_out = l.tls;
-            return ATTEMPT_OK;
+            break;
         }
         gp_tls_free(l.tls);
         close(fd);
+        if (k == ATTEMPT_REDIRECT) {
+            if (++hops > MAX_REDIRECTS) {
+                snprintf(msg, mcap, "sent on from server to server more than %d times",
+                         MAX_REDIRECTS);
+                k = ATTEMPT_CONNECT;
+                break;
+            }
+            if (!hop && !(hop = malloc(sizeof *hop))) {
+                snprintf(msg, mcap, "out of memory");
+                k = ATTEMPT_CONNECT;
+                break;
+            }
+            char where[256];
+            snprintf(where, sizeof where, "%s", msg);
+            memcpy(hop, hc->srv, sizeof *hop);
+            if (gp_parse_server_address(where, hop) != 0) {
+                snprintf(msg, mcap, "it sent this client to '%s', which is not an address", where);
+                k = ATTEMPT_REFUSED;
+                break;
+            }
+            hop->tls = hc->srv->tls; /* as configured for the server named, not the text */
+            gp_server_desc(hop, hop_desc, sizeof hop_desc);
+            gp_log_info("server %s: a GPU of %s is held for this process; continuing there",
+                        hc->desc, hop_desc);
+            srv = hop;
+            hc->desc = hop_desc;
+            hc->restart_until = 0;
+            continue;
+        }
         if (k == ATTEMPT_RESTARTING &&
             restart_wait(hc, hc->timeout_s > 0 ? gp_timeout_ms(hc->timeout_s) : 60000, msg, 1))
             continue;
@@ -699,8 +748,14 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
             (*base_index)++;
             continue;
         }
-        return k;
+        break;
     }
+    if (k != ATTEMPT_OK && k != ATTEMPT_FATAL && hop != NULL) /* name the server that failed */
+        snprintf(msg + strlen(msg), mcap - strlen(msg), " (at %s, where %s sent us)", hop_desc,
+                 first_desc);
+    hc->desc = first_desc;
+    free(hop);
+    return k;
 }
 
 /* The one error line when no server has been configured. */

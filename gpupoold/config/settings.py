@@ -187,6 +187,12 @@ class Settings:
         "daemon's user; or a systemd credential). Unset: libpq's own (`PGPASSWORD`, "
         "`PGPASSFILE`, `~/.pgpass`).",
         metavar="PATH")
+    advertise: str | None = _setting(
+        None,
+        "Where clients and the other servers of a fleet reach this server's remoting port "
+        "(`HOST:PORT`): a fleet redirects clients here with it. Unset: the `listen` address, "
+        "with this machine's host name when `listen` is on every address (`0.0.0.0`, `[::]`).",
+        flag="--advertise", metavar="HOST:PORT", check=_check_address)
     simulated: int = _setting(
         0,
         "Number of simulated GPUs to serve. 0 serves the real GPUs listed in `gpus`; when no "

@@ -70,8 +70,9 @@ REATTACH_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
 GPU_STATES = ("free", "leased", "scrubbing", "quarantined", "drained")
-LEASE_REQUEST_RESULTS = ("granted", "auth", "requirements", "queue_full", "queue_timeout",
-                         "abandoned", "malformed", "version", "shutdown", "other")
+LEASE_REQUEST_RESULTS = ("granted", "redirected", "auth", "requirements", "queue_full",
+                         "queue_timeout", "abandoned", "malformed", "version", "shutdown",
+                         "store", "other")
 IDLE_WINDOW = 300.0  # seconds of zero utilisation after which a leased GPU counts as idle
 
 

@@ -101,6 +101,8 @@ class Pool(Protocol):
     def clean(self, slot: Slot, lease_ids: list[int]) -> Any: ...
     def changed(self, slot: Slot) -> None: ...
     def changed_any(self) -> None: ...
+    fleet: Any  # pool/fleet.FleetQueue, or None on a single server
+
     def dispatch(self) -> None: ...
     def grant(self, slot: Slot, w: Waiter) -> None: ...
     def in_service(self, slot: Slot) -> bool: ...
@@ -277,7 +279,10 @@ class IdleDetacher:
         w = self.m.queue.join(lease.req, lease.token, lease.client, returning=lease.id,
                               only=lambda g: same_model(home, g))
         home_slot = next((s for s in self.m.slots if s.gpu.uuid == home.uuid), None)
-        if (home_slot is not None and home_slot.state == FREE and self.m.in_service(home_slot)
+        # Straight back onto its free GPU when nobody is ahead; in a fleet the fleet queue
+        # decides (the GPU may be promised to another server's client already).
+        if (self.m.fleet is None and home_slot is not None and home_slot.state == FREE
+                and self.m.in_service(home_slot)
                 and self.m.queue.first(lambda x: x.accepts(home_slot.gpu)) is w):
             self.m.grant(home_slot, w)
         else:

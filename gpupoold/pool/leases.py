@@ -99,6 +99,8 @@ class LeaseManager:
         self._closing = False
         self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
         self.detacher = IdleDetacher(self, checkpointer or Checkpointer(None))
+        # With a shared store the fleet queue (pool/fleet.py) grants the GPUs, not _dispatch.
+        self.fleet: Any = None
 
     # ---------------------------------------------------------------------------- life cycle
     async def start(self) -> None:
@@ -405,15 +407,17 @@ class LeaseManager:
         free = sum(1 for s in matching if self.free_now(s, req, token))
         return len(self.slots), len(matching), free, len(self.queue)
 
-    def enqueue(self, req: Requirements, token: str, client: ClientInfo) -> Waiter:
+    def enqueue(self, req: Requirements, token: str, client: ClientInfo,
+                redirectable: bool = False) -> Waiter:
         """Join the queue; the waiter's future resolves with a Slot when a GPU is granted (at
-        once if one is free). Raises QueueFull or ShuttingDown."""
+        once if one is free), or in a fleet with a Redirect to another server's GPU (only a
+        `redirectable` waiter). Raises QueueFull or ShuttingDown."""
         if self._closing:
             raise ShuttingDown()
         if len(self.queue) >= self.settings.max_queue and not self._free_for(req, token):
             raise QueueFull(f"every GPU is busy and the queue is full ({len(self.queue)} "
                             f"waiting, max_queue = {self.settings.max_queue}); try again later")
-        w = self.queue.join(req, token, client)
+        w = self.queue.join(req, token, client, redirectable=redirectable)
         self._dispatch()
         return w
 
@@ -422,6 +426,11 @@ class LeaseManager:
             self._under_limit(token)
 
     def position(self, w: Waiter) -> tuple[int, int]:
+        """(place, clients waiting): in the fleet's queue once the waiter is in it."""
+        if self.fleet is not None:
+            pos, total = self.fleet.position(w)
+            if pos:
+                return pos, total
         return self.queue.position(w), len(self.queue)
 
     def abandon(self, w: Waiter) -> None:
@@ -441,8 +450,12 @@ class LeaseManager:
         return limit <= 0 or sum(1 for s in self.slots if s.holder() == token) < limit
 
     def _dispatch(self) -> None:
-        """Grant free GPUs to the first waiters that may take them."""
+        """Grant free GPUs to the first waiters that may take them (in a fleet: ask the fleet
+        queue to look, pool/fleet.py)."""
         if self._closing:
+            return
+        if self.fleet is not None:
+            self.fleet.kick()
             return
         for slot in self.slots:
             if slot.state != FREE:
@@ -452,6 +465,9 @@ class LeaseManager:
             if w is None:
                 continue
             self.grant(slot, w)
+
+    def release_unused(self, slot: Slot) -> None:
+        self._release_unused(slot)
 
     def _release_unused(self, slot: Slot) -> None:
         """A granted GPU nobody used (the client left before its lease started)."""

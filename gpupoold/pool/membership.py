@@ -6,8 +6,9 @@ its leases left open for its next start to take over (docs/architecture.md, "Rel
 With SQLite the one server registers too (the API then lists one server) but sends no
 heartbeats: nobody else reads that database, and each would be a synced write every 2 s.
 
-Not here yet: the fleet-wide queue and redirects (a lease still needs a GPU of the server the
-client connected to), and the fleet views of GPUs and leases.
+While the store is unreachable nobody can heartbeat; once it is back, a server waits until the
+others have had the time to heartbeat again before it judges them, so an outage of the database
+does not mark the whole fleet down. The fleet queue and redirects are pool/fleet.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import contextlib
 import logging
 import time
 
-from gpupoold.store.database import Store, StoreError
+from gpupoold.store.database import Store, store_errors
 from gpupoold.tasks import stop_task
 
 log = logging.getLogger("gpupoold.membership")
@@ -32,6 +33,7 @@ class Membership:
         self.remoting = remoting
         self.http = http
         self._task: asyncio.Task[None] | None = None
+        self._judge_after = 0.0  # time.monotonic() before which no other server is marked down
 
     @property
     def name(self) -> str:
@@ -43,14 +45,26 @@ class Membership:
             self._task = asyncio.create_task(self._run(), name="membership")
 
     async def _run(self) -> None:
+        failing = False
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             try:
                 await self.beat()
-            except (StoreError, OSError) as exc:  # the database may come back: keep trying
-                log.warning("membership: cannot reach the store: %s", exc)
-            except Exception:  # noqa: BLE001 - a driver's error must not end the heartbeats
+            except store_errors() as exc:  # the database may come back: keep trying
+                if not failing:
+                    log.warning("membership: cannot reach the store (%s); heartbeats resume "
+                                "when it is back", str(exc).strip() or type(exc).__name__)
+                failing = True
+                # Nobody could heartbeat meanwhile: judge the others only once they have had
+                # the time to, after the store is back.
+                self._judge_after = time.monotonic() + DOWN_AFTER_S + HEARTBEAT_S
+                continue
+            except Exception:  # noqa: BLE001 - a bug must not end the heartbeats
                 log.exception("membership: heartbeat failed")
+                continue
+            if failing:
+                log.warning("membership: the store is reachable again")
+            failing = False
 
     async def beat(self) -> None:
         """One heartbeat and one look at the others."""
@@ -59,6 +73,8 @@ class Membership:
             log.warning("this server (%s) was marked down by another while silent; its leases "
                         "were ended in the history; registering again", self.name)
             await self.store.server_up(self.remoting, self.http, now)
+        if time.monotonic() < self._judge_after:
+            return
         for name in await self.store.silent_servers(now - DOWN_AFTER_S):
             ended = await self.store.server_down(
                 name, now, f"no heartbeat for {DOWN_AFTER_S:.0f} s (seen by {self.name})")

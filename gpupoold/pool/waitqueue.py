@@ -50,6 +50,9 @@ class Waiter:
     # on (`only`); it is not held back by max_gpus_per_token (it held its GPU already).
     returning: int | None = None  # the lease id
     only: Callable[[Gpu], bool] | None = None
+    # A fleet (pool/fleet.py) may send it to another server's GPU: its client understands
+    # GP_EREDIRECT (protocol 1.3).
+    redirectable: bool = False
 
     def accepts(self, gpu: Gpu) -> bool:
         return self.req.matches(gpu) and (self.only is None or self.only(gpu))
@@ -64,14 +67,16 @@ class WaitQueue:
         self._tickets = itertools.count(1)
 
     def join(self, req: Requirements, token: str, client: ClientInfo, *,
-             returning: int | None = None, only: Callable[[Gpu], bool] | None = None) -> Waiter:
+             returning: int | None = None, only: Callable[[Gpu], bool] | None = None,
+             redirectable: bool = False) -> Waiter:
         """A new waiter at the end. A detached lease coming back (`returning`: its id) too: the
         queue is served in the order the requests were made, a returning lease's when its client
         called again. Putting returning leases first would starve new arrivals whenever the
         tenants take turns (two leases detaching and returning in turn would keep a GPU between
         them forever); in arrival order every client gets its turn (bench/detach_bench.py)."""
         w = Waiter(next(self._tickets), req, token, client,
-                   asyncio.get_running_loop().create_future(), returning=returning, only=only)
+                   asyncio.get_running_loop().create_future(), returning=returning, only=only,
+                   redirectable=redirectable)
         self._waiters.append(w)
         return w
 

@@ -28,6 +28,7 @@ from gpupoold.auth.authenticator import Authenticator
 from gpupoold.config.settings import Settings, format_address, parse_address
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
+from gpupoold.pool.fleet import Redirect
 from gpupoold.pool.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
@@ -38,10 +39,12 @@ from gpupoold.remoting.handshake import (
     Refusal,
     parse_hello,
     queue_notice,
+    redirect_reply,
     refusal_reply,
     requirements_text,
 )
 from gpupoold.remoting.tls_session import TlsStream, start_tls_server
+from gpupoold.store.database import store_errors
 from gpupoold.tasks import stop_task
 from gpupoold.tls import remoting_ssl_context
 
@@ -55,6 +58,7 @@ SEND_LIMIT = 30.0
 CLOSE_TIMEOUT = 5.0
 SHUTDOWN_NOTICE_WAIT = 1.0  # seconds at stop for the queued clients to be told to come back
 MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handshake_timeout)
+REDIRECT_MINOR = 3  # clients of protocol 1.3 and later follow GP_EREDIRECT
 
 
 class RemotingListener:
@@ -188,7 +192,11 @@ class RemotingListener:
             await self._refuse(writer, frame.req, peer, Refusal(
                 gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
             return
-        decision = await self.auth.check(hello.token, peer)
+        try:
+            decision = await self.auth.check(hello.token, peer)
+        except store_errors() as exc:
+            await self._store_down(writer, frame.req, peer, exc)
+            return
         if not decision.ok:
             self.counters.inc("auth_refused", reason=decision.reason or "refused")
             self.counters.inc("handshakes_refused", reason="auth")
@@ -205,7 +213,8 @@ class RemotingListener:
             await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EREFUSED, why))
             return
         try:
-            waiter = self.leases.enqueue(req, decision.identity, client)
+            waiter = self.leases.enqueue(req, decision.identity, client,
+                                         redirectable=hello.minor >= REDIRECT_MINOR)
         except QueueFull as exc:
             self.counters.inc("handshakes_refused", reason="queue full")
             self._request("queue_full")
@@ -221,6 +230,15 @@ class RemotingListener:
         wants_keepalive = bool(hello.flags & gp.GP_HELLO_KEEPALIVE)
         slot = await self._wait_for_gpu(waiter, reader, writer, frame.req, peer, wants_keepalive)
         if slot is None:
+            return
+        if isinstance(slot, Redirect):
+            self._request("redirected")
+            log.info("connection from %s: sent to GPU %d of server %s (%s), where it is held "
+                     "for this client (%.1f ms after connect)", peer, slot.gpu, slot.server,
+                     slot.address, (time.monotonic() - accepted) * 1000)
+            await self._send(writer, redirect_reply(slot.address, slot.server, slot.gpu),
+                             frame.req)
+            await self._end_tls(writer)
             return
         if _buffered(reader):
             self.leases.abandon(waiter)
@@ -256,6 +274,10 @@ class RemotingListener:
         try:
             lease = await self.leases.begin(waiter, slot, frame.body, frame.req, sock.fileno(),
                                             before_handover=lambda: stop_task(keepalive))
+        except store_errors() as exc:  # the lease could not be recorded: not started
+            await stop_task(keepalive)
+            await self._store_down(writer, frame.req, peer, exc)
+            return
         except LeaseStartError as exc:
             self._request("other")
             await stop_task(keepalive)
@@ -335,9 +357,10 @@ class RemotingListener:
 
     async def _wait_for_gpu(self, waiter: Waiter, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter, req: int, peer: str,
-                            keepalive: bool = False) -> Slot | None:
-        """The granted GPU, or None when the client left, timed out or the daemon stops (the
-        client has been told why, where it can still hear it)."""
+                            keepalive: bool = False) -> Slot | Redirect | None:
+        """The granted GPU (in a fleet: or another server's, a Redirect), or None when the
+        client left, timed out or the daemon stops (the client has been told why, where it can
+        still hear it)."""
         if waiter.future.done() and waiter.future.exception() is None:
             return waiter.future.result()  # type: ignore[no-any-return]
         loop = asyncio.get_running_loop()
@@ -345,7 +368,7 @@ class RemotingListener:
         # While queued, watch the connection: end of stream means the client is gone.
         writer.transport.resume_reading()
         gone = asyncio.ensure_future(reader.read(1))
-        got: Slot | None = None
+        got: Slot | Redirect | None = None
         # Position notices every queue_notice_interval; keepalive beats in between (a client
         # that asked for them). This loop is the only writer to the connection meanwhile.
         notice_due = loop.time()
@@ -414,6 +437,18 @@ class RemotingListener:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await gone
             writer.transport.pause_reading()
+
+    async def _store_down(self, writer: asyncio.StreamWriter, req: int, peer: str,
+                          exc: BaseException) -> None:
+        """The store (the fleet's database) cannot be reached: no new lease can be recorded.
+        The leases running go on; the client is told to try again."""
+        self.counters.inc("handshakes_refused", reason="store")
+        self._request("store")
+        await self._refuse(writer, req, peer, Refusal(gp.GP_EBUSY, (
+            "the gpupool server cannot reach its database right now "
+            f"({str(exc).strip() or type(exc).__name__}), so it cannot start a lease; the "
+            "leases already running go on. Try again in a moment (the server reconnects by "
+            "itself)")))
 
     async def _refuse(self, writer: asyncio.StreamWriter, req: int, peer: str,
                       refusal: Refusal) -> None:

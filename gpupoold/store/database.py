@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -47,15 +48,17 @@ from gpupoold.auth.tokens import (
     parse_token,
     secret_matches,
 )
-from gpupoold.store import postgres
+from gpupoold.store import fleet, postgres
 
 DB_NAME = "gpupoold.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction
+PENDING_RETRY_S = 1.0  # how often records kept during an outage are tried again
 LEASE_STATES = ("active", "ended", "all")
 CHECK_RESULTS = ("ok", "missing", "malformed", "unknown", "revoked", "expired")
 _NEW_ID_TRIES = 8  # a 48-bit token id colliding even twice means something else is wrong
 
 T = TypeVar("T")
+log = logging.getLogger("gpupoold.store")
 
 # MIGRATIONS[n]: the statements that bring schema version n to n + 1 (run in one transaction).
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -143,11 +146,50 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             down_reason TEXT NOT NULL DEFAULT ''
         )""",
     ),
+    (  # v6: the fleet (store/fleet.py): every server's GPUs, and the one queue for them all
+        """CREATE TABLE fleet_gpus (
+            server TEXT NOT NULL,
+            gpu_index INTEGER NOT NULL,
+            uuid TEXT NOT NULL DEFAULT '',
+            name TEXT NOT NULL DEFAULT '',
+            memory_total INTEGER NOT NULL DEFAULT 0,
+            simulated INTEGER NOT NULL DEFAULT 0,
+            state TEXT NOT NULL,
+            free INTEGER NOT NULL DEFAULT 0,
+            lease_id INTEGER,
+            token TEXT NOT NULL DEFAULT '',
+            updated REAL NOT NULL,
+            holder INTEGER,
+            holder_token TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (server, gpu_index)
+        )""",
+        """CREATE TABLE fleet_queue (
+            ticket INTEGER PRIMARY KEY AUTOINCREMENT,
+            server TEXT NOT NULL,
+            token TEXT NOT NULL,
+            client TEXT NOT NULL,
+            request TEXT NOT NULL,
+            only_gpus TEXT,
+            redirectable INTEGER NOT NULL DEFAULT 1,
+            joined REAL NOT NULL,
+            state TEXT NOT NULL DEFAULT 'waiting',
+            assigned_server TEXT,
+            assigned_gpu INTEGER,
+            assigned_at REAL
+        )""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 # ------------------------------------------------------------------------------------ errors
+@functools.cache
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What a store call raises when the database cannot be used (PostgreSQL down, the
+    connection lost, a locked SQLite file): callers that keep going without it catch these."""
+    return (StoreError, sqlite3.OperationalError, OSError, *postgres.driver_errors())
+
+
 class StoreError(Exception):
     """A store problem; the message says what happened."""
 
@@ -366,10 +408,10 @@ class StoreDB:
             raise
         self._conn.execute("COMMIT")
 
-    def _insert(self, db: Any, sql: str, params: Any) -> int:
-        """Run an INSERT; the new row's id."""
+    def _insert(self, db: Any, sql: str, params: Any, key: str = "id") -> int:
+        """Run an INSERT; the new row's id (its column `key`)."""
         if self._pg:
-            return int(db.execute(sql + " RETURNING id", params).fetchone()[0])
+            return int(db.execute(f"{sql} RETURNING {key}", params).fetchone()[0])
         return int(db.execute(sql, params).lastrowid or 0)
 
     def _version(self, db: Any) -> int:
@@ -672,10 +714,20 @@ class StoreDB:
                  "state": "up" if r["down"] is None else "down", "down_since": r["down"],
                  "down_reason": r["down_reason"]} for r in rows]
 
-    # -------------------------------------------------------------------------------- audit
-    def audit(self, actor: str, action: str, target: str, detail: str = "") -> int:
+    # -------------------------------------------------------------------------------- fleet
+    def fleet_sync(self, inp: fleet.SyncInput, match: fleet.Matcher) -> fleet.SyncResult:
+        """One turn of this server in the fleet's shared state (store/fleet.py)."""
         with self._write() as db:
-            return self._add_audit(db, actor, action, target, detail)
+            return fleet.sync(db, inp, match, self._insert, time.time())
+
+    def fleet_snapshot(self) -> tuple[list[fleet.GpuRow], list[fleet.QueueRow]]:
+        return fleet.snapshot(self._conn)
+
+    # -------------------------------------------------------------------------------- audit
+    def audit(self, actor: str, action: str, target: str, detail: str = "",
+              at: float | None = None) -> int:
+        with self._write() as db:
+            return self._add_audit(db, actor, action, target, detail, at)
 
     def audit_log(self, limit: int = 100, before: int | None = None) -> list[AuditRecord]:
         """Audit records, newest first; only ids below `before` when given."""
@@ -695,6 +747,10 @@ class Store:
         self._db = db
         self._executor = executor
         self._closed = False
+        # Records (lease ends, scrubs, events, audit) the database could not take yet: written
+        # in order once it is back (`_record`), so that an outage loses none.
+        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, location: Path | str, password_file: Path | None = None,
@@ -721,9 +777,21 @@ class Store:
         return self._db.where
 
     async def close(self) -> None:
-        """Wait for the calls already made, then close the database."""
+        """Wait for the calls already made (and try the pending records once more), then close
+        the database."""
         if self._closed:
             return
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(BaseException):
+                await self._flusher
+        if self._pending:
+            with contextlib.suppress(*store_errors()):
+                await self._flush_once()
+        if self._pending:
+            log.error("the store closes with %d record(s) it could not write (the database "
+                      "was unreachable): %s", len(self._pending),
+                      "; ".join(f"{fn.__name__}{args[:2]}" for fn, args in self._pending))
         self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._db.close)
@@ -739,6 +807,46 @@ class Store:
             if self._closed:
                 raise StoreClosed("the store is closed") from exc
             raise
+
+    @property
+    def pending(self) -> int:
+        """Records waiting for the database to come back."""
+        return len(self._pending)
+
+    async def _record(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Write a record now, or (the database unreachable) as soon as it is back, in order."""
+        if not self._pending:
+            try:
+                await self._run(fn, *args)
+                return
+            except store_errors() as exc:
+                if isinstance(exc, StoreClosed):
+                    raise
+                log.error("the store cannot be reached (%s): %s kept in memory and written "
+                          "when it is back", str(exc).strip() or type(exc).__name__,
+                          fn.__name__)
+        self._pending.append((fn, args))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="store-pending")
+
+    async def _flush_once(self) -> None:
+        while self._pending:
+            fn, args = self._pending[0]
+            await self._run(fn, *args)
+            self._pending.pop(0)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            await asyncio.sleep(PENDING_RETRY_S)
+            try:
+                await self._flush_once()
+            except store_errors():
+                continue
+            except Exception:  # a record the database refuses for itself: not retried forever
+                fn, args = self._pending.pop(0)
+                log.exception("record %s%s could not be written; dropped", fn.__name__,
+                              args[:2])
+        log.warning("the store is reachable again: the records kept meanwhile are written")
 
     # tokens
     async def create_token(self, name: str, role: str, expires: float | None,
@@ -770,19 +878,19 @@ class Store:
     async def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
                           bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
                           module_bytes: int = 0) -> None:
-        await self._run(self._db.lease_ended, lease_id, ended, reason, detail, bytes_h2d,
-                        bytes_d2h, calls, module_bytes)
+        await self._record(self._db.lease_ended, lease_id, ended, reason, detail, bytes_h2d,
+                           bytes_d2h, calls, module_bytes)
 
     async def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:
-        await self._run(self._db.lease_scrubbed, lease_id, ok, result)
+        await self._record(self._db.lease_scrubbed, lease_id, ok, result)
 
     async def open_leases(self) -> list[LeaseRecord]:
         return await self._run(self._db.open_leases)
 
     async def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
                           detail: str, detaches: int, detached_s: float) -> None:
-        await self._run(self._db.lease_event, lease_id, at, state, gpu_index, detail, detaches,
-                        detached_s)
+        await self._record(self._db.lease_event, lease_id, at, state, gpu_index, detail,
+                           detaches, detached_s)
 
     async def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
         return await self._run(self._db.lease_events, lease_id)
@@ -825,8 +933,14 @@ class Store:
     async def servers(self) -> list[dict[str, Any]]:
         return await self._run(self._db.servers)
 
+    async def fleet_sync(self, inp: fleet.SyncInput, match: fleet.Matcher) -> fleet.SyncResult:
+        return await self._run(self._db.fleet_sync, inp, match)
+
+    async def fleet_snapshot(self) -> tuple[list[fleet.GpuRow], list[fleet.QueueRow]]:
+        return await self._run(self._db.fleet_snapshot)
+
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
-        await self._run(self._db.audit, actor, action, target, detail)
+        await self._record(self._db.audit, actor, action, target, detail, time.time())
 
     async def audit_log(self, limit: int = 100, before: int | None = None) -> list[AuditRecord]:
         return await self._run(self._db.audit_log, limit, before)

@@ -125,18 +125,34 @@ class PgConnection:
                 raise UrlError(f"cannot read the database password from {password_file} (setting "
                                f"'database_password_file'): {exc}") from exc
         self.integrity_error: type[Exception] = psycopg.IntegrityError
+        self._url = url
+        self._kwargs = kwargs
         try:
-            self._conn = psycopg.connect(url, autocommit=True, row_factory=_row_factory,
-                                         connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
+            self._conn = self._connect()
         except psycopg.OperationalError as exc:
             raise UrlError(f"cannot connect to the database {redacted(url)}: "
                            f"{str(exc).strip() or type(exc).__name__}") from exc
 
+    def _connect(self) -> Any:
+        import psycopg
+        return psycopg.connect(self._url, autocommit=True, row_factory=_row_factory,
+                               connect_timeout=CONNECT_TIMEOUT_S, **self._kwargs)
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         values = tuple(int(p) if isinstance(p, bool) else p for p in params)
+        if self._conn.closed or self._conn.broken:
+            # The server restarted or the network dropped the connection: a new one, here, so
+            # that the daemon recovers by itself when the database is back (this raises while
+            # it is not).
+            self._conn = self._connect()
         cur = self._conn.cursor()
         cur.execute(sql.replace("%", "%%").replace("?", "%s") if values else sql, values or None)
         return cur
+
+    @property
+    def raw(self) -> Any:
+        """The psycopg connection itself (store/notify.py waits on its notifications)."""
+        return self._conn
 
     def close(self) -> None:
         self._conn.close()

@@ -1,0 +1,352 @@
+"""One queue for the fleet: servers sharing a PostgreSQL store give their GPUs out together.
+
+With a shared store (`database = "postgresql://..."`) a server never grants its GPUs by itself.
+Its waiters (pool/waitqueue.py: the clients of its handshakes, and its detached leases coming
+back) join the fleet queue, and every decision is taken in one locked transaction of the store
+(store/fleet.py) by `match` below: the first waiter in ticket order that may take a free GPU of
+any live server gets it, a GPU of its own server first. So the order is FIFO across the fleet
+and no GPU is ever given twice, whatever the timing between servers.
+
+Then each server acts on what concerns it, in `_apply`:
+- its waiter got one of its own GPUs: granted, as on a single server;
+- its waiter got another server's GPU: the waiter's future resolves with a `Redirect`; the
+  handshake answers the hello with GP_EREDIRECT and the address, and the client says the same
+  hello there (the shim does it by itself; the program sees nothing);
+- one of its GPUs went to another server's waiter: the GPU is held for that client (a
+  reservation, REDIRECT_CLAIM_S at most). The redirected hello joins this server's queue, and the
+  store gives it that ticket back (same token, host and pid: store/fleet.py) instead of a new
+  one at the end, so it is granted the held GPU.
+
+A server syncs when something changes here (`kick`: the lease manager calls it instead of
+granting), when another server NOTIFYs (store/notify.py), and every SYNC_EVERY seconds anyway.
+While the store cannot be reached, syncs fail and are retried: waiting clients keep waiting,
+running leases are not touched (docs/architecture.md, "Fleet").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.pool.requirements import _INDEX, Requirements
+from gpupoold.pool.slots import FREE, LEASED, Slot
+from gpupoold.pool.waitqueue import ClientInfo, Waiter
+from gpupoold.store.database import Store
+from gpupoold.store.fleet import GpuRow, QueueRow, SyncInput, SyncResult
+from gpupoold.tasks import stop_task
+
+log = logging.getLogger("gpupoold.fleet")
+
+SYNC_EVERY = 1.0  # seconds between syncs when nothing happens (positions, missed notices)
+REDIRECT_CLAIM_S = 10.0  # how long a GPU is held for a redirected client to arrive
+
+
+@dataclass(frozen=True)
+class Redirect:
+    """What a waiter's future resolves with when its GPU is on another server."""
+
+    server: str  # the server's name
+    address: str  # where clients reach it (HOST:PORT)
+    gpu: int
+
+
+@dataclass
+class Reservation:
+    ticket: int
+    slot: Slot
+    row: QueueRow
+    until: float  # time.monotonic() after which the GPU is released
+
+
+def _client(q: QueueRow) -> ClientInfo:
+    c = q.client
+    return ClientInfo(host=str(c.get("host", "")), user=str(c.get("user", "")),
+                      pid=int(c.get("pid", 0)), program=str(c.get("program", "")),
+                      peer=str(c.get("peer", "")))
+
+
+def _as_gpu(g: GpuRow) -> Gpu:
+    return Gpu(index=g.index, name=g.name, uuid=g.uuid, simulated=g.simulated, driver="",
+               ordinal=g.index, memory_total=g.memory_total)
+
+
+def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
+          max_gpus_per_token: int = 0) -> list[tuple[int, str, int]]:
+    """The assignments of free GPUs to waiters, as (ticket, server, GPU index): in ticket order,
+    each waiter takes a free GPU it accepts, one of its own server first (no redirect), then the
+    other servers' in name order. A token at `max_gpus_per_token` (held or assigned GPUs of the
+    whole fleet) waits; a detached lease coming back is not held back by it (it had its GPU)."""
+    free = [g for g in gpus if g.free and g.holder is None and g.server in up]
+    held: Counter[str] = Counter()
+    for g in gpus:
+        if g.server in up and (g.holder is not None or g.token):
+            held[g.holder_token or g.token] += 1
+    taken: set[tuple[str, int]] = set()
+    out: list[tuple[int, str, int]] = []
+    for w in queue:
+        if w.state != "waiting" or w.server not in up:
+            continue
+        if max_gpus_per_token > 0 and w.only is None and held[w.token] >= max_gpus_per_token:
+            continue
+        req = Requirements(**w.request)
+        best: GpuRow | None = None
+        for g in free:
+            if (g.server, g.index) in taken:
+                continue
+            if g.server != w.server and (not w.redirectable or w.only is not None):
+                continue
+            if w.only is not None and g.index not in w.only:
+                continue
+            if not req.matches(_as_gpu(g)):
+                continue
+            if best is None or (g.server != w.server) < (best.server != w.server):
+                best = g
+        if best is None:
+            continue
+        taken.add((best.server, best.index))
+        held[w.token] += 1
+        out.append((w.ticket, best.server, best.index))
+    return out
+
+
+class FleetQueue:
+    """This server's part of the fleet queue (see the top)."""
+
+    def __init__(self, leases: Any, store: Store, max_gpus_per_token: int = 0) -> None:
+        self.leases = leases  # pool/leases.LeaseManager (not imported: it imports this module)
+        self.store = store
+        self.server = store.server
+        self.max_gpus_per_token = max_gpus_per_token
+        self._kick = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._keys = 0
+        self._tickets: dict[Waiter, int] = {}  # this server's waiters in the fleet queue
+        self._gone: list[int] = []
+        self._finished: list[int] = []
+        self._unassign: list[int] = []
+        self._applied: dict[int, int] = {}  # GPU index -> the ticket it serves
+        self._reservations: dict[int, Reservation] = {}  # ticket -> held GPU
+        self._positions: dict[int, tuple[int, int]] = {}  # ticket -> (position, waiting)
+        self.last: SyncResult | None = None  # the fleet as the last sync saw it
+        self.last_ok = 0.0  # time.time() of the last sync that reached the store
+        self.error: str | None = None  # why the last sync failed (None: it did not)
+        self.syncs = 0
+
+    # --------------------------------------------------------------------- the lease manager's
+    def kick(self) -> None:
+        """Something changed here (a waiter came or left, a GPU changed): sync soon."""
+        self._kick.set()
+
+    def position(self, w: Waiter) -> tuple[int, int]:
+        """(place in the fleet queue, waiting in the fleet), as of the last sync; (0, n) before
+        the waiter's first sync."""
+        ticket = self._tickets.get(w)
+        if ticket is None:
+            return 0, len(self.last.queue) if self.last else 0
+        return self._positions.get(ticket, (0, 0))
+
+    # ---------------------------------------------------------------------------- life cycle
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="fleet-queue")
+        self.kick()
+
+    async def close(self) -> None:
+        """A last sync (best effort): this server's waiters and free GPUs leave the fleet."""
+        await stop_task(self._task)
+        self._task = None
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.sync(), 3.0)
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), SYNC_EVERY)
+            self._kick.clear()
+            try:
+                await self.sync()
+            except Exception:  # noqa: BLE001 - a bug here must not end the fleet queue
+                log.exception("fleet queue: sync failed")
+                await asyncio.sleep(SYNC_EVERY)
+
+    async def sync(self) -> bool:
+        """One turn in the fleet's shared state; False when the store could not be reached."""
+        async with self._lock:
+            self._expire_reservations()
+            inp, new = self._input()
+            try:
+                res = await self.store.fleet_sync(
+                    inp, lambda g, q, up: match(g, q, up, self.max_gpus_per_token))
+            except Exception as exc:  # the database is down or unreachable: try again later
+                # Nothing of it happened: all of it is sent again next time.
+                self._gone = inp.gone + self._gone
+                self._finished = inp.finished + self._finished
+                self._unassign = inp.unassign + self._unassign  # (new waiters: still queued)
+                if self.error is None:
+                    log.error("fleet queue: cannot reach the store (%s); waiting clients keep "
+                              "waiting, running leases go on; retrying every %g s", exc,
+                              SYNC_EVERY)
+                self.error = str(exc) or type(exc).__name__
+                return False
+            if self.error is not None:
+                log.warning("fleet queue: the store is reachable again")
+            self.error = None
+            self.last_ok = time.time()
+            self.syncs += 1
+            self._apply(res, new)
+            return True
+
+    # ------------------------------------------------------------------------------ one turn
+    def _input(self) -> tuple[SyncInput, dict[int, Waiter]]:
+        finished: list[int] = self._finished
+        self._finished = []
+        gpus = []
+        for slot in self.leases.slots:
+            i = slot.gpu.index
+            ticket = self._applied.get(i)
+            if ticket is not None and slot.state != LEASED:  # its lease or hold is over
+                finished.append(ticket)
+                del self._applied[i]
+            lease = slot.lease
+            gpus.append(GpuRow(
+                server=self.server, index=i, uuid=slot.gpu.uuid, name=slot.gpu.name,
+                memory_total=slot.gpu.memory_total, simulated=slot.gpu.simulated,
+                state="draining" if slot.draining and slot.state == LEASED else slot.state,
+                free=(slot.state == FREE and self.leases.in_service(slot)
+                      and not self.leases.closing and i not in self._applied),
+                lease_id=lease.id if lease is not None else None,
+                token=slot.holder() or "", updated=0.0))
+        waiting = set(self.leases.queue)
+        gone = self._gone
+        self._gone = []
+        for w, ticket in list(self._tickets.items()):
+            if w not in waiting:  # left (or refused at a stop) without the fleet's GPU
+                gone.append(ticket)
+                del self._tickets[w]
+        new: dict[int, Waiter] = {}
+        rows = []
+        for w in waiting:
+            if w in self._tickets:
+                continue
+            self._keys += 1
+            new[self._keys] = w
+            only = None
+            if w.returning is not None or w.only is not None:
+                only = tuple(s.gpu.index for s in self.leases.slots if w.accepts(s.gpu))
+            rows.append((self._keys, QueueRow(
+                ticket=0, server=self.server, token=w.token, client=w.client.to_json(),
+                request={"gpu": w.req.gpu, "model": w.req.model,
+                         "min_memory": w.req.min_memory},
+                only=only, redirectable=w.redirectable and not _INDEX.fullmatch(w.req.gpu),
+                joined=w.joined_wall, state="waiting")))
+        unassign = self._unassign
+        self._unassign = []
+        return SyncInput(self.server, gpus, rows, gone, finished, unassign), new
+
+    def _apply(self, res: SyncResult, new: dict[int, Waiter]) -> None:
+        self.last = res
+        waiting_now = set(self.leases.queue)
+        for key, ticket in res.tickets.items():
+            w = new[key]
+            if w in waiting_now:
+                self._tickets[w] = ticket
+            else:
+                self._gone.append(ticket)  # it left during the sync
+        rows = {q.ticket: q for q in res.queue}
+        line = [q.ticket for q in res.queue if q.state == "waiting"]
+        self._positions = {t: (n + 1, len(line)) for n, t in enumerate(line)}
+        by_ticket = {t: w for w, t in self._tickets.items()}
+        # This server's waiters sent to another server's GPU.
+        for ticket, w in list(by_ticket.items()):
+            q = rows.get(ticket)
+            if q is None or q.state != "assigned" or q.assigned_server == self.server:
+                continue
+            server = res.servers.get(q.assigned_server or "", {})
+            del self._tickets[w]
+            del by_ticket[ticket]
+            self.leases.queue.leave(w)
+            if not w.future.done():
+                w.future.set_result(Redirect(q.assigned_server or "", server.get("remoting", ""),
+                                             q.assigned_gpu or 0))
+        # This server's GPUs given to a ticket: granted to the waiter here that has it (its own,
+        # or a redirected client that arrived: the store gave its hello that ticket), or held
+        # for the client still on its way.
+        for g in res.gpus:
+            if g.server != self.server or g.holder is None:
+                continue
+            ticket = g.holder
+            q = rows.get(ticket)
+            slot = self._slot(g.index)
+            w = by_ticket.get(ticket)
+            held = self._reservations.get(ticket)
+            if self._applied.get(g.index) == ticket:
+                if held is not None and w is not None and w in waiting_now:
+                    del self._reservations[ticket]
+                    self._grant(held.slot, w)
+                elif held is not None and (q is None or q.state == "gone"):
+                    self._release(held, "its client is gone")
+                continue
+            if q is None or q.state == "gone" or slot is None:
+                self._finished.append(ticket)
+                continue
+            if slot.state != FREE or not self.leases.in_service(slot) or self.leases.closing:
+                self._unassign.append(ticket)  # it changed meanwhile: back to the queue
+                continue
+            if w is not None and w in waiting_now and not w.future.done():
+                self._applied[g.index] = ticket
+                self._grant(slot, w)
+            elif q.server == self.server:  # its waiter left just now
+                self._unassign.append(ticket)
+            else:
+                self._applied[g.index] = ticket
+                self._hold(slot, ticket, q)
+        if self._gone or self._finished or self._unassign:
+            self.kick()
+
+    def _grant(self, slot: Slot, w: Waiter) -> None:
+        self._tickets.pop(w, None)
+        slot.reserved = None
+        slot.set_state(FREE)  # a held GPU: grant() takes it from free
+        self.leases.grant(slot, w)
+
+    def _slot(self, index: int) -> Slot | None:
+        return next((s for s in self.leases.slots if s.gpu.index == index), None)
+
+    def _hold(self, slot: Slot, ticket: int, q: QueueRow) -> None:
+        slot.set_state(LEASED)
+        # A stand-in for the client on its way: the GPU's holder in the views, and a grant the
+        # watchdog knows (one never claimed is released long before its limit).
+        slot.reserved = Waiter(-ticket, Requirements(**q.request), q.token, _client(q),
+                               asyncio.get_running_loop().create_future())
+        slot.reserved_at = time.monotonic()
+        self._reservations[ticket] = Reservation(ticket, slot, q,
+                                                 time.monotonic() + REDIRECT_CLAIM_S)
+        log.info("GPU %d held for %s@%s pid %s, sent here by server %s (ticket %d)",
+                 slot.gpu.index, q.client.get("user"), q.client.get("host"),
+                 q.client.get("pid"), q.server, ticket)
+        self.leases.changed(slot)
+
+    def _release(self, r: Reservation, why: str) -> None:
+        self._reservations.pop(r.ticket, None)
+        if r.slot.state == LEASED and r.slot.lease is None and r.slot.reserved is not None \
+                and r.slot.reserved.ticket == -r.ticket:
+            log.info("GPU %d no longer held for ticket %d: %s", r.slot.gpu.index, r.ticket, why)
+            r.slot.reserved = None
+            self.leases.release_unused(r.slot)  # free again (the next sync finishes the ticket)
+
+    def _expire_reservations(self) -> None:
+        now = time.monotonic()
+        for r in list(self._reservations.values()):
+            if now >= r.until:
+                self._release(r, f"its client did not arrive within {REDIRECT_CLAIM_S:g} s")
+
+    def holds(self, slot: Slot) -> bool:
+        """Whether `slot` is held for a redirected client (leased, no lease yet)."""
+        return any(r.slot is slot for r in self._reservations.values())

@@ -1,0 +1,200 @@
+"""The fleet's shared state in the store (PostgreSQL): every server's GPUs (`fleet_gpus`) and
+the one queue of clients waiting for a GPU anywhere (`fleet_queue`), read and changed only inside
+`sync`, which holds a transaction-scoped advisory lock for the whole transaction.
+
+That lock is the fleet's single point of order: two servers never decide at once, so a GPU row is
+given to at most one ticket (`holder`), tickets are served in their order (they come from one
+sequence), and what one server decided is what the next one reads. The decisions themselves are
+the pool's (pool/fleet.py passes `match` in); this module only moves rows.
+
+A GPU row belongs to its server: only it writes `state`/`free` and clears `holder` (when the
+lease or reservation for that ticket is over). A queue row belongs to the server the client waits
+on until a GPU is assigned to it; then to the GPU's server, which deletes it once it is done with
+it. Rows of servers marked down are dropped here, so nobody waits for them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+FLEET_LOCK = 7070708  # pg_advisory_xact_lock key (the migrations use 7070707)
+CHANNEL = "gpupool_fleet"  # NOTIFY channel: "something changed, look again"
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One GPU of the fleet as its server last wrote it."""
+
+    server: str
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    simulated: bool
+    state: str  # the slot's state on its server (free, leased, scrubbing, ...)
+    free: bool  # its server would give it to a waiter now
+    lease_id: int | None
+    token: str  # the lease's token name ("" when none)
+    updated: float
+    holder: int | None = None  # the ticket it is assigned or reserved to
+    holder_token: str = ""
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    ticket: int
+    server: str  # where the client waits
+    token: str
+    client: dict[str, Any]
+    request: dict[str, Any]  # Requirements fields: gpu, model, min_memory
+    only: tuple[int, ...] | None  # GPU indexes of its own server it may take (None: any)
+    redirectable: bool  # may be sent to another server (False: its own server's GPUs only)
+    joined: float
+    state: str  # waiting | assigned | gone
+    assigned_server: str | None = None
+    assigned_gpu: int | None = None
+
+
+@dataclass
+class SyncInput:
+    """What one server brings to a sync: its GPUs now, and what happened to its waiters."""
+
+    server: str
+    gpus: list[GpuRow]
+    new_waiters: list[tuple[int, QueueRow]]  # (local key, row without ticket)
+    gone: list[int] = field(default_factory=list)  # its waiters' tickets whose clients left
+    finished: list[int] = field(default_factory=list)  # tickets its GPUs are done with
+    unassign: list[int] = field(default_factory=list)  # assignments it could not use: requeue
+
+
+@dataclass
+class SyncResult:
+    tickets: dict[int, int]  # local key -> ticket of the new waiters
+    gpus: list[GpuRow]  # the whole fleet, holders included
+    queue: list[QueueRow]  # the whole fleet queue, in ticket order
+    servers: dict[str, dict[str, Any]]  # name -> {"remoting", "state", ...}
+    assigned: list[tuple[int, str, int]]  # (ticket, server, gpu index) decided in this sync
+
+
+# match(gpus, queue, up servers) -> [(ticket, server, gpu index)]
+Matcher = Callable[[Sequence[GpuRow], Sequence[QueueRow], set[str]], list[tuple[int, str, int]]]
+
+
+def _gpu(r: Any) -> GpuRow:
+    return GpuRow(server=r["server"], index=int(r["gpu_index"]), uuid=r["uuid"], name=r["name"],
+                  memory_total=int(r["memory_total"]), simulated=bool(r["simulated"]),
+                  state=r["state"], free=bool(r["free"]), lease_id=r["lease_id"],
+                  token=r["token"], updated=float(r["updated"]), holder=r["holder"],
+                  holder_token=r["holder_token"])
+
+
+def _waiter(r: Any) -> QueueRow:
+    only = json.loads(r["only_gpus"]) if r["only_gpus"] else None
+    return QueueRow(ticket=int(r["ticket"]), server=r["server"], token=r["token"],
+                    client=json.loads(r["client"]), request=json.loads(r["request"]),
+                    only=tuple(only) if only is not None else None,
+                    redirectable=bool(r["redirectable"]), joined=float(r["joined"]),
+                    state=r["state"], assigned_server=r["assigned_server"],
+                    assigned_gpu=r["assigned_gpu"])
+
+
+def _in(values: Sequence[int]) -> str:
+    return "(" + ", ".join("?" for _ in values) + ")"
+
+
+def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
+         now: float) -> SyncResult:
+    """One server's turn, inside the caller's transaction (`insert`: StoreDB._insert)."""
+    db.execute("SELECT pg_advisory_xact_lock(?)", (FLEET_LOCK,))
+    me = inp.server
+    for g in inp.gpus:
+        db.execute(
+            "INSERT INTO fleet_gpus (server, gpu_index, uuid, name, memory_total, simulated, "
+            "state, free, lease_id, token, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (server, gpu_index) DO UPDATE SET uuid = excluded.uuid, "
+            "name = excluded.name, memory_total = excluded.memory_total, "
+            "simulated = excluded.simulated, state = excluded.state, free = excluded.free, "
+            "lease_id = excluded.lease_id, token = excluded.token, updated = excluded.updated",
+            (me, g.index, g.uuid, g.name, g.memory_total, g.simulated, g.state, g.free,
+             g.lease_id, g.token, now))
+    if inp.finished:
+        db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' WHERE server = ? "
+                   f"AND holder IN {_in(inp.finished)}", (me, *inp.finished))
+        db.execute(f"DELETE FROM fleet_queue WHERE ticket IN {_in(inp.finished)}",
+                   tuple(inp.finished))
+    if inp.unassign:
+        db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' "
+                   f"WHERE holder IN {_in(inp.unassign)}", tuple(inp.unassign))
+        db.execute(f"UPDATE fleet_queue SET state = 'waiting', assigned_server = NULL, "
+                   f"assigned_gpu = NULL WHERE state = 'assigned' AND ticket IN "
+                   f"{_in(inp.unassign)}", tuple(inp.unassign))
+    if inp.gone:
+        db.execute(f"DELETE FROM fleet_queue WHERE state = 'waiting' AND ticket IN "
+                   f"{_in(inp.gone)}", tuple(inp.gone))
+        db.execute(f"UPDATE fleet_queue SET state = 'gone' WHERE ticket IN {_in(inp.gone)}",
+                   tuple(inp.gone))
+    # A client redirected here: its hello carries no ticket, but the same token, host and pid
+    # as a ticket assigned to a GPU of this server. It gets that ticket back (and that GPU),
+    # rather than a new one at the end of the queue.
+    sent_here: dict[tuple[str, Any, Any], int] = {}
+    for r in db.execute("SELECT ticket, token, client FROM fleet_queue WHERE state = 'assigned' "
+                        "AND assigned_server = ? ORDER BY ticket", (me,)).fetchall():
+        c = json.loads(r["client"])
+        sent_here.setdefault((r["token"], c.get("host"), c.get("pid")), int(r["ticket"]))
+    tickets = {}
+    for key, w in inp.new_waiters:
+        claimed = sent_here.pop((w.token, w.client.get("host"), w.client.get("pid")), None)
+        if claimed is not None:
+            tickets[key] = claimed
+            continue
+        tickets[key] = insert(
+            db, "INSERT INTO fleet_queue (server, token, client, request, only_gpus, "
+                "redirectable, joined, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting')",
+            (me, w.token, json.dumps(w.client), json.dumps(w.request),
+             json.dumps(list(w.only)) if w.only is not None else None, w.redirectable,
+             w.joined), key="ticket")
+    servers = {r["name"]: {"remoting": r["remoting"], "http": r["http"],
+                           "state": "up" if r["down"] is None else "down",
+                           "heartbeat": r["heartbeat"], "down_since": r["down"]}
+               for r in db.execute("SELECT * FROM servers").fetchall()}
+    up = {name for name, s in servers.items() if s["state"] == "up"}
+    # Nobody waits for a server that is down: its waiters are gone with it, and so are the
+    # holds its GPUs had (their tickets' clients find the GPUs unavailable).
+    down = sorted(set(servers) - up)
+    if down:
+        db.execute(f"DELETE FROM fleet_queue WHERE server IN ({', '.join('?' for _ in down)}) "
+                   "AND state = 'waiting'", tuple(down))
+    gpus = [_gpu(r) for r in db.execute(
+        "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
+    queue = [_waiter(r) for r in db.execute(
+        "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
+    assigned = match(gpus, queue, up)
+    if assigned:
+        by_ticket = {w.ticket: w for w in queue}
+        for ticket, server, index in assigned:
+            db.execute("UPDATE fleet_queue SET state = 'assigned', assigned_server = ?, "
+                       "assigned_gpu = ?, assigned_at = ? WHERE ticket = ?",
+                       (server, index, now, ticket))
+            db.execute("UPDATE fleet_gpus SET holder = ?, holder_token = ? WHERE server = ? "
+                       "AND gpu_index = ?", (ticket, by_ticket[ticket].token, server, index))
+        gpus = [_gpu(r) for r in db.execute(
+            "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
+        queue = [_waiter(r) for r in db.execute(
+            "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
+        if any(server != me or by_ticket[t].server != me for t, server, _ in assigned):
+            db.execute(f"NOTIFY {CHANNEL}")
+    elif inp.finished or inp.gone or inp.new_waiters:
+        db.execute(f"NOTIFY {CHANNEL}")  # a GPU or a place in the queue may be theirs now
+    return SyncResult(tickets, gpus, queue, servers, assigned)
+
+
+def snapshot(db: Any) -> tuple[list[GpuRow], list[QueueRow]]:
+    """The fleet's GPUs and queue as they are (no lock: a view for the API)."""
+    gpus = [_gpu(r) for r in db.execute(
+        "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
+    queue = [_waiter(r) for r in db.execute(
+        "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
+    return gpus, queue
