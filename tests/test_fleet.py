@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import ApiError, wait_until
+from test_dashboard_browser import artifacts, chromium  # noqa: F401  (fixtures)
 from test_e2e_leases import hold_gpu, start_client  # noqa: F401  (hold_gpu is a fixture)
 from test_store_postgres import run_hold, servers_by_name
 
@@ -228,3 +229,33 @@ def test_postgresql_stopped_and_started_during_a_run(start_daemon: Any, native_b
         timeout=30)
     assert ended[0].end_reason == "client exit"
     assert "the store is reachable again" in a.log_text()
+
+
+def test_the_dashboard_of_one_server_shows_the_whole_fleet(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, pg_url: str,  # noqa: F811
+        chromium: Any, artifacts: Path,  # noqa: F811
+        clients: list[subprocess.Popen[str]]) -> None:
+    """Server B's Fleet page, in headless Chromium: all three servers' GPUs, and the lease that
+    runs on A (tests/browser.py; the markup: docs/dashboard.md)."""
+    from test_dashboard_browser import login
+
+    a, b, c = fleet(start_daemon, native_build, pg_url)
+    names = {name_of(s) for s in (a, b, c)}
+    a_name = name_of(a)
+    holder = start_client(a, hold_gpu, MIB, 20_000, 1)
+    clients.append(holder)
+    lease = wait_until("a lease on A", lambda: a.get_json("/api/v1/leases?state=active")["leases"])
+    page = chromium.new_page(1280, 900)
+    login(page, b, b.token)
+
+    def shown() -> bool:
+        page.goto(b.http_url + "/ui/fleet")
+        cards = page.evaluate("[...document.querySelectorAll('article.fleet-gpu')]"
+                              ".map(e => [e.dataset.server, e.dataset.state])")
+        row = page.evaluate(f"!!document.querySelector('#fleet-leases tr[data-server=\"{a_name}\"]"
+                            f"[data-lease=\"{lease[0]['id']}\"]')")
+        return ({s for s, _ in cards} == names and len(cards) == 3 and bool(row)
+                and [a_name, "leased"] in cards)
+
+    wait_until("B's Fleet page shows the three servers and A's lease", shown, timeout=20)
+    page.screenshot(artifacts / "fleet.png")

@@ -37,6 +37,7 @@ from aiohttp import web
 from gpupoold.dashboard.actions import Handler, create_token, end_lease, gpu_action, revoke_token
 from gpupoold.dashboard.live import dashboard_ctx, events
 from gpupoold.dashboard.pages import (
+    fleet_page,
     history_page,
     leases_page,
     login,
@@ -61,6 +62,7 @@ UI_ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/ui/leases", leases_page),
     ("GET", "/ui/history", history_page),
     ("GET", "/ui/queue", queue_page),
+    ("GET", "/ui/fleet", fleet_page),
     ("GET", "/ui/tokens", tokens_page),
     ("GET", "/ui/login", login_form),
     ("POST", "/ui/login", login),

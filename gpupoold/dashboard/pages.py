@@ -14,7 +14,8 @@ from gpupoold.dashboard.history import IDLE_WINDOW_S
 from gpupoold.dashboard.payload import charts, day_charts, state_payload
 from gpupoold.dashboard.sessions import COOKIE, Session, Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE
+from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE, VIEWS, remoting_address
+from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.store.database import LeaseFilter
 
 log = logging.getLogger("gpupoold.dashboard")
@@ -106,6 +107,13 @@ async def history_page(request: web.Request) -> web.Response:
 async def queue_page(request: web.Request) -> web.Response:
     v, new = await page_viewer(request)
     return page(request, "queue.html", v, new, state=state_payload(request.app))
+
+
+async def fleet_page(request: web.Request) -> web.Response:
+    """Every server sharing this one's store, with its GPUs; the leases and the queue of all."""
+    v, new = await page_viewer(request)
+    view = await fleet_view(request.app[VIEWS], request.app[STORE], remoting_address(request.app))
+    return page(request, "fleet.html", v, new, state=state_payload(request.app), fleet=view)
 
 
 async def tokens_page(request: web.Request) -> web.Response:

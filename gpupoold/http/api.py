@@ -21,7 +21,8 @@ from aiohttp import web
 from gpupoold import __version__
 from gpupoold.auth.tokens import check_token_name, parse_expiry
 from gpupoold.http.auth import ApiError, caller
-from gpupoold.http.keys import COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
+from gpupoold.http.keys import COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS, remoting_address
+from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
@@ -188,6 +189,13 @@ async def status(request: web.Request) -> web.Response:
 async def list_gpus(request: web.Request) -> web.Response:
     _query(request, ())
     return _json({"gpus": _views(request).gpu_views()})
+
+
+async def fleet(request: web.Request) -> web.Response:
+    """The whole fleet (pool/fleet_view.py): servers with their GPUs, leases anywhere, the queue."""
+    _query(request, ())
+    return _json(await fleet_view(_views(request), request.app[STORE],
+                                  remoting_address(request.app)))
 
 
 async def list_servers(request: web.Request) -> web.Response:

@@ -31,3 +31,12 @@ REMOTING = web.AppKey("remoting", RemotingListener)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 VIEWS = web.AppKey("views", PoolViews)
 MEMBERSHIP = web.AppKey("membership", Membership)
+
+
+def remoting_address(app: web.Application) -> str:
+    """Where clients reach this server (the advertised address, once it is registered)."""
+    membership = app.get(MEMBERSHIP)
+    if membership is not None:
+        return membership.remoting
+    remoting = app.get(REMOTING)
+    return remoting.address if remoting is not None else ""

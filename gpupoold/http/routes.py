@@ -30,6 +30,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/v1/status", api.status, USER),
     Route("GET", "/api/v1/gpus", api.list_gpus, USER),
     Route("GET", "/api/v1/servers", api.list_servers, USER),
+    Route("GET", "/api/v1/fleet", api.fleet, USER),
     Route("GET", "/api/v1/gpus/{index}", api.get_gpu, USER),
     Route("POST", "/api/v1/gpus/{index}/drain", api.drain_gpu, ADMIN),
     Route("POST", "/api/v1/gpus/{index}/undrain", api.undrain_gpu, ADMIN),
