@@ -259,3 +259,29 @@ def test_the_dashboard_of_one_server_shows_the_whole_fleet(
 
     wait_until("B's Fleet page shows the three servers and A's lease", shown, timeout=20)
     page.screenshot(artifacts / "fleet.png")
+
+
+def test_gpupool_status_and_smi_show_the_fleet(start_daemon: Any, native_build: Path,
+                                               hold_gpu: Path, pg_url: str,  # noqa: F811
+                                               clients: list[subprocess.Popen[str]]) -> None:
+    """A user who knows server A only sees every server of its fleet and their GPUs."""
+    import json
+
+    from test_status_smi import cli_env, gpupool
+
+    a, b = fleet(start_daemon, native_build, pg_url, 2)
+    b_name = name_of(b)
+    holder = start_client(b, hold_gpu, MIB, 20_000, 1)
+    clients.append(holder)
+    wait_until("a lease on B", lambda: b.get_json("/api/v1/leases?state=active")["leases"])
+    env = cli_env([a.address], a.token)
+
+    def status_shows_it() -> str | None:
+        out = gpupool(env, "status").stdout
+        return out if "Fleet: 2 servers" in out and "lease" in out.split(b_name)[-1] else None
+
+    out = wait_until("gpupool status shows B's lease", status_shows_it, timeout=15)
+    assert f"{b_name} at {b.address}: up" in out, out
+    smi = json.loads(gpupool(env, "smi", "--json").stdout)
+    assert {g["server"] for g in smi["gpus"]} == {a.address, b.address}, smi["gpus"]
+    assert [g["state"] for g in smi["gpus"] if g["server"] == b.address] == ["leased"]

@@ -344,6 +344,7 @@ class StandInLeases:
     def __init__(self, leases: int = 0, queue: int = 0, pad: int = 0, gpu_pad: int = 0) -> None:
         self.slots = [SimpleNamespace(gpu=SimpleNamespace(simulated=True))]
         self.telemetry: Any = None
+        self.fleet: Any = None  # a server without a shared store
         self.key = 0
         self.gpu_pad = gpu_pad
         self.leases = [self._entry(i, pad) for i in range(leases)]

@@ -143,6 +143,33 @@ def print_status(probes: list[Probe]) -> None:
                       f"waiting {duration(q.get('waiting_s'))}{me}")
         else:
             print("  Queue: empty")
+        for line in fleet_lines(data):
+            print(line)
+
+
+def fleet_lines(data: Mapping[str, Any]) -> list[str]:
+    """The fleet the server belongs to, one line per server and per GPU ([] without a fleet)."""
+    gpus = [g for g in data.get("fleet") or [] if isinstance(g, Mapping)]
+    if not gpus:
+        return []
+    servers: dict[str, list[Mapping[str, Any]]] = {}
+    for g in gpus:
+        servers.setdefault(str(g.get("server")), []).append(g)
+    free = sum(1 for g in gpus if g.get("state") == "free" and g.get("available"))
+    lines = [f"  Fleet: {len(servers)} servers, {len(gpus)} GPUs, {free} free "
+             "(a client of any of them is sent to the first free GPU)"]
+    for name, its in servers.items():
+        first = its[0]
+        this = " (this one)" if first.get("this") else ""
+        lines.append(f"    {name}{this} at {first.get('address') or '?'}: "
+                     f"{first.get('server_state') or '?'}")
+        for g in its:
+            lease = (f", lease {g.get('lease_id')} ({g.get('token') or '?'})"
+                     if g.get("lease_id") else "")
+            out = "" if g.get("available") else " [unavailable]"
+            lines.append(f"      GPU {g.get('index', '?')} {g.get('name') or '?'}: "
+                         f"{g.get('state') or '?'}{lease}{out}")
+    return lines
 
 
 def cmd_status(as_json: bool, env: Mapping[str, str]) -> int:
@@ -160,6 +187,7 @@ def cmd_status(as_json: bool, env: Mapping[str, str]) -> int:
 # ------------------------------------------------------------------------------------ smi
 def smi_json(probes: list[Probe]) -> dict[str, Any]:
     gpus, processes, servers = [], [], []
+    probed = {p.server.written for p in probes}  # a fleet server also probed: its own rows
     for p in probes:
         entry: dict[str, Any] = {"address": p.server.written, "reachable": p.info is not None,
                                  "ok": p.ok, "error": p.problem() or None}
@@ -173,6 +201,17 @@ def smi_json(probes: list[Probe]) -> dict[str, Any]:
             for g in p.info.data.get("gpus") or []:
                 gpus.append({"server": p.server.written, **g})
                 by_index[g.get("index")] = g
+            # The other servers of its fleet (protocol 1.3): their GPUs, without live values.
+            for g in p.info.data.get("fleet") or []:
+                if isinstance(g, Mapping) and not g.get("this") and g.get(
+                        "address") not in probed and not any(
+                        x.get("fleet_server") == g.get("server") and x.get("index") == g.get(
+                            "index") for x in gpus):
+                    gpus.append({"server": g.get("address") or g.get("server"),
+                                 "fleet_server": g.get("server"), "index": g.get("index"),
+                                 "name": g.get("name"), "memory_total": g.get("memory_total"),
+                                 "state": g.get("state") if g.get("available")
+                                 else "unavailable", "live": {}})
             for lease in p.info.data.get("leases") or []:
                 if isinstance(lease, Mapping) and lease.get("mine"):
                     used, _ = _memory(by_index.get(lease.get("gpu"), {}))

@@ -46,6 +46,11 @@ class PoolViews:
     def slots(self) -> list[Slot]:
         return self.leases.slots
 
+    @property
+    def fleet(self) -> Any:
+        """The fleet queue (pool/fleet.py) of a server on a shared store, else None."""
+        return self.leases.fleet
+
     def gpu(self, slot: Slot) -> dict[str, Any]:
         g = slot.gpu
         return {"index": g.index, "name": g.name, "uuid": g.uuid, "simulated": g.simulated,

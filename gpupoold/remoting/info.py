@@ -27,6 +27,7 @@ import gpupool_protocol as gp
 
 from gpupoold import __version__
 from gpupoold.config.settings import Settings
+from gpupoold.pool.fleet_view import fleet_gpus
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
@@ -179,7 +180,8 @@ def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: 
                       or len(views.gpu_views()) > GPU_LIMIT),
         gpu_views=[gpu_record(v) for v in views.gpu_views()[:GPU_LIMIT]],
         lease_views=[lease_record(v, _mine(v, name, host)) for v in leases[:LEASE_LIMIT]],
-        queue_views=[waiter_record(v, _mine(v, name, host)) for v in queue[:QUEUE_LIMIT]])
+        queue_views=[waiter_record(v, _mine(v, name, host)) for v in queue[:QUEUE_LIMIT]],
+        fleet_gpus=[fleet_record(g) for g in _fleet(views, remoting)[:FLEET_LIMIT]])
 
 
 # ------------------------------------------------------------------------------------ the cache
@@ -212,6 +214,7 @@ class _Snapshot:
     queue: tuple[_Entry, ...]
     truncated: bool
     size: int  # bytes of the encoded parts
+    fleet: bytes = b"\0\0\0\0"  # the fleet_gpus array
 
     def compose(self, name: str, role: str, host: str, counts: Sequence[int]) -> bytes:
         """The reply body for one caller: exactly reply(...).encode() at `time`."""
@@ -230,9 +233,9 @@ class _Snapshot:
             simulated=int(srv["simulated"]), driver_version=_text(srv["driver_version"], 79),
             cuda_driver_version=_i32(srv["cuda_driver_version"]), you_name=_text(name, 255),
             you_role=_text(role, 15), time=self.time, truncated=int(self.truncated)).encode()
-        # The three arrays come last in the reply: the empty ones' counts (3 x u32 0) are
+        # The four arrays come last in the reply: the empty ones' counts (4 x u32 0) are
         # replaced by the encoded arrays.
-        return head[:-12] + self.gpus + part(self.leases) + part(self.queue)
+        return head[:-16] + self.gpus + part(self.leases) + part(self.queue) + self.fleet
 
 
 def _entries(records: list[Any], views: list[dict[str, Any]]) -> tuple[_Entry, ...]:
@@ -255,6 +258,32 @@ def _encode_lists(leases: list[dict[str, Any]], queue: list[dict[str, Any]],
     leases, queue = leases[:LEASE_LIMIT], queue[:QUEUE_LIMIT]
     return (_entries([lease_record(v, False) for v in leases], leases),
             _entries([waiter_record(v, False) for v in queue], queue))
+
+
+FLEET_LIMIT = 4096  # the spec's limit on fleet_gpus
+
+
+def fleet_record(g: dict[str, Any]) -> gp.InfoFleetGpu:
+    """A fleet GPU (pool/fleet_view.fleet_gpus) as the reply's record."""
+    return gp.InfoFleetGpu(
+        server=_text(g["server"], 255), address=_text(g["address"], 255),
+        server_state=_text(g["server_state"], 15), this=int(bool(g["this"])),
+        index=_u32(g["index"]), name=_text(g["name"], 255), uuid=_text(g["uuid"], 95),
+        memory_total=_u64(g["memory_total"]), state=_text(g["state"], 15),
+        available=int(bool(g["available"])), lease_id=_u64(g["lease_id"] or 0),
+        token=_text(g["token"], 255))
+
+
+def _fleet(views: PoolViews, remoting: str) -> list[dict[str, Any]]:
+    """The fleet's GPUs (none without a shared store: the GPUs above are all there is)."""
+    fleet = views.fleet
+    return [] if fleet is None else fleet_gpus(fleet, views, fleet.server, remoting)
+
+
+def _encode_fleet(views: PoolViews, remoting: str) -> bytes:
+    w = gp.Writer()
+    w.records([fleet_record(g) for g in _fleet(views, remoting)[:FLEET_LIMIT]], FLEET_LIMIT)
+    return w.getvalue()
 
 
 def _encode_gpus(views: list[dict[str, Any]]) -> bytes:
@@ -295,8 +324,9 @@ class InfoCache:
 
     def _key(self, remoting: str) -> tuple[Any, ...]:
         telemetry = self.views.telemetry
+        fleet = self.views.fleet
         return (remoting, telemetry.samples if telemetry is not None else 0,
-                self.views.view_key())
+                self.views.view_key(), fleet.syncs if fleet is not None else 0)
 
     async def snapshot(self, remoting: str) -> _Snapshot:
         async with self._lock:
@@ -319,8 +349,9 @@ class InfoCache:
             truncated = (len(leases) > LEASE_LIMIT or len(queue) > QUEUE_LIMIT
                          or len(gpu_views) > GPU_LIMIT)
             size = len(gpus) + sum(len(e.body) for e in lease_entries + queue_entries)
+            fleet = _encode_fleet(self.views, remoting)
             snap = _Snapshot(key, made, server, now, gpus, lease_entries, queue_entries,
-                             truncated, size)
+                             truncated, size + len(fleet), fleet)
             self._snapshot = snap
             self.builds += 1
             return snap

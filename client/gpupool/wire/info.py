@@ -261,7 +261,7 @@ def gpu_view(r: gp.InfoGpu, leases: dict[int, dict[str, Any]]) -> dict[str, Any]
 def document(reply: gp.InfoReply) -> dict[str, Any]:
     """The reply's server facts and views, with the names of the HTTP API's views (docs/api.md):
     {"server": {...}, "you": {...}, "time", "gpus": [...], "leases": [...], "queue": [...],
-    "truncated"}. Unknown numbers are None."""
+    "truncated", "fleet": [...]}. Unknown numbers are None."""
     leases = [lease_view(r) for r in reply.lease_views]
     by_id = {lease["id"]: lease for lease in leases}
     return {
@@ -275,4 +275,13 @@ def document(reply: gp.InfoReply) -> dict[str, Any]:
         "leases": leases,
         "queue": [waiter_view(r) for r in reply.queue_views],
         "truncated": bool(reply.truncated),
+        # Protocol 1.3: every GPU of the fleet this server belongs to (empty: no fleet).
+        "fleet": [fleet_gpu_view(r) for r in getattr(reply, "fleet_gpus", ())],
     }
+
+
+def fleet_gpu_view(r: gp.InfoFleetGpu) -> dict[str, Any]:
+    return {"server": r.server, "address": r.address, "server_state": r.server_state,
+            "this": bool(r.this), "index": r.index, "name": r.name, "uuid": r.uuid,
+            "memory_total": r.memory_total, "state": r.state, "available": bool(r.available),
+            "lease_id": r.lease_id or None, "token": r.token}
