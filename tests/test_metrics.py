@@ -96,8 +96,11 @@ def test_every_family_has_its_type(gpupool_server: GpupoolServer) -> None:
     assert len(info) == 1 and info[0].value == 1
     assert info[0].labels["gpu"] == "0" and info[0].labels["simulated"] == "true"
     assert "simulated" in info[0].labels["name"].lower() and info[0].labels["uuid"]
+    (build,) = [s for f in text_string_to_metric_families(text) if f.name == "gpupool_build_info"
+                for s in f.samples]
+    assert build.labels["server"]  # this server's name in a fleet (config/identity.py)
     assert value(text, "gpupool_build_info", version=__version__,
-                 protocol=info_protocol(text)) == 1
+                 protocol=info_protocol(text), server=build.labels["server"]) == 1
     # One series per state, 1 for the current one.
     states = {s: value(text, "gpupool_gpu_state", gpu="0", state=s)
               for s in ("free", "leased", "scrubbing", "quarantined", "drained")}

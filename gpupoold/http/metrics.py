@@ -421,9 +421,12 @@ class Collector(_CollectorBase):
         yield CounterMetricFamily("gpupool_watchdog_repairs", "GPUs the watchdog found stuck "
                                   "and repaired (or quarantined).",
                                   value=self.counters.get("watchdog_repairs"))
-        build = GaugeMetricFamily("gpupool_build_info", "gpupoold's version and protocol (value 1).",
-                                  labels=["version", "protocol"])
-        build.add_metric([__version__, f"{gp.MAJOR}.{gp.MINOR}"], 1)
+        # `server`: its name among the servers sharing a store (the Grafana dashboard's server
+        # filter: a fleet is scraped server by server, each its own `instance`).
+        build = GaugeMetricFamily("gpupool_build_info", "gpupoold's version and protocol, and "
+                                  "this server's name in its fleet (value 1).",
+                                  labels=["version", "protocol", "server"])
+        build.add_metric([__version__, f"{gp.MAJOR}.{gp.MINOR}", self.leases.store.server], 1)
         yield build
 
 
