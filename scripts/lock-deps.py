@@ -32,8 +32,15 @@ def normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+# Extras the package bundles too: the Debian package serves a fleet on PostgreSQL out of the box.
+BUNDLED_EXTRAS = ("postgresql",)
+
+
 def requirements() -> list[str]:
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = list(project["dependencies"])
+    for extra in BUNDLED_EXTRAS:
+        deps += project["optional-dependencies"][extra]
     return [d for d in deps if normal(re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0]) not in OURS]
 
 
