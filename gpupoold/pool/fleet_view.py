@@ -75,5 +75,6 @@ async def fleet_view(views: PoolViews, store: Store, address: str) -> dict[str, 
     return {"this": this, "shared": fleet is not None,
             "synced": fleet.last_ok if fleet is not None else None,
             "store_error": fleet.error if fleet is not None else None,
+            "syncs": fleet.syncs if fleet is not None else 0,
             "servers": servers, "leases": leases,
             "queue": fleet_queue(fleet, views, this)}

@@ -141,7 +141,8 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     # rather than a new one at the end of the queue.
     sent_here: dict[tuple[str, Any, Any], int] = {}
     for r in db.execute("SELECT ticket, token, client FROM fleet_queue WHERE state = 'assigned' "
-                        "AND assigned_server = ? ORDER BY ticket", (me,)).fetchall():
+                        "AND assigned_server = ? AND server <> ? ORDER BY ticket",
+                        (me, me)).fetchall():
         c = json.loads(r["client"])
         sent_here.setdefault((r["token"], c.get("host"), c.get("pid")), int(r["ticket"]))
     tickets = {}
