@@ -16,7 +16,7 @@ from gpupoold import __version__, sdlisten
 from gpupoold.app import StartupError, create_app
 from gpupoold.config.file import EX_CONFIG
 from gpupoold.config.settings import Settings, format_address, parse_address
-from gpupoold.http.keys import REMOTING
+from gpupoold.http.keys import MEMBERSHIP, REMOTING
 from gpupoold.log import print_error
 from gpupoold.sdnotify import Notifier
 from gpupoold.tls import TlsSettingError, http_ssl_context, remoting_ssl_context
@@ -85,6 +85,8 @@ async def serve(settings: Settings) -> int:
     bound = runner.addresses[0]
     http_address = format_address(bound[0], bound[1])
     announce("http", http_address)
+    # The servers of a fleet forward admin actions to this address (http/fleet_actions.py).
+    await app[MEMBERSHIP].set_http(http_address)
     if http_sock is not None:
         log.info("HTTP listener on %s: %s; setting 'http' (%s) is not used", http_address,
                  http_source, settings.http)

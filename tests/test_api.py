@@ -235,6 +235,8 @@ def test_the_table_declares_every_contract_route() -> None:
         ("GET", "/api/v1/gpus"): USER,
         ("GET", "/api/v1/servers"): USER,
         ("GET", "/api/v1/fleet"): USER,
+        ("POST", "/api/v1/servers/{name}/gpus/{index}/{action}"): ADMIN,
+        ("POST", "/api/v1/servers/{name}/leases/{id}/end"): ADMIN,
         ("GET", "/api/v1/gpus/{index}"): USER,
         ("POST", "/api/v1/gpus/{index}/drain"): ADMIN,
         ("POST", "/api/v1/gpus/{index}/undrain"): ADMIN,

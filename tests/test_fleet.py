@@ -285,3 +285,35 @@ def test_gpupool_status_and_smi_show_the_fleet(start_daemon: Any, native_build: 
     smi = json.loads(gpupool(env, "smi", "--json").stdout)
     assert {g["server"] for g in smi["gpus"]} == {a.address, b.address}, smi["gpus"]
     assert [g["state"] for g in smi["gpus"] if g["server"] == b.address] == ["leased"]
+
+
+def test_admin_actions_reach_any_server_of_the_fleet(start_daemon: Any, native_build: Path,
+                                                     hold_gpu: Path, pg_url: str,  # noqa: F811
+                                                     clients: list[subprocess.Popen[str]],
+                                                     ) -> None:
+    """Through A's API: drain and undrain B's GPU, end the lease running on B; refused for a
+    user token and for a server that is not in the fleet."""
+    a, b = fleet(start_daemon, native_build, pg_url, 2)
+    b_name = name_of(b)
+    gpu = a.api("POST", f"/api/v1/servers/{b_name}/gpus/0/drain")
+    assert gpu["draining"] is True and b.get_json("/api/v1/gpus/0")["draining"] is True
+    audit = b.get_json("/api/v1/audit")["audit"]
+    assert audit[0]["action"] == "gpu.drain" and audit[0]["actor"].startswith("local-admin@") \
+        and audit[0]["actor"] != name_of(b).join(("local-admin@", "")), audit[0]
+    a.api("POST", f"/api/v1/servers/{b_name}/gpus/0/undrain")
+    wait_until("B's GPU back in service", lambda: b.get_json("/api/v1/gpus/0")["state"] == "free")
+    holder = start_client(b, hold_gpu, MIB, 6_000, 1)  # ended long before it would exit
+    clients.append(holder)
+    lease = wait_until("a lease on B",
+                       lambda: b.get_json("/api/v1/leases?state=active")["leases"])[0]
+    ended = a.api("POST", f"/api/v1/servers/{b_name}/leases/{lease['id']}/end",
+                  {"reason": "fleet test"})
+    assert ended["id"] == lease["id"]
+    holder.communicate(timeout=60)
+    assert holder.returncode != 0
+    with pytest.raises(ApiError) as refused:
+        a.api("POST", f"/api/v1/servers/{b_name}/gpus/0/drain", token=a.token)
+    assert refused.value.status == 403
+    with pytest.raises(ApiError) as missing:
+        a.api("POST", "/api/v1/servers/nobody/gpus/0/drain")
+    assert missing.value.status == 404 and b_name in missing.value.body

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpupoold.http import api, metrics
+from gpupoold.http import api, fleet_actions, metrics
 from gpupoold.http.auth import ADMIN, METRICS, PUBLIC, USER, declare_roles
 
 
@@ -31,6 +31,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/v1/gpus", api.list_gpus, USER),
     Route("GET", "/api/v1/servers", api.list_servers, USER),
     Route("GET", "/api/v1/fleet", api.fleet, USER),
+    Route("POST", "/api/v1/servers/{name}/gpus/{index}/{action}", fleet_actions.gpu_action,
+          ADMIN),
+    Route("POST", "/api/v1/servers/{name}/leases/{id}/end", fleet_actions.end_lease, ADMIN),
     Route("GET", "/api/v1/gpus/{index}", api.get_gpu, USER),
     Route("POST", "/api/v1/gpus/{index}/drain", api.drain_gpu, ADMIN),
     Route("POST", "/api/v1/gpus/{index}/undrain", api.undrain_gpu, ADMIN),

@@ -44,6 +44,14 @@ class Membership:
         if self.store.path is None:  # a shared store (see the top)
             self._task = asyncio.create_task(self._run(), name="membership")
 
+    async def set_http(self, address: str) -> None:
+        """The HTTP listener's address, once it is bound (after start: the application's
+        start-up runs before the HTTP site listens); written at once."""
+        if address != self.http:
+            self.http = address
+            with contextlib.suppress(*store_errors()):
+                await self.store.server_up(self.remoting, self.http, time.time())
+
     async def _run(self) -> None:
         failing = False
         while True:
