@@ -222,6 +222,9 @@ def main() -> int:
         f"fleet_bench: {time.strftime('%Y-%m-%d')}, {benchlib.cpu_model()}, "
         f"{args.rounds} rounds (medians)",
         benchlib.text_table(("connect to first reply", "ms", "note"), body),
+        f"a redirect adds {median_ms(rows['redirect']) - median_ms(rows['local']):.2f} ms over "
+        f"the local figure; one whole connection set-up is {median_ms(rows['local']):.2f} ms "
+        f"(target: at most one extra set-up)",
         f"PostgreSQL transactions per lease (fleet of 2, background {idle:.1f}/s subtracted): "
         f"{per_lease:.1f}; a single server on SQLite: 0",
     ]
