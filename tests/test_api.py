@@ -42,6 +42,7 @@ class FakeLeaseManager:
     says the actor is, and that a refused request reached nothing."""
 
     def __init__(self, n: int = 2) -> None:
+        self.fleet = None  # a server on its own (no shared store): pool/fleet_view.py
         self.gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3 (gpupool simulated)",
                       "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000", "simulated": True,
                       "state": "free", "draining": False, "lease": None, "quarantine": None,
@@ -199,7 +200,7 @@ async def api(make_api: ApiFactory) -> Api:
 
 def concrete(route: Route) -> str:
     return (route.path.replace("{index}", "0").replace("{id}", "1")
-            .replace("{name}", "alice"))
+            .replace("{name}", "alice").replace("{action}", "drain"))
 
 
 async def add_lease(store: Store, *, gpu: int = 0, token: str = "alice", pid: int = 4242,

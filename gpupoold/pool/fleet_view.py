@@ -58,7 +58,7 @@ def fleet_queue(fleet: FleetQueue | None, views: PoolViews, this: str) -> list[d
 
 
 async def fleet_view(views: PoolViews, store: Store, address: str) -> dict[str, Any]:
-    fleet: FleetQueue | None = views.leases.fleet
+    fleet: FleetQueue | None = views.fleet
     this = store.server
     registered = await store.servers()
     gpus = fleet_gpus(fleet, views, this, address, {s["name"]: s["state"] for s in registered})
