@@ -85,13 +85,14 @@ async def serve(settings: Settings) -> int:
     bound = runner.addresses[0]
     http_address = format_address(bound[0], bound[1])
     announce("http", http_address)
-    # The servers of a fleet forward admin actions to this address (http/fleet_actions.py).
-    await app[MEMBERSHIP].set_http(http_address)
     if http_sock is not None:
         log.info("HTTP listener on %s: %s; setting 'http' (%s) is not used", http_address,
                  http_source, settings.http)
     if ssl_context is not None:
         log.info("the HTTP listener speaks HTTPS (http_tls_cert)")
+    # The servers of a fleet forward admin actions to this address (http/fleet_actions.py);
+    # after the lines above, which scripts read as soon as the listener answers.
+    await app[MEMBERSHIP].set_http(http_address)
     # Everything imported and built at start-up lives as long as the daemon: move it out of the
     # cyclic garbage collector's view. Otherwise each full collection walks those ~45k objects and
     # stops the event loop for 7-20 ms on a busy 2-core machine (measured with bench/
