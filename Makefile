@@ -2,6 +2,7 @@
 # Each component owns a fragment (*.mk) that adds its targets to ALL_TARGETS / TEST_BINS.
 #   make            build everything native into build/
 #   make SAN=1      the same with AddressSanitizer + UBSan into build-asan/
+#   make HARDEN=0   without the hardening flags (stack protector, FORTIFY, RELRO, BIND_NOW)
 #   make gen        regenerate generated code from its sources
 #   make test       build, then run the whole test suite (what CI runs)
 #   make demo       daemon on a simulated GPU + a demo client
@@ -25,10 +26,31 @@ endif
 CSTD     := -std=c11 -D_GNU_SOURCE
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 OPT      ?= -O2 -g
-CFLAGS_COMMON := $(CSTD) $(WARN) $(OPT) -fPIC -fvisibility=hidden $(SANFLAGS) \
+# Hardening, as Debian's dpkg-buildflags (hardening=+all) gives a package: stack protector, stack
+# clash protection, CET, _FORTIFY_SOURCE=2 (checked string and memory functions: needs an
+# optimisation level, so not with OPT=-O0), full RELRO and BIND_NOW. On by default (no measurable
+# cost: docs/benchmarks.md), off with HARDEN=0 and for SAN=1 (FORTIFY's wrappers hide accesses
+# from AddressSanitizer).
+ifeq ($(SAN),1)
+HARDEN  ?= 0
+else
+HARDEN  ?= 1
+endif
+ifeq ($(HARDEN),1)
+HARDEN_CFLAGS  := -fstack-protector-strong -fstack-clash-protection -fcf-protection \
+                  -Wformat -Werror=format-security
+ifeq ($(filter -O0,$(OPT)),)
+HARDEN_CFLAGS  += -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
+endif
+HARDEN_LDFLAGS := -Wl,-z,relro -Wl,-z,now
+else
+HARDEN_CFLAGS  :=
+HARDEN_LDFLAGS :=
+endif
+CFLAGS_COMMON := $(CSTD) $(WARN) $(OPT) -fPIC -fvisibility=hidden $(HARDEN_CFLAGS) $(SANFLAGS) \
                  -I$(CURDIR)/cudaapi -I$(CURDIR)/protocol/generated -I$(CURDIR)/protocol/include \
                  -I$(CURDIR)/common
-LDFLAGS_COMMON := $(SANFLAGS)
+LDFLAGS_COMMON := $(HARDEN_LDFLAGS) $(SANFLAGS)
 
 ALL_TARGETS :=
 TEST_BINS   :=
@@ -60,7 +82,16 @@ real_all: $(ALL_TARGETS) $(TEST_BINS)
 .PHONY: native
 native: $(ALL_TARGETS)
 
-$(BUILD)/obj/%.o: %.c
+# The objects depend on the flags they were compiled with: a build directory made before a flag
+# changed (HARDEN, OPT, SAN) is rebuilt, not linked from objects without them.
+FLAGS_STAMP := $(BUILD)/flags.stamp
+FLAGS_TEXT  := $(CC) $(CFLAGS_COMMON) $(LDFLAGS_COMMON)
+ifneq ($(file < $(FLAGS_STAMP)),$(FLAGS_TEXT))
+$(shell mkdir -p $(BUILD))
+$(file > $(FLAGS_STAMP),$(FLAGS_TEXT))
+endif
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(EXTRA_CFLAGS_$(subst /,_,$(dir $<))) -MMD -MP -c $< -o $@
 

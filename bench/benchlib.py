@@ -92,6 +92,47 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Plain TCP, said explicitly on both ends (TLS is the default on the remoting port, issue 35):
+# a benchmark's plain run must stay plain whatever the defaults are.
+PLAIN_TCP_CLIENT_ENV = {"GPUPOOL_TLS": "0"}
+
+
+def plain_tcp_server_config() -> str:
+    """gpupoold's setting for a plain-TCP remoting port (`tls = "off"`); empty on a gpupoold
+    whose settings have no `tls` key yet (plain was the only default there)."""
+    try:
+        import dataclasses
+
+        from gpupoold.config.settings import Settings
+        known = any(f.name == "tls" for f in dataclasses.fields(Settings))
+    except ImportError:
+        known = True
+    return 'tls = "off"\n' if known else ""
+
+
+TCP_ULP = 31  # linux/tcp.h
+
+
+def ktls_status() -> str:
+    """Whether this kernel offers kernel TLS (TCP_ULP "tls" on an established connection, which
+    also loads the module where it can), said in words for a benchmark's output."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        with socket.create_connection(listener.getsockname()) as conn:
+            peer, _ = listener.accept()
+            with peer:
+                try:
+                    conn.setsockopt(socket.IPPROTO_TCP, TCP_ULP, b"tls")
+                except OSError as exc:
+                    return (f"kTLS: not offered by this kernel ({os.uname().release}: TCP_ULP "
+                            f"\"tls\": {exc.strerror}); gpupool's TLS runs in user space "
+                            "(OpenSSL) on both ends")
+        return ("kTLS: offered by this kernel, not used: gpupool's TLS runs in user space "
+                "(OpenSSL, records gathered 256 KiB at a time) on both ends")
+    finally:
+        listener.close()
+
+
 class TlsFiles:
     """A throw-away CA and a server certificate for `hosts` (trustme), as files; the server's
     settings and the client's environment that use them."""
@@ -122,10 +163,28 @@ class TlsFiles:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def identity_line(log: str) -> str | None | bool:
+    """The identity a gpupoold printed at start (`gpupoold: identity SHA256:...`: what its
+    clients pin); None for `gpupoold: identity none (...)` (tls = "off": plain TCP); False when
+    the log has no identity line (yet)."""
+    for line in log.splitlines():
+        if line.startswith("gpupoold: identity "):
+            value = line.split()[2]
+            return value if value.startswith("SHA256:") else None
+    return False
+
+
+def trust_env(fingerprint: str | None) -> dict[str, str]:
+    """A client's trust settings for a daemon with this identity: pinned to it (TLS, the
+    default), or GPUPOOL_TLS=0 for a daemon with tls = "off"."""
+    return {"GPUPOOL_TLS_FINGERPRINT": fingerprint} if fingerprint else {"GPUPOOL_TLS": "0"}
+
+
 class Daemon:
     """gpupoold on fixed ports (clients keep their address across restarts) and one state dir;
     on `gpus` simulated GPUs, or with real=True on the real GPU 0 (reset policy never: a lent
-    GPU is never reset)."""
+    GPU is never reset). Its clients (client_env) pin the identity it prints at start
+    (.fingerprint; None with tls = "off": they say GPUPOOL_TLS=0)."""
 
     def __init__(self, gpus: int, real: bool = False, config: str = "",
                  name: str = "soak", netns: str | None = None, host: str = "127.0.0.1",
@@ -146,6 +205,7 @@ class Daemon:
         self.env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), str(ROOT / "protocol" / "python"), *filter(None, [self.env.get("PYTHONPATH")])])
         self.generation = 0
+        self.fingerprint: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.groups: list[int] = []  # process groups of every daemon started (workers live on)
         self.start()
@@ -175,6 +235,15 @@ class Daemon:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 sys.exit(f"{self.name}: gpupoold did not start:\n{self.log_path.read_text()}")
             time.sleep(0.05)
+        identity = identity_line(self.log_path.read_text(errors="replace"))
+        if identity is False:
+            sys.exit(f"{self.name}: gpupoold printed no identity line:\n"
+                     f"{self.log_path.read_text()}")
+        if self.generation > 1 and identity != self.fingerprint:
+            # The same state dir keeps the same identity: its clients' pin must still hold.
+            sys.exit(f"{self.name}: gpupoold's identity changed across a restart: "
+                     f"{self.fingerprint} then {identity}")
+        self.fingerprint = identity or None
         self.admin = (self.state / "local-admin.token").read_text().strip()
 
     def restart(self, how: str) -> float:
@@ -219,8 +288,11 @@ class Daemon:
 
     def client_env(self) -> dict[str, str]:
         env = dict(os.environ)
+        for var in ("GPUPOOL_TLS", "GPUPOOL_TLS_FINGERPRINT", "GPUPOOL_TLS_CA"):
+            env.pop(var, None)
         env.update(LD_LIBRARY_PATH=str(BUILD / "client"), GPUPOOL_SERVER=self.listen,
-                   GPUPOOL_TOKEN=self.token, GPUPOOL_CONFIG="none")
+                   GPUPOOL_TOKEN=self.token, GPUPOOL_CONFIG="none",
+                   **trust_env(self.fingerprint))
         env.pop("LD_PRELOAD", None)
         return env
 

@@ -80,17 +80,22 @@ class Daemon:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         self.address = self.http = ""
+        identity: str | None | bool = False
         while time.monotonic() < deadline and not self.http:
-            for line in self.log_path.read_text().splitlines():
+            text = self.log_path.read_text()
+            for line in text.splitlines():
                 if line.startswith("gpupoold: remoting on "):
                     self.address = line.split()[-1]
                 if line.startswith("gpupoold: http on "):
                     self.http = line.split()[-1]
+            identity = benchlib.identity_line(text)
             time.sleep(0.05)
-        if not self.http:
+        if not self.http or identity is False:
             output = self.log_path.read_text()  # stop() removes the state directory with it
             self.stop()
             sys.exit("daemon_bench: gpupoold did not start:\n" + output)
+        # The identity its clients pin (TLS, gpupoold's default; None with tls = "off").
+        self.fingerprint: str | None = identity or None
         made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name",
                                "bench", "--state-dir", str(self.state)], env=env, cwd=ROOT,
                               capture_output=True, text=True, check=True)
@@ -123,10 +128,20 @@ class Daemon:
 
     def client_env(self) -> dict[str, str]:
         env = dict(os.environ)
+        for var in ("GPUPOOL_TLS", "GPUPOOL_TLS_FINGERPRINT", "GPUPOOL_TLS_CA"):
+            env.pop(var, None)
         env["LD_LIBRARY_PATH"] = str(BUILD / "client")
         env["GPUPOOL_SERVER"] = self.address
         env["GPUPOOL_TOKEN"] = self.token
+        env.update(benchlib.trust_env(self.fingerprint))
         return env
+
+    def config_entry(self) -> str:
+        """This daemon's [[servers]] entry for a client's configuration file, pinned."""
+        trust = (f'tls_fingerprint = "{self.fingerprint}"' if self.fingerprint
+                 else "tls = false")
+        return f'[[servers]]\naddress = "{self.address}"\ntoken = "{self.token}"\n{trust}\n'
+
 
     def stop(self) -> None:
         benchlib.stop_process_group(self.proc, 30)
@@ -195,7 +210,8 @@ def info_times(n: int) -> list[float]:
     d = Daemon(2)
     try:
         host, port = d.address.rsplit(":", 1)
-        srv = ServerConfig(address=d.address, host=host, port=port, token=d.token)
+        srv = ServerConfig(address=d.address, host=host, port=port, token=d.token,
+                           tls=d.fingerprint is not None, tls_fingerprint=d.fingerprint or "")
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
@@ -213,10 +229,11 @@ def selection_times(client: Path, n: int) -> tuple[list[float], list[float]]:
     a, b = Daemon(1), Daemon(1)
     try:
         conf = a.state / "client.toml"
-        conf.write_text(f'[[servers]]\naddress = "{a.address}"\ntoken = "{a.token}"\n\n'
-                        f'[[servers]]\naddress = "{b.address}"\ntoken = "{b.token}"\n')
+        conf.write_text(a.config_entry() + "\n" + b.config_entry())
+        conf.chmod(0o600)  # it holds tokens
         two = dict(os.environ, LD_LIBRARY_PATH=str(BUILD / "client"), GPUPOOL_CONFIG=str(conf))
-        for k in ("GPUPOOL_SERVER", "GPUPOOL_TOKEN"):
+        for k in ("GPUPOOL_SERVER", "GPUPOOL_TOKEN", "GPUPOOL_TLS", "GPUPOOL_TLS_FINGERPRINT",
+                  "GPUPOOL_TLS_CA"):
             two.pop(k, None)
         out: tuple[list[float], list[float]] = ([], [])
         for _ in range(n):

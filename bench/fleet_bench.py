@@ -13,6 +13,8 @@ It measures, for a client that says hello (Python, the same frames as the shim):
   both held (queued: the first GP_INFO_QUEUED notice);
 - a plain TCP connect + one round trip to the same port, the floor of any set-up (raw TCP on the
   same link), so that "a redirect adds at most one extra connection set-up" can be read off;
+  the client speaks the plaintext protocol on its own sockets, so the daemons run with
+  `tls = "off"` (TLS, gpupoold's default, would add its handshakes to every figure);
 - PostgreSQL transactions per lease (pg_stat_database, the fleet's background syncs and
   heartbeats measured over an idle window first and subtracted).
 """
@@ -149,11 +151,14 @@ def main() -> int:
         sys.exit(f"fleet_bench: needs PostgreSQL: {why}")
     pg = pg_server.PgServer()
     url = pg.new_database()
-    single = Daemon(1, name="fleet-single")
+    # Plain TCP on the remoting ports, said explicitly: the sessions below speak the plaintext
+    # protocol on raw sockets (see the top).
+    plain = 'tls = "off"\n'
+    single = Daemon(1, name="fleet-single", config=plain)
     a = b = None
     try:
-        a = Daemon(1, name="fleet-a", config=f'database = "{url}"\n')
-        b = Daemon(1, name="fleet-b", config=f'database = "{url}"\n')
+        a = Daemon(1, name="fleet-a", config=f'database = "{url}"\n{plain}')
+        b = Daemon(1, name="fleet-b", config=f'database = "{url}"\n{plain}')
         made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name",
                                "fleet-bench", "--database", url, "--state-dir", str(a.state)],
                               env=a.env, cwd=ROOT, capture_output=True, text=True, check=True)

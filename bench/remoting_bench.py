@@ -79,11 +79,11 @@ def needs_build(target: Path, *sources: Path) -> bool:
     return any(s.stat().st_mtime > t for s in sources)
 
 
-def build(out: Path, make: bool) -> tuple[Path, Path]:
+def build(out: Path, make: bool, native: Path = ROOT / "build") -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     if make:
-        log("make (native tree)")
-        subprocess.run(["make", "-s", "-j2"], cwd=ROOT, check=True)
+        log(f"make BUILD={native} (native tree)")
+        subprocess.run(["make", "-s", "-j2", f"BUILD={native}"], cwd=ROOT, check=True)
     tcp = out / "tcp_baseline"
     src = BENCH / "tcp_baseline.c"
     if needs_build(tcp, src):
@@ -223,7 +223,8 @@ def best_of(a: dict, b: dict) -> dict:
 
 def run_client(client: Path, address: str, reps: int, quick: bool, launches: int | None,
                token: str = "", extra_env: dict[str, str] | None = None,
-               worker_cpu: Callable[[], float | None] | None = None) -> tuple[dict, str, int]:
+               worker_cpu: Callable[[], float | None] | None = None,
+               native: Path | None = None) -> tuple[dict, str, int]:
     """Run bench_client; its RESULT lines by metric. Around each `PHASE metric` .. its RESULT,
     worker_cpu() (the server side's CPU seconds) is read and the difference kept as
     "worker_cpu_s"."""
@@ -231,7 +232,7 @@ def run_client(client: Path, address: str, reps: int, quick: bool, launches: int
     env.update(extra_env or {})
     if token:
         env["GPUPOOL_TOKEN"] = token
-    shim_dir = str(ROOT / "build" / "client")
+    shim_dir = str((native or ROOT / "build") / "client")
     env["LD_LIBRARY_PATH"] = shim_dir + (os.pathsep + env["LD_LIBRARY_PATH"]
                                          if env.get("LD_LIBRARY_PATH") else "")
     env["GPUPOOL_SERVER"] = address
@@ -270,7 +271,7 @@ def run_copies(native: Path, address: str, token: str, compression: str, mib: in
                reps: int) -> dict[tuple[str, str], float]:
     """{(pattern, dir): bytes/s} of copy_check's bench mode with GPUPOOL_COMPRESSION set."""
     env = dict(os.environ, GPUPOOL_SERVER=address, GPUPOOL_COMPRESSION=compression,
-               GPUPOOL_CONFIG="none")
+               GPUPOOL_CONFIG="none", **benchlib.PLAIN_TCP_CLIENT_ENV)
     env.pop("GPUPOOL_LOG", None)
     if token:
         env["GPUPOOL_TOKEN"] = token
@@ -350,7 +351,7 @@ def compression_main(args: argparse.Namespace) -> int:
         subprocess.run(["make", "-s", "-j2", f"BUILD={native}"], cwd=ROOT, check=True)
     if not (native / "tests" / "copy_check").exists():
         sys.exit(f"remoting_bench: {native}/tests/copy_check is missing (make BUILD={native})")
-    daemon = Daemon(native)
+    daemon = Daemon(native, config=benchlib.plain_tcp_server_config())
     try:
         assert daemon.address is not None
         res = {c: run_copies(native, daemon.address, daemon.token, c, args.mib, args.reps)
@@ -595,11 +596,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", type=Path, help="also write the markdown table to this file")
     ap.add_argument("--json", type=Path, help="write all raw figures as JSON to this file")
     ap.add_argument("--no-build", action="store_true", help="do not run make first")
-    ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "bench")
+    ap.add_argument("--build-dir", type=Path, default=None,
+                    help="where tcp_baseline and bench_client are built (default NATIVE/bench)")
     ap.add_argument("--compression", action="store_true",
                     help="only the compression comparison (off vs lz4, zeros and random)")
-    ap.add_argument("--native-dir", type=Path, default=ROOT / "build",
-                    help="--compression: the native build (make BUILD=...) to use")
+    ap.add_argument("--native-dir", type=Path,
+                    default=ROOT / os.environ.get("GPUPOOL_BUILD_DIR", "build"),
+                    help="the native build (make BUILD=...) whose shim, worker and simulated "
+                    "device run (default: $GPUPOOL_BUILD_DIR, else build)")
     ap.add_argument("--mib", type=int, default=256, help="--compression: MiB per copy")
     ap.add_argument("--tls", action="store_true",
                     help="also run the CUDA client over TLS (a second gpupoold with a throw-away "
@@ -610,9 +614,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.tls and args.server:
         ap.error("--tls starts its own gpupoold with TLS on; it cannot be used with --server")
 
-    tcp_bin, client_bin = build(args.build_dir, make=not args.no_build)
-    if not (ROOT / "build" / "client" / "libcuda.so.1").exists():
-        sys.exit("remoting_bench: build/client/libcuda.so.1 is missing (run make)")
+    native = args.native_dir.resolve()
+    tcp_bin, client_bin = build(args.build_dir or native / "bench", make=not args.no_build,
+                                native=native)
+    if not (native / "client" / "libcuda.so.1").exists():
+        sys.exit(f"remoting_bench: {native}/client/libcuda.so.1 is missing "
+                 f"(run make BUILD={native.name})")
 
     load_before = os.getloadavg()[0]
     tcp_before = run_tcp(tcp_bin, args.reps, args.quick)
@@ -624,12 +631,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.server:
             address = args.server
         else:
-            daemon = Daemon()
+            # The plain run says plain TCP on both ends (TLS is the default, issue 35).
+            daemon = Daemon(native, config=benchlib.plain_tcp_server_config())
             address, token = daemon.address, daemon.token
-            log(f"gpupoold on {address}")
+            log(f"gpupoold (plain TCP) on {address}")
         results, client_out, rc = run_client(
             client_bin, address, args.reps, args.quick, args.launches, token,
-            worker_cpu=daemon.worker_cpu if daemon is not None else None)
+            extra_env=None if args.server else benchlib.PLAIN_TCP_CLIENT_ENV,
+            worker_cpu=daemon.worker_cpu if daemon is not None else None, native=native)
     finally:
         if daemon is not None:
             daemon.stop()
@@ -638,12 +647,12 @@ def main(argv: list[str] | None = None) -> int:
         files = benchlib.TlsFiles()
         daemon = None
         try:
-            daemon = Daemon(config=files.server_config())
+            daemon = Daemon(native, config=files.server_config())
             log(f"gpupoold with TLS on {daemon.address}")
             assert daemon.address is not None
             tls_results, tls_out, rc = run_client(
                 client_bin, daemon.address, args.reps, args.quick, args.launches, daemon.token,
-                extra_env=files.client_env(), worker_cpu=daemon.worker_cpu)
+                extra_env=files.client_env(), worker_cpu=daemon.worker_cpu, native=native)
             if rc != 0:
                 client_out = tls_out
         finally:

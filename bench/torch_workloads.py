@@ -550,8 +550,11 @@ def fmt_rate(rate: float | None) -> str:
 # ------------------------------------------------------------------------------------ daemon
 class RealGpuDaemon:
     """gpupoold serving the real GPU 0 on loopback, reset policy `never` (lent GPUs are never
-    reset), its own temporary state directory; a user token for the remote children.
-    count_mode: one simulated GPU in the benchmark-only count mode instead (bench/link_model.py)."""
+    reset), its own temporary state directory; a user token for the remote children, which pin
+    the identity it prints (TLS, gpupoold's default). allow_simulated (testing only): a machine
+    without a GPU serves a simulated one (`fallback_to_simulated = true`; without it gpupoold
+    refuses to start there). count_mode: one simulated GPU in the benchmark-only count mode
+    instead (bench/link_model.py)."""
 
     def __init__(self, build_dir: Path, log_dir: Path | None, allow_simulated: bool = False,
                  count_mode: bool = False) -> None:
@@ -569,8 +572,10 @@ class RealGpuDaemon:
             allow_simulated = True
             cfg.write_text("simulated = 1\n")
         else:
-            # Never reset: this is a lent GPU. Real mode: simulated = 0; only GPU 0.
-            cfg.write_text('simulated = 0\ngpus = [0]\nreset_policy = "never"\n')
+            # Never reset: this is a lent GPU. Real mode: simulated = 0; only GPU 0. A simulated
+            # GPU instead only when the caller accepts one (tests on a machine without a GPU).
+            cfg.write_text('simulated = 0\ngpus = [0]\nreset_policy = "never"\n'
+                           + ("fallback_to_simulated = true\n" if allow_simulated else ""))
         self.env = env
         cmd = [sys.executable, "-m", "gpupoold", "serve", "--config", str(cfg), "--listen",
                "127.0.0.1:0", "--http", "127.0.0.1:0", "--state-dir", str(self.state)]
@@ -583,19 +588,30 @@ class RealGpuDaemon:
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.address = self.http = ""
+        identity: str | None | bool = False
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (self.address and self.http):
-            for line in self.log_path.read_text(errors="replace").splitlines():
+            text = self.log_path.read_text(errors="replace")
+            for line in text.splitlines():
                 if line.startswith("gpupoold: remoting on "):
                     self.address = line.split()[-1]
                 if line.startswith("gpupoold: http on "):
                     self.http = line.split()[-1]
+            identity = benchlib.identity_line(text)
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)
-        if not (self.address and self.http):
+        if not (self.address and self.http) or identity is False:
+            text = self.log_path.read_text(errors="replace")  # before stop() removes the state
             self.stop()
-            raise RuntimeError("gpupoold did not start:\n" + self.log_path.read_text(errors="replace")[-4000:])
+            refusal = [ln for ln in text.splitlines() if ln.startswith("gpupoold: error: no GPU to serve")]
+            if refusal:  # no GPU, and no fallback to a simulated one (allow_simulated)
+                raise RuntimeError("gpupoold serves no real GPU here (no NVIDIA driver?): "
+                                   + refusal[0][len("gpupoold: error: "):])
+            what = "printed no identity line" if self.address and self.http else "did not start"
+            raise RuntimeError(f"gpupoold {what}:\n" + text[-4000:])
+        # The identity the remote children pin (None: tls = "off", they say plain TCP).
+        self.fingerprint: str | None = identity or None
         made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name", "torchwl",
                                "--state-dir", str(self.state)], env=env, cwd=ROOT, capture_output=True,
                               text=True, timeout=60)
@@ -633,8 +649,12 @@ class RealGpuDaemon:
         raise RuntimeError(f"the GPU did not become free within {timeout} s")
 
     def client_env(self, base: dict[str, str]) -> dict[str, str]:
-        """What `gpupool run` gives a program: the shim first on LD_LIBRARY_PATH, server, token."""
+        """What `gpupool run` gives a program: the shim first on LD_LIBRARY_PATH, server, token,
+        and the daemon's identity pinned."""
         env = dict(base)
+        for var in ("GPUPOOL_TLS", "GPUPOOL_TLS_FINGERPRINT", "GPUPOOL_TLS_CA"):
+            env.pop(var, None)
+        env.update(benchlib.trust_env(self.fingerprint))
         shim = str(self.build_dir / "client")
         rest = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and p != shim]
         env["LD_LIBRARY_PATH"] = ":".join([shim, *rest])
@@ -646,7 +666,7 @@ class RealGpuDaemon:
     def stop(self) -> None:
         benchlib.stop_process_group(self.proc, 60)
         self._log.close()
-        # with the memory of a simulated GPU, had gpupoold fallen back to one (it is refused above)
+        # with the memory of a simulated GPU, had gpupoold fallen back to one (allow_simulated)
         benchlib.remove_state(self.state)
 
 

@@ -1,7 +1,8 @@
 """The application factory, shared by `gpupoold serve` and the tests.
 
 `create_app(settings)` returns an aiohttp application whose resources are `cleanup_ctx`
-generators, started in this order and stopped in reverse: state directories, the store
+generators, started in this order and stopped in reverse: state directories, the remoting
+port's TLS identity (made at the first start unless `tls_cert` or `tls = "off"`), the store
 (SQLite) and authentication, the GPU inventory (NVML), the worker supervisor, the lease manager,
 the live GPU values (gpu/telemetry.py), the Prometheus collector (http/metrics.py), the web dashboard's
 history sampler (dashboard/live.py), the remoting listener. So at shutdown the listener stops
@@ -21,12 +22,14 @@ from aiohttp import web
 
 from gpupoold import sdlisten
 from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator, ensure_local_admin_token
+from gpupoold.config.file import EX_CONFIG
 from gpupoold.config.identity import advertised_address, server_name
 from gpupoold.config.settings import Settings
 from gpupoold.dashboard import dashboard_ctx, setup_dashboard
 from gpupoold.gpu.cleaner import GpuCleaner
-from gpupoold.gpu.inventory import InventoryError, build_inventory
+from gpupoold.gpu.inventory import InventoryError, NoGpuError, build_inventory
 from gpupoold.gpu.nvml import Nvml
+from gpupoold.gpu.sim import remove_sim_memory, remove_stale_sim_memory
 from gpupoold.gpu.telemetry import Telemetry
 from gpupoold.http.auth import auth_middleware
 from gpupoold.http.keys import (
@@ -38,6 +41,7 @@ from gpupoold.http.keys import (
     MEMBERSHIP,
     NVML,
     REMOTING,
+    REMOTING_TLS,
     SETTINGS,
     STORE,
     SUPERVISOR,
@@ -55,8 +59,9 @@ from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.membership import Membership
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
-from gpupoold.store.database import Store
+from gpupoold.store.database import ServerRegistration, Store
 from gpupoold.store.notify import Notifications
+from gpupoold.tls import TlsSettingError, remoting_identity
 from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
 
@@ -65,7 +70,12 @@ DB_NAME = "gpupoold.db"
 
 
 class StartupError(Exception):
-    """gpupoold cannot start; the message says why (and names the setting)."""
+    """gpupoold cannot start; the message says why (and names the setting). `exit_status`: 1
+    (another try might work), or EX_CONFIG (78: it cannot work as configured or found)."""
+
+    def __init__(self, message: str, exit_status: int = 1) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -77,6 +87,7 @@ def create_app(settings: Settings) -> web.Application:
     app[METRICS_KEY] = DaemonMetrics()
     app[METRICS_KEY].subscribe(app[EVENTS])
     app.cleanup_ctx.append(state_ctx)
+    app.cleanup_ctx.append(identity_ctx)
     app.cleanup_ctx.append(store_ctx)
     app.cleanup_ctx.append(inventory_ctx)
     app.cleanup_ctx.append(supervisor_ctx)
@@ -156,16 +167,20 @@ async def inventory_ctx(app: web.Application) -> AsyncIterator[None]:
     sim_lib = _native("sim_lib", SIM_LIB_NAME, settings.sim_lib, os.R_OK)
     nvml = Nvml()
     app[NVML] = nvml
+    if settings.simulated > 0 or settings.fallback_to_simulated:
+        # The memory files of this user's simulated GPUs whose state directory is gone.
+        for folder in await asyncio.to_thread(remove_stale_sim_memory, settings.state_dir):
+            log.info("removed stale simulated GPU memory %s (its state directory is gone)", folder)
     try:
         inventory = await build_inventory(settings, sim_lib, nvml=nvml)
     except InventoryError as exc:
         await asyncio.to_thread(nvml.shutdown)
-        raise StartupError(str(exc)) from None
+        raise StartupError(str(exc), EX_CONFIG if isinstance(exc, NoGpuError) else 1) from None
     if inventory.fallback_reason:
         log.warning("*" * 72)
-        log.warning("NO NVIDIA DRIVER: %s", inventory.fallback_reason)
-        log.warning("serving 1 SIMULATED GPU instead (set `simulated` to choose; "
-                    "docs/configuration.md)")
+        log.warning("NO REAL GPU (%s)", inventory.fallback_reason)
+        log.warning("serving 1 SIMULATED GPU instead, as `fallback_to_simulated = true` asks "
+                    "(docs/configuration.md)")
         log.warning("*" * 72)
     for gpu in inventory.gpus:
         kind = "simulated" if gpu.simulated else "real"
@@ -177,12 +192,26 @@ async def inventory_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.to_thread(nvml.shutdown)
 
 
+async def identity_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The remoting port's TLS identity (gpupoold/tls.py), unless `gpupoold serve` found it
+    already: the operator's `tls_cert`, else the state directory's own, made at the first
+    start. None (no REMOTING_TLS) with `tls = "off"`."""
+    if REMOTING_TLS not in app:
+        try:
+            ident = await asyncio.to_thread(remoting_identity, app[SETTINGS])
+        except TlsSettingError as exc:
+            raise StartupError(str(exc)) from None
+        if ident is not None:
+            app[REMOTING_TLS] = ident
+    yield
+
+
 async def supervisor_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     worker = _native("worker", WORKER_NAME, settings.worker, os.X_OK)
-    tls = None
-    if settings.tls_cert is not None and settings.tls_key is not None:
-        tls = WorkerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    ident = app.get(REMOTING_TLS)
+    # The workers run the data path's TLS session with the same files as the daemon's.
+    tls = None if ident is None else WorkerTls(ident.cert, ident.key, ident.client_ca)
     app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir, tls=tls,
                                        workers_dir=WorkerDir(settings.state_dir),
                                        orphan_grace=settings.worker_orphan_grace)
@@ -218,6 +247,15 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await leases.close(settings.stop_grace)
+        inventory = app[INVENTORY]
+        if any(gpu.simulated for gpu in inventory.gpus):
+            # A clean stop: the simulated GPUs' memory files go, except those of GPUs whose
+            # lease continues without gpupoold (its worker and the next daemon use them).
+            kept = leases.kept_gpus
+            removed = await asyncio.to_thread(remove_sim_memory, settings.state_dir,
+                                              len(inventory.gpus), kept)
+            if removed:
+                log.info("removed the simulated GPUs' memory %s", removed)
 
 
 async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -253,6 +291,8 @@ async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
         raise StartupError(f"setting 'listen': cannot listen on {settings.listen}: "
                            f"{exc.strerror or exc}") from None
     app[REMOTING] = listener
+    ident = app.get(REMOTING_TLS)
+    listener.info.fingerprint = ident.fingerprint if ident is not None else ""  # the info reply
     yield
     await listener.close()
 
@@ -263,7 +303,11 @@ async def membership_ctx(app: web.Application) -> AsyncIterator[None]:
     servers' notifications (store/notify.py)."""
     settings = app[SETTINGS]
     address = advertised_address(settings.advertise, app[REMOTING].address)
-    membership = Membership(app[STORE], address, settings.http)
+    ident = app.get(REMOTING_TLS)
+    # The others send clients here only with this pin (a redirect's redirect_fingerprint); the
+    # HTTP listener's part is registered once it is bound (serve.py, Membership.set_http).
+    membership = Membership(app[STORE], address, settings.http, ServerRegistration(
+        fingerprint=ident.fingerprint if ident is not None else ""))
     await membership.start()
     app[MEMBERSHIP] = membership
     fleet = app[LEASES].fleet

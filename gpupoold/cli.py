@@ -2,6 +2,8 @@
 
 - `serve`: run the daemon. Its flags are generated from the settings that declare one
   (config/settings.py), so a flag and its config key always mean the same thing.
+- `fingerprint [--pem]`: the remoting port's TLS identity (what clients pin), read from the
+  state directory or the configured `tls_cert`; never made here.
 - `token create|list|revoke`: API tokens, on the database directly (`<state_dir>/gpupoold.db`),
   whether the daemon runs or not; audited as `cli:<unix user>`.
 - `status`, `gpu drain|undrain|clear INDEX`, `lease end ID`: clients of the running daemon's HTTP
@@ -15,10 +17,12 @@ Exit status: 0 done, 1 failed (the message says why and what to do), 2 bad comma
 from __future__ import annotations
 
 import argparse
+import grp
 import json
 import os
 import pwd
 import sqlite3
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -126,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = tsub.add_parser("revoke", parents=[local], help="revoke a token")
     revoke.add_argument("name", metavar="NAME")
 
+    fingerprint = sub.add_parser(
+        "fingerprint", help="print this server's TLS identity (what clients pin)",
+        description="Print the fingerprint of the remoting port's certificate (SHA256:..., as "
+                    "`ssh-keygen -l` prints a key's): the identity gpupoold made in its state "
+                    "directory, or that of the `tls_cert` the configuration names. Clients pin "
+                    "it (`gpupool login`, GPUPOOL_TLS_FINGERPRINT).")
+    _config_flag(fingerprint)
+    fingerprint.add_argument("--state-dir", type=Path, metavar="DIR",
+                             help="the daemon's state directory [setting `state_dir`]")
+    fingerprint.add_argument("--pem", action="store_true",
+                             help="print the certificate (PEM) instead, e.g. for Prometheus' "
+                                  "tls_config ca_file")
     sub.add_parser("status", parents=[remote], help="GPUs, leases and queue",
                    description="Ask the running daemon for its GPUs, leases and queue.")
     gpu = sub.add_parser("gpu", help="drain, undrain or clear a GPU",
@@ -167,8 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "token":
             return _token_command(args)
+        if args.command == "fingerprint":
+            return _fingerprint(args)
         return _remote_command(args)
-    except (CliError, ConfigError) as exc:
+    except ConfigError as exc:
+        print(f"gpupoold: error: {_config_error_text(exc, args)}", file=sys.stderr)
+        return 1
+    except CliError as exc:
         print(f"gpupoold: error: {exc}", file=sys.stderr)
         return 1
 
@@ -178,12 +199,142 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     return load_settings(args.config, {"state_dir": args.state_dir, **overrides})
 
 
+def _fingerprint(args: argparse.Namespace) -> int:
+    """`gpupoold fingerprint [--pem]`: the remoting port's identity, read only (never made)."""
+    from gpupoold.tls_identity import (
+        IdentityError,
+        fingerprint_of_pem,
+        identity_paths,
+        load_identity,
+    )
+
+    settings = _settings(args)
+    if settings.tls_cert is not None:  # the operator's own certificate
+        cert = Path(settings.tls_cert)
+        try:
+            pem = cert.read_bytes()
+            text = fingerprint_of_pem(pem)
+        except PermissionError:
+            raise _denied("cannot read the certificate (setting 'tls_cert')", cert,
+                          _command_words(args)) from None
+        except OSError as exc:
+            raise CliError(f"cannot read {cert} (setting 'tls_cert'): "
+                           f"{exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise CliError(f"{cert} (setting 'tls_cert') is not a PEM certificate "
+                           f"({exc})") from None
+    else:
+        cert_path = identity_paths(settings.state_dir)[0]
+        try:
+            with cert_path.open("rb"):
+                pass
+        except PermissionError:  # the identity is the daemon's user's (0700 folder)
+            raise _denied("cannot read the server's certificate", cert_path,
+                          _command_words(args)) from None
+        except OSError:
+            pass  # missing: load_identity says None
+        try:
+            ident = load_identity(settings.state_dir)
+        except IdentityError as exc:
+            raise CliError(str(exc)) from None
+        if ident is None:
+            extra = (" (its configuration has tls = \"off\": it serves plain TCP)"
+                     if settings.tls == "off" else "")
+            raise CliError(f"no identity in {settings.state_dir} yet{extra}: gpupoold makes it "
+                           f"at its first start (start it once, e.g. `systemctl start "
+                           f"gpupoold`), or give the right --state-dir")
+        try:
+            pem = ident.cert_pem()
+        except OSError as exc:
+            raise CliError(f"cannot read {ident.cert_path}: {exc.strerror or exc}") from None
+        text = ident.fingerprint
+    if args.pem:
+        sys.stdout.write(pem.decode("ascii", errors="replace"))
+    else:
+        print(text)
+    if settings.tls == "off":
+        print("gpupoold: warning: the configuration says tls = \"off\": the remoting port "
+              "serves plain TCP and presents no certificate", file=sys.stderr)
+    return 0
+
+
 def _unix_user() -> str:
     uid = os.geteuid()
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+# ------------------------------------------------------------------------ rights and messages
+# An admin command run without the rights it needs ends in one line that says which file it
+# could not use and what to do: sudo, or the group whose members may (only when membership alone
+# would do: the daemon's own files are usually its user's only, 0600).
+def _command_words(args: argparse.Namespace) -> str:
+    """`gpupoold token list`: the command that was run, without its options (one of them may be
+    a token)."""
+    words = ["gpupoold", str(args.command)]
+    action = getattr(args, "action", None)
+    if isinstance(action, str):
+        words.append(action)
+    return " ".join(words)
+
+
+def _granting_group(path: Path, write: bool) -> str | None:
+    """The group whose members could use `path` (read it, or also write it) where this user
+    cannot: its group bits and those of each folder on the way (search) grant what is missing.
+    None when a group would not be enough, or it cannot be told (a file behind a folder this
+    user cannot enter), or the group is root's."""
+    need_target = os.R_OK | (os.W_OK if write else 0)
+    gids = set()
+    for where, need in ((path, need_target), *((p, os.X_OK) for p in path.parents)):
+        try:
+            st = where.stat()
+        except FileNotFoundError:
+            continue
+        except PermissionError:  # behind a folder we cannot enter: its mode is unknown
+            return None
+        if os.access(where, need):
+            continue
+        bits = ((stat.S_IRGRP if need & os.R_OK else 0) | (stat.S_IWGRP if need & os.W_OK else 0)
+                | (stat.S_IXGRP if need & os.X_OK else 0))
+        if st.st_mode & bits != bits:
+            return None
+        gids.add(st.st_gid)
+    if len(gids) != 1 or 0 in gids:
+        return None
+    try:
+        return grp.getgrgid(gids.pop()).gr_name
+    except KeyError:
+        return None
+
+
+def _rights_fix(path: Path, command: str, write: bool = False) -> str:
+    """What to do when this user may not use `path`: sudo, or membership of a group that may."""
+    fix = f"run it with sudo (`sudo {command}`)"
+    group = _granting_group(path, write)
+    if group is not None:
+        fix += (f" or as a member of the group {group} (`sudo adduser {_unix_user()} {group}`, "
+                "then log in again)")
+    return fix
+
+
+def _denied(what: str, path: Path, command: str, write: bool = False) -> CliError:
+    """The one-line error of a file this user may not use."""
+    return CliError(f"{what} {path}: permission denied for {_unix_user()}; "
+                    f"{_rights_fix(path, command, write)}")
+
+
+def _config_error_text(exc: ConfigError, args: argparse.Namespace) -> str:
+    """A configuration error; one this user may not read says how to run the command."""
+    config = args.config if getattr(args, "config", None) is not None else DEFAULT_CONFIG
+    try:
+        unreadable = config.exists() and not os.access(config, os.R_OK)
+    except PermissionError:
+        unreadable = True
+    if unreadable:
+        return str(_denied("cannot read the configuration", config, _command_words(args)))
+    return str(exc)
 
 
 def cli_actor() -> str:
@@ -222,7 +373,8 @@ def _token_command(args: argparse.Namespace) -> int:
         except (SchemaTooNew, UrlError) as exc:
             raise CliError(f"setting 'database': {exc}") from None
     else:
-        db = open_db(settings.state_dir, create=args.action == "create")
+        db = open_db(settings.state_dir, create=args.action == "create",
+                     command=_command_words(args))
     try:
         if args.action == "create":
             return _token_create(db, args, expires)
@@ -235,26 +387,35 @@ def _token_command(args: argparse.Namespace) -> int:
         db.close()
 
 
-def open_db(state_dir: Path, create: bool) -> StoreDB:
+def open_db(state_dir: Path, create: bool, command: str = "gpupoold token") -> StoreDB:
     """The store of `state_dir` for this process, or CliError saying why not. With `create`,
     the directory and the database are made if missing (a token can be made before the daemon
-    first starts); without, a missing database is an error (most likely a wrong directory)."""
-    fix = (f"run as root or as the user gpupoold runs as (this is {_unix_user()}), or choose the "
-           "state directory with --state-dir or the config file with --config")
+    first starts); without, a missing database is an error (most likely a wrong directory).
+    `command` (`gpupoold token list`) goes into the advice when this user lacks the rights."""
     path = state_dir / DB_NAME
-    if not create and not path.exists():
+    what = "cannot open the database (tokens, lease history)"
+    try:
+        exists = path.exists()
+    except PermissionError:  # the state directory is not ours to enter (0750 gpupoold)
+        raise _denied(what, path, command, write=True) from None
+    if not create and not exists:
         raise CliError(f"there is no database {path}: no token was made and gpupoold never ran "
                        "with this state directory; check --state-dir (or `state_dir` in the "
                        "config given with --config)")
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    except PermissionError:
+        raise _denied("cannot create the state directory", state_dir, command,
+                      write=True) from None
     except OSError as exc:
-        raise CliError(f"cannot create the state directory {state_dir}: {exc.strerror}; "
-                       f"{fix}") from None
-    exists = path.exists()
-    if not os.access(state_dir, os.W_OK | os.X_OK) or (
-            exists and not os.access(path, os.R_OK | os.W_OK)):
-        raise CliError(f"cannot write the database {path}: permission denied; {fix}")
+        raise CliError(f"cannot create the state directory {state_dir}: {exc.strerror}; choose "
+                       "another with --state-dir or `state_dir` in the config (--config)"
+                       ) from None
+    # SQLite writes next to the database (its -wal and -shm files), even to read it.
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        raise _denied(what, path, command, write=True)
+    if exists and not os.access(path, os.R_OK | os.W_OK):
+        raise _denied(what, path, command, write=True)
     if not exists:
         _create_owned_like(path, state_dir)
     try:
@@ -264,7 +425,8 @@ def open_db(state_dir: Path, create: bool) -> StoreDB:
     except sqlite3.Error as exc:
         text = str(exc)
         if "readonly" in text or "unable to open" in text:
-            raise CliError(f"cannot open the database {path}: {text}; {fix}") from None
+            raise CliError(f"cannot open the database {path}: {text}; "
+                           f"{_rights_fix(path, command, write=True)}") from None
         raise CliError(f"cannot open the database {path}: {text}; is it a gpupoold database? "
                        "(keep a copy and move it away to start afresh)") from None
 
@@ -334,7 +496,7 @@ def _token_revoke(db: StoreDB, args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------- commands to the daemon
 def _remote_command(args: argparse.Namespace) -> int:
-    client, token_note = _admin_client(args)
+    client, token, source = _admin_client(args)
     try:
         if args.command == "status":
             return _status(client, args)
@@ -342,14 +504,36 @@ def _remote_command(args: argparse.Namespace) -> int:
             return _gpu(client, args)
         return _lease_end(client, args)
     except AdminError as exc:
-        message = str(exc)
-        if exc.status == 401 and token_note:
-            message += f"\n(token: {token_note})"
-        raise CliError(message) from None
+        if exc.status == 401:
+            raise CliError(_refused_text(client.url, exc, token, source)) from None
+        raise CliError(str(exc)) from None
 
 
-def _admin_client(args: argparse.Namespace) -> tuple[AdminClient, str]:
-    """The API client and a note on where its token came from (for a 401)."""
+def _refused_text(url: str, exc: AdminError, token: str, source: str) -> str:
+    """One line for a 401 of the daemon: where this command looked for its admin token and what
+    to do. (The daemon's own words are for remoting clients: they name GPUPOOL_TOKEN, which
+    these commands do not read, and repeat the hint.)"""
+    if not token:
+        return f"gpupoold at {url} needs an admin token and this command found none: {source}"
+    what = exc.message
+    for advice in (": check ", "; check ", "; ask "):  # keep what happened, not their advice
+        what = what.split(advice)[0]
+    if source == "--token":
+        fix = ("pass an admin token (`sudo gpupoold token create --name NAME --role admin` "
+               "makes one)")
+    elif source == ADMIN_TOKEN_ENV:
+        fix = (f"set {ADMIN_TOKEN_ENV} to an admin token (`sudo gpupoold token create --name "
+               f"NAME --role admin` makes one), or unset it to use the daemon's local admin "
+               "token (as root)")
+    else:
+        fix = ("the running daemon rewrites it at every start: is --state-dir (or `state_dir` "
+               "in the config) its state directory?")
+    return f"gpupoold at {url} refused the admin token from {source}: {what}; {fix}"
+
+
+def _admin_client(args: argparse.Namespace) -> tuple[AdminClient, str, str]:
+    """The API client, its token ("" when none was found) and where the token came from (or,
+    without one, why none was found and what to do)."""
     http = args.http
     overrides = {} if http is None or "://" in http else {"http": http}
     settings = _settings(args, **overrides)
@@ -364,30 +548,30 @@ def _admin_client(args: argparse.Namespace) -> tuple[AdminClient, str]:
             context = tls_context(args.cacert, settings.http_tls_cert, args.cert, args.key)
         except AdminError as exc:
             raise CliError(str(exc)) from None
-    token, note = _admin_token(args, settings)
-    return AdminClient(url, token, context=context), note
+    token, source = _admin_token(args, settings)
+    return AdminClient(url, token, context=context), token, source
 
 
 def _admin_token(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
-    """(token, where it came from); an empty token with the reason when none was found (the
-    request then goes without one: the daemon may not need it)."""
+    """(token, where it came from); an empty token with the reason and the fix when none was
+    found (the request then goes without one: the daemon may not need it, `auth = "none"`)."""
     if args.token:
-        return args.token.strip(), "from --token"
+        return args.token.strip(), "--token"
     env = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
     if env:
-        return env, f"from {ADMIN_TOKEN_ENV}"
+        return env, ADMIN_TOKEN_ENV
     path = settings.state_dir / LOCAL_ADMIN_FILE
-    fix = f"pass --token or set {ADMIN_TOKEN_ENV} to an admin token"
+    other = f"set {ADMIN_TOKEN_ENV} to an admin token"
     try:
         return path.read_text().strip(), f"the local admin token {path}"
     except FileNotFoundError:
-        return "", (f"none found: {path} does not exist (gpupoold writes it when it starts; is "
-                    f"the state directory right? --state-dir); {fix}")
+        return "", (f"{path} does not exist (gpupoold writes it when it starts: is this its "
+                    f"state directory? --state-dir, or `state_dir` in --config); or {other}")
     except PermissionError:
-        return "", (f"none found: {path} is readable only by root and the user gpupoold runs "
-                    f"as (this is {_unix_user()}); run as one of them, or {fix}")
+        return "", (f"{path}: permission denied for {_unix_user()} (it is the daemon's); "
+                    f"{_rights_fix(path, _command_words(args))}, or {other}")
     except OSError as exc:
-        return "", f"none found: cannot read {path}: {exc.strerror}; {fix}"
+        return "", f"cannot read {path}: {exc.strerror}; {other}"
 
 
 def _ago(seconds: float) -> str:
@@ -428,6 +612,12 @@ def _status(client: AdminClient, args: argparse.Namespace) -> int:
     print(f"gpupoold {status.get('version', '?')} at {client.url}: remoting "
           f"{status.get('remoting', '?')}, auth {status.get('auth', '?')}, you are "
           f"{you.get('name') or '?'} ({you.get('role') or '?'})")
+    if status.get("tls") == "off":
+        print("WARNING: the remoting port serves PLAIN TCP (tls = \"off\"): tokens and data "
+              "cross the network in clear")
+    elif status.get("fingerprint"):
+        own = " (tls_cert)" if status.get("certificate") == "tls_cert" else ""
+        print(f"identity {status['fingerprint']}{own}: what clients pin (`gpupool login`)")
     rows, notes = [], []
     for g in gpus:
         name = str(g.get("name", "?"))

@@ -44,10 +44,12 @@ if [[ $demo == 0 ]]; then
     need_tool chromium chromium "the dashboard's browser test (tests/test_dashboard_browser.py)"
     need_tool dpkg-shlibdeps dpkg-dev "scripts/build-debs.sh and the Debian package test (tests/test_debs.py)"
     need_tool lintian lintian "the Debian package test (tests/test_debs.py)"
+    need_tool hardening-check devscripts "the Debian package test's hardening check (tests/test_debs.py)"
     need_tool systemd-analyze systemd "the unit checks and socket activation (tests/test_systemd.py, tests/test_sdlisten.py)"
     need_tool nm binutils "the wheel tests' shim symbol check (tests/test_wheels.py)"
     need_tool clang clang "the fuzz targets (tests/fuzz/, tests/test_fuzz.py, make fuzz)"
     need_tool clang-format clang-format "the C style check (scripts/c-style.sh, make lint, tests/test_layout.py)"
+    need_tool tmux tmux "gpupool login in a real terminal (tests/test_login_tty.py)"
     # PostgreSQL's server programs live off PATH in Debian (/usr/lib/postgresql/N/bin).
     if ! command -v initdb >/dev/null 2>&1 && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
         need_tool initdb postgresql "the store's PostgreSQL tests (tests/test_store.py, tests/pg_server.py)"

@@ -50,7 +50,8 @@ BUILD_BASE = ("Makefile", "protocol/protocol.mk", "protocol/generated/gp_protoco
 EXPECTED: dict[str, Expected] = {
     "gpupoold": Expected(
         scripts={"gpupoold": "gpupoold.cli:main", "gpupool-reset-helper": "gpupoold.gpu.reset_helper:main"},
-        requires=frozenset({"gpupool-protocol", "aiohttp", "nvidia-ml-py", "prometheus-client", "jinja2"}),
+        requires=frozenset({"gpupool-protocol", "aiohttp", "nvidia-ml-py", "prometheus-client", "jinja2",
+                           "cryptography"}),
         requires_python=">=3.11",
         version_file=ROOT / "gpupoold" / "__init__.py",
         wheel_files=("gpupoold/bin/gpupool-worker", "gpupoold/bin/gpupool-scrub",

@@ -59,6 +59,11 @@ server=$(sed -n 's/^gpupoold: remoting on //p' "$log")
 http=$(sed -n 's/^gpupoold: http on //p' "$log")
 [[ -n $server && -n $http ]] || { cat "$log"; echo "demo: gpupoold did not start"; exit 1; }
 echo "remoting listener: $server     HTTP API: http://$http"
+# The remoting port speaks TLS with the identity gpupoold made at its first start: clients pin
+# its fingerprint (on a real network: `gpupool login HOST:PORT`, which shows it and asks).
+echo "\$ gpupoold fingerprint --state-dir $state"
+fingerprint=$(.venv/bin/gpupoold fingerprint --state-dir "$state")
+echo "$fingerprint  (the server's identity: the client pins it, GPUPOOL_TLS_FINGERPRINT)"
 echo "\$ gpupoold token create --name demo"
 token=$(.venv/bin/gpupoold token create --name demo --state-dir "$state" 2>/dev/null)
 echo "${token:0:20}...  (the client's GPUPOOL_TOKEN)"
@@ -70,14 +75,16 @@ echo "\$ gpupoold status"
 .venv/bin/gpupoold status --state-dir "$state" --http "$http"
 
 bold "3. Running a CUDA program through gpupool: gpupool run -- ${client[*]}"
-echo "(GPUPOOL_SERVER=$server; the program is unmodified: its CUDA calls go over TCP)"
+echo "(GPUPOOL_SERVER=$server, pinned to $fingerprint; the program is unmodified: its CUDA"
+echo " calls go over TCP, encrypted with TLS)"
 set +e
-GPUPOOL_SERVER=$server GPUPOOL_TOKEN=$token .venv/bin/gpupool run -- "${client[@]}"
+GPUPOOL_SERVER=$server GPUPOOL_TOKEN=$token GPUPOOL_TLS_FINGERPRINT=$fingerprint \
+    .venv/bin/gpupool run -- "${client[@]}"
 status=$?
 set -e
 
 bold "4. What gpupoold saw"
-grep -E 'lease|scrub|clean' "$log" | sed 's/^/  /' || true
+grep -E 'identity|TLS|lease|scrub|clean' "$log" | sed 's/^/  /' || true
 for _ in $(seq 300); do  # the lease's record gets its scrub result once the GPU is clean
     .venv/bin/gpupoold status --state-dir "$state" --http "$http" 2>/dev/null | grep -q ' free ' && break
     sleep 0.05

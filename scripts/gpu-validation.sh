@@ -31,12 +31,17 @@
 #                  the pycuda and cuda-python clients of the simulated-device tier (driver and
 #                  runtime API),
 #                  natively, then through gpupool
-#   remoting       bench/remoting_bench.py against gpupoold on the real GPU (--server)
+#   remoting       bench/remoting_bench.py against gpupoold on the real GPU (--server), over TLS
+#                  pinned to the daemon's identity (TLS is gpupoold's default)
 #   workloads      bench/torch_workloads.py: the six PyTorch workloads, native vs gpupool
 #                  (it starts its own gpupoold; the script's own is stopped first)
 #   restart        bench/restart_check.py --real: a training loop across gpupoold restarts
 # No pytest tier needs a real GPU: tests/conftest.py always starts a simulated one, so the
 # `cuda`, `torch-scripts` and `frameworks` steps are the real-GPU end-to-end tier.
+# Every client pins the identity its gpupoold prints at start (`gpupoold: identity SHA256:...`)
+# with GPUPOOL_TLS_FINGERPRINT, as a user's `gpupool login` would: TLS end to end. A gpupoold
+# that finds no GPU refuses to start (it never falls back to a simulated one unless
+# fallback_to_simulated is set, which only --smoke does).
 #
 # Files under $OUT (the device tool brings back at most 8): summary.md (steps, results, the
 # markdown sections to paste), gpu-validation.log (this console), logs.tar.gz (every step's log),
@@ -156,7 +161,7 @@ describe() {
     case "$1" in
     info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; runtime (kernel release); commit; $PY/torch/nvcc versions" ;;
     build) echo "the binaries of --prepare ($PREPARED/PREPARED) if they load there, else make -j$JOBS BUILD=$BUILD" ;;
-    daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token" ;;
+    daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token, its identity pinned (TLS)" ;;
     cuda) echo "tests/cuda/{${CUDA_PROGRAMS_LIST// /,}}.cu (${CUDA_ARCH}): each natively, then through gpupool (${RUN_LIMIT} s a run)" ;;
     torch-scripts) echo "tests/torch_scripts/{device_info,runtime,transfers,blas_init,triton_probe,graph_capture}.py, memory_backends.py (expandable, async) natively, then through gpupool" ;;
     frameworks) echo "tests/framework_scripts/{cupy,cuda_python,numba,jax}_probe.py, cuda_python_client.py (driver, runtime), pycuda_client.py natively, then through gpupool" ;;
@@ -344,9 +349,17 @@ while time.monotonic() < deadline:
 sys.exit("GPU not free after 300 s")
 EOF
 }
-remote() { # run a command as `gpupool run` would: the shim first on LD_LIBRARY_PATH
-    env LD_LIBRARY_PATH="$BUILD/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        GPUPOOL_SERVER="$GP_ADDRESS" GPUPOOL_TOKEN="$GP_TOKEN" GPUPOOL_CONFIG=none "$@"
+trust_env() { # the client's trust settings for the script's gpupoold: its identity pinned (TLS)
+    if [[ -n "${GP_FINGERPRINT:-}" ]]; then
+        echo "GPUPOOL_TLS_FINGERPRINT=$GP_FINGERPRINT"
+    else
+        echo "GPUPOOL_TLS=0" # a gpupoold with tls = "off" (identity none): plain TCP, said so
+    fi
+}
+remote() { # run a command as `gpupool run` would: the shim first on LD_LIBRARY_PATH, the server pinned
+    env -u GPUPOOL_TLS -u GPUPOOL_TLS_CA -u GPUPOOL_TLS_FINGERPRINT \
+        LD_LIBRARY_PATH="$BUILD/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        GPUPOOL_SERVER="$GP_ADDRESS" GPUPOOL_TOKEN="$GP_TOKEN" GPUPOOL_CONFIG=none "$(trust_env)" "$@"
 }
 # both_ways NAME CHECK CMD...: CMD natively, then through gpupool, logs in $LOGS/NAME-{native,remote}.txt;
 # CHECK is a function that gets the log file and says whether the run passed.
@@ -383,7 +396,7 @@ both_ways() {
 }
 last_line_pass() { tail -n 1 "$1" | grep -q '^PASS '; }
 device_info_ok() { tail -n 1 "$1" | "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); sys.exit("error" in d or not d.get("is_available"))'; }
-export -f api_gpus wait_free remote both_ways last_line_pass device_info_ok stamp
+export -f api_gpus wait_free trust_env remote both_ways last_line_pass device_info_ok stamp
 
 # ------------------------------------------------------------------------------ steps
 step_info() {
@@ -484,7 +497,8 @@ step_remoting() {
     local quick=(--quick)
     ((LONG)) && quick=()
     wait_free || return 1
-    GPUPOOL_TOKEN="$GP_TOKEN" "$PY" bench/remoting_bench.py --no-build --server "$GP_ADDRESS" "${quick[@]}" \
+    env -u GPUPOOL_TLS -u GPUPOOL_TLS_CA -u GPUPOOL_TLS_FINGERPRINT GPUPOOL_TOKEN="$GP_TOKEN" "$(trust_env)" \
+        "$PY" bench/remoting_bench.py --no-build --server "$GP_ADDRESS" "${quick[@]}" \
         --json "$OUT/remoting.json" --markdown "$LOGS/remoting.md"
 }
 step_restart() { # a PyTorch training job keeps its GPU across gpupoold restarts
@@ -509,6 +523,11 @@ start_daemon() { # in this shell (not under timeout): its own session, stopped a
     mkdir -p "$state"
     # Never reset a lent GPU: reset_policy = "never" (and no reset helper runs).
     printf 'simulated = 0\ngpus = [0]\nreset_policy = "never"\n' >"$state/gpupoold.toml"
+    # Without a GPU gpupoold refuses to start, unless told to serve a simulated one instead:
+    # only to try the script's machinery (--smoke), never for a recorded validation.
+    if [[ "${GPUPOOL_VALIDATION_ALLOW_SIMULATED:-}" == 1 ]]; then
+        echo 'fallback_to_simulated = true' >>"$state/gpupoold.toml"
+    fi
     PYTHONPATH="$PWD:$PWD/protocol/python${PYTHONPATH:+:$PYTHONPATH}" setsid "$PY" -m gpupoold serve \
         --config "$state/gpupoold.toml" --listen 127.0.0.1:0 --http 127.0.0.1:0 --state-dir "$state" \
         --worker "$BUILD/gpupool-worker" >"$LOGS/gpupoold.log" 2>&1 </dev/null &
@@ -524,16 +543,28 @@ start_daemon() { # in this shell (not under timeout): its own session, stopped a
     done
     if [[ -z "$GP_ADDRESS" || -z "$GP_HTTP" ]]; then
         tail -n 30 "$LOGS/gpupoold.log"
-        record daemon "FAILED (gpupoold did not start)" $(($(date +%s) - t0))
+        if grep -q '^gpupoold: error: no GPU to serve' "$LOGS/gpupoold.log"; then
+            echo "  gpupoold serves no real GPU (no driver?): it refused to start (above); nothing to validate"
+            record daemon "FAILED (no real GPU served)" $(($(date +%s) - t0))
+        else
+            record daemon "FAILED (gpupoold did not start)" $(($(date +%s) - t0))
+        fi
+        return 1
+    fi
+    # The identity its clients pin (`gpupoold: identity SHA256:...`; `identity none` with tls = "off").
+    GP_FINGERPRINT=$(sed -n 's/^gpupoold: identity \(SHA256:[^ ]*\).*/\1/p' "$LOGS/gpupoold.log" | head -n 1)
+    if ! grep -q '^gpupoold: identity ' "$LOGS/gpupoold.log"; then
+        tail -n 30 "$LOGS/gpupoold.log"
+        record daemon "FAILED (gpupoold printed no identity)" $(($(date +%s) - t0))
         return 1
     fi
     GP_TOKEN=$(PYTHONPATH="$PWD:$PWD/protocol/python" "$PY" -m gpupoold token create --name validation \
         --state-dir "$state" 2>>"$LOGS/gpupoold.log" | tail -n 1)
     GP_ADMIN=$(cat "$state/local-admin.token")
-    export GP_ADDRESS GP_HTTP GP_TOKEN GP_ADMIN
+    export GP_ADDRESS GP_HTTP GP_TOKEN GP_ADMIN GP_FINGERPRINT
     local gpus
     gpus=$(api_gpus)
-    echo "  gpupoold on $GP_ADDRESS (http $GP_HTTP): $gpus" | cut -c1-400
+    echo "  gpupoold on $GP_ADDRESS (http $GP_HTTP), identity ${GP_FINGERPRINT:-none (plain TCP)}: $gpus" | cut -c1-400
     # GPUPOOL_VALIDATION_ALLOW_SIMULATED=1: only to try the script's machinery on a machine
     # without a GPU (its native runs then fail); never for a recorded validation.
     if [[ "$gpus" == "[]" || ("$gpus" == *'"simulated": true'* && "${GPUPOOL_VALIDATION_ALLOW_SIMULATED:-}" != 1) ]]; then

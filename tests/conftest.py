@@ -6,17 +6,28 @@ Fixtures
                   GPUPOOL_SAN=1).
   gpupool_server  (function) a `python -m gpupoold serve --simulated 1` on free loopback ports
                   with a temporary state dir, using the worker and simulated device of
-                  native_build. A GpupoolServer: .address, .http_url, .client_env(extra=None)
-                  (with GPUPOOL_TOKEN = .token, a user token made for the tests), .admin_token
+                  native_build, TLS on its remoting port as gpupoold's default is (its own
+                  identity). A GpupoolServer: .address, .http_url, .fingerprint (the identity
+                  clients pin, from the `gpupoold: identity SHA256:...` line; None with
+                  `--tls off`), .client_env(extra=None) (with GPUPOOL_TOKEN = .token, a user
+                  token made for the tests, and GPUPOOL_TLS_FINGERPRINT = .fingerprint, or
+                  GPUPOOL_TLS=0 for a plain-TCP daemon), .admin_token
                   (the daemon's local admin token), .create_token(), .api(method, path, body),
                   .get_json(path), .stop(), .kill(), .log_text(), .wait_for_log(), .build_dir.
                   At teardown it stops the daemon and fails the test if the daemon's log shows a
                   Python traceback or a sanitizer report.
   start_daemon    (function) a factory for daemons with other flags, without building first:
                   start_daemon(*extra_args, simulated=1, build_dir=..., native=True, env=None,
-                  state_dir=None) (state_dir: reuse a previous daemon's, as a restart does).
+                  state_dir=None, tls=True) (state_dir: reuse a previous daemon's, as a restart
+                  does; tls=False: `--tls off`, plain TCP, for the tests that speak the
+                  plaintext protocol on raw sockets and say so).
+  plain_server    (function) gpupool_server with `--tls off`: plain TCP on the remoting port.
 
 Helpers (import them: `from conftest import require, run_client`)
+  tls_connect(server, timeout=10) -> ssl.SSLSocket   a TLS connection to server's remoting port
+                               that checks the certificate's key against server.fingerprint
+                               (as a pinned client does), for tests that speak the protocol
+                               on a socket of their own to a TLS daemon.
   require(condition, reason)   skip the test when condition is false, but FAIL under CI=true:
                                in CI every tier must run.
   run_client(cmd, env, timeout=120, cwd=None) -> CompletedProcess (text, both streams
@@ -31,6 +42,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -129,7 +142,12 @@ class GpupoolServer:
     """A gpupoold process (own process group: .kill() takes its workers with it)."""
 
     def __init__(self, args: Sequence[str], state_dir: Path, build_dir: Path,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, wrapper: Sequence[str] = (),
+                 public_host: str | None = None) -> None:
+        """`wrapper`: a command the daemon runs under (e.g. `ip netns exec NS ...`: a server
+        on a host of its own); `public_host`: the address the tests reach it at when it listens
+        on every address (its HTTP listener then speaks HTTPS with its own identity, as
+        gpupoold does off loopback by default)."""
         self.state_dir = state_dir
         self.build_dir = build_dir
         self.sanitized = SAN or build_dir.name == "build-asan"
@@ -141,14 +159,26 @@ class GpupoolServer:
         self._log = self.log_path.open("wb")
         self.args = [sys.executable, "-m", "gpupoold", "serve", "--state-dir", str(state_dir),
                      *args]
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen([*wrapper, *self.args], stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=daemon_env(env), cwd=REPO,
                                      start_new_session=True)
         self.returncode: int | None = None
         self.killed = False
         try:
             self.address = self._wait_address("remoting")
+            # `gpupoold: identity SHA256:...`, or `identity none (...)` with tls = "off"
+            identity = self._wait_address("identity", r"(\S+).*")
+            self.fingerprint: str | None = identity if identity.startswith("SHA256:") else None
             self.http_url = "http://" + self._wait_address("http")
+            self.ssl_context: ssl.SSLContext | None = None
+            if public_host is not None:
+                self.address = _public(self.address, public_host)
+                self.http_url = "https://" + _public(self.http_url[7:], public_host)
+                self.wait_for_log(r"the HTTP listener speaks HTTPS")
+                # The HTTPS certificate is the server's own identity: trusted as its own CA.
+                self.ssl_context = ssl.create_default_context(
+                    cafile=str(state_dir / "identity" / "server.crt"))
+                self.ssl_context.check_hostname = False
         except BaseException:
             self.kill()
             raise
@@ -174,8 +204,8 @@ class GpupoolServer:
                                f"{proc.stdout}\n{proc.stderr}")
         return proc.stdout.strip().splitlines()[-1]
 
-    def _wait_address(self, what: str) -> str:
-        pattern = re.compile(rf"^gpupoold: {what} on (\S+)$", re.M)
+    def _wait_address(self, what: str, value: str = r"on (\S+)") -> str:
+        pattern = re.compile(rf"^gpupoold: {what} {value}$", re.M)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             m = pattern.search(self.log_text())
@@ -211,6 +241,8 @@ class GpupoolServer:
         env = dict(os.environ)
         env.pop("GPUPOOL_LOG", None)
         env.pop("GPUPOOL_TOKEN", None)
+        for var in ("GPUPOOL_TLS", "GPUPOOL_TLS_FINGERPRINT", "GPUPOOL_TLS_CA"):
+            env.pop(var, None)
         lib = [str(self.build_dir / "client")]
         if env.get("LD_LIBRARY_PATH"):
             lib.append(env["LD_LIBRARY_PATH"])
@@ -221,6 +253,12 @@ class GpupoolServer:
         env["GPUPOOL_CONFIG"] = "none"
         if self.token:
             env["GPUPOOL_TOKEN"] = self.token
+        # TLS by default, pinned to this daemon's identity; a daemon with tls = "off" is
+        # reached in plain TCP only because the client says so too.
+        if self.fingerprint is not None:
+            env["GPUPOOL_TLS_FINGERPRINT"] = self.fingerprint
+        else:
+            env["GPUPOOL_TLS"] = "0"
         if self.sanitized:
             asan = _libasan()
             if asan:
@@ -244,7 +282,7 @@ class GpupoolServer:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.ssl_context) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             with exc:  # an HTTPError holds the connection: close it here, not at GC time
@@ -303,6 +341,30 @@ class GpupoolServer:
         return [line for line in self.log_text().splitlines() if any(m in line for m in marks)]
 
 
+def _public(address: str, host: str) -> str:
+    """`address` (HOST:PORT as a daemon announced it) with `host` for a wildcard host."""
+    bound, _, port = address.rpartition(":")
+    return f"{host}:{port}" if bound in ("0.0.0.0", "[::]", "") else address
+
+
+def tls_connect(server: GpupoolServer, timeout: float = 10) -> ssl.SSLSocket:
+    """A TLS connection to `server`'s remoting port, refused (ssl.SSLError) unless the key of
+    the certificate it presents has `server.fingerprint`: what a pinned client checks."""
+    from gpupoold.tls_identity import fingerprint_of_der_cert
+
+    assert server.fingerprint is not None, "the daemon serves plain TCP (tls = \"off\")"
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the pin below is the check, as in client/common/tls.c
+    raw = socket.create_connection((server.host, server.port), timeout=timeout)
+    sock = ctx.wrap_socket(raw, server_hostname=None)
+    der = sock.getpeercert(binary_form=True)
+    if der is None or fingerprint_of_der_cert(der) != server.fingerprint:
+        sock.close()
+        raise ssl.SSLError(f"the server's key is not {server.fingerprint}")
+    return sock
+
+
 def native_paths(build_dir: Path) -> list[str]:
     """--worker/--sim-lib flags for the binaries of build_dir that exist."""
     args = []
@@ -345,8 +407,10 @@ def start_daemon(tmp_path_factory: pytest.TempPathFactory,
 
     def start(*extra: str, simulated: int | None = 1, build_dir: Path = BUILD_DIR,
               native: bool = True, env: dict[str, str] | None = None,
-              state_dir: Path | None = None) -> GpupoolServer:
+              state_dir: Path | None = None, tls: bool = True) -> GpupoolServer:
         args = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+        if not tls:  # plain TCP, said explicitly (gpupoold's default is TLS)
+            args += ["--tls", "off"]
         if simulated is not None:
             args += ["--simulated", str(simulated)]
         if native:
@@ -374,6 +438,14 @@ def gpupool_server(native_build: Path, start_daemon: Callable[..., GpupoolServer
                    ) -> GpupoolServer:
     """gpupoold on 1 simulated GPU with the worker of native_build, on free loopback ports."""
     return start_daemon(build_dir=native_build)
+
+
+@pytest.fixture
+def plain_server(native_build: Path, start_daemon: Callable[..., GpupoolServer],
+                 ) -> GpupoolServer:
+    """gpupool_server with `tls = "off"`: plain TCP on the remoting port, for tests that speak
+    the plaintext protocol on raw sockets (the clients of client_env() say GPUPOOL_TLS=0)."""
+    return start_daemon(build_dir=native_build, tls=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,8 +23,18 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpupoold import __version__
 from gpupoold.auth.authenticator import NoAuthentication, TokenAuthenticator
 from gpupoold.config.settings import Settings
+from gpupoold.gpu.inventory import Gpu, Inventory
 from gpupoold.http.auth import ADMIN, METRICS, PUBLIC, ROUTE_ROLES, USER, auth_middleware
-from gpupoold.http.keys import AUTH, COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS
+from gpupoold.http.keys import (
+    AUTH,
+    COUNTERS,
+    INVENTORY,
+    LEASES,
+    REMOTING,
+    SETTINGS,
+    STORE,
+    VIEWS,
+)
 from gpupoold.http.routes import ROUTES, Route, setup_routes
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.leases import LeaseError
@@ -179,6 +189,9 @@ async def make_api(tmp_path: Path) -> AsyncIterator[ApiFactory]:
             app[LEASES] = FakeLeaseManager()  # type: ignore[assignment]
             app[VIEWS] = app[LEASES]  # type: ignore[assignment]
             app[REMOTING] = FakeRemoting()  # type: ignore[assignment]
+            app[INVENTORY] = Inventory(tuple(  # the fake lease manager's two simulated GPUs
+                Gpu(index=i, name="sim", uuid=f"GPU-{i}", simulated=True, driver="", ordinal=i)
+                for i in range(2)))
             setup_routes(app)
             if extra is not None:
                 extra(app)
@@ -318,7 +331,7 @@ async def test_healthz_needs_no_token(api: Api) -> None:
     status, body, _ = await api.call("GET", "/healthz")
     assert status == 200
     assert body == {"ok": True, "version": __version__, "remoting": "127.0.0.1:7070", "gpus": 2,
-                    "leases": 0, "queue": 0}
+                    "leases": 0, "queue": 0, "simulated": 2}
     # Even a bad token does not matter there.
     assert (await api.call("GET", "/healthz", "nonsense"))[0] == 200
     assert api.counters.total("http_auth_refused") == 0

@@ -150,10 +150,11 @@ def test_registry_matches_issue_3(wl):
 
 
 def test_remote_children_get_the_gpupool_run_environment(wl, tmp_path):
-    """The remote child's environment: the shim first on LD_LIBRARY_PATH, server, token, no config
-    file; the native child's carries nothing of gpupool's."""
+    """The remote child's environment: the shim first on LD_LIBRARY_PATH, server, token, the
+    daemon's identity pinned, no config file; the native child's carries nothing of gpupool's."""
     daemon = wl.RealGpuDaemon.__new__(wl.RealGpuDaemon)  # no process: only client_env is used
     daemon.build_dir, daemon.address, daemon.token = tmp_path, "127.0.0.1:7070", "gpt_x"
+    daemon.fingerprint = "SHA256:" + "A" * 43
     os.environ["GPUPOOL_SERVER"] = "elsewhere:1"
     try:
         native = wl.base_env(tmp_path, "native")
@@ -164,6 +165,10 @@ def test_remote_children_get_the_gpupool_run_environment(wl, tmp_path):
     assert remote["LD_LIBRARY_PATH"] == f"{tmp_path}/client:/usr/local/nvidia/lib64"
     assert (remote["GPUPOOL_SERVER"], remote["GPUPOOL_TOKEN"], remote["GPUPOOL_CONFIG"]) == \
         ("127.0.0.1:7070", "gpt_x", "none")
+    assert remote["GPUPOOL_TLS_FINGERPRINT"] == daemon.fingerprint and "GPUPOOL_TLS" not in remote
+    daemon.fingerprint = None  # a daemon with tls = "off": plain TCP, said explicitly
+    plain = daemon.client_env(native)
+    assert plain["GPUPOOL_TLS"] == "0" and "GPUPOOL_TLS_FINGERPRINT" not in plain
 
 
 def test_real_gpu_daemon_is_configured_never_to_reset():
@@ -221,8 +226,9 @@ def test_script_never_resets_or_reconfigures_the_gpu():
 
 
 def test_script_refuses_a_simulated_gpu(native_build, tmp_path):
-    """Without a GPU gpupoold falls back to a simulated one: the script must refuse it, record the
-    gpupool steps as not run, write its summary and exit 1 (the machinery, run for real)."""
+    """Without a GPU gpupoold serves no real one (it refuses to start: no fallback to a simulated
+    GPU unless asked): the script must say so, record the gpupool steps as not run, write its
+    summary and exit 1 (the machinery, run for real)."""
     require(shutil.which("nvidia-smi") is None, "this machine has a GPU: run the script for real instead")
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "TMPDIR": str(tmp_path),
@@ -242,7 +248,8 @@ def test_script_refuses_a_simulated_gpu(native_build, tmp_path):
 
 def test_gpu_mode_goes_through_gpupool(torch_ok, native_build, tmp_path):
     """The GPU mode's whole path on a machine without a GPU: gpupoold started in real mode falls
-    back to a simulated GPU (accepted only with the testing flag --allow-simulated), the native
+    back to a simulated GPU (only with the testing flag --allow-simulated: fallback_to_simulated;
+    the remote child pins the daemon's identity), the native
     child finds no GPU, the remote child reaches the daemon's GPU through the shim and fails at its
     first PyTorch kernel (the simulated device has none): both failures are reported, exit 1."""
     require(shutil.which("nvidia-smi") is None, "this machine has a GPU: run the suite for real instead")

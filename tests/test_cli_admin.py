@@ -8,17 +8,21 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
 import ssl
 import stat
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +31,7 @@ from typing import Any
 import pytest
 import trustme
 from aiohttp import web
+from conftest import GpupoolServer, require
 
 from gpupoold.auth.authenticator import LOCAL_ADMIN_FILE
 from gpupoold.cli import build_parser, cli_actor, main
@@ -209,28 +214,78 @@ def test_token_create_works_while_the_daemon_has_the_database_open(run: Run,
         daemon.close()
 
 
-def _in_child_as_nobody(fn: Callable[[], int]) -> tuple[int, str]:
-    """Run fn() in a forked child with uid/gid 65534 (we are root); (exit code, stderr)."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 99
-        try:
-            sys.stderr = os.fdopen(write_fd, "w")
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            code = fn()
-            sys.stderr.flush()
-        except BaseException:  # noqa: B036 - the child must exit whatever happens
-            pass
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as f:
-        err = f.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), err
+@dataclass
+class Child:
+    """What a command run in a forked child as another user did."""
+
+    rc: int
+    out: str
+    err: str
+
+
+# What the commands import late, imported here: the child runs as a user who may not read this
+# interpreter's standard library (here under /root, 0700).
+for _late in ("encodings.idna", "gpupoold.tls_identity"):
+    importlib.import_module(_late)
+
+
+def as_user(uid: int, gid: int, argv: list[str | Path]) -> Child:
+    """`gpupoold ARGV` through main() in a forked child with this uid and gid and no other
+    groups, as `setpriv --reuid --regid --clear-groups` would run it (we are root). A forked
+    child, not a new process: the venv's interpreter may live where other users cannot run it
+    (here under /root). An exception that escapes main() is printed, exit status 99."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 99
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout = os.fdopen(1, "w", closefd=False)
+                sys.stderr = os.fdopen(2, "w", closefd=False)
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                code = main([str(a) for a in argv])
+            except BaseException:  # noqa: B036 - the child must exit whatever happens
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        out.seek(0)
+        err.seek(0)
+        return Child(os.waitstatus_to_exitcode(status), out.read(), err.read())
+
+
+@dataclass
+class Account:
+    name: str
+    uid: int
+    gid: int
+
+
+@pytest.fixture(scope="module")
+def accounts() -> Iterator[tuple[Account, Account]]:
+    """(the daemon's user, an unprivileged user): two accounts made with useradd for this
+    module, each with a group of its own, removed afterwards."""
+    require(os.geteuid() == 0, "running a command as another user needs root")
+    require(shutil.which("useradd") and shutil.which("userdel"),
+            "useradd and userdel are needed (Debian package passwd)")
+    tag = f"{os.getpid() % 100000:05d}"
+    made: list[Account] = []
+    try:
+        for name, extra in ((f"gpt-daemon-{tag}", ["--system"]), (f"gpt-user-{tag}", [])):
+            subprocess.run(["useradd", *extra, "--user-group", "--no-create-home",
+                            "--shell", "/usr/sbin/nologin", name], check=True,
+                           capture_output=True, text=True)
+            entry = pwd.getpwnam(name)
+            made.append(Account(name, entry.pw_uid, entry.pw_gid))
+        yield made[0], made[1]
+    finally:
+        for account in made:
+            subprocess.run(["userdel", account.name], capture_output=True)
 
 
 @pytest.fixture
@@ -243,14 +298,103 @@ def world_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a command as another user")
+def daemons_state(where: Path, owner: Account, mode: int = 0o750) -> Path:
+    """A state directory as gpupoold leaves it (the package's: 0750, its files 0600, the
+    identity in a 0700 folder), owned by `owner`."""
+    state = where / "state"
+    state.mkdir()
+    state.chmod(mode)
+    StoreDB(state / DB_NAME).close()
+    (state / LOCAL_ADMIN_FILE).write_text(ADMIN + "\n")
+    identity = state / "identity"
+    identity.mkdir(mode=0o700)
+    (identity / "server.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    for path in (state, *state.rglob("*")):
+        os.chown(path, owner.uid, owner.gid)
+        if path.is_file():
+            path.chmod(0o600)
+    return state
+
+
+# Every admin command, as an operator would first type it on the server.
+ADMIN_COMMANDS = [
+    (["token", "create", "--name", "alice"], "gpupoold token create"),
+    (["token", "list"], "gpupoold token list"),
+    (["token", "revoke", "alice"], "gpupoold token revoke"),
+    (["status"], "gpupoold status"),
+    (["gpu", "drain", "0"], "gpupoold gpu drain"),
+    (["gpu", "undrain", "0"], "gpupoold gpu undrain"),
+    (["gpu", "clear", "1"], "gpupoold gpu clear"),
+    (["lease", "end", "12"], "gpupoold lease end"),
+    (["fingerprint"], "gpupoold fingerprint"),
+    (["fingerprint", "--pem"], "gpupoold fingerprint"),
+]
+REMOTE = ("status", "gpu", "lease")
+
+
+@pytest.mark.parametrize(("argv", "command"), ADMIN_COMMANDS,
+                         ids=[" ".join(argv) for argv, _ in ADMIN_COMMANDS])
+def test_each_admin_command_without_the_rights_says_so_in_one_line(
+        accounts: tuple[Account, Account], world_dir: Path, daemon: FakeDaemon,
+        argv: list[str], command: str) -> None:
+    """As a user who is neither root nor the daemon's: one line naming the file it could not
+    use and `sudo` with the command, exit status 1, never a traceback; nothing changed."""
+    owner, user = accounts
+    state = daemons_state(world_dir, owner)
+    before = {p: p.stat().st_mtime_ns for p in state.rglob("*")}
+    extra = ["--http", daemon.address] if argv[0] in REMOTE else []
+    child = as_user(user.uid, user.gid, [*argv, "--state-dir", state, *extra])
+    assert "Traceback" not in child.err, child.err
+    assert child.rc == 1 and child.out == "", child
+    assert child.err.count("\n") == 1 and child.err.startswith("gpupoold: error: "), child.err
+    assert f"permission denied for {user.name}" in child.err, child.err
+    assert f"run it with sudo (`sudo {command}`)" in child.err, child.err
+    assert "GPUPOOL_TOKEN" not in child.err  # the admin commands read GPUPOOL_ADMIN_TOKEN
+    if argv[0] in REMOTE:
+        assert "GPUPOOL_ADMIN_TOKEN" in child.err, child.err
+    # a group would not be enough (the files are the daemon user's only): none is named
+    assert "member of the group" not in child.err
+    assert {p: p.stat().st_mtime_ns for p in state.rglob("*")} == before
+
+
+def test_a_group_that_would_do_is_named(accounts: tuple[Account, Account], world_dir: Path,
+                                        daemon: FakeDaemon) -> None:
+    """Where the group's members may read the file (an operator's choice: 0640), the message
+    names that group besides sudo; a member then gets in."""
+    owner, user = accounts
+    state = daemons_state(world_dir, owner, mode=0o755)
+    (state / LOCAL_ADMIN_FILE).chmod(0o640)
+    argv: list[str | Path] = ["status", "--state-dir", state, "--http", daemon.address]
+    child = as_user(user.uid, user.gid, argv)
+    assert child.rc == 1 and child.err.count("\n") == 1, child
+    assert (f"run it with sudo (`sudo gpupoold status`) or as a member of the group "
+            f"{owner.name} (`sudo adduser {user.name} {owner.name}`" in child.err), child.err
+    child = as_user(user.uid, owner.gid, argv)
+    assert child.rc == 0 and "you are root (admin)" in child.out, child
+
+
+def test_a_config_the_user_cannot_read_says_so(accounts: tuple[Account, Account],
+                                               world_dir: Path) -> None:
+    _, user = accounts
+    config = world_dir / "gpupoold.toml"
+    config.write_text('state_dir = "/nowhere"\n')
+    config.chmod(0o600)
+    for argv in (["token", "list"], ["status"], ["fingerprint"]):
+        child = as_user(user.uid, user.gid, [*argv, "--config", config])
+        assert child.rc == 1 and child.err.count("\n") == 1, child
+        assert (f"cannot read the configuration {config}: permission denied for {user.name}; "
+                f"run it with sudo (`sudo gpupoold {argv[0]}" in child.err), child.err
+
+
 @pytest.mark.parametrize("sub", ["", "state"])
-def test_a_state_dir_the_user_cannot_write_is_a_clear_error(world_dir: Path, sub: str) -> None:
+def test_a_state_dir_the_user_cannot_write_is_a_clear_error(
+        accounts: tuple[Account, Account], world_dir: Path, sub: str) -> None:
+    _, user = accounts
     target = world_dir / sub if sub else world_dir  # missing (cannot create) or not writable
-    code, err = _in_child_as_nobody(
-        lambda: main(["token", "create", "--name", "alice", "--state-dir", str(target)]))
-    assert code == 1, err
-    assert "run as root or as the user gpupoold runs as (this is nobody)" in err, err
+    child = as_user(user.uid, user.gid,
+                    ["token", "create", "--name", "alice", "--state-dir", target])
+    assert child.rc == 1 and child.err.count("\n") == 1, child
+    assert f"permission denied for {user.name}; run it with sudo" in child.err, child.err
     assert not (target / DB_NAME).exists()
 
 
@@ -527,20 +671,40 @@ def test_a_user_token_on_an_admin_action_is_403(run: Run, daemon: FakeDaemon,
 def test_no_token_anywhere_says_where_it_looked(run: Run, daemon: FakeDaemon,
                                                 state: Path) -> None:
     r = run("status", "--http", daemon.address, "--state-dir", state)
-    assert r.rc == 1
+    assert r.rc == 1 and r.err.count("\n") == 1, r.err
     assert daemon.requests[-1]["authorization"] is None
-    assert "needs an API token" in r.err
+    assert "needs an admin token and this command found none" in r.err
     assert f"{state / LOCAL_ADMIN_FILE} does not exist" in r.err
-    assert "--token" in r.err and "GPUPOOL_ADMIN_TOKEN" in r.err
+    assert "--state-dir" in r.err and "GPUPOOL_ADMIN_TOKEN" in r.err
 
 
 def test_a_wrong_token_says_where_it_came_from(run: Run, daemon: FakeDaemon,
                                                admin_state: Path) -> None:
     bad = "gpt_cccccccccccc_" + "C" * 43
     r = run("status", "--token", bad, "--http", daemon.address, "--state-dir", admin_state)
-    assert r.rc == 1
-    assert "not known to this server" in r.err and "(token: from --token)" in r.err
+    assert r.rc == 1 and r.err.count("\n") == 1, r.err
+    assert "refused the admin token from --token: the API token is not known" in r.err
     assert bad not in r.err  # the token itself is not printed
+
+
+def test_the_real_daemons_refusals_name_what_these_commands_read(
+        run: Run, gpupool_server: GpupoolServer, state: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against a real gpupoold (whose words are for remoting clients, GPUPOOL_TOKEN): one line,
+    naming GPUPOOL_ADMIN_TOKEN and never GPUPOOL_TOKEN, each piece of advice once."""
+    http = gpupool_server.http_url
+    r = run("status", "--http", http, "--state-dir", state)  # no token anywhere
+    assert r.rc == 1 and r.err.count("\n") == 1, r.err
+    assert "GPUPOOL_ADMIN_TOKEN" in r.err and "GPUPOOL_TOKEN" not in r.err, r.err
+    monkeypatch.setenv("GPUPOOL_ADMIN_TOKEN", "gpt_cccccccccccc_" + "C" * 43)
+    r = run("status", "--http", http, "--state-dir", state)
+    assert r.rc == 1 and r.err.count("\n") == 1, r.err
+    assert ("refused the admin token from GPUPOOL_ADMIN_TOKEN: token gpt_cccccccccccc_... is not "
+            "known to this server; set GPUPOOL_ADMIN_TOKEN to an admin token" in r.err), r.err
+    assert "GPUPOOL_TOKEN" not in r.err and r.err.count("token create") == 1, r.err
+    monkeypatch.setenv("GPUPOOL_ADMIN_TOKEN", gpupool_server.token)  # a user token: 403
+    r = run("gpu", "drain", "0", "--http", http, "--state-dir", state)
+    assert r.rc == 1 and r.err.count("\n") == 1 and "needs an admin token" in r.err, r.err
 
 
 def test_auth_none_needs_no_token(run: Run, admin_state: Path, state: Path) -> None:

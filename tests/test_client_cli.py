@@ -1,5 +1,6 @@
-"""The `gpupool` command without a server: `gpupool env` (shell and notebook forms), `gpupool run`
-and usage errors. The commands that talk to servers are tested in test_login.py,
+"""The `gpupool` command without a server: `gpupool env` (shell and notebook forms), `gpupool run`,
+`gpupool config`'s trust rows, `gpupool login --help`, reading info replies of other protocol
+versions, and usage errors. The commands that talk to servers are tested in test_login*.py,
 test_status_smi.py, test_doctor.py, test_install_system.py and test_client_install.py."""
 
 from __future__ import annotations
@@ -91,3 +92,45 @@ def test_usage_errors_exit_2() -> None:
     for args in (("frobnicate",), ("status", "--bogus"), ()):
         proc = gpupool(*args, env=dict(os.environ))
         assert proc.returncode == 2, (args, proc.stderr)
+
+
+def test_login_help_says_how_the_token_and_the_identity_are_given() -> None:
+    proc = gpupool("login", "--help", env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "--token-file FILE" in text and "'-': from standard input" in text
+    assert "visible to other users in `ps` and kept in the shell's history" in text
+    assert "--fingerprint SHA256:..." in text and "no question asked (scripts)" in text
+    assert "--plain" in text and "cross the network unencrypted" in text
+
+
+def test_config_shows_each_servers_pin_and_where_it_comes_from(tmp_path: Path) -> None:
+    pin = "SHA256:" + "A" * 43
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[servers]]\naddress = "a:1"\ntls_fingerprint = "{pin}"\n'
+                    '[[servers]]\naddress = "b:1"\n'
+                    '[[servers]]\naddress = "c:1"\ntls = false\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_CONFIG"] = str(path)
+    proc = gpupool("config", env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.split()[:1] in (["tls"], ["tls_fingerprint"])]
+    assert rows == [["tls", "yes", "default"], ["tls_fingerprint", pin, f"{path}:3"],
+                    ["tls", "yes", "default"], ["tls_fingerprint", "(none)", "default"],
+                    ["tls", "no", "(plain", "TCP,", "unencrypted)", f"{path}:8"]]
+
+
+def test_info_replies_of_older_and_newer_servers_are_read() -> None:
+    """A 1.3 server's reply ends before fingerprint and fleet_servers (read as empty); a newer
+    1.x appends fields (ignored); anything else short is still an error."""
+    import gpupool_protocol as gp
+    from gpupool.wire.info import decode_reply
+
+    old = gp.InfoReply(result=0, major=gp.MAJOR, minor=3, server="old").encode()[:-8]
+    reply = decode_reply(old)
+    assert reply.server == "old" and reply.fingerprint == "" and reply.fleet_servers == []
+    newer = gp.InfoReply(result=0, major=gp.MAJOR, minor=gp.MINOR + 1, fingerprint="x").encode()
+    assert decode_reply(newer + b"more").fingerprint == "x"
+    with pytest.raises(gp.ProtocolError):
+        decode_reply(gp.InfoReply(result=0, major=gp.MAJOR, minor=gp.MINOR).encode()[:-8])

@@ -93,8 +93,8 @@ def test_the_example_of_the_contract(tmp_path: Path) -> None:
 def test_short_form_and_bare_hosts(tmp_path: Path) -> None:
     path = write(tmp_path, 'servers = [\n  "a",\n  "tls://b:99",   # comment\n]\ntoken = "t"\n')
     cfg, _ = load(env_for(path))
-    assert [(s.host, s.port, s.tls, s.token) for s in cfg.servers] == [
-        ("a", "7070", False, "t"), ("b", "99", True, "t")]
+    assert [(s.host, s.port, s.tls, s.tls_prefix, s.token) for s in cfg.servers] == [
+        ("a", "7070", True, False, "t"), ("b", "99", True, True, "t")]  # TLS by default
 
 
 def test_min_memory_as_integer_and_gpu_index(tmp_path: Path) -> None:
@@ -198,7 +198,7 @@ def test_unknown_keys_and_tables_warn_once_each(tmp_path: Path) -> None:
         f"{path}:1: unknown setting 'colour' ignored (known there: token, tls, tls_ca, "
         "tls_cert, tls_key, connect_timeout, probe_timeout, compression, servers)",
         f"{path}:6: unknown setting 'port' in [[servers]] ignored (known there: address, token, "
-        "tls, tls_ca, tls_cert, tls_key, compression)"])
+        "tls, tls_ca, tls_cert, tls_key, tls_fingerprint, compression)"])
 
 
 def test_a_token_readable_by_others_is_warned_about(tmp_path: Path) -> None:

@@ -19,6 +19,10 @@ from client_config_example import EXAMPLE
 from conftest import REPO, _libasan, require, run_client
 from gpupool import config as cc
 
+# Two well-formed pins (43 base64 characters, the last one of a 32-byte value).
+PIN_A = "SHA256:" + "A" * 42 + "E"
+PIN_B = "SHA256:" + "x/+9" * 10 + "abc"
+
 BLANKS = """\
 token = "  gpt_x \\t"
 tls_ca = " ca.pem "
@@ -161,12 +165,47 @@ CASES = [
     # ---------------------------------------------------------------- per-server compression
     Case("per-server compression lz4 under a top level off", TWO_SERVERS.format(
         top="off", near="", far="compression = ' lz4 '"),
-        words='"address": "far:2", "host": "far", "port": "2", "tls": false, "token": "", '
+        words='"address": "far:2", "host": "far", "port": "2", "tls": true, "token": "", '
               '"tls_ca": "", "tls_cert": "", "tls_key": "", "compression": "lz4"'),
     Case("per-server compression off under a top level lz4", TWO_SERVERS.format(
         top="lz4", near="compression = 'off'", far=""),
-        words='"address": "near:1", "host": "near", "port": "1", "tls": false, "token": "", '
+        words='"address": "near:1", "host": "near", "port": "1", "tls": true, "token": "", '
               '"tls_ca": "", "tls_cert": "", "tls_key": "", "compression": "off"'),
+    # ---------------------------------------------------------------- TLS by default, pins
+    Case("TLS is the default", "servers = ['a']\n", words='"tls": true'),
+    Case("tls = false at the top level: plain TCP", "tls = false\nservers = ['a']\n",
+         words='"tls": false'),
+    Case("tls = false for one server", "[[servers]]\naddress = 'a'\ntls = false\n"
+         "[[servers]]\naddress = 'b'\n", words='"tls": false, "token": "", "tls_ca": "", '
+         '"tls_cert": "", "tls_key": "", "compression": "off", "tls_fingerprint": ""}, '
+         '{"address": "b", "host": "b", "port": "7070", "tls": true'),
+    Case("GPUPOOL_TLS=0: plain TCP", None, env={"GPUPOOL_SERVER": "a", "GPUPOOL_TLS": "0"},
+         words='"tls": false'),
+    Case("tls:// over GPUPOOL_TLS=0", None, env={"GPUPOOL_SERVER": "tls://a", "GPUPOOL_TLS": "0"},
+         words='"tls": true'),
+    Case("a server's pin", f"[[servers]]\naddress = 'a'\ntls_fingerprint = ' {PIN_A} '\n",
+         words=f'"tls_fingerprint": "{PIN_A}"'),
+    Case("GPUPOOL_TLS_FINGERPRINT without a file", None,
+         env={"GPUPOOL_SERVER": "a,b", "GPUPOOL_TLS_FINGERPRINT": PIN_B},
+         words=f'"tls_fingerprint": "{PIN_B}"}}, {{"address": "b"'),
+    Case("GPUPOOL_TLS_FINGERPRINT: not over an entry's own pin",
+         f"[[servers]]\naddress = 'a'\ntls_fingerprint = '{PIN_A}'\n[[servers]]\naddress = 'b'\n",
+         env={"GPUPOOL_TLS_FINGERPRINT": PIN_B},
+         words=f'"tls_fingerprint": "{PIN_A}"}}, {{"address": "b", "host": "b", "port": "7070", '
+               f'"tls": true, "token": "", "tls_ca": "", "tls_cert": "", "tls_key": "", '
+               f'"compression": "off", "tls_fingerprint": "{PIN_B}"'),
+    Case("GPUPOOL_SERVER keeps the file entry's pin",
+         f"[[servers]]\naddress = 'a:1'\ntls_fingerprint = '{PIN_A}'\n",
+         env={"GPUPOOL_SERVER": "a:1"}, words=f'"tls_fingerprint": "{PIN_A}"'),
+    *[Case(f"tls_fingerprint = {bad!r}", f"[[servers]]\naddress = 'a'\ntls_fingerprint = '{bad}'\n",
+           expect="error", words="is not a fingerprint: write what `gpupoold fingerprint` prints")
+      for bad in (PIN_A[:-1], PIN_A + "A", "sha256:" + PIN_A[7:], "MD5:" + PIN_A[7:],
+                  PIN_A[:-1] + "B", PIN_A[:10] + "=" + PIN_A[11:], PIN_A[:-1] + "=")],
+    Case("tls_fingerprint not a string", "[[servers]]\naddress = 'a'\ntls_fingerprint = 1\n",
+         expect="error", words="tls_fingerprint must be the server's fingerprint in quotes"),
+    Case("GPUPOOL_TLS_FINGERPRINT not a fingerprint", None,
+         env={"GPUPOOL_SERVER": "a", "GPUPOOL_TLS_FINGERPRINT": "SHA256:abc"}, expect="error",
+         words="GPUPOOL_TLS_FINGERPRINT=SHA256:abc is not a fingerprint"),
     Case("GPUPOOL_COMPRESSION=off over every server's own", TWO_SERVERS.format(
         top="lz4", near="compression = 'lz4'", far=""), env={"GPUPOOL_COMPRESSION": " off "},
         words='"compression": "off"'),
@@ -322,7 +361,8 @@ print(json.dumps({"ok": True, "file": cfg.file, "connect_timeout": cfg.connect_t
                   "servers": [{"address": s.address, "host": s.host, "port": s.port,
                                "tls": s.tls, "token": s.token, "tls_ca": s.tls_ca,
                                "tls_cert": s.tls_cert, "tls_key": s.tls_key,
-                               "compression": s.compression} for s in cfg.servers]},
+                               "compression": s.compression,
+                               "tls_fingerprint": s.tls_fingerprint} for s in cfg.servers]},
                  ensure_ascii=False))
 """
 

@@ -82,12 +82,16 @@ def test_pip_install_login_then_torch_and_an_nvcc_program(
         assert (site / "gpupool" / "lib" / name).is_file(), name
     assert (venv / "bin" / "gpupool").is_file()
 
-    # Log in: the config file is the only thing that names the server and the token.
-    proc = run_client([venv / "bin" / "gpupool", "login", gpupool_server.address, "--token",
+    # Log in: the config file is the only thing that names the server, its identity (the
+    # fingerprint confirmed on the command line, as a script does) and the token.
+    assert gpupool_server.fingerprint is not None
+    proc = run_client([venv / "bin" / "gpupool", "login", gpupool_server.address,
+                       "--fingerprint", gpupool_server.fingerprint, "--token",
                        gpupool_server.token], env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     config = home / ".config" / "gpupool" / "config.toml"
     assert config.is_file() and config.stat().st_mode & 0o777 == 0o600
+    assert gpupool_server.fingerprint in config.read_text(), config.read_text()
 
     # A program built with nvcc (dynamic cudart, which dlopens libcuda.so.1).
     nvcc = nvcc_path()

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -116,7 +117,10 @@ def settings_for(tmp_path: Path, mode: str = "serve", **changes: object) -> Sett
     sim_lib.touch()
     base = Settings(listen="127.0.0.1:0", http="127.0.0.1:0", state_dir=tmp_path / "state",
                     simulated=1, worker=fake_worker(tmp_path, mode), sim_lib=sim_lib,
-                    stop_grace=2.0, auth="none")
+                    stop_grace=2.0, auth="none",
+                    # plain TCP, said explicitly: these tests speak the protocol on raw sockets
+                    # (TLS on the remoting port is tested in test_remoting_tls.py, test_trust.py)
+                    tls="off")
     return replace(base, **changes)
 
 
@@ -558,13 +562,37 @@ def test_port_in_use_stops_startup(start_daemon, tmp_path: Path) -> None:
     assert "setting 'listen': cannot listen on" in proc.stderr
 
 
-def test_no_driver_falls_back_to_one_simulated_gpu_loudly(start_daemon, tmp_path: Path) -> None:
+def test_no_driver_is_an_error_that_says_what_was_found(tmp_path: Path) -> None:
+    """A GPU server whose driver broke must stop, not lend a simulated GPU: exit 78 (EX_CONFIG,
+    systemd does not restart it in a loop) with what real mode found and the fixes."""
     config = tmp_path / "gpupoold.toml"
     config.write_text('driver = "/nonexistent/libcuda.so.1"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpupoold", "serve", "--config", str(config), "--state-dir",
+         str(tmp_path / "state"), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+        capture_output=True, text=True, env=daemon_env(), timeout=60)
+    assert proc.returncode == 78, proc.stderr
+    assert "gpupoold: error: no GPU to serve: no driver: the driver library " \
+           "/nonexistent/libcuda.so.1 cannot be loaded" in proc.stderr
+    assert "Repair the NVIDIA driver" in proc.stderr and "`simulated = N`" in proc.stderr
+    assert "SIMULATED" not in proc.stderr
+
+
+def test_no_driver_falls_back_to_one_simulated_gpu_loudly_when_asked(
+        start_daemon, tmp_path: Path) -> None:
+    config = tmp_path / "gpupoold.toml"
+    config.write_text('driver = "/nonexistent/libcuda.so.1"\nfallback_to_simulated = true\n')
     server = start_daemon("--config", str(config), simulated=None)
-    assert "serving 1 SIMULATED GPU" in server.log_text()
+    assert "serving 1 SIMULATED GPU instead, as `fallback_to_simulated = true` asks" in \
+        server.log_text()
     gpus = server.get_json("/api/v1/gpus")["gpus"]
     assert len(gpus) == 1 and gpus[0]["simulated"] is True
+    health = server.get_json("/healthz")
+    assert health["simulated"] == 1 and "/nonexistent/libcuda.so.1" in health["fallback"]
+    # Every dashboard page says so, the sign-in page included.
+    with urllib.request.urlopen(server.http_url + "/ui/login", timeout=10) as reply:
+        page = reply.read().decode()
+    assert 'id="simulated-fallback"' in page and "/nonexistent/libcuda.so.1" in page
 
 
 def wait_free_sync(server: GpupoolServer, timeout: float = 30) -> None:
@@ -578,8 +606,9 @@ def wait_free_sync(server: GpupoolServer, timeout: float = 30) -> None:
 def test_sigterm_ends_leases_and_exits_0(start_daemon, tmp_path: Path) -> None:
     sim_lib = tmp_path / "libfake-sim.so"
     sim_lib.touch()
+    # plain TCP: the hello below is written on a raw socket
     server: GpupoolServer = start_daemon("--worker", str(fake_worker(tmp_path)),
-                                         "--sim-lib", str(sim_lib), native=False)
+                                         "--sim-lib", str(sim_lib), native=False, tls=False)
     wait_free_sync(server)
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(gp.encode_frame(hello(token=server.token), 3))
@@ -606,7 +635,8 @@ def test_sigterm_ends_leases_and_exits_0(start_daemon, tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ the real worker (C)
 @pytest.mark.san
 def test_real_worker_answers_the_hello_with_a_simulated_device(
-        gpupool_server: GpupoolServer) -> None:
+        plain_server: GpupoolServer) -> None:
+    gpupool_server = plain_server  # plain TCP: the hello is written on a raw socket
     worker = gpupool_server.build_dir / "gpupool-worker"
     require(worker.is_file(), f"{worker} not built yet")
     wait_free_sync(gpupool_server)

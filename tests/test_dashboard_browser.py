@@ -105,6 +105,10 @@ def login(page: Page, server: GpupoolServer, token: str) -> None:
                   what="the overview after logging in")
 
 
+def summary(page: Page) -> str:
+    return str(page.evaluate("document.getElementById('summary').innerText.replace(/\\s+/g, ' ')"))
+
+
 def admin_buttons(page: Page) -> list[str]:
     sel = ", ".join(f'[data-action="{a}"]' for a in ADMIN_ACTIONS)
     return list(page.evaluate(f"[...document.querySelectorAll('{sel}')]"
@@ -135,6 +139,9 @@ def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
         page.wait_for(f"document.querySelector('{CARD}').dataset.state === 'free'", timeout=30,
                       what="GPU 0 free (first scrub done)")
         assert "free" in card_text(page), f"the state word is not in the card: {card_text(page)}"
+        # counts with their nouns in the singular or plural they need
+        assert summary(page).startswith("1 GPU: 1 free,"), summary(page)
+        assert "· 0 active leases ·" in summary(page), summary(page)
         assert admin_buttons(page) == [], \
             f"admin controls in a user session: {admin_buttons(page)}"
         marker = f"{os.getpid()}-{time.monotonic_ns()}"
@@ -172,6 +179,10 @@ def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
                       timeout=10, what="the card to show the 8 MiB the client allocated")
         assert page.evaluate("window.__gpupoolMarker") == f"kept-{marker}", \
             "the page was reloaded or navigated (the marker set before is gone)"
+        # the live update wrote the count's noun too
+        page.wait_for("document.getElementById('summary').innerText.includes('1 active lease ·')",
+                      timeout=5, what="the summary to say '1 active lease'")
+        assert summary(page).startswith("1 GPU: 0 free, 1 leased,"), summary(page)
         page.screenshot(artifacts / "2-overview-leased.png")
 
         # the same page on a phone: no sideways scrolling
@@ -210,6 +221,12 @@ def test_dashboard_live_in_chromium(start_daemon: Any, native_build: Path,
         bars_drawn = admin.evaluate("document.querySelectorAll('#last-day svg[data-series=\"day-0\"] "
                                     "rect.bar').length")
         assert bars_drawn >= 1, "the last-day chart of GPU 0 shows no leased hour"
+        # The lease waited for no one (a queue wait of milliseconds, "0s"): its hour's wait bar
+        # has no height (not the full height of a chart scaled to its own few milliseconds).
+        heights = admin.evaluate("[...document.querySelectorAll('#last-day svg[data-series="
+                                 "\"day-wait\"] rect.bar')].map(r => r.getAttribute('height'))")
+        assert all(float(h) == 0 for h in heights), f"queue wait bars of a 0s wait: {heights}"
+        assert "peak 0s" in admin.evaluate("document.getElementById('last-day').innerText")
         admin.screenshot(artifacts / "6-overview-admin.png")
 
         # ---- the lease history page, filtered by the tenant's token, has the ended lease

@@ -1,16 +1,26 @@
-"""The Debian packages: scripts/build-debs.sh builds gpupoold and gpupool-client from this
-checkout; their files land where the systemd units expect them; installed into a scratch root
-(`dpkg --root ROOT --force-script-chrootless`, so the maintainer scripts really run, with
-$DPKG_ROOT=ROOT) they create the gpupoold user and state directory, the installed commands run
-from the installed tree, the daemon starts with the shipped default config; an upgrade keeps the
-edited conffile and the state, a purge removes both; lintian reports no errors.
+"""The Debian packages: `make debs` (scripts/build-debs.sh) builds gpupoold and gpupool-client in
+a fresh clone of this repository, with only what it installs itself (no .venv, no build/); their
+files land where the systemd units expect them, and every document they link to is shipped;
+installed into a scratch root (`dpkg --root ROOT --force-script-chrootless`, so the maintainer
+scripts really run, with $DPKG_ROOT=ROOT) they create the gpupoold user and state directory, the
+installed commands run from the installed tree, the daemon starts with the shipped default
+config; an upgrade keeps the edited conffile and the state, a purge asks (debconf) before it
+deletes the database, or keeps a copy; lintian reports no errors and no hardening tags,
+hardening-check passes every program and library we build; a second build, in another
+directory, makes the same bytes.
 
-Needs dpkg-deb, dpkg-shlibdeps (dpkg-dev), make, gcc, lintian and root (the postinst chowns the
-state directory); scripts/bootstrap.sh installs the Debian tools. See docs/packaging.md.
+The clone is of HEAD plus the uncommitted changes to files git tracks (in CI, HEAD itself); a new
+file must be added to git to be in it, as it must be committed to be in CI's checkout
+(GPUPOOL_DEBS_UNTRACKED=1 copies the untracked ones too).
+
+Needs git, dpkg-deb, dpkg-shlibdeps (dpkg-dev), make, gcc, lintian, hardening-check (devscripts)
+and root (the postinst chowns the state directory); scripts/bootstrap.sh installs the Debian
+tools. See docs/packaging.md.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -20,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
 import urllib.request
@@ -48,6 +59,7 @@ class Debs:
     daemon: Path
     client: Path
     build_log: str
+    clone: Path  # the clean clone they were built in (dist/deb/ there holds them too)
 
 
 def _members(deb: Path) -> dict[str, tarfile.TarInfo]:
@@ -77,23 +89,83 @@ def _extract_file(deb: Path, path: str) -> bytes:
         return f.read()
 
 
+def _fresh_clone(where: Path) -> Path:
+    """A clone of this repository's HEAD with the working tree's changes to tracked files (the
+    index's file list: a file `git add`ed is in, an untracked one is not); nothing ignored (no
+    .venv, no build/)."""
+    clone = where / "gpupool"
+    proc = run_client(["git", "clone", "--quiet", "--no-hardlinks", REPO, clone], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    changed = []
+    for name in filter(None, listed):
+        ours, theirs = REPO / name, clone / name
+        if ours.is_symlink() or not ours.exists():
+            if not ours.exists():
+                theirs.unlink(missing_ok=True)
+                changed.append(f"-{name}")
+            continue
+        if not theirs.is_file() or theirs.read_bytes() != ours.read_bytes() or \
+                theirs.stat().st_mode != ours.stat().st_mode:
+            theirs.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ours, theirs)
+            changed.append(name)
+    if changed:
+        print(f"the clone has the working tree's changes to {len(changed)} tracked files")
+    # Files git does not know are not in the clone, as they would not be in CI's checkout; a
+    # build that needs one fails. GPUPOOL_DEBS_UNTRACKED=1 takes them too (before `git add`).
+    untracked = [n for n in subprocess.run(
+        ["git", "ls-files", "-z", "--others", "--exclude-standard"], cwd=REPO,
+        capture_output=True, check=True).stdout.decode().split("\0") if n]
+    if untracked and os.environ.get("GPUPOOL_DEBS_UNTRACKED") == "1":
+        for name in untracked:
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, clone / name)
+        print(f"GPUPOOL_DEBS_UNTRACKED=1: the clone has the untracked files {untracked}")
+    elif untracked:
+        print(f"not in the clone (untracked: `git add` them, or GPUPOOL_DEBS_UNTRACKED=1): "
+              f"{untracked}")
+    return clone
+
+
+def _build_env() -> dict[str, str]:
+    """The environment of a person who cloned the repository: no venv active, no PYTHON."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "GPUPOOL_")) and k != "VIRTUAL_ENV"}
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and p != venv_bin)
+    return env
+
+
+def _make_debs(clone: Path) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
+    proc = run_client(["make", "debs"], env=_build_env(), cwd=clone, timeout=900)
+    assert proc.returncode == 0, f"make debs failed in {clone}:\n{proc.stdout}\n{proc.stderr}"
+    print(f"make debs in {clone} took {time.monotonic() - started:.0f} s")
+    return proc
+
+
 @pytest.fixture(scope="module")
 def debs(tmp_path_factory: pytest.TempPathFactory) -> Debs:
-    """Both packages, built once by scripts/build-debs.sh."""
-    for tool, package in (("dpkg-deb", "dpkg"), ("dpkg-shlibdeps", "dpkg-dev"), ("make", "make"),
-                          ("gcc", "gcc")):
+    """Both packages, built once by `make debs` in a fresh clone (kept in a folder of their own:
+    the reproducibility test builds in the clone again)."""
+    for tool, package in (("git", "git"), ("dpkg-deb", "dpkg"), ("dpkg-shlibdeps", "dpkg-dev"),
+                          ("make", "make"), ("gcc", "gcc")):
         require(shutil.which(tool), f"{tool} not found (Debian package {package}; "
                                     "scripts/bootstrap.sh installs it)")
+    require((REPO / ".git").exists(), f"{REPO} is not a git checkout: nothing to clone")
+    clone = _fresh_clone(tmp_path_factory.mktemp("clone"))
+    proc = _make_debs(clone)
     out = tmp_path_factory.mktemp("deb")
-    started = time.monotonic()
-    proc = run_client([REPO / "scripts" / "build-debs.sh", out],
-                      env=dict(os.environ, PYTHON=sys.executable), timeout=600)
-    assert proc.returncode == 0, f"build-debs.sh failed:\n{proc.stdout}\n{proc.stderr}"
-    print(f"build-debs.sh took {time.monotonic() - started:.0f} s")
-    daemon = out / f"gpupoold_{DAEMON_VERSION}-1_amd64.deb"
-    client = out / f"gpupool-client_{CLIENT_VERSION}-1_amd64.deb"
-    assert daemon.is_file() and client.is_file(), f"{out} holds {sorted(os.listdir(out))}"
-    return Debs(daemon, client, proc.stdout)
+    daemon = f"gpupoold_{DAEMON_VERSION}-1_amd64.deb"
+    client = f"gpupool-client_{CLIENT_VERSION}-1_amd64.deb"
+    built = clone / "dist" / "deb"
+    assert (built / daemon).is_file() and (built / client).is_file(), sorted(os.listdir(built))
+    for name in (daemon, client):
+        shutil.copy2(built / name, out / name)
+    return Debs(out / daemon, out / client, proc.stdout, clone)
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +238,8 @@ def test_files_land_where_the_units_expect_them(daemon_files: dict[str, tarfile.
         for doc in re.findall(r"^Documentation=file://(\S+)", unit.read_text(), re.M):
             assert doc in daemon_files, f"{unit.name}'s Documentation= {doc} is not in the package"
     service = (UNITS / "gpupoold.service").read_text()
-    assert (f"ExecStart=/usr/bin/gpupoold serve --config {CONFIG} --state-dir {STATE}"
-            in service)
+    # the configuration alone decides the state directory (the admin commands read it too)
+    assert f"ExecStart=/usr/bin/gpupoold serve --config {CONFIG}\n" in service
     assert "User=gpupoold" in service
     sysusers = daemon_files["/usr/lib/sysusers.d/gpupoold.conf"]
     assert sysusers.isfile() and sysusers.mode == 0o644
@@ -255,13 +327,33 @@ class Root:
         for name in ("status", "available"):
             (admin / name).touch()
 
-    def dpkg(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    def dpkg(self, *args: str | Path, frontend: str = "noninteractive",
+             answer: str | None = None) -> subprocess.CompletedProcess[str]:
+        """dpkg on this root; `frontend` is debconf's (DEBIAN_FRONTEND), `answer` what a person
+        would type at its prompts (stdin)."""
         # --force-depends: python3 and libc6 live on the host, not in this root's database
         cmd = ["dpkg", f"--root={self.path}", f"--log={self.path / 'dpkg.log'}",
                "--force-script-chrootless", "--force-depends", "--force-confold", *map(str, args)]
-        proc = run_client(cmd, timeout=180)
+        env = {**os.environ, "DEBIAN_FRONTEND": frontend}
+        env.pop("DEBCONF_SYSTEMRC", None)
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180,
+                                  input=answer if answer is not None else "")
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"{' '.join(cmd)} still running after 180 s: {exc.stdout!r} "
+                        f"{exc.stderr!r}", pytrace=False)
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc
+
+    def with_debconf(self) -> None:
+        """debconf's configuration in this root, as an installed debconf has it: the maintainer
+        scripts then use debconf (its database in ROOT/var/cache/debconf, never the host's)."""
+        (self / "/var/cache/debconf").mkdir(parents=True, exist_ok=True)
+        (self / "/etc").mkdir(exist_ok=True)
+        (self / "/etc/debconf.conf").write_text(
+            "Config: configdb\nTemplates: templatedb\n\n"
+            "Name: configdb\nDriver: File\nFilename: /var/cache/debconf/config.dat\n\n"
+            "Name: templatedb\nDriver: File\nFilename: /var/cache/debconf/templates.dat\n")
 
     def status(self, package: str) -> str:
         proc = subprocess.run(["dpkg-query", f"--admindir={self.path}/var/lib/dpkg", "-W",
@@ -295,7 +387,10 @@ def test_install_runs_the_maintainer_scripts(debs: Debs, root: Root) -> None:
     out = root.dpkg("-i", debs.daemon, debs.client).stdout
     assert root.status("gpupoold") == f"install ok installed {DAEMON_VERSION}-1"
     assert root.status("gpupool-client") == f"install ok installed {CLIENT_VERSION}-1"
-    assert "systemctl enable --now" in out, "the postinst says how to start the service"
+    # into another root: how to enable the units there (the postinst says how to start it)
+    assert (f"gpupoold: installed into {root.path}, not started. To start it when that system "
+            f"boots: systemctl --root={root.path} enable gpupool-reset-helper.socket gpupoold"
+            in out), out
     user = root.account("passwd")
     group = root.account("group")
     assert user[3] == group[2] and int(user[2]) < 1000, f"not a system user: {user}"
@@ -332,6 +427,48 @@ def test_postinst_without_systemd_sysusers(debs: Debs, tmp_path: Path) -> None:
     assert int(user[2]) < 1000 and user[5:] == [STATE, "/usr/sbin/nologin"], user
     assert re.search(rf"^gpupoold:x:{user[3]}:$", (root / "etc" / "group").read_text(), re.M)
     assert (root / STATE.lstrip("/")).stat().st_uid == int(user[2])
+
+
+@pytest.mark.parametrize("systemd_runs", [True, False], ids=["systemd", "no-systemd"])
+def test_postinst_advice_fits_whether_systemd_runs(debs: Debs, tmp_path: Path,
+                                                   systemd_runs: bool) -> None:
+    """A first install on the running system (no $DPKG_ROOT): `systemctl enable --now` where
+    systemd runs, how to start the daemon by hand where it does not (a container). The postinst
+    runs with stand-ins for every command it would use on this machine (user lookup, mkdir,
+    chown, systemctl), and its test of /run/systemd/system pointed at a folder made here."""
+    subprocess.run(["dpkg-deb", "-e", str(debs.daemon), str(tmp_path / "DEBIAN")], check=True)
+    script = (tmp_path / "DEBIAN" / "postinst").read_text()
+    marker = tmp_path / "run-systemd-system"
+    if systemd_runs:
+        marker.mkdir()
+    assert "SYSTEMD_RUNNING=/run/systemd/system\n" in script
+    postinst = tmp_path / "postinst"
+    # (and no debconf: the confmodule's path made one that does not exist)
+    postinst.write_text(script.replace("SYSTEMD_RUNNING=/run/systemd/system\n",
+                                       f"SYSTEMD_RUNNING={marker}\n")
+                        .replace("/usr/share/debconf/confmodule", str(tmp_path / "no-debconf")))
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    calls = tmp_path / "calls"
+    for name, body in (("getent", 'echo "gpupoold:x:999:999::/var/lib/gpupoold:/usr/sbin/nologin"'),
+                       ("mkdir", "true"), ("chown", "true"), ("chmod", "true"),
+                       ("systemctl", f'echo "systemctl $*" >> {calls}')):
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    for tool in ("cut", "grep"):
+        found = shutil.which(tool)
+        assert found, tool
+        (stubs / tool).symlink_to(found)
+    proc = run_client(["/bin/sh", postinst, "configure", ""], env={"PATH": str(stubs)})
+    assert proc.returncode == 0, proc
+    if systemd_runs:
+        assert ("then: sudo systemctl enable --now gpupool-reset-helper.socket gpupoold"
+                in proc.stdout), proc.stdout
+        assert calls.read_text() == "systemctl --system daemon-reload\n"
+    else:
+        assert "systemd does not run here" in proc.stdout, proc.stdout
+        assert "runuser -u gpupoold -- gpupoold serve" in proc.stdout
+        assert "systemctl" not in proc.stdout and not calls.exists()
 
 
 def test_installed_commands_run(debs: Debs, root: Root, tmp_path: Path) -> None:
@@ -422,7 +559,7 @@ def test_upgrade_keeps_config_and_state_purge_removes_them(debs: Debs, root: Roo
     newer = _newer(debs.daemon, tmp_path)
     out = root.dpkg("-i", newer).stdout
     assert root.status("gpupoold") == f"install ok installed {DAEMON_VERSION}-2"
-    assert "systemctl enable --now" not in out, "an upgrade does not repeat the first-install note"
+    assert "not started" not in out, "an upgrade does not repeat the first-install note"
     assert config.read_text().endswith('log_level = "debug"  # local edit\n'), "the edit was lost"
     assert (root / STATE / "gpupoold.db").read_text() == "state"
     assert root.account("passwd")[2] == uid
@@ -445,6 +582,12 @@ def test_upgrade_keeps_config_and_state_purge_removes_them(debs: Debs, root: Roo
     assert root.status("gpupoold") == "not known" or root.status("gpupoold").startswith("unknown ok not-installed")
     for gone in (CONFIG, CONFIG + ".dpkg-old", STATE, "/run/gpupoold"):
         assert not (root / gone).exists(), f"purge left {gone}"
+    # nobody could be asked (no debconf in this root): the database is kept as a dated copy
+    (backup,) = (root / "/var/backups").glob("gpupoold-*.db")
+    assert backup.read_text() == "state" and backup.stat().st_mode & 0o777 == 0o600
+    assert re.fullmatch(r"gpupoold-\d{8}T\d{6}Z\.db", backup.name), backup.name
+    assert (f"its database (tokens, lease history, audit log) is kept as /var/backups/"
+            f"{backup.name}" in purge.stderr), purge.stderr
     assert (tls / "server.key").read_text() == "the operator's key"
     assert "kept /etc/gpupoold: it holds files this package did not install" in purge.stderr
     assert "  tls/server.key" in purge.stderr, purge.stderr
@@ -457,6 +600,59 @@ def test_upgrade_keeps_config_and_state_purge_removes_them(debs: Debs, root: Roo
     tls.rmdir()
     purge = root.dpkg("--purge", "gpupoold")
     assert not (root / "/etc/gpupoold").exists() and "kept" not in purge.stderr
+
+
+QUESTION = "gpupoold/purge_delete_state"
+
+
+@pytest.mark.parametrize(("answer", "kept"), [("no", True), ("yes", False)])
+def test_purge_asks_before_deleting_the_database(debs: Debs, root: Root, answer: str,
+                                                 kept: bool) -> None:
+    """With debconf (here in the scratch root, its database there too): the purge asks, at
+    priority high, whether to delete the state; "no" (the default) keeps /var/lib/gpupoold as
+    it is, "yes" deletes it, without a copy. The answer goes with the package (db_purge)."""
+    require(shutil.which("debconf-communicate"), "debconf is needed (Debian package debconf)")
+    root.with_debconf()
+    root.dpkg("-i", debs.daemon)
+    (root / STATE / "gpupoold.db").write_text("tokens")
+    purge = root.dpkg("--purge", "gpupoold", frontend="teletype", answer=answer + "\n")
+    assert "Delete the gpupoold database (tokens, lease history, audit log)? [yes/no]" in \
+        purge.stdout + purge.stderr, purge
+    assert (root / STATE / "gpupoold.db").exists() == kept
+    assert not (root / "/var/backups").exists(), "an answered question makes no copy"
+    if kept:
+        assert f"gpupoold: kept {STATE} (tokens, lease history, audit log" in purge.stderr
+    assert QUESTION not in (root / "/var/cache/debconf/config.dat").read_text()
+    assert not (root / CONFIG).exists()
+
+
+def test_purge_takes_a_preseeded_answer_and_copies_when_nobody_answers(debs: Debs,
+                                                                      root: Root) -> None:
+    require(shutil.which("debconf-set-selections"), "debconf is needed (Debian package debconf)")
+    root.with_debconf()
+    # an answer given beforehand (debconf-set-selections marks it seen): no question
+    root.dpkg("-i", debs.daemon)
+    (root / STATE / "gpupoold.db").write_text("tokens")
+    subprocess.run(["debconf-set-selections"], input=f"gpupoold {QUESTION} boolean true\n",
+                   text=True, check=True, env={**os.environ, "DPKG_ROOT": str(root.path)})
+    purge = root.dpkg("--purge", "gpupoold")
+    assert not (root / STATE).exists() and not (root / "/var/backups").exists(), purge
+    # a non-interactive frontend: nobody answers, the state goes and a copy of the database stays
+    root.dpkg("-i", debs.daemon)
+    (root / STATE / "gpupoold.db").write_text("tokens")
+    (root / STATE / "gpupoold.db-wal").write_text("log")
+    purge = root.dpkg("--purge", "gpupoold")
+    assert not (root / STATE).exists()
+    (copy,) = (root / "/var/backups").glob("gpupoold-*.db")
+    assert copy.read_text() == "tokens" and Path(f"{copy}-wal").read_text() == "log"
+    assert f"is kept as /var/backups/{copy.name}" in purge.stderr, purge.stderr
+    # no database at all (PostgreSQL, or never started): nothing to ask or copy
+    root.dpkg("-i", debs.daemon)
+    copy.unlink()
+    Path(f"{copy}-wal").unlink()
+    purge = root.dpkg("--purge", "gpupoold", frontend="teletype")
+    assert not (root / STATE).exists() and not list((root / "/var/backups").iterdir())
+    assert "Delete the gpupoold database" not in purge.stdout + purge.stderr
 
 
 class Installed:
@@ -473,13 +669,15 @@ class Installed:
                 env=_clean_env(), cwd=state.parent, start_new_session=True)
         start = len(log.read_text(errors="replace"))
         self.remoting = self._address("remoting", start)
+        # `gpupoold: identity SHA256:...` (the key clients pin: TLS by default)
+        self.fingerprint = self._address("identity", start, r"(\S+)")
         self.http = self._address("http", start)
         self.admin = (state / "local-admin.token").read_text().strip()
 
-    def _address(self, what: str, start: int) -> str:
+    def _address(self, what: str, start: int, value: str = r"on (\S+)") -> str:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            m = re.search(rf"^gpupoold: {what} on (\S+)$", self.log.read_text(errors="replace")[start:],
+            m = re.search(rf"^gpupoold: {what} {value}$", self.log.read_text(errors="replace")[start:],
                           re.M)
             if m:
                 return m[1]
@@ -511,16 +709,29 @@ def test_an_upgrade_keeps_running_jobs(debs: Debs, root: Root, tmp_path: Path,
     token = run_client([root / "/usr/bin/gpupoold", "token", "create", "--name", "jobs",
                         "--state-dir", state], env=_clean_env()).stdout.strip().splitlines()[-1]
     env = {**os.environ, "GPUPOOL_SERVER": old.remoting, "GPUPOOL_TOKEN": token,
-           "GPUPOOL_CONFIG": "none", "LD_LIBRARY_PATH": str(hold_gpu.parent.parent / "client")}
-    env.pop("LD_PRELOAD", None)
-    jobs = []
-    for args in ((1 << 30, 12_000, 51, -1), (16 << 20, 12_000, 52, 0)):
-        job = subprocess.Popen([str(hold_gpu), *map(str, args)], env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert job.stdout is not None and "holding" in job.stdout.readline()
-        jobs.append(job)
-    leases = {le["id"] for le in old.get("/api/v1/leases?state=active")["leases"]}
-    assert len(leases) == 2
+           "GPUPOOL_CONFIG": "none", "LD_LIBRARY_PATH": str(hold_gpu.parent.parent / "client"),
+           "GPUPOOL_TLS_FINGERPRINT": old.fingerprint}
+    for var in ("LD_PRELOAD", "GPUPOOL_TLS", "GPUPOOL_TLS_CA"):
+        env.pop(var, None)
+    jobs: list[subprocess.Popen[str]] = []
+    try:
+        for args in ((1 << 30, 12_000, 51, -1), (16 << 20, 12_000, 52, 0)):
+            job = subprocess.Popen([str(hold_gpu), *map(str, args)], env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            jobs.append(job)
+            assert job.stdout is not None
+            line = job.stdout.readline()
+            if "holding" not in line:
+                pytest.fail(f"hold_gpu got no lease: {line}{job.communicate()[1]}",
+                            pytrace=False)
+        leases = {le["id"] for le in old.get("/api/v1/leases?state=active")["leases"]}
+        assert len(leases) == 2
+    except BaseException:  # leave no daemon or job behind
+        for job in jobs:
+            job.kill()
+            job.communicate()
+        old.stop()
+        raise
 
     assert old.stop() == 0
     newer = _newer(debs.daemon, tmp_path, daemon_version=f"{DAEMON_VERSION}+upgraded")
@@ -570,6 +781,8 @@ def test_lintian_reports_no_errors(debs: Debs) -> None:
     print("lintian (warnings are for information):\n" + "\n".join(tags))
     errors = [t for t in tags if t.startswith("E: ")]
     assert not errors, "lintian errors:\n" + "\n".join(errors)
+    # Our programs are built with Debian's hardening flags (the Makefile's HARDEN=1).
+    assert not [t for t in tags if "hardening-" in t], tags
     # Every command on PATH has its man page (scripts/man_pages.py, from its argparse
     # definition), and the pages are well formed.
     assert not [t for t in tags if "manual-page" in t or "manpage" in t], tags
@@ -588,30 +801,165 @@ def test_the_dependency_lock_matches_the_project() -> None:
         pins), pins
 
 
-def _dependency_files(deb: Path) -> dict[str, bytes]:
-    """The bundled third-party files of the daemon's package (not gpupool's own), by path."""
-    data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True,
-                          check=True).stdout
-    ours = ("gpupoold", "gpupool_protocol")
-    out = {}
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        for m in tar.getmembers():
-            path = "/" + m.name.removeprefix("./")
-            rel = path.removeprefix(f"{TREE}/")
-            if rel == path or not m.isfile() or rel.split("/")[0].split("-")[0] in ours:
-                continue
-            f = tar.extractfile(m)
-            assert f is not None
-            out[rel] = f.read()
-    return out
+def _elves(deb: Path, where: Path) -> list[Path]:
+    """Our own native files of a package (not the bundled wheels'), extracted under `where`."""
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(where)], check=True)
+    return sorted(p for pattern in ("usr/lib/gpupoold/python/gpupoold/bin/*",
+                                    "usr/lib/gpupool-client/python/gpupool/lib/*")
+                  for p in where.glob(pattern)
+                  if p.is_file() and not p.is_symlink() and p.read_bytes()[:4] == b"\x7fELF")
 
 
-def test_two_builds_bundle_the_same_dependency_bytes(debs: Debs, tmp_path: Path) -> None:
-    proc = run_client([REPO / "scripts" / "build-debs.sh", tmp_path],
-                      env=dict(os.environ, PYTHON=sys.executable), timeout=600)
-    assert proc.returncode == 0, f"build-debs.sh failed:\n{proc.stdout}\n{proc.stderr}"
-    first = _dependency_files(debs.daemon)
-    second = _dependency_files(tmp_path / debs.daemon.name)
-    assert len(first) > 100 and any(p.startswith("aiohttp/") for p in first), sorted(first)[:5]
-    assert first.keys() == second.keys()
-    assert [p for p in first if first[p] != second[p]] == []
+def _cet_possible(tmp: Path) -> bool:
+    """Whether this toolchain can produce a program that hardening-check calls control-flow
+    protected at all: Debian 12's C runtime start files carry no CET property, so no program
+    linked there can (its dpkg-buildflags do not ask for -fcf-protection either)."""
+    src = tmp / "cet.c"
+    src.write_text("#include <stdio.h>\nint main(int c, char **v) { char b[64]; "
+                   "snprintf(b, sizeof b, \"%s\", v[c - 1]); return puts(b); }\n")
+    exe = tmp / "cet"
+    subprocess.run(["gcc", "-O2", "-fcf-protection", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run(["hardening-check", str(exe)], capture_output=True, text=True).stdout
+    return "Control flow integrity: yes" in out
+
+
+def test_hardening_check_passes_every_program_and_library_we_build(debs: Debs,
+                                                                   tmp_path: Path) -> None:
+    """PIE, stack protector, FORTIFY, RELRO and BIND_NOW (and control-flow protection where the
+    toolchain can give it) in the worker, the scrubber, the checkpoint tool, the simulated device
+    and the client's shims, as they are in the packages (stripped)."""
+    require(shutil.which("hardening-check"), "hardening-check not found: apt-get install "
+                                             "devscripts (scripts/bootstrap.sh does)")
+    elves = _elves(debs.daemon, tmp_path / "d") + _elves(debs.client, tmp_path / "c")
+    names = {p.name for p in elves}
+    assert {"gpupool-worker", "gpupool-scrub", "gpupool-checkpoint", "libgpupool-sim.so",
+            "libcuda.so.1", "libnvidia-ml.so.1"} <= names, names
+    extra = [] if _cet_possible(tmp_path) else ["--nocfprotection"]
+    proc = run_client(["hardening-check", *extra, *elves], timeout=300)
+    assert proc.returncode == 0, f"hardening-check {' '.join(extra)}:\n{proc.stdout}{proc.stderr}"
+
+
+def _deb_difference(a: Path, b: Path) -> list[str]:
+    """What differs between two .deb files: control members and data files by name."""
+    out = []
+    for what in ("--ctrl-tarfile", "--fsys-tarfile"):
+        tars = []
+        for deb in (a, b):
+            data = subprocess.run(["dpkg-deb", what, str(deb)], capture_output=True,
+                                  check=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                tars.append({m.name: (m.mode, m.uid, m.gid, m.mtime, m.linkname,
+                                      tar.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
+                             for m in tar.getmembers()})
+        first, second = tars
+        out += [f"{what} {n}: only in one" for n in sorted(first.keys() ^ second.keys())]
+        out += [f"{what} {n}" for n in sorted(first.keys() & second.keys())
+                if first[n] != second[n]]
+    return out or ["the .deb files differ, their contents do not (the ar or compression layer)"]
+
+
+def test_a_second_build_in_another_directory_is_identical(debs: Debs, tmp_path: Path) -> None:
+    """Reproducible packages: the clone moved to another path and `make debs` run there again
+    (other temporary folders, another time, the native code built anew for the new path) makes
+    the same bytes. An older package in the output folder stays."""
+    moved = tmp_path / "elsewhere" / "gpupool-2"
+    moved.parent.mkdir()
+    debs.clone.rename(moved)
+    out = moved / "dist" / "deb"
+    older = out / "gpupoold_0.0.1-1_amd64.deb"
+    older.write_bytes(b"the version one would roll back to")
+    proc = _make_debs(moved)
+    assert "[1/6]" in proc.stdout
+    for deb in (debs.daemon, debs.client):
+        again = out / deb.name
+        if again.read_bytes() != deb.read_bytes():
+            pytest.fail(f"{deb.name} differs between two builds:\n" +
+                        "\n".join(_deb_difference(deb, again)[:40]), pytrace=False)
+    assert older.read_bytes() == b"the version one would roll back to"
+
+
+def test_shipped_documents_link_only_to_shipped_documents(
+        daemon_files: dict[str, tarfile.TarInfo], client_files: dict[str, tarfile.TarInfo],
+        debs: Debs) -> None:
+    """Every link of every installed document leads to a file of its package (or, from the
+    client's, of gpupoold's, by its installed path), the operator guide's included; the man pages
+    name only installed documents."""
+    checked = 0
+    for deb, files in ((debs.daemon, daemon_files), (debs.client, client_files)):
+        for path in sorted(p for p in files if p.startswith("/usr/share/doc/") and
+                           p.endswith(".md")):
+            text = _extract_file(deb, path).decode()
+            for target in re.findall(r"\]\(([^)\s]+)\)", text):
+                if target.startswith("#") or re.match(r"[a-z][a-z0-9+.-]*:", target):
+                    continue
+                name = target.split("#")[0]
+                resolved = os.path.normpath(name if name.startswith("/") else
+                                            os.path.join(os.path.dirname(path), name))
+                assert resolved in files or resolved in daemon_files, \
+                    f"{deb.name}: {path} links to {target}, which is not installed"
+                checked += 1
+    assert checked > 20, checked
+    guide = _extract_file(debs.daemon, "/usr/share/doc/gpupoold/operator-guide.md").decode()
+    for doc in ("dashboard.md", "user-guide.md", "protocol.md", "packaging.md", "systemd.md"):
+        assert f"]({doc}" in guide and f"/usr/share/doc/gpupoold/{doc}" in daemon_files, doc
+    assert "](../" not in guide
+    for deb, files, page in ((debs.daemon, daemon_files, "/usr/share/man/man8/gpupoold.8.gz"),
+                             (debs.client, client_files, "/usr/share/man/man1/gpupool.1.gz")):
+        text = gzip.decompress(_extract_file(deb, page)).decode().replace("\\-", "-")
+        for doc in re.findall(r"/usr/share/doc/[\w-]+/[\w.-]+\.md", text):
+            assert doc in files or doc in daemon_files, f"{page} names {doc}, not installed"
+
+
+def test_build_errors_name_the_cause(tmp_path: Path) -> None:
+    """build-debs.sh refuses a bad input before it builds anything, saying what to do."""
+    script = REPO / "scripts" / "build-debs.sh"
+    proc = run_client([script, tmp_path], env={**_build_env(), "DEBIAN_REVISION": "two"})
+    assert proc.returncode == 1
+    assert "DEBIAN_REVISION=two is no Debian revision" in proc.stderr, proc.stderr
+    # a missing tool: which, and the Debian package that has it
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("make", "gcc", "dpkg-deb", "python3", "dirname", "sed"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    proc = run_client(["/bin/bash", script, tmp_path], env={**_build_env(),
+                                                           "PATH": str(bin_dir)})
+    assert proc.returncode == 1
+    assert ("dpkg-shlibdeps not found: install it with `apt-get install --no-install-recommends "
+            "dpkg-dev`") in proc.stderr, proc.stderr
+
+
+def test_admin_commands_as_another_user_say_to_use_sudo(debs: Debs) -> None:
+    """The installed `gpupoold` (the package's wrapper, the system's python3) run by a user who
+    is not root: `token list` on the package's state directory and `status` say in one line to
+    use sudo; no traceback."""
+    require(os.geteuid() == 0, "needs root (useradd, runuser)")
+    require(shutil.which("useradd") and shutil.which("runuser"), "useradd and runuser needed")
+    base = Path(tempfile.mkdtemp(prefix="gpupool-debs-"))  # reachable by every user
+    base.chmod(0o755)
+    user = f"gpt-deb-{os.getpid() % 100000:05d}"
+    try:
+        root = Root(base / "root")
+        root.dpkg("-i", debs.daemon)
+        state = root / STATE
+        made = run_client([root / "/usr/bin/gpupoold", "token", "create", "--name", "alice",
+                           "--state-dir", state], env=_clean_env())
+        assert made.returncode == 0, made
+        subprocess.run(["useradd", "--no-create-home", "--user-group", user], check=True)
+        daemon = Installed(root, state, base / "gpupoold.log")
+        try:
+            for argv, command in ((["token", "list"], "gpupoold token list"),
+                                  (["status", "--http", daemon.http], "gpupoold status")):
+                proc = run_client(["runuser", "-u", user, "--", root / "/usr/bin/gpupoold",
+                                   *argv, "--state-dir", state], env=_clean_env(), cwd=base)
+                assert proc.returncode == 1 and proc.stdout == "", proc
+                assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc
+                assert f"permission denied for {user}" in proc.stderr, proc.stderr
+                assert f"run it with sudo (`sudo {command}`)" in proc.stderr, proc.stderr
+        finally:
+            assert daemon.stop() == 0
+    finally:
+        subprocess.run(["userdel", user], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+

@@ -1,9 +1,13 @@
-"""The documentation keeps up with the code: every setting, every gpupoold command and flag."""
+"""The documentation keeps up with the code: every setting, every gpupoold command and flag; and
+it is well formed: links resolve, no heading is doubled."""
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -68,3 +72,72 @@ def test_relative_links_resolve() -> None:
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert not broken, broken
+
+
+def markdown_files() -> list[Path]:
+    """Every markdown file of the project (tracked or new, not ignored: no venv or build output)."""
+    if shutil.which("git") and (REPO / ".git").exists():
+        names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                                "-z", "*.md"], cwd=REPO, capture_output=True, check=True,
+                               ).stdout.decode().split("\0")
+        return sorted(REPO / n for n in names if n and (REPO / n).is_file())
+    skip = {"build", "build-asan", "build-debs", "dist", "node_modules"}
+    return sorted(p for p in REPO.rglob("*.md")
+                  if not any(part.startswith(".") or part in skip
+                             for part in p.relative_to(REPO).parts))
+
+
+def headings(text: str) -> list[tuple[int, str]]:
+    """(line number, title) of each ATX heading, outside fenced code blocks (where `# ...` is a
+    shell comment)."""
+    out, fence = [], ""
+    for number, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"\s*(`{3,}|~{3,})", line)
+        if m:
+            if not fence:
+                fence = m[1][0] * len(m[1])
+            elif line.strip().startswith(fence):
+                fence = ""
+            continue
+        h = re.match(r"(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if h and not fence:
+            out.append((number, h[2]))
+    return out
+
+
+def doubled_headings(text: str) -> list[str]:
+    """Headings pasted twice: `## A## A` on one line (or any heading marker inside a heading),
+    or the same heading twice in a row with nothing between."""
+    found = []
+    previous: tuple[int, str] | None = None
+    lines = text.splitlines()
+    for number, title in headings(text):
+        if re.search(r"#{2,6}\s", title):
+            found.append(f"line {number}: {title!r}")
+        if previous is not None and previous[1] == title and not any(
+                line.strip() for line in lines[previous[0]:number - 1]):
+            found.append(f"lines {previous[0]} and {number}: {title!r} twice")
+        previous = (number, title)
+    return found
+
+
+def test_the_doubled_heading_check_sees_both_kinds() -> None:
+    assert doubled_headings("# Guide\n\n## Prometheus and Grafana## Prometheus and Grafana\n")
+    assert doubled_headings("## Tokens\n\n## Tokens\n\ntext\n")
+    assert not doubled_headings("## Tokens\n\ntext\n\n## Tokens\n")  # two sections, one name
+    assert not doubled_headings("```sh\n## not a heading## twice\n```\n# C# notes\n")
+
+
+@pytest.mark.parametrize("page", markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_heading_is_doubled(page: Path) -> None:
+    assert not doubled_headings(page.read_text()), doubled_headings(page.read_text())
+
+
+def test_the_protocol_version_the_docs_name_is_the_specs() -> None:
+    """docs/architecture.md and docs/protocol.md name the version of protocol/gpupool.toml."""
+    import tomllib
+
+    spec = tomllib.loads((REPO / "protocol" / "gpupool.toml").read_text())
+    version = f"{spec['protocol']['major']}.{spec['protocol']['minor']}"
+    assert f"## Wire protocol (version {version})" in (DOCS / "architecture.md").read_text()
+    assert f"The protocol is {version} " in (DOCS / "protocol.md").read_text()

@@ -342,8 +342,9 @@ def test_shim_refuses_corrupt_blocks(native_build, tmp_path):
 
     server = FakeServer(on_hello=on_hello, on_frame=on_frame)
     try:
+        # FakeServer speaks the plaintext protocol: the client says plain TCP (GPUPOOL_TLS=0).
         env = {"GPUPOOL_SERVER": server.address, "GPUPOOL_CONFIG": "none",
-               "GPUPOOL_COMPRESSION": "lz4"}
+               "GPUPOOL_COMPRESSION": "lz4", "GPUPOOL_TLS": "0"}
         exe = Path(native_build) / "tests" / "copy_check"
         proc = run_client([exe, "dtoh", "2"], env=env, timeout=60)
     finally:

@@ -274,7 +274,7 @@ def test_gpupool_status_and_smi_show_the_fleet(start_daemon: Any, native_build: 
     holder = start_client(b, hold_gpu, MIB, 20_000, 1)
     clients.append(holder)
     wait_until("a lease on B", lambda: b.get_json("/api/v1/leases?state=active")["leases"])
-    env = cli_env([a.address], a.token)
+    env = cli_env([a.address], a.token, a.fingerprint)
 
     def status_shows_it() -> str | None:
         out = gpupool(env, "status").stdout

@@ -10,7 +10,7 @@ import pytest
 from fake_nvml import GIB, FakeGpu, FakePynvml, gpus
 
 from gpupoold.config.settings import Settings
-from gpupoold.gpu.inventory import Gpu, InventoryError, build_inventory
+from gpupoold.gpu.inventory import Gpu, InventoryError, NoGpuError, build_inventory
 from gpupoold.gpu.nvml import Nvml
 from gpupoold.gpu.sim import format_uuid, sim_uuid
 
@@ -98,21 +98,54 @@ async def test_no_nvml_but_driver_serves_ordinals_blind(tmp_path: Path,
     assert [(g.index, g.ordinal) for g in inv.gpus] == [(0, 2), (1, 0)]
 
 
-async def test_nothing_loads_falls_back_to_one_simulated_gpu(tmp_path: Path) -> None:
+async def test_nothing_loads_is_an_error_that_says_what_was_found(tmp_path: Path) -> None:
+    """A GPU server whose driver broke (a kernel upgrade) must not lend a simulated GPU on which
+    no kernel runs: no fallback unless asked for."""
     nvml, fake = fake_nvml()
     fake.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
-    inv = await build_inventory(settings(tmp_path, driver=MISSING), Path("/lib/sim.so"), nvml)
+    with pytest.raises(NoGpuError) as err:
+        await build_inventory(settings(tmp_path, driver=MISSING), Path("/lib/sim.so"), nvml)
+    text = str(err.value)
+    assert text.startswith("no GPU to serve: no driver:") and MISSING in text
+    assert "libnvidia-ml.so.1 not found" in text and "`simulated = N`" in text
+    assert "fallback_to_simulated" in text
+
+
+async def test_nothing_loads_falls_back_to_one_simulated_gpu_when_asked(tmp_path: Path) -> None:
+    nvml, fake = fake_nvml()
+    fake.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    inv = await build_inventory(settings(tmp_path, driver=MISSING, fallback_to_simulated=True),
+                                Path("/lib/sim.so"), nvml)
     assert len(inv.gpus) == 1 and inv.gpus[0].simulated
     assert inv.fallback_reason is not None
     assert MISSING in inv.fallback_reason and "libnvidia-ml.so.1 not found" in inv.fallback_reason
 
 
-async def test_nvml_with_no_gpu_and_no_driver_falls_back(tmp_path: Path) -> None:
+async def test_nvml_with_no_gpu_is_an_error_or_the_fallback_asked_for(tmp_path: Path) -> None:
     fake = FakePynvml([])
-    inv = await build_inventory(settings(tmp_path, driver=MISSING), None, Nvml(module=fake))
-    assert inv.gpus[0].simulated
-    assert inv.fallback_reason is not None and "NVML sees no GPU" in inv.fallback_reason
+    with pytest.raises(NoGpuError, match="no GPU to serve: no device: NVML works but sees no GPU"):
+        await build_inventory(settings(tmp_path, driver=MISSING), None, Nvml(module=fake))
     assert not fake.initialized  # the session was released: nothing uses it
+    inv = await build_inventory(settings(tmp_path, driver=MISSING, fallback_to_simulated=True),
+                                None, Nvml(module=fake))
+    assert inv.gpus[0].simulated
+    assert inv.fallback_reason is not None and "NVML works but sees no GPU" in inv.fallback_reason
+    assert not fake.initialized
+
+
+@pytest.mark.parametrize("code, words", [
+    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "the NVIDIA kernel driver is not loaded"),
+    (pynvml.NVML_ERROR_NO_PERMISSION, "no permission to use NVML"),
+])
+async def test_a_broken_driver_with_its_library_still_loadable_serves_nothing(
+        tmp_path: Path, code: int, words: str) -> None:
+    """libcuda.so.1 loads but NVML says the kernel driver is not there (or not ours to use):
+    not the "NVML not installed" case that serves GPUs blind, but a broken driver."""
+    nvml, fake = fake_nvml()
+    fake.init_error = code
+    with pytest.raises(NoGpuError) as err:
+        await build_inventory(settings(tmp_path, driver=LOADABLE), None, nvml)
+    assert str(err.value).startswith("no GPU to serve: NVML error: ") and words in str(err.value)
 
 
 async def test_missing_name_field_does_not_break_the_inventory(tmp_path: Path) -> None:

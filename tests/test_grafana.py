@@ -408,4 +408,5 @@ def test_the_provisioning_example_points_where_the_package_installs_the_dashboar
     path = re.search(r"^\s+path: (\S+)$", example, re.M)
     assert path, example
     build = (REPO / "scripts" / "build-debs.sh").read_text()
-    assert f'"$D{path.group(1)}/gpupool.json"' in build, path.group(1)
+    # ship_docs SOURCE=DEST: an absolute DEST is where the package installs that file
+    assert f"packaging/grafana/gpupool.json={path.group(1)}/gpupool.json" in build, path.group(1)

@@ -102,9 +102,9 @@ def wait_free(server: GpupoolServer, timeout: float) -> float:
 
 @pytest.mark.san
 @pytest.mark.parametrize("name", list(SEQUENCES))
-def test_hostile_frames_leave_the_gpu_back_in_the_pool(gpupool_server: GpupoolServer,
+def test_hostile_frames_leave_the_gpu_back_in_the_pool(plain_server: GpupoolServer,
                                                       hold_gpu: Path, name: str) -> None:  # noqa: F811
-    server = gpupool_server
+    server = plain_server  # plain TCP, said explicitly: the frames are written raw
     wait_free(server, 30)
     s = open_session(server)
     with s:
@@ -156,9 +156,9 @@ def fuzz_sessions() -> list[tuple[str, bytes]]:
 
 @pytest.mark.san
 @pytest.mark.parametrize("name, stream", fuzz_sessions(), ids=lambda v: v if isinstance(v, str) else "")
-def test_fuzz_sessions_leave_the_gpu_back_in_the_pool(gpupool_server: GpupoolServer,
+def test_fuzz_sessions_leave_the_gpu_back_in_the_pool(plain_server: GpupoolServer,
                                                       name: str, stream: bytes) -> None:
-    server = gpupool_server
+    server = plain_server  # plain TCP, said explicitly: the frames are written raw
     wait_free(server, 30)
     s = open_session(server)
     with s:

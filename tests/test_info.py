@@ -19,7 +19,7 @@ from typing import Any
 
 import gpupool_protocol as gp
 import pytest
-from conftest import GpupoolServer, wait_until
+from conftest import GpupoolServer, tls_connect, wait_until
 from gpupool.wire import frames
 from gpupool.wire.info import document as client_document
 from test_remoting_tls import Pki, pki, tls_daemon  # noqa: F401  (pki is a fixture)
@@ -47,6 +47,11 @@ def info_request(token: str, **changes: Any) -> gp.Info:
 
 
 def connect(server: GpupoolServer, tls_ca: Path | None = None) -> socket.socket:
+    """A connection to the remoting port: pinned TLS to a daemon with its own identity (the
+    default), TLS checked against `tls_ca` for one with an operator's certificate, plain TCP to
+    a daemon with `tls = "off"`."""
+    if tls_ca is None and server.fingerprint is not None:
+        return tls_connect(server, timeout=30)
     sock = socket.create_connection((server.host, server.port), timeout=30)
     if tls_ca is None:
         return sock
@@ -182,8 +187,8 @@ def test_info_without_leases(gpupool_server: GpupoolServer) -> None:
     assert counter(gpupool_server, "ok") == 1
 
 
-def test_info_with_a_lease_and_a_queue(gpupool_server: GpupoolServer) -> None:
-    server = gpupool_server
+def test_info_with_a_lease_and_a_queue(plain_server: GpupoolServer) -> None:
+    server = plain_server  # plain TCP: the Tenants speak the protocol on raw sockets
     holder = Tenant(server, server.token)
     try:
         holder.alloc(8 * MIB)
@@ -297,7 +302,8 @@ def test_max_gpus_per_token_makes_a_free_gpu_not_free_for_that_token(
         start_daemon: Callable[..., GpupoolServer], native_build: Path, tmp_path: Path) -> None:
     config = tmp_path / "gpupoold.toml"
     config.write_text("max_gpus_per_token = 1\n")
-    server = start_daemon("--config", str(config), simulated=2, build_dir=native_build)
+    # plain TCP: the Tenant speaks the protocol on a raw socket
+    server = start_daemon("--config", str(config), simulated=2, build_dir=native_build, tls=False)
     reply = ask(server, info_request(server.token))
     assert (reply.gpus, reply.matching, reply.free_matching) == (2, 2, 2)
     holder = Tenant(server, server.token)
@@ -325,13 +331,22 @@ def test_info_in_plaintext_on_the_tls_port_is_told_to_use_tls(
         start_daemon: Callable[..., GpupoolServer], native_build: Path, pki: Pki,  # noqa: F811
         tmp_path: Path) -> None:
     server = tls_daemon(start_daemon, native_build, pki, tmp_path)
-    with connect(server) as sock:
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:  # plain
         sock.sendall(gp.encode_frame(info_request(server.token), INFO_REQ))
         op, _flags, req, body = read_frame(sock)
     assert (op, req) == (gp.Info.OP, INFO_REQ)
     refused = gp.InfoReply.decode(body)
     assert refused.result == gp.GP_EPROTO and "requires TLS" in refused.message
-    assert "GPUPOOL_TLS=1" in refused.message
+    assert "gpupool login HOST:PORT" in refused.message  # the fix: pin it
+
+
+def test_info_over_the_servers_own_identity_names_it(gpupool_server: GpupoolServer) -> None:
+    """A daemon with no TLS setting serves TLS with its own identity; the info reply (over the
+    pinned channel) carries that fingerprint, and, outside a fleet, no fleet members."""
+    assert gpupool_server.fingerprint is not None
+    reply = ask(gpupool_server, info_request(gpupool_server.token))
+    assert reply.result == 0 and reply.fingerprint == gpupool_server.fingerprint
+    assert reply.fleet_servers == []
 
 
 # ------------------------------------------------------------------ the daemon's side, in-process
@@ -379,7 +394,11 @@ class StandInLeases:
 
 
 def doc_settings(**changes: Any) -> Any:
+    """Settings of an in-process listener: plain TCP unless the test gives a certificate (the
+    server's own identity would be made in the default state directory)."""
     from gpupoold.config.settings import Settings
+    if "tls_cert" not in changes:
+        changes.setdefault("tls", "off")
     return Settings(listen="127.0.0.1:0", auth="none", **changes)
 
 
@@ -531,7 +550,7 @@ def read_to_the_end(sock: socket.socket) -> tuple[int, str]:
 
 
 def ask_in_thread(daemon: InProcessDaemon, tls_ca: Path | None = None) -> gp.InfoReply:
-    server = SimpleNamespace(host=daemon.host, port=daemon.port)
+    server = SimpleNamespace(host=daemon.host, port=daemon.port, fingerprint=None)
     return ask(server, info_request(""), tls_ca)  # type: ignore[arg-type]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -182,8 +183,10 @@ class FakeStore:
     async def gpu_states(self) -> dict[str, Any]:
         return json.loads(json.dumps(self.gpu_state))
 
-    async def save_gpu_states(self, states: dict[str, Any]) -> None:
-        self.gpu_state.clear()
+    async def save_gpu_states(self, states: dict[str, Any], gpus: Collection[str]) -> None:
+        # As the store does: this server's GPUs' records replaced, other records kept.
+        for gpu in set(gpus) | set(states):
+            self.gpu_state.pop(gpu, None)
         self.gpu_state.update(json.loads(json.dumps(states)))
 
 

@@ -37,7 +37,16 @@ def test_the_shaped_link_benchmark_runs_and_cleans_up(native_build: Path, tmp_pa
     assert all(r["bps"] > 0 and r["raw"] > 0 for r in rows)
     assert netns_names() == before  # the namespaces (and the veth pair) are gone
     assert "Shaped link" in proc.stdout
-    assert "TLS / plain, 10 Gbit/s, H2D" in proc.stdout
-    raw = json.loads(out.read_text())["raw"]
+    assert "TLS / plain copies, 10 Gbit/s, H2D" in proc.stdout
+    assert "round trip (4-byte sync copy, median), 10 Gbit/s: plain" in proc.stdout
+    assert "client CPU per GiB, 10 Gbit/s, D2H: plain" in proc.stdout
+    assert "kTLS: " in proc.stdout  # offered or not, said either way
+    assert all(r["cpu_s"] > 0 and r["bytes"] > 0 for r in rows)  # the client's own CPU clock
+    data = json.loads(out.read_text())
+    assert set(data["rtt_us"]) == {f"{label} {wire}" for label in ("unshaped", "10 Gbit/s")
+                                   for wire in ("off", "off+TLS")}
+    assert all(v > 0 for v in data["rtt_us"].values())
+    assert all(v > 0 for v in data["server_cpu_s_per_gib"].values())  # the workers' CPU
+    raw = data["raw"]
     assert set(raw) == {"unshaped", "10 Gbit/s"}
     assert all(r["up2"] > 0 for r in raw.values())  # two connections at once, for striping

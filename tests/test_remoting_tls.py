@@ -158,8 +158,13 @@ def pattern(seed: int, start: int, n: int) -> bytes:
 
 def run_hold(server: GpupoolServer, hold_gpu: Path, env: dict[str, str], nbytes: int = MIB,  # noqa: F811
              seed: int = 7) -> Any:
-    return run_client([hold_gpu, str(nbytes), "0", str(seed)], env=server.client_env(env),
-                      timeout=120)
+    """hold_gpu as a client of server with `env` on top of client_env(); a client given a CA
+    (GPUPOOL_TLS_CA) trusts the server by that CA alone (no pin), as for an operator's own
+    certificate."""
+    full = server.client_env(env)
+    if "GPUPOOL_TLS_CA" in env and "GPUPOOL_TLS_FINGERPRINT" not in env:
+        full.pop("GPUPOOL_TLS_FINGERPRINT", None)
+    return run_client([hold_gpu, str(nbytes), "0", str(seed)], env=full, timeout=120)
 
 
 def samples(seed: int, nbytes: int) -> list[bytes]:
@@ -196,13 +201,17 @@ def test_the_relay_does_see_plaintext_without_tls(
         relay_factory: Callable[[GpupoolServer], Relay]) -> None:
     """The check above can fail: on a plaintext server the same relay sees the data, and a TLS
     client there gets a clear error instead of hanging."""
-    server = start_daemon(build_dir=native_build)
+    # A plaintext server on purpose (`--tls off`); its clients say GPUPOOL_TLS=0 (client_env).
+    server = start_daemon(build_dir=native_build, tls=False)
     relay = relay_factory(server)
     proc = run_hold(server, hold_gpu, {"GPUPOOL_SERVER": f"127.0.0.1:{relay.port}"})
     assert proc.returncode == 0, proc.stderr
     assert all(s in bytes(relay.wire) for s in samples(7, MIB))
 
-    proc = run_hold(server, hold_gpu, {"GPUPOOL_TLS": "1"})
+    # A TLS client with a pin (any identity: it must get as far as the handshake, which a
+    # client with neither pin nor CA never starts).
+    proc = run_hold(server, hold_gpu, {"GPUPOOL_TLS": "1",
+                                       "GPUPOOL_TLS_FINGERPRINT": "SHA256:" + "A" * 43})
     assert proc.returncode != 0
     assert "does not speak TLS" in proc.stderr and "GPUPOOL_TLS" in proc.stderr, proc.stderr
     assert server.running
@@ -222,10 +231,12 @@ def test_tls_errors_are_clear_and_the_daemon_keeps_serving(
     proc = run_hold(server, hold_gpu, {"GPUPOOL_SERVER": f"tls://127.1:{server.port}",
                                        "GPUPOOL_TLS_CA": str(pki.ca)})
     assert proc.returncode != 0 and "not accepted" in proc.stderr, proc.stderr
-    # A plaintext client on the TLS port.
-    proc = run_hold(server, hold_gpu, {})
+    # A plaintext client on the TLS port: the daemon's notice says what to change (TLS is the
+    # client's default: drop the GPUPOOL_TLS=0 opt-out, and pin the server).
+    proc = run_hold(server, hold_gpu, {"GPUPOOL_TLS": "0"})
     assert proc.returncode != 0
-    assert "requires TLS" in proc.stderr and "GPUPOOL_TLS=1" in proc.stderr, proc.stderr
+    assert "requires TLS" in proc.stderr and "GPUPOOL_TLS=0" in proc.stderr, proc.stderr
+    assert "gpupool login" in proc.stderr, proc.stderr
     # Host name form, and the daemon still serves.
     proc = run_hold(server, hold_gpu, {"GPUPOOL_SERVER": f"localhost:{server.port}",
                                        "GPUPOOL_TLS": "1", "GPUPOOL_TLS_CA": str(pki.ca)},

@@ -234,6 +234,11 @@ class Activated:
             time.sleep(0.05)
         raise AssertionError(f"gpupoold did not announce {what}:\n{self.log_text()}")
 
+    def identity(self) -> str | None:
+        """The identity the daemon printed (`gpupoold: identity SHA256:...`: what a client pins),
+        None for `identity none` (tls = "off")."""
+        return identity_of(self.wait_for(r"^gpupoold: identity \S+.*$").group(0))
+
     def wait_for(self, pattern: str, timeout: float = 20) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         while not (m := re.search(pattern, self.log_text(), re.M)):
@@ -295,10 +300,19 @@ def healthz(address: str) -> dict[str, Any]:
     return body
 
 
-def at(address: str) -> Any:
-    """What test_info's `ask` needs of a server: host and port."""
+def identity_of(log: str) -> str | None:
+    """The fingerprint in a daemon's `gpupoold: identity SHA256:...` line (None: `identity none`,
+    a daemon with tls = "off"); AssertionError when the log has no such line."""
+    m = re.search(r"^gpupoold: identity (\S+)", log, re.M)
+    assert m, f"no identity line:\n{log}"
+    return m.group(1) if m.group(1).startswith("SHA256:") else None
+
+
+def at(address: str, fingerprint: str | None = None) -> Any:
+    """What test_info's `ask` needs of a server: host and port, and the identity a client pins
+    (`fingerprint`; None: plain TCP, or a CA given to `ask`)."""
     host, _, port = address.rpartition(":")
-    return SimpleNamespace(host=host, port=int(port))
+    return SimpleNamespace(host=host, port=int(port), fingerprint=fingerprint)
 
 
 def address(sock: socket.socket) -> str:
@@ -336,9 +350,10 @@ def test_daemon_serves_on_the_sockets_systemd_passed(
     # The HTTP API answers on the passed socket, and knows its remoting address.
     body = healthz(address(http))
     body.pop("version")
-    assert body == {"ok": True, "remoting": address(remoting), "gpus": 1, "leases": 0, "queue": 0}
-    # An info probe through the passed remoting socket.
-    doc = document(ask(at(address(remoting)), info_request("")))
+    assert body == {"ok": True, "remoting": address(remoting), "gpus": 1, "leases": 0, "queue": 0,
+                    "simulated": 1}
+    # An info probe through the passed remoting socket (TLS, the default: pinned).
+    doc = document(ask(at(address(remoting), daemon.identity()), info_request("")))
     assert doc["you"] == {"name": "anonymous", "role": "admin"} and len(doc["gpus"]) == 1
     # Logs and the sd_notify status line say where the sockets came from.
     log = daemon.log_text()
@@ -399,7 +414,8 @@ def test_one_passed_socket_and_one_configured_address(
         assert f"gpupoold: remoting on {remoting}" in text
         assert "socket from systemd (fd 3, FileDescriptorName=http)" in text
         assert "remoting listener on" not in text  # not passed: no "socket from systemd" line
-        doc = document(ask(at(remoting), info_request("")))
+        # TLS, the default: pinned to the identity the daemon printed.
+        doc = document(ask(at(remoting, identity_of(text)), info_request("")))
         assert doc["server"]["auth"] == "none"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log_path.read_text()

@@ -69,6 +69,9 @@ def client_env(server: str | None, extra: dict[str, str] | None = None) -> dict[
     for key in [k for k in env if k.startswith("GPUPOOL_")]:
         env.pop(key)
     env["GPUPOOL_CONFIG"] = "none"  # never the configuration file of whoever runs the tests
+    # Plain TCP, said explicitly: tests/tools/mini_server.py and FakeServer below speak the
+    # plaintext protocol (the shim's default is TLS with a pinned identity, issue 35).
+    env["GPUPOOL_TLS"] = "0"
     if server is not None:
         env["GPUPOOL_SERVER"] = server
     env.setdefault("ASAN_OPTIONS", "detect_leaks=0")

@@ -1,6 +1,6 @@
 """`gpupool status` and `gpupool smi` against real daemons: the table's content (names, memory,
-states, holders, my leases, the queue), unreachable servers, and --json equal to the HTTP API's
-views."""
+states, holders, my leases, the queue), unreachable servers, servers this client does not trust
+(no pin: not contacted; another key: refused), and --json equal to the HTTP API's views."""
 
 from __future__ import annotations
 
@@ -45,10 +45,14 @@ sys.stdin.read()
 """
 
 
-def cli_env(servers: list[str], token: str) -> dict[str, str]:
+def cli_env(servers: list[str], token: str, pin: str | None = None) -> dict[str, str]:
+    """No config file: these servers and token, and `pin` (GPUPOOL_TLS_FINGERPRINT) as the
+    identity of every one of them; None: no pin at all."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(GPUPOOL_CONFIG="none", GPUPOOL_SERVER=",".join(servers), GPUPOOL_TOKEN=token,
                PYTHONPATH=str(REPO / "client"))
+    if pin is not None:
+        env["GPUPOOL_TLS_FINGERPRINT"] = pin
     return env
 
 
@@ -115,13 +119,14 @@ def test_status_and_smi_show_gpus_my_lease_and_the_queue(
     server = gpupool_server
     script = tmp_path / "holder.py"
     script.write_text(HOLDER)
-    env = cli_env([server.address], server.token)
+    env = cli_env([server.address], server.token, server.fingerprint)
 
     # Idle: one free simulated GPU, no leases, empty queue.
     proc = gpupool(env, "status")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert f"{server.address}: gpupoold 0.1.0 on " in out and f"(protocol {PROTOCOL}, plain TCP)" in out
+    assert f"{server.address}: gpupoold 0.1.0 on " in out
+    assert f"(protocol {PROTOCOL}, TLSv1.3, pinned identity)" in out, out
     assert re.search(r"^  0 +NVIDIA H100 80GB HBM3 \(gpupool simulated\) +free +- +0 MiB / "
                      r"80\.0 GiB +0 %$", out, re.M), out
     assert "My leases: none" in out and "Queue: empty" in out
@@ -177,6 +182,8 @@ def test_status_and_smi_show_gpus_my_lease_and_the_queue(
     status = json.loads(gpupool(env, "status", "--json").stdout)
     (entry,) = status["servers"]
     assert entry["ok"] and entry["protocol"] == PROTOCOL and entry["gpus"] == 1
+    assert entry["trusted"] and entry["tls"] == "TLSv1.3"
+    assert entry["identity"] == server.fingerprint == info_fingerprint(entry)
     assert entry["queue"] == 1 and entry["free_matching"] == 0
     info = entry["info"]
     assert [stable(g) for g in info["gpus"]] == [stable(g) for g in api_gpus]
@@ -186,7 +193,7 @@ def test_status_and_smi_show_gpus_my_lease_and_the_queue(
         (q["ticket"], q["position"]) for q in api_queue]
 
     # Another token's client is not mine.
-    other = cli_env([server.address], server.create_token("someone-else"))
+    other = cli_env([server.address], server.create_token("someone-else"), server.fingerprint)
     info = json.loads(gpupool(other, "status", "--json").stdout)["servers"][0]["info"]
     assert [x["mine"] for x in info["leases"]] == [False]
     assert "My leases: none" in gpupool(other, "status").stdout
@@ -195,7 +202,7 @@ def test_status_and_smi_show_gpus_my_lease_and_the_queue(
 def test_unreachable_and_refusing_servers_are_shown(
         gpupool_server: GpupoolServer, tmp_path: Path) -> None:
     server = gpupool_server
-    env = cli_env([server.address, "127.0.0.1:1"], server.token)
+    env = cli_env([server.address, "127.0.0.1:1"], server.token, server.fingerprint)
     proc = gpupool(env, "status")
     assert proc.returncode == 1  # one server did not answer
     assert "127.0.0.1:1: unreachable: connection refused" in proc.stdout
@@ -206,9 +213,9 @@ def test_unreachable_and_refusing_servers_are_shown(
     assert "  127.0.0.1:1: unreachable: connection refused" in proc.stdout
     assert "No running processes found" in proc.stdout
     view = json.loads(gpupool(env, "smi", "--json").stdout)
-    assert [(s["address"], s["reachable"], s["error"]) for s in view["servers"]] == [
-        (server.address, True, None), ("127.0.0.1:1", False, "connection refused")]
-    bad = cli_env([server.address], "gpt_000000000000_wrong")
+    assert [(s["address"], s["reachable"], s["trusted"], s["error"]) for s in view["servers"]] \
+        == [(server.address, True, True, None), ("127.0.0.1:1", False, True, "connection refused")]
+    bad = cli_env([server.address], "gpt_000000000000_wrong", server.fingerprint)
     proc = gpupool(bad, "status")
     assert proc.returncode == 1
     assert f"{server.address}: gpupoold 0.1.0 on" in proc.stdout and "refused:" in proc.stdout
@@ -217,14 +224,60 @@ def test_unreachable_and_refusing_servers_are_shown(
     assert status["info"] == {}
 
 
+def info_fingerprint(entry: dict) -> str:  # type: ignore[type-arg]
+    """The identity the server says it has in its info reply (protocol 1.4)."""
+    return entry["info"]["fingerprint"]
+
+
+def test_servers_this_client_does_not_trust(native_build: Path, start_daemon,  # type: ignore[no-untyped-def]
+                                            plain_server: GpupoolServer) -> None:
+    """Without a pin a server is not contacted at all, with another key it is refused after
+    the handshake; either way the line says why and what fixes it, and nothing else changes
+    for the servers that are trusted. Plain TCP only where the client says so too."""
+    a = start_daemon(build_dir=native_build)
+    b = start_daemon(build_dir=native_build)
+    env = cli_env([a.address, b.address], a.token)
+    env["GPUPOOL_TOKEN"] = ""
+    config = Path(a.state_dir) / "client.toml"
+    config.write_text(
+        f'[[servers]]\naddress = "{a.address}"\ntoken = "{a.token}"\n'
+        f'tls_fingerprint = "{a.fingerprint}"\n'
+        f'[[servers]]\naddress = "{b.address}"\ntoken = "{b.token}"\n'
+        f'[[servers]]\naddress = "{plain_server.address}"\ntoken = "{plain_server.token}"\n'
+        'tls = false\n')
+    env.update(GPUPOOL_CONFIG=str(config), GPUPOOL_SERVER="")
+    proc = gpupool(env, "status")
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert f"{a.address}: gpupoold 0.1.0 on" in out
+    assert (f"{b.address}: not trusted: no pinned identity for {b.address}: nothing was sent; "
+            f"run `gpupool login {b.address}`") in out, out
+    assert f"{plain_server.address}: gpupoold 0.1.0 on" in out and "plain TCP)" in out
+    view = json.loads(gpupool(env, "smi", "--json").stdout)
+    assert [(s["address"], s["ok"], s["trusted"]) for s in view["servers"]] == [
+        (a.address, True, True), (b.address, False, False), (plain_server.address, True, True)]
+    out = gpupool(env, "smi").stdout
+    assert f"  {b.address}: not trusted: no pinned identity for {b.address}" in out, out
+    # b pinned to a's key: refused after the handshake, with the loud message.
+    config.write_text(
+        f'[[servers]]\naddress = "{b.address}"\ntoken = "{b.token}"\n'
+        f'tls_fingerprint = "{a.fingerprint}"\n')
+    proc = gpupool(env, "status", "--json")
+    assert proc.returncode == 1
+    (entry,) = json.loads(proc.stdout)["servers"]
+    assert not entry["trusted"] and not entry["reachable"]
+    assert entry["error"].startswith(f"WARNING: THE IDENTITY OF SERVER {b.address} HAS CHANGED: "
+                                     f"it presents {b.fingerprint}, but the pinned one is "
+                                     f"{a.fingerprint}")
+
+
 def test_no_server_configured(tmp_path: Path) -> None:
     env = cli_env([], "")
     env["GPUPOOL_SERVER"] = ""
     for cmd in ("status", "smi"):
         proc = gpupool(env, cmd)
         assert proc.returncode == 1
-        assert "no GPU server configured: run `gpupool login HOST:PORT --token TOKEN`" in \
-            proc.stderr
+        assert "no GPU server configured: run `gpupool login HOST:PORT`" in proc.stderr
 
 
 def test_two_servers_in_one_table(native_build: Path, start_daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -235,7 +288,9 @@ def test_two_servers_in_one_table(native_build: Path, start_daemon, tmp_path: Pa
     env["GPUPOOL_CONFIG"] = str(tmp_path / "c.toml")
     (tmp_path / "c.toml").write_text(
         f'[[servers]]\naddress = "{a.address}"\ntoken = "{a.token}"\n'
-        f'[[servers]]\naddress = "{b.address}"\ntoken = "{b.token}"\n')
+        f'tls_fingerprint = "{a.fingerprint}"\n'
+        f'[[servers]]\naddress = "{b.address}"\ntoken = "{b.token}"\n'
+        f'tls_fingerprint = "{b.fingerprint}"\n')
     proc = gpupool(env, "smi")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = re.findall(r"^\| (\S+) +\| +(\d) \| (.+?) +\| (\w+) +\|", proc.stdout, re.M)

@@ -83,7 +83,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 6
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 7
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -344,7 +344,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 6
+        assert db.schema_version() == SCHEMA_VERSION == 7
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)
@@ -392,9 +392,10 @@ def test_audit_log_pages_newest_first(db: StoreDB) -> None:
     assert [a.id for a in log] == ids[::-1][:2]
     assert [a.id for a in db.audit_log(limit=10, before=log[-1].id)] == ids[::-1][2:]
     entry = log[0].to_json()
-    assert set(entry) == {"id", "time", "actor", "action", "target", "detail"}
+    assert set(entry) == {"id", "time", "actor", "action", "target", "detail", "server"}
     assert (entry["actor"], entry["action"], entry["target"], entry["detail"]) == (
         "root", "gpu.drain", "gpu 4", "free")
+    assert entry["server"] == db.server  # who acted: servers sharing a store share the log
 
 
 # ------------------------------------------------------------------------- the async store
@@ -509,19 +510,35 @@ async def test_open_failure_is_raised(db_path: Path) -> None:
 def test_gpu_states_are_replaced_as_a_whole_and_survive_a_reopen(location: Path | str) -> None:
     db = StoreDB(location)
     q = {"reason": "uncorrected ECC errors", "since": 12.5, "problems": ["ecc"]}
+    mine = ["GPU-a", "GPU-b"]
     db.save_gpu_states({"GPU-a": {"draining": True, "quarantine": None},
-                        "GPU-b": {"draining": False, "quarantine": q}})
+                        "GPU-b": {"draining": False, "quarantine": q}}, mine)
     assert db.gpu_states() == {"GPU-a": {"draining": True, "quarantine": None},
                                "GPU-b": {"draining": False, "quarantine": q}}
-    db.save_gpu_states({"GPU-b": {"draining": True, "quarantine": q}})  # GPU-a back in service
+    db.save_gpu_states({"GPU-b": {"draining": True, "quarantine": q}}, mine)  # GPU-a in service
     db.close()
     again = StoreDB(location)
     try:
         assert again.gpu_states() == {"GPU-b": {"draining": True, "quarantine": q}}
-        again.save_gpu_states({})
+        again.save_gpu_states({}, mine)
         assert again.gpu_states() == {}
     finally:
         again.close()
+
+
+def test_a_servers_gpu_states_leave_the_other_servers_records_alone(location: Path | str) -> None:
+    """Servers sharing a store keep their GPUs' records in one table: B saving its (empty) set
+    must not take A's quarantine away, or A's GPU comes back in service at A's next start."""
+    a, b = StoreDB(location), StoreDB(location)
+    try:
+        q = {"reason": "scrub failed", "since": 1.0}
+        a.save_gpu_states({"GPU-of-a": {"draining": False, "quarantine": q}}, ["GPU-of-a"])
+        b.save_gpu_states({"GPU-of-b": {"draining": True, "quarantine": None}}, ["GPU-of-b"])
+        b.save_gpu_states({}, ["GPU-of-b"])
+        assert a.gpu_states() == {"GPU-of-a": {"draining": False, "quarantine": q}}
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_damaged_quarantine_record_still_quarantines(db_path: Path) -> None:

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold import sdlisten
-from gpupoold.config.settings import Settings
+from gpupoold import cli, sdlisten, tls_identity
+from gpupoold.cli import build_parser
+from gpupoold.config import file as config_file
+from gpupoold.config.file import load_settings
+from gpupoold.config.settings import Settings, iter_flags
 from gpupoold.gpu import reset_helper
 from gpupoold.sdnotify import Notifier, watchdog_interval
 
@@ -150,16 +153,60 @@ def test_gpupoold_service_runs_the_daemon_unprivileged_with_notify() -> None:
     # The runtime directory holds the reset helper's socket: it must survive a daemon restart.
     assert one(d, "Service.RuntimeDirectoryPreserve") == "yes"
 
-    # ExecStart is a command line `gpupoold serve` accepts, with the paths the unit manages.
+    # ExecStart is a command line `gpupoold serve` accepts: the config file and nothing else
+    # (one state directory: the config decides it for the daemon and the admin commands alike).
     argv = one(d, "Service.ExecStart").split()
     assert argv[:2] == ["/usr/bin/gpupoold", "serve"]
     args = dict(zip(argv[2::2], argv[3::2], strict=True))
-    assert args == {"--config": "/etc/gpupoold/gpupoold.toml", "--state-dir": "/var/lib/gpupoold"}
+    assert args == {"--config": "/etc/gpupoold/gpupoold.toml"}
     help_text = subprocess.run([sys.executable, "-m", "gpupoold", "serve", "--help"], cwd=REPO,
                                capture_output=True, text=True, timeout=60, check=True).stdout
     for flag in args:
         assert flag in help_text
-    assert Path(args["--state-dir"]) == Settings().state_dir
+    # The directory systemd makes for it is the default state_dir.
+    assert Path("/var/lib") / one(d, "Service.StateDirectory") == Settings().state_dir
+
+
+def _unit_settings(config: Path) -> Settings:
+    """The settings the unit's daemon runs with, the packaged config at `config`: its ExecStart
+    parsed by `gpupoold serve`'s own parser, the flags applied over the file as `serve` does."""
+    argv = one(directives(UNITS / "gpupoold.service"), "Service.ExecStart").split()[1:]
+    argv = [str(config) if a == "/etc/gpupoold/gpupoold.toml" else a for a in argv]
+    args = build_parser().parse_args(argv)
+    return load_settings(args.config, {i.name: getattr(args, i.name) for i in iter_flags()})
+
+
+@pytest.mark.parametrize("edit", ["", 'state_dir = "/srv/gpupool/state"\n'])
+def test_the_daemon_and_the_admin_commands_use_one_state_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str) -> None:
+    """The packaged config as shipped, and with state_dir changed by the operator: the unit's
+    daemon and `gpupoold token ...` / `gpupoold status` without options (they read the default
+    config, /etc/gpupoold/gpupoold.toml) find the same state directory."""
+    config = tmp_path / "gpupoold.toml"
+    config.write_text((REPO / "packaging" / "debian" / "gpupoold.toml").read_text() + edit)
+    monkeypatch.setattr(config_file, "DEFAULT_CONFIG", config)
+    daemon = _unit_settings(config).state_dir
+    assert daemon == (Path("/srv/gpupool/state") if edit else Settings().state_dir)
+    seen: dict[str, Path] = {}
+
+    def record_db(state_dir: Path, create: bool, command: str = "") -> None:
+        seen["token"] = state_dir
+        raise cli.CliError("stop here")
+
+    def record_token(args: object, settings: Settings) -> None:
+        seen["status"] = settings.state_dir
+        raise cli.CliError("stop here")
+
+    def record_identity(state_dir: Path) -> None:
+        seen["fingerprint"] = state_dir
+        raise cli.CliError("stop here")
+
+    monkeypatch.setattr(cli, "open_db", record_db)
+    monkeypatch.setattr(cli, "_admin_token", record_token)
+    monkeypatch.setattr(tls_identity, "identity_paths", record_identity)
+    for argv in (["token", "list"], ["status"], ["fingerprint"]):
+        assert cli.main(argv) == 1
+    assert seen == {"token": daemon, "status": daemon, "fingerprint": daemon}
 
 
 def test_sysusers_creates_the_service_user() -> None:

@@ -29,8 +29,10 @@ def live(server: GpupoolServer, index: int = 0) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- a real daemon
-def test_a_lease_that_allocates_shows_its_memory(gpupool_server: GpupoolServer) -> None:
-    server = gpupool_server
+# Tenant (tests/test_info.py) speaks the protocol on its own socket, hello then driver calls: in
+# plain TCP, to a daemon with `--tls off` (plain_server). The live values are what is tested.
+def test_a_lease_that_allocates_shows_its_memory(plain_server: GpupoolServer) -> None:
+    server = plain_server
     before = live(server)
     assert list(before) == list(LIVE_FIELDS)
     assert before["memory_used"] == 0 and before["memory_free"] == before["memory_total"] == 80 * GIB
@@ -63,8 +65,8 @@ def test_a_lease_that_allocates_shows_its_memory(gpupool_server: GpupoolServer) 
                timeout=10)
 
 
-def test_a_free_shows_in_the_live_values(gpupool_server: GpupoolServer) -> None:
-    server = gpupool_server
+def test_a_free_shows_in_the_live_values(plain_server: GpupoolServer) -> None:
+    server = plain_server  # plain TCP for Tenant, as above
     tenant = Tenant(server, server.token)
     try:
         keep = tenant.alloc(64 * MIB)

@@ -4,6 +4,9 @@ they know and skip the rest. A synthetic client of the next minor version, whose
 carry fields this build does not know, is served by a real gpupoold and worker on a simulated
 GPU; the C decoders report such bytes apart from malformed ones (GP_PROTO_ETRAILING, checked for
 every message by tests/c/test_protocol.c) and the Python ones skip them on request.
+
+The synthetic client speaks the plaintext protocol on a raw socket: its daemons run with
+`--tls off` (the plain_server fixture); TLS is not what is tested here.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ def test_python_decoders_skip_trailing_fields_only_when_asked() -> None:
 
 
 @pytest.mark.san
-def test_a_newer_minor_client_is_served(gpupool_server: GpupoolServer) -> None:
-    server = gpupool_server
+def test_a_newer_minor_client_is_served(plain_server: GpupoolServer) -> None:
+    server = plain_server  # plain TCP: the frames below go on a raw socket
     with socket.create_connection((server.host, server.port), timeout=30) as s:
         send(s, gp.Hello.OP, newer_hello(server), 1)
         op, body = recv_frame(s)
@@ -57,8 +60,8 @@ def test_a_newer_minor_client_is_served(gpupool_server: GpupoolServer) -> None:
     assert not server.problems(), server.problems()
 
 
-def test_a_newer_minor_info_is_answered(gpupool_server: GpupoolServer) -> None:
-    server = gpupool_server
+def test_a_newer_minor_info_is_answered(plain_server: GpupoolServer) -> None:
+    server = plain_server  # plain TCP: the frames below go on a raw socket
     info = gp.Info(magic=gp.MAGIC, major=gp.MAJOR, minor=NEWER, token=server.token,
                    host="future").encode() + EXTRA
     with socket.create_connection((server.host, server.port), timeout=30) as s:
@@ -70,8 +73,8 @@ def test_a_newer_minor_info_is_answered(gpupool_server: GpupoolServer) -> None:
 
 
 def test_trailing_bytes_from_the_same_version_are_still_malformed(
-        gpupool_server: GpupoolServer) -> None:
-    server = gpupool_server
+        plain_server: GpupoolServer) -> None:
+    server = plain_server  # plain TCP: the frames below go on a raw socket
     body = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, token=server.token,
                     va_base=VA_BASE, va_size=VA_SIZE).encode() + EXTRA
     with socket.create_connection((server.host, server.port), timeout=30) as s:

@@ -63,10 +63,33 @@ static void write_frame(struct worker *w, const uint8_t *p, size_t n)
         if (poll(&pf, 1, 100) < 0 && errno != EINTR)
             break;
     }
-    if (done > 0 && done < n) {
-        wk_warn("keepalive: the client took only %zu of %zu bytes of a notice; closing the "
-                "connection (its stream would be broken)",
-                done, n);
+    /* Over TLS the record went into the session's write buffer (tls.c gathers records and
+     * sends them together); the main thread, inside its long call, flushes nothing: send it
+     * now, or the client never sees the keepalive. */
+    int flushed = 1;
+    while (w->ssl && done == n) {
+        char err[200];
+        short wait = 0;
+        if (wk_tls_flush(w, &wait, err, sizeof err) == 0)
+            break;
+        if (wait == 0) {
+            wk_warn("keepalive: %s", err);
+            flushed = 0;
+            break;
+        }
+        if ((wk_now_ns() - start) / 1000000ull >= HB_WRITE_LIMIT_MS) {
+            flushed = 0;
+            break;
+        }
+        struct pollfd pf = {.fd = w->fd, .events = wait};
+        if (poll(&pf, 1, 100) < 0 && errno != EINTR) {
+            flushed = 0;
+            break;
+        }
+    }
+    if ((done > 0 && done < n) || !flushed) {
+        wk_warn("keepalive: the client took only part of a notice; closing the connection (its "
+                "stream would be broken)");
         if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
             wk_warn("shutdown of the client socket failed: %s", strerror(errno));
     }

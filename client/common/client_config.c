@@ -16,7 +16,10 @@
  *                                 \uXXXX), 'literal' strings, integers, floats, true/false,
  *                                 arrays of strings (on one line or several)
  *   [requirements]                gpu, model, min_memory
- *   [[servers]]                   address, token, tls, tls_ca, tls_cert, tls_key, compression
+ *   [[servers]]                   address, token, tls, tls_ca, tls_cert, tls_key,
+ *                                 tls_fingerprint, compression
+ * TLS is the default (tls = true unless a server's entry, the top level or GPUPOOL_TLS=0 says
+ * false); tls_fingerprint = "SHA256:..." pins the server's identity (gp_fingerprint_valid).
  * Anything else (inline tables, dotted or quoted keys, multi-line strings, dates, other arrays)
  * is an error naming FILE:LINE and what is supported. An unknown key or table is one warning and
  * is ignored. Numbers: TOML's decimal grammar (underscores between digits, an optional sign,
@@ -33,7 +36,8 @@
  * address the file has as a [[servers]] entry keeps that entry's token, TLS and compression
  * settings),
  * GPUPOOL_TOKEN, GPUPOOL_TLS, GPUPOOL_TLS_CA, GPUPOOL_TLS_CERT, GPUPOOL_TLS_KEY (every server;
- * "~/" expanded, a relative path is the caller's), GPUPOOL_CONNECT_TIMEOUT,
+ * "~/" expanded, a relative path is the caller's), GPUPOOL_TLS_FINGERPRINT (the pin of every
+ * server whose entry has none: the servers of GPUPOOL_SERVER run without a file), GPUPOOL_CONNECT_TIMEOUT,
  * GPUPOOL_PROBE_TIMEOUT (digits with an optional fraction: "10", "2.5"), GPUPOOL_GPU (alias
  * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_COMPRESSION (off, lz4; every
  * server, over the servers' own compression).
@@ -335,6 +339,21 @@ int gp_parse_server_address(const char *text, gp_server_config *srv)
     const char *t = strip(text, &n);
     int prefix;
     return parse_address(t, n, srv, &prefix);
+}
+
+int gp_fingerprint_valid(const char *text, size_t n)
+{
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    if (n != GP_FINGERPRINT_LEN || memcmp(text, "SHA256:", 7) != 0)
+        return 0;
+    for (size_t i = 7; i < n; i++) {
+        const char *c = text[i] ? strchr(b64, text[i]) : NULL;
+        if (!c)
+            return 0;
+        if (i == n - 1 && (c - b64) % 4 != 0) /* 32 bytes: the last character's 2 low bits 0 */
+            return 0;
+    }
+    return 1;
 }
 
 void gp_server_desc(const gp_server_config *srv, char *out, size_t cap)
@@ -727,7 +746,8 @@ enum {
     F_CERT = 8,
     F_KEY = 16,
     F_PREFIX = 32,
-    F_COMP = 64
+    F_COMP = 64,
+    F_FP = 128
 };
 
 typedef struct file_settings {
@@ -1099,6 +1119,29 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
             }
             return 0;
         }
+        if (!strcmp(key, "tls_fingerprint")) {
+            if (want_type(ps, key, v, V_STR,
+                          "the server's fingerprint in quotes (\"SHA256:...\", as `gpupoold "
+                          "fingerprint` prints it)") != 0)
+                return -1;
+            size_t n = strlen(v->s);
+            const char *t = strip(v->s, &n);
+            if (n == 0)
+                return 0; /* blank: unset */
+            if (!gp_fingerprint_valid(t, n)) {
+                PERR(ps,
+                     "tls_fingerprint = \"%.*s\" is not a fingerprint: write what `gpupoold "
+                     "fingerprint` prints on the server, \"SHA256:\" and 43 base64 characters "
+                     "(or run `gpupool login` again)",
+                     (int)(n > 100 ? 100 : n), t);
+                return -1;
+            }
+            memcpy(s->tls_fingerprint, t, n);
+            s->tls_fingerprint[n] = 0;
+            fs->set[i] |= F_FP;
+            src_line(&s->source[GP_SRV_TLS_FINGERPRINT], ps->line);
+            return 0;
+        }
         if (!strcmp(key, "compression")) {
             if (want_type(ps, key, v, V_STR, "\"off\" or \"lz4\"") != 0)
                 return -1;
@@ -1122,7 +1165,7 @@ static int apply_key(parser *ps, file_settings *fs, enum section sec, const char
         ("token, tls, tls_ca, tls_cert, tls_key, connect_timeout, probe_timeout, compression, "
          "servers"),
         "gpu, model, min_memory",
-        "address, token, tls, tls_ca, tls_cert, tls_key, compression",
+        "address, token, tls, tls_ca, tls_cert, tls_key, tls_fingerprint, compression",
     };
     static const char *const where[] = {"", " in [requirements]", " in [[servers]]"};
     warn("%s:%d: unknown setting '%s'%s ignored (known there: %s)", ps->file, ps->line, key,
@@ -1574,6 +1617,7 @@ static int env_servers(const char *list, size_t len, const file_settings *fs, gp
             memcpy(s->tls_ca, f->tls_ca, sizeof s->tls_ca);
             memcpy(s->tls_cert, f->tls_cert, sizeof s->tls_cert);
             memcpy(s->tls_key, f->tls_key, sizeof s->tls_key);
+            memcpy(s->tls_fingerprint, f->tls_fingerprint, sizeof s->tls_fingerprint);
             s->compression = f->compression;
             s->tls_prefix = f->tls_prefix || s->tls_prefix;
             for (int k = GP_SRV_TOKEN; k < GP_SRV_NSETTINGS; k++)
@@ -1752,6 +1796,15 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
     int env_key = env_cert < 0 ? -1 : env_tls_file("GPUPOOL_TLS_KEY", key, err, ecap);
     if (env_key < 0)
         return -1;
+    size_t fpn;
+    const char *fpv = env_view("GPUPOOL_TLS_FINGERPRINT", &fpn);
+    if (fpv && !gp_fingerprint_valid(fpv, fpn)) {
+        set_err(err, ecap,
+                "GPUPOOL_TLS_FINGERPRINT=%.*s is not a fingerprint: set it to what `gpupoold "
+                "fingerprint` prints on the server, \"SHA256:\" and 43 base64 characters",
+                (int)(fpn > 100 ? 100 : fpn), fpv);
+        return -1;
+    }
     for (int i = 0; i < cfg->nservers; i++) {
         gp_server_config *s = &cfg->servers[i];
         gp_config_source *src = s->source;
@@ -1772,6 +1825,12 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
         } else if (!(set[i] & F_TLS)) {
             s->tls = fs->tls;
             src[GP_SRV_TLS] = dflt[GP_SRV_TLS];
+        }
+        /* The pin: the entry's own, else GPUPOOL_TLS_FINGERPRINT. */
+        if (fpv && !(set[i] & F_FP)) {
+            memcpy(s->tls_fingerprint, fpv, fpn);
+            s->tls_fingerprint[fpn] = 0;
+            src_what(&src[GP_SRV_TLS_FINGERPRINT], "GPUPOOL_TLS_FINGERPRINT");
         }
         /* The three TLS files: the variable, else the entry's own, else the top level's. */
         const struct {
@@ -1865,6 +1924,7 @@ int gp_client_config_load_with(gp_client_config *cfg, const gp_config_hooks *wit
         set_err(err, errcap, "out of memory reading the gpupool configuration");
         return -1;
     }
+    fs->tls = 1; /* TLS unless the file or GPUPOOL_TLS says otherwise */
     const gp_config_hooks *outer = hooks;
     hooks = with;
     int rc = load(cfg, fs, err, errcap);

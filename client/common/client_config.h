@@ -26,6 +26,9 @@
 #define GP_COMPRESSION_OFF 0
 #define GP_COMPRESSION_LZ4 1
 #define GP_DEFAULT_PORT "7070" /* gpupoold's default remoting listener */
+/* "SHA256:" + 43 base64 characters (32 bytes, no '=' padding), with its NUL. */
+#define GP_FINGERPRINT_LEN 50
+#define GP_FINGERPRINT_CAP 64
 
 /* Where a setting's value came from: line > 0, the config file (gp_client_config.file) at that
  * line; else `what`, a static text (the environment variable, or "tls:// in the address"); neither:
@@ -44,6 +47,7 @@ enum gp_server_setting {
     GP_SRV_TLS_CERT,
     GP_SRV_TLS_KEY,
     GP_SRV_COMPRESSION,
+    GP_SRV_TLS_FINGERPRINT,
     GP_SRV_NSETTINGS
 };
 
@@ -63,9 +67,13 @@ enum gp_client_setting {
 typedef struct gp_server_config {
     char address[512]; /* as written, without tls:// ("host:port", "host", "[v6]:port") */
     char host[256], port[32];
-    int tls; /* 0/1 after all overrides */
+    int tls; /* 0/1 after all overrides (default 1: plain TCP only with tls = false) */
     char token[4097];
     char tls_ca[4096], tls_cert[4096], tls_key[4096];
+    /* The pinned identity of the server, "SHA256:" + 43 base64 characters (the SHA-256 of its
+     * certificate's SubjectPublicKeyInfo, unpadded base64), or "" for none: tls_fingerprint of
+     * its entry, else GPUPOOL_TLS_FINGERPRINT (servers whose entry pins none). */
+    char tls_fingerprint[GP_FINGERPRINT_CAP];
     int compression; /* GP_COMPRESSION_*: GPUPOOL_COMPRESSION, else its own, else the top level */
     int tls_prefix;  /* written tls://... (TLS whatever else says) */
     gp_config_source source[GP_SRV_NSETTINGS];
@@ -117,6 +125,11 @@ int gp_client_config_load_with(gp_client_config *cfg, const gp_config_hooks *hoo
 /* Split an address as a user writes it ([tls://]host[:port], [v6]:port) into srv's address,
  * host and port and srv->tls_prefix. 0, or -1 (not an address). */
 int gp_parse_server_address(const char *text, gp_server_config *srv);
+
+/* 1 if text (n bytes) is a fingerprint as `gpupoold fingerprint` prints it: "SHA256:" and 43
+ * characters of unpadded base64 (A-Z a-z 0-9 + /, the last one of A E I M Q U Y c g k o s w 0
+ * 4 8, as 32 bytes end). */
+int gp_fingerprint_valid(const char *text, size_t n);
 
 /* "host:port" of a server for messages: its address, with the default port added to a bare
  * host name. */

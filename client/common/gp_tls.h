@@ -12,10 +12,25 @@
 #include "client_config.h"
 
 typedef struct gp_tls gp_tls;
+/* 0 when srv may be sent a token: plain TCP by its own choice (tls = false), or TLS with a pin
+ * (tls_fingerprint) or a CA (tls_ca). Else -1 with the one line naming the fix (`gpupool
+ * login`). gp_tls_setup and gp_tls_connect check it first. */
+int gp_tls_trusted(const gp_server_config *srv, char *err, size_t cap);
+/* The fingerprint ("SHA256:" + 43 base64 characters) of a DER certificate's public key into
+ * out (cap >= GP_FINGERPRINT_CAP): what a pin holds. 0, or -1 with err (OpenSSL missing, not a
+ * certificate). */
+int gp_tls_fingerprint_of_cert(const unsigned char *der, size_t len, char *out, size_t cap,
+                               char *err, size_t errcap);
+/* 0 when seen equals the pin expected (constant time), else -1 with the "identity has changed"
+ * message for server desc ("host:port") in err. */
+int gp_tls_pin_matches(const char *seen, const char *expected, const char *desc, char *err,
+                       size_t cap);
 /* Load OpenSSL (once) and make the TLS context for srv's tls_ca / tls_cert / tls_key (once per
  * distinct set of files; contexts are kept for the process's life). 0, or -1 with err filled. */
 int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap);
-/* A TLS session on connected socket fd with srv (certificate checked against srv->host), made
+/* A TLS session on connected socket fd with srv (certificate checked against srv->host when
+ * srv has a CA, its public key against srv's pin when it has one; a mismatch fails before the
+ * session is returned, so nothing of ours is written to an unverified peer), made
  * with srv's context (gp_tls_setup first). read_ahead: only for the last session on the socket.
  * timeout_ms bounds the whole handshake (-1: none). NULL with err filled on failure. */
 gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,

@@ -208,6 +208,10 @@ int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, doub
     /* One deadline for everything: connect (each address only the time left), TLS handshake,
      * the request, every read of the answer. Name resolution has no timeout (getaddrinfo). */
     double deadline = gp_deadline(timeout_s);
+    /* A server this client cannot trust (TLS with neither pin nor CA) is not even connected to:
+     * the shim's hello does the same (connect.c), and the message names the fix. */
+    if (gp_tls_trusted(srv, err, errcap) != 0)
+        return -1;
     char why[600];
     int fd = gp_tcp_connect_until(srv->host, srv->port, deadline, why, sizeof why);
     if (fd < 0) {

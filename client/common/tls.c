@@ -23,7 +23,16 @@
  * session's lock, which is never held while waiting in poll().
  *
  * Each server may have its own CA bundle and client certificate (client_config.h): one SSL_CTX
- * per distinct (tls_ca, tls_cert, tls_key), made on first use and kept for the process's life.
+ * per distinct (tls_ca, tls_cert, tls_key, pinned without a CA), made on first use and kept for
+ * the process's life.
+ *
+ * Trust (docs/protocol.md "Trust"), like ssh: a server is trusted by its pinned identity
+ * (tls_fingerprint / GPUPOOL_TLS_FINGERPRINT: the SHA-256 of its certificate's public key, the
+ * DER SubjectPublicKeyInfo, in unpadded base64), by a CA (tls_ca: the chain and the host name
+ * are checked), or by both (both required). A pin alone needs no chain: the server's certificate
+ * is self-signed. Every session on a connection (gpupoold's and the worker's after the hand-over)
+ * is checked after its handshake, before a byte of ours goes into it. A TLS server with neither
+ * is refused before anything is sent (gp_tls_trusted), with the command that fixes it.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -53,6 +62,7 @@
 #define O_SSL_CTRL_SET_MIN_PROTO_VERSION 123
 #define O_SSL_MODE_PARTIAL_AND_MOVING 0x3 /* ENABLE_PARTIAL_WRITE | ACCEPT_MOVING_WRITE_BUFFER */
 #define O_SSL_OP_IGNORE_UNEXPECTED_EOF (1ull << 7)
+#define O_SSL_VERIFY_NONE 0
 #define O_SSL_VERIFY_PEER 1
 #define O_SSL_FILETYPE_PEM 1
 #define O_X509_V_OK 0
@@ -62,6 +72,7 @@
 #define O_BIO_FLAGS_RWS 0x07
 #define O_BIO_FLAGS_SHOULD_RETRY 0x08
 #define O_BIO_CTRL_FLUSH 11
+#define O_OPENSSL_INIT_NO_ATEXIT 0x00080000ull /* crypto.h, OpenSSL 3 */
 
 static struct {
     int (*OPENSSL_init_ssl)(uint64_t, const void *);
@@ -106,6 +117,14 @@ static struct {
     void (*BIO_set_init)(void *, int);
     void (*BIO_set_flags)(void *, int);
     void (*BIO_clear_flags)(void *, int);
+    void *(*SSL_get1_peer_certificate)(const void *);
+    void (*X509_free)(void *);
+    void *(*X509_get_X509_PUBKEY)(const void *);
+    int (*i2d_X509_PUBKEY)(const void *, unsigned char **);
+    void *(*d2i_X509)(void **, const unsigned char **, long);
+    int (*EVP_Digest)(const void *, size_t, unsigned char *, unsigned int *, const void *, void *);
+    const void *(*EVP_sha256)(void);
+    int (*EVP_EncodeBlock)(unsigned char *, const unsigned char *, int);
 } O;
 
 /* Loaded once; the contexts are made on first use (probes run in parallel threads). */
@@ -118,6 +137,7 @@ typedef struct tls_context {
     struct tls_context *next;
     void *ctx;
     char ca[4096], cert[4096], key[4096];
+    int pin_only; /* a pin and no CA: no chain to check (self-signed) */
 } tls_context;
 static tls_context *contexts;
 
@@ -191,6 +211,14 @@ static int load_symbols(void *ssl, void *crypto, char *err, size_t cap)
         C(BIO_set_init),
         C(BIO_set_flags),
         C(BIO_clear_flags),
+        S(SSL_get1_peer_certificate),
+        C(X509_free),
+        C(X509_get_X509_PUBKEY),
+        C(i2d_X509_PUBKEY),
+        C(d2i_X509),
+        C(EVP_Digest),
+        C(EVP_sha256),
+        C(EVP_EncodeBlock),
 #undef S
 #undef C
     };
@@ -287,6 +315,12 @@ static long bio_ctrl(void *b, int cmd, long num, void *ptr)
     return wbuf_send(s, b) == 0;
 }
 
+/* A pin and no CA: the identity is the pin, there is no chain to check. */
+static int pin_only(const gp_server_config *srv)
+{
+    return *srv->tls_fingerprint && !*srv->tls_ca;
+}
+
 /* A new SSL_CTX for srv's files, or NULL with err filled. Called under load_lock. */
 static void *make_context(const gp_server_config *srv, char *err, size_t cap)
 {
@@ -300,9 +334,11 @@ static void *make_context(const gp_server_config *srv, char *err, size_t cap)
     /* End of stream without close_notify reads as end of stream: frames carry their lengths,
      * so a cut stream is detected by the frame layer, and conn.c says "connection closed". */
     O.SSL_CTX_set_options(c, O_SSL_OP_IGNORE_UNEXPECTED_EOF);
-    O.SSL_CTX_set_verify(c, O_SSL_VERIFY_PEER, NULL);
     const char *ca = srv->tls_ca, *cert = srv->tls_cert, *key = srv->tls_key;
-    if (*ca) {
+    if (pin_only(srv)) {
+        /* Verified after the handshake, by the pin (check_pin): no CA to ask. */
+        O.SSL_CTX_set_verify(c, O_SSL_VERIFY_NONE, NULL);
+    } else if (O.SSL_CTX_set_verify(c, O_SSL_VERIFY_PEER, NULL), *ca) {
         if (O.SSL_CTX_load_verify_locations(c, ca, NULL) != 1) {
             char why[200];
             ssl_error_text(why, sizeof why, "unreadable");
@@ -368,7 +404,10 @@ static int load_openssl(char *err, size_t cap)
         memset(&O, 0, sizeof O);
         return -1;
     }
-    O.OPENSSL_init_ssl(0, NULL);
+    /* No cleanup of OpenSSL's globals at exit: the shim's threads may still be in a session
+     * then (conn.c stops its receiver, but a program's own threads may be in a call), and the
+     * process is going anyway. Ignored when the program's own OpenSSL was initialised first. */
+    O.OPENSSL_init_ssl(O_OPENSSL_INIT_NO_ATEXIT, NULL);
     O.ERR_clear_error();
     bio_meth = O.BIO_meth_new(O.BIO_get_new_index() | O_BIO_TYPE_SOURCE_SINK, "gpupool socket");
     if (!bio_meth || O.BIO_meth_set_write(bio_meth, bio_write) != 1 ||
@@ -390,7 +429,7 @@ static void *context_for(const gp_server_config *srv, char *err, size_t cap)
     if (load_openssl(err, cap) == 0) {
         for (tls_context *t = contexts; t && !c; t = t->next)
             if (!strcmp(t->ca, srv->tls_ca) && !strcmp(t->cert, srv->tls_cert) &&
-                !strcmp(t->key, srv->tls_key))
+                !strcmp(t->key, srv->tls_key) && t->pin_only == pin_only(srv))
                 c = t->ctx;
         if (!c) {
             tls_context *t = calloc(1, sizeof *t);
@@ -402,6 +441,7 @@ static void *context_for(const gp_server_config *srv, char *err, size_t cap)
                 snprintf(t->ca, sizeof t->ca, "%s", srv->tls_ca);
                 snprintf(t->cert, sizeof t->cert, "%s", srv->tls_cert);
                 snprintf(t->key, sizeof t->key, "%s", srv->tls_key);
+                t->pin_only = pin_only(srv);
                 t->next = contexts;
                 contexts = t;
                 c = t->ctx;
@@ -412,9 +452,116 @@ static void *context_for(const gp_server_config *srv, char *err, size_t cap)
     return c;
 }
 
+int gp_tls_trusted(const gp_server_config *srv, char *err, size_t cap)
+{
+    if (!srv->tls || *srv->tls_fingerprint || *srv->tls_ca)
+        return 0;
+    char desc[600];
+    gp_server_desc(srv, desc, sizeof desc);
+    snprintf(err, cap,
+             "no pinned identity for %s: nothing was sent; run `gpupool login %s` (or set "
+             "GPUPOOL_TLS_FINGERPRINT to what `gpupoold fingerprint` prints on the server)",
+             desc, desc);
+    return -1;
+}
+
 int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap)
 {
+    if (gp_tls_trusted(srv, err, cap) != 0)
+        return -1;
     return context_for(srv, err, cap) ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------ identity == */
+
+/* "SHA256:" + unpadded base64 of the SHA-256 of the DER SubjectPublicKeyInfo of certificate x.
+ * 0, or -1 with err. OpenSSL loaded. */
+static int fingerprint_of_x509(void *x, char *out, size_t cap, char *err, size_t errcap)
+{
+    void *pub = O.X509_get_X509_PUBKEY(x);
+    int n = pub ? O.i2d_X509_PUBKEY(pub, NULL) : -1;
+    if (n <= 0 || n > 1 << 20) {
+        snprintf(err, errcap, "TLS: the server's certificate has no readable public key");
+        return -1;
+    }
+    unsigned char *der = malloc((size_t)n), *p = der;
+    if (!der) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    unsigned char md[32], b64[48];
+    unsigned int mdlen = 0;
+    int ok = O.i2d_X509_PUBKEY(pub, &p) == n &&
+             O.EVP_Digest(der, (size_t)n, md, &mdlen, O.EVP_sha256(), NULL) == 1 && mdlen == 32;
+    free(der);
+    if (!ok || O.EVP_EncodeBlock(b64, md, 32) != 44 || cap < GP_FINGERPRINT_CAP) {
+        snprintf(err, errcap, "TLS: cannot compute the fingerprint of the server's key");
+        return -1;
+    }
+    snprintf(out, cap, "SHA256:%.43s", (const char *)b64); /* the 44th is the '=' padding */
+    return 0;
+}
+
+int gp_tls_fingerprint_of_cert(const unsigned char *der, size_t len, char *out, size_t cap,
+                               char *err, size_t errcap)
+{
+    pthread_mutex_lock(&load_lock);
+    int rc = load_openssl(err, errcap);
+    pthread_mutex_unlock(&load_lock);
+    if (rc != 0)
+        return -1;
+    const unsigned char *p = der;
+    void *x = len <= 1 << 20 ? O.d2i_X509(NULL, &p, (long)len) : NULL;
+    if (!x) {
+        O.ERR_clear_error();
+        snprintf(err, errcap, "not a DER certificate");
+        return -1;
+    }
+    rc = fingerprint_of_x509(x, out, cap, err, errcap);
+    O.X509_free(x);
+    return rc;
+}
+
+int gp_tls_pin_matches(const char *seen, const char *expected, const char *desc, char *err,
+                       size_t cap)
+{
+    /* Constant time over the pin's length: nothing to learn from how soon it differs. */
+    size_t n = strlen(expected);
+    unsigned diff = strlen(seen) != n;
+    for (size_t i = 0; i < n && seen[i]; i++)
+        diff |= (unsigned char)(seen[i] ^ expected[i]);
+    if (!diff)
+        return 0;
+    snprintf(err, cap,
+             "WARNING: THE IDENTITY OF SERVER %s HAS CHANGED: it presents %s, but the pinned "
+             "one is %s (tls_fingerprint / GPUPOOL_TLS_FINGERPRINT); either its key was "
+             "replaced (reinstalled, rotated) or someone is in the middle of this connection, "
+             "so nothing was sent; ask its operator what `gpupoold fingerprint` prints on the "
+             "server, and only if it is %s, pin it again with `gpupool login %s --fingerprint "
+             "%s`",
+             desc, seen, expected, seen, desc, seen);
+    return -1;
+}
+
+/* After the handshake of s with srv: the peer's key against srv's pin (none: 0). 0, or -1. */
+static int check_pin(gp_tls *s, const gp_server_config *srv, char *err, size_t cap)
+{
+    if (!*srv->tls_fingerprint)
+        return 0;
+    void *x = O.SSL_get1_peer_certificate(s->ssl);
+    if (!x) {
+        snprintf(err, cap,
+                 "TLS: the server sent no certificate, so its pinned identity cannot "
+                 "be checked: nothing was sent");
+        return -1;
+    }
+    char seen[GP_FINGERPRINT_CAP], desc[600];
+    int rc = fingerprint_of_x509(x, seen, sizeof seen, err, cap);
+    O.X509_free(x);
+    if (rc != 0)
+        return -1;
+    gp_server_desc(srv, desc, sizeof desc);
+    return gp_tls_pin_matches(seen, srv->tls_fingerprint, desc, err, cap);
 }
 
 /* ------------------------------------------------------------------ one session == */
@@ -463,8 +610,10 @@ static int is_ip_literal(const char *host)
 }
 
 /* Why a handshake failed, for the one-line error: certificate problems get what to do. */
-static void handshake_error(gp_tls *s, int e, char *err, size_t cap)
+static void handshake_error(gp_tls *s, const gp_server_config *srv, int e, char *err, size_t cap)
 {
+    char desc[600];
+    gp_server_desc(srv, desc, sizeof desc);
     long v = O.SSL_get_verify_result(s->ssl);
     if (v != O_X509_V_OK) {
         snprintf(err, cap,
@@ -483,10 +632,11 @@ static void handshake_error(gp_tls *s, int e, char *err, size_t cap)
     if (strstr(why, "wrong version number") || strstr(why, "packet length too long") ||
         strstr(why, "record layer failure"))
         snprintf(err, cap,
-                 "TLS handshake failed (%s): the server does not speak TLS on this "
-                 "port; unset GPUPOOL_TLS (and drop tls:// from the server's address), or "
-                 "enable tls_cert on the server",
-                 why);
+                 "TLS handshake failed (%s): the server does not speak TLS on this port (a "
+                 "gpupoold with tls = \"off\", or older than TLS by default); ask its operator "
+                 "to turn TLS on, or, on a network you trust, use it in plain TCP: `gpupool "
+                 "login %s --plain` (tls = false for this server, GPUPOOL_TLS=0)",
+                 why, desc);
     else if (strstr(why, "certificate required") || strstr(why, "handshake failure") ||
              strstr(why, "closed the connection"))
         snprintf(err, cap,
@@ -503,6 +653,8 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
 {
     const char *host = srv->host;
     int64_t until = until_ms(timeout_ms); /* the whole handshake */
+    if (gp_tls_trusted(srv, err, cap) != 0)
+        return NULL;
     void *ctx = context_for(srv, err, cap);
     if (!ctx)
         return NULL;
@@ -531,7 +683,7 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
         O.SSL_set_read_ahead(s->ssl, 1);
         O.SSL_set_default_read_buffer_len(s->ssl, 256 * 1024);
     }
-    if (O.SSL_set1_host(s->ssl, host) != 1 ||
+    if ((!pin_only(srv) && O.SSL_set1_host(s->ssl, host) != 1) ||
         (!is_ip_literal(host) &&
          O.SSL_ctrl(s->ssl, O_SSL_CTRL_SET_TLSEXT_HOSTNAME, 0, (void *)host) != 1)) {
         snprintf(err, cap, "TLS: cannot use the host name %s", host);
@@ -550,8 +702,12 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
                      errno == ETIMEDOUT ? "no answer (does the server speak TLS on this port?)"
                                         : strerror(errno));
         } else {
-            handshake_error(s, e, err, cap);
+            handshake_error(s, srv, e, err, cap);
         }
+        gp_tls_free(s);
+        return NULL;
+    }
+    if (check_pin(s, srv, err, cap) != 0) {
         gp_tls_free(s);
         return NULL;
     }

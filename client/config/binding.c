@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "client_config.h"
+#include "gp_tls.h"
 
 #define GP_EXPORT __attribute__((visibility("default")))
 
@@ -34,7 +35,7 @@ GP_EXPORT int gpupool_config_servers(const gp_client_config *cfg);
  * "tls:// in the address", or "" for the default). server -1: the top level (file, file_reason,
  * connect_timeout, probe_timeout, compression, gpu, model, min_memory, keep_gpu, servers); else that
  * server's (address, host, port, tls, tls_prefix, token, tls_ca, tls_cert, tls_key,
- * compression). Numbers as %.17g or decimal, booleans as 1/0. 0, or -1 (no such setting, or a
+ * tls_fingerprint, compression). Numbers as %.17g or decimal, booleans as 1/0. 0, or -1 (no such setting, or a
  * buffer too small). */
 GP_EXPORT int gpupool_config_get(const gp_client_config *cfg, int server, const char *key,
                                  char *out, size_t cap, char *source, size_t scap);
@@ -42,6 +43,43 @@ GP_EXPORT int gpupool_config_get(const gp_client_config *cfg, int server, const 
  * tls://, host, port), or -1 when it is not one. */
 GP_EXPORT int gpupool_config_split_address(const char *text, char *address, size_t acap, char *host,
                                            size_t hcap, char *port, size_t pcap);
+
+/* The trust rules of the shims (tls.c), for the `gpupool` command's own connections:
+ * gpupool_config_trust: 0 when cfg's server may be sent a token (plain TCP by choice, or TLS with
+ * a pin or a CA), else -1 with the one-line fix in err. gpupool_fingerprint_of_cert: the
+ * fingerprint of a DER certificate ("SHA256:..." into out, cap >= 64): 0, or -1 with err.
+ * gpupool_check_pin: 0 when the DER certificate has the pin `expected`, else -1 with the loud
+ * message for server desc ("host:port") in err. */
+GP_EXPORT int gpupool_config_trust(const gp_client_config *cfg, int server, char *err,
+                                   size_t errcap);
+GP_EXPORT int gpupool_fingerprint_of_cert(const unsigned char *der, size_t len, char *out,
+                                          size_t cap, char *err, size_t errcap);
+GP_EXPORT int gpupool_check_pin(const unsigned char *der, size_t len, const char *expected,
+                                const char *desc, char *err, size_t errcap);
+
+int gpupool_config_trust(const gp_client_config *cfg, int server, char *err, size_t errcap)
+{
+    if (server < 0 || server >= cfg->nservers) {
+        snprintf(err, errcap, "no server %d", server);
+        return -1;
+    }
+    return gp_tls_trusted(&cfg->servers[server], err, errcap);
+}
+
+int gpupool_fingerprint_of_cert(const unsigned char *der, size_t len, char *out, size_t cap,
+                                char *err, size_t errcap)
+{
+    return gp_tls_fingerprint_of_cert(der, len, out, cap, err, errcap);
+}
+
+int gpupool_check_pin(const unsigned char *der, size_t len, const char *expected, const char *desc,
+                      char *err, size_t errcap)
+{
+    char seen[GP_FINGERPRINT_CAP];
+    if (gp_tls_fingerprint_of_cert(der, len, seen, sizeof seen, err, errcap) != 0)
+        return -1;
+    return gp_tls_pin_matches(seen, expected, desc, err, errcap);
+}
 
 gp_client_config *gpupool_config_load(char *const *envp, warn_fn warn, visit_fn visit,
                                       const char *system_file, char *err, size_t errcap)
@@ -148,6 +186,7 @@ static int server_setting(const gp_server_config *s, const char *key, char *out,
         [GP_SRV_TLS_CERT] = "tls_cert",
         [GP_SRV_TLS_KEY] = "tls_key",
         [GP_SRV_COMPRESSION] = "compression",
+        [GP_SRV_TLS_FINGERPRINT] = "tls_fingerprint",
     };
     if (!strcmp(key, "host"))
         return put(out, cap, "%s", s->host);
@@ -172,6 +211,8 @@ static int server_setting(const gp_server_config *s, const char *key, char *out,
             return put(out, cap, "%s", s->tls_cert);
         case GP_SRV_TLS_KEY:
             return put(out, cap, "%s", s->tls_key);
+        case GP_SRV_TLS_FINGERPRINT:
+            return put(out, cap, "%s", s->tls_fingerprint);
         default:
             return put(out, cap, "%s", compression_name(s->compression));
         }

@@ -3,7 +3,8 @@ exits with its own status).
 
   run -- CMD...            CMD with gpupool's libcuda.so.1 / libnvidia-ml.so.1 first
   env [--format F]         the same setting for a shell (sh) or a notebook (python, ipython)
-  login URL --token T      check the server accepts the token, then save it in the config file
+  login HOST:PORT          pin the server's identity (shown for you to check), check it accepts
+                           the token, then save both in the config file
   logout URL               remove a server and its token from the config file
   config                   the effective settings and where each comes from
   status [--json]          every server: GPUs, my leases, the queue
@@ -63,18 +64,38 @@ def build_parser() -> argparse.ArgumentParser:
                          description=ENV_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     env.add_argument("--format", choices=("sh", "python", "ipython"), default="sh",
                      help="sh (default), python or ipython (see above)")
-    login = sub.add_parser("login", help="save a server and its token in the config file",
-                           description="Check that the server answers and accepts the token, "
-                                       "then add or update its [[servers]] entry in "
-                                       "~/.config/gpupool/config.toml (mode 0600), or in "
-                                       "/etc/gpupool/config.toml with --system. Nothing is "
-                                       "written when the check fails.")
-    login.add_argument("url", metavar="URL", help="HOST:PORT of gpupoold's remoting listener "
-                                                  "(tls://HOST:PORT for TLS)")
-    login.add_argument("--token", required=True, help="your token (gpt_...)")
+    login = sub.add_parser(
+        "login", help="pin a server's identity and save it with your token in the config file",
+        description="Like ssh's first connection: connect with TLS, show the server's identity "
+                    "(its key's fingerprint) for you to check against `gpupoold fingerprint` on "
+                    "the server and confirm (yes/no), or compare it with --fingerprint; only "
+                    "then send the token, and when the server accepts it, write the token and "
+                    "the pinned identity (tls_fingerprint) to its [[servers]] entry in "
+                    "~/.config/gpupool/config.toml (mode 0600), or /etc/gpupool/config.toml "
+                    "with --system. A key that differs from the one already pinned is refused. "
+                    "The other servers of its fleet are pinned too, as it lists them. Nothing "
+                    "is sent before the identity is settled, and nothing written when a check "
+                    "fails.")
+    login.add_argument("url", metavar="HOST:PORT",
+                       help="gpupoold's remoting address (host:7070 by default)")
+    token = login.add_mutually_exclusive_group()
+    token.add_argument("--token-file", metavar="FILE",
+                       help="read the token from FILE's first line; '-': from standard input "
+                            "(default: ask for it on the terminal, not shown)")
+    token.add_argument("--token", metavar="TOKEN",
+                       help="the token (gpt_...) itself: visible to other users in `ps` and "
+                            "kept in the shell's history; prefer --token-file")
+    login.add_argument("--fingerprint", metavar="SHA256:...",
+                       help="the identity the server must have, as `gpupoold fingerprint` "
+                            "prints it there: no question asked (scripts); also the way to "
+                            "pin a new identity after the server's key changed")
     login.add_argument("--tls-ca", metavar="FILE",
-                       help="PEM file of the CA that signed the server's certificate (turns "
-                            "TLS on for this server)")
+                       help="PEM file of the CA that signed the server's certificate (an "
+                            "operator's own tls_cert): the CA vouches for the server instead")
+    login.add_argument("--plain", action="store_true",
+                       help="plain TCP, for a server run with tls = \"off\": the token and all "
+                            "data cross the network unencrypted (writes tls = false; needed at "
+                            "every login in plain TCP)")
     login.add_argument("--system", action="store_true",
                        help="write /etc/gpupool/config.toml (root) for every user")
     logout = sub.add_parser("logout", help="remove a server and its token from the config file")
@@ -180,15 +201,18 @@ def show_config(cfg: ClientConfig) -> None:
                cfg.sources.get("keep_gpu", "default")))
     print()
     if not cfg.servers:
-        print("servers: none. `gpupool login HOST:PORT --token TOKEN` adds one (or set "
-              "GPUPOOL_SERVER)")
+        print("servers: none. `gpupool login HOST:PORT` adds one (or set GPUPOOL_SERVER)")
         return
     print(f"servers, in order of preference (from {cfg.sources.get('servers') or cfg.file}):")
     for n, srv in enumerate(cfg.servers, 1):
         print(f"  {n}. {srv.written}")
         print(_row("  address", f"{srv.host}:{srv.port}", srv.sources.get("address", "?")))
         print(_row("  token", redact(srv.token), srv.sources.get("token", "default (none)")))
-        print(_row("  tls", "yes" if srv.tls else "no", srv.sources.get("tls", "default")))
+        print(_row("  tls", "yes" if srv.tls else "no (plain TCP, unencrypted)",
+                   srv.sources.get("tls", "default")))
+        if srv.tls:  # how the server's identity is checked: the pin, a CA, or not at all
+            print(_row("  tls_fingerprint", srv.tls_fingerprint or "(none)",
+                       srv.sources.get("tls_fingerprint", "default")))
         for key in ("tls_ca", "tls_cert", "tls_key"):
             value = getattr(srv, key)
             if value or key in srv.sources:
@@ -228,8 +252,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
         return _cmd_config(env)
     if args.command == "login":
-        from gpupool.login import cmd_login
-        return cmd_login(args.url, args.token, args.tls_ca, args.system, env)
+        from gpupool.login import LoginArgs, cmd_login
+        return cmd_login(LoginArgs(url=args.url, token=args.token, token_file=args.token_file,
+                                   fingerprint=args.fingerprint, tls_ca=args.tls_ca,
+                                   plain=args.plain, system=args.system), env)
     if args.command == "logout":
         from gpupool.login import cmd_logout
         return cmd_logout(args.url, args.system, env)

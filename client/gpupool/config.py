@@ -46,19 +46,21 @@ class ServerConfig:
     address: str  # as written, without tls://
     host: str
     port: str
-    tls: bool = False
+    tls: bool = True  # TLS unless the configuration says tls = false (GPUPOOL_TLS=0)
     token: str = ""
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     tls_prefix: bool = False  # written tls://... (TLS whatever else says)
+    tls_fingerprint: str = ""  # the pinned identity, "SHA256:..." ("" none)
     compression: str = "off"  # GPUPOOL_COMPRESSION, else its own, else the top level's
     sources: dict[str, str] = field(default_factory=dict)  # setting -> where it came from
 
     @property
     def written(self) -> str:
-        """The address as a user writes it (tls:// when it has TLS)."""
-        return f"tls://{self.address}" if self.tls else self.address
+        """The address as the user wrote it (tls:// only where written so: TLS is the
+        default)."""
+        return f"tls://{self.address}" if self.tls_prefix else self.address
 
     @property
     def key(self) -> tuple[str, str]:
@@ -130,6 +132,14 @@ def _library() -> ctypes.CDLL:
                                                  ctypes.c_size_t, ctypes.c_char_p,
                                                  ctypes.c_size_t, ctypes.c_char_p,
                                                  ctypes.c_size_t]
+    # The trust rules of the shims (client/common/tls.c), for the command's own connections.
+    lib.gpupool_config_trust.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                         ctypes.c_size_t]
+    lib.gpupool_fingerprint_of_cert.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.c_char_p, ctypes.c_size_t]
+    lib.gpupool_check_pin.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                                      ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     _libraries[path] = lib
     return lib
 
@@ -243,7 +253,7 @@ def _settings(lib: ctypes.CDLL, cfg: int) -> ClientConfig:
     for i in range(lib.gpupool_config_servers(cfg)):
         srv = ServerConfig(address="", host="", port="")
         for key in ("address", "host", "port", "token", *PATH_KEYS, "compression", "tls",
-                    "tls_prefix"):
+                    "tls_prefix", "tls_fingerprint"):
             value, source = _get(lib, cfg, i, key)
             setattr(srv, key, value == "1" if key in ("tls", "tls_prefix") else value)
             if source:
@@ -299,6 +309,79 @@ def split_address(text: str) -> tuple[str, str, str, bool]:
         raise ValueError(f"{text.strip(BLANKS)!r} is not a server address (host, host:port, "
                          "[v6]:port or tls://host:port, the port from 1 to 65535)")
     return _text(address.value), _text(host.value), _text(port.value), rc == 1
+
+
+# ------------------------------------------------------------------------------ trust
+FINGERPRINT_CAP = 64  # "SHA256:" + 43 base64 characters, and the NUL
+
+
+def server_desc(srv: ServerConfig) -> str:
+    """"host:port" as the shims name a server in their messages (gp_server_desc)."""
+    return srv.address if ":" in srv.address else f"{srv.host}:{srv.port}"
+
+
+def _one_server(srv: ServerConfig) -> dict[str, str]:
+    """The environment block that makes the reader see `srv` alone, with its trust settings:
+    how a ServerConfig built here (or by `gpupool login`) is judged by the C rules."""
+    env = {"GPUPOOL_CONFIG": "none", "GPUPOOL_SERVER": srv.written,
+           "GPUPOOL_TLS": "1" if srv.tls else "0"}
+    if srv.tls_fingerprint:
+        env["GPUPOOL_TLS_FINGERPRINT"] = srv.tls_fingerprint
+    if srv.tls_ca:
+        env["GPUPOOL_TLS_CA"] = srv.tls_ca
+    return env
+
+
+def trust_problem(srv: ServerConfig) -> str:
+    """"" when `srv` may be sent a token (plain TCP by choice, or TLS with a pin or a CA), else
+    the shims' one line (gp_tls_trusted: what, and the command that fixes it). The rule is the
+    C one, asked through libgpupool-config.so, so the command and programs never disagree.
+    ConfigError when the settings themselves are not valid (a malformed pin)."""
+    lib, cfg = _read(_one_server(srv), [], None)
+    try:
+        err = ctypes.create_string_buffer(ERROR_CAP)
+        if lib.gpupool_config_trust(cfg, 0, err, ERROR_CAP) == 0:
+            return ""
+        return _text(err.value)
+    finally:
+        lib.gpupool_config_free(cfg)
+
+
+def check_fingerprint(text: str) -> str:
+    """`text` (stripped) when it is a fingerprint as `gpupoold fingerprint` prints it, by the
+    reader's own rule (gp_fingerprint_valid); ConfigError otherwise."""
+    value = text.strip(BLANKS)
+    try:
+        if not value:  # the reader takes an empty variable as unset: no fingerprint either
+            raise ConfigError(value)
+        lib, cfg = _read({"GPUPOOL_CONFIG": "none", "GPUPOOL_TLS_FINGERPRINT": value}, [], None)
+    except ConfigError:
+        raise ConfigError(f"{value[:100]!r} is not a fingerprint: give what `gpupoold "
+                          "fingerprint` prints on the server, \"SHA256:\" and 43 base64 "
+                          "characters") from None
+    lib.gpupool_config_free(cfg)
+    return value
+
+
+def fingerprint_of_cert(der: bytes) -> str:
+    """"SHA256:..." of a DER certificate's public key, as the shims compute it. ConfigError
+    when it is not a certificate."""
+    out = ctypes.create_string_buffer(FINGERPRINT_CAP)
+    err = ctypes.create_string_buffer(ERROR_CAP)
+    if _library().gpupool_fingerprint_of_cert(der, len(der), out, FINGERPRINT_CAP, err,
+                                              ERROR_CAP) != 0:
+        raise ConfigError(_text(err.value))
+    return _text(out.value)
+
+
+def check_pin(der: bytes, expected: str, desc: str) -> str:
+    """"" when the DER certificate's key is the pinned `expected`, else the shims' loud
+    "identity has changed" message for server `desc` (host:port): one comparison, the C one."""
+    err = ctypes.create_string_buffer(ERROR_CAP)
+    if _library().gpupool_check_pin(der, len(der), _bytes(expected), _bytes(desc), err,
+                                    ERROR_CAP) == 0:
+        return ""
+    return _text(err.value)
 
 
 # ------------------------------------------------------------------------------ files

@@ -1,7 +1,9 @@
 """`gpupool doctor`: checks, each printed as ok / warn / FAIL (with a `fix:` line on failure).
 
 1. the configuration is readable and names a server;
-2. per server: reachable, TLS, protocol version (the server's major == ours), token accepted;
+2. per server: reachable, TLS, identity (pinned, or the CA's: a server with neither is not
+   contacted at all, as the shims refuse it), protocol version (the server's major == ours),
+   token accepted;
 3. the shims are what the loader picks under `gpupool run` (a Python subprocess with the run
    environment loads libcuda.so.1 / libnvidia-ml.so.1 with ctypes, checks they export
    gpupool_shim_version and reads their path from /proc/self/maps);
@@ -27,9 +29,10 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupool import __version__
-from gpupool.config import ClientConfig, ConfigError, ServerConfig, load
+from gpupool.config import ClientConfig, ConfigError, ServerConfig, load, server_desc
 from gpupool.probe import Probe, probe_all, probe_limit
 from gpupool.shim import NVML_NAME, SHIM_NAME, ShimNotFound, client_env
+from gpupool.wire import InfoResult
 
 MARK = "gpupool_shim_version"
 ROUND_TRIP_TIMEOUT = 120.0
@@ -162,17 +165,18 @@ def _token_fix(srv: ServerConfig) -> str:
         return ("GPUPOOL_TOKEN overrides the token of every server: set it to a valid token or "
                 "unset it")
     return (f"ask the server's operator for a token (`gpupoold token create --name NAME`), then "
-            f"`gpupool login {srv.written} --token TOKEN`")
+            f"`gpupool login {srv.written}` with it")
 
 
 def _tls_fix(srv: ServerConfig, msg: str) -> str:
     if "certificate was not accepted" in msg or "CA file" in msg:
         return (f"give the CA certificate (PEM) that signed the server's certificate: `gpupool "
-                f"login tls://{srv.address} --token TOKEN --tls-ca CA.pem` (or GPUPOOL_TLS_CA); "
-                "the address must be a name or IP address the certificate lists")
+                f"login {srv.address} --tls-ca CA.pem` (or GPUPOOL_TLS_CA); the address must be "
+                "a name or IP address the certificate lists")
     if "does not speak TLS" in msg:
-        return (f"that port is plain TCP: log in without tls:// (`gpupool login {srv.address} "
-                "--token TOKEN`) and unset GPUPOOL_TLS, or set tls_cert/tls_key on the server")
+        return (f"that port is plain TCP (a gpupoold with tls = \"off\", or an older one): ask "
+                "its operator to turn TLS on, or on a network you trust `gpupool login "
+                f"{srv.address} --plain` (the token then crosses unencrypted)")
     if "client certificate" in msg:
         return ("set tls_cert and tls_key (GPUPOOL_TLS_CERT, GPUPOOL_TLS_KEY) to a client "
                 "certificate that the server's tls_client_ca signed, and its key")
@@ -180,50 +184,97 @@ def _tls_fix(srv: ServerConfig, msg: str) -> str:
             "them and where each comes from)")
 
 
+def _unpinned_fix(srv: ServerConfig) -> str:
+    d = server_desc(srv)
+    return (f"`gpupool login {d}` shows the server's identity: check it against what `gpupoold "
+            "fingerprint` prints on the server and answer yes (in a script: `gpupool login "
+            f"{d} --fingerprint SHA256:...`); or set GPUPOOL_TLS_FINGERPRINT to that value. A "
+            f"server run with tls = \"off\": `gpupool login {d} --plain`")
+
+
+def _changed_fix(srv: ServerConfig) -> str:
+    d = server_desc(srv)
+    if srv.sources.get("tls_fingerprint") == "GPUPOOL_TLS_FINGERPRINT":
+        return ("ask the server's operator what `gpupoold fingerprint` prints on the server; "
+                "only if it is the key the server now presents, set GPUPOOL_TLS_FINGERPRINT to "
+                "it")
+    return ("ask the server's operator what `gpupoold fingerprint` prints on the server; only "
+            f"if it is the key the server now presents, pin it: `gpupool login {d} "
+            "--fingerprint SHA256:...` (the value the operator read)")
+
+
+def _identity_ok(srv: ServerConfig, info: InfoResult | None) -> str:
+    parts = []
+    if srv.tls_fingerprint:
+        seen = info.identity if info is not None and info.identity else srv.tls_fingerprint
+        parts.append(f"{seen}, the pinned one (from "
+                     f"{srv.sources.get('tls_fingerprint', '?')})")
+    if srv.tls_ca:
+        parts.append(f"certificate verified with tls_ca {srv.tls_ca} for {srv.host}")
+    return "; ".join(parts)
+
+
 def _check_server(rep: Report, p: Probe) -> None:
     srv = p.server
     a = srv.written
-    names = [f"{a}: reachable", f"{a}: TLS", f"{a}: protocol version", f"{a}: token accepted"]
+    names = [f"{a}: reachable", f"{a}: TLS", f"{a}: identity", f"{a}: protocol version",
+             f"{a}: token accepted"]
 
-    def skip_from(i: int, why: str) -> None:
-        for name in names[i:]:
-            rep.skip(name, why)
+    def skip(indexes: range, why: str) -> None:
+        for i in indexes:
+            rep.skip(names[i], why)
 
     err = p.error
+    if err is not None and err.kind == "trust":
+        # Refused before connecting, like the shims: a server nobody vouches for is not asked.
+        skip(range(0, 2), "not contacted: this client sends nothing to a server whose identity "
+                          "it cannot check")
+        rep.fail(names[2], str(err), _unpinned_fix(srv))
+        skip(range(3, 5), "not contacted")
+        return
     if err is not None and err.kind == "connect":
         rep.fail(names[0], str(err),
                  f"check that gpupoold runs on {srv.host} and listens on port {srv.port} (it "
                  "prints `gpupoold: remoting on HOST:PORT` at start) and that no firewall is in "
                  "the way; `gpupool config` shows where this address comes from")
-        skip_from(1, "the server is not reachable")
+        skip(range(1, 5), "the server is not reachable")
         return
     rep.ok(names[0], f"connected to {srv.host}:{srv.port}")
     if err is not None and err.kind == "tls":
         detail = str(err)
         rep.fail(names[1], detail[5:] if detail.startswith("TLS: ") else detail,
                  _tls_fix(srv, detail))
-        skip_from(2, "no TLS session")
+        skip(range(2, 5), "no TLS session")
+        return
+    if err is not None and err.kind == "identity":
+        rep.ok(names[1], "handshake done")
+        rep.fail(names[2], str(err), _changed_fix(srv))
+        skip(range(3, 5), "nothing was sent: the server is not the one pinned")
         return
     info = p.info
-    requires_tls = info is not None and info.result != 0 and "TLS" in info.message
+    requires_tls = info is not None and info.result != 0 and "requires TLS" in info.message
     if requires_tls:
         assert info is not None
         rep.fail(names[1], f"the server requires TLS: {info.message}",
-                 f"log in with TLS: `gpupool login tls://{srv.address} --token TOKEN "
-                 "--tls-ca CA.pem` (or set GPUPOOL_TLS=1 and GPUPOOL_TLS_CA)")
-        skip_from(2, "no TLS session")
+                 f"drop tls = false (and GPUPOOL_TLS=0) for this server: `gpupool login "
+                 f"{server_desc(srv)}` pins its identity and turns TLS on")
+        skip(range(2, 5), "no TLS session")
         return
     if srv.tls:
-        rep.ok(names[1], f"{info.tls_version if info else 'TLS'}, the server's certificate "
-               f"verified ({'tls_ca ' + srv.tls_ca if srv.tls_ca else 'system CA store'})")
+        rep.ok(names[1], info.tls_version if info is not None and info.tls_version else "TLS")
+        rep.ok(names[2], _identity_ok(srv, info))
     else:
-        rep.ok(names[1], "plain TCP (no TLS configured for this server)")
+        rep.warn(names[1], f"plain TCP (tls = false, from {srv.sources.get('tls', 'default')}): "
+                 "the token and all data cross the network unencrypted",
+                 f"if the server serves TLS (gpupoold's default), `gpupool login {server_desc(srv)}` "
+                 "pins its identity and turns TLS on")
+        rep.skip(names[2], "plain TCP: no identity to check")
     if err is not None:
         fix = (f"upgrade gpupoold on {srv.host} to this client's version ({__version__})"
                if "speaks protocol 1.0" in str(err) else
                "check the address: it must be gpupoold's remoting port (not its HTTP port)")
-        rep.fail(names[2], str(err), fix)
-        skip_from(3, "no usable answer")
+        rep.fail(names[3], str(err), fix)
+        skip(range(4, 5), "no usable answer")
         return
     assert info is not None
     if info.result == gp.GP_EVERSION or info.major != gp.MAJOR:
@@ -234,21 +285,21 @@ def _check_server(rep: Report, p: Probe) -> None:
             fix = (f"upgrade gpupoold on {srv.host} to a version that speaks protocol "
                    f"{gp.MAJOR}.{gp.MINOR} or a newer {gp.MAJOR}.x (this client is gpupool "
                    f"{__version__})")
-        rep.fail(names[2], f"the server speaks protocol {info.major}.{info.minor}, this client "
+        rep.fail(names[3], f"the server speaks protocol {info.major}.{info.minor}, this client "
                  f"{gp.MAJOR}.{gp.MINOR}" + (f": {info.message}" if info.message else ""), fix)
-        skip_from(3, "protocol mismatch")
+        skip(range(4, 5), "protocol mismatch")
         return
-    rep.ok(names[2], f"server {info.major}.{info.minor}, client {gp.MAJOR}.{gp.MINOR} "
+    rep.ok(names[3], f"server {info.major}.{info.minor}, client {gp.MAJOR}.{gp.MINOR} "
            f"({info.server})")
     if info.result == gp.GP_EAUTH:
-        rep.fail(names[3], info.message or "the token was refused", _token_fix(srv))
+        rep.fail(names[4], info.message or "the token was refused", _token_fix(srv))
         return
     if info.result != 0:
-        rep.fail(names[3], f"refused ({info.result_name()}): {info.message}",
+        rep.fail(names[4], f"refused ({info.result_name()}): {info.message}",
                  "see the message; `gpupool status` shows the server's state")
         return
     you = info.data.get("you") if isinstance(info.data.get("you"), Mapping) else {}
-    rep.ok(names[3], f"{you.get('name') or 'anonymous'} ({you.get('role') or '?'}); "
+    rep.ok(names[4], f"{you.get('name') or 'anonymous'} ({you.get('role') or '?'}); "
            f"{info.gpus} GPU{'s' if info.gpus != 1 else ''}, {info.matching} meet the "
            f"requirements, {info.free_matching} free, {info.queue} queued")
 
@@ -434,7 +485,7 @@ def cmd_doctor(env: Mapping[str, str]) -> int:
     where = f"{cfg.file} ({cfg.file_reason})" if cfg.file else cfg.file_reason
     if not cfg.servers:
         rep.fail("config", f"{where}: no GPU server configured",
-                 "`gpupool login HOST:PORT --token TOKEN`, or set GPUPOOL_SERVER=host:port")
+                 "`gpupool login HOST:PORT`, or set GPUPOOL_SERVER=host:port")
         return 1
     rep.ok("config", f"{where}; {len(cfg.servers)} server{'s' if len(cfg.servers) != 1 else ''}"
            + (" (GPUPOOL_SERVER)" if cfg.sources.get("servers") == "GPUPOOL_SERVER" else ""))

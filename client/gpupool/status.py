@@ -13,7 +13,7 @@ from gpupool.config import ClientConfig, ConfigError, load
 from gpupool.fmt import boxed, duration, gib, mib, number, table
 from gpupool.probe import Probe, probe_all
 
-NO_SERVER = ("no GPU server configured: run `gpupool login HOST:PORT --token TOKEN`, or set "
+NO_SERVER = ("no GPU server configured: run `gpupool login HOST:PORT`, or set "
              "GPUPOOL_SERVER=host:port")
 
 
@@ -29,13 +29,21 @@ def load_or_report(env: Mapping[str, str]) -> ClientConfig | None:
     return cfg
 
 
+def unusable(p: Probe) -> str:
+    """How a server without an answer is labelled: "not trusted" when this client refused it
+    (no pin, or not the pinned identity: nothing was sent), else "unreachable"."""
+    return "not trusted" if p.error is not None and p.error.refused_by_us else "unreachable"
+
+
 def probe_json(p: Probe) -> dict[str, Any]:
     out: dict[str, Any] = {"address": p.server.written, "reachable": p.info is not None,
+                           "trusted": p.error is None or not p.error.refused_by_us,
                            "ok": p.ok, "error": p.problem() or None}
     if p.info is not None:
         i = p.info
         out.update({"result": i.result, "message": i.message, "server": i.server,
                     "protocol": f"{i.major}.{i.minor}", "tls": i.tls_version or None,
+                    "identity": i.identity or None,
                     "gpus": i.gpus, "matching": i.matching, "free_matching": i.free_matching,
                     "queue": i.queue, "info": i.data})
     return out
@@ -83,17 +91,19 @@ def _server_line(p: Probe) -> str:
     i = p.info
     data = i.data
     you = data.get("you") if isinstance(data.get("you"), Mapping) else {}
-    transport = i.tls_version or "plain TCP"
+    checked = "pinned identity" if p.server.tls_fingerprint else "certificate verified"
+    transport = f"{i.tls_version}, {checked}" if i.tls_version else "plain TCP"
     return (f"{p.server.written}: {i.server or 'gpupoold'} (protocol {i.major}.{i.minor}, "
             f"{transport}), you are {you.get('name') or '?'} ({you.get('role') or '?'})")
 
 
 def print_status(probes: list[Probe]) -> None:
+    fleets_shown: set[frozenset[str]] = set()
     for n, p in enumerate(probes):
         if n:
             print()
         if p.info is None:
-            print(f"{p.server.written}: unreachable: {p.problem()}")
+            print(f"{p.server.written}: {unusable(p)}: {p.problem()}")
             continue
         if not p.ok:
             print(f"{p.server.written}: {p.info.server or 'gpupoold'} refused: {p.problem()}")
@@ -143,6 +153,14 @@ def print_status(probes: list[Probe]) -> None:
                       f"waiting {duration(q.get('waiting_s'))}{me}")
         else:
             print("  Queue: empty")
+        # A fleet's servers are often all configured (`gpupool login` pins them): its view
+        # once, under the first of them.
+        fleet = frozenset(str(g.get("server")) for g in data.get("fleet") or []
+                          if isinstance(g, Mapping))
+        if fleet and fleet in fleets_shown:
+            print("  Fleet: as above")
+            continue
+        fleets_shown.add(fleet)
         for line in fleet_lines(data):
             print(line)
 
@@ -190,6 +208,7 @@ def smi_json(probes: list[Probe]) -> dict[str, Any]:
     probed = {p.server.written for p in probes}  # a fleet server also probed: its own rows
     for p in probes:
         entry: dict[str, Any] = {"address": p.server.written, "reachable": p.info is not None,
+                                 "trusted": p.error is None or not p.error.refused_by_us,
                                  "ok": p.ok, "error": p.problem() or None}
         if p.ok:
             assert p.info is not None
@@ -252,8 +271,9 @@ def print_smi(view: dict[str, Any]) -> None:
             print(f"  {s['address']}: {s['server']}, driver {s.get('driver_version') or 'N/A'}, "
                   f"CUDA {_cuda_version(s.get('cuda_driver_version'))}")
         else:
-            print(f"  {s['address']}: {'unreachable' if not s['reachable'] else 'refused'}: "
-                  f"{s['error']}")
+            label = ("not trusted" if not s["trusted"] else
+                     "unreachable" if not s["reachable"] else "refused")
+            print(f"  {s['address']}: {label}: {s['error']}")
     print()
     prow = []
     for proc in view["processes"]:

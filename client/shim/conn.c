@@ -50,8 +50,17 @@
 #include "shim.h"
 #include "shim_core.h"
 
-#define BATCH_LIMIT (256u * 1024)    /* flush the batch once it is this large */
-#define DIRECT_BULK (64u * 1024)     /* bulk above this is written from the caller's buffer */
+#define BATCH_LIMIT (256u * 1024) /* flush the batch once it is this large */
+#define DIRECT_BULK (64u * 1024)  /* bulk above this is written from the caller's buffer */
+/* The most one sendmsg() is given. A call with all of a 256 MiB copy owns the socket until the
+ * kernel has taken the last byte: the ACKs that arrive meanwhile wait in the socket's backlog
+ * and the sender processes them itself in bursts, the window opening late. 1 MiB a call leaves
+ * them to the softirq as they come: 256 MiB uploads 0.28-0.33 -> 0.20-0.22 client CPU s/GiB and
+ * 0.71-0.81x -> 1.19-1.28x of raw TCP on loopback (docs/benchmarks.md, "Uploads"); 256 KiB and
+ * 4 MiB measured between the two. */
+#ifndef SEND_CHUNK
+#define SEND_CHUNK (1u << 20)
+#endif
 #define FLUSH_DELAY_NS 50000ull      /* flusher: this long after the last append... */
 #define FLUSH_MAX_DELAY_NS 500000ull /* ...but never later than this after the first one */
 #define RBUF_SIZE (256u * 1024)
@@ -131,6 +140,11 @@ static int detached_count; /* detached waiters in the list */
  * role made 16384 small asynchronous downloads quadratic (0.15 GB/s instead of 3). */
 static waiter *want_head, *want_tail;
 static pthread_cond_t role_cv; /* CLOCK_MONOTONIC */
+/* The receiver thread, joinable: at exit over TLS it is joined (stop_receiver) so that no thread
+ * of ours is inside OpenSSL, or running its thread-exit clean-up, while OpenSSL's own exit
+ * handler frees the same state. Set once by gp_conn_ensure under init_lock. */
+static pthread_t receiver_thread;
+static int receiver_started;
 typedef struct rstate {
     uint8_t *buf;
     size_t pos, len;
@@ -313,7 +327,17 @@ static int write_iov_locked(struct iovec *iov, int n)
     while (n > 0) {
         if (atomic_load(&dead))
             return -1;
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)(n > 64 ? 64 : n)};
+        /* At most SEND_CHUNK bytes a call (above); the loop below takes what was sent off iov. */
+        struct iovec part[64];
+        int np = 0;
+        size_t total = 0;
+        for (; np < n && np < 64 && total < SEND_CHUNK; np++) {
+            part[np] = iov[np];
+            if (part[np].iov_len > SEND_CHUNK - total)
+                part[np].iov_len = SEND_CHUNK - total;
+            total += part[np].iov_len;
+        }
+        struct msghdr mh = {.msg_iov = part, .msg_iovlen = (size_t)np};
         ssize_t w = sendmsg(sock, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR)
@@ -1110,9 +1134,17 @@ static void await_reply(waiter *w)
     pthread_mutex_unlock(&wait_lock);
 }
 
+static void receive_until_lost(void);
+
 static void *receiver_main(void *arg)
 {
     (void)arg;
+    receive_until_lost();
+    return NULL;
+}
+
+static void receive_until_lost(void)
+{
     const char *why = "connection lost";
     pthread_mutex_lock(&wait_lock);
     for (;;) {
@@ -1133,7 +1165,7 @@ static void *receiver_main(void *arg)
             }
             if (atomic_load(&dead)) {
                 pthread_mutex_unlock(&wait_lock);
-                return NULL;
+                return;
             }
             if (ready || rs.pos < rs.len || (tls && gp_tls_pending(tls)))
                 break;
@@ -1188,13 +1220,15 @@ static void *receiver_main(void *arg)
     }
 fail:
     conn_fail("%s", why); /* silent after goodbye: the server closing is the expected end */
-    return NULL;
 }
 
 static void atfork_child(void);
 static void at_exit(void);
+static void stop_receiver(void);
+static void say_goodbye(void);
 
-static int start_thread(void *(*fn)(void *), const char *name)
+/* Starts fn on a thread of ours; detached unless out is given (then the caller joins it). */
+static int start_thread(void *(*fn)(void *), const char *name, pthread_t *out)
 {
     pthread_t t;
     sigset_t all, old;
@@ -1205,7 +1239,10 @@ static int start_thread(void *(*fn)(void *), const char *name)
     if (rc != 0)
         return -1;
     pthread_setname_np(t, name);
-    pthread_detach(t);
+    if (out)
+        *out = t;
+    else
+        pthread_detach(t);
     return 0;
 }
 
@@ -1260,9 +1297,11 @@ CUresult gp_conn_ensure(void)
         }
         if (init_result == CUDA_SUCCESS) {
             last_ctx_sent = UINT64_MAX;
-            if (start_thread(receiver_main, "gpupool-recv") != 0 ||
-                start_thread(flusher_main, "gpupool-flush") != 0) {
+            if (start_thread(receiver_main, "gpupool-recv", &receiver_thread) == 0)
+                receiver_started = 1;
+            if (!receiver_started || start_thread(flusher_main, "gpupool-flush", NULL) != 0) {
                 gp_log_error("cannot start the connection threads: %s", strerror(errno));
+                stop_receiver(); /* out of the socket and the TLS state before they go */
                 gp_tls_free(tls);
                 tls = NULL;
                 close(sock);
@@ -1303,8 +1342,18 @@ static void atfork_child(void)
 
 static void at_exit(void)
 {
-    if (atomic_load(&state) != ST_READY || atomic_load(&dead))
-        return;
+    if (atomic_load(&state) != ST_READY)
+        return; /* never connected, already closed, or a forked child (the thread is not ours) */
+    if (!atomic_load(&dead))
+        say_goodbye();
+    if (tls)
+        stop_receiver();
+}
+
+/* The goodbye frame, 1 s at most: the worker then ends the session at once instead of waiting
+ * for the socket to close. */
+static void say_goodbye(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 200000000L;
@@ -1323,4 +1372,31 @@ static void at_exit(void)
     if (!atomic_load(&dead))
         flush_locked(f, n, NULL, 0);
     pthread_mutex_unlock(&send_lock);
+}
+
+/* Over TLS, at exit (and when start-up fails half-way): the receiver thread must have ended
+ * before OpenSSL's exit handler (registered before ours, so run after it) frees the library's
+ * state. A receiver woken by the worker's close right after the goodbye was still in SSL_read,
+ * or in OpenSSL's clean-up of its thread, while that handler ran: "double free" in
+ * OPENSSL_cleanup after a program's last line (ASan, CI 2026-12-06; once in glibc in about three
+ * full test runs before). Marked dead (nothing more is read or reported), its socket shut for
+ * reading (a poll or read returns at once) and joined, 500 ms at most. */
+static void stop_receiver(void)
+{
+    if (!receiver_started)
+        return;
+    receiver_started = 0;
+    atomic_store(&dead, 1);
+    if (sock >= 0)
+        shutdown(sock, SHUT_RD);
+    pthread_mutex_lock(&wait_lock);
+    pthread_cond_broadcast(&role_cv);
+    pthread_mutex_unlock(&wait_lock);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 500000000L;
+    if (until.tv_nsec >= 1000000000L)
+        until.tv_sec++, until.tv_nsec -= 1000000000L;
+    if (pthread_timedjoin_np(receiver_thread, NULL, &until) != 0)
+        gp_log_debug("at exit: the receiver thread did not stop within 500 ms");
 }

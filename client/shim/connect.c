@@ -128,7 +128,9 @@ enum {
     ATTEMPT_VAWINDOW,
     ATTEMPT_TLS,
     ATTEMPT_RESTARTING,
-    ATTEMPT_REDIRECT
+    ATTEMPT_REDIRECT,
+    ATTEMPT_UNTRUSTED /* refused by the trust rules before anything secret was sent: msg is
+                       * the whole line (what, and the command that fixes it) */
 };
 
 /* A fleet sends a client on to the server that holds a GPU for it (GP_EREDIRECT); more than
@@ -144,6 +146,7 @@ typedef struct hello_ctx {
     const char *token_hint; /* what to check when the token is refused */
     int64_t
         restart_until; /* mono_ms deadline of the retries across a server restart; 0: none yet */
+    char redirect_fp[GP_FINGERPRINT_CAP]; /* ATTEMPT_REDIRECT: the target's pin, "" if none */
 } hello_ctx;
 
 /* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
@@ -249,7 +252,7 @@ static uint32_t want_lz4(const gp_server_config *srv)
 
 /* Hello on a connected socket (inside TLS when l->tls). Fills msg with the reason when not
  * ATTEMPT_OK. */
-static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t va_size, char *msg,
+static int say_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_size, char *msg,
                      size_t mcap)
 {
     gp_hello h = {
@@ -367,6 +370,18 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
         }
         gp_hello_reply r;
         int drc = gp_hello_reply_decode(body, hd.len, &r);
+        if (drc != 0 && drc != GP_PROTO_ETRAILING) {
+            /* A 1.3 server's reply ends before redirect_fingerprint (protocol 1.4): read it as
+             * that field empty. */
+            uint8_t *padded = realloc(body, (size_t)hd.len + 4);
+            if (padded) {
+                body = padded;
+                memset(body + hd.len, 0, 4);
+                if (gp_hello_reply_decode(body, hd.len + 4, &r) == 0 && r.major == GP_PROTO_MAJOR &&
+                    r.minor < 4)
+                    drc = 0;
+            }
+        }
         /* A newer server appends fields to its reply: the ones we know are enough. */
         int decoded = drc == 0 || (drc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR &&
                                    r.minor > GP_PROTO_MINOR);
@@ -377,9 +392,15 @@ static int say_hello(gp_link *l, const hello_ctx *hc, uint64_t va_base, uint64_t
             return ATTEMPT_VAWINDOW;
         }
         if (result == GP_EREDIRECT && decoded && r.redirect_len > 0) {
-            /* msg: the address to say the same hello to (the reason goes to the log) */
+            /* msg: the address to say the same hello to (the reason goes to the log);
+             * hc->redirect_fp: its pin, as this (verified) server knows it */
             gp_log_debug("server %s: %.*s", hc->desc, (int)r.message_len, r.message);
             snprintf(msg, mcap, "%.*s", (int)r.redirect_len, r.redirect);
+            hc->redirect_fp[0] = 0;
+            if (r.redirect_fingerprint_len < sizeof hc->redirect_fp) {
+                memcpy(hc->redirect_fp, r.redirect_fingerprint, r.redirect_fingerprint_len);
+                hc->redirect_fp[r.redirect_fingerprint_len] = 0;
+            }
             free(body);
             return ATTEMPT_REDIRECT;
         }
@@ -645,6 +666,92 @@ static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg, int s
     return 1;
 }
 
+/* The client's own entry for the server at host:port, or NULL. */
+static const gp_server_config *configured(const gp_client_config *cfg, const gp_server_config *t)
+{
+    for (int i = 0; i < cfg->nservers; i++)
+        if (!strcasecmp(cfg->servers[i].host, t->host) && !strcmp(cfg->servers[i].port, t->port))
+            return &cfg->servers[i];
+    return NULL;
+}
+
+/* A GP_EREDIRECT from `from` to `where` (hc->redirect_fp: the pin it gave): into hop, the
+ * settings to say the same hello there with. Followed only where this client can trust the
+ * target: over a verified TLS connection (gp_tls_connect checked the pin or CA of `from`)
+ * with the target's pin in the reply, which must also equal the client's own pin for that
+ * address if it has one; over plain TCP (tls = false), only to one of the client's own
+ * servers, with that entry's settings. ATTEMPT_OK, or ATTEMPT_UNTRUSTED / ATTEMPT_REFUSED
+ * with msg: nothing is sent to a target refused. */
+static int redirect_into(const hello_ctx *hc, const gp_server_config *from, const char *where,
+                         gp_server_config *hop, char *msg, size_t mcap);
+static int follow_redirect(const hello_ctx *hc, const gp_server_config *from, const char *where,
+                           gp_server_config *hop, char *msg, size_t mcap)
+{
+    /* from may be hop itself (a second redirect): decide from a copy of it. */
+    gp_server_config *prev = malloc(sizeof *prev);
+    if (!prev) {
+        snprintf(msg, mcap, "out of memory");
+        return ATTEMPT_CONNECT;
+    }
+    memcpy(prev, from, sizeof *prev);
+    int k = redirect_into(hc, prev, where, hop, msg, mcap);
+    free(prev);
+    return k;
+}
+
+static int redirect_into(const hello_ctx *hc, const gp_server_config *from, const char *where,
+                         gp_server_config *hop, char *msg, size_t mcap)
+{
+    memset(hop, 0, sizeof *hop);
+    if (gp_parse_server_address(where, hop) != 0) {
+        snprintf(msg, mcap, "it sent this client to '%s', which is not an address", where);
+        return ATTEMPT_REFUSED;
+    }
+    char to[300]; /* host (255) and port */
+    gp_server_desc(hop, to, sizeof to);
+    const gp_server_config *own = configured(hc->cfg, hop);
+    if (!from->tls) {
+        if (!own) {
+            snprintf(msg, mcap,
+                     "server %s (plain TCP) sent this client on to %s, which is not one of its "
+                     "configured servers: not followed, nothing was sent there; over plain TCP "
+                     "a redirect is followed only among the servers of GPUPOOL_SERVER or the "
+                     "configuration file (add it there, or pin the fleet's servers: `gpupool "
+                     "login %s`)",
+                     hc->desc, to, hc->desc);
+            return ATTEMPT_UNTRUSTED;
+        }
+        memcpy(hop, own, sizeof *hop);
+        return gp_tls_trusted(hop, msg, mcap) == 0 ? ATTEMPT_OK : ATTEMPT_UNTRUSTED;
+    }
+    const char *fp = hc->redirect_fp;
+    if (!gp_fingerprint_valid(fp, strlen(fp))) {
+        snprintf(msg, mcap,
+                 "server %s sent this client on to %s without %s fingerprint: not followed, "
+                 "nothing was sent there; its servers need gpupoold with protocol 1.4 (they "
+                 "tell clients each other's pins), or pin it yourself (`gpupool login %s`)",
+                 hc->desc, to, *fp ? "a valid" : "that server's", to);
+        return ATTEMPT_UNTRUSTED;
+    }
+    if (own && *own->tls_fingerprint &&
+        gp_tls_pin_matches(fp, own->tls_fingerprint, to, msg, mcap) != 0)
+        return ATTEMPT_UNTRUSTED; /* the fleet's pin for it is not ours */
+    if (own) {
+        memcpy(hop, own, sizeof *hop);
+    } else {
+        memcpy(hop, from, sizeof *hop); /* its token and client certificate */
+        hop->tls_ca[0] = 0;             /* trusted by the pin it came with */
+        hop->tls_prefix = 0;
+        if (gp_parse_server_address(where, hop) != 0) { /* cannot fail: parsed above */
+            snprintf(msg, mcap, "it sent this client to '%s', which is not an address", where);
+            return ATTEMPT_REFUSED;
+        }
+    }
+    hop->tls = 1;
+    snprintf(hop->tls_fingerprint, sizeof hop->tls_fingerprint, "%s", fp);
+    return ATTEMPT_OK;
+}
+
 /* Connect and say hello to one server, with the window retries. ATTEMPT_OK with *fd_out and
  * *tls_out set, else the kind of failure with msg filled; ATTEMPT_FATAL after the one error line
  * was printed (no window at all). */
@@ -654,11 +761,14 @@ enum {
 static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_t step,
                       int *base_index, int *fd_out, gp_tls **tls_out, char *msg, size_t mcap)
 {
-    const gp_server_config *srv = hc->srv;
+    const gp_server_config *srv = hc->srv, *named = hc->srv;
+    if (gp_tls_trusted(srv, msg, mcap) != 0)
+        return ATTEMPT_UNTRUSTED;
     if (srv->tls && gp_tls_setup(srv, msg, mcap) != 0)
         return ATTEMPT_TLS;
-    /* A redirect's target: the same token, TLS and compression settings (a fleet shares its
-     * tokens), another address. */
+    /* A redirect's target (follow_redirect): the settings of the client's own entry for it, or
+     * the same token and client certificate as the server that sent us (a fleet shares its
+     * tokens), pinned with the fingerprint that server gave. */
     gp_server_config *hop = NULL;
     const char *first_desc = hc->desc;
     char hop_desc[600];
@@ -721,17 +831,18 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
             }
             char where[256];
             snprintf(where, sizeof where, "%s", msg);
-            memcpy(hop, hc->srv, sizeof *hop);
-            if (gp_parse_server_address(where, hop) != 0) {
-                snprintf(msg, mcap, "it sent this client to '%s', which is not an address", where);
-                k = ATTEMPT_REFUSED;
+            k = follow_redirect(hc, srv, where, hop, msg, mcap);
+            if (k != ATTEMPT_OK)
+                break;
+            if (hop->tls && gp_tls_setup(hop, msg, mcap) != 0) {
+                k = ATTEMPT_TLS;
                 break;
             }
-            hop->tls = hc->srv->tls; /* as configured for the server named, not the text */
             gp_server_desc(hop, hop_desc, sizeof hop_desc);
             gp_log_info("server %s: a GPU of %s is held for this process; continuing there",
                         hc->desc, hop_desc);
             srv = hop;
+            hc->srv = hop; /* its token, and its pin for the worker's session too */
             hc->desc = hop_desc;
             hc->restart_until = 0;
             continue;
@@ -754,6 +865,7 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         snprintf(msg + strlen(msg), mcap - strlen(msg), " (at %s, where %s sent us)", hop_desc,
                  first_desc);
     hc->desc = first_desc;
+    hc->srv = named;
     free(hop);
     return k;
 }
@@ -837,6 +949,8 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
         gp_log_error("cannot connect to gpupool server %s (%s). Is gpupoold running there? "
                      "`gpupool doctor` checks the address (GPUPOOL_SERVER or the config file).",
                      server_desc, last_msg);
+    } else if (last_kind == ATTEMPT_UNTRUSTED) {
+        gp_log_error("%s", last_msg);
     } else if (last_kind == ATTEMPT_TLS) {
         gp_log_error("cannot use gpupool server %s: %s", server_desc, last_msg);
     } else if (last_kind == ATTEMPT_VAWINDOW) {

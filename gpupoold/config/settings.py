@@ -23,6 +23,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTH_MODES = ("token", "none")
 DETACH_POLICIES = ("when-queued", "always")
 RESET_POLICIES = ("never", "on-error", "always")
+TLS_MODES = ("on", "off")
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -118,8 +119,9 @@ class Settings:
     http: str = _setting(
         "127.0.0.1:7071",
         "HTTP listener for the API, the dashboard and `/healthz`. Loopback by default; to reach it "
-        "from other machines listen on `0.0.0.0:7071` (the API needs a token, see `auth`) and "
-        "consider `http_tls_cert`. Port 0 picks a free port.",
+        "from other machines listen on `0.0.0.0:7071` (the API needs a token, see `auth`): off "
+        "loopback it speaks HTTPS with the server's own identity (`http_tls`, `http_tls_cert`). "
+        "Port 0 picks a free port.",
         flag="--http", metavar="HOST:PORT", check=_check_address)
     auth: str = _setting(
         "token",
@@ -136,11 +138,19 @@ class Settings:
         "Let `GET /metrics` (Prometheus, docs/metrics.md) answer without a token. Off: Prometheus "
         "scrapes with a token (`authorization: {credentials_file: ...}`). The metrics name token "
         "names and GPU models but no client hosts, users or lease ids.")
+    tls: str = _setting(
+        "on",
+        "`on`: the remoting port speaks TLS, with `tls_cert` if set, else with this server's own "
+        "identity (a key and a self-signed certificate made at the first start in "
+        "`<state_dir>/identity/`; `gpupoold fingerprint` prints what clients pin). `off`: plain "
+        "TCP, every token and all data in clear (warned at every start; clients must say "
+        "`tls = false` too).",
+        flag="--tls", metavar="on|off", check=_check_choice(TLS_MODES))
     tls_cert: Path | None = _setting(
         None,
-        "PEM certificate chain for TLS on the remoting listener (with `tls_key`): clients then "
-        "connect with `GPUPOOL_TLS=1` (and `GPUPOOL_TLS_CA` unless the certificate is trusted by "
-        "the system). The data path's TLS runs in the worker (OpenSSL). Unset: plain TCP.",
+        "PEM certificate chain for TLS on the remoting listener (with `tls_key`), instead of the "
+        "server's own identity: clients pin its key (`gpupool login`) or trust its CA "
+        "(`tls_ca`). The data path's TLS runs in the worker (OpenSSL).",
         metavar="PATH")
     tls_key: Path | None = _setting(None, "PEM private key of `tls_cert`.", metavar="PATH")
     tls_client_ca: Path | None = _setting(
@@ -150,8 +160,9 @@ class Settings:
         metavar="PATH")
     http_tls_cert: Path | None = _setting(
         None,
-        "PEM certificate chain for HTTPS on the `http` listener (with `http_tls_key`). Unset: "
-        "plain HTTP.",
+        "PEM certificate chain for HTTPS on the `http` listener (with `http_tls_key`), on any "
+        "address. Unset: HTTPS with the server's own identity off loopback (`http_tls`), plain "
+        "HTTP on loopback.",
         metavar="PATH")
     http_tls_key: Path | None = _setting(
         None, "PEM private key of `http_tls_cert`.", metavar="PATH")
@@ -178,8 +189,10 @@ class Settings:
         "DATABASE`: PostgreSQL, which several servers can share (docs/operator-guide.md, "
         "\"PostgreSQL\"); needs the `postgresql` extra (`pip install 'gpupoold[postgresql]'`). "
         "Never put the password in the URL (it is refused): give it in the environment "
-        "(`PGPASSWORD`, or a `PGPASSFILE` file) or with `database_password_file`. Other libpq "
-        "parameters (e.g. `?sslmode=verify-full&sslrootcert=...`) go in the URL's query.",
+        "(`PGPASSWORD`, or a `PGPASSFILE` file) or with `database_password_file`. A database on "
+        "another host (not loopback, not a Unix socket) needs `?sslmode=verify-full` (with "
+        "`sslrootcert=...`) in the URL, or `database_insecure`. Other libpq parameters go in the "
+        "URL's query too.",
         flag="--database", metavar="URL", check=_check_database)
     database_password_file: Path | None = _setting(
         None,
@@ -187,17 +200,45 @@ class Settings:
         "daemon's user; or a systemd credential). Unset: libpq's own (`PGPASSWORD`, "
         "`PGPASSFILE`, `~/.pgpass`).",
         metavar="PATH")
+    database_insecure: bool = _setting(
+        False,
+        "Let `database` reach a PostgreSQL on another host without `sslmode=verify-full` in its "
+        "URL (warned at every start): tokens and lease records then cross that link unverified. "
+        "Off: such a URL is refused at start.")
     advertise: str | None = _setting(
         None,
         "Where clients and the other servers of a fleet reach this server's remoting port "
         "(`HOST:PORT`): a fleet redirects clients here with it. Unset: the `listen` address, "
         "with this machine's host name when `listen` is on every address (`0.0.0.0`, `[::]`).",
         flag="--advertise", metavar="HOST:PORT", check=_check_address)
+    http_advertise: str | None = _setting(
+        None,
+        "Where the other servers of a fleet reach this server's HTTP listener (`HOST:PORT`): they "
+        "forward admin actions there. Unset: the `http` address; on every address (`0.0.0.0`, "
+        "`[::]`) this machine's host name when it names one of its addresses, else its primary "
+        "address. A fleet server on a wildcard address that can derive neither refuses to start.",
+        flag="--http-advertise", metavar="HOST:PORT", check=_check_address)
+    http_tls: str = _setting(
+        "on",
+        "`on`: an `http` listener on a non-loopback address speaks HTTPS, with `http_tls_cert` if "
+        "set, else with this server's own identity (the remoting port's self-signed certificate; "
+        "`gpupoold fingerprint --pem` exports it for Prometheus). A loopback listener stays plain "
+        "HTTP unless `http_tls_cert` is set. `off`: plain HTTP on any address (tokens in clear "
+        "off loopback; warned at every start).",
+        check=_check_choice(TLS_MODES))
     simulated: int = _setting(
         0,
-        "Number of simulated GPUs to serve. 0 serves the real GPUs listed in `gpus`; when no "
-        "NVIDIA driver can be loaded, gpupoold then falls back to 1 simulated GPU and says so.",
+        "Number of simulated GPUs to serve. 0 serves the real GPUs listed in `gpus`; when it "
+        "finds none (no NVIDIA driver, no GPU, an NVML error) gpupoold does not start (exit 78, "
+        "saying what it found), unless `fallback_to_simulated` is set.",
         flag="--simulated", metavar="N", check=_check_not_negative)
+    fallback_to_simulated: bool = _setting(
+        False,
+        "With `simulated = 0`: when no real GPU can be served (no NVIDIA driver, no GPU, an NVML "
+        "error), serve 1 simulated GPU instead of refusing to start (logged loudly; `/healthz` "
+        "and the dashboard say \"simulated\"). For trying gpupoold on a machine without a GPU; "
+        "never on a GPU server, where a broken driver must stop the daemon rather than lend a "
+        "GPU on which no kernel runs.")
     gpus: list[int] = _setting(
         [],
         "Indices (as `nvidia-smi` numbers them) of the real GPUs to serve; empty serves them all. "

@@ -17,7 +17,7 @@ from gpupoold.dashboard.access import refused, viewer
 from gpupoold.dashboard.history import History
 from gpupoold.dashboard.payload import chart_update, stable_text, state_payload
 from gpupoold.dashboard.state import DASHBOARD, STREAM_BACKLOG
-from gpupoold.http.keys import EVENTS, LEASES, SETTINGS, TELEMETRY, VIEWS
+from gpupoold.http.keys import EVENTS, INVENTORY, LEASES, SETTINGS, TELEMETRY, VIEWS, tls_view
 from gpupoold.http.metrics import METRICS_KEY
 from gpupoold.pool.events import GpuChanged
 from gpupoold.tasks import stop_task
@@ -64,7 +64,8 @@ async def events(request: web.Request) -> web.StreamResponse:
                 if await viewer(request) is None or dash.sessions.get(v.session.sid) is None:
                     break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), EVENT_POLL_S)
+                async with asyncio.timeout(EVENT_POLL_S):  # not wait_for: see pool/fleet.py
+                    await changed.wait()
     except ConnectionResetError:
         pass  # the page was closed
     finally:
@@ -100,6 +101,8 @@ async def dashboard_ctx(app: web.Application) -> AsyncIterator[None]:
     dash = app[DASHBOARD]
     interval = app[SETTINGS].telemetry_interval
     dash.history = History(interval)
+    dash.tls = tls_view(app)
+    dash.fallback = app[INVENTORY].fallback_reason
 
     def on_change(_event: GpuChanged) -> None:
         if dash.streams:  # the state of this moment, for every open stream

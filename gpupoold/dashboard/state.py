@@ -48,6 +48,12 @@ class Dashboard:
         # within milliseconds (a simulated scrub takes ~20 ms): a snapshot taken when the stream
         # gets round to it would skip `scrubbing`.
         self.streams: set[asyncio.Queue[dict[str, Any]]] = set()
+        # The remoting port's TLS (http/keys.py tls_view), shown on every page: the fingerprint
+        # clients pin, or a warning for plain TCP. Set at start (dashboard/live.py).
+        self.tls: dict[str, str | None] = {"tls": "on", "fingerprint": None, "certificate": None}
+        # Why this server, meant to serve real GPUs, serves a simulated one (real mode found no
+        # GPU and `fallback_to_simulated` is set); shown on every page. None: no fallback.
+        self.fallback: str | None = None
 
     def notify(self) -> None:
         """Something changed: wake every event stream."""
@@ -65,7 +71,8 @@ class Dashboard:
         self.notify()
 
     def render(self, name: str, status: int = 200, **ctx: Any) -> web.Response:
-        text = self.env.get_template(name).render(version=__version__, **ctx)
+        text = self.env.get_template(name).render(version=__version__, tls=self.tls,
+                                                    fallback=self.fallback, **ctx)
         return web.Response(text=text, status=status, content_type="text/html",
                             charset="utf-8", headers=SECURITY_HEADERS)
 

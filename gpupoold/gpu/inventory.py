@@ -6,7 +6,9 @@ Workers load the `driver` library with device ordinal = NVML index; they run wit
 CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA numbers the GPUs as NVML (and nvidia-smi) do.
 
 Without NVML but with a loadable driver, gpupoold serves the `gpus` ordinals (or 0) blind: no
-names, UUIDs or health checks, and says so. Without a driver it serves one simulated GPU.
+names, UUIDs or health checks, and says so. With no GPU to serve (no driver, NVML sees no GPU)
+it refuses to start (`NoGpuError`, exit 78) unless `fallback_to_simulated` asks for one
+simulated GPU instead.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ log = logging.getLogger("gpupoold.gpus")
 
 class InventoryError(Exception):
     """The configured GPUs cannot be served; the message names the setting and what to do."""
+
+
+class NoGpuError(InventoryError):
+    """Real mode found no GPU to serve (no driver, no device, an NVML error) and may not fall
+    back to a simulated one: `gpupoold serve` exits 78 (EX_CONFIG) with what it found."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,12 @@ class Inventory:
 
     def get(self, index: int) -> Gpu:
         return self.gpus[index]
+
+
+# How NVML's reasons begin when its library or Python package is not installed (nvml.py): only
+# then are real GPUs served without it ("blind"). Any other NVML failure (the kernel driver not
+# loaded, no permission, a version mismatch) means the driver is broken: no GPU is served.
+NVML_ABSENT = ("libnvidia-ml.so.1 not found", "the Python package nvidia-ml-py is not installed")
 
 
 def probe_driver(driver: str) -> str | None:
@@ -114,13 +127,15 @@ async def build_inventory(settings: Settings, sim_lib: Path | None,
     """The GPUs to serve. `nvml`: the NVML session to use (default: a new one).
 
     Simulated when `simulated` > 0. Real mode: the NVML inventory; the driver-only fallback
-    when NVML is missing; 1 simulated GPU when no driver loads either."""
+    when NVML is missing; with no GPU at all, NoGpuError, or 1 simulated GPU when
+    `fallback_to_simulated` is set."""
     if settings.simulated > 0:
         gpus = await asyncio.to_thread(simulated_gpus, settings, settings.simulated, sim_lib)
         return Inventory(gpus)
     nvml = nvml if nvml is not None else Nvml()
     nvml_why = await asyncio.to_thread(nvml.available)
     driver_why = await asyncio.to_thread(probe_driver, settings.driver)
+    no_device = False  # NVML works and sees no GPU
     if nvml_why is None:
         try:
             devices = await asyncio.to_thread(nvml.devices)
@@ -136,9 +151,10 @@ async def build_inventory(settings: Settings, sim_lib: Path | None,
                         "`driver` at libcuda.so.1 of the installed NVIDIA driver")
                 return Inventory(gpus, nvml=nvml)
             nvml_why = "NVML sees no GPU on this machine"
+            no_device = True
     # Drop the session: nothing will use it, and a reset needs every NVML client gone.
     await asyncio.to_thread(nvml.shutdown)
-    if driver_why is None:
+    if driver_why is None and not no_device and nvml_why.startswith(NVML_ABSENT):
         ordinals = settings.gpus or [0]
         log.warning("NVML is not available (%s): serving device(s) %s of %s without names, "
                     "UUIDs or health checks; install the driver's NVML (libnvidia-ml.so.1) to "
@@ -147,7 +163,23 @@ async def build_inventory(settings: Settings, sim_lib: Path | None,
             Gpu(index=i, name=f"GPU {ordinal}", uuid="", simulated=False,
                 driver=settings.driver, ordinal=ordinal)
             for i, ordinal in enumerate(ordinals)), nvml_reason=nvml_why)
-    reason = (f"the NVIDIA driver {settings.driver} cannot be loaded ({driver_why}); "
-              f"NVML: {nvml_why}")
+    reason = no_gpu_reason(settings.driver, driver_why, nvml_why, no_device)
+    if not settings.fallback_to_simulated:
+        raise NoGpuError(
+            f"no GPU to serve: {reason}. Repair the NVIDIA driver (`nvidia-smi` must list the "
+            "GPUs) or point `driver` at its libcuda.so.1; to serve simulated GPUs instead, set "
+            "`simulated = N` (or `fallback_to_simulated = true` on a machine meant to have no GPU)")
     gpus = await asyncio.to_thread(simulated_gpus, settings, 1, sim_lib)
     return Inventory(gpus, fallback_reason=reason, nvml_reason=nvml_why)
+
+
+def no_gpu_reason(driver: str, driver_why: str | None, nvml_why: str, no_device: bool) -> str:
+    """What real mode found instead of a GPU: 'no device: ...', 'no driver: ...' or
+    'NVML error: ...', with the loader's and NVML's own words."""
+    driver_text = (f"the driver library {driver} loads" if driver_why is None
+                   else f"the driver library {driver} cannot be loaded ({driver_why})")
+    if no_device:
+        return f"no device: NVML works but sees no GPU on this machine; {driver_text}"
+    if driver_why is not None:
+        return f"no driver: {driver_text}; NVML: {nvml_why}"
+    return f"NVML error: {nvml_why}; {driver_text}"

@@ -10,9 +10,12 @@ something real to wipe.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import socket
+import stat
 from pathlib import Path
 
 GIB = 1 << 30
@@ -113,6 +116,61 @@ def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int,
     tmp.write_text(sim_config_text(index, name, memory_gib, memory_file, peers))
     tmp.replace(path)
     return path
+
+
+def remove_sim_memory(state_dir: Path, count: int, kept: frozenset[int] = frozenset()
+                      ) -> list[Path]:
+    """A clean stop: remove the memory files of the `count` simulated GPUs of the daemon with
+    this state dir, except those of the GPUs in `kept` (a lease continues there without
+    gpupoold: its worker and the next daemon still use that memory), and their /dev/shm folder
+    once nothing of it is left. The paths removed."""
+    removed: list[Path] = []
+    folder = sim_memory_dir(state_dir)
+    for index in range(count):
+        if index in kept:
+            continue
+        path = folder / f"gpu{index}.mem"
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not ours to remove (another user's file): leave it
+            continue
+        removed.append(path)
+    if folder.parent == SHM and not kept:
+        note = folder / STATE_DIR_NOTE
+        with contextlib.suppress(OSError):
+            if not any(p.name != STATE_DIR_NOTE for p in folder.iterdir()):
+                note.unlink(missing_ok=True)
+                folder.rmdir()
+    return removed
+
+
+def remove_stale_sim_memory(state_dir: Path) -> list[Path]:
+    """At start: remove this user's simulated GPU memory folders in /dev/shm whose state
+    directory (named in their STATE_DIR note) no longer exists: left by daemons whose state
+    directories were deleted (up to 80 GiB of sparse files each, in RAM until reboot). Only
+    real folders owned by this user, never another user's or a link; the folder of `state_dir`
+    itself is kept. The folders removed."""
+    removed: list[Path] = []
+    if not SHM.is_dir():
+        return removed
+    own = sim_memory_dir(state_dir)
+    uid = os.getuid()
+    for folder in SHM.glob(f"gpupool-sim-{uid}-*"):
+        try:
+            st = folder.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or folder == own:
+                continue
+            owner = Path((folder / STATE_DIR_NOTE).read_text().strip())
+        except (OSError, UnicodeDecodeError):
+            continue
+        if not owner.is_absolute() or owner.exists():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            removed.append(folder)
+    return removed
 
 
 # ------------------------------------------------------------------------- simulated sensors

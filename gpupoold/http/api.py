@@ -21,7 +21,17 @@ from aiohttp import web
 from gpupoold import __version__
 from gpupoold.auth.tokens import check_token_name, parse_expiry
 from gpupoold.http.auth import ApiError, caller
-from gpupoold.http.keys import COUNTERS, LEASES, REMOTING, SETTINGS, STORE, VIEWS, remoting_address
+from gpupoold.http.keys import (
+    COUNTERS,
+    INVENTORY,
+    LEASES,
+    REMOTING,
+    SETTINGS,
+    STORE,
+    VIEWS,
+    remoting_address,
+    tls_view,
+)
 from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.views import PoolViews
@@ -163,8 +173,13 @@ async def healthz(request: web.Request) -> web.Response:
     s = app[VIEWS].summary()
     # A GPU the watchdog found stuck (it cannot move on by itself) makes the server unhealthy
     # until it is repaired: a load balancer or monitor sees it, with the reason.
+    inventory = app[INVENTORY]
     body = {"ok": not s["stuck"], "version": __version__, "remoting": app[REMOTING].address,
-            "gpus": s["gpus"], "leases": s["leases"], "queue": s["queue"]}
+            "gpus": s["gpus"], "leases": s["leases"], "queue": s["queue"],
+            # A simulated GPU runs no kernel: a monitor must be able to tell it from a real one.
+            "simulated": sum(1 for g in inventory.gpus if g.simulated)}
+    if inventory.fallback_reason:  # real mode found no GPU; `fallback_to_simulated` served one
+        body["fallback"] = inventory.fallback_reason
     if s["stuck"]:
         body["stuck"] = s["stuck"]
     return _json(body, status=200 if body["ok"] else 503)
@@ -183,6 +198,8 @@ async def status(request: web.Request) -> web.Response:
         # idle detach: leases without a GPU now, and the device memory they hold in host memory
         "detached": s["detached"], "detached_bytes": s["detached_bytes"],
         "active_leases": views.active_leases(), "counters": app[COUNTERS].snapshot(),
+        # the remoting port's TLS: on/off, the fingerprint clients pin (http/keys.py)
+        **tls_view(app),
     })
 
 

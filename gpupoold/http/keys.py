@@ -16,6 +16,7 @@ from gpupoold.pool.membership import Membership
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import Store
+from gpupoold.tls import RemotingIdentity
 from gpupoold.workers.supervisor import WorkerSupervisor
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -31,6 +32,8 @@ REMOTING = web.AppKey("remoting", RemotingListener)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 VIEWS = web.AppKey("views", PoolViews)
 MEMBERSHIP = web.AppKey("membership", Membership)
+# The remoting port's TLS identity (gpupoold/tls.py); absent with `tls = "off"` (plain TCP).
+REMOTING_TLS = web.AppKey("remoting_tls", RemotingIdentity)
 
 
 def remoting_address(app: web.Application) -> str:
@@ -40,3 +43,14 @@ def remoting_address(app: web.Application) -> str:
         return membership.remoting
     remoting = app.get(REMOTING)
     return remoting.address if remoting is not None else ""
+
+
+def tls_view(app: web.Application) -> dict[str, str | None]:
+    """What the status API, `gpupoold status` and the dashboard say of the remoting port's TLS:
+    `tls` "on"/"off", the `fingerprint` clients pin, the `certificate` ("identity": the server's
+    own, "tls_cert": the operator's)."""
+    ident = app.get(REMOTING_TLS)
+    if ident is None:
+        return {"tls": "off", "fingerprint": None, "certificate": None}
+    return {"tls": "on", "fingerprint": ident.fingerprint,
+            "certificate": "tls_cert" if ident.own else "identity"}

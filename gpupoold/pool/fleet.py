@@ -55,6 +55,7 @@ class Redirect:
     server: str  # the server's name
     address: str  # where clients reach it (HOST:PORT)
     gpu: int
+    fingerprint: str = ""  # its registered TLS identity: the client's pin for it
 
 
 @dataclass
@@ -167,8 +168,12 @@ class FleetQueue:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 a cancellation (stop_task at a stop)
+            # that meets wait_for's inner task could leave this task cancelling for ever and
+            # the daemon's stop hanging (seen with a stop right after the start).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), SYNC_EVERY)
+                async with asyncio.timeout(SYNC_EVERY):
+                    await self._kick.wait()
             self._kick.clear()
             try:
                 await self.sync()
@@ -274,7 +279,7 @@ class FleetQueue:
             self.leases.queue.leave(w)
             if not w.future.done():
                 w.future.set_result(Redirect(q.assigned_server or "", server.get("remoting", ""),
-                                             q.assigned_gpu or 0))
+                                             q.assigned_gpu or 0, server.get("fingerprint", "")))
         # This server's GPUs given to a ticket: granted to the waiter here that has it (its own,
         # or a redirected client that arrived: the store gave its hello that ticket), or held
         # for the client still on its way.

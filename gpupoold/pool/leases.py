@@ -97,6 +97,9 @@ class LeaseManager:
         self._leases: dict[int, Lease] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
+        # GPUs whose leases continue without gpupoold after close() (their workers wait for the
+        # next daemon): a simulated GPU's memory file must outlive this daemon for them.
+        self.kept_gpus: frozenset[int] = frozenset()
         self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
         self.detacher = IdleDetacher(self, checkpointer or Checkpointer(None))
         # With a shared store the fleet queue (pool/fleet.py) grants the GPUs, not _dispatch.
@@ -197,6 +200,7 @@ class LeaseManager:
                 if lease.worker.adoptable and not lease.worker.exited.done()
                 and not lease.worker.reported_end and lease.state == ATTACHED
                 and lease.cycle is None and lease.slot is not None]
+        self.kept_gpus = frozenset(lease.gpu_index() for lease in kept)
         for lease in kept:
             lease.worker.detach()
             if lease.timer is not None:
@@ -737,7 +741,7 @@ class LeaseManager:
         if legacy is not None:
             states = await self.store.gpu_states()
             if not states and legacy:
-                await self.store.save_gpu_states(legacy)
+                await self.store.save_gpu_states(legacy, self._state_keys())
                 log.info("drained/quarantined GPUs imported into the database from %s",
                          self._legacy_state_file)
             await asyncio.to_thread(self._legacy_state_file.unlink, missing_ok=True)
@@ -757,17 +761,25 @@ class LeaseManager:
         return {str(k): {"draining": bool(v.get("draining")), "quarantine": v.get("quarantine")}
                 for k, v in data.items() if isinstance(v, dict)}
 
+    @staticmethod
+    def _state_key(slot: Slot) -> str:
+        """A GPU's key in the store's gpu_state table: its UUID (its index when it has none)."""
+        return slot.gpu.uuid or str(slot.gpu.index)
+
+    def _state_keys(self) -> list[str]:
+        return [self._state_key(s) for s in self.slots]
+
     def _state_snapshot(self) -> dict[str, Any]:
-        return {(s.gpu.uuid or str(s.gpu.index)): {"draining": s.draining,
-                                                   "quarantine": s.quarantine}
+        return {self._state_key(s): {"draining": s.draining, "quarantine": s.quarantine}
                 for s in self.slots if s.draining or s.quarantine}
 
     async def _save_state(self) -> None:
-        await self.store.save_gpu_states(self._state_snapshot())
+        await self.store.save_gpu_states(self._state_snapshot(), self._state_keys())
 
     def _save_state_soon(self) -> None:
         # The snapshot is taken now; the store runs its calls in order, so the last one wins.
-        self._spawn(self.store.save_gpu_states(self._state_snapshot()), "save-state")
+        self._spawn(self.store.save_gpu_states(self._state_snapshot(), self._state_keys()),
+                    "save-state")
 
     # ------------------------------------------------------------------------------- lookups
     def slot(self, index: int) -> Slot:

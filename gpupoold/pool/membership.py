@@ -9,16 +9,22 @@ heartbeats: nobody else reads that database, and each would be a synced write ev
 While the store is unreachable nobody can heartbeat; once it is back, a server waits until the
 others have had the time to heartbeat again before it judges them, so an outage of the database
 does not mark the whole fleet down. The fleet queue and redirects are pool/fleet.py's.
+
+A server registers what the others need to reach it safely (store.ServerRegistration): the
+fingerprint of its remoting TLS identity (a redirect's `redirect_fingerprint`, the info reply's
+`fleet_servers`), the HTTP address the others must use (`http_advertise`, never a wildcard), its
+scheme and the fingerprint of its HTTPS certificate (http/fleet_actions.py forwards with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
-from gpupoold.store.database import Store, store_errors
+from gpupoold.store.database import ServerRegistration, Store, store_errors
 from gpupoold.tasks import stop_task
 
 log = logging.getLogger("gpupoold.membership")
@@ -28,10 +34,12 @@ DOWN_AFTER_S = 10.0 - 2 * HEARTBEAT_S  # seen down within 10 s of its last heart
 
 
 class Membership:
-    def __init__(self, store: Store, remoting: str, http: str) -> None:
+    def __init__(self, store: Store, remoting: str, http: str,
+                 reg: ServerRegistration | None = None) -> None:
         self.store = store
         self.remoting = remoting
-        self.http = http
+        self.http = http  # the address the HTTP listener is bound to
+        self.reg = reg or ServerRegistration()
         self._task: asyncio.Task[None] | None = None
         self._judge_after = 0.0  # time.monotonic() before which no other server is marked down
 
@@ -40,17 +48,21 @@ class Membership:
         return self.store.server
 
     async def start(self) -> None:
-        await self.store.server_up(self.remoting, self.http, time.time())
+        await self.store.server_up(self.remoting, self.http, time.time(), self.reg)
         if self.store.path is None:  # a shared store (see the top)
             self._task = asyncio.create_task(self._run(), name="membership")
 
-    async def set_http(self, address: str) -> None:
-        """The HTTP listener's address, once it is bound (after start: the application's
-        start-up runs before the HTTP site listens); written at once."""
-        if address != self.http:
-            self.http = address
+    async def set_http(self, address: str, advertised: str = "", scheme: str = "",
+                       fingerprint: str = "") -> None:
+        """The HTTP listener, once it is bound (after start: the application's start-up runs
+        before the HTTP site listens): its bound `address`, the `advertised` one the others
+        must use, its `scheme` and its HTTPS certificate's `fingerprint`; written at once."""
+        reg = dataclasses.replace(self.reg, http_address=advertised, http_scheme=scheme,
+                                  http_fingerprint=fingerprint)
+        if address != self.http or reg != self.reg:
+            self.http, self.reg = address, reg
             with contextlib.suppress(*store_errors()):
-                await self.store.server_up(self.remoting, self.http, time.time())
+                await self.store.server_up(self.remoting, self.http, time.time(), self.reg)
 
     async def _run(self) -> None:
         failing = False
@@ -80,7 +92,7 @@ class Membership:
         if not await self.store.server_heartbeat(now):
             log.warning("this server (%s) was marked down by another while silent; its leases "
                         "were ended in the history; registering again", self.name)
-            await self.store.server_up(self.remoting, self.http, now)
+            await self.store.server_up(self.remoting, self.http, now, self.reg)
         if time.monotonic() < self._judge_after:
             return
         for name in await self.store.silent_servers(now - DOWN_AFTER_S):

@@ -86,12 +86,16 @@ def refusal_reply(refusal: Refusal) -> gp.HelloReply:
                          message=clip(refusal.message, 4095), server=clip(server_name(), 255))
 
 
-def redirect_reply(address: str, server: str, gpu: int) -> gp.HelloReply:
-    """GP_EREDIRECT: GPU `gpu` of fleet server `server` is held for this client at `address`."""
+def redirect_reply(address: str, server: str, gpu: int, fingerprint: str = "") -> gp.HelloReply:
+    """GP_EREDIRECT: GPU `gpu` of fleet server `server` is held for this client at `address`.
+    `fingerprint`: the TLS identity that server registered (the servers table), which the
+    client must find there before it sends anything secret; "" for a server on plain TCP (a
+    client that pins refuses such a redirect)."""
     return gp.HelloReply(result=gp.GP_EREDIRECT, major=gp.MAJOR, minor=gp.MINOR,
                          message=clip(f"GPU {gpu} of server {server} ({address}) is held for "
                                       "this client: connect there", 4095),
-                         server=clip(server_name(), 255), redirect=clip(address, 255))
+                         server=clip(server_name(), 255), redirect=clip(address, 255),
+                         redirect_fingerprint=clip(fingerprint, 63))
 
 
 _PLAIN = re.compile(r"[\w.:-]+")  # a GPU index or UUID: shown as it is; anything else quoted

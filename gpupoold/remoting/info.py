@@ -160,10 +160,12 @@ def waiter_record(view: dict[str, Any], mine: bool) -> gp.InfoWaiter:
 
 
 def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: str, host: str,
-          counts: Sequence[int] = (0, 0, 0, 0), now: float | None = None) -> gp.InfoReply:
+          counts: Sequence[int] = (0, 0, 0, 0), now: float | None = None,
+          fingerprint: str = "") -> gp.InfoReply:
     """The reply (result 0) for the caller `name` (`role`) on client host `host`, with the
-    counts (gpus, matching, free_matching, queue). The reference: InfoCache gives the same bytes
-    without building the shared parts again for every caller (tests/test_info.py compares)."""
+    counts (gpus, matching, free_matching, queue) and this server's TLS `fingerprint`. The
+    reference: InfoCache gives the same bytes without building the shared parts again for every
+    caller (tests/test_info.py compares)."""
     leases, queue = views.active_leases(), views.queue_view()
     srv = server_view(settings, views, remoting)
     return gp.InfoReply(
@@ -181,7 +183,8 @@ def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: 
         gpu_views=[gpu_record(v) for v in views.gpu_views()[:GPU_LIMIT]],
         lease_views=[lease_record(v, _mine(v, name, host)) for v in leases[:LEASE_LIMIT]],
         queue_views=[waiter_record(v, _mine(v, name, host)) for v in queue[:QUEUE_LIMIT]],
-        fleet_gpus=[fleet_record(g) for g in _fleet(views, remoting)[:FLEET_LIMIT]])
+        fleet_gpus=[fleet_record(g) for g in _fleet(views, remoting)[:FLEET_LIMIT]],
+        fingerprint=_text(fingerprint, 63), fleet_servers=fleet_servers(views)[:SERVER_LIMIT])
 
 
 # ------------------------------------------------------------------------------------ the cache
@@ -215,6 +218,7 @@ class _Snapshot:
     truncated: bool
     size: int  # bytes of the encoded parts
     fleet: bytes = b"\0\0\0\0"  # the fleet_gpus array
+    tail: bytes = b"\0" * 8  # fingerprint and the fleet_servers array (protocol 1.4)
 
     def compose(self, name: str, role: str, host: str, counts: Sequence[int]) -> bytes:
         """The reply body for one caller: exactly reply(...).encode() at `time`."""
@@ -233,9 +237,10 @@ class _Snapshot:
             simulated=int(srv["simulated"]), driver_version=_text(srv["driver_version"], 79),
             cuda_driver_version=_i32(srv["cuda_driver_version"]), you_name=_text(name, 255),
             you_role=_text(role, 15), time=self.time, truncated=int(self.truncated)).encode()
-        # The four arrays come last in the reply: the empty ones' counts (4 x u32 0) are
-        # replaced by the encoded arrays.
-        return head[:-16] + self.gpus + part(self.leases) + part(self.queue) + self.fleet
+        # The four arrays, the fingerprint and the fleet_servers array come last in the reply:
+        # the empty ones (4 x u32 0, an empty string's u32 0, u32 0) are replaced by them.
+        return (head[:-len(_EMPTY_END)] + self.gpus + part(self.leases) + part(self.queue)
+                + self.fleet + self.tail)
 
 
 def _entries(records: list[Any], views: list[dict[str, Any]]) -> tuple[_Entry, ...]:
@@ -272,6 +277,32 @@ def fleet_record(g: dict[str, Any]) -> gp.InfoFleetGpu:
         memory_total=_u64(g["memory_total"]), state=_text(g["state"], 15),
         available=int(bool(g["available"])), lease_id=_u64(g["lease_id"] or 0),
         token=_text(g["token"], 255))
+
+
+SERVER_LIMIT = 256  # the spec's limit on fleet_servers
+_EMPTY_END = b"\0" * (4 * 4 + 4 + 4)
+
+
+def fleet_servers(views: PoolViews) -> list[gp.InfoFleetServer]:
+    """Every server of the fleet as the last sync of the fleet queue saw it (name order), with
+    the remoting address clients are sent to and the fingerprint it registered: what a client
+    pins for a redirect, learnt over the channel it already trusts (none without a shared
+    store)."""
+    fleet = views.fleet
+    if fleet is None or fleet.last is None:
+        return []
+    return [gp.InfoFleetServer(
+        server=_text(name, 255), address=_text(s.get("remoting", ""), 255),
+        server_state=_text(s.get("state", ""), 15), this=int(name == fleet.server),
+        fingerprint=_text(s.get("fingerprint", ""), 63))
+        for name, s in sorted(fleet.last.servers.items())]
+
+
+def _encode_tail(fingerprint: str, servers: list[gp.InfoFleetServer]) -> bytes:
+    w = gp.Writer()
+    w.string(_text(fingerprint, 63), 63)
+    w.records(servers[:SERVER_LIMIT], SERVER_LIMIT)
+    return w.getvalue()
 
 
 def _fleet(views: PoolViews, remoting: str) -> list[dict[str, Any]]:
@@ -321,6 +352,8 @@ class InfoCache:
         self._snapshot: _Snapshot | None = None
         self._lock = asyncio.Lock()
         self.builds = 0  # snapshots built (tests)
+        # This server's remoting TLS identity ("" on plain TCP): set once it is known (app.py).
+        self.fingerprint = ""
 
     def _key(self, remoting: str) -> tuple[Any, ...]:
         telemetry = self.views.telemetry
@@ -350,8 +383,9 @@ class InfoCache:
                          or len(gpu_views) > GPU_LIMIT)
             size = len(gpus) + sum(len(e.body) for e in lease_entries + queue_entries)
             fleet = _encode_fleet(self.views, remoting)
+            tail = _encode_tail(self.fingerprint, fleet_servers(self.views))
             snap = _Snapshot(key, made, server, now, gpus, lease_entries, queue_entries,
-                             truncated, size + len(fleet), fleet)
+                             truncated, size + len(fleet) + len(tail), fleet, tail)
             self._snapshot = snap
             self.builds += 1
             return snap

@@ -88,14 +88,15 @@ class RemotingListener:
     async def start(self) -> None:
         sock = self._passed
         host, port = parse_address(self.listen) if sock is None else ("", 0)
-        # TLS: with tls_cert set, gpupoold/remoting/tls_session.py runs the daemon's TLS session and
+        # TLS (unless tls = "off"): remoting/tls_session.py runs the daemon's TLS session and
         # hands _on_connect a TlsStream as both reader and writer (TlsSettingError if misset).
         tls = await asyncio.to_thread(remoting_ssl_context, self.settings)
         if tls is not None:
             self._server = await start_tls_server(self._on_connect, host, port, tls,
                                                   self.handshake_timeout, self.counters,
                                                   sock=sock)
-            log.info("the remoting listener speaks TLS (tls_cert%s)",
+            log.info("the remoting listener speaks TLS (%s%s)",
+                     "tls_cert" if self.settings.tls_cert else "the server's own identity",
                      ", client certificates required" if self.settings.tls_client_ca else "")
         elif sock is not None:
             self._server = await asyncio.start_server(self._on_connect, sock=sock)
@@ -236,8 +237,8 @@ class RemotingListener:
             log.info("connection from %s: sent to GPU %d of server %s (%s), where it is held "
                      "for this client (%.1f ms after connect)", peer, slot.gpu, slot.server,
                      slot.address, (time.monotonic() - accepted) * 1000)
-            await self._send(writer, redirect_reply(slot.address, slot.server, slot.gpu),
-                             frame.req)
+            redirect = redirect_reply(slot.address, slot.server, slot.gpu, slot.fingerprint)
+            await self._send(writer, redirect, frame.req)
             await self._end_tls(writer)
             return
         if _buffered(reader):

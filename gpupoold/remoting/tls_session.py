@@ -1,11 +1,11 @@
 """TLS on the remoting listener: gpupoold's part of a client's connection (docs/protocol.md, "TLS").
 
-With `tls_cert`/`tls_key` set, the listener accepts raw TCP and runs the server side of the
-client's first TLS session here, with `ssl.SSLObject` over memory BIOs: the hello, refusals and
-queue notices travel inside it. When the lease starts, `TlsStream.handoff` sends a notice with
-`GP_INFO_HANDOFF`, both sides exchange close_notify, and the plain socket goes to the worker,
-which runs a second TLS handshake with the client itself (OpenSSL, worker/tls.c): the data path
-never passes through Python.
+Unless `tls = "off"` (with `tls_cert`/`tls_key`, or the server's own identity), the listener accepts
+raw TCP and runs the server side of the client's first TLS session here, with `ssl.SSLObject` over
+memory BIOs: the hello, refusals and queue notices travel inside it. When the lease starts,
+`TlsStream.handoff` sends a notice with `GP_INFO_HANDOFF`, both sides exchange close_notify, and the
+plain socket goes to the worker, which runs a second TLS handshake with the client itself (OpenSSL,
+worker/tls.c): the data path never passes through Python.
 
 The socket is read one TLS record at a time (5-byte header, then exactly the length it gives),
 never further: the bytes after the client's close_notify are its second ClientHello, and they
@@ -43,9 +43,9 @@ RECORD_HEADER = 5
 MAX_RECORD_BODY = 16384 + 2048  # the largest TLS 1.2/1.3 ciphertext record
 MAX_HANDOFF_RECORDS = 8  # records the client may send before its close_notify at the hand-over
 NOT_TLS_MESSAGE = (
-    "this gpupool server requires TLS on its remoting port: set GPUPOOL_TLS=1 (and "
-    "GPUPOOL_TLS_CA=PATH unless its certificate is trusted by the system), or write the server "
-    "as tls://host:port in GPUPOOL_SERVER")
+    "this gpupool server requires TLS on its remoting port: remove `tls = false` (GPUPOOL_TLS=0) "
+    "for it and pin it with `gpupool login HOST:PORT` (or GPUPOOL_TLS_FINGERPRINT=the output of "
+    "`gpupoold fingerprint` on the server)")
 HANDOFF_TEXT = "handing the connection to the GPU's worker (TLS session ends here)"
 
 Handler = Callable[[Any, Any], Awaitable[None]]
@@ -368,6 +368,13 @@ class TlsServer:
         if not ok:
             await _linger_close(conn)
             return
+        # From here the handler owns the connection, and the listener tracks its task: at a
+        # stop it still tells a queued client to come back (GP_ESHUTDOWN) before it cancels
+        # what is left, as in plaintext. close() cancels only connections still in their TLS
+        # handshake.
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.discard(task)
         await self._handler(stream, stream)  # closes the stream
 
     async def _tls_handshake(self, stream: TlsStream, peer: str) -> bool:

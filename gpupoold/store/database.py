@@ -33,7 +33,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +178,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             assigned_at REAL
         )""",
     ),
+    (  # v7: what the other servers need to reach this one safely (issue 35): the fingerprint of
+        # its remoting TLS identity (clients follow a redirect only with it), the HTTP address
+        # others must use (`http_advertise`; `http` keeps the bound one), its scheme and the
+        # fingerprint of its HTTPS certificate (fleet admin actions are forwarded with that pin)
+        "ALTER TABLE servers ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE servers ADD COLUMN http_address TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE servers ADD COLUMN http_scheme TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE servers ADD COLUMN http_fingerprint TEXT NOT NULL DEFAULT ''",
+        # the server that wrote an audit record: on a shared store "gpu 0" names one GPU of
+        # each server, and an admin action may be sent to one server for another
+        "ALTER TABLE audit ADD COLUMN server TEXT NOT NULL DEFAULT ''",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -211,6 +223,19 @@ class SchemaTooNew(StoreError):
 
 
 # ----------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class ServerRegistration:
+    """How the other servers of a fleet and its clients reach this server safely (schema v7):
+    `fingerprint`: its remoting TLS identity ("" on plain TCP); `http_address`: the HTTP address
+    the others must use (`http_advertise`); `http_scheme`: "https" or "http"; `http_fingerprint`:
+    the fingerprint of the certificate its HTTPS listener presents ("" for plain HTTP)."""
+
+    fingerprint: str = ""
+    http_address: str = ""
+    http_scheme: str = ""
+    http_fingerprint: str = ""
+
+
 @dataclass(frozen=True)
 class TokenRecord:
     id: str  # the 12 hex digits of the token's text
@@ -313,10 +338,11 @@ class AuditRecord:
     action: str
     target: str
     detail: str
+    server: str = ""  # the server that acted (its name; "" in records older than schema v7)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "time": self.at, "actor": self.actor, "action": self.action,
-                "target": self.target, "detail": self.detail}
+                "target": self.target, "detail": self.detail, "server": self.server}
 
 
 def _token(row: Any) -> TokenRecord:
@@ -342,7 +368,7 @@ def _lease(row: Any) -> LeaseRecord:
 
 def _audit(row: Any) -> AuditRecord:
     return AuditRecord(id=row["id"], at=row["at"], actor=row["actor"], action=row["action"],
-                       target=row["target"], detail=row["detail"])
+                       target=row["target"], detail=row["detail"], server=row["server"])
 
 
 def _expiry_text(expires: float | None) -> str:
@@ -447,9 +473,10 @@ class StoreDB:
 
     def _add_audit(self, db: Any, actor: str, action: str, target: str,
                    detail: str, at: float | None = None) -> int:
-        return self._insert(db, "INSERT INTO audit (at, actor, action, target, detail) "
-                                "VALUES (?, ?, ?, ?, ?)",
-                            (time.time() if at is None else at, actor, action, target, detail))
+        return self._insert(db, "INSERT INTO audit (at, actor, action, target, detail, server) "
+                                "VALUES (?, ?, ?, ?, ?, ?)",
+                            (time.time() if at is None else at, actor, action, target, detail,
+                             self.server))
 
     # ------------------------------------------------------------------------------- tokens
     def create_token(self, name: str, role: str, expires: float | None, actor: str,
@@ -621,11 +648,15 @@ class StoreDB:
             out[gpu] = {"draining": bool(draining), "quarantine": q}
         return out
 
-    def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
-        """Replace the whole set (`states` as gpu_states returns it) in one transaction."""
+    def save_gpu_states(self, states: dict[str, dict[str, Any]], gpus: Collection[str]) -> None:
+        """Replace the records of this server's GPUs (`gpus`: their keys, UUID or index) with
+        `states` (as gpu_states returns them) in one transaction. The records of other GPUs
+        stay: servers sharing a store keep theirs in the same table, and one server's save
+        must never take another's quarantine away."""
         now = time.time()
         with self._write() as db:
-            db.execute("DELETE FROM gpu_state")
+            for gpu in sorted(set(gpus) | set(states)):
+                db.execute("DELETE FROM gpu_state WHERE gpu = ?", (gpu,))
             for gpu, st in states.items():
                 q = st.get("quarantine")
                 db.execute("INSERT INTO gpu_state (gpu, draining, quarantine, updated) "
@@ -668,15 +699,24 @@ class StoreDB:
         return None if row is None else _lease(row)
 
     # ------------------------------------------------------------------------------ servers
-    def server_up(self, remoting: str, http: str, now: float) -> None:
-        """This server (self.server) starts: registered, or back from being marked down."""
+    def server_up(self, remoting: str, http: str, now: float,
+                  reg: ServerRegistration | None = None) -> None:
+        """This server (self.server) starts: registered, or back from being marked down.
+        `reg`: how the others reach it safely (fingerprints, HTTP address and scheme)."""
+        reg = reg or ServerRegistration()
         with self._write() as db:
-            db.execute("INSERT INTO servers (name, remoting, http, started, heartbeat) "
-                       "VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+            db.execute("INSERT INTO servers (name, remoting, http, started, heartbeat, "
+                       "fingerprint, http_address, http_scheme, http_fingerprint) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
                        "remoting = excluded.remoting, http = excluded.http, "
                        "started = excluded.started, heartbeat = excluded.heartbeat, "
+                       "fingerprint = excluded.fingerprint, "
+                       "http_address = excluded.http_address, "
+                       "http_scheme = excluded.http_scheme, "
+                       "http_fingerprint = excluded.http_fingerprint, "
                        "down = NULL, down_reason = ''",
-                       (self.server, remoting, http, now, now))
+                       (self.server, remoting, http, now, now, reg.fingerprint,
+                        reg.http_address, reg.http_scheme, reg.http_fingerprint))
 
     def server_heartbeat(self, now: float) -> bool:
         """This server is alive at `now`; False when another had marked it down meanwhile (it
@@ -710,6 +750,8 @@ class StoreDB:
     def servers(self) -> list[dict[str, Any]]:
         rows = self._conn.execute("SELECT * FROM servers ORDER BY name").fetchall()
         return [{"name": r["name"], "remoting": r["remoting"], "http": r["http"],
+                 "fingerprint": r["fingerprint"], "http_address": r["http_address"],
+                 "http_scheme": r["http_scheme"], "http_fingerprint": r["http_fingerprint"],
                  "started": r["started"], "heartbeat": r["heartbeat"],
                  "state": "up" if r["down"] is None else "down", "down_since": r["down"],
                  "down_reason": r["down_reason"]} for r in rows]
@@ -902,8 +944,9 @@ class Store:
     async def gpu_states(self) -> dict[str, dict[str, Any]]:
         return await self._run(self._db.gpu_states)
 
-    async def save_gpu_states(self, states: dict[str, dict[str, Any]]) -> None:
-        await self._run(self._db.save_gpu_states, states)
+    async def save_gpu_states(self, states: dict[str, dict[str, Any]],
+                              gpus: Collection[str]) -> None:
+        await self._run(self._db.save_gpu_states, states, gpus)
 
     async def leases(self, state: str = "all", limit: int = 100, before: int | None = None,
                      filters: LeaseFilter | None = None) -> list[LeaseRecord]:
@@ -917,8 +960,9 @@ class Store:
     def server(self) -> str:
         return self._db.server
 
-    async def server_up(self, remoting: str, http: str, now: float) -> None:
-        await self._run(self._db.server_up, remoting, http, now)
+    async def server_up(self, remoting: str, http: str, now: float,
+                        reg: ServerRegistration | None = None) -> None:
+        await self._run(self._db.server_up, remoting, http, now, reg)
 
     async def server_heartbeat(self, now: float) -> bool:
         return await self._run(self._db.server_heartbeat, now)

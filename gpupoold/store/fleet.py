@@ -158,6 +158,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
              json.dumps(list(w.only)) if w.only is not None else None, w.redirectable,
              w.joined), key="ticket")
     servers = {r["name"]: {"remoting": r["remoting"], "http": r["http"],
+                           "fingerprint": r["fingerprint"],
                            "state": "up" if r["down"] is None else "down",
                            "heartbeat": r["heartbeat"], "down_since": r["down"]}
                for r in db.execute("SELECT * FROM servers").fetchall()}

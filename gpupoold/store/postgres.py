@@ -21,9 +21,10 @@ PGPASSFILE file from the environment, or gpupoold passes the first line of
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,63 @@ def check_url(url: str) -> None:
     if not parts.path.strip("/") and "dbname=" not in parts.query:
         raise UrlError(f"the database URL {redacted(url)} names no database: write "
                        "postgresql://USER@HOST:PORT/DATABASE")
+
+
+def _local_host(host: str) -> bool:
+    """A libpq host that stays on this machine: empty (the default Unix socket), a socket
+    directory (`/...`, `@abstract`), `localhost` or a loopback address."""
+    import ipaddress
+
+    host = host.strip().strip("[]")
+    if not host or host.startswith(("/", "@")) or host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def url_hosts(url: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The hosts a libpq URL connects to: those of its authority (`host1,host2:port`), else its
+    `host=` parameter, else $PGHOST; [''] for the default Unix socket."""
+    env = os.environ if environ is None else environ
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    query = urllib.parse.parse_qs(parts.query)
+    text = urllib.parse.unquote(netloc)
+    hosts = []
+    for item in text.split(","):
+        item = item.strip()
+        if item.startswith("["):
+            hosts.append(item[1:item.find("]")] if "]" in item else item[1:])
+        else:
+            hosts.append(item.rpartition(":")[0] if item.count(":") == 1 else item)
+    if not any(hosts):
+        given = query.get("host", [env.get("PGHOST", "")])[-1]
+        hosts = [h.strip() for h in given.split(",")]
+    return hosts or [""]
+
+
+def link_problem(url: str, insecure: bool, environ: Mapping[str, str] | None = None
+                 ) -> str | None:
+    """Why the link to the database at `url` is not safe enough to start with, or None: a host
+    that is not loopback nor a Unix socket needs `sslmode=verify-full` (libpq's default `prefer`
+    falls back to clear text, and `require` accepts any certificate), unless `insecure`
+    (`database_insecure = true`, warned by the caller)."""
+    env = os.environ if environ is None else environ
+    remote = [h for h in url_hosts(url, env) if not _local_host(h)]
+    if not remote:
+        return None
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    sslmode = query.get("sslmode", [env.get("PGSSLMODE", "")])[-1]
+    if sslmode == "verify-full" or insecure:
+        return None
+    now = f"sslmode={sslmode}" if sslmode else "no sslmode (libpq's default, prefer)"
+    return (f"setting 'database': the PostgreSQL at {', '.join(remote)} is on another host and "
+            f"{redacted(url)} has {now}: anyone on that link could read or change tokens and "
+            f"lease records. Add `sslmode=verify-full&sslrootcert=/path/to/ca.crt` to the URL's "
+            f"query (the server's certificate must name that host), or set "
+            f"`database_insecure = true` to accept it (warned at every start)")
 
 
 def redacted(url: str) -> str:

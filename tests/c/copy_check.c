@@ -10,7 +10,12 @@
  *                                  the best of REPS sync copies each way of zeros, of random
  *                                  bytes and of "half" (4 KiB random, 4 KiB zeros: LZ4 halves
  *                                  it), as lines
- *                                  RESULT {"pattern": ..., "dir": "htod"|"dtoh", "bytes_per_s": ...})
+ *                                  RESULT {"pattern": ..., "dir": "htod"|"dtoh", "bytes_per_s": ...,
+ *                                          "cpu_s": ..., "bytes": ...}: cpu_s the CPU time of
+ *                                  this process, its shim threads included, over every rep of
+ *                                  that direction, which moved `bytes`)
+ *   copy_check rtt COUNT          (bench/link_bench.py: COUNT synchronous 4-byte device-to-host
+ *                                  copies, each a round trip; RESULT {"rtt_us": median, "p90_us": ...})
  *
  * Ends with "PASS copy_check: n checks" or "FAIL copy_check: k of n checks failed".
  */
@@ -18,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "gp_cuda_more.h"
@@ -68,6 +74,16 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* CPU seconds this process has used, every thread (the shim's sender and reader) included. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
 /* Context and one device buffer of n bytes on device 0; 0, or -1 (counted as failed). */
 static int open_device(size_t n, CUcontext *ctx, CUdeviceptr *d)
 {
@@ -102,28 +118,68 @@ static int bench(size_t mib, int reps)
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             buf[i] = pattern == 0 || (pattern == 2 && (i & 4096)) ? 0 : (uint8_t)x;
         }
-        double best_h = 1e30, best_d = 1e30;
+        double best_h = 1e30, best_d = 1e30, cpu_h = 0, cpu_d = 0;
         for (int r = 0; r < reps; r++) {
-            double t0 = now_s();
+            double c0 = cpu_s(), t0 = now_s();
             CK(cuMemcpyHtoD_v2(d, buf, n));
             CK(cuCtxSynchronize()); /* answered once the worker has the whole upload */
-            double t1 = now_s();
+            double c1 = cpu_s(), t1 = now_s();
             CK(cuMemcpyDtoH_v2(buf, d, n));
-            double t2 = now_s();
+            double c2 = cpu_s(), t2 = now_s();
+            cpu_h += c1 - c0;
+            cpu_d += c2 - c1;
             if (t1 - t0 < best_h)
                 best_h = t1 - t0;
             if (t2 - t1 < best_d)
                 best_d = t2 - t1;
         }
         const char *name = names[pattern];
-        printf("RESULT {\"pattern\": \"%s\", \"dir\": \"htod\", \"bytes_per_s\": %.0f}\n", name,
-               (double)n / best_h);
-        printf("RESULT {\"pattern\": \"%s\", \"dir\": \"dtoh\", \"bytes_per_s\": %.0f}\n", name,
-               (double)n / best_d);
+        double moved = (double)n * reps;
+        printf("RESULT {\"pattern\": \"%s\", \"dir\": \"htod\", \"bytes_per_s\": %.0f, "
+               "\"cpu_s\": %.6f, \"bytes\": %.0f}\n",
+               name, (double)n / best_h, cpu_h, moved);
+        printf("RESULT {\"pattern\": \"%s\", \"dir\": \"dtoh\", \"bytes_per_s\": %.0f, "
+               "\"cpu_s\": %.6f, \"bytes\": %.0f}\n",
+               name, (double)n / best_d, cpu_d, moved);
     }
     CK(cuMemFree_v2(d));
     CK(cuCtxDestroy_v2(ctx));
     free(buf);
+    return failed ? 1 : 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* count synchronous 4-byte copies to the host: each is one round trip to the worker. */
+static int rtt(int count)
+{
+    CUcontext ctx;
+    CUdeviceptr d = 0;
+    double *t = count > 0 ? malloc(sizeof *t * (size_t)count) : NULL;
+    if (!t || open_device(4096, &ctx, &d) != 0) {
+        free(t);
+        return 1;
+    }
+    uint32_t word = 0;
+    for (int i = 0; i < 20 && !failed; i++) /* warm up: the first calls set things up */
+        CK(cuMemcpyDtoH_v2(&word, d, sizeof word));
+    for (int i = 0; i < count && !failed; i++) {
+        double t0 = now_s();
+        CK(cuMemcpyDtoH_v2(&word, d, sizeof word));
+        t[i] = now_s() - t0;
+    }
+    if (!failed) {
+        qsort(t, (size_t)count, sizeof *t, cmp_double);
+        printf("RESULT {\"rtt_us\": %.2f, \"p90_us\": %.2f}\n", t[count / 2] * 1e6,
+               t[count * 9 / 10] * 1e6);
+    }
+    CK(cuMemFree_v2(d));
+    CK(cuCtxDestroy_v2(ctx));
+    free(t);
     return failed ? 1 : 0;
 }
 
@@ -147,6 +203,8 @@ int main(int argc, char **argv)
 {
     if (argc > 2 && !strcmp(argv[1], "dtoh"))
         return dtoh_once(strtoul(argv[2], NULL, 10));
+    if (argc > 2 && !strcmp(argv[1], "rtt"))
+        return rtt(atoi(argv[2]));
     if (argc > 3 && !strcmp(argv[1], "bench"))
         return bench(strtoul(argv[2], NULL, 10), atoi(argv[3]));
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;

@@ -182,7 +182,7 @@ static void test_environment_only(void)
     CHECK_STR_EQ(cfg->servers[0].address, "a.example:1");
     CHECK_STR_EQ(cfg->servers[0].host, "a.example");
     CHECK_STR_EQ(cfg->servers[0].port, "1");
-    CHECK_EQ(cfg->servers[0].tls, 0);
+    CHECK_EQ(cfg->servers[0].tls, 1); /* TLS is the default */
     CHECK_STR_EQ(cfg->servers[1].address, "b");
     CHECK_STR_EQ(cfg->servers[1].host, "b");
     CHECK_STR_EQ(cfg->servers[1].port, "7070");
@@ -498,7 +498,7 @@ static void test_short_form_and_values(void)
     CHECK_STR_EQ(captured, "");
     CHECK_EQ(cfg->nservers, 2);
     CHECK_STR_EQ(cfg->servers[0].address, "a:7070");
-    CHECK_EQ(cfg->servers[0].tls, 0);
+    CHECK_EQ(cfg->servers[0].tls, 1); /* TLS is the default */
     CHECK_STR_EQ(cfg->servers[1].address, "b:7070");
     CHECK_EQ(cfg->servers[1].tls, 1);
     CHECK_STR_EQ(cfg->servers[1].token, "q\"b\\s\xc3\xa9"); /* "\n\t" at the end: blanks */

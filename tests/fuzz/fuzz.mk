@@ -54,9 +54,12 @@ $(FUZZ_BUILD)/fuzz_worker: $(FUZZ_OBJ)/tests/fuzz/fuzz_worker.o $(FUZZ_WORKER_OB
 $(FUZZ_BUILD)/libgpupool-sim.so: $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(wildcard worker/sim/*.c))
 	$(FUZZ_CC) -shared $(FUZZ_SAN) -Wl,-soname,libgpupool-sim.so -o $@ $^ -ldl -lpthread
 
-# conn.c is compiled into the target itself (it includes it to reach its private state).
+# conn.c is compiled into the target itself (it includes it to reach its private state); tls.c
+# names servers as the configuration does (client_config.c: gp_server_desc).
 $(FUZZ_BUILD)/fuzz_shim_replies: $(FUZZ_OBJ)/tests/fuzz/fuzz_shim_replies.o \
-		$(FUZZ_OBJ)/common/compress.o $(addprefix $(FUZZ_OBJ)/client/common/,log.o tls.o) $(FUZZ_PROTO)
+		$(FUZZ_OBJ)/common/compress.o $(FUZZ_OBJ)/common/utf8.o \
+		$(addprefix $(FUZZ_OBJ)/client/common/,log.o tls.o client_config.o requirements.o net.o) \
+		$(FUZZ_PROTO)
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
 $(FUZZ_BUILD)/fuzz_client_config: $(FUZZ_OBJ)/tests/fuzz/fuzz_client_config.o \

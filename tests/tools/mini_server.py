@@ -3,7 +3,8 @@
 
 It accepts TCP connections, reads each client's hello frame and hands the socket to a new
 gpupool-worker (the hello body on its stdin), as the daemon does, without authentication,
-scheduling or leases. It prints "listening on HOST:PORT" once it is ready.
+scheduling or leases. It prints "listening on HOST:PORT" once it is ready. It speaks plain TCP
+(no TLS, unlike gpupoold's default): its clients must say so with GPUPOOL_TLS=0.
 
     python3 tests/tools/mini_server.py --worker build/gpupool-worker \
         --driver build/libgpupool-sim.so --simulated [--port 0] [--cache-dir DIR] \

@@ -4,7 +4,15 @@ message classes of the gpupool-protocol distribution (gpupool_protocol, generate
 protocol/gpupool.toml)."""
 
 from gpupool.wire.frames import Frame, read_frame, send_message
-from gpupool.wire.info import InfoResult, WireError, connect, fetch_info
+from gpupool.wire.info import (
+    TRUST_KINDS,
+    InfoResult,
+    PeerIdentity,
+    WireError,
+    connect,
+    fetch_info,
+    peer_identity,
+)
 
-__all__ = ["Frame", "InfoResult", "WireError", "connect", "fetch_info", "read_frame",
-           "send_message"]
+__all__ = ["TRUST_KINDS", "Frame", "InfoResult", "PeerIdentity", "WireError", "connect",
+           "fetch_info", "peer_identity", "read_frame", "send_message"]

@@ -1,11 +1,21 @@
 """The `info` request (protocol 1.1): what a server has, without taking a GPU.
 
-One connection per request: connect (TLS when the server's settings say so: the `ssl` module,
-the server's certificate checked against tls_ca or the system store, the host name checked, a
-client certificate when tls_cert/tls_key are set), send `info` as the first frame, read the
-reply; gpupoold then closes the connection. `document` turns the reply's records into the
-dictionary `gpupool status`, `smi` and `doctor` read (and `status --json` prints), with the
-HTTP API's names.
+One connection per request: connect, send `info` as the first frame, read the reply; gpupoold
+then closes the connection. `document` turns the reply's records into the dictionary `gpupool
+status`, `smi` and `doctor` read (and `status --json` prints), with the HTTP API's names.
+
+Trust follows the shims' rules (client/common/tls.c), asked of the same C code through
+libgpupool-config.so (gpupool.config.trust_problem, check_pin), so the command and programs
+never disagree about a server:
+- plain TCP only when the server's settings say tls = false (GPUPOOL_TLS=0);
+- TLS with a pin (tls_fingerprint / GPUPOOL_TLS_FINGERPRINT): no chain or host name to check
+  (the server's certificate is self-signed); after the handshake the key it presents must be the
+  pinned one, before a byte of ours is written;
+- TLS with a CA (tls_ca): the chain and the host name are checked (and the pin too when both
+  are set);
+- neither: refused before connecting, with the one line that names `gpupool login HOST:PORT`.
+`gpupool login` alone connects without either ("learn", peer_identity) to show the user the
+fingerprint; it sends nothing on that connection.
 """
 
 from __future__ import annotations
@@ -19,20 +29,39 @@ from typing import Any
 
 import gpupool_protocol as gp
 
-from gpupool.config import ServerConfig, format_number
+from gpupool.config import (
+    ConfigError,
+    ServerConfig,
+    check_pin,
+    fingerprint_of_cert,
+    format_number,
+    server_desc,
+    trust_problem,
+)
 from gpupool.wire.frames import Frame, read_frame, send_message
 
 INFO_REQ = 1
 NOTICE_OP = 3
 
 
+# WireError kinds where this client refused the server, not the other way round: nothing
+# secret was sent. "trust": neither a pin nor a CA (not even connected); "identity": the key it
+# presents is not the pinned one (or it presented none).
+TRUST_KINDS = ("trust", "identity")
+
+
 class WireError(Exception):
-    """The server could not be reached or did not answer `info` properly: one line, why.
-    `kind` says which step failed: connect, tls, protocol."""
+    """The server could not be reached, was not trusted, or did not answer `info` properly: one
+    line, why. `kind` says which step failed: trust, connect, tls, identity, protocol."""
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+    @property
+    def refused_by_us(self) -> bool:
+        """This client refused the server (TRUST_KINDS): nothing secret was sent."""
+        return self.kind in TRUST_KINDS
 
 
 @dataclass
@@ -49,6 +78,7 @@ class InfoResult:
     data: dict[str, Any] = field(default_factory=dict)  # document(reply) ({} on refusal)
     elapsed_s: float = 0.0
     tls_version: str = ""  # "TLSv1.3" over TLS, "" for plain TCP
+    identity: str = ""  # the fingerprint of the key that answered (TLS), checked as configured
 
     @property
     def ok(self) -> bool:
@@ -64,13 +94,20 @@ def _remaining(deadline: float | None) -> float | None:
     return max(0.001, deadline - time.monotonic())
 
 
-def _tls_context(srv: ServerConfig) -> ssl.SSLContext:
-    try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=srv.tls_ca or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise WireError(f"TLS: cannot use the CA file {srv.tls_ca} "
-                        f"({getattr(exc, 'strerror', None) or exc}); set tls_ca "
-                        "(GPUPOOL_TLS_CA) to a PEM file of CA certificates", "tls") from None
+def _tls_context(srv: ServerConfig, verify: bool) -> ssl.SSLContext:
+    """With `verify`, the CA's rules (tls_ca: chain and host name); without, none: the pin
+    checked after the handshake is the identity (or, for `gpupool login`, the user's eyes)."""
+    if verify:
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=srv.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise WireError(f"TLS: cannot use the CA file {srv.tls_ca} "
+                            f"({getattr(exc, 'strerror', None) or exc}); set tls_ca "
+                            "(GPUPOOL_TLS_CA) to a PEM file of CA certificates", "tls") from None
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if srv.tls_cert:
         try:
@@ -94,8 +131,10 @@ def _tls_error(exc: ssl.SSLError, srv: ServerConfig) -> WireError:
     if any(w in low for w in ("wrong version number", "packet length too long",
                               "record layer failure", "unexpected eof", "record_layer")):
         return WireError(f"TLS handshake failed ({why}): the server does not speak TLS on this "
-                         "port; drop tls:// and tls = true for this server (and unset "
-                         "GPUPOOL_TLS), or enable tls_cert on the server", "tls")
+                         "port (a gpupoold with tls = \"off\", or older than TLS by default); "
+                         "ask its operator to turn TLS on, or, on a network you trust, use it "
+                         f"in plain TCP: `gpupool login {server_desc(srv)} --plain` (tls = "
+                         "false for this server)", "tls")
     if "certificate required" in low or "handshake failure" in low:
         return WireError(f"TLS handshake failed ({why}): the server requires a client "
                          "certificate that its tls_client_ca signed: set tls_cert and tls_key "
@@ -106,9 +145,45 @@ def _tls_error(exc: ssl.SSLError, srv: ServerConfig) -> WireError:
     return WireError(f"TLS handshake failed ({why})", "tls")
 
 
-def connect(srv: ServerConfig, timeout: float) -> socket.socket:
-    """A connected socket to the server (TLS-wrapped per its settings). WireError says why not.
-    `timeout` 0 means no limit."""
+def _judge(srv: ServerConfig) -> None:
+    """WireError "trust" when `srv` may not be sent a token (the shims' rule)."""
+    try:
+        problem = trust_problem(srv)
+    except ConfigError as exc:
+        raise WireError(str(exc), "trust") from None
+    if problem:
+        raise WireError(problem, "trust")
+
+
+def _peer_cert(sock: ssl.SSLSocket) -> bytes:
+    der = sock.getpeercert(binary_form=True)
+    if not der:
+        raise WireError("TLS: the server sent no certificate, so its identity cannot be "
+                        "checked: nothing was sent", "identity")
+    return der
+
+
+def _check_identity(sock: ssl.SSLSocket, srv: ServerConfig) -> None:
+    """The key the server presents against the pin, before a byte of ours is written."""
+    if not srv.tls_fingerprint:
+        return
+    try:
+        problem = check_pin(_peer_cert(sock), srv.tls_fingerprint, server_desc(srv))
+    except ConfigError as exc:
+        raise WireError(str(exc), "identity") from None
+    if problem:
+        raise WireError(problem, "identity")
+
+
+def connect(srv: ServerConfig, timeout: float, learn: bool = False) -> socket.socket:
+    """A connected socket to the server (TLS-wrapped and its identity checked per its
+    settings). WireError says why not; a server this client does not trust is refused before
+    connecting. `timeout` 0 means no limit. `learn` (gpupool login only): TLS without any check
+    of who answers, for the caller to show the fingerprint; nothing may be sent on it."""
+    if learn and not srv.tls:
+        raise AssertionError("learn needs TLS")  # a bug of ours: plain TCP has no identity
+    if not learn:
+        _judge(srv)
     deadline = time.monotonic() + timeout if timeout > 0 else None
     limit = f"timed out after {format_number(timeout)} s"
     try:
@@ -126,10 +201,10 @@ def connect(srv: ServerConfig, timeout: float) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not srv.tls:
             return sock
-        ctx = _tls_context(srv)
+        ctx = _tls_context(srv, verify=bool(srv.tls_ca) and not learn)
         sock.settimeout(_remaining(deadline))
         try:
-            return ctx.wrap_socket(sock, server_hostname=srv.host)
+            tls = ctx.wrap_socket(sock, server_hostname=srv.host)
         except ssl.SSLError as exc:
             raise _tls_error(exc, srv) from None
         except (socket.timeout, TimeoutError):
@@ -137,9 +212,50 @@ def connect(srv: ServerConfig, timeout: float) -> socket.socket:
         except OSError as exc:
             raise WireError(f"TLS handshake failed: {exc.strerror or exc}: the server does not "
                             "speak TLS on this port, or closed the connection", "tls") from None
+        try:
+            if not learn:
+                _check_identity(tls, srv)
+        except BaseException:
+            tls.close()
+            raise
+        return tls
     except BaseException:
         sock.close()
         raise
+
+
+@dataclass
+class PeerIdentity:
+    """Who answered a `learn` connection: its certificate and the fingerprint of its key."""
+
+    der: bytes
+    fingerprint: str
+
+
+def peer_identity(srv: ServerConfig, timeout: float) -> PeerIdentity:
+    """Connect with TLS, take the server's certificate and close: nothing but the handshake
+    crosses (no token, no frame). For `gpupool login`, which shows the fingerprint to the user
+    (or compares it with --fingerprint) before anything secret is sent."""
+    sock = connect(srv, timeout, learn=True)
+    assert isinstance(sock, ssl.SSLSocket)
+    with sock:
+        der = _peer_cert(sock)
+    try:
+        return PeerIdentity(der, fingerprint_of_cert(der))
+    except ConfigError as exc:
+        raise WireError(f"TLS: cannot read the server's certificate ({exc})", "identity") \
+            from None
+
+
+def identity_of(sock: socket.socket) -> str:
+    """The fingerprint of the key a TLS peer presented ("" for plain TCP)."""
+    if not isinstance(sock, ssl.SSLSocket):
+        return ""
+    der = sock.getpeercert(binary_form=True)
+    try:
+        return fingerprint_of_cert(der) if der else ""
+    except ConfigError:
+        return ""
 
 
 def _read_reply(sock: socket.socket, srv: ServerConfig, deadline: float | None,
@@ -200,8 +316,9 @@ def fetch_info(srv: ServerConfig, timeout: float, gpu: str = "", model: str = ""
             raise WireError(f"sending info: {exc.strerror or exc}", "protocol") from None
         frame = _read_reply(sock, srv, deadline, timeout)
         tls_version = (sock.version() or "") if isinstance(sock, ssl.SSLSocket) else ""
+        identity = identity_of(sock)
     try:
-        reply = gp.InfoReply.decode(frame.body)
+        reply = decode_reply(frame.body)
     except gp.ProtocolError as exc:
         raise WireError(f"the server's info reply is malformed ({exc}); is it a gpupoold of "
                         "this version?", "protocol") from None
@@ -210,7 +327,29 @@ def fetch_info(srv: ServerConfig, timeout: float, gpu: str = "", model: str = ""
                       minor=reply.minor, server=reply.server, gpus=reply.gpus,
                       matching=reply.matching, free_matching=reply.free_matching,
                       queue=reply.queue, data=data, elapsed_s=time.monotonic() - start,
-                      tls_version=tls_version)
+                      tls_version=tls_version, identity=identity)
+
+
+def decode_reply(body: bytes) -> gp.InfoReply:
+    """An info reply of this protocol version, of a newer 1.x (its added fields ignored), or of
+    a 1.3 server (it ends before `fingerprint` and `fleet_servers`: read as empty)."""
+    try:
+        return gp.InfoReply.decode(body)
+    except gp.ProtocolError as exc:
+        error = exc
+    try:
+        reply = gp.InfoReply.decode(body, allow_trailing=True)
+        if reply.major == gp.MAJOR and reply.minor > gp.MINOR:
+            return reply
+    except gp.ProtocolError:
+        pass
+    try:  # 1.3: an empty fingerprint (u32 length 0) and an empty fleet_servers (u32 count 0)
+        reply = gp.InfoReply.decode(body + bytes(8))
+        if reply.major == gp.MAJOR and reply.minor < 4:
+            return reply
+    except gp.ProtocolError:
+        pass
+    raise error
 
 
 # ------------------------------------------------------------------------------ the document
@@ -277,7 +416,16 @@ def document(reply: gp.InfoReply) -> dict[str, Any]:
         "truncated": bool(reply.truncated),
         # Protocol 1.3: every GPU of the fleet this server belongs to (empty: no fleet).
         "fleet": [fleet_gpu_view(r) for r in getattr(reply, "fleet_gpus", ())],
+        # Protocol 1.4: the server's own identity, and every server of its fleet with the
+        # identity it registered (what `gpupool login` pins for them).
+        "fingerprint": reply.fingerprint,
+        "fleet_servers": [fleet_server_view(r) for r in reply.fleet_servers],
     }
+
+
+def fleet_server_view(r: gp.InfoFleetServer) -> dict[str, Any]:
+    return {"server": r.server, "address": r.address, "server_state": r.server_state,
+            "this": bool(r.this), "fingerprint": r.fingerprint}
 
 
 def fleet_gpu_view(r: gp.InfoFleetGpu) -> dict[str, Any]:

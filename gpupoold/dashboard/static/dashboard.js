@@ -158,6 +158,9 @@
     var s = state.summary;
     var set = function (id, v) { var e = document.getElementById(id); if (e) e.textContent = String(v); };
     set("sum-gpus", s.gpus); set("sum-leases", s.leases); set("sum-queue", s.queue);
+    // the nouns after the counts, as the page's template writes them
+    set("sum-gpus-noun", s.gpus === 1 ? "GPU" : "GPUs");
+    set("sum-leases-noun", s.leases === 1 ? "active lease" : "active leases");
     STATES.forEach(function (st) {
       var e = document.querySelector('[data-count="' + st + '"]');
       if (e) e.textContent = s.states[st] + " " + st;

@@ -17,7 +17,7 @@ from gpupool_protocol.runtime import (
                                       parse_header,
 )
 
-__version__ = "1.3.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
+__version__ = "1.4.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
 
 __all__ = [
     "FLAG_REPLY",
