@@ -32,11 +32,11 @@ from typing import Any
 from gpupoold import __version__
 from gpupoold.admin_client import AdminClient, AdminError, base_url, tls_context
 from gpupoold.auth.authenticator import LOCAL_ADMIN_FILE
-from gpupoold.auth.tokens import check_token_name, format_local, parse_expiry
 from gpupoold.config.file import EX_CONFIG, ConfigError, load_settings
 from gpupoold.config.settings import DEFAULT_CONFIG, Settings, iter_flags
 from gpupoold.store.database import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
 from gpupoold.store.postgres import UrlError, driver_errors
+from gpupoold.store.tokens import check_token_name, format_local, parse_expiry
 
 ADMIN_TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from gpupoold.auth import tokens
 from gpupoold.auth.authenticator import (
     LOCAL_ADMIN_FILE,
     AcceptAnyToken,
@@ -20,6 +19,7 @@ from gpupoold.auth.authenticator import (
     ensure_local_admin_token,
     write_secret_file,
 )
+from gpupoold.store import tokens
 from gpupoold.store.database import Store
 
 

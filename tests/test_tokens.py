@@ -1,4 +1,4 @@
-"""API token text, hashing, names and expiry (gpupoold/auth/tokens.py)."""
+"""API token text, hashing, names and expiry (gpupoold/store/tokens.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpupoold.auth import tokens
-from gpupoold.auth.tokens import (
+from gpupoold.store import tokens
+from gpupoold.store.tokens import (
     LOCAL_ADMIN,
     check_role,
     check_token_name,

@@ -27,6 +27,7 @@ from gpupool.wire.frames import read_exactly
 from sim_images import NOOP_PTX
 from worker_client import next_frame
 
+from gpupoold.gpu.environment import driver_environment
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.workers import control
 from gpupoold.workers.supervisor import (
@@ -244,7 +245,7 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUPOOL_TEST_MARK", "daemon")
     g = Gpu(index=0, name="x", uuid="", simulated=True, driver="d", ordinal=0,
             env={"GPUPOOL_SIM_CONFIG": "/c.conf", "GPUPOOL_TEST_MARK": "gpu"})
-    env = WorkerSupervisor.environment(g)
+    env = driver_environment(g)
     assert "LD_PRELOAD" not in env
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["GPUPOOL_SIM_CONFIG"] == "/c.conf" and env["GPUPOOL_TEST_MARK"] == "gpu"
@@ -605,7 +606,7 @@ class RawWorker:
     def __init__(self, cache: Path, *extra: str) -> None:
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.ctl.settimeout(60)
-        env = WorkerSupervisor.environment(Gpu(0, "x", "", True, str(SIM), 0))
+        env = driver_environment(Gpu(0, "x", "", True, str(SIM), 0))
         self.proc = subprocess.Popen(
             [str(WORKER), "--control-fd", str(theirs.fileno()), "--driver", str(SIM),
              "--device", "0", "--cache-dir", str(cache), "--simulated", *extra],
@@ -803,7 +804,7 @@ def test_usage_errors(tmp_path: Path) -> None:
 
 
 def test_workers_never_get_the_client_shim_as_their_driver(tmp_path, native_build) -> None:
-    from gpupoold.workers.supervisor import without_shim_dirs
+    from gpupoold.gpu.environment import without_shim_dirs
 
     shim_dir, driver_dir, empty = tmp_path / "shim", tmp_path / "driver", tmp_path / "empty"
     for d in (shim_dir, driver_dir, empty):

@@ -1,6 +1,6 @@
 """Who may use gpupoold: the check the remoting handshake and the HTTP API make on a token.
 
-`TokenAuthenticator` (setting `auth = "token"`) checks API tokens against the store (auth/tokens.py
+`TokenAuthenticator` (setting `auth = "token"`) checks API tokens against the store (store/tokens.py
 says how: hashed secrets, constant-time comparison) and answers an `AuthDecision` whose `message`
 tells a refused client what happened and what to do. `NoAuthentication` (`auth = "none"`) lets
 everyone in as the admin "anonymous".
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gpupoold.auth.tokens import FORMAT_TEXT, LOCAL_ADMIN, PREFIX, format_utc
 from gpupoold.config.identity import server_name
 from gpupoold.store.database import Store, StoreClosed, TokenCheck
+from gpupoold.store.tokens import FORMAT_TEXT, LOCAL_ADMIN, PREFIX, format_utc
 
 log = logging.getLogger("gpupoold.auth")
 

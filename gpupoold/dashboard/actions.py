@@ -8,7 +8,6 @@ from typing import Any
 
 from aiohttp import web
 
-from gpupoold.auth.tokens import check_token_name, parse_expiry
 from gpupoold.dashboard.access import refused, viewer
 from gpupoold.dashboard.pages import render_tokens
 from gpupoold.dashboard.sessions import Viewer, csrf_ok
@@ -16,6 +15,7 @@ from gpupoold.dashboard.state import DASHBOARD
 from gpupoold.http.keys import LEASES, STORE
 from gpupoold.pool.leases import LeaseError
 from gpupoold.store.database import NotFound, TokenExists
+from gpupoold.store.tokens import check_token_name, parse_expiry
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupoold.gpu.environment import driver_environment
 from gpupoold.gpu.inventory import Gpu
-from gpupoold.workers.supervisor import WorkerSupervisor
 
 log = logging.getLogger("gpupoold.checkpoint")
 
@@ -47,7 +47,7 @@ async def run_checkpoint(binary: Path, gpu: Gpu, pid: int, action: str, *,
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=WorkerSupervisor.environment(gpu))
+            stderr=asyncio.subprocess.PIPE, env=driver_environment(gpu))
     except OSError as exc:
         return CheckpointResult(False, 0.0, error=f"cannot start {binary}: {exc}; reinstall "
                                 "gpupoold", unsupported=True)

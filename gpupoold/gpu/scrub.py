@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpupoold.gpu.environment import driver_environment
 from gpupoold.gpu.inventory import Gpu
-from gpupoold.workers.supervisor import WorkerSupervisor
 
 log = logging.getLogger("gpupoold.scrub")
 
@@ -49,11 +49,6 @@ def scrub_command(binary: Path, gpu: Gpu) -> list[str]:
     if gpu.simulated:
         cmd.append("--simulated")
     return cmd
-
-
-def scrub_env(gpu: Gpu) -> dict[str, str]:
-    """What the workers get too (the scrub talks to the driver the same way)."""
-    return WorkerSupervisor.environment(gpu)
 
 
 def _describe_exit(code: int) -> str:
@@ -148,7 +143,7 @@ async def run_scrub(binary: Path, gpu: Gpu, timeout: float) -> ScrubResult:
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=scrub_env(gpu))
+            stderr=asyncio.subprocess.PIPE, env=driver_environment(gpu))
     except OSError as exc:
         return ScrubResult(False, 0, 0.0, f"cannot start the scrub binary {binary}: {exc}; reinstall "
                            "gpupoold or set the scrub binary's path", {})

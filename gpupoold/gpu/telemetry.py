@@ -22,19 +22,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu, Inventory
 from gpupoold.gpu.nvml import NvmlUnavailable
 from gpupoold.gpu.sim import sim_sensors
 from gpupoold.tasks import stop_task
-
-if TYPE_CHECKING:
-    from gpupoold.pool.leases import LeaseManager
-    from gpupoold.workers.supervisor import Worker, WorkerStats
 
 log = logging.getLogger("gpupoold.telemetry")
 
@@ -50,6 +46,38 @@ LIVE_FIELDS = ("at", "memory_total", "memory_used", "memory_free", "gpu_util", "
                "mem_clock_mhz", "cuda_driver_version",
                # health meters, real GPUs with NVML only (Nvml.health_counters)
                "ecc_uncorrected", "xid_errors", "remapped_rows_pending", "remapped_rows_failure")
+
+
+# What the sampler reads of the lease manager (pool/leases.py): slots[i].lease.worker.stats, the
+# last stats event of the worker serving GPU i (workers/supervisor.py, WorkerStats). Described
+# here rather than imported: the GPU layer sits below the workers and the pool, which import it.
+class SessionStats(Protocol):
+    @property
+    def duration_s(self) -> float: ...  # since the session started
+    @property
+    def busy_ns(self) -> int: ...  # ns spent executing work
+    @property
+    def mem_used(self) -> int: ...  # bytes of device memory the session holds
+
+
+class LeaseWorker(Protocol):
+    @property
+    def stats(self) -> SessionStats: ...
+
+
+class _Lease(Protocol):
+    @property
+    def worker(self) -> LeaseWorker | None: ...
+
+
+class _Slot(Protocol):
+    @property
+    def lease(self) -> _Lease | None: ...
+
+
+class LeaseTable(Protocol):
+    @property
+    def slots(self) -> Sequence[_Slot]: ...
 
 
 def unknown_live(gpu: Gpu, cuda_driver_version: int = 0) -> dict[str, Any]:
@@ -69,8 +97,8 @@ def _percent(value: float) -> int:
 class _SimTrack:
     """What the sampler last saw of a simulated GPU's lease worker."""
 
-    worker: Worker | None = None
-    stats: WorkerStats | None = None
+    worker: LeaseWorker | None = None
+    stats: SessionStats | None = None
     seen: float = 0.0  # monotonic time the last new stats event was seen
     util: int = 0
     read_at: float = 0.0  # monotonic time of the last reading (for the energy)
@@ -79,7 +107,7 @@ class _SimTrack:
 
 class Telemetry:
     def __init__(self, inventory: Inventory,
-                 leases: LeaseManager | Callable[[], LeaseManager | None] | None,
+                 leases: LeaseTable | Callable[[], LeaseTable | None] | None,
                  settings: Settings) -> None:
         self.inventory = inventory
         self._leases = leases
@@ -182,7 +210,7 @@ class Telemetry:
             out[g.index] = live
         return out
 
-    def _lease_worker(self, index: int) -> Worker | None:
+    def _lease_worker(self, index: int) -> LeaseWorker | None:
         leases = self._leases() if callable(self._leases) else self._leases
         if leases is None or not 0 <= index < len(leases.slots):
             return None

@@ -19,7 +19,6 @@ from typing import Any
 from aiohttp import web
 
 from gpupoold import __version__
-from gpupoold.auth.tokens import check_token_name, parse_expiry
 from gpupoold.http.auth import ApiError, caller
 from gpupoold.http.keys import (
     COUNTERS,
@@ -36,6 +35,7 @@ from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
+from gpupoold.store.tokens import check_token_name, parse_expiry
 
 LEASE_STATES = ("active", "ended", "all")
 TOKEN_ROLES = ("user", "admin")

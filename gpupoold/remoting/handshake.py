@@ -34,7 +34,9 @@ class Refusal:
     message: str
 
 
-def server_name() -> str:
+def server_banner() -> str:
+    """The software and host a reply's `server` field names, for people reading a client's
+    messages; not the server's name in the fleet (config/identity.py, `server_name`)."""
     return f"gpupoold {__version__} on {socket.gethostname()}"
 
 
@@ -83,7 +85,7 @@ def clip(text: str, limit: int) -> str:
 
 def refusal_reply(refusal: Refusal) -> gp.HelloReply:
     return gp.HelloReply(result=refusal.result, major=gp.MAJOR, minor=gp.MINOR,
-                         message=clip(refusal.message, 4095), server=clip(server_name(), 255))
+                         message=clip(refusal.message, 4095), server=clip(server_banner(), 255))
 
 
 def redirect_reply(address: str, server: str, gpu: int, fingerprint: str = "") -> gp.HelloReply:
@@ -94,7 +96,7 @@ def redirect_reply(address: str, server: str, gpu: int, fingerprint: str = "") -
     return gp.HelloReply(result=gp.GP_EREDIRECT, major=gp.MAJOR, minor=gp.MINOR,
                          message=clip(f"GPU {gpu} of server {server} ({address}) is held for "
                                       "this client: connect there", 4095),
-                         server=clip(server_name(), 255), redirect=clip(address, 255),
+                         server=clip(server_banner(), 255), redirect=clip(address, 255),
                          redirect_fingerprint=clip(fingerprint, 63))
 
 

@@ -31,7 +31,7 @@ from gpupoold.pool.fleet_view import fleet_gpus
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
-from gpupoold.remoting.handshake import Refusal, clip, parse_first_frame, server_name
+from gpupoold.remoting.handshake import Refusal, clip, parse_first_frame, server_banner
 
 # The spec's limits on the reply's arrays (records:info_gpu:1024 and so on): what is past them is
 # left out, and `truncated` says so.
@@ -50,7 +50,7 @@ def parse_info(body: bytes) -> gp.Info | Refusal:
 def refusal(refused: Refusal) -> gp.InfoReply:
     """The reply to a refused info request: counts 0, no views."""
     return gp.InfoReply(result=refused.result, major=gp.MAJOR, minor=gp.MINOR,
-                        message=clip(refused.message, 4095), server=clip(server_name(), 255),
+                        message=clip(refused.message, 4095), server=clip(server_banner(), 255),
                         cuda_driver_version=UNKNOWN, time=math.nan)
 
 
@@ -169,7 +169,7 @@ def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: 
     leases, queue = views.active_leases(), views.queue_view()
     srv = server_view(settings, views, remoting)
     return gp.InfoReply(
-        result=0, major=gp.MAJOR, minor=gp.MINOR, message="", server=clip(server_name(), 255),
+        result=0, major=gp.MAJOR, minor=gp.MINOR, message="", server=clip(server_banner(), 255),
         gpus=_u32(counts[0]), matching=_u32(counts[1]), free_matching=_u32(counts[2]),
         queue=_u32(counts[3]), version=_text(srv["version"], 63),
         host=_text(srv["host"], 255), remoting=_text(srv["remoting"], 255),
@@ -230,7 +230,7 @@ class _Snapshot:
         srv = self.server
         head = gp.InfoReply(
             result=0, major=gp.MAJOR, minor=gp.MINOR, message="",
-            server=clip(server_name(), 255), gpus=_u32(counts[0]), matching=_u32(counts[1]),
+            server=clip(server_banner(), 255), gpus=_u32(counts[0]), matching=_u32(counts[1]),
             free_matching=_u32(counts[2]), queue=_u32(counts[3]),
             version=_text(srv["version"], 63), host=_text(srv["host"], 255),
             remoting=_text(srv["remoting"], 255), auth=_text(srv["auth"], 15),

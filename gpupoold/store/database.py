@@ -19,7 +19,7 @@ The schema is versioned with `PRAGMA user_version` (PostgreSQL: the table `gpupo
 starting together migrate once). A
 database written by a newer gpupoold (a higher version than this one knows) is refused rather
 than guessed at. Times are Unix seconds (float). Token secrets are never stored: only the SHA-256
-of the secret (auth/tokens.py).
+of the secret (store/tokens.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpupoold.auth.tokens import (
+from gpupoold.store import fleet, postgres
+from gpupoold.store.tokens import (
     check_role,
     check_token_name,
     format_utc,
@@ -48,7 +49,6 @@ from gpupoold.auth.tokens import (
     parse_token,
     secret_matches,
 )
-from gpupoold.store import fleet, postgres
 
 DB_NAME = "gpupoold.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import re
@@ -43,6 +42,7 @@ from typing import Any
 
 import gpupool_protocol as gp
 
+from gpupoold.gpu.environment import driver_environment
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import journal_fields
 from gpupoold.workers import control
@@ -585,32 +585,6 @@ def _consume(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-@functools.lru_cache(maxsize=8)
-def without_shim_dirs(search_path: str) -> str:
-    """LD_LIBRARY_PATH without the folders that hold gpupool's client shim as libcuda.so.1: a
-    daemon started from a shell set up for gpupool clients (`gpupool env`) would otherwise give
-    its workers the shim instead of the NVIDIA driver. Cached: the files are read once."""
-    kept = []
-    for folder in search_path.split(":"):
-        lib = Path(folder or ".") / "libcuda.so.1"
-        try:
-            # The shim is about 1 MiB; a real driver is tens of MiB and never read whole here.
-            is_shim = lib.stat().st_size < _SHIM_MAX_SIZE and _SHIM_MARK in lib.read_bytes()
-        except OSError:
-            is_shim = False
-        if is_shim:
-            log.warning("LD_LIBRARY_PATH folder %s holds the gpupool client shim as libcuda.so.1: "
-                        "left out of the workers' LD_LIBRARY_PATH (they need the NVIDIA driver)",
-                        folder)
-        else:
-            kept.append(folder)
-    return ":".join(kept)
-
-
-_SHIM_MARK = b"GPUPOOL_SERVER is not set"  # a message only the client shim carries
-_SHIM_MAX_SIZE = 16 << 20
-
-
 class WorkerSupervisor:
     """Starts every worker, follows it until it is reaped, and stops them all at shutdown.
     With a `workers_dir` (workers/state_dir.py) it also keeps a pid file per worker it follows, so the
@@ -651,18 +625,6 @@ class WorkerSupervisor:
             argv += ["--adopt-dir", str(self.adopt_dir), "--orphan-grace", f"{self.orphan_grace:g}"]
         return argv
 
-    @staticmethod
-    def environment(gpu: Gpu) -> dict[str, str]:
-        """The daemon's environment, the GPU's, CUDA ordinals in NVML (PCI bus) order, and no
-        LD_PRELOAD (what is preloaded into the daemon has no business in a worker)."""
-        env = dict(os.environ)
-        env.update(gpu.env)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env.pop("LD_PRELOAD", None)
-        if env.get("LD_LIBRARY_PATH"):
-            env["LD_LIBRARY_PATH"] = without_shim_dirs(env["LD_LIBRARY_PATH"])
-        return env
-
     async def spawn(self, gpu: Gpu, timeout: float = 60.0) -> Worker:
         """Start a worker on `gpu` and return it once it is `ready` (device set up, waiting for
         a session). WorkerStartError (with a message for the log and the client) otherwise."""
@@ -683,7 +645,7 @@ class WorkerSupervisor:
             # workers/process.py).
             popen = subprocess.Popen(
                 self.argv(gpu, theirs.fileno()), pass_fds=(theirs.fileno(),),
-                env=self.environment(gpu), stdin=subprocess.DEVNULL, stdout=out_w,
+                env=driver_environment(gpu), stdin=subprocess.DEVNULL, stdout=out_w,
                 stderr=out_w)
         except OSError as exc:
             ours.close()

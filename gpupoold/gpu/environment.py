@@ -1,0 +1,54 @@
+"""The environment of every process gpupoold starts to drive a GPU: the workers
+(workers/supervisor.py), the scrub (gpu/scrub.py) and the checkpoint tool (gpu/checkpoint.py).
+They all load the GPU's driver library, so they all need the same view of it; the function lives
+here, beside the GPU inventory, so that those three reach it without importing each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+from gpupoold.gpu.inventory import Gpu
+
+# The workers' logger: the warning below is about what the workers are given.
+log = logging.getLogger("gpupoold.workers")
+
+_SHIM_MARK = b"GPUPOOL_SERVER is not set"  # a message only the client shim carries
+_SHIM_MAX_SIZE = 16 << 20
+
+
+def driver_environment(gpu: Gpu) -> dict[str, str]:
+    """The daemon's environment, the GPU's, CUDA ordinals in NVML (PCI bus) order, and no
+    LD_PRELOAD (what is preloaded into the daemon has no business in a process on the GPU)."""
+    env = dict(os.environ)
+    env.update(gpu.env)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.pop("LD_PRELOAD", None)
+    if env.get("LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = without_shim_dirs(env["LD_LIBRARY_PATH"])
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def without_shim_dirs(search_path: str) -> str:
+    """LD_LIBRARY_PATH without the folders that hold gpupool's client shim as libcuda.so.1: a
+    daemon started from a shell set up for gpupool clients (`gpupool env`) would otherwise give
+    its workers the shim instead of the NVIDIA driver. Cached: the files are read once."""
+    kept = []
+    for folder in search_path.split(":"):
+        lib = Path(folder or ".") / "libcuda.so.1"
+        try:
+            # The shim is about 1 MiB; a real driver is tens of MiB and never read whole here.
+            is_shim = lib.stat().st_size < _SHIM_MAX_SIZE and _SHIM_MARK in lib.read_bytes()
+        except OSError:
+            is_shim = False
+        if is_shim:
+            log.warning("LD_LIBRARY_PATH folder %s holds the gpupool client shim as libcuda.so.1: "
+                        "left out of the workers' LD_LIBRARY_PATH (they need the NVIDIA driver)",
+                        folder)
+        else:
+            kept.append(folder)
+    return ":".join(kept)
