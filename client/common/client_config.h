@@ -11,8 +11,8 @@
  * are stripped of blanks at both ends and an empty one counts as unset, in the file and the
  * environment alike.
  *
- * Self-contained (client_config.c, requirements.c, log.c): no shim state, so that the NVML shim
- * links it too.
+ * Self-contained (client_config.c and the units it names, toml_lexer.c, requirements.c, log.c):
+ * no shim state, so that the NVML shim links it too. The keys: client_config_keys.h.
  */
 #ifndef GP_CLIENT_CONFIG_H
 #define GP_CLIENT_CONFIG_H

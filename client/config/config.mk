@@ -5,7 +5,7 @@
 # it in a process never stands in for a real libcuda.so.1 or libnvidia-ml.so.1 loaded later.
 CONFIG_LIB := $(BUILD)/client/libgpupool-config.so
 CONFIG_LIB_OBJS := $(BUILD)/obj/client/config/binding.o \
-    $(addprefix $(BUILD)/obj/client/common/,client_config.o requirements.o net.o tls.o log.o) \
+    $(addprefix $(BUILD)/obj/client/common/,$(CLIENT_CONFIG_UNITS) requirements.o net.o tls.o log.o) \
     $(GP_UTF8_OBJS)
 
 EXTRA_CFLAGS_client_config_ := $(CLIENT_COMMON_INC)

@@ -38,7 +38,7 @@ $(BUILD)/tests/test_export_tables: $(BUILD)/obj/tests/c/test_export_tables.o \
 # The client configuration (client_config.c): files, the TOML subset, the environment on top.
 TEST_BINS += $(BUILD)/tests/test_client_config
 $(BUILD)/tests/test_client_config: $(BUILD)/obj/tests/c/test_client_config.o \
-		$(addprefix $(CLIENT_COMMON_OBJ)/,client_config.o requirements.o net.o tls.o log.o) \
+		$(addprefix $(CLIENT_COMMON_OBJ)/,$(CLIENT_CONFIG_UNITS) requirements.o net.o tls.o log.o) \
 		$(GP_UTF8_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lpthread -ldl

@@ -58,12 +58,12 @@ $(FUZZ_BUILD)/libgpupool-sim.so: $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(wildcard worke
 # names servers as the configuration does (client_config.c: gp_server_desc).
 $(FUZZ_BUILD)/fuzz_shim_replies: $(FUZZ_OBJ)/tests/fuzz/fuzz_shim_replies.o \
 		$(FUZZ_OBJ)/common/compress.o $(FUZZ_OBJ)/common/utf8.o \
-		$(addprefix $(FUZZ_OBJ)/client/common/,log.o tls.o client_config.o requirements.o net.o) \
+		$(addprefix $(FUZZ_OBJ)/client/common/,log.o tls.o $(CLIENT_CONFIG_UNITS) requirements.o net.o) \
 		$(FUZZ_PROTO)
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
 $(FUZZ_BUILD)/fuzz_client_config: $(FUZZ_OBJ)/tests/fuzz/fuzz_client_config.o \
-		$(addprefix $(FUZZ_OBJ)/client/common/,client_config.o requirements.o net.o tls.o log.o) \
+		$(addprefix $(FUZZ_OBJ)/client/common/,$(CLIENT_CONFIG_UNITS) requirements.o net.o tls.o log.o) \
 		$(FUZZ_OBJ)/common/utf8.o
 	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -lpthread -ldl
 
