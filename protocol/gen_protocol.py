@@ -8,9 +8,13 @@ Outputs (all marked DO NOT EDIT with the spec's SHA-256):
                                                     is gpupool_protocol/runtime.py beside it)
   protocol/golden/samples.hex        a sample of every message body, encoded by the Python side,
                                      that the C tests must reproduce byte for byte
+  worker/generated/                  the worker's handler prototypes, dispatch table and driver
+                                     function list (gen_worker.py beside this file)
 
 The generator stops at the first error in the spec: a half-generated protocol is worse than none.
-Usage: gen_protocol.py [--spec PATH] [--out-dir ROOT]  (ROOT defaults to the repository root)
+Usage: gen_protocol.py [--spec PATH] [--out-dir ROOT] [--cuda-symbols FILE]
+  ROOT defaults to the repository root; FILE (libcuda's exports, which the worker's driver
+  functions must come from) to client/shim/generated/gp_symbols.txt.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from gen_worker import WorkerSpecError, generate_worker
+
+REPO = Path(__file__).resolve().parent.parent
+CUDA_SYMBOLS = REPO / "client" / "shim" / "generated" / "gp_symbols.txt"
 
 SCALARS: dict[str, tuple[str, str, int]] = {
     # type: (C type, struct format, size)
@@ -95,6 +104,7 @@ class Message:
     doc: str
     fields: tuple[Field, ...]
     reply: tuple[Field, ...] | None
+    call_class: str | None = None  # the worker serves it (gen_worker.py); None: it does not
 
 
 def parse_field(text: str, where: str, records: dict[str, Record] | None = None) -> Field:
@@ -200,7 +210,7 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
     seen_names: set[str] = set()
     for i, m in enumerate(spec.get("message", [])):
         where = f"message #{i} ({m.get('name', '?')})"
-        unknown = set(m) - {"id", "name", "doc", "fields", "reply"}
+        unknown = set(m) - {"id", "name", "doc", "fields", "reply", "call_class"}
         if unknown:
             raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
         mid, name = m.get("id"), m.get("name")
@@ -216,7 +226,11 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
         reply = None
         if "reply" in m:
             reply = parse_fields(m["reply"], where + " reply", proto["max_body"], records)
-        messages.append(Message(mid, name, str(m.get("doc", "")).strip(), fields, reply))
+        call_class = m.get("call_class")
+        if call_class is not None and not isinstance(call_class, str):
+            raise SpecError(f"{where}: call_class must be a string")
+        messages.append(Message(mid, name, str(m.get("doc", "")).strip(), fields, reply,
+                                call_class))
     if not messages:
         raise SpecError("no messages")
     used = {f.record for m in messages for f in (*m.fields, *(m.reply or ())) if f.record}
@@ -897,10 +911,15 @@ def gen_golden(py_source: str, messages: list[Message]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(spec_path: Path) -> dict[str, str]:
+def generate(spec_path: Path, cuda_symbols: Path = CUDA_SYMBOLS) -> dict[str, str]:
     """Return {relative output path: content}."""
     digest = hashlib.sha256(spec_path.read_bytes()).hexdigest()
     proto, results, info, messages = load_spec(spec_path)
+    try:
+        worker = generate_worker(tomllib.loads(spec_path.read_text()), messages, digest,
+                                 cuda_symbols)
+    except WorkerSpecError as exc:
+        raise SpecError(str(exc)) from exc
     h, c = gen_c(proto, results, info, messages, digest)
     py = gen_py(proto, results, info, messages, digest)
     return {
@@ -908,17 +927,18 @@ def generate(spec_path: Path) -> dict[str, str]:
         "protocol/generated/gp_protocol.c": c,
         "protocol/python/gpupool_protocol/_generated.py": py,
         "protocol/golden/samples.hex": gen_golden(py, messages),
+        **worker,
     }
 
 
 def main() -> int:
-    root = Path(__file__).resolve().parent.parent
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", type=Path, default=root / "protocol" / "gpupool.toml")
-    ap.add_argument("--out-dir", type=Path, default=root)
+    ap.add_argument("--spec", type=Path, default=REPO / "protocol" / "gpupool.toml")
+    ap.add_argument("--out-dir", type=Path, default=REPO)
+    ap.add_argument("--cuda-symbols", type=Path, default=CUDA_SYMBOLS)
     args = ap.parse_args()
     try:
-        outputs = generate(args.spec)
+        outputs = generate(args.spec, args.cuda_symbols)
     except (SpecError, tomllib.TOMLDecodeError) as exc:
         print(f"gen_protocol: error: {exc}", file=sys.stderr)
         return 1

@@ -11,10 +11,11 @@
  *   prestart.c  control mode (--control-fd): set up before any client, take a session, report
  *   control.c   the control channel: SESSION/END in, JSON events out, periodic stats
  *   session.c   driver and device setup, the VA window, the hello reply, teardown
- *   loop.c      the frame loop: header checks, decode, dispatch; ping/stats/goodbye
+ *   loop.c      the frame loop: header checks, decode, dispatch (the generated table)
  *   io.c        the socket: 1 MiB input buffer, bulk input, output buffer and flushing
  *   errors.c    logging, error names, notices, deferred (pending) errors
  *   objects.c   client ids -> driver handles (idmap.c), lookups and bulk cleanup
+ *   h_session.c ping, stats, goodbye, notice, info: session messages, not CUDA calls
  *   h_ctx.c     contexts, limits, memory info, primary context reset
  *   h_mem.c     allocations in the VA window (vm.c), frees, device-side copies and memsets
  *   h_copy.c    host<->device copies through pinned staging buffers
@@ -24,6 +25,8 @@
  *   h_launch.c  function attributes, occupancy, launches
  *   h_graph.c   stream capture and CUDA graphs
  *   h_vmm.c     the client's virtual memory management calls (reserve, create, map, access)
+ *   generated/  from protocol/gpupool.toml (make gen): the handler prototypes and dispatch table
+ *               (wk_calls.h), the driver entry points (wk_driver_funcs.h)
  */
 #ifndef GP_WORKER_H
 #define GP_WORKER_H
@@ -37,6 +40,7 @@
 #include <sys/types.h>
 
 #include "driver.h"
+#include "generated/wk_calls.h"
 #include "gp_cuda.h"
 #include "gp_protocol.h"
 #include "idmap.h"
@@ -564,55 +568,8 @@ int wk_io_wait_client(struct worker *w, short events);
 int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0_ns);
 
 /* ---- handlers (h_*.c): one per request message --------------------------------------- */
-#define WK_HANDLER(name_) void wk_h_##name_(struct worker *w, uint64_t req, const gp_##name_ *m)
-WK_HANDLER(ctx_create);
-WK_HANDLER(ctx_destroy);
-WK_HANDLER(ctx_set_current);
-WK_HANDLER(ctx_synchronize);
-WK_HANDLER(ctx_set_limit);
-WK_HANDLER(ctx_get_limit);
-WK_HANDLER(mem_get_info);
-WK_HANDLER(primary_ctx_reset);
-WK_HANDLER(mem_alloc);
-WK_HANDLER(mem_free);
-WK_HANDLER(memcpy_htod);
-WK_HANDLER(memcpy_dtoh);
-WK_HANDLER(memcpy_dtod);
-WK_HANDLER(memset);
-WK_HANDLER(memset_2d);
-WK_HANDLER(stream_create);
-WK_HANDLER(stream_destroy);
-WK_HANDLER(stream_synchronize);
-WK_HANDLER(stream_query);
-WK_HANDLER(stream_wait_event);
-WK_HANDLER(event_create);
-WK_HANDLER(event_destroy);
-WK_HANDLER(event_record);
-WK_HANDLER(event_query);
-WK_HANDLER(event_synchronize);
-WK_HANDLER(event_elapsed_time);
-WK_HANDLER(module_load);
-WK_HANDLER(module_unload);
-WK_HANDLER(get_function);
-WK_HANDLER(get_global);
-WK_HANDLER(func_get_attribute);
-WK_HANDLER(func_set_attribute);
-WK_HANDLER(occupancy);
-WK_HANDLER(launch);
-WK_HANDLER(stream_begin_capture);
-WK_HANDLER(stream_end_capture);
-WK_HANDLER(graph_instantiate);
-WK_HANDLER(graph_launch);
-WK_HANDLER(graph_exec_destroy);
-WK_HANDLER(graph_destroy);
-WK_HANDLER(graph_get_node_count);
-WK_HANDLER(vmm_reserve);
-WK_HANDLER(vmm_address_free);
-WK_HANDLER(vmm_create);
-WK_HANDLER(vmm_release);
-WK_HANDLER(vmm_map);
-WK_HANDLER(vmm_unmap);
-WK_HANDLER(vmm_set_access);
+/* Their prototypes (WK_HANDLER) and the dispatch table are generated from the messages of
+ * protocol/gpupool.toml that carry a call_class: generated/wk_calls.h, included above. */
 /* h_vmm.c: unmaps and releases everything the client made with the VMM calls (session end). */
 void wk_vmm_release_all(struct worker *w);
 /* h_graph.c: destroys every graph exec and graph of the session (before its contexts go). */

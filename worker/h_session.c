@@ -1,0 +1,60 @@
+/*
+ * h_session.c: the session messages the worker answers that touch no driver state (ping, stats,
+ * goodbye, notice, and info, which belongs to gpupoold). They are not CUDA calls: their
+ * call_class in protocol/gpupool.toml is "none", so the loop does not count or time them.
+ */
+#include "worker.h"
+
+WK_HANDLER(ping)
+{
+    gp_ping_reply r = {0};
+    r.token = m->token;
+    WK_REPLY(w, req, gp_ping_reply, &r);
+}
+
+WK_HANDLER(stats)
+{
+    (void)m;
+    gp_stats_reply r = {0};
+    r.frames = w->stats.frames;
+    r.module_bytes_received = w->stats.module_bytes_received;
+    r.modules_loaded = w->stats.modules_loaded;
+    r.module_cache_hits = w->stats.module_cache_hits;
+    r.h2d_bytes = w->stats.h2d_bytes;
+    r.d2h_bytes = w->stats.d2h_bytes;
+    r.launches = w->stats.launches;
+    WK_REPLY(w, req, gp_stats_reply, &r);
+}
+
+WK_HANDLER(goodbye)
+{
+    (void)req;
+    (void)m;
+    wk_log("client said goodbye");
+    wk_end_session(w, WK_END_CLIENT_EXIT, "the client said goodbye");
+}
+
+WK_HANDLER(notice)
+{
+    /* A client may tell us things; nothing here depends on them. */
+    (void)w;
+    (void)req;
+    (void)m;
+}
+
+/* `info` is gpupoold's (the first frame of a connection, instead of hello): a worker never
+ * serves it. Answer so that the client reads why, then close as for any protocol error. */
+WK_HANDLER(info)
+{
+    (void)m;
+    static const char text[] = "info is answered by gpupoold as the first frame of a connection, "
+                               "not by a GPU's worker during a session: open a new connection";
+    gp_info_reply r = {0};
+    r.result = GP_EPROTO;
+    r.major = GP_PROTO_MAJOR;
+    r.minor = GP_PROTO_MINOR;
+    r.message = text;
+    r.message_len = (uint32_t)(sizeof text - 1);
+    WK_REPLY(w, req, gp_info_reply, &r);
+    wk_protocol_error(w, GP_OP_INFO, "unexpected info message during a session");
+}
