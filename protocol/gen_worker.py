@@ -114,8 +114,8 @@ def gen_calls_header(messages: list[ServedMessage], digest: str) -> str:
     out = [
         _banner(digest),
         "/* The messages the worker serves: a handler each, and the dispatch table. A new call is",
-        " * an entry in protocol/gpupool.toml with a call_class and its handler wk_h_<name> (docs/",
-        " * protocol.md, \"Adding a call\"). Included by worker/worker.h. */",
+        " * an entry in protocol/gpupool.toml with a call_class and its handler wk_h_<name>",
+        " * (docs/protocol.md, \"Adding a call\"). Included by worker/worker.h. */",
         "#ifndef WK_CALLS_H",
         "#define WK_CALLS_H",
         "",
