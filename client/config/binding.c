@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "client_config.h"
+#include "client_config_keys.h"
 #include "gp_tls.h"
 
 #define GP_EXPORT __attribute__((visibility("default")))
@@ -43,6 +44,12 @@ GP_EXPORT int gpupool_config_get(const gp_client_config *cfg, int server, const 
  * tls://, host, port), or -1 when it is not one. */
 GP_EXPORT int gpupool_config_split_address(const char *text, char *address, size_t acap, char *host,
                                            size_t hcap, char *port, size_t pcap);
+/* The key table of the file (client_config_keys.h), for `gpupool config --help` and the table of
+ * docs/client-configuration.md (gpupool/config_keys.py): gpupool_config_key_count entries, each
+ * asked for field by field: "name", "table" ("", "requirements", "servers"), "type", "values",
+ * "default", "env" ("" for none) or "doc". NULL past the end or for another field. */
+GP_EXPORT size_t gpupool_config_key_count(void);
+GP_EXPORT const char *gpupool_config_key_field(size_t key, const char *field);
 
 /* The trust rules of the shims (tls.c), for the `gpupool` command's own connections:
  * gpupool_config_trust: 0 when cfg's server may be sent a token (plain TCP by choice, or TLS with
@@ -251,4 +258,31 @@ int gpupool_config_split_address(const char *text, char *address, size_t acap, c
         rc = s->tls_prefix ? 1 : 0;
     free(s);
     return rc;
+}
+
+size_t gpupool_config_key_count(void)
+{
+    return gp_config_nkeys;
+}
+
+const char *gpupool_config_key_field(size_t key, const char *field)
+{
+    if (key >= gp_config_nkeys)
+        return NULL;
+    const gp_config_key *k = &gp_config_keys[key];
+    if (!strcmp(field, "name"))
+        return k->name;
+    if (!strcmp(field, "table"))
+        return gp_config_section_name(k->table);
+    if (!strcmp(field, "type"))
+        return k->type;
+    if (!strcmp(field, "values"))
+        return k->values;
+    if (!strcmp(field, "default"))
+        return k->dflt;
+    if (!strcmp(field, "env"))
+        return k->env ? k->env : "";
+    if (!strcmp(field, "doc"))
+        return k->doc;
+    return NULL;
 }

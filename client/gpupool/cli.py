@@ -21,9 +21,10 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from gpupool import __version__
+from gpupool import __version__, config_keys
 from gpupool.config import ClientConfig, ConfigError, format_number, load
 from gpupool.shim import NVML_NAME, SHIM_NAME, ShimNotFound, client_env
 
@@ -44,6 +45,21 @@ Alternatively, start Jupyter itself with `gpupool run -- jupyter lab`.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose help may end with text made only when the help is shown: `gpupool config
+    --help` lists the keys from the reader's own table (libgpupool-config.so), which no other
+    command needs to load."""
+
+    def __init__(self, *args: Any, help_tail: Callable[[], str] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help_tail = help_tail
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return f"{text}\n{self.help_tail()}\n" if self.help_tail else text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpupool", description="Run unmodified CUDA programs on remote GPUs (gpupoold).",
@@ -51,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Configuration: ~/.config/gpupool/config.toml (gpupool login writes it) and the "
                "GPUPOOL_* environment variables; `gpupool config` shows the result.")
     parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=_Parser)
     run = sub.add_parser("run", help="run a program with gpupool's libcuda.so.1",
                          description="Run CMD with gpupool's libcuda.so.1 and libnvidia-ml.so.1 "
                                      "first on LD_LIBRARY_PATH, so its CUDA and NVML calls go "
@@ -101,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     logout = sub.add_parser("logout", help="remove a server and its token from the config file")
     logout.add_argument("url", metavar="URL")
     logout.add_argument("--system", action="store_true", help="change /etc/gpupool/config.toml")
-    sub.add_parser("config", help="show the effective settings and where each comes from")
+    sub.add_parser("config", help="show the effective settings and where each comes from",
+                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                   help_tail=config_keys.help_text)
     status = sub.add_parser("status", help="servers, GPUs, my leases and the queue")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     smi = sub.add_parser("smi", help="an nvidia-smi-like table of the pool's GPUs")
