@@ -30,6 +30,11 @@ SIM_API const char *gpupoolSimLastErrorDetail(void);
  * is skipped (streams are synchronous in the sim, so stream order holds). */
 SIM_API CUresult gpupoolSimHostPointer(CUdeviceptr dptr, size_t size, void **host);
 
+/* Extra, not a driver function: the configuration keys (sim_config.c), for the table of
+ * worker/sim/README.md: key `key`'s name (field 0), default (1) or meaning (2), as Markdown;
+ * NULL past the last key or for another field. */
+SIM_API const char *gpupoolSimConfigKey(int key, int field);
+
 /* ---- initialisation, errors, devices ----------------------------------------------------- */
 SIM_API CUresult cuInit(unsigned int Flags);
 SIM_API CUresult cuDriverGetVersion(int *driverVersion);

@@ -1,7 +1,9 @@
 /*
  * sim_config.c: the simulated device's properties. Defaults describe one H100-like device; a
  * `key = value` file named by GPUPOOL_SIM_CONFIG and GPUPOOL_SIM_<KEY> variables change them.
- * Every key is documented in worker/sim/README.md.
+ * Every key is one entry of sim_keys (below): how its value is read, and what
+ * worker/sim/README.md's table says about it (gpupoolSimConfigKey hands the table out;
+ * tests/test_sim_device.py checks the README against it).
  *
  * A configuration mistake must not produce a device that quietly differs from what the operator
  * asked for, so any unknown key or bad value fails cuInit and names the key on stderr.
@@ -9,11 +11,13 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "sim_api.h"
 #include "sim_internal.h"
 
 extern char **environ;
@@ -297,110 +301,228 @@ static bool is_pow2(uint64_t v)
     return v != 0 && (v & (v - 1)) == 0;
 }
 
+/* ---- the keys ------------------------------------------------------------------------------ */
+
+/* How a key's value is read: a number into an int member within [min, max]; bytes into a
+ * uint64_t member within [min, max] (and a power of two, or a multiple of `multiple`); or by a
+ * setter of its own. */
+enum sim_key_kind {
+    SIM_KEY_INT,
+    SIM_KEY_BYTES,
+    SIM_KEY_OWN
+};
+
+/* One key of the configuration: what the reader does with it and what worker/sim/README.md says
+ * about it (gpupoolSimConfigKey; tests/test_sim_device.py checks the README's table). A name
+ * ending in "<N>" stands for every key that starts with what comes before it (attr.<N>). */
+struct sim_key {
+    const char *name;
+    const char *dflt; /* Markdown, as the README shows it */
+    const char *doc;  /* Markdown */
+    enum sim_key_kind kind;
+    size_t member; /* offsetof the member in struct sim_config (INT, BYTES) */
+    long long min, max;
+    uint64_t multiple; /* BYTES: the value must be a multiple of it (0: any) */
+    bool pow2;         /* BYTES: the value must be a power of two */
+    /* OWN: reads val into cfg (key: as written, for attr.<N>). NULL when fine, else why not;
+     * *unknown when the key does not exist after all. */
+    const char *(*set)(struct sim_config *cfg, const char *key, const char *val, bool *unknown);
+};
+
+static const char *set_name(struct sim_config *cfg, const char *key, const char *val, bool *unknown)
+{
+    (void)key, (void)unknown;
+    size_t n = strlen(val);
+    if (n == 0 || n >= SIM_NAME_MAX)
+        return "expected 1 to 255 characters";
+    if (strcasestr(val, "simulated") == NULL)
+        return "the name must contain the word 'simulated' (nobody should mistake the sim "
+               "for a GPU)";
+    memcpy(cfg->name, val, n + 1);
+    return NULL;
+}
+
+static const char *set_uuid(struct sim_config *cfg, const char *key, const char *val, bool *unknown)
+{
+    (void)key, (void)unknown;
+    return parse_uuid(val, cfg->uuid);
+}
+
+static const char *set_memory_file(struct sim_config *cfg, const char *key, const char *val,
+                                   bool *unknown)
+{
+    (void)key, (void)unknown;
+    /* Empty: no memory file (lets GPUPOOL_SIM_MEMORY_FILE= switch off a file's setting). */
+    size_t n = strlen(val);
+    if (n >= sizeof(cfg->memory_file))
+        return "path too long";
+    if (n > 0 && val[0] != '/')
+        return "expected an absolute path (the worker and the scrub run in other directories)";
+    memcpy(cfg->memory_file, val, n + 1);
+    return NULL;
+}
+
+/* peer = UUID PCI_BUS MEMORY_FILE: another simulated GPU of the pool (sim_internal.h). */
+static const char *set_peer(struct sim_config *cfg, const char *key, const char *val, bool *unknown)
+{
+    (void)key, (void)unknown;
+    if (cfg->peer_count >= SIM_MAX_DEVICES - 1)
+        return "too many peers";
+    struct sim_peer *p = &cfg->peers[cfg->peer_count];
+    char uuid[80], path[SIM_PATH_MAX];
+    int bus = -1, used = 0;
+    if (strlen(val) >= sizeof(path) || sscanf(val, "%79s %d %n", uuid, &bus, &used) != 2 ||
+        bus < 0 || bus > 0xff)
+        return "expected UUID PCI_BUS MEMORY_FILE";
+    const char *why = parse_uuid(uuid, p->uuid);
+    if (why)
+        return why;
+    snprintf(path, sizeof(path), "%s", val + used);
+    if (path[0] != '/')
+        return "expected an absolute memory file path after the PCI bus";
+    p->pci_bus = bus;
+    memcpy(p->memory_file, path, strlen(path) + 1);
+    cfg->peer_count++;
+    return NULL;
+}
+
+static const char *set_count_only(struct sim_config *cfg, const char *key, const char *val,
+                                  bool *unknown)
+{
+    (void)key, (void)unknown;
+    if (strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
+        cfg->count_only = true;
+    else if (strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
+        cfg->count_only = false;
+    else
+        return "expected true or false";
+    return NULL;
+}
+
+/* attr.<N> = value: device attribute N for all devices. */
+static const char *set_attr(struct sim_config *cfg, const char *key, const char *val, bool *unknown)
+{
+    long long id = 0, v = 0;
+    if (parse_int(key + 5, 1, CU_DEVICE_ATTRIBUTE_MAX - 1, &id) != NULL) {
+        *unknown = true;
+        return "unknown key";
+    }
+    const char *why = parse_int(val, INT32_MIN, INT32_MAX, &v);
+    if (!why) {
+        cfg->attr_set[id] = true;
+        cfg->attr_value[id] = (int)v;
+    }
+    return why;
+}
+
+#define INT_KEY(key, member_, lo, hi, dflt_, doc_)                                                 \
+    {                                                                                              \
+        .name = key, .dflt = dflt_, .doc = doc_, .kind = SIM_KEY_INT,                              \
+        .member = offsetof(struct sim_config, member_), .min = lo, .max = hi                       \
+    }
+#define BYTES_KEY(key, member_, lo, hi, multiple_, pow2_, dflt_, doc_)                             \
+    {                                                                                              \
+        .name = key, .dflt = dflt_, .doc = doc_, .kind = SIM_KEY_BYTES,                            \
+        .member = offsetof(struct sim_config, member_), .min = (long long)(lo),                    \
+        .max = (long long)(hi), .multiple = multiple_, .pow2 = pow2_                               \
+    }
+#define OWN_KEY(key, set_, dflt_, doc_)                                                            \
+    {                                                                                              \
+        .name = key, .dflt = dflt_, .doc = doc_, .kind = SIM_KEY_OWN, .set = set_                  \
+    }
+
+static const struct sim_key sim_keys[] = {
+    OWN_KEY("name", set_name, "`NVIDIA H100 80GB HBM3 (gpupool simulated)`",
+            "device name; must contain the word \"simulated\"; up to 255 characters"),
+    BYTES_KEY("total_memory", total_memory, 64 * MIB, 16 * TIB, 0, false, "`80GiB`",
+              "memory per device (64 MiB .. 16 TiB), shared by cuMemAlloc and cuMemCreate"),
+    INT_KEY("cc_major", cc_major, 1, 99, "`9`", "compute capability major (1..99)"),
+    INT_KEY("cc_minor", cc_minor, 0, 9, "`0`", "compute capability minor (0..9)"),
+    INT_KEY("sm_count", sm_count, 1, 4096, "`132`", "multiprocessors (1..4096)"),
+    OWN_KEY("uuid", set_uuid, "`67707570-6f6f-6c2d-7369-6d2d64657630` (\"gpupool-sim-dev0\")",
+            "device 0's UUID: 32 hex digits, dashes allowed, optional `GPU-` prefix"),
+    INT_KEY("pci_domain", pci_domain, 0, 0xffff, "`0`", "PCI domain (0..0xffff)"),
+    INT_KEY("pci_bus", pci_bus, 0, 0xff, "`0x1b`",
+            "PCI bus of device 0 (0..0xff); device *n* is on `pci_bus + n`"),
+    INT_KEY("pci_device", pci_device, 0, 0x1f, "`0`", "PCI device (0..0x1f)"),
+    INT_KEY("driver_version", driver_version, 1000, 999999, "`13000`",
+            "what `cuDriverGetVersion` reports (1000..999999)"),
+    BYTES_KEY("granularity", granularity, 4 * KIB, 1 * GIB, 0, true, "`2MiB`",
+              "VMM allocation granularity: a power of two, 4 KiB .. 1 GiB"),
+    BYTES_KEY("heap_base", heap_base, SIM_VA_BOTTOM, SIM_VA_TOP - 1, 2 * MIB, false,
+              "`0x300000000000`",
+              "start of the cuMemAlloc heap (multiple of 2 MiB, within [16 TiB, "
+              "0x7f0000000000)); the heaps of all devices must fit below `0x7f0000000000`"),
+    BYTES_KEY("va_base", va_base, SIM_VA_BOTTOM, SIM_VA_TOP - 1, 2 * MIB, false, "`0x400000000000`",
+              "where `cuMemAddressReserve` without a hint starts looking (same rules)"),
+    INT_KEY("device_count", device_count, 0, SIM_MAX_DEVICES, "`1`",
+            "number of devices, 0..16 (0: `cuInit` returns `CUDA_ERROR_NO_DEVICE`)"),
+    OWN_KEY("memory_file", set_memory_file, "(none)",
+            "absolute path of a file holding all device memory, so that it outlives the process "
+            "(see \"Device memory that outlives the process\"); created (mode 0600) if missing; "
+            "empty: none"),
+    OWN_KEY("peer", set_peer, "(none)",
+            "`UUID PCI_BUS MEMORY_FILE`: another simulated GPU of the same pool (its UUID as 32 "
+            "hex digits, its PCI bus, its own absolute memory file); repeatable, up to 16 GPUs "
+            "with `device_count`. A checkpointed process may be restored onto a peer "
+            "(`cuCheckpointProcessRestore` with a UUID pair naming it): the ordinal then reports "
+            "the peer's UUID and PCI bus and its memory lives in the peer's memory file (part 0, "
+            "as the peer's own processes use it). gpupoold writes every other simulated GPU of "
+            "the daemon as a peer of each (idle detach moves leases between them)"),
+    OWN_KEY("attr.<N>", set_attr, "(H100 values)",
+            "overrides device attribute *N* (1..147) for all devices; any 32-bit integer"),
+    OWN_KEY("count_only", set_count_only, "`false`",
+            "`true`: the benchmark-only count mode (see \"Count mode\"); refused unless "
+            "`GPUPOOL_BENCH_COUNT_MODE=1` is in the environment. `true`/`false` (or `1`/`0`)"),
+};
+#define SIM_NKEYS (sizeof(sim_keys) / sizeof(sim_keys[0]))
+
+const char *gpupoolSimConfigKey(int key, int field)
+{
+    if (key < 0 || (size_t)key >= SIM_NKEYS)
+        return NULL;
+    const struct sim_key *k = &sim_keys[key];
+    return field == 0 ? k->name : field == 1 ? k->dflt : field == 2 ? k->doc : NULL;
+}
+
+/* The entry of key, or NULL. */
+static const struct sim_key *find_key(const char *key)
+{
+    for (size_t i = 0; i < SIM_NKEYS; i++) {
+        const char *name = sim_keys[i].name, *any = strstr(name, "<N>");
+        if (any ? strncmp(key, name, (size_t)(any - name)) == 0 : strcmp(key, name) == 0)
+            return &sim_keys[i];
+    }
+    return NULL;
+}
+
 /* Applies one key. Returns NULL when fine; *unknown is set when the key does not exist. */
 static const char *apply_key(struct sim_config *cfg, const char *key, const char *val,
                              bool *unknown)
 {
-    long long v = 0;
-    const char *why = NULL;
     *unknown = false;
-    if (strcmp(key, "name") == 0) {
-        size_t n = strlen(val);
-        if (n == 0 || n >= SIM_NAME_MAX)
-            return "expected 1 to 255 characters";
-        if (strcasestr(val, "simulated") == NULL)
-            return "the name must contain the word 'simulated' (nobody should mistake the sim "
-                   "for a GPU)";
-        memcpy(cfg->name, val, n + 1);
-    } else if (strcmp(key, "total_memory") == 0) {
-        why = parse_bytes(val, 64 * MIB, 16 * TIB, &cfg->total_memory);
-    } else if (strcmp(key, "cc_major") == 0) {
-        if (!(why = parse_int(val, 1, 99, &v)))
-            cfg->cc_major = (int)v;
-    } else if (strcmp(key, "cc_minor") == 0) {
-        if (!(why = parse_int(val, 0, 9, &v)))
-            cfg->cc_minor = (int)v;
-    } else if (strcmp(key, "sm_count") == 0) {
-        if (!(why = parse_int(val, 1, 4096, &v)))
-            cfg->sm_count = (int)v;
-    } else if (strcmp(key, "uuid") == 0) {
-        why = parse_uuid(val, cfg->uuid);
-    } else if (strcmp(key, "pci_domain") == 0) {
-        if (!(why = parse_int(val, 0, 0xffff, &v)))
-            cfg->pci_domain = (int)v;
-    } else if (strcmp(key, "pci_bus") == 0) {
-        if (!(why = parse_int(val, 0, 0xff, &v)))
-            cfg->pci_bus = (int)v;
-    } else if (strcmp(key, "pci_device") == 0) {
-        if (!(why = parse_int(val, 0, 0x1f, &v)))
-            cfg->pci_device = (int)v;
-    } else if (strcmp(key, "driver_version") == 0) {
-        if (!(why = parse_int(val, 1000, 999999, &v)))
-            cfg->driver_version = (int)v;
-    } else if (strcmp(key, "granularity") == 0) {
-        uint64_t g = 0;
-        why = parse_bytes(val, 4 * KIB, 1 * GIB, &g);
-        if (!why && !is_pow2(g))
-            why = "must be a power of two";
-        if (!why)
-            cfg->granularity = g;
-    } else if (strcmp(key, "heap_base") == 0 || strcmp(key, "va_base") == 0) {
-        uint64_t b = 0;
-        why = parse_bytes(val, SIM_VA_BOTTOM, SIM_VA_TOP - 1, &b);
-        if (!why && (b % (2 * MIB)) != 0)
-            why = "must be a multiple of 2 MiB";
-        if (!why)
-            *(key[0] == 'h' ? &cfg->heap_base : &cfg->va_base) = b;
-    } else if (strcmp(key, "memory_file") == 0) {
-        /* Empty: no memory file (lets GPUPOOL_SIM_MEMORY_FILE= switch off a file's setting). */
-        size_t n = strlen(val);
-        if (n >= sizeof(cfg->memory_file))
-            return "path too long";
-        if (n > 0 && val[0] != '/')
-            return "expected an absolute path (the worker and the scrub run in other directories)";
-        memcpy(cfg->memory_file, val, n + 1);
-    } else if (strcmp(key, "peer") == 0) {
-        /* peer = UUID PCI_BUS MEMORY_FILE: another simulated GPU of the pool (sim_internal.h). */
-        if (cfg->peer_count >= SIM_MAX_DEVICES - 1)
-            return "too many peers";
-        struct sim_peer *p = &cfg->peers[cfg->peer_count];
-        char uuid[80], path[SIM_PATH_MAX];
-        int bus = -1, used = 0;
-        if (strlen(val) >= sizeof(path) || sscanf(val, "%79s %d %n", uuid, &bus, &used) != 2 ||
-            bus < 0 || bus > 0xff)
-            return "expected UUID PCI_BUS MEMORY_FILE";
-        why = parse_uuid(uuid, p->uuid);
-        if (why)
-            return why;
-        snprintf(path, sizeof(path), "%s", val + used);
-        if (path[0] != '/')
-            return "expected an absolute memory file path after the PCI bus";
-        p->pci_bus = bus;
-        memcpy(p->memory_file, path, strlen(path) + 1);
-        cfg->peer_count++;
-    } else if (strcmp(key, "device_count") == 0) {
-        if (!(why = parse_int(val, 0, SIM_MAX_DEVICES, &v)))
-            cfg->device_count = (int)v;
-    } else if (strcmp(key, "count_only") == 0) {
-        if (strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
-            cfg->count_only = true;
-        else if (strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
-            cfg->count_only = false;
-        else
-            why = "expected true or false";
-    } else if (strncmp(key, "attr.", 5) == 0) {
-        long long id = 0;
-        if (parse_int(key + 5, 1, CU_DEVICE_ATTRIBUTE_MAX - 1, &id) != NULL) {
-            *unknown = true;
-            return "unknown key";
-        }
-        if (!(why = parse_int(val, INT32_MIN, INT32_MAX, &v))) {
-            cfg->attr_set[id] = true;
-            cfg->attr_value[id] = (int)v;
-        }
-    } else {
+    const struct sim_key *k = find_key(key);
+    if (!k) {
         *unknown = true;
         return "unknown key";
+    }
+    char *member = (char *)cfg + k->member;
+    const char *why = NULL;
+    if (k->kind == SIM_KEY_INT) {
+        long long v = 0;
+        if (!(why = parse_int(val, k->min, k->max, &v)))
+            *(int *)(void *)member = (int)v;
+    } else if (k->kind == SIM_KEY_BYTES) {
+        uint64_t b = 0;
+        why = parse_bytes(val, (uint64_t)k->min, (uint64_t)k->max, &b);
+        if (!why && k->pow2 && !is_pow2(b))
+            why = "must be a power of two";
+        if (!why && k->multiple && (b % k->multiple) != 0)
+            why = "must be a multiple of 2 MiB"; /* the only multiple a key asks for */
+        if (!why)
+            *(uint64_t *)(void *)member = b;
+    } else {
+        why = k->set(cfg, key, val, unknown);
     }
     return why;
 }
