@@ -54,7 +54,6 @@ from gpupoold.paths import CHECKPOINT_NAME, SCRUB_NAME, SIM_LIB_NAME, WORKER_NAM
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer
 from gpupoold.pool.events import EventBus
-from gpupoold.pool.fleet import FleetQueue
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.membership import Membership
 from gpupoold.pool.views import PoolViews
@@ -236,10 +235,10 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
     if checkpoint is None and settings.idle_detach_after > 0:
         log.warning("%s not found (looked beside the worker and in %s): idle leases keep their "
                     "GPUs", CHECKPOINT_NAME, ", ".join(str(p) for p in candidates(CHECKPOINT_NAME)))
+    # A shared store (no file of its own): the fleet queue grants the GPUs (pool/fleet.py).
     leases = LeaseManager(app[INVENTORY], settings, app[STORE], app[SUPERVISOR], cleaner,
-                          app[COUNTERS], app[EVENTS], Checkpointer(checkpoint))
-    if app[STORE].path is None:  # a shared store: the fleet queue grants (pool/fleet.py)
-        leases.fleet = FleetQueue(leases, app[STORE], settings.max_gpus_per_token)
+                          app[COUNTERS], app[EVENTS], Checkpointer(checkpoint),
+                          shared_store=app[STORE].path is None)
     app[LEASES] = leases
     app[VIEWS] = PoolViews(leases)
     await leases.start()

@@ -211,3 +211,76 @@ def test_c_is_in_one_style() -> None:
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert re.search(r"c-style: \d{3,} files in style", proc.stdout), proc.stdout
+
+
+# The pool's state has one writer, pool/state.py: the fields below of a GPU's slot and of a
+# lease change through its transitions only (the policies call them). slots.py declares them,
+# and may not write them either (not even on `self`).
+STATE_OWNER = ROOT / "gpupoold" / "pool" / "state.py"
+STATE_DECLARED = ROOT / "gpupoold" / "pool" / "slots.py"
+SLOT_STATE = {"state", "since", "lease", "reserved", "reserved_at", "adopting", "draining",
+              "quarantine", "last_scrub"}
+LEASE_STATE = {"state", "state_since", "slot", "home", "detaches", "detached_s", "saved_bytes"}
+
+
+def state_writes(path: Path, allow_self: bool = True) -> list[str]:
+    """`line: target` for each assignment in `path` to a slot's or a lease's state field
+    (`x.state = ...`, `x.lease, y = ...`, `x.detaches += 1`, `setattr(x, "state", ...)`,
+    `del x.lease`); with `allow_self`, one on `self` is another class's own attribute."""
+    fields = SLOT_STATE | LEASE_STATE
+    found: list[str] = []
+
+    def check(target: ast.expr, line: int) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                check(t, line)
+        elif isinstance(target, ast.Starred):
+            check(target.value, line)
+        elif isinstance(target, ast.Attribute) and target.attr in fields:
+            if not (allow_self and isinstance(target.value, ast.Name) and target.value.id == "self"):
+                found.append(f"{line}: {ast.unparse(target)}")
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                check(t, node.lineno)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            check(node.target, node.lineno)
+        elif isinstance(node, ast.Delete):
+            for t in node.targets:
+                check(t, node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("setattr", "delattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value in fields):
+            found.append(f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return sorted(found, key=lambda w: int(w.partition(":")[0]))
+
+
+def test_only_the_state_owner_writes_slot_and_lease_state() -> None:
+    bad = []
+    for path in sorted((ROOT / "gpupoold").rglob("*.py")):
+        if path == STATE_OWNER:
+            continue
+        for write in state_writes(path, allow_self=path != STATE_DECLARED):
+            bad.append(f"{path.relative_to(ROOT)}:{write}")
+    assert not bad, ("slot or lease state written outside gpupoold/pool/state.py (call one of "
+                     f"its transitions instead): {bad}")
+
+
+def test_the_state_checker_finds_every_kind_of_write(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.py"
+    policy.write_text(
+        "def f(slot, lease, other):\n"
+        "    slot.state = 'free'\n"
+        "    lease.slot, n = None, 1\n"
+        "    other.lease.detaches += 1\n"
+        "    setattr(slot, 'reserved', None)\n"
+        "    del slot.lease\n"
+        "    slot.gpu = None  # not state\n"
+        "    print(slot.state)  # a read\n\n"
+        "class Other:\n"
+        "    def __init__(self) -> None:\n"
+        "        self.state = 0  # its own\n")
+    assert state_writes(policy) == ["2: slot.state", "3: lease.slot", "4: other.lease.detaches",
+                                    "5: setattr(..., 'reserved')", "6: slot.lease"]
+    assert state_writes(policy, allow_self=False)[-1] == "12: self.state"

@@ -19,11 +19,6 @@ from gpupoold.gpu.cleaner import CleanResult
 from gpupoold.gpu.inventory import Gpu, Inventory
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.leases import (
-    DRAINED,
-    FREE,
-    LEASED,
-    QUARANTINED,
-    SCRUBBING,
     LeaseError,
     LeaseManager,
     LeaseStartError,
@@ -31,6 +26,7 @@ from gpupoold.pool.leases import (
     Slot,
 )
 from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING
 from gpupoold.pool.views import PoolViews
 from gpupoold.pool.waitqueue import ClientInfo, Waiter
 from gpupoold.workers.supervisor import AdoptError, WorkerExit, WorkerStats
@@ -537,7 +533,7 @@ async def test_watchdog_repairs_a_lease_nobody_watches(mgr: Any) -> None:
 async def test_watchdog_scrubs_a_gpu_leased_with_no_lease(mgr: Any) -> None:
     m = await mgr(1)
     slot = m.slots[0]
-    slot.set_state(LEASED)  # the state an unguarded failure used to leave behind
+    slot.state = LEASED  # a bug's doing (no transition leads there): what the watchdog repairs
     await wait_for_state(m, 0, FREE, timeout=3)
     assert m.cleaner.cleaned == [0, 0]
     assert m.counters.get("watchdog_repairs") == 1
@@ -547,7 +543,7 @@ async def test_watchdog_quarantines_a_gpu_it_keeps_repairing(mgr: Any) -> None:
     m = await mgr(1)
     slot = m.slots[0]
     for _ in range(4):
-        slot.set_state(SCRUBBING)  # scrubbing with no scrub running, again and again
+        slot.state = SCRUBBING  # a bug's doing: scrubbing with no scrub running, again and again
         slot.task = None
         await asyncio.sleep(1.2)
         if slot.state == QUARANTINED:

@@ -1,7 +1,8 @@
 """Idle detach: a lease whose client idles gives its GPU back, and gets one back on its next call
 with its memory intact (docs/architecture.md, "Idle detach").
 
-A lease moves through its own states (slots.py) while its worker process lives on:
+A lease moves through its own states while its worker process lives on (pool/state.py draws
+them and alone moves the lease; this module is the policy that decides when):
 
     attached ──idle, asked, parked──► detaching ──checkpointed──► detached
         ▲            └──not now / failed──► attached                 │ the client calls
@@ -28,18 +29,21 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import gpupool_protocol as gp
 
+from gpupoold.config.settings import Settings
 from gpupoold.gpu.checkpoint import CheckpointResult, run_checkpoint
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
-from gpupoold.pool.events import EventBus, LeaseAttached, LeaseDetached
-from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DETACHING, FREE, LEASED, Lease, Slot
+from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DETACHING, Lease, Slot
+from gpupoold.pool.state import PoolState
 from gpupoold.pool.waitqueue import Waiter, WaitQueue
+from gpupoold.store.database import Store
 
 log = logging.getLogger("gpupoold.detach")
 
@@ -83,44 +87,33 @@ def same_model(a: Gpu, b: Gpu) -> bool:
     return a.name == b.name and a.memory_total == b.memory_total and a.driver == b.driver
 
 
-class Pool(Protocol):
-    """What the detacher needs of the lease manager (pool/leases.py), which owns it."""
-
-    settings: Any
-    slots: list[Slot]
-    queue: WaitQueue
-    store: Any
-    counters: Counters
-    events: EventBus
-
-    @property
-    def closing(self) -> bool: ...
-    def active(self) -> list[Lease]: ...
-    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
-    def own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]: ...
-    def clean(self, slot: Slot, lease_ids: list[int]) -> Any: ...
-    def changed(self, slot: Slot) -> None: ...
-    def changed_any(self) -> None: ...
-    fleet: Any  # pool/fleet.FleetQueue, or None on a single server
-
-    def dispatch(self) -> None: ...
-    def grant(self, slot: Slot, w: Waiter) -> None: ...
-    def in_service(self, slot: Slot) -> bool: ...
-    def abandon(self, w: Waiter) -> None: ...
-
-
 class IdleDetacher:
-    """The detach cycles of one lease manager's leases (its `detacher`)."""
+    """The detach cycles of one lease manager's leases (its `detacher`). It moves leases through
+    `pool`'s transitions and uses what it needs of the lease manager's, given at construction:
+    `spawn(coro, name)` runs a task the manager stops at close, `scrub(slot, lease_ids, name)`
+    scrubs a GPU a lease left, `seat(waiter, home)` grants a returning lease's waiter a GPU
+    (the one it left first, else in queue order), `abandon(waiter)` gives a grant back, and
+    `closing()` says the daemon stops."""
 
-    def __init__(self, manager: Pool, checkpointer: Checkpointer) -> None:
-        self.m = manager
+    def __init__(self, pool: PoolState, queue: WaitQueue, settings: Settings, store: Store,
+                 counters: Counters, checkpointer: Checkpointer, *,
+                 spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[Any]],
+                 scrub: Callable[[Slot, list[int], str], None],
+                 seat: Callable[[Waiter, Slot | None], None],
+                 abandon: Callable[[Waiter], None], closing: Callable[[], bool]) -> None:
+        self.pool = pool
+        self.queue = queue
+        self.settings = settings
+        self.store = store
+        self.counters = counters
         self.checkpointer = checkpointer
+        self._spawn = spawn
+        self._scrub = scrub
+        self._seat = seat
+        self._abandon = abandon
+        self._closing = closing
         # Drivers found without process checkpoints: no lease on their GPUs is asked again.
         self.unsupported: dict[str, str] = {}
-
-    @property
-    def settings(self) -> Any:
-        return self.m.settings
 
     def memory_limit(self) -> int:
         gib = self.settings.detach_memory_limit_gib
@@ -128,7 +121,7 @@ class IdleDetacher:
 
     def held_bytes(self) -> int:
         """Device memory that detached leases hold in host memory now."""
-        return sum(lease.saved_bytes for lease in self.m.active()
+        return sum(lease.saved_bytes for lease in self.pool.active()
                    if lease.state in (DETACHING, DETACHED, ATTACHING))
 
     # ------------------------------------------------------------------------- when to ask
@@ -136,12 +129,12 @@ class IdleDetacher:
         while True:
             after = self.settings.idle_detach_after
             await asyncio.sleep(min(1.0, max(0.05, after / 4)) if after > 0 else 1.0)
-            if after <= 0 or self.m.closing:
+            if after <= 0 or self._closing():
                 continue
-            for lease in self.m.active():
+            for lease in self.pool.active():
                 try:
                     if self._worth_asking(lease, after):
-                        lease.cycle = self.m.spawn(self._cycle(lease), f"detach-{lease.id}")
+                        lease.cycle = self._spawn(self._cycle(lease), f"detach-{lease.id}")
                 except Exception:
                     log.exception("lease %d: idle detach check failed", lease.id)
 
@@ -157,14 +150,14 @@ class IdleDetacher:
             return False
         if slot.gpu.driver in self.unsupported:
             lease.keep_gpu = self.unsupported[slot.gpu.driver]
-            self.m.changed(slot)
+            self.pool.changed(slot)
             return False
         return self._why_not_now(lease, slot, 0) is None
 
     def _why_not_now(self, lease: Lease, slot: Slot, mem: int) -> str | None:
         if self.settings.idle_detach_after <= 0:
             return "idle detach was turned off"
-        if self.settings.detach_policy == "when-queued" and self.m.queue.first(
+        if self.settings.detach_policy == "when-queued" and self.queue.first(
                 lambda w: w.accepts(slot.gpu) and w.returning != lease.id) is None:
             return "nobody waits for its GPU"
         limit = self.memory_limit()
@@ -219,13 +212,10 @@ class IdleDetacher:
             self._retry_later(lease, why)
             await worker.tell_attached(slot.gpu, False)
             return False
-        lease.set_state(DETACHING)
-        lease.saved_bytes = answer.mem_used
-        self.m.changed(slot)
+        self.pool.park(lease, answer.mem_used)
         res = await self.checkpointer.detach(slot.gpu, worker.pid)
         if not res.ok:
-            lease.saved_bytes = 0
-            lease.set_state(ATTACHED)
+            self.pool.unpark(lease)
             if res.busy:
                 self._retry_later(lease, "work was still running when the driver locked it")
             else:
@@ -235,26 +225,18 @@ class IdleDetacher:
                 log.warning("lease %d keeps GPU %d: %s", lease.id, slot.gpu.index,
                             lease.keep_gpu, extra=journal_fields(lease.id, slot.gpu.index))
             await worker.tell_attached(slot.gpu, False)
-            self.m.changed(slot)
+            self.pool.changed(slot)  # why it keeps its GPU
             return False
         # Detached: the GPU leaves the lease, is scrubbed (recorded as the lease's scrub: its
         # last use by this lease, unless it comes back) and goes to the queue.
-        lease.home = slot.gpu
-        lease.set_state(DETACHED)
-        lease.detaches += 1
-        lease.not_now = ""
-        slot.lease = None
-        lease.slot = None
+        self.pool.detach(lease, res.seconds)
         await worker.tell_detached()
-        self.m.own(slot, self.m.clean(slot, [lease.id]), f"detach-scrub-{slot.gpu.index}")
-        self.m.changed(slot)
+        self._scrub(slot, [lease.id], f"detach-scrub-{slot.gpu.index}")
         idle_s = answer.idle_ms / 1000
         log.info("lease %d detached from GPU %d after %.1f s idle: %d bytes of device memory "
                  "saved in %.3f s", lease.id, slot.gpu.index, idle_s, answer.mem_used,
                  res.seconds, extra=journal_fields(lease.id, slot.gpu.index))
-        self.m.counters.inc("detaches")
-        self.m.events.publish(LeaseDetached(lease.id, slot.gpu.index, answer.mem_used,
-                                            res.seconds))
+        self.counters.inc("detaches")
         await self._record(lease, DETACHED, slot.gpu.index,
                            f"idle {idle_s:.1f} s, {answer.mem_used} bytes saved in "
                            f"{res.seconds:.3f} s")
@@ -271,65 +253,45 @@ class IdleDetacher:
         if worker.exited.done():
             return
         asked = time.monotonic()
-        detached_for = time.time() - lease.state_since
-        lease.set_state(ATTACHING)
-        self.m.changed_any()
+        detached_for = self.pool.recall(lease)
         home = lease.home
         assert home is not None
-        w = self.m.queue.join(lease.req, lease.token, lease.client, returning=lease.id,
-                              only=lambda g: same_model(home, g))
-        home_slot = next((s for s in self.m.slots if s.gpu.uuid == home.uuid), None)
-        # Straight back onto its free GPU when nobody is ahead; in a fleet the fleet queue
-        # decides (the GPU may be promised to another server's client already).
-        if (self.m.fleet is None and home_slot is not None and home_slot.state == FREE
-                and self.m.in_service(home_slot)
-                and self.m.queue.first(lambda x: x.accepts(home_slot.gpu)) is w):
-            self.m.grant(home_slot, w)
-        else:
-            self.m.dispatch()
+        w = self.queue.join(lease.req, lease.token, lease.client, returning=lease.id,
+                            only=lambda g: same_model(home, g))
+        self._seat(w, next((s for s in self.pool.slots if s.gpu.uuid == home.uuid), None))
         done, _ = await asyncio.wait([w.future, worker.exited], return_when=asyncio.FIRST_COMPLETED)
         if w.future not in done or w.future.cancelled() or w.future.exception() is not None:
-            self.m.abandon(w)
+            self._abandon(w)
             return
         slot: Slot = w.future.result()
         moved = slot.gpu.uuid != home.uuid
         moves = ((home.uuid, slot.gpu.uuid),) if moved else ()
         res = await self.checkpointer.attach(slot.gpu, worker.pid, moves)
-        slot.reserved = None
         if not res.ok:
             why = f"its state could not be restored on GPU {slot.gpu.index}: {res.error}"
             log.error("lease %d: %s; ending it", lease.id, why,
                       extra=journal_fields(lease.id, slot.gpu.index))
             lease.end_override = lease.end_override or ("worker error", why)
             worker.kill()
-            self.m.own(slot, self.m.clean(slot, []), f"attach-scrub-{slot.gpu.index}")
-            self.m.changed(slot)
+            self._scrub(slot, [], f"attach-scrub-{slot.gpu.index}")  # (its grant ends there)
             return
-        slot.lease = lease
-        lease.slot = slot
-        slot.task = lease.watcher
-        if slot.state != LEASED:
-            slot.set_state(LEASED)
-        lease.detached_s += detached_for
-        saved, lease.saved_bytes = lease.saved_bytes, 0
-        lease.set_state(ATTACHED)
+        # Its latency ends here: telling the worker to serve again is one control message.
+        latency = time.monotonic() - asked
+        saved = self.pool.attach(lease, slot, detached_for, latency)
         lease.next_try = time.monotonic() + self.settings.idle_detach_after
         await worker.tell_attached(slot.gpu, moved)
-        latency = time.monotonic() - asked
-        self.m.changed(slot)
         log.info("lease %d attached again on GPU %d%s, %.3f s after its client called (%d bytes "
                  "restored)", lease.id, slot.gpu.index,
                  f" (moved from GPU {home.index})" if moved else "", latency, saved,
                  extra=journal_fields(lease.id, slot.gpu.index))
-        self.m.counters.inc("reattaches", moved="yes" if moved else "no")
-        self.m.events.publish(LeaseAttached(lease.id, slot.gpu.index, moved, latency, saved))
+        self.counters.inc("reattaches", moved="yes" if moved else "no")
         await self._record(lease, ATTACHED, slot.gpu.index,
                            (f"moved from GPU {home.index}, " if moved else "") +
                            f"{latency * 1000:.1f} ms after the call, {detached_for:.1f} s detached")
 
     async def _record(self, lease: Lease, state: str, gpu: int, detail: str) -> None:
         try:
-            await self.m.store.lease_event(lease.id, time.time(), state, gpu, detail,
+            await self.store.lease_event(lease.id, time.time(), state, gpu, detail,
                                            lease.detaches, lease.detached_s)
         except Exception:
             log.exception("lease %d: recording its %s state failed", lease.id, state)

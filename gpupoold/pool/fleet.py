@@ -17,8 +17,10 @@ Then each server acts on what concerns it, in `_apply`:
   store gives it that ticket back (same token, host and pid: store/fleet.py) instead of a new
   one at the end, so it is granted the held GPU.
 
-A server syncs when something changes here (`kick`: the lease manager calls it instead of
-granting), when another server NOTIFYs (store/notify.py), and every SYNC_EVERY seconds anyway.
+The fleet queue decides; the lease manager grants (`grant`, `claim`, `release`, given at
+construction) and pool/state.py moves the GPUs (`hold`). A server syncs when something changes
+here (`kick`: the lease manager calls it instead of granting), when another server NOTIFYs
+(store/notify.py), and every SYNC_EVERY seconds anyway.
 While the store cannot be reached, syncs fail and are retried: waiting clients keep waiting,
 running leases are not touched (docs/architecture.md, "Fleet").
 """
@@ -30,14 +32,14 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.pool.requirements import _INDEX, Requirements
 from gpupoold.pool.slots import FREE, LEASED, Slot
-from gpupoold.pool.waitqueue import ClientInfo, Waiter
+from gpupoold.pool.state import PoolState, in_service
+from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.store.database import Store
 from gpupoold.store.fleet import GpuRow, QueueRow, SyncInput, SyncResult
 from gpupoold.tasks import stop_task
@@ -118,10 +120,21 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
 
 
 class FleetQueue:
-    """This server's part of the fleet queue (see the top)."""
+    """This server's part of the fleet queue (see the top). Built by the lease manager with what
+    it uses of it: `grant(slot, waiter)` gives a free GPU to a waiter here, `claim(slot, waiter)`
+    a held one to the redirected client's waiter, `release(slot)` frees a held GPU nobody
+    claimed, `closing()` says the daemon stops."""
 
-    def __init__(self, leases: Any, store: Store, max_gpus_per_token: int = 0) -> None:
-        self.leases = leases  # pool/leases.LeaseManager (not imported: it imports this module)
+    def __init__(self, pool: PoolState, queue: WaitQueue, store: Store,
+                 max_gpus_per_token: int = 0, *, grant: Callable[[Slot, Waiter], None],
+                 claim: Callable[[Slot, Waiter], None], release: Callable[[Slot], None],
+                 closing: Callable[[], bool]) -> None:
+        self.pool = pool
+        self.queue = queue
+        self._grant_to = grant
+        self._claim = claim
+        self._release_held = release
+        self._closing = closing
         self.store = store
         self.server = store.server
         self.max_gpus_per_token = max_gpus_per_token
@@ -213,7 +226,7 @@ class FleetQueue:
         finished: list[int] = self._finished
         self._finished = []
         gpus = []
-        for slot in self.leases.slots:
+        for slot in self.pool.slots:
             i = slot.gpu.index
             ticket = self._applied.get(i)
             if ticket is not None and slot.state != LEASED:  # its lease or hold is over
@@ -224,11 +237,11 @@ class FleetQueue:
                 server=self.server, index=i, uuid=slot.gpu.uuid, name=slot.gpu.name,
                 memory_total=slot.gpu.memory_total, simulated=slot.gpu.simulated,
                 state="draining" if slot.draining and slot.state == LEASED else slot.state,
-                free=(slot.state == FREE and self.leases.in_service(slot)
-                      and not self.leases.closing and i not in self._applied),
+                free=(slot.state == FREE and in_service(slot)
+                      and not self._closing() and i not in self._applied),
                 lease_id=lease.id if lease is not None else None,
                 token=slot.holder() or "", updated=0.0))
-        waiting = set(self.leases.queue)
+        waiting = set(self.queue)
         gone = self._gone
         self._gone = []
         for w, ticket in list(self._tickets.items()):
@@ -244,7 +257,7 @@ class FleetQueue:
             new[self._keys] = w
             only = None
             if w.returning is not None or w.only is not None:
-                only = tuple(s.gpu.index for s in self.leases.slots if w.accepts(s.gpu))
+                only = tuple(s.gpu.index for s in self.pool.slots if w.accepts(s.gpu))
             rows.append((self._keys, QueueRow(
                 ticket=0, server=self.server, token=w.token, client=w.client.to_json(),
                 request={"gpu": w.req.gpu, "model": w.req.model,
@@ -257,7 +270,7 @@ class FleetQueue:
 
     def _apply(self, res: SyncResult, new: dict[int, Waiter]) -> None:
         self.last = res
-        waiting_now = set(self.leases.queue)
+        waiting_now = set(self.queue)
         for key, ticket in res.tickets.items():
             w = new[key]
             if w in waiting_now:
@@ -276,7 +289,7 @@ class FleetQueue:
             server = res.servers.get(q.assigned_server or "", {})
             del self._tickets[w]
             del by_ticket[ticket]
-            self.leases.queue.leave(w)
+            self.queue.leave(w)
             if not w.future.done():
                 w.future.set_result(Redirect(q.assigned_server or "", server.get("remoting", ""),
                                              q.assigned_gpu or 0, server.get("fingerprint", "")))
@@ -294,14 +307,15 @@ class FleetQueue:
             if self._applied.get(g.index) == ticket:
                 if held is not None and w is not None and w in waiting_now:
                     del self._reservations[ticket]
-                    self._grant(held.slot, w)
+                    self._tickets.pop(w, None)
+                    self._claim(held.slot, w)
                 elif held is not None and (q is None or q.state == "gone"):
                     self._release(held, "its client is gone")
                 continue
             if q is None or q.state == "gone" or slot is None:
                 self._finished.append(ticket)
                 continue
-            if slot.state != FREE or not self.leases.in_service(slot) or self.leases.closing:
+            if slot.state != FREE or not in_service(slot) or self._closing():
                 self._unassign.append(ticket)  # it changed meanwhile: back to the queue
                 continue
             if w is not None and w in waiting_now and not w.future.done():
@@ -317,34 +331,28 @@ class FleetQueue:
 
     def _grant(self, slot: Slot, w: Waiter) -> None:
         self._tickets.pop(w, None)
-        slot.reserved = None
-        slot.set_state(FREE)  # a held GPU: grant() takes it from free
-        self.leases.grant(slot, w)
+        self._grant_to(slot, w)
 
     def _slot(self, index: int) -> Slot | None:
-        return next((s for s in self.leases.slots if s.gpu.index == index), None)
+        return next((s for s in self.pool.slots if s.gpu.index == index), None)
 
     def _hold(self, slot: Slot, ticket: int, q: QueueRow) -> None:
-        slot.set_state(LEASED)
         # A stand-in for the client on its way: the GPU's holder in the views, and a grant the
         # watchdog knows (one never claimed is released long before its limit).
-        slot.reserved = Waiter(-ticket, Requirements(**q.request), q.token, _client(q),
-                               asyncio.get_running_loop().create_future())
-        slot.reserved_at = time.monotonic()
+        self.pool.hold(slot, Waiter(-ticket, Requirements(**q.request), q.token, _client(q),
+                                    asyncio.get_running_loop().create_future()))
         self._reservations[ticket] = Reservation(ticket, slot, q,
                                                  time.monotonic() + REDIRECT_CLAIM_S)
         log.info("GPU %d held for %s@%s pid %s, sent here by server %s (ticket %d)",
                  slot.gpu.index, q.client.get("user"), q.client.get("host"),
                  q.client.get("pid"), q.server, ticket)
-        self.leases.changed(slot)
 
     def _release(self, r: Reservation, why: str) -> None:
         self._reservations.pop(r.ticket, None)
         if r.slot.state == LEASED and r.slot.lease is None and r.slot.reserved is not None \
                 and r.slot.reserved.ticket == -r.ticket:
             log.info("GPU %d no longer held for ticket %d: %s", r.slot.gpu.index, r.ticket, why)
-            r.slot.reserved = None
-            self.leases.release_unused(r.slot)  # free again (the next sync finishes the ticket)
+            self._release_held(r.slot)  # free again (the next sync finishes the ticket)
 
     def _expire_reservations(self) -> None:
         now = time.monotonic()

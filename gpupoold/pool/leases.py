@@ -1,10 +1,9 @@
 """Leases: one whole GPU per client process, a FIFO queue when all are taken, a scrub after each.
 
-Each GPU is a `Slot` in one of these states:
-
-    free ──grant──► leased ──worker exits──► scrubbing ──ok──► free (or drained)
-      ▲                                          └──failure──► quarantined ──clear──► scrubbing
-      └────────────── undrain ◄── drained ◄── drain (when free, or after the lease's scrub)
+Each GPU is a `Slot` in one of five states (free, leased, scrubbing, quarantined, drained): the
+state diagram is pool/state.py's, which alone moves slots and leases; this module is the policy
+that decides when (a grant, a lease's start and end, a scrub's result, an operator's action, the
+watchdog's repair), and calls its transitions.
 
 A lease ends when its worker exits: the client said goodbye ("client exit"), its connection was
 lost ("client lost"), the worker crashed, an operator ended it ("revoked"), it reached
@@ -38,9 +37,11 @@ from gpupoold.gpu.inventory import Inventory
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer, IdleDetacher
-from gpupoold.pool.events import EventBus, GpuChanged, GpuCleaned, LeaseEnded, LeaseGranted
+from gpupoold.pool.events import EventBus
+from gpupoold.pool.fleet import FleetQueue
 from gpupoold.pool.requirements import Requirements
-from gpupoold.pool.slots import ATTACHED, DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, Slot
+from gpupoold.pool.slots import ATTACHED, DRAINED, FREE, LEASED, QUARANTINED, Lease, Slot
+from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.pool.watchdog import Watchdog, stuck_reason
 from gpupoold.store.database import LeaseRecord, NewLease, Store
@@ -83,7 +84,8 @@ class LeaseStartError(Exception):
 class LeaseManager:
     def __init__(self, inventory: Inventory, settings: Settings, store: Store,
                  supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters,
-                 events: EventBus | None = None, checkpointer: Checkpointer | None = None) -> None:
+                 events: EventBus | None = None, checkpointer: Checkpointer | None = None,
+                 shared_store: bool = False) -> None:
         self.settings = settings
         # Where grants, ends, scrubs and state changes are published (pool/events.py): the metrics
         # and the dashboard subscribe; this module knows neither.
@@ -92,18 +94,27 @@ class LeaseManager:
         self.supervisor = supervisor
         self.cleaner = cleaner
         self.counters = counters
-        self.slots = [Slot(gpu) for gpu in inventory.gpus]
+        # The GPUs' and the leases' states and their one writer (pool/state.py).
+        self.pool = PoolState(inventory.gpus, self.events)
+        self.slots = self.pool.slots
         self.queue = WaitQueue()
-        self._leases: dict[int, Lease] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         # GPUs whose leases continue without gpupoold after close() (their workers wait for the
         # next daemon): a simulated GPU's memory file must outlive this daemon for them.
         self.kept_gpus: frozenset[int] = frozenset()
         self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
-        self.detacher = IdleDetacher(self, checkpointer or Checkpointer(None))
+        # The other two policies, built with what they use of this one.
+        self.detacher = IdleDetacher(
+            self.pool, self.queue, settings, store, counters, checkpointer or Checkpointer(None),
+            spawn=self._spawn, scrub=self._scrub_soon, seat=self._seat_returning,
+            abandon=self.abandon, closing=lambda: self._closing)
         # With a shared store the fleet queue (pool/fleet.py) grants the GPUs, not _dispatch.
-        self.fleet: Any = None
+        self.fleet: FleetQueue | None = None
+        if shared_store:
+            self.fleet = FleetQueue(self.pool, self.queue, store, settings.max_gpus_per_token,
+                                    grant=self._grant, claim=self._claim,
+                                    release=self._release_unused, closing=lambda: self._closing)
 
     # ---------------------------------------------------------------------------- life cycle
     async def start(self) -> None:
@@ -160,28 +171,26 @@ class LeaseManager:
             adopting[slot.gpu.index] = (rec, sock, pid)
         for slot in self.slots:
             st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
-            slot.draining = bool(st.get("draining"))
             if slot.gpu.index in adopting:
+                self.pool.restore(slot, bool(st.get("draining")), None)
                 rec, sock, pid = adopting[slot.gpu.index]
-                slot.adopting = rec.id
-                slot.set_state(LEASED)
+                self.pool.adopt(slot, rec.id)
                 self._own(slot, self._adopt(slot, rec, sock, pid), f"lease-{rec.id}")
                 continue
-            if st.get("quarantine"):
-                slot.quarantine = st["quarantine"]
-                slot.set_state(QUARANTINED)
+            self.pool.restore(slot, bool(st.get("draining")), st.get("quarantine") or None)
+            if slot.state == QUARANTINED:
+                assert slot.quarantine is not None
                 log.warning("GPU %d stays quarantined (%s): clear it with `gpupoold gpu clear "
                             "%d` once fixed", slot.gpu.index, slot.quarantine.get("reason"),
                             slot.gpu.index)
                 continue
-            slot.set_state(SCRUBBING)
             self._own(slot, self._clean(slot, orphaned.get(slot.gpu.index, [])),
                       f"startup-scrub-{slot.gpu.index}")
         if adopting:
             log.info("taking over %d lease(s) of the previous gpupoold: %s", len(adopting),
                      ", ".join(f"lease {rec.id} on GPU {i} (worker pid {pid})"
                                for i, (rec, _, pid) in sorted(adopting.items())))
-        watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self._changed,
+        watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self.pool.changed,
                             lambda: self.counters.inc("watchdog_repairs"))
         self._spawn(watchdog.run(), "watchdog")
         self._spawn(self.detacher.run(), "idle-detach")
@@ -196,7 +205,7 @@ class LeaseManager:
                 slot.prestart_task.cancel()
         # A worker that has reported its end is about to exit: its end is recorded here, not
         # left to the next daemon.
-        kept = [lease for lease in self._leases.values()
+        kept = [lease for lease in self.pool.active()
                 if lease.worker.adoptable and not lease.worker.exited.done()
                 and not lease.worker.reported_end and lease.state == ATTACHED
                 and lease.cycle is None and lease.slot is not None]
@@ -276,13 +285,12 @@ class LeaseManager:
                 raise AdoptError(f"worker pid {pid} runs on {worker.uuid}, not on GPU "
                                  f"{slot.gpu.index} ({slot.gpu.uuid})")
         except AdoptError as exc:
-            slot.adopting = None
             log.error("lease %d on GPU %d could not be taken over: %s; its GPU is scrubbed",
                       rec.id, slot.gpu.index, exc, extra=journal_fields(rec.id, slot.gpu.index))
             await self._close_previous(rec, f"gpupoold restarted and could not take over the "
                                             f"lease: {exc}")
             if not self._closing:
-                await self._clean(slot, [rec.id])
+                await self._clean(slot, [rec.id])  # (the scrub ends the take-over)
             return
         req = worker.request
         lease = Lease(id=rec.id, slot=slot, token=rec.token_name,
@@ -292,9 +300,7 @@ class LeaseManager:
                                        model=str(req.get("model") or ""),
                                        min_memory=_nonneg(req.get("min_memory"))),
                       worker=worker, queued_s=rec.queued_s, started=rec.started)
-        slot.adopting = None
-        slot.lease = lease
-        self._leases[lease.id] = lease
+        self.pool.adopted(slot, lease)
         self.counters.inc("leases_adopted")
         limit = self.settings.max_lease_seconds
         if limit > 0:
@@ -304,7 +310,6 @@ class LeaseManager:
                  "gpupoold)", lease.id, slot.gpu.index, lease.client.describe(), worker.pid,
                  worker.orphaned_s,
                  extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
-        self._changed(slot)
         await self._watch(lease)
 
     async def _refuse_previous(self, rec: LeaseRecord, sock: socket.socket, pid: int,
@@ -338,42 +343,31 @@ class LeaseManager:
         if not task.cancelled() and task.exception() is not None:
             log.error("internal task %s failed", task.get_name(), exc_info=task.exception())
 
-    def _changed(self, slot: Slot) -> None:
-        self.events.publish(GpuChanged(slot.gpu.index))
+    def _scrub_soon(self, slot: Slot, lease_ids: list[int], name: str) -> None:
+        """Scrub `slot` in a task of its own (the one that moves it on: the watchdog's view)."""
+        self._own(slot, self._clean(slot, lease_ids), name)
 
-    # What the idle detacher (pool/detach.py) moves leases and GPUs with.
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
-    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        return self._spawn(coro, name)
-
-    def own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]:
-        return self._own(slot, coro, name)
-
-    def clean(self, slot: Slot, lease_ids: list[int]) -> Any:
-        return self._clean(slot, lease_ids)
-
-    def changed(self, slot: Slot) -> None:
-        self._changed(slot)
-
-    def changed_any(self) -> None:
-        """A detached lease changed: the GPU views do not show it, the lease views do."""
-        if self.slots:
-            self._changed(self.slots[0])
-
-    def dispatch(self) -> None:
-        self._dispatch()
-
-    def grant(self, slot: Slot, w: Waiter) -> None:
+    def _grant(self, slot: Slot, w: Waiter) -> None:
         """Give free `slot` to waiter `w` (who leaves the queue)."""
         self.queue.leave(w)
-        slot.reserved = w
-        slot.reserved_at = time.monotonic()
-        slot.set_state(LEASED)
+        self.pool.grant(slot, w)
         w.future.set_result(slot)
-        self._changed(slot)
+
+    def _claim(self, slot: Slot, w: Waiter) -> None:
+        """Give `slot`, held for a redirected client (pool/fleet.py), to its waiter `w`."""
+        self.queue.leave(w)
+        self.pool.claim(slot, w)
+        w.future.set_result(slot)
+
+    def _seat_returning(self, w: Waiter, home: Slot | None) -> None:
+        """A detached lease's waiter `w` joined the queue (pool/detach.py): straight back onto
+        `home`, the GPU it left, when free and nobody who may take it is ahead; in a fleet the
+        fleet queue decides (the GPU may be promised to another server's client already)."""
+        if (self.fleet is None and home is not None and home.state == FREE and in_service(home)
+                and self.queue.first(lambda x: x.accepts(home.gpu)) is w):
+            self._grant(home, w)
+        else:
+            self._dispatch()
 
     # ------------------------------------------------------------------------- handshake side
     def feasible(self, req: Requirements) -> str | None:
@@ -382,7 +376,7 @@ class LeaseManager:
         candidates = [s for s in self.slots if req.matches(s.gpu)]
         if not candidates:
             return req.refusal(gpus)
-        if all(s.state in (QUARANTINED, DRAINED) or s.draining for s in candidates):
+        if not any(in_service(s) for s in candidates):
             why = "; ".join(
                 f"GPU {s.gpu.index}: " + ("quarantined (" + str((s.quarantine or {}).get(
                     "reason", "")) + ")" if s.state == QUARANTINED else "drained by the operator")
@@ -391,15 +385,11 @@ class LeaseManager:
                     f"{why}. Try again later or use another server")
         return None
 
-    def in_service(self, slot: Slot) -> bool:
-        """Not drained, draining or quarantined: the GPU may serve another lease."""
-        return not (slot.state in (QUARANTINED, DRAINED) or slot.draining)
-
     def free_now(self, slot: Slot, req: Requirements, token: str) -> bool:
         """Whether a hello from `token` with `req` would be granted `slot` at once: it is free,
         meets `req`, the token is under `max_gpus_per_token`, and nobody in the queue who may
         take it is ahead (the queue is served in order)."""
-        return (not self._closing and slot.state == FREE and self.in_service(slot)
+        return (not self._closing and slot.state == FREE and in_service(slot)
                 and req.matches(slot.gpu) and self._under_limit(token)
                 and self.queue.first(lambda w: w.accepts(slot.gpu)
                                      and self._under_limit(w.token)) is None)
@@ -407,7 +397,7 @@ class LeaseManager:
     def counts(self, req: Requirements, token: str) -> tuple[int, int, int, int]:
         """(GPUs, those meeting `req` in service, of those the ones a hello from `token` would get
         at once, clients waiting): the counts of an `info` reply."""
-        matching = [s for s in self.slots if req.matches(s.gpu) and self.in_service(s)]
+        matching = [s for s in self.slots if req.matches(s.gpu) and in_service(s)]
         free = sum(1 for s in matching if self.free_now(s, req, token))
         return len(self.slots), len(matching), free, len(self.queue)
 
@@ -443,7 +433,6 @@ class LeaseManager:
         if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
             slot: Slot = w.future.result()
             if slot.reserved is w:
-                slot.reserved = None
                 self._release_unused(slot)
         elif not w.future.done():
             w.future.cancel()
@@ -468,15 +457,11 @@ class LeaseManager:
                                  and (w.returning is not None or self._under_limit(w.token)))
             if w is None:
                 continue
-            self.grant(slot, w)
-
-    def release_unused(self, slot: Slot) -> None:
-        self._release_unused(slot)
+            self._grant(slot, w)
 
     def _release_unused(self, slot: Slot) -> None:
         """A granted GPU nobody used (the client left before its lease started)."""
-        slot.set_state(DRAINED if slot.draining else FREE)
-        self._changed(slot)
+        self.pool.release(slot)
         if slot.state == FREE:
             self._prestart(slot)
         self._dispatch()
@@ -486,11 +471,11 @@ class LeaseManager:
                     before_handover: Callable[[], Awaitable[None]] | None = None) -> Lease:
         """Start the lease of a granted waiter: hand the client to the slot's worker
         (`before_handover` is awaited just before: after it the socket is the worker's)."""
-        slot.reserved = w
+        if slot.reserved is not w:
+            self.pool.reserve(slot, w)
         try:
             worker = await self._take_worker(slot)
         except WorkerStartError as exc:
-            slot.reserved = None
             self._release_unused(slot)
             raise LeaseStartError(f"the server could not start a worker for GPU "
                                   f"{slot.gpu.index}: {exc}") from None
@@ -503,18 +488,13 @@ class LeaseManager:
                 started=time.time()))
         except Exception:
             worker.kill()
-            slot.reserved = None
             self._release_unused(slot)
             raise
         lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
                       worker=worker, queued_s=w.waited(), keep_gpu=_keeps_gpu(hello_body))
-        slot.reserved = None
-        slot.lease = lease
-        self._leases[lease.id] = lease
         self.counters.inc("leases_started")
-        self.events.publish(LeaseGranted(lease.id, slot.gpu.index, lease.token, lease.queued_s))
+        self.pool.start(slot, lease)
         lease.watcher = self._own(slot, self._watch(lease), f"lease-{lease.id}")
-        self._changed(slot)
         try:
             if before_handover is not None:
                 await before_handover()
@@ -543,7 +523,7 @@ class LeaseManager:
         return worker
 
     def _expire(self, lease: Lease) -> None:
-        if lease.id not in self._leases:
+        if self.pool.lease(lease.id) is None:
             return
         limit = self.settings.max_lease_seconds
         lease.end_override = ("max duration", f"the lease reached max_lease_seconds = {limit:g}")
@@ -571,12 +551,11 @@ class LeaseManager:
             await asyncio.wait([lease.cycle])
         slot = lease.slot
         try:
-            self._leases.pop(lease.id, None)
-            if slot is not None and slot.lease is lease:
-                slot.lease = None
+            reason, detail = self._end_reason(lease, ex)
+            self.pool.end(lease, reason, ex.stats)
             if lease.timer is not None:
                 lease.timer.cancel()
-            await self._record_end(lease, ex)
+            await self._record_end(lease, reason, detail, ex)
         except Exception:
             log.exception("lease %d: recording its end failed; its GPU %s is scrubbed anyway",
                           lease.id, lease.gpu_index())
@@ -584,16 +563,17 @@ class LeaseManager:
             return  # detached: its last GPU was scrubbed when it left
         await self._clean(slot, [lease.id])
 
-    async def _record_end(self, lease: Lease, ex: WorkerExit) -> None:
-        gpu = lease.gpu_index()
+    def _end_reason(self, lease: Lease, ex: WorkerExit) -> tuple[str, str]:
+        """(reason, detail) of a lease's end: ours when we ended it, else its worker's."""
         reason, detail = lease.end_override or (ex.reason, ex.detail)
         if self._closing and lease.end_override is None and reason in ("shutdown",
                                                                        "worker crashed"):
             reason, detail = "daemon stopped", f"gpupoold stopped ({ex.detail or ex.reason})"
+        return reason, detail
+
+    async def _record_end(self, lease: Lease, reason: str, detail: str, ex: WorkerExit) -> None:
+        gpu = lease.gpu_index()
         s = ex.stats
-        # Same event-loop step as the pop in _watch: a scrape sees the lease live or ended, once.
-        self.events.publish(LeaseEnded(lease.id, gpu, lease.token, reason,
-                                       time.time() - lease.started, s))
         level = logging.INFO if reason in ("client exit", "daemon stopped") else logging.WARNING
         log.log(level, "lease %d ended (%s%s): GPU %d, %s, %.1f s, %d B in, %d B out", lease.id,
                 reason, f": {detail}" if detail else "", gpu, lease.client.describe(),
@@ -609,8 +589,7 @@ class LeaseManager:
         """Scrub and check `slot`'s GPU, record the result, and free or quarantine it. Never
         raises: a failure of the cleaner quarantines the GPU; a failure of the records is
         logged."""
-        slot.set_state(SCRUBBING)
-        self._changed(slot)
+        self.pool.scrub(slot)
         try:
             result = await self.cleaner.clean(slot.gpu)
         except Exception as exc:
@@ -625,21 +604,11 @@ class LeaseManager:
 
     def _after_clean(self, slot: Slot, result: CleanResult) -> None:
         # The GPU's new state first: nothing below (logs, metrics) may leave it scrubbing.
-        if result.ok:
-            slot.set_state(DRAINED if slot.draining else FREE)
-        else:
-            slot.quarantine = {"reason": result.summary(), "since": time.time(),
-                               "problems": result.problems}
-            slot.set_state(QUARANTINED)
-        slot.last_scrub = {"ok": result.ok, "at": time.time(), "summary": result.summary(),
-                           "bytes": result.scrub.get("bytes", 0),
-                           "duration_s": round(result.duration_s, 3)}
+        self.pool.scrubbed(slot, result)
         try:
             self.counters.inc("scrubs", result="ok" if result.ok else "failed")
             if result.reset is not None:
                 self.counters.inc("resets", result="ok" if result.reset.get("ok") else "failed")
-            self.events.publish(GpuCleaned(slot.gpu.index, result.ok, result.duration_s,
-                                           result.reset))
         except Exception:
             log.exception("GPU %d: counting the scrub failed", slot.gpu.index)
         if result.ok:
@@ -652,7 +621,6 @@ class LeaseManager:
                       slot.gpu.index, result.summary(), slot.gpu.index,
                       extra=journal_fields(gpu=slot.gpu.index))
             self._save_state_soon()
-        self._changed(slot)
         self._dispatch()
 
     # ------------------------------------------------------------------------------ watchdog
@@ -670,11 +638,8 @@ class LeaseManager:
             return
         log.error("watchdog: GPU %d: %s; scrubbing it", slot.gpu.index, why,
                   extra=journal_fields(gpu=slot.gpu.index))
-        if lease is not None:
-            self._leases.pop(lease.id, None)
-            slot.lease = None
-        if slot.reserved is not None:
-            w, slot.reserved = slot.reserved, None
+        lease, w = self.pool.evict(slot)
+        if w is not None:
             self.queue.leave(w)
             if not w.future.done():
                 w.future.cancel()
@@ -687,13 +652,9 @@ class LeaseManager:
                   extra=journal_fields(gpu=slot.gpu.index))
         if slot.task is not None:
             slot.task.cancel()
-        if slot.lease is not None:
-            self._leases.pop(slot.lease.id, None)
-            slot.lease.worker.kill()
-            slot.lease = None
-        slot.reserved = None
-        slot.quarantine = {"reason": reason, "since": time.time(), "problems": [reason]}
-        slot.set_state(QUARANTINED)
+        lease = self.pool.quarantine(slot, reason)
+        if lease is not None:
+            lease.worker.kill()
         self._save_state_soon()
         self._dispatch()
 
@@ -790,37 +751,35 @@ class LeaseManager:
         return self.slots[index]
 
     def active(self) -> list[Lease]:
-        """The active leases, in the order they started."""
-        return list(self._leases.values())
+        """The active leases, in the order they started (the adapters' question)."""
+        return self.pool.active()
 
     def lease(self, lease_id: int) -> Lease | None:
-        return self._leases.get(lease_id)
+        return self.pool.lease(lease_id)
 
     # ------------------------------------------------------------------------- operator actions
     async def drain(self, index: int, actor: str) -> Slot:
         slot = self.slot(index)
         if not slot.draining:
-            slot.draining = True
-            if slot.state == FREE:
-                slot.set_state(DRAINED)
+            was = slot.state
+            self.pool.drain(slot)
+            if was == FREE:
                 self._stop_idle(slot)
             await self._save_state()
             await self.store.audit(actor, "gpu.drain", f"gpu {index}", slot.state)
             log.info("GPU %d drained by %s (%s)", index, actor, slot.state)
-            self._changed(slot)
         return slot
 
     async def undrain(self, index: int, actor: str) -> Slot:
         slot = self.slot(index)
         if slot.draining:
-            slot.draining = False
-            if slot.state == DRAINED:
-                slot.set_state(FREE)
+            was = slot.state
+            self.pool.undrain(slot)
+            if was == DRAINED:
                 self._prestart(slot)
             await self._save_state()
             await self.store.audit(actor, "gpu.undrain", f"gpu {index}", slot.state)
             log.info("GPU %d back in service (undrained by %s)", index, actor)
-            self._changed(slot)
             self._dispatch()
         return slot
 
@@ -828,18 +787,15 @@ class LeaseManager:
         slot = self.slot(index)
         if slot.state != QUARANTINED:
             raise LeaseError(f"GPU {index} is not quarantined (it is {slot.state})", 409)
-        reason = (slot.quarantine or {}).get("reason", "")
-        slot.quarantine = None
-        slot.set_state(SCRUBBING)
+        reason = self.pool.clear(slot)
         self._own(slot, self._clean(slot, []), f"clear-scrub-{index}")
         await self._save_state()
         await self.store.audit(actor, "gpu.clear", f"gpu {index}", f"was: {reason}")
         log.info("GPU %d quarantine cleared by %s: scrubbing and checking it again", index, actor)
-        self._changed(slot)
         return slot
 
     async def end_lease(self, lease_id: int, actor: str, reason: str) -> Lease:
-        lease = self._leases.get(lease_id)
+        lease = self.pool.lease(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not active", 404)
         reason = reason.strip() or "no reason given"

@@ -1,7 +1,9 @@
-"""A GPU's place in the pool (`Slot`) and the lease on it (`Lease`): the lease manager's state.
+"""A GPU's place in the pool (`Slot`) and the lease on it (`Lease`): the pool's state.
 
-A slot is in exactly one of the five states below; pool/leases.py moves it between them (its
-docstring draws the transitions), pool/watchdog.py, pool/views.py and the metrics only read it.
+A slot is in exactly one of the five states below, a lease in one of its four; pool/state.py
+alone moves them (its docstring draws the transitions), the policies call it, and
+pool/watchdog.py, pool/views.py and the metrics only read them. The fields marked "policy" are
+bookkeeping of the policy named beside them, not the state.
 """
 
 from __future__ import annotations
@@ -49,11 +51,6 @@ class Lease:
     detached_s: float = 0.0  # total time detached, the current detach not included
     saved_bytes: int = 0  # device memory held in host memory while detached
 
-    def set_state(self, state: str) -> None:
-        if state != self.state:
-            self.state = state
-            self.state_since = time.time()
-
     def gpu_index(self) -> int:
         """The GPU it is on, or (detached) the one it left."""
         if self.slot is not None:
@@ -80,11 +77,6 @@ class Slot:
     adopting: int | None = None  # the previous daemon's lease being taken over (state leased)
     stuck: dict[str, Any] | None = None  # {"since", "why"}: seen by the watchdog, not repaired yet
     repairs: list[float] = field(default_factory=list)  # monotonic times of watchdog repairs
-
-    def set_state(self, state: str) -> None:
-        if state != self.state:
-            self.state = state
-            self.since = time.time()
 
     def holder(self) -> str | None:
         if self.lease is not None:

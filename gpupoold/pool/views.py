@@ -1,7 +1,8 @@
 """The pool as JSON: what `/api/v1`, the dashboard and the info reply show of the lease manager.
 
-The lease manager (pool/leases.py) keeps the state; this module only reads it, together with the
-telemetry cache's live values (gpu/telemetry.py), and builds the dicts the adapters serialise. One
+The pool's state (pool/state.py, moved by the lease manager's policies) is only read here,
+with the telemetry cache's live values (gpu/telemetry.py), to build the dicts the adapters
+serialise. One
 place decides what a GPU, a lease and the queue look like, so the API, the dashboard and
 `gpupool status` always agree.
 """
@@ -13,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpupoold.gpu.telemetry import unknown_live
 from gpupoold.pool.detach import detach_view
-from gpupoold.pool.leases import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, LeaseManager, Slot
+from gpupoold.pool.fleet import FleetQueue
+from gpupoold.pool.leases import LeaseManager
+from gpupoold.pool.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING, Lease, Slot
 
 if TYPE_CHECKING:
     from gpupoold.gpu.telemetry import Telemetry
@@ -47,7 +50,7 @@ class PoolViews:
         return self.leases.slots
 
     @property
-    def fleet(self) -> Any:
+    def fleet(self) -> FleetQueue | None:
         """The fleet queue (pool/fleet.py) of a server on a shared store, else None."""
         return self.leases.fleet
 

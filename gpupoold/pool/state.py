@@ -1,0 +1,393 @@
+"""The pool's state and its one owner: the state of each GPU (`Slot`), the lease or grant that holds
+it, the state of each lease (`Lease`) and which leases are active. Only this module changes them,
+through the named transitions of `PoolState`. The policies decide when: pool/leases.py (grants,
+lease starts and ends, scrubs, operator actions, the watchdog's repairs), pool/detach.py (idle
+detach) and pool/fleet.py (GPUs held for another server's clients). Each transition checks its
+edge against the diagrams below, refuses any other with `TransitionError` (a policy's bug, never a
+client's or an operator's mistake: nothing is changed then) and publishes what changed
+(pool/events.py). tests/test_layout.py fails when another module assigns these fields;
+tests/test_pool_state.py walks every edge, and every refused one.
+
+A GPU (`Slot.state`); `draining` is a flag beside it (drain, undrain), a drained GPU is one that
+was free or finished its scrub while draining:
+
+    free ──grant (a waiter), hold (another server's client)──► leased ◄─┐ reserve, claim, start,
+     ▲ ▲                                                         │  │   │ adopted, attach, detach
+     │ └──────────────── release (its grant went unused) ────────┘  └───┘ (in and out of leases)
+     │                                                           │
+     │                       scrub (its lease ended or left) ────┘
+     │                                   ▼
+     ├◄───── scrubbed ok ──────── scrubbing ◄──clear── quarantined ◄── scrubbed failed (scrubbing)
+     │  (drained instead                ▲                   ▲
+     │   while draining)                │                   └── quarantine (the watchdog; from
+    drained ◄──drain (free)             │                       leased, scrubbing, free, drained)
+     └──undrain──► free                 └── scrub (the watchdog: free or drained, yet held)
+
+    at start-up every GPU is scrubbing (its first scrub), until: adopt ──► leased (a previous
+    daemon's lease being taken over; adopted once its worker answers) or restore ──► quarantined
+    (it was when that daemon stopped)
+
+A lease (`Lease.state`), while its worker lives (end removes it from the active leases, in any
+state; the idle detach cycle is pool/detach.py):
+
+    attached ──park (its worker idles, parked)──► detaching ──detach (checkpointed)──► detached
+      ▲  ▲                                            │                                  │
+      │  └────────── unpark (not now, or failed) ◄────┘                                  │
+      └──────── attach (restored on a GPU) ◄── attaching ◄── recall (its client called) ─┘
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from gpupoold.gpu.cleaner import CleanResult
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.pool.events import (
+    EventBus,
+    GpuChanged,
+    GpuCleaned,
+    LeaseAttached,
+    LeaseDetached,
+    LeaseEnded,
+    LeaseGranted,
+)
+from gpupoold.pool.slots import (
+    ATTACHED,
+    ATTACHING,
+    DETACHED,
+    DETACHING,
+    DRAINED,
+    FREE,
+    LEASED,
+    QUARANTINED,
+    SCRUBBING,
+    Lease,
+    Slot,
+)
+from gpupoold.pool.waitqueue import Waiter
+from gpupoold.workers.supervisor import WorkerStats
+
+# The diagrams above as data: transition -> the states it may leave. Where a transition has more
+# than one target, the target follows from the slot (its draining flag, the scrub's result).
+SLOT_EDGES: dict[str, frozenset[str]] = {
+    "adopt": frozenset({SCRUBBING}),
+    "restore": frozenset({SCRUBBING}),
+    "adopted": frozenset({LEASED}),
+    "grant": frozenset({FREE}),
+    "hold": frozenset({FREE}),
+    "claim": frozenset({LEASED}),
+    "reserve": frozenset({LEASED}),
+    "release": frozenset({LEASED}),
+    "start": frozenset({LEASED}),
+    "scrub": frozenset({LEASED, SCRUBBING, FREE, DRAINED}),
+    "scrubbed": frozenset({SCRUBBING}),
+    "evict": frozenset({LEASED, SCRUBBING, FREE, DRAINED}),
+    "quarantine": frozenset({LEASED, SCRUBBING, FREE, DRAINED}),
+    "clear": frozenset({QUARANTINED}),
+    "drain": frozenset({FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED}),
+    "undrain": frozenset({FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED}),
+}
+LEASE_EDGES: dict[str, tuple[str, str]] = {  # transition -> (from, to)
+    "park": (ATTACHED, DETACHING),
+    "unpark": (DETACHING, ATTACHED),
+    "detach": (DETACHING, DETACHED),
+    "recall": (DETACHED, ATTACHING),
+    "attach": (ATTACHING, ATTACHED),
+}
+
+
+class TransitionError(RuntimeError):
+    """A policy asked for a transition that is not on the diagram from where the slot or lease
+    is (a bug): nothing was changed."""
+
+
+def in_service(slot: Slot) -> bool:
+    """Not drained, draining or quarantined: the GPU may serve another lease."""
+    return not (slot.state in (QUARANTINED, DRAINED) or slot.draining)
+
+
+class PoolState:
+    """The GPUs' slots and the active leases of one server; the only writer of their states."""
+
+    def __init__(self, gpus: Iterable[Gpu], events: EventBus) -> None:
+        self.events = events
+        self.slots = [Slot(gpu) for gpu in gpus]
+        self._leases: dict[int, Lease] = {}
+
+    # ------------------------------------------------------------------------------- reading
+    def active(self) -> list[Lease]:
+        """The active leases, in the order they started."""
+        return list(self._leases.values())
+
+    def lease(self, lease_id: int) -> Lease | None:
+        return self._leases.get(lease_id)
+
+    # ---------------------------------------------------------------------------- the checks
+    def _check(self, name: str, slot: Slot) -> None:
+        if slot.state not in SLOT_EDGES[name]:
+            raise TransitionError(f"GPU {slot.gpu.index}: no {name} from {slot.state} (from "
+                                  f"{', '.join(sorted(SLOT_EDGES[name]))} only)")
+
+    def _require(self, name: str, slot: Slot, ok: bool, what: str) -> None:
+        if not ok:
+            raise TransitionError(f"GPU {slot.gpu.index}: no {name}: {what}")
+
+    def _check_lease(self, name: str, lease: Lease) -> None:
+        source, _ = LEASE_EDGES[name]
+        if lease.state != source:
+            raise TransitionError(f"lease {lease.id}: no {name} from {lease.state} (from "
+                                  f"{source} only)")
+
+    def _move(self, slot: Slot, state: str) -> None:
+        if state != slot.state:
+            slot.state = state
+            slot.since = time.time()
+
+    def _move_lease(self, lease: Lease, state: str) -> None:
+        if state != lease.state:
+            lease.state = state
+            lease.state_since = time.time()
+
+    def changed(self, slot: Slot | None) -> None:
+        """Tell the GPU views' listeners that `slot` changed; every transition does, and so do
+        the policies when what they keep beside the state changes (the watchdog's stuck mark,
+        why a lease keeps its GPU). A detached lease has no GPU (None): the lease views show it,
+        and they are pushed with the first GPU's change."""
+        target = slot if slot is not None else (self.slots[0] if self.slots else None)
+        if target is not None:
+            self.events.publish(GpuChanged(target.gpu.index))
+
+    # ------------------------------------------------------------------------------ start-up
+    def restore(self, slot: Slot, draining: bool, quarantine: dict[str, object] | None) -> None:
+        """What the store kept of the GPU: drained, quarantined (else it stays scrubbing)."""
+        self._check("restore", slot)
+        slot.draining = draining
+        if quarantine:
+            slot.quarantine = quarantine
+            self._move(slot, QUARANTINED)
+        self.changed(slot)
+
+    def adopt(self, slot: Slot, lease_id: int) -> None:
+        """The previous daemon's lease `lease_id` is being taken over on `slot`."""
+        self._check("adopt", slot)
+        slot.adopting = lease_id
+        self._move(slot, LEASED)
+        self.changed(slot)
+
+    def adopted(self, slot: Slot, lease: Lease) -> None:
+        """The previous daemon's lease is taken over: active again, on `slot`."""
+        self._check("adopted", slot)
+        self._require("adopted", slot, slot.adopting == lease.id and slot.lease is None,
+                      f"it is not taking over lease {lease.id}")
+        slot.adopting = None
+        slot.lease = lease
+        lease.slot = slot
+        self._leases[lease.id] = lease
+        self.changed(slot)
+
+    # ------------------------------------------------------------------------------- grants
+    def grant(self, slot: Slot, w: Waiter) -> None:
+        """Free `slot` is `w`'s; its lease starts (`start`) or the grant goes unused (`release`)."""
+        self._check("grant", slot)
+        slot.reserved = w
+        slot.reserved_at = time.monotonic()
+        self._move(slot, LEASED)
+        self.changed(slot)
+
+    def hold(self, slot: Slot, stand_in: Waiter) -> None:
+        """Free `slot` waits for another server's client (pool/fleet.py); `stand_in` holds it."""
+        self._check("hold", slot)
+        slot.reserved = stand_in
+        slot.reserved_at = time.monotonic()
+        self._move(slot, LEASED)
+        self.changed(slot)
+
+    def claim(self, slot: Slot, w: Waiter) -> None:
+        """The client a held `slot` waited for arrived: granted to its waiter `w`."""
+        self._check("claim", slot)
+        self._require("claim", slot, slot.lease is None and slot.reserved is not None,
+                      "it is not held")
+        slot.reserved = w
+        slot.reserved_at = time.monotonic()
+        slot.since = time.time()  # a new grant
+        self.changed(slot)
+
+    def reserve(self, slot: Slot, w: Waiter) -> None:
+        """`w`'s lease is starting on granted `slot`."""
+        self._check("reserve", slot)
+        self._require("reserve", slot, slot.lease is None, f"lease {getattr(slot.lease, 'id', 0)}"
+                      " holds it")
+        slot.reserved = w
+        self.changed(slot)
+
+    def release(self, slot: Slot) -> None:
+        """A grant (or hold) nobody used: the GPU is free again (drained while draining)."""
+        self._check("release", slot)
+        self._require("release", slot, slot.lease is None, "a lease holds it")
+        slot.reserved = None
+        self._move(slot, DRAINED if slot.draining else FREE)
+        self.changed(slot)
+
+    # ------------------------------------------------------------------------------- leases
+    def start(self, slot: Slot, lease: Lease) -> None:
+        """The granted waiter's lease begins on `slot`: active from now."""
+        self._check("start", slot)
+        self._require("start", slot, slot.lease is None, "a lease holds it already")
+        slot.reserved = None
+        slot.lease = lease
+        lease.slot = slot
+        self._leases[lease.id] = lease
+        self.events.publish(LeaseGranted(lease.id, slot.gpu.index, lease.token, lease.queued_s))
+        self.changed(slot)
+
+    def end(self, lease: Lease, reason: str, stats: WorkerStats) -> None:
+        """`lease`'s worker exited: no longer active, and its GPU (if it has one) no longer its
+        (the GPU stays leased until its scrub). In the same event-loop step as the end is
+        published, so a metrics scrape sees the lease live or ended, once."""
+        self._leases.pop(lease.id, None)
+        slot = lease.slot
+        if slot is not None and slot.lease is lease:
+            slot.lease = None
+        self.events.publish(LeaseEnded(lease.id, lease.gpu_index(), lease.token, reason,
+                                       time.time() - lease.started, stats))
+        self.changed(slot)
+
+    # ------------------------------------------------------------------------------- scrubs
+    def scrub(self, slot: Slot) -> None:
+        """`slot`'s GPU is being scrubbed and checked (no lease may hold it any more)."""
+        self._check("scrub", slot)
+        self._require("scrub", slot, slot.lease is None,
+                      f"lease {getattr(slot.lease, 'id', 0)} holds it")
+        slot.reserved = None
+        slot.adopting = None
+        self._move(slot, SCRUBBING)
+        self.changed(slot)
+
+    def scrubbed(self, slot: Slot, result: CleanResult) -> None:
+        """The scrub's result: free (drained while draining), or quarantined when it failed."""
+        self._check("scrubbed", slot)
+        if result.ok:
+            self._move(slot, DRAINED if slot.draining else FREE)
+        else:
+            slot.quarantine = {"reason": result.summary(), "since": time.time(),
+                               "problems": result.problems}
+            self._move(slot, QUARANTINED)
+        slot.last_scrub = {"ok": result.ok, "at": time.time(), "summary": result.summary(),
+                           "bytes": result.scrub.get("bytes", 0),
+                           "duration_s": round(result.duration_s, 3)}
+        self.events.publish(GpuCleaned(slot.gpu.index, result.ok, result.duration_s,
+                                       result.reset))
+        self.changed(slot)
+
+    # ------------------------------------------------------------------------ the watchdog
+    def evict(self, slot: Slot) -> tuple[Lease | None, Waiter | None]:
+        """Take the lease and the grant off a stuck `slot` (the watchdog scrubs it next): the
+        lease is no longer active. Returns them, for the caller to end."""
+        self._check("evict", slot)
+        lease, w = slot.lease, slot.reserved
+        if lease is not None:
+            self._leases.pop(lease.id, None)
+        slot.lease = None
+        slot.reserved = None
+        self.changed(slot)
+        return lease, w
+
+    def quarantine(self, slot: Slot, reason: str) -> Lease | None:
+        """Out of service until an operator clears it; its lease (returned: the caller ends its
+        worker) is no longer active and its grant is void."""
+        self._check("quarantine", slot)
+        lease = slot.lease
+        if lease is not None:
+            self._leases.pop(lease.id, None)
+        slot.lease = None
+        slot.reserved = None
+        slot.quarantine = {"reason": reason, "since": time.time(), "problems": [reason]}
+        self._move(slot, QUARANTINED)
+        self.changed(slot)
+        return lease
+
+    # ----------------------------------------------------------------------- the operator
+    def clear(self, slot: Slot) -> str:
+        """The operator cleared the quarantine: scrubbed and checked again. Returns its reason."""
+        self._check("clear", slot)
+        reason = str((slot.quarantine or {}).get("reason", ""))
+        slot.quarantine = None
+        self._move(slot, SCRUBBING)
+        self.changed(slot)
+        return reason
+
+    def drain(self, slot: Slot) -> None:
+        """No new lease on the GPU: drained now when free, else once its lease and scrub end."""
+        self._check("drain", slot)
+        slot.draining = True
+        if slot.state == FREE:
+            self._move(slot, DRAINED)
+        self.changed(slot)
+
+    def undrain(self, slot: Slot) -> None:
+        self._check("undrain", slot)
+        slot.draining = False
+        if slot.state == DRAINED:
+            self._move(slot, FREE)
+        self.changed(slot)
+
+    # ---------------------------------------------------------------------------- idle detach
+    def park(self, lease: Lease, saved_bytes: int) -> None:
+        """Its worker idles and is parked: its `saved_bytes` of device memory are being
+        checkpointed."""
+        self._check_lease("park", lease)
+        self._move_lease(lease, DETACHING)
+        lease.saved_bytes = saved_bytes
+        self.changed(lease.slot)
+
+    def unpark(self, lease: Lease) -> None:
+        """The detach did not happen (not now, or the checkpoint failed): on its GPU as before."""
+        self._check_lease("unpark", lease)
+        lease.saved_bytes = 0
+        self._move_lease(lease, ATTACHED)
+        self.changed(lease.slot)
+
+    def detach(self, lease: Lease, seconds: float) -> Slot:
+        """Checkpointed in `seconds`: the lease leaves its GPU (returned; scrubbed next) and keeps
+        its memory in host memory."""
+        self._check_lease("detach", lease)
+        slot = lease.slot
+        if slot is None or slot.lease is not lease or slot.state != LEASED:
+            raise TransitionError(f"lease {lease.id}: no detach: it is not on a leased GPU")
+        lease.home = slot.gpu
+        self._move_lease(lease, DETACHED)
+        lease.detaches += 1
+        lease.not_now = ""
+        slot.lease = None
+        lease.slot = None
+        self.events.publish(LeaseDetached(lease.id, slot.gpu.index, lease.saved_bytes, seconds))
+        self.changed(slot)
+        return slot
+
+    def recall(self, lease: Lease) -> float:
+        """Its client called again: it waits for a GPU. Returns how long it was detached."""
+        self._check_lease("recall", lease)
+        detached_for = time.time() - lease.state_since
+        self._move_lease(lease, ATTACHING)
+        self.changed(None)
+        return detached_for
+
+    def attach(self, lease: Lease, slot: Slot, detached_for: float, latency_s: float) -> int:
+        """Restored on granted `slot`, `latency_s` after its client called, after `detached_for`
+        seconds detached: on a GPU again. Returns the bytes it had saved."""
+        self._check_lease("attach", lease)
+        self._require("attach", slot, slot.state == LEASED and slot.lease is None
+                      and slot.reserved is not None and slot.reserved.returning == lease.id,
+                      f"it is {slot.state}, not granted to lease {lease.id}")
+        moved = lease.home is not None and slot.gpu.uuid != lease.home.uuid
+        slot.reserved = None
+        slot.lease = lease
+        lease.slot = slot
+        slot.task = lease.watcher
+        lease.detached_s += detached_for
+        saved, lease.saved_bytes = lease.saved_bytes, 0
+        self._move_lease(lease, ATTACHED)
+        self.events.publish(LeaseAttached(lease.id, slot.gpu.index, moved, latency_s, saved))
+        self.changed(slot)
+        return saved
