@@ -105,6 +105,7 @@ class Message:
     fields: tuple[Field, ...]
     reply: tuple[Field, ...] | None
     call_class: str | None = None  # the worker serves it (gen_worker.py); None: it does not
+    group: str | None = None  # served: its API group, the worker's h_<group>.c
 
 
 def parse_field(text: str, where: str, records: dict[str, Record] | None = None) -> Field:
@@ -210,7 +211,7 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
     seen_names: set[str] = set()
     for i, m in enumerate(spec.get("message", [])):
         where = f"message #{i} ({m.get('name', '?')})"
-        unknown = set(m) - {"id", "name", "doc", "fields", "reply", "call_class"}
+        unknown = set(m) - {"id", "name", "doc", "fields", "reply", "call_class", "group"}
         if unknown:
             raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
         mid, name = m.get("id"), m.get("name")
@@ -226,11 +227,15 @@ def load_spec(path: Path) -> tuple[dict, dict[str, int], set[int], list[Message]
         reply = None
         if "reply" in m:
             reply = parse_fields(m["reply"], where + " reply", proto["max_body"], records)
-        call_class = m.get("call_class")
-        if call_class is not None and not isinstance(call_class, str):
-            raise SpecError(f"{where}: call_class must be a string")
+        call_class, group = m.get("call_class"), m.get("group")
+        if (call_class is None) != (group is None):
+            raise SpecError(f"{where}: a message the worker serves has call_class and group, "
+                            "any other neither")
+        if call_class is not None and not (isinstance(call_class, str) and isinstance(group, str)
+                                           and NAME_RE.match(group)):
+            raise SpecError(f"{where}: call_class and group are names")
         messages.append(Message(mid, name, str(m.get("doc", "")).strip(), fields, reply,
-                                call_class))
+                                call_class, group))
     if not messages:
         raise SpecError("no messages")
     used = {f.record for m in messages for f in (*m.fields, *(m.reply or ())) if f.record}

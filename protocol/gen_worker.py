@@ -1,5 +1,7 @@
 """The worker's share of the generated code: what protocol/gpupool.toml says about the calls the
 worker serves, so that a new driver call is one spec entry plus one handler function.
+A message the worker serves has a `call_class` and a `group`: its handler lives in
+worker/h_<group>.c (tests/test_worker_dispatch_gen.py checks it).
 
 gen_protocol.py calls `generate_worker`; its outputs, marked DO NOT EDIT with the spec's SHA-256:
   worker/generated/wk_calls.h         one handler prototype per message the worker serves (those
@@ -51,6 +53,8 @@ class ServedMessage(Protocol):
     def name(self) -> str: ...
     @property
     def call_class(self) -> str | None: ...
+    @property
+    def group(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,9 @@ def gen_calls_header(messages: list[ServedMessage], digest: str) -> str:
         "#define WK_HANDLER(name_) void wk_h_##name_(struct worker *w, uint64_t req, "
         "const gp_##name_ *m)",
     ]
-    out += [f"WK_HANDLER({m.name});" for m in served]
+    for group in dict.fromkeys(m.group for m in served):  # in the order of first use
+        out.append(f"/* h_{group}.c */")
+        out += [f"WK_HANDLER({m.name});" for m in served if m.group == group]
     out += [
         "",
         "/* X(op, message name, call class) for every message the worker serves, by op. */",

@@ -1,5 +1,5 @@
 /*
- * h_ctx.c: contexts, limits, memory info, primary context reset.
+ * h_ctx.c: contexts, limits, primary context reset.
  *
  * The worker's current context changes only through ctx_set_current (and falls back to the
  * primary when the current one is destroyed): ctx_create leaves it as it was, because the client
@@ -133,18 +133,6 @@ WK_HANDLER(ctx_get_limit)
     r.result = DRV(w, cuCtxGetLimit, &v, (CUlimit)m->limit);
     r.value = r.result == CUDA_SUCCESS ? v : 0;
     WK_REPLY(w, req, gp_ctx_get_limit_reply, &r);
-}
-
-WK_HANDLER(mem_get_info)
-{
-    gp_mem_get_info_reply r = {0};
-    size_t fr = 0, total = 0;
-    r.result = DRV(w, cuMemGetInfo, &fr, &total);
-    if (r.result == CUDA_SUCCESS) {
-        r.free = fr;
-        r.total = total;
-    }
-    WK_REPLY(w, req, gp_mem_get_info_reply, &r);
 }
 
 WK_HANDLER(primary_ctx_reset)

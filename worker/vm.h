@@ -3,7 +3,7 @@
  *
  * Device pointers must be addresses the client has reserved too (docs/architecture.md, "the VA
  * window"), so the worker, not the driver, chooses where each allocation goes. The allocator only
- * does arithmetic; mapping memory there is the caller's job (h_mem.c).
+ * does arithmetic; mapping memory there is the caller's job (h_memory.c).
  */
 #ifndef GP_WORKER_VM_H
 #define GP_WORKER_VM_H

@@ -16,17 +16,22 @@
  *   errors.c    logging, error names, notices, deferred (pending) errors
  *   objects.c   client ids -> driver handles (idmap.c), lookups and bulk cleanup
  *   h_session.c ping, stats, goodbye, notice, info: session messages, not CUDA calls
- *   h_ctx.c     contexts, limits, memory info, primary context reset
- *   h_mem.c     allocations in the VA window (vm.c), frees, device-side copies and memsets
+ *   h_ctx.c     contexts, limits, primary context reset
+ *   h_memory.c  allocations in the VA window (vm.c), frees, memory info, device-side copies and
+ *               memsets
  *   h_copy.c    host<->device copies through pinned staging buffers
  *   compress.c  LZ4-compressed copies (blocks; the codec is common/compress.c)
- *   h_stream.c  streams and events
+ *   h_stream.c  streams
+ *   h_event.c   events
  *   h_module.c  module/library loading, functions, globals (image cache: modcache.c)
  *   h_launch.c  function attributes, occupancy, launches
  *   h_graph.c   stream capture and CUDA graphs
  *   h_vmm.c     the client's virtual memory management calls (reserve, create, map, access)
  *   generated/  from protocol/gpupool.toml (make gen): the handler prototypes and dispatch table
  *               (wk_calls.h), the driver entry points (wk_driver_funcs.h)
+ *
+ * h_<group>.c holds the handlers of the messages the spec puts in that group, the same groups
+ * as the client's api_<group>.c.
  */
 #ifndef GP_WORKER_H
 #define GP_WORKER_H
@@ -218,7 +223,7 @@ struct worker {
     uint64_t cur_ctx;    /* client id of the context current on this thread (0: none) */
     uint64_t gran;       /* allocation granularity */
 
-    /* VA window (h_mem.c) */
+    /* VA window (h_memory.c) */
     uint64_t va_base, va_size;
     int va_reserved;
     struct vm vm;

@@ -1,5 +1,6 @@
 /*
- * h_mem.c: device memory inside the client's VA window, device-side copies and memsets.
+ * h_memory.c: device memory inside the client's VA window, memory info, device-side copies and
+ * memsets.
  *
  * Every allocation is placed by vm.c at an address of the window the client reserved too, then
  * backed with the virtual memory management calls (cuMemCreate + cuMemMap + cuMemSetAccess):
@@ -104,6 +105,18 @@ free_range:
     if (wk_vm_free(&w->vm, addr, len) != 0)
         wk_error("out of memory: %llu bytes of the VA window are lost", (unsigned long long)len);
     return rc;
+}
+
+WK_HANDLER(mem_get_info)
+{
+    gp_mem_get_info_reply r = {0};
+    size_t fr = 0, total = 0;
+    r.result = DRV(w, cuMemGetInfo, &fr, &total);
+    if (r.result == CUDA_SUCCESS) {
+        r.free = fr;
+        r.total = total;
+    }
+    WK_REPLY(w, req, gp_mem_get_info_reply, &r);
 }
 
 WK_HANDLER(mem_alloc)
