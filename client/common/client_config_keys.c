@@ -117,6 +117,18 @@ static int bool_value(gp_toml_lexer *ps, const char *key, const gp_toml_value *v
     return 0;
 }
 
+/* A compression setting: *t and *n its stripped text; GP_COMPRESSION_*, -1 for a text that is
+ * none, or -2 (not a string: error set). */
+static int compression_text(gp_toml_lexer *ps, const char *key, const gp_toml_value *v,
+                            const char **t, size_t *n)
+{
+    if (want_type(ps, key, v, GP_TOML_STR, "\"off\" or \"lz4\"") != 0)
+        return -2;
+    *n = strlen(v->s);
+    *t = gp_cc_strip(v->s, n);
+    return gp_cc_compression_value(*t, *n);
+}
+
 /* The [[servers]] entry being read: the last one. */
 static int entry(const file_settings *fs)
 {
@@ -200,11 +212,11 @@ static int set_probe_timeout(gp_toml_lexer *ps, file_settings *fs, const char *k
 static int set_compression(gp_toml_lexer *ps, file_settings *fs, const char *key,
                            const gp_toml_value *v)
 {
-    if (want_type(ps, key, v, GP_TOML_STR, "\"off\" or \"lz4\"") != 0)
+    size_t n;
+    const char *t;
+    int c = compression_text(ps, key, v, &t, &n);
+    if (c == -2)
         return -1;
-    size_t n = strlen(v->s);
-    const char *t = gp_cc_strip(v->s, &n);
-    int c = gp_cc_compression_value(t, n);
     if (c < 0) {
         gp_toml_error(ps,
                       "compression = \"%.*s\" is not supported: write \"off\" (the default) or "
@@ -434,11 +446,11 @@ static int set_server_compression(gp_toml_lexer *ps, file_settings *fs, const ch
 {
     int i = entry(fs);
     gp_server_config *s = &fs->servers[i];
-    if (want_type(ps, key, v, GP_TOML_STR, "\"off\" or \"lz4\"") != 0)
+    size_t n;
+    const char *t;
+    int c = compression_text(ps, key, v, &t, &n);
+    if (c == -2)
         return -1;
-    size_t n = strlen(v->s);
-    const char *t = gp_cc_strip(v->s, &n);
-    int c = gp_cc_compression_value(t, n);
     if (c < 0) { /* the end of the entry refuses it, naming the server (client_config_file.c) */
         fs->bad_compression_line = ps->line;
         snprintf(fs->bad_compression, sizeof fs->bad_compression, "%.*s", (int)n, t);

@@ -52,16 +52,22 @@ static void skip_blank(gp_toml_lexer *ps)
         ps->p++;
 }
 
-/* After a value or header: blanks, an optional comment, then the end of the line (consumed).
- * 0, or -1 (error set). */
-static int end_of_line(gp_toml_lexer *ps, const char *after)
+/* A comment up to its newline, and the CR of a CRLF: the next byte is the newline, or the end. */
+static void skip_comment(gp_toml_lexer *ps)
 {
-    skip_blank(ps);
     if (ps->p < ps->end && *ps->p == '#')
         while (ps->p < ps->end && *ps->p != '\n')
             ps->p++;
     if (ps->p < ps->end && *ps->p == '\r' && ps->p + 1 < ps->end && ps->p[1] == '\n')
         ps->p++;
+}
+
+/* After a value or header: blanks, an optional comment, then the end of the line (consumed).
+ * 0, or -1 (error set). */
+static int end_of_line(gp_toml_lexer *ps, const char *after)
+{
+    skip_blank(ps);
+    skip_comment(ps);
     if (ps->p >= ps->end)
         return 0;
     if (*ps->p != '\n') {
@@ -209,11 +215,7 @@ static void skip_array_space(gp_toml_lexer *ps)
 {
     for (;;) {
         skip_blank(ps);
-        if (ps->p < ps->end && *ps->p == '#')
-            while (ps->p < ps->end && *ps->p != '\n')
-                ps->p++;
-        if (ps->p < ps->end && *ps->p == '\r' && ps->p + 1 < ps->end && ps->p[1] == '\n')
-            ps->p++;
+        skip_comment(ps);
         if (ps->p < ps->end && *ps->p == '\n') {
             ps->p++;
             ps->line++;
