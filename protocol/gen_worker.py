@@ -144,7 +144,7 @@ def gen_calls_header(messages: list[ServedMessage], digest: str) -> str:
     out += _x_macro("WK_DISPATCH_TABLE", [
         f"X(GP_OP_{m.name.upper()}, {m.name}, {CALL_CLASSES[m.call_class]})"  # type: ignore[index]
         for m in served])
-    out += [f"#define WK_SERVED_MESSAGES {len(served)}", "", "#endif /* WK_CALLS_H */", ""]
+    out += ["", "#endif /* WK_CALLS_H */", ""]
     return "\n".join(out)
 
 
@@ -160,7 +160,7 @@ def gen_driver_header(funcs: list[DriverFunction], digest: str) -> str:
     ]
     out += _x_macro("GP_DRIVER_FUNCS", [
         f"X({int(f.required)}, {f.name}, ({f.params}), \"{' '.join(f.symbols)}\")" for f in funcs])
-    out += [f"#define WK_DRIVER_FUNCTIONS {len(funcs)}", "", "#endif /* WK_DRIVER_FUNCS_H */", ""]
+    out += ["", "#endif /* WK_DRIVER_FUNCS_H */", ""]
     return "\n".join(out)
 
 

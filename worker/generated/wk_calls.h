@@ -133,6 +133,5 @@ WK_HANDLER(graph_get_node_count);
     X(GP_OP_GRAPH_EXEC_DESTROY, graph_exec_destroy, WK_CALL_OTHER) \
     X(GP_OP_GRAPH_DESTROY, graph_destroy, WK_CALL_OTHER) \
     X(GP_OP_GRAPH_GET_NODE_COUNT, graph_get_node_count, WK_CALL_OTHER)
-#define WK_SERVED_MESSAGES 53
 
 #endif /* WK_CALLS_H */

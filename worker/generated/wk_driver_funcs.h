@@ -87,6 +87,5 @@
     X(0, cuGraphExecDestroy, (CUgraphExec), "cuGraphExecDestroy") \
     X(0, cuGraphDestroy, (CUgraph), "cuGraphDestroy") \
     X(0, cuGraphGetNodes, (CUgraph, void **, size_t *), "cuGraphGetNodes")
-#define WK_DRIVER_FUNCTIONS 81
 
 #endif /* WK_DRIVER_FUNCS_H */
