@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import time
@@ -39,6 +38,7 @@ from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer, IdleDetacher
 from gpupoold.pool.events import EventBus
 from gpupoold.pool.fleet import FleetQueue
+from gpupoold.pool.kept_states import KeptStates
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import ATTACHED, DRAINED, FREE, LEASED, QUARANTINED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
@@ -53,7 +53,6 @@ START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
 END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
 PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
 ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has to answer ADOPT
-LEGACY_STATE_FILE = "gpu-state.json"  # where drained/quarantined GPUs were kept before the store
 
 
 class LeaseError(Exception):
@@ -103,7 +102,7 @@ class LeaseManager:
         # GPUs whose leases continue without gpupoold after close() (their workers wait for the
         # next daemon): a simulated GPU's memory file must outlive this daemon for them.
         self.kept_gpus: frozenset[int] = frozenset()
-        self._legacy_state_file = settings.state_dir / LEGACY_STATE_FILE
+        self.kept_states = KeptStates(store, settings.state_dir, self.slots)
         # The other two policies, built with what they use of this one.
         self.detacher = IdleDetacher(
             self.pool, self.queue, settings, store, counters, checkpointer or Checkpointer(None),
@@ -126,7 +125,7 @@ class LeaseManager:
         are scrubbed before their first lease, like every GPU at start-up."""
         await asyncio.to_thread(self.supervisor.prepare_workers_dir,
                                 self.settings.worker_orphan_grace > 0)
-        saved = await self._load_state()
+        saved = await self.kept_states.load()
         # Read before the open records below are closed: those are scrubbed as "gone".
         unscrubbed = await self.store.unscrubbed_last_leases()
         takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
@@ -620,7 +619,7 @@ class LeaseManager:
             log.error("GPU %d QUARANTINED: %s. Investigate, then `gpupoold gpu clear %d`",
                       slot.gpu.index, result.summary(), slot.gpu.index,
                       extra=journal_fields(gpu=slot.gpu.index))
-            self._save_state_soon()
+            self._spawn(self.kept_states.save(), "save-state")
         self._dispatch()
 
     # ------------------------------------------------------------------------------ watchdog
@@ -655,7 +654,7 @@ class LeaseManager:
         lease = self.pool.quarantine(slot, reason)
         if lease is not None:
             lease.worker.kill()
-        self._save_state_soon()
+        self._spawn(self.kept_states.save(), "save-state")
         self._dispatch()
 
     # ------------------------------------------------------------------------- pre-started workers
@@ -693,55 +692,6 @@ class LeaseManager:
                 asyncio.get_running_loop().call_later(PRESTART_RETRY, self._prestart_again,
                                                       slot)
 
-    # ------------------------------------------------------------------------- pid files
-    # ----------------------------------------------------------------- drained / quarantined state
-    async def _load_state(self) -> dict[str, Any]:
-        """Drained and quarantined GPUs from the store, after importing the file an older
-        gpupoold kept them in (once: the file is removed when the store has them)."""
-        legacy = await asyncio.to_thread(self._read_legacy_state)
-        if legacy is not None:
-            states = await self.store.gpu_states()
-            if not states and legacy:
-                await self.store.save_gpu_states(legacy, self._state_keys())
-                log.info("drained/quarantined GPUs imported into the database from %s",
-                         self._legacy_state_file)
-            await asyncio.to_thread(self._legacy_state_file.unlink, missing_ok=True)
-        return await self.store.gpu_states()
-
-    def _read_legacy_state(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._legacy_state_file.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            log.error("cannot read %s (%s): its drained/quarantined GPUs are not imported (the "
-                      "file is left in place; fix or remove it)", self._legacy_state_file, exc)
-            return None
-        if not isinstance(data, dict):
-            return {}
-        return {str(k): {"draining": bool(v.get("draining")), "quarantine": v.get("quarantine")}
-                for k, v in data.items() if isinstance(v, dict)}
-
-    @staticmethod
-    def _state_key(slot: Slot) -> str:
-        """A GPU's key in the store's gpu_state table: its UUID (its index when it has none)."""
-        return slot.gpu.uuid or str(slot.gpu.index)
-
-    def _state_keys(self) -> list[str]:
-        return [self._state_key(s) for s in self.slots]
-
-    def _state_snapshot(self) -> dict[str, Any]:
-        return {self._state_key(s): {"draining": s.draining, "quarantine": s.quarantine}
-                for s in self.slots if s.draining or s.quarantine}
-
-    async def _save_state(self) -> None:
-        await self.store.save_gpu_states(self._state_snapshot(), self._state_keys())
-
-    def _save_state_soon(self) -> None:
-        # The snapshot is taken now; the store runs its calls in order, so the last one wins.
-        self._spawn(self.store.save_gpu_states(self._state_snapshot(), self._state_keys()),
-                    "save-state")
-
     # ------------------------------------------------------------------------------- lookups
     def slot(self, index: int) -> Slot:
         """GPU `index`'s slot; LeaseError (404) when there is none."""
@@ -765,7 +715,7 @@ class LeaseManager:
             self.pool.drain(slot)
             if was == FREE:
                 self._stop_idle(slot)
-            await self._save_state()
+            await self.kept_states.save()
             await self.store.audit(actor, "gpu.drain", f"gpu {index}", slot.state)
             log.info("GPU %d drained by %s (%s)", index, actor, slot.state)
         return slot
@@ -777,7 +727,7 @@ class LeaseManager:
             self.pool.undrain(slot)
             if was == DRAINED:
                 self._prestart(slot)
-            await self._save_state()
+            await self.kept_states.save()
             await self.store.audit(actor, "gpu.undrain", f"gpu {index}", slot.state)
             log.info("GPU %d back in service (undrained by %s)", index, actor)
             self._dispatch()
@@ -789,7 +739,7 @@ class LeaseManager:
             raise LeaseError(f"GPU {index} is not quarantined (it is {slot.state})", 409)
         reason = self.pool.clear(slot)
         self._own(slot, self._clean(slot, []), f"clear-scrub-{index}")
-        await self._save_state()
+        await self.kept_states.save()
         await self.store.audit(actor, "gpu.clear", f"gpu {index}", f"was: {reason}")
         log.info("GPU %d quarantine cleared by %s: scrubbing and checking it again", index, actor)
         return slot
