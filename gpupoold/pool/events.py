@@ -1,6 +1,6 @@
 """What the lease logic tells the rest of the daemon, without knowing who listens.
 
-The lease manager (pool/leases.py) publishes these events on an `EventBus`; its adapters subscribe:
+The pool's transitions (pool/state.py) publish these events on an `EventBus`; adapters subscribe:
 the Prometheus registry (http/metrics.py) observes grants, ends and scrubs, the web dashboard
 (dashboard/live.py) pushes a GPU's new state to open pages. The domain code therefore imports none
 of them (no import of aiohttp or prometheus_client, no import cycle through the HTTP layer).

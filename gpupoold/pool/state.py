@@ -27,6 +27,10 @@ was free or finished its scrub while draining:
     daemon's lease being taken over; adopted once its worker answers) or restore ──► quarantined
     (it was when that daemon stopped)
 
+    evict (the watchdog, before it scrubs a stuck GPU: leased, scrubbing, free or drained) takes
+    its lease and grant off and leaves its state; end (a lease's worker exited) leaves the GPU
+    leased, with no lease, until its scrub
+
 A lease (`Lease.state`), while its worker lives (end removes it from the active leases, in any
 state; the idle detach cycle is pool/detach.py):
 
