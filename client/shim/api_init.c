@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "export_tables.h"
 #include "generated/gp_cuda_tables.h"
 #include "shim.h"
 #include "shim_core.h"
@@ -357,11 +358,20 @@ GP_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* Forget a context on this side: its context-local storage first (export_tables.c: the
+ * destructors are cudart code that may still free what it allocated in the context, so the
+ * context's ranges and handles must be known then), then its ranges, streams and events. */
+static void forget_context(uint64_t ctx)
+{
+    gp_cls_context_destroyed((CUcontext)(uintptr_t)ctx);
+    gp_ctx_forget_resources(ctx);
+}
+
 /* Drop the primary context's state everywhere: on the worker (its allocations, streams,
  * modules) and here. The handle itself stays valid, as the driver's does. */
 static CUresult primary_reset(void)
 {
-    gp_ctx_forget_resources(GP_PRIMARY_CTX_ID);
+    forget_context(GP_PRIMARY_CTX_ID);
     gp_primary_reset_local();
     gp_conn_use_ctx(GP_PRIMARY_CTX_ID);
     gp_primary_ctx_reset m = {0};
@@ -534,7 +544,7 @@ GP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
     /* What the client knows goes first (context-local storage destructors may still use the
      * context), then the server's context. */
-    gp_ctx_forget_resources(h);
+    forget_context(h);
     gp_ctx_destroy m = {.ctx = h};
     GP_FRAME(buf, len, gp_ctx_destroy, &m);
     if (!buf)

@@ -6,23 +6,21 @@
  *  - Sending: fire-and-forget frames are appended to a batch under send_lock; the batch goes
  *    out before any request that waits, when it passes 256 KiB, and from the flusher thread
  *    ~50 us after the last append, so a program that never synchronises still progresses.
- *    Bulk data above 64 KiB is written straight from the caller's buffer (no copy).
+ *    Bulk data above 64 KiB is written straight from the caller's buffer (no copy). The bytes
+ *    go out through conn_write.c.
  *  - Receiving: one thread at a time reads frames (the reader role): a caller waiting for its
  *    reply reads them itself while nobody else does (no thread hand-off on a round trip), the
- *    receiver thread otherwise (see "the reader role"). A reply completes the waiter with its request id
- *    (reply bulk is read directly into the waiter's buffer); replies of detached requests
- *    (async device-to-host copies) land in the program's buffer; notices are printed once per
- *    distinct text and become the pending error (informational codes: printed, not recorded).
+ *    receiver thread otherwise (see "the reader role"). A reply completes the waiter with its
+ *    request id (reply bulk is read directly into the waiter's buffer: conn_read.c); replies of
+ *    detached requests (async device-to-host copies) land in the program's buffer; notices and
+ *    failed detached requests become the pending error (pending.c).
  *  - Loss: the first failure marks the connection dead, wakes every waiter with
  *    GP_LOST_CONNECTION_ERROR and prints one line. Sends use MSG_NOSIGNAL (never SIGPIPE).
  *  - fork: the child drops the connection without sending anything (CUDA calls there return
  *    CUDA_ERROR_NOT_INITIALIZED); exit: flush and goodbye, bounded by short timeouts.
- *  - Keepalive (when the server promised it, GP_HELLO_KEEPALIVE): a live server is never silent
- *    towards a waiting client for more than GP_KEEPALIVE_MS (its worker sends GP_INFO_WORKING
- *    notices during long calls). Reads wake every KEEPALIVE_SLICE_MS; whoever reads while a
- *    reply is awaited sends a ping when the connection has been quiet for a third of the
- *    timeout, and fails the connection when nothing came in and nothing went out for
- *    GPUPOOL_SERVER_TIMEOUT seconds (default 30): a stopped or hung server, or a cut network.
+ *  - Keepalive (when the server promised it, GP_HELLO_KEEPALIVE; keepalive.c keeps the clock):
+ *    reads wake every GP_KA_SLICE_MS; whoever reads while a reply is awaited pings a quiet
+ *    server and fails the connection when it stays silent for GPUPOOL_SERVER_TIMEOUT seconds.
  * Lock order: send_lock before wait_lock; the receiver takes send_lock only with trylock (its
  * keepalive ping), never waiting for it.
  *  - TLS (tls != NULL; tls.c): the same flow, with the socket calls replaced by the session's
@@ -42,7 +40,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,20 +47,10 @@
 #include "shim.h"
 #include "shim_core.h"
 
-#define BATCH_LIMIT (256u * 1024) /* flush the batch once it is this large */
-#define DIRECT_BULK (64u * 1024)  /* bulk above this is written from the caller's buffer */
-/* The most one sendmsg() is given. A call with all of a 256 MiB copy owns the socket until the
- * kernel has taken the last byte: the ACKs that arrive meanwhile wait in the socket's backlog
- * and the sender processes them itself in bursts, the window opening late. 1 MiB a call leaves
- * them to the softirq as they come: 256 MiB uploads 0.28-0.33 -> 0.20-0.22 client CPU s/GiB and
- * 0.71-0.81x -> 1.19-1.28x of raw TCP on loopback (docs/benchmarks.md, "Uploads"); 256 KiB and
- * 4 MiB measured between the two. */
-#ifndef SEND_CHUNK
-#define SEND_CHUNK (1u << 20)
-#endif
+#define BATCH_LIMIT (256u * 1024)    /* flush the batch once it is this large */
+#define DIRECT_BULK (64u * 1024)     /* bulk above this is written from the caller's buffer */
 #define FLUSH_DELAY_NS 50000ull      /* flusher: this long after the last append... */
 #define FLUSH_MAX_DELAY_NS 500000ull /* ...but never later than this after the first one */
-#define RBUF_SIZE (256u * 1024)
 
 enum {
     ST_NONE,
@@ -83,17 +70,16 @@ static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED; /* guarded by init_loc
 
 static int sock = -1;
 static gp_tls *tls;           /* the TLS session with the worker, or NULL (plaintext) */
-static char tls_err[300];     /* the reader's last TLS error (only the reader writes it) */
 static char server_desc[300]; /* "host:port" of the server in use */
 
 /* ---- send side (send_lock) ---- */
 static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t flush_cv; /* CLOCK_MONOTONIC; the flusher waits on it */
-static uint8_t *batch;
-static size_t batch_len, batch_cap;
+/* The stream to the worker (conn_write.c): the batch of frames not yet written, and the socket
+ * and TLS session once connected. */
+static gp_writer ws = {.sock = -1, .dead = &dead};
 static uint64_t first_append_ns, last_append_ns;
 static uint64_t last_ctx_sent; /* UINT64_MAX: unknown */
-static atomic_uint_fast64_t next_req = 1;
 static __thread uint64_t tl_wire_ctx;
 
 /* ---- waiters (wait_lock) ---- */
@@ -145,75 +131,14 @@ static pthread_cond_t role_cv; /* CLOCK_MONOTONIC */
  * handler frees the same state. Set once by gp_conn_ensure under init_lock. */
 static pthread_t receiver_thread;
 static int receiver_started;
-typedef struct rstate {
-    uint8_t *buf;
-    size_t pos, len;
-} rstate;
-static rstate rs;      /* the read buffer; only the reader touches it */
-static uint8_t *cz_in; /* one LZ4 block's stored bytes (GP_LZ4_BLOCK); only the reader touches it */
+/* The stream in (conn_read.c): its buffer, and the socket and TLS session once connected; only
+ * the reader touches it. */
+static int silence_check(const char **why);
+static gp_reader rs = {.sock = -1, .quiet = silence_check};
 static atomic_int lz4_on; /* LZ4-compressed copies negotiated (connect.c) */
 
-/* ---- keepalive ---- */
-#define KEEPALIVE_SLICE_MS 1000     /* reads wake this often to look at the silence */
-#define KEEPALIVE_REQ UINT64_MAX    /* our pings' request id: their replies are dropped */
-#define SERVER_TIMEOUT_DEFAULT 30.0 /* seconds; GPUPOOL_SERVER_TIMEOUT */
-static atomic_int keepalive_on;     /* the server promised keepalives and the timeout is on */
-static uint64_t server_timeout_ns;  /* set before keepalive_on */
-static atomic_uint_fast64_t last_rx_ns, last_tx_ns, last_ping_ns;
-
-/* ---- pending error and notices ---- */
-static atomic_int pending_error;
-static pthread_mutex_t notice_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t notice_seen[512];
-static size_t notice_count;
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Bytes moved: the server is alive (a sender's progress counts as much as a reply). */
-static void note_rx(void)
-{
-    if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
-        atomic_store_explicit(&last_rx_ns, mono_ns(), memory_order_relaxed);
-}
-static void note_tx(void)
-{
-    if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
-        atomic_store_explicit(&last_tx_ns, mono_ns(), memory_order_relaxed);
-}
-
-static int is_sticky(int code)
-{
-    return (code >= 700 && code <= 719) || code == 999;
-}
-
-/* ======================================================================== pending errors == */
-
-CUresult gp_cu_result(int32_t r)
-{
-    return r >= 100000 || r < 0 ? CUDA_ERROR_UNKNOWN : r;
-}
-
-static void record_pending(int32_t code)
-{
-    if (code == 0)
-        return;
-    int expected = 0;
-    atomic_compare_exchange_strong(&pending_error, &expected, (int)gp_cu_result(code));
-}
-
-CUresult gp_take_pending_error(void)
-{
-    int v = atomic_load(&pending_error);
-    if (v == 0 || is_sticky(v))
-        return v;
-    atomic_compare_exchange_strong(&pending_error, &v, 0);
-    return v;
-}
+/* ---- keepalive (keepalive.c keeps the clock) ---- */
+#define KEEPALIVE_REQ UINT64_MAX /* our pings' request id: their replies are dropped */
 
 /* ============================================================================== state == */
 
@@ -249,11 +174,6 @@ CUresult gp_conn_init(void)
 const char *gp_conn_server(void)
 {
     return server_desc;
-}
-
-uint64_t gp_conn_new_req(void)
-{
-    return atomic_fetch_add(&next_req, 1);
 }
 
 /* ========================================================================== loss == */
@@ -300,103 +220,28 @@ static void conn_fail(const char *fmt, ...)
 
 /* ====================================================================== sending == */
 
-/* TLS: every iovec through the session (a record or more each). Caller holds send_lock. */
-static int write_iov_tls_locked(const struct iovec *iov, int n)
+/* Write the batch followed by up to two extra buffers (flush_locked), or compressed data
+ * (gp_post_lz4). Caller holds send_lock. 0, or -1 (the connection failed: conn_fail said why). */
+static int write_failed(int rc, const char *why)
 {
-    char err[300];
-    for (int i = 0; i < n; i++) {
-        if (atomic_load(&dead))
-            return -1;
-        if (iov[i].iov_len &&
-            gp_tls_write(tls, iov[i].iov_base, iov[i].iov_len, err, sizeof err) != 0) {
-            conn_fail("%s", err);
-            return -1;
-        }
-        note_tx();
+    if (rc == GP_WRITE_TIMED_OUT) {
+        /* only with a send timeout (at exit, or the keepalive's): give up */
+        if (gp_ka_on() && atomic_load(&state) == ST_READY)
+            conn_fail("the server took no data for %.0f s: it is hung or stopped, or the network "
+                      "is cut (GPUPOOL_SERVER_TIMEOUT)",
+                      gp_ka_timeout_s());
+        else
+            conn_fail("send timed out");
+    } else if (rc == GP_WRITE_FAILED) {
+        conn_fail("%s", why);
     }
-    return 0;
+    return rc == GP_WRITE_OK ? 0 : -1;
 }
 
-/* Write every iovec completely. Caller holds send_lock. 0, or -1 (connection failed). */
-static int write_iov_locked(struct iovec *iov, int n)
-{
-    if (tls)
-        return write_iov_tls_locked(iov, n);
-    while (n > 0 && iov[0].iov_len == 0)
-        iov++, n--;
-    while (n > 0) {
-        if (atomic_load(&dead))
-            return -1;
-        /* At most SEND_CHUNK bytes a call (above); the loop below takes what was sent off iov. */
-        struct iovec part[64];
-        int np = 0;
-        size_t total = 0;
-        for (; np < n && np < 64 && total < SEND_CHUNK; np++) {
-            part[np] = iov[np];
-            if (part[np].iov_len > SEND_CHUNK - total)
-                part[np].iov_len = SEND_CHUNK - total;
-            total += part[np].iov_len;
-        }
-        struct msghdr mh = {.msg_iov = part, .msg_iovlen = (size_t)np};
-        ssize_t w = sendmsg(sock, &mh, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                /* only with a send timeout (at exit, or the keepalive's): give up */
-                if (atomic_load(&keepalive_on) && atomic_load(&state) == ST_READY)
-                    conn_fail("the server took no data for %.0f s: it is hung or stopped, or "
-                              "the network is cut (GPUPOOL_SERVER_TIMEOUT)",
-                              (double)server_timeout_ns / 1e9);
-                else
-                    conn_fail("send timed out");
-                return -1;
-            }
-            conn_fail("%s", strerror(errno));
-            return -1;
-        }
-        note_tx();
-        size_t left = (size_t)w;
-        while (n > 0 && left >= iov[0].iov_len) {
-            left -= iov[0].iov_len;
-            iov++, n--;
-        }
-        if (n > 0) {
-            iov[0].iov_base = (uint8_t *)iov[0].iov_base + left;
-            iov[0].iov_len -= left;
-        }
-        while (n > 0 && iov[0].iov_len == 0)
-            iov++, n--;
-    }
-    return 0;
-}
-
-/* Write the batch followed by up to two extra buffers. Caller holds send_lock. */
 static int flush_locked(const void *a, size_t alen, const void *b, size_t blen)
 {
-    struct iovec iov[3] = {{batch, batch_len}, {(void *)a, alen}, {(void *)b, blen}};
-    int rc = write_iov_locked(iov, 3);
-    batch_len = 0;
-    return rc;
-}
-
-static int batch_append_locked(const void *p, size_t n)
-{
-    if (n == 0)
-        return 0;
-    if (batch_len + n > batch_cap) {
-        size_t ncap = batch_cap ? batch_cap : 64 * 1024;
-        while (ncap < batch_len + n)
-            ncap *= 2;
-        uint8_t *nb = realloc(batch, ncap);
-        if (!nb)
-            return -1;
-        batch = nb;
-        batch_cap = ncap;
-    }
-    memcpy(batch + batch_len, p, n);
-    batch_len += n;
-    return 0;
+    char why[300];
+    return write_failed(gp_write_flush(&ws, a, alen, b, blen, why, sizeof why), why);
 }
 
 /* Before a frame of the calling thread: switch the worker's context if this thread's differs
@@ -408,8 +253,8 @@ static int apply_ctx_locked(void)
         return 0;
     gp_ctx_set_current m = {.ctx = want};
     uint8_t f[16 + 8];
-    size_t n = gp_ctx_set_current_frame(f, atomic_fetch_add(&next_req, 1), &m);
-    if (batch_append_locked(f, n) != 0)
+    size_t n = gp_ctx_set_current_frame(f, gp_conn_new_req(), &m);
+    if (gp_write_append(&ws, f, n) != 0)
         return -1;
     last_ctx_sent = want;
     return 0;
@@ -430,7 +275,7 @@ void gp_conn_forget_ctx(void)
 /* A frame was appended: make sure the flusher will send it soon. Caller holds send_lock. */
 static void kick_flusher_locked(size_t len_before)
 {
-    uint64_t now = mono_ns();
+    uint64_t now = gp_mono_ns();
     last_append_ns = now;
     if (len_before == 0) {
         first_append_ns = now;
@@ -443,7 +288,7 @@ static CUresult post_locked(uint8_t *frame, size_t frame_len, const void *bulk, 
 {
     if (atomic_load(&dead))
         return GP_LOST_CONNECTION_ERROR;
-    size_t before = batch_len;
+    size_t before = ws.len;
     if (apply_ctx_locked() != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (bulk_len > DIRECT_BULK) {
@@ -451,12 +296,12 @@ static CUresult post_locked(uint8_t *frame, size_t frame_len, const void *bulk, 
             return GP_LOST_CONNECTION_ERROR;
         return CUDA_SUCCESS;
     }
-    if (batch_append_locked(frame, frame_len) != 0 || batch_append_locked(bulk, bulk_len) != 0) {
-        batch_len = before;         /* never leave half a frame behind... */
+    if (gp_write_append(&ws, frame, frame_len) != 0 || gp_write_append(&ws, bulk, bulk_len) != 0) {
+        ws.len = before;            /* never leave half a frame behind... */
         last_ctx_sent = UINT64_MAX; /* ...nor believe a dropped context switch went out */
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (batch_len >= BATCH_LIMIT) {
+    if (ws.len >= BATCH_LIMIT) {
         if (flush_locked(NULL, 0, NULL, 0) != 0)
             return GP_LOST_CONNECTION_ERROR;
     } else {
@@ -475,79 +320,16 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
     if (bulk_len && !bulk)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&send_lock);
-    gp_wr_u64(frame + 8, atomic_fetch_add(&next_req, 1));
+    gp_wr_u64(frame + 8, gp_conn_new_req());
     r = post_locked(frame, frame_len, bulk, bulk_len);
     pthread_mutex_unlock(&send_lock);
     return r;
 }
 
-void gp_conn_set_lz4(int on)
-{
-    atomic_store(&lz4_on, on);
-}
-
-double gp_server_timeout_setting(void)
-{
-    const char *v = getenv("GPUPOOL_SERVER_TIMEOUT");
-    if (!v || !*v)
-        return SERVER_TIMEOUT_DEFAULT;
-    char *end;
-    double t = strtod(v, &end);
-    if (*end || end == v || !(t == 0 || (t >= 3 && t <= 86400))) {
-        static atomic_int said;
-        if (!atomic_exchange(&said, 1))
-            gp_log_error("GPUPOOL_SERVER_TIMEOUT=%s is not 0 or a number of seconds from 3 to "
-                         "86400; using %.0f",
-                         v, SERVER_TIMEOUT_DEFAULT);
-        return SERVER_TIMEOUT_DEFAULT;
-    }
-    return t;
-}
-
-static int server_keepalive; /* the hello reply promised keepalives (connect.c says so) */
-void gp_conn_set_keepalive(int on)
-{
-    server_keepalive = on;
-}
-
-/* Once connected: arm the timeout on socket s when the server sends keepalives, unless
- * GPUPOOL_SERVER_TIMEOUT=0. */
-static void arm_keepalive(int s, gp_tls *t)
-{
-    double timeout = gp_server_timeout_setting();
-    if (!server_keepalive || timeout <= 0) {
-        atomic_store(&keepalive_on, 0);
-        gp_log_debug("keepalive: off (%s)",
-                     server_keepalive ? "GPUPOOL_SERVER_TIMEOUT=0" : "the server sends none");
-        return;
-    }
-    server_timeout_ns = (uint64_t)(timeout * 1e9);
-    uint64_t now = mono_ns();
-    atomic_store(&last_rx_ns, now);
-    atomic_store(&last_tx_ns, now);
-    atomic_store(&last_ping_ns, now);
-    /* Reads wake every slice; a write that moves nothing for the whole timeout fails. */
-    struct timeval rt = {.tv_sec = KEEPALIVE_SLICE_MS / 1000,
-                         .tv_usec = (KEEPALIVE_SLICE_MS % 1000) * 1000};
-    struct timeval st = {.tv_sec = (time_t)timeout,
-                         .tv_usec = (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
-    if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt) != 0 ||
-        setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &st, sizeof st) != 0) {
-        gp_log_debug("keepalive: setsockopt: %s; no server timeout", strerror(errno));
-        return;
-    }
-    if (t)
-        gp_tls_set_send_timeout(t, (int)(timeout * 1000));
-    atomic_store(&keepalive_on, 1);
-    gp_log_debug("keepalive: a server silent for %.0f s is given up (GPUPOOL_SERVER_TIMEOUT)",
-                 timeout);
-}
 int gp_conn_lz4(void)
 {
     return atomic_load(&lz4_on);
 }
-
-#define CZ_PIECE ((size_t)8 << 20) /* encoded and sent in pieces of this many raw bytes */
 
 CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n)
 {
@@ -556,13 +338,11 @@ CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t
         return r;
     if (!frame || frame_len < 16 || !src)
         return CUDA_ERROR_INVALID_VALUE;
-    uint8_t *enc = malloc((size_t)gp_cz_bound(CZ_PIECE));
+    uint8_t *enc = malloc((size_t)gp_cz_bound(GP_WRITE_CZ_PIECE));
     if (!enc)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    const uint8_t *s = src;
-    gp_cz_enc st = {0};
     pthread_mutex_lock(&send_lock);
-    gp_wr_u64(frame + 8, atomic_fetch_add(&next_req, 1));
+    gp_wr_u64(frame + 8, gp_conn_new_req());
     if (atomic_load(&dead)) {
         r = GP_LOST_CONNECTION_ERROR;
     } else if (apply_ctx_locked() != 0) {
@@ -571,15 +351,9 @@ CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t
         r = GP_LOST_CONNECTION_ERROR;
     } else {
         /* The frame is out: from here only a lost connection stops the data. */
-        for (uint64_t off = 0; off < n;) {
-            size_t piece = n - off < CZ_PIECE ? (size_t)(n - off) : CZ_PIECE;
-            size_t len = gp_cz_encode(&st, s + off, piece, enc);
-            if (flush_locked(NULL, 0, enc, len) != 0) {
-                r = GP_LOST_CONNECTION_ERROR;
-                break;
-            }
-            off += piece;
-        }
+        char why[300];
+        if (write_failed(gp_write_lz4(&ws, src, n, enc, why, sizeof why), why) != 0)
+            r = GP_LOST_CONNECTION_ERROR;
     }
     pthread_mutex_unlock(&send_lock);
     free(enc);
@@ -629,15 +403,6 @@ static waiter *waiter_take_locked(uint64_t req)
 
 static void await_reply(waiter *w);
 
-void gp_reply_free(gp_reply *reply)
-{
-    if (!reply)
-        return;
-    free(reply->body);
-    reply->body = NULL;
-    reply->len = 0;
-}
-
 CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len,
                     void *bulk_dst, uint64_t bulk_cap, gp_reply *reply)
 {
@@ -653,7 +418,7 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
 
     waiter w = {.dst = bulk_dst, .cap = bulk_dst ? bulk_cap : 0};
     pthread_cond_init(&w.cv, NULL);
-    w.req = atomic_fetch_add(&next_req, 1);
+    w.req = gp_conn_new_req();
     gp_wr_u64(frame + 8, w.req);
     if (waiter_add(&w) != 0) {
         pthread_cond_destroy(&w.cv);
@@ -703,7 +468,7 @@ CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, u
     w->detached = 1;
     w->dst = bulk_dst;
     w->cap = bulk_dst ? bulk_cap : 0;
-    w->req = atomic_fetch_add(&next_req, 1);
+    w->req = gp_conn_new_req();
     gp_wr_u64(frame + 8, w->req);
     uint64_t req = w->req;
     if (waiter_add(w) != 0) {
@@ -731,11 +496,11 @@ static void *flusher_main(void *arg)
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake close to the 50 us deadline */
     pthread_mutex_lock(&send_lock);
     for (;;) {
-        while (!atomic_load(&dead) && batch_len == 0)
+        while (!atomic_load(&dead) && ws.len == 0)
             pthread_cond_wait(&flush_cv, &send_lock);
         if (atomic_load(&dead))
             break;
-        uint64_t now = mono_ns();
+        uint64_t now = gp_mono_ns();
         uint64_t deadline = last_append_ns + FLUSH_DELAY_NS;
         if (deadline > first_append_ns + FLUSH_MAX_DELAY_NS)
             deadline = first_append_ns + FLUSH_MAX_DELAY_NS;
@@ -764,203 +529,25 @@ static void send_keepalive(void)
     size_t n = gp_ping_frame(f, KEEPALIVE_REQ, &m);
     /* A ping the kernel buffers proves nothing about the server: it must not count as progress
      * (senders are held off by send_lock meanwhile). */
-    uint64_t tx = atomic_load(&last_tx_ns);
+    uint64_t tx = gp_ka_last_tx();
     if (!atomic_load(&dead))
         flush_locked(f, n, NULL, 0);
-    atomic_store(&last_tx_ns, tx);
+    gp_ka_restore_tx(tx);
     pthread_mutex_unlock(&send_lock);
 }
 
 /* The connection has been quiet for a read slice while a reply is awaited: ping the server
- * when it has been quiet for a third of the timeout; -1 (with *why) once nothing came in and
- * nothing went out for the whole timeout. */
+ * when keepalive.c says so; -1 (with *why) once the server counts as gone. */
 static int silence_check(const char **why)
 {
-    static char text[300];
-    uint64_t now = mono_ns(), rx = atomic_load(&last_rx_ns), tx = atomic_load(&last_tx_ns);
-    uint64_t heard = rx > tx ? rx : tx;
-    uint64_t quiet = now > heard ? now - heard : 0;
-    if (quiet >= server_timeout_ns) {
-        snprintf(text, sizeof text,
-                 "the server has not answered for %.0f s, not even a keepalive: it is hung or "
-                 "stopped, or the network is cut (GPUPOOL_SERVER_TIMEOUT=%.0f)",
-                 (double)quiet / 1e9, (double)server_timeout_ns / 1e9);
-        *why = text;
-        return -1;
-    }
-    if (quiet >= server_timeout_ns / 3 &&
-        now - atomic_load(&last_ping_ns) >= server_timeout_ns / 3) {
-        atomic_store(&last_ping_ns, now);
+    int k = gp_ka_silence(why);
+    if (k > 0)
         send_keepalive();
-    }
-    return 0;
-}
-
-/* Read exactly n bytes into dst (NULL: discard). 0, or -1 with *why set. */
-/* A big download wakes the reader for a good piece of it at a time, not for every segment: each
- * wake-up is a recv and a context switch (SO_RCVLOWAT makes poll wait for that much; 1 byte
- * again for the tail and the frames). Never longer than LOWAT_WAIT_MS, then the recv takes what
- * has come without waiting: the kernel may hold fewer back (a window smaller than the mark early
- * in a connection), and a wait for bytes that cannot come would hang the copy. The worker does
- * the same for uploads. */
-#define BULK_LOWAT (1 << 20)
-#define LOWAT_WAIT_MS 5
-
-static int rd_exact_loop(rstate *rs, uint8_t *d, uint64_t n, int *lowat, const char **why);
-
-static void set_lowat(int bytes)
-{
-    if (setsockopt(sock, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes) != 0)
-        gp_log_debug("SO_RCVLOWAT %d: %s", bytes, strerror(errno));
-}
-
-static int rd_exact(rstate *rs, void *dst, uint64_t n, const char **why)
-{
-    uint8_t *d = dst;
-    int lowat = 0;
-    if (d && !tls && n >= 4 * (uint64_t)BULK_LOWAT) {
-        set_lowat(BULK_LOWAT);
-        lowat = 1;
-    }
-    int rc = rd_exact_loop(rs, d, n, &lowat, why);
-    if (lowat)
-        set_lowat(1);
-    return rc;
-}
-
-static int rd_exact_loop(rstate *rs, uint8_t *d, uint64_t n, int *lowat, const char **why)
-{
-    while (n > 0) {
-        if (*lowat && n < BULK_LOWAT) {
-            set_lowat(1);
-            *lowat = 0;
-        }
-        if (rs->pos < rs->len) {
-            size_t k = rs->len - rs->pos;
-            if (k > n)
-                k = (size_t)n;
-            if (d) {
-                memcpy(d, rs->buf + rs->pos, k);
-                d += k;
-            }
-            rs->pos += k;
-            n -= k;
-            continue;
-        }
-        ssize_t got;
-        /* With keepalives on, reads wake every slice (SO_RCVTIMEO; TLS: the read's timeout) */
-        int slice =
-            atomic_load_explicit(&keepalive_on, memory_order_relaxed) ? KEEPALIVE_SLICE_MS : -1;
-        if (d && n >= RBUF_SIZE / 4) {
-            /* large bulk: straight into the destination, no intermediate copy */
-            size_t want = n > (1u << 30) ? (1u << 30) : (size_t)n;
-            if (*lowat) {
-                struct pollfd p = {.fd = sock, .events = POLLIN};
-                if (poll(&p, 1, LOWAT_WAIT_MS) < 0 && errno != EINTR) {
-                    *why = strerror(errno);
-                    return -1;
-                }
-                got = recv(sock, d, want, MSG_DONTWAIT);
-                if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-                    if (slice >= 0 && silence_check(why) != 0)
-                        return -1;
-                    continue;
-                }
-            } else {
-                got = tls ? gp_tls_read(tls, d, want, slice, tls_err, sizeof tls_err)
-                          : recv(sock, d, want, 0);
-            }
-            if (got > 0) {
-                note_rx();
-                d += got;
-                n -= (uint64_t)got;
-                continue;
-            }
-        } else {
-            got = tls ? gp_tls_read(tls, rs->buf, RBUF_SIZE, slice, tls_err, sizeof tls_err)
-                      : recv(sock, rs->buf, RBUF_SIZE, 0);
-            if (got > 0) {
-                note_rx();
-                rs->pos = 0;
-                rs->len = (size_t)got;
-                continue;
-            }
-        }
-        if (got < 0 && errno == EINTR && !tls)
-            continue;
-        if (got < 0 && slice >= 0 &&
-            (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT)) {
-            if (silence_check(why) != 0)
-                return -1;
-            continue;
-        }
-        *why = got == 0 ? "connection closed by the server" : tls ? tls_err : strerror(errno);
-        return -1;
-    }
-    return 0;
-}
-
-/* The bulk of a reply: n raw bytes into dst (NULL: discard), as LZ4 blocks when cz. A corrupt
- * block breaks the stream. 0, or -1 with *why set. */
-static int rd_bulk(rstate *r, uint8_t *dst, uint64_t n, int cz, const char **why)
-{
-    if (!cz)
-        return rd_exact(r, dst, n, why);
-    for (uint64_t done = 0; done < n;) {
-        uint8_t hdr[GP_CZ_HDR];
-        uint32_t raw, stored;
-        if (rd_exact(r, hdr, sizeof hdr, why) != 0)
-            return -1;
-        if (gp_cz_header(hdr, n - done, &raw, &stored, why) != 0)
-            return -1;
-        if (stored == raw || !dst) {
-            if (rd_exact(r, dst ? dst + done : NULL, stored, why) != 0)
-                return -1;
-        } else {
-            if (!cz_in && !(cz_in = malloc(GP_LZ4_BLOCK))) {
-                *why = "out of memory for a compressed copy";
-                return -1;
-            }
-            if (rd_exact(r, cz_in, stored, why) != 0)
-                return -1;
-            if (gp_cz_inflate(cz_in, stored, dst + done, raw, why) != 0)
-                return -1;
-        }
-        done += raw;
-    }
-    return 0;
-}
-
-void gp_conn_notice(const uint8_t *body, size_t len)
-{
-    gp_notice m;
-    if (gp_notice_decode(body, len, &m) != 0)
-        return;
-    if (gp_code_is_info(m.code)) { /* status, not an error: every one is news */
-        if (m.text_len)
-            gp_log_info("%.*s", (int)m.text_len, m.text);
-        return;
-    }
-    /* FNV-1a of the text: print each distinct text once. A full table only stops remembering:
-     * texts it has no room for are still printed (show stays 1), never silenced. */
-    uint64_t h = 1469598103934665603ull;
-    for (uint32_t i = 0; i < m.text_len; i++)
-        h = (h ^ (uint8_t)m.text[i]) * 1099511628211ull;
-    int show = 1;
-    pthread_mutex_lock(&notice_lock);
-    for (size_t i = 0; i < notice_count; i++)
-        if (notice_seen[i] == h)
-            show = 0;
-    if (show && notice_count < sizeof notice_seen / sizeof notice_seen[0])
-        notice_seen[notice_count++] = h;
-    pthread_mutex_unlock(&notice_lock);
-    if (show && m.text_len)
-        gp_log_error("%.*s", (int)m.text_len, m.text);
-    record_pending(m.code);
+    return k < 0 ? -1 : 0;
 }
 
 /* Deliver one reply. 0, or -1 if the stream broke (*why set). */
-static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, const char **why)
+static int handle_reply(gp_reader *rs, const gp_frame_header *hd, uint8_t *body, const char **why)
 {
     if (hd->len < 4) {
         free(body);
@@ -989,26 +576,26 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
         if (hd->req != KEEPALIVE_REQ)
             gp_log_debug("reply to unknown request %llu (op %s) ignored",
                          (unsigned long long)hd->req, gp_op_name(hd->op));
-        rc = rd_bulk(rs, NULL, bulk, cz, why);
+        rc = gp_read_bulk(rs, NULL, bulk, cz, why);
         free(body);
         return rc;
     }
     if (bulk > w->cap) {
         gp_log_error("server sent %llu bytes for a %llu-byte copy (op %s); dropped",
                      (unsigned long long)bulk, (unsigned long long)w->cap, gp_op_name(hd->op));
-        rc = rd_bulk(rs, NULL, bulk, cz, why);
+        rc = gp_read_bulk(rs, NULL, bulk, cz, why);
         if (result == 0)
             result = CUDA_ERROR_UNKNOWN;
         bulk = 0;
     } else if (bulk) {
-        rc = rd_bulk(rs, w->dst, bulk, cz, why);
+        rc = gp_read_bulk(rs, w->dst, bulk, cz, why);
     }
     if (rc != 0)
         result = GP_LOST_CONNECTION_ERROR;
 
     if (w->detached) {
         if (result != 0 && rc == 0)
-            record_pending(result);
+            gp_pending_record(result);
         free(body);
         free(w);
         return rc;
@@ -1028,7 +615,7 @@ static int handle_reply(rstate *rs, const gp_frame_header *hd, uint8_t *body, co
 static int read_frame(const char **why)
 {
     uint8_t h[16];
-    if (rd_exact(&rs, h, 16, why) != 0)
+    if (gp_read_exact(&rs, h, 16, why) != 0)
         return -1;
     gp_frame_header hd;
     gp_header_decode(h, &hd);
@@ -1041,14 +628,14 @@ static int read_frame(const char **why)
         *why = "out of memory";
         return -1;
     }
-    if (rd_exact(&rs, body, hd.len, why) != 0) {
+    if (gp_read_exact(&rs, body, hd.len, why) != 0) {
         free(body);
         return -1;
     }
     if (hd.flags & GP_FLAG_REPLY)
         return handle_reply(&rs, &hd, body, why);
     if (hd.op == GP_OP_NOTICE) {
-        gp_conn_notice(body, hd.len);
+        gp_pending_notice(body, hd.len);
         free(body);
         return 0;
     }
@@ -1062,9 +649,9 @@ static int read_frame(const char **why)
 static void release_role_locked(void)
 {
     if (reader == RD_CALLER)
-        linger_until = mono_ns() + LINGER_NS;
+        linger_until = gp_mono_ns() + LINGER_NS;
     reader = RD_NONE;
-    if (recv_parked && (detached_count > 0 || rs.pos < rs.len || (tls && gp_tls_pending(tls))))
+    if (recv_parked && (detached_count > 0 || gp_read_buffered(&rs)))
         pthread_cond_signal(&role_cv);
     if (want_head)
         pthread_cond_signal(&want_head->cv);
@@ -1124,7 +711,7 @@ static void await_reply(waiter *w)
             }
             pthread_mutex_lock(&wait_lock);
             /* done: give the role back once nothing read is left in the buffer */
-            if (w->done && rs.pos == rs.len && !(tls && gp_tls_pending(tls))) {
+            if (w->done && !gp_read_buffered(&rs)) {
                 release_role_locked();
                 break;
             }
@@ -1143,6 +730,17 @@ static void *receiver_main(void *arg)
     return NULL;
 }
 
+/* The receiver waits on role_cv, without the role, until `until` (CLOCK_MONOTONIC ns) or a
+ * signal. Caller holds wait_lock. */
+static void park_receiver_locked(uint64_t until)
+{
+    struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
+                          .tv_nsec = (long)(until % 1000000000ull)};
+    recv_parked = 1;
+    pthread_cond_timedwait(&role_cv, &wait_lock, &ts);
+    recv_parked = 0;
+}
+
 static void receive_until_lost(void)
 {
     const char *why = "connection lost";
@@ -1155,38 +753,28 @@ static void receive_until_lost(void)
                 /* Timed: a caller may hand the role back without signalling (nothing buffered,
                  * nothing detached). Re-checking every LINGER_NS bounds how late a notice or a
                  * dead server is seen while the program computes on the CPU. */
-                uint64_t until = mono_ns() + LINGER_NS;
-                struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
-                                      .tv_nsec = (long)(until % 1000000000ull)};
-                recv_parked = 1;
-                pthread_cond_timedwait(&role_cv, &wait_lock, &ts);
-                recv_parked = 0;
+                park_receiver_locked(gp_mono_ns() + LINGER_NS);
                 ready = 0;
             }
             if (atomic_load(&dead)) {
                 pthread_mutex_unlock(&wait_lock);
                 return;
             }
-            if (ready || rs.pos < rs.len || (tls && gp_tls_pending(tls)))
+            if (ready || gp_read_buffered(&rs))
                 break;
             if (detached_count == 0 && linger_until) {
-                uint64_t now = mono_ns();
+                uint64_t now = gp_mono_ns();
                 if (now < linger_until) {
-                    /* a caller read recently: stay off the socket for a while */
-                    struct timespec ts = {.tv_sec = (time_t)(linger_until / 1000000000ull),
-                                          .tv_nsec = (long)(linger_until % 1000000000ull)};
-                    recv_parked = 1;
-                    pthread_cond_timedwait(&role_cv, &wait_lock, &ts);
-                    recv_parked = 0;
+                    park_receiver_locked(linger_until); /* a caller read recently: stay off */
                     ready = 0;
                     continue;
                 }
             }
             uint64_t gen = reader_gen;
-            int ka = atomic_load(&keepalive_on);
+            int ka = gp_ka_on();
             pthread_mutex_unlock(&wait_lock);
             struct pollfd p = {.fd = sock, .events = POLLIN};
-            int n = poll(&p, 1, ka ? KEEPALIVE_SLICE_MS : -1);
+            int n = poll(&p, 1, ka ? GP_KA_SLICE_MS : -1);
             int err = errno;
             pthread_mutex_lock(&wait_lock);
             if (n < 0 && err != EINTR) {
@@ -1286,8 +874,10 @@ CUresult gp_conn_ensure(void)
     pthread_mutex_lock(&init_lock);
     s = atomic_load(&state);
     if (s == ST_NONE) {
-        init_result = gp_connect(&sock, &tls, server_desc, sizeof server_desc);
-        if (init_result == CUDA_SUCCESS && !rs.buf && !(rs.buf = malloc(RBUF_SIZE))) {
+        unsigned features = 0;
+        init_result = gp_connect(&sock, &tls, &features, server_desc, sizeof server_desc);
+        atomic_store(&lz4_on, (features & GP_HELLO_LZ4) != 0);
+        if (init_result == CUDA_SUCCESS && !rs.buf && !(rs.buf = malloc(GP_READ_BUF_SIZE))) {
             gp_log_error("cannot allocate the receive buffer");
             gp_tls_free(tls);
             tls = NULL;
@@ -1296,6 +886,8 @@ CUresult gp_conn_ensure(void)
             init_result = CUDA_ERROR_NO_DEVICE;
         }
         if (init_result == CUDA_SUCCESS) {
+            rs.sock = ws.sock = sock;
+            rs.tls = ws.tls = tls;
             last_ctx_sent = UINT64_MAX;
             if (start_thread(receiver_main, "gpupool-recv", &receiver_thread) == 0)
                 receiver_started = 1;
@@ -1310,7 +902,7 @@ CUresult gp_conn_ensure(void)
             }
         }
         if (init_result == CUDA_SUCCESS) {
-            arm_keepalive(sock, tls);
+            gp_ka_arm(sock, tls, (features & GP_HELLO_KEEPALIVE) != 0);
             atexit(at_exit);
             atomic_store_explicit(&state, ST_READY, memory_order_release);
         } else {
@@ -1340,6 +932,18 @@ static void atfork_child(void)
                  "the parent)");
 }
 
+/* CLOCK_REALTIME ns nanoseconds (under a second) from now: the deadline pthread's timed lock
+ * and join take. */
+static struct timespec realtime_after(long ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ns;
+    if (ts.tv_nsec >= 1000000000L)
+        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    return ts;
+}
+
 static void at_exit(void)
 {
     if (atomic_load(&state) != ST_READY)
@@ -1354,11 +958,7 @@ static void at_exit(void)
  * for the socket to close. */
 static void say_goodbye(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 200000000L;
-    if (ts.tv_nsec >= 1000000000L)
-        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    struct timespec ts = realtime_after(200000000L);
     if (pthread_mutex_timedlock(&send_lock, &ts) != 0)
         return; /* a sender is stuck: just go */
     atomic_store(&state, ST_CLOSED);
@@ -1368,7 +968,7 @@ static void say_goodbye(void)
         gp_tls_set_send_timeout(tls, 1000);
     gp_goodbye m = {0};
     uint8_t f[16 + 1];
-    size_t n = gp_goodbye_frame(f, atomic_fetch_add(&next_req, 1), &m);
+    size_t n = gp_goodbye_frame(f, gp_conn_new_req(), &m);
     if (!atomic_load(&dead))
         flush_locked(f, n, NULL, 0);
     pthread_mutex_unlock(&send_lock);
@@ -1392,11 +992,7 @@ static void stop_receiver(void)
     pthread_mutex_lock(&wait_lock);
     pthread_cond_broadcast(&role_cv);
     pthread_mutex_unlock(&wait_lock);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 500000000L;
-    if (until.tv_nsec >= 1000000000L)
-        until.tv_sec++, until.tv_nsec -= 1000000000L;
+    struct timespec until = realtime_after(500000000L);
     if (pthread_timedjoin_np(receiver_thread, NULL, &until) != 0)
         gp_log_debug("at exit: the receiver thread did not stop within 500 ms");
 }

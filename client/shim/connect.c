@@ -147,11 +147,12 @@ typedef struct hello_ctx {
     int64_t
         restart_until; /* mono_ms deadline of the retries across a server restart; 0: none yet */
     char redirect_fp[GP_FINGERPRINT_CAP]; /* ATTEMPT_REDIRECT: the target's pin, "" if none */
+    unsigned features; /* ATTEMPT_OK: GP_HELLO_LZ4 / GP_HELLO_KEEPALIVE, as both sides agreed */
 } hello_ctx;
 
 /* A notice before the hello reply. No CUDA call has run on the server yet, so it is never the
  * deferred error of one: print it and record nothing. Every one is printed, bypassing
- * gp_conn_notice's table of texts already shown: queue updates are news each time, and a long
+ * gp_pending_notice's table of texts already shown: queue updates are news each time, and a long
  * wait must not fill that table for the session. Its code, 0 if unreadable. */
 static int early_notice(const uint8_t *body, size_t len)
 {
@@ -177,7 +178,7 @@ static int64_t mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* GPUPOOL_SERVER_TIMEOUT in ms (conn.c reads it); 0: none. */
+/* GPUPOOL_SERVER_TIMEOUT in ms (conn.c reads it too); 0: none. */
 static int64_t handshake_timeout_ms(void)
 {
     return (int64_t)(gp_server_timeout_setting() * 1000);
@@ -438,8 +439,7 @@ static int say_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
                          (unsigned long long)r.va_base, (unsigned long long)r.va_size,
                          (unsigned long long)va_base, (unsigned long long)va_size);
         gp_state_set_snapshot(&r);
-        gp_conn_set_lz4((h.flags & GP_HELLO_LZ4) && (r.features & GP_HELLO_LZ4));
-        gp_conn_set_keepalive((r.features & GP_HELLO_KEEPALIVE) != 0);
+        hc->features = (h.flags & r.features & GP_HELLO_LZ4) | (r.features & GP_HELLO_KEEPALIVE);
         if (h.flags & GP_HELLO_LZ4)
             gp_log_debug("lz4-compressed copies: %s",
                          r.features & GP_HELLO_LZ4 ? "on" : "not accepted by the server");
@@ -886,7 +886,7 @@ static void no_server(const gp_client_config *cfg)
 }
 
 static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls **tls_out,
-                             char *server_desc, size_t desc_cap)
+                             unsigned *features_out, char *server_desc, size_t desc_cap)
 {
     if (cfg->nservers == 0) {
         no_server(cfg);
@@ -932,6 +932,7 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
                                sizeof last_msg);
         if (last_kind == ATTEMPT_OK) {
             *sock_out = fd;
+            *features_out = hc.features;
             return CUDA_SUCCESS;
         }
         if (last_kind == ATTEMPT_FATAL)
@@ -963,9 +964,11 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
     return CUDA_ERROR_NO_DEVICE;
 }
 
-CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap)
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *server_desc,
+                    size_t desc_cap)
 {
     *tls_out = NULL;
+    *features_out = 0;
     gp_client_config *cfg = malloc(sizeof *cfg);
     if (!cfg) {
         gp_log_error("out of memory reading the gpupool configuration");
@@ -977,7 +980,7 @@ CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t d
         gp_log_error("%s", err);
         r = CUDA_ERROR_NO_DEVICE;
     } else {
-        r = connect_with(cfg, sock_out, tls_out, server_desc, desc_cap);
+        r = connect_with(cfg, sock_out, tls_out, features_out, server_desc, desc_cap);
     }
     if (r != CUDA_SUCCESS)
         gp_vamap_release_window();

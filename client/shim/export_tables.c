@@ -403,6 +403,18 @@ void gp_cls_context_destroyed(CUcontext ctx)
 
 #define GP_ET_SIZE_WORD [0] = {.size = GP_ET_SLOTS * sizeof(gp_et_slot)}
 
+/* INTEGRITY_CHECK slot 1: the answer hashes this function's address and the two tables'. */
+static CUresult integrity_check_slot(unsigned int version, unsigned long long unix_seconds,
+                                     unsigned long long out[2])
+{
+    const gp_integrity_addresses addr = {
+        .cudart_interface = gp_export_table_cudart_interface(),
+        .integrity_table = gp_export_table_integrity_check(),
+        .check_fn = (const void *)(uintptr_t)&integrity_check_slot,
+    };
+    return gp_integrity_answer(version, unix_seconds, &addr, out);
+}
+
 /* Each table starts from "every slot logs and returns 0" and then names its known slots; the
  * later designated initializer wins (C11 6.7.9p19). GCC's -Woverride-init (in -Wextra) flags
  * exactly this on purpose, so it is silenced for these definitions only. */
@@ -440,7 +452,7 @@ static const gp_et_slot context_checks[GP_ET_SLOTS] = {
 
 static const gp_et_slot integrity_check[GP_ET_SLOTS] = {
     GP_ET_SLOT_NUMBERS(GP_ET_FILLER_INIT, ET_INTEGRITY_CHECK) GP_ET_SIZE_WORD,
-    [1] = {.fn = (gp_et_fn)gp_integrity_check},
+    [1] = {.fn = (gp_et_fn)integrity_check_slot},
 };
 
 /* Unnamed tables used by cuBLASLt: slot 4 answers 0 and writes nothing (measured enough for

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "export_tables.h"
 #include "hmac_md2.h"
 
 static const uint8_t INTEGRITY_KEY[16] = {0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52,
@@ -38,8 +37,8 @@ static uint64_t get_le64(const uint8_t *p)
     return v;
 }
 
-CUresult gp_integrity_check(unsigned int version, unsigned long long unix_seconds,
-                            unsigned long long out[2])
+CUresult gp_integrity_answer(unsigned int version, unsigned long long unix_seconds,
+                             const gp_integrity_addresses *addr, unsigned long long out[2])
 {
     if (out == NULL)
         return CUDA_ERROR_INVALID_VALUE;
@@ -71,10 +70,9 @@ CUresult gp_integrity_check(unsigned int version, unsigned long long unix_second
     put_le32(msg + 4, version);
     put_le32(msg + 8, (uint32_t)getpid());
     put_le32(msg + 12, (uint32_t)pthread_self());
-    put_le64(msg + 16, (uint64_t)(uintptr_t)gp_export_table_cudart_interface());
-    put_le64(msg + 24, (uint64_t)(uintptr_t)gp_export_table_integrity_check());
-    /* The address cudart called through: the function in the table's slot 1, i.e. this one. */
-    put_le64(msg + 32, (uint64_t)(uintptr_t)&gp_integrity_check);
+    put_le64(msg + 16, (uint64_t)(uintptr_t)addr->cudart_interface);
+    put_le64(msg + 24, (uint64_t)(uintptr_t)addr->integrity_table);
+    put_le64(msg + 32, (uint64_t)(uintptr_t)addr->check_fn);
     put_le64(msg + 40, (uint64_t)unix_seconds);
     size_t len = HEADER_SIZE;
     for (int i = 0; i < n; i++, len += DEVICE_SIZE) {

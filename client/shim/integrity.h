@@ -26,13 +26,22 @@ int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_
 
 /* ---- defined by integrity.c ------------------------------------------------------------------ */
 
-/* INTEGRITY_CHECK slot 1: integrity_check(version, unix_seconds, out[2]).
+/* The addresses the answer hashes, which belong to the export tables (export_tables.c passes
+ * them, so that this file needs nothing from it): the CUDART_INTERFACE and INTEGRITY_CHECK
+ * tables and the function in the INTEGRITY_CHECK table's slot 1, the one cudart called. */
+typedef struct gp_integrity_addresses {
+    const void *cudart_interface;
+    const void *integrity_table;
+    const void *check_fn;
+} gp_integrity_addresses;
+
+/* The answer of INTEGRITY_CHECK slot 1, integrity_check(version, unix_seconds, out[2]).
  * version % 10 == 0 or 1: fixed answers. Otherwise HMAC-MD2 (16-byte key) over the packed
  * little-endian message {u32 driver_version, u32 version, u32 getpid(), u32 pthread_self(),
- * ptr CUDART_INTERFACE table, ptr INTEGRITY_CHECK table, ptr this function, u64 unix_seconds}
- * followed per device by {16-byte uuid, i32 pci_domain, i32 pci_bus, i32 pci_device}; the
- * 16-byte digest is returned as two little-endian u64. */
-CUresult gp_integrity_check(unsigned int version, unsigned long long unix_seconds,
-                            unsigned long long out[2]);
+ * ptr CUDART_INTERFACE table, ptr INTEGRITY_CHECK table, ptr the slot's function, u64
+ * unix_seconds} followed per device by {16-byte uuid, i32 pci_domain, i32 pci_bus, i32
+ * pci_device}; the 16-byte digest is returned as two little-endian u64. */
+CUresult gp_integrity_answer(unsigned int version, unsigned long long unix_seconds,
+                             const gp_integrity_addresses *addr, unsigned long long out[2]);
 
 #endif /* GP_INTEGRITY_H */

@@ -1,13 +1,17 @@
 /*
  * shim.h: the internal contract of the client shim (our libcuda.so.1).
  *
- * Layers, bottom up:
- *   conn.c      one TCP connection per process to the worker: hello, send batching, the
- *               receiver thread, waiters, async device-to-host delivery, loss of connection.
- *   handles.c   client-chosen handles (streams, events, contexts, modules, functions).
- *   vamap.c     the VA window and the map of every device/host range the program got from us.
- *   state.c     init, device snapshot, contexts (thread-local current context stack).
- *   api_*.c     the cu* entry points, grouped by area, each a thin function on the above.
+ * Layers, bottom up (each file calls only those above it in this list, never one below: the
+ * layout test, tests/test_layout.py, fails on a circle):
+ *   handles.c    client-chosen handles (streams, events, contexts, modules, functions).
+ *   vamap.c      the VA window and the map of every device/host range the program got from us.
+ *   state.c      device snapshot, contexts (thread-local current context stack), primary.
+ *   connect.c    configuration, server choice, VA window, hello: a connected socket.
+ *   conn.c       the one connection to the worker: send batching, the receiver thread,
+ *                waiters, async device-to-host delivery, loss of connection.
+ *   call_entry.c what a call does first: connection checked, context resolved and handed on.
+ *   hooks.c      the answers to the NVML shim, `gpupool doctor`, the export tables.
+ *   api_*.c      the cu* entry points, grouped by area, each a thin function on the above.
  * Everything here is thread-safe unless it says otherwise.
  */
 #ifndef GP_SHIM_H
@@ -41,14 +45,7 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
 /* gp_post for a memcpy_htod of n bytes whose bulk goes as LZ4 blocks (compress.h): only when
  * gp_conn_lz4() and gp_cz_applies(n). Encodes piece by piece while it sends. */
 CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n);
-/* LZ4-compressed copies were negotiated in the hello (connect.c sets it). */
-void gp_conn_set_lz4(int on);
-/* The hello reply's GP_HELLO_KEEPALIVE: the server is never silent towards a waiting client, so
- * the connection may time a silent one out (GPUPOOL_SERVER_TIMEOUT). */
-void gp_conn_set_keepalive(int on);
-/* GPUPOOL_SERVER_TIMEOUT: seconds of silence after which a server that sends keepalives is
- * given up (3 to 86400; 0: never); 30 when unset or invalid (said once). */
-double gp_server_timeout_setting(void);
+/* LZ4-compressed copies were negotiated in the hello (gp_connect's features). */
 int gp_conn_lz4(void);
 
 /* A decoded reply: `body` points at the reply body (starting with the i32 result). */
@@ -204,7 +201,8 @@ const gp_device_snapshot *gp_device(int ordinal); /* NULL if out of range */
 
 /* The calling thread's current context handle (0 if none). */
 uint64_t gp_ctx_current(void);
-/* CUDA_SUCCESS if initialised and a context is current (also makes sure the worker uses it);
+/* call_entry.c: CUDA_SUCCESS if initialised and a context is current (also makes sure the
+ * worker uses it);
  * CUDA_ERROR_NOT_INITIALIZED / CUDA_ERROR_INVALID_CONTEXT / the loss error otherwise. Every
  * call that works in "the current context" starts with it. */
 CUresult gp_ctx_enter(void);

@@ -10,7 +10,7 @@
 # (ASAN_OPTIONS=detect_leaks=0 when the program, like cudart, keeps memory until exit).
 -include client/shim/shim_tables.mk
 
-# The gpupool version (gpupool_shim_version(), state.c) comes from the Python package, so that the
+# The gpupool version (gpupool_shim_version(), hooks.c) comes from the Python package, so that the
 # wheel's libraries and its command always agree.
 GPUPOOL_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' client/gpupool/__init__.py)
 ifeq ($(GPUPOOL_VERSION),)
@@ -18,7 +18,7 @@ $(error cannot read __version__ from client/gpupool/__init__.py)
 endif
 EXTRA_CFLAGS_client_shim_ += -DGPUPOOL_VERSION='"$(GPUPOOL_VERSION)"' $(CLIENT_COMMON_INC)
 EXTRA_CFLAGS_client_shim_generated_ += -I$(CURDIR)/client/shim
-$(BUILD)/obj/client/shim/state.o: client/gpupool/__init__.py
+$(BUILD)/obj/client/shim/hooks.o: client/gpupool/__init__.py
 
 SHIM_SRCS := $(sort $(wildcard client/shim/*.c client/shim/generated/*.c))
 SHIM_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(SHIM_SRCS)) $(CLIENT_COMMON_OBJS) $(COMMON_OBJS)

@@ -1,12 +1,16 @@
 /*
- * shim_core.h: declarations shared by the shim core's own files (conn.c, state.c, vamap.c,
- * api_init.c, api_memory.c, api_stream.c, api_event.c). Other shim code uses shim.h only.
+ * shim_core.h: declarations shared by the shim core's own files (the connection: connect.c,
+ * conn.c, conn_read.c, conn_write.c, keepalive.c, pending.c, request_ids.c; the local state:
+ * state.c, vamap.c, call_entry.c, hooks.c; and api_init.c, api_memory.c, api_stream.c,
+ * api_event.c, api_vmm.c...). Other shim code uses shim.h only.
  */
 #ifndef GP_SHIM_CORE_H
 #define GP_SHIM_CORE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "client_config.h"
 #include "gp_cuda_more.h"
@@ -17,6 +21,14 @@
  * was written against. cudart 13 needs at least 13000, so with this value it goes on to cuInit,
  * which then fails with CUDA_ERROR_NO_DEVICE and the reason printed once. */
 #define GP_FALLBACK_DRIVER_VERSION 13000
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static inline uint64_t gp_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* ---- vamap.c: the window (conn.c reserves it before connecting) ---------------------------- */
 int gp_vamap_reserve_window(uint64_t base, uint64_t size); /* 0, or -1 with errno */
@@ -29,27 +41,109 @@ CUresult gp_conn_init(void);
 int gp_conn_attempted(void);
 /* Server description for messages ("host:port"), "" before connecting. */
 const char *gp_conn_server(void);
-/* A fresh request id. */
-uint64_t gp_conn_new_req(void);
+
+/* ---- keepalive.c: the clock of a silent server -------------------------------------------- */
+#define GP_KA_SLICE_MS 1000 /* with keepalives on, reads wake this often to look at the silence */
+/* Once connected: with `promised` (the hello's GP_HELLO_KEEPALIVE) and GPUPOOL_SERVER_TIMEOUT
+ * not 0, put read slices and the send timeout on socket s (and TLS session t) and start the
+ * clock; otherwise keepalives stay off. */
+void gp_ka_arm(int s, gp_tls *t, int promised);
+int gp_ka_on(void);           /* 1 while the clock runs */
+double gp_ka_timeout_s(void); /* GPUPOOL_SERVER_TIMEOUT as armed, seconds */
+void gp_ka_note_rx(void);     /* bytes came in */
+void gp_ka_note_tx(void);     /* bytes went out */
+/* The time of the last bytes out, and putting it back: a keepalive ping that the kernel
+ * buffers proves nothing about the server and must not count as progress. */
+uint64_t gp_ka_last_tx(void);
+void gp_ka_restore_tx(uint64_t ns);
+/* A read slice passed in silence: 1 when a ping is due (a third of the timeout quiet, none sent
+ * for as long), -1 with *why once nothing came in and nothing went out for the whole timeout,
+ * else 0. */
+int gp_ka_silence(const char **why);
+
+/* ---- conn_read.c: the stream from the worker ----------------------------------------------- */
+#define GP_READ_BUF_SIZE (256u * 1024)
+typedef struct gp_reader {
+    int sock;
+    gp_tls *tls;       /* NULL: plaintext */
+    uint8_t *buf;      /* GP_READ_BUF_SIZE bytes (its owner allocates them) */
+    size_t pos, len;   /* what of buf is read and not yet taken */
+    uint8_t *cz_in;    /* one LZ4 block's stored bytes (GP_LZ4_BLOCK), allocated on first use */
+    char tls_err[300]; /* the last TLS error */
+    /* With keepalives on (gp_ka_on), a read slice passed in silence: 0 to read on, -1 (with
+     * *why) to give up. */
+    int (*quiet)(const char **why);
+} gp_reader;
+/* Exactly n bytes into dst (NULL: discard them). 0, or -1 with *why set. */
+int gp_read_exact(gp_reader *r, void *dst, uint64_t n, const char **why);
+/* A reply's bulk: n raw bytes into dst (NULL: discard), as LZ4 blocks when cz. 0, or -1. */
+int gp_read_bulk(gp_reader *r, uint8_t *dst, uint64_t n, int cz, const char **why);
+/* 1 if bytes already received wait in the buffer or in the TLS session (poll cannot see the
+ * latter). */
+static inline int gp_read_buffered(const gp_reader *r)
+{
+    return r->pos < r->len || (r->tls && gp_tls_pending(r->tls));
+}
+
+/* ---- conn_write.c: the stream to the worker ------------------------------------------------- */
+typedef struct gp_writer {
+    int sock;
+    gp_tls *tls;            /* NULL: plaintext */
+    const atomic_int *dead; /* once set, nothing more is written */
+    uint8_t *batch;         /* frames appended and not yet written */
+    size_t len, cap;
+} gp_writer;
+enum {
+    GP_WRITE_OK = 0,
+    GP_WRITE_STOPPED = -1,   /* *dead was set: nothing more was written */
+    GP_WRITE_FAILED = -2,    /* why filled */
+    GP_WRITE_TIMED_OUT = -3, /* the send timeout passed with nothing taken */
+};
+/* Add n bytes to the batch: 0, or -1 (out of memory; the batch is as it was). */
+int gp_write_append(gp_writer *w, const void *p, size_t n);
+/* Write the batch, then a (alen bytes) and b (blen), completely; the batch is empty after,
+ * whatever the outcome. GP_WRITE_*. */
+int gp_write_flush(gp_writer *w, const void *a, size_t alen, const void *b, size_t blen, char *why,
+                   size_t cap);
+
+/* n bytes from src as LZ4 blocks (compress.h), encoded and written piece by piece through enc
+ * (gp_cz_bound(GP_WRITE_CZ_PIECE) bytes). GP_WRITE_*. */
+#define GP_WRITE_CZ_PIECE ((size_t)8 << 20) /* raw bytes encoded and written at a time */
+int gp_write_lz4(gp_writer *w, const void *src, uint64_t n, uint8_t *enc, char *why, size_t cap);
+
+/* ---- pending.c ------------------------------------------------------------------------------- */
+/* A fire-and-forget call failed with `code` (a CUresult or GP_E* code; 0: nothing): the next
+ * synchronising call returns it, unless an earlier one is still pending. */
+void gp_pending_record(int32_t code);
 /* A notice frame from the server during the session: print its text once per distinct text and
  * record its code as the pending error; an informational code (gp_code_is_info) is printed every
  * time and never recorded. (Notices before the hello reply are connect.c's: never recorded.) */
-void gp_conn_notice(const uint8_t *body, size_t len);
+void gp_pending_notice(const uint8_t *body, size_t len);
 
 /* ---- connect.c ------------------------------------------------------------------------------- */
 /* Load the configuration (client_config.c), pick a server (one configured: it; several: probe
  * each with `info` and take the best: docs/architecture.md, "Server selection"), reserve the
  * window, connect and say hello; on success the snapshot is stored (gp_state_set_snapshot),
  * *sock_out is the connected socket, *tls_out the TLS session with the worker (NULL for
- * plaintext) and server_desc names the server ("host:port"). Otherwise one line went to stderr:
- * CUDA_ERROR_NO_DEVICE. */
-CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *server_desc, size_t desc_cap);
+ * plaintext), *features_out what both sides agreed in the hello (GP_HELLO_LZ4: compressed
+ * copies; GP_HELLO_KEEPALIVE: the server is never silent towards a waiting client, so a silent
+ * one may be timed out) and server_desc names the server ("host:port"). Otherwise one line went
+ * to stderr: CUDA_ERROR_NO_DEVICE. */
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *server_desc,
+                    size_t desc_cap);
+/* A fresh request id (one counter for every frame of the process's connection). */
+uint64_t gp_conn_new_req(void);
+/* GPUPOOL_SERVER_TIMEOUT: seconds of silence after which a server that sends keepalives is
+ * given up (3 to 86400; 0: never); 30 when unset or invalid (said once). */
+double gp_server_timeout_setting(void);
 
 /* ---- state.c --------------------------------------------------------------------------------- */
 /* Called by conn.c with a successful hello reply: stores the device snapshot. */
 void gp_state_set_snapshot(const gp_hello_reply *r);
 /* The driver version reported by cuDriverGetVersion and hashed by the integrity check. */
 int gp_reported_driver_version(void);
+/* The lease's session id (from the hello reply), 0 before it. */
+uint64_t gp_session_id(void);
 
 typedef struct gp_ctx_obj {
     uint64_t id;
@@ -67,7 +161,8 @@ gp_ctx_obj *gp_ctx_obj_get(uint64_t h);
 /* The calling thread's current context object, or NULL. */
 gp_ctx_obj *gp_ctx_current_obj(void);
 /* Drop everything the client knows about a context's resources (device ranges, streams,
- * events) and its context-local storage. Used by cuCtxDestroy and primary context reset. */
+ * events). Used by cuCtxDestroy and primary context reset, after the context-local storage
+ * (export_tables.c, gp_cls_context_destroyed). */
 void gp_ctx_forget_resources(uint64_t ctx);
 
 /* Thread-local context stack. */

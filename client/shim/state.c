@@ -2,7 +2,9 @@
  * state.c: what the shim knows locally: the device snapshot taken at connect, the contexts and
  * each thread's current-context stack. Everything here is answered without a round trip
  * (facts section 6: PyTorch asks cuCtxGetCurrent, cuDeviceGetAttribute and
- * cuDevicePrimaryCtxGetState hundreds of times).
+ * cuDevicePrimaryCtxGetState hundreds of times). It asks nothing of the connection: conn.c and
+ * connect.c sit above it (call_entry.c joins the two for the API calls, hooks.c answers those
+ * outside the core).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -12,16 +14,6 @@
 
 #include "shim.h"
 #include "shim_core.h"
-
-#if __has_include("export_tables.h")
-#include "export_tables.h"
-#endif
-#if __has_include("integrity.h")
-#include "integrity.h"
-#endif
-
-/* Defined by export_tables.c (helper tables); weak so that the core links without it. */
-void gp_cls_context_destroyed(CUcontext ctx) __attribute__((weak));
 
 /* ================================================================== the snapshot == */
 
@@ -90,80 +82,16 @@ const gp_device_snapshot *gp_device(int ordinal)
     return ordinal >= 0 && ordinal < atomic_load(&ndev) ? &dev0 : NULL;
 }
 
+uint64_t gp_session_id(void)
+{
+    return atomic_load(&ndev) > 0 ? session_id : 0;
+}
+
 int gp_reported_driver_version(void)
 {
     if (atomic_load(&ndev) > 0 && dev0.driver_version > 0)
         return dev0.driver_version;
     return GP_FALLBACK_DRIVER_VERSION;
-}
-
-/* ---- for the NVML shim and `gpupool doctor` (docs/architecture.md, "Server selection") ---- */
-
-#ifndef GPUPOOL_VERSION
-#error "GPUPOOL_VERSION must be defined (shim.mk passes the version of client/gpupool/__init__.py)"
-#endif
-
-GP_EXPORT const char *gpupool_shim_version(void)
-{
-    return GPUPOOL_VERSION;
-}
-
-/* This process's lease (libnvidia-ml.so.1 and `gpupool doctor` ask, by dlsym / ctypes): 1 with
- * its server ("host:port" as connected), the GPU's UUID ("GPU-...") and name, the session id and
- * whether the GPU is simulated, each string NUL-terminated, valid UTF-8 and cut to its buffer;
- * 0 (nothing written) when this library holds no lease. Plain arguments rather than a struct or
- * a text format: the callers need no copy of any layout. */
-GP_EXPORT int gpupool_shim_lease(char *server, size_t server_cap, char *uuid, size_t uuid_cap,
-                                 char *name, size_t name_cap, unsigned long long *session,
-                                 int *simulated)
-{
-    const gp_device_snapshot *d = gp_device(0);
-    if (!d || gp_check_init() != CUDA_SUCCESS)
-        return 0;
-    const uint8_t *u = (const uint8_t *)d->uuid.bytes;
-    snprintf(uuid, uuid_cap,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
-             u[15]);
-    gp_utf8_clean(server, server_cap, gp_conn_server(), strlen(gp_conn_server()));
-    gp_utf8_clean(name, name_cap, d->name, strnlen(d->name, sizeof d->name));
-    *session = (unsigned long long)session_id;
-    *simulated = d->simulated ? 1 : 0;
-    return 1;
-}
-
-/* ---- hooks for the export tables and the integrity check ---------------------------------- */
-
-int gp_integrity_driver_version(void)
-{
-    return gp_reported_driver_version();
-}
-
-int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_dev, int max)
-{
-    if (gp_check_init() != CUDA_SUCCESS)
-        return -1;
-    int n = gp_device_count();
-    if (n > max)
-        n = max;
-    for (int i = 0; i < n; i++) {
-        const gp_device_snapshot *d = gp_device(i);
-        uuids[i] = d->uuid;
-        pci_domain[i] = d->pci_domain;
-        pci_bus[i] = d->pci_bus;
-        pci_dev[i] = d->pci_device;
-    }
-    return n;
-}
-
-CUcontext gp_ctx_current_for_tables(void)
-{
-    return (CUcontext)(uintptr_t)gp_ctx_current();
-}
-
-CUcontext gp_ctx_primary_for_tables(int dev)
-{
-    return gp_device(dev) ? (CUcontext)(uintptr_t)GP_PRIMARY_CTX_ID : NULL;
 }
 
 /* ================================================================ the context stack == */
@@ -221,20 +149,6 @@ uint64_t gp_ctx_check(CUcontext ctx)
     return h && gp_ctx_obj_get(h) ? h : 0;
 }
 
-CUresult gp_ctx_enter(void)
-{
-    CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    uint64_t c = gp_ctx_current();
-    if (c == 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (c != GP_PRIMARY_CTX_ID && !gp_handle_get(c, GP_H_CTX))
-        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    gp_conn_use_ctx(c);
-    return CUDA_SUCCESS;
-}
-
 /* ======================================================================= streams == */
 
 int gp_stream_wire(CUstream s, uint64_t *wire)
@@ -245,36 +159,6 @@ int gp_stream_wire(CUstream s, uint64_t *wire)
     if (wire)
         *wire = h;
     return 0;
-}
-
-CUresult gp_stream_enter(CUstream s, uint64_t *wire)
-{
-    uint64_t h = (uint64_t)(uintptr_t)s;
-    if (h <= 2) {
-        CUresult r = gp_ctx_enter();
-        if (r != CUDA_SUCCESS)
-            return r;
-        *wire = h;
-        return CUDA_SUCCESS;
-    }
-    CUresult r = gp_check_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    gp_stream_obj *st = gp_handle_get(h, GP_H_STREAM);
-    if (!st)
-        return CUDA_ERROR_INVALID_HANDLE;
-    gp_conn_use_ctx(st->ctx);
-    *wire = h;
-    return CUDA_SUCCESS;
-}
-
-CUresult gp_sync_result(CUresult r)
-{
-    if (r == CUDA_SUCCESS)
-        return gp_take_pending_error();
-    if (r != GP_LOST_CONNECTION_ERROR)
-        gp_take_pending_error(); /* the server reported the error itself: one report is enough */
-    return gp_cu_result(r);
 }
 
 /* ===================================================================== the primary == */
@@ -344,10 +228,6 @@ static int owned_by(uint64_t h, void *obj, void *arg)
 
 void gp_ctx_forget_resources(uint64_t ctx)
 {
-    /* Context-local storage first: its destructors are cudart code that may still free what it
-     * allocated in this context, so the context's ranges and handles must be known then. */
-    if (gp_cls_context_destroyed)
-        gp_cls_context_destroyed((CUcontext)(uintptr_t)ctx);
     int nr = gp_vamap_remove_ctx(ctx);
     int ns = gp_handle_remove_if(GP_H_STREAM, owned_by, &ctx, free);
     int ne = gp_handle_remove_if(GP_H_EVENT, owned_by, &ctx, free);

@@ -1,0 +1,560 @@
+/*
+ * api_copy.c: copies (host to device, device to host, device to device, either way by address,
+ * 2D) and memsets; the worker's side is worker/h_copy.c.
+ *
+ * - Host-to-device copies are checked against the VA map and pushed without a reply: the call
+ *   returns once the data is in the socket or copied into the send batch, so the caller's buffer
+ *   may be reused at once (the driver's pageable-copy semantic).
+ * - Synchronous device-to-host copies wait, the data going straight from the socket into the
+ *   destination. Asynchronous ones do not wait: the receiver thread writes the data into the
+ *   destination before any later reply is delivered, so it is in place by the next
+ *   synchronising call. Deviation: the driver makes an "async" copy into *pageable* memory
+ *   synchronous; here it completes at the next synchronising call whatever the destination
+ *   (programs read the result after synchronising, as CUDA requires for pinned memory).
+ * The _ptds / _ptsz variants run the same code with the per-thread default stream.
+ */
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "compress.h"
+#include "gp_graph.h"
+#include "gp_vmm.h"
+#include "shim.h"
+#include "shim_core.h"
+
+/* The stream argument of a synchronous call: the legacy default stream, or the per-thread
+ * default stream for the _ptds variants. */
+#define SYNC_STREAM(ptds) ((ptds) ? (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD : 0)
+
+/* ==================================================================== copies == */
+
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint64_t wire, int is_async)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!src || !gp_vamap_device_span(dst, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_memcpy_htod m = {.dst = dst, .stream = wire, .is_async = (uint32_t)is_async, .data_len = n};
+    GP_FRAME(buf, len, gp_memcpy_htod, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = gp_conn_lz4() && gp_cz_applies(n) ? gp_post_lz4(buf, len, src, n)
+                                                   : gp_post(buf, len, src, n);
+    GP_FRAME_FREE(buf);
+    return r;
+}
+
+static CUresult dtoh_sync(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst || !gp_vamap_device_span(src, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_memcpy_dtoh m = {.src = src, .size = n, .stream = wire, .is_async = 0};
+    GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, dst, n, &rep);
+    GP_FRAME_FREE(buf);
+    if (r == CUDA_SUCCESS && rep.bulk_len != n)
+        r = CUDA_ERROR_UNKNOWN;
+    gp_reply_free(&rep);
+    return gp_sync_result(r);
+}
+
+static CUresult dtoh_async(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst || !gp_vamap_device_span(src, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_memcpy_dtoh m = {.src = src, .size = n, .stream = wire, .is_async = 1};
+    GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = gp_request_detached(buf, len, dst, n);
+    GP_FRAME_FREE(buf);
+    return r;
+}
+
+static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint64_t wire, int is_async)
+{
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!gp_vamap_device_span(dst, n) || !gp_vamap_device_span(src, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_memcpy_dtod m = {
+        .dst = dst, .src = src, .size = n, .stream = wire, .is_async = (uint32_t)is_async};
+    GP_FRAME(buf, len, gp_memcpy_dtod, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = gp_post(buf, len, NULL, 0);
+    GP_FRAME_FREE(buf);
+    return r;
+}
+
+/* Enter a call on `stream` (async) or on the default stream of a sync call. */
+static CUresult enter(CUstream stream, int is_async, int ptds, uint64_t *wire)
+{
+    if (is_async)
+        return gp_stream_enter(stream, wire);
+    *wire = SYNC_STREAM(ptds);
+    return gp_ctx_enter();
+}
+
+#define ENTER(stream, is_async, ptds)                                                              \
+    uint64_t wire;                                                                                 \
+    do {                                                                                           \
+        CUresult er_ = enter((stream), (is_async), (ptds), &wire);                                 \
+        if (er_ != CUDA_SUCCESS)                                                                   \
+            return er_;                                                                            \
+    } while (0)
+
+static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s, int is_async,
+                          int ptds)
+{
+    ENTER(s, is_async, ptds);
+    /* Host memory in a capture cannot replay on the server (api_graph.c). */
+    CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyHtoDAsync") : CUDA_SUCCESS;
+    if (cr != CUDA_SUCCESS)
+        return cr;
+    return htod(dst, src, n, wire, is_async);
+}
+
+static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s, int is_async, int ptds)
+{
+    ENTER(s, is_async, ptds);
+    CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyDtoHAsync") : CUDA_SUCCESS;
+    if (cr != CUDA_SUCCESS)
+        return cr;
+    return is_async ? dtoh_async(dst, src, n, wire) : dtoh_sync(dst, src, n, wire);
+}
+
+static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
+                          int ptds)
+{
+    ENTER(s, is_async, ptds);
+    return dtod(dst, src, n, wire, is_async);
+}
+
+GP_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    return copy_htod(dstDevice, srcHost, ByteCount, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost,
+                                        size_t ByteCount)
+{
+    return copy_htod(dstDevice, srcHost, ByteCount, NULL, 0, 1);
+}
+GP_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost,
+                                        size_t ByteCount, CUstream hStream)
+{
+    return copy_htod(dstDevice, srcHost, ByteCount, hStream, 1, 0);
+}
+GP_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost,
+                                             size_t ByteCount, CUstream hStream)
+{
+    return copy_htod(dstDevice, srcHost, ByteCount, gp_ptsz(hStream), 1, 0);
+}
+
+GP_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    return copy_dtoh(dstHost, srcDevice, ByteCount, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    return copy_dtoh(dstHost, srcDevice, ByteCount, NULL, 0, 1);
+}
+GP_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                        CUstream hStream)
+{
+    return copy_dtoh(dstHost, srcDevice, ByteCount, hStream, 1, 0);
+}
+GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                             CUstream hStream)
+{
+    return copy_dtoh(dstHost, srcDevice, ByteCount, gp_ptsz(hStream), 1, 0);
+}
+
+GP_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    return copy_dtod(dstDevice, srcDevice, ByteCount, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                        size_t ByteCount)
+{
+    return copy_dtod(dstDevice, srcDevice, ByteCount, NULL, 0, 1);
+}
+GP_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                        size_t ByteCount, CUstream hStream)
+{
+    return copy_dtod(dstDevice, srcDevice, ByteCount, hStream, 1, 0);
+}
+GP_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                             size_t ByteCount, CUstream hStream)
+{
+    return copy_dtod(dstDevice, srcDevice, ByteCount, gp_ptsz(hStream), 1, 0);
+}
+
+/* cuMemcpy without a direction (unified addressing): anything in the window or in a module
+ * global is device memory, everything else is host memory. */
+static int is_device(uint64_t a)
+{
+    if (gp_vamap_in_window(a))
+        return 1;
+    gp_range rg;
+    return gp_vamap_find(a, &rg) == 0 && (rg.kind == GP_RANGE_DEVICE || rg.kind == GP_RANGE_GLOBAL);
+}
+
+/* Wait for the work queued on `wire` (and so for the detached replies before it: replies come in
+ * order). */
+static CUresult wait_stream(uint64_t wire)
+{
+    gp_stream_synchronize m = {.stream = wire};
+    GP_FRAME(buf, len, gp_stream_synchronize, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    GP_FRAME_FREE(buf);
+    gp_reply_free(&rep);
+    return gp_sync_result(r);
+}
+
+static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
+                         int ptds)
+{
+    ENTER(s, is_async, ptds);
+    if (n == 0)
+        return CUDA_SUCCESS;
+    int dd = is_device(dst), sd = is_device(src);
+    if (dd && sd)
+        return dtod(dst, src, n, wire, is_async);
+    CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyAsync") : CUDA_SUCCESS;
+    if (cr != CUDA_SUCCESS)
+        return cr;
+    if (dd)
+        return htod(dst, (const void *)(uintptr_t)src, n, wire, is_async);
+    if (sd) {
+        return is_async ? dtoh_async((void *)(uintptr_t)dst, src, n, wire)
+                        : dtoh_sync((void *)(uintptr_t)dst, src, n, wire);
+    }
+    /* Host to host: earlier work of the stream may still be writing the source (an async
+     * device-to-host copy), so wait for the stream first, then copy here. */
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = wait_stream(wire);
+    if (r != CUDA_SUCCESS)
+        return r;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+GP_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    return copy_any(dst, src, ByteCount, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    return copy_any(dst, src, ByteCount, NULL, 0, 1);
+}
+GP_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                 CUstream hStream)
+{
+    return copy_any(dst, src, ByteCount, hStream, 1, 0);
+}
+GP_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                      CUstream hStream)
+{
+    return copy_any(dst, src, ByteCount, gp_ptsz(hStream), 1, 0);
+}
+
+/* ================================================================ 2D copies == */
+
+/* cuMemcpy2D: a rectangle of Height rows of WidthInBytes, each side with its own pitch. It travels
+ * as the 1D copies above, so it has their chunking, compression and ordering:
+ *   - a side whose rows are contiguous (pitch == width) is one span;
+ *   - host to device: host rows are gathered into one buffer when the device rows are
+ *     contiguous, else each row is its own copy (posted, no round trip);
+ *   - device to host: one copy into a buffer scattered to the host rows when the device rows are
+ *     contiguous and the copy is synchronous, else each row is its own copy (replies land in the
+ *     host rows; a synchronous copy then waits for its stream once);
+ *   - device to device: one copy when both sides are contiguous, else one per row.
+ * So a rectangle whose device side is pitched costs a message per row. CUDA arrays (textures)
+ * are not supported by gpupool at all. */
+typedef struct {
+    int device; /* 1: device memory, 0: host memory */
+    uint64_t addr;
+    size_t pitch;
+} side_2d;
+
+static CUresult resolve_side(CUmemorytype type, const void *host, CUdeviceptr dev, size_t x,
+                             size_t y, size_t pitch, size_t width, size_t height, side_2d *out)
+{
+    uint64_t base;
+    switch (type) {
+    case CU_MEMORYTYPE_HOST:
+        base = (uint64_t)(uintptr_t)host;
+        out->device = 0;
+        break;
+    case CU_MEMORYTYPE_DEVICE:
+        base = dev;
+        out->device = 1;
+        break;
+    case CU_MEMORYTYPE_UNIFIED:
+        base = dev;
+        out->device = is_device(dev);
+        break;
+    case CU_MEMORYTYPE_ARRAY: {
+        static atomic_int said;
+        if (atomic_exchange(&said, 1) == 0)
+            gp_log_error("cuMemcpy2D: CUDA arrays are not supported by gpupool; copy to or from "
+                         "linear device memory instead (CUDA_ERROR_NOT_SUPPORTED; said once "
+                         "per process)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (base == 0 || (height > 1 && pitch < width))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* The first and the last byte touched must not wrap around the address space. */
+    uint64_t first, last;
+    if (__builtin_mul_overflow((uint64_t)y, (uint64_t)pitch, &first) ||
+        __builtin_add_overflow(first, base, &first) || __builtin_add_overflow(first, x, &first) ||
+        __builtin_mul_overflow((uint64_t)(height - 1), (uint64_t)pitch, &last) ||
+        __builtin_add_overflow(last, first, &last) || __builtin_add_overflow(last, width, &last))
+        return CUDA_ERROR_INVALID_VALUE;
+    out->addr = first;
+    out->pitch = height > 1 ? pitch : width;
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_2d(const CUDA_MEMCPY2D *p, CUstream s, int is_async, int ptds)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    ENTER(s, is_async, ptds);
+    size_t w = p->WidthInBytes, h = p->Height;
+    if (w == 0 || h == 0)
+        return CUDA_SUCCESS;
+    if (h > SIZE_MAX / w)
+        return CUDA_ERROR_INVALID_VALUE;
+    side_2d src, dst;
+    CUresult r = resolve_side(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes, p->srcY,
+                              p->srcPitch, w, h, &src);
+    if (r == CUDA_SUCCESS)
+        r = resolve_side(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes, p->dstY,
+                         p->dstPitch, w, h, &dst);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!src.device && !dst.device) { /* host to host, after the stream's earlier work */
+        r = wait_stream(wire);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            memmove((void *)(uintptr_t)(dst.addr + i * dst.pitch),
+                    (const void *)(uintptr_t)(src.addr + i * src.pitch), w);
+        return r;
+    }
+    if (src.device != dst.device) {
+        r = is_async ? gp_capture_host_copy(wire, "cuMemcpy2DAsync") : CUDA_SUCCESS;
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    int src_packed = src.pitch == w, dst_packed = dst.pitch == w;
+    if (src.device && dst.device) {
+        if (src_packed && dst_packed)
+            return dtod(dst.addr, src.addr, w * h, wire, is_async);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            r = dtod(dst.addr + i * dst.pitch, src.addr + i * src.pitch, w, wire, is_async);
+        return r;
+    }
+    if (dst.device) { /* host to device */
+        if (src_packed && dst_packed)
+            return htod(dst.addr, (const void *)(uintptr_t)src.addr, w * h, wire, is_async);
+        if (dst_packed) {
+            unsigned char *staged = malloc(w * h);
+            if (!staged)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            for (size_t i = 0; i < h; i++)
+                memcpy(staged + i * w, (const void *)(uintptr_t)(src.addr + i * src.pitch), w);
+            r = htod(dst.addr, staged, w * h, wire, is_async); /* sent before it returns */
+            free(staged);
+            return r;
+        }
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            r = htod(dst.addr + i * dst.pitch, (const void *)(uintptr_t)(src.addr + i * src.pitch),
+                     w, wire, is_async);
+        return r;
+    }
+    /* device to host */
+    if (src_packed && dst_packed) {
+        void *to = (void *)(uintptr_t)dst.addr;
+        return is_async ? dtoh_async(to, src.addr, w * h, wire)
+                        : dtoh_sync(to, src.addr, w * h, wire);
+    }
+    if (src_packed && !is_async) {
+        unsigned char *staged = malloc(w * h);
+        if (!staged)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        r = dtoh_sync(staged, src.addr, w * h, wire);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+            memcpy((void *)(uintptr_t)(dst.addr + i * dst.pitch), staged + i * w, w);
+        free(staged);
+        return r;
+    }
+    for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
+        r = dtoh_async((void *)(uintptr_t)(dst.addr + i * dst.pitch), src.addr + i * src.pitch, w,
+                       wire);
+    if (r == CUDA_SUCCESS && !is_async)
+        r = wait_stream(wire);
+    return r;
+}
+
+GP_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 1);
+}
+/* "Unaligned" lifts the driver's pitch alignment rules for arrays; with linear memory only, it is
+ * the same copy. */
+GP_EXPORT CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+    return copy_2d(pCopy, NULL, 0, 1);
+}
+GP_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    return copy_2d(pCopy, hStream, 1, 0);
+}
+GP_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    return copy_2d(pCopy, gp_ptsz(hStream), 1, 0);
+}
+
+/* =================================================================== memsets == */
+
+/* A memset outside the device memory this process allocated through gpupool fails as with the
+ * driver (invalid value), silently like the driver's, except where the address is host memory:
+ * that works on a local GPU (mapped host memory: JAX/XLA memsets it) and cannot through gpupool,
+ * so once per process a line says why. */
+static CUresult memset_outside(uint64_t addr, uint64_t len)
+{
+    static atomic_int said;
+    gp_range rg;
+    if (gp_vamap_find(addr, &rg) == 0 &&
+        (rg.kind == GP_RANGE_HOST_ALLOC || rg.kind == GP_RANGE_HOST_REG) &&
+        atomic_exchange(&said, 1) == 0)
+        gp_log_error("memset of %llu bytes at 0x%llx: that is host memory, which stays on this "
+                     "machine (kernels and memsets on the remote GPU cannot reach it); it fails "
+                     "with CUDA_ERROR_INVALID_VALUE (said once per process)",
+                     (unsigned long long)len, (unsigned long long)addr);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t count, CUstream s,
+                          int is_async, int ptds)
+{
+    ENTER(s, is_async, ptds);
+    if (count == 0)
+        return CUDA_SUCCESS;
+    if (dst % elem != 0 || count > UINT64_MAX / elem)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_vamap_device_span(dst, (uint64_t)count * elem))
+        return memset_outside(dst, (uint64_t)count * elem);
+    gp_memset m = {.dst = dst,
+                   .value = value,
+                   .elem_size = elem,
+                   .count = count,
+                   .stream = wire,
+                   .is_async = (uint32_t)is_async};
+    GP_FRAME(buf, len, gp_memset, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = gp_post(buf, len, NULL, 0);
+    GP_FRAME_FREE(buf);
+    return r;
+}
+
+static CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, uint32_t elem,
+                          size_t width, size_t height, CUstream s, int is_async, int ptds)
+{
+    ENTER(s, is_async, ptds);
+    if (width == 0 || height == 0)
+        return CUDA_SUCCESS;
+    if (dst % elem != 0 || width > UINT64_MAX / elem)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t row = (uint64_t)width * elem;
+    if (height > 1 && (pitch < row || (height - 1) > (UINT64_MAX - row) / pitch))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t span = (uint64_t)pitch * (height - 1) + row;
+    if (!gp_vamap_device_span(dst, span))
+        return memset_outside(dst, span);
+    gp_memset_2d m = {.dst = dst,
+                      .pitch = pitch,
+                      .value = value,
+                      .elem_size = elem,
+                      .width = width,
+                      .height = height,
+                      .stream = wire,
+                      .is_async = (uint32_t)is_async};
+    GP_FRAME(buf, len, gp_memset_2d, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = gp_post(buf, len, NULL, 0);
+    GP_FRAME_FREE(buf);
+    return r;
+}
+
+#define GP_MEMSET_1D(suffix, T, elem)                                                              \
+    GP_EXPORT CUresult cuMemsetD##suffix##_v2(CUdeviceptr d, T v, size_t n)                        \
+    {                                                                                              \
+        return memset_1d(d, v, elem, n, NULL, 0, 0);                                               \
+    }                                                                                              \
+    GP_EXPORT CUresult cuMemsetD##suffix##_v2_ptds(CUdeviceptr d, T v, size_t n)                   \
+    {                                                                                              \
+        return memset_1d(d, v, elem, n, NULL, 0, 1);                                               \
+    }                                                                                              \
+    GP_EXPORT CUresult cuMemsetD##suffix##Async(CUdeviceptr d, T v, size_t n, CUstream s)          \
+    {                                                                                              \
+        return memset_1d(d, v, elem, n, s, 1, 0);                                                  \
+    }                                                                                              \
+    GP_EXPORT CUresult cuMemsetD##suffix##Async_ptsz(CUdeviceptr d, T v, size_t n, CUstream s)     \
+    {                                                                                              \
+        return memset_1d(d, v, elem, n, gp_ptsz(s), 1, 0);                                         \
+    }
+
+#define GP_MEMSET_2D(suffix, T, elem)                                                              \
+    GP_EXPORT CUresult cuMemsetD2D##suffix##_v2(CUdeviceptr d, size_t p, T v, size_t w, size_t h)  \
+    {                                                                                              \
+        return memset_2d(d, p, v, elem, w, h, NULL, 0, 0);                                         \
+    }                                                                                              \
+    GP_EXPORT CUresult cuMemsetD2D##suffix##_v2_ptds(CUdeviceptr d, size_t p, T v, size_t w,       \
+                                                     size_t h)                                     \
+    {                                                                                              \
+        return memset_2d(d, p, v, elem, w, h, NULL, 0, 1);                                         \
+    }                                                                                              \
+    GP_EXPORT CUresult cuMemsetD2D##suffix##Async(CUdeviceptr d, size_t p, T v, size_t w,          \
+                                                  size_t h, CUstream s)                            \
+    {                                                                                              \
+        return memset_2d(d, p, v, elem, w, h, s, 1, 0);                                            \
+    }                                                                                              \
+    GP_EXPORT CUresult cuMemsetD2D##suffix##Async_ptsz(CUdeviceptr d, size_t p, T v, size_t w,     \
+                                                       size_t h, CUstream s)                       \
+    {                                                                                              \
+        return memset_2d(d, p, v, elem, w, h, gp_ptsz(s), 1, 0);                                   \
+    }
+
+GP_MEMSET_1D(8, unsigned char, 1)
+GP_MEMSET_1D(16, unsigned short, 2)
+GP_MEMSET_1D(32, unsigned int, 4)
+GP_MEMSET_2D(8, unsigned char, 1)
+GP_MEMSET_2D(16, unsigned short, 2)
+GP_MEMSET_2D(32, unsigned int, 4)
