@@ -58,11 +58,6 @@
 #define FETCH_TIMEOUT_S 2.0 /* the limit of one fetch when probe_timeout is 0 ("no limit") */
 #define MAX_DEVICES 64
 
-struct nvmlDevice_st {
-    int server; /* index into st.servers; -1: none (a lease on a server not configured here) */
-    gp_nvml_gpu gpu;
-};
-
 /* The configuration, shared by the state and the refreshes in flight. */
 typedef struct config_ref {
     int refs; /* guarded by lock */
@@ -573,7 +568,7 @@ static nvmlReturn_t enter(void)
     return NVML_SUCCESS;
 }
 
-static void leave(void)
+void gp_nvml_leave(void)
 {
     pthread_mutex_unlock(&lock);
 }
@@ -598,7 +593,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned i
         r = NVML_ERROR_NOT_SUPPORTED;
     else
         r = gp_nvml_copy_string(s->driver_version, version, length);
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -618,7 +613,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int
         snprintf(text, sizeof text, "%d.%s", s->cuda_driver_version / 1000, s->driver_version);
         r = gp_nvml_copy_string(text, version, length);
     }
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -634,7 +629,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersio
         r = NVML_ERROR_NOT_SUPPORTED;
     else
         *cudaDriverVersion = s->cuda_driver_version;
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -652,7 +647,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
         r = NVML_ERROR_INVALID_ARGUMENT;
     else
         *deviceCount = st.ndevices;
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -672,7 +667,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nv
         r = NVML_ERROR_INVALID_ARGUMENT;
     else
         *device = &st.devices[index];
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -698,7 +693,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevi
             }
         }
     }
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -734,7 +729,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusI
             }
         }
     }
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -744,9 +739,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId,
     return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
 }
 
-/* Lock, check init and the handle, refresh its values when `live` and they are due (which may
- * fetch them, without the lock). On NVML_SUCCESS the caller holds the lock and must leave(). */
-static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out)
+nvmlReturn_t gp_nvml_enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out)
 {
     nvmlReturn_t r = enter();
     if (r != NVML_SUCCESS)
@@ -754,7 +747,7 @@ static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevic
     uintptr_t p = (uintptr_t)device, base = (uintptr_t)st.devices;
     if (p < base || p >= base + st.ndevices * sizeof st.devices[0] ||
         (p - base) % sizeof st.devices[0] != 0) {
-        leave();
+        gp_nvml_leave();
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     *out = &st.devices[(p - base) / sizeof st.devices[0]];
@@ -763,7 +756,7 @@ static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevic
         if (rc == -2)
             return NVML_ERROR_UNKNOWN; /* the lock is not held */
         if (rc == -1) {
-            leave();
+            gp_nvml_leave();
             return NVML_ERROR_UNINITIALIZED; /* nvmlShutdown ran meanwhile */
         }
     }
@@ -773,14 +766,14 @@ static nvmlReturn_t enter_device(nvmlDevice_t device, int live, struct nvmlDevic
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
     struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
+    nvmlReturn_t r = gp_nvml_enter_device(device, 0, &d);
     if (r != NVML_SUCCESS)
         return r;
     if (!index)
         r = NVML_ERROR_INVALID_ARGUMENT;
     else
         *index = (unsigned)(d - st.devices);
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -792,22 +785,22 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsign
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
     struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
+    nvmlReturn_t r = gp_nvml_enter_device(device, 0, &d);
     if (r != NVML_SUCCESS)
         return r;
     r = gp_nvml_copy_string(d->gpu.name, name, length);
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
     struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
+    nvmlReturn_t r = gp_nvml_enter_device(device, 0, &d);
     if (r != NVML_SUCCESS)
         return r;
     r = d->gpu.uuid[0] ? gp_nvml_copy_string(d->gpu.uuid, uuid, length) : NVML_ERROR_NOT_SUPPORTED;
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -815,26 +808,26 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *seria
                                                 unsigned int length)
 {
     struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
+    nvmlReturn_t r = gp_nvml_enter_device(device, 0, &d);
     if (r != NVML_SUCCESS)
         return r;
     r = serial ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
     (void)length;
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
 {
     struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
+    nvmlReturn_t r = gp_nvml_enter_device(device, 0, &d);
     if (r != NVML_SUCCESS)
         return r;
     if (!type)
         r = NVML_ERROR_INVALID_ARGUMENT;
     else
         *type = gp_nvml_brand(d->gpu.name);
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -842,7 +835,7 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t devi
                                                                int *minor)
 {
     struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
+    nvmlReturn_t r = gp_nvml_enter_device(device, 0, &d);
     if (r != NVML_SUCCESS)
         return r;
     if (!major || !minor) {
@@ -853,18 +846,18 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t devi
         *major = d->gpu.cc_major;
         *minor = d->gpu.cc_minor;
     }
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
 static nvmlReturn_t pci(nvmlDevice_t device, void *p, int version)
 {
     struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
+    nvmlReturn_t r = gp_nvml_enter_device(device, 0, &d);
     if (r != NVML_SUCCESS)
         return r;
     r = gp_nvml_pci_info(&d->gpu, p, version);
-    leave();
+    gp_nvml_leave();
     return r;
 }
 
@@ -879,185 +872,4 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPci
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_v2_t *p)
 {
     return pci(device, p, 1);
-}
-
-/* ----------------------------------------------------------------------- live values == */
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_memory(&d->gpu, memory);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_memory_v2(&d->gpu, memory);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
-                                                          nvmlUtilization_t *utilization)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_utilization(&d->gpu, utilization);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
-                                                     nvmlTemperatureSensors_t sensor,
-                                                     unsigned int *temp)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_temperature(&d->gpu, (int)sensor, temp);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_power_usage(&d->gpu, power);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device,
-                                                            unsigned int *limit)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_power_limit(&d->gpu, limit);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device,
-                                                              unsigned int *limit)
-{
-    return nvmlDeviceGetEnforcedPowerLimit(device, limit);
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
-                                                                unsigned long long *energy)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_energy(&d->gpu, energy);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
-                                                   unsigned int *clock)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_clock(&d->gpu, (int)type, 0, clock);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
-                                                      unsigned int *clock)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_clock(&d->gpu, (int)type, 1, clock);
-    leave();
-    return r;
-}
-
-static nvmlReturn_t compute_procs(nvmlDevice_t device, unsigned *count, void *infos, int version)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 1, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    r = gp_nvml_processes(&d->gpu, count, infos, version);
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                                    unsigned int *infoCount,
-                                                                    nvmlProcessInfo_t *infos)
-{
-    return compute_procs(device, infoCount, infos, 3);
-}
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
-                                                                    unsigned int *infoCount,
-                                                                    nvmlProcessInfo_t *infos)
-{
-    return compute_procs(device, infoCount, infos, 2);
-}
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
-                                                                 unsigned int *infoCount,
-                                                                 nvmlProcessInfo_v1_t *infos)
-{
-    return compute_procs(device, infoCount, infos, 1);
-}
-
-/* No graphics contexts run on gpupool's GPUs for clients. */
-static nvmlReturn_t no_procs(nvmlDevice_t device, unsigned *count)
-{
-    struct nvmlDevice_st *d;
-    nvmlReturn_t r = enter_device(device, 0, &d);
-    if (r != NVML_SUCCESS)
-        return r;
-    if (!count)
-        r = NVML_ERROR_INVALID_ARGUMENT;
-    else
-        *count = 0;
-    leave();
-    return r;
-}
-
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
-                                                                     unsigned int *infoCount,
-                                                                     nvmlProcessInfo_t *infos)
-{
-    (void)infos;
-    return no_procs(device, infoCount);
-}
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
-                                                                     unsigned int *infoCount,
-                                                                     nvmlProcessInfo_t *infos)
-{
-    (void)infos;
-    return no_procs(device, infoCount);
-}
-GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device,
-                                                                  unsigned int *infoCount,
-                                                                  nvmlProcessInfo_v1_t *infos)
-{
-    (void)infos;
-    return no_procs(device, infoCount);
 }

@@ -1,13 +1,27 @@
 /*
- * nvml_internal.h: what nvml.c shares with the generated stubs (generated/nvml_stubs.c).
+ * nvml_internal.h: what nvml.c shares with the live-value queries (nvml_live.c) and the
+ * generated stubs (generated/nvml_stubs.c).
  */
 #ifndef GP_NVML_INTERNAL_H
 #define GP_NVML_INTERNAL_H
 
 #include "nvml_types.h"
+#include "nvml_view.h"
 
 /* An NVML entry point of libnvidia-ml.so.1 (everything else is hidden). */
 #define GP_NVML_EXPORT __attribute__((visibility("default")))
+
+/* A device handle (nvmlDevice_t) points at one of these, in nvml.c's table of devices. */
+struct nvmlDevice_st {
+    int server; /* index into st.servers; -1: none (a lease on a server not configured here) */
+    gp_nvml_gpu gpu;
+};
+
+/* Lock, check init and the handle, refresh its values when `live` and they are due (which may
+ * fetch them, without the lock). On NVML_SUCCESS the caller holds the lock and must call
+ * gp_nvml_leave(). */
+nvmlReturn_t gp_nvml_enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out);
+void gp_nvml_leave(void);
 
 /* The answer of every function gpupool does not implement: NVML_ERROR_NOT_SUPPORTED once
  * initialised (NVML_ERROR_UNINITIALIZED before), with a debug line naming the function. */
