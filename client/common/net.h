@@ -10,10 +10,7 @@
 #include <stdint.h>
 
 #include "gp_tls.h"
-
-/* Split "host:port" / "[v6]:port"; a bare host name (no colon at all) means gpupoold's default
- * port (GP_DEFAULT_PORT). 0, or -1 when it is not an address. */
-int gp_split_hostport(const char *s, char *host, size_t hcap, char *port, size_t pcap);
+#include "hostport.h" /* the address syntax: what a connection is given */
 
 /* Connect with a timeout (seconds; <= 0: the system's) for the whole attempt: the addresses of
  * the name share it, each gets only the time left (name resolution itself has no timeout).
