@@ -14,20 +14,11 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "worker.h"
 
 #define STATS_INTERVAL_NS 1000000000ull /* at most one stats event per second */
-
-uint64_t wk_now_ns(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0; /* cannot fail for CLOCK_MONOTONIC; 0 only delays a stats event */
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int wk_ctl_send(struct worker *w, size_t n, int best_effort)
 {

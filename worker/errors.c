@@ -1,5 +1,6 @@
 /*
- * errors.c: log lines, error names, notices and the deferred ("pending") error.
+ * errors.c: error names, notices, the deferred ("pending") error and the end of a session
+ * (the log lines are log.c's).
  *
  * Fire-and-forget frames have no reply, so a failure is reported the way the real driver reports
  * asynchronous errors: by the next synchronising call (docs/architecture.md, "Pipelining and
@@ -10,54 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include "worker.h"
-
-/* One line on stderr, which gpupoold reads and logs. A warning or an error starts with the
- * sd-daemon(3) priority `<4>` or `<3>`, which gpupoold turns into the level of its record (so
- * `journalctl -p warning` finds it); an informational line has no prefix. */
-static void log_line(int priority, const char *fmt, va_list ap)
-{
-    char line[1024];
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    if (n < 0)
-        return;
-#ifdef WK_LOG_QUIET
-    /* The fuzzing build (tests/fuzz/fuzz.mk): millions of sessions; the line is still formatted. */
-    (void)priority;
-    return;
-#endif
-    char mark[8] = "";
-    if (priority < WK_LOG_INFO)
-        (void)snprintf(mark, sizeof mark, "<%d>", priority);
-    /* One fprintf per line: lines of concurrent workers in the daemon's log do not interleave. */
-    fprintf(stderr, "%sgpupool-worker[%ld]: %s\n", mark, (long)getpid(), line);
-}
-
-void wk_log(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(WK_LOG_INFO, fmt, ap);
-    va_end(ap);
-}
-
-void wk_warn(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(WK_LOG_WARNING, fmt, ap);
-    va_end(ap);
-}
-
-void wk_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(WK_LOG_ERR, fmt, ap);
-    va_end(ap);
-}
 
 const char *wk_err_name(struct worker *w, CUresult rc)
 {

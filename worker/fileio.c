@@ -5,11 +5,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "worker.h"
+#include "fileio.h"
+#include "log.h"
 
 int wk_write_file_atomic(const char *tmp, const char *path, const void *data, size_t len, int sync)
 {

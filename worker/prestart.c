@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "sha256.h"
+#include "sock.h"
 #include "worker.h"
 
 /* The longest worker_session: the frame header, its fixed fields and a hello of 64 KiB. */

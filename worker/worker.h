@@ -9,11 +9,11 @@
  * Files:
  *   main.c      arguments, the hello on stdin (--fd mode), exit codes
  *   prestart.c  control mode (--control-fd): set up before any client, take a session, report
- *   control.c   the control channel: SESSION/END in, JSON events out, periodic stats
+ *   control.c   the control channel: worker_end in, events out, periodic stats
  *   session.c   driver and device setup, the VA window, the hello reply, teardown
  *   loop.c      the frame loop: header checks, decode, dispatch (the generated table)
  *   io.c        the socket: 1 MiB input buffer, bulk input, output buffer and flushing
- *   errors.c    logging, error names, notices, deferred (pending) errors
+ *   errors.c    error names, notices, deferred (pending) errors, the end of a session
  *   objects.c   client ids -> driver handles (idmap.c), lookups and bulk cleanup
  *   h_session.c ping, stats, goodbye, notice, info: session messages, not CUDA calls
  *   h_ctx.c     contexts, limits, primary context reset
@@ -27,8 +27,17 @@
  *   h_launch.c  function attributes, occupancy, launches
  *   h_graph.c   stream capture and CUDA graphs
  *   h_vmm.c     the client's virtual memory management calls (reserve, create, map, access)
+ *   adopt.c     a session outlives its daemon (the adoption socket)
+ *   detach.c    idle detach: parked, detached, attached again
+ *   heartbeat.c the keepalive thread (notices to the client during a long call)
+ *   tls.c       the data path's TLS session
  *   generated/  from protocol/gpupool.toml (make gen): the handler prototypes and dispatch table
  *               (wk_calls.h), the driver entry points (wk_driver_funcs.h)
+ * Base files, whose headers include nothing of the worker (worker.h includes all but sock.h):
+ *   clock.c     wk_now_ns, the monotonic clock
+ *   log.c       log lines on stderr (wk_log, wk_warn, wk_error)
+ *   sock.c      the client socket's options (main.c and prestart.c; sock.h, not in worker.h)
+ *   fileio.c    files written whole or not at all
  *
  * h_<group>.c holds the handlers of the messages the spec puts in that group, the same groups
  * as the client's api_<group>.c.
@@ -44,11 +53,14 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "clock.h"
 #include "driver.h"
+#include "fileio.h"
 #include "generated/wk_calls.h"
 #include "gp_cuda.h"
 #include "gp_protocol.h"
 #include "idmap.h"
+#include "log.h"
 #include "modcache.h"
 #include "utf8.h"
 #include "vm.h"
@@ -263,8 +275,6 @@ struct worker {
     struct ssl_st *ssl;
 };
 
-uint64_t wk_now_ns(void); /* CLOCK_MONOTONIC (control.c) */
-
 /* Device time of a launch/copy/memset on the simulated device, whose work is done when the call
  * returns, into stats.busy_ns: rc = DRV_BUSY(w, cuLaunchKernel, ...) instead of DRV(...). The
  * comma operator orders the clock reads around the call. No clock read on real GPUs. */
@@ -324,16 +334,7 @@ static inline CUresult hb_leave(struct worker *w, CUresult rc)
 #define WK_LONG(w_, call_) (hb_enter(w_), hb_leave((w_), (call_)))
 
 /* ---- errors.c --------------------------------------------------------------------------- */
-/* Log lines: information, and the warnings and errors gpupoold logs at their level (sd-daemon(3)
- * priorities). */
-enum {
-    WK_LOG_ERR = 3,
-    WK_LOG_WARNING = 4,
-    WK_LOG_INFO = 6
-};
-void wk_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void wk_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void wk_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* (Log lines: log.h; the clock: clock.h; the client socket's options: sock.h.) */
 /* "CUDA_ERROR_INVALID_VALUE" etc. (driver's name when it has one). Valid until the next call. */
 const char *wk_err_name(struct worker *w, CUresult rc);
 void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text);
@@ -518,11 +519,6 @@ const uint8_t *wk_ctl_decode(const uint8_t *msg, size_t n, unsigned op);
 /* The device's UUID as NVML writes it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"). */
 void wk_uuid_text(const struct worker *w, char out[64]);
 
-/* ---- fileio.c --------------------------------------------------------------------------- */
-/* Writes data into tmp (created 0600; it must not exist), fsynced when `sync`, then renames it
- * to path: a reader sees the whole file or none. 0, or -1 with errno (tmp is removed). */
-int wk_write_file_atomic(const char *tmp, const char *path, const void *data, size_t len, int sync);
-
 /* ---- adopt.c ---------------------------------------------------------------------------- */
 /* At the start of a session (with --adopt-dir and a grace > 0): listen on the adoption socket
  * and stop asking for SIGTERM at the daemon's death. 0, or -1 (logged: the session then ends
@@ -544,10 +540,6 @@ int wk_adopt_accept(struct worker *w);
  * (atomically; fsynced and logged when `alone`: no daemon follows the session) for whichever
  * daemon records the lease's end. */
 void wk_adopt_write_end(struct worker *w, size_t n, int alone);
-
-/* ---- main.c ----------------------------------------------------------------------------- */
-/* Makes the client socket blocking, TCP_NODELAY on TCP. 0, or -1 (not an open descriptor). */
-int wk_prepare_socket(int fd);
 
 /* ---- tls.c ------------------------------------------------------------------------------ */
 /* The server context from o->tls_* into w->tls_ctx. 0, or -1 with err saying what to fix. */
