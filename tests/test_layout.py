@@ -342,8 +342,6 @@ KNOWN_C_CIRCLES = {
     # TODO(issue 30): one loop that owns every descriptor, handlers registered with it.
     "worker": [
         {"adopt", "control", "detach", "errors", "fileio", "heartbeat", "io", "tls"},
-        # TODO(issue 30, item 2): wk_prepare_socket (main.c) belongs in a base file.
-        {"main", "prestart"},
     ],
 }
 
