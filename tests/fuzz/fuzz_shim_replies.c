@@ -4,7 +4,9 @@
  * with and without bulk data, LZ4-compressed copy data, notices, deferred errors, replies to
  * requests nobody made), inside every tenant's process.
  *
- * conn.c is included whole so that its private state can be set up per input: the connection
+ * conn.c is included whole, with the files of the connection it calls (the streams in and out,
+ * the keepalive clock, the pending error, the request ids), so that their private state can
+ * be set up per input: the connection
  * is declared ready on a socket whose other end carries the input, four callers wait for
  * replies 1 to 4 (4 KiB buffers for bulk data) and two detached copies wait for 5 and 6; then
  * the reader loop runs until the stream ends or breaks, and the failure path completes and
@@ -12,16 +14,22 @@
  * the server's stream.
  */
 #include "conn.c"
+#include "conn_read.c"
+#include "conn_write.c"
 #include "fuzz_feed.h"
+#include "keepalive.c"
+#include "pending.c"
+#include "request_ids.c"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* conn.c's neighbour that this target never reaches (the connection is set up by hand). */
-CUresult gp_connect(int *sock_out, gp_tls **tls_out, char *desc, size_t cap)
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *desc, size_t cap)
 {
     (void)sock_out;
     (void)tls_out;
+    (void)features_out;
     (void)desc;
     (void)cap;
     return CUDA_ERROR_NO_DEVICE;
@@ -32,7 +40,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     setenv("GPUPOOL_LOG", "quiet", 1);
-    rs.buf = malloc(RBUF_SIZE);
+    rs.buf = malloc(GP_READ_BUF_SIZE);
     if (!rs.buf || signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         abort();
     return 0;
@@ -50,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         abort();
     /* A fresh connection state, as gp_conn_ensure leaves it. */
-    sock = sv[1];
+    sock = rs.sock = ws.sock = sv[1];
     atomic_store(&state, ST_READY);
     atomic_store(&dead, 0);
     atomic_store(&lz4_on, data[0] & 1);
@@ -99,6 +107,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort(); /* nothing left waiting */
     if (close(sv[0]) != 0 || close(sv[1]) != 0)
         abort();
-    sock = -1;
+    sock = rs.sock = ws.sock = -1;
     return 0;
 }
