@@ -337,12 +337,8 @@ KNOWN_C_CIRCLES = {
         {"client_config", "client_config_env", "client_config_file", "client_config_keys",
          "client_config_values"},
     ],
-    # Issue 30, item 2 (the worker reactor): io.c's blocking waits dispatch control, adoption
-    # and detach events, which end sessions through errors.c, which writes through io.c.
-    # TODO(issue 30): one loop that owns every descriptor, handlers registered with it.
-    "worker": [
-        {"adopt", "control", "detach", "errors", "fileio", "heartbeat", "io", "tls"},
-    ],
+    # The worker has none: its waits (reactor.c) call what the control, adoption, detach and
+    # signal files register, and name none of them (issue 30, item 2).
 }
 
 

@@ -107,7 +107,8 @@ int wk_adopt_orphan(struct worker *w)
     return 0;
 }
 
-int wk_adopt_wait_ms(const struct worker *w)
+/* Milliseconds until the grace period ends (0: over), or -1 when a daemon follows us. */
+static int grace_left_ms(const struct worker *w)
 {
     if (!w->ctl.orphan_since)
         return -1;
@@ -115,9 +116,13 @@ int wk_adopt_wait_ms(const struct worker *w)
     return now >= end ? 0 : (int)((end - now + 999999) / 1000000);
 }
 
-int wk_adopt_check_grace(struct worker *w)
+/* Before each wait's poll: when the grace period is over, end the session (client told): -1;
+ * else 0, and *wait_ms the time left of it (-1: a daemon follows us). */
+static int grace_due(void *ctx, int *wait_ms)
 {
-    if (!w->ctl.orphan_since || wk_adopt_wait_ms(w) > 0)
+    struct worker *w = ctx;
+    *wait_ms = grace_left_ms(w);
+    if (*wait_ms != 0)
         return 0;
     double s = (double)w->ctl.grace_ns / 1e9;
     wk_log("no gpupoold adopted this session within %g s: ending it", s);
@@ -178,8 +183,11 @@ static int peer_allowed(int fd)
     return cred.uid == geteuid() || cred.uid == 0;
 }
 
-int wk_adopt_accept(struct worker *w)
+/* The adoption socket is readable: accept, check, take worker_adopt, send worker_adopted. Always
+ * 0 (a bad adoption attempt is refused and changes nothing). */
+static int on_adopt(void *ctx)
 {
+    struct worker *w = ctx;
     int fd = accept4(w->ctl.listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
@@ -272,4 +280,11 @@ void wk_adopt_write_end(struct worker *w, size_t n, int alone)
     if (alone)
         wk_log("no gpupoold follows this session: its end is recorded in %s for the next one",
                path);
+}
+
+int wk_adopt_watch(struct worker *w)
+{
+    if (wk_reactor_timer(&w->reactor, grace_due, w) != 0)
+        return -1;
+    return wk_reactor_watch(&w->reactor, &w->ctl.listen_fd, 0, on_adopt, w);
 }

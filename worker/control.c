@@ -7,8 +7,10 @@
  * either way is a frame of protocol/gpupool.toml ("control"), encoded and decoded by the
  * generated code, as gpupoold's side is (gpupoold/workers/supervisor.py).
  *
- * Stats are reported from the paths where the worker waits anyway (io_wait) and every 1024
- * frames, so the hot path pays nothing but the counter increments themselves.
+ * Stats are reported from the paths where the worker waits anyway (a timer of the reactor,
+ * registered by control_session.c) and every 1024 frames, so the hot path pays nothing but the
+ * counter increments themselves. This file is the channel: sending, receiving, the counters;
+ * what the daemon's messages do during a session is control_session.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -151,85 +153,4 @@ int wk_ctl_stats_tick(struct worker *w)
     w->ctl.sent = w->stats;
     w->ctl.stats_ns = now;
     return -1;
-}
-
-/* The daemon is gone (end of stream or an error on the control socket). A session that can be
- * adopted goes on (adopt.c); otherwise nobody will account for it any more, so it ends now and
- * the client is told why, best effort. 0: carry on (orphaned); -1: the session ends. */
-static int daemon_gone(struct worker *w)
-{
-    if (w->ctl.parked) {
-        wk_detach_daemon_gone(w);
-        return -1;
-    }
-    if (wk_adopt_orphan(w) == 0)
-        return 0;
-    wk_log("the control socket was closed: gpupoold is gone; ending");
-    w->ctl.gone = 1;
-    wk_end_session(w, WK_END_SHUTDOWN, "gpupoold closed the control socket");
-    wk_close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE,
-                    "the gpupool server stopped; this session has ended");
-    return -1;
-}
-
-int wk_ctl_handle(struct worker *w)
-{
-    uint8_t buf[WK_CTL_MAX + 1];
-    int fd, truncated;
-    ssize_t n = wk_ctl_recv(w, buf, WK_CTL_MAX, &fd, &truncated);
-    if (fd >= 0) {
-        wk_log("closing a descriptor sent on the control socket during a session");
-        if (close(fd) != 0)
-            wk_warn("close: %s", strerror(errno));
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-        return 0; /* spurious wake-up */
-    if (n <= 0) {
-        if (n < 0)
-            wk_warn("reading the control socket: %s", strerror(errno));
-        return daemon_gone(w);
-    }
-    if ((size_t)n >= GP_PROTO_HEADER_SIZE && !truncated) {
-        gp_frame_header h;
-        gp_header_decode(buf, &h);
-        if (h.op != GP_OP_WORKER_END && wk_ctl_decode(buf, (size_t)n, h.op) != NULL)
-            return wk_detach_control(w, h.op, buf + GP_PROTO_HEADER_SIZE,
-                                     (size_t)n - GP_PROTO_HEADER_SIZE);
-    }
-    gp_worker_end end;
-    if (wk_ctl_decode(buf, (size_t)n, GP_OP_WORKER_END) == NULL ||
-        gp_worker_end_decode(buf + GP_PROTO_HEADER_SIZE, (size_t)n - GP_PROTO_HEADER_SIZE, &end) !=
-            0) {
-        wk_warn("ignoring an unexpected control message of %zd bytes during a session", n);
-        return 0;
-    }
-    int32_t code = end.code;
-    char text[2048];
-    snprintf(text, sizeof text, "%.*s", (int)end.text_len, end.text);
-    if (!*text)
-        snprintf(text, sizeof text, "the gpupool server ended this session");
-    wk_detach_end_parked(w);
-    wk_log("the server ended the session (%d): %s", code, text);
-    wk_end_session(w, WK_END_SERVER_ENDED, "%s", text);
-    wk_close_client(w, code, text);
-    return -1;
-}
-
-void wk_ctl_send_end(struct worker *w)
-{
-    gp_worker_ended m = {.in_session = w->ctl.in_session ? 1u : 0u,
-                         .session_id = w->ctl.in_session ? w->ctl.session_id : 0};
-    char reason[64], detail[1024];
-    WK_SET_TEXT(m.reason, reason, wk_end_reason_name(w->end_reason));
-    WK_SET_TEXT(m.detail, detail,
-                w->end_reason == WK_END_NONE ? "the connection ended" : w->end_detail);
-    uint8_t lat[8 * WK_LAT_BUCKETS];
-    wk_ctl_counters(w, &m.counters, lat);
-    size_t n = WK_CTL_ENCODE(w, worker_ended, &m);
-    /* An adoptable session writes its end down first: if the daemon goes before it records
-     * this event (or there is none: orphaned), the next one reads the file. */
-    int adoptable = w->ctl.in_session && w->ctl.listen_fd >= 0;
-    if (adoptable)
-        wk_adopt_write_end(w, n, w->ctl.fd < 0);
-    (void)wk_ctl_send(w, n, 0);
 }

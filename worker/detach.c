@@ -17,6 +17,7 @@
  * (prestart.c): the process's exit frees its host memory, and the GPU was scrubbed already.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -143,8 +144,11 @@ int wk_detach_control(struct worker *w, unsigned op, const uint8_t *body, size_t
     }
 }
 
-int wk_detach_client_ready(struct worker *w)
+/* Parked, and the client socket is readable: a frame (ask gpupoold for a GPU) or the client's
+ * end (the session ends as client lost). 0 carry on, -1 stop. */
+static int on_client(void *ctx)
 {
+    struct worker *w = ctx;
     uint8_t c;
     ssize_t r;
     do {
@@ -188,4 +192,19 @@ void wk_detach_daemon_gone(struct worker *w)
     wk_end_session(w, WK_END_SHUTDOWN, "gpupoold went away while the lease was idle");
     wk_close_client(w, CUDA_ERROR_DEVICE_UNAVAILABLE,
                     "the gpupool server stopped while this process idled; this session has ended");
+}
+
+/* Parked, the waits watch the client socket for its next frame only, never read it, and not at
+ * all once that frame has asked for a GPU. */
+static int client_held(void *ctx)
+{
+    const struct worker *w = ctx;
+    if (!w->ctl.parked)
+        return -1;
+    return w->ctl.want_sent ? 0 : POLLIN;
+}
+
+void wk_detach_watch(struct worker *w)
+{
+    wk_reactor_hold_client(&w->reactor, client_held, on_client, w);
 }

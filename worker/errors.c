@@ -1,16 +1,14 @@
 /*
- * errors.c: error names, notices, the deferred ("pending") error and the end of a session
- * (the log lines are log.c's).
+ * errors.c: error names and the deferred ("pending") error (the notices that carry them are
+ * io.c's, the end of a session is end.c's, the log lines are log.c's).
  *
  * Fire-and-forget frames have no reply, so a failure is reported the way the real driver reports
  * asynchronous errors: by the next synchronising call (docs/architecture.md, "Pipelining and
  * deferred errors"). The notice carries the human-readable reason at once.
  */
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "worker.h"
 
@@ -28,20 +26,6 @@ const char *wk_err_name(struct worker *w, CUresult rc)
     static char buf[32];
     snprintf(buf, sizeof buf, "CUresult %d", rc);
     return buf;
-}
-
-void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text)
-{
-    gp_notice n = {0};
-    n.code = code;
-    n.op = op;
-    n.text = text;
-    size_t len = strlen(text);
-    n.text_len = (uint32_t)(len > 4095 ? 4095 : len);
-    size_t size = 16 + gp_notice_size(&n);
-    uint8_t *p = wk_io_reserve(w, size);
-    if (p)
-        gp_notice_frame(p, 0, &n);
 }
 
 int wk_err_is_sticky(CUresult rc)
@@ -110,72 +94,4 @@ CUresult wk_sync_result(struct worker *w, CUresult rc)
         w->pending = CUDA_SUCCESS;
     w->notices = 0;
     return p;
-}
-
-void wk_end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
-{
-    w->closing = 1;
-    if (w->end_reason != WK_END_NONE)
-        return; /* the first cause is the one worth reporting; the rest are its consequences */
-    w->end_reason = reason;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(w->end_detail, sizeof w->end_detail, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        w->end_detail[0] = '\0';
-}
-
-const char *wk_end_reason_name(enum wk_end_reason reason)
-{
-    switch (reason) {
-    case WK_END_CLIENT_EXIT:
-        return "client exit";
-    case WK_END_PROTOCOL_ERROR:
-        return "protocol error";
-    case WK_END_SERVER_ENDED:
-        return "server ended";
-    case WK_END_SHUTDOWN:
-        return "shutdown";
-    case WK_END_WORKER_ERROR:
-        return "worker error";
-    case WK_END_DAEMON_LOST:
-        return "daemon lost";
-    case WK_END_NONE:
-    case WK_END_CLIENT_LOST:
-        break;
-    }
-    return "client lost";
-}
-
-void wk_close_client(struct worker *w, int32_t code, const char *text)
-{
-    if (!w->dead && w->fd >= 0) {
-        if (!w->in_write) { /* in_write: the output buffer is being written, and not read */
-            wk_send_notice(w, code, 0, text);
-            (void)wk_io_flush(w); /* best effort: the client may be gone */
-        }
-        /* The client sees the end now, not after our teardown. */
-        if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK && errno != ENOTCONN)
-            wk_log("shutdown of the client socket failed: %s", strerror(errno));
-    }
-    w->dead = 1;
-}
-
-void wk_protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
-{
-    char text[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        text[0] = '\0';
-    wk_log("protocol error, closing the connection: %s", text);
-    wk_end_session(w, WK_END_PROTOCOL_ERROR, "%s", text);
-    wk_send_notice(w, GP_EPROTO, op, text);
-    /* Shut the socket at once: the client sees the end now, not after our teardown. */
-    if (wk_io_flush(w) == 0 && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK)
-        wk_log("shutdown of the client socket failed: %s", strerror(errno));
-    w->closing = 1;
 }

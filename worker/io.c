@@ -5,23 +5,24 @@
  * client's batch of small frames costs one read() for many frames. Replies accumulate in an
  * output buffer that is written out when the input runs dry (just before we would block waiting
  * for the client, who may be waiting for those replies) or when it grows large. Bulk data is
- * copied straight between the socket and its destination.
+ * copied straight between the socket and its destination. The notices that tell the client why
+ * a call failed or its session ended are written here too. Every wait goes to reactor.c, which
+ * watches the daemon and the signals meanwhile.
  */
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "worker.h"
 
-#define BULK_LOWAT (1 << 20) /* bytes a big upload's reads wait for (SO_RCVLOWAT) */
-/* ...but never longer than this: the kernel may hold fewer back (a window smaller than the mark
- * early in a connection), and a wait for bytes that cannot come would hang the copy. */
-#define LOWAT_WAIT_MS 5
+/* Bytes a big upload's reads wait for (SO_RCVLOWAT); a wait under it is bounded (reactor.c). */
+#define BULK_LOWAT (1 << 20)
 
 int wk_io_init(struct worker *w, int fd, int sigfd)
 {
@@ -43,161 +44,6 @@ void wk_io_free(struct worker *w)
     w->in = w->out = NULL;
 }
 
-static void lost(struct worker *w, const char *what, int err)
-{
-    if (!w->dead)
-        wk_warn("client connection lost (%s: %s)", what, strerror(err));
-    wk_end_session(w, WK_END_CLIENT_LOST, "client connection lost (%s: %s)", what, strerror(err));
-    w->dead = 1;
-}
-
-/* SIGTERM/SIGINT arrived (the daemon stops us, or it died: PR_SET_PDEATHSIG): tell the client,
- * stop serving. */
-static void on_signal(struct worker *w)
-{
-    struct signalfd_siginfo si;
-    ssize_t n = read(w->sigfd, &si, sizeof si);
-    int sig = n == (ssize_t)sizeof si ? (int)si.ssi_signo : 0;
-    wk_detach_end_parked(w);
-    wk_log("%s: ending the session", sig ? strsignal(sig) : "signal");
-    wk_end_session(w, WK_END_SHUTDOWN, "%s: the server is shutting down",
-                   sig ? strsignal(sig) : "signal");
-    if (!w->in_write) { /* else the client is not reading anyway */
-        wk_send_notice(w, CUDA_ERROR_DEVICE_UNAVAILABLE, 0,
-                       "the gpupool server is shutting down; this session has ended");
-        (void)wk_io_flush(w); /* best effort: the client may be gone */
-    }
-    w->dead = 1;
-}
-
-static int io_wait_loop(struct worker *w, short events);
-
-/* Blocks until the client socket is ready for `events`, watching the signalfd and the control
- * socket too (whichever exist), and sending stats when they are due. 0 when the client socket is
- * ready (or hung up / in error: the next read or write tells which); -1 when the session must
- * stop (a termination signal, END, the daemon gone, poll failed). */
-static int io_wait(struct worker *w, short events)
-{
-    /* Waiting for the client's next frame with nothing half done: the one moment a detach may be
-     * agreed (detach.c). */
-    w->ctl.waiting = (events & POLLIN) && !w->in_write && !w->in_call && w->out_len == 0 &&
-                     w->in_end == w->in_pos && w->ctl.in_session;
-    if (w->ctl.waiting)
-        w->ctl.idle_since_ns = wk_now_ns();
-    int rc = io_wait_loop(w, events);
-    w->ctl.waiting = 0;
-    return rc;
-}
-
-static int io_wait_loop(struct worker *w, short events)
-{
-    for (;;) {
-        /* The set is rebuilt each round: the control socket comes and goes (adopt.c). Parked
-         * (detach.c), the client socket is only watched for its next frame, never read, and not
-         * at all once that frame has asked for a GPU. */
-        struct pollfd p[4] = {{.fd = w->fd, .events = events}};
-        if (w->ctl.parked) {
-            p[0].events = POLLIN;
-            if (w->ctl.want_sent)
-                p[0].fd = -1;
-        }
-        nfds_t n = 1;
-        int si = -1, ci = -1, li = -1;
-        if (w->sigfd >= 0) {
-            si = (int)n;
-            p[n++] = (struct pollfd){.fd = w->sigfd, .events = POLLIN};
-        }
-        if (w->ctl.fd >= 0) {
-            ci = (int)n;
-            p[n++] = (struct pollfd){.fd = w->ctl.fd, .events = POLLIN};
-        }
-        if (w->ctl.listen_fd >= 0) {
-            li = (int)n;
-            p[n++] = (struct pollfd){.fd = w->ctl.listen_fd, .events = POLLIN};
-        }
-        if (wk_adopt_check_grace(w) != 0)
-            return -1;
-        int timeout = w->ctl.fd >= 0 ? wk_ctl_stats_tick(w) : -1;
-        int grace = wk_adopt_wait_ms(w);
-        if (grace >= 0 && (timeout < 0 || grace < timeout))
-            timeout = grace;
-        if (w->lowat && (timeout < 0 || timeout > LOWAT_WAIT_MS))
-            timeout = LOWAT_WAIT_MS;
-        int r = poll(p, n, timeout);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            lost(w, "poll", errno);
-            return -1;
-        }
-        if (r == 0 && w->lowat)
-            return 0; /* take what has come (the read does not wait) */
-        if (r == 0)
-            continue; /* stats are due, or the grace is over: the next round sees to it */
-        if (si >= 0 && (p[si].revents & POLLIN)) {
-            on_signal(w);
-            return -1;
-        }
-        if (ci >= 0 && p[ci].revents && wk_ctl_handle(w) != 0)
-            return -1;
-        if (li >= 0 && (p[li].revents & POLLIN))
-            (void)wk_adopt_accept(w);
-        if (p[0].revents && w->ctl.parked) {
-            if (wk_detach_client_ready(w) != 0)
-                return -1;
-            continue;
-        }
-        if (p[0].revents)
-            return 0;
-    }
-}
-
-int wk_io_check(struct worker *w)
-{
-    (void)wk_ctl_stats_tick(w);
-    if (wk_adopt_check_grace(w) != 0)
-        return -1;
-    struct pollfd p[3] = {{.fd = w->ctl.fd, .events = POLLIN},
-                          {.fd = w->sigfd, .events = POLLIN},
-                          {.fd = w->ctl.listen_fd, .events = POLLIN}}; /* fd -1: skipped */
-    int r;
-    do {
-        r = poll(p, 3, 0);
-    } while (r < 0 && errno == EINTR);
-    if (r <= 0)
-        return 0; /* nothing (or poll failed: the next wait will tell) */
-    if (p[1].revents & POLLIN) {
-        on_signal(w);
-        return -1;
-    }
-    if (p[2].revents & POLLIN)
-        (void)wk_adopt_accept(w);
-    return p[0].revents ? wk_ctl_handle(w) : 0;
-}
-
-/* The fd may arrive non-blocking (the daemon's asyncio sockets are); we clear that at start, but
- * if it comes back anyway, wait for readiness instead of spinning. */
-static int wait_fd(struct worker *w, short events)
-{
-    if (w->sigfd >= 0 || w->ctl.fd >= 0 || w->ctl.listen_fd >= 0)
-        return io_wait(w, events);
-    struct pollfd p = {.fd = w->fd, .events = events};
-    for (;;) {
-        int r = poll(&p, 1, w->lowat ? LOWAT_WAIT_MS : -1);
-        if (r >= 0)
-            return 0;
-        if (errno != EINTR) {
-            lost(w, "poll", errno);
-            return -1;
-        }
-    }
-}
-
-int wk_io_wait_client(struct worker *w, short events)
-{
-    return wait_fd(w, events);
-}
-
 /* TLS (w->ssl): write_all and read_some through the session (tls.c). */
 static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
 {
@@ -210,14 +56,14 @@ static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
             n -= (size_t)r;
         } else if (ev) {
             w->in_write = 1; /* as below: the output buffer is being written */
-            int wr = wait_fd(w, ev);
+            int wr = wk_wait_client(w, ev);
             w->in_write = 0;
             if (wr != 0)
                 return -1;
         } else {
             if (!w->dead)
                 wk_warn("TLS write: %s", err);
-            lost(w, "TLS write", EPIPE);
+            wk_client_lost(w, "TLS write", EPIPE);
             return -1;
         }
     }
@@ -228,11 +74,11 @@ static int tls_write_all(struct worker *w, const uint8_t *p, size_t n)
             return 0;
         if (!ev) {
             wk_warn("TLS write: %s", err);
-            lost(w, "TLS write", EPIPE);
+            wk_client_lost(w, "TLS write", EPIPE);
             return -1;
         }
         w->in_write = 1;
-        int wr = wait_fd(w, ev);
+        int wr = wk_wait_client(w, ev);
         w->in_write = 0;
         if (wr != 0)
             return -1;
@@ -253,7 +99,7 @@ static ssize_t tls_read_some(struct worker *w, void *dst, size_t n)
         if (!ev) {
             if (!w->dead)
                 wk_warn("TLS read: %s", err);
-            lost(w, "TLS read", EPROTO);
+            wk_client_lost(w, "TLS read", EPROTO);
             return -1;
         }
         /* Replies go out before we block, never after (as read_some does). */
@@ -262,7 +108,7 @@ static ssize_t tls_read_some(struct worker *w, void *dst, size_t n)
                 return -1;
             continue;
         }
-        if (wait_fd(w, ev) != 0)
+        if (wk_wait_client(w, ev) != 0)
             return -1;
     }
 }
@@ -273,7 +119,7 @@ static int write_all(struct worker *w, const uint8_t *p, size_t n)
         return tls_write_all(w, p, n);
     while (n > 0 && !w->dead) {
         /* MSG_NOSIGNAL: a vanished client is an error return, not a SIGPIPE. In control mode a
-         * write that would block waits in io_wait instead, so that END, the daemon's departure
+         * write that would block waits in the reactor (reactor.c) instead, so that END, the daemon's departure
          * and stats are still seen while a client does not read its replies. */
         int watch = w->ctl.fd >= 0 || w->ctl.listen_fd >= 0;
         ssize_t r = send(w->fd, p, n, MSG_NOSIGNAL | (watch ? MSG_DONTWAIT : 0));
@@ -288,12 +134,12 @@ static int write_all(struct worker *w, const uint8_t *p, size_t n)
             /* p may point into the output buffer: what runs during the wait must not touch it
              * (in_write tells END and signal handling to skip the client's notice). */
             w->in_write = 1;
-            int wr = wait_fd(w, POLLOUT);
+            int wr = wk_wait_client(w, POLLOUT);
             w->in_write = 0;
             if (wr != 0)
                 return -1;
         } else {
-            lost(w, "write", r < 0 ? errno : EPIPE);
+            wk_client_lost(w, "write", r < 0 ? errno : EPIPE);
             return -1;
         }
     }
@@ -361,7 +207,7 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
             if (errno == EINTR)
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOTSOCK) {
-                lost(w, "read", errno);
+                wk_client_lost(w, "read", errno);
                 return -1;
             }
             if (wk_io_flush(w) != 0)
@@ -369,7 +215,7 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
         }
         /* Between reads we watch the signalfd, the control socket and the adoption socket too
          * (when there are). */
-        if ((w->sigfd >= 0 || w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) && io_wait(w, POLLIN) != 0)
+        if (wk_reactor_watching(&w->reactor) && wk_wait_client(w, POLLIN) != 0)
             return -1;
         /* Under a low-water mark, a read must not wait for it (see LOWAT_WAIT_MS). */
         r = w->lowat ? recv(w->fd, dst, n, MSG_DONTWAIT) : read(w->fd, dst, n);
@@ -378,11 +224,11 @@ static ssize_t read_some(struct worker *w, void *dst, size_t n)
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (wait_fd(w, POLLIN) != 0)
+            if (wk_wait_client(w, POLLIN) != 0)
                 return -1;
             continue;
         }
-        lost(w, "read", errno);
+        wk_client_lost(w, "read", errno);
         return -1;
     }
 }
@@ -537,4 +383,52 @@ int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n)
     }
     clear_lowat(w);
     return 0;
+}
+
+/* ---- notices ---------------------------------------------------------------------------- */
+
+void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text)
+{
+    gp_notice n = {0};
+    n.code = code;
+    n.op = op;
+    n.text = text;
+    size_t len = strlen(text);
+    n.text_len = (uint32_t)(len > 4095 ? 4095 : len);
+    size_t size = 16 + gp_notice_size(&n);
+    uint8_t *p = wk_io_reserve(w, size);
+    if (p)
+        gp_notice_frame(p, 0, &n);
+}
+
+void wk_close_client(struct worker *w, int32_t code, const char *text)
+{
+    if (!w->dead && w->fd >= 0) {
+        if (!w->in_write) { /* in_write: the output buffer is being written, and not read */
+            wk_send_notice(w, code, 0, text);
+            (void)wk_io_flush(w); /* best effort: the client may be gone */
+        }
+        /* The client sees the end now, not after our teardown. */
+        if (shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK && errno != ENOTCONN)
+            wk_log("shutdown of the client socket failed: %s", strerror(errno));
+    }
+    w->dead = 1;
+}
+
+void wk_protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        text[0] = '\0';
+    wk_log("protocol error, closing the connection: %s", text);
+    wk_end_session(w, WK_END_PROTOCOL_ERROR, "%s", text);
+    wk_send_notice(w, GP_EPROTO, op, text);
+    /* Shut the socket at once: the client sees the end now, not after our teardown. */
+    if (wk_io_flush(w) == 0 && shutdown(w->fd, SHUT_RDWR) != 0 && errno != ENOTSOCK)
+        wk_log("shutdown of the client socket failed: %s", strerror(errno));
+    w->closing = 1;
 }

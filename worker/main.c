@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -219,22 +218,8 @@ int main(int argc, char **argv)
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         wk_warn("cannot ignore SIGPIPE: %s", strerror(errno));
 
-    /* gpupoold stops workers with SIGTERM: turn it (and SIGINT) into an event the loop sees
-     * while it waits for the client, so the client is told and everything is released. Blocked
-     * before the driver starts its threads, which inherit the mask. */
-    int sigfd = -1;
-    sigset_t stop;
-    if (sigemptyset(&stop) == 0 && sigaddset(&stop, SIGTERM) == 0 &&
-        sigaddset(&stop, SIGINT) == 0 && sigprocmask(SIG_BLOCK, &stop, NULL) == 0) {
-        sigfd = signalfd(-1, &stop, SFD_CLOEXEC);
-        if (sigfd < 0) {
-            wk_warn("signalfd: %s; SIGTERM ends the worker at once", strerror(errno));
-            if (sigprocmask(SIG_UNBLOCK, &stop, NULL) != 0)
-                wk_warn("sigprocmask: %s", strerror(errno));
-        }
-    } else {
-        wk_warn("cannot block SIGTERM: %s", strerror(errno));
-    }
+    /* Before the driver starts its threads, which inherit the signal mask (signals.c). */
+    int sigfd = wk_signals_open();
 
     /* All state of the session; see worker.h for why there is no global state. */
     struct worker *w = calloc(1, sizeof *w);
@@ -242,6 +227,13 @@ int main(int argc, char **argv)
         wk_error("out of memory at start");
         return 1;
     }
+    /* What the waits watch besides the client (reactor.c), in the order they are served when
+     * several are ready: a signal, then the daemon, then a new daemon adopting the session. */
+    if (wk_signals_watch(w) != 0 || wk_ctl_watch(w) != 0 || wk_adopt_watch(w) != 0) {
+        wk_error("the worker's watch table is too small (a bug)");
+        return 1;
+    }
+    wk_detach_watch(w);
     w->simulated = o.simulated;
     w->ctl.fd = -1;
     w->ctl.listen_fd = -1;

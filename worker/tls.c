@@ -165,7 +165,7 @@ int wk_tls_accept(struct worker *w, char *err, size_t cap)
             return gather_writes(w, err, cap);
         int e = SSL_get_error(w->ssl, r);
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-            if (wk_io_wait_client(w, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT) != 0) {
+            if (wk_wait_client(w, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT) != 0) {
                 snprintf(err, cap, "the session ended during the TLS handshake");
                 return -1;
             }

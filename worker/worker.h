@@ -7,13 +7,18 @@
  * passed to every function; there is no global mutable state, so no locks.
  *
  * Files:
- *   main.c      arguments, the hello on stdin (--fd mode), exit codes
+ *   main.c      arguments, the hello on stdin (--fd mode), exit codes, what the waits watch
  *   prestart.c  control mode (--control-fd): set up before any client, take a session, report
- *   control.c   the control channel: worker_end in, events out, periodic stats
+ *   control.c   the control channel: frames in and out, the counters, periodic stats
+ *   control_session.c  what the daemon says during a session (worker_end, its departure, idle
+ *               detach), worker_ended
  *   session.c   driver and device setup, the VA window, the hello reply, teardown
  *   loop.c      the frame loop: header checks, decode, dispatch (the generated table)
- *   io.c        the socket: 1 MiB input buffer, bulk input, output buffer and flushing
- *   errors.c    error names, notices, deferred (pending) errors, the end of a session
+ *   io.c        the socket: 1 MiB input buffer, bulk input, output buffer and flushing, notices
+ *   reactor.c   the waits: the client socket, and what the files below registered meanwhile
+ *   signals.c   SIGTERM/SIGINT as a signalfd the waits watch
+ *   errors.c    error names, deferred (pending) errors
+ *   end.c       why the session ends (the first reason), a lost client connection
  *   objects.c   client ids -> driver handles (idmap.c), lookups and bulk cleanup
  *   h_session.c ping, stats, goodbye, notice, info: session messages, not CUDA calls
  *   h_ctx.c     contexts, limits, primary context reset
@@ -62,6 +67,7 @@
 #include "idmap.h"
 #include "log.h"
 #include "modcache.h"
+#include "reactor.h"
 #include "utf8.h"
 #include "vm.h"
 
@@ -273,6 +279,9 @@ struct worker {
      * (NULL: plain TCP; io.c then makes exactly the system calls it always made) */
     struct ssl_ctx_st *tls_ctx;
     struct ssl_st *ssl;
+
+    /* what the waits watch besides the client socket, registered at start (reactor.c) */
+    struct wk_reactor reactor;
 };
 
 /* Device time of a launch/copy/memset on the simulated device, whose work is done when the call
@@ -333,11 +342,11 @@ static inline CUresult hb_leave(struct worker *w, CUresult rc)
  * `rc = WK_LONG(w, DRV(w, ...))`. */
 #define WK_LONG(w_, call_) (hb_enter(w_), hb_leave((w_), (call_)))
 
-/* ---- errors.c --------------------------------------------------------------------------- */
+/* ---- errors.c (and io.c: the notices; end.c: the end of a session) ------------------------ */
 /* (Log lines: log.h; the clock: clock.h; the client socket's options: sock.h.) */
 /* "CUDA_ERROR_INVALID_VALUE" etc. (driver's name when it has one). Valid until the next call. */
 const char *wk_err_name(struct worker *w, CUresult rc);
-void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text);
+void wk_send_notice(struct worker *w, int32_t code, uint16_t op, const char *text); /* io.c */
 /* A fire-and-forget call failed: keep rc as the pending error (the first wins) and tell the
  * client why in a notice: "<what> failed: <ERROR NAME> (<sim detail>)". */
 void wk_defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what_fmt, ...)
@@ -345,17 +354,20 @@ void wk_defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what
 /* The result of a synchronising call: the pending error instead of success (cleared unless it is
  * sticky), else rc itself. */
 CUresult wk_sync_result(struct worker *w, CUresult rc);
-/* The session ends on our side: tell the client (a notice with code and text, unless a write to
+/* io.c: the session ends on our side: tell the client (a notice with code and text, unless a write to
  * it is in progress), shut the connection so that it sees the end at once, mark it dead. */
 void wk_close_client(struct worker *w, int32_t code, const char *text);
-/* The client broke the protocol: notice (GP_EPROTO) with the reason, flush, stop the loop. */
+/* io.c: the client broke the protocol: notice (GP_EPROTO) with the reason, flush, stop the loop. */
 void wk_protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int wk_err_is_sticky(CUresult rc);
-/* Records why the session ends (the first reason wins) and stops the loop. */
+/* end.c: records why the session ends (the first reason wins) and stops the loop. */
 void wk_end_session(struct worker *w, enum wk_end_reason reason, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *wk_end_reason_name(enum wk_end_reason reason);
+/* end.c: the client connection failed (`what`: the system call, err: its errno): warned once,
+ * the session ends as "client lost", nothing more is read or written. */
+void wk_client_lost(struct worker *w, const char *what, int err);
 
 /* ---- compress.c ------------------------------------------------------------------------ */
 /* The hello: whether the client asked for LZ4 (hello flags) and we can: sets w->cz.on; the
@@ -373,8 +385,8 @@ int wk_cz_write(struct worker *w, const void *src, size_t n, int *raw_run);
 void wk_cz_end(struct worker *w);
 
 /* ---- io.c ------------------------------------------------------------------------------- */
-/* sigfd: a signalfd to watch while waiting for the client (-1: none). The control socket
- * (w->ctl.fd, when >= 0) is watched too. fd may be -1 until a session brings the client. */
+/* sigfd: the signalfd (signals.c; -1: none), kept in w->sigfd for the waits to watch. fd may be
+ * -1 until a session brings the client. */
 int wk_io_init(struct worker *w, int fd, int sigfd);
 void wk_io_free(struct worker *w);
 /* Next frame: 1 with *h and *body (valid until the next io call that reads), 0 on a clean end of
@@ -389,10 +401,6 @@ int wk_io_read_bulk(struct worker *w, void *dst, uint64_t n);
 /* n bytes at the end of the output buffer, or NULL (out of memory: closing is set). */
 uint8_t *wk_io_reserve(struct worker *w, size_t n);
 void wk_io_unreserve(struct worker *w, size_t n);
-/* Control mode, now and then from the frame loop (a busy client may never let the worker wait):
- * stats if due, and a look without waiting at the signalfd and the control socket. 0: carry on;
- * -1: the session must stop. */
-int wk_io_check(struct worker *w);
 /* Writes the output buffer out. 0, or -1 (connection gone: closing is set). */
 int wk_io_flush(struct worker *w);
 /* Flushes, then writes n bytes from p straight to the socket (bulk replies). */
@@ -488,17 +496,16 @@ ssize_t wk_ctl_recv(struct worker *w, void *buf, size_t cap, int *fd, int *trunc
  * second since the last, and a counter changed). Returns the milliseconds to wait at most before
  * the next one is due, or -1 (nothing pending). */
 int wk_ctl_stats_tick(struct worker *w);
-/* The control socket is readable during a session: END (notice to the client, stop), end of
- * stream (the daemon is gone: stop), or a message out of place (logged, ignored). 0: carry on;
- * -1: the loop must stop. */
-int wk_ctl_handle(struct worker *w);
+/* control_session.c: registers the control socket (worker_end, the daemon's departure, idle
+ * detach's messages) and the stats interval with the waits. 0, or -1 (table full). */
+int wk_ctl_watch(struct worker *w);
 /* ---- detach.c (idle detach) --------------------------------------------------------------- */
 /* A control message of idle detach (op: worker_detach_ask, worker_detached, worker_attached;
  * body of n bytes): 0 carry on, -1 the loop must stop. */
 int wk_detach_control(struct worker *w, unsigned op, const uint8_t *body, size_t n);
-/* Parked, and the client socket is readable: a frame (ask gpupoold for a GPU) or the client's
- * end (the session ends as client lost). 0 carry on, -1 stop. */
-int wk_detach_client_ready(struct worker *w);
+/* Registers the hold on the client socket while parked: the waits then watch it for the next
+ * frame only, which asks gpupoold for a GPU, or the client's end (client lost). */
+void wk_detach_watch(struct worker *w);
 /* The session ends while parked (a signal, worker_end, the client or the daemon gone): stop
  * the keepalive notices and unpark, so that the last notice to the client can be written; the
  * exit then makes no driver call (no_driver stays set). */
@@ -507,7 +514,7 @@ void wk_detach_end_parked(struct worker *w);
  * know its GPU is gone); the client is told and the session ends. */
 void wk_detach_daemon_gone(struct worker *w);
 
-/* worker_ended with the counters; an adoptable session writes it to its end record first
+/* control_session.c: worker_ended with the counters; an adoptable session writes it to its end record first
  * (wk_adopt_write_end), for a daemon that goes before it records it. */
 void wk_ctl_send_end(struct worker *w);
 /* The counters of worker_stats, worker_ended and worker_adopted; lat holds the latency counts
@@ -529,13 +536,9 @@ void wk_adopt_close(struct worker *w);
 /* The control socket closed during a session: go on without a daemon if we can be adopted.
  * 0: orphaned, carry on; -1: cannot be adopted, the session ends. */
 int wk_adopt_orphan(struct worker *w);
-/* Milliseconds until the grace period ends (0: over), or -1 when a daemon follows us. */
-int wk_adopt_wait_ms(const struct worker *w);
-/* When the grace period is over: end the session (client told). 0 carry on; -1 ended. */
-int wk_adopt_check_grace(struct worker *w);
-/* The adoption socket is readable: accept, check, take ADOPT, send `adopted`. Always 0 (a bad
- * adoption attempt is refused and changes nothing). */
-int wk_adopt_accept(struct worker *w);
+/* Registers the adoption socket (accept, check, take worker_adopt, send worker_adopted) and
+ * the orphan's grace (over: the session ends, the client is told) with the waits. 0, or -1. */
+int wk_adopt_watch(struct worker *w);
 /* Writes the encoded worker_ended frame (n bytes of w->ctl.out) to <adopt_dir>/lease-<session>.end
  * (atomically; fsynced and logged when `alone`: no daemon follows the session) for whichever
  * daemon records the lease's end. */
@@ -556,9 +559,23 @@ int wk_tls_flush(struct worker *w, short *wait_events, char *err, size_t cap);
 void wk_tls_free(struct worker *w);
 /* The TLS read-ahead buffer and the write buffer in front of the socket, in bytes. */
 #define WK_TLS_BUFFER (256 * 1024)
-/* io.c: wait until the client socket is ready for events (watching the control socket and the
- * signalfd too). 0 ready, -1 the session must stop. */
-int wk_io_wait_client(struct worker *w, short events);
+
+/* ---- reactor.c: the waits (the registry is reactor.h) --------------------------------------- */
+/* Waits until the client socket is ready for `events`, watching what is registered meanwhile and
+ * calling its callbacks (a parked session's client socket goes to its holder). 0 ready (or hung
+ * up / in error: the next read or write tells), -1 the session must stop. */
+int wk_wait_client(struct worker *w, short events);
+/* Control mode, now and then from the frame loop (a busy client may never let the worker wait):
+ * the timers (stats if due), and a look without waiting at what is registered. 0: carry on;
+ * -1: the session must stop. */
+int wk_io_check(struct worker *w);
+
+/* ---- signals.c -------------------------------------------------------------------------- */
+/* Blocks SIGTERM and SIGINT and returns a signalfd for them, or -1 (warned: they then end the
+ * worker at once). */
+int wk_signals_open(void);
+/* Registers the signalfd with the waits: a signal ends the session, the client told. 0, or -1. */
+int wk_signals_watch(struct worker *w);
 
 /* ---- prestart.c ------------------------------------------------------------------------- */
 /* The whole life of a control-mode worker; returns the exit status. */
