@@ -119,7 +119,7 @@ static int write_all(struct worker *w, const uint8_t *p, size_t n)
         return tls_write_all(w, p, n);
     while (n > 0 && !w->dead) {
         /* MSG_NOSIGNAL: a vanished client is an error return, not a SIGPIPE. In control mode a
-         * write that would block waits in the reactor (reactor.c) instead, so that END, the daemon's departure
+         * write that would block waits in reactor.c instead, so that END, the daemon's departure
          * and stats are still seen while a client does not read its replies. */
         int watch = w->ctl.fd >= 0 || w->ctl.listen_fd >= 0;
         ssize_t r = send(w->fd, p, n, MSG_NOSIGNAL | (watch ? MSG_DONTWAIT : 0));

@@ -2,25 +2,37 @@
  * reactor.c: the worker's waits. Whenever the worker must wait for the client socket (its next
  * frame, the rest of a copy's data, room to write replies, a TLS handshake), it waits here, and
  * the wait also watches what was registered (reactor.h): the signalfd (signals.c), the control
- * socket and the stats interval (control_events.c), the adoption socket and the orphan's grace
+ * socket and the stats interval (control_session.c), the adoption socket and the orphan's grace
  * (adopt.c), and a parked session's hold on the client socket (detach.c). This file calls them
  * through their callbacks and names none of them, so that io.c, which waits, depends on none of
  * the files that handle what happens meanwhile.
  *
- * Re-entry: a callback runs inside the wait that saw its descriptor ready, and may itself write
- * to the client (a notice, then a flush), whose wait may run callbacks again. io.c's in_write
- * tells such callbacks that a write is in progress (they then skip the client's notice); the
- * tables here are only read during a wait, so a nested wait is safe. Frame handlers are never
- * called from here: a wait inside a call (a copy reading its bulk) runs only these callbacks.
+ * Re-entry, exactly (worker/README.md "The waits"):
+ * - The frame dispatcher is never re-entered: loop.c's dispatch runs only from wk_worker_loop,
+ *   and nothing here reads a frame or calls a handler. A handler that needs more of the
+ *   client's data (copies: h_copy.c, compress.c; module images: h_module.c) or room for a long
+ *   reply (wk_io_flush, wk_io_write_direct) waits here, inside its call.
+ * - What does run inside such a call: the registered callbacks and timers. They must, or a
+ *   client that stalls in the middle of a copy could not be ended by worker_end, a signal or the
+ *   daemon's departure, and stats would stop during a long upload. None of them consumes client
+ *   input or touches the input buffer (detach.c only peeks, and only when parked). In a call
+ *   (w->in_call) a detach is refused: detach.c parks only from the idle wait, so the hold never
+ *   applies inside a call. An adoption may wait up to 5 s for worker_adopt (adopt.c). A
+ *   callback that ends the session sets closing and dead: the handler's read or write then
+ *   fails, it returns, and the frame loop stops.
+ * - A callback may itself write to the client (a notice, then a flush), whose wait may run
+ *   callbacks again, one level deeper. io.c's in_write tells them that a write is in progress
+ *   (they then skip the client's notice, which would land inside the half-written buffer); the
+ *   tables here are only read during a wait, so a nested wait is safe.
  */
 #include <errno.h>
 #include <poll.h>
 
 #include "worker.h"
 
-/* ...but never longer than this under a low-water mark (io.c sets w->lowat for a big upload):
- * the kernel may hold fewer bytes back than the mark early in a connection, and a wait for bytes
- * that cannot come would hang the copy. */
+/* The longest wait under a low-water mark (io.c sets w->lowat for a big upload): the kernel may
+ * hold fewer bytes back than the mark early in a connection, and a wait for bytes that cannot
+ * come would hang the copy. */
 #define LOWAT_WAIT_MS 5
 
 int wk_reactor_watch(struct wk_reactor *r, const int *fd, int any_event, wk_ready_fn ready,

@@ -354,8 +354,9 @@ void wk_defer_error(struct worker *w, uint16_t op, CUresult rc, const char *what
 /* The result of a synchronising call: the pending error instead of success (cleared unless it is
  * sticky), else rc itself. */
 CUresult wk_sync_result(struct worker *w, CUresult rc);
-/* io.c: the session ends on our side: tell the client (a notice with code and text, unless a write to
- * it is in progress), shut the connection so that it sees the end at once, mark it dead. */
+/* io.c: the session ends on our side: tell the client (a notice with code and text, unless a
+ * write to it is in progress), shut the connection so that it sees the end at once, mark it
+ * dead. */
 void wk_close_client(struct worker *w, int32_t code, const char *text);
 /* io.c: the client broke the protocol: notice (GP_EPROTO) with the reason, flush, stop the loop. */
 void wk_protocol_error(struct worker *w, uint16_t op, const char *fmt, ...)
@@ -514,8 +515,8 @@ void wk_detach_end_parked(struct worker *w);
  * know its GPU is gone); the client is told and the session ends. */
 void wk_detach_daemon_gone(struct worker *w);
 
-/* control_session.c: worker_ended with the counters; an adoptable session writes it to its end record first
- * (wk_adopt_write_end), for a daemon that goes before it records it. */
+/* control_session.c: worker_ended with the counters; an adoptable session writes it to its end
+ * record first (wk_adopt_write_end), for a daemon that goes before it records it. */
 void wk_ctl_send_end(struct worker *w);
 /* The counters of worker_stats, worker_ended and worker_adopted; lat holds the latency counts
  * (little-endian) that c->latency_counts points at. */
