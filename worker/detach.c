@@ -3,7 +3,7 @@
  *
  * gpupoold asks (worker_detach_ask) when a lease looks idle; only the worker can tell whether it
  * is: a client blocked in a long synchronise sends nothing, yet its lease is busy. So the worker
- * answers from its wait for the client's next frame only (io.c sets `waiting` there, with
+ * answers from its wait for the client's next frame only (reactor.c sets `waiting` there, with
  * nothing half read or written), when the client has been silent for the time asked and every
  * stream it created is complete. Having said yes it parks: client frames stay unread in the
  * socket while gpupoold checkpoints this process (gpupool-checkpoint detach: its device memory

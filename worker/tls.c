@@ -8,8 +8,8 @@
  * made at start (--tls-cert, --tls-key, --tls-client-ca), before `ready`, so that a bad file is
  * a set-up failure the operator sees at once, not a refused client.
  *
- * The socket is non-blocking while TLS runs: OpenSSL answers WANT_READ/WANT_WRITE and io.c waits
- * in its usual poll (which also watches the control socket and the signalfd). Read-ahead is on:
+ * The socket is non-blocking while TLS runs: OpenSSL answers WANT_READ/WANT_WRITE and the worker
+ * waits in its usual poll (reactor.c, which also watches the control socket and the signalfd). Read-ahead is on:
  * fewer system calls per record for bulk data; SSL_read answers WANT_READ only when no complete
  * record is buffered, so waiting in poll() then is right.
  *

@@ -191,7 +191,7 @@ struct wk_control {
     uint64_t req_min_memory;
     uint8_t out[4096]; /* the control message being sent (WK_CTL_ENCODE), WK_CTL_MAX bytes */
     /* Idle detach (detach.c). */
-    int waiting;            /* in io_wait for the client's next frame, nothing half done */
+    int waiting;            /* in wk_wait_client for the next frame, nothing half done */
     uint64_t idle_since_ns; /* CLOCK_MONOTONIC when that wait began */
     int parked;             /* said worker_detach_ok: reads no client frame until attached */
     int want_sent;          /* parked and worker_wants_gpu sent: the client has a frame */
