@@ -225,3 +225,32 @@ def test_every_served_message_is_in_the_table_once() -> None:
         defined += [(name, path.name) for name in
                     re.findall(r"^WK_HANDLER\((\w+)\)$", path.read_text(), re.M)]
     assert sorted(defined) == sorted((n, f"h_{g}.c") for n, g in groups.items())
+
+
+# The session group is the connection itself: hello's neighbours are sent by the files that carry
+# the session (connect.c, conn.c, pending.c), not by an entry point. ctx_set_current is sent by
+# the connection in front of the next call whose context differs from the worker's (conn.c),
+# never by cuCtxSetCurrent itself, which only changes the thread's current context.
+CONNECTION_SENT = {"ctx_set_current"}
+
+
+def test_both_ends_of_a_call_are_in_files_of_the_same_name() -> None:
+    """A call of group G is sent from client/shim/api_G.c and served in worker/h_G.c, so one name
+    finds both ends; every api_*.c that sends anything is named after a group."""
+    _, _, _, messages = gen_protocol.load_spec(SPEC)
+    served = [m for m in messages if m.call_class is not None]
+    api = {p.name: p.read_text() for p in sorted((REPO / "client" / "shim").glob("api_*.c"))}
+    senders: dict[str, set[str]] = {}
+    for m in served:
+        senders[m.name] = {name for name, text in api.items()
+                           if re.search(rf"\bgp_{m.name}(_frame)?\b", text)}
+    misplaced = {m.name: sorted(senders[m.name]) for m in served
+                 if m.group != "session" and m.name not in CONNECTION_SENT
+                 and senders[m.name] != {f"api_{m.group}.c"}}
+    assert not misplaced, f"sent from another file than api_<group>.c: {misplaced}"
+    assert not any(senders[m.name] for m in served
+                   if m.group == "session" or m.name in CONNECTION_SENT)
+    groups = {m.group for m in served} - {"session"}
+    sending = {name for name, text in api.items() if any(name in s for s in senders.values())}
+    assert sending == {f"api_{g}.c" for g in groups}
+    assert all((REPO / "worker" / f"h_{g}.c").is_file() for g in groups | {"session"})

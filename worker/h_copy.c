@@ -1,5 +1,5 @@
 /*
- * h_copy.c: host<->device copies.
+ * h_copy.c: host<->device copies, and the device-side ones: device to device and memsets.
  *
  * Large copies go through two pinned staging buffers used alternately, each with an event that
  * completes when the device copy using it is done: while the device copies chunk n out of one
@@ -389,4 +389,72 @@ WK_HANDLER(memcpy_dtoh)
     w->stats.d2h_bytes += m->size;
     w->cz.d2h_raw += m->size;
     w->cz.d2h_wire += m->size;
+}
+
+/* ============================================= device-side copies and memsets == */
+
+WK_HANDLER(memcpy_dtod)
+{
+    CUstream s;
+    CUresult rc = wk_stream_get(w, m->stream, &s);
+    if (rc == CUDA_SUCCESS && m->size > 0)
+        rc = DRV_BUSY(w, cuMemcpyDtoDAsync, m->dst, m->src, m->size, s);
+    if (rc != CUDA_SUCCESS)
+        wk_defer_error(w, GP_OP_MEMCPY_DTOD, rc, "copy of %llu bytes from 0x%llx to 0x%llx",
+                       (unsigned long long)m->size, (unsigned long long)m->src,
+                       (unsigned long long)m->dst);
+}
+
+WK_HANDLER(memset)
+{
+    CUstream s;
+    CUresult rc = wk_stream_get(w, m->stream, &s);
+    if (rc == CUDA_SUCCESS) {
+        /* The synchronous variants are the same operation on the default stream; the client does
+         * not wait for either, so the asynchronous call serves both. */
+        switch (m->elem_size) {
+        case 1:
+            rc = DRV_BUSY(w, cuMemsetD8Async, m->dst, (unsigned char)m->value, m->count, s);
+            break;
+        case 2:
+            rc = DRV_BUSY(w, cuMemsetD16Async, m->dst, (unsigned short)m->value, m->count, s);
+            break;
+        case 4:
+            rc = DRV_BUSY(w, cuMemsetD32Async, m->dst, m->value, m->count, s);
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (rc != CUDA_SUCCESS)
+        wk_defer_error(w, GP_OP_MEMSET, rc, "memset of %llu %u-byte elements at 0x%llx",
+                       (unsigned long long)m->count, m->elem_size, (unsigned long long)m->dst);
+}
+
+WK_HANDLER(memset_2d)
+{
+    CUstream s;
+    CUresult rc = wk_stream_get(w, m->stream, &s);
+    if (rc == CUDA_SUCCESS) {
+        switch (m->elem_size) {
+        case 1:
+            rc = DRV_BUSY(w, cuMemsetD2D8Async, m->dst, m->pitch, (unsigned char)m->value, m->width,
+                          m->height, s);
+            break;
+        case 2:
+            rc = DRV_BUSY(w, cuMemsetD2D16Async, m->dst, m->pitch, (unsigned short)m->value,
+                          m->width, m->height, s);
+            break;
+        case 4:
+            rc =
+                DRV_BUSY(w, cuMemsetD2D32Async, m->dst, m->pitch, m->value, m->width, m->height, s);
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (rc != CUDA_SUCCESS)
+        wk_defer_error(w, GP_OP_MEMSET_2D, rc, "2D memset of %llux%llu %u-byte elements at 0x%llx",
+                       (unsigned long long)m->width, (unsigned long long)m->height, m->elem_size,
+                       (unsigned long long)m->dst);
 }

@@ -1,5 +1,5 @@
 /*
- * h_launch.c: function attributes, occupancy queries and kernel launches.
+ * h_launch.c: kernel launches (function attributes: h_func.c; occupancy queries: h_occupancy.c).
  *
  * A function id is either a CUfunction (module) or a CUkernel (library). The driver accepts a
  * CUkernel cast to CUfunction in launches and occupancy queries, so only the attribute calls,
@@ -11,15 +11,10 @@
 
 #include "worker.h"
 
-static struct wk_obj *func_get(struct worker *w, uint64_t id)
-{
-    return wk_idmap_get(&w->funcs, id);
-}
-
 /* The raw CUlaunchAttribute array from the wire, copied to aligned memory (*out may be NULL when
  * there are none; free it). */
-static CUresult attrs_copy(const uint8_t *blob, uint32_t len, CUlaunchAttribute **out,
-                           unsigned *count)
+CUresult wk_launch_attrs_copy(const uint8_t *blob, uint32_t len, CUlaunchAttribute **out,
+                              unsigned *count)
 {
     *out = NULL;
     *count = 0;
@@ -35,97 +30,9 @@ static CUresult attrs_copy(const uint8_t *blob, uint32_t len, CUlaunchAttribute 
     return CUDA_SUCCESS;
 }
 
-WK_HANDLER(func_get_attribute)
-{
-    gp_func_get_attribute_reply r = {0};
-    struct wk_obj *f = func_get(w, m->func);
-    int v = 0;
-    if (!f)
-        r.result = CUDA_ERROR_INVALID_HANDLE;
-    else if (f->kind == 1)
-        r.result = DRV(w, cuKernelGetAttribute, &v, m->attribute, f->h, w->dev);
-    else
-        r.result = DRV(w, cuFuncGetAttribute, &v, m->attribute, f->h);
-    r.value = r.result == CUDA_SUCCESS ? v : 0;
-    WK_REPLY(w, req, gp_func_get_attribute_reply, &r);
-}
-
-WK_HANDLER(func_set_attribute)
-{
-    gp_func_set_attribute_reply r = {0};
-    struct wk_obj *f = func_get(w, m->func);
-    if (!f)
-        r.result = CUDA_ERROR_INVALID_HANDLE;
-    else if (m->attribute == -1 && f->kind == 1)
-        r.result = DRV(w, cuKernelSetCacheConfig, f->h, m->value, w->dev);
-    else if (m->attribute == -1)
-        r.result = DRV(w, cuFuncSetCacheConfig, f->h, m->value);
-    else if (f->kind == 1)
-        r.result = DRV(w, cuKernelSetAttribute, m->attribute, m->value, f->h, w->dev);
-    else
-        r.result = DRV(w, cuFuncSetAttribute, f->h, m->attribute, m->value);
-    WK_REPLY(w, req, gp_func_set_attribute_reply, &r);
-}
-
-WK_HANDLER(occupancy)
-{
-    gp_occupancy_reply r = {0};
-    struct wk_obj *f = func_get(w, m->func);
-    if (!f) {
-        r.result = CUDA_ERROR_INVALID_HANDLE;
-        WK_REPLY(w, req, gp_occupancy_reply, &r);
-        return;
-    }
-    CUfunction fn = f->h;
-    CUlaunchAttribute *attrs = NULL;
-    int n = 0;
-    size_t smem = 0;
-    switch (m->kind) {
-    case 0:
-        r.result = DRV(w, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, &n, fn,
-                       m->block_size, (size_t)m->dyn_smem, m->flags);
-        r.value = n;
-        break;
-    case 1: /* the block count travels in dyn_smem */
-        if (m->dyn_smem > INT_MAX) {
-            r.result = CUDA_ERROR_INVALID_VALUE;
-            break;
-        }
-        r.result = DRV(w, cuOccupancyAvailableDynamicSMemPerBlock, &smem, fn, (int)m->dyn_smem,
-                       m->block_size);
-        r.value = (int64_t)smem;
-        break;
-    case 2:
-    case 3: {
-        CUlaunchConfig cfg = {0};
-        cfg.gridDimX = m->grid_x;
-        cfg.gridDimY = m->grid_y;
-        cfg.gridDimZ = m->grid_z;
-        cfg.blockDimX = m->block_x;
-        cfg.blockDimY = m->block_y;
-        cfg.blockDimZ = m->block_z;
-        cfg.sharedMemBytes = m->dyn_smem > UINT_MAX ? UINT_MAX : (unsigned)m->dyn_smem;
-        r.result = attrs_copy(m->attrs, m->attrs_len, &attrs, &cfg.numAttrs);
-        cfg.attrs = attrs;
-        if (r.result == CUDA_SUCCESS && m->kind == 2)
-            r.result = DRV(w, cuOccupancyMaxPotentialClusterSize, &n, fn, &cfg);
-        else if (r.result == CUDA_SUCCESS)
-            r.result = DRV(w, cuOccupancyMaxActiveClusters, &n, fn, &cfg);
-        r.value = n;
-        break;
-    }
-    default:
-        r.result = CUDA_ERROR_INVALID_VALUE;
-    }
-    if (r.result != CUDA_SUCCESS)
-        r.value = 0;
-    free(attrs);
-    WK_REPLY(w, req, gp_occupancy_reply, &r);
-}
-
 WK_HANDLER(launch)
 {
-    struct wk_obj *f = func_get(w, m->func);
+    struct wk_obj *f = wk_func_get(w, m->func);
     if (!f) {
         wk_defer_error(w, GP_OP_LAUNCH, CUDA_ERROR_INVALID_HANDLE, "launch of function 0x%llx",
                        (unsigned long long)m->func);
@@ -136,7 +43,7 @@ WK_HANDLER(launch)
     CUlaunchAttribute *attrs = NULL;
     unsigned nattrs = 0;
     if (rc == CUDA_SUCCESS)
-        rc = attrs_copy(m->attrs, m->attrs_len, &attrs, &nattrs);
+        rc = wk_launch_attrs_copy(m->attrs, m->attrs_len, &attrs, &nattrs);
     /* The argument bytes sit at arbitrary alignment in the input buffer; the driver reads them
      * as the kernel's parameter block, so copy them to (malloc-)aligned memory. */
     if (rc == CUDA_SUCCESS && m->params_len > w->params_cap) {

@@ -599,6 +599,16 @@ void wk_obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o);
 /* Reserve / release the client's VA window. 0, or the CUresult (or -1: other address). */
 CUresult wk_va_reserve(struct worker *w);
 void wk_va_release(struct worker *w);
+/* A function (CUfunction, kind 0) or a kernel (CUkernel, kind 1) by its client id, or NULL
+ * (h_func.c, h_launch.c). */
+static inline struct wk_obj *wk_func_get(struct worker *w, uint64_t id)
+{
+    return wk_idmap_get(&w->funcs, id);
+}
+/* The raw CUlaunchAttribute array from the wire, copied to aligned memory (*out may be NULL when
+ * there are none; free it) (h_launch.c, for launches and occupancy queries). */
+CUresult wk_launch_attrs_copy(const uint8_t *blob, uint32_t len, CUlaunchAttribute **out,
+                              unsigned *count);
 /* Waits for and frees the staging buffers and their events (before a context goes away). */
 void wk_staging_release(struct worker *w);
 /* Forgets the staging events if they belong to context id (it is about to be destroyed). */

@@ -208,21 +208,6 @@ static int is_device(uint64_t a)
     return gp_vamap_find(a, &rg) == 0 && (rg.kind == GP_RANGE_DEVICE || rg.kind == GP_RANGE_GLOBAL);
 }
 
-/* Wait for the work queued on `wire` (and so for the detached replies before it: replies come in
- * order). */
-static CUresult wait_stream(uint64_t wire)
-{
-    gp_stream_synchronize m = {.stream = wire};
-    GP_FRAME(buf, len, gp_stream_synchronize, &m);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    gp_reply rep;
-    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
-    GP_FRAME_FREE(buf);
-    gp_reply_free(&rep);
-    return gp_sync_result(r);
-}
-
 static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int is_async,
                          int ptds)
 {
@@ -245,7 +230,7 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
      * device-to-host copy), so wait for the stream first, then copy here. */
     if (!dst || !src)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = wait_stream(wire);
+    CUresult r = gp_stream_wait_wire(wire);
     if (r != CUDA_SUCCESS)
         return r;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
@@ -351,7 +336,7 @@ static CUresult copy_2d(const CUDA_MEMCPY2D *p, CUstream s, int is_async, int pt
     if (r != CUDA_SUCCESS)
         return r;
     if (!src.device && !dst.device) { /* host to host, after the stream's earlier work */
-        r = wait_stream(wire);
+        r = gp_stream_wait_wire(wire);
         for (size_t i = 0; r == CUDA_SUCCESS && i < h; i++)
             memmove((void *)(uintptr_t)(dst.addr + i * dst.pitch),
                     (const void *)(uintptr_t)(src.addr + i * src.pitch), w);
@@ -408,7 +393,7 @@ static CUresult copy_2d(const CUDA_MEMCPY2D *p, CUstream s, int is_async, int pt
         r = dtoh_async((void *)(uintptr_t)(dst.addr + i * dst.pitch), src.addr + i * src.pitch, w,
                        wire);
     if (r == CUDA_SUCCESS && !is_async)
-        r = wait_stream(wire);
+        r = gp_stream_wait_wire(wire);
     return r;
 }
 

@@ -383,3 +383,18 @@ GP_EXPORT CUresult cuStreamGetId_ptsz(CUstream hStream, unsigned long long *stre
 {
     return stream_get_id(gp_ptsz(hStream), streamId);
 }
+
+/* Wait for the work queued on `wire` (and so for the detached replies before it: replies come in
+ * order). */
+CUresult gp_stream_wait_wire(uint64_t wire)
+{
+    gp_stream_synchronize m = {.stream = wire};
+    GP_FRAME(buf, len, gp_stream_synchronize, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    GP_FRAME_FREE(buf);
+    gp_reply_free(&rep);
+    return gp_sync_result(r);
+}

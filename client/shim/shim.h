@@ -96,6 +96,14 @@ CUresult gp_cu_result(int32_t r);
  * process is exiting, the loss error once the connection is gone. Cheap (one atomic load). */
 CUresult gp_check_init(void);
 
+/* Waits for the work queued on stream `wire` (a stream_synchronize round trip), for the copies
+ * that must see it done (api_stream.c). */
+CUresult gp_stream_wait_wire(uint64_t wire);
+
+/* gp_check_init, then a valid device ordinal: CUDA_SUCCESS, else the error to return
+ * (api_init.c). */
+CUresult gp_check_dev(CUdevice dev);
+
 /* Encode generated message `type_` (e.g. gp_launch) pointed to by msgp_ into a frame buffer
  * named buf_ of length len_; small frames live on the stack. Pair with GP_FRAME_FREE. */
 #define GP_FRAME(buf_, len_, type_, msgp_)                                                         \

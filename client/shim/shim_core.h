@@ -1,8 +1,8 @@
 /*
  * shim_core.h: declarations shared by the shim core's own files (the connection: connect.c,
  * conn.c, conn_read.c, conn_write.c, keepalive.c, pending.c, request_ids.c; the local state:
- * state.c, vamap.c, call_entry.c, hooks.c; and api_init.c, api_memory.c, api_stream.c,
- * api_event.c, api_vmm.c...). Other shim code uses shim.h only.
+ * state.c, vamap.c, call_entry.c, hooks.c; and api_init.c, api_ctx.c, api_memory.c,
+ * api_stream.c, api_event.c, api_vmm.c...). Other shim code uses shim.h only.
  */
 #ifndef GP_SHIM_CORE_H
 #define GP_SHIM_CORE_H
