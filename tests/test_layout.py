@@ -326,19 +326,23 @@ def test_the_checker_finds_a_package_cycle(tmp_path: Path, monkeypatch: pytest.M
 # dependency is read from the objects (nm): what one leaves undefined and another defines, weak
 # references included (a weak symbol is a call up that the linker lets go missing). Each folder is
 # one component; calls between components (client/common from client/shim) are not circles.
-C_CIRCLE_FOLDERS = ("client/shim", "client/common", "client/nvml", "common", "worker")
+C_CIRCLE_FOLDERS = ("client/shim", "client/common", "client/nvml", "common", "worker", "worker/sim")
 # Circles known and not yet undone, each the largest set it may span: a circle that grows past
 # its set, or a new one, fails; a set that no longer holds a circle must be deleted here.
 KNOWN_C_CIRCLES = {
-    # Issue 30, item 4 split the configuration reader into units that still call back into
-    # client_config.c for its helpers (gp_cc_warn, gp_cc_visit, gp_cc_getenv).
-    # TODO(issue 30): move those helpers below the units that use them.
-    "client/common": [
-        {"client_config", "client_config_env", "client_config_file", "client_config_keys",
-         "client_config_values"},
-    ],
     # The worker has none: its waits (reactor.c) call what the control, adoption, detach and
     # signal files register, and name none of them (issue 30, item 2).
+    # The simulated device (a test double of the driver, not shipped to clients): cuInit, which
+    # started every part from the base file, is in sim_init.c above them all (issue 30). Left:
+    # stream capture records copies and memsets into the graph being captured, and a graph's
+    # replay runs them and checks its streams (copy, graph, stream); a VMM mapping's bytes live
+    # in sim_memory's segments while its physical allocation is sim_vmm's, and a restore moves
+    # both (memory, vmm). TODO(issue 30): a capture hook registered by sim_graph, and the
+    # restored offset kept in the segment, would undo them.
+    "worker/sim": [
+        {"sim_copy", "sim_graph", "sim_stream"},
+        {"sim_memory", "sim_vmm"},
+    ],
 }
 
 

@@ -10,4 +10,4 @@ CLIENT_COMMON_INC := -I$(CURDIR)/client/common
 # The configuration reader's units (client_config_internal.h says which does what), for the
 # binaries that link the reader without the rest: libgpupool-config.so, its C test, the fuzzers.
 CLIENT_CONFIG_UNITS := client_config.o client_config_file.o client_config_keys.o \
-    client_config_env.o client_config_values.o toml_lexer.o hostport.o
+    client_config_env.o client_config_values.o client_config_hooks.o toml_lexer.o hostport.o

@@ -43,7 +43,7 @@
  * server, over the servers' own compression).
  *
  * Self-contained: no shim state (the NVML shim links this file too). The only static state is
- * the hooks of the load running on this thread (thread-local, so no lock).
+ * the hooks of the load running on this thread (client_config_hooks.c; thread-local, so no lock).
  *
  * The reader is six units (client_config_internal.h says which does what); this one finds and
  * reads the file, then runs the file's reader and the environment's.
@@ -62,40 +62,6 @@
 #include "gp_log.h"
 
 #define MAX_FILE_SIZE (1 << 20)
-
-/* =========================================================================== hooks == */
-
-_Thread_local const gp_config_hooks *gp_cc_hooks;
-
-const char *gp_cc_getenv(const char *name)
-{
-    if (!gp_cc_hooks || !gp_cc_hooks->envp)
-        return getenv(name);
-    size_t n = strlen(name);
-    for (char *const *e = gp_cc_hooks->envp; *e; e++)
-        if (!strncmp(*e, name, n) && (*e)[n] == '=')
-            return *e + n + 1;
-    return NULL;
-}
-
-void gp_cc_warn(const char *fmt, ...)
-{
-    char line[8448];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (gp_cc_hooks && gp_cc_hooks->warn)
-        gp_cc_hooks->warn(gp_cc_hooks->ctx, line);
-    else
-        gp_log_info("%s", line);
-}
-
-void gp_cc_visit(int kind, const char *key, const char *text)
-{
-    if (gp_cc_hooks && gp_cc_hooks->visit)
-        gp_cc_hooks->visit(gp_cc_hooks->ctx, kind, key, text);
-}
 
 /* ======================================================================= the file == */
 

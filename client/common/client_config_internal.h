@@ -6,7 +6,8 @@
  *   client_config_file.c   a file's headers and keys through the table into file_settings
  *   client_config_env.c    the GPUPOOL_* environment on top, key by key
  *   client_config.c        which file, reading it, and the public entry points
- * with client_config_values.c for the value checks they all use (addresses, paths, texts).
+ * with client_config_values.c for the value checks they all use (addresses, paths, texts) and
+ * client_config_hooks.c for the hooks of the running load (environment, warnings, visitor).
  * Everything here is hidden (-fvisibility=hidden): the libraries export only client_config.h.
  */
 #ifndef GP_CLIENT_CONFIG_INTERNAL_H
@@ -21,7 +22,7 @@
 /* Syntax errors end with this: what the subset holds. */
 extern const char gp_cc_supported[];
 
-/* ---- the hooks of the load running on this thread (client_config.c) ------------------------ */
+/* ---- the hooks of the load running on this thread (client_config_hooks.c) ------------------ */
 
 /* Set by gp_client_config_load_with for the duration of the call only; thread-local, so loads
  * on other threads never see them. NULL: none. */

@@ -1,6 +1,7 @@
 /*
- * sim_core.c: initialisation, the global lock, the calling thread's current context and error
- * detail, and the few entry points that work before cuInit (cuDriverGetVersion, the detail).
+ * sim_core.c: the base of the simulated driver: the global lock, the result of cuInit, the
+ * calling thread's current context and error detail, the clock. It calls no other file of the
+ * simulator but the handle table; cuInit, which starts the others, is in sim_init.c.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -16,10 +17,7 @@ struct sim_config sim_cfg;
 
 /* Guards everything below and all state in the other files (see sim_internal.h). */
 static pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool cfg_loaded;
-static CUresult cfg_rc;
-static bool init_done;
-static CUresult init_rc = CUDA_ERROR_NOT_INITIALIZED;
+static CUresult init_rc = CUDA_ERROR_NOT_INITIALIZED; /* sim_init.c sets it, once */
 static char init_error[512]; /* why configuration or cuInit failed, or "" */
 
 /* Which simulated GPU each device ordinal of this process is (identity until a checkpoint is
@@ -156,55 +154,27 @@ uint64_t sim_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* The configuration is read once per process, by cuInit or cuDriverGetVersion, whichever runs
- * first; a failure is remembered like the driver remembers a failed cuInit. */
-static CUresult ensure_config(void)
+/* ---- for sim_init.c: cuInit and cuDriverGetVersion ----------------------------------------- */
+void sim_enter_uninitialised(void)
 {
-    if (!cfg_loaded) {
-        cfg_rc = sim_config_load(&sim_cfg);
-        cfg_loaded = true;
-    }
-    return cfg_rc;
-}
-
-CUresult cuInit(unsigned int Flags)
-{
-    if (Flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
     lock();
     tl_detail[0] = '\0';
-    if (!init_done) {
-        init_done = true;
-        CUresult rc = ensure_config();
-        if (rc == CUDA_SUCCESS && sim_cfg.device_count == 0)
-            rc = CUDA_ERROR_NO_DEVICE;
-        if (rc == CUDA_SUCCESS)
-            rc = sim_memory_init();
-        if (rc == CUDA_SUCCESS)
-            rc = sim_ctx_create_primaries();
-        for (int d = 0; d < SIM_MAX_DEVICES; d++)
-            phys_of[d] = d;
-        if (rc == CUDA_SUCCESS)
-            sim_checkpoint_listen(); /* a failure is said on stderr; the rest works without it */
-        init_rc = rc;
-    }
-    if (init_rc != CUDA_SUCCESS && init_error[0])
-        sim_detail("%s", init_error);
-    return sim_leave(init_rc);
 }
 
-CUresult cuDriverGetVersion(int *driverVersion)
+void sim_set_init_result(CUresult rc)
 {
-    if (!driverVersion)
-        return CUDA_ERROR_INVALID_VALUE;
-    lock();
-    tl_detail[0] = '\0';
-    CUresult rc = ensure_config();
-    if (rc == CUDA_SUCCESS)
-        *driverVersion = sim_cfg.driver_version;
-    else if (init_error[0])
+    init_rc = rc;
+}
+
+CUresult sim_init_result(void)
+{
+    return init_rc;
+}
+
+void sim_detail_init_error(void)
+{
+    if (init_error[0])
         sim_detail("%s", init_error);
-    return sim_leave(rc);
 }
 
 /* ---- the current context (used by sim_context.c) ----------------------------------------- */

@@ -115,6 +115,14 @@ extern struct sim_config sim_cfg; /* valid once initialised; read-only afterward
 
 /* Lock, check cuInit has succeeded, clear the thread's error detail. Unlocks on failure. */
 CUresult sim_enter(void);
+/* For cuInit and cuDriverGetVersion (sim_init.c): take the lock and clear the detail, whether or
+ * not cuInit has succeeded; sim_leave releases it. */
+void sim_enter_uninitialised(void);
+/* cuInit's result, set once by sim_init.c (sim_enter refuses every call until it is success). */
+void sim_set_init_result(CUresult rc);
+CUresult sim_init_result(void);
+/* The detail of the last call becomes why configuration or cuInit failed, if it did. */
+void sim_detail_init_error(void);
 /* sim_enter() and also require a current, usable context (returned in *ctx). The context's sticky
  * error, if any, is returned (unlocked) as the driver returns it from every later call. */
 CUresult sim_enter_ctx(struct sim_ctx **ctx);
