@@ -417,6 +417,38 @@ async def test_async_store_round_trip(store: Store) -> None:
         await store.revoke_token("nobody", actor="x")
 
 
+async def test_records_made_while_the_database_is_away_are_written_in_order_once_it_is_back(
+        sqlite_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record (lease event) that fails with the database away is kept, with the records made
+    after it, keyword arguments included, and all are written in order when it answers again."""
+    import gpupoold.store.database as database
+    monkeypatch.setattr(database, "PENDING_RETRY_S", 0.02)
+    store = sqlite_store
+    lease_id = await store.lease_started(new_lease())
+    real = store._db.lease_event
+    away = True
+
+    def lease_event(*args: object, **kwargs: object) -> None:
+        if away:
+            raise sqlite3.OperationalError("database is locked")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    lease_event.__name__ = "lease_event"
+    monkeypatch.setattr(store._db, "lease_event", lease_event)
+    await store.lease_event(lease_id, 1.0, "detached", 0, "first", 1, 0.0)
+    await store.lease_event(lease_id, 2.0, "attached", gpu_index=1, detail="second", detaches=1,
+                            detached_s=1.0)
+    assert store.pending == 2 and await store.lease_events(lease_id) == []
+    away = False
+    for _ in range(200):
+        if store.pending == 0:
+            break
+        await asyncio.sleep(0.01)
+    events = await store.lease_events(lease_id)
+    assert [(e["state"], e["gpu"], e["detail"]) for e in events] == [
+        ("detached", 0, "first"), ("attached", 1, "second")]
+
+
 async def test_calls_run_on_one_thread_that_is_not_the_event_loop(store: Store) -> None:
     threads = {await store._run(threading.get_ident) for _ in range(5)}
     assert len(threads) == 1 and threading.get_ident() not in threads

@@ -33,11 +33,11 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from gpupoold.store import fleet, postgres
 from gpupoold.store.tokens import (
@@ -782,6 +782,38 @@ class StoreDB:
 
 
 # --------------------------------------------------------------------- the asynchronous store
+P = ParamSpec("P")
+
+
+class _StoreCall(Generic[P, T]):
+    """A call of `Store` made from `StoreDB`'s method `fn` (see the table in `Store`)."""
+
+    def __init__(self, fn: Callable[Concatenate[StoreDB, P], T], record: bool) -> None:
+        self.fn = fn
+        self.record = record
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, store: Store, owner: type | None = None) -> Callable[P, Awaitable[T]]:
+        method = getattr(store._db, self.fn.__name__)
+        if self.record:
+            async def record(*args: P.args, **kwargs: P.kwargs) -> T:
+                await store._record(method, *args, **kwargs)
+                return None  # type: ignore[return-value]  # records return nothing
+            return record
+
+        async def query(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await store._run(method, *args, **kwargs)
+        return query
+
+
+def _query(fn: Callable[Concatenate[StoreDB, P], T]) -> _StoreCall[P, T]:
+    return _StoreCall(fn, record=False)
+
+
+def _record_call(fn: Callable[Concatenate[StoreDB, P], None]) -> _StoreCall[P, None]:
+    return _StoreCall(fn, record=True)
+
+
 class Store:
     """The daemon's store: every call runs on the store's own thread, one at a time."""
 
@@ -791,7 +823,7 @@ class Store:
         self._closed = False
         # Records (lease ends, scrubs, events, audit) the database could not take yet: written
         # in order once it is back (`_record`), so that an outage loses none.
-        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
@@ -833,18 +865,19 @@ class Store:
         if self._pending:
             log.error("the store closes with %d record(s) it could not write (the database "
                       "was unreachable): %s", len(self._pending),
-                      "; ".join(f"{fn.__name__}{args[:2]}" for fn, args in self._pending))
+                      "; ".join(f"{fn.__name__}{args[:2]}" for fn, args, _ in self._pending))
         self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._db.close)
         await asyncio.to_thread(self._executor.shutdown, True)
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._closed:
             raise StoreClosed("the store is closed")
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+            return await loop.run_in_executor(self._executor,
+                                              functools.partial(fn, *args, **kwargs))
         except RuntimeError as exc:  # submitted after the executor was shut down
             if self._closed:
                 raise StoreClosed("the store is closed") from exc
@@ -855,11 +888,11 @@ class Store:
         """Records waiting for the database to come back."""
         return len(self._pending)
 
-    async def _record(self, fn: Callable[..., Any], *args: Any) -> None:
+    async def _record(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Write a record now, or (the database unreachable) as soon as it is back, in order."""
         if not self._pending:
             try:
-                await self._run(fn, *args)
+                await self._run(fn, *args, **kwargs)
                 return
             except store_errors() as exc:
                 if isinstance(exc, StoreClosed):
@@ -867,14 +900,14 @@ class Store:
                 log.error("the store cannot be reached (%s): %s kept in memory and written "
                           "when it is back", str(exc).strip() or type(exc).__name__,
                           fn.__name__)
-        self._pending.append((fn, args))
+        self._pending.append((fn, args, kwargs))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="store-pending")
 
     async def _flush_once(self) -> None:
         while self._pending:
-            fn, args = self._pending[0]
-            await self._run(fn, *args)
+            fn, args, kwargs = self._pending[0]
+            await self._run(fn, *args, **kwargs)
             self._pending.pop(0)
 
     async def _flush(self) -> None:
@@ -885,106 +918,48 @@ class Store:
             except store_errors():
                 continue
             except Exception:  # a record the database refuses for itself: not retried forever
-                fn, args = self._pending.pop(0)
+                fn, args, _ = self._pending.pop(0)
                 log.exception("record %s%s could not be written; dropped", fn.__name__,
                               args[:2])
         log.warning("the store is reachable again: the records kept meanwhile are written")
 
-    # tokens
-    async def create_token(self, name: str, role: str, expires: float | None,
-                           actor: str) -> tuple[TokenRecord, str]:
-        return await self._run(self._db.create_token, name, role, expires, actor)
+    # The calls: each runs StoreDB's method of the same name on the store's thread, with
+    # StoreDB's own signature (one source: nothing here repeats a parameter list). A query
+    # returns what the database says, or raises; a record is written in order, kept in memory
+    # while the database is unreachable (`_record`).
+    create_token = _query(StoreDB.create_token)
+    replace_token = _query(StoreDB.replace_token)
+    list_tokens = _query(StoreDB.list_tokens)
+    get_token = _query(StoreDB.get_token)
+    revoke_token = _query(StoreDB.revoke_token)
+    verify_token = _query(StoreDB.verify_token)
+    touch_token = _query(StoreDB.touch_token)
+    lease_started = _query(StoreDB.lease_started)
+    lease_ended = _record_call(StoreDB.lease_ended)
+    lease_scrubbed = _record_call(StoreDB.lease_scrubbed)
+    open_leases = _query(StoreDB.open_leases)
+    lease_event = _record_call(StoreDB.lease_event)
+    lease_events = _query(StoreDB.lease_events)
+    unscrubbed_last_leases = _query(StoreDB.unscrubbed_last_leases)
+    gpu_states = _query(StoreDB.gpu_states)
+    save_gpu_states = _query(StoreDB.save_gpu_states)
+    leases = _query(StoreDB.leases)
+    get_lease = _query(StoreDB.get_lease)
+    server_up = _query(StoreDB.server_up)
+    server_heartbeat = _query(StoreDB.server_heartbeat)
+    server_down = _query(StoreDB.server_down)
+    silent_servers = _query(StoreDB.silent_servers)
+    servers = _query(StoreDB.servers)
+    fleet_sync = _query(StoreDB.fleet_sync)
+    fleet_snapshot = _query(StoreDB.fleet_snapshot)
+    audit_log = _query(StoreDB.audit_log)
 
-    async def replace_token(self, name: str, role: str, actor: str) -> tuple[TokenRecord, str]:
-        return await self._run(self._db.replace_token, name, role, actor)
-
-    async def list_tokens(self) -> list[TokenRecord]:
-        return await self._run(self._db.list_tokens)
-
-    async def get_token(self, name: str) -> TokenRecord | None:
-        return await self._run(self._db.get_token, name)
-
-    async def revoke_token(self, name: str, actor: str) -> TokenRecord:
-        return await self._run(self._db.revoke_token, name, actor)
-
-    async def verify_token(self, secret: str) -> TokenCheck:
-        return await self._run(self._db.verify_token, secret)
-
-    async def touch_token(self, token_id: str, when: float) -> None:
-        await self._run(self._db.touch_token, token_id, when)
-
-    # leases
-    async def lease_started(self, lease: NewLease) -> int:
-        return await self._run(self._db.lease_started, lease)
-
-    async def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
-                          bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
-                          module_bytes: int = 0) -> None:
-        await self._record(self._db.lease_ended, lease_id, ended, reason, detail, bytes_h2d,
-                           bytes_d2h, calls, module_bytes)
-
-    async def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:
-        await self._record(self._db.lease_scrubbed, lease_id, ok, result)
-
-    async def open_leases(self) -> list[LeaseRecord]:
-        return await self._run(self._db.open_leases)
-
-    async def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
-                          detail: str, detaches: int, detached_s: float) -> None:
-        await self._record(self._db.lease_event, lease_id, at, state, gpu_index, detail,
-                           detaches, detached_s)
-
-    async def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
-        return await self._run(self._db.lease_events, lease_id)
-
-    async def unscrubbed_last_leases(self) -> list[LeaseRecord]:
-        return await self._run(self._db.unscrubbed_last_leases)
-
-    # GPU state
-    async def gpu_states(self) -> dict[str, dict[str, Any]]:
-        return await self._run(self._db.gpu_states)
-
-    async def save_gpu_states(self, states: dict[str, dict[str, Any]],
-                              gpus: Collection[str]) -> None:
-        await self._run(self._db.save_gpu_states, states, gpus)
-
-    async def leases(self, state: str = "all", limit: int = 100, before: int | None = None,
-                     filters: LeaseFilter | None = None) -> list[LeaseRecord]:
-        return await self._run(self._db.leases, state, limit, before, filters)
-
-    async def get_lease(self, lease_id: int) -> LeaseRecord | None:
-        return await self._run(self._db.get_lease, lease_id)
-
-    # audit
     @property
     def server(self) -> str:
         return self._db.server
 
-    async def server_up(self, remoting: str, http: str, now: float,
-                        reg: ServerRegistration | None = None) -> None:
-        await self._run(self._db.server_up, remoting, http, now, reg)
-
-    async def server_heartbeat(self, now: float) -> bool:
-        return await self._run(self._db.server_heartbeat, now)
-
-    async def server_down(self, name: str, now: float, reason: str, end_leases: bool = True,
-                          ) -> int | None:
-        return await self._run(self._db.server_down, name, now, reason, end_leases)
-
-    async def silent_servers(self, before: float) -> list[str]:
-        return await self._run(self._db.silent_servers, before)
-
-    async def servers(self) -> list[dict[str, Any]]:
-        return await self._run(self._db.servers)
-
-    async def fleet_sync(self, inp: fleet.SyncInput, match: fleet.Matcher) -> fleet.SyncResult:
-        return await self._run(self._db.fleet_sync, inp, match)
-
-    async def fleet_snapshot(self) -> tuple[list[fleet.GpuRow], list[fleet.QueueRow]]:
-        return await self._run(self._db.fleet_snapshot)
-
+    # The one call with more than StoreDB's: the time of the audit record is taken here, when
+    # the action happened, not when a database that was away takes the record.
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         await self._record(self._db.audit, actor, action, target, detail, time.time())
 
-    async def audit_log(self, limit: int = 100, before: int | None = None) -> list[AuditRecord]:
-        return await self._run(self._db.audit_log, limit, before)
