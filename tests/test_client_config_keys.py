@@ -4,6 +4,7 @@ docs/client-configuration.md's table and `gpupool config --help` come from it.""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,20 @@ def test_config_help_lists_every_key(keys: list[config_keys.ConfigKey]) -> None:
         label = f"{config_keys.TABLE_HEADERS[k.table]} {k.name}".strip()
         assert any(x.startswith(f"  {label} ") and k.doc in x and k.env in x for x in lines), (
             k, out)
+
+
+def test_the_user_guide_names_every_variable_the_client_reads(
+        keys: list[config_keys.ConfigKey]) -> None:
+    """docs/user-guide.md's table of environment variables has a row for each variable of the
+    key table and each GPUPOOL_* the client's C code reads (the shims, the reader), so a new one
+    cannot reach users undocumented."""
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    rows = "\n".join(line for line in guide.splitlines() if line.startswith("| `GPUPOOL_"))
+    documented = set(re.findall(r"`(GPUPOOL_[A-Z_]+)`", rows))
+    read: set[str] = set()
+    for folder in ("client/shim", "client/common", "client/nvml"):
+        for path in (REPO / folder).glob("*.c"):
+            read |= set(re.findall(r'"(GPUPOOL_[A-Z_]+)"', path.read_text()))
+    wanted = {k.env for k in keys if k.env} | read
+    assert len(read) > 15, sorted(read)
+    assert not wanted - documented, f"not in docs/user-guide.md's table: {sorted(wanted - documented)}"
