@@ -22,7 +22,13 @@ from pathlib import Path
 
 from gpupoold.config.settings import Settings
 from gpupoold.gpu.nvml import Nvml, NvmlDevice, NvmlUnavailable
-from gpupoold.gpu.sim import format_uuid, sim_pci_bus, sim_uuid, write_sim_config
+from gpupoold.gpu.sim import (
+    SimMemoryError,
+    format_uuid,
+    sim_pci_bus,
+    sim_uuid,
+    write_sim_config,
+)
 
 log = logging.getLogger("gpupoold.gpus")
 
@@ -90,8 +96,11 @@ def sim_pci_bus_id(index: int) -> str:
 def simulated_gpus(settings: Settings, count: int, sim_lib: Path | None) -> tuple[Gpu, ...]:
     gpus = []
     for i in range(count):
-        conf = write_sim_config(settings.state_dir, i, settings.sim_name, settings.sim_memory_gib,
-                                count)
+        try:
+            conf = write_sim_config(settings.state_dir, i, settings.sim_name,
+                                    settings.sim_memory_gib, count)
+        except SimMemoryError as exc:
+            raise InventoryError(str(exc)) from None
         gpus.append(Gpu(index=i, name=settings.sim_name, uuid=format_uuid(sim_uuid(i)),
                         simulated=True, driver=str(sim_lib) if sim_lib else "", ordinal=0,
                         env={"GPUPOOL_SIM_CONFIG": str(conf)},

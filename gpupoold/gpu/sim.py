@@ -68,6 +68,38 @@ def sim_memory_dir(state_dir: Path) -> Path:
     return state_dir / "sim"
 
 
+class SimMemoryError(Exception):
+    """The simulated GPUs' memory folder cannot be trusted; the message says why and what to do."""
+
+
+def private_memory_folder(folder: Path) -> None:
+    """Make `folder` (mode 0700) for tenants' simulated device memory, or accept the one there
+    only if it is a real folder (not a link) of this user, closed to others. /dev/shm is writable
+    by every user and the folder's name is predictable: one made in advance by someone else, or
+    a link to theirs, would let them read every tenant's memory, or have the daemon and its
+    workers write where the link points. SimMemoryError when it is not ours."""
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = folder.lstat()
+    uid = os.getuid()
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder"
+    elif st.st_uid != uid:
+        problem = f"belongs to uid {st.st_uid}, not to gpupoold's user (uid {uid})"
+    else:
+        if st.st_mode & 0o077:  # ours, made by an older version or by hand: closed now
+            os.chmod(folder, 0o700, follow_symlinks=False)
+        return
+    raise SimMemoryError(
+        f"the simulated GPUs' memory folder {folder} {problem}: someone may have made it to read "
+        f"tenants' device memory, so nothing was written there. Check who made it, remove it "
+        f"(rm -r {folder}) and start gpupoold again")
+
+
 def sim_memory_file(state_dir: Path, index: int) -> Path:
     """Where simulated GPU `index` keeps its device memory."""
     return sim_memory_dir(state_dir) / f"gpu{index}.mem"
@@ -101,7 +133,7 @@ def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int,
     folder.mkdir(parents=True, exist_ok=True)
     # The sim refuses relative paths: workers and scrubs do not run in the daemon's directory.
     memory_file = sim_memory_file(state_dir.resolve(), index)
-    memory_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_memory_folder(memory_file.parent)
     owner = memory_file.parent / STATE_DIR_NOTE
     if not owner.exists():  # says whose memory this is (tests clean up by it)
         owner.write_text(f"{state_dir.resolve()}\n")

@@ -65,8 +65,10 @@ CUresult sim_memfile_init(void)
     stride = (sim_cfg.total_memory + PAGE - 1) / PAGE * PAGE;
     usable = sim_cfg.total_memory / PAGE * PAGE;
     uint64_t want = stride * (uint64_t)sim_cfg.device_count;
-    /* 0600: the file holds tenants' data, exactly what the scrub exists to protect. */
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    /* 0600: the file holds tenants' data, exactly what the scrub exists to protect. Never
+     * through a link, and only a file of our own: the folder may be in /dev/shm, where any
+     * user could have put either there first (gpupoold also checks the folder). */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         sim_init_fail("cannot open the memory file %s (key memory_file): %s; check that its "
                       "directory exists and is writable",
@@ -81,6 +83,8 @@ CUresult sim_memfile_init(void)
         why = "fstat";
     } else if (!S_ISREG(st.st_mode)) {
         why = "not a regular file";
+    } else if (st.st_uid != geteuid()) {
+        why = "belongs to another user (remove it: someone may be reading tenants' memory)";
     } else if ((uint64_t)st.st_size < want && ftruncate(fd, (off_t)want) != 0) {
         /* Only ever grown: shrinking would pull pages from under another process mapping it. */
         err = errno;
@@ -110,10 +114,14 @@ static int fd_at(uint64_t off, uint64_t *real)
         return -1;
     if (peer_fd[k] == 0) {
         const char *path = sim_cfg.peers[k].memory_file;
-        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 ||
-            ((uint64_t)st.st_size < stride && ftruncate(fd, (off_t)stride) != 0)) {
+        int bad = fd < 0 || fstat(fd, &st) != 0;
+        if (!bad && (!S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
+            bad = 1;
+            errno = EPERM; /* not a file of ours (the same rule as our own memory file) */
+        }
+        if (bad || ((uint64_t)st.st_size < stride && ftruncate(fd, (off_t)stride) != 0)) {
             fprintf(stderr, "gpupool-sim: cannot use the memory file %s of peer GPU %llu: %s\n",
                     path, (unsigned long long)k, strerror(errno));
             if (fd >= 0 && close(fd) != 0)
