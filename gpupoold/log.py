@@ -18,6 +18,7 @@ import os
 import socket
 import struct
 import sys
+import unicodedata
 from typing import TextIO
 
 # journald's socket for its native protocol.
@@ -158,3 +159,13 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
     if level != "debug":
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def printable(text: str) -> str:
+    """`text` with every control and format character (C0, C1, DEL; bidirectional overrides and
+    other invisible formatting) replaced by '?': what a client says of itself is shown to
+    operators and other tenants, in terminals, journals and pages, where an escape sequence
+    would act (recolour, retitle, hide text) and a newline would forge a log line."""
+    if text.isprintable():
+        return text
+    return "".join("?" if unicodedata.category(ch) in ("Cc", "Cf") else ch for ch in text)

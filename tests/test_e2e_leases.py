@@ -315,3 +315,29 @@ def test_queue_timeout_and_position_notices(start_daemon: Any, native_build: Pat
     holder.communicate()
     status = server.get_json("/api/v1/status")
     assert json.dumps(status["counters"]).count("queue timeout") == 1
+
+
+def test_escapes_and_newlines_in_a_program_name_reach_no_view_and_no_log_line(
+        gpupool_server: GpupoolServer, hold_gpu: Path) -> None:
+    """A tenant's command line is shown to operators and other tenants (views, the journal):
+    escape sequences and newlines in it are replaced where the hello is read (issue 29)."""
+    server = gpupool_server
+    argv0 = "evil\x1b]0;owned\x07\x1b[31m\nINFO forged line\u202e"
+    proc = subprocess.Popen([argv0, str(16 * MIB), "8000", "21"], executable=str(hold_gpu),
+                            env=server.client_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None and "holding" in proc.stdout.readline()
+        [lease] = server.get_json("/api/v1/leases?state=active")["leases"]
+        program = lease["client"]["program"] if "client" in lease else lease["program"]
+        assert program.startswith("evil?]0;owned??[31m?INFO forged line?"), program
+        shown = json.dumps(server.get_json("/api/v1/gpus")) + json.dumps(
+            server.get_json("/api/v1/queue")) + json.dumps(lease)
+        log = server.log_text()
+        for bad in ("\x1b", "\x07", "\u202e"):
+            assert bad not in shown and bad not in log
+        assert "owned" in log  # the lease's log line names the program, cleaned
+        assert not [line for line in log.splitlines() if line.startswith("INFO forged")]
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -17,6 +17,20 @@ static void log_line(int priority, const char *fmt, va_list ap)
     int n = vsnprintf(line, sizeof line, fmt, ap);
     if (n < 0)
         return;
+    /* Lines quote what clients sent (a program's name, a module's error log): nothing of it may
+     * break the line (a forged log line) or reach a terminal as an escape. Newlines and tabs
+     * become spaces, every other control byte (C0, DEL, UTF-8's C1) '?'. */
+    size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)line[i];
+        if (c == '\n' || c == '\t')
+            line[i] = ' ';
+        else if (c < 0x20 || c == 0x7f)
+            line[i] = '?';
+        else if (c == 0xc2 && i + 1 < len && (unsigned char)line[i + 1] >= 0x80 &&
+                 (unsigned char)line[i + 1] <= 0x9f)
+            line[i] = line[i + 1] = '?';
+    }
 #ifdef WK_LOG_QUIET
     /* The fuzzing build (tests/fuzz/fuzz.mk): millions of sessions; the line is still formatted. */
     (void)priority;

@@ -16,18 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupoold.gpu.inventory import Gpu
+from gpupoold.log import printable
 from gpupoold.pool.requirements import Requirements
 
 
 @dataclass(frozen=True)
 class ClientInfo:
-    """Who a client is, from its hello and its connection."""
+    """Who a client is, from its hello and its connection; the texts made printable (every
+    way in: the hello, the store's records of a lease taken over, the fleet's queue)."""
 
     host: str
     user: str
     pid: int
     program: str
     peer: str
+
+    def __post_init__(self) -> None:
+        for name in ("host", "user", "program", "peer"):
+            object.__setattr__(self, name, printable(getattr(self, name)))
 
     def describe(self) -> str:
         return f"{self.user}@{self.host} pid {self.pid} ({self.program or '?'}) from {self.peer}"

@@ -44,7 +44,7 @@ import gpupool_protocol as gp
 
 from gpupoold.gpu.environment import driver_environment
 from gpupoold.gpu.inventory import Gpu
-from gpupoold.log import journal_fields
+from gpupoold.log import journal_fields, printable
 from gpupoold.workers import control
 from gpupoold.workers.process import WorkerProcess
 from gpupoold.workers.state_dir import WorkerDir
@@ -482,7 +482,8 @@ class Worker:
                     line = await stream.read(OUTPUT_LINE_LIMIT)
                 if not line:
                     return
-                level, text = worker_line(line.decode(errors="replace").rstrip("\n"))
+                # printable: the worker quotes what a client sent (its program, its errors)
+                level, text = worker_line(printable(line.decode(errors="replace").rstrip("\n")))
                 wlog.log(level, "%s %s", self.label, text,
                          extra=journal_fields(self.session_id, self.gpu.index))
         except OSError as exc:
