@@ -460,3 +460,14 @@ def test_the_day_view_counts_leased_hours_and_queue_waits() -> None:
     assert view.wait[0] is None  # the lease of GPU 1 started before the day
     rects = bars(view.leased[0], 300.0, 60.0, 1.0)
     assert [r[3] for r in rects] == [30.0, 60.0, 15.0] and all(r[2] > 0 for r in rects)
+
+
+def test_the_wait_bars_draw_no_wait_under_a_second_and_scale_to_at_least_one() -> None:
+    """A lease nobody waited for still spends milliseconds between joining the queue and the
+    worker taking it (tens on a loaded machine): the last-day chart, whose caption counts whole
+    seconds, draws no bar for it; real waits are scaled to the peak, never to less than 1 s."""
+    from gpupoold.dashboard.payload import CHART_H, wait_bars
+    assert wait_bars([None, 0.004, 0.033, 0.9]) == []
+    assert [r[3] for r in wait_bars([0.033, 1.0])] == [CHART_H]  # the 1 s peak is full height
+    assert [r[3] for r in wait_bars([2.0, 4.0, 0.5])] == [CHART_H / 2, CHART_H]
+    assert [r[3] for r in wait_bars([1.0])] == [CHART_H]

@@ -79,6 +79,16 @@ def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def wait_bars(waits: list[float | None]) -> list[tuple[float, float, float, float]]:
+    """The queue-wait bars of the last day: scaled to the peak wait but to no less than 1 s, and
+    none for an hour whose mean wait is under a second ("0s" in the caption's words: the time
+    from joining the queue to the worker taking the client, a few to a few tens of milliseconds
+    when nobody waited, is not a wait to draw)."""
+    top = max((w for w in waits if w is not None), default=0.0)
+    shown = [w if w is not None and w >= 1.0 else None for w in waits]
+    return bars(shown, CHART_W, CHART_H, max(top, 1.0))
+
+
 async def day_charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     """The overview's "last day" charts, from the stored lease history (one query per page
     load, in the store's thread): each GPU's share of every hour it was leased, and the mean
@@ -91,7 +101,7 @@ async def day_charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[s
     return {"width": CHART_W, "height": CHART_H, "start": view.start,
             "leased": {g: bars(v, CHART_W, CHART_H, 1.0) for g, v in view.leased.items()},
             "leased_total": {g: round(sum(v), 1) for g, v in view.leased.items()},
-            "wait": bars(view.wait, CHART_W, CHART_H, top_wait), "wait_top": top_wait,
+            "wait": wait_bars(view.wait), "wait_top": top_wait,
             "leases": len(records)}
 
 
