@@ -2,6 +2,8 @@
 # `make test` (and CI, via .ci/run): venv, native builds (plain and ASan+UBSan), lint, tests.
 # Exits non-zero when anything fails. Under CI=true no test tier may skip (tests/conftest.py).
 #   PYTEST_ARGS="..."   extra pytest arguments for both passes (e.g. "-x -k daemon")
+# Both passes print their slowest tests (--durations): CI must stay under 45 minutes on 2 cores,
+# and that list says where the time goes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,14 +31,15 @@ extra=(${PYTEST_ARGS:-})
 
 t=$(date +%s); step "tests marked 'san' against the AddressSanitizer + UBSan build"
 set +e
-GPUPOOL_SAN=1 .venv/bin/python -m pytest tests -m san -ra -p no:cacheprovider "${extra[@]}"
+GPUPOOL_SAN=1 .venv/bin/python -m pytest tests -m san -ra -p no:cacheprovider --durations=15 \
+    "${extra[@]}"
 rc=$?
 set -e
 if [[ $rc -ne 0 && $rc -ne 5 ]]; then failed+=("pytest (sanitizer build)"); fi  # 5: none marked
 took "tests (sanitizer build)" "$t"
 
 t=$(date +%s); step "all tests"
-if ! .venv/bin/python -m pytest tests -ra -p no:cacheprovider "${extra[@]}"; then
+if ! .venv/bin/python -m pytest tests -ra -p no:cacheprovider --durations=40 "${extra[@]}"; then
     failed+=("pytest")
 fi
 took "tests" "$t"
