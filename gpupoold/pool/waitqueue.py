@@ -17,6 +17,7 @@ from typing import Any
 
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import printable
+from gpupoold.pool.privacy import program_name
 from gpupoold.pool.requirements import Requirements
 
 
@@ -36,7 +37,11 @@ class ClientInfo:
             object.__setattr__(self, name, printable(getattr(self, name)))
 
     def describe(self) -> str:
-        return f"{self.user}@{self.host} pid {self.pid} ({self.program or '?'}) from {self.peer}"
+        """For log lines: the program's name without its arguments (they may hold secrets, and
+        logs are kept long and shipped to collectors; the lease record keeps the arguments for
+        the owner and the admins)."""
+        name = program_name(self.program)
+        return f"{self.user}@{self.host} pid {self.pid} ({name or '?'}) from {self.peer}"
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "user": self.user, "pid": self.pid, "program": self.program,
