@@ -275,6 +275,12 @@ class Settings:
     max_queue: int = _setting(
         256, "Most clients that may wait in the queue; more are refused at once (0: no queue).",
         check=_check_not_negative)
+    max_queue_per_token: int = _setting(
+        16,
+        "Most clients of one token that may wait in the queue; more are refused at once (a "
+        "busy error that says why), so one tenant cannot fill the queue everyone shares. "
+        "0: no limit of its own (`max_queue` only).",
+        check=_check_not_negative)
     max_lease_seconds: float = _setting(
         0.0,
         "Longest a lease may last: the client is told why and disconnected after this many "
@@ -282,8 +288,9 @@ class Settings:
         check=_check_not_negative)
     max_gpus_per_token: int = _setting(
         0,
-        "Most GPUs one token may hold at once; its further clients wait in the queue. "
-        "0: no limit.",
+        "Most GPUs one token may hold at once, its idly detached leases included (and, with a "
+        "shared store, on all the fleet's servers together); its further clients wait in the "
+        "queue. 0: no limit.",
         check=_check_not_negative)
     prestart_workers: bool = _setting(
         True,
