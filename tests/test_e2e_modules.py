@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
 
+import gpupool_protocol as gp
 import pytest
 from conftest import REPO, require, run_client
+from gpupool.wire.frames import read_frame
 from test_e2e_cuda import nvcc_path
 
 SOURCE = REPO / "tests" / "cuda" / "modules.cu"
@@ -83,29 +86,65 @@ def _ended_leases(server, count: int, timeout: float = 30) -> list[dict]:
         time.sleep(0.05)
 
 
-def test_images_cross_the_network_once(modules_build, gpupool_server):
+def cache_namespace(token: str) -> str:
+    """The folder of a token's images in the module cache (worker/modcache.c)."""
+    return hashlib.sha256(b"gpupool module cache\0" + token.encode()).hexdigest()[:16]
+
+
+def claim_cached_image(server, token: str, image: bytes) -> int:
+    """What a tenant without the image can try: a session of its own (plain TCP) and a
+    module_load naming the image by its hash and size only. Returns the worker's answer."""
+    with socket.create_connection((server.host, server.port), timeout=20) as s:
+        hello = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=os.getpid(),
+                         host="elsewhere", user="eve", program="claim_cached_image", token=token,
+                         va_base=0x200000000000, va_size=1 << 40)
+        s.sendall(gp.encode_frame(hello, 1))
+        while (f := read_frame(s)).op == gp.Notice.OP and not f.flags & gp.FLAG_REPLY:
+            pass  # queue notices
+        assert f.op == gp.Hello.OP and gp.HelloReply.decode(f.body).result == 0, f
+        s.sendall(gp.encode_frame(gp.ModuleLoad(module=0x6750040000000001, kind=0,
+                                                sha256=hashlib.sha256(image).digest(),
+                                                image_size=len(image), data=0), 2))
+        while (f := read_frame(s)).op == gp.Notice.OP and not f.flags & gp.FLAG_REPLY:
+            pass
+        assert f.op == gp.ModuleLoad.OP, f
+        s.sendall(gp.encode_frame(gp.Goodbye(), 0))
+        return gp.ModuleLoadReply.decode(f.body).result
+
+
+def test_images_cross_the_network_once(modules_build, plain_server):
     """The worker keeps every image it received in the server's cache under its SHA-256 (the
-    name the shim computes); a second run finds them all there and sends none again. Checked
-    by the cache files' times and by the worker's own count of module bytes received, which
-    each lease record carries (`module_bytes`)."""
-    _run(modules_build, gpupool_server, "static")
-    cache = gpupool_server.state_dir / "cache" / "modules"
+    name the shim computes), in the folder of the client's token; a second run finds them all
+    there and sends none again. Checked by the cache files' times and by the worker's own count
+    of module bytes received, which each lease record carries (`module_bytes`). In between,
+    another token naming one of these images by its hash only is asked for the image: a token
+    that never uploaded an image cannot load it."""
+    server = plain_server
+    _run(modules_build, server, "static")
+    cache = server.state_dir / "cache" / "modules" / cache_namespace(server.token)
     images = (modules_build["cubin"].read_bytes(), modules_build["fatbin"].read_bytes(),
               modules_build["ptx"].read_bytes() + b"\0")  # PTX travels with its terminator
     want = {hashlib.sha256(image).hexdigest() for image in images}
     files = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert want <= set(files), f"images missing from {cache}: {sorted(want - set(files))}"
-    (first,) = _ended_leases(gpupool_server, 1)
+    (first,) = _ended_leases(server, 1)
     # Everything in the (new) cache came in this lease, each image once: the program's own
     # fatbin (through cudart) and the three files it loads itself.
     cached_bytes = sum(p.stat().st_size for p in cache.iterdir())
     assert first["module_bytes"] == cached_bytes, (first, cached_bytes)
     assert first["module_bytes"] >= sum(map(len, images)), first
-    _run(modules_build, gpupool_server, "static")
+
+    other = server.create_token("other-tenant")
+    assert claim_cached_image(server, other, images[0]) == gp.GP_ENEEDIMAGE
+    assert not any((server.state_dir / "cache" / "modules" / cache_namespace(other)).iterdir())
+    _, theirs = _ended_leases(server, 2)
+
+    _run(modules_build, server, "static")
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == files, (
         "the second run sent images again")
-    first_again, second = _ended_leases(gpupool_server, 2)
-    assert first_again["id"] == first["id"] and second["id"] != first["id"]
+    first_again, theirs_again, second = _ended_leases(server, 3)
+    assert (first_again["id"], theirs_again["id"]) == (first["id"], theirs["id"])
+    assert theirs["module_bytes"] == 0
     assert second["module_bytes"] == 0, (
         f"the worker received {second['module_bytes']} bytes of module images in the second run "
         f"(all were cached):\n{second}")

@@ -444,9 +444,33 @@ def test_streams_and_events(session: WorkerSession) -> None:
 
 
 # ---------------------------------------------------------------------------------- modules
+def token_session(cache_dir: Path, token: str, env: dict[str, str] | None = None) -> WorkerSession:
+    """A session whose hello carries `token` (the daemon hands the worker the client's hello)."""
+    hello = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=os.getpid(),
+                     host="testhost", user="tester", program="test_worker", token=token,
+                     gpu="", model="", min_memory=0, va_base=wc.DEFAULT_VA_BASE,
+                     va_size=wc.DEFAULT_VA_SIZE)
+    s = WorkerSession(cache_dir, hello=hello, env=env)
+    assert s.hello.result == 0, s.hello.message
+    return s
+
+
+def namespace(token: str) -> str:
+    """The cache folder of a token's images (worker/modcache.c, wk_modcache_namespace)."""
+    return hashlib.sha256(b"gpupool module cache\0" + token.encode()).hexdigest()[:16]
+
+
+def hash_only(s: WorkerSession, mod_id: int, image: bytes) -> int:
+    """A module_load that claims the server has the image: its hash and size, no bytes."""
+    r, _ = s.call(gp.ModuleLoad(module=mod_id, kind=0, sha256=hashlib.sha256(image).digest(),
+                                image_size=len(image), data=0))
+    return r.result  # type: ignore[attr-defined,no-any-return]
+
+
 def test_module_cache_across_sessions(cache_dir: Path, cubin: bytes) -> None:
     m = handle(H_MODULE, 1)
     sha = hashlib.sha256(cubin).digest()
+    ns = cache_dir / "modules" / namespace("")  # WorkerSession's hello has no token
     s1 = WorkerSession(cache_dir)
     r, _ = s1.call(gp.ModuleLoad(module=m, kind=0, sha256=sha, image_size=len(cubin), data=0))
     assert r.result == gp.GP_ENEEDIMAGE
@@ -459,8 +483,8 @@ def test_module_cache_across_sessions(cache_dir: Path, cubin: bytes) -> None:
     r, _ = s1.call(gp.ModuleLoad(module=handle(H_MODULE, 2), kind=0, sha256=sha,
                                  image_size=len(cubin), data=0))
     assert r.result == 0
-    assert (cache_dir / "modules" / sha.hex()).read_bytes() == cubin
-    assert not [p for p in (cache_dir / "modules").iterdir() if p.name.startswith(".tmp")]
+    assert (ns / sha.hex()).read_bytes() == cubin
+    assert not [p for p in ns.iterdir() if p.name.startswith(".tmp")]
     assert s1.close() == 0
 
     s2 = WorkerSession(cache_dir)
@@ -475,17 +499,125 @@ def test_module_cache_across_sessions(cache_dir: Path, cubin: bytes) -> None:
 
 def test_module_cache_corrupt_file_is_a_miss(cache_dir: Path, cubin: bytes) -> None:
     sha = hashlib.sha256(cubin).digest()
-    (cache_dir / "modules").mkdir(parents=True)
+    ns = cache_dir / "modules" / namespace("")
+    ns.mkdir(parents=True)
     damaged = bytearray(cubin)
     damaged[100] ^= 0xFF
-    (cache_dir / "modules" / sha.hex()).write_bytes(bytes(damaged))
+    (ns / sha.hex()).write_bytes(bytes(damaged))
     s = WorkerSession(cache_dir)
-    r, _ = s.call(gp.ModuleLoad(module=handle(H_MODULE, 1), kind=0, sha256=sha,
-                                image_size=len(cubin), data=0))
-    assert r.result == gp.GP_ENEEDIMAGE
+    assert hash_only(s, handle(H_MODULE, 1), cubin) == gp.GP_ENEEDIMAGE
     assert load_module(s, handle(H_MODULE, 1), cubin) == 0
-    assert (cache_dir / "modules" / sha.hex()).read_bytes() == cubin  # replaced
+    assert (ns / sha.hex()).read_bytes() == cubin  # replaced
     assert s.close() == 0
+
+
+def test_module_cache_is_per_token(cache_dir: Path, cubin: bytes) -> None:
+    """A token that never uploaded an image cannot load it by its hash: the worker asks for the
+    image, as for one it never saw; the owner still finds it. No token is in a file name."""
+    sha = hashlib.sha256(cubin).hexdigest()
+    a_token, b_token = "gp_tenant_a_secret", "gp_tenant_b_secret"
+    a = token_session(cache_dir, a_token)
+    assert load_module(a, handle(H_MODULE, 1), cubin) == 0
+    assert a.close() == 0
+    assert (cache_dir / "modules" / namespace(a_token) / sha).read_bytes() == cubin
+
+    b = token_session(cache_dir, b_token)
+    assert hash_only(b, handle(H_MODULE, 1), cubin) == gp.GP_ENEEDIMAGE
+    st = b.stats()
+    assert (st.modules_loaded, st.module_cache_hits) == (0, 0)
+    assert b.call(gp.GetFunction(module=handle(H_MODULE, 1), func=handle(H_FUNC, 1), kind=0,
+                                 name="gp_test_axpy"))[0].result == CUDA_ERROR_INVALID_HANDLE
+    assert load_module(b, handle(H_MODULE, 1), cubin) == 0  # with the image, it loads
+    assert b.stats().module_bytes_received == len(cubin)
+    assert b.close() == 0
+
+    a2 = token_session(cache_dir, a_token)
+    assert hash_only(a2, handle(H_MODULE, 1), cubin) == 0
+    assert a2.stats().module_cache_hits == 1
+    assert a2.close() == 0
+    names = [str(p.relative_to(cache_dir)) for p in cache_dir.rglob("*")]
+    assert sorted(names) == sorted([
+        "modules", f"modules/{namespace(a_token)}", f"modules/{namespace(a_token)}/{sha}",
+        f"modules/{namespace(b_token)}", f"modules/{namespace(b_token)}/{sha}"]), names
+    for s in (a, b, a2):
+        check_clean(s)
+
+
+def limits(token_files: int, total_files: int, memory_bytes: int = 1 << 30) -> dict[str, str]:
+    """Small cache limits (file counts; bytes unbounded in practice)."""
+    big = 1 << 40
+    return {"GPUPOOL_WORKER_MODCACHE_LIMITS": f"{big},{token_files},{big},{total_files},{memory_bytes}"}
+
+
+def test_module_cache_eviction(cache_dir: Path) -> None:
+    """Each token's images are bounded (least recently used go first, a hit counts as a use);
+    over the total, the namespace holding the most bytes loses its oldest, so a tenant filling
+    its share evicts its own images, not another's. Old flat entries and stale temporary files
+    are removed; anything else is left alone. (The images are junk the driver refuses: they are
+    cached before the load all the same.)"""
+    env = limits(token_files=3, total_files=5)
+    root = cache_dir / "modules"
+    root.mkdir(parents=True)
+    old = root / hashlib.sha256(b"old layout").hexdigest()
+    old.write_bytes(b"old layout")
+    stale = root / ".tmp-1-0"
+    stale.write_bytes(b"x")
+    os.utime(stale, (1, 1))
+    fresh_tmp = root / ".tmp-2-0"
+    fresh_tmp.write_bytes(b"x")
+    other = root / "README"
+    other.write_bytes(b"not ours")
+
+    def upload(tok: str, images: list[bytes], **kw: int) -> None:
+        s = token_session(cache_dir, tok, env)
+        for i, image in enumerate(images, 1):
+            assert load_module(s, handle(H_MODULE, i), image) != gp.GP_ENEEDIMAGE
+        assert s.close() == 0
+        check_clean(s)
+
+    def cached(tok: str) -> set[bytes]:
+        return {p.read_bytes() for p in (root / namespace(tok)).iterdir()}
+
+    a_img = [pattern(8192, seed) for seed in range(1, 6)]
+    upload("A", a_img[:3])
+    assert cached("A") == set(a_img[:3])
+    for age, image in enumerate(a_img[:3], 1):  # a1 oldest
+        os.utime(root / namespace("A") / hashlib.sha256(image).hexdigest(), (age, age))
+    upload("A", a_img[3:4])
+    assert cached("A") == set(a_img[1:4])  # a1 evicted
+    assert not old.exists() and not stale.exists()
+    assert fresh_tmp.exists() and other.exists()
+
+    for age, image in enumerate(a_img[1:4], 1):
+        os.utime(root / namespace("A") / hashlib.sha256(image).hexdigest(), (age, age))
+    s = token_session(cache_dir, "A", env)
+    assert hash_only(s, handle(H_MODULE, 1), a_img[1]) != gp.GP_ENEEDIMAGE  # a2 used again
+    assert s.close() == 0
+    upload("A", a_img[4:5])
+    assert cached("A") == {a_img[1], a_img[3], a_img[4]}  # a3 was the least recently used
+
+    # B's bigger images: over the total (six files of five), B holds the most bytes and loses
+    # one of its own; A keeps all three.
+    b_img = [pattern(16384, seed) for seed in range(11, 14)]
+    upload("B", b_img)
+    assert cached("A") == {a_img[1], a_img[3], a_img[4]}
+    assert len(cached("B")) == 2 and cached("B") < set(b_img)
+
+
+def test_module_memory_cache_bounded(cache_dir: Path) -> None:
+    """A session keeps at most its memory limit of images; the rest come back from disk."""
+    env = limits(token_files=100, total_files=100, memory_bytes=12000)
+    one, two = pattern(8192, 1), pattern(8192, 2)
+    s = token_session(cache_dir, "A", env)
+    assert load_module(s, handle(H_MODULE, 1), one) != gp.GP_ENEEDIMAGE
+    assert load_module(s, handle(H_MODULE, 2), two) != gp.GP_ENEEDIMAGE
+    ns = cache_dir / "modules" / namespace("A")
+    (ns / hashlib.sha256(one).hexdigest()).unlink()
+    (ns / hashlib.sha256(two).hexdigest()).unlink()
+    assert hash_only(s, handle(H_MODULE, 3), two) != gp.GP_ENEEDIMAGE  # still in memory
+    assert hash_only(s, handle(H_MODULE, 4), one) == gp.GP_ENEEDIMAGE  # dropped from memory
+    assert s.close() == 0
+    check_clean(s)
 
 
 def test_module_image_mismatch(session: WorkerSession, cubin: bytes) -> None:

@@ -231,7 +231,7 @@ int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hell
         return -1;
     }
     if (wk_vm_init(&w->vm, w->va_base, w->va_size, w->gran) != 0 ||
-        wk_modcache_init(&w->mc, o->cache_dir) != 0) {
+        wk_modcache_init(&w->mc, o->cache_dir, hello->token, hello->token_len) != 0) {
         wk_hello_refuse(w, req, CUDA_ERROR_OUT_OF_MEMORY, "the server is out of memory");
         return -1;
     }
