@@ -179,8 +179,9 @@ class Settings:
         flag="--state-dir", metavar="DIR")
     cache_dir: Path | None = _setting(
         None,
-        "Module image cache shared by all workers (`<cache_dir>/modules/<sha256>`). "
-        "Default: `<state_dir>/cache`.",
+        "Module image cache (`<cache_dir>/modules/<token namespace>/<sha256>`): a token finds "
+        "only the images it uploaded; at most 4 GiB a token and 16 GiB in all, least recently "
+        "used evicted (docs/architecture.md, \"Module images\"). Default: `<state_dir>/cache`.",
         metavar="DIR")
     database: str | None = _setting(
         None,
