@@ -17,7 +17,9 @@ from gpupoold.app import StartupError, create_app
 from gpupoold.config.file import EX_CONFIG
 from gpupoold.config.identity import advertised_http
 from gpupoold.config.settings import Settings, format_address, parse_address
-from gpupoold.http.keys import MEMBERSHIP, REMOTING, REMOTING_TLS
+from gpupoold.fdlimit import raise_open_files_limit
+from gpupoold.http.keys import COUNTERS, MEMBERSHIP, REMOTING, REMOTING_TLS
+from gpupoold.http.limits import RUNNER_LIMITS, cap_connections
 from gpupoold.http.listener_tls import check_http_advertise, http_tls, listener_host
 from gpupoold.log import print_error
 from gpupoold.sdnotify import Notifier
@@ -59,6 +61,7 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("gpupoold %s starting", __version__)
+    raise_open_files_limit()  # before any listener: each connection is a descriptor
     if settings.database:
         problem = link_problem(settings.database, settings.database_insecure)
         if problem is not None:
@@ -100,9 +103,12 @@ async def serve(settings: Settings) -> int:
     app[sdlisten.SOCKETS] = passed
     http_sock = passed.get(sdlisten.HTTP)
     http_source = sdlisten.describe(sdlisten.HTTP, http_sock) if http_sock is not None else ""
-    runner = web.AppRunner(app, handle_signals=False)
+    # Bounded request heads and idle time (http/limits.py); the connection cap after setup.
+    runner = web.AppRunner(app, handle_signals=False, **RUNNER_LIMITS)
     try:
         await runner.setup()
+        assert runner.server is not None
+        cap_connections(runner.server, settings.http_max_connections, app[COUNTERS])
         site: web.BaseSite
         if http_sock is not None:
             site = web.SockSite(runner, http_sock, ssl_context=ssl_context)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gpupoold.auth.refused import STORE_REASONS, RefusedTokens
 from gpupoold.config.identity import server_name
 from gpupoold.store.database import Store, StoreClosed, TokenCheck
 from gpupoold.store.tokens import FORMAT_TEXT, LOCAL_ADMIN, PREFIX, format_utc
@@ -42,6 +44,7 @@ class AuthDecision:
     token_id: str = ""  # the 12 hex digits of the token (safe to log)
     reason: str = ""  # missing | malformed | unknown | revoked | expired (when refused)
     message: str = ""  # for the client: what happened and what to do
+    remembered: bool = False  # refused from memory (auth/refused.py), the store not asked
 
 
 class Authenticator(Protocol):
@@ -87,14 +90,21 @@ class TokenAuthenticator:
         self._clock = clock
         self._touched: dict[str, float] = {}  # token id -> clock() of the last write
         self._tasks: set[asyncio.Task[None]] = set()
+        # The store's recent refusals, answered from memory (auth/refused.py).
+        self.refused: RefusedTokens[AuthDecision] = RefusedTokens(clock=clock)
 
     async def check(self, token: str, peer: str) -> AuthDecision:
+        remembered = self.refused.get(token)
+        if remembered is not None:
+            return remembered
         decision = decide(await self._store.verify_token(token))
         if decision.ok:
             self._note_use(decision.token_id)
         else:
             log.debug("token refused for %s: %s (%s)", peer, decision.reason,
                       decision.token_id or "no id")
+            if decision.reason in STORE_REASONS:
+                self.refused.put(token, dataclasses.replace(decision, remembered=True))
         return decision
 
     def _note_use(self, token_id: str) -> None:

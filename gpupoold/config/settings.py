@@ -322,6 +322,35 @@ class Settings:
         10.0,
         "Seconds a new connection has to send its `hello` frame before it is closed.",
         check=_check_positive)
+    max_handshakes: int = _setting(
+        256,
+        "Most remoting connections in their handshake at once (TLS handshake, hello, token "
+        "check; not the queued clients). When full, a connection from an address with fewer "
+        "handshakes in progress than the busiest one replaces that address's oldest; any other "
+        "is closed at once. Counted in `gpupool_admission_refusals`.",
+        check=_check_positive)
+    max_handshakes_per_address: int = _setting(
+        32,
+        "Most remoting connections from one peer address in their handshake at once; more are "
+        "closed at once.",
+        check=_check_positive)
+    login_failures_per_address: int = _setting(
+        20,
+        "Refused tokens from one peer address within `login_failure_window` seconds after which "
+        "that address's hellos are refused for `login_block_seconds` (\"too many failed logins "
+        "from ADDR; retry in N s\"), without a token check. 0: no limit.",
+        check=_check_not_negative)
+    login_failure_window: float = _setting(
+        10.0, "Seconds over which `login_failures_per_address` counts.", check=_check_positive)
+    login_block_seconds: float = _setting(
+        60.0, "Seconds an address stays refused after too many failed logins.",
+        check=_check_positive)
+    http_max_connections: int = _setting(
+        256,
+        "Most connections the HTTP listener holds at once; more get `503` with `Retry-After` "
+        "and are closed. Requests also have bounded headers (8 KiB a line, 64 fields), bodies "
+        "(1 MiB) and idle time (15 s between requests).",
+        check=_check_positive)
     stop_grace: float = _setting(
         5.0,
         "Seconds workers get to exit after SIGTERM when gpupoold stops, before SIGKILL.",

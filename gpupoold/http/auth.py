@@ -142,6 +142,8 @@ async def authorize(request: web.Request) -> web.Response | None:
         token = parsed
     decision = await request.app[AUTH].check(token, request.remote or "")
     if not decision.ok:
+        if decision.remembered:  # refused from memory, the store not asked (auth/refused.py)
+            request.app[COUNTERS].inc("http_admission_refused", reason="token_remembered")
         reason = decision.reason or "refused"
         message = decision.message or REFUSED_TEXT.get(reason, "the API token was refused")
         return _refuse(request, 401, reason, message, TOKEN_HINT)

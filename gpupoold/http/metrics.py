@@ -410,6 +410,16 @@ class Collector(_CollectorBase):
             for reason, value in sorted(_by_label(self.counters, name, "reason").items()):
                 auth.add_metric([interface, reason], value)
         yield auth
+        # Fair admission (remoting/admission.py, http/limits.py): connections closed at once
+        # and hellos refused without a token check, by interface and reason.
+        adm = CounterMetricFamily("gpupool_admission_refusals", "Connections or requests refused "
+                                  "by the admission limits, by interface and reason.",
+                                  labels=["interface", "reason"])
+        for interface, name in (("remoting", "admission_refused"),
+                                ("http", "http_admission_refused")):
+            for reason, value in sorted(_by_label(self.counters, name, "reason").items()):
+                adm.add_metric([interface, reason], value)
+        yield adm
 
     # ------------------------------------------------------------------- scrub, reset, build
     def _service(self) -> Iterator[Metric]:

@@ -24,7 +24,7 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold import sdlisten
-from gpupoold.auth.authenticator import Authenticator
+from gpupoold.auth.authenticator import AuthDecision, Authenticator
 from gpupoold.config.settings import Settings, format_address, parse_address
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
@@ -34,6 +34,14 @@ from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
 from gpupoold.pool.waitqueue import ClientInfo, Waiter
 from gpupoold.remoting import info
+from gpupoold.remoting.admission import (
+    FAILED_LOGINS,
+    FailedLogins,
+    Handshake,
+    HandshakeGate,
+    Quiet,
+    peer_host,
+)
 from gpupoold.remoting.handshake import (
     HELLO_MAX_BODY,
     Refusal,
@@ -59,6 +67,10 @@ CLOSE_TIMEOUT = 5.0
 SHUTDOWN_NOTICE_WAIT = 1.0  # seconds at stop for the queued clients to be told to come back
 MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handshake_timeout)
 REDIRECT_MINOR = 3  # clients of protocol 1.3 and later follow GP_EREDIRECT
+# Connections the kernel may hold before we accept them: a flood of connects (each closed at
+# once when over max_handshakes) must not crowd a real client out of the kernel's queue.
+LISTEN_BACKLOG = 1024
+BLOCKED = "blocked"  # AuthDecision.reason: the address is refused for its failed logins
 
 
 class RemotingListener:
@@ -78,6 +90,13 @@ class RemotingListener:
         self.source = sdlisten.describe(sdlisten.REMOTING, sock) if sock is not None else ""
         self._server: asyncio.Server | Any | None = None  # TLS: or a TlsServer
         self._handshakes: set[asyncio.Task[None]] = set()
+        # Fair admission (remoting/admission.py): connections in their handshake, in total and
+        # per address; addresses refused for a while after too many failed logins.
+        self.gate = HandshakeGate(settings.max_handshakes, settings.max_handshakes_per_address,
+                                  counters)
+        self.logins = FailedLogins(settings.login_failures_per_address,
+                                   settings.login_failure_window, settings.login_block_seconds)
+        self._log_blocked = Quiet("connection from %s refused (GP_EAUTH): %s")
         self.info = info.InfoCache(settings, views if views is not None else PoolViews(leases),
                                    leases)
         # Bounds the memory and the time that info replies (up to 4 MiB each) hold at once.
@@ -94,14 +113,15 @@ class RemotingListener:
         if tls is not None:
             self._server = await start_tls_server(self._on_connect, host, port, tls,
                                                   self.handshake_timeout, self.counters,
-                                                  sock=sock)
+                                                  sock=sock, gate=self.gate)
             log.info("the remoting listener speaks TLS (%s%s)",
                      "tls_cert" if self.settings.tls_cert else "the server's own identity",
                      ", client certificates required" if self.settings.tls_client_ca else "")
         elif sock is not None:
             self._server = await asyncio.start_server(self._on_connect, sock=sock)
         else:
-            self._server = await asyncio.start_server(self._on_connect, host, port)
+            self._server = await asyncio.start_server(self._on_connect, host, port,
+                                                      backlog=LISTEN_BACKLOG)
         bound = self._server.sockets[0].getsockname()
         self.address = format_address(bound[0], bound[1])
         if sock is not None:
@@ -127,23 +147,35 @@ class RemotingListener:
                           writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._handshakes.add(task)
         peername = writer.get_extra_info("peername")
         peer = format_address(peername[0], peername[1]) if peername else "?"
+        # Its place among the handshakes in progress: taken at accept over TLS (tls_session.py),
+        # here in plaintext; none free: closed at once (admission.py counted and logged it).
+        place: Handshake | None = getattr(writer, "handshake_place", None)
+        if place is None:
+            place = self.gate.admit(peer_host(peer), task)
+            if place is None:
+                _abort(writer)
+                return
+        self._handshakes.add(task)
         try:
-            await self._handshake(reader, writer, peer)
+            await self._handshake(reader, writer, peer, place)
         except asyncio.CancelledError:
-            log.info("connection from %s: dropped during shutdown", peer)
+            if place.evicted:
+                log.debug("connection from %s: dropped for a newer handshake", peer)
+            else:
+                log.info("connection from %s: dropped during shutdown", peer)
         except Exception:  # a bug here must cost one connection, never the daemon
             log.exception("connection from %s: unexpected error in the handshake", peer)
         finally:
+            place.release()
             try:
                 await _close(writer, peer)
             finally:
                 self._handshakes.discard(task)
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         peer: str) -> None:
+                         peer: str, place: Handshake) -> None:
         accepted = time.monotonic()
         self.counters.inc("connections")
         try:
@@ -168,6 +200,7 @@ class RemotingListener:
         # Nothing more is read from this socket here: the rest of the stream is the worker's.
         writer.transport.pause_reading()
         if frame.op == gp.Info.OP and not frame.flags & gp.FLAG_REPLY:
+            place.release()  # info requests have their own cap (MAX_INFO_AT_ONCE)
             await self._info(writer, frame, peer)
             return
         if frame.op != gp.Hello.OP or frame.flags & gp.FLAG_REPLY:
@@ -194,15 +227,16 @@ class RemotingListener:
                 gp.GP_EPROTO, "the client sent data after its hello before the hello reply"))
             return
         try:
-            decision = await self.auth.check(hello.token, peer)
+            decision = await self._login(hello.token, peer)
         except store_errors() as exc:
             await self._store_down(writer, frame.req, peer, exc)
             return
+        place.release()  # the handshake is over: the queue has its own limits
         if not decision.ok:
-            self.counters.inc("auth_refused", reason=decision.reason or "refused")
             self.counters.inc("handshakes_refused", reason="auth")
             self._request("auth")
-            await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EAUTH, decision.message))
+            await self._refuse(writer, frame.req, peer, Refusal(gp.GP_EAUTH, decision.message),
+                               quiet=decision.reason == BLOCKED)
             return
         req = Requirements.from_hello(hello)
         client = ClientInfo(host=hello.host, user=hello.user, pid=hello.pid,
@@ -295,6 +329,26 @@ class RemotingListener:
                  lease.worker.pid, took * 1000, lease.queued_s * 1000,
                  extra=journal_fields(lease.id, slot.gpu.index, client.describe()))
 
+    async def _login(self, token: str, peer: str) -> AuthDecision:
+        """The token check, unless the peer's address is refused for its failed logins
+        (admission.py); a refusal is counted, and counts towards that address's limit."""
+        host = peer_host(peer)
+        wait = self.logins.blocked_for(host)
+        if wait > 0:
+            self.counters.inc("admission_refused", reason=FAILED_LOGINS)
+            return AuthDecision(ok=False, reason=BLOCKED, message=self.logins.message(host, wait))
+        decision = await self.auth.check(token, peer)
+        if decision.ok:
+            return decision
+        self.counters.inc("auth_refused", reason=decision.reason or "refused")
+        if decision.remembered:
+            self.counters.inc("admission_refused", reason="token_remembered")
+        if self.logins.failed(host):
+            log.warning("%s: %d failed logins within %g s; its hellos are refused for the next "
+                        "%g s (login_failures_per_address)", host, self.logins.limit,
+                        self.logins.window, self.logins.block)
+        return decision
+
     def _request(self, result: str) -> None:
         """Count a lease request (a hello) by its result (`gpupool_lease_requests_total`)."""
         self.counters.inc("lease_requests", result=result)
@@ -332,11 +386,14 @@ class RemotingListener:
             await self._send(writer, info.refusal(request), frame.req)
             await self._end_tls(writer)
             return
-        decision = await self.auth.check(request.token, peer)
+        decision = await self._login(request.token, peer)
         if not decision.ok:
-            self.counters.inc("auth_refused", reason=decision.reason or "refused")
             self.counters.inc("info_requests", result="auth")
-            log.warning("connection from %s: info refused (GP_EAUTH): %s", peer, decision.message)
+            if decision.reason == BLOCKED:
+                self._log_blocked.note(peer, decision.message)
+            else:
+                log.warning("connection from %s: info refused (GP_EAUTH): %s", peer,
+                            decision.message)
             await self._send(writer, info.refusal(Refusal(gp.GP_EAUTH, decision.message)),
                              frame.req)
             await self._end_tls(writer)
@@ -452,9 +509,13 @@ class RemotingListener:
             "itself)")))
 
     async def _refuse(self, writer: asyncio.StreamWriter, req: int, peer: str,
-                      refusal: Refusal) -> None:
+                      refusal: Refusal, quiet: bool = False) -> None:
+        """Send a refusal; `quiet`: one of a flood, logged at most every few seconds."""
         name = gp.RESULT_NAMES.get(refusal.result, str(refusal.result))
-        log.warning("connection from %s: refused (%s): %s", peer, name, refusal.message)
+        if quiet:
+            self._log_blocked.note(peer, refusal.message)
+        else:
+            log.warning("connection from %s: refused (%s): %s", peer, name, refusal.message)
         await self._send(writer, refusal_reply(refusal), req)
 
     @staticmethod

@@ -34,6 +34,7 @@ import gpupool_protocol as gp
 
 from gpupoold.config.settings import format_address
 from gpupoold.pool.counters import Counters
+from gpupoold.remoting.admission import Handshake, HandshakeGate, peer_host
 from gpupoold.remoting.handshake import Refusal, refusal_reply
 from gpupoold.remoting.info import refusal as info_refusal
 
@@ -94,6 +95,9 @@ class TlsStream:
         self._aborted = False
         self.handed_over = False
         self.transport = _Transport(self)
+        # Its place among the handshakes in progress (admission.py), taken at accept; the
+        # remoting listener gives it back once the hello is answered.
+        self.handshake_place: Handshake | None = None
 
     # ------------------------------------------------------------------ raw socket, by record
     async def _wait_readable(self) -> None:
@@ -320,8 +324,10 @@ class TlsServer:
     `handler(stream, stream)` as asyncio.start_server would with (reader, writer)."""
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext, handler: Handler,
-                 handshake_timeout: float, counters: Counters) -> None:
+                 handshake_timeout: float, counters: Counters,
+                 gate: HandshakeGate | None = None) -> None:
         self.sockets = [sock]
+        self._gate = gate
         self._sock = sock
         self._context = context
         self._handler = handler
@@ -354,7 +360,16 @@ class TlsServer:
             peer = format_address(peername[0], peername[1])
         except OSError:
             peer = "?"
+        # A place among the handshakes in progress before any TLS work: none free, the
+        # connection is closed at once (admission.py counts and logs it).
+        place = None
+        if self._gate is not None:
+            place = self._gate.admit(peer_host(peer), asyncio.current_task())
+            if place is None:
+                conn.close()
+                return
         stream = TlsStream(conn, self._context)
+        stream.handshake_place = place
         try:
             ok = await asyncio.wait_for(self._tls_handshake(stream, peer), self._timeout)
         except TimeoutError:
@@ -362,10 +377,14 @@ class TlsServer:
                         self._timeout)
             self._counters.inc("handshakes_refused", reason="tls")
             ok = False
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # a stop, or a newer handshake took its place
+            if place is not None:
+                place.release()
             conn.close()
             raise
         if not ok:
+            if place is not None:
+                place.release()
             await _linger_close(conn)
             return
         # From here the handler owns the connection, and the listener tracks its task: at a
@@ -445,13 +464,14 @@ async def _linger_close(conn: socket.socket, linger: float = 1.0) -> None:
 
 async def start_tls_server(handler: Handler, host: str, port: int, context: ssl.SSLContext,
                            handshake_timeout: float, counters: Counters,
-                           sock: socket.socket | None = None) -> TlsServer:
+                           sock: socket.socket | None = None,
+                           gate: HandshakeGate | None = None) -> TlsServer:
     """Listen on host:port like asyncio.start_server (dual-stack for "" / "::" as it does not:
     one socket per the first address resolved), or, given `sock` (a listening socket systemd
     passed, sdlisten.py), accept on that one and ignore host and port."""
     if sock is not None:
         sock.setblocking(False)
-        return TlsServer(sock, context, handler, handshake_timeout, counters)
+        return TlsServer(sock, context, handler, handshake_timeout, counters, gate)
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
@@ -460,9 +480,9 @@ async def start_tls_server(handler: Handler, host: str, port: int, context: ssl.
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
-        sock.listen(128)
+        sock.listen(1024)  # as remoting/listener.py's LISTEN_BACKLOG
         sock.setblocking(False)
     except OSError:
         sock.close()
         raise
-    return TlsServer(sock, context, handler, handshake_timeout, counters)
+    return TlsServer(sock, context, handler, handshake_timeout, counters, gate)
