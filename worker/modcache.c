@@ -76,7 +76,8 @@ void wk_modcache_namespace(const char *token, size_t token_len, char out[17])
     char hex[65];
     gp_sha256_init(&ctx);
     gp_sha256_update(&ctx, label, sizeof label);
-    gp_sha256_update(&ctx, token, token_len);
+    if (token_len > 0) /* an empty token may come as NULL */
+        gp_sha256_update(&ctx, token, token_len);
     gp_sha256_final(&ctx, d);
     gp_sha256_hex(d, hex);
     memcpy(out, hex, 16);
