@@ -83,12 +83,12 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 7
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 8
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"tokens", "leases", "audit", "gpu_state", "lease_events", "servers", "fleet_gpus",
-                "fleet_queue"} <= tables
+                "fleet_queue", "fleet_away"} <= tables
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         cols = {r[1] for r in conn.execute("PRAGMA table_info(tokens)")}
         assert cols == {"id", "name", "role", "secret_sha256", "created", "expires", "revoked",
@@ -344,7 +344,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 7
+        assert db.schema_version() == SCHEMA_VERSION == 8
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)

@@ -92,15 +92,17 @@ class IdleDetacher:
     `pool`'s transitions and uses what it needs of the lease manager's, given at construction:
     `spawn(coro, name)` runs a task the manager stops at close, `scrub(slot, lease_ids, name)`
     scrubs a GPU a lease left, `seat(waiter, home)` grants a returning lease's waiter a GPU
-    (the one it left first, else in queue order), `abandon(waiter)` gives a grant back, and
-    `closing()` says the daemon stops."""
+    (the one it left first, else in queue order), `abandon(waiter)` gives a grant back,
+    `may_take(waiter)` says whether its token's `max_gpus_per_token` lets a waiter take a GPU
+    now, and `closing()` says the daemon stops."""
 
     def __init__(self, pool: PoolState, queue: WaitQueue, settings: Settings, store: Store,
                  counters: Counters, checkpointer: Checkpointer, *,
                  spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[Any]],
                  scrub: Callable[[Slot, list[int], str], None],
                  seat: Callable[[Waiter, Slot | None], None],
-                 abandon: Callable[[Waiter], None], closing: Callable[[], bool]) -> None:
+                 abandon: Callable[[Waiter], None], may_take: Callable[[Waiter], bool],
+                 closing: Callable[[], bool]) -> None:
         self.pool = pool
         self.queue = queue
         self.settings = settings
@@ -111,6 +113,7 @@ class IdleDetacher:
         self._scrub = scrub
         self._seat = seat
         self._abandon = abandon
+        self._may_take = may_take
         self._closing = closing
         # Drivers found without process checkpoints: no lease on their GPUs is asked again.
         self.unsupported: dict[str, str] = {}
@@ -157,9 +160,13 @@ class IdleDetacher:
     def _why_not_now(self, lease: Lease, slot: Slot, mem: int) -> str | None:
         if self.settings.idle_detach_after <= 0:
             return "idle detach was turned off"
+        # Only a waiter that may take the GPU counts: one that its own token's
+        # max_gpus_per_token holds back would not get it (a detached lease still counts for its
+        # token), so a detach for it would only hand its token one more GPU through the back door.
         if self.settings.detach_policy == "when-queued" and self.queue.first(
-                lambda w: w.accepts(slot.gpu) and w.returning != lease.id) is None:
-            return "nobody waits for its GPU"
+                lambda w: w.accepts(slot.gpu) and w.returning != lease.id
+                and self._may_take(w)) is None:
+            return "nobody waits for its GPU who may take it"
         limit = self.memory_limit()
         held = self.held_bytes()
         if held + mem > limit:

@@ -80,23 +80,36 @@ def _as_gpu(g: GpuRow) -> Gpu:
                ordinal=g.index, memory_total=g.memory_total)
 
 
+def held_in_fleet(gpus: Sequence[GpuRow], up: set[str], away: Counter[str],
+                  but_server: str | None = None) -> Counter[str]:
+    """What each token holds in the fleet, as `max_gpus_per_token` counts it: the GPUs of the
+    live servers leased, held or assigned to it, and its leases off a GPU (`away`: detached
+    ones keep their claim). `but_server`: leaving out that server's GPUs."""
+    held: Counter[str] = Counter(away)
+    for g in gpus:
+        if g.server in up and g.server != but_server and (g.holder is not None or g.token):
+            held[g.holder_token or g.token] += 1
+    return held
+
+
 def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
-          max_gpus_per_token: int = 0) -> list[tuple[int, str, int]]:
+          max_gpus_per_token: int = 0,
+          away: Counter[str] | None = None) -> list[tuple[int, str, int]]:
     """The assignments of free GPUs to waiters, as (ticket, server, GPU index): in ticket order,
     each waiter takes a free GPU it accepts, one of its own server first (no redirect), then the
-    other servers' in name order. A token at `max_gpus_per_token` (held or assigned GPUs of the
-    whole fleet) waits; a detached lease coming back is not held back by it (it had its GPU)."""
+    other servers' in name order. A token at `max_gpus_per_token` waits: the GPUs of the whole
+    fleet held or assigned to it and its leases off a GPU (`away`, by token) count. A detached
+    lease coming back (a waiter with `only`) is counted in `away` already: it takes its own
+    place back, and waits only while its token holds more than the limit otherwise."""
     free = [g for g in gpus if g.free and g.holder is None and g.server in up]
-    held: Counter[str] = Counter()
-    for g in gpus:
-        if g.server in up and (g.holder is not None or g.token):
-            held[g.holder_token or g.token] += 1
+    held = held_in_fleet(gpus, up, away or Counter())
     taken: set[tuple[str, int]] = set()
     out: list[tuple[int, str, int]] = []
     for w in queue:
         if w.state != "waiting" or w.server not in up:
             continue
-        if max_gpus_per_token > 0 and w.only is None and held[w.token] >= max_gpus_per_token:
+        returning = w.only is not None
+        if max_gpus_per_token > 0 and held[w.token] - returning >= max_gpus_per_token:
             continue
         req = Requirements(**w.request)
         best: GpuRow | None = None
@@ -114,7 +127,8 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
         if best is None:
             continue
         taken.add((best.server, best.index))
-        held[w.token] += 1
+        if not returning:  # (a returning lease moves from `away` onto the GPU)
+            held[w.token] += 1
         out.append((w.ticket, best.server, best.index))
     return out
 
@@ -159,6 +173,20 @@ class FleetQueue:
         """Something changed here (a waiter came or left, a GPU changed): sync soon."""
         self._kick.set()
 
+    def under_limit(self, token: str, returning: int | None = None) -> bool:
+        """Whether `token` may take one more GPU as the fleet counts (`match`): the other live
+        servers' part as of the last sync, this server's as it is now (pool/state.py's `held`,
+        leaving out a detached lease coming back: `returning`)."""
+        if self.max_gpus_per_token <= 0:
+            return True
+        mine = self.pool.held(token, but=returning)
+        if self.last is None:
+            return mine < self.max_gpus_per_token
+        up = {name for name, s in self.last.servers.items() if s.get("state") == "up"}
+        away = Counter(t for server, t in self.last.away if server != self.server)
+        others = held_in_fleet(self.last.gpus, up, away, but_server=self.server)
+        return others[token] + mine < self.max_gpus_per_token
+
     def position(self, w: Waiter) -> tuple[int, int]:
         """(place in the fleet queue, waiting in the fleet), as of the last sync; (0, n) before
         the waiter's first sync."""
@@ -201,7 +229,7 @@ class FleetQueue:
             inp, new = self._input()
             try:
                 res = await self.store.fleet_sync(
-                    inp, lambda g, q, up: match(g, q, up, self.max_gpus_per_token))
+                    inp, lambda g, q, up, away: match(g, q, up, self.max_gpus_per_token, away))
             except Exception as exc:  # the database is down or unreachable: try again later
                 # Nothing of it happened: all of it is sent again next time.
                 self._gone = inp.gone + self._gone
@@ -266,7 +294,8 @@ class FleetQueue:
                 joined=w.joined_wall, state="waiting")))
         unassign = self._unassign
         self._unassign = []
-        return SyncInput(self.server, gpus, rows, gone, finished, unassign), new
+        away = [(lease.id, lease.token) for lease in self.pool.away()]
+        return SyncInput(self.server, gpus, rows, gone, finished, unassign, away), new
 
     def _apply(self, res: SyncResult, new: dict[int, Waiter]) -> None:
         self.last = res

@@ -64,7 +64,7 @@ class LeaseError(Exception):
 
 
 class QueueFull(Exception):
-    """The queue is at `max_queue`."""
+    """The queue is at `max_queue`, or the token's waiting clients at `max_queue_per_token`."""
 
 
 class ShuttingDown(Exception):
@@ -107,7 +107,7 @@ class LeaseManager:
         self.detacher = IdleDetacher(
             self.pool, self.queue, settings, store, counters, checkpointer or Checkpointer(None),
             spawn=self._spawn, scrub=self._scrub_soon, seat=self._seat_returning,
-            abandon=self.abandon, closing=lambda: self._closing)
+            abandon=self.abandon, may_take=self.may_take, closing=lambda: self._closing)
         # With a shared store the fleet queue (pool/fleet.py) grants the GPUs, not _dispatch.
         self.fleet: FleetQueue | None = None
         if shared_store:
@@ -363,7 +363,7 @@ class LeaseManager:
         `home`, the GPU it left, when free and nobody who may take it is ahead; in a fleet the
         fleet queue decides (the GPU may be promised to another server's client already)."""
         if (self.fleet is None and home is not None and home.state == FREE and in_service(home)
-                and self.queue.first(lambda x: x.accepts(home.gpu)) is w):
+                and self.queue.first(lambda x: x.accepts(home.gpu) and self.may_take(x)) is w):
             self._grant(home, w)
         else:
             self._dispatch()
@@ -391,7 +391,7 @@ class LeaseManager:
         return (not self._closing and slot.state == FREE and in_service(slot)
                 and req.matches(slot.gpu) and self._under_limit(token)
                 and self.queue.first(lambda w: w.accepts(slot.gpu)
-                                     and self._under_limit(w.token)) is None)
+                                     and self.may_take(w)) is None)
 
     def counts(self, req: Requirements, token: str) -> tuple[int, int, int, int]:
         """(GPUs, those meeting `req` in service, of those the ones a hello from `token` would get
@@ -407,12 +407,31 @@ class LeaseManager:
         `redirectable` waiter). Raises QueueFull or ShuttingDown."""
         if self._closing:
             raise ShuttingDown()
-        if len(self.queue) >= self.settings.max_queue and not self._free_for(req, token):
-            raise QueueFull(f"every GPU is busy and the queue is full ({len(self.queue)} "
-                            f"waiting, max_queue = {self.settings.max_queue}); try again later")
+        if not self._free_for(req, token):
+            self._admit(token)
         w = self.queue.join(req, token, client, redirectable=redirectable)
         self._dispatch()
         return w
+
+    def _admit(self, token: str) -> None:
+        """Raise QueueFull (counted by limit, `queue_refused`) when a new client of `token`
+        may not wait: the queue is at `max_queue`, or the token's own clients already wait
+        `max_queue_per_token` times (so that one tenant's idle hellos cannot fill the queue
+        that everyone shares). Returning detached leases join without asking (they had a GPU)."""
+        limit = self.settings.max_queue
+        if len(self.queue) >= limit:
+            self.counters.inc("queue_refused", limit="max_queue")
+            raise QueueFull(f"every GPU is busy and the queue is full ({len(self.queue)} "
+                            f"waiting, max_queue = {limit}); try again later")
+        per_token = self.settings.max_queue_per_token
+        mine = self.queue.waiting(token)
+        if per_token > 0 and mine >= per_token:
+            self.counters.inc("queue_refused", limit="max_queue_per_token")
+            raise QueueFull(
+                f"every GPU this client may take is busy and this token already has {mine} "
+                f"clients waiting for one (max_queue_per_token = {per_token}); try again when "
+                f"one of them has its GPU or has left: each waits at most queue_timeout = "
+                f"{self.settings.queue_timeout:g} s (`gpupool status` shows the queue)")
 
     def _free_for(self, req: Requirements, token: str) -> bool:
         return any(s.state == FREE and req.matches(s.gpu) for s in self.slots) and \
@@ -437,9 +456,21 @@ class LeaseManager:
             w.future.cancel()
         self._dispatch()
 
-    def _under_limit(self, token: str) -> bool:
+    def _under_limit(self, token: str, returning: int | None = None) -> bool:
+        """Whether `token` may take one more GPU here: what it holds (its detached leases
+        included, pool/state.py's `held`) is under `max_gpus_per_token`. A detached lease
+        coming back (`returning`) is not counted against itself: it takes its own place back."""
         limit = self.settings.max_gpus_per_token
-        return limit <= 0 or sum(1 for s in self.slots if s.holder() == token) < limit
+        return limit <= 0 or self.pool.held(token, but=returning) < limit
+
+    def may_take(self, w: Waiter) -> bool:
+        """Whether waiter `w`'s token limit lets it take a GPU now (on this server; in a fleet
+        also as the fleet counted at its last sync). A waiter it blocks is skipped by the
+        grants and makes no idle lease detach (pool/detach.py): a GPU given back for it would
+        go to nobody of its token."""
+        if not self._under_limit(w.token, w.returning):
+            return False
+        return self.fleet is None or self.fleet.under_limit(w.token, w.returning)
 
     def _dispatch(self) -> None:
         """Grant free GPUs to the first waiters that may take them (in a fleet: ask the fleet
@@ -452,8 +483,7 @@ class LeaseManager:
         for slot in self.slots:
             if slot.state != FREE:
                 continue
-            w = self.queue.first(lambda w, g=slot.gpu: w.accepts(g)
-                                 and (w.returning is not None or self._under_limit(w.token)))
+            w = self.queue.first(lambda w, g=slot.gpu: w.accepts(g) and self.may_take(w))
             if w is None:
                 continue
             self._grant(slot, w)
@@ -558,8 +588,13 @@ class LeaseManager:
         except Exception:
             log.exception("lease %d: recording its end failed; its GPU %s is scrubbed anyway",
                           lease.id, lease.gpu_index())
-        if self._closing or slot is None:
-            return  # detached: its last GPU was scrubbed when it left
+        if self._closing:
+            return
+        if slot is None:
+            # Detached: its last GPU was scrubbed when it left. Its place in its token's
+            # max_gpus_per_token is free now: a waiter of that token may take a GPU.
+            self._dispatch()
+            return
         await self._clean(slot, [lease.id])
 
     def _end_reason(self, lease: Lease, ex: WorkerExit) -> tuple[str, str]:

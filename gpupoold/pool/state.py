@@ -127,6 +127,26 @@ class PoolState:
     def lease(self, lease_id: int) -> Lease | None:
         return self._leases.get(lease_id)
 
+    def away(self) -> list[Lease]:
+        """The active leases off a GPU: detached, or called back and not granted one yet (a
+        granted one is counted on the GPU it was granted, as that GPU's holder)."""
+        seated = {s.reserved.returning for s in self.slots
+                  if s.reserved is not None and s.reserved.returning is not None}
+        return [le for le in self._leases.values() if le.slot is None and le.id not in seated]
+
+    def held(self, token: str, but: int | None = None) -> int:
+        """The GPUs `token` holds, as `max_gpus_per_token` counts them: the GPUs leased or
+        granted to it, and its leases off a GPU (a detached lease keeps its claim: it takes a GPU
+        again on its client's next call). `but`: leaving out that lease (its own place, for a
+        detached lease coming back)."""
+        def its_own(slot: Slot) -> bool:
+            return but is not None and (
+                (slot.lease is not None and slot.lease.id == but)
+                or (slot.reserved is not None and slot.reserved.returning == but))
+
+        on_gpus = sum(1 for s in self.slots if s.holder() == token and not its_own(s))
+        return on_gpus + sum(1 for le in self.away() if le.token == token and le.id != but)
+
     # ---------------------------------------------------------------------------- the checks
     def _check(self, name: str, slot: Slot) -> None:
         if slot.state not in SLOT_EDGES[name]:

@@ -58,7 +58,8 @@ class Waiter:
     joined: float = field(default_factory=time.monotonic)
     joined_wall: float = field(default_factory=time.time)
     # A detached lease coming back (pool/detach.py): only GPUs its saved state can be restored
-    # on (`only`); it is not held back by max_gpus_per_token (it held its GPU already).
+    # on (`only`); max_gpus_per_token counts it while detached, so it takes its own place back
+    # and waits only when its token holds more than the limit otherwise.
     returning: int | None = None  # the lease id
     only: Callable[[Gpu], bool] | None = None
     # A fleet (pool/fleet.py) may send it to another server's GPU: its client understands
@@ -101,6 +102,11 @@ class WaitQueue:
             return self._waiters.index(w) + 1
         except ValueError:
             return 0
+
+    def waiting(self, token: str) -> int:
+        """How many new clients of `token` wait (its detached leases coming back not counted:
+        they are not new clients, and `max_queue_per_token` does not refuse them)."""
+        return sum(1 for w in self._waiters if w.token == token and w.returning is None)
 
     def first(self, may_take: Callable[[Waiter], bool]) -> Waiter | None:
         return next((w for w in self._waiters if may_take(w)), None)

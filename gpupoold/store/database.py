@@ -190,6 +190,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # each server, and an admin action may be sent to one server for another
         "ALTER TABLE audit ADD COLUMN server TEXT NOT NULL DEFAULT ''",
     ),
+    (  # v8: each server's leases off a GPU (idly detached, or called back and not yet seated):
+        # they count toward their token's max_gpus_per_token in the whole fleet (issue 29)
+        """CREATE TABLE fleet_away (
+            server TEXT NOT NULL,
+            lease_id INTEGER NOT NULL,
+            token TEXT NOT NULL,
+            PRIMARY KEY (server, lease_id)
+        )""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -10,12 +10,15 @@ the pool's (pool/fleet.py passes `match` in); this module only moves rows.
 A GPU row belongs to its server: only it writes `state`/`free` and clears `holder` (when the
 lease or reservation for that ticket is over). A queue row belongs to the server the client waits
 on until a GPU is assigned to it; then to the GPU's server, which deletes it once it is done with
-it. Rows of servers marked down are dropped here, so nobody waits for them.
+it. Rows of servers marked down are dropped here, so nobody waits for them. Each server also
+replaces its rows of `fleet_away` at each sync: its leases off a GPU, which count toward their
+token's `max_gpus_per_token` like the GPUs it holds.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +71,9 @@ class SyncInput:
     gone: list[int] = field(default_factory=list)  # its waiters' tickets whose clients left
     finished: list[int] = field(default_factory=list)  # tickets its GPUs are done with
     unassign: list[int] = field(default_factory=list)  # assignments it could not use: requeue
+    # its leases off a GPU (detached, or called back and not seated yet), as (lease id, token):
+    # they count toward their token's max_gpus_per_token (pool/fleet.py's `match`)
+    away: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -77,10 +83,13 @@ class SyncResult:
     queue: list[QueueRow]  # the whole fleet queue, in ticket order
     servers: dict[str, dict[str, Any]]  # name -> {"remoting", "state", ...}
     assigned: list[tuple[int, str, int]]  # (ticket, server, gpu index) decided in this sync
+    # every live server's leases off a GPU, as (server, token)
+    away: list[tuple[str, str]] = field(default_factory=list)
 
 
-# match(gpus, queue, up servers) -> [(ticket, server, gpu index)]
-Matcher = Callable[[Sequence[GpuRow], Sequence[QueueRow], set[str]], list[tuple[int, str, int]]]
+# match(gpus, queue, up servers, leases off a GPU by token) -> [(ticket, server, gpu index)]
+Matcher = Callable[[Sequence[GpuRow], Sequence[QueueRow], set[str], Counter[str]],
+                   list[tuple[int, str, int]]]
 
 
 def _gpu(r: Any) -> GpuRow:
@@ -120,6 +129,10 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
             "lease_id = excluded.lease_id, token = excluded.token, updated = excluded.updated",
             (me, g.index, g.uuid, g.name, g.memory_total, g.simulated, g.state, g.free,
              g.lease_id, g.token, now))
+    db.execute("DELETE FROM fleet_away WHERE server = ?", (me,))
+    for lease_id, token in inp.away:
+        db.execute("INSERT INTO fleet_away (server, lease_id, token) VALUES (?, ?, ?)",
+                   (me, lease_id, token))
     if inp.finished:
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' WHERE server = ? "
                    f"AND holder IN {_in(inp.finished)}", (me, *inp.finished))
@@ -173,7 +186,11 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
     queue = [_waiter(r) for r in db.execute(
         "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
-    assigned = match(gpus, queue, up)
+    # A down server's leases are gone with it (as its GPUs are not offered).
+    away_rows = [(r["server"], r["token"]) for r in db.execute(
+        "SELECT server, token FROM fleet_away ORDER BY server, lease_id").fetchall()
+        if r["server"] in up]
+    assigned = match(gpus, queue, up, Counter(token for _, token in away_rows))
     if assigned:
         by_ticket = {w.ticket: w for w in queue}
         for ticket, server, index in assigned:
@@ -190,7 +207,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
             db.execute(f"NOTIFY {CHANNEL}")
     elif inp.finished or inp.gone or inp.new_waiters:
         db.execute(f"NOTIFY {CHANNEL}")  # a GPU or a place in the queue may be theirs now
-    return SyncResult(tickets, gpus, queue, servers, assigned)
+    return SyncResult(tickets, gpus, queue, servers, assigned, away_rows)
 
 
 def snapshot(db: Any) -> tuple[list[GpuRow], list[QueueRow]]:

@@ -1,0 +1,175 @@
+"""A token's limits in the lease manager (pool/leases.py, pool/detach.py, pool/state.py's `held`)
+with fake workers, checkpoints, store and cleaner: `max_gpus_per_token` counts a token's detached
+leases too, a waiter that its own token's limit holds back makes no idle lease detach, a detached
+lease coming back takes its own place back and waits when its token holds more than the limit,
+and `max_queue_per_token` refuses one token's further waiters without touching the others'
+(issue 29). The end-to-end test is tests/test_e2e_token_limits.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from test_detach import detaching, until
+from test_leases import client, lease_on, mgr, settle  # noqa: F401
+
+from gpupoold.pool.fleet import match
+from gpupoold.pool.leases import FREE, QueueFull
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.slots import ATTACHED, DETACHED
+from gpupoold.store.database import StoreDB
+from gpupoold.store.fleet import GpuRow, QueueRow, SyncInput
+
+
+async def test_a_detached_lease_counts_toward_its_token_limit(mgr: Any) -> None:  # noqa: F811
+    m = await detaching(mgr, 2, detach_policy="always", max_gpus_per_token=1)
+    _, lease = await lease_on(m, 1, token="alice")
+    await until("detached", lambda: lease.state == DETACHED)
+    await until("GPU 0 free", lambda: m.slots[0].state == FREE)
+    assert m.pool.held("alice") == 1 and m.pool.held("alice", but=lease.id) == 0
+    second = m.enqueue(Requirements(), "alice", client(2))
+    await asyncio.sleep(0.2)
+    assert not second.future.done(), "alice's detached lease holds her one GPU"
+    assert m.counts(Requirements(), "alice")[2] == 0  # the info reply: nothing free for her
+    bob = m.enqueue(Requirements(), "bob", client(3))
+    await asyncio.wait_for(bob.future, 1)
+    # Her detached lease ends: the limit lets her next client in.
+    lease.worker.finish("client exit")
+    await asyncio.wait_for(second.future, 1)
+    assert m.pool.held("alice") == 1
+
+
+async def test_a_waiter_its_own_limit_holds_back_makes_no_lease_detach(mgr: Any) -> None:  # noqa: F811
+    m = await detaching(mgr, 1, max_gpus_per_token=1)  # policy when-queued
+    _, lease = await lease_on(m, 1, token="alice")
+    second = m.enqueue(Requirements(), "alice", client(2))
+    await asyncio.sleep(0.4)
+    assert lease.worker.asked == 0 and lease.state == ATTACHED and not second.future.done()
+    # Another token's waiter may take the GPU: the idle lease gives it back for her.
+    bob = m.enqueue(Requirements(), "bob", client(3))
+    slot = await asyncio.wait_for(bob.future, 3)
+    assert slot is m.slots[0] and lease.state == DETACHED
+    # Alice's second client still waits: her detached lease holds her one GPU.
+    await m.begin(bob, slot, b"hello", 1, -1)
+    await asyncio.sleep(0.2)
+    assert not second.future.done() and m.pool.held("alice") == 1
+
+
+async def test_a_returning_lease_takes_its_own_place_back(mgr: Any) -> None:  # noqa: F811
+    m = await detaching(mgr, 1, detach_policy="always", max_gpus_per_token=1)
+    _, lease = await lease_on(m, 1, token="alice")
+    await until("detached", lambda: lease.state == DETACHED)
+    waiting = m.enqueue(Requirements(), "alice", client(2))  # held back by the detached lease
+    lease.worker.wants_gpu.set()
+    await until("A attached", lambda: lease.state == ATTACHED)
+    assert lease.slot is m.slots[0] and not waiting.future.done()
+
+
+async def test_a_returning_lease_waits_while_its_token_holds_more_than_the_limit(mgr: Any) -> None:  # noqa: F811
+    m = await detaching(mgr, 2, detach_policy="always", max_gpus_per_token=2)
+    _, lease = await lease_on(m, 1, token="alice")
+    await until("detached", lambda: lease.state == DETACHED)
+    await until("GPU 0 free", lambda: m.slots[0].state == FREE)
+    _, other = await lease_on(m, 2, token="alice")
+    other.keep_gpu = "test: stays"
+    # The operator lowered the limit to 1 (a reload): alice holds 2, the returning lease waits
+    # (a free GPU is there) until her other lease ends, then takes its place back.
+    m.settings = replace(m.settings, max_gpus_per_token=1)
+    lease.worker.wants_gpu.set()
+    await asyncio.sleep(0.3)
+    assert lease.slot is None and [w.returning for w in m.queue] == [lease.id]
+    other.worker.finish("client exit")
+    await until("A attached", lambda: lease.state == ATTACHED)
+
+
+async def test_max_queue_per_token_refuses_one_token_and_not_the_others(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(1, max_queue_per_token=2, max_queue=10, queue_timeout=60.0)
+    await lease_on(m, 1, token="carol")
+    first = m.enqueue(Requirements(), "alice", client(2))
+    m.enqueue(Requirements(), "alice", client(3))
+    with pytest.raises(QueueFull, match=r"this token already has 2 clients waiting for one "
+                       r"\(max_queue_per_token = 2\); try again when one of them has its GPU "
+                       r"or has left: each waits at most queue_timeout = 60 s"):
+        m.enqueue(Requirements(), "alice", client(4))
+    assert m.counters.get("queue_refused", limit="max_queue_per_token") == 1
+    bob = m.enqueue(Requirements(), "bob", client(5))  # another token still queues
+    assert [w.token for w in m.queue] == ["alice", "alice", "bob"]
+    m.abandon(first)
+    m.enqueue(Requirements(), "alice", client(6))  # a place of hers came free
+    await settle()
+    assert m.queue.position(bob) == 2
+    with pytest.raises(QueueFull):
+        m.enqueue(Requirements(), "alice", client(7))
+    assert m.counters.get("queue_refused", limit="max_queue_per_token") == 2
+    assert m.counters.get("queue_refused", limit="max_queue") == 0
+
+
+async def test_max_queue_is_counted_apart_and_zero_per_token_means_no_limit_of_its_own(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(1, max_queue_per_token=0, max_queue=3)
+    await lease_on(m, 1, token="carol")
+    for n in range(3):
+        m.enqueue(Requirements(), "alice", client(10 + n))
+    with pytest.raises(QueueFull, match=r"the queue is full \(3 waiting, max_queue = 3\)"):
+        m.enqueue(Requirements(), "bob", client(20))
+    assert m.counters.get("queue_refused", limit="max_queue") == 1
+
+
+# ------------------------------------------------------------------------------- in a fleet
+UP = {"a", "b"}
+
+
+def gpu(server: str, index: int = 0, token: str = "") -> GpuRow:
+    return GpuRow(server=server, index=index, uuid=f"GPU-{server}-{index}", name="H100",
+                  memory_total=80 << 30, simulated=True, state="leased" if token else "free",
+                  free=not token, lease_id=1 if token else None, token=token, updated=0.0)
+
+
+def waiter(ticket: int, server: str, token: str,
+           only: tuple[int, ...] | None = None) -> QueueRow:
+    return QueueRow(ticket=ticket, server=server, token=token, client={"host": "h", "pid": ticket},
+                    request={"gpu": "", "model": "", "min_memory": 0}, only=only,
+                    redirectable=only is None, joined=0.0, state="waiting")
+
+
+def test_the_fleet_counts_a_tokens_detached_leases_on_any_server() -> None:
+    gpus = [gpu("a"), gpu("b")]
+    queue = [waiter(1, "a", "t"), waiter(2, "b", "u")]
+    assert match(gpus, queue, UP, 1) == [(1, "a", 0), (2, "b", 0)]
+    # t's lease detached on b: t holds its one GPU; u is served meanwhile.
+    assert match(gpus, queue, UP, 1, Counter({"t": 1})) == [(2, "b", 0)]
+    # That lease coming back (only GPU 0 of b) takes its own place back...
+    back = [waiter(1, "a", "t"), waiter(3, "b", "t", only=(0,))]
+    assert match(gpus, back, UP, 1, Counter({"t": 1})) == [(3, "b", 0)]
+    # ...and waits while t holds more than the limit otherwise (its GPU on a).
+    busy = [gpu("a", token="t"), gpu("b")]
+    assert match(busy, back, UP, 1, Counter({"t": 1})) == []
+    assert match(busy, back, UP, 2, Counter({"t": 1})) == [(3, "b", 0)]
+
+
+def test_the_store_shares_each_servers_detached_leases_with_the_fleet(pg_url: str) -> None:
+    dbs = {name: StoreDB(pg_url, server=name) for name in ("a", "b")}
+    try:
+        for db in dbs.values():
+            db.server_up("127.0.0.1:1", "127.0.0.1:2", time.time())
+
+        def sync(name: str, waiters: list[tuple[int, QueueRow]], away: list[tuple[int, str]]) -> Any:
+            return dbs[name].fleet_sync(
+                SyncInput(name, [gpu(name)], waiters, away=away),
+                lambda g, q, up, held_away: match(g, q, up, 1, held_away))
+
+        # a has t's detached lease 7; b's waiter of t gets nothing, b's waiter of u gets b's GPU.
+        res = sync("a", [], [(7, "t")])
+        assert res.away == [("a", "t")]
+        res = sync("b", [(1, waiter(0, "b", "t")), (2, waiter(0, "b", "u"))], [])
+        (t_ticket, u_ticket) = (res.tickets[1], res.tickets[2])
+        assert [(ticket, server) for ticket, server, _ in res.assigned] == [(u_ticket, "b")]
+        # Lease 7 ended: a's next sync drops it, and t's waiter may take a's GPU.
+        res = sync("a", [], [])
+        assert res.away == [] and [(t, s) for t, s, _ in res.assigned] == [(t_ticket, "a")]
+    finally:
+        for db in dbs.values():
+            db.close()
