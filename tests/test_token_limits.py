@@ -95,7 +95,7 @@ async def test_max_queue_per_token_refuses_one_token_and_not_the_others(mgr: Any
                        r"\(max_queue_per_token = 2\); try again when one of them has its GPU "
                        r"or has left: each waits at most queue_timeout = 60 s"):
         m.enqueue(Requirements(), "alice", client(4))
-    assert m.counters.get("queue_refused", limit="max_queue_per_token") == 1
+    assert m.counters.get("admission_refused", reason="queue_per_token") == 1
     bob = m.enqueue(Requirements(), "bob", client(5))  # another token still queues
     assert [w.token for w in m.queue] == ["alice", "alice", "bob"]
     m.abandon(first)
@@ -104,8 +104,8 @@ async def test_max_queue_per_token_refuses_one_token_and_not_the_others(mgr: Any
     assert m.queue.position(bob) == 2
     with pytest.raises(QueueFull):
         m.enqueue(Requirements(), "alice", client(7))
-    assert m.counters.get("queue_refused", limit="max_queue_per_token") == 2
-    assert m.counters.get("queue_refused", limit="max_queue") == 0
+    assert m.counters.get("admission_refused", reason="queue_per_token") == 2
+    assert m.counters.get("admission_refused", reason="queue") == 0
 
 
 async def test_max_queue_is_counted_apart_and_zero_per_token_means_no_limit_of_its_own(mgr: Any) -> None:  # noqa: F811
@@ -115,7 +115,7 @@ async def test_max_queue_is_counted_apart_and_zero_per_token_means_no_limit_of_i
         m.enqueue(Requirements(), "alice", client(10 + n))
     with pytest.raises(QueueFull, match=r"the queue is full \(3 waiting, max_queue = 3\)"):
         m.enqueue(Requirements(), "bob", client(20))
-    assert m.counters.get("queue_refused", limit="max_queue") == 1
+    assert m.counters.get("admission_refused", reason="queue") == 1
 
 
 # ------------------------------------------------------------------------------- in a fleet

@@ -414,19 +414,20 @@ class LeaseManager:
         return w
 
     def _admit(self, token: str) -> None:
-        """Raise QueueFull (counted by limit, `queue_refused`) when a new client of `token`
-        may not wait: the queue is at `max_queue`, or the token's own clients already wait
-        `max_queue_per_token` times (so that one tenant's idle hellos cannot fill the queue
-        that everyone shares). Returning detached leases join without asking (they had a GPU)."""
+        """Raise QueueFull when a new client of `token` may not wait: the queue is at
+        `max_queue`, or the token's own clients already wait `max_queue_per_token` times (so
+        that one tenant's idle hellos cannot fill the queue everyone shares). Each refusal is
+        counted as `admission_refused` (the metric gpupool_admission_refusals, reason `queue`
+        or `queue_per_token`). Returning detached leases join without asking (they had a GPU)."""
         limit = self.settings.max_queue
         if len(self.queue) >= limit:
-            self.counters.inc("queue_refused", limit="max_queue")
+            self.counters.inc("admission_refused", reason="queue")
             raise QueueFull(f"every GPU is busy and the queue is full ({len(self.queue)} "
                             f"waiting, max_queue = {limit}); try again later")
         per_token = self.settings.max_queue_per_token
         mine = self.queue.waiting(token)
         if per_token > 0 and mine >= per_token:
-            self.counters.inc("queue_refused", limit="max_queue_per_token")
+            self.counters.inc("admission_refused", reason="queue_per_token")
             raise QueueFull(
                 f"every GPU this client may take is busy and this token already has {mine} "
                 f"clients waiting for one (max_queue_per_token = {per_token}); try again when "
