@@ -604,6 +604,21 @@ def test_module_cache_eviction(cache_dir: Path) -> None:
     assert len(cached("B")) == 2 and cached("B") < set(b_img)
 
 
+def test_module_cache_scans_in_steps(cache_dir: Path) -> None:
+    """The eviction scan runs after a session's first image written, then after every 1/256 of
+    a token's file limit (here 2 images): between scans the cache may be over its limit."""
+    env = limits(token_files=512, total_files=3)
+    ns = cache_dir / "modules" / namespace("A")
+    s = token_session(cache_dir, "A", env)
+    counts = []
+    for i in range(1, 6):
+        assert load_module(s, handle(H_MODULE, i), pattern(4096, i)) != gp.GP_ENEEDIMAGE
+        counts.append(len(list(ns.iterdir())))
+    assert s.close() == 0
+    check_clean(s)
+    assert counts == [1, 2, 3, 4, 3], counts  # scans after the 1st, 3rd and 5th
+
+
 def test_module_memory_cache_bounded(cache_dir: Path) -> None:
     """A session keeps at most its memory limit of images; the rest come back from disk."""
     env = limits(token_files=100, total_files=100, memory_bytes=12000)

@@ -10,8 +10,12 @@
  * a concurrent worker sees either no file or a complete one. Whatever is read back is hashed
  * again: a damaged or foreign file is a cache miss, never a wrong module.
  *
- * Eviction: after each image written (a miss: the image has just crossed the network), the
- * writer scans the whole disk cache. First its own namespace is brought under the per-token
+ * Eviction: after the first image a session writes (a miss: the image has just crossed the
+ * network), and then after every 1/256 of a token's file limit or 1/16 of its byte limit written
+ * (64 images or 256 MiB by default; every image with the tests' small limits), the writer scans
+ * the whole disk cache: a scan reads every file's metadata, too much work for each of the
+ * hundreds of images a framework loads at its first run, and the cache may go over its limits
+ * by that much per worker running at once. First its own namespace is brought under the per-token
  * limits, oldest use first; then, while the whole cache is over the total limits, the oldest
  * entry of the namespace holding the most bytes goes, so a tenant filling its share evicts its
  * own images before anyone else's. "Use" is the file's access time, which a disk hit sets.
@@ -494,7 +498,15 @@ static void write_disk(struct modcache *c, const struct mc_entry *e)
         wk_warn("cannot store module cache file %s: %s", path, strerror(errno));
         return;
     }
+    c->unscanned_files++;
+    c->unscanned_bytes += e->len;
+    uint64_t every_files = c->lim.token_files / 256 ? c->lim.token_files / 256 : 1;
+    if (c->scanned && c->unscanned_files < every_files &&
+        c->unscanned_bytes < c->lim.token_bytes / 16)
+        return;
     evict(c);
+    c->scanned = 1;
+    c->unscanned_files = c->unscanned_bytes = 0;
 }
 
 const struct mc_entry *wk_modcache_put(struct modcache *c, const uint8_t sha[32], uint8_t *data,

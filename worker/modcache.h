@@ -34,6 +34,8 @@ struct modcache {
     char *dir;             /* <root>/<namespace>, or NULL when the disk cache is unusable */
     char ns[17];           /* the namespace: 16 hex digits */
     unsigned tmp_seq;      /* makes temporary file names unique within this process */
+    int scanned;           /* this session has run the eviction scan once */
+    uint64_t unscanned_files, unscanned_bytes; /* written since the last scan */
     struct mc_limits lim;
 };
 
