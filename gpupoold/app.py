@@ -32,6 +32,7 @@ from gpupoold.gpu.nvml import Nvml
 from gpupoold.gpu.sim import remove_sim_memory, remove_stale_sim_memory
 from gpupoold.gpu.telemetry import Telemetry
 from gpupoold.http.auth import auth_middleware
+from gpupoold.http.browser_guard import browser_guard_middleware, setup_browser_guard
 from gpupoold.http.keys import (
     AUTH,
     COUNTERS,
@@ -78,7 +79,8 @@ class StartupError(Exception):
 
 
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware])
+    # The browser checks (Host, Origin, a trusted proxy's scheme) come before the tokens.
+    app = web.Application(middlewares=[browser_guard_middleware, auth_middleware])
     app[SETTINGS] = settings
     app[COUNTERS] = Counters()
     # The lease manager publishes on it; the metrics (here) and the dashboard subscribe.
@@ -98,6 +100,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(membership_ctx)
     setup_routes(app)
     setup_dashboard(app)
+    setup_browser_guard(app)
     return app
 
 

@@ -94,7 +94,7 @@ def test_cli_rejects_a_non_number(capsys: pytest.CaptureFixture[str]) -> None:
 def test_every_setting_has_help_and_a_known_type() -> None:
     for info in settings_info():
         assert info.help.strip(), info.name
-        assert info.base_type in (str, int, float, bool, Path, list[int]), info.name
+        assert info.base_type in (str, int, float, bool, Path, list[int], list[str]), info.name
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import re
 import types
 import typing
@@ -86,6 +87,22 @@ def _check_database(value: str) -> None:
     from gpupoold.store.postgres import check_url
 
     check_url(value)
+
+
+def _check_host_names(value: list[str]) -> None:
+    for name in value:
+        if name != "*" and not re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?", name):
+            raise ValueError(f"{name!r} is not a host name (write names only: no scheme, port, "
+                             "path or address; IP addresses are always allowed)")
+
+
+def _check_networks(value: list[str]) -> None:
+    for net in value:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError:
+            raise ValueError(f"{net!r} is not an IP address or network (ADDRESS or "
+                             "ADDRESS/PREFIX)") from None
 
 
 def _check_log_level(value: str) -> None:
@@ -227,6 +244,22 @@ class Settings:
         "HTTP unless `http_tls_cert` is set. `off`: plain HTTP on any address (tokens in clear "
         "off loopback; warned at every start).",
         check=_check_choice(TLS_MODES))
+    http_allowed_hosts: list[str] = _setting(
+        [],
+        "Host names, besides its own, under which the HTTP listener is reached: a DNS alias, a "
+        "reverse proxy's public name. Its own: any IP address, `localhost`, this machine's host "
+        "name and fully qualified name, the hosts of `http` and `http_advertise`. A request for "
+        "another host is refused (`421`: DNS rebinding). A POST, PUT or DELETE from a page of another "
+        "origin is refused (`403`: CSRF); a page under a name listed here counts as this "
+        "server's own. `[\"*\"]` answers to any host name (not advised; origins are still "
+        "checked). docs/security.md, \"The dashboard in a browser\".",
+        check=_check_host_names)
+    trusted_proxies: list[str] = _setting(
+        [],
+        "Addresses or networks (`10.0.0.5`, `10.0.0.0/24`, `::1`) of reverse proxies in front of "
+        "the HTTP listener whose `X-Forwarded-Proto: https` is believed: their requests count as "
+        "HTTPS (the dashboard's cookie is `Secure`). Others' `X-Forwarded-Proto` is ignored.",
+        check=_check_networks)
     simulated: int = _setting(
         0,
         "Number of simulated GPUs to serve. 0 serves the real GPUs listed in `gpus`; when it "
