@@ -419,12 +419,20 @@ async def test_the_cached_reply_is_the_reference_encoding(
     cache = info.InfoCache(settings, stand_in, stand_in)  # type: ignore[arg-type]
     snap = await cache.snapshot("0.0.0.0:7070")
     counts = (1, 1, 1, queue)
-    for name, host in (("alice", "h1"), ("bob", "hé"), ("alice", ""), ("carol", "h2"),
-                       ("anonymous", "h1")):
-        expected = info.reply(settings, stand_in, "0.0.0.0:7070", name, "user", host,  # type: ignore[arg-type]
+    for name, role, host in (("alice", "user", "h1"), ("bob", "user", "hé"),
+                             ("alice", "user", ""), ("carol", "user", "h2"),
+                             ("anonymous", "anonymous", "h1"), ("root", "admin", "h2")):
+        expected = info.reply(settings, stand_in, "0.0.0.0:7070", name, role, host,  # type: ignore[arg-type]
                               counts, now=snap.time).encode()
-        got = snap.compose(name, "user", host, counts)
+        got = snap.compose(name, role, host, counts)
         assert got == expected, (name, host)
+        # Command lines (pool/privacy.py): the owner's token and admins see the arguments,
+        # everyone else the program's name.
+        decoded = gp.InfoReply.decode(got)
+        for r in decoded.lease_views[:4] + decoded.queue_views[:4]:
+            whole = r.token == name and role == "user" or role == "admin"
+            assert r.client_program.startswith("prögram ✓ ") is whole, (name, role, r.token)
+            assert whole or r.client_program == "prögram", (name, role, r.token)
     reply = gp.InfoReply.decode(snap.compose("alice", "user", "h1", counts))
     assert reply.truncated == int(truncated)
     assert len(reply.lease_views) == min(leases, info.LEASE_LIMIT)

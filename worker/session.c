@@ -177,12 +177,39 @@ int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *c
     return 0;
 }
 
+/* The client's command line reduced to the program's name: its first word, without a folder.
+ * The worker only logs it, and the arguments may hold secrets (`--api-key=...`) that log lines
+ * must not carry; gpupoold keeps the whole line for the lease's owner and admins
+ * (gpupoold/pool/privacy.py program_name says the same). */
+static void keep_program_name(gp_hello *h)
+{
+    if (h->program == NULL || h->program_len == 0)
+        return;
+    const char *p = h->program;
+    uint32_t n = h->program_len;
+    while (n > 0 && (*p == ' ' || *p == '\t')) {
+        p++;
+        n--;
+    }
+    uint32_t word = 0;
+    while (word < n && p[word] != ' ' && p[word] != '\t')
+        word++;
+    uint32_t start = 0;
+    for (uint32_t i = 0; i < word; i++)
+        if (p[i] == '/')
+            start = i + 1;
+    h->program = p + start;
+    h->program_len = word - start;
+}
+
 int wk_hello_decode(const uint8_t *body, size_t len, gp_hello *h)
 {
     int rc = gp_hello_decode(body, len, h);
     /* A newer minor version appends fields: the ones we know are read, the rest skipped. */
     if (rc == GP_PROTO_ETRAILING && h->major == GP_PROTO_MAJOR && h->minor > GP_PROTO_MINOR)
-        return 0;
+        rc = 0;
+    if (rc == 0)
+        keep_program_name(h);
     return rc;
 }
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from gpupoold.dashboard.access import refused, viewer
 from gpupoold.dashboard.history import History
-from gpupoold.dashboard.payload import chart_update, stable_text, state_payload
+from gpupoold.dashboard.payload import chart_update, shown, stable_text, state_payload
 from gpupoold.dashboard.state import DASHBOARD, STREAM_BACKLOG
 from gpupoold.http.keys import EVENTS, INVENTORY, LEASES, SETTINGS, TELEMETRY, VIEWS, tls_view
 from gpupoold.http.metrics import METRICS_KEY
@@ -50,10 +50,11 @@ async def events(request: web.Request) -> web.StreamResponse:
                 payloads.append(queued.get_nowait())
             payloads.append(state_payload(request.app))  # and what holds now
             now = time.monotonic()
-            for payload in payloads:
+            for n, payload in enumerate(payloads):
+                payload = shown(v, payload)  # this viewer's copy: command lines it may see
                 stable = stable_text(payload)
                 if stable != last_text or now - last_sent >= EVENT_EVERY_S:
-                    if payload is payloads[-1]:  # the current one carries the charts too
+                    if n == len(payloads) - 1:  # the current one carries the charts too
                         payload = {**payload, "charts": chart_update(request.app,
                                                                      payload["gpus"])}
                     data = json.dumps(payload, separators=(",", ":"), default=str)

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gpupoold.dashboard.access import login_redirect, page, page_viewer, refused, set_cookie, viewer
 from gpupoold.dashboard.history import IDLE_WINDOW_S
-from gpupoold.dashboard.payload import charts, day_charts, state_payload
+from gpupoold.dashboard.payload import charts, day_charts, shown, state_payload
 from gpupoold.dashboard.sessions import COOKIE, Session, Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
 from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE, VIEWS, remoting_address
@@ -33,7 +33,7 @@ async def root(request: web.Request) -> web.Response:
 
 async def overview(request: web.Request) -> web.Response:
     v, new = await page_viewer(request)
-    payload = state_payload(request.app)
+    payload = shown(v, state_payload(request.app))
     return page(request, "overview.html", v, new, state=payload,
                 charts=charts(request.app, payload["gpus"]),
                 day=await day_charts(request.app, payload["gpus"]),
@@ -42,7 +42,7 @@ async def overview(request: web.Request) -> web.Response:
 
 async def leases_page(request: web.Request) -> web.Response:
     v, new = await page_viewer(request)
-    payload = state_payload(request.app)
+    payload = shown(v, state_payload(request.app))
     ended = await request.app[STORE].leases("ended", HISTORY_ROWS, None)
     history = []
     for r in ended:
@@ -55,7 +55,7 @@ async def leases_page(request: web.Request) -> web.Response:
             "end_detail": r.end_detail or "",
             "scrub": ("pending" if r.scrub_ok is None else "passed" if r.scrub_ok else "failed"),
         })
-    return page(request, "leases.html", v, new, state=payload, history=history)
+    return page(request, "leases.html", v, new, state=payload, history=shown(v, history))
 
 
 def _history_row(r: Any) -> dict[str, Any]:
@@ -99,21 +99,23 @@ async def history_page(request: web.Request) -> web.Response:
     next_before = records[-1].id if len(records) == HISTORY_PAGE_ROWS else None
     keep = {k: q[k] for k in ("token", "user", "gpu", "period") if q.get(k)}
     next_url = "/ui/history?" + urlencode({**keep, "before": next_before}) if next_before else ""
-    return page(request, "history.html", v, new, rows=[_history_row(r) for r in records],
+    return page(request, "history.html", v, new,
+                rows=shown(v, [_history_row(r) for r in records]),
                 filters=filters, period=period, periods=[(p, label) for p, label, _ in PERIODS],
                 problem=problem, next_before=next_before, next_url=next_url)
 
 
 async def queue_page(request: web.Request) -> web.Response:
     v, new = await page_viewer(request)
-    return page(request, "queue.html", v, new, state=state_payload(request.app))
+    return page(request, "queue.html", v, new, state=shown(v, state_payload(request.app)))
 
 
 async def fleet_page(request: web.Request) -> web.Response:
     """Every server sharing this one's store, with its GPUs; the leases and the queue of all."""
     v, new = await page_viewer(request)
     view = await fleet_view(request.app[VIEWS], request.app[STORE], remoting_address(request.app))
-    return page(request, "fleet.html", v, new, state=state_payload(request.app), fleet=view)
+    return page(request, "fleet.html", v, new, state=shown(v, state_payload(request.app)),
+                fleet=shown(v, view))
 
 
 async def tokens_page(request: web.Request) -> web.Response:

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from gpupoold.dashboard.formatting import human_bytes
 from gpupoold.dashboard.history import DAY_S, bars, day_view, polyline
+from gpupoold.dashboard.sessions import Viewer
 from gpupoold.dashboard.state import DASHBOARD
 from gpupoold.http.keys import STORE, VIEWS
+from gpupoold.pool.privacy import ADMIN, private_view
 from gpupoold.store.database import LeaseFilter
 
 DAY_ROWS = 10000  # lease records read for the day view (a day of short jobs fits)
+
+T = TypeVar("T")
+
+
+def shown(v: Viewer, data: T) -> T:
+    """What `v` may see of `data` (a payload, lease rows, the fleet view): the clients' command
+    lines whole for their owner's session and admins, the program's name for everyone else
+    (pool/privacy.py). With `auth = "none"` every visitor is an admin ("admin-auto")."""
+    return private_view(data, v.name, ADMIN if v.role == "admin-auto" else v.role)
 
 
 def state_payload(app: web.Application) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from gpupoold.http.keys import (
 )
 from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.pool.leases import LeaseError, LeaseManager
+from gpupoold.pool.privacy import private_view
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
 from gpupoold.store.tokens import check_token_name, parse_expiry
@@ -47,6 +48,14 @@ MAX_REASON = 500  # characters of an operator's reason for ending a lease
 # ---------------------------------------------------------------------------------- helpers
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
+
+
+def _shown(request: web.Request, data: Any, status: int = 200) -> web.Response:
+    """A view of leases or waiters as the caller may see it: the clients' command lines whole
+    for their owner's token and admins, the program's name for everyone else
+    (pool/privacy.py)."""
+    who = caller(request)
+    return _json(private_view(data, who.identity, who.role), status)
 
 
 def _int(text: str, what: str, minimum: int, maximum: int | None = None) -> int:
@@ -191,7 +200,7 @@ async def status(request: web.Request) -> web.Response:
     views = app[VIEWS]
     s = views.summary()
     who = caller(request)
-    return _json({
+    return _shown(request, {
         "version": __version__, "time": time.time(), "remoting": app[REMOTING].address,
         "auth": app[SETTINGS].auth, "you": {"name": who.identity, "role": who.role},
         "gpus": s["gpus"], "states": s["states"], "leases": s["leases"], "queue": s["queue"],
@@ -205,14 +214,14 @@ async def status(request: web.Request) -> web.Response:
 
 async def list_gpus(request: web.Request) -> web.Response:
     _query(request, ())
-    return _json({"gpus": _views(request).gpu_views()})
+    return _shown(request, {"gpus": _views(request).gpu_views()})
 
 
 async def fleet(request: web.Request) -> web.Response:
     """The whole fleet (pool/fleet_view.py): servers with their GPUs, leases anywhere, the queue."""
     _query(request, ())
-    return _json(await fleet_view(_views(request), request.app[STORE],
-                                  remoting_address(request.app)))
+    return _shown(request, await fleet_view(_views(request), request.app[STORE],
+                                            remoting_address(request.app)))
 
 
 async def list_servers(request: web.Request) -> web.Response:
@@ -227,25 +236,25 @@ async def list_servers(request: web.Request) -> web.Response:
 
 async def get_gpu(request: web.Request) -> web.Response:
     _query(request, ())
-    return _json(_view(_views(request).gpu_view, _gpu_index(request)))
+    return _shown(request, _view(_views(request).gpu_view, _gpu_index(request)))
 
 
 async def drain_gpu(request: web.Request) -> web.Response:
     index = _gpu_index(request)
     slot = await _lease_action(_leases(request).drain(index, _actor(request)))
-    return _json(_views(request).gpu(slot))
+    return _shown(request, _views(request).gpu(slot))
 
 
 async def undrain_gpu(request: web.Request) -> web.Response:
     index = _gpu_index(request)
     slot = await _lease_action(_leases(request).undrain(index, _actor(request)))
-    return _json(_views(request).gpu(slot))
+    return _shown(request, _views(request).gpu(slot))
 
 
 async def clear_gpu(request: web.Request) -> web.Response:
     index = _gpu_index(request)
     slot = await _lease_action(_leases(request).clear(index, _actor(request)))
-    return _json(_views(request).gpu(slot))
+    return _shown(request, _views(request).gpu(slot))
 
 
 def _time(text: str, what: str) -> float:
@@ -279,8 +288,8 @@ async def list_leases(request: web.Request) -> web.Response:
     limit, before = _paging(query)
     records = await request.app[STORE].leases(state, limit, before, lease_filter(query))
     live = {view["id"]: view for view in _views(request).active_leases()}
-    return _json({"leases": [_lease_json(r, live) for r in records],
-                  "next_before": records[-1].id if len(records) == limit else None})
+    return _shown(request, {"leases": [_lease_json(r, live) for r in records],
+                            "next_before": records[-1].id if len(records) == limit else None})
 
 
 async def get_lease(request: web.Request) -> web.Response:
@@ -293,7 +302,7 @@ async def get_lease(request: web.Request) -> web.Response:
     out = _lease_json(record, live)
     # Its idle-detach transitions (detached, attached), oldest first.
     out["events"] = await request.app[STORE].lease_events(lease_id)
-    return _json(out)
+    return _shown(request, out)
 
 
 async def end_lease(request: web.Request) -> web.Response:
@@ -307,12 +316,12 @@ async def end_lease(request: web.Request) -> web.Response:
     view = _views(request).lease(lease)
     # 202: the worker has been told to end the lease; the record is closed (end reason
     # "revoked") when it has exited.
-    return _json(view, status=202)
+    return _shown(request, view, status=202)
 
 
 async def list_queue(request: web.Request) -> web.Response:
     _query(request, ())
-    return _json({"queue": _views(request).queue_view()})
+    return _shown(request, {"queue": _views(request).queue_view()})
 
 
 async def list_tokens(request: web.Request) -> web.Response:

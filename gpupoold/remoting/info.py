@@ -9,8 +9,10 @@ views are the HTTP API's own (`PoolViews`, pool/views.py), so `info` and `GET /a
 never disagree. docs/protocol.md, "info", is the reference.
 
 `InfoCache` builds the reply: the views are turned into records and encoded once per change (or
-every CACHE_TTL seconds) for every caller; only `you` and each lease's and waiter's `mine` are
-per caller. Large snapshots are encoded in a thread, off the event loop.
+every CACHE_TTL seconds) for every caller; only `you`, each lease's and waiter's `mine`, and
+whether its client's command line shows whole or by the program's name only (pool/privacy.py:
+the owner's token and admins see the arguments) are per caller. Large snapshots are encoded in
+a thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gpupoold import __version__
 from gpupoold.config.settings import Settings
 from gpupoold.pool.fleet_view import fleet_gpus
 from gpupoold.pool.leases import LeaseManager
+from gpupoold.pool.privacy import program_name, sees_arguments
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.handshake import Refusal, clip, parse_first_frame, server_banner
@@ -130,31 +133,43 @@ def gpu_record(view: dict[str, Any]) -> gp.InfoGpu:
         cuda_driver_version=_i32(live.get("cuda_driver_version")))
 
 
-def _client(view: dict[str, Any]) -> dict[str, Any]:
+def _client(view: dict[str, Any], full: bool) -> dict[str, Any]:
+    """The client's fields; `full`: its whole command line, else the program's name only
+    (pool/privacy.py)."""
     c = view.get("client") or {}
+    program = _text(c.get("program"), 1023)
     return {"client_host": _text(c.get("host"), 255), "client_user": _text(c.get("user"), 255),
-            "client_pid": _u32(c.get("pid")), "client_program": _text(c.get("program"), 1023),
+            "client_pid": _u32(c.get("pid")),
+            "client_program": program if full else program_name(program),
             "client_peer": _text(c.get("peer"), 255)}
 
 
-def lease_record(view: dict[str, Any], mine: bool) -> gp.InfoLease:
-    """An active lease view (pool/views.lease_view) as the reply's record."""
+def _full(view: dict[str, Any], name: str, role: str) -> bool:
+    """Whether the caller `name` (`role`) sees the arguments of this lease's or waiter's
+    command line: its owner and admins do."""
+    return sees_arguments(name, role, str(view.get("token") or ""))
+
+
+def lease_record(view: dict[str, Any], mine: bool, full: bool = True) -> gp.InfoLease:
+    """An active lease view (pool/views.lease_view) as the reply's record; `full`: with the
+    client's whole command line, else its program's name only."""
     return gp.InfoLease(
         id=_u64(view.get("id")),
         gpu=gp.GP_INFO_NO_GPU if view.get("gpu") is None else _u32(view.get("gpu")),
         token=_text(view.get("token"), 255),
-        **_client(view), request=_text(view.get("request"), 1023),
+        **_client(view, full), request=_text(view.get("request"), 1023),
         started=_f64(view.get("started")), duration_s=_f64(view.get("duration_s")),
         queued_s=_f64(view.get("queued_s")), worker_pid=_u32(view.get("worker_pid")),
         bytes_h2d=_u64(view.get("bytes_h2d")), bytes_d2h=_u64(view.get("bytes_d2h")),
         module_bytes=_u64(view.get("module_bytes")), mine=int(mine))
 
 
-def waiter_record(view: dict[str, Any], mine: bool) -> gp.InfoWaiter:
-    """A queue entry (pool/waitqueue.WaitQueue.view) as the reply's record."""
+def waiter_record(view: dict[str, Any], mine: bool, full: bool = True) -> gp.InfoWaiter:
+    """A queue entry (pool/waitqueue.WaitQueue.view) as the reply's record (`full`: as in
+    lease_record)."""
     return gp.InfoWaiter(
         position=_u32(view.get("position")), ticket=_u64(view.get("ticket")),
-        token=_text(view.get("token"), 255), **_client(view),
+        token=_text(view.get("token"), 255), **_client(view, full),
         request=_text(view.get("request"), 1023), since=_f64(view.get("since")),
         waiting_s=_f64(view.get("waiting_s")), mine=int(mine))
 
@@ -181,8 +196,10 @@ def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: 
         truncated=int(len(leases) > LEASE_LIMIT or len(queue) > QUEUE_LIMIT
                       or len(views.gpu_views()) > GPU_LIMIT),
         gpu_views=[gpu_record(v) for v in views.gpu_views()[:GPU_LIMIT]],
-        lease_views=[lease_record(v, _mine(v, name, host)) for v in leases[:LEASE_LIMIT]],
-        queue_views=[waiter_record(v, _mine(v, name, host)) for v in queue[:QUEUE_LIMIT]],
+        lease_views=[lease_record(v, _mine(v, name, host), _full(v, name, role))
+                     for v in leases[:LEASE_LIMIT]],
+        queue_views=[waiter_record(v, _mine(v, name, host), _full(v, name, role))
+                     for v in queue[:QUEUE_LIMIT]],
         fleet_gpus=[fleet_record(g) for g in _fleet(views, remoting)[:FLEET_LIMIT]],
         fingerprint=_text(fingerprint, 63), fleet_servers=fleet_servers(views)[:SERVER_LIMIT])
 
@@ -197,11 +214,19 @@ _MINE = (0).to_bytes(4, "little"), (1).to_bytes(4, "little")
 @dataclass(frozen=True)
 class _Entry:
     """A lease or waiter record, encoded with mine = 0. `mine` is the record's last field (a
-    u32), so a caller's copy differs in the last 4 bytes only."""
+    u32), so a caller's copy differs in the last 4 bytes only. `body` carries the client's whole
+    command line, for its owner and admins; `private` the program's name only, for everyone
+    else (None: the two are the same)."""
 
     body: bytes
     token: object
     host: object
+    private: bytes | None = None
+
+    def for_caller(self, name: str, role: str) -> bytes:
+        if self.private is None or sees_arguments(name, role, str(self.token or "")):
+            return self.body
+        return self.private
 
 
 @dataclass(frozen=True)
@@ -223,9 +248,12 @@ class _Snapshot:
     def compose(self, name: str, role: str, host: str, counts: Sequence[int]) -> bytes:
         """The reply body for one caller: exactly reply(...).encode() at `time`."""
         def part(entries: tuple[_Entry, ...]) -> bytes:
-            return len(entries).to_bytes(4, "little") + b"".join(
-                e.body[:-4] + _MINE[1] if bool(host) and e.token == name and e.host == host
-                else e.body for e in entries)
+            out = [len(entries).to_bytes(4, "little")]
+            for e in entries:
+                body = e.for_caller(name, role)
+                out.append(body[:-4] + _MINE[1] if bool(host) and e.token == name
+                           and e.host == host else body)
+            return b"".join(out)
 
         srv = self.server
         head = gp.InfoReply(
@@ -243,11 +271,16 @@ class _Snapshot:
                 + self.fleet + self.tail)
 
 
-def _entries(records: list[Any], views: list[dict[str, Any]]) -> tuple[_Entry, ...]:
+def _entries(make: Any, views: list[dict[str, Any]]) -> tuple[_Entry, ...]:
+    """The views as entries; `make(view, mine, full)` gives a view's record."""
     out = []
-    for record, view in zip(records, views):
+    for view in views:
         client = view.get("client") or {}
-        out.append(_Entry(_encode_record(record), view.get("token"), client.get("host")))
+        body = _encode_record(make(view, False, True))
+        program = str(client.get("program") or "")
+        private = (None if program_name(program) == program
+                   else _encode_record(make(view, False, False)))
+        out.append(_Entry(body, view.get("token"), client.get("host"), private))
     return tuple(out)
 
 
@@ -261,8 +294,7 @@ def _encode_lists(leases: list[dict[str, Any]], queue: list[dict[str, Any]],
                   ) -> tuple[tuple[_Entry, ...], tuple[_Entry, ...]]:
     """The lease and queue views as encoded records (mine = 0), within the limits."""
     leases, queue = leases[:LEASE_LIMIT], queue[:QUEUE_LIMIT]
-    return (_entries([lease_record(v, False) for v in leases], leases),
-            _entries([waiter_record(v, False) for v in queue], queue))
+    return _entries(lease_record, leases), _entries(waiter_record, queue)
 
 
 FLEET_LIMIT = 4096  # the spec's limit on fleet_gpus
