@@ -11,6 +11,9 @@ dashboard's own session instead:
   SameSite=Strict, Path=/ui, Secure over HTTPS). Sessions live in memory (a restart logs
   everybody out) and end after `SESSION_IDLE_S` without a request, at logout, or when the token
   is revoked or expires (it is checked again at every page and action).
+- Before any of this, http/browser_guard.py refuses a POST whose Origin (else Referer) is another
+  site's (login CSRF included) and a request for a host name that is not this server's (DNS
+  rebinding), and sets `request.secure` behind a proxy of `trusted_proxies` (the cookie's Secure).
 - Each session has its own CSRF token, put in every admin form as the hidden field `csrf`.
   Admin actions need an admin session AND that token, else 403 with a page that says why; a form
   posted without `confirm=yes` (set by the page's confirm() dialog) gets a confirmation page.
