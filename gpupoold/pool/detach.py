@@ -14,8 +14,10 @@ client's next frame, with nothing half done and every stream complete, and then 
 client frame) until told to serve again (worker/detach.c). gpupool-checkpoint (gpu/checkpoint.py)
 moves its device memory into its own host memory with the driver's process checkpoints; the GPU
 is scrubbed and checked as after a lease and goes to the queue. The parked worker's client sends
-a frame: the lease joins the queue ahead of new arrivals (it waited once already), takes the GPU
+a frame: the lease joins the queue in arrival order (pool/waitqueue.py says why), takes the GPU
 it left when free, else another of the same model, and is restored there at the same addresses.
+While detached it keeps its place in its token's `max_gpus_per_token`; a waiter that limit holds
+back makes no lease detach (`_why_not_now`).
 
 A lease that cannot detach keeps its GPU as before, and its view says why (`keep_gpu`): the
 client asked to keep it (GPUPOOL_KEEP_GPU=1), the GPU's driver has no process checkpoints (before
