@@ -173,3 +173,30 @@ def test_the_store_shares_each_servers_detached_leases_with_the_fleet(pg_url: st
     finally:
         for db in dbs.values():
             db.close()
+
+
+def test_a_server_counts_the_others_as_of_the_last_sync_and_itself_as_it_is() -> None:
+    from types import SimpleNamespace
+
+    from test_leases import make_gpu
+
+    from gpupoold.pool.events import EventBus
+    from gpupoold.pool.fleet import FleetQueue
+    from gpupoold.pool.state import PoolState
+    from gpupoold.pool.waitqueue import WaitQueue
+    from gpupoold.store.fleet import SyncResult
+
+    pool = PoolState([make_gpu(0)], EventBus())
+    fq = FleetQueue(pool, WaitQueue(), SimpleNamespace(server="a"), 1,  # type: ignore[arg-type]
+                    grant=lambda s, w: None, claim=lambda s, w: None, release=lambda s: None,
+                    closing=lambda: False)
+    assert fq.under_limit("t")  # no sync yet: this server's count only
+    fq.last = SyncResult(tickets={}, gpus=[gpu("a", token="x"), gpu("b", token="t")], queue=[],
+                         servers={"a": {"state": "up"}, "b": {"state": "up"}}, assigned=[],
+                         away=[("b", "u"), ("a", "v")])
+    # t holds b's GPU, u has a lease detached on b: both at the limit. This server's own rows
+    # of the last sync (x on GPU 0, v away) are not counted: its pool says what it holds now.
+    assert not fq.under_limit("t") and not fq.under_limit("u")
+    assert fq.under_limit("x") and fq.under_limit("v") and fq.under_limit("w")
+    fq.last.servers["b"]["state"] = "down"  # a down server's GPUs and leases are gone
+    assert fq.under_limit("t") and fq.under_limit("u")

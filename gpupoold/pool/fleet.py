@@ -183,7 +183,8 @@ class FleetQueue:
         if self.last is None:
             return mine < self.max_gpus_per_token
         up = {name for name, s in self.last.servers.items() if s.get("state") == "up"}
-        away = Counter(t for server, t in self.last.away if server != self.server)
+        away = Counter(t for server, t in self.last.away
+                       if server != self.server and server in up)
         others = held_in_fleet(self.last.gpus, up, away, but_server=self.server)
         return others[token] + mine < self.max_gpus_per_token
 

@@ -389,7 +389,7 @@ class LeaseManager:
         meets `req`, the token is under `max_gpus_per_token`, and nobody in the queue who may
         take it is ahead (the queue is served in order)."""
         return (not self._closing and slot.state == FREE and in_service(slot)
-                and req.matches(slot.gpu) and self._under_limit(token)
+                and req.matches(slot.gpu) and self.token_may_take(token)
                 and self.queue.first(lambda w: w.accepts(slot.gpu)
                                      and self.may_take(w)) is None)
 
@@ -436,7 +436,7 @@ class LeaseManager:
 
     def _free_for(self, req: Requirements, token: str) -> bool:
         return any(s.state == FREE and req.matches(s.gpu) for s in self.slots) and \
-            self._under_limit(token)
+            self.token_may_take(token)
 
     def position(self, w: Waiter) -> tuple[int, int]:
         """(place, clients waiting): in the fleet's queue once the waiter is in it."""
@@ -464,14 +464,18 @@ class LeaseManager:
         limit = self.settings.max_gpus_per_token
         return limit <= 0 or self.pool.held(token, but=returning) < limit
 
-    def may_take(self, w: Waiter) -> bool:
-        """Whether waiter `w`'s token limit lets it take a GPU now (on this server; in a fleet
-        also as the fleet counted at its last sync). A waiter it blocks is skipped by the
-        grants and makes no idle lease detach (pool/detach.py): a GPU given back for it would
-        go to nobody of its token."""
-        if not self._under_limit(w.token, w.returning):
+    def token_may_take(self, token: str, returning: int | None = None) -> bool:
+        """Whether `token`'s max_gpus_per_token lets it take one more GPU now: on this server,
+        and in a fleet also as the fleet counts (the other servers as of the last sync)."""
+        if not self._under_limit(token, returning):
             return False
-        return self.fleet is None or self.fleet.under_limit(w.token, w.returning)
+        return self.fleet is None or self.fleet.under_limit(token, returning)
+
+    def may_take(self, w: Waiter) -> bool:
+        """Whether waiter `w`'s token limit lets it take a GPU now. A waiter it holds back is
+        skipped by the grants and makes no idle lease detach (pool/detach.py): a GPU given
+        back for it would not be its."""
+        return self.token_may_take(w.token, w.returning)
 
     def _dispatch(self) -> None:
         """Grant free GPUs to the first waiters that may take them (in a fleet: ask the fleet
