@@ -138,6 +138,14 @@ def test_gpupoold_service_is_hardened() -> None:
                      .read_text(), re.M)
 
 
+def test_gpupoold_service_gives_the_daemon_enough_open_files() -> None:
+    """The hard limit that gpupoold raises its soft one to at start (gpupoold/fdlimit.py)."""
+    from gpupoold.fdlimit import LOW, WANTED
+
+    d = directives(UNITS / "gpupoold.service")
+    assert int(one(d, "Service.LimitNOFILE")) == WANTED >= LOW
+
+
 def test_gpupoold_service_runs_the_daemon_unprivileged_with_notify() -> None:
     d = directives(UNITS / "gpupoold.service")
     assert one(d, "Service.Type") == "notify"

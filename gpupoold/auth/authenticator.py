@@ -2,8 +2,9 @@
 
 `TokenAuthenticator` (setting `auth = "token"`) checks API tokens against the store (store/tokens.py
 says how: hashed secrets, constant-time comparison) and answers an `AuthDecision` whose `message`
-tells a refused client what happened and what to do. `NoAuthentication` (`auth = "none"`) lets
-everyone in as the admin "anonymous".
+tells a refused client what happened and what to do. A token the store refused is refused from
+memory for a while (auth/refused.py), so that a flood of it costs the store nothing.
+`NoAuthentication` (`auth = "none"`) lets everyone in as the admin "anonymous".
 
 The daemon's own admin token, `local-admin`, is replaced at every start and written to
 `<state_dir>/local-admin.token` (mode 0600) for the admin commands run on the server

@@ -8,6 +8,10 @@ its own copy of the socket.
 
 The first frame may be `info` instead (protocol 1.1, remoting/info.py): authenticated as a hello,
 answered by the daemon with counts and a JSON document, then the connection is closed.
+
+Admission (remoting/admission.py): a connection needs a place among the handshakes in progress
+(taken at accept, given back once its hello is answered), and a hello or info request from an
+address refused for its failed logins is refused before its token is checked.
 """
 
 from __future__ import annotations
@@ -67,9 +71,11 @@ CLOSE_TIMEOUT = 5.0
 SHUTDOWN_NOTICE_WAIT = 1.0  # seconds at stop for the queued clients to be told to come back
 MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handshake_timeout)
 REDIRECT_MINOR = 3  # clients of protocol 1.3 and later follow GP_EREDIRECT
-# Connections the kernel may hold before we accept them: a flood of connects (each closed at
-# once when over max_handshakes) must not crowd a real client out of the kernel's queue.
-LISTEN_BACKLOG = 1024
+# Plaintext: connections the kernel may hold before they are accepted, and (asyncio) the most
+# accepted in one go before their tasks run and the gate closes those over its caps: so also
+# the descriptors a flood of connects can hold at once beyond max_handshakes. (Over TLS the gate
+# is asked at each accept: tls_session.py.)
+LISTEN_BACKLOG = 128
 BLOCKED = "blocked"  # AuthDecision.reason: the address is refused for its failed logins
 
 

@@ -340,34 +340,37 @@ class TlsServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(self._sock)
+                conn, addr = await loop.sock_accept(self._sock)
             except (ConnectionAbortedError, InterruptedError):
                 continue
             except OSError as exc:  # e.g. EMFILE: say so, breathe, go on
                 log.error("remoting listener: accept failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
+            peer = format_address(addr[0], addr[1]) if isinstance(addr, tuple) else "?"
+            # A place among the handshakes in progress, before any TLS work and before this
+            # loop accepts the next one: none free, the connection is closed here and now
+            # (admission.py counts and logs it), so that a flood of connects holds no
+            # descriptor longer than this.
+            place = None
+            if self._gate is not None:
+                place = self._gate.admit(peer_host(peer), None)
+                if place is None:
+                    conn.close()
+                    continue
             conn.setblocking(False)
             with contextlib.suppress(OSError):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            task = asyncio.ensure_future(self._serve(conn))
+            task = asyncio.ensure_future(self._serve(conn, peer, place))
+            if place is not None:
+                place.task = task  # cancelled should a newer handshake take the place
+            # Cancelled before it ran (a newer handshake took its place, a stop), the task
+            # never closed its socket.
+            task.add_done_callback(lambda t, c=conn: c.close() if t.cancelled() else None)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, conn: socket.socket) -> None:
-        try:
-            peername = conn.getpeername()
-            peer = format_address(peername[0], peername[1])
-        except OSError:
-            peer = "?"
-        # A place among the handshakes in progress before any TLS work: none free, the
-        # connection is closed at once (admission.py counts and logs it).
-        place = None
-        if self._gate is not None:
-            place = self._gate.admit(peer_host(peer), asyncio.current_task())
-            if place is None:
-                conn.close()
-                return
+    async def _serve(self, conn: socket.socket, peer: str, place: Handshake | None) -> None:
         stream = TlsStream(conn, self._context)
         stream.handshake_place = place
         try:
