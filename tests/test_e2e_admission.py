@@ -170,6 +170,8 @@ def test_a_flood_does_not_keep_a_real_client_out(start_daemon: Callable[..., Gpu
                 s.close()
     # Served, and within the bound, by the daemon's own measure (accept to hello reply).
     (took,) = served_ms(server)
+    print(f"flood: client served in {took:.0f} ms; peak {peak[0]} open descriptors "
+          f"(limit {soft})")
     assert took < SERVED_WITHIN_MS, f"the real client waited {took:.0f} ms for its lease"
     # Descriptors: far under the limit, under even the old default soft limit.
     assert peak[0] < min(soft, OLD_SOFT_LIMIT), (peak[0], soft)
@@ -220,6 +222,7 @@ def test_half_open_tls_connections_do_not_keep_a_real_client_out(
             for s in held:
                 s.close()
     (took,) = served_ms(server)
+    print(f"TLS: client served in {took:.0f} ms; peak {peak[0]} open descriptors")
     assert took < SERVED_WITHIN_MS, f"the real client waited {took:.0f} ms for its lease"
     assert peak[0] < OLD_SOFT_LIMIT, peak[0]
     text = scrape_text(server)
