@@ -216,7 +216,8 @@ async def supervisor_ctx(app: web.Application) -> AsyncIterator[None]:
     tls = None if ident is None else WorkerTls(ident.cert, ident.key, ident.client_ca)
     app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir, tls=tls,
                                        workers_dir=WorkerDir(settings.state_dir),
-                                       orphan_grace=settings.worker_orphan_grace)
+                                       orphan_grace=settings.worker_orphan_grace,
+                                       sandbox=settings.worker_sandbox)
     yield
 
 

@@ -4,13 +4,19 @@
  *
  *   gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
  *                  [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]
- *                  [--adopt-dir DIR --orphan-grace SECONDS]
+ *                  [--adopt-dir DIR --orphan-grace SECONDS] [--sandbox-rw DIR]... [--no-sandbox]
  *       control mode (prestart.c): set up before any client, then take one session from the
  *       daemon over the control socket (with TLS when SESSION says so: tls.c); with --adopt-dir
  *       and a grace above 0 the session outlives its daemon for that long (adopt.c)
  *   gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
  *                  --hello-req REQ [--simulated]
  *       one client socket and its hello on stdin (the original mode; the tests drive it)
+ *
+ * Every worker is made not dumpable, without core files and with no_new_privs first thing;
+ * a control-mode worker then enters its Landlock sandbox once set up (sandbox.c): --sandbox-rw
+ * names a folder it must still write besides --cache-dir and --adopt-dir (the simulated GPU's
+ * memory), --no-sandbox skips the Landlock step (gpupoold's `worker_sandbox = false`, for a
+ * driver that needs more than sandbox.c allows).
  *
  *   exit 0  the session ended: goodbye, end of stream, lost connection, a protocol violation,
  *           SIGTERM/SIGINT (the client gets a notice first), END, or the daemon went away (and,
@@ -40,6 +46,7 @@ static void usage(const char *why)
             "--cache-dir DIR [--simulated]\n"
             "                      [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]\n"
             "                      [--adopt-dir DIR --orphan-grace SECONDS]\n"
+            "                      [--sandbox-rw DIR]... [--no-sandbox]\n"
             "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
             "--session-id ID --hello-req REQ [--simulated]\n");
 }
@@ -66,6 +73,10 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         const char *a = argv[i];
         if (strcmp(a, "--simulated") == 0) {
             o->simulated = 1;
+            continue;
+        }
+        if (strcmp(a, "--no-sandbox") == 0) {
+            o->no_sandbox = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -105,6 +116,10 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         } else if (strcmp(a, "--adopt-dir") == 0) {
             o->adopt_dir = v;
             bad = !*v;
+        } else if (strcmp(a, "--sandbox-rw") == 0) {
+            bad = *v != '/' || o->n_sandbox_rw == WK_MAX_SANDBOX_RW;
+            if (!bad)
+                o->sandbox_rw[o->n_sandbox_rw++] = v;
         } else if (strcmp(a, "--orphan-grace") == 0) {
             /* seconds, with up to 3 decimals: "300", "2.5" */
             char *end;
@@ -203,6 +218,11 @@ static int fd_mode(struct worker *w, const struct wk_options *o)
 int main(int argc, char **argv)
 {
     uint64_t t0 = wk_now_ns();
+    /* First: nothing of this process (its key, its tenant's data) may leak through a core file
+     * or another process of our user attaching to it (sandbox.c). A failure is logged. */
+    (void)wk_harden_process();
+    if (wk_tls_clear_on_free() != 0)
+        wk_warn("OpenSSL allocated memory before main: its freed buffers are not cleared");
     struct wk_options o;
     if (parse_args(argc, argv, &o) != 0)
         return 2;

@@ -217,6 +217,8 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
         wk_warn("preparing the client socket: %s", strerror(errno));
     w->fd = fd;
 
+    if (!(sm.flags & GP_WORKER_SESSION_TLS))
+        wk_tls_drop_key(w); /* no handshake to come: the key goes before any tenant byte */
     if (sm.flags & GP_WORKER_SESSION_TLS) {
         char err[400];
         if (wk_tls_accept(w, err, sizeof err) != 0 ||
@@ -254,6 +256,8 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     gp_worker_started started = {.session_id = o.session_id,
                                  .adoptable = w->ctl.listen_fd >= 0 ? 1u : 0u};
     (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_started, &started), 0);
+    if (wk_test_compromise)
+        wk_test_compromise(w, &o); /* only in the test build (tests/c/worker_compromise.c) */
     wk_log("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
            hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
            (int)hello.program_len, hello.program);
@@ -302,6 +306,17 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
         snprintf(text, sizeof text,
                  "%s (check the driver and the GPU on the server: "
                  "nvidia-smi; for a simulated GPU, the sim library and its config)",
+                 err);
+        send_failed(w, text);
+        wk_session_end(w);
+        return 1;
+    }
+    /* Set up: from here on the worker needs only its libraries, devices and own folders. */
+    if (!o->no_sandbox && wk_sandbox_apply(o, err, sizeof err) < 0) {
+        char text[700];
+        snprintf(text, sizeof text,
+                 "%s (a bug, or a folder gpupoold gives its workers is missing; "
+                 "worker_sandbox = false turns the sandbox off)",
                  err);
         send_failed(w, text);
         wk_session_end(w);

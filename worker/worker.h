@@ -36,6 +36,7 @@
  *   detach.c    idle detach: parked, detached, attached again
  *   heartbeat.c the keepalive thread (notices to the client during a long call)
  *   tls.c       the data path's TLS session
+ *   sandbox.c   what a set-up worker may still do (not dumpable, Landlock)
  *   generated/  from protocol/gpupool.toml (make gen): the handler prototypes and dispatch table
  *               (wk_calls.h), the driver entry points (wk_driver_funcs.h)
  * Base files, whose headers include nothing of the worker (worker.h includes all but sock.h):
@@ -279,6 +280,9 @@ struct worker {
      * (NULL: plain TCP; io.c then makes exactly the system calls it always made) */
     struct ssl_ctx_st *tls_ctx;
     struct ssl_st *ssl;
+    /* The private key of --tls-key, held here and not in tls_ctx so that it is freed (and its
+     * bytes cleared) once the session's handshake is done: NULL from then on (tls.c). */
+    struct evp_pkey_st *tls_key;
 
     /* what the waits watch besides the client socket, registered at start (reactor.c) */
     struct wk_reactor reactor;
@@ -436,6 +440,7 @@ void wk_obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o);
 void wk_obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o); /* + its functions */
 
 /* ---- session.c -------------------------------------------------------------------------- */
+#define WK_MAX_SANDBOX_RW 8
 struct wk_options {
     int fd;         /* --fd, or -1 */
     int control_fd; /* --control-fd, or -1 */
@@ -448,6 +453,9 @@ struct wk_options {
     const char *tls_cert, *tls_key, *tls_client_ca; /* --tls-*, or NULL (control mode only) */
     const char *adopt_dir;    /* --adopt-dir, or NULL (control mode only; adopt.c) */
     uint64_t orphan_grace_ms; /* --orphan-grace, in ms (0: the session ends with its daemon) */
+    int no_sandbox;           /* --no-sandbox: no Landlock domain (sandbox.c) */
+    int n_sandbox_rw;         /* --sandbox-rw DIR, repeated: more folders it writes (sandbox.c) */
+    const char *sandbox_rw[WK_MAX_SANDBOX_RW];
 };
 /* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
  * the granularity and takes the device snapshot: everything that does not depend on a hello.
@@ -545,6 +553,20 @@ int wk_adopt_watch(struct worker *w);
  * daemon records the lease's end. */
 void wk_adopt_write_end(struct worker *w, size_t n, int alone);
 
+/* ---- sandbox.c -------------------------------------------------------------------------- */
+/* Not dumpable, no core files, no_new_privs. 0, or -1 (each failure is logged). */
+int wk_harden_process(void);
+/* The kernel's Landlock ABI version, 0 without Landlock. */
+int wk_sandbox_abi(void);
+/* The Landlock domain of a set-up worker. 0 applied, 1 no Landlock here (warned once), -1 with
+ * err (a rule could not be made: the worker must not serve). */
+int wk_sandbox_apply(const struct wk_options *o, char *err, size_t cap);
+
+/* Defined only in build/tests/gpupool-worker-compromise (tests/c/worker_compromise.c), which
+ * plays a worker a tenant has taken over: called once the session has started. The shipped
+ * worker has no definition, so the weak reference is NULL and nothing is called. */
+extern void wk_test_compromise(struct worker *w, const struct wk_options *o) __attribute__((weak));
+
 /* ---- tls.c ------------------------------------------------------------------------------ */
 /* The server context from o->tls_* into w->tls_ctx. 0, or -1 with err saying what to fix. */
 int wk_tls_setup(struct worker *w, const struct wk_options *o, char *err, size_t cap);
@@ -557,6 +579,12 @@ ssize_t wk_tls_io(struct worker *w, void *buf, size_t n, int writing, short *wai
 /* Sends what the session's write buffer holds: 0 when empty, -1 with *wait_events POLLOUT (wait,
  * then call again) or 0 (an error, err says which). */
 int wk_tls_flush(struct worker *w, short *wait_events, char *err, size_t cap);
+/* Makes OpenSSL clear every buffer it frees (tls.c says why). Before any OpenSSL call: 0, or -1
+ * when OpenSSL allocated already. */
+int wk_tls_clear_on_free(void);
+/* Frees the private key (the session's reference and ours): after the handshake, or at once for
+ * a session without TLS. Idempotent. */
+void wk_tls_drop_key(struct worker *w);
 void wk_tls_free(struct worker *w);
 /* The TLS read-ahead buffer and the write buffer in front of the socket, in bytes. */
 #define WK_TLS_BUFFER (256 * 1024)

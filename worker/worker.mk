@@ -11,3 +11,13 @@ ALL_TARGETS += $(BUILD)/gpupool-worker
 $(BUILD)/gpupool-worker: $(WORKER_OBJS) $(PROTO_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -ldl -lpthread -lssl -lcrypto
+
+# The test build of a worker a tenant has taken over (tests/c/worker_compromise.c; issue 29):
+# the same objects plus the one that defines wk_test_compromise. A test program only: never
+# installed, never named by gpupoold's defaults (tests/test_worker_sandbox.py passes --worker).
+TEST_BINS += $(BUILD)/tests/gpupool-worker-compromise
+
+$(BUILD)/tests/gpupool-worker-compromise: $(WORKER_OBJS) $(PROTO_OBJS) \
+		$(BUILD)/obj/tests/c/worker_compromise.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -ldl -lpthread -lssl -lcrypto

@@ -395,6 +395,13 @@ class Settings:
         "to adopt it (with its lease, unbroken); then it ends the lease and the next gpupoold "
         "scrubs the GPU. 0: every lease ends when gpupoold stops.",
         check=_check_not_negative)
+    worker_sandbox: bool = _setting(
+        True,
+        "Confine each worker once it is set up with Landlock (Linux 5.13+): it may read its "
+        "libraries, the driver's parts of /proc and /sys, use the GPU's device files and write "
+        "only its own folders, "
+        "and opens nothing of the state directory or /etc/gpupool (docs/security.md, "
+        "\"Workers\"). false: only for a driver that needs more; say so in an issue.")
     idle_detach_after: float = _setting(
         60.0,
         "Seconds a lease's client may send nothing, its streams all complete, before the lease "

@@ -20,10 +20,36 @@ _SHIM_MARK = b"GPUPOOL_SERVER is not set"  # a message only the client shim carr
 _SHIM_MAX_SIZE = 16 << 20
 
 
+# What of gpupoold's environment a process on the GPU gets (docs/security.md, "Workers"): a
+# worker parses tenants' frames, so it must not hold the daemon's secrets (PGPASSWORD, which the
+# docs offer for PostgreSQL, GPUPOOL_TOKEN, database URLs, cloud credentials). An allowlist, not
+# a denylist: a secret nobody thought of stays out too.
+ALLOWED_NAMES = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TZ",  # the loader, messages, time stamps
+    "LD_LIBRARY_PATH",  # where the driver's libraries are (without the client shim, below)
+    "GPUPOOL_LZ4_LIBRARY",  # common/compress.c: which liblz4 the worker loads
+    "GPUPOOL_BENCH_COUNT_MODE",  # worker/sim: the benchmarks' count-only mode
+    "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",  # the sanitizer build (make SAN=1)
+})
+ALLOWED_PREFIXES = (
+    "LC_",  # locale
+    "CUDA_",  # the CUDA driver's own settings (CUDA_CACHE_PATH, CUDA_MODULE_LOADING, ...)
+    "NVIDIA_",  # the NVIDIA driver's (container toolkits set NVIDIA_VISIBLE_DEVICES, ...)
+    "GPUPOOL_SIM_",  # the simulated device's keys (worker/sim/sim_config.c)
+    "GPUPOOL_WORKER_",  # settings the worker reads (worker/driver.c) and test hooks
+)
+
+
+def allowed_variable(name: str) -> bool:
+    """Whether gpupoold passes the environment variable `name` to the processes on a GPU."""
+    return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
+
+
 def driver_environment(gpu: Gpu) -> dict[str, str]:
-    """The daemon's environment, the GPU's, CUDA ordinals in NVML (PCI bus) order, and no
-    LD_PRELOAD (what is preloaded into the daemon has no business in a process on the GPU)."""
-    env = dict(os.environ)
+    """The allowed part of the daemon's environment (ALLOWED_NAMES, ALLOWED_PREFIXES), the
+    GPU's, CUDA ordinals in NVML (PCI bus) order, and no LD_PRELOAD (what is preloaded into the
+    daemon has no business in a process on the GPU)."""
+    env = {k: v for k, v in os.environ.items() if allowed_variable(k)}
     env.update(gpu.env)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.pop("LD_PRELOAD", None)

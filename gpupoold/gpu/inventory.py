@@ -25,6 +25,7 @@ from gpupoold.gpu.nvml import Nvml, NvmlDevice, NvmlUnavailable
 from gpupoold.gpu.sim import (
     SimMemoryError,
     format_uuid,
+    sim_memory_dir,
     sim_pci_bus,
     sim_uuid,
     write_sim_config,
@@ -53,6 +54,9 @@ class Gpu:
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for its workers
     memory_total: int = 0  # bytes; 0 when not known (real GPUs without NVML)
     pci_bus_id: str = ""  # "00000000:18:00.0"; "" when not known
+    # Folders its workers write besides their cache (the simulated GPU's memory): the worker's
+    # sandbox lets it write there (worker/sandbox.c, --sandbox-rw).
+    writable: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {"index": self.index, "name": self.name, "uuid": self.uuid,
@@ -104,6 +108,7 @@ def simulated_gpus(settings: Settings, count: int, sim_lib: Path | None) -> tupl
         gpus.append(Gpu(index=i, name=settings.sim_name, uuid=format_uuid(sim_uuid(i)),
                         simulated=True, driver=str(sim_lib) if sim_lib else "", ordinal=0,
                         env={"GPUPOOL_SIM_CONFIG": str(conf)},
+                        writable=(str(sim_memory_dir(settings.state_dir)),),
                         memory_total=settings.sim_memory_gib << 30, pci_bus_id=sim_pci_bus_id(i)))
     return tuple(gpus)
 

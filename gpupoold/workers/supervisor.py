@@ -595,8 +595,9 @@ class WorkerSupervisor:
     def __init__(self, worker: Path | None, cache_dir: Path, *,
                  on_stats: Callable[[Worker], None] | None = None,
                  tls: WorkerTls | None = None, workers_dir: WorkerDir | None = None,
-                 orphan_grace: float = 0.0) -> None:
+                 orphan_grace: float = 0.0, sandbox: bool = True) -> None:
         self.worker = worker
+        self.sandbox = sandbox  # False: workers run without Landlock (`worker_sandbox`)
         self.cache_dir = cache_dir
         self.tls = tls  # the remoting port's TLS files, given to every worker
         # Sessions outlive this daemon by up to `orphan_grace` seconds, adoptable through
@@ -620,6 +621,10 @@ class WorkerSupervisor:
                 "--device", str(gpu.ordinal), "--cache-dir", str(self.cache_dir)]
         if gpu.simulated:
             argv.append("--simulated")
+        for folder in gpu.writable:
+            argv += ["--sandbox-rw", folder]
+        if not self.sandbox:
+            argv.append("--no-sandbox")
         if self.tls is not None:
             argv += self.tls.argv()
         if self.adopt_dir is not None and self.orphan_grace > 0:
