@@ -206,7 +206,8 @@ class RemotingListener:
         # Nothing more is read from this socket here: the rest of the stream is the worker's.
         writer.transport.pause_reading()
         if frame.op == gp.Info.OP and not frame.flags & gp.FLAG_REPLY:
-            place.release()  # info requests have their own cap (MAX_INFO_AT_ONCE)
+            # Its place is kept until it is answered: a flood of info requests waiting for
+            # their turn (MAX_INFO_AT_ONCE) is bounded by the handshake caps too.
             await self._info(writer, frame, peer)
             return
         if frame.op != gp.Hello.OP or frame.flags & gp.FLAG_REPLY:
