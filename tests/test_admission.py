@@ -34,8 +34,11 @@ class Clock:
 
 def test_peer_host() -> None:
     assert peer_host("10.1.2.3:5555") == "10.1.2.3"
-    assert peer_host("[2001:db8::1]:7070") == "2001:db8::1"
-    assert peer_host("2001:db8::1") == "2001:db8::1"  # a bare address (HTTP's request.remote)
+    # IPv6: a /64 counts as one address (a host or site has one whole, as it has one IPv4).
+    assert peer_host("[2001:db8:1:2::1]:7070") == "2001:db8:1:2::/64"
+    assert peer_host("[2001:db8:1:2:ffff::9]:7070") == "2001:db8:1:2::/64"
+    assert peer_host("2001:db8:1:3::1") == "2001:db8:1:3::/64"  # bare (HTTP's request.remote)
+    assert peer_host("[::ffff:10.1.2.3]:5555") == "10.1.2.3"
     assert peer_host("?") == "?"
 
 

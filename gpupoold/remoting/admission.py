@@ -13,12 +13,14 @@ and one who spreads over many addresses must keep replacing its own connections.
 block that address's hellos for `block` seconds ("too many failed logins from ADDR; retry in N s"),
 before its token is checked, so that a flood of bogus tokens costs no store look-up.
 
-Both keep bounded state (a few thousand addresses) and run on the event loop only.
+An address is an IPv4 address or an IPv6 /64 (`peer_host`). Both keep bounded state (a few
+thousand addresses) and run on the event loop only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import time
@@ -41,12 +43,24 @@ FAILED_LOGINS = "failed_logins"
 
 
 def peer_host(peer: str) -> str:
-    """The address part of a peer: "HOST:PORT" -> HOST, "[V6]:PORT" -> V6; anything else (a
-    bare host, "?") as it is."""
+    """The address the limits count a peer under: "HOST:PORT" -> HOST; "[V6]:PORT" (or a bare
+    IPv6 address) -> its /64, which one site or host usually holds whole (as one IPv4 address),
+    or its IPv4 address when it is an IPv4-mapped one; anything else ("?") as it is."""
     if peer.startswith("["):
-        return peer[1:].partition("]")[0]
-    host, sep, port = peer.rpartition(":")
-    return host if sep and ":" not in host and port.isdigit() else peer
+        host = peer[1:].partition("]")[0]
+    else:
+        host, sep, port = peer.rpartition(":")
+        if not (sep and ":" not in host and port.isdigit()):
+            host = peer
+    if ":" not in host:
+        return host
+    try:
+        v6 = ipaddress.IPv6Address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if v6.ipv4_mapped is not None:
+        return str(v6.ipv4_mapped)
+    return str(ipaddress.IPv6Network((v6, 64), strict=False))
 
 
 @dataclass(eq=False)
