@@ -301,7 +301,8 @@ def test_worker_session_message_and_argv(tmp_path: Path) -> None:
     tls = WorkerSupervisor(tmp_path / "w", tmp_path,
                            tls=WorkerTls(tmp_path / "c.pem", tmp_path / "k.pem",
                                          tmp_path / "ca.pem"))
-    gpu = type("G", (), {"driver": "d", "ordinal": 0, "simulated": False, "writable": ()})()
+    gpu = type("G", (), {"driver": "d", "ordinal": 0, "simulated": False, "writable": (),
+                            "readable": ()})()
     assert "--tls-cert" not in plain.argv(gpu, 3)  # type: ignore[arg-type]
     args = tls.argv(gpu, 3)  # type: ignore[arg-type]
     assert args[-6:] == ["--tls-cert", str(tmp_path / "c.pem"), "--tls-key",

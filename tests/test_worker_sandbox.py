@@ -1,7 +1,7 @@
-"""Least-privilege workers (issue 29, item 4; docs/security.md, "Workers"): the environment a
-worker gets, its sandbox arguments, and a worker a tenant has taken over
-(build/tests/gpupool-worker-compromise, tests/c/worker_compromise.c) that tries to read the
-daemon's secrets, the TLS key and a sibling worker, and finds nothing.
+"""Least-privilege workers (issue 29, item 4; docs/security.md, "The worker"): the environment
+a worker gets, its sandbox arguments, and a worker a tenant has taken over
+(build/tests/gpupool-worker-compromise, tests/c/worker/worker_compromise.c) that tries to read
+the daemon's secrets, the TLS key and a sibling worker, and finds nothing.
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ def test_the_environment_is_an_allowlist(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_argv_names_the_writable_folders_and_the_sandbox_switch(tmp_path: Path) -> None:
-    gpu = Gpu(0, "g", "", True, "/lib/sim.so", 0, writable=("/dev/shm/gpupool-sim-0-x",))
+    gpu = Gpu(0, "g", "", True, "/lib/sim.so", 0, writable=("/dev/shm/gpupool-sim-0-x",),
+              readable=("/s/sim/gpu0.conf",))
     argv = WorkerSupervisor(tmp_path / "w", tmp_path / "cache").argv(gpu, 3)
     assert argv[argv.index("--sandbox-rw") + 1] == "/dev/shm/gpupool-sim-0-x"
+    assert argv[argv.index("--sandbox-ro") + 1] == "/s/sim/gpu0.conf"
     assert "--no-sandbox" not in argv
     argv = WorkerSupervisor(tmp_path / "w", tmp_path / "cache", sandbox=False).argv(gpu, 3)
     assert "--no-sandbox" in argv
@@ -133,6 +135,8 @@ def test_a_compromised_worker_reaches_no_secret(
     report = "\n".join(lines)
 
     assert "tls key held: no; dumpable: 0" in report
+    # Confined before the driver started its threads, with every rule made.
+    assert "sandbox:" not in server.log_text()
     for path in secrets:
         assert re.search(rf"open secret {re.escape(str(path))}: refused", report), report
     opened = [ln for ln in lines if "OPENED" in ln or "ATTACHED" in ln]

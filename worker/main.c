@@ -4,7 +4,8 @@
  *
  *   gpupool-worker --control-fd N --driver PATH --device ORDINAL --cache-dir DIR [--simulated]
  *                  [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]
- *                  [--adopt-dir DIR --orphan-grace SECONDS] [--sandbox-rw DIR]... [--no-sandbox]
+ *                  [--adopt-dir DIR --orphan-grace SECONDS] [--sandbox-rw DIR]... [--sandbox-ro PATH]...
+ *                  [--no-sandbox]
  *       control mode (prestart.c): set up before any client, then take one session from the
  *       daemon over the control socket (with TLS when SESSION says so: tls.c); with --adopt-dir
  *       and a grace above 0 the session outlives its daemon for that long (adopt.c)
@@ -13,9 +14,10 @@
  *       one client socket and its hello on stdin (the original mode; the tests drive it)
  *
  * Every worker is made not dumpable, without core files and with no_new_privs first thing;
- * a control-mode worker then enters its Landlock sandbox once set up (sandbox.c): --sandbox-rw
- * names a folder it must still write besides --cache-dir and --adopt-dir (the simulated GPU's
- * memory), --no-sandbox skips the Landlock step (gpupoold's `worker_sandbox = false`, for a
+ * a control-mode worker then enters its Landlock sandbox once it has read its TLS files, before
+ * the driver loads (sandbox.c): --sandbox-rw names a folder it must still write besides
+ * --cache-dir and --adopt-dir (the simulated GPU's memory), --sandbox-ro a file or folder it must
+ * still read (the simulated GPU's config), --no-sandbox skips the Landlock step (gpupoold's `worker_sandbox = false`, for a
  * driver that needs more than sandbox.c allows).
  *
  *   exit 0  the session ended: goodbye, end of stream, lost connection, a protocol violation,
@@ -46,7 +48,7 @@ static void usage(const char *why)
             "--cache-dir DIR [--simulated]\n"
             "                      [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH]]\n"
             "                      [--adopt-dir DIR --orphan-grace SECONDS]\n"
-            "                      [--sandbox-rw DIR]... [--no-sandbox]\n"
+            "                      [--sandbox-rw DIR]... [--sandbox-ro PATH]... [--no-sandbox]\n"
             "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
             "--session-id ID --hello-req REQ [--simulated]\n");
 }
@@ -120,6 +122,10 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
             bad = *v != '/' || o->n_sandbox_rw == WK_MAX_SANDBOX_RW;
             if (!bad)
                 o->sandbox_rw[o->n_sandbox_rw++] = v;
+        } else if (strcmp(a, "--sandbox-ro") == 0) {
+            bad = *v != '/' || o->n_sandbox_ro == WK_MAX_SANDBOX_RW;
+            if (!bad)
+                o->sandbox_ro[o->n_sandbox_ro++] = v;
         } else if (strcmp(a, "--orphan-grace") == 0) {
             /* seconds, with up to 3 decimals: "300", "2.5" */
             char *end;

@@ -257,7 +257,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
                                  .adoptable = w->ctl.listen_fd >= 0 ? 1u : 0u};
     (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_started, &started), 0);
     if (wk_test_compromise)
-        wk_test_compromise(w, &o); /* only in the test build (tests/c/worker_compromise.c) */
+        wk_test_compromise(w, &o); /* the test build only (tests/c/worker/worker_compromise.c) */
     wk_log("session %llu: client pid %u (%.*s@%.*s, %.*s)", (unsigned long long)o.session_id,
            hello.pid, (int)hello.user_len, hello.user, (int)hello.host_len, hello.host,
            (int)hello.program_len, hello.program);
@@ -300,23 +300,25 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
         wk_session_end(w);
         return 1;
     }
+    /* The TLS files are read: from here on the worker needs only its libraries, devices and
+     * own folders. Before the driver loads: Landlock confines the thread that asks and the
+     * threads it starts later, not those already running, and the driver starts its own. */
+    if (!o->no_sandbox && wk_sandbox_apply(o, err, sizeof err) < 0) {
+        char text[700];
+        snprintf(text, sizeof text,
+                 "%s (a bug, or a path gpupoold gives its workers is missing; "
+                 "worker_sandbox = false turns the sandbox off)",
+                 err);
+        send_failed(w, text);
+        wk_session_end(w);
+        return 1;
+    }
     int32_t code = 0;
     if (wk_device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
         char text[700];
         snprintf(text, sizeof text,
                  "%s (check the driver and the GPU on the server: "
                  "nvidia-smi; for a simulated GPU, the sim library and its config)",
-                 err);
-        send_failed(w, text);
-        wk_session_end(w);
-        return 1;
-    }
-    /* Set up: from here on the worker needs only its libraries, devices and own folders. */
-    if (!o->no_sandbox && wk_sandbox_apply(o, err, sizeof err) < 0) {
-        char text[700];
-        snprintf(text, sizeof text,
-                 "%s (a bug, or a folder gpupoold gives its workers is missing; "
-                 "worker_sandbox = false turns the sandbox off)",
                  err);
         send_failed(w, text);
         wk_session_end(w);

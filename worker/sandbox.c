@@ -1,5 +1,5 @@
 /*
- * sandbox.c: what a worker may still do once it is set up (docs/security.md, "Workers").
+ * sandbox.c: what a worker may still do once it is set up (docs/security.md, "The worker").
  *
  * A worker parses a tenant's frames; a bug there must not hand the tenant gpupoold's secrets.
  * Two steps:
@@ -8,15 +8,18 @@
  *     processes of gpupoold's user, /proc/PID/environ readable by root only), no core files
  *     (a core would hold the TLS key and tenants' data), and no_new_privs (nothing it executes
  *     gains privileges; Landlock needs it too).
- *   wk_sandbox_apply, after the set-up (driver loaded, TLS files read) and before any session:
- *     a Landlock domain (Linux 5.13+) that lets the worker read and execute its libraries, read
- *     its own /proc/PID, the driver's parts of /proc and /sys, use the GPU's device files, and write only its own folders (--cache-dir,
- *     --adopt-dir, the folders given with --sandbox-rw). Everything else is refused, whatever
- *     the file modes say: the state directory (local-admin.token, the identity key, the
- *     database), /etc/gpupool, the TLS key file, other users' homes. Where the kernel knows them
- *     it also refuses TCP bind/connect (a worker only uses the socket it was given) and signals
- *     and abstract Unix sockets outside its own domain. Landlock also keeps it from ptracing any
- *     process outside its domain, root's included.
+ *   wk_sandbox_apply, once the TLS files are read and before the driver loads (Landlock confines
+ *     the calling thread and the threads it starts later, and the driver starts threads of its
+ *     own): a Landlock domain (Linux 5.13+) that lets the worker read and execute its
+ *     libraries, read its own /proc/PID and the driver's parts of /proc and /sys, use the GPU's
+ *     device files, and write only its own folders (--cache-dir, --adopt-dir, the folders of
+ *     --sandbox-rw; --sandbox-ro adds what it reads: the simulated GPU's config). Everything
+ *     else is refused, whatever the file modes say: the state directory (local-admin.token, the
+ *     identity key, the database), /etc/gpupool, the TLS key file, other users' homes, other
+ *     processes' /proc/PID. Where the kernel knows them it also refuses TCP bind/connect (a
+ *     worker only uses the socket it was given) and signals and abstract Unix sockets outside
+ *     its own domain. Landlock also keeps it from ptracing any process outside its domain,
+ *     root's included.
  *
  * The rules are all in this file (the list is in docs/security.md); a kernel without Landlock
  * gets a warning in the log and the worker goes on (the process-level steps still hold).
@@ -253,6 +256,9 @@ static int add_rules(struct rules *r, const struct wk_options *o)
     for (int i = 0; i < o->n_sandbox_rw; i++)
         if (allow(r, o->sandbox_rw[i], FS_RW, 1) != 0)
             return -1;
+    for (int i = 0; i < o->n_sandbox_ro; i++)
+        if (allow(r, o->sandbox_ro[i], FS_READ, 1) != 0)
+            return -1;
     /* The driver's JIT cache, when the operator moved it (else it is off: HOME is not passed). */
     const char *jit = getenv("CUDA_CACHE_PATH");
     if (jit && *jit == '/' && allow(r, jit, FS_RW, 0) != 0)
@@ -266,12 +272,36 @@ int wk_sandbox_abi(void)
     return abi < 0 ? 0 : (int)abi;
 }
 
+/* The threads of this process (Threads: in /proc/self/status), 0 when unknown. */
+static int thread_count(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return 0;
+    char line[128];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    if (fclose(f) != 0)
+        wk_warn("fclose /proc/self/status: %s", strerror(errno));
+    return n;
+}
+
 int wk_sandbox_apply(const struct wk_options *o, char *err, size_t cap)
 {
+    /* Landlock confines the calling thread and those it starts from then on: a thread started
+     * earlier (by a library's constructor) would stay free, and code that takes the worker over
+     * could borrow it. */
+    int threads = thread_count();
+    if (threads > 1)
+        wk_warn("sandbox: %d threads run already and stay outside the sandbox (a library "
+                "started them before the worker's set-up)",
+                threads - 1);
     int abi = wk_sandbox_abi();
     if (abi < 1) {
         wk_warn("this kernel has no Landlock: the worker runs without its file system sandbox "
-                "(docs/security.md, \"Workers\"); Linux 5.13 or later with landlock in its "
+                "(docs/security.md, \"The worker\"); Linux 5.13 or later with landlock in its "
                 "lsm= list has it");
         return 1;
     }

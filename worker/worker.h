@@ -456,6 +456,8 @@ struct wk_options {
     int no_sandbox;           /* --no-sandbox: no Landlock domain (sandbox.c) */
     int n_sandbox_rw;         /* --sandbox-rw DIR, repeated: more folders it writes (sandbox.c) */
     const char *sandbox_rw[WK_MAX_SANDBOX_RW];
+    int n_sandbox_ro; /* --sandbox-ro PATH, repeated: more files it reads (sandbox.c) */
+    const char *sandbox_ro[WK_MAX_SANDBOX_RW];
 };
 /* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
  * the granularity and takes the device snapshot: everything that does not depend on a hello.
@@ -562,8 +564,8 @@ int wk_sandbox_abi(void);
  * err (a rule could not be made: the worker must not serve). */
 int wk_sandbox_apply(const struct wk_options *o, char *err, size_t cap);
 
-/* Defined only in build/tests/gpupool-worker-compromise (tests/c/worker_compromise.c), which
- * plays a worker a tenant has taken over: called once the session has started. The shipped
+/* Defined only in build/tests/gpupool-worker-compromise (tests/c/worker/worker_compromise.c),
+ * which plays a worker a tenant has taken over: called once the session has started. The shipped
  * worker has no definition, so the weak reference is NULL and nothing is called. */
 extern void wk_test_compromise(struct worker *w, const struct wk_options *o) __attribute__((weak));
 

@@ -12,12 +12,13 @@ $(BUILD)/gpupool-worker: $(WORKER_OBJS) $(PROTO_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -ldl -lpthread -lssl -lcrypto
 
-# The test build of a worker a tenant has taken over (tests/c/worker_compromise.c; issue 29):
-# the same objects plus the one that defines wk_test_compromise. A test program only: never
+# The test build of a worker a tenant has taken over (tests/c/worker/worker_compromise.c; issue
+# 29): the same objects plus the one that defines wk_test_compromise. A test program only: never
 # installed, never named by gpupoold's defaults (tests/test_worker_sandbox.py passes --worker).
 TEST_BINS += $(BUILD)/tests/gpupool-worker-compromise
+EXTRA_CFLAGS_tests_c_worker_ += -I$(CURDIR)/worker
 
 $(BUILD)/tests/gpupool-worker-compromise: $(WORKER_OBJS) $(PROTO_OBJS) \
-		$(BUILD)/obj/tests/c/worker_compromise.o
+		$(BUILD)/obj/tests/c/worker/worker_compromise.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -ldl -lpthread -lssl -lcrypto

@@ -397,11 +397,11 @@ class Settings:
         check=_check_not_negative)
     worker_sandbox: bool = _setting(
         True,
-        "Confine each worker once it is set up with Landlock (Linux 5.13+): it may read its "
-        "libraries, the driver's parts of /proc and /sys, use the GPU's device files and write "
-        "only its own folders, "
-        "and opens nothing of the state directory or /etc/gpupool (docs/security.md, "
-        "\"Workers\"). false: only for a driver that needs more; say so in an issue.")
+        "Confine each worker with Landlock (Linux 5.13+) before its driver loads: it may read "
+        "its libraries, the driver's parts of /proc and /sys, use the GPU's device files and "
+        "write only its own folders, and opens nothing of the state directory or /etc/gpupool "
+        "(docs/security.md, \"The worker\"). false: only for a driver that needs more; say so "
+        "in an issue.")
     idle_detach_after: float = _setting(
         60.0,
         "Seconds a lease's client may send nothing, its streams all complete, before the lease "

@@ -20,7 +20,7 @@ _SHIM_MARK = b"GPUPOOL_SERVER is not set"  # a message only the client shim carr
 _SHIM_MAX_SIZE = 16 << 20
 
 
-# What of gpupoold's environment a process on the GPU gets (docs/security.md, "Workers"): a
+# What of gpupoold's environment a process on the GPU gets (docs/security.md, "The worker"): a
 # worker parses tenants' frames, so it must not hold the daemon's secrets (PGPASSWORD, which the
 # docs offer for PostgreSQL, GPUPOOL_TOKEN, database URLs, cloud credentials). An allowlist, not
 # a denylist: a secret nobody thought of stays out too.

@@ -54,9 +54,10 @@ class Gpu:
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for its workers
     memory_total: int = 0  # bytes; 0 when not known (real GPUs without NVML)
     pci_bus_id: str = ""  # "00000000:18:00.0"; "" when not known
-    # Folders its workers write besides their cache (the simulated GPU's memory): the worker's
-    # sandbox lets it write there (worker/sandbox.c, --sandbox-rw).
+    # Folders its workers write besides their cache (the simulated GPU's memory) and files they
+    # read (its config): the worker's sandbox allows them (worker/sandbox.c, --sandbox-rw/-ro).
     writable: tuple[str, ...] = ()
+    readable: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {"index": self.index, "name": self.name, "uuid": self.uuid,
@@ -109,6 +110,7 @@ def simulated_gpus(settings: Settings, count: int, sim_lib: Path | None) -> tupl
                         simulated=True, driver=str(sim_lib) if sim_lib else "", ordinal=0,
                         env={"GPUPOOL_SIM_CONFIG": str(conf)},
                         writable=(str(sim_memory_dir(settings.state_dir)),),
+                        readable=(str(conf.resolve()),),
                         memory_total=settings.sim_memory_gib << 30, pci_bus_id=sim_pci_bus_id(i)))
     return tuple(gpus)
 

@@ -623,6 +623,8 @@ class WorkerSupervisor:
             argv.append("--simulated")
         for folder in gpu.writable:
             argv += ["--sandbox-rw", folder]
+        for path in gpu.readable:
+            argv += ["--sandbox-ro", path]
         if not self.sandbox:
             argv.append("--no-sandbox")
         if self.tls is not None:

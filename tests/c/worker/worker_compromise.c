@@ -30,7 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../worker/worker.h"
+#include "worker.h"
 
 #define MAX_NEEDLES 16
 #define MAX_SCAN ((size_t)1 << 30) /* larger mappings: the simulated GPU's reservations */
