@@ -129,6 +129,8 @@ def test_a_compromised_worker_reaches_no_secret(
     # Its sibling (the other GPU's worker) and itself, while the session runs.
     pids = worker_pids(server)
     environs = {pid: Path(f"/proc/{pid}/environ").read_bytes() for pid in pids}
+    statuses = {pid: (Path(f"/proc/{pid}/status").read_text(),
+                      Path(f"/proc/{pid}/limits").read_text()) for pid in pids}
     out, err = client.communicate(timeout=60)
     assert client.returncode == 0, err
     assert facts(out)["uuid"]
@@ -159,3 +161,30 @@ def test_a_compromised_worker_reaches_no_secret(
     for pid, environ in environs.items():
         for name, value in SECRETS.items():
             assert value.encode() not in environ, f"worker {pid} has {name} in its environment"
+    for pid, (status, limits) in statuses.items():
+        assert re.search(r"^NoNewPrivs:\s+1$", status, re.M), f"worker {pid}: no no_new_privs"
+        assert re.search(r"^Max core file size\s+0\s+0\s", limits, re.M), f"worker {pid}: cores"
+
+
+def test_without_the_sandbox_the_same_worker_opens_the_secrets(
+        start_daemon: Callable[..., GpupoolServer], native_build: Path, hold_gpu: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    """The control of the test above: with `worker_sandbox = false` the compromised worker opens
+    local-admin.token, so the refusals above are the sandbox's doing, and the setting turns it
+    off."""
+    state = tmp_path / "state"
+    config = tmp_path / "gpupoold.toml"
+    config.write_text("worker_sandbox = false\n")
+    env = {"GPUPOOL_WORKER_TEST_SECRETS": str(state / LOCAL_ADMIN_FILE)}
+    server = start_daemon("--config", str(config), "--worker",
+                          str(native_build / "tests" / "gpupool-worker-compromise"), "--sim-lib",
+                          str(native_build / "libgpupool-sim.so"), native=False, env=env,
+                          state_dir=state)
+    client = start_client(server, hold_gpu, 1 << 20, 0, 7)
+    lines = wait_until("the compromised worker's report",
+                       lambda: (ls := compromise_lines(server)) and ls[-1] == "done" and ls)
+    out, err = client.communicate(timeout=60)
+    assert client.returncode == 0, err
+    # The token is gpupoold's user's own file (0600), and the worker runs as that user.
+    assert any(ln.startswith(f"open secret {state / LOCAL_ADMIN_FILE}: OPENED") for ln in lines)
+    assert "tls key held: no; dumpable: 0" in "\n".join(lines)
