@@ -315,11 +315,15 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0)
     }
     int32_t code = 0;
     if (wk_device_open(w, o->driver, o->ordinal, &code, err, sizeof err) != 0) {
-        char text[700];
+        char text[1024];
         snprintf(text, sizeof text,
                  "%s (check the driver and the GPU on the server: "
-                 "nvidia-smi; for a simulated GPU, the sim library and its config)",
-                 err);
+                 "nvidia-smi; for a simulated GPU, the sim library and its config%s)",
+                 err,
+                 o->no_sandbox ? ""
+                               : "; if the GPU works outside gpupool, the driver may need a file "
+                                 "the worker's sandbox refuses: try worker_sandbox = false and "
+                                 "report it (docs/validation.md)");
         send_failed(w, text);
         wk_session_end(w);
         return 1;
