@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from config_listing import check_lists_every_setting
 
 from gpupoold.cli import build_parser
 from gpupoold.config import file as config_mod
@@ -111,3 +112,11 @@ def test_parse_address(text: str, expected: tuple[str, int]) -> None:
 def test_parse_address_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_address(text)
+
+
+def test_packaged_config_lists_every_setting(tmp_path: Path) -> None:
+    """The .deb's /etc/gpupoold/gpupoold.toml (its source here; tests/test_debs.py checks the
+    built package's copy) lists every setting with its default: a new setting without its line
+    fails here, not only in the slow package tests."""
+    text = (Path(__file__).parent.parent / "packaging" / "debian" / "gpupoold.toml").read_text()
+    check_lists_every_setting(text, tmp_path)

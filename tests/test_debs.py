@@ -39,12 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from config_listing import check_lists_every_setting
 from conftest import REPO, require, run_client
 from test_e2e_leases import hold_gpu  # noqa: F401 (fixture)
 
 from gpupoold import __version__ as DAEMON_VERSION
-from gpupoold.config.file import load_settings
-from gpupoold.config.settings import Settings, settings_info
 
 CLIENT_VERSION = re.search(r'^__version__ = "([^"]+)"',
                            (REPO / "client" / "gpupool" / "__init__.py").read_text(), re.M)[1]  # type: ignore[index]
@@ -295,23 +294,7 @@ def test_dependencies_are_bundled(debs: Debs, daemon_files: dict[str, tarfile.Ta
 
 
 def test_default_config_lists_every_setting(debs: Debs, tmp_path: Path) -> None:
-    text = _extract_file(debs.daemon, CONFIG).decode()
-    assert tomllib.loads(text) == {}, "every setting is commented out"
-    lines = dict(re.findall(r"^# (\w+) = (.+)$", text, re.M))
-    defaults = Settings()
-    for info in settings_info():
-        assert info.name in lines, f"setting {info.name} is missing from packaging/debian/gpupoold.toml"
-        if info.default is not None:
-            value = tomllib.loads(f"v = {lines[info.name]}")["v"]
-            want = getattr(defaults, info.name)
-            assert (Path(value) if isinstance(want, Path) else value) == want, \
-                f"{info.name}: the config shows {lines[info.name]}, the default is {info.default_text()}"
-        comment = text.split(f"\n# {info.name} = ")[0].rsplit("\n", 1)[-1]
-        assert comment.startswith("# ") and len(comment) > 10, f"{info.name} has no explanation line"
-    # with every line uncommented the file is still valid (the examples too)
-    uncommented = tmp_path / "all.toml"
-    uncommented.write_text("\n".join(f"{k} = {v}" for k, v in lines.items()) + "\n")
-    load_settings(uncommented)
+    check_lists_every_setting(_extract_file(debs.daemon, CONFIG).decode(), tmp_path)
 
 
 # --------------------------------------------------------------------------- the scratch root
