@@ -2,6 +2,7 @@
 
     fake_worker.py MODE --control-fd N --driver PATH --device ORDINAL --cache-dir DIR
                    [--simulated] [--adopt-dir DIR --orphan-grace SECONDS]
+                   [--sandbox-rw DIR ...] [--sandbox-ro PATH ...] [--no-sandbox]
 
 It never claims its session can outlive the daemon (worker_started has adoptable 0, so gpupoold
 stops it with itself, as it stops a worker that cannot listen for adoption). It speaks the
@@ -66,6 +67,11 @@ def main() -> int:
     ap.add_argument("--simulated", action="store_true")
     ap.add_argument("--adopt-dir")
     ap.add_argument("--orphan-grace", type=float, default=0.0)
+    # the sandbox's options (worker/sandbox.c): the fake worker confines nothing, but it must
+    # take the same command line as the real one
+    ap.add_argument("--sandbox-rw", action="append", default=[])
+    ap.add_argument("--sandbox-ro", action="append", default=[])
+    ap.add_argument("--no-sandbox", action="store_true")
     args = ap.parse_args()
     ctl = socket.socket(fileno=args.control_fd)
     if args.mode == "noinit":
