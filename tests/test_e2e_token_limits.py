@@ -2,10 +2,10 @@
 
 With `max_gpus_per_token = 1` and idle detach (policy when-queued), five processes of one token
 never hold more than one GPU, attached or detached, at any moment (the lease history), while
-another token's client is served through the idle holder's detach. With a small
-`max_queue_per_token`, one token's twenty queued hellos fill only its own share of the queue:
-another token's client still queues and is served. Real gpupoold, workers, gpupool-checkpoint
-and clients on a simulated GPU.
+another token's client is served through the idle holder's detach. One token's 200 queued
+hellos fill only its own share of the queue (`max_queue_per_token`), and another token's client,
+queued after them, is served as soon as the holder ends (the queue's turn is by token). Real
+gpupoold, workers, gpupool-checkpoint and clients on a simulated GPU.
 """
 
 from __future__ import annotations
@@ -92,11 +92,14 @@ def raw_hello(server: GpupoolServer, token: str, pid: int) -> tuple[socket.socke
     return s, gp.HelloReply.decode(frame.body)
 
 
-def test_one_tokens_queued_hellos_leave_the_others_a_place_in_the_queue(
+def test_one_tokens_200_queued_hellos_make_another_token_wait_no_longer_than_the_holder(
         start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path,  # noqa: F811
         clients: list[subprocess.Popen[str]]) -> None:
-    server = limited_server(start_daemon, native_build, tmp_path, tls=False, max_queue=8,
-                            max_queue_per_token=4, queue_timeout=60.0)
+    """The flooder's client holds the one GPU and the flooder opens 200 hellos: 16 queue
+    (max_queue_per_token's default) and 184 are refused; another token's client, which comes
+    after all of them, is next in the queue's turn (pool/waitqueue.py) and is served as soon as
+    the holder ends, while the flooder's 16 still wait."""
+    server = limited_server(start_daemon, native_build, tmp_path, tls=False, queue_timeout=60.0)
     flooder = server.create_token("flooder")
     other = {"GPUPOOL_TOKEN": server.create_token("other")}
     holder = start_client(server, hold_gpu, 16 * MIB, 1500, seed=1, env={"GPUPOOL_TOKEN": flooder})
@@ -104,33 +107,38 @@ def test_one_tokens_queued_hellos_leave_the_others_a_place_in_the_queue(
     holding(holder)
     queued, refused = [], []
     try:
-        for n in range(20):
-            s, reply = raw_hello(server, flooder, os.getpid() * 100 + n)
+        for n in range(200):
+            s, reply = raw_hello(server, flooder, os.getpid() * 1000 + n)
             if reply is None:
                 queued.append(s)
             else:
                 s.close()
                 refused.append(reply)
-        assert len(queued) == 4 and len(refused) == 16
+        assert len(queued) == 16 and len(refused) == 184
         for reply in refused:
             assert reply.result == gp.GP_EBUSY, reply
-            assert "this token already has 4 clients waiting" in reply.message, reply.message
-            assert "max_queue_per_token = 4" in reply.message and "try again" in reply.message
-        # max_queue = 8 is not reached: another token's client queues, behind them.
+            assert "this token already has 16 clients waiting" in reply.message, reply.message
+            assert "max_queue_per_token = 16" in reply.message and "try again" in reply.message
         visitor = start_client(server, hold_gpu, 16 * MIB, 100, seed=2, env=other)
         clients.append(visitor)
-        wait_until("the other token's client queued", lambda: [
-            w["token"] for w in server.get_json("/api/v1/queue")["queue"]] == ["flooder"] * 4
-            + ["other"])
+        wait_until("the other token's client queued, first in turn", lambda: [
+            w["token"] for w in server.get_json("/api/v1/queue")["queue"]] == ["other"]
+            + ["flooder"] * 16)
+        finish(holder, "the holder")
+        finish(visitor, "the other token's client")
+        # The lease history: the visitor's lease came right after the holder's.
+        starts = sorted((le["started"], token) for token in ("flooder", "other") for le in
+                        server.get_json(f"/api/v1/leases?state=all&token={token}")["leases"])
+        assert [t for _, t in starts[:2]] == ["flooder", "other"], starts
+        queue = server.get_json("/api/v1/queue")["queue"]
+        assert len(queue) >= 15 and {w["token"] for w in queue} == {"flooder"}, queue
     finally:
-        for s in queued:  # the flooder's clients give up: the visitor is next
+        for s in queued:
             s.close()
-    finish(visitor, "the other token's client")
-    finish(holder, "the holder")
     req = urllib.request.Request(server.http_url + "/metrics",
                                  headers={"Authorization": f"Bearer {server.admin_token}"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         text = resp.read().decode()
     line = ('gpupool_admission_refusals_total{interface="remoting",reason="queue_per_token"} '
-            '16.0')
+            '184.0')
     assert line in text, [ln for ln in text.splitlines() if "admission" in ln]

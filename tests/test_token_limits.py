@@ -21,6 +21,7 @@ from gpupoold.pool.fleet import match
 from gpupoold.pool.leases import FREE, QueueFull
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import ATTACHED, DETACHED
+from gpupoold.pool.waitqueue import WaitQueue
 from gpupoold.store.database import StoreDB
 from gpupoold.store.fleet import GpuRow, QueueRow, SyncInput
 
@@ -116,6 +117,49 @@ async def test_max_queue_is_counted_apart_and_zero_per_token_means_no_limit_of_i
     with pytest.raises(QueueFull, match=r"the queue is full \(3 waiting, max_queue = 3\)"):
         m.enqueue(Requirements(), "bob", client(20))
     assert m.counters.get("admission_refused", reason="queue") == 1
+
+
+async def test_one_tokens_many_waiters_do_not_keep_another_tokens_client_behind_them(mgr: Any) -> None:  # noqa: F811
+    """The queue's turn is by token, least recently served first: alice holds the one GPU and
+    queues five more clients; bob's one client, queued after them, is next, so it waits no
+    longer than alice's holder (issue 29's acceptance)."""
+    m = await mgr(1, max_queue_per_token=8, queue_timeout=60.0)
+    _, holder = await lease_on(m, 1, token="alice")
+    hers = [m.enqueue(Requirements(), "alice", client(10 + n)) for n in range(5)]
+    bob = m.enqueue(Requirements(), "bob", client(20))
+    assert m.queue.position(bob) == 1 and [m.queue.position(w) for w in hers] == [2, 3, 4, 5, 6]
+    assert [v["token"] for v in m.queue.view()] == ["bob"] + ["alice"] * 5  # the views' order
+    holder.worker.finish("client exit")
+    slot = await asyncio.wait_for(bob.future, 3)
+    assert slot is m.slots[0] and not any(w.future.done() for w in hers)
+
+
+async def test_the_turn_goes_round_the_tokens_and_a_served_token_goes_to_the_back() -> None:
+    queue = WaitQueue()
+    a1, a2 = (queue.join(Requirements(), "alice", client(n)) for n in (1, 2))
+    b1, b2 = (queue.join(Requirements(), "bob", client(n)) for n in (3, 4))
+    c1 = queue.join(Requirements(), "carol", client(5))
+    # nobody served yet: rounds in the order their first clients came
+    assert queue.in_turn() == [a1, b1, c1, a2, b2]
+    assert queue.first(lambda w: w.token != "alice") is b1
+    queue.granted(a1)
+    assert queue.in_turn() == [b1, c1, a2, b2]
+    queue.granted(c1)  # carol served before bob (bob's client could not take that GPU)
+    assert queue.in_turn() == [b1, a2, b2]
+    queue.granted(b1)
+    assert queue.in_turn() == [a2, b2]  # alice was served longest ago
+    a3 = queue.join(Requirements(), "alice", client(6))
+    assert queue.in_turn() == [a2, b2, a3] and queue.position(a3) == 3
+    queue.leave(a2)  # giving up is not being served: alice keeps her turn
+    assert queue.in_turn() == [a3, b2]
+
+
+def test_the_fleets_turn_puts_a_token_holding_gpus_after_one_holding_none() -> None:
+    gpus = [gpu("a", 0, token="t"), gpu("b")]
+    queue = [waiter(1, "a", "t"), waiter(2, "a", "t"), waiter(3, "b", "u"), waiter(4, "a", "t")]
+    assert match(gpus, queue, UP) == [(3, "b", 0)]
+    # among equals, ticket order
+    assert match([gpu("a"), gpu("b")], queue, UP) == [(1, "a", 0), (3, "b", 0)]
 
 
 # ------------------------------------------------------------------------------- in a fleet

@@ -92,22 +92,36 @@ def held_in_fleet(gpus: Sequence[GpuRow], up: set[str], away: Counter[str],
     return held
 
 
+def in_turn(queue: Sequence[QueueRow], up: set[str], held: Counter[str]) -> list[QueueRow]:
+    """The live servers' waiting rows in the fleet's turn: a waiter's rank is the number of GPUs
+    its token holds in the fleet (`held`) plus the number of its token's waiters ahead of it;
+    lower ranks first, then ticket order. A token holding a GPU and queueing many clients comes
+    after another token's first client."""
+    ahead: Counter[str] = Counter()
+    ranked: list[tuple[int, int, QueueRow]] = []
+    for w in sorted((w for w in queue if w.state == "waiting" and w.server in up),
+                    key=lambda w: w.ticket):
+        ranked.append((held[w.token] + ahead[w.token], w.ticket, w))
+        ahead[w.token] += 1
+    return [w for _rank, _ticket, w in sorted(ranked, key=lambda r: r[:2])]
+
+
 def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
           max_gpus_per_token: int = 0,
           away: Counter[str] | None = None) -> list[tuple[int, str, int]]:
-    """The assignments of free GPUs to waiters, as (ticket, server, GPU index): in ticket order,
-    each waiter takes a free GPU it accepts, one of its own server first (no redirect), then the
-    other servers' in name order. A token at `max_gpus_per_token` waits: the GPUs of the whole
-    fleet held or assigned to it and its leases off a GPU (`away`, by token) count. A detached
-    lease coming back (a waiter with `only`) is counted in `away` already: it takes its own
-    place back, and waits only while its token holds more than the limit otherwise."""
+    """The assignments of free GPUs to waiters, as (ticket, server, GPU index): in turn
+    (`in_turn`: fair between tokens, by what each holds; a server's own queue goes by who was
+    served last, pool/waitqueue.py), each waiter takes a free GPU it accepts, one of its own
+    server first (no redirect), then the other servers' in name order. A token at
+    `max_gpus_per_token` waits: the GPUs of the whole fleet held or assigned to it and its
+    leases off a GPU (`away`, by token) count. A detached lease coming back (a waiter with
+    `only`) is counted in `away` already: it takes its own place back, and waits only while its
+    token holds more than the limit otherwise."""
     free = [g for g in gpus if g.free and g.holder is None and g.server in up]
     held = held_in_fleet(gpus, up, away or Counter())
     taken: set[tuple[str, int]] = set()
     out: list[tuple[int, str, int]] = []
-    for w in queue:
-        if w.state != "waiting" or w.server not in up:
-            continue
+    for w in in_turn(queue, up, held):
         returning = w.only is not None
         if max_gpus_per_token > 0 and held[w.token] - returning >= max_gpus_per_token:
             continue
@@ -308,7 +322,9 @@ class FleetQueue:
             else:
                 self._gone.append(ticket)  # it left during the sync
         rows = {q.ticket: q for q in res.queue}
-        line = [q.ticket for q in res.queue if q.state == "waiting"]
+        up = {name for name, srv in res.servers.items() if srv.get("state") == "up"}
+        held = held_in_fleet(res.gpus, up, Counter(token for _, token in res.away))
+        line = [q.ticket for q in in_turn(res.queue, up, held)]
         self._positions = {t: (n + 1, len(line)) for n, t in enumerate(line)}
         by_ticket = {t: w for w, t in self._tickets.items()}
         # This server's waiters sent to another server's GPU.

@@ -347,14 +347,14 @@ class LeaseManager:
         self._own(slot, self._clean(slot, lease_ids), name)
 
     def _grant(self, slot: Slot, w: Waiter) -> None:
-        """Give free `slot` to waiter `w` (who leaves the queue)."""
-        self.queue.leave(w)
+        """Give free `slot` to waiter `w` (who leaves the queue; its token's turn ends)."""
+        self.queue.granted(w)
         self.pool.grant(slot, w)
         w.future.set_result(slot)
 
     def _claim(self, slot: Slot, w: Waiter) -> None:
         """Give `slot`, held for a redirected client (pool/fleet.py), to its waiter `w`."""
-        self.queue.leave(w)
+        self.queue.granted(w)
         self.pool.claim(slot, w)
         w.future.set_result(slot)
 

@@ -1,9 +1,14 @@
-"""The FIFO queue of clients waiting for a GPU.
+"""The queue of clients waiting for a GPU: fair between tokens, first come first served within one.
 
-A free GPU goes to the first waiter, in arrival order, that may take it: one whose requirements
-the GPU meets and whose token is under its GPU limit. So nobody is overtaken by a later client who
-wants the same GPU, and a waiter who wants a GPU that is busy does not block the ones behind it
-who would take another.
+A free GPU goes to the first waiter, in turn, that may take it: one whose requirements the GPU
+meets and whose token is under its GPU limit. The turn is taken by tokens, least recently served
+first, and within a token in arrival order: the first waiter of every token comes before the
+second of any, and a token that was just given a GPU goes to the back. So one tenant's many
+clients cannot make another tenant's single client wait behind all of them (a token's queued
+clients are many only up to `max_queue_per_token`; the turn makes even those cost another tenant
+no more than one lease of the current holder), nobody is overtaken by a later client of the same
+token who wants the same GPU, and a waiter who wants a GPU that is busy does not block the ones
+behind it who would take another. With one token (or `auth = "none"`) this is arrival order.
 """
 
 from __future__ import annotations
@@ -75,8 +80,12 @@ class Waiter:
 
 class WaitQueue:
     def __init__(self) -> None:
-        self._waiters: list[Waiter] = []
+        self._waiters: list[Waiter] = []  # in arrival order
         self._tickets = itertools.count(1)
+        # token -> the number of the grant that last served it (least recently served first;
+        # a token never served here: 0). One entry per token name, which the operator makes.
+        self._last_served: dict[str, int] = {}
+        self._grants = itertools.count(1)
 
     def join(self, req: Requirements, token: str, client: ClientInfo, *,
              returning: int | None = None, only: Callable[[Gpu], bool] | None = None,
@@ -96,10 +105,27 @@ class WaitQueue:
         if w in self._waiters:
             self._waiters.remove(w)
 
+    def granted(self, w: Waiter) -> None:
+        """`w` got its GPU: it leaves, and its token goes to the back of the turn."""
+        self.leave(w)
+        self._last_served[w.token] = next(self._grants)
+
+    def in_turn(self) -> list[Waiter]:
+        """The waiters in the order they will be served when every one of them may take every
+        GPU: in rounds, each round the next waiter of every token, tokens least recently served
+        first (ties: whose first waiter came first). After a round the tokens were served in that
+        same order, so the next round keeps it."""
+        by_token: dict[str, list[Waiter]] = {}
+        for w in self._waiters:
+            by_token.setdefault(w.token, []).append(w)
+        tokens = sorted(by_token, key=lambda t: (self._last_served.get(t, 0), by_token[t][0].ticket))
+        rounds = max((len(ws) for ws in by_token.values()), default=0)
+        return [by_token[t][r] for r in range(rounds) for t in tokens if r < len(by_token[t])]
+
     def position(self, w: Waiter) -> int:
-        """1-based place in the queue (0: not waiting any more)."""
+        """1-based place in the turn (0: not waiting any more)."""
         try:
-            return self._waiters.index(w) + 1
+            return self.in_turn().index(w) + 1
         except ValueError:
             return 0
 
@@ -109,7 +135,8 @@ class WaitQueue:
         return sum(1 for w in self._waiters if w.token == token and w.returning is None)
 
     def first(self, may_take: Callable[[Waiter], bool]) -> Waiter | None:
-        return next((w for w in self._waiters if may_take(w)), None)
+        """The first waiter in turn that `may_take` accepts."""
+        return next((w for w in self.in_turn() if may_take(w)), None)
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -122,4 +149,4 @@ class WaitQueue:
                  "client": w.client.to_json(), "request": w.req.describe(),
                  "returning_lease": w.returning,
                  "since": w.joined_wall, "waiting_s": round(w.waited(), 3)}
-                for i, w in enumerate(self._waiters)]
+                for i, w in enumerate(self.in_turn())]
