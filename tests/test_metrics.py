@@ -36,7 +36,9 @@ FAMILIES = {
     "gpupool_gpu_sm_clock_hertz": "gauge", "gpupool_gpu_memory_clock_hertz": "gauge",
     "gpupool_gpu_ecc_uncorrected_errors": "counter", "gpupool_gpu_xid_errors": "counter",
     "gpupool_gpu_remapped_rows_pending": "gauge", "gpupool_gpu_remapped_rows_failure": "gauge",
-    "gpupool_gpu_lease_idle": "gauge",
+    "gpupool_gpu_lease_idle": "gauge", "gpupool_gpu_leased_seconds": "counter",
+    "gpupool_gpu_busy_seconds": "counter", "gpupool_gpu_reused_seconds": "counter",
+    "gpupool_gpu_lease_state": "gauge", "gpupool_token_busy_seconds": "counter",
     "gpupool_leases_active": "gauge", "gpupool_queue_length": "gauge",
     "gpupool_lease_requests": "counter", "gpupool_queue_wait_seconds": "histogram",
     "gpupool_lease_duration_seconds": "histogram", "gpupool_lease_ends": "counter",
@@ -188,6 +190,12 @@ def test_a_lease_moves_the_counters(gpupool_server: GpupoolServer, hold_gpu: Pat
     assert grew("gpupool_queue_wait_seconds_count") == 1
     assert grew("gpupool_scrub_duration_seconds_count") == 1
     assert value(after, "gpupool_gpu_seconds_total", token="tests") >= 1.5
+    # Utilisation (issue 33, item 4): the lease's time on GPU 0, to within one telemetry period
+    # (1 s), and no more busy time than leased time.
+    leased = grew("gpupool_gpu_leased_seconds_total", gpu="0")
+    assert abs(leased - grew("gpupool_lease_duration_seconds_sum")) <= 1.0, leased
+    assert 0 <= grew("gpupool_gpu_busy_seconds_total", gpu="0") <= leased
+    assert value(after, "gpupool_gpu_lease_state", gpu="0") == 0  # free again
     # The ended lease's totals stay (counters never go down once the lease is gone).
     assert value(after, "gpupool_copy_bytes_total", direction="h2d") >= value(
         live, "gpupool_copy_bytes_total", direction="h2d")

@@ -45,6 +45,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector as _CollectorBase
 
 from gpupoold import __version__
+from gpupoold.http.utilisation import Observation, UtilisationClock
 from gpupoold.pool.events import EventBus, GpuCleaned, LeaseAttached, LeaseDetached, LeaseEnded, LeaseGranted
 from gpupoold.tasks import stop_task
 from gpupoold.workers import supervisor as _workers
@@ -133,6 +134,10 @@ class DaemonMetrics:
             "(queueing and restoring its memory included).", buckets=REATTACH_BUCKETS,
             registry=self.registry)
         self.ended = EndedTotals()
+        # Leased, busy and reused seconds per GPU (http/utilisation.py): observed on every
+        # telemetry tick, lease event and scrape.
+        self.utilisation = UtilisationClock()
+        self.now: Callable[[], float] = time.monotonic  # the counters' clock (tests set it)
         self.collector: Collector | None = None
         self._idle_task: asyncio.Task[None] | None = None
 
@@ -146,13 +151,22 @@ class DaemonMetrics:
                 bus.subscribe(LeaseDetached, self.lease_detached)]
 
     def lease_detached(self, e: LeaseDetached) -> None:
-        pass  # counted by the lease manager (counters "detaches"); here for symmetry
+        # the detach itself is counted by the lease manager (counters "detaches")
+        self._observe_gpus()
 
     def lease_attached(self, e: LeaseAttached) -> None:
         self.reattach_latency.observe(max(0.0, e.latency_s))
+        self._observe_gpus()
 
     def lease_granted(self, e: LeaseGranted) -> None:
         self.queue_wait.observe(max(0.0, e.queued_s))
+        self._observe_gpus()
+
+    def _observe_gpus(self) -> None:
+        """A lease came or went (published after the change): the time until now counts as the
+        previous observation said, the GPUs' new state from now on."""
+        if self.collector is not None:
+            self.collector.observe_gpus()
 
     def lease_ended(self, e: LeaseEnded) -> None:
         """A lease ended with its worker's final stats: published in the same event-loop step
@@ -161,6 +175,7 @@ class DaemonMetrics:
         self.lease_duration.observe(duration_s)
         self.ended.add(e.stats)
         self.ended.gpu_seconds[e.token] = self.ended.gpu_seconds.get(e.token, 0.0) + duration_s
+        self._observe_gpus()
 
     def cleaned(self, e: GpuCleaned) -> None:
         self.scrub_duration.observe(max(0.0, e.duration_s))
@@ -172,12 +187,12 @@ class DaemonMetrics:
     def attach(self, leases: LeaseManager, telemetry: Telemetry | None, counters: Counters,
                interval: float) -> None:
         """Register the scrape-time collector and start following the GPUs' utilisation (for
-        `gpupool_gpu_lease_idle`)."""
+        `gpupool_gpu_lease_idle` and the leased/busy/reused seconds)."""
         self.collector = Collector(self, leases, telemetry, counters)
         self.registry.register(self.collector)
-        if telemetry is not None:
-            self._idle_task = asyncio.create_task(self._follow_utilisation(interval),
-                                                  name="metrics-idle")
+        self.collector.observe_gpus()
+        self._idle_task = asyncio.create_task(self._follow_utilisation(interval),
+                                              name="metrics-idle")
 
     async def close(self) -> None:
         await stop_task(self._idle_task)
@@ -187,6 +202,7 @@ class DaemonMetrics:
         while True:
             if self.collector is not None:
                 self.collector.note_utilisation()
+                self.collector.observe_gpus()
             await asyncio.sleep(interval)
 
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
@@ -220,11 +236,29 @@ class Collector(_CollectorBase):
             if i not in self._busy_at or (isinstance(util, int | float) and util > 0):
                 self._busy_at[i] = now
 
+    def observe_gpus(self) -> None:
+        """Advance the leased/busy/reused counters to now (http/utilisation.py)."""
+        detached_from = {lease.home.index for lease in self.leases.active()
+                         if lease.slot is None and lease.home is not None}
+        seen = {}
+        for slot in self.leases.slots:
+            i = slot.gpu.index
+            lease = slot.lease
+            util = self.telemetry.live(i).get("gpu_util") if self.telemetry is not None else None
+            ratio = (float(util) / 100 if isinstance(util, int | float)
+                     and not isinstance(util, bool) else 0.0)
+            seen[i] = Observation(token=lease.token if lease is not None else None, util=ratio,
+                                  reused=lease is not None and i in detached_from,
+                                  in_service=slot.state in ("free", "leased"))
+        self.metrics.utilisation.observe(self.metrics.now(), seen)
+
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        self.observe_gpus()  # an open lease's time counts up to this scrape
         yield from self._gpus()
+        yield from self._utilisation()
         yield from self._leases()
         yield from self._data_plane()
         yield from self._service()
@@ -324,6 +358,41 @@ class Collector(_CollectorBase):
         yield rows_pending
         yield rows_failure
         yield idle
+
+    def _utilisation(self) -> Iterator[Metric]:
+        clock = self.metrics.utilisation
+        leased = CounterMetricFamily("gpupool_gpu_leased_seconds", "Seconds a lease held the GPU.",
+                                     labels=["gpu"])
+        busy = CounterMetricFamily("gpupool_gpu_busy_seconds", "Seconds the GPU executed work "
+                                   "while leased (leased time weighted by its utilisation).",
+                                   labels=["gpu"])
+        reused = CounterMetricFamily("gpupool_gpu_reused_seconds", "Idle detach: seconds the GPU "
+                                     "was leased while a lease detached from it waited.",
+                                     labels=["gpu"])
+        state = GaugeMetricFamily("gpupool_gpu_lease_state", "What the GPU does, as a code: 0 "
+                                  "free, 1 leased idle, 2 leased busy, 3 reused (leased while a "
+                                  "lease detached from it waits), 4 out of service.",
+                                  labels=["gpu"])
+        for slot in self.leases.slots:
+            i = slot.gpu.index
+            t = clock.gpus.get(i)
+            if t is not None:
+                leased.add_metric([str(i)], t.leased_s)
+                busy.add_metric([str(i)], t.busy_s)
+                reused.add_metric([str(i)], t.reused_s)
+            code = clock.code(i)
+            if code is not None:
+                state.add_metric([str(i)], code)
+        yield leased
+        yield busy
+        yield reused
+        yield state
+        tokens = CounterMetricFamily("gpupool_token_busy_seconds", "GPU-seconds the token's "
+                                     "leases kept their GPUs executing work, by token name.",
+                                     labels=["token"])
+        for token, value in sorted(clock.token_busy_s.items()):
+            tokens.add_metric([token], value)
+        yield tokens
 
     # ------------------------------------------------------------------------------ leases
     def _leases(self) -> Iterator[Metric]:
