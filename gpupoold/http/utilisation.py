@@ -10,10 +10,12 @@ counts an open lease's time up to the scrape. The counters only ever grow (the c
 monotonic and a span is never negative), so Prometheus's `rate` and `increase` read them as
 counters.
 
-Busy time is weighted by the utilisation the telemetry last sampled (0 to 1): a GPU leased for
-10 s at 50 % counts 10 s leased and 5 s busy. NVML's utilisation is the share of its sample
-period in which a kernel was executing, and a simulated GPU's is its worker's `busy_ns` over the
-same period (gpu/telemetry.py), so the integral is the time the GPU executed work.
+Busy time is the leased span weighted by the utilisation seen at the span's end (0 to 1): a GPU
+leased for 10 s at 50 % counts 10 s leased and 5 s busy. NVML's utilisation is the share of the
+last sample period in which a kernel was executing, and a simulated GPU's is its worker's
+`busy_ns` over the same period (gpu/telemetry.py): the value read at a span's end describes the
+span, and the integral is the time the GPU executed work. The stored accounting (pool/usage.py)
+integrates the same way, so Prometheus and `gpupoold report` agree to within a sample period.
 
 Reused time: the GPU was leased while a lease detached from it (idle detach, pool/detach.py) was
 still in progress elsewhere in host memory: GPU time that idle detach handed on to another lease.
@@ -40,7 +42,8 @@ class Observation:
     """What one GPU was doing at one moment."""
 
     token: str | None  # the token name of the lease on it; None: not leased
-    util: float = 0.0  # the telemetry's last utilisation sample, 0 to 1 (0 when unknown)
+    util: float = 0.0  # the telemetry's last utilisation sample, 0 to 1 (0 when unknown): the
+    # share of the sample period before it that the GPU executed work
     reused: bool = False  # leased while a lease detached from this GPU waits
     in_service: bool = True  # False: scrubbing, quarantined or drained
 
@@ -72,7 +75,8 @@ class UtilisationClock:
         self._last: dict[int, tuple[float, Observation]] = {}
 
     def observe(self, now: float, seen: dict[int, Observation]) -> None:
-        """Count the time since each GPU's previous observation as that observation said, then
+        """Count the time since each GPU's previous observation as that observation said (its
+        lease; the busy share from the new one's utilisation, which describes the span), then
         hold the new one. A GPU seen for the first time only starts its clock."""
         for gpu, obs in seen.items():
             at = now
@@ -81,7 +85,7 @@ class UtilisationClock:
                 self.gpus.setdefault(gpu, GpuTime())
             else:
                 since, held = prev
-                self._count(gpu, held, now - since)
+                self._count(gpu, held, obs.util, now - since)
                 at = max(now, since)  # an earlier reading than the last never counts back
             self._last[gpu] = (at, obs)
 
@@ -90,12 +94,12 @@ class UtilisationClock:
         last = self._last.get(gpu)
         return last[1].code if last is not None else None
 
-    def _count(self, gpu: int, held: Observation, span: float) -> None:
+    def _count(self, gpu: int, held: Observation, util: float, span: float) -> None:
         if held.token is None or span <= 0:
             return
         t = self.gpus.setdefault(gpu, GpuTime())
         t.leased_s += span
-        busy = span * min(1.0, max(0.0, held.util))
+        busy = span * min(1.0, max(0.0, util))
         t.busy_s += busy
         self.token_busy_s[held.token] = self.token_busy_s.get(held.token, 0.0) + busy
         if held.reused:
