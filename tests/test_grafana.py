@@ -275,6 +275,35 @@ def test_dashboard_variables_and_rows() -> None:
         assert needed in exprs, f"no query with {needed}"
 
 
+def test_the_utilisation_row() -> None:
+    """Issue 33, item 4: a Utilisation row with a lease timeline per GPU over
+    gpupool_gpu_lease_state whose value mappings name every code the daemon exports
+    (http/utilisation.py), leased and busy shares per GPU, and GPU-hours per token."""
+    from gpupoold.http import utilisation as u
+
+    dash = load_dashboard()
+    order = dash["panels"]
+    (row,) = [p for p in order if p["type"] == "row" and p["title"] == "Utilisation"]
+    inside = []
+    for p in order[order.index(row) + 1:]:
+        if p["type"] == "row":
+            break
+        inside.append(p)
+    (timeline,) = [p for p in inside if p["type"] == "state-timeline"]
+    assert {n for t in timeline["targets"] for n in metric_names(t["expr"])} == {
+        "gpupool_gpu_lease_state"}
+    (mapping,) = timeline["fieldConfig"]["defaults"]["mappings"]
+    codes = {u.FREE, u.LEASED_IDLE, u.LEASED_BUSY, u.REUSED, u.OUT_OF_SERVICE}
+    assert set(mapping["options"]) == {str(c) for c in codes}, mapping
+    exprs = " ".join(t["expr"] for p in inside for t in p["targets"]).replace(" ", "")
+    for needed in ("sumby(instance,gpu)(rate(gpupool_gpu_leased_seconds_total",
+                   "sumby(instance,gpu)(rate(gpupool_gpu_busy_seconds_total",
+                   "sumby(token)(increase(gpupool_gpu_seconds_total",
+                   "sumby(token)(increase(gpupool_token_busy_seconds_total",
+                   "gpupool_gpu_reused_seconds_total"):
+        assert needed in exprs, f"the Utilisation row has no query with {needed}"
+
+
 def test_every_metric_name_is_in_the_contract() -> None:
     """Names, histogram suffixes, labels in selectors/groupings/legends and closed label values
     all as docs/metrics.md lists them."""
