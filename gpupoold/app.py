@@ -47,6 +47,7 @@ from gpupoold.http.keys import (
     STORE,
     SUPERVISOR,
     TELEMETRY,
+    USAGE,
     VIEWS,
 )
 from gpupoold.http.metrics import METRICS_KEY, DaemonMetrics
@@ -61,6 +62,7 @@ from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import ServerRegistration, Store
 from gpupoold.store.notify import Notifications
+from gpupoold.store.usage import UsageRecorder
 from gpupoold.tls import TlsSettingError, remoting_identity
 from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
@@ -94,6 +96,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(supervisor_ctx)
     app.cleanup_ctx.append(leases_ctx)
     app.cleanup_ctx.append(telemetry_ctx)
+    app.cleanup_ctx.append(usage_ctx)
     app.cleanup_ctx.append(metrics_ctx)
     app.cleanup_ctx.append(dashboard_ctx)
     app.cleanup_ctx.append(remoting_ctx)
@@ -272,6 +275,21 @@ async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         app[VIEWS].telemetry = None
         await telemetry.close()
+
+
+async def usage_ctx(app: web.Application) -> AsyncIterator[None]:
+    """GPU time accounting (store/usage.py): sampled with the telemetry, written to the store;
+    closed before the leases end, with a last flush."""
+    settings = app[SETTINGS]
+    recorder = UsageRecorder(app[STORE], app[LEASES], app[TELEMETRY], settings.telemetry_interval,
+                             settings.usage_retention_days,
+                             counted=[g.index for g in app[INVENTORY].gpus if g.simulated])
+    recorder.start()
+    app[USAGE] = recorder
+    try:
+        yield
+    finally:
+        await recorder.close()
 
 
 async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -6,7 +6,7 @@
   state directory or the configured `tls_cert`; never made here.
 - `token create|list|revoke`: API tokens, on the database directly (`<state_dir>/gpupoold.db`),
   whether the daemon runs or not; audited as `cli:<unix user>`.
-- `status`, `gpu drain|undrain|clear INDEX`, `lease end ID`: clients of the running daemon's HTTP
+- `status`, `gpu drain|undrain|clear INDEX`, `lease end ID`, `report`: clients of the running daemon's HTTP
   API (admin_client.py), authenticated with `--token`, `GPUPOOL_ADMIN_TOKEN` or the local admin
   token the daemon writes to `<state_dir>/local-admin.token`.
 
@@ -17,6 +17,7 @@ Exit status: 0 done, 1 failed (the message says why and what to do), 2 bad comma
 from __future__ import annotations
 
 import argparse
+import datetime
 import grp
 import json
 import os
@@ -25,6 +26,7 @@ import sqlite3
 import stat
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +36,10 @@ from gpupoold.admin_client import AdminClient, AdminError, base_url, tls_context
 from gpupoold.auth.authenticator import LOCAL_ADMIN_FILE
 from gpupoold.config.file import EX_CONFIG, ConfigError, load_settings
 from gpupoold.config.settings import DEFAULT_CONFIG, Settings, iter_flags
+from gpupoold.pool.report import to_csv, to_text
 from gpupoold.store.database import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
 from gpupoold.store.postgres import UrlError, driver_errors
-from gpupoold.store.tokens import check_token_name, format_local, parse_expiry
+from gpupoold.store.tokens import check_token_name, format_local, format_utc, parse_expiry
 
 ADMIN_TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
 
@@ -161,6 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
     end.add_argument("lease_id", type=int, metavar="ID", help="lease id, as `status` shows")
     end.add_argument("--reason", default="", metavar="TEXT",
                      help="shown to the client and recorded")
+    report = sub.add_parser(
+        "report", parents=[remote], help="how busy the GPUs were, per GPU, token or server",
+        description="The usage report of a period (issue 33): leased and busy share of the "
+                    "GPUs' time, GPU-hours per group, queue waits, what idle detach handed on. "
+                    "Times are Unix seconds, an ISO 8601 date or time (UTC unless it says), "
+                    "or an age such as 7d, 24h or 30m (before now).")
+    report.add_argument("--from", dest="since", metavar="TIME", default="7d",
+                        help="start of the period (default: 7d, the week before now)")
+    report.add_argument("--to", dest="until", metavar="TIME", default="",
+                        help="end of the period (default: now)")
+    report.add_argument("--by", choices=("gpu", "token", "server"), default="gpu",
+                        help="one line per GPU, token or server (default: gpu)")
+    report.add_argument("--csv", action="store_true", help="print the groups as CSV")
     return parser
 
 
@@ -502,6 +518,8 @@ def _remote_command(args: argparse.Namespace) -> int:
             return _status(client, args)
         if args.command == "gpu":
             return _gpu(client, args)
+        if args.command == "report":
+            return _report(client, args)
         return _lease_end(client, args)
     except AdminError as exc:
         if exc.status == 401:
@@ -598,6 +616,49 @@ def _client_text(client: Any) -> str:
     if client.get("program"):
         text += f" ({client['program']})"
     return text
+
+
+_AGE_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def report_time(text: str, now: float) -> float:
+    """A report's --from/--to: Unix seconds, ISO 8601 (UTC unless it says), or an age (7d)."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if len(text) > 1 and text[-1] in _AGE_UNITS:
+        try:
+            return now - float(text[:-1]) * _AGE_UNITS[text[-1]]
+        except ValueError:
+            pass
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"{text!r} is not a time: give Unix seconds, an ISO 8601 date or time "
+                       "(2026-12-01, 2026-12-01T08:00) or an age (7d, 24h, 30m)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
+
+
+def _report(client: AdminClient, args: argparse.Namespace) -> int:
+    now = time.time()
+    until = report_time(args.until, now) if args.until else now
+    since = report_time(args.since, now)
+    if not until > since:
+        raise CliError("the report's period is empty: --to must come after --from")
+    query = urllib.parse.urlencode({"from": f"{since:.3f}", "to": f"{until:.3f}", "by": args.by})
+    report = client.get(f"/api/v1/report?{query}")["report"]
+    if args.json:
+        _print_json(report)
+    elif args.csv:
+        print(to_csv(report), end="")
+    else:
+        print(f"{format_utc(since)} to {format_utc(until)}, by {args.by}")
+        print(to_text(report), end="")
+    return 0
 
 
 def _status(client: AdminClient, args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ from gpupoold.http.keys import (
 from gpupoold.http.routes import ROUTES, Route, setup_routes
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.leases import LeaseError
+from gpupoold.pool.usage import Observation, UsageMeter
 from gpupoold.store.database import NewLease, Store
 
 GIB = 1 << 30
@@ -263,6 +264,7 @@ def test_the_table_declares_every_contract_route() -> None:
         ("POST", "/api/v1/tokens"): ADMIN,
         ("DELETE", "/api/v1/tokens/{name}"): ADMIN,
         ("GET", "/api/v1/audit"): ADMIN,
+        ("GET", "/api/v1/report"): ADMIN,
     }
 
 
@@ -657,6 +659,31 @@ async def test_audit_log_paging(api: Api) -> None:
     assert sorted(seen) == [f"thing {i}" for i in range(5)]
     status, body, _ = await api.call("GET", "/api/v1/audit?limit=-3", api.admin)
     assert status == 400 and "limit" in body["error"]
+
+
+# --------------------------------------------------------------------------------- report
+async def test_report_from_the_stored_usage(api: Api) -> None:
+    """GET /api/v1/report (issue 33): the stored minutes and leases of the period, by token."""
+    t0 = 1_800_000_000.0
+    lease = await add_lease(api.store, token="alice")
+    meter = UsageMeter()
+    for at, util in ((t0, 100), (t0 + 60, 100), (t0 + 120, 0)):
+        meter.observe(at, 1, Observation(lease, "alice", util))
+    await api.store.record_usage(meter.take())
+    status, body, _ = await api.call(
+        "GET", f"/api/v1/report?from={t0:.0f}&to={t0 + 3600:.0f}&by=token", api.admin)
+    assert status == 200, body
+    r = body["report"]
+    assert r["gpus"] == 2  # the inventory's, the unused one included
+    assert r["leased_gpu_hours"] == pytest.approx(120 / 3600)
+    assert r["busy_share"] == pytest.approx(60 / 7200)
+    assert [(g["token"], g["busy_of_leased"]) for g in r["groups"]] == [("alice", 0.5)]
+    assert r["leases"] == 0  # add_lease's lease started now, not in that hour
+    assert r["summary"].startswith("the 2 GPUs were leased 2 % and busy 1 % of the hour")
+    for query, needle in (("by=team", "unknown grouping"), ("from=10&to=5", "period is empty"),
+                          ("to=soon", "to must be a time")):
+        status, body, _ = await api.call("GET", f"/api/v1/report?{query}", api.admin)
+        assert status == 400 and needle in body["error"], body
 
 
 # ------------------------------------------------------------------------- error handling

@@ -336,6 +336,12 @@ class Settings:
         "temperature, power, clocks) shown by the API, `gpupool smi` and the NVML shim: from "
         "NVML for real GPUs, from the lease's worker for simulated ones.",
         check=_check_positive)
+    usage_retention_days: float = _setting(
+        90.0,
+        "Days the per-GPU, per-minute usage rows (leased and busy seconds, per token) are kept "
+        "for `gpupoold report`; older rows are deleted. Each lease's own totals are kept with "
+        "its record.",
+        check=_check_positive)
     scrub_timeout: float = _setting(
         600.0,
         "Seconds the memory scrub after a lease may take before the GPU is quarantined.",

@@ -27,6 +27,7 @@ from gpupoold.http.keys import (
     REMOTING,
     SETTINGS,
     STORE,
+    USAGE,
     VIEWS,
     remoting_address,
     tls_view,
@@ -34,6 +35,7 @@ from gpupoold.http.keys import (
 from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.privacy import private_view
+from gpupoold.pool.report import GROUPINGS, LeaseFacts, build_report
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
 from gpupoold.store.tokens import check_token_name, parse_expiry
@@ -377,3 +379,32 @@ async def audit_log(request: web.Request) -> web.Response:
     entries = await request.app[STORE].audit_log(limit, before)
     return _json({"audit": [e.to_json() for e in entries],
                   "next_before": entries[-1].id if len(entries) == limit else None})
+
+
+REPORT_DEFAULT_S = 7 * 86400.0  # a report without `from` covers the week before `to`
+
+
+async def report(request: web.Request) -> web.Response:
+    """The usage report (pool/report.py) of [from, to), grouped by gpu, token or server: every
+    server's figures on a shared store. Admin only: it names every token's usage."""
+    query = _query(request, ("from", "to", "by"))
+    until = _time(query["to"], "to") if query.get("to") else time.time()
+    since = _time(query["from"], "from") if query.get("from") else until - REPORT_DEFAULT_S
+    by = query.get("by", "gpu")
+    if by not in GROUPINGS:
+        raise ApiError(400, f"unknown grouping by={by!r}", f"by is one of: {', '.join(GROUPINGS)}")
+    if not until > since:
+        raise ApiError(400, "the report's period is empty: `to` must come after `from`",
+                       "e.g. from=1767225600&to=1767830400 (Unix seconds)")
+    recorder = request.app.get(USAGE)
+    if recorder is not None:
+        await recorder.flush()  # the figures up to now, not up to the last periodic write
+    store = request.app[STORE]
+    if store.path is None:  # a shared store: every server's GPUs
+        gpus = await store.usage_gpus()
+    else:
+        gpus = [(store.server, g.index) for g in request.app[INVENTORY].gpus]
+    minutes = await store.usage_minutes(since, until)
+    leases = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches,
+                         r.detached_s) for r in await store.usage_leases(since, until)]
+    return _json({"report": build_report(since, until, by, gpus, minutes, leases)})

@@ -16,6 +16,7 @@ from gpupoold.pool.membership import Membership
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import Store
+from gpupoold.store.usage import UsageRecorder
 from gpupoold.tls import RemotingIdentity
 from gpupoold.workers.supervisor import WorkerSupervisor
 
@@ -32,6 +33,7 @@ REMOTING = web.AppKey("remoting", RemotingListener)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 VIEWS = web.AppKey("views", PoolViews)
 MEMBERSHIP = web.AppKey("membership", Membership)
+USAGE = web.AppKey("usage", UsageRecorder)  # GPU time accounting (issue 33)
 # The remoting port's TLS identity (gpupoold/tls.py); absent with `tls = "off"` (plain TCP).
 REMOTING_TLS = web.AppKey("remoting_tls", RemotingIdentity)
 

@@ -46,6 +46,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/v1/tokens", api.create_token, ADMIN),
     Route("DELETE", "/api/v1/tokens/{name}", api.revoke_token, ADMIN),
     Route("GET", "/api/v1/audit", api.audit_log, ADMIN),
+    Route("GET", "/api/v1/report", api.report, ADMIN),
 )
 
 

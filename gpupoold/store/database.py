@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
+from gpupoold.pool.usage import UsageDelta
 from gpupoold.store import fleet, postgres
 from gpupoold.store.tokens import (
     check_role,
@@ -199,6 +200,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (server, lease_id)
         )""",
     ),
+    (  # v9: GPU time accounting (issue 33, pool/usage.py): each lease's seconds on a GPU and
+        # busy, and per GPU, minute and token the same (kept `usage_retention_days`)
+        "ALTER TABLE leases ADD COLUMN leased_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN busy_s REAL NOT NULL DEFAULT 0",
+        """CREATE TABLE gpu_usage (
+            server TEXT NOT NULL,
+            gpu_index INTEGER NOT NULL,
+            minute REAL NOT NULL,
+            token TEXT NOT NULL,
+            leased_s REAL NOT NULL DEFAULT 0,
+            busy_s REAL NOT NULL DEFAULT 0,
+            PRIMARY KEY (server, gpu_index, minute, token)
+        )""",
+        "CREATE INDEX gpu_usage_minute ON gpu_usage (minute)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -334,6 +350,8 @@ class LeaseRecord(NewLease):
     detaches: int = 0  # times the lease gave its GPU back while idle (pool/detach.py)
     detached_s: float = 0.0  # seconds it spent detached
     server: str = ""  # the server that ran it (config/identity.py); "" in older records
+    leased_s: float = 0.0  # seconds it held a GPU, as sampled (pool/usage.py; schema v9)
+    busy_s: float = 0.0  # of those, seconds its GPU was busy
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -640,6 +658,46 @@ class StoreDB:
             "SELECT * FROM leases WHERE id IN (SELECT MAX(id) FROM leases GROUP BY gpu_index) "
             "AND ended IS NOT NULL AND scrub_ok IS NULL ORDER BY id")
         return [_lease(r) for r in rows.fetchall()]
+
+    # ------------------------------------------------------------------- usage (issue 33)
+    def record_usage(self, delta: UsageDelta, prune_before: float | None = None) -> None:
+        """Add a usage delta (pool/usage.py) to this server's per-minute rows and the leases'
+        totals, in one transaction; drop minute rows older than `prune_before` (retention)."""
+        with self._write() as db:
+            for row in delta.minutes:
+                db.execute(
+                    "INSERT INTO gpu_usage (server, gpu_index, minute, token, leased_s, busy_s) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (server, gpu_index, minute, token) "
+                    "DO UPDATE SET leased_s = gpu_usage.leased_s + excluded.leased_s, "
+                    "busy_s = gpu_usage.busy_s + excluded.busy_s",
+                    (self.server, row.gpu, row.minute, row.token, row.leased_s, row.busy_s))
+            for lease_id, usage in sorted(delta.leases.items()):
+                db.execute("UPDATE leases SET leased_s = leased_s + ?, busy_s = busy_s + ? "
+                           "WHERE id = ?", (usage.leased_s, usage.busy_s, lease_id))
+            if prune_before is not None:
+                db.execute("DELETE FROM gpu_usage WHERE minute < ?", (prune_before,))
+
+    def usage_minutes(self, since: float, until: float) -> list[dict[str, Any]]:
+        """The per-minute rows of every server with `since` <= minute < `until`."""
+        rows = self._conn.execute(
+            "SELECT server, gpu_index, minute, token, leased_s, busy_s FROM gpu_usage "
+            "WHERE minute >= ? AND minute < ? ORDER BY minute, server, gpu_index, token",
+            (since, until))
+        return [{"server": r["server"], "gpu": r["gpu_index"], "minute": r["minute"],
+                 "token": r["token"], "leased_s": r["leased_s"], "busy_s": r["busy_s"]}
+                for r in rows.fetchall()]
+
+    def usage_leases(self, since: float, until: float) -> list[LeaseRecord]:
+        """Every server's leases that started in [`since`, `until`) (waits, detaches)."""
+        rows = self._conn.execute("SELECT * FROM leases WHERE started >= ? AND started < ? "
+                                  "ORDER BY id", (since, until))
+        return [_lease(r) for r in rows.fetchall()]
+
+    def usage_gpus(self) -> list[tuple[str, int]]:
+        """(server, GPU index) of every GPU the fleet table knows (a shared store)."""
+        rows = self._conn.execute("SELECT server, gpu_index FROM fleet_gpus "
+                                  "ORDER BY server, gpu_index")
+        return [(r["server"], r["gpu_index"]) for r in rows.fetchall()]
 
     # ---------------------------------------------------------------------------- GPU state
     def gpu_states(self) -> dict[str, dict[str, Any]]:
@@ -962,6 +1020,10 @@ class Store:
     fleet_sync = _query(StoreDB.fleet_sync)
     fleet_snapshot = _query(StoreDB.fleet_snapshot)
     audit_log = _query(StoreDB.audit_log)
+    record_usage = _record_call(StoreDB.record_usage)
+    usage_minutes = _query(StoreDB.usage_minutes)
+    usage_leases = _query(StoreDB.usage_leases)
+    usage_gpus = _query(StoreDB.usage_gpus)
 
     @property
     def server(self) -> str:
