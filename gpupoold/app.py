@@ -55,14 +55,14 @@ from gpupoold.http.routes import setup_routes
 from gpupoold.paths import CHECKPOINT_NAME, SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer
-from gpupoold.pool.events import EventBus
+from gpupoold.pool.events import EventBus, LeaseEnded
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.membership import Membership
+from gpupoold.pool.usage_recorder import UsageRecorder
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import ServerRegistration, Store
 from gpupoold.store.notify import Notifications
-from gpupoold.store.usage import UsageRecorder
 from gpupoold.tls import TlsSettingError, remoting_identity
 from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
@@ -278,7 +278,7 @@ async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def usage_ctx(app: web.Application) -> AsyncIterator[None]:
-    """GPU time accounting (store/usage.py): sampled with the telemetry, written to the store;
+    """GPU time accounting (pool/usage_recorder.py): sampled with the telemetry, written to the store;
     closed before the leases end, with a last flush."""
     settings = app[SETTINGS]
     recorder = UsageRecorder(app[STORE], app[LEASES], app[TELEMETRY], settings.telemetry_interval,
@@ -286,9 +286,11 @@ async def usage_ctx(app: web.Application) -> AsyncIterator[None]:
                              counted=[g.index for g in app[INVENTORY].gpus if g.simulated])
     recorder.start()
     app[USAGE] = recorder
+    unsubscribe = app[EVENTS].subscribe(LeaseEnded, recorder.lease_ended)
     try:
         yield
     finally:
+        unsubscribe()
         await recorder.close()
 
 

@@ -1,7 +1,7 @@
 """GPU time accounting and the usage report (issue 33, items 1 and 2): the meter's integration
 of sampled series (pool/usage.py), the report's arithmetic (pool/report.py), the store's rows on
 SQLite and PostgreSQL with a fleet's servers summed (store/database.py), the recorder that feeds
-and flushes it (store/usage.py), and `gpupoold report`'s time parsing."""
+and flushes it (pool/usage_recorder.py), and `gpupoold report`'s time parsing."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from gpupoold.cli import CliError, report_time
 from gpupoold.pool.report import LeaseFacts, build_report, percentile, to_csv, to_text
 from gpupoold.pool.usage import MINUTE, Observation, UsageDelta, UsageMeter
-from gpupoold.store.database import NewLease, Store, StoreDB
-from gpupoold.store.usage import UsageRecorder
+from gpupoold.pool.usage_recorder import UsageRecorder
+from gpupoold.store.database import LeaseFilter, NewLease, Store, StoreDB
 
 T0 = 1_800_000_000.0  # a minute boundary (divisible by 60)
 
@@ -71,6 +71,23 @@ def test_meter_prefers_a_busy_counter_to_the_sampled_share() -> None:
     assert (usage.leased_s, usage.busy_s) == (pytest.approx(30), pytest.approx(7))
 
 
+def test_meter_credits_a_lease_from_its_start_to_its_end() -> None:
+    meter = UsageMeter()
+    meter.observe(T0, 0, Observation(None, "", 0))
+    # began at T0 + 0.4, first seen at T0 + 1 with 0.5 s of work done; counter from zero
+    meter.observe(T0 + 1, 0, Observation(9, "alice", 0, 5 * 10**8, started=T0 + 0.4))
+    meter.observe(T0 + 2, 0, Observation(9, "alice", 0, 10**9, started=T0 + 0.4))
+    meter.ended(T0 + 2.3, 0, 9, 12 * 10**8)  # ended 0.3 s later, its final count
+    meter.observe(T0 + 3, 0, Observation(None, "", 0))
+    usage = meter.take().leases[9]
+    assert (usage.leased_s, usage.busy_s) == (pytest.approx(1.9), pytest.approx(1.2))
+    # a lease already there before the last observation (taken over, re-attached) is not
+    # credited for the time before it was seen
+    meter.observe(T0 + 4, 0, Observation(10, "bob", 100, started=T0 - 100))
+    meter.observe(T0 + 5, 0, Observation(10, "bob", 100, started=T0 - 100))
+    assert meter.take().leases[10].leased_s == pytest.approx(1)
+
+
 def test_meter_keeps_gpus_apart_and_restores_an_unwritten_delta() -> None:
     meter = UsageMeter()
     feed(meter, 0, [(0, 1, 50), (10, 1, 50)])
@@ -113,7 +130,7 @@ def test_report_shares_hours_waits_and_detaches() -> None:
     assert by_token["alice"]["leased_share"] == pytest.approx(0.25)  # of the whole pool
     assert by_token["bob"]["leases"] == 1 and by_token["alice"]["leases"] == 4
     assert r["summary"] == ("the 2 GPUs were leased 38 % and busy 25 % of the hour; idle detach "
-                            "handed on 1 GPU-hours (4 detaches); median wait 3 s (p95 100 s) "
+                            "handed on 1 GPU-hours (4 detaches); median wait 3.0 s (p95 100 s) "
                             "over 5 leases")
     per_gpu = build_report(T0, T0 + hour, "gpu", gpus, rows, leases)["groups"]
     assert [(g["gpu"], g["leased_share"]) for g in per_gpu] == [("a/0", pytest.approx(0.5)),
@@ -192,11 +209,11 @@ def test_store_adds_usage_per_minute_and_lease_and_prunes(
         ("b", "bob", pytest.approx(30), pytest.approx(15))]
     rec = a.get_lease(la)
     assert rec is not None and (rec.leased_s, rec.busy_s) == (pytest.approx(30), pytest.approx(15))
-    assert [r.token_name for r in b.usage_leases(T0, T0 + 60)] == ["alice", "bob"]
-    assert b.usage_leases(T0 + 60, T0 + 120) == []
+    period = LeaseFilter(since=T0, until=T0 + 60)
+    assert [r.token_name for r in b.leases("all", 10, None, period)] == ["bob", "alice"]
     # a fleet's report from either server sums both
     facts = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches, r.detached_s)
-             for r in a.usage_leases(T0, T0 + 60)]
+             for r in a.leases("all", 10, None, period)]
     report = build_report(T0, T0 + 60, "server", [("a", 0), ("b", 0)], rows, facts)
     assert report["leased_gpu_hours"] == pytest.approx(60 / 3600)
     assert report["wait_p50_s"] == 2.0
@@ -211,6 +228,7 @@ def test_store_adds_usage_per_minute_and_lease_and_prunes(
 class FakeLease:
     id: int
     token: str
+    started: float = 0.0  # long before the test's observations
 
 
 @dataclass

@@ -382,6 +382,7 @@ async def audit_log(request: web.Request) -> web.Response:
 
 
 REPORT_DEFAULT_S = 7 * 86400.0  # a report without `from` covers the week before `to`
+REPORT_MAX_LEASES = 10_000_000  # leases of one period read for the waits (a bound, not a page)
 
 
 async def report(request: web.Request) -> web.Response:
@@ -405,6 +406,8 @@ async def report(request: web.Request) -> web.Response:
     else:
         gpus = [(store.server, g.index) for g in request.app[INVENTORY].gpus]
     minutes = await store.usage_minutes(since, until)
+    records = await store.leases("all", REPORT_MAX_LEASES, None,
+                                 LeaseFilter(since=since, until=until))
     leases = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches,
-                         r.detached_s) for r in await store.usage_leases(since, until)]
+                         r.detached_s) for r in records]
     return _json({"report": build_report(since, until, by, gpus, minutes, leases)})

@@ -13,10 +13,10 @@ from gpupoold.pool.counters import Counters
 from gpupoold.pool.events import EventBus
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.membership import Membership
+from gpupoold.pool.usage_recorder import UsageRecorder
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import Store
-from gpupoold.store.usage import UsageRecorder
 from gpupoold.tls import RemotingIdentity
 from gpupoold.workers.supervisor import WorkerSupervisor
 

@@ -141,8 +141,12 @@ def summary_line(r: dict[str, Any]) -> str:
              f"({r['detaches']} detach{'es' if r['detaches'] != 1 else ''}); ")
     if r["wait_p50_s"] is None:
         return words + "no lease started"
-    return words + (f"median wait {r['wait_p50_s']:.3g} s (p95 {r['wait_p95_s']:.3g} s) over "
-                    f"{r['leases']} lease{'s' if r['leases'] != 1 else ''}")
+    return words + (f"median wait {_seconds(r['wait_p50_s'])} (p95 {_seconds(r['wait_p95_s'])}) "
+                    f"over {r['leases']} lease{'s' if r['leases'] != 1 else ''}")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
 
 
 def to_csv(report: dict[str, Any]) -> str:

@@ -2,11 +2,13 @@
 integrated from the utilisation samples the telemetry takes, per lease and per GPU-minute.
 
 `UsageMeter` is pure arithmetic over observations, with no clock and no I/O of its own: the
-adapter (store/usage.py) feeds it one `observe` per GPU per sampling round and writes what
+recorder (pool/usage_recorder.py) feeds it one `observe` per GPU per sampling round and writes what
 `take` hands back. Between two observations of a GPU at t0 and t1 the span t1 - t0 counts
-for the lease seen at t1 when it was also the lease seen at t0 (a lease that started or ended in
-between is credited from its first observation on, so each lease is short by at most one
-sampling period, never long). Busy time is the span times the utilisation share seen at t1:
+for the lease seen at t1 when it was also the lease seen at t0; a lease that started in between
+counts from its start (`Observation.started`), one that ended in between until its end
+(`ended`, from the pool's LeaseEnded event). A lease that came back to a GPU in between (idle
+detach, a restart's takeover) counts from its first observation, short by at most one sampling
+period, never long. Busy time is the span times the utilisation share seen at t1:
 NVML's utilisation, like the simulated device's, is the share of the last sample period in
 which a kernel ran, so the product is the busy time of that period, not "utilisation > 0".
 Where the GPU keeps a count of busy nanoseconds (the simulated device's worker), its difference
@@ -38,6 +40,7 @@ class Observation:
     # The lease's own count of nanoseconds its GPU spent executing work, where the GPU keeps
     # one (the simulated device's worker: busy_ns); None: only the utilisation share is known.
     busy_ns: int | None = None
+    started: float | None = None  # when the lease began (Unix time), where known
 
 
 @dataclass
@@ -77,14 +80,36 @@ class UsageMeter:
         self._leases: dict[int, LeaseUsage] = {}
 
     def observe(self, now: float, gpu: int, seen: Observation) -> None:
-        """GPU `gpu` at Unix time `now` is as `seen`; credits the span since its last one."""
+        """GPU `gpu` at Unix time `now` is as `seen`; credits the span since its last one (a
+        lease that started within it from its start on)."""
         last = self._last.get(gpu)
         self._last[gpu] = (now, seen)
         if last is None or seen.lease_id is None:
             return
         then, before = last
+        if before.lease_id != seen.lease_id:
+            if seen.started is None or not then < seen.started <= now:
+                return  # on this GPU since before the last observation: credited from now on
+            # It started in between: from its start, its busy counter from zero.
+            then, before = seen.started, Observation(seen.lease_id, seen.token, seen.util,
+                                                     0 if seen.busy_ns is not None else None)
+        self._credit(gpu, then, now, before, seen)
+
+    def ended(self, now: float, gpu: int, lease_id: int, busy_ns: int | None) -> None:
+        """Lease `lease_id` left GPU `gpu` at `now` (its worker's final `busy_ns`): the span
+        since its last observation is its own, not the next observation's."""
+        last = self._last.get(gpu)
+        if last is None or last[1].lease_id != lease_id:
+            return
+        then, before = last
+        seen = Observation(lease_id, before.token, before.util, busy_ns)
+        self._credit(gpu, then, now, before, seen)
+        self._last[gpu] = (now, Observation(None, "", 0.0))
+
+    def _credit(self, gpu: int, then: float, now: float, before: Observation,
+                seen: Observation) -> None:
         span = now - then
-        if before.lease_id != seen.lease_id or not 0 < span <= MAX_SPAN_S:
+        if seen.lease_id is None or not 0 < span <= MAX_SPAN_S:
             return
         if seen.busy_ns is not None and before.busy_ns is not None:
             # A counter is exact where a sampled share is an estimate; it may run ahead of the

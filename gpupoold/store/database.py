@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from gpupoold.pool.usage import UsageDelta
 from gpupoold.store import fleet, postgres
 from gpupoold.store.tokens import (
     check_role,
@@ -50,6 +49,7 @@ from gpupoold.store.tokens import (
     parse_token,
     secret_matches,
 )
+from gpupoold.store.usage import UsageQueries
 
 DB_NAME = "gpupoold.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction
@@ -403,7 +403,7 @@ def _expiry_text(expires: float | None) -> str:
 
 
 # ---------------------------------------------------------------------- the synchronous store
-class StoreDB:
+class StoreDB(UsageQueries):
     """One database connection (SQLite, or PostgreSQL for a URL), usable only from the thread
     that created this object."""
 
@@ -658,46 +658,6 @@ class StoreDB:
             "SELECT * FROM leases WHERE id IN (SELECT MAX(id) FROM leases GROUP BY gpu_index) "
             "AND ended IS NOT NULL AND scrub_ok IS NULL ORDER BY id")
         return [_lease(r) for r in rows.fetchall()]
-
-    # ------------------------------------------------------------------- usage (issue 33)
-    def record_usage(self, delta: UsageDelta, prune_before: float | None = None) -> None:
-        """Add a usage delta (pool/usage.py) to this server's per-minute rows and the leases'
-        totals, in one transaction; drop minute rows older than `prune_before` (retention)."""
-        with self._write() as db:
-            for row in delta.minutes:
-                db.execute(
-                    "INSERT INTO gpu_usage (server, gpu_index, minute, token, leased_s, busy_s) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (server, gpu_index, minute, token) "
-                    "DO UPDATE SET leased_s = gpu_usage.leased_s + excluded.leased_s, "
-                    "busy_s = gpu_usage.busy_s + excluded.busy_s",
-                    (self.server, row.gpu, row.minute, row.token, row.leased_s, row.busy_s))
-            for lease_id, usage in sorted(delta.leases.items()):
-                db.execute("UPDATE leases SET leased_s = leased_s + ?, busy_s = busy_s + ? "
-                           "WHERE id = ?", (usage.leased_s, usage.busy_s, lease_id))
-            if prune_before is not None:
-                db.execute("DELETE FROM gpu_usage WHERE minute < ?", (prune_before,))
-
-    def usage_minutes(self, since: float, until: float) -> list[dict[str, Any]]:
-        """The per-minute rows of every server with `since` <= minute < `until`."""
-        rows = self._conn.execute(
-            "SELECT server, gpu_index, minute, token, leased_s, busy_s FROM gpu_usage "
-            "WHERE minute >= ? AND minute < ? ORDER BY minute, server, gpu_index, token",
-            (since, until))
-        return [{"server": r["server"], "gpu": r["gpu_index"], "minute": r["minute"],
-                 "token": r["token"], "leased_s": r["leased_s"], "busy_s": r["busy_s"]}
-                for r in rows.fetchall()]
-
-    def usage_leases(self, since: float, until: float) -> list[LeaseRecord]:
-        """Every server's leases that started in [`since`, `until`) (waits, detaches)."""
-        rows = self._conn.execute("SELECT * FROM leases WHERE started >= ? AND started < ? "
-                                  "ORDER BY id", (since, until))
-        return [_lease(r) for r in rows.fetchall()]
-
-    def usage_gpus(self) -> list[tuple[str, int]]:
-        """(server, GPU index) of every GPU the fleet table knows (a shared store)."""
-        rows = self._conn.execute("SELECT server, gpu_index FROM fleet_gpus "
-                                  "ORDER BY server, gpu_index")
-        return [(r["server"], r["gpu_index"]) for r in rows.fetchall()]
 
     # ---------------------------------------------------------------------------- GPU state
     def gpu_states(self) -> dict[str, dict[str, Any]]:
@@ -1022,7 +982,6 @@ class Store:
     audit_log = _query(StoreDB.audit_log)
     record_usage = _record_call(StoreDB.record_usage)
     usage_minutes = _query(StoreDB.usage_minutes)
-    usage_leases = _query(StoreDB.usage_leases)
     usage_gpus = _query(StoreDB.usage_gpus)
 
     @property

@@ -1,134 +1,86 @@
-"""Writes the GPU time accounting (pool/usage.py) into the store: every sampling round it reads,
-for each GPU, the lease holding it (pool/leases.py's slots) and its utilisation (gpu/telemetry.py's
-cached live values), feeds `UsageMeter`, and every `FLUSH_S` seconds (and at close) adds what
-accumulated to the store: the per-minute rows and the leases' totals.
-
-Store calls run on the store's own thread (store/database.py), never on the event loop. A delta
-the store refuses for itself is logged and put back into the meter, to be written with the next;
-an unreachable database keeps it in the store's pending records (`record_usage` is a record).
-A restart therefore loses at most the time since the last flush of a daemon that was killed;
-a clean stop flushes first.
+"""The store's usage rows (issue 33; schema v9 in store/database.py): adding what the GPU time
+accounting (pool/usage.py) accumulated, and reading it back for the report. A mixin of
+`StoreDB` (its connection, write transactions and server name), kept apart so that the store's
+main module stays readable; the same SQL serves SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import Callable, Collection, Sequence
+import contextlib
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from gpupoold.pool.usage import Observation, UsageMeter
-from gpupoold.store.database import Store
-from gpupoold.tasks import stop_task
 
-log = logging.getLogger("gpupoold.usage")
+class UsageMinute(Protocol):
+    """A GPU's leased and busy seconds in one minute for one token (pool/usage.py's
+    MinuteUsage; described here, as the store sits below the pool)."""
 
-FLUSH_S = 10.0  # seconds between two writes of the accumulated usage
-DAY = 86400.0
-
-
-class _Stats(Protocol):
     @property
-    def busy_ns(self) -> int: ...
-
-
-class _Worker(Protocol):
+    def gpu(self) -> int: ...
     @property
-    def stats(self) -> _Stats: ...
-
-
-class _Lease(Protocol):
-    @property
-    def id(self) -> int: ...
+    def minute(self) -> float: ...
     @property
     def token(self) -> str: ...
     @property
-    def worker(self) -> _Worker | None: ...
-
-
-class _Slot(Protocol):
+    def leased_s(self) -> float: ...
     @property
-    def lease(self) -> _Lease | None: ...
+    def busy_s(self) -> float: ...
 
 
-class _Leases(Protocol):
+class LeaseSeconds(Protocol):
     @property
-    def slots(self) -> Sequence[_Slot]: ...
+    def leased_s(self) -> float: ...
+    @property
+    def busy_s(self) -> float: ...
 
 
-class _Live(Protocol):
-    def live(self, index: int) -> dict[str, Any]: ...
+class UsageRecords(Protocol):
+    """What accumulated to be added (pool/usage.py's UsageDelta)."""
+
+    @property
+    def minutes(self) -> Sequence[UsageMinute]: ...
+    @property
+    def leases(self) -> Mapping[int, LeaseSeconds]: ...
 
 
-class UsageRecorder:
-    def __init__(self, store: Store, leases: _Leases, telemetry: _Live, interval: float,
-                 retention_days: float, clock: Callable[[], float] = time.time,
-                 flush_s: float = FLUSH_S, counted: Collection[int] = ()) -> None:
-        """`counted`: the GPUs whose lease worker's busy_ns is the busy time (simulated ones);
-        the others' busy time comes from their sampled utilisation."""
-        self.counted = frozenset(counted)
-        self.store = store
-        self.leases = leases
-        self.telemetry = telemetry
-        self.interval = interval
-        self.retention_s = retention_days * DAY
-        self.clock = clock
-        self.flush_s = flush_s
-        self.meter = UsageMeter()
-        self._task: asyncio.Task[None] | None = None
-        self._last_flush = 0.0
+class UsageQueries:
+    """The usage calls of StoreDB (which provides `_conn`, `_write` and `server`)."""
 
-    def observe_all(self) -> None:
-        """One sampling round: every GPU's lease and utilisation as seen now."""
-        now = self.clock()
-        for index, slot in enumerate(self.leases.slots):
-            lease = slot.lease
-            util = self.telemetry.live(index).get("gpu_util")
-            busy_ns = None
-            if lease is not None and index in self.counted and lease.worker is not None:
-                busy_ns = lease.worker.stats.busy_ns
-            self.meter.observe(now, index, Observation(
-                lease.id if lease is not None else None,
-                lease.token if lease is not None else "",
-                float(util) if isinstance(util, (int, float)) else 0.0, busy_ns))
+    _conn: Any
+    server: str
 
-    async def flush(self) -> None:
-        """Add what accumulated to the store (and drop rows past the retention)."""
-        delta = self.meter.take()
-        now = self.clock()
-        self._last_flush = now
-        if delta.empty():
-            return
-        try:
-            await self.store.record_usage(delta, now - self.retention_s)
-        except asyncio.CancelledError:
-            self.meter.restore(delta)
-            raise
-        except Exception:  # the store refused it for itself: keep it for the next try
-            self.meter.restore(delta)
-            log.exception("writing the GPU usage failed; it is kept and tried again")
+    def _write(self) -> contextlib.AbstractContextManager[Any]:
+        raise NotImplementedError
 
-    def start(self) -> None:
-        self._last_flush = self.clock()
-        self.observe_all()
-        self._task = asyncio.create_task(self._run(), name="usage")
+    def record_usage(self, delta: UsageRecords, prune_before: float | None = None) -> None:
+        """Add a usage delta (pool/usage.py) to this server's per-minute rows and the leases'
+        totals, in one transaction; drop minute rows older than `prune_before` (retention)."""
+        with self._write() as db:
+            for row in delta.minutes:
+                db.execute(
+                    "INSERT INTO gpu_usage (server, gpu_index, minute, token, leased_s, busy_s) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (server, gpu_index, minute, token) "
+                    "DO UPDATE SET leased_s = gpu_usage.leased_s + excluded.leased_s, "
+                    "busy_s = gpu_usage.busy_s + excluded.busy_s",
+                    (self.server, row.gpu, row.minute, row.token, row.leased_s, row.busy_s))
+            for lease_id, usage in sorted(delta.leases.items()):
+                db.execute("UPDATE leases SET leased_s = leased_s + ?, busy_s = busy_s + ? "
+                           "WHERE id = ?", (usage.leased_s, usage.busy_s, lease_id))
+            if prune_before is not None:
+                db.execute("DELETE FROM gpu_usage WHERE minute < ?", (prune_before,))
 
-    async def close(self) -> None:
-        """Stop sampling; one last round and flush, so a clean stop loses nothing."""
-        await stop_task(self._task)
-        self._task = None
-        self.observe_all()
-        await self.flush()
+    def usage_minutes(self, since: float, until: float) -> list[dict[str, Any]]:
+        """The per-minute rows of every server with `since` <= minute < `until`."""
+        rows = self._conn.execute(
+            "SELECT server, gpu_index, minute, token, leased_s, busy_s FROM gpu_usage "
+            "WHERE minute >= ? AND minute < ? ORDER BY minute, server, gpu_index, token",
+            (since, until))
+        return [{"server": r["server"], "gpu": r["gpu_index"], "minute": r["minute"],
+                 "token": r["token"], "leased_s": r["leased_s"], "busy_s": r["busy_s"]}
+                for r in rows.fetchall()]
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                self.observe_all()
-                if self.clock() - self._last_flush >= self.flush_s:
-                    await self.flush()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("GPU usage sampling failed in this round")
+    def usage_gpus(self) -> list[tuple[str, int]]:
+        """(server, GPU index) of every GPU the fleet table knows (a shared store)."""
+        rows = self._conn.execute("SELECT server, gpu_index FROM fleet_gpus "
+                                  "ORDER BY server, gpu_index")
+        return [(r["server"], r["gpu_index"]) for r in rows.fetchall()]

@@ -1,0 +1,144 @@
+"""Writes the GPU time accounting (pool/usage.py) into the store: every sampling round it reads,
+for each GPU, the lease holding it (pool/leases.py's slots) and its utilisation (gpu/telemetry.py's
+cached live values) and feeds `UsageMeter`; the pool's LeaseEnded events close a lease's last
+stretch; every `FLUSH_S` seconds (and at close) it adds what accumulated to the store: the
+per-minute rows and the leases' totals.
+
+Store calls run on the store's own thread (store/database.py), never on the event loop. A delta
+the store refuses for itself is logged and put back into the meter, to be written with the next;
+an unreachable database keeps it in the store's pending records (`record_usage` is a record).
+A restart therefore loses at most the time since the last flush of a daemon that was killed;
+a clean stop flushes first. The time no daemon ran (a restart's gap) is not observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol
+
+from gpupoold.pool.events import LeaseEnded
+from gpupoold.pool.usage import Observation, UsageMeter
+from gpupoold.store.database import Store
+from gpupoold.tasks import stop_task
+
+log = logging.getLogger("gpupoold.usage")
+
+FLUSH_S = 10.0  # seconds between two writes of the accumulated usage
+DAY = 86400.0
+
+
+class _Stats(Protocol):
+    @property
+    def busy_ns(self) -> int: ...
+
+
+class _Worker(Protocol):
+    @property
+    def stats(self) -> _Stats: ...
+
+
+class _Lease(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def worker(self) -> _Worker | None: ...
+    @property
+    def started(self) -> float: ...
+
+
+class _Slot(Protocol):
+    @property
+    def lease(self) -> _Lease | None: ...
+
+
+class _Leases(Protocol):
+    @property
+    def slots(self) -> Sequence[_Slot]: ...
+
+
+class _Live(Protocol):
+    def live(self, index: int) -> dict[str, Any]: ...
+
+
+class UsageRecorder:
+    def __init__(self, store: Store, leases: _Leases, telemetry: _Live, interval: float,
+                 retention_days: float, clock: Callable[[], float] = time.time,
+                 flush_s: float = FLUSH_S, counted: Collection[int] = ()) -> None:
+        """`counted`: the GPUs whose lease worker's busy_ns is the busy time (simulated ones);
+        the others' busy time comes from their sampled utilisation."""
+        self.counted = frozenset(counted)
+        self.store = store
+        self.leases = leases
+        self.telemetry = telemetry
+        self.interval = interval
+        self.retention_s = retention_days * DAY
+        self.clock = clock
+        self.flush_s = flush_s
+        self.meter = UsageMeter()
+        self._task: asyncio.Task[None] | None = None
+        self._last_flush = 0.0
+
+    def observe_all(self) -> None:
+        """One sampling round: every GPU's lease and utilisation as seen now."""
+        now = self.clock()
+        for index, slot in enumerate(self.leases.slots):
+            lease = slot.lease
+            util = self.telemetry.live(index).get("gpu_util")
+            busy_ns = None
+            if lease is not None and index in self.counted and lease.worker is not None:
+                busy_ns = lease.worker.stats.busy_ns
+            self.meter.observe(now, index, Observation(
+                lease.id if lease is not None else None,
+                lease.token if lease is not None else "",
+                float(util) if isinstance(util, (int, float)) else 0.0, busy_ns,
+                lease.started if lease is not None else None))
+
+    def lease_ended(self, event: LeaseEnded) -> None:
+        """The pool's LeaseEnded (subscribed in app.py): the lease's last stretch is its own."""
+        self.meter.ended(self.clock(), event.gpu, event.lease_id,
+                         event.stats.busy_ns if event.gpu in self.counted else None)
+
+    async def flush(self) -> None:
+        """Add what accumulated to the store (and drop rows past the retention)."""
+        delta = self.meter.take()
+        now = self.clock()
+        self._last_flush = now
+        if delta.empty():
+            return
+        try:
+            await self.store.record_usage(delta, now - self.retention_s)
+        except asyncio.CancelledError:
+            self.meter.restore(delta)
+            raise
+        except Exception:  # the store refused it for itself: keep it for the next try
+            self.meter.restore(delta)
+            log.exception("writing the GPU usage failed; it is kept and tried again")
+
+    def start(self) -> None:
+        self._last_flush = self.clock()
+        self.observe_all()
+        self._task = asyncio.create_task(self._run(), name="usage")
+
+    async def close(self) -> None:
+        """Stop sampling; one last round and flush, so a clean stop loses nothing."""
+        await stop_task(self._task)
+        self._task = None
+        self.observe_all()
+        await self.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self.observe_all()
+                if self.clock() - self._last_flush >= self.flush_s:
+                    await self.flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("GPU usage sampling failed in this round")
