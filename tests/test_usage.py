@@ -6,7 +6,7 @@ and flushes it (pool/usage_recorder.py), and `gpupoold report`'s time parsing.""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,20 @@ def test_meter_credits_a_lease_from_its_start_to_its_end() -> None:
     assert meter.take().leases[10].leased_s == pytest.approx(1)
 
 
+def test_meter_counts_reuse_while_a_detached_lease_is_away() -> None:
+    meter = UsageMeter()
+    # lease 1 detached from GPU 0 at t=10; lease 2 holds GPU 0 from t=10 to t=40; lease 1
+    # is back (not away any more) from t=30
+    meter.observe(T0 + 10, 0, Observation(2, "bob", 0, away=(1,), started=T0 + 10))
+    meter.observe(T0 + 20, 0, Observation(2, "bob", 0, away=(1,)))
+    meter.observe(T0 + 30, 0, Observation(2, "bob", 0, away=(1,)))
+    meter.observe(T0 + 40, 0, Observation(2, "bob", 0))
+    delta = meter.take()
+    assert delta.leases[1].reused_s == pytest.approx(20) and delta.leases[1].leased_s == 0
+    assert delta.leases[2].reused_s == 0 and delta.leases[2].leased_s == pytest.approx(30)
+    assert [r.reused_s for r in delta.minutes] == [pytest.approx(20)]
+
+
 def test_meter_keeps_gpus_apart_and_restores_an_unwritten_delta() -> None:
     meter = UsageMeter()
     feed(meter, 0, [(0, 1, 50), (10, 1, 50)])
@@ -103,17 +117,18 @@ def test_meter_keeps_gpus_apart_and_restores_an_unwritten_delta() -> None:
 
 
 # ----------------------------------------------------------------------------- the report
-def minute(server: str, gpu: int, at: float, token: str, leased: float, busy: float
-           ) -> dict[str, Any]:
+def minute(server: str, gpu: int, at: float, token: str, leased: float, busy: float,
+           reused: float = 0.0) -> dict[str, Any]:
     return {"server": server, "gpu": gpu, "minute": at, "token": token, "leased_s": leased,
-            "busy_s": busy}
+            "busy_s": busy, "reused_s": reused}
 
 
 def test_report_shares_hours_waits_and_detaches() -> None:
     hour = 3600.0
     gpus = [("a", 0), ("a", 1)]  # 2 GPUs over an hour: 2 GPU-hours of capacity
     rows = [minute("a", 0, T0 + 60 * i, "alice", 60, 30) for i in range(30)]  # 30 min, half busy
-    rows += [minute("a", 1, T0 + 60 * i, "bob", 60, 60) for i in range(15)]  # 15 min busy
+    # 15 min busy, 10 of them while one of alice's leases that detached from GPU 1 was away
+    rows += [minute("a", 1, T0 + 60 * i, "bob", 60, 60, 60 if i < 10 else 0) for i in range(15)]
     leases = [LeaseFacts("alice", "a", 0, w, 1, 900) for w in (1, 2, 3, 4)]
     leases.append(LeaseFacts("bob", "a", 1, 100, 0, 0))
     r = build_report(T0, T0 + hour, "token", gpus, rows, leases)
@@ -124,14 +139,15 @@ def test_report_shares_hours_waits_and_detaches() -> None:
     assert r["busy_share"] == pytest.approx(0.25)
     assert (r["wait_p50_s"], r["wait_p95_s"]) == (3, 100)
     assert r["detaches"] == 4 and r["detached_gpu_hours"] == pytest.approx(1.0)
+    assert r["reused_gpu_hours"] == pytest.approx(10 / 60)
     by_token = {g["token"]: g for g in r["groups"]}
     assert by_token["alice"]["gpu_hours"] == pytest.approx(0.5)
     assert by_token["alice"]["busy_of_leased"] == pytest.approx(0.5)
     assert by_token["alice"]["leased_share"] == pytest.approx(0.25)  # of the whole pool
     assert by_token["bob"]["leases"] == 1 and by_token["alice"]["leases"] == 4
     assert r["summary"] == ("the 2 GPUs were leased 38 % and busy 25 % of the hour; idle detach "
-                            "handed on 1 GPU-hours (4 detaches); median wait 3.0 s (p95 100 s) "
-                            "over 5 leases")
+                            "handed on 0.167 GPU-hours (4 detaches, 1 GPU-hours detached); "
+                            "median wait 3.0 s (p95 100 s) over 5 leases")
     per_gpu = build_report(T0, T0 + hour, "gpu", gpus, rows, leases)["groups"]
     assert [(g["gpu"], g["leased_share"]) for g in per_gpu] == [("a/0", pytest.approx(0.5)),
                                                                 ("a/1", pytest.approx(0.25))]
@@ -229,6 +245,13 @@ class FakeLease:
     id: int
     token: str
     started: float = 0.0  # long before the test's observations
+    home: FakeGpu | None = None  # the GPU it detached from
+    slot: object | None = None  # set for the leases on a GPU (not read there)
+
+
+@dataclass
+class FakeGpu:
+    index: int
 
 
 @dataclass
@@ -239,6 +262,10 @@ class FakeSlot:
 @dataclass
 class FakeLeases:
     slots: list[FakeSlot]
+    detached: list[FakeLease] = field(default_factory=list)
+
+    def active(self) -> list[FakeLease]:
+        return [s.lease for s in self.slots if s.lease is not None] + self.detached
 
 
 class FakeTelemetry:
@@ -305,4 +332,32 @@ async def test_recorder_flushes_on_close_and_prunes_by_retention(tmp_path: Path)
     rec.meter.observe(clock.now + 1, 0, Observation(lease_id, "alice", 0))
     await rec.flush()
     assert await store.usage_minutes(T0, T0 + 60) == []
+    await store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_recorder_stores_the_reuse_of_a_detached_leases_gpu(
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    location = tmp_path / "gpupoold.db" if backend == "sqlite" else \
+        request.getfixturevalue("pg_url")
+    store = await Store.open(location, server="s")
+    away_id = await store.lease_started(new_lease("alice"))
+    holder_id = await store.lease_started(new_lease("bob"))
+    away = FakeLease(away_id, "alice", home=FakeGpu(0))
+    leases = FakeLeases([FakeSlot(FakeLease(holder_id, "bob")), FakeSlot()], detached=[away])
+    clock = Clock()
+    rec = UsageRecorder(store, leases, FakeTelemetry(), 1.0, 90, clock=clock, flush_s=1e9)
+    for second in range(0, 13):
+        clock.now = T0 + second
+        if second == 8:
+            leases.detached = []  # back on a GPU (or ended): no longer away
+        rec.observe_all()
+    await rec.flush()
+    away_rec, holder_rec = await store.get_lease(away_id), await store.get_lease(holder_id)
+    assert away_rec is not None and holder_rec is not None
+    assert (away_rec.leased_s, away_rec.reused_s) == (0, pytest.approx(7))  # 0..7 s
+    assert (holder_rec.leased_s, holder_rec.reused_s) == (pytest.approx(12), 0)
+    [row] = await store.usage_minutes(T0, T0 + 60)
+    assert (row["token"], row["leased_s"], row["reused_s"]) == ("bob", pytest.approx(12),
+                                                                 pytest.approx(7))
     await store.close()

@@ -12,7 +12,8 @@ What each figure means:
   pool (by token: the share of all GPU time that token held);
 - waits: `queued_s` of the leases that started in the period, p50 and p95 by nearest rank;
 - detached GPU-hours: the time leases that started in the period spent detached, their GPU
-  handed back to the pool (what idle detach handed on to others or left free).
+  handed back to the pool; reused GPU-hours: of the period's GPU time, what a GPU served other
+  leases while a lease that detached from it was away (what idle detach handed on).
 """
 
 from __future__ import annotations
@@ -82,18 +83,21 @@ def build_report(since: float, until: float, by: str, gpus: Iterable[tuple[str, 
     if by == "gpu":
         for server, index in sorted(known):
             groups[_key({"server": server, "gpu": index}, by)] = {
-                "leased_s": 0.0, "busy_s": 0.0, "capacity_s": period}
+                "leased_s": 0.0, "busy_s": 0.0, "reused_s": 0.0, "capacity_s": period}
     elif by == "server":
         for server, count in sorted(per_server.items()):
-            groups[server] = {"leased_s": 0.0, "busy_s": 0.0, "capacity_s": count * period}
-    leased = busy = 0.0
+            groups[server] = {"leased_s": 0.0, "busy_s": 0.0, "reused_s": 0.0,
+                              "capacity_s": count * period}
+    leased = busy = reused = 0.0
     for r in rows:
         leased += r["leased_s"]
         busy += r["busy_s"]
-        g = groups.setdefault(_key(r, by), {"leased_s": 0.0, "busy_s": 0.0,
+        reused += r.get("reused_s", 0.0)
+        g = groups.setdefault(_key(r, by), {"leased_s": 0.0, "busy_s": 0.0, "reused_s": 0.0,
                                             "capacity_s": capacity})
         g["leased_s"] += r["leased_s"]
         g["busy_s"] += r["busy_s"]
+        g["reused_s"] += r.get("reused_s", 0.0)
 
     facts = list(leases)
     waits = [f.queued_s for f in facts]
@@ -102,6 +106,7 @@ def build_report(since: float, until: float, by: str, gpus: Iterable[tuple[str, 
     for key, g in sorted(groups.items()):
         out_groups.append({
             by: key, "gpu_hours": g["leased_s"] / HOUR, "busy_gpu_hours": g["busy_s"] / HOUR,
+            "reused_gpu_hours": g["reused_s"] / HOUR,
             "leased_share": _share(g["leased_s"], g["capacity_s"]),
             "busy_share": _share(g["busy_s"], g["capacity_s"]),
             "busy_of_leased": _share(g["busy_s"], g["leased_s"]),
@@ -115,6 +120,7 @@ def build_report(since: float, until: float, by: str, gpus: Iterable[tuple[str, 
         "leases": len(facts),
         "wait_p50_s": percentile(waits, 50), "wait_p95_s": percentile(waits, 95),
         "detaches": sum(f.detaches for f in facts), "detached_gpu_hours": detached_s / HOUR,
+        "reused_gpu_hours": reused / HOUR,
         "groups": out_groups,
     }
     report["summary"] = summary_line(report)
@@ -137,8 +143,9 @@ def summary_line(r: dict[str, Any]) -> str:
     gpus = f"the {r['gpus']} GPU{'s' if r['gpus'] != 1 else ''}"
     words = (f"{gpus} were leased {100 * r['leased_share']:.0f} % and busy "
              f"{100 * r['busy_share']:.0f} % of {_period_words(r['to'] - r['from'])}; "
-             f"idle detach handed on {r['detached_gpu_hours']:.3g} GPU-hours "
-             f"({r['detaches']} detach{'es' if r['detaches'] != 1 else ''}); ")
+             f"idle detach handed on {r['reused_gpu_hours']:.3g} GPU-hours "
+             f"({r['detaches']} detach{'es' if r['detaches'] != 1 else ''}, "
+             f"{r['detached_gpu_hours']:.3g} GPU-hours detached); ")
     if r["wait_p50_s"] is None:
         return words + "no lease started"
     return words + (f"median wait {_seconds(r['wait_p50_s'])} (p95 {_seconds(r['wait_p95_s'])}) "

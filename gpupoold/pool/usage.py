@@ -13,7 +13,10 @@ NVML's utilisation, like the simulated device's, is the share of the last sample
 which a kernel ran, so the product is the busy time of that period, not "utilisation > 0".
 Where the GPU keeps a count of busy nanoseconds (the simulated device's worker), its difference
 between the two observations is used instead: the sampled share lags a change by up to the
-telemetry's idle timeout, the counter does not.
+telemetry's idle timeout, the counter does not. Reused time is the leased time of a GPU while
+a lease that idly detached from it is away: the GPU time idle detach handed on to others,
+credited to the GPU's minute rows and to the detached lease (the first to have left, when
+several did).
 
 Per-minute rows (not raw samples) are kept because they answer "this week, per GPU, per token"
 from a table whose size does not grow with the sampling rate: one row per GPU, minute and token
@@ -41,6 +44,9 @@ class Observation:
     # one (the simulated device's worker: busy_ns); None: only the utilisation share is known.
     busy_ns: int | None = None
     started: float | None = None  # when the lease began (Unix time), where known
+    # Leases that idly detached from this GPU and are still away (pool/detach.py): while
+    # another lease holds it, the GPU serves others in their place ("detached and reused").
+    away: tuple[int, ...] = ()
 
 
 @dataclass
@@ -52,14 +58,17 @@ class MinuteUsage:
     token: str
     leased_s: float = 0.0
     busy_s: float = 0.0
+    reused_s: float = 0.0  # of leased_s, while a lease detached from this GPU was away
 
 
 @dataclass
 class LeaseUsage:
-    """Seconds a lease held a GPU and kept it busy, since the last `take`."""
+    """Seconds a lease held a GPU and kept it busy, and seconds its GPU served others while it
+    was detached from it, since the last `take`."""
 
     leased_s: float = 0.0
     busy_s: float = 0.0
+    reused_s: float = 0.0
 
 
 @dataclass
@@ -102,7 +111,7 @@ class UsageMeter:
         if last is None or last[1].lease_id != lease_id:
             return
         then, before = last
-        seen = Observation(lease_id, before.token, before.util, busy_ns)
+        seen = Observation(lease_id, before.token, before.util, busy_ns, away=before.away)
         self._credit(gpu, then, now, before, seen)
         self._last[gpu] = (now, Observation(None, "", 0.0))
 
@@ -120,6 +129,9 @@ class UsageMeter:
         lease = self._leases.setdefault(seen.lease_id, LeaseUsage())
         lease.leased_s += span
         lease.busy_s += span * share
+        reused = bool(seen.away)
+        if reused:  # the first to have left it is the one whose GPU this is serving
+            self._leases.setdefault(min(seen.away), LeaseUsage()).reused_s += span
         start = then
         while start < now:  # split the span at minute boundaries
             minute = math.floor(start / MINUTE) * MINUTE
@@ -130,6 +142,8 @@ class UsageMeter:
                 row = self._minutes[key] = MinuteUsage(gpu, minute, seen.token)
             row.leased_s += end - start
             row.busy_s += (end - start) * share
+            if reused:
+                row.reused_s += end - start
             start = end
 
     def take(self) -> UsageDelta:
@@ -147,7 +161,9 @@ class UsageMeter:
             mine = self._minutes.setdefault(key, MinuteUsage(row.gpu, row.minute, row.token))
             mine.leased_s += row.leased_s
             mine.busy_s += row.busy_s
+            mine.reused_s += row.reused_s
         for lease_id, usage in delta.leases.items():
             mine_l = self._leases.setdefault(lease_id, LeaseUsage())
             mine_l.leased_s += usage.leased_s
             mine_l.busy_s += usage.busy_s
+            mine_l.reused_s += usage.reused_s

@@ -40,6 +40,11 @@ class _Worker(Protocol):
     def stats(self) -> _Stats: ...
 
 
+class _Gpu(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
 class _Lease(Protocol):
     @property
     def id(self) -> int: ...
@@ -49,6 +54,10 @@ class _Lease(Protocol):
     def worker(self) -> _Worker | None: ...
     @property
     def started(self) -> float: ...
+    @property
+    def slot(self) -> object | None: ...  # None: off a GPU (detached)
+    @property
+    def home(self) -> _Gpu | None: ...  # the GPU it detached from
 
 
 class _Slot(Protocol):
@@ -59,6 +68,7 @@ class _Slot(Protocol):
 class _Leases(Protocol):
     @property
     def slots(self) -> Sequence[_Slot]: ...
+    def active(self) -> Sequence[_Lease]: ...
 
 
 class _Live(Protocol):
@@ -86,6 +96,10 @@ class UsageRecorder:
     def observe_all(self) -> None:
         """One sampling round: every GPU's lease and utilisation as seen now."""
         now = self.clock()
+        away: dict[int, list[int]] = {}  # GPU index: the leases that detached from it
+        for le in self.leases.active():
+            if le.slot is None and le.home is not None:
+                away.setdefault(le.home.index, []).append(le.id)
         for index, slot in enumerate(self.leases.slots):
             lease = slot.lease
             util = self.telemetry.live(index).get("gpu_util")
@@ -96,7 +110,7 @@ class UsageRecorder:
                 lease.id if lease is not None else None,
                 lease.token if lease is not None else "",
                 float(util) if isinstance(util, (int, float)) else 0.0, busy_ns,
-                lease.started if lease is not None else None))
+                lease.started if lease is not None else None, tuple(away.get(index, ()))))
 
     def lease_ended(self, event: LeaseEnded) -> None:
         """The pool's LeaseEnded (subscribed in app.py): the lease's last stretch is its own."""

@@ -215,6 +215,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX gpu_usage_minute ON gpu_usage (minute)",
     ),
+    (  # v10: time a GPU served others while a lease detached from it was away (store/usage.py)
+        "ALTER TABLE leases ADD COLUMN reused_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE gpu_usage ADD COLUMN reused_s REAL NOT NULL DEFAULT 0",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -352,6 +356,7 @@ class LeaseRecord(NewLease):
     server: str = ""  # the server that ran it (config/identity.py); "" in older records
     leased_s: float = 0.0  # seconds it held a GPU, as sampled (pool/usage.py; schema v9)
     busy_s: float = 0.0  # of those, seconds its GPU was busy
+    reused_s: float = 0.0  # seconds its GPU served others while it was detached (schema v10)
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -1,4 +1,4 @@
-"""The store's usage rows (issue 33; schema v9 in store/database.py): adding what the GPU time
+"""The store's usage rows (issue 33; schema v9 and v10 in store/database.py): adding what the GPU time
 accounting (pool/usage.py) accumulated, and reading it back for the report. A mixin of
 `StoreDB` (its connection, write transactions and server name), kept apart so that the store's
 main module stays readable; the same SQL serves SQLite and PostgreSQL.
@@ -25,6 +25,8 @@ class UsageMinute(Protocol):
     def leased_s(self) -> float: ...
     @property
     def busy_s(self) -> float: ...
+    @property
+    def reused_s(self) -> float: ...
 
 
 class LeaseSeconds(Protocol):
@@ -32,6 +34,8 @@ class LeaseSeconds(Protocol):
     def leased_s(self) -> float: ...
     @property
     def busy_s(self) -> float: ...
+    @property
+    def reused_s(self) -> float: ...
 
 
 class UsageRecords(Protocol):
@@ -58,25 +62,30 @@ class UsageQueries:
         with self._write() as db:
             for row in delta.minutes:
                 db.execute(
-                    "INSERT INTO gpu_usage (server, gpu_index, minute, token, leased_s, busy_s) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (server, gpu_index, minute, token) "
+                    "INSERT INTO gpu_usage (server, gpu_index, minute, token, leased_s, busy_s, "
+                    "reused_s) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (server, gpu_index, minute, token) "
                     "DO UPDATE SET leased_s = gpu_usage.leased_s + excluded.leased_s, "
-                    "busy_s = gpu_usage.busy_s + excluded.busy_s",
-                    (self.server, row.gpu, row.minute, row.token, row.leased_s, row.busy_s))
+                    "busy_s = gpu_usage.busy_s + excluded.busy_s, "
+                    "reused_s = gpu_usage.reused_s + excluded.reused_s",
+                    (self.server, row.gpu, row.minute, row.token, row.leased_s, row.busy_s,
+                     row.reused_s))
             for lease_id, usage in sorted(delta.leases.items()):
-                db.execute("UPDATE leases SET leased_s = leased_s + ?, busy_s = busy_s + ? "
-                           "WHERE id = ?", (usage.leased_s, usage.busy_s, lease_id))
+                db.execute("UPDATE leases SET leased_s = leased_s + ?, busy_s = busy_s + ?, "
+                           "reused_s = reused_s + ? WHERE id = ?",
+                           (usage.leased_s, usage.busy_s, usage.reused_s, lease_id))
             if prune_before is not None:
                 db.execute("DELETE FROM gpu_usage WHERE minute < ?", (prune_before,))
 
     def usage_minutes(self, since: float, until: float) -> list[dict[str, Any]]:
         """The per-minute rows of every server with `since` <= minute < `until`."""
         rows = self._conn.execute(
-            "SELECT server, gpu_index, minute, token, leased_s, busy_s FROM gpu_usage "
+            "SELECT server, gpu_index, minute, token, leased_s, busy_s, reused_s FROM gpu_usage "
             "WHERE minute >= ? AND minute < ? ORDER BY minute, server, gpu_index, token",
             (since, until))
         return [{"server": r["server"], "gpu": r["gpu_index"], "minute": r["minute"],
-                 "token": r["token"], "leased_s": r["leased_s"], "busy_s": r["busy_s"]}
+                 "token": r["token"], "leased_s": r["leased_s"], "busy_s": r["busy_s"],
+                 "reused_s": r["reused_s"]}
                 for r in rows.fetchall()]
 
     def usage_gpus(self) -> list[tuple[str, int]]:
