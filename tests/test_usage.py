@@ -361,3 +361,15 @@ async def test_recorder_stores_the_reuse_of_a_detached_leases_gpu(
     assert (row["token"], row["leased_s"], row["reused_s"]) == ("bob", pytest.approx(12),
                                                                  pytest.approx(7))
     await store.close()
+
+
+def test_usage_gpus_are_the_fleet_tables(two_servers: tuple[StoreDB, StoreDB]) -> None:
+    """A shared store's report counts every server's GPUs (the fleet table, store/fleet.py)."""
+    a, b = two_servers
+    assert a.usage_gpus() == []
+    for db, gpus in ((a, 2), (b, 1)):
+        with db._write() as conn:
+            for index in range(gpus):
+                conn.execute("INSERT INTO fleet_gpus (server, gpu_index, state, updated) "
+                             "VALUES (?, ?, 'free', 0)", (db.server, index))
+    assert b.usage_gpus() == [("a", 0), ("a", 1), ("b", 0)]
