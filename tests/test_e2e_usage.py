@@ -64,12 +64,16 @@ def test_leased_and_busy_seconds_of_two_leases_survive_a_restart(
         assert abs(rec["leased_s"] - held) <= PERIOD_S, rec
         assert abs(rec["busy_s"] - busy) <= PERIOD_S, rec
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpupoold", "report", "--http", again.http_url, "--token",
-         again.admin_token, "--from", f"{began - 120:.0f}", "--to", f"{time.time() + 1:.0f}",
-         "--by", "token", "--json"], capture_output=True, text=True, timeout=30, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    period = ["--from", f"{began - 120:.0f}", "--to", f"{time.time() + 1:.0f}"]
+
+    def report_cli(*how: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "gpupoold", "report", "--http",
+                               again.http_url, "--token", again.admin_token, *period, *how],
+                              capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    report = json.loads(report_cli("--by", "token", "--json"))
     assert report["gpus"] == 2 and report["leases"] == 2
     leased = sum(r["leased_s"] for r in records)
     busy = sum(r["busy_s"] for r in records)
@@ -78,3 +82,8 @@ def test_leased_and_busy_seconds_of_two_leases_survive_a_restart(
     [group] = report["groups"]
     assert group["token"] == records[0]["token_name"]
     assert report["summary"].startswith("the 2 GPUs were leased ")
+    csv_lines = report_cli("--by", "gpu", "--csv").splitlines()
+    assert csv_lines[0].startswith("gpu,gpu_hours,") and len(csv_lines) == 3  # a line a GPU
+    assert sum(float(line.split(",")[1]) for line in csv_lines[1:]) * 3600 == pytest.approx(
+        leased, abs=0.01)
+    assert report["summary"] in report_cli("--by", "server")
