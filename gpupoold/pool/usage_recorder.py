@@ -142,7 +142,10 @@ class UsageRecorder:
         """Stop sampling; one last round and flush, so a clean stop loses nothing."""
         await stop_task(self._task)
         self._task = None
-        self.observe_all()
+        try:
+            self.observe_all()
+        except Exception:  # the stop goes on; what was observed before is still written
+            log.exception("the last GPU usage round failed")
         await self.flush()
 
     async def _run(self) -> None:
