@@ -11,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from gpupoold.cli import CliError, report_time
+from gpupoold.http import api
+from gpupoold.http.keys import STORE
 from gpupoold.pool.report import LeaseFacts, build_report, percentile, to_csv, to_text
 from gpupoold.pool.usage import MINUTE, Observation, UsageDelta, UsageMeter
 from gpupoold.pool.usage_recorder import UsageRecorder
@@ -373,3 +377,39 @@ def test_usage_gpus_are_the_fleet_tables(two_servers: tuple[StoreDB, StoreDB]) -
                 conn.execute("INSERT INTO fleet_gpus (server, gpu_index, state, updated) "
                              "VALUES (?, ?, 'free', 0)", (db.server, index))
     assert b.usage_gpus() == [("a", 0), ("a", 1), ("b", 0)]
+
+
+async def test_the_api_report_of_a_shared_store_sums_its_servers(pg_url: str) -> None:
+    """GET /api/v1/report on a PostgreSQL store shared by servers a and b: every server's GPUs
+    and minute rows, whichever server answers (the route's handler alone, without the auth)."""
+    other = StoreDB(pg_url, server="b")
+    store = await Store.open(pg_url, server="a")
+    try:
+        for db_server, gpus in (("a", 2), ("b", 2)):
+            with other._write() as conn:
+                for index in range(gpus):
+                    conn.execute("INSERT INTO fleet_gpus (server, gpu_index, state, updated) "
+                                 "VALUES (?, ?, 'free', 0)", (db_server, index))
+        for db, lease_token in ((other, "bob"), (None, "alice")):
+            meter = UsageMeter()
+            meter.observe(T0, 0, Observation(1, lease_token, 100))
+            meter.observe(T0 + 30, 0, Observation(1, lease_token, 100))
+            if db is None:
+                await store.record_usage(meter.take())
+            else:
+                db.record_usage(meter.take())
+        app = web.Application()
+        app[STORE] = store
+        app.router.add_get("/api/v1/report", api.report)
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get(f"/api/v1/report?from={T0:.0f}&to={T0 + 60:.0f}&by=server")
+            assert resp.status == 200, await resp.text()
+            report = (await resp.json())["report"]
+        assert report["gpus"] == 4
+        assert report["leased_gpu_hours"] * 3600 == pytest.approx(60)
+        assert report["leased_share"] == pytest.approx(60 / 240)
+        assert {g["server"]: g["leased_share"] for g in report["groups"]} == {
+            "a": pytest.approx(0.25), "b": pytest.approx(0.25)}
+    finally:
+        await store.close()
+        other.close()
