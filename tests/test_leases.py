@@ -539,6 +539,40 @@ async def test_watchdog_scrubs_a_gpu_leased_with_no_lease(mgr: Any) -> None:
     assert m.counters.get("watchdog_repairs") == 1
 
 
+async def test_watchdog_leaves_a_gpu_alone_while_its_ended_lease_is_recorded(mgr: Any) -> None:
+    """Between a lease's end and its GPU's scrub the watcher records the end in the store (a
+    thread; PostgreSQL over the network): the GPU is leased with no lease meanwhile, which is no
+    fault (CI's sanitizer tier once caught a watchdog tick in that window and reported a stuck
+    GPU)."""
+    m = await mgr(1)
+    recorded = asyncio.Event()
+    ended = m.store.lease_ended
+
+    async def slow_lease_ended(*args: Any, **kwargs: Any) -> None:
+        await recorded.wait()
+        await ended(*args, **kwargs)
+
+    m.store.lease_ended = slow_lease_ended
+    _, lease = await lease_on(m, 1)
+    slot = m.slots[0]
+    lease.worker.finish("client exit")
+    for _ in range(200):
+        if slot.lease is None and slot.ended_at is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert slot.lease is None and slot.ended_at is not None, "the lease did not end"
+    await asyncio.sleep(1.2)  # two watchdog ticks
+    assert slot.state == LEASED and m.stuck_reason(slot) is None
+    assert PoolViews(m).summary()["stuck"] == [] and m.counters.get("watchdog_repairs") == 0
+    # Past the limit it is a fault.
+    slot.ended_at -= 61.0
+    assert m.stuck_reason(slot) == "leased, but no lease holds it"
+    slot.ended_at += 61.0
+    recorded.set()
+    await wait_for_state(m, 0, FREE)
+    assert slot.ended_at is None and m.store.ended[lease.id][0] == "client exit"
+
+
 async def test_watchdog_quarantines_a_gpu_it_keeps_repairing(mgr: Any) -> None:
     m = await mgr(1)
     slot = m.slots[0]

@@ -75,6 +75,9 @@ class Slot:
     task: asyncio.Task[Any] | None = None
     reserved_at: float = 0.0  # time.monotonic() of the grant in `reserved`
     adopting: int | None = None  # the previous daemon's lease being taken over (state leased)
+    # time.monotonic() when its lease ended and the watcher went on to record the end; the GPU
+    # stays leased, with no lease, until the watcher starts its scrub (pool/state.py `end`)
+    ended_at: float | None = None
     stuck: dict[str, Any] | None = None  # {"since", "why"}: seen by the watchdog, not repaired yet
     repairs: list[float] = field(default_factory=list)  # monotonic times of watchdog repairs
 

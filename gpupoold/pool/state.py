@@ -259,6 +259,7 @@ class PoolState:
         self._check("start", slot)
         self._require("start", slot, slot.lease is None, "a lease holds it already")
         slot.reserved = None
+        slot.ended_at = None
         slot.lease = lease
         lease.slot = slot
         self._leases[lease.id] = lease
@@ -273,6 +274,7 @@ class PoolState:
         slot = lease.slot
         if slot is not None and slot.lease is lease:
             slot.lease = None
+            slot.ended_at = time.monotonic()
         self.events.publish(LeaseEnded(lease.id, lease.gpu_index(), lease.token, reason,
                                        time.time() - lease.started, stats))
         self.changed(slot)
@@ -285,6 +287,7 @@ class PoolState:
                       f"lease {getattr(slot.lease, 'id', 0)} holds it")
         slot.reserved = None
         slot.adopting = None
+        slot.ended_at = None
         self._move(slot, SCRUBBING)
         self.changed(slot)
 

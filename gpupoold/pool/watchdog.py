@@ -28,6 +28,9 @@ log = logging.getLogger("gpupoold.leases")
 WATCHDOG_INTERVAL = 0.5  # seconds between checks of every GPU
 # A grant's lease must start within this: a worker spawn (60 s at most), the store, the hello.
 GRANT_LIMIT = 120.0
+# A lease's end must be recorded (the store: a thread, or PostgreSQL over the network) within this
+# before its watcher scrubs the GPU; until then the GPU is leased with no lease, legitimately.
+END_RECORD_LIMIT = 60.0
 REPAIR_WINDOW = 600.0  # seconds: more than REPAIR_LIMIT repairs in this window quarantine a GPU
 REPAIR_LIMIT = 3
 
@@ -44,6 +47,9 @@ def stuck_reason(slot: Slot) -> str | None:
         if slot.lease is None:
             if slot.adopting is not None and task_alive:
                 return None  # a previous daemon's lease being taken over
+            if (slot.ended_at is not None and task_alive
+                    and time.monotonic() - slot.ended_at < END_RECORD_LIMIT):
+                return None  # its lease ended: the watcher records the end, then scrubs
             return "leased, but no lease holds it"
         if not task_alive:
             return f"lease {slot.lease.id} has nobody watching its worker"
