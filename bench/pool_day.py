@@ -197,29 +197,33 @@ def baseline(sessions: Sequence[Session], people: int, hours: float) -> Figures:
                    [0.0] * sum(len(s.phases) for s in sessions))
 
 
-def stints(session: Session, detach_after: float) -> list[tuple[float, float, float]]:
-    """A session as the pool sees it: stretches that hold a GPU, as (held_s, busy_s, gap_s):
-    with idle detach, an idle stretch longer than `detach_after` ends a stint (the GPU is held
-    `detach_after` into it, then given back) and the next busy stretch wants a GPU again."""
-    out: list[tuple[float, float, float]] = []
+def stints(session: Session, detach_after: float) -> list[tuple[float, float, float, int]]:
+    """A session as the pool sees it: stretches that hold a GPU, as (held_s, busy_s, gap_s,
+    busy stretches): with idle detach, an idle stretch longer than `detach_after` ends a stint
+    (the GPU is held `detach_after` into it, then given back) and the next busy stretch wants a
+    GPU again."""
+    out: list[tuple[float, float, float, int]] = []
     held = busy = 0.0
+    n = 0
     for b, i in session.phases:
         held += b
         busy += b
+        n += 1
         if detach_after > 0 and i > detach_after:
-            out.append((held + detach_after, busy, i - detach_after))
+            out.append((held + detach_after, busy, i - detach_after, n))
             held = busy = 0.0
+            n = 0
         else:
             held += i
-    if held > 0 or busy > 0:
-        out.append((held, busy, 0.0))
+    if n:
+        out.append((held, busy, 0.0, n))
     return out
 
 
 def simulate(sessions: Sequence[Session], gpus: int, detach_after: float, hours: float,
              config: str = "") -> Figures:
     """The day on a pool of `gpus`, first come first served, idle detach as soon as a stint's
-    idle passes `detach_after` (0: never): waits, busy and leased time. A model of the pool used
+    idle passes `detach_after` (0: never): waits (one per busy stretch), busy and leased time. A model of the pool used
     to propose a size; the replay measures the real one."""
     plans = [stints(s, detach_after) for s in sessions]
     events: list[tuple[float, int, str, int, int]] = []  # (time, seq, what, session, stint)
@@ -235,8 +239,10 @@ def simulate(sessions: Sequence[Session], gpus: int, detach_after: float, hours:
 
     def grant(t: float, i: int, k: int, wanted: float) -> None:
         nonlocal seq, leased
-        waits.append(t - wanted)
-        held, _, gap = plans[i][k]
+        held, _, gap, n = plans[i][k]
+        # a wait per busy stretch, as the clients measure them: the stint's first waits for a
+        # GPU, the others find theirs held
+        waits.extend([t - wanted] + [0.0] * (n - 1))
         leased += held
         heapq.heappush(events, (t + held, seq, "release", i, k))
         seq += 1
@@ -452,8 +458,20 @@ def search(client: Path, sessions: Sequence[Session], detach_after: float, args:
         k = k - 1 if runs[k]["within_budget"] else k + 1
     good = [n for n, r in runs.items() if r["within_budget"]]
     best = runs[min(good)] if good else runs[max(runs)]
-    return {**best, "needed": min(good) if good else None, "proposed": proposal,
-            "runs": [runs[n] for n in sorted(runs)]}
+    # exact when the size below the smallest good one missed (or is 0); else an upper bound
+    exact = bool(good) and (min(good) == 1 or min(good) - 1 in runs)
+    return {**best, "needed": min(good) if good else None, "needed_exact": exact,
+            "proposed": proposal, "runs": [runs[n] for n in sorted(runs)]}
+
+
+def needed_text(c: dict[str, Any]) -> str:
+    """GPUs needed as the table says it: N, <= N (a smaller pool was not replayed), > N (the
+    largest replayed pool missed the budget)."""
+    if "needed" not in c:
+        return str(c["gpus"])
+    if c["needed"] is None:
+        return f"> {c['gpus']}"
+    return str(c["needed"]) if c["needed_exact"] else f"<= {c['needed']}"
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
@@ -461,8 +479,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
     rows = [["configuration", "GPUs needed", "busy utilisation", "leased utilisation",
              "wait p50", "wait p95", "GPUs vs baseline"], ["---"] * 7]
     for c in result["configs"]:
-        needed = c["gpus"] if c.get("needed", c["gpus"]) is not None else f"> {c['gpus']}"
-        rows.append([c["config"], str(needed), f"{100 * c['busy_util']:.0f} %",
+        rows.append([c["config"], needed_text(c), f"{100 * c['busy_util']:.0f} %",
                      f"{100 * c['leased_util']:.0f} %", f"{c['wait_p50_s']:.0f} s",
                      f"{c['wait_p95_s']:.0f} s", f"{c['gpus_vs_baseline']:.1f}x"])
     return [f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(result['at']))}, commit "
@@ -512,7 +529,7 @@ def main() -> int:
               "sessions": [asdict(s) for s in sessions], "configs": configs}
     head = ["configuration", "GPUs", "busy", "leased", "wait p50", "wait p95", "vs baseline"]
     print(benchlib.text_table(head, [
-        [c["config"], c["gpus"] if c.get("needed", 1) is not None else f">{c['gpus']}",
+        [c["config"], needed_text(c),
          f"{100 * c['busy_util']:.0f} %", f"{100 * c['leased_util']:.0f} %",
          f"{c['wait_p50_s']:.0f} s", f"{c['wait_p95_s']:.0f} s",
          f"{c['gpus_vs_baseline']:.1f}x"] for c in configs]))

@@ -67,9 +67,9 @@ def session(start: float, *phases: tuple[float, float], person: int = 0) -> pd.S
 
 def test_stints_split_a_session_at_idles_longer_than_the_detach_delay() -> None:
     s = session(0, (10, 5), (20, 100), (30, 0))
-    assert pd.stints(s, 0) == [(165, 60, 0)]
+    assert pd.stints(s, 0) == [(165, 60, 0, 3)]
     # idle 5 s is kept, idle 100 s ends a stint 50 s into it; the GPU is back 50 s later
-    assert pd.stints(s, 50) == [(85, 30, 50), (30, 30, 0)]
+    assert pd.stints(s, 50) == [(85, 30, 50, 2), (30, 30, 0, 1)]
 
 
 def test_the_queue_model_on_hand_made_days() -> None:
@@ -84,7 +84,7 @@ def test_the_queue_model_on_hand_made_days() -> None:
     # stretch at 230 s finds it free again
     nb = session(0, (10, 200), (10, 0), person=0)
     no_detach = pd.simulate([nb, b], 1, 0, hours=0)
-    assert sorted(no_detach.waits) == [0, 210]
+    assert sorted(no_detach.waits) == [0, 0, 210]  # a wait per busy stretch: nb's second is 0
     detach = pd.simulate([nb, b], 1, 20, hours=0)
     assert sorted(detach.waits) == [0, 0, 20]
     assert detach.leased_s == 30 + 10 + 50
@@ -148,3 +148,10 @@ def test_a_tiny_day_replays_on_gpupoold(native_build: Path, tmp_path: Path) -> N
         assert p["busy_gpu_h"] * 0.9 <= p["leased_gpu_h"] <= p["gpus"] * p["period_s"] / 3600
         assert 0 < p["busy_util"] <= p["leased_util"] * 1.1 <= 1.1
         assert p["leases"] == len(sessions)
+
+
+def test_gpus_needed_says_when_it_is_only_a_bound() -> None:
+    assert pd.needed_text({"gpus": 16}) == "16"  # the baseline: one per person
+    assert pd.needed_text({"gpus": 6, "needed": 6, "needed_exact": True}) == "6"
+    assert pd.needed_text({"gpus": 9, "needed": 9, "needed_exact": False}) == "<= 9"
+    assert pd.needed_text({"gpus": 7, "needed": None, "needed_exact": False}) == "> 7"
