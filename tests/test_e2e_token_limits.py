@@ -33,6 +33,12 @@ def limited_server(start_daemon: Any, native_build: Path, tmp_path: Path, tls: b
     return server
 
 
+def ended_history(server: GpupoolServer, token: str, n: int) -> list[dict[str, Any]] | None:
+    """`token`'s lease records once there are `n` and all have ended, else None."""
+    history = server.get_json(f"/api/v1/leases?state=all&token={token}&limit=100")["leases"]
+    return history if len(history) == n and all(le["ended"] is not None for le in history) else None
+
+
 def holding(proc: subprocess.Popen[str]) -> None:
     """Wait until hold_gpu says it has its GPU."""
     assert proc.stdout is not None
@@ -67,7 +73,8 @@ def test_five_clients_of_one_token_never_hold_two_gpus_through_idle_detach(
     v = finish(visitor, "the other token's client")
     for f in [*facts, v]:
         assert f["exact"] == "1" and f["nonzero_before"] == "0", f
-    history = server.get_json("/api/v1/leases?state=all&token=tenant&limit=100")["leases"]
+    # A client's exit comes before gpupoold records its lease's end: wait for the records.
+    history = wait_until("the five leases ended", lambda: ended_history(server, "tenant", 5))
     spans = sorted((le["started"], le["ended"], le["detaches"]) for le in history)
     assert len(spans) == 5 and all(end is not None for _, end, _ in spans), history
     for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
