@@ -225,8 +225,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lost = [r for r in records if r["end_reason"] not in ("client exit", "client lost")
                 and r not in cut]
         # Leases' workers and pre-started ones alike: every crash has its log line.
-        crashes = sum(p.read_text(errors="replace").count("exited: worker crashed")
-                      for p in daemon.state.glob("gpupoold-*.log"))
+        crashes, crash_detail = 0, []
+        for p in sorted(daemon.state.glob("gpupoold-*.log")):
+            lines = p.read_text(errors="replace").splitlines()
+            for n, line in enumerate(lines):
+                if "exited: worker crashed" in line:
+                    crashes += 1
+                    # the crash's line and what that worker and gpupoold said just before
+                    crash_detail.append("\n".join([f"{p.name}:"] + lines[max(0, n - 12):n + 1]))
         unscrubbed = [r for r in records if r["scrub_ok"] is not True]
         result = {
             "seconds": args.seconds, "gpus": args.gpus, "restarts": tally.restarts,
@@ -234,6 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "clients_killed": tally.killed, "clients_failed": tally.failed,
             "verified_bytes": tally.verified_bytes, "leases": len(records), "lease_ends": ends,
             "leases_lost": len(lost), "lost_detail": lost[:5], "worker_crashes": crashes,
+            "crash_detail": crash_detail[:3],
             "handovers_cut": len(cut),
             "unscrubbed": len(unscrubbed), "unscrubbed_detail": unscrubbed[:5],
             "fds": [fds0, fds1], "rss": [rss0, rss1],

@@ -27,7 +27,7 @@ def test_two_minute_soak(native_build: Path, tmp_path: Path) -> None:
     assert out.exists(), f"the soak did not finish:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     r = json.loads(out.read_text())
     assert r["leases_lost"] == 0, r["lost_detail"]
-    assert r["worker_crashes"] == 0
+    assert r["worker_crashes"] == 0, "\n\n".join(r["crash_detail"])
     assert not r["clients_failed"], r["clients_failed"]
     assert r["unscrubbed"] == 0, r["unscrubbed_detail"]
     served = sum(r["clients_served"].values())
