@@ -296,7 +296,8 @@ async def usage_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS_KEY]
-    metrics.attach(app[LEASES], app[TELEMETRY], app[COUNTERS], app[SETTINGS].telemetry_interval)
+    metrics.attach(app[LEASES], app[TELEMETRY], app[COUNTERS], app[SETTINGS].telemetry_interval,
+                   app[USAGE].meter)  # the one integrator of the leased/busy/reused seconds
     try:
         yield
     finally:

@@ -10,7 +10,9 @@ one: a process may run several daemons, the tests do). In it:
   call latency histogram, GPU-seconds by token name), added once per lease end (`lease_ended`);
 - `Collector`, which builds everything else at scrape time from what the daemon already holds in
   memory: the lease manager's slots and active leases (their workers' latest stats), the
-  telemetry cache and the event counters (pool/counters.py). No NVML call, no SQLite, no per-call
+  telemetry cache, the event counters (pool/counters.py) and the GPU time accounting's running
+  totals (pool/usage.py's `UsageMeter`, the one integrator of leased/busy/reused seconds: the
+  counters and `gpupoold report` count the same spans). No NVML call, no SQLite, no per-call
   Python: a scrape costs about the same with or without traffic.
 
 A value a GPU does not report (a simulated GPU's temperature, power...) has no sample; it is
@@ -45,8 +47,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector as _CollectorBase
 
 from gpupoold import __version__
-from gpupoold.http.utilisation import Observation, UtilisationClock
-from gpupoold.pool.events import EventBus, GpuCleaned, LeaseAttached, LeaseDetached, LeaseEnded, LeaseGranted
+from gpupoold.http.utilisation import lease_state
+from gpupoold.pool.events import EventBus, GpuCleaned, LeaseAttached, LeaseEnded, LeaseGranted
 from gpupoold.tasks import stop_task
 from gpupoold.workers import supervisor as _workers
 
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from gpupoold.gpu.telemetry import Telemetry
     from gpupoold.pool.counters import Counters
     from gpupoold.pool.leases import LeaseManager
+    from gpupoold.pool.usage import UsageMeter
     from gpupoold.workers.supervisor import WorkerStats
 
 # Text exposition format 0.0.4, unless the scraper asks for OpenMetrics (choose_encoder).
@@ -134,10 +137,6 @@ class DaemonMetrics:
             "(queueing and restoring its memory included).", buckets=REATTACH_BUCKETS,
             registry=self.registry)
         self.ended = EndedTotals()
-        # Leased, busy and reused seconds per GPU (http/utilisation.py): observed on every
-        # telemetry tick, lease event and scrape.
-        self.utilisation = UtilisationClock()
-        self.now: Callable[[], float] = time.monotonic  # the counters' clock (tests set it)
         self.collector: Collector | None = None
         self._idle_task: asyncio.Task[None] | None = None
 
@@ -147,26 +146,13 @@ class DaemonMetrics:
         return [bus.subscribe(LeaseGranted, self.lease_granted),
                 bus.subscribe(LeaseEnded, self.lease_ended),
                 bus.subscribe(GpuCleaned, self.cleaned),
-                bus.subscribe(LeaseAttached, self.lease_attached),
-                bus.subscribe(LeaseDetached, self.lease_detached)]
-
-    def lease_detached(self, e: LeaseDetached) -> None:
-        # the detach itself is counted by the lease manager (counters "detaches")
-        self._observe_gpus()
+                bus.subscribe(LeaseAttached, self.lease_attached)]
 
     def lease_attached(self, e: LeaseAttached) -> None:
         self.reattach_latency.observe(max(0.0, e.latency_s))
-        self._observe_gpus()
 
     def lease_granted(self, e: LeaseGranted) -> None:
         self.queue_wait.observe(max(0.0, e.queued_s))
-        self._observe_gpus()
-
-    def _observe_gpus(self) -> None:
-        """A lease came or went (published after the change): the time until now counts as the
-        previous observation said, the GPUs' new state from now on."""
-        if self.collector is not None:
-            self.collector.observe_gpus()
 
     def lease_ended(self, e: LeaseEnded) -> None:
         """A lease ended with its worker's final stats: published in the same event-loop step
@@ -175,7 +161,6 @@ class DaemonMetrics:
         self.lease_duration.observe(duration_s)
         self.ended.add(e.stats)
         self.ended.gpu_seconds[e.token] = self.ended.gpu_seconds.get(e.token, 0.0) + duration_s
-        self._observe_gpus()
 
     def cleaned(self, e: GpuCleaned) -> None:
         self.scrub_duration.observe(max(0.0, e.duration_s))
@@ -185,12 +170,12 @@ class DaemonMetrics:
 
     # -------------------------------------------------------------------------- wiring
     def attach(self, leases: LeaseManager, telemetry: Telemetry | None, counters: Counters,
-               interval: float) -> None:
-        """Register the scrape-time collector and start following the GPUs' utilisation (for
-        `gpupool_gpu_lease_idle` and the leased/busy/reused seconds)."""
-        self.collector = Collector(self, leases, telemetry, counters)
+               interval: float, usage: UsageMeter | None = None) -> None:
+        """Register the scrape-time collector (`usage`: the GPU time accounting's meter, whose
+        running totals are the leased/busy/reused counters; None: not exported) and start
+        following the GPUs' utilisation (for `gpupool_gpu_lease_idle`)."""
+        self.collector = Collector(self, leases, telemetry, counters, usage)
         self.registry.register(self.collector)
-        self.collector.observe_gpus()
         self._idle_task = asyncio.create_task(self._follow_utilisation(interval),
                                               name="metrics-idle")
 
@@ -202,7 +187,6 @@ class DaemonMetrics:
         while True:
             if self.collector is not None:
                 self.collector.note_utilisation()
-                self.collector.observe_gpus()
             await asyncio.sleep(interval)
 
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
@@ -215,11 +199,13 @@ class Collector(_CollectorBase):
     """Builds the scrape-time families (everything but the histograms above)."""
 
     def __init__(self, metrics: DaemonMetrics, leases: LeaseManager,
-                 telemetry: Telemetry | None, counters: Counters) -> None:
+                 telemetry: Telemetry | None, counters: Counters,
+                 usage: UsageMeter | None = None) -> None:
         self.metrics = metrics
         self.leases = leases
         self.telemetry = telemetry
         self.counters = counters
+        self.usage = usage
         # GPU index -> monotonic time of the last telemetry sample with utilisation > 0 (or of
         # the start of following it).
         self._busy_at: dict[int, float] = {}
@@ -236,27 +222,10 @@ class Collector(_CollectorBase):
             if i not in self._busy_at or (isinstance(util, int | float) and util > 0):
                 self._busy_at[i] = now
 
-    def observe_gpus(self) -> None:
-        """Advance the leased/busy/reused counters to now (http/utilisation.py)."""
-        detached_from = {lease.home.index for lease in self.leases.active()
-                         if lease.slot is None and lease.home is not None}
-        seen = {}
-        for slot in self.leases.slots:
-            i = slot.gpu.index
-            lease = slot.lease
-            util = self.telemetry.live(i).get("gpu_util") if self.telemetry is not None else None
-            ratio = (float(util) / 100 if isinstance(util, int | float)
-                     and not isinstance(util, bool) else 0.0)
-            seen[i] = Observation(token=lease.token if lease is not None else None, util=ratio,
-                                  reused=lease is not None and i in detached_from,
-                                  in_service=slot.state in ("free", "leased"))
-        self.metrics.utilisation.observe(self.metrics.now(), seen)
-
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        self.observe_gpus()  # an open lease's time counts up to this scrape
         yield from self._gpus()
         yield from self._utilisation()
         yield from self._leases()
@@ -360,7 +329,9 @@ class Collector(_CollectorBase):
         yield idle
 
     def _utilisation(self) -> Iterator[Metric]:
-        clock = self.metrics.utilisation
+        """The usage meter's running totals (pool/usage.py: advanced every telemetry interval
+        and at each lease's end, so an open lease's time counts up to the last sampling round)
+        and each GPU's state now."""
         leased = CounterMetricFamily("gpupool_gpu_leased_seconds", "Seconds a lease held the GPU.",
                                      labels=["gpu"])
         busy = CounterMetricFamily("gpupool_gpu_busy_seconds", "Seconds the GPU executed work "
@@ -373,16 +344,22 @@ class Collector(_CollectorBase):
                                   "free, 1 leased idle, 2 leased busy, 3 reused (leased while a "
                                   "lease detached from it waits), 4 out of service.",
                                   labels=["gpu"])
+        totals = self.usage.gpus if self.usage is not None else {}
+        detached_from = {lease.home.index for lease in self.leases.active()
+                         if lease.slot is None and lease.home is not None}
         for slot in self.leases.slots:
             i = slot.gpu.index
-            t = clock.gpus.get(i)
+            t = totals.get(i)
             if t is not None:
                 leased.add_metric([str(i)], t.leased_s)
                 busy.add_metric([str(i)], t.busy_s)
                 reused.add_metric([str(i)], t.reused_s)
-            code = clock.code(i)
-            if code is not None:
-                state.add_metric([str(i)], code)
+            util = self.telemetry.live(i).get("gpu_util") if self.telemetry is not None else None
+            ratio = (float(util) / 100 if isinstance(util, int | float)
+                     and not isinstance(util, bool) else 0.0)
+            state.add_metric([str(i)], lease_state(slot.lease is not None, ratio,
+                                                   i in detached_from,
+                                                   slot.state in ("free", "leased")))
         yield leased
         yield busy
         yield reused
@@ -390,7 +367,8 @@ class Collector(_CollectorBase):
         tokens = CounterMetricFamily("gpupool_token_busy_seconds", "GPU-seconds the token's "
                                      "leases kept their GPUs executing work, by token name.",
                                      labels=["token"])
-        for token, value in sorted(clock.token_busy_s.items()):
+        token_busy = self.usage.token_busy_s if self.usage is not None else {}
+        for token, value in sorted(token_busy.items()):
             tokens.add_metric([token], value)
         yield tokens
 

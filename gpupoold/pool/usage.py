@@ -18,6 +18,13 @@ a lease that idly detached from it is away: the GPU time idle detach handed on t
 credited to the GPU's minute rows and to the detached lease (the first to have left, when
 several did).
 
+The meter is also the one integrator of the daemon's running totals: `gpus` (leased, busy and
+reused seconds per GPU) and `token_busy_s` (busy seconds per token name) only ever grow, from
+the same credited spans as the rows and lease totals (`take` leaves them), so the Prometheus
+counters (http/metrics.py reads them at scrape) and the stored figures behind `gpupoold report`
+cannot tell an operator two different things: per GPU and per token, the counters' growth is
+the sum of the minute rows written.
+
 Per-minute rows (not raw samples) are kept because they answer "this week, per GPU, per token"
 from a table whose size does not grow with the sampling rate: one row per GPU, minute and token
 that held it, however often it is sampled.
@@ -72,6 +79,15 @@ class LeaseUsage:
 
 
 @dataclass
+class GpuTotals:
+    """One GPU's seconds since the meter began (the daemon's start): they only grow."""
+
+    leased_s: float = 0.0
+    busy_s: float = 0.0
+    reused_s: float = 0.0
+
+
+@dataclass
 class UsageDelta:
     """What accumulated since the last `take`: minute rows to add, lease totals to add."""
 
@@ -87,17 +103,23 @@ class UsageMeter:
         self._last: dict[int, tuple[float, Observation]] = {}
         self._minutes: dict[tuple[int, float, str], MinuteUsage] = {}
         self._leases: dict[int, LeaseUsage] = {}
+        # Running totals since the meter began, read by the metrics adapter; never reset.
+        self.gpus: dict[int, GpuTotals] = {}
+        self.token_busy_s: dict[str, float] = {}  # busy seconds by token name
 
     def observe(self, now: float, gpu: int, seen: Observation) -> None:
         """GPU `gpu` at Unix time `now` is as `seen`; credits the span since its last one (a
         lease that started within it from its start on)."""
         last = self._last.get(gpu)
         self._last[gpu] = (now, seen)
+        self.gpus.setdefault(gpu, GpuTotals())  # a GPU's counters exist (at 0) once observed
         if last is None or seen.lease_id is None:
             return
         then, before = last
         if before.lease_id != seen.lease_id:
-            if seen.started is None or not then < seen.started <= now:
+            # A lease granted in the same instant as the last observation (then == started)
+            # started "in between" too: that observation saw the GPU before the grant.
+            if seen.started is None or not then <= seen.started <= now:
                 return  # on this GPU since before the last observation: credited from now on
             # It started in between: from its start, its busy counter from zero.
             then, before = seen.started, Observation(seen.lease_id, seen.token, seen.util,
@@ -132,6 +154,12 @@ class UsageMeter:
         reused = bool(seen.away)
         if reused:  # the first to have left it is the one whose GPU this is serving
             self._leases.setdefault(min(seen.away), LeaseUsage()).reused_s += span
+        total = self.gpus.setdefault(gpu, GpuTotals())
+        total.leased_s += span
+        total.busy_s += span * share
+        if reused:
+            total.reused_s += span
+        self.token_busy_s[seen.token] = self.token_busy_s.get(seen.token, 0.0) + span * share
         start = then
         while start < now:  # split the span at minute boundaries
             minute = math.floor(start / MINUTE) * MINUTE
@@ -147,7 +175,8 @@ class UsageMeter:
             start = end
 
     def take(self) -> UsageDelta:
-        """Everything accumulated since the last take (then forgotten here)."""
+        """Everything accumulated since the last take (then forgotten here; the running
+        totals stay)."""
         delta = UsageDelta(sorted(self._minutes.values(), key=lambda r: (r.minute, r.gpu)),
                            self._leases)
         self._minutes = {}
