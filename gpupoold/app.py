@@ -138,14 +138,16 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.database:
         try:
             store = await Store.open(settings.database, settings.database_password_file,
-                                     server=server_name(settings.state_dir))
+                                     server=server_name(settings.state_dir),
+                                     state_dir=settings.state_dir)
         except Exception as exc:
             raise StartupError(f"setting 'database': {exc}") from None
         log.info("database: %s", store.where)
     else:
         path = settings.state_dir / DB_NAME
         try:
-            store = await Store.open(path, server=server_name(settings.state_dir))
+            store = await Store.open(path, server=server_name(settings.state_dir),
+                                     state_dir=settings.state_dir)
         except Exception as exc:
             raise StartupError(f"setting 'state_dir': cannot open the database {path}: "
                                f"{exc}") from None

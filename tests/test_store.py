@@ -50,8 +50,8 @@ def db(location: Path | str) -> Iterator[StoreDB]:
 
 
 @pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    s = await Store.open(location)
+async def store(location: Path | str, tmp_path: Path) -> AsyncIterator[Store]:
+    s = await Store.open(location, state_dir=tmp_path)
     yield s
     await s.close()
 
@@ -83,12 +83,12 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 10
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 11
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"tokens", "leases", "audit", "gpu_state", "lease_events", "servers", "fleet_gpus",
-                "fleet_queue", "fleet_away"} <= tables
+                "fleet_queue", "fleet_away", "spool_applied"} <= tables
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         cols = {r[1] for r in conn.execute("PRAGMA table_info(tokens)")}
         assert cols == {"id", "name", "role", "secret_sha256", "created", "expires", "revoked",
@@ -344,7 +344,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 10
+        assert db.schema_version() == SCHEMA_VERSION == 11
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)
@@ -517,8 +517,9 @@ async def test_cli_and_daemon_write_at_the_same_time(sqlite_store: Store, db_pat
             actions.count("gpu.drain")) == (25, 25, 20)
 
 
-async def test_close_finishes_pending_calls_then_refuses(location: Path | str) -> None:
-    store = await Store.open(location)
+async def test_close_finishes_pending_calls_then_refuses(location: Path | str,
+                                                         tmp_path: Path) -> None:
+    store = await Store.open(location, state_dir=tmp_path)
     pending = [asyncio.create_task(store.audit("a", "x", str(i))) for i in range(10)]
     await asyncio.sleep(0)  # the tasks submit their calls
     await store.close()
@@ -726,13 +727,13 @@ def test_servers_register_heartbeat_and_go_down_once(location: Path | str) -> No
 
 @pytest.mark.parametrize("location", ["sqlite", "postgresql"], indirect=True)
 async def test_heartbeats_only_where_other_servers_read_them(
-        location: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
+        location: Path | str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A shared store (PostgreSQL) gets a heartbeat every HEARTBEAT_S; a server's own SQLite file
     is registered once and then left alone (each heartbeat would be a synced write)."""
     from gpupoold.pool import membership
 
     monkeypatch.setattr(membership, "HEARTBEAT_S", 0.05)
-    store = await Store.open(location, server="me")
+    store = await Store.open(location, server="me", state_dir=tmp_path)
     m = membership.Membership(store, "127.0.0.1:7070", "127.0.0.1:7071")
     try:
         await m.start()

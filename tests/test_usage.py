@@ -344,7 +344,7 @@ async def test_recorder_stores_the_reuse_of_a_detached_leases_gpu(
         backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     location = tmp_path / "gpupoold.db" if backend == "sqlite" else \
         request.getfixturevalue("pg_url")
-    store = await Store.open(location, server="s")
+    store = await Store.open(location, server="s", state_dir=tmp_path)
     away_id = await store.lease_started(new_lease("alice"))
     holder_id = await store.lease_started(new_lease("bob"))
     away = FakeLease(away_id, "alice", home=FakeGpu(0))
@@ -379,11 +379,12 @@ def test_usage_gpus_are_the_fleet_tables(two_servers: tuple[StoreDB, StoreDB]) -
     assert b.usage_gpus() == [("a", 0), ("a", 1), ("b", 0)]
 
 
-async def test_the_api_report_of_a_shared_store_sums_its_servers(pg_url: str) -> None:
+async def test_the_api_report_of_a_shared_store_sums_its_servers(pg_url: str,
+                                                                 tmp_path: Path) -> None:
     """GET /api/v1/report on a PostgreSQL store shared by servers a and b: every server's GPUs
     and minute rows, whichever server answers (the route's handler alone, without the auth)."""
     other = StoreDB(pg_url, server="b")
-    store = await Store.open(pg_url, server="a")
+    store = await Store.open(pg_url, server="a", state_dir=tmp_path)
     try:
         for db_server, gpus in (("a", 2), ("b", 2)):
             with other._write() as conn:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from gpupoold.store import fleet, postgres
+from gpupoold.store.spool import SPOOL_NAME, Spool, SpooledRecord
 from gpupoold.store.tokens import (
     check_role,
     check_token_name,
@@ -49,11 +50,11 @@ from gpupoold.store.tokens import (
     parse_token,
     secret_matches,
 )
-from gpupoold.store.usage import UsageQueries
+from gpupoold.store.usage import UsageQueries, usage_from_json, usage_to_json
 
 DB_NAME = "gpupoold.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction
-PENDING_RETRY_S = 1.0  # how often records kept during an outage are tried again
+PENDING_RETRY_S = 1.0  # how often the spool's records are tried again during an outage
 LEASE_STATES = ("active", "ended", "all")
 CHECK_RESULTS = ("ok", "missing", "malformed", "unknown", "revoked", "expired")
 _NEW_ID_TRIES = 8  # a 48-bit token id colliding even twice means something else is wrong
@@ -218,6 +219,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # v10: time a GPU served others while a lease detached from it was away (store/usage.py)
         "ALTER TABLE leases ADD COLUMN reused_s REAL NOT NULL DEFAULT 0",
         "ALTER TABLE gpu_usage ADD COLUMN reused_s REAL NOT NULL DEFAULT 0",
+    ),
+    (  # v11: the records a server replayed from its spool (store/spool.py, issue 34), by id:
+        # a replay that runs again (gpupoold stopped between the database's commit and the
+        # spool's removal) writes each record once. Removed once the spool is gone.
+        """CREATE TABLE spool_applied (
+            id TEXT PRIMARY KEY,
+            server TEXT NOT NULL DEFAULT '',
+            applied REAL NOT NULL
+        )""",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -415,6 +425,7 @@ class StoreDB(UsageQueries):
     def __init__(self, location: Path | str, password_file: Path | None = None,
                  server: str = "") -> None:
         self.server = server  # this server's name, written into its lease records
+        self._in_write = False  # a write transaction is open (`_write`)
         if postgres.is_url(location):
             assert isinstance(location, str)
             self.path = None
@@ -457,13 +468,20 @@ class StoreDB(UsageQueries):
     def _write(self) -> Iterator[Any]:
         """A write transaction. SQLite: IMMEDIATE takes the write lock at once (waiting up to
         the busy timeout), so a transaction never fails half-way for another process's lock;
-        PostgreSQL locks rows as the statements reach them."""
+        PostgreSQL locks rows as the statements reach them. A call made inside another's
+        transaction (`apply_spooled`) joins it."""
+        if self._in_write:
+            yield self._conn
+            return
         self._conn.execute("BEGIN" if self._pg else "BEGIN IMMEDIATE")
+        self._in_write = True
         try:
             yield self._conn
         except BaseException:
+            self._in_write = False
             self._conn.execute("ROLLBACK")
             raise
+        self._in_write = False
         self._conn.execute("COMMIT")
 
     def _insert(self, db: Any, sql: str, params: Any, key: str = "id") -> int:
@@ -797,6 +815,36 @@ class StoreDB(UsageQueries):
     def fleet_snapshot(self) -> tuple[list[fleet.GpuRow], list[fleet.QueueRow]]:
         return fleet.snapshot(self._conn)
 
+    # ------------------------------------------------------------------------- record spool
+    def apply_spooled(self, record: SpooledRecord) -> bool:
+        """Write a record from the spool (store/spool.py) and note its id, in one transaction;
+        False when its id is noted already (a second replay of it: nothing is written)."""
+        if record.call not in SPOOLED_CALLS:
+            raise StoreError(f"the spool holds a record of an unknown call {record.call!r}")
+        args, kwargs = list(record.args), dict(record.kwargs)
+        if record.call == "record_usage":  # its delta was spooled as JSON (usage_to_json)
+            if args:
+                args[0] = usage_from_json(args[0])
+            else:
+                kwargs["delta"] = usage_from_json(kwargs["delta"])
+        with self._write() as db:
+            if db.execute("INSERT INTO spool_applied (id, server, applied) VALUES (?, ?, ?) "
+                          "ON CONFLICT (id) DO NOTHING",
+                          (record.id, self.server, time.time())).rowcount != 1:
+                return False
+            getattr(self, record.call)(*args, **kwargs)  # joins this transaction
+        return True
+
+    def forget_spooled(self, ids: Collection[str]) -> None:
+        """Drop the notes of records replayed from a spool that is gone (no replay can repeat
+        them any more)."""
+        chunk = list(ids)
+        with self._write() as db:
+            for i in range(0, len(chunk), 500):
+                part = chunk[i:i + 500]
+                db.execute(f"DELETE FROM spool_applied WHERE id IN ({', '.join('?' * len(part))})",
+                           part)
+
     # -------------------------------------------------------------------------------- audit
     def audit(self, actor: str, action: str, target: str, detail: str = "",
               at: float | None = None) -> int:
@@ -815,6 +863,13 @@ class StoreDB(UsageQueries):
 
 # --------------------------------------------------------------------- the asynchronous store
 P = ParamSpec("P")
+# The calls of `Store` that are records (written later when the database is away), by name.
+SPOOLED_CALLS = frozenset({"lease_ended", "lease_scrubbed", "lease_event", "record_usage",
+                           "audit"})
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc).strip() or type(exc).__name__
 
 
 class _StoreCall(Generic[P, T]):
@@ -847,31 +902,68 @@ def _record_call(fn: Callable[Concatenate[StoreDB, P], None]) -> _StoreCall[P, N
 
 
 class Store:
-    """The daemon's store: every call runs on the store's own thread, one at a time."""
+    """The daemon's store: every call runs on the store's own thread, one at a time. A record
+    (a lease's end, its scrub, an idle-detach event, GPU time, an audit record) that the
+    database cannot take goes to the record spool (store/spool.py) in the state directory, and
+    so do the records after it until the spool is written to the database, in order, once it
+    is back: an outage loses none, even when gpupoold is killed during it."""
 
-    def __init__(self, db: StoreDB, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, db: StoreDB, executor: ThreadPoolExecutor, spool: Spool,
+                 spool_executor: ThreadPoolExecutor) -> None:
         self._db = db
         self._executor = executor
         self._closed = False
-        # Records (lease ends, scrubs, events, audit) the database could not take yet: written
-        # in order once it is back (`_record`), so that an outage loses none.
-        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+        # The spool's file I/O has a thread of its own: the store's thread may be stuck on an
+        # unreachable database for as long as a connection attempt takes.
+        self._spool = spool
+        self._spool_executor = spool_executor
+        self._spooling = spool.records > 0  # records go to the spool until it is replayed
+        self._order = asyncio.Lock()  # records are written or spooled one at a time, in order
+        self._replayed_to = 0  # the spool's offset up to which the database has the records
+        self._replayed: list[str] = []  # the ids of those records
+        self._counts = {"written": 0, "again": 0, "refused": 0, "damaged": 0}
         self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, location: Path | str, password_file: Path | None = None,
-                   server: str = "") -> Store:
+                   server: str = "", state_dir: Path | None = None) -> Store:
         """The store in a SQLite file, or in PostgreSQL for a `postgresql://` URL; `server`:
-        this server's name (config/identity.py), written into its lease records."""
+        this server's name (config/identity.py), written into its lease records; `state_dir`:
+        where the record spool lives (default: the SQLite file's folder; PostgreSQL needs it).
+        Records a previous run left in the spool are written before this returns when the
+        database takes them (else as soon as it does)."""
+        if state_dir is None:
+            if postgres.is_url(location):
+                raise ValueError("a PostgreSQL store needs a state directory for its record spool")
+            state_dir = Path(location).parent
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupoold-store")
+        spool_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupoold-spool")
+        spool = Spool(state_dir / SPOOL_NAME)
         loop = asyncio.get_running_loop()
         where = location if postgres.is_url(location) else Path(location)
         try:
             db = await loop.run_in_executor(executor, StoreDB, where, password_file, server)
+            try:
+                await loop.run_in_executor(spool_executor, spool.open)
+            except BaseException:
+                await loop.run_in_executor(executor, db.close)
+                raise
         except BaseException:
             executor.shutdown(wait=False)
+            spool_executor.shutdown(wait=False)
             raise
-        return cls(db, executor)
+        store = cls(db, executor, spool, spool_executor)
+        if store._spooling:
+            log.warning("the record spool %s holds %d record(s) from a previous run (the "
+                        "database was unreachable then): writing them to the database",
+                        spool.path, spool.records)
+            try:
+                await store._replay()
+            except store_errors() as exc:
+                log.error("the store cannot take the spooled records yet (%s): tried again "
+                          "every %g s", _why(exc), PENDING_RETRY_S)
+                store._start_flusher()
+        return store
 
     @property
     def path(self) -> Path | None:
@@ -882,26 +974,38 @@ class Store:
         """The SQLite file, or the PostgreSQL URL without any password."""
         return self._db.where
 
+    @property
+    def spool_path(self) -> Path:
+        return self._spool.path
+
+    @property
+    def spool_bytes(self) -> int:
+        """The size of the record spool (0: there is none)."""
+        return self._spool.size
+
     async def close(self) -> None:
-        """Wait for the calls already made (and try the pending records once more), then close
-        the database."""
+        """Wait for the calls already made (and try the spooled records once more), then close
+        the database; records still spooled stay in the spool for the next start."""
         if self._closed:
             return
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(BaseException):
                 await self._flusher
-        if self._pending:
+        async with self._order:  # the records made before this are written or spooled first
+            pass
+        if self._spooling:
             with contextlib.suppress(*store_errors()):
-                await self._flush_once()
-        if self._pending:
-            log.error("the store closes with %d record(s) it could not write (the database "
-                      "was unreachable): %s", len(self._pending),
-                      "; ".join(f"{fn.__name__}{args[:2]}" for fn, args, _ in self._pending))
+                await self._replay()
+        if self._spooling:
+            log.warning("the store closes with %d record(s) in the spool %s (the database is "
+                        "unreachable): they are written at the next start", self.pending,
+                        self._spool.path)
         self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._db.close)
         await asyncio.to_thread(self._executor.shutdown, True)
+        await asyncio.to_thread(self._spool_executor.shutdown, True)
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._closed:
@@ -915,50 +1019,116 @@ class Store:
                 raise StoreClosed("the store is closed") from exc
             raise
 
+    async def _in_spool_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._spool_executor, fn, *args)
+
     @property
     def pending(self) -> int:
-        """Records waiting for the database to come back."""
-        return len(self._pending)
+        """Records in the spool that the database does not have yet."""
+        return max(0, self._spool.records - len(self._replayed)) if self._spooling else 0
+
+    def _refused(self, exc: BaseException) -> bool:
+        """The database answered and refused the record (retrying would not help)."""
+        return isinstance(exc, (NotFound, self._db._integrity_error))
 
     async def _record(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Write a record now, or (the database unreachable) as soon as it is back, in order."""
-        if not self._pending:
-            try:
-                await self._run(fn, *args, **kwargs)
-                return
-            except store_errors() as exc:
-                if isinstance(exc, StoreClosed):
-                    raise
-                log.error("the store cannot be reached (%s): %s kept in memory and written "
-                          "when it is back", str(exc).strip() or type(exc).__name__,
-                          fn.__name__)
-        self._pending.append((fn, args, kwargs))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="store-pending")
+        """Write a record now or, the database unreachable, put it in the spool: it is on disk
+        when this returns, and written from there in order once the database is back."""
+        if self._closed:
+            raise StoreClosed("the store is closed")
+        async with self._order:
+            if not self._spooling:
+                try:
+                    await self._run(fn, *args, **kwargs)
+                    return
+                except store_errors() as exc:
+                    if isinstance(exc, StoreClosed):
+                        raise
+                    if self._refused(exc):
+                        log.error("the store refused the record %s%s: %s", fn.__name__,
+                                  args[:2], _why(exc))
+                        return
+                    # Once per outage: the records after this one follow it into the spool.
+                    log.error("the store cannot be reached (%s): records are written to the "
+                              "spool %s until it is back, then to the database",
+                              _why(exc), self._spool.path)
+                    self._spooling = True
+            await self._spool_put(fn.__name__, args, kwargs)
+        self._start_flusher()
 
-    async def _flush_once(self) -> None:
-        while self._pending:
-            fn, args, kwargs = self._pending[0]
-            await self._run(fn, *args, **kwargs)
-            self._pending.pop(0)
+    async def _spool_put(self, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        values, named = list(args), dict(kwargs)
+        if call == "record_usage":  # a usage delta (pool/usage.py) as JSON values
+            if values:
+                values[0] = usage_to_json(values[0])
+            else:
+                named["delta"] = usage_to_json(named["delta"])
+        record = SpooledRecord.new(call, values, named)
+        try:
+            await self._in_spool_thread(self._spool.append, record)
+        except OSError as exc:
+            log.error("cannot write the record spool %s (%s): this record is lost: %s; make "
+                      "room in the state directory, or make it writable for gpupoold",
+                      self._spool.path, _why(exc), record.line().decode().strip())
+
+    def _start_flusher(self) -> None:
+        if self._spooling and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush(), name="store-spool")
 
     async def _flush(self) -> None:
-        while self._pending:
+        while self._spooling and not self._closed:
             await asyncio.sleep(PENDING_RETRY_S)
-            try:
-                await self._flush_once()
-            except store_errors():
-                continue
-            except Exception:  # a record the database refuses for itself: not retried forever
-                fn, args, _ = self._pending.pop(0)
-                log.exception("record %s%s could not be written; dropped", fn.__name__,
-                              args[:2])
-        log.warning("the store is reachable again: the records kept meanwhile are written")
+            with contextlib.suppress(*store_errors()):
+                await self._replay()
+
+    async def _replay(self) -> None:
+        """Write the spool's records to the database in order, each with its id in one
+        transaction (StoreDB.apply_spooled), then remove the spool. Raises what the store
+        raises while the database is unreachable; the next try goes on from there."""
+        while True:
+            got = await self._in_spool_thread(self._spool.read, self._replayed_to)
+            self._counts["damaged"] += got.skipped
+            for record, end in got.records:
+                try:
+                    taken = await self._run(self._db.apply_spooled, record)
+                    self._counts["written" if taken else "again"] += 1
+                except store_errors() as exc:
+                    if not self._refused(exc):
+                        raise
+                    self._counts["refused"] += 1
+                    log.error("the spooled record %s%s (made at %s) was refused by the "
+                              "database: dropped: %s", record.call, tuple(record.args[:2]),
+                              format_utc(record.at), _why(exc))
+                except Exception:  # a record the database refuses for itself: not retried
+                    self._counts["refused"] += 1
+                    log.exception("the spooled record %s%s (made at %s) could not be written: "
+                                  "dropped", record.call, tuple(record.args[:2]),
+                                  format_utc(record.at))
+                self._replayed.append(record.id)
+                self._replayed_to = end
+            self._replayed_to = max(self._replayed_to, got.end)
+            async with self._order:  # no record is spooled meanwhile
+                if self._replayed_to < self._spool.size:
+                    continue  # records came while these were written: them too
+                await self._in_spool_thread(self._spool.remove)
+                self._spooling = False
+                ids, self._replayed, self._replayed_to = self._replayed, [], 0
+                counts, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+            break
+        log.warning("the store is reachable again: %d record(s) written from the spool %s "
+                    "(%d it had already, %d refused, %d damaged), spool removed",
+                    counts["written"], self._spool.path, counts["again"], counts["refused"],
+                    counts["damaged"])
+        try:  # the notes of those ids: no replay can repeat them now
+            await self._run(self._db.forget_spooled, ids)
+        except store_errors() as exc:
+            log.info("the notes of %d replayed record(s) stay in the database (%s)", len(ids),
+                     _why(exc))
 
     # The calls: each runs StoreDB's method of the same name on the store's thread, with
     # StoreDB's own signature (one source: nothing here repeats a parameter list). A query
-    # returns what the database says, or raises; a record is written in order, kept in memory
-    # while the database is unreachable (`_record`).
+    # returns what the database says, or raises; a record is written in order, spooled while
+    # the database is unreachable (`_record`).
     create_token = _query(StoreDB.create_token)
     replace_token = _query(StoreDB.replace_token)
     list_tokens = _query(StoreDB.list_tokens)

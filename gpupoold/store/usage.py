@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -45,6 +46,49 @@ class UsageRecords(Protocol):
     def minutes(self) -> Sequence[UsageMinute]: ...
     @property
     def leases(self) -> Mapping[int, LeaseSeconds]: ...
+
+
+@dataclass(frozen=True)
+class _Minute:
+    gpu: int
+    minute: float
+    token: str
+    leased_s: float
+    busy_s: float
+    reused_s: float
+
+
+@dataclass(frozen=True)
+class _Seconds:
+    leased_s: float
+    busy_s: float
+    reused_s: float
+
+
+@dataclass(frozen=True)
+class StoredUsage:
+    """A usage delta read back from the record spool (store/spool.py)."""
+
+    minutes: list[_Minute]
+    leases: dict[int, _Seconds]
+
+
+_SECONDS = ("leased_s", "busy_s", "reused_s")
+
+
+def usage_to_json(delta: UsageRecords) -> dict[str, Any]:
+    """A usage delta as JSON values, for the record spool (`usage_from_json` reads it back)."""
+    return {"minutes": [{"gpu": m.gpu, "minute": m.minute, "token": m.token,
+                         **{k: getattr(m, k) for k in _SECONDS}} for m in delta.minutes],
+            "leases": [[lease_id, *(getattr(u, k) for k in _SECONDS)]
+                       for lease_id, u in sorted(delta.leases.items())]}
+
+
+def usage_from_json(obj: Mapping[str, Any]) -> StoredUsage:
+    return StoredUsage(
+        minutes=[_Minute(int(m["gpu"]), float(m["minute"]), str(m["token"]),
+                         *(float(m[k]) for k in _SECONDS)) for m in obj["minutes"]],
+        leases={int(row[0]): _Seconds(*map(float, row[1:4])) for row in obj["leases"]})
 
 
 class UsageQueries:
