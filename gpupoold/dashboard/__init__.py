@@ -28,7 +28,9 @@ Lease history comes from the store (its own thread); nothing here blocks the eve
 The modules: `sessions` (sessions, CSRF tokens, who is looking), `state` (what the dashboard
 keeps per application), `access` (the request's viewer, rendering and refusing), `payload` (the
 state and charts a page shows), `pages`, `actions` (admin forms), `live` (the event stream and
-the history sampler), `formatting` (numbers and times); this module mounts them.
+the history sampler), `formatting` (numbers and times), `utilisation` and `timeline` (the
+Utilisation page: a lease timeline and busy-versus-leased charts, drawn as inline SVG); this
+module mounts them.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from gpupoold.dashboard.pages import (
 from gpupoold.dashboard.payload import state_payload
 from gpupoold.dashboard.sessions import COOKIE, Sessions, Viewer
 from gpupoold.dashboard.state import DASHBOARD, Dashboard, web_dir
+from gpupoold.dashboard.utilisation import utilisation_page
 from gpupoold.http.auth import PUBLIC, SESSION, declare_roles
 
 __all__ = ["COOKIE", "DASHBOARD", "Dashboard", "Sessions", "UI_ROUTES", "Viewer",
@@ -64,6 +67,7 @@ UI_ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/ui/", overview),
     ("GET", "/ui/leases", leases_page),
     ("GET", "/ui/history", history_page),
+    ("GET", "/ui/utilisation", utilisation_page),
     ("GET", "/ui/queue", queue_page),
     ("GET", "/ui/fleet", fleet_page),
     ("GET", "/ui/tokens", tokens_page),
