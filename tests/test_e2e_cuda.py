@@ -131,9 +131,9 @@ def test_devices(cuda_programs, gpupool_server, mode):
     assert gpus[0]["simulated"] is True
     assert kv["dev0.name"] == gpus[0]["name"]
     assert kv["dev0.uuid"].lower() == gpus[0]["uuid"].lower()
-    from gpupoold.gpu.sim import sim_pci_bus
+    from gpupoold.gpu.sim import sim_pci_address
 
-    assert int(kv["dev0.pciBusID"]) == sim_pci_bus(0)
+    assert int(kv["dev0.pciBusID"]) == sim_pci_address(0)[1]
 
 
 @pytest.mark.san

@@ -29,6 +29,7 @@ import pytest
 from conftest import ApiError, GpupoolServer, native_paths, require, wait_until
 from test_e2e_leases import hold_gpu  # noqa: F401  (a fixture)
 
+from gpupoold.config.identity import server_name
 from gpupoold.gpu.sim import format_uuid, sim_uuid
 from gpupoold.store.database import StoreDB
 from gpupoold.tls_identity import ensure_identity
@@ -117,10 +118,12 @@ def socket_url(pg_server: Any, pg_url: str) -> str:
 @pytest.fixture
 def hosts(lan: Lan, socket_url: str, pg_url: str, native_build: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, GpupoolServer]]:
+    state_dirs = {h: tmp_path_factory.mktemp(f"gpupoold-{h}") for h in HOSTS}
     # B's GPU was quarantined before its start (a failed scrub last time): something to clear.
+    # Its UUID is the one B's server (its host name and state dir) gives its simulated GPU 0.
     db = StoreDB(pg_url)
     try:
-        uuid = format_uuid(sim_uuid(0, "gpf-b"))
+        uuid = format_uuid(sim_uuid(server_name(state_dirs["b"], host="gpf-b"), 0))
         db.save_gpu_states({uuid: {"draining": False, "quarantine": {
             "reason": "test: a scrub failed", "since": 1.0}}}, [uuid])
     finally:
@@ -130,8 +133,7 @@ def hosts(lan: Lan, socket_url: str, pg_url: str, native_build: Path,
         for h, n in HOSTS.items():
             args = ["--listen", f"0.0.0.0:{REMOTING_PORT}", "--http", f"0.0.0.0:{HTTP_PORT}",
                     "--simulated", "1", *native_paths(native_build), "--database", socket_url]
-            servers[h] = GpupoolServer(args, tmp_path_factory.mktemp(f"gpupoold-{h}"),
-                                       native_build, wrapper=lan.wrapper(h),
+            servers[h] = GpupoolServer(args, state_dirs[h], native_build, wrapper=lan.wrapper(h),
                                        public_host=f"{NET}.{n}")
         yield servers
     finally:

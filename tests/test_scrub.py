@@ -10,6 +10,7 @@ scripts in place of the binary for run_scrub's own handling (timeout, crash, gar
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -178,7 +179,7 @@ def test_scrub_refuses_a_real_driver_said_to_be_simulated(native_build):
 
 # ---------------------------------------------------------------------- gpupoold/gpu/scrub.py
 def sim_gpu(tmp_path: Path, build: Path, memory_gib: int = 1) -> Gpu:
-    conf = write_sim_config(tmp_path, 0, SIM_NAME, memory_gib)
+    conf = write_sim_config(tmp_path, "test-server", 0, SIM_NAME, memory_gib)
     return Gpu(index=0, name=SIM_NAME, uuid="GPU-test", simulated=True,
                driver=str(build / "libgpupool-sim.so"), ordinal=0, env={"GPUPOOL_SIM_CONFIG": str(conf)})
 
@@ -191,7 +192,7 @@ def script(tmp_path: Path, body: str) -> Path:
 
 
 def test_daemon_sim_config_names_a_memory_file(tmp_path):
-    conf = write_sim_config(tmp_path, 3, SIM_NAME, 2)
+    conf = write_sim_config(tmp_path, "test-server", 3, SIM_NAME, 2)
     mem = sim_memory_file(tmp_path, 3)
     assert f"memory_file = {mem}\n" in conf.read_text()
     assert mem.parent.is_dir() and mem.is_absolute()
@@ -217,12 +218,18 @@ async def test_run_scrub_on_a_simulated_gpu(native_build, tmp_path):
 
 
 @pytest.mark.san
-async def test_run_scrub_reports_the_stage(native_build, tmp_path):
+async def test_run_scrub_reports_the_stage(native_build, tmp_path, caplog):
     gpu = Gpu(index=2, name="x", uuid="", simulated=False, driver=str(tmp_path / "missing.so"), ordinal=0)
-    result = await run_scrub(native_build / SCRUB_NAME, gpu, timeout=60)
+    with caplog.at_level(logging.INFO, logger="gpupoold.scrub"):
+        result = await run_scrub(native_build / SCRUB_NAME, gpu, timeout=60)
     assert not result.ok and result.bytes == 0
     assert result.error.startswith("stage init: cannot load the driver")
     assert result.detail["stage"] == "init"
+    # Logged as an error, with what failed and what to do.
+    failed = [r for r in caplog.records if "scrub of GPU 2 failed" in r.getMessage()]
+    assert [r.levelno for r in failed] == [logging.ERROR]
+    assert "cannot load the driver" in failed[0].getMessage()
+    assert "`gpupoold gpu clear 2`" in failed[0].getMessage()
 
 
 async def test_run_scrub_passes_the_contract_arguments_and_environment(tmp_path, monkeypatch):

@@ -14,8 +14,11 @@ from pathlib import Path
 from gpupoold.config.settings import format_address, parse_address
 
 
-def server_name(state_dir: Path) -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:32] or "host"
+def server_name(state_dir: Path, host: str | None = None) -> str:
+    """`host`: the host name to use instead of this machine's (a test naming another host's
+    server)."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", host if host is not None else socket.gethostname()
+                  )[:32] or "host"
     tag = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:8]
     return f"{host}-{tag}"
 

@@ -20,13 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpupoold.config.identity import server_name
 from gpupoold.config.settings import Settings
 from gpupoold.gpu.nvml import Nvml, NvmlDevice, NvmlUnavailable
 from gpupoold.gpu.sim import (
     SimMemoryError,
     format_uuid,
     sim_memory_dir,
-    sim_pci_bus,
+    sim_pci_bus_id,
     sim_uuid,
     write_sim_config,
 )
@@ -93,20 +94,17 @@ def probe_driver(driver: str) -> str | None:
     return None
 
 
-def sim_pci_bus_id(index: int) -> str:
-    """The PCI bus id simulated GPU `index` reports, in NVML's format."""
-    return f"00000000:{sim_pci_bus(index):02X}:00.0"
-
-
 def simulated_gpus(settings: Settings, count: int, sim_lib: Path | None) -> tuple[Gpu, ...]:
     gpus = []
+    # The server's name (as the fleet knows it) makes its GPUs' UUIDs its own.
+    server = server_name(settings.state_dir)
     for i in range(count):
         try:
-            conf = write_sim_config(settings.state_dir, i, settings.sim_name,
+            conf = write_sim_config(settings.state_dir, server, i, settings.sim_name,
                                     settings.sim_memory_gib, count)
-        except SimMemoryError as exc:
+        except (SimMemoryError, ValueError) as exc:  # the message says what to do
             raise InventoryError(str(exc)) from None
-        gpus.append(Gpu(index=i, name=settings.sim_name, uuid=format_uuid(sim_uuid(i)),
+        gpus.append(Gpu(index=i, name=settings.sim_name, uuid=format_uuid(sim_uuid(server, i)),
                         simulated=True, driver=str(sim_lib) if sim_lib else "", ordinal=0,
                         env={"GPUPOOL_SIM_CONFIG": str(conf)},
                         writable=(str(sim_memory_dir(settings.state_dir)),),

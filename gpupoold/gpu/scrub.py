@@ -172,7 +172,11 @@ async def run_scrub(binary: Path, gpu: Gpu, timeout: float) -> ScrubResult:
     if result.ok:
         log.info("scrub of GPU %d: %d bytes in %.2f s", gpu.index, result.bytes, result.duration_s)
     else:
-        log.warning("scrub of GPU %d failed: %s", gpu.index, result.error)
+        # An error, not a warning: the GPU may still hold the last tenant's data, and it is
+        # not leased again until a scrub succeeds.
+        log.error("scrub of GPU %d failed: %s. The GPU is not leased again until a scrub "
+                  "succeeds: fix the cause (this line and the scrub's output above), then "
+                  "`gpupoold gpu clear %d`", gpu.index, result.error, gpu.index)
     return result
 
 

@@ -14,17 +14,19 @@ import contextlib
 import hashlib
 import os
 import shutil
-import socket
 import stat
 from pathlib import Path
 
 GIB = 1 << 30
 
 
-def sim_uuid(index: int, host: str | None = None) -> bytes:
-    """A stable 16-byte UUID for simulated GPU `index` on this host."""
-    host = host if host is not None else socket.gethostname()
-    return hashlib.sha256(f"gpupool-simulated/{host}/{index}".encode()).digest()[:16]
+def sim_uuid(server: str, index: int) -> bytes:
+    """The 16-byte UUID of simulated GPU `index` of the server named `server` (its name among
+    the fleet's servers, config/identity.py: the host name and the state directory's path).
+    Stable across the server's restarts, so that adopted workers, kept leases and the fleet's
+    records still name the same GPU; distinct between two servers, on one host or several, so
+    that the fleet never takes one server's GPU for another's."""
+    return hashlib.sha256(f"gpupool-simulated/{server}/{index}".encode()).digest()[:16]
 
 
 def format_uuid(raw: bytes) -> str:
@@ -33,11 +35,34 @@ def format_uuid(raw: bytes) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def sim_pci_bus(index: int) -> int:
-    return 0x18 + 0x10 * index
+# Where a simulated GPU sits on PCI: one GPU per bus, 16 buses apart from bus 0x18 (one PCIe
+# switch each, as on an 8-GPU H100 server); 15 such buses fit below 0xff, so GPU 15 onward
+# go to the next PCI domain, as on machines (and VMs) that give groups of GPUs a domain each.
+# GPUs 0..14 keep the addresses earlier versions gave them.
+SIM_PCI_FIRST_BUS = 0x18
+SIM_PCI_BUS_STEP = 0x10
+SIM_GPUS_PER_PCI_DOMAIN = 15
+SIM_MAX_GPUS = 1024  # worker/sim/sim_internal.h: SIM_MAX_GPUS (a GPU and its peers)
 
 
-SIM_MAX_PEERS = 15  # worker/sim/sim_internal.h: SIM_MAX_DEVICES - 1
+def sim_pci_address(index: int) -> tuple[int, int, int]:
+    """(domain, bus, device) of simulated GPU `index`, each within its PCI range."""
+    domain, slot = divmod(index, SIM_GPUS_PER_PCI_DOMAIN)
+    return domain, SIM_PCI_FIRST_BUS + SIM_PCI_BUS_STEP * slot, 0
+
+
+def sim_pci_bus_id(index: int) -> str:
+    """The PCI bus id of simulated GPU `index` in NVML's format ("00000001:28:00.0")."""
+    domain, bus, device = sim_pci_address(index)
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
+
+
+def _sim_pci(index: int) -> str:
+    """The same address as the simulated device's config and cuDeviceGetPCIBusId write it."""
+    domain, bus, device = sim_pci_address(index)
+    return f"{domain:04x}:{bus:02x}:{device:02x}.0"
+
+
 SHM = Path("/dev/shm")
 STATE_DIR_NOTE = "STATE_DIR"
 SHM_MIN_FREE = 4 * GIB
@@ -105,30 +130,39 @@ def sim_memory_file(state_dir: Path, index: int) -> Path:
     return sim_memory_dir(state_dir) / f"gpu{index}.mem"
 
 
-def sim_config_text(index: int, name: str, memory_gib: int, memory_file: Path | None = None,
+def sim_config_text(server: str, index: int, name: str, memory_gib: int,
+                    memory_file: Path | None = None,
                     peers: list[tuple[int, Path]] | None = None) -> str:
-    """The config of simulated GPU `index`; `peers`: the other simulated GPUs of the pool (index
-    and memory file), onto which a checkpointed worker may be restored (idle detach)."""
+    """The config of simulated GPU `index` of `server`; `peers`: the other simulated GPUs of the
+    server (index and memory file), onto which a checkpointed worker may be restored (idle
+    detach reattaches a lease on whichever GPU is free)."""
+    domain, bus, device = sim_pci_address(index)
     text = (
         f"# written by gpupoold for simulated GPU {index}; rewritten at every start\n"
         f"name = {name}\n"
         f"total_memory = {memory_gib * GIB}\n"
-        f"uuid = {sim_uuid(index).hex()}\n"
-        f"pci_bus = {sim_pci_bus(index)}\n"
+        f"uuid = {sim_uuid(server, index).hex()}\n"
+        f"pci_domain = {domain}\n"
+        f"pci_bus = {bus}\n"
+        f"pci_device = {device}\n"
         "device_count = 1\n"
     )
     if memory_file is not None:
         text += f"memory_file = {memory_file}\n"
     for peer, peer_file in peers or []:
-        text += f"peer = {sim_uuid(peer).hex()} {sim_pci_bus(peer)} {peer_file}\n"
+        text += f"peer = {sim_uuid(server, peer).hex()} {_sim_pci(peer)} {peer_file}\n"
     return text
 
 
-def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int,
+def write_sim_config(state_dir: Path, server: str, index: int, name: str, memory_gib: int,
                      count: int = 1) -> Path:
-    """Write the config file of simulated GPU `index` (of `count`) and return its path. Its device
-    memory is `sim_memory_file(state_dir, index)` (created by the simulated device on first use);
-    the other GPUs are its peers."""
+    """Write the config file of simulated GPU `index` (of `count`) of the server named `server`
+    and return its path. Its device memory is `sim_memory_file(state_dir, index)` (created by
+    the simulated device on first use); the other GPUs are its peers."""
+    if count > SIM_MAX_GPUS:
+        raise ValueError(f"{count} simulated GPUs: the simulated device knows at most "
+                         f"{SIM_MAX_GPUS} GPUs of a server; set `simulated` to {SIM_MAX_GPUS} "
+                         "or fewer")
     folder = state_dir / "sim"
     folder.mkdir(parents=True, exist_ok=True)
     # The sim refuses relative paths: workers and scrubs do not run in the daemon's directory.
@@ -142,10 +176,8 @@ def write_sim_config(state_dir: Path, index: int, name: str, memory_gib: int,
                          "simulated device's config file cannot hold; choose another state_dir")
     path = folder / f"gpu{index}.conf"
     tmp = path.with_suffix(".tmp")
-    # The simulated device knows at most SIM_MAX_PEERS other GPUs (worker/sim: 16 in all).
-    peers = [(i, sim_memory_file(state_dir.resolve(), i))
-             for i in range(count) if i != index][:SIM_MAX_PEERS]
-    tmp.write_text(sim_config_text(index, name, memory_gib, memory_file, peers))
+    peers = [(i, sim_memory_file(state_dir.resolve(), i)) for i in range(count) if i != index]
+    tmp.write_text(sim_config_text(server, index, name, memory_gib, memory_file, peers))
     tmp.replace(path)
     return path
 

@@ -242,6 +242,8 @@ static void expect(CUdeviceptr p, uint64_t n, unsigned seed)
     free(b);
 }
 
+static bool report_pci; /* the tenant says its PCI address after the restore */
+
 static void tenant(int in, int out)
 {
     sim_test_init();
@@ -281,6 +283,11 @@ static void tenant(int in, int out)
     CUuuid uuid;
     OK(cuDeviceGetUuid(&uuid, 0));
     CHECK(memcmp(uuid.bytes, want.bytes, 16) == 0);
+    if (report_pci) { /* where the ordinal sits now, for the test to check */
+        char bus[16] = {0};
+        OK(cuDeviceGetPCIBusId(bus, sizeof(bus), 0));
+        say(out, bus, sizeof(bus));
+    }
     /* Everything still works: kernels' memory, frees, new allocations. */
     for (int i = 0; i < NALLOC; i++)
         OK(cuMemFree_v2(L.heap[i]));
@@ -399,7 +406,69 @@ static void test_restore_other_gpu_anonymous(void)
     checkpoint_and_restore(false, true);
 }
 
+/* A server of many simulated GPUs lists every other one as a peer of each: a restore onto the
+ * 40th peer (past the 16 devices a process may have), whose PCI address has a domain of its
+ * own, brings the bytes back in that peer's memory file and reports its UUID and address. */
+static void test_restore_onto_far_peer(void)
+{
+    enum {
+        NPEERS = 40
+    };
+    uint64_t part = 256 * MIB;
+    CHECK(setenv("GPUPOOL_SIM_TOTAL_MEMORY", "256MiB", 1) == 0);
+    use_memory_file();
+    static char conf[NPEERS * 160];
+    size_t len = 0;
+    char peer_file[sizeof(file)];
+    for (int k = 0; k < NPEERS; k++) {
+        int n = snprintf(conf + len, sizeof(conf) - len,
+                         "peer = 00112233445566778899aabbccdd%04x %04x:%02x:00.0 %s/peer%d.mem\n",
+                         k, 1 + k / 15, 0x18 + 0x10 * (k % 15), dir, k);
+        CHECK(n > 0 && (size_t)n < sizeof(conf) - len);
+        len += (size_t)n;
+    }
+    const char *path = sim_test_write_temp(conf);
+    CHECK(setenv("GPUPOOL_SIM_CONFIG", path, 1) == 0);
+    report_pci = true;
+    struct target t = spawn(tenant);
+    struct layout L;
+    hear(t.from_child, &L, sizeof(L));
+    OK(cuInit(0));
+    int count = 0;
+    OK(cuDeviceGetCount(&count));
+    CHECK_EQ(count, 1); /* peers are restore targets, not devices */
+    CUuuid u0, far;
+    uuid_of(0, &u0);
+    static const unsigned char far_bytes[16] = {0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77,
+                                                0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0x00, 39};
+    memcpy(far.bytes, far_bytes, 16);
+    OK(cuCheckpointProcessLock(t.pid, NULL));
+    OK(cuCheckpointProcessCheckpoint(t.pid, NULL));
+    wipe_memory_file();
+    CUcheckpointGpuPair pair = {.oldUuid = u0, .newUuid = far};
+    CUcheckpointRestoreArgs ra;
+    memset(&ra, 0, sizeof(ra));
+    ra.gpuPairs = &pair;
+    ra.gpuPairsCount = 1;
+    OK(cuCheckpointProcessRestore(t.pid, &ra));
+    OK(cuCheckpointProcessUnlock(t.pid, NULL));
+    CHECK_EQ(nonzero_in_part(0, part), 0);
+    snprintf(peer_file, sizeof(peer_file), "%s/peer39.mem", dir);
+    memcpy(file, peer_file, sizeof(file)); /* nonzero_in_part reads `file` */
+    CHECK(nonzero_in_part(0, part) > 3 * MIB);
+    say(t.to_child, &far, sizeof(far));
+    char bus[16];
+    hear(t.from_child, bus, sizeof(bus));
+    CHECK(strcmp(bus, "0003:a8:00.0") == 0); /* peer 39: domain 1 + 39 / 15, bus 0x18 + 0x10 x 9 */
+    reap(&t);
+    CHECK(unlink(peer_file) == 0);
+    snprintf(file, sizeof(file), "%s/gpu.mem", dir);
+    CHECK(unlink(file) == 0);
+    CHECK(rmdir(dir) == 0);
+    CHECK(unlink(path) == 0);
+}
+
 SIM_TEST_MAIN(SIM_T(states_and_errors), SIM_T(lock_holds_every_call),
               SIM_T(lock_waits_for_work_or_times_out), SIM_T(restore_same_gpu_memory_file),
               SIM_T(restore_other_gpu_memory_file), SIM_T(restore_same_gpu_anonymous),
-              SIM_T(restore_other_gpu_anonymous))
+              SIM_T(restore_other_gpu_anonymous), SIM_T(restore_onto_far_peer))

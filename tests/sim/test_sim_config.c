@@ -246,6 +246,14 @@ static void test_bad_values_in_file(void)
         {"attr.999 = 1\n", "unknown key 'attr.999'"},
         {"name = NVIDIA H100\n", "'name'"},
         {"device_count = 17\n", "'device_count'"},
+        {"pci_bus = 0xf8\ndevice_count = 9\n", "passes bus 0xff"},
+        {"peer = 00112233445566778899aabbccddeeff 256 /tmp/p.mem\n", "PCI bus number (0..255)"},
+        {"peer = 00112233445566778899aabbccddeeff 0000:108:00.0 /tmp/p.mem\n", "out of range"},
+        {"peer = 00112233445566778899aabbccddeeff 10000:18:00.0 /tmp/p.mem\n", "out of range"},
+        {"peer = 00112233445566778899aabbccddeeff 0000:18:20.0 /tmp/p.mem\n", "out of range"},
+        {"peer = 00112233445566778899aabbccddeeff 0000:18:00.1 /tmp/p.mem\n", "function 0"},
+        {"peer = 00112233445566778899aabbccddeeff 0000:18 /tmp/p.mem\n", "DOMAIN:BUS:DEVICE.0"},
+        {"peer = 00112233445566778899aabbccddeeff 0001:18:00.0 p.mem\n", "absolute"},
         {"just some words\n", "expected 'key = value'"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -128,7 +128,8 @@ static CUresult plan_restore(const struct ck_request *rq, int *phys)
         return CUDA_SUCCESS;
     if (rq->npairs > SIM_MAX_DEVICES)
         return CUDA_ERROR_INVALID_VALUE;
-    bool named[SIM_MAX_DEVICES] = {false}, taken[SIM_MAX_DEVICES] = {false};
+    bool named[SIM_MAX_DEVICES] = {false}; /* by ordinal */
+    bool taken[SIM_MAX_GPUS] = {false};    /* by physical GPU (a peer's index is beyond 16) */
     for (int d = 0; d < n; d++) {
         int from = sim_phys_dev(d);
         for (uint32_t i = 0; i < rq->npairs; i++) {

@@ -180,6 +180,9 @@ int sim_config_attr(const struct sim_config *cfg, int dev, int attrib)
 {
     if (cfg->attr_set[attrib])
         return cfg->attr_value[attrib];
+    const struct sim_peer *peer = NULL;
+    if (dev >= cfg->device_count && dev - cfg->device_count < cfg->peer_count)
+        peer = &cfg->peers[dev - cfg->device_count];
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
         return cfg->sm_count;
@@ -188,12 +191,16 @@ int sim_config_attr(const struct sim_config *cfg, int dev, int attrib)
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
         return cfg->cc_minor;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+        if (peer && peer->pci_domain >= 0)
+            return peer->pci_domain;
         return cfg->pci_domain;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
-        if (dev >= cfg->device_count && dev - cfg->device_count < cfg->peer_count)
-            return cfg->peers[dev - cfg->device_count].pci_bus;
+        if (peer)
+            return peer->pci_bus;
         return cfg->pci_bus + dev; /* each further device sits on the next bus */
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+        if (peer && peer->pci_device >= 0)
+            return peer->pci_device;
         return cfg->pci_device;
     case 85: /* MULTI_GPU_BOARD_GROUP_ID: distinct per device */
         return dev;
@@ -362,25 +369,81 @@ static const char *set_memory_file(struct sim_config *cfg, const char *key, cons
     return NULL;
 }
 
-/* peer = UUID PCI_BUS MEMORY_FILE: another simulated GPU of the pool (sim_internal.h). */
+/* A PCI address as cuDeviceGetPCIBusId and nvidia-smi write it, DOMAIN:BUS:DEVICE.FUNCTION in
+ * hexadecimal (domain up to 0xffff, written with 4 or 8 digits), into the peer. A GPU is
+ * function 0, the only one the sim reports. NULL when fine, else why not. */
+static const char *parse_pci_bus_id(const char *s, struct sim_peer *p)
+{
+    static const char expected[] = "expected the PCI address as DOMAIN:BUS:DEVICE.0 in "
+                                   "hexadecimal (e.g. 0001:18:00.0) or a PCI bus number";
+    static const char seps[4] = {':', ':', '.', '\0'};
+    static const unsigned long max[4] = {0xffff, 0xff, 0x1f, 0};
+    unsigned long v[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        const char *start = s;
+        unsigned long x = 0;
+        while (isxdigit((unsigned char)*s) && s - start < 8) {
+            int d = isdigit((unsigned char)*s) ? *s - '0' : tolower((unsigned char)*s) - 'a' + 10;
+            x = x * 16 + (unsigned long)d;
+            s++;
+        }
+        if (s == start || *s != seps[i])
+            return expected;
+        if (x > max[i])
+            return i == 3 ? "a GPU is PCI function 0" : "PCI domain, bus or device out of range";
+        v[i] = x;
+        if (i < 3)
+            s++;
+    }
+    p->pci_domain = (int)v[0];
+    p->pci_bus = (int)v[1];
+    p->pci_device = (int)v[2];
+    return NULL;
+}
+
+/* peer = UUID PCI MEMORY_FILE: another simulated GPU of the pool (sim_internal.h). PCI is its
+ * PCI address (DOMAIN:BUS:DEVICE.0) or, as earlier versions wrote it, its bus number alone (the
+ * domain and device are then the configured ones). */
 static const char *set_peer(struct sim_config *cfg, const char *key, const char *val, bool *unknown)
 {
     (void)key, (void)unknown;
-    if (cfg->peer_count >= SIM_MAX_DEVICES - 1)
-        return "too many peers";
+    if (cfg->peer_count >= SIM_MAX_GPUS - 1)
+        return "too many peers (a process knows at most 1024 GPUs, its own included)";
+    if (cfg->peer_count == cfg->peer_cap) {
+        int ncap = cfg->peer_cap ? cfg->peer_cap * 2 : 16;
+        if (ncap > SIM_MAX_GPUS - 1)
+            ncap = SIM_MAX_GPUS - 1;
+        struct sim_peer *np = realloc(cfg->peers, (size_t)ncap * sizeof(*np));
+        if (!np)
+            return "out of host memory for the peers";
+        cfg->peers = np;
+        cfg->peer_cap = ncap;
+    }
     struct sim_peer *p = &cfg->peers[cfg->peer_count];
-    char uuid[80], path[SIM_PATH_MAX];
-    int bus = -1, used = 0;
-    if (strlen(val) >= sizeof(path) || sscanf(val, "%79s %d %n", uuid, &bus, &used) != 2 ||
-        bus < 0 || bus > 0xff)
-        return "expected UUID PCI_BUS MEMORY_FILE";
+    memset(p, 0, sizeof(*p));
+    p->pci_domain = p->pci_device = -1;
+    char uuid[80], pci[80], path[SIM_PATH_MAX];
+    int used = 0;
+    if (strlen(val) >= sizeof(path) || sscanf(val, "%79s %79s %n", uuid, pci, &used) != 2)
+        return "expected UUID PCI MEMORY_FILE";
     const char *why = parse_uuid(uuid, p->uuid);
+    if (why)
+        return why;
+    if (strchr(pci, ':')) {
+        why = parse_pci_bus_id(pci, p);
+    } else {
+        long long bus = 0;
+        why = parse_int(pci, 0, 0xff, &bus);
+        p->pci_bus = (int)bus;
+        if (why)
+            why = "expected the PCI address as DOMAIN:BUS:DEVICE.0 in hexadecimal (e.g. "
+                  "0001:18:00.0) or a PCI bus number (0..255)";
+    }
     if (why)
         return why;
     snprintf(path, sizeof(path), "%s", val + used);
     if (path[0] != '/')
-        return "expected an absolute memory file path after the PCI bus";
-    p->pci_bus = bus;
+        return "expected an absolute memory file path after the PCI address";
     memcpy(p->memory_file, path, strlen(path) + 1);
     cfg->peer_count++;
     return NULL;
@@ -443,7 +506,8 @@ static const struct sim_key sim_keys[] = {
             "device 0's UUID: 32 hex digits, dashes allowed, optional `GPU-` prefix"),
     INT_KEY("pci_domain", pci_domain, 0, 0xffff, "`0`", "PCI domain (0..0xffff)"),
     INT_KEY("pci_bus", pci_bus, 0, 0xff, "`0x1b`",
-            "PCI bus of device 0 (0..0xff); device *n* is on `pci_bus + n`"),
+            "PCI bus of device 0 (0..0xff); device *n* is on `pci_bus + n`, which must not "
+            "pass 0xff"),
     INT_KEY("pci_device", pci_device, 0, 0x1f, "`0`", "PCI device (0..0x1f)"),
     INT_KEY("driver_version", driver_version, 1000, 999999, "`13000`",
             "what `cuDriverGetVersion` reports (1000..999999)"),
@@ -462,13 +526,15 @@ static const struct sim_key sim_keys[] = {
             "(see \"Device memory that outlives the process\"); created (mode 0600) if missing; "
             "empty: none"),
     OWN_KEY("peer", set_peer, "(none)",
-            "`UUID PCI_BUS MEMORY_FILE`: another simulated GPU of the same pool (its UUID as 32 "
-            "hex digits, its PCI bus, its own absolute memory file); repeatable, up to 16 GPUs "
-            "with `device_count`. A checkpointed process may be restored onto a peer "
+            "`UUID PCI MEMORY_FILE`: another simulated GPU of the same pool (its UUID as 32 "
+            "hex digits; its PCI address `DOMAIN:BUS:DEVICE.0` in hexadecimal, e.g. "
+            "`0001:18:00.0`, or its bus number alone, the domain and device then being "
+            "`pci_domain` and `pci_device`; its own absolute memory file); repeatable, up to "
+            "1024 GPUs with `device_count`. A checkpointed process may be restored onto a peer "
             "(`cuCheckpointProcessRestore` with a UUID pair naming it): the ordinal then reports "
-            "the peer's UUID and PCI bus and its memory lives in the peer's memory file (part 0, "
-            "as the peer's own processes use it). gpupoold writes every other simulated GPU of "
-            "the daemon as a peer of each (idle detach moves leases between them)"),
+            "the peer's UUID and PCI address and its memory lives in the peer's memory file "
+            "(part 0, as the peer's own processes use it). gpupoold writes every other simulated "
+            "GPU of the daemon as a peer of each (idle detach moves leases between them)"),
     OWN_KEY("attr.<N>", set_attr, "(H100 values)",
             "overrides device attribute *N* (1..147) for all devices; any 32-bit integer"),
     OWN_KEY("count_only", set_count_only, "`false`",
@@ -641,8 +707,15 @@ static CUresult check_config(const struct sim_config *cfg)
                       (unsigned long long)cfg->heap_base, (unsigned long long)SIM_VA_TOP);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (cfg->device_count + cfg->peer_count > SIM_MAX_DEVICES) {
-        sim_init_fail("config: device_count + peers exceed %d GPUs", SIM_MAX_DEVICES);
+    if (cfg->device_count > 0 && cfg->pci_bus + cfg->device_count - 1 > 0xff) {
+        /* Device n sits on bus pci_bus + n: the last one must still be a bus number. */
+        sim_init_fail("config: pci_bus 0x%x + device_count %d passes bus 0xff; choose a lower "
+                      "pci_bus",
+                      (unsigned)cfg->pci_bus, cfg->device_count);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (cfg->device_count + cfg->peer_count > SIM_MAX_GPUS) {
+        sim_init_fail("config: device_count + peers exceed %d GPUs", SIM_MAX_GPUS);
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (cfg->total_memory < cfg->granularity) {

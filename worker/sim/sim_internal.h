@@ -17,6 +17,10 @@
 #include "gp_cuda.h"
 
 #define SIM_MAX_DEVICES 16
+/* Physical GPUs one process may know: its devices and the peers it may be restored onto. A
+ * server lists every other simulated GPU as a peer of each, so this bounds a server's simulated
+ * GPUs (far above what one host runs; peers are allocated as they are read). */
+#define SIM_MAX_GPUS 1024
 #define SIM_NAME_MAX 256
 #define SIM_PATH_MAX 4096
 #define SIM_LIMIT_COUNT 10 /* CU_LIMIT_MAX of the 13.0 driver */
@@ -56,7 +60,9 @@ enum {
  * processes use it). */
 struct sim_peer {
     unsigned char uuid[16];
-    int pci_bus;
+    /* Its PCI address; domain and device -1: the configured pci_domain / pci_device (a peer
+     * given by its bus number alone). */
+    int pci_domain, pci_bus, pci_device;
     char memory_file[SIM_PATH_MAX];
 };
 
@@ -73,8 +79,8 @@ struct sim_config {
     int device_count;
     char memory_file[SIM_PATH_MAX]; /* "" : device memory is anonymous host memory */
     /* Physical GPUs device_count .. device_count + peer_count - 1 (sim_phys_dev may name one). */
-    struct sim_peer peers[SIM_MAX_DEVICES - 1];
-    int peer_count;
+    struct sim_peer *peers; /* malloc'd, peer_cap entries; never freed (read once per process) */
+    int peer_count, peer_cap;
     bool attr_set[CU_DEVICE_ATTRIBUTE_MAX];
     int attr_value[CU_DEVICE_ATTRIBUTE_MAX];
     /* Key `count_only` (benchmarks only, SIM_COUNT_MODE_ENV must be "1"): every kernel launch

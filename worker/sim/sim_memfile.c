@@ -47,9 +47,9 @@ struct dev_ranges {
 };
 
 static int mem_fd = -1;
-static int peer_fd[SIM_MAX_DEVICES]; /* +1: opened (fd + 1, so that zero means not yet) */
+static int peer_fd[SIM_MAX_GPUS]; /* by peer; +1: opened (fd + 1, so that zero means not yet) */
 static uint64_t stride, usable;
-static struct dev_ranges used[SIM_MAX_DEVICES];
+static struct dev_ranges used[SIM_MAX_GPUS]; /* by physical GPU: devices, then peers */
 static bool punch_unsupported; /* the file system said so once: write zeros from then on */
 
 bool sim_memfile_enabled(void)
@@ -170,7 +170,7 @@ void sim_memfile_free(int dev, uint64_t off)
     /* The part the range lies in (the ordinal may have moved to another GPU since). */
     (void)dev;
     uint64_t part = off / stride;
-    if (part >= SIM_MAX_DEVICES) {
+    if (part >= SIM_MAX_GPUS) {
         fprintf(stderr, "gpupool-sim: memory file offset %llu is past the devices' parts\n",
                 (unsigned long long)off);
         return;
