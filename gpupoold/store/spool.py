@@ -200,3 +200,16 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def peek(path: Path) -> list[SpooledRecord]:
+    """The complete, intact records in the spool at `path` now, read-only (for tools and tests
+    that look at a spool a running gpupoold writes; the store itself reads through `Spool`)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    if not data.startswith(HEADER):
+        return []
+    lines = data[len(HEADER):].split(b"\n")[:-1]
+    return [r for r in map(_parse, lines) if r is not None]
