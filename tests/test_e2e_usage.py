@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from conftest import REPO, GpupoolServer, require, wait_until
 
+from gpupoold.pool.usage_recorder import FLUSH_S
+
 CLIENT = REPO / "tests" / "clients" / "busy_idle.py"
 PERIOD_S = 1.0  # telemetry_interval's default: the sampling period
 
@@ -87,3 +89,52 @@ def test_leased_and_busy_seconds_of_two_leases_survive_a_restart(
     assert sum(float(line.split(",")[1]) for line in csv_lines[1:]) * 3600 == pytest.approx(
         leased, abs=0.01)
     assert report["summary"] in report_cli("--by", "server")
+
+
+def test_the_fleets_report_from_one_server_sums_both_servers(
+        start_daemon: Any, native_build: Path, pg_url: str) -> None:
+    """Two real gpupoold servers of one simulated GPU each on one PostgreSQL store (a fleet,
+    tests/test_fleet.py), one lease of a known busy pattern on each: `gpupoold report --by server
+    --json` asked of ONE server shows both servers, each with the leased seconds of its lease's
+    record and the busy seconds its client did within one sampling period, and totals that are
+    their sum (issue 33, acceptance: "the fleet's report sums the servers")."""
+    from test_fleet import fleet, name_of
+
+    require(have_cuda_python(),
+            "cuda-bindings is not installed (it comes with PyTorch: scripts/bootstrap.sh)")
+    a, b = fleet(start_daemon, native_build, pg_url, n=2)
+    began = time.time()
+    patterns = {name_of(a): (a, "2000,1000", 2.0), name_of(b): (b, "0,1000,1000", 1.0)}
+    procs = {name: subprocess.Popen([sys.executable, str(CLIENT), pattern],
+                                    env=server.client_env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, (server, pattern, _) in patterns.items()}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{out}\n{err}"
+        assert f"busy_s={patterns[name][2]:.3f}" in out, out
+    # Each server writes a lease's GPU time as the lease ends (right after its end record),
+    # well within its periodic write (FLUSH_S, 10 s): the timeout is below that on purpose.
+    wait_until("both leases ended and their GPU time written", lambda: (
+        recs := ended(a), len(recs) == 2 and all(
+            r["leased_s"] >= r["ended"] - r["started"] - PERIOD_S for r in recs))[-1],
+        timeout=FLUSH_S / 2)
+    records = {r["server"]: r for r in ended(a)}
+    assert set(records) == set(patterns), records  # each client on its own server's GPU
+
+    proc = subprocess.run([sys.executable, "-m", "gpupoold", "report", "--http", a.http_url,
+                           "--token", a.admin_token, "--from", f"{began - 60:.0f}",
+                           "--to", f"{time.time() + 1:.0f}", "--by", "server", "--json"],
+                          capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    groups = {g["server"]: g for g in report["groups"]}
+    assert set(groups) == set(patterns) and report["gpus"] == 2, report
+    for name, (_, _, busy) in patterns.items():
+        rec, group = records[name], groups[name]
+        assert abs(group["gpu_hours"] * 3600 - (rec["ended"] - rec["started"])) <= PERIOD_S, \
+            (name, group, rec)
+        assert abs(group["busy_gpu_hours"] * 3600 - busy) <= PERIOD_S, (name, group, rec)
+    for key, total in (("gpu_hours", "leased_gpu_hours"), ("busy_gpu_hours", "busy_gpu_hours")):
+        assert report[total] == pytest.approx(sum(g[key] for g in groups.values()), abs=1e-9)
+    assert report["leases"] == 2

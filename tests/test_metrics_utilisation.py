@@ -71,9 +71,17 @@ class FakeTelemetry:
         return {"gpu_util": self.util.get(index, 0)}
 
 
+class NoStore:
+    """A store that takes the recorder's writes (at each lease's end) and keeps nothing."""
+
+    async def record_usage(self, delta: Any, prune_before: float | None = None) -> None:
+        pass
+
+
 class Harness:
     """The adapter and the usage recorder wired to the fakes as app.py wires them, with a clock
-    the test moves. `counted`: GPUs whose lease worker's busy_ns is the busy time."""
+    the test moves. `counted`: GPUs whose lease worker's busy_ns is the busy time. Made in a
+    running event loop: the recorder writes at each lease's end in a task of its own."""
 
     def __init__(self, gpus: int = 2, store: Store | None = None,
                  counted: tuple[int, ...] = ()) -> None:
@@ -81,7 +89,8 @@ class Harness:
         self.pool = FakePool(gpus)
         self.telemetry = FakeTelemetry()
         self.bus = EventBus()
-        self.recorder = UsageRecorder(store, self.pool, self.telemetry,  # type: ignore[arg-type]
+        self.recorder = UsageRecorder(store or NoStore(), self.pool,  # type: ignore[arg-type]
+                                      self.telemetry,
                                       PERIOD, 90, clock=lambda: self.now, flush_s=1e9,
                                       counted=counted)
         self.bus.subscribe(LeaseEnded, self.recorder.lease_ended)
@@ -116,7 +125,7 @@ class Harness:
         return self.metrics.registry.get_sample_value(name, labels)
 
 
-def test_leased_busy_and_reused_seconds_of_known_spans() -> None:
+async def test_leased_busy_and_reused_seconds_of_known_spans() -> None:
     """GPU 0: alice from 2 s to 10 s, busy at 100 % until 6 s then idle. GPU 1: bob from 3 s,
     idle, detached at 5 s (in progress in host memory); carol on GPU 1 from 6 s at 50 %, still on
     it at the scrape (12 s). A lease counts from its start and until its end (LeaseEnded) and
@@ -157,7 +166,7 @@ def test_leased_busy_and_reused_seconds_of_known_spans() -> None:
     assert h.sample("gpupool_gpu_lease_state", gpu="1") == utilisation.REUSED
 
 
-def test_counters_advance_with_the_sampling_rounds_and_never_go_back() -> None:
+async def test_counters_advance_with_the_sampling_rounds_and_never_go_back() -> None:
     """Between two sampling rounds a scrape reads what the last round counted (an open lease's
     time up to it); each scrape reads at least what the one before did. The state code is the
     GPU's state at the scrape."""
@@ -179,7 +188,7 @@ def test_counters_advance_with_the_sampling_rounds_and_never_go_back() -> None:
     assert h.sample("gpupool_gpu_lease_state", gpu="0") == utilisation.LEASED_IDLE
 
 
-def test_a_gpu_out_of_service_counts_no_lease_time() -> None:
+async def test_a_gpu_out_of_service_counts_no_lease_time() -> None:
     h = Harness(gpus=1)
     h.pool.slots[0].state = "quarantined"
     h.run_until(h.now + 5)
@@ -223,7 +232,7 @@ async def test_the_counters_and_the_stored_minute_rows_agree(tmp_path: Path) -> 
         h.end(3, 2, "carol")
         h.end(2, 1, "bob")
         h.run_until(T0 + 130)
-        await h.recorder.flush()
+        await h.recorder.close()  # the writes at the two ends, and a last one
         rows = await store.usage_minutes(T0 - 60, T0 + 600)
         assert {r["gpu"] for r in rows} == {0, 1, 2}
 
@@ -240,7 +249,7 @@ async def test_the_counters_and_the_stored_minute_rows_agree(tmp_path: Path) -> 
             assert h.sample("gpupool_token_busy_seconds_total", token=token) == \
                 pytest.approx(total("busy_s", token=token), abs=1e-6), token
         # The series was not trivial: each figure the comparison covers is there.
-        assert total("reused_s", gpu=0) == pytest.approx(129.6 - 55)  # to the last round
+        assert total("reused_s", gpu=0) == pytest.approx(130 - 55)  # to close()'s last round
         assert total("busy_s", gpu=2) == pytest.approx(31)  # the worker's counter, not 100 %
         assert total("leased_s", gpu=1) == pytest.approx(93.6 - 7.5)
     finally:

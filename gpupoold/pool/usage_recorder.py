@@ -91,6 +91,7 @@ class UsageRecorder:
         self.flush_s = flush_s
         self.meter = UsageMeter()
         self._task: asyncio.Task[None] | None = None
+        self._flushes: set[asyncio.Task[None]] = set()  # flush_soon's writes in progress
         self._last_flush = 0.0
 
     def observe_all(self) -> None:
@@ -116,6 +117,7 @@ class UsageRecorder:
         """The pool's LeaseEnded (subscribed in app.py): the lease's last stretch is its own."""
         self.meter.ended(self.clock(), event.gpu, event.lease_id,
                          event.stats.busy_ns if event.gpu in self.counted else None)
+        self.flush_soon()  # its record's figures complete now, not at the next flush
 
     async def flush(self) -> None:
         """Add what accumulated to the store (and drop rows past the retention)."""
@@ -133,6 +135,15 @@ class UsageRecorder:
             self.meter.restore(delta)
             log.exception("writing the GPU usage failed; it is kept and tried again")
 
+    def flush_soon(self) -> None:
+        """Write what accumulated now, not at the next periodic flush (at each lease's end), so
+        an ended lease's record and minute rows are complete moments after its end: for this
+        server's report and, on a shared store, every other server's (which flushes only its
+        own recorder before it answers)."""
+        task = asyncio.get_running_loop().create_task(self.flush(), name="usage-flush")
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
     def start(self) -> None:
         self._last_flush = self.clock()
         self.observe_all()
@@ -142,6 +153,8 @@ class UsageRecorder:
         """Stop sampling; one last round and flush, so a clean stop loses nothing."""
         await stop_task(self._task)
         self._task = None
+        if self._flushes:  # flush_soon's writes go first: the store closes after this
+            await asyncio.gather(*self._flushes, return_exceptions=True)
         try:
             self.observe_all()
         except Exception:  # the stop goes on; what was observed before is still written
