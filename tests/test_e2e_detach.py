@@ -280,3 +280,77 @@ def test_a_pytorch_program_carries_on_with_identical_tensors_after_a_detach(
     assert tenant.returncode == 0 and "PASS idle_detach" in out, f"{out}\n{err}"
     rec = server.get_json(f"/api/v1/leases/{lease_id}")
     assert rec["detaches"] == 1 and [e["state"] for e in rec["events"]] == ["detached", "attached"]
+
+
+def stop_detached(server: GpupoolServer, lease: dict[str, Any]) -> None:
+    """`systemctl restart`, first half: SIGTERM once the lease's detach is recorded; the lease
+    continues without gpupoold, detached (LeaseManager.close), its worker parked."""
+    lease_id = lease["id"]
+    wait_until("its detach recorded", lambda: [e["state"] for e in lease_of(server, lease_id)
+                                               ["events"]] == ["detached"])
+    assert server.stop() == 0, server.log_text()[-3000:]
+    assert alive(lease["worker_pid"]), "the detached lease's worker ended with gpupoold"
+    assert f"lease {lease_id} detached from GPU 0 (worker pid" in server.log_text()
+
+
+@pytest.mark.parametrize("call", ["after", "during"])
+def test_a_detached_lease_survives_a_daemon_restart_and_comes_back_bit_exact(
+        start_daemon: Any, native_build: Path, cuda_programs: Any, tmp_path: Path,  # noqa: F811
+        clients: list[subprocess.Popen[str]], call: str) -> None:
+    """The client's next call comes after the new gpupoold has taken the lease over, or while no
+    gpupoold runs (its worker holds the call and tells the new one at once)."""
+    server, tenant, lease = detached_tenant(start_daemon, native_build, cuda_programs, tmp_path,
+                                            clients, 64)
+    lease_id = lease["id"]
+    restarted_at = time.time()
+    stop_detached(server, lease)
+    assert tenant.stdin is not None
+    if call == "during":
+        tenant.stdin.write("go\n")
+        tenant.stdin.flush()
+        time.sleep(1.0)  # the call waits, kept alive by the worker, with no gpupoold at all
+        assert tenant.poll() is None
+    again = start_daemon("--simulated", "1", "--config", str(tmp_path / "gpupoold.toml"),
+                         build_dir=native_build, simulated=None, state_dir=server.state_dir)
+    if call == "after":
+        wait_until("taken over detached", lambda: detached(again, lease_id), timeout=20)
+        wait_until("its GPU free meanwhile", lambda: gpu_states(again) == ["free"])
+        out = resume(tenant, again)  # detach.cu checks every byte, stream, event, graph
+    else:
+        out, err = tenant.communicate(timeout=120)
+        assert tenant.returncode == 0 and "PASS detach" in out, (
+            f"{out}\n{err}\n{again.log_text()[-6000:]}")
+    print(out)
+    wait_until("the lease ended", lambda: lease_of(again, lease_id).get("ended") is not None)
+    rec = lease_of(again, lease_id)
+    # One lease, not ended and started again: its record spans the restart.
+    assert rec["end_reason"] == "client exit", rec
+    assert rec["started"] < restarted_at < rec["ended"], rec
+    assert [e["state"] for e in rec["events"]][:2] == ["detached", "attached"], rec["events"]
+    mine = [r for r in again.get_json("/api/v1/leases?state=all")["leases"]
+            if r["client_pid"] == tenant.pid]
+    assert [r["id"] for r in mine] == [lease_id], mine
+    log = again.log_text()
+    assert f"lease {lease_id} taken over detached (from GPU 0" in log
+    assert f"lease {lease_id} attached again on GPU 0" in log
+
+
+def test_a_detached_lease_whose_worker_died_during_the_restart_ends_with_a_message(
+        start_daemon: Any, native_build: Path, cuda_programs: Any, tmp_path: Path,  # noqa: F811
+        clients: list[subprocess.Popen[str]]) -> None:
+    server, tenant, lease = detached_tenant(start_daemon, native_build, cuda_programs, tmp_path,
+                                            clients, 16)
+    lease_id = lease["id"]
+    stop_detached(server, lease)
+    os.kill(lease["worker_pid"], 9)  # it crashed while no gpupoold followed it
+    wait_until("the worker gone", lambda: not alive(lease["worker_pid"]))
+    again = start_daemon("--simulated", "1", "--config", str(tmp_path / "gpupoold.toml"),
+                         build_dir=native_build, simulated=None, state_dir=server.state_dir)
+    wait_until("the lease ended", lambda: lease_of(again, lease_id).get("ended") is not None)
+    rec = lease_of(again, lease_id)
+    assert rec["end_reason"] == "daemon lost" and "worker is gone" in rec["end_detail"], rec
+    assert not again.get_json("/api/v1/leases?state=active")["leases"]
+    wait_until("its GPU free", lambda: gpu_states(again) == ["free"])
+    out, err = tenant.communicate("go\n", timeout=60)
+    assert tenant.returncode != 0 and "PASS" not in out
+    assert "gpupool: lost connection to server" in err, err  # what happened, from the shim

@@ -327,3 +327,25 @@ async def test_start_up_restores_and_adopts() -> None:
     lease = new_lease(12)
     pool.adopted(b, lease)
     assert b.adopting is None and b.lease is lease and pool.active() == [lease]
+
+
+async def test_a_detached_lease_is_taken_over_on_no_gpu_and_comes_back_as_after_any_detach() -> None:
+    pool, rec = pool_of()
+    home, other = pool.slots
+    other.state = FREE
+    lease = new_lease(14)
+    pool.adopted_detached(lease, home.gpu, 8192)
+    assert (lease.state, lease.slot, lease.home, lease.saved_bytes) == (DETACHED, None, home.gpu,
+                                                                         8192)
+    assert pool.active() == [lease] and pool.away() == [lease] and pool.held("alice") == 1
+    assert home.state == SCRUBBING and home.lease is None  # its GPU is scrubbed as any other
+    assert GpuChanged(0) in rec.seen
+    for bad in (lease, new_lease(15, slot=other)):  # active already; on a GPU
+        with pytest.raises(TransitionError, match="no adopted_detached"):
+            pool.adopted_detached(bad, home.gpu, 1)
+    pool.recall(lease)
+    w = waiter()
+    w.returning = lease.id
+    pool.grant(other, w)
+    assert pool.attach(lease, other, 3.0, 0.02) == 8192
+    assert lease.state == ATTACHED and other.lease is lease

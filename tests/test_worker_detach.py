@@ -7,6 +7,7 @@ whole path with checkpoints is tests/test_e2e_detach.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from test_worker_control import (  # noqa: F401
 )
 
 from gpupoold.gpu.inventory import Gpu
+from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.supervisor import WorkerSupervisor
 
 pytestmark = pytest.mark.san
@@ -137,6 +139,46 @@ async def test_a_parked_session_ends_when_gpupoold_goes(tmp_path: Path, gpu: Gpu
         await asyncio.sleep(0.05)
     assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     await sup.stop_all(grace=5)
+
+
+async def test_a_detached_session_outlives_gpupoold_and_tells_the_next_one(
+        tmp_path: Path, gpu: Gpu) -> None:  # noqa: F811
+    """Adoptable and detached, the session goes on orphaned (worker/adopt.c); its client's call
+    meanwhile is held; the next gpupoold hears worker_detach_ok before worker_adopted (the lease
+    has no GPU), then worker_wants_gpu, and the call is served once it is attached again."""
+    workers = WorkerDir(tmp_path)
+    workers.prepare(True)
+    first = WorkerSupervisor(supervisor_worker(), tmp_path / "cache", workers_dir=workers,
+                             orphan_grace=30)
+    w, c = await session(first, gpu)
+    await call(c, gp.MemAlloc(size=1 << 20, stream=0, flags=0))
+    await asyncio.sleep(0.2)
+    ok = await w.ask_detach(100)
+    assert isinstance(ok, gp.WorkerDetachOk), ok
+    await w.tell_detached()
+    pid = w.pid
+    w.detach()  # gpupoold stops and leaves the detached session to the next one
+    await asyncio.sleep(0.3)
+    reply = asyncio.ensure_future(call(c, gp.MemGetInfo()))  # no gpupoold at all now
+    await asyncio.sleep(0.5)
+    assert not reply.done() and os.waitpid(pid, os.WNOHANG) == (0, 0)
+    second = WorkerSupervisor(supervisor_worker(), tmp_path / "cache", workers_dir=workers,
+                              orphan_grace=30)
+    sock, peer = await second.connect_adoption(workers.socket(1))
+    assert peer == pid
+    adopted = await second.adopt(gpu, sock, pid)
+    assert adopted.session_id == 1 and adopted.adopted_detached == ok.mem_used
+    await asyncio.wait_for(adopted.wants_gpu.wait(), 10)
+    assert not reply.done()
+    await adopted.tell_attached(gpu, False)
+    r, _ = await asyncio.wait_for(reply, 10)
+    assert r.result == 0  # type: ignore[attr-defined]
+    c.close()
+    ex = await exited(adopted, 10)
+    assert ex.reason == "client lost", ex
+    await second.stop_all(grace=5)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def supervisor_worker() -> Path:

@@ -10,6 +10,11 @@
  * control socket, exactly as the first one was. worker_adopt may carry a descriptor: the new
  * daemon's log pipe, which replaces stdout and stderr (the old ones lead to the dead daemon).
  *
+ * A detached session (detach.c) is orphaned too: it stays parked, its device memory in our host
+ * memory; a client frame meanwhile is noted (keepalive notices to the client), and the adopting
+ * daemon hears both before and after worker_adopted (wk_detach_restate, wk_detach_adopted), then
+ * seats the session on a GPU again as if it had never left.
+ *
  * When the grace period passes with no daemon, the session ends ("daemon lost"): the client is
  * told, everything is released. An adoptable session always leaves its worker_ended frame in
  * DIR/lease-<session id>.end before it reports it: a daemon that dies (or stops) between the
@@ -125,7 +130,9 @@ static int grace_due(void *ctx, int *wait_ms)
     if (*wait_ms != 0)
         return 0;
     double s = (double)w->ctl.grace_ns / 1e9;
-    wk_log("no gpupoold adopted this session within %g s: ending it", s);
+    wk_log("no gpupoold adopted this %ssession within %g s: ending it",
+           w->ctl.detached ? "detached " : "", s);
+    wk_detach_end_parked(w); /* detached: no driver call at the end (no_driver stays set) */
     wk_end_session(w, WK_END_DAEMON_LOST,
                    "gpupoold stopped and no new gpupoold adopted the session within %g s "
                    "(worker_orphan_grace)",
@@ -256,7 +263,9 @@ static int on_adopt(void *ctx)
     double orphaned = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0;
     w->ctl.fd = fd;
     w->ctl.gone = 0;
+    wk_detach_restate(w);
     send_adopted(w);
+    wk_detach_adopted(w);
     w->ctl.orphan_since = 0;
     w->ctl.sent = w->stats; /* the event carried them */
     w->ctl.stats_ns = wk_now_ns();

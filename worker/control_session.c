@@ -13,16 +13,23 @@
 #include "worker.h"
 
 /* The daemon is gone (end of stream or an error on the control socket). A session that can be
- * adopted goes on (adopt.c); otherwise nobody will account for it any more, so it ends now and
- * the client is told why, best effort. 0: carry on (orphaned); -1: the session ends. */
+ * adopted goes on (adopt.c), attached or detached (a detached one waits in host memory for its
+ * client's next call; the new daemon seats it on a GPU again); otherwise nobody will account for
+ * it any more, so it ends now and the client is told why, best effort. A session parked for a
+ * checkpoint still under way ends too: the driver's state of this process is unknown. 0: carry
+ * on (orphaned); -1: the session ends. */
 static int daemon_gone(struct worker *w)
 {
-    if (w->ctl.parked) {
+    if (w->ctl.parked && !w->ctl.detached) {
         wk_detach_daemon_gone(w);
         return -1;
     }
     if (wk_adopt_orphan(w) == 0)
         return 0;
+    if (w->ctl.parked) {
+        wk_detach_daemon_gone(w);
+        return -1;
+    }
     wk_log("the control socket was closed: gpupoold is gone; ending");
     w->ctl.gone = 1;
     wk_end_session(w, WK_END_SHUTDOWN, "gpupoold closed the control socket");

@@ -166,12 +166,39 @@ static int on_client(void *ctx)
         w->dead = 1;
         return -1;
     }
-    gp_worker_wants_gpu m = {.session_id = w->ctl.session_id};
-    if (wk_ctl_send(w, WK_CTL_ENCODE(w, worker_wants_gpu, &m), 0) != 0)
-        return 0; /* the daemon is gone: the poll sees it */
+    if (w->ctl.fd < 0) {
+        /* Orphaned (adopt.c): the gpupoold that adopts us is told at once (wk_detach_adopted). */
+        wk_log("the client called while no gpupoold follows this detached session: it waits "
+               "for the next gpupoold");
+    } else {
+        gp_worker_wants_gpu m = {.session_id = w->ctl.session_id};
+        if (wk_ctl_send(w, WK_CTL_ENCODE(w, worker_wants_gpu, &m), 0) != 0)
+            return 0; /* the daemon is gone: the poll sees it */
+    }
     w->ctl.want_sent = 1;
     hb_enter(w); /* the client waits for a reply: keepalive notices until attached */
     return 0;
+}
+
+void wk_detach_restate(struct worker *w)
+{
+    if (!w->ctl.parked || !w->ctl.detached)
+        return;
+    /* worker_detach_ok again, unasked: "parked and detached, this much device memory saved";
+     * it comes before worker_adopted, so the daemon knows the session has no GPU when it
+     * takes it over. */
+    gp_worker_detach_ok ok = {.session_id = w->ctl.session_id,
+                              .idle_ms = (wk_now_ns() - w->ctl.idle_since_ns) / 1000000u,
+                              .mem_used = w->stats.mem_used};
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_detach_ok, &ok), 0);
+}
+
+void wk_detach_adopted(struct worker *w)
+{
+    if (!w->ctl.parked || !w->ctl.detached || !w->ctl.want_sent)
+        return;
+    gp_worker_wants_gpu m = {.session_id = w->ctl.session_id};
+    (void)wk_ctl_send(w, WK_CTL_ENCODE(w, worker_wants_gpu, &m), 0);
 }
 
 void wk_detach_end_parked(struct worker *w)

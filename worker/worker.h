@@ -521,9 +521,14 @@ void wk_detach_watch(struct worker *w);
  * the keepalive notices and unpark, so that the last notice to the client can be written; the
  * exit then makes no driver call (no_driver stays set). */
 void wk_detach_end_parked(struct worker *w);
-/* The daemon went away while parked: the session cannot be adopted (the new daemon would not
- * know its GPU is gone); the client is told and the session ends. */
+/* The daemon went away while parked and the session cannot go on orphaned (not detached yet:
+ * a checkpoint was under way; or not adoptable): the client is told and the session ends. */
 void wk_detach_daemon_gone(struct worker *w);
+/* Being adopted (adopt.c) while detached: before worker_adopted, worker_detach_ok again (the new
+ * daemon learns the session has no GPU and how much memory it saved) ... */
+void wk_detach_restate(struct worker *w);
+/* ... and after it, worker_wants_gpu when the client called while no daemon followed us. */
+void wk_detach_adopted(struct worker *w);
 
 /* control_session.c: worker_ended with the counters; an adoptable session writes it to its end
  * record first (wk_adopt_write_end), for a daemon that goes before it records it. */

@@ -23,6 +23,9 @@ A lease that cannot detach keeps its GPU as before, and its view says why (`keep
 client asked to keep it (GPUPOOL_KEEP_GPU=1), the GPU's driver has no process checkpoints (before
 CUDA 12.8), or a checkpoint failed. Saved state lives in the workers' host memory only, at most
 `detach_memory_limit_gib` of it; a worker's exit frees it, so nothing is ever left on disk.
+A detached lease outlives a gpupoold restart as an attached one does: its worker waits, parked,
+for the next gpupoold (worker/adopt.c), which takes the lease over detached (pool/leases.py,
+`start`) and brings it back on its client's next call (`resume`).
 """
 
 from __future__ import annotations
@@ -176,10 +179,15 @@ class IdleDetacher:
                     f"({held / GIB:.2f} of {limit / GIB:.2f} GiB held by detached leases)")
         return None
 
+    def resume(self, lease: Lease) -> None:
+        """A detached lease taken over from the previous gpupoold (pool/leases.py, start): its
+        cycle goes on from waiting for its client's next call."""
+        lease.cycle = self._spawn(self._cycle(lease, detached=True), f"detach-{lease.id}")
+
     # ------------------------------------------------------------------------- the cycle
-    async def _cycle(self, lease: Lease) -> None:
+    async def _cycle(self, lease: Lease, detached: bool = False) -> None:
         try:
-            if await self._detach(lease):
+            if detached or await self._detach(lease):
                 await self._come_back(lease)
         except asyncio.CancelledError:
             raise

@@ -14,7 +14,8 @@ a new client's hello is answered without waiting for initialisation.
 
 At start-up every GPU is scrubbed before its first lease (a previous daemon may have died with
 leases open: their records are closed as "daemon lost" and get that scrub's result), and workers
-a dead daemon left behind are killed. Drained and quarantined GPUs stay so across restarts (in
+a dead daemon left behind are killed; leases whose workers still run are taken over, on their GPUs
+or, detached when that daemon stopped, on none (their client's next call brings them back). Drained and quarantined GPUs stay so across restarts (in
 the store's gpu_state table).
 """
 
@@ -40,7 +41,7 @@ from gpupoold.pool.events import EventBus
 from gpupoold.pool.fleet import FleetQueue
 from gpupoold.pool.kept_states import KeptStates
 from gpupoold.pool.requirements import Requirements
-from gpupoold.pool.slots import ATTACHED, DRAINED, FREE, LEASED, QUARANTINED, Lease, Slot
+from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DRAINED, FREE, LEASED, QUARANTINED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.pool.watchdog import Watchdog, stuck_reason
@@ -53,6 +54,9 @@ START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
 END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
 PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
 ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has to answer ADOPT
+# Seconds start-up waits for the previous daemon's workers to answer their adoption before it
+# places their leases: an idle one (a detached lease's is parked) answers within milliseconds.
+ADOPT_PEEK = 2.0
 
 
 class LeaseError(Exception):
@@ -142,6 +146,20 @@ class LeaseManager:
             takeover.append((rec, sock, pid))
         # Workers of the previous daemon that hold no session we take over end now.
         await asyncio.to_thread(self.supervisor.kill_orphans, {pid for _, _, pid in takeover})
+        # Every one is asked at once. A lease detached when that daemon stopped holds no GPU: its
+        # worker idles, parked, so it answers at once and says so (worker/adopt.c); one that has
+        # not answered within ADOPT_PEEK is busy in a call, so on its GPU.
+        answers = {rec.id: self._spawn(self._adoption(rec, sock, pid), f"adopt-{rec.id}")
+                   for rec, sock, pid in takeover}
+        if answers:
+            await asyncio.wait(answers.values(), timeout=ADOPT_PEEK)
+        detached: list[tuple[LeaseRecord, Worker]] = []
+        for rec, _, _ in list(takeover):
+            answer = answers[rec.id]
+            worker = answer.result() if answer.done() and not answer.cancelled() else None
+            if isinstance(worker, Worker) and worker.adopted_detached is not None:
+                detached.append((rec, worker))
+                takeover = [t for t in takeover if t[0] is not rec]
         orphaned: dict[int, list[int]] = {}
         for rec in gone:
             await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
@@ -158,23 +176,23 @@ class LeaseManager:
                          "scrubbed: the scrub of GPU %d at this start is recorded for it", rec.id,
                          slot.gpu.index, extra=journal_fields(rec.id, slot.gpu.index))
                 orphaned.setdefault(slot.gpu.index, []).append(rec.id)
-        adopting: dict[int, tuple[LeaseRecord, socket.socket, int]] = {}
-        for rec, sock, pid in takeover:
+        adopting: dict[int, tuple[LeaseRecord, int]] = {}
+        for rec, _, pid in takeover:
             slot = self._slot_of(rec)
             if slot is None or slot.gpu.index in adopting:
                 why = ("its GPU is not served any more" if slot is None
                        else f"GPU {rec.gpu_index} is already taken over by lease "
                             f"{adopting[slot.gpu.index][0].id}")
-                self._spawn(self._refuse_previous(rec, sock, pid, why), f"retire-{rec.id}")
+                self._spawn(self._refuse_previous(rec, answers[rec.id], why), f"retire-{rec.id}")
                 continue
-            adopting[slot.gpu.index] = (rec, sock, pid)
+            adopting[slot.gpu.index] = (rec, pid)
         for slot in self.slots:
             st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
             if slot.gpu.index in adopting:
                 self.pool.restore(slot, bool(st.get("draining")), None)
-                rec, sock, pid = adopting[slot.gpu.index]
+                rec, pid = adopting[slot.gpu.index]
                 self.pool.adopt(slot, rec.id)
-                self._own(slot, self._adopt(slot, rec, sock, pid), f"lease-{rec.id}")
+                self._own(slot, self._adopt(slot, rec, answers[rec.id], pid), f"lease-{rec.id}")
                 continue
             self.pool.restore(slot, bool(st.get("draining")), st.get("quarantine") or None)
             if slot.state == QUARANTINED:
@@ -188,7 +206,9 @@ class LeaseManager:
         if adopting:
             log.info("taking over %d lease(s) of the previous gpupoold: %s", len(adopting),
                      ", ".join(f"lease {rec.id} on GPU {i} (worker pid {pid})"
-                               for i, (rec, _, pid) in sorted(adopting.items())))
+                               for i, (rec, pid) in sorted(adopting.items())))
+        for rec, worker in detached:
+            self._spawn(self._adopt_detached(rec, worker), f"lease-{rec.id}")
         watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self.pool.changed,
                             lambda: self.counters.inc("watchdog_repairs"))
         self._spawn(watchdog.run(), "watchdog")
@@ -204,11 +224,17 @@ class LeaseManager:
                 slot.prestart_task.cancel()
         # A worker that has reported its end is about to exit: its end is recorded here, not
         # left to the next daemon.
+        # A detached lease continues too (its state waits in its worker's host memory), and so
+        # does one whose client called again while it waits for a GPU; one being parked,
+        # checkpointed or restored does not (its worker ends: the driver's state of its process
+        # is not known).
         kept = [lease for lease in self.pool.active()
                 if lease.worker.adoptable and not lease.worker.exited.done()
-                and not lease.worker.reported_end and lease.state == ATTACHED
-                and lease.cycle is None and lease.slot is not None]
-        self.kept_gpus = frozenset(lease.gpu_index() for lease in kept)
+                and not lease.worker.reported_end and (
+                    (lease.state == ATTACHED and lease.cycle is None and lease.slot is not None)
+                    or (lease.state in (DETACHED, ATTACHING) and lease.slot is None
+                        and not self._seated(lease)))]
+        self.kept_gpus = frozenset(lease.gpu_index() for lease in kept if lease.slot is not None)
         for lease in kept:
             lease.worker.detach()
             if lease.timer is not None:
@@ -216,8 +242,11 @@ class LeaseManager:
         if kept:
             log.warning("%d lease(s) continue without gpupoold: %s. A gpupoold started within "
                         "%g s (worker_orphan_grace) takes them over; after that they end",
-                        len(kept), ", ".join(f"lease {lease.id} on GPU {lease.gpu_index()} "
-                                             f"(worker pid {lease.worker.pid})" for lease in kept),
+                        len(kept), ", ".join(
+                            f"lease {lease.id} " + (f"on GPU {lease.gpu_index()}"
+                                                    if lease.slot is not None else
+                                                    f"detached from GPU {lease.gpu_index()}")
+                            + f" (worker pid {lease.worker.pid})" for lease in kept),
                         self.settings.worker_orphan_grace)
         await self.supervisor.stop_all(grace, keep=frozenset(lease.worker for lease in kept))
         # Watchers of stopped workers record the ends; kept leases stay open in the store for the
@@ -229,6 +258,11 @@ class LeaseManager:
             t.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace + 5)
+
+    def _seated(self, lease: Lease) -> bool:
+        """Whether a GPU is granted to `lease`, called back (being restored there)."""
+        return any(s.reserved is not None and s.reserved.returning == lease.id
+                   for s in self.slots)
 
     def stop_queue(self) -> None:
         """The daemon is stopping: no new leases, and every waiter is refused (ShuttingDown:
@@ -267,14 +301,33 @@ class LeaseManager:
         self.counters.inc("leases_ended", reason=reason)
         await asyncio.to_thread(self.supervisor.forget_lease, rec.id)
 
-    async def _adopt(self, slot: Slot, rec: LeaseRecord, sock: socket.socket, pid: int) -> None:
+    async def _adoption(self, rec: LeaseRecord, sock: socket.socket,
+                        pid: int) -> Worker | AdoptError:
+        """Adopt the worker of a previous daemon's lease: the worker once it has answered, or
+        why it could not be adopted. A worker busy in one call answers when it returns; one that
+        has not answered a minute after its own grace would have ended has lost its way."""
+        slot = self._slot_of(rec) or (self.slots[0] if self.slots else None)
+        if slot is None:
+            sock.close()
+            return AdoptError("this gpupoold serves no GPU")
+        try:
+            return await self.supervisor.adopt(
+                slot.gpu, sock, pid, max_wait=self.settings.worker_orphan_grace + ADOPT_SLACK)
+        except AdoptError as exc:
+            return exc
+
+    async def _adopt(self, slot: Slot, rec: LeaseRecord,
+                     answer: asyncio.Task[Worker | AdoptError], pid: int) -> None:
         """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
         as any other; a worker that cannot be adopted ends and its GPU is scrubbed."""
         try:
-            # A worker busy in one call answers when it returns; one that has not answered a
-            # minute after its own grace would have ended has lost its way.
-            worker = await self.supervisor.adopt(
-                slot.gpu, sock, pid, max_wait=self.settings.worker_orphan_grace + ADOPT_SLACK)
+            worker = await answer
+            if isinstance(worker, AdoptError):
+                raise worker
+            if worker.adopted_detached is not None:  # it answered late, yet parked
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} says its lease is detached, but it did not "
+                                 f"answer within {ADOPT_PEEK:g} s")
             if worker.session_id != rec.id:
                 await self.supervisor.retire(worker)
                 raise AdoptError(f"worker pid {pid} serves session {worker.session_id}, not "
@@ -298,7 +351,8 @@ class LeaseManager:
                       req=Requirements(gpu=str(req.get("gpu") or ""),
                                        model=str(req.get("model") or ""),
                                        min_memory=_nonneg(req.get("min_memory"))),
-                      worker=worker, queued_s=rec.queued_s, started=rec.started)
+                      worker=worker, queued_s=rec.queued_s, started=rec.started,
+                      watcher=asyncio.current_task())
         self.pool.adopted(slot, lease)
         self.counters.inc("leases_adopted")
         limit = self.settings.max_lease_seconds
@@ -311,18 +365,59 @@ class LeaseManager:
                  extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
         await self._watch(lease)
 
-    async def _refuse_previous(self, rec: LeaseRecord, sock: socket.socket, pid: int,
-                               why: str) -> None:
+    async def _adopt_detached(self, rec: LeaseRecord, worker: Worker) -> None:
+        """Take over a previous daemon's lease that was detached when it stopped (its worker
+        said so, worker/adopt.c): active again on no GPU, its client's next call brings it back
+        on the GPU it left or another of the same model, as after any detach (pool/detach.py)."""
+        home = next((s for s in self.slots if worker.uuid and s.gpu.uuid == worker.uuid),
+                    self._slot_of(rec))
+        why = None
+        if worker.session_id != rec.id:
+            why = f"worker pid {worker.pid} serves session {worker.session_id}, not lease {rec.id}"
+        elif home is None:
+            why = (f"the GPU it was detached from ({worker.uuid or rec.gpu_uuid}) is not served "
+                   f"any more: its saved state can be restored on that model only")
+        if why is not None:
+            log.error("detached lease %d cannot be taken over: %s; ending it", rec.id, why,
+                      extra=journal_fields(rec.id))
+            await self.supervisor.retire(worker)
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                            f"detached lease: {why}")
+            return
+        assert home is not None and worker.adopted_detached is not None
+        req = worker.request
+        lease = Lease(id=rec.id, slot=None, token=rec.token_name,
+                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
+                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
+                      req=Requirements(gpu=str(req.get("gpu") or ""),
+                                       model=str(req.get("model") or ""),
+                                       min_memory=_nonneg(req.get("min_memory"))),
+                      worker=worker, queued_s=rec.queued_s, started=rec.started,
+                      watcher=asyncio.current_task(), detaches=rec.detaches,
+                      detached_s=rec.detached_s)
+        self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached)
+        self.counters.inc("leases_adopted")
+        limit = self.settings.max_lease_seconds
+        if limit > 0:
+            left = max(0.0, limit - (time.time() - rec.started))
+            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+        log.info("lease %d taken over detached (from GPU %d, %d bytes of device memory saved), "
+                 "%s, worker pid %d: its client's next call brings it back on a GPU", lease.id,
+                 home.gpu.index, worker.adopted_detached, lease.client.describe(), worker.pid,
+                 extra=journal_fields(lease.id, home.gpu.index, lease.client.describe()))
+        self.detacher.resume(lease)
+        self._dispatch()  # a waiter its token's max_gpus_per_token held back may be again
+        await self._watch(lease)
+
+    async def _refuse_previous(self, rec: LeaseRecord,
+                               answer: asyncio.Task[Worker | AdoptError], why: str) -> None:
         """A previous lease this daemon cannot take over (its GPU is gone or taken): end its
         worker and close the record."""
         log.error("lease %d of the previous gpupoold cannot be taken over: %s; ending it",
                   rec.id, why, extra=journal_fields(rec.id))
-        gpu = self.slots[0].gpu if self.slots else None
-        if gpu is not None:
-            with contextlib.suppress(AdoptError):
-                await self.supervisor.retire(await self.supervisor.adopt(gpu, sock, pid))
-        else:
-            sock.close()
+        worker = await answer
+        if isinstance(worker, Worker):
+            await self.supervisor.retire(worker)
         await self._close_previous(rec, f"gpupoold restarted and could not take over the "
                                         f"lease: {why}")
 

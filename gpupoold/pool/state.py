@@ -38,6 +38,9 @@ state; the idle detach cycle is pool/detach.py):
       ▲  ▲                                            │                                  │
       │  └────────── unpark (not now, or failed) ◄────┘                                  │
       └──────── attach (restored on a GPU) ◄── attaching ◄── recall (its client called) ─┘
+
+    at start-up a previous daemon's lease that was detached when it stopped is taken over
+    straight into detached (adopted detached), on no GPU, once its worker has answered
 """
 
 from __future__ import annotations
@@ -209,6 +212,19 @@ class PoolState:
         lease.slot = slot
         self._leases[lease.id] = lease
         self.changed(slot)
+
+    def adopted_detached(self, lease: Lease, home: Gpu, saved_bytes: int) -> None:
+        """The previous daemon's lease is taken over detached (its worker answered so): active
+        again on no GPU, its `saved_bytes` of device memory in its worker's host memory since it
+        left `home`; its client's next call brings it back as after any detach."""
+        if lease.id in self._leases or lease.slot is not None or lease.state != ATTACHED:
+            raise TransitionError(f"lease {lease.id}: no adopted_detached: it is active, on a "
+                                  f"GPU or not new")
+        lease.home = home
+        lease.saved_bytes = saved_bytes
+        self._move_lease(lease, DETACHED)
+        self._leases[lease.id] = lease
+        self.changed(None)
 
     # ------------------------------------------------------------------------------- grants
     def grant(self, slot: Slot, w: Waiter) -> None:

@@ -209,6 +209,9 @@ class Worker:
         self.request: dict[str, Any] = {}  # what the client asked for (worker_adopted)
         self.orphaned_s = 0.0  # how long it served alone before this daemon adopted it
         self.detached = False  # left running when this daemon stopped (detach())
+        # Adopted while its lease was detached (idle detach): the device memory it saved, as the
+        # worker_detach_ok it sends again before worker_adopted says (worker/adopt.c); else None.
+        self.adopted_detached: int | None = None
         # Its session can outlive this daemon (it listens on its adoption socket; `started`).
         self.adoptable = False
         self._end: gp.WorkerEnded | None = None
@@ -449,6 +452,8 @@ class Worker:
         elif isinstance(ev, (gp.WorkerDetachOk, gp.WorkerDetachNo)):
             if self._detach_answer is not None and not self._detach_answer.done():
                 self._detach_answer.set_result(ev)
+            elif isinstance(ev, gp.WorkerDetachOk) and not self._adopted.done():
+                self.adopted_detached = _int(ev.mem_used)  # unasked, before worker_adopted
         elif isinstance(ev, gp.WorkerWantsGpu):
             self.wants_gpu.set()
         elif isinstance(ev, gp.WorkerEnded):
