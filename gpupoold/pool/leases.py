@@ -15,8 +15,8 @@ a new client's hello is answered without waiting for initialisation.
 At start-up every GPU is scrubbed before its first lease (a previous daemon may have died with
 leases open: their records are closed as "daemon lost" and get that scrub's result), and workers
 a dead daemon left behind are killed; leases whose workers still run are taken over, on their GPUs
-or, detached when that daemon stopped, on none (their client's next call brings them back). Drained and quarantined GPUs stay so across restarts (in
-the store's gpu_state table).
+or, detached when that daemon stopped, on none (their client's next call brings them back).
+Drained and quarantined GPUs stay so across restarts (in the store's gpu_state table).
 """
 
 from __future__ import annotations
