@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -16,12 +18,14 @@ from typing import Any
 import gpupool_protocol as gp
 import pytest
 from browser import BrowserError, Chromium, Page
-from conftest import wait_until
+from conftest import require, wait_until
 from test_daemon import RawClient, hello
 from test_dashboard import Ui, make_ui  # noqa: F401  (a fixture)
 from test_dashboard_browser import artifacts, chromium, login  # noqa: F401  (fixtures)
 from test_e2e_detach import detach_server, finish
 from test_e2e_leases import MIB, hold_gpu, start_client  # noqa: F401  (a fixture)
+from test_e2e_usage import CLIENT as BUSY_CLIENT
+from test_e2e_usage import have_cuda_python
 
 from gpupoold.dashboard.sessions import Session, Viewer
 from gpupoold.dashboard.timeline import (
@@ -144,15 +148,18 @@ def test_ticks_fall_on_whole_local_steps_with_labels_in_words() -> None:
     assert tick_step(3600) == 300 and tick_step(86400) == 7200 and tick_step(7 * 86400) == 86400
     day = ticks(T0 + 30, T0 + 30 + 86400, LABEL_W, PLOT_W)
     assert [t.label for t in day[:3]] == ["02:00", "04:00", "06:00"]
-    assert day[-1].label == "Fri 02"  # a midnight is named by its day
+    assert day[-1].label == "22:00" and len(day) == 11  # midnight is 30 s from the edge: none
+    across = [t.label for t in ticks(T0 - 43200, T0 + 43200, LABEL_W, PLOT_W)]
+    assert across[:2] == ["12:00", "14:00"] and "Thu 01" in across  # a midnight: its day
     assert day[0].x == pytest.approx(x_of(T0 + 7200, T0 + 30, 86400), abs=0.01)
     # Two hours east of UTC: the local midnight is 22:00 UTC the day before.
     week = ticks(T0, T0 + 7 * 86400, LABEL_W, PLOT_W, utc_offset=7200)
     assert week[0].label == "Fri 02" and week[0].x == pytest.approx(
         x_of(T0 + 86400 - 7200, T0, 7 * 86400), abs=0.01)
-    assert len(week) == 7
-    minute = ticks(T0 + 3, T0 + 63, LABEL_W, PLOT_W)  # a minute: every 5 s, with the seconds
-    assert [t.label for t in minute[:2]] == ["00:00:05", "00:00:10"] and len(minute) == 12
+    assert len(week) == 6  # the seventh, 2 h before the end, would be cut off
+    minute = ticks(T0, T0 + 60, LABEL_W, PLOT_W)  # a minute: every 5 s, with the seconds
+    assert [t.label for t in minute[:2]] == ["00:00:00", "00:00:05"]
+    assert minute[-1].label == "00:00:55" and len(minute) == 12  # none at the edge: cut off
     tl = timeline([], [("s", 0)], T0, T0 + 3600, now=T0, utc_offset=-5 * 3600)
     assert tl.axis_title == "time (UTC-05:00); the period is one hour"
     assert [t.label for t in tl.ticks][:2] == ["19:00", "19:05"]
@@ -285,9 +292,11 @@ def test_the_utilisation_page_in_chromium_shows_the_leases_the_test_made(
         start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path,  # noqa: F811
         chromium: Chromium, artifacts: Path) -> None:  # noqa: F811
     """Three leases on two simulated GPUs with idle detach on: two tenants hold a GPU each and
-    idle; a third client arrives, so one of them detaches and the third runs on its GPU; then the
-    detached one comes back. The Utilisation page draws each lease on the GPU row its record and
+    idle; a third client arrives, so one of them detaches and the third keeps its GPU busy; then
+    the detached one comes back. The Utilisation page draws each lease on the GPU row its record and
     events say, and the detached stretch on the GPU that lease left."""
+    require(have_cuda_python(),
+            "cuda-bindings is not installed (it comes with PyTorch: scripts/bootstrap.sh)")
     server = detach_server(start_daemon, native_build, tmp_path, gpus=2)
     bob = server.create_token("bob")
     first = start_client(server, hold_gpu, 8 * MIB, 3500, seed=1)
@@ -296,10 +305,15 @@ def test_the_utilisation_page_in_chromium_shows_the_leases_the_test_made(
     try:
         for p in procs:
             assert p.stdout is not None and "holding" in p.stdout.readline()
-        late = start_client(server, hold_gpu, 8 * MIB, 300, seed=3, env={"GPUPOOL_TOKEN": bob})
+        # The late client keeps its GPU busy for 1.5 s (the simulated device's spinning kernel).
+        late = subprocess.Popen([sys.executable, str(BUSY_CLIENT), "1500"],
+                                env=server.client_env({"GPUPOOL_TOKEN": bob}),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(late)
-        for p, what in zip(procs, ("the first tenant", "bob's tenant", "the late client")):
+        for p, what in zip(procs[:2], ("the first tenant", "bob's tenant")):
             assert finish(p, what)["exact"] == "1"
+        out, err = late.communicate(timeout=120)
+        assert late.returncode == 0 and "busy_s=1.500" in out, f"{out}\n{err}"
     finally:
         for p in procs:
             if p.poll() is None:
@@ -329,6 +343,10 @@ def test_the_utilisation_page_in_chromium_shows_the_leases_the_test_made(
             assert set(rows_of(page, r["id"], "leased")) == held, (r, held)
             left = {str(e["gpu"]) for e in r["events"] if e["state"] == "detached"}
             assert set(rows_of(page, r["id"], "detached")) == left, (r, left)
+        # bob's busy time is in the per-token chart: a busy bar of some width.
+        busy = page.evaluate("document.querySelector('svg[data-chart=\"token\"] "
+                             "g.usage-row[data-key=\"bob\"] rect.busy').getAttribute('width')")
+        assert float(busy) > 0, busy
         summary = page.evaluate("document.getElementById('utilisation-summary').innerText")
         assert "The 2 GPUs were leased" in summary and "3 leases" in summary, summary
         page.screenshot(artifacts / "utilisation-hour.png")

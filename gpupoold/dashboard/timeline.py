@@ -38,6 +38,7 @@ TOKEN_COLOURS = 8  # classes tok-0 .. tok-7 in dashboard.css; a token keeps its 
 TICK_STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600,
               86400, 2 * 86400, 7 * 86400)
 MAX_TICKS = 12
+EDGE_W = 30.0  # no tick this close to the right edge: half its label would be cut off
 
 
 @dataclass(frozen=True)
@@ -212,16 +213,17 @@ def tick_step(span: float) -> int:
 
 def ticks(start: float, end: float, plot_x: float, plot_w: float,
           utc_offset: float = 0.0) -> list[Tick]:
-    """Ticks at whole steps of local time (`utc_offset` seconds east of UTC) within the period:
-    labelled by `tick_label`."""
+    """Ticks at whole steps of local time (`utc_offset` seconds east of UTC) within the period,
+    labelled by `tick_label`; none in the last EDGE_W units, where its label would not fit."""
     span = end - start
     step = tick_step(span)
     first = math.ceil((start + utc_offset) / step) * step - utc_offset
     out = []
     t = first
     while t <= end + 1e-6:
-        out.append(Tick(round(plot_x + (t - start) / span * plot_w, 2),
-                        tick_label(t, step, utc_offset)))
+        x = round(plot_x + (t - start) / span * plot_w, 2)
+        if x <= plot_x + plot_w - EDGE_W:
+            out.append(Tick(x, tick_label(t, step, utc_offset)))
         t += step
     return out
 
