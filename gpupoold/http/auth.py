@@ -32,6 +32,7 @@ from aiohttp import hdrs, web
 
 from gpupoold.auth.authenticator import AuthDecision
 from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS
+from gpupoold.store.database import NotFound, TokenExists, store_errors
 
 log = logging.getLogger("gpupoold.http")
 
@@ -185,7 +186,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         return _http_error(request, exc)
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, store_errors()) and not isinstance(exc, (NotFound, TokenExists)):
+            # The database is unreachable (a token cannot be checked): not a bug, a wait.
+            why = str(exc).strip() or type(exc).__name__
+            log.warning("HTTP %s %s: the database cannot be reached (%s)", request.method,
+                        request.path, why)
+            return error_response(503, f"gpupoold cannot reach its database right now ({why})",
+                                  "try again in a moment: gpupoold reconnects by itself; the "
+                                  "leases already running go on")
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, "internal error in gpupoold",
                               "this is a bug: the daemon's log has the details; please report it")

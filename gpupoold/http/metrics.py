@@ -485,6 +485,15 @@ class Collector(_CollectorBase):
                                   labels=["version", "protocol", "server"])
         build.add_metric([__version__, f"{gp.MAJOR}.{gp.MINOR}", self.leases.store.server], 1)
         yield build
+        # The record spool (store/spool.py): records an unreachable database could not take
+        # yet, kept on disk until it is back (a stand-in store without one exports 0).
+        store = self.leases.store
+        yield GaugeMetricFamily("gpupool_store_spool_bytes", "Size of the record spool in "
+                                "bytes: records waiting for the database (0: none).",
+                                value=getattr(store, "spool_bytes", 0))
+        yield GaugeMetricFamily("gpupool_store_spool_records", "Records in the record spool "
+                                "that the database does not have yet.",
+                                value=getattr(store, "pending", 0))
 
 
 # The application's DaemonMetrics (app.py sets it).
