@@ -55,7 +55,7 @@ from gpupoold.http.routes import setup_routes
 from gpupoold.paths import CHECKPOINT_NAME, SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer
-from gpupoold.pool.events import EventBus, LeaseEnded
+from gpupoold.pool.events import EventBus
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.membership import Membership
 from gpupoold.pool.usage_recorder import UsageRecorder
@@ -288,7 +288,7 @@ async def usage_ctx(app: web.Application) -> AsyncIterator[None]:
                              counted=[g.index for g in app[INVENTORY].gpus if g.simulated])
     recorder.start()
     app[USAGE] = recorder
-    unsubscribe = app[EVENTS].subscribe(LeaseEnded, recorder.lease_ended)
+    unsubscribe = recorder.subscribe(app[EVENTS])  # lease ends, detaches and attaches
     try:
         yield
     finally:

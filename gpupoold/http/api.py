@@ -35,7 +35,7 @@ from gpupoold.http.keys import (
 from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.privacy import private_view
-from gpupoold.pool.report import GROUPINGS, LeaseFacts, build_report
+from gpupoold.pool.report import GROUPINGS, LeaseFacts, build_report, first_row
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
 from gpupoold.store.tokens import check_token_name, parse_expiry
@@ -405,7 +405,7 @@ async def report(request: web.Request) -> web.Response:
         gpus = await store.usage_gpus()
     else:
         gpus = [(store.server, g.index) for g in request.app[INVENTORY].gpus]
-    minutes = await store.usage_minutes(since, until)
+    minutes = await store.usage_minutes(first_row(since), until)  # every minute it overlaps
     records = await store.leases("all", REPORT_MAX_LEASES, None,
                                  LeaseFilter(since=since, until=until))
     leases = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches,

@@ -2,6 +2,7 @@
 per-minute rows (pool/usage.py) and the lease records of a period, how much of the GPUs' time
 was leased and busy, per GPU, token or server, the queue waits and what idle detach handed on.
 
+The rows of every minute that overlaps the period count (`first_row`), the first and last whole.
 Pure arithmetic over plain values: the API gathers the rows from the store (every server's on a
 shared PostgreSQL store, so a fleet's report sums its servers) and renders the result as JSON,
 text or CSV (`to_text`, `to_csv`).
@@ -27,6 +28,7 @@ from typing import Any
 
 GROUPINGS = ("gpu", "token", "server")
 HOUR = 3600.0
+MINUTE = 60.0  # the stored rows' resolution (pool/usage.py's per-minute rows)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,15 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     ordered = sorted(values)
     rank = max(1, math.ceil(p / 100.0 * len(ordered)))
     return ordered[rank - 1]
+
+
+def first_row(since: float) -> float:
+    """The minute of the first row a report from `since` counts: the one `since` falls in. A
+    row is dated by its minute's start and cannot be split, so a report counts the rows of every
+    minute that overlaps its period, the first as well as the last: reading only the rows that
+    start within the period left the first minute out whole, and a report of a few minutes (or
+    of a replay run at a time-scale, a day in a minute or two) lost most of its usage."""
+    return math.floor(since / MINUTE) * MINUTE
 
 
 def _share(part: float, whole: float) -> float:
