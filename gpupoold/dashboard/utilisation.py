@@ -4,8 +4,9 @@ per token, and the usage report's summary in words.
 
 Everything comes from the store (its own thread, as every page's data): the lease records that
 overlap the period with their idle-detach events, and the same sources as `GET /api/v1/report`
-(http/api.py: the per-minute rows, every server's GPUs on a shared store) for
-pool/report.py's build_report. dashboard/timeline.py turns them into geometry.
+(http/api.py: the per-minute rows of every minute the period overlaps, every server's GPUs on a
+shared store) for pool/report.py's build_report. dashboard/timeline.py turns them into
+geometry.
 
 Who sees what: the timeline names each lease's token, as the History page does for every
 viewer (docs/security.md: tenants see who holds a GPU). The report names every token's
@@ -117,13 +118,12 @@ def links(p: Period, now: float) -> dict[str, str]:
     return out
 
 
-def report_period(since: float, until: float, now: float) -> tuple[float, float]:
-    """The report's period: widened to whole minutes, the stored rows' resolution (a row is
-    dated by its minute's start and cannot be split; the minute `since` falls in would be left
-    out whole), the end at most now where a minute is still going."""
-    start = math.floor(since / 60.0) * 60.0
-    end = math.ceil(until / 60.0) * 60.0
-    return start, min(end, max(until, now))
+def first_minute(since: float) -> float:
+    """The minute of the first usage row counted from `since`: the one it falls in. A row is
+    dated by its minute's start and cannot be split, so the rows of every minute the period
+    overlaps count, the first as well as the last (reading only rows that start within the
+    period left the first minute out whole: most of a period of a few minutes)."""
+    return math.floor(since / 60.0) * 60.0
 
 
 def lease_span(r: LeaseRecord, server: str, events: list[dict[str, Any]]) -> LeaseSpan:
@@ -158,17 +158,14 @@ async def utilisation_page(request: web.Request) -> web.Response:
         gpus = await store.usage_gpus()
     else:
         gpus = [(store.server, g.index) for g in app[INVENTORY].gpus]
-    r_since, r_until = report_period(since, until, now)
-    minutes = await store.usage_minutes(r_since, r_until)
+    minutes = await store.usage_minutes(first_minute(since), until)
     records = await store.leases("all", MAX_LEASES, None,
-                                 LeaseFilter(ended_after=min(since, r_since),
-                                             until=max(until, r_until)))
+                                 LeaseFilter(ended_after=since, until=until))
     facts = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches,
-                        r.detached_s) for r in records if r_since <= r.started < r_until]
-    by_gpu = build_report(r_since, r_until, "gpu", gpus, minutes, facts)
-    by_token = build_report(r_since, r_until, "token", gpus, minutes, facts)
+                        r.detached_s) for r in records if r.started >= since]
+    by_gpu = build_report(since, until, "gpu", gpus, minutes, facts)
+    by_token = build_report(since, until, "token", gpus, minutes, facts)
 
-    records = [r for r in records if r.started < until and (r.ended is None or r.ended > since)]
     drawn = records[:DRAWN_LEASES]  # newest first
     events: dict[int, list[dict[str, Any]]] = {}
     for r in [r for r in drawn if r.detaches > 0][:EVENT_LEASES]:
@@ -179,7 +176,7 @@ async def utilisation_page(request: web.Request) -> web.Response:
                      gpus, since, until, now, utc_offset=offset)
     servers = len({s for s, _ in gpus} | {r.server or store.server for r in drawn})
     gpu_labels = {(f"{s}/{i}" if s else str(i)): row_label(s, i, servers) for s, i in gpus}
-    gpu_chart = usage_chart(by_gpu["groups"], "gpu", top_h=(r_until - r_since) / 3600.0,
+    gpu_chart = usage_chart(by_gpu["groups"], "gpu", top_h=(until - since) / 3600.0,
                             labels=gpu_labels, percent=True)
     tokens = token_groups(by_token["groups"], v)
     token_chart = usage_chart(tokens, "token") if tokens else None
