@@ -21,9 +21,13 @@ docs/benchmarks.md, "Replayed day").
    replays per pool.
 4. Figures (all in simulated time): GPUs needed, busy utilisation (busy GPU-time over the pool's
    GPU-time for the day), leased utilisation, waits p50/p95, and the ratio of GPUs to the
-   baseline. Measured independently of gpupoold's own accounting: waits and busy time from the
-   clients' lines, leased time from the pool's lease history (GET /api/v1/leases), so that
-   `gpupoold report` can be checked against them.
+   baseline (blank, '-', for a pool whose replays all missed the wait budget: its people wait,
+   so it does not do the baseline's work). Measured independently of gpupoold's own accounting:
+   waits and busy time from the clients' lines, leased time from the pool's lease history
+   (GET /api/v1/leases), read once every lease has ended.
+5. The check: gpupoold's own report of each replay's period (GET /api/v1/report, what
+   `gpupoold report` prints) is printed beside the benchmark's leased and busy GPU-hours with
+   the difference in %, and the script exits 1 when either differs by more than 5 % (AGREE_PCT).
 
 Runs at nice 10 unless --no-nice, gpupoold's workers at nice 19: on the simulated GPU a busy
 kernel spins on a CPU, and on a shared machine it should yield, to the daemon and the clients
@@ -180,13 +184,16 @@ class Figures:
 
     def summary(self, baseline_gpus: int, budget_s: float) -> dict[str, Any]:
         capacity = self.gpus * self.period_s
+        within = percentile(self.waits, 95) <= budget_s
         return {"config": self.config, "gpus": self.gpus, "period_s": self.period_s,
                 "busy_util": self.busy_s / capacity if capacity else 0.0,
                 "leased_util": self.leased_s / capacity if capacity else 0.0,
                 "busy_gpu_h": self.busy_s / 3600, "leased_gpu_h": self.leased_s / 3600,
                 "wait_p50_s": percentile(self.waits, 50), "wait_p95_s": percentile(self.waits, 95),
-                "waits": len(self.waits), "within_budget": percentile(self.waits, 95) <= budget_s,
-                "gpus_vs_baseline": baseline_gpus / self.gpus if self.gpus else 0.0}
+                "waits": len(self.waits), "within_budget": within,
+                # a pool that misses the wait budget does not do the same work as the baseline
+                # (its people wait): no ratio, rather than a flattering one
+                "gpus_vs_baseline": baseline_gpus / self.gpus if self.gpus and within else None}
 
 
 def baseline(sessions: Sequence[Session], people: int, hours: float) -> Figures:
@@ -352,11 +359,43 @@ def all_leases(d: benchlib.Daemon) -> list[dict[str, Any]]:
 
 def own_report(d: benchlib.Daemon, since: float, until: float) -> Any:
     """gpupoold's own report of the replay's period (GET /api/v1/report, issue 33, item 2) as it
-    answers, kept beside the benchmark's figures to compare them; None where it has none."""
+    answers, kept beside the benchmark's figures to compare them ({"unavailable": why} where it
+    gives none). The daemon widens the period to whole minutes, its rows' resolution; the
+    replay's daemon held no lease outside the replay, so the widened period has the same usage."""
     try:
-        return d.get(f"/api/v1/report?from={since:.3f}&to={until:.3f}&by=gpu")
-    except (OSError, ValueError) as exc:  # HTTPError is an OSError: no report here (yet)
+        return d.get(f"/api/v1/report?from={since:.3f}&to={until:.3f}&by=gpu")["report"]
+    except (OSError, ValueError, KeyError) as exc:  # HTTPError is an OSError
         return {"unavailable": str(exc)}
+
+
+def wait_leases_ended(d: benchlib.Daemon, timeout: float = 30.0) -> None:
+    """Until gpupoold has recorded every lease's end: a client's exit comes before the daemon
+    notices its connection closed, and a lease still open has its last stretch in neither the
+    lease history nor the report yet."""
+    deadline = time.monotonic() + timeout
+    while d.get("/api/v1/leases?state=active&limit=1")["leases"]:
+        if time.monotonic() > deadline:
+            sys.exit(f"pool_day: leases still active {timeout:.0f} s after every client exited")
+        time.sleep(0.05)
+
+
+AGREE_PCT = 5.0  # gpupoold's report and the benchmark's figures agree within this (acceptance)
+
+
+def agreement(leased_gpu_h: float, busy_gpu_h: float, report: dict[str, Any],
+              scale: float) -> dict[str, Any]:
+    """The report's leased and busy GPU-hours (real time, scaled to simulated) beside the
+    benchmark's own, and their difference in % of the benchmark's; `ok`: both within
+    AGREE_PCT. A report that is unavailable never agrees."""
+    if "leased_gpu_hours" not in report:
+        return {"ok": False, "why": f"no report: {report.get('unavailable', report)}"}
+    out: dict[str, Any] = {}
+    for what, mine in (("leased", leased_gpu_h), ("busy", busy_gpu_h)):
+        theirs = float(report[f"{what}_gpu_hours"]) * scale
+        diff = 100 * (theirs - mine) / mine if mine else (0.0 if theirs == 0 else math.inf)
+        out[what] = {"bench_gpu_h": mine, "report_gpu_h": theirs, "diff_pct": diff}
+    out["ok"] = all(abs(out[w]["diff_pct"]) <= AGREE_PCT for w in ("leased", "busy"))
+    return out
 
 
 def lower_workers(daemon_pid: int, stop: threading.Event) -> None:
@@ -426,15 +465,19 @@ def replay(client: Path, sessions: Sequence[Session], gpus: int, detach_after: f
         t_end = time.time()
         if failed:
             sys.exit("pool_day: clients failed:\n" + "\n".join(failed))
+        wait_leases_ended(d)
+        t_read = time.time()
         leases = all_leases(d)
         history = [(x, d.get(f"/api/v1/leases/{x['id']}").get("events", [])) for x in leases]
-        leased = leased_from_history(history, t_end) * scale
+        leased = leased_from_history(history, t_read) * scale
         period = max(hours * 3600, (t_end - t0_wall) * scale)
+        report = own_report(d, t0_wall, t_read)
         extra = {"leases": len(leases), "detaches": sum(int(x.get("detaches") or 0)
                                                         for x in leases),
                  "detached_gpu_h": sum(float(x.get("detached_s") or 0) for x in leases) * scale
                  / 3600, "wall_s": t_end - t0_wall, "sessions_over_busy_by_10pct": len(slow),
-                 "from": t0_wall, "to": t_end, "report": own_report(d, t0_wall, t_end)}
+                 "from": t0_wall, "to": t_read, "report": report,
+                 "agreement": agreement(leased / 3600, busy / 3600, report, scale)}
         return Figures(config, gpus, period, busy, leased, waits), extra
     finally:
         stop.set()
@@ -464,6 +507,51 @@ def search(client: Path, sessions: Sequence[Session], detach_after: float, args:
             "proposed": proposal, "runs": [runs[n] for n in sorted(runs)]}
 
 
+def ratio_text(c: dict[str, Any]) -> str:
+    """The GPUs-vs-baseline column: '-' where no replayed pool met the wait budget."""
+    return "-" if c["gpus_vs_baseline"] is None else f"{c['gpus_vs_baseline']:.1f}x"
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """Why a configuration's ratio is blank."""
+    budget = result["args"]["budget_s"]
+    return [f"{c['config']}: no ratio ('-'): no replayed pool kept the p95 wait within "
+            f"{budget:g} s (the largest, {c['gpus']} GPUs, waited {c['wait_p95_s']:.0f} s), so "
+            "the GPUs it needs for the same work are not known; replay more sizes "
+            "(--max-runs) or allow longer waits (--budget-s)"
+            for c in result["configs"] if c.get("needed", c["gpus"]) is None]
+
+
+def agreement_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Every replay's leased and busy GPU-hours, the benchmark's and gpupoold's report's, and
+    their difference in % (simulated time)."""
+    rows = []
+    for c in result["configs"][1:]:
+        for run in c["runs"]:
+            a = run["agreement"]
+            if "leased" not in a:
+                rows.append([c["config"], str(run["gpus"]), a["why"], "", "", "", "", ""])
+                continue
+            rows.append([c["config"], str(run["gpus"])] + [
+                f"{a[w][k]:.2f}" if k != "diff_pct" else f"{a[w][k]:+.1f} %"
+                for w in ("leased", "busy") for k in ("bench_gpu_h", "report_gpu_h", "diff_pct")])
+    return rows
+
+
+AGREEMENT_HEAD = ["configuration", "GPUs", "leased GPU-h (bench)", "leased (report)", "diff",
+                  "busy GPU-h (bench)", "busy (report)", "diff"]
+
+
+def disagreements(result: dict[str, Any]) -> list[str]:
+    """The replays whose report differs from the benchmark by more than AGREE_PCT."""
+    return [f"{c['config']} on {run['gpus']} GPU(s): " + (
+        run["agreement"].get("why") or ", ".join(
+            f"{w} {run['agreement'][w]['report_gpu_h']:.2f} GPU-h reported against "
+            f"{run['agreement'][w]['bench_gpu_h']:.2f} measured "
+            f"({run['agreement'][w]['diff_pct']:+.1f} %)" for w in ("leased", "busy")))
+        for c in result["configs"][1:] for run in c["runs"] if not run["agreement"]["ok"]]
+
+
 def needed_text(c: dict[str, Any]) -> str:
     """GPUs needed as the table says it: N, <= N (a smaller pool was not replayed), > N (the
     largest replayed pool missed the budget)."""
@@ -481,13 +569,18 @@ def markdown(result: dict[str, Any]) -> list[str]:
     for c in result["configs"]:
         rows.append([c["config"], needed_text(c), f"{100 * c['busy_util']:.0f} %",
                      f"{100 * c['leased_util']:.0f} %", f"{c['wait_p50_s']:.0f} s",
-                     f"{c['wait_p95_s']:.0f} s", f"{c['gpus_vs_baseline']:.1f}x"])
+                     f"{c['wait_p95_s']:.0f} s", ratio_text(c)])
+    agree = [AGREEMENT_HEAD, ["---"] * len(AGREEMENT_HEAD), *agreement_rows(result)]
     return [f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(result['at']))}, commit "
             f"{result['commit']}, {result['machine']}; {a['people']} people, {a['hours']:g} h "
             f"day, seed {a['seed']}, {len(result['sessions'])} sessions, time-scale "
             f"{a['scale']:g}x, wait budget p95 <= {a['budget_s']:g} s, idle detach after "
             f"{a['detach_after_s']:g} s (all in simulated time).", "",
-            *("| " + " | ".join(r) + " |" for r in rows)]
+            *("| " + " | ".join(r) + " |" for r in rows), "",
+            *(f"{n}." for n in notes(result)), *([""] if notes(result) else []),
+            f"gpupoold's own report (GET /api/v1/report of each replay's period) against the "
+            f"benchmark's figures, simulated GPU-hours (must agree within {AGREE_PCT:g} %):", "",
+            *("| " + " | ".join(r) + " |" for r in agree)]
 
 
 def main() -> int:
@@ -532,7 +625,12 @@ def main() -> int:
         [c["config"], needed_text(c),
          f"{100 * c['busy_util']:.0f} %", f"{100 * c['leased_util']:.0f} %",
          f"{c['wait_p50_s']:.0f} s", f"{c['wait_p95_s']:.0f} s",
-         f"{c['gpus_vs_baseline']:.1f}x"] for c in configs]))
+         ratio_text(c)] for c in configs]))
+    for note in notes(result):
+        print(note)
+    print(f"\ngpupoold's report against the benchmark (simulated GPU-hours; within "
+          f"{AGREE_PCT:g} % required):")
+    print(benchlib.text_table(AGREEMENT_HEAD, agreement_rows(result)))
     if args.json:
         text = json.dumps(result, indent=1, default=str)
         if str(args.json) == "-":
@@ -540,6 +638,13 @@ def main() -> int:
         else:
             args.json.write_text(text)
     benchlib.emit_markdown(markdown(result), args.markdown)
+    bad = disagreements(result)
+    if bad:
+        print(f"pool_day: gpupoold's report disagrees with the benchmark by more than "
+              f"{AGREE_PCT:g} %:\n  " + "\n  ".join(bad) + "\nIts accounting (pool/usage.py, "
+              "pool/usage_recorder.py) or the report (pool/report.py) miscounted this day; "
+              "the JSON (--json) keeps both sides of every replay.", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -101,8 +101,38 @@ def test_figures_against_the_baseline() -> None:
     assert s["wait_p95_s"] == 0 and s["waits"] == 3 and s["gpus_vs_baseline"] == 1
     pool = pd.Figures("pool", 1, 180, 120, 150, [0, 0, 40])
     p = pool.summary(2, budget_s=10)
-    assert p["busy_util"] == pytest.approx(120 / 180) and p["gpus_vs_baseline"] == 2
+    assert p["busy_util"] == pytest.approx(120 / 180)
     assert p["wait_p95_s"] == pytest.approx(36) and not p["within_budget"]
+    assert p["gpus_vs_baseline"] is None and pd.ratio_text(p) == "-"  # its people wait
+    ok = pool.summary(2, budget_s=60)
+    assert ok["within_budget"] and ok["gpus_vs_baseline"] == 2 and pd.ratio_text(ok) == "2.0x"
+
+
+def test_a_pool_that_missed_the_budget_says_why_it_has_no_ratio() -> None:
+    missed = {"config": "pool, idle detach", "gpus": 2, "needed": None, "wait_p95_s": 534.4,
+              "gpus_vs_baseline": None}
+    met = {"config": "pool, no idle detach", "gpus": 3, "needed": 3, "gpus_vs_baseline": 1.0}
+    result = {"args": {"budget_s": 300.0}, "configs": [{"gpus": 3}, met, missed]}
+    [note] = pd.notes(result)
+    assert note.startswith("pool, idle detach: no ratio ('-'): no replayed pool kept the p95 "
+                           "wait within 300 s (the largest, 2 GPUs, waited 534 s)")
+
+
+def test_the_report_is_checked_against_the_benchmark_within_5_percent() -> None:
+    report = {"leased_gpu_hours": 10.4 / 400, "busy_gpu_hours": 4.0 / 400}  # real hours
+    a = pd.agreement(10.0, 4.1, report, scale=400)
+    assert a["leased"] == {"bench_gpu_h": 10.0, "report_gpu_h": pytest.approx(10.4),
+                           "diff_pct": pytest.approx(4.0)}
+    assert a["busy"]["diff_pct"] == pytest.approx(-100 * 0.1 / 4.1) and a["ok"]
+    assert not pd.agreement(9.8, 4.0, report, scale=400)["ok"]  # leased 6.1 % over
+    assert not pd.agreement(10.0, 3.8, report, scale=400)["ok"]  # busy 5.3 % over
+    missing = pd.agreement(10.0, 4.0, {"unavailable": "HTTP Error 404"}, scale=400)
+    assert missing == {"ok": False, "why": "no report: HTTP Error 404"}
+    run = {"gpus": 4, "agreement": pd.agreement(9.8, 4.0, report, scale=400)}
+    result = {"configs": [{}, {"config": "pool, idle detach", "runs": [run]}]}
+    [bad] = pd.disagreements(result)
+    assert bad.startswith("pool, idle detach on 4 GPU(s): leased 10.40 GPU-h reported against "
+                          "9.80 measured (+6.1 %)")
 
 
 def test_held_time_comes_from_the_lease_events() -> None:
@@ -125,8 +155,9 @@ def test_client_lines_are_parsed() -> None:
 
 def test_a_tiny_day_replays_on_gpupoold(native_build: Path, tmp_path: Path) -> None:
     """3 people, a 40-minute day at 600x (4 s a replay), one replay per pool: every client
-    finishes, its busy time is the model's, and the lease history holds at least the busy time
-    and at most the pool's GPU-time."""
+    finishes, its busy time is the model's, the lease history holds at least the busy time
+    and at most the pool's GPU-time, and gpupoold's own report of each replay agrees with the
+    benchmark's leased and busy GPU-hours within 5 % (the bench exits 1 otherwise)."""
     out = tmp_path / "day.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "pool_day.py"), "--people", "3", "--hours",
@@ -148,6 +179,12 @@ def test_a_tiny_day_replays_on_gpupoold(native_build: Path, tmp_path: Path) -> N
         assert p["busy_gpu_h"] * 0.9 <= p["leased_gpu_h"] <= p["gpus"] * p["period_s"] / 3600
         assert 0 < p["busy_util"] <= p["leased_util"] * 1.1 <= 1.1
         assert p["leases"] == len(sessions)
+        a = p["agreement"]
+        assert a["ok"], a
+        for what in ("leased", "busy"):
+            assert a[what]["bench_gpu_h"] == pytest.approx(p[f"{what}_gpu_h"])
+            assert a[what]["report_gpu_h"] == pytest.approx(a[what]["bench_gpu_h"], rel=0.05)
+    assert "gpupoold's report against the benchmark" in proc.stdout
 
 
 def test_gpus_needed_says_when_it_is_only_a_bound() -> None:
