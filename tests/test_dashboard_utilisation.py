@@ -27,6 +27,7 @@ from test_e2e_leases import MIB, hold_gpu, start_client  # noqa: F401  (a fixtur
 from test_e2e_usage import CLIENT as BUSY_CLIENT
 from test_e2e_usage import have_cuda_python
 
+from gpupoold.dashboard.payload import axis_start
 from gpupoold.dashboard.sessions import Session, Viewer
 from gpupoold.dashboard.timeline import (
     BAR_H,
@@ -217,6 +218,10 @@ def test_the_period_parameters_and_the_links_around_them() -> None:
     assert "later" not in links(choose_period({}, now), now)  # it ends now
 
 
+def test_the_overview_charts_time_axis_starts_where_the_history_does() -> None:
+    assert [axis_start(s) for s in (3600.0, 600.0, 20.0)] == ["−60 min", "−10 min", "−1 min"]
+
+
 def test_per_token_figures_are_an_admins_and_a_users_own() -> None:
     groups = [{"token": "alice"}, {"token": "bob"}]
     session = Session("sid", "tok", "alice", "user", "csrf", 0.0)
@@ -276,6 +281,11 @@ async def test_the_page_draws_the_stored_leases_and_shows_token_figures_by_role(
         zoomed = await ui.page(f"/ui/utilisation?from={record.started - 60:.0f}"
                                f"&to={record.started + 60:.0f}")
         assert ("leased", str(record.id), "alice") in LEASE_RECT.findall(zoomed)
+        # The overview's small charts have their axes: values at the top and bottom, times under.
+        overview = await ui.page("/ui/")
+        assert overview.count('<span class="y-top">100 %</span>') == 2  # utilisation, last day
+        assert re.search(r'<span data-axis="start">−\d+ min</span><span>now</span>', overview)
+        assert '<span class="y-top" data-axis="copy-top">' in overview and "−24 h" in overview
         wrong = await ui.page("/ui/utilisation?range=fortnight")
         assert "unknown range &#39;fortnight&#39;" in wrong
 

@@ -66,7 +66,8 @@ def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     end = time.time()
     start = end - (history.span if history is not None else 3600.0)
     out: dict[str, Any] = {"width": CHART_W, "height": CHART_H, "util": {}, "mem": {},
-                           "copy": "", "copy_top": 0.0, "copy_last": None}
+                           "copy": "", "copy_top": 0.0, "copy_last": None,
+                           "span": axis_start(end - start)}
     if history is None:
         return out
     # The time axis spans the last hour, or less while the daemon has less history (at least
@@ -75,6 +76,7 @@ def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     first += [p.at for p in history.pool()[:1]]
     if first:
         start = max(start, min(min(first), end - 60.0))
+    out["span"] = axis_start(end - start)
     for g in gpus:
         pts = history.gpu(g["index"])
         out["util"][g["index"]] = polyline([(p.at, p.util) for p in pts], CHART_W, CHART_H,
@@ -88,6 +90,11 @@ def charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     out["copy"] = polyline([(p.at, p.copy_bps) for p in pool], CHART_W, CHART_H,
                            top if top > 0 else 1.0, start, end)
     return out
+
+
+def axis_start(seconds: float) -> str:
+    """The label of a time axis's left end, `seconds` before its right end ("now")."""
+    return f"−{max(1, round(seconds / 60))} min"
 
 
 def wait_bars(waits: list[float | None]) -> list[tuple[float, float, float, float]]:
@@ -125,5 +132,6 @@ def chart_update(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, 
             "util_now": {str(i): (f"{v} %" if v is not None else "not reported")
                          for i, v in util_last.items()},
             "copy": c["copy"], "copy_top": f"{human_bytes(c['copy_top'])}/s",
+            "span": c["span"],
             "copy_now": (f"{human_bytes(c['copy_last'])}/s" if c["copy_last"] is not None
                          else "no data yet")}

@@ -244,6 +244,15 @@
     setLine("copy", charts.copy);
     setText("copy", charts.copy_now);
     setText("copy-top", charts.copy_top);
+    // The axes' labels that move: the time the charts start at, the copy chart's top.
+    var setAll = function (axis, text) {
+      if (typeof text !== "string") return;
+      document.querySelectorAll('[data-axis="' + axis + '"]').forEach(function (el) {
+        el.textContent = text;
+      });
+    };
+    setAll("start", charts.span);
+    setAll("copy-top", charts.copy_top);
   }
 
   // ---------------------------------------------------------------- live updates
