@@ -228,7 +228,9 @@ def test_postgresql_stopped_and_started_during_a_run(start_daemon: Any, native_b
         r for r in history(pg_url) if r.client_pid == running.pid and r.ended is not None],
         timeout=30)
     assert ended[0].end_reason == "client exit"
-    assert "the store is reachable again" in a.log_text()
+    # The spool's replay says so once all its records are in (the lease end above is one of
+    # them: the line may come a moment after it).
+    a.wait_for_log(r"the store is reachable again: \d+ record\(s\) written from the spool")
 
 
 def test_the_dashboard_of_one_server_shows_the_whole_fleet(
