@@ -8,7 +8,8 @@ shortfall of leased time on a replayed day with frequent idle detaches); every `
 
 Store calls run on the store's own thread (store/database.py), never on the event loop. A delta
 the store refuses for itself is logged and put back into the meter, to be written with the next;
-an unreachable database keeps it in the store's pending records (`record_usage` is a record).
+with the database unreachable it waits in the store's record spool on disk (`record_usage` is a
+record; store/spool.py).
 A restart therefore loses at most the time since the last flush of a daemon that was killed;
 a clean stop flushes first. The time no daemon ran (a restart's gap) is not observed.
 """
