@@ -264,3 +264,37 @@ async def test_a_record_the_database_refuses_is_logged_not_spooled(
 async def test_a_postgresql_store_needs_a_folder_for_its_spool() -> None:
     with pytest.raises(ValueError, match="needs a state directory for its record spool"):
         await Store.open("postgresql://gpupool@127.0.0.1:1/x")
+
+
+async def test_a_record_no_replay_can_write_is_dropped_and_the_rest_written(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A spool left with a record of a call this gpupoold does not know, one for a lease the
+    database does not have, and a damaged line: each is logged and skipped, never retried
+    forever; the record after them is written and the spool removed."""
+    sync = StoreDB(tmp_path / "gpupoold.db")
+    try:
+        lease_id = sync.lease_started(new_lease())
+    finally:
+        sync.close()
+    spool = Spool(tmp_path / SPOOL_NAME)
+    spool.append(SpooledRecord.new("lease_teleported", [lease_id], {}))
+    spool.append(SpooledRecord.new("lease_ended", [lease_id + 1, 4.0, "client exit", "", 0, 0,
+                                                   {}], {}))
+    spool.append(SpooledRecord.new("audit", ["a", "damaged", "", "", 1.0], {}))
+    spool.append(SpooledRecord.new("lease_ended", [lease_id, 5.0, "client exit", "", 0, 0, {}],
+                                   {}))
+    data = spool.path.read_bytes()
+    spool.path.write_bytes(data.replace(b'"damaged"', b'"DAMAGED"'))
+    with caplog.at_level(logging.WARNING, "gpupoold.store"):
+        store = await Store.open(tmp_path / "gpupoold.db")
+    try:
+        assert "unknown call 'lease_teleported'" in caplog.text
+        assert f"no lease {lease_id + 1}" in caplog.text
+        assert "1 record(s) written from the spool" in caplog.text
+        assert "(0 it had already, 2 refused, 1 damaged), spool removed" in caplog.text
+        assert not spool.path.exists()
+        lease = await store.get_lease(lease_id)
+        assert lease is not None and lease.ended == 5.0
+        assert await store.audit_log(10) == []
+    finally:
+        await store.close()

@@ -819,8 +819,8 @@ class StoreDB(UsageQueries):
     def apply_spooled(self, record: SpooledRecord) -> bool:
         """Write a record from the spool (store/spool.py) and note its id, in one transaction;
         False when its id is noted already (a second replay of it: nothing is written)."""
-        if record.call not in SPOOLED_CALLS:
-            raise StoreError(f"the spool holds a record of an unknown call {record.call!r}")
+        if record.call not in SPOOLED_CALLS:  # not retried: no later try would know it either
+            raise ValueError(f"the spool holds a record of an unknown call {record.call!r}")
         args, kwargs = list(record.args), dict(record.kwargs)
         if record.call == "record_usage":  # its delta was spooled as JSON (usage_to_json)
             if args:
