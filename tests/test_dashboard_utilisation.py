@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gpupool_protocol as gp
@@ -27,6 +28,7 @@ from test_e2e_leases import MIB, hold_gpu, start_client  # noqa: F401  (a fixtur
 from test_e2e_usage import CLIENT as BUSY_CLIENT
 from test_e2e_usage import have_cuda_python
 
+from gpupoold.dashboard import utilisation
 from gpupoold.dashboard.payload import axis_start
 from gpupoold.dashboard.sessions import Session, Viewer
 from gpupoold.dashboard.timeline import (
@@ -216,6 +218,32 @@ def test_the_period_parameters_and_the_links_around_them() -> None:
     assert got_links["zoom_in"] == f"/ui/utilisation?from={T0 + 1800:.0f}&to={T0 + 5400:.0f}"
     assert got_links["zoom_out"] == f"/ui/utilisation?from={T0 - 3600:.0f}&to={T0 + 10800:.0f}"
     assert "later" not in links(choose_period({}, now), now)  # it ends now
+
+
+def record(id: int, started: float, ended: float | None, detaches: int = 0,
+           token: str = "alice") -> Any:
+    return SimpleNamespace(id=id, server="s", gpu_index=0, token_name=token, started=started,
+                           ended=ended, queued_s=0.5 * id, detaches=detaches,
+                           detached_s=10.0 * detaches)
+
+
+def test_the_page_draws_the_latest_leases_and_says_what_it_left_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(utilisation, "DRAWN_LEASES", 2)
+    period = choose_period({"from": str(T0), "to": str(T0 + 3600)}, T0 + 7200)
+    records = [record(3, T0 + 600, None, detaches=1), record(2, T0 + 300, T0 + 400, detaches=1),
+               record(1, T0 - 60, T0 + 60)]  # newest first, as the store lists them
+    events = {3: [{"at": T0 + 700, "state": "detached", "gpu": 0}]}  # lease 2's were not read
+    admin = Viewer(Session("s", "t", "root", "admin", "c", 0.0), "root", "admin")
+    got = utilisation.draw(period, T0 + 7200, [("s", 0)], [], records, events, "s", admin)
+    assert got["skipped"] == 1 and got["unevented"] == 1
+    assert [(b.lease, b.kind) for b in got["timeline"].rows[0].bars] == [
+        (2, "leased"), (3, "leased"), (3, "detached")]
+    # The report counts the leases that started in the period, drawn or not.
+    assert got["report"]["leases"] == 2 and got["report"]["wait_p50_s"] == 1.0
+    anonymous = utilisation.draw(period, T0 + 7200, [("s", 0)], [], records, events, "s",
+                                 Viewer(None, "anonymous", "anonymous"))
+    assert anonymous["token_chart"] is None and not anonymous["tokens_shown"]
 
 
 def test_the_overview_charts_time_axis_starts_where_the_history_does() -> None:

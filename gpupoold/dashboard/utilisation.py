@@ -17,6 +17,7 @@ summary name no token and are shown to all.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -161,27 +162,38 @@ async def utilisation_page(request: web.Request) -> web.Response:
     minutes = await store.usage_minutes(first_minute(since), until)
     records = await store.leases("all", MAX_LEASES, None,
                                  LeaseFilter(ended_after=since, until=until))
+    events: dict[int, list[dict[str, Any]]] = {}
+    for r in [r for r in records[:DRAWN_LEASES] if r.detaches > 0][:EVENT_LEASES]:
+        events[r.id] = await store.lease_events(r.id)
+    # The arithmetic of a week of minute rows and leases is not the event loop's to do.
+    drawing = await asyncio.to_thread(draw, period, now, gpus, minutes, records, events,
+                                      store.server, v)
+    return page(request, "utilisation.html", v, new, period=period,
+                span=span_words(until - since), links=links(period, now), ranges=list(RANGES),
+                **drawing)
+
+
+def draw(period: Period, now: float, gpus: list[tuple[str, int]],
+         minutes: list[dict[str, Any]], records: list[LeaseRecord],
+         events: dict[int, list[dict[str, Any]]], server: str, v: Viewer) -> dict[str, Any]:
+    """The page's report, timeline and charts from what was read (`records` newest first;
+    `events` of the leases that detached, as far as they were read)."""
+    since, until = period.start, period.end
     facts = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches,
                         r.detached_s) for r in records if r.started >= since]
     by_gpu = build_report(since, until, "gpu", gpus, minutes, facts)
     by_token = build_report(since, until, "token", gpus, minutes, facts)
-
-    drawn = records[:DRAWN_LEASES]  # newest first
-    events: dict[int, list[dict[str, Any]]] = {}
-    for r in [r for r in drawn if r.detaches > 0][:EVENT_LEASES]:
-        events[r.id] = await store.lease_events(r.id)
+    drawn = records[:DRAWN_LEASES]
     unevented = sum(1 for r in drawn if r.detaches > 0 and r.id not in events)
     offset = float(time.localtime(now).tm_gmtoff)
-    lines = timeline([lease_span(r, store.server, events.get(r.id, [])) for r in drawn],
+    lines = timeline([lease_span(r, server, events.get(r.id, [])) for r in drawn],
                      gpus, since, until, now, utc_offset=offset)
-    servers = len({s for s, _ in gpus} | {r.server or store.server for r in drawn})
+    servers = len({s for s, _ in gpus} | {r.server or server for r in drawn})
     gpu_labels = {(f"{s}/{i}" if s else str(i)): row_label(s, i, servers) for s, i in gpus}
     gpu_chart = usage_chart(by_gpu["groups"], "gpu", top_h=(until - since) / 3600.0,
                             labels=gpu_labels, percent=True)
     tokens = token_groups(by_token["groups"], v)
-    token_chart = usage_chart(tokens, "token") if tokens else None
-    return page(request, "utilisation.html", v, new, period=period, span=span_words(until - since),
-                links=links(period, now), timeline=lines, report=by_gpu, gpu_chart=gpu_chart,
-                token_chart=token_chart, tokens_shown=tokens is not None,
-                skipped=max(0, len(records) - DRAWN_LEASES), unevented=unevented,
-                ranges=list(RANGES))
+    return {"timeline": lines, "report": by_gpu, "gpu_chart": gpu_chart,
+            "token_chart": usage_chart(tokens, "token") if tokens else None,
+            "tokens_shown": tokens is not None,
+            "skipped": max(0, len(records) - DRAWN_LEASES), "unevented": unevented}
