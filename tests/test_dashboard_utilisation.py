@@ -399,6 +399,11 @@ def test_the_utilisation_page_in_chromium_shows_the_leases_the_test_made(
             assert any(t.startswith(f"lease {r['id']}, {r['token_name']}: held this GPU")
                        for t in titles), (r["id"], titles)
         page.screenshot(artifacts / "utilisation.png")
+        # On a phone the drawings scroll inside their frames; the page does not scroll sideways.
+        page.viewport(390, 844, 2, mobile=True)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        page.screenshot(artifacts / "utilisation-phone.png")
+        assert width <= 390, f"the Utilisation page is {width} px wide on a 390 px phone screen"
     except (AssertionError, BrowserError):
         try:
             page.screenshot(artifacts / "utilisation-failure.png")
