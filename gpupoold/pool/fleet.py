@@ -13,9 +13,15 @@ Then each server acts on what concerns it, in `_apply`:
   handshake answers the hello with GP_EREDIRECT and the address, and the client says the same
   hello there (the shim does it by itself; the program sees nothing);
 - one of its GPUs went to another server's waiter: the GPU is held for that client (a
-  reservation, REDIRECT_CLAIM_S at most). The redirected hello joins this server's queue, and the
-  store gives it that ticket back (same token, host and pid: store/fleet.py) instead of a new
-  one at the end, so it is granted the held GPU.
+  reservation, REDIRECT_CLAIM_S at most: a timer wakes the fleet queue then, so a client that
+  never arrives costs the GPU 2 s, not a whole sync period more). The redirected hello joins
+  this server's queue, and the store gives it that ticket back (same token, host and pid:
+  store/fleet.py) instead of a new one at the end, so it is granted the held GPU.
+
+What a server tells and enforces about the queue is the fleet's (`waiting`, `counts`):
+`max_queue` and `max_queue_per_token` count the clients waiting on every live server, and the
+info reply's counts are the fleet's, the other servers' as of the last sync (a second old at
+most; a NOTIFY makes it milliseconds), this server's as they are now.
 
 The fleet queue decides; the lease manager grants (`grant`, `claim`, `release`, given at
 construction) and pool/state.py moves the GPUs (`hold`). A server syncs when something changes
@@ -37,7 +43,7 @@ from dataclasses import dataclass
 
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.pool.requirements import _INDEX, Requirements
-from gpupoold.pool.slots import FREE, LEASED, Slot
+from gpupoold.pool.slots import DRAINED, FREE, LEASED, QUARANTINED, Slot
 from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.store.database import Store
@@ -47,7 +53,14 @@ from gpupoold.tasks import stop_task
 log = logging.getLogger("gpupoold.fleet")
 
 SYNC_EVERY = 1.0  # seconds between syncs when nothing happens (positions, missed notices)
-REDIRECT_CLAIM_S = 10.0  # how long a GPU is held for a redirected client to arrive
+# How long a GPU is held for a redirected client to arrive. The client says its hello there at
+# once (one connection set-up, milliseconds), and its connect timeout (10 s by default) is not
+# in its hello, so the server cannot wait for exactly that long: 2 s, after which a late client
+# still joins the queue (with a new ticket) and the GPU serves whoever is next meanwhile.
+REDIRECT_CLAIM_S = 2.0
+CLAIM_SLACK_S = 0.02  # the deadline's timer fires this much after it (the loop's clock may round)
+# Statuses a GPU row has while it serves nobody (drained, draining, quarantined).
+OUT_OF_SERVICE = (QUARANTINED, DRAINED, "draining")
 
 
 @dataclass(frozen=True)
@@ -201,6 +214,52 @@ class FleetQueue:
                        if server != self.server and server in up)
         others = held_in_fleet(self.last.gpus, up, away, but_server=self.server)
         return others[token] + mine < self.max_gpus_per_token
+
+    def _up(self) -> set[str]:
+        """The live servers as of the last sync."""
+        if self.last is None:
+            return {self.server}
+        return {name for name, s in self.last.servers.items() if s.get("state") == "up"}
+
+    def waiting(self, token: str | None = None) -> int:
+        """The clients waiting for a GPU in the fleet (of `token`: its new clients, not its
+        detached leases coming back, as `max_queue_per_token` counts them): the other live
+        servers' as of the last sync, this server's as its queue is now."""
+        here = len(self.queue) if token is None else self.queue.waiting(token)
+        if self.last is None:
+            return here
+        up = self._up()
+        return here + sum(
+            1 for q in self.last.queue
+            if q.state == "waiting" and q.server != self.server and q.server in up
+            and (token is None or (q.token == token and q.only is None)))
+
+    def counts(self, req: Requirements, token: str,
+               here: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        """The info reply's counts for the fleet: `here` (this server's GPUs, those meeting
+        `req` in service, those a hello would get at once; its waiters) plus the other live
+        servers' GPUs as of the last sync (one is free for `token` when free, unheld, meeting
+        `req`, the token under its fleet-wide limit and no waiter of the fleet that may take it
+        ahead), and the fleet's waiters."""
+        gpus, matching, free, _ = here
+        if self.last is None:
+            return gpus, matching, free, self.waiting()
+        up = self._up()
+        waiting = [Requirements(**q.request) for q in self.last.queue
+                   if q.state == "waiting" and q.server in up and q.redirectable]
+        may_take = self.under_limit(token)
+        for g in self.last.gpus:
+            if g.server == self.server or g.server not in up:
+                continue
+            gpus += 1
+            gpu = _as_gpu(g)
+            if g.state in OUT_OF_SERVICE or not req.matches(gpu):
+                continue
+            matching += 1
+            if (may_take and g.free and g.holder is None
+                    and not any(r.matches(gpu) for r in waiting)):
+                free += 1
+        return gpus, matching, free, self.waiting()
 
     def position(self, w: Waiter) -> tuple[int, int]:
         """(place in the fleet queue, waiting in the fleet), as of the last sync; (0, n) before
@@ -389,6 +448,10 @@ class FleetQueue:
                                     asyncio.get_running_loop().create_future()))
         self._reservations[ticket] = Reservation(ticket, slot, q,
                                                  time.monotonic() + REDIRECT_CLAIM_S)
+        # A sync at the deadline (the released GPU goes to the next waiter then, not up to
+        # SYNC_EVERY later). The release itself happens in the sync, under its lock: between
+        # two syncs the store may be giving this very ticket to the client's hello.
+        asyncio.get_running_loop().call_later(REDIRECT_CLAIM_S + CLAIM_SLACK_S, self.kick)
         log.info("GPU %d held for %s@%s pid %s, sent here by server %s (ticket %d)",
                  slot.gpu.index, q.client.get("user"), q.client.get("host"),
                  q.client.get("pid"), q.server, ticket)
@@ -402,8 +465,13 @@ class FleetQueue:
 
     def _expire_reservations(self) -> None:
         now = time.monotonic()
+        # A redirected client that arrived and waits for this sync to give it its ticket back
+        # keeps its GPU, however late.
+        arrived = {(w.token, w.client.host, w.client.pid) for w in self.queue
+                   if w not in self._tickets}
         for r in list(self._reservations.values()):
-            if now >= r.until:
+            c = r.row.client
+            if now >= r.until and (r.row.token, c.get("host"), c.get("pid")) not in arrived:
                 self._release(r, f"its client did not arrive within {REDIRECT_CLAIM_S:g} s")
 
     def holds(self, slot: Slot) -> bool:

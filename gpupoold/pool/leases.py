@@ -493,7 +493,9 @@ class LeaseManager:
         at once, clients waiting): the counts of an `info` reply."""
         matching = [s for s in self.slots if req.matches(s.gpu) and in_service(s)]
         free = sum(1 for s in matching if self.free_now(s, req, token))
-        return len(self.slots), len(matching), free, len(self.queue)
+        here = (len(self.slots), len(matching), free, len(self.queue))
+        # In a fleet, the fleet's: every live server's GPUs and the one queue (pool/fleet.py).
+        return here if self.fleet is None else self.fleet.counts(req, token, here)
 
     def enqueue(self, req: Requirements, token: str, client: ClientInfo,
                 redirectable: bool = False) -> Waiter:
@@ -513,20 +515,26 @@ class LeaseManager:
         `max_queue`, or the token's own clients already wait `max_queue_per_token` times (so
         that one tenant's idle hellos cannot fill the queue everyone shares). Each refusal is
         counted as `admission_refused` (the metric gpupool_admission_refusals, reason `queue`
-        or `queue_per_token`). Returning detached leases join without asking (they had a GPU)."""
+        or `queue_per_token`). Returning detached leases join without asking (they had a GPU).
+        In a fleet both count the clients waiting on every live server (pool/fleet.py's
+        `waiting`): the queue is one, so its limits are the fleet's."""
+        fleet = self.fleet
+        where = "the queue" if fleet is None else "the fleet's queue (all its servers)"
         limit = self.settings.max_queue
-        if len(self.queue) >= limit:
+        waiting = len(self.queue) if fleet is None else fleet.waiting()
+        if waiting >= limit:
             self.counters.inc("admission_refused", reason="queue")
-            raise QueueFull(f"every GPU is busy and the queue is full ({len(self.queue)} "
-                            f"waiting, max_queue = {limit}); try again later")
+            raise QueueFull(f"every GPU is busy and {where} is full ({waiting} waiting, "
+                            f"max_queue = {limit}); try again later")
         per_token = self.settings.max_queue_per_token
-        mine = self.queue.waiting(token)
+        mine = self.queue.waiting(token) if fleet is None else fleet.waiting(token)
         if per_token > 0 and mine >= per_token:
             self.counters.inc("admission_refused", reason="queue_per_token")
             raise QueueFull(
                 f"every GPU this client may take is busy and this token already has {mine} "
-                f"clients waiting for one (max_queue_per_token = {per_token}); try again when "
-                f"one of them has its GPU or has left: each waits at most queue_timeout = "
+                f"clients waiting for one{'' if fleet is None else ' in ' + where} "
+                f"(max_queue_per_token = {per_token}); try again when one of them has its GPU "
+                f"or has left: each waits at most queue_timeout = "
                 f"{self.settings.queue_timeout:g} s (`gpupool status` shows the queue)")
 
     def _free_for(self, req: Requirements, token: str) -> bool:
