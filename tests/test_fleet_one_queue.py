@@ -2,8 +2,9 @@
 whose fleet queues (pool/fleet.py) share a real PostgreSQL (store/fleet.py). `max_queue` and
 `max_queue_per_token` count the clients waiting on every server, the info reply's counts are the
 fleet's, and a GPU held for a redirected client that never arrives is free again within
-REDIRECT_CLAIM_S (2 s), not a whole sync period later. The end-to-end test is in
-tests/test_fleet.py (`test_the_fleets_queue_is_full_at_max_queue_on_every_server`)."""
+REDIRECT_CLAIM_S (2 s), not a whole sync period later. Then end to end: two real daemons on one
+PostgreSQL with `max_queue = 2`, whose one queue is full for a third waiter on either server, and
+whose info reply counts the fleet."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import gpupool_protocol as gp
 import pytest
+from conftest import wait_until
+from gpupool.wire.frames import read_frame
+from test_e2e_token_limits import raw_hello
+from test_info import ask, info_request
 from test_leases import FakeCleaner, FakeStore, FakeSupervisor, client, make_gpu, settle
+from test_store_postgres import servers_by_name
 
 from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Inventory
@@ -56,6 +63,8 @@ async def server(tmp_path: Path, pg_url: str) -> AsyncIterator[Server]:
 
     yield make
     for m, db in made:
+        for w in m.queue:  # (their futures end cancelled, not with an error nobody reads)
+            m.abandon(w)
         if m.fleet is not None:
             await m.fleet.close()
         await m.close(0.1)
@@ -138,3 +147,44 @@ async def test_a_gpu_held_for_a_client_that_never_arrives_is_free_again_within_2
     # The GPU is the fleet's again: the next waiter gets it.
     nxt = b.enqueue(Requirements(), "bob", client(3))
     assert await asyncio.wait_for(nxt.future, 3) is slot
+
+
+# ---------------------------------------------------------------------------------- end to end
+def test_the_fleets_queue_is_full_at_max_queue_on_every_server(
+        start_daemon: Any, native_build: Path, pg_url: str, tmp_path: Path) -> None:
+    """Servers A and B (one GPU each, `max_queue = 2`): two hellos hold the GPUs, one waits on
+    each server, and a third waiter is refused at B because the fleet's queue is full, though
+    B's own queue has one client; A's info reply counts the fleet's GPUs and waiters."""
+    conf = tmp_path / "gpupoold.toml"
+    conf.write_text("max_queue = 2\nmax_queue_per_token = 0\n")
+    a, b = (start_daemon("--config", str(conf), "--database", pg_url, build_dir=native_build,
+                         tls=False) for _ in range(2))
+    wait_until("both servers up", lambda: [v["state"] for v in servers_by_name(a).values()]
+               == ["up", "up"])
+    socks = []
+    try:
+        for n, server in enumerate((a, b), 1):  # a lease on each server (in a fleet a hello
+            s, reply = raw_hello(server, a.token, 1000 + n)  # may be told it queues first)
+            socks.append(s)
+            while reply is None:
+                frame = read_frame(s)
+                if frame.flags & gp.FLAG_REPLY:
+                    reply = gp.HelloReply.decode(frame.body)
+            assert reply.result == 0, reply
+        for n, server in enumerate((a, b), 3):  # then one waiter on each
+            s, reply = raw_hello(server, a.token, 1000 + n)
+            socks.append(s)
+            assert reply is None, reply
+        wait_until("B sees both waiters", lambda: len(b.get_json("/api/v1/fleet")["queue"]) == 2)
+        s, reply = raw_hello(b, a.token, 1005)
+        s.close()
+        assert reply is not None and reply.result == gp.GP_EBUSY, reply
+        assert ("every GPU is busy and the fleet's queue (all its servers) is full (2 waiting, "
+                "max_queue = 2)") in reply.message, reply.message
+        wait_until("A sees both waiters", lambda: len(a.get_json("/api/v1/fleet")["queue"]) == 2)
+        info = ask(a, info_request(a.token))
+        assert (info.gpus, info.matching, info.free_matching, info.queue) == (2, 2, 0, 2), info
+        assert len(info.fleet_servers) == 2  # so a client can tell the counts are the fleet's
+    finally:
+        for s in socks:
+            s.close()
