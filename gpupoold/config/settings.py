@@ -307,13 +307,16 @@ class Settings:
         5.0, "Seconds between the position notices sent to a waiting client.",
         check=_check_positive)
     max_queue: int = _setting(
-        256, "Most clients that may wait in the queue; more are refused at once (0: no queue).",
+        256,
+        "Most clients that may wait in the queue; more are refused at once (0: no queue). With "
+        "a shared store the queue is the fleet's: the clients waiting on all its servers count.",
         check=_check_not_negative)
     max_queue_per_token: int = _setting(
         16,
         "Most clients of one token that may wait in the queue; more are refused at once (a "
         "busy error that says why), so one tenant cannot fill the queue everyone shares. "
-        "0: no limit of its own (`max_queue` only).",
+        "0: no limit of its own (`max_queue` only). With a shared store, on all the fleet's "
+        "servers together.",
         check=_check_not_negative)
     max_lease_seconds: float = _setting(
         0.0,
