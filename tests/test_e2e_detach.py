@@ -243,13 +243,18 @@ def test_gpupoold_killed_with_a_detached_lease_is_taken_over_and_leaves_nothing_
                                             clients, 128)
     worker = lease["worker_pid"]
     server.kill_daemon_only()
-    time.sleep(0.5)
-    assert alive(worker)  # parked, its state in its memory, waiting for the next gpupoold
+    # The client calls while no gpupoold runs: its worker, parked, holds the call (keepalive
+    # notices) and tells the next gpupoold at once (worker_wants_gpu after worker_adopted).
+    assert tenant.stdin is not None
+    tenant.stdin.write("go\n")
+    tenant.stdin.flush()
+    time.sleep(1.0)
+    assert alive(worker) and tenant.poll() is None
     again = start_daemon("--simulated", "1", "--config", str(tmp_path / "gpupoold.toml"),
                          build_dir=native_build, simulated=None, state_dir=server.state_dir)
-    wait_until("taken over detached", lambda: detached(again, lease["id"]), timeout=20)
-    wait_until("GPU free", lambda: gpu_states(again) == ["free"])
-    resume(tenant, again)  # every byte as it was
+    out, err = tenant.communicate(timeout=120)  # every byte as it was
+    assert tenant.returncode == 0 and "PASS detach" in out, f"{out}\n{err}\n{again.log_text()}"
+    assert f"lease {lease['id']} taken over detached (from GPU 0" in again.log_text()
     wait_until("the lease ended", lambda: lease_of(again, lease["id"]).get("ended") is not None)
     rec = lease_of(again, lease["id"])
     assert rec["end_reason"] == "client exit", rec
@@ -296,34 +301,21 @@ def stop_detached(server: GpupoolServer, lease: dict[str, Any]) -> None:
     assert f"lease {lease_id} detached from GPU 0 (worker pid" in server.log_text()
 
 
-@pytest.mark.parametrize("call", ["after", "during"])
 def test_a_detached_lease_survives_a_daemon_restart_and_comes_back_bit_exact(
         start_daemon: Any, native_build: Path, cuda_programs: Any, tmp_path: Path,  # noqa: F811
-        clients: list[subprocess.Popen[str]], call: str) -> None:
-    """The client's next call comes after the new gpupoold has taken the lease over, or while no
-    gpupoold runs (its worker holds the call and tells the new one at once)."""
+        clients: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM, start on the same state directory, then the client's next call. (A call made
+    while no gpupoold runs: test_gpupoold_killed_with_a_detached_lease_...)"""
     server, tenant, lease = detached_tenant(start_daemon, native_build, cuda_programs, tmp_path,
                                             clients, 64)
     lease_id = lease["id"]
     restarted_at = time.time()
     stop_detached(server, lease)
-    assert tenant.stdin is not None
-    if call == "during":
-        tenant.stdin.write("go\n")
-        tenant.stdin.flush()
-        time.sleep(1.0)  # the call waits, kept alive by the worker, with no gpupoold at all
-        assert tenant.poll() is None
     again = start_daemon("--simulated", "1", "--config", str(tmp_path / "gpupoold.toml"),
                          build_dir=native_build, simulated=None, state_dir=server.state_dir)
-    if call == "after":
-        wait_until("taken over detached", lambda: detached(again, lease_id), timeout=20)
-        wait_until("its GPU free meanwhile", lambda: gpu_states(again) == ["free"])
-        out = resume(tenant, again)  # detach.cu checks every byte, stream, event, graph
-    else:
-        out, err = tenant.communicate(timeout=120)
-        assert tenant.returncode == 0 and "PASS detach" in out, (
-            f"{out}\n{err}\n{again.log_text()[-6000:]}")
-    print(out)
+    wait_until("taken over detached", lambda: detached(again, lease_id), timeout=20)
+    wait_until("its GPU free meanwhile", lambda: gpu_states(again) == ["free"])
+    print(resume(tenant, again))  # detach.cu checks every byte, stream, event, graph
     wait_until("the lease ended", lambda: lease_of(again, lease_id).get("ended") is not None)
     rec = lease_of(again, lease_id)
     # One lease, not ended and started again: its record spans the restart.
