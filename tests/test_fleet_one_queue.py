@@ -41,7 +41,8 @@ async def server(tmp_path: Path, pg_url: str) -> AsyncIterator[Server]:
     """`await server(name, n_gpus, **settings)`: a lease manager in the fleet of `pg_url`."""
     made: list[tuple[LeaseManager, StoreDB]] = []
 
-    async def make(name: str, n_gpus: int = 1, **overrides: Any) -> LeaseManager:
+    async def make(name: str, n_gpus: int = 1, gpus: list[Any] | None = None,
+                   **overrides: Any) -> LeaseManager:
         db = await asyncio.to_thread(StoreDB, pg_url, server=name)
         await asyncio.to_thread(db.server_up, f"{name}:1", f"{name}:2", time.time())
         store = FakeStore()
@@ -53,7 +54,7 @@ async def server(tmp_path: Path, pg_url: str) -> AsyncIterator[Server]:
         store.fleet_sync = fleet_sync  # type: ignore[attr-defined]
         settings = replace(Settings(state_dir=tmp_path / name), **overrides)
         (tmp_path / name).mkdir()
-        m = LeaseManager(Inventory(tuple(make_gpu(i) for i in range(n_gpus))), settings,
+        m = LeaseManager(Inventory(tuple(gpus or [make_gpu(i) for i in range(n_gpus)])), settings,
                          store, FakeSupervisor(), FakeCleaner(), Counters(),  # type: ignore[arg-type]
                          shared_store=True)
         await m.start()
@@ -119,6 +120,24 @@ async def test_the_info_counts_are_the_fleets(server: Server) -> None:
     a.enqueue(Requirements(), "alice", client(4))
     await sync(a, b)
     assert b.counts(Requirements(), "x") == (3, 3, 0, 1)
+
+
+async def test_a_hello_for_a_gpu_only_another_server_has_is_sent_there(server: Server) -> None:
+    """The info reply counts the fleet's GPUs, so a hello for one of them is not refused for
+    what this server lacks: it waits for it here and is sent there."""
+    a = await server("a")
+    b = await server("b", gpus=[make_gpu(0, name="NVIDIA A100-SXM4-80GB (gpupool simulated)")])
+    await sync(b, a)
+    a100 = Requirements(model="A100")
+    assert a.counts(a100, "x") == (2, 1, 1, 0)
+    assert a.feasible(a100, redirectable=True) is None
+    # A client that cannot follow a redirect, or names a GPU by index, means this server's.
+    assert "A100" in str(a.feasible(a100))
+    assert a.feasible(Requirements(gpu="1"), redirectable=True) is not None
+    w = a.enqueue(a100, "alice", client(1), redirectable=True)
+    await sync(a)
+    sent = await asyncio.wait_for(w.future, 1)
+    assert isinstance(sent, Redirect) and (sent.server, sent.gpu) == ("b", 0)
 
 
 async def test_a_gpu_held_for_a_client_that_never_arrives_is_free_again_within_2_s(

@@ -261,6 +261,15 @@ class FleetQueue:
                 free += 1
         return gpus, matching, free, self.waiting()
 
+    def elsewhere(self, req: Requirements) -> bool:
+        """Whether another live server has a GPU in service that meets `req`, as of the last
+        sync, and `req` may be served there (a GPU named by index means this server's)."""
+        if self.last is None or _INDEX.fullmatch(req.gpu):
+            return False
+        up = self._up()
+        return any(g.server != self.server and g.server in up and g.state not in OUT_OF_SERVICE
+                   and req.matches(_as_gpu(g)) for g in self.last.gpus)
+
     def position(self, w: Waiter) -> tuple[int, int]:
         """(place in the fleet queue, waiting in the fleet), as of the last sync; (0, n) before
         the waiter's first sync."""

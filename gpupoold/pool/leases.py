@@ -395,7 +395,8 @@ class LeaseManager:
                       worker=worker, queued_s=rec.queued_s, started=rec.started,
                       watcher=asyncio.current_task(), detaches=rec.detaches,
                       detached_s=rec.detached_s)
-        self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached)
+        self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached,
+                                   await self._detached_since(rec.id))
         self.counters.inc("leases_adopted")
         limit = self.settings.max_lease_seconds
         if limit > 0:
@@ -408,6 +409,18 @@ class LeaseManager:
         self.detacher.resume(lease)
         self._dispatch()  # a waiter its token's max_gpus_per_token held back may be again
         await self._watch(lease)
+
+    async def _detached_since(self, lease_id: int) -> float | None:
+        """When the lease's last detach was recorded (its time detached goes on from there
+        across the restart), or None."""
+        try:
+            events = await self.store.lease_events(lease_id)
+        except Exception:
+            log.exception("lease %d: reading its events failed; its time detached counts from "
+                          "now", lease_id)
+            return None
+        last = events[-1] if events else None
+        return float(last["at"]) if last is not None and last["state"] == DETACHED else None
 
     async def _refuse_previous(self, rec: LeaseRecord,
                                answer: asyncio.Task[Worker | AdoptError], why: str) -> None:
@@ -464,8 +477,18 @@ class LeaseManager:
             self._dispatch()
 
     # ------------------------------------------------------------------------- handshake side
-    def feasible(self, req: Requirements) -> str | None:
-        """None when some GPU here can serve `req` now or later, else the refusal text."""
+    def feasible(self, req: Requirements, redirectable: bool = False) -> str | None:
+        """None when some GPU here can serve `req` now or later, or in a fleet, for a client
+        that may be sent there (`redirectable`), a GPU in service of another live server (the
+        info reply counts it: a hello must not be refused for what it offered); else the
+        refusal text."""
+        why = self._feasible_here(req)
+        if why is not None and redirectable and self.fleet is not None \
+                and self.fleet.elsewhere(req):
+            return None
+        return why
+
+    def _feasible_here(self, req: Requirements) -> str | None:
         gpus = [s.gpu for s in self.slots]
         candidates = [s for s in self.slots if req.matches(s.gpu)]
         if not candidates:

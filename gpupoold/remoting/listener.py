@@ -248,7 +248,8 @@ class RemotingListener:
         req = Requirements.from_hello(hello)
         client = ClientInfo(host=hello.host, user=hello.user, pid=hello.pid,
                             program=hello.program, peer=peer)
-        why = self.leases.feasible(req)
+        redirectable = hello.minor >= REDIRECT_MINOR
+        why = self.leases.feasible(req, redirectable)
         if why is not None:
             self.counters.inc("handshakes_refused", reason="requirements")
             self._request("requirements")
@@ -256,7 +257,7 @@ class RemotingListener:
             return
         try:
             waiter = self.leases.enqueue(req, decision.identity, client,
-                                         redirectable=hello.minor >= REDIRECT_MINOR)
+                                         redirectable=redirectable)
         except QueueFull as exc:
             self.counters.inc("handshakes_refused", reason="queue full")
             self._request("queue_full")
