@@ -23,8 +23,9 @@ import pytest
 from test_store import db, db_path, location, new_lease  # noqa: F401  (fixtures)
 
 from gpupoold.pool.usage import LeaseUsage, MinuteUsage, UsageDelta
-from gpupoold.store import database
-from gpupoold.store.database import SPOOLED_CALLS, Store, StoreDB
+from gpupoold.store import replay
+from gpupoold.store.database import Store, StoreDB
+from gpupoold.store.replay import SPOOLED_CALLS
 from gpupoold.store.spool import HEADER, SPOOL_NAME, Spool, SpooledRecord, SpoolError
 from gpupoold.store.usage import usage_to_json
 
@@ -171,7 +172,7 @@ async def test_records_of_an_outage_wait_on_disk_and_are_written_once_at_the_nex
     """The database away, records go to the spool (fsync'd: the daemon may be killed any
     time); gpupoold stops with them there; a first replay committed two of them and was
     killed before it removed the spool; the next start writes the rest, each record once."""
-    monkeypatch.setattr(database, "PENDING_RETRY_S", 30.0)  # no retry within the test
+    monkeypatch.setattr(replay, "PENDING_RETRY_S", 30.0)  # no retry within the test
     state = tmp_path / "state"
     state.mkdir()
     spool = state / SPOOL_NAME
@@ -227,7 +228,7 @@ async def test_records_made_while_the_spool_is_written_follow_it_in_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The database back, the spool is written by the retry loop while new records arrive:
     they go after the spooled ones, and the spool is removed once all are in."""
-    monkeypatch.setattr(database, "PENDING_RETRY_S", 0.02)
+    monkeypatch.setattr(replay, "PENDING_RETRY_S", 0.02)
     store = await Store.open(tmp_path / "gpupoold.db", state_dir=tmp_path)
     try:
         lease_id = await store.lease_started(new_lease())

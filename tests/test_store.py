@@ -421,8 +421,8 @@ async def test_records_made_while_the_database_is_away_are_written_in_order_once
         sqlite_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A record (lease event) that fails with the database away is kept, with the records made
     after it, keyword arguments included, and all are written in order when it answers again."""
-    import gpupoold.store.database as database
-    monkeypatch.setattr(database, "PENDING_RETRY_S", 0.02)
+    import gpupoold.store.replay as replay
+    monkeypatch.setattr(replay, "PENDING_RETRY_S", 0.02)
     store = sqlite_store
     lease_id = await store.lease_started(new_lease())
     real = store._db.lease_event

@@ -12,7 +12,10 @@ Two faces over one schema:
   processes writing at once wait for each other instead of failing.
 - `Store`, the daemon's asynchronous API: a `StoreDB` living in one dedicated worker thread (a
   single-thread executor), so no SQLite call ever blocks the event loop and calls run one at a
-  time in the order they were made.
+  time in the order they were made. Its records go through the record spooler
+  (store/replay.py): while the database is unreachable they wait on disk, not in memory.
+
+What the calls return and take (tokens, leases, audit records) is in store/records.py.
 
 The schema is versioned with `PRAGMA user_version` (PostgreSQL: the table `gpupool_schema`);
 `MIGRATIONS[n]` brings version n to n+1 (PostgreSQL: under an advisory lock, so that servers
@@ -35,12 +38,22 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from gpupoold.store import fleet, postgres
-from gpupoold.store.spool import SPOOL_NAME, Spool, SpooledRecord
+from gpupoold.store.records import (
+    _NEW_LEASE_FIELDS,
+    AuditRecord,
+    LeaseFilter,
+    LeaseRecord,
+    NewLease,
+    ServerRegistration,
+    TokenCheck,
+    TokenRecord,
+)
+from gpupoold.store.replay import RecordSpooler, SpoolQueries
+from gpupoold.store.spool import SPOOL_NAME, Spool
 from gpupoold.store.tokens import (
     check_role,
     check_token_name,
@@ -50,11 +63,10 @@ from gpupoold.store.tokens import (
     parse_token,
     secret_matches,
 )
-from gpupoold.store.usage import UsageQueries, usage_from_json, usage_to_json
+from gpupoold.store.usage import UsageQueries
 
 DB_NAME = "gpupoold.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another process's transaction
-PENDING_RETRY_S = 1.0  # how often the spool's records are tried again during an outage
 LEASE_STATES = ("active", "ended", "all")
 CHECK_RESULTS = ("ok", "missing", "malformed", "unknown", "revoked", "expired")
 _NEW_ID_TRIES = 8  # a 48-bit token id colliding even twice means something else is wrong
@@ -262,131 +274,6 @@ class SchemaTooNew(StoreError):
 
 
 # ----------------------------------------------------------------------------------- records
-@dataclass(frozen=True)
-class ServerRegistration:
-    """How the other servers of a fleet and its clients reach this server safely (schema v7):
-    `fingerprint`: its remoting TLS identity ("" on plain TCP); `http_address`: the HTTP address
-    the others must use (`http_advertise`); `http_scheme`: "https" or "http"; `http_fingerprint`:
-    the fingerprint of the certificate its HTTPS listener presents ("" for plain HTTP)."""
-
-    fingerprint: str = ""
-    http_address: str = ""
-    http_scheme: str = ""
-    http_fingerprint: str = ""
-
-
-@dataclass(frozen=True)
-class TokenRecord:
-    id: str  # the 12 hex digits of the token's text
-    name: str
-    role: str  # user | admin
-    created: float
-    expires: float | None
-    revoked: float | None
-    last_used: float | None
-    created_by: str
-
-    def state(self, now: float | None = None) -> str:
-        """valid, revoked or expired."""
-        if self.revoked is not None:
-            return "revoked"
-        if self.expires is not None and self.expires <= (time.time() if now is None else now):
-            return "expired"
-        return "valid"
-
-    def to_json(self) -> dict[str, Any]:
-        """The API's view of a token: never the hash, never the secret."""
-        return {"id": self.id, "name": self.name, "role": self.role, "created": self.created,
-                "expires": self.expires, "revoked": self.revoked, "last_used": self.last_used,
-                "created_by": self.created_by, "state": self.state()}
-
-
-@dataclass(frozen=True)
-class TokenCheck:
-    """The result of checking a presented token."""
-
-    result: str  # one of CHECK_RESULTS
-    token: TokenRecord | None = None  # set for ok, revoked and expired
-    token_id: str = ""  # the id in the token's text, once it parsed (safe to log)
-
-    @property
-    def ok(self) -> bool:
-        return self.result == "ok"
-
-
-@dataclass(frozen=True)
-class NewLease:
-    gpu_index: int
-    gpu_uuid: str
-    gpu_name: str
-    simulated: bool
-    token_name: str
-    client_host: str
-    client_user: str
-    client_pid: int
-    program: str
-    peer: str
-    request: str  # the client's requirements, in words
-    queued_s: float
-    started: float
-
-
-_NEW_LEASE_FIELDS = tuple(NewLease.__dataclass_fields__)
-
-
-@dataclass(frozen=True)
-class LeaseFilter:
-    """Which lease records a listing keeps (None: any): the token's name, the client's user
-    name, the GPU index, and when it started (`since` inclusive, `until` exclusive; epoch s)."""
-
-    token: str | None = None
-    user: str | None = None
-    gpu: int | None = None
-    since: float | None = None
-    until: float | None = None
-    ended_after: float | None = None  # still running, or ended at or after this
-
-
-@dataclass(frozen=True)
-class LeaseRecord(NewLease):
-    """A lease as the store has it: what it was given (NewLease), its id and how it ended."""
-
-    id: int
-    ended: float | None
-    end_reason: str | None
-    end_detail: str | None
-    bytes_h2d: int
-    bytes_d2h: int
-    calls: dict[str, int]
-    scrub_ok: bool | None  # None until the GPU was scrubbed after the lease
-    scrub: dict[str, Any] | None
-    module_bytes: int = 0  # module images received (cache misses); 0 when all were cached
-    detaches: int = 0  # times the lease gave its GPU back while idle (pool/detach.py)
-    detached_s: float = 0.0  # seconds it spent detached
-    server: str = ""  # the server that ran it (config/identity.py); "" in older records
-    leased_s: float = 0.0  # seconds it held a GPU, as sampled (pool/usage.py; schema v9)
-    busy_s: float = 0.0  # of those, seconds its GPU was busy
-    reused_s: float = 0.0  # seconds its GPU served others while it was detached (schema v10)
-
-    def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-
-@dataclass(frozen=True)
-class AuditRecord:
-    id: int
-    at: float
-    actor: str
-    action: str
-    target: str
-    detail: str
-    server: str = ""  # the server that acted (its name; "" in records older than schema v7)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "time": self.at, "actor": self.actor, "action": self.action,
-                "target": self.target, "detail": self.detail, "server": self.server}
-
-
 def _token(row: Any) -> TokenRecord:
     return TokenRecord(id=row["id"], name=row["name"], role=row["role"], created=row["created"],
                        expires=row["expires"], revoked=row["revoked"],
@@ -418,7 +305,7 @@ def _expiry_text(expires: float | None) -> str:
 
 
 # ---------------------------------------------------------------------- the synchronous store
-class StoreDB(UsageQueries):
+class StoreDB(UsageQueries, SpoolQueries):
     """One database connection (SQLite, or PostgreSQL for a URL), usable only from the thread
     that created this object."""
 
@@ -815,36 +702,6 @@ class StoreDB(UsageQueries):
     def fleet_snapshot(self) -> tuple[list[fleet.GpuRow], list[fleet.QueueRow]]:
         return fleet.snapshot(self._conn)
 
-    # ------------------------------------------------------------------------- record spool
-    def apply_spooled(self, record: SpooledRecord) -> bool:
-        """Write a record from the spool (store/spool.py) and note its id, in one transaction;
-        False when its id is noted already (a second replay of it: nothing is written)."""
-        if record.call not in SPOOLED_CALLS:  # not retried: no later try would know it either
-            raise ValueError(f"the spool holds a record of an unknown call {record.call!r}")
-        args, kwargs = list(record.args), dict(record.kwargs)
-        if record.call == "record_usage":  # its delta was spooled as JSON (usage_to_json)
-            if args:
-                args[0] = usage_from_json(args[0])
-            else:
-                kwargs["delta"] = usage_from_json(kwargs["delta"])
-        with self._write() as db:
-            if db.execute("INSERT INTO spool_applied (id, server, applied) VALUES (?, ?, ?) "
-                          "ON CONFLICT (id) DO NOTHING",
-                          (record.id, self.server, time.time())).rowcount != 1:
-                return False
-            getattr(self, record.call)(*args, **kwargs)  # joins this transaction
-        return True
-
-    def forget_spooled(self, ids: Collection[str]) -> None:
-        """Drop the notes of records replayed from a spool that is gone (no replay can repeat
-        them any more)."""
-        chunk = list(ids)
-        with self._write() as db:
-            for i in range(0, len(chunk), 500):
-                part = chunk[i:i + 500]
-                db.execute(f"DELETE FROM spool_applied WHERE id IN ({', '.join('?' * len(part))})",
-                           part)
-
     # -------------------------------------------------------------------------------- audit
     def audit(self, actor: str, action: str, target: str, detail: str = "",
               at: float | None = None) -> int:
@@ -863,13 +720,6 @@ class StoreDB(UsageQueries):
 
 # --------------------------------------------------------------------- the asynchronous store
 P = ParamSpec("P")
-# The calls of `Store` that are records (written later when the database is away), by name.
-SPOOLED_CALLS = frozenset({"lease_ended", "lease_scrubbed", "lease_event", "record_usage",
-                           "audit"})
-
-
-def _why(exc: BaseException) -> str:
-    return str(exc).strip() or type(exc).__name__
 
 
 class _StoreCall(Generic[P, T]):
@@ -902,27 +752,21 @@ def _record_call(fn: Callable[Concatenate[StoreDB, P], None]) -> _StoreCall[P, N
 
 
 class Store:
-    """The daemon's store: every call runs on the store's own thread, one at a time. A record
-    (a lease's end, its scrub, an idle-detach event, GPU time, an audit record) that the
-    database cannot take goes to the record spool (store/spool.py) in the state directory, and
-    so do the records after it until the spool is written to the database, in order, once it
-    is back: an outage loses none, even when gpupoold is killed during it."""
+    """The daemon's store: every call runs on the store's own thread, one at a time. Records
+    (a lease's end, its scrub, an idle-detach event, GPU time, an audit record) go through the
+    record spooler (store/replay.py): to the database, or while it is unreachable to the
+    record spool in the state directory, written to the database in order once it is back."""
 
     def __init__(self, db: StoreDB, executor: ThreadPoolExecutor, spool: Spool,
                  spool_executor: ThreadPoolExecutor) -> None:
         self._db = db
         self._executor = executor
-        self._closed = False
-        # The spool's file I/O has a thread of its own: the store's thread may be stuck on an
-        # unreachable database for as long as a connection attempt takes.
-        self._spool = spool
         self._spool_executor = spool_executor
-        self._spooling = spool.records > 0  # records go to the spool until it is replayed
-        self._order = asyncio.Lock()  # records are written or spooled one at a time, in order
-        self._replayed_to = 0  # the spool's offset up to which the database has the records
-        self._replayed: list[str] = []  # the ids of those records
-        self._counts = {"written": 0, "again": 0, "refused": 0, "damaged": 0}
-        self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
+        self._spooler = RecordSpooler(
+            spool, spool_executor, self._run, db.apply_spooled, db.forget_spooled,
+            store_errors, refused=lambda exc: isinstance(exc, (NotFound, db._integrity_error)),
+            closed=lambda exc: isinstance(exc, StoreClosed))
 
     @classmethod
     async def open(cls, location: Path | str, password_file: Path | None = None,
@@ -953,16 +797,7 @@ class Store:
             spool_executor.shutdown(wait=False)
             raise
         store = cls(db, executor, spool, spool_executor)
-        if store._spooling:
-            log.warning("the record spool %s holds %d record(s) from a previous run (the "
-                        "database was unreachable then): writing them to the database",
-                        spool.path, spool.records)
-            try:
-                await store._replay()
-            except store_errors() as exc:
-                log.error("the store cannot take the spooled records yet (%s): tried again "
-                          "every %g s", _why(exc), PENDING_RETRY_S)
-                store._start_flusher()
+        await store._spooler.start()
         return store
 
     @property
@@ -976,31 +811,24 @@ class Store:
 
     @property
     def spool_path(self) -> Path:
-        return self._spool.path
+        return self._spooler.spool.path
 
     @property
     def spool_bytes(self) -> int:
         """The size of the record spool (0: there is none)."""
-        return self._spool.size
+        return self._spooler.spool.size
+
+    @property
+    def pending(self) -> int:
+        """Records in the spool that the database does not have yet."""
+        return self._spooler.pending
 
     async def close(self) -> None:
         """Wait for the calls already made (and try the spooled records once more), then close
         the database; records still spooled stay in the spool for the next start."""
         if self._closed:
             return
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(BaseException):
-                await self._flusher
-        async with self._order:  # the records made before this are written or spooled first
-            pass
-        if self._spooling:
-            with contextlib.suppress(*store_errors()):
-                await self._replay()
-        if self._spooling:
-            log.warning("the store closes with %d record(s) in the spool %s (the database is "
-                        "unreachable): they are written at the next start", self.pending,
-                        self._spool.path)
+        await self._spooler.stop()
         self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._db.close)
@@ -1019,111 +847,12 @@ class Store:
                 raise StoreClosed("the store is closed") from exc
             raise
 
-    async def _in_spool_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._spool_executor, fn, *args)
-
-    @property
-    def pending(self) -> int:
-        """Records in the spool that the database does not have yet."""
-        return max(0, self._spool.records - len(self._replayed)) if self._spooling else 0
-
-    def _refused(self, exc: BaseException) -> bool:
-        """The database answered and refused the record (retrying would not help)."""
-        return isinstance(exc, (NotFound, self._db._integrity_error))
-
     async def _record(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Write a record now or, the database unreachable, put it in the spool: it is on disk
-        when this returns, and written from there in order once the database is back."""
+        """Write a record now or, the database unreachable, put it in the spool (on disk when
+        this returns), written from there in order once the database is back."""
         if self._closed:
             raise StoreClosed("the store is closed")
-        async with self._order:
-            if not self._spooling:
-                try:
-                    await self._run(fn, *args, **kwargs)
-                    return
-                except store_errors() as exc:
-                    if isinstance(exc, StoreClosed):
-                        raise
-                    if self._refused(exc):
-                        log.error("the store refused the record %s%s: %s", fn.__name__,
-                                  args[:2], _why(exc))
-                        return
-                    # Once per outage: the records after this one follow it into the spool.
-                    log.error("the store cannot be reached (%s): records are written to the "
-                              "spool %s until it is back, then to the database",
-                              _why(exc), self._spool.path)
-                    self._spooling = True
-            await self._spool_put(fn.__name__, args, kwargs)
-        self._start_flusher()
-
-    async def _spool_put(self, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        values, named = list(args), dict(kwargs)
-        if call == "record_usage":  # a usage delta (pool/usage.py) as JSON values
-            if values:
-                values[0] = usage_to_json(values[0])
-            else:
-                named["delta"] = usage_to_json(named["delta"])
-        record = SpooledRecord.new(call, values, named)
-        try:
-            await self._in_spool_thread(self._spool.append, record)
-        except OSError as exc:
-            log.error("cannot write the record spool %s (%s): this record is lost: %s; make "
-                      "room in the state directory, or make it writable for gpupoold",
-                      self._spool.path, _why(exc), record.line().decode().strip())
-
-    def _start_flusher(self) -> None:
-        if self._spooling and (self._flusher is None or self._flusher.done()):
-            self._flusher = asyncio.create_task(self._flush(), name="store-spool")
-
-    async def _flush(self) -> None:
-        while self._spooling and not self._closed:
-            await asyncio.sleep(PENDING_RETRY_S)
-            with contextlib.suppress(*store_errors()):
-                await self._replay()
-
-    async def _replay(self) -> None:
-        """Write the spool's records to the database in order, each with its id in one
-        transaction (StoreDB.apply_spooled), then remove the spool. Raises what the store
-        raises while the database is unreachable; the next try goes on from there."""
-        while True:
-            got = await self._in_spool_thread(self._spool.read, self._replayed_to)
-            self._counts["damaged"] += got.skipped
-            for record, end in got.records:
-                try:
-                    taken = await self._run(self._db.apply_spooled, record)
-                    self._counts["written" if taken else "again"] += 1
-                except store_errors() as exc:
-                    if not self._refused(exc):
-                        raise
-                    self._counts["refused"] += 1
-                    log.error("the spooled record %s%s (made at %s) was refused by the "
-                              "database: dropped: %s", record.call, tuple(record.args[:2]),
-                              format_utc(record.at), _why(exc))
-                except Exception:  # a record the database refuses for itself: not retried
-                    self._counts["refused"] += 1
-                    log.exception("the spooled record %s%s (made at %s) could not be written: "
-                                  "dropped", record.call, tuple(record.args[:2]),
-                                  format_utc(record.at))
-                self._replayed.append(record.id)
-                self._replayed_to = end
-            self._replayed_to = max(self._replayed_to, got.end)
-            async with self._order:  # no record is spooled meanwhile
-                if self._replayed_to < self._spool.size:
-                    continue  # records came while these were written: them too
-                await self._in_spool_thread(self._spool.remove)
-                self._spooling = False
-                ids, self._replayed, self._replayed_to = self._replayed, [], 0
-                counts, self._counts = self._counts, dict.fromkeys(self._counts, 0)
-            break
-        log.warning("the store is reachable again: %d record(s) written from the spool %s "
-                    "(%d it had already, %d refused, %d damaged), spool removed",
-                    counts["written"], self._spool.path, counts["again"], counts["refused"],
-                    counts["damaged"])
-        try:  # the notes of those ids: no replay can repeat them now
-            await self._run(self._db.forget_spooled, ids)
-        except store_errors() as exc:
-            log.info("the notes of %d replayed record(s) stay in the database (%s)", len(ids),
-                     _why(exc))
+        await self._spooler.record(fn, args, kwargs)
 
     # The calls: each runs StoreDB's method of the same name on the store's thread, with
     # StoreDB's own signature (one source: nothing here repeats a parameter list). A query

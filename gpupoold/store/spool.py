@@ -2,7 +2,7 @@
 database was unreachable (a lease's end, its scrub, idle-detach events, GPU time, audit) wait in
 `<state_dir>/records.spool` until the database is back: on disk, not in memory, so that a daemon
 killed during an outage loses none. This module is the one reader and writer of its format; the
-store (store/database.py) decides when to spool and replays the records.
+store's record spooler (store/replay.py) decides when to spool and replays the records.
 
 Format, version 1: text, one line per record.
 
@@ -16,7 +16,7 @@ with a warning, and cut off before the next append so that the next record start
 own. A damaged line elsewhere is skipped with a warning too; neither is fatal. The store removes
 the file only once the database has committed every record in it; a replay that runs twice (a
 crash between that commit and the removal) writes each record once, as the database keeps the
-ids of the records it took (store/database.py, `apply_spooled`).
+ids of the records it took (store/replay.py, `apply_spooled`).
 
 Calls are synchronous file I/O with fsync: the store makes them on a thread of their own, never
 on the event loop.
