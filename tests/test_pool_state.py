@@ -6,6 +6,7 @@ apart from the module's own table, so a change to either one shows."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -349,3 +350,10 @@ async def test_a_detached_lease_is_taken_over_on_no_gpu_and_comes_back_as_after_
     pool.grant(other, w)
     assert pool.attach(lease, other, 3.0, 0.02) == 8192
     assert lease.state == ATTACHED and other.lease is lease
+    # Detached since its recorded detach, before the restart (a time in the future is not taken).
+    again = new_lease(16)
+    pool.adopted_detached(again, home.gpu, 1, since=time.time() - 60)
+    assert pool.recall(again) >= 60
+    later = new_lease(17)
+    pool.adopted_detached(later, home.gpu, 1, since=time.time() + 60)
+    assert later.state_since <= time.time()

@@ -395,7 +395,8 @@ class LeaseManager:
                       worker=worker, queued_s=rec.queued_s, started=rec.started,
                       watcher=asyncio.current_task(), detaches=rec.detaches,
                       detached_s=rec.detached_s)
-        self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached)
+        self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached,
+                                   await self._detached_since(rec.id))
         self.counters.inc("leases_adopted")
         limit = self.settings.max_lease_seconds
         if limit > 0:
@@ -408,6 +409,18 @@ class LeaseManager:
         self.detacher.resume(lease)
         self._dispatch()  # a waiter its token's max_gpus_per_token held back may be again
         await self._watch(lease)
+
+    async def _detached_since(self, lease_id: int) -> float | None:
+        """When the lease's last detach was recorded (its time detached goes on from there
+        across the restart), or None."""
+        try:
+            events = await self.store.lease_events(lease_id)
+        except Exception:
+            log.exception("lease %d: reading its events failed; its time detached counts from "
+                          "now", lease_id)
+            return None
+        last = events[-1] if events else None
+        return float(last["at"]) if last is not None and last["state"] == DETACHED else None
 
     async def _refuse_previous(self, rec: LeaseRecord,
                                answer: asyncio.Task[Worker | AdoptError], why: str) -> None:

@@ -213,16 +213,20 @@ class PoolState:
         self._leases[lease.id] = lease
         self.changed(slot)
 
-    def adopted_detached(self, lease: Lease, home: Gpu, saved_bytes: int) -> None:
+    def adopted_detached(self, lease: Lease, home: Gpu, saved_bytes: int,
+                         since: float | None = None) -> None:
         """The previous daemon's lease is taken over detached (its worker answered so): active
         again on no GPU, its `saved_bytes` of device memory in its worker's host memory since it
-        left `home`; its client's next call brings it back as after any detach."""
+        left `home` (at `since`, as recorded; else from now); its client's next call brings it
+        back as after any detach."""
         if lease.id in self._leases or lease.slot is not None or lease.state != ATTACHED:
             raise TransitionError(f"lease {lease.id}: no adopted_detached: it is active, on a "
                                   f"GPU or not new")
         lease.home = home
         lease.saved_bytes = saved_bytes
         self._move_lease(lease, DETACHED)
+        if since is not None and since <= lease.state_since:
+            lease.state_since = since
         self._leases[lease.id] = lease
         self.changed(None)
 
