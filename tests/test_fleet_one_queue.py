@@ -168,6 +168,16 @@ async def test_a_gpu_held_for_a_client_that_never_arrives_is_free_again_within_2
     assert await asyncio.wait_for(nxt.future, 3) is slot
 
 
+def test_gpupool_status_says_how_many_wait_in_the_fleets_queue() -> None:
+    from gpupool.status import fleet_lines
+
+    gpu = {"server": "a", "address": "a:1", "server_state": "up", "this": True, "index": 0,
+           "name": "H100", "state": "leased", "available": True, "lease_id": 1, "token": "t"}
+    assert fleet_lines({"fleet": [gpu, {**gpu, "server": "b", "this": False}]}, 3)[0] == (
+        "  Fleet: 2 servers, 2 GPUs, 0 free, 3 waiting in its one queue (a client of any of "
+        "them is sent to the first free GPU)")
+
+
 # ---------------------------------------------------------------------------------- end to end
 def test_the_fleets_queue_is_full_at_max_queue_on_every_server(
         start_daemon: Any, native_build: Path, pg_url: str, tmp_path: Path) -> None:

@@ -161,12 +161,13 @@ def print_status(probes: list[Probe]) -> None:
             print("  Fleet: as above")
             continue
         fleets_shown.add(fleet)
-        for line in fleet_lines(data):
+        for line in fleet_lines(data, p.info.queue):
             print(line)
 
 
-def fleet_lines(data: Mapping[str, Any]) -> list[str]:
-    """The fleet the server belongs to, one line per server and per GPU ([] without a fleet)."""
+def fleet_lines(data: Mapping[str, Any], waiting: int | None = None) -> list[str]:
+    """The fleet the server belongs to, one line per server and per GPU ([] without a fleet);
+    `waiting`: the info reply's count of clients waiting, which in a fleet is the fleet's."""
     gpus = [g for g in data.get("fleet") or [] if isinstance(g, Mapping)]
     if not gpus:
         return []
@@ -174,7 +175,8 @@ def fleet_lines(data: Mapping[str, Any]) -> list[str]:
     for g in gpus:
         servers.setdefault(str(g.get("server")), []).append(g)
     free = sum(1 for g in gpus if g.get("state") == "free" and g.get("available"))
-    lines = [f"  Fleet: {len(servers)} servers, {len(gpus)} GPUs, {free} free "
+    queue = "" if waiting is None else f", {waiting} waiting in its one queue"
+    lines = [f"  Fleet: {len(servers)} servers, {len(gpus)} GPUs, {free} free{queue} "
              "(a client of any of them is sent to the first free GPU)"]
     for name, its in servers.items():
         first = its[0]
