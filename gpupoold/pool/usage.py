@@ -6,9 +6,11 @@ recorder (pool/usage_recorder.py) feeds it one `observe` per GPU per sampling ro
 `take` hands back. Between two observations of a GPU at t0 and t1 the span t1 - t0 counts
 for the lease seen at t1 when it was also the lease seen at t0; a lease that started in between
 counts from its start (`Observation.started`), one that ended in between until its end
-(`ended`, from the pool's LeaseEnded event). A lease that came back to a GPU in between (idle
-detach, a restart's takeover) counts from its first observation, short by at most one sampling
-period, never long. Busy time is the span times the utilisation share seen at t1:
+(`ended`, from the pool's LeaseEnded event). An idle detach and a return are instants too: the
+recorder calls `ended` at the pool's LeaseDetached and `observe` at its LeaseAttached. A lease
+that came back to a GPU in between otherwise (a restart's takeover) counts from its first
+observation, short by at most one sampling period, never long. Busy time is the span times
+the utilisation share seen at t1:
 NVML's utilisation, like the simulated device's, is the share of the last sample period in
 which a kernel ran, so the product is the busy time of that period, not "utilisation > 0".
 Where the GPU keeps a count of busy nanoseconds (the simulated device's worker), its difference
