@@ -2,9 +2,10 @@
 whose fleet queues (pool/fleet.py) share a real PostgreSQL (store/fleet.py). `max_queue` and
 `max_queue_per_token` count the clients waiting on every server, the info reply's counts are the
 fleet's, and a GPU held for a redirected client that never arrives is free again within
-REDIRECT_CLAIM_S (2 s), not a whole sync period later. Then end to end: two real daemons on one
-PostgreSQL with `max_queue = 2`, whose one queue is full for a third waiter on either server, and
-whose info reply counts the fleet."""
+REDIRECT_CLAIM_S (2 s), not a whole sync period later, and at once when its client says its
+hello to a server of the fleet again (it gave up reaching the GPU's server). Then end to end:
+two real daemons on one PostgreSQL with `max_queue = 2`, whose one queue is full for a third
+waiter on either server, and whose info reply counts the fleet."""
 
 from __future__ import annotations
 
@@ -166,6 +167,27 @@ async def test_a_gpu_held_for_a_client_that_never_arrives_is_free_again_within_2
     # The GPU is the fleet's again: the next waiter gets it.
     nxt = b.enqueue(Requirements(), "bob", client(3))
     assert await asyncio.wait_for(nxt.future, 3) is slot
+
+
+async def test_a_redirected_client_back_at_any_server_frees_its_held_gpu_at_once(
+        server: Server) -> None:
+    """The client could not reach the server its GPU is on (its connect timeout ran out, or
+    that server refused it) and says its hello to a server of the fleet again: the GPU held
+    for it is free at once, not 2 s later."""
+    a = await server("a")
+    b = await server("b")
+    await leased(a, 1)
+    await sync(b)
+    w = a.enqueue(Requirements(), "alice", client(2), redirectable=True)
+    await sync(a)
+    assert isinstance(await asyncio.wait_for(w.future, 1), Redirect)
+    await sync(b)
+    assert b.fleet is not None and b.fleet.holds(b.slots[0])
+    again = a.enqueue(Requirements(), "alice", client(2), redirectable=True)
+    await sync(a, b)
+    assert b.slots[0].state == FREE and not b.fleet.holds(b.slots[0])
+    await sync(b, a)  # b's GPU is the fleet's again: alice's new hello is sent there
+    assert isinstance(await asyncio.wait_for(again.future, 1), Redirect)
 
 
 def test_gpupool_status_says_how_many_wait_in_the_fleets_queue() -> None:

@@ -151,25 +151,38 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
                    tuple(inp.gone))
     # A client redirected here: its hello carries no ticket, but the same token, host and pid
     # as a ticket assigned to a GPU of this server. It gets that ticket back (and that GPU),
-    # rather than a new one at the end of the queue.
+    # rather than a new one at the end of the queue. One sent to another server's GPU that says
+    # its hello here instead gave up on reaching it (its connect timeout ran out, or that
+    # server refused it): that ticket is gone, so the GPU held for it there is free at once
+    # rather than after the hold's 2 s (pool/fleet.py, REDIRECT_CLAIM_S).
     sent_here: dict[tuple[str, Any, Any], int] = {}
-    for r in db.execute("SELECT ticket, token, client FROM fleet_queue WHERE state = 'assigned' "
-                        "AND assigned_server = ? AND server <> ? ORDER BY ticket",
-                        (me, me)).fetchall():
-        c = json.loads(r["client"])
-        sent_here.setdefault((r["token"], c.get("host"), c.get("pid")), int(r["ticket"]))
+    sent_away: dict[tuple[str, Any, Any], int] = {}
+    if inp.new_waiters:
+        for r in db.execute("SELECT ticket, token, client, assigned_server FROM fleet_queue "
+                            "WHERE state = 'assigned' AND server <> assigned_server ORDER BY "
+                            "ticket").fetchall():
+            c = json.loads(r["client"])
+            there = sent_here if r["assigned_server"] == me else sent_away
+            there.setdefault((r["token"], c.get("host"), c.get("pid")), int(r["ticket"]))
     tickets = {}
+    gave_up = []
     for key, w in inp.new_waiters:
-        claimed = sent_here.pop((w.token, w.client.get("host"), w.client.get("pid")), None)
+        who = (w.token, w.client.get("host"), w.client.get("pid"))
+        claimed = sent_here.pop(who, None)
         if claimed is not None:
             tickets[key] = claimed
             continue
+        if who in sent_away:
+            gave_up.append(sent_away.pop(who))
         tickets[key] = insert(
             db, "INSERT INTO fleet_queue (server, token, client, request, only_gpus, "
                 "redirectable, joined, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting')",
             (me, w.token, json.dumps(w.client), json.dumps(w.request),
              json.dumps(list(w.only)) if w.only is not None else None, w.redirectable,
              w.joined), key="ticket")
+    if gave_up:
+        db.execute(f"UPDATE fleet_queue SET state = 'gone' WHERE ticket IN {_in(gave_up)}",
+                   tuple(gave_up))
     servers = {r["name"]: {"remoting": r["remoting"], "http": r["http"],
                            "fingerprint": r["fingerprint"],
                            "state": "up" if r["down"] is None else "down",
@@ -203,7 +216,8 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
             "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
         queue = [_waiter(r) for r in db.execute(
             "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
-        if any(server != me or by_ticket[t].server != me for t, server, _ in assigned):
+        if gave_up or any(server != me or by_ticket[t].server != me
+                          for t, server, _ in assigned):
             db.execute(f"NOTIFY {CHANNEL}")
     elif inp.finished or inp.gone or inp.new_waiters:
         db.execute(f"NOTIFY {CHANNEL}")  # a GPU or a place in the queue may be theirs now
