@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -194,6 +194,9 @@ class FleetQueue:
         self.last_ok = 0.0  # time.time() of the last sync that reached the store
         self.error: str | None = None  # why the last sync failed (None: it did not)
         self.syncs = 0
+        # Seconds each of the last syncs that reached the store took, its lock wait included
+        # (/api/v1/fleet `sync_ms`; bench/fleet_scale.py reports them).
+        self.sync_seconds: deque[float] = deque(maxlen=1000)
 
     # --------------------------------------------------------------------- the lease manager's
     def kick(self) -> None:
@@ -310,6 +313,7 @@ class FleetQueue:
         async with self._lock:
             self._expire_reservations()
             inp, new = self._input()
+            began = time.monotonic()
             try:
                 res = await self.store.fleet_sync(
                     inp, lambda g, q, up, away: match(g, q, up, self.max_gpus_per_token, away))
@@ -329,6 +333,7 @@ class FleetQueue:
             self.error = None
             self.last_ok = time.time()
             self.syncs += 1
+            self.sync_seconds.append(time.monotonic() - began)
             self._apply(res, new)
             return True
 

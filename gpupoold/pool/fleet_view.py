@@ -57,6 +57,19 @@ def fleet_queue(fleet: FleetQueue | None, views: PoolViews, this: str) -> list[d
              "since": q.joined} for n, q in enumerate(waiting)]
 
 
+def sync_ms(fleet: FleetQueue | None) -> dict[str, float] | None:
+    """How long this server's last syncs took (up to 1000 of them), in ms: p50, p99, max and
+    their number; None on a single server or before the first sync."""
+    took = sorted(fleet.sync_seconds) if fleet is not None else []
+    if not took:
+        return None
+
+    def at(p: float) -> float:
+        return round(took[min(len(took) - 1, int(p * len(took)))] * 1000, 2)
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": at(1.0), "n": len(took)}
+
+
 async def fleet_view(views: PoolViews, store: Store, address: str) -> dict[str, Any]:
     fleet: FleetQueue | None = views.fleet
     this = store.server
@@ -76,5 +89,6 @@ async def fleet_view(views: PoolViews, store: Store, address: str) -> dict[str, 
             "synced": fleet.last_ok if fleet is not None else None,
             "store_error": fleet.error if fleet is not None else None,
             "syncs": fleet.syncs if fleet is not None else 0,
+            "sync_ms": sync_ms(fleet),
             "servers": servers, "leases": leases,
             "queue": fleet_queue(fleet, views, this)}
