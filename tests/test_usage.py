@@ -17,7 +17,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpupoold.cli import CliError, report_time
 from gpupoold.http import api
 from gpupoold.http.keys import STORE
-from gpupoold.pool.report import LeaseFacts, build_report, percentile, to_csv, to_text
+from gpupoold.pool.report import (
+    LeaseFacts,
+    build_report,
+    percentile,
+    summary_line,
+    to_csv,
+    to_text,
+)
 from gpupoold.pool.usage import MINUTE, Observation, UsageDelta, UsageMeter
 from gpupoold.pool.usage_recorder import UsageRecorder
 from gpupoold.store.database import LeaseFilter, NewLease, Store, StoreDB
@@ -414,3 +421,12 @@ async def test_the_api_report_of_a_shared_store_sums_its_servers(pg_url: str,
     finally:
         await store.close()
         other.close()
+
+
+def test_summary_names_a_period_in_words() -> None:
+    base = {"gpus": 2, "leased_share": 0.5, "busy_share": 0.25, "reused_gpu_hours": 0.0,
+            "detaches": 0, "detached_gpu_hours": 0.0, "wait_p50_s": None, "from": T0}
+    assert "of the minute;" in summary_line({**base, "to": T0 + 60})
+    assert "of the 2 minutes;" in summary_line({**base, "to": T0 + 120})
+    assert "of the hour;" in summary_line({**base, "to": T0 + 3600})
+    assert "of the 1.5 days;" in summary_line({**base, "to": T0 + 1.5 * 86400})

@@ -18,7 +18,6 @@ summary name no token and are shown to all.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +37,8 @@ from gpupoold.dashboard.timeline import (
     usage_chart,
 )
 from gpupoold.http.keys import INVENTORY, STORE, USAGE
-from gpupoold.pool.report import LeaseFacts, build_report
+from gpupoold.pool.report import build_report
+from gpupoold.pool.report_sources import lease_facts, usage_of
 from gpupoold.store.database import LeaseFilter, LeaseRecord
 
 DEFAULT_RANGE = "day"
@@ -119,14 +119,6 @@ def links(p: Period, now: float) -> dict[str, str]:
     return out
 
 
-def first_minute(since: float) -> float:
-    """The minute of the first usage row counted from `since`: the one it falls in. A row is
-    dated by its minute's start and cannot be split, so the rows of every minute the period
-    overlaps count, the first as well as the last (reading only rows that start within the
-    period left the first minute out whole: most of a period of a few minutes)."""
-    return math.floor(since / 60.0) * 60.0
-
-
 def lease_span(r: LeaseRecord, server: str, events: list[dict[str, Any]]) -> LeaseSpan:
     return LeaseSpan(id=r.id, server=r.server or server, gpu=r.gpu_index, token=r.token_name,
                      started=r.started, ended=r.ended,
@@ -151,15 +143,8 @@ async def utilisation_page(request: web.Request) -> web.Response:
     since, until = period.start, period.end
     app = request.app
     store = app[STORE]
-    recorder = app.get(USAGE)
-    if recorder is not None:
-        await recorder.flush()  # up to now, not up to the last periodic write
-    # The report's sources, as GET /api/v1/report reads them (http/api.py `report`).
-    if store.path is None:  # a shared store: every server's GPUs
-        gpus = await store.usage_gpus()
-    else:
-        gpus = [(store.server, g.index) for g in app[INVENTORY].gpus]
-    minutes = await store.usage_minutes(first_minute(since), until)
+    gpus, minutes = await usage_of(store, app.get(USAGE), lambda: [g.index for g in app[INVENTORY].gpus],
+                                   since, until)
     records = await store.leases("all", MAX_LEASES, None,
                                  LeaseFilter(ended_after=since, until=until))
     events: dict[int, list[dict[str, Any]]] = {}
@@ -179,8 +164,7 @@ def draw(period: Period, now: float, gpus: list[tuple[str, int]],
     """The page's report, timeline and charts from what was read (`records` newest first;
     `events` of the leases that detached, as far as they were read)."""
     since, until = period.start, period.end
-    facts = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches,
-                        r.detached_s) for r in records if r.started >= since]
+    facts = lease_facts(r for r in records if r.started >= since)
     by_gpu = build_report(since, until, "gpu", gpus, minutes, facts)
     by_token = build_report(since, until, "token", gpus, minutes, facts)
     drawn = records[:DRAWN_LEASES]

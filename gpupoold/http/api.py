@@ -35,7 +35,8 @@ from gpupoold.http.keys import (
 from gpupoold.pool.fleet_view import fleet_view
 from gpupoold.pool.leases import LeaseError, LeaseManager
 from gpupoold.pool.privacy import private_view
-from gpupoold.pool.report import GROUPINGS, LeaseFacts, build_report, first_row
+from gpupoold.pool.report import GROUPINGS, build_report
+from gpupoold.pool.report_sources import lease_facts, usage_of
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
 from gpupoold.store.tokens import check_token_name, parse_expiry
@@ -397,17 +398,10 @@ async def report(request: web.Request) -> web.Response:
     if not until > since:
         raise ApiError(400, "the report's period is empty: `to` must come after `from`",
                        "e.g. from=1767225600&to=1767830400 (Unix seconds)")
-    recorder = request.app.get(USAGE)
-    if recorder is not None:
-        await recorder.flush()  # the figures up to now, not up to the last periodic write
-    store = request.app[STORE]
-    if store.path is None:  # a shared store: every server's GPUs
-        gpus = await store.usage_gpus()
-    else:
-        gpus = [(store.server, g.index) for g in request.app[INVENTORY].gpus]
-    minutes = await store.usage_minutes(first_row(since), until)  # every minute it overlaps
-    records = await store.leases("all", REPORT_MAX_LEASES, None,
-                                 LeaseFilter(since=since, until=until))
-    leases = [LeaseFacts(r.token_name, r.server, r.gpu_index, r.queued_s, r.detaches,
-                         r.detached_s) for r in records]
+    gpus, minutes = await usage_of(request.app[STORE], request.app.get(USAGE),
+                                   lambda: [g.index for g in request.app[INVENTORY].gpus],
+                                   since, until)
+    records = await request.app[STORE].leases("all", REPORT_MAX_LEASES, None,
+                                              LeaseFilter(since=since, until=until))
+    leases = lease_facts(records)
     return _json({"report": build_report(since, until, by, gpus, minutes, leases)})

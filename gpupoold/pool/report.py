@@ -146,7 +146,8 @@ def _period_words(seconds: float) -> str:
         return f"the {seconds / 86400:.3g} days"
     if seconds >= HOUR:
         return f"the {seconds / HOUR:.3g} hours"
-    return f"the {seconds / 60:.3g} minutes"
+    minutes = seconds / 60
+    return "the minute" if abs(minutes - 1) < 1 / 60 else f"the {minutes:.3g} minutes"
 
 
 def summary_line(r: dict[str, Any]) -> str:
