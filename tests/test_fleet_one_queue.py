@@ -116,6 +116,18 @@ async def test_the_info_counts_are_the_fleets(server: Server) -> None:
     # Here: 1 GPU, leased; on b: 2 GPUs, free (a hello here would be sent to one at once).
     assert a.counts(Requirements(), "x") == (3, 3, 2, 0)
     assert a.counts(Requirements(model="A100"), "x") == (3, 0, 0, 0)
+    # A client waiting here that may not be sent elsewhere is not ahead for b's GPUs; one
+    # that may would take them, so they are not free for a hello now (before the next sync).
+    stay = a.enqueue(Requirements(), "alice", client(8))
+    await sync(a)
+    assert a.counts(Requirements(), "x") == (3, 3, 2, 1)
+    a.abandon(stay)
+    sent = a.enqueue(Requirements(), "alice", client(9), redirectable=True)
+    assert a.fleet is not None and a.fleet.last is not None
+    waiting = next(q for q in a.fleet.last.queue if q.state == "waiting")  # as a sync sees it
+    a.fleet.last.queue.append(replace(waiting, ticket=10**6, redirectable=True))
+    assert a.counts(Requirements(), "x")[2] == 0
+    a.abandon(sent)
     await leased(b, 2)
     await leased(b, 3)
     a.enqueue(Requirements(), "alice", client(4))

@@ -93,6 +93,13 @@ def _as_gpu(g: GpuRow) -> Gpu:
                ordinal=g.index, memory_total=g.memory_total)
 
 
+def _may_take(w: QueueRow, g: GpuRow) -> bool:
+    """Whether waiter `w` accepts GPU `g` as `match` decides it (the token limit aside)."""
+    if g.server != w.server and (not w.redirectable or w.only is not None):
+        return False
+    return (w.only is None or g.index in w.only) and Requirements(**w.request).matches(_as_gpu(g))
+
+
 def held_in_fleet(gpus: Sequence[GpuRow], up: set[str], away: Counter[str],
                   but_server: str | None = None) -> Counter[str]:
     """What each token holds in the fleet, as `max_gpus_per_token` counts it: the GPUs of the
@@ -248,9 +255,8 @@ class FleetQueue:
         if self.last is None:
             return gpus, matching, free, self.waiting()
         up = self._up()
-        waiting = [Requirements(**q.request) for q in self.last.queue
-                   if q.state == "waiting" and q.server in up and q.redirectable]
         may_take = self.under_limit(token)
+        waiting: list[QueueRow] | None = None  # made only for a free GPU (few, when many wait)
         for g in self.last.gpus:
             if g.server == self.server or g.server not in up:
                 continue
@@ -259,8 +265,11 @@ class FleetQueue:
             if g.state in OUT_OF_SERVICE or not req.matches(gpu):
                 continue
             matching += 1
-            if (may_take and g.free and g.holder is None
-                    and not any(r.matches(gpu) for r in waiting)):
+            if not (may_take and g.free and g.holder is None):
+                continue
+            if waiting is None:
+                waiting = [q for q in self.last.queue if q.state == "waiting" and q.server in up]
+            if not any(_may_take(q, g) for q in waiting):
                 free += 1
         return gpus, matching, free, self.waiting()
 
