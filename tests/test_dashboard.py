@@ -190,6 +190,52 @@ async def test_admin_actions_need_an_admin_session_and_the_csrf_token(ui: Ui) ->
     assert status == 409 and "not quarantined" in text
 
 
+async def test_the_fleet_page_acts_by_server_name_and_follows_live(ui: Ui) -> None:
+    """The Fleet page's actions name the server (here the only one: SQLite): confirmed and
+    CSRF-checked as the overview's, done here for this server, refused with the fleet's names
+    for a server that is not in it; its event stream carries the fleet with each server's
+    health. (Another server's GPU, in Chromium: tests/test_fleet.py.)"""
+    me = ui.d.app[STORE].server
+    drain = f"/ui/servers/{me}/gpus/0/drain"
+    await ui.login(ui.user)
+    user_page = await ui.page("/ui/fleet")
+    assert "data-action=" not in user_page and "this server" in user_page
+    status, text, _ = await ui.post(drain, {"csrf": await ui.csrf(), "confirm": "yes"})
+    assert status == 403 and "admin session" in text
+    await ui.login(ui.admin)
+    csrf = await ui.csrf()
+    page = await ui.page("/ui/fleet")
+    assert f'action="{drain}"' in page and 'id="fleet-action"' in page
+    status, text, _ = await ui.post(drain, {"confirm": "yes"})
+    assert status == 403 and "CSRF" in text
+    status, text, _ = await ui.post(drain, {"csrf": csrf})
+    assert status == 200 and f"Drain GPU 0 of server {me}?" in text
+    assert (await ui.gpus())[0]["state"] == "free"
+    status, _, headers = await ui.post(drain, {"csrf": csrf, "confirm": "yes",
+                                               "next": "/ui/fleet"})
+    assert status == 303 and headers["Location"] == "/ui/fleet"
+    assert (await ui.gpus())[0]["draining"] is True
+    status, text, _ = await ui.post("/ui/servers/nobody/gpus/0/drain",
+                                    {"csrf": csrf, "confirm": "yes"})
+    assert status == 404 and "no server &#39;nobody&#39;" in text and me in text
+    status, text, _ = await ui.post("/ui/servers/nobody/leases/1/end",
+                                    {"csrf": csrf, "confirm": "yes"})
+    assert status == 404 and "nobody" in text
+    resp = await ui.client.get("/ui/fleet/events")
+    try:
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        view = await read_state(resp, lambda v: bool(v["servers"]), kind="fleet")
+        server = view["servers"][0]
+        assert server["name"] == me and server["this"] and server["reachable"] is True
+        assert [g["state"] for g in server["gpus"]] == ["drained"]
+        assert {"heartbeat_age_s", "sync_lag_s"} <= set(server)
+        await ui.post(f"/ui/servers/{me}/gpus/0/undrain", {"csrf": csrf, "confirm": "yes"})
+        await read_state(resp, lambda v: [g["state"] for g in v["servers"][0]["gpus"]] == ["free"],
+                         kind="fleet")
+    finally:
+        resp.close()
+
+
 async def test_tokens_page_creates_and_revokes(ui: Ui) -> None:
     await ui.login(ui.user)
     await ui.page("/ui/tokens", status=403)
@@ -213,8 +259,8 @@ async def test_tokens_page_creates_and_revokes(ui: Ui) -> None:
 
 # ------------------------------------------------------------------ leases, events, escaping
 async def read_state(resp: Any, want: Callable[[dict[str, Any]], bool],
-                     timeout: float = 5) -> dict[str, Any]:
-    """The first `event: state` of the stream whose data satisfies `want`."""
+                     timeout: float = 5, kind: str = "state") -> dict[str, Any]:
+    """The first `event: state` (or `kind`) of the stream whose data satisfies `want`."""
     deadline = time.monotonic() + timeout
     event = ""
     while True:
@@ -223,7 +269,7 @@ async def read_state(resp: Any, want: Callable[[dict[str, Any]], bool],
         line = (await asyncio.wait_for(resp.content.readline(), left)).decode().rstrip("\n")
         if line.startswith("event: "):
             event = line[7:]
-        elif line.startswith("data: ") and event == "state":
+        elif line.startswith("data: ") and event == kind:
             data = json.loads(line[6:])
             if want(data):
                 return data

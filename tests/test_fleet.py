@@ -233,34 +233,63 @@ def test_postgresql_stopped_and_started_during_a_run(start_daemon: Any, native_b
     a.wait_for_log(r"the store is reachable again: \d+ record\(s\) written from the spool")
 
 
-def test_the_dashboard_of_one_server_shows_the_whole_fleet(
+def test_the_fleet_page_of_one_server_follows_and_acts_on_the_whole_fleet(
         start_daemon: Any, native_build: Path, hold_gpu: Path, pg_url: str,  # noqa: F811
         chromium: Any, artifacts: Path,  # noqa: F811
         clients: list[subprocess.Popen[str]]) -> None:
-    """Server B's Fleet page, in headless Chromium: all three servers' GPUs, and the lease that
-    runs on A (tests/browser.py; the markup: docs/dashboard.md)."""
+    """Server A's Fleet page, in headless Chromium, as an admin (tests/browser.py; the markup:
+    docs/dashboard.md): all three servers with their health; a lease starting on C appears by
+    itself; the Drain button of B's GPU drains it on B (B's API says so, B audits it) and the page,
+    never reloaded, shows it drained."""
     from test_dashboard_browser import login
 
     a, b, c = fleet(start_daemon, native_build, pg_url)
-    names = {name_of(s) for s in (a, b, c)}
-    a_name = name_of(a)
-    holder = start_client(a, hold_gpu, MIB, 20_000, 1)
-    clients.append(holder)
-    lease = wait_until("a lease on A", lambda: a.get_json("/api/v1/leases?state=active")["leases"])
+    a_name, b_name, c_name = name_of(a), name_of(b), name_of(c)
     page = chromium.new_page(1280, 900)
-    login(page, b, b.token)
-
-    def shown() -> bool:
-        page.goto(b.http_url + "/ui/fleet")
+    login(page, a, a.admin_token)
+    page.goto(a.http_url + "/ui/fleet")
+    try:
+        page.wait_for("document.body.dataset.live === 'connected'", what="the Fleet page's stream")
+        page.evaluate("window.__gpupoolMarker = 'kept'")
         cards = page.evaluate("[...document.querySelectorAll('article.fleet-gpu')]"
                               ".map(e => [e.dataset.server, e.dataset.state])")
-        row = page.evaluate(f"!!document.querySelector('#fleet-leases tr[data-server=\"{a_name}\"]"
-                            f"[data-lease=\"{lease[0]['id']}\"]')")
-        return ({s for s, _ in cards} == names and len(cards) == 3 and bool(row)
-                and [a_name, "leased"] in cards)
+        assert sorted(cards) == sorted([[n, "free"] for n in (a_name, b_name, c_name)]), cards
+        # Each server's health: B's HTTP listener (where A sends actions on B's GPUs) reachable.
+        health = f"document.querySelector('section.fleet-server[data-server=\"{b_name}\"] p.health')"
+        page.wait_for(f"{health}.dataset.reachable === '1'", what="B reachable from A")
+        assert "last heartbeat" in page.evaluate(f"{health}.innerText")
 
-    wait_until("B's Fleet page shows the three servers and A's lease", shown, timeout=20)
-    page.screenshot(artifacts / "fleet.png")
+        # ---- a lease starting on C appears on A's page by itself
+        clients.append(start_client(c, hold_gpu, MIB, 20_000, 1))
+        lease = wait_until("a lease on C",
+                           lambda: c.get_json("/api/v1/leases?state=active")["leases"])[0]
+        page.wait_for(f"!!document.querySelector('#fleet-leases tr[data-server=\"{c_name}\"]"
+                      f"[data-lease=\"{lease['id']}\"]') && document.querySelector("
+                      f"'article.fleet-gpu[data-server=\"{c_name}\"]').dataset.state === "
+                      "'leased'", timeout=10, what="C's lease on A's page")
+
+        # ---- drain B's GPU from A's page: done on B, shown on A's page without a reload
+        page.evaluate("window.confirm = q => { window.__asked = q; return true; }")
+        drain = f'article.fleet-gpu[data-server="{b_name}"] button[data-action="drain"]'
+        page.wait_for(f"!!document.querySelector('{drain}')",
+                      what="the Drain button of B's GPU")
+        page.click(drain)
+        page.wait_for("document.getElementById('fleet-action').dataset.result === 'done'",
+                      what="the drain to be done")
+        assert b_name in page.evaluate("window.__asked")
+        assert b.get_json("/api/v1/gpus/0")["draining"] is True
+        audit = b.get_json("/api/v1/audit")["audit"][0]
+        assert audit["action"] == "gpu.drain" and audit["actor"].startswith("local-admin@"), audit
+        page.wait_for(f"document.querySelector('article.fleet-gpu[data-server=\"{b_name}\"]')"
+                      ".dataset.state === 'drained'", timeout=10, what="B's GPU drained on A's page")
+        assert page.evaluate(f"!!document.querySelector('article.fleet-gpu[data-server="
+                             f"\"{b_name}\"] button[data-action=\"undrain\"]')")
+        assert page.evaluate("window.__gpupoolMarker") == "kept", "the page was reloaded"
+        page.screenshot(artifacts / "fleet.png")
+    except Exception:
+        page.screenshot(artifacts / "fleet-failure.png")
+        (artifacts / "fleet-failure.html").write_text(page.html())
+        raise
 
 
 def test_gpupool_status_and_smi_show_the_fleet(start_daemon: Any, native_build: Path,

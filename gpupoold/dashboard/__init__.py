@@ -22,15 +22,20 @@ dashboard's own session instead:
   visitor gets an admin session automatically (as in the API).
 - `GET /ui/events`: server-sent events, `event: state` with the same views as the API (gpus,
   active leases, queue, summary) whenever they change and at least every `EVENT_EVERY_S`.
+  `GET /ui/fleet/events`: the Fleet page's, `event: fleet` with the fleet view and each
+  server's health (fleet_live.py).
+- The Fleet page's actions, `POST /ui/servers/{server}/gpus/{index}/{drain,undrain,clear}` and
+  `/ui/servers/{server}/leases/{id}/end`, act here for this server and are passed on to the
+  other's API with the session's token otherwise (http/fleet_actions.py, as the API's are).
 
 Lease history comes from the store (its own thread); nothing here blocks the event loop.
 
 The modules: `sessions` (sessions, CSRF tokens, who is looking), `state` (what the dashboard
 keeps per application), `access` (the request's viewer, rendering and refusing), `payload` (the
 state and charts a page shows), `pages`, `actions` (admin forms), `live` (the event stream and
-the history sampler), `formatting` (numbers and times), `utilisation` and `timeline` (the
-Utilisation page: a lease timeline and busy-versus-leased charts, drawn as inline SVG); this
-module mounts them.
+the history sampler), `fleet_live` (the Fleet page's data and stream), `formatting` (numbers
+and times), `utilisation` and `timeline` (the Utilisation page: a lease timeline and
+busy-versus-leased charts, drawn as inline SVG); this module mounts them.
 """
 
 from __future__ import annotations
@@ -39,7 +44,16 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpupoold.dashboard.actions import Handler, create_token, end_lease, gpu_action, revoke_token
+from gpupoold.dashboard.actions import (
+    Handler,
+    create_token,
+    end_lease,
+    fleet_end_lease,
+    fleet_gpu_action,
+    gpu_action,
+    revoke_token,
+)
+from gpupoold.dashboard.fleet_live import fleet_events
 from gpupoold.dashboard.live import dashboard_ctx, events
 from gpupoold.dashboard.pages import (
     fleet_page,
@@ -79,6 +93,11 @@ UI_ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/ui/gpus/{index}/undrain", gpu_action("undrain")),
     ("POST", "/ui/gpus/{index}/clear", gpu_action("clear")),
     ("POST", "/ui/leases/{id}/end", end_lease),
+    ("GET", "/ui/fleet/events", fleet_events),
+    ("POST", "/ui/servers/{server}/gpus/{index}/drain", fleet_gpu_action("drain")),
+    ("POST", "/ui/servers/{server}/gpus/{index}/undrain", fleet_gpu_action("undrain")),
+    ("POST", "/ui/servers/{server}/gpus/{index}/clear", fleet_gpu_action("clear")),
+    ("POST", "/ui/servers/{server}/leases/{id}/end", fleet_end_lease),
     ("POST", "/ui/tokens", create_token),
     ("POST", "/ui/tokens/{name}/revoke", revoke_token),
 )

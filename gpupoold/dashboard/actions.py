@@ -1,8 +1,10 @@
-"""Admin actions from the pages: drain, undrain, clear, end a lease, create and revoke tokens.
-Each needs an admin session and the session's CSRF token, and a confirmation."""
+"""Admin actions from the pages: drain, undrain, clear, end a lease (on this server, or from the
+Fleet page on any server of the fleet), create and revoke tokens. Each needs an admin session
+and the session's CSRF token, and a confirmation."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +14,8 @@ from gpupoold.dashboard.access import refused, viewer
 from gpupoold.dashboard.pages import render_tokens
 from gpupoold.dashboard.sessions import Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
+from gpupoold.http.auth import ApiError
+from gpupoold.http.fleet_actions import forward, target_server
 from gpupoold.http.keys import LEASES, STORE
 from gpupoold.pool.leases import LeaseError
 from gpupoold.store.database import NotFound, TokenExists
@@ -72,9 +76,11 @@ async def _numbered_action(request: web.Request, key: str, what: str, where: str
     if ask is not None:
         return ask
     try:
-        await act(number, v, form)
+        refusal = await act(number, v, form)  # a page that says why not, from a fleet action
     except LeaseError as exc:
         return refused(request, exc.status, str(exc), check, v)
+    if isinstance(refusal, web.Response):
+        return refusal
     request.app[DASHBOARD].notify()
     raise _back(form, back)
 
@@ -101,6 +107,69 @@ async def end_lease(request: web.Request) -> web.Response:
         request, "id", "lease id", "the leases page",
         lambda lease_id: f"End lease {lease_id}? The client loses its GPU.", end,
         "the lease may have ended already", "/ui/leases")
+
+
+async def _on_server(request: web.Request, v: Viewer, server: str, local: Callable[[], Awaitable[Any]],
+                     path: str, body: dict[str, Any]) -> web.Response | None:
+    """Do an action of the Fleet page on `server`: `local()` when it is this server, else POST
+    `body` to `path` of that server's API with the session's own token, as the API's fleet
+    actions do (http/fleet_actions.py), so that server checks the role and audits it under the
+    session's name. None when done, else a page that says why not."""
+    store = request.app[STORE]
+    check = f"check server {server}'s state on the Fleet page"
+    try:
+        target = await target_server(store, server)
+        if target is None:
+            await local()
+            return None
+        assert v.session is not None
+        auth = f"Bearer {v.session.token}" if v.session.token else ""  # none with auth = none
+        status, data = await forward(target, path, auth, json.dumps(body).encode())
+    except ApiError as exc:
+        return refused(request, exc.status, exc.message, exc.hint or check, v)
+    except LeaseError as exc:
+        return refused(request, exc.status, str(exc), check, v)
+    if status >= 400:
+        reply = data if isinstance(data, dict) else {}
+        return refused(request, status, f"server {server}: {reply.get('error') or status}",
+                       str(reply.get("hint") or check), v)
+    return None
+
+
+def fleet_gpu_action(name: str) -> Handler:
+    """Drain, undrain or clear GPU `index` of fleet server `server` (the Fleet page's buttons)."""
+    async def handler(request: web.Request) -> web.Response:
+        server = request.match_info["server"]
+
+        async def act(index: int, v: Viewer, _form: Any) -> web.Response | None:
+            return await _on_server(request, v, server,
+                                    lambda: getattr(request.app[LEASES], name)(index, v.name),
+                                    f"/api/v1/gpus/{index}/{name}", {})
+
+        return await _numbered_action(
+            request, "index", "GPU index", "the Fleet page",
+            lambda index: f"{name.capitalize()} GPU {index} of server {server}?", act,
+            "check the GPU's state on the Fleet page", "/ui/fleet")
+    handler.__name__ = f"ui_fleet_{name}"
+    return handler
+
+
+async def fleet_end_lease(request: web.Request) -> web.Response:
+    """End lease `id`, running on fleet server `server` (the Fleet page's button)."""
+    server = request.match_info["server"]
+
+    async def act(lease_id: int, v: Viewer, form: Any) -> web.Response | None:
+        reason = form.get("reason")
+        reason = reason.strip()[:500] if isinstance(reason, str) else ""
+        reason = reason or "ended from the dashboard"
+        return await _on_server(
+            request, v, server, lambda: request.app[LEASES].end_lease(lease_id, v.name, reason),
+            f"/api/v1/leases/{lease_id}/end", {"reason": reason})
+
+    return await _numbered_action(
+        request, "id", "lease id", "the Fleet page",
+        lambda lease_id: f"End lease {lease_id} on server {server}? The client loses its GPU.",
+        act, "the lease may have ended already", "/ui/fleet")
 
 
 async def create_token(request: web.Request) -> web.Response:

@@ -10,12 +10,12 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from gpupoold.dashboard.access import login_redirect, page, page_viewer, refused, set_cookie, viewer
+from gpupoold.dashboard.fleet_live import fleet_payload
 from gpupoold.dashboard.history import IDLE_WINDOW_S
 from gpupoold.dashboard.payload import charts, day_charts, shown, state_payload
 from gpupoold.dashboard.sessions import COOKIE, Session, Viewer, csrf_ok
 from gpupoold.dashboard.state import DASHBOARD
-from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE, VIEWS, remoting_address
-from gpupoold.pool.fleet_view import fleet_view
+from gpupoold.http.keys import AUTH, COUNTERS, SETTINGS, STORE
 from gpupoold.store.database import LeaseFilter
 
 log = logging.getLogger("gpupoold.dashboard")
@@ -111,11 +111,11 @@ async def queue_page(request: web.Request) -> web.Response:
 
 
 async def fleet_page(request: web.Request) -> web.Response:
-    """Every server sharing this one's store, with its GPUs; the leases and the queue of all."""
+    """Every server sharing this one's store, with its GPUs and health; the leases and the
+    queue of all (kept current by dashboard/fleet_live.py's stream)."""
     v, new = await page_viewer(request)
-    view = await fleet_view(request.app[VIEWS], request.app[STORE], remoting_address(request.app))
-    return page(request, "fleet.html", v, new, state=shown(v, state_payload(request.app)),
-                fleet=shown(v, view))
+    view = await fleet_payload(request.app, probe=False)  # the page's stream probes
+    return page(request, "fleet.html", v, new, fleet=shown(v, view))
 
 
 async def tokens_page(request: web.Request) -> web.Response:

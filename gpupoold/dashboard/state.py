@@ -54,6 +54,9 @@ class Dashboard:
         # Why this server, meant to serve real GPUs, serves a simulated one (real mode found no
         # GPU and `fallback_to_simulated` is set); shown on every page. None: no fallback.
         self.fallback: str | None = None
+        # The Fleet page's probes of the other servers' HTTP listeners (dashboard/fleet_live.py):
+        # name -> (time.monotonic() of the try, accepted, why not).
+        self.reach: dict[str, tuple[float, bool | None, str]] = {}
 
     def notify(self) -> None:
         """Something changed: wake every event stream."""

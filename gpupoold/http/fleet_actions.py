@@ -33,6 +33,7 @@ from gpupoold.config.settings import parse_address
 from gpupoold.http import api
 from gpupoold.http.auth import ApiError
 from gpupoold.http.keys import STORE
+from gpupoold.store.database import Store
 from gpupoold.tls_identity import fingerprint_of_der_cert, fingerprints_equal
 
 log = logging.getLogger("gpupoold.http")
@@ -55,9 +56,11 @@ def _whole(text: str, what: str, minimum: int) -> int:
 
 
 async def _target(request: web.Request) -> dict[str, Any] | None:
-    """The named server's row; None when it is this server."""
-    name = request.match_info["name"]
-    store = request.app[STORE]
+    return await target_server(request.app[STORE], request.match_info["name"])
+
+
+async def target_server(store: Store, name: str) -> dict[str, Any] | None:
+    """The named server's row; None when it is this server (ApiError: not one to act on)."""
     if name == store.server:
         return None
     servers = {s["name"]: s for s in await store.servers()}
@@ -176,13 +179,20 @@ async def _exchange(server: dict[str, Any], path: str, authorization: str,
 
 
 async def _forward(request: web.Request, server: dict[str, Any], path: str) -> web.Response:
-    body = await request.read() or b"{}"
+    status, data = await forward(server, path, request.headers.get("Authorization", ""),
+                                 await request.read() or b"{}")
+    return web.json_response(data, status=status)
+
+
+async def forward(server: dict[str, Any], path: str, authorization: str,
+                  body: bytes) -> tuple[int, Any]:
+    """POST `body` (JSON) to `path` of `server` (a row of `target_server`) with the caller's
+    `authorization`: (status, its JSON reply with `server`). ApiError 502: it did not answer."""
     name = str(server["name"])
     url = f"{server['http_scheme']}://{server['http_address']}{path}"
     try:
-        status, raw = await asyncio.wait_for(
-            _exchange(server, path, request.headers.get("Authorization", ""), body),
-            FORWARD_TIMEOUT_S)
+        status, raw = await asyncio.wait_for(_exchange(server, path, authorization, body),
+                                             FORWARD_TIMEOUT_S)
     except (TimeoutError, OSError, ssl.SSLError, ValueError) as exc:
         raise ApiError(502, f"server {name!r} ({url}) did not answer: "
                        f"{str(exc) or type(exc).__name__}",
@@ -195,7 +205,7 @@ async def _forward(request: web.Request, server: dict[str, Any], path: str) -> w
         data = {"error": text.strip()[:500] or f"HTTP {status}"}
     if isinstance(data, dict):
         data["server"] = name
-    return web.json_response(data, status=status)
+    return status, data
 
 
 async def gpu_action(request: web.Request) -> web.Response:

@@ -214,6 +214,94 @@
     }), "Nobody is waiting.", 6);
   }
 
+  // ---------------------------------------------------------------- the Fleet page
+  // The same markup as templates/fleet.html, rebuilt from an `event: fleet` (/ui/fleet/events).
+  function healthLine(s) {
+    var reach;
+    if (s.this) reach = "this server";
+    else if (s.reachable === true) reach = "reachable from here";
+    else if (s.reachable === null || s.reachable === undefined) reach = "reachability not tried yet";
+    else reach = el("strong", { text: "not reachable from here" });
+    var p = el("p", { class: "health", "data-reachable": s.reachable === true ? "1" : s.reachable === false ? "0" : "" }, [
+      "last heartbeat " + (typeof s.heartbeat_age_s === "number" ? duration(s.heartbeat_age_s) + " ago" : "never") +
+      " · sync lag " + (typeof s.sync_lag_s === "number" ? duration(s.sync_lag_s) : "n/a") + " · ", reach]);
+    if (s.reachable === false && !s.this) p.appendChild(document.createTextNode(" (" + s.reach_error + ")"));
+    return p;
+  }
+  function fleetGpuActions(s, g) {
+    var q = "GPU " + g.index + " of server " + s.name;
+    var base = "/ui/servers/" + encodeURIComponent(s.name) + "/gpus/" + g.index + "/";
+    var acts = el("div", { class: "actions" });
+    if (g.state === "drained" || g.state === "draining") acts.appendChild(adminForm("undrain", base + "undrain", "Undrain", "Put " + q + " back in service?", "/ui/fleet"));
+    else acts.appendChild(adminForm("drain", base + "drain", "Drain", "Drain " + q + "? No new lease will be given on it.", "/ui/fleet"));
+    if (g.state === "quarantined") acts.appendChild(adminForm("clear", base + "clear", "Clear quarantine", "Clear the quarantine of " + q + "? It will be scrubbed and checked again.", "/ui/fleet"));
+    if (g.lease_id) acts.appendChild(fleetEnd(s.name, g.lease_id));
+    return acts;
+  }
+  function fleetEnd(server, id) {
+    return adminForm("end", "/ui/servers/" + encodeURIComponent(server) + "/leases/" + id + "/end", "End lease",
+      "End lease " + id + " on server " + server + "? The client loses its GPU.", "/ui/fleet");
+  }
+  function fleetServer(s, admin) {
+    var h = el("h2", null, [s.name]);
+    if (s.this) { h.appendChild(document.createTextNode(" ")); h.appendChild(el("span", { class: "model", text: "(this server)" })); }
+    h.appendChild(document.createTextNode(" "));
+    h.appendChild(el("span", { class: "badge state-" + s.state, text: s.state }));
+    var where = String(s.remoting || "");
+    if (s.state === "down") where += ", down since " + when(s.down_since) + ": " + s.down_reason;
+    var cards = el("div", { class: "cards" });
+    (s.gpus || []).forEach(function (g) {
+      var kids = [el("h2", null, ["GPU " + g.index + " ", el("span", { class: "model", text: g.name })]),
+        el("p", null, [el("span", { class: "state", text: g.state }), g.available ? null : " (unavailable)"])];
+      if (g.lease_id) kids.push(el("p", { text: "lease " + g.lease_id + ", token " + g.token }));
+      else if (g.held) kids.push(el("p", { text: "held for a client of token " + g.token + ", on its way" }));
+      if (admin && s.state === "up") kids.push(fleetGpuActions(s, g));
+      cards.appendChild(el("article", { class: "gpu-card fleet-gpu state-" + g.state, "data-server": s.name,
+        "data-gpu": String(g.index), "data-state": g.state, "data-available": g.available ? "1" : "0" }, kids));
+    });
+    if (!(s.gpus || []).length) cards.appendChild(el("p", { text: "No GPUs reported yet." }));
+    return el("section", { class: "fleet-server", "data-server": s.name, "data-state": s.state, "aria-label": "server " + s.name },
+      [h, el("p", { class: "model", text: where }), healthLine(s), cards]);
+  }
+  function fleetProblem(text) {
+    var box = document.getElementById("fleet-problem");
+    if (!box) return;
+    box.replaceChildren.apply(box, text ? [el("p", { class: "note warning", role: "alert", text: text })] : []);
+  }
+  // What moves by itself (the ages): a view that differs only there rewrites the health lines
+  // and leaves the rest, its buttons included, as it is (a click in progress is not lost).
+  var FLEET_MOVING = ["heartbeat_age_s", "sync_lag_s", "time", "synced", "syncs"];
+  var lastFleet = "";
+  function renderFleet(view) {
+    var admin = body.dataset.admin === "1";
+    var key = JSON.stringify(view, function (k, v) { return FLEET_MOVING.indexOf(k) >= 0 ? undefined : v; });
+    var box = document.getElementById("fleet-servers");
+    if (key === lastFleet && box) {
+      view.servers.forEach(function (s) {
+        box.querySelectorAll("section.fleet-server").forEach(function (sec) {
+          var line = sec.querySelector("p.health");
+          if (sec.dataset.server === s.name && line) line.replaceWith(healthLine(s));
+        });
+      });
+      return;
+    }
+    lastFleet = key;
+    if (box) box.replaceChildren.apply(box, view.servers.map(function (s) { return fleetServer(s, admin); }));
+    fleetProblem(view.store_error ? "This server cannot reach the fleet's database (" + view.store_error + "): the view below is as it was " +
+      when(view.synced) + ". Running leases go on; new clients are told to try again." : "");
+    renderRows("fleet-leases", view.leases.map(function (l) {
+      var cells = [String(l.id), String(l.server), String(l.gpu_index), String(l.token_name),
+        l.client_user + "@" + l.client_host + " pid " + l.client_pid + " " + (l.program || ""), when(l.started)];
+      if (admin) cells.push(fleetEnd(l.server, l.id));
+      return { attrs: { "data-lease": String(l.id), "data-server": String(l.server) }, cells: cells };
+    }), "No lease is running.", admin ? 7 : 6);
+    renderRows("fleet-queue", view.queue.map(function (w) {
+      var c = w.client || {};
+      return { attrs: { "data-ticket": String(w.ticket) }, cells: [String(w.position), String(w.server), w.token,
+        c.host + " pid " + c.pid + " " + (c.program || ""), w.request, when(w.since)] };
+    }), "Nobody is waiting.", 6);
+  }
+
   // ---------------------------------------------------------------- confirmation of admin forms
   document.addEventListener("submit", function (ev) {
     var form = ev.target;
@@ -224,7 +312,35 @@
       return;
     }
     if (confirmField) confirmField.value = "yes";
+    if (body.dataset.page === "fleet") { ev.preventDefault(); sendInPlace(form); }
   });
+
+  // The Fleet page sends its actions without leaving the page (the same form, CSRF field and
+  // confirmation): its live view shows what they did, and a refusal is said above the servers.
+  function sendInPlace(form) {
+    var question = (form.getAttribute("data-confirm") || "the action").split("?")[0];
+    fleetAction("sending: " + question, false);
+    fetch(form.action, { method: "POST", body: new URLSearchParams(new FormData(form)), redirect: "manual",
+      credentials: "same-origin" }).then(function (res) {
+      if (res.type === "opaqueredirect" || res.ok) { fleetAction("done: " + question, false); return null; }
+      return res.text().then(function (text) {
+        var doc = new DOMParser().parseFromString(text, "text/html");  // read, never inserted
+        var what = doc.querySelector("p.error");
+        var next = what && what.nextElementSibling;
+        var hint = next && /^What to do/.test(next.textContent) ? " " + next.textContent : "";
+        fleetAction("refused (HTTP " + res.status + "): " + (what ? what.textContent : question) + "." + hint, true);
+      });
+    }).catch(function (e) {
+      fleetAction("not sent: " + e + " (check the connection to this server and try again)", true);
+    });
+  }
+  function fleetAction(text, failed) {
+    var line = document.getElementById("fleet-action");
+    if (!line) return;
+    line.textContent = text;
+    line.className = failed ? "error" : "note";
+    line.setAttribute("data-result", failed ? "refused" : text.indexOf("done") === 0 ? "done" : "sending");
+  }
 
   // Redraw the last-hour charts from an event's `charts` (polylines computed by the server).
   function renderCharts(charts) {
@@ -257,13 +373,13 @@
 
   // ---------------------------------------------------------------- live updates
   var page = body.dataset.page;
-  if (["overview", "leases", "queue"].indexOf(page) < 0 || typeof EventSource === "undefined") return;
+  if (["overview", "leases", "queue", "fleet"].indexOf(page) < 0 || typeof EventSource === "undefined") return;
   var status = document.getElementById("live-status");
   var setLive = function (state, text) {
     body.setAttribute("data-live", state);
     if (status) status.textContent = "live: " + text;
   };
-  var source = new EventSource("/ui/events");
+  var source = new EventSource(page === "fleet" ? "/ui/fleet/events" : "/ui/events");
   source.onopen = function () { setLive("connected", "connected"); };
   source.onerror = function () {
     setLive(source.readyState === EventSource.CLOSED ? "closed" : "reconnecting",
@@ -276,5 +392,17 @@
     if (page === "overview") { renderCards(state); renderCharts(state.charts); }
     else if (page === "leases") renderLeases(state);
     else if (page === "queue") renderQueue(state);
+  });
+  source.addEventListener("fleet", function (ev) {
+    var view;
+    try { view = JSON.parse(ev.data); } catch (e) { return; }
+    setLive("connected", "connected, updated " + when(view.time).slice(11));
+    renderFleet(view);
+  });
+  source.addEventListener("problem", function (ev) {
+    var p;
+    try { p = JSON.parse(ev.data); } catch (e) { return; }
+    setLive("connected", "connected, the fleet's database cannot be read");
+    fleetProblem(String(p.error));
   });
 })();
