@@ -355,6 +355,68 @@ enum {
     CU_LIBRARY_BINARY_IS_PRESERVED = 1
 };
 
+/* ---- tensor maps (TMA descriptors, compute capability 9.0+) ----------------------------- */
+#define CU_TENSOR_MAP_NUM_QWORDS 16
+
+/* Opaque to everyone but the driver: 128 bytes; the driver requires 64-byte alignment of the
+ * caller's map, the toolkit header declares 128. */
+typedef struct CUtensorMap_st {
+    _Alignas(128) cuuint64_t opaque[CU_TENSOR_MAP_NUM_QWORDS];
+} CUtensorMap;
+
+typedef int CUtensorMapDataType;
+enum {
+    CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0,
+    CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1,
+    CU_TENSOR_MAP_DATA_TYPE_UINT32 = 2,
+    CU_TENSOR_MAP_DATA_TYPE_INT32 = 3,
+    CU_TENSOR_MAP_DATA_TYPE_UINT64 = 4,
+    CU_TENSOR_MAP_DATA_TYPE_INT64 = 5,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT64 = 8,
+    CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ = 10,
+    CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11,
+    CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ = 12,
+    CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B = 13,
+    CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B = 14,
+    CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B = 15
+};
+typedef int CUtensorMapInterleave;
+enum {
+    CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
+    CU_TENSOR_MAP_INTERLEAVE_16B = 1,
+    CU_TENSOR_MAP_INTERLEAVE_32B = 2
+};
+typedef int CUtensorMapSwizzle;
+enum {
+    CU_TENSOR_MAP_SWIZZLE_NONE = 0,
+    CU_TENSOR_MAP_SWIZZLE_32B = 1,
+    CU_TENSOR_MAP_SWIZZLE_64B = 2,
+    CU_TENSOR_MAP_SWIZZLE_128B = 3,
+    CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B = 4,
+    CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B = 5,
+    CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B = 6
+};
+typedef int CUtensorMapL2promotion;
+enum {
+    CU_TENSOR_MAP_L2_PROMOTION_NONE = 0,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_64B = 1,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
+};
+typedef int CUtensorMapFloatOOBfill;
+enum {
+    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0,
+    CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1
+};
+typedef int CUtensorMapIm2ColWideMode;
+enum {
+    CU_TENSOR_MAP_IM2COL_WIDE_MODE_W = 0,
+    CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128 = 1
+};
+
 #ifdef __cplusplus
 }
 #endif

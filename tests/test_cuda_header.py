@@ -45,6 +45,7 @@ LAYOUTS: dict[str, list[str]] = {
                       "dstArray", "dstPitch", "WidthInBytes", "Height"],
     "CUlaunchConfig": ["gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
                        "sharedMemBytes", "hStream", "attrs", "numAttrs"],
+    "CUtensorMap": ["opaque"],
 }
 # Scalar and handle types whose size must match.
 SIZES = ["CUresult", "CUdevice", "CUdeviceptr", "CUmemGenericAllocationHandle", "cuuint64_t",
@@ -52,7 +53,9 @@ SIZES = ["CUresult", "CUdevice", "CUdeviceptr", "CUmemGenericAllocationHandle", 
          "CUevent", "CUmemoryPool", "CUgraph", "CUgraphExec", "CUlinkState", "CUarray", "CUprocessState",
          "CUdriverProcAddressQueryResult", "CUdevice_attribute", "CUfunction_attribute",
          "CUlimit", "CUpointer_attribute", "CUmemorytype", "CUlaunchAttributeID",
-         "CUoccupancyB2DSize", "CUjit_option", "CUlibraryOption", "CUmoduleLoadingMode"]
+         "CUoccupancyB2DSize", "CUjit_option", "CUlibraryOption", "CUmoduleLoadingMode",
+         "CUtensorMapDataType", "CUtensorMapInterleave", "CUtensorMapSwizzle",
+         "CUtensorMapL2promotion", "CUtensorMapFloatOOBfill", "CUtensorMapIm2ColWideMode"]
 
 
 def require_toolkit() -> None:
