@@ -32,6 +32,7 @@ C_TESTS = [
     "test_sim_memfile",
     "test_sim_graph",
     "test_sim_checkpoint",
+    "test_sim_export",
 ]
 
 EXPORTS = """
@@ -60,6 +61,7 @@ cuStreamBeginCapture_v2 cuStreamEndCapture cuStreamIsCapturing cuGraphInstantiat
 cuGraphLaunch cuGraphUpload cuGraphExecDestroy cuGraphDestroy cuGraphGetNodes
 cuCheckpointProcessGetState cuCheckpointProcessGetRestoreThreadId cuCheckpointProcessLock
 cuCheckpointProcessCheckpoint cuCheckpointProcessRestore cuCheckpointProcessUnlock
+cuGetExportTable
 """.split()
 
 

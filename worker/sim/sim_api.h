@@ -138,6 +138,9 @@ SIM_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const 
 SIM_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
                                     const char *name);
 SIM_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
+
+/* ---- export tables (sim_export.c) -------------------------------------------------------- */
+SIM_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
 SIM_API CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
                                     size_t *paramSize);
 SIM_API CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,

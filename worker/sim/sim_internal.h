@@ -335,6 +335,10 @@ struct sim_func {
 /* The function named by a CUfunction or a CUkernel handle, or NULL. */
 struct sim_func *sim_func_get(uint64_t h);
 void sim_module_release_ctx(uint64_t ctx);
+/* Calls fn(arg, CUfunction handle) for each kernel of module hmod that the image names, in the
+ * image's order (the functions are created as cuModuleGetFunction would); returns how many, or -1
+ * if hmod is not a module. Caller holds the lock (sim_export.c, the tools-module table). */
+long sim_module_foreach_function(uint64_t hmod, void (*fn)(void *arg, uint64_t fh), void *arg);
 
 /* ---- launches (sim_launch.c) ------------------------------------------------------------- */
 int sim_func_attr_value(const struct sim_func *f, int attrib);

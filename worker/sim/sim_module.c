@@ -229,6 +229,22 @@ static CUresult get_global(struct sim_module *m, struct sim_ctx *c, const char *
     return CUDA_SUCCESS;
 }
 
+long sim_module_foreach_function(uint64_t hmod, void (*fn)(void *arg, uint64_t fh), void *arg)
+{
+    struct sim_module *m = sim_handle_get(hmod, SIM_K_MODULE);
+    if (!m)
+        return -1;
+    long n = 0;
+    for (size_t i = 0; i < m->img.elf.nkernels; i++) {
+        struct sim_func *f = NULL;
+        if (get_func(m, m->img.elf.kernels[i].name, &f) != CUDA_SUCCESS)
+            continue; /* out of memory: that one is left out, as the count says */
+        fn(arg, f->fh);
+        n++;
+    }
+    return n;
+}
+
 /* ---- modules ----------------------------------------------------------------------------- */
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
