@@ -330,6 +330,53 @@ def test_a_detached_lease_survives_a_daemon_restart_and_comes_back_bit_exact(
     assert f"lease {lease_id} attached again on GPU 0" in log
 
 
+def test_a_lease_that_came_back_on_the_other_gpu_survives_a_daemon_restart_there(
+        start_daemon: Any, native_build: Path, cuda_programs: Any, hold_gpu: Path,  # noqa: F811
+        tmp_path: Path, clients: list[subprocess.Popen[str]]) -> None:
+    """Idle detach moved the lease from GPU 0 to GPU 1; its record still says GPU 0 (the GPU it
+    started on: the history's first stretch). A restart must take it over on GPU 1, where it
+    runs, not end it ("runs on ..., not on GPU 0"); and GPU 0's own lease must stay too."""
+    server = detach_server(start_daemon, native_build, tmp_path, gpus=2)  # when-queued
+    tenant = start_tenant(cuda_programs, server, 64, clients, "0", "1")
+    lease_id = the_lease(server)["id"]
+    # GPU 1 taken, then a waiter: the idle tenant gives GPU 0 to it. Both keep their GPUs.
+    keep = {"GPUPOOL_KEEP_GPU": "1"}
+    blocker = start_client(server, hold_gpu, 16 * MIB, 60000, seed=3, env=keep)
+    clients.append(blocker)
+    assert blocker.stdout is not None and "holding" in blocker.stdout.readline()
+    other = start_client(server, hold_gpu, 32 * MIB, 6000, seed=4, env=keep)
+    clients.append(other)
+    assert other.stdout is not None and "holding" in other.stdout.readline()
+    assert detached(server, lease_id)
+    # Its client calls; GPU 1 comes free: the tenant comes back there, and idles.
+    assert tenant.stdin is not None and tenant.stdout is not None
+    tenant.stdin.write("go\n")
+    tenant.stdin.flush()
+    blocker.kill()
+    assert tenant.stdout.readline().startswith("back")
+    wait_until("its move recorded", lambda: [(e["state"], e["gpu"]) for e in lease_of(
+        server, lease_id)["events"]] == [("detached", 0), ("attached", 1)])
+    restarted_at = time.time()
+    assert server.stop() == 0, server.log_text()[-3000:]
+    again = start_daemon("--simulated", "2", "--config", str(tmp_path / "gpupoold.toml"),
+                         build_dir=native_build, simulated=None, state_dir=server.state_dir)
+    wait_until("taken over (or ended)", lambda: lease_of(again, lease_id).get("gpu") == 1
+               or lease_of(again, lease_id).get("ended") is not None, timeout=20)
+    view = lease_of(again, lease_id)
+    assert view.get("ended") is None and view["gpu"] == 1, (view.get("end_detail"), view)
+    out, err = tenant.communicate("go\n", timeout=120)  # every byte as it was
+    assert tenant.returncode == 0 and "PASS detach" in out, f"{out}\n{err}\n{again.log_text()}"
+    assert finish(other, "the client on GPU 0")["exact"] == "1"
+    wait_until("the lease ended", lambda: lease_of(again, lease_id).get("ended") is not None)
+    rec = lease_of(again, lease_id)
+    assert rec["end_reason"] == "client exit" and rec["started"] < restarted_at < rec["ended"], rec
+    assert rec["gpu_index"] == 0, rec  # where it started; the events say where it went
+    mine = [r["id"] for r in again.get_json("/api/v1/leases?state=all")["leases"]
+            if r["client_pid"] == tenant.pid]
+    assert mine == [lease_id], mine
+    assert f"lease {lease_id} taken over: GPU 1" in again.log_text()
+
+
 def test_a_detached_lease_whose_worker_died_during_the_restart_ends_with_a_message(
         start_daemon: Any, native_build: Path, cuda_programs: Any, tmp_path: Path,  # noqa: F811
         clients: list[subprocess.Popen[str]]) -> None:

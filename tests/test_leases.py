@@ -29,6 +29,7 @@ from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import DRAINED, FREE, LEASED, QUARANTINED, SCRUBBING
 from gpupoold.pool.views import PoolViews
 from gpupoold.pool.waitqueue import ClientInfo, Waiter
+from gpupoold.store.records import LeaseRecord
 from gpupoold.workers.supervisor import AdoptError, WorkerExit, WorkerStats
 
 GIB = 1 << 30
@@ -172,6 +173,10 @@ class FakeStore:
     async def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
                           detail: str, detaches: int, detached_s: float) -> None:
         self.events.setdefault(lease_id, []).append((state, gpu_index, detail, detaches))
+
+    async def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
+        return [{"at": 0.0, "state": state, "gpu": gpu, "detail": detail}
+                for state, gpu, detail, _ in self.events.get(lease_id, [])]
 
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         self.audits.append((actor, action, target, detail))
@@ -420,6 +425,7 @@ async def test_open_records_of_a_dead_daemon_are_closed_and_get_the_startup_scru
     class Rec:
         id: int
         gpu_index: int
+        gpu_uuid: str = ""
 
     store = FakeStore(open=[Rec(7, 0), Rec(8, 1)])
     settings = Settings(state_dir=tmp_path)
@@ -454,6 +460,64 @@ async def test_a_lease_ended_before_its_scrub_gets_the_startup_scrub_of_its_gpu(
         assert store.scrubbed == {5: (True, store.scrubbed[5][1])}
         assert store.scrubbed[5][1]["scrub"]["bytes"] == 123 and sorted(cleaner.cleaned) == [0, 1]
         assert store.ended == {}  # its end stays as the previous daemon recorded it
+    finally:
+        await m.close(0.1)
+
+
+class BusyWorkerSupervisor(FakeSupervisor):
+    """A previous daemon's worker that answers its adoption only once `answer` is set (busy in
+    a call, as after a restart during a long kernel), on the GPU of UUID `uuid`."""
+
+    def __init__(self, uuid: str) -> None:
+        super().__init__()
+        self.uuid = uuid
+        self.answer = asyncio.Event()
+        self.adopted_on: list[int] = []  # the GPU each adoption was started for (its log's)
+
+    @staticmethod
+    async def connect_adoption(path: Path) -> tuple[Any, int]:
+        return object(), 4242
+
+    async def adopt(self, gpu: Gpu, sock: Any, pid: int, max_wait: float = 0.0) -> FakeWorker:
+        self.adopted_on.append(gpu.index)
+        await self.answer.wait()
+        w = FakeWorker(gpu)
+        w.session_id, w.adoptable = 7, True
+        w.uuid, w.request, w.orphaned_s, w.adopted_detached = self.uuid, {}, 1.0, None  # type: ignore[attr-defined]
+        self.spawned.append(w)
+        return w
+
+
+async def test_a_lease_that_moved_is_taken_over_on_the_gpu_its_events_say_while_its_worker_is_busy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lease 7 started on GPU 0, detached and came back on GPU 1 (its record still says GPU 0:
+    it is the history's first stretch). Its worker, busy in a call, answers after start-up: GPU 1
+    must be kept for it meanwhile, and GPU 0 put in service."""
+    monkeypatch.setattr("gpupoold.pool.leases.ADOPT_PEEK", 0.05)
+    gpus = (make_gpu(0), make_gpu(1))
+    rec = LeaseRecord(gpu_index=0, gpu_uuid=gpus[0].uuid, gpu_name=gpus[0].name, simulated=True,
+                      token_name="alice", client_host="h", client_user="u", client_pid=9,
+                      program="p", peer="10.0.0.9:1", request="", queued_s=0.0, started=1.0,
+                      id=7, ended=None, end_reason=None, end_detail=None, bytes_h2d=0,
+                      bytes_d2h=0, calls={}, scrub_ok=None, scrub=None, detaches=1)
+    store = FakeStore(open=[rec], events={7: [("detached", 0, "idle", 1),
+                                              ("attached", 1, "moved from GPU 0", 1)]})
+    supervisor = BusyWorkerSupervisor(gpus[1].uuid)
+    m = LeaseManager(Inventory(gpus), Settings(state_dir=tmp_path), store,  # type: ignore[arg-type]
+                     supervisor, FakeCleaner(), Counters())  # type: ignore[arg-type]
+    await m.start()
+    try:
+        await wait_for_state(m, 0, FREE)
+        assert m.slots[1].state == LEASED and m.slots[1].adopting == 7, m.slots[1]
+        assert supervisor.adopted_on == [1]
+        supervisor.answer.set()
+        for _ in range(100):
+            if m.pool.lease(7) is not None:
+                break
+            await asyncio.sleep(0.01)
+        lease = m.pool.lease(7)
+        assert lease is not None and lease.slot is m.slots[1] and m.slots[1].lease is lease
+        assert store.ended == {} and m.slots[0].state == FREE
     finally:
         await m.close(0.1)
 

@@ -134,7 +134,10 @@ class LeaseManager:
         unscrubbed = await self.store.unscrubbed_last_leases()
         takeover: list[tuple[LeaseRecord, socket.socket, int]] = []
         gone: list[LeaseRecord] = []
+        # Where the store says each open lease is now: idle detach moves leases (_last_gpu).
+        placed: dict[int, Slot | None] = {}
         for rec in await self.store.open_leases():
+            placed[rec.id] = self._slot_of(rec, await self._last_gpu(rec))
             try:
                 path = self.supervisor.adoption_socket(rec.id)
                 if path is None:
@@ -149,7 +152,8 @@ class LeaseManager:
         # Every one is asked at once. A lease detached when that daemon stopped holds no GPU: its
         # worker idles, parked, so it answers at once and says so (worker/adopt.c); one that has
         # not answered within ADOPT_PEEK is busy in a call, so on its GPU.
-        answers = {rec.id: self._spawn(self._adoption(rec, sock, pid), f"adopt-{rec.id}")
+        answers = {rec.id: self._spawn(self._adoption(placed[rec.id], sock, pid),
+                                       f"adopt-{rec.id}")
                    for rec, sock, pid in takeover}
         if answers:
             await asyncio.wait(answers.values(), timeout=ADOPT_PEEK)
@@ -164,7 +168,8 @@ class LeaseManager:
         for rec in gone:
             await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
                                        "worker is gone; its GPU was scrubbed at the next start")
-            orphaned.setdefault(rec.gpu_index, []).append(rec.id)
+            last = placed[rec.id]  # (its GPU's start-up scrub is recorded for it)
+            orphaned.setdefault(last.gpu.index if last else rec.gpu_index, []).append(rec.id)
         if gone:
             log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
         # A lease that ended while the previous daemon stopped before its GPU's scrub: the
@@ -178,10 +183,10 @@ class LeaseManager:
                 orphaned.setdefault(slot.gpu.index, []).append(rec.id)
         adopting: dict[int, tuple[LeaseRecord, int]] = {}
         for rec, _, pid in takeover:
-            slot = self._slot_of(rec)
+            slot = self._on_now(answers[rec.id], placed[rec.id])
             if slot is None or slot.gpu.index in adopting:
                 why = ("its GPU is not served any more" if slot is None
-                       else f"GPU {rec.gpu_index} is already taken over by lease "
+                       else f"GPU {slot.gpu.index} is already taken over by lease "
                             f"{adopting[slot.gpu.index][0].id}")
                 self._spawn(self._refuse_previous(rec, answers[rec.id], why), f"retire-{rec.id}")
                 continue
@@ -208,7 +213,7 @@ class LeaseManager:
                      ", ".join(f"lease {rec.id} on GPU {i} (worker pid {pid})"
                                for i, (rec, pid) in sorted(adopting.items())))
         for rec, worker in detached:
-            self._spawn(self._adopt_detached(rec, worker), f"lease-{rec.id}")
+            self._spawn(self._adopt_detached(rec, worker, placed[rec.id]), f"lease-{rec.id}")
         watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self.pool.changed,
                             lambda: self.counters.inc("watchdog_repairs"))
         self._spawn(watchdog.run(), "watchdog")
@@ -274,14 +279,44 @@ class LeaseManager:
                 w.future.set_exception(ShuttingDown())
 
     # ---------------------------------------------------------------- the previous daemon's leases
-    def _slot_of(self, rec: LeaseRecord) -> Slot | None:
-        """The slot of a previous lease's GPU, if this daemon still serves that very GPU."""
-        if not 0 <= rec.gpu_index < len(self.slots):
+    def _slot_of(self, rec: LeaseRecord, index: int | None = None) -> Slot | None:
+        """The slot of a previous lease's GPU (the one it started on, or `index`), if this
+        daemon still serves that very GPU (the record's UUID is the one it started on's)."""
+        at = rec.gpu_index if index is None else index
+        if not 0 <= at < len(self.slots):
             return None
-        slot = self.slots[rec.gpu_index]
-        if rec.gpu_uuid and slot.gpu.uuid and rec.gpu_uuid != slot.gpu.uuid:
+        slot = self.slots[at]
+        if at == rec.gpu_index and rec.gpu_uuid and slot.gpu.uuid and rec.gpu_uuid != slot.gpu.uuid:
             return None
         return slot
+
+    async def _last_gpu(self, rec: LeaseRecord) -> int:
+        """The GPU a previous lease was on last, as the store has it: that of its last detach
+        or attach event (an idle lease that detaches comes back on any GPU of the same model,
+        pool/detach.py), else the one it started on. The record's gpu_index stays the GPU it
+        started on: the history draws each stretch from it and the events
+        (dashboard/timeline.py), so rewriting it would move the lease's first stretch too."""
+        try:
+            events = await self.store.lease_events(rec.id)
+        except Exception:
+            log.exception("lease %d: reading its events failed; looking for it on the GPU it "
+                          "started on (%d)", rec.id, rec.gpu_index)
+            return rec.gpu_index
+        moves = [e["gpu"] for e in events
+                 if e["state"] in (ATTACHED, DETACHED) and e["gpu"] is not None]
+        return int(moves[-1]) if moves else rec.gpu_index
+
+    def _on_now(self, answer: asyncio.Task[Worker | AdoptError], placed: Slot | None,
+                ) -> Slot | None:
+        """The GPU an attached previous lease is on: its worker's word (the UUID it runs on) once
+        it has answered, else the store's (`placed`: a worker busy in a call answers later, and
+        its GPU must be kept leased meanwhile; _adopt checks the UUID then)."""
+        worker = answer.result() if answer.done() and not answer.cancelled() else None
+        if isinstance(worker, Worker) and worker.uuid:
+            said = next((s for s in self.slots if s.gpu.uuid == worker.uuid), None)
+            if said is not None:
+                return said
+        return placed
 
     async def _close_previous(self, rec: LeaseRecord, detail: str) -> None:
         """Close the record of a previous daemon's lease that nobody takes over: with the end
@@ -301,12 +336,13 @@ class LeaseManager:
         self.counters.inc("leases_ended", reason=reason)
         await asyncio.to_thread(self.supervisor.forget_lease, rec.id)
 
-    async def _adoption(self, rec: LeaseRecord, sock: socket.socket,
+    async def _adoption(self, placed: Slot | None, sock: socket.socket,
                         pid: int) -> Worker | AdoptError:
-        """Adopt the worker of a previous daemon's lease: the worker once it has answered, or
-        why it could not be adopted. A worker busy in one call answers when it returns; one that
-        has not answered a minute after its own grace would have ended has lost its way."""
-        slot = self._slot_of(rec) or (self.slots[0] if self.slots else None)
+        """Adopt the worker of a previous daemon's lease (on `placed`, where the store says it
+        is): the worker once it has answered, or why it could not be adopted. A worker busy in
+        one call answers when it returns; one that has not answered a minute after its own grace
+        would have ended has lost its way."""
+        slot = placed or (self.slots[0] if self.slots else None)
         if slot is None:
             sock.close()
             return AdoptError("this gpupoold serves no GPU")
@@ -336,6 +372,7 @@ class LeaseManager:
                 await self.supervisor.retire(worker)
                 raise AdoptError(f"worker pid {pid} runs on {worker.uuid}, not on GPU "
                                  f"{slot.gpu.index} ({slot.gpu.uuid})")
+            worker.gpu = slot.gpu  # (asked on the store's word; its UUID names this GPU)
         except AdoptError as exc:
             log.error("lease %d on GPU %d could not be taken over: %s; its GPU is scrubbed",
                       rec.id, slot.gpu.index, exc, extra=journal_fields(rec.id, slot.gpu.index))
@@ -365,12 +402,13 @@ class LeaseManager:
                  extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
         await self._watch(lease)
 
-    async def _adopt_detached(self, rec: LeaseRecord, worker: Worker) -> None:
+    async def _adopt_detached(self, rec: LeaseRecord, worker: Worker,
+                              placed: Slot | None) -> None:
         """Take over a previous daemon's lease that was detached when it stopped (its worker
         said so, worker/adopt.c): active again on no GPU, its client's next call brings it back
-        on the GPU it left or another of the same model, as after any detach (pool/detach.py)."""
-        home = next((s for s in self.slots if worker.uuid and s.gpu.uuid == worker.uuid),
-                    self._slot_of(rec))
+        on the GPU it left (its worker's word, else the store's: `placed`) or another of the
+        same model, as after any detach (pool/detach.py)."""
+        home = next((s for s in self.slots if worker.uuid and s.gpu.uuid == worker.uuid), placed)
         why = None
         if worker.session_id != rec.id:
             why = f"worker pid {worker.pid} serves session {worker.session_id}, not lease {rec.id}"

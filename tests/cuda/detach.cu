@@ -1,7 +1,7 @@
 /*
  * detach.cu: a tenant whose state must survive an idle detach (tests/test_e2e_detach.py).
  *
- *     detach [MIB [SPIN_MS]]
+ *     detach [MIB [SPIN_MS [AGAIN]]]
  *
  * Sets up MIB MiB (default 2048) of device memory in 32 MiB allocations, each a memset byte with
  * a splitmix pattern in its first MiB, plus a stream-ordered allocation (cudaMallocAsync), a VMM
@@ -15,6 +15,9 @@
  * SPIN_MS > 0: before "ready", print "spinning" and run one kernel of SPIN_MS ms, then a
  * synchronise, then "spun at=<epoch s>": a lease busy in one long call, which must not be
  * detached meanwhile, whoever waits.
+ *
+ * AGAIN > 0: after the first call (the lease is back on a GPU), print "back" and wait for a
+ * second line before the checks: a lease attached again, idle, across a gpupoold restart.
  */
 #include "gp_check.cuh"
 #include "../sim/gp_test_kernels.cuh"
@@ -53,6 +56,7 @@ int main(int argc, char **argv)
     size_t mib = argc > 1 ? strtoull(argv[1], NULL, 0) : 2048;
     size_t pieces = mib * MIB / PIECE;
     unsigned long long spin_ms = argc > 2 ? strtoull(argv[2], NULL, 0) : 0;
+    int again = argc > 3 && strtoul(argv[3], NULL, 0) > 0;
     std::vector<uint8_t> host(MIB);
 
     /* Plain allocations: memset bulk, a pattern in the first MiB of each. */
@@ -169,6 +173,12 @@ int main(int argc, char **argv)
     double t0 = gp_now();
     CHECK(cudaStreamQuery(s1));
     double first_ms = (gp_now() - t0) * 1000;
+    if (again) {
+        printf("back\n");
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin))
+            fprintf(stderr, "detach: stdin closed; carrying on\n");
+    }
 
     std::vector<uint8_t> buf;
     for (size_t i = 0; i < pieces; i++) {
