@@ -508,6 +508,25 @@ def test_the_day_view_counts_leased_hours_and_queue_waits() -> None:
     assert [r[3] for r in rects] == [30.0, 60.0, 15.0] and all(r[2] > 0 for r in rects)
 
 
+def test_the_day_view_counts_a_moved_lease_on_each_gpu_it_held_and_not_while_detached() -> None:
+    """A lease that detached from GPU 0 and came back on GPU 1 (idle detach): its lease record
+    still names GPU 0 (where it started); its events cut it into its stretches."""
+    from types import SimpleNamespace as R
+
+    from gpupoold.dashboard.history import HOUR_S, day_view
+    now = 1_767_225_600.0
+    start = now - 24 * HOUR_S
+    moved = R(id=7, gpu_index=0, started=start + 1 * HOUR_S, ended=start + 4 * HOUR_S,
+              queued_s=0.0)
+    events = {7: [{"at": start + 2 * HOUR_S, "state": "detached", "gpu": 0, "detail": ""},
+                  {"at": start + 2.5 * HOUR_S, "state": "attached", "gpu": 1, "detail": ""}]}
+    view = day_view([moved], [0, 1], now, events)
+    assert view.leased[0][:5] == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert view.leased[1][:5] == [0.0, 0.0, 0.5, 1.0, 0.0]
+    # Without its events (not read), all of it counts where it started.
+    assert day_view([moved], [0, 1], now).leased[0][:5] == [0.0, 1.0, 1.0, 1.0, 0.0]
+
+
 def test_the_wait_bars_draw_no_wait_under_a_second_and_scale_to_at_least_one() -> None:
     """A lease nobody waited for still spends milliseconds between joining the queue and the
     worker taking it (tens on a loaded machine): the last-day chart, whose caption counts whole

@@ -14,9 +14,11 @@ event loop. It also remembers when each GPU was last seen busy, for "idle while 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gpupoold.dashboard.timeline import LeaseEvent, LeaseSpan, stretches
 
 SPAN_S = 3600.0  # what the charts show: the last hour
 IDLE_WINDOW_S = 300.0  # leased and 0 % utilisation for this long: "idle while leased"
@@ -120,21 +122,37 @@ class DayView:
     wait: list[float | None]
 
 
-def day_view(records: Iterable[Any], gpus: Iterable[int], now: float) -> DayView:
-    """records: lease records (gpu_index, started, ended or None while running, queued_s) that
-    overlap the last day."""
+def leased_stretches(r: Any, events: list[dict[str, Any]] | None,
+                     now: float) -> list[tuple[int, float, float]]:
+    """(GPU, start, end) of each stretch record `r` held a GPU: from the GPU it started on
+    (gpu_index) to its end, cut at its idle detaches when its lease events are given (a lease
+    that came back elsewhere holds another GPU from then on; detached, it holds none)."""
+    began, ended = float(r.started), r.ended
+    if not events:
+        return [(r.gpu_index, began, now if ended is None else float(ended))]
+    span = LeaseSpan(id=r.id, server="", gpu=r.gpu_index, token="", started=began, ended=ended,
+                     events=tuple(LeaseEvent(float(e["at"]), str(e["state"]), e.get("gpu"))
+                                  for e in events))
+    return [(s.gpu, s.start, s.end) for s in stretches(span, now) if s.kind == "leased"]
+
+
+def day_view(records: Iterable[Any], gpus: Iterable[int], now: float,
+             events: Mapping[int, list[dict[str, Any]]] | None = None) -> DayView:
+    """records: lease records (id, gpu_index, started, ended or None while running, queued_s)
+    that overlap the last day; events: the lease events of those that detached (by id), as far
+    as they were read (a lease without them counts on the GPU it started on, throughout)."""
     start = now - DAY_S
     leased = {g: [0.0] * 24 for g in gpus}
     waits: list[list[float]] = [[] for _ in range(24)]
     for r in records:
-        gpu, began, ended = r.gpu_index, float(r.started), r.ended
-        finish = now if ended is None else float(ended)
-        hours = leased.get(gpu)
-        for h in range(24):
-            lo, hi = start + h * HOUR_S, start + (h + 1) * HOUR_S
-            overlap = min(hi, finish) - max(lo, began)
-            if hours is not None and overlap > 0:
-                hours[h] += overlap / HOUR_S
+        began = float(r.started)
+        for gpu, lo_s, hi_s in leased_stretches(r, events.get(r.id) if events else None, now):
+            hours = leased.get(gpu)
+            for h in range(24):
+                lo, hi = start + h * HOUR_S, start + (h + 1) * HOUR_S
+                overlap = min(hi, hi_s) - max(lo, lo_s)
+                if hours is not None and overlap > 0:
+                    hours[h] += overlap / HOUR_S
         if start <= began < now:
             waits[min(23, int((began - start) // HOUR_S))].append(float(r.queued_s))
     return DayView(start, {g: [min(1.0, v) for v in hours] for g, hours in leased.items()},

@@ -18,6 +18,7 @@ from gpupoold.pool.privacy import ADMIN, private_view
 from gpupoold.store.database import LeaseFilter
 
 DAY_ROWS = 10000  # lease records read for the day view (a day of short jobs fits)
+DAY_EVENT_LEASES = 500  # of those that detached, whose events are read (one query each; latest)
 
 T = TypeVar("T")
 
@@ -109,12 +110,15 @@ def wait_bars(waits: list[float | None]) -> list[tuple[float, float, float, floa
 
 async def day_charts(app: web.Application, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     """The overview's "last day" charts, from the stored lease history (one query per page
-    load, in the store's thread): each GPU's share of every hour it was leased, and the mean
-    queue wait of the leases that started in each hour."""
+    load, in the store's thread, and one per lease that detached): each GPU's share of every
+    hour it was leased, and the mean queue wait of the leases that started in each hour."""
     now = time.time()
     records = await app[STORE].leases("all", DAY_ROWS, None,
                                       LeaseFilter(ended_after=now - DAY_S, until=now))
-    view = day_view(records, [g["index"] for g in gpus], now)
+    # A lease that detached held no GPU meanwhile, and may have come back on another one.
+    events = {r.id: await app[STORE].lease_events(r.id)
+              for r in [r for r in records if r.detaches > 0][:DAY_EVENT_LEASES]}
+    view = day_view(records, [g["index"] for g in gpus], now, events)
     top_wait = max((w for w in view.wait if w is not None), default=0.0)
     return {"width": CHART_W, "height": CHART_H, "start": view.start,
             "leased": {g: bars(v, CHART_W, CHART_H, 1.0) for g, v in view.leased.items()},
