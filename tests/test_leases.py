@@ -464,6 +464,33 @@ async def test_a_lease_ended_before_its_scrub_gets_the_startup_scrub_of_its_gpu(
         await m.close(0.1)
 
 
+async def test_a_moved_lease_ended_before_its_scrub_gets_the_startup_scrub_of_its_last_gpu(
+        tmp_path: Path) -> None:
+    """Lease 5 started on GPU 0, came back on GPU 1 after an idle detach and ended there before
+    its scrub: GPU 1's start-up scrub is its scrub, not GPU 0's (its record names GPU 0)."""
+    @dataclass
+    class Rec:
+        id: int
+        gpu_index: int
+        gpu_uuid: str
+
+    class GpuNamingCleaner(FakeCleaner):
+        async def clean(self, gpu: Gpu) -> CleanResult:
+            r = await super().clean(gpu)
+            return CleanResult(ok=r.ok, problems=r.problems, scrub={**r.scrub, "gpu": gpu.index})
+
+    store = FakeStore(unscrubbed=[Rec(5, 0, make_gpu(0).uuid)],
+                      events={5: [("detached", 0, "idle", 1), ("attached", 1, "moved", 1)]})
+    m = LeaseManager(Inventory((make_gpu(0), make_gpu(1))), Settings(state_dir=tmp_path), store,  # type: ignore[arg-type]
+                     FakeSupervisor(), GpuNamingCleaner(), Counters())  # type: ignore[arg-type]
+    await m.start()
+    await settle()
+    try:
+        assert store.scrubbed[5][1]["scrub"]["gpu"] == 1, store.scrubbed
+    finally:
+        await m.close(0.1)
+
+
 class BusyWorkerSupervisor(FakeSupervisor):
     """A previous daemon's worker that answers its adoption only once `answer` is set (busy in
     a call, as after a restart during a long kernel), on the GPU of UUID `uuid`."""

@@ -175,7 +175,7 @@ class LeaseManager:
         # A lease that ended while the previous daemon stopped before its GPU's scrub: the
         # start-up scrub of that very GPU is its scrub.
         for rec in unscrubbed:
-            slot = self._slot_of(rec)
+            slot = self._slot_of(rec, await self._last_gpu(rec))  # (where it ended)
             if slot is not None:
                 log.info("lease %d ended before the previous gpupoold stopped, its GPU not yet "
                          "scrubbed: the scrub of GPU %d at this start is recorded for it", rec.id,
