@@ -33,6 +33,7 @@ C_TESTS = [
     "test_sim_graph",
     "test_sim_checkpoint",
     "test_sim_export",
+    "test_sim_tensormap",
 ]
 
 EXPORTS = """
@@ -62,6 +63,7 @@ cuGraphLaunch cuGraphUpload cuGraphExecDestroy cuGraphDestroy cuGraphGetNodes
 cuCheckpointProcessGetState cuCheckpointProcessGetRestoreThreadId cuCheckpointProcessLock
 cuCheckpointProcessCheckpoint cuCheckpointProcessRestore cuCheckpointProcessUnlock
 cuGetExportTable
+cuTensorMapEncodeTiled cuTensorMapEncodeIm2col cuTensorMapEncodeIm2colWide cuTensorMapReplaceAddress
 """.split()
 
 
