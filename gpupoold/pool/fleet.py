@@ -404,6 +404,16 @@ class FleetQueue:
             else:
                 self._gone.append(ticket)  # it left during the sync
         rows = {q.ticket: q for q in res.queue}
+        # Waiters of this server whose rows are no longer in the fleet queue: another server
+        # marked this one down while it could not reach the store (its waiting rows went with
+        # it). They join again at the next sync (new tickets) rather than wait for ever.
+        lost = [w for w, ticket in self._tickets.items() if ticket not in rows]
+        for w in lost:
+            del self._tickets[w]
+        if lost:
+            log.warning("fleet queue: %d waiter(s) of this server had left the fleet queue "
+                        "(this server was marked down meanwhile): queued again", len(lost))
+            self.kick()
         up = {name for name, srv in res.servers.items() if srv.get("state") == "up"}
         held = held_in_fleet(res.gpus, up, Counter(token for _, token in res.away))
         line = [q.ticket for q in in_turn(res.queue, up, held)]

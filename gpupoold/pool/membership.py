@@ -6,6 +6,11 @@ its leases left open for its next start to take over (docs/architecture.md, "Rel
 With SQLite the one server registers too (the API then lists one server) but sends no
 heartbeats: nobody else reads that database, and each would be a synced write every 2 s.
 
+Heartbeats, the judgement of silence and the times of a mark down are the database's clock
+(store.clock()), not this server's: a server whose wall clock jumps ahead would otherwise see
+every other one silent and end their leases, and one whose clock jumps back would look silent to
+all the others. The wait below is this server's monotonic clock.
+
 While the store is unreachable nobody can heartbeat; once it is back, a server waits until the
 others have had the time to heartbeat again before it judges them, so an outage of the database
 does not mark the whole fleet down. The fleet queue and redirects are pool/fleet.py's.
@@ -48,7 +53,7 @@ class Membership:
         return self.store.server
 
     async def start(self) -> None:
-        await self.store.server_up(self.remoting, self.http, time.time(), self.reg)
+        await self.store.server_up(self.remoting, self.http, await self.store.clock(), self.reg)
         if self.store.path is None:  # a shared store (see the top)
             self._task = asyncio.create_task(self._run(), name="membership")
 
@@ -62,7 +67,8 @@ class Membership:
         if address != self.http or reg != self.reg:
             self.http, self.reg = address, reg
             with contextlib.suppress(*store_errors()):
-                await self.store.server_up(self.remoting, self.http, time.time(), self.reg)
+                await self.store.server_up(self.remoting, self.http, await self.store.clock(),
+                                           self.reg)
 
     async def _run(self) -> None:
         failing = False
@@ -87,8 +93,8 @@ class Membership:
             failing = False
 
     async def beat(self) -> None:
-        """One heartbeat and one look at the others."""
-        now = time.time()
+        """One heartbeat and one look at the others, on the database's clock."""
+        now = await self.store.clock()
         if not await self.store.server_heartbeat(now):
             log.warning("this server (%s) was marked down by another while silent; its leases "
                         "were ended in the history; registering again", self.name)
@@ -106,4 +112,5 @@ class Membership:
         await stop_task(self._task)
         self._task = None
         with contextlib.suppress(Exception):  # leases stay open: a restart takes them over
-            await self.store.server_down(self.name, time.time(), "stopped", end_leases=False)
+            await self.store.server_down(self.name, await self.store.clock(), "stopped",
+                                         end_leases=False)

@@ -678,6 +678,14 @@ class StoreDB(UsageQueries, SpoolQueries):
                               "end_detail = ? WHERE server = ? AND ended IS NULL",
                               (now, reason, name)).rowcount
 
+    def clock(self) -> float:
+        """The database's clock, in seconds since the epoch: the one clock every server of a
+        fleet reads the same, for heartbeats and the judgement of silence (a server's own clock
+        may jump)."""
+        sql = ("SELECT EXTRACT(EPOCH FROM clock_timestamp())" if self.path is None
+               else "SELECT (julianday('now') - 2440587.5) * 86400.0")
+        return float(self._conn.execute(sql).fetchone()[0])
+
     def silent_servers(self, before: float) -> list[str]:
         """Servers up whose last heartbeat is older than `before` (not this one)."""
         rows = self._conn.execute("SELECT name FROM servers WHERE down IS NULL AND heartbeat < ? "
@@ -880,6 +888,7 @@ class Store:
     server_heartbeat = _query(StoreDB.server_heartbeat)
     server_down = _query(StoreDB.server_down)
     silent_servers = _query(StoreDB.silent_servers)
+    clock = _query(StoreDB.clock)
     servers = _query(StoreDB.servers)
     fleet_sync = _query(StoreDB.fleet_sync)
     fleet_snapshot = _query(StoreDB.fleet_snapshot)

@@ -30,6 +30,18 @@ from typing import Any
 
 SCHEMES = ("postgresql://", "postgres://")
 CONNECT_TIMEOUT_S = 10
+# A dead link (a partition: nothing answers, nothing is refused) must end in an error, not hang
+# the store's thread until TCP gives up (about 15 minutes): a request sent and not acknowledged
+# within 10 s (tcp_user_timeout), or a reply awaited with the peer silent to keepalive probes
+# (5 s idle, then 3 probes 2 s apart), breaks the connection; the next call connects again.
+LINK_TIMEOUTS: dict[str, int] = {"keepalives": 1, "keepalives_idle": 5,
+                                 "keepalives_interval": 2, "keepalives_count": 3,
+                                 "tcp_user_timeout": 10_000}
+# And on PostgreSQL's side: a session left idle inside a transaction for this long (its server
+# cut off in the middle of a fleet sync, holding the fleet's lock) is ended by PostgreSQL, and
+# the lock with it, so the others go on (store/fleet.py). The store's transactions are a few
+# statements in a row, milliseconds apart.
+IDLE_IN_TRANSACTION_S = 10
 
 
 class UrlError(ValueError):
@@ -120,6 +132,18 @@ def link_problem(url: str, insecure: bool, environ: Mapping[str, str] | None = N
             f"`database_insecure = true` to accept it (warned at every start)")
 
 
+def link_parameters(url: str) -> dict[str, Any]:
+    """libpq parameters that bound how long a dead link can hold a call (LINK_TIMEOUTS,
+    IDLE_IN_TRANSACTION_S), each unless the URL sets it: the URL's `options` keep theirs."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    out: dict[str, Any] = {k: v for k, v in LINK_TIMEOUTS.items() if k not in query}
+    idle = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000}"
+    given = query.get("options", [""])[-1]
+    if "idle_in_transaction_session_timeout" not in given:
+        out["options"] = f"{given} {idle}".strip()
+    return out
+
+
 def redacted(url: str) -> str:
     """The URL as logs may show it (without any password)."""
     parts = urllib.parse.urlsplit(url)
@@ -194,7 +218,8 @@ class PgConnection:
     def _connect(self) -> Any:
         import psycopg
         return psycopg.connect(self._url, autocommit=True, row_factory=_row_factory,
-                               connect_timeout=CONNECT_TIMEOUT_S, **self._kwargs)
+                               connect_timeout=CONNECT_TIMEOUT_S,
+                               **link_parameters(self._url), **self._kwargs)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         values = tuple(int(p) if isinstance(p, bool) else p for p in params)

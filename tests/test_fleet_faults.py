@@ -1,0 +1,260 @@
+"""The fleet under faults (issue 34, item 2): real gpupoold servers on one real PostgreSQL.
+
+- A server cut off from the database but not from its clients: its running lease goes on, it
+  grants nothing meanwhile, the others mark it down and give none of its GPUs away, and once the
+  link is back it rejoins: a client that was waiting on it when the link went is served, and the
+  lease history has every lease once, on one GPU at a time.
+- A server cut off in the middle of its fleet sync (holding the fleet's lock) does not stall
+  the others: PostgreSQL ends its session and the lock with it.
+- A server's wall clock jumping: heartbeats and the judgement of silence are the database's
+  clock, so a server whose clock jumps ahead marks nobody down, and one whose clock jumps back
+  is not marked down.
+
+The cut is a blackhole relay (`Relay`) between one server and PostgreSQL: while cut it passes
+no byte either way and answers nobody, as a dead link does (the connection stays open, nothing
+arrives); the server's clients reach it directly all along.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from conftest import GpupoolServer, native_paths, require, wait_until
+from test_e2e_leases import hold_gpu, start_client  # noqa: F401  (hold_gpu is a fixture)
+from test_fleet import assert_no_double_assignment, history, name_of
+from test_fleet_netns import sh
+from test_store import new_lease
+from test_store_postgres import servers_by_name
+
+from gpupoold.pool import membership
+from gpupoold.store.database import Store
+
+MIB = 1 << 20
+NET = "10.202.0"
+
+
+class Relay:
+    """A plain TCP relay from `listen` (HOST, 0) to PostgreSQL's port on loopback: what a server
+    in a namespace of its own reaches the database through (the test server listens only on
+    127.0.0.1)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = ("127.0.0.1", port)
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server((host, 0))
+        self.address = f"{host}:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                down, _ = self._listener.accept()
+                up = socket.create_connection(self._target)
+            except OSError:
+                if self._closed:
+                    return
+                continue
+            self._sockets += [down, up]
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+class Host:
+    """A network namespace with one veth to this one: the server at {NET}.11, this side at
+    {NET}.1 (where its clients and the other servers are) and {NET}.2 (where it reaches the
+    database). `cut()` adds a blackhole route to {NET}.2 in the namespace: its packets to the
+    database are dropped silently, as on a dead link, while its clients still reach it;
+    `heal()` removes it."""
+
+    def __init__(self) -> None:
+        tag = os.getpid() % 100000
+        self.ns, self.veth = f"gpcut-{tag}", f"gpc{tag}"
+        self._made: list[tuple[str, ...]] = []
+        try:
+            sh("ip", "netns", "add", self.ns)
+            self._made.append(("ip", "netns", "del", self.ns))
+            sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", f"{self.veth}n")
+            self._made.append(("ip", "link", "del", self.veth))
+            sh("ip", "link", "set", f"{self.veth}n", "netns", self.ns)
+            for n in (1, 2):
+                sh("ip", "addr", "add", f"{NET}.{n}/24", "dev", self.veth)
+            sh("ip", "link", "set", self.veth, "up")
+            sh("ip", "-n", self.ns, "addr", "add", f"{NET}.11/24", "dev", f"{self.veth}n")
+            sh("ip", "-n", self.ns, "link", "set", f"{self.veth}n", "up")
+            sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def wrapper(self) -> list[str]:
+        return ["ip", "netns", "exec", self.ns]
+
+    def cut(self) -> None:
+        sh("ip", "-n", self.ns, "route", "add", "blackhole", f"{NET}.2/32")
+
+    def heal(self) -> None:
+        sh("ip", "-n", self.ns, "route", "del", "blackhole", f"{NET}.2/32", check=False)
+
+    def close(self) -> None:
+        for cmd in reversed(self._made):
+            sh(*cmd, check=False)
+        self._made.clear()
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    require(os.geteuid() == 0, "network namespaces need root")
+    require(shutil.which("ip"), "ip (iproute2) makes the namespace")
+    made = Host()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def cut_off(host: Host, pg_server: Any, pg_url: str, native_build: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpupoolServer]:
+    """A gpupoold in `host`'s namespace on pg_url's database, reached through a relay at
+    {NET}.2 (over a link the test can cut)."""
+    relay = Relay(f"{NET}.2", pg_server.port)
+    parts = urllib.parse.urlsplit(pg_url)
+    url = urllib.parse.urlunsplit(parts._replace(netloc=f"gpupool@{relay.address}"))
+    here = f"{NET}.11"
+    state_dir = tmp_path_factory.mktemp("gpupoold-cut")
+    config = state_dir / "gpupoold.toml"  # a test link: no TLS to the database
+    config.write_text("database_insecure = true\n")
+    args = ["--config", str(config), "--listen", f"{here}:0", "--http", f"{here}:0",
+            "--simulated", "1", *native_paths(native_build), "--database", url]
+    server = GpupoolServer(args, state_dir, native_build, wrapper=host.wrapper(),
+                           public_host=here)
+    try:
+        yield server
+    finally:
+        host.heal()
+        code = server.stop() if server.running else 0
+        server.reap_group()
+        relay.close()
+        problems = server.problems()
+        assert code == 0 and not problems, (code, problems)
+
+
+def active(server: Any) -> list[dict[str, Any]]:
+    return server.get_json("/api/v1/leases?state=active")["leases"]
+
+
+def test_a_server_cut_off_from_the_database_keeps_its_lease_grants_nothing_and_rejoins(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, pg_url: str,  # noqa: F811
+        host: Host, cut_off: GpupoolServer, clients: list[subprocess.Popen[str]]) -> None:
+    a = cut_off
+    b = start_daemon("--database", pg_url, build_dir=native_build)
+    wait_until("A and B up", lambda: (s := servers_by_name(b), len(s) == 2 and all(
+        v["state"] == "up" for v in s.values()))[-1])
+    a_name = name_of(a)
+    running = start_client(a, hold_gpu, MIB, 9000, 1)  # goes on through the cut
+    clients.append(running)
+    wait_until("a lease on A", lambda: active(a))
+    on_b = start_client(b, hold_gpu, MIB, 16_000, 2)  # B's GPU stays busy through the cut
+    clients.append(on_b)
+    wait_until("a lease on B", lambda: [x for x in active(b) if x["server"] != a_name])
+    waiting = start_client(a, hold_gpu, MIB, 100, 3)  # in the fleet's queue when the link goes
+    clients.append(waiting)
+    wait_until("a waiter in the fleet's queue", lambda: b.get_json("/api/v1/fleet")["queue"])
+    host.cut()
+    try:
+        # A new client of A is told A cannot reach its database (within the link's timeouts),
+        # not left hanging on a store call that waits for a dead link.
+        refused = start_client(a, hold_gpu, MIB, 0, 4)
+        clients.append(refused)
+        # B marks A down, and gives none of A's GPUs away (A's lease is still running there).
+        wait_until("A marked down", lambda: servers_by_name(b)[a_name]["state"] == "down",
+                   timeout=30)
+        assert not [g for g in b.get_json("/api/v1/fleet")["servers"]
+                    if g["name"] == a_name and any(x["available"] for x in g["gpus"])]
+        _, err = running.communicate(timeout=60)  # A's lease went on to its end
+        assert running.returncode == 0, err
+        time.sleep(1.5)  # A's GPU is free now: A gives it to nobody while it cannot coordinate
+        assert waiting.poll() is None, "a waiter was granted while A was cut off"
+        _, err = refused.communicate(timeout=40)
+        assert refused.returncode != 0 and "cannot reach its database" in err, err
+    finally:
+        host.heal()
+    wait_until("A up again", lambda: servers_by_name(b)[a_name]["state"] == "up", timeout=30)
+    _, err = waiting.communicate(timeout=60)  # served after the rejoin
+    assert waiting.returncode == 0, err
+    _, err = on_b.communicate(timeout=60)
+    assert on_b.returncode == 0, err
+    pids = {p.pid for p in (running, on_b, waiting)}
+    recs = wait_until("every lease ended in the history", lambda: (
+        r := [x for x in history(pg_url) if x.client_pid in pids],
+        len(r) == 3 and all(x.ended is not None for x in r) and r)[-1], timeout=30)
+    assert_no_double_assignment(recs)
+    by_pid = {r.client_pid: r for r in recs}
+    assert by_pid[running.pid].end_reason == "client exit", by_pid[running.pid]
+
+
+# ------------------------------------------------------------------------ a clock that jumps
+class JumpedClock:
+    """What membership.py uses of the `time` module, with the wall clock `offset` s off."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+        self.monotonic = time.monotonic
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.mark.parametrize("jump", [3600.0, -3600.0])
+async def test_a_servers_clock_jumping_marks_nobody_down(pg_url: str, tmp_path: Path,
+                                                         jump: float) -> None:
+    """Two servers' memberships on one PostgreSQL; one's wall clock jumps an hour ahead (it
+    would see the other silent for an hour) or back (its heartbeats would look an hour old).
+    Both heartbeat and look at each other: both stay up, with their leases open."""
+    stores = {n: await Store.open(pg_url, server=n, state_dir=tmp_path / n) for n in "ab"}
+    try:
+        members = {n: membership.Membership(s, f"{n}:7070", f"{n}:7071")
+                   for n, s in stores.items()}
+        for m in members.values():
+            await m.start()  # (registered; the heartbeats below are called by the test)
+        lease = await stores["a"].lease_started(new_lease())
+        jumper = "b" if jump > 0 else "a"  # ahead: B judges A; back: A's heartbeats are old
+        for name in ("a", "b", "a", "b"):
+            with mock.patch.object(membership, "time",
+                                   JumpedClock(jump) if name == jumper else time):
+                await members[name].beat()
+        servers = {s["name"]: s["state"] for s in await stores["a"].servers()}
+        assert servers == {"a": "up", "b": "up"}
+        rec = await stores["b"].get_lease(lease)
+        assert rec is not None and rec.ended is None
+    finally:
+        for m in members.values():
+            await m.close()
+        for s in stores.values():
+            await s.close()
