@@ -39,7 +39,9 @@ from test_store import new_lease
 from test_store_postgres import servers_by_name
 
 from gpupoold.pool import membership
-from gpupoold.store.database import Store
+from gpupoold.store import postgres
+from gpupoold.store.database import Store, StoreDB
+from gpupoold.store.fleet import FLEET_LOCK, SyncInput
 
 MIB = 1 << 20
 NET = "10.202.0"
@@ -217,6 +219,30 @@ def test_a_server_cut_off_from_the_database_keeps_its_lease_grants_nothing_and_r
     assert_no_double_assignment(recs)
     by_pid = {r.client_pid: r for r in recs}
     assert by_pid[running.pid].end_reason == "client exit", by_pid[running.pid]
+
+
+# ------------------------------------------------------------------- cut off inside a sync
+def test_a_server_silent_inside_a_fleet_sync_does_not_stall_the_fleet(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session that took the fleet's lock and then says nothing more (its server cut off in
+    the middle of a sync: to PostgreSQL, a session idle in its transaction) is ended by
+    PostgreSQL after IDLE_IN_TRANSACTION_S, and the lock with it: another server's sync goes
+    through rather than wait for ever."""
+    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_S", 1)
+    silent = postgres.PgConnection(pg_url)
+    other = StoreDB(pg_url, server="b")
+    try:
+        silent.execute("BEGIN")
+        silent.execute("SELECT pg_advisory_xact_lock(?)", (FLEET_LOCK,))
+        done = threading.Event()
+        threading.Thread(target=lambda: (other.fleet_sync(SyncInput("b", [], []),
+                                                          lambda *_: []), done.set()),
+                         daemon=True).start()
+        assert done.wait(30), "the fleet's lock is still held by the silent session"
+    finally:
+        other.close()
+        with contextlib.suppress(Exception):
+            silent.close()
 
 
 # ------------------------------------------------------------------------ a clock that jumps
