@@ -6,13 +6,18 @@
   lease history has every lease once, on one GPU at a time.
 - A server cut off in the middle of its fleet sync (holding the fleet's lock) does not stall
   the others: PostgreSQL ends its session and the lock with it.
+- PostgreSQL SIGKILLed while the servers are inside a fleet sync, then restarted (a guard:
+  today's main was right here): the uncommitted write is gone, the lease across the crash is
+  recorded once, both servers serve again.
 - A server's wall clock jumping: heartbeats and the judgement of silence are the database's
   clock, so a server whose clock jumps ahead marks nobody down, and one whose clock jumps back
   is not marked down.
 
-The cut is a blackhole relay (`Relay`) between one server and PostgreSQL: while cut it passes
-no byte either way and answers nobody, as a dead link does (the connection stays open, nothing
-arrives); the server's clients reach it directly all along.
+The cut: the server runs in a network namespace of its own (`Host`) and reaches PostgreSQL at
+an address of its own ({NET}.2, a relay to the test server's loopback port); a blackhole route
+to that address drops its packets silently, as a dead link does (nothing answers, nothing is
+refused, the kernel's TCP timers run), while its clients and the other server reach it at
+{NET}.11 all along. (No iptables or nft on the test machines: a route does it.)
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -30,10 +36,11 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import psycopg
 import pytest
 from conftest import GpupoolServer, native_paths, require, wait_until
 from test_e2e_leases import hold_gpu, start_client  # noqa: F401  (hold_gpu is a fixture)
-from test_fleet import assert_no_double_assignment, history, name_of
+from test_fleet import assert_no_double_assignment, fleet, history, name_of
 from test_fleet_netns import sh
 from test_store import new_lease
 from test_store_postgres import servers_by_name
@@ -284,3 +291,65 @@ async def test_a_servers_clock_jumping_marks_nobody_down(pg_url: str, tmp_path: 
             await m.close()
         for s in stores.values():
             await s.close()
+
+
+# ----------------------------------------------------------- PostgreSQL killed and restarted
+def kill_postgresql(pg_server: Any) -> None:
+    """SIGKILL to PostgreSQL's postmaster and every process of it, at once (a crash: no
+    shutdown, no checkpoint; the next start recovers from the WAL)."""
+    pid = int((pg_server.data / "postmaster.pid").read_text().split()[0])
+    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _parent(p) == pid]
+    for p in (pid, *children):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    wait_until("PostgreSQL gone", lambda: not any(Path(f"/proc/{p}").exists()
+                                                  for p in (pid, *children)))
+
+
+def _parent(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def test_postgresql_killed_mid_transaction_and_restarted(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, pg_server: Any,  # noqa: F811
+        pg_url: str, clients: list[subprocess.Popen[str]]) -> None:
+    """PostgreSQL SIGKILLed while both servers are inside a fleet sync (they wait for the
+    fleet's lock, which a test session holds with a write of its own not committed), then
+    started again: the write is gone, the lease that ran across the crash is in the history
+    once with its real end, both servers serve again on their own, and no GPU was given twice."""
+    a, b = fleet(start_daemon, native_build, pg_url, 2)
+    running = start_client(a, hold_gpu, MIB, 5000, 1)
+    clients.append(running)
+    wait_until("a lease on A", lambda: active(a))
+    holder = psycopg.connect(pg_url, autocommit=True)
+    holder.execute("BEGIN")
+    holder.execute("SELECT pg_advisory_xact_lock(%s)", (FLEET_LOCK,))
+    holder.execute("UPDATE servers SET down_reason = 'not committed'")
+    waiting = start_client(b, hold_gpu, MIB, 100, 2)  # B's sync waits for the lock now
+    clients.append(waiting)
+    time.sleep(1.5)  # both servers' periodic syncs are waiting for the lock
+    kill_postgresql(pg_server)
+    with contextlib.suppress(psycopg.Error):
+        holder.close()
+    _, err = running.communicate(timeout=60)  # the running lease goes on to its end
+    assert running.returncode == 0, err
+    pg_server.start()
+    _, err = waiting.communicate(timeout=60)  # served once the database is back
+    assert waiting.returncode == 0, err
+    after = start_client(a, hold_gpu, MIB, 100, 3)
+    clients.append(after)
+    _, err = after.communicate(timeout=60)
+    assert after.returncode == 0, err
+    pids = {p.pid for p in (running, waiting, after)}
+    recs = wait_until("every lease ended in the history", lambda: (
+        r := [x for x in history(pg_url) if x.client_pid in pids],
+        len(r) == 3 and all(x.ended is not None for x in r) and r)[-1], timeout=30)
+    assert_no_double_assignment(recs)
+    assert next(r for r in recs if r.client_pid == running.pid).end_reason == "client exit"
+    servers = servers_by_name(a)
+    assert all(s["state"] == "up" and s["down_reason"] != "not committed"
+               for s in servers.values()), servers
