@@ -342,7 +342,7 @@ async def membership_ctx(app: web.Application) -> AsyncIterator[None]:
         log.info("fleet: this server is %s, reached at %s", app[STORE].server, address)
         fleet.start()
         notifications = Notifications(settings.database, settings.database_password_file,
-                                      fleet.kick)
+                                      fleet.kick, server=app[STORE].server)
         notifications.start()
     yield
     if fleet is not None:

@@ -24,7 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FLEET_LOCK = 7070708  # pg_advisory_xact_lock key (the migrations use 7070707)
-CHANNEL = "gpupool_fleet"  # NOTIFY channel: "something changed, look again"
+# NOTIFY channel: "something changed for you, look again"; the payload names the servers concerned
+# (space-separated; empty: every server), so that one grant wakes the two servers it concerns, not
+# the whole fleet (bench/fleet_scale.py: with a NOTIFY for all, every event cost a locked sync of
+# every server, and 50 servers spent their time waiting for the lock)
+CHANNEL = "gpupool_fleet"
 
 
 @dataclass(frozen=True)
@@ -138,13 +142,21 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
                    f"AND holder IN {_in(inp.finished)}", (me, *inp.finished))
         db.execute(f"DELETE FROM fleet_queue WHERE ticket IN {_in(inp.finished)}",
                    tuple(inp.finished))
+    # The other servers this turn concerns: they hold a GPU for a ticket, or their waiter got one.
+    concerned: set[str] = set()
     if inp.unassign:
+        concerned.update(r["server"] for r in db.execute(
+            f"SELECT server FROM fleet_gpus WHERE holder IN {_in(inp.unassign)}",
+            tuple(inp.unassign)).fetchall())
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' "
                    f"WHERE holder IN {_in(inp.unassign)}", tuple(inp.unassign))
         db.execute(f"UPDATE fleet_queue SET state = 'waiting', assigned_server = NULL, "
                    f"assigned_gpu = NULL WHERE state = 'assigned' AND ticket IN "
                    f"{_in(inp.unassign)}", tuple(inp.unassign))
     if inp.gone:
+        concerned.update(r["assigned_server"] for r in db.execute(
+            f"SELECT assigned_server FROM fleet_queue WHERE state = 'assigned' AND ticket IN "
+            f"{_in(inp.gone)}", tuple(inp.gone)).fetchall())
         db.execute(f"DELETE FROM fleet_queue WHERE state = 'waiting' AND ticket IN "
                    f"{_in(inp.gone)}", tuple(inp.gone))
         db.execute(f"UPDATE fleet_queue SET state = 'gone' WHERE ticket IN {_in(inp.gone)}",
@@ -157,6 +169,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     # rather than after the hold's 2 s (pool/fleet.py, REDIRECT_CLAIM_S).
     sent_here: dict[tuple[str, Any, Any], int] = {}
     sent_away: dict[tuple[str, Any, Any], int] = {}
+    away_at: dict[int, str] = {}  # ticket -> the server holding a GPU for it
     if inp.new_waiters:
         for r in db.execute("SELECT ticket, token, client, assigned_server FROM fleet_queue "
                             "WHERE state = 'assigned' AND server <> assigned_server ORDER BY "
@@ -164,6 +177,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
             c = json.loads(r["client"])
             there = sent_here if r["assigned_server"] == me else sent_away
             there.setdefault((r["token"], c.get("host"), c.get("pid")), int(r["ticket"]))
+            away_at[int(r["ticket"])] = r["assigned_server"]
     tickets = {}
     gave_up = []
     for key, w in inp.new_waiters:
@@ -183,6 +197,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     if gave_up:
         db.execute(f"UPDATE fleet_queue SET state = 'gone' WHERE ticket IN {_in(gave_up)}",
                    tuple(gave_up))
+        concerned.update(away_at[t] for t in gave_up)
     servers = {r["name"]: {"remoting": r["remoting"], "http": r["http"],
                            "fingerprint": r["fingerprint"],
                            "state": "up" if r["down"] is None else "down",
@@ -212,15 +227,16 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
                        (server, index, now, ticket))
             db.execute("UPDATE fleet_gpus SET holder = ?, holder_token = ? WHERE server = ? "
                        "AND gpu_index = ?", (ticket, by_ticket[ticket].token, server, index))
+            concerned.update((server, by_ticket[ticket].server))
         gpus = [_gpu(r) for r in db.execute(
             "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
         queue = [_waiter(r) for r in db.execute(
             "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
-        if gave_up or any(server != me or by_ticket[t].server != me
-                          for t, server, _ in assigned):
-            db.execute(f"NOTIFY {CHANNEL}")
-    elif inp.finished or inp.gone or inp.new_waiters:
-        db.execute(f"NOTIFY {CHANNEL}")  # a GPU or a place in the queue may be theirs now
+    # `match` above saw the whole fleet: a server this turn gave nothing to and took nothing from
+    # has nothing to act on now (its clients' positions are a periodic sync away, SYNC_EVERY).
+    others = sorted(s for s in concerned if s and s != me)  # (None: a ticket not assigned)
+    if others:
+        db.execute("SELECT pg_notify(?, ?)", (CHANNEL, " ".join(others)))
     return SyncResult(tickets, gpus, queue, servers, assigned, away_rows)
 
 

@@ -2,9 +2,10 @@
 
 psycopg delivers notifications to the connection that listens, and the store's connection is busy
 with queries on the store's thread; so one more connection, on a thread of its own, waits for them
-and calls `on_notify` on the event loop. A server that misses notifications (the database
-restarted, the connection dropped) only reacts later: the fleet queue syncs every second anyway
-(pool/fleet.py), and this thread reconnects.
+and calls `on_notify` on the event loop, for a notification that names this server (`server`) or
+no server in particular (store/fleet.py's CHANNEL: its payload names the servers concerned). A
+server that misses notifications (the database restarted, the connection dropped) only reacts
+later: the fleet queue syncs every second anyway (pool/fleet.py), and this thread reconnects.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ RETRY_S = 1.0  # between connection attempts while the database is unreachable
 
 class Notifications:
     def __init__(self, url: str, password_file: Path | None,
-                 on_notify: Callable[[], None]) -> None:
+                 on_notify: Callable[[], None], server: str = "") -> None:
         self._url = url
+        self._server = server  # "": every notification concerns it
         self._password_file = password_file
         self._on_notify = on_notify
         self._stop = threading.Event()
@@ -45,6 +47,10 @@ class Notifications:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5.0)
 
+    def concerns(self, payload: str) -> bool:
+        """Whether a notification with this payload is for this server."""
+        return not payload or not self._server or self._server in payload.split()
+
     def _main(self) -> None:
         failed = False
         while not self._stop.is_set():
@@ -61,7 +67,8 @@ class Notifications:
                 conn.execute(f"LISTEN {CHANNEL}")
                 raw = conn.raw
                 while not self._stop.is_set():
-                    got = sum(1 for _ in raw.notifies(timeout=WAIT_S, stop_after=64))
+                    got = sum(1 for n in raw.notifies(timeout=WAIT_S, stop_after=64)
+                              if self.concerns(n.payload))
                     if got:
                         self.received += got
                         assert self._loop is not None
