@@ -310,7 +310,11 @@ class LeaseManager:
                 ) -> Slot | None:
         """The GPU an attached previous lease is on: its worker's word (the UUID it runs on) once
         it has answered, else the store's (`placed`: a worker busy in a call answers later, and
-        its GPU must be kept leased meanwhile; _adopt checks the UUID then)."""
+        its GPU must be kept leased meanwhile; _adopt checks the UUID then). None when the store
+        places it on no GPU served here (its record names another GPU than this server's of
+        that index): the worker's word does not overrule a record that does not match."""
+        if placed is None:
+            return None
         worker = answer.result() if answer.done() and not answer.cancelled() else None
         if isinstance(worker, Worker) and worker.uuid:
             said = next((s for s in self.slots if s.gpu.uuid == worker.uuid), None)
