@@ -9,6 +9,9 @@
 - PostgreSQL SIGKILLed while the servers are inside a fleet sync, then restarted (a guard:
   today's main was right here): the uncommitted write is gone, the lease across the crash is
   recorded once, both servers serve again.
+- A server cut off from the other servers but not from the database (a guard): the fleet goes
+  on through the database, nobody is marked down, an admin action forwarded between the two
+  fails with a 502 until they reach each other again.
 - A server's wall clock jumping: heartbeats and the judgement of silence are the database's
   clock, so a server whose clock jumps ahead marks nobody down, and one whose clock jumps back
   is not marked down.
@@ -38,10 +41,14 @@ from unittest import mock
 
 import psycopg
 import pytest
-from conftest import GpupoolServer, native_paths, require, wait_until
+from conftest import ApiError, GpupoolServer, native_paths, require, wait_until
 from test_e2e_leases import hold_gpu, start_client  # noqa: F401  (hold_gpu is a fixture)
 from test_fleet import assert_no_double_assignment, fleet, history, name_of
-from test_fleet_netns import sh
+from test_fleet_netns import HOSTS, REMOTING_PORT, Lan, hosts, lan, sh, socket_url  # noqa: F401
+from test_fleet_netns import NET as LAN
+from test_fleet_netns import active as lan_active
+from test_fleet_netns import client as lan_client
+from test_fleet_netns import names as lan_names
 from test_store import new_lease
 from test_store_postgres import servers_by_name
 
@@ -353,3 +360,52 @@ def test_postgresql_killed_mid_transaction_and_restarted(
     servers = servers_by_name(a)
     assert all(s["state"] == "up" and s["down_reason"] != "not committed"
                for s in servers.values()), servers
+
+
+# ------------------------------------------------------- cut off from the others, not the store
+def test_a_server_cut_off_from_the_other_servers_but_not_from_the_database(
+        lan: Lan, hosts: dict[str, GpupoolServer], hold_gpu: Path,  # noqa: F811
+        pg_url: str, clients: list[subprocess.Popen[str]]) -> None:
+    """Three hosts on a LAN (tests/test_fleet_netns.py; B's GPU quarantined); A and C cannot
+    reach each other (blackhole routes both ways), all reach PostgreSQL and the clients reach
+    all. The fleet goes on through the database: a client naming A while A's GPU is taken is
+    sent to C's, nobody is marked down, and an admin action for C sent to A fails with a 502
+    that says C did not answer, and works again once they reach each other (a guard: today's
+    main was right here)."""
+    a, c = hosts["a"], hosts["c"]
+    wait_until("three servers up", lambda: (
+        n := lan_names(a), len(n) == 3 and all(v["state"] == "up" for v in n.values()))[-1])
+    name = {h: next(k for k, v in lan_names(s).items() if v["this"]) for h, s in hosts.items()}
+    routes = [(lan.ns["a"], f"{LAN}.{HOSTS['c']}/32"), (lan.ns["c"], f"{LAN}.{HOSTS['a']}/32")]
+    for ns, dest in routes:
+        sh("ip", "-n", ns, "route", "add", "blackhole", dest)
+    try:
+        cut_at = time.monotonic()
+        on_a = lan_client(lan, a, hold_gpu, 8000, 1)
+        clients.append(on_a)
+        wait_until("a lease on A", lambda: lan_active(a))
+        sent = lan_client(lan, a, hold_gpu, 0, 2)  # names A: sent to C's GPU
+        clients.append(sent)
+        _, err = sent.communicate(timeout=60)
+        assert sent.returncode == 0 and f"gpf-c:{REMOTING_PORT}" in err, err
+        with pytest.raises(ApiError) as refused:
+            a.api("POST", f"/api/v1/servers/{name['c']}/gpus/0/drain")
+        assert refused.value.status == 502 and "did not answer" in str(refused.value), \
+            str(refused.value)
+        # Past the time after which a silent server is marked down: nobody is.
+        time.sleep(max(0.0, membership.DOWN_AFTER_S + 2 * membership.HEARTBEAT_S
+                       - (time.monotonic() - cut_at)))
+        for s in (a, c):
+            assert {v["state"] for v in lan_names(s).values()} == {"up"}
+    finally:
+        for ns, dest in routes:
+            sh("ip", "-n", ns, "route", "del", "blackhole", dest, check=False)
+    reply = a.api("POST", f"/api/v1/servers/{name['c']}/gpus/0/drain")
+    assert reply["server"] == name["c"] and reply["draining"] is True
+    a.api("POST", f"/api/v1/servers/{name['c']}/gpus/0/undrain")
+    _, err = on_a.communicate(timeout=60)
+    assert on_a.returncode == 0, err
+    pids = {on_a.pid, sent.pid}
+    recs = [r for r in history(pg_url) if r.client_pid in pids]
+    assert len(recs) == 2 and {r.server for r in recs} == {name["a"], name["c"]}
+    assert_no_double_assignment(recs)
