@@ -7,8 +7,16 @@
  * told us about holds a function that logs "gpupool: export table X slot N called" once and
  * returns 0, instead of a NULL (or a neighbouring table's word) that the caller would jump to.
  *
- * Nothing here talks to the server: cudart calls the context-local-storage "get" about once per
- * runtime call, so a round trip here would cost more than the work itself.
+ * The tables above never talk to the server: cudart calls the context-local-storage "get" about
+ * once per runtime call, so a round trip there would cost more than the work itself.
+ *
+ * A table none of them is (a uuid the shim does not implement) is asked about once: if the
+ * server's driver knows it, the caller gets a table of trampolines of the driver's table's size
+ * (the slot count the worker read from its size word), each of which logs "gpupool: export table
+ * <uuid> slot N called" once and returns CUDA_ERROR_NOT_SUPPORTED; if not, it is refused as the
+ * driver refuses an unknown uuid. The tools-module table is served that way too, with its slot 7
+ * (a module's function iterator) run on the server. Every call of these tables' slots is counted
+ * (gp_export_table_slot_calls).
  */
 #include "export_tables.h"
 
@@ -490,12 +498,264 @@ const void *gp_export_table_integrity_check(void)
     return integrity_check;
 }
 
-/* ---- unknown UUIDs: refuse, and say so once per UUID ---------------------------------------- */
+/* ---- tables the shim does not implement: trampolines ----------------------------------------- */
+
+/* At most GP_ET_DYN_TABLES such tables of at most GP_ET_DYN_SLOTS slots each: each slot needs
+ * a function of its own that knows its (table, slot), and C has no closures, so the functions
+ * are made by the macros below. A driver table longer than that gets a size word of our size. */
+#define GP_ET_DYN_TABLES 8
+#define GP_ET_DYN_SLOTS 128
+/* Module functions the shim hands stand-in nodes for in one iteration, at most. */
+#define GP_TOOLS_MAX_NODES (1u << 20)
+
+static const uint8_t UUID_TOOLS_MODULE[16] = {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d,
+                                              0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e};
+
+/* dyn_used, dyn_uuid and dyn_table[t] are written under dyn_lock before table t is handed out,
+ * and only read afterwards (the reader got the table from cuGetExportTable, through the lock). */
+static pthread_mutex_t dyn_lock = PTHREAD_MUTEX_INITIALIZER;
+static int dyn_used;
+static uint8_t dyn_uuid[GP_ET_DYN_TABLES][16];
+static gp_et_slot dyn_table[GP_ET_DYN_TABLES][GP_ET_DYN_SLOTS];
+static atomic_uchar dyn_logged[GP_ET_DYN_TABLES][GP_ET_DYN_SLOTS];
+static atomic_uint_least64_t dyn_calls[GP_ET_DYN_TABLES][GP_ET_DYN_SLOTS];
+
+static uint64_t trampoline(int t, int slot)
+{
+    atomic_fetch_add_explicit(&dyn_calls[t][slot], 1, memory_order_relaxed);
+    if (!atomic_exchange(&dyn_logged[t][slot], 1) && !quiet()) {
+        char text[37];
+        format_uuid(dyn_uuid[t], text);
+        (void)fprintf(stderr,
+                      "gpupool: export table %s slot %d called (returned "
+                      "CUDA_ERROR_NOT_SUPPORTED: gpupool does not forward it)\n",
+                      text, slot);
+    }
+    /* Whatever the caller's return type: the low 32 bits read as the CUresult. */
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// clang-format off
+#define GP_ET_TEN(X, t, h)                                                                      \
+    X(t, h##0) X(t, h##1) X(t, h##2) X(t, h##3) X(t, h##4)                                      \
+    X(t, h##5) X(t, h##6) X(t, h##7) X(t, h##8) X(t, h##9)
+#define GP_ET_DYN_SLOT_NUMBERS(X, t)                                                            \
+    GP_ET_TEN(X, t, ) GP_ET_TEN(X, t, 1) GP_ET_TEN(X, t, 2) GP_ET_TEN(X, t, 3)                  \
+    GP_ET_TEN(X, t, 4) GP_ET_TEN(X, t, 5) GP_ET_TEN(X, t, 6) GP_ET_TEN(X, t, 7)                 \
+    GP_ET_TEN(X, t, 8) GP_ET_TEN(X, t, 9) GP_ET_TEN(X, t, 10) GP_ET_TEN(X, t, 11)               \
+    X(t, 120) X(t, 121) X(t, 122) X(t, 123) X(t, 124) X(t, 125) X(t, 126) X(t, 127)
+#define GP_ET_DYN_TABLE_NUMBERS(X)                                                              \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+// clang-format on
+
+#define GP_ET_DEFINE_TRAMPOLINE(t, n)                                                              \
+    static uint64_t trampoline_##t##_##n(void)                                                     \
+    {                                                                                              \
+        return trampoline(t, n);                                                                   \
+    }
+#define GP_ET_TRAMPOLINE_REF(t, n) (gp_et_fn) trampoline_##t##_##n,
+#define GP_ET_DEFINE_TABLE_TRAMPOLINES(t) GP_ET_DYN_SLOT_NUMBERS(GP_ET_DEFINE_TRAMPOLINE, t)
+#define GP_ET_TABLE_TRAMPOLINE_REFS(t) {GP_ET_DYN_SLOT_NUMBERS(GP_ET_TRAMPOLINE_REF, t)},
+
+GP_ET_DYN_TABLE_NUMBERS(GP_ET_DEFINE_TABLE_TRAMPOLINES)
+
+static const gp_et_fn trampolines[GP_ET_DYN_TABLES][GP_ET_DYN_SLOTS] = {
+    GP_ET_DYN_TABLE_NUMBERS(GP_ET_TABLE_TRAMPOLINE_REFS)};
+
+_Static_assert(GP_ET_DYN_TABLES == 8 && GP_ET_DYN_SLOTS == 128,
+               "the trampoline macros make 8 tables of 128 slots");
+
+/* ---- the tools-module table's slot 7: a module's functions, iterated on the server ---------- */
+
+typedef void (*gp_tools_cb)(void *opaque, void *node, void *owner);
+
+/* Stand-in nodes: the driver's node for a function is its own structure, which cannot cross the
+ * network. The callback gets instead the address of a 64-byte record owned by the shim, distinct
+ * for each position in the iteration, whose first 8 bytes hold the position (0, 1, ...) and the
+ * rest zero. Callers may keep the pointers, so records are never freed: a longer iteration gets
+ * a new, larger array and the old one stays (at most twice the largest iteration). */
+#define STANDIN_BYTES 64
+static pthread_mutex_t standin_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char *standin; /* guarded by standin_lock */
+static uint32_t standin_count; /* guarded by standin_lock */
+
+static unsigned char *standin_nodes(uint32_t n)
+{
+    unsigned char *base = NULL;
+    if (pthread_mutex_lock(&standin_lock) != 0)
+        return NULL;
+    if (n > standin_count) {
+        uint32_t want = n < 256 ? 256 : n;
+        unsigned char *fresh = aligned_alloc(STANDIN_BYTES, (size_t)want * STANDIN_BYTES);
+        if (fresh != NULL) {
+            memset(fresh, 0, (size_t)want * STANDIN_BYTES);
+            for (uint32_t i = 0; i < want; i++) {
+                uint64_t pos = i;
+                memcpy(fresh + (size_t)i * STANDIN_BYTES, &pos, sizeof pos);
+            }
+            standin = fresh; /* the old array stays: callers may hold its records */
+            standin_count = want;
+        }
+    }
+    if (n <= standin_count)
+        base = standin;
+    if (pthread_mutex_unlock(&standin_lock) != 0)
+        return NULL;
+    return base;
+}
+
+static _Atomic int tools_table = -1; /* the dyn table serving the tools-module uuid, or -1 */
+
+/* it(ctx, module, cb, opaque, module, 0): the driver calls cb(opaque, node, owner) once per
+ * function of the module; here the server's driver iterates and the client's callback is called
+ * as many times, with stand-in nodes and the caller's module as the owner. */
+static CUresult tools_module_functions(CUcontext ctx, CUmodule module, gp_tools_cb cb, void *opaque,
+                                       CUmodule module2, unsigned long long flags)
+{
+    int t = atomic_load(&tools_table);
+    if (t >= 0)
+        atomic_fetch_add_explicit(&dyn_calls[t][7], 1, memory_order_relaxed);
+    if (cb == NULL || module == NULL || (module2 != NULL && module2 != module))
+        return CUDA_ERROR_INVALID_VALUE; /* only the form every caller was seen to use */
+    int32_t value = 0;
+    uint32_t count = 0;
+    CUresult r = gp_tools_module_functions_for_tables(ctx, module, flags, &value, &count);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (count > GP_TOOLS_MAX_NODES) {
+        (void)fprintf(stderr,
+                      "gpupool: export table tools-module slot 7: the server's driver iterated "
+                      "%u functions, more than gpupool hands out (%u): returned "
+                      "CUDA_ERROR_NOT_SUPPORTED\n",
+                      count, GP_TOOLS_MAX_NODES);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    unsigned char *nodes = count > 0 ? standin_nodes(count) : NULL;
+    if (count > 0 && nodes == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (uint32_t i = 0; i < count; i++)
+        cb(opaque, nodes + (size_t)i * STANDIN_BYTES, (void *)module);
+    return (CUresult)value;
+}
+
+/* ---- which tables are served as trampolines ----------------------------------------------- */
+
+static int dyn_find_locked(const uint8_t id[16])
+{
+    for (int t = 0; t < dyn_used; t++)
+        if (memcmp(dyn_uuid[t], id, 16) == 0)
+            return t;
+    return -1;
+}
+
+/* Table t for uuid id, of `slots` slots as the server's driver reported (0: no size word). */
+static void dyn_fill_locked(int t, const uint8_t id[16], int slots)
+{
+    memcpy(dyn_uuid[t], id, 16);
+    int n = slots > GP_ET_DYN_SLOTS || slots == 0 ? GP_ET_DYN_SLOTS : slots;
+    for (int i = 0; i < GP_ET_DYN_SLOTS; i++)
+        dyn_table[t][i].fn = trampolines[t][i];
+    if (slots > 0)
+        dyn_table[t][0].size = (size_t)n * sizeof(gp_et_slot);
+    if (memcmp(id, UUID_TOOLS_MODULE, 16) == 0 && n > 7) {
+        dyn_table[t][7].fn = (gp_et_fn)tools_module_functions;
+        atomic_store(&tools_table, t);
+    }
+}
+
+/* The trampoline table for id, asking the server about it the first time; NULL: refuse it. */
+static const void *dyn_table_for(const uint8_t id[16])
+{
+    if (pthread_mutex_lock(&dyn_lock) != 0)
+        return NULL;
+    int t = dyn_find_locked(id);
+    if (pthread_mutex_unlock(&dyn_lock) != 0 || t >= 0)
+        return t >= 0 ? dyn_table[t] : NULL;
+    CUuuid uuid;
+    memcpy(uuid.bytes, id, 16);
+    int slots = gp_export_table_slots_for_tables(&uuid); /* a round trip: not under the lock */
+    if (slots < 0)
+        return NULL;
+    int full = 0, fresh = 0;
+    if (pthread_mutex_lock(&dyn_lock) != 0)
+        return NULL;
+    t = dyn_find_locked(id); /* another thread may have asked meanwhile */
+    if (t < 0 && dyn_used < GP_ET_DYN_TABLES) {
+        t = dyn_used;
+        dyn_fill_locked(t, id, slots);
+        dyn_used++;
+        fresh = 1;
+    }
+    full = t < 0;
+    if (pthread_mutex_unlock(&dyn_lock) != 0)
+        return NULL;
+    char text[37];
+    format_uuid(id, text);
+    if (full) {
+        (void)fprintf(stderr,
+                      "gpupool: cuGetExportTable: table %s refused (CUDA_ERROR_INVALID_VALUE): "
+                      "gpupool serves at most %d tables it does not implement; please report it\n",
+                      text, GP_ET_DYN_TABLES);
+        return NULL;
+    }
+    if (fresh && !quiet()) {
+        if (slots > GP_ET_DYN_SLOTS)
+            (void)fprintf(stderr,
+                          "gpupool: cuGetExportTable: table %s has %d slots on the server; "
+                          "gpupool serves the first %d\n",
+                          text, slots, GP_ET_DYN_SLOTS);
+        if (memcmp(id, UUID_TOOLS_MODULE, 16) != 0)
+            (void)fprintf(stderr,
+                          "gpupool: cuGetExportTable: table %s is not implemented by gpupool: "
+                          "each slot answers CUDA_ERROR_NOT_SUPPORTED\n",
+                          text);
+    }
+    return dyn_table[t];
+}
+
+size_t gp_export_table_slot_calls(gp_et_slot_calls *out, size_t max)
+{
+    size_t n = 0;
+    if (pthread_mutex_lock(&dyn_lock) != 0)
+        return 0;
+    for (int t = 0; t < dyn_used; t++) {
+        for (int i = 0; i < GP_ET_DYN_SLOTS; i++) {
+            uint64_t calls = atomic_load_explicit(&dyn_calls[t][i], memory_order_relaxed);
+            if (calls == 0)
+                continue;
+            if (n < max) {
+                memcpy(out[n].table.bytes, dyn_uuid[t], 16);
+                out[n].slot = (uint32_t)i;
+                out[n].calls = calls;
+            }
+            n++;
+        }
+    }
+    if (pthread_mutex_unlock(&dyn_lock) != 0)
+        return 0;
+    return n;
+}
+
+/* ---- UUIDs neither the shim nor the server's driver knows: refuse, say so once per UUID ------ */
 
 #define UNKNOWN_REMEMBERED 16
 static pthread_mutex_t unknown_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t unknown_seen[UNKNOWN_REMEMBERED][16]; /* guarded by unknown_lock */
 static int unknown_count;                            /* guarded by unknown_lock */
+
+/* A uuid refused before: refused again without asking the server (while it is remembered). */
+static int already_refused(const uint8_t id[16])
+{
+    int seen = 0;
+    if (pthread_mutex_lock(&unknown_lock) != 0)
+        return 0;
+    for (int i = 0; i < unknown_count; i++)
+        if (memcmp(unknown_seen[i], id, 16) == 0)
+            seen = 1;
+    if (pthread_mutex_unlock(&unknown_lock) != 0)
+        return 0;
+    return seen;
+}
 
 static void report_unknown(const uint8_t id[16])
 {
@@ -533,8 +793,15 @@ __attribute__((visibility("default"))) CUresult cuGetExportTable(const void **pp
         }
     }
     /* Every cudart asks for f8cff951 first and copes with a refusal (facts section 4): refuse
-     * quietly, it is expected. */
-    if (memcmp(id, UUID_F8CFF951, 16) != 0)
-        report_unknown(id);
+     * quietly, it is expected, and without asking the server (a table of trampolines instead
+     * of the refusal would send cudart down another path). */
+    if (memcmp(id, UUID_F8CFF951, 16) == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!already_refused(id)) {
+        *ppExportTable = dyn_table_for(id);
+        if (*ppExportTable != NULL)
+            return CUDA_SUCCESS;
+    }
+    report_unknown(id);
     return CUDA_ERROR_INVALID_VALUE;
 }

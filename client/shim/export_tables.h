@@ -1,9 +1,12 @@
 /*
  * export_tables.h: cuGetExportTable, the driver's undocumented "dark API" tables that cudart,
- * cuBLAS and cuBLASLt ask for, served entirely on the client (facts section 4).
+ * cuBLAS and cuBLASLt ask for, served on the client (facts section 4); a table the shim does not
+ * implement but the server's driver knows is served as trampolines (docs/architecture.md,
+ * "Export tables").
  *
- * The tables need two answers only the shim core has (which context is current, which context
- * is a device's primary one). The core defines the two hooks below; export_tables.c calls them.
+ * The tables need answers only the shim core has (which context is current, which context is a
+ * device's primary one, what the server's driver knows). The core defines the hooks below;
+ * export_tables.c calls them.
  */
 #ifndef GP_EXPORT_TABLES_H
 #define GP_EXPORT_TABLES_H
@@ -21,6 +24,20 @@ CUcontext gp_ctx_current_for_tables(void);
  * handle before it retains it), or NULL if `dev` is not a valid device ordinal. */
 CUcontext gp_ctx_primary_for_tables(int dev);
 
+/* How many pointer-sized slots the server's driver's table `uuid` has, slot 0 (its size word)
+ * included: > 0; 0 when the table has no size word the worker could read; -1 when the server's
+ * driver does not know the table, or there is no server (the table is then refused). One round
+ * trip; export_tables.c asks once per uuid. */
+int gp_export_table_slots_for_tables(const CUuuid *uuid);
+
+/* The tools-module table's slot 7 (a module's function iterator) run on the server, for a
+ * module of this client: on CUDA_SUCCESS *value is what the driver's iterator returned and *count
+ * how many times it called back; otherwise the error (bad handle, no server, a driver without
+ * the table). */
+CUresult gp_tools_module_functions_for_tables(CUcontext ctx, CUmodule module,
+                                              unsigned long long flags, int32_t *value,
+                                              uint32_t *count);
+
 /* ---- functions export_tables.c DEFINES ------------------------------------------------------ */
 
 /* The shim core calls this when a context goes away (cuCtxDestroy, the primary context's last
@@ -33,6 +50,16 @@ void gp_cls_context_destroyed(CUcontext ctx);
  * integrity answer hashes them (integrity.c). */
 const void *gp_export_table_cudart_interface(void);
 const void *gp_export_table_integrity_check(void);
+
+/* The calls so far to each slot of the tables served as trampolines (the tools-module table's
+ * forwarded slot 7 included), for the per-call profile: up to max entries into out, in table
+ * then slot order; returns how many entries there are (may exceed max). */
+typedef struct gp_et_slot_calls {
+    CUuuid table;
+    uint32_t slot;
+    uint64_t calls;
+} gp_et_slot_calls;
+size_t gp_export_table_slot_calls(gp_et_slot_calls *out, size_t max);
 
 /* Exported driver entry point (strong definition; overrides the generated weak stub). */
 CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);

@@ -1,7 +1,9 @@
 /*
  * test_export_tables.c: cuGetExportTable and its tables, called the way cudart and cuBLASLt call
  * them (through the slots), with the shim core's hooks defined here: context-local storage,
- * the fixed and computed integrity answers, the buffers and the "return 0" slots.
+ * the fixed and computed integrity answers, the buffers and the "return 0" slots; tables the
+ * shim does not implement (trampolines, with the slot count a stand-in server reports) and the
+ * tools-module table's slot 7 (with a stand-in server iteration).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -59,6 +61,46 @@ int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_
         pci_dev[i] = test_pci[i][2];
     }
     return n;
+}
+
+/* The server, as the hooks see it: the tools-module table (8 slots), a table only its driver
+ * knows (10 slots), one without a size word (0), one longer than the shim serves (300); every
+ * other uuid unknown. Its tools iteration calls back 3 times and returns 0. */
+static int slots_asked; /* how often the server was asked about a table */
+
+int gp_export_table_slots_for_tables(const CUuuid *uuid)
+{
+    slots_asked++;
+    static const struct {
+        unsigned char last;
+        int slots;
+    } known[] = {{0x10, 10}, {0x11, 0}, {0x12, 300}};
+    static const unsigned char prefix[15] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    static const unsigned char tools[16] = {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d,
+                                            0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e};
+    if (memcmp(uuid->bytes, tools, 16) == 0)
+        return 8;
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (memcmp(uuid->bytes, prefix, 15) == 0 && (unsigned char)uuid->bytes[15] == known[i].last)
+            return known[i].slots;
+    return -1;
+}
+
+#define TEST_MODULE ((CUmodule)0x6750000500000001ull)
+static CUcontext tools_ctx_seen;
+static unsigned long long tools_flags_seen;
+
+CUresult gp_tools_module_functions_for_tables(CUcontext ctx, CUmodule module,
+                                              unsigned long long flags, int32_t *value,
+                                              uint32_t *count)
+{
+    tools_ctx_seen = ctx;
+    tools_flags_seen = flags;
+    if (module != TEST_MODULE)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *value = 0;
+    *count = 3;
+    return CUDA_SUCCESS;
 }
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -127,6 +169,124 @@ static void test_lookup(void)
     CHECK_STR_EQ(out, "gpupool: cuGetExportTable: unknown table "
                       "0ca50b8c-1004-929a-89a7-d0df10e77286 (returned CUDA_ERROR_INVALID_VALUE); "
                       "please report it\n");
+}
+
+/* ---- tables the shim does not implement: trampolines ----------------------------------------- */
+
+#define SERVER_ONLY "0102030405060708090a0b0c0d0e0f10"
+#define NO_SIZE_WORD "0102030405060708090a0b0c0d0e0f11"
+#define LONG_TABLE "0102030405060708090a0b0c0d0e0f12"
+#define TOOLS_MODULE "6e163fbeb958444d835ce182aff1991e"
+
+static uint64_t slot_calls(const char *uuid_hex, uint32_t slot)
+{
+    gp_et_slot_calls calls[64];
+    size_t n = gp_export_table_slot_calls(calls, 64);
+    CHECK(n <= 64);
+    unsigned char id[16];
+    CHECK_EQ(gp_test_unhex(uuid_hex, id, 16), 16);
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(calls[i].table.bytes, id, 16) == 0 && calls[i].slot == slot)
+            return calls[i].calls;
+    return 0;
+}
+
+static void call_trampolines(void)
+{
+    const slot *t = get_table(SERVER_ONLY);
+    CHECK_EQ(t[0].size, 10 * sizeof(slot)); /* the server's driver's size */
+    uint64_t (*fn)(void) = (uint64_t(*)(void))t[3].fn;
+    CHECK_EQ((uint32_t)fn(), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ((uint32_t)fn(), CUDA_ERROR_NOT_SUPPORTED);
+    /* Asked once: the same table again without a round trip. */
+    int asked = slots_asked;
+    CHECK_PTR_EQ(get_table(SERVER_ONLY), t);
+    CHECK_EQ(slots_asked, asked);
+    fn = (uint64_t(*)(void))t[9].fn;
+    CHECK_EQ((uint32_t)fn(), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+static void test_trampolines(void)
+{
+    const char *out = capture_stderr(call_trampolines);
+    CHECK_STR_EQ(out, "gpupool: cuGetExportTable: table 01020304-0506-0708-090a-0b0c0d0e0f10 is "
+                      "not implemented by gpupool: each slot answers CUDA_ERROR_NOT_SUPPORTED\n"
+                      "gpupool: export table 01020304-0506-0708-090a-0b0c0d0e0f10 slot 3 called "
+                      "(returned CUDA_ERROR_NOT_SUPPORTED: gpupool does not forward it)\n"
+                      "gpupool: export table 01020304-0506-0708-090a-0b0c0d0e0f10 slot 9 called "
+                      "(returned CUDA_ERROR_NOT_SUPPORTED: gpupool does not forward it)\n");
+    CHECK_EQ(slot_calls(SERVER_ONLY, 3), 2);
+    CHECK_EQ(slot_calls(SERVER_ONLY, 9), 1);
+    CHECK_EQ(slot_calls(SERVER_ONLY, 4), 0);
+    /* No size word on the server: slot 0 is a trampoline too, and 128 slots are served. */
+    const slot *t = get_table(NO_SIZE_WORD);
+    CHECK_EQ(((uint32_t(*)(void))t[0].fn)(), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ(((uint32_t(*)(void))t[127].fn)(), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ(slot_calls(NO_SIZE_WORD, 0), 1);
+    CHECK_EQ(slot_calls(NO_SIZE_WORD, 127), 1);
+    /* Longer than the shim serves: the size word says what is there. */
+    t = get_table(LONG_TABLE);
+    CHECK_EQ(t[0].size, 128 * sizeof(slot));
+    /* Tables are distinct, and a refused uuid is not asked about twice. */
+    CHECK(get_table(SERVER_ONLY) != get_table(NO_SIZE_WORD));
+    int asked = slots_asked;
+    CUuuid id;
+    CHECK_EQ(gp_test_unhex("0ca50b8c1004929a89a7d0df10e77286", (unsigned char *)id.bytes, 16), 16);
+    const void *table = NULL;
+    CHECK_EQ(cuGetExportTable(&table, &id), CUDA_ERROR_INVALID_VALUE); /* refused in test_lookup */
+    CHECK_EQ(slots_asked, asked);
+}
+
+struct tools_seen {
+    int calls;
+    void *owner;
+    const unsigned char *nodes[4];
+};
+
+static void tools_collect(void *opaque, void *node, void *owner)
+{
+    struct tools_seen *s = opaque;
+    if (s->calls < 4)
+        s->nodes[s->calls] = node;
+    s->calls++;
+    s->owner = owner;
+}
+
+typedef CUresult (*tools_iterator)(CUcontext, CUmodule, void (*)(void *, void *, void *), void *,
+                                   CUmodule, unsigned long long);
+
+static void test_tools_module(void)
+{
+    const slot *t = get_table(TOOLS_MODULE);
+    CHECK_EQ(t[0].size, 8 * sizeof(slot));
+    tools_iterator it = (tools_iterator)t[7].fn;
+    struct tools_seen s = {0};
+    CHECK_EQ(it(PRIMARY_0, TEST_MODULE, tools_collect, &s, TEST_MODULE, 0), CUDA_SUCCESS);
+    CHECK_EQ(s.calls, 3);
+    CHECK_PTR_EQ(s.owner, (void *)TEST_MODULE);
+    CHECK_PTR_EQ(tools_ctx_seen, PRIMARY_0);
+    for (int i = 0; i < 3; i++) {
+        uint64_t pos;
+        memcpy(&pos, s.nodes[i], sizeof pos);
+        CHECK_EQ(pos, (uint64_t)i);
+        for (int j = 0; j < i; j++)
+            CHECK(s.nodes[i] != s.nodes[j]);
+    }
+    /* The same stand-ins next time (callers may keep them). */
+    struct tools_seen again = {0};
+    CHECK_EQ(it(NULL, TEST_MODULE, tools_collect, &again, NULL, 0), CUDA_SUCCESS);
+    CHECK_PTR_EQ(again.nodes[2], s.nodes[2]);
+    /* Flags are passed on (the server decides); other forms are refused here. */
+    CHECK_EQ(it(NULL, TEST_MODULE, tools_collect, &again, NULL, 5), CUDA_SUCCESS);
+    CHECK_EQ(tools_flags_seen, 5);
+    CHECK_EQ(it(NULL, TEST_MODULE, NULL, &again, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(it(NULL, NULL, tools_collect, &again, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(it(NULL, TEST_MODULE, tools_collect, &again, (CUmodule)0x1, 0),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(it(NULL, (CUmodule)0x2, tools_collect, &again, NULL, 0), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(slot_calls(TOOLS_MODULE, 7), 7); /* every call counted, refused ones too */
+    /* The other slots are trampolines. */
+    CHECK_EQ(((uint32_t(*)(void))t[6].fn)(), CUDA_ERROR_NOT_SUPPORTED);
 }
 
 /* ---- simple tables -------------------------------------------------------------------------- */
@@ -480,6 +640,8 @@ static void test_integrity(void)
 int main(void)
 {
     test_lookup();
+    test_trampolines();
+    test_tools_module();
     test_simple_tables();
     test_cls_basic();
     test_cls_many();

@@ -14,8 +14,8 @@ typedef CUresult (*tools_iterator)(CUcontext ctx, CUmodule module, tools_cb cb, 
 static const CUuuid TOOLS_MODULE = {{0x6e, 0x16, 0x3f, (char)0xbe, (char)0xb9, 0x58, 0x44, 0x4d,
                                      (char)0x83, 0x5c, (char)0xe1, (char)0x82, (char)0xaf,
                                      (char)0xf1, (char)0x99, 0x1e}};
-static const CUuuid SIM_TEST = {{'g', 'p', 'u', 'p', 'o', 'o', 'l', ' ', 's', 'i', 'm', ' ', 't',
-                                 'b', 'l', 0}};
+static const CUuuid SIM_TEST = {
+    {'g', 'p', 'u', 'p', 'o', 'o', 'l', ' ', 's', 'i', 'm', ' ', 't', 'b', 'l', 0}};
 
 struct seen {
     int calls;
