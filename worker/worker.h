@@ -32,6 +32,7 @@
  *   h_launch.c  function attributes, occupancy, launches
  *   h_graph.c   stream capture and CUDA graphs
  *   h_vmm.c     the client's virtual memory management calls (reserve, create, map, access)
+ *   h_export.c  export tables: a table's slot count, the tools-module table's slot 7
  *   adopt.c     a session outlives its daemon (the adoption socket)
  *   detach.c    idle detach: parked, detached, attached again
  *   heartbeat.c the keepalive thread (notices to the client during a long call)
