@@ -13,19 +13,21 @@
 int gp_export_table_slots_for_tables(const CUuuid *uuid)
 {
     if (uuid == NULL || gp_check_init() != CUDA_SUCCESS)
-        return -1; /* no server to ask: refused, as before a connection */
+        return -2; /* no server to ask (yet) */
     gp_export_table_info m = {0};
     memcpy(m.uuid, uuid->bytes, sizeof m.uuid);
     GP_FRAME(frame, flen, gp_export_table_info, &m);
     if (!frame)
-        return -1;
+        return -2;
     gp_reply reply;
     CUresult r = gp_request(frame, flen, NULL, 0, NULL, 0, &reply);
     GP_FRAME_FREE(frame);
+    if (r == GP_LOST_CONNECTION_ERROR || (int32_t)r >= 100000 || (int32_t)r < 0)
+        return -2; /* the server did not answer the question */
     if (r != CUDA_SUCCESS)
-        return -1; /* the server's driver refuses it too (or the server is gone) */
+        return -1; /* the server's driver refuses the table too */
     gp_export_table_info_reply rep = {0};
-    int slots = -1;
+    int slots = -2;
     if (gp_export_table_info_reply_decode(reply.body, reply.len, &rep))
         gp_log_error("cuGetExportTable: malformed reply");
     else

@@ -663,8 +663,9 @@ static void dyn_fill_locked(int t, const uint8_t id[16], int slots)
     }
 }
 
-/* The trampoline table for id, asking the server about it the first time; NULL: refuse it. */
-static const void *dyn_table_for(const uint8_t id[16])
+/* The trampoline table for id, asking the server about it the first time; NULL: refuse it, and
+ * *unknown = 1 when that is because the server's driver does not know it either. */
+static const void *dyn_table_for(const uint8_t id[16], int *unknown)
 {
     if (pthread_mutex_lock(&dyn_lock) != 0)
         return NULL;
@@ -674,8 +675,10 @@ static const void *dyn_table_for(const uint8_t id[16])
     CUuuid uuid;
     memcpy(uuid.bytes, id, 16);
     int slots = gp_export_table_slots_for_tables(&uuid); /* a round trip: not under the lock */
-    if (slots < 0)
+    if (slots < 0) {
+        *unknown = slots == -1;
         return NULL;
+    }
     int full = 0, fresh = 0;
     if (pthread_mutex_lock(&dyn_lock) != 0)
         return NULL;
@@ -797,11 +800,14 @@ __attribute__((visibility("default"))) CUresult cuGetExportTable(const void **pp
      * of the refusal would send cudart down another path). */
     if (memcmp(id, UUID_F8CFF951, 16) == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    int unknown = 1;
     if (!already_refused(id)) {
-        *ppExportTable = dyn_table_for(id);
+        unknown = 0;
+        *ppExportTable = dyn_table_for(id, &unknown);
         if (*ppExportTable != NULL)
             return CUDA_SUCCESS;
     }
-    report_unknown(id);
+    if (unknown) /* remembered and said once; without an answer, asked again next time */
+        report_unknown(id);
     return CUDA_ERROR_INVALID_VALUE;
 }

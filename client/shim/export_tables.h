@@ -26,8 +26,8 @@ CUcontext gp_ctx_primary_for_tables(int dev);
 
 /* How many pointer-sized slots the server's driver's table `uuid` has, slot 0 (its size word)
  * included: > 0; 0 when the table has no size word the worker could read; -1 when the server's
- * driver does not know the table, or there is no server (the table is then refused). One round
- * trip; export_tables.c asks once per uuid. */
+ * driver does not know the table (refused, and not asked about again); -2 when there is no
+ * server to ask, or it did not answer (refused this time only). One round trip. */
 int gp_export_table_slots_for_tables(const CUuuid *uuid);
 
 /* The tools-module table's slot 7 (a module's function iterator) run on the server, for a

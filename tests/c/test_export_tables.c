@@ -64,8 +64,8 @@ int gp_integrity_devices(CUuuid *uuids, int *pci_domain, int *pci_bus, int *pci_
 }
 
 /* The server, as the hooks see it: the tools-module table (8 slots), a table only its driver
- * knows (10 slots), one without a size word (0), one longer than the shim serves (300); every
- * other uuid unknown. Its tools iteration calls back 3 times and returns 0. */
+ * knows (10 slots), one without a size word (0), one longer than the shim serves (300), one it
+ * cannot answer about (-2: no server); every other uuid unknown. Its tools iteration calls back 3 times and returns 0. */
 static int slots_asked; /* how often the server was asked about a table */
 
 int gp_export_table_slots_for_tables(const CUuuid *uuid)
@@ -74,7 +74,7 @@ int gp_export_table_slots_for_tables(const CUuuid *uuid)
     static const struct {
         unsigned char last;
         int slots;
-    } known[] = {{0x10, 10}, {0x11, 0}, {0x12, 300}};
+    } known[] = {{0x10, 10}, {0x11, 0}, {0x12, 300}, {0x13, -2}};
     static const unsigned char prefix[15] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     static const unsigned char tools[16] = {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d,
                                             0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e};
@@ -235,6 +235,24 @@ static void test_trampolines(void)
     const void *table = NULL;
     CHECK_EQ(cuGetExportTable(&table, &id), CUDA_ERROR_INVALID_VALUE); /* refused in test_lookup */
     CHECK_EQ(slots_asked, asked);
+}
+
+static void no_answer_twice(void)
+{
+    CUuuid id;
+    CHECK_EQ(gp_test_unhex("0102030405060708090a0b0c0d0e0f13", (unsigned char *)id.bytes, 16), 16);
+    const void *table = (const void *)0x1;
+    int asked = slots_asked;
+    CHECK_EQ(cuGetExportTable(&table, &id), CUDA_ERROR_INVALID_VALUE);
+    CHECK_PTR_EQ(table, NULL);
+    CHECK_EQ(cuGetExportTable(&table, &id), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(slots_asked, asked + 2); /* not remembered: asked again once there is a server */
+}
+
+/* Without a server's answer a table is refused quietly and not remembered as unknown. */
+static void test_no_server_answer(void)
+{
+    CHECK_STR_EQ(capture_stderr(no_answer_twice), "");
 }
 
 struct tools_seen {
@@ -642,6 +660,7 @@ int main(void)
     test_lookup();
     test_trampolines();
     test_tools_module();
+    test_no_server_answer();
     test_simple_tables();
     test_cls_basic();
     test_cls_many();
