@@ -62,6 +62,7 @@ import gpupool_protocol as gp  # noqa: E402
 from benchlib import BUILD, ROOT  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+VA_BASE = 0x200000000000  # the shim's default (client/shim/connect.c): free in every worker
 
 
 def log(msg: str) -> None:
@@ -77,21 +78,36 @@ class Server:
         self.name = f"scale-{n}"
         self.state = Path(tempfile.mkdtemp(prefix=f"gpupool-{self.name}-"))
         (self.state / "gpupoold.toml").write_text(config)
+        self.log = self.state / "gpupoold.log"
+        self.gpus, self.env, self.tries = gpus, env, 0
+        self.start()
+
+    def start(self) -> None:
+        # Free ports as of now: another process may take one before gpupoold binds it (then
+        # `ready` starts it again on others).
+        self.tries += 1
         self.listen = f"127.0.0.1:{benchlib.free_port()}"
         self.http = f"127.0.0.1:{benchlib.free_port()}"
-        self.log = self.state / "gpupoold.log"
         cmd = [sys.executable, "-m", "gpupoold", "serve", "--config",
-               str(self.state / "gpupoold.toml"), "--simulated", str(gpus),
+               str(self.state / "gpupoold.toml"), "--simulated", str(self.gpus),
                "--listen", self.listen, "--http", self.http, "--state-dir", str(self.state),
                "--worker", str(BUILD / "gpupool-worker"),
                "--sim-lib", str(BUILD / "libgpupool-sim.so")]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
     def ready(self) -> bool:
         if self.proc.poll() is not None:
-            sys.exit(f"fleet_scale: {self.name} exited at start:\n{self.text()[-3000:]}")
+            if "address already in use" in self.text() and self.tries < 3:
+                log(f"{self.name}: a port was taken meanwhile; starting it on others")
+                self.start()
+                return False
+            lines = self.text().splitlines()
+            why = [ln for ln in lines if " ERROR " in ln or " CRITICAL " in ln
+                   or ln.startswith(("gpupoold:", "Traceback"))] or lines[-20:]
+            sys.exit(f"fleet_scale: {self.name} exited at start (status "
+                     f"{self.proc.returncode}):\n" + "\n".join(why[:30]))
         return "gpupoold: http on" in self.text()
 
     def text(self) -> str:
@@ -252,7 +268,7 @@ class Client:
 def hello_frame(token: str, pid: int) -> bytes:
     hello = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=pid, flags=0,
                      host="fleet-scale", user="bench", program="fleet_scale", token=token,
-                     gpu="", model="", min_memory=0, va_base=0x7F0000000000, va_size=1 << 30)
+                     gpu="", model="", min_memory=0, va_base=VA_BASE, va_size=1 << 30)
     return gp.encode_frame(hello, 1)
 
 
@@ -489,6 +505,9 @@ def main() -> int:
         x1, r1 = pg_counters(url)
         rest = time.monotonic() - w0
         result["rest_xact_per_s"] = (x1 - x0) / rest
+        # Connections to the fleet's database (max_connections bounds the fleet's size).
+        result["pg_connections"] = pg_query(
+            url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")[0][0] - 1
         result["rest_rows_per_s"] = (r1 - r0) / rest
         log(f"at rest: {result['rest_xact_per_s']:.0f} transactions/s, "
             f"{result['rest_rows_per_s']:.0f} rows written/s")
@@ -541,8 +560,16 @@ def main() -> int:
         "grant_ms": {"p50": percentile(waits, 50), "p99": percentile(waits, 99),
                      "max": max(waits, default=float("nan"))},
         "redirected": sum(1 for c in served if c.hops),
+        # More than one redirect: the GPU held for it was given to another meanwhile (its hold
+        # ran out before its hello reached that server) or its server could not take it back.
+        "redirected_again": sum(1 for c in served if c.hops > 1),
         "grants_per_s": (len(grants) - 1) / (grants[-1] - grants[0]) if len(grants) > 1 else 0,
         "run_s": wall,
+        # Everything the run wrote, per lease; and less the rest rate (background syncs and
+        # heartbeats), which overstates the background when the servers were too busy to sync
+        # as often as at rest (then the gross figure is the one to read).
+        "xact_per_lease_gross": (x2 - x1) / n_leases,
+        "rows_per_lease_gross": (r2 - r1) / n_leases,
         "xact_per_lease": (x2 - x1 - result["rest_xact_per_s"] * wall) / n_leases,
         "rows_per_lease": (r2 - r1 - result["rest_rows_per_s"] * wall) / n_leases,
         "overtaking": overtaking(clients, args.fair_slack), "fair_slack_s": args.fair_slack,
@@ -563,13 +590,17 @@ def main() -> int:
         ("hello to grant p50 / p99 / max", f"{result['grant_ms']['p50']:.0f} / "
          f"{result['grant_ms']['p99']:.0f} / {result['grant_ms']['max']:.0f} ms"),
         ("grants per second sustained", f"{result['grants_per_s']:.1f}"),
-        ("clients redirected to another server", f"{result['redirected']}"),
+        ("clients redirected to another server / more than once",
+         f"{result['redirected']} / {result['redirected_again']}"),
         ("GPU turnaround, lease end to next start, p50 / p99",
          f"{result['turnaround_ms']['p50']:.0f} / {result['turnaround_ms']['p99']:.0f} ms"),
-        ("PostgreSQL per lease: transactions / rows written",
-         f"{result['xact_per_lease']:.1f} / {result['rows_per_lease']:.1f}"),
+        ("PostgreSQL per lease, all / less the rest rate: transactions",
+         f"{result['xact_per_lease_gross']:.1f} / {result['xact_per_lease']:.1f}"),
+        ("PostgreSQL per lease, all / less the rest rate: rows written",
+         f"{result['rows_per_lease_gross']:.1f} / {result['rows_per_lease']:.1f}"),
         ("PostgreSQL at rest: transactions / rows written per s",
          f"{result['rest_xact_per_s']:.0f} / {result['rest_rows_per_s']:.0f}"),
+        ("PostgreSQL connections of the fleet (at rest)", f"{result['pg_connections']}"),
         ("locked fleet sync", result["sync"]),
         (f"queue fairness: most overtaken by (arrivals {args.fair_slack:g} s apart)",
          f"{result['overtaking']}"),
