@@ -5,6 +5,7 @@
                                [--native-ms NAME=MS,...] [--measure-native]
                                [--link NAME=RTT_US:GBIT_S ...] [--overhead-us US]
                                [--counts JSON] [--json PATH] [--markdown PATH] [--log-dir DIR]
+                               [--profile DIR]
 
 1. Counts. Each workload of bench/torch_workloads.py runs, one child process each, through the
    shim against a gpupoold started here on ONE SIMULATED GPU IN COUNT MODE (worker/sim/README.md:
@@ -43,7 +44,9 @@
    time per step.
 
 The calls that cost the most: per workload, the protocol ops with the most added time per step on
-the 25 GbE link (docs/protocol.md says which CUDA calls send each op).
+the 25 GbE link (docs/protocol.md says which CUDA calls send each op). --profile DIR keeps the
+shim's own profile of each child (GPUPOOL_PROFILE, docs/user-guide.md): the same counts over the
+whole run, per op and per CUDA entry point, with the time spent in each.
 
 Exit status: 0 when every selected workload was counted; 1 otherwise.
 """
@@ -218,9 +221,11 @@ def module_seconds(module_bytes: float, link: Link) -> float:
 
 # ==================================================================================== running
 def count_workloads(names: list[str], steps: int | None, warmup: int | None, build_dir: Path,
-                    log_dir: Path | None, child_timeout: float) -> dict[str, dict[str, Any]]:
+                    log_dir: Path | None, child_timeout: float,
+                    profile_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """Run each workload through a count-mode gpupoold; {name: child result} (with "counts", or
-    "error")."""
+    "error"). With profile_dir, each child also writes the shim's profile (GPUPOOL_PROFILE) there as
+    NAME.txt."""
     import torch_workloads as tw
 
     missing = [str(build_dir / f) for f in ("client/libcuda.so.1", "gpupool-worker", "libgpupool-sim.so")
@@ -238,6 +243,8 @@ def count_workloads(names: list[str], steps: int | None, warmup: int | None, bui
             args.steps = steps if steps is not None else default_steps(tw.REGISTRY[name].steps)
             env = daemon.client_env(tw.base_env(tmp, "count"))
             env["GPUPOOL_CALL_COUNTS"] = "1"
+            if profile_dir is not None:  # the shim's own table of the run (GPUPOOL_PROFILE)
+                env["GPUPOOL_PROFILE"] = str(profile_dir / f"{name}.txt")
             daemon.wait_free()
             results[name] = tw.run_child([name], "count", args, env, False, log_dir)[name]
     except KeyboardInterrupt as exc:
@@ -420,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write counts and predictions as JSON here")
     ap.add_argument("--markdown", type=Path, help="write the section for docs/benchmarks.md here")
     ap.add_argument("--log-dir", type=Path, help="keep each child's output and gpupoold's log here")
+    ap.add_argument("--profile", type=Path, metavar="DIR",
+                    help="write each workload's GPUPOOL_PROFILE table (calls, round trips, bytes and time "
+                         "per protocol op and CUDA entry point, the whole run) here as NAME.txt")
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build", help="native build (default build/)")
     ap.add_argument("--child-timeout", type=float, default=900.0, help="seconds one workload may take")
     args = ap.parse_args(argv)
@@ -435,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"link_model: --native-ms names unknown workloads: {', '.join(unknown)}")
     if args.log_dir:
         args.log_dir.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
 
     if args.counts:
         saved = json.loads(args.counts.read_text())
@@ -444,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             results = count_workloads(names, args.steps, args.warmup, args.build_dir.resolve(),
-                                      args.log_dir, args.child_timeout)
+                                      args.log_dir, args.child_timeout, args.profile)
         except (RuntimeError, OSError) as exc:
             tw.log(f"cannot count: {exc}")
             return 2

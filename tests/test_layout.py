@@ -163,7 +163,8 @@ C_PREFIXES = (
     ("worker", ("wk_",)),
     ("worker/sim", ("sim_", "cu", "gpupoolSim")),
     ("worker/scrub", ("scrub_",)),
-    ("client/shim", ("gp_", "cu", "gpupool_")),
+    # __cyg_profile_func_*: the compiler's function hooks, which entry_profile.c implements.
+    ("client/shim", ("gp_", "cu", "gpupool_", "__cyg_profile_func_")),
     ("client/shim/generated", ("gp_", "cu")),
     ("client/common", ("gp_",)),
     ("client/nvml", ("gp_", "nvml", "gpupool_")),

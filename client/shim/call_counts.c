@@ -4,8 +4,9 @@
  * kernel launches and other frames sent without waiting, replies that arrive later (asynchronous
  * device-to-host copies), bytes each way and module image bytes.
  *
- * Off unless GPUPOOL_CALL_COUNTS=1 is in the environment when the library loads: counting costs
- * a few atomic additions per call, which the launch hot path should not pay for nothing.
+ * Off unless GPUPOOL_CALL_COUNTS=1 or GPUPOOL_PROFILE (profile.c, which writes these counts to a
+ * file at exit) is in the environment when the library loads: counting costs a few atomic
+ * additions and two clock reads per call, which the launch hot path should not pay for nothing.
  *
  * The counts are taken where every API entry point hands its frame to the connection: the four
  * transport functions of conn.c (gp_post, gp_post_lz4, gp_request, gp_request_detached) are
@@ -26,20 +27,11 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
+#include "call_counts.h"
+#include "entry_profile.h"
 #include "shim.h"
-
-#define GP_COUNT_OPS 256 /* every op of the protocol is below this (gp_protocol.h) */
-
-enum {
-    GP_COUNT_FRAMES,       /* frames sent with this op */
-    GP_COUNT_WAITED,       /* of which the caller waited for the reply: synchronous round trips */
-    GP_COUNT_DETACHED,     /* of which the reply arrives later, nobody waiting (async D2H) */
-    GP_COUNT_SENT,         /* bytes sent */
-    GP_COUNT_RECEIVED,     /* bytes received in replies */
-    GP_COUNT_WAITED_BYTES, /* of GP_COUNT_SENT + GP_COUNT_RECEIVED: those of round trips */
-    GP_COUNT_FIELDS
-};
 
 static atomic_int gp_count_on; /* set once, by the constructor below */
 static atomic_uint_fast64_t gp_counts[GP_COUNT_OPS][GP_COUNT_FIELDS];
@@ -47,7 +39,36 @@ static atomic_uint_fast64_t gp_counts[GP_COUNT_OPS][GP_COUNT_FIELDS];
 __attribute__((constructor)) static void gp_count_setup(void)
 {
     const char *v = getenv("GPUPOOL_CALL_COUNTS");
-    atomic_store(&gp_count_on, v != NULL && strcmp(v, "1") == 0);
+    const char *profile = getenv("GPUPOOL_PROFILE");
+    atomic_store(&gp_count_on,
+                 (v != NULL && strcmp(v, "1") == 0) || (profile != NULL && profile[0] != '\0'));
+}
+
+int gp_count_is_on(void)
+{
+    return atomic_load_explicit(&gp_count_on, memory_order_relaxed) != 0;
+}
+
+void gp_count_snapshot(uint64_t out[GP_COUNT_OPS][GP_COUNT_FIELDS])
+{
+    for (unsigned op = 0; op < GP_COUNT_OPS; op++)
+        for (int f = 0; f < GP_COUNT_FIELDS; f++)
+            out[op][f] = atomic_load_explicit(&gp_counts[op][f], memory_order_relaxed);
+}
+
+/* Monotonic nanoseconds: what a transport call took, the client's time in it. */
+static uint64_t gp_count_now_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0; /* cannot fail for CLOCK_MONOTONIC; a 0 makes the call count no time */
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t gp_count_since(uint64_t t0)
+{
+    uint64_t t1 = gp_count_now_ns();
+    return t0 && t1 > t0 ? t1 - t0 : 0;
 }
 
 static inline bool gp_count_enabled(void)
@@ -55,11 +76,13 @@ static inline bool gp_count_enabled(void)
     return atomic_load_explicit(&gp_count_on, memory_order_relaxed) != 0;
 }
 
-static void gp_count_add(const uint8_t *frame, int field, uint64_t sent, uint64_t received)
+static void gp_count_add(const uint8_t *frame, int field, uint64_t sent, uint64_t received,
+                         uint64_t ns)
 {
     unsigned op = gp_rd_u16(frame + 4) % GP_COUNT_OPS;
     atomic_uint_fast64_t *c = gp_counts[op];
     atomic_fetch_add_explicit(&c[GP_COUNT_FRAMES], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c[GP_COUNT_CLIENT_NS], ns, memory_order_relaxed);
     if (field >= 0)
         atomic_fetch_add_explicit(&c[field], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c[GP_COUNT_SENT], sent, memory_order_relaxed);
@@ -67,6 +90,7 @@ static void gp_count_add(const uint8_t *frame, int field, uint64_t sent, uint64_
         atomic_fetch_add_explicit(&c[GP_COUNT_RECEIVED], received, memory_order_relaxed);
     if (field == GP_COUNT_WAITED)
         atomic_fetch_add_explicit(&c[GP_COUNT_WAITED_BYTES], sent + received, memory_order_relaxed);
+    gp_entry_note_frame(field == GP_COUNT_WAITED, sent, received, ns);
 }
 
 /* ---- the wrapped transport (the real functions are conn.c's) ---------------------------- */
@@ -85,17 +109,23 @@ CUresult __wrap_gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk
 
 CUresult __wrap_gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
 {
+    if (!gp_count_enabled())
+        return __real_gp_post(frame, frame_len, bulk, bulk_len);
+    uint64_t t0 = gp_count_now_ns();
     CUresult r = __real_gp_post(frame, frame_len, bulk, bulk_len);
-    if (r == CUDA_SUCCESS && gp_count_enabled())
-        gp_count_add(frame, -1, frame_len + bulk_len, 0);
+    if (r == CUDA_SUCCESS)
+        gp_count_add(frame, -1, frame_len + bulk_len, 0, gp_count_since(t0));
     return r;
 }
 
 CUresult __wrap_gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n)
 {
+    if (!gp_count_enabled())
+        return __real_gp_post_lz4(frame, frame_len, src, n);
+    uint64_t t0 = gp_count_now_ns();
     CUresult r = __real_gp_post_lz4(frame, frame_len, src, n);
-    if (r == CUDA_SUCCESS && gp_count_enabled())
-        gp_count_add(frame, -1, frame_len + n, 0);
+    if (r == CUDA_SUCCESS)
+        gp_count_add(frame, -1, frame_len + n, 0, gp_count_since(t0));
     return r;
 }
 
@@ -106,23 +136,29 @@ CUresult __wrap_gp_request(uint8_t *frame, size_t frame_len, const void *bulk, u
         return __real_gp_request(frame, frame_len, bulk, bulk_len, bulk_dst, bulk_cap, reply);
     gp_reply mine;
     gp_reply *rep = reply ? reply : &mine;
+    uint64_t t0 = gp_count_now_ns();
     CUresult r = __real_gp_request(frame, frame_len, bulk, bulk_len, bulk_dst, bulk_cap, rep);
+    uint64_t ns = gp_count_since(t0);
     /* A failed request has its body freed already: its result (4 bytes) is what came back. */
     uint64_t got = 16 + (rep->body ? rep->len : 4) + rep->bulk_len;
     if (!reply)
         gp_reply_free(&mine);
-    gp_count_add(frame, GP_COUNT_WAITED, frame_len + bulk_len, got);
+    gp_count_add(frame, GP_COUNT_WAITED, frame_len + bulk_len, got, ns);
     return r;
 }
 
 CUresult __wrap_gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst,
                                     uint64_t bulk_cap)
 {
+    if (!gp_count_enabled())
+        return __real_gp_request_detached(frame, frame_len, bulk_dst, bulk_cap);
+    uint64_t t0 = gp_count_now_ns();
     CUresult r = __real_gp_request_detached(frame, frame_len, bulk_dst, bulk_cap);
     /* Its reply (memcpy_dtoh's, the one detached request): header, result, the data's length
-     * and the data. */
-    if (r == CUDA_SUCCESS && gp_count_enabled())
-        gp_count_add(frame, GP_COUNT_DETACHED, frame_len, 16 + 4 + 8 + (bulk_dst ? bulk_cap : 0));
+     * and the data. The time is the send's: nobody waits for the reply. */
+    if (r == CUDA_SUCCESS)
+        gp_count_add(frame, GP_COUNT_DETACHED, frame_len, 16 + 4 + 8 + (bulk_dst ? bulk_cap : 0),
+                     gp_count_since(t0));
     return r;
 }
 
@@ -155,17 +191,16 @@ static void gp_count_put(struct gp_count_out *o, const char *fmt, ...)
  *                          "received": N, "waited_bytes": N}, ...}}
  * waited_bytes: the bytes (both ways) of the round trips, which the caller waited for.
  * "ops" lists only the ops sent at least once. "enabled" is false (and every count 0) unless
- * GPUPOOL_CALL_COUNTS=1 was set when the library loaded. */
+ * GPUPOOL_CALL_COUNTS=1 (or GPUPOOL_PROFILE) was set when the library loaded. */
 GP_EXPORT size_t gpupool_call_counts(char *buf, size_t cap)
 {
     struct gp_count_out o = {.buf = buf, .cap = buf ? cap : 0, .len = 0};
     uint64_t snap[GP_COUNT_OPS][GP_COUNT_FIELDS];
     uint64_t total[GP_COUNT_FIELDS] = {0};
+    gp_count_snapshot(snap);
     for (unsigned op = 0; op < GP_COUNT_OPS; op++)
-        for (int f = 0; f < GP_COUNT_FIELDS; f++) {
-            snap[op][f] = atomic_load_explicit(&gp_counts[op][f], memory_order_relaxed);
+        for (int f = 0; f < GP_COUNT_FIELDS; f++)
             total[f] += snap[op][f];
-        }
     gp_count_put(
         &o,
         "{\"enabled\": %s, \"round_trips\": %llu, \"launches\": %llu, "

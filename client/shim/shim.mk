@@ -38,6 +38,12 @@ endif
 # __wrap_gp_post in call_counts.c, which calls conn.c's (__real_gp_post). Calls inside conn.c
 # itself are not redirected.
 SHIM_LDFLAGS += -Wl,--wrap=gp_post,--wrap=gp_post_lz4,--wrap=gp_request,--wrap=gp_request_detached
+# entry_profile.c counts calls per CUDA entry point (GPUPOOL_PROFILE) through the compiler's
+# function hooks: the API files are compiled with -finstrument-functions (the hooks return at
+# once when the profile is off).
+SHIM_API_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard client/shim/api_*.c))
+$(SHIM_API_OBJS): CFLAGS_COMMON += -finstrument-functions
+$(SHIM_API_OBJS): client/shim/shim.mk
 
 ALL_TARGETS += $(SHIM_LIB) $(BUILD)/client/libcuda.so
 
