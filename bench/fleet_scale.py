@@ -2,12 +2,15 @@
 """A fleet at data-centre scale on one machine (issue 34, item 1; docs/benchmarks.md, "Fleet at
 scale").
 
-    .venv/bin/python bench/fleet_scale.py [--servers 50] [--gpus 8] [--clients 2000] --loopback
-        [--hold-min S] [--hold-max S] [--json FILE] [--markdown FILE]
+    sudo .venv/bin/python bench/fleet_scale.py [--servers 50] [--gpus 8] [--clients 2000]
+        [--loopback] [--hold-min S] [--hold-max S] [--json FILE] [--markdown FILE]
 
 Starts one real PostgreSQL (tests/pg_server.py) and `--servers` gpupoold on it, `--gpus`
-simulated GPUs each, all on 127.0.0.1 with ports of their own (`--loopback`; a server per
-network namespace is not built yet: see docs/benchmarks.md). Then `--clients` light clients, in
+simulated GPUs each. Each server is in a network namespace of its own with its own address
+(10.202.0.11 and on, a veth to a bridge at 10.202.0.1 that the benchmark makes and removes, as
+bench/link_bench.py does; PostgreSQL through its Unix socket, which the namespaces share): root
+and `ip` needed. With `--loopback`, for machines without namespaces, all of them on 127.0.0.1
+with ports of their own. Then `--clients` light clients, in
 this one process: each is the wire protocol's hello (the generated Python classes, the same
 frames as the shim), said to a server picked at random, followed through redirects, and, once
 granted, a lease held for a random time with no call, then a goodbye. Half of them arrive in a
@@ -43,8 +46,10 @@ import math
 import os
 import random
 import resource
+import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -70,11 +75,64 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ servers
-class Server:
-    """One gpupoold of the fleet: its own state dir and ports on 127.0.0.1, started without
-    waiting (`ready` says when its HTTP listener is up)."""
+NET = "10.202.0"  # the bridge is .1, server n is .(11 + n)
+NS_PORT = 7070  # remoting in a server's namespace; HTTP the next port
 
-    def __init__(self, n: int, gpus: int, config: str, env: dict[str, str]) -> None:
+
+def sh(*cmd: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+
+
+class Lan:
+    """A bridge here ({NET}.1) and a network namespace for each server with a veth on it;
+    close() removes them (each veth goes with its namespace)."""
+
+    def __init__(self, servers: int) -> None:
+        if servers > 240:
+            sys.exit("fleet_scale: at most 240 servers in namespaces (one /24); use --loopback")
+        tag = os.getpid() % 100000
+        self.bridge = f"gpsc{tag}"
+        self.ns = [f"gpsc-{n}-{tag}" for n in range(servers)]
+        self._undo: list[tuple[str, ...]] = []
+        try:
+            sh("ip", "link", "add", self.bridge, "type", "bridge")
+            self._undo.append(("ip", "link", "del", self.bridge))
+            sh("ip", "addr", "add", f"{NET}.1/24", "dev", self.bridge)
+            sh("ip", "link", "set", self.bridge, "up")
+            for n, ns in enumerate(self.ns):
+                veth = f"gs{tag}v{n}"
+                sh("ip", "netns", "add", ns)
+                self._undo.append(("ip", "netns", "del", ns))
+                sh("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}b")
+                sh("ip", "link", "set", veth, "netns", ns)
+                sh("ip", "link", "set", f"{veth}b", "master", self.bridge, "up")
+                sh("ip", "-n", ns, "addr", "add", f"{self.address(n)}/24", "dev", veth)
+                sh("ip", "-n", ns, "link", "set", veth, "up")
+                sh("ip", "-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def address(n: int) -> str:
+        return f"{NET}.{11 + n}"
+
+    def close(self) -> None:
+        for cmd in reversed(self._undo):
+            subprocess.run(cmd, capture_output=True, timeout=60)
+        self._undo.clear()
+
+
+class Server:
+    """One gpupoold of the fleet: its own state dir, and its own ports on 127.0.0.1 or its own
+    address in its namespace (`lan`), started without waiting (`ready` says when its HTTP
+    listener is up)."""
+
+    def __init__(self, n: int, gpus: int, config: str, env: dict[str, str],
+                 lan: Lan | None = None) -> None:
+        self.n, self.lan = n, lan
         self.name = f"scale-{n}"
         self.state = Path(tempfile.mkdtemp(prefix=f"gpupool-{self.name}-"))
         (self.state / "gpupoold.toml").write_text(config)
@@ -86,9 +144,14 @@ class Server:
         # Free ports as of now: another process may take one before gpupoold binds it (then
         # `ready` starts it again on others).
         self.tries += 1
-        self.listen = f"127.0.0.1:{benchlib.free_port()}"
-        self.http = f"127.0.0.1:{benchlib.free_port()}"
-        cmd = [sys.executable, "-m", "gpupoold", "serve", "--config",
+        if self.lan is not None:
+            host = self.lan.address(self.n)
+            self.listen, self.http = f"{host}:{NS_PORT}", f"{host}:{NS_PORT + 1}"
+        else:
+            self.listen = f"127.0.0.1:{benchlib.free_port()}"
+            self.http = f"127.0.0.1:{benchlib.free_port()}"
+        cmd = [*(["ip", "netns", "exec", self.lan.ns[self.n]] if self.lan else []),
+               sys.executable, "-m", "gpupoold", "serve", "--config",
                str(self.state / "gpupoold.toml"), "--simulated", str(self.gpus),
                "--listen", self.listen, "--http", self.http, "--state-dir", str(self.state),
                "--worker", str(BUILD / "gpupool-worker"),
@@ -115,9 +178,14 @@ class Server:
 
     def fleet(self) -> Any:
         admin = (self.state / "local-admin.token").read_text().strip()
-        req = urllib.request.Request(f"http://{self.http}/api/v1/fleet",
+        # Off loopback gpupoold's API speaks HTTPS with the server's own identity (`http_tls`):
+        # this reads the benchmark's own servers, so their certificate is not checked.
+        scheme = "http" if self.lan is None else "https"
+        req = urllib.request.Request(f"{scheme}://{self.http}/api/v1/fleet",
                                      headers={"Authorization": f"Bearer {admin}"})
-        with urllib.request.urlopen(req, timeout=30) as reply:
+        unchecked = ssl.create_default_context()
+        unchecked.check_hostname, unchecked.verify_mode = False, ssl.CERT_NONE
+        with urllib.request.urlopen(req, timeout=30, context=unchecked) as reply:
             return json.loads(reply.read())
 
     def usage(self) -> dict[str, float]:
@@ -432,7 +500,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8, help="simulated GPUs per server")
     ap.add_argument("--clients", type=int, default=2000)
     ap.add_argument("--loopback", action="store_true",
-                    help="every server on 127.0.0.1 (the only mode built so far)")
+                    help="every server on 127.0.0.1 (no network namespaces: no root needed)")
     ap.add_argument("--hold-min", type=float, default=0.5, help="shortest hold, seconds")
     ap.add_argument("--hold-max", type=float, default=3.0, help="longest hold, seconds")
     ap.add_argument("--turnaround", type=float, default=0.5,
@@ -447,8 +515,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args()
-    if not args.loopback:
-        log("a server per network namespace is not built yet: running with --loopback")
+    if not args.loopback and (os.geteuid() != 0 or not shutil.which("ip")):
+        sys.exit("fleet_scale: a server per network namespace needs root and ip (iproute2); "
+                 "run with sudo, or with --loopback")
     import pg_server
 
     why = pg_server.available()
@@ -460,12 +529,18 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
     rng = random.Random(args.seed)
     pg = pg_server.PgServer()
+    lan: Lan | None = None
     servers: list[Server] = []
     result: dict[str, Any] = {"servers": args.servers, "gpus": args.gpus,
                               "clients": args.clients}
     try:
         url = pg.new_database()
-        config = (f'database = "{url}"\n{benchlib.plain_tcp_server_config()}'
+        # From a namespace 127.0.0.1 is its own: the servers there use the Unix socket.
+        lan = None if args.loopback else Lan(args.servers)
+        db_name = url.rsplit("/", 1)[1]
+        server_url = url if lan is None else \
+            f"postgresql://{pg_server.ROLE}@/{db_name}?host={pg.dir}&port={pg.port}"
+        config = (f'database = "{server_url}"\n{benchlib.plain_tcp_server_config()}'
                   'reset_policy = "never"\nsim_memory_gib = 1\n'
                   f"max_queue = {args.clients + 16}\nmax_queue_per_token = 0\n"
                   "queue_timeout = 3600\n")
@@ -475,10 +550,10 @@ def main() -> int:
              *filter(None, [env.get("PYTHONPATH")])])
         t_start = time.monotonic()
         # The first creates the schema; the others start once it is there (no race on it).
-        servers.append(Server(0, args.gpus, config, env))
+        servers.append(Server(0, args.gpus, config, env, lan))
         while not servers[0].ready():
             time.sleep(0.1)
-        servers += [Server(n, args.gpus, config, env) for n in range(1, args.servers)]
+        servers += [Server(n, args.gpus, config, env, lan) for n in range(1, args.servers)]
         deadline = time.monotonic() + 120 + 3 * args.servers
         while not all(s.ready() for s in servers):
             if time.monotonic() > deadline:
@@ -540,6 +615,8 @@ def main() -> int:
     finally:
         for s in servers:
             s.close()
+        if lan is not None:
+            lan.close()
         pg.close()
 
     served = [c for c in clients if c.granted]
@@ -583,6 +660,7 @@ def main() -> int:
             "workers_cpu_s": cpu["workers and scrubs (C)"] / args.servers},
         "limit": limits(cpu, wall, busy1 - busy0, os.cpu_count() or 1),
         "machine": f"{benchlib.cpu_model()}, {os.cpu_count()} cores",
+        "mode": "loopback" if args.loopback else "namespaces",
         "date": time.strftime("%Y-%m-%d"),
     })
     ps = result["per_server"]
@@ -613,7 +691,8 @@ def main() -> int:
     ]
     lines = [
         f"fleet_scale: {result['date']}, {result['machine']}, {args.servers} servers x "
-        f"{args.gpus} simulated GPUs (loopback), {args.clients} clients, holds "
+        f"{args.gpus} simulated GPUs ({'loopback' if args.loopback else 'a namespace each'}), "
+        f"{args.clients} clients, holds "
         f"{args.hold_min:g}-{args.hold_max:g} s, run {wall:.0f} s, fleet up in "
         f"{result['start_s']:.0f} s",
         benchlib.text_table(("figure", "value"), body),
