@@ -9,6 +9,7 @@ Needs nvcc; the program links against our libcuda.so (build/client) for its driv
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ SOURCE = REPO / "tests" / "cuda" / "export_tables.cu"
 DEPS = (SOURCE, REPO / "tests" / "cuda" / "gp_check.cuh")
 ARCH = os.environ.get("GPUPOOL_TEST_ARCH", "sm_90")
 SIM_ONLY = "67707570-6f6f-6c20-7369-6d2074626c00"  # "gpupool sim tbl\0" (worker/sim/sim_export.c)
+TOOLS_MODULE = "6e163fbe-b958-444d-835c-e182aff1991e"  # CU_ETID_ToolsModule
 NOBODY = "e57a0b1e-0011-2233-4455-66778899aabb"
 
 
@@ -43,7 +45,10 @@ def test_export_tables(native_build, gpupool_server):
     cubin = _nvcc(nvcc, out / "export_tables.cubin", "-cubin")
     program = _nvcc(nvcc, out / "export_tables", "-O2", "-L", str(native_build / "client"), "-lcuda")
 
-    proc = run_client([program, cubin], env=gpupool_server.client_env(), timeout=120)
+    profile = out / f"profile-{os.getpid()}.json"
+    profile.unlink(missing_ok=True)
+    proc = run_client([program, cubin], env=gpupool_server.client_env({"GPUPOOL_PROFILE": str(profile)}),
+                      timeout=120)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines and lines[-1].startswith("PASS export_tables"), (
         f"export_tables did not pass: exit {proc.returncode}\n--- stdout\n{proc.stdout[-8000:]}\n"
@@ -56,3 +61,8 @@ def test_export_tables(native_build, gpupool_server):
     assert "slot 7 called" not in err, err
     # Refused once, said once, as before.
     assert err.count(f"gpupool: cuGetExportTable: unknown table {NOBODY}") == 1, err
+    # The profile (GPUPOOL_PROFILE, issue 31 item 1) counts every call of a served table's slots.
+    slots = {(s["table"], s["slot"]): s["calls"] for s in json.loads(profile.read_text())["export_table_slots"]}
+    profile.unlink()
+    assert slots[(SIM_ONLY, 4)] == 2, slots
+    assert slots[(TOOLS_MODULE, 7)] >= 1, slots

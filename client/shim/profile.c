@@ -6,6 +6,9 @@
  * ".json"; "%p" in FILE stands for the process id (for programs that fork or run several
  * processes). docs/user-guide.md ("Where the time goes") explains the columns.
  *
+ * A third table lists the calls of each slot of the export tables the shim serves as trampolines
+ * (export_tables.c: tables it does not implement itself, the tools-module table's slot 7).
+ *
  * The worker's own time in the driver per op is a column already, shown "-": the reply does not
  * carry it yet (it needs a field in the protocol).
  *
@@ -27,6 +30,7 @@
 
 #include "call_counts.h"
 #include "entry_profile.h"
+#include "export_tables.h"
 #include "gp_log.h"
 #include "shim.h"
 
@@ -144,6 +148,24 @@ static void gp_profile_sum(const gp_profile_row *rows, size_t n, gp_profile_row 
     }
 }
 
+#define GP_PROFILE_MAX_SLOTS 1024
+
+/* The export-table slots called, into out (cap GP_PROFILE_MAX_SLOTS); how many. */
+static size_t gp_profile_slots(gp_et_slot_calls *out)
+{
+    size_t n = gp_export_table_slot_calls(out, GP_PROFILE_MAX_SLOTS);
+    return n < GP_PROFILE_MAX_SLOTS ? n : GP_PROFILE_MAX_SLOTS;
+}
+
+/* A table's uuid as the driver's headers write it: 8-4-4-4-12 hex digits. */
+static void gp_profile_uuid(const CUuuid *u, char out[37])
+{
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
 /* The width of the name column: the longest name, at least that of the title. */
 static int gp_profile_width(const gp_profile_row *rows, size_t n, const char *title)
 {
@@ -189,6 +211,17 @@ static void gp_profile_text(FILE *f, const gp_profile_row *ops, size_t nops,
     if (lost)
         fprintf(f, "# %llu calls of entry points beyond the table's size are not listed\n",
                 (unsigned long long)lost);
+    static gp_et_slot_calls slots[GP_PROFILE_MAX_SLOTS];
+    size_t nslots = gp_profile_slots(slots);
+    if (nslots == 0)
+        return;
+    fprintf(f, "\n%-36s  %5s  %10s\n", "export table", "slot", "calls");
+    for (size_t i = 0; i < nslots; i++) {
+        char uuid[37];
+        gp_profile_uuid(&slots[i].table, uuid);
+        fprintf(f, "%-36s  %5u  %10llu\n", uuid, (unsigned)slots[i].slot,
+                (unsigned long long)slots[i].calls);
+    }
 }
 
 static void gp_profile_json(FILE *f, const gp_profile_row *ops, size_t nops,
@@ -221,7 +254,17 @@ static void gp_profile_json(FILE *f, const gp_profile_row *ops, size_t nops,
                 (unsigned long long)r->received, (unsigned long long)r->client_ns,
                 (unsigned long long)r->wait_ns);
     }
-    fprintf(f, "},\n\"entry_points_not_listed\": %llu}\n", (unsigned long long)gp_entry_overflow());
+    fprintf(f, "},\n\"entry_points_not_listed\": %llu,\n\"export_table_slots\": [",
+            (unsigned long long)gp_entry_overflow());
+    static gp_et_slot_calls slots[GP_PROFILE_MAX_SLOTS];
+    size_t nslots = gp_profile_slots(slots);
+    for (size_t i = 0; i < nslots; i++) {
+        char uuid[37];
+        gp_profile_uuid(&slots[i].table, uuid);
+        fprintf(f, "%s\n  {\"table\": \"%s\", \"slot\": %u, \"calls\": %llu}", i ? "," : "", uuid,
+                (unsigned)slots[i].slot, (unsigned long long)slots[i].calls);
+    }
+    fprintf(f, "]}\n");
 }
 
 /* FILE with each "%p" replaced by the process id, into out (cap bytes). 0, or -1: too long. */
