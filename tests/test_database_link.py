@@ -13,7 +13,25 @@ from typing import Any
 import pytest
 from conftest import REPO, daemon_env
 
-from gpupoold.store.postgres import link_problem, url_hosts
+from gpupoold.store.postgres import link_parameters, link_problem, url_hosts
+
+
+def test_a_dead_link_is_bounded_unless_the_url_says_otherwise() -> None:
+    """gpupoold's connections give a dead link up (keepalives, tcp_user_timeout) and have
+    PostgreSQL end a session idle in its transaction (issue 34, item 2); a URL's own values win,
+    and its `options` keep theirs."""
+    plain = link_parameters("postgresql://u@db.example/g")
+    assert plain["keepalives"] == 1 and plain["tcp_user_timeout"] == 10_000
+    assert plain["options"] == "-c idle_in_transaction_session_timeout=10000"
+    own = link_parameters("postgresql://u@db.example/g?tcp_user_timeout=3000&keepalives_idle=1"
+                          "&options=-c%20statement_timeout%3D5000")
+    assert "tcp_user_timeout" not in own and "keepalives_idle" not in own
+    assert own["keepalives_count"] == 3
+    assert own["options"] == ("-c statement_timeout=5000 "
+                              "-c idle_in_transaction_session_timeout=10000")
+    mine = link_parameters("postgresql://u@db.example/g?options=-c%20"
+                           "idle_in_transaction_session_timeout%3D0")
+    assert "options" not in mine
 
 
 @pytest.mark.parametrize("url, env, hosts", [
