@@ -39,10 +39,17 @@ endif
 # itself are not redirected.
 SHIM_LDFLAGS += -Wl,--wrap=gp_post,--wrap=gp_post_lz4,--wrap=gp_request,--wrap=gp_request_detached
 # entry_profile.c counts calls per CUDA entry point (GPUPOOL_PROFILE) through the compiler's
-# function hooks: the API files are compiled with -finstrument-functions (the hooks return at
-# once when the profile is off).
+# function hooks: the API files are compiled with -finstrument-functions. Only the cu* entry
+# points get the hooks: the files' static helpers (their names, read from the sources) and every
+# gp_* function (shim-internal ones, the header's inline encoders) are excluded, so a launch pays
+# one hook pair (a call and a relaxed load each when the profile is off), not one per helper.
+# The exclusion matches substrings: the helpers' snake_case names never occur in a camelCase cu*
+# name.
+SHIM_API_HELPER_RE := s/^static [^(=;]*[ *]\([a-z_][a-z0-9_]*\)(.*/\1/p
+SHIM_API_HELPERS := $(shell sed -n '$(SHIM_API_HELPER_RE)' client/shim/api_*.c | sort -u | paste -sd, -)
 SHIM_API_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard client/shim/api_*.c))
-$(SHIM_API_OBJS): CFLAGS_COMMON += -finstrument-functions
+$(SHIM_API_OBJS): CFLAGS_COMMON += -finstrument-functions \
+	-finstrument-functions-exclude-function-list=gp_,$(SHIM_API_HELPERS)
 $(SHIM_API_OBJS): client/shim/shim.mk
 
 ALL_TARGETS += $(SHIM_LIB) $(BUILD)/client/libcuda.so
