@@ -10,24 +10,26 @@ simulated GPUs each. Each server is in a network namespace of its own with its o
 (10.202.0.11 and on, a veth to a bridge at 10.202.0.1 that the benchmark makes and removes, as
 bench/link_bench.py does; PostgreSQL through its Unix socket, which the namespaces share): root
 and `ip` needed. With `--loopback`, for machines without namespaces, all of them on 127.0.0.1
-with ports of their own. Then `--clients` light clients, in
-this one process: each is the wire protocol's hello (the generated Python classes, the same
-frames as the shim), said to a server picked at random, followed through redirects, and, once
-granted, a lease held for a random time with no call, then a goodbye. Half of them arrive in a
-steady stream (a Poisson process at about the rate the fleet's GPUs could serve), half in
-bursts of many at once, spread over the stream.
+with ports of their own. Then `--clients` light clients, in this one process: each is the wire
+protocol's hello (the generated Python classes, the same frames as the shim), said to a server
+picked at random, followed through redirects, and, once granted, a lease held for a random time
+with no call, then a goodbye. Half of them arrive in a steady stream (a Poisson process at about
+the rate the fleet's GPUs could serve), half in bursts of many at once, spread over the stream.
+No client idles long enough to be detached (`idle_detach_after` is 60 s, holds are seconds).
 
 It reports:
 - hello to grant (the first connection's set-up to the hello reply that grants): p50, p99, max;
 - grants per second the fleet sustained (first to last grant);
 - PostgreSQL transactions and rows written (inserted + updated + deleted, pg_stat_database) per
-  second at rest (every server up, no client) and per lease (the rest rate subtracted);
+  second at rest (every server up, no client) and per lease (all written during the run, and
+  less the rest rate), and the fleet's connections;
 - the fleet's locked sync (store/fleet.py): its duration when the daemon tells it in
   /api/v1/fleet (`sync_ms`), else that it is not measured;
 - queue fairness: the most clients that arrived clearly later (`--fair-slack` seconds or more)
   and were granted sooner than one client (one token for all: the fleet's order is FIFO);
 - double assignments from the shared lease history: two leases overlapping in time on the same
-  server's GPU (must be 0), and that each served client has exactly one lease;
+  server's GPU (must be 0), and that each served client has exactly one lease; the GPUs'
+  turnaround (a lease's end to the next lease's start on that GPU);
 - memory (resident) and CPU per server, the workers' apart, and PostgreSQL's and the clients'
   CPU, and from these what limited the run.
 
@@ -580,9 +582,10 @@ def main() -> int:
         x1, r1 = pg_counters(url)
         rest = time.monotonic() - w0
         result["rest_xact_per_s"] = (x1 - x0) / rest
-        # Connections to the fleet's database (max_connections bounds the fleet's size).
-        result["pg_connections"] = pg_query(
-            url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")[0][0] - 1
+        # Connections to the fleet's database (max_connections bounds the fleet's size), less
+        # the benchmark's own.
+        result["pg_connections"] = pg_query(url, "SELECT count(*) FROM pg_stat_activity "
+                                                 "WHERE datname = current_database()")[0][0] - 1
         result["rest_rows_per_s"] = (r1 - r0) / rest
         log(f"at rest: {result['rest_xact_per_s']:.0f} transactions/s, "
             f"{result['rest_rows_per_s']:.0f} rows written/s")
