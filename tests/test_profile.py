@@ -131,6 +131,19 @@ def test_profile_text_table_of_a_cuda_program(cuda_programs, gpupool_server, tmp
     assert int(eps["cuStreamSynchronize"][3]) == int(ops["stream_synchronize"][2])
     assert all(name.startswith("cu") or name == "(shim_threads)" for name in eps)
 
+    # Many threads on one connection (tests/cuda/threads.cu): every frame is counted once, under
+    # its op and under the entry point of the thread that sent it.
+    threads = tmp_path / "threads.json"
+    proc = run_client([cuda_programs.path("threads", "shared")],
+                      env=gpupool_server.client_env({"GPUPOOL_PROFILE": str(threads)}), timeout=120)
+    assert proc.returncode == 0 and "PASS threads" in proc.stdout, show(proc, gpupool_server)
+    prof = json.loads(threads.read_text())
+    ops, entries = prof["ops"].values(), prof["entry_points"].values()
+    for key in ("round_trips", "sent", "received"):
+        assert sum(e[key] for e in entries) == sum(o[key] for o in ops) > 0, key
+    assert sum(e["frames"] for e in entries) == sum(o["calls"] for o in ops)
+    assert prof["entry_points"]["cuLaunchKernel"]["calls"] >= 8 * 40  # 8 threads, 40 iterations each
+
     # A file that cannot be written: the program still runs, and one line says why and what to do.
     path = tmp_path / "missing" / "p.txt"
     proc = run_client([exe], env=gpupool_server.client_env({"GPUPOOL_PROFILE": str(path)}), timeout=120)
