@@ -15,7 +15,9 @@ protocol's hello (the generated Python classes, the same frames as the shim), sa
 picked at random, followed through redirects, and, once granted, a lease held for a random time
 with no call, then a goodbye. Half of them arrive in a steady stream (a Poisson process at about
 the rate the fleet's GPUs could serve), half in bursts of many at once, spread over the stream.
-No client idles long enough to be detached (`idle_detach_after` is 60 s, holds are seconds).
+While it holds, a client pings every 0.25 s, but a share of them (`--idle-share`, a tenth)
+stay silent for at least 2.5 times the servers' `idle_detach_after` (`--detach-after`, 1 s), so
+that their leases are detached while others wait; their goodbye ends them detached.
 
 It reports:
 - hello to grant (the first connection's set-up to the hello reply that grants): p50, p99, max;
@@ -28,7 +30,8 @@ It reports:
 - queue fairness: the most clients that arrived clearly later (`--fair-slack` seconds or more)
   and were granted sooner than one client (one token for all: the fleet's order is FIFO);
 - double assignments from the shared lease history: two leases overlapping in time on the same
-  server's GPU (must be 0), and that each served client has exactly one lease; the GPUs'
+  server's GPU (must be 0; a detached lease has its GPU only while attached, from the lease
+  events), and that each served client has exactly one lease; the leases detached; the GPUs'
   turnaround (a lease's end to the next lease's start on that GPU);
 - memory (resident) and CPU per server, the workers' apart, and PostgreSQL's and the clients'
   CPU, and from these what limited the run.
@@ -69,6 +72,7 @@ import gpupool_protocol as gp  # noqa: E402
 from benchlib import BUILD, ROOT  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+PING_EVERY = 0.25  # seconds between the pings of a client that is not idle
 VA_BASE = 0x200000000000  # the shim's default (client/shim/connect.c): free in every worker
 
 
@@ -291,9 +295,31 @@ def pg_query(url: str, sql: str) -> list[Any]:
         return list(conn.execute(sql).fetchall())
 
 
+def occupancy(leases: list[Any], events: list[Any]) -> list[Any]:
+    """When each lease had a GPU, as rows (id, server, gpu_index, from, to), from the shared
+    history's leases (id, server, gpu_index, started, ended, ...) and their events (lease id,
+    at, state, gpu_index): a lease is on its GPU from its start to its first `detached` event,
+    then from each `attached` event (on that event's GPU) to the next `detached` or its end."""
+    by_lease: dict[int, list[Any]] = {}
+    for ev in sorted(events, key=lambda e: e[1]):
+        by_lease.setdefault(ev[0], []).append(ev)
+    out = []
+    for lease_id, server, gpu, started, ended, *_ in leases:
+        since: float | None = started
+        for _id, at, state, on in by_lease.get(lease_id, []):
+            if state == "detached" and since is not None:
+                out.append((lease_id, server, gpu, since, at))
+                since = None
+            elif state == "attached" and since is None:
+                gpu, since = on, at
+        if since is not None:
+            out.append((lease_id, server, gpu, since, ended))
+    return out
+
+
 def double_assignments(leases: list[Any]) -> list[str]:
-    """Leases overlapping in time on the same server's GPU, from the shared history rows
-    (id, server, gpu_index, started, ended): one line for each overlap."""
+    """Leases overlapping in time on the same server's GPU, from rows (id, server, gpu_index,
+    from, to) of the shared history (`occupancy`): one line for each overlap."""
     found = []
     by_gpu: dict[tuple[str, int], list[Any]] = {}
     for row in leases:
@@ -328,6 +354,7 @@ class Client:
     address: str  # the server it says its first hello to
     at: float  # seconds after the start at which it arrives
     hold: float  # seconds it holds its lease
+    idle: bool = False  # silent while it holds (else a ping every PING_EVERY s): may be detached
     arrived: float = 0.0  # perf_counter at its first connect
     granted: float = 0.0  # perf_counter at the hello reply that granted
     hops: int = 0
@@ -388,8 +415,12 @@ async def run_client(c: Client, token: str, t0: float) -> None:
         c.granted = time.perf_counter()
         c.served_by = address
         break
-    await asyncio.sleep(c.hold)
+    until = time.perf_counter() + c.hold
     try:
+        while not c.idle and time.perf_counter() + PING_EVERY < until:
+            await asyncio.sleep(PING_EVERY)  # (the worker's replies are read with the goodbye's)
+            writer.write(gp.encode_frame(gp.Ping(token=1), 3))
+        await asyncio.sleep(max(0.0, until - time.perf_counter()))
         writer.write(gp.encode_frame(gp.Goodbye(), 2))
         await writer.drain()
         # The worker answers the goodbye and closes: the lease is over on its side.
@@ -417,8 +448,14 @@ def schedule(args: argparse.Namespace, servers: list[Server], rng: random.Random
         at = span * k / bursts
         times += [at] * (bursty // bursts + (k < bursty % bursts))
     times.sort()
-    return [Client(n, rng.choice(servers).listen, at, rng.uniform(args.hold_min, args.hold_max))
-            for n, at in enumerate(times)]
+    clients = [Client(n, rng.choice(servers).listen, at,
+                      rng.uniform(args.hold_min, args.hold_max)) for n, at in enumerate(times)]
+    if args.detach_after > 0:
+        # Idle ones hold long enough to be detached while others wait (detach_policy
+        # when-queued), and come back for their goodbye.
+        for c in rng.sample(clients, round(args.idle_share * len(clients))):
+            c.idle, c.hold = True, max(c.hold, 2.5 * args.detach_after)
+    return clients
 
 
 async def run_clients(clients: list[Client], token: str) -> None:
@@ -510,6 +547,10 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=0.0,
                     help="the stream's clients per second (default: what the GPUs could serve)")
     ap.add_argument("--bursts", type=int, default=4)
+    ap.add_argument("--idle-share", type=float, default=0.1,
+                    help="share of the clients silent while they hold (the others ping)")
+    ap.add_argument("--detach-after", type=float, default=1.0,
+                    help="the servers' idle_detach_after, seconds (0: no idle detach)")
     ap.add_argument("--fair-slack", type=float, default=0.25,
                     help="arrivals this many seconds apart count for fairness")
     ap.add_argument("--rest", type=float, default=5.0, help="seconds measured at rest")
@@ -545,7 +586,7 @@ def main() -> int:
         config = (f'database = "{server_url}"\n{benchlib.plain_tcp_server_config()}'
                   'reset_policy = "never"\nsim_memory_gib = 1\n'
                   f"max_queue = {args.clients + 16}\nmax_queue_per_token = 0\n"
-                  "queue_timeout = 3600\n")
+                  f"queue_timeout = 3600\nidle_detach_after = {args.detach_after}\n")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), str(ROOT / "protocol" / "python"),
@@ -614,7 +655,8 @@ def main() -> int:
         result["sync"] = sync_figures(servers)
         leases = pg_query(url, "SELECT id, server, gpu_index, started, ended, client_pid "
                                "FROM leases")
-        detaches = pg_query(url, "SELECT count(*) FROM lease_events WHERE state = 'detached'")
+        events = pg_query(url, "SELECT lease_id, at, state, gpu_index FROM lease_events "
+                               "WHERE state IN ('detached', 'attached')")
     finally:
         for s in servers:
             s.close()
@@ -625,16 +667,18 @@ def main() -> int:
     served = [c for c in clients if c.granted]
     waits = [(c.granted - c.arrived) * 1000 for c in served]
     grants = sorted(c.granted for c in served)
-    doubles = double_assignments(leases)
+    occupied = occupancy(leases, events)
+    doubles = double_assignments(occupied)
     per_client = {}
     for row in leases:
         per_client[row[5]] = per_client.get(row[5], 0) + 1
     not_once = [c.n for c in served if per_client.get(10000 + c.n) != 1]
-    gaps = turnarounds(leases)
+    gaps = turnarounds(occupied)
     n_leases = max(1, len(leases))
     result.update({
         "served": len(served), "refused": [c.refused for c in clients if c.refused][:20],
-        "leases": len(leases), "detaches": detaches[0][0],
+        "leases": len(leases), "detaches": sum(1 for e in events if e[2] == "detached"),
+        "idle_clients": sum(1 for c in clients if c.idle),
         "double_assignments": len(doubles), "doubles": doubles[:20],
         "served_not_once": len(not_once),
         "grant_ms": {"p50": percentile(waits, 50), "p99": percentile(waits, 99),
@@ -685,6 +729,7 @@ def main() -> int:
         ("locked fleet sync", result["sync"]),
         (f"queue fairness: most overtaken by (arrivals {args.fair_slack:g} s apart)",
          f"{result['overtaking']}"),
+        ("idle clients / leases detached", f"{result['idle_clients']} / {result['detaches']}"),
         ("double assignments (shared lease history)", f"{result['double_assignments']}"),
         ("per server: gpupoold RSS mean / peak, its workers' RSS",
          f"{ps['gpupoold_rss_mib']:.0f} / {ps['gpupoold_peak_rss_mib']:.0f} MiB, "

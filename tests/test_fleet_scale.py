@@ -1,8 +1,9 @@
 """bench/fleet_scale.py (issue 34, item 1), small: its checks first (a GPU given twice in the
-shared lease history is found, overtaking is counted against arrival order, the servers' sync
-durations are summed up), then the benchmark itself with 6 servers of one simulated GPU each on a
-real PostgreSQL and 150 light clients in bursts and a stream: every client is served, exactly
-once, and no GPU is ever given to two leases at once. Its timings are the benchmark's to report
+shared lease history is found, a detached lease's GPU counts as given back, overtaking is counted
+against arrival order, the servers' sync durations are summed up), then the benchmark itself
+with 6 servers of one simulated GPU each on a real PostgreSQL and 150 light clients in bursts and
+a stream, a tenth of them idle long enough to be detached: every client is served, exactly once,
+and no GPU is ever given to two leases at once. Its timings are the benchmark's to report
 (docs/benchmarks.md), never asserted here."""
 
 from __future__ import annotations
@@ -48,6 +49,22 @@ def test_overlapping_leases_on_one_gpu_are_double_assignments(fs: ModuleType) ->
     assert found[1].startswith("b GPU 0: lease 5 began at 13.500 before lease 3 ended (14.0)")
 
 
+def test_a_detached_lease_holds_its_gpu_only_while_attached(fs: ModuleType) -> None:
+    # Lease 1 on a's GPU 0 from 10, detached at 11, back on GPU 1 at 13, ended at 14; lease 2
+    # took GPU 0 at 11.5.
+    leases = [(1, "a", 0, 10.0, 14.0, 101), (2, "a", 0, 11.5, 12.5, 102)]
+    events = [(1, 13.0, "attached", 1), (1, 11.0, "detached", 0)]
+    occupied = fs.occupancy(leases, events)
+    assert sorted(occupied) == [(1, "a", 0, 10.0, 11.0), (1, "a", 1, 13.0, 14.0),
+                                (2, "a", 0, 11.5, 12.5)]
+    assert fs.double_assignments(occupied) == []
+    # Without its detach, lease 1 would have shared GPU 0 with lease 2.
+    assert len(fs.double_assignments(fs.occupancy(leases, []))) == 1
+    # Back on GPU 0 while lease 2 still has it: given twice.
+    back = [(1, 12.0, "attached", 0), (1, 11.0, "detached", 0)]
+    assert len(fs.double_assignments(fs.occupancy(leases, back))) == 1
+
+
 def test_overtaking_counts_later_arrivals_granted_sooner(fs: ModuleType) -> None:
     def c(n: int, arrived: float, granted: float) -> Any:
         return fs.Client(n, "", 0.0, 0.0, arrived=arrived, granted=granted)
@@ -78,7 +95,7 @@ def test_a_small_fleet_serves_every_client_once_and_never_a_gpu_twice(
     env = {**os.environ, "GPUPOOL_BUILD_DIR": str(native_build)}
     proc = subprocess.run([sys.executable, str(BENCH), "--loopback", "--servers", "6", "--gpus",
                            "1", "--clients", "150", "--hold-min", "0.05", "--hold-max", "0.2",
-                           "--rest", "1", "--json", str(out)],
+                           "--detach-after", "0.5", "--rest", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())
@@ -86,6 +103,7 @@ def test_a_small_fleet_serves_every_client_once_and_never_a_gpu_twice(
     assert got["leases"] == 150 and got["served_not_once"] == 0  # one lease per client
     assert got["double_assignments"] == 0, got["doubles"]
     assert got["redirected"] > 0  # clients went to other servers' GPUs: the fleet was one
+    assert got["idle_clients"] == 15 and got["detaches"] > 0  # idle leases gave their GPU back
     assert isinstance(got["sync"], str) and got["sync"].startswith("p50 ")  # measured
     assert proc.stdout.strip().splitlines()[-1].startswith(
         "servers 6, clients served 150 of 150, double assignments 0, grant p99 ")
