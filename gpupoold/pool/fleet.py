@@ -21,12 +21,12 @@ Then each server acts on what concerns it, in `_apply`:
 What a server tells and enforces about the queue is the fleet's (`waiting`, `counts`):
 `max_queue` and `max_queue_per_token` count the clients waiting on every live server, and the
 info reply's counts are the fleet's, the other servers' as of the last sync (a second old at
-most; a NOTIFY makes it milliseconds), this server's as they are now.
+most: another server's new waiter NOTIFYs nobody, store/fleet.py), this server's as they are now.
 
 The fleet queue decides; the lease manager grants (`grant`, `claim`, `release`, given at
 construction) and pool/state.py moves the GPUs (`hold`). A server syncs when something changes
-here (`kick`: the lease manager calls it instead of granting), when another server NOTIFYs
-(store/notify.py), and every SYNC_EVERY seconds anyway.
+here (`kick`: the lease manager calls it instead of granting), when another server's sync
+concerns it (a NOTIFY naming it, store/notify.py), and every SYNC_EVERY seconds anyway.
 While the store cannot be reached, syncs fail and are retried: waiting clients keep waiting,
 running leases are not touched (docs/architecture.md, "Fleet").
 """
