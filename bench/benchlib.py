@@ -180,6 +180,18 @@ def trust_env(fingerprint: str | None) -> dict[str, str]:
     return {"GPUPOOL_TLS_FINGERPRINT": fingerprint} if fingerprint else {"GPUPOOL_TLS": "0"}
 
 
+def with_profile(env: dict[str, str], name: str) -> dict[str, str]:
+    """env, and with GPUPOOL_PROFILE_DIR set in this process's environment (scripts/gpu-validation.sh
+    sets it), GPUPOOL_PROFILE=DIR/NAME.txt: the shim's table of where the run's time went
+    (docs/user-guide.md, "Where the time goes")."""
+    folder = os.environ.get("GPUPOOL_PROFILE_DIR")
+    if folder:
+        path = Path(folder).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        env = {**env, "GPUPOOL_PROFILE": str(path / f"{name}.txt")}
+    return env
+
+
 class Daemon:
     """gpupoold on fixed ports (clients keep their address across restarts) and one state dir;
     on `gpus` simulated GPUs, or with real=True on the real GPU 0 (reset policy never: a lent

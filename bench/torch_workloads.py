@@ -868,9 +868,6 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
     log_dir = args.log_dir
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    if args.profile is not None:
-        args.profile = args.profile.resolve()
-        args.profile.mkdir(parents=True, exist_ok=True)
     smoke = args.device == "cpu"
     remote_via = ("smoke mode: two CPU runs, the second standing in for the remote one (no gpupool)"
                   if smoke else "remote: gpupoold on the same GPU over loopback (reset policy never)")
@@ -910,11 +907,8 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
                     results[w.name, "native"] = run_child([w.name], "native", args, base_env(tmp, "native"),
                                                           False, log_dir)[w.name]
                     daemon.wait_free()
-                    remote_env = daemon.client_env(base_env(tmp, "remote"))
-                    if args.profile:  # the shim's table of where the remote run's time went
-                        remote_env["GPUPOOL_PROFILE"] = str(args.profile / f"{w.name}.txt")
-                    results[w.name, "remote"] = run_child([w.name], "remote", args, remote_env,
-                                                          args.perturb_remote, log_dir)[w.name]
+                    results[w.name, "remote"] = run_child([w.name], "remote", args, benchlib.with_profile(
+                        daemon.client_env(base_env(tmp, "remote")), w.name), args.perturb_remote, log_dir)[w.name]
             except KeyboardInterrupt as exc:
                 # Stopped from outside (a time limit): report the workloads that finished.
                 log(f"interrupted ({exc}): reporting the workloads that finished")
@@ -977,9 +971,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every result as JSON here")
     ap.add_argument("--markdown", type=Path, help="write the section for docs/benchmarks.md here")
     ap.add_argument("--log-dir", type=Path, help="keep each child's output and gpupoold's log here")
-    ap.add_argument("--profile", type=Path, metavar="DIR",
-                    help="real GPU mode: write each remote run's GPUPOOL_PROFILE table (calls, round trips, "
-                         "bytes and time per protocol op and CUDA entry point) here as NAME.txt")
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build",
                     help="native build with client/libcuda.so.1 and gpupool-worker (default build/)")
     ap.add_argument("--jobs", type=int, default=2,

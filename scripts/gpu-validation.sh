@@ -167,7 +167,7 @@ describe() {
     frameworks) echo "tests/framework_scripts/{cupy,cuda_python,numba,jax}_probe.py, cuda_python_client.py (driver, runtime), pycuda_client.py natively, then through gpupool" ;;
     remoting) echo "$PY bench/remoting_bench.py --no-build --server ADDRESS$( ((LONG)) || echo ' --quick')" ;;
     stop-daemon) echo "stop the script's gpupoold (the workloads start their own)" ;;
-    workloads) echo "$PY bench/torch_workloads.py$( ((LONG)) || echo ' --quick') --json \$OUT/workloads.json --profile \$OUT/profile (each remote run's GPUPOOL_PROFILE)" ;;
+    workloads) echo "$PY bench/torch_workloads.py$( ((LONG)) || echo ' --quick') --json \$OUT/workloads.json, with GPUPOOL_PROFILE_DIR=\$OUT/profile (each remote run's GPUPOOL_PROFILE)" ;;
     restart) echo "$PY bench/restart_check.py --real --seconds $RESTART_SECONDS: a PyTorch training loop through gpupool while its gpupoold is restarted with SIGTERM, then SIGKILL (its own gpupoold, reset policy never)" ;;
     esac
 }
@@ -509,9 +509,9 @@ step_workloads() {
     # and what finished is reported when the time limit stops the rest.
     local quick=(--quick --only mlp,cnn,gpt,generate,cuda_graph,compile)
     ((LONG)) && quick=()
-    "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" --child-timeout "$((RUN_LIMIT * 2))" \
-        --json "$OUT/workloads.json" --markdown "$LOGS/workloads.md" --log-dir "$LOGS/workloads" \
-        --profile "$OUT/profile"
+    GPUPOOL_PROFILE_DIR="$OUT/profile" "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" \
+        --child-timeout "$((RUN_LIMIT * 2))" --json "$OUT/workloads.json" --markdown "$LOGS/workloads.md" \
+        --log-dir "$LOGS/workloads"
 }
 export -f step_info step_build step_cuda step_torch_scripts step_frameworks step_remoting step_restart step_workloads
 
