@@ -7,13 +7,14 @@
  * Each dispatched CUDA call also counts in its class (launch, copy, alloc, sync, other) for the
  * daemon's accounting: one array increment, nothing else on the hot path. The session messages
  * (goodbye, notice, ping, stats) are not calls and are not counted. Each call is also timed into
- * the latency histogram (stats.lat_counts, lat_sum_ns): one clock_gettime pair and an increment.
+ * the latency histogram (stats.lat_counts, lat_sum_ns) and per op (stats.op_calls, op_ns, for
+ * the client's profile): one clock_gettime pair and a few increments.
  */
 #include "worker.h"
 
 /* A call that started at t0 (wk_now_ns()) is done: count its latency. No allocation, one clock
  * read and at most 17 comparisons (most calls stop at the first few bounds). */
-static void latency_done(struct worker *w, uint64_t t0)
+static void latency_done(struct worker *w, uint16_t op, uint64_t t0)
 {
     static const uint64_t bounds[WK_LAT_BUCKETS - 1] = WK_LAT_BOUNDS_NS;
     uint64_t t1 = wk_now_ns();
@@ -23,6 +24,8 @@ static void latency_done(struct worker *w, uint64_t t0)
         i++;
     w->stats.lat_counts[i]++;
     w->stats.lat_sum_ns += d;
+    w->stats.op_calls[op & 255u]++;
+    w->stats.op_ns[op & 255u] += d;
 }
 
 /* Count the frame in its call class, decode the body as message `name_`, call wk_h_<name_>. A
@@ -42,7 +45,7 @@ static void latency_done(struct worker *w, uint64_t t0)
         else                                                                                       \
             wk_h_##name_(w, h->req, &msg);                                                         \
         if (class_ != WK_CALL_NONE)                                                                \
-            latency_done(w, t0_);                                                                  \
+            latency_done(w, h->op, t0_);                                                           \
         return;                                                                                    \
     }
 

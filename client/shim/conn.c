@@ -958,6 +958,7 @@ static void at_exit(void)
  * for the socket to close. */
 static void say_goodbye(void)
 {
+    gp_conn_close_hook_run(); /* what must still talk to the worker (the profile's question) */
     struct timespec ts = realtime_after(200000000L);
     if (pthread_mutex_timedlock(&send_lock, &ts) != 0)
         return; /* a sender is stuck: just go */

@@ -9,8 +9,10 @@
  * A third table lists the calls of each slot of the export tables the shim serves as trampolines
  * (export_tables.c: tables it does not implement itself, the tools-module table's slot 7).
  *
- * The worker's own time in the driver per op is a column already, shown "-": the reply does not
- * carry it yet (it needs a field in the protocol).
+ * The worker's own time per op (worker ms) comes from the worker itself: conn.c calls
+ * gp_profile_at_close() (its close hook) at exit before it says goodbye, which asks for it once
+ * (worker_times);
+ * "-" when the program never connected or the worker could not answer.
  *
  * The file is written at exit (atexit, registered when the library loads) to FILE.tmp.PID and
  * renamed over FILE, so a reader never sees half a table. A process that sent nothing and called
@@ -33,16 +35,56 @@
 #include "export_tables.h"
 #include "gp_log.h"
 #include "shim.h"
+#include "shim_core.h"
 
 #define GP_PROFILE_MAX_ENTRIES 2048 /* entry_profile.c's table size */
 
 static char gp_profile_path[4096]; /* GPUPOOL_PROFILE as it was at load; "" = off */
 static uint64_t gp_profile_t0_ns;
+/* The worker's per-op calls and nanoseconds, from gp_profile_at_close; worker_known: they came. */
+static uint64_t gp_profile_worker_calls[GP_COUNT_OPS], gp_profile_worker_ns[GP_COUNT_OPS];
+static int gp_profile_worker_known;
+
+CUresult __real_gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len,
+                           void *bulk_dst, uint64_t bulk_cap, gp_reply *reply);
+
+/* At exit, while the session is still open (conn.c's close hook, before its goodbye): asks the
+ * worker once for its own time per op (worker_times) for the table written afterwards. */
+static void gp_profile_at_close(void)
+{
+    if (!gp_profile_path[0])
+        return;
+    gp_worker_times m = {0};
+    uint8_t f[16];
+    size_t n = gp_worker_times_frame(f, gp_conn_new_req(), &m);
+    gp_reply rep = {0};
+    /* Not through the counting wrapper: the profile's own question is not the program's call. */
+    CUresult r = __real_gp_request(f, n, NULL, 0, NULL, 0, &rep);
+    if (r != CUDA_SUCCESS) {
+        gp_log_debug("GPUPOOL_PROFILE: the worker did not give its times (error %d); worker ms "
+                     "stays '-'",
+                     (int)r);
+        return;
+    }
+    gp_worker_times_reply wt;
+    if (gp_worker_times_reply_decode(rep.body, rep.len, &wt) == 0 &&
+        wt.calls_count == GP_COUNT_OPS && wt.ns_count == GP_COUNT_OPS) {
+        for (unsigned op = 0; op < GP_COUNT_OPS; op++) {
+            gp_profile_worker_calls[op] = gp_rd_u64(wt.calls + 8 * op);
+            gp_profile_worker_ns[op] = gp_rd_u64(wt.ns + 8 * op);
+        }
+        gp_profile_worker_known = 1;
+    } else {
+        gp_log_debug("GPUPOOL_PROFILE: the worker's times did not decode; worker ms stays '-'");
+    }
+    gp_reply_free(&rep);
+}
 
 /* One line of a table. */
 typedef struct gp_profile_row {
     char name[96];
     uint64_t calls, frames, round_trips, detached, sent, received, client_ns, wait_ns;
+    int op; /* the protocol op of an op line; -1 otherwise */
 } gp_profile_row;
 
 static uint64_t gp_profile_now_ns(void)
@@ -81,6 +123,7 @@ static size_t gp_profile_op_rows(gp_profile_row *rows)
             snprintf(r->name, sizeof r->name, "op_%u", op);
         else
             snprintf(r->name, sizeof r->name, "%s", name);
+        r->op = (int)op;
         r->calls = r->frames = c[GP_COUNT_FRAMES];
         r->round_trips = c[GP_COUNT_WAITED];
         r->detached = c[GP_COUNT_DETACHED];
@@ -102,7 +145,7 @@ static size_t gp_profile_entry_rows(gp_profile_row *rows)
     if (total > GP_PROFILE_MAX_ENTRIES)
         total = GP_PROFILE_MAX_ENTRIES;
     size_t n = 0;
-    gp_profile_row other = {.name = "(shim_threads)"};
+    gp_profile_row other = {.name = "(shim_threads)", .op = -1};
     for (size_t i = 0; i < total; i++) {
         const uint64_t *v = snap[i].v;
         if (v[GP_ENTRY_CALLS] == 0 && v[GP_ENTRY_FRAMES] == 0)
@@ -113,6 +156,7 @@ static size_t gp_profile_entry_rows(gp_profile_row *rows)
             (uintptr_t)info.dli_saddr == snap[i].fn) {
             r = &rows[n++];
             memset(r, 0, sizeof *r);
+            r->op = -1;
             snprintf(r->name, sizeof r->name, "%s", info.dli_sname);
         }
         r->calls += v[GP_ENTRY_CALLS];
@@ -183,19 +227,27 @@ static void gp_profile_text(FILE *f, const gp_profile_row *ops, size_t nops,
             "# gpupool profile of %s (pid %ld), %.3f s from load to exit\n"
             "# round trips: calls whose caller waited for the server's reply; client ms: time "
             "the program's threads spent (per op: in sending and waiting); worker ms: the "
-            "worker's time in the driver (not measured yet: -)\n\n",
+            "worker's own time for them (the driver's and its decoding; for a call sent without "
+            "waiting, queueing it; -: not known)\n\n",
             program_invocation_short_name, (long)getpid(), seconds);
     int w = gp_profile_width(ops, nops, "protocol op");
     fprintf(f, "%-*s  %10s  %11s  %9s  %14s  %14s  %12s  %10s\n", w, "protocol op", "calls",
             "round trips", "detached", "bytes sent", "bytes received", "client ms", "worker ms");
-    gp_profile_row sum = {.name = "total"};
+    gp_profile_row sum = {.name = "total", .op = -1};
     gp_profile_sum(ops, nops, &sum);
+    uint64_t worker_total = 0;
     for (size_t i = 0; i <= nops; i++) {
         const gp_profile_row *r = i < nops ? &ops[i] : &sum;
+        char worker[32] = "-";
+        if (gp_profile_worker_known) {
+            uint64_t ns = r->op >= 0 ? gp_profile_worker_ns[r->op] : worker_total;
+            worker_total += r->op >= 0 ? ns : 0;
+            snprintf(worker, sizeof worker, "%.3f", gp_ms(ns));
+        }
         fprintf(f, "%-*s  %10llu  %11llu  %9llu  %14llu  %14llu  %12.3f  %10s\n", w, r->name,
                 (unsigned long long)r->calls, (unsigned long long)r->round_trips,
                 (unsigned long long)r->detached, (unsigned long long)r->sent,
-                (unsigned long long)r->received, gp_ms(r->client_ns), "-");
+                (unsigned long long)r->received, gp_ms(r->client_ns), worker);
     }
     w = gp_profile_width(eps, neps, "CUDA entry point");
     fprintf(f, "\n%-*s  %10s  %10s  %11s  %14s  %14s  %12s  %12s\n", w, "CUDA entry point", "calls",
@@ -235,13 +287,20 @@ static void gp_profile_json(FILE *f, const gp_profile_row *ops, size_t nops,
             (long)getpid(), seconds);
     for (size_t i = 0; i < nops; i++) {
         const gp_profile_row *r = &ops[i];
+        char wcalls[24] = "null", wns[24] = "null";
+        if (gp_profile_worker_known && r->op >= 0) {
+            snprintf(wcalls, sizeof wcalls, "%llu",
+                     (unsigned long long)gp_profile_worker_calls[r->op]);
+            snprintf(wns, sizeof wns, "%llu", (unsigned long long)gp_profile_worker_ns[r->op]);
+        }
         fprintf(f,
                 "%s\n  \"%s\": {\"calls\": %llu, \"round_trips\": %llu, \"detached\": %llu, "
-                "\"sent\": %llu, \"received\": %llu, \"client_ns\": %llu, \"worker_ns\": null}",
+                "\"sent\": %llu, \"received\": %llu, \"client_ns\": %llu, \"worker_calls\": %s, "
+                "\"worker_ns\": %s}",
                 i ? "," : "", r->name, (unsigned long long)r->calls,
                 (unsigned long long)r->round_trips, (unsigned long long)r->detached,
                 (unsigned long long)r->sent, (unsigned long long)r->received,
-                (unsigned long long)r->client_ns);
+                (unsigned long long)r->client_ns, wcalls, wns);
     }
     fprintf(f, "},\n\"entry_points\": {");
     for (size_t i = 0; i < neps; i++) {
@@ -360,6 +419,7 @@ __attribute__((constructor)) static void gp_profile_setup(void)
     }
     snprintf(gp_profile_path, sizeof gp_profile_path, "%s", p);
     gp_profile_t0_ns = gp_profile_now_ns();
+    gp_conn_set_close_hook(gp_profile_at_close);
     if (atexit(gp_profile_write) != 0 || pthread_atfork(NULL, NULL, gp_profile_forked) != 0)
         gp_log_error("GPUPOOL_PROFILE: cannot register the exit handler; no profile will be "
                      "written");

@@ -133,6 +133,12 @@ CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, cha
                     size_t desc_cap);
 /* A fresh request id (one counter for every frame of the process's connection). */
 uint64_t gp_conn_new_req(void);
+/* ---- close_hook.c ---------------------------------------------------------------------------- */
+/* fn runs at exit while the session is still open, before the goodbye (the profile asks the
+ * worker for its times: profile.c); set once, when the library loads. The connection runs it
+ * (gp_conn_close_hook_run) without naming what it is, so that conn.c depends on nothing above. */
+void gp_conn_set_close_hook(void (*fn)(void));
+void gp_conn_close_hook_run(void);
 /* GPUPOOL_SERVER_TIMEOUT: seconds of silence after which a server that sends keepalives is
  * given up (3 to 86400; 0: never); 30 when unset or invalid (said once). */
 double gp_server_timeout_setting(void);
