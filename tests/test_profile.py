@@ -67,7 +67,7 @@ def test_profile_agrees_with_the_link_models_counts(gpupool_server, tmp_path):
                 counted["frames"], counted["round_trips"], counted["detached"], counted["sent"],
                 counted["received"]), name
         assert mine["round_trips"] <= mine["calls"]
-        # The worker timed the same calls (worker_times, asked at exit).
+        # The worker timed the same calls (op_times, asked at exit).
         assert mine["worker_calls"] == mine["calls"], name
         assert mine["worker_ns"] > 0, name
     assert set(ops) - set(after) <= late | {"device_get_attribute", "device_get_name"}

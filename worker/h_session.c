@@ -1,6 +1,6 @@
 /*
  * h_session.c: the session messages the worker answers that touch no driver state (ping, stats,
- * worker_times, goodbye, notice, and info, which belongs to gpupoold). They are not CUDA calls: their
+ * op_times, goodbye, notice, and info, which belongs to gpupoold). They are not CUDA calls: their
  * call_class in protocol/gpupool.toml is "none", so the loop does not count or time them.
  */
 #include "worker.h"
@@ -27,7 +27,7 @@ WK_HANDLER(stats)
 }
 
 /* The per-op timings of the loop (loop.c), for the client's profile (GPUPOOL_PROFILE). */
-WK_HANDLER(worker_times)
+WK_HANDLER(op_times)
 {
     (void)m;
     uint8_t calls[256 * 8], ns[256 * 8];
@@ -35,12 +35,12 @@ WK_HANDLER(worker_times)
         gp_wr_u64(calls + 8 * op, w->stats.op_calls[op]);
         gp_wr_u64(ns + 8 * op, w->stats.op_ns[op]);
     }
-    gp_worker_times_reply r = {0};
+    gp_op_times_reply r = {0};
     r.calls = calls;
     r.calls_count = 256;
     r.ns = ns;
     r.ns_count = 256;
-    WK_REPLY(w, req, gp_worker_times_reply, &r);
+    WK_REPLY(w, req, gp_op_times_reply, &r);
 }
 
 WK_HANDLER(goodbye)

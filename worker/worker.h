@@ -149,7 +149,7 @@ struct wk_counters {
      * bucket: above all of them); not cumulative across buckets. */
     uint64_t lat_counts[WK_LAT_BUCKETS];
     uint64_t lat_sum_ns;
-    /* The same timings per op id (the client's profile asks for them: worker_times). */
+    /* The same timings per op id (the client's profile asks for them: op_times). */
     uint64_t op_calls[256];
     uint64_t op_ns[256];
 };

@@ -11,7 +11,7 @@
  *
  * The worker's own time per op (worker ms) comes from the worker itself: conn.c calls
  * gp_profile_at_close() (its close hook) at exit before it says goodbye, which asks for it once
- * (worker_times);
+ * (op_times);
  * "-" when the program never connected or the worker could not answer.
  *
  * The file is written at exit (atexit, registered when the library loads) to FILE.tmp.PID and
@@ -49,14 +49,14 @@ CUresult __real_gp_request(uint8_t *frame, size_t frame_len, const void *bulk, u
                            void *bulk_dst, uint64_t bulk_cap, gp_reply *reply);
 
 /* At exit, while the session is still open (conn.c's close hook, before its goodbye): asks the
- * worker once for its own time per op (worker_times) for the table written afterwards. */
+ * worker once for its own time per op (op_times) for the table written afterwards. */
 static void gp_profile_at_close(void)
 {
     if (!gp_profile_path[0])
         return;
-    gp_worker_times m = {0};
+    gp_op_times m = {0};
     uint8_t f[16];
-    size_t n = gp_worker_times_frame(f, gp_conn_new_req(), &m);
+    size_t n = gp_op_times_frame(f, gp_conn_new_req(), &m);
     gp_reply rep = {0};
     /* Not through the counting wrapper: the profile's own question is not the program's call. */
     CUresult r = __real_gp_request(f, n, NULL, 0, NULL, 0, &rep);
@@ -66,9 +66,9 @@ static void gp_profile_at_close(void)
                      (int)r);
         return;
     }
-    gp_worker_times_reply wt;
-    if (gp_worker_times_reply_decode(rep.body, rep.len, &wt) == 0 &&
-        wt.calls_count == GP_COUNT_OPS && wt.ns_count == GP_COUNT_OPS) {
+    gp_op_times_reply wt;
+    if (gp_op_times_reply_decode(rep.body, rep.len, &wt) == 0 && wt.calls_count == GP_COUNT_OPS &&
+        wt.ns_count == GP_COUNT_OPS) {
         for (unsigned op = 0; op < GP_COUNT_OPS; op++) {
             gp_profile_worker_calls[op] = gp_rd_u64(wt.calls + 8 * op);
             gp_profile_worker_ns[op] = gp_rd_u64(wt.ns + 8 * op);
