@@ -121,8 +121,10 @@ def _native(setting: str, name: str, configured: Path | None, mode: int) -> Path
 
 async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    for setting, path in (("state_dir", settings.state_dir),
-                          ("cache_dir", settings.effective_cache_dir)):
+    folders = [("state_dir", settings.state_dir), ("cache_dir", settings.effective_cache_dir)]
+    if settings.jit_cache_mib > 0:  # the workers' PTX JIT cache (gpu/environment.py)
+        folders.append(("jit_cache_mib", settings.effective_cache_dir / "jit"))
+    for setting, path in folders:
         try:
             path.mkdir(parents=True, exist_ok=True, mode=0o750)
         except OSError as exc:
@@ -222,7 +224,8 @@ async def supervisor_ctx(app: web.Application) -> AsyncIterator[None]:
     app[SUPERVISOR] = WorkerSupervisor(worker, settings.effective_cache_dir, tls=tls,
                                        workers_dir=WorkerDir(settings.state_dir),
                                        orphan_grace=settings.worker_orphan_grace,
-                                       sandbox=settings.worker_sandbox)
+                                       sandbox=settings.worker_sandbox,
+                                       jit_cache_mib=settings.jit_cache_mib)
     yield
 
 

@@ -81,6 +81,11 @@ def _check_sim_memory(value: int) -> None:
         raise ValueError(f"must be from 1 to 16384 (GiB), got {value}")
 
 
+def _check_jit_cache(value: int) -> None:
+    if not 0 <= value <= 4096:  # the driver's CUDA_CACHE_MAXSIZE stops at 4 GiB
+        raise ValueError(f"must be from 0 (off) to 4096 (MiB), got {value}")
+
+
 def _check_database(value: str) -> None:
     if not value.startswith(("postgresql://", "postgres://")):
         raise ValueError(f"must be a postgresql:// URL (unset: SQLite in state_dir), got {value!r}")
@@ -200,6 +205,14 @@ class Settings:
         "only the images it uploaded; at most 4 GiB a token and 16 GiB in all, least recently "
         "used evicted (docs/architecture.md, \"Module images\"). Default: `<state_dir>/cache`.",
         metavar="DIR")
+    jit_cache_mib: int = _setting(
+        1024,
+        "Size of the CUDA driver's PTX JIT cache that the workers share (`<cache_dir>/jit`, "
+        "`CUDA_CACHE_PATH` and `CUDA_CACHE_MAXSIZE` in their environment), in MiB (0 to 4096): "
+        "a PTX module compiled once on this server is not compiled again, whichever lease "
+        "loads it (docs/architecture.md, \"Module images\"; docs/security.md, \"The worker\"). "
+        "0: the JIT cache is off. A `CUDA_CACHE_PATH` in gpupoold's environment wins.",
+        check=_check_jit_cache)
     database: str | None = _setting(
         None,
         "Where tokens, lease history, the audit log and drained or quarantined GPUs are kept. "

@@ -58,6 +58,25 @@ def driver_environment(gpu: Gpu) -> dict[str, str]:
     return env
 
 
+def with_jit_cache(env: dict[str, str], cache_dir: Path, size_mib: int) -> dict[str, str]:
+    """`env` with the CUDA driver's PTX JIT cache on, in `<cache_dir>/jit` and at most `size_mib`
+    MiB (setting `jit_cache_mib`), or off with 0. Without it the driver's default cache is
+    `~/.nv/ComputeCache`, and a worker has no HOME: every PTX module (cuDNN's runtime-compiled
+    kernels, Triton's, NVRTC's) would be compiled again at each load. One folder for all the
+    workers of this server, so that a module compiled in one lease is there for the next. An
+    operator's own CUDA_CACHE_* in gpupoold's environment wins. The folder is beneath
+    `cache_dir`, which the worker's sandbox lets it write (worker/sandbox.c)."""
+    env = dict(env)
+    if "CUDA_CACHE_PATH" in env or "CUDA_CACHE_DISABLE" in env:
+        return env
+    if size_mib <= 0:
+        env["CUDA_CACHE_DISABLE"] = "1"
+        return env
+    env["CUDA_CACHE_PATH"] = str(cache_dir / "jit")
+    env.setdefault("CUDA_CACHE_MAXSIZE", str(size_mib << 20))
+    return env
+
+
 @functools.lru_cache(maxsize=8)
 def without_shim_dirs(search_path: str) -> str:
     """LD_LIBRARY_PATH without the folders that hold gpupool's client shim as libcuda.so.1: a

@@ -42,7 +42,7 @@ from typing import Any
 
 import gpupool_protocol as gp
 
-from gpupoold.gpu.environment import driver_environment
+from gpupoold.gpu.environment import driver_environment, with_jit_cache
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import journal_fields, printable
 from gpupoold.workers import control
@@ -600,10 +600,11 @@ class WorkerSupervisor:
     def __init__(self, worker: Path | None, cache_dir: Path, *,
                  on_stats: Callable[[Worker], None] | None = None,
                  tls: WorkerTls | None = None, workers_dir: WorkerDir | None = None,
-                 orphan_grace: float = 0.0, sandbox: bool = True) -> None:
+                 orphan_grace: float = 0.0, sandbox: bool = True, jit_cache_mib: int = 0) -> None:
         self.worker = worker
         self.sandbox = sandbox  # False: workers run without Landlock (`worker_sandbox`)
         self.cache_dir = cache_dir
+        self.jit_cache_mib = jit_cache_mib  # the driver's PTX JIT cache (`jit_cache_mib`)
         self.tls = tls  # the remoting port's TLS files, given to every worker
         # Sessions outlive this daemon by up to `orphan_grace` seconds, adoptable through
         # sockets in `workers_dir` (worker/adopt.c); None or 0: they end with it.
@@ -638,6 +639,10 @@ class WorkerSupervisor:
             argv += ["--adopt-dir", str(self.adopt_dir), "--orphan-grace", f"{self.orphan_grace:g}"]
         return argv
 
+    def environment(self, gpu: Gpu) -> dict[str, str]:
+        """A worker's environment: the driver's (gpu/environment.py) with the shared JIT cache."""
+        return with_jit_cache(driver_environment(gpu), self.cache_dir, self.jit_cache_mib)
+
     async def spawn(self, gpu: Gpu, timeout: float = 60.0) -> Worker:
         """Start a worker on `gpu` and return it once it is `ready` (device set up, waiting for
         a session). WorkerStartError (with a message for the log and the client) otherwise."""
@@ -658,7 +663,7 @@ class WorkerSupervisor:
             # workers/process.py).
             popen = subprocess.Popen(
                 self.argv(gpu, theirs.fileno()), pass_fds=(theirs.fileno(),),
-                env=driver_environment(gpu), stdin=subprocess.DEVNULL, stdout=out_w,
+                env=self.environment(gpu), stdin=subprocess.DEVNULL, stdout=out_w,
                 stderr=out_w)
         except OSError as exc:
             ours.close()
