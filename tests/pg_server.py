@@ -53,7 +53,9 @@ def _free_port() -> int:
 
 
 class PgServer:
-    def __init__(self) -> None:
+    def __init__(self, primary: PgServer | None = None) -> None:
+        """A fresh cluster; with `primary`, its streaming standby instead (pg_basebackup -R:
+        a copy of the primary's data that follows its WAL, read-only until promoted)."""
         self.dir = Path(tempfile.mkdtemp(prefix="gpupool-pg-"))
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
@@ -64,8 +66,12 @@ class PgServer:
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
             self._as = ["runuser", "-u", "postgres", "--"]
         self._n = 0
-        self._run(_bin("initdb"), "-D", str(self.data), "-U", ROLE, "-A", "trust", "-E", "UTF8",
-                  "--no-sync", "--no-instructions")
+        if primary is None:
+            self._run(_bin("initdb"), "-D", str(self.data), "-U", ROLE, "-A", "trust", "-E",
+                      "UTF8", "--no-sync", "--no-instructions")
+        else:  # initdb's trust rules let the role replicate from 127.0.0.1
+            self._run(_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U",
+                      ROLE, "-D", str(self.data), "-R", "-X", "stream", "-c", "fast", "--no-sync")
         self.start()
 
     def _run(self, *cmd: str | None) -> None:
@@ -89,6 +95,10 @@ class PgServer:
 
     def stop(self, mode: str = "fast") -> None:
         self._run(_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
+
+    def promote(self) -> None:
+        """A standby becomes a primary (what Patroni or an operator does on a failover)."""
+        self._run(_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "promote")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{ROLE}@127.0.0.1:{self.port}/{database}"
