@@ -12,6 +12,7 @@ NVML shim and `gpupool doctor` (gpupool_shim_version, gpupool_shim_lease).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -593,3 +594,36 @@ def test_servers_of_protocol_1_0_still_work(start_daemon: Any, native_build: Pat
     finally:
         old_a.close()
         old_b.close()
+
+
+@pytest.mark.parametrize(("setting", "said_ms"), [("0.5", 500), ("0", 0)])
+def test_the_hello_says_the_connect_timeout(native_build: Path, hold_gpu: Path,  # noqa: F811
+                                            setting: str, said_ms: int) -> None:
+    """The shim's hello carries its connect timeout (protocol 1.5), so that a fleet holds a GPU
+    for its redirect no longer (pool/fleet.py); 0: no limit. The stand-in refuses the hello."""
+    said: list[int] = []
+
+    def refuse(server: FakeServer, conn: socket.socket) -> None:
+        header, length, op = first_frame(server, conn)
+        body = read_exactly(conn, length)
+        if op != gp.Hello.OP:  # the probe: answered as a 1.0 server would (no info)
+            text = b"the first frame must be hello"
+            notice = struct.pack("<iHI", gp.GP_EPROTO, 0, len(text)) + text
+            conn.sendall(HEADER.pack(len(notice), gp.Notice.OP, 0, 0) + notice)
+            return
+        said.append(gp.Hello.decode(body).connect_timeout_ms)
+        reply = gp.HelloReply(result=gp.GP_EREFUSED, major=gp.MAJOR, minor=gp.MINOR,
+                              message="seen by the test")
+        conn.sendall(gp.encode_frame(reply, HEADER.unpack(header)[3]))
+
+    front = FakeServer(refuse)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env.update(LD_LIBRARY_PATH=str(native_build / "client"), GPUPOOL_CONFIG="none",
+                   GPUPOOL_SERVER=front.address, GPUPOOL_TOKEN="t", GPUPOOL_TLS="0",
+                   GPUPOOL_CONNECT_TIMEOUT=setting)
+        proc = run_client([hold_gpu, MIB, 0, 1], env=env, timeout=60)
+    finally:
+        front.close()
+    assert proc.returncode != 0 and "seen by the test" in proc.stderr, proc.stderr
+    assert said == [said_ms], proc.stderr

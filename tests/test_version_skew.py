@@ -60,6 +60,29 @@ def test_a_newer_minor_client_is_served(plain_server: GpupoolServer) -> None:
     assert not server.problems(), server.problems()
 
 
+@pytest.mark.san
+def test_an_older_minor_client_without_the_appended_hello_fields_is_served(
+        plain_server: GpupoolServer) -> None:
+    """A 1.4 client's hello ends before connect_timeout_ms (1.5): gpupoold and the worker read
+    it as 0 (docs/protocol.md, "Versioning") and serve the client."""
+    server = plain_server  # plain TCP: the frames below go on a raw socket
+    older = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=4, pid=os.getpid(), host="past",
+                     user="tester", program="test_version_skew_older", token=server.token,
+                     va_base=VA_BASE, va_size=VA_SIZE).encode()[:-4]  # no connect_timeout_ms
+    with socket.create_connection((server.host, server.port), timeout=30) as s:
+        send(s, gp.Hello.OP, older, 1)
+        op, body = recv_frame(s)
+        reply = gp.HelloReply.decode(body)
+        assert op == gp.Hello.OP and reply.result == 0, reply.message
+        send(s, gp.Ping.OP, gp.Ping(token=43).encode(), 2)
+        op, body = recv_frame(s)
+        assert op == gp.Ping.OP and gp.PingReply.decode(body).token == 43
+        send(s, gp.Goodbye.OP, gp.Goodbye().encode(), 0)
+    leases = server.get_json("/api/v1/leases?state=all")["leases"]
+    assert [le["program"] for le in leases] == ["test_version_skew_older"]
+    assert not server.problems(), server.problems()
+
+
 def test_a_newer_minor_info_is_answered(plain_server: GpupoolServer) -> None:
     server = plain_server  # plain TCP: the frames below go on a raw socket
     info = gp.Info(magic=gp.MAGIC, major=gp.MAJOR, minor=NEWER, token=server.token,

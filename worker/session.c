@@ -202,8 +202,38 @@ static void keep_program_name(gp_hello *h)
     h->program_len = word - start;
 }
 
+/* The hello fields a minor version appended, oldest first (docs/protocol.md, "Versioning"): a
+ * client of an older minor version ends its hello before them, and they read as 0 ("not said"). */
+static const struct {
+    uint16_t since; /* the minor version that appended them */
+    size_t bytes;   /* their size as zeros */
+} hello_appended[] = {
+    {5, 4}, /* 1.5: u32 connect_timeout_ms */
+};
+/* An older client's hello with those zeros appended. One hello per worker process, so one
+ * static copy, which the decoded strings point into. */
+static uint8_t older_hello[65536 + 64]; /* worker_session's hello: blob:65536 */
+
+static const uint8_t *complete_hello(const uint8_t *body, size_t *len)
+{
+    if (*len < 8)
+        return body;
+    uint16_t minor = (uint16_t)(body[6] | body[7] << 8);
+    size_t extra = 0;
+    for (size_t i = 0; i < sizeof hello_appended / sizeof hello_appended[0]; i++)
+        if (minor < hello_appended[i].since)
+            extra += hello_appended[i].bytes;
+    if (extra == 0 || *len + extra > sizeof older_hello)
+        return body;
+    memcpy(older_hello, body, *len);
+    memset(older_hello + *len, 0, extra);
+    *len += extra;
+    return older_hello;
+}
+
 int wk_hello_decode(const uint8_t *body, size_t len, gp_hello *h)
 {
+    body = complete_hello(body, &len);
     int rc = gp_hello_decode(body, len, h);
     /* A newer minor version appends fields: the ones we know are read, the rest skipped. */
     if (rc == GP_PROTO_ETRAILING && h->major == GP_PROTO_MAJOR && h->minor > GP_PROTO_MINOR)

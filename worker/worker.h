@@ -474,8 +474,9 @@ int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *c
 int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hello *hello);
 /* Releases everything (allocations, streams, events, modules, contexts, the window). */
 void wk_session_end(struct worker *w);
-/* gp_hello_decode that skips the fields a newer minor version appended. 0 or the decoder's
- * error. */
+/* gp_hello_decode that skips the fields a newer minor version appended and reads the ones an
+ * older minor version lacks as 0 (its strings may then point into a static copy of `body`:
+ * one hello per process). 0 or the decoder's error. */
 int wk_hello_decode(const uint8_t *body, size_t len, gp_hello *h);
 /* Sends a hello reply carrying only an error (used before the driver is up, too). */
 void wk_hello_refuse(struct worker *w, uint64_t req, int32_t result, const char *fmt, ...)

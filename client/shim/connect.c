@@ -251,6 +251,15 @@ static uint32_t want_lz4(const gp_server_config *srv)
     return 0;
 }
 
+/* connect_timeout in the hello (protocol 1.5), in ms rounded up: a fleet holds a GPU for this
+ * client's redirect no longer than the client waits for it. 0: no limit. */
+static uint32_t timeout_ms(double seconds)
+{
+    if (!(seconds > 0))
+        return 0;
+    return seconds < UINT32_MAX / 1000.0 ? (uint32_t)(seconds * 1000 + 0.999) : UINT32_MAX;
+}
+
 /* Hello on a connected socket (inside TLS when l->tls). Fills msg with the reason when not
  * ATTEMPT_OK. */
 static int say_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_size, char *msg,
@@ -278,6 +287,7 @@ static int say_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         .min_memory = hc->cfg->min_memory,
         .va_base = va_base,
         .va_size = va_size,
+        .connect_timeout_ms = timeout_ms(hc->cfg->connect_timeout),
     };
     size_t n = 16 + gp_hello_size(&h);
     uint8_t *f = malloc(n);

@@ -13,10 +13,11 @@ Then each server acts on what concerns it, in `_apply`:
   handshake answers the hello with GP_EREDIRECT and the address, and the client says the same
   hello there (the shim does it by itself; the program sees nothing);
 - one of its GPUs went to another server's waiter: the GPU is held for that client (a
-  reservation, REDIRECT_CLAIM_S at most: a timer wakes the fleet queue then, so a client that
-  never arrives costs the GPU 2 s, not a whole sync period more). The redirected hello joins
-  this server's queue, and the store gives it that ticket back (same token, host and pid:
-  store/fleet.py) instead of a new one at the end, so it is granted the held GPU.
+  reservation, REDIRECT_CLAIM_S at most, or the client's connect timeout when shorter: a timer
+  wakes the fleet queue then, so a client that never arrives costs the GPU 2 s at most, not a
+  whole sync period more). The redirected hello joins this server's queue, and the store gives
+  it that ticket back (same token, host and pid: store/fleet.py) instead of a new one at the
+  end, so it is granted the held GPU.
 
 What a server tells and enforces about the queue is the fleet's (`waiting`, `counts`):
 `max_queue` and `max_queue_per_token` count the clients waiting on every live server, and the
@@ -54,9 +55,9 @@ log = logging.getLogger("gpupoold.fleet")
 
 SYNC_EVERY = 1.0  # seconds between syncs when nothing happens (positions, missed notices)
 # How long a GPU is held for a redirected client to arrive. The client says its hello there at
-# once (one connection set-up, milliseconds), and its connect timeout (10 s by default) is not
-# in its hello, so the server cannot wait for exactly that long: 2 s, after which a late client
-# still joins the queue (with a new ticket) and the GPU serves whoever is next meanwhile.
+# once (one connection set-up, milliseconds): 2 s, or its connect timeout when shorter (its
+# hello says it since protocol 1.5: `claim_seconds`), after which a late client still joins the
+# queue (with a new ticket) and the GPU serves whoever is next meanwhile.
 REDIRECT_CLAIM_S = 2.0
 CLAIM_SLACK_S = 0.02  # the deadline's timer fires this much after it (the loop's clock may round)
 # Statuses a GPU row has while it serves nobody (drained, draining, quarantined).
@@ -79,13 +80,26 @@ class Reservation:
     slot: Slot
     row: QueueRow
     until: float  # time.monotonic() after which the GPU is released
+    hold: float  # seconds it is held (claim_seconds)
 
 
 def _client(q: QueueRow) -> ClientInfo:
     c = q.client
     return ClientInfo(host=str(c.get("host", "")), user=str(c.get("user", "")),
                       pid=int(c.get("pid", 0)), program=str(c.get("program", "")),
-                      peer=str(c.get("peer", "")))
+                      peer=str(c.get("peer", "")),
+                      connect_timeout_ms=_nonneg_int(c.get("connect_timeout_ms")))
+
+
+def _nonneg_int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def claim_seconds(q: QueueRow) -> float:
+    """How long a GPU is held for the redirected client of `q`: REDIRECT_CLAIM_S, or its connect
+    timeout when that is shorter (it gives up sooner; its hello says it, protocol 1.5)."""
+    ms = _nonneg_int(q.client.get("connect_timeout_ms"))
+    return min(REDIRECT_CLAIM_S, ms / 1000) if ms else REDIRECT_CLAIM_S
 
 
 def _as_gpu(g: GpuRow) -> Gpu:
@@ -384,7 +398,8 @@ class FleetQueue:
             if w.returning is not None or w.only is not None:
                 only = tuple(s.gpu.index for s in self.pool.slots if w.accepts(s.gpu))
             rows.append((self._keys, QueueRow(
-                ticket=0, server=self.server, token=w.token, client=w.client.to_json(),
+                ticket=0, server=self.server, token=w.token,
+                client={**w.client.to_json(), "connect_timeout_ms": w.client.connect_timeout_ms},
                 request={"gpu": w.req.gpu, "model": w.req.model,
                          "min_memory": w.req.min_memory},
                 only=only, redirectable=w.redirectable and not _INDEX.fullmatch(w.req.gpu),
@@ -479,12 +494,12 @@ class FleetQueue:
         # watchdog knows (one never claimed is released long before its limit).
         self.pool.hold(slot, Waiter(-ticket, Requirements(**q.request), q.token, _client(q),
                                     asyncio.get_running_loop().create_future()))
-        self._reservations[ticket] = Reservation(ticket, slot, q,
-                                                 time.monotonic() + REDIRECT_CLAIM_S)
+        hold = claim_seconds(q)
+        self._reservations[ticket] = Reservation(ticket, slot, q, time.monotonic() + hold, hold)
         # A sync at the deadline (the released GPU goes to the next waiter then, not up to
         # SYNC_EVERY later). The release itself happens in the sync, under its lock: between
         # two syncs the store may be giving this very ticket to the client's hello.
-        asyncio.get_running_loop().call_later(REDIRECT_CLAIM_S + CLAIM_SLACK_S, self.kick)
+        asyncio.get_running_loop().call_later(hold + CLAIM_SLACK_S, self.kick)
         log.info("GPU %d held for %s@%s pid %s, sent here by server %s (ticket %d)",
                  slot.gpu.index, q.client.get("user"), q.client.get("host"),
                  q.client.get("pid"), q.server, ticket)
@@ -505,7 +520,7 @@ class FleetQueue:
         for r in list(self._reservations.values()):
             c = r.row.client
             if now >= r.until and (r.row.token, c.get("host"), c.get("pid")) not in arrived:
-                self._release(r, f"its client did not arrive within {REDIRECT_CLAIM_S:g} s")
+                self._release(r, f"its client did not arrive within {r.hold:g} s")
 
     def holds(self, slot: Slot) -> bool:
         """Whether `slot` is held for a redirected client (leased, no lease yet)."""

@@ -36,6 +36,9 @@ class ClientInfo:
     pid: int
     program: str
     peer: str
+    # How long the client waits for a connection (its hello's connect_timeout_ms, protocol 1.5;
+    # 0: no limit, or a client that does not say): a fleet holds a GPU for its redirect no longer.
+    connect_timeout_ms: int = 0
 
     def __post_init__(self) -> None:
         for name in ("host", "user", "program", "peer"):

@@ -66,6 +66,9 @@ def parse_first_frame(body: bytes, cls: Any, what: str, client: str) -> Any:
     try:
         # A newer minor version appends fields at the end: read the ones we know, skip the rest
         # (docs/protocol.md, "Versioning"). From our own version, trailing bytes are malformed.
+        # An older one ends before the fields appended since: they read as 0 ("not said").
+        if cls is gp.Hello:
+            body = gp.complete_hello(body)
         return cls.decode(body, allow_trailing=minor > gp.MINOR)
     except gp.ProtocolError as exc:
         return Refusal(gp.GP_EPROTO, f"malformed {what}: {exc}")

@@ -247,7 +247,8 @@ class RemotingListener:
             return
         req = Requirements.from_hello(hello)
         client = ClientInfo(host=hello.host, user=hello.user, pid=hello.pid,
-                            program=hello.program, peer=peer)
+                            program=hello.program, peer=peer,
+                            connect_timeout_ms=hello.connect_timeout_ms)
         redirectable = hello.minor >= REDIRECT_MINOR
         why = self.leases.feasible(req, redirectable)
         if why is not None:

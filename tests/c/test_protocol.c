@@ -66,6 +66,7 @@ static void check_hello_layout(void)
     p = put(p, 40ull << 30, 8);       /* min_memory */
     p = put(p, 0x200000000000ull, 8); /* va_base */
     p = put(p, 1ull << 40, 8);        /* va_size */
+    p = put(p, 500, 4);               /* connect_timeout_ms (protocol 1.5) */
     size_t n = (size_t)(p - body);
     gp_hello h;
     if (gp_hello_decode(body, n, &h) != 0) {
@@ -82,6 +83,8 @@ static void check_hello_layout(void)
         FAIL("hello min_memory decoded wrong");
     if (h.va_base != 0x200000000000ull || h.va_size != 1ull << 40)
         FAIL("hello window wrong");
+    if (h.connect_timeout_ms != 500)
+        FAIL("hello connect_timeout_ms decoded wrong");
     if (gp_hello_size(&h) != n)
         FAIL("gp_hello_size %zu, hand-built %zu", gp_hello_size(&h), n);
     if (gp_hello_encode(mine, &h) != n || memcmp(mine, body, n) != 0)

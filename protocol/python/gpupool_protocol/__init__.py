@@ -16,8 +16,9 @@ from gpupool_protocol.runtime import (
                                       encode_frame,
                                       parse_header,
 )
+from gpupool_protocol.skew import complete_hello
 
-__version__ = "1.4.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
+__version__ = "1.5.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
 
 __all__ = [
     "FLAG_REPLY",
@@ -32,6 +33,7 @@ __all__ = [
     "ProtocolError",
     "Reader",
     "Writer",
+    "complete_hello",
     "encode_frame",
     "parse_header",
     "read_frame",
