@@ -11,6 +11,9 @@
  *   synchronising call. Deviation: the driver makes an "async" copy into *pageable* memory
  *   synchronous; here it completes at the next synchronising call whatever the destination
  *   (programs read the result after synchronising, as CUDA requires for pinned memory).
+ * - Mapped (zero-copy) host memory: its device alias is its host address (api_memory.c), which
+ *   the remote GPU cannot reach; memsets and copies naming it are done here on this machine's
+ *   memory, after the stream's earlier work (see "mapped host memory" below).
  * The _ptds / _ptsz variants run the same code with the per-thread default stream.
  */
 #include <stdatomic.h>
@@ -112,6 +115,79 @@ static CUresult enter(CUstream stream, int is_async, int ptds, uint64_t *wire)
             return er_;                                                                            \
     } while (0)
 
+/* ======================================================== mapped host memory == */
+
+/* A copy or memset whose side is mapped host memory (cuMemHostAlloc'd or registered, named by
+ * its device alias, which is its host address) cannot run on the remote GPU, but what the
+ * program meant can run here, on its own memory. In stream order: the shim waits for the stream's
+ * earlier work (an async device-to-host copy of it may still be landing in those bytes: replies
+ * come in order, so they are in place once the wait returns) and then does it on this thread, as
+ * cuLaunchHostFunc does (api_stream.c); work queued on the stream later is sent after it returns,
+ * so it sees the result. The cost: a round trip, and an async call returns once it is done.
+ * Kernels reading or writing the memory still cannot (api_memory.c says so once). */
+static int mapped(uint64_t addr, size_t n)
+{
+    return n > 0 && gp_vamap_host_span(addr, n);
+}
+
+static CUresult host_to_host(uint64_t dst, uint64_t src, size_t n, uint64_t wire)
+{
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_stream_wait_wire(wire);
+    if (r != CUDA_SUCCESS)
+        return r;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+/* A device-to-device copy with a mapped side: host to host, device to host into it, or host to
+ * device from it as the stream's earlier work left it. */
+static CUresult dtod_mapped(CUdeviceptr dst, int dst_mapped, CUdeviceptr src, int src_mapped,
+                            size_t n, uint64_t wire, int is_async)
+{
+    CUresult r = is_async ? gp_capture_host_copy(wire, "cuMemcpyDtoDAsync (mapped host memory)")
+                          : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (dst_mapped && src_mapped)
+        return host_to_host(dst, src, n, wire);
+    if (dst_mapped)
+        return is_async ? dtoh_async((void *)(uintptr_t)dst, src, n, wire)
+                        : dtoh_sync((void *)(uintptr_t)dst, src, n, wire);
+    if (!gp_vamap_device_span(dst, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    r = gp_stream_wait_wire(wire);
+    return r == CUDA_SUCCESS ? htod(dst, (const void *)(uintptr_t)src, n, wire, is_async) : r;
+}
+
+/* Fills `count` elements of `elem` bytes (1, 2 or 4) with the low bytes of `value`. */
+static void fill(unsigned char *p, uint32_t value, uint32_t elem, size_t count)
+{
+    if (elem == 1) {
+        memset(p, (int)(value & 0xffu), count);
+        return;
+    }
+    uint16_t v16 = (uint16_t)value;
+    for (size_t i = 0; i < count; i++)
+        memcpy(p + i * elem, elem == 2 ? (const void *)&v16 : (const void *)&value, elem);
+}
+
+/* A memset of `height` rows `pitch` apart, each `width` elements, on mapped host memory. */
+static CUresult memset_mapped(uint64_t dst, size_t pitch, uint32_t value, uint32_t elem,
+                              size_t width, size_t height, uint64_t wire, int is_async)
+{
+    CUresult r =
+        is_async ? gp_capture_host_copy(wire, "cuMemsetAsync (mapped host memory)") : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        r = gp_stream_wait_wire(wire);
+    for (size_t i = 0; r == CUDA_SUCCESS && i < height; i++)
+        fill((unsigned char *)(uintptr_t)(dst + i * pitch), value, elem, width);
+    return r;
+}
+
+/* ============================================================ copies by kind == */
+
 static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s, int is_async,
                           int ptds)
 {
@@ -120,6 +196,8 @@ static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s
     CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyHtoDAsync") : CUDA_SUCCESS;
     if (cr != CUDA_SUCCESS)
         return cr;
+    if (mapped(dst, n))
+        return host_to_host(dst, (uint64_t)(uintptr_t)src, n, wire);
     return htod(dst, src, n, wire, is_async);
 }
 
@@ -129,6 +207,8 @@ static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s, int 
     CUresult cr = is_async ? gp_capture_host_copy(wire, "cuMemcpyDtoHAsync") : CUDA_SUCCESS;
     if (cr != CUDA_SUCCESS)
         return cr;
+    if (mapped(src, n))
+        return host_to_host((uint64_t)(uintptr_t)dst, src, n, wire);
     return is_async ? dtoh_async(dst, src, n, wire) : dtoh_sync(dst, src, n, wire);
 }
 
@@ -136,6 +216,9 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s
                           int ptds)
 {
     ENTER(s, is_async, ptds);
+    int dm = mapped(dst, n), sm = mapped(src, n);
+    if (dm || sm)
+        return dtod_mapped(dst, dm, src, sm, n, wire, is_async);
     return dtod(dst, src, n, wire, is_async);
 }
 
@@ -228,13 +311,7 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
     }
     /* Host to host: earlier work of the stream may still be writing the source (an async
      * device-to-host copy), so wait for the stream first, then copy here. */
-    if (!dst || !src)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = gp_stream_wait_wire(wire);
-    if (r != CUDA_SUCCESS)
-        return r;
-    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
-    return CUDA_SUCCESS;
+    return host_to_host(dst, src, n, wire);
 }
 
 GP_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
@@ -427,9 +504,9 @@ GP_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream 
 /* =================================================================== memsets == */
 
 /* A memset outside the device memory this process allocated through gpupool fails as with the
- * driver (invalid value), silently like the driver's, except where the address is host memory:
- * that works on a local GPU (mapped host memory: JAX/XLA memsets it) and cannot through gpupool,
- * so once per process a line says why. */
+ * driver (invalid value), silently like the driver's, except where it starts in host memory but
+ * runs past its end: mapped host memory (JAX/XLA memsets it) is set here (memset_mapped), so a
+ * memset that fails there most likely has a wrong size: once per process a line says so. */
 static CUresult memset_outside(uint64_t addr, uint64_t len)
 {
     static atomic_int said;
@@ -437,10 +514,11 @@ static CUresult memset_outside(uint64_t addr, uint64_t len)
     if (gp_vamap_find(addr, &rg) == 0 &&
         (rg.kind == GP_RANGE_HOST_ALLOC || rg.kind == GP_RANGE_HOST_REG) &&
         atomic_exchange(&said, 1) == 0)
-        gp_log_error("memset of %llu bytes at 0x%llx: that is host memory, which stays on this "
-                     "machine (kernels and memsets on the remote GPU cannot reach it); it fails "
-                     "with CUDA_ERROR_INVALID_VALUE (said once per process)",
-                     (unsigned long long)len, (unsigned long long)addr);
+        gp_log_error("memset of %llu bytes at 0x%llx runs past the end of the host memory there "
+                     "(%llu bytes at 0x%llx); it fails with CUDA_ERROR_INVALID_VALUE: check the "
+                     "size (said once per process)",
+                     (unsigned long long)len, (unsigned long long)addr, (unsigned long long)rg.size,
+                     (unsigned long long)rg.base);
     return CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -452,6 +530,8 @@ static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t
         return CUDA_SUCCESS;
     if (dst % elem != 0 || count > UINT64_MAX / elem)
         return CUDA_ERROR_INVALID_VALUE;
+    if (mapped(dst, (size_t)count * elem))
+        return memset_mapped(dst, (size_t)count * elem, value, elem, count, 1, wire, is_async);
     if (!gp_vamap_device_span(dst, (uint64_t)count * elem))
         return memset_outside(dst, (uint64_t)count * elem);
     gp_memset m = {.dst = dst,
@@ -480,6 +560,8 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, uint32_
     if (height > 1 && (pitch < row || (height - 1) > (UINT64_MAX - row) / pitch))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t span = (uint64_t)pitch * (height - 1) + row;
+    if (mapped(dst, span))
+        return memset_mapped(dst, pitch, value, elem, width, height, wire, is_async);
     if (!gp_vamap_device_span(dst, span))
         return memset_outside(dst, span);
     gp_memset_2d m = {.dst = dst,

@@ -5,7 +5,8 @@
  * - Allocation waits for the server (it returns the address); freeing is validated here and
  *   then stream-ordered without a reply.
  * - Pinned host memory is ordinary local memory (page-aligned, recorded in the VA map): the
- *   remote GPU cannot map it, so "mapped" host memory cannot be read by kernels (one warning).
+ *   remote GPU cannot map it, so "mapped" host memory cannot be read by kernels (one warning);
+ *   memsets and copies on its device alias (its host address) are done here (api_copy.c).
  * - Pointer attributes are answered from the VA map.
  * The _ptds / _ptsz variants run the same code with the per-thread default stream.
  */
@@ -30,8 +31,9 @@ static void warn_mapped_once(void)
     static atomic_int said;
     if (!atomic_exchange(&said, 1))
         gp_log_info("mapped (zero-copy) host memory was requested, but this memory stays on this "
-                    "machine: kernels on the remote GPU cannot read or write it. Copy it to "
-                    "device memory instead.");
+                    "machine: kernels on the remote GPU cannot read or write it (memsets and "
+                    "copies naming it are done here, in stream order). Copy it to device memory "
+                    "for kernels to use it.");
 }
 
 /* ================================================================ allocation == */

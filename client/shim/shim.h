@@ -173,6 +173,9 @@ int gp_vamap_remove(uint64_t base, gp_range *out); /* 0 and the removed range, o
 int gp_vamap_find(uint64_t addr, gp_range *out);   /* range containing addr: 0, else -1 */
 /* 1 if [addr, addr+len) lies inside one device or global range. */
 int gp_vamap_device_span(uint64_t addr, uint64_t len);
+/* 1 if [addr, addr+len) lies inside one host range (cuMemHostAlloc'd or registered memory,
+ * whose device alias is its host address: mapped host memory). */
+int gp_vamap_host_span(uint64_t addr, uint64_t len);
 /* The client's reserved window for device memory (0, 0 before it is reserved). */
 uint64_t gp_vamap_window_base(void);
 uint64_t gp_vamap_window_size(void);

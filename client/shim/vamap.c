@@ -142,6 +142,18 @@ int gp_vamap_device_span(uint64_t addr, uint64_t len)
     return ok;
 }
 
+/* Host ranges are never side by side in one span: each is its own allocation or registration. */
+int gp_vamap_host_span(uint64_t addr, uint64_t len)
+{
+    int ok = 0;
+    pthread_rwlock_rdlock(&map_lock);
+    long i = containing(addr);
+    if (i >= 0 && (ranges[i].kind == GP_RANGE_HOST_ALLOC || ranges[i].kind == GP_RANGE_HOST_REG))
+        ok = len <= ranges[i].base + ranges[i].size - addr;
+    pthread_rwlock_unlock(&map_lock);
+    return ok;
+}
+
 int gp_vamap_vmm_flags(uint64_t addr, uint64_t len, unsigned set, unsigned clear)
 {
     if (len == 0 || addr + len < addr)

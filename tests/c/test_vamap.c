@@ -133,6 +133,22 @@ static void test_basic(uint64_t base)
     CHECK_EQ(gp_vamap_find((uint64_t)(uintptr_t)host + 100, &o), 0);
     CHECK_EQ(o.kind, GP_RANGE_HOST_ALLOC);
     CHECK_EQ(o.flags, 2);
+    /* Host spans: inside one host range only (mapped host memory, api_copy.c). */
+    uint64_t hb = (uint64_t)(uintptr_t)host;
+    CHECK(gp_vamap_host_span(hb, sizeof host));
+    CHECK(gp_vamap_host_span(hb + 100, sizeof host - 100));
+    CHECK(gp_vamap_host_span(hb + sizeof host - 1, 1));
+    CHECK(!gp_vamap_host_span(hb + 100, sizeof host - 99)); /* runs past the end */
+    CHECK(!gp_vamap_host_span(hb + 1, UINT64_MAX));
+    CHECK(!gp_vamap_host_span(hb + sizeof host, 1)); /* just past it: not host memory we know */
+    CHECK(!gp_vamap_host_span(base, 1));             /* device memory is not a host span */
+    static char reg[4096];
+    gp_range hr = {.base = (uint64_t)(uintptr_t)reg, .size = 1000, .kind = GP_RANGE_HOST_REG};
+    CHECK_EQ(gp_vamap_add(&hr), 0);
+    CHECK(gp_vamap_host_span(hr.base + 10, 990));
+    CHECK(!gp_vamap_host_span(hr.base + 10, 991)); /* registered bytes only, not the page */
+    CHECK_EQ(gp_vamap_remove(hr.base, NULL), 0);
+    CHECK(!gp_vamap_host_span(hr.base + 10, 1));
 
     /* Removal only by base. */
     CHECK_EQ(gp_vamap_remove(base + 1, &o), -1);
