@@ -19,9 +19,24 @@
 #   --smoke        on a machine WITHOUT a GPU (CI does this): the script's machinery against
 #                  gpupoold's simulated GPU, the CUDA programs through gpupool only (no native
 #                  runs); steps build,cuda unless --only. Proves the script, measures nothing.
-# Steps, in order (--only picks some; `info` is cheap and always worth keeping):
+# Steps, in the order of what they tell (--only picks some; `info` is cheap and always worth
+# keeping). The default (one call) runs info, build, sandbox, detach, frameworks, generate, busy,
+# cuda_graph, compile: their time limits add up to the 8-minute budget (planned from the
+# 2026-11-27 H200 run, docs/validation.md); cuda, torch-scripts, remoting, workloads and restart
+# passed there and do not fit: --long or --only runs them, and the summary says they were left out.
 #   info           nvidia-smi -L / --query-gpu, driver, runtime, commit, python, torch, nvcc (read-only)
 #   build          the prepared binaries if they load here, else make -j (into build/ or $GPUPOOL_BUILD_DIR)
+#   sandbox        bench/gpu_checks.py sandbox: the worker's Landlock sandbox (worker_sandbox = true,
+#                  the default) against the real driver (PTX JIT, VMM, lazy cuBLAS, Triton); what
+#                  fails runs again with worker_sandbox = false, and the step says which is the cause
+#   detach         bench/gpu_checks.py detach: idle detach with the real cuCheckpoint* calls, a
+#                  PyTorch tenant of 1 GiB and of 8 GiB, a second client in between, bit-exact,
+#                  detach and reattach timed against 20 ms + 2 x the state's host-to-device time
+#   generate       bench/torch_workloads.py --only generate (its A/B variants are that file's):
+#                  native vs gpupool, each remote run's GPUPOOL_PROFILE in the logs
+#   busy           bench/gpu_checks.py busy: gpupool's busy seconds against nvidia-smi dmon -s u
+#   cuda_graph     bench/torch_workloads.py --only cuda_graph, 100 steps (enough for a ratio)
+#   compile        bench/torch_workloads.py --only compile, 20 steps after the compile
 #   cuda           tests/cuda programs (nvcc) natively, then through gpupool on the same GPU:
 #                  each must print PASS both ways; devices' property lines are diffed
 #   torch-scripts  tests/torch_scripts (device info, runtime, transfers, cuBLAS/cuBLASLt init,
@@ -30,11 +45,12 @@
 #                  cuda-bindings (PTX and cubin through cuGetProcAddress), numba-cuda and JAX;
 #                  the pycuda and cuda-python clients of the simulated-device tier (driver and
 #                  runtime API),
-#                  natively, then through gpupool
+#                  natively, then through gpupool; the export-table slots each asked for
+#                  (`gpupool: export table UUID slot N called`) are listed, slot by slot
 #   remoting       bench/remoting_bench.py against gpupoold on the real GPU (--server), over TLS
 #                  pinned to the daemon's identity (TLS is gpupoold's default)
-#   workloads      bench/torch_workloads.py: the six PyTorch workloads, native vs gpupool
-#                  (it starts its own gpupoold; the script's own is stopped first)
+#   workloads      bench/torch_workloads.py: mlp, cnn, gpt (quick) or the six (--long), native vs
+#                  gpupool (it starts its own gpupoold; the script's own is stopped first)
 #   restart        bench/restart_check.py --real: a training loop across gpupoold restarts
 # No pytest tier needs a real GPU: tests/conftest.py always starts a simulated one, so the
 # `cuda`, `torch-scripts` and `frameworks` steps are the real-GPU end-to-end tier.
@@ -44,8 +60,9 @@
 # fallback_to_simulated is set, which only --smoke does).
 #
 # Files under $OUT (the device tool brings back at most 8): summary.md (steps, results, the
-# markdown sections to paste), gpu-validation.log (this console), logs.tar.gz (every step's log),
-# workloads.json, remoting.json, restart.json.
+# markdown sections to paste, each profile's top lines), gpu-validation.log (this console),
+# logs.tar.gz (every step's log, the checks' JSON, profile/ with each remote workload's
+# GPUPOOL_PROFILE), workloads.json, remoting.json, restart.json.
 # Exit status: 0 when every selected step passed, 1 otherwise (a step past its time limit or not
 # started for lack of time counts as failed). The script goes on past a failing step.
 #
@@ -63,7 +80,10 @@ PREPARE=0
 SMOKE=0
 ONLY=""
 BUDGET=""
-ALL_STEPS=(info build cuda torch-scripts frameworks remoting workloads restart)
+ALL_STEPS=(info build sandbox detach frameworks generate busy cuda_graph compile cuda torch-scripts remoting
+    workloads restart)
+# The one-call plan (what fits 8 minutes, most valuable first); --long and --only choose others.
+ONE_CALL="info,build,sandbox,detach,frameworks,generate,busy,cuda_graph,compile"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -86,12 +106,14 @@ if ((SMOKE)); then
     export GPUPOOL_VALIDATION_ALLOW_SIMULATED=1
 fi
 export SMOKE
+SELECT="$ONLY"
 if ((LONG)); then
     # The second call: the figures that take long; the machine may be a fresh one (build again).
-    [[ -z "$ONLY" ]] && ONLY="info,build,remoting,workloads"
+    [[ -z "$SELECT" ]] && SELECT="info,build,remoting,workloads"
     BUDGET="${BUDGET:-560}" # inside the tool's 10 minutes a command
 else
     BUDGET="${BUDGET:-450}" # one call of at most 8 minutes (timeout_s 480)
+    [[ -z "$SELECT" ]] && SELECT="$ONE_CALL"
 fi
 if ! [[ "$BUDGET" =~ ^[0-9]+$ ]]; then
     echo "gpu-validation.sh: --budget wants whole seconds, got $BUDGET" >&2
@@ -125,7 +147,7 @@ export JOBS
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
 
-selected() { [[ -z "$ONLY" || ",$ONLY," == *",$1,"* ]]; }
+selected() { [[ ",$SELECT," == *",$1,"* ]]; }
 stamp() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - START))s] $*"; }
 
 # ------------------------------------------------------------------------------ the CUDA programs
@@ -161,43 +183,81 @@ describe() {
     case "$1" in
     info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; runtime (kernel release); commit; $PY/torch/nvcc versions" ;;
     build) echo "the binaries of --prepare ($PREPARED/PREPARED) if they load there, else make -j$JOBS BUILD=$BUILD" ;;
+    sandbox) echo "$PY bench/gpu_checks.py sandbox --cuda-dir DIR: cuda modules (PTX JIT), vmm, torch blas_init, triton_probe through gpupool with worker_sandbox = true; what fails again with false" ;;
+    detach) echo "$PY bench/gpu_checks.py detach --sizes 1G,8G: idle detach (real cuCheckpoint*), a second client in between, reattach bit-exact; target 20 ms + 2 x H2D time of the state" ;;
+    generate) echo "$PY bench/torch_workloads.py --quick --only generate (its variants are that file's), profiles in logs/profile" ;;
+    busy) echo "$PY bench/gpu_checks.py busy: gpupool_gpu_busy_seconds vs nvidia-smi dmon -s u over one lease" ;;
+    cuda_graph) echo "$PY bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10, profile in logs/profile" ;;
+    compile) echo "$PY bench/torch_workloads.py --only compile --steps 20 --warmup 3, profile in logs/profile" ;;
     daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token, its identity pinned (TLS)" ;;
     cuda) echo "tests/cuda/{${CUDA_PROGRAMS_LIST// /,}}.cu (${CUDA_ARCH}): each natively, then through gpupool (${RUN_LIMIT} s a run)" ;;
     torch-scripts) echo "tests/torch_scripts/{device_info,runtime,transfers,blas_init,triton_probe,graph_capture}.py, memory_backends.py (expandable, async) natively, then through gpupool" ;;
     frameworks) echo "tests/framework_scripts/{cupy,cuda_python,numba,jax}_probe.py, cuda_python_client.py (driver, runtime), pycuda_client.py natively, then through gpupool" ;;
     remoting) echo "$PY bench/remoting_bench.py --no-build --server ADDRESS$( ((LONG)) || echo ' --quick')" ;;
-    stop-daemon) echo "stop the script's gpupoold (the workloads start their own)" ;;
-    workloads) echo "$PY bench/torch_workloads.py$( ((LONG)) || echo ' --quick') --json \$OUT/workloads.json, with GPUPOOL_PROFILE_DIR=\$OUT/profile (each remote run's GPUPOOL_PROFILE)" ;;
+    stop-daemon) echo "stop the script's gpupoold (the steps after it start their own)" ;;
+    workloads) echo "$PY bench/torch_workloads.py$( ((LONG)) || echo ' --quick --only mlp,cnn,gpt') --json \$OUT/workloads.json, with GPUPOOL_PROFILE_DIR=\$LOGS/profile (each remote run's GPUPOOL_PROFILE)" ;;
     restart) echo "$PY bench/restart_check.py --real --seconds $RESTART_SECONDS: a PyTorch training loop through gpupool while its gpupoold is restarted with SIGTERM, then SIGKILL (its own gpupoold, reset policy never)" ;;
     esac
 }
 
 # Step time limits (seconds); each is also cut to what is left of --budget, so a slow step
-# takes the later ones' time, never the call's.
+# takes the later ones' time, never the call's. The one-call plan's limits add up to its budget
+# less 20 s for run_step's margins and stopping gpupoold (tests/test_bench_workloads.py checks it): each is the step's seconds on 2026-11-27 (H200,
+# docs/validation.md "Planning the call") with a margin, or an estimate where the step is new.
 if ((LONG)); then
     declare -A LIMIT=([info]=30 [build]=240 [daemon]=60 [cuda]=240 [torch-scripts]=300 [frameworks]=200
-        [remoting]=300 [workloads]=480 [restart]=150)
+        [remoting]=300 [workloads]=480 [restart]=150 [sandbox]=120 [detach]=150 [generate]=240 [busy]=60
+        [cuda_graph]=120 [compile]=240)
     RESTART_SECONDS=45
 else
-    declare -A LIMIT=([info]=30 [build]=240 [daemon]=60 [cuda]=110 [torch-scripts]=150 [frameworks]=110
-        [remoting]=60 [workloads]=150 [restart]=75)
+    declare -A LIMIT=([info]=20 [build]=20 [daemon]=20 [sandbox]=40 [detach]=75 [frameworks]=70
+        [generate]=70 [busy]=30 [cuda_graph]=30 [compile]=55
+        [cuda]=110 [torch-scripts]=150 [remoting]=60 [workloads]=150 [restart]=75)
     RESTART_SECONDS=20
 fi
 export RESTART_SECONDS
-PLAN=(info build daemon cuda torch-scripts frameworks remoting stop-daemon workloads restart)
-needs_daemon() { selected cuda || selected torch-scripts || selected frameworks || selected remoting; }
+# The order, most valuable first; [ ... ] is a stretch that needs the script's own gpupoold
+# (the other steps start their own, or none: two daemons on one GPU would take each other's
+# workers for leftovers of a lease).
+ORDER=(info build sandbox detach "[" frameworks cuda torch-scripts remoting "]" generate busy cuda_graph compile
+    workloads restart)
+# plan_steps: the selected steps in order, with daemon / stop-daemon around a stretch that needs it.
+plan_steps() {
+    local s stretch=() in=0
+    for s in "${ORDER[@]}"; do
+        case "$s" in
+        "[") in=1; stretch=() ;;
+        "]")
+            in=0
+            ((${#stretch[@]})) && echo daemon "${stretch[@]}" stop-daemon
+            ;;
+        *)
+            selected "$s" || continue
+            if ((in)); then stretch+=("$s"); else echo "$s"; fi
+            ;;
+        esac
+    done
+}
+# left_out: the steps the default plan does not select (said in the dry run and the summary);
+# nothing when --only chose.
+left_out() {
+    local s out=""
+    [[ -n "$ONLY" ]] && return 0
+    for s in "${ALL_STEPS[@]}"; do selected "$s" || out+="${out:+, }$s"; done
+    echo "$out"
+}
 
 if ((DRY_RUN)); then
     echo "gpu-validation.sh --dry-run: nothing is run; OUT would be $OUT"
     echo "one device call: budget $BUDGET s for the whole run (give the call timeout_s $((BUDGET + 30)));"
     echo "each step's limit is also cut to what is left of the budget"
-    for s in "${PLAN[@]}"; do
-        case "$s" in
-        daemon | stop-daemon) needs_daemon || continue ;;
-        *) selected "$s" || continue ;;
-        esac
+    total=0
+    for s in $(plan_steps); do
+        [[ $s == stop-daemon ]] || total=$((total + ${LIMIT[$s]:-30}))
         printf '  step %-14s timeout %4ss  %s\n' "$s" "${LIMIT[$s]:-30}" "$(describe "$s")"
     done
+    echo "planned: ${total} s of step limits in a ${BUDGET} s budget"
+    [[ -n "$(left_out)" ]] && echo "left out of this call (they do not fit; --long or --only): $(left_out)"
     exit 0
 fi
 
@@ -280,6 +340,36 @@ write_summary() {
         echo "## Row for docs/validation.md (check, then paste)"
         echo
         echo "| $(date -u +%Y-%m-%d) | $GPU_NAME ($RUNTIME) | $GPU_DRIVER | $COMMIT | scripts/gpu-validation.sh${ARGS_TEXT}: $what | passed: ${ok:-none}${bad:+; failed: $bad} |"
+        [[ -n "$(left_out)" ]] && echo && echo "Left out of this call (they do not fit; --long or --only): $(left_out)."
+        local f
+        for f in sandbox detach busy; do # the checks' verdict lines
+            [[ -s "$LOGS/$f.log" ]] || continue
+            echo
+            echo "## $f"
+            echo
+            grep -E "^($f|detach [0-9]|busy:)" "$LOGS/$f.log" | sed 's/^/    /'
+        done
+        if [[ -s "$LOGS/export-table-slots.txt" ]]; then
+            echo
+            echo "## Export-table slots the frameworks called (and what gpupool answered)"
+            echo
+            sed 's/^/    /' "$LOGS/export-table-slots.txt"
+        fi
+        for f in generate cuda_graph compile; do
+            if [[ -s "$LOGS/$f.md" ]]; then
+                echo
+                echo "## Workload $f"
+                echo
+                cat "$LOGS/$f.md"
+            fi
+        done
+        for f in "$LOGS"/profile/*; do # each remote workload as the shim saw it, top lines
+            [[ -f "$f" ]] || continue
+            echo
+            echo "## Profile $(basename "$f") (top lines; whole file in logs.tar.gz)"
+            echo
+            head -n 14 "$f" | sed 's/^/    /'
+        done
         if [[ -s "$LOGS/workloads.md" ]]; then
             echo
             echo "## PyTorch workload suite (for docs/benchmarks.md)"
@@ -491,8 +581,24 @@ step_frameworks() { # other users of the driver API, each checking its own resul
         both_ways "fw-$name" last_line_pass "$PY" "tests/framework_scripts/$script.py" ${arg:+"$arg"} || bad=1
     done
     ((ran > 0)) || { echo "  no framework installed"; return 1; }
+    export_table_slots
     return "$bad"
 }
+# What the frameworks asked of export tables the shim does not implement, slot by slot: the
+# trampolines print `gpupool: export table UUID slot N called (returned ...)` once per slot and
+# process (a known table's unexpected slot says the table's name instead of its UUID).
+export_table_slots() {
+    local f hits
+    for f in "$LOGS"/fw-*-remote.txt; do
+        [[ -e "$f" ]] || continue
+        hits=$(grep -oE 'gpupool: export table [^ ]+ slot [0-9]+ called( \([^)]*\))?' "$f" | sort -u |
+            sed -E 's/^gpupool: export table ([^ ]+) slot ([0-9]+) called ?/\1 slot \2 /')
+        [[ -n "$hits" ]] || continue
+        echo "  $(basename "$f" -remote.txt): export-table slots called:"
+        echo "$hits" | sed 's/^/    /'
+    done | tee "$LOGS/export-table-slots.txt"
+}
+export -f export_table_slots
 step_remoting() {
     local quick=(--quick)
     ((LONG)) && quick=()
@@ -501,19 +607,45 @@ step_remoting() {
         "$PY" bench/remoting_bench.py --no-build --server "$GP_ADDRESS" "${quick[@]}" \
         --json "$OUT/remoting.json" --markdown "$LOGS/remoting.md"
 }
+# A check of bench/gpu_checks.py (its own gpupoold on the real GPU); its JSON into the logs.
+step_sandbox() {
+    local dir="$PREPARED/cuda"
+    if [[ ! -f "$PREPARED/PREPARED" ]]; then
+        dir="$WORK/cuda"
+        compile_cuda "$dir" || return 1
+    fi
+    TRITON_CACHE_DIR="$WORK/triton-cache" "$PY" bench/gpu_checks.py sandbox --cuda-dir "$dir" --limit 30 \
+        --json "$LOGS/sandbox.json"
+}
+step_detach() { "$PY" bench/gpu_checks.py detach --sizes 1G,8G --limit 60 --json "$LOGS/detach.json"; }
+step_busy() { "$PY" bench/gpu_checks.py busy --seconds 6 --limit 40 --json "$LOGS/busy.json"; }
+# workload NAME ARGS...: one of bench/torch_workloads.py's workloads native vs gpupool, its remote
+# profile in $LOGS/profile, its JSON and markdown in the logs.
+workload() {
+    local name="$1"
+    shift
+    GPUPOOL_PROFILE_DIR="$LOGS/profile" "$PY" bench/torch_workloads.py --only "$name" "$@" --build-dir "$BUILD" \
+        --child-timeout "$RUN_LIMIT" --json "$LOGS/$name.json" --markdown "$LOGS/$name.md" --log-dir "$LOGS/$name"
+}
+# The generate A/B variants (default, TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1, cuDNN SDPA off) are
+# bench/torch_workloads.py's own business; this step only gives them their place and time.
+step_generate() { workload generate --quick; }
+step_cuda_graph() { workload cuda_graph --steps 100 --warmup 10; } # 500 by default: 100 is enough for a ratio
+step_compile() { workload compile --steps 20 --warmup 3; }         # the compile itself is most of the time
+export -f workload
 step_restart() { # a PyTorch training job keeps its GPU across gpupoold restarts
     "$PY" bench/restart_check.py --real --seconds "$RESTART_SECONDS" --json "$OUT/restart.json"
 }
 step_workloads() {
-    # One call: a fifth of the steps, torch.compile last (its compile alone takes the longest),
-    # and what finished is reported when the time limit stops the rest.
-    local quick=(--quick --only mlp,cnn,gpt,generate,cuda_graph,compile)
+    # Quick: a fifth of the steps; what finished is reported when the time limit stops the rest.
+    local quick=(--quick --only mlp,cnn,gpt) # generate, cuda_graph and compile are steps of their own
     ((LONG)) && quick=()
-    GPUPOOL_PROFILE_DIR="$OUT/profile" "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" \
+    GPUPOOL_PROFILE_DIR="$LOGS/profile" "$PY" bench/torch_workloads.py "${quick[@]}" --build-dir "$BUILD" \
         --child-timeout "$((RUN_LIMIT * 2))" --json "$OUT/workloads.json" --markdown "$LOGS/workloads.md" \
         --log-dir "$LOGS/workloads"
 }
-export -f step_info step_build step_cuda step_torch_scripts step_frameworks step_remoting step_restart step_workloads
+export -f step_info step_build step_cuda step_torch_scripts step_frameworks step_remoting step_restart step_workloads \
+    step_sandbox step_detach step_busy step_generate step_cuda_graph step_compile
 
 # ------------------------------------------------------------------------------ gpupoold
 DAEMON_PID=""
@@ -602,26 +734,28 @@ trap finish EXIT
 
 # ------------------------------------------------------------------------------ main
 stamp "gpu-validation.sh: GPU $GPU_NAME, driver $GPU_DRIVER, commit $COMMIT; budget $BUDGET s; logs in $OUT"
-selected info && run_step info step_info
-selected build && run_step build step_build
-if needs_daemon; then
-    if [[ ! -x $BUILD/gpupool-worker || ! -e $BUILD/client/libcuda.so.1 ]]; then
-        stamp "no $BUILD/gpupool-worker or $BUILD/client/libcuda.so.1: the gpupool steps cannot run"
-        record daemon "FAILED (not built)" 0
-    elif start_daemon; then
-        selected cuda && run_step cuda step_cuda
-        selected torch-scripts && run_step torch-scripts step_torch_scripts
-        selected frameworks && run_step frameworks step_frameworks
-        selected remoting && run_step remoting step_remoting
-    else
-        for s in cuda torch-scripts frameworks remoting; do
-            selected "$s" && record "$s" "not run (no gpupoold)" 0
-        done
-    fi
-    stop_daemon
-fi
-selected workloads && run_step workloads step_workloads # its own gpupoold
-selected restart && run_step restart step_restart       # its own gpupoold, like the workloads
+[[ -n "$(left_out)" ]] && stamp "left out of this call (they do not fit; --long or --only): $(left_out)"
+for s in $(plan_steps); do
+    case "$s" in
+    daemon)
+        if [[ ! -x $BUILD/gpupool-worker || ! -e $BUILD/client/libcuda.so.1 ]]; then
+            stamp "no $BUILD/gpupool-worker or $BUILD/client/libcuda.so.1: the gpupool steps cannot run"
+            record daemon "FAILED (not built)" 0
+        else
+            start_daemon || stop_daemon # a daemon that failed to start serves no step
+        fi
+        ;;
+    stop-daemon) stop_daemon ;;
+    cuda | torch-scripts | frameworks | remoting) # the script's own gpupoold
+        if [[ -n "$DAEMON_PID" ]]; then
+            run_step "$s" "step_${s//-/_}"
+        else
+            record "$s" "not run (no gpupoold)" 0
+        fi
+        ;;
+    *) run_step "$s" "step_${s//-/_}" ;; # info, build, or a step that starts its own gpupoold
+    esac
+done
 
 stamp "summary:"
 for r in "${RESULTS[@]}"; do

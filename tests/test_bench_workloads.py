@@ -190,20 +190,31 @@ def test_script_dry_run_lists_steps_and_runs_nothing(tmp_path):
     proc = run_client(["bash", SCRIPT, "--dry-run"], env=env, timeout=30)
     assert proc.returncode == 0, proc.stderr
     steps = re.findall(r"^  step (\S+) +timeout +(\d+)s  (.*)$", proc.stdout, re.M)
-    # In the order of what they tell; the workloads and the restart check start their own gpupoold.
-    assert [s[0] for s in steps] == ["info", "build", "daemon", "cuda", "torch-scripts", "frameworks",
-                                     "remoting", "stop-daemon", "workloads", "restart"]
+    # Most valuable first (issue 31, item 6); only the frameworks use the script's own gpupoold.
+    assert [s[0] for s in steps] == ["info", "build", "sandbox", "detach", "daemon", "frameworks", "stop-daemon",
+                                     "generate", "busy", "cuda_graph", "compile"]
     assert all(int(s[1]) > 0 for s in steps)
     assert 'reset_policy = "never"' in proc.stdout
-    # The default plan is one device call of at most 8 minutes.
+    # The default plan is one device call of at most 8 minutes, and its step limits fit its budget
+    # with 20 s to spare for run_step's margins and stopping gpupoold.
     budget = int(re.search(r"budget (\d+) s for the whole run", proc.stdout).group(1))
     assert budget + 30 <= 480, proc.stdout
-    assert "torch_workloads.py --quick" in proc.stdout
+    limits = sum(int(s[1]) for s in steps if s[0] != "stop-daemon")
+    assert limits + 20 <= budget, proc.stdout
+    assert f"planned: {limits} s of step limits in a {budget} s budget" in proc.stdout
+    # What does not fit is said, not dropped silently.
+    assert "left out of this call (they do not fit; --long or --only): cuda, torch-scripts, remoting, " \
+           "workloads, restart" in proc.stdout
+    assert "--only cuda_graph --steps 100" in proc.stdout and "--only compile --steps 20" in proc.stdout
+    assert "detach --sizes 1G,8G" in proc.stdout
     assert not out.exists()  # a dry run writes nothing
     proc = run_client(["bash", SCRIPT, "--dry-run", "--long", "--only", "info,workloads"], env=env, timeout=30)
     assert proc.returncode == 0
     assert re.findall(r"^  step (\S+)", proc.stdout, re.M) == ["info", "workloads"]
     assert "torch_workloads.py --json" in proc.stdout  # the full figures in the second call
+    assert "left out" not in proc.stdout  # --only chose
+    proc = run_client(["bash", SCRIPT, "--dry-run", "--only", "cuda,remoting"], env=env, timeout=30)
+    assert re.findall(r"^  step (\S+)", proc.stdout, re.M) == ["daemon", "cuda", "remoting", "stop-daemon"]
 
 
 def test_script_rejects_unknown_steps_and_arguments():
