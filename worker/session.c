@@ -7,6 +7,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -211,8 +212,12 @@ static const struct {
     {5, 4}, /* 1.5: u32 connect_timeout_ms */
 };
 /* An older client's hello with those zeros appended. One hello per worker process, so one
- * static copy, which the decoded strings point into. */
+ * static copy, which the decoded strings point into for the rest of the process. The flag makes
+ * it taken once: a second older hello in the same process (none is expected) is left as sent
+ * and refused as malformed, rather than rewriting strings a first one still points into, from
+ * whichever thread. */
 static uint8_t older_hello[65536 + 64]; /* worker_session's hello: blob:65536 */
+static atomic_flag older_hello_taken = ATOMIC_FLAG_INIT;
 
 static const uint8_t *complete_hello(const uint8_t *body, size_t *len)
 {
@@ -223,7 +228,8 @@ static const uint8_t *complete_hello(const uint8_t *body, size_t *len)
     for (size_t i = 0; i < sizeof hello_appended / sizeof hello_appended[0]; i++)
         if (minor < hello_appended[i].since)
             extra += hello_appended[i].bytes;
-    if (extra == 0 || *len + extra > sizeof older_hello)
+    if (extra == 0 || *len + extra > sizeof older_hello ||
+        atomic_flag_test_and_set(&older_hello_taken))
         return body;
     memcpy(older_hello, body, *len);
     memset(older_hello + *len, 0, extra);
