@@ -19,7 +19,7 @@ algorithms, cuDNN benchmark off), within the workload's stated relative toleranc
 Warm-up steps (compilation, cuDNN/cuBLAS set-up, graph capture) are not timed; the timed region
 is bracketed by synchronisations.
 
-Workloads (REGISTRY): mlp, cnn, gpt, generate, compile, cuda_graph.
+Workloads (REGISTRY): mlp, cnn, gpt, generate, compile, cuda_graph; on a GPU generate's A/B (generate_variants.py).
 
 --device cpu --smoke runs each workload's model tiny for 2 steps on the CPU, twice (the second
 run stands in for the remote one: no gpupool, no GPU) and checks the harness: agreement, JSON,
@@ -60,6 +60,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402 - bench/ is not a package
+import generate_variants  # noqa: E402
 
 # The environment of a gpupoold whose simulated GPU runs in count mode (worker/sim/README.md).
 COUNT_MODE_ENV = {"GPUPOOL_SIM_COUNT_ONLY": "true", "GPUPOOL_BENCH_COUNT_MODE": "1"}
@@ -411,6 +412,7 @@ REGISTRY: dict[str, Workload] = {w.name: w for w in (
              steps=500, warmup=20, exact=True, rtol=0.0, build=build_cuda_graph,
              cpu_skip="CUDA graphs need a CUDA device"),
 )}
+KNOWN: dict[str, Workload] = {**REGISTRY, **generate_variants.variants(REGISTRY["generate"])}
 
 
 def run_one(torch: Any, spec: Workload, args: argparse.Namespace) -> dict[str, Any]:
@@ -476,7 +478,7 @@ def call_counter(args: argparse.Namespace) -> Callable[[], dict[str, Any]] | Non
 def child_main(args: argparse.Namespace) -> int:
     """Run the --child workloads (comma-separated) in this process, one JSON line each."""
     names = [n for n in args.child.split(",") if n]
-    unknown = [n for n in names if n not in REGISTRY]
+    unknown = [n for n in names if n not in KNOWN]
     if unknown or not names:
         print(json.dumps({"error": f"unknown workload(s): {unknown or args.child!r}"}), flush=True)
         return 2
@@ -490,7 +492,7 @@ def child_main(args: argparse.Namespace) -> int:
     torch.backends.cudnn.allow_tf32 = False
     failed = False
     for name in names:
-        out = run_one(torch, REGISTRY[name], args)
+        out = run_one(torch, KNOWN[name], args)
         failed = failed or "error" in out
         print(json.dumps(out), flush=True)
     return 1 if failed else 0
@@ -679,7 +681,7 @@ def child_cmd(names: list[str], args: argparse.Namespace, perturb: bool) -> list
         if args.steps is not None:
             cmd += ["--steps", str(args.steps)]
         elif args.quick:  # a fifth of the steps (one workload per child on the GPU)
-            cmd += ["--steps", str(max(2, REGISTRY[names[0]].steps // 5))]
+            cmd += ["--steps", str(max(2, KNOWN[names[0]].steps // 5))]
         if args.warmup is not None:
             cmd += ["--warmup", str(args.warmup)]
     if args.compile_backend:
@@ -844,15 +846,13 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def select(only: str | None) -> list[Workload]:
-    if not only:
-        return list(REGISTRY.values())
-    names = [n.strip() for n in only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in REGISTRY]
+def select(only: str | None, on_gpu: bool = False) -> list[Workload]:
+    names = generate_variants.expand([n.strip() for n in (only or ",".join(REGISTRY)).split(",") if n.strip()], on_gpu)
+    unknown = [n for n in names if n not in KNOWN]
     if unknown:
         raise SystemExit(f"torch_workloads: unknown workload(s) {', '.join(unknown)}; "
-                         f"known: {', '.join(REGISTRY)}")
-    return [REGISTRY[n] for n in names]
+                         f"known: {', '.join(KNOWN)}")
+    return [KNOWN[n] for n in names]
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -864,7 +864,7 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     if args.device == "cpu" and not args.smoke:
         raise SystemExit("torch_workloads: --device cpu is the smoke mode: add --smoke")
-    workloads = select(args.only)
+    workloads = select(args.only, on_gpu=args.device != "cpu")
     log_dir = args.log_dir
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -942,7 +942,7 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
         "command": "python bench/torch_workloads.py " + " ".join(argv),
     }
     print()
-    print(text_table(rows, meta["remote_label"]))
+    print(text_table(rows, meta["remote_label"]), generate_variants.profile_tops(rows), sep="\n\n")
     md = markdown(rows, meta)
     print()
     print(md)
