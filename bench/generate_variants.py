@@ -31,7 +31,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str], bool]] = {
                              {"TORCH_CUDNN_SDPA_AVOID_RECOMPILE": "1"}, True),
     "generate_nocudnn": ("cuDNN SDPA off", {}, False),
 }
-STEPS_SHARE = 2  # a variant times half of generate's steps: the one-call plan's 75 s hold three
+# Fewer steps than generate (128 and 8; --quick: 10 timed steps and 4 of warm-up instead of 25
+# and 8): at 458 ms a token through gpupool (the H200's 2026-11-27 figure) a variant pair costs
+# about 30 s with its two processes' set-up, and a 5x difference shows in 10 tokens.
+STEPS, WARMUP = 50, 4
 TOP_LINES = 6  # of each profile's two tables: the ops and the entry points that took longest
 
 
@@ -54,7 +57,7 @@ def variants(generate: Any) -> dict[str, Any]:
     """The variants as workloads of their own, from the `generate` Workload."""
     return {name: dataclasses.replace(
                 generate, name=name, title=f"{generate.title}, {what}",
-                steps=max(2 * generate.warmup, generate.steps // STEPS_SHARE),
+                steps=STEPS, warmup=WARMUP,
                 build=variant_build(generate.build, env, cudnn_sdp),
                 cpu_skip="cuDNN SDPA variants need a CUDA device")
             for name, (what, env, cudnn_sdp) in VARIANTS.items()}
