@@ -35,6 +35,8 @@ import benchlib  # noqa: E402
 import gpupool_protocol as gp  # noqa: E402
 from benchlib import ROOT, Daemon  # noqa: E402
 
+VA_BASE = 0x200000000000  # the shim's default (client/shim/connect.c): free in every worker
+
 
 def log(msg: str) -> None:
     print(f"fleet_bench: {msg}", file=sys.stderr, flush=True)
@@ -64,7 +66,7 @@ _pids = iter(range(1000, 1 << 30))
 def hello_frame(token: str, pid: int) -> bytes:
     hello = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=pid, flags=0,
                      host="fleet-bench", user="bench", program="fleet_bench", token=token,
-                     gpu="", model="", min_memory=0, va_base=0x7F0000000000, va_size=1 << 30)
+                     gpu="", model="", min_memory=0, va_base=VA_BASE, va_size=1 << 30)
     return gp.encode_frame(hello, 1)
 
 
