@@ -223,7 +223,10 @@ class Settings:
         "(`PGPASSWORD`, or a `PGPASSFILE` file) or with `database_password_file`. A database on "
         "another host (not loopback, not a Unix socket) needs `?sslmode=verify-full` (with "
         "`sslrootcert=...`) in the URL, or `database_insecure`. Other libpq parameters go in the "
-        "URL's query too.",
+        "URL's query too. A primary with standbys: name every host, "
+        "`postgresql://USER@HOST1:PORT1,HOST2:PORT2/DATABASE?target_session_attrs=read-write`; "
+        "libpq connects to the one that takes writes, and after a failover gpupoold reconnects "
+        "to the new primary by itself (docs/operator-guide.md, \"Large fleets\").",
         flag="--database", metavar="URL", check=_check_database)
     database_password_file: Path | None = _setting(
         None,
