@@ -163,8 +163,8 @@ def test_errors(cuda_programs, gpupool_server, mode):
     assert "errors_unknown_kernel_q7" in proc.stderr, (
         "the shim's message about the unknown kernel does not name it:\n"
         + show(proc, gpupool_server))
-    # The memset of mapped host memory: refused, with one line saying the memory stays here.
-    assert proc.stderr.count("that is host memory, which stays on this machine") == 1, show(proc, gpupool_server)
+    # A memset running past the end of mapped host memory: refused, with one line saying so.
+    assert proc.stderr.count("runs past the end of the host memory there") == 1, show(proc, gpupool_server)
 
 
 @pytest.mark.san

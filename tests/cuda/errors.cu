@@ -183,12 +183,17 @@ int main(int argc, char **argv)
     EXPECT_ERR(cudaSetDevice(99), cudaErrorInvalidDevice);
     (void)cudaGetLastError();
 
-    /* 5b. a memset of mapped host memory: fine on a local GPU, impossible through gpupool (the
-     * memory stays on this machine): an error, and one line from the shim saying why. */
+    /* 5b. a memset of mapped host memory: through gpupool the memory stays on this machine and
+     * the shim sets it here (tests/cuda/mapped.c has the rest); one running past its end is an
+     * error, with one line from the shim saying why. */
     if (gp_through_gpupool()) {
         unsigned char *hm = NULL;
         REQUIRE(cudaHostAlloc((void **)&hm, 4096, cudaHostAllocMapped));
-        EXPECT_ERR(cudaMemsetAsync(hm, 0, 4096, 0), cudaErrorInvalidValue);
+        memset(hm, 0xff, 4096);
+        CHECK(cudaMemsetAsync(hm, 0, 4096, 0));
+        CHECK(cudaStreamSynchronize(0));
+        EXPECT(hm[0] == 0 && hm[4095] == 0, "the memset of mapped host memory did not land");
+        EXPECT_ERR(cudaMemsetAsync(hm + 4000, 0, 200, 0), cudaErrorInvalidValue);
         (void)cudaGetLastError();
         CHECK(cudaFreeHost(hm));
     }
