@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks only a real GPU can answer, for scripts/gpu-validation.sh (docs/validation.md).
 
-    python bench/gpu_checks.py sandbox --cuda-dir DIR [--json PATH]
+    python bench/gpu_checks.py sandbox --cuda-dir DIR [--program NAME=COMMAND ...] [--json PATH]
     python bench/gpu_checks.py detach [--sizes 1G,8G] [--json PATH]
     python bench/gpu_checks.py busy [--seconds 6] [--json PATH]
     python bench/gpu_checks.py ... --dry-run     # print what would run, run nothing
@@ -33,9 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -158,6 +160,22 @@ def wait_for(what: str, cond: Any, timeout: float) -> Any:
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def close(d: Daemon, timeout: float = 30) -> None:
+    """Stop the check's gpupoold and its workers, then wait until no process holds the GPU: the
+    next gpupoold (the next check, or the script's) would take a dying worker for a leftover of
+    a lease and quarantine the GPU. nvidia-smi only reads (--query-compute-apps)."""
+    d.close()
+    smi = shutil.which("nvidia-smi")
+    end = time.monotonic() + timeout
+    while smi is not None and time.monotonic() < end:
+        apps = subprocess.run([smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30)
+        if apps.returncode != 0 or not apps.stdout.strip():
+            return
+        time.sleep(0.2)
+    log(f"processes still on the GPU {timeout:.0f} s after gpupoold stopped: the next daemon may quarantine it")
+
+
 def sandbox_programs(cuda_dir: Path) -> list[tuple[str, list[str]]]:
     py = sys.executable
     mod = cuda_dir / "modules"
@@ -169,8 +187,9 @@ def sandbox_programs(cuda_dir: Path) -> list[tuple[str, list[str]]]:
     ]
 
 
-def sandbox_round(config: str, programs: list[tuple[str, list[str]]], limit: float) -> dict[str, Any]:
-    d = Daemon(1, real=True, config=config, name="sandbox")
+def sandbox_round(config: str, programs: list[tuple[str, list[str]]], limit: float,
+                  simulated: bool = False) -> dict[str, Any]:
+    d = Daemon(1, real=not simulated, config=config, name="sandbox")
     results: dict[str, Any] = {}
     try:
         for name, cmd in programs:
@@ -179,18 +198,20 @@ def sandbox_round(config: str, programs: list[tuple[str, list[str]]], limit: flo
             log(f"  {name}: {'ok' if ok else 'FAILED'}: {(out.strip().splitlines() or [''])[-1][:150]}")
         signs = [ln for ln in d.log_path.read_text(errors="replace").splitlines() if SANDBOX_SIGNS.search(ln)]
     finally:
-        d.close()
+        close(d)
     return {"programs": results, "log_signs": signs[:20]}
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     programs = sandbox_programs(args.cuda_dir)
+    if args.program:  # NAME=COMMAND: these instead (a program to re-check on its own)
+        programs = [(name, shlex.split(cmd)) for name, _, cmd in (p.partition("=") for p in args.program)]
     if args.dry_run:
         for name, cmd in programs:
             print(f"  sandbox: {name}: {' '.join(cmd)} (worker_sandbox = true; again with false if it fails)")
         return 0
     log("worker_sandbox = true (the default): the real driver inside worker/sandbox.c's Landlock rules")
-    on = sandbox_round("", programs, args.limit)
+    on = sandbox_round("", programs, args.limit, args.simulated)
     failed = [n for n, r in on["programs"].items() if not r["ok"]]
     result: dict[str, Any] = {"sandbox_on": on}
     for line in on["log_signs"]:
@@ -201,7 +222,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     else:
         again = [p for p in programs if p[0] in failed] or programs
         log(f"worker_sandbox = false: again {', '.join(n for n, _ in again)}")
-        off = sandbox_round("worker_sandbox = false\n", again, args.limit)
+        off = sandbox_round("worker_sandbox = false\n", again, args.limit, args.simulated)
         result["sandbox_off"] = off
         fixed = [n for n in failed if off["programs"].get(n, {}).get("ok")]
         if fixed:
@@ -226,21 +247,34 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 def detach_round(d: Daemon, size: int, limit: float) -> dict[str, Any]:
     env = d.client_env()
+    errors = tempfile.TemporaryFile("w+")  # a file, not a pipe: nobody reads it while the tenant idles
     tenant = subprocess.Popen([sys.executable, "-c", DETACH_CHILD, str(size)], env=env, cwd=ROOT,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
+
+    def stderr_tail() -> str:
+        errors.seek(0)
+        return errors.read()[-2000:]
+
     try:
         assert tenant.stdout is not None and tenant.stdin is not None
-        line = tenant.stdout.readline()
-        if line.strip() != "ready":
+        seen = []  # anything a library prints before the tenant is ready
+        for line in tenant.stdout:
+            if line.strip() == "ready":
+                break
+            seen.append(line)
+        else:
             tenant.kill()
-            raise RuntimeError(f"the tenant did not start: {line}{tenant.stderr.read() if tenant.stderr else ''}")
+            tenant.wait(10)
+            raise RuntimeError(f"the tenant did not start: {''.join(seen)[-1000:]}{stderr_tail()}")
 
         def lease() -> dict[str, Any] | None:
             leases = d.get("/api/v1/leases?state=active")["leases"]
             return leases[0] if leases else None
 
         t0 = time.monotonic()
-        wait_for("the detach", lambda: (lease() or {}).get("detach", {}).get("state") == "detached", limit)
+        # 1 s idle, then a checkpoint of at most 8 GiB: a detach that has not happened in 30 s
+        # will not (the checkpoint failed or is refused here), and the step's time is short.
+        wait_for("the detach", lambda: (lease() or {}).get("detach", {}).get("state") == "detached", 30)
         log(f"  detached {time.monotonic() - t0:.1f} s after ready")
         lease_id = (lease() or {})["id"]
         ok, out = run([sys.executable, "-c", OTHER_CHILD], env, limit)  # the GPU used meanwhile
@@ -248,9 +282,9 @@ def detach_round(d: Daemon, size: int, limit: float) -> dict[str, Any]:
         d.wait_quiet(limit)
         tenant.stdin.write("go\n")
         tenant.stdin.flush()
-        reply, err = tenant.communicate(timeout=limit)
+        reply, _ = tenant.communicate(timeout=limit)
         if tenant.returncode != 0 or not reply.strip():
-            raise RuntimeError(f"the tenant failed after reattach (exit {tenant.returncode}): {err[-2000:]}")
+            raise RuntimeError(f"the tenant failed after reattach (exit {tenant.returncode}): {stderr_tail()}")
         row = json.loads(reply.strip().splitlines()[-1])
         events = d.get(f"/api/v1/leases/{lease_id}")["events"]
         saved = [float(e["detail"].split("saved in ")[1].split(" s")[0])
@@ -260,6 +294,7 @@ def detach_round(d: Daemon, size: int, limit: float) -> dict[str, Any]:
     finally:
         if tenant.poll() is None:
             tenant.kill()
+        errors.close()
 
 
 def cmd_detach(args: argparse.Namespace) -> int:
@@ -290,7 +325,8 @@ def cmd_detach(args: argparse.Namespace) -> int:
                     log(f"  gpupoold log: {ln[:200]}")
                 rows.append({"size": size, "error": str(e)[:2000]})
                 code = 1
-                continue
+                log("  the larger sizes are not tried: the same failure would take their time too")
+                break
             target = REATTACH_BASE_MS + 2 * (size / GIB) / rate * 1000
             row["target_ms"] = target
             met = row["reattach_ms"] <= target
@@ -303,7 +339,7 @@ def cmd_detach(args: argparse.Namespace) -> int:
                 code = 1
             rows.append(row)
     finally:
-        d.close()
+        close(d)
     if args.json:
         args.json.write_text(json.dumps({"h2d_gib_s": rate, "rounds": rows}, indent=2))
     return code
@@ -331,7 +367,7 @@ def cmd_busy(args: argparse.Namespace) -> int:
         text, _ = dmon.communicate(timeout=10)
         after = busy_seconds(metrics_text(d))
     finally:
-        d.close()
+        close(d)
     smi_busy, samples = dmon_sm_seconds(text)
     gp_busy = (after - before) if after is not None and before is not None else (after or None)
     print(f"busy: gpupool {gp_busy if gp_busy is None else f'{gp_busy:.1f}'} s, nvidia-smi dmon sm% "
@@ -354,6 +390,10 @@ def main() -> int:
         p.add_argument("--limit", type=float, default=90.0, help="seconds one program or wait may take")
         if name == "sandbox":
             p.add_argument("--cuda-dir", type=Path, required=True, help="the compiled tests/cuda programs")
+            p.add_argument("--program", action="append", metavar="NAME=COMMAND",
+                           help="run this instead of the default programs (repeatable): one to re-check alone")
+            # Only for tests/test_gpu_validation_steps.py: the machinery against a simulated GPU.
+            p.add_argument("--simulated", action="store_true", help=argparse.SUPPRESS)
         if name == "detach":
             p.add_argument("--sizes", default="1G,8G", help="device state of each round (default 1G,8G)")
         if name == "busy":

@@ -8,6 +8,7 @@ The real checks need a lent GPU (docs/validation.md)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -133,3 +134,37 @@ def test_frameworks_list_export_table_slots_slot_by_slot(tmp_path):
         f"    {uuid} slot 3 (returned CUDA_ERROR_NOT_SUPPORTED: gpupool does not forward it)",
         "    tools-module slot 9 (returned 0)"]
     assert (logs / "export-table-slots.txt").read_text() == proc.stdout
+
+
+# A driver-API program through the shim (ctypes: no nvcc needed): a context and an allocation.
+DRIVER_PROBE = """
+import ctypes
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+for what, rc in (("cuInit", cu.cuInit(0)), ("cuDeviceGet", cu.cuDeviceGet(ctypes.byref(dev), 0)),
+                 ("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)),
+                 ("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx)),
+                 ("cuMemAlloc_v2", cu.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))):
+    assert rc == 0, (what, rc)
+print("PASS driver probe")
+"""
+
+
+def test_sandbox_check_reruns_what_fails_without_the_sandbox(native_build, tmp_path):
+    """The sandbox check's machinery against a simulated GPU (--simulated, tests only): a program
+    that works passes once; one that fails runs again with worker_sandbox = false, and since it
+    fails there too the verdict says the sandbox is not the cause (exit 1)."""
+    out = tmp_path / "sandbox.json"
+    broken = f"{sys.executable} -c 'raise SystemExit(\"FAIL on purpose\")'"
+    proc = run_client([sys.executable, CHECKS, "sandbox", "--simulated", "--cuda-dir", str(tmp_path),
+                       "--program", f"probe={sys.executable} -c '{DRIVER_PROBE}'", "--program", f"broken={broken}",
+                       "--limit", "60", "--json", str(out)],
+                      env={**os.environ, "GPUPOOL_BUILD_DIR": str(native_build)}, timeout=150)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["sandbox_on"]["programs"]["probe"]["ok"], result
+    assert not result["sandbox_on"]["programs"]["broken"]["ok"]
+    assert list(result["sandbox_off"]["programs"]) == ["broken"]  # only what failed runs again
+    assert result["verdict"] == "broken fail with and without the sandbox: not the sandbox's doing " \
+                                "(see the programs' output)"
+    assert f"sandbox: {result['verdict']}" in proc.stdout
