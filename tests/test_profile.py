@@ -71,6 +71,9 @@ def test_profile_agrees_with_the_link_models_counts(gpupool_server, tmp_path):
         assert mine["worker_calls"] == mine["calls"], name
         assert mine["worker_ns"] > 0, name
     assert set(ops) - set(after) <= late | {"device_get_attribute", "device_get_name"}
+    phases = prof["module_load_phases"]
+    assert phases["hash"]["calls"] == phases["probe"]["calls"] >= 1
+    assert phases["probe"]["calls"] + phases["upload"]["calls"] == ops["module_load"]["calls"]
     # Costliest first.
     times = [op["client_ns"] for op in ops.values()]
     assert times == sorted(times, reverse=True) and times[0] > 0
@@ -120,6 +123,13 @@ def test_profile_text_table_of_a_cuda_program(cuda_programs, gpupool_server, tmp
     assert re.split(r"\s{2,}", header.strip()) == OP_COLUMNS
     ops = {r[0]: r for r in read_text_table(text, "protocol op")}
     assert "launch" in ops and "module_load" in ops and "total" in ops
+    # A module load's phases (client/shim/module_phases.h): every load hashes its image and asks
+    # the server (a probe); only the server's misses send it. Probes and uploads are module_load.
+    phases = {r[0]: (int(r[-3]), int(r[-2]), float(r[-1])) for r in read_text_table(text, "module load phase")}
+    assert set(phases) == {"hash", "probe", "upload"}, phases
+    assert phases["hash"][0] == phases["probe"][0] >= 1 and phases["probe"][1] == 0
+    assert phases["probe"][0] + phases["upload"][0] == int(ops["module_load"][1])
+    assert phases["upload"][1] <= phases["hash"][1] and phases["hash"][1] > 0
     body = [r for name, r in ops.items() if name != "total"]
     for r in body:
         calls, round_trips = int(r[1]), int(r[2])

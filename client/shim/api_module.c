@@ -23,6 +23,7 @@
 
 #include "gp_cuda_launch.h"
 #include "image.h"
+#include "module_phases.h"
 #include "sha256.h"
 #include "shim.h"
 
@@ -212,7 +213,10 @@ static CUresult load_image(uint32_t kind, const void *image, size_t avail, void 
     mod->image_size = mod->image ? size : 0;
 
     uint8_t sha[32];
+    uint64_t t0 = gp_module_phase_now_ns();
     gp_sha256(data, size, sha);
+    uint64_t t1 = gp_module_phase_now_ns();
+    gp_module_phase_add(GP_MODPHASE_HASH, size, t1 - t0);
     int was_known = known_has(sha);
     mod->handle = gp_handle_new(kind == GP_MODKIND_LIBRARY ? GP_H_LIBRARY : GP_H_MODULE, mod);
     if (!mod->handle) {
@@ -220,10 +224,13 @@ static CUresult load_image(uint32_t kind, const void *image, size_t avail, void 
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult r = send_load(mod->handle, kind, sha, data, size, 0);
+    uint64_t t2 = gp_module_phase_now_ns();
+    gp_module_phase_add(GP_MODPHASE_PROBE, 0, t2 - t1);
     if (r == GP_ENEEDIMAGE) {
         if (was_known)
             gp_log_debug("module load: the server no longer has a %zu-byte image, resending", size);
         r = send_load(mod->handle, kind, sha, data, size, 1);
+        gp_module_phase_add(GP_MODPHASE_UPLOAD, size, gp_module_phase_now_ns() - t2);
     }
     r = gp_server_result(r, "module load");
     if (r != CUDA_SUCCESS) {

@@ -7,7 +7,9 @@
  * processes). docs/user-guide.md ("Where the time goes") explains the columns.
  *
  * A third table lists the calls of each slot of the export tables the shim serves as trampolines
- * (export_tables.c: tables it does not implement itself, the tools-module table's slot 7).
+ * (export_tables.c: tables it does not implement itself, the tools-module table's slot 7), and
+ * a fourth the client's time per phase of its module loads (module_phases.h: hash, probe,
+ * upload; the driver's load and JIT are module_load's worker ms).
  *
  * The worker's own time per op (worker ms) comes from the worker itself: conn.c calls
  * gp_profile_at_close() (its close hook) at exit before it says goodbye, which asks for it once
@@ -34,6 +36,7 @@
 #include "entry_profile.h"
 #include "export_tables.h"
 #include "gp_log.h"
+#include "module_phases.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -263,6 +266,16 @@ static void gp_profile_text(FILE *f, const gp_profile_row *ops, size_t nops,
     if (lost)
         fprintf(f, "# %llu calls of entry points beyond the table's size are not listed\n",
                 (unsigned long long)lost);
+    gp_module_phase ph[GP_MODPHASES];
+    gp_module_phases_snapshot(ph);
+    if (ph[GP_MODPHASE_HASH].count) {
+        fprintf(f, "\n%-18s  %10s  %14s  %12s\n", "module load phase", "calls", "image bytes",
+                "client ms");
+        for (int i = 0; i < GP_MODPHASES; i++)
+            fprintf(f, "%-18s  %10llu  %14llu  %12.3f\n", gp_module_phase_names[i],
+                    (unsigned long long)ph[i].count, (unsigned long long)ph[i].bytes,
+                    gp_ms(ph[i].ns));
+    }
     static gp_et_slot_calls slots[GP_PROFILE_MAX_SLOTS];
     size_t nslots = gp_profile_slots(slots);
     if (nslots == 0)
@@ -313,6 +326,14 @@ static void gp_profile_json(FILE *f, const gp_profile_row *ops, size_t nops,
                 (unsigned long long)r->received, (unsigned long long)r->client_ns,
                 (unsigned long long)r->wait_ns);
     }
+    gp_module_phase ph[GP_MODPHASES];
+    gp_module_phases_snapshot(ph);
+    static const char *const keys[GP_MODPHASES] = {"hash", "probe", "upload"};
+    fprintf(f, "},\n\"module_load_phases\": {");
+    for (int i = 0; i < GP_MODPHASES; i++)
+        fprintf(f, "%s\n  \"%s\": {\"calls\": %llu, \"bytes\": %llu, \"client_ns\": %llu}",
+                i ? "," : "", keys[i], (unsigned long long)ph[i].count,
+                (unsigned long long)ph[i].bytes, (unsigned long long)ph[i].ns);
     fprintf(f, "},\n\"entry_points_not_listed\": %llu,\n\"export_table_slots\": [",
             (unsigned long long)gp_entry_overflow());
     static gp_et_slot_calls slots[GP_PROFILE_MAX_SLOTS];

@@ -7,7 +7,7 @@ $(BUILD)/tests/test_image: $(BUILD)/obj/tests/c/test_image.o $(BUILD)/obj/client
 # The module/launch/attribute/occupancy entry points against a fake shim core (no network).
 D2_API_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,client/shim/api_module.c client/shim/api_func.c \
 	client/shim/api_launch.c client/shim/api_occupancy.c client/shim/image.c \
-	client/shim/entry_profile.c) $(GP_SHA256_OBJS)
+	client/shim/entry_profile.c client/shim/module_phases.c) $(GP_SHA256_OBJS)
 TEST_BINS += $(BUILD)/tests/test_module_api
 $(BUILD)/tests/test_module_api: $(BUILD)/obj/tests/c/test_module_api.o $(D2_API_OBJS) \
 		$(PROTO_OBJS)
