@@ -59,7 +59,7 @@ def test_failover_to_a_promoted_standby_loses_no_record_and_grants_again(
     url = (f"postgresql://gpupool@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/gpupool"
            "?target_session_attrs=read-write")
     server = start_daemon("--database", url, simulated=2, build_dir=native_build)
-    holder = start_client(server, hold_gpu, MIB, 2500, 1)
+    holder = start_client(server, hold_gpu, MIB, 4000, 1)  # outlives the primary
     clients.append(holder)
     wait_until("the lease", lambda: len(
         server.get_json("/api/v1/leases?state=active")["leases"]) == 1, timeout=30)
