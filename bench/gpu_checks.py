@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -47,6 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT, Daemon  # noqa: E402
 
 GIB = 1 << 30
+# Set by scripts/gpu-validation.sh when its sandbox step found that the sandbox breaks the
+# driver: the later checks run without it, to tell about everything else.
+SANDBOX_OFF = "worker_sandbox = false\n" if os.environ.get("GPUPOOL_VALIDATION_SANDBOX_OFF") == "1" else ""
 REATTACH_BASE_MS = 20.0
 SANDBOX_SIGNS = re.compile(r"sandbox:|Permission denied|EACCES", re.I)
 
@@ -245,6 +249,9 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return code
 
 
+DETACH_CONFIG = 'idle_detach_after = 1.0\ndetach_policy = "always"\n'
+
+
 def detach_round(d: Daemon, size: int, limit: float) -> dict[str, Any]:
     env = d.client_env()
     errors = tempfile.TemporaryFile("w+")  # a file, not a pipe: nobody reads it while the tenant idles
@@ -297,6 +304,27 @@ def detach_round(d: Daemon, size: int, limit: float) -> dict[str, Any]:
         errors.close()
 
 
+def detach_without_sandbox(d: Daemon, size: int, limit: float) -> dict[str, Any]:
+    """After a failed round: the same with worker_sandbox = false, to tell whether the sandbox
+    (Landlock, or the worker not being dumpable, which cuCheckpointProcess* may need) is the
+    cause. The failed round's gpupoold is stopped first."""
+    close(d)
+    log(f"  again with worker_sandbox = false ({size / GIB:g} GiB)")
+    d2 = Daemon(1, real=True, config=DETACH_CONFIG + "worker_sandbox = false\n", name="detach-nosandbox")
+    try:
+        row = detach_round(d2, size, limit)
+        print(f"detach {size / GIB:g} GiB works with worker_sandbox = false (reattach {row['reattach_ms']:.0f} ms, "
+              f"bit-exact {row['bit_exact']}): THE SANDBOX BREAKS THE CHECKPOINT", flush=True)
+        row["sandbox"] = False
+        return row
+    except (RuntimeError, subprocess.TimeoutExpired, KeyError) as e:
+        print(f"detach {size / GIB:g} GiB fails with worker_sandbox = false too: not the sandbox ({e})"[:600],
+              flush=True)
+        return {"size": size, "sandbox": False, "error": str(e)[:2000]}
+    finally:
+        close(d2)
+
+
 def cmd_detach(args: argparse.Namespace) -> int:
     sizes = [size_arg(s) for s in args.sizes.split(",")]
     if args.dry_run:
@@ -309,7 +337,7 @@ def cmd_detach(args: argparse.Namespace) -> int:
         return 1
     rate = json.loads(out.strip().splitlines()[0])["h2d_gib_s"]
     log(f"native host-to-device (pinned, 1 GiB): {rate:.1f} GiB/s")
-    d = Daemon(1, real=True, config='idle_detach_after = 1.0\ndetach_policy = "always"\n', name="detach")
+    d = Daemon(1, real=True, config=DETACH_CONFIG + SANDBOX_OFF, name="detach")
     rows: list[dict[str, Any]] = []
     code = 0
     try:
@@ -326,6 +354,8 @@ def cmd_detach(args: argparse.Namespace) -> int:
                 rows.append({"size": size, "error": str(e)[:2000]})
                 code = 1
                 log("  the larger sizes are not tried: the same failure would take their time too")
+                if not SANDBOX_OFF:
+                    rows.append(detach_without_sandbox(d, size, args.limit))
                 break
             target = REATTACH_BASE_MS + 2 * (size / GIB) / rate * 1000
             row["target_ms"] = target
@@ -354,7 +384,7 @@ def cmd_busy(args: argparse.Namespace) -> int:
     if smi is None:
         print("busy: nvidia-smi is not here: nothing to compare with")
         return 1
-    d = Daemon(1, real=True, name="busy")
+    d = Daemon(1, real=True, config=SANDBOX_OFF, name="busy")
     try:
         before = busy_seconds(metrics_text(d))
         dmon = subprocess.Popen([smi, "dmon", "-s", "u", "-d", "1"], stdout=subprocess.PIPE,

@@ -578,7 +578,10 @@ step_frameworks() { # other users of the driver API, each checking its own resul
             continue
         fi
         ran=$((ran + 1))
-        both_ways "fw-$name" last_line_pass "$PY" "tests/framework_scripts/$script.py" ${arg:+"$arg"} || bad=1
+        # GPUPOOL_PROFILE: read by the shim only (the remote run); it counts each export-table slot's calls.
+        mkdir -p "$LOGS/profile"
+        both_ways "fw-$name" last_line_pass env GPUPOOL_PROFILE="$LOGS/profile/fw-$name.txt" \
+            "$PY" "tests/framework_scripts/$script.py" ${arg:+"$arg"} || bad=1
     done
     ((ran > 0)) || { echo "  no framework installed"; return 1; }
     export_table_slots
@@ -656,6 +659,10 @@ start_daemon() { # in this shell (not under timeout): its own session, stopped a
     mkdir -p "$state"
     # Never reset a lent GPU: reset_policy = "never" (and no reset helper runs).
     printf 'simulated = 0\ngpus = [0]\nreset_policy = "never"\n' >"$state/gpupoold.toml"
+    if [[ "${GPUPOOL_VALIDATION_SANDBOX_OFF:-}" == 1 ]]; then # the sandbox step found it breaks the driver
+        echo "  worker_sandbox = false: the sandbox step found that it breaks the driver (see above)"
+        echo 'worker_sandbox = false' >>"$state/gpupoold.toml"
+    fi
     # Without a GPU gpupoold refuses to start, unless told to serve a simulated one instead:
     # only to try the script's machinery (--smoke), never for a recorded validation.
     if [[ "${GPUPOOL_VALIDATION_ALLOW_SIMULATED:-}" == 1 ]]; then
@@ -751,6 +758,15 @@ for s in $(plan_steps); do
             run_step "$s" "step_${s//-/_}"
         else
             record "$s" "not run (no gpupoold)" 0
+        fi
+        ;;
+    sandbox)
+        run_step sandbox step_sandbox
+        # When the sandbox breaks the driver, the later steps run without it, so that they tell
+        # about everything else (their gpupoold configurations say worker_sandbox = false).
+        if grep -q '^sandbox: THE SANDBOX BREAKS THE DRIVER' "$LOGS/sandbox.log" 2>/dev/null; then
+            export GPUPOOL_VALIDATION_SANDBOX_OFF=1
+            stamp "the later steps run with worker_sandbox = false (bench/torch_workloads.py's own gpupoold keeps the default)"
         fi
         ;;
     *) run_step "$s" "step_${s//-/_}" ;; # info, build, or a step that starts its own gpupoold

@@ -19,12 +19,15 @@ from conftest import REPO, run_client
 SCRIPT = REPO / "scripts" / "gpu-validation.sh"
 CHECKS = REPO / "bench" / "gpu_checks.py"
 
-# Stands in for python3: records each call; the checks print a verdict line (busy fails), the
+# Stands in for python3: records each call; the checks print a verdict line (the sandbox says it
+# breaks the driver, busy fails), the
 # workloads write their markdown and a profile as bench/torch_workloads.py would.
 STUB_PYTHON = r"""#!/usr/bin/env bash
 echo "$*" >>"$STUB_LOG"
 case "$1" in
 bench/gpu_checks.py)
+    echo "sandbox off: ${GPUPOOL_VALIDATION_SANDBOX_OFF:-0}" >>"$STUB_LOG"
+    if [[ $2 == sandbox ]]; then echo "sandbox: THE SANDBOX BREAKS THE DRIVER: stub"; exit 1; fi
     echo "$2: stub verdict"
     [[ $2 == busy ]] && exit 1 ;;
 bench/torch_workloads.py)
@@ -59,7 +62,7 @@ def test_one_call_plan_runs_every_step_in_order_with_stubs(tmp_path):
     summary = (out / "summary.md").read_text()
     assert proc.returncode == 1, proc.stdout + proc.stderr  # busy failed
     rows = re.findall(r"^\| (\S+) \| (.+?) \| \d+ \|$", summary, re.M)
-    assert rows == [("info", "ok"), ("sandbox", "ok"), ("detach", "ok"), ("generate", "ok"),
+    assert rows == [("info", "ok"), ("sandbox", "FAILED (exit 1)"), ("detach", "ok"), ("generate", "ok"),
                     ("busy", "FAILED (exit 1)"), ("cuda_graph", "ok"), ("compile", "ok")], summary
     calls = [c for c in log.read_text().splitlines() if c.startswith("bench/")]
     assert [c.split()[0:2] for c in calls] == [
@@ -72,7 +75,10 @@ def test_one_call_plan_runs_every_step_in_order_with_stubs(tmp_path):
     assert calls[4].startswith("bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10")
     assert calls[5].startswith("bench/torch_workloads.py --only compile --steps 20 --warmup 3")
     # The verdicts and each profile's top lines are in the summary; at most 8 files come back.
-    assert "    sandbox: stub verdict" in summary and "    detach: stub verdict" in summary
+    assert "    sandbox: THE SANDBOX BREAKS THE DRIVER: stub" in summary and "    detach: stub verdict" in summary
+    # After that verdict the later checks' gpupoolds run without the sandbox (they are told so).
+    assert re.findall(r"^sandbox off: (\d)$", log.read_text(), re.M) == ["0", "1", "1"]
+    assert "the later steps run with worker_sandbox = false" in proc.stdout
     for name in ("generate", "cuda_graph", "compile"):
         assert f"## Profile {name}.txt" in summary and f"    top line of {name}" in summary
         assert f"| {name} | stub |" in summary
