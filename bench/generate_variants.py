@@ -3,11 +3,12 @@
 cuDNN's SDPA on sm90, and cuDNN builds (runtime-compiles) its attention graph again whenever the
 sequence length changes, which in decoding is every token. Run next to `generate`, on a GPU:
 
-  generate_norecompile  TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (pytorch#155958): one graph for
-                        every length. PyTorch warns and falls back where the layout does not
-                        allow it (the warning is in the child's log).
   generate_nocudnn      torch.backends.cuda.enable_cudnn_sdp(False): flash or efficient SDPA,
                         precompiled kernels, no build per token.
+  generate_norecompile  TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (pytorch#155958): one graph for
+                        every length. PyTorch warns and falls back where the layout does not
+                        allow it (it wants Q, K, V in BSHD memory layout; generate's KV cache is
+                        allocated (B, H, S, D), so look for the warning in the child's log).
 
 Each natively and through gpupool like any workload (tokens/s, the ratio against 1.30), and
 with GPUPOOL_PROFILE_DIR set (scripts/gpu-validation.sh) each remote run's profile's top lines
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 # name -> (what it changes, environment for the child's CUDA libraries, cuDNN SDPA on)
+# The likelier fix first: a step cut short by its time limit still reports the variants that ran.
 VARIANTS: dict[str, tuple[str, dict[str, str], bool]] = {
+    "generate_nocudnn": ("cuDNN SDPA off", {}, False),
     "generate_norecompile": ("TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1",
                              {"TORCH_CUDNN_SDPA_AVOID_RECOMPILE": "1"}, True),
-    "generate_nocudnn": ("cuDNN SDPA off", {}, False),
 }
 # Fewer steps than generate (128 and 8; --quick: 10 timed steps and 4 of warm-up instead of 25
 # and 8): at 458 ms a token through gpupool (the H200's 2026-11-27 figure) a variant pair costs
