@@ -20,8 +20,8 @@
 #                  gpupoold's simulated GPU, the CUDA programs through gpupool only (no native
 #                  runs); steps build,cuda unless --only. Proves the script, measures nothing.
 # Steps, in the order of what they tell (--only picks some; `info` is cheap and always worth
-# keeping). The default (one call) runs info, build, sandbox, detach, frameworks, generate, busy,
-# cuda_graph, compile: their time limits add up to the 8-minute budget (planned from the
+# keeping). The default (one call) runs info, build, sandbox, detach, frameworks, generate,
+# cuda_graph, compile, busy: their time limits add up to the 8-minute budget (planned from the
 # 2026-11-27 H200 run, docs/validation.md); cuda, torch-scripts, remoting, workloads and restart
 # passed there and do not fit: --long or --only runs them, and the summary says they were left out.
 #   info           nvidia-smi -L / --query-gpu, driver, runtime, commit, python, torch, nvcc (read-only)
@@ -32,11 +32,11 @@
 #   detach         bench/gpu_checks.py detach: idle detach with the real cuCheckpoint* calls, a
 #                  PyTorch tenant of 1 GiB and of 8 GiB, a second client in between, bit-exact,
 #                  detach and reattach timed against 20 ms + 2 x the state's host-to-device time
-#   generate       bench/torch_workloads.py --only generate (its A/B variants are that file's):
-#                  native vs gpupool, each remote run's GPUPOOL_PROFILE in the logs
-#   busy           bench/gpu_checks.py busy: gpupool's busy seconds against nvidia-smi dmon -s u
+#   generate       bench/torch_workloads.py --only generate (its A/B variants, bench/generate_variants.py,
+#                  come along): native vs gpupool, each remote run's GPUPOOL_PROFILE in the logs
 #   cuda_graph     bench/torch_workloads.py --only cuda_graph, 100 steps (enough for a ratio)
 #   compile        bench/torch_workloads.py --only compile, 20 steps after the compile
+#   busy           bench/gpu_checks.py busy: gpupool's busy seconds against nvidia-smi dmon -s u
 #   cuda           tests/cuda programs (nvcc) natively, then through gpupool on the same GPU:
 #                  each must print PASS both ways; devices' property lines are diffed
 #   torch-scripts  tests/torch_scripts (device info, runtime, transfers, cuBLAS/cuBLASLt init,
@@ -80,10 +80,10 @@ PREPARE=0
 SMOKE=0
 ONLY=""
 BUDGET=""
-ALL_STEPS=(info build sandbox detach frameworks generate busy cuda_graph compile cuda torch-scripts remoting
+ALL_STEPS=(info build sandbox detach frameworks generate cuda_graph compile busy cuda torch-scripts remoting
     workloads restart)
 # The one-call plan (what fits 8 minutes, most valuable first); --long and --only choose others.
-ONE_CALL="info,build,sandbox,detach,frameworks,generate,busy,cuda_graph,compile"
+ONE_CALL="info,build,sandbox,detach,frameworks,generate,cuda_graph,compile,busy"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -210,8 +210,8 @@ if ((LONG)); then
         [cuda_graph]=120 [compile]=240)
     RESTART_SECONDS=45
 else
-    declare -A LIMIT=([info]=20 [build]=20 [daemon]=20 [sandbox]=40 [detach]=75 [frameworks]=70
-        [generate]=70 [busy]=30 [cuda_graph]=30 [compile]=55
+    declare -A LIMIT=([info]=20 [build]=20 [daemon]=20 [sandbox]=40 [detach]=70 [frameworks]=65
+        [generate]=95 [cuda_graph]=25 [compile]=50 [busy]=25
         [cuda]=110 [torch-scripts]=150 [remoting]=60 [workloads]=150 [restart]=75)
     RESTART_SECONDS=20
 fi
@@ -219,7 +219,7 @@ export RESTART_SECONDS
 # The order, most valuable first; [ ... ] is a stretch that needs the script's own gpupoold
 # (the other steps start their own, or none: two daemons on one GPU would take each other's
 # workers for leftovers of a lease).
-ORDER=(info build sandbox detach "[" frameworks cuda torch-scripts remoting "]" generate busy cuda_graph compile
+ORDER=(info build sandbox detach "[" frameworks cuda torch-scripts remoting "]" generate cuda_graph compile busy
     workloads restart)
 # plan_steps: the selected steps in order, with daemon / stop-daemon around a stretch that needs it.
 plan_steps() {
@@ -621,7 +621,7 @@ step_sandbox() {
         --json "$LOGS/sandbox.json"
 }
 step_detach() { "$PY" bench/gpu_checks.py detach --sizes 1G,8G --limit 60 --json "$LOGS/detach.json"; }
-step_busy() { "$PY" bench/gpu_checks.py busy --seconds 6 --limit 40 --json "$LOGS/busy.json"; }
+step_busy() { "$PY" bench/gpu_checks.py busy --seconds 4 --limit 40 --json "$LOGS/busy.json"; }
 # workload NAME ARGS...: one of bench/torch_workloads.py's workloads native vs gpupool, its remote
 # profile in $LOGS/profile, its JSON and markdown in the logs.
 workload() {

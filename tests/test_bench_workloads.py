@@ -192,7 +192,7 @@ def test_script_dry_run_lists_steps_and_runs_nothing(tmp_path):
     steps = re.findall(r"^  step (\S+) +timeout +(\d+)s  (.*)$", proc.stdout, re.M)
     # Most valuable first (issue 31, item 6); only the frameworks use the script's own gpupoold.
     assert [s[0] for s in steps] == ["info", "build", "sandbox", "detach", "daemon", "frameworks", "stop-daemon",
-                                     "generate", "busy", "cuda_graph", "compile"]
+                                     "generate", "cuda_graph", "compile", "busy"]
     assert all(int(s[1]) > 0 for s in steps)
     assert 'reset_policy = "never"' in proc.stdout
     # The default plan is one device call of at most 8 minutes, and its step limits fit its budget

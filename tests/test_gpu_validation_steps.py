@@ -57,27 +57,27 @@ def test_one_call_plan_runs_every_step_in_order_with_stubs(tmp_path):
     out, log = tmp_path / "out", tmp_path / "calls.txt"
     env = {**os.environ, "OUT": str(out), "PYTHON": str(stub), "TMPDIR": str(tmp_path), "STUB_LOG": str(log),
            "GPUPOOL_BUILD_DIR": str(build), "PATH": f"{bin_dir}:/usr/bin:/bin", "GPUPOOL_COMMIT": "test"}
-    steps = "info,sandbox,detach,generate,busy,cuda_graph,compile"
+    steps = "info,sandbox,detach,generate,cuda_graph,compile,busy"
     proc = run_client(["bash", SCRIPT, "--only", steps, "--budget", "400"], env=env, cwd=REPO, timeout=120)
     summary = (out / "summary.md").read_text()
     assert proc.returncode == 1, proc.stdout + proc.stderr  # busy failed
     rows = re.findall(r"^\| (\S+) \| (.+?) \| \d+ \|$", summary, re.M)
     assert rows == [("info", "ok"), ("sandbox", "FAILED (exit 1)"), ("detach", "ok"), ("generate", "ok"),
-                    ("busy", "FAILED (exit 1)"), ("cuda_graph", "ok"), ("compile", "ok")], summary
+                    ("cuda_graph", "ok"), ("compile", "ok"), ("busy", "FAILED (exit 1)")], summary
     calls = [c for c in log.read_text().splitlines() if c.startswith("bench/")]
     assert [c.split()[0:2] for c in calls] == [
         ["bench/gpu_checks.py", "sandbox"], ["bench/gpu_checks.py", "detach"],
-        ["bench/torch_workloads.py", "--only"], ["bench/gpu_checks.py", "busy"],
-        ["bench/torch_workloads.py", "--only"], ["bench/torch_workloads.py", "--only"]]
+        ["bench/torch_workloads.py", "--only"], ["bench/torch_workloads.py", "--only"],
+        ["bench/torch_workloads.py", "--only"], ["bench/gpu_checks.py", "busy"]]
     assert f"--cuda-dir {build}/validation/cuda" in calls[0]
     assert "--sizes 1G,8G" in calls[1]
     assert calls[2].startswith("bench/torch_workloads.py --only generate --quick")
-    assert calls[4].startswith("bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10")
-    assert calls[5].startswith("bench/torch_workloads.py --only compile --steps 20 --warmup 3")
+    assert calls[3].startswith("bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10")
+    assert calls[4].startswith("bench/torch_workloads.py --only compile --steps 20 --warmup 3")
     # The verdicts and each profile's top lines are in the summary; at most 8 files come back.
     assert "    sandbox: THE SANDBOX BREAKS THE DRIVER: stub" in summary and "    detach: stub verdict" in summary
     # After that verdict the later checks' gpupoolds run without the sandbox (they are told so).
-    assert re.findall(r"^sandbox off: (\d)$", log.read_text(), re.M) == ["0", "1", "1"]
+    assert re.findall(r"^sandbox off: (\d)$", log.read_text(), re.M) == ["0", "1", "1"]  # sandbox, detach, busy
     assert "the later steps run with worker_sandbox = false" in proc.stdout
     for name in ("generate", "cuda_graph", "compile"):
         assert f"## Profile {name}.txt" in summary and f"    top line of {name}" in summary
