@@ -348,6 +348,7 @@ GP_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
  * are not supported by gpupool at all. */
 typedef struct {
     int device; /* 1: device memory, 0: host memory */
+    int alias;  /* declared device memory, but it is mapped host memory (its device alias) */
     uint64_t addr;
     size_t pitch;
 } side_2d;
@@ -391,6 +392,9 @@ static CUresult resolve_side(CUmemorytype type, const void *host, CUdeviceptr de
         return CUDA_ERROR_INVALID_VALUE;
     out->addr = first;
     out->pitch = height > 1 ? pitch : width;
+    out->alias = out->device && gp_vamap_host_span(first, last - first);
+    if (out->alias)
+        out->device = 0; /* mapped host memory: done here (see "mapped host memory" above) */
     return CUDA_SUCCESS;
 }
 
@@ -433,6 +437,11 @@ static CUresult copy_2d(const CUDA_MEMCPY2D *p, CUstream s, int is_async, int pt
         return r;
     }
     if (dst.device) { /* host to device */
+        /* Mapped host memory as the stream's earlier work left it, as dtod_mapped reads it. */
+        if (src.alias)
+            r = gp_stream_wait_wire(wire);
+        if (r != CUDA_SUCCESS)
+            return r;
         if (src_packed && dst_packed)
             return htod(dst.addr, (const void *)(uintptr_t)src.addr, w * h, wire, is_async);
         if (dst_packed) {

@@ -9,8 +9,8 @@
  *   - in stream order: an async memset queued after an async device-to-host copy into the same
  *     memory overwrites the copy's bytes (done the other way round, the copy's bytes would win);
  *     a device-to-device copy from it queued after such a copy reads the copy's bytes;
- *   - copies to and from it (HtoD/DtoH/DtoD, sync and async, and cuMemcpy without a kind) are
- *     bit-exact;
+ *   - copies to and from it (HtoD/DtoH/DtoD, sync and async, cuMemcpy without a kind, and 2D
+ *     copies declaring it device memory) are bit-exact;
  *   - a memset running past its end is refused.
  * Prints one line per failed check and ends with "PASS mapped: N checks" or
  * "FAIL mapped: K of N checks failed".
@@ -193,6 +193,36 @@ static void copies(unsigned char *h, CUdeviceptr dh, CUdeviceptr d, CUstream s)
     CHECK(cuMemcpyDtoDAsync(dh + 4096, dh, 8192, s) == CUDA_SUCCESS, "DtoD alias to alias");
     CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS, "sync");
     CHECK(memcmp(h + 4096, src, 8192) == 0, "DtoD alias to alias: wrong bytes");
+    /* 2D, the alias declared as device memory: 8 rows of 100 bytes, pitch 256 on the device,
+     * packed on the alias; device rows to the alias, then the alias to other device rows. */
+    fill_pattern(src, N, 6);
+    MUST(cuMemcpyHtoD(d, src, N));
+    memset(h, 0, N);
+    CUDA_MEMCPY2D c2 = {.srcMemoryType = CU_MEMORYTYPE_DEVICE,
+                        .srcDevice = d,
+                        .srcPitch = 256,
+                        .dstMemoryType = CU_MEMORYTYPE_DEVICE,
+                        .dstDevice = dh,
+                        .dstPitch = 100,
+                        .WidthInBytes = 100,
+                        .Height = 8};
+    CHECK(cuMemcpy2DAsync(&c2, s) == CUDA_SUCCESS, "2D device to the alias");
+    CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS, "sync");
+    int rows_ok = h[800] == 0;
+    for (int r = 0; r < 8; r++)
+        rows_ok &= memcmp(h + r * 100, src + r * 256, 100) == 0;
+    CHECK(rows_ok, "2D device to the alias: wrong rows");
+    c2.srcDevice = dh;
+    c2.srcPitch = 100;
+    c2.dstDevice = d + 65536;
+    c2.dstPitch = 128;
+    CHECK(cuMemcpy2D(&c2) == CUDA_SUCCESS, "2D alias to device");
+    memset(dst, 0, N);
+    MUST(cuMemcpyDtoH(dst, d + 65536, 8 * 128));
+    rows_ok = 1;
+    for (int r = 0; r < 8; r++)
+        rows_ok &= memcmp(dst + r * 128, src + r * 256, 100) == 0;
+    CHECK(rows_ok, "2D alias to device: wrong rows");
     /* A copy running past the end of the mapped memory is refused. */
     CHECK(cuMemcpyDtoH(dst, dh + N - 8, 16) != CUDA_SUCCESS, "DtoH past the end accepted");
     free(src);
