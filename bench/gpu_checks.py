@@ -164,7 +164,7 @@ def wait_for(what: str, cond: Any, timeout: float) -> Any:
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def close(d: Daemon, timeout: float = 30) -> None:
+def close(d: Daemon, timeout: float = 10) -> None:
     """Stop the check's gpupoold and its workers, then wait until no process holds the GPU: the
     next gpupoold (the next check, or the script's) would take a dying worker for a leftover of
     a lease and quarantine the GPU. nvidia-smi only reads (--query-compute-apps)."""

@@ -185,7 +185,7 @@ describe() {
     build) echo "the binaries of --prepare ($PREPARED/PREPARED) if they load there, else make -j$JOBS BUILD=$BUILD" ;;
     sandbox) echo "$PY bench/gpu_checks.py sandbox --cuda-dir DIR: cuda modules (PTX JIT), vmm, torch blas_init, triton_probe through gpupool with worker_sandbox = true; what fails again with false" ;;
     detach) echo "$PY bench/gpu_checks.py detach --sizes 1G,8G: idle detach (real cuCheckpoint*), a second client in between, reattach bit-exact; target 20 ms + 2 x H2D time of the state" ;;
-    generate) echo "$PY bench/torch_workloads.py --quick --only generate (its variants are that file's), profiles in logs/profile" ;;
+    generate) echo "$PY bench/torch_workloads.py --quick --only generate (with its variants from bench/generate_variants.py), profiles in logs/profile" ;;
     busy) echo "$PY bench/gpu_checks.py busy: gpupool_gpu_busy_seconds vs nvidia-smi dmon -s u over one lease" ;;
     cuda_graph) echo "$PY bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10, profile in logs/profile" ;;
     compile) echo "$PY bench/torch_workloads.py --only compile --steps 20 --warmup 3, profile in logs/profile" ;;
