@@ -389,10 +389,23 @@ ARGS_TEXT=""
 ((SMOKE)) && ARGS_TEXT+=" --smoke"
 [[ -n "$ONLY" ]] && ARGS_TEXT+=" --only $ONLY"
 
+# reserved_after NAME: the limits of the planned steps after NAME (what they are sure to get).
+reserved_after() {
+    local s seen=0 sum=0
+    for s in $(plan_steps); do
+        ((seen)) && [[ $s != stop-daemon ]] && sum=$((sum + ${LIMIT[$s]:-30}))
+        [[ $s == "$1" ]] && seen=1
+    done
+    echo "$sum"
+}
+
 # run_step NAME FUNCTION: FUNCTION (exported) in its own bash under `timeout`, its output to
-# the console and $LOGS/NAME.log; the result is recorded and the script goes on.
+# the console and $LOGS/NAME.log; the result is recorded and the script goes on. A step gets its
+# limit, plus whatever the earlier steps left unused beyond what the later ones are planned to
+# need (so a step that runs long, generate with its variants say, takes spare time, never a
+# later step's), and never more than is left of the budget.
 run_step() {
-    local name="$1" fn="$2" left limit t0 rc res
+    local name="$1" fn="$2" left limit spare t0 rc res
     left=$((DEADLINE - $(date +%s)))
     if ((left < 30)); then
         stamp "==> $name: not run, $left s of the budget left"
@@ -400,6 +413,8 @@ run_step() {
         return 1
     fi
     limit=${LIMIT[$name]}
+    spare=$((left - 10 - $(reserved_after "$name")))
+    ((spare > limit)) && limit=$spare
     ((limit > left - 10)) && limit=$((left - 10))
     stamp "==> $name (time limit ${limit} s)"
     t0=$(date +%s)

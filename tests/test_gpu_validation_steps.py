@@ -64,6 +64,16 @@ def test_one_call_plan_runs_every_step_in_order_with_stubs(tmp_path):
     rows = re.findall(r"^\| (\S+) \| (.+?) \| \d+ \|$", summary, re.M)
     assert rows == [("info", "ok"), ("sandbox", "FAILED (exit 1)"), ("detach", "ok"), ("generate", "ok"),
                     ("cuda_graph", "ok"), ("compile", "ok"), ("busy", "FAILED (exit 1)")], summary
+    # Each step gets its planned limit plus the time the steps before it left unused beyond what
+    # the later ones are planned for: here 400 s for 325 s of limits, the stubs taking none.
+    planned = {"info": 20, "sandbox": 40, "detach": 70, "generate": 95, "cuda_graph": 25, "compile": 50, "busy": 25}
+    given = {n: int(t) for n, t in re.findall(r"==> (\S+) \(time limit (\d+) s\)", proc.stdout)}
+    assert list(given) == list(planned), proc.stdout
+    names = list(planned)
+    for i, (name, limit) in enumerate(given.items()):
+        later = sum(planned[n] for n in names[i + 1:])
+        assert 400 - 10 - later - 3 <= limit <= 400 - 10 - later, (name, limit, proc.stdout)
+        assert limit > planned[name]
     calls = [c for c in log.read_text().splitlines() if c.startswith("bench/")]
     assert [c.split()[0:2] for c in calls] == [
         ["bench/gpu_checks.py", "sandbox"], ["bench/gpu_checks.py", "detach"],
