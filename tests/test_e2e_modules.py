@@ -133,6 +133,12 @@ def test_images_cross_the_network_once(modules_build, plain_server):
     cached_bytes = sum(p.stat().st_size for p in cache.iterdir())
     assert first["module_bytes"] == cached_bytes, (first, cached_bytes)
     assert first["module_bytes"] >= sum(map(len, images)), first
+    # The driver's PTX JIT cache (setting jit_cache_mib): the simulated device keeps a file per
+    # PTX it loaded in the folder the worker was given (worker/sim/sim_jitcache.c), written
+    # under the worker's sandbox.
+    jit = server.state_dir / "cache" / "jit"
+    compiled = {p.name: p.read_text() for p in jit.glob("sim-ptx-*")}
+    assert compiled and all(t.startswith("compiled\n") for t in compiled.values()), compiled
 
     other = server.create_token("other-tenant")
     assert claim_cached_image(server, other, images[0]) == gp.GP_ENEEDIMAGE
@@ -142,6 +148,10 @@ def test_images_cross_the_network_once(modules_build, plain_server):
     _run(modules_build, server, "static")
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == files, (
         "the second run sent images again")
+    # The second lease's loads of the same PTX found the first one's entries.
+    again = {p.name: p.read_text() for p in jit.glob("sim-ptx-*")}
+    assert set(again) == set(compiled)
+    assert all(again[n].count("cached") > compiled[n].count("cached") for n in again), again
     first_again, theirs_again, second = _ended_leases(server, 3)
     assert (first_again["id"], theirs_again["id"]) == (first["id"], theirs["id"])
     assert theirs["module_bytes"] == 0

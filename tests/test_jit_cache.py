@@ -1,8 +1,9 @@
 """The workers' PTX JIT cache (issue 31, item 2; setting `jit_cache_mib`): the CUDA driver's
 compiled PTX kept in `<cache_dir>/jit` for every worker of the server, so that a module (cuDNN's
 runtime-compiled kernels, Triton's, NVRTC's) is compiled once per server, not once per load.
-The simulated device does not JIT (worker/sim: PTX is compiled only by a real driver), so what
-is tested here is what gpupoold gives its workers; docs/validation.md says what a GPU shows.
+Tested here: what gpupoold gives its workers. tests/test_e2e_modules.py shows, through the
+simulated device's stand-in cache (worker/sim/sim_jitcache.c), a sandboxed worker writing it and
+a second lease finding the first one's entries; docs/validation.md says what a GPU shows.
 """
 
 from __future__ import annotations

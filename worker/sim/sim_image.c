@@ -203,6 +203,7 @@ CUresult sim_image_load(const void *image, int dev_sm, struct sim_image *out)
     }
     if (is_ptx(b)) {
         out->any_name = true;
+        sim_jit_cache_note((const char *)b);
         return CUDA_SUCCESS;
     }
     return CUDA_ERROR_INVALID_IMAGE;

@@ -293,6 +293,8 @@ CUresult sim_fatbin_parse(const unsigned char *buf, size_t len, int dev_sm, stru
  * is taken from its own headers (the API passes no length). */
 CUresult sim_image_load(const void *image, int dev_sm, struct sim_image *out);
 void sim_image_free(struct sim_image *img);
+/* A PTX text being loaded: recorded in the stand-in JIT cache (sim_jitcache.c). */
+void sim_jit_cache_note(const char *ptx);
 
 /* ---- ZSTD-compressed code (sim_zstd.c) --------------------------------------------------- */
 /* true when the system's libzstd.so.1 could be loaded (checked once). */
