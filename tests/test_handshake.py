@@ -59,6 +59,10 @@ def test_an_older_minor_hello_without_the_appended_fields_reads_them_as_0() -> N
     assert isinstance(mine, Refusal) and mine.result == gp.GP_EPROTO
     back = parse_hello(full.encode())
     assert isinstance(back, gp.Hello) and back.connect_timeout_ms == 500
+    # A whole hello of this layout whose minor field says older (hand-made, a test's) reads as
+    # sent: nothing is appended to it (zeros appended first made it 'trailing', malformed).
+    whole = parse_hello(hello(minor=0, connect_timeout_ms=500).encode())
+    assert isinstance(whole, gp.Hello) and whole.connect_timeout_ms == 500
 
 
 def test_hello_with_the_old_single_device_field_is_malformed() -> None:

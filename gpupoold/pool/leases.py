@@ -973,7 +973,7 @@ class LeaseManager:
 def _keeps_gpu(hello_body: bytes) -> str | None:
     """Why a lease never detaches, from its client's hello (GP_HELLO_KEEP_GPU), or None."""
     try:
-        flags = gp.Hello.decode(gp.complete_hello(hello_body), allow_trailing=True).flags
+        flags = gp.decode_hello(hello_body, allow_trailing=True).flags
     except Exception:
         return None
     if flags & gp.GP_HELLO_KEEP_GPU:

@@ -68,7 +68,7 @@ def parse_first_frame(body: bytes, cls: Any, what: str, client: str) -> Any:
         # (docs/protocol.md, "Versioning"). From our own version, trailing bytes are malformed.
         # An older one ends before the fields appended since: they read as 0 ("not said").
         if cls is gp.Hello:
-            body = gp.complete_hello(body)
+            return gp.decode_hello(body, allow_trailing=minor > gp.MINOR)
         return cls.decode(body, allow_trailing=minor > gp.MINOR)
     except gp.ProtocolError as exc:
         return Refusal(gp.GP_EPROTO, f"malformed {what}: {exc}")

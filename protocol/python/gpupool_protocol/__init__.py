@@ -16,7 +16,7 @@ from gpupool_protocol.runtime import (
                                       encode_frame,
                                       parse_header,
 )
-from gpupool_protocol.skew import complete_hello
+from gpupool_protocol.skew import complete_hello, decode_hello
 
 __version__ = "1.5.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
 
@@ -34,6 +34,7 @@ __all__ = [
     "Reader",
     "Writer",
     "complete_hello",
+    "decode_hello",
     "encode_frame",
     "parse_header",
     "read_frame",

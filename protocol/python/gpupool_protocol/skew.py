@@ -11,11 +11,27 @@ from __future__ import annotations
 
 import struct
 
+from gpupool_protocol._generated import Hello
+from gpupool_protocol.runtime import ProtocolError
+
 _PREFIX = struct.Struct("<IHH")  # magic, major, minor: the same in every version
 # (the minor version that appended them, their encoding as zeros), oldest first
 _HELLO_APPENDED = (
     (5, struct.pack("<I", 0)),  # 1.5: u32 connect_timeout_ms
 )
+
+
+def decode_hello(body: bytes, *, allow_trailing: bool) -> Hello:
+    """The hello as sent; if the decoder finds it short, as completed by `complete_hello` (an
+    older client's). As sent first: a hello of this version whose minor field says older (a
+    test's, a hand-made one) is whole and must not grow zeros it would then call trailing."""
+    try:
+        return Hello.decode(body, allow_trailing=allow_trailing)
+    except ProtocolError:
+        completed = complete_hello(body)
+        if completed == body:
+            raise
+        return Hello.decode(completed, allow_trailing=allow_trailing)
 
 
 def complete_hello(body: bytes) -> bytes:
