@@ -209,7 +209,8 @@ static const struct {
     uint16_t since; /* the minor version that appended them */
     size_t bytes;   /* their size as zeros */
 } hello_appended[] = {
-    {5, 4}, /* 1.5: u32 connect_timeout_ms */
+    {5, 4},  /* 1.5: u32 connect_timeout_ms */
+    {6, 12}, /* 1.6: u32 gpus, u64 memory */
 };
 /* An older client's hello with those zeros appended. One hello per worker process, so one
  * static copy, which the decoded strings point into for the rest of the process. The flag makes

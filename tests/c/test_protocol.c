@@ -67,6 +67,8 @@ static void check_hello_layout(void)
     p = put(p, 0x200000000000ull, 8); /* va_base */
     p = put(p, 1ull << 40, 8);        /* va_size */
     p = put(p, 500, 4);               /* connect_timeout_ms (protocol 1.5) */
+    p = put(p, 4, 4);                 /* gpus (protocol 1.6) */
+    p = put(p, 8ull << 30, 8);        /* memory (protocol 1.6) */
     size_t n = (size_t)(p - body);
     gp_hello h;
     if (gp_hello_decode(body, n, &h) != 0) {
@@ -85,6 +87,8 @@ static void check_hello_layout(void)
         FAIL("hello window wrong");
     if (h.connect_timeout_ms != 500)
         FAIL("hello connect_timeout_ms decoded wrong");
+    if (h.gpus != 4 || h.memory != 8ull << 30)
+        FAIL("hello gpus/memory decoded wrong");
     if (gp_hello_size(&h) != n)
         FAIL("gp_hello_size %zu, hand-built %zu", gp_hello_size(&h), n);
     if (gp_hello_encode(mine, &h) != n || memcmp(mine, body, n) != 0)

@@ -18,6 +18,7 @@ _PREFIX = struct.Struct("<IHH")  # magic, major, minor: the same in every versio
 # (the minor version that appended them, their encoding as zeros), oldest first
 _HELLO_APPENDED = (
     (5, struct.pack("<I", 0)),  # 1.5: u32 connect_timeout_ms
+    (6, struct.pack("<IQ", 0, 0)),  # 1.6: u32 gpus, u64 memory
 )
 
 
