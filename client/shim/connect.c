@@ -9,8 +9,8 @@
  * with the shortest queue among those with a matching GPU. A server whose probe fails is skipped
  * with one warning line; one without a matching GPU is skipped (debug line). When a hello fails
  * the next candidate follows. A probe ends within probe_timeout whatever the server does (0: 2 s).
- * Servers of protocol 1.0 do not know info: when no server answered it and some said they speak
- * 1.0, those get a hello in list order, as without selection (debug line).
+ * Servers of protocol 1.0 do not know info: when none answered it and some speak 1.0, those get
+ * a hello in list order, as without selection (debug line).
  *
  * For the chosen server: reserve the VA window first (device pointers must never alias this
  * process's memory), connect with a timeout (connect_timeout, default 10 s; TCP_NODELAY;
@@ -381,17 +381,18 @@ static int say_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         }
         gp_hello_reply r;
         int drc = gp_hello_reply_decode(body, hd.len, &r);
-        if (drc != 0 && drc != GP_PROTO_ETRAILING) {
-            /* A 1.3 server's reply ends before redirect_fingerprint (protocol 1.4): read it as
-             * that field empty. */
-            uint8_t *padded = realloc(body, (size_t)hd.len + 4);
-            if (padded) {
-                body = padded;
-                memset(body + hd.len, 0, 4);
-                if (gp_hello_reply_decode(body, hd.len + 4, &r) == 0 && r.major == GP_PROTO_MAJOR &&
-                    r.minor < 4)
-                    drc = 0;
-            }
+        /* An older server's reply ends before fields appended later, read as 0 {minor below,
+         * bytes}: 1.3 before redirect_fingerprint (1.4) and 1.6's, 1.5 before 1.6's 12. */
+        static const struct { uint16_t below, pad; } older[] = {{4, 16}, {6, 12}};
+        for (size_t i = 0; i < 2 && drc != 0 && drc != GP_PROTO_ETRAILING; i++) {
+            uint8_t *padded = realloc(body, (size_t)hd.len + older[i].pad);
+            if (!padded)
+                break;
+            body = padded;
+            memset(body + hd.len, 0, older[i].pad);
+            if (gp_hello_reply_decode(body, hd.len + older[i].pad, &r) == 0 &&
+                r.major == GP_PROTO_MAJOR && r.minor < older[i].below)
+                drc = 0;
         }
         /* A newer server appends fields to its reply: the ones we know are enough. */
         int decoded = drc == 0 || (drc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR &&
