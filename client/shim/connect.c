@@ -383,15 +383,15 @@ static int say_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         int drc = gp_hello_reply_decode(body, hd.len, &r);
         /* An older server's reply ends before fields appended later, read as 0 {minor below,
          * bytes}: 1.3 before redirect_fingerprint (1.4) and 1.6's, 1.5 before 1.6's 12. */
-        static const struct { uint16_t below, pad; } older[] = {{4, 16}, {6, 12}};
+        static const uint16_t below[] = {4, 6}, pad[] = {16, 12};
         for (size_t i = 0; i < 2 && drc != 0 && drc != GP_PROTO_ETRAILING; i++) {
-            uint8_t *padded = realloc(body, (size_t)hd.len + older[i].pad);
+            uint8_t *padded = realloc(body, (size_t)hd.len + pad[i]);
             if (!padded)
                 break;
             body = padded;
-            memset(body + hd.len, 0, older[i].pad);
-            if (gp_hello_reply_decode(body, hd.len + older[i].pad, &r) == 0 &&
-                r.major == GP_PROTO_MAJOR && r.minor < older[i].below)
+            memset(body + hd.len, 0, pad[i]);
+            if (gp_hello_reply_decode(body, hd.len + pad[i], &r) == 0 &&
+                r.major == GP_PROTO_MAJOR && r.minor < below[i])
                 drc = 0;
         }
         /* A newer server appends fields to its reply: the ones we know are enough. */
