@@ -338,7 +338,9 @@ def build_client() -> Path:
                      "bench/pool_day_client.cu; set NVCC to its path")
         out.parent.mkdir(parents=True, exist_ok=True)
         log(f"nvcc {deps[0].relative_to(ROOT)}")
-        subprocess.run([nvcc, "-O2", "-arch=sm_90", "-o", str(out), str(deps[0])], check=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # renamed: never run half-written
+        subprocess.run([nvcc, "-O2", "-arch=sm_90", "-o", str(tmp), str(deps[0])], check=True)
+        tmp.replace(out)
     for part in (BUILD / "gpupool-worker", BUILD / "libgpupool-sim.so",
                  BUILD / "client" / "libcuda.so.1"):
         if not part.exists():

@@ -89,8 +89,10 @@ def build(out: Path, make: bool, native: Path = ROOT / "build") -> tuple[Path, P
     if needs_build(tcp, src):
         log(f"cc {src.relative_to(ROOT)}")
         cc = os.environ.get("CC", "cc")
-        subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-o", str(tcp), str(src)],
+        tmp = tcp.with_name(f".{tcp.name}.{os.getpid()}.tmp")  # renamed: never run half-written
+        subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-o", str(tmp), str(src)],
                        check=True)
+        tmp.replace(tcp)
     client = out / "bench_client"
     csrc = BENCH / "bench_client.cu"
     deps = (csrc, ROOT / "tests/cuda/gp_check.cuh", ROOT / "tests/sim/gp_test_kernels.cuh")
@@ -99,7 +101,9 @@ def build(out: Path, make: bool, native: Path = ROOT / "build") -> tuple[Path, P
         if nvcc is None:
             sys.exit("remoting_bench: nvcc not found (CUDA toolkit needed to build bench_client)")
         log(f"nvcc {csrc.relative_to(ROOT)}")
-        subprocess.run([nvcc, "-O2", "-arch=sm_90", "-o", str(client), str(csrc)], check=True)
+        tmp = client.with_name(f".{client.name}.{os.getpid()}.tmp")
+        subprocess.run([nvcc, "-O2", "-arch=sm_90", "-o", str(tmp), str(csrc)], check=True)
+        tmp.replace(client)
     return tcp, client
 
 

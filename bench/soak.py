@@ -59,9 +59,13 @@ def build_clients() -> tuple[Path, Path | None]:
     out.mkdir(parents=True, exist_ok=True)
     cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     hold = out / "hold_gpu"
+    # Built under a temporary name and renamed: another run (a parallel test) may be running
+    # the previous one, and must never start a half-written program.
+    tmp = hold.with_name(f".hold_gpu.{os.getpid()}.tmp")
     subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-O2", f"-I{cuda / 'include'}", "-o",
-                    str(hold), str(ROOT / "tests" / "clients" / "hold_gpu.c"),
+                    str(tmp), str(ROOT / "tests" / "clients" / "hold_gpu.c"),
                     str(BUILD / "client" / "libcuda.so.1")], check=True)
+    tmp.replace(hold)
     nvcc = cuda / "bin" / "nvcc"
     longrun = out / "longrun"
     src = ROOT / "tests" / "cuda" / "longrun.cu"
@@ -69,8 +73,10 @@ def build_clients() -> tuple[Path, Path | None]:
         log("nvcc not found: no launch clients")
         return hold, None
     if not longrun.exists() or longrun.stat().st_mtime < src.stat().st_mtime:
-        subprocess.run([str(nvcc), "-arch=sm_90", "-O2", "-cudart", "shared", "-o", str(longrun),
+        tmp = longrun.with_name(f".longrun.{os.getpid()}.tmp")
+        subprocess.run([str(nvcc), "-arch=sm_90", "-O2", "-cudart", "shared", "-o", str(tmp),
                         str(src)], check=True, capture_output=True)
+        tmp.replace(longrun)
     return hold, longrun
 
 

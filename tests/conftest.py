@@ -37,6 +37,8 @@ Helpers (import them: `from conftest import require, run_client`)
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -386,14 +388,27 @@ def clients() -> Iterator[list[subprocess.Popen[str]]]:
         p.communicate()
 
 
+@contextlib.contextmanager
+def build_lock(out: Path) -> Iterator[None]:
+    """Held while `out` is checked and built. The test processes of a parallel run
+    (pytest-xdist, scripts/test.sh) share the build directory: one must not run a program
+    another is still writing, nor build it a second time. A lock file beside it (under build/)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def native_build() -> Path:
-    """Build the native code once per session (make -j2); the build directory."""
+    """Build the native code once per session (make -j2); the build directory. One make at a
+    time across the processes of a parallel run (build_lock)."""
     build = BUILD_DIR.relative_to(REPO) if BUILD_DIR.is_relative_to(REPO) else BUILD_DIR
     cmd = ["make", "-C", str(REPO), "-j2", f"BUILD={build}"]
     if SAN or BUILD_DIR.name == "build-asan":
         cmd.append("SAN=1")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with build_lock(BUILD_DIR / "make"):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.fail(f"native build failed: {' '.join(cmd)}\n{proc.stdout[-6000:]}\n"
                     f"{proc.stderr[-6000:]}", pytrace=False)

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require, run_client
+from conftest import REPO, build_lock, require, run_client
 
 CUDA_DIR = REPO / "tests" / "cuda"
 KERNELS_HEADER = REPO / "tests" / "sim" / "gp_test_kernels.cuh"
@@ -58,16 +58,16 @@ class CudaPrograms:
         src = CUDA_DIR / f"{name}.cu"
         out = self.out_dir / mode / name
         deps = [src, CUDA_DIR / "gp_check.cuh", KERNELS_HEADER]
-        if out.exists() and all(d.stat().st_mtime <= out.stat().st_mtime for d in deps):
+        with build_lock(out):  # built once for every process of a parallel run
+            if out.exists() and all(d.stat().st_mtime <= out.stat().st_mtime for d in deps):
+                return out
+            tmp = out.with_name(f".{name}.{os.getpid()}.tmp")
+            cmd = [self.nvcc, f"-arch={ARCH}", "-O2", "-cudart", mode, "-o", str(tmp), str(src)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+            tmp.replace(out)
             return out
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{name}.{os.getpid()}.tmp")
-        cmd = [self.nvcc, f"-arch={ARCH}", "-O2", "-cudart", mode, "-o", str(tmp), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
-        tmp.replace(out)
-        return out
 
     def path(self, name: str, mode: str) -> Path:
         try:

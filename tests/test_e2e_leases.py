@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ApiError, GpupoolServer, run_client, wait_until
+from conftest import REPO, ApiError, GpupoolServer, build_lock, run_client, wait_until
 
 from gpupoold.gpu.sim import sim_memory_file
 
@@ -30,14 +30,16 @@ def hold_gpu(native_build: Path) -> Path:
     """tests/clients/hold_gpu.c linked against the shim of native_build."""
     out = native_build / "test-clients" / "hold_gpu"
     shim = native_build / "client" / "libcuda.so.1"
-    if not out.exists() or out.stat().st_mtime < max(CLIENT_SRC.stat().st_mtime,
-                                                      shim.stat().st_mtime):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [os.environ.get("CC", "cc"), "-std=c11", "-O2", "-Wall", "-Werror",
-               f"-I{CUDA_INCLUDE}", "-o", str(out), str(CLIENT_SRC), str(shim)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)}\n{proc.stderr}", pytrace=False)
+    with build_lock(out):  # one build for every process of a parallel run
+        if not out.exists() or out.stat().st_mtime < max(CLIENT_SRC.stat().st_mtime,
+                                                          shim.stat().st_mtime):
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            cmd = [os.environ.get("CC", "cc"), "-std=c11", "-O2", "-Wall", "-Werror",
+                   f"-I{CUDA_INCLUDE}", "-o", str(tmp), str(CLIENT_SRC), str(shim)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                pytest.fail(f"{' '.join(cmd)}\n{proc.stderr}", pytrace=False)
+            tmp.replace(out)
     return out
 
 

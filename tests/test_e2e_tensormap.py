@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require, run_client
+from conftest import REPO, build_lock, require, run_client
 
 SOURCE = REPO / "tests" / "cuda" / "tensormap.c"
 CUDA_INCLUDE = Path(os.environ.get("GPUPOOL_CUDA_INCLUDE", "/usr/local/cuda/include"))
@@ -26,15 +26,17 @@ CC = os.environ.get("CC", "cc")
 def tensormap_program(native_build: Path) -> Path:
     require((CUDA_INCLUDE / "cuda.h").is_file(), f"no cuda.h in {CUDA_INCLUDE} (GPUPOOL_CUDA_INCLUDE)")
     out = native_build / "cuda-tests" / "tensormap"
-    if out.exists() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+    with build_lock(out):  # one build for every process of a parallel run
+        if out.exists() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+            return out
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        proc = subprocess.run(
+            [CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(CUDA_INCLUDE), "-o", str(tmp), str(SOURCE),
+             "-L", str(native_build / "client"), "-lcuda", "-ldl"],
+            capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        tmp.replace(out)
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(CUDA_INCLUDE), "-o", str(out), str(SOURCE),
-         "-L", str(native_build / "client"), "-lcuda", "-ldl"],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
 
 
 @pytest.mark.san
