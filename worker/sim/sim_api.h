@@ -35,6 +35,11 @@ SIM_API CUresult gpupoolSimHostPointer(CUdeviceptr dptr, size_t size, void **hos
  * NULL past the last key or for another field. */
 SIM_API const char *gpupoolSimConfigKey(int key, int field);
 
+/* Extra, not a driver function: nanoseconds the calling thread has waited so far, in all, for its
+ * kernels' turns on a GPU shared with other processes (key shared_dir, sim_shared.c); 0 without
+ * it. A caller timing a launch subtracts the growth of this to get the time its kernel ran. */
+SIM_API uint64_t gpupoolSimTurnWaitNs(void);
+
 /* ---- initialisation, errors, devices ----------------------------------------------------- */
 SIM_API CUresult cuInit(unsigned int Flags);
 SIM_API CUresult cuDriverGetVersion(int *driverVersion);

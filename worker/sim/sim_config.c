@@ -19,6 +19,7 @@
 
 #include "sim_api.h"
 #include "sim_internal.h"
+#include "sim_shared.h"
 
 extern char **environ;
 
@@ -369,6 +370,19 @@ static const char *set_memory_file(struct sim_config *cfg, const char *key, cons
     return NULL;
 }
 
+static const char *set_shared_dir(struct sim_config *cfg, const char *key, const char *val,
+                                  bool *unknown)
+{
+    (void)key, (void)unknown;
+    size_t n = strlen(val);
+    if (n >= sizeof(cfg->shared_dir) - 64) /* room for gpu-<UUID>.state in it */
+        return "path too long";
+    if (n > 0 && val[0] != '/')
+        return "expected an absolute path (the worker and the scrub run in other directories)";
+    memcpy(cfg->shared_dir, val, n + 1);
+    return NULL;
+}
+
 /* A PCI address as cuDeviceGetPCIBusId and nvidia-smi write it, DOMAIN:BUS:DEVICE.FUNCTION in
  * hexadecimal (domain up to 0xffff, written with 4 or 8 digits), into the peer. A GPU is
  * function 0, the only one the sim reports. NULL when fine, else why not. */
@@ -525,6 +539,12 @@ static const struct sim_key sim_keys[] = {
             "absolute path of a file holding all device memory, so that it outlives the process "
             "(see \"Device memory that outlives the process\"); created (mode 0600) if missing; "
             "empty: none"),
+    OWN_KEY("shared_dir", set_shared_dir, "(none)",
+            "absolute path of a directory (which must exist) where every process simulating the "
+            "same GPU (same UUID) shares it, as the processes of several tenants share a real GPU "
+            "(see \"A GPU shared by several processes\"): one allocator for the GPU's memory, "
+            "kernels in turns; the memory file defaults to `gpu-<UUID>.mem` in it; empty: each "
+            "process has its GPUs to itself"),
     OWN_KEY("peer", set_peer, "(none)",
             "`UUID PCI MEMORY_FILE`: another simulated GPU of the same pool (its UUID as 32 "
             "hex digits; its PCI address `DOMAIN:BUS:DEVICE.0` in hexadecimal, e.g. "
@@ -762,5 +782,10 @@ CUresult sim_config_load(struct sim_config *cfg)
         rc = check_config(cfg);
     if (rc == CUDA_SUCCESS)
         rc = apply_count_mode(cfg);
+    const char *why = rc == CUDA_SUCCESS ? sim_shared_config(cfg) : NULL;
+    if (why) {
+        sim_init_fail("config: %s", why);
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
     return rc;
 }

@@ -13,6 +13,7 @@
 
 #include "sim_api.h"
 #include "sim_internal.h"
+#include "sim_shared.h"
 
 struct sim_graph {
     uint64_t handle, ctx; /* handle: 0 while being captured */
@@ -120,7 +121,9 @@ static CUresult replay_op(struct sim_ctx *c, const struct sim_op *op)
             sim_detail("graph replay: the kernel of a kernel node was unloaded");
             return CUDA_ERROR_INVALID_HANDLE;
         }
+        sim_shared_turn_begin(sim_phys_dev(c->dev)); /* a shared GPU: one process's kernel */
         CUresult rc = f->def->fn(op->params, &op->dims);
+        sim_shared_turn_end(sim_phys_dev(c->dev));
         if (rc == CUDA_ERROR_ILLEGAL_ADDRESS)
             c->sticky = rc;
         return rc;

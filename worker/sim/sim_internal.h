@@ -78,6 +78,9 @@ struct sim_config {
     uint64_t va_base;     /* where cuMemAddressReserve(addr = 0) looks first */
     int device_count;
     char memory_file[SIM_PATH_MAX]; /* "" : device memory is anonymous host memory */
+    /* "" : each process has its GPUs to itself; else the folder of the state every process of a
+     * GPU shares (sim_shared.c: one allocator, kernels in turns) */
+    char shared_dir[SIM_PATH_MAX];
     /* Physical GPUs device_count .. device_count + peer_count - 1 (sim_phys_dev may name one). */
     struct sim_peer *peers; /* malloc'd, peer_cap entries; never freed (read once per process) */
     int peer_count, peer_cap;

@@ -19,6 +19,7 @@
 
 #include "sim_api.h"
 #include "sim_internal.h"
+#include "sim_shared.h"
 
 #define MAX_EXTRA_ITEMS 64 /* an `extra` list longer than this is garbage */
 
@@ -150,7 +151,9 @@ static CUresult launch(CUfunction fh, const struct launch *l)
     } else if (rc == CUDA_SUCCESS) {
         struct sim_dims d = {{l->grid[0], l->grid[1], l->grid[2]},
                              {l->block[0], l->block[1], l->block[2]}};
+        sim_shared_turn_begin(sim_phys_dev(c->dev)); /* a shared GPU: one process's kernel */
         rc = f->def->fn(buf, &d);
+        sim_shared_turn_end(sim_phys_dev(c->dev));
         /* A faulting kernel leaves the context unusable, as on the device: every later call
          * returns the error until the context is destroyed or reset. */
         if (rc == CUDA_ERROR_ILLEGAL_ADDRESS)

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "sim_internal.h"
+#include "sim_shared.h"
 
 #define PAGE 4096ull
 
@@ -140,6 +141,13 @@ CUresult sim_memfile_alloc(int dev, uint64_t len, uint64_t *off)
     struct dev_ranges *d = &used[dev];
     if (len == 0 || len % PAGE != 0 || len > usable)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    if (sim_shared_enabled()) { /* one allocator for every process of the GPU (sim_shared.c) */
+        uint64_t rel = 0;
+        CUresult rc = sim_shared_alloc(dev, len, &rel);
+        if (rc == CUDA_SUCCESS)
+            *off = stride * (uint64_t)dev + rel;
+        return rc;
+    }
     if (d->n == d->cap) {
         size_t ncap = d->cap ? d->cap * 2 : 64;
         struct range *nr = realloc(d->r, ncap * sizeof(*nr));
@@ -173,6 +181,10 @@ void sim_memfile_free(int dev, uint64_t off)
     if (part >= SIM_MAX_GPUS) {
         fprintf(stderr, "gpupool-sim: memory file offset %llu is past the devices' parts\n",
                 (unsigned long long)off);
+        return;
+    }
+    if (sim_shared_enabled()) {
+        sim_shared_free((int)part, off - part * stride);
         return;
     }
     struct dev_ranges *d = &used[part];

@@ -22,6 +22,7 @@
 
 #include "sim_api.h"
 #include "sim_internal.h"
+#include "sim_shared.h"
 
 #define PAGE 4096ull
 #define HEAP_STRIDE_ALIGN (2ull * 1024 * 1024)
@@ -190,7 +191,8 @@ CUresult sim_memory_init(void)
                       p == MAP_FAILED ? strerror(err) : "address taken");
         return CUDA_ERROR_OPERATING_SYSTEM;
     }
-    return sim_memfile_init();
+    CUresult rc = sim_memfile_init();
+    return rc == CUDA_SUCCESS ? sim_shared_init() : rc;
 }
 
 CUresult sim_heap_alloc(int dev, uint64_t owner, uint64_t size, unsigned flags, uint64_t *out)
@@ -315,8 +317,11 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
         return rc;
     if (!free_bytes && !total)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    /* A shared GPU's free memory is what all its processes together leave (sim_shared.c). */
+    uint64_t used =
+        sim_shared_enabled() ? sim_shared_used(sim_phys_dev(c->dev)) : used_bytes[c->dev];
     if (free_bytes)
-        *free_bytes = (size_t)(sim_cfg.total_memory - used_bytes[c->dev]);
+        *free_bytes = (size_t)(used < sim_cfg.total_memory ? sim_cfg.total_memory - used : 0);
     if (total)
         *total = (size_t)sim_cfg.total_memory;
     return sim_leave(CUDA_SUCCESS);

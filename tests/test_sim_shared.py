@@ -1,0 +1,59 @@
+"""A simulated GPU shared by several processes (worker/sim/sim_shared.c, key shared_dir).
+
+The C tests (tests/sim/test_sim_shared.c, marked `san` like the other sim tests) run tenant
+processes side by side on one simulated GPU: memory shared up to the GPU's size, leftovers of a
+freed or dead tenant visible to the next (the precondition of issue 32's isolation test), a dead
+tenant's memory taken back, kernels in turns, and the default mode unchanged. Here also the scrub
+on a shared GPU: it takes back and clears what a dead tenant left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_scrub import scrub
+from test_sim_device import SIZES, memtool
+
+MIB = 1 << 20
+
+
+@pytest.mark.san
+def test_c_suite(native_build):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_SIM_", "GP_SIM_TEST_"))}
+    proc = subprocess.run(
+        [str(native_build / "tests" / "test_sim_shared")], capture_output=True, text=True, env=env, timeout=300
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"test_sim_shared ({native_build.name}) failed:\n{output[-8000:]}"
+    assert len(re.findall(r"^PASS ", proc.stdout, re.M)) == 7, output
+
+
+def shared_env(shared: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_SIM_")}
+    env.update(GPUPOOL_SIM_TOTAL_MEMORY="256MiB", GPUPOOL_SIM_SHARED_DIR=str(shared))
+    return env
+
+
+@pytest.mark.san
+def test_scrub_takes_back_and_clears_a_dead_tenants_memory(native_build, tmp_path):
+    env = shared_env(tmp_path)
+    memtool(native_build, env, "fill", 7, *SIZES)  # exits holding its memory, as a crash would
+    left = memtool(native_build, env, "check", 7, *SIZES)
+    assert [a["pattern"] for a in left["allocations"]] == SIZES  # something to wipe
+    # The memory file is in the shared directory (no memory_file given), one per GPU (UUID).
+    assert len(list(tmp_path.glob("gpu-*.mem"))) == 1 and len(list(tmp_path.glob("gpu-*.state"))) == 1
+
+    code, result, stderr = scrub(
+        native_build, "--driver", native_build / "libgpupool-sim.so", "--device", 0, "--simulated", env=env
+    )
+    assert code == 0, stderr
+    assert result["ok"] is True
+    assert result["free_before"] == result["total"] == 256 * MIB  # the dead tenants' memory came back
+    assert result["bytes"] == 256 * MIB
+
+    after = memtool(native_build, env, "check", 7, *SIZES)
+    assert [a["zero"] for a in after["allocations"]] == SIZES
