@@ -81,8 +81,9 @@ class FakeWorker:
         self.told.append(("attached", gpu.uuid, str(moved)))
 
     async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
-                     hello_req: int) -> None:
+                     hello_req: int, devices: Any = (), memory_quota: int = 0) -> None:
         self.session_id = session_id
+        self.devices, self.memory_quota = list(devices), memory_quota  # (issue 37)
 
     async def wait_started(self, timeout: float) -> bool:
         return self.start_ok

@@ -46,7 +46,15 @@ from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.pool.watchdog import Watchdog, stuck_reason
 from gpupoold.store.database import LeaseRecord, NewLease, Store
-from gpupoold.workers.supervisor import AdoptError, Worker, WorkerExit, WorkerStartError, WorkerStats, WorkerSupervisor
+from gpupoold.workers.supervisor import (
+    AdoptError,
+    Worker,
+    WorkerExit,
+    WorkerStartError,
+    WorkerStats,
+    WorkerSupervisor,
+    server_ordinal,
+)
 
 log = logging.getLogger("gpupoold.leases")
 
@@ -57,6 +65,9 @@ ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has 
 # Seconds start-up waits for the previous daemon's workers to answer their adoption before it
 # places their leases: an idle one (a detached lease's is parked) answers within milliseconds.
 ADOPT_PEEK = 2.0
+# Why a lease of several GPUs keeps them while idle: the checkpoint and restore of all its GPUs
+# as a pair is not built (docs/architecture.md, "Known limits").
+SEVERAL_GPUS_STAY = "a lease of several GPUs does not detach yet"
 
 
 class LeaseError(Exception):
@@ -235,7 +246,7 @@ class LeaseManager:
         # is not known).
         kept = [lease for lease in self.pool.active()
                 if lease.worker.adoptable and not lease.worker.exited.done()
-                and not lease.worker.reported_end and (
+                and not lease.worker.reported_end and not lease.other_slots and (
                     (lease.state == ATTACHED and lease.cycle is None and lease.slot is not None)
                     or (lease.state in (DETACHED, ATTACHING) and lease.slot is None
                         and not self._seated(lease)))]
@@ -496,15 +507,19 @@ class LeaseManager:
         """Scrub `slot` in a task of its own (the one that moves it on: the watchdog's view)."""
         self._own(slot, self._clean(slot, lease_ids), name)
 
-    def _grant(self, slot: Slot, w: Waiter) -> None:
-        """Give free `slot` to waiter `w` (who leaves the queue; its token's turn ends)."""
+    def _grant(self, slot: Slot, w: Waiter, others: list[Slot] | None = None) -> None:
+        """Give free `slot` to waiter `w` (who leaves the queue; its token's turn ends), and a
+        request of several GPUs the free `others` with it, in the same step."""
         self.queue.granted(w)
-        self.pool.grant(slot, w)
+        w.granted = [slot, *(others or [])]
+        for s in w.granted:
+            self.pool.grant(s, w)
         w.future.set_result(slot)
 
     def _claim(self, slot: Slot, w: Waiter) -> None:
         """Give `slot`, held for a redirected client (pool/fleet.py), to its waiter `w`."""
         self.queue.granted(w)
+        w.granted = [slot]
         self.pool.claim(slot, w)
         w.future.set_result(slot)
 
@@ -535,6 +550,25 @@ class LeaseManager:
         candidates = [s for s in self.slots if req.matches(s.gpu)]
         if not candidates:
             return req.refusal(gpus)
+        too_many = req.too_many(gpus)
+        if too_many is not None:
+            return too_many
+        limit = self.settings.max_gpus_per_token
+        if 0 < limit < req.gpus:
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server lends a "
+                    f"token at most {limit} (max_gpus_per_token); ask for at most {limit}, or "
+                    "ask the operator")
+        if req.gpus > 1 and self.fleet is not None:
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server is in a "
+                    "fleet, where a lease of several GPUs is not served yet; ask for 1 (unset "
+                    "GPUPOOL_GPUS), or use a server outside the fleet")
+        in_service_now = [s for s in candidates if in_service(s)]
+        if req.gpus > 1 and 0 < len(in_service_now) < req.gpus:
+            out = ", ".join(str(s.gpu.index) for s in candidates if not in_service(s))
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and only "
+                    f"{len(in_service_now)} of this server's {len(candidates)} that meet the "
+                    f"request are in service (GPU {out} drained or quarantined); try again "
+                    "later, ask for fewer, or use another server")
         if not any(in_service(s) for s in candidates):
             why = "; ".join(
                 f"GPU {s.gpu.index}: " + ("quarantined (" + str((s.quarantine or {}).get(
@@ -603,8 +637,8 @@ class LeaseManager:
                 f"{self.settings.queue_timeout:g} s (`gpupool status` shows the queue)")
 
     def _free_for(self, req: Requirements, token: str) -> bool:
-        return any(s.state == FREE and req.matches(s.gpu) for s in self.slots) and \
-            self.token_may_take(token)
+        free = sum(1 for s in self.slots if s.state == FREE and req.matches(s.gpu))
+        return free >= req.gpus and self.token_may_take(token, need=req.gpus)
 
     def position(self, w: Waiter) -> tuple[int, int]:
         """(place, clients waiting): in the fleet's queue once the waiter is in it."""
@@ -618,24 +652,27 @@ class LeaseManager:
         """The waiter's client left (or timed out): leave the queue, or give back its grant."""
         self.queue.leave(w)
         if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
-            slot: Slot = w.future.result()
-            if slot.reserved is w:
-                self._release_unused(slot)
+            first: Slot = w.future.result()
+            for slot in w.granted or [first]:
+                if slot.reserved is w:
+                    self._release_unused(slot)
         elif not w.future.done():
             w.future.cancel()
         self._dispatch()
 
-    def _under_limit(self, token: str, returning: int | None = None) -> bool:
-        """Whether `token` may take one more GPU here: what it holds (its detached leases
-        included, pool/state.py's `held`) is under `max_gpus_per_token`. A detached lease
-        coming back (`returning`) is not counted against itself: it takes its own place back."""
+    def _under_limit(self, token: str, returning: int | None = None, need: int = 1) -> bool:
+        """Whether `token` may take `need` more GPUs here: what it holds (its detached leases
+        included, pool/state.py's `held`) and them are within `max_gpus_per_token`. A detached
+        lease coming back (`returning`) is not counted against itself: it takes its own place
+        back."""
         limit = self.settings.max_gpus_per_token
-        return limit <= 0 or self.pool.held(token, but=returning) < limit
+        return limit <= 0 or self.pool.held(token, but=returning) + need <= limit
 
-    def token_may_take(self, token: str, returning: int | None = None) -> bool:
-        """Whether `token`'s max_gpus_per_token lets it take one more GPU now: on this server,
-        and in a fleet also as the fleet counts (the other servers as of the last sync)."""
-        if not self._under_limit(token, returning):
+    def token_may_take(self, token: str, returning: int | None = None, need: int = 1) -> bool:
+        """Whether `token`'s max_gpus_per_token lets it take `need` more GPUs now (one, but a
+        request of several): on this server, and in a fleet also as the fleet counts (the other
+        servers as of the last sync)."""
+        if not self._under_limit(token, returning, need):
             return False
         return self.fleet is None or self.fleet.under_limit(token, returning)
 
@@ -643,7 +680,7 @@ class LeaseManager:
         """Whether waiter `w`'s token limit lets it take a GPU now. A waiter it holds back is
         skipped by the grants and makes no idle lease detach (pool/detach.py): a GPU given
         back for it would not be its."""
-        return self.token_may_take(w.token, w.returning)
+        return self.token_may_take(w.token, w.returning, w.req.gpus)
 
     def _dispatch(self) -> None:
         """Grant free GPUs to the first waiters that may take them (in a fleet: ask the fleet
@@ -653,13 +690,30 @@ class LeaseManager:
         if self.fleet is not None:
             self.fleet.kick()
             return
-        for slot in self.slots:
-            if slot.state != FREE:
+        while self._grant_next():
+            pass
+
+    def _grant_next(self) -> bool:
+        """One grant: to the first waiter in turn that may take GPUs and finds as many free as
+        it asks for (the first free ones it accepts, in GPU order). All or nothing, head of
+        line: a waiter for several GPUs that finds fewer free takes none, and the free ones it
+        would take are held back from the waiters behind it (they stay free), so that the GPUs
+        freed one by one gather for it rather than go to later, smaller requests: it waits only
+        for the leases before it, never forever. A waiter for one GPU that finds none it
+        accepts blocks nobody (as before). False when nobody could be served."""
+        free = [s for s in self.slots if s.state == FREE]
+        for w in self.queue.in_turn():
+            if not free:
+                return False
+            if not self.may_take(w):
                 continue
-            w = self.queue.first(lambda w, g=slot.gpu: w.accepts(g) and self.may_take(w))
-            if w is None:
-                continue
-            self._grant(slot, w)
+            takes = [s for s in free if w.accepts(s.gpu)]
+            if len(takes) >= w.req.gpus:
+                self._grant(takes[0], w, takes[1:w.req.gpus])
+                return True
+            if w.req.gpus > 1:
+                free = [s for s in free if s not in takes]  # held back for it
+        return False
 
     def _release_unused(self, slot: Slot) -> None:
         """A granted GPU nobody used (the client left before its lease started)."""
@@ -672,13 +726,21 @@ class LeaseManager:
                     client_fd: int,
                     before_handover: Callable[[], Awaitable[None]] | None = None) -> Lease:
         """Start the lease of a granted waiter: hand the client to the slot's worker
-        (`before_handover` is awaited just before: after it the socket is the worker's)."""
-        if slot.reserved is not w:
-            self.pool.reserve(slot, w)
+        (`before_handover` is awaited just before: after it the socket is the worker's). A lease
+        of several GPUs (`w.granted`): the first one's worker serves them all (told their
+        ordinals, worker_session.devices); the other GPUs' idle workers end, as they hold a
+        context there (pre-started again after the lease's scrub)."""
+        others = [s for s in w.granted if s is not slot]
+        for s in (slot, *others):
+            if s.reserved is not w:
+                self.pool.reserve(s, w)
+        for s in others:
+            await self._end_idle(s)
         try:
             worker = await self._take_worker(slot)
         except WorkerStartError as exc:
-            self._release_unused(slot)
+            for s in (slot, *others):
+                self._release_unused(s)
             raise LeaseStartError(f"the server could not start a worker for GPU "
                                   f"{slot.gpu.index}: {exc}") from None
         try:
@@ -690,17 +752,23 @@ class LeaseManager:
                 started=time.time()))
         except Exception:
             worker.kill()
-            self._release_unused(slot)
+            for s in (slot, *others):
+                self._release_unused(s)
             raise
+        keep = _keeps_gpu(hello_body) if not others else SEVERAL_GPUS_STAY
         lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
-                      worker=worker, queued_s=w.waited(), keep_gpu=_keeps_gpu(hello_body))
+                      worker=worker, queued_s=w.waited(), keep_gpu=keep)
         self.counters.inc("leases_started")
-        self.pool.start(slot, lease)
+        self.pool.start(slot, lease, others)
         lease.watcher = self._own(slot, self._watch(lease), f"lease-{lease.id}")
+        for s in others:  # the same watcher moves them on (the watchdog's view)
+            s.task = lease.watcher
+        devices = [server_ordinal(s.gpu) for s in (slot, *others)] if others else []
         try:
             if before_handover is not None:
                 await before_handover()
-            await worker.assign(lease.id, client_fd, hello_body, hello_req)
+            await worker.assign(lease.id, client_fd, hello_body, hello_req, devices=devices,
+                                memory_quota=w.req.quota(slot.gpu))
         except WorkerStartError as exc:
             lease.end_override = ("worker crashed", f"before the lease started: {exc}")
             worker.kill()
@@ -768,7 +836,19 @@ class LeaseManager:
             # max_gpus_per_token is free now: a waiter of that token may take a GPU.
             self._dispatch()
             return
-        await self._clean(slot, [lease.id])
+        if not lease.other_slots:
+            await self._clean(slot, [lease.id])
+            return
+        # A lease of several GPUs: its GPUs scrubbed side by side (one the watchdog quarantined
+        # meanwhile stays so), each freed or quarantined alone.
+        ended = [s for s in lease.slots() if s.state == LEASED and s.lease is None
+                 and s.reserved is None]
+        for s in ended:
+            s.task = asyncio.current_task()
+        if ended:
+            await self._clean_together(ended, lease.id)
+        else:
+            self._dispatch()
 
     def _end_reason(self, lease: Lease, ex: WorkerExit) -> tuple[str, str]:
         """(reason, detail) of a lease's end: ours when we ended it, else its worker's."""
@@ -809,6 +889,28 @@ class LeaseManager:
                 log.exception("lease %d: recording its scrub failed", lease_id)
         self._after_clean(slot, result)
 
+    async def _clean_together(self, slots: list[Slot], lease_id: int) -> None:
+        """Scrub the GPUs of an ended lease of several GPUs side by side: as `_clean` does for
+        one, with the lease's record given the result of the first GPU or of one that failed."""
+        for slot in slots:
+            self.pool.scrub(slot)
+
+        async def scrub(slot: Slot) -> CleanResult:
+            try:
+                return await self.cleaner.clean(slot.gpu)
+            except Exception as exc:
+                log.exception("GPU %d: the scrub failed", slot.gpu.index)
+                return CleanResult(ok=False, problems=[f"internal error while cleaning: {exc}"])
+
+        results = await asyncio.gather(*(scrub(s) for s in slots))
+        kept = next((r for r in results if not r.ok), results[0])
+        try:
+            await self.store.lease_scrubbed(lease_id, kept.ok, kept.to_json())
+        except Exception:
+            log.exception("lease %d: recording its scrub failed", lease_id)
+        for slot, result in zip(slots, results, strict=True):
+            self._after_clean(slot, result)
+
     def _after_clean(self, slot: Slot, result: CleanResult) -> None:
         # The GPU's new state first: nothing below (logs, metrics) may leave it scrubbing.
         self.pool.scrubbed(slot, result)
@@ -842,6 +944,8 @@ class LeaseManager:
             log.error("watchdog: GPU %d: %s; watching lease %d again", slot.gpu.index, why,
                       lease.id, extra=journal_fields(lease.id, slot.gpu.index))
             lease.watcher = self._own(slot, self._watch(lease), f"lease-{lease.id}")
+            for s in lease.slots():  # one watcher for every GPU of a lease of several
+                s.task = lease.watcher
             return
         log.error("watchdog: GPU %d: %s; scrubbing it", slot.gpu.index, why,
                   extra=journal_fields(gpu=slot.gpu.index))
@@ -963,6 +1067,15 @@ class LeaseManager:
         self._spawn(self._end_worker(lease, f"the gpupool operator ended this GPU lease "
                                             f"({reason})"), f"end-{lease_id}")
         return lease
+
+    async def _end_idle(self, slot: Slot) -> None:
+        """End `slot`'s pre-started worker (once started, if it is starting): a lease of
+        several GPUs uses the GPU from its first GPU's worker, and an idle worker holds a
+        context there."""
+        if slot.prestart_task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(slot.prestart_task)
+        self._stop_idle(slot)
 
     def _stop_idle(self, slot: Slot) -> None:
         worker, slot.idle_worker = slot.idle_worker, None

@@ -1,8 +1,10 @@
-"""What a client asks of its GPU (from its hello): a specific GPU, a model, a minimum of memory.
+"""What a client asks of its GPUs (from its hello): a specific GPU, a model, a minimum of memory,
+how many GPUs (all or nothing, issue 37) and how much memory on them (issue 32).
 
 A requirement no GPU of this server can ever meet is refused at once, with the reason for each
-GPU, so the user can fix the variable (`GPUPOOL_GPU`, `GPUPOOL_GPU_MODEL`, `GPUPOOL_MIN_MEMORY`)
-or pick another server instead of waiting in a queue forever.
+GPU, so the user can fix the variable (`GPUPOOL_GPU`, `GPUPOOL_GPU_MODEL`, `GPUPOOL_MIN_MEMORY`,
+`GPUPOOL_GPUS`) or pick another server instead of waiting in a queue forever; so is a request
+for more GPUs than this server has that meet it.
 """
 
 from __future__ import annotations
@@ -37,12 +39,28 @@ class Requirements:
     gpu: str = ""  # an inventory index, or a UUID (prefix); "" = any
     model: str = ""  # a case-insensitive substring of the GPU name; "" = any
     min_memory: int = 0  # bytes of total device memory; 0 = any
+    # How many GPUs the process wants, all at once (hello.gpus; a hello of 0, or of a client
+    # before protocol 1.6, is 1). Each of them must meet the requirements above.
+    gpus: int = 1
+    # Bytes of device memory the process asks for on each GPU (hello.memory; 0 = a whole GPU).
+    # Not a requirement a GPU must meet: the worker's quota (`memory_quota`, capped at the GPU's
+    # total memory by the lease manager).
+    memory: int = 0
 
     @classmethod
     def from_hello(cls, hello: Any) -> Requirements:
         return cls(gpu=str(getattr(hello, "gpu", "")).strip(),
                    model=str(getattr(hello, "model", "")).strip(),
-                   min_memory=int(getattr(hello, "min_memory", 0)))
+                   min_memory=int(getattr(hello, "min_memory", 0)),
+                   gpus=max(1, int(getattr(hello, "gpus", 0) or 0)),
+                   memory=max(0, int(getattr(hello, "memory", 0) or 0)))
+
+    def quota(self, gpu: Gpu) -> int:
+        """The worker's memory_quota on `gpu`: the memory asked for, at most the GPU's total
+        (0: none, the whole GPU)."""
+        if self.memory <= 0:
+            return 0
+        return min(self.memory, gpu.memory_total) if gpu.memory_total > 0 else self.memory
 
     def why_not(self, gpu: Gpu) -> str | None:
         """None when `gpu` meets the requirements, else the reason in words."""
@@ -64,12 +82,16 @@ class Requirements:
 
     def describe(self) -> str:
         parts = []
+        if self.gpus > 1:
+            parts.append(f"{self.gpus} GPUs")
         if self.gpu:
             parts.append(f"GPU {self.gpu}")
         if self.model:
             parts.append(f"model {self.model!r}")
         if self.min_memory:
             parts.append(f"at least {format_bytes(self.min_memory)}")
+        if self.memory:
+            parts.append(f"{format_bytes(self.memory)} of memory")
         return ", ".join(parts) if parts else "any GPU"
 
     def refusal(self, gpus: Iterable[Gpu]) -> str:
@@ -78,3 +100,15 @@ class Requirements:
         return (f"no GPU on this server meets the request ({self.describe()}): {reasons}. "
                 "Change GPUPOOL_GPU / GPUPOOL_GPU_MODEL / GPUPOOL_MIN_MEMORY, or use another "
                 "server")
+
+    def too_many(self, gpus: Iterable[Gpu]) -> str | None:
+        """The refusal when fewer GPUs of this server meet the requirements than the process
+        asks for (GPUPOOL_GPUS): they would never all be free at once. None when enough do."""
+        gpus = list(gpus)
+        matching = sum(1 for g in gpus if self.matches(g))
+        if matching >= self.gpus:
+            return None
+        which = "" if matching == len(gpus) else f" that meet the request ({self.describe()})"
+        return (f"GPUPOOL_GPUS asked for {self.gpus} GPUs at once, and this server has "
+                f"{matching} GPU{'' if matching == 1 else 's'}{which}; ask for at most "
+                f"{matching} (GPUPOOL_GPUS / gpus =) or use a server with {self.gpus}")

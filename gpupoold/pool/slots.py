@@ -50,6 +50,19 @@ class Lease:
     detaches: int = 0
     detached_s: float = 0.0  # total time detached, the current detach not included
     saved_bytes: int = 0  # device memory held in host memory while detached
+    # A lease of several GPUs (GPUPOOL_GPUS, issue 37): its GPUs after `slot`, in the order its
+    # program sees them (`slot` is device 0, whose worker serves the client). Each of them holds
+    # the lease (`Slot.lease`) as `slot` does; such a lease never detaches (`keep_gpu`).
+    other_slots: list[Slot] = field(default_factory=list)
+
+    def slots(self) -> list[Slot]:
+        """Every GPU it is on, program order (none while detached)."""
+        return ([self.slot] if self.slot is not None else []) + self.other_slots
+
+    def gpu_indexes(self) -> list[int]:
+        """The indexes of every GPU it is on, program order; detached: the one it left."""
+        on = [s.gpu.index for s in self.slots()]
+        return on or [self.gpu_index()]
 
     def gpu_index(self) -> int:
         """The GPU it is on, or (detached) the one it left."""

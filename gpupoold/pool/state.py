@@ -31,6 +31,11 @@ was free or finished its scrub while draining:
     its lease and grant off and leaves its state; end (a lease's worker exited) leaves the GPU
     leased, with no lease, until its scrub
 
+    a lease of several GPUs (issue 37) takes every edge above on each of its GPUs: all of them
+    granted in one step (grant, once per GPU, never some while it waits for the rest), started
+    together (start, all or none), left together at its end (end: each leased, no lease, until
+    its own scrub); one quarantined by the watchdog leaves the lease alone, whose worker ends
+
 A lease (`Lease.state`), while its worker lives (end removes it from the active leases, in any
 state; the idle detach cycle is pool/detach.py):
 
@@ -46,7 +51,7 @@ state; the idle detach cycle is pool/detach.py):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from gpupoold.gpu.cleaner import CleanResult
 from gpupoold.gpu.inventory import Gpu
@@ -274,17 +279,23 @@ class PoolState:
         self.changed(slot)
 
     # ------------------------------------------------------------------------------- leases
-    def start(self, slot: Slot, lease: Lease) -> None:
-        """The granted waiter's lease begins on `slot`: active from now."""
-        self._check("start", slot)
-        self._require("start", slot, slot.lease is None, "a lease holds it already")
-        slot.reserved = None
-        slot.ended_at = None
-        slot.lease = lease
+    def start(self, slot: Slot, lease: Lease, others: Sequence[Slot] = ()) -> None:
+        """The granted waiter's lease begins on `slot` (and, a lease of several GPUs, on
+        `others` too, granted to it with `slot`): active from now. All or none: a refused edge
+        on any of them changes nothing."""
+        for s in (slot, *others):
+            self._check("start", s)
+            self._require("start", s, s.lease is None, "a lease holds it already")
+        for s in (slot, *others):
+            s.reserved = None
+            s.ended_at = None
+            s.lease = lease
         lease.slot = slot
+        lease.other_slots = list(others)
         self._leases[lease.id] = lease
         self.events.publish(LeaseGranted(lease.id, slot.gpu.index, lease.token, lease.queued_s))
-        self.changed(slot)
+        for s in (slot, *others):
+            self.changed(s)
 
     def end(self, lease: Lease, reason: str, stats: WorkerStats) -> None:
         """`lease`'s worker exited: no longer active, and its GPU (if it has one) no longer its
@@ -292,11 +303,14 @@ class PoolState:
         published, so a metrics scrape sees the lease live or ended, once."""
         self._leases.pop(lease.id, None)
         slot = lease.slot
-        if slot is not None and slot.lease is lease:
-            slot.lease = None
-            slot.ended_at = time.monotonic()
+        for s in lease.slots():  # every GPU of a lease of several (one quarantined is not its)
+            if s.lease is lease:
+                s.lease = None
+                s.ended_at = time.monotonic()
         self.events.publish(LeaseEnded(lease.id, lease.gpu_index(), lease.token, reason,
                                        time.time() - lease.started, stats))
+        for s in lease.other_slots:
+            self.changed(s)
         self.changed(slot)
 
     # ------------------------------------------------------------------------------- scrubs

@@ -124,6 +124,10 @@ def requirements_text(hello: gp.Hello) -> str:
         parts.append(f"model={model!r}")
     if min_memory:
         parts.append(f"min_memory={format_size(min_memory)}")
+    if hello.gpus > 1:
+        parts.append(f"gpus={hello.gpus}")
+    if hello.memory:
+        parts.append(f"memory={format_size(hello.memory)}")
     return " ".join(parts) if parts else "any GPU"
 
 

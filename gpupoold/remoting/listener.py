@@ -332,9 +332,10 @@ class RemotingListener:
         self._request("granted")
         took = time.monotonic() - accepted
         self.connect_times = (self.connect_times + [took])[-1000:]
-        log.info("lease %d: %s on GPU %d (%s) for token %r, %s; worker pid %d, %.1f ms from "
+        on = ", ".join(str(i) for i in lease.gpu_indexes())  # a lease of several: all of them
+        log.info("lease %d: %s on GPU %s (%s) for token %r, %s; worker pid %d, %.1f ms from "
                  "connect to the hello reply (%.1f ms queued)", lease.id, client.describe(),
-                 slot.gpu.index, slot.gpu.name, lease.token, requirements_text(hello),
+                 on, slot.gpu.name, lease.token, requirements_text(hello),
                  lease.worker.pid, took * 1000, lease.queued_s * 1000,
                  extra=journal_fields(lease.id, slot.gpu.index, client.describe()))
 

@@ -35,7 +35,7 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ CALL_CLASSES = ("launch", "copy", "alloc", "sync", "other")
 LATENCY_BUCKETS: tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                       0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
+MAX_DEVICES = 64  # GPUs of one lease: worker_session's array:i32:64 devices
 END_TEXT_LIMIT = 2047  # bytes of worker_end's text (the spec's string:2047)
 ADOPT_NOTICE_EVERY = 10.0  # seconds between log lines while a busy worker has not answered
 RETIRE_GRACE = 10.0  # seconds an unadoptable worker has to end after END, before SIGKILL
@@ -250,9 +251,14 @@ class Worker:
 
     # ------------------------------------------------------------------ the daemon's side
     async def assign(self, session_id: int, client_fd: int, hello_body: bytes,
-                     hello_req: int, tls: bool | None = None) -> None:
+                     hello_req: int, tls: bool | None = None, devices: Sequence[int] = (),
+                     memory_quota: int = 0) -> None:
         """Hand the client (its socket and hello) to this worker. The caller keeps its own copy
         of client_fd and closes it. WorkerStartError if the worker is gone or taken.
+
+        devices: the server ordinals of every GPU of the lease, program order (this worker's own
+        first); empty for a lease of this worker's GPU alone. memory_quota: the bytes the tenant
+        may hold on each GPU (0: no quota).
 
         tls: the client speaks TLS (the daemon closed its own TLS session on client_fd; the
         worker runs the next handshake). None: as the supervisor is set up (TLS when it was made
@@ -268,11 +274,17 @@ class Worker:
         if self.exited.done() or self._proc.ended:
             raise WorkerStartError(f"the worker for GPU {self.gpu.index} (pid {self.pid}) has "
                                    "exited")
-        if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64):
-            raise WorkerStartError("session id or hello request id out of range")
+        if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64
+                and 0 <= memory_quota < 1 << 64):
+            raise WorkerStartError("session id, hello request id or memory quota out of range")
+        if len(devices) > MAX_DEVICES or (devices and devices[0] != server_ordinal(self.gpu)):
+            raise WorkerStartError(f"a lease's devices must start with the worker's own GPU "
+                                   f"({server_ordinal(self.gpu)}), at most {MAX_DEVICES}: "
+                                   f"{list(devices)}")
         msg = control.encode(gp.WorkerSession(
             session_id=session_id, hello_req=hello_req,
-            flags=gp.GP_WORKER_SESSION_TLS if tls else 0, hello=hello_body))
+            flags=gp.GP_WORKER_SESSION_TLS if tls else 0, hello=hello_body,
+            devices=list(devices), memory_quota=memory_quota))
         self.session_id = session_id
         self._assigned = time.monotonic()
         try:
@@ -589,6 +601,14 @@ def _set_once(fut: asyncio.Future[None]) -> None:
 def _consume(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def server_ordinal(gpu: Gpu) -> int:
+    """How worker_session.devices names `gpu` to a worker: a real GPU by its device ordinal in
+    the driver (the NVML index, what --device says); a simulated one by its index on this
+    server, which is how its config names it among its peers (gpu/sim.py: every simulated GPU's
+    worker loads ordinal 0 of its own config)."""
+    return gpu.index if gpu.simulated else gpu.ordinal
 
 
 class WorkerSupervisor:

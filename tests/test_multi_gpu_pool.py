@@ -1,0 +1,178 @@
+"""A lease of several GPUs on one server (issue 37): requirements, the all-or-nothing grant and its
+head-of-line policy, the lease's GPUs from start to scrub (the lease manager with the fakes of
+tests/test_leases.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import gpupool_protocol as gp
+import pytest
+from test_leases import GIB, client, lease_on, make_gpu, mgr, settle  # noqa: F401
+
+from gpupoold.gpu.cleaner import CleanResult
+from gpupoold.pool.events import EventBus
+from gpupoold.pool.leases import LeaseManager
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.slots import FREE, LEASED, QUARANTINED, Lease
+from gpupoold.pool.state import PoolState, TransitionError
+from gpupoold.pool.waitqueue import Waiter
+
+FOUR = Requirements(gpus=4)
+
+
+def hello(**fields: Any) -> gp.Hello:
+    return gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, **fields)
+
+
+def test_requirements_from_the_hello() -> None:
+    assert Requirements.from_hello(hello()).gpus == 1  # a 1.5 client's hello reads gpus = 0
+    req = Requirements.from_hello(hello(gpus=4, memory=10 * GIB))
+    assert (req.gpus, req.memory) == (4, 10 * GIB)
+    assert req.describe() == "4 GPUs, 10 GiB of memory"
+    assert req.quota(make_gpu(0, memory=80 * GIB)) == 10 * GIB
+    assert Requirements(memory=100 * GIB).quota(make_gpu(0, memory=80 * GIB)) == 80 * GIB
+    assert Requirements().quota(make_gpu(0)) == 0
+    gpus = [make_gpu(0), make_gpu(1), make_gpu(2, name="Tesla T4")]
+    assert Requirements(gpus=2, model="H100").too_many(gpus) is None
+    why = Requirements(gpus=3, model="H100").too_many(gpus)
+    assert why is not None and "GPUPOOL_GPUS asked for 3" in why and "has 2 GPUs that meet" in why
+
+
+async def grant(m: LeaseManager, n: int, req: Requirements, token: str = "alice") -> Waiter:
+    return m.enqueue(req, token, client(n))
+
+
+async def test_four_gpus_granted_at_once_to_one_worker_told_their_ordinals(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(n_gpus=4)
+    idle = [s.idle_worker for s in m.slots]
+    assert all(w is not None for w in idle)
+    w = await grant(m, 1, Requirements(gpus=4, memory=200 * GIB))
+    first = await asyncio.wait_for(w.future, 1)
+    assert [s.gpu.index for s in w.granted] == [0, 1, 2, 3]
+    assert all(s.state == LEASED and s.reserved is w for s in m.slots)
+    lease = await m.begin(w, first, b"hello", 1, -1)
+    assert lease.worker is idle[0]
+    assert lease.worker.devices == [0, 1, 2, 3] and lease.worker.memory_quota == 80 * GIB
+    assert lease.gpu_indexes() == [0, 1, 2, 3]
+    assert all(s.lease is lease for s in m.slots)
+    # The other GPUs' idle workers ended (they hold a context there); the lease keeps its GPUs
+    assert all(w.exited.done() for w in idle[1:])
+    assert lease.keep_gpu == "a lease of several GPUs does not detach yet"
+    # its end: every GPU scrubbed, free again, each with a pre-started worker again
+    lease.worker.finish("client lost", "SIGKILL")
+    for _ in range(100):
+        await settle()
+        if all(s.state == FREE and s.idle_worker is not None for s in m.slots):
+            break
+    assert [s.state for s in m.slots] == [FREE] * 4
+    assert sorted(m.cleaner.cleaned[-4:]) == [0, 1, 2, 3]
+    assert m.store.ended[lease.id][0] == "client lost" and m.store.scrubbed[lease.id][0]
+    assert all(s.idle_worker is not None and not s.idle_worker.exited.done() for s in m.slots)
+
+
+async def test_a_one_gpu_lease_sends_no_device_list(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(n_gpus=2)
+    _, lease = await lease_on(m, 1)
+    assert lease.worker.devices == [] and lease.worker.memory_quota == 0
+    assert lease.gpu_indexes() == [lease.slot.gpu.index]
+
+
+async def test_a_big_request_waits_for_all_and_keeps_its_turn(mgr: Any) -> None:  # noqa: F811
+    """Head of line: a 4-GPU waiter takes none while fewer are free; the GPUs freed meanwhile
+    are not given to the 1-GPU client behind it, which is served after it, in order."""
+    m = await mgr(n_gpus=4)
+    _, first = await lease_on(m, 1, req=FOUR)
+    second = await grant(m, 2, FOUR)
+    small = await grant(m, 3, Requirements())  # the same token: served in arrival order
+    await settle()
+    assert not second.future.done() and not small.future.done()
+    assert m.queue.position(second) == 1 and m.queue.position(small) == 2
+    first.worker.finish("client exit")
+    for _ in range(100):
+        await settle()
+        if second.future.done():
+            break
+    assert second.future.done() and [s.gpu.index for s in second.granted] == [0, 1, 2, 3]
+    assert not small.future.done()  # all 4 went to the 4-GPU client ahead of it
+    big = await m.begin(second, second.future.result(), b"hello", 2, -1)
+    big.worker.finish("client exit")
+    slot = await asyncio.wait_for(small.future, 2)
+    assert slot.state == LEASED and slot.reserved is small
+
+
+async def test_freed_gpus_are_held_back_for_the_big_request_ahead(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(n_gpus=4)
+    _, a = await lease_on(m, 1)
+    _, b = await lease_on(m, 2)
+    big = await grant(m, 3, FOUR)
+    small = await grant(m, 4, Requirements())
+    await settle()
+    assert [s.state for s in m.slots].count(FREE) == 2  # free, yet held back for `big`
+    assert not big.future.done() and not small.future.done()
+    assert not any(s.reserved is big for s in m.slots)  # it holds nothing while it waits
+    a.worker.finish("client exit")
+    for _ in range(50):
+        await settle()
+    assert not big.future.done() and not small.future.done()
+    b.worker.finish("client exit")
+    await asyncio.wait_for(big.future, 2)
+    assert len(big.granted) == 4 and not small.future.done()
+
+
+async def test_more_gpus_than_the_server_has_are_refused_at_once(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(n_gpus=2, max_gpus_per_token=0)
+    why = m.feasible(FOUR)
+    assert why is not None and "GPUPOOL_GPUS asked for 4" in why and "has 2 GPUs" in why
+    assert m.feasible(Requirements(gpus=2)) is None
+    m2 = await mgr(n_gpus=4, max_gpus_per_token=2)
+    why = m2.feasible(FOUR)
+    assert why is not None and "max_gpus_per_token" in why
+
+
+async def test_a_failed_scrub_quarantines_that_gpu_alone(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(n_gpus=3)
+    m.cleaner.results = [True, False, True]
+    _, lease = await lease_on(m, 1, req=Requirements(gpus=3))
+    lease.worker.finish("client exit")
+    for _ in range(100):
+        await settle()
+        if all(s.state in (FREE, QUARANTINED) for s in m.slots):
+            break
+    states = [s.state for s in m.slots]
+    assert states.count(QUARANTINED) == 1 and states.count(FREE) == 2
+    assert m.store.scrubbed[lease.id][0] is False  # the record keeps the failure
+
+
+async def test_close_ends_a_lease_of_several_gpus(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(n_gpus=2)
+    _, lease = await lease_on(m, 1, req=Requirements(gpus=2))
+    lease.worker.adoptable = True
+    await m.close(0.1)
+    assert lease.worker.exited.done() and not lease.worker.detached
+    assert m.kept_gpus == frozenset()
+
+
+def test_start_is_all_or_none() -> None:
+    pool = PoolState([make_gpu(i) for i in range(3)], EventBus())
+    for s in pool.slots:
+        pool.scrubbed(s, CleanResult(ok=True))
+    w: Any = object()
+    pool.grant(pool.slots[0], w)
+    pool.grant(pool.slots[1], w)
+    lease = Lease(id=7, slot=None, token="t", client=client(1), req=FOUR, worker=None,  # type: ignore[arg-type]
+                  queued_s=0.0)
+    with pytest.raises(TransitionError):  # GPU 2 was not granted: nothing changes
+        pool.start(pool.slots[0], lease, [pool.slots[1], pool.slots[2]])
+    assert all(s.lease is None for s in pool.slots) and pool.active() == []
+    pool.start(pool.slots[0], lease, [pool.slots[1]])
+    assert [s.lease for s in pool.slots] == [lease, lease, None]
+    pool.end(lease, "client exit", lease_stats())
+    assert all(s.lease is None for s in pool.slots)
+    assert [s.state for s in pool.slots] == [LEASED, LEASED, FREE]  # until their scrubs
+
+
+def lease_stats() -> Any:
+    from gpupoold.workers.supervisor import WorkerStats
+    return WorkerStats()
