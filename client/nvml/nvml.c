@@ -4,10 +4,10 @@
  * replies instead of a local driver.
  *
  * Which GPUs: when this process's libcuda.so.1 is ours and holds a lease (gpupool_shim_lease
- * says so), exactly that GPU, as index 0 (as CUDA numbers it). Its values come from the
- * lease's server only when that server is one of the configured ones (host case-insensitive, a
- * bare host meaning port 7070): the configured token and TLS files are never sent anywhere else.
- * Otherwise the GPU shows what the lease itself says (name, UUID), without live values.
+ * says so), exactly the lease's GPUs, in CUDA's order with CUDA's UUIDs and PCI bus ids. Their
+ * values come from the lease's server only when it is a configured one (host case-insensitive,
+ * a bare host meaning port 7070): the configured token and TLS files go nowhere else.
+ * Otherwise each GPU shows what CUDA says of it (name, UUID, memory), without live values.
  * Without a lease: every GPU of every configured server that answers, in configuration order then
  * server index, that meets the configured requirements. The list is fixed at nvmlInit (NVML
  * numbers devices once); their values come from one `info` request per server at init and again
@@ -56,7 +56,7 @@
 #define RETRY_FIRST_S 10.0  /* after a failed fetch, the next try waits this long ... */
 #define RETRY_MAX_S 60.0    /* ... doubling after each further failure, up to this */
 #define FETCH_TIMEOUT_S 2.0 /* the limit of one fetch when probe_timeout is 0 ("no limit") */
-#define MAX_DEVICES 64
+#define MAX_DEVICES GP_NVML_MAX_DEVICES
 
 /* The configuration, shared by the state and the refreshes in flight. */
 typedef struct config_ref {
@@ -265,8 +265,13 @@ static void add_device(int server, const gp_nvml_gpu *g)
                      server >= 0 ? st.servers[server].desc : "its server");
         return;
     }
-    struct nvmlDevice_st *d = &st.devices[st.ndevices++];
+    struct nvmlDevice_st *d = &st.devices[st.ndevices];
+    d->index = (int)st.ndevices++;
     d->server = server;
+    d->machine = server >= 0 ? server : GP_LEASE_MACHINE;
+    d->ordinal = -1;
+    memset(d->peer, GP_PEER_UNKNOWN, sizeof d->peer);
+    memset(d->peer_atomics, GP_PEER_UNKNOWN, sizeof d->peer_atomics);
     d->gpu = *g;
 }
 
@@ -303,23 +308,6 @@ static int lease_of_this_process(shim_lease *out)
                  sizeof out->name, &out->session_id, &out->simulated) == 1;
 }
 
-/* The leased GPU's compute capability from libcuda's device snapshot (device 0), which our
- * libcuda answers locally. */
-static void lease_compute_capability(gp_nvml_gpu *g)
-{
-    void *sym = libcuda_sym("cuDeviceGetAttribute");
-    if (!sym)
-        return;
-    int (*get_attr)(int *, int, int);
-    memcpy(&get_attr, &sym, sizeof get_attr);
-    int major = -1, minor = -1;
-    /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76 */
-    if (get_attr(&major, 75, 0) == 0 && get_attr(&minor, 76, 0) == 0 && major >= 0 && minor >= 0) {
-        g->cc_major = major;
-        g->cc_minor = minor;
-    }
-}
-
 /* Two port numbers as written ("7070", "07070"): 1 when the same. */
 static int same_port(const char *a, const char *b)
 {
@@ -354,42 +342,152 @@ static void gpu_from_lease(const shim_lease *lease, gp_nvml_gpu *g)
     g->cc_major = g->cc_minor = -1;
 }
 
-/* Lease mode: the leased GPU as device 0. */
+static int parse_bus_id(const char *s, unsigned v[4]);
+
+/* The CUDA driver API of our libcuda.so.1, which answers these from its device snapshots. */
+typedef struct cuda_api {
+    int (*count)(int *);
+    int (*get)(int *, int);
+    int (*uuid)(unsigned char *, int); /* cuDeviceGetUuid: a CUuuid is 16 bytes */
+    int (*name)(char *, int, int);
+    int (*bus_id)(char *, int, int);
+    int (*total_mem)(size_t *, int);
+    int (*attr)(int *, int, int);
+    int (*can_access_peer)(int *, int, int);
+    int (*p2p_attr)(int *, int, int, int);
+} cuda_api;
+
+#define CUDA_FN(field, name)                                                                       \
+    do {                                                                                           \
+        void *sym_ = libcuda_sym(name);                                                            \
+        memcpy(&api->field, &sym_, sizeof api->field); /* object pointer -> function pointer */    \
+    } while (0)
+
+/* 1 when every function the lease's devices need is there (our libcuda.so.1 has them all). */
+static int cuda_api_load(cuda_api *api)
+{
+    CUDA_FN(count, "cuDeviceGetCount");
+    CUDA_FN(get, "cuDeviceGet");
+    CUDA_FN(uuid, "cuDeviceGetUuid");
+    CUDA_FN(name, "cuDeviceGetName");
+    CUDA_FN(bus_id, "cuDeviceGetPCIBusId");
+    CUDA_FN(total_mem, "cuDeviceTotalMem_v2");
+    CUDA_FN(attr, "cuDeviceGetAttribute");
+    CUDA_FN(can_access_peer, "cuDeviceCanAccessPeer");
+    CUDA_FN(p2p_attr, "cuDeviceGetP2PAttribute"); /* optional: atomics stay unknown */
+    return api->count && api->get && api->uuid && api->name && api->bus_id && api->total_mem &&
+           api->attr && api->can_access_peer;
+}
+
+/* CUDA device `dev` as CUDA itself describes it (no live values): 0, or -1 when CUDA cannot
+ * say which GPU it is. */
+static int gpu_from_cuda(const cuda_api *api, int dev, gp_nvml_gpu *g)
+{
+    unsigned char u[16];
+    memset(g, 0, sizeof *g);
+    g->cc_major = g->cc_minor = -1;
+    if (api->uuid(u, dev) != 0)
+        return -1;
+    snprintf(g->uuid, sizeof g->uuid,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+             u[15]);
+    if (api->name(g->name, (int)sizeof g->name, dev) != 0)
+        g->name[0] = '\0';
+    char bus[32];
+    unsigned v[4];
+    if (api->bus_id(bus, (int)sizeof bus, dev) == 0 && parse_bus_id(bus, v) == 0)
+        snprintf(g->pci_bus_id, sizeof g->pci_bus_id, "%08x:%02x:%02x.%x", v[0], v[1], v[2], v[3]);
+    size_t total = 0;
+    if (api->total_mem(&total, dev) == 0 && total > 0) {
+        g->live.has_memory_total = 1;
+        g->live.memory_total = total;
+    }
+    return 0;
+}
+
+/* What CUDA says of peer access between the lease's devices, asked once here (CUDA's answer
+ * may take a request to the server; NVML answers from this table). */
+static void lease_peers(const cuda_api *api)
+{
+    for (unsigned a = 0; a < st.ndevices; a++) {
+        struct nvmlDevice_st *da = &st.devices[a];
+        for (unsigned b = 0; b < st.ndevices; b++) {
+            const struct nvmlDevice_st *db = &st.devices[b];
+            int can = 0, atomics = 0;
+            if (a == b || da->ordinal < 0 || db->ordinal < 0)
+                continue;
+            if (api->can_access_peer(&can, da->ordinal, db->ordinal) == 0)
+                da->peer[b] = can ? GP_PEER_YES : GP_PEER_NO;
+            /* CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED = 3 */
+            if (api->p2p_attr && api->p2p_attr(&atomics, 3, da->ordinal, db->ordinal) == 0)
+                da->peer_atomics[b] = atomics ? GP_PEER_YES : GP_PEER_NO;
+        }
+    }
+}
+
+/* Lease mode: the lease's GPUs as devices 0..N-1, in CUDA's order and with CUDA's UUIDs and
+ * PCI bus ids (NCCL finds its GPU in NVML by the bus id CUDA gives), the live values of each
+ * from the lease's server when it is a configured one. */
 static void init_lease(const config_ref *conf, const shim_lease *lease)
 {
     const char *where = lease->server;
-    const char *uuid = lease->uuid;
-    gp_nvml_gpu g;
+    cuda_api api;
+    int count = 0;
+    if (!cuda_api_load(&api) || api.count(&count) != 0 || count < 1)
+        count = 0; /* the lease itself still names device 0 */
     int s = lease_server(&conf->cfg, where);
+    gp_info_result *doc = NULL;
+    char err[512] = "";
     if (s < 0) {
         gp_log_debug("nvml: this process's GPU lease is on server \"%s\", which is none of the "
-                     "configured servers; NVML shows the GPU without live values (it sends the "
+                     "configured servers; NVML shows its GPUs without live values (it sends the "
                      "configured credentials to no other server)",
                      where);
-        gpu_from_lease(lease, &g);
-        add_device(-1, &g);
     } else {
         st.system_server = s;
-        char err[512];
-        gp_info_result *doc = init_fetch(conf, s, err, sizeof err);
+        doc = init_fetch(conf, s, err, sizeof err);
+    }
+    for (int i = 0; i < (count ? count : 1); i++) {
+        gp_nvml_gpu g, cuda;
+        int dev = -1, known = 0;
+        if (count && api.get(&dev, i) == 0 && gpu_from_cuda(&api, dev, &cuda) == 0)
+            known = 1;
+        else if (i == 0)
+            gpu_from_lease(lease, &cuda); /* what the lease itself says of device 0 */
+        else
+            continue;
         gp_info_gpu view;
-        if (doc && gp_nvml_find_gpu(&doc->reply, uuid, &view) == 0 &&
+        if (doc && gp_nvml_find_gpu(&doc->reply, cuda.uuid, &view) == 0 &&
             gp_nvml_gpu_from_view(&doc->reply, &view, &g) == 0) {
             add_device(s, &g);
         } else {
-            /* The lease itself says which GPU it is; its live values stay unknown for now. */
-            gpu_from_lease(lease, &g);
-            add_device(s, &g);
-            if (doc)
-                snprintf(err, sizeof err, "it does not list GPU %.100s", uuid);
-            warn("nvml: cannot read the values of this process's GPU from %s (%s); NVML shows "
-                 "the GPU without them",
-                 st.servers[s].desc, err);
+            add_device(s, &cuda);
+            if (s >= 0) {
+                if (doc)
+                    snprintf(err, sizeof err, "it does not list GPU %.100s", cuda.uuid);
+                warn("nvml: cannot read the values of this process's GPU %s from %s (%s); NVML "
+                     "shows the GPU without them",
+                     cuda.uuid, st.servers[s].desc, err);
+            }
         }
-        doc_free(doc);
+        struct nvmlDevice_st *d = &st.devices[st.ndevices - 1];
+        d->ordinal = known ? dev : -1;
+        if (d->gpu.cc_major < 0 && known) {
+            int major = -1, minor = -1;
+            /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76 */
+            if (api.attr(&major, 75, dev) == 0 && api.attr(&minor, 76, dev) == 0 && major >= 0 &&
+                minor >= 0) {
+                d->gpu.cc_major = major;
+                d->gpu.cc_minor = minor;
+            }
+        }
+        if (known && cuda.pci_bus_id[0]) /* CUDA's, which programs look the GPU up by */
+            snprintf(d->gpu.pci_bus_id, sizeof d->gpu.pci_bus_id, "%s", cuda.pci_bus_id);
     }
-    if (st.ndevices == 1 && st.devices[0].gpu.cc_major < 0)
-        lease_compute_capability(&st.devices[0].gpu);
+    doc_free(doc);
+    if (count)
+        lease_peers(&api);
 }
 
 /* Every matching GPU of every configured server that answers. */
@@ -737,6 +835,15 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId,
                                                           nvmlDevice_t *device)
 {
     return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+struct nvmlDevice_st *gp_nvml_device_locked(nvmlDevice_t device)
+{
+    uintptr_t p = (uintptr_t)device, base = (uintptr_t)st.devices;
+    if (p < base || p >= base + st.ndevices * sizeof st.devices[0] ||
+        (p - base) % sizeof st.devices[0] != 0)
+        return NULL;
+    return &st.devices[(p - base) / sizeof st.devices[0]];
 }
 
 nvmlReturn_t gp_nvml_enter_device(nvmlDevice_t device, int live, struct nvmlDevice_st **out)
