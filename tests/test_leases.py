@@ -162,6 +162,9 @@ class FakeStore:
                           module_bytes: int = 0) -> None:
         self.ended[lease_id] = (reason, detail, bytes_h2d)
 
+    async def lease_gpus(self, lease_id: int, gpus: list[int]) -> None:  # (issue 37)
+        self.gpus = {**getattr(self, "gpus", {}), lease_id: gpus}
+
     async def lease_scrubbed(self, lease_id: int, ok: bool, result: dict[str, Any]) -> None:
         self.scrubbed[lease_id] = (ok, result)
 
@@ -427,6 +430,7 @@ async def test_open_records_of_a_dead_daemon_are_closed_and_get_the_startup_scru
         id: int
         gpu_index: int
         gpu_uuid: str = ""
+        gpus: tuple[int, ...] = ()  # a lease of several GPUs lists them (issue 37)
 
     store = FakeStore(open=[Rec(7, 0), Rec(8, 1)])
     settings = Settings(state_dir=tmp_path)

@@ -54,8 +54,9 @@ async def test_four_gpus_granted_at_once_to_one_worker_told_their_ordinals(mgr: 
     assert all(s.state == LEASED and s.reserved is w for s in m.slots)
     lease = await m.begin(w, first, b"hello", 1, -1)
     assert lease.worker is idle[0]
+    # (simulated GPUs: ordinal 0 of GPU 0's config, then its peers GPU 1, 2, 3 at 1, 2, 3)
     assert lease.worker.devices == [0, 1, 2, 3] and lease.worker.memory_quota == 80 * GIB
-    assert lease.gpu_indexes() == [0, 1, 2, 3]
+    assert lease.gpu_indexes() == [0, 1, 2, 3] and m.store.gpus[lease.id] == [0, 1, 2, 3]
     assert all(s.lease is lease for s in m.slots)
     # The other GPUs' idle workers ended (they hold a context there); the lease keeps its GPUs
     assert all(w.exited.done() for w in idle[1:])
@@ -176,3 +177,57 @@ def test_start_is_all_or_none() -> None:
 def lease_stats() -> Any:
     from gpupoold.workers.supervisor import WorkerStats
     return WorkerStats()
+
+
+async def test_the_record_lists_the_gpus_and_a_restart_does_not_take_it_over(
+        tmp_path: Any) -> None:
+    """The store keeps every GPU of the lease (schema v12); a previous daemon's lease of several
+    GPUs is closed at start-up (its worker killed, every GPU scrubbed), not taken over."""
+    from dataclasses import replace
+
+    from test_leases import FakeCleaner, FakeStore, FakeSupervisor
+
+    from gpupoold.config.settings import Settings
+    from gpupoold.gpu.inventory import Inventory
+    from gpupoold.pool.counters import Counters
+    from gpupoold.store.database import StoreDB
+    from gpupoold.store.records import NewLease
+
+    db = StoreDB(tmp_path / "gpupoold.db")
+    try:
+        lease_id = db.lease_started(NewLease(
+            gpu_index=1, gpu_uuid="", gpu_name="sim", simulated=True, token_name="t",
+            client_host="h", client_user="u", client_pid=1, program="p", peer="x",
+            request="2 GPUs", queued_s=0.0, started=1.0))
+        db.lease_gpus(lease_id, [1, 0])
+        record = db.get_lease(lease_id)
+        assert record is not None and record.gpus == (1, 0)
+        assert record.to_json()["gpus"] == [1, 0]
+        one = db.lease_started(replace(db.get_lease(lease_id), gpu_index=0))  # type: ignore[arg-type]
+        assert db.get_lease(one).to_json()["gpus"] == [0]  # type: ignore[union-attr]
+    finally:
+        db.close()
+    open_rec = replace(record, id=9)
+    store = FakeStore(open=[open_rec])
+    m = LeaseManager(Inventory((make_gpu(0), make_gpu(1))), Settings(state_dir=tmp_path), store,  # type: ignore[arg-type]
+                     FakeSupervisor(), FakeCleaner(), Counters())  # type: ignore[arg-type]
+    await m.start()
+    await settle()
+    try:
+        assert store.ended[9][0] == "daemon lost" and "several GPUs" in store.ended[9][1]
+        assert store.scrubbed[9][0] is True
+        assert sorted(m.cleaner.cleaned) == [0, 1]
+    finally:
+        await m.close(0.1)
+
+
+def test_device_ordinals_as_the_first_gpus_worker_sees_them() -> None:
+    from dataclasses import replace
+
+    from gpupoold.workers.supervisor import device_ordinal
+
+    sims = [make_gpu(i) for i in range(4)]  # each ordinal 0 of its own config
+    assert [device_ordinal(sims[2], g) for g in (sims[2], sims[0], sims[1], sims[3])] == [0, 1, 2, 3]
+    assert [device_ordinal(sims[0], g) for g in sims] == [0, 1, 2, 3]
+    real = [replace(g, simulated=False, ordinal=5 + g.index) for g in sims]
+    assert [device_ordinal(real[1], g) for g in (real[1], real[3])] == [6, 8]

@@ -53,7 +53,7 @@ from gpupoold.workers.supervisor import (
     WorkerStartError,
     WorkerStats,
     WorkerSupervisor,
-    server_ordinal,
+    device_ordinal,
 )
 
 log = logging.getLogger("gpupoold.leases")
@@ -147,8 +147,12 @@ class LeaseManager:
         gone: list[LeaseRecord] = []
         # Where the store says each open lease is now: idle detach moves leases (_last_gpu).
         placed: dict[int, Slot | None] = {}
+        several: list[LeaseRecord] = []
         for rec in await self.store.open_leases():
             placed[rec.id] = self._slot_of(rec, await self._last_gpu(rec))
+            if len(rec.gpus) > 1:  # not taken over (yet): its worker is killed below
+                several.append(rec)
+                continue
             try:
                 path = self.supervisor.adoption_socket(rec.id)
                 if path is None:
@@ -181,6 +185,13 @@ class LeaseManager:
                                        "worker is gone; its GPU was scrubbed at the next start")
             last = placed[rec.id]  # (its GPU's start-up scrub is recorded for it)
             orphaned.setdefault(last.gpu.index if last else rec.gpu_index, []).append(rec.id)
+        for rec in several:
+            log.warning("lease %d of the previous gpupoold held GPUs %s: a lease of several GPUs "
+                        "is not taken over yet; its worker was ended and its GPUs are scrubbed",
+                        rec.id, ", ".join(map(str, rec.gpus)), extra=journal_fields(rec.id))
+            await self._close_previous(rec, "gpupoold restarted, and a lease of several GPUs is "
+                                       "not taken over yet; its GPUs were scrubbed at the start")
+            orphaned.setdefault(rec.gpus[0], []).append(rec.id)
         if gone:
             log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
         # A lease that ended while the previous daemon stopped before its GPU's scrub: the
@@ -750,6 +761,8 @@ class LeaseManager:
                 client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
                 peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
                 started=time.time()))
+            if others:  # the history lists every GPU of the lease
+                await self.store.lease_gpus(lease_id, [s.gpu.index for s in (slot, *others)])
         except Exception:
             worker.kill()
             for s in (slot, *others):
@@ -763,7 +776,7 @@ class LeaseManager:
         lease.watcher = self._own(slot, self._watch(lease), f"lease-{lease.id}")
         for s in others:  # the same watcher moves them on (the watchdog's view)
             s.task = lease.watcher
-        devices = [server_ordinal(s.gpu) for s in (slot, *others)] if others else []
+        devices = [device_ordinal(slot.gpu, s.gpu) for s in (slot, *others)] if others else []
         try:
             if before_handover is not None:
                 await before_handover()

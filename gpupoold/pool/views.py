@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
 def lease_view(lease: Lease) -> dict[str, Any]:
     s = lease.worker.stats
-    # gpu: the GPU it is on; detached, None (and `detach` says which one it left)
+    # gpu: the GPU it is on (a lease of several GPUs: its device 0); detached, None (and
+    # `detach` says which one it left). gpus: every GPU it is on, program order (issue 37).
     return {"id": lease.id, "gpu": lease.slot.gpu.index if lease.slot is not None else None,
+            "gpus": [s.gpu.index for s in lease.slots()],
             "detach": {**detach_view(lease),
                        "left_gpu": lease.home.index if lease.home is not None else None},
             "token": lease.token,

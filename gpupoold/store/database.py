@@ -241,6 +241,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             applied REAL NOT NULL
         )""",
     ),
+    (  # v12: every GPU of a lease of several GPUs (issue 37), program order, comma-separated;
+        # '' for a lease of one GPU (gpu_index) and in older records
+        "ALTER TABLE leases ADD COLUMN gpus TEXT NOT NULL DEFAULT ''",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -292,6 +296,7 @@ def _lease(row: Any) -> LeaseRecord:
     values["calls"] = json.loads(values["calls"] or "{}")
     values["scrub_ok"] = None if values["scrub_ok"] is None else bool(values["scrub_ok"])
     values["scrub"] = None if values["scrub"] is None else json.loads(values["scrub"])
+    values["gpus"] = tuple(int(i) for i in str(values.get("gpus") or "").split(",") if i)
     return LeaseRecord(**values)
 
 
@@ -519,6 +524,14 @@ class StoreDB(UsageQueries, SpoolQueries):
         with self._write() as db:
             return self._insert(db, f"INSERT INTO leases ({', '.join(fields)}) VALUES ({marks})",
                                 values)
+
+    def lease_gpus(self, lease_id: int, gpus: list[int]) -> None:
+        """Every GPU of a lease of several GPUs, program order (issue 37)."""
+        with self._write() as db:
+            cur = db.execute("UPDATE leases SET gpus = ? WHERE id = ?",
+                             (",".join(str(int(i)) for i in gpus), lease_id))
+            if cur.rowcount == 0:
+                raise NotFound(f"no lease {lease_id}")
 
     def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,
                     bytes_h2d: int, bytes_d2h: int, calls: dict[str, int],
@@ -874,6 +887,7 @@ class Store:
     verify_token = _query(StoreDB.verify_token)
     touch_token = _query(StoreDB.touch_token)
     lease_started = _query(StoreDB.lease_started)
+    lease_gpus = _query(StoreDB.lease_gpus)
     lease_ended = _record_call(StoreDB.lease_ended)
     lease_scrubbed = _record_call(StoreDB.lease_scrubbed)
     open_leases = _query(StoreDB.open_leases)

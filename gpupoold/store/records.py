@@ -115,9 +115,14 @@ class LeaseRecord(NewLease):
     leased_s: float = 0.0  # seconds it held a GPU, as sampled (pool/usage.py; schema v9)
     busy_s: float = 0.0  # of those, seconds its GPU was busy
     reused_s: float = 0.0  # seconds its GPU served others while it was detached (schema v10)
+    # Every GPU of a lease of several GPUs, program order (issue 37, schema v12); () for a lease
+    # of one GPU (gpu_index), and in older records
+    gpus: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        view = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        view["gpus"] = list(self.gpus) or [self.gpu_index]  # every lease lists its GPUs
+        return view
 
 
 @dataclass(frozen=True)

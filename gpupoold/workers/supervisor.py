@@ -63,6 +63,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0
                                       0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 MAX_DEVICES = 64  # GPUs of one lease: worker_session's array:i32:64 devices
+SIM_DEVICES_PER_CONFIG = 1  # a simulated GPU's config: `device_count = 1` (gpu/sim.py)
 END_TEXT_LIMIT = 2047  # bytes of worker_end's text (the spec's string:2047)
 ADOPT_NOTICE_EVERY = 10.0  # seconds between log lines while a busy worker has not answered
 RETIRE_GRACE = 10.0  # seconds an unadoptable worker has to end after END, before SIGKILL
@@ -277,9 +278,9 @@ class Worker:
         if not (0 <= session_id < 1 << 64 and 0 <= hello_req < 1 << 64
                 and 0 <= memory_quota < 1 << 64):
             raise WorkerStartError("session id, hello request id or memory quota out of range")
-        if len(devices) > MAX_DEVICES or (devices and devices[0] != server_ordinal(self.gpu)):
+        if len(devices) > MAX_DEVICES or (devices and devices[0] != self.gpu.ordinal):
             raise WorkerStartError(f"a lease's devices must start with the worker's own GPU "
-                                   f"({server_ordinal(self.gpu)}), at most {MAX_DEVICES}: "
+                                   f"(ordinal {self.gpu.ordinal}), at most {MAX_DEVICES}: "
                                    f"{list(devices)}")
         msg = control.encode(gp.WorkerSession(
             session_id=session_id, hello_req=hello_req,
@@ -603,12 +604,17 @@ def _consume(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-def server_ordinal(gpu: Gpu) -> int:
-    """How worker_session.devices names `gpu` to a worker: a real GPU by its device ordinal in
-    the driver (the NVML index, what --device says); a simulated one by its index on this
-    server, which is how its config names it among its peers (gpu/sim.py: every simulated GPU's
-    worker loads ordinal 0 of its own config)."""
-    return gpu.index if gpu.simulated else gpu.ordinal
+def device_ordinal(first: Gpu, gpu: Gpu) -> int:
+    """How worker_session.devices names `gpu` to the worker of `first` (a lease's device 0):
+    its device ordinal in that worker's driver. A real GPU: its ordinal (the NVML index, what
+    --device says). A simulated one: each simulated GPU's worker loads ordinal 0 of its own
+    config, whose peers are the server's other GPUs in index order (gpu/sim.py) at the ordinals
+    after its own device (worker/sim/sim_config.c: ordinal device_count + k is peer k)."""
+    if not (first.simulated and gpu.simulated):
+        return gpu.ordinal
+    if gpu.index == first.index:
+        return first.ordinal
+    return SIM_DEVICES_PER_CONFIG + (gpu.index if gpu.index < first.index else gpu.index - 1)
 
 
 class WorkerSupervisor:
