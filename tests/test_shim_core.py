@@ -370,11 +370,26 @@ def test_requirements_from_the_environment(native_build: Path, fake: Callable[..
     assert notes == [], proc.stderr
 
 
+@pytest.mark.parametrize(("env", "gpus", "memory"), [
+    ({}, 1, 0),                                                    # one whole GPU, as before 1.6
+    ({"GPUPOOL_GPUS": "4", "GPUPOOL_MEMORY": "8GiB"}, 4, 8 << 30),
+])
+def test_hello_asks_for_gpus_and_memory(native_build: Path, fake: Callable[..., FakeServer],
+                                        env: dict[str, str], gpus: int, memory: int) -> None:
+    """The hello's gpus (issue 37) and memory (issue 32), protocol 1.6."""
+    server = fake()
+    proc = run_scenario(native_build, server.address, "sync", env=env)
+    assert_pass(proc, "sync")
+    (hello,) = server.hellos
+    assert (hello.gpus, hello.memory) == (gpus, memory)
+
+
 @pytest.mark.san
 @pytest.mark.parametrize(("name", "value", "words"), [
     ("GPUPOOL_MIN_MEMORY", "40X", "GPUPOOL_MIN_MEMORY=40X is not a size"),
     ("GPUPOOL_MIN_MEMORY", "-1G", "GPUPOOL_MIN_MEMORY=-1G is not a size"),
     ("GPUPOOL_MIN_MEMORY", "99999999999999999999", "is not a size"),
+    ("GPUPOOL_GPUS", "0", "GPUPOOL_GPUS=0 is not a number of GPUs: write a whole number"),
     ("GPUPOOL_GPU_MODEL", "A" * 300, "GPUPOOL_GPU_MODEL is longer than 255 bytes"),
 ])
 def test_bad_requirement_stops_before_connecting(native_build: Path,

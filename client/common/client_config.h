@@ -7,7 +7,8 @@
  * ${XDG_CONFIG_HOME:-$HOME/.config}/gpupool/config.toml when it exists, else
  * /etc/gpupool/config.toml when it exists, else none. A TOML subset (client_config.c says which);
  * the environment (GPUPOOL_SERVER, GPUPOOL_TOKEN, GPUPOOL_TLS*, GPUPOOL_*_TIMEOUT, GPUPOOL_GPU,
- * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_COMPRESSION) overrides it key by key. Values
+ * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_GPUS, GPUPOOL_MEMORY, GPUPOOL_COMPRESSION)
+ * overrides it key by key. Values
  * are stripped of blanks at both ends and an empty one counts as unset, in the file and the
  * environment alike.
  *
@@ -23,6 +24,7 @@
 #include "utf8.h"
 
 #define GP_MAX_SERVERS 16
+#define GP_MAX_GPUS 64 /* gpus: the hello's device list (worker_session's array:i32:64) */
 #define GP_COMPRESSION_OFF 0
 #define GP_COMPRESSION_LZ4 1
 #define GP_DEFAULT_PORT "7070" /* gpupoold's default remoting listener */
@@ -60,6 +62,8 @@ enum gp_client_setting {
     GP_CFG_MODEL,
     GP_CFG_MIN_MEMORY,
     GP_CFG_KEEP_GPU,
+    GP_CFG_GPUS,
+    GP_CFG_MEMORY,
     GP_CFG_SERVERS, /* the list itself: GPUPOOL_SERVER, else the file */
     GP_CFG_NSETTINGS
 };
@@ -85,10 +89,12 @@ typedef struct gp_client_config {
     double connect_timeout, probe_timeout; /* seconds; connect 0: no limit; probe 0: 2 s */
     char gpu[256], model[256];
     uint64_t min_memory;
-    int keep_gpu;           /* 1: ask the server never to detach this process's idle lease */
-    int compression;        /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
+    int gpus;        /* how many GPUs the process takes, all or nothing (1..GP_MAX_GPUS; 1) */
+    uint64_t memory; /* bytes of a shared GPU to ask for; 0: a whole GPU */
+    int keep_gpu;    /* 1: ask the server never to detach this process's idle lease */
+    int compression; /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
                       * use each server's own (gp_server_config.compression) */
-    char file[4096];        /* the file read, "" for none */
+    char file[4096]; /* the file read, "" for none */
     char file_reason[8448]; /* why that file, or why none ("the user's file", ...) */
     gp_config_source source[GP_CFG_NSETTINGS];
 } gp_client_config;

@@ -121,6 +121,28 @@ static int env_tls_file(const char *name, char *dst, char *err, size_t ecap)
     return 1;
 }
 
+/* A size variable (GPUPOOL_MIN_MEMORY, GPUPOOL_MEMORY) into *out when set. 0, or -1 with err. */
+static int env_size(const char *name, uint64_t *out, gp_config_source *src, char *err, size_t ecap)
+{
+    size_t n;
+    const char *v = gp_cc_env_view(name, &n);
+    if (!v)
+        return 0;
+    char *text = strndup(v, n);
+    if (!text) {
+        gp_cc_set_err(err, ecap, "out of memory");
+        return -1;
+    }
+    int bad = gp_parse_size(text, out) != 0;
+    free(text);
+    if (bad) {
+        gp_cc_set_err(err, ecap, "%s=%.*s is not a size: %s", name, (int)n, v, gp_cc_size_how);
+        return -1;
+    }
+    gp_cc_src_what(src, name);
+    return 0;
+}
+
 static int env_requirements(gp_client_config *cfg, char *err, size_t ecap)
 {
     size_t gn = 0, on = 0, n;
@@ -148,21 +170,26 @@ static int env_requirements(gp_client_config *cfg, char *err, size_t ecap)
         return -1;
     if (model)
         gp_cc_src_what(&cfg->source[GP_CFG_MODEL], "GPUPOOL_GPU_MODEL");
-    const char *mem = gp_cc_env_view("GPUPOOL_MIN_MEMORY", &n);
-    if (mem) {
-        char *text = strndup(mem, n);
-        if (!text) {
-            gp_cc_set_err(err, ecap, "out of memory");
+    if (env_size("GPUPOOL_MIN_MEMORY", &cfg->min_memory, &cfg->source[GP_CFG_MIN_MEMORY], err,
+                 ecap) != 0 ||
+        env_size("GPUPOOL_MEMORY", &cfg->memory, &cfg->source[GP_CFG_MEMORY], err, ecap) != 0)
+        return -1;
+    const char *gpus = gp_cc_env_view("GPUPOOL_GPUS", &n);
+    if (gpus) {
+        int count = 0, ok = n <= 2;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = gpus[i] >= '0' && gpus[i] <= '9';
+            count = count * 10 + (gpus[i] - '0');
+        }
+        if (!ok || count < 1 || count > GP_MAX_GPUS) {
+            gp_cc_set_err(err, ecap,
+                          "GPUPOOL_GPUS=%.*s is not a number of GPUs: write %s, e.g. "
+                          "GPUPOOL_GPUS=4",
+                          (int)n, gpus, gp_cc_gpus_how);
             return -1;
         }
-        int bad = gp_parse_size(text, &cfg->min_memory) != 0;
-        free(text);
-        if (bad) {
-            gp_cc_set_err(err, ecap, "GPUPOOL_MIN_MEMORY=%.*s is not a size: %s", (int)n, mem,
-                          gp_cc_size_how);
-            return -1;
-        }
-        gp_cc_src_what(&cfg->source[GP_CFG_MIN_MEMORY], "GPUPOOL_MIN_MEMORY");
+        cfg->gpus = count;
+        gp_cc_src_what(&cfg->source[GP_CFG_GPUS], "GPUPOOL_GPUS");
     }
     return 0;
 }

@@ -77,7 +77,7 @@ int gp_cc_compression_value(const char *t, size_t n);
 
 /* What to set a value to, in errors ("...; set it to <how>"). */
 extern const char gp_cc_gpu_how[], gp_cc_model_how[], gp_cc_token_how[], gp_cc_path_how[],
-    gp_cc_size_how[];
+    gp_cc_size_how[], gp_cc_gpus_how[];
 
 /* ---- what the file sets (client_config_file.c fills it, the environment goes on top) ------- */
 
@@ -107,6 +107,8 @@ typedef struct file_settings {
     int has_connect_timeout, has_probe_timeout;
     char gpu[256], model[256];
     uint64_t min_memory;
+    int gpus; /* 0: unset (1) */
+    uint64_t memory;
     int keep_gpu;
     int compression;
     /* A [[servers]] compression that is not a known value: refused when its entry ends, naming

@@ -298,23 +298,24 @@ static int set_model(gp_toml_lexer *ps, file_settings *fs, const char *key, cons
     return 0;
 }
 
-static int set_min_memory(gp_toml_lexer *ps, file_settings *fs, const char *key,
-                          const gp_toml_value *v)
+/* A size setting (min_memory, memory): bytes as an integer, or a size in quotes; blank: unset.
+ * 0 with *out set and its line recorded when set, or -1 (error set). */
+static int size_value(gp_toml_lexer *ps, const char *key, const gp_toml_value *v, uint64_t *out,
+                      gp_config_source *src)
 {
-    (void)key;
     if (v->type == GP_TOML_INT && v->i >= 0) {
-        fs->min_memory = (uint64_t)v->i;
-        gp_cc_src_line(&fs->src[GP_CFG_MIN_MEMORY], ps->line); /* 0 as an integer: set */
+        *out = (uint64_t)v->i;
+        gp_cc_src_line(src, ps->line); /* 0 as an integer: set */
         return 0;
     }
     if (v->type != GP_TOML_STR) {
-        gp_toml_error(ps, "min_memory must be a size in quotes (\"40GiB\", \"80G\") or bytes as "
-                          "an integer");
+        gp_toml_error(ps, "%s must be a size in quotes (\"40GiB\", \"80G\") or bytes as an integer",
+                      key);
         return -1;
     }
     size_t n = strlen(v->s);
     const char *s = gp_cc_strip(v->s, &n);
-    fs->min_memory = 0;
+    *out = 0;
     if (n == 0)
         return 0; /* blank: unset */
     char *text = strndup(s, n);
@@ -322,15 +323,39 @@ static int set_min_memory(gp_toml_lexer *ps, file_settings *fs, const char *key,
         gp_toml_error(ps, "out of memory");
         return -1;
     }
-    int bad = gp_parse_size(text, &fs->min_memory) != 0;
+    int bad = gp_parse_size(text, out) != 0;
     free(text);
     if (bad) {
-        gp_toml_error(ps, "min_memory = \"%.*s\" is not a size: %s", (int)n, s, gp_cc_size_how);
+        gp_toml_error(ps, "%s = \"%.*s\" is not a size: %s", key, (int)n, s, gp_cc_size_how);
         return -1;
     }
-    if (fs->min_memory)
-        gp_cc_src_line(&fs->src[GP_CFG_MIN_MEMORY], ps->line);
+    if (*out)
+        gp_cc_src_line(src, ps->line);
     return 0;
+}
+
+static int set_min_memory(gp_toml_lexer *ps, file_settings *fs, const char *key,
+                          const gp_toml_value *v)
+{
+    return size_value(ps, key, v, &fs->min_memory, &fs->src[GP_CFG_MIN_MEMORY]);
+}
+
+/* gpus: a whole number of GPUs, 1 to GP_MAX_GPUS (issue 37). */
+static int set_gpus(gp_toml_lexer *ps, file_settings *fs, const char *key, const gp_toml_value *v)
+{
+    if (v->type != GP_TOML_INT || v->i < 1 || v->i > GP_MAX_GPUS) {
+        gp_toml_error(ps, "%s must be %s, e.g. %s = 4", key, gp_cc_gpus_how, key);
+        return -1;
+    }
+    fs->gpus = (int)v->i;
+    gp_cc_src_line(&fs->src[GP_CFG_GPUS], ps->line);
+    return 0;
+}
+
+/* memory: the size of a share of a shared GPU (issue 32); 0: a whole GPU. */
+static int set_memory(gp_toml_lexer *ps, file_settings *fs, const char *key, const gp_toml_value *v)
+{
+    return size_value(ps, key, v, &fs->memory, &fs->src[GP_CFG_MEMORY]);
 }
 
 /* ================================================================= [[servers]] == */
@@ -504,6 +529,11 @@ const gp_config_key gp_config_keys[] = {
     {"min_memory", GP_SECTION_REQUIREMENTS, "integer or string",
      "bytes, or a size: 40G or 40GB (40*10^9), 40GiB (40*2^30), 512M, 1.5T", "0 (any)",
      "GPUPOOL_MIN_MEMORY", "a GPU with at least this much device memory", 0, set_min_memory},
+    {"gpus", GP_SECTION_REQUIREMENTS, "integer", "1 to 64", "1", "GPUPOOL_GPUS",
+     "how many GPUs the process takes (devices 0..gpus-1), all at once or none", 0, set_gpus},
+    {"memory", GP_SECTION_REQUIREMENTS, "integer or string",
+     "bytes, or a size as min_memory takes it (8GiB, 16G)", "0 (a whole GPU)", "GPUPOOL_MEMORY",
+     "a share of this much device memory on a shared GPU, instead of a whole GPU", 0, set_memory},
     {"address", GP_SECTION_SERVERS, "string", ADDRESS_VALUES, "none: required", "GPUPOOL_SERVER",
      "the server's remoting address (the variable replaces the whole list)", 0, set_address},
     {"token", GP_SECTION_SERVERS, "string", "the token gpupoold gave you, at most 4096 bytes",

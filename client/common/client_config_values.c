@@ -201,6 +201,7 @@ const char gp_cc_gpu_how[] = "a GPU index of the server or a GPU UUID (prefix)";
 const char gp_cc_model_how[] = "a part of the GPU name, e.g. A100";
 const char gp_cc_token_how[] = "the token gpupoold gave you";
 const char gp_cc_path_how[] = "a file path";
+const char gp_cc_gpus_how[] = "a whole number of GPUs from 1 to 64";
 const char gp_cc_size_how[] =
     "write bytes or a number with a unit, e.g. 40G or 40GB (40*10^9 bytes), 40GiB (40*2^30), "
     "512M, 17179869184";

@@ -216,6 +216,9 @@ def show_config(cfg: ClientConfig) -> None:
     print(_row("requirements.model", cfg.model or "(any)", cfg.sources.get("model", "default")))
     print(_row("requirements.min_memory", f"{cfg.min_memory} bytes" if cfg.min_memory else "(any)",
                cfg.sources.get("min_memory", "default")))
+    print(_row("requirements.gpus", str(cfg.gpus), cfg.sources.get("gpus", "default")))
+    print(_row("requirements.memory", f"{cfg.memory} bytes" if cfg.memory else "(a whole GPU)",
+               cfg.sources.get("memory", "default")))
     print(_row("keep_gpu", "yes (never detached while idle)" if cfg.keep_gpu else "no",
                cfg.sources.get("keep_gpu", "default")))
     print()

@@ -78,6 +78,8 @@ class ClientConfig:
     gpu: str = ""
     model: str = ""
     min_memory: int = 0
+    gpus: int = 1  # how many GPUs the process takes, all or nothing
+    memory: int = 0  # bytes of a shared GPU to ask for; 0: a whole GPU
     keep_gpu: bool = False  # the server never detaches this process's idle lease
     compression: str = "off"  # top level (or GPUPOOL_COMPRESSION): the servers' default
     file: str = ""  # the file read, "" for none
@@ -248,6 +250,7 @@ def _settings(lib: ctypes.CDLL, cfg: int) -> ClientConfig:
     out.compression = top("compression")
     out.gpu, out.model = top("gpu"), top("model")
     out.min_memory = int(top("min_memory"))
+    out.gpus, out.memory = int(top("gpus")), int(top("memory"))
     out.keep_gpu = top("keep_gpu") == "1"
     top("servers")
     for i in range(lib.gpupool_config_servers(cfg)):

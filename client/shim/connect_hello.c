@@ -179,6 +179,8 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         .va_base = va_base,
         .va_size = va_size,
         .connect_timeout_ms = timeout_ms(hc->cfg->connect_timeout),
+        .gpus = (uint32_t)hc->cfg->gpus,
+        .memory = hc->cfg->memory,
     };
     size_t n = 16 + gp_hello_size(&h);
     uint8_t *f = malloc(n);

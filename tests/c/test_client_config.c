@@ -165,6 +165,8 @@ static void test_nothing_configured(void)
     CHECK_STR_EQ(cfg->gpu, "");
     CHECK_STR_EQ(cfg->model, "");
     CHECK_EQ(cfg->min_memory, 0);
+    CHECK_EQ(cfg->gpus, 1); /* one whole GPU unless asked (issues 37, 32) */
+    CHECK_EQ(cfg->memory, 0);
     if (access("/etc/gpupool/config.toml", F_OK) != 0)
         CHECK_STR_EQ(cfg->file, "");
     CHECK_STR_EQ(captured, "");
