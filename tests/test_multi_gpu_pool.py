@@ -231,3 +231,35 @@ def test_device_ordinals_as_the_first_gpus_worker_sees_them() -> None:
     assert [device_ordinal(sims[0], g) for g in sims] == [0, 1, 2, 3]
     real = [replace(g, simulated=False, ordinal=5 + g.index) for g in sims]
     assert [device_ordinal(real[1], g) for g in (real[1], real[3])] == [6, 8]
+
+
+async def test_the_utilisation_accounting_counts_the_lease_on_each_gpu(mgr: Any) -> None:  # noqa: F811
+    from gpupoold.pool.usage_recorder import UsageRecorder
+
+    class Live:
+        def live(self, index: int) -> dict[str, Any]:
+            return {"gpu_util": 50}
+
+    class Usage:
+        async def record_usage(self, delta: Any, before: float) -> None:
+            pass
+
+    m = await mgr(n_gpus=3)
+    now = [1000.0]
+    rec = UsageRecorder(Usage(), m, Live(), 1.0, 90, clock=lambda: now[0],  # type: ignore[arg-type]
+                        flush_s=1e9)
+    off = rec.subscribe(m.events)
+    try:
+        _, lease = await lease_on(m, 1, req=Requirements(gpus=2))
+        rec.observe_all()
+        now[0] += 10
+        rec.observe_all()
+        now[0] += 5
+        lease.worker.finish("client exit")
+        for _ in range(20):
+            await settle()
+        totals = {g: round(t.leased_s, 3) for g, t in rec.meter.gpus.items()}
+        assert totals == {0: 15.0, 1: 15.0, 2: 0.0}  # both its GPUs, to its end; GPU 2 free
+        assert round(rec.meter.gpus[1].busy_s, 3) == 7.5  # by utilisation
+    finally:
+        off()

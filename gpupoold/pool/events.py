@@ -40,13 +40,15 @@ class LeaseGranted:
 
 @dataclass(frozen=True)
 class LeaseEnded:
-    """A lease ended; `stats` is its worker's final account."""
+    """A lease ended; `stats` is its worker's final account. `gpus`: every GPU it was on, a
+    lease of several GPUs (issue 37; `gpu` is its device 0); () for a lease of one GPU."""
     lease_id: int
     gpu: int
     token: str
     reason: str
     duration_s: float
     stats: WorkerStats
+    gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

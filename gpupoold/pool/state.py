@@ -308,7 +308,8 @@ class PoolState:
                 s.lease = None
                 s.ended_at = time.monotonic()
         self.events.publish(LeaseEnded(lease.id, lease.gpu_index(), lease.token, reason,
-                                       time.time() - lease.started, stats))
+                                       time.time() - lease.started, stats,
+                                       tuple(lease.gpu_indexes()) if lease.other_slots else ()))
         for s in lease.other_slots:
             self.changed(s)
         self.changed(slot)

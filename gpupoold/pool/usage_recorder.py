@@ -131,7 +131,9 @@ class UsageRecorder:
         for index, slot in enumerate(self.leases.slots):
             lease = slot.lease
             util = self.telemetry.live(index).get("gpu_util")
-            busy_ns = self._busy_ns(index, lease)
+            # A lease of several GPUs (issue 37) is leased on each; its worker's busy time is
+            # one count for all its devices, credited on its device 0, the others by utilisation
+            busy_ns = self._busy_ns(index, lease) if lease is None or lease.slot is slot else None
             self.meter.observe(now, index, Observation(
                 lease.id if lease is not None else None,
                 lease.token if lease is not None else "",
@@ -141,8 +143,12 @@ class UsageRecorder:
     def lease_ended(self, event: LeaseEnded) -> None:
         """The pool's LeaseEnded: the lease's last stretch is its own."""
         self._parked_busy.pop(event.lease_id, None)
-        self.meter.ended(self.clock(), event.gpu, event.lease_id,
+        now = self.clock()
+        self.meter.ended(now, event.gpu, event.lease_id,
                          event.stats.busy_ns if event.gpu in self.counted else None)
+        for gpu in event.gpus:  # a lease of several GPUs ends on each of them at once
+            if gpu != event.gpu:
+                self.meter.ended(now, gpu, event.lease_id, None)
         self.flush_soon()  # its record's figures complete now, not at the next flush
 
     def lease_detached(self, event: LeaseDetached) -> None:
