@@ -19,7 +19,6 @@
 
 #include "sim_api.h"
 #include "sim_internal.h"
-#include "sim_shared.h"
 
 extern char **environ;
 
@@ -782,10 +781,5 @@ CUresult sim_config_load(struct sim_config *cfg)
         rc = check_config(cfg);
     if (rc == CUDA_SUCCESS)
         rc = apply_count_mode(cfg);
-    const char *why = rc == CUDA_SUCCESS ? sim_shared_config(cfg) : NULL;
-    if (why) {
-        sim_init_fail("config: %s", why);
-        rc = CUDA_ERROR_INVALID_VALUE;
-    }
     return rc;
 }

@@ -191,8 +191,8 @@ CUresult sim_memory_init(void)
                       p == MAP_FAILED ? strerror(err) : "address taken");
         return CUDA_ERROR_OPERATING_SYSTEM;
     }
-    CUresult rc = sim_memfile_init();
-    return rc == CUDA_SUCCESS ? sim_shared_init() : rc;
+    CUresult rc = sim_shared_init(); /* first: it may choose the memory file */
+    return rc == CUDA_SUCCESS ? sim_memfile_init() : rc;
 }
 
 CUresult sim_heap_alloc(int dev, uint64_t owner, uint64_t size, unsigned flags, uint64_t *out)

@@ -93,20 +93,23 @@ bool sim_shared_enabled(void)
     return enabled;
 }
 
-const char *sim_shared_config(struct sim_config *cfg)
+/* No memory_file given: the GPU's memory is a file in the shared directory. Runs once, in cuInit
+ * before anything reads the configuration's memory_file (the only change made to sim_cfg after
+ * it is read). */
+static void default_memory_file(void)
 {
-    if (cfg->shared_dir[0] == '\0')
-        return NULL;
-    if (cfg->memory_file[0] == '\0') {
-        char u[33];
-        for (int i = 0; i < 16; i++)
-            snprintf(u + 2 * i, 3, "%02x", cfg->uuid[i]);
-        int n = snprintf(cfg->memory_file, sizeof(cfg->memory_file), "%s/gpu-%s.mem",
-                         cfg->shared_dir, u);
-        if (n < 0 || (size_t)n >= sizeof(cfg->memory_file))
-            return "shared_dir: the memory file's path in it is too long";
-    }
-    return NULL;
+    if (sim_cfg.memory_file[0] != '\0')
+        return;
+    char u[33];
+    for (int i = 0; i < 16; i++)
+        snprintf(u + 2 * i, 3, "%02x", sim_cfg.uuid[i]);
+    /* shared_dir leaves room for the name (sim_config.c); built in parts so that the compiler
+     * sees no truncation */
+    size_t n = strlen(sim_cfg.shared_dir);
+    memcpy(sim_cfg.memory_file, sim_cfg.shared_dir, n);
+    memcpy(sim_cfg.memory_file + n, "/gpu-", 5);
+    memcpy(sim_cfg.memory_file + n + 5, u, 32);
+    memcpy(sim_cfg.memory_file + n + 37, ".mem", sizeof(".mem"));
 }
 
 /* One OFD lock operation on byte `at`, retried when a signal interrupts a wait. */
@@ -355,6 +358,7 @@ CUresult sim_shared_init(void)
     if (sim_cfg.shared_dir[0] == '\0')
         return CUDA_SUCCESS;
     enabled = true;
+    default_memory_file();
     for (int d = 0; d < sim_cfg.device_count; d++) {
         struct sh_gpu *g = &gpus[d];
         char why[SIM_PATH_MAX + 512];

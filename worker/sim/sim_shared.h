@@ -15,15 +15,11 @@
 
 #include "gp_cuda.h"
 
-struct sim_config;
-
-/* After the configuration is read: with shared_dir and no memory_file, the memory file becomes
- * <shared_dir>/gpu-<UUID>.mem (every process of the GPU must map the same bytes). Returns NULL,
- * or why the configuration cannot be used. */
-const char *sim_shared_config(struct sim_config *cfg);
 bool sim_shared_enabled(void);
-/* Opens (creating if missing) the shared state of the process's devices and claims a slot in
- * each; a failure is said through sim_init_fail. CUDA_SUCCESS without shared_dir. */
+/* cuInit, before the memory file is opened: with shared_dir and no memory_file, the memory file
+ * becomes <shared_dir>/gpu-<UUID of device 0>.mem (every process of the GPU must map the same
+ * bytes); then opens (creating if missing) the shared state of the process's devices and claims a
+ * slot in each. A failure is said through sim_init_fail. CUDA_SUCCESS without shared_dir. */
 CUresult sim_shared_init(void);
 
 /* The allocator of GPU phys's part of the memory file, shared by every process of the GPU. Offsets
