@@ -57,3 +57,16 @@ def test_scrub_takes_back_and_clears_a_dead_tenants_memory(native_build, tmp_pat
 
     after = memtool(native_build, env, "check", 7, *SIZES)
     assert [a["zero"] for a in after["allocations"]] == SIZES
+
+
+def test_pacing_gives_each_share_its_weights_part(native_build):
+    """worker/pacing.c (issue 32, item 4) with two busy shares on one shared simulated GPU, over
+    3 s each: equal weights 40-60 % each, weights 3:1 65-85 % for the heavier (tests/sim/test_pacing.c
+    counts the kernels each completed; without pacing the 3:1 case gets about half)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_SIM_", "GPUPOOL_WORKER_"))}
+    proc = subprocess.run(
+        [str(native_build / "tests" / "test_pacing")], capture_output=True, text=True, env=env, timeout=120
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"test_pacing failed:\n{output[-8000:]}"
+    assert len(re.findall(r"^PASS ", proc.stdout, re.M)) == 2, output

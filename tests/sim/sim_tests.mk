@@ -3,7 +3,8 @@
 SIM_TEST_API_NAMES := test_sim_config test_sim_memory test_sim_stream test_sim_launch \
 	test_sim_checkpoint \
 	test_sim_memfile test_sim_graph test_sim_export test_sim_tensormap test_sim_shared
-SIM_TEST_BINS := $(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/test_sim_elf
+SIM_TEST_BINS := $(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/test_sim_elf \
+	$(BUILD)/tests/test_pacing
 SIM_TEST_UTIL := $(BUILD)/obj/tests/sim/sim_test.o
 
 # Helpers of tests/test_sim_device.py and tests/test_scrub.py: a tenant process for the memory
@@ -35,3 +36,10 @@ $(BUILD)/tests/libscrub_fake_driver.so: $(BUILD)/obj/tests/sim/scrub_fake_driver
 
 .PHONY: sim_tests
 sim_tests: $(SIM_LIB) $(SIM_TEST_BINS) $(SIM_TEST_TOOLS)
+
+# The worker's pacing (worker/pacing.c, issue 32 item 4) linked alone with the simulated device.
+$(BUILD)/tests/test_pacing: $(BUILD)/obj/tests/sim/test_pacing.o $(SIM_TEST_UTIL) \
+		$(BUILD)/obj/worker/pacing.o $(BUILD)/obj/worker/log.o $(SIM_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $(filter %.o,$^) -L$(BUILD) -lgpupool-sim \
+		-Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread
