@@ -187,8 +187,9 @@ class FakeServer:
     def __init__(self, on_hello: Callable[[int, Any], HelloReply] | None = None,
                  on_frame: Callable[..., bool] | None = None,
                  before_reply: Callable[[socket.socket, int, Any], None] | None = None,
-                 on_info: Callable[[Any], Any] | None = None) -> None:
+                 on_info: Callable[[Any], Any] | None = None, trim: int = 0) -> None:
         self.on_hello = on_hello or (lambda i, h: snapshot(h))
+        self.trim = trim  # the hello reply goes out without its last `trim` bytes (an older server)
         self.on_info = on_info or (lambda info: InfoReply(
             major=1, minor=1, server="fake", gpus=1, matching=1, free_matching=1))
         self.infos: list[Any] = []
@@ -245,7 +246,11 @@ class FakeServer:
             reply = self.on_hello(index, hello)
             if self.before_reply:
                 self.before_reply(conn, index, hello)
-            conn.sendall(encode_frame(reply, req))
+            frame = encode_frame(reply, req)
+            if self.trim:  # the header's length is the shorter body's
+                body = frame[HEADER.size:len(frame) - self.trim]
+                frame = HEADER.pack(len(body), *HEADER.unpack(frame[:HEADER.size])[1:]) + body
+            conn.sendall(frame)
             if reply.result != 0:
                 return
             next_addr = hello.va_base
@@ -382,6 +387,31 @@ def test_hello_asks_for_gpus_and_memory(native_build: Path, fake: Callable[..., 
     assert_pass(proc, "sync")
     (hello,) = server.hellos
     assert (hello.gpus, hello.memory) == (gpus, memory)
+
+
+# An older server's hello reply is shorter: a 1.3 server's ends before redirect_fingerprint (its
+# empty string: 4 bytes) and 1.6's device_count, memory_quota (12); a 1.4-1.5 server's before
+# those 12. The shim reads the missing fields as 0 and runs as it did (connect_hello.c pads).
+@pytest.mark.parametrize(("minor", "trim", "works"), [
+    (3, 16, True), (5, 12, True),
+    (6, 12, False),  # a 1.6 server's reply that short is broken, not older
+])
+def test_an_older_servers_shorter_hello_reply(native_build: Path, fake: Callable[..., FakeServer],
+                                              minor: int, trim: int, works: bool) -> None:
+    def reply(_: int, hello: Any) -> HelloReply:
+        r = snapshot(hello)
+        r.minor = minor
+        return r
+
+    server = fake(on_hello=reply, trim=trim)
+    proc = run_scenario(native_build, server.address, "sync")
+    if works:
+        assert_pass(proc, "sync")
+        assert gpupool_lines(proc.stderr) == [], proc.stderr
+    else:
+        assert proc.returncode != 0
+        assert f"gpupool: server {server.address} refused the session: malformed hello reply " \
+            "(client and server versions differ?)" in proc.stderr, proc.stderr
 
 
 @pytest.mark.san
