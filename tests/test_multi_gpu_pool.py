@@ -263,3 +263,21 @@ async def test_the_utilisation_accounting_counts_the_lease_on_each_gpu(mgr: Any)
         assert round(rec.meter.gpus[1].busy_s, 3) == 7.5  # by utilisation
     finally:
         off()
+
+
+def test_a_fleet_refuses_several_gpus_even_for_a_client_it_could_redirect(tmp_path: Any) -> None:
+    from test_leases import FakeCleaner, FakeStore, FakeSupervisor
+
+    from gpupoold.config.settings import Settings
+    from gpupoold.gpu.inventory import Inventory
+    from gpupoold.pool.counters import Counters
+
+    store = FakeStore()
+    store.server = "a"  # type: ignore[attr-defined]  # (a server's name in the fleet)
+    m = LeaseManager(Inventory(tuple(make_gpu(i) for i in range(4))), Settings(state_dir=tmp_path),
+                     store, FakeSupervisor(), FakeCleaner(), Counters(),  # type: ignore[arg-type]
+                     shared_store=True)
+    for redirectable in (False, True):
+        why = m.feasible(Requirements(gpus=2), redirectable)
+        assert why is not None and "fleet" in why and "GPUPOOL_GPUS asked for 2" in why
+    assert m.feasible(Requirements(), True) is None

@@ -47,6 +47,7 @@ from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.pool.watchdog import Watchdog, stuck_reason
 from gpupoold.store.database import LeaseRecord, NewLease, Store
 from gpupoold.workers.supervisor import (
+    MAX_DEVICES,
     AdoptError,
     Worker,
     WorkerExit,
@@ -550,6 +551,10 @@ class LeaseManager:
         that may be sent there (`redirectable`), a GPU in service of another live server (the
         info reply counts it: a hello must not be refused for what it offered); else the
         refusal text."""
+        if req.gpus > 1 and self.fleet is not None:  # (nor sent to another server of it)
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server is in a "
+                    "fleet, where a lease of several GPUs is not served yet; ask for 1 (unset "
+                    "GPUPOOL_GPUS), or use a server outside the fleet")
         why = self._feasible_here(req)
         if why is not None and redirectable and self.fleet is not None \
                 and self.fleet.elsewhere(req):
@@ -564,15 +569,14 @@ class LeaseManager:
         too_many = req.too_many(gpus)
         if too_many is not None:
             return too_many
+        if req.gpus > MAX_DEVICES:
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once; a process can have at most "
+                    f"{MAX_DEVICES}: ask for fewer")
         limit = self.settings.max_gpus_per_token
         if 0 < limit < req.gpus:
             return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server lends a "
                     f"token at most {limit} (max_gpus_per_token); ask for at most {limit}, or "
                     "ask the operator")
-        if req.gpus > 1 and self.fleet is not None:
-            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server is in a "
-                    "fleet, where a lease of several GPUs is not served yet; ask for 1 (unset "
-                    "GPUPOOL_GPUS), or use a server outside the fleet")
         in_service_now = [s for s in candidates if in_service(s)]
         if req.gpus > 1 and 0 < len(in_service_now) < req.gpus:
             out = ", ".join(str(s.gpu.index) for s in candidates if not in_service(s))
