@@ -5,6 +5,8 @@ pynvml against a gpupoold of 2 simulated GPUs.
   (NVML_P2P_STATUS_UNKNOWN: gpupool does not know the server's PCI tree) and their common
   ancestor is the widest level inside one machine (NVML_TOPOLOGY_SYSTEM); a device reaches
   itself (OK, NVML_TOPOLOGY_INTERNAL). Every pair answers: NCCL's NVML set-up fails otherwise.
+- GPUs of two servers: no peer access (NVML_P2P_STATUS_NOT_SUPPORTED) and no common ancestor
+  (NVML_ERROR_NOT_SUPPORTED): they are not in one machine.
 - a process holding a lease lists its lease's GPUs in CUDA's order, each with CUDA's UUID and
   PCI bus id (NCCL looks its GPU up in NVML by the bus id CUDA gives), found by that bus id.
 """
@@ -20,13 +22,13 @@ from typing import Any
 
 from conftest import GpupoolServer, run_client
 
-P2P_STATUS_OK, P2P_STATUS_UNKNOWN = 0, 6
+P2P_STATUS_OK, P2P_STATUS_NOT_SUPPORTED, P2P_STATUS_UNKNOWN = 0, 5, 6
 TOPOLOGY_INTERNAL, TOPOLOGY_SYSTEM = 0, 50
 
 
-def run_py(server: GpupoolServer, code: str) -> Any:
+def run_py(server: GpupoolServer, code: str, env: dict[str, str] | None = None) -> Any:
     proc: subprocess.CompletedProcess[str] = run_client(
-        [sys.executable, "-c", textwrap.dedent(code)], env=server.client_env(), timeout=120)
+        [sys.executable, "-c", textwrap.dedent(code)], env=env or server.client_env(), timeout=120)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return json.loads(lines[-1])
@@ -38,8 +40,11 @@ PAIRS = """
         out = {}
         for i, a in enumerate(hs):
             for j, b in enumerate(hs):
-                out[f"{i}{j}"] = [n.nvmlDeviceGetP2PStatus(a, b, k) for k in (0, 1, 3)] + \\
-                    [n.nvmlDeviceGetTopologyCommonAncestor(a, b)]
+                try:
+                    level = n.nvmlDeviceGetTopologyCommonAncestor(a, b)
+                except n.NVMLError_NotSupported:
+                    level = "not supported"
+                out[f"{i}{j}"] = [n.nvmlDeviceGetP2PStatus(a, b, k) for k in (0, 1, 3)] + [level]
         return out
 """
 
@@ -94,3 +99,20 @@ def test_nvml_pairs_and_the_lease_in_cudas_order(start_daemon: Any, native_build
         assert v["bus"].lower().endswith(c["bus"].lower()[-7:]), (i, c, v)
     assert lease["pairs"]["00"] == ok_self
     assert {g["uuid"].lower() for g in api} >= {v["uuid"].lower() for v in nvml}
+
+
+def test_nvml_gpus_of_two_servers_share_nothing(start_daemon: Any, native_build: Path,
+                                                tmp_path: Path) -> None:
+    one, two = (start_daemon(build_dir=native_build) for _ in range(2))
+    config = tmp_path / "client.toml"
+    config.write_text("".join(
+        f'[[servers]]\naddress = "{s.address}"\ntoken = "{s.token}"\n'
+        f'tls_fingerprint = "{s.fingerprint}"\n\n' for s in (one, two)))
+    env = one.client_env({"GPUPOOL_CONFIG": str(config)})
+    for var in ("GPUPOOL_SERVER", "GPUPOOL_TOKEN", "GPUPOOL_TLS_FINGERPRINT"):
+        env.pop(var)
+    listing = run_py(one, LISTING, env)
+    assert len(listing["uuids"]) == 2, listing
+    apart = [P2P_STATUS_NOT_SUPPORTED] * 3 + ["not supported"]
+    assert listing["pairs"]["01"] == listing["pairs"]["10"] == apart, listing
+    assert listing["pairs"]["00"] == [P2P_STATUS_OK] * 3 + [TOPOLOGY_INTERNAL]
