@@ -12,6 +12,7 @@
  */
 #include <stdlib.h>
 
+#include "pacing.h"
 #include "worker.h"
 
 enum {
@@ -100,7 +101,10 @@ WK_HANDLER(graph_launch)
         if (m->upload) {
             rc = DRV(w, cuGraphUpload, x->h, s);
         } else {
+            wk_pace_launch_begin(w->drv.lib); /* a graph's kernels are paced as launches */
             rc = WK_LONG(w, DRV_BUSY(w, cuGraphLaunch, x->h, s));
+            uint64_t waited = wk_pace_launch_end(); /* busy_ns: the kernels' time, not turns */
+            w->stats.busy_ns -= waited < w->stats.busy_ns ? waited : w->stats.busy_ns;
             w->stats.launches++;
         }
     }
