@@ -32,7 +32,9 @@ int gp_tls_setup(const gp_server_config *srv, char *err, size_t cap);
  * srv has a CA, its public key against srv's pin when it has one; a mismatch fails before the
  * session is returned, so nothing of ours is written to an unverified peer), made
  * with srv's context (gp_tls_setup first). read_ahead: only for the last session on the socket.
- * timeout_ms bounds the whole handshake (-1: none). NULL with err filled on failure. */
+ * timeout_ms bounds the whole handshake (-1: none). NULL with err filled on failure; errno
+ * ECONNRESET when the server closed the connection during the handshake without a word (a busy
+ * gpupoold past its handshake limits does that). */
 gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,
                        char *err, size_t cap);
 /* Up to n bytes: > 0, 0 at the end of the stream, -1 (errno ETIMEDOUT when timeout_ms, for the

@@ -609,8 +609,9 @@ static int is_ip_literal(const char *host)
     return strspn(host, "0123456789.") == strlen(host) || strchr(host, ':') != NULL;
 }
 
-/* Why a handshake failed, for the one-line error: certificate problems get what to do. */
-static void handshake_error(gp_tls *s, const gp_server_config *srv, int e, char *err, size_t cap)
+/* Why a handshake failed, for the one-line error: certificate problems get what to do. 1 when
+ * the server closed the connection without a word (no alert, no certificate problem), else 0. */
+static int handshake_error(gp_tls *s, const gp_server_config *srv, int e, char *err, size_t cap)
 {
     char desc[600];
     gp_server_desc(srv, desc, sizeof desc);
@@ -622,7 +623,7 @@ static void handshake_error(gp_tls *s, const gp_server_config *srv, int e, char 
                  "that signed it (PEM) and connect with the host name the certificate names",
                  O.X509_verify_cert_error_string(v));
         O.ERR_clear_error();
-        return;
+        return 0;
     }
     char why[200];
     ssl_error_text(why, sizeof why,
@@ -646,6 +647,7 @@ static void handshake_error(gp_tls *s, const gp_server_config *srv, int e, char 
                  why);
     else
         snprintf(err, cap, "TLS handshake failed (%s)", why);
+    return !strcmp(why, "the server closed the connection") || strstr(why, "unexpected eof");
 }
 
 gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int timeout_ms,
@@ -701,10 +703,12 @@ gp_tls *gp_tls_connect(const gp_server_config *srv, int fd, int read_ahead, int 
             snprintf(err, cap, "TLS handshake: %s",
                      errno == ETIMEDOUT ? "no answer (does the server speak TLS on this port?)"
                                         : strerror(errno));
-        } else {
-            handshake_error(s, srv, e, err, cap);
+            gp_tls_free(s);
+            return NULL;
         }
+        int closed = handshake_error(s, srv, e, err, cap);
         gp_tls_free(s);
+        errno = closed ? ECONNRESET : EPROTO;
         return NULL;
     }
     if (check_pin(s, srv, err, cap) != 0) {

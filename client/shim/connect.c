@@ -118,6 +118,48 @@ static int restart_wait(hello_ctx *hc, int64_t budget_ms, const char *msg, int s
     return 1;
 }
 
+/* A server that closes the connection during the TLS handshake without a word is most often
+ * busy: gpupoold closes a connection at once past its limits on handshakes in progress
+ * (max_handshakes, max_handshakes_per_address: gpupoold/remoting/admission.py), which a burst of
+ * clients from one address meets. 1 after a pause (BUSY_FIRST_MS doubling to BUSY_MAX_MS, each
+ * jittered so that a burst does not come back in step) while the connect timeout (0: 60 s) from
+ * the first such close has time left; else 0 with the one message in msg, which names both
+ * causes (a busy server, or one that wants a client certificate). */
+#define BUSY_FIRST_MS 50
+#define BUSY_MAX_MS 1000
+static int busy_wait(hello_ctx *hc, char *msg, size_t mcap)
+{
+    int64_t now = mono_ms();
+    if (!hc->busy_since)
+        hc->busy_since = now;
+    int tries = ++hc->busy_tries;
+    int64_t budget = hc->timeout_s > 0 ? gp_timeout_ms(hc->timeout_s) : 60000;
+    int64_t left = hc->busy_since + budget - now;
+    if (left <= 0) {
+        snprintf(msg, mcap,
+                 "TLS handshake failed: the server closed the connection during the handshake, "
+                 "%d time%s in %.1f s. It may be busy: gpupoold closes new connections at once "
+                 "while too many handshakes are in progress (its max_handshakes, "
+                 "max_handshakes_per_address), so try again in a moment or ask its operator; "
+                 "if it requires a client certificate, set GPUPOOL_TLS_CERT and "
+                 "GPUPOOL_TLS_KEY to one its tls_client_ca signed",
+                 tries, tries == 1 ? "" : "s", (double)(now - hc->busy_since) / 1000);
+        return 0;
+    }
+    int64_t pause = BUSY_FIRST_MS << (tries < 6 ? tries - 1 : 5);
+    if (pause > BUSY_MAX_MS)
+        pause = BUSY_MAX_MS;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)now ^ (unsigned)tries;
+    pause = pause / 2 + rand_r(&seed) % (pause / 2 + 1); /* half to the whole of it */
+    if (pause > left)
+        pause = left;
+    gp_log_debug("server %s closed the TLS handshake (it may be busy); trying again in %lld ms",
+                 hc->desc, (long long)pause);
+    struct timespec ts = {(time_t)(pause / 1000), (long)(pause % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
 /* Connect and say hello to one server, with the window retries. ATTEMPT_OK with *fd_out and
  * *tls_out set, else the kind of failure with msg filled; ATTEMPT_FATAL after the one error line
  * was printed (no window at all). */
@@ -125,6 +167,8 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
                       int *base_index, int *fd_out, gp_tls **tls_out, char *msg, size_t mcap)
 {
     const gp_server_config *srv = hc->srv, *named = hc->srv;
+    hc->busy_since = 0;
+    hc->busy_tries = 0;
     if (gp_tls_trusted(srv, msg, mcap) != 0)
         return ATTEMPT_UNTRUSTED;
     if (srv->tls && gp_tls_setup(srv, msg, mcap) != 0)
@@ -168,6 +212,10 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         k = ATTEMPT_OK;
         if (srv->tls) {
             l.tls = gp_tls_connect(srv, fd, 0, gp_timeout_ms(hc->timeout_s), msg, mcap);
+            if (!l.tls && errno == ECONNRESET && busy_wait(hc, msg, mcap)) {
+                close(fd);
+                continue;
+            }
             if (!l.tls)
                 k = ATTEMPT_TLS;
         }
@@ -208,6 +256,8 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
             hc->srv = hop; /* its token, and its pin for the worker's session too */
             hc->desc = hop_desc;
             hc->restart_until = 0;
+            hc->busy_since = 0;
+            hc->busy_tries = 0;
             continue;
         }
         if (k == ATTEMPT_RESTARTING &&

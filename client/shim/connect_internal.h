@@ -45,7 +45,9 @@ typedef struct hello_ctx {
     const char *desc;       /* the server being tried ("host:port"), for messages */
     const char *token_hint; /* what to check when the token is refused */
     int64_t
-        restart_until; /* mono_ms deadline of the retries across a server restart; 0: none yet */
+        restart_until;  /* mono_ms deadline of the retries across a server restart; 0: none yet */
+    int64_t busy_since; /* mono_ms of the first TLS handshake the server closed; 0: none */
+    int busy_tries;     /* how many it closed since */
     char redirect_fp[GP_FINGERPRINT_CAP]; /* ATTEMPT_REDIRECT: the target's pin, "" if none */
     unsigned features; /* ATTEMPT_OK: GP_HELLO_LZ4 / GP_HELLO_KEEPALIVE, as both sides agreed */
 } hello_ctx;
