@@ -341,8 +341,26 @@ static void test_missing_shared_dir_fails_cuinit(void)
     wait_ok(spawn(missing_dir_tenant, 0));
 }
 
+static void bigger_gpu_tenant(int unused)
+{
+    (void)unused;
+    CHECK(setenv("GPUPOOL_SIM_TOTAL_MEMORY", "128MiB", 1) == 0);
+    CHECK_RC(cuInit(0), CUDA_ERROR_OPERATING_SYSTEM);
+    CHECK(strstr(gpupoolSimLastErrorDetail(), "disagree on the GPU's memory") != NULL);
+}
+
+/* Processes of one GPU that disagree on its size cannot share one allocator: cuInit says so. */
+static void test_processes_of_a_gpu_must_agree_on_its_size(void)
+{
+    use_shared_dir();
+    wait_ok(spawn(read_zeros, 0)); /* sets the GPU up at 64 MiB */
+    wait_ok(spawn(bigger_gpu_tenant, 0));
+    shared_files(true);
+}
+
 SIM_TEST_MAIN(SIM_T(memory_is_the_gpus), SIM_T(leftovers_of_a_freed_allocation_are_visible),
               SIM_T(a_dead_process_memory_is_taken_back),
               SIM_T(kernels_of_two_processes_take_turns),
               SIM_T(without_shared_dir_each_process_has_the_gpu), SIM_T(bad_shared_dir),
-              SIM_T(missing_shared_dir_fails_cuinit))
+              SIM_T(missing_shared_dir_fails_cuinit),
+              SIM_T(processes_of_a_gpu_must_agree_on_its_size))
