@@ -22,16 +22,19 @@ static int is_primary(uint64_t id)
     return wk_ctx_canon(id) == WK_PRIMARY_CTX_ID;
 }
 
-WK_HANDLER(ctx_create)
+/* cuCtxCreate on lease device `d` for the client's id; the context remembers its device (kind). */
+static CUresult create_ctx(struct worker *w, uint64_t id, uint32_t flags, int32_t d)
 {
     gp_ctx_create_reply r = {0};
     CUcontext c = NULL;
-    if (m->ctx == 0 || is_primary(m->ctx) || wk_idmap_get(&w->ctxs, m->ctx)) {
+    if (d < 0 || d >= w->ndev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    } else if (id == 0 || is_primary(id) || wk_primary_index(w, id) || wk_idmap_get(&w->ctxs, id)) {
         r.result = CUDA_ERROR_INVALID_VALUE;
     } else if (w->drv.cuCtxCreate) {
-        r.result = w->drv.cuCtxCreate(&c, m->flags, w->dev);
+        r.result = w->drv.cuCtxCreate(&c, flags, w->devs[d]);
     } else if (w->drv.cuCtxCreate_v4) {
-        r.result = w->drv.cuCtxCreate_v4(&c, NULL, m->flags, w->dev);
+        r.result = w->drv.cuCtxCreate_v4(&c, NULL, flags, w->devs[d]);
     } else {
         r.result = CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -40,11 +43,26 @@ WK_HANDLER(ctx_create)
         CUresult rc = w->drv.cuCtxSetCurrent(w->cur_ctx ? wk_ctx_handle(w, w->cur_ctx) : NULL);
         if (rc != CUDA_SUCCESS)
             wk_warn("restoring the current context after cuCtxCreate: %s", wk_err_name(w, rc));
-        r.result = wk_obj_bind(&w->ctxs, m->ctx, wk_obj_new(0, c, NULL, 0));
+        struct wk_obj *o = wk_obj_new(0, c, NULL, 0);
+        if (o)
+            o->kind = (uint32_t)d;
+        r.result = wk_obj_bind(&w->ctxs, id, o);
         if (r.result != CUDA_SUCCESS && DRV(w, cuCtxDestroy, c) != CUDA_SUCCESS)
             wk_warn("destroying an unbound context failed");
     }
+    return r.result;
+}
+
+WK_HANDLER(ctx_create)
+{
+    gp_ctx_create_reply r = {.result = create_ctx(w, m->ctx, m->flags, 0)};
     WK_REPLY(w, req, gp_ctx_create_reply, &r);
+}
+
+WK_HANDLER(ctx_create_on)
+{
+    gp_ctx_create_on_reply r = {.result = create_ctx(w, m->ctx, m->flags, m->device)};
+    WK_REPLY(w, req, gp_ctx_create_on_reply, &r);
 }
 
 CUresult wk_ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o)

@@ -12,7 +12,7 @@ WK_HANDLER(func_get_attribute)
     if (!f)
         r.result = CUDA_ERROR_INVALID_HANDLE;
     else if (f->kind == 1)
-        r.result = DRV(w, cuKernelGetAttribute, &v, m->attribute, f->h, w->dev);
+        r.result = DRV(w, cuKernelGetAttribute, &v, m->attribute, f->h, w->devs[wk_cur_device(w)]);
     else
         r.result = DRV(w, cuFuncGetAttribute, &v, m->attribute, f->h);
     r.value = r.result == CUDA_SUCCESS ? v : 0;
@@ -30,7 +30,8 @@ WK_HANDLER(func_set_attribute)
     else if (m->attribute == -1)
         r.result = DRV(w, cuFuncSetCacheConfig, f->h, m->value);
     else if (f->kind == 1)
-        r.result = DRV(w, cuKernelSetAttribute, m->attribute, m->value, f->h, w->dev);
+        r.result =
+            DRV(w, cuKernelSetAttribute, m->attribute, m->value, f->h, w->devs[wk_cur_device(w)]);
     else
         r.result = DRV(w, cuFuncSetAttribute, f->h, m->attribute, m->value);
     WK_REPLY(w, req, gp_func_set_attribute_reply, &r);

@@ -65,10 +65,13 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
     if (wk_vm_alloc(&w->vm, len, &addr) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY; /* the window is full: the client sees an OOM */
 
+    /* On the device of the current context (issue 37), reachable from the lease's devices that
+     * the driver says can access it, as cuMemAlloc memory is once peer access is on. */
+    int d = wk_cur_device(w);
     CUmemAllocationProp prop = {0};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = w->dev;
+    prop.location.id = d == 0 ? w->dev : w->devs[d];
     CUmemGenericAllocationHandle h = 0;
     CUresult rc = w->drv.cuMemCreate(&h, len, &prop, 0);
     if (rc != CUDA_SUCCESS)
@@ -76,10 +79,8 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
     rc = w->drv.cuMemMap(addr, len, 0, h, 0);
     if (rc != CUDA_SUCCESS)
         goto release;
-    CUmemAccessDesc access = {0};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    rc = w->drv.cuMemSetAccess(addr, len, &access, 1);
+    CUmemAccessDesc access[WK_MAX_DEVICES];
+    rc = w->drv.cuMemSetAccess(addr, len, access, wk_access_descs(w, d, access));
     if (rc != CUDA_SUCCESS)
         goto unmap;
     struct wk_obj *o = wk_obj_new(w->cur_ctx, NULL, NULL, 0);

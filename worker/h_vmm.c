@@ -121,16 +121,19 @@ WK_HANDLER(vmm_address_free)
     free(r);
 }
 
-WK_HANDLER(vmm_create)
+/* cuMemCreate on lease device `d` (issue 37); the handle remembers its device (kind). */
+static CUresult vmm_create_on(struct worker *w, const gp_vmm_create *m, int32_t d)
 {
     gp_vmm_create_reply r = {.result = CUDA_SUCCESS};
+    if (d < 0 || d >= w->ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
     if (m->handle == 0 || wk_idmap_get(&w->vmm_handles, m->handle))
         r.result = CUDA_ERROR_INVALID_VALUE;
     CUmemAllocationProp prop = {0};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.requestedHandleTypes = (int)m->handle_types;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = w->dev;
+    prop.location.id = d == 0 ? w->dev : w->devs[d];
     prop.allocFlags.compressionType = (unsigned char)(m->alloc_flags & 0xff);
     prop.allocFlags.gpuDirectRDMACapable = (unsigned char)((m->alloc_flags >> 8) & 0xff);
     prop.allocFlags.usage = (unsigned short)(m->alloc_flags >> 16);
@@ -142,6 +145,7 @@ WK_HANDLER(vmm_create)
         if (o) {
             o->size = m->size;
             o->mem = h;
+            o->kind = (uint32_t)d;
         }
         r.result = wk_obj_bind(&w->vmm_handles, m->handle, o);
         if (r.result != CUDA_SUCCESS) {
@@ -152,7 +156,23 @@ WK_HANDLER(vmm_create)
             w->stats.mem_used += m->size;
         }
     }
+    return r.result;
+}
+
+WK_HANDLER(vmm_create)
+{
+    gp_vmm_create_reply r = {.result = vmm_create_on(w, m, 0)};
     WK_REPLY(w, req, gp_vmm_create_reply, &r);
+}
+
+WK_HANDLER(vmm_create_on)
+{
+    const gp_vmm_create c = {.handle = m->handle,
+                             .size = m->size,
+                             .handle_types = m->handle_types,
+                             .alloc_flags = m->alloc_flags};
+    gp_vmm_create_on_reply r = {.result = vmm_create_on(w, &c, m->device)};
+    WK_REPLY(w, req, gp_vmm_create_on_reply, &r);
 }
 
 static void release_handle(struct worker *w, struct wk_obj *o)
@@ -223,12 +243,16 @@ WK_HANDLER(vmm_unmap)
 WK_HANDLER(vmm_set_access)
 {
     (void)req;
-    CUmemAccessDesc d = {0};
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = w->dev;
-    d.flags = (int)m->flags;
+    /* The memory's own device and the lease's devices that can access it as peers (issue 37):
+     * the device of the allocation mapped first in the range (the client checked the rest). */
+    const struct wk_obj *map = wk_idmap_get(&w->vmm_maps, m->ptr);
+    const struct wk_obj *h = map ? wk_idmap_get(&w->vmm_handles, map->mem) : NULL;
+    CUmemAccessDesc d[WK_MAX_DEVICES];
+    size_t n = wk_access_descs(w, h && h->kind < (uint32_t)w->ndev ? (int)h->kind : 0, d);
+    for (size_t i = 0; i < n; i++)
+        d[i].flags = (int)m->flags;
     CUresult rc = resv_containing(w, m->ptr, m->size)
-                      ? DRV(w, cuMemSetAccess, m->ptr, m->size, &d, 1)
+                      ? DRV(w, cuMemSetAccess, m->ptr, m->size, d, n)
                       : CUDA_ERROR_INVALID_VALUE;
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_VMM_SET_ACCESS, rc, "cuMemSetAccess of %llu bytes at 0x%llx",

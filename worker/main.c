@@ -10,8 +10,10 @@
  *       daemon over the control socket (with TLS when SESSION says so: tls.c); with --adopt-dir
  *       and a grace above 0 the session outlives its daemon for that long (adopt.c)
  *   gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR --session-id ID
- *                  --hello-req REQ [--simulated]
- *       one client socket and its hello on stdin (the original mode; the tests drive it)
+ *                  --hello-req REQ [--simulated] [--devices ORDINAL,ORDINAL...]
+ *       one client socket and its hello on stdin (the original mode; the tests drive it);
+ *       --devices: a lease of several GPUs, the first being --device (what worker_session's
+ *       devices says in control mode; issue 37)
  *
  * Every worker is made not dumpable, without core files and with no_new_privs first thing;
  * a control-mode worker then enters its Landlock sandbox once it has read its TLS files, before
@@ -50,7 +52,8 @@ static void usage(const char *why)
             "                      [--adopt-dir DIR --orphan-grace SECONDS]\n"
             "                      [--sandbox-rw DIR]... [--sandbox-ro PATH]... [--no-sandbox]\n"
             "       gpupool-worker --fd N --driver PATH --device ORDINAL --cache-dir DIR "
-            "--session-id ID --hello-req REQ [--simulated]\n");
+            "--session-id ID --hello-req REQ [--simulated]\n"
+            "                      [--devices ORDINAL,ORDINAL...]\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -64,6 +67,24 @@ static int parse_u64(const char *s, uint64_t *out)
         return -1;
     *out = v;
     return 0;
+}
+
+/* --devices 0,2,3 (--fd mode; control mode gets them with worker_session): the lease's GPUs in
+ * the program's order, the first being --device (issue 37). */
+static int parse_devices(const char *v, struct wk_options *o)
+{
+    o->ndevices = 0;
+    while (*v) {
+        char *end;
+        errno = 0;
+        long d = strtol(v, &end, 10);
+        if (errno != 0 || end == v || d < 0 || d > 1024 || o->ndevices == WK_MAX_DEVICES ||
+            (*end != ',' && *end != '\0'))
+            return -1;
+        o->devices[o->ndevices++] = (int)d;
+        v = *end == ',' ? end + 1 : end;
+    }
+    return o->ndevices > 0 ? 0 : -1;
 }
 
 static int parse_args(int argc, char **argv, struct wk_options *o)
@@ -99,6 +120,8 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
         } else if (strcmp(a, "--device") == 0) {
             bad = parse_u64(v, &dev) != 0 || dev > 1024;
             have |= 4;
+        } else if (strcmp(a, "--devices") == 0) {
+            bad = parse_devices(v, o) != 0;
         } else if (strcmp(a, "--cache-dir") == 0) {
             o->cache_dir = v;
             bad = !*v;

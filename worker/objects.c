@@ -67,6 +67,9 @@ CUcontext wk_ctx_handle(struct worker *w, uint64_t id)
     id = wk_ctx_canon(id);
     if (id == WK_PRIMARY_CTX_ID)
         return w->primary;
+    int k = wk_primary_index(w, id);
+    if (k > 0)
+        return w->prims[k];
     struct wk_obj *o = wk_idmap_get(&w->ctxs, id);
     return o ? o->h : NULL;
 }

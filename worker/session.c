@@ -47,21 +47,20 @@ void wk_hello_refuse(struct worker *w, uint64_t req, int32_t result, const char 
     (void)wk_io_flush(w); /* the client may be gone already; nothing else to do either way */
 }
 
-/* What the hello reply says about the device. Read once, while the primary context is current
- * (limits and the priority range are per context). */
-static void take_snapshot(struct worker *w)
+/* What the hello reply (device 0) or device_snapshot (the others) says about a device. Read
+ * while its primary context is current (limits and the priority range are per context). */
+void wk_snapshot_take(struct worker *w, CUdevice dev, struct wk_snapshot *s)
 {
-    struct wk_snapshot *s = &w->snap;
     memset(s, 0, sizeof *s);
-    if (DRV(w, cuDeviceGetName, s->name, (int)sizeof s->name, w->dev) != CUDA_SUCCESS)
+    if (DRV(w, cuDeviceGetName, s->name, (int)sizeof s->name, dev) != CUDA_SUCCESS)
         snprintf(s->name, sizeof s->name, "unknown device");
     s->name[sizeof s->name - 1] = '\0';
     CUuuid uuid;
     memset(&uuid, 0, sizeof uuid);
-    if (DRV(w, cuDeviceGetUuid, &uuid, w->dev) == CUDA_SUCCESS)
+    if (DRV(w, cuDeviceGetUuid, &uuid, dev) == CUDA_SUCCESS)
         memcpy(s->uuid, uuid.bytes, 16);
     size_t total = 0;
-    if (DRV(w, cuDeviceTotalMem, &total, w->dev) == CUDA_SUCCESS)
+    if (DRV(w, cuDeviceTotalMem, &total, dev) == CUDA_SUCCESS)
         s->total_mem = total;
     int v = 0;
     if (DRV(w, cuDriverGetVersion, &v) == CUDA_SUCCESS)
@@ -69,7 +68,7 @@ static void take_snapshot(struct worker *w)
     /* attrs[i] is attribute i; those the driver does not answer read 0. */
     for (int i = 0; i < CU_DEVICE_ATTRIBUTE_MAX; i++) {
         v = 0;
-        if (w->drv.cuDeviceGetAttribute(&v, i, w->dev) != CUDA_SUCCESS)
+        if (w->drv.cuDeviceGetAttribute(&v, i, dev) != CUDA_SUCCESS)
             v = 0;
         gp_wr_u32(s->attrs + 4 * i, (uint32_t)v);
     }
@@ -117,6 +116,7 @@ static void hello_snapshot(struct worker *w, const struct wk_options *o)
     r.va_base = w->va_base;
     r.va_size = w->va_size;
     r.features = w->cz.features;
+    r.device_count = (uint32_t)w->ndev;
     WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
     wk_log("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
            (unsigned long long)o->session_id, s->name, o->ordinal,
@@ -173,7 +173,10 @@ int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *c
         return -1;
     }
     w->gran = gran;
-    take_snapshot(w);
+    wk_snapshot_take(w, w->dev, &w->snap);
+    w->ndev = 1;
+    w->devs[0] = w->dev;
+    w->prims[0] = w->primary;
     w->device_ready = 1;
     return 0;
 }
@@ -280,6 +283,14 @@ int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hell
             return -1;
         }
     }
+    {
+        char err[512];
+        int32_t code = 0;
+        if (wk_devices_open(w, o, &code, err, sizeof err) != 0) {
+            wk_hello_refuse(w, req, code, "%s", err);
+            return -1;
+        }
+    }
     size_t gran = (size_t)w->gran;
 
     /* The window must be ours at exactly the client's addresses; any other outcome is a
@@ -344,6 +355,7 @@ void wk_session_end(struct worker *w)
         wk_obj_purge(w, &w->allocs, 0, 0, wk_obj_destroy_alloc);
         wk_vmm_release_all(w);
         wk_va_release(w);
+        wk_devices_close(w);
         for (; w->primary_retains > 0; w->primary_retains--) {
             rc = DRV(w, cuDevicePrimaryCtxRelease, w->dev);
             if (rc != CUDA_SUCCESS)

@@ -13,6 +13,7 @@
  *   control_session.c  what the daemon says during a session (worker_end, its departure, idle
  *               detach), worker_ended
  *   session.c   driver and device setup, the VA window, the hello reply, teardown
+ *   devices.c   the lease's other devices (issue 37): their primary contexts, peers, access
  *   loop.c      the frame loop: header checks, decode, dispatch (the generated table)
  *   io.c        the socket: 1 MiB input buffer, bulk input, output buffer and flushing, notices
  *   reactor.c   the waits: the client socket, and what the files below registered meanwhile
@@ -22,6 +23,7 @@
  *   objects.c   client ids -> driver handles (idmap.c), lookups and bulk cleanup
  *   h_session.c ping, stats, goodbye, notice, info: session messages, not CUDA calls
  *   h_ctx.c     contexts, limits, primary context reset
+ *   h_device.c  the snapshot of a lease's other devices (device_props)
  *   h_memory.c  allocations in the VA window (vm.c), frees, memory info, device-side copies and
  *               memsets
  *   h_copy.c    host<->device copies through pinned staging buffers
@@ -76,6 +78,11 @@
 /* The client's primary context id: 0x6750000000000000 | GP_H_CTX << 40 | 1 (client/shim/shim.h).
  * The spec's ctx_set_current doc calls the primary "ctx 1", so the bare 1 is accepted too. */
 #define WK_PRIMARY_CTX_ID (0x6750000000000000ull | (1ull << 40) | 1ull)
+
+/* Device k's primary context (issue 37): the primary id with k in bits 32-37, so device 0's is
+ * WK_PRIMARY_CTX_ID (client/shim/shim.h GP_PRIMARY_CTX_OF says the same). */
+#define WK_MAX_DEVICES 64 /* worker_session.devices: array:i32:64 */
+#define WK_PRIMARY_CTX_OF(k) (WK_PRIMARY_CTX_ID | ((uint64_t)(k) << 32))
 
 #define WK_INBUF_SIZE ((size_t)1 << 20)  /* input buffer: many batched frames per read() */
 #define WK_FLUSH_AT ((size_t)256 << 10)  /* flush the output buffer when it grows past this */
@@ -242,6 +249,12 @@ struct worker {
     int ordinal;
     CUdevice dev;
     CUcontext primary;
+    /* The lease's devices (devices.c; issue 37): [0] is the worker's own (dev, primary); the
+     * others come from worker_session.devices (--devices in --fd mode), in the program's order. */
+    int ndev;
+    CUdevice devs[WK_MAX_DEVICES];
+    CUcontext prims[WK_MAX_DEVICES]; /* their retained primary contexts ([0]: see primary) */
+    uint8_t peer[WK_MAX_DEVICES][WK_MAX_DEVICES]; /* cuDeviceCanAccessPeer(i, j) */
     int primary_retains; /* how many cuDevicePrimaryCtxRetain calls to balance at exit */
     uint64_t cur_ctx;    /* client id of the context current on this thread (0: none) */
     uint64_t gran;       /* allocation granularity */
@@ -443,6 +456,26 @@ void wk_obj_destroy_stream(struct worker *w, uint64_t id, struct wk_obj *o);
 void wk_obj_destroy_event(struct worker *w, uint64_t id, struct wk_obj *o);
 void wk_obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o); /* + its functions */
 
+/* ---- devices.c: the lease's other devices (issue 37) ------------------------------------ */
+struct wk_options;
+/* Opens devices 1.. of o->devices (cuDeviceGet, a retained primary context each) and reads which
+ * can access which. 0, or -1 with *code and err saying what went wrong. */
+int wk_devices_open(struct worker *w, const struct wk_options *o, int32_t *code, char *err,
+                    size_t errlen);
+/* Releases the primary contexts of devices 1.. (the end of the session). */
+void wk_devices_close(struct worker *w);
+/* The lease device (0..ndev-1) a context id belongs to; 0 for none or an unknown id. */
+int wk_ctx_device(struct worker *w, uint64_t ctx);
+/* The device of the current context. */
+int wk_cur_device(struct worker *w);
+/* k if id is device k's primary context id (k >= 1, k < ndev), else 0. */
+int wk_primary_index(const struct worker *w, uint64_t id);
+/* The access descriptors for memory on lease device `dev`: that device and every device that
+ * can access it as a peer (read-write). Fills out[WK_MAX_DEVICES]; returns how many. */
+size_t wk_access_descs(const struct worker *w, int dev, CUmemAccessDesc *out);
+/* Reads the snapshot of a device (the current context's limits and priority range). */
+void wk_snapshot_take(struct worker *w, CUdevice dev, struct wk_snapshot *s);
+
 /* ---- session.c -------------------------------------------------------------------------- */
 #define WK_MAX_SANDBOX_RW 8
 struct wk_options {
@@ -450,6 +483,8 @@ struct wk_options {
     int control_fd; /* --control-fd, or -1 */
     const char *driver;
     int ordinal;
+    int ndevices;                /* worker_session.devices / --devices: 0 = --device only */
+    int devices[WK_MAX_DEVICES]; /* server ordinals; [0] is --device */
     const char *cache_dir;
     uint64_t session_id;
     uint64_t hello_req;

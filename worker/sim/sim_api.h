@@ -53,6 +53,9 @@ SIM_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 SIM_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 SIM_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 SIM_API CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
+SIM_API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+SIM_API CUresult cuDeviceGetP2PAttribute(int *value, int attrib, CUdevice srcDevice,
+                                         CUdevice dstDevice);
 
 /* ---- contexts ---------------------------------------------------------------------------- */
 SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);

@@ -127,3 +127,34 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
     pciBusId[k] = '\0';
     return sim_leave(CUDA_SUCCESS);
 }
+
+/* Peers (issue 37): the devices of one simulated process share its memory, so each reaches
+ * every other, as GPUs on one NVLink switch do; a device is not its own peer (the driver
+ * answers 0 for it). */
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!canAccessPeer)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(dev) || !sim_dev_valid(peerDev))
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    *canAccessPeer = dev != peerDev;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+/* Attributes 1..4: performance rank 0 (the best link), access, native atomics and CUDA array
+ * access supported. The driver refuses a device paired with itself. */
+CUresult cuDeviceGetP2PAttribute(int *value, int attrib, CUdevice srcDevice, CUdevice dstDevice)
+{
+    CUresult rc = sim_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!value || attrib < 1 || attrib > 4)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_dev_valid(srcDevice) || !sim_dev_valid(dstDevice) || srcDevice == dstDevice)
+        return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+    *value = attrib == 1 ? 0 : 1;
+    return sim_leave(CUDA_SUCCESS);
+}
