@@ -4,21 +4,30 @@ The C tests (tests/sim/test_sim_shared.c, marked `san` like the other sim tests)
 processes side by side on one simulated GPU: memory shared up to the GPU's size, leftovers of a
 freed or dead tenant visible to the next (the precondition of issue 32's isolation test), a dead
 tenant's memory taken back, kernels in turns, and the default mode unchanged. Here also the scrub
-on a shared GPU: it takes back and clears what a dead tenant left.
+on a shared GPU (it takes back and clears what a dead tenant left), two gpupool-workers sharing
+one simulated GPU as gpupoold will run a GPU's shares (under their sandbox), and the workers'
+pacing by share weight (worker/pacing.c, through tests/sim/test_pacing.c).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
 from pathlib import Path
 
+import gpupool_protocol as gp
 import pytest
 from test_scrub import scrub
 from test_sim_device import SIZES, memtool
+from test_worker_control import SIM, WORKER, Client, exited, start_session
+
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.workers.supervisor import WorkerSupervisor
 
 MIB = 1 << 20
+CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
 @pytest.mark.san
@@ -70,3 +79,48 @@ def test_pacing_gives_each_share_its_weights_part(native_build):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"test_pacing failed:\n{output[-8000:]}"
     assert len(re.findall(r"^PASS ", proc.stdout, re.M)) == 2, output
+
+
+async def test_two_workers_share_one_simulated_gpu(native_build, tmp_path):
+    """Through gpupool-worker, as gpupoold's supervisor will run the shares of one GPU: the shared
+    directory in the GPU's worker environment and among its sandbox's writable folders. The
+    second worker's allocation past what the first left fails as on a full GPU, and its memory
+    info counts the first's memory."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    gpu = Gpu(
+        index=0,
+        name="simulated",
+        uuid="",
+        simulated=True,
+        driver=str(SIM),
+        ordinal=0,
+        env={"GPUPOOL_SIM_SHARED_DIR": str(shared), "GPUPOOL_SIM_TOTAL_MEMORY": "256MiB"},
+        writable=(str(shared),),
+    )
+    sup = WorkerSupervisor(WORKER, tmp_path / "cache")
+    clients = [Client(), Client()]
+    try:
+        workers = [await sup.spawn(gpu), await sup.spawn(gpu)]
+        for i, (w, c) in enumerate(zip(workers, clients)):
+            assert await start_session(w, 40 + i, c)
+            assert (await asyncio.to_thread(c.hello_reply)).result == 0
+        first, second = clients
+        r, _ = await asyncio.to_thread(first.call, gp.MemAlloc(size=160 * MIB, stream=0, flags=0))
+        assert r.result == 0
+        held = r.mapped_size
+        r, _ = await asyncio.to_thread(second.call, gp.MemGetInfo())
+        assert (r.result, r.total) == (0, 256 * MIB)
+        assert r.free <= 256 * MIB - held
+        r, _ = await asyncio.to_thread(second.call, gp.MemAlloc(size=160 * MIB, stream=0, flags=0))
+        assert r.result == CUDA_ERROR_OUT_OF_MEMORY
+        r, _ = await asyncio.to_thread(second.call, gp.MemAlloc(size=64 * MIB, stream=0, flags=0))
+        assert r.result == 0
+        for w, c in zip(workers, clients):
+            c.post(gp.Goodbye())
+            assert (await exited(w)).reason == "client exit"
+    finally:
+        for c in clients:
+            c.close()
+        await sup.stop_all(grace=10)
+    assert list(shared.glob("gpu-*.state"))  # the workers used the shared directory
