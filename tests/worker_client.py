@@ -63,6 +63,7 @@ class WorkerSession:
         hello_body: bytes | None = None,
         env: dict[str, str] | None = None,
         timeout: float = 120.0,
+        extra_args: list[str] | None = None,
     ) -> None:
         ours, theirs = socket.socketpair()
         self.sock = ours
@@ -81,7 +82,7 @@ class WorkerSession:
         cmd = [
             str(WORKER), "--fd", str(theirs.fileno()), "--driver", str(SIM), "--device", "0",
             "--cache-dir", str(cache_dir), "--session-id", "0x1234", "--hello-req", "1",
-            "--simulated",
+            "--simulated", *(extra_args or []),
         ]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stderr=self.log, pass_fds=(theirs.fileno(),),

@@ -39,6 +39,7 @@ void wk_va_release(struct worker *w)
 
 void wk_obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o)
 {
+    wk_quota_zero_range(w, id, o->size); /* a share's memory goes back as zeros (quota.c) */
     CUresult rc = w->drv.cuMemUnmap(id, o->size);
     if (rc != CUDA_SUCCESS)
         wk_warn("unmapping 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
@@ -61,6 +62,8 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
     if (!w->va_reserved || size > UINT64_MAX - (w->gran - 1))
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t len = (size + w->gran - 1) / w->gran * w->gran;
+    if (wk_quota_admit(w, len) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* past the tenant's quota, as on a full GPU */
     uint64_t addr;
     if (wk_vm_alloc(&w->vm, len, &addr) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY; /* the window is full: the client sees an OOM */
@@ -111,12 +114,7 @@ free_range:
 WK_HANDLER(mem_get_info)
 {
     gp_mem_get_info_reply r = {0};
-    size_t fr = 0, total = 0;
-    r.result = DRV(w, cuMemGetInfo, &fr, &total);
-    if (r.result == CUDA_SUCCESS) {
-        r.free = fr;
-        r.total = total;
-    }
+    r.result = wk_quota_mem_info(w, &r.free, &r.total); /* a quota is the tenant's total */
     WK_REPLY(w, req, gp_mem_get_info_reply, &r);
 }
 

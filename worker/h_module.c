@@ -69,6 +69,16 @@ static const struct mc_entry *get_image(struct worker *w, const gp_module_load *
     return e;
 }
 
+/* A module just loaded goes again: it took the tenant past its quota (quota.c). */
+static void wk_module_drop(struct worker *w, uint64_t id)
+{
+    struct wk_obj *o = wk_idmap_del(&w->modules, id);
+    if (!o)
+        return;
+    wk_obj_destroy_module(w, id, o);
+    free(o);
+}
+
 WK_HANDLER(module_load)
 {
     gp_module_load_reply r = {0};
@@ -84,6 +94,7 @@ WK_HANDLER(module_load)
     if (img) {
         CUmodule mh = NULL;
         CUlibrary lh = NULL;
+        uint64_t free_before = wk_quota_probe(w); /* what the load takes counts (quota.c) */
         if (m->kind == 0)
             r.result = WK_LONG(w, DRV(w, cuModuleLoadData, &mh, img->data));
         else
@@ -101,6 +112,9 @@ WK_HANDLER(module_load)
                     wk_warn("unloading an unbound module: %s", wk_err_name(w, rc));
             } else {
                 w->stats.modules_loaded++;
+                r.result = wk_quota_charge_module(w, o, free_before);
+                if (r.result != CUDA_SUCCESS)
+                    wk_module_drop(w, m->module); /* past the quota: as on a full GPU */
             }
         }
     }
@@ -117,6 +131,7 @@ WK_HANDLER(module_unload)
     }
     wk_idmap_del(&w->modules, m->module);
     wk_obj_purge(w, &w->funcs, m->module, 0, NULL); /* its functions die with it */
+    wk_quota_module_gone(w, m->module, o);
     CUresult rc = o->kind == 1 ? DRV(w, cuLibraryUnload, o->h) : DRV(w, cuModuleUnload, o->h);
     free(o);
     if (rc != CUDA_SUCCESS)
@@ -194,12 +209,18 @@ WK_HANDLER(get_global)
     struct wk_obj *mod = wk_idmap_get(&w->modules, m->module);
     CUdeviceptr dptr = 0;
     size_t size = 0;
+    /* The simulated device places a global at its first request: measured as a load is. */
+    uint64_t free_before = wk_quota_probe(w);
     if (!mod || mod->kind != m->kind)
         r.result = CUDA_ERROR_INVALID_HANDLE;
     else if (m->kind == 0)
         r.result = DRV(w, cuModuleGetGlobal, &dptr, &size, mod->h, name);
     else
         r.result = DRV(w, cuLibraryGetGlobal, &dptr, &size, mod->h, name);
+    if (r.result == CUDA_SUCCESS) {
+        wk_quota_note_global(w, m->module, dptr, size);
+        r.result = wk_quota_charge_module(w, mod, free_before);
+    }
     if (r.result == CUDA_SUCCESS) {
         r.dptr = dptr;
         r.size = size;

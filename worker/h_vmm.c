@@ -139,6 +139,8 @@ static CUresult vmm_create_on(struct worker *w, const gp_vmm_create *m, int32_t 
     prop.allocFlags.usage = (unsigned short)(m->alloc_flags >> 16);
     CUmemGenericAllocationHandle h = 0;
     if (r.result == CUDA_SUCCESS)
+        r.result = wk_quota_admit(w, m->size); /* past the quota: as on a full GPU */
+    if (r.result == CUDA_SUCCESS)
         r.result = DRV(w, cuMemCreate, &h, m->size, &prop, 0);
     if (r.result == CUDA_SUCCESS) {
         struct wk_obj *o = wk_obj_new(0, NULL, NULL, 0);
@@ -177,7 +179,9 @@ WK_HANDLER(vmm_create_on)
 
 static void release_handle(struct worker *w, struct wk_obj *o)
 {
-    /* As in the driver, memory still mapped stays until its last mapping goes. */
+    /* As in the driver, memory still mapped stays until its last mapping goes. The client
+     * sends the release at the last unmap, so a share's memory is zeroed here (quota.c). */
+    wk_quota_zero_handle(w, o->mem, o->size);
     CUresult rc = DRV(w, cuMemRelease, o->mem);
     if (rc != CUDA_SUCCESS)
         wk_defer_error(w, GP_OP_VMM_RELEASE, rc, "cuMemRelease of %llu bytes",
@@ -269,6 +273,7 @@ static void destroy_map(struct worker *w, uint64_t ptr, struct wk_obj *o)
 static void destroy_handle(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     (void)id;
+    wk_quota_zero_handle(w, o->mem, o->size); /* the session's mappings are gone by now */
     CUresult rc = DRV(w, cuMemRelease, o->mem);
     if (rc != CUDA_SUCCESS)
         wk_warn("releasing VMM memory: %s", wk_err_name(w, rc));

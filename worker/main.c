@@ -156,6 +156,9 @@ static int parse_args(int argc, char **argv, struct wk_options *o)
             double g = strtod(v, &end);
             bad = errno != 0 || *end != '\0' || end == v || !(g >= 0 && g <= 86400 * 7);
             o->orphan_grace_ms = bad ? 0 : (uint64_t)(g * 1000 + 0.5);
+        } else if (strcmp(a, "--memory-quota") == 0) {
+            /* bytes (--fd mode; control mode: worker_session's memory_quota): quota.c */
+            bad = parse_u64(v, &o->memory_quota) != 0;
         } else if (strcmp(a, "--hello-req") == 0) {
             bad = parse_u64(v, &o->hello_req) != 0;
             have |= 32;

@@ -211,6 +211,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     }
     o.session_id = sm.session_id;
     o.hello_req = sm.hello_req;
+    o.memory_quota = sm.memory_quota;
     /* The lease's GPUs (issue 37), device 0 first; empty: this worker's own GPU only. */
     o.ndevices = (int)(sm.devices_count < WK_MAX_DEVICES ? sm.devices_count : WK_MAX_DEVICES);
     for (int i = 0; i < o.ndevices; i++)

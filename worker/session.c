@@ -116,6 +116,7 @@ static void hello_snapshot(struct worker *w, const struct wk_options *o)
     r.va_base = w->va_base;
     r.va_size = w->va_size;
     r.features = w->cz.features;
+    r.memory_quota = w->quota.limit;
     r.device_count = (uint32_t)w->ndev;
     WK_REPLY(w, o->hello_req, gp_hello_reply, &r);
     wk_log("session 0x%llx: serving %s (device %d%s%s), VA window 0x%llx+0x%llx",
@@ -173,6 +174,7 @@ int wk_device_open(struct worker *w, const char *driver, int ordinal, int32_t *c
         return -1;
     }
     w->gran = gran;
+    wk_quota_measure_context(w); /* before any memory of a tenant */
     wk_snapshot_take(w, w->dev, &w->snap);
     w->ndev = 1;
     w->devs[0] = w->dev;
@@ -322,6 +324,7 @@ int wk_session_start(struct worker *w, const struct wk_options *o, const gp_hell
      * thread runs. */
     if ((hello->flags & GP_HELLO_KEEPALIVE) && wk_hb_start(w) == 0)
         w->cz.features |= GP_HELLO_KEEPALIVE;
+    wk_quota_start(w, o->memory_quota);
     hello_snapshot(w, o);
     return 0;
 }
@@ -354,6 +357,7 @@ void wk_session_end(struct worker *w)
         wk_obj_purge(w, &w->streams, 0, 0, wk_obj_destroy_stream);
         wk_obj_purge(w, &w->allocs, 0, 0, wk_obj_destroy_alloc);
         wk_vmm_release_all(w);
+        wk_quota_end(w);
         wk_va_release(w);
         wk_devices_close(w);
         for (; w->primary_retains > 0; w->primary_retains--) {

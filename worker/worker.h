@@ -21,6 +21,7 @@
  *   errors.c    error names, deferred (pending) errors
  *   end.c       why the session ends (the first reason), a lost client connection
  *   objects.c   client ids -> driver handles (idmap.c), lookups and bulk cleanup
+ *   quota.c     the tenant's memory quota on a shared GPU, zeroing before memory is freed
  *   h_session.c ping, stats, goodbye, notice, info: session messages, not CUDA calls
  *   h_ctx.c     contexts, limits, primary context reset
  *   h_device.c  the snapshot of a lease's other devices (device_props)
@@ -71,6 +72,7 @@
 #include "idmap.h"
 #include "log.h"
 #include "modcache.h"
+#include "quota.h"
 #include "reactor.h"
 #include "utf8.h"
 #include "vm.h"
@@ -270,6 +272,7 @@ struct worker {
     /* h_vmm.c: the client's VMM objects: physical handles by client id, reservations and
      * mappings by address (wk_obj.size; mappings: wk_obj.mem = client handle id) */
     struct idmap vmm_handles, vmm_resvs, vmm_maps;
+    struct wk_quota quota; /* quota.c: the tenant's memory quota (issue 32) */
 
     /* deferred errors (errors.c) */
     CUresult pending;
@@ -497,6 +500,7 @@ struct wk_options {
     const char *sandbox_rw[WK_MAX_SANDBOX_RW];
     int n_sandbox_ro; /* --sandbox-ro PATH, repeated: more files it reads (sandbox.c) */
     const char *sandbox_ro[WK_MAX_SANDBOX_RW];
+    uint64_t memory_quota; /* worker_session's memory_quota, --memory-quota (0: none; quota.c) */
 };
 /* Loads the driver, cuInit, cuDeviceGet, retains the primary context and makes it current, reads
  * the granularity and takes the device snapshot: everything that does not depend on a hello.
