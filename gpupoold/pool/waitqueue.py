@@ -18,15 +18,12 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import printable
 from gpupoold.pool.privacy import program_name
 from gpupoold.pool.requirements import Requirements
-
-if TYPE_CHECKING:
-    from gpupoold.pool.slots import Slot
 
 
 @dataclass(frozen=True)
@@ -76,9 +73,10 @@ class Waiter:
     # A fleet (pool/fleet.py) may send it to another server's GPU: its client understands
     # GP_EREDIRECT (protocol 1.3).
     redirectable: bool = False
-    # Every GPU granted to it, program order (a request of several GPUs, `req.gpus`, is granted
-    # all at once); the future resolves with the first.
-    granted: list[Slot] = field(default_factory=list)
+    # Every GPU (pool/slots.py's Slot, which imports this module) granted to it, program order (a
+    # request of several GPUs, `req.gpus`, is granted all at once); the future resolves with the
+    # first.
+    granted: list[Any] = field(default_factory=list)
 
     def accepts(self, gpu: Gpu) -> bool:
         return self.req.matches(gpu) and (self.only is None or self.only(gpu))

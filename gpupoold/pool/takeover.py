@@ -1,0 +1,252 @@
+"""Taking over the previous gpupoold's leases at start-up: the part of the lease manager
+(pool/leases.py, which inherits it) that finds where each open lease of the store is now, adopts
+its worker on its GPU or detached, and closes the records of those nobody takes over. Apart from
+pool/leases.py for length only: it is the lease manager's policy, with its state and helpers
+(`LeaseManager.start` calls it; the attributes below are the lease manager's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any
+
+from gpupoold.config.settings import Settings
+from gpupoold.log import journal_fields
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.detach import IdleDetacher
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.slots import ATTACHED, DETACHED, Lease, Slot
+from gpupoold.pool.state import PoolState
+from gpupoold.pool.waitqueue import ClientInfo
+from gpupoold.store.database import LeaseRecord, Store
+from gpupoold.workers.supervisor import AdoptError, Worker, WorkerStats, WorkerSupervisor
+
+log = logging.getLogger("gpupoold.leases")
+
+ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has to answer ADOPT
+# Seconds start-up waits for the previous daemon's workers to answer their adoption before it
+# places their leases: an idle one (a detached lease's is parked) answers within milliseconds.
+ADOPT_PEEK = 2.0
+
+
+class PreviousLeases:
+    """The lease manager's take-over of a previous daemon's leases (mixed into LeaseManager)."""
+
+    settings: Settings
+    store: Store
+    supervisor: WorkerSupervisor
+    counters: Counters
+    pool: PoolState
+    slots: list[Slot]
+    detacher: IdleDetacher
+    _closing: bool
+
+    # The lease manager's, used here.
+    def _watch(self, lease: Lease) -> Any: ...
+    def _clean(self, slot: Slot, lease_ids: list[int]) -> Any: ...
+    def _expire(self, lease: Lease) -> None: ...
+    def _dispatch(self) -> None: ...
+
+    def _slot_of(self, rec: LeaseRecord, index: int | None = None) -> Slot | None:
+        """The slot of a previous lease's GPU (the one it started on, or `index`), if this
+        daemon still serves that very GPU (the record's UUID is the one it started on's)."""
+        at = rec.gpu_index if index is None else index
+        if not 0 <= at < len(self.slots):
+            return None
+        slot = self.slots[at]
+        if at == rec.gpu_index and rec.gpu_uuid and slot.gpu.uuid and rec.gpu_uuid != slot.gpu.uuid:
+            return None
+        return slot
+
+    async def _last_gpu(self, rec: LeaseRecord) -> int:
+        """The GPU a previous lease was on last, as the store has it: that of its last detach
+        or attach event (an idle lease that detaches comes back on any GPU of the same model,
+        pool/detach.py), else the one it started on. The record's gpu_index stays the GPU it
+        started on: the history draws each stretch from it and the events
+        (dashboard/timeline.py), so rewriting it would move the lease's first stretch too."""
+        try:
+            events = await self.store.lease_events(rec.id)
+        except Exception:
+            log.exception("lease %d: reading its events failed; looking for it on the GPU it "
+                          "started on (%d)", rec.id, rec.gpu_index)
+            return rec.gpu_index
+        moves = [e["gpu"] for e in events
+                 if e["state"] in (ATTACHED, DETACHED) and e["gpu"] is not None]
+        return int(moves[-1]) if moves else rec.gpu_index
+
+    def _on_now(self, answer: asyncio.Task[Worker | AdoptError], placed: Slot | None,
+                ) -> Slot | None:
+        """The GPU an attached previous lease is on: its worker's word (the UUID it runs on) once
+        it has answered, else the store's (`placed`: a worker busy in a call answers later, and
+        its GPU must be kept leased meanwhile; _adopt checks the UUID then). None when the store
+        places it on no GPU served here (its record names another GPU than this server's of
+        that index): the worker's word does not overrule a record that does not match."""
+        if placed is None:
+            return None
+        worker = answer.result() if answer.done() and not answer.cancelled() else None
+        if isinstance(worker, Worker) and worker.uuid:
+            said = next((s for s in self.slots if s.gpu.uuid == worker.uuid), None)
+            if said is not None:
+                return said
+        return placed
+
+    async def _close_previous(self, rec: LeaseRecord, detail: str) -> None:
+        """Close the record of a previous daemon's lease that nobody takes over: with the end
+        its worker recorded when it ended alone (worker/adopt.c), else as "daemon lost"."""
+        end = await asyncio.to_thread(self.supervisor.end_record, rec.id)
+        reason, stats = "daemon lost", WorkerStats()
+        if end is not None:
+            stats = WorkerStats.from_counters(end.counters)
+            reason = end.reason or "daemon lost"
+            detail = end.detail or detail
+        try:
+            await self.store.lease_ended(rec.id, time.time(), reason, detail, stats.bytes_h2d,
+                                         stats.bytes_d2h, dict(stats.calls),
+                                         module_bytes=stats.module_bytes)
+        except Exception:
+            log.exception("lease %d: closing its record failed", rec.id)
+        self.counters.inc("leases_ended", reason=reason)
+        await asyncio.to_thread(self.supervisor.forget_lease, rec.id)
+
+    async def _adoption(self, placed: Slot | None, sock: socket.socket,
+                        pid: int) -> Worker | AdoptError:
+        """Adopt the worker of a previous daemon's lease (on `placed`, where the store says it
+        is): the worker once it has answered, or why it could not be adopted. A worker busy in
+        one call answers when it returns; one that has not answered a minute after its own grace
+        would have ended has lost its way."""
+        slot = placed or (self.slots[0] if self.slots else None)
+        if slot is None:
+            sock.close()
+            return AdoptError("this gpupoold serves no GPU")
+        try:
+            return await self.supervisor.adopt(
+                slot.gpu, sock, pid, max_wait=self.settings.worker_orphan_grace + ADOPT_SLACK)
+        except AdoptError as exc:
+            return exc
+
+    async def _adopt(self, slot: Slot, rec: LeaseRecord,
+                     answer: asyncio.Task[Worker | AdoptError], pid: int) -> None:
+        """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
+        as any other; a worker that cannot be adopted ends and its GPU is scrubbed."""
+        try:
+            worker = await answer
+            if isinstance(worker, AdoptError):
+                raise worker
+            if worker.adopted_detached is not None:  # it answered late, yet parked
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} says its lease is detached, but it did not "
+                                 f"answer within {ADOPT_PEEK:g} s")
+            if worker.session_id != rec.id:
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} serves session {worker.session_id}, not "
+                                 f"lease {rec.id}")
+            if worker.uuid and slot.gpu.uuid and worker.uuid != slot.gpu.uuid:
+                await self.supervisor.retire(worker)
+                raise AdoptError(f"worker pid {pid} runs on {worker.uuid}, not on GPU "
+                                 f"{slot.gpu.index} ({slot.gpu.uuid})")
+            worker.gpu = slot.gpu  # (asked on the store's word; its UUID names this GPU)
+        except AdoptError as exc:
+            log.error("lease %d on GPU %d could not be taken over: %s; its GPU is scrubbed",
+                      rec.id, slot.gpu.index, exc, extra=journal_fields(rec.id, slot.gpu.index))
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                            f"lease: {exc}")
+            if not self._closing:
+                await self._clean(slot, [rec.id])  # (the scrub ends the take-over)
+            return
+        req = worker.request
+        lease = Lease(id=rec.id, slot=slot, token=rec.token_name,
+                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
+                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
+                      req=Requirements(gpu=str(req.get("gpu") or ""),
+                                       model=str(req.get("model") or ""),
+                                       min_memory=_nonneg(req.get("min_memory"))),
+                      worker=worker, queued_s=rec.queued_s, started=rec.started,
+                      watcher=asyncio.current_task())
+        self.pool.adopted(slot, lease)
+        self.counters.inc("leases_adopted")
+        limit = self.settings.max_lease_seconds
+        if limit > 0:
+            left = max(0.0, limit - (time.time() - rec.started))
+            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+        log.info("lease %d taken over: GPU %d, %s, worker pid %d (it served %.1f s without "
+                 "gpupoold)", lease.id, slot.gpu.index, lease.client.describe(), worker.pid,
+                 worker.orphaned_s,
+                 extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
+        await self._watch(lease)
+
+    async def _adopt_detached(self, rec: LeaseRecord, worker: Worker,
+                              placed: Slot | None) -> None:
+        """Take over a previous daemon's lease that was detached when it stopped (its worker
+        said so, worker/adopt.c): active again on no GPU, its client's next call brings it back
+        on the GPU it left (its worker's word, else the store's: `placed`) or another of the
+        same model, as after any detach (pool/detach.py)."""
+        home = next((s for s in self.slots if worker.uuid and s.gpu.uuid == worker.uuid), placed)
+        why = None
+        if worker.session_id != rec.id:
+            why = f"worker pid {worker.pid} serves session {worker.session_id}, not lease {rec.id}"
+        elif home is None:
+            why = (f"the GPU it was detached from ({worker.uuid or rec.gpu_uuid}) is not served "
+                   f"any more: its saved state can be restored on that model only")
+        if why is not None:
+            log.error("detached lease %d cannot be taken over: %s; ending it", rec.id, why,
+                      extra=journal_fields(rec.id))
+            await self.supervisor.retire(worker)
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                            f"detached lease: {why}")
+            return
+        assert home is not None and worker.adopted_detached is not None
+        req = worker.request
+        lease = Lease(id=rec.id, slot=None, token=rec.token_name,
+                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
+                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
+                      req=Requirements(gpu=str(req.get("gpu") or ""),
+                                       model=str(req.get("model") or ""),
+                                       min_memory=_nonneg(req.get("min_memory"))),
+                      worker=worker, queued_s=rec.queued_s, started=rec.started,
+                      watcher=asyncio.current_task(), detaches=rec.detaches,
+                      detached_s=rec.detached_s)
+        self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached,
+                                   await self._detached_since(rec.id))
+        self.counters.inc("leases_adopted")
+        limit = self.settings.max_lease_seconds
+        if limit > 0:
+            left = max(0.0, limit - (time.time() - rec.started))
+            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+        log.info("lease %d taken over detached (from GPU %d, %d bytes of device memory saved), "
+                 "%s, worker pid %d: its client's next call brings it back on a GPU", lease.id,
+                 home.gpu.index, worker.adopted_detached, lease.client.describe(), worker.pid,
+                 extra=journal_fields(lease.id, home.gpu.index, lease.client.describe()))
+        self.detacher.resume(lease)
+        self._dispatch()  # a waiter its token's max_gpus_per_token held back may be again
+        await self._watch(lease)
+
+    async def _detached_since(self, lease_id: int) -> float | None:
+        """When the lease's last detach was recorded (its time detached goes on from there
+        across the restart), or None."""
+        try:
+            events = await self.store.lease_events(lease_id)
+        except Exception:
+            log.exception("lease %d: reading its events failed; its time detached counts from "
+                          "now", lease_id)
+            return None
+        last = events[-1] if events else None
+        return float(last["at"]) if last is not None and last["state"] == DETACHED else None
+
+    async def _refuse_previous(self, rec: LeaseRecord,
+                               answer: asyncio.Task[Worker | AdoptError], why: str) -> None:
+        """A previous lease this daemon cannot take over (its GPU is gone or taken): end its
+        worker and close the record."""
+        log.error("lease %d of the previous gpupoold cannot be taken over: %s; ending it",
+                  rec.id, why, extra=journal_fields(rec.id))
+        worker = await answer
+        if isinstance(worker, Worker):
+            await self.supervisor.retire(worker)
+        await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                        f"lease: {why}")
+
+
+def _nonneg(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
