@@ -11,15 +11,18 @@ order) makes visible: without the zeroing the next tenant reads the first one's 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import worker_client as wc
-from conftest import require
+from conftest import REPO, require, run_client
 from worker_client import WorkerSession, gp, handle
 
+SCRIPTS = REPO / "tests" / "torch_scripts"
 MiB = 1 << 20
 QUOTA = 64 * MiB
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
@@ -213,3 +216,16 @@ def test_whole_gpu_leaves_memory_to_the_scrub(tmp_path: Path) -> None:
     rc, data = b.dtoh(q.dptr, 8 * MiB)
     assert rc == 0 and data.count(0xAB) == 8 * MiB
     close(b)
+
+
+def test_through_gpupoold_with_gpupool_memory(gpupool_server) -> None:  # type: ignore[no-untyped-def]
+    """End to end: GPUPOOL_MEMORY in the client's hello, gpupoold's memory_quota, the worker's
+    quota; the driver API and PyTorch on the client see a GPU of the quota's size."""
+    require(importlib.util.find_spec("torch") is not None, f"torch is not installed in {sys.executable}")
+    quota = 256 * MiB
+    env = gpupool_server.client_env({"GPUPOOL_MEMORY": str(quota)})
+    proc = run_client([sys.executable, str(SCRIPTS / "memory_quota.py"), str(quota)], env=env, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    out = f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}\n{gpupool_server.log_text()[-3000:]}"
+    assert proc.returncode == 0 and lines and lines[-1].startswith("PASS memory_quota"), out
+    assert "memory quota 256 MiB" in gpupool_server.log_text(), out  # the worker's own line
