@@ -281,3 +281,14 @@ def test_a_fleet_refuses_several_gpus_even_for_a_client_it_could_redirect(tmp_pa
         why = m.feasible(Requirements(gpus=2), redirectable)
         assert why is not None and "fleet" in why and "GPUPOOL_GPUS asked for 2" in why
     assert m.feasible(Requirements(), True) is None
+
+
+def test_the_gpu_seconds_metric_counts_each_gpu_of_an_ended_lease() -> None:
+    from gpupoold.http.metrics import DaemonMetrics
+    from gpupoold.pool.events import LeaseEnded
+    from gpupoold.workers.supervisor import WorkerStats
+
+    metrics = DaemonMetrics()
+    metrics.lease_ended(LeaseEnded(1, 0, "alice", "client exit", 10.0, WorkerStats(), (0, 1, 2)))
+    metrics.lease_ended(LeaseEnded(2, 3, "alice", "client exit", 5.0, WorkerStats()))
+    assert metrics.ended.gpu_seconds == {"alice": 35.0}

@@ -160,7 +160,9 @@ class DaemonMetrics:
         duration_s = max(0.0, e.duration_s)
         self.lease_duration.observe(duration_s)
         self.ended.add(e.stats)
-        self.ended.gpu_seconds[e.token] = self.ended.gpu_seconds.get(e.token, 0.0) + duration_s
+        # GPU-seconds: a lease of several GPUs (issue 37) held each of them for its duration
+        gpu_s = duration_s * max(1, len(e.gpus))
+        self.ended.gpu_seconds[e.token] = self.ended.gpu_seconds.get(e.token, 0.0) + gpu_s
 
     def cleaned(self, e: GpuCleaned) -> None:
         self.scrub_duration.observe(max(0.0, e.duration_s))
@@ -394,7 +396,8 @@ class Collector(_CollectorBase):
         seconds = dict(self.metrics.ended.gpu_seconds)
         now = time.time()
         for lease in active:
-            seconds[lease.token] = seconds.get(lease.token, 0.0) + max(0.0, now - lease.started)
+            held = max(0.0, now - lease.started) * (1 + len(lease.other_slots))  # each of its GPUs
+            seconds[lease.token] = seconds.get(lease.token, 0.0) + held
         gs = CounterMetricFamily("gpupool_gpu_seconds",
                                  "GPU-seconds leased, by token name.", labels=["token"])
         for token, value in sorted(seconds.items()):
