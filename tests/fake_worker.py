@@ -91,12 +91,14 @@ def main() -> int:
     assert isinstance(session, gp.WorkerSession) and len(fds) == 1, (session, fds)
     session_id, hello_req, body = session.session_id, session.hello_req, session.hello
     hello = gp.Hello.decode(body, allow_trailing=gp.Hello.decode(body, True).minor > gp.MINOR)
-    say(f"session {session_id} hello from {hello.user}@{hello.host}")
+    say(f"session {session_id} hello from {hello.user}@{hello.host} devices "
+        f"{list(session.devices)} memory_quota {session.memory_quota}")
     sock = socket.socket(fileno=fds[0])
     sock.setblocking(True)
     reply = gp.HelloReply(result=0, major=gp.MAJOR, minor=gp.MINOR, server="fake-worker",
                           session_id=session_id, simulated=int(args.simulated),
-                          name="fake worker (simulated)", total_mem=1 << 30)
+                          name="fake worker (simulated)", total_mem=1 << 30,
+                          device_count=max(1, len(session.devices)))
     sock.sendall(gp.encode_frame(reply, hello_req))
     event(ctl, gp.WorkerStarted(session_id=session_id, adoptable=0))
     if args.mode == "exit3":

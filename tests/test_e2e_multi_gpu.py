@@ -5,7 +5,7 @@ and scrubs all 4 (the API's lease view and the history list the lease's GPUs).
 
 Each client is a process of its own (SIGKILL is the client's death, not a closed socket in the
 test) speaking the plaintext protocol: the daemon runs with `--tls off` (as tests/test_version_skew.py
-does)."""
+does), and with tests/fake_worker.py as its worker, which says what it was handed."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO, GpupoolServer, wait_until
+from test_daemon import fake_worker
 
 # A client process: sends its hello (gpus = argv[4]), prints the hello reply's result and
 # message once it has one, holds the lease until its stdin closes, then says goodbye.
@@ -53,8 +54,13 @@ s.sendall(gp.encode_frame(gp.Goodbye(), 0))
 
 
 @pytest.fixture
-def multi_server(native_build: Path, start_daemon: Callable[..., GpupoolServer]) -> GpupoolServer:
-    return start_daemon(build_dir=native_build, simulated=4, tls=False)
+def multi_server(native_build: Path, start_daemon: Callable[..., GpupoolServer],
+                 tmp_path: Path) -> GpupoolServer:
+    """gpupoold on 4 simulated GPUs with tests/fake_worker.py as its worker (and a fake scrub):
+    what is tested here is the daemon's side, which the fake worker reports (the devices it was
+    handed); the real worker's N devices are tests/test_multi_gpu_native.py's."""
+    return start_daemon("--worker", str(fake_worker(tmp_path)), build_dir=native_build,
+                        simulated=4, tls=False)
 
 
 @pytest.fixture
@@ -109,6 +115,9 @@ def test_four_gpus_all_or_nothing_in_order_and_a_sigkill_scrubs_all(
     assert granted(first)
     [lease] = active(server)
     assert lease["gpus"] == [0, 1, 2, 3] and lease["gpu"] == 0, lease
+    # GPU 0's worker was handed all four (each simulated GPU's worker: its own ordinal 0, its
+    # peers after it), no memory quota (a whole GPU each)
+    server.wait_for_log(r"hello from tester@multi devices \[0, 1, 2, 3\] memory_quota 0$")
     assert [g["lease"]["id"] for g in server.get_json("/api/v1/gpus")["gpus"]] == [lease["id"]] * 4
 
     second = spawn(4)
@@ -117,6 +126,7 @@ def test_four_gpus_all_or_nothing_in_order_and_a_sigkill_scrubs_all(
     wait_until("the 1-GPU client queued behind it", lambda: queued(server) == ["gpus4", "gpus1"])
     assert not granted(second, 0.2) and not granted(small, 0)
 
+    scrubs = [server.log_text().count(f"GPU {i} clean:") for i in range(4)]  # (at start-up)
     os.kill(first.pid, signal.SIGKILL)
     assert granted(second), "the second 4-GPU client did not get the 4 GPUs freed"
     assert queued(server) == ["gpus1"]  # all 4 went to the client ahead of it
@@ -125,14 +135,15 @@ def test_four_gpus_all_or_nothing_in_order_and_a_sigkill_scrubs_all(
     record = server.get_json(f"/api/v1/leases/{lease['id']}")
     assert record["end_reason"] == "client lost" and record["scrub_ok"] is True, record
     assert record["gpus"] == [0, 1, 2, 3], record
-    log = server.log_text()
-    assert all(f"GPU {i} clean" in log for i in range(4)), log[-3000:]
+    log = server.log_text()  # each of the 4 scrubbed once more before the second client's lease
+    assert [log.count(f"GPU {i} clean:") for i in range(4)] == [n + 1 for n in scrubs], log[-3000:]
 
     assert second.stdin is not None
     second.stdin.close()  # its goodbye: the 1-GPU client is next
     assert granted(small)
     [one] = active(server)
     assert one["gpus"] == [0] and one["client"]["program"] == "gpus1", one
+    server.wait_for_log(r"hello from tester@multi devices \[\] memory_quota 0$")  # one GPU
     assert small.stdin is not None
     small.stdin.close()
     wait_until("every GPU scrubbed and free", lambda: [
