@@ -229,3 +229,4 @@ def test_through_gpupoold_with_gpupool_memory(gpupool_server) -> None:  # type: 
     out = f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}\n{gpupool_server.log_text()[-3000:]}"
     assert proc.returncode == 0 and lines and lines[-1].startswith("PASS memory_quota"), out
     assert "memory quota 256 MiB" in gpupool_server.log_text(), out  # the worker's own line
+    print(lines[-1])  # PASS memory_quota: N checks

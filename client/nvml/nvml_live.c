@@ -4,11 +4,35 @@
  * refreshes when they are due (gp_nvml_enter_device); nvml_view.c reads them out of the info
  * reply in NVML's units.
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nvml_internal.h"
 #include "nvml_view.h"
+
+/* Device 0 of a lease with a memory quota (issue 32): its memory is the quota and what the
+ * tenant holds of it, as the worker answers cuMemGetInfo through our libcuda.so.1
+ * (gpupool_shim_memory_quota), so that NVML and CUDA agree by construction. 1 with the values
+ * (d->ordinal read under the lock), 0 otherwise: the GPU's own values stand. */
+static int lease_quota(const struct nvmlDevice_st *d, unsigned long long *used,
+                       unsigned long long *total)
+{
+    if (d->ordinal != 0)
+        return 0;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void *sym = lib ? dlsym(lib, "gpupool_shim_memory_quota") : NULL;
+    if (lib)
+        dlclose(lib); /* the program holds the library: it stays loaded */
+    int (*quota)(unsigned long long *, unsigned long long *);
+    memcpy(&quota, &sym, sizeof quota); /* object pointer -> function pointer */
+    unsigned long long fr = 0;
+    if (!sym || quota(&fr, total) != 1 || fr > *total)
+        return 0;
+    *used = *total - fr;
+    return 1;
+}
 
 GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
@@ -17,6 +41,12 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMem
     if (r != NVML_SUCCESS)
         return r;
     r = gp_nvml_memory(&d->gpu, memory);
+    unsigned long long used, total;
+    if (memory && (r == NVML_SUCCESS || r == NVML_ERROR_NOT_SUPPORTED) &&
+        lease_quota(d, &used, &total)) {
+        *memory = (nvmlMemory_t){.total = total, .used = used, .free = total - used};
+        r = NVML_SUCCESS;
+    }
     gp_nvml_leave();
     return r;
 }
@@ -28,6 +58,14 @@ GP_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvml
     if (r != NVML_SUCCESS)
         return r;
     r = gp_nvml_memory_v2(&d->gpu, memory);
+    unsigned long long used, total;
+    if ((r == NVML_SUCCESS || r == NVML_ERROR_NOT_SUPPORTED) && lease_quota(d, &used, &total)) {
+        memory->total = total;
+        memory->reserved = 0;
+        memory->used = used;
+        memory->free = total - used;
+        r = NVML_SUCCESS;
+    }
     gp_nvml_leave();
     return r;
 }
@@ -129,6 +167,16 @@ static nvmlReturn_t compute_procs(nvmlDevice_t device, unsigned *count, void *in
     if (r != NVML_SUCCESS)
         return r;
     r = gp_nvml_processes(&d->gpu, count, infos, version);
+    unsigned long long used, total;
+    if (r == NVML_SUCCESS && infos && lease_quota(d, &used, &total)) {
+        /* This process on its share: what it holds of its quota, not the GPU's whole use. */
+        for (unsigned i = 0; i < *count; i++) {
+            if (version == 1 && ((nvmlProcessInfo_v1_t *)infos)[i].pid == (unsigned)getpid())
+                ((nvmlProcessInfo_v1_t *)infos)[i].usedGpuMemory = used;
+            else if (version != 1 && ((nvmlProcessInfo_t *)infos)[i].pid == (unsigned)getpid())
+                ((nvmlProcessInfo_t *)infos)[i].usedGpuMemory = used;
+        }
+    }
     gp_nvml_leave();
     return r;
 }

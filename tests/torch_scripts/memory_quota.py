@@ -6,13 +6,15 @@ The driver API first (ctypes on the shim's libcuda.so.1, before PyTorch holds an
 cuMemGetInfo says total = QUOTA, cuMemAlloc of the quota succeeds and one more byte is
 CUDA_ERROR_OUT_OF_MEMORY, cuMemHostAlloc of twice the quota succeeds (host memory is not the
 GPU's). Then PyTorch: torch.cuda.mem_get_info() says the quota, a tensor of half of it is made,
-and one past what is left raises torch.cuda.OutOfMemoryError, as on a full GPU of that size.
+and one past what is left raises torch.cuda.OutOfMemoryError, as on a full GPU of that size;
+pynvml through our libnvidia-ml.so.1 says the same total, used and free as CUDA.
 Prints `PASS memory_quota: N checks` or `FAIL ...` last; exits 1 on any failure.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import torch
@@ -60,7 +62,24 @@ def torch_view(quota: int) -> None:
         check(False, "torch.empty past the quota succeeded")
     except torch.cuda.OutOfMemoryError:
         check(True, "torch.empty past the quota")
+    nvml(quota, quota - torch.cuda.mem_get_info(0)[0])
     del half
+
+
+def nvml(quota: int, used: int) -> None:
+    """pynvml through our libnvidia-ml.so.1 says what CUDA says."""
+    import pynvml as n
+
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    m = n.nvmlDeviceGetMemoryInfo(h)
+    check((m.total, m.used, m.free) == (quota, used, quota - used),
+          f"NVML memory {(m.total, m.used, m.free)}, CUDA says {(quota, used, quota - used)}")
+    m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+    check((m2.total, m2.used) == (quota, used), f"NVML memory v2 {(m2.total, m2.used)}")
+    mine = [p.usedGpuMemory for p in n.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == os.getpid()]
+    check(mine in ([], [used]), f"NVML's process list says this process uses {mine}, CUDA {used}")
+    n.nvmlShutdown()
 
 
 def main() -> int:
