@@ -261,6 +261,44 @@ GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevic
     return copy_dtoh(dstHost, srcDevice, ByteCount, gp_ptsz(hStream), 1, 0);
 }
 
+/* Peer copies (issue 37): with unified addressing both pointers name their devices, so a copy
+ * between two devices of the lease is a device-to-device copy on the server, GPU to GPU where
+ * they are peers. The contexts are checked as the driver checks them. */
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
+                          size_t n, CUstream s, int is_async, int ptds)
+{
+    CUresult r = gp_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!gp_ctx_check(dctx) || !gp_ctx_check(sctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return copy_dtod(dst, src, n, s, is_async, ptds);
+}
+
+GP_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                                CUcontext srcContext, size_t ByteCount)
+{
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount, NULL, 0, 0);
+}
+GP_EXPORT CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext,
+                                     CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount, NULL, 0, 1);
+}
+GP_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
+                                     CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount,
+                                     CUstream hStream)
+{
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, 1, 0);
+}
+GP_EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext,
+                                          CUdeviceptr srcDevice, CUcontext srcContext,
+                                          size_t ByteCount, CUstream hStream)
+{
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount, gp_ptsz(hStream), 1,
+                     0);
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
     return copy_dtod(dstDevice, srcDevice, ByteCount, NULL, 0, 0);

@@ -26,8 +26,8 @@ GP_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     CUresult r = gp_check_dev(dev);
     if (r != CUDA_SUCCESS)
         return r;
-    gp_primary_retain();
-    *pctx = (CUcontext)(uintptr_t)GP_PRIMARY_CTX_ID;
+    gp_primary_retain(dev);
+    *pctx = (CUcontext)(uintptr_t)GP_PRIMARY_CTX_OF(dev);
     return CUDA_SUCCESS;
 }
 
@@ -45,7 +45,7 @@ static void forget_context(uint64_t ctx)
 static CUresult primary_reset(void)
 {
     forget_context(GP_PRIMARY_CTX_ID);
-    gp_primary_reset_local();
+    gp_primary_reset_local(0);
     gp_conn_use_ctx(GP_PRIMARY_CTX_ID);
     gp_primary_ctx_reset m = {0};
     GP_FRAME(buf, len, gp_primary_ctx_reset, &m);
@@ -65,9 +65,15 @@ GP_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (r != CUDA_SUCCESS)
         return r;
     int last = 0;
-    if (gp_primary_release(&last) != 0)
+    if (gp_primary_release(dev, &last) != 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    /* The last release destroys the primary context, as in the driver. */
+    /* The last release destroys the primary context, as in the driver. Another device's
+     * (issue 37) keeps its server state until the session ends: the worker resets device 0's
+     * primary only; the program sees the context inactive all the same. */
+    if (last && dev != 0) {
+        gp_primary_reset_local(dev);
+        return CUDA_SUCCESS;
+    }
     return last ? primary_reset() : CUDA_SUCCESS;
 }
 
@@ -84,7 +90,7 @@ GP_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
     if (r != CUDA_SUCCESS)
         return r;
     gp_primary_state st;
-    gp_primary_get(&st);
+    gp_primary_get(dev, &st);
     *flags = st.flags;
     *active = st.retained > 0;
     return CUDA_SUCCESS;
@@ -105,7 +111,7 @@ GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
         r = check_ctx_flags(flags);
     if (r != CUDA_SUCCESS)
         return r;
-    gp_primary_set_flags(flags); /* scheduling flags only matter on the server: kept locally */
+    gp_primary_set_flags(dev, flags); /* scheduling flags only matter on the server: kept locally */
     return CUDA_SUCCESS;
 }
 
@@ -116,7 +122,7 @@ GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
     if (r != CUDA_SUCCESS)
         return r;
     gp_primary_state st;
-    gp_primary_get(&st);
+    gp_primary_get(dev, &st);
     if (st.retained > 0)
         return CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE;
     return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
@@ -127,6 +133,12 @@ GP_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CUresult r = gp_check_dev(dev);
     if (r != CUDA_SUCCESS)
         return r;
+    if (dev != 0) {
+        gp_log_error("cuDevicePrimaryCtxReset of device %d: gpupool resets only device 0's "
+                     "primary context; destroy the objects made in it instead",
+                     (int)dev);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     return primary_reset();
 }
 
@@ -156,16 +168,21 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
         free(c);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    gp_ctx_create m = {.ctx = c->id, .flags = flags};
-    GP_FRAME(buf, len, gp_ctx_create, &m);
-    if (!buf) {
-        free(gp_handle_remove(c->id, GP_H_CTX));
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     gp_conn_use_ctx(0); /* creating needs no current context */
-    gp_reply rep;
-    r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
-    GP_FRAME_FREE(buf);
+    gp_reply rep = {0};
+    if (dev == 0) {
+        gp_ctx_create m = {.ctx = c->id, .flags = flags};
+        GP_FRAME(buf, len, gp_ctx_create, &m);
+        r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (buf)
+            GP_FRAME_FREE(buf);
+    } else { /* another device of the lease (protocol 1.6, issue 37) */
+        gp_ctx_create_on m = {.ctx = c->id, .flags = flags, .device = dev};
+        GP_FRAME(buf, len, gp_ctx_create_on, &m);
+        r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (buf)
+            GP_FRAME_FREE(buf);
+    }
     gp_reply_free(&rep);
     gp_conn_forget_ctx(); /* the worker's driver made the new context current */
     if (r != CUDA_SUCCESS) {
@@ -213,7 +230,7 @@ GP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (r != CUDA_SUCCESS)
         return r;
     uint64_t h = (uint64_t)(uintptr_t)ctx;
-    if (h == GP_PRIMARY_CTX_ID || !gp_handle_get(h, GP_H_CTX))
+    if (gp_primary_index(h) >= 0 || !gp_handle_get(h, GP_H_CTX))
         return CUDA_ERROR_INVALID_CONTEXT;
     /* What the client knows goes first (context-local storage destructors may still use the
      * context), then the server's context. */
@@ -552,7 +569,7 @@ GP_EXPORT CUresult cuCtxSetFlags(unsigned int flags)
     if (r != CUDA_SUCCESS)
         return r;
     if (c->primary)
-        gp_primary_set_flags(flags);
+        gp_primary_set_flags(c->device, flags);
     else
         c->flags = flags;
     return CUDA_SUCCESS;
@@ -568,4 +585,52 @@ GP_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
         return r;
     *ctxId = c->id & ((1ull << 40) - 1);
     return CUDA_SUCCESS;
+}
+
+/* ================================================================ peer access == */
+
+/* Issue 37. The worker makes every allocation accessible from the lease's devices that the
+ * server's driver says can reach it, so enabling is bookkeeping here, with the driver's answers:
+ * a device is not its own peer, a pair the driver cannot connect is refused, and enabling twice
+ * or disabling what was never enabled is an error. */
+static CUresult peer_args(CUcontext peerContext, gp_ctx_obj **cur, int *peer_dev)
+{
+    CUresult r = ctx_arg(NULL, cur);
+    if (r != CUDA_SUCCESS)
+        return r;
+    gp_ctx_obj *p = peerContext ? gp_ctx_obj_get((uint64_t)(uintptr_t)peerContext) : NULL;
+    if (!p)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (p->device == (*cur)->device)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *peer_dev = p->device;
+    return CUDA_SUCCESS;
+}
+
+GP_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    gp_ctx_obj *c;
+    int d;
+    CUresult r = peer_args(peerContext, &c, &d);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!gp_device_can_access_peer(c->device, d))
+        return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    uint64_t bit = 1ull << d;
+    return atomic_fetch_or(&c->peer_on, bit) & bit ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+                                                   : CUDA_SUCCESS;
+}
+
+GP_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    gp_ctx_obj *c;
+    int d;
+    CUresult r = peer_args(peerContext, &c, &d);
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint64_t bit = 1ull << d;
+    return atomic_fetch_and(&c->peer_on, ~bit) & bit ? CUDA_SUCCESS
+                                                     : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
 }

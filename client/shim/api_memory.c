@@ -131,7 +131,7 @@ GP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     CUresult r = gp_ctx_enter();
     if (r != CUDA_SUCCESS)
         return r;
-    const gp_device_snapshot *d = gp_device(0);
+    const gp_device_snapshot *d = gp_device_current();
     size_t align = 512;
     if (d && CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT < d->attribute_count &&
         d->attributes[CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT] > 0)
@@ -467,9 +467,12 @@ static CUresult ptr_attr(const gp_range *rg, uint64_t ptr, int a, void *data, in
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
         iv = 0;
         break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        iv = 0;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: {
+        /* The device of the context it was allocated in (issue 37). */
+        const gp_ctx_obj *c = gp_ctx_obj_get(rg->ctx);
+        iv = c ? c->device : 0;
         break;
+    }
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
         iv = rg->kind == GP_RANGE_DEVICE && !(rg->flags & (GP_RANGE_F_ASYNC | GP_RANGE_F_VMM));
         break;

@@ -311,14 +311,23 @@ GP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
                        (uint32_t)prop->allocFlags.gpuDirectRDMACapable << 8 |
                        (uint32_t)prop->allocFlags.usage << 16,
     };
-    GP_FRAME(buf, len, gp_vmm_create, &m);
-    if (!buf) {
-        free(gp_handle_remove(h, GP_H_MEMHANDLE));
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_reply rep = {0};
+    if (prop->location.id == 0) {
+        GP_FRAME(buf, len, gp_vmm_create, &m);
+        r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (buf)
+            GP_FRAME_FREE(buf);
+    } else { /* another device of the lease (protocol 1.6, issue 37) */
+        gp_vmm_create_on on = {.handle = m.handle,
+                               .size = m.size,
+                               .handle_types = m.handle_types,
+                               .alloc_flags = m.alloc_flags,
+                               .device = prop->location.id};
+        GP_FRAME(buf, len, gp_vmm_create_on, &on);
+        r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (buf)
+            GP_FRAME_FREE(buf);
     }
-    gp_reply rep;
-    r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
-    GP_FRAME_FREE(buf);
     if (r != CUDA_SUCCESS) {
         free(gp_handle_remove(h, GP_H_MEMHANDLE));
         return gp_cu_result(r);

@@ -12,6 +12,8 @@
 enum {
     CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
 };
 
 /* ---- device attributes ---------------------------------------------------------------------- */

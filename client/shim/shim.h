@@ -195,7 +195,6 @@ typedef struct gp_device_snapshot {
     char name[256];
     CUuuid uuid;
     uint64_t total_mem;
-    uint64_t memory_quota; /* device 0: the hello reply's memory_quota (issue 32), 0 = none */
     int driver_version;
     int pci_domain, pci_bus, pci_device;
     int attributes[512]; /* index = CUdevice_attribute */
@@ -208,8 +207,14 @@ typedef struct gp_device_snapshot {
 } gp_device_snapshot;
 int gp_device_count(void);                        /* 0 before a successful connect */
 const gp_device_snapshot *gp_device(int ordinal); /* NULL if out of range */
+/* The snapshot of the current context's device (device 0's without a context; NULL before a
+ * connect): launch limits, occupancy and pitch alignment follow the device a call runs on. */
+const gp_device_snapshot *gp_device_current(void);
 
 #define GP_PRIMARY_CTX_ID (GP_HANDLE_TAG | ((uint64_t)GP_H_CTX << 40) | 1)
+/* Device k's primary context (issue 37): k in bits 32-37 (worker.h WK_PRIMARY_CTX_OF). */
+#define GP_MAX_DEVICES 64 /* worker_session.devices: array:i32:64 */
+#define GP_PRIMARY_CTX_OF(k) (GP_PRIMARY_CTX_ID | ((uint64_t)(k) << 32))
 
 /* The calling thread's current context handle (0 if none). */
 uint64_t gp_ctx_current(void);

@@ -160,6 +160,7 @@ typedef struct gp_ctx_obj {
     int shmem_config;
     uint64_t limit_set; /* bit i: limit i was set by the program (value in limit_val[i]) */
     uint64_t limit_val[64];
+    _Atomic uint64_t peer_on; /* bit d: cuCtxEnablePeerAccess to a context of device d (issue 37) */
 } gp_ctx_obj;
 
 /* The live context object behind handle h (primary included), or NULL. */
@@ -176,16 +177,29 @@ int gp_ctx_stack_push(uint64_t ctx); /* 0, or -1 when full */
 uint64_t gp_ctx_stack_pop(void);     /* the popped handle, 0 if the stack was empty */
 void gp_ctx_stack_set_top(uint64_t ctx);
 
-/* Primary context bookkeeping (one device). */
+/* Primary context bookkeeping, per device (dev: a valid ordinal). */
 typedef struct gp_primary_state {
     int retained; /* retain count */
     unsigned flags;
 } gp_primary_state;
-void gp_primary_get(gp_primary_state *out);
-int gp_primary_retain(void);           /* returns the new count */
-int gp_primary_release(int *was_last); /* -1 if it was not retained */
-void gp_primary_set_flags(unsigned flags);
-void gp_primary_reset_local(void);
+void gp_primary_get(int dev, gp_primary_state *out);
+int gp_primary_retain(int dev);                 /* returns the new count */
+int gp_primary_release(int dev, int *was_last); /* -1 if it was not retained */
+void gp_primary_set_flags(int dev, unsigned flags);
+void gp_primary_reset_local(int dev);
+/* k if h is device k's primary context (GP_PRIMARY_CTX_OF(k), k < the device count), else -1. */
+int gp_primary_index(uint64_t h);
+
+/* A lease of several devices (issue 37): the hello reply's device_count (0 before a connect),
+ * each device's snapshot and peer rows from device_props (k = 0 takes only the rows), and the
+ * count the program sees once they are in. */
+int gp_device_announced(void);
+void gp_state_add_device(int k, const gp_device_props_reply *r);
+void gp_state_devices_ready(int n);
+/* The server driver's cuDeviceCanAccessPeer(dev, peer) and cuDeviceGetP2PAttribute(attr, dev,
+ * peer) (attr 1..4); 0 for anything out of range. */
+int gp_device_can_access_peer(int dev, int peer_dev);
+int gp_device_p2p_attribute(int dev, int peer_dev, int attr);
 
 /* ---- streams and events (api_stream.c / api_event.c) ------------------------------------- */
 typedef struct gp_stream_obj {

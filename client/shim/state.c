@@ -17,9 +17,16 @@
 
 /* ================================================================== the snapshot == */
 
-static gp_device_snapshot dev0;
+/* The lease's devices (issue 37): device 0 from the hello reply, the others from device_props
+ * (api_init.c asks at cuInit); written before ndev is raised, read after. */
+static gp_device_snapshot devs[GP_MAX_DEVICES];
+#define dev0 devs[0]
 static atomic_int ndev;
+static int announced;       /* the hello reply's device_count (1 for an older server) */
 static uint64_t session_id; /* of the lease; written before ndev is set, read after */
+/* cuDeviceCanAccessPeer(d, p) and cuDeviceGetP2PAttribute(a, d, p) on the server. */
+static uint8_t peer[GP_MAX_DEVICES][GP_MAX_DEVICES];
+static int p2p[GP_MAX_DEVICES][GP_MAX_DEVICES][4];
 
 /* Capabilities that a remote GPU cannot offer to this process's memory, whatever the server's
  * GPU says: its kernels cannot reach our pages, so no managed or pageable memory access. */
@@ -33,9 +40,31 @@ static const int remote_off[] = {
     CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
 };
 
-static gp_ctx_obj primary_obj = {.id = GP_PRIMARY_CTX_ID, .primary = 1};
+/* One primary context per device, its id GP_PRIMARY_CTX_OF(k). */
+static gp_ctx_obj primary_objs[GP_MAX_DEVICES];
 static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
-static gp_primary_state primary_st; /* guarded by primary_lock */
+static gp_primary_state primary_sts[GP_MAX_DEVICES]; /* guarded by primary_lock */
+
+/* What the hello reply and device_props share: attributes (less what a remote GPU cannot offer
+ * this process) and limits. */
+static void set_attributes(gp_device_snapshot *d, const uint8_t *attrs, uint32_t nattrs,
+                           const uint8_t *limits, uint32_t nlimits)
+{
+    d->attribute_count = (int)(nattrs < 512 ? nattrs : 512);
+    for (int i = 0; i < d->attribute_count; i++)
+        d->attributes[i] = gp_arr_i32(attrs, i);
+    for (size_t i = 0; i < sizeof remote_off / sizeof remote_off[0]; i++)
+        if (remote_off[i] < d->attribute_count)
+            d->attributes[remote_off[i]] = 0;
+    d->limit_count = (int)(nlimits < 64 ? nlimits : 64);
+    for (int i = 0; i < d->limit_count; i++)
+        d->limits[i] = gp_arr_u64(limits, i);
+}
+
+static void set_primary_obj(int k)
+{
+    primary_objs[k] = (gp_ctx_obj){.id = GP_PRIMARY_CTX_OF(k), .device = k, .primary = 1};
+}
 
 void gp_state_set_snapshot(const gp_hello_reply *r)
 {
@@ -45,26 +74,23 @@ void gp_state_set_snapshot(const gp_hello_reply *r)
     memcpy(d->name, r->name, nl);
     memcpy(d->uuid.bytes, r->uuid, 16);
     d->total_mem = r->total_mem;
-    d->memory_quota = r->memory_quota;
     d->driver_version = r->driver_version;
     d->pci_domain = r->pci_domain;
     d->pci_bus = r->pci_bus;
     d->pci_device = r->pci_device;
-    d->attribute_count = (int)(r->attributes_count < 512 ? r->attributes_count : 512);
-    for (int i = 0; i < d->attribute_count; i++)
-        d->attributes[i] = gp_arr_i32(r->attributes, i);
-    for (size_t i = 0; i < sizeof remote_off / sizeof remote_off[0]; i++)
-        if (remote_off[i] < d->attribute_count)
-            d->attributes[remote_off[i]] = 0;
-    d->limit_count = (int)(r->limits_count < 64 ? r->limits_count : 64);
-    for (int i = 0; i < d->limit_count; i++)
-        d->limits[i] = gp_arr_u64(r->limits, i);
+    set_attributes(d, r->attributes, r->attributes_count, r->limits, r->limits_count);
+    announced = r->device_count == 0               ? 1
+                : r->device_count > GP_MAX_DEVICES ? GP_MAX_DEVICES
+                                                   : (int)r->device_count;
+    memset(peer, 0, sizeof peer);
+    memset(p2p, 0, sizeof p2p);
+    set_primary_obj(0);
     d->stream_priority_least = r->stream_priority_least;
     d->stream_priority_greatest = r->stream_priority_greatest;
     d->granularity = r->granularity;
     d->simulated = (int)r->simulated;
     session_id = r->session_id;
-    gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_CTX, &primary_obj);
+    gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_CTX, &primary_objs[0]);
     gp_log_debug("device 0: %s, %llu MiB, compute %d.%d, server driver %d%s", d->name,
                  (unsigned long long)(d->total_mem >> 20),
                  d->attribute_count > 76 ? d->attributes[75] : -1,
@@ -78,9 +104,82 @@ int gp_device_count(void)
     return atomic_load(&ndev);
 }
 
+int gp_device_announced(void)
+{
+    return atomic_load(&ndev) > 0 ? announced : 0;
+}
+
+void gp_state_add_device(int k, const gp_device_props_reply *r)
+{
+    if (k < 0 || k >= announced)
+        return;
+    if (k > 0) {
+        gp_device_snapshot *d = &devs[k];
+        memset(d, 0, sizeof *d);
+        size_t nl = r->name_len < sizeof d->name - 1 ? r->name_len : sizeof d->name - 1;
+        memcpy(d->name, r->name, nl);
+        memcpy(d->uuid.bytes, r->uuid, 16);
+        d->total_mem = r->total_mem;
+        d->pci_domain = r->pci_domain;
+        d->pci_bus = r->pci_bus;
+        d->pci_device = r->pci_device;
+        set_attributes(d, r->attributes, r->attributes_count, r->limits, r->limits_count);
+        d->granularity = r->granularity;
+        /* One driver and one process on the server: these are the same for every device. */
+        d->driver_version = dev0.driver_version;
+        d->stream_priority_least = dev0.stream_priority_least;
+        d->stream_priority_greatest = dev0.stream_priority_greatest;
+        d->simulated = dev0.simulated;
+        set_primary_obj(k);
+    }
+    for (uint32_t p = 0; p < r->can_access_peer_count && p < GP_MAX_DEVICES; p++)
+        peer[k][p] = gp_arr_i32(r->can_access_peer, p) != 0;
+    for (uint32_t i = 0; i < r->p2p_attributes_count && i < 4 * GP_MAX_DEVICES; i++)
+        p2p[k][i / 4][i % 4] = gp_arr_i32(r->p2p_attributes, i);
+}
+
+void gp_state_devices_ready(int n)
+{
+    if (n <= atomic_load(&ndev) || n > announced)
+        return;
+    for (int k = atomic_load(&ndev); k < n; k++)
+        gp_handle_register(GP_PRIMARY_CTX_OF(k), GP_H_CTX, &primary_objs[k]);
+    atomic_store(&ndev, n);
+    gp_log_debug("%d devices", n);
+}
+
 const gp_device_snapshot *gp_device(int ordinal)
 {
-    return ordinal >= 0 && ordinal < atomic_load(&ndev) ? &dev0 : NULL;
+    return ordinal >= 0 && ordinal < atomic_load(&ndev) ? &devs[ordinal] : NULL;
+}
+
+const gp_device_snapshot *gp_device_current(void)
+{
+    const gp_ctx_obj *c = gp_ctx_current_obj();
+    const gp_device_snapshot *d = c ? gp_device(c->device) : NULL;
+    return d ? d : gp_device(0);
+}
+
+int gp_device_can_access_peer(int dev, int peer_dev)
+{
+    int n = atomic_load(&ndev);
+    return dev >= 0 && dev < n && peer_dev >= 0 && peer_dev < n && peer[dev][peer_dev];
+}
+
+int gp_device_p2p_attribute(int dev, int peer_dev, int attr)
+{
+    int n = atomic_load(&ndev);
+    if (dev < 0 || dev >= n || peer_dev < 0 || peer_dev >= n || attr < 1 || attr > 4)
+        return 0;
+    return p2p[dev][peer_dev][attr - 1];
+}
+
+int gp_primary_index(uint64_t h)
+{
+    uint64_t k = (h >> 32) & 0xff;
+    if ((h & ~(0xffull << 32)) != GP_PRIMARY_CTX_ID || k >= (uint64_t)atomic_load(&ndev))
+        return -1;
+    return (int)k;
 }
 
 uint64_t gp_session_id(void)
@@ -133,8 +232,9 @@ void gp_ctx_stack_set_top(uint64_t ctx)
 
 gp_ctx_obj *gp_ctx_obj_get(uint64_t h)
 {
-    if (h == GP_PRIMARY_CTX_ID)
-        return atomic_load(&ndev) > 0 ? &primary_obj : NULL;
+    int k = gp_primary_index(h);
+    if (k >= 0)
+        return &primary_objs[k];
     return gp_handle_get(h, GP_H_CTX);
 }
 
@@ -164,52 +264,52 @@ int gp_stream_wire(CUstream s, uint64_t *wire)
 
 /* ===================================================================== the primary == */
 
-void gp_primary_get(gp_primary_state *out)
+void gp_primary_get(int dev, gp_primary_state *out)
 {
     pthread_mutex_lock(&primary_lock);
-    *out = primary_st;
+    *out = primary_sts[dev];
     pthread_mutex_unlock(&primary_lock);
 }
 
-int gp_primary_retain(void)
+int gp_primary_retain(int dev)
 {
     pthread_mutex_lock(&primary_lock);
-    int n = ++primary_st.retained;
+    int n = ++primary_sts[dev].retained;
     pthread_mutex_unlock(&primary_lock);
     return n;
 }
 
-int gp_primary_release(int *was_last)
+int gp_primary_release(int dev, int *was_last)
 {
     int rc = 0;
     pthread_mutex_lock(&primary_lock);
-    if (primary_st.retained <= 0) {
+    if (primary_sts[dev].retained <= 0) {
         rc = -1;
     } else {
-        primary_st.retained--;
-        *was_last = primary_st.retained == 0;
+        primary_sts[dev].retained--;
+        *was_last = primary_sts[dev].retained == 0;
     }
     pthread_mutex_unlock(&primary_lock);
     return rc;
 }
 
-void gp_primary_set_flags(unsigned flags)
+void gp_primary_set_flags(int dev, unsigned flags)
 {
     pthread_mutex_lock(&primary_lock);
-    primary_st.flags = flags;
-    primary_obj.flags = flags;
+    primary_sts[dev].flags = flags;
+    primary_objs[dev].flags = flags;
     pthread_mutex_unlock(&primary_lock);
 }
 
-void gp_primary_reset_local(void)
+void gp_primary_reset_local(int dev)
 {
     pthread_mutex_lock(&primary_lock);
-    primary_st.retained = 0;
-    primary_st.flags = 0;
-    primary_obj.flags = 0;
-    primary_obj.limit_set = 0;
-    primary_obj.cache_config = 0;
-    primary_obj.shmem_config = 0;
+    primary_sts[dev].retained = 0;
+    primary_sts[dev].flags = 0;
+    primary_objs[dev].flags = 0;
+    primary_objs[dev].limit_set = 0;
+    primary_objs[dev].cache_config = 0;
+    primary_objs[dev].shmem_config = 0;
     pthread_mutex_unlock(&primary_lock);
 }
 

@@ -54,3 +54,10 @@ TEST_BINS += $(BUILD)/tests/copy_check
 $(BUILD)/tests/copy_check: $(BUILD)/obj/tests/c/copy_check.o $(BUILD)/client/libcuda.so.1
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'
+
+# A driver-API client of the shim with a lease of several GPUs (issue 37): tests/c/multi_gpu.c,
+# run by tests/test_multi_gpu_native.py and the pool's multi-GPU end-to-end test.
+TEST_BINS += $(BUILD)/tests/multi_gpu
+$(BUILD)/tests/multi_gpu: $(BUILD)/obj/tests/c/multi_gpu.o $(BUILD)/client/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'

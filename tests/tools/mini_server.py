@@ -8,11 +8,12 @@ scheduling or leases. It prints "listening on HOST:PORT" once it is ready. It sp
 
     python3 tests/tools/mini_server.py --worker build/gpupool-worker \
         --driver build/libgpupool-sim.so --simulated [--port 0] [--cache-dir DIR] \
-        [--hello-log FILE] [--queue-notices N]
+        [--hello-log FILE] [--queue-notices N] [--devices 0,1,2,3]
 
 --hello-log appends each decoded hello to FILE as one JSON line (what the client asked for);
 --queue-notices sends N GP_INFO_QUEUED notices before the worker answers, as the daemon does
-while a client waits in its queue.
+while a client waits in its queue; --devices gives each client a lease of those GPUs (the
+worker's --devices, what gpupoold's worker_session says).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) ->
         ]
         if args.simulated:
             cmd.append("--simulated")
+        if args.devices:
+            cmd += ["--devices", args.devices]
         env = dict(os.environ)
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(conn.fileno(),), env=env)
         assert proc.stdin is not None
@@ -101,6 +104,8 @@ def main() -> int:
     ap.add_argument("--driver", default="build/libgpupool-sim.so")
     ap.add_argument("--simulated", action="store_true")
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--devices", default="",
+                    help="a lease of several GPUs for each client, e.g. 0,1,2,3 (issue 37)")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--max-sessions", type=int, default=0, help="exit after this many (0: never)")
     ap.add_argument("--hello-log", default=None, help="append each hello as a JSON line here")
