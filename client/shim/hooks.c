@@ -48,6 +48,34 @@ GP_EXPORT int gpupool_shim_lease(char *server, size_t server_cap, char *uuid, si
     return 1;
 }
 
+/* This process's memory quota on a shared GPU (issue 32; libnvidia-ml.so.1 asks, by dlsym): 1
+ * with the worker's cuMemGetInfo answer for device 0 (total = the quota, free = what is left of
+ * it), so that NVML says what CUDA says; 0 when the lease has no quota, or the request failed.
+ * Needs no current context (the worker answers from its own). */
+GP_EXPORT int gpupool_shim_memory_quota(unsigned long long *free_bytes, unsigned long long *total)
+{
+    const gp_device_snapshot *d = gp_device(0);
+    if (!d || gp_check_init() != CUDA_SUCCESS || d->memory_quota == 0)
+        return 0;
+    gp_mem_get_info m = {0};
+    GP_FRAME(buf, len, gp_mem_get_info, &m);
+    if (!buf)
+        return 0;
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    GP_FRAME_FREE(buf);
+    if (r != CUDA_SUCCESS)
+        return 0;
+    gp_mem_get_info_reply a;
+    int ok = gp_mem_get_info_reply_decode(rep.body, rep.len, &a) == 0 && a.result == 0;
+    gp_reply_free(&rep);
+    if (!ok)
+        return 0;
+    *free_bytes = a.free;
+    *total = a.total;
+    return 1;
+}
+
 /* ---- hooks for the export tables and the integrity check ---------------------------------- */
 
 int gp_integrity_driver_version(void)

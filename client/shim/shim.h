@@ -195,6 +195,7 @@ typedef struct gp_device_snapshot {
     char name[256];
     CUuuid uuid;
     uint64_t total_mem;
+    uint64_t memory_quota; /* device 0: the hello reply's memory_quota (issue 32), 0 = none */
     int driver_version;
     int pci_domain, pci_bus, pci_device;
     int attributes[512]; /* index = CUdevice_attribute */

@@ -74,6 +74,7 @@ void gp_state_set_snapshot(const gp_hello_reply *r)
     memcpy(d->name, r->name, nl);
     memcpy(d->uuid.bytes, r->uuid, 16);
     d->total_mem = r->total_mem;
+    d->memory_quota = r->memory_quota;
     d->driver_version = r->driver_version;
     d->pci_domain = r->pci_domain;
     d->pci_bus = r->pci_bus;
