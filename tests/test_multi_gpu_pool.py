@@ -292,3 +292,17 @@ def test_the_gpu_seconds_metric_counts_each_gpu_of_an_ended_lease() -> None:
     metrics.lease_ended(LeaseEnded(1, 0, "alice", "client exit", 10.0, WorkerStats(), (0, 1, 2)))
     metrics.lease_ended(LeaseEnded(2, 3, "alice", "client exit", 5.0, WorkerStats()))
     assert metrics.ended.gpu_seconds == {"alice": 35.0}
+
+
+async def test_a_big_request_that_cannot_be_served_now_holds_nothing_back(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(n_gpus=3)
+    _, a = await lease_on(m, 1)
+    big = await grant(m, 2, Requirements(gpus=3))
+    small = await grant(m, 3, Requirements())
+    await settle()
+    assert not small.future.done()  # the 2 free GPUs are kept for the 3-GPU request
+    await m.drain(2, "admin")  # (free: drained at once) now only 2 of its 3 are in service
+    await settle()
+    slot = await asyncio.wait_for(small.future, 1)
+    assert slot.gpu.index in (0, 1) and not big.future.done()
+    assert a.slot.state == LEASED

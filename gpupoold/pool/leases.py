@@ -525,9 +525,15 @@ class LeaseManager(PreviousLeases):
             if len(takes) >= w.req.gpus:
                 self._grant(takes[0], w, takes[1:w.req.gpus])
                 return True
-            if w.req.gpus > 1:
+            if w.req.gpus > 1 and self._could_serve(w):
                 free = [s for s in free if s not in takes]  # held back for it
         return False
+
+    def _could_serve(self, w: Waiter) -> bool:
+        """Whether enough GPUs `w` accepts are in service for its request, some of them busy
+        now: one that cannot be served until an operator acts (GPUs drained or quarantined after
+        it joined) holds nothing back from the waiters behind it."""
+        return sum(1 for s in self.slots if in_service(s) and w.accepts(s.gpu)) >= w.req.gpus
 
     def _release_unused(self, slot: Slot) -> None:
         """A granted GPU nobody used (the client left before its lease started)."""
@@ -846,6 +852,7 @@ class LeaseManager(PreviousLeases):
             await self.kept_states.save()
             await self.store.audit(actor, "gpu.drain", f"gpu {index}", slot.state)
             log.info("GPU %d drained by %s (%s)", index, actor, slot.state)
+            self._dispatch()  # a request of several GPUs may no longer hold free ones back
         return slot
 
     async def undrain(self, index: int, actor: str) -> Slot:
