@@ -306,3 +306,12 @@ async def test_a_big_request_that_cannot_be_served_now_holds_nothing_back(mgr: A
     slot = await asyncio.wait_for(small.future, 1)
     assert slot.gpu.index in (0, 1) and not big.future.done()
     assert a.slot.state == LEASED
+
+
+def test_gpupool_status_lists_every_gpu_of_my_lease() -> None:
+    from gpupool.status import _lease_where
+
+    gpus = [{"index": i, "lease": {"id": 7 if i < 3 else 8}} for i in range(4)]
+    assert _lease_where({"id": 7, "gpu": 0}, gpus) == "on GPUs 0, 1, 2"
+    assert _lease_where({"id": 8, "gpu": 3}, gpus) == "on GPU 3"
+    assert _lease_where({"id": 9, "gpu": None}, gpus).startswith("detached while idle")

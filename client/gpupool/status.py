@@ -81,6 +81,19 @@ def _state(gpu: Mapping[str, Any]) -> str:
     return state
 
 
+def _lease_where(lease: Mapping[str, Any], gpus: list[Any]) -> str:
+    """Where a lease is: its GPU, every GPU of a lease of several (the GPUs whose view names
+    it, issue 37), or detached while idle."""
+    on = [str(g.get("index", "?")) for g in gpus if isinstance(g, Mapping)
+          and isinstance(g.get("lease"), Mapping) and g["lease"].get("id") == lease.get("id")]
+    if len(on) > 1:
+        return f"on GPUs {', '.join(on)}"
+    if lease.get("gpu") is not None:
+        return f"on GPU {lease.get('gpu')}"
+    return ("detached while idle (its memory waits on the server; its next call takes a GPU "
+            "again)")
+
+
 def _mine_ids(data: Mapping[str, Any]) -> set[Any]:
     return {lease.get("id") for lease in data.get("leases") or []
             if isinstance(lease, Mapping) and lease.get("mine")}
@@ -134,9 +147,7 @@ def print_status(probes: list[Probe]) -> None:
             print("  My leases:")
             for lease in leases:
                 c = lease.get("client") if isinstance(lease.get("client"), Mapping) else {}
-                where = (f"on GPU {lease.get('gpu')}" if lease.get("gpu") is not None else
-                         "detached while idle (its memory waits on the server; its next call "
-                         "takes a GPU again)")
+                where = _lease_where(lease, data.get("gpus") or [])
                 print(f"    lease {lease.get('id')} {where}: "
                       f"{c.get('program') or '?'} (pid {c.get('pid', '?')} on "
                       f"{c.get('host') or '?'}), for {duration(lease.get('duration_s'))}")
