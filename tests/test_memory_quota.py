@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import worker_client as wc
-from conftest import REPO, require, run_client
+from conftest import REPO, SANITIZER_MARKS, require, run_client
 from worker_client import WorkerSession, gp, handle
 
 SCRIPTS = REPO / "tests" / "torch_scripts"
@@ -55,8 +55,17 @@ def mem_info(s: WorkerSession) -> tuple[int, int]:
 
 def close(s: WorkerSession) -> None:
     assert s.close() == 0, s.stderr_text()
+    clean(s)
 
 
+def clean(s: WorkerSession) -> None:
+    """No sanitizer report and no failed zeroing in the worker's log."""
+    log = s.stderr_text()
+    for bad in (*SANITIZER_MARKS, "Segmentation", "Aborted", "must be scrubbed whole"):
+        assert bad not in log, log[-4000:]
+
+
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 def test_quota_in_hello_and_mem_info(tmp_path: Path) -> None:
     s = session(tmp_path)
     assert s.hello.memory_quota == QUOTA
@@ -74,6 +83,7 @@ def test_quota_in_hello_and_mem_info(tmp_path: Path) -> None:
     close(w)
 
 
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 @pytest.mark.parametrize("stream", [0, LEGACY_STREAM], ids=["cuMemAlloc", "cuMemAllocAsync"])
 def test_alloc_at_quota_and_first_byte_past(tmp_path: Path, stream: int) -> None:
     s = session(tmp_path)
@@ -87,6 +97,7 @@ def test_alloc_at_quota_and_first_byte_past(tmp_path: Path, stream: int) -> None
     close(s)
 
 
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 def test_vmm_create_counts(tmp_path: Path) -> None:
     s = session(tmp_path)
     r, _ = s.call(gp.VmmCreate(handle=handle(H_VMM, 1), size=QUOTA - 2 * MiB))
@@ -119,6 +130,7 @@ def load(s: WorkerSession, mod: int, image: bytes) -> int:
     return r.result  # type: ignore[attr-defined,no-any-return]
 
 
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 def test_module_globals_count(tmp_path: Path, global_cubin: bytes) -> None:
     s = session(tmp_path)
     mod = handle(H_MODULE, 1)
@@ -134,6 +146,7 @@ def test_module_globals_count(tmp_path: Path, global_cubin: bytes) -> None:
     close(s)
 
 
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 def test_module_past_quota_is_refused(tmp_path: Path, global_cubin: bytes) -> None:
     s = session(tmp_path, quota=4 * MiB)
     mod = handle(H_MODULE, 1)
@@ -167,6 +180,7 @@ def vmm_mapped(s: WorkerSession, h: int, size: int) -> int:
     return ptr
 
 
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 @pytest.mark.parametrize("end", ["free", "killed"])
 def test_nothing_left_behind(tmp_path: Path, end: str) -> None:
     """The isolation pattern: a tenant writes 0xAB in every byte it holds and then frees it (or
@@ -189,6 +203,7 @@ def test_nothing_left_behind(tmp_path: Path, end: str) -> None:
     else:
         a.sock.close()  # what the client's SIGKILL does to the connection
         assert a.wait() == 0, a.stderr_text()
+        clean(a)
 
     b = session(tmp_path, memory_file=memfile)
     q = b.alloc(size)
@@ -200,6 +215,7 @@ def test_nothing_left_behind(tmp_path: Path, end: str) -> None:
     close(b)
 
 
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 def test_whole_gpu_leaves_memory_to_the_scrub(tmp_path: Path) -> None:
     """Without a quota (a whole GPU) the worker does not zero: the daemon's scrub does, between
     leases. This is also what the zeroing test above would see without worker/quota.c."""
