@@ -183,17 +183,19 @@ def vmm_mapped(s: WorkerSession, h: int, size: int) -> int:
 @pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 @pytest.mark.parametrize("end", ["free", "killed"])
 def test_nothing_left_behind(tmp_path: Path, end: str) -> None:
-    """The isolation pattern: a tenant writes 0xAB in every byte it holds and then frees it (or
-    its client is killed: the connection drops without a goodbye); the next tenant, placed on
-    the same bytes of the memory file, reads zeros."""
+    """The isolation pattern: a tenant takes every byte its quota gives it (half with cuMemAlloc,
+    half with cuMemCreate), writes 0xAB in all of them and then frees them (or its client is
+    killed: the connection drops without a goodbye); the next tenant, placed on the same bytes
+    of the memory file, reads zeros."""
     memfile = tmp_path / "gpu0.mem"
-    size = 8 * MiB
+    size = QUOTA // 2
     a = session(tmp_path, memory_file=memfile)
     p = a.alloc(size)
     assert p.result == 0
     fill(a, p.dptr, size)
     vp = vmm_mapped(a, handle(H_VMM, 1), size)
     fill(a, vp, size)
+    assert a.alloc(1).result == OOM  # it holds all it can get
     if end == "free":
         a.post(gp.MemFree(dptr=p.dptr, stream=0))
         a.post(gp.VmmUnmap(ptr=vp, size=size))
