@@ -147,6 +147,24 @@ def test_module_globals_count(tmp_path: Path, global_cubin: bytes) -> None:
 
 
 @pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
+def test_module_of_a_destroyed_context_counts_no_more(tmp_path: Path, global_cubin: bytes) -> None:
+    """cuCtxDestroy unloads the context's modules: their charge is returned (and their globals
+    zeroed, with that context current)."""
+    s = session(tmp_path)
+    ctx = handle(1, 2)
+    assert s.call(gp.CtxCreate(ctx=ctx, flags=0))[0].result == 0  # type: ignore[attr-defined]
+    s.post(gp.CtxSetCurrent(ctx=ctx))
+    mod = handle(H_MODULE, 1)
+    assert load(s, mod, global_cubin) == 0
+    r, _ = s.call(gp.GetGlobal(module=mod, kind=0, name="gp_quota_big"))
+    assert r.result == 0  # type: ignore[attr-defined]
+    assert QUOTA - mem_info(s)[0] >= 8 * MiB
+    assert s.call(gp.CtxDestroy(ctx=ctx))[0].result == 0  # type: ignore[attr-defined]
+    assert mem_info(s) == (QUOTA, QUOTA)
+    close(s)
+
+
+@pytest.mark.san  # scripts/test.sh runs it against the sanitizer build too
 def test_module_past_quota_is_refused(tmp_path: Path, global_cubin: bytes) -> None:
     s = session(tmp_path, quota=4 * MiB)
     mod = handle(H_MODULE, 1)

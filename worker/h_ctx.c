@@ -72,6 +72,7 @@ CUresult wk_ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o)
      * context-independent and stay): forget their ids. */
     wk_obj_purge(w, &w->streams, id, 0, NULL);
     wk_obj_purge(w, &w->events, id, 0, NULL);
+    wk_quota_ctx_gone(w, id, o->h); /* a share's globals go back as zeros (quota.c) */
     wk_obj_purge(w, &w->modules, id, 1u << 0, forget_module);
     CUresult rc = DRV(w, cuCtxDestroy, o->h); /* waits for the context's work */
     if (w->cur_ctx == id) {

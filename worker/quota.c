@@ -119,6 +119,27 @@ void wk_quota_module_gone(struct worker *w, uint64_t id, struct wk_obj *mod)
     mod->size = 0;
 }
 
+void wk_quota_ctx_gone(struct worker *w, uint64_t ctx_id, CUcontext h)
+{
+    if (w->quota.limit == 0 || w->modules.count == 0)
+        return;
+    CUresult rc = DRV(w, cuCtxSetCurrent, h);
+    if (rc != CUDA_SUCCESS)
+        wk_warn("making a context current to zero its modules' globals: %s", wk_err_name(w, rc));
+    size_t pos = 0;
+    uint64_t id;
+    void *val;
+    /* wk_quota_module_gone changes quota.globals only, not the map being walked. */
+    while (wk_idmap_next(&w->modules, &pos, &id, &val)) {
+        struct wk_obj *mod = val;
+        if (mod->owner == ctx_id && mod->kind == 0) /* libraries are not a context's */
+            wk_quota_module_gone(w, id, mod);
+    }
+    CUcontext back = wk_ctx_handle(w, w->cur_ctx);
+    if (rc == CUDA_SUCCESS && back && (rc = DRV(w, cuCtxSetCurrent, back)) != CUDA_SUCCESS)
+        wk_warn("making the current context current again: %s", wk_err_name(w, rc));
+}
+
 void wk_quota_zero_range(struct worker *w, uint64_t ptr, uint64_t size)
 {
     if (w->quota.limit == 0 || size == 0)
