@@ -8,7 +8,9 @@ pynvml against a gpupoold of 2 simulated GPUs.
 - GPUs of two servers: no peer access (NVML_P2P_STATUS_NOT_SUPPORTED) and no common ancestor
   (NVML_ERROR_NOT_SUPPORTED): they are not in one machine.
 - a process holding a lease lists its lease's GPUs in CUDA's order, each with CUDA's UUID and
-  PCI bus id (NCCL looks its GPU up in NVML by the bus id CUDA gives), found by that bus id.
+  PCI bus id (NCCL looks its GPU up in NVML by the bus id CUDA gives), found by that bus id;
+  also when it initialised NVML before its lease (as PyTorch does): its next nvmlInit lists the
+  lease.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ LISTING = PAIRS + """
 
 LEASE = PAIRS + """
     import ctypes, json, pynvml as n
+    n.nvmlInit()  # before the lease, as PyTorch's device count does: the servers' GPUs
+    before = n.nvmlDeviceGetCount()
     cuda = ctypes.CDLL("libcuda.so.1")
     assert cuda.cuInit(0) == 0
     count = ctypes.c_int()
@@ -77,7 +81,7 @@ LEASE = PAIRS + """
         nv.append({"uuid": n.nvmlDeviceGetUUID(h), "bus": n.nvmlDeviceGetPciInfo(h).busId,
                    "by_bus": n.nvmlDeviceGetIndex(
                        n.nvmlDeviceGetHandleByPciBusId(devs[i]["bus"]))})
-    print(json.dumps({"cuda": devs, "nvml": nv, "pairs": pairs(n)}))
+    print(json.dumps({"before": before, "cuda": devs, "nvml": nv, "pairs": pairs(n)}))
 """
 
 
@@ -92,6 +96,7 @@ def test_nvml_pairs_and_the_lease_in_cudas_order(start_daemon: Any, native_build
 
     lease = run_py(server, LEASE)
     cuda, nvml = lease["cuda"], lease["nvml"]
+    assert lease["before"] == 2  # no lease yet: the server's GPUs
     assert len(nvml) == len(cuda) >= 1
     for i, (c, v) in enumerate(zip(cuda, nvml, strict=True)):
         assert v["uuid"].lower() == c["uuid"].lower(), (i, c, v)

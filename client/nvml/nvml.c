@@ -85,8 +85,9 @@ static struct {
     int system_server; /* the server that answers system queries; -1: none */
     unsigned ndevices;
     struct nvmlDevice_st devices[MAX_DEVICES];
-    int warned; /* the process has had its one warning (kept across nvmlShutdown; init_lock) */
-} st;           /* guarded by lock (see the top of this file for nvmlInit) */
+    int warned;     /* the process has had its one warning (kept across nvmlShutdown; init_lock) */
+    int lease_mode; /* the table is this process's lease (else the servers' GPUs) */
+} st;               /* guarded by lock (see the top of this file for nvmlInit) */
 
 static double now_s(void)
 {
@@ -544,6 +545,7 @@ static nvmlReturn_t build_state(config_ref **out)
     st.nservers = 0;
     st.ndevices = 0;
     st.system_server = -1;
+    st.lease_mode = 0;
     config_ref *conf = calloc(1, sizeof *conf);
     if (!conf)
         return NVML_ERROR_MEMORY;
@@ -554,6 +556,7 @@ static nvmlReturn_t build_state(config_ref **out)
         warn("nvml: %s; NVML shows 0 GPUs", err);
         conf->cfg.nservers = 0;
     } else if (lease_of_this_process(&lease)) {
+        st.lease_mode = 1;
         init_lease(conf, &lease);
     } else if (conf->cfg.nservers == 0) {
         warn("nvml: no GPU server is configured (set GPUPOOL_SERVER, or run `gpupool login URL "
@@ -577,28 +580,38 @@ GP_NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     if (pthread_mutex_lock(&init_lock) != 0)
         return NVML_ERROR_UNKNOWN;
     nvmlReturn_t r = NVML_SUCCESS;
+    shim_lease lease;
+    int leased = lease_of_this_process(&lease); /* asked without `lock`, as build_state does */
     if (pthread_mutex_lock(&lock) != 0) {
         pthread_mutex_unlock(&init_lock);
         return NVML_ERROR_UNKNOWN;
     }
-    int first = st.refcount == 0;
-    if (first)
+    /* A process that initialised NVML before its first CUDA call (PyTorch counts devices with
+     * NVML) and holds a lease now gets its lease's GPUs at its next nvmlInit, as NCCL's: the
+     * table is built again, as after a shutdown (queries meanwhile answer UNINITIALIZED). */
+    int first = st.refcount == 0, uses = 1;
+    int relist = !first && !st.lease_mode && leased;
+    if (relist) {
+        uses = st.refcount + 1;
+        st.refcount = 0;
+        config_release(st.conf);
+        st.conf = NULL;
+    }
+    if (first || relist)
         st.generation++; /* a refresh still in flight from before keeps off */
     else
         st.refcount++;
     pthread_mutex_unlock(&lock);
-    if (first) {
+    if (first || relist) {
         config_ref *conf = NULL;
         r = build_state(&conf); /* the requests: without `lock` */
-        if (r == NVML_SUCCESS) {
-            if (pthread_mutex_lock(&lock) != 0) {
-                free(conf);
-                r = NVML_ERROR_UNKNOWN;
-            } else {
-                st.conf = conf;
-                st.refcount = 1;
-                pthread_mutex_unlock(&lock);
-            }
+        if (pthread_mutex_lock(&lock) != 0) {
+            free(conf);
+            r = NVML_ERROR_UNKNOWN;
+        } else {
+            st.conf = conf; /* NULL after a failure: then no devices either */
+            st.refcount = r == NVML_SUCCESS ? uses : uses - 1;
+            pthread_mutex_unlock(&lock);
         }
     }
     pthread_mutex_unlock(&init_lock);
