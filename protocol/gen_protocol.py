@@ -756,7 +756,7 @@ def py_class(cls: str, m: Message, fields: tuple[Field, ...], with_result: bool,
         if f.kind == "record":
             out.append(f"        self.{f.name} = {py_record_name(f.record)}() if {f.name} is None "
                        f"else {f.name}")
-        elif f.kind == "records":
+        elif f.kind in ("records", "array"):
             out.append(f"        self.{f.name} = list({f.name})  # decode gives a list too")
         else:
             out.append(f"        self.{f.name} = {f.name}")

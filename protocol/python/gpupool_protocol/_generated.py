@@ -428,8 +428,8 @@ class HelloReply:
         self.pci_domain = pci_domain
         self.pci_bus = pci_bus
         self.pci_device = pci_device
-        self.attributes = attributes
-        self.limits = limits
+        self.attributes = list(attributes)  # decode gives a list too
+        self.limits = list(limits)  # decode gives a list too
         self.stream_priority_least = stream_priority_least
         self.stream_priority_greatest = stream_priority_greatest
         self.granularity = granularity
@@ -928,8 +928,8 @@ class OpTimesReply:
 
     def __init__(self, result: int = 0, calls: list[int] = (), ns: list[int] = ()) -> None:
         self.result = result
-        self.calls = calls
-        self.ns = ns
+        self.calls = list(calls)  # decode gives a list too
+        self.ns = list(ns)  # decode gives a list too
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and all(
@@ -1014,11 +1014,11 @@ class DevicePropsReply:
         self.pci_domain = pci_domain
         self.pci_bus = pci_bus
         self.pci_device = pci_device
-        self.attributes = attributes
-        self.limits = limits
+        self.attributes = list(attributes)  # decode gives a list too
+        self.limits = list(limits)  # decode gives a list too
         self.granularity = granularity
-        self.can_access_peer = can_access_peer
-        self.p2p_attributes = p2p_attributes
+        self.can_access_peer = list(can_access_peer)  # decode gives a list too
+        self.p2p_attributes = list(p2p_attributes)  # decode gives a list too
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and all(
@@ -2918,8 +2918,8 @@ class GetFunctionReply:
     def __init__(self, result: int = 0, param_count: int = 0, param_offsets: list[int] = (), param_sizes: list[int] = ()) -> None:
         self.result = result
         self.param_count = param_count
-        self.param_offsets = param_offsets
-        self.param_sizes = param_sizes
+        self.param_offsets = list(param_offsets)  # decode gives a list too
+        self.param_sizes = list(param_sizes)  # decode gives a list too
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and all(
@@ -4176,12 +4176,12 @@ class TensorMapEncode:
         self.data_type = data_type
         self.rank = rank
         self.global_address = global_address
-        self.global_dim = global_dim
-        self.global_strides = global_strides
-        self.box_dim = box_dim
-        self.element_strides = element_strides
-        self.lower_corner = lower_corner
-        self.upper_corner = upper_corner
+        self.global_dim = list(global_dim)  # decode gives a list too
+        self.global_strides = list(global_strides)  # decode gives a list too
+        self.box_dim = list(box_dim)  # decode gives a list too
+        self.element_strides = list(element_strides)  # decode gives a list too
+        self.lower_corner = list(lower_corner)  # decode gives a list too
+        self.upper_corner = list(upper_corner)  # decode gives a list too
         self.channels_per_pixel = channels_per_pixel
         self.pixels_per_column = pixels_per_column
         self.interleave = interleave
@@ -4526,7 +4526,7 @@ class WorkerSession:
         self.hello_req = hello_req
         self.flags = flags
         self.hello = hello
-        self.devices = devices
+        self.devices = list(devices)  # decode gives a list too
         self.memory_quota = memory_quota
 
     def __eq__(self, other: object) -> bool:
