@@ -3,7 +3,7 @@
     GPUPOOL_MEMORY=268435456 python memory_quota.py 268435456
 
 The driver API first (ctypes on the shim's libcuda.so.1, before PyTorch holds anything):
-cuMemGetInfo says total = QUOTA, cuMemAlloc of the quota succeeds and one more byte is
+cuMemGetInfo and cuDeviceTotalMem say QUOTA, cuMemAlloc of the quota succeeds and one more byte is
 CUDA_ERROR_OUT_OF_MEMORY, cuMemHostAlloc of twice the quota succeeds (host memory is not the
 GPU's). Then PyTorch: torch.cuda.mem_get_info() says the quota, a tensor of half of it is made,
 and one past what is left raises torch.cuda.OutOfMemoryError, as on a full GPU of that size;
@@ -35,6 +35,9 @@ def driver(quota: int) -> None:
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     check(cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0, "cuMemGetInfo")
     check(total.value == quota, f"cuMemGetInfo total {total.value}, expected {quota}")
+    dev_total = ctypes.c_size_t()
+    check(cu.cuDeviceTotalMem_v2(ctypes.byref(dev_total), 0) == 0, "cuDeviceTotalMem")
+    check(dev_total.value == quota, f"cuDeviceTotalMem {dev_total.value}, expected {quota}")
     check(free.value == quota, f"cuMemGetInfo free {free.value} before any allocation")
     p, q = u64(), u64()
     rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(quota))
@@ -54,6 +57,8 @@ def driver(quota: int) -> None:
 def torch_view(quota: int) -> None:
     free, total = torch.cuda.mem_get_info(0)
     check(total == quota, f"torch.cuda.mem_get_info total {total}, expected {quota}")
+    props = torch.cuda.get_device_properties(0).total_memory
+    check(props == quota, f"torch's device properties say {props} bytes, expected {quota}")
     half = torch.empty(quota // 2, dtype=torch.uint8, device="cuda")
     free, _ = torch.cuda.mem_get_info(0)
     check(free <= quota - quota // 2, f"free {free} with half the quota in a tensor")
