@@ -1,8 +1,9 @@
 """PyTorch with a lease of several GPUs (issue 37, acceptance "PyTorch": run with
 GPUPOOL_GPUS=N against a server of N simulated GPUs).
 
-Checks: torch.cuda.device_count() == --devices; each device has its own UUID and name, and
-NVML's device count agrees (torch.cuda's NVML-based count); a tensor made on every device lives
+Checks: torch.cuda.device_count() == --devices once CUDA is initialised; each device has its
+own UUID and name, and NVML's device count agrees (torch.cuda's NVML-based count, which lists
+the lease once the process holds it); a tensor made on every device lives
 there (its device index, and torch.cuda.memory_allocated(i) grew on that device only), the
 tensors' address ranges do not overlap; `.to()` between every ordered pair of devices
 (synchronous, and non_blocking on a side stream of the source device) is bit-exact against the
@@ -37,6 +38,9 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=4)
     n = parser.parse_args().devices
     sys.stdout.reconfigure(line_buffering=True)
+    # Before CUDA starts, PyTorch's count is NVML's count of the servers' GPUs (docs/multi-gpu.md,
+    # "Before and after the lease"); after it, CUDA's: the lease's.
+    torch.cuda.init()
     count = torch.cuda.device_count()
     if not check(count == n, f"torch.cuda.device_count() = {count}, expected {n}"):
         return checklist.finish()
