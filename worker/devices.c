@@ -11,15 +11,6 @@
 
 #include "worker.h"
 
-/* A context id's device when it is a primary's: k for WK_PRIMARY_CTX_OF(k), k < ndev. */
-int wk_primary_index(const struct worker *w, uint64_t id)
-{
-    uint64_t k = (id >> 32) & 0xff;
-    if (k == 0 || k >= (uint64_t)w->ndev || (id & ~(0xffull << 32)) != WK_PRIMARY_CTX_ID)
-        return 0;
-    return (int)k;
-}
-
 int wk_ctx_device(struct worker *w, uint64_t ctx)
 {
     int k = wk_primary_index(w, ctx);

@@ -62,6 +62,15 @@ uint64_t wk_ctx_canon(uint64_t id)
     return id == 1 ? WK_PRIMARY_CTX_ID : id;
 }
 
+/* A context id's device when it is a primary's (issue 37): k for WK_PRIMARY_CTX_OF(k), k < ndev. */
+int wk_primary_index(const struct worker *w, uint64_t id)
+{
+    uint64_t k = (id >> 32) & 0xff;
+    if (k == 0 || k >= (uint64_t)w->ndev || (id & ~(0xffull << 32)) != WK_PRIMARY_CTX_ID)
+        return 0;
+    return (int)k;
+}
+
 CUcontext wk_ctx_handle(struct worker *w, uint64_t id)
 {
     id = wk_ctx_canon(id);

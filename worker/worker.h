@@ -450,6 +450,8 @@ CUresult wk_event_get(struct worker *w, uint64_t id, CUevent *out);
 /* Canonical context id (the primary's aliases fold to WK_PRIMARY_CTX_ID) and its handle. */
 uint64_t wk_ctx_canon(uint64_t id);
 CUcontext wk_ctx_handle(struct worker *w, uint64_t id); /* NULL if unknown */
+/* k if id is device k's primary context id (k >= 1, k < ndev; issue 37), else 0. */
+int wk_primary_index(const struct worker *w, uint64_t id);
 /* Calls destroy (may be NULL) on, then removes and frees, every object of map whose owner is
  * `owner` (0: all) and, if kind_mask is not 0, whose (1 << kind) is in kind_mask. */
 void wk_obj_purge(struct worker *w, struct idmap *m, uint64_t owner, unsigned kind_mask,
@@ -471,8 +473,6 @@ void wk_devices_close(struct worker *w);
 int wk_ctx_device(struct worker *w, uint64_t ctx);
 /* The device of the current context. */
 int wk_cur_device(struct worker *w);
-/* k if id is device k's primary context id (k >= 1, k < ndev), else 0. */
-int wk_primary_index(const struct worker *w, uint64_t id);
 /* The access descriptors for memory on lease device `dev`: that device and every device that
  * can access it as a peer (read-write). Fills out[WK_MAX_DEVICES]; returns how many. */
 size_t wk_access_descs(const struct worker *w, int dev, CUmemAccessDesc *out);

@@ -3,7 +3,6 @@
  * server sent with its hello; contexts are in api_ctx.c (the worker's h_ctx.c).
  */
 #include <ctype.h>
-#include <pthread.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,15 +29,13 @@ CUresult gp_check_dev(CUdevice dev)
 
 /* ============================================================ init and versions == */
 
-static void fetch_devices(void);
-
 GP_EXPORT CUresult cuInit(unsigned int flags)
 {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_conn_init();
     if (r == CUDA_SUCCESS && gp_device_announced() > gp_device_count())
-        fetch_devices();
+        gp_devices_fetch();
     return r;
 }
 
@@ -172,9 +169,7 @@ GP_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     CUresult r = gp_check_dev(dev);
     if (r != CUDA_SUCCESS)
         return r;
-    const gp_device_snapshot *d = gp_device(dev);
-    /* A share of a GPU (issue 32) is a GPU of its quota's size, as cuMemGetInfo and NVML say. */
-    *bytes = (size_t)(d->memory_quota ? d->memory_quota : d->total_mem);
+    *bytes = (size_t)gp_device(dev)->total_mem;
     return CUDA_SUCCESS;
 }
 
@@ -334,66 +329,4 @@ GP_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice de
 GP_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     return cuDeviceGetDefaultMemPool(pool, dev);
-}
-
-GP_EXPORT CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
-{
-    if (!canAccessPeer)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = gp_check_dev(dev);
-    if (r == CUDA_SUCCESS)
-        r = gp_check_dev(peerDev);
-    if (r != CUDA_SUCCESS)
-        return r;
-    /* What the server's driver answered (device_props), 0 between a device and itself. */
-    *canAccessPeer = gp_device_can_access_peer(dev, peerDev);
-    return CUDA_SUCCESS;
-}
-
-GP_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attrib, /* CUdevice_P2PAttribute */
-                                           CUdevice srcDevice, CUdevice dstDevice)
-{
-    if (!value || (int)attrib < 1 || (int)attrib > 4)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = gp_check_dev(srcDevice);
-    if (r == CUDA_SUCCESS)
-        r = gp_check_dev(dstDevice);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (srcDevice == dstDevice)
-        return CUDA_ERROR_INVALID_DEVICE; /* as the driver: a device is not its own peer */
-    *value = gp_device_p2p_attribute(srcDevice, dstDevice, (int)attrib);
-    return CUDA_SUCCESS;
-}
-
-/* The snapshots of a lease's other devices (issue 37), asked once, at the first cuInit: the
- * program sees them only when all are in (one that cannot be read ends the list there). */
-static void fetch_devices(void)
-{
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&lock);
-    int n = gp_device_announced(), k = 0;
-    for (k = 0; n > 1 && gp_device_count() < n && k < n; k++) {
-        gp_device_props m = {.device = k};
-        GP_FRAME(buf, len, gp_device_props, &m);
-        gp_reply rep = {0};
-        CUresult r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
-        if (buf)
-            GP_FRAME_FREE(buf);
-        gp_device_props_reply pr;
-        if (r == CUDA_SUCCESS && gp_device_props_reply_decode(rep.body, rep.len, &pr) != 0)
-            r = CUDA_ERROR_INVALID_VALUE;
-        if (r == CUDA_SUCCESS)
-            gp_state_add_device(k, &pr);
-        gp_reply_free(&rep);
-        if (r != CUDA_SUCCESS) {
-            gp_log_error("the server's lease has %d GPUs but device %d could not be read (error "
-                         "%d); the program sees %d device(s)",
-                         n, k, (int)r, k > 0 ? k : 1);
-            break;
-        }
-    }
-    if (n > 1 && k > 1)
-        gp_state_devices_ready(k);
-    pthread_mutex_unlock(&lock);
 }

@@ -196,6 +196,10 @@ int gp_primary_index(uint64_t h);
 int gp_device_announced(void);
 void gp_state_add_device(int k, const gp_device_props_reply *r);
 void gp_state_devices_ready(int n);
+/* api_device.c: the snapshots of a lease's other devices, asked once, at the first cuInit
+ * (api_init.c); the program sees them only when all are in (one that cannot be read ends the
+ * list there, with a line). */
+void gp_devices_fetch(void);
 /* The server driver's cuDeviceCanAccessPeer(dev, peer) and cuDeviceGetP2PAttribute(attr, dev,
  * peer) (attr 1..4); 0 for anything out of range. */
 int gp_device_can_access_peer(int dev, int peer_dev);
