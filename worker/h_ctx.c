@@ -165,7 +165,7 @@ WK_HANDLER(primary_ctx_reset)
     wk_staging_release(w);
     wk_obj_purge(w, &w->streams, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_stream);
     wk_obj_purge(w, &w->events, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_event);
-    wk_obj_purge(w, &w->modules, WK_PRIMARY_CTX_ID, 1u << 0, wk_obj_destroy_module);
+    wk_obj_purge(w, &w->modules, WK_PRIMARY_CTX_ID, 1u << 0, wk_quota_destroy_module);
     wk_obj_purge(w, &w->allocs, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_alloc);
     /* Whether a reset also drops VA reservations is not documented; when nothing is mapped in
      * the window any more, give it back and take it again afterwards, which is right either way. */

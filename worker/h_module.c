@@ -75,7 +75,7 @@ static void wk_module_drop(struct worker *w, uint64_t id)
     struct wk_obj *o = wk_idmap_del(&w->modules, id);
     if (!o)
         return;
-    wk_obj_destroy_module(w, id, o);
+    wk_quota_destroy_module(w, id, o);
     free(o);
 }
 

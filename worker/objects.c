@@ -132,7 +132,6 @@ void wk_obj_destroy_module(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     /* Functions of the module die with it, as in the driver. */
     wk_obj_purge(w, &w->funcs, id, 0, NULL);
-    wk_quota_module_gone(w, id, o); /* a share's globals go back as zeros (quota.c) */
     CUresult rc = o->kind == 1 ? DRV(w, cuLibraryUnload, o->h) : DRV(w, cuModuleUnload, o->h);
     if (rc != CUDA_SUCCESS)
         wk_warn("unloading module 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));

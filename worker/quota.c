@@ -119,6 +119,12 @@ void wk_quota_module_gone(struct worker *w, uint64_t id, struct wk_obj *mod)
     mod->size = 0;
 }
 
+void wk_quota_destroy_module(struct worker *w, uint64_t id, struct wk_obj *mod)
+{
+    wk_quota_module_gone(w, id, mod); /* its globals first: the unload frees them */
+    wk_obj_destroy_module(w, id, mod);
+}
+
 void wk_quota_ctx_gone(struct worker *w, uint64_t ctx_id, CUcontext h)
 {
     if (w->quota.limit == 0 || w->modules.count == 0)

@@ -48,6 +48,9 @@ CUresult wk_quota_charge_module(struct worker *w, struct wk_obj *mod, uint64_t f
 void wk_quota_note_global(struct worker *w, uint64_t module_id, uint64_t dptr, uint64_t size);
 /* Before module `id` (record mod) is unloaded: its globals zeroed, its charge returned. */
 void wk_quota_module_gone(struct worker *w, uint64_t id, struct wk_obj *mod);
+/* wk_obj_destroy_module after wk_quota_module_gone: what the worker's unloads call (here, so
+ * that objects.c need not call quota.c: tests/test_layout.py wants no circle). */
+void wk_quota_destroy_module(struct worker *w, uint64_t id, struct wk_obj *mod);
 /* Before the program's context ctx_id (handle h) is destroyed, which unloads its modules: the
  * same for each of them, with h current (their globals are that context's memory). */
 void wk_quota_ctx_gone(struct worker *w, uint64_t ctx_id, CUcontext h);

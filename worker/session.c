@@ -351,7 +351,7 @@ void wk_session_end(struct worker *w)
         wk_staging_release(w);
         wk_graph_release_all(w);
         wk_obj_purge(w, &w->ctxs, 0, 0, destroy_ctx);
-        wk_obj_purge(w, &w->modules, 0, 0, wk_obj_destroy_module);
+        wk_obj_purge(w, &w->modules, 0, 0, wk_quota_destroy_module);
         wk_obj_purge(w, &w->funcs, 0, 0, NULL);
         wk_obj_purge(w, &w->events, 0, 0, wk_obj_destroy_event);
         wk_obj_purge(w, &w->streams, 0, 0, wk_obj_destroy_stream);
