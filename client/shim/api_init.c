@@ -169,7 +169,9 @@ GP_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     CUresult r = gp_check_dev(dev);
     if (r != CUDA_SUCCESS)
         return r;
-    *bytes = (size_t)gp_device(dev)->total_mem;
+    const gp_device_snapshot *d = gp_device(dev);
+    /* A share of a GPU (issue 32) is a GPU of its quota's size, as cuMemGetInfo and NVML say. */
+    *bytes = (size_t)(d->memory_quota ? d->memory_quota : d->total_mem);
     return CUDA_SUCCESS;
 }
 
