@@ -34,6 +34,7 @@ C_TESTS = [
     "test_sim_checkpoint",
     "test_sim_export",
     "test_sim_tensormap",
+    "test_sim_ipc",
 ]
 
 EXPORTS = """
@@ -41,9 +42,11 @@ cuInit cuDriverGetVersion cuGetErrorName cuGetErrorString cuDeviceGetCount cuDev
 cuDeviceGetName cuDeviceGetUuid cuDeviceGetUuid_v2 cuDeviceTotalMem_v2 cuDeviceGetAttribute
 cuDeviceGetPCIBusId cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2
 cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxGetState cuCtxCreate_v2 cuCtxDestroy_v2
+cuDeviceCanAccessPeer cuDeviceGetP2PAttribute
 cuCtxSetCurrent cuCtxGetCurrent cuCtxSynchronize cuCtxGetLimit cuCtxSetLimit
 cuCtxGetStreamPriorityRange cuMemGetInfo_v2 cuMemAddressReserve cuMemAddressFree cuMemCreate
-cuMemRelease cuMemMap cuMemUnmap cuMemSetAccess cuMemGetAllocationGranularity cuMemAlloc_v2
+cuMemRelease cuMemMap cuMemUnmap cuMemSetAccess cuMemGetAllocationGranularity cuMemExportToShareableHandle
+cuMemImportFromShareableHandle cuMemAlloc_v2
 cuMemFree_v2 cuMemHostAlloc cuMemFreeHost cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemcpyDtoD_v2
 cuMemcpyHtoDAsync_v2 cuMemcpyDtoHAsync_v2 cuMemcpyDtoDAsync_v2 cuMemsetD8_v2 cuMemsetD16_v2
 cuMemsetD32_v2 cuMemsetD8Async cuMemsetD16Async cuMemsetD32Async cuMemsetD2D8Async

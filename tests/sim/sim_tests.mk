@@ -2,7 +2,7 @@
 # `make sim_tests`, compiles the CUDA test kernels with nvcc and runs them.
 SIM_TEST_API_NAMES := test_sim_config test_sim_memory test_sim_stream test_sim_launch \
 	test_sim_checkpoint \
-	test_sim_memfile test_sim_graph test_sim_export test_sim_tensormap test_sim_shared
+	test_sim_memfile test_sim_graph test_sim_export test_sim_tensormap test_sim_shared test_sim_ipc
 SIM_TEST_BINS := $(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/test_sim_elf \
 	$(BUILD)/tests/test_pacing
 SIM_TEST_UTIL := $(BUILD)/obj/tests/sim/sim_test.o

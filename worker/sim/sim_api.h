@@ -86,6 +86,11 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
                                 size_t count);
 SIM_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                                int option);
+SIM_API CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                              CUmemGenericAllocationHandle handle, int handleType,
+                                              unsigned long long flags);
+SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                void *osHandle, int shHandleType);
 SIM_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr);
 SIM_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);

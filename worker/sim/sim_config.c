@@ -106,7 +106,7 @@ static const int h100_attrs[CU_DEVICE_ATTRIBUTE_MAX] = {
     [100] = 0,          /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
     [101] = 0,          /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
     [102] = 1,          /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
-    [103] = 0,          /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: no shareable handles */
+    [103] = 0,          /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: 1 with memory_file */
     [106] = 32,         /* MAX_BLOCKS_PER_MULTIPROCESSOR */
     [107] = 0,          /* GENERIC_COMPRESSION_SUPPORTED */
     [108] = 32505856,   /* MAX_PERSISTING_L2_CACHE_SIZE */
@@ -184,6 +184,8 @@ int sim_config_attr(const struct sim_config *cfg, int dev, int attrib)
     if (dev >= cfg->device_count && dev - cfg->device_count < cfg->peer_count)
         peer = &cfg->peers[dev - cfg->device_count];
     switch (attrib) {
+    case 103: /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: with a memory file (sim_ipc.c) */
+        return cfg->memory_file[0] != '\0';
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
         return cfg->sm_count;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:

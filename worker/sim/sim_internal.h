@@ -248,6 +248,26 @@ int sim_memfile_map(uint64_t addr, uint64_t len, uint64_t off);
 /* Zeroes [off, off+len) of the file (page-aligned) by punching a hole; -1 when the file system
  * cannot, and the caller writes the zeros itself. */
 int sim_memfile_punch(uint64_t off, uint64_t len);
+/* Where physical GPU n's part starts: n x this (0 without a memory file). */
+uint64_t sim_memfile_stride(void);
+
+/* ---- CUDA IPC's VMM export and import (sim_ipc.c, sim_vmm.c) ----------------------------- */
+/* An allocation as an export sees it: its device (ordinal), size and place in the memory file. */
+struct sim_vmm_share {
+    int dev;
+    uint64_t size, file_off;
+};
+/* Fills *out for the cuMemCreate handle and marks it exported: from then on its range of the
+ * memory file stays reserved until the process ends, even after cuMemRelease, because an
+ * importer may still map it (the sim does not count importers). INVALID_VALUE: not a handle, or
+ * it was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; NOT_SUPPORTED: no memory
+ * file (detail said). */
+CUresult sim_vmm_share(uint64_t handle, struct sim_vmm_share *out);
+/* A new cuMemCreate-like handle for another process's allocation at file_off (a virtual offset,
+ * sim_memfile.c): mappable like any other; its release never frees that range nor counts
+ * against dev's memory, which stays the exporter's. */
+CUresult sim_vmm_import(int dev, uint64_t file_off, uint64_t size,
+                        CUmemGenericAllocationHandle *handle);
 
 /* ---- streams and events (sim_stream.c) --------------------------------------------------- */
 /* CUDA_SUCCESS for NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD and live streams. */

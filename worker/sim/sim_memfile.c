@@ -58,6 +58,11 @@ bool sim_memfile_enabled(void)
     return mem_fd >= 0;
 }
 
+uint64_t sim_memfile_stride(void)
+{
+    return stride;
+}
+
 CUresult sim_memfile_init(void)
 {
     const char *path = sim_cfg.memory_file;

@@ -34,6 +34,10 @@ struct phys {
     /* While a checkpoint holds the process (sim_checkpoint.c): */
     void *saved;      /* in_file: the allocation's bytes */
     uint64_t old_off; /* in_file: file_off when it was checkpointed */
+    /* CUDA IPC (sim_ipc.c): */
+    bool exportable; /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    bool exported;   /* its file range stays reserved until the process ends */
+    bool imported;   /* another process's memory: not ours to free or count */
 };
 
 struct resv {
@@ -136,9 +140,13 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
 
 static void phys_free(struct phys *p)
 {
-    if (p->in_file)
-        sim_memfile_free(p->dev, p->file_off);
-    sim_mem_account(p->dev, -(int64_t)p->size);
+    /* An exported range may still be mapped by an importer: it stays reserved and counted (as
+     * the driver keeps an allocation until its last mapping goes), until the process ends. */
+    if (!p->exported && !p->imported) {
+        if (p->in_file)
+            sim_memfile_free(p->dev, p->file_off);
+        sim_mem_account(p->dev, -(int64_t)p->size);
+    }
     sim_handle_del(p->handle);
     free(p);
 }
@@ -216,6 +224,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
     p->size = size;
     p->dev = dev;
+    p->exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
     p->in_file = sim_memfile_enabled();
     if (p->in_file && sim_memfile_alloc(dev, size, &p->file_off) != CUDA_SUCCESS) {
         free(p); /* the file's part is too fragmented for this size */
@@ -428,6 +437,8 @@ static void release_one(uint64_t h, void *obj, void *arg)
     (void)h;
     (void)arg;
     struct phys *p = obj;
+    if (p->imported)
+        return; /* the exporter's memory */
     if (p->in_file)
         sim_memfile_free(p->dev, p->file_off);
     sim_mem_account(p->dev, -(int64_t)p->size);
@@ -443,7 +454,7 @@ static void restore_one(uint64_t h, void *obj, void *arg)
     (void)h;
     struct phys *p = obj;
     CUresult *rc = arg;
-    if (*rc != CUDA_SUCCESS)
+    if (*rc != CUDA_SUCCESS || p->imported)
         return;
     if (p->in_file) {
         uint64_t off;
@@ -468,4 +479,43 @@ uint64_t sim_vmm_restored_offset(void *obj, uint64_t old_file_off)
 {
     const struct phys *p = obj;
     return p->file_off + (old_file_off - p->old_off);
+}
+
+/* ---- CUDA IPC (sim_ipc.c) ---------------------------------------------------------------- */
+
+CUresult sim_vmm_share(uint64_t handle, struct sim_vmm_share *out)
+{
+    struct phys *p = sim_handle_get(handle, SIM_K_MEMHANDLE);
+    if (!p || p->released || p->imported)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!p->exportable) {
+        sim_detail("the allocation was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR "
+                   "in prop.requestedHandleTypes");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!p->in_file) {
+        sim_detail("sharing device memory between processes needs a memory file (key "
+                   "memory_file)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    p->exported = true;
+    *out = (struct sim_vmm_share){.dev = p->dev, .size = p->size, .file_off = p->file_off};
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_vmm_import(int dev, uint64_t file_off, uint64_t size,
+                        CUmemGenericAllocationHandle *handle)
+{
+    struct phys *p = calloc(1, sizeof(*p));
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = (struct phys){
+        .size = size, .dev = dev, .in_file = true, .file_off = file_off, .imported = true};
+    p->handle = sim_handle_new(SIM_K_MEMHANDLE, p);
+    if (p->handle == 0) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = p->handle;
+    return CUDA_SUCCESS;
 }
