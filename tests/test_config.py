@@ -54,6 +54,10 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     ("handshake_timeout = 0\n", "setting 'handshake_timeout': must be greater than 0"),
     ("sim_memory_gib = 0\n", "setting 'sim_memory_gib': must be from 1 to 16384"),
     ("[listen]\nport = 1\n", "setting 'listen': expected a string"),
+    ("share = 0\n", "setting 'share': must be from 1 (whole GPUs) to 64"),
+    ("share = 65\n", "setting 'share': must be from 1 (whole GPUs) to 64"),
+    ("share = 4\nshare_gpus = [0, 0]\n", "setting 'share_gpus': must be distinct GPU indices"),
+    ("share_gpus = [1]\n", "set share = 2 or more"),
     ("listen = \n", "not valid TOML"),
 ])
 def test_bad_config_names_the_key(tmp_path: Path, text: str, named: str) -> None:
@@ -120,3 +124,9 @@ def test_packaged_config_lists_every_setting(tmp_path: Path) -> None:
     fails here, not only in the slow package tests."""
     text = (Path(__file__).parent.parent / "packaging" / "debian" / "gpupoold.toml").read_text()
     check_lists_every_setting(text, tmp_path)
+
+
+def test_shared_gpus_settings(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "share = 4\nshare_gpus = [1, 2]\n"))
+    assert (settings.share, settings.share_gpus) == (4, [1, 2])
+    assert (Settings().share, Settings().share_gpus) == (1, [])

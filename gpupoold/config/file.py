@@ -12,7 +12,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from gpupoold.config.settings import DEFAULT_CONFIG, SettingInfo, Settings, settings_info
+from gpupoold.config.settings import (
+    DEFAULT_CONFIG,
+    SettingInfo,
+    Settings,
+    settings_conflict,
+    settings_info,
+)
 
 
 class ConfigError(Exception):
@@ -113,4 +119,7 @@ def load_settings(config: Path | None = None, overrides: dict[str, Any] | None =
             except ValueError as exc:
                 where = "command line" if overrides and overrides.get(key) is not None else path
                 raise ConfigError(f"{where}: setting '{key}': {exc}") from None
+    conflict = settings_conflict(values)
+    if conflict is not None:
+        raise ConfigError(f"{path}: {conflict}")
     return Settings(**values)

@@ -64,6 +64,20 @@ def _check_gpus(value: list[int]) -> None:
         raise ValueError(f"must be distinct GPU indices >= 0, got {value}")
 
 
+def _check_share(value: int) -> None:
+    if not 1 <= value <= 64:
+        raise ValueError(f"must be from 1 (whole GPUs) to 64 (leases on one GPU), got {value}")
+
+
+def settings_conflict(values: dict[str, Any]) -> str | None:
+    """What is wrong with settings that are each valid alone but not together (None: nothing),
+    in words that say what to write instead."""
+    if values.get("share_gpus") and values.get("share", 1) < 2:
+        return ("setting 'share_gpus' lists GPUs to share, but 'share' is 1 (whole GPUs): "
+                "set share = 2 or more (the leases one GPU may hold), or remove share_gpus")
+    return None
+
+
 def _check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
     def check(value: str) -> None:
         if value not in choices:
@@ -345,6 +359,23 @@ class Settings:
         "shared store, on all the fleet's servers together); its further clients wait in the "
         "queue. 0: no limit.",
         check=_check_not_negative)
+    share: int = _setting(
+        1,
+        "Leases one GPU may hold at once (issue 32): 1 lends whole GPUs; N > 1 makes the GPUs "
+        "of `share_gpus` shared, each taking up to N clients that ask for an amount of memory "
+        "(`GPUPOOL_MEMORY`), each in its own worker with that much memory as its exact quota, "
+        "as long as their amounts fit in the GPU's memory. A client that asks for no amount "
+        "still takes a whole GPU (a shared one once its shares have ended). One worker per "
+        "free shared GPU is pre-started (`prestart_workers`), the others start when a share "
+        "lands. From 1 to 64. Being built: gpupoold checks these settings and the placement "
+        "policy exists (gpupoold/pool/shares.py), but the queue does not place shares yet, so "
+        "GPUs are still lent whole (docs/configuration.md, \"Shared GPUs\").",
+        check=_check_share)
+    share_gpus: list[int] = _setting(
+        [],
+        "Which GPUs (indices as in `gpus`, or of the simulated GPUs) are shared when "
+        "`share` > 1; empty: all of them. Needs `share` of 2 or more.",
+        check=_check_gpus)
     prestart_workers: bool = _setting(
         True,
         "Keep one worker per free GPU started and initialised (driver loaded, context created) "
