@@ -1,0 +1,166 @@
+"""CUDA IPC between the workers of one job on this server (issue 37, item 4; docs/multi-gpu.md,
+"CUDA IPC between the workers of one job").
+
+A program's `cuIpcGetMemHandle` makes its worker export the allocation as a file descriptor
+(`cuMemExportToShareableHandle`, POSIX fd) and send it here over its control socket; the broker
+keeps it under a new id with a random secret, bound to the exporting session's token. Another
+program's `cuIpcOpenMemHandle` makes its worker ask for that id and secret; the broker gives a
+copy of the fd only to a session of the same token. The 64 bytes a program holds (`IpcHandle`)
+are therefore useless to anyone else: another tenant's lease has another token, a handle of
+another server names an id this broker does not know, and the secret is 128 random bits.
+
+The fd never reaches a tenant: it goes worker to gpupoold to worker. The broker owns the fds it
+keeps and closes those of a session when the session ends (an importer that already mapped the
+memory keeps its mapping: the driver holds the memory until its last mapping goes).
+
+Everything here runs on the event loop and does no blocking call (dup and close of an fd only).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# CUresult values the workers pass on to the program (the driver's, cudaapi/gp_cuda.h).
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+HANDLE_SIZE = 64  # CUipcMemHandle's reserved[64]
+HANDLE_MAGIC = b"GPIPC1\0\0"
+SECRET_SIZE = 16
+# magic, handle id, secret, allocation size, offset of the pointer in it, server id; padded.
+_LAYOUT = struct.Struct("<8sQ16sQQ8s")
+MAX_EXPORTS_PER_SESSION = 4096  # fds this daemon holds for one session (each is an open file)
+
+
+@dataclass(frozen=True)
+class IpcHandle:
+    """The 64 bytes of a CUipcMemHandle as gpupool writes them (the shim packs, the worker
+    reads): which exported allocation, its secret, its size, where the pointer lies in it, and
+    the server that keeps it (so that a handle taken to another server is named as such)."""
+
+    handle_id: int
+    secret: bytes
+    size: int
+    offset: int
+    server: bytes  # 8 bytes: IpcBroker.server_id
+
+    def pack(self) -> bytes:
+        body = _LAYOUT.pack(HANDLE_MAGIC, self.handle_id, self.secret, self.size, self.offset,
+                            self.server)
+        return body.ljust(HANDLE_SIZE, b"\0")
+
+    @classmethod
+    def unpack(cls, data: bytes) -> IpcHandle:
+        """IpcRefused when data is not a handle gpupool wrote."""
+        if len(data) != HANDLE_SIZE or data[:len(HANDLE_MAGIC)] != HANDLE_MAGIC:
+            raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                             "not a CUDA IPC handle of gpupool (a handle must be passed on "
+                             "unchanged from the process that called cuIpcGetMemHandle)")
+        _, handle_id, secret, size, offset, server = _LAYOUT.unpack_from(data)
+        return cls(handle_id, secret, size, offset, server)
+
+
+class IpcRefused(Exception):
+    """The broker refuses: `code` (a CUresult) goes to the program with the message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Export:
+    session_id: int
+    token: str
+    fd: int
+    size: int
+    secret: bytes
+
+
+class IpcBroker:
+    """The exported allocations of this server's sessions. `token_of(session_id)` says the token
+    of a running session (None when the session is not running here)."""
+
+    def __init__(self, token_of: Callable[[int], str | None], *,
+                 max_per_session: int = MAX_EXPORTS_PER_SESSION,
+                 server_id: bytes | None = None) -> None:
+        self._token_of = token_of
+        self._max = max_per_session
+        self.server_id = server_id if server_id is not None else secrets.token_bytes(8)
+        self._exports: dict[int, _Export] = {}
+        self._by_session: dict[int, set[int]] = {}
+        self._next_id = secrets.randbits(32) + 1  # ids are not the secret; just not reused
+
+    def __len__(self) -> int:
+        return len(self._exports)
+
+    def export(self, session_id: int, fd: int, size: int, offset: int = 0) -> IpcHandle:
+        """Keep `fd` (the broker owns it from now on, also when it refuses: it is closed then)
+        for `session_id` and answer the handle its program may pass to another process."""
+        try:
+            token = self._token_of(session_id)
+            if token is None:
+                raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                                 f"session {session_id} is not running on this server")
+            if size <= 0 or not 0 <= offset < size:
+                raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                                 f"an exported allocation of {size} bytes with the pointer at "
+                                 f"{offset}")
+            mine = self._by_session.setdefault(session_id, set())
+            if len(mine) >= self._max:
+                raise IpcRefused(CUDA_ERROR_OUT_OF_MEMORY,
+                                 f"this process already has {self._max} CUDA IPC handles open "
+                                 "on the server; close some (cuIpcCloseMemHandle in the "
+                                 "processes that opened them, then free the memory)")
+        except IpcRefused:
+            os.close(fd)
+            raise
+        handle_id = self._next_id
+        self._next_id += 1
+        secret = secrets.token_bytes(SECRET_SIZE)
+        self._exports[handle_id] = _Export(session_id, token, fd, size, secret)
+        mine.add(handle_id)
+        return IpcHandle(handle_id, secret, size, offset, self.server_id)
+
+    def open(self, session_id: int, handle: IpcHandle) -> tuple[int, int]:
+        """A new fd (the caller closes it once sent) of the allocation `handle` names, and its
+        size, for a session of the exporter's token. IpcRefused otherwise, saying why in words
+        that do not tell a stranger whether the handle exists."""
+        if handle.server != self.server_id:
+            raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                             "the CUDA IPC handle was made on another server (or by a previous "
+                             "gpupoold); only processes whose GPUs are on the same server can "
+                             "share device memory this way")
+        token = self._token_of(session_id)
+        exp = self._exports.get(handle.handle_id)
+        ok = (exp is not None and token is not None
+              and hmac.compare_digest(exp.secret, handle.secret)
+              and hmac.compare_digest(exp.token.encode(), token.encode()))
+        if not ok or exp is None:
+            raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                             "the CUDA IPC handle is not one of this job's open handles: it was "
+                             "made by a program of another token, altered, or its process has "
+                             "ended")
+        if not 0 <= handle.offset < exp.size:
+            raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                             f"the CUDA IPC handle points {handle.offset} bytes into an "
+                             f"allocation of {exp.size}: it was altered")
+        return os.dup(exp.fd), exp.size
+
+    def session_ended(self, session_id: int) -> None:
+        """Close every fd the session exported (call when its lease ends)."""
+        for handle_id in self._by_session.pop(session_id, set()):
+            exp = self._exports.pop(handle_id, None)
+            if exp is not None:
+                os.close(exp.fd)
+
+    def close(self) -> None:
+        """Close every fd (the daemon stops)."""
+        for session_id in list(self._by_session):
+            self.session_ended(session_id)

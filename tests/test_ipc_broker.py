@@ -1,0 +1,106 @@
+"""gpupoold's CUDA IPC broker (gpupoold/workers/ipc_broker.py; issue 37, item 4): an exported
+allocation's fd goes only to a session of the exporter's token, with the handle's secret, on the
+server that made it; a session's fds close when it ends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpupoold.workers.ipc_broker import (
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    HANDLE_SIZE,
+    IpcBroker,
+    IpcHandle,
+    IpcRefused,
+)
+
+TOKENS = {1: "job-a", 2: "job-a", 3: "job-b"}  # sessions 1 and 2 are one job's processes
+
+
+def exported_file(tmp_path: Path, name: str = "alloc") -> tuple[int, int]:
+    """An fd standing in for a worker's exported allocation, and its inode."""
+    path = tmp_path / name
+    path.write_bytes(b"device memory")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return fd, os.fstat(fd).st_ino
+
+
+def is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_same_job_opens_what_it_exported(tmp_path: Path) -> None:
+    broker = IpcBroker(TOKENS.get)
+    fd, ino = exported_file(tmp_path)
+    handle = broker.export(1, fd, size=4 << 20, offset=4096)
+    raw = handle.pack()
+    assert len(raw) == HANDLE_SIZE
+    got, size = broker.open(2, IpcHandle.unpack(raw))
+    try:
+        assert os.fstat(got).st_ino == ino and got != fd
+        assert size == 4 << 20
+    finally:
+        os.close(got)
+    assert IpcHandle.unpack(raw).offset == 4096
+    broker.close()
+
+
+def test_another_token_a_wrong_secret_or_server_is_refused(tmp_path: Path) -> None:
+    broker = IpcBroker(TOKENS.get)
+    fd, _ = exported_file(tmp_path)
+    handle = broker.export(1, fd, size=2 << 20)
+    forged = [
+        (3, handle),  # another tenant with the genuine 64 bytes
+        (2, IpcHandle(handle.handle_id, bytes(16), handle.size, 0, handle.server)),
+        (2, IpcHandle(handle.handle_id + 1, handle.secret, handle.size, 0, handle.server)),
+        (2, IpcHandle(handle.handle_id, handle.secret, handle.size, 0, b"elsewher")),
+        (2, IpcHandle(handle.handle_id, handle.secret, handle.size, 2 << 20, handle.server)),
+        (9, handle),  # a session that is not running here
+    ]
+    for session, h in forged:
+        with pytest.raises(IpcRefused) as err:
+            broker.open(session, h)
+        assert err.value.code == CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(IpcRefused, match="not a CUDA IPC handle"):
+        IpcHandle.unpack(b"\x01" * HANDLE_SIZE)
+    # another broker (another server, or the next gpupoold) does not know the handle
+    with pytest.raises(IpcRefused, match="another server"):
+        IpcBroker(TOKENS.get).open(2, handle)
+    broker.close()
+
+
+def test_a_session_end_closes_its_fds_and_its_handles(tmp_path: Path) -> None:
+    broker = IpcBroker(TOKENS.get)
+    fd1, _ = exported_file(tmp_path, "a")
+    fd2, _ = exported_file(tmp_path, "b")
+    h1 = broker.export(1, fd1, size=2 << 20)
+    broker.export(2, fd2, size=2 << 20)
+    broker.session_ended(1)
+    assert not is_open(fd1) and is_open(fd2) and len(broker) == 1
+    with pytest.raises(IpcRefused, match="ended"):
+        broker.open(2, h1)
+    broker.close()
+    assert not is_open(fd2) and len(broker) == 0
+
+
+def test_refused_exports_close_the_fd(tmp_path: Path) -> None:
+    broker = IpcBroker(TOKENS.get, max_per_session=1)
+    fd, _ = exported_file(tmp_path, "a")
+    broker.export(1, fd, size=2 << 20)
+    over, _ = exported_file(tmp_path, "b")
+    with pytest.raises(IpcRefused) as err:
+        broker.export(1, over, size=2 << 20)
+    assert err.value.code == CUDA_ERROR_OUT_OF_MEMORY and not is_open(over)
+    stranger, _ = exported_file(tmp_path, "c")
+    with pytest.raises(IpcRefused, match="not running"):
+        broker.export(9, stranger, size=2 << 20)
+    assert not is_open(stranger)
+    broker.close()
