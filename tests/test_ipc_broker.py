@@ -83,11 +83,14 @@ def test_a_session_end_closes_its_fds_and_its_handles(tmp_path: Path) -> None:
     fd2, _ = exported_file(tmp_path, "b")
     h1 = broker.export(1, fd1, size=2 << 20)
     broker.export(2, fd2, size=2 << 20)
-    broker.session_ended(1)
+    got, _ = broker.open(2, h1)
+    os.close(got)
+    # session 2 may still map session 1's memory: the daemon ends it before scrubbing that GPU
+    assert broker.session_ended(1) == {2}
     assert not is_open(fd1) and is_open(fd2) and len(broker) == 1
     with pytest.raises(IpcRefused, match="ended"):
         broker.open(2, h1)
-    broker.close()
+    assert broker.session_ended(2) == set()  # nobody opened session 2's export
     assert not is_open(fd2) and len(broker) == 0
 
 

@@ -23,7 +23,7 @@ import os
 import secrets
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # CUresult values the workers pass on to the program (the driver's, cudaapi/gp_cuda.h).
 CUDA_ERROR_INVALID_VALUE = 1
@@ -81,6 +81,7 @@ class _Export:
     fd: int
     size: int
     secret: bytes
+    importers: set[int] = field(default_factory=set)  # sessions that opened it
 
 
 class IpcBroker:
@@ -151,14 +152,23 @@ class IpcBroker:
             raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
                              f"the CUDA IPC handle points {handle.offset} bytes into an "
                              f"allocation of {exp.size}: it was altered")
-        return os.dup(exp.fd), exp.size
+        fd = os.dup(exp.fd)
+        exp.importers.add(session_id)
+        return fd, exp.size
 
-    def session_ended(self, session_id: int) -> None:
-        """Close every fd the session exported (call when its lease ends)."""
+    def session_ended(self, session_id: int) -> set[int]:
+        """Close every fd the session exported (call when its lease ends). Answers the other
+        sessions that opened any of them: they may still map the memory on the exporter's GPU,
+        which the driver keeps for them, so the daemon ends them before it scrubs that GPU
+        (docs/multi-gpu.md, "Open point")."""
+        importers: set[int] = set()
         for handle_id in self._by_session.pop(session_id, set()):
             exp = self._exports.pop(handle_id, None)
             if exp is not None:
                 os.close(exp.fd)
+                importers |= exp.importers
+        importers.discard(session_id)
+        return importers
 
     def close(self) -> None:
         """Close every fd (the daemon stops)."""
