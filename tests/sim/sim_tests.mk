@@ -12,7 +12,7 @@ SIM_TEST_UTIL := $(BUILD)/obj/tests/sim/sim_test.o
 SIM_TEST_TOOLS := $(BUILD)/tests/sim_memtool $(BUILD)/tests/libscrub_fake_driver.so
 
 TEST_BINS += $(SIM_TEST_BINS) $(SIM_TEST_TOOLS)
-EXTRA_CFLAGS_tests_sim_ := -I$(CURDIR)/worker/sim
+EXTRA_CFLAGS_tests_sim_ := -I$(CURDIR)/worker/sim -idirafter $(CURDIR)/worker
 
 # These call the library through its exported API, as the worker does.
 $(SIM_TEST_API_NAMES:%=$(BUILD)/tests/%): $(BUILD)/tests/%: $(BUILD)/obj/tests/sim/%.o \

@@ -10,7 +10,7 @@
  */
 #include <time.h>
 
-#include "../../worker/pacing.h"
+#include "pacing.h" /* worker/pacing.h: the include path (sim_tests.mk) */
 #include "sim_test.h"
 
 #define SPIN_NS 5000000ull
