@@ -66,6 +66,9 @@ EXPECTED_SLOT = {
               DRAINED: DRAINED},
     "undrain": {FREE: FREE, LEASED: LEASED, SCRUBBING: SCRUBBING, QUARANTINED: QUARANTINED,
                 DRAINED: FREE},
+    "grant_share": {FREE: LEASED, LEASED: LEASED},
+    "start_share": {LEASED: LEASED},
+    "release_share": {LEASED: LEASED},
 }
 EXPECTED_LEASE = {
     "park": (ATTACHED, DETACHING),
@@ -121,6 +124,15 @@ def slot_call(name: str, pool: PoolState, slot: Slot) -> Callable[[], object]:
     if name == "start":
         slot.reserved = waiter()
         return lambda: pool.start(slot, lease)
+    if name == "grant_share":  # a shared GPU leased to a share already (from leased)
+        slot.shares = [new_lease(8, slot)]
+        return lambda: pool.grant_share(slot, waiter())
+    if name in ("start_share", "release_share"):
+        w = waiter()
+        slot.share_grants = [w]
+        if name == "start_share":
+            return lambda: pool.start_share(slot, w, lease)
+        return lambda: pool.release_share(slot, w)
     calls: dict[str, Callable[[], object]] = {
         "restore": lambda: pool.restore(slot, False, {"reason": "XID 79"}),
         "adopt": lambda: pool.adopt(slot, 9),
@@ -357,3 +369,44 @@ async def test_a_detached_lease_is_taken_over_on_no_gpu_and_comes_back_as_after_
     later = new_lease(17)
     pool.adopted_detached(later, home.gpu, 1, since=time.time() + 60)
     assert later.state_since <= time.time()
+
+
+async def test_a_shared_gpu_holds_several_shares_and_ends_with_the_last() -> None:
+    """Issue 32: shares granted on a free GPU and on one leased to shares; the GPU is left for
+    its whole scrub (ended_at) only when its last share ends; each share counts for its token."""
+    pool, rec = pool_of(1)
+    slot = pool.slots[0]
+    slot.state = FREE
+    a, b = waiter(1), waiter(2)
+    pool.grant_share(slot, a)
+    pool.grant_share(slot, b)
+    assert slot.state == LEASED and slot.share_grants == [a, b]
+    first, second = new_lease(5), new_lease(6)
+    pool.start_share(slot, a, first)
+    pool.start_share(slot, b, second)
+    assert slot.shares == [first, second] and slot.lease is None and pool.active() == [first, second]
+    assert pool.held("alice") == 1  # one GPU, as max_gpus_per_token counts
+    with pytest.raises(TransitionError, match="leased whole"):
+        other = pool_of(1)[0].slots[0]
+        other.state, other.reserved = LEASED, waiter(3)
+        pool.grant_share(other, waiter(4))
+    pool.end(first, "client exit", WorkerStats())
+    assert slot.shares == [second] and slot.ended_at is None
+    pool.end(second, "client exit", WorkerStats())
+    assert slot.shares == [] and slot.ended_at is not None and slot.state == LEASED
+    assert [e.lease_id for e in rec.seen if isinstance(e, LeaseEnded)] == [5, 6]
+    pool.scrub(slot)
+    pool.close_shares(slot)
+    pool.scrubbed(slot, CleanResult(ok=True))
+    assert slot.state == FREE and not slot.share_closed
+
+
+async def test_an_unused_share_grant_leaves_the_gpu_to_its_scrub_when_nothing_is_left() -> None:
+    pool, _ = pool_of(1)
+    slot = pool.slots[0]
+    slot.state = FREE
+    a, b = waiter(1), waiter(2)
+    pool.grant_share(slot, a)
+    pool.grant_share(slot, b)
+    assert pool.release_share(slot, a) is False
+    assert pool.release_share(slot, b) is True and slot.ended_at is not None

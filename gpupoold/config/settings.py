@@ -367,9 +367,7 @@ class Settings:
         "as long as their amounts fit in the GPU's memory. A client that asks for no amount "
         "still takes a whole GPU (a shared one once its shares have ended). One worker per "
         "free shared GPU is pre-started (`prestart_workers`), the others start when a share "
-        "lands. From 1 to 64. Being built: gpupoold checks these settings and the placement "
-        "policy exists (gpupoold/pool/shares.py), but the queue does not place shares yet, so "
-        "GPUs are still lent whole (docs/configuration.md, \"Shared GPUs\").",
+        "lands. From 1 to 64 (docs/configuration.md, \"Shared GPUs\").",
         check=_check_share)
     share_gpus: list[int] = _setting(
         [],

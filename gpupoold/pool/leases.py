@@ -42,6 +42,7 @@ from gpupoold.pool.events import EventBus
 from gpupoold.pool.fleet import FleetQueue
 from gpupoold.pool.kept_states import KeptStates
 from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.share_leases import SharedGpus, shared_gpu
 from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DRAINED, FREE, LEASED, QUARANTINED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.takeover import ADOPT_PEEK, PreviousLeases
@@ -93,7 +94,7 @@ class LeaseStartError(Exception):
         self.message = message
 
 
-class LeaseManager(PreviousLeases):
+class LeaseManager(PreviousLeases, SharedGpus):
     def __init__(self, inventory: Inventory, settings: Settings, store: Store,
                  supervisor: WorkerSupervisor, cleaner: GpuCleaner, counters: Counters,
                  events: EventBus | None = None, checkpointer: Checkpointer | None = None,
@@ -107,7 +108,9 @@ class LeaseManager(PreviousLeases):
         self.cleaner = cleaner
         self.counters = counters
         # The GPUs' and the leases' states and their one writer (pool/state.py).
-        self.pool = PoolState(inventory.gpus, self.events)
+        sharing = self.share_settings()  # shared GPUs' workers share an allocator and pacing
+        self.pool = PoolState([shared_gpu(g, settings) if sharing.shared(g.index) else g
+                               for g in inventory.gpus], self.events)
         self.slots = self.pool.slots
         self.queue = WaitQueue()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -470,6 +473,8 @@ class LeaseManager(PreviousLeases):
             for slot in w.granted or [first]:
                 if slot.reserved is w:
                     self._release_unused(slot)
+                elif w in slot.share_grants:
+                    self._release_share(slot, w)
         elif not w.future.done():
             w.future.cancel()
         self._dispatch()
@@ -506,6 +511,7 @@ class LeaseManager(PreviousLeases):
             return
         while self._grant_next():
             pass
+        self.dispatch_shares()  # shared GPUs (pool/share_leases.py)
 
     def _grant_next(self) -> bool:
         """One grant: to the first waiter in turn that may take GPUs and finds as many free as
@@ -515,13 +521,15 @@ class LeaseManager(PreviousLeases):
         freed one by one gather for it rather than go to later, smaller requests: it waits only
         for the leases before it, never forever. A waiter for one GPU that finds none it
         accepts blocks nobody (as before). False when nobody could be served."""
-        free = [s for s in self.slots if s.state == FREE]
+        sharing = self.share_settings()  # whole GPUs: unshared ones first
+        free = sorted((s for s in self.slots if s.state == FREE),
+                      key=lambda s: (sharing.shared(s.gpu.index), s.gpu.index))
         for w in self.queue.in_turn():
             if not free:
                 return False
-            if not self.may_take(w):
+            if not self.may_take(w) or self.is_share_waiter(w):
                 continue
-            takes = [s for s in free if w.accepts(s.gpu)]
+            takes = [s for s in free if w.accepts(s.gpu) and self.whole_may_take(s, w)]
             if len(takes) >= w.req.gpus:
                 self._grant(takes[0], w, takes[1:w.req.gpus])
                 return True
@@ -550,6 +558,9 @@ class LeaseManager(PreviousLeases):
         of several GPUs (`w.granted`): the first one's worker serves them all (told their
         ordinals, worker_session.devices); the other GPUs' idle workers end, as they hold a
         context there (pre-started again after the lease's scrub)."""
+        if w in slot.share_grants:  # a share of a shared GPU
+            return await self.begin_share(w, slot, hello_body, hello_req, client_fd,
+                                          before_handover, LeaseStartError, START_TIMEOUT)
         others = [s for s in w.granted if s is not slot]
         for s in (slot, *others):
             if s.reserved is not w:
@@ -642,9 +653,12 @@ class LeaseManager(PreviousLeases):
             # A detach cycle sees the exit too and settles where the lease is (on a GPU or not).
             await asyncio.wait([lease.cycle])
         slot = lease.slot
+        share = slot is not None and lease in slot.shares
+        last_share = False  # a share whose end left its GPU empty: that one scrubs it
         try:
             reason, detail = self._end_reason(lease, ex)
             self.pool.end(lease, reason, ex.stats)
+            last_share = share and slot is not None and slot.ended_at is not None
             if lease.timer is not None:
                 lease.timer.cancel()
             await self._record_end(lease, reason, detail, ex)
@@ -657,6 +671,9 @@ class LeaseManager(PreviousLeases):
             # Detached: its last GPU was scrubbed when it left. Its place in its token's
             # max_gpus_per_token is free now: a waiter of that token may take a GPU.
             self._dispatch()
+            return
+        if share:
+            await self.share_ended(lease, slot, ex, last_share)
             return
         if not lease.other_slots:
             await self._clean(slot, [lease.id])

@@ -93,10 +93,27 @@ class Slot:
     ended_at: float | None = None
     stuck: dict[str, Any] | None = None  # {"since", "why"}: seen by the watchdog, not repaired yet
     repairs: list[float] = field(default_factory=list)  # monotonic times of watchdog repairs
+    # A shared GPU (`share` > 1, issue 32; pool/shares.py places them): its shares' leases (each
+    # with its own worker; `lease` stays None) and the share grants whose lease has not started.
+    # While it has either it is `leased`; its last share's end scrubs it whole.
+    shares: list[Lease] = field(default_factory=list)
+    share_grants: list[Waiter] = field(default_factory=list)
+    share_closed: bool = False  # a share's worker died: no new share until the whole scrub
+    kept_for: int | None = None  # the ticket of the whole-GPU waiter it is drained of shares for
+
+    def share_quotas(self) -> dict[int, int]:
+        """Its shares' and share grants' memory (lease id, or minus the waiter's ticket)."""
+        quotas = {le.id: le.req.quota(self.gpu) for le in self.shares}
+        quotas.update({-w.ticket: w.req.quota(self.gpu) for w in self.share_grants})
+        return quotas
 
     def holder(self) -> str | None:
         if self.lease is not None:
             return self.lease.token
         if self.reserved is not None:
             return self.reserved.token
+        if self.shares:  # a shared GPU: its first share's token (the GPU views name it alone)
+            return self.shares[0].token
+        if self.share_grants:
+            return self.share_grants[0].token
         return None

@@ -31,6 +31,11 @@ was free or finished its scrub while draining:
     its lease and grant off and leaves its state; end (a lease's worker exited) leaves the GPU
     leased, with no lease, until its scrub
 
+    a shared GPU (issue 32, `share` > 1) takes several leases at once: grant_share (from free,
+    or from leased while it holds shares only), start_share and release_share (leased); its
+    last share's end (or its last grant released) leaves it leased, with no lease, until its
+    scrub, as end does
+
     a lease of several GPUs (issue 37) takes every edge above on each of its GPUs: all of them
     granted in one step (grant, once per GPU, never some while it waits for the rest), started
     together (start, all or none), left together at its end (end: each leased, no lease, until
@@ -99,6 +104,11 @@ SLOT_EDGES: dict[str, frozenset[str]] = {
     "clear": frozenset({QUARANTINED}),
     "drain": frozenset({FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED}),
     "undrain": frozenset({FREE, LEASED, SCRUBBING, QUARANTINED, DRAINED}),
+    # a shared GPU (issue 32): a share granted on it (free, or leased to its other shares), a
+    # share's lease starting, a share grant nobody used (free again when it was the only one)
+    "grant_share": frozenset({FREE, LEASED}),
+    "start_share": frozenset({LEASED}),
+    "release_share": frozenset({LEASED}),
 }
 LEASE_EDGES: dict[str, tuple[str, str]] = {  # transition -> (from, to)
     "park": (ATTACHED, DETACHING),
@@ -152,7 +162,8 @@ class PoolState:
                 (slot.lease is not None and slot.lease.id == but)
                 or (slot.reserved is not None and slot.reserved.returning == but))
 
-        on_gpus = sum(1 for s in self.slots if s.holder() == token and not its_own(s))
+        on_gpus = sum(1 for s in self.slots if (s.holder() == token or any(
+            x.token == token for x in (*s.shares, *s.share_grants))) and not its_own(s))
         return on_gpus + sum(1 for le in self.away() if le.token == token and le.id != but)
 
     # ---------------------------------------------------------------------------- the checks
@@ -307,12 +318,65 @@ class PoolState:
             if s.lease is lease:
                 s.lease = None
                 s.ended_at = time.monotonic()
+            if lease in s.shares:  # a share: the GPU ends with its last share
+                s.shares.remove(lease)
+                if not s.shares and not s.share_grants:
+                    s.ended_at = time.monotonic()
         self.events.publish(LeaseEnded(lease.id, lease.gpu_index(), lease.token, reason,
                                        time.time() - lease.started, stats,
                                        tuple(lease.gpu_indexes()) if lease.other_slots else ()))
         for s in lease.other_slots:
             self.changed(s)
         self.changed(slot)
+
+    # ------------------------------------------------------------------------- shared GPUs
+    def grant_share(self, slot: Slot, w: Waiter) -> None:
+        """`w` gets a share of `slot` (pool/shares.py chose it): leased from now, with its other
+        shares."""
+        self._check("grant_share", slot)
+        self._require("grant_share", slot, slot.lease is None and slot.reserved is None
+                      and (slot.state == FREE or bool(slot.shares or slot.share_grants)),
+                      "it is leased whole")
+        slot.share_grants.append(w)
+        slot.ended_at = None
+        self._move(slot, LEASED)
+        self.changed(slot)
+
+    def start_share(self, slot: Slot, w: Waiter, lease: Lease) -> None:
+        """The share granted to `w` begins as `lease`, in a worker of its own."""
+        self._check("start_share", slot)
+        self._require("start_share", slot, w in slot.share_grants, "no share granted to it")
+        slot.share_grants.remove(w)
+        slot.shares.append(lease)
+        lease.slot = slot
+        self._leases[lease.id] = lease
+        self.events.publish(LeaseGranted(lease.id, slot.gpu.index, lease.token, lease.queued_s))
+        self.changed(slot)
+
+    def release_share(self, slot: Slot, w: Waiter) -> bool:
+        """A share grant nobody used: gone. True when nothing is on the GPU any more: it stays
+        leased, with no lease, until the caller's whole scrub (as after a lease's `end`)."""
+        self._check("release_share", slot)
+        self._require("release_share", slot, w in slot.share_grants, "no share granted to it")
+        slot.share_grants.remove(w)
+        last = not slot.shares and not slot.share_grants
+        if last:
+            slot.ended_at = time.monotonic()
+        self.changed(slot)
+        return last
+
+    def close_shares(self, slot: Slot) -> None:
+        """A share's worker died: nothing says its memory was zeroed, so no new share lands on
+        the GPU until it is scrubbed whole, after its other shares end."""
+        slot.share_closed = True
+        self.changed(slot)
+
+    def keep_for(self, slot: Slot, ticket: int | None) -> None:
+        """Keep shared `slot` for the whole-GPU waiter `ticket` (None: for nobody): no new share
+        lands on it meanwhile (pool/shares.py)."""
+        if slot.kept_for != ticket:
+            slot.kept_for = ticket
+            self.changed(slot)
 
     # ------------------------------------------------------------------------------- scrubs
     def scrub(self, slot: Slot) -> None:
@@ -329,6 +393,7 @@ class PoolState:
     def scrubbed(self, slot: Slot, result: CleanResult) -> None:
         """The scrub's result: free (drained while draining), or quarantined when it failed."""
         self._check("scrubbed", slot)
+        slot.share_closed = False  # scrubbed whole: whatever a dead share's worker left is gone
         if result.ok:
             self._move(slot, DRAINED if slot.draining else FREE)
         else:

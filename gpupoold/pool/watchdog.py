@@ -45,6 +45,8 @@ def stuck_reason(slot: Slot) -> str | None:
                 return f"granted to a client {waited:.0f} s ago but its lease never started"
             return None
         if slot.lease is None:
+            if slot.shares or slot.share_grants:  # a shared GPU: each share's watcher moves it on
+                return None
             if slot.adopting is not None and task_alive:
                 return None  # a previous daemon's lease being taken over
             if (slot.ended_at is not None and task_alive

@@ -1,0 +1,208 @@
+"""Shared GPUs (issue 32, `share` > 1): the part of the lease manager (pool/leases.py, which
+inherits it) that places shares with pool/shares.py's policy, starts each share's lease in a
+worker of its own and scrubs a shared GPU whole when its last share ends. Apart from
+pool/leases.py for length only; the attributes below are the lease manager's.
+
+A share's worker gets `memory_quota` = its size (worker/quota.c counts every byte and zeroes
+what it frees, so the GPU needs no scrub between shares), and, in its environment, the pacing
+record of its GPU (worker/pacing.c: `GPUPOOL_WORKER_PACE_DIR`, `_PACE_GPU` = the GPU's UUID,
+`_SHARE_WEIGHT` = 1, equal weights) and, on a simulated GPU, the shared allocator of that GPU
+(`GPUPOOL_SIM_SHARED_DIR`, worker/sim/README.md "A GPU shared by several processes"), in a
+folder among its sandbox's writable ones (`shares/` beside the simulated GPUs' memory, or in
+the state directory for real GPUs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from gpupoold.config.settings import Settings
+from gpupoold.gpu.inventory import Gpu
+from gpupoold.gpu.sim import sim_memory_dir
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.shares import GpuRoom, Request, ShareSettings, is_share, plan
+from gpupoold.pool.slots import FREE, LEASED, Lease, Slot
+from gpupoold.pool.state import PoolState, in_service
+from gpupoold.pool.waitqueue import Waiter, WaitQueue
+from gpupoold.store.database import NewLease, Store
+from gpupoold.workers.supervisor import WorkerExit, WorkerStartError, WorkerSupervisor
+
+log = logging.getLogger("gpupoold.leases")
+
+SHARE_KEEPS_GPU = "a share of a shared GPU keeps its place (idle detach of shares: not yet)"
+SHARE_WEIGHT = "1"  # equal weights; per-token weights are later work
+
+
+def shares_folder(settings: Settings, simulated: bool) -> Path:
+    """Where the shares of this daemon's GPUs keep their pacing records (and, simulated, their
+    GPU's shared allocator): beside the simulated GPUs' memory, already theirs to write."""
+    base = sim_memory_dir(settings.state_dir) if simulated else settings.state_dir.resolve()
+    return base / "shares"
+
+
+def shared_gpu(gpu: Gpu, settings: Settings) -> Gpu:
+    """`gpu` as every worker of a shared GPU runs it (the pre-started one too, which the first
+    share takes): its GPU's pacing record with an equal weight (a worker alone on the GPU is
+    never slowed down), and on a simulated GPU one allocator for all its processes."""
+    folder = shares_folder(settings, gpu.simulated)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    pace_gpu = "".join(c for c in gpu.uuid if c.isalnum() or c == "-") or f"gpu{gpu.index}"
+    env = dict(gpu.env, GPUPOOL_WORKER_PACE_DIR=str(folder), GPUPOOL_WORKER_PACE_GPU=pace_gpu,
+               GPUPOOL_WORKER_SHARE_WEIGHT=SHARE_WEIGHT)
+    if gpu.simulated:
+        env["GPUPOOL_SIM_SHARED_DIR"] = str(folder)
+    return dataclasses.replace(gpu, env=env, writable=(*gpu.writable, str(folder)))
+
+
+class SharedGpus:
+    """The lease manager's shares of shared GPUs (mixed into LeaseManager)."""
+
+    settings: Settings
+    store: Store
+    supervisor: WorkerSupervisor
+    counters: Counters
+    pool: PoolState
+    slots: list[Slot]
+    queue: WaitQueue
+    _closing: bool
+
+    # The lease manager's, used here.
+    def _watch(self, lease: Lease) -> Any: ...
+    def _clean(self, slot: Slot, lease_ids: list[int]) -> Any: ...
+    def _expire(self, lease: Lease) -> None: ...
+    def _dispatch(self) -> None: ...
+    def _prestart(self, slot: Slot) -> None: ...
+    def _own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]: ...
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
+    def _take_worker(self, slot: Slot) -> Any: ...
+    def may_take(self, w: Waiter) -> bool: ...
+
+    def share_settings(self) -> ShareSettings:
+        return ShareSettings.of(self.settings.share, self.settings.share_gpus)
+
+    def _rooms(self) -> list[GpuRoom]:
+        return [GpuRoom(index=s.gpu.index, memory_total=s.gpu.memory_total,
+                        free=s.state == FREE and in_service(s), shares=s.share_quotas(),
+                        closed=s.share_closed or not in_service(s), claimed_by=s.kept_for)
+                for s in self.slots]
+
+    def _request(self, w: Waiter) -> Request:
+        accepts = frozenset(s.gpu.index for s in self.slots if w.accepts(s.gpu))
+        return Request(id=w.ticket, memory=w.req.memory, accepts=accepts)
+
+    def is_share_waiter(self, w: Waiter) -> bool:
+        settings = self.share_settings()
+        return settings.share > 1 and w.req.gpus <= 1 and w.returning is None and is_share(
+            self._request(w), settings, self._rooms())
+
+    def whole_may_take(self, slot: Slot, w: Waiter) -> bool:
+        """Whether whole-GPU waiter `w` may take free `slot`: not one kept for another waiter."""
+        return slot.kept_for is None or slot.kept_for == w.ticket
+
+    def dispatch_shares(self) -> None:
+        """One round of pool/shares.py's placement over the waiters that may take a GPU now
+        (in turn): the shares granted, the claims of whole-GPU waiters kept."""
+        settings = self.share_settings()
+        if settings.share <= 1 or self._closing:
+            return
+        waiters = [w for w in self.queue.in_turn() if self.may_take(w)
+                   and w.req.gpus <= 1 and w.returning is None]
+        if not waiters:
+            for s in self.slots:
+                self.pool.keep_for(s, None)
+            return
+        rooms = self._rooms()
+        by_ticket = {w.ticket: w for w in waiters}
+        out = plan([self._request(w) for w in waiters], rooms, settings)
+        for s in self.slots:
+            self.pool.keep_for(s, out.claims.get(s.gpu.index))
+        for p in out.placements:
+            if p.share:
+                self._grant_share(self.slots[p.gpu], by_ticket[p.request])
+
+    def _grant_share(self, slot: Slot, w: Waiter) -> None:
+        self.queue.granted(w)
+        w.granted = [slot]
+        self.pool.grant_share(slot, w)
+        w.future.set_result(slot)
+
+    async def begin_share(self, w: Waiter, slot: Slot, hello_body: bytes, hello_req: int,
+                          client_fd: int,
+                          before_handover: Callable[[], Awaitable[None]] | None,
+                          fail: Callable[[str | None], Exception], start_timeout: float) -> Lease:
+        """Start the lease of a share granted to `w` on `slot`, in a worker of its own: the
+        GPU's pre-started one for its first share, a new one for the others. `fail` makes the
+        lease manager's LeaseStartError (None: the worker told the client why)."""
+        try:
+            if slot.idle_worker is not None or slot.prestart_task is not None:
+                worker = await self._take_worker(slot)
+            else:
+                worker = await self.supervisor.spawn(slot.gpu)
+        except WorkerStartError as exc:
+            self._release_share(slot, w)
+            raise fail(f"the server could not start a worker for a share of GPU "
+                       f"{slot.gpu.index}: {exc}") from None
+        try:
+            lease_id = await self.store.lease_started(NewLease(
+                gpu_index=slot.gpu.index, gpu_uuid=slot.gpu.uuid, gpu_name=slot.gpu.name,
+                simulated=slot.gpu.simulated, token_name=w.token, client_host=w.client.host,
+                client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
+                peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
+                started=time.time()))
+        except Exception:
+            worker.kill()
+            self._release_share(slot, w)
+            raise
+        lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
+                      worker=worker, queued_s=w.waited(), keep_gpu=SHARE_KEEPS_GPU)
+        self.counters.inc("leases_started")
+        self.pool.start_share(slot, w, lease)
+        lease.watcher = self._spawn(self._watch(lease), f"lease-{lease.id}")
+        quota = w.req.quota(slot.gpu)
+        try:
+            if before_handover is not None:
+                await before_handover()
+            await worker.assign(lease.id, client_fd, hello_body, hello_req, memory_quota=quota)
+        except WorkerStartError as exc:
+            lease.end_override = ("worker crashed", f"before the lease started: {exc}")
+            worker.kill()
+            raise fail(f"the worker for a share of GPU {slot.gpu.index} failed: {exc}") from None
+        if not await worker.wait_started(start_timeout):
+            lease.end_override = lease.end_override or ("not started", "the worker refused "
+                                                        "the hello or exited before answering")
+            raise fail(None)
+        if self.settings.max_lease_seconds > 0:
+            lease.timer = asyncio.get_running_loop().call_later(
+                self.settings.max_lease_seconds, self._expire, lease)
+        log.info("lease %d: a share of GPU %d, %d bytes (%d shares on it)", lease.id,
+                 slot.gpu.index, quota, len(slot.shares))
+        return lease
+
+    def _release_share(self, slot: Slot, w: Waiter) -> None:
+        """A share grant nobody used; the GPU is scrubbed whole when nothing is left on it."""
+        if self.pool.release_share(slot, w):
+            self._own(slot, self._clean(slot, []), f"scrub-{slot.gpu.index}")
+        else:
+            self._dispatch()
+
+    async def share_ended(self, lease: Lease, slot: Slot, ex: WorkerExit, last: bool) -> None:
+        """After `lease` (a share of `slot`) ended and was recorded: a worker that died did not
+        zero its memory, so the GPU takes no new share; the share whose end left the GPU empty
+        (`last`, decided when it ended: the other shares' watchers may still be recording
+        theirs) scrubs it whole."""
+        if ex.reason == "worker crashed" and lease.end_override is None:
+            log.warning("GPU %d: the worker of share %d died; no new share on it until it is "
+                        "scrubbed whole, when its other shares end", slot.gpu.index, lease.id)
+            self.pool.close_shares(slot)
+        if last and slot.state == LEASED and not slot.shares and not slot.share_grants \
+                and slot.lease is None and slot.reserved is None:
+            slot.task = asyncio.current_task()
+            await self._clean(slot, [lease.id])
+        else:
+            self._dispatch()
