@@ -368,7 +368,7 @@ class LeaseManager(PreviousLeases, SharedGpus):
         candidates = [s for s in self.slots if req.matches(s.gpu)]
         if not candidates:
             return req.refusal(gpus)
-        too_many = req.too_many(gpus)
+        too_many = req.too_many(gpus) or self.share_refusal(req)
         if too_many is not None:
             return too_many
         if req.gpus > MAX_DEVICES:

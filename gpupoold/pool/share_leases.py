@@ -26,7 +26,8 @@ from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.gpu.sim import sim_memory_dir
 from gpupoold.pool.counters import Counters
-from gpupoold.pool.shares import GpuRoom, Request, ShareSettings, is_share, plan
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.shares import GpuRoom, Request, ShareSettings, is_share, never_fits, plan
 from gpupoold.pool.slots import FREE, LEASED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import Waiter, WaitQueue
@@ -100,6 +101,16 @@ class SharedGpus:
         settings = self.share_settings()
         return settings.share > 1 and w.req.gpus <= 1 and w.returning is None and is_share(
             self._request(w), settings, self._rooms())
+
+    def share_refusal(self, req: Requirements) -> str | None:
+        """Why a share asked with `req` can never be placed here (larger than every shared GPU
+        it accepts), or None: refused at its hello rather than left to wait forever."""
+        settings = self.share_settings()
+        if settings.share <= 1 or req.memory <= 0 or req.gpus > 1:
+            return None
+        accepts = frozenset(s.gpu.index for s in self.slots if req.matches(s.gpu))
+        why = never_fits(Request(id=0, memory=req.memory, accepts=accepts), settings, self._rooms())
+        return f"GPUPOOL_MEMORY: {why}" if why is not None else None
 
     def whole_may_take(self, slot: Slot, w: Waiter) -> bool:
         """Whether whole-GPU waiter `w` may take free `slot`: not one kept for another waiter."""

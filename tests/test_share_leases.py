@@ -1,0 +1,67 @@
+"""The lease manager's shares of shared GPUs (gpupoold/pool/share_leases.py, issue 32), with fake
+workers (tests/test_leases.py's): the worker's quota and environment, the whole scrub after the
+last share only, a dead share worker closing its GPU, a share that can never fit refused."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from test_leases import GIB, client, lease_on, make_gpu, mgr, settle  # noqa: F401 (fixture)
+
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.slots import FREE, LEASED
+
+
+def share(gib: int) -> Requirements:
+    return Requirements(memory=gib * GIB)
+
+
+async def test_shares_run_side_by_side_with_their_quota_and_environment(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(gpus=[make_gpu(0, memory=32 * GIB)], share=4)
+    leases = [(await lease_on(m, i, req=share(8)))[1] for i in range(1, 5)]
+    slot = m.slots[0]
+    assert slot.state == LEASED and slot.shares == leases and slot.lease is None
+    assert len({le.worker.pid for le in leases}) == 4  # a worker each
+    assert [le.worker.memory_quota for le in leases] == [8 * GIB] * 4
+    env = leases[1].worker.gpu.env
+    assert env["GPUPOOL_SIM_SHARED_DIR"] == env["GPUPOOL_WORKER_PACE_DIR"]
+    assert env["GPUPOOL_WORKER_PACE_GPU"] == slot.gpu.uuid and env["GPUPOOL_SIM_SHARED_DIR"] in \
+        leases[1].worker.gpu.writable
+    fifth = m.enqueue(share(8), "alice", client(5))
+    await settle()
+    assert not fifth.future.done()  # full: it waits
+    m.cleaner.cleaned.clear()
+    leases[0].worker.finish("client exit")
+    await asyncio.wait_for(fifth.future, 1)  # the first share's place, no scrub between
+    assert m.cleaner.cleaned == []
+    lease5 = await m.begin(fifth, slot, b"hello", 1, -1)
+    for le in [*leases[1:], lease5]:
+        le.worker.finish("client exit")
+    await settle()
+    assert m.cleaner.cleaned == [0] and slot.state == FREE  # scrubbed whole once, at the end
+
+
+async def test_a_dead_share_worker_closes_the_gpu_until_its_whole_scrub(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(gpus=[make_gpu(0, memory=32 * GIB)], share=4)
+    _, first = await lease_on(m, 1, req=share(8))
+    _, second = await lease_on(m, 2, req=share(8))
+    m.cleaner.cleaned.clear()
+    first.worker.finish("worker crashed", "killed by signal 9")
+    await settle()
+    slot = m.slots[0]
+    assert slot.share_closed and m.cleaner.cleaned == []
+    third = m.enqueue(share(8), "alice", client(3))
+    await settle()
+    assert not third.future.done()  # room for it, but nothing says the dead share's memory is zero
+    second.worker.finish("client exit")
+    await asyncio.wait_for(third.future, 1)  # after the whole scrub
+    assert m.cleaner.cleaned == [0] and not slot.share_closed
+
+
+async def test_a_share_larger_than_every_shared_gpu_is_refused_at_its_hello(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(gpus=[make_gpu(0, memory=32 * GIB)], share=4)
+    why = m.feasible(share(40))
+    assert why is not None and "GPUPOOL_MEMORY" in why and "ask for less" in why
+    assert m.feasible(share(32)) is None
+    assert (await mgr(gpus=[make_gpu(0, memory=32 * GIB)])).feasible(share(40)) is None  # no sharing: capped
