@@ -9,7 +9,7 @@ record of its GPU (worker/pacing.c: `GPUPOOL_WORKER_PACE_DIR`, `_PACE_GPU` = the
 `_SHARE_WEIGHT` = 1, equal weights) and, on a simulated GPU, the shared allocator of that GPU
 (`GPUPOOL_SIM_SHARED_DIR`, worker/sim/README.md "A GPU shared by several processes"), in a
 folder among its sandbox's writable ones (`shares/` beside the simulated GPUs' memory, or in
-the state directory for real GPUs).
+the cache folder for real GPUs).
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ SHARE_WEIGHT = "1"  # equal weights; per-token weights are later work
 
 def shares_folder(settings: Settings, simulated: bool) -> Path:
     """Where the shares of this daemon's GPUs keep their pacing records (and, simulated, their
-    GPU's shared allocator): beside the simulated GPUs' memory, already theirs to write."""
-    base = sim_memory_dir(settings.state_dir) if simulated else settings.state_dir.resolve()
+    GPU's shared allocator): beside the simulated GPUs' memory, or (real GPUs) in the cache
+    folder, both theirs to write already; never elsewhere in the state directory, which a
+    worker does not open (docs/security.md, "The worker")."""
+    base = sim_memory_dir(settings.state_dir) if simulated else settings.effective_cache_dir
     return base / "shares"
 
 
