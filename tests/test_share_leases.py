@@ -5,12 +5,15 @@ last share only, a dead share worker closing its GPU, a share that can never fit
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from test_leases import GIB, client, lease_on, make_gpu, mgr, settle  # noqa: F401 (fixture)
 
+from gpupoold.pool.privacy import private_view
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import FREE, LEASED
+from gpupoold.pool.views import PoolViews
 
 
 def share(gib: int) -> Requirements:
@@ -65,3 +68,20 @@ async def test_a_share_larger_than_every_shared_gpu_is_refused_at_its_hello(mgr:
     assert why is not None and "GPUPOOL_MEMORY" in why and "ask for less" in why
     assert m.feasible(share(32)) is None
     assert (await mgr(gpus=[make_gpu(0, memory=32 * GIB)])).feasible(share(40)) is None  # no sharing: capped
+
+
+async def test_the_gpu_view_lists_its_shares_as_each_viewer_may_see_them(mgr: Any) -> None:  # noqa: F811
+    m = await mgr(gpus=[make_gpu(0, memory=32 * GIB), make_gpu(1)], share=4, share_gpus=[0])
+    _, first = await lease_on(m, 1, req=share(8))
+    first.client = replace(first.client, program="train.py --api-key=s3cret")
+    views = PoolViews(m)
+    gpu0, gpu1 = views.gpu_views()
+    assert gpu1["shares"] is None and gpu0["lease"] is None
+    assert gpu0["shares"]["max"] == 4 and not gpu0["shares"]["closed"]
+    (entry,) = gpu0["shares"]["leases"]
+    assert (entry["id"], entry["token"], entry["memory_quota"]) == (first.id, "alice", 8 * GIB)
+    assert views.lease(first)["memory_quota"] == 8 * GIB
+    seen = private_view(gpu0, "bob", "user")["shares"]["leases"][0]["client"]["program"]
+    assert seen == "train.py"  # another tenant sees the program's name only
+    own = private_view(gpu0, "alice", "user")["shares"]["leases"][0]["client"]["program"]
+    assert own == "train.py --api-key=s3cret"

@@ -36,7 +36,21 @@ def lease_view(lease: Lease) -> dict[str, Any]:
             "queued_s": round(lease.queued_s, 3), "worker_pid": lease.worker.pid,
             "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h,
             "module_bytes": s.module_bytes, "calls": dict(s.calls),
-            "memory_used": s.mem_used}  # device memory the lease's allocations hold now
+            "memory_used": s.mem_used,  # device memory the lease's allocations hold now
+            # its worker's quota (GPUPOOL_MEMORY, at most the GPU's memory; 0: no quota)
+            "memory_quota": lease.req.quota(lease.slot.gpu) if lease.slot is not None else 0}
+
+
+def shares_view(slot: Slot, shared: bool, share: int) -> dict[str, Any] | None:
+    """A shared GPU's shares (issue 32): each with its holder, quota and use; None when the GPU
+    is not shared."""
+    if not shared:
+        return None
+    return {"max": share, "closed": slot.share_closed, "kept_for_ticket": slot.kept_for,
+            "granted": len(slot.share_grants),
+            "leases": [{"id": le.id, "token": le.token, "client": le.client.to_json(),
+                        "memory_quota": le.req.quota(slot.gpu),
+                        "memory_used": le.worker.stats.mem_used} for le in slot.shares]}
 
 
 class PoolViews:
@@ -62,6 +76,8 @@ class PoolViews:
                 "memory_total": g.memory_total, "pci_bus_id": g.pci_bus_id,
                 "state": slot.state, "since": slot.since, "draining": slot.draining,
                 "lease": lease_view(slot.lease) if slot.lease is not None else None,
+                "shares": shares_view(slot, self.leases.share_settings().shared(g.index),
+                                      self.leases.settings.share),
                 "quarantine": slot.quarantine, "last_scrub": slot.last_scrub,
                 "stuck": slot.stuck,
                 "worker_ready": slot.idle_worker is not None,
@@ -91,7 +107,8 @@ class PoolViews:
         slots = tuple((s.state, s.since, s.draining, s.lease,
                        s.lease.worker.stats if s.lease is not None else None,
                        s.quarantine, s.last_scrub, s.idle_worker is not None,
-                       s.stuck is not None) for s in self.leases.slots)
+                       s.stuck is not None, tuple(s.shares), len(s.share_grants), s.kept_for,
+                       s.share_closed) for s in self.leases.slots)
         leases = tuple((lease, lease.worker.stats, lease.state, lease.keep_gpu)
                        for lease in self.leases.active())
         return slots, leases, tuple(w.ticket for w in self.leases.queue)
