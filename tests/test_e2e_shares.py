@@ -7,12 +7,14 @@ scrubbed whole, and no new share lands meanwhile (it is not starved); the fifth 
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from conftest import wait_until
 from test_e2e_leases import ended_leases, facts, hold_gpu, start_client  # noqa: F401 (fixture)
+from test_metrics import scrape_text
 
 MIB = 1 << 20
 SHARE = {"GPUPOOL_MEMORY": "8GiB"}
@@ -36,6 +38,14 @@ def test_four_shares_at_once_a_fifth_waits_a_whole_gpu_request_is_not_starved(
 
     shares = [start_client(server, hold_gpu, 8 * MIB, 2500, seed=i + 1, env=SHARE) for i in range(4)]
     wait_until("four shares leased at once", lambda: len(active(server)) == 4, timeout=30)
+    (gpu,) = server.get_json("/api/v1/gpus")["gpus"]
+    assert gpu["lease"] is None and gpu["shares"]["max"] == 4
+    assert sorted(s["client"]["pid"] for s in gpu["shares"]["leases"]) == sorted(p.pid for p in shares)
+    assert {s["memory_quota"] for s in gpu["shares"]["leases"]} == {8 << 30}
+    metrics = scrape_text(server)
+    assert 'gpupool_gpu_shares{gpu="0"} 4.0' in metrics, metrics
+    quota = re.search(r'^gpupool_share_memory_quota_bytes\{gpu="0",token="[^"]+"\} (\S+)$', metrics, re.M)
+    assert quota is not None and float(quota.group(1)) == 4 * (8 << 30), metrics
     whole = start_client(server, hold_gpu, 8 * MIB, 300, seed=9)
     wait_until("the whole-GPU client queued", lambda: queued_pids(server) == [whole.pid], timeout=10)
     fifth = start_client(server, hold_gpu, 8 * MIB, 300, seed=5, env=SHARE)

@@ -409,6 +409,7 @@ class Collector(_CollectorBase):
         yield GaugeMetricFamily("gpupool_detached_bytes",
                                 "Idle detach: device memory of detached leases held in the "
                                 "server's host memory.", value=lm.detacher.held_bytes())
+        yield from _shares(lm)
         yield CounterMetricFamily("gpupool_lease_detaches",
                                   "Idle detach: times an idle lease gave its GPU back.",
                                   value=c.get("detaches"))
@@ -513,6 +514,33 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
                        "try again in a few seconds")
     body, content_type = metrics.exposition(request.headers.get("Accept", ""))
     return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def _shares(lm: LeaseManager) -> Iterator[Metric]:
+    """Shared GPUs (issue 32): each GPU's shares, and their memory by token (the metrics name
+    tokens, never lease ids: docs/metrics.md)."""
+    count = GaugeMetricFamily("gpupool_gpu_shares", "Shared GPUs: leases running as shares of "
+                              "the GPU.", labels=["gpu"])
+    used = GaugeMetricFamily("gpupool_share_memory_bytes", "Shared GPUs: device memory the "
+                             "shares of a token hold on the GPU.", labels=["gpu", "token"])
+    quota = GaugeMetricFamily("gpupool_share_memory_quota_bytes", "Shared GPUs: the memory "
+                              "quotas of a token's shares on the GPU.", labels=["gpu", "token"])
+    sharing = lm.share_settings()
+    for slot in lm.slots:
+        if not sharing.shared(slot.gpu.index):
+            continue
+        gpu = str(slot.gpu.index)
+        count.add_metric([gpu], len(slot.shares))
+        by_token: dict[str, tuple[int, int]] = {}
+        for lease in slot.shares:
+            u, q = by_token.get(lease.token, (0, 0))
+            by_token[lease.token] = (u + lease.worker.stats.mem_used, q + lease.req.quota(slot.gpu))
+        for token, (u, q) in sorted(by_token.items()):
+            used.add_metric([gpu, token], u)
+            quota.add_metric([gpu, token], q)
+    yield count
+    yield used
+    yield quota
 
 
 def _by_label(counters: Counters, name: str, label: str) -> dict[str, int]:
