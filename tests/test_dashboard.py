@@ -536,3 +536,21 @@ def test_the_wait_bars_draw_no_wait_under_a_second_and_scale_to_at_least_one() -
     assert [r[3] for r in wait_bars([0.033, 1.0])] == [CHART_H]  # the 1 s peak is full height
     assert [r[3] for r in wait_bars([2.0, 4.0, 0.5])] == [CHART_H / 2, CHART_H]
     assert [r[3] for r in wait_bars([1.0])] == [CHART_H]
+
+
+async def test_a_shared_gpus_card_lists_its_shares(make_ui: Callable[..., AsyncIterator[Ui]]) -> None:
+    """Issue 32: the card of a shared GPU says how many shares it holds of how many, and each
+    share's holder, use and quota (server-rendered here; dashboard.js draws the same facts)."""
+    async for ui in make_ui(share=4, sim_memory_gib=32):
+        await ui.login(ui.admin)
+        raws = [await RawClient.connect(ui.d.address) for _ in range(2)]
+        for i, raw in enumerate(raws):
+            assert (await raw.hello(hello(token=ui.user, pid=500 + i, memory=8 << 30))).result == 0
+        deadline = time.monotonic() + 5
+        while len((ui.d.app[VIEWS].gpu_views()[0]["shares"] or {}).get("leases", [])) < 2:
+            assert time.monotonic() < deadline, "the two shares did not start"
+            await asyncio.sleep(0.02)
+        page = await ui.page()
+        assert "<dt>Shares</dt>" in page and "2 of 4" in page, page
+        assert "pid <span class=\"pid\">500</span>" in page and "pid <span class=\"pid\">501</span>" in page
+        assert page.count("of 8.0 GiB (lease") == 2, page

@@ -120,6 +120,25 @@
         el("span", { class: "host", text: String(c.host) }), ", pid ", el("span", { class: "pid", text: String(c.pid) }),
         ", since " + when(lease.started) + " (lease " + lease.id + ")"]));
     }
+    if (g.shares) {  // a shared GPU (issue 32): each share's holder, use and quota
+      var sh = g.shares;
+      var dd = el("dd", { class: "shares", text: sh.leases.length + " of " + sh.max +
+        (sh.closed ? ", closed to new shares until its whole scrub" : "") +
+        (sh.kept_for_ticket !== null && sh.kept_for_ticket !== undefined ? ", kept for a whole-GPU request" : "") });
+      sh.leases.forEach(function (s) {
+        var sc = s.client || {};
+        dd.appendChild(el("br"));
+        dd.appendChild(el("span", { class: "token", text: s.token }));
+        dd.appendChild(document.createTextNode(" on "));
+        dd.appendChild(el("span", { class: "host", text: String(sc.host) }));
+        dd.appendChild(document.createTextNode(", pid "));
+        dd.appendChild(el("span", { class: "pid", text: String(sc.pid) }));
+        dd.appendChild(document.createTextNode(": " + (typeof s.memory_used === "number" ? bytes(s.memory_used) : "?") +
+          " of " + bytes(s.memory_quota) + " (lease " + s.id + ")"));
+      });
+      facts.appendChild(el("dt", { text: "Shares" }));
+      facts.appendChild(dd);
+    }
     if (g.stuck) {
       facts.appendChild(el("dt", { text: "Stuck" }));
       facts.appendChild(el("dd", { text: String(g.stuck.why) + " (the watchdog repairs it)" }));
