@@ -28,6 +28,19 @@ def sim_config(tmp_path: Path, devices: int) -> Path:
     return path
 
 
+def sim_config_with_peers(tmp_path: Path, peers: int) -> Path:
+    """As gpupoold writes a simulated GPU's config (gpupoold/gpu/sim.py): device 0 and the
+    server's other GPUs as peers, each with its memory file; the worker opens the k-th peer as
+    ordinal k (1-based; gpupoold's device_ordinal)."""
+    path = tmp_path / "sim.conf"
+    lines = ["device_count = 1", f"memory_file = {tmp_path / 'gpu0.mem'}"]
+    for gpu in range(1, peers + 1):  # UUID, PCI address (a bus of its own), memory file
+        uuid, bus = f"{gpu:02x}" * 16, 0x18 + 0x10 * gpu
+        lines.append(f"peer = {uuid} 0000:{bus:02x}:00.0 {tmp_path / f'gpu{gpu}.mem'}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def client_env(address: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(GPUPOOL_CONFIG="none", GPUPOOL_TLS="0", GPUPOOL_SERVER=address)
@@ -61,9 +74,14 @@ def start_mini_server(build: Path, tmp_path: Path, devices: str, config: Path,
             proc.wait()
 
 
-@pytest.fixture
-def four_gpus(native_build: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    yield from start_mini_server(native_build, tmp_path, "0,1,2,3", sim_config(tmp_path, 4))
+@pytest.fixture(params=["devices", "peers"])
+def four_gpus(request: pytest.FixtureRequest, native_build: Path, tmp_path: Path,
+              ) -> Iterator[tuple[str, Path]]:
+    """4 GPUs for one worker: 4 devices of one config, or (as gpupoold's simulated GPUs are) its
+    device 0 and 3 peers."""
+    config = (sim_config(tmp_path, 4) if request.param == "devices"
+              else sim_config_with_peers(tmp_path, 3))
+    yield from start_mini_server(native_build, tmp_path, "0,1,2,3", config)
 
 
 @pytest.mark.san

@@ -61,6 +61,15 @@ CUresult sim_ctx_create_primaries(void)
     return CUDA_SUCCESS;
 }
 
+CUresult sim_ctx_create_primary(int dev)
+{
+    if (dev < 0 || dev >= SIM_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!primaries[dev] && !(primaries[dev] = ctx_new(dev, true, 0)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
+}
+
 void sim_ctx_release_resources(struct sim_ctx *ctx)
 {
     sim_stream_release_ctx(ctx->handle);

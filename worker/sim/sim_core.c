@@ -141,9 +141,26 @@ void sim_lock_release(void)
     unlock();
 }
 
+/* Peers opened as devices of this process (sim_device.c cuDeviceGet, issue 37): ordinals
+ * device_count .. device_count + opened_peers - 1, each naming its peer through phys_of. */
+static int opened_peers;
+
 bool sim_dev_valid(CUdevice dev)
 {
-    return dev >= 0 && dev < sim_cfg.device_count;
+    return dev >= 0 && dev < sim_cfg.device_count + opened_peers;
+}
+
+int sim_open_peer(int phys)
+{
+    for (int d = sim_cfg.device_count; d < sim_cfg.device_count + opened_peers; d++)
+        if (phys_of[d] == phys)
+            return d;
+    int d = sim_cfg.device_count + opened_peers;
+    if (d >= SIM_MAX_DEVICES || sim_ctx_create_primary(d) != CUDA_SUCCESS)
+        return -1;
+    phys_of[d] = phys;
+    opened_peers++;
+    return d;
 }
 
 uint64_t sim_now_ns(void)

@@ -25,6 +25,19 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal)
         return rc;
     if (!device)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (ordinal >= sim_cfg.device_count && ordinal < sim_phys_count(&sim_cfg)) {
+        /* A peer GPU (ordinal device_count + k is peer k; gpupoold's device_ordinal says the
+         * same): opened as one more device of this process, for a lease of several GPUs whose
+         * worker holds them all (issue 37). The device handle is its ordinal in this process. */
+        int d = sim_open_peer(ordinal);
+        if (d < 0) {
+            sim_detail("cuDeviceGet: a process of the simulated device holds at most %d devices",
+                       SIM_MAX_DEVICES);
+            return sim_leave(CUDA_ERROR_INVALID_DEVICE);
+        }
+        *device = d;
+        return sim_leave(CUDA_SUCCESS);
+    }
     if (!sim_dev_valid(ordinal))
         return sim_leave(CUDA_ERROR_INVALID_DEVICE);
     *device = ordinal;

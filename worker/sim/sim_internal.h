@@ -147,6 +147,10 @@ bool sim_dev_valid(CUdevice dev);
  * of the memory file); the identity until a checkpoint is restored onto other GPUs. */
 int sim_phys_dev(int dev);
 void sim_set_phys_dev(int dev, int phys);
+/* Issue 37: peer GPU `phys` (device_count + k for peer k) as a device of this process, as one
+ * process holds several GPUs of a server: the ordinal it got (the same one again when asked
+ * twice), or -1 when SIM_MAX_DEVICES ordinals are taken. */
+int sim_open_peer(int phys);
 /* For sim_checkpoint.c's control thread: take the global lock (waiting at most timeout_ms, 0: no
  * limit; 0 or ETIMEDOUT returned) and hold it across requests, so that every API call of the
  * process waits; then give it back. */
@@ -157,6 +161,8 @@ struct sim_ctx *sim_ctx_get(CUcontext h);
 /* Frees everything a context owns (streams, events, modules, heap memory). */
 void sim_ctx_release_resources(struct sim_ctx *ctx);
 CUresult sim_ctx_create_primaries(void);
+/* A primary context for ordinal dev (an opened peer's), if it has none yet. */
+CUresult sim_ctx_create_primary(int dev);
 /* The calling thread's current context handle (0: none), possibly stale. */
 uint64_t sim_current_ctx(void);
 void sim_set_current_ctx(uint64_t h);
