@@ -1,7 +1,8 @@
-"""End to end (issue 37, acceptance 1, the daemon's side): gpupoold on 4 simulated GPUs; clients
-speaking the 1.6 hello with gpus = 4 get all four at once, a second such client waits until all 4
-are free, a 1-GPU client queued behind it is served after it, and the SIGKILL of a client frees
-and scrubs all 4 (the API's lease view and the history list the lease's GPUs).
+"""End to end (issue 37, acceptance 1): gpupoold on 4 simulated GPUs; clients speaking the 1.6
+hello with gpus = 4 get all four at once, a second such client waits until all 4 are free, a
+1-GPU client queued behind it is served after it, and the SIGKILL of a client frees and scrubs
+all 4 (the API's lease view and the history list the lease's GPUs); and tests/c/multi_gpu.c with
+GPUPOOL_GPUS=4 through gpupoold and the real worker.
 
 Each client is a process of its own (SIGKILL is the client's death, not a closed socket in the
 test) speaking the plaintext protocol: the daemon runs with `--tls off` (as tests/test_version_skew.py
@@ -150,3 +151,27 @@ def test_four_gpus_all_or_nothing_in_order_and_a_sigkill_scrubs_all(
         g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]] == ["free"] * 4)
     assert [r["end_reason"] for r in server.get_json("/api/v1/leases?state=ended")["leases"]
             ].count("client exit") == 2
+
+
+def test_a_program_with_four_gpus_through_gpupoold(
+        native_build: Path, start_daemon: Callable[..., GpupoolServer]) -> None:
+    """tests/c/multi_gpu.c (4 devices, distinct pointer ranges, pointer attributes, peer copies
+    between every ordered pair, bit-exact) with GPUPOOL_GPUS=4 through gpupoold on 4 simulated
+    GPUs and the real worker: GPU 0's worker opens the other three (its config's peers), and the
+    lease's end scrubs all four."""
+    exe = native_build / "tests" / "multi_gpu"
+    assert exe.is_file(), f"{exe} not built"
+    server = start_daemon(build_dir=native_build, simulated=4)
+    wait_until("4 free GPUs", lambda: [g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]]
+               == ["free"] * 4)
+    proc = subprocess.run([str(exe), "4"], env=server.client_env({"GPUPOOL_GPUS": "4"}),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "PASS multi_gpu:" in proc.stdout, proc.stdout + proc.stderr
+    wait_until("the lease's end recorded", lambda: server.get_json(
+        "/api/v1/leases?state=ended")["leases"])
+    [record] = server.get_json("/api/v1/leases?state=ended")["leases"]
+    assert record["gpus"] == [0, 1, 2, 3] and record["end_reason"] == "client exit", record
+    server.wait_for_log(r"the lease has 4 devices")
+    wait_until("all 4 scrubbed and free", lambda: [
+        g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]] == ["free"] * 4)
+    assert server.get_json(f"/api/v1/leases/{record['id']}")["scrub_ok"] is True
