@@ -2,13 +2,13 @@
 # `make test` (and CI, via .ci/run): venv, native builds (plain and ASan+UBSan), lint, tests.
 # Exits non-zero when anything fails. Under CI=true no test tier may skip (tests/conftest.py).
 #   PYTEST_ARGS="..."   extra pytest arguments for both passes (e.g. "-x -k daemon")
-#   GPUPOOL_TEST_JOBS=N test processes (pytest-xdist) for the main pass, default 3; the sanitizer
+#   GPUPOOL_TEST_JOBS=N test processes (pytest-xdist) for both passes, default 2; the sanitizer
 #                       pass uses at most 2 (ASan's CPU). 1: one process, as before. Each test
 #                       file runs whole in one process (--dist loadfile): a file's tests share
 #                       module fixtures and run in their order; files that make network
 #                       namespaces use subnets of their own (test_fleet_netns, test_fleet_faults).
 #                       Most tests wait on daemons, workers and clients rather than compute, so
-#                       3 processes on 2 cores cut the wall time (docs/benchmarks.md, "CI time").
+#                       2 processes on 2 cores cut the wall time (docs/benchmarks.md, "CI time").
 # Both passes print their slowest tests (--durations): CI must stay under 45 minutes on 2 cores,
 # and that list says where the time goes.
 set -euo pipefail
@@ -35,7 +35,7 @@ took "lint" "$t"
 
 # shellcheck disable=SC2206
 extra=(${PYTEST_ARGS:-})
-jobs=${GPUPOOL_TEST_JOBS:-3}
+jobs=${GPUPOOL_TEST_JOBS:-2}
 par() {  # the pytest-xdist arguments for at most $1 processes
     local n=$(( jobs < $1 ? jobs : $1 ))
     if (( n > 1 )); then echo "-n $n --dist loadfile"; fi

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import re
@@ -397,6 +398,16 @@ def build_lock(out: Path) -> Iterator[None]:
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """A socket or file a test forgets to close is reported (a ResourceWarning, an error here)
+    when the garbage collector finds it. Collected after each test, so the report lands on the
+    test that leaked it, not on whichever test of the same process (pytest-xdist runs many
+    files in one) happens to be running when the collector comes by."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

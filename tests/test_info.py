@@ -618,10 +618,12 @@ async def test_info_requests_answered_at_once_are_bounded(
         finally:
             sock.close()
         await daemon.handshakes_done(2, timeout=6)
-        # The slot is free again; a request that has to wait a little is served.
+        # The slot is free again; a request that has to wait a little (for one reply of 1500
+        # leases to be built and sent; a third could wait past handshake_timeout on a loaded
+        # machine) is served.
         replies = await asyncio.gather(*(asyncio.to_thread(ask_in_thread, daemon)
-                                         for _ in range(3)))
-        assert [r.result for r in replies] == [0, 0, 0]
+                                         for _ in range(2)))
+        assert [r.result for r in replies] == [0, 0]
     finally:
         await daemon.listener.close()
 

@@ -16,8 +16,10 @@ from conftest import REPO, require
 
 
 def netns_names() -> set[str]:
+    """The benchmark's namespaces (bench/link_bench.py names them gpl-*): other test files
+    running at the same time (pytest-xdist) make and remove namespaces of their own."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
+    return {line.split()[0] for line in out.splitlines() if line.startswith("gpl-")}
 
 
 def test_the_shaped_link_benchmark_runs_and_cleans_up(native_build: Path, tmp_path: Path) -> None:
