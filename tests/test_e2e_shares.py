@@ -76,3 +76,37 @@ def test_four_shares_at_once_a_fifth_waits_a_whole_gpu_request_is_not_starved(
     logged = server.log_text()
     assert logged.count("a share of GPU 0, 8589934592 bytes") == 5, logged[-3000:]
     assert logged.count("memory quota 8192 MiB") == 5, logged[-3000:]  # each share's worker says it
+
+
+def test_a_killed_share_leaves_only_zeros_to_the_next_share(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The isolation pattern on a shared GPU (issue 32): a share writes its pattern and is
+    SIGKILLed while another share holds the GPU (so no whole scrub runs between them); the next
+    share, placed first fit in the freed memory of the simulated GPU's shared allocator, reads
+    only zeros, because the killed share's worker zeroed its memory before it exited."""
+    config = tmp_path / "gpupoold.toml"
+    config.write_text("share = 4\nsim_memory_gib = 32\n")
+    server = start_daemon("--config", str(config), build_dir=native_build)
+    wait_until("GPU 0 free", lambda: [g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]]
+               == ["free"], timeout=30)
+    size = 32 * MIB
+    victim = start_client(server, hold_gpu, size, 60_000, seed=0xAB, env=SHARE)
+    wait_until("the first share wrote its pattern",
+               lambda: any(le["client"]["pid"] == victim.pid and le["bytes_h2d"] >= size
+                           for le in active(server)), timeout=30)
+    neighbour = start_client(server, hold_gpu, size, 60_000, seed=7, env=SHARE)
+    wait_until("the second share wrote", lambda: any(
+        le["client"]["pid"] == neighbour.pid and le["bytes_h2d"] >= size for le in active(server)),
+        timeout=30)
+    scrubs = server.log_text().count("GPU 0 clean")
+    victim.kill()
+    victim.communicate(timeout=10)
+    wait_until("the killed share's lease ended", lambda: len(active(server)) == 1, timeout=30)
+    out = subprocess.run([str(hold_gpu), str(size), "0", "3"], env=server.client_env(SHARE),
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{server.log_text()[-3000:]}"
+    f = facts(out.stdout)
+    assert f["nonzero_before"] == "0" and f["exact"] == "1", f
+    assert server.log_text().count("GPU 0 clean") == scrubs, "a whole scrub ran between the shares"
+    neighbour.kill()
+    neighbour.communicate(timeout=10)
