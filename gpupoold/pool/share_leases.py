@@ -24,7 +24,6 @@ from typing import Any
 
 from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu
-from gpupoold.gpu.sim import sim_memory_dir
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.shares import GpuRoom, Request, ShareSettings, is_share, never_fits, plan
@@ -40,12 +39,12 @@ SHARE_KEEPS_GPU = "a share of a shared GPU keeps its place (idle detach of share
 SHARE_WEIGHT = "1"  # equal weights; per-token weights are later work
 
 
-def shares_folder(settings: Settings, simulated: bool) -> Path:
-    """Where the shares of this daemon's GPUs keep their pacing records (and, simulated, their
-    GPU's shared allocator): beside the simulated GPUs' memory, or (real GPUs) in the cache
-    folder, both theirs to write already; never elsewhere in the state directory, which a
-    worker does not open (docs/security.md, "The worker")."""
-    base = sim_memory_dir(settings.state_dir) if simulated else settings.effective_cache_dir
+def shares_folder(settings: Settings, gpu: Gpu) -> Path:
+    """Where the shares of `gpu` keep their pacing record (and, simulated, their GPU's shared
+    allocator): in the folder of the simulated GPU's memory (its first writable folder), else
+    in the cache folder, both theirs to write already; never elsewhere in the state directory,
+    which a worker does not open (docs/security.md, "The worker")."""
+    base = Path(gpu.writable[0]) if gpu.simulated and gpu.writable else settings.effective_cache_dir
     return base / "shares"
 
 
@@ -53,7 +52,7 @@ def shared_gpu(gpu: Gpu, settings: Settings) -> Gpu:
     """`gpu` as every worker of a shared GPU runs it (the pre-started one too, which the first
     share takes): its GPU's pacing record with an equal weight (a worker alone on the GPU is
     never slowed down), and on a simulated GPU one allocator for all its processes."""
-    folder = shares_folder(settings, gpu.simulated)
+    folder = shares_folder(settings, gpu)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     pace_gpu = "".join(c for c in gpu.uuid if c.isalnum() or c == "-") or f"gpu{gpu.index}"
     env = dict(gpu.env, GPUPOOL_WORKER_PACE_DIR=str(folder), GPUPOOL_WORKER_PACE_GPU=pace_gpu,
