@@ -150,17 +150,23 @@ bool sim_dev_valid(CUdevice dev)
     return dev >= 0 && dev < sim_cfg.device_count + opened_peers;
 }
 
-int sim_open_peer(int phys)
+int sim_opened_peer(int phys)
 {
     for (int d = sim_cfg.device_count; d < sim_cfg.device_count + opened_peers; d++)
         if (phys_of[d] == phys)
             return d;
-    int d = sim_cfg.device_count + opened_peers;
-    if (d >= SIM_MAX_DEVICES || sim_ctx_create_primary(d) != CUDA_SUCCESS)
-        return -1;
-    phys_of[d] = phys;
+    return -1;
+}
+
+int sim_next_peer_device(void)
+{
+    return sim_cfg.device_count + opened_peers;
+}
+
+void sim_add_opened_peer(int dev, int phys)
+{
+    phys_of[dev] = phys;
     opened_peers++;
-    return d;
 }
 
 uint64_t sim_now_ns(void)

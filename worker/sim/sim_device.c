@@ -18,6 +18,20 @@ CUresult cuDeviceGetCount(int *count)
     return sim_leave(CUDA_SUCCESS);
 }
 
+/* Peer `phys` as a device of this process, opened (its primary context made) the first time;
+ * -1 when the process holds SIM_MAX_DEVICES already. */
+static int open_peer(int phys)
+{
+    int d = sim_opened_peer(phys);
+    if (d >= 0)
+        return d;
+    d = sim_next_peer_device();
+    if (d >= SIM_MAX_DEVICES || sim_ctx_create_primary(d) != CUDA_SUCCESS)
+        return -1;
+    sim_add_opened_peer(d, phys);
+    return d;
+}
+
 CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
     CUresult rc = sim_enter();
@@ -29,7 +43,7 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal)
         /* A peer GPU (ordinal device_count + k is peer k; gpupoold's device_ordinal says the
          * same): opened as one more device of this process, for a lease of several GPUs whose
          * worker holds them all (issue 37). The device handle is its ordinal in this process. */
-        int d = sim_open_peer(ordinal);
+        int d = open_peer(ordinal);
         if (d < 0) {
             sim_detail("cuDeviceGet: a process of the simulated device holds at most %d devices",
                        SIM_MAX_DEVICES);

@@ -148,9 +148,12 @@ bool sim_dev_valid(CUdevice dev);
 int sim_phys_dev(int dev);
 void sim_set_phys_dev(int dev, int phys);
 /* Issue 37: peer GPU `phys` (device_count + k for peer k) as a device of this process, as one
- * process holds several GPUs of a server: the ordinal it got (the same one again when asked
- * twice), or -1 when SIM_MAX_DEVICES ordinals are taken. */
-int sim_open_peer(int phys);
+ * process holds several GPUs of a server. sim_core.c keeps the table, sim_device.c opens them
+ * (it makes the primary context: the base file calls no context code): the ordinal peer `phys`
+ * has, or -1; the ordinal the next one gets; record one. */
+int sim_opened_peer(int phys);
+int sim_next_peer_device(void);
+void sim_add_opened_peer(int dev, int phys);
 /* For sim_checkpoint.c's control thread: take the global lock (waiting at most timeout_ms, 0: no
  * limit; 0 or ETIMEDOUT returned) and hold it across requests, so that every API call of the
  * process waits; then give it back. */
