@@ -5,10 +5,9 @@
   bit-exact. The two ranks wait for each other inside the collectives, so the test passing
   also says that both held a lease at the same time (one queued behind the other would time
   out); the lease history then shows them on the two different GPUs.
-- One process with 4 GPUs in one worker: 4 devices, a tensor on each, .to() between every pair
-  bit-exact (tests/torch_scripts/multi_device.py). The worker is started as gpupoold would for a
-  lease of 4 (tests/tools/mini_server.py, as tests/test_multi_gpu_native.py does): gpupoold's
-  simulated GPUs do not yet give a lease's worker its other GPUs as devices.
+- One process with GPUPOOL_GPUS=4 through gpupoold on 4 simulated GPUs, one worker holding the 4:
+  4 devices, a tensor on each, .to() between every pair bit-exact
+  (tests/torch_scripts/multi_device.py).
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require, run_client
-from test_multi_gpu_native import client_env as mini_client_env
-from test_multi_gpu_native import sim_config, start_mini_server
 
 SCRIPTS = REPO / "tests" / "torch_scripts"
 
@@ -55,21 +52,17 @@ def test_gloo_cuda_tensors_two_processes(torch_ok, native_build: Path, start_dae
     assert all(le["gpus"] == [le["gpu_index"]] for le in leases), leases  # one GPU each
 
 
-def test_one_process_four_devices(torch_ok, native_build: Path, tmp_path: Path):
-    """A lease of 4 simulated GPUs in one worker (tests/tools/mini_server.py hands the client to
-    a worker with --devices 0,1,2,3, as gpupoold's worker_session does): PyTorch sees 4 devices,
-    a tensor on each, .to() between every ordered pair bit-exact, NVML lists the 4
-    (tests/torch_scripts/multi_device.py)."""
-    servers = start_mini_server(native_build, tmp_path, "0,1,2,3", sim_config(tmp_path, 4))
-    address, log = next(servers)
-    try:
-        env = mini_client_env(address)
-        env["LD_LIBRARY_PATH"] = str(native_build / "client")
-        proc = run_client([sys.executable, str(SCRIPTS / "multi_device.py"), "--devices", "4"],
-                          env=env, timeout=300)
-        lines = proc.stdout.strip().splitlines()
-        assert proc.returncode == 0 and lines and lines[-1].startswith("PASS multi_device"), \
-            f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{log.read_text()[-4000:]}"
-        assert "the lease has 4 devices" in log.read_text(errors="replace")
-    finally:
-        servers.close()
+def test_one_process_four_devices(torch_ok, native_build: Path, start_daemon):
+    """GPUPOOL_GPUS=4 through gpupoold on 4 simulated GPUs: one lease of the 4, one worker
+    holding them as 4 devices (the simulated device opens gpupoold's peers as devices); PyTorch
+    sees 4 devices, a tensor on each, .to() between every ordered pair bit-exact, NVML lists the
+    4 (tests/torch_scripts/multi_device.py). The lease's record lists the 4 GPUs, all free after."""
+    server = start_daemon(simulated=4, build_dir=native_build)
+    proc = run_client([sys.executable, str(SCRIPTS / "multi_device.py"), "--devices", "4"],
+                      env=server.client_env({"GPUPOOL_GPUS": "4"}), timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines and lines[-1].startswith("PASS multi_device"), \
+        show(proc, server)
+    leases = server.get_json("/api/v1/leases?state=all")["leases"]
+    assert len(leases) == 1 and sorted(leases[0]["gpus"]) == [0, 1, 2, 3], leases
+    server.wait_for_log(r"the lease has 4 devices")  # one worker opened all four
