@@ -3,11 +3,13 @@
  * states and their errors, a lock that holds every CUDA call of the target, a lock that times
  * out while a kernel runs, and checkpoint + restore that bring back every byte at the same
  * addresses, with and without a memory file, on the same GPU and on another one (UUID pairs),
- * while the device memory in between is given back (and wiped, as a scrub would).
+ * while the device memory in between is given back (and wiped, as a scrub would), and a
+ * process holding two GPUs (one opened as a peer) restored onto two others, every GPU paired.
  *
  * The target is a forked child (its own cuInit) that talks to the test over pipes; the test
  * process calls the checkpoint API on the child's pid after its own cuInit.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -468,7 +470,131 @@ static void test_restore_onto_far_peer(void)
     CHECK(unlink(path) == 0);
 }
 
+/* A worker holding both GPUs of a lease of 2 (issue 37): gpupoold's simulated GPU 0 lists the
+ * server's GPUs 1..3 as peers, each with its own memory file, and the worker opens GPU 1 as its
+ * ordinal 1 (cuDeviceGet(1)). Both ordinals hold memory; the checkpoint takes both, the GPUs are
+ * wiped, and the restore pairs every GPU (0 -> 2, 1 -> 3): each ordinal's bytes come back at the
+ * same addresses in the new GPU's memory file, and the ordinals report the new GPUs' UUIDs. A
+ * pair list that leaves out the opened peer is refused, since it holds memory. */
+#define LEASE_GPUS 2
+static const uint64_t lease_sizes[LEASE_GPUS] = {3 * MIB + 5, 2 * MIB + 3};
+
+static void lease_tenant(int in, int out)
+{
+    CUcontext ctx[LEASE_GPUS];
+    CUdeviceptr p[LEASE_GPUS];
+    ctx[0] = sim_test_init();
+    CUdevice d1;
+    OK(cuDeviceGet(&d1, 1)); /* peer 0, GPU 1 of the server, as this process's ordinal 1 */
+    CHECK_EQ(d1, 1);
+    OK(cuDevicePrimaryCtxRetain(&ctx[1], d1));
+    for (int k = 0; k < LEASE_GPUS; k++) {
+        OK(cuCtxSetCurrent(ctx[k]));
+        OK(cuMemAlloc_v2(&p[k], lease_sizes[k]));
+        sim_test_fill(p[k], lease_sizes[k], 20u + (unsigned)k);
+    }
+    say(out, p, sizeof(p));
+    CUuuid want[LEASE_GPUS];
+    hear(in, want, sizeof(want));
+    for (int k = 0; k < LEASE_GPUS; k++) {
+        OK(cuCtxSetCurrent(ctx[k]));
+        expect(p[k], lease_sizes[k], 20u + (unsigned)k);
+        CUuuid u;
+        OK(cuDeviceGetUuid(&u, k));
+        CHECK(memcmp(u.bytes, want[k].bytes, 16) == 0);
+        OK(cuMemFree_v2(p[k]));
+    }
+}
+
+/* How many of the n bytes that sim_test_fill(seed) writes are not zero. */
+static uint64_t nonzero_of_pattern(unsigned seed, uint64_t n)
+{
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < n; i++)
+        k += sim_test_pattern(seed, i) != 0;
+    return k;
+}
+
+static void peer_file_name(char *out, size_t n, int peer)
+{
+    snprintf(out, n, "%s/peer%d.mem", dir, peer);
+}
+
+static uint64_t nonzero_in_file(const char *path, uint64_t part)
+{
+    char keep[sizeof(file)];
+    memcpy(keep, file, sizeof(file));
+    snprintf(file, sizeof(file), "%s", path);
+    uint64_t n = nonzero_in_part(0, part);
+    memcpy(file, keep, sizeof(file));
+    return n;
+}
+
+static void test_restore_lease_of_two_gpus_onto_two_others(void)
+{
+    enum {
+        NPEERS = 3
+    };
+    uint64_t part = 256 * MIB;
+    CHECK(setenv("GPUPOOL_SIM_TOTAL_MEMORY", "256MiB", 1) == 0);
+    use_memory_file();
+    char conf[NPEERS * 160];
+    size_t len = 0;
+    char peer_file[NPEERS][sizeof(file)];
+    for (int k = 0; k < NPEERS; k++) {
+        peer_file_name(peer_file[k], sizeof(peer_file[k]), k);
+        int n = snprintf(conf + len, sizeof(conf) - len,
+                         "peer = 00112233445566778899aabbccdd%04x 0000:%02x:00.0 %s\n", k, 0x20 + k,
+                         peer_file[k]);
+        CHECK(n > 0 && (size_t)n < sizeof(conf) - len);
+        len += (size_t)n;
+    }
+    const char *path = sim_test_write_temp(conf);
+    CHECK(setenv("GPUPOOL_SIM_CONFIG", path, 1) == 0);
+    struct target t = spawn(lease_tenant);
+    CUdeviceptr p[LEASE_GPUS];
+    hear(t.from_child, p, sizeof(p));
+    OK(cuInit(0));
+    CUuuid u[1 + NPEERS];
+    for (int g = 0; g <= NPEERS; g++)
+        uuid_of(g, &u[g]); /* GPU g of the server: device 0, then peer g - 1 */
+    OK(cuCheckpointProcessLock(t.pid, NULL));
+    OK(cuCheckpointProcessCheckpoint(t.pid, NULL));
+    uint64_t bytes0 = nonzero_of_pattern(20, lease_sizes[0]);
+    uint64_t bytes1 = nonzero_of_pattern(21, lease_sizes[1]);
+    CHECK_EQ(nonzero_in_part(0, part), bytes0);            /* GPU 0's bytes, until the scrub */
+    CHECK_EQ(nonzero_in_file(peer_file[0], part), bytes1); /* GPU 1's */
+    wipe_memory_file();
+    memcpy(file, peer_file[0], sizeof(file)); /* wipe_memory_file wipes `file` */
+    wipe_memory_file();
+    snprintf(file, sizeof(file), "%s/gpu.mem", dir);
+    CUcheckpointGpuPair pairs[LEASE_GPUS] = {{.oldUuid = u[0], .newUuid = u[2]},
+                                             {.oldUuid = u[1], .newUuid = u[3]}};
+    CUcheckpointRestoreArgs ra;
+    memset(&ra, 0, sizeof(ra));
+    ra.gpuPairs = pairs;
+    ra.gpuPairsCount = 1; /* GPU 1 left out: it holds memory, the restore is refused */
+    CHECK_RC(cuCheckpointProcessRestore(t.pid, &ra), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(state_of(t.pid), CU_PROCESS_STATE_CHECKPOINTED);
+    ra.gpuPairsCount = LEASE_GPUS;
+    OK(cuCheckpointProcessRestore(t.pid, &ra));
+    OK(cuCheckpointProcessUnlock(t.pid, NULL));
+    CHECK_EQ(nonzero_in_part(0, part), 0);                 /* nothing back on GPU 0 */
+    CHECK_EQ(nonzero_in_file(peer_file[0], part), 0);      /* nor on GPU 1 */
+    CHECK_EQ(nonzero_in_file(peer_file[1], part), bytes0); /* GPU 0's bytes on GPU 2 */
+    CHECK_EQ(nonzero_in_file(peer_file[2], part), bytes1); /* GPU 1's on GPU 3 */
+    CUuuid want[LEASE_GPUS] = {u[2], u[3]};
+    say(t.to_child, want, sizeof(want));
+    reap(&t);
+    for (int k = 0; k < NPEERS; k++)
+        CHECK(unlink(peer_file[k]) == 0 || errno == ENOENT);
+    CHECK(unlink(file) == 0);
+    CHECK(rmdir(dir) == 0);
+    CHECK(unlink(path) == 0);
+}
+
 SIM_TEST_MAIN(SIM_T(states_and_errors), SIM_T(lock_holds_every_call),
               SIM_T(lock_waits_for_work_or_times_out), SIM_T(restore_same_gpu_memory_file),
               SIM_T(restore_other_gpu_memory_file), SIM_T(restore_same_gpu_anonymous),
-              SIM_T(restore_other_gpu_anonymous), SIM_T(restore_onto_far_peer))
+              SIM_T(restore_other_gpu_anonymous), SIM_T(restore_onto_far_peer),
+              SIM_T(restore_lease_of_two_gpus_onto_two_others))

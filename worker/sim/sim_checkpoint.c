@@ -20,7 +20,9 @@
  *   FAILED        a restore could not complete (the process cannot use the device any more).
  * Restore maps the memory back at the same addresses, on the same GPUs or on those the GPU UUID
  * pairs name (then the process's device ordinals are those GPUs: their UUID, PCI address and
- * part of the memory file), and leaves the process LOCKED; unlock lets it go on.
+ * part of the memory file), and leaves the process LOCKED; unlock lets it go on. Peers the
+ * process opened as devices (a worker holding every GPU of a lease) are ordinals like the
+ * others: each one that holds memory must be paired too, and moves with its pair.
  * Not simulated: the restore thread (cuCheckpointProcessGetRestoreThreadId answers the serving
  * thread's id), a process that forks after cuInit (its child serves no requests).
  */
@@ -115,13 +117,21 @@ static int device_of_uuid(const unsigned char uuid[16])
 /* Which ordinals had device memory when checkpointed: the GPUs a pair list must name. */
 static bool in_use[SIM_MAX_DEVICES];
 
+/* Every ordinal of the process: its configured devices and the peers it opened as devices (a
+ * worker holding every GPU of a lease of several, issue 37), each of which moves as the driver
+ * moves every GPU of a checkpointed process. */
+static int ordinals(void)
+{
+    return sim_next_peer_device();
+}
+
 /* The GPUs the ordinals go to on restore, from the request's UUID pairs: every GPU that held
  * memory must be named (as the driver requires: "every checkpointed GPU"), each new one must
  * exist and be taken once; an ordinal not named keeps its GPU, or takes one left free by the
  * moves when another ordinal moved onto it. */
 static CUresult plan_restore(const struct ck_request *rq, int *phys)
 {
-    int n = sim_cfg.device_count;
+    int n = ordinals();
     for (int d = 0; d < n; d++)
         phys[d] = sim_phys_dev(d);
     if (rq->npairs == 0)
@@ -144,13 +154,16 @@ static CUresult plan_restore(const struct ck_request *rq, int *phys)
         if (!named[d] && in_use[d])
             return CUDA_ERROR_INVALID_VALUE;
     }
+    int gpus = sim_phys_count(&sim_cfg);
     for (int d = 0; d < n; d++) {
         if (named[d])
             continue;
         if (taken[phys[d]]) { /* its GPU went to a moved ordinal: the first one left */
             int free_gpu = 0;
-            while (free_gpu < n && taken[free_gpu])
+            while (free_gpu < gpus && taken[free_gpu])
                 free_gpu++;
+            if (free_gpu == gpus)
+                return CUDA_ERROR_INVALID_VALUE;
             phys[d] = free_gpu;
         }
         taken[phys[d]] = true;
@@ -168,7 +181,7 @@ static CUresult do_checkpoint(void)
         sim_vmm_discard();
         return rc; /* nothing was released: still LOCKED */
     }
-    for (int d = 0; d < sim_cfg.device_count; d++)
+    for (int d = 0; d < ordinals(); d++)
         in_use[d] = sim_mem_used(d) > 0;
     sim_memory_release();
     sim_vmm_release();
@@ -181,7 +194,7 @@ static CUresult do_restore(const struct ck_request *rq)
     CUresult rc = plan_restore(rq, phys);
     if (rc != CUDA_SUCCESS)
         return rc;
-    for (int d = 0; d < sim_cfg.device_count; d++)
+    for (int d = 0; d < ordinals(); d++)
         sim_set_phys_dev(d, phys[d]);
     rc = sim_vmm_restore();
     if (rc == CUDA_SUCCESS)
