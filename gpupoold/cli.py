@@ -4,8 +4,9 @@
   (config/settings.py), so a flag and its config key always mean the same thing.
 - `fingerprint [--pem]`: the remoting port's TLS identity (what clients pin), read from the
   state directory or the configured `tls_cert`; never made here.
-- `token create|list|revoke`: API tokens, on the database directly (`<state_dir>/gpupoold.db`),
-  whether the daemon runs or not; audited as `cli:<unix user>`.
+- `token create|list|revoke|set-weight`: API tokens (set-weight: their shares' weight on shared
+  GPUs), on the database directly (`<state_dir>/gpupoold.db`), whether the daemon runs or not;
+  audited as `cli:<unix user>`.
 - `status`, `gpu drain|undrain|clear INDEX`, `lease end ID`, `report`: clients of the running daemon's HTTP
   API (admin_client.py), authenticated with `--token`, `GPUPOOL_ADMIN_TOKEN` or the local admin
   token the daemon writes to `<state_dir>/local-admin.token`.
@@ -39,7 +40,13 @@ from gpupoold.config.settings import DEFAULT_CONFIG, Settings, iter_flags
 from gpupoold.pool.report import to_csv, to_text
 from gpupoold.store.database import DB_NAME, NotFound, SchemaTooNew, StoreDB, TokenExists
 from gpupoold.store.postgres import UrlError, driver_errors
-from gpupoold.store.tokens import check_token_name, format_local, format_utc, parse_expiry
+from gpupoold.store.tokens import (
+    check_token_name,
+    check_weight,
+    format_local,
+    format_utc,
+    parse_expiry,
+)
 
 ADMIN_TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
 
@@ -126,8 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default user)")
     create.add_argument("--expires", default="never", metavar="WHEN",
                         help="never (default), a duration (90m, 12h, 30d, 2w) or an ISO date")
+    create.add_argument("--weight", type=int, default=1, metavar="N",
+                        help="its shares' weight on a shared GPU, 1-1000 (default 1): while "
+                             "shares wait for the GPU's time they get it in the ratio of their "
+                             "weights")
     create.add_argument("--json", action="store_true",
                         help="print the token and its record as JSON")
+    weight = tsub.add_parser("set-weight", parents=[local],
+                             help="set a token's share weight on shared GPUs",
+                             description="Set the weight (1-1000) of a token's shares on shared "
+                                         "GPUs; shares that start from now on get it.")
+    weight.add_argument("name", metavar="NAME")
+    weight.add_argument("weight", metavar="WEIGHT", type=int)
     listing = tsub.add_parser("list", parents=[local], help="list the tokens (never secrets)")
     listing.add_argument("--json", action="store_true", help="print JSON")
     revoke = tsub.add_parser("revoke", parents=[local], help="revoke a token")
@@ -383,6 +400,11 @@ def _token_command(args: argparse.Namespace) -> int:
             expires = parse_expiry(args.expires)
         except ValueError as exc:
             raise CliError(f"bad --expires {args.expires!r}: {exc}") from None
+    if args.action in ("create", "set-weight"):
+        try:
+            check_weight(args.weight)
+        except ValueError as exc:
+            raise CliError(f"bad weight {args.weight}: {exc}") from None
     if settings.database:  # the shared PostgreSQL store: a token made here is the fleet's
         try:
             db = StoreDB(settings.database, settings.database_password_file)
@@ -396,6 +418,8 @@ def _token_command(args: argparse.Namespace) -> int:
             return _token_create(db, args, expires)
         if args.action == "list":
             return _token_list(db, args)
+        if args.action == "set-weight":
+            return _token_set_weight(db, args)
         return _token_revoke(db, args)
     except (sqlite3.Error, *driver_errors()) as exc:
         raise CliError(f"database {db.where}: {exc}") from None
@@ -465,7 +489,8 @@ def _create_owned_like(path: Path, state_dir: Path) -> None:
 
 def _token_create(db: StoreDB, args: argparse.Namespace, expires: float | None) -> int:
     try:
-        record, text = db.create_token(args.name, args.role, expires, cli_actor())
+        record, text = db.create_token(args.name, args.role, expires, cli_actor(),
+                                       weight=args.weight)
     except TokenExists:
         raise CliError(f"a token named {args.name!r} already exists (revoked tokens keep their "
                        "name): choose another name; `gpupoold token list` shows them") from None
@@ -490,8 +515,20 @@ def _token_list(db: StoreDB, args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     rows = [(t.name, t.role, t.id, format_local(t.created), format_local(t.expires),
-             format_local(t.last_used, "never"), t.state(now)) for t in tokens]
-    print(_table(("NAME", "ROLE", "ID", "CREATED", "EXPIRES", "LAST USED", "STATE"), rows))
+             format_local(t.last_used, "never"), str(t.weight), t.state(now)) for t in tokens]
+    print(_table(("NAME", "ROLE", "ID", "CREATED", "EXPIRES", "LAST USED", "WEIGHT", "STATE"),
+                 rows))
+    return 0
+
+
+def _token_set_weight(db: StoreDB, args: argparse.Namespace) -> int:
+    try:
+        record = db.set_token_weight(args.name, args.weight, cli_actor())
+    except NotFound:
+        raise CliError(f"no token named {args.name!r}; `gpupoold token list` shows the "
+                       "tokens") from None
+    print(f"Token '{record.name}' has share weight {record.weight} now: its shares that start "
+          "from now on get it (running shares keep theirs).")
     return 0
 
 

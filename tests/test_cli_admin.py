@@ -124,6 +124,7 @@ def test_token_commands_read_the_state_dir_from_the_config(run: Run, tmp_path: P
     (("--name", "local-admin"), "reserved for the daemon's own admin token"),
     (("--name", "x", "--expires", "soon"), "bad --expires 'soon'"),
     (("--name", "x", "--expires", "2001-01-01"), "in the past"),
+    (("--name", "x", "--weight", "0"), "bad weight 0: a weight is a whole number from 1 to 1000"),
 ])
 def test_token_create_refuses_bad_input(run: Run, state: Path, args: tuple[str, ...],
                                         message: str) -> None:
@@ -131,6 +132,18 @@ def test_token_create_refuses_bad_input(run: Run, state: Path, args: tuple[str, 
     assert r.rc == 1 and r.out == ""
     assert message in r.err and r.err.startswith("gpupoold: error: ")
     assert not (state / DB_NAME).exists()  # refused before touching the database
+
+
+def test_token_weight_at_creation_and_set_weight(run: Run, state: Path) -> None:
+    """Issue 32, item 4: `--weight` and `token set-weight`; the list shows the weight."""
+    assert run("token", "create", "--name", "heavy", "--weight", "3", "--state-dir", state).rc == 0
+    assert run("token", "create", "--name", "light", "--state-dir", state).rc == 0
+    r = run("token", "set-weight", "light", "2", "--state-dir", state)
+    assert r.rc == 0 and "share weight 2" in r.out, r.err
+    r = run("token", "list", "--json", "--state-dir", state)
+    assert {t["name"]: t["weight"] for t in json.loads(r.out)["tokens"]} == {"heavy": 3, "light": 2}
+    r = run("token", "set-weight", "nobody", "2", "--state-dir", state)
+    assert r.rc == 1 and "no token named 'nobody'" in r.err
 
 
 def test_token_create_refuses_a_taken_name(run: Run, state: Path) -> None:
@@ -167,10 +180,11 @@ def test_token_list_shows_every_token_and_its_state(run: Run, state: Path) -> No
     assert r.rc == 0
     lines = r.out.splitlines()
     assert lines[0].split() == ["NAME", "ROLE", "ID", "CREATED", "EXPIRES", "LAST", "USED",
-                                "STATE"]
+                                "WEIGHT", "STATE"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["alice"][1] == "user" and rows["alice"][2] == ids["alice"]
     assert rows["alice"][-1] == "valid" and rows["ops"][1] == "admin"
+    assert rows["alice"][-2] == "1"  # the share weight, 1 unless set
     assert rows["old"][-1] == "revoked" and rows["gone"][-1] == "expired"
     assert "never" in rows["alice"]
     r = run("token", "list", "--json", "--state-dir", state)

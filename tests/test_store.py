@@ -83,7 +83,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 12
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 13
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -92,7 +92,7 @@ def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, 
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         cols = {r[1] for r in conn.execute("PRAGMA table_info(tokens)")}
         assert cols == {"id", "name", "role", "secret_sha256", "created", "expires", "revoked",
-                        "last_used", "created_by"}
+                        "last_used", "created_by", "weight"}
     finally:
         conn.close()
     assert db_path.stat().st_mode & 0o777 == 0o600
@@ -190,9 +190,26 @@ def test_token_json_never_holds_the_hash(db: StoreDB) -> None:
     rec, text = db.create_token("alice", "user", None, "t")
     data = rec.to_json()
     assert set(data) == {"id", "name", "role", "created", "expires", "revoked", "last_used",
-                         "created_by", "state"}
+                         "created_by", "state", "weight"}
     dumped = json.dumps(data)
     assert text[17:] not in dumped and "sha256" not in dumped
+
+
+def test_a_tokens_share_weight_is_kept_changed_and_checked(db: StoreDB) -> None:
+    """Issue 32, item 4: a token's share weight (default 1), set at creation or later, audited;
+    outside 1..1000 refused (worker/pacing.c's range)."""
+    assert db.create_token("alice", "user", None, "t")[0].weight == 1
+    heavy, _ = db.create_token("bob", "user", None, "t", weight=3)
+    assert heavy.weight == 3 and db.get_token("bob") == heavy
+    assert db.set_token_weight("alice", 5, "cli:root").weight == 5
+    assert [(t.name, t.weight) for t in db.list_tokens()] == [("alice", 5), ("bob", 3)]
+    assert db.audit_log()[0].action == "token.weight" and "1 -> 5" in db.audit_log()[0].detail
+    for bad in (0, 1001):
+        with pytest.raises(ValueError, match="from 1 to 1000"):
+            db.set_token_weight("alice", bad, "t")
+    with pytest.raises(NotFound):
+        db.set_token_weight("nobody", 2, "t")
+    assert db.get_token("alice").weight == 5  # type: ignore[union-attr]
 
 
 def test_token_names_are_unique_even_after_revocation(db: StoreDB) -> None:
@@ -344,7 +361,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 12
+        assert db.schema_version() == SCHEMA_VERSION == 13
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)

@@ -57,6 +57,7 @@ from gpupoold.store.spool import SPOOL_NAME, Spool
 from gpupoold.store.tokens import (
     check_role,
     check_token_name,
+    check_weight,
     format_utc,
     hash_secret,
     new_token,
@@ -245,6 +246,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # '' for a lease of one GPU (gpu_index) and in older records
         "ALTER TABLE leases ADD COLUMN gpus TEXT NOT NULL DEFAULT ''",
     ),
+    (  # v13: a token's share weight on shared GPUs (issue 32, item 4: worker/pacing.c)
+        "ALTER TABLE tokens ADD COLUMN weight INTEGER NOT NULL DEFAULT 1",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -281,7 +285,8 @@ class SchemaTooNew(StoreError):
 def _token(row: Any) -> TokenRecord:
     return TokenRecord(id=row["id"], name=row["name"], role=row["role"], created=row["created"],
                        expires=row["expires"], revoked=row["revoked"],
-                       last_used=row["last_used"], created_by=row["created_by"])
+                       last_used=row["last_used"], created_by=row["created_by"],
+                       weight=int(row["weight"]))
 
 
 def _counter(value: int) -> int:
@@ -422,18 +427,39 @@ class StoreDB(UsageQueries, SpoolQueries):
 
     # ------------------------------------------------------------------------------- tokens
     def create_token(self, name: str, role: str, expires: float | None, actor: str,
-                     ) -> tuple[TokenRecord, str]:
-        """A new token: its record and its full text (shown once, never stored)."""
+                     weight: int = 1) -> tuple[TokenRecord, str]:
+        """A new token: its record and its full text (shown once, never stored). `weight`: its
+        shares' weight on a shared GPU."""
         check_token_name(name, allow_reserved=True)
         check_role(role)
+        check_weight(weight)
         with self._write() as db:
             if db.execute("SELECT 1 FROM tokens WHERE name = ?", (name,)).fetchone():
                 raise TokenExists(f"a token named {name!r} already exists")
             record, text = self._insert_token(db, name, role, expires, actor)
+            if weight != 1:
+                db.execute("UPDATE tokens SET weight = ? WHERE id = ?", (weight, record.id))
+                record = dataclasses.replace(record, weight=weight)
             self._add_audit(db, actor, "token.create", f"token {name}",
-                            f"role {role}, expires {_expiry_text(expires)}, id {record.id}",
-                            record.created)
+                            f"role {role}, expires {_expiry_text(expires)}, id {record.id}"
+                            + (f", weight {weight}" if weight != 1 else ""), record.created)
         return record, text
+
+    def set_token_weight(self, name: str, weight: int, actor: str) -> TokenRecord:
+        """Set the share weight of the token `name` (NotFound if there is none); shares that
+        start from now on get it, running ones keep theirs."""
+        check_weight(weight)
+        with self._write() as db:
+            row = db.execute("SELECT * FROM tokens WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise NotFound(f"no token named {name!r}")
+            record = _token(row)
+            if record.weight != weight:
+                db.execute("UPDATE tokens SET weight = ? WHERE id = ?", (weight, record.id))
+                self._add_audit(db, actor, "token.weight", f"token {name}",
+                                f"weight {record.weight} -> {weight}, id {record.id}", time.time())
+                record = dataclasses.replace(record, weight=weight)
+        return record
 
     def _insert_token(self, db: Any, name: str, role: str,
                       expires: float | None, actor: str) -> tuple[TokenRecord, str]:
@@ -884,6 +910,7 @@ class Store:
     list_tokens = _query(StoreDB.list_tokens)
     get_token = _query(StoreDB.get_token)
     revoke_token = _query(StoreDB.revoke_token)
+    set_token_weight = _query(StoreDB.set_token_weight)
     verify_token = _query(StoreDB.verify_token)
     touch_token = _query(StoreDB.touch_token)
     lease_started = _query(StoreDB.lease_started)

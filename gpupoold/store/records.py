@@ -33,6 +33,7 @@ class TokenRecord:
     revoked: float | None
     last_used: float | None
     created_by: str
+    weight: int = 1  # its shares' weight on a shared GPU (issue 32: worker/pacing.c)
 
     def state(self, now: float | None = None) -> str:
         """valid, revoked or expired."""
@@ -46,7 +47,7 @@ class TokenRecord:
         """The API's view of a token: never the hash, never the secret."""
         return {"id": self.id, "name": self.name, "role": self.role, "created": self.created,
                 "expires": self.expires, "revoked": self.revoked, "last_used": self.last_used,
-                "created_by": self.created_by, "state": self.state()}
+                "created_by": self.created_by, "state": self.state(), "weight": self.weight}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ ROLES = ("user", "admin")
 LOCAL_ADMIN = "local-admin"  # the daemon's own admin token (auth.ensure_local_admin_token)
 NAME_MAX = 64
 MAX_DURATION = 100 * 365 * 86400  # longer durations are a typo for `never`
+WEIGHT_MAX = 1000  # a share's weight: 1..1000, as worker/pacing.c takes it
 
 _TOKEN_RE = re.compile(rf"{PREFIX}([0-9a-f]{{{ID_HEX}}})_([A-Za-z0-9_-]{{{SECRET_CHARS}}})\Z")
 _NAME_RE = re.compile(rf"[A-Za-z0-9._@-]{{1,{NAME_MAX}}}\Z")
@@ -86,6 +87,12 @@ def check_token_name(name: str, *, allow_reserved: bool = False) -> None:
     if (name == LOCAL_ADMIN or name.startswith(LOCAL_ADMIN + "@")) and not allow_reserved:
         raise ValueError(f"'{LOCAL_ADMIN}' and '{LOCAL_ADMIN}@...' are reserved for the daemon's "
                          "own admin token (each server's, rewritten at every start)")
+
+
+def check_weight(weight: int) -> None:
+    """ValueError unless `weight` is a share weight the worker's pacing takes (1..1000)."""
+    if not 1 <= weight <= WEIGHT_MAX:
+        raise ValueError(f"a weight is a whole number from 1 to {WEIGHT_MAX}, got {weight}")
 
 
 def check_role(role: str) -> None:
