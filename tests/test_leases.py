@@ -151,6 +151,10 @@ class FakeStore:
     unscrubbed: list[Any] = field(default_factory=list)  # ended, the daemon gone before a scrub
     # Drained/quarantined GPUs, shared by the managers of one test (a restart keeps them).
     gpu_state: dict[str, Any] = field(default_factory=dict)
+    tokens: dict[str, Any] = field(default_factory=dict)  # name -> TokenRecord (share weights)
+
+    async def get_token(self, name: str) -> Any:
+        return self.tokens.get(name)
 
     async def lease_started(self, lease: Any) -> int:
         lease_id = len(self.started) + 1

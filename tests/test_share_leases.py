@@ -14,6 +14,7 @@ from gpupoold.pool.privacy import private_view
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import FREE, LEASED
 from gpupoold.pool.views import PoolViews
+from gpupoold.store.records import TokenRecord
 
 
 def share(gib: int) -> Requirements:
@@ -43,6 +44,21 @@ async def test_shares_run_side_by_side_with_their_quota_and_environment(mgr: Any
         le.worker.finish("client exit")
     await settle()
     assert m.cleaner.cleaned == [0] and slot.state == FREE  # scrubbed whole once, at the end
+
+
+async def test_a_share_runs_with_its_tokens_weight(mgr: Any) -> None:  # noqa: F811
+    """Issue 32, item 4: the worker of a share gets its token's weight (GPUPOOL_WORKER_SHARE_WEIGHT,
+    read by worker/pacing.c when the worker starts: a weight other than 1 gets a worker of its
+    own, not the pre-started one); a token without a record (auth = none) gets 1."""
+    m = await mgr(gpus=[make_gpu(0, memory=32 * GIB)], share=4)
+    m.store.tokens["heavy"] = TokenRecord("0" * 12, "heavy", "user", 0.0, None, None, None, "t",
+                                          weight=3)
+    prestarted = m.slots[0].idle_worker
+    _, heavy = await lease_on(m, 1, token="heavy", req=share(8))
+    _, light = await lease_on(m, 2, token="alice", req=share(8))
+    assert heavy.worker.gpu.env["GPUPOOL_WORKER_SHARE_WEIGHT"] == "3"
+    assert light.worker.gpu.env["GPUPOOL_WORKER_SHARE_WEIGHT"] == "1"
+    assert heavy.worker is not prestarted and light.worker is prestarted
 
 
 async def test_a_dead_share_worker_closes_the_gpu_until_its_whole_scrub(mgr: Any) -> None:  # noqa: F811

@@ -6,10 +6,10 @@ pool/leases.py for length only; the attributes below are the lease manager's.
 A share's worker gets `memory_quota` = its size (worker/quota.c counts every byte and zeroes
 what it frees, so the GPU needs no scrub between shares), and, in its environment, the pacing
 record of its GPU (worker/pacing.c: `GPUPOOL_WORKER_PACE_DIR`, `_PACE_GPU` = the GPU's UUID,
-`_SHARE_WEIGHT` = 1, equal weights) and, on a simulated GPU, the shared allocator of that GPU
-(`GPUPOOL_SIM_SHARED_DIR`, worker/sim/README.md "A GPU shared by several processes"), in a
-folder among its sandbox's writable ones (`shares/` beside the simulated GPUs' memory, or in
-the cache folder for real GPUs).
+`_SHARE_WEIGHT` = its token's weight, `gpupoold token create --weight`) and, on a simulated
+GPU, the shared allocator of that GPU (`GPUPOOL_SIM_SHARED_DIR`, worker/sim/README.md "A GPU
+shared by several processes"), in a folder among its sandbox's writable ones (`shares/` beside
+the simulated GPUs' memory, or in the cache folder for real GPUs).
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from gpupoold.pool.shares import GpuRoom, Request, ShareSettings, is_share, neve
 from gpupoold.pool.slots import FREE, LEASED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import Waiter, WaitQueue
-from gpupoold.store.database import NewLease, Store
+from gpupoold.store.database import NewLease, Store, store_errors
 from gpupoold.workers.supervisor import WorkerExit, WorkerStartError, WorkerSupervisor
 
 log = logging.getLogger("gpupoold.leases")
 
 SHARE_KEEPS_GPU = "a share of a shared GPU keeps its place (idle detach of shares: not yet)"
-SHARE_WEIGHT = "1"  # equal weights; per-token weights are later work
+SHARE_WEIGHT = "1"  # a pre-started worker's; a share of another weight gets a worker of its own
 
 
 def shares_folder(settings: Settings, gpu: Gpu) -> Path:
@@ -144,6 +144,19 @@ class SharedGpus:
         self.pool.grant_share(slot, w)
         w.future.set_result(slot)
 
+    async def share_weight(self, token: str) -> int:
+        """The share weight of `token` (1 when it has none: no such token, `auth = none`, or the
+        store unreachable, which only costs the share its weight, never its lease)."""
+        if not token:
+            return 1
+        try:
+            record = await self.store.get_token(token)
+        except store_errors() as exc:
+            log.warning("token %s: its share weight is unknown (%s); its share runs with weight "
+                        "1", token, exc)
+            return 1
+        return 1 if record is None else record.weight
+
     async def begin_share(self, w: Waiter, slot: Slot, hello_body: bytes, hello_req: int,
                           client_fd: int,
                           before_handover: Callable[[], Awaitable[None]] | None,
@@ -151,8 +164,12 @@ class SharedGpus:
         """Start the lease of a share granted to `w` on `slot`, in a worker of its own: the
         GPU's pre-started one for its first share, a new one for the others. `fail` makes the
         lease manager's LeaseStartError (None: the worker told the client why)."""
+        weight = await self.share_weight(w.token)
         try:
-            if slot.idle_worker is not None or slot.prestart_task is not None:
+            if weight != int(SHARE_WEIGHT):  # the weight is read when the worker starts
+                worker = await self.supervisor.spawn(dataclasses.replace(
+                    slot.gpu, env=dict(slot.gpu.env, GPUPOOL_WORKER_SHARE_WEIGHT=str(weight))))
+            elif slot.idle_worker is not None or slot.prestart_task is not None:
                 worker = await self._take_worker(slot)
             else:
                 worker = await self.supervisor.spawn(slot.gpu)
@@ -192,8 +209,8 @@ class SharedGpus:
         if self.settings.max_lease_seconds > 0:
             lease.timer = asyncio.get_running_loop().call_later(
                 self.settings.max_lease_seconds, self._expire, lease)
-        log.info("lease %d: a share of GPU %d, %d bytes (%d shares on it)", lease.id,
-                 slot.gpu.index, quota, len(slot.shares))
+        log.info("lease %d: a share of GPU %d, %d bytes, weight %d (%d shares on it)", lease.id,
+                 slot.gpu.index, quota, weight, len(slot.shares))
         return lease
 
     def _release_share(self, slot: Slot, w: Waiter) -> None:
