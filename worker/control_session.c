@@ -59,6 +59,11 @@ static int on_control(void *ctx)
             wk_warn("reading the control socket: %s", strerror(errno));
         return daemon_gone(w);
     }
+    return wk_ctl_on_message(w, buf, n, truncated);
+}
+
+int wk_ctl_on_message(struct worker *w, const uint8_t *buf, ssize_t n, int truncated)
+{
     if ((size_t)n >= GP_PROTO_HEADER_SIZE && !truncated) {
         gp_frame_header h;
         gp_header_decode(buf, &h);

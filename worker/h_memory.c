@@ -39,14 +39,19 @@ void wk_va_release(struct worker *w)
 
 void wk_obj_destroy_alloc(struct worker *w, uint64_t id, struct wk_obj *o)
 {
-    wk_quota_zero_range(w, id, o->size); /* a share's memory goes back as zeros (quota.c) */
+    /* Another worker's memory (cuIpcOpenMemHandle) is only unmapped: neither zeroed nor ours to
+     * count. */
+    int imported = o->kind == WK_ALLOC_IMPORTED;
+    if (!imported)
+        wk_quota_zero_range(w, id, o->size); /* a share's memory goes back as zeros (quota.c) */
     CUresult rc = w->drv.cuMemUnmap(id, o->size);
     if (rc != CUDA_SUCCESS)
         wk_warn("unmapping 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
     rc = w->drv.cuMemRelease(o->mem);
     if (rc != CUDA_SUCCESS)
         wk_warn("releasing the memory at 0x%llx: %s", (unsigned long long)id, wk_err_name(w, rc));
-    w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
+    if (!imported)
+        w->stats.mem_used -= o->size < w->stats.mem_used ? o->size : w->stats.mem_used;
     /* Only a range that is really unmapped may be handed out again. */
     if (w->va_reserved && wk_vm_free(&w->vm, id, o->size) != 0)
         wk_error("out of memory: %llu bytes of the VA window are lost",
@@ -75,6 +80,14 @@ static CUresult alloc_mapped(struct worker *w, uint64_t size, uint64_t *dptr, ui
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = d == 0 ? w->dev : w->devs[d];
+    /* Exportable (cuIpcGetMemHandle, h_ipc.c) where the device can: an allocation that asks for
+     * a handle type the device lacks would fail. */
+    int posix_fd = 0;
+    if (DRV(w, cuDeviceGetAttribute, &posix_fd,
+            (CUdevice_attribute)103 /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */,
+            prop.location.id) == CUDA_SUCCESS &&
+        posix_fd)
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     CUmemGenericAllocationHandle h = 0;
     CUresult rc = w->drv.cuMemCreate(&h, len, &prop, 0);
     if (rc != CUDA_SUCCESS)

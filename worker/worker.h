@@ -98,11 +98,14 @@ struct wk_obj {
     void *h; /* CUcontext, CUstream, CUevent, CUmodule/CUlibrary, CUfunction/CUkernel */
     uint64_t
         owner;     /* context id (streams, events, modules, allocations) or module id (functions) */
-    uint32_t kind; /* modules: 0 module, 1 library; functions: 0 function, 1 kernel */
+    uint32_t kind; /* modules: 0 module, 1 library; functions: 0 function, 1 kernel;
+                    * allocations: 0 own, WK_ALLOC_IMPORTED (another worker's, h_ipc.c) */
     uint64_t size; /* allocations: mapped bytes */
     CUmemGenericAllocationHandle mem; /* allocations: the physical memory handle */
     char name[];                      /* functions: kernel name (for messages) */
 };
+
+#define WK_ALLOC_IMPORTED 1u /* wk_obj.kind of an allocation mapped by cuIpcOpenMemHandle */
 
 /* Two staging buffers for large copies (h_copy.c). */
 struct staging {
@@ -577,6 +580,9 @@ void wk_detach_adopted(struct worker *w);
 /* control_session.c: worker_ended with the counters; an adoptable session writes it to its end
  * record first (wk_adopt_write_end), for a daemon that goes before it records it. */
 void wk_ctl_send_end(struct worker *w);
+/* A control message (n bytes of buf, received during a session) other than an answer that a
+ * handler waits for (h_ipc.c): worker_end, idle detach. 0: carry on; -1: the session stops. */
+int wk_ctl_on_message(struct worker *w, const uint8_t *buf, ssize_t n, int truncated);
 /* The counters of worker_stats, worker_ended and worker_adopted; lat holds the latency counts
  * (little-endian) that c->latency_counts points at. */
 void wk_ctl_counters(struct worker *w, gp_worker_counters *c, uint8_t lat[8 * WK_LAT_BUCKETS]);
