@@ -55,7 +55,7 @@ from gpupoold.http.routes import setup_routes
 from gpupoold.paths import CHECKPOINT_NAME, SCRUB_NAME, SIM_LIB_NAME, WORKER_NAME, candidates, find_native
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import Checkpointer
-from gpupoold.pool.events import EventBus
+from gpupoold.pool.events import EventBus, LeaseEnded
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.membership import Membership
 from gpupoold.pool.usage_recorder import UsageRecorder
@@ -64,6 +64,7 @@ from gpupoold.remoting.listener import RemotingListener
 from gpupoold.store.database import ServerRegistration, Store
 from gpupoold.store.notify import Notifications
 from gpupoold.tls import TlsSettingError, remoting_identity
+from gpupoold.workers.ipc_broker import IpcBroker
 from gpupoold.workers.state_dir import WorkerDir
 from gpupoold.workers.supervisor import WorkerSupervisor, WorkerTls
 
@@ -253,11 +254,18 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
                           shared_store=app[STORE].path is None)
     app[LEASES] = leases
     app[VIEWS] = PoolViews(leases)
+    # CUDA IPC between the workers of one job (issue 37): same token only, ends with the lease.
+    broker = IpcBroker(lambda lease_id: le.token if (le := leases.pool.lease(lease_id)) else None)
+    stop_ipc = app[EVENTS].subscribe(LeaseEnded, lambda ev: broker.lease_ended(ev.lease_id))
+    app[SUPERVISOR].ipc = broker
     await leases.start()
     try:
         yield
     finally:
         await leases.close(settings.stop_grace)
+        app[SUPERVISOR].ipc = None
+        stop_ipc()
+        broker.close()
         inventory = app[INVENTORY]
         if any(gpu.simulated for gpu in inventory.gpus):
             # A clean stop: the simulated GPUs' memory files go, except those of GPUs whose

@@ -14,16 +14,25 @@ keeps and closes those of a session when the session ends (an importer that alre
 memory keeps its mapping: the driver holds the memory until its last mapping goes).
 
 Everything here runs on the event loop and does no blocking call (dup and close of an fd only).
+`answer` turns a worker's control message into the broker's call and the message back
+(gpupoold/workers/supervisor.py calls it); the daemon makes the broker and ends a lease's
+exports when the lease ends (gpupoold/app.py).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import gpupool_protocol as gp
+
+log = logging.getLogger(__name__)
 
 # CUresult values the workers pass on to the program (the driver's, cudaapi/gp_cuda.h).
 CUDA_ERROR_INVALID_VALUE = 1
@@ -170,7 +179,57 @@ class IpcBroker:
         importers.discard(session_id)
         return importers
 
+    def lease_ended(self, lease_id: int) -> None:
+        """session_ended for the daemon's LeaseEnded (gpupoold/app.py subscribes it)."""
+        importers = self.session_ended(lease_id)
+        if importers:
+            # docs/multi-gpu.md, "Open point": they may still map memory of the ended lease.
+            log.info("lease %d ended while leases %s map its CUDA IPC memory", lease_id,
+                     ", ".join(str(i) for i in sorted(importers)))
+
     def close(self) -> None:
         """Close every fd (the daemon stops)."""
         for session_id in list(self._by_session):
             self.session_ended(session_id)
+
+
+CUDA_ERROR_NOT_SUPPORTED = 801
+_NO_BROKER = ("CUDA IPC is not available on this server (gpupoold runs without its IPC broker)")
+
+
+def answer(broker: IpcBroker | None, session_id: int | None, ev: Any,
+           fds: list[int]) -> tuple[Any, int | None]:
+    """The answer to a worker's worker_ipc_export or worker_ipc_open (`ev`, with the fds that
+    came with it, which this takes over) for the worker serving `session_id`: the message to
+    send back and the fd to send with it (the caller closes it once sent), or None.
+    The session is the one gpupoold assigned to that worker, not what the message claims."""
+    fd = fds.pop(0) if len(fds) == 1 else None
+    for extra in fds:
+        os.close(extra)
+    fds.clear()
+    code, error = 0, ""
+    try:
+        if broker is None:
+            raise IpcRefused(CUDA_ERROR_NOT_SUPPORTED, _NO_BROKER)
+        if session_id is None or ev.session_id != session_id:
+            raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                             f"the worker asked for session {ev.session_id}, which it does not "
+                             "serve")
+        if isinstance(ev, gp.WorkerIpcExport):
+            if fd is None:
+                raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
+                                 "the worker's export came without its memory")
+            handle = broker.export(session_id, fd, ev.size, ev.offset)
+            fd = None  # the broker owns it now
+            return gp.WorkerIpcExported(session_id=ev.session_id, handle=handle.pack()), None
+        opened, size = broker.open(session_id, IpcHandle.unpack(ev.handle))
+        return gp.WorkerIpcOpened(session_id=ev.session_id, size=size), opened
+    except IpcRefused as exc:
+        code, error = exc.code, exc.message
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if isinstance(ev, gp.WorkerIpcExport):
+        return gp.WorkerIpcExported(session_id=ev.session_id, code=code, error=error), None
+    return gp.WorkerIpcOpened(session_id=ev.session_id, code=code, error=error), None
+

@@ -45,7 +45,7 @@ import gpupool_protocol as gp
 from gpupoold.gpu.environment import driver_environment, with_jit_cache
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import journal_fields, printable
-from gpupoold.workers import control
+from gpupoold.workers import control, ipc_broker
 from gpupoold.workers.process import WorkerProcess
 from gpupoold.workers.state_dir import WorkerDir
 
@@ -68,6 +68,7 @@ END_TEXT_LIMIT = 2047  # bytes of worker_end's text (the spec's string:2047)
 ADOPT_NOTICE_EVERY = 10.0  # seconds between log lines while a busy worker has not answered
 RETIRE_GRACE = 10.0  # seconds an unadoptable worker has to end after END, before SIGKILL
 CONTROL_RECV = 65536  # worker events are under 4 KiB
+CONTROL_FDS = 4  # descriptors taken with one control message (a worker sends at most one)
 DRAIN_TIMEOUT = 5.0  # seconds to read what an exited worker left in its pipes
 
 
@@ -409,26 +410,69 @@ class Worker:
         self._supervisor._tasks.add(supervise)
         supervise.add_done_callback(self._supervisor._tasks.discard)
 
-    async def _read_control(self) -> None:
+    async def _recv_control(self) -> tuple[bytes, list[int]]:
+        """One control message and the descriptors that came with it (CUDA IPC's exports)."""
         loop = asyncio.get_running_loop()
         while True:
             try:
-                data = await loop.sock_recv(self._sock, CONTROL_RECV)
+                data, fds, _, _ = socket.recv_fds(self._sock, CONTROL_RECV, CONTROL_FDS,
+                                                  socket.MSG_CMSG_CLOEXEC)
+                return data, fds
+            except (BlockingIOError, InterruptedError):
+                pass
+            readable: asyncio.Future[None] = loop.create_future()
+            fd = self._sock.fileno()
+            loop.add_reader(fd, _set_once, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+
+    async def _read_control(self) -> None:
+        while True:
+            try:
+                data, fds = await self._recv_control()
             except OSError as exc:
                 log.info("%s control socket of worker pid %d: %s", self.label, self.pid, exc)
                 return
             if not data:
+                _close_fds(fds)
                 return
             try:
                 ev = control.decode(data)
             except gp.ProtocolError as exc:
+                _close_fds(fds)
                 log.warning("%s worker pid %d sent an unreadable control message (%s): %r",
                             self.label, self.pid, exc, data[:200])
                 continue
+            if isinstance(ev, (gp.WorkerIpcExport, gp.WorkerIpcOpen)):
+                await self._answer_ipc(ev, fds)
+                continue
+            _close_fds(fds)
             try:
                 self._on_event(ev)
             except Exception:  # an odd event costs that event, never the daemon
                 log.exception("%s worker pid %d: cannot handle %r", self.label, self.pid, ev)
+
+    async def _answer_ipc(self, ev: Any, fds: list[int]) -> None:
+        """A program's cuIpcGetMemHandle / cuIpcOpenMemHandle (issue 37): the broker answers,
+        the worker waits for it."""
+        fd: int | None = None
+        try:
+            msg, fd = ipc_broker.answer(self._supervisor.ipc, self.session_id, ev, fds)
+            if msg.code:
+                log.info("%s worker pid %d: CUDA IPC refused: %s", self.label, self.pid,
+                         msg.error)
+            await self._send(control.encode(msg), [fd] if fd is not None else [])
+        except OSError as exc:
+            log.info("%s worker pid %d: answering a CUDA IPC request: %s", self.label, self.pid,
+                     exc)
+        except Exception:  # an odd request costs that request, never the daemon
+            log.exception("%s worker pid %d: cannot answer %r", self.label, self.pid, ev)
+        finally:
+            _close_fds(fds)
+            if fd is not None:
+                os.close(fd)
 
     def _on_event(self, ev: Any) -> None:
         if isinstance(ev, gp.WorkerReady):
@@ -594,6 +638,13 @@ class Worker:
         return WorkerExit("worker crashed", detail, code, self.stats)
 
 
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
 def _set_once(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -638,6 +689,9 @@ class WorkerSupervisor:
         self.adopt_dir = workers_dir.path if workers_dir is not None else None
         self.orphan_grace = orphan_grace
         self.on_stats = on_stats
+        # CUDA IPC between the workers of one job (issue 37): set by the daemon once the pool
+        # exists (gpupoold/app.py); None: the workers' IPC requests are refused.
+        self.ipc: ipc_broker.IpcBroker | None = None
         self._workers: set[Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
