@@ -13,9 +13,10 @@ from test_leases import GIB, client, lease_on, make_gpu, mgr, settle  # noqa: F4
 
 from gpupoold.gpu.checkpoint import CheckpointResult
 from gpupoold.gpu.inventory import Gpu
+from gpupoold.pool.detach import in_program_order
 from gpupoold.pool.leases import FREE
 from gpupoold.pool.requirements import Requirements
-from gpupoold.pool.slots import ATTACHED, DETACHED
+from gpupoold.pool.slots import ATTACHED, DETACHED, Slot
 
 
 class FakeCheckpointer:
@@ -205,3 +206,39 @@ def test_the_dashboard_says_where_a_lease_is() -> None:
     assert detach_text({"state": "attached", "detaches": 3, "detached_s": 9,
                         "keep_gpu": "the checkpoint failed: x"}) == \
         "attached (3x detached, 9s in all); keeps its GPU: the checkpoint failed: x"
+
+
+async def test_a_lease_of_two_gpus_leaves_both_and_comes_back_on_two_others_every_gpu_paired(
+        mgr: Any) -> None:  # noqa: F811
+    m = await detaching(mgr, 4, detach_policy="always")
+    w = m.enqueue(Requirements(gpus=2), "alice", client(1))
+    lease = await m.begin(w, await asyncio.wait_for(w.future, 3), b"hello", 1, -1)
+    assert lease.gpu_indexes() == [0, 1] and lease.keep_gpu is None
+    await until("detached", lambda: lease.state == DETACHED)
+    assert lease.slot is None and lease.other_slots == [] and lease.homes == [
+        m.slots[0].gpu, m.slots[1].gpu]
+    await until("GPUs 0 and 1 free", lambda: m.slots[0].state == FREE and m.slots[1].state == FREE)
+    assert sorted(m.cleaner.cleaned[-2:]) == [0, 1]  # both scrubbed, as after a lease
+    assert m.pool.held("alice") == 2  # the detached lease keeps its place for both
+    w2 = m.enqueue(Requirements(gpus=2), "bob", client(2))
+    other = await m.begin(w2, await asyncio.wait_for(w2.future, 3), b"hello", 1, -1)
+    other.keep_gpu = "test: stays"
+    assert other.gpu_indexes() == [0, 1]
+    lease.worker.wants_gpu.set()
+    await until("attached", lambda: lease.state == ATTACHED)
+    assert lease.gpu_indexes() == [2, 3]
+    assert all(s.lease is lease and s.task is lease.watcher for s in m.slots[2:])
+    uuid = [s.gpu.uuid for s in m.slots]
+    moves = ((uuid[0], uuid[2]), (uuid[1], uuid[3]))
+    assert m.detacher.checkpointer.calls[-1] == ("attach", 2, lease.worker.pid, moves)
+    assert lease.worker.told[-1] == ("attached", uuid[2], "True")
+    assert m.store.events[lease.id][-1][0] == "attached"
+
+
+def test_a_returning_lease_of_several_keeps_the_gpus_it_got_back_in_place() -> None:
+    gpus = [make_gpu(i) for i in range(4)]
+    slots = [Slot(g) for g in gpus]
+    # It left GPUs 0 and 1 and got 3 and 0 back (the queue's order): GPU 0 stays device 0.
+    assert in_program_order(gpus[:2], [slots[3], slots[0]]) == [slots[0], slots[3]]
+    assert in_program_order(gpus[:2], [slots[2], slots[3]]) == [slots[2], slots[3]]
+    assert in_program_order(gpus[:1], [slots[1]]) == [slots[1]]

@@ -279,7 +279,7 @@ async def test_a_lease_detaches_and_attaches_on_another_gpu() -> None:
     pool.park(lease, 4096)
     assert lease.state == DETACHING and lease.saved_bytes == 4096 and lease.slot is home
     left = pool.detach(lease, 0.25)
-    assert left is home and home.lease is None and lease.slot is None and lease.home is home.gpu
+    assert left == [home] and home.lease is None and lease.slot is None and lease.home is home.gpu
     assert (lease.state, lease.detaches) == (DETACHED, 1)
     assert LeaseDetached(lease.id, 0, 4096, 0.25) in rec.seen
     assert pool.active() == [lease]  # detached, still active

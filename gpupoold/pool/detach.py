@@ -160,6 +160,12 @@ class IdleDetacher:
             lease.keep_gpu = self.unsupported[slot.gpu.driver]
             self.pool.changed(slot)
             return False
+        if not all(same_model(slot.gpu, s.gpu) for s in lease.other_slots):
+            # It comes back on GPUs of its device 0's model (the restore wants the same chip
+            # for every GPU it pairs).
+            lease.keep_gpu = "its GPUs are not all of one model"
+            self.pool.changed(slot)
+            return False
         return self._why_not_now(lease, slot, 0) is None
 
     def _why_not_now(self, lease: Lease, slot: Slot, mem: int) -> str | None:
@@ -169,7 +175,7 @@ class IdleDetacher:
         # max_gpus_per_token holds back would not get it (a detached lease still counts for its
         # token), so a detach for it would only hand its token one more GPU through the back door.
         if self.settings.detach_policy == "when-queued" and self.queue.first(
-                lambda w: w.accepts(slot.gpu) and w.returning != lease.id
+                lambda w: any(w.accepts(s.gpu) for s in lease.slots()) and w.returning != lease.id
                 and self._may_take(w)) is None:
             return "nobody waits for its GPU who may take it"
         limit = self.memory_limit()
@@ -244,15 +250,17 @@ class IdleDetacher:
             await worker.tell_attached(slot.gpu, False)
             self.pool.changed(slot)  # why it keeps its GPU
             return False
-        # Detached: the GPU leaves the lease, is scrubbed (recorded as the lease's scrub: its
-        # last use by this lease, unless it comes back) and goes to the queue.
-        self.pool.detach(lease, res.seconds)
+        # Detached: the GPUs leave the lease (every one of a lease of several), are scrubbed
+        # (recorded as the lease's scrub: its last use by this lease, unless it comes back) and
+        # go to the queue.
+        left = self.pool.detach(lease, res.seconds)
         await worker.tell_detached()
-        self._scrub(slot, [lease.id], f"detach-scrub-{slot.gpu.index}")
+        for s in left:
+            self._scrub(s, [lease.id], f"detach-scrub-{s.gpu.index}")
         idle_s = answer.idle_ms / 1000
-        log.info("lease %d detached from GPU %d after %.1f s idle: %d bytes of device memory "
-                 "saved in %.3f s", lease.id, slot.gpu.index, idle_s, answer.mem_used,
-                 res.seconds, extra=journal_fields(lease.id, slot.gpu.index))
+        log.info("lease %d detached from GPU %s after %.1f s idle: %d bytes of device memory "
+                 "saved in %.3f s", lease.id, ", ".join(str(s.gpu.index) for s in left), idle_s,
+                 answer.mem_used, res.seconds, extra=journal_fields(lease.id, slot.gpu.index))
         self.counters.inc("detaches")
         await self._record(lease, DETACHED, slot.gpu.index,
                            f"idle {idle_s:.1f} s, {answer.mem_used} bytes saved in "
@@ -275,35 +283,45 @@ class IdleDetacher:
         assert home is not None
         w = self.queue.join(lease.req, lease.token, lease.client, returning=lease.id,
                             only=lambda g: same_model(home, g))
-        self._seat(w, next((s for s in self.pool.slots if s.gpu.uuid == home.uuid), None))
+        homes = lease.homes or [home]
+        # One GPU: straight back onto the one it left when it can; several: the queue's grant
+        # of as many at once (all or nothing, pool/leases.py), its own ones kept in place below.
+        self._seat(w, next((s for s in self.pool.slots if s.gpu.uuid == home.uuid), None)
+                   if len(homes) == 1 else None)
         done, _ = await asyncio.wait([w.future, worker.exited], return_when=asyncio.FIRST_COMPLETED)
         if w.future not in done or w.future.cancelled() or w.future.exception() is not None:
             self._abandon(w)
             return
-        slot: Slot = w.future.result()
-        moved = slot.gpu.uuid != home.uuid
-        moves = ((home.uuid, slot.gpu.uuid),) if moved else ()
+        granted = in_program_order(homes, w.granted or [w.future.result()])
+        slot, others = granted[0], granted[1:]
+        moved = any(s.gpu.uuid != h.uuid for s, h in zip(granted, homes, strict=True))
+        # Every GPU paired when one moves (the driver wants every checkpointed GPU named).
+        moves = (tuple((h.uuid, s.gpu.uuid) for s, h in zip(granted, homes, strict=True))
+                 if moved else ())
         res = await self.checkpointer.attach(slot.gpu, worker.pid, moves)
         if not res.ok:
-            why = f"its state could not be restored on GPU {slot.gpu.index}: {res.error}"
+            on = ", ".join(str(s.gpu.index) for s in granted)
+            why = f"its state could not be restored on GPU {on}: {res.error}"
             log.error("lease %d: %s; ending it", lease.id, why,
                       extra=journal_fields(lease.id, slot.gpu.index))
             lease.end_override = lease.end_override or ("worker error", why)
             worker.kill()
-            self._scrub(slot, [], f"attach-scrub-{slot.gpu.index}")  # (its grant ends there)
+            for s in granted:  # (its grant ends there)
+                self._scrub(s, [], f"attach-scrub-{s.gpu.index}")
             return
         # Its latency ends here: telling the worker to serve again is one control message.
         latency = time.monotonic() - asked
-        saved = self.pool.attach(lease, slot, detached_for, latency)
+        saved = self.pool.attach(lease, slot, detached_for, latency, others)
         lease.next_try = time.monotonic() + self.settings.idle_detach_after
         await worker.tell_attached(slot.gpu, moved)
-        log.info("lease %d attached again on GPU %d%s, %.3f s after its client called (%d bytes "
-                 "restored)", lease.id, slot.gpu.index,
-                 f" (moved from GPU {home.index})" if moved else "", latency, saved,
+        gone = ", ".join(str(h.index) for h in homes)
+        log.info("lease %d attached again on GPU %s%s, %.3f s after its client called (%d bytes "
+                 "restored)", lease.id, ", ".join(str(s.gpu.index) for s in granted),
+                 f" (moved from GPU {gone})" if moved else "", latency, saved,
                  extra=journal_fields(lease.id, slot.gpu.index))
         self.counters.inc("reattaches", moved="yes" if moved else "no")
         await self._record(lease, ATTACHED, slot.gpu.index,
-                           (f"moved from GPU {home.index}, " if moved else "") +
+                           (f"moved from GPU {gone}, " if moved else "") +
                            f"{latency * 1000:.1f} ms after the call, {detached_for:.1f} s detached")
 
     async def _record(self, lease: Lease, state: str, gpu: int, detail: str) -> None:
@@ -312,6 +330,16 @@ class IdleDetacher:
                                            lease.detaches, lease.detached_s)
         except Exception:
             log.exception("lease %d: recording its %s state failed", lease.id, state)
+
+
+def in_program_order(homes: list[Gpu], granted: list[Slot]) -> list[Slot]:
+    """The GPUs granted to a returning lease of len(homes) GPUs, in its program's device order:
+    a GPU it left and got back keeps its ordinal (nothing moves there), the others take the
+    remaining ordinals in the order granted."""
+    by_uuid = {s.gpu.uuid: s for s in granted}
+    placed: list[Slot | None] = [by_uuid.get(h.uuid) for h in homes]
+    rest = iter(s for s in granted if s not in placed)
+    return [s if s is not None else next(rest) for s in placed]
 
 
 def detach_view(lease: Lease) -> dict[str, Any]:

@@ -64,9 +64,6 @@ log = logging.getLogger("gpupoold.leases")
 START_TIMEOUT = 30.0  # seconds a worker has to answer a handed-over hello
 END_GRACE = 10.0  # seconds a worker told to end a lease has before SIGKILL
 PRESTART_RETRY = 5.0  # seconds before a failed pre-start is tried again
-# Why a lease of several GPUs keeps them while idle: the checkpoint and restore of all its GPUs
-# as a pair is not built (docs/architecture.md, "Known limits").
-SEVERAL_GPUS_STAY = "a lease of several GPUs does not detach yet"
 
 
 class LeaseError(Exception):
@@ -258,7 +255,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
         # is not known).
         kept = [lease for lease in self.pool.active()
                 if lease.worker.adoptable and not lease.worker.exited.done()
-                and not lease.worker.reported_end and not lease.other_slots and (
+                and not lease.worker.reported_end and not lease.other_slots
+                and len(lease.homes) <= 1 and (
                     (lease.state == ATTACHED and lease.cycle is None and lease.slot is not None)
                     or (lease.state in (DETACHED, ATTACHING) and lease.slot is None
                         and not self._seated(lease)))]
@@ -588,7 +586,7 @@ class LeaseManager(PreviousLeases, SharedGpus):
             for s in (slot, *others):
                 self._release_unused(s)
             raise
-        keep = _keeps_gpu(hello_body) if not others else SEVERAL_GPUS_STAY
+        keep = _keeps_gpu(hello_body)
         lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
                       worker=worker, queued_s=w.waited(), keep_gpu=keep)
         self.counters.inc("leases_started")

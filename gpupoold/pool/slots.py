@@ -47,12 +47,14 @@ class Lease:
     cycle: asyncio.Task[Any] | None = None  # the detach cycle running, if any
     next_try: float = 0.0  # time.monotonic() before which no detach is tried again
     home: Gpu | None = None  # the GPU it was detached from (the model its state needs)
+    homes: list[Gpu] = field(default_factory=list)  # every GPU it left, program order
     detaches: int = 0
     detached_s: float = 0.0  # total time detached, the current detach not included
     saved_bytes: int = 0  # device memory held in host memory while detached
     # A lease of several GPUs (GPUPOOL_GPUS, issue 37): its GPUs after `slot`, in the order its
     # program sees them (`slot` is device 0, whose worker serves the client). Each of them holds
-    # the lease (`Slot.lease`) as `slot` does; such a lease never detaches (`keep_gpu`).
+    # the lease (`Slot.lease`) as `slot` does; it detaches from all of them at once and comes
+    # back on as many (pool/detach.py).
     other_slots: list[Slot] = field(default_factory=list)
 
     def slots(self) -> list[Slot]:

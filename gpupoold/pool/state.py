@@ -164,7 +164,8 @@ class PoolState:
 
         on_gpus = sum(1 for s in self.slots if (s.holder() == token or any(
             x.token == token for x in (*s.shares, *s.share_grants))) and not its_own(s))
-        return on_gpus + sum(1 for le in self.away() if le.token == token and le.id != but)
+        return on_gpus + sum(max(1, len(le.homes)) for le in self.away()  # all of its GPUs
+                             if le.token == token and le.id != but)
 
     # ---------------------------------------------------------------------------- the checks
     def _check(self, name: str, slot: Slot) -> None:
@@ -475,22 +476,26 @@ class PoolState:
         self._move_lease(lease, ATTACHED)
         self.changed(lease.slot)
 
-    def detach(self, lease: Lease, seconds: float) -> Slot:
-        """Checkpointed in `seconds`: the lease leaves its GPU (returned; scrubbed next) and keeps
-        its memory in host memory."""
+    def detach(self, lease: Lease, seconds: float) -> list[Slot]:
+        """Checkpointed in `seconds`: the lease leaves its GPUs (returned, program order; scrubbed
+        next), all of them at once for a lease of several, and keeps its memory in host memory."""
         self._check_lease("detach", lease)
-        slot = lease.slot
-        if slot is None or slot.lease is not lease or slot.state != LEASED:
-            raise TransitionError(f"lease {lease.id}: no detach: it is not on a leased GPU")
-        lease.home = slot.gpu
+        slots = lease.slots()
+        if not slots or any(s.lease is not lease or s.state != LEASED for s in slots):
+            raise TransitionError(f"lease {lease.id}: no detach: it is not on leased GPUs")
+        lease.home = slots[0].gpu
+        lease.homes = [s.gpu for s in slots]
         self._move_lease(lease, DETACHED)
         lease.detaches += 1
         lease.not_now = ""
-        slot.lease = None
+        for s in slots:
+            s.lease = None
         lease.slot = None
-        self.events.publish(LeaseDetached(lease.id, slot.gpu.index, lease.saved_bytes, seconds))
-        self.changed(slot)
-        return slot
+        lease.other_slots = []
+        self.events.publish(LeaseDetached(lease.id, slots[0].gpu.index, lease.saved_bytes, seconds))
+        for s in slots:
+            self.changed(s)
+        return slots
 
     def recall(self, lease: Lease) -> float:
         """Its client called again: it waits for a GPU. Returns how long it was detached."""
@@ -500,21 +505,27 @@ class PoolState:
         self.changed(None)
         return detached_for
 
-    def attach(self, lease: Lease, slot: Slot, detached_for: float, latency_s: float) -> int:
-        """Restored on granted `slot`, `latency_s` after its client called, after `detached_for`
-        seconds detached: on a GPU again. Returns the bytes it had saved."""
+    def attach(self, lease: Lease, slot: Slot, detached_for: float, latency_s: float,
+               others: Sequence[Slot] = ()) -> int:
+        """Restored on granted `slot` (and, a lease of several GPUs, `others`, program order),
+        `latency_s` after its client called, after `detached_for` seconds detached: on its GPUs
+        again. Returns the bytes it had saved."""
         self._check_lease("attach", lease)
-        self._require("attach", slot, slot.state == LEASED and slot.lease is None
-                      and slot.reserved is not None and slot.reserved.returning == lease.id,
-                      f"it is {slot.state}, not granted to lease {lease.id}")
+        for s in (slot, *others):
+            self._require("attach", s, s.state == LEASED and s.lease is None
+                          and s.reserved is not None and s.reserved.returning == lease.id,
+                          f"it is {s.state}, not granted to lease {lease.id}")
         moved = lease.home is not None and slot.gpu.uuid != lease.home.uuid
-        slot.reserved = None
-        slot.lease = lease
+        for s in (slot, *others):
+            s.reserved = None
+            s.lease = lease
+            s.task = lease.watcher
         lease.slot = slot
-        slot.task = lease.watcher
+        lease.other_slots = list(others)
         lease.detached_s += detached_for
         saved, lease.saved_bytes = lease.saved_bytes, 0
         self._move_lease(lease, ATTACHED)
         self.events.publish(LeaseAttached(lease.id, slot.gpu.index, moved, latency_s, saved))
-        self.changed(slot)
+        for s in (slot, *others):
+            self.changed(s)
         return saved
