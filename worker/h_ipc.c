@@ -117,8 +117,9 @@ static CUresult no_daemon(const struct worker *w, char *err, size_t errlen)
 {
     if (w->ctl.fd >= 0 && !w->ctl.gone && w->ctl.in_session)
         return CUDA_SUCCESS;
-    snprintf(err, errlen, "CUDA IPC needs gpupoold, and this session has none now (it was "
-                          "started by hand or its daemon is gone)");
+    snprintf(err, errlen,
+             "CUDA IPC needs gpupoold, and this session has none now (it was "
+             "started by hand or its daemon is gone)");
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
@@ -139,13 +140,14 @@ static CUresult get_handle(struct worker *w, uint64_t dptr, uint8_t handle[64], 
     rc = DRV(w, cuMemExportToShareableHandle, &fd, o->mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
              0);
     if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "the server's driver cannot export this allocation (%s): its GPU "
-                              "or driver does not support POSIX file descriptor handles",
+        snprintf(err, errlen,
+                 "the server's driver cannot export this allocation (%s): its GPU "
+                 "or driver does not support POSIX file descriptor handles",
                  wk_err_name(w, rc));
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    gp_worker_ipc_export m = {.session_id = w->ctl.session_id, .size = o->size,
-                              .offset = dptr - base};
+    gp_worker_ipc_export m = {
+        .session_id = w->ctl.session_id, .size = o->size, .offset = dptr - base};
     int sent = send_with_fd(w, WK_CTL_ENCODE(w, worker_ipc_export, &m), fd);
     if (close(fd) != 0)
         wk_warn("close: %s", strerror(errno));

@@ -167,6 +167,7 @@ typedef struct gp_range {
 } gp_range;
 /* Range flags for device kinds (gp_range.flags). */
 #define GP_RANGE_F_ASYNC 0x1u /* from cuMemAllocAsync / cuMemAllocFromPoolAsync */
+#define GP_RANGE_F_IPC 0x400u /* cuIpcOpenMemHandle's mapping: cuIpcCloseMemHandle ends it */
 /* 0, or -1 if it overlaps (or size is 0). buffer_id 0 gets a fresh unique id. */
 int gp_vamap_add(const gp_range *r);
 int gp_vamap_remove(uint64_t base, gp_range *out); /* 0 and the removed range, or -1 */

@@ -13,7 +13,8 @@ import gpupool_protocol as gp
 FROM_WORKER: tuple[type, ...] = (gp.WorkerReady, gp.WorkerFailed, gp.WorkerStarted,
                                  gp.WorkerRefused, gp.WorkerStats, gp.WorkerEnded,
                                  gp.WorkerAdopted, gp.WorkerAdoptRefused, gp.WorkerDetachOk,
-                                 gp.WorkerDetachNo, gp.WorkerWantsGpu)
+                                 gp.WorkerDetachNo, gp.WorkerWantsGpu, gp.WorkerIpcExport,
+                                 gp.WorkerIpcOpen)
 CONTROL_VERSIONS = frozenset({gp.GP_WORKER_CONTROL_VERSION})  # what this gpupoold can follow
 
 

@@ -61,3 +61,10 @@ TEST_BINS += $(BUILD)/tests/multi_gpu
 $(BUILD)/tests/multi_gpu: $(BUILD)/obj/tests/c/multi_gpu.o $(BUILD)/client/libcuda.so.1
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'
+
+# Two processes of one job sharing device memory through CUDA IPC (issue 37, item 4):
+# tests/c/ipc_share.c, run by tests/test_e2e_ipc.py.
+TEST_BINS += $(BUILD)/tests/ipc_share
+$(BUILD)/tests/ipc_share: $(BUILD)/obj/tests/c/ipc_share.o $(BUILD)/client/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'

@@ -1,0 +1,59 @@
+"""End to end (issue 37, item 4; acceptance 'two processes on one server exchange a buffer
+through CUDA IPC'): gpupoold on 2 simulated GPUs, one GPU per process. Process A fills a buffer
+and writes its cuIpcGetMemHandle bytes to a file; process B of the same token opens the handle
+on its own GPU's worker, reads the buffer bit-exact and writes another pattern, which A then reads
+bit-exact; a process of another token gets CUDA_ERROR_INVALID_VALUE with the broker's words and no
+pointer (tests/c/ipc_share.c). The memory goes worker to gpupoold to worker (docs/multi-gpu.md,
+"CUDA IPC between the workers of one job")."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import GpupoolServer, wait_until
+
+SIZE = 1 << 20 | 4093  # more than one page, not a multiple of the granularity
+
+
+def test_two_processes_of_one_job_share_a_buffer(
+        native_build: Path, start_daemon: Callable[..., GpupoolServer], tmp_path: Path) -> None:
+    exe = native_build / "tests" / "ipc_share"
+    assert exe.is_file(), f"{exe} not built"
+    server = start_daemon(build_dir=native_build, simulated=2)
+    wait_until("2 free GPUs", lambda: [g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]]
+               == ["free"] * 2)
+    handle = tmp_path / "handle"
+    env = server.client_env()
+    exporter = subprocess.Popen([str(exe), "export", str(handle), str(SIZE)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        assert exporter.stdout is not None and exporter.stdin is not None
+        first = exporter.stdout.readline()
+        assert first.strip() == "READY", first + exporter.stdout.read() + (
+            exporter.stderr.read() if exporter.stderr else "")
+        assert handle.stat().st_size == 64
+
+        imp = subprocess.run([str(exe), "import", str(handle), str(SIZE)], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert imp.returncode == 0 and "PASS ipc_share import" in imp.stdout, (
+            imp.stdout + imp.stderr)
+
+        other = server.create_token("ipc-stranger")
+        stranger = subprocess.run([str(exe), "stranger", str(handle), str(SIZE)],
+                                  env={**env, "GPUPOOL_TOKEN": other},
+                                  capture_output=True, text=True, timeout=60)
+        assert stranger.returncode == 0 and "PASS ipc_share stranger" in stranger.stdout, (
+            stranger.stdout + stranger.stderr)
+        assert "not one of this job's open handles" in stranger.stderr, stranger.stderr
+
+        out, err = exporter.communicate("check\n", timeout=60)
+        assert exporter.returncode == 0 and "PASS ipc_share export" in out, out + err
+    finally:
+        if exporter.poll() is None:
+            exporter.kill()
+            exporter.wait()
+    wait_until("both GPUs scrubbed and free", lambda: [
+        g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]] == ["free"] * 2)
