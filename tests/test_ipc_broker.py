@@ -7,15 +7,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import gpupool_protocol as gp
 import pytest
 
 from gpupoold.workers.ipc_broker import (
     CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_OUT_OF_MEMORY,
     HANDLE_SIZE,
     IpcBroker,
     IpcHandle,
     IpcRefused,
+    answer,
 )
 
 TOKENS = {1: "job-a", 2: "job-a", 3: "job-b"}  # sessions 1 and 2 are one job's processes
@@ -106,4 +109,33 @@ def test_refused_exports_close_the_fd(tmp_path: Path) -> None:
     with pytest.raises(IpcRefused, match="not running"):
         broker.export(9, stranger, size=2 << 20)
     assert not is_open(stranger)
+    broker.close()
+
+
+def test_answer_turns_worker_messages_into_the_broker_calls(tmp_path: Path) -> None:
+    """ipc_broker.answer, as the supervisor calls it: the export's fd goes to the broker, the
+    open answers a dup of it to a worker of the same job; a worker that names another session
+    than the one it serves, or a daemon without a broker, is refused and the fd closed."""
+    broker = IpcBroker(TOKENS.get)
+    fd, ino = exported_file(tmp_path)
+    msg, out = answer(broker, 1, gp.WorkerIpcExport(session_id=1, size=2 << 20, offset=0), [fd])
+    assert isinstance(msg, gp.WorkerIpcExported) and msg.code == 0 and out is None
+    assert len(broker) == 1
+    msg2, got = answer(broker, 2, gp.WorkerIpcOpen(session_id=2, handle=msg.handle), [])
+    assert isinstance(msg2, gp.WorkerIpcOpened) and msg2.code == 0 and msg2.size == 2 << 20
+    assert got is not None
+    try:
+        assert os.fstat(got).st_ino == ino
+    finally:
+        os.close(got)
+    msg3, none = answer(broker, 3, gp.WorkerIpcOpen(session_id=3, handle=msg.handle), [])
+    assert msg3.code == CUDA_ERROR_INVALID_VALUE and none is None and "another token" in msg3.error
+
+    claimed, _ = exported_file(tmp_path, "claimed")
+    msg4, _ = answer(broker, 3, gp.WorkerIpcExport(session_id=1, size=2 << 20), [claimed])
+    assert msg4.code == CUDA_ERROR_INVALID_VALUE and not is_open(claimed) and len(broker) == 1
+
+    lonely, _ = exported_file(tmp_path, "lonely")
+    msg5, _ = answer(None, 1, gp.WorkerIpcExport(session_id=1, size=2 << 20), [lonely])
+    assert msg5.code == CUDA_ERROR_NOT_SUPPORTED and not is_open(lonely)
     broker.close()
