@@ -38,7 +38,7 @@ def test_a_lease_of_two_gpus_detaches_and_comes_back_on_two_others_bit_exact(
                ["state"] == "detached", timeout=30)
     wait_until("all GPUs free", lambda: gpu_states(server) == ["free"] * 4, timeout=30)
     # Another client takes GPUs 0 and 1 (the first free ones) and keeps them.
-    holder = start_client(server, hold_gpu, 16 * MIB, 8000, seed=9,
+    holder = start_client(server, hold_gpu, 16 * MIB, 60000, seed=9,
                           env={"GPUPOOL_GPUS": "2", "GPUPOOL_KEEP_GPU": "1"})
     clients.append(holder)
     assert holder.stdout is not None and "holding" in holder.stdout.readline()
@@ -49,10 +49,10 @@ def test_a_lease_of_two_gpus_detaches_and_comes_back_on_two_others_bit_exact(
         f"the tenant did not pass ({tenant.returncode}):\n{out}\n{err}\n"
         f"{server.log_text()[-6000:]}")
     rec = server.get_json(f"/api/v1/leases/{lease['id']}")
-    # (Under policy "always" it may detach again while it checks: later cycles stay on 2 and 3.)
+    # (Under policy "always" it may detach and come back again while it checks.)
     attached = [e for e in rec["events"] if e["state"] == "attached"]
-    assert attached and "moved from GPU 0, 1" in attached[0]["detail"], rec
-    assert all(e["gpu"] == 2 for e in attached), rec
+    assert attached and attached[0]["gpu"] == 2, rec
+    assert "moved from GPU 0, 1" in attached[0]["detail"], rec
     assert rec["detaches"] >= 1, rec
     server.wait_for_log(r"attached again on GPU 2, 3 \(moved from GPU 0, 1\)")
     holder.kill()
