@@ -617,6 +617,11 @@ async def test_create_token_defaults_and_never(api: Api) -> None:
                                      body={"name": "ops", "role": "admin", "expires": "never"})
     assert status == 201 and body["token"]["role"] == "admin"
     assert (await api.call("GET", "/api/v1/audit", body["secret"]))[0] == 200
+    assert body["token"]["weight"] == 1  # a share weight of 1 unless given (issue 32)
+    status, body, _ = await api.call("POST", "/api/v1/tokens", api.admin,
+                                     body={"name": "heavy", "weight": 3})
+    assert status == 201 and body["token"]["weight"] == 3
+    assert (await api.store.get_token("heavy")).weight == 3
 
 
 @pytest.mark.parametrize("body, status, needle", [
@@ -628,6 +633,8 @@ async def test_create_token_defaults_and_never(api: Api) -> None:
     ({"name": "ok", "expires": "soon"}, 400, "bad expiry 'soon'"),
     ({"name": "ok", "expires": 30}, 400, "'expires' must be a string"),
     ({"name": "ok", "secret": "mine"}, 400, "unknown field(s)"),
+    ({"name": "ok", "weight": 0}, 400, "bad weight 0"),
+    ({"name": "ok", "weight": "3"}, 400, 'bad weight "3"'),
     ({"name": "alice"}, 409, "already exists"),
 ])
 async def test_create_token_errors(api: Api, body: dict[str, Any], status: int,

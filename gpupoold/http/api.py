@@ -39,7 +39,7 @@ from gpupoold.pool.report import GROUPINGS, build_report
 from gpupoold.pool.report_sources import lease_facts, usage_of
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.database import LeaseFilter, NotFound, TokenExists
-from gpupoold.store.tokens import check_token_name, parse_expiry
+from gpupoold.store.tokens import WEIGHT_MAX, check_token_name, parse_expiry
 
 LEASE_STATES = ("active", "ended", "all")
 TOKEN_ROLES = ("user", "admin")
@@ -334,7 +334,7 @@ async def list_tokens(request: web.Request) -> web.Response:
 
 
 async def create_token(request: web.Request) -> web.Response:
-    body = await _body(request, ("name", "role", "expires"))
+    body = await _body(request, ("name", "role", "expires", "weight"))
     name = _str_field(body, "name")
     try:
         check_token_name(name)
@@ -354,8 +354,13 @@ async def create_token(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise ApiError(400, f"bad expiry {expires_text!r}: {exc}",
                        'use "never", a duration such as "30d" or "12h", or an ISO 8601 date') from None
+    weight = body.get("weight", 1)
+    if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= WEIGHT_MAX:
+        raise ApiError(400, f"bad weight {json.dumps(weight)}: a token's share weight is a whole "
+                       f"number from 1 to {WEIGHT_MAX}", "leave it out for 1, the default")
     try:
-        record, secret = await request.app[STORE].create_token(name, role, expires, _actor(request))
+        record, secret = await request.app[STORE].create_token(name, role, expires,
+                                                               _actor(request), weight)
     except TokenExists:
         raise ApiError(409, f"a token named {name!r} already exists",
                        "choose another name, or revoke the old token first "

@@ -525,22 +525,29 @@ def _shares(lm: LeaseManager) -> Iterator[Metric]:
                              "shares of a token hold on the GPU.", labels=["gpu", "token"])
     quota = GaugeMetricFamily("gpupool_share_memory_quota_bytes", "Shared GPUs: the memory "
                               "quotas of a token's shares on the GPU.", labels=["gpu", "token"])
+    busy = GaugeMetricFamily("gpupool_share_busy_seconds", "Shared GPUs: GPU time the running "
+                             "shares of a token have had on the GPU since they started "
+                             "(simulated GPUs; 0 on real GPUs).", labels=["gpu", "token"])
     sharing = lm.share_settings()
     for slot in lm.slots:
         if not sharing.shared(slot.gpu.index):
             continue
         gpu = str(slot.gpu.index)
         count.add_metric([gpu], len(slot.shares))
-        by_token: dict[str, tuple[int, int]] = {}
+        by_token: dict[str, tuple[int, int, int]] = {}
         for lease in slot.shares:
-            u, q = by_token.get(lease.token, (0, 0))
-            by_token[lease.token] = (u + lease.worker.stats.mem_used, q + lease.req.quota(slot.gpu))
-        for token, (u, q) in sorted(by_token.items()):
+            u, q, b = by_token.get(lease.token, (0, 0, 0))
+            stats = lease.worker.stats
+            by_token[lease.token] = (u + stats.mem_used, q + lease.req.quota(slot.gpu),
+                                     b + stats.busy_ns)
+        for token, (u, q, b) in sorted(by_token.items()):
             used.add_metric([gpu, token], u)
             quota.add_metric([gpu, token], q)
+            busy.add_metric([gpu, token], b / 1e9)
     yield count
     yield used
     yield quota
+    yield busy
 
 
 def _by_label(counters: Counters, name: str, label: str) -> dict[str, int]:

@@ -50,7 +50,9 @@ def shares_view(slot: Slot, shared: bool, share: int) -> dict[str, Any] | None:
             "granted": len(slot.share_grants),
             "leases": [{"id": le.id, "token": le.token, "client": le.client.to_json(),
                         "memory_quota": le.req.quota(slot.gpu),
-                        "memory_used": le.worker.stats.mem_used} for le in slot.shares]}
+                        "memory_used": le.worker.stats.mem_used,
+                        # GPU time the share had (simulated GPUs; 0 on real ones, not measured)
+                        "busy_s": le.worker.stats.busy_ns / 1e9} for le in slot.shares]}
 
 
 class PoolViews:
