@@ -243,6 +243,9 @@ async def test_tokens_page_creates_and_revokes(ui: Ui) -> None:
     csrf = await ui.csrf()
     page = await ui.page("/ui/tokens")
     assert 'data-token="alice"' in page and 'data-action="revoke"' in page
+    await ui.d.app[STORE].set_token_weight("alice", 3, "test")  # issue 32: the shares' weight
+    page = await ui.page("/ui/tokens")
+    assert re.search(r'data-token="alice">.*?<td class="weight">3</td>', page, re.S), page
     status, text, _ = await ui.post("/ui/tokens", {"csrf": csrf, "confirm": "yes", "name": "bob",
                                                    "role": "user", "expires": "30d"})
     assert status == 201 and "shown only this once" in text
