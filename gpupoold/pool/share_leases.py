@@ -50,8 +50,9 @@ def shares_folder(settings: Settings, gpu: Gpu) -> Path:
 
 def shared_gpu(gpu: Gpu, settings: Settings) -> Gpu:
     """`gpu` as every worker of a shared GPU runs it (the pre-started one too, which the first
-    share takes): its GPU's pacing record with an equal weight (a worker alone on the GPU is
-    never slowed down), and on a simulated GPU one allocator for all its processes."""
+    share takes): its GPU's pacing record with weight 1 (a share of another weight gets a worker
+    of its own, begin_share; a worker alone on the GPU is never slowed down), and on a simulated
+    GPU one allocator for all its processes."""
     folder = shares_folder(settings, gpu)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     pace_gpu = "".join(c for c in gpu.uuid if c.isalnum() or c == "-") or f"gpu{gpu.index}"
