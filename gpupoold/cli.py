@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     local, remote = _local_options(), _remote_options()
     token = sub.add_parser(
-        "token", help="create, list and revoke API tokens",
+        "token", help="create, list and revoke API tokens, set their share weights",
         description="Manage API tokens in the daemon's database (run on the server, as root or "
                     "the user gpupoold runs as; the daemon need not be running).")
     tsub = token.add_subparsers(dest="action", metavar="ACTION", required=True)
