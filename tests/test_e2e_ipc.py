@@ -2,7 +2,7 @@
 through CUDA IPC'): gpupoold on 2 simulated GPUs, one GPU per process. Process A fills a buffer
 and writes its cuIpcGetMemHandle bytes to a file; process B of the same token opens the handle
 on its own GPU's worker, reads the buffer bit-exact and writes another pattern, which A then reads
-bit-exact; a process of another token gets CUDA_ERROR_INVALID_VALUE with the broker's words and no
+bit-exact (cuMemFree of the opened memory and a second close are CUDA_ERROR_INVALID_VALUE); a process of another token gets CUDA_ERROR_INVALID_VALUE with the broker's words and no
 pointer (tests/c/ipc_share.c). The memory goes worker to gpupoold to worker (docs/multi-gpu.md,
 "CUDA IPC between the workers of one job")."""
 
@@ -12,11 +12,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import GpupoolServer, wait_until
 
 SIZE = 1 << 20 | 4093  # more than one page, not a multiple of the granularity
 
 
+@pytest.mark.san
 def test_two_processes_of_one_job_share_a_buffer(
         native_build: Path, start_daemon: Callable[..., GpupoolServer], tmp_path: Path) -> None:
     exe = native_build / "tests" / "ipc_share"

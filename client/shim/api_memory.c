@@ -155,7 +155,8 @@ static CUresult mem_free(CUdeviceptr dptr, CUstream stream, int is_async)
         return is_async ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     gp_range rg;
     if (gp_vamap_find(dptr, &rg) != 0 || rg.kind != GP_RANGE_DEVICE || rg.base != dptr ||
-        (rg.flags & GP_RANGE_F_VMM)) /* cuMemMap memory is returned with cuMemUnmap */
+        (rg.flags & (GP_RANGE_F_VMM | GP_RANGE_F_IPC))) /* returned with cuMemUnmap or
+                                                          * cuIpcCloseMemHandle */
         return CUDA_ERROR_INVALID_VALUE;
     if (gp_vamap_remove(dptr, &rg) != 0)
         return CUDA_ERROR_INVALID_VALUE; /* freed meanwhile */

@@ -7,7 +7,8 @@
  *                                         for a line on stdin, then check the buffer holds
  *                                         pattern B (written by the importer) bit-exact
  *   ipc_share import HANDLE_FILE BYTES    cuIpcOpenMemHandle, check pattern A bit-exact, write
- *                                         pattern B, cuIpcCloseMemHandle
+ *                                         pattern B, cuIpcCloseMemHandle (cuMemFree of it and
+ *                                         a second close are CUDA_ERROR_INVALID_VALUE)
  *   ipc_share stranger HANDLE_FILE BYTES  cuIpcOpenMemHandle must fail with
  *                                         CUDA_ERROR_INVALID_VALUE and give no pointer
  * Ends with "PASS ipc_share <mode>" or "FAIL ipc_share <mode>: why" (exit status 1).
@@ -130,6 +131,9 @@ static int import_side(ipc_handle h, size_t n, unsigned char *host, int stranger
         rc = cuCtxSynchronize();
     if (rc != CUDA_SUCCESS)
         return fail("writing the opened memory", rc);
+    rc = cuMemFree_v2(d); /* opened memory is closed, never freed */
+    if (rc != CUDA_ERROR_INVALID_VALUE)
+        return fail("cuMemFree of opened memory did not give CUDA_ERROR_INVALID_VALUE", rc);
     rc = cuIpcCloseMemHandle(d);
     if (rc != CUDA_SUCCESS)
         return fail("cuIpcCloseMemHandle", rc);
