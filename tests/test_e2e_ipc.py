@@ -2,8 +2,9 @@
 through CUDA IPC'): gpupoold on 2 simulated GPUs, one GPU per process. Process A fills a buffer
 and writes its cuIpcGetMemHandle bytes to a file; process B of the same token opens the handle
 on its own GPU's worker, reads the buffer bit-exact and writes another pattern, which A then reads
-bit-exact (cuMemFree of the opened memory and a second close are CUDA_ERROR_INVALID_VALUE); a process of another token gets CUDA_ERROR_INVALID_VALUE with the broker's words and no
-pointer (tests/c/ipc_share.c). The memory goes worker to gpupoold to worker (docs/multi-gpu.md,
+bit-exact (cuMemFree of the opened memory and a second close are CUDA_ERROR_INVALID_VALUE); a
+process of another token gets CUDA_ERROR_INVALID_VALUE with the broker's words and no pointer
+(tests/c/ipc_share.c). The memory goes worker to gpupoold to worker (docs/multi-gpu.md,
 "CUDA IPC between the workers of one job")."""
 
 from __future__ import annotations
