@@ -21,7 +21,9 @@
 
 #include "worker.h"
 
-#define ANSWER_TIMEOUT_MS 30000 /* gpupoold answers from its event loop: at once, unless stuck */
+/* gpupoold answers from its event loop at once, unless stuck; well under the client's 30 s
+ * server timeout (GPUPOOL_SERVER_TIMEOUT), as no keepalive notice goes out meanwhile. */
+#define ANSWER_TIMEOUT_MS 10000
 
 /* The allocation (of cuMemAlloc, made here) that holds dptr, and its base; NULL if none. */
 static struct wk_obj *alloc_holding(struct worker *w, uint64_t dptr, uint64_t *base)
