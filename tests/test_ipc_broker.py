@@ -66,6 +66,7 @@ def test_another_token_a_wrong_secret_or_server_is_refused(tmp_path: Path) -> No
         (2, IpcHandle(handle.handle_id + 1, handle.secret, handle.size, 0, handle.server)),
         (2, IpcHandle(handle.handle_id, handle.secret, handle.size, 0, b"elsewher")),
         (2, IpcHandle(handle.handle_id, handle.secret, handle.size, 2 << 20, handle.server)),
+        (2, IpcHandle(handle.handle_id, handle.secret, 64 << 20, 0, handle.server)),  # size
         (9, handle),  # a session that is not running here
     ]
     for session, h in forged:

@@ -157,10 +157,11 @@ class IpcBroker:
                              "the CUDA IPC handle is not one of this job's open handles: it was "
                              "made by a program of another token, altered, or its process has "
                              "ended")
-        if not 0 <= handle.offset < exp.size:
+        if not 0 <= handle.offset < exp.size or handle.size != exp.size:
+            # The shim maps the opened range by the handle's size: it must be the export's.
             raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
-                             f"the CUDA IPC handle points {handle.offset} bytes into an "
-                             f"allocation of {exp.size}: it was altered")
+                             f"the CUDA IPC handle says {handle.size} bytes, {handle.offset} into "
+                             f"an allocation of {exp.size}: it was altered")
         fd = os.dup(exp.fd)
         exp.importers.add(session_id)
         return fd, exp.size
