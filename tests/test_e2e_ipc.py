@@ -24,7 +24,12 @@ def test_two_processes_of_one_job_share_a_buffer(
         native_build: Path, start_daemon: Callable[..., GpupoolServer], tmp_path: Path) -> None:
     exe = native_build / "tests" / "ipc_share"
     assert exe.is_file(), f"{exe} not built"
-    server = start_daemon(build_dir=native_build, simulated=2)
+    # Idle detach on, and due long before the exporter's next call: a session that shares
+    # memory through CUDA IPC must keep its GPU (its memory is mapped by another process).
+    conf = tmp_path / "gpupoold.toml"
+    conf.write_text('idle_detach_after = 0.3\ndetach_policy = "always"\n')
+    server = start_daemon("--simulated", "2", "--config", str(conf), build_dir=native_build,
+                          simulated=None)
     wait_until("2 free GPUs", lambda: [g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]]
                == ["free"] * 2)
     handle = tmp_path / "handle"
@@ -38,6 +43,10 @@ def test_two_processes_of_one_job_share_a_buffer(
         assert first.strip() == "READY", first + exporter.stdout.read() + (
             exporter.stderr.read() if exporter.stderr else "")
         assert handle.stat().st_size == 64
+        # The exporter idles (it waits for "check"): it is asked to detach and says never.
+        wait_until("the exporter's lease keeps its GPU for CUDA IPC", lambda: any(
+            "CUDA IPC" in (lease["detach"]["keep_gpu"] or "")
+            for lease in server.get_json("/api/v1/leases?state=active")["leases"]))
 
         imp = subprocess.run([str(exe), "import", str(handle), str(SIZE)], env=env,
                              capture_output=True, text=True, timeout=60)

@@ -54,6 +54,10 @@ static void on_ask(struct worker *w, const gp_worker_detach_ask *m)
         say_no(w, 0, 0, "not serving that session");
         return;
     }
+    if (w->ctl.ipc_shared) { /* lasting: the mappings in other processes outlive any idle */
+        say_no(w, 1, 0, "the program shares device memory through CUDA IPC");
+        return;
+    }
     if (w->ctl.parked) { /* asked twice: the first answer stands */
         wk_warn("worker_detach_ask while parked; ignored");
         return;

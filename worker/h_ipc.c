@@ -285,7 +285,9 @@ WK_HANDLER(ipc_get_mem_handle)
     gp_ipc_get_mem_handle_reply r = {0};
     char err[1024] = "", text[1024];
     r.code = get_handle(w, m->dptr, r.handle, err, sizeof err);
-    if (r.code != CUDA_SUCCESS)
+    if (r.code == CUDA_SUCCESS)
+        w->ctl.ipc_shared = 1; /* never detached from now on (detach.c) */
+    else
         wk_log("cuIpcGetMemHandle(0x%llx): %s", (unsigned long long)m->dptr, err);
     WK_SET_TEXT(r.error, text, err);
     WK_REPLY(w, req, gp_ipc_get_mem_handle_reply, &r);
@@ -296,7 +298,9 @@ WK_HANDLER(ipc_open_mem_handle)
     gp_ipc_open_mem_handle_reply r = {0};
     char err[1024] = "", text[1024];
     r.code = open_handle(w, m->handle, &r.dptr, err, sizeof err);
-    if (r.code != CUDA_SUCCESS)
+    if (r.code == CUDA_SUCCESS)
+        w->ctl.ipc_shared = 1; /* never detached from now on (detach.c) */
+    else
         wk_log("cuIpcOpenMemHandle: %s", err);
     WK_SET_TEXT(r.error, text, err);
     WK_REPLY(w, req, gp_ipc_open_mem_handle_reply, &r);

@@ -216,6 +216,8 @@ struct wk_control {
     int no_driver;          /* parked (or ended while parked): the driver may hold this process
                              * locked or checkpointed, so no driver call, even at the end */
     uint64_t detaches;      /* times this session was detached */
+    int ipc_shared; /* the session exported or opened memory through CUDA IPC (h_ipc.c): another
+                     * process maps it, so it never detaches (its GPU memory cannot move) */
 };
 
 /* The keepalive thread (heartbeat.c): the only state two threads share, hence the atomics and
