@@ -58,6 +58,10 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     ("share = 65\n", "setting 'share': must be from 1 (whole GPUs) to 64"),
     ("share = 4\nshare_gpus = [0, 0]\n", "setting 'share_gpus': must be distinct GPU indices"),
     ("share_gpus = [1]\n", "set share = 2 or more"),
+    ("share = 4\nshare_mps = 'nvidia-mps'\n", "setting 'share_mps': must be an absolute path"),
+    ("share = 4\nshare_mps = '/nonexistent/gpupool-mps'\n",
+     "/nonexistent/gpupool-mps is not a directory: start the MPS control daemon first"),
+    ("share_mps = '/'\n", "'share' is 1 (whole GPUs): set share = 2 or more, or remove share_mps"),
     ("listen = \n", "not valid TOML"),
 ])
 def test_bad_config_names_the_key(tmp_path: Path, text: str, named: str) -> None:
@@ -130,3 +134,12 @@ def test_shared_gpus_settings(tmp_path: Path) -> None:
     settings = load_settings(write(tmp_path, "share = 4\nshare_gpus = [1, 2]\n"))
     assert (settings.share, settings.share_gpus) == (4, [1, 2])
     assert (Settings().share, Settings().share_gpus) == (1, [])
+
+
+def test_share_mps_names_an_existing_pipe_directory(tmp_path: Path) -> None:
+    """Issue 32, item 4: MPS is off unless the operator names its control daemon's pipes."""
+    pipes = tmp_path / "mps-pipes"
+    pipes.mkdir()
+    settings = load_settings(write(tmp_path, f"share = 2\nshare_mps = '{pipes}'\n"))
+    assert settings.share_mps == str(pipes)
+    assert Settings().share_mps == ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from test_leases import GIB, client, lease_on, make_gpu, mgr, settle  # noqa: F401 (fixture)
@@ -15,6 +16,7 @@ from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import FREE, LEASED
 from gpupoold.pool.views import PoolViews
 from gpupoold.store.records import TokenRecord
+from gpupoold.workers.supervisor import WorkerSupervisor
 
 
 def share(gib: int) -> Requirements:
@@ -101,3 +103,28 @@ async def test_the_gpu_view_lists_its_shares_as_each_viewer_may_see_them(mgr: An
     assert seen == "train.py"  # another tenant sees the program's name only
     own = private_view(gpu0, "alice", "user")["shares"]["leases"][0]["client"]["program"]
     assert own == "train.py --api-key=s3cret"
+
+
+async def test_shares_join_the_operators_mps_server_only_with_share_mps(mgr: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 32, item 4 (share_mps): the workers of a shared GPU get the MPS pipe directory in
+    their environment and their sandbox (with /dev/shm, where the driver's MPS client keeps its
+    shared memory); an unshared GPU's, and every worker without share_mps, get neither."""
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    m = await mgr(gpus=[make_gpu(0, memory=32 * GIB), make_gpu(1)], share=4, share_gpus=[0],
+                  share_mps=str(pipes))
+    _, first = await lease_on(m, 1, req=share(8))
+    _, whole = await lease_on(m, 2)
+    assert first.slot.gpu.index == 0 and whole.slot.gpu.index == 1
+    gpu = first.worker.gpu
+    assert gpu.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
+    assert str(pipes) in gpu.writable and "/dev/shm" in gpu.writable
+    argv = WorkerSupervisor(tmp_path / "w", tmp_path / "cache").argv(gpu, 3)
+    rw = [argv[i + 1] for i, a in enumerate(argv) if a == "--sandbox-rw"]
+    assert str(pipes) in rw and "/dev/shm" in rw
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in whole.worker.gpu.env
+    assert str(pipes) not in whole.worker.gpu.writable
+    plain = await mgr(gpus=[make_gpu(0, memory=32 * GIB)], share=4)
+    _, lease = await lease_on(plain, 1, req=share(8))
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in lease.worker.gpu.env
+    assert "/dev/shm" not in lease.worker.gpu.writable

@@ -69,12 +69,29 @@ def _check_share(value: int) -> None:
         raise ValueError(f"must be from 1 (whole GPUs) to 64 (leases on one GPU), got {value}")
 
 
+def _check_share_mps(value: str) -> None:
+    # gpupoold never starts MPS: the operator's control daemon must be there, with its pipes.
+    if not value:
+        return
+    if not Path(value).is_absolute():
+        raise ValueError(f"must be an absolute path (the CUDA_MPS_PIPE_DIRECTORY the operator "
+                         f"started nvidia-cuda-mps-control -d with), got {value!r}")
+    if not Path(value).is_dir():
+        raise ValueError(f"{value} is not a directory: start the MPS control daemon first, as "
+                         f"the gpupoold user, with CUDA_MPS_PIPE_DIRECTORY={value} "
+                         "nvidia-cuda-mps-control -d (docs/operator-guide.md, \"MPS\"), "
+                         "or set share_mps = \"\" (off)")
+
+
 def settings_conflict(values: dict[str, Any]) -> str | None:
     """What is wrong with settings that are each valid alone but not together (None: nothing),
     in words that say what to write instead."""
     if values.get("share_gpus") and values.get("share", 1) < 2:
         return ("setting 'share_gpus' lists GPUs to share, but 'share' is 1 (whole GPUs): "
                 "set share = 2 or more (the leases one GPU may hold), or remove share_gpus")
+    if values.get("share_mps") and values.get("share", 1) < 2:
+        return ("setting 'share_mps' runs the shares of shared GPUs under MPS, but 'share' is 1 "
+                "(whole GPUs): set share = 2 or more, or remove share_mps")
     return None
 
 
@@ -374,6 +391,14 @@ class Settings:
         "Which GPUs (indices as in `gpus`, or of the simulated GPUs) are shared when "
         "`share` > 1; empty: all of them. Needs `share` of 2 or more.",
         check=_check_gpus)
+    share_mps: str = _setting(
+        "",
+        "The pipe directory (`CUDA_MPS_PIPE_DIRECTORY`) of an MPS control daemon the operator "
+        "runs as the gpupoold user: the workers of shared GPUs' shares connect to it, so their "
+        "kernels run at the same time in one GPU context instead of time-slicing, and a fatal "
+        "fault of one share ends every share of that GPU (docs/operator-guide.md, \"MPS\"). "
+        "gpupoold never starts or stops MPS. Empty: off. Needs `share` of 2 or more.",
+        check=_check_share_mps)
     prestart_workers: bool = _setting(
         True,
         "Keep one worker per free GPU started and initialised (driver loaded, context created) "

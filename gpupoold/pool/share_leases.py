@@ -9,7 +9,9 @@ record of its GPU (worker/pacing.c: `GPUPOOL_WORKER_PACE_DIR`, `_PACE_GPU` = the
 `_SHARE_WEIGHT` = its token's weight, `gpupoold token create --weight`) and, on a simulated
 GPU, the shared allocator of that GPU (`GPUPOOL_SIM_SHARED_DIR`, worker/sim/README.md "A GPU
 shared by several processes"), in a folder among its sandbox's writable ones (`shares/` beside
-the simulated GPUs' memory, or in the cache folder for real GPUs).
+the simulated GPUs' memory, or in the cache folder for real GPUs). With `share_mps`, the
+workers of shares also get `CUDA_MPS_PIPE_DIRECTORY` and may reach that folder and /dev/shm, so
+their contexts join the operator's MPS server (gpupoold never starts one).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from gpupoold.workers.supervisor import WorkerExit, WorkerStartError, WorkerSupe
 log = logging.getLogger("gpupoold.leases")
 
 SHARE_KEEPS_GPU = "a share of a shared GPU keeps its place (idle detach of shares: not yet)"
+# An MPS client (share_mps) shares memory with its MPS server through /dev/shm/cuda.shm.*
+# files the driver names itself; without them it cannot connect, whatever its pipe directory.
+MPS_CLIENT_PATHS = ("/dev/shm",)
 SHARE_WEIGHT = "1"  # a pre-started worker's; a share of another weight gets a worker of its own
 
 
@@ -60,7 +65,11 @@ def shared_gpu(gpu: Gpu, settings: Settings) -> Gpu:
                GPUPOOL_WORKER_SHARE_WEIGHT=SHARE_WEIGHT)
     if gpu.simulated:
         env["GPUPOOL_SIM_SHARED_DIR"] = str(folder)
-    return dataclasses.replace(gpu, env=env, writable=(*gpu.writable, str(folder)))
+    writable = (*gpu.writable, str(folder))
+    if settings.share_mps:
+        env["CUDA_MPS_PIPE_DIRECTORY"] = settings.share_mps
+        writable = (*writable, *MPS_CLIENT_PATHS, settings.share_mps)
+    return dataclasses.replace(gpu, env=env, writable=writable)
 
 
 class SharedGpus:
