@@ -698,7 +698,10 @@ def test_an_upgrade_keeps_running_jobs(debs: Debs, root: Root, tmp_path: Path,
         env.pop(var, None)
     jobs: list[subprocess.Popen[str]] = []
     try:
-        for args in ((1 << 30, 12_000, 51, -1), (16 << 20, 12_000, 52, 0)):
+        # Held 30 s: long enough for the stop, the newer package's install and the start to
+        # happen while both still run, also on a loaded machine (at 12 s, with the test files
+        # run two at a time, the jobs sometimes finished first: nothing was left to take over).
+        for args in ((1 << 30, 30_000, 51, -1), (16 << 20, 30_000, 52, 0)):
             job = subprocess.Popen([str(hold_gpu), *map(str, args)], env=env, text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             jobs.append(job)
