@@ -293,6 +293,30 @@ async def test_one_client_per_gpu_and_the_queue_is_served_in_order(mgr: Any) -> 
     assert order == [10, 11, 12, 13]
 
 
+async def test_a_lease_starts_at_its_grant_not_when_its_worker_is_ready(mgr: Any) -> None:
+    """Two waiters granted in turn whose leases begin in the other order (the first one's
+    worker was slower to be ready): the history's start times and queue times follow the
+    grants, so sorting it by start shows the order the queue served them in."""
+    m = await mgr(2)
+    leases = [await lease_on(m, i) for i in range(2)]
+    first, second = (m.enqueue(Requirements(), "alice", client(10 + i)) for i in range(2))
+    await settle()
+    leases[0][1].worker.finish("client exit")
+    slot1 = await asyncio.wait_for(first.future, 1)
+    await asyncio.sleep(0.05)
+    leases[1][1].worker.finish("client exit")
+    slot2 = await asyncio.wait_for(second.future, 1)
+    await asyncio.sleep(0.05)
+    late2 = await m.begin(second, slot2, b"", 1, -1)
+    late1 = await m.begin(first, slot1, b"", 1, -1)
+    rec1, rec2 = m.store.started[late1.id], m.store.started[late2.id]
+    assert rec1.started < rec2.started, "the lease granted first started first"
+    assert rec2.started - rec1.started >= 0.04
+    # Queued until the grant: the first waited less than the 0.1 s before its lease began.
+    assert rec1.queued_s < rec2.queued_s and rec1.queued_s < 0.09
+    assert late1.queued_s == rec1.queued_s
+
+
 async def test_a_waiter_for_a_busy_gpu_does_not_block_others(mgr: Any) -> None:
     m = await mgr(2)
     await lease_on(m, 1, req=Requirements(gpu="0"))

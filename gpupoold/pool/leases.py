@@ -573,12 +573,7 @@ class LeaseManager(PreviousLeases, SharedGpus):
             raise LeaseStartError(f"the server could not start a worker for GPU "
                                   f"{slot.gpu.index}: {exc}") from None
         try:
-            lease_id = await self.store.lease_started(NewLease(
-                gpu_index=slot.gpu.index, gpu_uuid=slot.gpu.uuid, gpu_name=slot.gpu.name,
-                simulated=slot.gpu.simulated, token_name=w.token, client_host=w.client.host,
-                client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
-                peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
-                started=time.time()))
+            lease_id = await self._record_start(w, slot)
             if others:  # the history lists every GPU of the lease
                 await self.store.lease_gpus(lease_id, [s.gpu.index for s in (slot, *others)])
         except Exception:
@@ -595,23 +590,45 @@ class LeaseManager(PreviousLeases, SharedGpus):
         for s in others:  # the same watcher moves them on (the watchdog's view)
             s.task = lease.watcher
         devices = [device_ordinal(slot.gpu, s.gpu) for s in (slot, *others)] if others else []
+        await self._hand_over(lease, client_fd, hello_body, hello_req, before_handover,
+                              f"GPU {slot.gpu.index}", LeaseStartError, START_TIMEOUT,
+                              devices=devices, memory_quota=w.req.quota(slot.gpu))
+        return lease
+
+    async def _record_start(self, w: Waiter, slot: Slot) -> int:
+        """The history's record of the lease granted to `w` on `slot` (its first GPU); its id."""
+        return await self.store.lease_started(NewLease(
+            gpu_index=slot.gpu.index, gpu_uuid=slot.gpu.uuid, gpu_name=slot.gpu.name,
+            simulated=slot.gpu.simulated, token_name=w.token, client_host=w.client.host,
+            client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
+            peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
+            started=w.started_wall()))
+
+    async def _hand_over(self, lease: Lease, client_fd: int, hello_body: bytes, hello_req: int,
+                         before_handover: Callable[[], Awaitable[None]] | None, what: str,
+                         fail: Callable[[str | None], Exception], start_timeout: float,
+                         devices: list[int] | None = None, memory_quota: int = 0) -> None:
+        """Hand the client's socket to `lease`'s worker (whole GPUs and shares alike: `what`
+        names the GPU or share for the error), wait until the worker took the hello, and arm
+        the max_lease_seconds timer. `fail` makes the caller's start error (None: the worker
+        told the client why); `lease.end_override` says in the history why it never started."""
+        worker = lease.worker
         try:
             if before_handover is not None:
                 await before_handover()
-            await worker.assign(lease.id, client_fd, hello_body, hello_req, devices=devices,
-                                memory_quota=w.req.quota(slot.gpu))
+            await worker.assign(lease.id, client_fd, hello_body, hello_req, devices=devices or [],
+                                memory_quota=memory_quota)
         except WorkerStartError as exc:
             lease.end_override = ("worker crashed", f"before the lease started: {exc}")
             worker.kill()
-            raise LeaseStartError(f"the worker for GPU {slot.gpu.index} failed: {exc}") from None
-        if not await worker.wait_started(START_TIMEOUT):
+            raise fail(f"the worker for {what} failed: {exc}") from None
+        if not await worker.wait_started(start_timeout):
             lease.end_override = lease.end_override or ("not started", "the worker refused "
                                                         "the hello or exited before answering")
-            raise LeaseStartError(None)
+            raise fail(None)
         if self.settings.max_lease_seconds > 0:
             lease.timer = asyncio.get_running_loop().call_later(
                 self.settings.max_lease_seconds, self._expire, lease)
-        return lease
 
     async def _take_worker(self, slot: Slot) -> Worker:
         if slot.prestart_task is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from gpupoold.pool.shares import GpuRoom, Request, ShareSettings, is_share, neve
 from gpupoold.pool.slots import FREE, LEASED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import Waiter, WaitQueue
-from gpupoold.store.database import NewLease, Store, store_errors
+from gpupoold.store.database import Store, store_errors
 from gpupoold.workers.supervisor import WorkerExit, WorkerStartError, WorkerSupervisor
 
 log = logging.getLogger("gpupoold.leases")
@@ -93,6 +92,11 @@ class SharedGpus:
     def _own(self, slot: Slot, coro: Any, name: str) -> asyncio.Task[Any]: ...
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
     def _take_worker(self, slot: Slot) -> Any: ...
+    def _record_start(self, w: Waiter, slot: Slot) -> Any: ...
+    def _hand_over(self, lease: Lease, client_fd: int, hello_body: bytes, hello_req: int,
+                   before_handover: Callable[[], Awaitable[None]] | None, what: str,
+                   fail: Callable[[str | None], Exception], start_timeout: float,
+                   devices: list[int] | None = None, memory_quota: int = 0) -> Any: ...
     def may_take(self, w: Waiter) -> bool: ...
 
     def share_settings(self) -> ShareSettings:
@@ -188,12 +192,7 @@ class SharedGpus:
             raise fail(f"the server could not start a worker for a share of GPU "
                        f"{slot.gpu.index}: {exc}") from None
         try:
-            lease_id = await self.store.lease_started(NewLease(
-                gpu_index=slot.gpu.index, gpu_uuid=slot.gpu.uuid, gpu_name=slot.gpu.name,
-                simulated=slot.gpu.simulated, token_name=w.token, client_host=w.client.host,
-                client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
-                peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
-                started=time.time()))
+            lease_id = await self._record_start(w, slot)
         except Exception:
             worker.kill()
             self._release_share(slot, w)
@@ -204,21 +203,9 @@ class SharedGpus:
         self.pool.start_share(slot, w, lease)
         lease.watcher = self._spawn(self._watch(lease), f"lease-{lease.id}")
         quota = w.req.quota(slot.gpu)
-        try:
-            if before_handover is not None:
-                await before_handover()
-            await worker.assign(lease.id, client_fd, hello_body, hello_req, memory_quota=quota)
-        except WorkerStartError as exc:
-            lease.end_override = ("worker crashed", f"before the lease started: {exc}")
-            worker.kill()
-            raise fail(f"the worker for a share of GPU {slot.gpu.index} failed: {exc}") from None
-        if not await worker.wait_started(start_timeout):
-            lease.end_override = lease.end_override or ("not started", "the worker refused "
-                                                        "the hello or exited before answering")
-            raise fail(None)
-        if self.settings.max_lease_seconds > 0:
-            lease.timer = asyncio.get_running_loop().call_later(
-                self.settings.max_lease_seconds, self._expire, lease)
+        await self._hand_over(lease, client_fd, hello_body, hello_req, before_handover,
+                              f"a share of GPU {slot.gpu.index}", fail, start_timeout,
+                              memory_quota=quota)
         log.info("lease %d: a share of GPU %d, %d bytes, weight %d (%d shares on it)", lease.id,
                  slot.gpu.index, quota, weight, len(slot.shares))
         return lease

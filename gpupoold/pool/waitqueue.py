@@ -77,12 +77,23 @@ class Waiter:
     # request of several GPUs, `req.gpus`, is granted all at once); the future resolves with the
     # first.
     granted: list[Any] = field(default_factory=list)
+    # When it was granted (WaitQueue.granted): its lease starts then, not when the worker that
+    # serves it is ready (that takes longer on some GPUs than others, and the history would
+    # show two clients granted in turn as started out of turn).
+    granted_at: float | None = None  # monotonic
+    granted_wall: float | None = None
 
     def accepts(self, gpu: Gpu) -> bool:
         return self.req.matches(gpu) and (self.only is None or self.only(gpu))
 
     def waited(self) -> float:
-        return time.monotonic() - self.joined
+        """Seconds in the queue: until its grant, or until now while it waits."""
+        end = self.granted_at if self.granted_at is not None else time.monotonic()
+        return end - self.joined
+
+    def started_wall(self) -> float:
+        """The wall-clock start of its lease: the grant (now, for one never granted)."""
+        return self.granted_wall if self.granted_wall is not None else time.time()
 
 
 class WaitQueue:
@@ -115,6 +126,7 @@ class WaitQueue:
     def granted(self, w: Waiter) -> None:
         """`w` got its GPU: it leaves, and its token goes to the back of the turn."""
         self.leave(w)
+        w.granted_at, w.granted_wall = time.monotonic(), time.time()
         self._last_served[w.token] = next(self._grants)
 
     def in_turn(self) -> list[Waiter]:
