@@ -122,14 +122,22 @@ def test_config_shows_each_servers_pin_and_where_it_comes_from(tmp_path: Path) -
 
 
 def test_info_replies_of_older_and_newer_servers_are_read() -> None:
-    """A 1.3 server's reply ends before fingerprint and fleet_servers (read as empty); a newer
-    1.x appends fields (ignored); anything else short is still an error."""
+    """A 1.3 server's reply ends before fingerprint and fleet_servers, a 1.6 server's before
+    shared_gpus, share_views and lease_gpus (read as empty); a newer 1.x appends fields
+    (ignored); anything else short is still an error."""
     import gpupool_protocol as gp
     from gpupool.wire.info import decode_reply
 
-    old = gp.InfoReply(result=0, major=gp.MAJOR, minor=3, server="old").encode()[:-8]
+    old = gp.InfoReply(result=0, major=gp.MAJOR, minor=3, server="old").encode()[:-20]
     reply = decode_reply(old)
     assert reply.server == "old" and reply.fingerprint == "" and reply.fleet_servers == []
+    older = gp.InfoReply(result=0, major=gp.MAJOR, minor=6, server="1.6", fingerprint="f",
+                         fleet_servers=[gp.InfoFleetServer(server="s")]).encode()[:-12]
+    reply = decode_reply(older)
+    assert reply.fingerprint == "f" and [s.server for s in reply.fleet_servers] == ["s"]
+    assert reply.shared_gpus == [] and reply.share_views == [] and reply.lease_gpus == []
+    with pytest.raises(gp.ProtocolError):  # a 1.6 reply cut anywhere else
+        decode_reply(gp.InfoReply(result=0, major=gp.MAJOR, minor=6).encode()[:-16])
     newer = gp.InfoReply(result=0, major=gp.MAJOR, minor=gp.MINOR + 1, fingerprint="x").encode()
     assert decode_reply(newer + b"more").fingerprint == "x"
     with pytest.raises(gp.ProtocolError):

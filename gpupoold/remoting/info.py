@@ -41,6 +41,8 @@ from gpupoold.remoting.handshake import Refusal, clip, parse_first_frame, server
 GPU_LIMIT = 1024
 LEASE_LIMIT = 4096
 QUEUE_LIMIT = 4096
+SHARE_LIMIT = 4096  # records:info_share:4096 share_views (protocol 1.7)
+LEASE_GPU_LIMIT = 65536  # records:info_lease_gpu:65536 lease_gpus (protocol 1.7)
 UNKNOWN = -1  # an integer the server does not know (NaN for a float)
 
 
@@ -174,6 +176,50 @@ def waiter_record(view: dict[str, Any], mine: bool, full: bool = True) -> gp.Inf
         waiting_s=_f64(view.get("waiting_s")), mine=int(mine))
 
 
+def shared_records(gpu_views: list[dict[str, Any]],
+                   ) -> tuple[list[gp.InfoSharedGpu], list[gp.InfoShare]]:
+    """The shared GPUs of the GPU views (issue 32) and each share they hold, as the reply's
+    records (protocol 1.7). A share names its holder as the lease views do (token, user, host:
+    every caller sees those of every lease already), never its command line, so the records
+    are the same for every caller."""
+    gpus, shares = [], []
+    for view in gpu_views[:GPU_LIMIT]:
+        shared = view.get("shares")
+        if not isinstance(shared, dict):
+            continue
+        held = [s for s in shared.get("leases") or [] if isinstance(s, dict)]
+        index = _u32(view.get("index"))
+        gpus.append(gp.InfoSharedGpu(gpu=index, max_shares=_u32(shared.get("max")),
+                                     shares=_u32(len(held)),
+                                     closed=int(bool(shared.get("closed")))))
+        for s in held:
+            client = s.get("client") or {}
+            shares.append(gp.InfoShare(
+                gpu=index, lease_id=_u64(s.get("id")), token=_text(s.get("token"), 255),
+                client_user=_text(client.get("user"), 255),
+                client_host=_text(client.get("host"), 255),
+                memory_quota=_u64(s.get("memory_quota")),
+                memory_used=_u64(s.get("memory_used")), busy_s=_f64(s.get("busy_s"))))
+    return gpus, shares[:SHARE_LIMIT]
+
+
+def lease_gpu_records(leases: list[dict[str, Any]]) -> list[gp.InfoLeaseGpu]:
+    """Every GPU of every lease of the reply (issue 37), device 0 first (protocol 1.7)."""
+    out = [gp.InfoLeaseGpu(lease_id=_u64(v.get("id")), gpu=_u32(g))
+           for v in leases[:LEASE_LIMIT] for g in v.get("gpus") or []]
+    return out[:LEASE_GPU_LIMIT]
+
+
+def _over_limits(gpu_views: list[dict[str, Any]], leases: list[dict[str, Any]],
+                 queue: list[dict[str, Any]]) -> bool:
+    """Whether the reply leaves something out (`truncated`)."""
+    shares = sum(len((v.get("shares") or {}).get("leases") or []) for v in gpu_views
+                 if isinstance(v.get("shares"), dict))
+    lease_gpus = sum(len(v.get("gpus") or []) for v in leases[:LEASE_LIMIT])
+    return (len(leases) > LEASE_LIMIT or len(queue) > QUEUE_LIMIT or len(gpu_views) > GPU_LIMIT
+            or shares > SHARE_LIMIT or lease_gpus > LEASE_GPU_LIMIT)
+
+
 def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: str, host: str,
           counts: Sequence[int] = (0, 0, 0, 0), now: float | None = None,
           fingerprint: str = "") -> gp.InfoReply:
@@ -182,6 +228,8 @@ def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: 
     reference: InfoCache gives the same bytes without building the shared parts again for every
     caller (tests/test_info.py compares)."""
     leases, queue = views.active_leases(), views.queue_view()
+    gpu_views = views.gpu_views()
+    shared_gpus, shares = shared_records(gpu_views)
     srv = server_view(settings, views, remoting)
     return gp.InfoReply(
         result=0, major=gp.MAJOR, minor=gp.MINOR, message="", server=clip(server_banner(), 255),
@@ -193,15 +241,15 @@ def reply(settings: Settings, views: PoolViews, remoting: str, name: str, role: 
         cuda_driver_version=_i32(srv["cuda_driver_version"]),
         you_name=_text(name, 255), you_role=_text(role, 15),
         time=time.time() if now is None else now,
-        truncated=int(len(leases) > LEASE_LIMIT or len(queue) > QUEUE_LIMIT
-                      or len(views.gpu_views()) > GPU_LIMIT),
-        gpu_views=[gpu_record(v) for v in views.gpu_views()[:GPU_LIMIT]],
+        truncated=int(_over_limits(gpu_views, leases, queue)),
+        gpu_views=[gpu_record(v) for v in gpu_views[:GPU_LIMIT]],
         lease_views=[lease_record(v, _mine(v, name, host), _full(v, name, role))
                      for v in leases[:LEASE_LIMIT]],
         queue_views=[waiter_record(v, _mine(v, name, host), _full(v, name, role))
                      for v in queue[:QUEUE_LIMIT]],
         fleet_gpus=[fleet_record(g) for g in _fleet(views, remoting)[:FLEET_LIMIT]],
-        fingerprint=_text(fingerprint, 63), fleet_servers=fleet_servers(views)[:SERVER_LIMIT])
+        fingerprint=_text(fingerprint, 63), fleet_servers=fleet_servers(views)[:SERVER_LIMIT],
+        shared_gpus=shared_gpus, share_views=shares, lease_gpus=lease_gpu_records(leases))
 
 
 # ------------------------------------------------------------------------------------ the cache
@@ -243,7 +291,9 @@ class _Snapshot:
     truncated: bool
     size: int  # bytes of the encoded parts
     fleet: bytes = b"\0\0\0\0"  # the fleet_gpus array
-    tail: bytes = b"\0" * 8  # fingerprint and the fleet_servers array (protocol 1.4)
+    # fingerprint and the fleet_servers array (protocol 1.4), the shared_gpus, share_views and
+    # lease_gpus arrays (protocol 1.7)
+    tail: bytes = b"\0" * 20
 
     def compose(self, name: str, role: str, host: str, counts: Sequence[int]) -> bytes:
         """The reply body for one caller: exactly reply(...).encode() at `time`."""
@@ -265,8 +315,9 @@ class _Snapshot:
             simulated=int(srv["simulated"]), driver_version=_text(srv["driver_version"], 79),
             cuda_driver_version=_i32(srv["cuda_driver_version"]), you_name=_text(name, 255),
             you_role=_text(role, 15), time=self.time, truncated=int(self.truncated)).encode()
-        # The four arrays, the fingerprint and the fleet_servers array come last in the reply:
-        # the empty ones (4 x u32 0, an empty string's u32 0, u32 0) are replaced by them.
+        # The four arrays, the fingerprint and the four arrays after it come last in the
+        # reply: the empty ones (4 x u32 0, an empty string's u32 0, 4 x u32 0) are replaced
+        # by them.
         return (head[:-len(_EMPTY_END)] + self.gpus + part(self.leases) + part(self.queue)
                 + self.fleet + self.tail)
 
@@ -312,7 +363,7 @@ def fleet_record(g: dict[str, Any]) -> gp.InfoFleetGpu:
 
 
 SERVER_LIMIT = 256  # the spec's limit on fleet_servers
-_EMPTY_END = b"\0" * (4 * 4 + 4 + 4)
+_EMPTY_END = b"\0" * (4 * 4 + 4 + 4 * 4)
 
 
 def fleet_servers(views: PoolViews) -> list[gp.InfoFleetServer]:
@@ -330,10 +381,15 @@ def fleet_servers(views: PoolViews) -> list[gp.InfoFleetServer]:
         for name, s in sorted(fleet.last.servers.items())]
 
 
-def _encode_tail(fingerprint: str, servers: list[gp.InfoFleetServer]) -> bytes:
+def _encode_tail(fingerprint: str, servers: list[gp.InfoFleetServer],
+                 gpu_views: list[dict[str, Any]], leases: list[dict[str, Any]]) -> bytes:
     w = gp.Writer()
     w.string(_text(fingerprint, 63), 63)
     w.records(servers[:SERVER_LIMIT], SERVER_LIMIT)
+    shared_gpus, shares = shared_records(gpu_views)
+    w.records(shared_gpus, GPU_LIMIT)
+    w.records(shares, SHARE_LIMIT)
+    w.records(lease_gpu_records(leases), LEASE_GPU_LIMIT)
     return w.getvalue()
 
 
@@ -411,11 +467,10 @@ class InfoCache:
                                                                        queue)
             else:
                 lease_entries, queue_entries = _encode_lists(leases, queue)
-            truncated = (len(leases) > LEASE_LIMIT or len(queue) > QUEUE_LIMIT
-                         or len(gpu_views) > GPU_LIMIT)
+            truncated = _over_limits(gpu_views, leases, queue)
             size = len(gpus) + sum(len(e.body) for e in lease_entries + queue_entries)
             fleet = _encode_fleet(self.views, remoting)
-            tail = _encode_tail(self.fingerprint, fleet_servers(self.views))
+            tail = _encode_tail(self.fingerprint, fleet_servers(self.views), gpu_views, leases)
             snap = _Snapshot(key, made, server, now, gpus, lease_entries, queue_entries,
                              truncated, size + len(fleet) + len(tail), fleet, tail)
             self._snapshot = snap

@@ -330,9 +330,15 @@ def fetch_info(srv: ServerConfig, timeout: float, gpu: str = "", model: str = ""
                       tls_version=tls_version, identity=identity)
 
 
+# The fields appended to the info reply since 1.3, by the minor version that added them, as the
+# bytes an empty value of each encodes to: an older server's reply ends before them.
+_APPENDED = ((4, bytes(8)),   # 1.4: an empty fingerprint and an empty fleet_servers
+             (7, bytes(12)))  # 1.7: empty shared_gpus, share_views and lease_gpus
+
+
 def decode_reply(body: bytes) -> gp.InfoReply:
     """An info reply of this protocol version, of a newer 1.x (its added fields ignored), or of
-    a 1.3 server (it ends before `fingerprint` and `fleet_servers`: read as empty)."""
+    an older 1.x from 1.3 on (it ends before the fields added since: read as empty)."""
     try:
         return gp.InfoReply.decode(body)
     except gp.ProtocolError as exc:
@@ -343,12 +349,13 @@ def decode_reply(body: bytes) -> gp.InfoReply:
             return reply
     except gp.ProtocolError:
         pass
-    try:  # 1.3: an empty fingerprint (u32 length 0) and an empty fleet_servers (u32 count 0)
-        reply = gp.InfoReply.decode(body + bytes(8))
-        if reply.major == gp.MAJOR and reply.minor < 4:
-            return reply
-    except gp.ProtocolError:
-        pass
+    for n, (since, _) in enumerate(_APPENDED):
+        try:  # a server older than `since`: every field from there on is missing
+            reply = gp.InfoReply.decode(body + b"".join(z for _, z in _APPENDED[n:]))
+            if reply.major == gp.MAJOR and reply.minor < since:
+                return reply
+        except gp.ProtocolError:
+            pass
     raise error
 
 
