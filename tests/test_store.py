@@ -29,6 +29,7 @@ from gpupoold.store.database import (
     TokenExists,
 )
 from gpupoold.store.postgres import UrlError
+from gpupoold.store.records import LeaseFilter
 
 
 @pytest.fixture
@@ -333,6 +334,22 @@ def test_unscrubbed_last_leases_are_each_gpus_latest_ended_lease_without_a_scrub
     assert [r.id for r in db.unscrubbed_last_leases()] == [last0]
     db.lease_scrubbed(last0, False, {})
     assert db.unscrubbed_last_leases() == []
+
+
+def test_the_gpu_filter_finds_a_lease_of_several_gpus_on_each_of_them(db: StoreDB) -> None:
+    """`?gpu=N` (issue 37, item 6): a lease of GPUs 2, 0 is found by 2 (its first, gpu_index)
+    and by 0 (in `gpus`), never by 1 or by 20 (a number that only contains a 2 or a 0)."""
+    one = db.lease_started(new_lease(gpu=1))
+    many = db.lease_started(new_lease(gpu=2))
+    db.lease_gpus(many, [2, 0])
+    twenty = db.lease_started(new_lease(gpu=20))
+
+    def found(gpu: int) -> list[int]:
+        return [r.id for r in db.leases(filters=LeaseFilter(gpu=gpu))]
+
+    assert found(0) == [many] and found(2) == [many]
+    assert found(1) == [one] and found(20) == [twenty] and found(3) == []
+    assert db.get_lease(many).gpus == (2, 0)  # type: ignore[union-attr]
 
 
 def test_lease_events_keep_every_transition_and_the_totals(db: StoreDB) -> None:

@@ -652,11 +652,13 @@ class StoreDB(UsageQueries, SpoolQueries):
             where.append("id < ?")
             args.append(before)
         f = filters or LeaseFilter()
-        for column, value in (("token_name", f.token), ("client_user", f.user),
-                              ("gpu_index", f.gpu)):
+        for column, value in (("token_name", f.token), ("client_user", f.user)):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
+        if f.gpu is not None:  # any GPU of the lease: its first, or one of `gpus` (v12)
+            where.append("(gpu_index = ? OR ',' || gpus || ',' LIKE ?)")
+            args += [f.gpu, f"%,{int(f.gpu)},%"]
         if f.since is not None:  # started at or after
             where.append("started >= ?")
             args.append(f.since)
