@@ -486,6 +486,28 @@ async def test_memory_per_lease_and_the_lease_history_with_filters(ui: Ui) -> No
     assert bad.status == 400 and "since must be a time" in await bad.text()
 
 
+async def test_the_history_names_every_gpu_of_a_lease_and_finds_it_by_each(ui: Ui) -> None:
+    """A lease of GPUs 1, 0 (issue 37, item 6) shows as "1, 0" in the history page and the
+    leases page's recent history, and `?gpu=` finds it by either GPU, not by another."""
+    from gpupoold.store.database import NewLease
+
+    await ui.login(ui.admin)
+    store = ui.d.app[STORE]
+    lease_id = await store.lease_started(NewLease(
+        gpu_index=1, gpu_uuid="GPU-0001", gpu_name="H100 (simulated)", simulated=True,
+        token_name="alice", client_host="laptop", client_user="ada", client_pid=77,
+        program="train.py", peer="10.0.0.5:5000", request="2 GPUs", queued_s=0.0,
+        started=time.time()))
+    await store.lease_gpus(lease_id, [1, 0])
+    await store.lease_ended(lease_id, time.time(), "client exit", "", 0, 0, {})
+    row = rf'<tr data-lease="{lease_id}">\s*<td>{lease_id}</td><td>1, 0</td>'
+    for query in ("", "?gpu=0", "?gpu=1"):
+        page = await ui.page("/ui/history" + query)
+        assert re.search(row, page), (query, page)
+    assert f'<tr data-lease="{lease_id}">' not in await ui.page("/ui/history?gpu=2")
+    assert re.search(row, await ui.page("/ui/leases"))
+
+
 def test_the_day_view_counts_leased_hours_and_queue_waits() -> None:
     """dashboard/history.py day_view: a GPU's share of each hour it was leased (a running lease
     up to now), and the mean queue wait of the leases that started in each hour."""

@@ -47,7 +47,7 @@ async def leases_page(request: web.Request) -> web.Response:
     history = []
     for r in ended:
         history.append({
-            "id": r.id, "gpu": r.gpu_index, "token": r.token_name, "host": r.client_host,
+            "id": r.id, "gpu": _gpus_of(r), "token": r.token_name, "host": r.client_host,
             "pid": r.client_pid, "program": r.program, "started": r.started,
             "duration": (r.ended - r.started) if r.ended is not None else None,
             "bytes": r.bytes_h2d + r.bytes_d2h, "bytes_h2d": r.bytes_h2d,
@@ -58,8 +58,14 @@ async def leases_page(request: web.Request) -> web.Response:
     return page(request, "leases.html", v, new, state=payload, history=shown(v, history))
 
 
+def _gpus_of(r: Any) -> str:
+    """The GPU column of a lease record: every GPU of a lease of several (issue 37), device 0
+    first, else its one GPU."""
+    return ", ".join(str(i) for i in r.gpus) if len(r.gpus) > 1 else str(r.gpu_index)
+
+
 def _history_row(r: Any) -> dict[str, Any]:
-    return {"id": r.id, "gpu": r.gpu_index, "token": r.token_name, "host": r.client_host,
+    return {"id": r.id, "gpu": _gpus_of(r), "token": r.token_name, "host": r.client_host,
             "user": r.client_user, "pid": r.client_pid, "program": r.program,
             "started": r.started, "queued_s": r.queued_s,
             "duration": (r.ended - r.started) if r.ended is not None else None,
