@@ -146,15 +146,6 @@ async def test_a_failed_scrub_quarantines_that_gpu_alone(mgr: Any) -> None:  # n
     assert m.store.scrubbed[lease.id][0] is False  # the record keeps the failure
 
 
-async def test_close_ends_a_lease_of_several_gpus(mgr: Any) -> None:  # noqa: F811
-    m = await mgr(n_gpus=2)
-    _, lease = await lease_on(m, 1, req=Requirements(gpus=2))
-    lease.worker.adoptable = True
-    await m.close(0.1)
-    assert lease.worker.exited.done() and not lease.worker.detached
-    assert m.kept_gpus == frozenset()
-
-
 def test_start_is_all_or_none() -> None:
     pool = PoolState([make_gpu(i) for i in range(3)], EventBus())
     for s in pool.slots:
@@ -179,10 +170,11 @@ def lease_stats() -> Any:
     return WorkerStats()
 
 
-async def test_the_record_lists_the_gpus_and_a_restart_does_not_take_it_over(
+async def test_the_record_lists_the_gpus_and_a_restart_without_its_worker_scrubs_them(
         tmp_path: Any) -> None:
     """The store keeps every GPU of the lease (schema v12); a previous daemon's lease of several
-    GPUs is closed at start-up (its worker killed, every GPU scrubbed), not taken over."""
+    GPUs whose worker is gone is closed at start-up, every GPU scrubbed (the take-over of one
+    whose worker lives: tests/test_takeover_multi_gpu.py)."""
     from dataclasses import replace
 
     from test_leases import FakeCleaner, FakeStore, FakeSupervisor
@@ -214,7 +206,7 @@ async def test_the_record_lists_the_gpus_and_a_restart_does_not_take_it_over(
     await m.start()
     await settle()
     try:
-        assert store.ended[9][0] == "daemon lost" and "several GPUs" in store.ended[9][1]
+        assert store.ended[9][0] == "daemon lost" and "worker is gone" in store.ended[9][1]
         assert store.scrubbed[9][0] is True
         assert sorted(m.cleaner.cleaned) == [0, 1]
     finally:

@@ -145,12 +145,18 @@ class LeaseManager(PreviousLeases, SharedGpus):
         gone: list[LeaseRecord] = []
         # Where the store says each open lease is now: idle detach moves leases (_last_gpu).
         placed: dict[int, Slot | None] = {}
-        several: list[LeaseRecord] = []
+        # A lease of several GPUs (issue 37): every one of its GPUs, program order; or why it
+        # cannot be taken over (its worker is killed below, its GPUs scrubbed at this start).
+        gpus_of: dict[int, list[Slot]] = {}
+        several: list[tuple[LeaseRecord, str]] = []
         for rec in await self.store.open_leases():
             placed[rec.id] = self._slot_of(rec, await self._last_gpu(rec))
-            if len(rec.gpus) > 1:  # not taken over (yet): its worker is killed below
-                several.append(rec)
-                continue
+            if len(rec.gpus) > 1:
+                found = await self._gpus_of(rec)
+                if isinstance(found, str):
+                    several.append((rec, found))
+                    continue
+                gpus_of[rec.id] = found
             try:
                 path = self.supervisor.adoption_socket(rec.id)
                 if path is None:
@@ -175,20 +181,26 @@ class LeaseManager(PreviousLeases, SharedGpus):
             answer = answers[rec.id]
             worker = answer.result() if answer.done() and not answer.cancelled() else None
             if isinstance(worker, Worker) and worker.adopted_detached is not None:
-                detached.append((rec, worker))
                 takeover = [t for t in takeover if t[0] is not rec]
+                if rec.id in gpus_of:  # its GPUs are not known to this take-over: it ends
+                    self._spawn(self._refuse_previous(
+                        rec, answer, "it is detached from several GPUs, and a detached lease "
+                        "of several GPUs is not taken over yet"), f"retire-{rec.id}")
+                    continue
+                detached.append((rec, worker))
         orphaned: dict[int, list[int]] = {}
         for rec in gone:
             await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
                                        "worker is gone; its GPU was scrubbed at the next start")
             last = placed[rec.id]  # (its GPU's start-up scrub is recorded for it)
             orphaned.setdefault(last.gpu.index if last else rec.gpu_index, []).append(rec.id)
-        for rec in several:
-            log.warning("lease %d of the previous gpupoold held GPUs %s: a lease of several GPUs "
-                        "is not taken over yet; its worker was ended and its GPUs are scrubbed",
-                        rec.id, ", ".join(map(str, rec.gpus)), extra=journal_fields(rec.id))
-            await self._close_previous(rec, "gpupoold restarted, and a lease of several GPUs is "
-                                       "not taken over yet; its GPUs were scrubbed at the start")
+        for rec, why in several:
+            log.warning("lease %d of the previous gpupoold held GPUs %s and cannot be taken "
+                        "over: %s; its worker was ended and its GPUs are scrubbed", rec.id,
+                        ", ".join(map(str, rec.gpus)), why, extra=journal_fields(rec.id))
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                       f"lease of several GPUs ({why}); its GPUs were scrubbed "
+                                       "at the start")
             orphaned.setdefault(rec.gpus[0], []).append(rec.id)
         if gone:
             log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
@@ -201,23 +213,28 @@ class LeaseManager(PreviousLeases, SharedGpus):
                          "scrubbed: the scrub of GPU %d at this start is recorded for it", rec.id,
                          slot.gpu.index, extra=journal_fields(rec.id, slot.gpu.index))
                 orphaned.setdefault(slot.gpu.index, []).append(rec.id)
+        # GPU index -> the lease taken over on it and its worker's pid: every GPU of a lease of
+        # several (its first GPU's worker holds them all), so that nobody else gets any of them.
         adopting: dict[int, tuple[LeaseRecord, int]] = {}
+        adopted: dict[int, list[Slot]] = {}  # lease id -> its GPUs, program order
         for rec, _, pid in takeover:
             slot = self._on_now(answers[rec.id], placed[rec.id])
-            if slot is None or slot.gpu.index in adopting:
-                why = ("its GPU is not served any more" if slot is None
-                       else f"GPU {slot.gpu.index} is already taken over by lease "
-                            f"{adopting[slot.gpu.index][0].id}")
+            on = gpus_of.get(rec.id) or ([slot] if slot is not None else [])
+            taken = next((s for s in on if s.gpu.index in adopting), None)
+            if slot is None or taken is not None:
+                why = ("its GPU is not served any more" if taken is None
+                       else f"GPU {taken.gpu.index} is already taken over by lease "
+                            f"{adopting[taken.gpu.index][0].id}")
                 self._spawn(self._refuse_previous(rec, answers[rec.id], why), f"retire-{rec.id}")
                 continue
-            adopting[slot.gpu.index] = (rec, pid)
+            adopted[rec.id] = on
+            for s in on:
+                adopting[s.gpu.index] = (rec, pid)
         for slot in self.slots:
             st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
             if slot.gpu.index in adopting:
                 self.pool.restore(slot, bool(st.get("draining")), None)
-                rec, pid = adopting[slot.gpu.index]
-                self.pool.adopt(slot, rec.id)
-                self._own(slot, self._adopt(slot, rec, answers[rec.id], pid), f"lease-{rec.id}")
+                self.pool.adopt(slot, adopting[slot.gpu.index][0].id)
                 continue
             self.pool.restore(slot, bool(st.get("draining")), st.get("quarantine") or None)
             if slot.state == QUARANTINED:
@@ -228,10 +245,19 @@ class LeaseManager(PreviousLeases, SharedGpus):
                 continue
             self._own(slot, self._clean(slot, orphaned.get(slot.gpu.index, [])),
                       f"startup-scrub-{slot.gpu.index}")
-        if adopting:
-            log.info("taking over %d lease(s) of the previous gpupoold: %s", len(adopting),
-                     ", ".join(f"lease {rec.id} on GPU {i} (worker pid {pid})"
-                               for i, (rec, pid) in sorted(adopting.items())))
+        # One task takes each lease over, then watches it: the task that moves all its GPUs on.
+        for on in adopted.values():
+            rec, pid = adopting[on[0].gpu.index]
+            task = self._own(on[0], self._adopt(on[0], rec, answers[rec.id], pid, on[1:]),
+                             f"lease-{rec.id}")
+            for s in on[1:]:
+                s.task = task
+        if adopted:
+            log.info("taking over %d lease(s) of the previous gpupoold: %s", len(adopted),
+                     ", ".join(f"lease {adopting[on[0].gpu.index][0].id} on GPU "
+                               + ", ".join(str(s.gpu.index) for s in on)
+                               + f" (worker pid {adopting[on[0].gpu.index][1]})"
+                               for on in sorted(adopted.values(), key=lambda o: o[0].gpu.index)))
         for rec, worker in detached:
             self._spawn(self._adopt_detached(rec, worker, placed[rec.id]), f"lease-{rec.id}")
         watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self.pool.changed,
@@ -255,12 +281,13 @@ class LeaseManager(PreviousLeases, SharedGpus):
         # is not known).
         kept = [lease for lease in self.pool.active()
                 if lease.worker.adoptable and not lease.worker.exited.done()
-                and not lease.worker.reported_end and not lease.other_slots
+                and not lease.worker.reported_end
                 and len(lease.homes) <= 1 and (
                     (lease.state == ATTACHED and lease.cycle is None and lease.slot is not None)
                     or (lease.state in (DETACHED, ATTACHING) and lease.slot is None
                         and not self._seated(lease)))]
-        self.kept_gpus = frozenset(lease.gpu_index() for lease in kept if lease.slot is not None)
+        self.kept_gpus = frozenset(index for lease in kept if lease.slot is not None
+                                   for index in lease.gpu_indexes())
         for lease in kept:
             lease.worker.detach()
             if lease.timer is not None:

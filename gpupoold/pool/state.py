@@ -24,8 +24,9 @@ was free or finished its scrub while draining:
      └──undrain──► free                 └── scrub (the watchdog: free or drained, yet held)
 
     at start-up every GPU is scrubbing (its first scrub), until: adopt ──► leased (a previous
-    daemon's lease being taken over; adopted once its worker answers) or restore ──► quarantined
-    (it was when that daemon stopped)
+    daemon's lease being taken over, each GPU of a lease of several; adopted once its worker
+    answers, all of them in one step) or restore ──► quarantined (it was when that daemon
+    stopped)
 
     evict (the watchdog, before it scrubs a stuck GPU: leased, scrubbing, free or drained) takes
     its lease and grant off and leaves its state; end (a lease's worker exited) leaves the GPU
@@ -219,16 +220,21 @@ class PoolState:
         self._move(slot, LEASED)
         self.changed(slot)
 
-    def adopted(self, slot: Slot, lease: Lease) -> None:
-        """The previous daemon's lease is taken over: active again, on `slot`."""
-        self._check("adopted", slot)
-        self._require("adopted", slot, slot.adopting == lease.id and slot.lease is None,
-                      f"it is not taking over lease {lease.id}")
-        slot.adopting = None
-        slot.lease = lease
+    def adopted(self, slot: Slot, lease: Lease, others: Sequence[Slot] = ()) -> None:
+        """The previous daemon's lease is taken over: active again, on `slot` (and, a lease of
+        several GPUs, on `others` too, each being taken over for it). All or none, as start."""
+        for s in (slot, *others):
+            self._check("adopted", s)
+            self._require("adopted", s, s.adopting == lease.id and s.lease is None,
+                          f"it is not taking over lease {lease.id}")
+        for s in (slot, *others):
+            s.adopting = None
+            s.lease = lease
         lease.slot = slot
+        lease.other_slots = list(others)
         self._leases[lease.id] = lease
-        self.changed(slot)
+        for s in (slot, *others):
+            self.changed(s)
 
     def adopted_detached(self, lease: Lease, home: Gpu, saved_bytes: int,
                          since: float | None = None) -> None:

@@ -47,6 +47,7 @@ class PreviousLeases:
     # The lease manager's, used here.
     def _watch(self, lease: Lease) -> Any: ...
     def _clean(self, slot: Slot, lease_ids: list[int]) -> Any: ...
+    def _clean_together(self, slots: list[Slot], lease_id: int) -> Any: ...
     def _expire(self, lease: Lease) -> None: ...
     def _dispatch(self) -> None: ...
 
@@ -76,6 +77,26 @@ class PreviousLeases:
         moves = [e["gpu"] for e in events
                  if e["state"] in (ATTACHED, DETACHED) and e["gpu"] is not None]
         return int(moves[-1]) if moves else rec.gpu_index
+
+    async def _gpus_of(self, rec: LeaseRecord) -> list[Slot] | str:
+        """Every GPU of a previous lease of several GPUs, in its program's order (the store's
+        `gpus`, schema 12: its worker's own GPU first), or why it cannot be taken over: one of
+        them is not served here, or the lease moved after an idle detach (its events name the
+        first GPU it came back on only, pool/detach.py, so where the others are is not known)."""
+        try:
+            events = await self.store.lease_events(rec.id)
+        except Exception:
+            log.exception("lease %d: reading its events failed", rec.id)
+            return "its events could not be read (the log says why)"
+        if any(e["state"] == ATTACHED and str(e.get("detail") or "").startswith("moved from")
+               for e in events):
+            return ("it moved to other GPUs after an idle detach, and the store knows only the "
+                    "first of them")
+        slots = [self._slot_of(rec, index) for index in rec.gpus]
+        missing = [index for index, slot in zip(rec.gpus, slots, strict=True) if slot is None]
+        if missing:
+            return f"GPU {', '.join(map(str, missing))} of it is not served any more"
+        return [slot for slot in slots if slot is not None]
 
     def _on_now(self, answer: asyncio.Task[Worker | AdoptError], placed: Slot | None,
                 ) -> Slot | None:
@@ -128,9 +149,12 @@ class PreviousLeases:
             return exc
 
     async def _adopt(self, slot: Slot, rec: LeaseRecord,
-                     answer: asyncio.Task[Worker | AdoptError], pid: int) -> None:
-        """Take over a previous daemon's lease on `slot` (state leased meanwhile), then watch it
-        as any other; a worker that cannot be adopted ends and its GPU is scrubbed."""
+                     answer: asyncio.Task[Worker | AdoptError], pid: int,
+                     others: list[Slot] | None = None) -> None:
+        """Take over a previous daemon's lease on `slot` (state leased meanwhile), and a lease of
+        several GPUs on `others` too (its worker holds them all), then watch it as any other; a
+        worker that cannot be adopted ends and its GPUs are scrubbed."""
+        others = others or []
         try:
             worker = await answer
             if isinstance(worker, AdoptError):
@@ -149,12 +173,17 @@ class PreviousLeases:
                                  f"{slot.gpu.index} ({slot.gpu.uuid})")
             worker.gpu = slot.gpu  # (asked on the store's word; its UUID names this GPU)
         except AdoptError as exc:
-            log.error("lease %d on GPU %d could not be taken over: %s; its GPU is scrubbed",
-                      rec.id, slot.gpu.index, exc, extra=journal_fields(rec.id, slot.gpu.index))
+            on = ", ".join(str(s.gpu.index) for s in (slot, *others))
+            log.error("lease %d on GPU %s could not be taken over: %s; %s scrubbed", rec.id, on,
+                      exc, "its GPUs are" if others else "its GPU is",
+                      extra=journal_fields(rec.id, slot.gpu.index))
             await self._close_previous(rec, f"gpupoold restarted and could not take over the "
                                             f"lease: {exc}")
-            if not self._closing:
-                await self._clean(slot, [rec.id])  # (the scrub ends the take-over)
+            if not self._closing:  # (the scrub ends the take-over; one failing quarantined alone)
+                if others:
+                    await self._clean_together([slot, *others], rec.id)
+                else:
+                    await self._clean(slot, [rec.id])
             return
         req = worker.request
         lease = Lease(id=rec.id, slot=slot, token=rec.token_name,
@@ -162,18 +191,19 @@ class PreviousLeases:
                                         pid=rec.client_pid, program=rec.program, peer=rec.peer),
                       req=Requirements(gpu=str(req.get("gpu") or ""),
                                        model=str(req.get("model") or ""),
-                                       min_memory=_nonneg(req.get("min_memory"))),
+                                       min_memory=_nonneg(req.get("min_memory")),
+                                       gpus=1 + len(others)),
                       worker=worker, queued_s=rec.queued_s, started=rec.started,
                       watcher=asyncio.current_task())
-        self.pool.adopted(slot, lease)
+        self.pool.adopted(slot, lease, others)
         self.counters.inc("leases_adopted")
         limit = self.settings.max_lease_seconds
         if limit > 0:
             left = max(0.0, limit - (time.time() - rec.started))
             lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
-        log.info("lease %d taken over: GPU %d, %s, worker pid %d (it served %.1f s without "
-                 "gpupoold)", lease.id, slot.gpu.index, lease.client.describe(), worker.pid,
-                 worker.orphaned_s,
+        log.info("lease %d taken over: GPU %s, %s, worker pid %d (it served %.1f s without "
+                 "gpupoold)", lease.id, ", ".join(str(s.gpu.index) for s in lease.slots()),
+                 lease.client.describe(), worker.pid, worker.orphaned_s,
                  extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
         await self._watch(lease)
 
