@@ -37,6 +37,10 @@ typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUlinkState_st *CUlinkState;
 typedef struct CUarray_st *CUarray;
 
+/* cuIpcGetEventHandle's handle: 64 opaque bytes, passed by value (cuIpcOpenEventHandle). */
+typedef struct CUipcEventHandle_st {
+    char reserved[64];
+} CUipcEventHandle;
 typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;

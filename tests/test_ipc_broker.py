@@ -140,3 +140,33 @@ def test_answer_turns_worker_messages_into_the_broker_calls(tmp_path: Path) -> N
     msg5, _ = answer(None, 1, gp.WorkerIpcExport(session_id=1, size=2 << 20), [lonely])
     assert msg5.code == CUDA_ERROR_NOT_SUPPORTED and not is_open(lonely)
     broker.close()
+
+
+def test_event_handles_go_to_the_same_job_only_and_carry_no_driver_bytes() -> None:
+    """Issue 37, item 4, events: the worker's export_event gives the broker the driver's
+    CUipcEventHandle; the program's handle (what answer returns) holds none of its bytes, opens
+    only for a session of the exporter's token, and is not a memory handle (nor the reverse)."""
+    broker = IpcBroker(TOKENS.get)
+    driver = bytes(range(1, 65))  # the driver's handle: stands for the exporting process's event
+    msg, out = answer(broker, 1, gp.WorkerIpcExportEvent(session_id=1, event=driver), [])
+    assert isinstance(msg, gp.WorkerIpcExported) and msg.code == 0 and out is None
+    program = bytes(msg.handle)
+    assert len(program) == HANDLE_SIZE and driver[8:24] not in program
+    opened, none = answer(broker, 2, gp.WorkerIpcOpenEvent(session_id=2, handle=program), [])
+    assert isinstance(opened, gp.WorkerIpcEventOpened) and opened.code == 0 and none is None
+    assert bytes(opened.event) == driver
+
+    stranger, _ = answer(broker, 3, gp.WorkerIpcOpenEvent(session_id=3, handle=program), [])
+    assert stranger.code == CUDA_ERROR_INVALID_VALUE and "another token" in stranger.error
+    assert not any(bytes(stranger.event))
+    forged = bytearray(program)
+    forged[16] ^= 1  # a bit of the secret
+    refused, _ = answer(broker, 2, gp.WorkerIpcOpenEvent(session_id=2, handle=bytes(forged)), [])
+    assert refused.code == CUDA_ERROR_INVALID_VALUE
+    as_memory, fd = answer(broker, 2, gp.WorkerIpcOpen(session_id=2, handle=program), [])
+    assert as_memory.code == CUDA_ERROR_INVALID_VALUE and fd is None
+    assert "not a CUDA IPC handle" in as_memory.error
+
+    assert broker.session_ended(1) == set()  # an event's opener maps no memory of the exporter
+    gone, _ = answer(broker, 2, gp.WorkerIpcOpenEvent(session_id=2, handle=program), [])
+    assert gone.code == CUDA_ERROR_INVALID_VALUE and len(broker) == 0

@@ -9,6 +9,11 @@
  * session of the exporter's token), imports it and maps it in this client's VA window. The fd
  * never reaches the client. The worker is single-threaded: while it waits for gpupoold's answer,
  * other control messages are handled as during any wait (control_session.c).
+ *
+ * Events (cuIpcGetEventHandle / cuIpcOpenEventHandle) need no fd: the driver's 64-byte event
+ * handle is opened by any process of the machine, so it travels to gpupoold and back as bytes,
+ * and gpupoold's broker gives the program its own handle (id and secret) instead, so that the
+ * driver's bytes reach only a worker of the exporter's token.
  */
 #include <errno.h>
 #include <poll.h>
@@ -125,6 +130,30 @@ static CUresult no_daemon(const struct worker *w, char *err, size_t errlen)
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* gpupoold's answer to our worker_ipc_export or worker_ipc_export_event: the program's handle. */
+static CUresult await_exported(struct worker *w, uint8_t handle[64], char *err, size_t errlen)
+{
+    uint8_t buf[WK_CTL_MAX + 1];
+    int got_fd = -1;
+    ssize_t n = wait_answer(w, GP_OP_WORKER_IPC_EXPORTED, buf, WK_CTL_MAX, &got_fd, err, errlen);
+    if (got_fd >= 0 && close(got_fd) != 0)
+        wk_warn("close: %s", strerror(errno));
+    gp_worker_ipc_exported a;
+    if (n < 0)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (gp_worker_ipc_exported_decode(buf + GP_PROTO_HEADER_SIZE, (size_t)n - GP_PROTO_HEADER_SIZE,
+                                      &a) != 0) {
+        snprintf(err, errlen, "gpupoold's answer to a CUDA IPC export was unreadable");
+        return CUDA_ERROR_UNKNOWN;
+    }
+    if (a.code != 0) {
+        snprintf(err, errlen, "%.*s", (int)a.error_len, a.error);
+        return (CUresult)a.code;
+    }
+    memcpy(handle, a.handle, 64);
+    return CUDA_SUCCESS;
+}
+
 static CUresult get_handle(struct worker *w, uint64_t dptr, uint8_t handle[64], char *err,
                            size_t errlen)
 {
@@ -157,25 +186,7 @@ static CUresult get_handle(struct worker *w, uint64_t dptr, uint8_t handle[64], 
         snprintf(err, errlen, "the worker could not reach gpupoold");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    uint8_t buf[WK_CTL_MAX + 1];
-    int got_fd = -1;
-    ssize_t n = wait_answer(w, GP_OP_WORKER_IPC_EXPORTED, buf, WK_CTL_MAX, &got_fd, err, errlen);
-    if (got_fd >= 0 && close(got_fd) != 0)
-        wk_warn("close: %s", strerror(errno));
-    gp_worker_ipc_exported a;
-    if (n < 0)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (gp_worker_ipc_exported_decode(buf + GP_PROTO_HEADER_SIZE, (size_t)n - GP_PROTO_HEADER_SIZE,
-                                      &a) != 0) {
-        snprintf(err, errlen, "gpupoold's answer to a CUDA IPC export was unreadable");
-        return CUDA_ERROR_UNKNOWN;
-    }
-    if (a.code != 0) {
-        snprintf(err, errlen, "%.*s", (int)a.error_len, a.error);
-        return (CUresult)a.code;
-    }
-    memcpy(handle, a.handle, 64);
-    return CUDA_SUCCESS;
+    return await_exported(w, handle, err, errlen);
 }
 
 /* Imports the fd, maps `size` bytes of it in the window for every device of the lease and
@@ -278,6 +289,119 @@ static CUresult open_handle(struct worker *w, const uint8_t handle[64], uint64_t
     if (fd >= 0 && close(fd) != 0)
         wk_warn("close: %s", strerror(errno));
     return rc;
+}
+
+/* The driver's handle of the client's event `id`, given to gpupoold for the program's handle. */
+static CUresult get_event_handle(struct worker *w, uint64_t id, uint8_t handle[64], char *err,
+                                 size_t errlen)
+{
+    CUresult rc = no_daemon(w, err, errlen);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUevent e = NULL;
+    rc = wk_event_get(w, id, &e);
+    if (rc != CUDA_SUCCESS) {
+        snprintf(err, errlen, "0x%llx is not an event of this process", (unsigned long long)id);
+        return rc;
+    }
+    CUipcEventHandle drv;
+    rc = DRV(w, cuIpcGetEventHandle, &drv, e);
+    if (rc != CUDA_SUCCESS) {
+        snprintf(err, errlen, "the server's driver refused to export the event (%s)%s",
+                 wk_err_name(w, rc),
+                 rc == CUDA_ERROR_INVALID_VALUE
+                     ? ": it must be made with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING"
+                     : "");
+        return rc;
+    }
+    gp_worker_ipc_export_event m = {.session_id = w->ctl.session_id};
+    memcpy(m.event, drv.reserved, sizeof m.event);
+    if (wk_ctl_send(w, WK_CTL_ENCODE(w, worker_ipc_export_event, &m), 0) != 0) {
+        snprintf(err, errlen, "the worker could not reach gpupoold");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return await_exported(w, handle, err, errlen);
+}
+
+/* Asks gpupoold for the driver's handle behind the program's, opens it and binds the event to
+ * the client's id `id` (as event_create). */
+static CUresult open_event_handle(struct worker *w, uint64_t id, const uint8_t handle[64],
+                                  char *err, size_t errlen)
+{
+    CUresult rc = no_daemon(w, err, errlen);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (w->cur_ctx == 0)
+        return CUDA_ERROR_INVALID_CONTEXT; /* as the driver without a current context */
+    if (wk_idmap_get(&w->events, id)) {
+        snprintf(err, errlen, "event id 0x%llx is taken", (unsigned long long)id);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    gp_worker_ipc_open_event m = {.session_id = w->ctl.session_id};
+    memcpy(m.handle, handle, 64);
+    if (wk_ctl_send(w, WK_CTL_ENCODE(w, worker_ipc_open_event, &m), 0) != 0) {
+        snprintf(err, errlen, "the worker could not reach gpupoold");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    uint8_t buf[WK_CTL_MAX + 1];
+    int fd = -1;
+    ssize_t n = wait_answer(w, GP_OP_WORKER_IPC_EVENT_OPENED, buf, WK_CTL_MAX, &fd, err, errlen);
+    if (fd >= 0 && close(fd) != 0)
+        wk_warn("close: %s", strerror(errno));
+    gp_worker_ipc_event_opened a;
+    if (n < 0)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (gp_worker_ipc_event_opened_decode(buf + GP_PROTO_HEADER_SIZE,
+                                          (size_t)n - GP_PROTO_HEADER_SIZE, &a) != 0) {
+        snprintf(err, errlen, "gpupoold's answer to a CUDA IPC event open was unreadable");
+        return CUDA_ERROR_UNKNOWN;
+    }
+    if (a.code != 0) {
+        snprintf(err, errlen, "%.*s", (int)a.error_len, a.error);
+        return (CUresult)a.code;
+    }
+    CUipcEventHandle drv;
+    memcpy(drv.reserved, a.event, sizeof drv.reserved);
+    CUevent e = NULL;
+    rc = DRV(w, cuIpcOpenEventHandle, &e, drv);
+    if (rc != CUDA_SUCCESS) {
+        snprintf(err, errlen, "the server's driver could not open the event (%s)",
+                 wk_err_name(w, rc));
+        return rc;
+    }
+    rc = wk_obj_bind(&w->events, id, wk_obj_new(w->cur_ctx, e, NULL, 0));
+    if (rc != CUDA_SUCCESS) {
+        if (DRV(w, cuEventDestroy, e) != CUDA_SUCCESS)
+            wk_warn("destroying an unbound CUDA IPC event failed");
+        snprintf(err, errlen, "out of memory for the opened event");
+    }
+    return rc;
+}
+
+WK_HANDLER(ipc_get_event_handle)
+{
+    gp_ipc_get_event_handle_reply r = {0};
+    char err[1024] = "", text[1024];
+    r.code = get_event_handle(w, m->event, r.handle, err, sizeof err);
+    if (r.code == CUDA_SUCCESS)
+        w->ctl.ipc_shared = 1; /* never detached: the other process's event names this one */
+    else
+        wk_log("cuIpcGetEventHandle(0x%llx): %s", (unsigned long long)m->event, err);
+    WK_SET_TEXT(r.error, text, err);
+    WK_REPLY(w, req, gp_ipc_get_event_handle_reply, &r);
+}
+
+WK_HANDLER(ipc_open_event_handle)
+{
+    gp_ipc_open_event_handle_reply r = {0};
+    char err[1024] = "", text[1024];
+    r.code = open_event_handle(w, m->event, m->handle, err, sizeof err);
+    if (r.code == CUDA_SUCCESS)
+        w->ctl.ipc_shared = 1; /* never detached (detach.c): its event lives in another process */
+    else
+        wk_log("cuIpcOpenEventHandle: %s", err);
+    WK_SET_TEXT(r.error, text, err);
+    WK_REPLY(w, req, gp_ipc_open_event_handle_reply, &r);
 }
 
 WK_HANDLER(ipc_get_mem_handle)

@@ -14,7 +14,8 @@ FROM_WORKER: tuple[type, ...] = (gp.WorkerReady, gp.WorkerFailed, gp.WorkerStart
                                  gp.WorkerRefused, gp.WorkerStats, gp.WorkerEnded,
                                  gp.WorkerAdopted, gp.WorkerAdoptRefused, gp.WorkerDetachOk,
                                  gp.WorkerDetachNo, gp.WorkerWantsGpu, gp.WorkerIpcExport,
-                                 gp.WorkerIpcOpen)
+                                 gp.WorkerIpcOpen, gp.WorkerIpcExportEvent,
+                                 gp.WorkerIpcOpenEvent)
 CONTROL_VERSIONS = frozenset({gp.GP_WORKER_CONTROL_VERSION})  # what this gpupoold can follow
 
 

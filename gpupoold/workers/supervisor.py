@@ -445,7 +445,7 @@ class Worker:
                 log.warning("%s worker pid %d sent an unreadable control message (%s): %r",
                             self.label, self.pid, exc, data[:200])
                 continue
-            if isinstance(ev, (gp.WorkerIpcExport, gp.WorkerIpcOpen)):
+            if isinstance(ev, ipc_broker.REQUESTS):
                 await self._answer_ipc(ev, fds)
                 continue
             _close_fds(fds)
