@@ -9,6 +9,11 @@
  * window and reads the same bytes; what the importer writes the exporter reads; the exporter's
  * cuMemRelease while it is imported keeps the bytes (a new allocation of the exporter does not
  * take them). An fd that is not an exported handle is refused.
+ *
+ * Events (cuIpcGetEventHandle / cuIpcOpenEventHandle, issue 37 item 4): only an event made with
+ * CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING exports; its 64 bytes open in the other process
+ * as an event that query, synchronize, stream waits and records take; once the exporter destroys
+ * it the importer's query says so, and the record beside the memory file is gone.
  */
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -157,6 +162,24 @@ static void exporter(void)
     CUdeviceptr q = map_here(other);
     sim_test_fill(q, SIZE, 5);
     step(sock[0], 'r');
+
+    int ipc_events = 0;
+    OK(cuDeviceGetAttribute(&ipc_events, 125 /* IPC_EVENT_SUPPORTED */, 0));
+    CHECK_EQ(ipc_events, 1);
+    CUevent plain_ev = NULL, ev = NULL;
+    CUipcEventHandle eh;
+    OK(cuEventCreate(&plain_ev, CU_EVENT_DISABLE_TIMING));
+    CHECK_RC(cuIpcGetEventHandle(&eh, plain_ev), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(cuEventCreate(&ev, CU_EVENT_INTERPROCESS), CUDA_ERROR_INVALID_VALUE);
+    OK(cuEventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+    OK(cuIpcGetEventHandle(&eh, ev));
+    OK(cuEventRecord(ev, NULL));
+    CHECK(write(sock[0], &eh, sizeof eh) == (ssize_t)sizeof eh);
+    await(sock[0], 'e'); /* the importer opened, waited for and recorded the event */
+    OK(cuEventQuery(ev));
+    OK(cuEventDestroy_v2(ev));
+    OK(cuEventDestroy_v2(plain_ev));
+    step(sock[0], 'x');
     await(sock[0], 'd');
 }
 
@@ -177,6 +200,25 @@ static void importer(void)
     step(sock[1], 'w');
     await(sock[1], 'r');
     CHECK(has_pattern(p, 3)); /* not the exporter's new allocation (pattern 5) */
+
+    CUipcEventHandle eh;
+    CHECK(read(sock[1], &eh, sizeof eh) == (ssize_t)sizeof eh);
+    CUevent ev = NULL, bogus = NULL;
+    OK(cuIpcOpenEventHandle(&ev, eh));
+    OK(cuStreamWaitEvent(NULL, ev, 0));
+    OK(cuEventSynchronize(ev));
+    OK(cuEventQuery(ev));
+    OK(cuEventRecord(ev, NULL));
+    float ms = 0;
+    CHECK_RC(cuEventElapsedTime_v2(&ms, ev, ev), CUDA_ERROR_INVALID_HANDLE); /* no timing */
+    CUipcEventHandle forged = eh;
+    forged.reserved[8] = 'z';
+    CHECK_RC(cuIpcOpenEventHandle(&bogus, forged), CUDA_ERROR_INVALID_VALUE);
+    step(sock[1], 'e');
+    await(sock[1], 'x'); /* the exporter destroyed its event */
+    CHECK_RC(cuEventQuery(ev), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_RC(cuIpcOpenEventHandle(&bogus, eh), CUDA_ERROR_INVALID_VALUE);
+    OK(cuEventDestroy_v2(ev));
     OK(cuMemUnmap(p, SIZE));
     OK(cuMemRelease(h));
     OK(cuMemAddressFree(p, SIZE));

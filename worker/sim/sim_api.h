@@ -135,6 +135,8 @@ SIM_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsign
 SIM_API CUresult cuEventQuery(CUevent hEvent);
 SIM_API CUresult cuEventSynchronize(CUevent hEvent);
 SIM_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+SIM_API CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event);
+SIM_API CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle);
 
 /* ---- modules, libraries, functions ------------------------------------------------------- */
 SIM_API CUresult cuModuleLoadData(CUmodule *module, const void *image);

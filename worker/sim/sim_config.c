@@ -126,7 +126,7 @@ static const int h100_attrs[CU_DEVICE_ATTRIBUTE_MAX] = {
     [122] = 1,          /* CAN_USE_64_BIT_STREAM_MEM_OPS */
     [123] = 1,          /* CAN_USE_STREAM_WAIT_VALUE_NOR */
     [124] = 0,          /* DMA_BUF_SUPPORTED */
-    [125] = 0,          /* IPC_EVENT_SUPPORTED */
+    [125] = 0,          /* IPC_EVENT_SUPPORTED: 1 with memory_file */
     [126] = 4,          /* MEM_SYNC_DOMAIN_COUNT */
     [127] = 1,          /* TENSOR_MAP_ACCESS_SUPPORTED */
     [128] = 0,          /* HANDLE_TYPE_FABRIC_SUPPORTED */
@@ -185,6 +185,7 @@ int sim_config_attr(const struct sim_config *cfg, int dev, int attrib)
         peer = &cfg->peers[dev - cfg->device_count];
     switch (attrib) {
     case 103: /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: with a memory file (sim_ipc.c) */
+    case 125: /* IPC_EVENT_SUPPORTED: the shared record lives beside the memory file */
         return cfg->memory_file[0] != '\0';
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
         return cfg->sm_count;

@@ -18,9 +18,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -157,4 +161,198 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     }
     uint64_t off = sim_memfile_stride() * (uint64_t)phys + rec.rel_off;
     return sim_leave(sim_vmm_import(ordinal_of(phys), off, rec.size, handle));
+}
+
+/*
+ * Interprocess events (cuIpcGetEventHandle / cuIpcOpenEventHandle). The driver's handle is 64
+ * bytes any process on the machine may open; gpupool's workers pass them through gpupoold's
+ * broker, which gives them only to a lease of the exporter's token (gpupoold/workers/
+ * ipc_broker.py). Here an exported event is a small record in a file beside the memory file
+ * (the GPU's private folder, which only gpupool's processes open): the exporter's and the
+ * importer's cuEventRecord update it, their query and synchronize read it. Work on the simulated
+ * device is complete when its call returns, so a recorded event is always complete: the record
+ * says whether the exporter still has the event (the driver leaves using an event whose exporter
+ * destroyed it undefined; here it is CUDA_ERROR_INVALID_HANDLE, so that a test can see it). The
+ * handle names the file by 32 random hex digits. The exporter removes the file when it destroys
+ * the event (a killed worker leaves it behind, 64 bytes, until the folder is cleaned).
+ */
+#define IPC_EVENT_MAGIC 0x3176657069706770ull /* "pgpipev1" */
+#define EVENT_NAME_LEN 32
+
+struct ipc_event_record {
+    uint64_t magic;
+    _Atomic uint64_t records;       /* cuEventRecord calls, in either process */
+    _Atomic uint64_t last_t_ns;     /* CLOCK_MONOTONIC of the latest */
+    _Atomic uint32_t exporter_gone; /* the exporting process destroyed its event */
+};
+
+struct sim_ipc_event {
+    struct ipc_event_record *rec; /* MAP_SHARED */
+    bool exporter;
+    char name[EVENT_NAME_LEN + 1];
+    char path[SIM_PATH_MAX];
+};
+
+/* What the driver-level handle holds (the program never sees it: gpupoold keeps it). */
+struct ipc_event_wire {
+    uint64_t magic;
+    char name[EVENT_NAME_LEN];
+};
+_Static_assert(sizeof(struct ipc_event_wire) <= sizeof(CUipcEventHandle), "handle layout");
+
+/* The record file's path for name; false when the memory file's folder leaves no room. */
+static bool event_path(const char *name, char *out, size_t cap)
+{
+    const char *slash = strrchr(sim_cfg.memory_file, '/');
+    size_t dir = slash ? (size_t)(slash - sim_cfg.memory_file) : 0;
+    int n = snprintf(out, cap, "%.*s/ipc-event-%s", (int)dir, sim_cfg.memory_file, name);
+    return n > 0 && (size_t)n < cap;
+}
+
+static struct sim_ipc_event *map_event(const char *name, bool create)
+{
+    struct sim_ipc_event *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return NULL;
+    memcpy(ev->name, name, EVENT_NAME_LEN);
+    ev->exporter = create;
+    if (!event_path(ev->name, ev->path, sizeof ev->path)) {
+        sim_detail("the memory file's folder name is too long for an event record");
+        free(ev);
+        return NULL;
+    }
+    int fd =
+        open(ev->path, create ? O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC : O_RDWR | O_CLOEXEC, 0600);
+    struct stat st;
+    bool ok = fd >= 0 && (!create || ftruncate(fd, sizeof(struct ipc_event_record)) == 0) &&
+              fstat(fd, &st) == 0 && st.st_size == (off_t)sizeof(struct ipc_event_record);
+    void *p =
+        ok ? mmap(NULL, sizeof(struct ipc_event_record), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+           : MAP_FAILED;
+    int err = errno;
+    if (fd >= 0 && close(fd) != 0 && p != MAP_FAILED)
+        err = errno; /* the mapping stays valid; only say it */
+    if (p == MAP_FAILED) {
+        sim_detail("interprocess event record %s: %s", ev->path,
+                   ok ? strerror(err) : "missing or not one (its exporter destroyed the event?)");
+        if (create && unlink(ev->path) != 0 && errno != ENOENT)
+            sim_detail("interprocess event record %s: %s", ev->path, strerror(errno));
+        free(ev);
+        return NULL;
+    }
+    ev->rec = p;
+    if (create) {
+        ev->rec->magic = IPC_EVENT_MAGIC;
+    } else if (ev->rec->magic != IPC_EVENT_MAGIC) {
+        sim_detail("%s is not an interprocess event record", ev->path);
+        sim_ipc_event_close(ev);
+        return NULL;
+    }
+    return ev;
+}
+
+CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    unsigned flags = 0;
+    struct sim_ipc_event **slot = sim_event_ipc_slot(event, &flags);
+    if (!slot)
+        return sim_leave(CUDA_ERROR_INVALID_HANDLE);
+    if (!pHandle || !(flags & CU_EVENT_INTERPROCESS) || !(flags & CU_EVENT_DISABLE_TIMING))
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    if (!sim_memfile_enabled()) {
+        sim_detail("interprocess events need a memory file (key memory_file): their record "
+                   "lives beside it");
+        return sim_leave(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if (!*slot) {
+        unsigned char rnd[EVENT_NAME_LEN / 2];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            sim_detail("getrandom: %s", strerror(errno));
+            return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        char name[EVENT_NAME_LEN + 1];
+        for (size_t i = 0; i < sizeof rnd; i++)
+            snprintf(name + 2 * i, 3, "%02x", rnd[i]);
+        *slot = map_event(name, true);
+        if (!*slot)
+            return sim_leave(CUDA_ERROR_OUT_OF_MEMORY); /* why: the detail */
+    }
+    struct ipc_event_wire wire = {.magic = IPC_EVENT_MAGIC};
+    memcpy(wire.name, (*slot)->name, EVENT_NAME_LEN);
+    memset(pHandle, 0, sizeof(*pHandle));
+    memcpy(pHandle->reserved, &wire, sizeof wire);
+    return sim_leave(CUDA_SUCCESS);
+}
+
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!phEvent)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    struct ipc_event_wire wire;
+    memcpy(&wire, handle.reserved, sizeof wire);
+    bool named = wire.magic == IPC_EVENT_MAGIC;
+    for (int i = 0; named && i < EVENT_NAME_LEN; i++)
+        named = (wire.name[i] >= '0' && wire.name[i] <= '9') ||
+                (wire.name[i] >= 'a' && wire.name[i] <= 'f');
+    if (!named) {
+        sim_detail("not an interprocess event handle of the simulated device");
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    }
+    if (!sim_memfile_enabled()) {
+        sim_detail("interprocess events need a memory file (key memory_file)");
+        return sim_leave(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    char name[EVENT_NAME_LEN + 1];
+    memcpy(name, wire.name, EVENT_NAME_LEN);
+    name[EVENT_NAME_LEN] = '\0';
+    struct sim_ipc_event *ev = map_event(name, false);
+    if (!ev)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    /* The driver: the opened event behaves like one created with CU_EVENT_DISABLE_TIMING. */
+    CUevent e = NULL;
+    rc = sim_event_new(c->handle, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, &e);
+    unsigned flags;
+    struct sim_ipc_event **slot = rc == CUDA_SUCCESS ? sim_event_ipc_slot(e, &flags) : NULL;
+    if (!slot) {
+        sim_ipc_event_close(ev);
+        return sim_leave(rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc);
+    }
+    *slot = ev;
+    *phEvent = e;
+    return sim_leave(CUDA_SUCCESS);
+}
+
+void sim_ipc_event_recorded(struct sim_ipc_event *ev, uint64_t t_ns)
+{
+    atomic_store(&ev->rec->last_t_ns, t_ns);
+    atomic_fetch_add(&ev->rec->records, 1);
+}
+
+CUresult sim_ipc_event_done(const struct sim_ipc_event *ev)
+{
+    if (!ev->exporter && atomic_load(&ev->rec->exporter_gone)) {
+        sim_detail("the exporting process destroyed this interprocess event");
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return CUDA_SUCCESS; /* every recorded work is complete when its call returns */
+}
+
+void sim_ipc_event_close(struct sim_ipc_event *ev)
+{
+    if (ev->exporter) {
+        atomic_store(&ev->rec->exporter_gone, 1);
+        if (unlink(ev->path) != 0 && errno != ENOENT)
+            sim_detail("removing interprocess event record %s: %s", ev->path, strerror(errno));
+    }
+    if (munmap(ev->rec, sizeof(struct ipc_event_record)) != 0)
+        sim_detail("munmap of an interprocess event record: %s", strerror(errno));
+    free(ev);
 }

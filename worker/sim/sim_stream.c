@@ -38,6 +38,7 @@ struct sim_event {
     bool recorded;
     bool captured; /* last recorded in a capture (not as an external record node) */
     uint64_t t_ns;
+    struct sim_ipc_event *ipc; /* shared with another process (sim_ipc.c), or NULL */
 };
 
 CUresult sim_stream_check(CUstream s)
@@ -63,6 +64,8 @@ static void drop_event(uint64_t h, void *obj, void *arg)
     struct sim_event *e = obj;
     if (e->ctx == *(uint64_t *)arg) {
         sim_handle_del(h);
+        if (e->ipc)
+            sim_ipc_event_close(e->ipc);
         free(e);
     }
 }
@@ -270,6 +273,22 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
     return sim_leave(CUDA_SUCCESS);
 }
 
+CUresult sim_event_new(uint64_t ctx, unsigned flags, CUevent *out)
+{
+    struct sim_event *e = calloc(1, sizeof(*e));
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->flags = flags;
+    e->ctx = ctx;
+    e->handle = sim_handle_new(SIM_K_EVENT, e);
+    if (e->handle == 0) {
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = (CUevent)(uintptr_t)e->handle;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
     struct sim_ctx *c = NULL;
@@ -279,28 +298,25 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if (!phEvent || (Flags & ~known) != 0)
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
-    /* An interprocess event must also disable timing (driver rule). The sim has no IPC, so it
-     * refuses them altogether, as its IPC_EVENT_SUPPORTED attribute (0) announces. */
-    if (Flags & CU_EVENT_INTERPROCESS)
-        return sim_leave((Flags & CU_EVENT_DISABLE_TIMING) ? CUDA_ERROR_NOT_SUPPORTED
-                                                           : CUDA_ERROR_INVALID_VALUE);
-    struct sim_event *e = calloc(1, sizeof(*e));
-    if (!e)
-        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
-    e->flags = Flags;
-    e->ctx = c->handle;
-    e->handle = sim_handle_new(SIM_K_EVENT, e);
-    if (e->handle == 0) {
-        free(e);
-        return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    *phEvent = (CUevent)(uintptr_t)e->handle;
-    return sim_leave(CUDA_SUCCESS);
+    /* An interprocess event must also disable timing (driver rule); it is shared with another
+     * process once cuIpcGetEventHandle exports it (sim_ipc.c). */
+    if ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING))
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    return sim_leave(sim_event_new(c->handle, Flags, phEvent));
 }
 
 static struct sim_event *event_get(CUevent h)
 {
     return sim_handle_get((uint64_t)(uintptr_t)h, SIM_K_EVENT);
+}
+
+struct sim_ipc_event **sim_event_ipc_slot(CUevent h, unsigned *flags)
+{
+    struct sim_event *e = event_get(h);
+    if (!e)
+        return NULL;
+    *flags = e->flags;
+    return &e->ipc;
 }
 
 CUresult cuEventDestroy_v2(CUevent hEvent)
@@ -313,6 +329,8 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
     if (!e)
         return sim_leave(CUDA_ERROR_INVALID_HANDLE);
     sim_handle_del(e->handle);
+    if (e->ipc)
+        sim_ipc_event_close(e->ipc);
     free(e);
     return sim_leave(CUDA_SUCCESS);
 }
@@ -346,6 +364,8 @@ static CUresult record(CUevent hEvent, CUstream hStream, unsigned flags)
     e->captured = false;
     e->recorded = true;
     e->t_ns = sim_now_ns();
+    if (e->ipc)
+        sim_ipc_event_recorded(e->ipc, e->t_ns);
     return sim_leave(CUDA_SUCCESS);
 }
 
@@ -376,7 +396,7 @@ static CUresult event_done(CUevent hEvent)
         sim_detail("the event was last recorded in a stream capture");
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
     }
-    return sim_leave(CUDA_SUCCESS);
+    return sim_leave(e->ipc ? sim_ipc_event_done(e->ipc) : CUDA_SUCCESS);
 }
 
 CUresult cuEventQuery(CUevent hEvent)
