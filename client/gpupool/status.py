@@ -81,17 +81,94 @@ def _state(gpu: Mapping[str, Any]) -> str:
     return state
 
 
-def _lease_where(lease: Mapping[str, Any], gpus: list[Any]) -> str:
-    """Where a lease is: its GPU, every GPU of a lease of several (the GPUs whose view names
-    it, issue 37), or detached while idle."""
-    on = [str(g.get("index", "?")) for g in gpus if isinstance(g, Mapping)
+def _lease_gpus(lease: Mapping[str, Any], gpus: list[Any]) -> list[Any]:
+    """Every GPU a lease is on, device 0 first: the reply's list (protocol 1.7), else the GPUs
+    whose view names it, else its one GPU; [] while detached."""
+    listed = lease.get("gpus")
+    if isinstance(listed, list) and listed:
+        return listed
+    on = [g.get("index") for g in gpus if isinstance(g, Mapping)
           and isinstance(g.get("lease"), Mapping) and g["lease"].get("id") == lease.get("id")]
+    return on or ([lease["gpu"]] if lease.get("gpu") is not None else [])
+
+
+def _lease_where(lease: Mapping[str, Any], gpus: list[Any]) -> str:
+    """Where a lease is: its GPU, every GPU of a lease of several (issue 37), or detached while
+    idle."""
+    on = [str(i) for i in _lease_gpus(lease, gpus)]
     if len(on) > 1:
         return f"on GPUs {', '.join(on)}"
     if lease.get("gpu") is not None:
         return f"on GPU {lease.get('gpu')}"
     return ("detached while idle (its memory waits on the server; its next call takes a GPU "
             "again)")
+
+
+def _shares(gpu: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A shared GPU's shares (issue 32): {"max", "closed", "leases": [...]}; None when the GPU
+    is not shared or the server does not say (protocol 1.6)."""
+    shares = gpu.get("shares")
+    return shares if isinstance(shares, Mapping) else None
+
+
+def _share_leases(shares: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [x for x in shares.get("leases") or [] if isinstance(x, Mapping)]
+
+
+def _share_of(gpu: Mapping[str, Any], lease_id: Any) -> Mapping[str, Any] | None:
+    """The share lease `lease_id` holds on this GPU, None when it holds none."""
+    shares = _shares(gpu)
+    if shares is None:
+        return None
+    return next((x for x in _share_leases(shares) if x.get("id") == lease_id), None)
+
+
+def _holder(gpu: Mapping[str, Any], leases: list[Any], mine: set[Any]) -> str:
+    """Who holds a GPU: its shares' count on a shared GPU; the lease's token and client, and
+    for a lease of several GPUs which ones (issue 37); "-" for nobody."""
+    shares = _shares(gpu)
+    if shares is not None:
+        held = _share_leases(shares)
+        if not held:
+            return "-"
+        me = " [me]" if any(x.get("id") in mine for x in held) else ""
+        return f"{len(held)} of {shares.get('max', '?')} shares{me}"
+    index = gpu.get("index")
+    lease = next((x for x in leases if isinstance(x, Mapping)
+                  and index in (x.get("gpus") or [])), None)
+    if lease is None:
+        lease = gpu.get("lease") if isinstance(gpu.get("lease"), Mapping) else None
+    if lease is None:
+        return "-"
+    holder = f"{lease.get('token') or '?'} ({_client(lease.get('client'))})"
+    if lease.get("id") in mine:
+        holder += " [me]"
+    on = lease.get("gpus") or []
+    if len(on) > 1:
+        holder += f", lease {lease.get('id')} on GPUs {', '.join(str(i) for i in on)}"
+    return holder
+
+
+def share_lines(gpus: list[Any]) -> list[str]:
+    """The shares of each shared GPU that holds any: holder, memory used of the quota, GPU
+    time (issue 32)."""
+    lines = []
+    for g in gpus:
+        shares = _shares(g) if isinstance(g, Mapping) else None
+        held = _share_leases(shares) if shares is not None else []
+        if shares is None or not held:
+            continue
+        closed = ", closed to new shares" if shares.get("closed") else ""
+        lines.append(f"  GPU {g.get('index', '?')} shares: {len(held)} of "
+                     f"{shares.get('max', '?')}{closed}")
+        for x in held:
+            me = " [me]" if x.get("mine") else ""
+            busy = x.get("busy_s")
+            time_s = f", {busy:.1f} s GPU time" if isinstance(busy, (int, float)) else ""
+            lines.append(f"    lease {x.get('id')}: {x.get('token') or '?'} "
+                         f"({_client(x.get('client'))}){me}, {gib(x.get('memory_used'))} "
+                         f"of {gib(x.get('memory_quota'))} quota{time_s}")
+    return lines
 
 
 def _mine_ids(data: Mapping[str, Any]) -> set[Any]:
@@ -125,13 +202,9 @@ def print_status(probes: list[Probe]) -> None:
         data = p.info.data
         mine = _mine_ids(data)
         rows = []
+        all_leases = [x for x in data.get("leases") or [] if isinstance(x, Mapping)]
         for g in data.get("gpus") or []:
-            lease = g.get("lease") if isinstance(g.get("lease"), Mapping) else None
-            holder = "-"
-            if lease is not None:
-                holder = f"{lease.get('token') or '?'} ({_client(lease.get('client'))})"
-                if lease.get("id") in mine:
-                    holder += " [me]"
+            holder = _holder(g, all_leases, mine)
             used, total = _memory(g)
             rows.append((str(g.get("index", "?")), _gpu_name(g), _state(g), holder,
                          f"{gib(used) if used is not None else '?'} / {gib(total)}",
@@ -141,6 +214,8 @@ def print_status(probes: list[Probe]) -> None:
                         right=(5,), indent="  "))
         else:
             print("  no GPUs")
+        for line in share_lines(data.get("gpus") or []):
+            print(line)
         leases = [lease for lease in data.get("leases") or [] if isinstance(lease, Mapping)
                   and lease.get("mine")]
         if leases:
@@ -148,6 +223,10 @@ def print_status(probes: list[Probe]) -> None:
             for lease in leases:
                 c = lease.get("client") if isinstance(lease.get("client"), Mapping) else {}
                 where = _lease_where(lease, data.get("gpus") or [])
+                share = next((x for g in data.get("gpus") or [] if isinstance(g, Mapping)
+                              for x in [_share_of(g, lease.get("id"))] if x is not None), None)
+                if share is not None:
+                    where += f", a share of {gib(share.get('memory_quota'))}"
                 print(f"    lease {lease.get('id')} {where}: "
                       f"{c.get('program') or '?'} (pid {c.get('pid', '?')} on "
                       f"{c.get('host') or '?'}), for {duration(lease.get('duration_s'))}")
@@ -217,7 +296,7 @@ def cmd_status(as_json: bool, env: Mapping[str, str]) -> int:
 
 # ------------------------------------------------------------------------------------ smi
 def smi_json(probes: list[Probe]) -> dict[str, Any]:
-    gpus, processes, servers = [], [], []
+    gpus, processes, servers, shares = [], [], [], []
     probed = {p.server.written for p in probes}  # a fleet server also probed: its own rows
     for p in probes:
         entry: dict[str, Any] = {"address": p.server.written, "reachable": p.info is not None,
@@ -244,22 +323,48 @@ def smi_json(probes: list[Probe]) -> dict[str, Any]:
                                  "name": g.get("name"), "memory_total": g.get("memory_total"),
                                  "state": g.get("state") if g.get("available")
                                  else "unavailable", "live": {}})
+            own = p.info.data.get("gpus") or []
             for lease in p.info.data.get("leases") or []:
-                if isinstance(lease, Mapping) and lease.get("mine"):
-                    used, _ = _memory(by_index.get(lease.get("gpu"), {}))
-                    processes.append({"server": p.server.written, "gpu": lease.get("gpu"),
+                if not isinstance(lease, Mapping) or not lease.get("mine"):
+                    continue
+                # One row per GPU of the lease (issue 37); a detached lease: one, no GPU.
+                for index in _lease_gpus(lease, own) or [None]:
+                    gpu = by_index.get(index, {})
+                    share = _share_of(gpu, lease.get("id"))
+                    used = share.get("memory_used") if share is not None else _memory(gpu)[0]
+                    processes.append({"server": p.server.written, "gpu": index,
+                                      "gpus": _lease_gpus(lease, own),
                                       "lease": lease.get("id"), "used_memory": used,
+                                      "memory_quota": (share.get("memory_quota")
+                                                       if share is not None else None),
                                       "client": lease.get("client"),
                                       "duration_s": lease.get("duration_s")})
+            for g in own:
+                got = _shares(g) if isinstance(g, Mapping) else None
+                for x in _share_leases(got) if got is not None else []:
+                    shares.append({"server": p.server.written, "gpu": g.get("index"),
+                                   "lease": x.get("id"), "token": x.get("token"),
+                                   "client": x.get("client"), "mine": bool(x.get("mine")),
+                                   "memory_used": x.get("memory_used"),
+                                   "memory_quota": x.get("memory_quota"),
+                                   "busy_s": x.get("busy_s")})
         servers.append(entry)
     return {"version": __version__, "time": time.time(), "servers": servers, "gpus": gpus,
-            "processes": processes}
+            "processes": processes, "shares": shares}
 
 
 def _cuda_version(v: Any) -> str:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         return "N/A"
     return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def _smi_state(gpu: Mapping[str, Any]) -> str:
+    """The State column: a shared GPU's with its shares held and its capacity (issue 32)."""
+    shares = _shares(gpu)
+    if shares is None:
+        return _state(gpu)
+    return f"{_state(gpu)} ({len(_share_leases(shares))}/{shares.get('max', '?')} shares)"
 
 
 def print_smi(view: dict[str, Any]) -> None:
@@ -270,7 +375,7 @@ def print_smi(view: dict[str, Any]) -> None:
         live = _live(g)
         power = number(live.get("power_w"), "W")
         limit = number(live.get("power_limit_w"), "W")
-        rows.append((g["server"], str(g.get("index", "?")), _gpu_name(g), _state(g),
+        rows.append((g["server"], str(g.get("index", "?")), _gpu_name(g), _smi_state(g),
                      f"{mib(used)} / {mib(total)}", number(live.get("gpu_util"), "%"),
                      number(live.get("temperature_c"), "C"), f"{power} / {limit}"))
     answering = sum(1 for s in view["servers"] if s["ok"])
@@ -297,6 +402,18 @@ def print_smi(view: dict[str, Any]) -> None:
     headers = ("Server", "GPU", "Lease", "PID", "Host", "Process name", "GPU Memory")
     print(boxed(headers, prow, right=(1, 2, 3, 6), title="Processes (my leases):",
                 empty="No running processes found"))
+    if view.get("shares"):
+        srow = []
+        for x in view["shares"]:
+            me = " [me]" if x.get("mine") else ""
+            busy = x.get("busy_s")
+            srow.append((x["server"], str(x.get("gpu", "?")), str(x.get("lease", "?")),
+                         f"{x.get('token') or '?'} ({_client(x.get('client'))}){me}",
+                         f"{mib(x.get('memory_used'))} / {mib(x.get('memory_quota'))}",
+                         f"{busy:.1f}s" if isinstance(busy, (int, float)) else "N/A"))
+        print()
+        print(boxed(("Server", "GPU", "Lease", "Holder", "Used / Quota", "GPU time"), srow,
+                    right=(1, 2, 4, 5), title="Shares of shared GPUs:"))
 
 
 def cmd_smi(as_json: bool, env: Mapping[str, str]) -> int:

@@ -388,7 +388,27 @@ def waiter_view(r: gp.InfoWaiter) -> dict[str, Any]:
             "waiting_s": _known(r.waiting_s), "mine": bool(r.mine)}
 
 
-def gpu_view(r: gp.InfoGpu, leases: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def share_view(r: gp.InfoShare, mine: bool) -> dict[str, Any]:
+    """A share of a shared GPU (protocol 1.7), as GET /api/v1/gpus shows it, with `mine`."""
+    return {"id": r.lease_id, "token": r.token,
+            "client": {"user": r.client_user, "host": r.client_host},
+            "memory_quota": r.memory_quota, "memory_used": r.memory_used,
+            "busy_s": _known(r.busy_s), "mine": mine}
+
+
+def shares_by_gpu(reply: gp.InfoReply, mine: set[int]) -> dict[int, dict[str, Any]]:
+    """The `shares` of each shared GPU (protocol 1.7): its capacity, whether it is closed to new
+    shares, and the shares it holds. A GPU not in it is not shared (or the server is older)."""
+    out = {g.gpu: {"max": g.max_shares, "closed": bool(g.closed), "leases": []}
+           for g in reply.shared_gpus}
+    for r in reply.share_views:
+        if r.gpu in out:
+            out[r.gpu]["leases"].append(share_view(r, r.lease_id in mine))
+    return out
+
+
+def gpu_view(r: gp.InfoGpu, leases: dict[int, dict[str, Any]],
+             shares: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     live = {"at": _known(r.live_at), "memory_total": _known(r.live_memory_total),
             "memory_used": _known(r.memory_used), "memory_free": _known(r.memory_free),
             "gpu_util": _known(r.gpu_util), "memory_util": _known(r.memory_util),
@@ -401,15 +421,31 @@ def gpu_view(r: gp.InfoGpu, leases: dict[int, dict[str, Any]]) -> dict[str, Any]
     return {"index": r.index, "name": r.name, "uuid": r.uuid, "simulated": bool(r.simulated),
             "memory_total": r.memory_total, "pci_bus_id": r.pci_bus_id, "state": r.state,
             "since": _known(r.since), "draining": bool(r.draining),
-            "worker_ready": bool(r.worker_ready), "lease": lease, "live": live}
+            "worker_ready": bool(r.worker_ready), "lease": lease,
+            "shares": (shares or {}).get(r.index), "live": live}
 
 
 def document(reply: gp.InfoReply) -> dict[str, Any]:
     """The reply's server facts and views, with the names of the HTTP API's views (docs/api.md):
     {"server": {...}, "you": {...}, "time", "gpus": [...], "leases": [...], "queue": [...],
-    "truncated", "fleet": [...]}. Unknown numbers are None."""
+    "truncated", "fleet": [...]}. Unknown numbers are None. A lease has `gpus` (every GPU it is
+    on, device 0 first; [] while detached) and a GPU `shares` (None: not shared), as the API's
+    views do."""
     leases = [lease_view(r) for r in reply.lease_views]
     by_id = {lease["id"]: lease for lease in leases}
+    # Protocol 1.7: every GPU of each lease. A 1.6 server says only its first, and names the
+    # lease in the view of each GPU it holds: those, device 0 first.
+    for lease in leases:
+        first = [] if lease["gpu"] is None else [lease["gpu"]]
+        lease["gpus"] = first + [r.index for r in reply.gpu_views
+                                 if r.lease_id == lease["id"] and r.index not in first]
+    if reply.lease_gpus:
+        for lease in leases:
+            lease["gpus"] = []
+        for r in reply.lease_gpus:
+            if r.lease_id in by_id:
+                by_id[r.lease_id]["gpus"].append(r.gpu)
+    shares = shares_by_gpu(reply, {lease["id"] for lease in leases if lease["mine"]})
     return {
         "server": {"version": reply.version, "host": reply.host, "remoting": reply.remoting,
                    "protocol": f"{reply.major}.{reply.minor}", "auth": reply.auth,
@@ -417,7 +453,7 @@ def document(reply: gp.InfoReply) -> dict[str, Any]:
                    "cuda_driver_version": _known(reply.cuda_driver_version) or 0},
         "you": {"name": reply.you_name, "role": reply.you_role},
         "time": _known(reply.time),
-        "gpus": [gpu_view(r, by_id) for r in reply.gpu_views],
+        "gpus": [gpu_view(r, by_id, shares) for r in reply.gpu_views],
         "leases": leases,
         "queue": [waiter_view(r) for r in reply.queue_views],
         "truncated": bool(reply.truncated),
