@@ -552,6 +552,26 @@ def test_the_day_view_counts_a_moved_lease_on_each_gpu_it_held_and_not_while_det
     assert day_view([moved], [0, 1], now).leased[0][:5] == [0.0, 1.0, 1.0, 1.0, 0.0]
 
 
+def test_the_day_view_counts_a_lease_of_several_gpus_on_each_of_them() -> None:
+    """A lease of GPUs 2 and 0 (issue 37, item 6) counts on both; with its events, its other
+    GPUs count up to its first detach (its events name its device 0 only)."""
+    from types import SimpleNamespace as R
+
+    from gpupoold.dashboard.history import HOUR_S, day_view
+    now = 1_767_225_600.0
+    start = now - 24 * HOUR_S
+    pair = R(id=8, gpu_index=2, gpus=(2, 0), started=start + 1 * HOUR_S,
+             ended=start + 3 * HOUR_S, queued_s=0.0)
+    view = day_view([pair], [0, 1, 2], now)
+    assert view.leased[0][:4] == view.leased[2][:4] == [0.0, 1.0, 1.0, 0.0]
+    assert view.leased[1] == [0.0] * 24
+    events = {8: [{"at": start + 2 * HOUR_S, "state": "detached", "gpu": 2, "detail": ""},
+                  {"at": start + 2.5 * HOUR_S, "state": "attached", "gpu": 1, "detail": ""}]}
+    view = day_view([pair], [0, 1, 2], now, events)
+    assert view.leased[2][:4] == view.leased[0][:4] == [0.0, 1.0, 0.0, 0.0]
+    assert view.leased[1][:4] == [0.0, 0.0, 0.5, 0.0]
+
+
 def test_the_wait_bars_draw_no_wait_under_a_second_and_scale_to_at_least_one() -> None:
     """A lease nobody waited for still spends milliseconds between joining the queue and the
     worker taking it (tens on a loaded machine): the last-day chart, whose caption counts whole
