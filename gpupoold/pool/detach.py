@@ -26,6 +26,15 @@ CUDA 12.8), or a checkpoint failed. Saved state lives in the workers' host memor
 A detached lease outlives a gpupoold restart as an attached one does: its worker waits, parked,
 for the next gpupoold (worker/adopt.c), which takes the lease over detached (pool/leases.py,
 `start`) and brings it back on its client's next call (`resume`).
+
+A share of a shared GPU (issue 32) detaches the same way, with the same settings: its worker's
+checkpoint frees its memory (zeroed: a freed byte of a share always is, docs/architecture.md
+"Memory quotas and zeroing"), its place among the GPU's shares (count and quota) goes to the
+queue's shares at once, with no scrub (the GPU is scrubbed whole when its last share leaves, as
+when it ends), and it comes back through pool/shares.py's placement: a share with room for its
+quota, on the GPU it left first, else on another shared GPU of its model. A shared GPU that a
+whole-GPU waiter has claimed (pool/shares.py: no new share lands) asks its shares as soon as
+they have been idle `DRAIN_IDLE_S` (not `idle_detach_after`), so that the waiter gets it sooner.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from gpupoold.gpu.checkpoint import CheckpointResult, run_checkpoint
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
-from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DETACHING, Lease, Slot
+from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DETACHING, LEASED, Lease, Slot
 from gpupoold.pool.state import PoolState
 from gpupoold.pool.waitqueue import Waiter, WaitQueue
 from gpupoold.store.database import Store
@@ -56,6 +65,12 @@ GIB = 1 << 30
 STATS_EVERY = 1.0  # seconds: workers report changed counters at most this often
 CHECKPOINT_TIMEOUT = 300.0  # seconds a checkpoint or restore may take before it is killed
 LOCK_TIMEOUT_MS = 2000  # how long the driver may wait for work in flight when locking
+# The idle time after which a share of a GPU claimed by a whole-GPU waiter is asked to detach,
+# and how soon it is asked again after a "not now": the waiter should not wait for the idle
+# timeout; a client silent this long between two calls of a busy loop is rare, and if it was
+# one it only comes back on another shared GPU (or after the waiter).
+DRAIN_IDLE_S = 0.5
+DRAIN_RETRY_S = 0.5
 
 
 class Checkpointer:
@@ -99,7 +114,8 @@ class IdleDetacher:
     scrubs a GPU a lease left, `seat(waiter, home)` grants a returning lease's waiter a GPU
     (the one it left first, else in queue order), `abandon(waiter)` gives a grant back,
     `may_take(waiter)` says whether its token's `max_gpus_per_token` lets a waiter take a GPU
-    now, and `closing()` says the daemon stops."""
+    now, `dispatch()` grants what is free (a share's place it left) and `closing()` says the
+    daemon stops."""
 
     def __init__(self, pool: PoolState, queue: WaitQueue, settings: Settings, store: Store,
                  counters: Counters, checkpointer: Checkpointer, *,
@@ -107,7 +123,7 @@ class IdleDetacher:
                  scrub: Callable[[Slot, list[int], str], None],
                  seat: Callable[[Waiter, Slot | None], None],
                  abandon: Callable[[Waiter], None], may_take: Callable[[Waiter], bool],
-                 closing: Callable[[], bool]) -> None:
+                 dispatch: Callable[[], None], closing: Callable[[], bool]) -> None:
         self.pool = pool
         self.queue = queue
         self.settings = settings
@@ -119,7 +135,10 @@ class IdleDetacher:
         self._seat = seat
         self._abandon = abandon
         self._may_take = may_take
+        self._dispatch = dispatch
         self._closing = closing
+        # Shares of a claimed GPU asked early (lease id -> time.monotonic() of the next ask).
+        self._drain_next: dict[int, float] = {}
         # Drivers found without process checkpoints: no lease on their GPUs is asked again.
         self.unsupported: dict[str, str] = {}
 
@@ -139,22 +158,38 @@ class IdleDetacher:
             await asyncio.sleep(min(1.0, max(0.05, after / 4)) if after > 0 else 1.0)
             if after <= 0 or self._closing():
                 continue
-            for lease in self.pool.active():
+            active = self.pool.active()
+            for gone in self._drain_next.keys() - {le.id for le in active}:
+                del self._drain_next[gone]
+            for lease in active:
                 try:
-                    if self._worth_asking(lease, after):
-                        lease.cycle = self._spawn(self._cycle(lease), f"detach-{lease.id}")
+                    idle = self._asks_after(lease, after)
+                    if self._worth_asking(lease, idle):
+                        lease.cycle = self._spawn(self._cycle(lease, idle=idle),
+                                                  f"detach-{lease.id}")
                 except Exception:
                     log.exception("lease %d: idle detach check failed", lease.id)
 
+    def _asks_after(self, lease: Lease, after: float) -> float:
+        """The idle time after which `lease` is asked: `after`, but DRAIN_IDLE_S for a share of a
+        GPU a whole-GPU waiter has claimed (its shares are drained for it)."""
+        slot = lease.slot
+        if lease.share and slot is not None and slot.kept_for is not None:
+            return min(after, DRAIN_IDLE_S)
+        return after
+
     def _worth_asking(self, lease: Lease, after: float) -> bool:
         slot = lease.slot
+        on_gpu = slot is not None and (lease in slot.shares if lease.share else slot.lease is lease)
         if (lease.state != ATTACHED or lease.cycle is not None or lease.keep_gpu is not None
-                or slot is None or slot.lease is not lease or lease.worker.exited.done()):
+                or slot is None or not on_gpu or lease.worker.exited.done()):
             return False
         now = time.monotonic()
+        draining = after < self.settings.idle_detach_after
+        next_try = self._drain_next.get(lease.id, 0.0) if draining else lease.next_try
         # Counters arrive up to STATS_EVERY late: ask that much early, the worker has the last
         # word (and says how long it has been idle, for the next try).
-        if now < lease.next_try or now - lease.worker.active_at < after - STATS_EVERY:
+        if now < next_try or now - lease.worker.active_at < after - STATS_EVERY:
             return False
         if slot.gpu.driver in self.unsupported:
             lease.keep_gpu = self.unsupported[slot.gpu.driver]
@@ -191,9 +226,9 @@ class IdleDetacher:
         lease.cycle = self._spawn(self._cycle(lease, detached=True), f"detach-{lease.id}")
 
     # ------------------------------------------------------------------------- the cycle
-    async def _cycle(self, lease: Lease, detached: bool = False) -> None:
+    async def _cycle(self, lease: Lease, detached: bool = False, idle: float = 0.0) -> None:
         try:
-            if detached or await self._detach(lease):
+            if detached or await self._detach(lease, idle or self.settings.idle_detach_after):
                 await self._come_back(lease)
         except asyncio.CancelledError:
             raise
@@ -210,19 +245,23 @@ class IdleDetacher:
         if wait is None:
             wait = max(1.0, self.settings.idle_detach_after / 2)
         lease.next_try = time.monotonic() + wait
+        if lease.id in self._drain_next:  # drained for a waiter: asked again soon
+            self._drain_next[lease.id] = time.monotonic() + min(wait, DRAIN_RETRY_S)
 
-    async def _detach(self, lease: Lease) -> bool:
-        """Ask, park, checkpoint, hand the GPU over. True when the lease is detached."""
+    async def _detach(self, lease: Lease, idle: float) -> bool:
+        """Ask (idle for `idle` seconds?), park, checkpoint, hand the GPU (or the share's place)
+        over. True when the lease is detached."""
         worker = lease.worker
-        answer = await worker.ask_detach(int(self.settings.idle_detach_after * 1000))
+        if idle < self.settings.idle_detach_after:
+            self._drain_next[lease.id] = time.monotonic() + DRAIN_RETRY_S
+        answer = await worker.ask_detach(int(idle * 1000))
         if answer is None:
             return False  # the worker exited: its watcher ends the lease
         if isinstance(answer, gp.WorkerDetachNo):
             if answer.lasting:
                 lease.keep_gpu = answer.why
-            after = self.settings.idle_detach_after
             # Silent but not long enough yet: ask again when it will have been; busy: later.
-            self._retry_later(lease, answer.why, max(0.05, after - answer.idle_ms / 1000)
+            self._retry_later(lease, answer.why, max(0.05, idle - answer.idle_ms / 1000)
                               if answer.idle_ms else None)
             return False
         slot = lease.slot
@@ -252,15 +291,22 @@ class IdleDetacher:
             return False
         # Detached: the GPUs leave the lease (every one of a lease of several), are scrubbed
         # (recorded as the lease's scrub: its last use by this lease, unless it comes back) and
-        # go to the queue.
+        # go to the queue. A share leaves its place to the queue's shares (its memory was
+        # zeroed as it left); its GPU is scrubbed whole once no share is left on it.
+        self._drain_next.pop(lease.id, None)
         left = self.pool.detach(lease, res.seconds)
         await worker.tell_detached()
         for s in left:
-            self._scrub(s, [lease.id], f"detach-scrub-{s.gpu.index}")
+            if not lease.share or (s.state == LEASED and not s.shares and not s.share_grants
+                                   and s.lease is None and s.reserved is None):
+                self._scrub(s, [lease.id], f"detach-scrub-{s.gpu.index}")
+            else:
+                self._dispatch()
         idle_s = answer.idle_ms / 1000
-        log.info("lease %d detached from GPU %s after %.1f s idle: %d bytes of device memory "
-                 "saved in %.3f s", lease.id, ", ".join(str(s.gpu.index) for s in left), idle_s,
-                 answer.mem_used, res.seconds, extra=journal_fields(lease.id, slot.gpu.index))
+        log.info("lease %d detached from GPU %s%s after %.1f s idle: %d bytes of device memory "
+                 "saved in %.3f s", lease.id, ", ".join(str(s.gpu.index) for s in left),
+                 " (a share)" if lease.share else "", idle_s, answer.mem_used, res.seconds,
+                 extra=journal_fields(lease.id, slot.gpu.index))
         self.counters.inc("detaches")
         await self._record(lease, DETACHED, slot.gpu.index,
                            f"idle {idle_s:.1f} s, {answer.mem_used} bytes saved in "
@@ -285,9 +331,10 @@ class IdleDetacher:
                             only=lambda g: same_model(home, g))
         homes = lease.homes or [home]
         # One GPU: straight back onto the one it left when it can; several: the queue's grant
-        # of as many at once (all or nothing, pool/leases.py), its own ones kept in place below.
+        # of as many at once (all or nothing, pool/leases.py), its own ones kept in place below;
+        # a share: pool/shares.py's placement (the GPU it left first, when it has room).
         self._seat(w, next((s for s in self.pool.slots if s.gpu.uuid == home.uuid), None)
-                   if len(homes) == 1 else None)
+                   if len(homes) == 1 and not lease.share else None)
         done, _ = await asyncio.wait([w.future, worker.exited], return_when=asyncio.FIRST_COMPLETED)
         if w.future not in done or w.future.cancelled() or w.future.exception() is not None:
             self._abandon(w)
@@ -306,6 +353,10 @@ class IdleDetacher:
                       extra=journal_fields(lease.id, slot.gpu.index))
             lease.end_override = lease.end_override or ("worker error", why)
             worker.kill()
+            if lease.share:  # half restored: no new share there until the GPU is scrubbed whole
+                self.pool.close_shares(slot)
+                self._abandon(w)
+                return
             for s in granted:  # (its grant ends there)
                 self._scrub(s, [], f"attach-scrub-{s.gpu.index}")
             return

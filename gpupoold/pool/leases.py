@@ -120,7 +120,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
         self.detacher = IdleDetacher(
             self.pool, self.queue, settings, store, counters, checkpointer or Checkpointer(None),
             spawn=self._spawn, scrub=self._scrub_soon, seat=self._seat_returning,
-            abandon=self.abandon, may_take=self.may_take, closing=lambda: self._closing)
+            abandon=self.abandon, may_take=self.may_take, dispatch=self._dispatch,
+            closing=lambda: self._closing)
         # With a shared store the fleet queue (pool/fleet.py) grants the GPUs, not _dispatch.
         self.fleet: FleetQueue | None = None
         if shared_store:
@@ -585,7 +586,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
         context there (pre-started again after the lease's scrub)."""
         if w in slot.share_grants:  # a share of a shared GPU
             return await self.begin_share(w, slot, hello_body, hello_req, client_fd,
-                                          before_handover, LeaseStartError, START_TIMEOUT)
+                                          before_handover, LeaseStartError, START_TIMEOUT,
+                                          keep_gpu=_keeps_gpu(hello_body))
         others = [s for s in w.granted if s is not slot]
         for s in (slot, *others):
             if s.reserved is not w:

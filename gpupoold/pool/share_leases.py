@@ -36,7 +36,10 @@ from gpupoold.workers.supervisor import WorkerExit, WorkerStartError, WorkerSupe
 
 log = logging.getLogger("gpupoold.leases")
 
-SHARE_KEEPS_GPU = "a share of a shared GPU keeps its place (idle detach of shares: not yet)"
+# A share detaches when idle like a whole GPU's lease (pool/detach.py), except in the operator's
+# MPS server: the driver's process checkpoint of an MPS client is not checked yet.
+MPS_SHARE_KEEPS_GPU = ("a share in the operator's MPS server (share_mps) keeps its place: the "
+                       "driver's checkpoint of an MPS client is not supported by gpupool yet")
 # An MPS client (share_mps) shares memory with its MPS server through /dev/shm/cuda.shm.*
 # files the driver names itself; without them it cannot connect, whatever its pipe directory.
 MPS_CLIENT_PATHS = ("/dev/shm",)
@@ -110,11 +113,23 @@ class SharedGpus:
 
     def _request(self, w: Waiter) -> Request:
         accepts = frozenset(s.gpu.index for s in self.slots if w.accepts(s.gpu))
-        return Request(id=w.ticket, memory=w.req.memory, accepts=accepts)
+        lease = self._returning_share(w)
+        home = lease.home.index if lease is not None and lease.home is not None else None
+        return Request(id=w.ticket, memory=w.req.memory, accepts=accepts, home=home)
+
+    def _returning_share(self, w: Waiter) -> Lease | None:
+        """The detached share whose waiter `w` is (it comes back as a share), else None."""
+        lease = self.pool.lease(w.returning) if w.returning is not None else None
+        return lease if lease is not None and lease.share else None
+
+    def _placed_as_share(self, w: Waiter) -> bool:
+        """Whether pool/shares.py places `w`: a new request of one GPU or a returning share
+        (a returning whole-GPU lease is seated by pool/detach.py)."""
+        return w.req.gpus <= 1 and (w.returning is None or self._returning_share(w) is not None)
 
     def is_share_waiter(self, w: Waiter) -> bool:
         settings = self.share_settings()
-        return settings.share > 1 and w.req.gpus <= 1 and w.returning is None and is_share(
+        return settings.share > 1 and self._placed_as_share(w) and is_share(
             self._request(w), settings, self._rooms())
 
     def share_refusal(self, req: Requirements) -> str | None:
@@ -138,7 +153,7 @@ class SharedGpus:
         if settings.share <= 1 or self._closing:
             return
         waiters = [w for w in self.queue.in_turn() if self.may_take(w)
-                   and w.req.gpus <= 1 and w.returning is None]
+                   and self._placed_as_share(w)]
         if not waiters:
             for s in self.slots:
                 self.pool.keep_for(s, None)
@@ -174,10 +189,12 @@ class SharedGpus:
     async def begin_share(self, w: Waiter, slot: Slot, hello_body: bytes, hello_req: int,
                           client_fd: int,
                           before_handover: Callable[[], Awaitable[None]] | None,
-                          fail: Callable[[str | None], Exception], start_timeout: float) -> Lease:
+                          fail: Callable[[str | None], Exception], start_timeout: float,
+                          keep_gpu: str | None = None) -> Lease:
         """Start the lease of a share granted to `w` on `slot`, in a worker of its own: the
         GPU's pre-started one for its first share, a new one for the others. `fail` makes the
-        lease manager's LeaseStartError (None: the worker told the client why)."""
+        lease manager's LeaseStartError (None: the worker told the client why); `keep_gpu`: why
+        it never detaches when idle, its client asked (None: it may, pool/detach.py)."""
         weight = await self.share_weight(w.token)
         try:
             if weight != int(SHARE_WEIGHT):  # the weight is read when the worker starts
@@ -198,7 +215,9 @@ class SharedGpus:
             self._release_share(slot, w)
             raise
         lease = Lease(id=lease_id, slot=slot, token=w.token, client=w.client, req=w.req,
-                      worker=worker, queued_s=w.waited(), keep_gpu=SHARE_KEEPS_GPU)
+                      worker=worker, queued_s=w.waited(), share=True,
+                      keep_gpu=keep_gpu or (MPS_SHARE_KEEPS_GPU if self.settings.share_mps
+                                                     else None))
         self.counters.inc("leases_started")
         self.pool.start_share(slot, w, lease)
         lease.watcher = self._spawn(self._watch(lease), f"lease-{lease.id}")

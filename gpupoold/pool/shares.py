@@ -10,7 +10,9 @@ whole-GPU request. The policy, first come first served per size class (docs/conf
   memory), no claim of a whole-GPU request and no drain. The first share that fits nowhere now
   stops the round for the shares behind it: smaller shares that would keep filling the room a big
   one waits for cannot starve it. A share larger than every shared GPU it accepts never fits and
-  is refused (`never_fits`).
+  is refused (`never_fits`). A detached share coming back (idle detach, pool/detach.py) is a
+  share like the others, in its place in the queue, that tries the GPU it left first (`home`):
+  restored there its memory does not move.
 - Whole-GPU requests, in their order of arrival: each takes a free GPU, an unshared one first
   (so that shared GPUs stay for shares), then a shared GPU with no share. When none is free, the
   head of this line claims the shared GPU it accepts with the fewest shares (then the lowest
@@ -59,11 +61,12 @@ class GpuRoom:
 @dataclass(frozen=True)
 class Request:
     """A waiter: `memory` bytes (0: a whole GPU), `accepts` the GPUs its requirements allow
-    (None: any)."""
+    (None: any), `home` the GPU a returning share left (tried first)."""
 
     id: int
     memory: int = 0
     accepts: frozenset[int] | None = None
+    home: int | None = None
 
     def takes(self, index: int) -> bool:
         return self.accepts is None or index in self.accepts
@@ -153,7 +156,7 @@ def plan(queue: Sequence[Request], gpus: Sequence[GpuRoom], settings: ShareSetti
                and _room(g, req.memory, settings)]
         if not fit:
             break  # the head of the shares waits, and the shares behind it with it
-        g = fit[0]
+        g = next((g for g in fit if g.index == req.home), fit[0])
         g.free = False
         g.shares[req.id] = req.memory
         out.placements.append(Placement(req.id, g.index, share=True))

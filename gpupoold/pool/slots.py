@@ -56,6 +56,9 @@ class Lease:
     # the lease (`Slot.lease`) as `slot` does; it detaches from all of them at once and comes
     # back on as many (pool/detach.py).
     other_slots: list[Slot] = field(default_factory=list)
+    # A share of a shared GPU (issue 32): on its GPU's `shares`, not `lease`; detached, it comes
+    # back through pool/shares.py's placement (room for its quota) rather than a whole GPU.
+    share: bool = False
 
     def slots(self) -> list[Slot]:
         """Every GPU it is on, program order (none while detached)."""

@@ -35,7 +35,9 @@ was free or finished its scrub while draining:
     a shared GPU (issue 32, `share` > 1) takes several leases at once: grant_share (from free,
     or from leased while it holds shares only), start_share and release_share (leased); its
     last share's end (or its last grant released) leaves it leased, with no lease, until its
-    scrub, as end does
+    scrub, as end does; a share detaches and attaches as a lease does below, leaving its GPU's
+    shares (its last one leaving: leased, no lease, until the scrub) and coming back as a share
+    granted to it (grant_share of its returning waiter)
 
     a lease of several GPUs (issue 37) takes every edge above on each of its GPUs: all of them
     granted in one step (grant, once per GPU, never some while it waits for the rest), started
@@ -151,6 +153,8 @@ class PoolState:
         granted one is counted on the GPU it was granted, as that GPU's holder)."""
         seated = {s.reserved.returning for s in self.slots
                   if s.reserved is not None and s.reserved.returning is not None}
+        seated |= {w.returning for s in self.slots for w in s.share_grants  # a share's
+                   if w.returning is not None}
         return [le for le in self._leases.values() if le.slot is None and le.id not in seated]
 
     def held(self, token: str, but: int | None = None) -> int:
@@ -487,7 +491,8 @@ class PoolState:
         next), all of them at once for a lease of several, and keeps its memory in host memory."""
         self._check_lease("detach", lease)
         slots = lease.slots()
-        if not slots or any(s.lease is not lease or s.state != LEASED for s in slots):
+        if not slots or any((lease not in s.shares if lease.share else s.lease is not lease)
+                            or s.state != LEASED for s in slots):
             raise TransitionError(f"lease {lease.id}: no detach: it is not on leased GPUs")
         lease.home = slots[0].gpu
         lease.homes = [s.gpu for s in slots]
@@ -495,7 +500,12 @@ class PoolState:
         lease.detaches += 1
         lease.not_now = ""
         for s in slots:
-            s.lease = None
+            if lease.share:  # its place (count and quota) is free for other shares; the GPU
+                s.shares.remove(lease)  # ends with its last share, as at a share's end
+                if not s.shares and not s.share_grants:
+                    s.ended_at = time.monotonic()
+            else:
+                s.lease = None
         lease.slot = None
         lease.other_slots = []
         self.events.publish(LeaseDetached(lease.id, slots[0].gpu.index, lease.saved_bytes, seconds))
@@ -517,12 +527,20 @@ class PoolState:
         `latency_s` after its client called, after `detached_for` seconds detached: on its GPUs
         again. Returns the bytes it had saved."""
         self._check_lease("attach", lease)
-        for s in (slot, *others):
+        grant = next((w for w in slot.share_grants if w.returning == lease.id), None)
+        if lease.share:  # back as a share granted to it (pool/shares.py placed it)
+            self._require("attach", slot, slot.state == LEASED and grant is not None
+                          and not others, f"it is {slot.state}, no share granted to lease "
+                          f"{lease.id}")
+        for s in () if lease.share else (slot, *others):
             self._require("attach", s, s.state == LEASED and s.lease is None
                           and s.reserved is not None and s.reserved.returning == lease.id,
                           f"it is {s.state}, not granted to lease {lease.id}")
         moved = lease.home is not None and slot.gpu.uuid != lease.home.uuid
-        for s in (slot, *others):
+        if lease.share and grant is not None:
+            slot.share_grants.remove(grant)
+            slot.shares.append(lease)
+        for s in () if lease.share else (slot, *others):
             s.reserved = None
             s.lease = lease
             s.task = lease.watcher

@@ -431,6 +431,11 @@ void sim_memory_release(void)
         struct sim_seg *s = &segs[i];
         if (s->kind == SIM_SEG_HOST)
             continue;
+        /* A tenant of a shared GPU leaves nothing behind for the next one to read, as gpupool
+         * requires of every byte a share frees (its worker zeroes what the program frees; the
+         * checkpoint's release is the driver's, so zeroed here). */
+        if (s->kind == SIM_SEG_HEAP && sim_shared_enabled())
+            zero_piece(s, s->start, s->foot);
         /* The addresses stay reserved (PROT_NONE) and in the registry: the process keeps its
          * pointers; only the memory behind them goes. */
         if (sim_remap(s->start, s->foot, PROT_NONE) != 0)

@@ -20,6 +20,7 @@
 
 #include "sim_api.h"
 #include "sim_internal.h"
+#include "sim_shared.h"
 
 #define MAX_HINT_TRIES 64
 
@@ -432,6 +433,22 @@ CUresult sim_vmm_save(void)
     return rc;
 }
 
+/* [off, off+len) of the memory file zeroed (a hole punched, else zeros written). */
+static void zero_file(uint64_t off, uint64_t len)
+{
+    if (sim_memfile_punch(off, len) == 0)
+        return;
+    static const unsigned char zeros[1 << 16];
+    for (uint64_t done = 0; done < len;) {
+        uint64_t n = len - done < sizeof(zeros) ? len - done : sizeof(zeros);
+        if (sim_memfile_write(off + done, zeros, n) != 0) {
+            fprintf(stderr, "gpupool-sim: checkpoint: cannot zero the memory a share gives back\n");
+            return;
+        }
+        done += n;
+    }
+}
+
 static void release_one(uint64_t h, void *obj, void *arg)
 {
     (void)h;
@@ -439,6 +456,9 @@ static void release_one(uint64_t h, void *obj, void *arg)
     struct phys *p = obj;
     if (p->imported)
         return; /* the exporter's memory */
+    /* On a shared GPU zeroed first, as a share's every freed byte (sim_memory_release). */
+    if (p->in_file && sim_shared_enabled())
+        zero_file(p->file_off, p->size);
     if (p->in_file)
         sim_memfile_free(p->dev, p->file_off);
     sim_mem_account(p->dev, -(int64_t)p->size);
