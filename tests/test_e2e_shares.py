@@ -31,7 +31,9 @@ def queued_pids(server: Any) -> list[int]:
 def test_four_shares_at_once_a_fifth_waits_a_whole_gpu_request_is_not_starved(
         start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path) -> None:  # noqa: F811
     config = tmp_path / "gpupoold.toml"
-    config.write_text("share = 4\nsim_memory_gib = 32\n")
+    # Idle detach off: the idle shares would detach for the whole-GPU request (issue 32, item 5,
+    # tests/test_e2e_share_detach.py); here it waits for them to end.
+    config.write_text("share = 4\nsim_memory_gib = 32\nidle_detach_after = 0\n")
     server = start_daemon("--config", str(config), build_dir=native_build)
     wait_until("GPU 0 free", lambda: [g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]]
                == ["free"], timeout=30)

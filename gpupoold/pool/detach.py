@@ -294,6 +294,7 @@ class IdleDetacher:
         # go to the queue. A share leaves its place to the queue's shares (its memory was
         # zeroed as it left); its GPU is scrubbed whole once no share is left on it.
         self._drain_next.pop(lease.id, None)
+        drained = idle < self.settings.idle_detach_after
         left = self.pool.detach(lease, res.seconds)
         await worker.tell_detached()
         for s in left:
@@ -305,7 +306,8 @@ class IdleDetacher:
         idle_s = answer.idle_ms / 1000
         log.info("lease %d detached from GPU %s%s after %.1f s idle: %d bytes of device memory "
                  "saved in %.3f s", lease.id, ", ".join(str(s.gpu.index) for s in left),
-                 " (a share)" if lease.share else "", idle_s, answer.mem_used, res.seconds,
+                 (" (a share, asked early: its GPU is kept for a whole-GPU request)" if drained
+                  else " (a share)" if lease.share else ""), idle_s, answer.mem_used, res.seconds,
                  extra=journal_fields(lease.id, slot.gpu.index))
         self.counters.inc("detaches")
         await self._record(lease, DETACHED, slot.gpu.index,
