@@ -11,8 +11,10 @@
  * against mapped device memory. A bad pointer fails the launch with CUDA_ERROR_ILLEGAL_ADDRESS
  * (the caller makes it sticky, as the device does) instead of crashing the worker.
  */
+#include <errno.h>
 #include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 #include "sim_internal.h"
 
@@ -184,9 +186,14 @@ static CUresult k_spin(const unsigned char *params, const struct sim_dims *d)
     (void)d;
     UNPACK(struct spin_args, args, params, sizeof(struct spin_args));
     unsigned long long ns = args.ns > MAX_SPIN_NS ? MAX_SPIN_NS : args.ns;
-    uint64_t start = sim_now_ns();
-    while (sim_now_ns() - start < ns) {
-        /* busy: the device would be busy too */
+    /* The real kernel keeps the GPU busy and the host's CPU idle: the simulated device sleeps
+     * until its clock has run ns (an absolute deadline, so a signal only resumes the wait). A
+     * host busy-wait would make every busy simulated GPU a busy CPU core, and the GPU time of
+     * tenants sharing a GPU would measure the CPU scheduler of a loaded machine. */
+    uint64_t end = sim_now_ns() + ns;
+    struct timespec at = {.tv_sec = (time_t)(end / 1000000000ull),
+                          .tv_nsec = (long)(end % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {
     }
     return CUDA_SUCCESS;
 }
