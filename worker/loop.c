@@ -63,8 +63,18 @@ static void dispatch(struct worker *w, const gp_frame_header *h, const uint8_t *
     }
 }
 
+/* A client that keeps the worker busy (launches sent back to back, never a synchronise) never lets
+ * the loop wait, where stats go out and END, signals and the daemon's departure are seen. So the
+ * loop looks itself, between two frames, once this long has passed since it last did (or every
+ * 1024 frames, whichever comes first): the daemon's live view of the session (busy time, memory
+ * used: at most one stats event a second, control.c) then lags by about a second, however long
+ * the client goes without waiting. Between frames no call is half done, so the checks' callbacks
+ * never meet the CUDA state mid-change. */
+#define BUSY_CHECK_NS 250000000ull
+
 void wk_worker_loop(struct worker *w)
 {
+    uint64_t check_at = 0; /* the next look of a busy loop (wk_now_ns) */
     while (!w->closing) {
         gp_frame_header h;
         const uint8_t *body;
@@ -77,12 +87,16 @@ void wk_worker_loop(struct worker *w)
         }
         if (r < 0)
             break;
-        /* A client that keeps us busy never lets the loop wait, where stats go out and END,
-         * signals and the daemon's departure are seen: look every 1024 frames instead (one
-         * clock read and one poll, nothing per frame). */
-        if ((++w->stats.frames & 1023) == 0 && (w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) &&
-            wk_io_check(w) != 0)
-            break;
+        /* The busy loop's look (BUSY_CHECK_NS): one clock read per frame, a poll when due. */
+        w->stats.frames++;
+        if (w->ctl.fd >= 0 || w->ctl.listen_fd >= 0) {
+            uint64_t now = wk_now_ns();
+            if ((w->stats.frames & 1023) == 0 || now >= check_at) {
+                check_at = now + BUSY_CHECK_NS;
+                if (wk_io_check(w) != 0)
+                    break;
+            }
+        }
         w->in_call = 1; /* a copy's bulk is read inside its handler: not idle meanwhile */
         dispatch(w, &h, body);
         w->in_call = 0;
