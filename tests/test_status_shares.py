@@ -39,9 +39,11 @@ def _gpu(index: int, state: str, lease_id: int = 0) -> gp.InfoGpu:
                       cuda_driver_version=13000)
 
 
-def _lease(lease_id: int, gpu: int, token: str, pid: int, mine: bool) -> gp.InfoLease:
-    return gp.InfoLease(id=lease_id, gpu=gpu, token=token, client_host="laptop",
-                        client_user="ada", client_pid=pid, client_program="train.py",
+def _lease(lease_id: int, gpu: int, token: str, pid: int, mine: bool, who: str = "ada@laptop",
+           ) -> gp.InfoLease:
+    user, host = who.split("@")
+    return gp.InfoLease(id=lease_id, gpu=gpu, token=token, client_host=host,
+                        client_user=user, client_pid=pid, client_program="train.py",
                         request="any GPU", started=1.0, duration_s=12.0, queued_s=0.0,
                         worker_pid=1, mine=int(mine))
 
@@ -54,11 +56,9 @@ def a_reply(with_17: bool = True) -> gp.InfoReply:
         extra = dict(
             shared_gpus=[gp.InfoSharedGpu(gpu=0, max_shares=2, shares=2, closed=0)],
             share_views=[
-                gp.InfoShare(gpu=0, lease_id=4, token="tests", client_user="ada",
-                             client_host="laptop", memory_quota=4 * GIB,
-                             memory_used=512 * MIB, busy_s=1.25),
-                gp.InfoShare(gpu=0, lease_id=5, token="bob", client_user="bo",
-                             client_host="desk", memory_quota=8 * GIB, memory_used=GIB,
+                gp.InfoShare(gpu=0, lease_id=4, memory_quota=4 * GIB, memory_used=512 * MIB,
+                             busy_s=1.25),
+                gp.InfoShare(gpu=0, lease_id=5, memory_quota=8 * GIB, memory_used=GIB,
                              busy_s=0.5)],
             lease_gpus=[gp.InfoLeaseGpu(lease_id=4, gpu=0), gp.InfoLeaseGpu(lease_id=5, gpu=0),
                         gp.InfoLeaseGpu(lease_id=6, gpu=1), gp.InfoLeaseGpu(lease_id=6, gpu=2)])
@@ -67,7 +67,7 @@ def a_reply(with_17: bool = True) -> gp.InfoReply:
         gpus=4, you_name="tests", you_role="user", time=1.0,
         gpu_views=[_gpu(0, "leased"), _gpu(1, "leased", 6), _gpu(2, "leased", 6),
                    _gpu(3, "free")],
-        lease_views=[_lease(4, 0, "tests", 40, True), _lease(5, 0, "bob", 50, False),
+        lease_views=[_lease(4, 0, "tests", 40, True), _lease(5, 0, "bob", 50, False, "bo@desk"),
                      _lease(6, 1, "tests", 60, True)], **extra)
 
 
@@ -144,8 +144,8 @@ def test_the_daemon_builds_the_records_from_its_views() -> None:
          "memory_quota": 8 * GIB, "memory_used": 3, "busy_s": 2.5}]}
     gpus, held = shared_records([{"index": 0, "shares": None}, {"index": 1, "shares": shares}])
     assert [(g.gpu, g.max_shares, g.shares, g.closed) for g in gpus] == [(1, 4, 1, 1)]
-    assert [(s.gpu, s.lease_id, s.token, s.client_user, s.client_host, s.memory_quota,
-             s.memory_used, s.busy_s) for s in held] == [(1, 9, "t", "u", "h", 8 * GIB, 3, 2.5)]
+    assert [(s.gpu, s.lease_id, s.memory_quota, s.memory_used, s.busy_s) for s in held] == [
+        (1, 9, 8 * GIB, 3, 2.5)]
     records = lease_gpu_records([{"id": 3, "gpus": [2, 0]}, {"id": 4, "gpus": []},
                                  {"id": 5, "gpus": [1]}])
     assert [(r.lease_id, r.gpu) for r in records] == [(3, 2), (3, 0), (5, 1)]

@@ -42,7 +42,7 @@ GPU_LIMIT = 1024
 LEASE_LIMIT = 4096
 QUEUE_LIMIT = 4096
 SHARE_LIMIT = 4096  # records:info_share:4096 share_views (protocol 1.7)
-LEASE_GPU_LIMIT = 65536  # records:info_lease_gpu:65536 lease_gpus (protocol 1.7)
+LEASE_GPU_LIMIT = 16384  # records:info_lease_gpu:16384 lease_gpus (protocol 1.7)
 UNKNOWN = -1  # an integer the server does not know (NaN for a float)
 
 
@@ -179,9 +179,8 @@ def waiter_record(view: dict[str, Any], mine: bool, full: bool = True) -> gp.Inf
 def shared_records(gpu_views: list[dict[str, Any]],
                    ) -> tuple[list[gp.InfoSharedGpu], list[gp.InfoShare]]:
     """The shared GPUs of the GPU views (issue 32) and each share they hold, as the reply's
-    records (protocol 1.7). A share names its holder as the lease views do (token, user, host:
-    every caller sees those of every lease already), never its command line, so the records
-    are the same for every caller."""
+    records (protocol 1.7). A share names its lease only: the lease views say who holds it, as
+    each caller may see it, so the records are the same for every caller."""
     gpus, shares = [], []
     for view in gpu_views[:GPU_LIMIT]:
         shared = view.get("shares")
@@ -193,12 +192,8 @@ def shared_records(gpu_views: list[dict[str, Any]],
                                      shares=_u32(len(held)),
                                      closed=int(bool(shared.get("closed")))))
         for s in held:
-            client = s.get("client") or {}
             shares.append(gp.InfoShare(
-                gpu=index, lease_id=_u64(s.get("id")), token=_text(s.get("token"), 255),
-                client_user=_text(client.get("user"), 255),
-                client_host=_text(client.get("host"), 255),
-                memory_quota=_u64(s.get("memory_quota")),
+                gpu=index, lease_id=_u64(s.get("id")), memory_quota=_u64(s.get("memory_quota")),
                 memory_used=_u64(s.get("memory_used")), busy_s=_f64(s.get("busy_s"))))
     return gpus, shares[:SHARE_LIMIT]
 

@@ -388,22 +388,24 @@ def waiter_view(r: gp.InfoWaiter) -> dict[str, Any]:
             "waiting_s": _known(r.waiting_s), "mine": bool(r.mine)}
 
 
-def share_view(r: gp.InfoShare, mine: bool) -> dict[str, Any]:
-    """A share of a shared GPU (protocol 1.7), as GET /api/v1/gpus shows it, with `mine`."""
-    return {"id": r.lease_id, "token": r.token,
-            "client": {"user": r.client_user, "host": r.client_host},
+def share_view(r: gp.InfoShare, lease: dict[str, Any] | None) -> dict[str, Any]:
+    """A share of a shared GPU (protocol 1.7), as GET /api/v1/gpus shows it: its holder (token,
+    client) from its lease's view (None: left out of a truncated reply), and `mine`."""
+    return {"id": r.lease_id, "token": lease["token"] if lease else None,
+            "client": lease["client"] if lease else None,
             "memory_quota": r.memory_quota, "memory_used": r.memory_used,
-            "busy_s": _known(r.busy_s), "mine": mine}
+            "busy_s": _known(r.busy_s), "mine": bool(lease and lease["mine"])}
 
 
-def shares_by_gpu(reply: gp.InfoReply, mine: set[int]) -> dict[int, dict[str, Any]]:
+def shares_by_gpu(reply: gp.InfoReply, leases: dict[int, dict[str, Any]],
+                  ) -> dict[int, dict[str, Any]]:
     """The `shares` of each shared GPU (protocol 1.7): its capacity, whether it is closed to new
     shares, and the shares it holds. A GPU not in it is not shared (or the server is older)."""
     out = {g.gpu: {"max": g.max_shares, "closed": bool(g.closed), "leases": []}
            for g in reply.shared_gpus}
     for r in reply.share_views:
         if r.gpu in out:
-            out[r.gpu]["leases"].append(share_view(r, r.lease_id in mine))
+            out[r.gpu]["leases"].append(share_view(r, leases.get(r.lease_id)))
     return out
 
 
@@ -445,7 +447,7 @@ def document(reply: gp.InfoReply) -> dict[str, Any]:
         for r in reply.lease_gpus:
             if r.lease_id in by_id:
                 by_id[r.lease_id]["gpus"].append(r.gpu)
-    shares = shares_by_gpu(reply, {lease["id"] for lease in leases if lease["mine"]})
+    shares = shares_by_gpu(reply, by_id)
     return {
         "server": {"version": reply.version, "host": reply.host, "remoting": reply.remoting,
                    "protocol": f"{reply.major}.{reply.minor}", "auth": reply.auth,
