@@ -187,31 +187,58 @@ async def test_its_gpus_stay_reserved_while_its_busy_worker_has_not_answered(
         await m.close(0.1)
 
 
-@pytest.mark.parametrize("why", ["gone", "another session", "another gpu", "detached"])
+@pytest.mark.parametrize("why", ["gone", "another session", "another gpu"])
 async def test_a_lease_not_taken_over_ends_and_every_gpu_is_scrubbed(
         tmp_path: Path, why: str) -> None:
-    """Its worker gone, serving another session, on another GPU than the record's first, or
-    detached (from several GPUs: not taken over yet): the record is closed, the worker ended,
-    and all the lease's GPUs scrubbed before anyone gets them."""
+    """Its worker gone, serving another session, or on another GPU than the record's first: the
+    record is closed, the worker ended, and all the lease's GPUs scrubbed before anyone gets
+    them."""
     supervisor = {"gone": PreviousWorkers(None),
                   "another session": PreviousWorkers(make_gpu(2).uuid, session=99),
-                  "another gpu": PreviousWorkers(make_gpu(1).uuid),
-                  "detached": PreviousWorkers(make_gpu(2).uuid, detached_bytes=1 << 20)}[why]
+                  "another gpu": PreviousWorkers(make_gpu(1).uuid)}[why]
     m = await restarted(tmp_path, supervisor)
     try:
-        # (A detached worker holds no GPU: its GPUs were scrubbed when it left them.)
-        await until("its record closed", lambda: LEASE in (
-            m.store.ended if why == "detached" else m.store.scrubbed))
+        await until("its record closed and scrubbed", lambda: LEASE in m.store.scrubbed)
         await until("every GPU free", lambda: all(s.state == FREE for s in m.slots))
         assert sorted(m.cleaner.cleaned) == [0, 1, 2]
         assert m.pool.lease(LEASE) is None and m.store.ended[LEASE][0] == "daemon lost"
         detail = m.store.ended[LEASE][1]
         assert ("worker is gone" if why == "gone" else "could not take over") in detail, detail
-        if why == "detached":
-            assert "detached from several GPUs" in detail, detail
         if why != "gone":
             assert all(w.exited.done() for w in supervisor.spawned if w.session_id == (
                 99 if why == "another session" else LEASE))
+    finally:
+        await m.close(0.1)
+
+
+async def test_a_detached_lease_of_two_gpus_is_taken_over_and_comes_back_on_two(
+        tmp_path: Path) -> None:
+    """Detached when the previous daemon stopped (its worker parked, saying so): taken over on
+    no GPU with both GPUs it left as its homes (program order), every GPU scrubbed and served
+    meanwhile, its place counted for both; its client's call brings it back on two GPUs."""
+    from test_detach import FakeCheckpointer
+
+    from gpupoold.pool.slots import ATTACHED, DETACHED
+
+    events = {LEASE: [("detached", 2, "idle", 1)]}
+    supervisor = PreviousWorkers(make_gpu(2).uuid, detached_bytes=1 << 20)
+    m = await restarted(tmp_path, supervisor, events=events)
+    try:
+        await until("taken over detached", lambda: m.pool.lease(LEASE) is not None)
+        lease = m.pool.lease(LEASE)
+        assert lease is not None and lease.state == DETACHED and lease.slot is None
+        assert lease.homes == [m.slots[2].gpu, m.slots[0].gpu] and lease.req.gpus == 2
+        await until("every GPU free", lambda: all(s.state == FREE for s in m.slots))
+        assert m.pool.held("alice") == 2 and LEASE not in m.store.ended
+        m.detacher.checkpointer = FakeCheckpointer()  # type: ignore[assignment]
+        lease.worker.wants_gpu.set()
+        await until("attached", lambda: lease.state == ATTACHED)
+        # The queue grants the first two free GPUs (0 and 1); GPU 0 stays its device 1, GPU 1
+        # is its device 0 now, and the restore pairs every GPU it left with its new one.
+        assert lease.gpu_indexes() == [1, 0] and lease.req.gpus == 2
+        uuid = [s.gpu.uuid for s in m.slots]
+        assert m.detacher.checkpointer.calls[-1] == (  # type: ignore[attr-defined]
+            "attach", 1, lease.worker.pid, ((uuid[2], uuid[1]), (uuid[0], uuid[0])))
     finally:
         await m.close(0.1)
 
@@ -246,6 +273,24 @@ async def test_close_keeps_an_adoptable_lease_of_several_gpus_and_its_gpus(mgr: 
     assert lease.id not in m.store.ended and m.kept_gpus == frozenset({0, 1})
     assert [s.state for s in m.slots] == [LEASED, LEASED, FREE]
     assert SCRUBBING not in {s.state for s in m.slots}
+
+
+async def test_close_keeps_a_detached_lease_of_several_gpus_not_one_back_from_a_detach(
+        mgr: Any) -> None:  # noqa: F811
+    """Detached from two GPUs: kept (the next daemon takes it over detached). Back on two GPUs
+    after a detach: ended, as it may have moved (the store names the first GPU it came back on
+    only, and the next daemon could not place the others)."""
+    for detached in (True, False):
+        m = await mgr(n_gpus=2)
+        _, lease = await lease_on(m, 1, req=Requirements(gpus=2))
+        lease.worker.adoptable = True
+        lease.homes = [s.gpu for s in lease.slots()]  # (as pool/state.py's detach leaves them)
+        if detached:
+            m.pool.park(lease, 1 << 20)
+            m.pool.detach(lease, 0.1)
+        await m.close(0.1)
+        assert lease.worker.detached is detached and lease.worker.exited.done() is not detached
+        assert m.kept_gpus == frozenset()  # (a detached lease is on no GPU)
 
 
 def test_adopted_takes_every_gpu_of_the_lease_or_none() -> None:

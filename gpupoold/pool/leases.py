@@ -182,13 +182,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
             answer = answers[rec.id]
             worker = answer.result() if answer.done() and not answer.cancelled() else None
             if isinstance(worker, Worker) and worker.adopted_detached is not None:
-                takeover = [t for t in takeover if t[0] is not rec]
-                if rec.id in gpus_of:  # its GPUs are not known to this take-over: it ends
-                    self._spawn(self._refuse_previous(
-                        rec, answer, "it is detached from several GPUs, and a detached lease "
-                        "of several GPUs is not taken over yet"), f"retire-{rec.id}")
-                    continue
                 detached.append((rec, worker))
+                takeover = [t for t in takeover if t[0] is not rec]
         orphaned: dict[int, list[int]] = {}
         for rec in gone:
             await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
@@ -260,7 +255,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
                                + f" (worker pid {adopting[on[0].gpu.index][1]})"
                                for on in sorted(adopted.values(), key=lambda o: o[0].gpu.index)))
         for rec, worker in detached:
-            self._spawn(self._adopt_detached(rec, worker, placed[rec.id]), f"lease-{rec.id}")
+            self._spawn(self._adopt_detached(rec, worker, placed[rec.id], gpus_of.get(rec.id)),
+                        f"lease-{rec.id}")
         watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self.pool.changed,
                             lambda: self.counters.inc("watchdog_repairs"))
         self._spawn(watchdog.run(), "watchdog")
@@ -279,11 +275,12 @@ class LeaseManager(PreviousLeases, SharedGpus):
         # A detached lease continues too (its state waits in its worker's host memory), and so
         # does one whose client called again while it waits for a GPU; one being parked,
         # checkpointed or restored does not (its worker ends: the driver's state of its process
-        # is not known).
+        # is not known). Nor does a lease of several GPUs back from a detach: it may have moved,
+        # and the store names only the first GPU it came back on (pool/takeover.py, _gpus_of).
         kept = [lease for lease in self.pool.active()
                 if lease.worker.adoptable and not lease.worker.exited.done()
                 and not lease.worker.reported_end
-                and len(lease.homes) <= 1 and (
+                and (len(lease.homes) <= 1 or lease.slot is None) and (
                     (lease.state == ATTACHED and lease.cycle is None and lease.slot is not None)
                     or (lease.state in (DETACHED, ATTACHING) and lease.slot is None
                         and not self._seated(lease)))]

@@ -241,15 +241,20 @@ class PoolState:
             self.changed(s)
 
     def adopted_detached(self, lease: Lease, home: Gpu, saved_bytes: int,
-                         since: float | None = None) -> None:
+                         since: float | None = None, homes: Sequence[Gpu] = ()) -> None:
         """The previous daemon's lease is taken over detached (its worker answered so): active
         again on no GPU, its `saved_bytes` of device memory in its worker's host memory since it
-        left `home` (at `since`, as recorded; else from now); its client's next call brings it
-        back as after any detach."""
+        left `home` (at `since`, as recorded; else from now), a lease of several GPUs all of
+        `homes` (program order, `home` first); its client's next call brings it back as after
+        any detach."""
         if lease.id in self._leases or lease.slot is not None or lease.state != ATTACHED:
             raise TransitionError(f"lease {lease.id}: no adopted_detached: it is active, on a "
                                   f"GPU or not new")
+        if homes and homes[0] is not home:
+            raise TransitionError(f"lease {lease.id}: no adopted_detached: its first GPU is "
+                                  f"not the one it left")
         lease.home = home
+        lease.homes = list(homes)
         lease.saved_bytes = saved_bytes
         self._move_lease(lease, DETACHED)
         if since is not None and since <= lease.state_since:

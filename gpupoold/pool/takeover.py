@@ -208,11 +208,12 @@ class PreviousLeases:
         await self._watch(lease)
 
     async def _adopt_detached(self, rec: LeaseRecord, worker: Worker,
-                              placed: Slot | None) -> None:
+                              placed: Slot | None, homes: list[Slot] | None = None) -> None:
         """Take over a previous daemon's lease that was detached when it stopped (its worker
         said so, worker/adopt.c): active again on no GPU, its client's next call brings it back
         on the GPU it left (its worker's word, else the store's: `placed`) or another of the
-        same model, as after any detach (pool/detach.py)."""
+        same model, as after any detach (pool/detach.py). A lease of several GPUs left all of
+        `homes` (the store's, program order) and comes back on as many."""
         home = next((s for s in self.slots if worker.uuid and s.gpu.uuid == worker.uuid), placed)
         why = None
         if worker.session_id != rec.id:
@@ -220,6 +221,9 @@ class PreviousLeases:
         elif home is None:
             why = (f"the GPU it was detached from ({worker.uuid or rec.gpu_uuid}) is not served "
                    f"any more: its saved state can be restored on that model only")
+        elif homes and home is not homes[0]:
+            why = (f"its worker says it left GPU {home.gpu.index} first, and its record says "
+                   f"GPU {homes[0].gpu.index}")
         if why is not None:
             log.error("detached lease %d cannot be taken over: %s; ending it", rec.id, why,
                       extra=journal_fields(rec.id))
@@ -234,20 +238,23 @@ class PreviousLeases:
                                         pid=rec.client_pid, program=rec.program, peer=rec.peer),
                       req=Requirements(gpu=str(req.get("gpu") or ""),
                                        model=str(req.get("model") or ""),
-                                       min_memory=_nonneg(req.get("min_memory"))),
+                                       min_memory=_nonneg(req.get("min_memory")),
+                                       gpus=len(homes) if homes else 1),
                       worker=worker, queued_s=rec.queued_s, started=rec.started,
                       watcher=asyncio.current_task(), detaches=rec.detaches,
                       detached_s=rec.detached_s)
         self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached,
-                                   await self._detached_since(rec.id))
+                                   await self._detached_since(rec.id),
+                                   [s.gpu for s in homes or []])
         self.counters.inc("leases_adopted")
         limit = self.settings.max_lease_seconds
         if limit > 0:
             left = max(0.0, limit - (time.time() - rec.started))
             lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
-        log.info("lease %d taken over detached (from GPU %d, %d bytes of device memory saved), "
+        log.info("lease %d taken over detached (from GPU %s, %d bytes of device memory saved), "
                  "%s, worker pid %d: its client's next call brings it back on a GPU", lease.id,
-                 home.gpu.index, worker.adopted_detached, lease.client.describe(), worker.pid,
+                 ", ".join(str(s.gpu.index) for s in homes or [home]), worker.adopted_detached,
+                 lease.client.describe(), worker.pid,
                  extra=journal_fields(lease.id, home.gpu.index, lease.client.describe()))
         self.detacher.resume(lease)
         self._dispatch()  # a waiter its token's max_gpus_per_token held back may be again
