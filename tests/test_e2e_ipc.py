@@ -69,3 +69,67 @@ def test_two_processes_of_one_job_share_a_buffer(
             exporter.wait()
     wait_until("both GPUs scrubbed and free", lambda: [
         g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]] == ["free"] * 2)
+
+
+WORDS = 1 << 18  # the buffer the exporter's kernel writes: 1 MiB of 32-bit words
+
+
+def _line(proc: subprocess.Popen[str], want: str) -> None:
+    assert proc.stdout is not None
+    got = proc.stdout.readline()
+    if got.strip() != want:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"expected {want!r}, got {got!r}\n{out}{err}")
+
+
+def _tell(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+@pytest.mark.san
+def test_an_ipc_event_orders_two_processes_work(
+        native_build: Path, start_daemon: Callable[..., GpupoolServer], tmp_path: Path) -> None:
+    """Issue 37, item 4, events (tests/c/ipc_event.c): A's slow kernel, then a kernel writing the
+    buffer, then A records an IPC event and says so at once; B, told then, waits for the event
+    (cuStreamWaitEvent, cuEventSynchronize) and reads the buffer bit-exact through the IPC memory
+    handle; a process of another token cannot open the event handle. Without the wait on the
+    event (or if A's record returned before A's worker recorded it) B would read 0xEE bytes."""
+    exe = native_build / "tests" / "ipc_event"
+    assert exe.is_file(), f"{exe} not built"
+    server = start_daemon("--simulated", "2", build_dir=native_build, simulated=None)
+    wait_until("2 free GPUs", lambda: [g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]]
+               == ["free"] * 2)
+    env = server.client_env()
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+             "text": True}
+    args = [str(tmp_path), str(WORDS)]
+    exporter = subprocess.Popen([str(exe), "export", *args], env=env, **pipes)  # type: ignore[call-overload]
+    importer = None
+    try:
+        _line(exporter, "READY")
+        other = server.create_token("ipc-event-stranger")
+        stranger = subprocess.run([str(exe), "stranger", *args],
+                                  env={**env, "GPUPOOL_TOKEN": other},
+                                  capture_output=True, text=True, timeout=60)
+        assert stranger.returncode == 0 and "PASS ipc_event stranger" in stranger.stdout, (
+            stranger.stdout + stranger.stderr)
+        assert "not one of this job's open handles" in stranger.stderr, stranger.stderr
+
+        importer = subprocess.Popen([str(exe), "import", *args], env=env, **pipes)  # type: ignore[call-overload]
+        _line(importer, "OPENED")
+        _tell(exporter, "go")
+        _line(exporter, "RECORDED")
+        _tell(importer, "recorded")
+        out, err = importer.communicate(timeout=60)
+        assert importer.returncode == 0 and "PASS ipc_event import" in out, out + err
+        _tell(exporter, "end")
+        out, err = exporter.communicate(timeout=60)
+        assert exporter.returncode == 0 and "PASS ipc_event export" in out, out + err
+    finally:
+        for proc in (exporter, importer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -2,12 +2,30 @@
  * api_event.c: events. Creating, recording and destroying cost no round trip (the handle is
  * chosen here); query, synchronize and elapsed time wait for the server. An event call runs in
  * the event's own context on the worker, whatever context the calling thread has.
+ * Recording an interprocess event waits for the worker (event_record): another process may wait
+ * for it as soon as this one says so (api_ipc.c).
  */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "gp_graph.h"
 #include "shim.h"
 #include "shim_core.h"
+
+gp_event_obj *gp_event_new(unsigned flags)
+{
+    gp_event_obj *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return NULL;
+    ev->ctx = gp_ctx_current();
+    ev->flags = flags;
+    ev->id = gp_handle_new(GP_H_EVENT, ev);
+    if (!ev->id) {
+        free(ev);
+        return NULL;
+    }
+    return ev;
+}
 
 GP_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
@@ -22,16 +40,9 @@ GP_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     CUresult r = gp_ctx_enter();
     if (r != CUDA_SUCCESS)
         return r;
-    gp_event_obj *ev = calloc(1, sizeof *ev);
+    gp_event_obj *ev = gp_event_new(Flags);
     if (!ev)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    ev->ctx = gp_ctx_current();
-    ev->flags = Flags;
-    ev->id = gp_handle_new(GP_H_EVENT, ev);
-    if (!ev->id) {
-        free(ev);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     gp_event_create m = {.event = ev->id, .flags = Flags};
     GP_FRAME(buf, len, gp_event_create, &m);
     if (!buf) {
@@ -73,6 +84,20 @@ GP_EXPORT CUresult cuEventDestroy(CUevent hEvent)
     return cuEventDestroy_v2(hEvent);
 }
 
+/* Waits until the worker has handled every frame sent before (a ping's round trip). */
+static CUresult worker_caught_up(void)
+{
+    gp_ping m = {.token = 0};
+    GP_FRAME(buf, len, gp_ping, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    GP_FRAME_FREE(buf);
+    gp_reply_free(&rep);
+    return r == CUDA_SUCCESS ? r : gp_cu_result(r);
+}
+
 static CUresult event_record(CUevent e, CUstream s, unsigned int flags)
 {
     if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
@@ -82,8 +107,10 @@ static CUresult event_record(CUevent e, CUstream s, unsigned int flags)
     if (r != CUDA_SUCCESS)
         return r;
     uint64_t h = (uint64_t)(uintptr_t)e;
-    if (!gp_handle_get(h, GP_H_EVENT))
+    const gp_event_obj *ev = gp_handle_get(h, GP_H_EVENT);
+    if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
+    bool shared = (ev->flags & CU_EVENT_INTERPROCESS) != 0;
     /* Work on a stream whose capture was invalidated fails at once, as with the driver. */
     if (gp_capture_status(wire) == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
         return GP_ERR_CAPTURE_INVALIDATED;
@@ -93,6 +120,10 @@ static CUresult event_record(CUevent e, CUstream s, unsigned int flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
+    /* The driver's record is in the event when the call returns, and a program may tell another
+     * process to wait for it at once: the worker must have recorded it before we return. */
+    if (r == CUDA_SUCCESS && shared)
+        r = worker_caught_up();
     return r;
 }
 

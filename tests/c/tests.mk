@@ -68,3 +68,9 @@ TEST_BINS += $(BUILD)/tests/ipc_share
 $(BUILD)/tests/ipc_share: $(BUILD)/obj/tests/c/ipc_share.o $(BUILD)/client/libcuda.so.1
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'
+
+# tests/c/ipc_event.c, run by tests/test_e2e_ipc.py.
+TEST_BINS += $(BUILD)/tests/ipc_event
+$(BUILD)/tests/ipc_event: $(BUILD)/obj/tests/c/ipc_event.o $(BUILD)/client/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'
