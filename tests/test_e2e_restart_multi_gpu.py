@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import REPO
+from test_e2e_detach import detach_server, detached, lease_of, stop_detached
 from test_e2e_leases import MIB, ended_leases, facts, gpu_states, hold_gpu, start_client, wait_until  # noqa: F401
 from test_e2e_restarts import active_ids, restart
 
@@ -68,3 +69,35 @@ def test_a_lease_of_two_gpus_is_taken_over_across_a_restart(
     log = again.log_text()
     assert "GPU 0 clean:" in log and "GPU 1 clean:" in log, log[-3000:]
     wait_until("both GPUs free", lambda: gpu_states(again) == ["free", "free"])
+
+
+def test_a_detached_lease_of_two_gpus_is_taken_over_and_comes_back_bit_exact(
+        start_daemon: Any, native_build: Path, tmp_path: Path,
+        clients: list[subprocess.Popen[str]]) -> None:
+    """Idle detach takes the 2-GPU lease off both GPUs (policy "always"); gpupoold is stopped
+    (SIGTERM: the lease continues, its worker parked) and started again; the new daemon takes it
+    over detached, and the client's next call brings it back on two GPUs with every byte on both
+    devices intact."""
+    server = detach_server(start_daemon, native_build, tmp_path, gpus=2, detach_policy="always")
+    tenant = subprocess.Popen([sys.executable, str(CLIENT), "2", str(4 * MIB), "idle"],
+                              env=server.client_env({"GPUPOOL_GPUS": "2"}), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clients.append(tenant)
+    assert tenant.stdout is not None
+    line = tenant.stdout.readline()
+    assert line.startswith("holding"), f"{line}{tenant.stderr.read() if tenant.stderr else ''}"
+    (lease,) = server.get_json("/api/v1/leases?state=active")["leases"]
+    stop_detached(server, lease)
+    again = start_daemon("--simulated", "2", "--config", str(tmp_path / "gpupoold.toml"),
+                         build_dir=native_build, simulated=None, state_dir=server.state_dir)
+    wait_until("taken over detached", lambda: detached(again, lease["id"]), timeout=20)
+    assert f"lease {lease['id']} taken over detached (from GPU 0, 1" in again.log_text()
+    wait_until("both GPUs free meanwhile", lambda: gpu_states(again) == ["free", "free"])
+    out, err = tenant.communicate("go\n", timeout=60)
+    assert tenant.returncode == 0 and "PASS hold_gpus" in out, (
+        f"the tenant failed ({tenant.returncode}):\n{out}\n{err}\n{again.log_text()[-4000:]}")
+    wait_until("the lease ended and scrubbed", lambda: lease_of(again, lease["id"])["scrub_ok"]
+               is not None, timeout=20)
+    rec = lease_of(again, lease["id"])
+    assert rec["end_reason"] == "client exit" and rec["scrub_ok"] is True, rec
+    assert "attached" in [e["state"] for e in rec["events"]], rec["events"]

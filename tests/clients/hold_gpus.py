@@ -1,11 +1,12 @@
 """hold_gpus: a tenant of several GPUs on the driver API through ctypes, for the restart take-over
 of a lease of several GPUs (tests/test_e2e_restart_multi_gpu.py).
 
-    GPUPOOL_GPUS=N python hold_gpus.py N BYTES
+    GPUPOOL_GPUS=N python hold_gpus.py N BYTES [idle]
 
 Loads libcuda.so.1 (ours, first on LD_LIBRARY_PATH), checks that it sees N devices, puts BYTES
 of different random bytes on each, prints `holding`, then reads every device's buffer back again
-and again (a job that keeps working while its server restarts) until a line arrives on stdin.
+and again (a job that keeps working while its server restarts) until a line arrives on stdin;
+with `idle` it makes no call meanwhile (a lease that idle detach takes off its GPUs).
 Then it checks every device once more, copies device 0's buffer to device 1 (cuMemcpyPeer), and
 prints `PASS hold_gpus copies=C` (C: the read-backs, each bit-exact) and exits 0; otherwise
 `FAIL hold_gpus: ...` and exit 1 (a CUDA error: its name and the call).
@@ -26,6 +27,7 @@ class Failed(Exception):
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     want, size = int(sys.argv[1]), int(sys.argv[2])
+    idle = sys.argv[3:] == ["idle"]
     cuda = ctypes.CDLL("libcuda.so.1")
 
     def check(name: str, *args: object) -> None:
@@ -63,7 +65,7 @@ def main() -> int:
 
     print("holding", flush=True)
     copies = 0
-    while not select.select([sys.stdin], [], [], 0.05)[0]:
+    while not select.select([sys.stdin], [], [], None if idle else 0.05)[0]:
         for ordinal in range(want):
             read_back(ordinal, f"at read-back {copies}")
             copies += 1
