@@ -260,9 +260,8 @@ int main(int argc, char **argv)
         rc = cuCtxSetCurrent(ctx);
     if (rc != CUDA_SUCCESS)
         return fail("set-up", rc);
-    int bad = strcmp(mode, "export") == 0
-                  ? export_side(argv[2], n)
-                  : import_side(argv[2], n, strcmp(mode, "stranger") == 0);
+    int bad = strcmp(mode, "export") == 0 ? export_side(argv[2], n)
+                                          : import_side(argv[2], n, strcmp(mode, "stranger") == 0);
     if (!bad)
         printf("PASS ipc_event %s\n", mode);
     return bad;
