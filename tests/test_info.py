@@ -179,7 +179,7 @@ def test_info_without_leases(gpupool_server: GpupoolServer) -> None:
     # The GPU views are the API's.
     api = gpupool_server.get_json("/api/v1/gpus", token=gpupool_server.token)["gpus"]
     assert comparable(api, like=doc["gpus"]) == comparable(doc["gpus"])
-    assert len(doc["gpus"][0]) == 12 and len(doc["gpus"][0]["live"]) == 13  # all of them
+    assert len(doc["gpus"][0]) == 13 and len(doc["gpus"][0]["live"]) == 13  # all of them
     assert doc["truncated"] is False
     gpu = doc["gpus"][0]
     assert gpu["pci_bus_id"].startswith("00000000:") and gpu["pci_bus_id"].endswith(":00.0")
