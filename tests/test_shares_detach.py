@@ -66,6 +66,7 @@ async def test_an_idle_share_leaves_its_place_to_a_waiting_share_and_comes_back_
     views = PoolViews(m)
     assert [e["id"] for e in views.gpu_views()[0]["shares"]["leases"]] == [b.id, c.id]
     assert views.lease(a)["detach"]["state"] == DETACHED and views.lease(a)["gpu"] is None
+    assert views.lease(a)["memory_quota"] == 8 * GIB  # its quota, kept while it is away
 
     a.worker.wants_gpu.set()  # its client calls: no room (two shares) until c ends
     await until("a queued", lambda: len(m.queue) == 1)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 def lease_view(lease: Lease) -> dict[str, Any]:
     s = lease.worker.stats
+    on = lease.slot.gpu if lease.slot is not None else lease.home  # detached: the GPU it left
     # gpu: the GPU it is on (a lease of several GPUs: its device 0); detached, None (and
     # `detach` says which one it left). gpus: every GPU it is on, program order (issue 37).
     return {"id": lease.id, "gpu": lease.slot.gpu.index if lease.slot is not None else None,
@@ -37,8 +38,9 @@ def lease_view(lease: Lease) -> dict[str, Any]:
             "bytes_h2d": s.bytes_h2d, "bytes_d2h": s.bytes_d2h,
             "module_bytes": s.module_bytes, "calls": dict(s.calls),
             "memory_used": s.mem_used,  # device memory the lease's allocations hold now
-            # its worker's quota (GPUPOOL_MEMORY, at most the GPU's memory; 0: no quota)
-            "memory_quota": lease.req.quota(lease.slot.gpu) if lease.slot is not None else 0}
+            # its worker's quota (GPUPOOL_MEMORY, at most the GPU's memory; 0: no quota), kept
+            # while detached (a detached share comes back with it)
+            "memory_quota": lease.req.quota(on) if on is not None else 0}
 
 
 def shares_view(slot: Slot, shared: bool, share: int) -> dict[str, Any] | None:
