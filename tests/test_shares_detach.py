@@ -15,6 +15,7 @@ import gpupool_protocol as gp
 from test_detach import FakeCheckpointer, until
 from test_leases import GIB, client, lease_on, make_gpu, mgr, settle  # noqa: F401 (fixture)
 
+from gpupoold.gpu.checkpoint import CheckpointResult
 from gpupoold.pool.detach import DRAIN_IDLE_S
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.share_leases import MPS_SHARE_KEEPS_GPU
@@ -107,6 +108,29 @@ async def test_the_last_share_to_detach_leaves_its_gpu_scrubbed_whole(mgr: Any) 
     await until("a detached", lambda: a.state == DETACHED)
     await until("GPU 0 free", lambda: m.slots[0].state == FREE)
     assert m.cleaner.cleaned == [0] and m.store.scrubbed[a.id][0] is True
+
+
+async def test_a_share_whose_restore_fails_ends_and_closes_its_gpu_until_the_whole_scrub(mgr: Any) -> None:  # noqa: F811
+    """A restore that failed may have left part of the share's memory on the GPU, unzeroed: as
+    after a share's worker died, no new share lands there until the GPU is scrubbed whole."""
+    m = await shared(mgr, detach_policy="always")
+    slot = m.slots[0]
+    _, a = await lease_on(m, 1, req=share(8))
+    _, b = await lease_on(m, 2, req=share(8))
+    b.keep_gpu = "test: stays"
+    await until("a detached", lambda: a.state == DETACHED)
+    m.detacher.checkpointer.attach_result = CheckpointResult(False, 0.1, error="restore failed")
+    m.cleaner.cleaned.clear()
+    a.worker.wants_gpu.set()
+    await until("a ended", lambda: a.id in m.store.ended)
+    assert m.store.ended[a.id][0] == "worker error" and slot.share_closed
+    assert slot.shares == [b] and not slot.share_grants and m.cleaner.cleaned == []
+    wc = m.enqueue(share(8), "carol", client(3))
+    await settle()
+    assert not wc.future.done()  # room, but closed
+    b.worker.finish("client exit")
+    assert await asyncio.wait_for(wc.future, 3) is slot
+    assert m.cleaner.cleaned == [0] and not slot.share_closed
 
 
 async def test_a_share_that_cannot_detach_keeps_its_place(mgr: Any) -> None:  # noqa: F811
