@@ -133,6 +133,33 @@ async def test_a_share_whose_restore_fails_ends_and_closes_its_gpu_until_the_who
     assert m.cleaner.cleaned == [0] and not slot.share_closed
 
 
+async def test_a_share_whose_client_leaves_while_it_is_parked_closes_its_gpu(mgr: Any) -> None:  # noqa: F811
+    """A parked worker exits without a driver call (worker/prestart.c): a share whose client
+    left while its checkpoint ran (which fails then) leaves its memory unzeroed, so its GPU takes
+    no new share until it is scrubbed whole; another share's end keeps it open."""
+    m = await shared(mgr)
+    slot = m.slots[0]
+    _, a = await lease_on(m, 1, req=share(8))
+    _, b = await lease_on(m, 2, req=share(8))
+    b.keep_gpu = "test: stays"
+
+    class ClientLeaves(FakeCheckpointer):
+        async def detach(self, gpu: Any, pid: int) -> CheckpointResult:
+            await super().detach(gpu, pid)
+            a.worker.finish("client exit")
+            return CheckpointResult(False, 0.0, error="no such process")
+
+    m.detacher.checkpointer = ClientLeaves()
+    m.cleaner.cleaned.clear()
+    wc = m.enqueue(share(8), "carol", client(3))
+    await until("a ended", lambda: a.id in m.store.ended)
+    await settle()
+    assert slot.share_closed and slot.shares == [b] and not wc.future.done()
+    b.worker.finish("client exit")
+    assert await asyncio.wait_for(wc.future, 3) is slot
+    assert m.cleaner.cleaned == [0]
+
+
 async def test_a_share_that_cannot_detach_keeps_its_place(mgr: Any) -> None:  # noqa: F811
     m = await shared(mgr)
     _, a = await lease_on(m, 1, req=share(8))

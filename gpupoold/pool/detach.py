@@ -71,6 +71,9 @@ LOCK_TIMEOUT_MS = 2000  # how long the driver may wait for work in flight when l
 # one it only comes back on another shared GPU (or after the waiter).
 DRAIN_IDLE_S = 0.5
 DRAIN_RETRY_S = 0.5
+# How long a failed checkpoint of a share waits to see whether its worker exited (its client left
+# while it was parked: then the checkpoint fails because the process is gone, within moments).
+EXIT_GRACE_S = 0.5
 
 
 class Checkpointer:
@@ -278,6 +281,15 @@ class IdleDetacher:
         res = await self.checkpointer.detach(slot.gpu, worker.pid)
         if not res.ok:
             self.pool.unpark(lease)
+            if lease.share and await exits_soon(worker.exited):
+                # Its client left while it was parked (the checkpoint failed for that): a parked
+                # worker exits without a driver call, so nothing zeroed the share's memory.
+                log.warning("GPU %d: share %d ended while parked for a detach, its memory not "
+                            "zeroed; no new share on the GPU until it is scrubbed whole, when its "
+                            "other shares end", slot.gpu.index, lease.id,
+                            extra=journal_fields(lease.id, slot.gpu.index))
+                self.pool.close_shares(slot)
+                return False
             if res.busy:
                 self._retry_later(lease, "work was still running when the driver locked it")
             else:
@@ -383,6 +395,13 @@ class IdleDetacher:
                                            lease.detaches, lease.detached_s)
         except Exception:
             log.exception("lease %d: recording its %s state failed", lease.id, state)
+
+
+async def exits_soon(exited: asyncio.Future[Any], within: float = EXIT_GRACE_S) -> bool:
+    """Whether a worker's exit (`exited`) comes within `within` seconds (at once if it has)."""
+    if not exited.done():
+        await asyncio.wait([exited], timeout=within)
+    return exited.done()
 
 
 def in_program_order(homes: list[Gpu], granted: list[Slot]) -> list[Slot]:
