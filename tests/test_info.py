@@ -367,15 +367,21 @@ class StandInLeases:
 
     @staticmethod
     def _entry(i: int, pad: int) -> dict[str, Any]:
-        return {"id": i, "gpu": 0, "token": ("alice", "bob")[i % 2],
+        # every fifth a lease of two GPUs (issue 37): lease_gpus lists both
+        return {"id": i, "gpu": 0, "gpus": [0, 1] if i % 5 == 0 else [0],
+                "token": ("alice", "bob")[i % 2],
                 "client": {"host": ("h1", "h2", "hé")[i % 3], "user": "u", "pid": i,
                            "program": "prögram ✓ " + "x" * pad, "peer": "127.0.0.1:1"},
                 "request": "any GPU", "started": 1767225600.25, "duration_s": 0.5,
                 "calls": {"cuMemAlloc": i}}
 
     def gpu_views(self) -> list[dict[str, Any]]:
+        # GPU 0 shared (issue 32) by the first two leases, if there are any
+        shares = {"max": 4, "closed": False, "leases": [
+            {"id": v["id"], "token": v["token"], "client": v["client"], "memory_quota": 8 << 30,
+             "memory_used": 3 << 20, "busy_s": 1.5} for v in self.leases[:2]]}
         return [{"index": 0, "name": "H100 (gpupool simulated) " + "y" * self.gpu_pad,
-                 "state": "free", "live": {"memory_used": 0}}]
+                 "state": "free", "live": {"memory_used": 0}, "shares": shares}]
 
     def active_leases(self) -> list[dict[str, Any]]:
         return [dict(v) for v in self.leases]
@@ -441,6 +447,13 @@ async def test_the_cached_reply_is_the_reference_encoding(
     assert all(len(r.client_program.encode()) <= 1023 for r in reply.lease_views)
     mine = [r.mine for r in reply.lease_views[:6]]
     assert mine == [int(i % 2 == 0 and i % 3 == 0) for i in range(len(mine))]  # alice on h1
+    # Protocol 1.7: GPU 0's shares, and both GPUs of every fifth lease.
+    shown = min(leases, info.LEASE_LIMIT)
+    assert [(g.gpu, g.max_shares, g.shares) for g in reply.shared_gpus] == [(0, 4, min(leases, 2))]
+    assert [(s.lease_id, s.memory_quota, s.busy_s) for s in reply.share_views] == [
+        (i, 8 << 30, 1.5) for i in range(min(leases, 2))]
+    assert [(r.lease_id, r.gpu) for r in reply.lease_gpus] == [
+        (i, g) for i in range(shown) for g in ([0, 1] if i % 5 == 0 else [0])]
 
 
 async def test_repeat_requests_share_one_snapshot_until_something_changes(
