@@ -123,6 +123,15 @@ def _share_of(gpu: Mapping[str, Any], lease_id: Any) -> Mapping[str, Any] | None
     return next((x for x in _share_leases(shares) if x.get("id") == lease_id), None)
 
 
+def _lease_share(gpus: list[Any], lease_id: Any) -> Mapping[str, Any] | None:
+    """The share lease `lease_id` holds on any of these GPUs, None when it is no share."""
+    for g in gpus:
+        share = _share_of(g, lease_id) if isinstance(g, Mapping) else None
+        if share is not None:
+            return share
+    return None
+
+
 def _holder(gpu: Mapping[str, Any], leases: list[Any], mine: set[Any]) -> str:
     """Who holds a GPU: its shares' count on a shared GPU; the lease's token and client, and
     for a lease of several GPUs which ones (issue 37); "-" for nobody."""
@@ -223,8 +232,7 @@ def print_status(probes: list[Probe]) -> None:
             for lease in leases:
                 c = lease.get("client") if isinstance(lease.get("client"), Mapping) else {}
                 where = _lease_where(lease, data.get("gpus") or [])
-                share = next((x for g in data.get("gpus") or [] if isinstance(g, Mapping)
-                              for x in [_share_of(g, lease.get("id"))] if x is not None), None)
+                share = _lease_share(data.get("gpus") or [], lease.get("id"))
                 if share is not None:
                     where += f", a share of {gib(share.get('memory_quota'))}"
                 print(f"    lease {lease.get('id')} {where}: "
