@@ -171,14 +171,14 @@ uint64_t sim_current_ctx(void);
 void sim_set_current_ctx(uint64_t h);
 uint64_t sim_now_ns(void);
 
-/* ---- interprocess events (sim_ipc.c; sim_stream.c keeps every event) ------------------- */
+/* ---- interprocess events (sim_ipc.c; sim_stream.c keeps the events and their entry points) */
 /* An event of CU_EVENT_INTERPROCESS that was exported or opened has a record shared with the
- * other process (sim_ipc.c); NULL in its slot otherwise. */
+ * other process; NULL in the event otherwise. */
 struct sim_ipc_event;
-/* Event h's slot for that record, and its flags; NULL when h names no event. */
-struct sim_ipc_event **sim_event_ipc_slot(CUevent h, unsigned *flags);
-/* A new event of context ctx with these flags (cuEventCreate's work, after its checks). */
-CUresult sim_event_new(uint64_t ctx, unsigned flags, CUevent *out);
+/* cuIpcGetEventHandle's work: *ev made on the first export; the handle naming it in *out. */
+CUresult sim_ipc_event_export(struct sim_ipc_event **ev, CUipcEventHandle *out);
+/* cuIpcOpenEventHandle's work: the record the handle names, mapped (detail said on failure). */
+CUresult sim_ipc_event_import(const CUipcEventHandle *handle, struct sim_ipc_event **ev);
 void sim_ipc_event_recorded(struct sim_ipc_event *ev, uint64_t t_ns);
 /* Query / synchronize of a shared event: CUDA_SUCCESS, or why not (detail said). */
 CUresult sim_ipc_event_done(const struct sim_ipc_event *ev);

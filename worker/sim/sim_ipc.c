@@ -251,83 +251,54 @@ static struct sim_ipc_event *map_event(const char *name, bool create)
     return ev;
 }
 
-CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event)
+CUresult sim_ipc_event_export(struct sim_ipc_event **ev, CUipcEventHandle *out)
 {
-    struct sim_ctx *c = NULL;
-    CUresult rc = sim_enter_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    unsigned flags = 0;
-    struct sim_ipc_event **slot = sim_event_ipc_slot(event, &flags);
-    if (!slot)
-        return sim_leave(CUDA_ERROR_INVALID_HANDLE);
-    if (!pHandle || !(flags & CU_EVENT_INTERPROCESS) || !(flags & CU_EVENT_DISABLE_TIMING))
-        return sim_leave(CUDA_ERROR_INVALID_VALUE);
     if (!sim_memfile_enabled()) {
         sim_detail("interprocess events need a memory file (key memory_file): their record "
                    "lives beside it");
-        return sim_leave(CUDA_ERROR_NOT_SUPPORTED);
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (!*slot) {
+    if (!*ev) {
         unsigned char rnd[EVENT_NAME_LEN / 2];
         if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
             sim_detail("getrandom: %s", strerror(errno));
-            return sim_leave(CUDA_ERROR_OUT_OF_MEMORY);
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
         char name[EVENT_NAME_LEN + 1];
         for (size_t i = 0; i < sizeof rnd; i++)
             snprintf(name + 2 * i, 3, "%02x", rnd[i]);
-        *slot = map_event(name, true);
-        if (!*slot)
-            return sim_leave(CUDA_ERROR_OUT_OF_MEMORY); /* why: the detail */
+        *ev = map_event(name, true);
+        if (!*ev)
+            return CUDA_ERROR_OUT_OF_MEMORY; /* why: the detail */
     }
     struct ipc_event_wire wire = {.magic = IPC_EVENT_MAGIC};
-    memcpy(wire.name, (*slot)->name, EVENT_NAME_LEN);
-    memset(pHandle, 0, sizeof(*pHandle));
-    memcpy(pHandle->reserved, &wire, sizeof wire);
-    return sim_leave(CUDA_SUCCESS);
+    memcpy(wire.name, (*ev)->name, EVENT_NAME_LEN);
+    memset(out, 0, sizeof(*out));
+    memcpy(out->reserved, &wire, sizeof wire);
+    return CUDA_SUCCESS;
 }
 
-CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
+CUresult sim_ipc_event_import(const CUipcEventHandle *handle, struct sim_ipc_event **ev)
 {
-    struct sim_ctx *c = NULL;
-    CUresult rc = sim_enter_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!phEvent)
-        return sim_leave(CUDA_ERROR_INVALID_VALUE);
     struct ipc_event_wire wire;
-    memcpy(&wire, handle.reserved, sizeof wire);
+    memcpy(&wire, handle->reserved, sizeof wire);
     bool named = wire.magic == IPC_EVENT_MAGIC;
     for (int i = 0; named && i < EVENT_NAME_LEN; i++)
         named = (wire.name[i] >= '0' && wire.name[i] <= '9') ||
                 (wire.name[i] >= 'a' && wire.name[i] <= 'f');
     if (!named) {
         sim_detail("not an interprocess event handle of the simulated device");
-        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+        return CUDA_ERROR_INVALID_VALUE;
     }
     if (!sim_memfile_enabled()) {
         sim_detail("interprocess events need a memory file (key memory_file)");
-        return sim_leave(CUDA_ERROR_NOT_SUPPORTED);
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
     char name[EVENT_NAME_LEN + 1];
     memcpy(name, wire.name, EVENT_NAME_LEN);
     name[EVENT_NAME_LEN] = '\0';
-    struct sim_ipc_event *ev = map_event(name, false);
-    if (!ev)
-        return sim_leave(CUDA_ERROR_INVALID_VALUE);
-    /* The driver: the opened event behaves like one created with CU_EVENT_DISABLE_TIMING. */
-    CUevent e = NULL;
-    rc = sim_event_new(c->handle, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, &e);
-    unsigned flags;
-    struct sim_ipc_event **slot = rc == CUDA_SUCCESS ? sim_event_ipc_slot(e, &flags) : NULL;
-    if (!slot) {
-        sim_ipc_event_close(ev);
-        return sim_leave(rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc);
-    }
-    *slot = ev;
-    *phEvent = e;
-    return sim_leave(CUDA_SUCCESS);
+    *ev = map_event(name, false);
+    return *ev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 void sim_ipc_event_recorded(struct sim_ipc_event *ev, uint64_t t_ns)

@@ -273,7 +273,7 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
     return sim_leave(CUDA_SUCCESS);
 }
 
-CUresult sim_event_new(uint64_t ctx, unsigned flags, CUevent *out)
+static CUresult event_new(uint64_t ctx, unsigned flags, CUevent *out)
 {
     struct sim_event *e = calloc(1, sizeof(*e));
     if (!e)
@@ -302,7 +302,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
      * process once cuIpcGetEventHandle exports it (sim_ipc.c). */
     if ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING))
         return sim_leave(CUDA_ERROR_INVALID_VALUE);
-    return sim_leave(sim_event_new(c->handle, Flags, phEvent));
+    return sim_leave(event_new(c->handle, Flags, phEvent));
 }
 
 static struct sim_event *event_get(CUevent h)
@@ -310,13 +310,44 @@ static struct sim_event *event_get(CUevent h)
     return sim_handle_get((uint64_t)(uintptr_t)h, SIM_K_EVENT);
 }
 
-struct sim_ipc_event **sim_event_ipc_slot(CUevent h, unsigned *flags)
+/* The interprocess side (the shared record, the handle's bytes) is sim_ipc.c's. */
+CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event)
 {
-    struct sim_event *e = event_get(h);
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct sim_event *e = event_get(event);
     if (!e)
-        return NULL;
-    *flags = e->flags;
-    return &e->ipc;
+        return sim_leave(CUDA_ERROR_INVALID_HANDLE);
+    unsigned need = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+    if (!pHandle || (e->flags & need) != need)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    return sim_leave(sim_ipc_event_export(&e->ipc, pHandle));
+}
+
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
+{
+    struct sim_ctx *c = NULL;
+    CUresult rc = sim_enter_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!phEvent)
+        return sim_leave(CUDA_ERROR_INVALID_VALUE);
+    struct sim_ipc_event *ipc = NULL;
+    rc = sim_ipc_event_import(&handle, &ipc);
+    if (rc != CUDA_SUCCESS)
+        return sim_leave(rc);
+    /* The driver: the opened event behaves like one created with CU_EVENT_DISABLE_TIMING. */
+    CUevent h = NULL;
+    rc = event_new(c->handle, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, &h);
+    if (rc != CUDA_SUCCESS) {
+        sim_ipc_event_close(ipc);
+        return sim_leave(rc);
+    }
+    event_get(h)->ipc = ipc;
+    *phEvent = h;
+    return sim_leave(CUDA_SUCCESS);
 }
 
 CUresult cuEventDestroy_v2(CUevent hEvent)
