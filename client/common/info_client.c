@@ -17,8 +17,8 @@
 #include "net.h"
 
 /* The largest frames an answer to info may be: the info reply with every view array at its
- * spec limit is about 24 MiB (protocol/gpupool.toml: 1024 GPUs, 4096 leases, 4096 waiters, every
- * string at its longest), so 32 MiB; a notice (i32 code, u16 op, string:4095 text). A bigger
+ * spec limit is about 30 MiB (protocol/gpupool.toml: 1024 GPUs, 4096 leases, 4096 waiters, the
+ * protocol 1.7 lists of shares and lease GPUs, every string at its longest), so 32 MiB; a notice (i32 code, u16 op, string:4095 text). A bigger
  * frame is refused before anything is allocated for it. */
 #define INFO_REPLY_MAX_BODY (32u << 20)
 #define NOTICE_MAX_BODY (4u + 2u + (4u + 4095u))

@@ -165,7 +165,7 @@ static void test_decoding(void)
     memset(&m, 0, sizeof m);
     uint8_t body[256];
     size_t k = gp_info_reply_encode(body, &m);
-    gp_wr_u32(body + k - 12, 1025); /* gpu_views: 1,025 of at most 1,024 */
+    gp_wr_u32(body + k - 12, 1025); /* shared_gpus (third from the end): 1,025 of 1,024 */
     CHECK(gp_info_reply_decode(body, k, &cut) == GP_PROTO_EMALFORMED);
     free(rep.body);
 }
