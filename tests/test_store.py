@@ -84,7 +84,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 13
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 14
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -378,7 +378,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 13
+        assert db.schema_version() == SCHEMA_VERSION == 14
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)

@@ -19,6 +19,11 @@ Then each server acts on what concerns it, in `_apply`:
   it that ticket back (same token, host and pid: store/fleet.py) instead of a new one at the
   end, so it is granted the held GPU.
 
+A client asking for several GPUs (GPUPOOL_GPUS=N, the row's `gpus`) is given N GPUs of one
+server in one assignment (`match`: all or nothing, head of line), granted together there, or
+held together for its redirected hello, claimed together, and released together when it never
+arrives. Across servers (`spread`) is not built: docs/multi-gpu.md says how it should be.
+
 What a server tells and enforces about the queue is the fleet's (`waiting`, `counts`):
 `max_queue` and `max_queue_per_token` count the clients waiting on every live server, and the
 info reply's counts are the fleet's, the other servers' as of the last sync (a second old at
@@ -77,7 +82,7 @@ class Redirect:
 @dataclass
 class Reservation:
     ticket: int
-    slot: Slot
+    slots: list[Slot]  # the GPUs held (several for a client asking GPUPOOL_GPUS=N)
     row: QueueRow
     until: float  # time.monotonic() after which the GPU is released
     hold: float  # seconds it is held (claim_seconds)
@@ -145,51 +150,84 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
           away: Counter[str] | None = None) -> list[tuple[int, str, int]]:
     """The assignments of free GPUs to waiters, as (ticket, server, GPU index): in turn
     (`in_turn`: fair between tokens, by what each holds; a server's own queue goes by who was
-    served last, pool/waitqueue.py), each waiter takes a free GPU it accepts, one of its own
-    server first (no redirect), then the other servers' in name order. A token at
-    `max_gpus_per_token` waits: the GPUs of the whole fleet held or assigned to it and its
-    leases off a GPU (`away`, by token) count. A detached lease coming back (a waiter with
-    `only`) is counted in `away` already: it takes its own place back, and waits only while its
-    token holds more than the limit otherwise."""
+    served last, pool/waitqueue.py), each waiter takes as many free GPUs as it asks for (`gpus`,
+    one but for GPUPOOL_GPUS=N) that it accepts, all on one server: its own server first (no
+    redirect), then the other servers in name order, the first that has them all free.
+
+    All or nothing, head of line, as on one server (pool/leases.py's `_grant_next`): a waiter
+    for N GPUs that finds no server with N free takes none, and the free GPUs it accepts on the
+    server nearest to serving it (the most of them free; its own first, then name order), one
+    with N in service that it accepts, are held back from the waiters behind it: GPUs freed
+    there one by one gather for it rather than go to later, smaller requests, so it waits only
+    for the leases before it there, never for ever. It blocks nobody elsewhere: the other
+    servers' free GPUs serve the waiters behind it. A waiter no live server can ever serve (too
+    few GPUs it accepts in service: drained or quarantined since it joined) holds nothing back.
+
+    A token at `max_gpus_per_token` waits: the GPUs of the whole fleet held or assigned to it,
+    its leases off a GPU (`away`, by token) and the N it asks for count. A detached lease coming
+    back (a waiter with `only`) is counted in `away` already: it takes its own place back, and
+    waits only while its token holds more than the limit otherwise."""
     free = [g for g in gpus if g.free and g.holder is None and g.server in up]
     held = held_in_fleet(gpus, up, away or Counter())
-    taken: set[tuple[str, int]] = set()
+    taken: set[tuple[str, int]] = set()  # assigned in this match, or held back for a waiter
     out: list[tuple[int, str, int]] = []
     for w in in_turn(queue, up, held):
         returning = w.only is not None
-        if max_gpus_per_token > 0 and held[w.token] - returning >= max_gpus_per_token:
+        need = max(1, w.gpus)
+        if max_gpus_per_token > 0 and held[w.token] - returning + need > max_gpus_per_token:
             continue
         req = Requirements(**w.request)
-        best: GpuRow | None = None
-        for g in free:
-            if (g.server, g.index) in taken:
-                continue
-            if g.server != w.server and (not w.redirectable or w.only is not None):
-                continue
-            if w.only is not None and g.index not in w.only:
-                continue
-            if not req.matches(_as_gpu(g)):
-                continue
-            if best is None or (g.server != w.server) < (best.server != w.server):
-                best = g
-        if best is None:
+        by_server = _free_it_accepts(w, req, [g for g in free if (g.server, g.index) not in taken])
+        there = next((s for s in by_server if len(by_server[s]) >= need), None)
+        if there is not None:
+            for g in by_server[there][:need]:
+                taken.add((g.server, g.index))
+                out.append((w.ticket, g.server, g.index))
+            if not returning:  # (a returning lease moves from `away` onto the GPUs)
+                held[w.token] += need
             continue
-        taken.add((best.server, best.index))
-        if not returning:  # (a returning lease moves from `away` onto the GPU)
-            held[w.token] += 1
-        out.append((w.ticket, best.server, best.index))
+        if need > 1:
+            servers = [s for s in by_server if _could_serve(w, req, gpus, s, need)]
+            if servers:  # the most free first; `by_server` is its own server first, then names
+                nearest = max(servers, key=lambda s: len(by_server[s]))
+                taken.update((g.server, g.index) for g in by_server[nearest])
     return out
+
+
+def _free_it_accepts(w: QueueRow, req: Requirements,
+                     free: Sequence[GpuRow]) -> dict[str, list[GpuRow]]:
+    """The free GPUs waiter `w` accepts, by server: its own server first, then the others in
+    name order (`free` is in server, index order)."""
+    out: dict[str, list[GpuRow]] = {w.server: []}
+    for g in free:
+        if g.server != w.server and (not w.redirectable or w.only is not None):
+            continue
+        if w.only is not None and g.index not in w.only:
+            continue
+        if req.matches(_as_gpu(g)):
+            out.setdefault(g.server, []).append(g)
+    return {s: gs for s, gs in out.items() if gs}
+
+
+def _could_serve(w: QueueRow, req: Requirements, gpus: Sequence[GpuRow], server: str,
+                 need: int) -> bool:
+    """Whether `server` has `need` GPUs in service that `w` accepts, busy ones included."""
+    return sum(1 for g in gpus if g.server == server and g.state not in OUT_OF_SERVICE
+               and (w.only is None or g.index in w.only) and req.matches(_as_gpu(g))) >= need
 
 
 class FleetQueue:
     """This server's part of the fleet queue (see the top). Built by the lease manager with what
-    it uses of it: `grant(slot, waiter)` gives a free GPU to a waiter here, `claim(slot, waiter)`
-    a held one to the redirected client's waiter, `release(slot)` frees a held GPU nobody
-    claimed, `closing()` says the daemon stops."""
+    it uses of it: `grant(slot, waiter, others)` gives free GPUs to a waiter here (`others`: the
+    rest of a request of several), `claim(slot, waiter, others)` held ones to the redirected
+    client's waiter, `release(slot)` frees a held GPU nobody claimed, `closing()` says the
+    daemon stops."""
 
     def __init__(self, pool: PoolState, queue: WaitQueue, store: Store,
-                 max_gpus_per_token: int = 0, *, grant: Callable[[Slot, Waiter], None],
-                 claim: Callable[[Slot, Waiter], None], release: Callable[[Slot], None],
+                 max_gpus_per_token: int = 0, *,
+                 grant: Callable[[Slot, Waiter, list[Slot]], None],
+                 claim: Callable[[Slot, Waiter, list[Slot]], None],
+                 release: Callable[[Slot], None],
                  closing: Callable[[], bool]) -> None:
         self.pool = pool
         self.queue = queue
@@ -224,13 +262,13 @@ class FleetQueue:
         """Something changed here (a waiter came or left, a GPU changed): sync soon."""
         self._kick.set()
 
-    def under_limit(self, token: str, returning: int | None = None) -> bool:
-        """Whether `token` may take one more GPU as the fleet counts (`match`): the other live
-        servers' part as of the last sync, this server's as it is now (pool/state.py's `held`,
-        leaving out a detached lease coming back: `returning`)."""
+    def under_limit(self, token: str, returning: int | None = None, need: int = 1) -> bool:
+        """Whether `token` may take `need` more GPUs as the fleet counts (`match`): the other
+        live servers' part as of the last sync, this server's as it is now (pool/state.py's
+        `held`, leaving out a detached lease coming back: `returning`)."""
         if self.max_gpus_per_token <= 0:
             return True
-        mine = self.pool.held(token, but=returning)
+        mine = self.pool.held(token, but=returning) + need - 1
         if self.last is None:
             return mine < self.max_gpus_per_token
         up = {name for name, s in self.last.servers.items() if s.get("state") == "up"}
@@ -288,13 +326,45 @@ class FleetQueue:
         return gpus, matching, free, self.waiting()
 
     def elsewhere(self, req: Requirements) -> bool:
-        """Whether another live server has a GPU in service that meets `req`, as of the last
-        sync, and `req` may be served there (a GPU named by index means this server's)."""
-        if self.last is None or _INDEX.fullmatch(req.gpu):
+        """Whether another live server has as many GPUs in service that meet `req` as it asks
+        for (one, or GPUPOOL_GPUS=N: all from one server), as of the last sync, and `req` may be
+        served there (a GPU named by index means this server's)."""
+        if _INDEX.fullmatch(req.gpu):
             return False
+        return any(n >= req.gpus for n in self.in_service_elsewhere(req).values())
+
+    def too_many(self, req: Requirements, here: int, redirectable: bool) -> str:
+        """The refusal of a request for several GPUs that no live server of the fleet can serve
+        (all its GPUs come from one server: `match`): the counts of this server (`here`: its
+        GPUs in service that meet `req`) and of the largest other one."""
+        there = self.in_service_elsewhere(req)
+        most, where = max(((n, name) for name, n in there.items()), default=(0, ""))
+        if not redirectable or _INDEX.fullmatch(req.gpu):
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server has {here}"
+                    f" in service that meet the request ({req.describe()}); the client asks "
+                    "for this server's GPUs only (GPUPOOL_GPU names a GPU by index, or its shim "
+                    "does not follow redirects), so no other server of the fleet can serve it: "
+                    f"ask for at most {here} (GPUPOOL_GPUS / gpus =)")
+        other = (f"the largest other live server, {where}, has {most}" if there
+                 else "no other live server has any")
+        return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and no live server of the "
+                f"fleet has {req.gpus} in service that meet the request ({req.describe()}): "
+                f"this one has {here}, {other}. A lease of several GPUs comes from one server "
+                f"(across servers is not built yet): ask for at most {max(here, most)} "
+                "(GPUPOOL_GPUS / gpus =), or ask the operator")
+
+    def in_service_elsewhere(self, req: Requirements) -> dict[str, int]:
+        """How many GPUs in service that meet `req` each other live server has, as of the last
+        sync (the refusal of a request no server can serve says them)."""
+        out: dict[str, int] = {}
+        if self.last is None:
+            return out
         up = self._up()
-        return any(g.server != self.server and g.server in up and g.state not in OUT_OF_SERVICE
-                   and req.matches(_as_gpu(g)) for g in self.last.gpus)
+        for g in self.last.gpus:
+            if g.server != self.server and g.server in up and g.state not in OUT_OF_SERVICE \
+                    and req.matches(_as_gpu(g)):
+                out[g.server] = out.get(g.server, 0) + 1
+        return out
 
     def position(self, w: Waiter) -> tuple[int, int]:
         """(place in the fleet queue, waiting in the fleet), as of the last sync; (0, n) before
@@ -389,7 +459,9 @@ class FleetQueue:
                 del self._tickets[w]
         new: dict[int, Waiter] = {}
         rows = []
-        for w in waiting:
+        # In the order they joined (the queue's, not the set's): two clients arriving between
+        # two syncs get their fleet tickets in their order.
+        for w in self.queue:
             if w in self._tickets:
                 continue
             self._keys += 1
@@ -403,7 +475,7 @@ class FleetQueue:
                 request={"gpu": w.req.gpu, "model": w.req.model,
                          "min_memory": w.req.min_memory},
                 only=only, redirectable=w.redirectable and not _INDEX.fullmatch(w.req.gpu),
-                joined=w.joined_wall, state="waiting")))
+                joined=w.joined_wall, state="waiting", gpus=w.req.gpus)))
         unassign = self._unassign
         self._unassign = []
         away = [(lease.id, lease.token) for lease in self.pool.away()]
@@ -446,70 +518,79 @@ class FleetQueue:
             if not w.future.done():
                 w.future.set_result(Redirect(q.assigned_server or "", server.get("remoting", ""),
                                              q.assigned_gpu or 0, server.get("fingerprint", "")))
-        # This server's GPUs given to a ticket: granted to the waiter here that has it (its own,
-        # or a redirected client that arrived: the store gave its hello that ticket), or held
-        # for the client still on its way.
+        # This server's GPUs given to a ticket (several for a request of several, all at once):
+        # granted to the waiter here that has it (its own, or a redirected client that arrived:
+        # the store gave its hello that ticket), or held for the client still on its way.
+        given: dict[int, list[GpuRow]] = {}
         for g in res.gpus:
-            if g.server != self.server or g.holder is None:
-                continue
-            ticket = g.holder
+            if g.server == self.server and g.holder is not None:
+                given.setdefault(g.holder, []).append(g)
+        for ticket, gs in given.items():
             q = rows.get(ticket)
-            slot = self._slot(g.index)
             w = by_ticket.get(ticket)
             held = self._reservations.get(ticket)
-            if self._applied.get(g.index) == ticket:
+            if any(self._applied.get(g.index) == ticket for g in gs):
                 if held is not None and w is not None and w in waiting_now:
                     del self._reservations[ticket]
                     self._tickets.pop(w, None)
-                    self._claim(held.slot, w)
+                    self._claim(held.slots[0], w, held.slots[1:])
                 elif held is not None and (q is None or q.state == "gone"):
                     self._release(held, "its client is gone")
                 continue
-            if q is None or q.state == "gone" or slot is None:
+            slots = [self._slot(g.index) for g in gs]
+            if q is None or q.state == "gone" or None in slots:
                 self._finished.append(ticket)
                 continue
-            if slot.state != FREE or not in_service(slot) or self._closing():
+            ready = [s for s in slots if s is not None]
+            if (len(ready) != q.gpus or self._closing()
+                    or any(s.state != FREE or not in_service(s) for s in ready)):
                 self._unassign.append(ticket)  # it changed meanwhile: back to the queue
                 continue
+            ready.sort(key=lambda s: q.assigned_gpus.index(s.gpu.index)
+                       if s.gpu.index in q.assigned_gpus else s.gpu.index)
             if w is not None and w in waiting_now and not w.future.done():
-                self._applied[g.index] = ticket
-                self._grant(slot, w)
+                self._applied.update((s.gpu.index, ticket) for s in ready)
+                self._grant(ready, w)
             elif q.server == self.server:  # its waiter left just now
                 self._unassign.append(ticket)
             else:
-                self._applied[g.index] = ticket
-                self._hold(slot, ticket, q)
+                self._applied.update((s.gpu.index, ticket) for s in ready)
+                self._hold(ready, ticket, q)
         if self._gone or self._finished or self._unassign:
             self.kick()
 
-    def _grant(self, slot: Slot, w: Waiter) -> None:
+    def _grant(self, slots: list[Slot], w: Waiter) -> None:
         self._tickets.pop(w, None)
-        self._grant_to(slot, w)
+        self._grant_to(slots[0], w, slots[1:])
 
     def _slot(self, index: int) -> Slot | None:
         return next((s for s in self.pool.slots if s.gpu.index == index), None)
 
-    def _hold(self, slot: Slot, ticket: int, q: QueueRow) -> None:
-        # A stand-in for the client on its way: the GPU's holder in the views, and a grant the
-        # watchdog knows (one never claimed is released long before its limit).
-        self.pool.hold(slot, Waiter(-ticket, Requirements(**q.request), q.token, _client(q),
-                                    asyncio.get_running_loop().create_future()))
+    def _hold(self, slots: list[Slot], ticket: int, q: QueueRow) -> None:
+        # A stand-in for the client on its way: the GPUs' holder in the views, and a grant the
+        # watchdog knows (one never claimed is released long before its limit). A client asking
+        # for several GPUs has them all held, claimed together, and released together.
+        stand_in = Waiter(-ticket, Requirements(**q.request, gpus=q.gpus), q.token, _client(q),
+                          asyncio.get_running_loop().create_future())
+        for slot in slots:
+            self.pool.hold(slot, stand_in)
         hold = claim_seconds(q)
-        self._reservations[ticket] = Reservation(ticket, slot, q, time.monotonic() + hold, hold)
+        self._reservations[ticket] = Reservation(ticket, slots, q, time.monotonic() + hold, hold)
         # A sync at the deadline (the released GPU goes to the next waiter then, not up to
         # SYNC_EVERY later). The release itself happens in the sync, under its lock: between
         # two syncs the store may be giving this very ticket to the client's hello.
         asyncio.get_running_loop().call_later(hold + CLAIM_SLACK_S, self.kick)
-        log.info("GPU %d held for %s@%s pid %s, sent here by server %s (ticket %d)",
-                 slot.gpu.index, q.client.get("user"), q.client.get("host"),
-                 q.client.get("pid"), q.server, ticket)
+        log.info("GPU %s held for %s@%s pid %s, sent here by server %s (ticket %d)",
+                 ", ".join(str(s.gpu.index) for s in slots), q.client.get("user"),
+                 q.client.get("host"), q.client.get("pid"), q.server, ticket)
 
     def _release(self, r: Reservation, why: str) -> None:
         self._reservations.pop(r.ticket, None)
-        if r.slot.state == LEASED and r.slot.lease is None and r.slot.reserved is not None \
-                and r.slot.reserved.ticket == -r.ticket:
-            log.info("GPU %d no longer held for ticket %d: %s", r.slot.gpu.index, r.ticket, why)
-            self._release_held(r.slot)  # free again (the next sync finishes the ticket)
+        for slot in r.slots:
+            if slot.state == LEASED and slot.lease is None and slot.reserved is not None \
+                    and slot.reserved.ticket == -r.ticket:
+                log.info("GPU %d no longer held for ticket %d: %s", slot.gpu.index, r.ticket, why)
+                self._release_held(slot)  # free again (the next sync finishes the ticket)
 
     def _expire_reservations(self) -> None:
         now = time.monotonic()
@@ -524,4 +605,4 @@ class FleetQueue:
 
     def holds(self, slot: Slot) -> bool:
         """Whether `slot` is held for a redirected client (leased, no lease yet)."""
-        return any(r.slot is slot for r in self._reservations.values())
+        return any(slot in r.slots for r in self._reservations.values())

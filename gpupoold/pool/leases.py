@@ -353,11 +353,13 @@ class LeaseManager(PreviousLeases, SharedGpus):
             self.pool.grant(s, w)
         w.future.set_result(slot)
 
-    def _claim(self, slot: Slot, w: Waiter) -> None:
-        """Give `slot`, held for a redirected client (pool/fleet.py), to its waiter `w`."""
+    def _claim(self, slot: Slot, w: Waiter, others: list[Slot] | None = None) -> None:
+        """Give `slot`, held for a redirected client (pool/fleet.py), to its waiter `w`, and a
+        request of several GPUs the held `others` with it, in the same step."""
         self.queue.granted(w)
-        w.granted = [slot]
-        self.pool.claim(slot, w)
+        w.granted = [slot, *(others or [])]
+        for s in w.granted:
+            self.pool.claim(s, w)
         w.future.set_result(slot)
 
     def _seat_returning(self, w: Waiter, home: Slot | None) -> None:
@@ -376,15 +378,31 @@ class LeaseManager(PreviousLeases, SharedGpus):
         that may be sent there (`redirectable`), a GPU in service of another live server (the
         info reply counts it: a hello must not be refused for what it offered); else the
         refusal text."""
-        if req.gpus > 1 and self.fleet is not None:  # (nor sent to another server of it)
-            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server is in a "
-                    "fleet, where a lease of several GPUs is not served yet; ask for 1 (unset "
-                    "GPUPOOL_GPUS), or use a server outside the fleet")
         why = self._feasible_here(req)
-        if why is not None and redirectable and self.fleet is not None \
-                and self.fleet.elsewhere(req):
+        if why is None or self.fleet is None:
+            return why
+        never = self._never(req)
+        if never is not None:  # nor on another server of the fleet
+            return never
+        if redirectable and self.fleet.elsewhere(req):
             return None
+        if req.gpus > 1:  # all from one server (pool/fleet.py's `match`), and none has them
+            return self.fleet.too_many(req, sum(
+                1 for s in self.slots if in_service(s) and req.matches(s.gpu)), redirectable)
         return why
+
+    def _never(self, req: Requirements) -> str | None:
+        """The refusal of `req` when it asks for more GPUs than a process or its token may ever
+        have (no other server of a fleet would serve it either), else None."""
+        if req.gpus > MAX_DEVICES:
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once; a process can have at most "
+                    f"{MAX_DEVICES}: ask for fewer")
+        limit = self.settings.max_gpus_per_token
+        if 0 < limit < req.gpus:
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server lends a "
+                    f"token at most {limit} (max_gpus_per_token); ask for at most {limit}, or "
+                    "ask the operator")
+        return None
 
     def _feasible_here(self, req: Requirements) -> str | None:
         gpus = [s.gpu for s in self.slots]
@@ -394,14 +412,9 @@ class LeaseManager(PreviousLeases, SharedGpus):
         too_many = req.too_many(gpus) or self.share_refusal(req)
         if too_many is not None:
             return too_many
-        if req.gpus > MAX_DEVICES:
-            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once; a process can have at most "
-                    f"{MAX_DEVICES}: ask for fewer")
-        limit = self.settings.max_gpus_per_token
-        if 0 < limit < req.gpus:
-            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and this server lends a "
-                    f"token at most {limit} (max_gpus_per_token); ask for at most {limit}, or "
-                    "ask the operator")
+        never = self._never(req)
+        if never is not None:
+            return never
         in_service_now = [s for s in candidates if in_service(s)]
         if req.gpus > 1 and 0 < len(in_service_now) < req.gpus:
             out = ", ".join(str(s.gpu.index) for s in candidates if not in_service(s))
@@ -516,7 +529,7 @@ class LeaseManager(PreviousLeases, SharedGpus):
         servers as of the last sync)."""
         if not self._under_limit(token, returning, need):
             return False
-        return self.fleet is None or self.fleet.under_limit(token, returning)
+        return self.fleet is None or self.fleet.under_limit(token, returning, need)
 
     def may_take(self, w: Waiter) -> bool:
         """Whether waiter `w`'s token limit lets it take a GPU now. A waiter it holds back is

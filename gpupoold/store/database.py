@@ -249,6 +249,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # v13: a token's share weight on shared GPUs (issue 32, item 4: worker/pacing.c)
         "ALTER TABLE tokens ADD COLUMN weight INTEGER NOT NULL DEFAULT 1",
     ),
+    (  # v14: a fleet queue's client asking for several GPUs at once from one server (issue 37):
+        # how many, and the GPUs of that server the fleet's match gave it (JSON list, in order)
+        "ALTER TABLE fleet_queue ADD COLUMN gpus INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE fleet_queue ADD COLUMN assigned_gpus TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

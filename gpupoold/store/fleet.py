@@ -62,7 +62,11 @@ class QueueRow:
     joined: float
     state: str  # waiting | assigned | gone
     assigned_server: str | None = None
-    assigned_gpu: int | None = None
+    assigned_gpu: int | None = None  # the first of `assigned_gpus`
+    # How many GPUs the client asks for, all at once from one server (GPUPOOL_GPUS; schema v14),
+    # and those `match` gave it there, in its program's order (() while it waits).
+    gpus: int = 1
+    assigned_gpus: tuple[int, ...] = ()
 
 
 @dataclass
@@ -111,11 +115,26 @@ def _waiter(r: Any) -> QueueRow:
                     only=tuple(only) if only is not None else None,
                     redirectable=bool(r["redirectable"]), joined=float(r["joined"]),
                     state=r["state"], assigned_server=r["assigned_server"],
-                    assigned_gpu=r["assigned_gpu"])
+                    assigned_gpu=r["assigned_gpu"], gpus=int(r["gpus"] or 1),
+                    assigned_gpus=tuple(json.loads(r["assigned_gpus"] or "[]")))
 
 
 def _in(values: Sequence[int]) -> str:
     return "(" + ", ".join("?" for _ in values) + ")"
+
+
+def _by_ticket(assigned: Sequence[tuple[int, str, int]]) -> dict[int, tuple[str, list[int]]]:
+    """`match`'s assignments by ticket: (server, its GPU indexes in order). A lease of several
+    GPUs comes from one server (spread over several is not built: docs/multi-gpu.md), so a
+    ticket given GPUs of two servers is a bug of the match, refused before anything is written."""
+    out: dict[int, tuple[str, list[int]]] = {}
+    for ticket, server, index in assigned:
+        there, indexes = out.setdefault(ticket, (server, []))
+        if there != server:
+            raise ValueError(f"the fleet's match gave ticket {ticket} GPUs of two servers "
+                             f"({there} and {server}); a lease comes from one server")
+        indexes.append(index)
+    return out
 
 
 def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
@@ -151,8 +170,8 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' "
                    f"WHERE holder IN {_in(inp.unassign)}", tuple(inp.unassign))
         db.execute(f"UPDATE fleet_queue SET state = 'waiting', assigned_server = NULL, "
-                   f"assigned_gpu = NULL WHERE state = 'assigned' AND ticket IN "
-                   f"{_in(inp.unassign)}", tuple(inp.unassign))
+                   f"assigned_gpu = NULL, assigned_gpus = NULL WHERE state = 'assigned' AND "
+                   f"ticket IN {_in(inp.unassign)}", tuple(inp.unassign))
     if inp.gone:
         concerned.update(r["assigned_server"] for r in db.execute(
             f"SELECT assigned_server FROM fleet_queue WHERE state = 'assigned' AND ticket IN "
@@ -190,10 +209,10 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
             gave_up.append(sent_away.pop(who))
         tickets[key] = insert(
             db, "INSERT INTO fleet_queue (server, token, client, request, only_gpus, "
-                "redirectable, joined, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting')",
+                "redirectable, joined, state, gpus) VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting', ?)",
             (me, w.token, json.dumps(w.client), json.dumps(w.request),
              json.dumps(list(w.only)) if w.only is not None else None, w.redirectable,
-             w.joined), key="ticket")
+             w.joined, w.gpus), key="ticket")
     if gave_up:
         db.execute(f"UPDATE fleet_queue SET state = 'gone' WHERE ticket IN {_in(gave_up)}",
                    tuple(gave_up))
@@ -221,12 +240,13 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     assigned = match(gpus, queue, up, Counter(token for _, token in away_rows))
     if assigned:
         by_ticket = {w.ticket: w for w in queue}
-        for ticket, server, index in assigned:
+        for ticket, (server, indexes) in _by_ticket(assigned).items():
             db.execute("UPDATE fleet_queue SET state = 'assigned', assigned_server = ?, "
-                       "assigned_gpu = ?, assigned_at = ? WHERE ticket = ?",
-                       (server, index, now, ticket))
-            db.execute("UPDATE fleet_gpus SET holder = ?, holder_token = ? WHERE server = ? "
-                       "AND gpu_index = ?", (ticket, by_ticket[ticket].token, server, index))
+                       "assigned_gpu = ?, assigned_gpus = ?, assigned_at = ? WHERE ticket = ?",
+                       (server, indexes[0], json.dumps(indexes), now, ticket))
+            for index in indexes:
+                db.execute("UPDATE fleet_gpus SET holder = ?, holder_token = ? WHERE server = ? "
+                           "AND gpu_index = ?", (ticket, by_ticket[ticket].token, server, index))
             concerned.update((server, by_ticket[ticket].server))
         gpus = [_gpu(r) for r in db.execute(
             "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
