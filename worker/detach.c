@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "pacing.h"
 #include "worker.h"
 
 static void say_no(struct worker *w, uint32_t lasting, uint64_t idle_ms, const char *why)
@@ -107,6 +108,8 @@ static void on_attached(struct worker *w, const gp_worker_attached *m)
         if (DRV(w, cuDeviceGetUuid, &uuid, w->dev) == CUDA_SUCCESS)
             memcpy(w->snap.uuid, uuid.bytes, 16);
     }
+    if (m->moved) /* a share's launches are paced with the shares of the GPU it is on now */
+        wk_pace_move(m->uuid, m->uuid_len);
     wk_log("attached again%s (%.*s)", m->moved ? " on another GPU" : "", (int)m->uuid_len, m->uuid);
 }
 

@@ -19,6 +19,10 @@
  * stale value costs one wrong decision, never a hang). A worker holds an OFD lock on its slot's
  * byte of the record for as long as it lives, so the slot of a worker that died is taken by the
  * next one; its stale "wants" mark runs out by itself.
+ *
+ * A share restored on another GPU after an idle detach (issue 32, item 5) moves to that GPU's
+ * record (wk_pace_move): its slot in the old one is freed, the new one is opened at its next
+ * launch, keyed by the UUID gpupoold names in worker_attached.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -56,7 +60,9 @@ struct pace_record {
 };
 
 static struct pace_record *rec; /* NULL: no pacing */
+static int rec_fd = -1;         /* holds the slot's lock */
 static int my_slot = -1;
+static char moved_gpu[65]; /* the GPU's key after a move (wk_pace_move); empty: the environment's */
 static bool looked;
 static uint64_t (*turn_wait_ns)(void); /* the simulated device's, or NULL */
 static uint64_t launch_t0, launch_wait0;
@@ -102,7 +108,8 @@ static int lock_slot(int fd, int s)
  * path in buf, with the weight. A bad value is a warning and no pacing (the share still runs). */
 static const char *config(char *buf, size_t len, uint64_t *weight)
 {
-    const char *dir = getenv(WK_PACE_DIR_ENV), *gpu = getenv(WK_PACE_GPU_ENV);
+    const char *dir = getenv(WK_PACE_DIR_ENV);
+    const char *gpu = moved_gpu[0] ? moved_gpu : getenv(WK_PACE_GPU_ENV);
     const char *w = getenv(WK_PACE_WEIGHT_ENV);
     if (!dir || !*dir)
         return NULL;
@@ -169,8 +176,9 @@ static void open_record(void)
             wk_warn("pacing: close failed");
         return;
     }
-    /* The fd stays open for the worker's life: it holds the slot's lock. */
+    /* The fd stays open for the worker's life (or until a move): it holds the slot's lock. */
     rec = p;
+    rec_fd = fd;
     __atomic_store_n(&rec->magic, PACE_MAGIC, __ATOMIC_RELAXED);
     struct pace_slot *me = &rec->slot[slot];
     store(&me->acc_ns, 0); /* a dead predecessor's time is not ours */
@@ -238,4 +246,27 @@ uint64_t wk_pace_launch_end(void)
         store(&me->want_until_ns, t1 + ACTIVE_NS);
     }
     return waited;
+}
+
+void wk_pace_move(const char *uuid, size_t len)
+{
+    /* The key as gpupoold makes it from the UUID (pool/share_leases.py): letters, digits, '-'. */
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 1 < sizeof(moved_gpu); i++)
+        if ((uuid[i] >= '0' && uuid[i] <= '9') || (uuid[i] >= 'a' && uuid[i] <= 'z') ||
+            (uuid[i] >= 'A' && uuid[i] <= 'Z') || uuid[i] == '-')
+            moved_gpu[n++] = uuid[i];
+    moved_gpu[n] = '\0';
+    if (rec) {
+        struct pace_slot *me = &rec->slot[my_slot];
+        store(&me->want_until_ns, 0);
+        store(&me->weight, 0); /* no longer a share of that GPU */
+        if (munmap(rec, sizeof(struct pace_record)) != 0)
+            wk_warn("pacing: munmap failed");
+        if (close(rec_fd) != 0)
+            wk_warn("pacing: close failed");
+        rec = NULL;
+        rec_fd = my_slot = -1;
+    }
+    looked = false; /* the new GPU's record is opened at the next launch */
 }

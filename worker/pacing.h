@@ -6,6 +6,7 @@
 #ifndef GP_WORKER_PACING_H
 #define GP_WORKER_PACING_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Environment of a worker of a shared GPU (gpupoold's supervisor sets them):
@@ -23,5 +24,8 @@
  * shared GPU (0 elsewhere), which the caller takes off its busy time. */
 void wk_pace_launch_begin(void *drv_lib);
 uint64_t wk_pace_launch_end(void);
+/* The share was restored on another GPU (idle detach), whose UUID is uuid (len bytes, not
+ * NUL-terminated): its GPU time counts in that GPU's record from its next launch. */
+void wk_pace_move(const char *uuid, size_t len);
 
 #endif /* GP_WORKER_PACING_H */

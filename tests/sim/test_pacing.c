@@ -7,6 +7,9 @@
  * own bookkeeping: kernels completed in the measured window x 2 ms. Equal weights: each gets 40-60 %;
  * weights 3:1: the heavier gets 65-85 %. Without pacing the turns alone give about half each, so
  * the 3:1 case fails when pacing does nothing.
+ *
+ * A share restored on another GPU (idle detach, issue 32 item 5) moves to that GPU's record
+ * (wk_pace_move): its slot in the old record is freed, its weight is in the new one.
  */
 #include <time.h>
 
@@ -121,4 +124,57 @@ static void test_weights_three_to_one(void)
     CHECK(part >= 0.65 && part <= 0.85);
 }
 
-SIM_TEST_MAIN(SIM_T(equal_weights_share_evenly), SIM_T(weights_three_to_one))
+/* Slot 0's weight in the record of GPU key `gpu` (magic, then each slot: weight first). */
+static uint64_t slot0_weight(const char *gpu)
+{
+    char path[160];
+    snprintf(path, sizeof(path), "%s/gpu-%s.pace", dir, gpu);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    uint64_t head[2] = {0, 0};
+    CHECK(fread(head, sizeof(head), 1, f) == 1);
+    CHECK(fclose(f) == 0);
+    return head[1];
+}
+
+static void test_a_share_restored_on_another_gpu_is_paced_there(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/gp_pacing_XXXXXX");
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK(fflush(NULL) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        CHECK(setenv("GPUPOOL_SIM_SHARED_DIR", dir, 1) == 0);
+        CHECK(setenv("GPUPOOL_SIM_TOTAL_MEMORY", "64MiB", 1) == 0);
+        CHECK(setenv(WK_PACE_DIR_ENV, dir, 1) == 0);
+        CHECK(setenv(WK_PACE_GPU_ENV, "GPU-test-0", 1) == 0);
+        CHECK(setenv(WK_PACE_WEIGHT_ENV, "2", 1) == 0);
+        sim_test_init();
+        CUmodule m = NULL;
+        CUfunction f = NULL;
+        OK(cuModuleLoadData(&m, sim_test_ptx));
+        OK(cuModuleGetFunction(&f, m, "gp_test_spin"));
+        unsigned long long ns = 1000;
+        void *args[] = {&ns};
+        wk_pace_launch_begin(NULL);
+        OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+        (void)wk_pace_launch_end();
+        CHECK(slot0_weight("GPU-test-0") == 2);
+        const char uuid[] = "GPU-test:1"; /* a character a key does not take is left out */
+        wk_pace_move(uuid, sizeof(uuid) - 1);
+        wk_pace_launch_begin(NULL);
+        OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+        (void)wk_pace_launch_end();
+        exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    uint64_t old_gpu = slot0_weight("GPU-test-0"), new_gpu = slot0_weight("GPU-test1");
+    remove_dir();
+    CHECK(old_gpu == 0 && new_gpu == 2);
+}
+
+SIM_TEST_MAIN(SIM_T(equal_weights_share_evenly), SIM_T(weights_three_to_one),
+              SIM_T(a_share_restored_on_another_gpu_is_paced_there))
