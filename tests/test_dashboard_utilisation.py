@@ -83,6 +83,23 @@ def test_an_open_lease_runs_to_now_and_one_ended_while_detached_ends_detached() 
     assert got == [Stretch("leased", 0, T0, T0 + 10), Stretch("detached", 0, T0 + 10, T0 + 30)]
 
 
+def test_a_lease_of_several_gpus_is_drawn_on_each_until_its_first_detach() -> None:
+    """Issue 37: a lease of GPUs 2 and 0 has a span on each; its events name its device 0's GPU
+    only, so GPU 0's span ends at its first detach (where it went after that is not kept)."""
+    rec = SimpleNamespace(id=7, server="", gpu_index=2, token_name="alice", started=T0,
+                          ended=T0 + 100, gpus=(2, 0))
+    plain = utilisation.lease_spans(rec, "s", [])  # type: ignore[arg-type]
+    assert [(s.gpu, s.started, s.ended) for s in plain] == [(2, T0, T0 + 100), (0, T0, T0 + 100)]
+    events = [{"at": T0 + 40, "state": "detached", "gpu": 2},
+              {"at": T0 + 60, "state": "attached", "gpu": 1}]
+    cut = utilisation.lease_spans(rec, "s", events)  # type: ignore[arg-type]
+    assert [(s.gpu, s.ended) for s in cut] == [(2, T0 + 100), (0, T0 + 40)]
+    assert stretches(cut[0], now=T0 + 200)[-1] == Stretch("leased", 1, T0 + 60, T0 + 100)
+    one = SimpleNamespace(id=8, server="", gpu_index=1, token_name="bob", started=T0,
+                          ended=None, gpus=())
+    assert [s.gpu for s in utilisation.lease_spans(one, "s", [])] == [1]  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------------------ the timeline
 def test_bars_sit_on_their_gpu_rows_at_their_times_clipped_at_the_period_edges() -> None:
     start, end = T0, T0 + 3600
@@ -224,7 +241,7 @@ def record(id: int, started: float, ended: float | None, detaches: int = 0,
            token: str = "alice") -> Any:
     return SimpleNamespace(id=id, server="s", gpu_index=0, token_name=token, started=started,
                            ended=ended, queued_s=0.5 * id, detaches=detaches,
-                           detached_s=10.0 * detaches)
+                           detached_s=10.0 * detaches, gpus=())
 
 
 def test_the_page_draws_the_latest_leases_and_says_what_it_left_out(

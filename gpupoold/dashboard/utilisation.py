@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -119,11 +119,18 @@ def links(p: Period, now: float) -> dict[str, str]:
     return out
 
 
-def lease_span(r: LeaseRecord, server: str, events: list[dict[str, Any]]) -> LeaseSpan:
-    return LeaseSpan(id=r.id, server=r.server or server, gpu=r.gpu_index, token=r.token_name,
-                     started=r.started, ended=r.ended,
-                     events=tuple(LeaseEvent(float(e["at"]), str(e["state"]), e.get("gpu"))
-                                  for e in events))
+def lease_spans(r: LeaseRecord, server: str, events: list[dict[str, Any]]) -> list[LeaseSpan]:
+    """The timeline's spans of record `r`: its device 0's GPU with its detaches, and a lease of
+    several GPUs (issue 37) on each other GPU too, up to its first detach (its events name its
+    device 0 only: where the others went after it is not kept)."""
+    first = LeaseSpan(id=r.id, server=r.server or server, gpu=r.gpu_index, token=r.token_name,
+                      started=r.started, ended=r.ended,
+                      events=tuple(LeaseEvent(float(e["at"]), str(e["state"]), e.get("gpu"))
+                                   for e in events))
+    detaches = [float(e["at"]) for e in events if e["state"] == "detached"]
+    until = min(detaches) if detaches else r.ended
+    return [first] + [replace(first, gpu=g, ended=until, events=())
+                      for g in r.gpus if g != r.gpu_index]
 
 
 def token_groups(groups: list[dict[str, Any]], v: Viewer) -> list[dict[str, Any]] | None:
@@ -170,8 +177,8 @@ def draw(period: Period, now: float, gpus: list[tuple[str, int]],
     drawn = records[:DRAWN_LEASES]
     unevented = sum(1 for r in drawn if r.detaches > 0 and r.id not in events)
     offset = float(time.localtime(now).tm_gmtoff)
-    lines = timeline([lease_span(r, server, events.get(r.id, [])) for r in drawn],
-                     gpus, since, until, now, utc_offset=offset)
+    spans = [span for r in drawn for span in lease_spans(r, server, events.get(r.id, []))]
+    lines = timeline(spans, gpus, since, until, now, utc_offset=offset)
     servers = len({s for s, _ in gpus} | {r.server or server for r in drawn})
     gpu_labels = {(f"{s}/{i}" if s else str(i)): row_label(s, i, servers) for s, i in gpus}
     gpu_chart = usage_chart(by_gpu["groups"], "gpu", top_h=(until - since) / 3600.0,
