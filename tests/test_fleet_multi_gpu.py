@@ -27,7 +27,8 @@ from gpupoold.pool.fleet import Redirect, match
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import FREE, LEASED
-from gpupoold.store.fleet import GpuRow, QueueRow
+from gpupoold.store.database import StoreDB
+from gpupoold.store.fleet import GpuRow, QueueRow, SyncInput
 
 UP = {"a", "b", "c"}
 CLIENT = REPO / "tests" / "clients" / "hold_gpus.py"
@@ -247,3 +248,18 @@ def test_a_client_for_2_gpus_whose_server_is_busy_gets_2_devices_on_the_other(
     assert f"sent to GPU 0 of server {b_name}" in a.log_text()
     # (b held both for it, or gave them at once when its hello came before b's next sync)
     busy.kill()
+
+
+def test_a_detached_lease_of_2_counts_2_toward_the_fleets_token_limit(pg_url: str) -> None:
+    db = StoreDB(pg_url, server="a")
+    try:
+        db.server_up("127.0.0.1:1", "127.0.0.1:2", time.time())
+        waiting = [(1, wants(0, "a", 1)), (2, wants(0, "a", 1, token="u"))]
+        res = db.fleet_sync(SyncInput("a", [gpu("a"), gpu("a", 1)], waiting, away=[(7, "t")],
+                                      away_gpus={7: 2}),
+                            lambda g, q, up, away: match(g, q, up, 2, away))
+        assert res.away == [("a", "t"), ("a", "t")]
+        # t's lease of 2 is away: t is at the limit of 2, its new waiter waits; u's does not.
+        assert [ticket for ticket, _, _ in res.assigned] == [res.tickets[2]]
+    finally:
+        db.close()

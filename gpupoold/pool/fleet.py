@@ -164,9 +164,9 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
     few GPUs it accepts in service: drained or quarantined since it joined) holds nothing back.
 
     A token at `max_gpus_per_token` waits: the GPUs of the whole fleet held or assigned to it,
-    its leases off a GPU (`away`, by token) and the N it asks for count. A detached lease coming
-    back (a waiter with `only`) is counted in `away` already: it takes its own place back, and
-    waits only while its token holds more than the limit otherwise."""
+    its leases off a GPU (`away`, by token: as many as each holds) and the N it asks for count.
+    A detached lease coming back (a waiter with `only`) is counted in `away` already: it takes
+    its own place back, and waits only while its token holds more than the limit otherwise."""
     free = [g for g in gpus if g.free and g.holder is None and g.server in up]
     held = held_in_fleet(gpus, up, away or Counter())
     taken: set[tuple[str, int]] = set()  # assigned in this match, or held back for a waiter
@@ -174,7 +174,8 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
     for w in in_turn(queue, up, held):
         returning = w.only is not None
         need = max(1, w.gpus)
-        if max_gpus_per_token > 0 and held[w.token] - returning + need > max_gpus_per_token:
+        own = need if returning else 0  # (its own GPUs, counted in `away` already)
+        if max_gpus_per_token > 0 and held[w.token] - own + need > max_gpus_per_token:
             continue
         req = Requirements(**w.request)
         by_server = _free_it_accepts(w, req, [g for g in free if (g.server, g.index) not in taken])
@@ -478,8 +479,11 @@ class FleetQueue:
                 joined=w.joined_wall, state="waiting", gpus=w.req.gpus)))
         unassign = self._unassign
         self._unassign = []
-        away = [(lease.id, lease.token) for lease in self.pool.away()]
-        return SyncInput(self.server, gpus, rows, gone, finished, unassign, away), new
+        off = self.pool.away()
+        away = [(lease.id, lease.token) for lease in off]
+        away_gpus = {lease.id: len(lease.homes) for lease in off if len(lease.homes) > 1}
+        return SyncInput(self.server, gpus, rows, gone, finished, unassign, away,
+                         away_gpus), new
 
     def _apply(self, res: SyncResult, new: dict[int, Waiter]) -> None:
         self.last = res

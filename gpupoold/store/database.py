@@ -250,9 +250,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE tokens ADD COLUMN weight INTEGER NOT NULL DEFAULT 1",
     ),
     (  # v14: a fleet queue's client asking for several GPUs at once from one server (issue 37):
-        # how many, and the GPUs of that server the fleet's match gave it (JSON list, in order)
+        # how many, and the GPUs of that server the fleet's match gave it (JSON list, in order);
+        # and how many GPUs a lease off its GPUs comes back to (max_gpus_per_token counts them)
         "ALTER TABLE fleet_queue ADD COLUMN gpus INTEGER NOT NULL DEFAULT 1",
         "ALTER TABLE fleet_queue ADD COLUMN assigned_gpus TEXT",
+        "ALTER TABLE fleet_away ADD COLUMN gpus INTEGER NOT NULL DEFAULT 1",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -82,6 +82,9 @@ class SyncInput:
     # its leases off a GPU (detached, or called back and not seated yet), as (lease id, token):
     # they count toward their token's max_gpus_per_token (pool/fleet.py's `match`)
     away: list[tuple[int, str]] = field(default_factory=list)
+    # how many GPUs each of those leases holds (a lease of several: all of them count), by lease
+    # id; a lease not named holds one
+    away_gpus: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,7 +94,7 @@ class SyncResult:
     queue: list[QueueRow]  # the whole fleet queue, in ticket order
     servers: dict[str, dict[str, Any]]  # name -> {"remoting", "state", ...}
     assigned: list[tuple[int, str, int]]  # (ticket, server, gpu index) decided in this sync
-    # every live server's leases off a GPU, as (server, token)
+    # every live server's leases off a GPU, as (server, token), once per GPU each holds
     away: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -154,8 +157,8 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
              g.lease_id, g.token, now))
     db.execute("DELETE FROM fleet_away WHERE server = ?", (me,))
     for lease_id, token in inp.away:
-        db.execute("INSERT INTO fleet_away (server, lease_id, token) VALUES (?, ?, ?)",
-                   (me, lease_id, token))
+        db.execute("INSERT INTO fleet_away (server, lease_id, token, gpus) VALUES (?, ?, ?, ?)",
+                   (me, lease_id, token, max(1, inp.away_gpus.get(lease_id, 1))))
     if inp.finished:
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' WHERE server = ? "
                    f"AND holder IN {_in(inp.finished)}", (me, *inp.finished))
@@ -235,8 +238,8 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
     # A down server's leases are gone with it (as its GPUs are not offered).
     away_rows = [(r["server"], r["token"]) for r in db.execute(
-        "SELECT server, token FROM fleet_away ORDER BY server, lease_id").fetchall()
-        if r["server"] in up]
+        "SELECT server, token, gpus FROM fleet_away ORDER BY server, lease_id").fetchall()
+        if r["server"] in up for _ in range(max(1, int(r["gpus"])))]
     assigned = match(gpus, queue, up, Counter(token for _, token in away_rows))
     if assigned:
         by_ticket = {w.ticket: w for w in queue}
