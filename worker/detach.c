@@ -56,7 +56,7 @@ static void on_ask(struct worker *w, const gp_worker_detach_ask *m)
         return;
     }
     if (w->ctl.ipc_shared) { /* lasting: the mappings in other processes outlive any idle */
-        say_no(w, 1, 0, "the program shares device memory through CUDA IPC");
+        say_no(w, 1, 0, "the program shares device memory or events through CUDA IPC");
         return;
     }
     if (w->ctl.parked) { /* asked twice: the first answer stands */
