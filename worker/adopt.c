@@ -154,6 +154,7 @@ static void send_adopted(struct worker *w)
         .device = w->ordinal,
         .orphaned_s = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0.0,
         .min_memory = w->ctl.req_min_memory,
+        .memory_quota = w->quota.limit, /* a share's (issue 32): adopted as a share again */
     };
     char uuid[64], gpu[256], model[256];
     wk_uuid_text(w, uuid); /* ASCII already */

@@ -520,7 +520,8 @@ class Worker:
             self.stats = WorkerStats.from_counters(ev.counters)
             self.session_id = ev.session_id
             self.uuid = ev.uuid
-            self.request = {"gpu": ev.gpu, "model": ev.model, "min_memory": ev.min_memory}
+            self.request = {"gpu": ev.gpu, "model": ev.model, "min_memory": ev.min_memory,
+                            "memory": ev.memory_quota}  # a share's quota (0: a whole GPU)
             self.orphaned_s = ev.orphaned_s if ev.orphaned_s >= 0 else 0.0
             if not self._adopted.done():
                 self._adopted.set_result(ev)
