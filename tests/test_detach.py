@@ -233,6 +233,10 @@ async def test_a_lease_of_two_gpus_leaves_both_and_comes_back_on_two_others_ever
     assert m.detacher.checkpointer.calls[-1] == ("attach", 2, lease.worker.pid, moves)
     assert lease.worker.told[-1] == ("attached", uuid[2], "True")
     assert m.store.events[lease.id][-1][0] == "attached"
+    # The store's events name every GPU it left and came back on (program order), device 0's
+    # first as `gpu`: a restart and the history follow all of them (issue 37, schema v15).
+    assert [(e[0], e[1], e[4]) for e in m.store.events[lease.id]] == [
+        ("detached", 0, [0, 1]), ("attached", 2, [2, 3])]
 
 
 def test_a_returning_lease_of_several_keeps_the_gpus_it_got_back_in_place() -> None:

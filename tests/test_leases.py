@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -179,12 +179,17 @@ class FakeStore:
         return self.unscrubbed
 
     async def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
-                          detail: str, detaches: int, detached_s: float) -> None:
-        self.events.setdefault(lease_id, []).append((state, gpu_index, detail, detaches))
+                          detail: str, detaches: int, detached_s: float,
+                          gpus: Sequence[int] = ()) -> None:
+        # (state, gpu, detail, detaches, every GPU it names as the store keeps them: schema v15)
+        names = list(gpus) if len(gpus) > 1 else [] if gpu_index is None else [gpu_index]
+        self.events.setdefault(lease_id, []).append((state, gpu_index, detail, detaches, names))
 
     async def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
-        return [{"at": 0.0, "state": state, "gpu": gpu, "detail": detail}
-                for state, gpu, detail, _ in self.events.get(lease_id, [])]
+        """As the store returns them; an event given as 4 values names device 0's GPU only."""
+        return [{"at": 0.0, "state": e[0], "gpu": e[1], "detail": e[2],
+                 "gpus": e[4] if len(e) > 4 else [] if e[1] is None else [e[1]]}
+                for e in self.events.get(lease_id, [])]
 
     async def audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         self.audits.append((actor, action, target, detail))

@@ -84,7 +84,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 14
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 15
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -360,11 +360,45 @@ def test_lease_events_keep_every_transition_and_the_totals(db: StoreDB) -> None:
     rec = db.get_lease(lease_id)
     assert rec is not None and (rec.detaches, rec.detached_s) == (1, 15.5)
     assert db.lease_events(lease_id) == [
-        {"at": 10.0, "state": "detached", "gpu": 0, "detail": "idle 61 s, 2 GiB saved"},
-        {"at": 25.5, "state": "attached", "gpu": 1, "detail": "moved from GPU 0"}]
+        {"at": 10.0, "state": "detached", "gpu": 0, "gpus": [0],
+         "detail": "idle 61 s, 2 GiB saved"},
+        {"at": 25.5, "state": "attached", "gpu": 1, "gpus": [1], "detail": "moved from GPU 0"}]
     assert db.lease_events(lease_id + 1) == []
     with pytest.raises(NotFound):
         db.lease_event(lease_id + 1, 1.0, "detached", 0, "", 1, 0.0)
+
+
+def test_the_events_of_a_lease_of_several_gpus_name_every_gpu(db: StoreDB) -> None:
+    """Schema v15 (issue 37): a detach names every GPU the lease left, an attach every GPU it
+    came back on, in program order; "gpu" stays device 0's for older readers."""
+    lease_id = db.lease_started(new_lease(gpu=2))
+    db.lease_gpus(lease_id, [2, 0])
+    db.lease_event(lease_id, 10.0, "detached", 2, "idle", 1, 0.0, gpus=[2, 0])
+    db.lease_event(lease_id, 20.0, "attached", 3, "moved from GPU 2, 0", 1, 10.0, gpus=[3, 1])
+    assert [(e["gpu"], e["gpus"]) for e in db.lease_events(lease_id)] == [(2, [2, 0]),
+                                                                          (3, [3, 1])]
+
+
+def test_events_written_before_v15_name_device_0s_gpu_only(db_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease of several GPUs whose events a v14 daemon wrote: after the upgrade its events
+    read as naming one GPU (its device 0's), so readers can tell they do not know the others."""
+    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:14])
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 14)
+    v14 = StoreDB(db_path)
+    lease_id = v14.lease_started(new_lease(gpu=0))
+    v14.lease_gpus(lease_id, [0, 1])
+    v14._conn.execute("INSERT INTO lease_events (lease_id, at, state, gpu_index, detail) "
+                      "VALUES (?, 5.0, 'detached', 0, 'idle')", (lease_id,))
+    v14.close()
+    monkeypatch.undo()
+    db = StoreDB(db_path)
+    try:
+        assert db.schema_version() == SCHEMA_VERSION == 15
+        db.lease_event(lease_id, 9.0, "attached", 2, "moved", 1, 4.0, gpus=[2, 3])
+        assert [e["gpus"] for e in db.lease_events(lease_id)] == [[0], [2, 3]]
+    finally:
+        db.close()
 
 
 def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
@@ -378,7 +412,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 14
+        assert db.schema_version() == SCHEMA_VERSION == 15
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)

@@ -322,7 +322,7 @@ class IdleDetacher:
                   else " (a share)" if lease.share else ""), idle_s, answer.mem_used, res.seconds,
                  extra=journal_fields(lease.id, slot.gpu.index))
         self.counters.inc("detaches")
-        await self._record(lease, DETACHED, slot.gpu.index,
+        await self._record(lease, DETACHED, [s.gpu.index for s in left],
                            f"idle {idle_s:.1f} s, {answer.mem_used} bytes saved in "
                            f"{res.seconds:.3f} s")
         return True
@@ -385,14 +385,17 @@ class IdleDetacher:
                  f" (moved from GPU {gone})" if moved else "", latency, saved,
                  extra=journal_fields(lease.id, slot.gpu.index))
         self.counters.inc("reattaches", moved="yes" if moved else "no")
-        await self._record(lease, ATTACHED, slot.gpu.index,
+        await self._record(lease, ATTACHED, [s.gpu.index for s in granted],
                            (f"moved from GPU {gone}, " if moved else "") +
                            f"{latency * 1000:.1f} ms after the call, {detached_for:.1f} s detached")
 
-    async def _record(self, lease: Lease, state: str, gpu: int, detail: str) -> None:
+    async def _record(self, lease: Lease, state: str, gpus: list[int], detail: str) -> None:
+        """The event in the store: `gpus`, program order, every GPU the lease left (detached) or
+        came back on (attached), so that a restart and the history find all of a lease of
+        several GPUs after it moved (issue 37); the store's `gpu` is device 0's."""
         try:
-            await self.store.lease_event(lease.id, time.time(), state, gpu, detail,
-                                           lease.detaches, lease.detached_s)
+            await self.store.lease_event(lease.id, time.time(), state, gpus[0], detail,
+                                           lease.detaches, lease.detached_s, gpus=gpus)
         except Exception:
             log.exception("lease %d: recording its %s state failed", lease.id, state)
 

@@ -36,7 +36,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -255,6 +255,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE fleet_queue ADD COLUMN gpus INTEGER NOT NULL DEFAULT 1",
         "ALTER TABLE fleet_queue ADD COLUMN assigned_gpus TEXT",
         "ALTER TABLE fleet_away ADD COLUMN gpus INTEGER NOT NULL DEFAULT 1",
+    ),
+    (  # v15: every GPU an idle-detach event of a lease of several GPUs names (issue 37): those
+        # it left, those it came back on; program order, comma-separated; '' for a lease of one
+        # GPU (gpu_index) and in older records, which name device 0's GPU only
+        "ALTER TABLE lease_events ADD COLUMN gpus TEXT NOT NULL DEFAULT ''",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -590,20 +595,29 @@ class StoreDB(UsageQueries, SpoolQueries):
         return [_lease(r) for r in rows.fetchall()]
 
     def lease_event(self, lease_id: int, at: float, state: str, gpu_index: int | None,
-                    detail: str, detaches: int, detached_s: float) -> None:
-        """A lease changed state (idle detach): the event, and the lease's running totals."""
+                    detail: str, detaches: int, detached_s: float,
+                    gpus: Sequence[int] = ()) -> None:
+        """A lease changed state (idle detach): the event, and the lease's running totals.
+        `gpus`: every GPU of a lease of several that the event names (left, or came back on),
+        program order, `gpu_index` (device 0's) first; kept only when there are several."""
+        names = ",".join(str(int(i)) for i in gpus) if len(gpus) > 1 else ""
         with self._write() as db:
             cur = db.execute("UPDATE leases SET detaches = ?, detached_s = ? WHERE id = ?",
                              (_counter(detaches), max(0.0, detached_s), lease_id))
             if cur.rowcount == 0:
                 raise NotFound(f"no lease {lease_id}")
-            db.execute("INSERT INTO lease_events (lease_id, at, state, gpu_index, detail) "
-                       "VALUES (?, ?, ?, ?, ?)", (lease_id, at, state, gpu_index, detail))
+            db.execute("INSERT INTO lease_events (lease_id, at, state, gpu_index, detail, gpus) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", (lease_id, at, state, gpu_index, detail, names))
 
     def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
-        rows = self._conn.execute("SELECT at, state, gpu_index, detail FROM lease_events "
+        """The lease's idle-detach events, oldest first: "gpu" is device 0's GPU, "gpus" every
+        GPU the event names (program order; [gpu] for a lease of one GPU, and for an event of a
+        lease of several written before schema v15, which kept device 0's only)."""
+        rows = self._conn.execute("SELECT at, state, gpu_index, detail, gpus FROM lease_events "
                                   "WHERE lease_id = ? ORDER BY id", (lease_id,))
         return [{"at": r["at"], "state": r["state"], "gpu": r["gpu_index"],
+                 "gpus": [int(i) for i in str(r["gpus"] or "").split(",") if i]
+                 or ([] if r["gpu_index"] is None else [r["gpu_index"]]),
                  "detail": r["detail"]} for r in rows.fetchall()]
 
     def unscrubbed_last_leases(self) -> list[LeaseRecord]:
