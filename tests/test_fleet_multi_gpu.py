@@ -24,6 +24,7 @@ from test_leases import client
 from test_store_postgres import servers_by_name
 
 from gpupoold.pool.fleet import Redirect, match
+from gpupoold.pool.fleet_view import fleet_queue
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import FREE, LEASED
@@ -211,6 +212,9 @@ async def test_max_gpus_per_token_counts_n_in_the_fleet(server: Server, limit: i
     other = a.enqueue(Requirements(gpus=2), "bob", client(3), redirectable=True)
     await sync(a, b, a)
     assert not w.future.done()  # 1 + 2 > 2: alice waits
+    # The fleet's queue (GET /api/v1/fleet, the dashboard's Fleet page) says what she waits for.
+    assert [(q["token"], q["request"]) for q in fleet_queue(a.fleet, None, "a")] == [  # type: ignore[arg-type]
+        ("alice", "2 GPUs")]
     assert isinstance(await asyncio.wait_for(other.future, 1), Redirect)  # bob does not
 
 
