@@ -243,10 +243,51 @@ async def test_a_detached_lease_of_two_gpus_is_taken_over_and_comes_back_on_two(
         await m.close(0.1)
 
 
-async def test_a_lease_that_moved_after_an_idle_detach_or_lost_a_gpu_is_not_taken_over(
+async def test_a_lease_that_moved_is_taken_over_on_the_gpus_of_its_last_attach(
         tmp_path: Path) -> None:
-    """The store names the first GPU a lease came back on only (pool/detach.py's events): one
-    of several GPUs that moved is ended (its worker killed as an orphan); so is one whose GPU
+    """Detached from GPUs 2 and 0, back on 1 and 2 (schema v15: every GPU of each event): the
+    new gpupoold finds it there, adopts its worker on GPU 1 (its device 0 now) and keeps both;
+    GPU 0, which it left, is scrubbed and served."""
+    events = {LEASE: [("detached", 2, "idle", 1, [2, 0]),
+                      ("attached", 1, "moved from GPU 2, 0", 1, [1, 2])]}
+    supervisor = PreviousWorkers(make_gpu(1).uuid)
+    m = await restarted(tmp_path, supervisor, events=events)
+    try:
+        await until("lease 7 taken over", lambda: m.pool.lease(LEASE) is not None)
+        await wait_for_state(m, 0, FREE)
+        lease = m.pool.lease(LEASE)
+        assert lease is not None and lease.gpu_indexes() == [1, 2] and lease.req.gpus == 2
+        assert [s.lease for s in m.slots] == [None, lease, lease]
+        assert supervisor.adopted_on == [1] and supervisor.kept == {4242}
+        assert m.cleaner.cleaned == [0] and m.store.ended == {}
+    finally:
+        await m.close(0.1)
+
+
+async def test_a_lease_detached_again_after_it_moved_keeps_the_gpus_it_left_last(
+        tmp_path: Path) -> None:
+    """Back on GPUs 1 and 2 after a detach, then detached again: taken over detached with those
+    two as the GPUs it left (program order), not the ones it started on."""
+    from gpupoold.pool.slots import DETACHED
+
+    events = {LEASE: [("detached", 2, "idle", 1, [2, 0]),
+                      ("attached", 1, "moved from GPU 2, 0", 1, [1, 2]),
+                      ("detached", 1, "idle", 2, [1, 2])]}
+    supervisor = PreviousWorkers(make_gpu(1).uuid, detached_bytes=1 << 20)
+    m = await restarted(tmp_path, supervisor, events=events)
+    try:
+        await until("taken over detached", lambda: m.pool.lease(LEASE) is not None)
+        lease = m.pool.lease(LEASE)
+        assert lease is not None and lease.state == DETACHED
+        assert lease.homes == [m.slots[1].gpu, m.slots[2].gpu] and lease.req.gpus == 2
+    finally:
+        await m.close(0.1)
+
+
+async def test_a_lease_that_moved_before_v15_or_lost_a_gpu_is_not_taken_over(
+        tmp_path: Path) -> None:
+    """Events written before schema v15 name the first GPU a lease came back on only: one of
+    several GPUs that moved then is ended (its worker killed as an orphan); so is one whose GPU
     this server no longer has."""
     moved = {LEASE: [("detached", 2, "idle", 1), ("attached", 1, "moved from GPU 2, 0", 1)]}
     for events, gpus, n_gpus, says in ((moved, (2, 0), 3, "moved to other GPUs"),

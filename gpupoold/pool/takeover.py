@@ -79,21 +79,27 @@ class PreviousLeases:
         return int(moves[-1]) if moves else rec.gpu_index
 
     async def _gpus_of(self, rec: LeaseRecord) -> list[Slot] | str:
-        """Every GPU of a previous lease of several GPUs, in its program's order (the store's
-        `gpus`, schema 12: its worker's own GPU first), or why it cannot be taken over: one of
-        them is not served here, or the lease moved after an idle detach (its events name the
-        first GPU it came back on only, pool/detach.py, so where the others are is not known)."""
+        """Every GPU of a previous lease of several GPUs, in its program's order, or why it
+        cannot be taken over. Where it is: the GPUs its last idle-detach event names (it may
+        have come back on others, pool/detach.py: schema v15 keeps them all), else those it
+        started on (the store's `gpus`, schema 12: its worker's own GPU first). Not taken over:
+        one of them is not served here, or it moved and its events were written before v15
+        (they name device 0's GPU only, so where the others are is not known)."""
         try:
             events = await self.store.lease_events(rec.id)
         except Exception:
             log.exception("lease %d: reading its events failed", rec.id)
             return "its events could not be read (the log says why)"
-        if any(e["state"] == ATTACHED and str(e.get("detail") or "").startswith("moved from")
-               for e in events):
-            return ("it moved to other GPUs after an idle detach, and the store knows only the "
-                    "first of them")
-        slots = [self._slot_of(rec, index) for index in rec.gpus]
-        missing = [index for index, slot in zip(rec.gpus, slots, strict=True) if slot is None]
+        moves = [e for e in events if e["state"] in (ATTACHED, DETACHED)]
+        where = list(moves[-1].get("gpus") or []) if moves else list(rec.gpus)
+        if len(where) != len(rec.gpus):  # events written before v15
+            if any(e["state"] == ATTACHED and str(e.get("detail") or "").startswith("moved from")
+                   for e in events):
+                return ("it moved to other GPUs after an idle detach, recorded before the "
+                        "store kept all of them (schema v15): it knows only the first")
+            where = list(rec.gpus)  # never moved: still on the GPUs it started on
+        slots = [self._slot_of(rec, index) for index in where]
+        missing = [index for index, slot in zip(where, slots, strict=True) if slot is None]
         if missing:
             return f"GPU {', '.join(map(str, missing))} of it is not served any more"
         return [slot for slot in slots if slot is not None]
