@@ -553,8 +553,10 @@ def test_the_day_view_counts_a_moved_lease_on_each_gpu_it_held_and_not_while_det
 
 
 def test_the_day_view_counts_a_lease_of_several_gpus_on_each_of_them() -> None:
-    """A lease of GPUs 2 and 0 (issue 37, item 6) counts on both; with its events, its other
-    GPUs count up to its first detach (its events name its device 0 only)."""
+    """A lease of GPUs 2 and 0 (issue 37, item 6) counts on both, and with its events on each
+    GPU it held across its detaches: back on GPUs 1 and 2 (its events name both, schema v15),
+    each counts. Events written before v15 name device 0's GPU only: its other GPUs count up
+    to its first detach then."""
     from types import SimpleNamespace as R
 
     from gpupoold.dashboard.history import HOUR_S, day_view
@@ -565,9 +567,16 @@ def test_the_day_view_counts_a_lease_of_several_gpus_on_each_of_them() -> None:
     view = day_view([pair], [0, 1, 2], now)
     assert view.leased[0][:4] == view.leased[2][:4] == [0.0, 1.0, 1.0, 0.0]
     assert view.leased[1] == [0.0] * 24
-    events = {8: [{"at": start + 2 * HOUR_S, "state": "detached", "gpu": 2, "detail": ""},
-                  {"at": start + 2.5 * HOUR_S, "state": "attached", "gpu": 1, "detail": ""}]}
+    events = {8: [{"at": start + 2 * HOUR_S, "state": "detached", "gpu": 2, "gpus": [2, 0],
+                   "detail": ""},
+                  {"at": start + 2.5 * HOUR_S, "state": "attached", "gpu": 1, "gpus": [1, 2],
+                   "detail": ""}]}
     view = day_view([pair], [0, 1, 2], now, events)
+    assert view.leased[0][:4] == [0.0, 1.0, 0.0, 0.0]  # left at its detach
+    assert view.leased[1][:4] == [0.0, 0.0, 0.5, 0.0]  # device 0, back on GPU 1
+    assert view.leased[2][:4] == [0.0, 1.0, 0.5, 0.0]  # device 0, then device 1
+    before_v15 = {8: [{k: v for k, v in e.items() if k != "gpus"} for e in events[8]]}
+    view = day_view([pair], [0, 1, 2], now, before_v15)
     assert view.leased[2][:4] == view.leased[0][:4] == [0.0, 1.0, 0.0, 0.0]
     assert view.leased[1][:4] == [0.0, 0.0, 0.5, 0.0]
 

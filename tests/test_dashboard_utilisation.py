@@ -83,18 +83,31 @@ def test_an_open_lease_runs_to_now_and_one_ended_while_detached_ends_detached() 
     assert got == [Stretch("leased", 0, T0, T0 + 10), Stretch("detached", 0, T0 + 10, T0 + 30)]
 
 
-def test_a_lease_of_several_gpus_is_drawn_on_each_until_its_first_detach() -> None:
-    """Issue 37: a lease of GPUs 2 and 0 has a span on each; its events name its device 0's GPU
-    only, so GPU 0's span ends at its first detach (where it went after that is not kept)."""
+def test_a_lease_of_several_gpus_is_drawn_on_each_gpu_it_holds_across_its_detaches() -> None:
+    """Issue 37: a lease of GPUs 2 and 0 has a span per device; its events name every GPU it
+    left and came back on (schema v15), so each device's span follows its own GPU: back on GPUs
+    1 and 2, device 1 is drawn on GPU 2. Events written before v15 name device 0's GPU only:
+    device 1's span ends at the first detach then (where it went is not known)."""
     rec = SimpleNamespace(id=7, server="", gpu_index=2, token_name="alice", started=T0,
                           ended=T0 + 100, gpus=(2, 0))
     plain = utilisation.lease_spans(rec, "s", [])  # type: ignore[arg-type]
     assert [(s.gpu, s.started, s.ended) for s in plain] == [(2, T0, T0 + 100), (0, T0, T0 + 100)]
-    events = [{"at": T0 + 40, "state": "detached", "gpu": 2},
-              {"at": T0 + 60, "state": "attached", "gpu": 1}]
-    cut = utilisation.lease_spans(rec, "s", events)  # type: ignore[arg-type]
+    events = [{"at": T0 + 40, "state": "detached", "gpu": 2, "gpus": [2, 0]},
+              {"at": T0 + 60, "state": "attached", "gpu": 1, "gpus": [1, 2]}]
+    spans = utilisation.lease_spans(rec, "s", events)  # type: ignore[arg-type]
+    assert [stretches(s, now=T0 + 200) for s in spans] == [
+        [Stretch("leased", 2, T0, T0 + 40), Stretch("detached", 2, T0 + 40, T0 + 60),
+         Stretch("leased", 1, T0 + 60, T0 + 100)],
+        [Stretch("leased", 0, T0, T0 + 40), Stretch("detached", 0, T0 + 40, T0 + 60),
+         Stretch("leased", 2, T0 + 60, T0 + 100)]]
+    tl = timeline(spans, [("s", 0), ("s", 1), ("s", 2)], T0, T0 + 100, now=T0 + 200)
+    assert [[(b.kind, b.start) for b in r.bars if b.kind == "leased"] for r in tl.rows] == [
+        [("leased", T0)], [("leased", T0 + 60)], [("leased", T0), ("leased", T0 + 60)]]
+    before_v15 = [{k: v for k, v in e.items() if k != "gpus"} for e in events]
+    cut = utilisation.lease_spans(rec, "s", before_v15)  # type: ignore[arg-type]
     assert [(s.gpu, s.ended) for s in cut] == [(2, T0 + 100), (0, T0 + 40)]
     assert stretches(cut[0], now=T0 + 200)[-1] == Stretch("leased", 1, T0 + 60, T0 + 100)
+    assert stretches(cut[1], now=T0 + 200) == [Stretch("leased", 0, T0, T0 + 40)]
     one = SimpleNamespace(id=8, server="", gpu_index=1, token_name="bob", started=T0,
                           ended=None, gpus=())
     assert [s.gpu for s in utilisation.lease_spans(one, "s", [])] == [1]  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupoold.dashboard.timeline import LeaseEvent, LeaseSpan, stretches
+from gpupoold.dashboard.timeline import LeaseSpan, lease_event, per_device, stretches
 
 SPAN_S = 3600.0  # what the charts show: the last hour
 IDLE_WINDOW_S = 300.0  # leased and 0 % utilisation for this long: "idle while leased"
@@ -126,21 +126,17 @@ def leased_stretches(r: Any, events: list[dict[str, Any]] | None,
                      now: float) -> list[tuple[int, float, float]]:
     """(GPU, start, end) of each stretch record `r` held a GPU: from the GPU it started on
     (gpu_index; and each of `gpus`, a lease of several) to its end, cut at its idle detaches
-    when its lease events are given (a lease that came back elsewhere holds another GPU from
-    then on; detached, it holds none)."""
+    when its lease events are given (a lease that came back elsewhere holds other GPUs from
+    then on, each device its own: timeline.per_device; detached, it holds none)."""
     began, ended = float(r.started), r.ended
-    # A lease of several GPUs (issue 37) holds each of them; its events name its device 0 only,
-    # so its other GPUs count up to its first detach (where they went after it is not kept).
-    others = [g for g in getattr(r, "gpus", ()) or () if g != r.gpu_index]
+    gpus = list(getattr(r, "gpus", ()) or ()) or [r.gpu_index]  # (issue 37: program order)
     if not events:
         end = now if ended is None else float(ended)
-        return [(g, began, end) for g in [r.gpu_index, *others]]
+        return [(g, began, end) for g in gpus]
     span = LeaseSpan(id=r.id, server="", gpu=r.gpu_index, token="", started=began, ended=ended,
-                     events=tuple(LeaseEvent(float(e["at"]), str(e["state"]), e.get("gpu"))
-                                  for e in events))
-    held = [s for s in stretches(span, now) if s.kind == "leased"]
-    first = [(g, held[0].start, held[0].end) for g in others] if held else []
-    return [(s.gpu, s.start, s.end) for s in held] + first
+                     events=tuple(lease_event(e) for e in events))
+    return [(s.gpu, s.start, s.end) for device in per_device(span, gpus)
+            for s in stretches(device, now) if s.kind == "leased"]
 
 
 def day_view(records: Iterable[Any], gpus: Iterable[int], now: float,

@@ -6,7 +6,9 @@ the lease records, their idle-detach events and the usage report, and passes the
 
 The timeline has one row per GPU. A lease is drawn where it held a GPU: from its start on its
 first GPU to its end, cut where it detached (pool/detach.py records `detached` with the GPU it
-left and `attached` with the GPU it came back to, which may be another). The time a lease spent
+left and `attached` with the GPU it came back to, which may be another). A lease of several GPUs
+is drawn on each: one span per device, following that device's GPU across its detaches
+(`per_device`; its events name every GPU since schema v15). The time a lease spent
 detached is drawn as a thin strip under the bars of the GPU it left, apart from the leases
 that held that GPU meanwhile: that GPU was free for others. Everything is clipped to the
 period; a lease still running is drawn up to now, and a stretch cut by an edge of the period
@@ -18,8 +20,8 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 RANGES = {"hour": 3600.0, "day": 86400.0, "week": 7 * 86400.0}  # the zoom presets
@@ -49,6 +51,15 @@ class LeaseEvent:
     at: float
     state: str
     gpu: int | None
+    # Every GPU it names, a lease of several (program order, `gpu` first; schema v15). Events
+    # written before name device 0's only: one GPU, or none.
+    gpus: tuple[int, ...] = ()
+
+
+def lease_event(e: Mapping[str, Any]) -> LeaseEvent:
+    """An event as the store's lease_events returns it."""
+    return LeaseEvent(float(e["at"]), str(e["state"]), e.get("gpu"),
+                      tuple(int(g) for g in e.get("gpus") or ()))
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,26 @@ def stretches(lease: LeaseSpan, now: float) -> list[Stretch]:
             kind, gpu, since = "leased", ev.gpu if ev.gpu is not None else gpu, at
     out.append(Stretch(kind, gpu, since, end))
     return [s for s in out if s.end > s.start]
+
+
+def per_device(lease: LeaseSpan, gpus: Sequence[int]) -> list[LeaseSpan]:
+    """A lease of several GPUs (`gpus`: those it started on, program order, `lease.gpu` first)
+    as one span per device, each on its own GPU: device k follows the k-th GPU each event names
+    (it left them all together and came back on as many). An event that does not name all of
+    them (written before schema v15: device 0's only) says nothing of the other devices, so each
+    of those is drawn up to the first such event. A lease of one GPU: [lease]."""
+    if len(gpus) <= 1:
+        return [lease]
+    known: list[LeaseEvent] = []
+    until = lease.ended
+    for ev in sorted(lease.events, key=lambda e: e.at):
+        if len(ev.gpus) != len(gpus):
+            until = ev.at if until is None else min(until, ev.at)
+            break
+        known.append(ev)
+    return [lease] + [replace(lease, gpu=g, ended=until,
+                              events=tuple(replace(e, gpu=e.gpus[k]) for e in known))
+                      for k, g in enumerate(gpus) if k > 0]
 
 
 @dataclass(frozen=True)

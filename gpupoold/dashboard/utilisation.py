@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -29,8 +29,9 @@ from gpupoold.dashboard.access import page, page_viewer
 from gpupoold.dashboard.sessions import Viewer
 from gpupoold.dashboard.timeline import (
     RANGES,
-    LeaseEvent,
     LeaseSpan,
+    lease_event,
+    per_device,
     row_label,
     span_words,
     timeline,
@@ -120,17 +121,12 @@ def links(p: Period, now: float) -> dict[str, str]:
 
 
 def lease_spans(r: LeaseRecord, server: str, events: list[dict[str, Any]]) -> list[LeaseSpan]:
-    """The timeline's spans of record `r`: its device 0's GPU with its detaches, and a lease of
-    several GPUs (issue 37) on each other GPU too, up to its first detach (its events name its
-    device 0 only: where the others went after it is not kept)."""
+    """The timeline's spans of record `r`: one with its detaches, and a lease of several GPUs
+    (issue 37) one per device, each following its device's GPU (timeline.per_device)."""
     first = LeaseSpan(id=r.id, server=r.server or server, gpu=r.gpu_index, token=r.token_name,
                       started=r.started, ended=r.ended,
-                      events=tuple(LeaseEvent(float(e["at"]), str(e["state"]), e.get("gpu"))
-                                   for e in events))
-    detaches = [float(e["at"]) for e in events if e["state"] == "detached"]
-    until = min(detaches) if detaches else r.ended
-    return [first] + [replace(first, gpu=g, ended=until, events=())
-                      for g in r.gpus if g != r.gpu_index]
+                      events=tuple(lease_event(e) for e in events))
+    return per_device(first, r.gpus)
 
 
 def token_groups(groups: list[dict[str, Any]], v: Viewer) -> list[dict[str, Any]] | None:
