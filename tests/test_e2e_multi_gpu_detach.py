@@ -52,6 +52,9 @@ def test_a_lease_of_two_gpus_detaches_and_comes_back_on_two_others_bit_exact(
     # (Under policy "always" it may detach and come back again while it checks.)
     attached = [e for e in rec["events"] if e["state"] == "attached"]
     assert attached and attached[0]["gpu"] == 2, rec
+    # Every GPU it left and came back on, in its program's order (schema v15).
+    assert rec["events"][0]["state"] == "detached" and rec["events"][0]["gpus"] == [0, 1], rec
+    assert attached[0]["gpus"] == [2, 3], rec
     assert "moved from GPU 0, 1" in attached[0]["detail"], rec
     assert rec["detaches"] >= 1, rec
     server.wait_for_log(r"attached again on GPU 2, 3 \(moved from GPU 0, 1\)")
