@@ -69,6 +69,7 @@ EXPECTED_SLOT = {
     "grant_share": {FREE: LEASED, LEASED: LEASED},
     "start_share": {LEASED: LEASED},
     "release_share": {LEASED: LEASED},
+    "adopted_shares": {LEASED: LEASED},
 }
 EXPECTED_LEASE = {
     "park": (ATTACHED, DETACHING),
@@ -118,6 +119,10 @@ def slot_call(name: str, pool: PoolState, slot: Slot) -> Callable[[], object]:
     if name == "adopted":
         slot.adopting = lease.id
         return lambda: pool.adopted(slot, lease)
+    if name == "adopted_shares":  # a previous daemon's share being taken over (issue 32)
+        slot.adopting = lease.id
+        lease.share = True
+        return lambda: pool.adopted_shares(slot, [lease], closed=False)
     if name == "claim":
         slot.reserved = waiter(-3)
         return lambda: pool.claim(slot, waiter())

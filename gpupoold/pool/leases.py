@@ -213,10 +213,16 @@ class LeaseManager(PreviousLeases, SharedGpus):
         # several (its first GPU's worker holds them all), so that nobody else gets any of them.
         adopting: dict[int, tuple[LeaseRecord, int]] = {}
         adopted: dict[int, list[Slot]] = {}  # lease id -> its GPUs, program order
+        # GPU index -> the leases of one GPU taken over on it: several are the shares of a
+        # shared GPU (issue 32; each logged by pool/takeover.py's _adopt_shares).
+        alone: dict[int, list[tuple[LeaseRecord, int]]] = {}
         for rec, _, pid in takeover:
             slot = self._on_now(answers[rec.id], placed[rec.id])
             on = gpus_of.get(rec.id) or ([slot] if slot is not None else [])
             taken = next((s for s in on if s.gpu.index in adopting), None)
+            if taken is not None and rec.id not in gpus_of and taken.gpu.index in alone:
+                alone[taken.gpu.index].append((rec, pid))
+                continue
             if slot is None or taken is not None:
                 why = ("its GPU is not served any more" if taken is None
                        else f"GPU {taken.gpu.index} is already taken over by lease "
@@ -226,6 +232,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
             adopted[rec.id] = on
             for s in on:
                 adopting[s.gpu.index] = (rec, pid)
+            if rec.id not in gpus_of:
+                alone[on[0].gpu.index] = [(rec, pid)]
         for slot in self.slots:
             st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
             if slot.gpu.index in adopting:
@@ -244,6 +252,10 @@ class LeaseManager(PreviousLeases, SharedGpus):
         # One task takes each lease over, then watches it: the task that moves all its GPUs on.
         for on in adopted.values():
             rec, pid = adopting[on[0].gpu.index]
+            if on[0].gpu.index in alone:  # a lease of one GPU, or the shares of one
+                self._own(on[0], self._adopt_on(on[0], alone[on[0].gpu.index], answers),
+                          f"lease-{rec.id}")
+                continue
             task = self._own(on[0], self._adopt(on[0], rec, answers[rec.id], pid, on[1:]),
                              f"lease-{rec.id}")
             for s in on[1:]:
@@ -275,12 +287,11 @@ class LeaseManager(PreviousLeases, SharedGpus):
         # A detached lease continues too (its state waits in its worker's host memory), and so
         # does one whose client called again while it waits for a GPU; one being parked,
         # checkpointed or restored does not (its worker ends: the driver's state of its process
-        # is not known). Nor does a lease of several GPUs back from a detach: it may have moved,
-        # and the store names only the first GPU it came back on (pool/takeover.py, _gpus_of).
+        # is not known). A lease of several GPUs back from a detach continues too: its events
+        # name every GPU it came back on (schema v15; pool/takeover.py, _gpus_of).
         kept = [lease for lease in self.pool.active()
                 if lease.worker.adoptable and not lease.worker.exited.done()
-                and not lease.worker.reported_end
-                and (len(lease.homes) <= 1 or lease.slot is None) and (
+                and not lease.worker.reported_end and (
                     (lease.state == ATTACHED and lease.cycle is None and lease.slot is not None)
                     or (lease.state in (DETACHED, ATTACHING) and lease.slot is None
                         and not self._seated(lease)))]

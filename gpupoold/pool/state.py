@@ -25,7 +25,8 @@ was free or finished its scrub while draining:
 
     at start-up every GPU is scrubbing (its first scrub), until: adopt ──► leased (a previous
     daemon's lease being taken over, each GPU of a lease of several; adopted once its worker
-    answers, all of them in one step) or restore ──► quarantined (it was when that daemon
+    answers, all of them in one step; the shares of a shared GPU: adopted_shares once all their
+    workers answered, all in one step) or restore ──► quarantined (it was when that daemon
     stopped)
 
     evict (the watchdog, before it scrubs a stuck GPU: leased, scrubbing, free or drained) takes
@@ -94,6 +95,7 @@ SLOT_EDGES: dict[str, frozenset[str]] = {
     "adopt": frozenset({SCRUBBING}),
     "restore": frozenset({SCRUBBING}),
     "adopted": frozenset({LEASED}),
+    "adopted_shares": frozenset({LEASED}),
     "grant": frozenset({FREE}),
     "hold": frozenset({FREE}),
     "claim": frozenset({LEASED}),
@@ -239,6 +241,32 @@ class PoolState:
         self._leases[lease.id] = lease
         for s in (slot, *others):
             self.changed(s)
+
+    def adopted_shares(self, slot: Slot, leases: Sequence[Lease], closed: bool) -> bool:
+        """The previous daemon's shares of `slot` are taken over, in one step once every one's
+        worker has answered (none lands on the GPU before the others' quotas are known): active
+        again as the GPU's shares, their quotas counted by pool/shares.py. `closed`: a share of
+        it could not be taken over (its worker was ended or is gone: nothing says its memory was
+        zeroed), so no new share lands until the GPU is scrubbed whole, after these end. Returns
+        True when none was taken over: the GPU stays leased, with no lease, until the caller's
+        whole scrub (as after the last share's `end`)."""
+        self._check("adopted_shares", slot)
+        self._require("adopted_shares", slot, slot.adopting is not None and slot.lease is None
+                      and slot.reserved is None and not slot.shares and not slot.share_grants,
+                      "it is not taking over shares")
+        for lease in leases:
+            if not lease.share or lease.id in self._leases:
+                raise TransitionError(f"lease {lease.id}: no adopted_shares: it is not a share, "
+                                      f"or active already")
+        slot.adopting = None
+        slot.shares.extend(leases)
+        for lease in leases:
+            lease.slot = slot
+            self._leases[lease.id] = lease
+        slot.share_closed = slot.share_closed or closed
+        slot.ended_at = None if leases else time.monotonic()
+        self.changed(slot)
+        return not leases
 
     def adopted_detached(self, lease: Lease, home: Gpu, saved_bytes: int,
                          since: float | None = None, homes: Sequence[Gpu] = ()) -> None:

@@ -8,6 +8,7 @@ pool/leases.py for length only: it is the lease manager's policy, with its state
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import time
@@ -18,6 +19,7 @@ from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import IdleDetacher
 from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.shares import ShareSettings
 from gpupoold.pool.slots import ATTACHED, DETACHED, Lease, Slot
 from gpupoold.pool.state import PoolState
 from gpupoold.pool.waitqueue import ClientInfo
@@ -154,6 +156,119 @@ class PreviousLeases:
         except AdoptError as exc:
             return exc
 
+    async def _answered(self, slot: Slot, rec: LeaseRecord,
+                        answer: asyncio.Task[Worker | AdoptError], pid: int) -> Worker:
+        """The worker of previous lease `rec` on `slot`, once it has answered its adoption, or
+        AdoptError: it could not be adopted, or it serves another lease or GPU (it is retired)."""
+        worker = await answer
+        if isinstance(worker, AdoptError):
+            raise worker
+        if worker.adopted_detached is not None:  # it answered late, yet parked
+            await self.supervisor.retire(worker)
+            raise AdoptError(f"worker pid {pid} says its lease is detached, but it did not "
+                             f"answer within {ADOPT_PEEK:g} s")
+        if worker.session_id != rec.id:
+            await self.supervisor.retire(worker)
+            raise AdoptError(f"worker pid {pid} serves session {worker.session_id}, not "
+                             f"lease {rec.id}")
+        if worker.uuid and slot.gpu.uuid and worker.uuid != slot.gpu.uuid:
+            await self.supervisor.retire(worker)
+            raise AdoptError(f"worker pid {pid} runs on {worker.uuid}, not on GPU "
+                             f"{slot.gpu.index} ({slot.gpu.uuid})")
+        worker.gpu = slot.gpu  # (asked on the store's word; its UUID names this GPU)
+        return worker
+
+    def _lease_of(self, rec: LeaseRecord, worker: Worker, slot: Slot | None, gpus: int = 1,
+                  share: bool = False) -> Lease:
+        """The lease of a previous daemon's record, as its worker says it was asked for (its
+        memory: its quota, the share's size); watched by the task taking it over."""
+        req = worker.request
+        return Lease(id=rec.id, slot=slot, token=rec.token_name,
+                     client=ClientInfo(host=rec.client_host, user=rec.client_user,
+                                       pid=rec.client_pid, program=rec.program, peer=rec.peer),
+                     req=Requirements(gpu=str(req.get("gpu") or ""),
+                                      model=str(req.get("model") or ""),
+                                      min_memory=_nonneg(req.get("min_memory")),
+                                      gpus=gpus, memory=_nonneg(req.get("memory"))),
+                     worker=worker, queued_s=rec.queued_s, started=rec.started,
+                     watcher=asyncio.current_task(), share=share)
+
+    def _limit_time(self, lease: Lease) -> None:
+        """max_lease_seconds counts from the lease's start, not from its take-over."""
+        limit = self.settings.max_lease_seconds
+        if limit > 0:
+            left = max(0.0, limit - (time.time() - lease.started))
+            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+
+    def _shared_here(self, slot: Slot) -> bool:
+        """Whether this daemon's configuration shares `slot`'s GPU (`share`, `share_gpus`)."""
+        return ShareSettings.of(self.settings.share, self.settings.share_gpus).shared(
+            slot.gpu.index)
+
+    async def _adopt_on(self, slot: Slot, entries: list[tuple[LeaseRecord, int]],
+                        answers: dict[int, asyncio.Task[Worker | AdoptError]]) -> None:
+        """Take over the previous daemon's leases of one GPU each that were on `slot` (record,
+        worker pid): one is a whole-GPU lease as before, unless its worker has a memory quota
+        and this daemon shares the GPU: then, as several on one GPU always are, its shares
+        (issue 32; the previous daemon shared it, whatever this one's `share` says now)."""
+        if len(entries) == 1:
+            rec, pid = entries[0]
+            worker = await answers[rec.id]
+            if not (isinstance(worker, Worker) and _nonneg(worker.request.get("memory")) > 0
+                    and self._shared_here(slot)):
+                await self._adopt(slot, rec, answers[rec.id], pid)
+                return
+        await self._adopt_shares(slot, entries, answers)
+
+    async def _adopt_shares(self, slot: Slot, entries: list[tuple[LeaseRecord, int]],
+                            answers: dict[int, asyncio.Task[Worker | AdoptError]]) -> None:
+        """Take over the previous daemon's shares of `slot` as its shares, in one step once
+        every worker answered (none is counted before the others' quotas are known), each
+        watched as any share: its end zeroes its memory, the last one's scrubs the GPU whole
+        (share_leases.py). One that cannot be taken over ends: its worker retired (or gone),
+        its record closed, and as nothing says its memory was zeroed the GPU takes no new share
+        until it is scrubbed whole after the others; with none taken over, it is scrubbed now."""
+        taken: list[Lease] = []
+        failed: list[int] = []
+        for rec, pid in entries:
+            try:
+                worker = await self._answered(slot, rec, answers[rec.id], pid)
+                if _nonneg(worker.request.get("memory")) <= 0:
+                    await self.supervisor.retire(worker)
+                    raise AdoptError(f"worker pid {pid} held GPU {slot.gpu.index} whole (no "
+                                     f"memory quota), and other leases of the previous gpupoold "
+                                     f"were on it too")
+            except AdoptError as exc:
+                log.error("share %d of GPU %d could not be taken over: %s; GPU %d takes no new "
+                          "share until its other shares end and it is scrubbed whole", rec.id,
+                          slot.gpu.index, exc, slot.gpu.index,
+                          extra=journal_fields(rec.id, slot.gpu.index))
+                await self._close_previous(rec, f"gpupoold restarted and could not take over "
+                                                f"the share: {exc}")
+                failed.append(rec.id)
+                continue
+            taken.append(self._lease_of(rec, worker, slot, share=True))
+        if self.pool.adopted_shares(slot, taken, closed=bool(failed)):
+            if not self._closing:
+                await self._clean(slot, failed)
+            return
+        for lease in taken:
+            self.counters.inc("leases_adopted")
+            self._limit_time(lease)
+            lease.watcher = self._spawn(self._watch(lease), f"lease-{lease.id}")
+            log.info("lease %d taken over: a share of GPU %d, %d bytes, %s, worker pid %d (it "
+                     "served %.1f s without gpupoold)", lease.id, slot.gpu.index,
+                     lease.req.quota(slot.gpu), lease.client.describe(), lease.worker.pid,
+                     lease.worker.orphaned_s,
+                     extra=journal_fields(lease.id, slot.gpu.index, lease.client.describe()))
+        if not self._shared_here(slot) or len(taken) > self.settings.share:
+            log.warning("GPU %d: %d share(s) of the previous gpupoold taken over, where this "
+                        "configuration shares it %s: they run on, and it takes no new share "
+                        "(nor a whole-GPU lease) until they have ended and it is scrubbed whole",
+                        slot.gpu.index, len(taken),
+                        f"{self.settings.share} ways" if self._shared_here(slot) else "not at all")
+        self._dispatch()  # room for new shares beside them
+
     async def _adopt(self, slot: Slot, rec: LeaseRecord,
                      answer: asyncio.Task[Worker | AdoptError], pid: int,
                      others: list[Slot] | None = None) -> None:
@@ -162,22 +277,7 @@ class PreviousLeases:
         worker that cannot be adopted ends and its GPUs are scrubbed."""
         others = others or []
         try:
-            worker = await answer
-            if isinstance(worker, AdoptError):
-                raise worker
-            if worker.adopted_detached is not None:  # it answered late, yet parked
-                await self.supervisor.retire(worker)
-                raise AdoptError(f"worker pid {pid} says its lease is detached, but it did not "
-                                 f"answer within {ADOPT_PEEK:g} s")
-            if worker.session_id != rec.id:
-                await self.supervisor.retire(worker)
-                raise AdoptError(f"worker pid {pid} serves session {worker.session_id}, not "
-                                 f"lease {rec.id}")
-            if worker.uuid and slot.gpu.uuid and worker.uuid != slot.gpu.uuid:
-                await self.supervisor.retire(worker)
-                raise AdoptError(f"worker pid {pid} runs on {worker.uuid}, not on GPU "
-                                 f"{slot.gpu.index} ({slot.gpu.uuid})")
-            worker.gpu = slot.gpu  # (asked on the store's word; its UUID names this GPU)
+            worker = await self._answered(slot, rec, answer, pid)
         except AdoptError as exc:
             on = ", ".join(str(s.gpu.index) for s in (slot, *others))
             log.error("lease %d on GPU %s could not be taken over: %s; %s scrubbed", rec.id, on,
@@ -191,22 +291,10 @@ class PreviousLeases:
                 else:
                     await self._clean(slot, [rec.id])
             return
-        req = worker.request
-        lease = Lease(id=rec.id, slot=slot, token=rec.token_name,
-                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
-                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
-                      req=Requirements(gpu=str(req.get("gpu") or ""),
-                                       model=str(req.get("model") or ""),
-                                       min_memory=_nonneg(req.get("min_memory")),
-                                       gpus=1 + len(others)),
-                      worker=worker, queued_s=rec.queued_s, started=rec.started,
-                      watcher=asyncio.current_task())
+        lease = self._lease_of(rec, worker, slot, gpus=1 + len(others))
         self.pool.adopted(slot, lease, others)
         self.counters.inc("leases_adopted")
-        limit = self.settings.max_lease_seconds
-        if limit > 0:
-            left = max(0.0, limit - (time.time() - rec.started))
-            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+        self._limit_time(lease)
         log.info("lease %d taken over: GPU %s, %s, worker pid %d (it served %.1f s without "
                  "gpupoold)", lease.id, ", ".join(str(s.gpu.index) for s in lease.slots()),
                  lease.client.describe(), worker.pid, worker.orphaned_s,
@@ -238,29 +326,23 @@ class PreviousLeases:
                                             f"detached lease: {why}")
             return
         assert home is not None and worker.adopted_detached is not None
-        req = worker.request
-        lease = Lease(id=rec.id, slot=None, token=rec.token_name,
-                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
-                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
-                      req=Requirements(gpu=str(req.get("gpu") or ""),
-                                       model=str(req.get("model") or ""),
-                                       min_memory=_nonneg(req.get("min_memory")),
-                                       gpus=len(homes) if homes else 1),
-                      worker=worker, queued_s=rec.queued_s, started=rec.started,
-                      watcher=asyncio.current_task(), detaches=rec.detaches,
-                      detached_s=rec.detached_s)
+        # A share (its worker has a quota, issue 32) comes back as a share, through the share
+        # placement (room for its quota), when the GPU it left is shared here; else whole.
+        share = (len(homes or []) <= 1 and _nonneg(worker.request.get("memory")) > 0
+                 and self._shared_here(home))
+        lease = dataclasses.replace(
+            self._lease_of(rec, worker, None, gpus=len(homes) if homes else 1, share=share),
+            detaches=rec.detaches, detached_s=rec.detached_s)
         self.pool.adopted_detached(lease, home.gpu, worker.adopted_detached,
                                    await self._detached_since(rec.id),
                                    [s.gpu for s in homes or []])
         self.counters.inc("leases_adopted")
-        limit = self.settings.max_lease_seconds
-        if limit > 0:
-            left = max(0.0, limit - (time.time() - rec.started))
-            lease.timer = asyncio.get_running_loop().call_later(left, self._expire, lease)
+        self._limit_time(lease)
         log.info("lease %d taken over detached (from GPU %s, %d bytes of device memory saved), "
-                 "%s, worker pid %d: its client's next call brings it back on a GPU", lease.id,
+                 "%s, worker pid %d: its client's next call brings it back on %s", lease.id,
                  ", ".join(str(s.gpu.index) for s in homes or [home]), worker.adopted_detached,
                  lease.client.describe(), worker.pid,
+                 "a share of a shared GPU" if share else "a GPU",
                  extra=journal_fields(lease.id, home.gpu.index, lease.client.describe()))
         self.detacher.resume(lease)
         self._dispatch()  # a waiter its token's max_gpus_per_token held back may be again

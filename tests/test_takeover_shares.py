@@ -1,0 +1,189 @@
+"""Restart take-over of the shares of a shared GPU (issue 32): a restarted gpupoold knows a
+previous lease was a share by its worker's word (worker_adopted's memory_quota), takes every
+running share of a GPU over as a share of that GPU (none scrubbed, none given whole, their quotas
+counted), scrubs the GPU whole only after the last of them ends, and takes a detached share over
+detached as a share, which comes back through the share placement. The lease manager with the
+fakes of tests/test_leases.py; the end-to-end check is tests/test_e2e_restart_shares.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_detach import FakeCheckpointer
+from test_leases import GIB, FakeCleaner, FakeStore, FakeSupervisor, FakeWorker, client, make_gpu
+from test_takeover_multi_gpu import until
+
+from gpupoold.config.settings import Settings
+from gpupoold.gpu.inventory import Inventory
+from gpupoold.pool.counters import Counters
+from gpupoold.pool.leases import LeaseManager
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.slots import ATTACHED, DETACHED, FREE, LEASED
+from gpupoold.store.records import LeaseRecord
+from gpupoold.workers.supervisor import AdoptError
+
+A, B, C = 11, 12, 13  # two shares running on GPU 0, one detached from it
+
+
+@pytest.fixture(autouse=True)
+def fake_workers_are_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The take-over tells an adopted worker from an AdoptError by its class."""
+    for module in ("gpupoold.pool.leases", "gpupoold.pool.takeover"):
+        monkeypatch.setattr(f"{module}.Worker", FakeWorker)
+
+
+class PreviousShares(FakeSupervisor):
+    """The previous daemon's workers, lease id -> (its GPU's UUID, its memory quota, the bytes
+    it saved when detached or None): each listens on its adoption socket and answers at once."""
+
+    def __init__(self, workers: dict[int, tuple[str, int, int | None]]) -> None:
+        super().__init__()
+        self.workers = workers
+        self.retired: list[int] = []
+
+    async def connect_adoption(self, path: Path) -> tuple[Any, int]:  # type: ignore[override]
+        lease_id = int(path.name.removeprefix("lease-").removesuffix(".sock"))
+        if lease_id not in self.workers:
+            raise AdoptError(f"no worker listens on {path}")
+        return lease_id, 5000 + lease_id
+
+    async def adopt(self, gpu: Any, sock: Any, pid: int, max_wait: float = 0.0) -> FakeWorker:
+        uuid, quota, detached = self.workers[sock]
+        w = FakeWorker(gpu)
+        w.pid, w.session_id, w.adoptable = pid, sock, True
+        w.uuid, w.orphaned_s = uuid, 1.0  # type: ignore[attr-defined]
+        w.request = {"gpu": "", "model": "", "min_memory": 0, "memory": quota}  # type: ignore[attr-defined]
+        w.adopted_detached = detached  # type: ignore[attr-defined]
+        self.spawned.append(w)
+        return w
+
+    async def retire(self, worker: FakeWorker) -> None:
+        self.retired.append(worker.session_id or 0)
+        worker.finish("server ended")
+
+
+def record(lease_id: int, gpu: int = 0) -> LeaseRecord:
+    return LeaseRecord(gpu_index=gpu, gpu_uuid=make_gpu(gpu).uuid, gpu_name=make_gpu(gpu).name,
+                       simulated=True, token_name="alice", client_host="h", client_user="u",
+                       client_pid=lease_id, program="p", peer="10.0.0.9:1",
+                       request="8 GiB of memory", queued_s=0.0, started=1.0, id=lease_id,
+                       ended=None, end_reason=None, end_detail=None, bytes_h2d=0, bytes_d2h=0,
+                       calls={}, scrub_ok=None, scrub=None)
+
+
+async def restarted(tmp_path: Path, workers: dict[int, tuple[str, int, int | None]],
+                    events: dict[int, Any] | None = None, **settings: Any) -> LeaseManager:
+    """A gpupoold of 2 GPUs of 32 GiB, GPU 0 shared 2 ways (unless `settings` say otherwise),
+    starting where the previous one left `workers`' leases open."""
+    store = FakeStore(open=[record(i) for i in sorted(workers)], events=events or {})
+    inventory = Inventory((make_gpu(0, memory=32 * GIB), make_gpu(1, memory=32 * GIB)))
+    m = LeaseManager(inventory, Settings(state_dir=tmp_path, **{"share": 2, "share_gpus": [0],
+                                                               **settings}),
+                     store, PreviousShares(workers), FakeCleaner(), Counters())  # type: ignore[arg-type]
+    m.detacher.checkpointer = FakeCheckpointer()  # type: ignore[assignment]
+    await m.start()
+    return m
+
+
+def on_gpu0(quota_gib: int, detached: int | None = None) -> tuple[str, int, int | None]:
+    return make_gpu(0).uuid, quota_gib * GIB, detached
+
+
+async def test_running_and_detached_shares_are_taken_over_as_shares(tmp_path: Path) -> None:
+    m = await restarted(tmp_path, {A: on_gpu0(8), B: on_gpu0(4), C: on_gpu0(8, detached=GIB)},
+                        events={C: [(DETACHED, 0, "idle", 1)]})
+    slot = m.slots[0]
+    try:
+        await until("both running shares taken over", lambda: len(slot.shares) == 2)
+        await until("GPU 1 scrubbed", lambda: m.slots[1].state == FREE)
+        a, b, c = m.pool.lease(A), m.pool.lease(B), m.pool.lease(C)
+        assert a is not None and b is not None and c is not None
+        # Both are shares of GPU 0, their quotas counted; the GPU neither scrubbed nor whole.
+        assert slot.state == LEASED and slot.lease is None and slot.adopting is None
+        assert slot.shares == [a, b] and a.share and b.share and a.slot is b.slot is slot
+        assert slot.share_quotas() == {A: 8 * GIB, B: 4 * GIB}
+        assert m.cleaner.cleaned == [1] and m.store.ended == {}
+        assert m.supervisor.retired == []  # type: ignore[attr-defined]
+        # The detached one is a share, away, its quota kept.
+        assert c.state == DETACHED and c.share and c.slot is None and c.home is slot.gpu
+        assert c.req.memory == 8 * GIB
+        # GPU 0 is full (2 shares): a new share gets the other shared GPU? None is shared: it
+        # waits; a whole-GPU client gets GPU 1, not GPU 0.
+        whole = m.enqueue(Requirements(), "bob", client(1))
+        assert (await asyncio.wait_for(whole.future, 1)) is m.slots[1]
+        # A's client leaves: its memory was zeroed by its worker, no scrub; the detached share
+        # comes back in its place through the share placement.
+        a.worker.finish("client exit")
+        await until("A ended", lambda: A in m.store.ended)
+        assert m.cleaner.cleaned == [1] and slot.shares == [b]
+        c.worker.wants_gpu.set()
+        await until("C back as a share of GPU 0", lambda: c.state == ATTACHED)
+        assert slot.shares == [b, c] and slot.lease is None and m.cleaner.cleaned == [1]
+        # The last share's end scrubs the GPU whole, once.
+        b.worker.finish("client exit")
+        await asyncio.sleep(0.05)
+        assert m.cleaner.cleaned == [1] and slot.state == LEASED
+        c.worker.finish("client exit")
+        await until("GPU 0 scrubbed whole and free", lambda: slot.state == FREE)
+        assert m.cleaner.cleaned == [1, 0] and m.store.scrubbed[C][0] is True
+    finally:
+        await m.close(0.1)
+
+
+async def test_a_share_not_taken_over_closes_its_gpu_until_the_others_end(
+        tmp_path: Path) -> None:
+    """B's worker runs on a GPU this server does not have: B ends (retired, its record closed), A runs on as a
+    share, and since nothing says B's memory was zeroed, no new share lands on GPU 0 until it
+    is scrubbed whole after A."""
+    m = await restarted(tmp_path, {A: on_gpu0(8), B: (make_gpu(7).uuid, 8 * GIB, None)})
+    slot = m.slots[0]
+    try:
+        await until("A taken over", lambda: m.pool.lease(A) is not None)
+        await until("B's record closed", lambda: B in m.store.ended)
+        a = m.pool.lease(A)
+        assert a is not None and slot.shares == [a] and slot.share_closed
+        assert m.supervisor.retired == [B]  # type: ignore[attr-defined]
+        assert "could not take over the share" in m.store.ended[B][1]
+        share = m.enqueue(Requirements(memory=8 * GIB), "bob", client(2))
+        await asyncio.sleep(0.05)
+        assert not share.future.done()
+        a.worker.finish("client exit")
+        assert (await asyncio.wait_for(share.future, 2)) is slot  # after the whole scrub
+        assert 0 in m.cleaner.cleaned and not slot.share_closed
+    finally:
+        await m.close(0.1)
+
+
+async def test_shares_on_a_gpu_this_configuration_does_not_share_run_on_alone(
+        tmp_path: Path) -> None:
+    """The restarted daemon shares no GPU: both shares are taken over as shares all the same,
+    and GPU 0 takes nobody else until they end and it is scrubbed whole; a single lease with a
+    quota on an unshared GPU is a whole-GPU lease, as before."""
+    m = await restarted(tmp_path, {A: on_gpu0(8), B: on_gpu0(8)}, share=1, share_gpus=[])
+    slot = m.slots[0]
+    try:
+        await until("both taken over", lambda: len(slot.shares) == 2)
+        a, b = m.pool.lease(A), m.pool.lease(B)
+        assert a is not None and b is not None and a.share and b.share
+        first = m.enqueue(Requirements(), "bob", client(1))
+        assert (await asyncio.wait_for(first.future, 1)) is m.slots[1]
+        second = m.enqueue(Requirements(memory=4 * GIB), "bob", client(2))
+        await asyncio.sleep(0.05)
+        assert not second.future.done()  # GPU 0 is not lent while its shares run
+        a.worker.finish("client exit")
+        b.worker.finish("client exit")
+        assert (await asyncio.wait_for(second.future, 2)) is slot
+        assert m.cleaner.cleaned.count(0) == 1
+    finally:
+        await m.close(0.1)
+    m = await restarted(tmp_path, {A: on_gpu0(8)}, share=1, share_gpus=[])
+    try:
+        await until("A taken over", lambda: m.pool.lease(A) is not None)
+        a = m.pool.lease(A)
+        assert a is not None and not a.share and m.slots[0].lease is a
+        assert a.req.memory == 8 * GIB
+    finally:
+        await m.close(0.1)
