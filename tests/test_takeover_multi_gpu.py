@@ -316,11 +316,11 @@ async def test_close_keeps_an_adoptable_lease_of_several_gpus_and_its_gpus(mgr: 
     assert SCRUBBING not in {s.state for s in m.slots}
 
 
-async def test_close_keeps_a_detached_lease_of_several_gpus_not_one_back_from_a_detach(
+async def test_close_keeps_a_lease_of_several_gpus_detached_or_back_from_a_detach(
         mgr: Any) -> None:  # noqa: F811
     """Detached from two GPUs: kept (the next daemon takes it over detached). Back on two GPUs
-    after a detach: ended, as it may have moved (the store names the first GPU it came back on
-    only, and the next daemon could not place the others)."""
+    after a detach: kept too, on both (its events name every GPU it came back on, schema v15,
+    so the next daemon finds them: pool/takeover.py, _gpus_of)."""
     for detached in (True, False):
         m = await mgr(n_gpus=2)
         _, lease = await lease_on(m, 1, req=Requirements(gpus=2))
@@ -330,8 +330,9 @@ async def test_close_keeps_a_detached_lease_of_several_gpus_not_one_back_from_a_
             m.pool.park(lease, 1 << 20)
             m.pool.detach(lease, 0.1)
         await m.close(0.1)
-        assert lease.worker.detached is detached and lease.worker.exited.done() is not detached
-        assert m.kept_gpus == frozenset()  # (a detached lease is on no GPU)
+        assert lease.worker.detached is True and lease.worker.exited.done() is False
+        assert lease.id not in m.store.ended
+        assert m.kept_gpus == (frozenset() if detached else frozenset({0, 1}))
 
 
 def test_adopted_takes_every_gpu_of_the_lease_or_none() -> None:
