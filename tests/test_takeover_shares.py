@@ -110,8 +110,7 @@ async def test_running_and_detached_shares_are_taken_over_as_shares(tmp_path: Pa
         # The detached one is a share, away, its quota kept.
         assert c.state == DETACHED and c.share and c.slot is None and c.home is slot.gpu
         assert c.req.memory == 8 * GIB
-        # GPU 0 is full (2 shares): a new share gets the other shared GPU? None is shared: it
-        # waits; a whole-GPU client gets GPU 1, not GPU 0.
+        # A whole-GPU client gets GPU 1, never GPU 0 while its shares run.
         whole = m.enqueue(Requirements(), "bob", client(1))
         assert (await asyncio.wait_for(whole.future, 1)) is m.slots[1]
         # A's client leaves: its memory was zeroed by its worker, no scrub; the detached share
