@@ -18,12 +18,14 @@
 #                  longer figures (the six workloads and the remoting benchmark in full).
 #   --smoke        on a machine WITHOUT a GPU (CI does this): the script's machinery against
 #                  gpupoold's simulated GPU, the CUDA programs through gpupool only (no native
-#                  runs); steps build,cuda unless --only. Proves the script, measures nothing.
+#                  runs), shares and ipc with --simulated (copies instead of kernels, quotas of
+#                  256 MiB); steps build,cuda,shares,ipc unless --only. Proves the script, measures nothing.
 # Steps, in the order of what they tell (--only picks some; `info` is cheap and always worth
-# keeping). The default (one call) runs info, build, sandbox, detach, frameworks, generate,
+# keeping). The default (one call) runs info, build, sandbox, detach, shares, ipc, frameworks,
 # cuda_graph, compile, busy: their time limits add up to the 8-minute budget (planned from the
-# 2026-11-27 H200 run, docs/validation.md); cuda, torch-scripts, remoting, workloads and restart
-# passed there and do not fit: --long or --only runs them, and the summary says they were left out.
+# 2026-11-27 H200 run, docs/validation.md); cuda, torch-scripts, remoting, workloads, restart and
+# generate ran there and do not fit: --long or --only runs them, and the summary says they were
+# left out (generate also runs in --long's workloads, all six).
 #   info           nvidia-smi -L / --query-gpu, driver, runtime, commit, python, torch, nvcc (read-only)
 #   build          the prepared binaries if they load here, else make -j (into build/ or $GPUPOOL_BUILD_DIR)
 #   sandbox        bench/gpu_checks.py sandbox: the worker's Landlock sandbox (worker_sandbox = true,
@@ -32,6 +34,13 @@
 #   detach         bench/gpu_checks.py detach: idle detach with the real cuCheckpoint* calls, a
 #                  PyTorch tenant of 1 GiB and of 8 GiB, a second client in between, bit-exact,
 #                  detach and reattach timed against 20 ms + 2 x the state's host-to-device time
+#   shares         bench/gpu_checks.py shares (issue 32): gpupoold with share = 4; four PyTorch tenants
+#                  with GPUPOOL_MEMORY=16G at once, each's matmul loop against the same loop alone,
+#                  each sees its quota and gets OOM past it; a tenant fills its quota with 0xAB and
+#                  is SIGKILLed, the next reads only zeros (the real driver's zero-after-free)
+#   ipc            bench/gpu_checks.py ipc (issue 37, its single-GPU paths): share = 2; a CUDA tensor
+#                  between two processes of one token (torch.multiprocessing: CUDA IPC memory and
+#                  event handles) and tests/c/ipc_share, bit-exact; a 1-GPU lease, GPUPOOL_GPUS=1
 #   generate       bench/torch_workloads.py --only generate (its A/B variants, bench/generate_variants.py,
 #                  come along): native vs gpupool, each remote run's GPUPOOL_PROFILE in the logs
 #   cuda_graph     bench/torch_workloads.py --only cuda_graph, 100 steps (enough for a ratio)
@@ -80,10 +89,12 @@ PREPARE=0
 SMOKE=0
 ONLY=""
 BUDGET=""
-ALL_STEPS=(info build sandbox detach frameworks generate cuda_graph compile busy cuda torch-scripts remoting
-    workloads restart)
+ALL_STEPS=(info build sandbox detach shares ipc frameworks generate cuda_graph compile busy cuda torch-scripts
+    remoting workloads restart)
 # The one-call plan (what fits 8 minutes, most valuable first); --long and --only choose others.
-ONE_CALL="info,build,sandbox,detach,frameworks,generate,cuda_graph,compile,busy"
+# shares and ipc (the first real-GPU checks of issues 32 and 37) took generate's place: generate
+# ran on 2026-11-27 (its ratio is known) and --long's workloads step runs it with the other five.
+ONE_CALL="info,build,sandbox,detach,shares,ipc,frameworks,cuda_graph,compile,busy"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -102,7 +113,7 @@ while (($#)); do
     shift
 done
 if ((SMOKE)); then
-    [[ -z "$ONLY" ]] && ONLY="build,cuda"
+    [[ -z "$ONLY" ]] && ONLY="build,cuda,shares,ipc"
     export GPUPOOL_VALIDATION_ALLOW_SIMULATED=1
 fi
 export SMOKE
@@ -179,6 +190,17 @@ export CUDA_PROGRAMS_LIST="${CUDA_PROGRAMS[*]}"
 export -f compile_cuda
 
 # ------------------------------------------------------------------------------ dry run
+# shares and ipc: on the simulated GPU (--smoke) quotas it can hold and copies for kernels.
+shares_args() {
+    if ((SMOKE)); then echo "--simulated --memory 256M --seconds 1 --limit 40"; else echo "--memory 16G --seconds 3 --limit 40"; fi
+}
+ipc_args() {
+    local prog="$PREPARED/ipc_share"
+    [[ -x "$prog" ]] || prog="$BUILD/tests/ipc_share"
+    if ((SMOKE)); then echo -n "--simulated --memory 256M --bytes 4194304"; else echo -n "--memory 8G"; fi
+    [[ -x "$prog" ]] && echo -n " --ipc-share $prog"
+    echo " --limit 30"
+}
 describe() {
     case "$1" in
     info) echo "nvidia-smi -L; nvidia-smi --query-gpu=...; runtime (kernel release); commit; $PY/torch/nvcc versions" ;;
@@ -187,6 +209,8 @@ describe() {
     detach) echo "$PY bench/gpu_checks.py detach --sizes 1G,8G: idle detach (real cuCheckpoint*), a second client in between, reattach bit-exact; target 20 ms + 2 x H2D time of the state" ;;
     generate) echo "$PY bench/torch_workloads.py --quick --only generate (with its variants from bench/generate_variants.py), profiles in logs/profile" ;;
     busy) echo "$PY bench/gpu_checks.py busy: gpupool_gpu_busy_seconds vs nvidia-smi dmon -s u over one lease" ;;
+    shares) echo "$PY bench/gpu_checks.py shares $(shares_args): share = 4, 4 PyTorch tenants at once against one alone, quota + OOM each, 0xAB tenant SIGKILLed -> next reads zeros" ;;
+    ipc) echo "$PY bench/gpu_checks.py ipc $(ipc_args): share = 2, a CUDA tensor between 2 processes of one token (torch.multiprocessing), ipc_share, a GPUPOOL_GPUS=1 lease" ;;
     cuda_graph) echo "$PY bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10, profile in logs/profile" ;;
     compile) echo "$PY bench/torch_workloads.py --only compile --steps 20 --warmup 3, profile in logs/profile" ;;
     daemon) echo "gpupoold serve (simulated = 0, gpus = [0], reset_policy = \"never\") on 127.0.0.1, a token, its identity pinned (TLS)" ;;
@@ -207,11 +231,14 @@ describe() {
 if ((LONG)); then
     declare -A LIMIT=([info]=30 [build]=240 [daemon]=60 [cuda]=240 [torch-scripts]=300 [frameworks]=200
         [remoting]=300 [workloads]=480 [restart]=150 [sandbox]=120 [detach]=150 [generate]=240 [busy]=60
-        [cuda_graph]=120 [compile]=240)
+        [cuda_graph]=120 [compile]=240 [shares]=120 [ipc]=90)
     RESTART_SECONDS=45
 else
-    declare -A LIMIT=([info]=20 [build]=20 [daemon]=20 [sandbox]=40 [detach]=70 [frameworks]=65
-        [generate]=95 [cuda_graph]=25 [compile]=50 [busy]=25
+    # shares: 7 PyTorch processes start through gpupool (about 5 s each there, 4 at once), 3 s
+    # alone + 3 s together, 16 GiB filled and up to the GPU's room read on the GPU; ipc: 3 starts
+    # and the C program (estimates: both are new).
+    declare -A LIMIT=([info]=20 [build]=20 [daemon]=20 [sandbox]=40 [detach]=70 [shares]=55 [ipc]=40
+        [frameworks]=65 [generate]=95 [cuda_graph]=25 [compile]=50 [busy]=25
         [cuda]=110 [torch-scripts]=150 [remoting]=60 [workloads]=150 [restart]=75)
     RESTART_SECONDS=20
 fi
@@ -219,7 +246,7 @@ export RESTART_SECONDS
 # The order, most valuable first; [ ... ] is a stretch that needs the script's own gpupoold
 # (the other steps start their own, or none: two daemons on one GPU would take each other's
 # workers for leftovers of a lease).
-ORDER=(info build sandbox detach "[" frameworks cuda torch-scripts remoting "]" generate cuda_graph compile busy
+ORDER=(info build sandbox detach shares ipc "[" frameworks cuda torch-scripts remoting "]" generate cuda_graph compile busy
     workloads restart)
 # plan_steps: the selected steps in order, with daemon / stop-daemon around a stretch that needs it.
 plan_steps() {
@@ -267,6 +294,8 @@ if ((PREPARE)); then
     make -j"$JOBS" BUILD="$BUILD" || exit 1
     rm -rf "$PREPARED"
     compile_cuda "$PREPARED/cuda" || exit 1
+    # The ipc step's C program (tests/c/ipc_share, built by make): carried with the rest.
+    cp "$BUILD/tests/ipc_share" "$PREPARED/ipc_share" || exit 1
     "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, "bench"); import remoting_bench
 remoting_bench.build(Path(sys.argv[1]), make=True)' "$BUILD/bench" || exit 1
     echo "prepared by $(uname -n), commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo '?'), $(date -u)" \
@@ -342,12 +371,12 @@ write_summary() {
         echo "| $(date -u +%Y-%m-%d) | $GPU_NAME ($RUNTIME) | $GPU_DRIVER | $COMMIT | scripts/gpu-validation.sh${ARGS_TEXT}: $what | passed: ${ok:-none}${bad:+; failed: $bad} |"
         [[ -n "$(left_out)" ]] && echo && echo "Left out of this call (they do not fit; --long or --only): $(left_out)."
         local f
-        for f in sandbox detach busy; do # the checks' verdict lines
+        for f in sandbox detach busy shares ipc; do # the checks' verdict lines
             [[ -s "$LOGS/$f.log" ]] || continue
             echo
             echo "## $f"
             echo
-            grep -E "^($f|detach [0-9]|busy:)" "$LOGS/$f.log" | sed 's/^/    /'
+            grep -E "^($f|detach [0-9]|busy:|\[gpu-checks\]   (alone|tenant))" "$LOGS/$f.log" | sed 's/^/    /'
         done
         if [[ -s "$LOGS/export-table-slots.txt" ]]; then
             echo
@@ -637,6 +666,10 @@ step_sandbox() {
 }
 step_detach() { "$PY" bench/gpu_checks.py detach --sizes 1G,8G --limit 60 --json "$LOGS/detach.json"; }
 step_busy() { "$PY" bench/gpu_checks.py busy --seconds 4 --limit 40 --json "$LOGS/busy.json"; }
+# shellcheck disable=SC2046 # the arguments are words without spaces
+step_shares() { "$PY" bench/gpu_checks.py shares $(shares_args) --json "$LOGS/shares.json"; }
+# shellcheck disable=SC2046
+step_ipc() { "$PY" bench/gpu_checks.py ipc $(ipc_args) --json "$LOGS/ipc.json"; }
 # workload NAME ARGS...: one of bench/torch_workloads.py's workloads native vs gpupool, its remote
 # profile in $LOGS/profile, its JSON and markdown in the logs.
 workload() {
@@ -663,7 +696,7 @@ step_workloads() {
         --log-dir "$LOGS/workloads"
 }
 export -f step_info step_build step_cuda step_torch_scripts step_frameworks step_remoting step_restart step_workloads \
-    step_sandbox step_detach step_busy step_generate step_cuda_graph step_compile
+    step_sandbox step_detach step_busy step_generate step_cuda_graph step_compile step_shares step_ipc shares_args ipc_args
 
 # ------------------------------------------------------------------------------ gpupoold
 DAEMON_PID=""

@@ -191,8 +191,9 @@ def test_script_dry_run_lists_steps_and_runs_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     steps = re.findall(r"^  step (\S+) +timeout +(\d+)s  (.*)$", proc.stdout, re.M)
     # Most valuable first (issue 31, item 6); only the frameworks use the script's own gpupoold.
-    assert [s[0] for s in steps] == ["info", "build", "sandbox", "detach", "daemon", "frameworks", "stop-daemon",
-                                     "generate", "cuda_graph", "compile", "busy"]
+    # shares and ipc (issues 32 and 37) took generate's place (generate runs in --long's workloads).
+    assert [s[0] for s in steps] == ["info", "build", "sandbox", "detach", "shares", "ipc", "daemon", "frameworks",
+                                     "stop-daemon", "cuda_graph", "compile", "busy"]
     assert all(int(s[1]) > 0 for s in steps)
     assert 'reset_policy = "never"' in proc.stdout
     # The default plan is one device call of at most 8 minutes, and its step limits fit its budget
@@ -203,8 +204,9 @@ def test_script_dry_run_lists_steps_and_runs_nothing(tmp_path):
     assert limits + 20 <= budget, proc.stdout
     assert f"planned: {limits} s of step limits in a {budget} s budget" in proc.stdout
     # What does not fit is said, not dropped silently.
-    assert "left out of this call (they do not fit; --long or --only): cuda, torch-scripts, remoting, " \
+    assert "left out of this call (they do not fit; --long or --only): generate, cuda, torch-scripts, remoting, " \
            "workloads, restart" in proc.stdout
+    assert "gpu_checks.py shares --memory 16G" in proc.stdout and "gpu_checks.py ipc --memory 8G" in proc.stdout
     assert "--only cuda_graph --steps 100" in proc.stdout and "--only compile --steps 20" in proc.stdout
     assert "detach --sizes 1G,8G" in proc.stdout
     assert not out.exists()  # a dry run writes nothing
@@ -306,3 +308,26 @@ def test_script_smoke_mode_runs_the_cuda_step_through_gpupool(native_build, tmp_
         assert re.search(rf"^  cuda-{program} \(remote\): ok \(.*\): PASS {program}: \d+ checks", proc.stdout,
                          re.M), (program, proc.stdout[-6000:])
     assert "(native)" not in proc.stdout  # no GPU here: nothing runs natively
+
+
+def test_script_smoke_mode_runs_the_ipc_step_against_the_simulated_gpu(torch_ok, native_build, tmp_path):
+    """--smoke's ipc step (issue 37's single-GPU paths, as a lent GPU runs them): gpupoold with
+    share = 2 on a simulated GPU, a CUDA tensor passed between two processes of one token by
+    torch.multiprocessing, tests/c/ipc_share's three modes, and a GPUPOOL_GPUS=1 lease, each
+    reported in the summary. (The shares step is left out here: its seven PyTorch processes take
+    about 40 s on 2 cores; tests/test_gpu_validation_steps.py checks how the script calls it.)"""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "TMPDIR": str(tmp_path),
+           "GPUPOOL_BUILD_DIR": str(native_build)}
+    proc = run_client(["bash", SCRIPT, "--smoke", "--only", "ipc", "--budget", "200"], env=env, cwd=REPO,
+                      timeout=300)
+    summary = (out / "summary.md").read_text()
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr + summary
+    assert re.search(r"^\| ipc \| ok \| \d+ \|$", summary, re.M), summary
+    assert "    ipc torch: a 4 MiB CUDA tensor through torch.multiprocessing: child read bit-exact, " \
+           "parent read the child's bit-exact, child exit 0" in summary, summary
+    assert "    ipc ipc_share: export ['PASS ipc_share export'], import ['PASS ipc_share import'], " \
+           "stranger ['PASS ipc_share stranger']" in summary, summary
+    assert re.search(r"^    ipc one-gpu lease: GPUPOOL_GPUS=1, 1 device \(.*simulated.*\), lease on GPUs \[0\], "
+                     r"job ok$", summary, re.M), summary
+    assert "    ipc: PASS" in summary

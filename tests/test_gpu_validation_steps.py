@@ -57,37 +57,44 @@ def test_one_call_plan_runs_every_step_in_order_with_stubs(tmp_path):
     out, log = tmp_path / "out", tmp_path / "calls.txt"
     env = {**os.environ, "OUT": str(out), "PYTHON": str(stub), "TMPDIR": str(tmp_path), "STUB_LOG": str(log),
            "GPUPOOL_BUILD_DIR": str(build), "PATH": f"{bin_dir}:/usr/bin:/bin", "GPUPOOL_COMMIT": "test"}
-    steps = "info,sandbox,detach,generate,cuda_graph,compile,busy"
-    proc = run_client(["bash", SCRIPT, "--only", steps, "--budget", "400"], env=env, cwd=REPO, timeout=120)
+    steps = "info,sandbox,detach,shares,ipc,generate,cuda_graph,compile,busy"
+    proc = run_client(["bash", SCRIPT, "--only", steps, "--budget", "500"], env=env, cwd=REPO, timeout=120)
     summary = (out / "summary.md").read_text()
     assert proc.returncode == 1, proc.stdout + proc.stderr  # busy failed
     rows = re.findall(r"^\| (\S+) \| (.+?) \| \d+ \|$", summary, re.M)
-    assert rows == [("info", "ok"), ("sandbox", "FAILED (exit 1)"), ("detach", "ok"), ("generate", "ok"),
-                    ("cuda_graph", "ok"), ("compile", "ok"), ("busy", "FAILED (exit 1)")], summary
+    assert rows == [("info", "ok"), ("sandbox", "FAILED (exit 1)"), ("detach", "ok"), ("shares", "ok"), ("ipc", "ok"),
+                    ("generate", "ok"), ("cuda_graph", "ok"), ("compile", "ok"), ("busy", "FAILED (exit 1)")], summary
     # Each step gets its planned limit plus the time the steps before it left unused beyond what
-    # the later ones are planned for: here 400 s for 325 s of limits, the stubs taking none.
-    planned = {"info": 20, "sandbox": 40, "detach": 70, "generate": 95, "cuda_graph": 25, "compile": 50, "busy": 25}
+    # the later ones are planned for: here 500 s for 420 s of limits, the stubs taking none.
+    planned = {"info": 20, "sandbox": 40, "detach": 70, "shares": 55, "ipc": 40, "generate": 95, "cuda_graph": 25,
+               "compile": 50, "busy": 25}
     given = {n: int(t) for n, t in re.findall(r"==> (\S+) \(time limit (\d+) s\)", proc.stdout)}
     assert list(given) == list(planned), proc.stdout
     names = list(planned)
     for i, (name, limit) in enumerate(given.items()):
         later = sum(planned[n] for n in names[i + 1:])
-        assert 400 - 10 - later - 3 <= limit <= 400 - 10 - later, (name, limit, proc.stdout)
+        assert 500 - 10 - later - 3 <= limit <= 500 - 10 - later, (name, limit, proc.stdout)
         assert limit > planned[name]
     calls = [c for c in log.read_text().splitlines() if c.startswith("bench/")]
     assert [c.split()[0:2] for c in calls] == [
-        ["bench/gpu_checks.py", "sandbox"], ["bench/gpu_checks.py", "detach"],
-        ["bench/torch_workloads.py", "--only"], ["bench/torch_workloads.py", "--only"],
+        ["bench/gpu_checks.py", "sandbox"], ["bench/gpu_checks.py", "detach"], ["bench/gpu_checks.py", "shares"],
+        ["bench/gpu_checks.py", "ipc"], ["bench/torch_workloads.py", "--only"], ["bench/torch_workloads.py", "--only"],
         ["bench/torch_workloads.py", "--only"], ["bench/gpu_checks.py", "busy"]]
     assert f"--cuda-dir {build}/validation/cuda" in calls[0]
     assert "--sizes 1G,8G" in calls[1]
-    assert calls[2].startswith("bench/torch_workloads.py --only generate --quick")
-    assert calls[3].startswith("bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10")
-    assert calls[4].startswith("bench/torch_workloads.py --only compile --steps 20 --warmup 3")
+    # The real GPU's sizes (issue 32: 16 GiB quotas; issue 37: no ipc_share prepared here), logs' JSON.
+    assert calls[2] == f"bench/gpu_checks.py shares --memory 16G --seconds 3 --limit 40 --json {calls[2].split()[-1]}"
+    assert calls[2].endswith("/logs/shares.json")
+    assert calls[3].startswith("bench/gpu_checks.py ipc --memory 8G --limit 30 --json ")
+    assert calls[4].startswith("bench/torch_workloads.py --only generate --quick")
+    assert calls[5].startswith("bench/torch_workloads.py --only cuda_graph --steps 100 --warmup 10")
+    assert calls[6].startswith("bench/torch_workloads.py --only compile --steps 20 --warmup 3")
     # The verdicts and each profile's top lines are in the summary; at most 8 files come back.
     assert "    sandbox: THE SANDBOX BREAKS THE DRIVER: stub" in summary and "    detach: stub verdict" in summary
+    assert "    shares: stub verdict" in summary and "    ipc: stub verdict" in summary
     # After that verdict the later checks' gpupoolds run without the sandbox (they are told so).
-    assert re.findall(r"^sandbox off: (\d)$", log.read_text(), re.M) == ["0", "1", "1"]  # sandbox, detach, busy
+    # sandbox, detach, shares, ipc, busy
+    assert re.findall(r"^sandbox off: (\d)$", log.read_text(), re.M) == ["0", "1", "1", "1", "1"]
     assert "the later steps run with worker_sandbox = false" in proc.stdout
     for name in ("generate", "cuda_graph", "compile"):
         assert f"## Profile {name}.txt" in summary and f"    top line of {name}" in summary
@@ -117,7 +124,7 @@ def test_busy_check_reads_dmon_and_metrics():
 
 
 def test_checks_dry_run_start_nothing(tmp_path):
-    for args in (["sandbox", "--cuda-dir", str(tmp_path)], ["detach"], ["busy"]):
+    for args in (["sandbox", "--cuda-dir", str(tmp_path)], ["detach"], ["busy"], ["shares"], ["ipc"]):
         proc = run_client([sys.executable, CHECKS, *args, "--dry-run"], timeout=30)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith(f"  {args[0]}: "), proc.stdout
