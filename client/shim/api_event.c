@@ -84,20 +84,6 @@ GP_EXPORT CUresult cuEventDestroy(CUevent hEvent)
     return cuEventDestroy_v2(hEvent);
 }
 
-/* Waits until the worker has handled every frame sent before (a ping's round trip). */
-static CUresult worker_caught_up(void)
-{
-    gp_ping m = {.token = 0};
-    GP_FRAME(buf, len, gp_ping, &m);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    gp_reply rep;
-    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
-    GP_FRAME_FREE(buf);
-    gp_reply_free(&rep);
-    return r == CUDA_SUCCESS ? r : gp_cu_result(r);
-}
-
 static CUresult event_record(CUevent e, CUstream s, unsigned int flags)
 {
     if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
@@ -123,7 +109,7 @@ static CUresult event_record(CUevent e, CUstream s, unsigned int flags)
     /* The driver's record is in the event when the call returns, and a program may tell another
      * process to wait for it at once: the worker must have recorded it before we return. */
     if (r == CUDA_SUCCESS && shared)
-        r = worker_caught_up();
+        r = gp_round_trip();
     return r;
 }
 

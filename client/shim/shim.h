@@ -68,6 +68,10 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
                     void *bulk_dst, uint64_t bulk_cap, gp_reply *reply);
 void gp_reply_free(gp_reply *reply);
 
+/* Waits until the worker has handled every frame sent before: a ping's round trip (replies come
+ * in order). Session frames are the connection's to send, not an api_<group>.c's. */
+CUresult gp_round_trip(void);
+
 /* Send a request whose reply nobody waits for (async device-to-host copy): the receiver thread
  * writes the reply bulk into bulk_dst when it arrives and records a non-zero result as the
  * pending error. Data is guaranteed in place before any later reply is delivered. */
