@@ -56,6 +56,7 @@ import queue
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -918,6 +919,10 @@ def main() -> int:
             p.add_argument("--bytes", type=int, default=64 << 20, help="the tensor passed (default 64 MiB)")
             p.add_argument("--ipc-share", type=Path, help="tests/c/ipc_share, built: run it as well")
     args = ap.parse_args()
+    # The script's step limit ends a check with SIGTERM (timeout): leave through the finally
+    # blocks, so that the check's gpupoold (a session of its own, out of timeout's reach) stops
+    # and does not hold the GPU against the next step's.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     checks = {"sandbox": cmd_sandbox, "detach": cmd_detach, "busy": cmd_busy, "shares": cmd_shares, "ipc": cmd_ipc}
     return checks[args.check](args)
 
