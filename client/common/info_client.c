@@ -152,7 +152,7 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
                      is_notice ? "notice" : "reply", hd.len, max);
             return -1;
         }
-        uint8_t *body = malloc(hd.len ? hd.len : 1);
+        uint8_t *body = malloc(hd.len + GP_INFO_APPENDED_MAX); /* (room for older replies) */
         if (!body) {
             snprintf(err, cap, "out of memory");
             return -1;
@@ -173,10 +173,7 @@ static int exchange(gp_link *l, const gp_client_config *cfg, const gp_server_con
             continue;
         }
         gp_info_reply r;
-        int rc = gp_info_reply_decode(body, hd.len, &r);
-        /* A newer server appends fields to its reply: the ones we know are enough. */
-        if (rc != 0 &&
-            !(rc == GP_PROTO_ETRAILING && r.major == GP_PROTO_MAJOR && r.minor > GP_PROTO_MINOR)) {
+        if (gp_info_reply_decode_any(body, hd.len, &r) != 0) {
             free(body);
             snprintf(err, cap,
                      "it does not answer like a gpupool server (protocol %d.%d); is "

@@ -43,4 +43,14 @@ int gp_info_fetch(const gp_client_config *cfg, const gp_server_config *srv, doub
                   gp_info_result *out, char *err, size_t errcap);
 void gp_info_free(gp_info_result *r);
 
+/* The most bytes gp_info_reply_decode_any appends to a reply (info_decode.c): a caller's body
+ * has this much room after its length. */
+#define GP_INFO_APPENDED_MAX 20u
+
+/* Decode an info reply of this protocol version, of a newer 1.x (its added fields ignored) or of
+ * an older 1.x from 1.3 on (the fields added since read as empty). `body` must have
+ * GP_INFO_APPENDED_MAX writable bytes after `len` (the strings and spans of *r point into it).
+ * 0, or -1 when it is none of those. */
+int gp_info_reply_decode_any(uint8_t *body, size_t len, gp_info_reply *r);
+
 #endif /* GP_INFO_CLIENT_H */

@@ -4,6 +4,7 @@
 TEST_BINS += $(BUILD)/tests/test_nvml_view
 
 $(BUILD)/tests/test_nvml_view: $(BUILD)/obj/client/nvml/test_nvml_view.o \
-		$(BUILD)/obj/client/nvml/nvml_view.o $(PROTO_OBJS) $(GP_UTF8_OBJS)
+		$(BUILD)/obj/client/nvml/nvml_view.o $(BUILD)/obj/client/common/info_decode.o \
+		$(PROTO_OBJS) $(GP_UTF8_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $^ -lm

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "gp_protocol.h"
+#include "info_client.h"
 #include "nvml_view.h"
 
 static int failures;
@@ -441,9 +442,49 @@ static void test_strings_and_errors(void)
     CHECK(strcmp(gp_nvml_error_string((nvmlReturn_t)12345), "Unknown Error") == 0);
 }
 
+/* Replies of older and newer servers (client/common/info_decode.c): a 1.6 server's ends before
+ * the 1.7 lists, a 1.3 server's before 1.4's fields too; a newer one's has more. */
+static void test_other_versions(void)
+{
+    gp_info_reply m, got;
+    memset(&m, 0, sizeof m);
+    m.major = GP_PROTO_MAJOR;
+    uint8_t body[512];
+    struct {
+        uint16_t minor;
+        size_t cut;
+        int ok;
+    } cases[] = {
+        {6, 12, 1}, /* 1.6: no shared_gpus, share_views, lease_gpus */
+        {3, 20, 1}, /* 1.3: no fingerprint, fleet_servers either */
+        {4, 12, 1}, /* 1.4 and 1.5 end where 1.6 does */
+        {7, 12, 0}, /* a 1.7 reply without its 1.7 fields is garbage */
+        {6, 4, 0},  /* neither a 1.6 reply nor a 1.7 one */
+        {6, 8, 0},  /* a 1.6 reply cut elsewhere than where 1.7 added */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        m.minor = cases[i].minor;
+        m.result = 7;
+        size_t k = gp_info_reply_encode(body, &m);
+        int rc = gp_info_reply_decode_any(body, k - cases[i].cut, &got);
+        CHECK((rc == 0) == cases[i].ok);
+        if (rc == 0)
+            CHECK(got.minor == cases[i].minor && got.result == 7 && got.share_views.count == 0 &&
+                  got.lease_gpus.count == 0);
+    }
+    m.minor = GP_PROTO_MINOR + 1; /* a newer server: one more field than we know */
+    size_t k = gp_info_reply_encode(body, &m);
+    body[k] = 0;
+    CHECK(gp_info_reply_decode_any(body, k + 1, &got) == 0 && got.minor == GP_PROTO_MINOR + 1);
+    m.minor = GP_PROTO_MINOR; /* ours with a byte too many: garbage */
+    k = gp_info_reply_encode(body, &m);
+    CHECK(gp_info_reply_decode_any(body, k + 1, &got) != 0);
+}
+
 int main(void)
 {
     test_decoding();
+    test_other_versions();
     test_server_and_identity();
     test_live_values();
     test_pci();
