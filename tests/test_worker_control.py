@@ -240,6 +240,24 @@ async def test_no_binary_or_driver(tmp_path: Path, gpu: Gpu) -> None:
         await WorkerSupervisor(WORKER, tmp_path).spawn(nodrv)
 
 
+def test_an_older_workers_adopted_message_without_its_memory_quota_reads_as_no_quota() -> None:
+    """A session that outlived a package upgrade: its worker (the older build) ends
+    worker_adopted before memory_quota; the new gpupoold must still take it over."""
+    msg = gp.WorkerAdopted(session_id=7, pid=42, control=gp.GP_WORKER_CONTROL_VERSION, device=0,
+                           uuid="GPU-1", orphaned_s=1.5, gpu="", model="", min_memory=0,
+                           counters=gp.WorkerCounters(), memory_quota=8 << 30)
+    packet = control.encode(msg)
+    assert control.decode(packet).memory_quota == 8 << 30
+    header = gp.parse_header(packet[:gp.HEADER_SIZE], gp.MAX_BODY)
+    body = packet[gp.HEADER_SIZE:-8]  # as the older build sent it
+    older = gp.HEADER.pack(len(body), *header[1:]) + body
+    got = control.decode(older)
+    assert (got.session_id, got.uuid, got.memory_quota) == (7, "GPU-1", 0)
+    with pytest.raises(gp.ProtocolError):  # anything shorter is still garbage
+        short = packet[gp.HEADER_SIZE:-9]
+        control.decode(gp.HEADER.pack(len(short), *header[1:]) + short)
+
+
 def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LD_PRELOAD", "/lib/evil.so")
     monkeypatch.setenv("GPUPOOL_TEST_MARK", "daemon")

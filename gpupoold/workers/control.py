@@ -17,6 +17,10 @@ FROM_WORKER: tuple[type, ...] = (gp.WorkerReady, gp.WorkerFailed, gp.WorkerStart
                                  gp.WorkerIpcOpen, gp.WorkerIpcExportEvent,
                                  gp.WorkerIpcOpenEvent)
 CONTROL_VERSIONS = frozenset({gp.GP_WORKER_CONTROL_VERSION})  # what this gpupoold can follow
+# Fields appended to a worker's message after builds that sent it without them, as the bytes
+# their "not said" value encodes to: an adoptable worker of an older build (its session outlived a
+# package upgrade) ends its message before them, and a restart must still take it over.
+APPENDED: dict[type, bytes] = {gp.WorkerAdopted: bytes(8)}  # memory_quota: 0, no quota
 
 
 def encode(msg: Any) -> bytes:
@@ -38,7 +42,13 @@ def decode(packet: bytes) -> Any:
     if cls not in FROM_WORKER:
         raise gp.ProtocolError(f"op {op} ({getattr(cls, 'NAME', 'unknown')}) is not a message "
                                "a worker sends")
-    return cls.decode(packet[gp.HEADER_SIZE:], allow_trailing=True)
+    body = packet[gp.HEADER_SIZE:]
+    try:
+        return cls.decode(body, allow_trailing=True)
+    except gp.ProtocolError:
+        if cls not in APPENDED:
+            raise
+        return cls.decode(body + APPENDED[cls], allow_trailing=True)
 
 
 def clip_text(text: str, limit: int) -> str:
