@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "client"))
 
 from gpupool.config import ServerConfig  # noqa: E402
 from gpupool.probe import Probe  # noqa: E402
-from gpupool.status import print_smi, print_status, smi_json  # noqa: E402
+from gpupool.status import _holder, _smi_state, print_smi, print_status, smi_json  # noqa: E402
 from gpupool.wire.info import InfoResult, decode_reply, document  # noqa: E402
 
 from gpupoold.remoting.info import lease_gpu_records, shared_records  # noqa: E402
@@ -136,6 +136,20 @@ def test_a_16_server_shows_what_it_says(capsys: pytest.CaptureFixture[str]) -> N
     assert not smi_json([probe])["shares"]
 
 
+def test_a_shared_gpu_leased_whole_names_its_holder() -> None:
+    """A shared GPU without shares may be leased whole (a request without a memory size, after
+    its shares drained): status names the lease's holder, smi does not count 0 shares."""
+    lease = {"id": 7, "token": "alice", "client": {"user": "u", "host": "h", "pid": 3},
+             "gpus": [0]}
+    gpu = {"index": 0, "state": "leased", "lease": lease,
+           "shares": {"max": 2, "closed": 1, "leases": []}}
+    assert _holder(gpu, [lease], {7}).startswith("alice (") and "[me]" in _holder(gpu, [lease], {7})
+    assert _smi_state(gpu) == "leased (whole)"
+    free = {"index": 0, "state": "free", "lease": None,
+            "shares": {"max": 2, "closed": 0, "leases": []}}
+    assert _holder(free, [], set()) == "-" and _smi_state(free) == "free (0/2 shares)"
+
+
 def test_the_daemon_builds_the_records_from_its_views() -> None:
     """remoting/info.py: shared_records from the GPU views' `shares` (None: not shared) and
     lease_gpu_records from each lease view's `gpus` (a detached lease has none)."""
@@ -146,6 +160,15 @@ def test_the_daemon_builds_the_records_from_its_views() -> None:
     assert [(g.gpu, g.max_shares, g.shares, g.closed) for g in gpus] == [(1, 4, 1, 1)]
     assert [(s.gpu, s.lease_id, s.memory_quota, s.memory_used, s.busy_s) for s in held] == [
         (1, 9, 8 * GIB, 3, 2.5)]
+    # Closed to new shares for any reason: kept for a whole-GPU request, drained; open else.
+    def closed(shared: dict[str, Any], **view: Any) -> int:
+        return shared_records([{"index": 0, "shares": shared, **view}])[0][0].closed
+
+    open_ = {**shares, "closed": False}
+    assert closed(open_, state="leased") == 0
+    assert closed({**open_, "kept_for_ticket": 12}, state="leased") == 1
+    assert closed(open_, state="leased", draining=True) == 1
+    assert closed(open_, state="drained") == 1
     records = lease_gpu_records([{"id": 3, "gpus": [2, 0]}, {"id": 4, "gpus": []},
                                  {"id": 5, "gpus": [1]}])
     assert [(r.lease_id, r.gpu) for r in records] == [(3, 2), (3, 0), (5, 1)]

@@ -136,12 +136,11 @@ def _holder(gpu: Mapping[str, Any], leases: list[Any], mine: set[Any]) -> str:
     """Who holds a GPU: its shares' count on a shared GPU; the lease's token and client, and
     for a lease of several GPUs which ones (issue 37); "-" for nobody."""
     shares = _shares(gpu)
-    if shares is not None:
-        held = _share_leases(shares)
-        if not held:
-            return "-"
+    held = _share_leases(shares) if shares is not None else []
+    if shares is not None and held:
         me = " [me]" if any(x.get("id") in mine for x in held) else ""
         return f"{len(held)} of {shares.get('max', '?')} shares{me}"
+    # (a shared GPU without shares may be leased whole: by a request without a memory size)
     index = gpu.get("index")
     lease = next((x for x in leases if isinstance(x, Mapping)
                   and index in (x.get("gpus") or [])), None)
@@ -372,7 +371,10 @@ def _smi_state(gpu: Mapping[str, Any]) -> str:
     shares = _shares(gpu)
     if shares is None:
         return _state(gpu)
-    return f"{_state(gpu)} ({len(_share_leases(shares))}/{shares.get('max', '?')} shares)"
+    held = len(_share_leases(shares))
+    if not held and isinstance(gpu.get("lease"), Mapping):
+        return f"{_state(gpu)} (whole)"  # a shared GPU leased whole, its shares drained
+    return f"{_state(gpu)} ({held}/{shares.get('max', '?')} shares)"
 
 
 def print_smi(view: dict[str, Any]) -> None:

@@ -176,6 +176,14 @@ def waiter_record(view: dict[str, Any], mine: bool, full: bool = True) -> gp.Inf
         waiting_s=_f64(view.get("waiting_s")), mine=int(mine))
 
 
+def _closed_to_shares(view: dict[str, Any], shared: dict[str, Any]) -> bool:
+    """Whether a shared GPU takes no new share now, whatever the reason: kept for a whole-GPU
+    request (drained of its shares for it), a share's worker died (no new share until its whole
+    scrub), or the GPU is drained."""
+    return bool(shared.get("closed") or shared.get("kept_for_ticket") is not None
+                or view.get("draining") or view.get("state") in ("drained", "quarantined"))
+
+
 def shared_records(gpu_views: list[dict[str, Any]],
                    ) -> tuple[list[gp.InfoSharedGpu], list[gp.InfoShare]]:
     """The shared GPUs of the GPU views (issue 32) and each share they hold, as the reply's
@@ -190,7 +198,7 @@ def shared_records(gpu_views: list[dict[str, Any]],
         index = _u32(view.get("index"))
         gpus.append(gp.InfoSharedGpu(gpu=index, max_shares=_u32(shared.get("max")),
                                      shares=_u32(len(held)),
-                                     closed=int(bool(shared.get("closed")))))
+                                     closed=int(_closed_to_shares(view, shared))))
         for s in held:
             shares.append(gp.InfoShare(
                 gpu=index, lease_id=_u64(s.get("id")), memory_quota=_u64(s.get("memory_quota")),
