@@ -8,12 +8,13 @@ fakes of tests/test_leases.py; the end-to-end check is tests/test_e2e_restart_sh
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_detach import FakeCheckpointer
-from test_leases import GIB, FakeCleaner, FakeStore, FakeSupervisor, FakeWorker, client, make_gpu
+from test_leases import GIB, FakeCleaner, FakeStore, FakeSupervisor, FakeWorker, client, lease_on, make_gpu, mgr  # noqa: F401 (mgr: a fixture)
 from test_takeover_multi_gpu import until
 
 from gpupoold.config.settings import Settings
@@ -21,7 +22,7 @@ from gpupoold.gpu.inventory import Inventory
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.requirements import Requirements
-from gpupoold.pool.slots import ATTACHED, DETACHED, FREE, LEASED
+from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, FREE, LEASED
 from gpupoold.store.records import LeaseRecord
 from gpupoold.workers.supervisor import AdoptError
 
@@ -186,3 +187,39 @@ async def test_shares_on_a_gpu_this_configuration_does_not_share_run_on_alone(
         assert a.req.memory == 8 * GIB
     finally:
         await m.close(0.1)
+
+
+async def test_a_share_being_restored_is_not_kept_at_a_clean_stop(
+        mgr: Any, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    """A detached share whose client called again is granted its place through the GPU's share
+    grants and restored there: at a stop meanwhile its worker ends (the driver's state of its
+    process is not known), as a whole-GPU lease being restored does; while it is granted, its
+    token holds that one place, not two (max_gpus_per_token leaves its own grant out)."""
+    m = await mgr(gpus=[make_gpu(0, memory=16 * GIB)], share=2, idle_detach_after=0.05)
+    checkpointer = FakeCheckpointer()
+    restore = asyncio.Event()
+    attach = checkpointer.attach
+
+    async def slow_attach(gpu: Any, pid: int, moves: Any) -> Any:
+        await restore.wait()
+        return await attach(gpu, pid, moves)
+
+    checkpointer.attach = slow_attach  # type: ignore[method-assign]
+    m.detacher.checkpointer = checkpointer
+    slot = m.slots[0]
+    _, a = await lease_on(m, 1, req=Requirements(memory=8 * GIB))
+    _, b = await lease_on(m, 2, token="bob", req=Requirements(memory=8 * GIB))
+    b.keep_gpu = "test: busy"
+    a.worker.adoptable = True
+    a.worker.wants_gpu.clear()
+    carol = m.enqueue(Requirements(memory=8 * GIB), "carol", client(3))
+    assert await asyncio.wait_for(carol.future, 3) is slot  # A was detached for her
+    assert a.state == DETACHED
+    m.abandon(carol)  # she leaves: A's place is free again
+    a.worker.wants_gpu.set()
+    await until("A granted its place, being restored", lambda: a.state == ATTACHING and any(
+        w.returning == a.id for w in slot.share_grants))
+    assert m.pool.held("alice", but=a.id) == 0 and m.pool.held("alice") == 1
+    caplog.set_level(logging.WARNING)
+    await m.close(0.1)
+    assert not any("continue without gpupoold" in r.getMessage() for r in caplog.records)

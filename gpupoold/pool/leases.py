@@ -322,8 +322,10 @@ class LeaseManager(PreviousLeases, SharedGpus):
             await asyncio.wait(list(self._tasks), timeout=grace + 5)
 
     def _seated(self, lease: Lease) -> bool:
-        """Whether a GPU is granted to `lease`, called back (being restored there)."""
-        return any(s.reserved is not None and s.reserved.returning == lease.id
+        """Whether a GPU is granted to `lease`, called back (being restored there): whole
+        (`reserved`), or a share's place (`share_grants`: a returning share is granted there)."""
+        return any((s.reserved is not None and s.reserved.returning == lease.id)
+                   or any(w.returning == lease.id for w in s.share_grants)
                    for s in self.slots)
 
     def stop_queue(self) -> None:

@@ -169,8 +169,14 @@ class PoolState:
                 (slot.lease is not None and slot.lease.id == but)
                 or (slot.reserved is not None and slot.reserved.returning == but))
 
-        on_gpus = sum(1 for s in self.slots if (s.holder() == token or any(
-            x.token == token for x in (*s.shares, *s.share_grants))) and not its_own(s))
+        def shares_of_token(slot: Slot) -> bool:  # but `but`'s own share or share grant
+            return any(x.token == token and x.id != but for x in slot.shares) or any(
+                w.token == token and (but is None or w.returning != but)
+                for w in slot.share_grants)
+
+        on_gpus = sum(1 for s in self.slots if shares_of_token(s) or (
+            (s.lease is not None or s.reserved is not None) and s.holder() == token
+            and not its_own(s)))
         return on_gpus + sum(max(1, len(le.homes)) for le in self.away()  # all of its GPUs
                              if le.token == token and le.id != but)
 
