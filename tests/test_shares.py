@@ -10,6 +10,7 @@ from gpupoold.pool.shares import (
     ShareSettings,
     end_share,
     never_fits,
+    place_wanted,
     plan,
 )
 
@@ -151,3 +152,38 @@ def test_requirements_limit_the_gpus_a_request_takes() -> None:
                room, FOUR)
     assert sorted(out.placements, key=lambda p: p.request) == [
         Placement(1, 1, share=True), Placement(2, 0, share=False)]
+
+
+def test_a_returning_share_passes_waiting_shares_only_where_none_of_them_fits() -> None:
+    """Issue 32, item 5 (review finding): a returning share whose GPU has room for it is not held
+    behind a head of the shares that cannot use that room; new shares still are, and a returning
+    share never takes room that a waiting share ahead of it would fit."""
+    room = gpus(1, gib=16)
+    room[0].shares, room[0].free = {90: 10 * GIB}, False  # 6 GiB left
+    head, back, new = Request(1, 8 * GIB), Request(2, 4 * GIB, home=0), Request(3, 2 * GIB)
+    out = plan([head, back, new], room, FOUR)
+    # the 8 GiB head fits nowhere; the returning 4 GiB passes it; the new 2 GiB still waits
+    assert out.placements == [Placement(2, 0, share=True)]
+    assert room[0].shares == {90: 10 * GIB, 2: 4 * GIB}
+
+    room = gpus(1, gib=16)
+    room[0].shares, room[0].free = {90: 12 * GIB}, False  # 4 GiB left
+    held = Request(4, 4 * GIB)  # would fit, but waits behind the head: ahead of the returning one
+    assert plan([head, held, back], room, FOUR).placements == []
+    assert room[0].shares == {90: 12 * GIB}
+
+
+def test_a_share_place_is_wanted_only_by_a_waiter_that_fits_in_it() -> None:
+    room = gpus(1, gib=16)
+    room[0].shares, room[0].free = {1: 4 * GIB, 2: 12 * GIB}, False
+    two = ShareSettings.of(2, [])
+    assert not place_wanted([Request(3, 8 * GIB)], room, two, gpu=0, share=1)  # 12 + 8 > 16
+    assert place_wanted([Request(3, 4 * GIB)], room, two, gpu=0, share=1)
+    assert room[0].shares == {1: 4 * GIB, 2: 12 * GIB}  # the rooms are not changed
+    # nor does a waiter whose requirements exclude this GPU
+    assert not place_wanted([Request(3, 4 * GIB, accepts=frozenset({1}))], room, two, gpu=0,
+                            share=1)
+    # the last share leaving: its GPU is free again after the whole scrub
+    alone = gpus(1, gib=16)
+    alone[0].shares, alone[0].free = {1: 4 * GIB}, False
+    assert place_wanted([Request(3, 14 * GIB)], alone, two, gpu=0, share=1)

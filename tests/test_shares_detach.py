@@ -218,6 +218,44 @@ async def test_a_whole_gpu_waiter_has_the_idle_shares_of_the_gpu_it_claimed_aske
     await until("a back", lambda: a.state == ATTACHED and a.slot is slot, timeout=5)
 
 
+async def test_a_share_does_not_detach_for_a_waiter_that_cannot_fit_in_its_place(mgr: Any) -> None:  # noqa: F811
+    """Review finding (issue 32, item 5): on a 16 GiB GPU holding A (4 GiB, idle) and B (12 GiB,
+    busy), C asking 8 GiB never fits beside B; A used to detach for it all the same, and then
+    waited behind C with its own place free."""
+    m = await shared(mgr)
+    slot = m.slots[0]
+    _, a = await lease_on(m, 1, req=share(4))
+    _, b = await lease_on(m, 2, req=share(12))
+    b.keep_gpu = "test: busy"
+    wc = m.enqueue(share(8), "carol", client(3))
+    await settle()
+    await asyncio.sleep(0.6)  # a dozen idle timeouts
+    assert a.state == ATTACHED and slot.shares == [a, b] and not wc.future.done()
+    assert m.detacher.checkpointer.calls == []
+    assert m.detacher._why_not_now(a, slot, 0) == (
+        "nobody waits who may take its place on its GPU and fits there")
+
+
+async def test_a_detached_share_comes_back_to_room_the_head_of_the_line_cannot_use(mgr: Any) -> None:  # noqa: F811
+    """Review finding (issue 32, item 5): a share that detached (detach_policy = always) comes
+    back to its place on its GPU although an 8 GiB share, ahead of it in the queue, waits there
+    for room it cannot have until B ends."""
+    m = await shared(mgr, detach_policy="always")
+    slot = m.slots[0]
+    _, a = await lease_on(m, 1, req=share(4))
+    _, b = await lease_on(m, 2, req=share(12))
+    b.keep_gpu = "test: busy"
+    await until("a detached", lambda: a.state == DETACHED)
+    wc = m.enqueue(share(8), "carol", client(3))
+    await settle()
+    assert not wc.future.done()
+    a.worker.wants_gpu.set()  # its client calls again
+    await until("a attached", lambda: ("attach", 0, a.worker.pid, ())
+                in m.detacher.checkpointer.calls)
+    await until("a attached", lambda: a.state == ATTACHED)
+    assert set(slot.shares) == {a, b} and not wc.future.done()
+
+
 def test_a_returning_share_tries_the_gpu_it_left_first() -> None:
     settings = ShareSettings(share=2)
     rooms = [GpuRoom(index=i, memory_total=16 * GIB, free=True) for i in range(2)]

@@ -32,7 +32,10 @@ checkpoint frees its memory (zeroed: a freed byte of a share always is, docs/arc
 "Memory quotas and zeroing"), its place among the GPU's shares (count and quota) goes to the
 queue's shares at once, with no scrub (the GPU is scrubbed whole when its last share leaves, as
 when it ends), and it comes back through pool/shares.py's placement: a share with room for its
-quota, on the GPU it left first, else on another shared GPU of its model. A shared GPU that a
+quota, on the GPU it left first, else on another shared GPU of its model. Under `when-queued`
+it detaches for the queue only when that placement, run as if it had left, puts a waiter in its
+place (pool/share_leases.py, `share_place_wanted`): a waiter that would not fit there either
+gains nothing, and the share would come back behind it. A shared GPU that a
 whole-GPU waiter has claimed (pool/shares.py: no new share lands) asks its shares as soon as
 they have been idle `DRAIN_IDLE_S` (not `idle_detach_after`), so that the waiter gets it sooner.
 """
@@ -54,6 +57,8 @@ from gpupoold.gpu.checkpoint import CheckpointResult, run_checkpoint
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
+from gpupoold.pool.share_leases import share_place_wanted
+from gpupoold.pool.shares import ShareSettings
 from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DETACHING, LEASED, Lease, Slot
 from gpupoold.pool.state import PoolState
 from gpupoold.pool.waitqueue import Waiter, WaitQueue
@@ -212,10 +217,18 @@ class IdleDetacher:
         # Only a waiter that may take the GPU counts: one that its own token's
         # max_gpus_per_token holds back would not get it (a detached lease still counts for its
         # token), so a detach for it would only hand its token one more GPU through the back door.
-        if self.settings.detach_policy == "when-queued" and self.queue.first(
-                lambda w: any(w.accepts(s.gpu) for s in lease.slots()) and w.returning != lease.id
-                and self._may_take(w)) is None:
-            return "nobody waits for its GPU who may take it"
+        if self.settings.detach_policy == "when-queued":
+            if lease.share and slot.kept_for is None:
+                # A share's place (its count and quota) goes to the queue's shares: it leaves
+                # only for a waiter the placement would put there (one that does not fit in its
+                # place would gain nothing, and the share would come back behind it).
+                if not share_place_wanted(self.pool, self.queue, ShareSettings.of(
+                        self.settings.share, self.settings.share_gpus), self._may_take, lease):
+                    return "nobody waits who may take its place on its GPU and fits there"
+            elif self.queue.first(
+                    lambda w: any(w.accepts(s.gpu) for s in lease.slots())
+                    and w.returning != lease.id and self._may_take(w)) is None:
+                return "nobody waits for its GPU who may take it"
         limit = self.memory_limit()
         held = self.held_bytes()
         if held + mem > limit:

@@ -27,7 +27,15 @@ from gpupoold.config.settings import Settings
 from gpupoold.gpu.inventory import Gpu
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.requirements import Requirements
-from gpupoold.pool.shares import GpuRoom, Request, ShareSettings, is_share, never_fits, plan
+from gpupoold.pool.shares import (
+    GpuRoom,
+    Request,
+    ShareSettings,
+    is_share,
+    never_fits,
+    place_wanted,
+    plan,
+)
 from gpupoold.pool.slots import FREE, LEASED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
 from gpupoold.pool.waitqueue import Waiter, WaitQueue
@@ -74,6 +82,53 @@ def shared_gpu(gpu: Gpu, settings: Settings) -> Gpu:
     return dataclasses.replace(gpu, env=env, writable=writable)
 
 
+def share_rooms(slots: list[Slot]) -> list[GpuRoom]:
+    """What pool/shares.py's policy needs to know of each GPU now."""
+    return [GpuRoom(index=s.gpu.index, memory_total=s.gpu.memory_total,
+                    free=s.state == FREE and in_service(s), shares=s.share_quotas(),
+                    closed=s.share_closed or not in_service(s), claimed_by=s.kept_for)
+            for s in slots]
+
+
+def returning_share(pool: PoolState, w: Waiter) -> Lease | None:
+    """The detached share whose waiter `w` is (it comes back as a share), else None."""
+    lease = pool.lease(w.returning) if w.returning is not None else None
+    return lease if lease is not None and lease.share else None
+
+
+def placed_as_share(pool: PoolState, w: Waiter) -> bool:
+    """Whether pool/shares.py places `w`: a new request of one GPU or a returning share (a
+    returning whole-GPU lease is seated by pool/detach.py)."""
+    return w.req.gpus <= 1 and (w.returning is None or returning_share(pool, w) is not None)
+
+
+def share_request(pool: PoolState, w: Waiter) -> Request:
+    """Waiter `w` as pool/shares.py's policy sees it."""
+    accepts = frozenset(s.gpu.index for s in pool.slots if w.accepts(s.gpu))
+    lease = returning_share(pool, w)
+    home = lease.home.index if lease is not None and lease.home is not None else None
+    return Request(id=w.ticket, memory=w.req.memory, accepts=accepts, home=home)
+
+
+def share_place_wanted(pool: PoolState, queue: WaitQueue, settings: ShareSettings,
+                       may_take: Callable[[Waiter], bool], lease: Lease) -> bool:
+    """Whether the place of share `lease` (its count and quota on its GPU) would go to a
+    waiter now if it left (pool/detach.py asks before detaching it for the queue): the policy's
+    round over the waiters it places, as dispatch_shares runs it, on the rooms without it. When
+    it is its GPU's last share, a waiter the policy does not place (several GPUs, a returning
+    whole-GPU lease) that may take the GPU counts too: the GPU is free after its whole scrub."""
+    slot = lease.slot
+    if slot is None:
+        return False
+    waiters = [w for w in queue.in_turn() if may_take(w) and w.returning != lease.id]
+    placed = [w for w in waiters if placed_as_share(pool, w)]
+    if place_wanted([share_request(pool, w) for w in placed], share_rooms(pool.slots), settings,
+                    slot.gpu.index, lease.id):
+        return True
+    last = all(other is lease for other in slot.shares) and not slot.share_grants
+    return last and any(w.accepts(slot.gpu) for w in waiters if w not in placed)
+
+
 class SharedGpus:
     """The lease manager's shares of shared GPUs (mixed into LeaseManager)."""
 
@@ -106,26 +161,13 @@ class SharedGpus:
         return ShareSettings.of(self.settings.share, self.settings.share_gpus)
 
     def _rooms(self) -> list[GpuRoom]:
-        return [GpuRoom(index=s.gpu.index, memory_total=s.gpu.memory_total,
-                        free=s.state == FREE and in_service(s), shares=s.share_quotas(),
-                        closed=s.share_closed or not in_service(s), claimed_by=s.kept_for)
-                for s in self.slots]
+        return share_rooms(self.slots)
 
     def _request(self, w: Waiter) -> Request:
-        accepts = frozenset(s.gpu.index for s in self.slots if w.accepts(s.gpu))
-        lease = self._returning_share(w)
-        home = lease.home.index if lease is not None and lease.home is not None else None
-        return Request(id=w.ticket, memory=w.req.memory, accepts=accepts, home=home)
-
-    def _returning_share(self, w: Waiter) -> Lease | None:
-        """The detached share whose waiter `w` is (it comes back as a share), else None."""
-        lease = self.pool.lease(w.returning) if w.returning is not None else None
-        return lease if lease is not None and lease.share else None
+        return share_request(self.pool, w)
 
     def _placed_as_share(self, w: Waiter) -> bool:
-        """Whether pool/shares.py places `w`: a new request of one GPU or a returning share
-        (a returning whole-GPU lease is seated by pool/detach.py)."""
-        return w.req.gpus <= 1 and (w.returning is None or self._returning_share(w) is not None)
+        return placed_as_share(self.pool, w)
 
     def is_share_waiter(self, w: Waiter) -> bool:
         settings = self.share_settings()

@@ -13,6 +13,16 @@ whole-GPU request. The policy, first come first served per size class (docs/conf
   is refused (`never_fits`). A detached share coming back (idle detach, pool/detach.py) is a
   share like the others, in its place in the queue, that tries the GPU it left first (`home`):
   restored there its memory does not move.
+- A returning share is not held behind the head of the shares where none of the shares ahead of
+  it that wait would fit: it goes to a shared GPU that has room for it and on which no waiting
+  share ahead of it (the head, or one held behind the head) fits now. It had its place before
+  and gave it up only to wait in line again; letting it back into room that nobody ahead can
+  use takes nothing from them now. The price, chosen: a big share at the head that waits for
+  the shares of that GPU to end may then wait for this one too (as it would have, had it not
+  detached). New shares never pass the head (no small-share stream starves a big one), nor does
+  a returning share pass a waiting share that would fit where it goes. pool/detach.py detaches
+  a share for the queue only when this policy would place a waiter in its place
+  (`place_wanted`), so a share does not leave for a waiter that cannot use its place.
 - Whole-GPU requests, in their order of arrival: each takes a free GPU, an unshared one first
   (so that shared GPUs stay for shares), then a shared GPU with no share. When none is free, the
   head of this line claims the shared GPU it accepts with the fewest shares (then the lowest
@@ -25,7 +35,7 @@ whole-GPU request. The policy, first come first served per size class (docs/conf
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,10 @@ def _room(g: GpuRoom, memory: int, settings: ShareSettings) -> bool:
     return g.memory_total <= 0 or g.used() + memory <= g.memory_total
 
 
+def _fits(req: Request, g: GpuRoom, settings: ShareSettings) -> bool:
+    return settings.shared(g.index) and req.takes(g.index) and _room(g, req.memory, settings)
+
+
 def plan(queue: Sequence[Request], gpus: Sequence[GpuRoom], settings: ShareSettings) -> Plan:
     """One round of placement over `queue` (in order of arrival). `gpus` is changed as the
     placements and claims are made (a copy is the caller's to make if it wants one)."""
@@ -148,19 +162,36 @@ def plan(queue: Sequence[Request], gpus: Sequence[GpuRoom], settings: ShareSetti
                 claimed.add(req.id)
     out.claims = {g.index: g.claimed_by for g in gpus if g.claimed_by is not None}
 
+    waiting: list[Request] = []  # the head of the shares that found no room, those behind it
     for req in shares:
         if never_fits(req, settings, gpus) is not None:
             out.refused.append(req.id)
             continue
-        fit = [g for g in gpus if settings.shared(g.index) and req.takes(g.index)
-               and _room(g, req.memory, settings)]
+        fit = [g for g in gpus if _fits(req, g, settings)]
+        if waiting and req.home is not None:  # a returning share passes only who fits nowhere
+            fit = [g for g in fit if not any(_fits(w, g, settings) for w in waiting)]
+        elif waiting:
+            fit = []  # the head of the shares waits, and the new shares behind it with it
         if not fit:
-            break  # the head of the shares waits, and the shares behind it with it
+            waiting.append(req)
+            continue
         g = next((g for g in fit if g.index == req.home), fit[0])
         g.free = False
         g.shares[req.id] = req.memory
         out.placements.append(Placement(req.id, g.index, share=True))
     return out
+
+
+def place_wanted(queue: Sequence[Request], gpus: Sequence[GpuRoom], settings: ShareSettings,
+                 gpu: int, share: int) -> bool:
+    """Whether the place that `share` holds on GPU `gpu` would go to a waiter of `queue` now:
+    a round of `plan` on the rooms as they would be without it (copies; a GPU it leaves empty is
+    free again, after its whole scrub) places some waiter on that GPU. `gpus` is not changed."""
+    rooms = [replace(g, shares=dict(g.shares)) for g in gpus]
+    for g in rooms:
+        if g.index == gpu and g.shares.pop(share, None) is not None and not g.shares:
+            g.free = not g.closed
+    return any(p.gpu == gpu for p in plan(queue, rooms, settings).placements)
 
 
 @dataclass
