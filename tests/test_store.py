@@ -84,7 +84,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 15
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 16
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -394,7 +394,7 @@ def test_events_written_before_v15_name_device_0s_gpu_only(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 15
+        assert db.schema_version() == SCHEMA_VERSION  # (migrated through v15)
         db.lease_event(lease_id, 9.0, "attached", 2, "moved", 1, 4.0, gpus=[2, 3])
         assert [e["gpus"] for e in db.lease_events(lease_id)] == [[0], [2, 3]]
     finally:
@@ -412,7 +412,7 @@ def test_v1_lease_records_gain_module_bytes_zero(db_path: Path,
     monkeypatch.undo()
     db = StoreDB(db_path)
     try:
-        assert db.schema_version() == SCHEMA_VERSION == 15
+        assert db.schema_version() == SCHEMA_VERSION
         rec = db.get_lease(lease_id)
         assert rec is not None and rec.module_bytes == 0
         db.lease_ended(lease_id, 1.0, "client exit", "", 0, 0, {}, module_bytes=7)
@@ -621,6 +621,11 @@ def test_gpu_states_are_replaced_as_a_whole_and_survive_a_reopen(location: Path 
     again = StoreDB(location)
     try:
         assert again.gpu_states() == {"GPU-b": {"draining": True, "quarantine": q}}
+        # A shared GPU closed to new shares (a dead share's memory, issue 32) is kept too.
+        again.save_gpu_states({"GPU-a": {"draining": False, "quarantine": None,
+                                         "share_closed": True}}, mine)
+        assert again.gpu_states() == {"GPU-a": {"draining": False, "quarantine": None,
+                                                "share_closed": True}}
         again.save_gpu_states({}, mine)
         assert again.gpu_states() == {}
     finally:

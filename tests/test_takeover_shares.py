@@ -223,3 +223,53 @@ async def test_a_share_being_restored_is_not_kept_at_a_clean_stop(
     caplog.set_level(logging.WARNING)
     await m.close(0.1)
     assert not any("continue without gpupoold" in r.getMessage() for r in caplog.records)
+
+
+D = 14  # a share of GPU 0 whose worker died while gpupoold was down
+
+
+async def test_a_share_that_died_while_gpupoold_was_down_closes_its_gpu(tmp_path: Path) -> None:
+    """A runs on: it is taken over as a share. D's worker is gone (nothing zeroed its memory):
+    its record says GPU 0 is scrubbed whole when its other shares end, and until then GPU 0 takes
+    no new share, also across a further restart (the store keeps the GPU closed)."""
+    store = FakeStore(open=[record(A), record(D)], events={})
+    inventory = Inventory((make_gpu(0, memory=32 * GIB), make_gpu(1, memory=32 * GIB)))
+    settings = Settings(state_dir=tmp_path, share=2, share_gpus=[0])
+    m = LeaseManager(inventory, settings, store, PreviousShares({A: on_gpu0(8)}),  # type: ignore[arg-type]
+                     FakeCleaner(), Counters())
+    m.detacher.checkpointer = FakeCheckpointer()  # type: ignore[assignment]
+    await m.start()
+    slot = m.slots[0]
+    try:
+        await until("A taken over", lambda: len(slot.shares) == 1)
+        assert slot.share_closed and 0 not in m.cleaner.cleaned
+        assert "scrubbed whole when the leases taken over on it" in store.ended[D][1]
+        await until("kept closed in the store", lambda: store.gpu_state.get(
+            make_gpu(0).uuid, {}).get("share_closed") is True)
+        share = m.enqueue(Requirements(memory=4 * GIB), "bob", client(2))
+        await asyncio.sleep(0.05)
+        assert not share.future.done()  # 8 + 4 of 32 GiB: room, but D's memory may be there
+    finally:
+        await m.close(0.1)
+    # Restarted again, A still running: GPU 0 stays closed until A ends and it is scrubbed.
+    store.open, store.ended = [record(A)], {}
+    m = LeaseManager(inventory, settings, store, PreviousShares({A: on_gpu0(8)}),  # type: ignore[arg-type]
+                     FakeCleaner(), Counters())
+    m.detacher.checkpointer = FakeCheckpointer()  # type: ignore[assignment]
+    await m.start()
+    slot = m.slots[0]
+    try:
+        await until("A taken over again", lambda: len(slot.shares) == 1)
+        assert slot.share_closed
+        share = m.enqueue(Requirements(memory=4 * GIB), "bob", client(2))
+        await asyncio.sleep(0.05)
+        assert not share.future.done()
+        a = m.pool.lease(A)
+        assert a is not None
+        a.worker.finish("client exit")
+        assert (await asyncio.wait_for(share.future, 2)) is slot  # after the whole scrub
+        assert 0 in m.cleaner.cleaned and not slot.share_closed
+        await until("opened in the store", lambda: "share_closed" not in store.gpu_state.get(
+            make_gpu(0).uuid, {}))
+    finally:
+        await m.close(0.1)

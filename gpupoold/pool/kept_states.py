@@ -1,17 +1,20 @@
 """Drained and quarantined GPUs, kept across restarts in the store's gpu_state table (and imported
-once from the file an older gpupoold kept them in). The lease manager (pool/leases.py) loads
-them at start and saves them after each drain, undrain, clear or quarantine; pool/state.py
-restores them on the slots."""
+once from the file an older gpupoold kept them in), and shared GPUs closed to new shares (a dead
+share's worker may have left memory unzeroed, issue 32: a restart that takes the GPU's other
+shares over keeps it closed until its whole scrub). The lease manager (pool/leases.py) loads
+them at start and saves them after each drain, undrain, clear or quarantine, and (`follow`)
+whenever a GPU's share_closed changes; pool/state.py restores them on the slots."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpupoold.pool.events import EventBus, GpuChanged
 from gpupoold.pool.slots import Slot
 from gpupoold.store.database import Store
 
@@ -51,6 +54,21 @@ class KeptStates:
         returned coroutine runs: the store runs its calls in order, so the last one wins)."""
         return self.store.save_gpu_states(self._snapshot(), self._keys())
 
+    def follow(self, events: EventBus,
+               spawn: Callable[[Coroutine[Any, Any, None]], object]) -> Callable[[], None]:
+        """Save again (through `spawn`, off the event loop's path) each time a GPU's
+        share_closed changes: closed by a dead share's worker (pool/share_leases.py,
+        pool/detach.py), opened by its whole scrub. Returns the unsubscribe."""
+        closed = {s.gpu.index: s.share_closed for s in self.slots}
+
+        def changed(event: GpuChanged) -> None:
+            slot = next((s for s in self.slots if s.gpu.index == event.index), None)
+            if slot is not None and slot.share_closed != closed.get(slot.gpu.index):
+                closed[slot.gpu.index] = slot.share_closed
+                spawn(self.save())
+
+        return events.subscribe(GpuChanged, changed)
+
     def _read_legacy(self) -> dict[str, Any] | None:
         try:
             data = json.loads(self.legacy_file.read_text())
@@ -70,4 +88,5 @@ class KeptStates:
 
     def _snapshot(self) -> dict[str, Any]:
         return {state_key(s): {"draining": s.draining, "quarantine": s.quarantine}
-                for s in self.slots if s.draining or s.quarantine}
+                | ({"share_closed": True} if s.share_closed else {})
+                for s in self.slots if s.draining or s.quarantine or s.share_closed}

@@ -184,31 +184,6 @@ class LeaseManager(PreviousLeases, SharedGpus):
             if isinstance(worker, Worker) and worker.adopted_detached is not None:
                 detached.append((rec, worker))
                 takeover = [t for t in takeover if t[0] is not rec]
-        orphaned: dict[int, list[int]] = {}
-        for rec in gone:
-            await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
-                                       "worker is gone; its GPU was scrubbed at the next start")
-            last = placed[rec.id]  # (its GPU's start-up scrub is recorded for it)
-            orphaned.setdefault(last.gpu.index if last else rec.gpu_index, []).append(rec.id)
-        for rec, why in several:
-            log.warning("lease %d of the previous gpupoold held GPUs %s and cannot be taken "
-                        "over: %s; its worker was ended and its GPUs are scrubbed", rec.id,
-                        ", ".join(map(str, rec.gpus)), why, extra=journal_fields(rec.id))
-            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
-                                       f"lease of several GPUs ({why}); its GPUs were scrubbed "
-                                       "at the start")
-            orphaned.setdefault(rec.gpus[0], []).append(rec.id)
-        if gone:
-            log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
-        # A lease that ended while the previous daemon stopped before its GPU's scrub: the
-        # start-up scrub of that very GPU is its scrub.
-        for rec in unscrubbed:
-            slot = self._slot_of(rec, await self._last_gpu(rec))  # (where it ended)
-            if slot is not None:
-                log.info("lease %d ended before the previous gpupoold stopped, its GPU not yet "
-                         "scrubbed: the scrub of GPU %d at this start is recorded for it", rec.id,
-                         slot.gpu.index, extra=journal_fields(rec.id, slot.gpu.index))
-                orphaned.setdefault(slot.gpu.index, []).append(rec.id)
         # GPU index -> the lease taken over on it and its worker's pid: every GPU of a lease of
         # several (its first GPU's worker holds them all), so that nobody else gets any of them.
         adopting: dict[int, tuple[LeaseRecord, int]] = {}
@@ -234,11 +209,52 @@ class LeaseManager(PreviousLeases, SharedGpus):
                 adopting[s.gpu.index] = (rec, pid)
             if rec.id not in gpus_of:
                 alone[on[0].gpu.index] = [(rec, pid)]
+        orphaned: dict[int, list[int]] = {}
+        for rec in gone:
+            last = placed[rec.id]  # (its GPU's start-up scrub is recorded for it)
+            index = last.gpu.index if last else rec.gpu_index
+            # Beside shares taken over (issue 32), its GPU is scrubbed whole after they end.
+            await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
+                                       "worker is gone; " + (
+                                           f"GPU {index} is scrubbed whole when the leases "
+                                           "taken over on it (its other shares) end; no new "
+                                           "share lands on it before"
+                                           if index in adopting else
+                                           "its GPU was scrubbed at the next start"))
+            orphaned.setdefault(index, []).append(rec.id)
+        for rec, why in several:
+            log.warning("lease %d of the previous gpupoold held GPUs %s and cannot be taken "
+                        "over: %s; its worker was ended and its GPUs are scrubbed", rec.id,
+                        ", ".join(map(str, rec.gpus)), why, extra=journal_fields(rec.id))
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                       f"lease of several GPUs ({why}); its GPUs were scrubbed "
+                                       "at the start")
+            orphaned.setdefault(rec.gpus[0], []).append(rec.id)
+        if gone:
+            log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
+        # A lease that ended while the previous daemon stopped before its GPU's scrub: the
+        # start-up scrub of that very GPU is its scrub.
+        for rec in unscrubbed:
+            slot = self._slot_of(rec, await self._last_gpu(rec))  # (where it ended)
+            if slot is not None:
+                log.info("lease %d ended before the previous gpupoold stopped, its GPU not yet "
+                         "scrubbed: the scrub of GPU %d at this start is recorded for it", rec.id,
+                         slot.gpu.index, extra=journal_fields(rec.id, slot.gpu.index))
+                orphaned.setdefault(slot.gpu.index, []).append(rec.id)
+        # A GPU being taken over with records of leases nobody takes over (a share whose worker
+        # died meanwhile, one whose scrub the previous daemon did not run) or kept closed to new
+        # shares (a share's worker died before it stopped): nothing says their memory was
+        # zeroed, so it takes no new share until it is scrubbed whole after those taken over.
+        unzeroed: dict[int, list[int] | None] = {}
+        reopened = False  # a GPU kept closed to new shares that the start-up scrub opens
         for slot in self.slots:
             st = saved.get(slot.gpu.uuid or str(slot.gpu.index), {})
+            reopened = reopened or (bool(st.get("share_closed")) and slot.gpu.index not in adopting)
             if slot.gpu.index in adopting:
                 self.pool.restore(slot, bool(st.get("draining")), None)
                 self.pool.adopt(slot, adopting[slot.gpu.index][0].id)
+                if orphaned.get(slot.gpu.index) or st.get("share_closed"):
+                    unzeroed[slot.gpu.index] = orphaned.get(slot.gpu.index, [])
                 continue
             self.pool.restore(slot, bool(st.get("draining")), st.get("quarantine") or None)
             if slot.state == QUARANTINED:
@@ -253,11 +269,13 @@ class LeaseManager(PreviousLeases, SharedGpus):
         for on in adopted.values():
             rec, pid = adopting[on[0].gpu.index]
             if on[0].gpu.index in alone:  # a lease of one GPU, or the shares of one
-                self._own(on[0], self._adopt_on(on[0], alone[on[0].gpu.index], answers),
+                self._own(on[0], self._adopt_on(on[0], alone[on[0].gpu.index], answers,
+                                                unzeroed.get(on[0].gpu.index)),
                           f"lease-{rec.id}")
                 continue
-            task = self._own(on[0], self._adopt(on[0], rec, answers[rec.id], pid, on[1:]),
-                             f"lease-{rec.id}")
+            orphans = [i for s in on for i in unzeroed.get(s.gpu.index) or []]
+            task = self._own(on[0], self._adopt(on[0], rec, answers[rec.id], pid, on[1:],
+                                                orphans), f"lease-{rec.id}")
             for s in on[1:]:
                 s.task = task
         if adopted:
@@ -269,6 +287,9 @@ class LeaseManager(PreviousLeases, SharedGpus):
         for rec, worker in detached:
             self._spawn(self._adopt_detached(rec, worker, placed[rec.id], gpus_of.get(rec.id)),
                         f"lease-{rec.id}")
+        self.kept_states.follow(self.pool.events, lambda save: self._spawn(save, "save-state"))
+        if reopened:
+            self._spawn(self.kept_states.save(), "save-state")
         watchdog = Watchdog(self.slots, self._repair, self._quarantine_stuck, self.pool.changed,
                             lambda: self.counters.inc("watchdog_repairs"))
         self._spawn(watchdog.run(), "watchdog")

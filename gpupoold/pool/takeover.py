@@ -206,22 +206,27 @@ class PreviousLeases:
             slot.gpu.index)
 
     async def _adopt_on(self, slot: Slot, entries: list[tuple[LeaseRecord, int]],
-                        answers: dict[int, asyncio.Task[Worker | AdoptError]]) -> None:
+                        answers: dict[int, asyncio.Task[Worker | AdoptError]],
+                        unzeroed: list[int] | None = None) -> None:
         """Take over the previous daemon's leases of one GPU each that were on `slot` (record,
         worker pid): one is a whole-GPU lease as before, unless its worker has a memory quota
         and this daemon shares the GPU: then, as several on one GPU always are, its shares
-        (issue 32; the previous daemon shared it, whatever this one's `share` says now)."""
+        (issue 32; the previous daemon shared it, whatever this one's `share` says now).
+        `unzeroed` (None: nothing): `slot` may hold memory nobody zeroed (the closed records of
+        leases on it nobody takes over, listed; or it was closed to new shares when the previous
+        daemon stopped): it takes no new share until scrubbed whole, which records their scrub."""
         if len(entries) == 1:
             rec, pid = entries[0]
             worker = await answers[rec.id]
             if not (isinstance(worker, Worker) and _nonneg(worker.request.get("memory")) > 0
                     and self._shared_here(slot)):
-                await self._adopt(slot, rec, answers[rec.id], pid)
+                await self._adopt(slot, rec, answers[rec.id], pid, orphans=unzeroed or [])
                 return
-        await self._adopt_shares(slot, entries, answers)
+        await self._adopt_shares(slot, entries, answers, unzeroed)
 
     async def _adopt_shares(self, slot: Slot, entries: list[tuple[LeaseRecord, int]],
-                            answers: dict[int, asyncio.Task[Worker | AdoptError]]) -> None:
+                            answers: dict[int, asyncio.Task[Worker | AdoptError]],
+                            unzeroed: list[int] | None = None) -> None:
         """Take over the previous daemon's shares of `slot` as its shares, in one step once
         every worker answered (none is counted before the others' quotas are known), each
         watched as any share: its end zeroes its memory, the last one's scrubs the GPU whole
@@ -248,9 +253,16 @@ class PreviousLeases:
                 failed.append(rec.id)
                 continue
             taken.append(self._lease_of(rec, worker, slot, share=True))
-        if self.pool.adopted_shares(slot, taken, closed=bool(failed)):
+        if unzeroed is not None and taken:
+            log.warning("GPU %d: a share of the previous gpupoold %s, its memory maybe not "
+                        "zeroed: no new share on it until it is scrubbed whole, when the shares "
+                        "taken over end", slot.gpu.index,
+                        f"ended while it was down (lease {', '.join(map(str, unzeroed))})"
+                        if unzeroed else "had died before it stopped",
+                        extra=journal_fields(gpu=slot.gpu.index))
+        if self.pool.adopted_shares(slot, taken, closed=bool(failed) or unzeroed is not None):
             if not self._closing:
-                await self._clean(slot, failed)
+                await self._clean(slot, [*failed, *(unzeroed or [])])
             return
         for lease in taken:
             self.counters.inc("leases_adopted")
@@ -271,10 +283,12 @@ class PreviousLeases:
 
     async def _adopt(self, slot: Slot, rec: LeaseRecord,
                      answer: asyncio.Task[Worker | AdoptError], pid: int,
-                     others: list[Slot] | None = None) -> None:
+                     others: list[Slot] | None = None, orphans: list[int] | None = None) -> None:
         """Take over a previous daemon's lease on `slot` (state leased meanwhile), and a lease of
         several GPUs on `others` too (its worker holds them all), then watch it as any other; a
-        worker that cannot be adopted ends and its GPUs are scrubbed."""
+        worker that cannot be adopted ends and its GPUs are scrubbed (recorded for `orphans`
+        too: closed records of leases that were on them). A lease taken over ends with its
+        GPUs' whole scrub, as any whole-GPU lease: nobody gets them before."""
         others = others or []
         try:
             worker = await self._answered(slot, rec, answer, pid)
@@ -289,7 +303,7 @@ class PreviousLeases:
                 if others:
                     await self._clean_together([slot, *others], rec.id)
                 else:
-                    await self._clean(slot, [rec.id])
+                    await self._clean(slot, [rec.id, *(orphans or [])])
             return
         lease = self._lease_of(rec, worker, slot, gpus=1 + len(others))
         self.pool.adopted(slot, lease, others)

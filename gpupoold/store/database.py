@@ -261,6 +261,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # GPU (gpu_index) and in older records, which name device 0's GPU only
         "ALTER TABLE lease_events ADD COLUMN gpus TEXT NOT NULL DEFAULT ''",
     ),
+    (  # v16: a shared GPU a dead share's worker may have left memory on, unzeroed (issue 32):
+        # it takes no new share until scrubbed whole, also after a restart that takes its other
+        # shares over (pool/takeover.py)
+        "ALTER TABLE gpu_state ADD COLUMN share_closed INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -632,10 +637,11 @@ class StoreDB(UsageQueries, SpoolQueries):
     # ---------------------------------------------------------------------------- GPU state
     def gpu_states(self) -> dict[str, dict[str, Any]]:
         """{GPU UUID (its index when it has none): {"draining": bool, "quarantine": dict|None}}
-        for every GPU that is drained, draining or quarantined."""
+        for every GPU that is drained, draining or quarantined, or closed to new shares (then
+        with "share_closed": True; the key is absent for the others)."""
         out: dict[str, dict[str, Any]] = {}
-        for gpu, draining, quarantine in self._conn.execute(
-                "SELECT gpu, draining, quarantine FROM gpu_state ORDER BY gpu"):
+        for gpu, draining, quarantine, share_closed in self._conn.execute(
+                "SELECT gpu, draining, quarantine, share_closed FROM gpu_state ORDER BY gpu"):
             try:
                 q = json.loads(quarantine) if quarantine else None
             except ValueError:
@@ -643,6 +649,8 @@ class StoreDB(UsageQueries, SpoolQueries):
             if q is not None and not isinstance(q, dict):  # damaged: still quarantined, saying so
                 q = {"reason": str(q), "since": 0.0}
             out[gpu] = {"draining": bool(draining), "quarantine": q}
+            if share_closed:
+                out[gpu]["share_closed"] = True
         return out
 
     def save_gpu_states(self, states: dict[str, dict[str, Any]], gpus: Collection[str]) -> None:
@@ -656,10 +664,11 @@ class StoreDB(UsageQueries, SpoolQueries):
                 db.execute("DELETE FROM gpu_state WHERE gpu = ?", (gpu,))
             for gpu, st in states.items():
                 q = st.get("quarantine")
-                db.execute("INSERT INTO gpu_state (gpu, draining, quarantine, updated) "
-                           "VALUES (?, ?, ?, ?)",
+                db.execute("INSERT INTO gpu_state (gpu, draining, quarantine, share_closed, "
+                           "updated) VALUES (?, ?, ?, ?, ?)",
                            (gpu, int(bool(st.get("draining"))),
-                            None if q is None else json.dumps(q, default=str), now))
+                            None if q is None else json.dumps(q, default=str),
+                            int(bool(st.get("share_closed"))), now))
 
     def leases(self, state: str = "all", limit: int = 100, before: int | None = None,
                filters: LeaseFilter | None = None) -> list[LeaseRecord]:
