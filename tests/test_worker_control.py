@@ -885,3 +885,53 @@ async def test_the_supervisor_keeps_a_pid_file_per_worker_it_follows(tmp_path: P
     finally:
         await sup.stop_all(grace=10)
     assert not any(p.name.isdigit() for p in wdir.path.iterdir())
+
+
+# ------------------------------------------------------------- CUDA IPC answers (worker/h_ipc.c)
+def ipc_request(rw: RawWorker) -> gp.WorkerIpcExportEvent:
+    """The worker's next CUDA IPC request on the control socket (statistics skipped)."""
+    while True:
+        ev = rw.event()
+        if isinstance(ev, gp.WorkerIpcExportEvent):
+            return ev
+
+
+def test_a_late_ipc_answer_is_never_taken_for_the_next_requests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37, item 4 (review): answers carry no request number, so after an unanswered
+    request (gpupoold stalled) its late answer must not become a later export's handle: every
+    later IPC call of the session is refused at once, saying why and what to do."""
+    # The simulated device keeps an interprocess event's record beside its memory file.
+    monkeypatch.setenv("GPUPOOL_SIM_MEMORY_FILE", str(tmp_path / "gpu0.mem"))
+    rw = RawWorker(tmp_path)
+    assert isinstance(rw.event(), gp.WorkerReady)
+    c = Client()
+    try:
+        rw.start_session(c)
+        e1, e2 = handle(3, 1), handle(3, 2)  # events, CU_EVENT_INTERPROCESS | DISABLE_TIMING
+        for e in (e1, e2):
+            c.post(gp.EventCreate(event=e, flags=0x6))
+        c.sock.sendall(gp.encode_frame(gp.IpcGetEventHandle(event=e1), 901))
+        first = ipc_request(rw)  # ...and no answer: the worker gives up after its 10 s
+        op, req, body = c.frame()
+        assert (op, req) == (gp.IpcGetEventHandle.OP, 901)
+        r = gp.REPLIES[op].decode(body)
+        assert r.code != 0 and "did not answer" in r.error, r
+        late = gp.WorkerIpcExported(session_id=first.session_id, handle=b"L" * 64)
+        c.sock.sendall(gp.encode_frame(gp.IpcGetEventHandle(event=e2), 902))
+        rw.ctl.settimeout(1)
+        try:  # before the fix: a second request, answered here by the first one's late answer
+            ipc_request(rw)
+            rw.ctl.send(control.encode(late))
+        except TimeoutError:
+            pass
+        op, req, body = c.frame()
+        assert (op, req) == (gp.IpcGetEventHandle.OP, 902)
+        r = gp.REPLIES[op].decode(body)
+        assert r.code != 0 and r.handle != late.handle, r
+        assert "CUDA IPC is off for the rest of this process" in r.error, r.error
+        assert "restart the program" in r.error
+    finally:
+        c.close()
+        rw.ctl.shutdown(socket.SHUT_RDWR)
+        rw.finish(timeout=10)

@@ -30,6 +30,12 @@
  * server timeout (GPUPOOL_SERVER_TIMEOUT), as no keepalive notice goes out meanwhile. */
 #define ANSWER_TIMEOUT_MS 10000
 
+/* A request got no answer in time. Answers carry no request number, so its late answer could be
+ * taken for a later request's (an export would hand the program the previous allocation's
+ * handle): from then on this process makes no IPC request. A worker serves one session, so this
+ * is the session's. */
+static int ipc_stalled;
+
 /* The allocation (of cuMemAlloc, made here) that holds dptr, and its base; NULL if none. */
 static struct wk_obj *alloc_holding(struct worker *w, uint64_t dptr, uint64_t *base)
 {
@@ -85,7 +91,12 @@ static ssize_t wait_answer(struct worker *w, unsigned op, uint8_t *buf, size_t c
     for (;;) {
         uint64_t now = wk_now_ns();
         if (now >= deadline) {
-            snprintf(err, errlen, "gpupoold did not answer the worker's CUDA IPC request in %d s",
+            /* Its answer may still come: ipc_unavailable refuses every later request. */
+            ipc_stalled = 1;
+            snprintf(err, errlen,
+                     "gpupoold did not answer the worker's CUDA IPC request in %d s; CUDA IPC is "
+                     "off for the rest of this process (see gpupoold's log for why it stalled, "
+                     "then restart the program)",
                      ANSWER_TIMEOUT_MS / 1000);
             return -1;
         }
@@ -120,8 +131,16 @@ static ssize_t wait_answer(struct worker *w, unsigned op, uint8_t *buf, size_t c
     }
 }
 
-static CUresult no_daemon(const struct worker *w, char *err, size_t errlen)
+static CUresult ipc_unavailable(const struct worker *w, char *err, size_t errlen)
 {
+    if (ipc_stalled) {
+        snprintf(err, errlen,
+                 "CUDA IPC is off for the rest of this process: gpupoold did not answer an "
+                 "earlier CUDA IPC request in %d s, and a late answer could be taken for another "
+                 "request's (see gpupoold's log for why it stalled, then restart the program)",
+                 ANSWER_TIMEOUT_MS / 1000);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (w->ctl.fd >= 0 && !w->ctl.gone && w->ctl.in_session)
         return CUDA_SUCCESS;
     snprintf(err, errlen,
@@ -157,7 +176,7 @@ static CUresult await_exported(struct worker *w, uint8_t handle[64], char *err, 
 static CUresult get_handle(struct worker *w, uint64_t dptr, uint8_t handle[64], char *err,
                            size_t errlen)
 {
-    CUresult rc = no_daemon(w, err, errlen);
+    CUresult rc = ipc_unavailable(w, err, errlen);
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t base = 0;
@@ -256,7 +275,7 @@ release:
 static CUresult open_handle(struct worker *w, const uint8_t handle[64], uint64_t *dptr, char *err,
                             size_t errlen)
 {
-    CUresult rc = no_daemon(w, err, errlen);
+    CUresult rc = ipc_unavailable(w, err, errlen);
     if (rc != CUDA_SUCCESS)
         return rc;
     if (w->cur_ctx == 0)
@@ -295,7 +314,7 @@ static CUresult open_handle(struct worker *w, const uint8_t handle[64], uint64_t
 static CUresult get_event_handle(struct worker *w, uint64_t id, uint8_t handle[64], char *err,
                                  size_t errlen)
 {
-    CUresult rc = no_daemon(w, err, errlen);
+    CUresult rc = ipc_unavailable(w, err, errlen);
     if (rc != CUDA_SUCCESS)
         return rc;
     CUevent e = NULL;
@@ -328,7 +347,7 @@ static CUresult get_event_handle(struct worker *w, uint64_t id, uint8_t handle[6
 static CUresult open_event_handle(struct worker *w, uint64_t id, const uint8_t handle[64],
                                   char *err, size_t errlen)
 {
-    CUresult rc = no_daemon(w, err, errlen);
+    CUresult rc = ipc_unavailable(w, err, errlen);
     if (rc != CUDA_SUCCESS)
         return rc;
     if (w->cur_ctx == 0)
