@@ -170,3 +170,33 @@ def test_event_handles_go_to_the_same_job_only_and_carry_no_driver_bytes() -> No
     assert broker.session_ended(1) == set()  # an event's opener maps no memory of the exporter
     gone, _ = answer(broker, 2, gp.WorkerIpcOpenEvent(session_id=2, handle=program), [])
     assert gone.code == CUDA_ERROR_INVALID_VALUE and len(broker) == 0
+
+
+def test_the_same_event_exported_again_keeps_its_handle_and_events_have_their_own_limit(
+        tmp_path: Path) -> None:
+    """Issue 37, item 4 (review): PyTorch exports an event per CUDA tensor it sends, mostly the
+    same events again: those answer the handle they got (no new entry), distinct events count
+    against their own limit, not memory's, and the refusal speaks of events."""
+    broker = IpcBroker(TOKENS.get, max_per_session=1, max_events_per_session=2)
+    first, second, third = (bytes([n]) * HANDLE_SIZE for n in (1, 2, 3))
+    a = broker.export_event(1, first)
+    for _ in range(10):
+        assert broker.export_event(1, first) == a
+    assert len(broker) == 1
+    assert broker.export_event(2, first) != a  # another session's export is its own
+    b = broker.export_event(1, second)
+    assert b.handle_id != a.handle_id and len(broker) == 3
+    with pytest.raises(IpcRefused) as err:
+        broker.export_event(1, third)
+    assert err.value.code == CUDA_ERROR_OUT_OF_MEMORY
+    assert "interprocess events" in err.value.message
+    assert "cuIpcCloseMemHandle" not in err.value.message
+    fd, _ = exported_file(tmp_path)  # memory still has its own room
+    broker.export(1, fd, size=2 << 20)
+    over, _ = exported_file(tmp_path, "over")
+    with pytest.raises(IpcRefused, match="cuIpcCloseMemHandle"):
+        broker.export(1, over, size=2 << 20)
+
+    broker.session_ended(1)  # a new session of the same id starts afresh
+    assert broker.export_event(1, first) != a and broker.export_event(1, third)
+    broker.close()

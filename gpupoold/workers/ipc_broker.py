@@ -51,6 +51,9 @@ SECRET_SIZE = 16
 # magic, handle id, secret, allocation size, offset of the pointer in it, server id; padded.
 _LAYOUT = struct.Struct("<8sQ16sQQ8s")
 MAX_EXPORTS_PER_SESSION = 4096  # fds this daemon holds for one session (each is an open file)
+# Distinct driver event handles kept for one session (64 bytes each, kept until it ends: the
+# worker does not say when an event is destroyed). The same event exported again is not counted.
+MAX_EVENT_EXPORTS_PER_SESSION = 4096
 
 
 @dataclass(frozen=True)
@@ -113,12 +116,18 @@ class IpcBroker:
 
     def __init__(self, token_of: Callable[[int], str | None], *,
                  max_per_session: int = MAX_EXPORTS_PER_SESSION,
+                 max_events_per_session: int = MAX_EVENT_EXPORTS_PER_SESSION,
                  server_id: bytes | None = None) -> None:
         self._token_of = token_of
         self._max = max_per_session
+        self._max_events = max_events_per_session
         self.server_id = server_id if server_id is not None else secrets.token_bytes(8)
         self._exports: dict[int, _Export] = {}
         self._by_session: dict[int, set[int]] = {}
+        # (session, the driver's event handle) -> its export: PyTorch exports one event per
+        # CUDA tensor it sends, mostly the same few events again, which keep their handle.
+        self._event_ids: dict[tuple[int, bytes], int] = {}
+        self._events_of: dict[int, int] = {}  # how many of a session's exports are events
         self._next_id = secrets.randbits(32) + 1  # ids are not the secret; just not reused
 
     def __len__(self) -> int:
@@ -143,7 +152,11 @@ class IpcBroker:
         if len(driver_handle) != HANDLE_SIZE:
             raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
                              f"an event handle of {len(driver_handle)} bytes, not {HANDLE_SIZE}")
-        return self._keep(session_id, None, 0, 0, driver_handle)
+        key = (session_id, bytes(driver_handle))
+        known = self._exports.get(self._event_ids.get(key, 0))
+        if known is not None and known.session_id == session_id:
+            return IpcHandle(self._event_ids[key], known.secret, 0, 0, self.server_id, True)
+        return self._keep(session_id, None, 0, 0, bytes(driver_handle))
 
     def _keep(self, session_id: int, fd: int | None, size: int, offset: int,
               event: bytes) -> IpcHandle:
@@ -152,16 +165,27 @@ class IpcBroker:
             raise IpcRefused(CUDA_ERROR_INVALID_VALUE,
                              f"session {session_id} is not running on this server")
         mine = self._by_session.setdefault(session_id, set())
-        if len(mine) >= self._max:
+        events = self._events_of.get(session_id, 0)
+        kept = events if event else len(mine) - events
+        if event and kept >= self._max_events:
             raise IpcRefused(CUDA_ERROR_OUT_OF_MEMORY,
-                             f"this process already has {self._max} CUDA IPC handles open "
-                             "on the server; close some (cuIpcCloseMemHandle in the "
+                             f"this process already exported {self._max_events} different "
+                             "interprocess events (cuIpcGetEventHandle), which the server keeps "
+                             "until the process ends; export the same events again instead of "
+                             "new ones (or restart the process)")
+        if not event and kept >= self._max:
+            raise IpcRefused(CUDA_ERROR_OUT_OF_MEMORY,
+                             f"this process already has {self._max} CUDA IPC memory handles "
+                             "open on the server; close some (cuIpcCloseMemHandle in the "
                              "processes that opened them, then free the memory)")
         handle_id = self._next_id
         self._next_id += 1
         secret = secrets.token_bytes(SECRET_SIZE)
         self._exports[handle_id] = _Export(session_id, token, fd, size, secret, event)
         mine.add(handle_id)
+        if event:
+            self._event_ids[(session_id, event)] = handle_id
+            self._events_of[session_id] = events + 1
         return IpcHandle(handle_id, secret, size, offset, self.server_id, bool(event))
 
     def open(self, session_id: int, handle: IpcHandle) -> tuple[int, int]:
@@ -211,8 +235,11 @@ class IpcBroker:
         which the driver keeps for them, so the daemon ends them before it scrubs that GPU
         (docs/multi-gpu.md, "Open point")."""
         importers: set[int] = set()
+        self._events_of.pop(session_id, None)
         for handle_id in self._by_session.pop(session_id, set()):
             exp = self._exports.pop(handle_id, None)
+            if exp is not None and exp.event:
+                self._event_ids.pop((session_id, exp.event), None)
             if exp is not None and exp.fd is not None:
                 os.close(exp.fd)
                 importers |= exp.importers
