@@ -326,10 +326,14 @@ static CUresult get_event_handle(struct worker *w, uint64_t id, uint8_t handle[6
     CUipcEventHandle drv;
     rc = DRV(w, cuIpcGetEventHandle, &drv, e);
     if (rc != CUDA_SUCCESS) {
+        /* The shim refuses events without CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING
+         * (api_event.c), so the flags are not why the driver says INVALID_VALUE here. */
         snprintf(err, errlen, "the server's driver refused to export the event (%s)%s",
                  wk_err_name(w, rc),
-                 rc == CUDA_ERROR_INVALID_VALUE
-                     ? ": it must be made with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING"
+                 rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_NOT_SUPPORTED
+                     ? ": the server's GPU or setup does not support interprocess events (under "
+                       "MPS, or a device or driver without CUDA IPC); ask the operator, or share "
+                       "results through host memory instead"
                      : "");
         return rc;
     }
