@@ -241,21 +241,29 @@ async def test_no_binary_or_driver(tmp_path: Path, gpu: Gpu) -> None:
 
 
 def test_an_older_workers_adopted_message_without_its_memory_quota_reads_as_no_quota() -> None:
-    """A session that outlived a package upgrade: its worker (the older build) ends
-    worker_adopted before memory_quota; the new gpupoold must still take it over."""
+    """A session that outlived a package upgrade: its worker (an older build) ends
+    worker_adopted before flags (1.7 before them: nothing said, so gpupoold guesses a share from
+    the quota) or before memory_quota too; the new gpupoold must still take it over."""
+    said = gp.GP_ADOPTED_SAID | gp.GP_ADOPTED_SHARE | gp.GP_ADOPTED_KEEP_GPU
     msg = gp.WorkerAdopted(session_id=7, pid=42, control=gp.GP_WORKER_CONTROL_VERSION, device=0,
                            uuid="GPU-1", orphaned_s=1.5, gpu="", model="", min_memory=0,
-                           counters=gp.WorkerCounters(), memory_quota=8 << 30)
+                           counters=gp.WorkerCounters(), memory_quota=8 << 30, flags=said)
     packet = control.encode(msg)
-    assert control.decode(packet).memory_quota == 8 << 30
+    got = control.decode(packet)
+    assert (got.memory_quota, got.flags) == (8 << 30, said)
     header = gp.parse_header(packet[:gp.HEADER_SIZE], gp.MAX_BODY)
-    body = packet[gp.HEADER_SIZE:-8]  # as the older build sent it
-    older = gp.HEADER.pack(len(body), *header[1:]) + body
-    got = control.decode(older)
-    assert (got.session_id, got.uuid, got.memory_quota) == (7, "GPU-1", 0)
-    with pytest.raises(gp.ProtocolError):  # anything shorter is still garbage
-        short = packet[gp.HEADER_SIZE:-9]
-        control.decode(gp.HEADER.pack(len(short), *header[1:]) + short)
+
+    def sent_without(tail: int) -> bytes:
+        body = packet[gp.HEADER_SIZE:len(packet) - tail]
+        return gp.HEADER.pack(len(body), *header[1:]) + body
+
+    got = control.decode(sent_without(4))  # no flags
+    assert (got.session_id, got.uuid, got.memory_quota, got.flags) == (7, "GPU-1", 8 << 30, 0)
+    got = control.decode(sent_without(12))  # no memory_quota either
+    assert (got.session_id, got.uuid, got.memory_quota, got.flags) == (7, "GPU-1", 0, 0)
+    for tail in (5, 13):  # anything else is still garbage
+        with pytest.raises(gp.ProtocolError):
+            control.decode(sent_without(tail))
 
 
 def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:

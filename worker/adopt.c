@@ -37,6 +37,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "pacing.h"
 #include "worker.h"
 
 #define ADOPT_READ_MS 5000 /* a connected daemon has this long to send worker_adopt */
@@ -144,6 +145,21 @@ static int grace_due(void *ctx, int *wait_ms)
     return -1;
 }
 
+/* worker_adopted's flags: whether the client asked to keep its GPU, and whether this session
+ * runs as a share of a shared GPU: a quota and the GPU's pacing record, which gpupoold gives
+ * every worker of a shared GPU (pool/share_leases.py), not a whole-GPU lease that has a quota on
+ * an unshared GPU. */
+static uint32_t adopted_flags(const struct worker *w)
+{
+    const char *pace_dir = getenv(WK_PACE_DIR_ENV);
+    uint32_t flags = GP_ADOPTED_SAID;
+    if (w->ctl.req_flags & GP_HELLO_KEEP_GPU)
+        flags |= GP_ADOPTED_KEEP_GPU;
+    if (w->quota.limit > 0 && pace_dir && *pace_dir)
+        flags |= GP_ADOPTED_SHARE;
+    return flags;
+}
+
 /* worker_adopted: who we are, what we serve, the counters so far. */
 static void send_adopted(struct worker *w)
 {
@@ -155,6 +171,7 @@ static void send_adopted(struct worker *w)
         .orphaned_s = w->ctl.orphan_since ? (double)(wk_now_ns() - w->ctl.orphan_since) / 1e9 : 0.0,
         .min_memory = w->ctl.req_min_memory,
         .memory_quota = w->quota.limit, /* a share's (issue 32): adopted as a share again */
+        .flags = adopted_flags(w),
     };
     char uuid[64], gpu[256], model[256];
     wk_uuid_text(w, uuid); /* ASCII already */

@@ -255,6 +255,7 @@ static int run_session(struct worker *w, const struct wk_options *base, const ui
     snprintf(w->ctl.req_gpu, sizeof w->ctl.req_gpu, "%.*s", (int)hello.gpu_len, hello.gpu);
     snprintf(w->ctl.req_model, sizeof w->ctl.req_model, "%.*s", (int)hello.model_len, hello.model);
     w->ctl.req_min_memory = hello.min_memory;
+    w->ctl.req_flags = hello.flags;
     (void)wk_adopt_listen(w); /* before `started`: the daemon may die right after reading it */
     w->ctl.in_session = 1;
     w->ctl.started_ns = w->ctl.stats_ns = wk_now_ns();

@@ -206,6 +206,8 @@ struct wk_control {
     /* What the client asked for (its hello): a new daemon rebuilds the lease's view from it. */
     char req_gpu[128], req_model[256];
     uint64_t req_min_memory;
+    /* The hello's flags: worker_adopted passes GP_HELLO_KEEP_GPU on (GP_ADOPTED_KEEP_GPU). */
+    uint32_t req_flags;
     uint8_t out[4096]; /* the control message being sent (WK_CTL_ENCODE), WK_CTL_MAX bytes */
     /* Idle detach (detach.c). */
     int waiting;            /* in wk_wait_client for the next frame, nothing half done */

@@ -18,9 +18,13 @@ FROM_WORKER: tuple[type, ...] = (gp.WorkerReady, gp.WorkerFailed, gp.WorkerStart
                                  gp.WorkerIpcOpenEvent)
 CONTROL_VERSIONS = frozenset({gp.GP_WORKER_CONTROL_VERSION})  # what this gpupoold can follow
 # Fields appended to a worker's message after builds that sent it without them, as the bytes
-# their "not said" value encodes to: an adoptable worker of an older build (its session outlived a
-# package upgrade) ends its message before them, and a restart must still take it over.
-APPENDED: dict[type, bytes] = {gp.WorkerAdopted: bytes(8)}  # memory_quota: 0, no quota
+# their "not said" value encodes to, one entry per older build, newest first: an adoptable worker
+# of an older build (its session outlived a package upgrade) ends its message before them, and a
+# restart must still take it over.
+APPENDED: dict[type, tuple[bytes, ...]] = {gp.WorkerAdopted: (
+    bytes(4),  # flags: 0, nothing said (not even GP_ADOPTED_SAID: gpupoold guesses)
+    bytes(12),  # and memory_quota: 0, no quota
+)}
 
 
 def encode(msg: Any) -> bytes:
@@ -46,9 +50,12 @@ def decode(packet: bytes) -> Any:
     try:
         return cls.decode(body, allow_trailing=True)
     except gp.ProtocolError:
-        if cls not in APPENDED:
-            raise
-        return cls.decode(body + APPENDED[cls], allow_trailing=True)
+        for tail in APPENDED.get(cls, ()):  # exactly an older build's message, nothing else
+            try:
+                return cls.decode(body + tail)
+            except gp.ProtocolError:
+                continue
+        raise
 
 
 def clip_text(text: str, limit: int) -> str:

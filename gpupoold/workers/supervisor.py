@@ -210,6 +210,7 @@ class Worker:
         self._adopted: asyncio.Future[gp.WorkerAdopted] = loop.create_future()
         self._adopted.add_done_callback(_consume)
         self.request: dict[str, Any] = {}  # what the client asked for (worker_adopted)
+        self.adopted_flags = 0  # worker_adopted's GP_ADOPTED_* (0 from an older worker)
         self.orphaned_s = 0.0  # how long it served alone before this daemon adopted it
         self.detached = False  # left running when this daemon stopped (detach())
         # Adopted while its lease was detached (idle detach): the device memory it saved, as the
@@ -522,6 +523,7 @@ class Worker:
             self.uuid = ev.uuid
             self.request = {"gpu": ev.gpu, "model": ev.model, "min_memory": ev.min_memory,
                             "memory": ev.memory_quota}  # a share's quota (0: a whole GPU)
+            self.adopted_flags = ev.flags  # GP_ADOPTED_*: kept GPU, ran as a share
             self.orphaned_s = ev.orphaned_s if ev.orphaned_s >= 0 else 0.0
             if not self._adopted.done():
                 self._adopted.set_result(ev)
