@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "sim_api.h"
@@ -433,20 +434,20 @@ CUresult sim_vmm_save(void)
     return rc;
 }
 
-/* [off, off+len) of the memory file zeroed (a hole punched, else zeros written). */
-static void zero_file(uint64_t off, uint64_t len)
+/* [off, off+len) of the memory file zeroed (a hole punched, else zeros written). 0, or -1 when
+ * neither worked (the bytes may still be there). */
+static int zero_file(uint64_t off, uint64_t len)
 {
     if (sim_memfile_punch(off, len) == 0)
-        return;
+        return 0;
     static const unsigned char zeros[1 << 16];
     for (uint64_t done = 0; done < len;) {
         uint64_t n = len - done < sizeof(zeros) ? len - done : sizeof(zeros);
-        if (sim_memfile_write(off + done, zeros, n) != 0) {
-            fprintf(stderr, "gpupool-sim: checkpoint: cannot zero the memory a share gives back\n");
-            return;
-        }
+        if (sim_memfile_write(off + done, zeros, n) != 0)
+            return -1;
         done += n;
     }
+    return 0;
 }
 
 static void release_one(uint64_t h, void *obj, void *arg)
@@ -456,10 +457,15 @@ static void release_one(uint64_t h, void *obj, void *arg)
     struct phys *p = obj;
     if (p->imported)
         return; /* the exporter's memory */
-    /* On a shared GPU zeroed first, as a share's every freed byte (sim_memory_release). */
-    if (p->in_file && sim_shared_enabled())
-        zero_file(p->file_off, p->size);
-    if (p->in_file)
+    /* On a shared GPU zeroed first, as a share's every freed byte (sim_memory_release). A range
+     * that could not be zeroed stays out of the allocator: the next share would read its
+     * bytes. Lost until the GPU's memory file is made anew (the whole-GPU scrub). */
+    if (p->in_file && sim_shared_enabled() && zero_file(p->file_off, p->size) != 0)
+        fprintf(stderr,
+                "gpupool-sim: checkpoint: cannot zero the %llu bytes a share gives back (%s); "
+                "they stay out of use until the GPU is scrubbed whole\n",
+                (unsigned long long)p->size, strerror(errno));
+    else if (p->in_file)
         sim_memfile_free(p->dev, p->file_off);
     sim_mem_account(p->dev, -(int64_t)p->size);
 }
