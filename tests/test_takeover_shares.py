@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import gpupool_protocol as gp
 import pytest
 from test_detach import FakeCheckpointer
 from test_leases import GIB, FakeCleaner, FakeStore, FakeSupervisor, FakeWorker, client, lease_on, make_gpu, mgr  # noqa: F401 (mgr: a fixture)
@@ -22,7 +23,9 @@ from gpupoold.gpu.inventory import Inventory
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.leases import LeaseManager
 from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.share_leases import MPS_SHARE_KEEPS_GPU
 from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, FREE, LEASED
+from gpupoold.pool.takeover import KEEPS_GPU_ASKED
 from gpupoold.store.records import LeaseRecord
 from gpupoold.workers.supervisor import AdoptError
 
@@ -40,9 +43,11 @@ class PreviousShares(FakeSupervisor):
     """The previous daemon's workers, lease id -> (its GPU's UUID, its memory quota, the bytes
     it saved when detached or None): each listens on its adoption socket and answers at once."""
 
-    def __init__(self, workers: dict[int, tuple[str, int, int | None]]) -> None:
+    def __init__(self, workers: dict[int, tuple[str, int, int | None]],
+                 flags: dict[int, int] | None = None) -> None:
         super().__init__()
         self.workers = workers
+        self.flags = flags or {}  # lease id -> its worker_adopted's flags (none: an older one)
         self.retired: list[int] = []
 
     async def connect_adoption(self, path: Path) -> tuple[Any, int]:  # type: ignore[override]
@@ -58,6 +63,7 @@ class PreviousShares(FakeSupervisor):
         w.uuid, w.orphaned_s = uuid, 1.0  # type: ignore[attr-defined]
         w.request = {"gpu": "", "model": "", "min_memory": 0, "memory": quota}  # type: ignore[attr-defined]
         w.adopted_detached = detached  # type: ignore[attr-defined]
+        w.adopted_flags = self.flags.get(sock, 0)  # type: ignore[attr-defined]
         self.spawned.append(w)
         return w
 
@@ -76,14 +82,16 @@ def record(lease_id: int, gpu: int = 0) -> LeaseRecord:
 
 
 async def restarted(tmp_path: Path, workers: dict[int, tuple[str, int, int | None]],
-                    events: dict[int, Any] | None = None, **settings: Any) -> LeaseManager:
+                    events: dict[int, Any] | None = None, flags: dict[int, int] | None = None,
+                    **settings: Any) -> LeaseManager:
     """A gpupoold of 2 GPUs of 32 GiB, GPU 0 shared 2 ways (unless `settings` say otherwise),
-    starting where the previous one left `workers`' leases open."""
+    starting where the previous one left `workers`' leases open (their worker_adopted flags:
+    `flags`)."""
     store = FakeStore(open=[record(i) for i in sorted(workers)], events=events or {})
     inventory = Inventory((make_gpu(0, memory=32 * GIB), make_gpu(1, memory=32 * GIB)))
     m = LeaseManager(inventory, Settings(state_dir=tmp_path, **{"share": 2, "share_gpus": [0],
                                                                **settings}),
-                     store, PreviousShares(workers), FakeCleaner(), Counters())  # type: ignore[arg-type]
+                     store, PreviousShares(workers, flags), FakeCleaner(), Counters())  # type: ignore[arg-type]
     m.detacher.checkpointer = FakeCheckpointer()  # type: ignore[assignment]
     await m.start()
     return m
@@ -271,5 +279,50 @@ async def test_a_share_that_died_while_gpupoold_was_down_closes_its_gpu(tmp_path
         assert 0 in m.cleaner.cleaned and not slot.share_closed
         await until("opened in the store", lambda: "share_closed" not in store.gpu_state.get(
             make_gpu(0).uuid, {}))
+    finally:
+        await m.close(0.1)
+
+
+SAID, SHARE, KEEP = gp.GP_ADOPTED_SAID, gp.GP_ADOPTED_SHARE, gp.GP_ADOPTED_KEEP_GPU
+
+
+async def test_a_taken_over_share_keeps_its_gpu_as_its_client_and_mps_ask(tmp_path: Path) -> None:
+    """Never idle-detached after the take-over when its client asked to keep its GPU (its
+    worker says so), nor under share_mps (a share in the MPS server keeps its place)."""
+    m = await restarted(tmp_path, {A: on_gpu0(8), B: on_gpu0(4)},
+                        flags={A: SAID | SHARE | KEEP, B: SAID | SHARE})
+    try:
+        await until("taken over", lambda: len(m.slots[0].shares) == 2)
+        a, b = m.pool.lease(A), m.pool.lease(B)
+        assert a is not None and b is not None
+        assert a.keep_gpu == KEEPS_GPU_ASKED and b.keep_gpu is None
+    finally:
+        await m.close(0.1)
+    m = await restarted(tmp_path, {A: on_gpu0(8), B: on_gpu0(4)},
+                        flags={A: SAID | SHARE, B: SAID | SHARE}, share_mps=str(tmp_path))
+    try:
+        await until("taken over under MPS", lambda: len(m.slots[0].shares) == 2)
+        assert all(le is not None and le.keep_gpu == MPS_SHARE_KEEPS_GPU
+                   for le in (m.pool.lease(A), m.pool.lease(B)))
+    finally:
+        await m.close(0.1)
+
+
+async def test_a_whole_gpu_lease_with_a_memory_cap_is_taken_over_whole(tmp_path: Path) -> None:
+    """A whole-GPU lease with a quota (GPUPOOL_MEMORY on an unshared GPU) stays whole when the
+    new configuration shares its GPU: its worker says it did not run as a share. A worker from
+    before the flags says nothing: its quota makes it a share, as before."""
+    m = await restarted(tmp_path, {A: on_gpu0(8)}, flags={A: SAID})
+    try:
+        await until("A taken over", lambda: m.pool.lease(A) is not None)
+        a = m.pool.lease(A)
+        assert a is not None and not a.share and m.slots[0].lease is a and not m.slots[0].shares
+    finally:
+        await m.close(0.1)
+    m = await restarted(tmp_path, {A: on_gpu0(8)})
+    try:
+        await until("A taken over", lambda: m.pool.lease(A) is not None)
+        a = m.pool.lease(A)
+        assert a is not None and a.share and m.slots[0].shares == [a]
     finally:
         await m.close(0.1)

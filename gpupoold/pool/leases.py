@@ -45,7 +45,7 @@ from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.share_leases import SharedGpus, shared_gpu
 from gpupoold.pool.slots import ATTACHED, ATTACHING, DETACHED, DRAINED, FREE, LEASED, QUARANTINED, Lease, Slot
 from gpupoold.pool.state import PoolState, in_service
-from gpupoold.pool.takeover import ADOPT_PEEK, PreviousLeases
+from gpupoold.pool.takeover import ADOPT_PEEK, KEEPS_GPU_ASKED, PreviousLeases
 from gpupoold.pool.waitqueue import ClientInfo, Waiter, WaitQueue
 from gpupoold.pool.watchdog import Watchdog, stuck_reason
 from gpupoold.store.database import LeaseRecord, NewLease, Store
@@ -1018,5 +1018,5 @@ def _keeps_gpu(hello_body: bytes) -> str | None:
     except Exception:
         return None
     if flags & gp.GP_HELLO_KEEP_GPU:
-        return "its client asked to keep its GPU while idle (GPUPOOL_KEEP_GPU=1 or keep_gpu = true)"
+        return KEEPS_GPU_ASKED
     return None

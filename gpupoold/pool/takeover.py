@@ -14,11 +14,14 @@ import socket
 import time
 from typing import Any
 
+import gpupool_protocol as gp
+
 from gpupoold.config.settings import Settings
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
 from gpupoold.pool.detach import IdleDetacher
 from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.share_leases import MPS_SHARE_KEEPS_GPU
 from gpupoold.pool.shares import ShareSettings
 from gpupoold.pool.slots import ATTACHED, DETACHED, Lease, Slot
 from gpupoold.pool.state import PoolState
@@ -32,6 +35,9 @@ ADOPT_SLACK = 60.0  # seconds beyond worker_orphan_grace that a busy worker has 
 # Seconds start-up waits for the previous daemon's workers to answer their adoption before it
 # places their leases: an idle one (a detached lease's is parked) answers within milliseconds.
 ADOPT_PEEK = 2.0
+# Why a lease never detaches when its client's hello asked so (GP_HELLO_KEEP_GPU); a lease taken
+# over says the same by its worker's word (worker_adopted's GP_ADOPTED_KEEP_GPU).
+KEEPS_GPU_ASKED = "its client asked to keep its GPU while idle (GPUPOOL_KEEP_GPU=1 or keep_gpu = true)"
 
 
 class PreviousLeases:
@@ -181,8 +187,11 @@ class PreviousLeases:
     def _lease_of(self, rec: LeaseRecord, worker: Worker, slot: Slot | None, gpus: int = 1,
                   share: bool = False) -> Lease:
         """The lease of a previous daemon's record, as its worker says it was asked for (its
-        memory: its quota, the share's size); watched by the task taking it over."""
+        memory: its quota, the share's size; whether its client asked to keep its GPU, which a
+        share under MPS always does); watched by the task taking it over."""
         req = worker.request
+        keep_gpu = _keeps_gpu(worker) or (
+            MPS_SHARE_KEEPS_GPU if share and self.settings.share_mps else None)
         return Lease(id=rec.id, slot=slot, token=rec.token_name,
                      client=ClientInfo(host=rec.client_host, user=rec.client_user,
                                        pid=rec.client_pid, program=rec.program, peer=rec.peer),
@@ -191,7 +200,7 @@ class PreviousLeases:
                                       min_memory=_nonneg(req.get("min_memory")),
                                       gpus=gpus, memory=_nonneg(req.get("memory"))),
                      worker=worker, queued_s=rec.queued_s, started=rec.started,
-                     watcher=asyncio.current_task(), share=share)
+                     watcher=asyncio.current_task(), share=share, keep_gpu=keep_gpu)
 
     def _limit_time(self, lease: Lease) -> None:
         """max_lease_seconds counts from the lease's start, not from its take-over."""
@@ -218,7 +227,7 @@ class PreviousLeases:
         if len(entries) == 1:
             rec, pid = entries[0]
             worker = await answers[rec.id]
-            if not (isinstance(worker, Worker) and _nonneg(worker.request.get("memory")) > 0
+            if not (isinstance(worker, Worker) and _ran_as_share(worker)
                     and self._shared_here(slot)):
                 await self._adopt(slot, rec, answers[rec.id], pid, orphans=unzeroed or [])
                 return
@@ -342,8 +351,7 @@ class PreviousLeases:
         assert home is not None and worker.adopted_detached is not None
         # A share (its worker has a quota, issue 32) comes back as a share, through the share
         # placement (room for its quota), when the GPU it left is shared here; else whole.
-        share = (len(homes or []) <= 1 and _nonneg(worker.request.get("memory")) > 0
-                 and self._shared_here(home))
+        share = len(homes or []) <= 1 and _ran_as_share(worker) and self._shared_here(home)
         lease = dataclasses.replace(
             self._lease_of(rec, worker, None, gpus=len(homes) if homes else 1, share=share),
             detaches=rec.detaches, detached_s=rec.detached_s)
@@ -385,6 +393,23 @@ class PreviousLeases:
             await self.supervisor.retire(worker)
         await self._close_previous(rec, f"gpupoold restarted and could not take over the "
                                         f"lease: {why}")
+
+
+def _ran_as_share(worker: Worker) -> bool:
+    """Whether a previous daemon's worker served a share of a shared GPU, by its word
+    (GP_ADOPTED_SHARE); a worker from before protocol 1.7 says nothing: then whether it has a
+    memory quota (a whole-GPU lease's quota on an unshared GPU reads as a share)."""
+    flags = getattr(worker, "adopted_flags", 0)
+    if flags & gp.GP_ADOPTED_SAID:
+        return bool(flags & gp.GP_ADOPTED_SHARE)
+    return _nonneg(worker.request.get("memory")) > 0
+
+
+def _keeps_gpu(worker: Worker) -> str | None:
+    """Why a previous daemon's lease never detaches, by its worker's word, or None."""
+    if getattr(worker, "adopted_flags", 0) & gp.GP_ADOPTED_KEEP_GPU:
+        return KEEPS_GPU_ASKED
+    return None
 
 
 def _nonneg(value: object) -> int:
