@@ -62,6 +62,8 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     ("share = 4\nshare_mps = '/nonexistent/gpupool-mps'\n",
      "/nonexistent/gpupool-mps is not a directory: start the MPS control daemon first"),
     ("share_mps = '/'\n", "'share' is 1 (whole GPUs): set share = 2 or more, or remove share_mps"),
+    ("share = 2\ndatabase = 'postgresql://db.example/gpupool'\n",
+     "shares are not served in a fleet. Set share = 1 on the fleet's servers"),
     ("listen = \n", "not valid TOML"),
 ])
 def test_bad_config_names_the_key(tmp_path: Path, text: str, named: str) -> None:

@@ -92,6 +92,11 @@ def settings_conflict(values: dict[str, Any]) -> str | None:
     if values.get("share_mps") and values.get("share", 1) < 2:
         return ("setting 'share_mps' runs the shares of shared GPUs under MPS, but 'share' is 1 "
                 "(whole GPUs): set share = 2 or more, or remove share_mps")
+    if values.get("database") and values.get("share", 1) > 1:
+        return ("setting 'share' shares GPUs, but 'database' is a shared PostgreSQL store (a "
+                "fleet), whose queue grants whole GPUs only: shares are not served in a fleet. "
+                "Set share = 1 on the fleet's servers, or give this server a store of its own "
+                "(remove database) to share its GPUs")
     return None
 
 
@@ -384,7 +389,8 @@ class Settings:
         "as long as their amounts fit in the GPU's memory. A client that asks for no amount "
         "still takes a whole GPU (a shared one once its shares have ended). One worker per "
         "free shared GPU is pre-started (`prestart_workers`), the others start when a share "
-        "lands. From 1 to 64 (docs/configuration.md, \"Shared GPUs\").",
+        "lands. From 1 to 64 (docs/configuration.md, \"Shared GPUs\"). Not with a shared "
+        "PostgreSQL store (`database`): a fleet's queue grants whole GPUs only.",
         check=_check_share)
     share_gpus: list[int] = _setting(
         [],
