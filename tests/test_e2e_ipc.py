@@ -90,13 +90,17 @@ def _tell(proc: subprocess.Popen[str], line: str) -> None:
 
 
 @pytest.mark.san
+@pytest.mark.parametrize("graph", [False, True], ids=["record", "graph"])
 def test_an_ipc_event_orders_two_processes_work(
-        native_build: Path, start_daemon: Callable[..., GpupoolServer], tmp_path: Path) -> None:
+        native_build: Path, start_daemon: Callable[..., GpupoolServer], tmp_path: Path,
+        graph: bool) -> None:
     """Issue 37, item 4, events (tests/c/ipc_event.c): A's slow kernel, then a kernel writing the
     buffer, then A records an IPC event and says so at once; B, told then, waits for the event
     (cuStreamWaitEvent, cuEventSynchronize) and reads the buffer bit-exact through the IPC memory
     handle; a process of another token cannot open the event handle. Without the wait on the
-    event (or if A's record returned before A's worker recorded it) B would read 0xEE bytes."""
+    event (or if A's record returned before A's worker recorded it) B would read 0xEE bytes.
+    `graph`: A captures the kernels and the record in a CUDA graph and launches it, which must
+    wait for A's worker as the record does (ipc_event.c checks the shim's call counts)."""
     exe = native_build / "tests" / "ipc_event"
     assert exe.is_file(), f"{exe} not built"
     server = start_daemon("--simulated", "2", build_dir=native_build, simulated=None)
@@ -106,7 +110,8 @@ def test_an_ipc_event_orders_two_processes_work(
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
              "text": True}
     args = [str(tmp_path), str(WORDS)]
-    exporter = subprocess.Popen([str(exe), "export", *args], env=env, **pipes)  # type: ignore[call-overload]
+    exporter_env = {**env, "IPC_EVENT_GRAPH": "1", "GPUPOOL_CALL_COUNTS": "1"} if graph else env
+    exporter = subprocess.Popen([str(exe), "export", *args], env=exporter_env, **pipes)  # type: ignore[call-overload]
     importer = None
     try:
         _line(exporter, "READY")

@@ -106,6 +106,8 @@ static CUresult event_record(CUevent e, CUstream s, unsigned int flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     r = gp_post(buf, len, NULL, 0);
     GP_FRAME_FREE(buf);
+    if (r == CUDA_SUCCESS && shared)
+        gp_capture_note_ipc_event(wire); /* a graph's record node: its launch waits too */
     /* The driver's record is in the event when the call returns, and a program may tell another
      * process to wait for it at once: the worker must have recorded it before we return. */
     if (r == CUDA_SUCCESS && shared)

@@ -10,8 +10,10 @@
  * cuStreamIsCapturing / cuStreamGetCaptureInfo around nearly every call.
  *
  * Round trips: only cuStreamEndCapture waits for the worker (the driver may refuse to end an
- * invalidated capture). Begin capture, instantiate, launch, upload and destroy are posted; a
- * failure on the worker is the next synchronising call's (deferred) error.
+ * invalidated capture), and the launch of a graph that records an interprocess event (as that
+ * event's cuEventRecord: a peer may wait for it at once). Begin capture, instantiate, launch,
+ * upload and destroy are posted; a failure on the worker is the next synchronising call's
+ * (deferred) error.
  *
  * Not remoted: copies between device memory and this process's host memory inside a capture
  * (a graph replays on the server, where that memory does not exist): refused with
@@ -39,6 +41,10 @@ typedef struct capture {
 
 typedef struct gp_graph_obj {
     uint64_t id, ctx;
+    /* It records an interprocess event: a launch waits until the worker has launched it, as
+     * cuEventRecord of such an event does, since a peer may wait for the event at once.
+     * Written under cap_lock while capturing; read after end_capture took that lock. */
+    int records_ipc_event;
 } gp_graph_obj;
 
 static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -103,6 +109,25 @@ CUresult gp_capture_host_copy(uint64_t wire, const char *call)
                      "device-to-device copy instead",
                      call);
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+void gp_capture_note_ipc_event(uint64_t wire)
+{
+    if (atomic_load(&cap_count) == 0)
+        return;
+    lock();
+    capture *c = find(wire);
+    /* A stream the driver joined to a capture (it waited for an event recorded in one) is not
+     * known here as capturing: every graph being captured is marked then, which costs at most a
+     * round trip per launch of those graphs. */
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        if (caps[i].stream == 0 || (c && c != &caps[i]))
+            continue;
+        gp_graph_obj *g = gp_handle_get(caps[i].graph, GP_H_GRAPH);
+        if (g)
+            g->records_ipc_event = 1;
+    }
+    unlock();
 }
 
 void gp_capture_forget(uint64_t wire)
@@ -358,6 +383,7 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long 
     if (!x)
         return CUDA_ERROR_OUT_OF_MEMORY;
     x->ctx = g->ctx;
+    x->records_ipc_event = g->records_ipc_event;
     x->id = gp_handle_new(GP_H_GRAPH_EXEC, x);
     if (!x->id) {
         free(x);
@@ -406,8 +432,10 @@ static CUresult graph_launch(CUgraphExec exec, CUstream s, int upload)
     if (r != CUDA_SUCCESS)
         return r;
     uint64_t xh = (uint64_t)(uintptr_t)exec;
-    if (!gp_handle_get(xh, GP_H_GRAPH_EXEC))
+    const gp_graph_obj *x = gp_handle_get(xh, GP_H_GRAPH_EXEC);
+    if (!x)
         return CUDA_ERROR_INVALID_VALUE;
+    int waits = x->records_ipc_event && !upload;
     if (gp_capture_status(wire) == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
         return GP_ERR_CAPTURE_INVALIDATED;
     gp_graph_launch m = {.exec = xh, .stream = wire, .upload = (uint32_t)upload};
@@ -415,6 +443,9 @@ static CUresult graph_launch(CUgraphExec exec, CUstream s, int upload)
     r = post_simple(buf, len);
     if (buf)
         GP_FRAME_FREE(buf);
+    /* Its event record node is in the stream once the worker has launched it (api_event.c). */
+    if (r == CUDA_SUCCESS && waits)
+        r = gp_round_trip();
     return r;
 }
 

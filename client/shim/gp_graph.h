@@ -36,6 +36,10 @@ int gp_capture_sync_call(uint64_t wire);
  * entry point): CUDA_SUCCESS when the stream is not capturing; else the capture is invalidated,
  * one line says why, and CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED is returned. */
 CUresult gp_capture_host_copy(uint64_t wire, const char *call);
+/* An interprocess event is recorded on stream `wire`: if it is capturing (or, not known as
+ * capturing, another stream's capture may have joined it), the graph notes it, so that a launch
+ * of it waits for the worker as cuEventRecord of such an event does (api_event.c). */
+void gp_capture_note_ipc_event(uint64_t wire);
 /* Stream `wire` is being destroyed: forget its capture, if any. */
 void gp_capture_forget(uint64_t wire);
 

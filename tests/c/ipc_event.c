@@ -15,6 +15,10 @@
  *                             cuEventSynchronize and cuEventQuery succeed; close both
  *   ipc_event stranger DIR N  cuIpcOpenEventHandle must be CUDA_ERROR_INVALID_VALUE, no event
  *
+ * With IPC_EVENT_GRAPH=1 the exporter captures the kernels and the record in a CUDA graph and
+ * launches that instead: the launch must wait for its worker as cuEventRecord does (one round
+ * trip more in the shim's call counts, GPUPOOL_CALL_COUNTS=1), or "RECORDED" could come first.
+ *
  * The importer copies as soon as the exporter said it recorded, while the slow kernel may still
  * run: without the wait on the event it would read 0xEE bytes. The simulated device runs the
  * kernels themselves (their PTX bodies are empty: sim_kernels.c).
@@ -55,6 +59,11 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, ipc_handle, unsigned int);
 CUresult cuIpcCloseMemHandle(CUdeviceptr);
 CUresult cuIpcGetEventHandle(ipc_handle *, CUevent);
 CUresult cuIpcOpenEventHandle(CUevent *, ipc_handle);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+size_t gpupool_call_counts(char *, size_t); /* the shim's (client/shim/call_counts.c) */
 
 #define EVENT_INTERPROCESS 0x4u
 #define EVENT_DISABLE_TIMING 0x2u
@@ -135,6 +144,49 @@ static CUresult slow_write(CUdeviceptr d, unsigned n, CUstream s)
     return rc;
 }
 
+/* The shim's count of calls that waited for the worker; -1 when counting is off. */
+static long long round_trips(void)
+{
+    char buf[256];
+    gpupool_call_counts(buf, sizeof buf); /* cut short: the totals come first */
+    const char *at = strstr(buf, "\"round_trips\": ");
+    long long n = -1;
+    if (!strstr(buf, "\"enabled\": true") || !at ||
+        sscanf(at + strlen("\"round_trips\": "), "%lld", &n) != 1)
+        return -1;
+    return n;
+}
+
+/* The slow kernels and the record of ev on s, captured in a graph and launched; the launch
+ * must have waited for the worker once (the record is an interprocess event's). */
+static CUresult graph_write(CUdeviceptr d, unsigned n, CUstream s, CUevent ev)
+{
+    CUgraph g;
+    CUgraphExec x;
+    CUresult rc = cuStreamBeginCapture_v2(s, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = slow_write(d, n, s);
+    if (rc == CUDA_SUCCESS)
+        rc = cuEventRecord(ev, s);
+    CUresult end = cuStreamEndCapture(s, &g);
+    if (rc == CUDA_SUCCESS)
+        rc = end;
+    if (rc == CUDA_SUCCESS)
+        rc = cuGraphInstantiateWithFlags(&x, g, 0);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    long long before = round_trips();
+    rc = cuGraphLaunch(x, s);
+    long long after = round_trips();
+    if (rc == CUDA_SUCCESS && (before < 0 || after != before + 1)) {
+        printf("FAIL ipc_event %s: the graph's launch waited for the worker %lld times, not once "
+               "(GPUPOOL_CALL_COUNTS=1 must be set)\n",
+               mode, after - before);
+        return CUDA_ERROR_UNKNOWN;
+    }
+    return rc;
+}
+
 static int export_side(const char *dir, unsigned n)
 {
     CUdeviceptr d = 0;
@@ -164,11 +216,15 @@ static int export_side(const char *dir, unsigned n)
         return 1;
     if (say_and_wait("READY", "go"))
         return 1;
+    const char *graph = getenv("IPC_EVENT_GRAPH");
     rc = cuStreamCreate(&s, 0);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && graph && strcmp(graph, "1") == 0) {
+        rc = graph_write(d, n, s, ev);
+    } else if (rc == CUDA_SUCCESS) {
         rc = slow_write(d, n, s);
-    if (rc == CUDA_SUCCESS)
-        rc = cuEventRecord(ev, s);
+        if (rc == CUDA_SUCCESS)
+            rc = cuEventRecord(ev, s);
+    }
     if (rc != CUDA_SUCCESS)
         return fail("the slow kernels and the record", rc);
     if (say_and_wait("RECORDED", "end"))
