@@ -6,9 +6,13 @@
  * freed (or left by dying) is what the next allocation reads, as on a GPU's DRAM (so an isolation
  * test of wiping has teeth); a dead process's memory comes back, a live one's does not; their
  * kernels take turns (their running intervals do not overlap, and both get turns). Without
- * shared_dir each process still has the GPU to itself.
+ * shared_dir each process still has the GPU to itself. A share's VMM memory that its checkpoint
+ * cannot zero (writes made to fail here) is not handed to the next share.
  */
 #include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <time.h>
 
@@ -203,6 +207,95 @@ static void test_a_dead_process_memory_is_taken_back(void)
     shared_files(true);
 }
 
+/* ---- a checkpoint that cannot zero ----------------------------------------------------- */
+/* Set in one tenant: the memory file's hole punching and writes fail there (EIO), as on a
+ * failing disk; the library's calls reach these through the executable's symbols. */
+static volatile int fail_file_writes;
+
+__attribute__((visibility("default"))) int fallocate(int fd, int mode, off_t off, off_t len)
+{
+    if (fail_file_writes) {
+        errno = EIO;
+        return -1;
+    }
+    int (*real)(int, int, off_t, off_t) =
+        (int (*)(int, int, off_t, off_t))dlsym(RTLD_NEXT, "fallocate");
+    CHECK(real != NULL);
+    return real(fd, mode, off, len);
+}
+
+__attribute__((visibility("default"))) ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    if (fail_file_writes) {
+        errno = EIO;
+        return -1;
+    }
+    ssize_t (*real)(int, const void *, size_t, off_t) =
+        (ssize_t(*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite");
+    CHECK(real != NULL);
+    return real(fd, buf, n, off);
+}
+
+/* cuMemCreate + map of n bytes (a multiple of the granularity) on device 0. */
+static CUdeviceptr vmm_alloc(uint64_t n)
+{
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr p = 0;
+    OK(cuMemCreate(&h, n, &prop, 0));
+    OK(cuMemAddressReserve(&p, n, 0, 0, 0));
+    OK(cuMemMap(p, n, 0, h, 0));
+    CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    OK(cuMemSetAccess(p, n, &acc, 1));
+    return p;
+}
+
+static void vmm_writer(int unused)
+{
+    (void)unused;
+    CHECK(close(go_pipe[1]) == 0);
+    sim_test_init();
+    CUdeviceptr p = vmm_alloc(16 * MIB);
+    OK(cuMemsetD8_v2(p, 0xAB, 16 * MIB));
+    fail_file_writes = 1; /* from here: the checkpoint's zeroing fails */
+    say_ready_and_wait();
+    fail_file_writes = 0;
+}
+
+static void checkpointer(int pid)
+{
+    sim_test_init();
+    OK(cuCheckpointProcessLock(pid, NULL));
+    OK(cuCheckpointProcessCheckpoint(pid, NULL)); /* its memory goes (the zeroing fails) */
+}
+
+static void vmm_reader(int unused)
+{
+    (void)unused;
+    sim_test_init();
+    /* All the memory file has left: the writer's range, had it come back unzeroed, is in it. */
+    CUdeviceptr p = vmm_alloc(48 * MIB);
+    CHECK_EQ(count_byte(p, 48 * MIB, 0xAB), 0);
+    CHECK_EQ(count_byte(p, 48 * MIB, 0), 48 * MIB);
+}
+
+static void test_memory_a_checkpoint_cannot_zero_is_not_handed_on(void)
+{
+    use_shared_dir();
+    CHECK(pipe(ready_pipe) == 0 && pipe(go_pipe) == 0);
+    pid_t writer = spawn(vmm_writer, 0);
+    CHECK(close(go_pipe[0]) == 0);
+    char c;
+    CHECK(read(ready_pipe[0], &c, 1) == 1);
+    wait_ok(spawn(checkpointer, (int)writer));
+    wait_ok(spawn(vmm_reader, 0));
+    CHECK(close(go_pipe[1]) == 0);
+    wait_ok(writer);
+    CHECK(close(ready_pipe[0]) == 0 && close(ready_pipe[1]) == 0);
+    shared_files(true);
+}
+
 /* ---- kernel turns ------------------------------------------------------------------------ */
 #define LAUNCHES 8
 #define SPIN_NS 20000000ull /* 20 ms of "GPU" time per kernel */
@@ -363,4 +456,5 @@ SIM_TEST_MAIN(SIM_T(memory_is_the_gpus), SIM_T(leftovers_of_a_freed_allocation_a
               SIM_T(kernels_of_two_processes_take_turns),
               SIM_T(without_shared_dir_each_process_has_the_gpu), SIM_T(bad_shared_dir),
               SIM_T(missing_shared_dir_fails_cuinit),
-              SIM_T(processes_of_a_gpu_must_agree_on_its_size))
+              SIM_T(processes_of_a_gpu_must_agree_on_its_size),
+              SIM_T(memory_a_checkpoint_cannot_zero_is_not_handed_on))
