@@ -209,38 +209,7 @@ class LeaseManager(PreviousLeases, SharedGpus):
                 adopting[s.gpu.index] = (rec, pid)
             if rec.id not in gpus_of:
                 alone[on[0].gpu.index] = [(rec, pid)]
-        orphaned: dict[int, list[int]] = {}
-        for rec in gone:
-            last = placed[rec.id]  # (its GPU's start-up scrub is recorded for it)
-            index = last.gpu.index if last else rec.gpu_index
-            # Beside shares taken over (issue 32), its GPU is scrubbed whole after they end.
-            await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
-                                       "worker is gone; " + (
-                                           f"GPU {index} is scrubbed whole when the leases "
-                                           "taken over on it (its other shares) end; no new "
-                                           "share lands on it before"
-                                           if index in adopting else
-                                           "its GPU was scrubbed at the next start"))
-            orphaned.setdefault(index, []).append(rec.id)
-        for rec, why in several:
-            log.warning("lease %d of the previous gpupoold held GPUs %s and cannot be taken "
-                        "over: %s; its worker was ended and its GPUs are scrubbed", rec.id,
-                        ", ".join(map(str, rec.gpus)), why, extra=journal_fields(rec.id))
-            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
-                                       f"lease of several GPUs ({why}); its GPUs were scrubbed "
-                                       "at the start")
-            orphaned.setdefault(rec.gpus[0], []).append(rec.id)
-        if gone:
-            log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
-        # A lease that ended while the previous daemon stopped before its GPU's scrub: the
-        # start-up scrub of that very GPU is its scrub.
-        for rec in unscrubbed:
-            slot = self._slot_of(rec, await self._last_gpu(rec))  # (where it ended)
-            if slot is not None:
-                log.info("lease %d ended before the previous gpupoold stopped, its GPU not yet "
-                         "scrubbed: the scrub of GPU %d at this start is recorded for it", rec.id,
-                         slot.gpu.index, extra=journal_fields(rec.id, slot.gpu.index))
-                orphaned.setdefault(slot.gpu.index, []).append(rec.id)
+        orphaned = await self._close_unowned(gone, several, unscrubbed, placed, adopting)
         # A GPU being taken over with records of leases nobody takes over (a share whose worker
         # died meanwhile, one whose scrub the previous daemon did not run) or kept closed to new
         # shares (a share's worker died before it stopped): nothing says their memory was

@@ -112,6 +112,50 @@ class PreviousLeases:
             return f"GPU {', '.join(map(str, missing))} of it is not served any more"
         return [slot for slot in slots if slot is not None]
 
+    async def _close_unowned(self, gone: list[LeaseRecord], several: list[tuple[LeaseRecord, str]],
+                             unscrubbed: list[LeaseRecord], placed: dict[int, Slot | None],
+                             adopting: dict[int, tuple[LeaseRecord, int]]) -> dict[int, list[int]]:
+        """Close the records of the previous daemon's leases nobody takes over (`gone`: their
+        workers are gone; `several`: leases of several GPUs that cannot be), and find those that
+        ended before their GPU's scrub (`unscrubbed`): GPU index -> their lease ids, whose scrub
+        the start-up scrub of that GPU is, or (a GPU in `adopting`) its whole scrub after the
+        leases taken over on it end."""
+        orphaned: dict[int, list[int]] = {}
+        for rec in gone:
+            last = placed[rec.id]  # (its GPU's start-up scrub is recorded for it)
+            index = last.gpu.index if last else rec.gpu_index
+            # Beside shares taken over (issue 32), its GPU is scrubbed whole after they end.
+            await self._close_previous(rec, "gpupoold stopped while the lease was active and its "
+                                       "worker is gone; " + (
+                                           f"GPU {index} is scrubbed whole when the leases "
+                                           "taken over on it (its other shares) end; no new "
+                                           "share lands on it before"
+                                           if index in adopting else
+                                           "its GPU was scrubbed at the next start"))
+            orphaned.setdefault(index, []).append(rec.id)
+        for rec, why in several:
+            log.warning("lease %d of the previous gpupoold held GPUs %s and cannot be taken "
+                        "over: %s; its worker was ended and its GPUs are scrubbed", rec.id,
+                        ", ".join(map(str, rec.gpus)), why, extra=journal_fields(rec.id))
+            await self._close_previous(rec, f"gpupoold restarted and could not take over the "
+                                       f"lease of several GPUs ({why}); its GPUs were scrubbed "
+                                       "at the start")
+            orphaned.setdefault(rec.gpus[0], []).append(rec.id)
+        if gone:
+            log.warning("closed %d lease record(s) left open by a previous gpupoold", len(gone))
+        # A lease that ended while the previous daemon stopped before its GPU's scrub: the
+        # start-up scrub of that very GPU is its scrub.
+        for rec in unscrubbed:
+            slot = self._slot_of(rec, await self._last_gpu(rec))  # (where it ended)
+            if slot is not None:
+                log.info("lease %d ended before the previous gpupoold stopped, its GPU not yet "
+                         "scrubbed: the next scrub of GPU %d (%s) is recorded for it", rec.id,
+                         slot.gpu.index, "after the leases taken over on it end"
+                         if slot.gpu.index in adopting else "at this start",
+                         extra=journal_fields(rec.id, slot.gpu.index))
+                orphaned.setdefault(slot.gpu.index, []).append(rec.id)
+        return orphaned
+
     def _on_now(self, answer: asyncio.Task[Worker | AdoptError], placed: Slot | None,
                 ) -> Slot | None:
         """The GPU an attached previous lease is on: its worker's word (the UUID it runs on) once
