@@ -2,8 +2,9 @@
 GPU, two clients with a share each (GPUPOOL_MEMORY=4GiB, tests/clients/hold_gpu.c through the
 shim: one streaming copies, one idle) run across a SIGTERM restart; the new daemon takes both
 over as shares of that GPU (the API lists two shares of 4 GiB, no whole-GPU lease), scrubs the
-GPU neither at its start nor after the first share's end, both clients' bytes stay exact, and
-the GPU is scrubbed whole once, after both have ended. The unit tests:
+GPU neither at its start nor after the first share's end, keeps the second client's wish to keep
+its GPU (GPUPOOL_KEEP_GPU, said by its worker), both clients' bytes stay exact, and the GPU is
+scrubbed whole once, after both have ended. The unit tests:
 tests/test_takeover_shares.py."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def test_two_shares_are_taken_over_as_shares_across_a_restart(
     server = start_daemon("--config", str(config), build_dir=native_build)
     wait_until("GPU 0 free", lambda: gpu_states(server) == ["free"], timeout=30)
     tenants = [start_client(server, hold_gpu, 8 * MIB, 5000, seed=51, loops=-1, env=SHARE),
-               start_client(server, hold_gpu, 8 * MIB, 5000, seed=52, env=SHARE)]
+               start_client(server, hold_gpu, 8 * MIB, 5000, seed=52,
+                            env={**SHARE, "GPUPOOL_KEEP_GPU": "1"})]
     clients.extend(tenants)
     for t in tenants:
         assert t.stdout is not None and "holding" in t.stdout.readline()
@@ -43,6 +45,10 @@ def test_two_shares_are_taken_over_as_shares_across_a_restart(
     assert sorted(s["id"] for s in gpu["shares"]["leases"]) == sorted(leases), gpu
     assert {s["memory_quota"] for s in gpu["shares"]["leases"]} == {4 << 30}, gpu
     assert "GPU 0 clean:" not in again.log_text(), "the GPU of the shares was scrubbed"
+    # The second client asked to keep its GPU: its worker says so (worker_adopted's flags).
+    keeps = [le["detach"]["keep_gpu"] is not None
+             for le in again.get_json("/api/v1/leases?state=active")["leases"]]
+    assert sorted(keeps) == [False, True], again.get_json("/api/v1/leases?state=active")
 
     for i, t in enumerate(tenants):
         out, err = t.communicate(timeout=60)
