@@ -61,3 +61,27 @@ def test_two_shares_are_taken_over_as_shares_across_a_restart(
     ends = [log.index(f"lease {lease} ended (") for lease in leases]
     assert max(ends) < log.index("GPU 0 clean:"), "scrubbed before both shares ended"
     assert [r["scrub_ok"] for r in ended_leases(again)].count(True) == 1  # the last one's
+
+
+def test_a_whole_gpu_lease_with_a_memory_cap_is_taken_over_whole(
+        start_daemon: Any, native_build: Path, hold_gpu: Path, tmp_path: Path,  # noqa: F811
+        clients: list[subprocess.Popen[str]]) -> None:
+    """GPUPOOL_MEMORY on an unshared GPU caps a whole-GPU lease; restarted with the GPU shared,
+    its worker says it did not run as a share (worker_adopted's flags), so it stays whole."""
+    config = tmp_path / "gpupoold.toml"
+    config.write_text("sim_memory_gib = 16\nidle_detach_after = 0\n")
+    server = start_daemon("--config", str(config), build_dir=native_build)
+    wait_until("GPU 0 free", lambda: gpu_states(server) == ["free"], timeout=30)
+    tenant = start_client(server, hold_gpu, 8 * MIB, 3000, seed=53, env=SHARE)
+    clients.append(tenant)
+    assert tenant.stdout is not None and "holding" in tenant.stdout.readline()
+    leases = active_ids(server)
+    assert server.stop() == 0, server.log_text()[-3000:]
+    config.write_text("share = 2\nsim_memory_gib = 16\nidle_detach_after = 0\n")
+    again = start_daemon("--config", str(config), build_dir=native_build,
+                         state_dir=server.state_dir)
+    wait_until("taken over", lambda: active_ids(again) == leases, timeout=20)
+    (gpu,) = again.get_json("/api/v1/gpus")["gpus"]
+    assert gpu["lease"] is not None and not gpu["shares"]["leases"], gpu
+    out, err = tenant.communicate(timeout=60)
+    assert tenant.returncode == 0 and facts(out)["exact"] == "1", f"{out}\n{err}"
