@@ -257,7 +257,11 @@ async def test_the_utilisation_accounting_counts_the_lease_on_each_gpu(mgr: Any)
         off()
 
 
-def test_a_fleet_refuses_several_gpus_even_for_a_client_it_could_redirect(tmp_path: Any) -> None:
+def test_a_fleet_serves_several_gpus_of_one_server_and_refuses_more_than_any_has(
+        tmp_path: Any) -> None:
+    """In a fleet a lease of several GPUs comes from one server (pool/fleet.py's match): this
+    server's 4 serve 2; 5 fit on no live server (the others' counts come from the last sync:
+    none yet), and the refusal says the counts, for a client it could redirect or not."""
     from test_leases import FakeCleaner, FakeStore, FakeSupervisor
 
     from gpupoold.config.settings import Settings
@@ -270,8 +274,9 @@ def test_a_fleet_refuses_several_gpus_even_for_a_client_it_could_redirect(tmp_pa
                      store, FakeSupervisor(), FakeCleaner(), Counters(),  # type: ignore[arg-type]
                      shared_store=True)
     for redirectable in (False, True):
-        why = m.feasible(Requirements(gpus=2), redirectable)
-        assert why is not None and "fleet" in why and "GPUPOOL_GPUS asked for 2" in why
+        assert m.feasible(Requirements(gpus=2), redirectable) is None
+        why = m.feasible(Requirements(gpus=5), redirectable)
+        assert why is not None and "GPUPOOL_GPUS asked for 5" in why and "has 4" in why
     assert m.feasible(Requirements(), True) is None
 
 
