@@ -38,7 +38,7 @@ def test_c_suite(native_build):
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"test_sim_shared ({native_build.name}) failed:\n{output[-8000:]}"
-    assert len(re.findall(r"^PASS ", proc.stdout, re.M)) == 8, output
+    assert len(re.findall(r"^PASS ", proc.stdout, re.M)) == 9, output
 
 
 def shared_env(shared: Path) -> dict[str, str]:
