@@ -14,7 +14,8 @@ clients come back by themselves). Then the load stops and it checks:
 
   clients served      every client not killed ended well (exit 0; its data bit-exact)
   leases lost         lease records ended by anything but their client (0 allowed; the killed
-                      clients' leases end as "client lost"). A record that gpupoold's SIGKILL cut
+                      clients' leases end as "client lost", or "not started" when the kill came
+                      during the lease's hand-over). A record that gpupoold's SIGKILL cut
                       during its hand-over ("daemon lost", no call served) whose client then
                       connected again and was served is counted apart, as a cut hand-over
   worker crashes      leases or pre-started workers that ended as "worker crashed" (0 allowed)
@@ -102,6 +103,7 @@ class Tally:
     served: dict[str, int] = field(default_factory=dict)
     served_pids: set[int] = field(default_factory=set)
     killed: int = 0
+    killed_pids: set[int] = field(default_factory=set)
     failed: list[str] = field(default_factory=list)
     verified_bytes: int = 0
     restarts: list[tuple[str, float]] = field(default_factory=list)
@@ -153,6 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             c.out, c.err = c.proc.communicate()
             if c.killed:
                 tally.killed += 1
+                tally.killed_pids.add(c.proc.pid)
                 return
             ok = c.proc.returncode == 0  # longrun: 0 once its time is up with no error
             if c.kind != "launch":
@@ -228,8 +231,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # served under a new lease: a hand-over cut by the restart, not a lost lease.
         cut = [r for r in records if r["end_reason"] == "daemon lost"
                and r["client_pid"] in tally.served_pids and not any(r["calls"].values())]
+        # A client SIGKILLed while its lease was being handed over (granted, its worker still
+        # waiting for the hello's answer) ends it "not started": its client's end, not a loss.
+        victims = [r for r in records if r["end_reason"] == "not started"
+                   and r["client_pid"] in tally.killed_pids]
         lost = [r for r in records if r["end_reason"] not in ("client exit", "client lost")
-                and r not in cut]
+                and r not in cut and r not in victims]
         # Leases' workers and pre-started ones alike: every crash has its log line.
         crashes, crash_detail = 0, []
         for p in sorted(daemon.state.glob("gpupoold-*.log")):
