@@ -96,6 +96,7 @@ def test_a_detached_lease_of_two_gpus_is_taken_over_and_comes_back_bit_exact(
     out, err = tenant.communicate("go\n", timeout=60)
     assert tenant.returncode == 0 and "PASS hold_gpus" in out, (
         f"the tenant failed ({tenant.returncode}):\n{out}\n{err}\n{again.log_text()[-4000:]}")
+    # (its detach's scrub no longer counts once it came back: store.lease_event)
     wait_until("the lease ended and scrubbed", lambda: lease_of(again, lease["id"])["scrub_ok"]
                is not None, timeout=20)
     rec = lease_of(again, lease["id"])

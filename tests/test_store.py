@@ -368,6 +368,25 @@ def test_lease_events_keep_every_transition_and_the_totals(db: StoreDB) -> None:
         db.lease_event(lease_id + 1, 1.0, "detached", 0, "", 1, 0.0)
 
 
+def test_a_lease_that_comes_back_after_a_detach_is_not_scrubbed_until_its_end_scrub(
+        db: StoreDB) -> None:
+    """The detach's scrub is recorded as the lease's scrub (its last use, unless it comes back);
+    once it comes back its record says "not scrubbed" again, so that a reader waiting for the
+    scrub after its end (or a restart looking for ended leases never scrubbed) is not misled."""
+    lease_id = db.lease_started(new_lease(gpu=0))
+    db.lease_event(lease_id, 10.0, "detached", 0, "idle", 1, 0.0)
+    db.lease_scrubbed(lease_id, True, {"scrub": {"bytes": 1}})
+    assert db.get_lease(lease_id).scrub_ok is True  # type: ignore[union-attr]
+    db.lease_event(lease_id, 20.0, "attached", 0, "", 1, 10.0)
+    rec = db.get_lease(lease_id)
+    assert rec is not None and rec.scrub_ok is None and rec.scrub is None
+    db.lease_ended(lease_id, 30.0, "client exit", "", 0, 0, {})
+    assert [r.id for r in db.unscrubbed_last_leases()] == [lease_id]
+    db.lease_scrubbed(lease_id, True, {"scrub": {"bytes": 2}})
+    rec = db.get_lease(lease_id)
+    assert rec is not None and rec.scrub_ok is True and rec.scrub == {"scrub": {"bytes": 2}}
+
+
 def test_the_events_of_a_lease_of_several_gpus_name_every_gpu(db: StoreDB) -> None:
     """Schema v15 (issue 37): a detach names every GPU the lease left, an attach every GPU it
     came back on, in program order; "gpu" stays device 0's for older readers."""

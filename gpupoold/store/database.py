@@ -613,6 +613,11 @@ class StoreDB(UsageQueries, SpoolQueries):
                 raise NotFound(f"no lease {lease_id}")
             db.execute("INSERT INTO lease_events (lease_id, at, state, gpu_index, detail, gpus) "
                        "VALUES (?, ?, ?, ?, ?, ?)", (lease_id, at, state, gpu_index, detail, names))
+            if state == "attached":
+                # Its detach's scrub (recorded as its scrub) is no longer the scrub after its
+                # last use: until the scrub after its end, the record says "not yet scrubbed".
+                db.execute("UPDATE leases SET scrub_ok = NULL, scrub = NULL WHERE id = ?",
+                           (lease_id,))
 
     def lease_events(self, lease_id: int) -> list[dict[str, Any]]:
         """The lease's idle-detach events, oldest first: "gpu" is device 0's GPU, "gpus" every

@@ -107,7 +107,7 @@ class LeaseRecord(NewLease):
     bytes_h2d: int
     bytes_d2h: int
     calls: dict[str, int]
-    scrub_ok: bool | None  # None until the GPU was scrubbed after the lease
+    scrub_ok: bool | None  # None until its GPU was scrubbed after it (again once it reattaches)
     scrub: dict[str, Any] | None
     module_bytes: int = 0  # module images received (cache misses); 0 when all were cached
     detaches: int = 0  # times the lease gave its GPU back while idle (pool/detach.py)
