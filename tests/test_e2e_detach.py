@@ -124,6 +124,8 @@ def test_two_gib_of_state_survive_a_detach_while_another_client_uses_the_gpu(
     out = resume(tenant, server)
     print(out)
     wait_until("the lease ended", lambda: not server.get_json("/api/v1/leases?state=active")["leases"])
+    # (the scrub after its end: its detach's scrub stopped counting when it came back)
+    wait_until("its GPU scrubbed", lambda: lease_of(server, lease_id)["scrub_ok"] is not None)
     rec = server.get_json(f"/api/v1/leases/{lease_id}")
     assert rec["detaches"] == 1 and rec["detached_s"] > 0 and rec["scrub_ok"] is True, rec
     states = [e["state"] for e in rec["events"]]
