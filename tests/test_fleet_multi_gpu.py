@@ -3,25 +3,21 @@ GPUPOOL_GPUS=N is given N GPUs of ONE server at once by the fleet's match (pool/
 line as on one server, never some now and the rest later; sent to another server's N GPUs, it
 finds them all held there and claims them together, and a client that never arrives frees all
 of them. First the decisions alone (`match`), then two lease managers sharing a real PostgreSQL
-(the `server` fixture of test_fleet_one_queue.py: fake workers, the real fleet queue and store)."""
+(the `server` fixture of test_fleet_one_queue.py: fake workers, the real fleet queue and store).
+End to end, between servers with their own addresses (a redirect must name B's address, which
+loopback cannot tell from A's): tests/test_fleet_netns.py, where a GPUPOOL_GPUS=2 client of a
+busy A gets 2 devices of one worker on B, bit-exact on each and across a peer copy."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import REPO, wait_until
-from test_e2e_leases import MIB, gpu_states, hold_gpu, start_client  # noqa: F401  (a fixture)
 from test_fleet import gpu, waiter
 from test_fleet_one_queue import Server, leased, server, sync  # noqa: F401  (server: a fixture)
 from test_leases import client
-from test_store_postgres import servers_by_name
 
 from gpupoold.pool.fleet import Redirect, match
 from gpupoold.pool.fleet_view import fleet_queue
@@ -32,7 +28,6 @@ from gpupoold.store.database import StoreDB
 from gpupoold.store.fleet import GpuRow, QueueRow, SyncInput
 
 UP = {"a", "b", "c"}
-CLIENT = REPO / "tests" / "clients" / "hold_gpus.py"
 
 
 def wants(ticket: int, where: str, n: int, **kw: object) -> QueueRow:
@@ -216,42 +211,6 @@ async def test_max_gpus_per_token_counts_n_in_the_fleet(server: Server, limit: i
     assert [(q["token"], q["request"]) for q in fleet_queue(a.fleet, None, "a")] == [  # type: ignore[arg-type]
         ("alice", "2 GPUs")]
     assert isinstance(await asyncio.wait_for(other.future, 1), Redirect)  # bob does not
-
-
-# ---------------------------------------------------------------------------------- end to end
-def test_a_client_for_2_gpus_whose_server_is_busy_gets_2_devices_on_the_other(
-        start_daemon: Any, native_build: Path, hold_gpu: Path, pg_url: str,  # noqa: F811
-        clients: list[subprocess.Popen[str]]) -> None:
-    """Two gpupoold --simulated 2 on one PostgreSQL (loopback: test_fleet_netns.py covers the
-    redirect between hosts). A 1-GPU client holds a GPU of a; a GPUPOOL_GPUS=2 client of a is
-    sent to b, where one worker serves it both of b's GPUs (2 devices, its bytes exact on each
-    and across a peer copy), while a's free GPU stays free (nothing taken there meanwhile)."""
-    a, b = (start_daemon("--database", pg_url, "--simulated", "2", build_dir=native_build,
-                         simulated=None) for _ in range(2))
-    wait_until("both servers up", lambda: (s := servers_by_name(a), len(s) == 2 and all(
-        v["state"] == "up" for v in s.values()))[-1])
-    b_name = next(n for n, v in servers_by_name(b).items() if v["this"])
-    busy = start_client(a, hold_gpu, MIB, 30_000, 7)
-    clients.append(busy)
-    wait_until("a's GPU 0 leased", lambda: gpu_states(a) == ["leased", "free"])
-    wait_until("b's GPUs in the fleet", lambda: sum(
-        len(srv["gpus"]) for srv in a.get_json("/api/v1/fleet")["servers"]) == 4)
-    tenant = subprocess.Popen([sys.executable, str(CLIENT), "2", str(MIB)],
-                              env=a.client_env({"GPUPOOL_GPUS": "2"}), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    clients.append(tenant)
-    assert tenant.stdout is not None
-    line = tenant.stdout.readline()
-    assert line.startswith("holding"), f"{line}{tenant.stderr.read() if tenant.stderr else ''}"
-    active = b.get_json("/api/v1/leases?state=active")["leases"]  # (the fleet's)
-    (lease,) = [rec for rec in active if rec["server"] == b_name]
-    assert lease["gpus"] == [0, 1], lease
-    assert gpu_states(b) == ["leased", "leased"] and gpu_states(a) == ["leased", "free"]
-    out, err = tenant.communicate("go\n", timeout=60)
-    assert tenant.returncode == 0 and "PASS hold_gpus" in out, f"{out}\n{err}"
-    assert f"sent to GPU 0 of server {b_name}" in a.log_text()
-    # (b held both for it, or gave them at once when its hello came before b's next sync)
-    busy.kill()
 
 
 def test_a_detached_lease_of_2_counts_2_toward_the_fleets_token_limit(pg_url: str) -> None:

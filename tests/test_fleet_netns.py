@@ -9,6 +9,11 @@ server shares 127.0.0.1 cannot tell "B's address" from "this machine's loopback"
   registered.
 - A client that names only A, pinned only to A, is redirected to B's GPU and reaches it with the
   pin A gave for B.
+- The same for a lease of 2 GPUs (issue 37; A and B have 2 simulated GPUs each, C one): with one
+  of A's GPUs leased, a `GPUPOOL_GPUS=2` client of A is sent to B at B's own address, where one
+  worker serves it both of B's GPUs (its bytes exact on each and across a peer copy), while A's
+  free GPU stays free. (The redirect reply and the client's pin check do not depend on the
+  number of GPUs: the wrong pin below covers both.)
 - A redirect to a server whose registered fingerprint is not the key it presents is refused
   before anything secret is sent.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -26,7 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import ApiError, GpupoolServer, native_paths, require, wait_until
+from conftest import REPO, ApiError, GpupoolServer, native_paths, require, wait_until
 from test_e2e_leases import hold_gpu  # noqa: F401  (a fixture)
 
 from gpupoold.config.identity import server_name
@@ -36,8 +42,10 @@ from gpupoold.tls_identity import ensure_identity
 
 NET = "10.201.0"
 HOSTS = {"a": 11, "b": 12, "c": 13}
+GPUS = {"a": 2, "b": 2, "c": 1}  # simulated GPUs per host: A and B can serve a lease of 2
 REMOTING_PORT, HTTP_PORT = 7070, 8080
 MIB = 1 << 20
+HOLD_GPUS = REPO / "tests" / "clients" / "hold_gpus.py"
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -132,7 +140,7 @@ def hosts(lan: Lan, socket_url: str, pg_url: str, native_build: Path,
     try:
         for h, n in HOSTS.items():
             args = ["--listen", f"0.0.0.0:{REMOTING_PORT}", "--http", f"0.0.0.0:{HTTP_PORT}",
-                    "--simulated", "1", *native_paths(native_build), "--database", socket_url]
+                    "--simulated", str(GPUS[h]), *native_paths(native_build), "--database", socket_url]
             servers[h] = GpupoolServer(args, state_dirs[h], native_build, wrapper=lan.wrapper(h),
                                        public_host=f"{NET}.{n}")
         yield servers
@@ -162,6 +170,19 @@ def client(lan: Lan, server: GpupoolServer, hold_gpu: Path, hold_ms: int, seed: 
                              str(loops)],
                             env=server.client_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def gpu_states(server: GpupoolServer) -> list[str]:
+    return [g["state"] for g in server.get_json("/api/v1/gpus")["gpus"]]
+
+
+def hold_gpus(lan: Lan, server: GpupoolServer, n: int,
+              env: dict[str, str]) -> subprocess.Popen[str]:
+    """tests/clients/hold_gpus.py for `n` GPUs on the client's machine: prints `holding` once
+    its bytes are on every device, checks them (and a peer copy) when a line comes on stdin."""
+    return subprocess.Popen([*lan.resolver(), sys.executable, str(HOLD_GPUS), str(n), str(MIB)],
+                            env=server.client_env(env), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def active(server: GpupoolServer) -> list[dict[str, Any]]:
@@ -233,11 +254,40 @@ def test_three_hosts_act_on_each_others_gpus_and_redirect_only_with_the_right_pi
     assert [x["id"] for x in active(a)] == [lease_a["id"]]
     assert on_a.poll() is None
 
-    # ------------------------------------------------- a redirect from A to B, with B's pin
+    # ----------------------- a lease of 2 GPUs: A has 1 free, B has 2, so B's, with B's pin
     c_drained = a.api("POST", f"/api/v1/servers/{name['c']}/gpus/0/drain")
     assert c_drained["server"] == name["c"]
     wait_until("C drained", lambda: gpu0(c)["state"] == "drained")
-    wait_until("B's GPU free", lambda: gpu0(b)["state"] == "free")
+    wait_until("B's GPUs free", lambda: gpu_states(b) == ["free", "free"])
+    assert sorted(gpu_states(a)) == ["free", "leased"]  # on_a holds one of A's two
+    free_on_a = gpu_states(a).index("free")
+    tenant = hold_gpus(lan, a, 2, {"GPUPOOL_GPUS": "2", "GPUPOOL_LOG": "info"})
+    clients.append(tenant)
+    assert tenant.stdout is not None and tenant.stderr is not None
+    line = tenant.stdout.readline()
+    assert line.startswith("holding"), f"{line}{tenant.stderr.read()}"
+    (lease,) = active(b)
+    assert lease["gpus"] == [0, 1], lease
+    # One worker serves both; the client came from its own machine's address on the LAN.
+    on_b_gpus = b.get_json("/api/v1/gpus")["gpus"]
+    assert [(g["lease"] or {}).get("worker_pid") for g in on_b_gpus] == [lease["worker_pid"]] * 2
+    assert lease["client"]["peer"].startswith(f"{NET}.1:"), lease["client"]
+    assert gpu_states(a)[free_on_a] == "free"  # nothing of A's taken for it meanwhile
+    assert [x["id"] for x in active(a)] == [lease_a["id"]]
+    out, err = tenant.communicate("go\n", timeout=60)
+    assert tenant.returncode == 0 and "PASS hold_gpus" in out, f"{out}\n{err}"
+    assert f"gpf-b:{REMOTING_PORT}" in err and "127.0.0.1" not in err, err  # B's own address
+    assert f"sent to GPU 0 of server {name['b']}" in a.log_text()
+    history = wait_until("B's record of the ended lease of 2", lambda: [
+        r for r in b.get_json("/api/v1/leases?state=ended")["leases"]
+        if r["client_pid"] == tenant.pid])
+    assert [r["gpus"] for r in history] == [[0, 1]], history
+
+    # ------------------------------------------------- a redirect from A to B, with B's pin
+    on_a2 = client(lan, a, hold_gpu, 60_000, 5)  # A full: a client of 1 GPU is sent on too
+    clients.append(on_a2)
+    wait_until("A's GPUs both leased", lambda: gpu_states(a) == ["leased", "leased"])
+    wait_until("B's GPUs free", lambda: gpu_states(b) == ["free", "free"])
     env = a.client_env({"GPUPOOL_LOG": "info"})
     assert env["GPUPOOL_SERVER"] == f"{NET}.11:{REMOTING_PORT}" and "GPUPOOL_TLS_CA" not in env
     assert env["GPUPOOL_TLS_FINGERPRINT"] == a.fingerprint  # pinned to A only
@@ -263,3 +313,4 @@ def test_three_hosts_act_on_each_others_gpus_and_redirect_only_with_the_right_pi
     assert "CHANGED" in err.upper() and wrong in err and b.fingerprint in err, err
     assert len(b.get_json("/api/v1/leases?state=all")["leases"]) == before
     on_a.kill()
+    on_a2.kill()
