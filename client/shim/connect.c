@@ -216,8 +216,14 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
                 close(fd);
                 continue;
             }
-            if (!l.tls)
+            if (!l.tls) {
                 k = ATTEMPT_TLS;
+            } else {
+                /* Its handshake went through: not busy now, a later close is a new episode
+                 * with its own time (not one counted from a close long ago). */
+                hc->busy_since = 0;
+                hc->busy_tries = 0;
+            }
         }
         if (k == ATTEMPT_OK)
             k = gp_connect_hello(&l, hc, gp_vamap_window_base(), gp_vamap_window_size(), msg, mcap);

@@ -263,6 +263,13 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
             int code = early_notice(body, hd.len);
             queued |= code == GP_INFO_QUEUED;
             keepalive |= code == GP_INFO_WORKING;
+            if (code == GP_INFO_QUEUED || code == GP_INFO_WORKING) {
+                /* It took us in: a restart or a busy spell from here on is a new one, with its
+                 * whole wait (and its line), not what is left of one met before we got here. */
+                hc->restart_until = 0;
+                hc->busy_since = 0;
+                hc->busy_tries = 0;
+            }
             free(body);
             heard = mono_ms();
             continue;
