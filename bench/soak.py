@@ -81,6 +81,25 @@ def build_clients() -> tuple[Path, Path | None]:
     return hold, longrun
 
 
+NOTABLE = ("refused", "closed", "handshake", "stopping", "starting", "taking over", "taken over")
+
+
+def daemon_lines_between(state: Path, start: float, end: float) -> list[str]:
+    """gpupoold's warnings and notable lines logged between two wall-clock times, from every
+    daemon of the run (its log lines start "YYYY-MM-DD HH:MM:SS LEVEL logger: ...")."""
+    out = []
+    for p in sorted(state.glob("gpupoold-*.log")):
+        for line in p.read_text(errors="replace").splitlines():
+            try:
+                at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+            except ValueError:
+                continue
+            if start - 1 <= at <= end + 1 and (" INFO " not in line[:30]
+                                               or any(w in line for w in NOTABLE)):
+                out.append(f"{p.name}: {line}")
+    return out
+
+
 @dataclass
 class Client:
     kind: str
@@ -105,6 +124,7 @@ class Tally:
     killed: int = 0
     killed_pids: set[int] = field(default_factory=set)
     failed: list[str] = field(default_factory=list)
+    failed_at: list[float] = field(default_factory=list)  # wall clock of each failure's reaping
     verified_bytes: int = 0
     restarts: list[tuple[str, float]] = field(default_factory=list)
 
@@ -169,7 +189,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 tally.served_pids.add(c.proc.pid)
             else:
                 tally.failed.append(f"{c.kind} pid {c.pid} exit {c.proc.returncode}: "
-                                    f"{(c.err or c.out).strip()[-400:]}")
+                                    f"{(c.err or c.out).strip()[-800:]}")
+                tally.failed_at.append(time.time())
 
         while time.monotonic() < end:
             now = time.monotonic()
@@ -247,6 +268,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     # the crash's line and what that worker and gpupoold said just before
                     crash_detail.append("\n".join([f"{p.name}:"] + lines[max(0, n - 12):n + 1]))
         unscrubbed = [r for r in records if r["scrub_ok"] is not True]
+        # What gpupoold said while each failed client ran (its warnings, and its remoting
+        # lines): a failure seen only in CI must explain itself from the report alone.
+        for i, at in enumerate(tally.failed_at[:3]):
+            said = daemon_lines_between(daemon.state, at - 30, at)
+            tally.failed[i] += "\n  gpupoold meanwhile:\n    " + ("\n    ".join(said[-12:])
+                                                                   or "(nothing)")
         result = {
             "seconds": args.seconds, "gpus": args.gpus, "restarts": tally.restarts,
             "clients_started": tally.started, "clients_served": tally.served,
