@@ -41,27 +41,33 @@ def test_requirements_sit_between_token_and_window() -> None:
     body = (struct.pack("<IHHII", gp.MAGIC, gp.MAJOR, gp.MINOR, 7, 0) + s("h") + s("u") + s("p")
             + s("tok") + s("1") + s("H100") + struct.pack("<QQQ", 80 * 10**9, 1 << 45, 1 << 40)
             + struct.pack("<I", 500)  # connect_timeout_ms (protocol 1.5)
-            + struct.pack("<IQ", 4, 8 << 30))  # gpus, memory (protocol 1.6)
+            + struct.pack("<IQ", 4, 8 << 30)  # gpus, memory (protocol 1.6)
+            + struct.pack("<QII", 0xABC, 1, 2))  # spread_group, part, parts (protocol 1.8)
     got = parse_hello(body)
     assert isinstance(got, gp.Hello)
     assert (got.token, got.gpu, got.model, got.min_memory) == ("tok", "1", "H100", 80 * 10**9)
     assert (got.va_size, got.connect_timeout_ms) == (1 << 40, 500)
     assert (got.gpus, got.memory) == (4, 8 << 30)
+    assert (got.spread_group, got.part, got.parts) == (0xABC, 1, 2)
 
 
 def test_an_older_minor_hello_without_the_appended_fields_reads_them_as_0() -> None:
     """A 1.4 client's hello ends before connect_timeout_ms (1.5): served, the field 0; the same
     short body from a client of this version is malformed."""
     full = hello(connect_timeout_ms=500, gpus=2, memory=1 << 30)
-    short = hello(minor=4, connect_timeout_ms=500).encode()[:-16]
+    short = hello(minor=4, connect_timeout_ms=500).encode()[:-32]
     got = parse_hello(short)
     assert isinstance(got, gp.Hello)
     assert (got.minor, got.token, got.va_size, got.connect_timeout_ms) == (4, "t", 0, 0)
     assert (got.gpus, got.memory) == (0, 0)
     # A 1.5 client's hello ends after connect_timeout_ms, before gpus and memory (1.6).
-    five = parse_hello(hello(minor=5, connect_timeout_ms=500).encode()[:-12])
+    five = parse_hello(hello(minor=5, connect_timeout_ms=500).encode()[:-28])
     assert isinstance(five, gp.Hello)
     assert (five.connect_timeout_ms, five.gpus, five.memory) == (500, 0, 0)
+    # A 1.7 client's hello ends before spread_group, part and parts (1.8): not a part.
+    seven = parse_hello(hello(minor=7, gpus=2).encode()[:-16])
+    assert isinstance(seven, gp.Hello)
+    assert (seven.gpus, seven.spread_group, seven.part, seven.parts) == (2, 0, 0, 0)
     mine = parse_hello(full.encode()[:-12])
     assert isinstance(mine, Refusal) and mine.result == gp.GP_EPROTO
     back = parse_hello(full.encode())

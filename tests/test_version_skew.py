@@ -68,8 +68,8 @@ def test_an_older_minor_client_without_the_appended_hello_fields_is_served(
     server = plain_server  # plain TCP: the frames below go on a raw socket
     older = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=4, pid=os.getpid(), host="past",
                      user="tester", program="test_version_skew_older", token=server.token,
-                     va_base=VA_BASE, va_size=VA_SIZE).encode()[:-16]  # no connect_timeout_ms (1.5),
-    # gpus, memory (1.6)
+                     va_base=VA_BASE, va_size=VA_SIZE).encode()[:-32]  # no connect_timeout_ms (1.5),
+    # gpus, memory (1.6), spread_group, part, parts (1.8)
     with socket.create_connection((server.host, server.port), timeout=30) as s:
         send(s, gp.Hello.OP, older, 1)
         op, body = recv_frame(s)

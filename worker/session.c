@@ -216,6 +216,7 @@ static const struct {
 } hello_appended[] = {
     {5, 4},  /* 1.5: u32 connect_timeout_ms */
     {6, 12}, /* 1.6: u32 gpus, u64 memory */
+    {8, 16}, /* 1.8: u64 spread_group, u32 part, u32 parts */
 };
 /* An older client's hello with those zeros appended. One hello per worker process, so one
  * static copy, which the decoded strings point into for the rest of the process. The flag makes

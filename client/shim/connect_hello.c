@@ -282,9 +282,10 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         gp_hello_reply r;
         int drc = gp_hello_reply_decode(body, hd.len, &r);
         /* An older server's reply ends before fields appended later, read as 0 {minor below,
-         * bytes}: 1.3 before redirect_fingerprint (1.4) and 1.6's, 1.5 before 1.6's 12. */
-        static const uint16_t below[] = {4, 6}, pad[] = {16, 12};
-        for (size_t i = 0; i < 2 && drc != 0 && drc != GP_PROTO_ETRAILING; i++) {
+         * bytes}: 1.3 before redirect_fingerprint (1.4), 1.6's 12 and 1.8's 12; 1.4/1.5 before
+         * 1.6's and 1.8's; 1.6/1.7 before 1.8's (u64 spread_group, u32 count of no parts). */
+        static const uint16_t below[] = {4, 6, 8}, pad[] = {28, 24, 12};
+        for (size_t i = 0; i < 3 && drc != 0 && drc != GP_PROTO_ETRAILING; i++) {
             uint8_t *padded = realloc(body, (size_t)hd.len + pad[i]);
             if (!padded)
                 break;

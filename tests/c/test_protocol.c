@@ -69,6 +69,9 @@ static void check_hello_layout(void)
     p = put(p, 500, 4);               /* connect_timeout_ms (protocol 1.5) */
     p = put(p, 4, 4);                 /* gpus (protocol 1.6) */
     p = put(p, 8ull << 30, 8);        /* memory (protocol 1.6) */
+    p = put(p, 0xABCull, 8);          /* spread_group (protocol 1.8) */
+    p = put(p, 1, 4);                 /* part (protocol 1.8) */
+    p = put(p, 2, 4);                 /* parts (protocol 1.8) */
     size_t n = (size_t)(p - body);
     gp_hello h;
     if (gp_hello_decode(body, n, &h) != 0) {
@@ -89,6 +92,8 @@ static void check_hello_layout(void)
         FAIL("hello connect_timeout_ms decoded wrong");
     if (h.gpus != 4 || h.memory != 8ull << 30)
         FAIL("hello gpus/memory decoded wrong");
+    if (h.spread_group != 0xABC || h.part != 1 || h.parts != 2)
+        FAIL("hello spread_group/part/parts decoded wrong");
     if (gp_hello_size(&h) != n)
         FAIL("gp_hello_size %zu, hand-built %zu", gp_hello_size(&h), n);
     if (gp_hello_encode(mine, &h) != n || memcmp(mine, body, n) != 0)

@@ -19,6 +19,7 @@ _PREFIX = struct.Struct("<IHH")  # magic, major, minor: the same in every versio
 _HELLO_APPENDED = (
     (5, struct.pack("<I", 0)),  # 1.5: u32 connect_timeout_ms
     (6, struct.pack("<IQ", 0, 0)),  # 1.6: u32 gpus, u64 memory
+    (8, struct.pack("<QII", 0, 0, 0)),  # 1.8: u64 spread_group, u32 part, u32 parts
 )
 
 
