@@ -7,7 +7,8 @@
  * ${XDG_CONFIG_HOME:-$HOME/.config}/gpupool/config.toml when it exists, else
  * /etc/gpupool/config.toml when it exists, else none. A TOML subset (client_config.c says which);
  * the environment (GPUPOOL_SERVER, GPUPOOL_TOKEN, GPUPOOL_TLS*, GPUPOOL_*_TIMEOUT, GPUPOOL_GPU,
- * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_GPUS, GPUPOOL_MEMORY, GPUPOOL_COMPRESSION)
+ * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_GPUS, GPUPOOL_SPREAD, GPUPOOL_MEMORY,
+ * GPUPOOL_COMPRESSION)
  * overrides it key by key. Values
  * are stripped of blanks at both ends and an empty one counts as unset, in the file and the
  * environment alike.
@@ -64,6 +65,7 @@ enum gp_client_setting {
     GP_CFG_KEEP_GPU,
     GP_CFG_GPUS,
     GP_CFG_MEMORY,
+    GP_CFG_SPREAD,
     GP_CFG_SERVERS, /* the list itself: GPUPOOL_SERVER, else the file */
     GP_CFG_NSETTINGS
 };
@@ -91,6 +93,7 @@ typedef struct gp_client_config {
     uint64_t min_memory;
     int gpus;        /* how many GPUs the process takes, all or nothing (1..GP_MAX_GPUS; 1) */
     uint64_t memory; /* bytes of a shared GPU to ask for; 0: a whole GPU */
+    int spread;      /* 1: gpus > 1 may come from several servers of a fleet (issue 37, item 3) */
     int keep_gpu;    /* 1: ask the server never to detach this process's idle lease */
     int compression; /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
                       * use each server's own (gp_server_config.compression) */

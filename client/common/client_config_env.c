@@ -191,6 +191,20 @@ static int env_requirements(gp_client_config *cfg, char *err, size_t ecap)
         cfg->gpus = count;
         gp_cc_src_what(&cfg->source[GP_CFG_GPUS], "GPUPOOL_GPUS");
     }
+    const char *spread = gp_cc_env_view("GPUPOOL_SPREAD", &n);
+    if (spread) {
+        int on = gp_cc_parse_bool_text(spread, n);
+        if (on < 0) {
+            gp_cc_set_err(err, ecap,
+                          "GPUPOOL_SPREAD=%.*s is not understood: use 1 (a lease of several GPUs "
+                          "may take them from several servers of a fleet) or 0 (all from one "
+                          "server, the default)",
+                          (int)n, spread);
+            return -1;
+        }
+        cfg->spread = on;
+        gp_cc_src_what(&cfg->source[GP_CFG_SPREAD], "GPUPOOL_SPREAD");
+    }
     return 0;
 }
 

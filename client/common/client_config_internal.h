@@ -109,6 +109,7 @@ typedef struct file_settings {
     uint64_t min_memory;
     int gpus; /* 0: unset (1) */
     uint64_t memory;
+    int spread;
     int keep_gpu;
     int compression;
     /* A [[servers]] compression that is not a known value: refused when its entry ends, naming

@@ -352,6 +352,15 @@ static int set_gpus(gp_toml_lexer *ps, file_settings *fs, const char *key, const
     return 0;
 }
 
+/* spread: a lease of gpus > 1 may take its GPUs from several servers of a fleet (issue 37). */
+static int set_spread(gp_toml_lexer *ps, file_settings *fs, const char *key, const gp_toml_value *v)
+{
+    if (bool_value(ps, key, v, &fs->spread) != 0)
+        return -1;
+    gp_cc_src_line(&fs->src[GP_CFG_SPREAD], ps->line);
+    return 0;
+}
+
 /* memory: the size of a share of a shared GPU (issue 32); 0: a whole GPU. */
 static int set_memory(gp_toml_lexer *ps, file_settings *fs, const char *key, const gp_toml_value *v)
 {
@@ -531,6 +540,9 @@ const gp_config_key gp_config_keys[] = {
      "GPUPOOL_MIN_MEMORY", "a GPU with at least this much device memory", 0, set_min_memory},
     {"gpus", GP_SECTION_REQUIREMENTS, "integer", "1 to 64", "1", "GPUPOOL_GPUS",
      "how many GPUs the process takes (devices 0..gpus-1), all at once or none", 0, set_gpus},
+    {"spread", GP_SECTION_REQUIREMENTS, "boolean", "true, false", "false", "GPUPOOL_SPREAD",
+     "with gpus > 1 in a fleet: take them from several servers when no one server has them all", 0,
+     set_spread},
     {"memory", GP_SECTION_REQUIREMENTS, "integer or string",
      "bytes, or a size as min_memory takes it (8GiB, 16G)", "0 (a whole GPU)", "GPUPOOL_MEMORY",
      "a share of this much device memory on a shared GPU, instead of a whole GPU", 0, set_memory},

@@ -34,7 +34,7 @@ GP_EXPORT void gpupool_config_free(gp_client_config *cfg);
 GP_EXPORT int gpupool_config_servers(const gp_client_config *cfg);
 /* A setting as text into out, and where it came from into source ("FILE:LINE", the variable,
  * "tls:// in the address", or "" for the default). server -1: the top level (file, file_reason,
- * connect_timeout, probe_timeout, compression, gpu, model, min_memory, gpus, memory, keep_gpu,
+ * connect_timeout, probe_timeout, compression, gpu, model, min_memory, gpus, spread, memory, keep_gpu,
  * servers); else that server's (address, host, port, tls, tls_prefix, token, tls_ca, tls_cert,
  * tls_key, tls_fingerprint, compression). Numbers as %.17g or decimal, booleans as 1/0. 0, or -1 (no such setting, or a
  * buffer too small). */
@@ -152,6 +152,7 @@ static int top_setting(const gp_client_config *cfg, const char *key, char *out, 
         [GP_CFG_KEEP_GPU] = "keep_gpu",
         [GP_CFG_GPUS] = "gpus",
         [GP_CFG_MEMORY] = "memory",
+        [GP_CFG_SPREAD] = "spread",
         [GP_CFG_SERVERS] = "servers",
     };
     if (!strcmp(key, "file"))
@@ -181,6 +182,8 @@ static int top_setting(const gp_client_config *cfg, const char *key, char *out, 
             return put(out, cap, "%d", cfg->gpus);
         case GP_CFG_MEMORY:
             return put(out, cap, "%llu", (unsigned long long)cfg->memory);
+        case GP_CFG_SPREAD:
+            return put(out, cap, "%d", cfg->spread ? 1 : 0);
         default:
             return put(out, cap, "%d", cfg->nservers);
         }

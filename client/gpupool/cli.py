@@ -217,6 +217,9 @@ def show_config(cfg: ClientConfig) -> None:
     print(_row("requirements.min_memory", f"{cfg.min_memory} bytes" if cfg.min_memory else "(any)",
                cfg.sources.get("min_memory", "default")))
     print(_row("requirements.gpus", str(cfg.gpus), cfg.sources.get("gpus", "default")))
+    print(_row("requirements.spread",
+               "yes (from several servers if need be)" if cfg.spread else "no",
+               cfg.sources.get("spread", "default")))
     print(_row("requirements.memory", f"{cfg.memory} bytes" if cfg.memory else "(a whole GPU)",
                cfg.sources.get("memory", "default")))
     print(_row("keep_gpu", "yes (never detached while idle)" if cfg.keep_gpu else "no",
