@@ -156,9 +156,11 @@ class FakeStore:
     async def get_token(self, name: str) -> Any:
         return self.tokens.get(name)
 
-    async def lease_started(self, lease: Any) -> int:
+    async def lease_started(self, lease: Any, spread: tuple[int, int, int] | None = None) -> int:
         lease_id = len(self.started) + 1
         self.started[lease_id] = lease
+        if spread is not None:  # a spread lease's part (issue 37, item 3): (group, part, parts)
+            self.spread = {**getattr(self, "spread", {}), lease_id: spread}
         return lease_id
 
     async def lease_ended(self, lease_id: int, ended: float, reason: str, detail: str,

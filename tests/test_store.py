@@ -84,7 +84,7 @@ def raw(path: Path) -> sqlite3.Connection:
 
 # ----------------------------------------------------------------------- schema, migrations
 def test_a_new_database_gets_the_current_schema_in_wal_mode(sqlite_db: StoreDB, db_path: Path) -> None:
-    assert sqlite_db.schema_version() == SCHEMA_VERSION == 16
+    assert sqlite_db.schema_version() == SCHEMA_VERSION == 17
     conn = raw(db_path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}

@@ -70,13 +70,32 @@ OUT_OF_SERVICE = (QUARANTINED, DRAINED, "draining")
 
 
 @dataclass(frozen=True)
+class Part:
+    """One part of a spread lease, as its redirect names it (protocol 1.8's redirect_part)."""
+
+    server: str  # the server's name
+    address: str  # where clients reach it (HOST:PORT, as it advertises it)
+    fingerprint: str  # its registered TLS identity: the client's pin for it
+    gpus: tuple[int, ...]  # its GPU indexes there, in device order
+    first_device: int  # the program's ordinal of the part's first device
+
+
+@dataclass(frozen=True)
 class Redirect:
-    """What a waiter's future resolves with when its GPU is on another server."""
+    """What a waiter's future resolves with when its GPU is on another server, or its GPUs on
+    several (a spread lease: `group`, the fleet ticket its parts share, and `parts`)."""
 
     server: str  # the server's name
     address: str  # where clients reach it (HOST:PORT)
     gpu: int
     fingerprint: str = ""  # its registered TLS identity: the client's pin for it
+    group: int = 0
+    parts: tuple[Part, ...] = ()
+
+
+class PartRefused(Exception):
+    """A waiter's future fails with this when it is the hello of a spread lease's part and no
+    part of that lease is held for it here; the message says why and what to do."""
 
 
 @dataclass
@@ -105,6 +124,19 @@ def claim_seconds(q: QueueRow) -> float:
     timeout when that is shorter (it gives up sooner; its hello says it, protocol 1.5)."""
     ms = _nonneg_int(q.client.get("connect_timeout_ms"))
     return min(REDIRECT_CLAIM_S, ms / 1000) if ms else REDIRECT_CLAIM_S
+
+
+def _parts(q: QueueRow, res: SyncResult) -> tuple[int, tuple[Part, ...]]:
+    """A spread lease's (group, parts) for its redirect, in device order ((0, ()) for a lease
+    of one server): each part's server as it registered its address and fingerprint."""
+    parts: list[Part] = []
+    first = 0
+    for server, gpus in q.parts:
+        srv = res.servers.get(server, {})
+        parts.append(Part(server, srv.get("remoting", ""), srv.get("fingerprint", ""), gpus,
+                          first))
+        first += len(gpus)
+    return (q.ticket, tuple(parts)) if parts else (0, ())
 
 
 def _as_gpu(g: GpuRow) -> Gpu:
@@ -180,8 +212,15 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
         req = Requirements(**w.request)
         by_server = _free_it_accepts(w, req, [g for g in free if (g.server, g.index) not in taken])
         there = next((s for s in by_server if len(by_server[s]) >= need), None)
-        if there is not None:
-            for g in by_server[there][:need]:
+        parts = [by_server[there][:need]] if there is not None else None
+        if parts is None and need > 1 and w.spread and w.redirectable and not returning:
+            parts = _spread(w, by_server, need)
+            if parts is None:  # fewer than N free in the fleet: it waits, holding back those
+                if _could_serve_spread(w, req, gpus, up, need):
+                    taken.update((g.server, g.index) for gs in by_server.values() for g in gs)
+                continue
+        if parts is not None:
+            for g in (g for gs in parts for g in gs):
                 taken.add((g.server, g.index))
                 out.append((w.ticket, g.server, g.index))
             if not returning:  # (a returning lease moves from `away` onto the GPUs)
@@ -193,6 +232,31 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
                 nearest = max(servers, key=lambda s: len(by_server[s]))
                 taken.update((g.server, g.index) for g in by_server[nearest])
     return out
+
+
+def _spread(w: QueueRow, by_server: dict[str, list[GpuRow]],
+            need: int) -> list[list[GpuRow]] | None:
+    """A spread lease's parts (`w` asked GP_HELLO_SPREAD and no one server has `need` free):
+    `need` of the free GPUs it accepts (`by_server`), its own server's first (no redirect for
+    those), then the servers with the most free first (the fewest parts; name order between
+    equals); None when the fleet has fewer than `need` of them free."""
+    if sum(len(gs) for gs in by_server.values()) < need:
+        return None
+    order = sorted(by_server, key=lambda s: (s != w.server, -len(by_server[s]), s))
+    parts: list[list[GpuRow]] = []
+    for server in order:
+        part = by_server[server][:need - sum(len(p) for p in parts)]
+        if part:
+            parts.append(part)
+    return parts
+
+
+def _could_serve_spread(w: QueueRow, req: Requirements, gpus: Sequence[GpuRow], up: set[str],
+                        need: int) -> bool:
+    """Whether the live servers together have `need` GPUs in service that spread waiter `w`
+    accepts, busy ones included (if not, it holds nothing back: it is never served)."""
+    return sum(1 for g in gpus if g.server in up and g.state not in OUT_OF_SERVICE
+               and req.matches(_as_gpu(g))) >= need
 
 
 def _free_it_accepts(w: QueueRow, req: Requirements,
@@ -332,7 +396,11 @@ class FleetQueue:
         served there (a GPU named by index means this server's)."""
         if _INDEX.fullmatch(req.gpu):
             return False
-        return any(n >= req.gpus for n in self.in_service_elsewhere(req).values())
+        there = self.in_service_elsewhere(req)
+        if req.spread and req.gpus > 1:  # from several servers: the whole fleet's count
+            here = sum(1 for s in self.pool.slots if in_service(s) and req.matches(s.gpu))
+            return here + sum(there.values()) >= req.gpus
+        return any(n >= req.gpus for n in there.values())
 
     def too_many(self, req: Requirements, here: int, redirectable: bool) -> str:
         """The refusal of a request for several GPUs that no live server of the fleet can serve
@@ -348,11 +416,18 @@ class FleetQueue:
                     f"ask for at most {here} (GPUPOOL_GPUS / gpus =)")
         other = (f"the largest other live server, {where}, has {most}" if there
                  else "no other live server has any")
+        if req.spread:  # from several servers: all of the fleet's count
+            total = here + sum(there.values())
+            return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once from several servers "
+                    f"(spread), and the live servers of the fleet have {total} in service that "
+                    f"meet the request ({req.describe()}) in all: this one has {here}, {other}. "
+                    f"Ask for at most {total} (GPUPOOL_GPUS / gpus =), or ask the operator")
         return (f"GPUPOOL_GPUS asked for {req.gpus} GPUs at once, and no live server of the "
                 f"fleet has {req.gpus} in service that meet the request ({req.describe()}): "
                 f"this one has {here}, {other}. A lease of several GPUs comes from one server "
-                f"(across servers is not built yet): ask for at most {max(here, most)} "
-                "(GPUPOOL_GPUS / gpus =), or ask the operator")
+                "unless the client asks to spread it (spread = true, GPUPOOL_SPREAD=1): ask for "
+                f"at most {max(here, most)} (GPUPOOL_GPUS / gpus =), spread it, or ask the "
+                "operator")
 
     def in_service_elsewhere(self, req: Requirements) -> dict[str, int]:
         """How many GPUs in service that meet `req` each other live server has, as of the last
@@ -476,7 +551,9 @@ class FleetQueue:
                 request={"gpu": w.req.gpu, "model": w.req.model,
                          "min_memory": w.req.min_memory},
                 only=only, redirectable=w.redirectable and not _INDEX.fullmatch(w.req.gpu),
-                joined=w.joined_wall, state="waiting", gpus=w.req.gpus)))
+                joined=w.joined_wall, state="waiting", gpus=w.req.gpus,
+                spread=w.req.spread and w.redirectable and only is None,
+                claim=(w.req.spread_group, w.req.part) if w.req.spread_group else None)))
         unassign = self._unassign
         self._unassign = []
         off = self.pool.away()
@@ -492,8 +569,14 @@ class FleetQueue:
             w = new[key]
             if w in waiting_now:
                 self._tickets[w] = ticket
-            else:
+            elif w.req.spread_group == 0:
                 self._gone.append(ticket)  # it left during the sync
+            # (a spread lease's part that left: its hold runs out, and the lease with it)
+        for key, why in res.unclaimed.items():  # a spread lease's part with nothing held here
+            w = new[key]
+            self.queue.leave(w)
+            if not w.future.done():
+                w.future.set_exception(PartRefused(why))
         rows = {q.ticket: q for q in res.queue}
         # Waiters of this server whose rows are no longer in the fleet queue: another server
         # marked this one down while it could not reach the store (its waiting rows went with
@@ -510,10 +593,12 @@ class FleetQueue:
         line = [q.ticket for q in in_turn(res.queue, up, held)]
         self._positions = {t: (n + 1, len(line)) for n, t in enumerate(line)}
         by_ticket = {t: w for w, t in self._tickets.items()}
-        # This server's waiters sent to another server's GPU.
+        # This server's waiters sent to another server's GPU, or to the parts of a spread lease
+        # (its own server's part too: a part is claimed by a hello of its own).
         for ticket, w in list(by_ticket.items()):
             q = rows.get(ticket)
-            if q is None or q.state != "assigned" or q.assigned_server == self.server:
+            if q is None or q.state != "assigned" or w.req.spread_group \
+                    or (q.assigned_server == self.server and not q.parts):
                 continue
             server = res.servers.get(q.assigned_server or "", {})
             del self._tickets[w]
@@ -521,7 +606,8 @@ class FleetQueue:
             self.queue.leave(w)
             if not w.future.done():
                 w.future.set_result(Redirect(q.assigned_server or "", server.get("remoting", ""),
-                                             q.assigned_gpu or 0, server.get("fingerprint", "")))
+                                             q.assigned_gpu or 0, server.get("fingerprint", ""),
+                                             *_parts(q, res)))
         # This server's GPUs given to a ticket (several for a request of several, all at once):
         # granted to the waiter here that has it (its own, or a redirected client that arrived:
         # the store gave its hello that ticket), or held for the client still on its way.
@@ -546,16 +632,20 @@ class FleetQueue:
                 self._finished.append(ticket)
                 continue
             ready = [s for s in slots if s is not None]
-            if (len(ready) != q.gpus or self._closing()
+            mine = q.part_here(self.server)
+            if (len(ready) != (len(mine) if q.parts else q.gpus) or self._closing()
                     or any(s.state != FREE or not in_service(s) for s in ready)):
-                self._unassign.append(ticket)  # it changed meanwhile: back to the queue
+                # It changed meanwhile: back to the queue; a spread lease's waiter was sent its
+                # parts already, so that lease is over (its part hello here is refused; the
+                # other servers let their parts go, the ticket being gone).
+                (self._gone if q.parts else self._unassign).append(ticket)
                 continue
-            ready.sort(key=lambda s: q.assigned_gpus.index(s.gpu.index)
-                       if s.gpu.index in q.assigned_gpus else s.gpu.index)
+            ready.sort(key=lambda s: mine.index(s.gpu.index)
+                       if s.gpu.index in mine else s.gpu.index)
             if w is not None and w in waiting_now and not w.future.done():
                 self._applied.update((s.gpu.index, ticket) for s in ready)
                 self._grant(ready, w)
-            elif q.server == self.server:  # its waiter left just now
+            elif q.server == self.server and not q.parts:  # its waiter left just now
                 self._unassign.append(ticket)
             else:
                 self._applied.update((s.gpu.index, ticket) for s in ready)
@@ -574,7 +664,7 @@ class FleetQueue:
         # A stand-in for the client on its way: the GPUs' holder in the views, and a grant the
         # watchdog knows (one never claimed is released long before its limit). A client asking
         # for several GPUs has them all held, claimed together, and released together.
-        stand_in = Waiter(-ticket, Requirements(**q.request, gpus=q.gpus), q.token, _client(q),
+        stand_in = Waiter(-ticket, Requirements(**q.request, gpus=len(slots)), q.token, _client(q),
                           asyncio.get_running_loop().create_future())
         for slot in slots:
             self.pool.hold(slot, stand_in)
@@ -584,8 +674,10 @@ class FleetQueue:
         # SYNC_EVERY later). The release itself happens in the sync, under its lock: between
         # two syncs the store may be giving this very ticket to the client's hello.
         asyncio.get_running_loop().call_later(hold + CLAIM_SLACK_S, self.kick)
-        log.info("GPU %s held for %s@%s pid %s, sent here by server %s (ticket %d)",
-                 ", ".join(str(s.gpu.index) for s in slots), q.client.get("user"),
+        part = next((f"part {k} of {len(q.parts)} of a spread lease, "
+                     for k, (there, _) in enumerate(q.parts) if there == self.server), "")
+        log.info("GPU %s held (%s%g s) for %s@%s pid %s, sent here by server %s (ticket %d)",
+                 ", ".join(str(s.gpu.index) for s in slots), part, hold, q.client.get("user"),
                  q.client.get("host"), q.client.get("pid"), q.server, ticket)
 
     def _release(self, r: Reservation, why: str) -> None:

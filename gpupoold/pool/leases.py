@@ -644,7 +644,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
             simulated=slot.gpu.simulated, token_name=w.token, client_host=w.client.host,
             client_user=w.client.user, client_pid=w.client.pid, program=w.client.program,
             peer=w.client.peer, request=w.req.describe(), queued_s=w.waited(),
-            started=w.started_wall()))
+            started=w.started_wall()), spread=(w.req.spread_group, w.req.part, w.req.parts)
+            if w.req.spread_group else None)
 
     async def _hand_over(self, lease: Lease, client_fd: int, hello_body: bytes, hello_req: int,
                          before_handover: Callable[[], Awaitable[None]] | None, what: str,

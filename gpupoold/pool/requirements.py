@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import gpupool_protocol as gp
+
 from gpupoold.gpu.inventory import Gpu
 
 GIB = 1 << 30
@@ -46,6 +48,16 @@ class Requirements:
     # Not a requirement a GPU must meet: the worker's quota (`memory_quota`, capped at the GPU's
     # total memory by the lease manager).
     memory: int = 0
+    # The client takes its GPUs from several servers of a fleet when no one server has them all
+    # (hello flag GP_HELLO_SPREAD, protocol 1.8; pool/fleet.py's `match`). Not a requirement a
+    # GPU must meet; ignored outside a fleet.
+    spread: bool = False
+    # A part's hello of a spread lease (protocol 1.8): the group its parts share (the fleet
+    # ticket), which part this is and how many there are; 0 for any other hello. It claims the
+    # GPUs held for it.
+    spread_group: int = 0
+    part: int = 0
+    parts: int = 0
 
     @classmethod
     def from_hello(cls, hello: Any) -> Requirements:
@@ -53,7 +65,11 @@ class Requirements:
                    model=str(getattr(hello, "model", "")).strip(),
                    min_memory=int(getattr(hello, "min_memory", 0)),
                    gpus=max(1, int(getattr(hello, "gpus", 0) or 0)),
-                   memory=max(0, int(getattr(hello, "memory", 0) or 0)))
+                   memory=max(0, int(getattr(hello, "memory", 0) or 0)),
+                   spread=bool(int(getattr(hello, "flags", 0) or 0) & gp.GP_HELLO_SPREAD),
+                   spread_group=int(getattr(hello, "spread_group", 0) or 0),
+                   part=int(getattr(hello, "part", 0) or 0),
+                   parts=int(getattr(hello, "parts", 0) or 0))
 
     def quota(self, gpu: Gpu) -> int:
         """The worker's memory_quota on `gpu`: the memory asked for, at most the GPU's total

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,27 @@ def redirect_reply(address: str, server: str, gpu: int, fingerprint: str = "") -
                          redirect_fingerprint=clip(fingerprint, 63))
 
 
+def spread_redirect_reply(group: int, parts: Sequence[tuple[str, str, str, int, int]],
+                          gpus: int) -> gp.HelloReply:
+    """GP_EREDIRECT with the parts of a spread lease (protocol 1.8): `gpus` GPUs held for this
+    client on several servers of the fleet under `group`; each part as (server name, address,
+    fingerprint, GPU count, first device), in device order. The client says a part's hello to
+    each address (spread_group = `group`, its part and how many); `redirect` and
+    `redirect_fingerprint` name part 0, for a reader of one address."""
+    where = ", ".join(f"{n} on {name} ({address})" for name, address, _, n, _ in parts)
+    _, address, fingerprint, _, _ = parts[0]
+    return gp.HelloReply(
+        result=gp.GP_EREDIRECT, major=gp.MAJOR, minor=gp.MINOR,
+        message=clip(f"no one server has {gpus} free GPUs; the fleet holds them for this client "
+                     f"in {len(parts)} parts (spread lease {group}): {where}: say each part's "
+                     "hello there", 4095),
+        server=clip(server_banner(), 255), redirect=clip(address, 255),
+        redirect_fingerprint=clip(fingerprint, 63), spread_group=group,
+        redirect_parts=[gp.RedirectPart(server=clip(address, 255), fingerprint=clip(fp, 63),
+                                        gpus=n, first_device=first)
+                        for _, address, fp, n, first in parts])
+
+
 _PLAIN = re.compile(r"[\w.:-]+")  # a GPU index or UUID: shown as it is; anything else quoted
 
 
@@ -128,6 +150,10 @@ def requirements_text(hello: gp.Hello) -> str:
         parts.append(f"gpus={hello.gpus}")
     if hello.memory:
         parts.append(f"memory={format_size(hello.memory)}")
+    if hello.flags & gp.GP_HELLO_SPREAD:
+        parts.append("spread")
+    if hello.spread_group:
+        parts.append(f"part={hello.part} of {hello.parts} (spread lease {hello.spread_group})")
     return " ".join(parts) if parts else "any GPU"
 
 

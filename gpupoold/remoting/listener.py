@@ -32,7 +32,7 @@ from gpupoold.auth.authenticator import AuthDecision, Authenticator
 from gpupoold.config.settings import Settings, format_address, parse_address
 from gpupoold.log import journal_fields
 from gpupoold.pool.counters import Counters
-from gpupoold.pool.fleet import Redirect
+from gpupoold.pool.fleet import PartRefused, Redirect
 from gpupoold.pool.leases import LeaseManager, LeaseStartError, QueueFull, ShuttingDown, Slot
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.views import PoolViews
@@ -54,6 +54,7 @@ from gpupoold.remoting.handshake import (
     redirect_reply,
     refusal_reply,
     requirements_text,
+    spread_redirect_reply,
 )
 from gpupoold.remoting.tls_session import TlsStream, start_tls_server
 from gpupoold.store.database import store_errors
@@ -280,7 +281,10 @@ class RemotingListener:
             log.info("connection from %s: sent to GPU %d of server %s (%s), where it is held "
                      "for this client (%.1f ms after connect)", peer, slot.gpu, slot.server,
                      slot.address, (time.monotonic() - accepted) * 1000)
-            redirect = redirect_reply(slot.address, slot.server, slot.gpu, slot.fingerprint)
+            redirect = (spread_redirect_reply(slot.group, [
+                (p.server, p.address, p.fingerprint, len(p.gpus), p.first_device)
+                for p in slot.parts], req.gpus) if slot.parts
+                else redirect_reply(slot.address, slot.server, slot.gpu, slot.fingerprint))
             await self._send(writer, redirect, frame.req)
             await self._end_tls(writer)
             return
@@ -482,7 +486,14 @@ class RemotingListener:
                     {waiter.future, gone}, timeout=max(0.0, min(wake - loop.time(), left)),
                     return_when=asyncio.FIRST_COMPLETED)
                 if waiter.future in done:
-                    if waiter.future.exception() is not None:  # ShuttingDown
+                    failed = waiter.future.exception()
+                    if isinstance(failed, PartRefused):  # a spread part with nothing held
+                        self.counters.inc("handshakes_refused", reason="requirements")
+                        self._request("requirements")
+                        await self._refuse(writer, req, peer,
+                                           Refusal(gp.GP_EREFUSED, str(failed)))
+                        return None
+                    if failed is not None:  # ShuttingDown
                         self._request("shutdown")
                         await self._refuse(writer, req, peer, _SHUTDOWN)
                         return None

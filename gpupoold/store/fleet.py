@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,23 @@ class QueueRow:
     # and those `match` gave it there, in its program's order (() while it waits).
     gpus: int = 1
     assigned_gpus: tuple[int, ...] = ()
+    # A client that takes its GPUs from several servers when no one server has them all
+    # (GP_HELLO_SPREAD, protocol 1.8; schema v17), and the parts `match` gave it: (server, its
+    # GPU indexes) in the program's device order, its own server's first (() while it waits, and
+    # for a lease of one server: `assigned_server`/`assigned_gpus` say it). The ticket is the
+    # parts' `spread_group`.
+    spread: bool = False
+    parts: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # Only in a new waiter's row, never stored: the hello of part `claim[1]` of the spread lease
+    # `claim[0]` (its ticket), which takes that ticket back here or is refused (SyncResult).
+    claim: tuple[int, int] | None = None
+
+    def part_here(self, server: str) -> tuple[int, ...]:
+        """The GPU indexes of `server` this assigned row was given (a spread lease's part
+        there, or the GPUs of a lease of one server when that is `server`)."""
+        if self.parts:
+            return next((gpus for there, gpus in self.parts if there == server), ())
+        return self.assigned_gpus if self.assigned_server == server else ()
 
 
 @dataclass
@@ -96,6 +113,9 @@ class SyncResult:
     assigned: list[tuple[int, str, int]]  # (ticket, server, gpu index) decided in this sync
     # every live server's leases off a GPU, as (server, token), once per GPU each holds
     away: list[tuple[str, str]] = field(default_factory=list)
+    # New waiters that were the hello of a spread lease's part and found no part of theirs held
+    # here (local key -> why): they are refused, not queued (pool/fleet.py)
+    unclaimed: dict[int, str] = field(default_factory=dict)
 
 
 # match(gpus, queue, up servers, leases off a GPU by token) -> [(ticket, server, gpu index)]
@@ -119,25 +139,60 @@ def _waiter(r: Any) -> QueueRow:
                     redirectable=bool(r["redirectable"]), joined=float(r["joined"]),
                     state=r["state"], assigned_server=r["assigned_server"],
                     assigned_gpu=r["assigned_gpu"], gpus=int(r["gpus"] or 1),
-                    assigned_gpus=tuple(json.loads(r["assigned_gpus"] or "[]")))
+                    assigned_gpus=tuple(json.loads(r["assigned_gpus"] or "[]")),
+                    spread=bool(r["spread"]),
+                    parts=tuple((str(server), tuple(int(i) for i in gpus))
+                                for server, gpus in json.loads(r["assigned_parts"] or "[]")))
 
 
 def _in(values: Sequence[int]) -> str:
     return "(" + ", ".join("?" for _ in values) + ")"
 
 
-def _by_ticket(assigned: Sequence[tuple[int, str, int]]) -> dict[int, tuple[str, list[int]]]:
-    """`match`'s assignments by ticket: (server, its GPU indexes in order). A lease of several
-    GPUs comes from one server (spread over several is not built: docs/multi-gpu.md), so a
-    ticket given GPUs of two servers is a bug of the match, refused before anything is written."""
-    out: dict[int, tuple[str, list[int]]] = {}
+def _by_ticket(assigned: Sequence[tuple[int, str, int]],
+               spread: Collection[int] = ()) -> dict[int, list[tuple[str, list[int]]]]:
+    """`match`'s assignments by ticket: its parts, (server, its GPU indexes in order), in the
+    order `match` gave them (the program's device order). A lease comes from one server unless
+    its client asked to spread it (`spread`: those tickets), so any other ticket given GPUs of two
+    servers is a bug of the match, refused before anything is written."""
+    out: dict[int, list[tuple[str, list[int]]]] = {}
     for ticket, server, index in assigned:
-        there, indexes = out.setdefault(ticket, (server, []))
-        if there != server:
-            raise ValueError(f"the fleet's match gave ticket {ticket} GPUs of two servers "
-                             f"({there} and {server}); a lease comes from one server")
-        indexes.append(index)
+        parts = out.setdefault(ticket, [])
+        part = next((p for p in parts if p[0] == server), None)
+        if part is None:
+            if parts and ticket not in spread:
+                raise ValueError(f"the fleet's match gave ticket {ticket} GPUs of two servers "
+                                 f"({parts[0][0]} and {server}); a lease comes from one server "
+                                 "unless its client asked to spread it")
+            part = (server, [])
+            parts.append(part)
+        part[1].append(index)
     return out
+
+
+def _claim_refusal(row: QueueRow | None, w: QueueRow, me: str) -> str | None:
+    """Why the hello of a spread lease's part (`w`, its `claim`) may not take the GPUs held for
+    it on server `me` (None: it may). The client's connect fails with this text."""
+    assert w.claim is not None
+    group, part = w.claim
+    what = f"part {part} of the spread lease {group}"
+    gone = (f"{what} is no longer held on server {me} (a part was not claimed within its hold "
+            "time, or its server went down, and every part was let go); run the program again")
+    if row is None or row.state != "assigned" or not row.spread:
+        return gone
+    if not 0 <= part < len(row.parts):
+        return f"{what}: that lease has {len(row.parts)} parts (0 to {len(row.parts) - 1})"
+    if row.parts[part][0] != me:
+        return f"{what} is held on server {row.parts[part][0]}, not on this one ({me})"
+    c = row.client
+    if (row.token, c.get("host"), c.get("pid")) != (w.token, w.client.get("host"),
+                                                    w.client.get("pid")):
+        return (f"{what} is held for another client (not this token, host and pid): a part is "
+                "claimed by the process its lease was given to")
+    if w.gpus != len(row.parts[part][1]):
+        return (f"{what} holds {len(row.parts[part][1])} GPUs on server {me}, and this hello "
+                f"asks for {w.gpus}")
+    return None
 
 
 def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
@@ -173,7 +228,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' "
                    f"WHERE holder IN {_in(inp.unassign)}", tuple(inp.unassign))
         db.execute(f"UPDATE fleet_queue SET state = 'waiting', assigned_server = NULL, "
-                   f"assigned_gpu = NULL, assigned_gpus = NULL WHERE state = 'assigned' AND "
+                   f"assigned_gpu = NULL, assigned_gpus = NULL, assigned_parts = NULL WHERE state = 'assigned' AND "
                    f"ticket IN {_in(inp.unassign)}", tuple(inp.unassign))
     if inp.gone:
         concerned.update(r["assigned_server"] for r in db.execute(
@@ -194,15 +249,25 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     away_at: dict[int, str] = {}  # ticket -> the server holding a GPU for it
     if inp.new_waiters:
         for r in db.execute("SELECT ticket, token, client, assigned_server FROM fleet_queue "
-                            "WHERE state = 'assigned' AND server <> assigned_server ORDER BY "
-                            "ticket").fetchall():
+                            "WHERE state = 'assigned' AND server <> assigned_server AND "
+                            "spread = 0 ORDER BY ticket").fetchall():
             c = json.loads(r["client"])
             there = sent_here if r["assigned_server"] == me else sent_away
             there.setdefault((r["token"], c.get("host"), c.get("pid")), int(r["ticket"]))
             away_at[int(r["ticket"])] = r["assigned_server"]
     tickets = {}
+    unclaimed: dict[int, str] = {}
     gave_up = []
     for key, w in inp.new_waiters:
+        if w.claim is not None:  # a spread lease's part: the ticket held for it, or refused
+            r = db.execute("SELECT * FROM fleet_queue WHERE ticket = ?",
+                           (w.claim[0],)).fetchone()
+            why = _claim_refusal(_waiter(r) if r is not None else None, w, me)
+            if why is None:
+                tickets[key] = w.claim[0]
+            else:
+                unclaimed[key] = why
+            continue
         who = (w.token, w.client.get("host"), w.client.get("pid"))
         claimed = sent_here.pop(who, None)
         if claimed is not None:
@@ -212,10 +277,10 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
             gave_up.append(sent_away.pop(who))
         tickets[key] = insert(
             db, "INSERT INTO fleet_queue (server, token, client, request, only_gpus, "
-                "redirectable, joined, state, gpus) VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting', ?)",
+                "redirectable, joined, state, gpus, spread) VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting', ?, ?)",
             (me, w.token, json.dumps(w.client), json.dumps(w.request),
              json.dumps(list(w.only)) if w.only is not None else None, w.redirectable,
-             w.joined, w.gpus), key="ticket")
+             w.joined, w.gpus, w.spread), key="ticket")
     if gave_up:
         db.execute(f"UPDATE fleet_queue SET state = 'gone' WHERE ticket IN {_in(gave_up)}",
                    tuple(gave_up))
@@ -243,14 +308,21 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     assigned = match(gpus, queue, up, Counter(token for _, token in away_rows))
     if assigned:
         by_ticket = {w.ticket: w for w in queue}
-        for ticket, (server, indexes) in _by_ticket(assigned).items():
+        spread = {w.ticket for w in queue if w.spread}
+        for ticket, parts in _by_ticket(assigned, spread).items():
+            server, indexes = parts[0]
             db.execute("UPDATE fleet_queue SET state = 'assigned', assigned_server = ?, "
-                       "assigned_gpu = ?, assigned_gpus = ?, assigned_at = ? WHERE ticket = ?",
-                       (server, indexes[0], json.dumps(indexes), now, ticket))
-            for index in indexes:
-                db.execute("UPDATE fleet_gpus SET holder = ?, holder_token = ? WHERE server = ? "
-                           "AND gpu_index = ?", (ticket, by_ticket[ticket].token, server, index))
-            concerned.update((server, by_ticket[ticket].server))
+                       "assigned_gpu = ?, assigned_gpus = ?, assigned_parts = ?, "
+                       "assigned_at = ? WHERE ticket = ?",
+                       (server, indexes[0], json.dumps(indexes),
+                        json.dumps(parts) if ticket in spread else None, now, ticket))
+            for server, indexes in parts:
+                for index in indexes:
+                    db.execute("UPDATE fleet_gpus SET holder = ?, holder_token = ? WHERE "
+                               "server = ? AND gpu_index = ?",
+                               (ticket, by_ticket[ticket].token, server, index))
+                concerned.add(server)
+            concerned.add(by_ticket[ticket].server)
         gpus = [_gpu(r) for r in db.execute(
             "SELECT * FROM fleet_gpus ORDER BY server, gpu_index").fetchall()]
         queue = [_waiter(r) for r in db.execute(
@@ -260,7 +332,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     others = sorted(s for s in concerned if s and s != me)  # (None: a ticket not assigned)
     if others:
         db.execute("SELECT pg_notify(?, ?)", (CHANNEL, " ".join(others)))
-    return SyncResult(tickets, gpus, queue, servers, assigned, away_rows)
+    return SyncResult(tickets, gpus, queue, servers, assigned, away_rows, unclaimed)
 
 
 def snapshot(db: Any) -> tuple[list[GpuRow], list[QueueRow]]:

@@ -119,6 +119,12 @@ class LeaseRecord(NewLease):
     # Every GPU of a lease of several GPUs, program order (issue 37, schema v12); () for a lease
     # of one GPU (gpu_index), and in older records
     gpus: tuple[int, ...] = ()
+    # A part of a lease spread over several servers of a fleet (issue 37 item 3, schema v17): the
+    # group its parts share (the fleet ticket; the same in every part's record, on each part's
+    # server), which part it is (0-based, device order) and how many; 0, 0, 0 otherwise
+    spread_group: int = 0
+    part: int = 0
+    parts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         view = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -1,0 +1,226 @@
+"""A lease of N GPUs spread over several servers of a fleet (issue 37, item 3: `spread = true`,
+the hello flag GP_HELLO_SPREAD of protocol 1.8), the server side: the fleet's match gives a spread
+waiter that no one server can serve its N GPUs from several servers in one assignment (its own
+server first, then the most free first), its server answers with the parts, each part's server
+holds its GPUs until a part's hello (spread_group, part) claims them, and a part never claimed
+is let go. First the decisions alone (`match`), then the store's rows (PostgreSQL), then two
+lease managers sharing it (the `server` fixture of test_fleet_one_queue.py: fake workers, the
+real fleet queue and store)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+from test_fleet import gpu, waiter
+from test_fleet_one_queue import Server, leased, server, sync  # noqa: F401  (server: a fixture)
+from test_leases import client
+
+from gpupoold.pool.fleet import Part, PartRefused, Redirect, match
+from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.slots import FREE, LEASED
+from gpupoold.store.database import StoreDB
+from gpupoold.store.fleet import QueueRow, SyncInput, _by_ticket
+
+UP = {"a", "b", "c"}
+
+
+def spread(ticket: int, where: str, n: int, **kw: object) -> QueueRow:
+    return replace(waiter(ticket, where, **kw), gpus=n, spread=True)  # type: ignore[arg-type]
+
+
+def wants(ticket: int, where: str, n: int) -> QueueRow:
+    return replace(waiter(ticket, where), gpus=n)
+
+
+# ----------------------------------------------------------------------------- the decisions
+def test_4_over_two_servers_of_2_free_its_own_first_in_device_order() -> None:
+    gpus = [gpu("a"), gpu("a", 1), gpu("b"), gpu("b", 1)]
+    assert match(gpus, [spread(1, "b", 4)], UP) == [(1, "b", 0), (1, "b", 1), (1, "a", 0),
+                                                   (1, "a", 1)]
+    # Its own server has none free: the server with the most free first (fewest parts).
+    gpus = [gpu("a"), gpu("b"), gpu("b", 1), gpu("b", 2), gpu("c", free=False)]
+    assert match(gpus, [spread(1, "c", 4)], UP) == [(1, "b", 0), (1, "b", 1), (1, "b", 2),
+                                                   (1, "a", 0)]
+    # Its own server's one free GPU first even when another has more.
+    gpus = [gpu("a"), gpu("b"), gpu("b", 1), gpu("b", 2), gpu("c")]
+    assert match(gpus, [spread(1, "c", 4)], UP) == [(1, "c", 0), (1, "b", 0), (1, "b", 1),
+                                                   (1, "b", 2)]
+
+
+def test_one_server_first_and_never_fewer_nor_more_than_n() -> None:
+    # b has 4 free: one machine serves it whole, though its own server has 2.
+    gpus = [gpu("a"), gpu("a", 1)] + [gpu("b", i) for i in range(4)]
+    assert match(gpus, [spread(1, "a", 4)], UP) == [(1, "b", i) for i in range(4)]
+    # 3 free in the whole fleet: nothing for a waiter of 4; 6 free: exactly 4.
+    gpus = [gpu("a"), gpu("a", 1), gpu("b"), gpu("b", 1, free=False)]
+    assert match(gpus, [spread(1, "a", 4)], UP) == []
+    gpus = [gpu(s, i) for s in ("a", "b", "c") for i in range(2)]
+    got = match(gpus, [spread(1, "a", 4)], UP)
+    assert len(got) == 4 and len(set(got)) == 4
+
+
+def test_a_waiter_that_did_not_ask_to_spread_is_never_given_parts() -> None:
+    gpus = [gpu("a"), gpu("a", 1), gpu("b"), gpu("b", 1)]
+    assert match(gpus, [wants(1, "a", 4)], UP) == []
+    # nor one that may not leave its server (no redirect), nor a detached lease coming back
+    assert match(gpus, [spread(1, "a", 4, redirectable=False)], UP) == []
+    assert match(gpus, [spread(1, "a", 4, only=(0, 1))], UP) == []
+    # The store refuses a match that would give a ticket not spread GPUs of two servers.
+    with pytest.raises(ValueError, match="two servers"):
+        _by_ticket([(1, "a", 0), (1, "b", 0)])
+    assert _by_ticket([(1, "a", 1), (1, "b", 0), (1, "a", 0)], {1}) == {
+        1: [("a", [1, 0]), ("b", [0])]}
+
+
+def test_a_spread_waiter_waits_only_while_fewer_than_n_are_free_in_the_fleet() -> None:
+    # 4 in service, 3 free: the waiter for 4 holds the 3 back (head of line), so the GPU freed
+    # next completes its lease rather than going to a later, smaller request.
+    gpus = [gpu("a"), gpu("a", 1, free=False), gpu("b"), gpu("b", 1)]
+    queue = [spread(1, "a", 4), waiter(2, "a"), waiter(3, "b")]
+    assert match(gpus, queue, UP) == []
+    gpus[1] = gpu("a", 1)
+    assert match(gpus, queue, UP) == [(1, "a", 0), (1, "a", 1), (1, "b", 0), (1, "b", 1)]
+    # Served, it blocks nobody: the waiters behind it take what is left (c's GPU).
+    assert match([*gpus, gpu("c")], queue, UP)[4:] == [(2, "c", 0)]
+    # A fleet that can never serve it (3 in service: a's second GPU drained) holds nothing back.
+    gpus = [gpu("a"), replace(gpu("a", 1), state="drained", free=False), gpu("b"), gpu("b", 1)]
+    assert match(gpus, queue, UP) == [(2, "a", 0), (3, "b", 0)]
+    # A server that is down counts for nothing.
+    gpus = [gpu("a"), gpu("a", 1), gpu("b"), gpu("b", 1)]
+    assert match(gpus, queue, {"a"}) == [(2, "a", 0)]
+
+
+# ----------------------------------------------------------------------- the store's rows
+def test_the_store_keeps_the_parts_and_gives_a_part_hello_its_ticket_back(pg_url: str) -> None:
+    a, b = StoreDB(pg_url, server="a"), StoreDB(pg_url, server="b")
+    try:
+        for db in (a, b):
+            db.server_up(f"{db.server}:1", f"{db.server}:2", time.time())
+        b.fleet_sync(SyncInput("b", [gpu("b"), gpu("b", 1)], []), _match)
+        res = a.fleet_sync(SyncInput("a", [gpu("a"), gpu("a", 1)],
+                                     [(1, replace(spread(0, "a", 4), client=_who))]), _match)
+        ticket = res.tickets[1]
+        row = next(q for q in res.queue if q.ticket == ticket)
+        assert (row.state, row.spread, row.parts) == ("assigned", True,
+                                                      (("a", (0, 1)), ("b", (0, 1))))
+        assert (row.assigned_server, row.assigned_gpus) == ("a", (0, 1))
+        assert {(g.server, g.index) for g in res.gpus if g.holder == ticket} == {
+            ("a", 0), ("a", 1), ("b", 0), ("b", 1)}
+
+        def part(k: int, **kw: object) -> QueueRow:
+            return replace(wants(0, "b", 2), **{"client": _who, "claim": (ticket, k),
+                                                **kw})  # type: ignore[arg-type]
+        # Part 1's hello at b gets the ticket back; wrong part, client or count are refused.
+        got = b.fleet_sync(SyncInput("b", [gpu("b", holder=ticket), gpu("b", 1, holder=ticket)],
+                                     [(1, part(1)), (2, part(0)), (3, part(5)),
+                                      (4, part(1, client={**_who, "pid": 9})),
+                                      (5, part(1, gpus=3))]), _match)
+        assert got.tickets == {1: ticket}
+        assert "held on server a, not on this one (b)" in got.unclaimed[2]
+        assert "has 2 parts (0 to 1)" in got.unclaimed[3]
+        assert "held for another client" in got.unclaimed[4]
+        assert "holds 2 GPUs on server b, and this hello asks for 3" in got.unclaimed[5]
+        assert len(got.queue) == 1  # no new ticket for any of them
+        # Once the ticket is over (a's hold let go), a late part hello is told so.
+        a.fleet_sync(SyncInput("a", [gpu("a"), gpu("a", 1)], [], finished=[ticket]), _match)
+        late = b.fleet_sync(SyncInput("b", [gpu("b"), gpu("b", 1)], [(1, part(1))]), _match)
+        assert "no longer held on server b" in late.unclaimed[1]
+    finally:
+        a.close()
+        b.close()
+
+
+_who = {"host": "h", "pid": 7}
+
+
+def _match(g, q, up, away):  # type: ignore[no-untyped-def]
+    return match(g, q, up, 0, away)
+
+
+# ----------------------------------------------------------- two servers sharing one store
+def _part(group: int, k: int, n: int = 2) -> Requirements:
+    return Requirements(gpus=n, spread_group=group, part=k, parts=2)
+
+
+async def test_the_redirect_names_the_parts_and_each_part_hello_claims_its_gpus(
+        server: Server) -> None:  # noqa: F811
+    a = await server("a", 2)
+    b = await server("b", 2)
+    await sync(b, a)
+    assert a.feasible(Requirements(gpus=4, spread=True), redirectable=True) is None
+    why = a.feasible(Requirements(gpus=5, spread=True), redirectable=True)
+    assert why is not None and "the live servers of the fleet have 4 in service" in why
+    assert "Ask for at most 4" in why
+    assert a.feasible(Requirements(gpus=4), redirectable=True) is not None  # not spread
+    w = a.enqueue(Requirements(gpus=4, spread=True), "alice", client(2), redirectable=True)
+    await sync(a)
+    sent = await asyncio.wait_for(w.future, 1)
+    assert isinstance(sent, Redirect) and sent.group > 0
+    assert sent.parts == (Part("a", "a:1", "", (0, 1), 0), Part("b", "b:1", "", (0, 1), 2))
+    # Each server holds its part for the part's hello, the waiter's own server too.
+    await sync(b)
+    assert a.fleet is not None and b.fleet is not None
+    assert all(s.state == LEASED and a.fleet.holds(s) for s in a.slots)
+    assert all(s.state == LEASED and b.fleet.holds(s) for s in b.slots)
+    parts = []
+    for m, k in ((a, 0), (b, 1)):
+        there = m.enqueue(_part(sent.group, k), "alice", client(2), redirectable=True)
+        await sync(m)
+        first = await asyncio.wait_for(there.future, 1)
+        assert first is m.slots[0] and there.granted == m.slots
+        parts.append(await m.begin(there, first, b"hello", 1, -1))
+    # Each part is an ordinary lease on its server; its record names the group and its part.
+    for m, lease, k in ((a, parts[0], 0), (b, parts[1], 1)):
+        assert [s.lease for s in m.slots] == [lease, lease]
+        assert m.store.spread[lease.id] == (sent.group, k, 2)  # type: ignore[attr-defined]
+
+
+async def test_a_part_never_claimed_is_let_go_and_the_other_parts_with_it(
+        server: Server) -> None:  # noqa: F811
+    a = await server("a", 2)
+    b = await server("b", 2)
+    await sync(b)
+    late = replace(client(2), connect_timeout_ms=300)  # each part held 0.3 s
+    w = a.enqueue(Requirements(gpus=4, spread=True), "alice", late, redirectable=True)
+    await sync(a, b)
+    sent = await asyncio.wait_for(w.future, 1)
+    assert isinstance(sent, Redirect) and len(sent.parts) == 2
+    # Part 0 is claimed on a; part 1 never arrives at b.
+    mine = a.enqueue(_part(sent.group, 0), "alice", late, redirectable=True)
+    await sync(a)
+    assert await asyncio.wait_for(mine.future, 1) is a.slots[0]
+    await asyncio.sleep(0.35)
+    await sync(b)  # past its hold: b's part is free again
+    assert [s.state for s in b.slots] == [FREE, FREE]
+    await sync(b)  # (the ticket finished: its row is gone)
+    # Its hello coming after all is refused, with what happened and what to do.
+    there = b.enqueue(_part(sent.group, 1), "alice", late, redirectable=True)
+    await sync(b)
+    with pytest.raises(PartRefused, match="no longer held on server b.*run the program again"):
+        await asyncio.wait_for(there.future, 1)
+    assert there not in b.queue
+    # b's GPUs serve the next waiter.
+    nxt = b.enqueue(Requirements(gpus=2), "bob", client(3))
+    await sync(b, b)
+    assert await asyncio.wait_for(nxt.future, 1) is b.slots[0]
+
+
+async def test_a_held_part_is_let_go_when_another_part_was_not_claimed(
+        server: Server) -> None:  # noqa: F811
+    a = await server("a", 2)
+    b = await server("b", 2)
+    await leased(b, 5, "carol")  # b: 1 free; a: 2 free; alice asks for 3
+    late = replace(client(2), connect_timeout_ms=300)
+    w = a.enqueue(Requirements(gpus=3, spread=True), "alice", late, redirectable=True)
+    await sync(a, b)
+    sent = await asyncio.wait_for(w.future, 1)
+    assert isinstance(sent, Redirect)
+    assert [(p.server, p.gpus, p.first_device) for p in sent.parts] == [
+        ("a", (0, 1), 0), ("b", (1,), 2)]
+    await asyncio.sleep(0.35)
+    await sync(b, b)  # b's part let go, the ticket over
+    await sync(a)  # a's part let go with it (no need to wait for its own hold)
+    assert [s.state for s in a.slots] == [FREE, FREE]
