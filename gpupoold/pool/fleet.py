@@ -22,7 +22,16 @@ Then each server acts on what concerns it, in `_apply`:
 A client asking for several GPUs (GPUPOOL_GPUS=N, the row's `gpus`) is given N GPUs of one
 server in one assignment (`match`: all or nothing, head of line), granted together there, or
 held together for its redirected hello, claimed together, and released together when it never
-arrives. Across servers (`spread`) is not built: docs/multi-gpu.md says how it should be.
+arrives.
+
+A client that asks to spread its lease (GP_HELLO_SPREAD, `spread = true`; protocol 1.8) and finds
+no one server with N free takes them from several in one assignment (`match`, `_spread`). Its
+server answers with every part (`Redirect.parts`: address, fingerprint, GPUs, first device;
+`group` is the ticket), each part's server, its own included, holds its part as above, and the
+client says one hello per part (spread_group, part), which the store gives that ticket back when
+it names a part held there for the same client, or refuses (`PartRefused`, said to the client).
+A part never claimed is let go and ends the ticket; the other servers, woken, let theirs go too
+(docs/multi-gpu.md, "Across servers").
 
 What a server tells and enforces about the queue is the fleet's (`waiting`, `counts`):
 `max_queue` and `max_queue_per_token` count the clients waiting on every live server, and the
@@ -194,6 +203,13 @@ def match(gpus: Sequence[GpuRow], queue: Sequence[QueueRow], up: set[str],
     for the leases before it there, never for ever. It blocks nobody elsewhere: the other
     servers' free GPUs serve the waiters behind it. A waiter no live server can ever serve (too
     few GPUs it accepts in service: drained or quarantined since it joined) holds nothing back.
+
+    A waiter that asked to spread (`spread`: GP_HELLO_SPREAD) and finds no server with N free
+    takes N of the free GPUs it accepts in the whole fleet when there are N (`_spread`: its own
+    server's first, then the most free first, all in this one assignment). While fewer than N
+    are free in the fleet it holds back every free GPU it accepts (it could use any of them), so
+    it waits only for N to be free anywhere, never for ever, and blocks nobody once served; one
+    the live servers together can never serve holds nothing back.
 
     A token at `max_gpus_per_token` waits: the GPUs of the whole fleet held or assigned to it,
     its leases off a GPU (`away`, by token: as many as each holds) and the N it asks for count.

@@ -279,8 +279,11 @@ class RemotingListener:
         if isinstance(slot, Redirect):
             self._request("redirected")
             log.info("connection from %s: sent to GPU %d of server %s (%s), where it is held "
-                     "for this client (%.1f ms after connect)", peer, slot.gpu, slot.server,
-                     slot.address, (time.monotonic() - accepted) * 1000)
+                     "for this client (%.1f ms after connect)%s", peer, slot.gpu, slot.server,
+                     slot.address, (time.monotonic() - accepted) * 1000,
+                     f"; spread lease {slot.group}: " + ", ".join(
+                         f"part {k} on {p.server}" for k, p in enumerate(slot.parts))
+                     if slot.parts else "")
             redirect = (spread_redirect_reply(slot.group, [
                 (p.server, p.address, p.fingerprint, len(p.gpus), p.first_device)
                 for p in slot.parts], req.gpus) if slot.parts

@@ -200,6 +200,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     """One server's turn, inside the caller's transaction (`insert`: StoreDB._insert)."""
     db.execute("SELECT pg_advisory_xact_lock(?)", (FLEET_LOCK,))
     me = inp.server
+    concerned: set[str] = set()  # the other servers this turn concerns (NOTIFY, at the end)
     for g in inp.gpus:
         db.execute(
             "INSERT INTO fleet_gpus (server, gpu_index, uuid, name, memory_total, simulated, "
@@ -215,12 +216,16 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         db.execute("INSERT INTO fleet_away (server, lease_id, token, gpus) VALUES (?, ?, ?, ?)",
                    (me, lease_id, token, max(1, inp.away_gpus.get(lease_id, 1))))
     if inp.finished:
+        # A spread lease's other parts' servers: a part let go here (never claimed) ends the
+        # ticket, and they let their held parts go at once rather than at their own deadline.
+        for r in db.execute(f"SELECT assigned_parts FROM fleet_queue WHERE ticket IN "
+                            f"{_in(inp.finished)} AND spread <> 0", tuple(inp.finished)):
+            concerned.update(server for server, _ in json.loads(r["assigned_parts"] or "[]"))
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' WHERE server = ? "
                    f"AND holder IN {_in(inp.finished)}", (me, *inp.finished))
         db.execute(f"DELETE FROM fleet_queue WHERE ticket IN {_in(inp.finished)}",
                    tuple(inp.finished))
     # The other servers this turn concerns: they hold a GPU for a ticket, or their waiter got one.
-    concerned: set[str] = set()
     if inp.unassign:
         concerned.update(r["server"] for r in db.execute(
             f"SELECT server FROM fleet_gpus WHERE holder IN {_in(inp.unassign)}",
@@ -230,10 +235,12 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         db.execute(f"UPDATE fleet_queue SET state = 'waiting', assigned_server = NULL, "
                    f"assigned_gpu = NULL, assigned_gpus = NULL, assigned_parts = NULL WHERE state = 'assigned' AND "
                    f"ticket IN {_in(inp.unassign)}", tuple(inp.unassign))
-    if inp.gone:
-        concerned.update(r["assigned_server"] for r in db.execute(
-            f"SELECT assigned_server FROM fleet_queue WHERE state = 'assigned' AND ticket IN "
-            f"{_in(inp.gone)}", tuple(inp.gone)).fetchall())
+    if inp.gone:  # (a spread lease's every part's server lets its part go)
+        for r in db.execute(f"SELECT assigned_server, assigned_parts FROM fleet_queue WHERE "
+                            f"state = 'assigned' AND ticket IN {_in(inp.gone)}",
+                            tuple(inp.gone)).fetchall():
+            concerned.add(r["assigned_server"])
+            concerned.update(server for server, _ in json.loads(r["assigned_parts"] or "[]"))
         db.execute(f"DELETE FROM fleet_queue WHERE state = 'waiting' AND ticket IN "
                    f"{_in(inp.gone)}", tuple(inp.gone))
         db.execute(f"UPDATE fleet_queue SET state = 'gone' WHERE ticket IN {_in(inp.gone)}",
