@@ -10,12 +10,19 @@ real fleet queue and store)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
+import gpupool_protocol as gp
 import pytest
+from conftest import wait_until
+from gpupool.wire.frames import read_frame
 from test_fleet import gpu, waiter
 from test_fleet_one_queue import Server, leased, server, sync  # noqa: F401  (server: a fixture)
+from test_hostile_tenant import VA_BASE, VA_SIZE
 from test_leases import client
 
 from gpupoold.pool.fleet import Part, PartRefused, Redirect, match
@@ -224,3 +231,56 @@ async def test_a_held_part_is_let_go_when_another_part_was_not_claimed(
     await sync(b, b)  # b's part let go, the ticket over
     await sync(a)  # a's part let go with it (no need to wait for its own hold)
     assert [s.state for s in a.slots] == [FREE, FREE]
+
+
+# ---------------------------------------------------------------------------------- end to end
+def _hello(to: Any, token: str, **kw: Any) -> gp.HelloReply:
+    """A 1.8 hello on plain TCP to server `to`; its reply (queue notices skipped), the socket
+    kept open in `_open` (a granted part's lease lasts while it is)."""
+    s = socket.create_connection((to.host, to.port), timeout=20)
+    _open.append(s)
+    s.sendall(gp.encode_frame(gp.Hello(
+        magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=4242, host="spread-host",
+        user="tester", program="test_fleet_spread", token=token, **kw), 1))
+    while True:
+        frame = read_frame(s)
+        if frame.flags & gp.FLAG_REPLY:
+            return gp.HelloReply.decode(frame.body)
+
+
+_open: list[socket.socket] = []
+
+
+def test_two_real_servers_give_a_spread_lease_of_4_in_two_parts(
+        start_daemon: Any, native_build: Path, pg_url: str) -> None:
+    """Two gpupoold --simulated 2 on one PostgreSQL: a hello for 4 GPUs with GP_HELLO_SPREAD is
+    answered with its two parts (A's first, device order), and each part's hello, at its
+    server, is answered by a worker of 2 devices; each part's lease record names the group."""
+    a, b = (start_daemon("--database", pg_url, simulated=2, build_dir=native_build, tls=False)
+            for _ in range(2))
+    wait_until("A sees the fleet's 4 GPUs",
+               lambda: [(v["state"], len(v["gpus"])) for v in a.get_json("/api/v1/fleet")[
+                   "servers"]] == [("up", 2), ("up", 2)])
+    try:
+        sent = _hello(a, a.token, flags=gp.GP_HELLO_SPREAD, gpus=4, va_base=VA_BASE,
+                      va_size=VA_SIZE)
+        assert sent.result == gp.GP_EREDIRECT and sent.spread_group > 0, sent.message
+        addr = {s: f"{s.host}:{s.port}" for s in (a, b)}
+        assert [(p.server, p.gpus, p.first_device) for p in sent.redirect_parts] == [
+            (addr[a], 2, 0), (addr[b], 2, 2)], sent.message
+        for k, there in enumerate((a, b)):  # each part its own slice of the address window
+            got = _hello(there, a.token, gpus=2, spread_group=sent.spread_group, part=k,
+                         parts=2, va_base=VA_BASE + k * VA_SIZE // 2, va_size=VA_SIZE // 2)
+            assert (got.result, got.device_count) == (0, 2), got.message
+        # Each part is a lease of its server; the records (one store) link the parts.
+        leases = a.get_json("/api/v1/leases")["leases"]
+        assert sorted((le["spread_group"], le["part"], le["parts"], len(le["gpus"]))
+                      for le in leases) == [(sent.spread_group, k, 2, 2) for k in (0, 1)]
+        assert len({le["server"] for le in leases}) == 2
+        # A part's hello that names a part held elsewhere is refused, and says where.
+        wrong = _hello(b, a.token, gpus=2, spread_group=sent.spread_group, part=0, parts=2,
+                       va_base=VA_BASE, va_size=VA_SIZE // 2)
+        assert wrong.result == gp.GP_EREFUSED and "not on this one" in wrong.message
+    finally:
+        while _open:
+            _open.pop().close()
