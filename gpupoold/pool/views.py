@@ -40,7 +40,11 @@ def lease_view(lease: Lease) -> dict[str, Any]:
             "memory_used": s.mem_used,  # device memory the lease's allocations hold now
             # its worker's quota (GPUPOOL_MEMORY, at most the GPU's memory; 0: no quota), kept
             # while detached (a detached share comes back with it)
-            "memory_quota": lease.req.quota(on) if on is not None else 0}
+            "memory_quota": lease.req.quota(on) if on is not None else 0,
+            # a part of a lease spread over several servers (issue 37, item 3): the group its
+            # parts share, which part and how many (0, 0, 0 otherwise), as in its record
+            "spread_group": lease.req.spread_group, "part": lease.req.part,
+            "parts": lease.req.parts}
 
 
 def shares_view(slot: Slot, shared: bool, share: int) -> dict[str, Any] | None:
