@@ -266,14 +266,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # shares over (pool/takeover.py)
         "ALTER TABLE gpu_state ADD COLUMN share_closed INTEGER NOT NULL DEFAULT 0",
     ),
-    (  # v17: a fleet queue's client that takes its GPUs from several servers when no one server
-        # has them all (spread = true, issue 37 item 3), and the parts the fleet's match gave it
-        # (JSON [[server, [GPU index, ...]], ...], device order; NULL for a lease of one server,
-        # whose assigned_server/assigned_gpus say it, as in older rows)
+    (  # v17: a lease spread over several servers (issue 37 item 3): its fleet queue row, and
+        # the parts the match gave it (JSON [[server, [GPU, ...]], ...]; NULL: one server's);
+        # each part's lease record: the group (the ticket), its part and how many (else 0s)
         "ALTER TABLE fleet_queue ADD COLUMN spread INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE fleet_queue ADD COLUMN assigned_parts TEXT",
-        # and each part's lease record on its server: the group the parts share (the fleet
-        # ticket), its part (0-based) and how many parts (0, 0, 0: not part of a spread lease)
         "ALTER TABLE leases ADD COLUMN spread_group INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE leases ADD COLUMN part INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE leases ADD COLUMN parts INTEGER NOT NULL DEFAULT 0",
@@ -573,8 +570,7 @@ class StoreDB(UsageQueries, SpoolQueries):
 
     # ------------------------------------------------------------------------------- leases
     def lease_started(self, lease: NewLease, spread: tuple[int, int, int] | None = None) -> int:
-        """A new lease's record; its id. `spread`: (group, part, parts) of a spread lease's part
-        (issue 37, item 3: the records of its parts on their servers share the group)."""
+        """A new lease's record; its id. `spread`: a spread lease's (group, part, parts)."""
         fields = list(_NEW_LEASE_FIELDS) + (["server"] if self.server else [])
         values = [getattr(lease, f) for f in _NEW_LEASE_FIELDS] + ([self.server] if self.server else [])
         if spread is not None:
