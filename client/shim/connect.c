@@ -35,6 +35,7 @@
 
 #include "client_config.h"
 #include "connect_internal.h"
+#include "connect_parts.h"
 #include "net.h"
 #include "shim.h"
 #include "shim_core.h"
@@ -225,7 +226,9 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
                 hc->busy_tries = 0;
             }
         }
-        if (k == ATTEMPT_OK)
+        if (k == ATTEMPT_OK && hc->parts) /* a part: its slice of the window */
+            k = gp_connect_hello(&l, hc, hc->part_va_base, hc->part_va_size, msg, mcap);
+        else if (k == ATTEMPT_OK)
             k = gp_connect_hello(&l, hc, gp_vamap_window_base(), gp_vamap_window_size(), msg, mcap);
         if (k == ATTEMPT_OK) {
             *fd_out = fd;
@@ -234,6 +237,20 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         }
         gp_tls_free(l.tls);
         close(fd);
+        if ((k == ATTEMPT_REDIRECT || k == ATTEMPT_PARTS) && hc->parts) {
+            snprintf(msg, mcap,
+                     "it sent this client on elsewhere, but the server of a part must hold that "
+                     "part's GPUs itself");
+            k = ATTEMPT_REFUSED;
+            break;
+        }
+        if (k == ATTEMPT_PARTS) {
+            /* Every part's settings now, while `srv` (which sent them) is at hand. */
+            k = gp_connect_resolve_parts(hc, srv, hc->plan, msg, mcap);
+            if (k == ATTEMPT_OK)
+                k = ATTEMPT_PARTS;
+            break;
+        }
         if (k == ATTEMPT_REDIRECT) {
             if (++hops > MAX_REDIRECTS) {
                 snprintf(msg, mcap, "sent on from server to server more than %d times",
@@ -271,7 +288,7 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
             continue;
         if (k == ATTEMPT_RESTARTING)
             k = ATTEMPT_CONNECT;
-        if (k == ATTEMPT_VAWINDOW && *base_index + 1 < VA_TRIES) {
+        if (k == ATTEMPT_VAWINDOW && *base_index + 1 < VA_TRIES && !hc->parts) {
             gp_log_debug("server %s cannot use window 0x%llx; trying the next base", hc->desc,
                          (unsigned long long)gp_vamap_window_base());
             gp_vamap_release_window();
@@ -280,7 +297,8 @@ static int try_server(hello_ctx *hc, uint64_t va_base, uint64_t va_size, uint64_
         }
         break;
     }
-    if (k != ATTEMPT_OK && k != ATTEMPT_FATAL && *hop_desc) /* name the server that failed */
+    if (k != ATTEMPT_OK && k != ATTEMPT_FATAL && k != ATTEMPT_PARTS &&
+        *hop_desc) /* name the server that failed */
         snprintf(msg + strlen(msg), mcap - strlen(msg), " (at %s, where %s sent us)", hop_desc,
                  first_desc);
     hc->desc = first_desc;
@@ -304,14 +322,130 @@ static void no_server(const gp_client_config *cfg)
                      "`gpupool login`, or start the program with `gpupool run`.");
 }
 
-static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls **tls_out,
-                             unsigned *features_out, char *server_desc, size_t desc_cap)
+/* "2 GPUs at a:7070, 2 GPUs at b:7070": a spread lease's parts, for messages. */
+static void describe_parts(const gp_spread_plan *plan, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = 0; i < plan->nparts && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%d GPU%s at %s", i ? ", " : "",
+                              plan->part[i].gpus, plan->part[i].gpus == 1 ? "" : "s",
+                              plan->part[i].server);
+}
+
+static void close_links(gp_part_link *links, int n)
+{
+    for (int i = 0; i < n; i++) {
+        gp_tls_free(links[i].tls);
+        links[i].tls = NULL;
+        close(links[i].fd);
+        links[i].fd = -1;
+    }
+}
+
+/* The parts of a spread lease (hc->plan, every part's settings decided: try_server), connected
+ * in order: for each, the hello of that part (its group, index, GPUs and window slice) with the
+ * retries of one server (a restart, a busy TLS listener). All, or none: a part that fails closes
+ * those connected before it, and one line says which part, where and why (the fleet releases the
+ * parts nobody claims). `from` names the server that sent the parts. */
+static CUresult connect_spread(const hello_ctx *hc, const char *from, gp_part_link *links, int cap,
+                               int *nparts)
+{
+    const gp_spread_plan *plan = hc->plan;
+    int n = plan->nparts;
+    char what[2048];
+    describe_parts(plan, what, sizeof what);
+    if (n > cap) { /* gp_connect: its caller holds one connection (conn.c, for now) */
+        gp_log_error("server %s offered this process's %d GPUs spread over %d servers (%s), but "
+                     "a lease spread over %d servers needs one connection per server, which "
+                     "this client cannot hold yet (not supported by this build yet). Set "
+                     "GPUPOOL_SPREAD=0 (spread = false) to wait for one server with all %d GPUs.",
+                     from, hc->cfg->gpus, n, what, n, hc->cfg->gpus);
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    gp_log_info("server %s: this process's %d GPUs are spread over %d servers (%s); connecting "
+                "to each",
+                from, hc->cfg->gpus, n, what);
+    hello_ctx *ph = malloc(sizeof *ph);
+    /* The parts' replies wait until every part is in: a part that fails leaves no snapshot. */
+    struct part_reply {
+        uint8_t *body;
+        size_t len;
+    } *replies = calloc((size_t)n, sizeof *replies);
+    if (!ph || !replies) {
+        free(ph);
+        free(replies);
+        gp_log_error("out of memory connecting the parts of a spread lease");
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    char msg[1024] = "";
+    int done = 0, kind = ATTEMPT_OK;
+    for (; done < n; done++) {
+        gp_part_link *pl = &links[done];
+        memset(pl, 0, sizeof *pl);
+        pl->fd = -1;
+        *ph = *hc;
+        ph->plan = NULL;
+        ph->srv = &plan->hop[done];
+        gp_server_desc(ph->srv, pl->desc, sizeof pl->desc);
+        ph->desc = pl->desc;
+        ph->restart_until = 0;
+        ph->spread_group = plan->group;
+        ph->part = done;
+        ph->parts = n;
+        ph->part_gpus = plan->part[done].gpus;
+        ph->part_reply = NULL;
+        if (gp_connect_slice(gp_vamap_window_base(), gp_vamap_window_size(), n, done,
+                             &ph->part_va_base, &ph->part_va_size) != 0) {
+            snprintf(msg, sizeof msg,
+                     "the address window (%llu bytes) is too small for %d slices of 2 MiB; set "
+                     "GPUPOOL_VA_SIZE larger",
+                     (unsigned long long)gp_vamap_window_size(), n);
+            kind = ATTEMPT_VAWINDOW;
+            break;
+        }
+        int no_move = VA_TRIES; /* a part's window is its slice: never moved */
+        kind = try_server(ph, 0, 0, 0, &no_move, &pl->fd, &pl->tls, msg, sizeof msg);
+        if (kind != ATTEMPT_OK)
+            break;
+        pl->features = ph->features;
+        pl->first_device = plan->part[done].first_device;
+        pl->ndevices = plan->part[done].gpus;
+        pl->va_base = ph->part_va_base;
+        pl->va_size = ph->part_va_size;
+        pl->session_id = ph->session_id;
+        replies[done].body = ph->part_reply;
+        replies[done].len = ph->part_reply_len;
+    }
+    free(ph);
+    if (kind == ATTEMPT_OK)
+        for (int i = 0; i < n; i++)
+            gp_connect_store_part(links[i].first_device, links[i].ndevices, replies[i].body,
+                                  replies[i].len);
+    for (int i = 0; i < n; i++)
+        free(replies[i].body);
+    free(replies);
+    if (kind != ATTEMPT_OK) {
+        close_links(links, done);
+        gp_log_error("cannot connect part %d of %d (%d GPU%s at %s) of this process's lease "
+                     "spread over %d servers: %s. The parts connected before it were closed; "
+                     "the fleet releases the parts nobody claims.",
+                     done + 1, n, plan->part[done].gpus, plan->part[done].gpus == 1 ? "" : "s",
+                     plan->part[done].server, n, msg);
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    *nparts = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult connect_with(const gp_client_config *cfg, gp_spread_plan *plan, gp_part_link *links,
+                             int cap, int *nparts)
 {
     if (cfg->nservers == 0) {
         no_server(cfg);
         return CUDA_ERROR_NO_DEVICE;
     }
-    hello_ctx hc = {.cfg = cfg, .timeout_s = cfg->connect_timeout};
+    hello_ctx hc = {.cfg = cfg, .timeout_s = cfg->connect_timeout, .plan = plan};
     gp_connect_identity(&hc);
     const char *tok = getenv("GPUPOOL_TOKEN");
     while (tok && (*tok == ' ' || *tok == '\t' || *tok == '\n' || *tok == '\r'))
@@ -341,18 +475,33 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
         count = gp_connect_select(cfg, order, failures, sizeof failures, &nfail);
     }
     int base_index = 0;
+    char *server_desc = links[0].desc;
     for (int c = 0; c < count; c++) {
         const gp_server_config *srv = &cfg->servers[order[c]];
-        gp_server_desc(srv, server_desc, desc_cap);
+        gp_server_desc(srv, server_desc, sizeof links[0].desc);
         hc.srv = srv;
         hc.desc = server_desc;
         int fd = -1;
-        last_kind = try_server(&hc, va_base, va_size, step, &base_index, &fd, tls_out, last_msg,
+        gp_tls *tls = NULL;
+        last_kind = try_server(&hc, va_base, va_size, step, &base_index, &fd, &tls, last_msg,
                                sizeof last_msg);
         if (last_kind == ATTEMPT_OK) {
-            *sock_out = fd;
-            *features_out = hc.features;
+            gp_part_link *one = &links[0];
+            one->fd = fd;
+            one->tls = tls;
+            one->features = hc.features;
+            one->first_device = 0;
+            one->ndevices = gp_device_announced();
+            one->va_base = gp_vamap_window_base();
+            one->va_size = gp_vamap_window_size();
+            one->session_id = hc.session_id;
+            *nparts = 1;
             return CUDA_SUCCESS;
+        }
+        if (last_kind == ATTEMPT_PARTS) {
+            char from[sizeof links[0].desc];
+            snprintf(from, sizeof from, "%s", server_desc);
+            return connect_spread(&hc, from, links, cap, nparts);
         }
         if (last_kind == ATTEMPT_FATAL)
             return CUDA_ERROR_NO_DEVICE;
@@ -360,7 +509,6 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
             gp_log_debug("server %s: %s; trying the next one", server_desc, last_msg);
         gp_connect_add_failure(failures, sizeof failures, &nfail, server_desc, last_msg);
     }
-    *tls_out = NULL;
     if (nfail > 1 || count == 0) {
         gp_log_error("cannot use any gpupool server (%s). Are they running? Check "
                      "GPUPOOL_SERVER and GPUPOOL_TOKEN%s%s.",
@@ -383,11 +531,13 @@ static CUresult connect_with(const gp_client_config *cfg, int *sock_out, gp_tls 
     return CUDA_ERROR_NO_DEVICE;
 }
 
-CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *server_desc,
-                    size_t desc_cap)
+CUresult gp_connect_parts(gp_part_link *parts, int cap, int *nparts)
 {
-    *tls_out = NULL;
-    *features_out = 0;
+    *nparts = 0;
+    if (cap < 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(parts, 0, sizeof *parts);
+    parts[0].fd = -1;
     gp_client_config *cfg = malloc(sizeof *cfg);
     if (!cfg) {
         gp_log_error("out of memory reading the gpupool configuration");
@@ -399,10 +549,37 @@ CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, cha
         gp_log_error("%s", err);
         r = CUDA_ERROR_NO_DEVICE;
     } else {
-        r = connect_with(cfg, sock_out, tls_out, features_out, server_desc, desc_cap);
+        /* Room for the parts a fleet may name, when this process asks for a spread lease. */
+        gp_spread_plan *plan = NULL;
+        if (cfg->spread && cfg->gpus > 1 && !(plan = calloc(1, sizeof *plan))) {
+            gp_log_error("out of memory reading the gpupool configuration");
+            r = CUDA_ERROR_NO_DEVICE;
+        } else {
+            r = connect_with(cfg, plan, parts, cap, nparts);
+        }
+        gp_spread_plan_free(plan);
     }
     if (r != CUDA_SUCCESS)
         gp_vamap_release_window();
     free(cfg);
     return r;
+}
+
+/* One connection: a lease of one server (conn.c holds one connection, for now). A spread lease
+ * fails here with its own line (connect_spread) before any part is connected. */
+CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *server_desc,
+                    size_t desc_cap)
+{
+    *tls_out = NULL;
+    *features_out = 0;
+    gp_part_link one;
+    int n = 0;
+    CUresult r = gp_connect_parts(&one, 1, &n);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *sock_out = one.fd;
+    *tls_out = one.tls;
+    *features_out = one.features;
+    snprintf(server_desc, desc_cap, "%s", one.desc);
+    return CUDA_SUCCESS;
 }

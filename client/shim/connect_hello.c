@@ -151,6 +151,37 @@ static uint32_t timeout_ms(double seconds)
     return seconds < UINT32_MAX / 1000.0 ? (uint32_t)(seconds * 1000 + 0.999) : UINT32_MAX;
 }
 
+/* GP_HELLO_SPREAD (protocol 1.8, issue 37): a lease of several GPUs may come in parts from
+ * several servers of a fleet. Only where the caller can take parts (hc->plan); a part's own
+ * hello says it too. */
+static uint32_t spread_flag(const hello_ctx *hc)
+{
+    return hc->cfg->spread && hc->cfg->gpus > 1 && (hc->plan || hc->parts) ? GP_HELLO_SPREAD : 0;
+}
+
+/* A part's reply (hc->parts > 0): kept for connect.c to store once every part is connected.
+ * ATTEMPT_OK (body is hc's now), or ATTEMPT_REFUSED with msg. */
+static int keep_part_reply(hello_ctx *hc, const gp_hello_reply *r, uint8_t *body, size_t len,
+                           char *msg, size_t mcap)
+{
+    uint32_t have = r->device_count ? r->device_count : 1;
+    if (r->minor < 8) {
+        snprintf(msg, mcap,
+                 "it speaks protocol %u.%u, which knows no spread lease (its part needs 1.8)",
+                 r->major, r->minor);
+        return ATTEMPT_REFUSED;
+    }
+    if (have != (uint32_t)hc->part_gpus) {
+        snprintf(msg, mcap, "it gave this part %u device%s, the fleet said %d", have,
+                 have == 1 ? "" : "s", hc->part_gpus);
+        return ATTEMPT_REFUSED;
+    }
+    free(hc->part_reply);
+    hc->part_reply = body;
+    hc->part_reply_len = len;
+    return ATTEMPT_OK;
+}
+
 /* Hello on a connected socket (inside TLS when l->tls). Fills msg with the reason when not
  * ATTEMPT_OK. */
 int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_size, char *msg,
@@ -161,8 +192,8 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         .major = GP_PROTO_MAJOR,
         .minor = GP_PROTO_MINOR,
         .pid = (uint32_t)getpid(),
-        .flags =
-            want_lz4(hc->srv) | GP_HELLO_KEEPALIVE | (hc->cfg->keep_gpu ? GP_HELLO_KEEP_GPU : 0u),
+        .flags = want_lz4(hc->srv) | GP_HELLO_KEEPALIVE |
+                 (hc->cfg->keep_gpu ? GP_HELLO_KEEP_GPU : 0u) | spread_flag(hc),
         .host = hc->host,
         .host_len = (uint32_t)strlen(hc->host),
         .user = hc->user,
@@ -179,8 +210,11 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         .va_base = va_base,
         .va_size = va_size,
         .connect_timeout_ms = timeout_ms(hc->cfg->connect_timeout),
-        .gpus = (uint32_t)hc->cfg->gpus,
+        .gpus = (uint32_t)(hc->parts ? hc->part_gpus : hc->cfg->gpus),
         .memory = hc->cfg->memory,
+        .spread_group = hc->parts ? hc->spread_group : 0,
+        .part = hc->parts ? (uint32_t)hc->part : 0,
+        .parts = (uint32_t)hc->parts,
     };
     size_t n = 16 + gp_hello_size(&h);
     uint8_t *f = malloc(n);
@@ -304,6 +338,22 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
             snprintf(msg, mcap, "the server could not reserve the address window");
             return ATTEMPT_VAWINDOW;
         }
+        if (result == GP_EREDIRECT && decoded && r.redirect_parts.count > 0) {
+            /* A spread lease's parts: only for a client that asked (GP_HELLO_SPREAD). */
+            gp_log_debug("server %s: %.*s", hc->desc, (int)r.message_len, r.message);
+            int k;
+            if (!(h.flags & GP_HELLO_SPREAD) || !hc->plan) {
+                snprintf(msg, mcap,
+                         "it offered a lease spread over %u servers, which this client did not "
+                         "ask for (spread is off)",
+                         r.redirect_parts.count);
+                k = ATTEMPT_REFUSED;
+            } else {
+                k = gp_connect_parse_parts(hc, &r, hc->plan, msg, mcap);
+            }
+            free(body);
+            return k;
+        }
         if (result == GP_EREDIRECT && decoded && r.redirect_len > 0) {
             /* msg: the address to say the same hello to (the reason goes to the log);
              * hc->redirect_fp: its pin, as this (verified) server knows it */
@@ -350,7 +400,17 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
             gp_log_debug("server reports window 0x%llx+0x%llx, ours is 0x%llx+0x%llx",
                          (unsigned long long)r.va_base, (unsigned long long)r.va_size,
                          (unsigned long long)va_base, (unsigned long long)va_size);
-        gp_state_set_snapshot(&r);
+        hc->session_id = r.session_id;
+        if (hc->parts) {
+            int k = keep_part_reply(hc, &r, body, hd.len, msg, mcap);
+            if (k != ATTEMPT_OK) {
+                free(body);
+                return k;
+            }
+            body = NULL; /* hc's now */
+        } else {
+            gp_state_set_snapshot(&r);
+        }
         hc->features = (h.flags & r.features & GP_HELLO_LZ4) | (r.features & GP_HELLO_KEEPALIVE);
         if (h.flags & GP_HELLO_LZ4)
             gp_log_debug("lz4-compressed copies: %s",

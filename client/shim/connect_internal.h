@@ -7,6 +7,9 @@
  *   connect_hello.c     the hello exchange on a connected socket: TLS hand-over, queue notices,
  *                       an older or newer server's reply
  *   connect_redirect.c  whether and how to follow a fleet's redirect (GP_EREDIRECT)
+ *   connect_parts.c     a lease spread over several servers (issue 37, item 3): the parts a
+ *                       fleet names checked, each part's trust settings and window slice, and
+ *                       the parts' snapshots stored once all are connected (connect.c connects)
  */
 #ifndef GP_CONNECT_INTERNAL_H
 #define GP_CONNECT_INTERNAL_H
@@ -16,6 +19,7 @@
 #include <time.h>
 
 #include "client_config.h"
+#include "gp_protocol.h"
 #include "net.h"
 
 /* ATTEMPT_RESTARTING: the server said it is stopping or restarting (GP_ESHUTDOWN), or closed
@@ -28,13 +32,31 @@ enum {
     ATTEMPT_TLS,
     ATTEMPT_RESTARTING,
     ATTEMPT_REDIRECT,
-    ATTEMPT_UNTRUSTED /* refused by the trust rules before anything secret was sent: msg is
-                       * the whole line (what, and the command that fixes it) */
+    ATTEMPT_UNTRUSTED, /* refused by the trust rules before anything secret was sent: msg is
+                        * the whole line (what, and the command that fixes it) */
+    ATTEMPT_PARTS      /* a fleet's GP_EREDIRECT naming the parts of a spread lease: hc->plan
+                        * holds them, checked (and, from try_server, their settings) */
 };
 
 /* A fleet sends a client on to the server that holds a GPU for it (GP_EREDIRECT); more than
  * this many hops in one connect means the servers disagree: give up rather than loop. */
 #define MAX_REDIRECTS 4
+
+/* One part of a spread lease as the fleet named it (redirect_parts), checked. */
+typedef struct gp_part_target {
+    char server[256];                     /* "host:port" */
+    char fingerprint[GP_FINGERPRINT_CAP]; /* its pin as the fleet knows it, "" if none */
+    int gpus, first_device;
+} gp_part_target;
+
+/* The parts of a spread lease (ATTEMPT_PARTS), in device order. */
+typedef struct gp_spread_plan {
+    uint64_t group; /* spread_group: what each part's hello names */
+    int nparts;     /* 2..GP_MAX_GPUS */
+    gp_part_target part[GP_MAX_GPUS];
+    gp_server_config *hop; /* nparts settings to say each part's hello with (the trust rules of
+                            * a redirect: gp_connect_resolve_parts), NULL before; malloc'd */
+} gp_spread_plan;
 
 /* One connect: who we are, what we ask for, and the server being tried. */
 typedef struct hello_ctx {
@@ -49,7 +71,18 @@ typedef struct hello_ctx {
     int64_t busy_since; /* mono_ms of the first TLS handshake the server closed; 0: none */
     int busy_tries;     /* how many it closed since */
     char redirect_fp[GP_FINGERPRINT_CAP]; /* ATTEMPT_REDIRECT: the target's pin, "" if none */
-    unsigned features; /* ATTEMPT_OK: GP_HELLO_LZ4 / GP_HELLO_KEEPALIVE, as both sides agreed */
+    unsigned features;    /* ATTEMPT_OK: GP_HELLO_LZ4 / GP_HELLO_KEEPALIVE, as both sides agreed */
+    gp_spread_plan *plan; /* where a reply's parts go (ATTEMPT_PARTS); NULL: this connect asks
+                           * for no spread lease */
+    /* A part's hello (parts > 0): which part of which group, its GPUs, its window slice. */
+    uint64_t spread_group;
+    int part, parts, part_gpus;
+    uint64_t part_va_base, part_va_size;
+    /* ATTEMPT_OK of a part's hello: its reply (malloc'd; stored in state.c once every part is
+     * connected, so a part that fails leaves no snapshot behind) and its session. */
+    uint8_t *part_reply;
+    size_t part_reply_len;
+    uint64_t session_id;
 } hello_ctx;
 
 /* ATTEMPT_FATAL: the one error line was printed already (no window at all). */
@@ -90,5 +123,31 @@ void gp_connect_add_failure(char *failures, size_t cap, int *nfail, const char *
  * refused. */
 int gp_connect_follow_redirect(const hello_ctx *hc, const gp_server_config *from, const char *where,
                                gp_server_config *hop, char *msg, size_t mcap);
+
+/* ---- connect_parts.c ------------------------------------------------------------------------ */
+/* The parts of a GP_EREDIRECT reply r (redirect_parts not empty) checked into plan: 2 to
+ * GP_MAX_GPUS parts, a spread_group, each of at least one GPU, their first devices 0, n0,
+ * n0+n1... in order, hc->cfg->gpus in all, addresses that parse, and over TLS valid pins.
+ * ATTEMPT_PARTS, or ATTEMPT_UNTRUSTED with msg the whole line naming what is wrong (nothing
+ * was sent to any part). */
+int gp_connect_parse_parts(const hello_ctx *hc, const gp_hello_reply *r, gp_spread_plan *plan,
+                           char *msg, size_t mcap);
+/* Each part's settings (plan->hop) by the trust rules of a one-server redirect from `from`,
+ * every part decided before any is connected. ATTEMPT_OK, or the refusal's kind with msg
+ * naming the part: nothing is sent to any part then. */
+int gp_connect_resolve_parts(hello_ctx *hc, const gp_server_config *from, gp_spread_plan *plan,
+                             char *msg, size_t mcap);
+/* Part k's slice of the window [base, base + size) for n parts: 0 with *slice_base and
+ * *slice_size set, or -1 (the window is too small for n slices of 2 MiB). */
+int gp_connect_slice(uint64_t base, uint64_t size, int n, int k, uint64_t *slice_base,
+                     uint64_t *slice_size);
+/* Every part's reply (hc of each part, in order) stored as the device snapshot (state.c). */
+void gp_connect_store_part(int first_device, int ndevices, const uint8_t *reply, size_t len);
+void gp_spread_plan_free(gp_spread_plan *plan);
+
+/* ---- state.c: the one function of it only the connect step calls ---------------------------- */
+/* A part's hello reply: the snapshot of its devices first_device..first_device+ndevices-1
+ * (part 0's starts the snapshot as gp_state_set_snapshot does). */
+void gp_state_set_part_snapshot(int first_device, int ndevices, const gp_hello_reply *r);
 
 #endif /* GP_CONNECT_INTERNAL_H */

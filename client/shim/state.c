@@ -66,9 +66,9 @@ static void set_primary_obj(int k)
     primary_objs[k] = (gp_ctx_obj){.id = GP_PRIMARY_CTX_OF(k), .device = k, .primary = 1};
 }
 
-void gp_state_set_snapshot(const gp_hello_reply *r)
+/* A hello reply's device (the first of its lease, or of its part) into d. */
+static void snapshot_from_reply(gp_device_snapshot *d, const gp_hello_reply *r)
 {
-    gp_device_snapshot *d = &dev0;
     memset(d, 0, sizeof *d);
     size_t nl = r->name_len < sizeof d->name - 1 ? r->name_len : sizeof d->name - 1;
     memcpy(d->name, r->name, nl);
@@ -80,16 +80,22 @@ void gp_state_set_snapshot(const gp_hello_reply *r)
     d->pci_bus = r->pci_bus;
     d->pci_device = r->pci_device;
     set_attributes(d, r->attributes, r->attributes_count, r->limits, r->limits_count);
+    d->stream_priority_least = r->stream_priority_least;
+    d->stream_priority_greatest = r->stream_priority_greatest;
+    d->granularity = r->granularity;
+    d->simulated = (int)r->simulated;
+}
+
+void gp_state_set_snapshot(const gp_hello_reply *r)
+{
+    gp_device_snapshot *d = &dev0;
+    snapshot_from_reply(d, r);
     announced = r->device_count == 0               ? 1
                 : r->device_count > GP_MAX_DEVICES ? GP_MAX_DEVICES
                                                    : (int)r->device_count;
     memset(peer, 0, sizeof peer);
     memset(p2p, 0, sizeof p2p);
     set_primary_obj(0);
-    d->stream_priority_least = r->stream_priority_least;
-    d->stream_priority_greatest = r->stream_priority_greatest;
-    d->granularity = r->granularity;
-    d->simulated = (int)r->simulated;
     session_id = r->session_id;
     gp_handle_register(GP_PRIMARY_CTX_ID, GP_H_CTX, &primary_objs[0]);
     gp_log_debug("device 0: %s, %llu MiB, compute %d.%d, server driver %d%s", d->name,
@@ -98,6 +104,29 @@ void gp_state_set_snapshot(const gp_hello_reply *r)
                  d->attribute_count > 76 ? d->attributes[76] : -1, d->driver_version,
                  d->simulated ? " (simulated)" : "");
     atomic_store(&ndev, 1);
+}
+
+/* A part of a spread lease (issue 37, item 3; connect.c stores the parts in order once every one
+ * is connected). Part 0 starts the snapshot as one server's reply does (its session is the one
+ * gp_session_id names); each later part's reply describes the first of its devices, and its
+ * devices join those announced. Peer access between parts stays 0: other machines. The devices
+ * after a part's first come from device_props, as for one server (gp_state_add_device). */
+void gp_state_set_part_snapshot(int first_device, int ndevices, const gp_hello_reply *r)
+{
+    if (first_device < 0 || ndevices < 1 || first_device + ndevices > GP_MAX_DEVICES)
+        return;
+    if (first_device == 0) {
+        gp_state_set_snapshot(r);
+        announced = ndevices;
+        return;
+    }
+    snapshot_from_reply(&devs[first_device], r);
+    set_primary_obj(first_device);
+    announced = first_device + ndevices;
+    gp_log_debug("device %d (a part's first): %s, %llu MiB, server driver %d%s", first_device,
+                 devs[first_device].name, (unsigned long long)(devs[first_device].total_mem >> 20),
+                 devs[first_device].driver_version,
+                 devs[first_device].simulated ? " (simulated)" : "");
 }
 
 int gp_device_count(void)

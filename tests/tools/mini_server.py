@@ -8,12 +8,17 @@ scheduling or leases. It prints "listening on HOST:PORT" once it is ready. It sp
 
     python3 tests/tools/mini_server.py --worker build/gpupool-worker \
         --driver build/libgpupool-sim.so --simulated [--port 0] [--cache-dir DIR] \
-        [--hello-log FILE] [--queue-notices N] [--devices 0,1,2,3]
+        [--hello-log FILE] [--queue-notices N] [--devices 0,1,2,3] [--spread-parts JSON]
 
 --hello-log appends each decoded hello to FILE as one JSON line (what the client asked for);
 --queue-notices sends N GP_INFO_QUEUED notices before the worker answers, as the daemon does
 while a client waits in its queue; --devices gives each client a lease of those GPUs (the
 worker's --devices, what gpupoold's worker_session says).
+--spread-parts answers a hello that is not a part's (spread_group 0) as a fleet answers one it
+serves in parts (protocol 1.8, issue 37): GP_EREDIRECT with redirect_parts, from a JSON list of
+{"server", "gpus"[, "fingerprint", "first_device"]} ("self" is this server's address; a part's
+first_device is the sum of the gpus before it unless given, so a test can give a wrong one).
+A part's hello (spread_group != 0) goes to a worker with devices 0..gpus-1.
 """
 
 from __future__ import annotations
@@ -60,10 +65,18 @@ def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) ->
             hello = gp.Hello.decode(body)
             record = {k: getattr(hello, k) for k in (
                 "pid", "host", "user", "program", "gpu", "model", "min_memory", "va_base",
-                "va_size")}
+                "va_size", "flags", "gpus", "spread_group", "part", "parts")}
             with args.log_lock, open(args.hello_log, "a") as f:
                 f.write(json.dumps(record) + "\n")
         address = "%s:%d" % conn.getsockname()[:2]
+        devices = args.devices
+        if args.spread_parts:
+            hello = gp.Hello.decode(body)
+            if not hello.spread_group:
+                conn.sendall(gp.encode_frame(spread_redirect(args.spread_parts, address), req))
+                return
+            devices = ",".join(str(d) for d in range(hello.gpus)) if hello.gpus > 1 else ""
+
         for i in range(args.queue_notices):  # as if one went out every 5 s
             position = args.queue_notices - i
             text = (f"waiting for a GPU on {address}: position {position} of "
@@ -76,8 +89,8 @@ def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) ->
         ]
         if args.simulated:
             cmd.append("--simulated")
-        if args.devices:
-            cmd += ["--devices", args.devices]
+        if devices:
+            cmd += ["--devices", devices]
         env = dict(os.environ)
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(conn.fileno(),), env=env)
         assert proc.stdin is not None
@@ -96,6 +109,20 @@ def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) ->
             pass
 
 
+def spread_redirect(spec: str, address: str) -> gp.HelloReply:
+    """The fleet's answer naming the parts of a spread lease (--spread-parts)."""
+    parts, first = [], 0
+    for item in json.loads(spec):
+        server = address if item["server"] == "self" else item["server"]
+        parts.append(gp.RedirectPart(server=server, fingerprint=item.get("fingerprint", ""),
+                                     gpus=item["gpus"],
+                                     first_device=item.get("first_device", first)))
+        first += item["gpus"]
+    return gp.HelloReply(result=gp.GP_EREDIRECT, major=gp.MAJOR, minor=gp.MINOR,
+                         message=f"no one server has {first} free GPUs: {len(parts)} parts",
+                         spread_group=0x5EED, redirect_parts=parts)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
@@ -111,6 +138,8 @@ def main() -> int:
     ap.add_argument("--hello-log", default=None, help="append each hello as a JSON line here")
     ap.add_argument("--queue-notices", type=int, default=0,
                     help="queue notices to send before the worker answers each hello")
+    ap.add_argument("--spread-parts", default="",
+                    help="answer a hello that is not a part's with these parts (JSON list)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     args.log_lock = threading.Lock()

@@ -1,0 +1,192 @@
+"""The shim's connect step for a lease spread over several servers (issue 37, item 3; protocol
+1.8): `spread = true` puts GP_HELLO_SPREAD in the hello, and a fleet's GP_EREDIRECT naming the
+parts (redirect_parts) is checked and then followed part by part: a hello to each part's server
+with the spread group, the part's index, the count of parts, its GPUs and its own slice of the
+client's address window.
+
+tests/tools/mini_server.py stands in for the fleet (--spread-parts: it answers the client's first
+hello with the parts, every part on itself, which plain TCP's trust rules allow: a redirect is
+followed only to the client's own servers) and for each part's server (a part's hello goes to a
+worker of the simulated device). tests/c/spread_connect.c runs gp_connect_parts alone: conn.c
+does not hold one connection per part yet, so a CUDA program gets a clear refusal instead
+(test_a_cuda_program_is_told_spread_leases_are_not_supported_yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, require, run_client
+from worker_client import gp
+
+MIB2 = 2 << 20
+GROUP = 0x5EED  # mini_server's spread group
+FOUR_IN_THREE = [{"server": "self", "gpus": 1}, {"server": "self", "gpus": 2},
+                 {"server": "self", "gpus": 1}]
+
+
+@contextmanager
+def spread_server(build: Path, tmp_path: Path, parts: list[dict[str, Any]],
+                  ) -> Iterator[tuple[str, Path]]:
+    """mini_server answering a first hello with `parts`; its address and its hello log."""
+    worker, sim = build / "gpupool-worker", build / "libgpupool-sim.so"
+    require(worker.is_file() and sim.is_file(), "needs the worker and the simulated device")
+    config = tmp_path / "sim.conf"
+    config.write_text("device_count = 4\n")
+    env = {**os.environ, "GPUPOOL_SIM_CONFIG": str(config)}
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+    hellos, log = tmp_path / "hellos.jsonl", tmp_path / "mini_server.log"
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "tools" / "mini_server.py"), "--worker",
+             str(worker), "--driver", str(sim), "--simulated", "--cache-dir",
+             str(tmp_path / "cache"), "--hello-log", str(hellos), "--spread-parts",
+             json.dumps(parts)],
+            stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, text=True,
+            env=env, start_new_session=True)
+    assert proc.stdout is not None
+    with proc.stdout:
+        line = proc.stdout.readline()
+        m = re.match(r"listening on (\S+)", line)
+        try:
+            assert m, f"mini_server did not start: {line!r}\n{log.read_text()}"
+            yield m.group(1), hellos
+        finally:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    err = log.read_text(errors="replace")
+    for mark in ("AddressSanitizer", "runtime error:"):
+        assert mark not in err, err
+
+
+def client_env(server: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update({"GPUPOOL_CONFIG": "none", "GPUPOOL_TLS": "0", "GPUPOOL_SERVER": server,
+                "GPUPOOL_GPUS": "4", "GPUPOOL_SPREAD": "1", "GPUPOOL_CONNECT_TIMEOUT": "20",
+                **extra})
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+    return env
+
+
+def read_hellos(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def connect(build: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    exe = build / "tests" / "spread_connect"
+    require(exe.is_file(), f"{exe} not built")
+    proc = run_client([exe], env=env, timeout=90)
+    for mark in ("AddressSanitizer", "runtime error:"):
+        assert mark not in proc.stderr, proc.stderr
+    return proc
+
+
+@pytest.mark.san
+def test_each_part_gets_one_hello_with_its_slice_of_the_window(native_build: Path,
+                                                                tmp_path: Path) -> None:
+    with spread_server(native_build, tmp_path, FOUR_IN_THREE) as (address, hellos):
+        proc = connect(native_build, client_env(address))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASS spread_connect: 3 parts" in proc.stdout, out
+    first, *parts = read_hellos(hellos)
+    # The client's own hello: all 4 GPUs, spread asked for, the whole window, no part.
+    assert first["flags"] & gp.GP_HELLO_SPREAD and first["gpus"] == 4, first
+    assert (first["spread_group"], first["part"], first["parts"]) == (0, 0, 0), first
+    window = (first["va_base"], first["va_base"] + first["va_size"])
+    assert f"window {hex(window[0])} {hex(first['va_size'])}" in proc.stdout, out
+    # Exactly one hello per part, in order, each with its group, index, count and GPUs.
+    assert [(h["spread_group"], h["part"], h["parts"], h["gpus"]) for h in parts] == [
+        (GROUP, 0, 3, 1), (GROUP, 1, 3, 2), (GROUP, 2, 3, 1)], parts
+    assert all(h["flags"] & gp.GP_HELLO_SPREAD and h["pid"] == first["pid"] for h in parts)
+    # Slices: 2 MiB-aligned, equal, disjoint, in order, inside the client's window.
+    slices = [(h["va_base"], h["va_base"] + h["va_size"]) for h in parts]
+    assert all(b % MIB2 == 0 and (e - b) % MIB2 == 0 and e > b for b, e in slices), slices
+    assert len({e - b for b, e in slices}) == 1, slices
+    assert all(a[1] <= b[0] for a, b in zip(slices, slices[1:])), slices
+    assert window[0] <= slices[0][0] and slices[-1][1] <= window[1], (window, slices)
+    # What the caller gets: each part's devices and slice, every part connected; the snapshot
+    # announces the 4 devices.
+    got = re.findall(r"part (\d) server (\S+) first_device (\d+) ndevices (\d+) va_base (\S+) "
+                     r"va_size (\S+) session \d+ connected (\d)", proc.stdout)
+    assert [(int(f), int(n), int(b, 16), int(s, 16), c) for _, _, f, n, b, s, c in got] == [
+        (0, 1, *slices[0][:1], slices[0][1] - slices[0][0], "1"),
+        (1, 2, *slices[1][:1], slices[1][1] - slices[1][0], "1"),
+        (3, 1, *slices[2][:1], slices[2][1] - slices[2][0], "1")], out
+    assert all(server == address for _, server, *_ in got), out
+    assert "announced 4 " in proc.stdout, out
+
+
+BAD_PARTS = {
+    "a gap in first_device": (
+        [{"server": "self", "gpus": 2}, {"server": "self", "gpus": 2, "first_device": 3}],
+        "it numbered the devices out of order: part 1 (ADDR) starts at device 3, not 2. "
+        "Nothing was sent to any part"),
+    "a sum that is not gpus": (
+        [{"server": "self", "gpus": 2}, {"server": "self", "gpus": 1}],
+        "its parts hold 3 GPUs; this process asked for 4"),
+    "an address that is not one": (
+        [{"server": "self", "gpus": 2}, {"server": "gpu 2:99999", "gpus": 2}],
+        "it gave part 1 the address 'gpu 2:99999', which is not one (host:port)"),
+    "a part of no GPU": (
+        [{"server": "self", "gpus": 4}, {"server": "self", "gpus": 0}],
+        "it gave part 1 (ADDR) 0 GPUs"),
+    "one part only": ([{"server": "self", "gpus": 4}],
+                      "server ADDR offered a lease spread over several servers that this client "
+                      "refuses: it named 1 part; a spread lease has 2 to 64"),
+    "a server this client does not know (plain TCP)": (
+        [{"server": "self", "gpus": 2}, {"server": "127.0.0.1:9", "gpus": 2}],
+        "part 2 of 2 of a spread lease (2 GPUs at 127.0.0.1:9): server ADDR (plain TCP) sent "
+        "this client on to 127.0.0.1:9, which is not one of its configured servers: not "
+        "followed, nothing was sent there"),
+}
+
+
+@pytest.mark.san
+@pytest.mark.parametrize("case", list(BAD_PARTS))
+def test_bad_parts_are_refused_before_any_part_is_contacted(native_build: Path, tmp_path: Path,
+                                                            case: str) -> None:
+    parts, words = BAD_PARTS[case]
+    with spread_server(native_build, tmp_path, parts) as (address, hellos):
+        proc = connect(native_build, client_env(address))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "FAIL spread_connect" in proc.stdout, out
+    assert words.replace("ADDR", address) in proc.stderr, out
+    assert len(proc.stderr.strip().splitlines()) == 1, out  # one line says it all
+    # Only the client's own hello: no part got one.
+    assert [h["spread_group"] for h in read_hellos(hellos)] == [0], out
+
+
+def test_parts_are_refused_when_spread_is_off(native_build: Path, tmp_path: Path) -> None:
+    """A server that offers parts to a client that did not ask (no GP_HELLO_SPREAD)."""
+    with spread_server(native_build, tmp_path, FOUR_IN_THREE) as (address, hellos):
+        proc = connect(native_build, client_env(address, GPUPOOL_SPREAD="0"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "offered a lease spread over 3 servers, which this client did not ask for" in out
+    (first,) = read_hellos(hellos)
+    assert not first["flags"] & gp.GP_HELLO_SPREAD and first["gpus"] == 4, first
+
+
+def test_a_cuda_program_is_told_spread_leases_are_not_supported_yet(native_build: Path,
+                                                                    tmp_path: Path) -> None:
+    """conn.c holds one connection (gp_connect): a spread lease fails cuInit with one line that
+    says so and what to do, before any part is contacted."""
+    exe = native_build / "tests" / "shim_scenarios"
+    require(exe.is_file(), f"{exe} not built")
+    with spread_server(native_build, tmp_path, FOUR_IN_THREE) as (address, hellos):
+        proc = run_client([exe, "basic"], env=client_env(address), timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert (f"server {address} offered this process's 4 GPUs spread over 3 servers (1 GPU at "
+            f"{address}, 2 GPUs at {address}, 1 GPU at {address})") in proc.stderr, out
+    assert "(not supported by this build yet). Set GPUPOOL_SPREAD=0" in proc.stderr, out
+    assert [h["spread_group"] for h in read_hellos(hellos)] == [0], out
