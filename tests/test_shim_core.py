@@ -390,11 +390,12 @@ def test_hello_asks_for_gpus_and_memory(native_build: Path, fake: Callable[..., 
 
 
 # An older server's hello reply is shorter: a 1.3 server's ends before redirect_fingerprint (its
-# empty string: 4 bytes) and 1.6's device_count, memory_quota (12); a 1.4-1.5 server's before
-# those 12. The shim reads the missing fields as 0 and runs as it did (connect_hello.c pads).
+# empty string: 4 bytes), 1.6's device_count, memory_quota (12) and 1.8's spread_group and empty
+# redirect_parts (12); a 1.4-1.5 server's before 1.6's and 1.8's (24); a 1.6-1.7 server's before
+# 1.8's (12). The shim reads the missing fields as 0 and runs as it did (connect_hello.c pads).
 @pytest.mark.parametrize(("minor", "trim", "works"), [
-    (3, 16, True), (5, 12, True),
-    (6, 12, False),  # a 1.6 server's reply that short is broken, not older
+    (3, 28, True), (5, 24, True), (7, 12, True),
+    (6, 24, False),  # a 1.6 server's reply that short is broken, not older
 ])
 def test_an_older_servers_shorter_hello_reply(native_build: Path, fake: Callable[..., FakeServer],
                                               minor: int, trim: int, works: bool) -> None:
