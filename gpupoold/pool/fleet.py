@@ -148,6 +148,12 @@ def _parts(q: QueueRow, res: SyncResult) -> tuple[int, tuple[Part, ...]]:
     return (q.ticket, tuple(parts)) if parts else (0, ())
 
 
+def _is_part(w: Waiter) -> bool:
+    """Whether `w` is the hello of a spread lease's part, which claims the GPUs held for it (a
+    part's lease coming back after an idle detach is not: it takes its own GPUs back)."""
+    return w.req.spread_group != 0 and w.returning is None and w.only is None
+
+
 def _as_gpu(g: GpuRow) -> Gpu:
     return Gpu(index=g.index, name=g.name, uuid=g.uuid, simulated=g.simulated, driver="",
                ordinal=g.index, memory_total=g.memory_total)
@@ -569,7 +575,7 @@ class FleetQueue:
                 only=only, redirectable=w.redirectable and not _INDEX.fullmatch(w.req.gpu),
                 joined=w.joined_wall, state="waiting", gpus=w.req.gpus,
                 spread=w.req.spread and w.redirectable and only is None,
-                claim=(w.req.spread_group, w.req.part) if w.req.spread_group else None)))
+                claim=(w.req.spread_group, w.req.part) if _is_part(w) else None)))
         unassign = self._unassign
         self._unassign = []
         off = self.pool.away()
@@ -585,7 +591,7 @@ class FleetQueue:
             w = new[key]
             if w in waiting_now:
                 self._tickets[w] = ticket
-            elif w.req.spread_group == 0:
+            elif not _is_part(w):
                 self._gone.append(ticket)  # it left during the sync
             # (a spread lease's part that left: its hold runs out, and the lease with it)
         for key, why in res.unclaimed.items():  # a spread lease's part with nothing held here
@@ -613,7 +619,7 @@ class FleetQueue:
         # (its own server's part too: a part is claimed by a hello of its own).
         for ticket, w in list(by_ticket.items()):
             q = rows.get(ticket)
-            if q is None or q.state != "assigned" or w.req.spread_group \
+            if q is None or q.state != "assigned" or _is_part(w) \
                     or (q.assigned_server == self.server and not q.parts):
                 continue
             server = res.servers.get(q.assigned_server or "", {})
