@@ -190,3 +190,17 @@ def test_a_cuda_program_is_told_spread_leases_are_not_supported_yet(native_build
             f"{address}, 2 GPUs at {address}, 1 GPU at {address})") in proc.stderr, out
     assert "(not supported by this build yet). Set GPUPOOL_SPREAD=0" in proc.stderr, out
     assert [h["spread_group"] for h in read_hellos(hellos)] == [0], out
+
+
+@pytest.mark.san
+def test_the_checks_over_tls_and_the_slices(native_build: Path) -> None:
+    """tests/c/test_connect_parts.c: pins over TLS, a part's pin against the client's own pin
+    for that address, hostile lists (a NUL in an address, tls://, overlapping devices, a huge
+    count), the window slices at their edges."""
+    exe = native_build / "tests" / "test_connect_parts"
+    require(exe.is_file(), f"{exe} not built")
+    proc = run_client([exe], timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "all checks passed" in proc.stdout, out
+    for mark in ("AddressSanitizer", "runtime error:"):
+        assert mark not in out, out
