@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, require, run_client
+from conftest import REPO, require, run_client, wait_until
 from worker_client import gp
 
 MIB2 = 2 << 20
@@ -204,3 +204,24 @@ def test_the_checks_over_tls_and_the_slices(native_build: Path) -> None:
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, out
     for mark in ("AddressSanitizer", "runtime error:"):
         assert mark not in out, out
+
+
+def test_two_real_servers_spread_a_lease_of_4_and_the_shim_connects_both_parts(
+        start_daemon: Any, native_build: Path, pg_url: str) -> None:
+    """The fleet's side and the shim's together: two gpupoold --simulated 2 on one PostgreSQL,
+    a client of 4 GPUs with spread (both servers its own: plain TCP's trust rules) gets a part
+    of 2 GPUs from each, in device order, and says a part's hello to each."""
+    a, b = (start_daemon("--database", pg_url, simulated=2, build_dir=native_build, tls=False)
+            for _ in range(2))
+    wait_until("A sees the fleet's 4 GPUs",
+               lambda: [(v["state"], len(v["gpus"])) for v in a.get_json("/api/v1/fleet")[
+                   "servers"]] == [("up", 2), ("up", 2)])
+    servers = {f"{s.host}:{s.port}" for s in (a, b)}
+    proc = connect(native_build, client_env(",".join(sorted(servers)), GPUPOOL_TOKEN=a.token))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASS spread_connect: 2 parts" in proc.stdout, out
+    got = re.findall(r"part \d server (\S+) first_device (\d+) ndevices (\d+) .* connected 1",
+                     proc.stdout)
+    assert [(f, n) for _, f, n in got] == [("0", "2"), ("2", "2")], out
+    assert {server for server, _, _ in got} == servers, out
+    assert "announced 4 " in proc.stdout, out
