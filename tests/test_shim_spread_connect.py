@@ -165,6 +165,24 @@ def test_bad_parts_are_refused_before_any_part_is_contacted(native_build: Path, 
     assert [h["spread_group"] for h in read_hellos(hellos)] == [0], out
 
 
+@pytest.mark.san
+def test_a_part_refused_by_its_server_closes_the_parts_before_it(native_build: Path,
+                                                                 tmp_path: Path) -> None:
+    refusal = "part 1 of this lease is no longer held here; run the program again"
+    parts = [{"server": "self", "gpus": 2}, {"server": "self", "gpus": 2, "refuse": refusal}]
+    with spread_server(native_build, tmp_path, parts) as (address, hellos):
+        proc = connect(native_build, client_env(address))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"gpupool: cannot connect part 2 of 2 (2 GPUs at {address}) of this process's lease "
+            f"spread over 2 servers: {refusal}. The parts connected before it were closed; the "
+            "fleet releases the parts nobody claims."), out
+        # Part 0 got its hello (and its worker), part 1 its hello, once each.
+        assert [(h["part"], h["parts"], h["gpus"]) for h in read_hellos(hellos)[1:]] == [
+            (0, 2, 2), (1, 2, 2)], out
+
+
 def test_parts_are_refused_when_spread_is_off(native_build: Path, tmp_path: Path) -> None:
     """A server that offers parts to a client that did not ask (no GP_HELLO_SPREAD)."""
     with spread_server(native_build, tmp_path, FOUR_IN_THREE) as (address, hellos):

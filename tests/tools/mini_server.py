@@ -16,9 +16,11 @@ while a client waits in its queue; --devices gives each client a lease of those 
 worker's --devices, what gpupoold's worker_session says).
 --spread-parts answers a hello that is not a part's (spread_group 0) as a fleet answers one it
 serves in parts (protocol 1.8, issue 37): GP_EREDIRECT with redirect_parts, from a JSON list of
-{"server", "gpus"[, "fingerprint", "first_device"]} ("self" is this server's address; a part's
-first_device is the sum of the gpus before it unless given, so a test can give a wrong one).
-A part's hello (spread_group != 0) goes to a worker with devices 0..gpus-1.
+{"server", "gpus"[, "fingerprint", "first_device", "refuse"]} ("self" is this server's address;
+a part's first_device is the sum of the gpus before it unless given, so a test can give a wrong
+one). A part's hello (spread_group != 0) goes to a worker with devices 0..gpus-1, unless its
+part has "refuse": then it is refused (GP_EREFUSED) with that text, as a server whose part is no
+longer held refuses it.
 """
 
 from __future__ import annotations
@@ -74,6 +76,13 @@ def serve_one(conn: socket.socket, args: argparse.Namespace, session_id: int) ->
             hello = gp.Hello.decode(body)
             if not hello.spread_group:
                 conn.sendall(gp.encode_frame(spread_redirect(args.spread_parts, address), req))
+                return
+            spec = json.loads(args.spread_parts)
+            if hello.part < len(spec) and spec[hello.part].get("refuse"):
+                conn.sendall(gp.encode_frame(gp.HelloReply(
+                    result=gp.GP_EREFUSED, major=gp.MAJOR, minor=gp.MINOR,
+                    message=spec[hello.part]["refuse"]), req))
+                conn.recv(1)  # until the client closes: it must not wait for anything else
                 return
             devices = ",".join(str(d) for d in range(hello.gpus)) if hello.gpus > 1 else ""
 
