@@ -39,10 +39,17 @@ static hello_ctx ctx(int tls, int gpus)
 static int parse(hello_ctx *hc, const gp_redirect_part *parts, uint32_t n, uint64_t group,
                  char *msg, size_t mcap)
 {
-    gp_hello_reply r = {.result = GP_EREDIRECT, .major = GP_PROTO_MAJOR, .minor = GP_PROTO_MINOR,
-                        .message = "", .server = "", .name = "", .redirect = "",
-                        .redirect_fingerprint = "", .spread_group = group,
-                        .redirect_parts = {.count = n}, .redirect_parts_items = parts};
+    gp_hello_reply r = {.result = GP_EREDIRECT,
+                        .major = GP_PROTO_MAJOR,
+                        .minor = GP_PROTO_MINOR,
+                        .message = "",
+                        .server = "",
+                        .name = "",
+                        .redirect = "",
+                        .redirect_fingerprint = "",
+                        .spread_group = group,
+                        .redirect_parts = {.count = n},
+                        .redirect_parts_items = parts};
     size_t len = gp_hello_reply_size(&r);
     uint8_t *body = malloc(len);
     if (!body)
@@ -58,9 +65,12 @@ static int parse(hello_ctx *hc, const gp_redirect_part *parts, uint32_t n, uint6
 
 static gp_redirect_part part(const char *server, const char *pin, uint32_t gpus, uint32_t first)
 {
-    return (gp_redirect_part){.server = server, .server_len = (uint32_t)strlen(server),
-                              .fingerprint = pin, .fingerprint_len = (uint32_t)strlen(pin),
-                              .gpus = gpus, .first_device = first};
+    return (gp_redirect_part){.server = server,
+                              .server_len = (uint32_t)strlen(server),
+                              .fingerprint = pin,
+                              .fingerprint_len = (uint32_t)strlen(pin),
+                              .gpus = gpus,
+                              .first_device = first};
 }
 
 static void test_pins_over_tls(void)
@@ -102,8 +112,7 @@ static void test_hostile_lists(void)
     nul[1].server_len = 11;
     CHECK_EQ(parse(&hc, nul, 2, 5, msg, sizeof msg), ATTEMPT_UNTRUSTED);
     CHECK(strstr(msg, "it gave part 1 the address") != NULL);
-    gp_redirect_part prefixed[] = {part("tls://gpu1:7070", "", 2, 0),
-                                   part("gpu2:7070", "", 2, 2)};
+    gp_redirect_part prefixed[] = {part("tls://gpu1:7070", "", 2, 0), part("gpu2:7070", "", 2, 2)};
     CHECK_EQ(parse(&hc, prefixed, 2, 5, msg, sizeof msg), ATTEMPT_UNTRUSTED);
     gp_redirect_part overlap[] = {part("gpu1:7070", "", 2, 0), part("gpu2:7070", "", 2, 1)};
     CHECK_EQ(parse(&hc, overlap, 2, 5, msg, sizeof msg), ATTEMPT_UNTRUSTED);
