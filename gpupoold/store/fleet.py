@@ -219,7 +219,8 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         # A spread lease's other parts' servers: a part let go here (never claimed) ends the
         # ticket, and they let their held parts go at once rather than at their own deadline.
         for r in db.execute(f"SELECT assigned_parts FROM fleet_queue WHERE ticket IN "
-                            f"{_in(inp.finished)} AND spread <> 0", tuple(inp.finished)):
+                            f"{_in(inp.finished)} AND spread <> 0",
+                            tuple(inp.finished)).fetchall():
             concerned.update(server for server, _ in json.loads(r["assigned_parts"] or "[]"))
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' WHERE server = ? "
                    f"AND holder IN {_in(inp.finished)}", (me, *inp.finished))
