@@ -21,11 +21,13 @@ import pytest
 from conftest import wait_until
 from gpupool.wire.frames import read_frame
 from test_fleet import gpu, waiter
+from test_fleet_multi_gpu import ended
 from test_fleet_one_queue import Server, leased, server, sync  # noqa: F401  (server: a fixture)
 from test_hostile_tenant import VA_BASE, VA_SIZE
 from test_leases import client
 
 from gpupoold.pool.fleet import Part, PartRefused, Redirect, match
+from gpupoold.pool.fleet_view import fleet_queue
 from gpupoold.pool.requirements import Requirements
 from gpupoold.pool.slots import FREE, LEASED
 from gpupoold.store.database import StoreDB
@@ -183,6 +185,27 @@ async def test_the_redirect_names_the_parts_and_each_part_hello_claims_its_gpus(
     for m, lease, k in ((a, parts[0], 0), (b, parts[1], 1)):
         assert [s.lease for s in m.slots] == [lease, lease]
         assert m.store.spread[lease.id] == (sent.group, k, 2)  # type: ignore[attr-defined]
+        assert m.store.started[lease.id].request == (  # type: ignore[attr-defined]
+            f"2 GPUs, part {k} of 2 of spread lease {sent.group}")
+
+
+async def test_a_spread_waiter_waits_for_n_free_in_the_fleet_and_the_queue_says_so(
+        server: Server) -> None:  # noqa: F811
+    a = await server("a", 2)
+    b = await server("b", 2)
+    await leased(b, 5, "carol")  # 3 free in the fleet
+    w = a.enqueue(Requirements(gpus=4, spread=True), "alice", client(2), redirectable=True)
+    small = a.enqueue(Requirements(), "bob", client(3), redirectable=True)
+    await sync(a, b, a)
+    assert not w.future.done() and not small.future.done()  # the 3 are held back for alice
+    assert a.fleet is not None
+    assert [(q["token"], q["request"]) for q in fleet_queue(a.fleet, None, "a")] == [  # type: ignore[arg-type]
+        ("alice", "4 GPUs (spread)"), ("bob", "any GPU")]
+    await ended(b, 0)  # the 4th is free: alice gets all 4 at once, in two parts
+    await sync(b, a)
+    sent = await asyncio.wait_for(w.future, 1)
+    assert isinstance(sent, Redirect) and [p.server for p in sent.parts] == ["a", "b"]
+    assert not small.future.done()
 
 
 async def test_a_part_never_claimed_is_let_go_and_the_other_parts_with_it(

@@ -53,7 +53,8 @@ def fleet_queue(fleet: FleetQueue | None, views: PoolViews, this: str) -> list[d
         return [{**w, "server": this} for w in views.queue_view()]
     waiting = [q for q in fleet.last.queue if q.state == "waiting"]
     return [{"position": n + 1, "ticket": q.ticket, "server": q.server, "token": q.token,
-             "client": q.client, "request": Requirements(**q.request, gpus=q.gpus).describe(),
+             "client": q.client, "request": Requirements(**q.request, gpus=q.gpus,
+                                                            spread=q.spread).describe(),
              "since": q.joined} for n, q in enumerate(waiting)]
 
 

@@ -99,7 +99,9 @@ class Requirements:
     def describe(self) -> str:
         parts = []
         if self.gpus > 1:
-            parts.append(f"{self.gpus} GPUs")
+            parts.append(f"{self.gpus} GPUs" + (" (spread)" if self.spread else ""))
+        if self.spread_group:
+            parts.append(f"part {self.part} of {self.parts} of spread lease {self.spread_group}")
         if self.gpu:
             parts.append(f"GPU {self.gpu}")
         if self.model:
