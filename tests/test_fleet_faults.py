@@ -369,22 +369,26 @@ def test_postgresql_killed_mid_transaction_and_restarted(
 def test_a_server_cut_off_from_the_other_servers_but_not_from_the_database(
         lan: Lan, hosts: dict[str, GpupoolServer], hold_gpu: Path,  # noqa: F811
         pg_url: str, clients: list[subprocess.Popen[str]]) -> None:
-    """Three hosts on a LAN (tests/test_fleet_netns.py; B's GPU quarantined); A and C cannot
+    """Three hosts on a LAN (tests/test_fleet_netns.py; B's GPU 0 quarantined, its GPU 1
+    drained here); A and C cannot
     reach each other (blackhole routes both ways), all reach PostgreSQL and the clients reach
-    all. The fleet goes on through the database: a client naming A while A's GPU is taken is
+    all. The fleet goes on through the database: a client naming A while A's GPUs are taken is
     sent to C's, nobody is marked down, and an admin action for C sent to A fails with a 502
     that says C did not answer, and works again once they reach each other (a guard: today's
     main was right here)."""
-    a, c = hosts["a"], hosts["c"]
+    a, b, c = hosts["a"], hosts["b"], hosts["c"]
     wait_until("three servers up", lambda: (
         n := lan_names(a), len(n) == 3 and all(v["state"] == "up" for v in n.values()))[-1])
     name = {h: next(k for k, v in lan_names(s).items() if v["this"]) for h, s in hosts.items()}
     routes = [(lan.ns["a"], f"{LAN}.{HOSTS['c']}/32"), (lan.ns["c"], f"{LAN}.{HOSTS['a']}/32")]
     for ns, dest in routes:
         sh("ip", "-n", ns, "route", "add", "blackhole", dest)
+    # A and B have 2 GPUs each since the netns fleet serves a lease of 2 (2e45575): B's second
+    # is drained, so that C's GPU is the only one free in the fleet once A's two are leased.
+    b.api("POST", "/api/v1/gpus/1/drain")
     try:
         cut_at = time.monotonic()
-        on_a = lan_client(lan, a, hold_gpu, 8000, 1)
+        on_a = lan_client(lan, a, hold_gpu, 8000, 1, env={"GPUPOOL_GPUS": "2"})  # both of A's
         clients.append(on_a)
         wait_until("a lease on A", lambda: lan_active(a))
         sent = lan_client(lan, a, hold_gpu, 0, 2)  # names A: sent to C's GPU
@@ -403,6 +407,7 @@ def test_a_server_cut_off_from_the_other_servers_but_not_from_the_database(
     finally:
         for ns, dest in routes:
             sh("ip", "-n", ns, "route", "del", "blackhole", dest, check=False)
+        b.api("POST", "/api/v1/gpus/1/undrain")
     reply = a.api("POST", f"/api/v1/servers/{name['c']}/gpus/0/drain")
     assert reply["server"] == name["c"] and reply["draining"] is True
     a.api("POST", f"/api/v1/servers/{name['c']}/gpus/0/undrain")
