@@ -1,5 +1,8 @@
 /*
- * conn.c: the one TCP connection of this process to its gpupool worker.
+ * conn.c: the TCP connection of this process to its gpupool worker. A connection's state is a
+ * gp_conn (conn_state.h) and the functions here take the one they act on; the process has one
+ * (process_conn), which the public functions use (a lease spread over servers will have one per
+ * part: docs/multi-gpu.md, "Across servers").
  *
  *  - gp_conn_ensure: connect once per process (connect.c does the talking: VA window, hello,
  *    snapshot, the one-line error), pthread_once-like; then start the two threads below.
@@ -21,8 +24,8 @@
  *  - Keepalive (when the server promised it, GP_HELLO_KEEPALIVE; keepalive.c keeps the clock):
  *    reads wake every GP_KA_SLICE_MS; whoever reads while a reply is awaited pings a quiet
  *    server and fails the connection when it stays silent for GPUPOOL_SERVER_TIMEOUT seconds.
- * Lock order: send_lock before wait_lock; the receiver takes send_lock only with trylock (its
- * keepalive ping), never waiting for it.
+ * Lock order (a connection's own locks): send_lock before wait_lock; the receiver takes
+ * send_lock only with trylock (its keepalive ping), never waiting for it.
  *  - TLS (tls != NULL; tls.c): the same flow, with the socket calls replaced by the session's
  *    (which locks itself per call, so a sender and the reader may use it at once). OpenSSL may
  *    hold received bytes that poll() cannot see: the reader drains them before giving the role
@@ -44,6 +47,7 @@
 #include <unistd.h>
 
 #include "compress.h"
+#include "conn_state.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -52,104 +56,51 @@
 #define FLUSH_DELAY_NS 50000ull      /* flusher: this long after the last append... */
 #define FLUSH_MAX_DELAY_NS 500000ull /* ...but never later than this after the first one */
 
-enum {
-    ST_NONE,
-    ST_READY,
-    ST_FAILED,
-    ST_FORKED,
-    ST_CLOSED
-};
-
-static atomic_int state = ST_NONE;
-static atomic_int dead;
 /* cuInit succeeded (cuDriverGetVersion may connect earlier, but the other calls still answer
- * CUDA_ERROR_NOT_INITIALIZED until cuInit, as the driver does). */
+ * CUDA_ERROR_NOT_INITIALIZED until cuInit, as the driver does). Process-wide, whatever the
+ * number of connections: cuInit is once per process, and so is the connecting it does (a lease
+ * of several parts connects to all of them under init_lock). */
 static atomic_int initialized;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED; /* guarded by init_lock */
 
-static int sock = -1;
-static gp_tls *tls;           /* the TLS session with the worker, or NULL (plaintext) */
-static char server_desc[300]; /* "host:port" of the server in use */
-
-/* ---- send side (send_lock) ---- */
-static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t flush_cv; /* CLOCK_MONOTONIC; the flusher waits on it */
-/* The stream to the worker (conn_write.c): the batch of frames not yet written, and the socket
- * and TLS session once connected. */
-static gp_writer ws = {.sock = -1, .dead = &dead};
-static uint64_t first_append_ns, last_append_ns;
-static uint64_t last_ctx_sent; /* UINT64_MAX: unknown */
+/* The calling thread's context for the worker (gp_conn_use_ctx): per thread, not per
+ * connection (the program sets its current context without naming a server); each connection
+ * remembers what it last sent (last_ctx_sent). */
 static __thread uint64_t tl_wire_ctx;
 
-/* ---- waiters (wait_lock) ---- */
-typedef struct waiter {
-    uint64_t req;
-    int detached;
-    void *dst;
-    uint64_t cap;
-    int done;
-    int32_t result;
-    uint8_t *body;
-    size_t len;
-    uint64_t bulk_len;
-    int want_role; /* waits on cv for its reply or for the reader role */
-    pthread_cond_t cv;
-    struct waiter *next;
-    struct waiter *next_want; /* in the want list while want_role */
-} waiter;
-static pthread_mutex_t wait_lock = PTHREAD_MUTEX_INITIALIZER;
-static waiter *wait_head, *wait_tail;
-
-/* ---- the reader role (wait_lock) ----
- * One thread at a time reads the socket: the receiver thread, or a caller of gp_request
- * waiting for its reply (the leader), which reads and dispatches every frame itself until its
- * own reply has come, so the common round trip needs no thread hand-off. The receiver waits in
- * poll() without the role, takes it only while no caller holds it, and parks on role_cv while
- * a caller does. A leader drains what it buffered before it gives the role back. */
-enum {
-    RD_NONE,
-    RD_RECEIVER,
-    RD_CALLER
-};
-static int reader;          /* RD_* */
-static int recv_parked;     /* the receiver waits on role_cv */
-static uint64_t reader_gen; /* counts the times a caller took the role */
-/* After a caller gives the role back, the receiver stays off the socket this long (unless
- * detached requests are outstanding), so back-to-back round trips do not wake it each time;
- * notices and loss that arrive meanwhile are seen at most this late. */
+/* After a caller gives the role back, the receiver stays off the socket this long (linger_until;
+ * unless detached requests are outstanding), so back-to-back round trips do not wake it each
+ * time; notices and loss that arrive meanwhile are seen at most this late. */
 #define LINGER_NS 2000000ull
-static uint64_t linger_until;
-static int detached_count; /* detached waiters in the list */
-/* Waiters blocked on their cv for the reader role, oldest first: a list of their own, because
- * the waiter list may hold thousands of detached copies, and scanning it at every release of the
- * role made 16384 small asynchronous downloads quadratic (0.15 GB/s instead of 3). */
-static waiter *want_head, *want_tail;
-static pthread_cond_t role_cv; /* CLOCK_MONOTONIC */
-/* The receiver thread, joinable: at exit over TLS it is joined (stop_receiver) so that no thread
- * of ours is inside OpenSSL, or running its thread-exit clean-up, while OpenSSL's own exit
- * handler frees the same state. Set once by gp_conn_ensure under init_lock. */
-static pthread_t receiver_thread;
-static int receiver_started;
-/* The stream in (conn_read.c): its buffer, and the socket and TLS session once connected; only
- * the reader touches it. */
-static int silence_check(const char **why);
-static gp_reader rs = {.sock = -1, .quiet = silence_check};
-static atomic_int lz4_on; /* LZ4-compressed copies negotiated (connect.c) */
+
+/* The stream in: a read slice passed in silence asks silence_check (rs.quiet). */
+static int silence_check(void *owner, const char **why);
+
+/* The process's one connection (a lease spread over servers will have one per part). */
+static gp_conn process_conn = {
+    .state = ST_NONE,
+    .sock = -1,
+    .send_lock = PTHREAD_MUTEX_INITIALIZER,
+    .ws = {.sock = -1, .dead = &process_conn.dead, .ka = &process_conn.ka},
+    .wait_lock = PTHREAD_MUTEX_INITIALIZER,
+    .rs = {.sock = -1, .ka = &process_conn.ka, .quiet = silence_check, .owner = &process_conn},
+};
 
 /* ---- keepalive (keepalive.c keeps the clock) ---- */
 #define KEEPALIVE_REQ UINT64_MAX /* our pings' request id: their replies are dropped */
 
 /* ============================================================================== state == */
 
-CUresult gp_check_init(void)
+/* The connection is ready for the program's calls (gp_check_init). */
+static inline CUresult conn_check_init(gp_conn *c)
 {
-    switch (atomic_load_explicit(&state, memory_order_acquire)) {
+    switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
     case ST_READY:
         if (!atomic_load_explicit(&initialized, memory_order_relaxed))
             return CUDA_ERROR_NOT_INITIALIZED;
-        return atomic_load_explicit(&dead, memory_order_relaxed) ? GP_LOST_CONNECTION_ERROR
-                                                                 : CUDA_SUCCESS;
+        return atomic_load_explicit(&c->dead, memory_order_relaxed) ? GP_LOST_CONNECTION_ERROR
+                                                                    : CUDA_SUCCESS;
     case ST_CLOSED:
         return CUDA_ERROR_DEINITIALIZED;
     default:
@@ -157,9 +108,14 @@ CUresult gp_check_init(void)
     }
 }
 
+CUresult gp_check_init(void)
+{
+    return conn_check_init(&process_conn);
+}
+
 int gp_conn_attempted(void)
 {
-    return atomic_load(&state) != ST_NONE;
+    return atomic_load(&process_conn.state) != ST_NONE;
 }
 
 CUresult gp_conn_init(void)
@@ -171,22 +127,23 @@ CUresult gp_conn_init(void)
     }
     return r;
 }
+
 const char *gp_conn_server(void)
 {
-    return server_desc;
+    return process_conn.server_desc;
 }
 
 /* ========================================================================== loss == */
 
-static void conn_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void conn_fail(const char *fmt, ...)
+static void conn_fail(gp_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void conn_fail(gp_conn *c, const char *fmt, ...)
 {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&dead, &expected, 1))
+    if (!atomic_compare_exchange_strong(&c->dead, &expected, 1))
         return;
-    if (sock >= 0)
-        shutdown(sock, SHUT_RDWR); /* unblocks a sender stuck in sendmsg */
-    if (atomic_load(&state) == ST_READY) {
+    if (c->sock >= 0)
+        shutdown(c->sock, SHUT_RDWR); /* unblocks a sender stuck in sendmsg */
+    if (atomic_load(&c->state) == ST_READY) {
         char reason[512];
         va_list ap;
         va_start(ap, fmt);
@@ -194,14 +151,14 @@ static void conn_fail(const char *fmt, ...)
         va_end(ap);
         gp_log_error("lost connection to server %s (%s); CUDA calls now fail with "
                      "CUDA_ERROR_DEVICE_UNAVAILABLE",
-                     server_desc, reason);
+                     c->server_desc, reason);
     }
-    pthread_mutex_lock(&wait_lock);
-    waiter *w = wait_head;
-    wait_head = wait_tail = NULL;
-    detached_count = 0;
+    pthread_mutex_lock(&c->wait_lock);
+    gp_waiter *w = c->wait_head;
+    c->wait_head = c->wait_tail = NULL;
+    c->detached_count = 0;
     while (w) {
-        waiter *next = w->next;
+        gp_waiter *next = w->next;
         if (w->detached) {
             free(w);
         } else {
@@ -211,52 +168,53 @@ static void conn_fail(const char *fmt, ...)
         }
         w = next;
     }
-    pthread_cond_broadcast(&role_cv);
-    pthread_mutex_unlock(&wait_lock);
+    pthread_cond_broadcast(&c->role_cv);
+    pthread_mutex_unlock(&c->wait_lock);
     /* Without send_lock: a sender that fails calls this while holding it. A missed wake-up only
      * leaves the idle flusher asleep, which is harmless. */
-    pthread_cond_broadcast(&flush_cv);
+    pthread_cond_broadcast(&c->flush_cv);
 }
 
 /* ====================================================================== sending == */
 
 /* Write the batch followed by up to two extra buffers (flush_locked), or compressed data
  * (gp_post_lz4). Caller holds send_lock. 0, or -1 (the connection failed: conn_fail said why). */
-static int write_failed(int rc, const char *why)
+static int write_failed(gp_conn *c, int rc, const char *why)
 {
     if (rc == GP_WRITE_TIMED_OUT) {
         /* only with a send timeout (at exit, or the keepalive's): give up */
-        if (gp_ka_on() && atomic_load(&state) == ST_READY)
-            conn_fail("the server took no data for %.0f s: it is hung or stopped, or the network "
+        if (gp_ka_on(&c->ka) && atomic_load(&c->state) == ST_READY)
+            conn_fail(c,
+                      "the server took no data for %.0f s: it is hung or stopped, or the network "
                       "is cut (GPUPOOL_SERVER_TIMEOUT)",
-                      gp_ka_timeout_s());
+                      gp_ka_timeout_s(&c->ka));
         else
-            conn_fail("send timed out");
+            conn_fail(c, "send timed out");
     } else if (rc == GP_WRITE_FAILED) {
-        conn_fail("%s", why);
+        conn_fail(c, "%s", why);
     }
     return rc == GP_WRITE_OK ? 0 : -1;
 }
 
-static int flush_locked(const void *a, size_t alen, const void *b, size_t blen)
+static int flush_locked(gp_conn *c, const void *a, size_t alen, const void *b, size_t blen)
 {
     char why[300];
-    return write_failed(gp_write_flush(&ws, a, alen, b, blen, why, sizeof why), why);
+    return write_failed(c, gp_write_flush(&c->ws, a, alen, b, blen, why, sizeof why), why);
 }
 
 /* Before a frame of the calling thread: switch the worker's context if this thread's differs
  * from the last one sent. Caller holds send_lock. */
-static int apply_ctx_locked(void)
+static int apply_ctx_locked(gp_conn *c)
 {
     uint64_t want = tl_wire_ctx;
-    if (want == 0 || want == last_ctx_sent)
+    if (want == 0 || want == c->last_ctx_sent)
         return 0;
     gp_ctx_set_current m = {.ctx = want};
     uint8_t f[16 + 8];
     size_t n = gp_ctx_set_current_frame(f, gp_conn_new_req(), &m);
-    if (gp_write_append(&ws, f, n) != 0)
+    if (gp_write_append(&c->ws, f, n) != 0)
         return -1;
-    last_ctx_sent = want;
+    c->last_ctx_sent = want;
     return 0;
 }
 
@@ -267,73 +225,78 @@ void gp_conn_use_ctx(uint64_t ctx_id)
 
 void gp_conn_forget_ctx(void)
 {
-    pthread_mutex_lock(&send_lock);
-    last_ctx_sent = UINT64_MAX;
-    pthread_mutex_unlock(&send_lock);
+    gp_conn *c = &process_conn;
+    pthread_mutex_lock(&c->send_lock);
+    c->last_ctx_sent = UINT64_MAX;
+    pthread_mutex_unlock(&c->send_lock);
 }
 
 /* A frame was appended: make sure the flusher will send it soon. Caller holds send_lock. */
-static void kick_flusher_locked(size_t len_before)
+static void kick_flusher_locked(gp_conn *c, size_t len_before)
 {
     uint64_t now = gp_mono_ns();
-    last_append_ns = now;
+    c->last_append_ns = now;
     if (len_before == 0) {
-        first_append_ns = now;
-        pthread_cond_signal(&flush_cv);
+        c->first_append_ns = now;
+        pthread_cond_signal(&c->flush_cv);
     }
 }
 
 /* Queue header+body (+ bulk) of a fire-and-forget frame. Caller holds send_lock. */
-static CUresult post_locked(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
+static CUresult post_locked(gp_conn *c, uint8_t *frame, size_t frame_len, const void *bulk,
+                            uint64_t bulk_len)
 {
-    if (atomic_load(&dead))
+    if (atomic_load(&c->dead))
         return GP_LOST_CONNECTION_ERROR;
-    size_t before = ws.len;
-    if (apply_ctx_locked() != 0)
+    size_t before = c->ws.len;
+    if (apply_ctx_locked(c) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (bulk_len > DIRECT_BULK) {
-        if (flush_locked(frame, frame_len, bulk, bulk_len) != 0)
+        if (flush_locked(c, frame, frame_len, bulk, bulk_len) != 0)
             return GP_LOST_CONNECTION_ERROR;
         return CUDA_SUCCESS;
     }
-    if (gp_write_append(&ws, frame, frame_len) != 0 || gp_write_append(&ws, bulk, bulk_len) != 0) {
-        ws.len = before;            /* never leave half a frame behind... */
-        last_ctx_sent = UINT64_MAX; /* ...nor believe a dropped context switch went out */
+    if (gp_write_append(&c->ws, frame, frame_len) != 0 ||
+        gp_write_append(&c->ws, bulk, bulk_len) != 0) {
+        c->ws.len = before;            /* never leave half a frame behind... */
+        c->last_ctx_sent = UINT64_MAX; /* ...nor believe a dropped context switch went out */
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (ws.len >= BATCH_LIMIT) {
-        if (flush_locked(NULL, 0, NULL, 0) != 0)
+    if (c->ws.len >= BATCH_LIMIT) {
+        if (flush_locked(c, NULL, 0, NULL, 0) != 0)
             return GP_LOST_CONNECTION_ERROR;
     } else {
-        kick_flusher_locked(before);
+        kick_flusher_locked(c, before);
     }
     return CUDA_SUCCESS;
 }
 
 CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
 {
-    CUresult r = gp_check_init();
+    gp_conn *c = &process_conn;
+    CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
     if (!frame || frame_len < 16)
         return CUDA_ERROR_INVALID_VALUE;
     if (bulk_len && !bulk)
         return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&send_lock);
+    pthread_mutex_lock(&c->send_lock);
     gp_wr_u64(frame + 8, gp_conn_new_req());
-    r = post_locked(frame, frame_len, bulk, bulk_len);
-    pthread_mutex_unlock(&send_lock);
+    r = post_locked(c, frame, frame_len, bulk, bulk_len);
+    pthread_mutex_unlock(&c->send_lock);
     return r;
 }
 
 int gp_conn_lz4(void)
 {
-    return atomic_load(&lz4_on);
+    return atomic_load(&process_conn.lz4_on);
 }
 
 CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n)
 {
-    CUresult r = gp_check_init();
+    gp_conn *c = &process_conn;
+    CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
     if (!frame || frame_len < 16 || !src)
@@ -341,67 +304,67 @@ CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t
     uint8_t *enc = malloc((size_t)gp_cz_bound(GP_WRITE_CZ_PIECE));
     if (!enc)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&send_lock);
+    pthread_mutex_lock(&c->send_lock);
     gp_wr_u64(frame + 8, gp_conn_new_req());
-    if (atomic_load(&dead)) {
+    if (atomic_load(&c->dead)) {
         r = GP_LOST_CONNECTION_ERROR;
-    } else if (apply_ctx_locked() != 0) {
+    } else if (apply_ctx_locked(c) != 0) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else if (flush_locked(frame, frame_len, NULL, 0) != 0) {
+    } else if (flush_locked(c, frame, frame_len, NULL, 0) != 0) {
         r = GP_LOST_CONNECTION_ERROR;
     } else {
         /* The frame is out: from here only a lost connection stops the data. */
         char why[300];
-        if (write_failed(gp_write_lz4(&ws, src, n, enc, why, sizeof why), why) != 0)
+        if (write_failed(c, gp_write_lz4(&c->ws, src, n, enc, why, sizeof why), why) != 0)
             r = GP_LOST_CONNECTION_ERROR;
     }
-    pthread_mutex_unlock(&send_lock);
+    pthread_mutex_unlock(&c->send_lock);
     free(enc);
     return r;
 }
 
 /* Link a waiter in (unless the connection is dead). 0, or -1 if dead. */
-static int waiter_add(waiter *w)
+static int waiter_add(gp_conn *c, gp_waiter *w)
 {
-    pthread_mutex_lock(&wait_lock);
-    if (atomic_load(&dead)) {
-        pthread_mutex_unlock(&wait_lock);
+    pthread_mutex_lock(&c->wait_lock);
+    if (atomic_load(&c->dead)) {
+        pthread_mutex_unlock(&c->wait_lock);
         return -1;
     }
     w->next = NULL;
-    if (wait_tail)
-        wait_tail->next = w;
+    if (c->wait_tail)
+        c->wait_tail->next = w;
     else
-        wait_head = w;
-    wait_tail = w;
-    if (w->detached && detached_count++ == 0 && recv_parked)
-        pthread_cond_signal(&role_cv); /* its reply needs the receiver */
-    pthread_mutex_unlock(&wait_lock);
+        c->wait_head = w;
+    c->wait_tail = w;
+    if (w->detached && c->detached_count++ == 0 && c->recv_parked)
+        pthread_cond_signal(&c->role_cv); /* its reply needs the receiver */
+    pthread_mutex_unlock(&c->wait_lock);
     return 0;
 }
 
 /* Unlink the waiter with this request id and return it (NULL if none). Caller holds wait_lock. */
-static waiter *waiter_take_locked(uint64_t req)
+static gp_waiter *waiter_take_locked(gp_conn *c, uint64_t req)
 {
-    waiter *prev = NULL;
-    for (waiter *w = wait_head; w; prev = w, w = w->next) {
+    gp_waiter *prev = NULL;
+    for (gp_waiter *w = c->wait_head; w; prev = w, w = w->next) {
         if (w->req != req)
             continue;
         if (prev)
             prev->next = w->next;
         else
-            wait_head = w->next;
-        if (wait_tail == w)
-            wait_tail = prev;
+            c->wait_head = w->next;
+        if (c->wait_tail == w)
+            c->wait_tail = prev;
         w->next = NULL;
         if (w->detached)
-            detached_count--;
+            c->detached_count--;
         return w;
     }
     return NULL;
 }
 
-static void await_reply(waiter *w);
+static void await_reply(gp_conn *c, gp_waiter *w);
 
 CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len,
                     void *bulk_dst, uint64_t bulk_cap, gp_reply *reply)
@@ -410,40 +373,41 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     if (!reply)
         reply = &dummy;
     memset(reply, 0, sizeof *reply);
-    CUresult r = gp_check_init();
+    gp_conn *c = &process_conn;
+    CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return reply->result = r;
     if (!frame || frame_len < 16 || (bulk_len && !bulk))
         return CUDA_ERROR_INVALID_VALUE;
 
-    waiter w = {.dst = bulk_dst, .cap = bulk_dst ? bulk_cap : 0};
+    gp_waiter w = {.dst = bulk_dst, .cap = bulk_dst ? bulk_cap : 0};
     pthread_cond_init(&w.cv, NULL);
     w.req = gp_conn_new_req();
     gp_wr_u64(frame + 8, w.req);
-    if (waiter_add(&w) != 0) {
+    if (waiter_add(c, &w) != 0) {
         pthread_cond_destroy(&w.cv);
         return reply->result = GP_LOST_CONNECTION_ERROR;
     }
 
-    pthread_mutex_lock(&send_lock);
-    if (!atomic_load(&dead)) {
-        if (apply_ctx_locked() != 0) {
+    pthread_mutex_lock(&c->send_lock);
+    if (!atomic_load(&c->dead)) {
+        if (apply_ctx_locked(c) != 0) {
             /* cannot even queue the context switch: take the waiter back */
-            pthread_mutex_unlock(&send_lock);
-            pthread_mutex_lock(&wait_lock);
-            int mine = waiter_take_locked(w.req) != NULL;
+            pthread_mutex_unlock(&c->send_lock);
+            pthread_mutex_lock(&c->wait_lock);
+            int mine = waiter_take_locked(c, w.req) != NULL;
             while (!mine && !w.done)
-                pthread_cond_wait(&w.cv, &wait_lock);
-            pthread_mutex_unlock(&wait_lock);
+                pthread_cond_wait(&w.cv, &c->wait_lock);
+            pthread_mutex_unlock(&c->wait_lock);
             pthread_cond_destroy(&w.cv);
             free(w.body);
             return reply->result = CUDA_ERROR_OUT_OF_MEMORY;
         }
-        flush_locked(frame, frame_len, bulk, bulk_len); /* on failure conn_fail wakes us */
+        flush_locked(c, frame, frame_len, bulk, bulk_len); /* on failure conn_fail wakes us */
     }
-    pthread_mutex_unlock(&send_lock);
+    pthread_mutex_unlock(&c->send_lock);
 
-    await_reply(&w);
+    await_reply(c, &w);
     pthread_cond_destroy(&w.cv);
 
     reply->result = w.result;
@@ -457,12 +421,13 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
 
 CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, uint64_t bulk_cap)
 {
-    CUresult r = gp_check_init();
+    gp_conn *c = &process_conn;
+    CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
     if (!frame || frame_len < 16)
         return CUDA_ERROR_INVALID_VALUE;
-    waiter *w = calloc(1, sizeof *w);
+    gp_waiter *w = calloc(1, sizeof *w);
     if (!w)
         return CUDA_ERROR_OUT_OF_MEMORY;
     w->detached = 1;
@@ -471,18 +436,18 @@ CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, u
     w->req = gp_conn_new_req();
     gp_wr_u64(frame + 8, w->req);
     uint64_t req = w->req;
-    if (waiter_add(w) != 0) {
+    if (waiter_add(c, w) != 0) {
         free(w);
         return GP_LOST_CONNECTION_ERROR;
     }
     /* From here the receiver (or conn_fail) owns w. */
-    pthread_mutex_lock(&send_lock);
-    r = post_locked(frame, frame_len, NULL, 0);
-    pthread_mutex_unlock(&send_lock);
+    pthread_mutex_lock(&c->send_lock);
+    r = post_locked(c, frame, frame_len, NULL, 0);
+    pthread_mutex_unlock(&c->send_lock);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        pthread_mutex_lock(&wait_lock);
-        waiter *mine = waiter_take_locked(req);
-        pthread_mutex_unlock(&wait_lock);
+        pthread_mutex_lock(&c->wait_lock);
+        gp_waiter *mine = waiter_take_locked(c, req);
+        pthread_mutex_unlock(&c->wait_lock);
         free(mine);
     }
     return r;
@@ -492,27 +457,27 @@ CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, u
 
 static void *flusher_main(void *arg)
 {
-    (void)arg;
+    gp_conn *c = arg;
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake close to the 50 us deadline */
-    pthread_mutex_lock(&send_lock);
+    pthread_mutex_lock(&c->send_lock);
     for (;;) {
-        while (!atomic_load(&dead) && ws.len == 0)
-            pthread_cond_wait(&flush_cv, &send_lock);
-        if (atomic_load(&dead))
+        while (!atomic_load(&c->dead) && c->ws.len == 0)
+            pthread_cond_wait(&c->flush_cv, &c->send_lock);
+        if (atomic_load(&c->dead))
             break;
         uint64_t now = gp_mono_ns();
-        uint64_t deadline = last_append_ns + FLUSH_DELAY_NS;
-        if (deadline > first_append_ns + FLUSH_MAX_DELAY_NS)
-            deadline = first_append_ns + FLUSH_MAX_DELAY_NS;
+        uint64_t deadline = c->last_append_ns + FLUSH_DELAY_NS;
+        if (deadline > c->first_append_ns + FLUSH_MAX_DELAY_NS)
+            deadline = c->first_append_ns + FLUSH_MAX_DELAY_NS;
         if (now < deadline) {
             struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
                                   .tv_nsec = (long)(deadline % 1000000000ull)};
-            pthread_cond_timedwait(&flush_cv, &send_lock, &ts);
+            pthread_cond_timedwait(&c->flush_cv, &c->send_lock, &ts);
             continue;
         }
-        flush_locked(NULL, 0, NULL, 0);
+        flush_locked(c, NULL, 0, NULL, 0);
     }
-    pthread_mutex_unlock(&send_lock);
+    pthread_mutex_unlock(&c->send_lock);
     return NULL;
 }
 
@@ -520,34 +485,35 @@ static void *flusher_main(void *arg)
 
 /* Our keepalive: a ping whose reply is dropped. Only if nobody is sending (a sender's progress
  * counts already, and the reader must never wait for send_lock). */
-static void send_keepalive(void)
+static void send_keepalive(gp_conn *c)
 {
-    if (pthread_mutex_trylock(&send_lock) != 0)
+    if (pthread_mutex_trylock(&c->send_lock) != 0)
         return;
     gp_ping m = {.token = 0};
     uint8_t f[16 + 8];
     size_t n = gp_ping_frame(f, KEEPALIVE_REQ, &m);
     /* A ping the kernel buffers proves nothing about the server: it must not count as progress
      * (senders are held off by send_lock meanwhile). */
-    uint64_t tx = gp_ka_last_tx();
-    if (!atomic_load(&dead))
-        flush_locked(f, n, NULL, 0);
-    gp_ka_restore_tx(tx);
-    pthread_mutex_unlock(&send_lock);
+    uint64_t tx = gp_ka_last_tx(&c->ka);
+    if (!atomic_load(&c->dead))
+        flush_locked(c, f, n, NULL, 0);
+    gp_ka_restore_tx(&c->ka, tx);
+    pthread_mutex_unlock(&c->send_lock);
 }
 
 /* The connection has been quiet for a read slice while a reply is awaited: ping the server
  * when keepalive.c says so; -1 (with *why) once the server counts as gone. */
-static int silence_check(const char **why)
+static int silence_check(void *owner, const char **why)
 {
-    int k = gp_ka_silence(why);
+    gp_conn *c = owner;
+    int k = gp_ka_silence(&c->ka, why);
     if (k > 0)
-        send_keepalive();
+        send_keepalive(c);
     return k < 0 ? -1 : 0;
 }
 
 /* Deliver one reply. 0, or -1 if the stream broke (*why set). */
-static int handle_reply(gp_reader *rs, const gp_frame_header *hd, uint8_t *body, const char **why)
+static int handle_reply(gp_conn *c, const gp_frame_header *hd, uint8_t *body, const char **why)
 {
     if (hd->len < 4) {
         free(body);
@@ -565,30 +531,30 @@ static int handle_reply(gp_reader *rs, const gp_frame_header *hd, uint8_t *body,
         }
         bulk = d.data_len;
     }
-    int cz = hd->op == GP_OP_MEMCPY_DTOH && gp_conn_lz4() && gp_cz_applies(bulk);
+    int cz = hd->op == GP_OP_MEMCPY_DTOH && atomic_load(&c->lz4_on) && gp_cz_applies(bulk);
 
-    pthread_mutex_lock(&wait_lock);
-    waiter *w = waiter_take_locked(hd->req);
-    pthread_mutex_unlock(&wait_lock);
+    pthread_mutex_lock(&c->wait_lock);
+    gp_waiter *w = waiter_take_locked(c, hd->req);
+    pthread_mutex_unlock(&c->wait_lock);
 
     int rc = 0;
     if (!w) {
         if (hd->req != KEEPALIVE_REQ)
             gp_log_debug("reply to unknown request %llu (op %s) ignored",
                          (unsigned long long)hd->req, gp_op_name(hd->op));
-        rc = gp_read_bulk(rs, NULL, bulk, cz, why);
+        rc = gp_read_bulk(&c->rs, NULL, bulk, cz, why);
         free(body);
         return rc;
     }
     if (bulk > w->cap) {
         gp_log_error("server sent %llu bytes for a %llu-byte copy (op %s); dropped",
                      (unsigned long long)bulk, (unsigned long long)w->cap, gp_op_name(hd->op));
-        rc = gp_read_bulk(rs, NULL, bulk, cz, why);
+        rc = gp_read_bulk(&c->rs, NULL, bulk, cz, why);
         if (result == 0)
             result = CUDA_ERROR_UNKNOWN;
         bulk = 0;
     } else if (bulk) {
-        rc = gp_read_bulk(rs, w->dst, bulk, cz, why);
+        rc = gp_read_bulk(&c->rs, w->dst, bulk, cz, why);
     }
     if (rc != 0)
         result = GP_LOST_CONNECTION_ERROR;
@@ -600,22 +566,22 @@ static int handle_reply(gp_reader *rs, const gp_frame_header *hd, uint8_t *body,
         free(w);
         return rc;
     }
-    pthread_mutex_lock(&wait_lock);
+    pthread_mutex_lock(&c->wait_lock);
     w->result = result;
     w->body = body;
     w->len = hd->len;
     w->bulk_len = bulk;
     w->done = 1;
     pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&wait_lock);
+    pthread_mutex_unlock(&c->wait_lock);
     return rc;
 }
 
 /* Read and dispatch one frame. Caller holds the reader role. 0, or -1 (*why set). */
-static int read_frame(const char **why)
+static int read_frame(gp_conn *c, const char **why)
 {
     uint8_t h[16];
-    if (gp_read_exact(&rs, h, 16, why) != 0)
+    if (gp_read_exact(&c->rs, h, 16, why) != 0)
         return -1;
     gp_frame_header hd;
     gp_header_decode(h, &hd);
@@ -628,12 +594,12 @@ static int read_frame(const char **why)
         *why = "out of memory";
         return -1;
     }
-    if (gp_read_exact(&rs, body, hd.len, why) != 0) {
+    if (gp_read_exact(&c->rs, body, hd.len, why) != 0) {
         free(body);
         return -1;
     }
     if (hd.flags & GP_FLAG_REPLY)
-        return handle_reply(&rs, &hd, body, why);
+        return handle_reply(c, &hd, body, why);
     if (hd.op == GP_OP_NOTICE) {
         gp_pending_notice(body, hd.len);
         free(body);
@@ -646,40 +612,40 @@ static int read_frame(const char **why)
 
 /* Give the reader role back and wake whoever may take it next: the parked receiver, and one
  * caller waiting for its reply. Caller holds wait_lock. */
-static void release_role_locked(void)
+static void release_role_locked(gp_conn *c)
 {
-    if (reader == RD_CALLER)
-        linger_until = gp_mono_ns() + LINGER_NS;
-    reader = RD_NONE;
-    if (recv_parked && (detached_count > 0 || gp_read_buffered(&rs)))
-        pthread_cond_signal(&role_cv);
-    if (want_head)
-        pthread_cond_signal(&want_head->cv);
+    if (c->reader == RD_CALLER)
+        c->linger_until = gp_mono_ns() + LINGER_NS;
+    c->reader = RD_NONE;
+    if (c->recv_parked && (c->detached_count > 0 || gp_read_buffered(&c->rs)))
+        pthread_cond_signal(&c->role_cv);
+    if (c->want_head)
+        pthread_cond_signal(&c->want_head->cv);
 }
 
-static void want_role_locked(waiter *w)
+static void want_role_locked(gp_conn *c, gp_waiter *w)
 {
     w->want_role = 1;
     w->next_want = NULL;
-    if (want_tail)
-        want_tail->next_want = w;
+    if (c->want_tail)
+        c->want_tail->next_want = w;
     else
-        want_head = w;
-    want_tail = w;
+        c->want_head = w;
+    c->want_tail = w;
 }
 
-static void unwant_role_locked(waiter *w)
+static void unwant_role_locked(gp_conn *c, gp_waiter *w)
 {
-    waiter *prev = NULL;
-    for (waiter *o = want_head; o; prev = o, o = o->next_want) {
+    gp_waiter *prev = NULL;
+    for (gp_waiter *o = c->want_head; o; prev = o, o = o->next_want) {
         if (o != w)
             continue;
         if (prev)
             prev->next_want = o->next_want;
         else
-            want_head = o->next_want;
-        if (want_tail == o)
-            want_tail = prev;
+            c->want_head = o->next_want;
+        if (c->want_tail == o)
+            c->want_tail = prev;
         break;
     }
     w->want_role = 0;
@@ -687,142 +653,141 @@ static void unwant_role_locked(waiter *w)
 }
 
 /* Wait for w's reply, reading the socket ourselves whenever no other thread does. */
-static void await_reply(waiter *w)
+static void await_reply(gp_conn *c, gp_waiter *w)
 {
-    pthread_mutex_lock(&wait_lock);
+    pthread_mutex_lock(&c->wait_lock);
     while (!w->done) {
-        if (reader != RD_NONE || atomic_load(&dead)) {
+        if (c->reader != RD_NONE || atomic_load(&c->dead)) {
             /* another thread reads (it completes us, or hands us the role) or conn_fail did */
-            want_role_locked(w);
-            pthread_cond_wait(&w->cv, &wait_lock);
-            unwant_role_locked(w);
+            want_role_locked(c, w);
+            pthread_cond_wait(&w->cv, &c->wait_lock);
+            unwant_role_locked(c, w);
             continue;
         }
-        reader = RD_CALLER;
-        reader_gen++;
-        pthread_mutex_unlock(&wait_lock);
+        c->reader = RD_CALLER;
+        c->reader_gen++;
+        pthread_mutex_unlock(&c->wait_lock);
         for (;;) {
             const char *why = "connection lost";
-            if (read_frame(&why) != 0) {
-                conn_fail("%s", why); /* completes every waiter, w included */
-                pthread_mutex_lock(&wait_lock);
-                release_role_locked();
+            if (read_frame(c, &why) != 0) {
+                conn_fail(c, "%s", why); /* completes every waiter, w included */
+                pthread_mutex_lock(&c->wait_lock);
+                release_role_locked(c);
                 break;
             }
-            pthread_mutex_lock(&wait_lock);
+            pthread_mutex_lock(&c->wait_lock);
             /* done: give the role back once nothing read is left in the buffer */
-            if (w->done && !gp_read_buffered(&rs)) {
-                release_role_locked();
+            if (w->done && !gp_read_buffered(&c->rs)) {
+                release_role_locked(c);
                 break;
             }
-            pthread_mutex_unlock(&wait_lock);
+            pthread_mutex_unlock(&c->wait_lock);
         }
     }
-    pthread_mutex_unlock(&wait_lock);
+    pthread_mutex_unlock(&c->wait_lock);
 }
 
-static void receive_until_lost(void);
+static void receive_until_lost(gp_conn *c);
 
 static void *receiver_main(void *arg)
 {
-    (void)arg;
-    receive_until_lost();
+    receive_until_lost(arg);
     return NULL;
 }
 
 /* The receiver waits on role_cv, without the role, until `until` (CLOCK_MONOTONIC ns) or a
  * signal. Caller holds wait_lock. */
-static void park_receiver_locked(uint64_t until)
+static void park_receiver_locked(gp_conn *c, uint64_t until)
 {
     struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
                           .tv_nsec = (long)(until % 1000000000ull)};
-    recv_parked = 1;
-    pthread_cond_timedwait(&role_cv, &wait_lock, &ts);
-    recv_parked = 0;
+    c->recv_parked = 1;
+    pthread_cond_timedwait(&c->role_cv, &c->wait_lock, &ts);
+    c->recv_parked = 0;
 }
 
-static void receive_until_lost(void)
+static void receive_until_lost(gp_conn *c)
 {
     const char *why = "connection lost";
-    pthread_mutex_lock(&wait_lock);
+    pthread_mutex_lock(&c->wait_lock);
     for (;;) {
         /* wait, without the role, until there is something to read and nobody reads it */
         int ready = 0;
         for (;;) {
-            while (reader != RD_NONE && !atomic_load(&dead)) {
+            while (c->reader != RD_NONE && !atomic_load(&c->dead)) {
                 /* Timed: a caller may hand the role back without signalling (nothing buffered,
                  * nothing detached). Re-checking every LINGER_NS bounds how late a notice or a
                  * dead server is seen while the program computes on the CPU. */
-                park_receiver_locked(gp_mono_ns() + LINGER_NS);
+                park_receiver_locked(c, gp_mono_ns() + LINGER_NS);
                 ready = 0;
             }
-            if (atomic_load(&dead)) {
-                pthread_mutex_unlock(&wait_lock);
+            if (atomic_load(&c->dead)) {
+                pthread_mutex_unlock(&c->wait_lock);
                 return;
             }
-            if (ready || gp_read_buffered(&rs))
+            if (ready || gp_read_buffered(&c->rs))
                 break;
-            if (detached_count == 0 && linger_until) {
+            if (c->detached_count == 0 && c->linger_until) {
                 uint64_t now = gp_mono_ns();
-                if (now < linger_until) {
-                    park_receiver_locked(linger_until); /* a caller read recently: stay off */
+                if (now < c->linger_until) {
+                    park_receiver_locked(c, c->linger_until); /* a caller read recently: stay off */
                     ready = 0;
                     continue;
                 }
             }
-            uint64_t gen = reader_gen;
-            int ka = gp_ka_on();
-            pthread_mutex_unlock(&wait_lock);
-            struct pollfd p = {.fd = sock, .events = POLLIN};
+            uint64_t gen = c->reader_gen;
+            int ka = gp_ka_on(&c->ka);
+            pthread_mutex_unlock(&c->wait_lock);
+            struct pollfd p = {.fd = c->sock, .events = POLLIN};
             int n = poll(&p, 1, ka ? GP_KA_SLICE_MS : -1);
             int err = errno;
-            pthread_mutex_lock(&wait_lock);
+            pthread_mutex_lock(&c->wait_lock);
             if (n < 0 && err != EINTR) {
-                pthread_mutex_unlock(&wait_lock);
+                pthread_mutex_unlock(&c->wait_lock);
                 why = strerror(err);
                 goto fail;
             }
             /* Quiet while detached requests (async copies) are awaited: the same watch as a
              * caller's (an idle program with an idle server is not a silence) */
-            if (n == 0 && ka && detached_count > 0 && reader == RD_NONE) {
-                pthread_mutex_unlock(&wait_lock);
-                int bad = silence_check(&why);
-                pthread_mutex_lock(&wait_lock);
+            if (n == 0 && ka && c->detached_count > 0 && c->reader == RD_NONE) {
+                pthread_mutex_unlock(&c->wait_lock);
+                int bad = silence_check(c, &why);
+                pthread_mutex_lock(&c->wait_lock);
                 if (bad) {
-                    pthread_mutex_unlock(&wait_lock);
+                    pthread_mutex_unlock(&c->wait_lock);
                     goto fail;
                 }
             }
             /* stale if a caller has read in the meantime: poll again */
-            ready = n > 0 && gen == reader_gen;
+            ready = n > 0 && gen == c->reader_gen;
         }
-        reader = RD_RECEIVER;
-        pthread_mutex_unlock(&wait_lock);
-        int rc = read_frame(&why);
-        pthread_mutex_lock(&wait_lock);
-        release_role_locked();
+        c->reader = RD_RECEIVER;
+        pthread_mutex_unlock(&c->wait_lock);
+        int rc = read_frame(c, &why);
+        pthread_mutex_lock(&c->wait_lock);
+        release_role_locked(c);
         if (rc != 0) {
-            pthread_mutex_unlock(&wait_lock);
+            pthread_mutex_unlock(&c->wait_lock);
             goto fail;
         }
     }
 fail:
-    conn_fail("%s", why); /* silent after goodbye: the server closing is the expected end */
+    conn_fail(c, "%s", why); /* silent after goodbye: the server closing is the expected end */
 }
 
 static void atfork_child(void);
 static void at_exit(void);
-static void stop_receiver(void);
-static void say_goodbye(void);
+static void stop_receiver(gp_conn *c);
+static void say_goodbye(gp_conn *c);
 
-/* Starts fn on a thread of ours; detached unless out is given (then the caller joins it). */
-static int start_thread(void *(*fn)(void *), const char *name, pthread_t *out)
+/* Starts fn(arg) on a thread of ours; detached unless out is given (then the caller joins it). */
+static int start_thread(void *(*fn)(void *), void *arg, const char *name, pthread_t *out)
 {
     pthread_t t;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals stay on its threads */
-    int rc = pthread_create(&t, NULL, fn, NULL);
+    int rc = pthread_create(&t, NULL, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0)
         return -1;
@@ -834,23 +799,30 @@ static int start_thread(void *(*fn)(void *), const char *name, pthread_t *out)
     return 0;
 }
 
-static void init_once_handlers(void)
+/* A connection's condition variables wait with CLOCK_MONOTONIC deadlines (its mutexes are
+ * initialised statically). */
+static void conn_init_conds(gp_conn *c)
 {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&flush_cv, &ca);
-    pthread_cond_init(&role_cv, &ca);
+    pthread_cond_init(&c->flush_cv, &ca);
+    pthread_cond_init(&c->role_cv, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_atfork(NULL, NULL, atfork_child);
+}
+
+static void init_once_handlers(void)
+{
+    conn_init_conds(&process_conn);
+    pthread_atfork(NULL, NULL, atfork_child); /* process-wide: acts on every connection */
 }
 
 /* The connection's own status (gp_check_init without the cuInit requirement). */
-static CUresult conn_status(void)
+static CUresult conn_status(gp_conn *c)
 {
-    int s = atomic_load_explicit(&state, memory_order_acquire);
+    int s = atomic_load_explicit(&c->state, memory_order_acquire);
     if (s == ST_READY)
-        return atomic_load(&dead) ? GP_LOST_CONNECTION_ERROR : CUDA_SUCCESS;
+        return atomic_load(&c->dead) ? GP_LOST_CONNECTION_ERROR : CUDA_SUCCESS;
     if (s == ST_CLOSED)
         return CUDA_ERROR_DEINITIALIZED;
     if (s == ST_FORKED)
@@ -858,11 +830,53 @@ static CUresult conn_status(void)
     return CUDA_ERROR_NO_DEVICE;
 }
 
+/* Connect c (connect.c says hello), start its receiver and flusher and arm its keepalive clock.
+ * Caller holds init_lock; c->state is ST_NONE. Leaves it ST_READY or ST_FAILED (init_result
+ * says why). */
+static void conn_open(gp_conn *c)
+{
+    unsigned features = 0;
+    init_result = gp_connect(&c->sock, &c->tls, &features, c->server_desc, sizeof c->server_desc);
+    atomic_store(&c->lz4_on, (features & GP_HELLO_LZ4) != 0);
+    if (init_result == CUDA_SUCCESS && !c->rs.buf && !(c->rs.buf = malloc(GP_READ_BUF_SIZE))) {
+        gp_log_error("cannot allocate the receive buffer");
+        gp_tls_free(c->tls);
+        c->tls = NULL;
+        close(c->sock);
+        c->sock = -1;
+        init_result = CUDA_ERROR_NO_DEVICE;
+    }
+    if (init_result == CUDA_SUCCESS) {
+        c->rs.sock = c->ws.sock = c->sock;
+        c->rs.tls = c->ws.tls = c->tls;
+        c->last_ctx_sent = UINT64_MAX;
+        if (start_thread(receiver_main, c, "gpupool-recv", &c->receiver_thread) == 0)
+            c->receiver_started = 1;
+        if (!c->receiver_started || start_thread(flusher_main, c, "gpupool-flush", NULL) != 0) {
+            gp_log_error("cannot start the connection threads: %s", strerror(errno));
+            stop_receiver(c); /* out of the socket and the TLS state before they go */
+            gp_tls_free(c->tls);
+            c->tls = NULL;
+            close(c->sock);
+            c->sock = -1;
+            init_result = CUDA_ERROR_NO_DEVICE;
+        }
+    }
+    if (init_result == CUDA_SUCCESS) {
+        gp_ka_arm(&c->ka, c->sock, c->tls, (features & GP_HELLO_KEEPALIVE) != 0);
+        atexit(at_exit);
+        atomic_store_explicit(&c->state, ST_READY, memory_order_release);
+    } else {
+        atomic_store_explicit(&c->state, ST_FAILED, memory_order_release);
+    }
+}
+
 CUresult gp_conn_ensure(void)
 {
-    int s = atomic_load_explicit(&state, memory_order_acquire);
+    gp_conn *c = &process_conn;
+    int s = atomic_load_explicit(&c->state, memory_order_acquire);
     if (s == ST_READY || s == ST_CLOSED)
-        return conn_status();
+        return conn_status(c);
     if (s == ST_FAILED)
         return CUDA_ERROR_NO_DEVICE;
     if (s == ST_FORKED)
@@ -872,44 +886,10 @@ CUresult gp_conn_ensure(void)
     pthread_once(&once, init_once_handlers);
 
     pthread_mutex_lock(&init_lock);
-    s = atomic_load(&state);
-    if (s == ST_NONE) {
-        unsigned features = 0;
-        init_result = gp_connect(&sock, &tls, &features, server_desc, sizeof server_desc);
-        atomic_store(&lz4_on, (features & GP_HELLO_LZ4) != 0);
-        if (init_result == CUDA_SUCCESS && !rs.buf && !(rs.buf = malloc(GP_READ_BUF_SIZE))) {
-            gp_log_error("cannot allocate the receive buffer");
-            gp_tls_free(tls);
-            tls = NULL;
-            close(sock);
-            sock = -1;
-            init_result = CUDA_ERROR_NO_DEVICE;
-        }
-        if (init_result == CUDA_SUCCESS) {
-            rs.sock = ws.sock = sock;
-            rs.tls = ws.tls = tls;
-            last_ctx_sent = UINT64_MAX;
-            if (start_thread(receiver_main, "gpupool-recv", &receiver_thread) == 0)
-                receiver_started = 1;
-            if (!receiver_started || start_thread(flusher_main, "gpupool-flush", NULL) != 0) {
-                gp_log_error("cannot start the connection threads: %s", strerror(errno));
-                stop_receiver(); /* out of the socket and the TLS state before they go */
-                gp_tls_free(tls);
-                tls = NULL;
-                close(sock);
-                sock = -1;
-                init_result = CUDA_ERROR_NO_DEVICE;
-            }
-        }
-        if (init_result == CUDA_SUCCESS) {
-            gp_ka_arm(sock, tls, (features & GP_HELLO_KEEPALIVE) != 0);
-            atexit(at_exit);
-            atomic_store_explicit(&state, ST_READY, memory_order_release);
-        } else {
-            atomic_store_explicit(&state, ST_FAILED, memory_order_release);
-        }
-    }
-    CUresult r = conn_status();
+    s = atomic_load(&c->state);
+    if (s == ST_NONE)
+        conn_open(c);
+    CUresult r = conn_status(c);
     pthread_mutex_unlock(&init_lock);
     return r;
 }
@@ -920,14 +900,15 @@ static void atfork_child(void)
 {
     /* Only this thread survives; the connection belongs to the parent. Send nothing, and close
      * our copy of the socket so the parent's session ends when the parent does. */
-    int s = atomic_load(&state);
+    gp_conn *c = &process_conn;
+    int s = atomic_load(&c->state);
     if (s == ST_NONE || s == ST_FAILED)
         return; /* the child may connect on its own */
-    if (sock >= 0)
-        close(sock);
-    sock = -1;
-    atomic_store(&dead, 1);
-    atomic_store(&state, ST_FORKED);
+    if (c->sock >= 0)
+        close(c->sock);
+    c->sock = -1;
+    atomic_store(&c->dead, 1);
+    atomic_store(&c->state, ST_FORKED);
     gp_log_debug("fork(): CUDA is not available in the child process (it was initialised in "
                  "the parent)");
 }
@@ -946,33 +927,35 @@ static struct timespec realtime_after(long ns)
 
 static void at_exit(void)
 {
-    if (atomic_load(&state) != ST_READY)
+    gp_conn *c = &process_conn;
+    if (atomic_load(&c->state) != ST_READY)
         return; /* never connected, already closed, or a forked child (the thread is not ours) */
-    if (!atomic_load(&dead))
-        say_goodbye();
-    if (tls)
-        stop_receiver();
+    if (!atomic_load(&c->dead)) {
+        gp_conn_close_hook_run(); /* what must still talk to the worker (the profile's question) */
+        say_goodbye(c);
+    }
+    if (c->tls)
+        stop_receiver(c);
 }
 
 /* The goodbye frame, 1 s at most: the worker then ends the session at once instead of waiting
  * for the socket to close. */
-static void say_goodbye(void)
+static void say_goodbye(gp_conn *c)
 {
-    gp_conn_close_hook_run(); /* what must still talk to the worker (the profile's question) */
     struct timespec ts = realtime_after(200000000L);
-    if (pthread_mutex_timedlock(&send_lock, &ts) != 0)
+    if (pthread_mutex_timedlock(&c->send_lock, &ts) != 0)
         return; /* a sender is stuck: just go */
-    atomic_store(&state, ST_CLOSED);
+    atomic_store(&c->state, ST_CLOSED);
     struct timeval tv = {.tv_sec = 1};
-    setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (tls)
-        gp_tls_set_send_timeout(tls, 1000);
+    setsockopt(c->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (c->tls)
+        gp_tls_set_send_timeout(c->tls, 1000);
     gp_goodbye m = {0};
     uint8_t f[16 + 1];
     size_t n = gp_goodbye_frame(f, gp_conn_new_req(), &m);
-    if (!atomic_load(&dead))
-        flush_locked(f, n, NULL, 0);
-    pthread_mutex_unlock(&send_lock);
+    if (!atomic_load(&c->dead))
+        flush_locked(c, f, n, NULL, 0);
+    pthread_mutex_unlock(&c->send_lock);
 }
 
 /* Over TLS, at exit (and when start-up fails half-way): the receiver thread must have ended
@@ -982,18 +965,18 @@ static void say_goodbye(void)
  * OPENSSL_cleanup after a program's last line (ASan, CI 2026-12-06; once in glibc in about three
  * full test runs before). Marked dead (nothing more is read or reported), its socket shut for
  * reading (a poll or read returns at once) and joined, 500 ms at most. */
-static void stop_receiver(void)
+static void stop_receiver(gp_conn *c)
 {
-    if (!receiver_started)
+    if (!c->receiver_started)
         return;
-    receiver_started = 0;
-    atomic_store(&dead, 1);
-    if (sock >= 0)
-        shutdown(sock, SHUT_RD);
-    pthread_mutex_lock(&wait_lock);
-    pthread_cond_broadcast(&role_cv);
-    pthread_mutex_unlock(&wait_lock);
+    c->receiver_started = 0;
+    atomic_store(&c->dead, 1);
+    if (c->sock >= 0)
+        shutdown(c->sock, SHUT_RD);
+    pthread_mutex_lock(&c->wait_lock);
+    pthread_cond_broadcast(&c->role_cv);
+    pthread_mutex_unlock(&c->wait_lock);
     struct timespec until = realtime_after(500000000L);
-    if (pthread_timedjoin_np(receiver_thread, NULL, &until) != 0)
+    if (pthread_timedjoin_np(c->receiver_thread, NULL, &until) != 0)
         gp_log_debug("at exit: the receiver thread did not stop within 500 ms");
 }

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 
 #include "compress.h"
+#include "conn_state.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -51,7 +52,7 @@ static int read_loop(gp_reader *rs, uint8_t *d, uint64_t n, int *lowat, const ch
         }
         ssize_t got;
         /* With keepalives on, reads wake every slice (SO_RCVTIMEO; TLS: the read's timeout) */
-        int slice = gp_ka_on() ? GP_KA_SLICE_MS : -1;
+        int slice = gp_ka_on(rs->ka) ? GP_KA_SLICE_MS : -1;
         if (d && n >= GP_READ_BUF_SIZE / 4) {
             /* large bulk: straight into the destination, no intermediate copy */
             size_t want = n > (1u << 30) ? (1u << 30) : (size_t)n;
@@ -63,7 +64,7 @@ static int read_loop(gp_reader *rs, uint8_t *d, uint64_t n, int *lowat, const ch
                 }
                 got = recv(rs->sock, d, want, MSG_DONTWAIT);
                 if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-                    if (slice >= 0 && rs->quiet(why) != 0)
+                    if (slice >= 0 && rs->quiet(rs->owner, why) != 0)
                         return -1;
                     continue;
                 }
@@ -73,7 +74,7 @@ static int read_loop(gp_reader *rs, uint8_t *d, uint64_t n, int *lowat, const ch
                           : recv(rs->sock, d, want, 0);
             }
             if (got > 0) {
-                gp_ka_note_rx();
+                gp_ka_note_rx(rs->ka);
                 d += got;
                 n -= (uint64_t)got;
                 continue;
@@ -83,7 +84,7 @@ static int read_loop(gp_reader *rs, uint8_t *d, uint64_t n, int *lowat, const ch
                                         sizeof rs->tls_err)
                           : recv(rs->sock, rs->buf, GP_READ_BUF_SIZE, 0);
             if (got > 0) {
-                gp_ka_note_rx();
+                gp_ka_note_rx(rs->ka);
                 rs->pos = 0;
                 rs->len = (size_t)got;
                 continue;
@@ -93,7 +94,7 @@ static int read_loop(gp_reader *rs, uint8_t *d, uint64_t n, int *lowat, const ch
             continue;
         if (got < 0 && slice >= 0 &&
             (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT)) {
-            if (rs->quiet(why) != 0)
+            if (rs->quiet(rs->owner, why) != 0)
                 return -1;
             continue;
         }

@@ -14,6 +14,7 @@
 #include <sys/uio.h>
 
 #include "compress.h"
+#include "conn_state.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -35,7 +36,7 @@ static int write_tls(gp_writer *wr, const struct iovec *iov, int n, char *why, s
             return GP_WRITE_STOPPED;
         if (iov[i].iov_len && gp_tls_write(wr->tls, iov[i].iov_base, iov[i].iov_len, why, cap) != 0)
             return GP_WRITE_FAILED;
-        gp_ka_note_tx();
+        gp_ka_note_tx(wr->ka);
     }
     return GP_WRITE_OK;
 }
@@ -70,7 +71,7 @@ static int write_iov(gp_writer *wr, struct iovec *iov, int n, char *why, size_t 
             snprintf(why, cap, "%s", strerror(errno));
             return GP_WRITE_FAILED;
         }
-        gp_ka_note_tx();
+        gp_ka_note_tx(wr->ka);
         size_t left = (size_t)w;
         while (n > 0 && left >= iov[0].iov_len) {
             left -= iov[0].iov_len;

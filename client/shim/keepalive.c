@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include "conn_state.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -37,57 +38,55 @@ double gp_server_timeout_setting(void)
     return t;
 }
 
-static atomic_int keepalive_on;    /* the server promised keepalives and the timeout is on */
-static uint64_t server_timeout_ns; /* set before keepalive_on */
-static atomic_uint_fast64_t last_rx_ns, last_tx_ns, last_ping_ns;
+/* The clock is a connection's (gp_ka in its gp_conn): each server promises keepalives or not. */
 
-int gp_ka_on(void)
+int gp_ka_on(const gp_ka *ka)
 {
-    return atomic_load_explicit(&keepalive_on, memory_order_relaxed);
+    return atomic_load_explicit(&ka->on, memory_order_relaxed);
 }
 
-double gp_ka_timeout_s(void)
+double gp_ka_timeout_s(const gp_ka *ka)
 {
-    return (double)server_timeout_ns / 1e9;
+    return (double)ka->timeout_ns / 1e9;
 }
 
 /* Bytes moved: the server is alive (a sender's progress counts as much as a reply). */
-void gp_ka_note_rx(void)
+void gp_ka_note_rx(gp_ka *ka)
 {
-    if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
-        atomic_store_explicit(&last_rx_ns, gp_mono_ns(), memory_order_relaxed);
+    if (atomic_load_explicit(&ka->on, memory_order_relaxed))
+        atomic_store_explicit(&ka->last_rx_ns, gp_mono_ns(), memory_order_relaxed);
 }
 
-void gp_ka_note_tx(void)
+void gp_ka_note_tx(gp_ka *ka)
 {
-    if (atomic_load_explicit(&keepalive_on, memory_order_relaxed))
-        atomic_store_explicit(&last_tx_ns, gp_mono_ns(), memory_order_relaxed);
+    if (atomic_load_explicit(&ka->on, memory_order_relaxed))
+        atomic_store_explicit(&ka->last_tx_ns, gp_mono_ns(), memory_order_relaxed);
 }
 
-uint64_t gp_ka_last_tx(void)
+uint64_t gp_ka_last_tx(gp_ka *ka)
 {
-    return atomic_load(&last_tx_ns);
+    return atomic_load(&ka->last_tx_ns);
 }
 
-void gp_ka_restore_tx(uint64_t ns)
+void gp_ka_restore_tx(gp_ka *ka, uint64_t ns)
 {
-    atomic_store(&last_tx_ns, ns);
+    atomic_store(&ka->last_tx_ns, ns);
 }
 
-void gp_ka_arm(int s, gp_tls *t, int promised)
+void gp_ka_arm(gp_ka *ka, int s, gp_tls *t, int promised)
 {
     double timeout = gp_server_timeout_setting();
     if (!promised || timeout <= 0) {
-        atomic_store(&keepalive_on, 0);
+        atomic_store(&ka->on, 0);
         gp_log_debug("keepalive: off (%s)",
                      promised ? "GPUPOOL_SERVER_TIMEOUT=0" : "the server sends none");
         return;
     }
-    server_timeout_ns = (uint64_t)(timeout * 1e9);
+    ka->timeout_ns = (uint64_t)(timeout * 1e9);
     uint64_t now = gp_mono_ns();
-    atomic_store(&last_rx_ns, now);
-    atomic_store(&last_tx_ns, now);
-    atomic_store(&last_ping_ns, now);
+    atomic_store(&ka->last_rx_ns, now);
+    atomic_store(&ka->last_tx_ns, now);
+    atomic_store(&ka->last_ping_ns, now);
     /* Reads wake every slice; a write that moves nothing for the whole timeout fails. */
     struct timeval rt = {.tv_sec = GP_KA_SLICE_MS / 1000,
                          .tv_usec = (GP_KA_SLICE_MS % 1000) * 1000};
@@ -100,28 +99,27 @@ void gp_ka_arm(int s, gp_tls *t, int promised)
     }
     if (t)
         gp_tls_set_send_timeout(t, (int)(timeout * 1000));
-    atomic_store(&keepalive_on, 1);
+    atomic_store(&ka->on, 1);
     gp_log_debug("keepalive: a server silent for %.0f s is given up (GPUPOOL_SERVER_TIMEOUT)",
                  timeout);
 }
 
-int gp_ka_silence(const char **why)
+int gp_ka_silence(gp_ka *ka, const char **why)
 {
-    static char text[300];
-    uint64_t now = gp_mono_ns(), rx = atomic_load(&last_rx_ns), tx = atomic_load(&last_tx_ns);
+    uint64_t now = gp_mono_ns(), rx = atomic_load(&ka->last_rx_ns),
+             tx = atomic_load(&ka->last_tx_ns);
     uint64_t heard = rx > tx ? rx : tx;
     uint64_t quiet = now > heard ? now - heard : 0;
-    if (quiet >= server_timeout_ns) {
-        snprintf(text, sizeof text,
+    if (quiet >= ka->timeout_ns) {
+        snprintf(ka->why, sizeof ka->why,
                  "the server has not answered for %.0f s, not even a keepalive: it is hung or "
                  "stopped, or the network is cut (GPUPOOL_SERVER_TIMEOUT=%.0f)",
-                 (double)quiet / 1e9, (double)server_timeout_ns / 1e9);
-        *why = text;
+                 (double)quiet / 1e9, (double)ka->timeout_ns / 1e9);
+        *why = ka->why;
         return -1;
     }
-    if (quiet >= server_timeout_ns / 3 &&
-        now - atomic_load(&last_ping_ns) >= server_timeout_ns / 3) {
-        atomic_store(&last_ping_ns, now);
+    if (quiet >= ka->timeout_ns / 3 && now - atomic_load(&ka->last_ping_ns) >= ka->timeout_ns / 3) {
+        atomic_store(&ka->last_ping_ns, now);
         return 1;
     }
     return 0;

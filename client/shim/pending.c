@@ -13,6 +13,10 @@
 #include "shim.h"
 #include "shim_core.h"
 
+/* Process-wide, whatever the number of connections (a lease spread over servers has one per
+ * part): the next synchronising call reports an asynchronous failure of any part, as the driver
+ * reports one of any device's work, and a notice's text is printed once whichever server sent
+ * it. */
 static atomic_int pending_error;
 static pthread_mutex_t notice_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t notice_seen[512];

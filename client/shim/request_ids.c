@@ -9,6 +9,8 @@
 #include "shim.h"
 #include "shim_core.h"
 
+/* One counter for the process, even with one connection per part of a spread lease: ids unique
+ * across the connections are unique on each, and a single atomic costs no more than one each. */
 static atomic_uint_fast64_t next_req = 1;
 
 uint64_t gp_conn_new_req(void)

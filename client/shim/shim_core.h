@@ -42,74 +42,8 @@ int gp_conn_attempted(void);
 /* Server description for messages ("host:port"), "" before connecting. */
 const char *gp_conn_server(void);
 
-/* ---- keepalive.c: the clock of a silent server -------------------------------------------- */
-#define GP_KA_SLICE_MS 1000 /* with keepalives on, reads wake this often to look at the silence */
-/* Once connected: with `promised` (the hello's GP_HELLO_KEEPALIVE) and GPUPOOL_SERVER_TIMEOUT
- * not 0, put read slices and the send timeout on socket s (and TLS session t) and start the
- * clock; otherwise keepalives stay off. */
-void gp_ka_arm(int s, gp_tls *t, int promised);
-int gp_ka_on(void);           /* 1 while the clock runs */
-double gp_ka_timeout_s(void); /* GPUPOOL_SERVER_TIMEOUT as armed, seconds */
-void gp_ka_note_rx(void);     /* bytes came in */
-void gp_ka_note_tx(void);     /* bytes went out */
-/* The time of the last bytes out, and putting it back: a keepalive ping that the kernel
- * buffers proves nothing about the server and must not count as progress. */
-uint64_t gp_ka_last_tx(void);
-void gp_ka_restore_tx(uint64_t ns);
-/* A read slice passed in silence: 1 when a ping is due (a third of the timeout quiet, none sent
- * for as long), -1 with *why once nothing came in and nothing went out for the whole timeout,
- * else 0. */
-int gp_ka_silence(const char **why);
-
-/* ---- conn_read.c: the stream from the worker ----------------------------------------------- */
-#define GP_READ_BUF_SIZE (256u * 1024)
-typedef struct gp_reader {
-    int sock;
-    gp_tls *tls;       /* NULL: plaintext */
-    uint8_t *buf;      /* GP_READ_BUF_SIZE bytes (its owner allocates them) */
-    size_t pos, len;   /* what of buf is read and not yet taken */
-    uint8_t *cz_in;    /* one LZ4 block's stored bytes (GP_LZ4_BLOCK), allocated on first use */
-    char tls_err[300]; /* the last TLS error */
-    /* With keepalives on (gp_ka_on), a read slice passed in silence: 0 to read on, -1 (with
-     * *why) to give up. */
-    int (*quiet)(const char **why);
-} gp_reader;
-/* Exactly n bytes into dst (NULL: discard them). 0, or -1 with *why set. */
-int gp_read_exact(gp_reader *r, void *dst, uint64_t n, const char **why);
-/* A reply's bulk: n raw bytes into dst (NULL: discard), as LZ4 blocks when cz. 0, or -1. */
-int gp_read_bulk(gp_reader *r, uint8_t *dst, uint64_t n, int cz, const char **why);
-/* 1 if bytes already received wait in the buffer or in the TLS session (poll cannot see the
- * latter). */
-static inline int gp_read_buffered(const gp_reader *r)
-{
-    return r->pos < r->len || (r->tls && gp_tls_pending(r->tls));
-}
-
-/* ---- conn_write.c: the stream to the worker ------------------------------------------------- */
-typedef struct gp_writer {
-    int sock;
-    gp_tls *tls;            /* NULL: plaintext */
-    const atomic_int *dead; /* once set, nothing more is written */
-    uint8_t *batch;         /* frames appended and not yet written */
-    size_t len, cap;
-} gp_writer;
-enum {
-    GP_WRITE_OK = 0,
-    GP_WRITE_STOPPED = -1,   /* *dead was set: nothing more was written */
-    GP_WRITE_FAILED = -2,    /* why filled */
-    GP_WRITE_TIMED_OUT = -3, /* the send timeout passed with nothing taken */
-};
-/* Add n bytes to the batch: 0, or -1 (out of memory; the batch is as it was). */
-int gp_write_append(gp_writer *w, const void *p, size_t n);
-/* Write the batch, then a (alen bytes) and b (blen), completely; the batch is empty after,
- * whatever the outcome. GP_WRITE_*. */
-int gp_write_flush(gp_writer *w, const void *a, size_t alen, const void *b, size_t blen, char *why,
-                   size_t cap);
-
-/* n bytes from src as LZ4 blocks (compress.h), encoded and written piece by piece through enc
- * (gp_cz_bound(GP_WRITE_CZ_PIECE) bytes). GP_WRITE_*. */
-#define GP_WRITE_CZ_PIECE ((size_t)8 << 20) /* raw bytes encoded and written at a time */
-int gp_write_lz4(gp_writer *w, const void *src, uint64_t n, uint8_t *enc, char *why, size_t cap);
+/* ---- keepalive.c, conn_read.c, conn_write.c: one connection's clock and streams, in
+ * conn_state.h (the connection's own files only) ----------------------------------------------- */
 
 /* ---- pending.c ------------------------------------------------------------------------------- */
 /* A fire-and-forget call failed with `code` (a CUresult or GP_E* code; 0: nothing): the next

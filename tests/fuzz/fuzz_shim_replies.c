@@ -40,8 +40,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     setenv("GPUPOOL_LOG", "quiet", 1);
-    rs.buf = malloc(GP_READ_BUF_SIZE);
-    if (!rs.buf || signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+    process_conn.rs.buf = malloc(GP_READ_BUF_SIZE);
+    if (!process_conn.rs.buf || signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         abort();
     return 0;
 }
@@ -58,42 +58,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         abort();
     /* A fresh connection state, as gp_conn_ensure leaves it. */
-    sock = rs.sock = ws.sock = sv[1];
-    atomic_store(&state, ST_READY);
-    atomic_store(&dead, 0);
-    atomic_store(&lz4_on, data[0] & 1);
-    atomic_store(&keepalive_on, 0);
+    gp_conn *c = &process_conn;
+    c->sock = c->rs.sock = c->ws.sock = sv[1];
+    atomic_store(&c->state, ST_READY);
+    atomic_store(&c->dead, 0);
+    atomic_store(&c->lz4_on, data[0] & 1);
+    atomic_store(&c->ka.on, 0);
     atomic_store(&pending_error, 0);
     notice_count = 0;
-    rs.pos = rs.len = 0;
-    reader = RD_NONE;
+    c->rs.pos = c->rs.len = 0;
+    c->reader = RD_NONE;
 
-    static waiter callers[CALLERS];
+    static gp_waiter callers[CALLERS];
     static uint8_t dst[CALLERS + DETACHED][BUF];
     for (int i = 0; i < CALLERS; i++) {
-        callers[i] = (waiter){.req = (uint64_t)i + 1, .dst = dst[i], .cap = BUF};
-        if (pthread_cond_init(&callers[i].cv, NULL) != 0 || waiter_add(&callers[i]) != 0)
+        callers[i] = (gp_waiter){.req = (uint64_t)i + 1, .dst = dst[i], .cap = BUF};
+        if (pthread_cond_init(&callers[i].cv, NULL) != 0 || waiter_add(c, &callers[i]) != 0)
             abort();
     }
     for (int i = 0; i < DETACHED; i++) {
-        waiter *d = calloc(1, sizeof *d);
+        gp_waiter *d = calloc(1, sizeof *d);
         if (!d)
             abort();
-        *d = (waiter){
+        *d = (gp_waiter){
             .req = (uint64_t)(CALLERS + i) + 1, .detached = 1, .dst = dst[CALLERS + i], .cap = BUF};
-        if (waiter_add(d) != 0)
+        if (waiter_add(c, d) != 0)
             abort();
     }
 
     struct fuzz_feed feed;
     fuzz_feed_start(&feed, sv[0], data + 1, size - 1); /* the server's side */
     const char *why = "end of the input";
-    reader = RD_CALLER;
-    while (read_frame(&why) == 0)
+    c->reader = RD_CALLER;
+    while (read_frame(c, &why) == 0)
         ;
-    reader = RD_NONE;
-    atomic_store(&state, ST_CLOSED); /* the loss without its line on stderr for each input */
-    conn_fail("%s", why);            /* completes the callers, frees the detached waiters */
+    c->reader = RD_NONE;
+    atomic_store(&c->state, ST_CLOSED); /* the loss without its line on stderr for each input */
+    conn_fail(c, "%s", why);            /* completes the callers, frees the detached waiters */
 
     fuzz_feed_join(&feed);
     for (int i = 0; i < CALLERS; i++) {
@@ -103,10 +104,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (pthread_cond_destroy(&callers[i].cv) != 0)
             abort();
     }
-    if (wait_head != NULL || detached_count != 0)
+    if (c->wait_head != NULL || c->detached_count != 0)
         abort(); /* nothing left waiting */
     if (close(sv[0]) != 0 || close(sv[1]) != 0)
         abort();
-    sock = rs.sock = ws.sock = -1;
+    c->sock = c->rs.sock = c->ws.sock = -1;
     return 0;
 }
