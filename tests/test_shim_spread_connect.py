@@ -7,9 +7,8 @@ client's address window.
 tests/tools/mini_server.py stands in for the fleet (--spread-parts: it answers the client's first
 hello with the parts, every part on itself, which plain TCP's trust rules allow: a redirect is
 followed only to the client's own servers) and for each part's server (a part's hello goes to a
-worker of the simulated device). tests/c/spread_connect.c runs gp_connect_parts alone: conn.c
-does not hold one connection per part yet, so a CUDA program gets a clear refusal instead
-(test_a_cuda_program_is_told_spread_leases_are_not_supported_yet).
+worker of the simulated device). tests/c/spread_connect.c runs gp_connect_parts alone; a CUDA
+program through conn.c's one connection per part: test_a_cuda_program_of_4_gpus_runs_on_3_parts.
 """
 
 from __future__ import annotations
@@ -194,20 +193,27 @@ def test_parts_are_refused_when_spread_is_off(native_build: Path, tmp_path: Path
     assert not first["flags"] & gp.GP_HELLO_SPREAD and first["gpus"] == 4, first
 
 
-def test_a_cuda_program_is_told_spread_leases_are_not_supported_yet(native_build: Path,
-                                                                    tmp_path: Path) -> None:
-    """conn.c holds one connection (gp_connect): a spread lease fails cuInit with one line that
-    says so and what to do, before any part is contacted."""
-    exe = native_build / "tests" / "shim_scenarios"
-    require(exe.is_file(), f"{exe} not built")
+def test_a_cuda_program_of_4_gpus_runs_on_3_parts(native_build: Path, tmp_path: Path) -> None:
+    """conn.c holds one connection per part: a ctypes program of 4 GPUs whose lease comes in 3
+    parts (1, 2 and 1 GPUs, each its own worker) sees 4 devices, peer access only inside the part
+    of 2, and copies between every ordered pair bit-exact (through the client between parts;
+    tests/clients/spread_gpus.py; two real servers: tests/test_e2e_spread.py)."""
+    client = REPO / "tests" / "clients" / "spread_gpus.py"
+    require((native_build / "client" / "libcuda.so.1").exists(), "needs the shim")
+    env = client_env("", LD_LIBRARY_PATH=str(native_build / "client"))
+    env.pop("GPUPOOL_LOG", None)
     with spread_server(native_build, tmp_path, FOUR_IN_THREE) as (address, hellos):
-        proc = run_client([exe, "basic"], env=client_env(address), timeout=90)
+        env["GPUPOOL_SERVER"] = address
+        proc = run_client([sys.executable, str(client), "4", str((9 << 20) + 4097)], env=env,
+                          timeout=120)
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
-    assert (f"server {address} offered this process's 4 GPUs spread over 3 servers (1 GPU at "
-            f"{address}, 2 GPUs at {address}, 1 GPU at {address})") in proc.stderr, out
-    assert "(not supported by this build yet). Set GPUPOOL_SPREAD=0" in proc.stderr, out
-    assert [h["spread_group"] for h in read_hellos(hellos)] == [0], out
+    assert proc.returncode == 0 and "PASS spread_gpus pairs=12" in proc.stdout, out
+    peers = {(int(i), int(j)): int(v) for i, j, v in re.findall(r"peer (\d) (\d) (\d)",
+                                                                proc.stdout)}
+    assert peers == {(i, j): int({i, j} == {1, 2}) for i in range(4) for j in range(4)
+                     if i != j}, out
+    assert [(h["spread_group"], h["part"], h["gpus"]) for h in read_hellos(hellos)] == [
+        (0, 0, 4), (GROUP, 0, 1), (GROUP, 1, 2), (GROUP, 2, 1)], out
 
 
 @pytest.mark.san

@@ -14,6 +14,13 @@
  * - Mapped (zero-copy) host memory: its device alias is its host address (api_memory.c), which
  *   the remote GPU cannot reach; memsets and copies naming it are done here on this machine's
  *   memory, after the stream's earlier work (see "mapped host memory" below).
+ * - A lease spread over servers (docs/multi-gpu.md, "Across servers"): a copy or memset goes to
+ *   the connection of its context's part. One whose device pointer lies in another part's slice
+ *   of the window goes to that part instead (elsewhere()): its worker runs it in the context it
+ *   last had, which can reach every device of that worker (unified addressing inside one
+ *   process); the program's stream lives on its own part only, so the call waits for that stream
+ *   first and then runs synchronously on the other part (the async forms too). A copy between
+ *   two parts goes through this process (copy_across).
  * The _ptds / _ptsz variants run the same code with the per-thread default stream.
  */
 #include <stdatomic.h>
@@ -32,12 +39,41 @@
 
 /* ==================================================================== copies == */
 
+/* A spread lease: the part holding device address a when it is not the part the thread's next
+ * frame goes to, else -1 (always -1 for a lease of one server, at the cost of one load). */
+static int other_part(uint64_t a)
+{
+    if (__builtin_expect(gp_conn_parts() == 1, 1))
+        return -1;
+    int p = gp_conn_part_of_addr(a);
+    return p >= 0 && p != gp_conn_next_part() ? p : -1;
+}
+
+/* Before a call runs on another part: the stream's earlier work (on the thread's own part) is
+ * done, then the thread's frames go to part p. The caller runs the call synchronously on that
+ * worker's legacy stream (wire 0) and calls gp_conn_route(-1) after. */
+static CUresult elsewhere(int p, uint64_t wire)
+{
+    CUresult r = gp_stream_wait_wire(wire);
+    if (r == CUDA_SUCCESS)
+        gp_conn_route(p);
+    return r;
+}
+
 static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint64_t wire, int is_async)
 {
     if (n == 0)
         return CUDA_SUCCESS;
     if (!src || !gp_vamap_device_span(dst, n))
         return CUDA_ERROR_INVALID_VALUE;
+    int p = other_part(dst);
+    if (p >= 0) {
+        CUresult r = elsewhere(p, wire);
+        if (r == CUDA_SUCCESS)
+            r = htod(dst, src, n, 0, 0);
+        gp_conn_route(-1);
+        return r;
+    }
     gp_memcpy_htod m = {.dst = dst, .stream = wire, .is_async = (uint32_t)is_async, .data_len = n};
     GP_FRAME(buf, len, gp_memcpy_htod, &m);
     if (!buf)
@@ -54,6 +90,14 @@ static CUresult dtoh_sync(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
         return CUDA_SUCCESS;
     if (!dst || !gp_vamap_device_span(src, n))
         return CUDA_ERROR_INVALID_VALUE;
+    int p = other_part(src);
+    if (p >= 0) {
+        CUresult r = elsewhere(p, wire);
+        if (r == CUDA_SUCCESS)
+            r = dtoh_sync(dst, src, n, 0);
+        gp_conn_route(-1);
+        return r;
+    }
     gp_memcpy_dtoh m = {.src = src, .size = n, .stream = wire, .is_async = 0};
     GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
     if (!buf)
@@ -73,6 +117,8 @@ static CUresult dtoh_async(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
         return CUDA_SUCCESS;
     if (!dst || !gp_vamap_device_span(src, n))
         return CUDA_ERROR_INVALID_VALUE;
+    if (other_part(src) >= 0)
+        return dtoh_sync(dst, src, n, wire); /* another part: synchronous (elsewhere) */
     gp_memcpy_dtoh m = {.src = src, .size = n, .stream = wire, .is_async = 1};
     GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
     if (!buf)
@@ -82,12 +128,96 @@ static CUresult dtoh_async(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
     return r;
 }
 
+/* A copy between two parts of a spread lease, through this process: device to host from the
+ * source part into a bounce buffer, host to device to the destination part, ACROSS_CHUNK at a
+ * time. Pipelined: while chunk i is written to the destination, chunk i+1 is already asked of
+ * the source (a detached read whose reply lands in the other buffer; a round trip on the source
+ * then says it is in, replies coming in order). After the stream's earlier work (waited for
+ * first) and before its later work (the writes are synchronous on the destination's worker, whose
+ * connection carries the later frames of that part in order): synchronous, the async forms too.
+ * The data crosses the network twice (docs/multi-gpu.md: server to server is for later). */
+#define ACROSS_CHUNK ((size_t)8 << 20)
+
+static CUresult dtoh_sync(void *dst, CUdeviceptr src, size_t n, uint64_t wire);
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint64_t wire, int is_async);
+
+/* Ask part ps for n bytes at src into dst, without waiting (its reply lands in dst). */
+static CUresult across_read(void *dst, CUdeviceptr src, size_t n, int ps)
+{
+    gp_memcpy_dtoh m = {.src = src, .size = n, .stream = 0, .is_async = 0};
+    GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_conn_route(ps);
+    CUresult r = gp_request_detached(buf, len, dst, n);
+    gp_conn_route(-1);
+    GP_FRAME_FREE(buf);
+    return r;
+}
+
+static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, size_t n,
+                            uint64_t wire)
+{
+    CUresult r = gp_stream_wait_wire(wire);
+    if (r != CUDA_SUCCESS)
+        return r;
+    size_t chunk = n < ACROSS_CHUNK ? n : ACROSS_CHUNK;
+    uint8_t *bounce[2] = {malloc(chunk), malloc(chunk)};
+    if (!bounce[0] || !bounce[1]) {
+        free(bounce[0]);
+        free(bounce[1]);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    gp_conn_route(ps);
+    r = dtoh_sync(bounce[0], src, chunk, 0); /* the first chunk */
+    gp_conn_route(-1);
+    for (size_t off = 0, i = 0; r == CUDA_SUCCESS && off < n; off += chunk, i++) {
+        size_t len = n - off < chunk ? n - off : chunk;
+        size_t next = off + len, next_len = n - next < chunk ? n - next : chunk;
+        if (next < n)
+            r = across_read(bounce[(i + 1) % 2], src + next, next_len, ps);
+        if (r == CUDA_SUCCESS) {
+            gp_conn_route(pd);
+            r = htod(dst + off, bounce[i % 2], len, 0, 0);
+            gp_conn_route(-1);
+        }
+        if (r == CUDA_SUCCESS && next < n) {
+            gp_conn_route(ps);
+            r = gp_round_trip(); /* the detached read is in once this returns */
+            gp_conn_route(-1);
+            if (r == CUDA_SUCCESS)
+                r = gp_take_pending_error(); /* the read failed on the source's worker */
+        }
+    }
+    if (r == CUDA_SUCCESS) { /* the last write done on the destination before we return */
+        gp_conn_route(pd);
+        r = gp_round_trip();
+        gp_conn_route(-1);
+    }
+    free(bounce[0]);
+    free(bounce[1]);
+    return gp_sync_result(r);
+}
+
 static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint64_t wire, int is_async)
 {
     if (n == 0)
         return CUDA_SUCCESS;
     if (!gp_vamap_device_span(dst, n) || !gp_vamap_device_span(src, n))
         return CUDA_ERROR_INVALID_VALUE;
+    if (gp_conn_parts() > 1) {
+        int ps = gp_conn_part_of_addr(src), pd = gp_conn_part_of_addr(dst);
+        if (ps >= 0 && pd >= 0 && ps != pd)
+            return copy_across(dst, pd, src, ps, n, wire);
+        int p = other_part(src);
+        if (p >= 0) { /* both on another part */
+            CUresult r = elsewhere(p, wire);
+            if (r == CUDA_SUCCESS)
+                r = dtod(dst, src, n, 0, 0);
+            gp_conn_route(-1);
+            return r;
+        }
+    }
     gp_memcpy_dtod m = {
         .dst = dst, .src = src, .size = n, .stream = wire, .is_async = (uint32_t)is_async};
     GP_FRAME(buf, len, gp_memcpy_dtod, &m);
@@ -587,11 +717,20 @@ static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t
                    .count = count,
                    .stream = wire,
                    .is_async = (uint32_t)is_async};
+    int p = other_part(dst);
+    if (p >= 0) { /* another part: after the stream, synchronous there (elsewhere) */
+        CUresult er = elsewhere(p, wire);
+        if (er != CUDA_SUCCESS)
+            return er;
+        m.stream = 0;
+        m.is_async = 0;
+    }
     GP_FRAME(buf, len, gp_memset, &m);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = gp_post(buf, len, NULL, 0);
-    GP_FRAME_FREE(buf);
+    CUresult r = buf ? gp_post(buf, len, NULL, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (p >= 0)
+        gp_conn_route(-1);
+    if (buf)
+        GP_FRAME_FREE(buf);
     return r;
 }
 
@@ -619,11 +758,20 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, uint32_
                       .height = height,
                       .stream = wire,
                       .is_async = (uint32_t)is_async};
+    int p = other_part(dst);
+    if (p >= 0) { /* another part: after the stream, synchronous there (elsewhere) */
+        CUresult er = elsewhere(p, wire);
+        if (er != CUDA_SUCCESS)
+            return er;
+        m.stream = 0;
+        m.is_async = 0;
+    }
     GP_FRAME(buf, len, gp_memset_2d, &m);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = gp_post(buf, len, NULL, 0);
-    GP_FRAME_FREE(buf);
+    CUresult r = buf ? gp_post(buf, len, NULL, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (p >= 0)
+        gp_conn_route(-1);
+    if (buf)
+        GP_FRAME_FREE(buf);
     return r;
 }
 

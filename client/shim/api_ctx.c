@@ -170,19 +170,23 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
     }
     gp_conn_use_ctx(0); /* creating needs no current context */
     gp_reply rep = {0};
-    if (dev == 0) {
+    /* A spread lease: created on the device's part, as that worker numbers it. */
+    int local = gp_conn_local_device(dev);
+    gp_conn_route(gp_conn_part_of_device(dev));
+    if (local == 0) {
         gp_ctx_create m = {.ctx = c->id, .flags = flags};
         GP_FRAME(buf, len, gp_ctx_create, &m);
         r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
         if (buf)
             GP_FRAME_FREE(buf);
     } else { /* another device of the lease (protocol 1.6, issue 37) */
-        gp_ctx_create_on m = {.ctx = c->id, .flags = flags, .device = dev};
+        gp_ctx_create_on m = {.ctx = c->id, .flags = flags, .device = local};
         GP_FRAME(buf, len, gp_ctx_create_on, &m);
         r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
         if (buf)
             GP_FRAME_FREE(buf);
     }
+    gp_conn_route(-1);
     gp_reply_free(&rep);
     gp_conn_forget_ctx(); /* the worker's driver made the new context current */
     if (r != CUDA_SUCCESS) {
@@ -233,7 +237,9 @@ GP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (gp_primary_index(h) >= 0 || !gp_handle_get(h, GP_H_CTX))
         return CUDA_ERROR_INVALID_CONTEXT;
     /* What the client knows goes first (context-local storage destructors may still use the
-     * context), then the server's context. */
+     * context), then the server's context (on its device's part, for a spread lease). */
+    const gp_ctx_obj *co = gp_ctx_obj_get(h);
+    int part = co ? gp_conn_part_of_device(co->device) : 0;
     forget_context(h);
     gp_ctx_destroy m = {.ctx = h};
     GP_FRAME(buf, len, gp_ctx_destroy, &m);
@@ -241,7 +247,9 @@ GP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return CUDA_ERROR_OUT_OF_MEMORY;
     gp_conn_use_ctx(0);
     gp_reply rep;
+    gp_conn_route(part);
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    gp_conn_route(-1);
     GP_FRAME_FREE(buf);
     gp_reply_free(&rep);
     gp_conn_forget_ctx();

@@ -53,17 +53,21 @@ void gp_devices_fetch(void)
     pthread_mutex_lock(&lock);
     int n = gp_device_announced(), k = 0;
     for (k = 0; n > 1 && gp_device_count() < n && k < n; k++) {
-        gp_device_props m = {.device = k};
+        /* A spread lease: each device is asked of its part, by that worker's ordinal. */
+        int part = gp_conn_part_of_device(k), first = k - gp_conn_local_device(k);
+        gp_device_props m = {.device = k - first};
         GP_FRAME(buf, len, gp_device_props, &m);
         gp_reply rep = {0};
+        gp_conn_route(part);
         CUresult r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
+        gp_conn_route(-1);
         if (buf)
             GP_FRAME_FREE(buf);
         gp_device_props_reply pr;
         if (r == CUDA_SUCCESS && gp_device_props_reply_decode(rep.body, rep.len, &pr) != 0)
             r = CUDA_ERROR_INVALID_VALUE;
         if (r == CUDA_SUCCESS)
-            gp_state_add_device(k, &pr);
+            gp_state_add_device(k, first, &pr);
         gp_reply_free(&rep);
         if (r != CUDA_SUCCESS) {
             gp_log_error("the server's lease has %d GPUs but device %d could not be read (error "

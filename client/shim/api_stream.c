@@ -155,6 +155,8 @@ GP_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
     return stream_wait_op(gp_ptsz(hStream), 1);
 }
 
+CUresult cuEventSynchronize(CUevent hEvent); /* api_event.c */
+
 static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
 {
     if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
@@ -164,10 +166,19 @@ static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
     if (r != CUDA_SUCCESS)
         return r;
     uint64_t e = (uint64_t)(uintptr_t)ev;
-    if (!gp_handle_get(e, GP_H_EVENT))
+    const gp_event_obj *eo = gp_handle_get(e, GP_H_EVENT);
+    if (!eo)
         return CUDA_ERROR_INVALID_HANDLE;
     if (gp_capture_status(wire) == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
         return GP_ERR_CAPTURE_INVALIDATED;
+    if (gp_conn_parts() > 1) {
+        /* A spread lease: an event of another part cannot be waited for on this part's worker.
+         * Wait for it here, on the host (its part says when it has happened), then return: the
+         * stream's later work is sent after it, so the order holds; the call blocks the host. */
+        const gp_ctx_obj *ec = gp_ctx_obj_get(eo->ctx);
+        if (ec && gp_conn_part_of_device(ec->device) != gp_conn_next_part())
+            return cuEventSynchronize(ev);
+    }
     gp_stream_wait_event m = {.stream = wire, .event = e, .flags = flags};
     GP_FRAME(buf, len, gp_stream_wait_event, &m);
     if (!buf)

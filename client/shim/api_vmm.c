@@ -312,7 +312,11 @@ GP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
                        (uint32_t)prop->allocFlags.usage << 16,
     };
     gp_reply rep = {0};
-    if (prop->location.id == 0) {
+    /* A spread lease: on the device's part, as that worker numbers it (its maps follow the
+     * context of that device, on the same part). */
+    int local = gp_conn_local_device(prop->location.id);
+    gp_conn_route(gp_conn_part_of_device(prop->location.id));
+    if (local == 0) {
         GP_FRAME(buf, len, gp_vmm_create, &m);
         r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
         if (buf)
@@ -322,12 +326,13 @@ GP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
                                .size = m.size,
                                .handle_types = m.handle_types,
                                .alloc_flags = m.alloc_flags,
-                               .device = prop->location.id};
+                               .device = local};
         GP_FRAME(buf, len, gp_vmm_create_on, &on);
         r = buf ? gp_request(buf, len, NULL, 0, NULL, 0, &rep) : CUDA_ERROR_OUT_OF_MEMORY;
         if (buf)
             GP_FRAME_FREE(buf);
     }
+    gp_conn_route(-1);
     if (r != CUDA_SUCCESS) {
         free(gp_handle_remove(h, GP_H_MEMHANDLE));
         return gp_cu_result(r);

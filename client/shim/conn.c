@@ -1,8 +1,10 @@
 /*
  * conn.c: the TCP connection of this process to its gpupool worker. A connection's state is a
- * gp_conn (conn_state.h) and the functions here take the one they act on; the process has one
- * (process_conn), which the public functions use (a lease spread over servers will have one per
- * part: docs/multi-gpu.md, "Across servers").
+ * gp_conn (conn_state.h) and the functions here take the one they act on. A lease of one server
+ * has one (process_conn); a lease spread over servers has one per part (docs/multi-gpu.md,
+ * "Across servers"), and the public functions (gp_post, gp_request...) send each frame to the
+ * part of the calling thread's context, or to the part the thread routed it to (gp_conn_route:
+ * frames that name a device, copies by address), see "routing".
  *
  *  - gp_conn_ensure: connect once per process (connect.c does the talking: VA window, hello,
  *    snapshot, the one-line error), pthread_once-like; then start the two threads below.
@@ -48,6 +50,7 @@
 
 #include "compress.h"
 #include "conn_state.h"
+#include "connect_parts.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -77,7 +80,8 @@ static __thread uint64_t tl_wire_ctx;
 /* The stream in: a read slice passed in silence asks silence_check (rs.quiet). */
 static int silence_check(void *owner, const char **why);
 
-/* The process's one connection (a lease spread over servers will have one per part). */
+/* The process's connection: the only one for a lease of one server, part 0's for a lease spread
+ * over servers (docs/multi-gpu.md, "Across servers"). */
 static gp_conn process_conn = {
     .state = ST_NONE,
     .sock = -1,
@@ -86,6 +90,19 @@ static gp_conn process_conn = {
     .wait_lock = PTHREAD_MUTEX_INITIALIZER,
     .rs = {.sock = -1, .ka = &process_conn.ka, .quiet = silence_check, .owner = &process_conn},
 };
+
+/* A spread lease's later parts: one gp_conn each, set up (conn_fresh) and connected under
+ * init_lock, then read-only but for their own locked state. part_conn[k] is part k's connection;
+ * part_count is published (before the parts' state turns ST_READY) once every part is connected.
+ * One part: part_count 1 and every frame takes process_conn without looking further (route). */
+static gp_conn more_conns[GP_MAX_DEVICES - 1];
+static gp_conn *part_conn[GP_MAX_DEVICES] = {&process_conn};
+static atomic_int part_count = 1;
+
+/* The part the calling thread's next frames go to (gp_conn_route; -1: its context's part), and
+ * the part of its context as route() last found it (what apply_ctx_locked compares with). */
+static __thread int tl_route_part = -1;
+static __thread int tl_ctx_part;
 
 /* ---- keepalive (keepalive.c keeps the clock) ---- */
 #define KEEPALIVE_REQ UINT64_MAX /* our pings' request id: their replies are dropped */
@@ -133,17 +150,94 @@ const char *gp_conn_server(void)
     return process_conn.server_desc;
 }
 
+/* ======================================================================= routing == */
+
+/* Acquire: a thread that sees the parts sees their connections set up (free on x86). */
+static inline int nparts(void)
+{
+    return atomic_load_explicit(&part_count, memory_order_acquire);
+}
+
+int gp_conn_parts(void)
+{
+    return nparts();
+}
+
+int gp_conn_part_of_device(int dev)
+{
+    int n = nparts();
+    for (int k = 0; k < n; k++)
+        if (dev >= part_conn[k]->first_device &&
+            dev < part_conn[k]->first_device + part_conn[k]->ndevices)
+            return k;
+    return n == 1 && dev >= 0 ? 0 : -1;
+}
+
+int gp_conn_part_of_addr(uint64_t a)
+{
+    int n = nparts();
+    if (n == 1)
+        return 0;
+    for (int k = 0; k < n; k++)
+        if (a >= part_conn[k]->va_base && a - part_conn[k]->va_base < part_conn[k]->va_size)
+            return k;
+    return -1;
+}
+
+int gp_conn_local_device(int dev)
+{
+    int k = gp_conn_part_of_device(dev);
+    return k < 0 ? dev : dev - part_conn[k]->first_device;
+}
+
+void gp_conn_route(int part)
+{
+    tl_route_part = part >= 0 && part < nparts() ? part : -1;
+}
+
+/* The part of context ctx (0 for none or one unknown: calls before the first context go to part
+ * 0, as the device they mean is device 0). */
+static int ctx_part_of(uint64_t ctx)
+{
+    if (!ctx || nparts() == 1)
+        return 0;
+    const gp_ctx_obj *o = gp_ctx_obj_get(ctx);
+    int k = o ? gp_conn_part_of_device(o->device) : 0;
+    return k < 0 ? 0 : k;
+}
+
+int gp_conn_next_part(void)
+{
+    return tl_route_part >= 0 ? tl_route_part : ctx_part_of(tl_wire_ctx);
+}
+
+static gp_conn *route_spread(void)
+{
+    tl_ctx_part = ctx_part_of(tl_wire_ctx);
+    return part_conn[tl_route_part >= 0 ? tl_route_part : tl_ctx_part];
+}
+
+/* The connection of the calling thread's next frame. One part: process_conn, one load and a
+ * predicted branch (the hot path stays as it was). */
+static inline gp_conn *route(void)
+{
+    if (__builtin_expect(nparts() == 1, 1))
+        return &process_conn;
+    return route_spread();
+}
+
 /* ========================================================================== loss == */
+
+/* Mark c dead and wake everything waiting on it; no message. 1 if this call did it. */
+static int conn_kill(gp_conn *c);
 
 static void conn_fail(gp_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void conn_fail(gp_conn *c, const char *fmt, ...)
 {
-    int expected = 0;
-    if (!atomic_compare_exchange_strong(&c->dead, &expected, 1))
+    int ready = atomic_load(&c->state) == ST_READY;
+    if (!conn_kill(c))
         return;
-    if (c->sock >= 0)
-        shutdown(c->sock, SHUT_RDWR); /* unblocks a sender stuck in sendmsg */
-    if (atomic_load(&c->state) == ST_READY) {
+    if (ready) {
         char reason[512];
         va_list ap;
         va_start(ap, fmt);
@@ -153,6 +247,22 @@ static void conn_fail(gp_conn *c, const char *fmt, ...)
                      "CUDA_ERROR_DEVICE_UNAVAILABLE",
                      c->server_desc, reason);
     }
+    /* A spread lease is one job: the loss of any part loses the process's contexts on every
+     * part (each part's server then ends and scrubs its part, as for a client that went away).
+     * The line above names the server that went away; the other parts go quietly. */
+    int n = ready ? nparts() : 1;
+    for (int k = 0; k < n; k++)
+        if (part_conn[k] != c)
+            conn_kill(part_conn[k]);
+}
+
+static int conn_kill(gp_conn *c)
+{
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&c->dead, &expected, 1))
+        return 0;
+    if (c->sock >= 0)
+        shutdown(c->sock, SHUT_RDWR); /* unblocks a sender stuck in sendmsg */
     pthread_mutex_lock(&c->wait_lock);
     gp_waiter *w = c->wait_head;
     c->wait_head = c->wait_tail = NULL;
@@ -173,6 +283,7 @@ static void conn_fail(gp_conn *c, const char *fmt, ...)
     /* Without send_lock: a sender that fails calls this while holding it. A missed wake-up only
      * leaves the idle flusher asleep, which is harmless. */
     pthread_cond_broadcast(&c->flush_cv);
+    return 1;
 }
 
 /* ====================================================================== sending == */
@@ -209,7 +320,16 @@ static int apply_ctx_locked(gp_conn *c)
     uint64_t want = tl_wire_ctx;
     if (want == 0 || want == c->last_ctx_sent)
         return 0;
+    /* Spread: a context lives on its device's part only. A frame routed to another part (it
+     * names its device, or a unified address there) leaves that worker's context as it was. */
+    if (nparts() > 1 && part_conn[tl_ctx_part] != c)
+        return 0;
     gp_ctx_set_current m = {.ctx = want};
+    if (c->first_device > 0) { /* a later part's worker numbers its devices from 0 */
+        int k = gp_primary_index(want);
+        if (k >= 0)
+            m.ctx = GP_PRIMARY_CTX_OF(k - c->first_device);
+    }
     uint8_t f[16 + 8];
     size_t n = gp_ctx_set_current_frame(f, gp_conn_new_req(), &m);
     if (gp_write_append(&c->ws, f, n) != 0)
@@ -225,10 +345,13 @@ void gp_conn_use_ctx(uint64_t ctx_id)
 
 void gp_conn_forget_ctx(void)
 {
-    gp_conn *c = &process_conn;
-    pthread_mutex_lock(&c->send_lock);
-    c->last_ctx_sent = UINT64_MAX;
-    pthread_mutex_unlock(&c->send_lock);
+    int n = nparts();
+    for (int k = 0; k < n; k++) {
+        gp_conn *c = part_conn[k];
+        pthread_mutex_lock(&c->send_lock);
+        c->last_ctx_sent = UINT64_MAX;
+        pthread_mutex_unlock(&c->send_lock);
+    }
 }
 
 /* A frame was appended: make sure the flusher will send it soon. Caller holds send_lock. */
@@ -273,7 +396,7 @@ static CUresult post_locked(gp_conn *c, uint8_t *frame, size_t frame_len, const 
 
 CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
 {
-    gp_conn *c = &process_conn;
+    gp_conn *c = route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
@@ -290,12 +413,12 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
 
 int gp_conn_lz4(void)
 {
-    return atomic_load(&process_conn.lz4_on);
+    return atomic_load(&route()->lz4_on);
 }
 
 CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n)
 {
-    gp_conn *c = &process_conn;
+    gp_conn *c = route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
@@ -373,7 +496,7 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     if (!reply)
         reply = &dummy;
     memset(reply, 0, sizeof *reply);
-    gp_conn *c = &process_conn;
+    gp_conn *c = route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return reply->result = r;
@@ -421,7 +544,7 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
 
 CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, uint64_t bulk_cap)
 {
-    gp_conn *c = &process_conn;
+    gp_conn *c = route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
@@ -830,23 +953,37 @@ static CUresult conn_status(gp_conn *c)
     return CUDA_ERROR_NO_DEVICE;
 }
 
-/* Connect c (connect.c says hello), start its receiver and flusher and arm its keepalive clock.
- * Caller holds init_lock; c->state is ST_NONE. Leaves it ST_READY or ST_FAILED (init_result
- * says why). */
-static void conn_open(gp_conn *c)
+/* A later part's connection, as process_conn's static initialiser sets up part 0's. Caller holds
+ * init_lock; nobody else sees c yet. */
+static void conn_fresh(gp_conn *c)
 {
-    unsigned features = 0;
-    init_result = gp_connect(&c->sock, &c->tls, &features, c->server_desc, sizeof c->server_desc);
-    atomic_store(&c->lz4_on, (features & GP_HELLO_LZ4) != 0);
-    if (init_result == CUDA_SUCCESS && !c->rs.buf && !(c->rs.buf = malloc(GP_READ_BUF_SIZE))) {
+    memset(c, 0, sizeof *c);
+    c->sock = -1;
+    pthread_mutex_init(&c->send_lock, NULL);
+    pthread_mutex_init(&c->wait_lock, NULL);
+    conn_init_conds(c);
+    c->ws = (gp_writer){.sock = -1, .dead = &c->dead, .ka = &c->ka};
+    c->rs = (gp_reader){.sock = -1, .ka = &c->ka, .quiet = silence_check, .owner = c};
+}
+
+/* Start c on the connected part l: its receiver and flusher, its keepalive clock. Caller holds
+ * init_lock. 0; or -1 with one line said and l's socket closed. */
+static int conn_start(gp_conn *c, const gp_part_link *l)
+{
+    c->sock = l->fd;
+    c->tls = l->tls;
+    snprintf(c->server_desc, sizeof c->server_desc, "%s", l->desc);
+    c->first_device = l->first_device;
+    c->ndevices = l->ndevices;
+    c->va_base = l->va_base;
+    c->va_size = l->va_size;
+    atomic_store(&c->lz4_on, (l->features & GP_HELLO_LZ4) != 0);
+    int ok = 1;
+    if (!c->rs.buf && !(c->rs.buf = malloc(GP_READ_BUF_SIZE))) {
         gp_log_error("cannot allocate the receive buffer");
-        gp_tls_free(c->tls);
-        c->tls = NULL;
-        close(c->sock);
-        c->sock = -1;
-        init_result = CUDA_ERROR_NO_DEVICE;
+        ok = 0;
     }
-    if (init_result == CUDA_SUCCESS) {
+    if (ok) {
         c->rs.sock = c->ws.sock = c->sock;
         c->rs.tls = c->ws.tls = c->tls;
         c->last_ctx_sent = UINT64_MAX;
@@ -854,21 +991,67 @@ static void conn_open(gp_conn *c)
             c->receiver_started = 1;
         if (!c->receiver_started || start_thread(flusher_main, c, "gpupool-flush", NULL) != 0) {
             gp_log_error("cannot start the connection threads: %s", strerror(errno));
-            stop_receiver(c); /* out of the socket and the TLS state before they go */
-            gp_tls_free(c->tls);
-            c->tls = NULL;
-            close(c->sock);
-            c->sock = -1;
+            ok = 0;
+        }
+    }
+    if (!ok) {
+        stop_receiver(c); /* out of the socket and the TLS state before they go */
+        conn_kill(c);     /* the flusher, if it started, ends */
+        gp_tls_free(c->tls);
+        c->tls = NULL;
+        close(c->sock);
+        c->sock = -1;
+        return -1;
+    }
+    gp_ka_arm(&c->ka, c->sock, c->tls, (l->features & GP_HELLO_KEEPALIVE) != 0);
+    return 0;
+}
+
+/* Every part's link (gp_connect_parts), only while connecting (under init_lock). */
+static gp_part_link part_links[GP_MAX_DEVICES];
+
+/* Connect the lease: one part (a server), or one connection per part of a spread lease, each
+ * started as conn_start says; all or none. Caller holds init_lock; process_conn.state is
+ * ST_NONE. Leaves it ST_READY or ST_FAILED (init_result says why). */
+static void conns_open(void)
+{
+    int n = 0, k = 0;
+    init_result = gp_connect_parts(part_links, GP_MAX_DEVICES, &n);
+    if (init_result == CUDA_SUCCESS) {
+        for (k = 0; k < n; k++) {
+            if (k > 0) {
+                conn_fresh(&more_conns[k - 1]);
+                part_conn[k] = &more_conns[k - 1];
+            }
+            if (conn_start(part_conn[k], &part_links[k]) != 0)
+                break;
+        }
+        if (k < n) { /* a part could not start: none stays (its servers end the others) */
+            for (int i = k + 1; i < n; i++) {
+                gp_tls_free(part_links[i].tls);
+                close(part_links[i].fd);
+            }
+            for (int i = 0; i < k; i++) {
+                gp_conn *c = part_conn[i];
+                stop_receiver(c);
+                conn_kill(c);
+                gp_tls_free(c->tls);
+                c->tls = NULL;
+                close(c->sock);
+                c->sock = -1;
+            }
             init_result = CUDA_ERROR_NO_DEVICE;
         }
     }
-    if (init_result == CUDA_SUCCESS) {
-        gp_ka_arm(&c->ka, c->sock, c->tls, (features & GP_HELLO_KEEPALIVE) != 0);
-        atexit(at_exit);
-        atomic_store_explicit(&c->state, ST_READY, memory_order_release);
-    } else {
-        atomic_store_explicit(&c->state, ST_FAILED, memory_order_release);
+    memset(part_links, 0, sizeof part_links); /* the sockets and sessions are the parts' now */
+    if (init_result != CUDA_SUCCESS) {
+        atomic_store_explicit(&process_conn.state, ST_FAILED, memory_order_release);
+        return;
     }
+    atomic_store_explicit(&part_count, n, memory_order_release);
+    atexit(at_exit);
+    for (k = n - 1; k >= 0; k--) /* part 0 last: its state is what gp_conn_ensure reads */
+        atomic_store_explicit(&part_conn[k]->state, ST_READY, memory_order_release);
 }
 
 CUresult gp_conn_ensure(void)
@@ -888,7 +1071,7 @@ CUresult gp_conn_ensure(void)
     pthread_mutex_lock(&init_lock);
     s = atomic_load(&c->state);
     if (s == ST_NONE)
-        conn_open(c);
+        conns_open();
     CUresult r = conn_status(c);
     pthread_mutex_unlock(&init_lock);
     return r;
@@ -898,17 +1081,20 @@ CUresult gp_conn_ensure(void)
 
 static void atfork_child(void)
 {
-    /* Only this thread survives; the connection belongs to the parent. Send nothing, and close
-     * our copy of the socket so the parent's session ends when the parent does. */
-    gp_conn *c = &process_conn;
-    int s = atomic_load(&c->state);
+    /* Only this thread survives; the connections belong to the parent. Send nothing, and close
+     * our copy of each socket so the parent's sessions end when the parent does. */
+    int s = atomic_load(&process_conn.state);
     if (s == ST_NONE || s == ST_FAILED)
         return; /* the child may connect on its own */
-    if (c->sock >= 0)
-        close(c->sock);
-    c->sock = -1;
-    atomic_store(&c->dead, 1);
-    atomic_store(&c->state, ST_FORKED);
+    int n = nparts();
+    for (int k = 0; k < n; k++) {
+        gp_conn *c = part_conn[k];
+        if (c->sock >= 0)
+            close(c->sock);
+        c->sock = -1;
+        atomic_store(&c->dead, 1);
+        atomic_store(&c->state, ST_FORKED);
+    }
     gp_log_debug("fork(): CUDA is not available in the child process (it was initialised in "
                  "the parent)");
 }
@@ -927,15 +1113,17 @@ static struct timespec realtime_after(long ns)
 
 static void at_exit(void)
 {
-    gp_conn *c = &process_conn;
-    if (atomic_load(&c->state) != ST_READY)
+    if (atomic_load(&process_conn.state) != ST_READY)
         return; /* never connected, already closed, or a forked child (the thread is not ours) */
-    if (!atomic_load(&c->dead)) {
+    if (!atomic_load(&process_conn.dead))
         gp_conn_close_hook_run(); /* what must still talk to the worker (the profile's question) */
-        say_goodbye(c);
-    }
-    if (c->tls)
-        stop_receiver(c);
+    int n = nparts();
+    for (int k = 0; k < n; k++) /* a goodbye to every part: each worker ends its session at once */
+        if (atomic_load(&part_conn[k]->state) == ST_READY && !atomic_load(&part_conn[k]->dead))
+            say_goodbye(part_conn[k]);
+    for (int k = 0; k < n; k++)
+        if (part_conn[k]->tls)
+            stop_receiver(part_conn[k]);
 }
 
 /* The goodbye frame, 1 s at most: the worker then ends the session at once instead of waiting

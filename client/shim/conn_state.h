@@ -145,6 +145,12 @@ typedef struct gp_conn {
     int sock;
     gp_tls *tls;           /* the TLS session with the worker, or NULL (plaintext) */
     char server_desc[300]; /* "host:port" of the server in use */
+    /* The part of the lease this connection serves (docs/multi-gpu.md, "Across servers"): the
+     * program's devices first_device .. first_device + ndevices - 1, its device pointers in
+     * [va_base, va_base + va_size). One part: 0, every device, the whole window. Set before the
+     * connection is ready, then read-only. */
+    int first_device, ndevices;
+    uint64_t va_base, va_size;
 
     /* ---- send side (send_lock) ---- */
     pthread_mutex_t send_lock;

@@ -355,12 +355,11 @@ static CUresult connect_spread(const hello_ctx *hc, const char *from, gp_part_li
     int n = plan->nparts;
     char what[2048];
     describe_parts(plan, what, sizeof what);
-    if (n > cap) { /* gp_connect: its caller holds one connection (conn.c, for now) */
+    if (n > cap) { /* a caller with room for fewer connections (gp_connect holds one) */
         gp_log_error("server %s offered this process's %d GPUs spread over %d servers (%s), but "
-                     "a lease spread over %d servers needs one connection per server, which "
-                     "this client cannot hold yet (not supported by this build yet). Set "
-                     "GPUPOOL_SPREAD=0 (spread = false) to wait for one server with all %d GPUs.",
-                     from, hc->cfg->gpus, n, what, n, hc->cfg->gpus);
+                     "this connect step has room for %d connection%s. Set GPUPOOL_SPREAD=0 "
+                     "(spread = false) to wait for one server with all %d GPUs.",
+                     from, hc->cfg->gpus, n, what, cap, cap == 1 ? "" : "s", hc->cfg->gpus);
         return CUDA_ERROR_NO_DEVICE;
     }
     gp_log_info("server %s: this process's %d GPUs are spread over %d servers (%s); connecting "
@@ -565,8 +564,9 @@ CUresult gp_connect_parts(gp_part_link *parts, int cap, int *nparts)
     return r;
 }
 
-/* One connection: a lease of one server (conn.c holds one connection, for now). A spread lease
- * fails here with its own line (connect_spread) before any part is connected. */
+/* One connection: a lease of one server (conn.c connects with gp_connect_parts, one connection
+ * per part). A spread lease fails here with its own line (connect_spread) before any part is
+ * connected. */
 CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *server_desc,
                     size_t desc_cap)
 {

@@ -86,6 +86,24 @@ CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, u
 void gp_conn_use_ctx(uint64_t ctx_id);
 /* The worker dropped (or may have changed) its current context: resend before the next frame. */
 void gp_conn_forget_ctx(void);
+/* A lease spread over servers (docs/multi-gpu.md, "Across servers") has one connection per part;
+ * a frame goes to the part of the calling thread's context unless the thread routes it elsewhere.
+ * gp_conn_parts: the number of parts (1 for a lease of one server). gp_conn_part_of_device /
+ * gp_conn_part_of_addr: the part holding device ordinal dev / device address a (-1: none).
+ * gp_conn_next_part: the part the thread's next frame goes to (the part it routed to, else its
+ * context's; 0 without a context). gp_conn_route(p):
+ * the thread's next frames go to part p (-1: back to its context's part); the thread's context
+ * switch is sent only to its own part, so on another part the worker uses the context it last
+ * had (calls that name their device in the body or use unified addresses need no more).
+ * gp_conn_local_device: dev as its part's worker numbers it (dev - the part's first device). */
+int gp_conn_parts(void);
+int gp_conn_part_of_device(int dev);
+int gp_conn_part_of_addr(uint64_t a);
+int gp_conn_next_part(void);
+void gp_conn_route(int part);
+int gp_conn_local_device(int dev);
+/* Every part's round trip (gp_round_trip on each): a process-wide wait. */
+CUresult gp_round_trip_all(void);
 
 /* Error of an earlier fire-and-forget call that the server reported in a notice and no
  * synchronising call has returned yet: returns it and clears it (sticky ones stay). */

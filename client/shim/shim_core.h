@@ -128,7 +128,9 @@ int gp_primary_index(uint64_t h);
  * each device's snapshot and peer rows from device_props (k = 0 takes only the rows), and the
  * count the program sees once they are in. */
 int gp_device_announced(void);
-void gp_state_add_device(int k, const gp_device_props_reply *r);
+/* first: the first device of k's part (0 for a lease of one server): the reply's peer arrays
+ * count from there, and a part's first device keeps what its hello reply said. */
+void gp_state_add_device(int k, int first, const gp_device_props_reply *r);
 void gp_state_devices_ready(int n);
 /* api_device.c: the snapshots of a lease's other devices, asked once, at the first cuInit
  * (api_init.c); the program sees them only when all are in (one that cannot be read ends the

@@ -139,11 +139,11 @@ int gp_device_announced(void)
     return atomic_load(&ndev) > 0 ? announced : 0;
 }
 
-void gp_state_add_device(int k, const gp_device_props_reply *r)
+void gp_state_add_device(int k, int first, const gp_device_props_reply *r)
 {
-    if (k < 0 || k >= announced)
+    if (k < 0 || k >= announced || first < 0 || first > k)
         return;
-    if (k > 0) {
+    if (k > first) {
         gp_device_snapshot *d = &devs[k];
         memset(d, 0, sizeof *d);
         size_t nl = r->name_len < sizeof d->name - 1 ? r->name_len : sizeof d->name - 1;
@@ -156,16 +156,18 @@ void gp_state_add_device(int k, const gp_device_props_reply *r)
         set_attributes(d, r->attributes, r->attributes_count, r->limits, r->limits_count);
         d->granularity = r->granularity;
         /* One driver and one process on the server: these are the same for every device. */
-        d->driver_version = dev0.driver_version;
-        d->stream_priority_least = dev0.stream_priority_least;
-        d->stream_priority_greatest = dev0.stream_priority_greatest;
-        d->simulated = dev0.simulated;
+        d->driver_version = devs[first].driver_version;
+        d->stream_priority_least = devs[first].stream_priority_least;
+        d->stream_priority_greatest = devs[first].stream_priority_greatest;
+        d->simulated = devs[first].simulated;
         set_primary_obj(k);
     }
-    for (uint32_t p = 0; p < r->can_access_peer_count && p < GP_MAX_DEVICES; p++)
-        peer[k][p] = gp_arr_i32(r->can_access_peer, p) != 0;
-    for (uint32_t i = 0; i < r->p2p_attributes_count && i < 4 * GP_MAX_DEVICES; i++)
-        p2p[k][i / 4][i % 4] = gp_arr_i32(r->p2p_attributes, i);
+    /* The worker numbers its part's devices from 0: its peers are first + p here (0 between
+     * parts: other machines). */
+    for (uint32_t p = 0; p < r->can_access_peer_count && first + p < GP_MAX_DEVICES; p++)
+        peer[k][first + p] = gp_arr_i32(r->can_access_peer, p) != 0;
+    for (uint32_t i = 0; i < r->p2p_attributes_count && first + i / 4 < GP_MAX_DEVICES; i++)
+        p2p[k][first + i / 4][i % 4] = gp_arr_i32(r->p2p_attributes, i);
 }
 
 void gp_state_devices_ready(int n)

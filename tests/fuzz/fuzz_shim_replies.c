@@ -24,15 +24,26 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* conn.c's neighbour that this target never reaches (the connection is set up by hand). */
-CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *desc, size_t cap)
+/* conn.c's neighbours that this target never reaches (the connection is set up by hand: one
+ * part, so no call is routed by its context and no context id is rewritten). */
+CUresult gp_connect_parts(gp_part_link *parts, int cap, int *nparts)
 {
-    (void)sock_out;
-    (void)tls_out;
-    (void)features_out;
-    (void)desc;
+    (void)parts;
     (void)cap;
+    *nparts = 0;
     return CUDA_ERROR_NO_DEVICE;
+}
+
+gp_ctx_obj *gp_ctx_obj_get(uint64_t h)
+{
+    (void)h;
+    return NULL;
+}
+
+int gp_primary_index(uint64_t h)
+{
+    (void)h;
+    return -1;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

@@ -1,0 +1,120 @@
+"""spread_gpus: a program of N GPUs on the driver API through ctypes, for a lease whose GPUs may
+come from several servers (issue 37, item 3: tests/test_e2e_spread.py).
+
+    GPUPOOL_GPUS=N GPUPOOL_SPREAD=1 python spread_gpus.py N BYTES [hold]
+
+Loads libcuda.so.1 (ours, first on LD_LIBRARY_PATH), checks that it sees N devices, puts BYTES
+of different random bytes on each (through each device's primary context) and checks that the
+device ranges do not overlap and that cuPointerGetAttribute(DEVICE_ORDINAL) names each one's
+device. Prints `peer I J V` for every ordered pair (cuDeviceCanAccessPeer), then copies every
+device's bytes to every other device (cuMemcpyPeer, read back bit-exact on the destination),
+and with device 0's context current: a device-to-device copy between the last two devices
+(cuMemcpyDtoD_v2, both on another server in a spread lease) and a memset of the last device.
+Prints `PASS spread_gpus pairs=P` and exits 0; otherwise `FAIL spread_gpus: ...` and exit 1.
+With `hold` it prints `holding` after the copies and waits for a line on stdin first (a test
+kills it there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+
+class Failed(Exception):
+    pass
+
+
+def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+    want, size = int(sys.argv[1]), int(sys.argv[2])
+    hold = sys.argv[3:] == ["hold"]
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(name: str, *args: object) -> None:
+        rc = getattr(cuda, name)(*args)
+        if rc != 0:
+            text = ctypes.c_char_p()
+            cuda.cuGetErrorName(rc, ctypes.byref(text))
+            raise Failed(f"{name} -> {(text.value or b'?').decode()} ({rc})")
+
+    check("cuInit", 0)
+    count = ctypes.c_int()
+    check("cuDeviceGetCount", ctypes.byref(count))
+    if count.value != want:
+        raise Failed(f"{count.value} devices, not {want}")
+    n = ctypes.c_size_t(size)
+    ctxs, srcs, dsts, data = [], [], [], []
+    for ordinal in range(want):
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        src, dst = ctypes.c_uint64(), ctypes.c_uint64()
+        check("cuDeviceGet", ctypes.byref(dev), ordinal)
+        check("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+        check("cuCtxSetCurrent", ctx)
+        check("cuMemAlloc_v2", ctypes.byref(src), n)
+        check("cuMemAlloc_v2", ctypes.byref(dst), n)
+        mine = os.urandom(size)
+        check("cuMemcpyHtoD_v2", src, ctypes.create_string_buffer(mine, size), n)
+        ctxs.append(ctx)
+        srcs.append(src.value)
+        dsts.append(dst.value)
+        data.append(mine)
+    check("cuCtxSetCurrent", ctxs[0])  # the attribute names the device from the address alone
+    for ordinal in range(want):
+        for ptr in (srcs[ordinal], dsts[ordinal]):
+            got = ctypes.c_int(-1)
+            check("cuPointerGetAttribute", ctypes.byref(got),
+                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_uint64(ptr))
+            if got.value != ordinal:
+                raise Failed(f"pointer {ptr:#x} of device {ordinal} says device {got.value}")
+    ranges = sorted((p, p + size, d) for d in range(want) for p in (srcs[d], dsts[d]))
+    for (_, end, d1), (start, _, d2) in zip(ranges, ranges[1:]):
+        if start < end:
+            raise Failed(f"device ranges overlap: device {d1} and device {d2}")
+    print("ranges " + " ".join(f"{srcs[d]:#x}" for d in range(want)))
+    for i in range(want):
+        for j in range(want):
+            if i != j:
+                v = ctypes.c_int(-1)
+                check("cuDeviceCanAccessPeer", ctypes.byref(v), i, j)
+                print(f"peer {i} {j} {v.value}")
+    back = ctypes.create_string_buffer(size)
+    pairs = 0
+    for i in range(want):
+        for j in range(want):
+            if i == j:
+                continue
+            check("cuMemcpyPeer", ctypes.c_uint64(dsts[j]), ctxs[j], ctypes.c_uint64(srcs[i]),
+                  ctxs[i], n)
+            check("cuCtxSetCurrent", ctxs[j])
+            check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[j]), n)
+            if back.raw != data[i]:
+                raise Failed(f"device {i}'s bytes copied to device {j} differ")
+            pairs += 1
+    if want > 2:  # with device 0's context current: the last two devices' memory
+        a, b = want - 2, want - 1
+        check("cuCtxSetCurrent", ctxs[0])
+        check("cuMemcpyDtoD_v2", ctypes.c_uint64(dsts[b]), ctypes.c_uint64(srcs[a]), n)
+        check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
+        if back.raw != data[a]:
+            raise Failed(f"device {a}'s bytes copied to device {b} in device 0's context differ")
+        check("cuMemsetD8_v2", ctypes.c_uint64(dsts[b]), 0x5A, n)
+        check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
+        if back.raw != b"\x5a" * size:
+            raise Failed(f"the memset of device {b} in device 0's context did not land")
+    if hold:
+        print("holding", flush=True)
+        sys.stdin.readline()
+    print(f"PASS spread_gpus pairs={pairs}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Failed as exc:
+        print(f"FAIL spread_gpus: {exc}")
+        sys.exit(1)

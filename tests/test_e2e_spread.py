@@ -1,0 +1,81 @@
+"""A program of 4 GPUs whose lease is spread over two servers of 2 (issue 37, item 3, `spread =
+true`): two `gpupoold --simulated 2` of one fleet (one PostgreSQL), a ctypes program
+(tests/clients/spread_gpus.py) with GPUPOOL_GPUS=4 GPUPOOL_SPREAD=1. The shim holds one
+connection per part and sends each call to the part of its device: the program sees 4 devices
+with distinct address ranges that cuPointerGetAttribute names right, peer access inside a server
+only, and copies between every ordered pair of devices bit-exact (through the client between the
+servers). Each server's lease record names the group and its part; a SIGKILL of the program ends
+and scrubs both parts. (The connect step alone, and 3 parts of one mini server:
+tests/test_shim_spread_connect.py.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import REPO, wait_until
+
+CLIENT = REPO / "tests" / "clients" / "spread_gpus.py"
+SIZE = (9 << 20) + 4097  # two chunks of the client's bounce path, the second odd
+
+
+def read_until(proc: subprocess.Popen[str], mark: str, timeout: float) -> list[str]:
+    """The program's lines up to `mark` (or its end, or the timeout)."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not select.select([proc.stdout], [], [], 0.5)[0]:
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+        if line.strip() == mark:
+            break
+    return lines
+
+
+def test_four_gpus_from_two_servers_peer_copies_and_a_sigkill_scrubs_both_parts(
+        start_daemon: Any, native_build: Path, pg_url: str) -> None:
+    a, b = (start_daemon("--database", pg_url, simulated=2, build_dir=native_build, tls=False)
+            for _ in range(2))
+    wait_until("A sees the fleet's 4 GPUs",
+               lambda: [(v["state"], len(v["gpus"])) for v in a.get_json("/api/v1/fleet")[
+                   "servers"]] == [("up", 2), ("up", 2)])
+    servers = {f"{s.host}:{s.port}" for s in (a, b)}
+    env = a.client_env({"GPUPOOL_SERVER": ",".join(sorted(servers)), "GPUPOOL_GPUS": "4",
+                        "GPUPOOL_SPREAD": "1", "GPUPOOL_CONNECT_TIMEOUT": "20"})
+    with subprocess.Popen([sys.executable, str(CLIENT), "4", str(SIZE), "hold"], env=env,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        lines = read_until(proc, "holding", 120)
+        out = "\n".join(lines)
+        assert lines and lines[-1] == "holding", (
+            f"{out}\n{proc.stderr.read() if proc.poll() is not None and proc.stderr else ''}")
+        # Peer access inside a server (devices 0-1, 2-3), none across.
+        peers = {(int(i), int(j)): int(v) for i, j, v in re.findall(r"peer (\d) (\d) (\d)", out)}
+        assert peers == {(i, j): int(i // 2 == j // 2) for i in range(4) for j in range(4)
+                         if i != j}, out
+        # Each part is a lease of its server; the records link the parts.
+        leases = a.get_json("/api/v1/leases?state=active")["leases"]
+        assert sorted((le["part"], le["parts"], len(le["gpus"])) for le in leases) == [
+            (0, 2, 2), (1, 2, 2)], leases
+        assert len({le["spread_group"] for le in leases}) == 1 and leases[0]["spread_group"]
+        assert len({le["server"] for le in leases}) == 2, leases
+        os.kill(proc.pid, signal.SIGKILL)  # (a failed check: leaving the block closes its stdin)
+    for le in leases:  # both parts end as a client lost, and both servers scrub their GPUs
+        wait_until(f"part {le['part']} ended and scrubbed", lambda le=le: a.get_json(
+            f"/api/v1/leases/{le['id']}").get("scrub_ok") is not None, timeout=60)
+        record = a.get_json(f"/api/v1/leases/{le['id']}")
+        assert record["end_reason"] == "client lost" and record["scrub_ok"] is True, record
+    for s in (a, b):
+        wait_until("the server's GPUs free", lambda s=s: [
+            g["state"] for g in s.get_json("/api/v1/gpus")["gpus"]] == ["free"] * 2)
