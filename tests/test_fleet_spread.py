@@ -24,12 +24,23 @@ from test_fleet import gpu, waiter
 from test_fleet_multi_gpu import ended
 from test_fleet_one_queue import Server, leased, server, sync  # noqa: F401  (server: a fixture)
 from test_hostile_tenant import VA_BASE, VA_SIZE
-from test_leases import client
+from test_leases import client, lease_on, mgr  # noqa: F401  (mgr: a fixture)
 
-from gpupoold.pool.fleet import Part, PartRefused, Redirect, match
+from gpupoold.pool.fleet import (
+    REDIRECT_CLAIM_S,
+    SPREAD_CLAIM_MAX_S,
+    Part,
+    PartRefused,
+    Redirect,
+    hold_seconds,
+    match,
+)
 from gpupoold.pool.fleet_view import fleet_queue
-from gpupoold.pool.requirements import Requirements
+from gpupoold.pool.leases import QueueFull
+from gpupoold.pool.requirements import MAX_SPREAD_GROUP, Requirements
 from gpupoold.pool.slots import FREE, LEASED
+from gpupoold.pool.views import lease_view
+from gpupoold.remoting.handshake import Refusal, parse_hello
 from gpupoold.store.database import StoreDB
 from gpupoold.store.fleet import QueueRow, SyncInput, _by_ticket
 
@@ -120,18 +131,20 @@ def test_the_store_keeps_the_parts_and_gives_a_part_hello_its_ticket_back(pg_url
             ("a", 0), ("a", 1), ("b", 0), ("b", 1)}
 
         def part(k: int, **kw: object) -> QueueRow:
-            return replace(wants(0, "b", 2), **{"client": _who, "claim": (ticket, k),
+            return replace(wants(0, "b", 2), **{"client": _who, "claim": (ticket, k, 2),
                                                 **kw})  # type: ignore[arg-type]
         # Part 1's hello at b gets the ticket back; wrong part, client or count are refused.
         got = b.fleet_sync(SyncInput("b", [gpu("b", holder=ticket), gpu("b", 1, holder=ticket)],
                                      [(1, part(1)), (2, part(0)), (3, part(5)),
                                       (4, part(1, client={**_who, "pid": 9})),
-                                      (5, part(1, gpus=3))]), _match)
+                                      (5, part(1, gpus=3)),
+                                      (6, part(1, claim=(ticket, 1, 3)))]), _match)
         assert got.tickets == {1: ticket}
         assert "held on server a, not on this one (b)" in got.unclaimed[2]
         assert "has 2 parts (0 to 1)" in got.unclaimed[3]
         assert "held for another client" in got.unclaimed[4]
         assert "holds 2 GPUs on server b, and this hello asks for 3" in got.unclaimed[5]
+        assert "that lease has 2 parts, and this hello says 3" in got.unclaimed[6]
         assert len(got.queue) == 1  # no new ticket for any of them
         # Once the ticket is over (a's hold let go), a late part hello is told so.
         a.fleet_sync(SyncInput("a", [gpu("a"), gpu("a", 1)], [], finished=[ticket]), _match)
@@ -187,6 +200,120 @@ async def test_the_redirect_names_the_parts_and_each_part_hello_claims_its_gpus(
         assert m.store.spread[lease.id] == (sent.group, k, 2)  # type: ignore[attr-defined]
         assert m.store.started[lease.id].request == (  # type: ignore[attr-defined]
             f"2 GPUs, part {k} of 2 of spread lease {sent.group}")
+    # A second hello for a part claimed already is refused, not left waiting for ever.
+    again = b.enqueue(_part(sent.group, 1), "alice", client(2), redirectable=True)
+    await sync(b)
+    with pytest.raises(PartRefused, match=f"part 1 of the spread lease {sent.group} is already "
+                       "claimed on server b"):
+        await asyncio.wait_for(again.future, 1)
+    assert again not in b.queue and [s.lease for s in b.slots] == [parts[1], parts[1]]
+
+
+async def test_a_spread_request_one_server_serves_whole_is_a_lease_of_that_server(
+        server: Server) -> None:  # noqa: F811
+    a = await server("a", 2)
+    b = await server("b", 2)
+    await sync(b)
+    # Its own server has the 2: granted there, no redirect (of one part, or any).
+    w = a.enqueue(Requirements(gpus=2, spread=True), "alice", client(2), redirectable=True)
+    await sync(a)
+    first = await asyncio.wait_for(w.future, 1)
+    assert first is a.slots[0] and w.granted == a.slots
+    await a.begin(w, first, b"hello", 1, -1)
+    # Only b has 2 free now: the ordinary redirect to one server (no parts), and the redirected
+    # hello there gets its ticket back and the GPUs held for it.
+    x = a.enqueue(Requirements(gpus=2, spread=True), "bob", client(3), redirectable=True)
+    await sync(a)
+    sent = await asyncio.wait_for(x.future, 1)
+    assert isinstance(sent, Redirect) and (sent.server, sent.group, sent.parts) == ("b", 0, ())
+    await sync(b)
+    there = b.enqueue(Requirements(gpus=2, spread=True), "bob", client(3), redirectable=True)
+    await sync(b)
+    assert await asyncio.wait_for(there.future, 1) is b.slots[0] and there.granted == b.slots
+
+
+def test_a_part_is_held_once_per_part_of_its_lease_at_most_a_cap() -> None:
+    row = replace(waiter(1, "a"), state="assigned", spread=True)
+    assert hold_seconds(row) == REDIRECT_CLAIM_S  # a lease of one server
+    two = replace(row, parts=(("a", (0,)), ("b", (0,))))
+    assert hold_seconds(two) == 2 * REDIRECT_CLAIM_S
+    assert hold_seconds(replace(two, client={"connect_timeout_ms": 300})) == pytest.approx(0.6)
+    many = replace(row, parts=tuple((f"s{i}", (0,)) for i in range(8)))
+    assert hold_seconds(many) == SPREAD_CLAIM_MAX_S
+
+
+async def test_each_server_holds_its_part_while_the_parts_connect_one_after_another(
+        server: Server) -> None:  # noqa: F811
+    a = await server("a", 2)
+    b = await server("b", 2)
+    await sync(b)
+    w = a.enqueue(Requirements(gpus=4, spread=True), "alice", client(2), redirectable=True)
+    await sync(a, b)
+    sent = await asyncio.wait_for(w.future, 1)
+    assert isinstance(sent, Redirect) and len(sent.parts) == 2
+    for m in (a, b):
+        assert m.fleet is not None
+        (held,) = m.fleet._reservations.values()  # noqa: SLF001
+        assert held.hold == 2 * REDIRECT_CLAIM_S
+        assert held.until - time.monotonic() > REDIRECT_CLAIM_S  # past one part's claim
+
+
+async def test_a_part_hello_is_not_refused_by_the_queue_limits(
+        server: Server) -> None:  # noqa: F811
+    a = await server("a", 2)
+    b = await server("b", 2, max_queue=0)  # b's queue takes nobody
+    await sync(b)
+    w = a.enqueue(Requirements(gpus=4, spread=True), "alice", client(2), redirectable=True)
+    await sync(a, b)
+    sent = await asyncio.wait_for(w.future, 1)
+    assert isinstance(sent, Redirect)
+    with pytest.raises(QueueFull, match="max_queue = 0"):  # a new client waits nowhere
+        b.enqueue(Requirements(), "bob", client(3), redirectable=True)
+    # The part's hello only claims the GPUs held for it (the store decides): it is not queued.
+    there = b.enqueue(_part(sent.group, 1), "alice", client(2), redirectable=True)
+    await sync(b)
+    assert await asyncio.wait_for(there.future, 1) is b.slots[0]
+
+
+async def test_a_claimed_part_whose_lease_ended_elsewhere_is_no_sign_of_a_server_down(
+        server: Server, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    a = await server("a", 2)
+    assert a.fleet is not None
+    part = a.enqueue(_part(999, 0), "alice", client(2), redirectable=True)
+    plain = a.enqueue(Requirements(gpus=9), "bob", client(3), redirectable=True)
+    # Both had a ticket the fleet queue no longer has (another server ended the spread lease;
+    # the store dropped the plain waiter's row): only the plain waiter is counted as lost.
+    a.fleet._tickets.update({part: 999, plain: 998})  # noqa: SLF001
+    await sync(a)
+    lost = [r.getMessage() for r in caplog.records if "had left the fleet queue" in r.message]
+    assert lost == ["fleet queue: 1 waiter(s) of this server had left the fleet queue (this "
+                    "server was marked down meanwhile): queued again"]
+
+
+def test_a_hello_naming_a_spread_group_past_64_bits_is_refused_at_once() -> None:
+    def hello(group: int) -> bytes:
+        return gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=7, host="h",
+                        user="u", program="p", token="t", gpus=2, spread_group=group, part=1,
+                        parts=2).encode()
+    assert isinstance(parse_hello(hello(MAX_SPREAD_GROUP)), gp.Hello)
+    got = parse_hello(hello(MAX_SPREAD_GROUP + 1))
+    assert isinstance(got, Refusal) and got.result == gp.GP_EPROTO
+    assert f"spread_group {MAX_SPREAD_GROUP + 1} is above {MAX_SPREAD_GROUP}" in got.message
+
+
+async def test_outside_a_fleet_a_hello_claims_no_part_and_its_lease_records_none(
+        mgr: Any) -> None:  # noqa: F811
+    m = await mgr(2, max_queue=0)
+    # No fleet gave this client a spread lease: its hello's fields are only its word, and it is
+    # an ordinary request for 2 GPUs.
+    _, lease = await lease_on(m, 2, req=Requirements(gpus=2, spread_group=9, part=1, parts=2))
+    view = lease_view(lease)
+    assert (view["spread_group"], view["part"], view["parts"]) == (0, 0, 0)
+    assert lease.id not in getattr(m.store, "spread", {})
+    # nor does it skip the queue limits as a part's hello does in a fleet (max_queue = 0)
+    with pytest.raises(QueueFull):
+        m.enqueue(Requirements(gpus=2, spread_group=9, part=1, parts=2), "alice", client(4))
+    assert "spread" not in m.store.started[lease.id].request  # type: ignore[attr-defined]
 
 
 async def test_a_spread_waiter_waits_for_n_free_in_the_fleet_and_the_queue_says_so(
@@ -213,7 +340,7 @@ async def test_a_part_never_claimed_is_let_go_and_the_other_parts_with_it(
     a = await server("a", 2)
     b = await server("b", 2)
     await sync(b)
-    late = replace(client(2), connect_timeout_ms=300)  # each part held 0.3 s
+    late = replace(client(2), connect_timeout_ms=300)  # each of 2 parts held 2 * 0.3 s
     w = a.enqueue(Requirements(gpus=4, spread=True), "alice", late, redirectable=True)
     await sync(a, b)
     sent = await asyncio.wait_for(w.future, 1)
@@ -222,7 +349,7 @@ async def test_a_part_never_claimed_is_let_go_and_the_other_parts_with_it(
     mine = a.enqueue(_part(sent.group, 0), "alice", late, redirectable=True)
     await sync(a)
     assert await asyncio.wait_for(mine.future, 1) is a.slots[0]
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(0.65)
     await sync(b)  # past its hold: b's part is free again
     assert [s.state for s in b.slots] == [FREE, FREE]
     await sync(b)  # (the ticket finished: its row is gone)
@@ -250,7 +377,7 @@ async def test_a_held_part_is_let_go_when_another_part_was_not_claimed(
     assert isinstance(sent, Redirect)
     assert [(p.server, p.gpus, p.first_device) for p in sent.parts] == [
         ("a", (0, 1), 0), ("b", (1,), 2)]
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(0.65)
     await sync(b, b)  # b's part let go, the ticket over
     await sync(a)  # a's part let go with it (no need to wait for its own hold)
     assert [s.state for s in a.slots] == [FREE, FREE]

@@ -73,6 +73,11 @@ SYNC_EVERY = 1.0  # seconds between syncs when nothing happens (positions, misse
 # hello says it since protocol 1.5: `claim_seconds`), after which a late client still joins the
 # queue (with a new ticket) and the GPU serves whoever is next meanwhile.
 REDIRECT_CLAIM_S = 2.0
+# A spread lease's part is held `len(parts)` times that (at most SPREAD_CLAIM_MAX_S): the shim
+# says its parts' hellos one after another, part k's only once part k-1's reply came, and that
+# reply waits for its worker's start, so the last part arrives long after the first (a server-side
+# mitigation until the shim sends every part's hello before reading the replies).
+SPREAD_CLAIM_MAX_S = 10.0
 CLAIM_SLACK_S = 0.02  # the deadline's timer fires this much after it (the loop's clock may round)
 # Statuses a GPU row has while it serves nobody (drained, draining, quarantined).
 OUT_OF_SERVICE = (QUARANTINED, DRAINED, "draining")
@@ -133,6 +138,14 @@ def claim_seconds(q: QueueRow) -> float:
     timeout when that is shorter (it gives up sooner; its hello says it, protocol 1.5)."""
     ms = _nonneg_int(q.client.get("connect_timeout_ms"))
     return min(REDIRECT_CLAIM_S, ms / 1000) if ms else REDIRECT_CLAIM_S
+
+
+def hold_seconds(q: QueueRow) -> float:
+    """How long a server holds its GPUs for the ticket of `q`: `claim_seconds`, and for a spread
+    lease's part that many times its parts (SPREAD_CLAIM_MAX_S at most: the parts' hellos come
+    one after another, each after the previous part's worker started)."""
+    one = claim_seconds(q)
+    return max(one, min(one * len(q.parts), SPREAD_CLAIM_MAX_S)) if q.parts else one
 
 
 def _parts(q: QueueRow, res: SyncResult) -> tuple[int, tuple[Part, ...]]:
@@ -575,7 +588,7 @@ class FleetQueue:
                 only=only, redirectable=w.redirectable and not _INDEX.fullmatch(w.req.gpu),
                 joined=w.joined_wall, state="waiting", gpus=w.req.gpus,
                 spread=w.req.spread and w.redirectable and only is None,
-                claim=(w.req.spread_group, w.req.part) if _is_part(w) else None)))
+                claim=(w.req.spread_group, w.req.part, w.req.parts) if _is_part(w) else None)))
         unassign = self._unassign
         self._unassign = []
         off = self.pool.away()
@@ -587,8 +600,20 @@ class FleetQueue:
     def _apply(self, res: SyncResult, new: dict[int, Waiter]) -> None:
         self.last = res
         waiting_now = set(self.queue)
+        # The tickets whose part here a hello claimed already (granted, or given to a waiter):
+        # another hello for that part is refused, not left waiting for a hold that is no more.
+        claimed = {t for t in self._applied.values() if t not in self._reservations}
+        claimed.update(self._tickets.values())
         for key, ticket in res.tickets.items():
             w = new[key]
+            if _is_part(w) and ticket in claimed:
+                self.queue.leave(w)
+                if not w.future.done():
+                    w.future.set_exception(PartRefused(
+                        f"part {w.req.part} of the spread lease {ticket} is already claimed on "
+                        f"server {self.server} (by an earlier hello of this client): a part is "
+                        "claimed once; run the program again for a new lease"))
+                continue
             if w in waiting_now:
                 self._tickets[w] = ticket
             elif not _is_part(w):
@@ -603,12 +628,16 @@ class FleetQueue:
         # Waiters of this server whose rows are no longer in the fleet queue: another server
         # marked this one down while it could not reach the store (its waiting rows went with
         # it). They join again at the next sync (new tickets) rather than wait for ever.
+        # (A spread lease's part whose ticket another server ended is one too, not a sign of that:
+        # its hello joins again and is refused, the part no longer held.)
         lost = [w for w, ticket in self._tickets.items() if ticket not in rows]
         for w in lost:
             del self._tickets[w]
         if lost:
-            log.warning("fleet queue: %d waiter(s) of this server had left the fleet queue "
-                        "(this server was marked down meanwhile): queued again", len(lost))
+            waiters = sum(1 for w in lost if not _is_part(w))
+            if waiters:
+                log.warning("fleet queue: %d waiter(s) of this server had left the fleet queue "
+                            "(this server was marked down meanwhile): queued again", waiters)
             self.kick()
         up = {name for name, srv in res.servers.items() if srv.get("state") == "up"}
         held = held_in_fleet(res.gpus, up, Counter(token for _, token in res.away))
@@ -690,7 +719,7 @@ class FleetQueue:
                           asyncio.get_running_loop().create_future())
         for slot in slots:
             self.pool.hold(slot, stand_in)
-        hold = claim_seconds(q)
+        hold = hold_seconds(q)
         self._reservations[ticket] = Reservation(ticket, slots, q, time.monotonic() + hold, hold)
         # A sync at the deadline (the released GPU goes to the next waiter then, not up to
         # SYNC_EVERY later). The release itself happens in the sync, under its lock: between

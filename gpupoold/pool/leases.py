@@ -459,7 +459,8 @@ class LeaseManager(PreviousLeases, SharedGpus):
         `redirectable` waiter). Raises QueueFull or ShuttingDown."""
         if self._closing:
             raise ShuttingDown()
-        if not self._free_for(req, token):
+        req = req if self.fleet is not None else req.outside_fleet()
+        if not (self._free_for(req, token) or req.spread_group):  # (a part claims held GPUs)
             self._admit(token)
         w = self.queue.join(req, token, client, redirectable=redirectable)
         self._dispatch()

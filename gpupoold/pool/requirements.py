@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gpupool_protocol as gp
@@ -19,6 +19,9 @@ import gpupool_protocol as gp
 from gpupoold.gpu.inventory import Gpu
 
 GIB = 1 << 30
+# The largest spread_group a hello may name: a group is a fleet ticket (a PostgreSQL BIGINT), and
+# the lease records keep it in a signed 64-bit integer (SQLite's too).
+MAX_SPREAD_GROUP = (1 << 63) - 1
 _INDEX = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 
 
@@ -70,6 +73,20 @@ class Requirements:
                    spread_group=int(getattr(hello, "spread_group", 0) or 0),
                    part=int(getattr(hello, "part", 0) or 0),
                    parts=int(getattr(hello, "parts", 0) or 0))
+
+    def malformed(self) -> str | None:
+        """The refusal of a hello whose spread fields no server ever gave (None: they may be)."""
+        if self.spread_group > MAX_SPREAD_GROUP:
+            return (f"spread_group {self.spread_group} is above {MAX_SPREAD_GROUP}, and no "
+                    "spread lease has such a number: a part's hello says the spread_group its "
+                    "redirect named (a client bug: upgrade the gpupool client)")
+        return None
+
+    def outside_fleet(self) -> Requirements:
+        """These requirements on a server that is in no fleet: a spread lease's part fields
+        are dropped (no fleet gave that lease; they would be only the client's word in the lease
+        record and view), and the request is an ordinary one for its GPUs."""
+        return replace(self, spread_group=0, part=0, parts=0) if self.spread_group else self
 
     def quota(self, gpu: Gpu) -> int:
         """The worker's memory_quota on `gpu`: the memory asked for, at most the GPU's total

@@ -21,7 +21,7 @@ from typing import Any
 import gpupool_protocol as gp
 
 from gpupoold import __version__
-from gpupoold.pool.requirements import format_bytes
+from gpupoold.pool.requirements import Requirements, format_bytes
 
 # The largest hello body of this protocol version is about 6.2 KiB; anything much longer is not a
 # hello and is refused before it is read.
@@ -79,6 +79,12 @@ def parse_hello(body: bytes) -> gp.Hello | Refusal:
     """The decoded hello, or the refusal to send back."""
     result: gp.Hello | Refusal = parse_first_frame(body, gp.Hello, "hello",
                                                    "gpupool client library")
+    if isinstance(result, gp.Hello):
+        # A spread group is a fleet ticket: the lease records keep it in a signed 64-bit integer,
+        # so one above that is refused here, not when its lease is recorded.
+        why = Requirements.from_hello(result).malformed()
+        if why is not None:
+            return Refusal(gp.GP_EPROTO, f"malformed hello: {why}")
     return result
 
 

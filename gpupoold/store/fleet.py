@@ -70,13 +70,15 @@ class QueueRow:
     # A client that takes its GPUs from several servers when no one server has them all
     # (GP_HELLO_SPREAD, protocol 1.8; schema v17), and the parts `match` gave it: (server, its
     # GPU indexes) in the program's device order, its own server's first (() while it waits, and
-    # for a lease of one server: `assigned_server`/`assigned_gpus` say it). The ticket is the
-    # parts' `spread_group`.
+    # for a lease of one server: `assigned_server`/`assigned_gpus` say it, and a spread ticket
+    # that one server could serve whole is such a lease: no parts). The ticket is the parts'
+    # `spread_group`.
     spread: bool = False
     parts: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    # Only in a new waiter's row, never stored: the hello of part `claim[1]` of the spread lease
-    # `claim[0]` (its ticket), which takes that ticket back here or is refused (SyncResult).
-    claim: tuple[int, int] | None = None
+    # Only in a new waiter's row, never stored: the hello of part `claim[1]` of `claim[2]` parts
+    # of the spread lease `claim[0]` (its ticket), which takes that ticket back here or is
+    # refused (SyncResult).
+    claim: tuple[int, int, int] | None = None
 
     def part_here(self, server: str) -> tuple[int, ...]:
         """The GPU indexes of `server` this assigned row was given (a spread lease's part
@@ -174,14 +176,17 @@ def _claim_refusal(row: QueueRow | None, w: QueueRow, me: str) -> str | None:
     """Why the hello of a spread lease's part (`w`, its `claim`) may not take the GPUs held for
     it on server `me` (None: it may). The client's connect fails with this text."""
     assert w.claim is not None
-    group, part = w.claim
+    group, part, parts = w.claim
     what = f"part {part} of the spread lease {group}"
     gone = (f"{what} is no longer held on server {me} (a part was not claimed within its hold "
             "time, or its server went down, and every part was let go); run the program again")
-    if row is None or row.state != "assigned" or not row.spread:
+    if row is None or row.state != "assigned" or not row.parts:
         return gone
     if not 0 <= part < len(row.parts):
         return f"{what}: that lease has {len(row.parts)} parts (0 to {len(row.parts) - 1})"
+    if parts != len(row.parts):
+        return (f"{what}: that lease has {len(row.parts)} parts, and this hello says {parts}: "
+                "a part's hello says the parts its redirect named")
     if row.parts[part][0] != me:
         return f"{what} is held on server {row.parts[part][0]}, not on this one ({me})"
     c = row.client
@@ -219,7 +224,7 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         # A spread lease's other parts' servers: a part let go here (never claimed) ends the
         # ticket, and they let their held parts go at once rather than at their own deadline.
         for r in db.execute(f"SELECT assigned_parts FROM fleet_queue WHERE ticket IN "
-                            f"{_in(inp.finished)} AND spread <> 0",
+                            f"{_in(inp.finished)} AND assigned_parts IS NOT NULL",
                             tuple(inp.finished)).fetchall():
             concerned.update(server for server, _ in json.loads(r["assigned_parts"] or "[]"))
         db.execute(f"UPDATE fleet_gpus SET holder = NULL, holder_token = '' WHERE server = ? "
@@ -251,14 +256,16 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
     # rather than a new one at the end of the queue. One sent to another server's GPU that says
     # its hello here instead gave up on reaching it (its connect timeout ran out, or that
     # server refused it): that ticket is gone, so the GPU held for it there is free at once
-    # rather than after the hold's 2 s (pool/fleet.py, REDIRECT_CLAIM_S).
+    # rather than after the hold's 2 s (pool/fleet.py, REDIRECT_CLAIM_S). A spread ticket that
+    # one server serves whole has no parts and is sent (or granted) exactly so; a ticket with
+    # parts is claimed by its parts' hellos instead (`claim`).
     sent_here: dict[tuple[str, Any, Any], int] = {}
     sent_away: dict[tuple[str, Any, Any], int] = {}
     away_at: dict[int, str] = {}  # ticket -> the server holding a GPU for it
     if inp.new_waiters:
         for r in db.execute("SELECT ticket, token, client, assigned_server FROM fleet_queue "
                             "WHERE state = 'assigned' AND server <> assigned_server AND "
-                            "spread = 0 ORDER BY ticket").fetchall():
+                            "assigned_parts IS NULL ORDER BY ticket").fetchall():
             c = json.loads(r["client"])
             there = sent_here if r["assigned_server"] == me else sent_away
             there.setdefault((r["token"], c.get("host"), c.get("pid")), int(r["ticket"]))
@@ -318,12 +325,14 @@ def sync(db: Any, inp: SyncInput, match: Matcher, insert: Callable[..., int],
         by_ticket = {w.ticket: w for w in queue}
         spread = {w.ticket for w in queue if w.spread}
         for ticket, parts in _by_ticket(assigned, spread).items():
+            # Parts only for a lease of several servers: one server's whole is a lease of one
+            # server, granted there or redirected as any other (no redirect of one part).
             server, indexes = parts[0]
             db.execute("UPDATE fleet_queue SET state = 'assigned', assigned_server = ?, "
                        "assigned_gpu = ?, assigned_gpus = ?, assigned_parts = ?, "
                        "assigned_at = ? WHERE ticket = ?",
                        (server, indexes[0], json.dumps(indexes),
-                        json.dumps(parts) if ticket in spread else None, now, ticket))
+                        json.dumps(parts) if len(parts) > 1 else None, now, ticket))
             for server, indexes in parts:
                 for index in indexes:
                     db.execute("UPDATE fleet_gpus SET holder = ?, holder_token = ? WHERE "
