@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, require, run_client, wait_until
+from conftest import REPO, _libasan, require, run_client, wait_until
 from worker_client import gp
 
 MIB2 = 2 << 20
@@ -193,6 +193,7 @@ def test_parts_are_refused_when_spread_is_off(native_build: Path, tmp_path: Path
     assert not first["flags"] & gp.GP_HELLO_SPREAD and first["gpus"] == 4, first
 
 
+@pytest.mark.san
 def test_a_cuda_program_of_4_gpus_runs_on_3_parts(native_build: Path, tmp_path: Path) -> None:
     """conn.c holds one connection per part: a ctypes program of 4 GPUs whose lease comes in 3
     parts (1, 2 and 1 GPUs, each its own worker) sees 4 devices, peer access only inside the part
@@ -202,12 +203,17 @@ def test_a_cuda_program_of_4_gpus_runs_on_3_parts(native_build: Path, tmp_path: 
     require((native_build / "client" / "libcuda.so.1").exists(), "needs the shim")
     env = client_env("", LD_LIBRARY_PATH=str(native_build / "client"))
     env.pop("GPUPOOL_LOG", None)
+    asan = _libasan() if native_build.name == "build-asan" else None
+    if asan:  # the shim is instrumented, python is not
+        env["LD_PRELOAD"] = asan
     with spread_server(native_build, tmp_path, FOUR_IN_THREE) as (address, hellos):
         env["GPUPOOL_SERVER"] = address
         proc = run_client([sys.executable, str(client), "4", str((9 << 20) + 4097)], env=env,
                           timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "PASS spread_gpus pairs=12" in proc.stdout, out
+    for mark in ("AddressSanitizer", "runtime error:"):
+        assert mark not in proc.stderr, out
     peers = {(int(i), int(j)): int(v) for i, j, v in re.findall(r"peer (\d) (\d) (\d)",
                                                                 proc.stdout)}
     assert peers == {(i, j): int({i, j} == {1, 2}) for i in range(4) for j in range(4)
