@@ -222,6 +222,65 @@ def test_a_cuda_program_of_4_gpus_runs_on_3_parts(native_build: Path, tmp_path: 
         (0, 0, 4), (GROUP, 0, 1), (GROUP, 1, 2), (GROUP, 2, 1)], out
 
 
+def test_the_loss_of_one_part_loses_the_whole_process(native_build: Path, tmp_path: Path) -> None:
+    """One job: when part 2's worker dies, one line names its server, a call on device 0 (part
+    0, alive) fails with the loss error, and the other parts' connections are closed (their
+    workers end)."""
+    client = REPO / "tests" / "clients" / "spread_gpus.py"
+    env = client_env("", LD_LIBRARY_PATH=str(native_build / "client"))
+    env.pop("GPUPOOL_LOG", None)
+    with spread_server(native_build, tmp_path, FOUR_IN_THREE) as (address, _), subprocess.Popen(
+            [sys.executable, str(client), "4", "4096", "hold"], env={**env,
+                                                                    "GPUPOOL_SERVER": address},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        lines = [proc.stdout.readline().strip() for _ in range(14)]  # ranges, 12 peers, holding
+        assert lines[-1] == "holding", lines
+        workers = _workers_by_age(tmp_path / "cache")
+        assert len(workers) == 3, workers
+        os.kill(workers[-1], 9)  # part 2's worker (the last connected)
+        wait_until("the other parts' workers end", lambda: not any(
+            os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in workers[:2]))
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+    assert "after hold CUDA_ERROR_DEVICE_UNAVAILABLE" in out and proc.returncode == 2, out + err
+    assert err.count("lost connection to server") == 1 and f"server {address}" in err, err
+
+
+def _workers_by_age(cache: Path) -> list[int]:
+    """The workers that the mini server whose cache directory is `cache` started (not their own
+    children), oldest first."""
+    pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    mine = {p for p in pids
+            if _cmdline(p).split(" ", 1)[0].endswith("/gpupool-worker") and f"{cache} " in
+            _cmdline(p)}
+    return sorted((p for p in mine if _stat(p, 1) not in mine), key=lambda p: _stat(p, 19))
+
+
+def _stat(pid: int, field: int) -> int:
+    """A numeric field of /proc/PID/stat, counted from the one after the state (ppid: 1)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[field])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 @pytest.mark.san
 def test_the_checks_over_tls_and_the_slices(native_build: Path) -> None:
     """tests/c/test_connect_parts.c: pins over TLS, a part's pin against the client's own pin

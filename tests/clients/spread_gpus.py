@@ -11,8 +11,9 @@ device's bytes to every other device (cuMemcpyPeer, read back bit-exact on the d
 and with device 0's context current: a device-to-device copy between the last two devices
 (cuMemcpyDtoD_v2, both on another server in a spread lease) and a memset of the last device.
 Prints `PASS spread_gpus pairs=P` and exits 0; otherwise `FAIL spread_gpus: ...` and exit 1.
-With `hold` it prints `holding` after the copies and waits for a line on stdin first (a test
-kills it there).
+With `hold` it prints `holding` after the copies and waits for a line on stdin (a test kills
+it there, or one of its servers), then reads device 0's bytes once more and prints `after hold
+NAME` (the result's name; exit 2 unless CUDA_SUCCESS).
 """
 
 from __future__ import annotations
@@ -105,9 +106,16 @@ def main() -> int:
         check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
         if back.raw != b"\x5a" * size:
             raise Failed(f"the memset of device {b} in device 0's context did not land")
-    if hold:
+    if hold:  # then one call on device 0: `after hold` and its result's name
         print("holding", flush=True)
         sys.stdin.readline()
+        rc = cuda.cuCtxSetCurrent(ctxs[0]) or cuda.cuMemcpyDtoH_v2(back, ctypes.c_uint64(
+            srcs[0]), n)
+        text = ctypes.c_char_p()
+        cuda.cuGetErrorName(rc, ctypes.byref(text))
+        print(f"after hold {(text.value or b'?').decode()}", flush=True)
+        if rc != 0:
+            return 2
     print(f"PASS spread_gpus pairs={pairs}")
     return 0
 
