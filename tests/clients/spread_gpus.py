@@ -8,8 +8,11 @@ of different random bytes on each (through each device's primary context) and ch
 device ranges do not overlap and that cuPointerGetAttribute(DEVICE_ORDINAL) names each one's
 device. Prints `peer I J V` for every ordered pair (cuDeviceCanAccessPeer), then copies every
 device's bytes to every other device (cuMemcpyPeer, read back bit-exact on the destination),
-and with device 0's context current: a device-to-device copy between the last two devices
-(cuMemcpyDtoD_v2, both on another server in a spread lease) and a memset of the last device.
+and with device 0's context current: cuCtxEnablePeerAccess to every other device (refused as
+the driver refuses a device that is no peer), a stream of device 0 waiting for an event of the
+last device, an async peer copy and an async read from the last device on that stream, a
+device-to-device copy between the last two devices (cuMemcpyDtoD_v2, both on another server in
+a spread lease) and a memset of the last device.
 Prints `PASS spread_gpus pairs=P` and exits 0; otherwise `FAIL spread_gpus: ...` and exit 1.
 With `hold` it prints `holding` after the copies and waits for a line on stdin (a test kills
 it there, or one of its servers), then reads device 0's bytes once more and prints `after hold
@@ -95,6 +98,32 @@ def main() -> int:
             if back.raw != data[i]:
                 raise Failed(f"device {i}'s bytes copied to device {j} differ")
             pairs += 1
+    # Device 0's context and the others: peer access as cuDeviceCanAccessPeer says (another
+    # server's: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, 217), an event of the last device waited for
+    # by device 0's stream, an async peer copy and an async read of the last device's memory.
+    last = want - 1
+    check("cuCtxSetCurrent", ctxs[0])
+    for j in range(1, want):
+        v = ctypes.c_int(-1)
+        check("cuDeviceCanAccessPeer", ctypes.byref(v), 0, j)
+        rc = cuda.cuCtxEnablePeerAccess(ctxs[j], 0)
+        if rc != (0 if v.value else 217):
+            raise Failed(f"cuCtxEnablePeerAccess from device 0 to {j} -> {rc} (peer {v.value})")
+    ev, stream = ctypes.c_void_p(), ctypes.c_void_p()
+    check("cuCtxSetCurrent", ctxs[last])
+    check("cuEventCreate", ctypes.byref(ev), 0)
+    check("cuEventRecord", ev, None)
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuStreamCreate", ctypes.byref(stream), 0)
+    check("cuStreamWaitEvent", stream, ev, 0)
+    check("cuMemcpyPeerAsync", ctypes.c_uint64(dsts[0]), ctxs[0], ctypes.c_uint64(srcs[last]),
+          ctxs[last], n, stream)
+    landed = ctypes.create_string_buffer(size)
+    check("cuMemcpyDtoHAsync_v2", landed, ctypes.c_uint64(srcs[last]), n, stream)
+    check("cuStreamSynchronize", stream)
+    check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[0]), n)
+    if back.raw != data[last] or landed.raw != data[last]:
+        raise Failed(f"device {last}'s bytes copied asynchronously in device 0's context differ")
     if want > 2:  # with device 0's context current: the last two devices' memory
         a, b = want - 2, want - 1
         check("cuCtxSetCurrent", ctxs[0])
