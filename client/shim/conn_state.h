@@ -6,9 +6,9 @@
  * Why a struct: a lease spread over several servers (docs/multi-gpu.md, "Across servers") needs
  * one connection per part, each with its own socket, send side, waiters, reader role, receiver
  * thread and keepalive clock. Everything of one connection lives in a gp_conn, and conn.c's
- * functions take the connection they act on. There is exactly one gp_conn today (conn.c's
- * static one); what stays process-wide whatever the number of connections (cuInit once, the
- * pending error, the request-id counter) is said where it lives.
+ * functions take the connection they act on: one gp_conn for a lease of one server, one per
+ * part of a spread lease (conn.c, "routing"); what stays process-wide whatever the number of
+ * connections (cuInit once, the pending error, the request-id counter) is said where it lives.
  */
 #ifndef GP_CONN_STATE_H
 #define GP_CONN_STATE_H

@@ -1,5 +1,5 @@
 /*
- * request_ids.c: the request ids of the process's one connection to its worker. A reply names
+ * request_ids.c: the request ids of the process's connections to its workers. A reply names
  * the request it answers by its id, so no two frames of a connection may share one: the info
  * and hello frames of connect.c and every frame conn.c sends take theirs from this counter.
  */

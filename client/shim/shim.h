@@ -7,8 +7,9 @@
  *   vamap.c      the VA window and the map of every device/host range the program got from us.
  *   state.c      device snapshot, contexts (thread-local current context stack), primary.
  *   connect.c    configuration, server choice, VA window, hello: a connected socket.
- *   conn.c       the one connection to the worker: send batching, the receiver thread,
- *                waiters, async device-to-host delivery, loss of connection.
+ *   conn.c       the connection to the worker (one per part of a spread lease, each frame
+ *                routed to its part): send batching, the receiver thread, waiters, async
+ *                device-to-host delivery, loss of connection.
  *   call_entry.c what a call does first: connection checked, context resolved and handed on.
  *   hooks.c      the answers to the NVML shim, `gpupool doctor`, the export tables.
  *   api_*.c      the cu* entry points, grouped by area, each a thin function on the above.
@@ -102,8 +103,6 @@ int gp_conn_part_of_addr(uint64_t a);
 int gp_conn_next_part(void);
 void gp_conn_route(int part);
 int gp_conn_local_device(int dev);
-/* Every part's round trip (gp_round_trip on each): a process-wide wait. */
-CUresult gp_round_trip_all(void);
 
 /* Error of an earlier fire-and-forget call that the server reported in a notice and no
  * synchronising call has returned yet: returns it and clears it (sticky ones stay). */

@@ -65,7 +65,7 @@ void gp_pending_notice(const uint8_t *body, size_t len);
  * to stderr: CUDA_ERROR_NO_DEVICE. */
 CUresult gp_connect(int *sock_out, gp_tls **tls_out, unsigned *features_out, char *server_desc,
                     size_t desc_cap);
-/* A fresh request id (one counter for every frame of the process's connection). */
+/* A fresh request id (one counter for every frame of the process's connections). */
 uint64_t gp_conn_new_req(void);
 /* ---- close_hook.c ---------------------------------------------------------------------------- */
 /* fn runs at exit while the session is still open, before the goodbye (the profile asks the
