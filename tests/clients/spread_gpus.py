@@ -12,8 +12,8 @@ and with device 0's context current: cuCtxEnablePeerAccess to every other device
 the driver refuses a device that is no peer), a stream of device 0 waiting for an event of the
 last device, an async peer copy and an async read from the last device on that stream, a
 device-to-device copy between the last two devices (cuMemcpyDtoD_v2, both on another server in
-a spread lease) and a memset of the last device.
-Prints `PASS spread_gpus pairs=P` and exits 0; otherwise `FAIL spread_gpus: ...` and exit 1.
+a spread lease) and a memset of the last device; at the end every buffer is freed with device
+0's context current. Prints `PASS spread_gpus pairs=P` and exits 0; otherwise `FAIL spread_gpus: ...` and exit 1.
 With `hold` it prints `holding` after the copies and waits for a line on stdin (a test kills
 it there, or one of its servers), then reads device 0's bytes once more and prints `after hold
 NAME` (the result's name; exit 2 unless CUDA_SUCCESS).
@@ -145,6 +145,13 @@ def main() -> int:
         print(f"after hold {(text.value or b'?').decode()}", flush=True)
         if rc != 0:
             return 2
+    check("cuCtxSetCurrent", ctxs[0])  # each buffer freed on its own part, wherever we are
+    for ordinal in range(want):
+        check("cuMemFree_v2", ctypes.c_uint64(srcs[ordinal]))
+        check("cuMemFree_v2", ctypes.c_uint64(dsts[ordinal]))
+    for ordinal in range(want):  # a failed free would be the next synchronising call's error
+        check("cuCtxSetCurrent", ctxs[ordinal])
+        check("cuCtxSynchronize")
     print(f"PASS spread_gpus pairs={pairs}")
     return 0
 
