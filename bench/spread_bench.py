@@ -17,8 +17,9 @@ identities (gpupoold's default); the client names and pins A only (B's pin comes
 redirect). A client of GPUPOOL_GPUS=4 with GPUPOOL_SPREAD=1 gets A's 2 GPUs (devices 0, 1) and
 B's 2 (devices 2, 3): no server has 4. At each rate, in the same run:
 
-  raw TCP   bench/tcp_baseline.c between A and B (a 256 MiB bulk stream each way) and between
-            the client and each server (upload: the bulk stream; download: 256 MiB answers);
+  raw TCP   bench/tcp_baseline.c from A to B and from the client to each server: a 256 MiB
+            bulk stream one way (A to B, the client to the server) and 256 MiB answers the
+            other (B to A, the server to the client);
   gpupool   bench/spread_client.py in the client's namespace: 4 devices, distinct pointer
             ranges, then the best of --reps cuMemcpyPeer of --mib MiB of random bytes from
             device 0 to 2 (A to B), 2 to 0 (B to A) and 0 to 1 (within A: a peer copy on one
@@ -213,24 +214,22 @@ def build_tcp() -> Path:
 
 
 def raw_tcp(lan: Lan, tcp: Path) -> dict[str, float | None]:
-    """Bytes per second of raw TCP on each directed link: "a>b" (A to B) and so on. From the
-    client: the bulk stream up, 256 MiB answers down; between servers: the bulk stream from
-    each side. A run that fails leaves its figures None."""
+    """Bytes per second of raw TCP on each directed link: "a>b" (A to B) and so on. One run of
+    tcp_baseline from A to B and one from the client to each server: the bulk stream is the
+    upload ("a>b", "client>a"), 256 MiB answers the other way ("b>a", "a>client"), as
+    bench/link_bench.py. A run that fails leaves its figures None."""
     got: dict[str, float | None] = {}
-    for src, dst in (("a", "b"), ("b", "a"), ("client", "a"), ("client", "b")):
+    for src, dst in (("a", "b"), ("client", "a"), ("client", "b")):
         proc = subprocess.run(["ip", "netns", "exec", lan.ns[src], str(tcp), "--server-netns",
                                lan.ns[dst], "--host", ip_of(dst), "--quick", "--reps", "1"],
                               capture_output=True, text=True, timeout=600)
         try:
             r = json.loads(proc.stdout)
             got[f"{src}>{dst}"] = float(r["bulk_Bps"])
-            if src == "client":
-                got[f"{dst}>client"] = float(r["reqresp_Bps"][str(256 * MIB)])
+            got[f"{dst}>{src}"] = float(r["reqresp_Bps"][str(256 * MIB)])
         except (ValueError, KeyError):
             log(f"raw TCP {src} -> {dst} failed ({proc.returncode}): {proc.stderr.strip()}")
-            got.setdefault(f"{src}>{dst}", None)
-            if src == "client":
-                got.setdefault(f"{dst}>client", None)
+            got[f"{src}>{dst}"] = got[f"{dst}>{src}"] = None
     return got
 
 
