@@ -174,19 +174,19 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
     for (size_t off = 0, i = 0; r == CUDA_SUCCESS && off < n; off += chunk, i++) {
         size_t len = n - off < chunk ? n - off : chunk;
         size_t next = off + len, next_len = n - next < chunk ? n - next : chunk;
-        if (next < n)
-            r = across_read(bounce[(i + 1) % 2], src + next, next_len, ps);
+        int reading = next < n && (r = across_read(bounce[(i + 1) % 2], src + next, next_len,
+                                                   ps)) == CUDA_SUCCESS;
         if (r == CUDA_SUCCESS) {
             gp_conn_route(pd);
             r = htod(dst + off, bounce[i % 2], len, 0, 0);
             gp_conn_route(-1);
         }
-        if (r == CUDA_SUCCESS && next < n) {
+        if (reading) { /* even after a failed write: the buffer must not go while read into */
             gp_conn_route(ps);
-            r = gp_round_trip(); /* the detached read is in once this returns */
+            CUresult rt = gp_round_trip(); /* the detached read is in once this returns */
             gp_conn_route(-1);
             if (r == CUDA_SUCCESS)
-                r = gp_take_pending_error(); /* the read failed on the source's worker */
+                r = rt == CUDA_SUCCESS ? gp_take_pending_error() : rt; /* failed at the source */
         }
     }
     if (r == CUDA_SUCCESS) { /* the last write done on the destination before we return */
