@@ -548,9 +548,11 @@ CUresult gp_connect_parts(gp_part_link *parts, int cap, int *nparts)
         gp_log_error("%s", err);
         r = CUDA_ERROR_NO_DEVICE;
     } else {
-        /* Room for the parts a fleet may name, when this process asks for a spread lease. */
+        /* Room for the parts a fleet may name, when this process asks for a spread lease and
+         * the caller can hold more than one connection (else the hello does not ask to spread:
+         * the fleet would hold GPUs on several servers for a lease it then cannot take). */
         gp_spread_plan *plan = NULL;
-        if (cfg->spread && cfg->gpus > 1 && !(plan = calloc(1, sizeof *plan))) {
+        if (cfg->spread && cfg->gpus > 1 && cap > 1 && !(plan = calloc(1, sizeof *plan))) {
             gp_log_error("out of memory reading the gpupool configuration");
             r = CUDA_ERROR_NO_DEVICE;
         } else {
