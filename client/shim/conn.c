@@ -1,13 +1,16 @@
 /*
- * conn.c: the TCP connection of this process to its gpupool worker. A connection's state is a
+ * conn.c: the TCP connection of this process to its gpupool worker, as it carries the session:
+ * sending, the flusher, the receiver and the reader role, loss. A connection's state is a
  * gp_conn (conn_state.h) and the functions here take the one they act on. A lease of one server
- * has one (process_conn); a lease spread over servers has one per part (docs/multi-gpu.md,
+ * has one (gp_conn_process); a lease spread over servers has one per part (docs/multi-gpu.md,
  * "Across servers"), and the public functions (gp_post, gp_request...) send each frame to the
  * part of the calling thread's context, or to the part the thread routed it to (gp_conn_route:
- * frames that name a device, copies by address), see "routing".
+ * frames that name a device, copies by address): conn_route.c holds the parts table and the
+ * routing, conn_life.c starts the connections and ends them (fork, exit, goodbye).
  *
- *  - gp_conn_ensure: connect once per process (connect.c does the talking: VA window, hello,
- *    snapshot, the one-line error), pthread_once-like; then start the two threads below.
+ *  - gp_conn_ensure (conn_life.c): connect once per process (connect.c does the talking: VA
+ *    window, hello, snapshot, the one-line error), pthread_once-like; then start the two
+ *    threads below.
  *  - Sending: fire-and-forget frames are appended to a batch under send_lock; the batch goes
  *    out before any request that waits, when it passes 256 KiB, and from the flusher thread
  *    ~50 us after the last append, so a program that never synchronises still progresses.
@@ -21,8 +24,9 @@
  *    failed detached requests become the pending error (pending.c).
  *  - Loss: the first failure marks the connection dead, wakes every waiter with
  *    GP_LOST_CONNECTION_ERROR and prints one line. Sends use MSG_NOSIGNAL (never SIGPIPE).
- *  - fork: the child drops the connection without sending anything (CUDA calls there return
- *    CUDA_ERROR_NOT_INITIALIZED); exit: flush and goodbye, bounded by short timeouts.
+ *  - fork (conn_life.c): the child drops the connection without sending anything (CUDA calls
+ *    there return CUDA_ERROR_NOT_INITIALIZED); exit: flush and goodbye, bounded by short
+ *    timeouts.
  *  - Keepalive (when the server promised it, GP_HELLO_KEEPALIVE; keepalive.c keeps the clock):
  *    reads wake every GP_KA_SLICE_MS; whoever reads while a reply is awaited pings a quiet
  *    server and fails the connection when it stays silent for GPUPOOL_SERVER_TIMEOUT seconds.
@@ -37,7 +41,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -50,7 +53,6 @@
 
 #include "compress.h"
 #include "conn_state.h"
-#include "connect_parts.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -62,47 +64,14 @@
 /* cuInit succeeded (cuDriverGetVersion may connect earlier, but the other calls still answer
  * CUDA_ERROR_NOT_INITIALIZED until cuInit, as the driver does). Process-wide, whatever the
  * number of connections: cuInit is once per process, and so is the connecting it does (a lease
- * of several parts connects to all of them under init_lock). */
-static atomic_int initialized;
-static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED; /* guarded by init_lock */
-
-/* The calling thread's context for the worker (gp_conn_use_ctx): per thread, not per
- * connection (the program sets its current context without naming a server); each connection
- * remembers what it last sent (last_ctx_sent). */
-static __thread uint64_t tl_wire_ctx;
+ * of several parts connects to all of them under conn_life.c's init_lock). Set by gp_conn_init
+ * (conn_life.c), read here per call. */
+atomic_int gp_conn_initialized;
 
 /* After a caller gives the role back, the receiver stays off the socket this long (linger_until;
  * unless detached requests are outstanding), so back-to-back round trips do not wake it each
  * time; notices and loss that arrive meanwhile are seen at most this late. */
 #define LINGER_NS 2000000ull
-
-/* The stream in: a read slice passed in silence asks silence_check (rs.quiet). */
-static int silence_check(void *owner, const char **why);
-
-/* The process's connection: the only one for a lease of one server, part 0's for a lease spread
- * over servers (docs/multi-gpu.md, "Across servers"). */
-static gp_conn process_conn = {
-    .state = ST_NONE,
-    .sock = -1,
-    .send_lock = PTHREAD_MUTEX_INITIALIZER,
-    .ws = {.sock = -1, .dead = &process_conn.dead, .ka = &process_conn.ka},
-    .wait_lock = PTHREAD_MUTEX_INITIALIZER,
-    .rs = {.sock = -1, .ka = &process_conn.ka, .quiet = silence_check, .owner = &process_conn},
-};
-
-/* A spread lease's later parts: one gp_conn each, set up (conn_fresh) and connected under
- * init_lock, then read-only but for their own locked state. part_conn[k] is part k's connection;
- * part_count is published (before the parts' state turns ST_READY) once every part is connected.
- * One part: part_count 1 and every frame takes process_conn without looking further (route). */
-static gp_conn more_conns[GP_MAX_DEVICES - 1];
-static gp_conn *part_conn[GP_MAX_DEVICES] = {&process_conn};
-static atomic_int part_count = 1;
-
-/* The part the calling thread's next frames go to (gp_conn_route; -1: its context's part), and
- * the part of its context as route() last found it (what apply_ctx_locked compares with). */
-static __thread int tl_route_part = -1;
-static __thread int tl_ctx_part;
 
 /* ---- keepalive (keepalive.c keeps the clock) ---- */
 #define KEEPALIVE_REQ UINT64_MAX /* our pings' request id: their replies are dropped */
@@ -114,7 +83,7 @@ static inline CUresult conn_check_init(gp_conn *c)
 {
     switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
     case ST_READY:
-        if (!atomic_load_explicit(&initialized, memory_order_relaxed))
+        if (!atomic_load_explicit(&gp_conn_initialized, memory_order_relaxed))
             return CUDA_ERROR_NOT_INITIALIZED;
         return atomic_load_explicit(&c->dead, memory_order_relaxed) ? GP_LOST_CONNECTION_ERROR
                                                                     : CUDA_SUCCESS;
@@ -127,115 +96,26 @@ static inline CUresult conn_check_init(gp_conn *c)
 
 CUresult gp_check_init(void)
 {
-    return conn_check_init(&process_conn);
+    return conn_check_init(&gp_conn_process);
 }
 
 int gp_conn_attempted(void)
 {
-    return atomic_load(&process_conn.state) != ST_NONE;
-}
-
-CUresult gp_conn_init(void)
-{
-    CUresult r = gp_conn_ensure();
-    if (r == CUDA_SUCCESS) {
-        atomic_store(&initialized, 1);
-        r = gp_check_init();
-    }
-    return r;
+    return atomic_load(&gp_conn_process.state) != ST_NONE;
 }
 
 const char *gp_conn_server(void)
 {
-    return process_conn.server_desc;
-}
-
-/* ======================================================================= routing == */
-
-/* Acquire: a thread that sees the parts sees their connections set up (free on x86). */
-static inline int nparts(void)
-{
-    return atomic_load_explicit(&part_count, memory_order_acquire);
-}
-
-int gp_conn_parts(void)
-{
-    return nparts();
-}
-
-int gp_conn_part_of_device(int dev)
-{
-    int n = nparts();
-    for (int k = 0; k < n; k++)
-        if (dev >= part_conn[k]->first_device &&
-            dev < part_conn[k]->first_device + part_conn[k]->ndevices)
-            return k;
-    return n == 1 && dev >= 0 ? 0 : -1;
-}
-
-int gp_conn_part_of_addr(uint64_t a)
-{
-    int n = nparts();
-    if (n == 1)
-        return 0;
-    for (int k = 0; k < n; k++)
-        if (a >= part_conn[k]->va_base && a - part_conn[k]->va_base < part_conn[k]->va_size)
-            return k;
-    return -1;
-}
-
-int gp_conn_local_device(int dev)
-{
-    int k = gp_conn_part_of_device(dev);
-    return k < 0 ? dev : dev - part_conn[k]->first_device;
-}
-
-void gp_conn_route(int part)
-{
-    tl_route_part = part >= 0 && part < nparts() ? part : -1;
-}
-
-/* The part of context ctx (0 for none or one unknown: calls before the first context go to part
- * 0, as the device they mean is device 0). */
-static int ctx_part_of(uint64_t ctx)
-{
-    if (!ctx || nparts() == 1)
-        return 0;
-    const gp_ctx_obj *o = gp_ctx_obj_get(ctx);
-    int k = o ? gp_conn_part_of_device(o->device) : 0;
-    return k < 0 ? 0 : k;
-}
-
-int gp_conn_next_part(void)
-{
-    return tl_route_part >= 0 ? tl_route_part : ctx_part_of(tl_wire_ctx);
-}
-
-static gp_conn *route_spread(void)
-{
-    tl_ctx_part = ctx_part_of(tl_wire_ctx);
-    return part_conn[tl_route_part >= 0 ? tl_route_part : tl_ctx_part];
-}
-
-/* The connection of the calling thread's next frame. One part: process_conn, one load and a
- * predicted branch (the hot path stays as it was). */
-static inline gp_conn *route(void)
-{
-    if (__builtin_expect(nparts() == 1, 1))
-        return &process_conn;
-    return route_spread();
+    return gp_conn_process.server_desc;
 }
 
 /* ========================================================================== loss == */
-
-/* Mark c dead and wake everything waiting on it; no message. 1 if this call did it. */
-static int conn_kill(gp_conn *c);
 
 static void conn_fail(gp_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void conn_fail(gp_conn *c, const char *fmt, ...)
 {
     int ready = atomic_load(&c->state) == ST_READY;
-    if (!conn_kill(c))
+    if (!gp_conn_kill(c))
         return;
     if (ready) {
         char reason[512];
@@ -250,13 +130,13 @@ static void conn_fail(gp_conn *c, const char *fmt, ...)
     /* A spread lease is one job: the loss of any part loses the process's contexts on every
      * part (each part's server then ends and scrubs its part, as for a client that went away).
      * The line above names the server that went away; the other parts go quietly. */
-    int n = ready ? nparts() : 1;
+    int n = ready ? conn_nparts() : 1;
     for (int k = 0; k < n; k++)
-        if (part_conn[k] != c)
-            conn_kill(part_conn[k]);
+        if (gp_conn_part[k] != c)
+            gp_conn_kill(gp_conn_part[k]);
 }
 
-static int conn_kill(gp_conn *c)
+int gp_conn_kill(gp_conn *c)
 {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&c->dead, &expected, 1))
@@ -288,7 +168,7 @@ static int conn_kill(gp_conn *c)
 
 /* ====================================================================== sending == */
 
-/* Write the batch followed by up to two extra buffers (flush_locked), or compressed data
+/* Write the batch followed by up to two extra buffers (gp_conn_flush_locked), or compressed data
  * (gp_post_lz4). Caller holds send_lock. 0, or -1 (the connection failed: conn_fail said why). */
 static int write_failed(gp_conn *c, int rc, const char *why)
 {
@@ -307,7 +187,7 @@ static int write_failed(gp_conn *c, int rc, const char *why)
     return rc == GP_WRITE_OK ? 0 : -1;
 }
 
-static int flush_locked(gp_conn *c, const void *a, size_t alen, const void *b, size_t blen)
+int gp_conn_flush_locked(gp_conn *c, const void *a, size_t alen, const void *b, size_t blen)
 {
     char why[300];
     return write_failed(c, gp_write_flush(&c->ws, a, alen, b, blen, why, sizeof why), why);
@@ -317,12 +197,12 @@ static int flush_locked(gp_conn *c, const void *a, size_t alen, const void *b, s
  * from the last one sent. Caller holds send_lock. */
 static int apply_ctx_locked(gp_conn *c)
 {
-    uint64_t want = tl_wire_ctx;
+    uint64_t want = gp_conn_tl_wire_ctx;
     if (want == 0 || want == c->last_ctx_sent)
         return 0;
     /* Spread: a context lives on its device's part only. A frame routed to another part (it
      * names its device, or a unified address there) leaves that worker's context as it was. */
-    if (nparts() > 1 && part_conn[tl_ctx_part] != c)
+    if (conn_nparts() > 1 && gp_conn_part[gp_conn_tl_ctx_part] != c)
         return 0;
     gp_ctx_set_current m = {.ctx = want};
     if (c->first_device > 0) { /* a later part's worker numbers its devices from 0 */
@@ -338,16 +218,11 @@ static int apply_ctx_locked(gp_conn *c)
     return 0;
 }
 
-void gp_conn_use_ctx(uint64_t ctx_id)
-{
-    tl_wire_ctx = ctx_id;
-}
-
 void gp_conn_forget_ctx(void)
 {
-    int n = nparts();
+    int n = conn_nparts();
     for (int k = 0; k < n; k++) {
-        gp_conn *c = part_conn[k];
+        gp_conn *c = gp_conn_part[k];
         pthread_mutex_lock(&c->send_lock);
         c->last_ctx_sent = UINT64_MAX;
         pthread_mutex_unlock(&c->send_lock);
@@ -375,7 +250,7 @@ static CUresult post_locked(gp_conn *c, uint8_t *frame, size_t frame_len, const 
     if (apply_ctx_locked(c) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (bulk_len > DIRECT_BULK) {
-        if (flush_locked(c, frame, frame_len, bulk, bulk_len) != 0)
+        if (gp_conn_flush_locked(c, frame, frame_len, bulk, bulk_len) != 0)
             return GP_LOST_CONNECTION_ERROR;
         return CUDA_SUCCESS;
     }
@@ -386,7 +261,7 @@ static CUresult post_locked(gp_conn *c, uint8_t *frame, size_t frame_len, const 
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (c->ws.len >= BATCH_LIMIT) {
-        if (flush_locked(c, NULL, 0, NULL, 0) != 0)
+        if (gp_conn_flush_locked(c, NULL, 0, NULL, 0) != 0)
             return GP_LOST_CONNECTION_ERROR;
     } else {
         kick_flusher_locked(c, before);
@@ -396,7 +271,7 @@ static CUresult post_locked(gp_conn *c, uint8_t *frame, size_t frame_len, const 
 
 CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bulk_len)
 {
-    gp_conn *c = route();
+    gp_conn *c = conn_route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
@@ -413,12 +288,12 @@ CUresult gp_post(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t bu
 
 int gp_conn_lz4(void)
 {
-    return atomic_load(&route()->lz4_on);
+    return atomic_load(&conn_route()->lz4_on);
 }
 
 CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t n)
 {
-    gp_conn *c = route();
+    gp_conn *c = conn_route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
@@ -433,7 +308,7 @@ CUresult gp_post_lz4(uint8_t *frame, size_t frame_len, const void *src, uint64_t
         r = GP_LOST_CONNECTION_ERROR;
     } else if (apply_ctx_locked(c) != 0) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else if (flush_locked(c, frame, frame_len, NULL, 0) != 0) {
+    } else if (gp_conn_flush_locked(c, frame, frame_len, NULL, 0) != 0) {
         r = GP_LOST_CONNECTION_ERROR;
     } else {
         /* The frame is out: from here only a lost connection stops the data. */
@@ -496,7 +371,7 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
     if (!reply)
         reply = &dummy;
     memset(reply, 0, sizeof *reply);
-    gp_conn *c = route();
+    gp_conn *c = conn_route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return reply->result = r;
@@ -526,7 +401,8 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
             free(w.body);
             return reply->result = CUDA_ERROR_OUT_OF_MEMORY;
         }
-        flush_locked(c, frame, frame_len, bulk, bulk_len); /* on failure conn_fail wakes us */
+        gp_conn_flush_locked(c, frame, frame_len, bulk,
+                             bulk_len); /* on failure conn_fail wakes us */
     }
     pthread_mutex_unlock(&c->send_lock);
 
@@ -544,7 +420,7 @@ CUresult gp_request(uint8_t *frame, size_t frame_len, const void *bulk, uint64_t
 
 CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, uint64_t bulk_cap)
 {
-    gp_conn *c = route();
+    gp_conn *c = conn_route();
     CUresult r = conn_check_init(c);
     if (r != CUDA_SUCCESS)
         return r;
@@ -578,7 +454,7 @@ CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, u
 
 /* ===================================================================== the flusher == */
 
-static void *flusher_main(void *arg)
+void *gp_conn_flusher_main(void *arg)
 {
     gp_conn *c = arg;
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake close to the 50 us deadline */
@@ -598,7 +474,7 @@ static void *flusher_main(void *arg)
             pthread_cond_timedwait(&c->flush_cv, &c->send_lock, &ts);
             continue;
         }
-        flush_locked(c, NULL, 0, NULL, 0);
+        gp_conn_flush_locked(c, NULL, 0, NULL, 0);
     }
     pthread_mutex_unlock(&c->send_lock);
     return NULL;
@@ -619,14 +495,14 @@ static void send_keepalive(gp_conn *c)
      * (senders are held off by send_lock meanwhile). */
     uint64_t tx = gp_ka_last_tx(&c->ka);
     if (!atomic_load(&c->dead))
-        flush_locked(c, f, n, NULL, 0);
+        gp_conn_flush_locked(c, f, n, NULL, 0);
     gp_ka_restore_tx(&c->ka, tx);
     pthread_mutex_unlock(&c->send_lock);
 }
 
 /* The connection has been quiet for a read slice while a reply is awaited: ping the server
  * when keepalive.c says so; -1 (with *why) once the server counts as gone. */
-static int silence_check(void *owner, const char **why)
+int gp_conn_silence_check(void *owner, const char **why)
 {
     gp_conn *c = owner;
     int k = gp_ka_silence(&c->ka, why);
@@ -812,7 +688,7 @@ static void await_reply(gp_conn *c, gp_waiter *w)
 
 static void receive_until_lost(gp_conn *c);
 
-static void *receiver_main(void *arg)
+void *gp_conn_receiver_main(void *arg)
 {
     receive_until_lost(arg);
     return NULL;
@@ -874,7 +750,7 @@ static void receive_until_lost(gp_conn *c)
              * caller's (an idle program with an idle server is not a silence) */
             if (n == 0 && ka && c->detached_count > 0 && c->reader == RD_NONE) {
                 pthread_mutex_unlock(&c->wait_lock);
-                int bad = silence_check(c, &why);
+                int bad = gp_conn_silence_check(c, &why);
                 pthread_mutex_lock(&c->wait_lock);
                 if (bad) {
                     pthread_mutex_unlock(&c->wait_lock);
@@ -896,275 +772,4 @@ static void receive_until_lost(gp_conn *c)
     }
 fail:
     conn_fail(c, "%s", why); /* silent after goodbye: the server closing is the expected end */
-}
-
-static void atfork_child(void);
-static void at_exit(void);
-static void stop_receiver(gp_conn *c);
-static void say_goodbye(gp_conn *c);
-
-/* Starts fn(arg) on a thread of ours; detached unless out is given (then the caller joins it). */
-static int start_thread(void *(*fn)(void *), void *arg, const char *name, pthread_t *out)
-{
-    pthread_t t;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals stay on its threads */
-    int rc = pthread_create(&t, NULL, fn, arg);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0)
-        return -1;
-    pthread_setname_np(t, name);
-    if (out)
-        *out = t;
-    else
-        pthread_detach(t);
-    return 0;
-}
-
-/* A connection's condition variables wait with CLOCK_MONOTONIC deadlines (its mutexes are
- * initialised statically). */
-static void conn_init_conds(gp_conn *c)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->flush_cv, &ca);
-    pthread_cond_init(&c->role_cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
-static void init_once_handlers(void)
-{
-    conn_init_conds(&process_conn);
-    pthread_atfork(NULL, NULL, atfork_child); /* process-wide: acts on every connection */
-}
-
-/* The connection's own status (gp_check_init without the cuInit requirement). */
-static CUresult conn_status(gp_conn *c)
-{
-    int s = atomic_load_explicit(&c->state, memory_order_acquire);
-    if (s == ST_READY)
-        return atomic_load(&c->dead) ? GP_LOST_CONNECTION_ERROR : CUDA_SUCCESS;
-    if (s == ST_CLOSED)
-        return CUDA_ERROR_DEINITIALIZED;
-    if (s == ST_FORKED)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return CUDA_ERROR_NO_DEVICE;
-}
-
-/* A later part's connection, as process_conn's static initialiser sets up part 0's. Caller holds
- * init_lock; nobody else sees c yet. */
-static void conn_fresh(gp_conn *c)
-{
-    memset(c, 0, sizeof *c);
-    c->sock = -1;
-    pthread_mutex_init(&c->send_lock, NULL);
-    pthread_mutex_init(&c->wait_lock, NULL);
-    conn_init_conds(c);
-    c->ws = (gp_writer){.sock = -1, .dead = &c->dead, .ka = &c->ka};
-    c->rs = (gp_reader){.sock = -1, .ka = &c->ka, .quiet = silence_check, .owner = c};
-}
-
-/* Start c on the connected part l: its receiver and flusher, its keepalive clock. Caller holds
- * init_lock. 0; or -1 with one line said and l's socket closed. */
-static int conn_start(gp_conn *c, const gp_part_link *l)
-{
-    c->sock = l->fd;
-    c->tls = l->tls;
-    snprintf(c->server_desc, sizeof c->server_desc, "%s", l->desc);
-    c->first_device = l->first_device;
-    c->ndevices = l->ndevices;
-    c->va_base = l->va_base;
-    c->va_size = l->va_size;
-    atomic_store(&c->lz4_on, (l->features & GP_HELLO_LZ4) != 0);
-    int ok = 1;
-    if (!c->rs.buf && !(c->rs.buf = malloc(GP_READ_BUF_SIZE))) {
-        gp_log_error("cannot allocate the receive buffer");
-        ok = 0;
-    }
-    if (ok) {
-        c->rs.sock = c->ws.sock = c->sock;
-        c->rs.tls = c->ws.tls = c->tls;
-        c->last_ctx_sent = UINT64_MAX;
-        if (start_thread(receiver_main, c, "gpupool-recv", &c->receiver_thread) == 0)
-            c->receiver_started = 1;
-        if (!c->receiver_started || start_thread(flusher_main, c, "gpupool-flush", NULL) != 0) {
-            gp_log_error("cannot start the connection threads: %s", strerror(errno));
-            ok = 0;
-        }
-    }
-    if (!ok) {
-        stop_receiver(c); /* out of the socket and the TLS state before they go */
-        conn_kill(c);     /* the flusher, if it started, ends */
-        gp_tls_free(c->tls);
-        c->tls = NULL;
-        close(c->sock);
-        c->sock = -1;
-        return -1;
-    }
-    gp_ka_arm(&c->ka, c->sock, c->tls, (l->features & GP_HELLO_KEEPALIVE) != 0);
-    return 0;
-}
-
-/* Every part's link (gp_connect_parts), only while connecting (under init_lock). */
-static gp_part_link part_links[GP_MAX_DEVICES];
-
-/* Connect the lease: one part (a server), or one connection per part of a spread lease, each
- * started as conn_start says; all or none. Caller holds init_lock; process_conn.state is
- * ST_NONE. Leaves it ST_READY or ST_FAILED (init_result says why). */
-static void conns_open(void)
-{
-    int n = 0, k = 0;
-    init_result = gp_connect_parts(part_links, GP_MAX_DEVICES, &n);
-    if (init_result == CUDA_SUCCESS) {
-        for (k = 0; k < n; k++) {
-            if (k > 0) {
-                conn_fresh(&more_conns[k - 1]);
-                part_conn[k] = &more_conns[k - 1];
-            }
-            if (conn_start(part_conn[k], &part_links[k]) != 0)
-                break;
-        }
-        if (k < n) { /* a part could not start: none stays (its servers end the others) */
-            for (int i = k + 1; i < n; i++) {
-                gp_tls_free(part_links[i].tls);
-                close(part_links[i].fd);
-            }
-            for (int i = 0; i < k; i++) {
-                gp_conn *c = part_conn[i];
-                stop_receiver(c);
-                conn_kill(c);
-                gp_tls_free(c->tls);
-                c->tls = NULL;
-                close(c->sock);
-                c->sock = -1;
-            }
-            init_result = CUDA_ERROR_NO_DEVICE;
-        }
-    }
-    memset(part_links, 0, sizeof part_links); /* the sockets and sessions are the parts' now */
-    if (init_result != CUDA_SUCCESS) {
-        atomic_store_explicit(&process_conn.state, ST_FAILED, memory_order_release);
-        return;
-    }
-    atomic_store_explicit(&part_count, n, memory_order_release);
-    atexit(at_exit);
-    for (k = n - 1; k >= 0; k--) /* part 0 last: its state is what gp_conn_ensure reads */
-        atomic_store_explicit(&part_conn[k]->state, ST_READY, memory_order_release);
-}
-
-CUresult gp_conn_ensure(void)
-{
-    gp_conn *c = &process_conn;
-    int s = atomic_load_explicit(&c->state, memory_order_acquire);
-    if (s == ST_READY || s == ST_CLOSED)
-        return conn_status(c);
-    if (s == ST_FAILED)
-        return CUDA_ERROR_NO_DEVICE;
-    if (s == ST_FORKED)
-        return CUDA_ERROR_NOT_INITIALIZED;
-
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, init_once_handlers);
-
-    pthread_mutex_lock(&init_lock);
-    s = atomic_load(&c->state);
-    if (s == ST_NONE)
-        conns_open();
-    CUresult r = conn_status(c);
-    pthread_mutex_unlock(&init_lock);
-    return r;
-}
-
-/* ============================================================== fork and exit == */
-
-static void atfork_child(void)
-{
-    /* Only this thread survives; the connections belong to the parent. Send nothing, and close
-     * our copy of each socket so the parent's sessions end when the parent does. */
-    int s = atomic_load(&process_conn.state);
-    if (s == ST_NONE || s == ST_FAILED)
-        return; /* the child may connect on its own */
-    int n = nparts();
-    for (int k = 0; k < n; k++) {
-        gp_conn *c = part_conn[k];
-        if (c->sock >= 0)
-            close(c->sock);
-        c->sock = -1;
-        atomic_store(&c->dead, 1);
-        atomic_store(&c->state, ST_FORKED);
-    }
-    gp_log_debug("fork(): CUDA is not available in the child process (it was initialised in "
-                 "the parent)");
-}
-
-/* CLOCK_REALTIME ns nanoseconds (under a second) from now: the deadline pthread's timed lock
- * and join take. */
-static struct timespec realtime_after(long ns)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += ns;
-    if (ts.tv_nsec >= 1000000000L)
-        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    return ts;
-}
-
-static void at_exit(void)
-{
-    if (atomic_load(&process_conn.state) != ST_READY)
-        return; /* never connected, already closed, or a forked child (the thread is not ours) */
-    if (!atomic_load(&process_conn.dead))
-        gp_conn_close_hook_run(); /* what must still talk to the worker (the profile's question) */
-    int n = nparts();
-    for (int k = 0; k < n; k++) /* a goodbye to every part: each worker ends its session at once */
-        if (atomic_load(&part_conn[k]->state) == ST_READY && !atomic_load(&part_conn[k]->dead))
-            say_goodbye(part_conn[k]);
-    for (int k = 0; k < n; k++)
-        if (part_conn[k]->tls)
-            stop_receiver(part_conn[k]);
-}
-
-/* The goodbye frame, 1 s at most: the worker then ends the session at once instead of waiting
- * for the socket to close. */
-static void say_goodbye(gp_conn *c)
-{
-    struct timespec ts = realtime_after(200000000L);
-    if (pthread_mutex_timedlock(&c->send_lock, &ts) != 0)
-        return; /* a sender is stuck: just go */
-    atomic_store(&c->state, ST_CLOSED);
-    struct timeval tv = {.tv_sec = 1};
-    setsockopt(c->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (c->tls)
-        gp_tls_set_send_timeout(c->tls, 1000);
-    gp_goodbye m = {0};
-    uint8_t f[16 + 1];
-    size_t n = gp_goodbye_frame(f, gp_conn_new_req(), &m);
-    if (!atomic_load(&c->dead))
-        flush_locked(c, f, n, NULL, 0);
-    pthread_mutex_unlock(&c->send_lock);
-}
-
-/* Over TLS, at exit (and when start-up fails half-way): the receiver thread must have ended
- * before OpenSSL's exit handler (registered before ours, so run after it) frees the library's
- * state. A receiver woken by the worker's close right after the goodbye was still in SSL_read,
- * or in OpenSSL's clean-up of its thread, while that handler ran: "double free" in
- * OPENSSL_cleanup after a program's last line (ASan, CI 2026-12-06; once in glibc in about three
- * full test runs before). Marked dead (nothing more is read or reported), its socket shut for
- * reading (a poll or read returns at once) and joined, 500 ms at most. */
-static void stop_receiver(gp_conn *c)
-{
-    if (!c->receiver_started)
-        return;
-    c->receiver_started = 0;
-    atomic_store(&c->dead, 1);
-    if (c->sock >= 0)
-        shutdown(c->sock, SHUT_RD);
-    pthread_mutex_lock(&c->wait_lock);
-    pthread_cond_broadcast(&c->role_cv);
-    pthread_mutex_unlock(&c->wait_lock);
-    struct timespec until = realtime_after(500000000L);
-    if (pthread_timedjoin_np(c->receiver_thread, NULL, &until) != 0)
-        gp_log_debug("at exit: the receiver thread did not stop within 500 ms");
 }

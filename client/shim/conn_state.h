@@ -1,7 +1,8 @@
 /*
  * conn_state.h: one connection to a gpupool worker, as a value (issue 37, spread step 3).
- * conn.c, conn_read.c, conn_write.c and keepalive.c share it; the rest of the shim never sees it
- * (it calls the functions of shim.h / shim_core.h, which act on the process's connection).
+ * conn.c, conn_route.c, conn_life.c, conn_read.c, conn_write.c and keepalive.c share it; the rest
+ * of the shim never sees it (it calls the functions of shim.h / shim_core.h, which act on the
+ * process's connection).
  *
  * Why a struct: a lease spread over several servers (docs/multi-gpu.md, "Across servers") needs
  * one connection per part, each with its own socket, send side, waiters, reader role, receiver
@@ -187,5 +188,44 @@ typedef struct gp_conn {
 
     gp_ka ka; /* keepalive.c: this server's silence clock */
 } gp_conn;
+
+/* ---- conn.c, conn_route.c, conn_life.c: the process's connections, split by job ------------- */
+/* conn_route.c: the parts table (it calls nothing of conn.c or conn_life.c). */
+extern gp_conn gp_conn_process;       /* part 0's connection: the only one for one server */
+extern gp_conn *gp_conn_part[];       /* part k's connection, for k < gp_conn_part_count */
+extern atomic_int gp_conn_part_count; /* published once every part is connected */
+/* The thread's variables are declared local to the library (hidden, local-dynamic TLS) so that
+ * conn.c reaches them per frame as cheaply as when they were static there (one TLS lookup). */
+#define GP_CONN_SHARED __attribute__((visibility("hidden"), tls_model("local-dynamic")))
+extern GP_CONN_SHARED __thread uint64_t
+    gp_conn_tl_wire_ctx; /* the calling thread's context (gp_conn_use_ctx) */
+extern GP_CONN_SHARED __thread int
+    gp_conn_tl_ctx_part;             /* its part, as gp_conn_route_spread last found it */
+gp_conn *gp_conn_route_spread(void); /* conn_route's way for a lease of several parts */
+
+/* The number of parts. Acquire: a thread that sees the parts sees their connections set up
+ * (free on x86). */
+static inline int conn_nparts(void)
+{
+    return atomic_load_explicit(&gp_conn_part_count, memory_order_acquire);
+}
+
+/* The connection of the calling thread's next frame. One part: gp_conn_process, one load and a
+ * predicted branch (the hot path stays as it was: inline, per frame). */
+static inline gp_conn *conn_route(void)
+{
+    if (__builtin_expect(conn_nparts() == 1, 1))
+        return &gp_conn_process;
+    return gp_conn_route_spread();
+}
+
+/* conn.c: what conn_life.c starts, stops and ends a connection with. */
+extern atomic_int gp_conn_initialized; /* cuInit succeeded (set by conn_life.c's gp_conn_init) */
+int gp_conn_kill(gp_conn *c); /* mark c dead, wake its waiters, no message; 1 if this call did it */
+/* Write c's batch and then a and b; caller holds send_lock. 0, or -1 (c failed, with its line). */
+int gp_conn_flush_locked(gp_conn *c, const void *a, size_t alen, const void *b, size_t blen);
+int gp_conn_silence_check(void *owner, const char **why); /* gp_reader.quiet of a connection */
+void *gp_conn_receiver_main(void *arg); /* the receiver thread of connection arg */
+void *gp_conn_flusher_main(void *arg);  /* the flusher thread of connection arg */
 
 #endif /* GP_CONN_STATE_H */

@@ -8,8 +8,9 @@
  *   state.c      device snapshot, contexts (thread-local current context stack), primary.
  *   connect.c    configuration, server choice, VA window, hello: a connected socket.
  *   conn.c       the connection to the worker (one per part of a spread lease, each frame
- *                routed to its part): send batching, the receiver thread, waiters, async
- *                device-to-host delivery, loss of connection.
+ *                routed to its part: conn_route.c; started and ended: conn_life.c): send
+ *                batching, the receiver thread, waiters, async device-to-host delivery, loss
+ *                of connection.
  *   call_entry.c what a call does first: connection checked, context resolved and handed on.
  *   hooks.c      the answers to the NVML shim, `gpupool doctor`, the export tables.
  *   api_*.c      the cu* entry points, grouped by area, each a thin function on the above.
@@ -29,7 +30,7 @@
 /* ---- logging (log.c, gp_log.h) --------------------------------------------------------- */
 #include "gp_log.h"
 
-/* ---- connection (conn.c) ---------------------------------------------------------------- */
+/* ---- connection (conn.c, conn_route.c, conn_life.c) ------------------------------------- */
 /* Connects on first use (from cuInit): reads the client configuration (client_config.h: the
  * file, GPUPOOL_SERVER, GPUPOOL_TOKEN...), picks a server, reserves the VA window, sends hello,
  * stores the snapshot. Returns CUDA_SUCCESS, or CUDA_ERROR_NO_DEVICE

@@ -1,8 +1,9 @@
 /*
  * shim_core.h: declarations shared by the shim core's own files (the connection: connect.c,
- * conn.c, conn_read.c, conn_write.c, keepalive.c, pending.c, request_ids.c; the local state:
- * state.c, vamap.c, call_entry.c, hooks.c; and api_init.c, api_ctx.c, api_memory.c,
- * api_stream.c, api_event.c, api_vmm.c...). Other shim code uses shim.h only.
+ * conn.c, conn_route.c, conn_life.c, conn_read.c, conn_write.c, keepalive.c, pending.c,
+ * request_ids.c; the local state: state.c, vamap.c, call_entry.c, hooks.c; and api_init.c,
+ * api_ctx.c, api_memory.c, api_stream.c, api_event.c, api_vmm.c...). Other shim code uses
+ * shim.h only.
  */
 #ifndef GP_SHIM_CORE_H
 #define GP_SHIM_CORE_H
@@ -34,7 +35,7 @@ static inline uint64_t gp_mono_ns(void)
 int gp_vamap_reserve_window(uint64_t base, uint64_t size); /* 0, or -1 with errno */
 void gp_vamap_release_window(void);
 
-/* ---- conn.c ---------------------------------------------------------------------------------- */
+/* ---- conn.c, conn_life.c --------------------------------------------------------------------- */
 /* cuInit: gp_conn_ensure, then the calls that need initialisation work. */
 CUresult gp_conn_init(void);
 /* 1 once gp_conn_ensure has been tried in this process (whatever the outcome). */

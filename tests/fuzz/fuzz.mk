@@ -54,8 +54,8 @@ $(FUZZ_BUILD)/fuzz_worker: $(FUZZ_OBJ)/tests/fuzz/fuzz_worker.o $(FUZZ_WORKER_OB
 $(FUZZ_BUILD)/libgpupool-sim.so: $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(wildcard worker/sim/*.c))
 	$(FUZZ_CC) -shared $(FUZZ_SAN) -Wl,-soname,libgpupool-sim.so -o $@ $^ -ldl -lpthread
 
-# conn.c and the connection's files it calls (conn_read.c, conn_write.c, keepalive.c, pending.c,
-# request_ids.c) are compiled into the target itself (it includes them to reach their private
+# conn.c and the connection's files it calls (conn_route.c, conn_life.c, conn_read.c,
+# conn_write.c, keepalive.c, pending.c, request_ids.c) are compiled into the target itself (it includes them to reach their private
 # state); tls.c
 # names servers as the configuration does (client_config.c: gp_server_desc).
 $(FUZZ_BUILD)/fuzz_shim_replies: $(FUZZ_OBJ)/tests/fuzz/fuzz_shim_replies.o \

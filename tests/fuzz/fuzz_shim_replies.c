@@ -4,7 +4,8 @@
  * with and without bulk data, LZ4-compressed copy data, notices, deferred errors, replies to
  * requests nobody made), inside every tenant's process.
  *
- * conn.c is included whole, with the files of the connection it calls (the streams in and out,
+ * conn.c is included whole, with the files of the connection it calls (its parts table and its
+ * start and end: conn_route.c, conn_life.c; the streams in and out,
  * the keepalive clock, the pending error, the request ids), so that their private state can
  * be set up per input: the connection
  * is declared ready on a socket whose other end carries the input, four callers wait for
@@ -14,7 +15,9 @@
  * the server's stream.
  */
 #include "conn.c"
+#include "conn_life.c"
 #include "conn_read.c"
+#include "conn_route.c"
 #include "conn_write.c"
 #include "fuzz_feed.h"
 #include "keepalive.c"
@@ -51,8 +54,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     setenv("GPUPOOL_LOG", "quiet", 1);
-    process_conn.rs.buf = malloc(GP_READ_BUF_SIZE);
-    if (!process_conn.rs.buf || signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+    gp_conn_process.rs.buf = malloc(GP_READ_BUF_SIZE);
+    gp_conn_process.rs.quiet = gp_conn_silence_check; /* as conn_start sets it */
+    if (!gp_conn_process.rs.buf || signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         abort();
     return 0;
 }
@@ -69,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         abort();
     /* A fresh connection state, as gp_conn_ensure leaves it. */
-    gp_conn *c = &process_conn;
+    gp_conn *c = &gp_conn_process;
     c->sock = c->rs.sock = c->ws.sock = sv[1];
     atomic_store(&c->state, ST_READY);
     atomic_store(&c->dead, 0);
