@@ -60,6 +60,8 @@ def test_four_gpus_from_two_servers_peer_copies_and_a_sigkill_scrubs_both_parts(
         out = "\n".join(lines)
         assert lines and lines[-1] == "holding", (
             f"{out}\n{proc.stderr.read() if proc.poll() is not None and proc.stderr else ''}")
+        # A library loaded once runs its kernel on both parts (review finding 1).
+        assert "kernel on device 0 ok" in lines and "kernel on device 2 ok" in lines, out
         # Peer access inside a server (devices 0-1, 2-3), none across.
         peers = {(int(i), int(j)): int(v) for i, j, v in re.findall(r"peer (\d) (\d) (\d)", out)}
         assert peers == {(i, j): int(i // 2 == j // 2) for i in range(4) for j in range(4)

@@ -147,6 +147,32 @@ static CUresult send_load(uint64_t id, uint32_t kind, const uint8_t sha[32], con
     return r;
 }
 
+/* One module_unload, fire and forget, to the part the thread's next frame goes to. */
+static CUresult send_unload(const gp_module *mod)
+{
+    gp_module_unload m = {.module = mod->handle, .kind = mod->kind};
+    GP_FRAME(frame, flen, gp_module_unload, &m);
+    if (!frame)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = gp_post(frame, flen, NULL, 0);
+    GP_FRAME_FREE(frame);
+    return r;
+}
+
+/* A library's unload on parts 0..parts-1 of a spread lease (each loaded it: load_image). */
+static CUresult send_unload_parts(const gp_module *mod, int parts)
+{
+    CUresult r = CUDA_SUCCESS;
+    for (int k = 0; k < parts; k++) {
+        gp_conn_route(k);
+        CUresult u = send_unload(mod);
+        if (r == CUDA_SUCCESS)
+            r = u;
+    }
+    gp_conn_route(-1);
+    return r;
+}
+
 static void module_free(gp_module *mod)
 {
     for (int b = 0; b < FUNC_BUCKETS; b++) {
@@ -223,16 +249,32 @@ static CUresult load_image(uint32_t kind, const void *image, size_t avail, void 
         module_free(mod);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    CUresult r = send_load(mod->handle, kind, sha, data, size, 0);
-    uint64_t t2 = gp_module_phase_now_ns();
-    gp_module_phase_add(GP_MODPHASE_PROBE, 0, t2 - t1);
-    if (r == GP_ENEEDIMAGE) {
-        if (was_known)
-            gp_log_debug("module load: the server no longer has a %zu-byte image, resending", size);
-        r = send_load(mod->handle, kind, sha, data, size, 1);
-        gp_module_phase_add(GP_MODPHASE_UPLOAD, size, gp_module_phase_now_ns() - t2);
+    /* A library belongs to no context: on a spread lease every part's worker loads it under the
+     * same handle, so its kernels launch on any device (cudart 12 loads every fatbin so). A
+     * module is its context's: its part only (the thread's context routes it). */
+    int parts = kind == GP_MODKIND_LIBRARY ? gp_conn_parts() : 1;
+    CUresult r = CUDA_SUCCESS;
+    int loaded = 0;
+    for (; loaded < parts && r == CUDA_SUCCESS; loaded++) {
+        if (parts > 1)
+            gp_conn_route(loaded);
+        r = send_load(mod->handle, kind, sha, data, size, 0);
+        uint64_t t2 = gp_module_phase_now_ns();
+        gp_module_phase_add(GP_MODPHASE_PROBE, 0, t2 - t1);
+        if (r == GP_ENEEDIMAGE) {
+            if (was_known)
+                gp_log_debug("module load: the server no longer has a %zu-byte image, resending",
+                             size);
+            r = send_load(mod->handle, kind, sha, data, size, 1);
+            gp_module_phase_add(GP_MODPHASE_UPLOAD, size, gp_module_phase_now_ns() - t2);
+        }
+        r = gp_server_result(r, "module load");
+        t1 = gp_module_phase_now_ns();
     }
-    r = gp_server_result(r, "module load");
+    if (r != CUDA_SUCCESS && parts > 1) /* the parts that loaded it unload it again */
+        send_unload_parts(mod, loaded - 1);
+    if (parts > 1)
+        gp_conn_route(-1);
     if (r != CUDA_SUCCESS) {
         gp_handle_remove(mod->handle, kind == GP_MODKIND_LIBRARY ? GP_H_LIBRARY : GP_H_MODULE);
         module_free(mod);
@@ -305,13 +347,9 @@ static CUresult unload(gp_module *mod)
         gp_handle_remove(mod->module_alias, GP_H_MODULE);
     pthread_mutex_unlock(&mod->lock);
 
-    gp_module_unload m = {.module = mod->handle, .kind = mod->kind};
-    GP_FRAME(frame, flen, gp_module_unload, &m);
-    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (frame) {
-        r = gp_post(frame, flen, NULL, 0);
-        GP_FRAME_FREE(frame);
-    }
+    CUresult r = mod->kind == GP_MODKIND_LIBRARY && gp_conn_parts() > 1
+                     ? send_unload_parts(mod, gp_conn_parts())
+                     : send_unload(mod);
     module_free(mod);
     return r;
 }
@@ -421,7 +459,19 @@ static CUresult get_func_locked(gp_module *mod, const char *name, gp_func **out)
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply reply = {0};
     if (frame) {
-        r = gp_server_result(gp_request(frame, flen, NULL, 0, NULL, 0, &reply), "get function");
+        /* A library's kernel launches on any part (each loaded the library): each part's worker
+         * learns the handle; part 0's reply gives the layout. */
+        int parts = mod->kind == GP_MODKIND_LIBRARY ? gp_conn_parts() : 1;
+        for (int k = 0; k < parts && (k == 0 || r == CUDA_SUCCESS); k++) {
+            gp_reply more = {0};
+            if (parts > 1)
+                gp_conn_route(k);
+            r = gp_server_result(gp_request(frame, flen, NULL, 0, NULL, 0, k ? &more : &reply),
+                                 "get function");
+            gp_reply_free(&more);
+        }
+        if (parts > 1)
+            gp_conn_route(-1);
         GP_FRAME_FREE(frame);
     }
     gp_get_function_reply rep = {0};

@@ -9,7 +9,7 @@ D2_API_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,client/shim/api_module.c client/s
 	client/shim/api_launch.c client/shim/api_occupancy.c client/shim/image.c \
 	client/shim/entry_profile.c client/shim/module_phases.c) $(GP_SHA256_OBJS)
 TEST_BINS += $(BUILD)/tests/test_module_api
-$(BUILD)/tests/test_module_api: $(BUILD)/obj/tests/c/test_module_api.o $(D2_API_OBJS) \
-		$(PROTO_OBJS)
+$(BUILD)/tests/test_module_api: $(BUILD)/obj/tests/c/test_module_api.o \
+		$(BUILD)/obj/tests/c/fake_parts.o $(D2_API_OBJS) $(PROTO_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -pthread -o $@ $^

@@ -24,12 +24,49 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from typing import Any
 
 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 
 class Failed(Exception):
     pass
+
+
+INDEX_PTX = b""".version 8.0
+.target sm_90
+.address_size 64
+.visible .entry gp_test_index(.param .u64 out, .param .u32 n)
+{
+    ret;
+}
+\0"""
+INDEX_N = 256
+
+
+def launch_on_every_part(cuda: ctypes.CDLL, check: Any, ctxs: list[ctypes.c_void_p],
+                         dsts: list[int]) -> None:
+    """A library (context-free, as cudart 12 loads every fatbin) loaded with device 0's context
+    current, its kernel launched on device 0 and on the first device of the other part
+    (device want // 2 of a lease spread over two servers): both results right."""
+    lib, kern, func = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuLibraryLoadData", ctypes.byref(lib), INDEX_PTX, None, None, 0, None, None, 0)
+    check("cuLibraryGetKernel", ctypes.byref(kern), lib, b"gp_test_index")
+    want = [(i * 2654435761) & 0xFFFFFFFF for i in range(INDEX_N)]
+    for dev in sorted({0, len(ctxs) // 2}):
+        check("cuCtxSetCurrent", ctxs[dev])
+        check("cuKernelGetFunction", ctypes.byref(func), kern)
+        out, count = ctypes.c_uint64(dsts[dev]), ctypes.c_uint32(INDEX_N)
+        args = (ctypes.c_void_p * 2)(ctypes.addressof(out), ctypes.addressof(count))
+        check("cuLaunchKernel", func, 1, 1, 1, INDEX_N, 1, 1, 0, None, args, None)
+        got = (ctypes.c_uint32 * INDEX_N)()
+        check("cuMemcpyDtoH_v2", got, out, ctypes.c_size_t(INDEX_N * 4))
+        if list(got) != want:
+            raise Failed(f"the library's kernel on device {dev} wrote the wrong values")
+        print(f"kernel on device {dev} ok")
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuLibraryUnload", lib)
 
 
 def main() -> int:
@@ -135,6 +172,7 @@ def main() -> int:
         check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
         if back.raw != b"\x5a" * size:
             raise Failed(f"the memset of device {b} in device 0's context did not land")
+    launch_on_every_part(cuda, check, ctxs, dsts)
     if hold:  # then one call on device 0: `after hold` and its result's name
         print("holding", flush=True)
         sys.stdin.readline()
