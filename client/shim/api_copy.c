@@ -49,14 +49,56 @@ static int other_part(uint64_t a)
     return p >= 0 && p != gp_conn_next_part() ? p : -1;
 }
 
+/* The device ordinal holding device address a on part p (from the range's context; else the
+ * part's first device). */
+static int device_of_addr(uint64_t a, int p)
+{
+    gp_range rg;
+    const gp_ctx_obj *c = gp_vamap_find(a, &rg) == 0 ? gp_ctx_obj_get(rg.ctx) : NULL;
+    if (c && gp_conn_part_of_device(c->device) == p)
+        return c->device;
+    for (int d = 0; d < gp_device_count(); d++)
+        if (gp_conn_part_of_device(d) == p)
+            return d;
+    return 0;
+}
+
+/* The thread's frames go to part p, in the primary context of the device holding a there: the
+ * usual context switch (last_ctx_sent) goes out with the first frame, so that worker runs them
+ * in a context that exists on the address's device whatever it had current before (none, after
+ * the program destroyed its last context there). Returns the thread's own context for
+ * come_back. */
+static uint64_t go_to(int p, uint64_t a)
+{
+    uint64_t own = gp_conn_wire_ctx();
+    gp_conn_use_ctx(GP_PRIMARY_CTX_OF(device_of_addr(a, p)));
+    gp_conn_route(p);
+    return own;
+}
+
+static void come_back(uint64_t own)
+{
+    gp_conn_route(-1);
+    gp_conn_use_ctx(own);
+}
+
+/* The end of a call run on another part: wait there until the device has done it (a reply to
+ * a ping would only say the frame was handled), so it is done when the call returns, before any
+ * later work of the program on any part. */
+static CUresult done_there(CUresult r)
+{
+    return r == CUDA_SUCCESS ? gp_stream_wait_wire(0) : r;
+}
+
 /* Before a call runs on another part: the stream's earlier work (on the thread's own part) is
- * done, then the thread's frames go to part p. The caller runs the call synchronously on that
- * worker's legacy stream (wire 0) and calls gp_conn_route(-1) after. */
-static CUresult elsewhere(int p, uint64_t wire)
+ * done, then the thread's frames go to part p (go_to). The caller runs the call on that worker's
+ * legacy stream (wire 0), waits for it (done_there) and calls come_back(*own) after. */
+static CUresult elsewhere(int p, uint64_t a, uint64_t wire, uint64_t *own)
 {
     CUresult r = gp_stream_wait_wire(wire);
+    *own = gp_conn_wire_ctx();
     if (r == CUDA_SUCCESS)
-        gp_conn_route(p);
+        *own = go_to(p, a);
     return r;
 }
 
@@ -68,10 +110,11 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint64_t wire, 
         return CUDA_ERROR_INVALID_VALUE;
     int p = other_part(dst);
     if (p >= 0) {
-        CUresult r = elsewhere(p, wire);
+        uint64_t own;
+        CUresult r = elsewhere(p, dst, wire, &own);
         if (r == CUDA_SUCCESS)
-            r = htod(dst, src, n, 0, 0);
-        gp_conn_route(-1);
+            r = done_there(htod(dst, src, n, 0, 0));
+        come_back(own);
         return r;
     }
     gp_memcpy_htod m = {.dst = dst, .stream = wire, .is_async = (uint32_t)is_async, .data_len = n};
@@ -91,11 +134,12 @@ static CUresult dtoh_sync(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
     if (!dst || !gp_vamap_device_span(src, n))
         return CUDA_ERROR_INVALID_VALUE;
     int p = other_part(src);
-    if (p >= 0) {
-        CUresult r = elsewhere(p, wire);
+    if (p >= 0) { /* its reply says the copy is done: no more waiting there */
+        uint64_t own;
+        CUresult r = elsewhere(p, src, wire, &own);
         if (r == CUDA_SUCCESS)
             r = dtoh_sync(dst, src, n, 0);
-        gp_conn_route(-1);
+        come_back(own);
         return r;
     }
     gp_memcpy_dtoh m = {.src = src, .size = n, .stream = wire, .is_async = 0};
@@ -148,9 +192,9 @@ static CUresult across_read(void *dst, CUdeviceptr src, size_t n, int ps)
     GP_FRAME(buf, len, gp_memcpy_dtoh, &m);
     if (!buf)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    gp_conn_route(ps);
+    uint64_t own = go_to(ps, src);
     CUresult r = gp_request_detached(buf, len, dst, n);
-    gp_conn_route(-1);
+    come_back(own);
     GP_FRAME_FREE(buf);
     return r;
 }
@@ -168,31 +212,31 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
         free(bounce[1]);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    gp_conn_route(ps);
+    uint64_t own = go_to(ps, src);
     r = dtoh_sync(bounce[0], src, chunk, 0); /* the first chunk */
-    gp_conn_route(-1);
+    come_back(own);
     for (size_t off = 0, i = 0; r == CUDA_SUCCESS && off < n; off += chunk, i++) {
         size_t len = n - off < chunk ? n - off : chunk;
         size_t next = off + len, next_len = n - next < chunk ? n - next : chunk;
         int reading = next < n && (r = across_read(bounce[(i + 1) % 2], src + next, next_len,
                                                    ps)) == CUDA_SUCCESS;
         if (r == CUDA_SUCCESS) {
-            gp_conn_route(pd);
+            own = go_to(pd, dst);
             r = htod(dst + off, bounce[i % 2], len, 0, 0);
-            gp_conn_route(-1);
+            come_back(own);
         }
         if (reading) { /* even after a failed write: the buffer must not go while read into */
-            gp_conn_route(ps);
+            own = go_to(ps, src);
             CUresult rt = gp_round_trip(); /* the detached read is in once this returns */
-            gp_conn_route(-1);
+            come_back(own);
             if (r == CUDA_SUCCESS)
                 r = rt == CUDA_SUCCESS ? gp_take_pending_error() : rt; /* failed at the source */
         }
     }
-    if (r == CUDA_SUCCESS) { /* the last write done on the destination before we return */
-        gp_conn_route(pd);
-        r = gp_round_trip();
-        gp_conn_route(-1);
+    if (r == CUDA_SUCCESS) { /* the writes done on the destination's device before we return */
+        own = go_to(pd, dst);
+        r = done_there(r);
+        come_back(own);
     }
     free(bounce[0]);
     free(bounce[1]);
@@ -211,10 +255,11 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint64_t wire, 
             return copy_across(dst, pd, src, ps, n, wire);
         int p = other_part(src);
         if (p >= 0) { /* both on another part */
-            CUresult r = elsewhere(p, wire);
+            uint64_t own;
+            CUresult r = elsewhere(p, src, wire, &own);
             if (r == CUDA_SUCCESS)
-                r = dtod(dst, src, n, 0, 0);
-            gp_conn_route(-1);
+                r = done_there(dtod(dst, src, n, 0, 0));
+            come_back(own);
             return r;
         }
     }
@@ -718,8 +763,9 @@ static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t
                    .stream = wire,
                    .is_async = (uint32_t)is_async};
     int p = other_part(dst);
+    uint64_t own = 0;
     if (p >= 0) { /* another part: after the stream, synchronous there (elsewhere) */
-        CUresult er = elsewhere(p, wire);
+        CUresult er = elsewhere(p, dst, wire, &own);
         if (er != CUDA_SUCCESS)
             return er;
         m.stream = 0;
@@ -727,8 +773,10 @@ static CUresult memset_1d(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t
     }
     GP_FRAME(buf, len, gp_memset, &m);
     CUresult r = buf ? gp_post(buf, len, NULL, 0) : CUDA_ERROR_OUT_OF_MEMORY;
-    if (p >= 0)
-        gp_conn_route(-1);
+    if (p >= 0) {
+        r = done_there(r);
+        come_back(own);
+    }
     if (buf)
         GP_FRAME_FREE(buf);
     return r;
@@ -759,8 +807,9 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, uint32_
                       .stream = wire,
                       .is_async = (uint32_t)is_async};
     int p = other_part(dst);
+    uint64_t own = 0;
     if (p >= 0) { /* another part: after the stream, synchronous there (elsewhere) */
-        CUresult er = elsewhere(p, wire);
+        CUresult er = elsewhere(p, dst, wire, &own);
         if (er != CUDA_SUCCESS)
             return er;
         m.stream = 0;
@@ -768,8 +817,10 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, uint32_
     }
     GP_FRAME(buf, len, gp_memset_2d, &m);
     CUresult r = buf ? gp_post(buf, len, NULL, 0) : CUDA_ERROR_OUT_OF_MEMORY;
-    if (p >= 0)
-        gp_conn_route(-1);
+    if (p >= 0) {
+        r = done_there(r);
+        come_back(own);
+    }
     if (buf)
         GP_FRAME_FREE(buf);
     return r;

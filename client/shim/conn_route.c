@@ -112,3 +112,8 @@ void gp_conn_use_ctx(uint64_t ctx_id)
 {
     gp_conn_tl_wire_ctx = ctx_id;
 }
+
+uint64_t gp_conn_wire_ctx(void)
+{
+    return gp_conn_tl_wire_ctx;
+}

@@ -86,6 +86,8 @@ CUresult gp_request_detached(uint8_t *frame, size_t frame_len, void *bulk_dst, u
  * thread's current context; call it yourself for calls that name their context (a stream's or
  * an event's). 0 leaves the worker's context as it is. */
 void gp_conn_use_ctx(uint64_t ctx_id);
+/* The calling thread's context for the worker, as gp_conn_use_ctx last set it (0: none). */
+uint64_t gp_conn_wire_ctx(void);
 /* The worker dropped (or may have changed) its current context: resend before the next frame. */
 void gp_conn_forget_ctx(void);
 /* A lease spread over servers (docs/multi-gpu.md, "Across servers") has one connection per part;

@@ -172,6 +172,19 @@ def main() -> int:
         check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
         if back.raw != b"\x5a" * size:
             raise Failed(f"the memset of device {b} in device 0's context did not land")
+        # A context created and destroyed on device b leaves that server's worker with no
+        # current context: a memset, a copy in and a read routed there still run (in device
+        # b's primary context).
+        made, dev_b = ctypes.c_void_p(), ctypes.c_int()
+        check("cuDeviceGet", ctypes.byref(dev_b), b)
+        check("cuCtxCreate_v2", ctypes.byref(made), 0, dev_b)
+        check("cuCtxDestroy_v2", made)
+        check("cuCtxSetCurrent", ctxs[0])
+        check("cuMemsetD8_v2", ctypes.c_uint64(dsts[b]), 0x33, n)
+        check("cuMemcpyHtoD_v2", ctypes.c_uint64(dsts[b]), b"\x44" * 4096, ctypes.c_size_t(4096))
+        check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
+        if back.raw != b"\x44" * 4096 + b"\x33" * (size - 4096):
+            raise Failed(f"a memset and a copy routed to device {b} with no context there")
     launch_on_every_part(cuda, check, ctxs, dsts)
     if hold:  # then one call on device 0: `after hold` and its result's name
         print("holding", flush=True)
