@@ -215,11 +215,17 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
     uint64_t own = go_to(ps, src);
     r = dtoh_sync(bounce[0], src, chunk, 0); /* the first chunk */
     come_back(own);
+    /* A wait for a read that failed (the part lost: conn_fail wakes every waiter at once) may
+     * return while the source's receiver is still reading that reply into a bounce buffer:
+     * then the buffers are left to it, never freed (a leak of 2 chunks on a lost lease, instead
+     * of a write into freed memory). */
+    int read_in_doubt = r != CUDA_SUCCESS;
     for (size_t off = 0, i = 0; r == CUDA_SUCCESS && off < n; off += chunk, i++) {
         size_t len = n - off < chunk ? n - off : chunk;
         size_t next = off + len, next_len = n - next < chunk ? n - next : chunk;
         int reading = next < n && (r = across_read(bounce[(i + 1) % 2], src + next, next_len,
                                                    ps)) == CUDA_SUCCESS;
+        read_in_doubt |= next < n && !reading; /* a detached read that failed half-way */
         if (r == CUDA_SUCCESS) {
             own = go_to(pd, dst);
             r = htod(dst + off, bounce[i % 2], len, 0, 0);
@@ -229,6 +235,7 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
             own = go_to(ps, src);
             CUresult rt = gp_round_trip(); /* the detached read is in once this returns */
             come_back(own);
+            read_in_doubt |= rt != CUDA_SUCCESS;
             if (r == CUDA_SUCCESS)
                 r = rt == CUDA_SUCCESS ? gp_take_pending_error() : rt; /* failed at the source */
         }
@@ -238,8 +245,10 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
         r = done_there(r);
         come_back(own);
     }
-    free(bounce[0]);
-    free(bounce[1]);
+    if (!read_in_doubt) {
+        free(bounce[0]);
+        free(bounce[1]);
+    }
     return gp_sync_result(r);
 }
 
