@@ -134,13 +134,41 @@ static long resv_containing(uint64_t ptr, uint64_t size)
     return -1;
 }
 
-static CUresult post_frame_release(uint64_t handle)
+/* A lease spread over servers (docs/multi-gpu.md, "Across servers"): these calls set no
+ * context, so they name their part themselves (gp_conn_route; -1 after). A reservation is made on
+ * the part of the thread's current context (part 0 without one) and lies in that part's slice of
+ * the window; maps, unmaps, access and the address's free go to the part whose slice holds the
+ * address; a handle lives on its device's part. One part: always part 0. */
+static int part_of_ctx(void)
+{
+    const gp_ctx_obj *c = gp_ctx_current_obj();
+    int k = c ? gp_conn_part_of_device(c->device) : 0;
+    return k < 0 ? 0 : k;
+}
+
+static int part_of_va(uint64_t a)
+{
+    int k = gp_conn_part_of_addr(a);
+    return k < 0 ? 0 : k;
+}
+
+static int part_of_phys(const struct phys *p)
+{
+    int k = gp_conn_part_of_device(p->prop.location.id);
+    return k < 0 ? 0 : k;
+}
+
+/* Tells the handle's part that the handle is released; part: part_of_phys, found while the
+ * handle still existed. */
+static CUresult post_frame_release(uint64_t handle, int part)
 {
     gp_vmm_release m = {.handle = handle};
     GP_FRAME(buf, len, gp_vmm_release, &m);
     if (!buf)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_conn_route(part);
     CUresult r = gp_post(buf, len, NULL, 0);
+    gp_conn_route(-1);
     GP_FRAME_FREE(buf);
     return r;
 }
@@ -172,7 +200,10 @@ GP_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t ali
     if (!buf)
         return CUDA_ERROR_OUT_OF_MEMORY;
     gp_reply rep;
+    int part = part_of_ctx();
+    gp_conn_route(part);
     r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    gp_conn_route(-1);
     GP_FRAME_FREE(buf);
     if (r != CUDA_SUCCESS)
         return gp_cu_result(r);
@@ -201,7 +232,9 @@ GP_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t ali
         gp_vmm_address_free f = {.ptr = a.ptr, .size = size};
         GP_FRAME(fb, fl, gp_vmm_address_free, &f);
         if (fb) {
+            gp_conn_route(part);
             (void)gp_post(fb, fl, NULL, 0); /* best effort: we are out of memory anyway */
+            gp_conn_route(-1);
             GP_FRAME_FREE(fb);
         }
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -216,6 +249,7 @@ GP_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     if (r != CUDA_SUCCESS)
         return r;
     uint64_t drop[64];
+    int drop_part[64];
     size_t ndrop = 0, overflow = 0;
     pthread_mutex_lock(&vmm_lock);
     size_t i = 0;
@@ -236,10 +270,12 @@ GP_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
         struct phys *p = gp_handle_get(mp.handle, GP_H_MEMHANDLE);
         if (p) {
             p->maps--;
+            int hp = part_of_phys(p);
             if (phys_maybe_drop(mp.handle, p)) {
-                if (ndrop < sizeof drop / sizeof drop[0])
+                if (ndrop < sizeof drop / sizeof drop[0]) {
+                    drop_part[ndrop] = hp;
                     drop[ndrop++] = mp.handle;
-                else
+                } else
                     overflow++;
             }
         }
@@ -249,10 +285,12 @@ GP_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     GP_FRAME(buf, len, gp_vmm_address_free, &m);
     if (!buf)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_conn_route(part_of_va(ptr));
     r = gp_post(buf, len, NULL, 0);
+    gp_conn_route(-1);
     GP_FRAME_FREE(buf);
     for (size_t j = 0; j < ndrop && r == CUDA_SUCCESS; j++)
-        r = post_frame_release(drop[j]);
+        r = post_frame_release(drop[j], drop_part[j]);
     if (overflow)
         gp_log_error("cuMemAddressFree: %zu released handles stay allocated on the server until "
                      "the process ends (too many at once)",
@@ -349,15 +387,16 @@ GP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         return r;
     pthread_mutex_lock(&vmm_lock);
     struct phys *p = gp_handle_get(handle, GP_H_MEMHANDLE);
-    int tell = 0;
+    int tell = 0, part = 0;
     if (p && p->refs > 0) {
         p->refs--;
+        part = part_of_phys(p);
         tell = phys_maybe_drop(handle, p);
     } else {
         r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&vmm_lock);
-    return tell ? post_frame_release(handle) : r;
+    return tell ? post_frame_release(handle, part) : r;
 }
 
 GP_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
@@ -419,6 +458,17 @@ GP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         pthread_mutex_unlock(&vmm_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
+    int part = part_of_va(ptr);
+    if (part != part_of_phys(p)) {
+        /* A spread lease: the handle's memory is on another server than the reservation (as
+         * PyTorch's expandable segments would map after set_device to a device of another
+         * part): no worker holds both. */
+        pthread_mutex_unlock(&vmm_lock);
+        gp_log_error("cuMemMap: the allocation is on a device of another server than the "
+                     "reserved address; reserve the address with a context of that device "
+                     "current");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (nmaps == capmaps) {
         size_t ncap = capmaps ? capmaps * 2 : 64;
         struct mapping *n = realloc(maps, ncap * sizeof *n);
@@ -447,7 +497,9 @@ GP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     gp_vmm_map m = {.ptr = ptr, .size = size, .offset = offset, .handle = handle};
     GP_FRAME(buf, len, gp_vmm_map, &m);
     /* Posted under the lock, so that the worker sees maps and unmaps in our order. */
+    gp_conn_route(part);
     r = buf ? gp_post(buf, len, NULL, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+    gp_conn_route(-1);
     GP_FRAME_FREE(buf);
     pthread_mutex_unlock(&vmm_lock);
     return r;
@@ -480,14 +532,17 @@ GP_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         if (r == CUDA_SUCCESS) {
             gp_vmm_unmap m = {.ptr = mp->base, .size = mp->size};
             GP_FRAME(buf, len, gp_vmm_unmap, &m);
+            gp_conn_route(part_of_va(mp->base));
             r = buf ? gp_post(buf, len, NULL, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+            gp_conn_route(-1);
             GP_FRAME_FREE(buf);
         }
         struct phys *p = gp_handle_get(mp->handle, GP_H_MEMHANDLE);
         if (p) {
             p->maps--;
+            int hp = part_of_phys(p);
             if (phys_maybe_drop(mp->handle, p) && r == CUDA_SUCCESS)
-                r = post_frame_release(mp->handle);
+                r = post_frame_release(mp->handle, hp);
         }
     }
     memmove(&maps[first], &maps[end], (nmaps - end) * sizeof *maps);
@@ -530,7 +585,9 @@ GP_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
         maps[k].access = flags;
     gp_vmm_set_access m = {.ptr = ptr, .size = size, .flags = (uint32_t)flags};
     GP_FRAME(buf, len, gp_vmm_set_access, &m);
+    gp_conn_route(part_of_va(ptr));
     r = buf ? gp_post(buf, len, NULL, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+    gp_conn_route(-1);
     GP_FRAME_FREE(buf);
     pthread_mutex_unlock(&vmm_lock);
     return r;

@@ -69,6 +69,60 @@ def launch_on_every_part(cuda: ctypes.CDLL, check: Any, ctxs: list[ctypes.c_void
     check("cuLibraryUnload", lib)
 
 
+class MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class AllocProp(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("location", MemLocation), ("win32", ctypes.c_void_p),
+                ("flags", ctypes.c_uint8 * 8)]
+
+
+class AccessDesc(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
+
+
+def vmm_on_another_part(cuda: ctypes.CDLL, check: Any, ctxs: list[ctypes.c_void_p],
+                        dev: int) -> None:
+    """VMM on device dev (another server than device 0's), its context made current right after
+    a call in device 0's context: reserve, create, map, access, a copy in and out, unmap,
+    release, free, all on dev's part (PyTorch's expandable segments after set_device); a map of
+    its memory at an address reserved on device 0's part is refused (CUDA_ERROR_INVALID_VALUE)."""
+    g, ptr, handle = ctypes.c_size_t(), ctypes.c_uint64(), ctypes.c_uint64()
+    prop = AllocProp(type=1, location=MemLocation(type=1, id=dev))  # pinned, on device dev
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuCtxSynchronize")  # device 0's context the thread's last on the wire
+    check("cuCtxSetCurrent", ctxs[dev])
+    check("cuMemGetAllocationGranularity", ctypes.byref(g), ctypes.byref(prop), 0)
+    check("cuMemAddressReserve", ctypes.byref(ptr), g, ctypes.c_size_t(0), ctypes.c_uint64(0),
+          ctypes.c_ulonglong(0))
+    check("cuMemCreate", ctypes.byref(handle), g, ctypes.byref(prop), ctypes.c_ulonglong(0))
+    elsewhere = ctypes.c_uint64()
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuMemAddressReserve", ctypes.byref(elsewhere), g, ctypes.c_size_t(0),
+          ctypes.c_uint64(0), ctypes.c_ulonglong(0))
+    rc = cuda.cuMemMap(elsewhere, g, ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0))
+    if rc != 1:
+        raise Failed(f"cuMemMap of device {dev}'s memory on device 0's server -> {rc}, not 1")
+    check("cuMemAddressFree", elsewhere, g)
+    check("cuCtxSetCurrent", ctxs[dev])
+    check("cuMemMap", ptr, g, ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0))
+    access = AccessDesc(location=MemLocation(type=1, id=dev), flags=3)  # read-write
+    check("cuMemSetAccess", ptr, g, ctypes.byref(access), ctypes.c_size_t(1))
+    data = os.urandom(g.value)
+    back = ctypes.create_string_buffer(g.value)
+    check("cuMemcpyHtoD_v2", ptr, data, g)
+    check("cuMemcpyDtoH_v2", back, ptr, g)
+    if back.raw != data:
+        raise Failed(f"VMM memory of device {dev} read back differs")
+    check("cuMemUnmap", ptr, g)
+    check("cuMemRelease", handle)
+    check("cuMemAddressFree", ptr, g)
+    check("cuCtxSynchronize")  # a refused map, unmap or release would be its error
+    print(f"vmm on device {dev} ok")
+
+
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     want, size = int(sys.argv[1]), int(sys.argv[2])
@@ -186,6 +240,8 @@ def main() -> int:
         if back.raw != b"\x44" * 4096 + b"\x33" * (size - 4096):
             raise Failed(f"a memset and a copy routed to device {b} with no context there")
     launch_on_every_part(cuda, check, ctxs, dsts)
+    if want > 2:
+        vmm_on_another_part(cuda, check, ctxs, want - 1)
     if hold:  # then one call on device 0: `after hold` and its result's name
         print("holding", flush=True)
         sys.stdin.readline()
