@@ -111,12 +111,16 @@ const char *gp_conn_server(void)
 
 /* ========================================================================== loss == */
 
+static int conn_claim_dead(gp_conn *c);
+static void conn_wake_all(gp_conn *c);
 static void conn_fail(gp_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void conn_fail(gp_conn *c, const char *fmt, ...)
 {
     int ready = atomic_load(&c->state) == ST_READY;
-    if (!gp_conn_kill(c))
+    if (!conn_claim_dead(c))
         return;
+    /* The line before anyone is woken: a program that exits on the error it is woken with must
+     * not end before the line is written. */
     if (ready) {
         char reason[512];
         va_list ap;
@@ -127,6 +131,7 @@ static void conn_fail(gp_conn *c, const char *fmt, ...)
                      "CUDA_ERROR_DEVICE_UNAVAILABLE",
                      c->server_desc, reason);
     }
+    conn_wake_all(c);
     /* A spread lease is one job: the loss of any part loses the process's contexts on every
      * part (each part's server then ends and scrubs its part, as for a client that went away).
      * The line above names the server that went away; the other parts go quietly. */
@@ -138,11 +143,26 @@ static void conn_fail(gp_conn *c, const char *fmt, ...)
 
 int gp_conn_kill(gp_conn *c)
 {
+    if (!conn_claim_dead(c))
+        return 0;
+    conn_wake_all(c);
+    return 1;
+}
+
+/* Marks c dead (1 if this call did it; 0 if it was already) and shuts its socket down. */
+static int conn_claim_dead(gp_conn *c)
+{
     int expected = 0;
     if (!atomic_compare_exchange_strong(&c->dead, &expected, 1))
         return 0;
     if (c->sock >= 0)
         shutdown(c->sock, SHUT_RDWR); /* unblocks a sender stuck in sendmsg */
+    return 1;
+}
+
+/* Wakes every waiter of a dead c with the loss error (detached ones are dropped). */
+static void conn_wake_all(gp_conn *c)
+{
     pthread_mutex_lock(&c->wait_lock);
     gp_waiter *w = c->wait_head;
     c->wait_head = c->wait_tail = NULL;
@@ -163,7 +183,6 @@ int gp_conn_kill(gp_conn *c)
     /* Without send_lock: a sender that fails calls this while holding it. A missed wake-up only
      * leaves the idle flusher asleep, which is harmless. */
     pthread_cond_broadcast(&c->flush_cv);
-    return 1;
 }
 
 /* ====================================================================== sending == */
