@@ -155,7 +155,25 @@ GP_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
     return stream_wait_op(gp_ptsz(hStream), 1);
 }
 
-CUresult cuEventSynchronize(CUevent hEvent); /* api_event.c */
+/* Waits on the host until event e (of context ctx, on another part of a spread lease) has
+ * happened: an event_synchronize on the event's part, in its context; the thread's own context
+ * comes back after. Not the exported cuEventSynchronize: this is no API call of the program's
+ * (not counted, not interposable). */
+static CUresult event_wait_host(uint64_t e, uint64_t ctx)
+{
+    gp_event_synchronize m = {.event = e};
+    GP_FRAME(buf, len, gp_event_synchronize, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t own = gp_conn_wire_ctx();
+    gp_conn_use_ctx(ctx);
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    gp_conn_use_ctx(own);
+    GP_FRAME_FREE(buf);
+    gp_reply_free(&rep);
+    return gp_sync_result(r);
+}
 
 static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
 {
@@ -177,7 +195,7 @@ static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
          * stream's later work is sent after it, so the order holds; the call blocks the host. */
         const gp_ctx_obj *ec = gp_ctx_obj_get(eo->ctx);
         if (ec && gp_conn_part_of_device(ec->device) != gp_conn_next_part())
-            return cuEventSynchronize(ev);
+            return event_wait_host(e, eo->ctx);
     }
     gp_stream_wait_event m = {.stream = wire, .event = e, .flags = flags};
     GP_FRAME(buf, len, gp_stream_wait_event, &m);

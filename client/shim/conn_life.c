@@ -149,6 +149,8 @@ static int conn_start(gp_conn *c, const gp_part_link *l)
     if (!ok) {
         stop_receiver(c); /* out of the socket and the TLS state before they go */
         gp_conn_kill(c);  /* the flusher, if it started, ends */
+        free(c->rs.buf);  /* the receiver is gone: nobody reads into it */
+        c->rs.buf = NULL;
         gp_tls_free(c->tls);
         c->tls = NULL;
         close(c->sock);
@@ -187,6 +189,8 @@ static void conns_open(void)
                 gp_conn *c = gp_conn_part[i];
                 stop_receiver(c);
                 gp_conn_kill(c);
+                free(c->rs.buf); /* its receiver is gone */
+                c->rs.buf = NULL;
                 gp_tls_free(c->tls);
                 c->tls = NULL;
                 close(c->sock);

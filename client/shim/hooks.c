@@ -62,7 +62,9 @@ GP_EXPORT int gpupool_shim_memory_quota(unsigned long long *free_bytes, unsigned
     if (!buf)
         return 0;
     gp_reply rep;
+    gp_conn_route(0); /* device 0's part, whatever context the thread last used */
     CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    gp_conn_route(-1);
     GP_FRAME_FREE(buf);
     if (r != CUDA_SUCCESS)
         return 0;
