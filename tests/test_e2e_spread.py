@@ -70,6 +70,7 @@ def test_four_gpus_from_two_servers_peer_copies_and_a_sigkill_scrubs_both_parts(
         # A library loaded once runs its kernel on both parts (review finding 1).
         assert "kernel on device 0 ok" in lines and "kernel on device 2 ok" in lines, out
         assert "vmm on device 3 ok" in lines, out  # VMM on device 3's part (finding 4)
+        assert "module of device 2 ok" in lines, out  # named from device 0 (finding 7)
         # Peer access inside a server (devices 0-1, 2-3), none across.
         peers = {(int(i), int(j)): int(v) for i, j, v in re.findall(r"peer (\d) (\d) (\d)", out)}
         assert peers == {(i, j): int(i // 2 == j // 2) for i in range(4) for j in range(4)

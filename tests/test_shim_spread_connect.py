@@ -235,7 +235,7 @@ def test_the_loss_of_one_part_loses_the_whole_process(native_build: Path, tmp_pa
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True) as proc:
         assert proc.stdout is not None and proc.stdin is not None
-        lines: list[str] = []  # ranges, 12 peers, 2 kernels, vmm, holding
+        lines: list[str] = []  # ranges, 12 peers, kernels, module, vmm, holding
         while len(lines) < 20 and (not lines or lines[-1] not in ("holding", "")):
             lines.append(proc.stdout.readline().strip())
         assert lines[-1] == "holding", lines

@@ -113,6 +113,7 @@ GP_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfu
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
     if (!fn)
         return CUDA_ERROR_INVALID_HANDLE;
+    gp_func_use_ctx(fn);
     return gp_func_attr(fn, attrib, pi);
 }
 
@@ -140,6 +141,7 @@ GP_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute att
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
     if (!fn)
         return CUDA_ERROR_INVALID_HANDLE;
+    gp_func_use_ctx(fn);
     if (attrib < 0)
         return CUDA_ERROR_INVALID_VALUE; /* -1 means cache config on the wire */
     return set_attr(fn, attrib, value);
@@ -169,6 +171,7 @@ GP_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
     gp_func *fn = gp_func_lookup((uint64_t)(uintptr_t)hfunc);
     if (!fn)
         return CUDA_ERROR_INVALID_HANDLE;
+    gp_func_use_ctx(fn);
     return set_attr(fn, -1, config);
 }
 

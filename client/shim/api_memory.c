@@ -158,6 +158,13 @@ static CUresult mem_free(CUdeviceptr dptr, CUstream stream, int is_async)
         (rg.flags & (GP_RANGE_F_VMM | GP_RANGE_F_IPC))) /* returned with cuMemUnmap or
                                                           * cuIpcCloseMemHandle */
         return CUDA_ERROR_INVALID_VALUE;
+    if (is_async && gp_conn_parts() > 1 && gp_conn_part_of_addr(dptr) != gp_conn_next_part()) {
+        /* A spread lease: the stream's worker (its part) does not hold the memory. Refused
+         * before the range goes, so the memory stays usable and freeable. */
+        gp_log_error("cuMemFreeAsync: the memory is on another server than the stream; free it "
+                     "with a stream of its own device (or cuMemFree)");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (gp_vamap_remove(dptr, &rg) != 0)
         return CUDA_ERROR_INVALID_VALUE; /* freed meanwhile */
     if (!is_async)

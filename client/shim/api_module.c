@@ -69,6 +69,13 @@ static uint32_t name_hash(const char *s)
     return h;
 }
 
+void gp_func_use_ctx(const gp_func *fn)
+{
+    /* A library is on every part: the current context's serves. A module is its context's. */
+    if (fn->mod->kind == GP_MODKIND_MODULE && gp_conn_parts() > 1 && fn->mod->ctx)
+        gp_conn_use_ctx(fn->mod->ctx);
+}
+
 gp_func *gp_func_lookup(uint64_t h)
 {
     int k = gp_handle_kind_of(h);
@@ -707,6 +714,8 @@ GP_EXPORT CUresult cuModuleUnload(CUmodule hmod)
         return CUDA_ERROR_NOT_PERMITTED; /* cuLibraryGetModule's */
     if (gp_handle_remove(h, GP_H_MODULE) != mod)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (gp_conn_parts() > 1 && mod->ctx) /* a spread lease: to the module's part */
+        gp_conn_use_ctx(mod->ctx);
     CUresult u = unload(mod);
     return r != CUDA_SUCCESS ? r : u;
 }

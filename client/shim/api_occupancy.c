@@ -144,7 +144,10 @@ static CUresult enter_func(CUfunction func, gp_func **fn)
     if (r != CUDA_SUCCESS)
         return r;
     *fn = gp_func_lookup((uint64_t)(uintptr_t)func);
-    return *fn ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!*fn)
+        return CUDA_ERROR_INVALID_HANDLE;
+    gp_func_use_ctx(*fn);
+    return CUDA_SUCCESS;
 }
 
 static CUresult max_active_blocks(gp_func *fn, int block_size, size_t smem, unsigned flags,

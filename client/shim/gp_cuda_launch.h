@@ -206,6 +206,9 @@ typedef struct gp_func {
 
 /* The function object behind a CUfunction or CUkernel handle (any of its handles), or NULL. */
 gp_func *gp_func_lookup(uint64_t h);
+/* A spread lease: the thread's next frames about fn go to its module's context (its part); a
+ * library's kernel is on every part and keeps the current context. After gp_ctx_enter. */
+void gp_func_use_ctx(const gp_func *fn);
 
 /* The function's attribute `attr` (from the cache, else one request). For internal users
  * (launch checks, occupancy). */

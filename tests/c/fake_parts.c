@@ -14,3 +14,8 @@ void gp_conn_route(int part)
 {
     (void)part;
 }
+
+void gp_conn_use_ctx(uint64_t ctx_id)
+{
+    (void)ctx_id;
+}

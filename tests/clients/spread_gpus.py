@@ -67,6 +67,21 @@ def launch_on_every_part(cuda: ctypes.CDLL, check: Any, ctxs: list[ctypes.c_void
         print(f"kernel on device {dev} ok")
     check("cuCtxSetCurrent", ctxs[0])
     check("cuLibraryUnload", lib)
+    # A module of the other part's device, named with device 0's context current: its
+    # attribute and its unload go to its own part.
+    other = len(ctxs) // 2
+    mod, value = ctypes.c_void_p(), ctypes.c_int(-1)
+    check("cuCtxSetCurrent", ctxs[other])
+    check("cuModuleLoadData", ctypes.byref(mod), INDEX_PTX)
+    check("cuModuleGetFunction", ctypes.byref(func), mod, b"gp_test_index")
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuFuncGetAttribute", ctypes.byref(value), 0, func)  # MAX_THREADS_PER_BLOCK
+    if value.value <= 0:
+        raise Failed(f"cuFuncGetAttribute of device {other}'s function -> {value.value}")
+    check("cuModuleUnload", mod)
+    check("cuCtxSetCurrent", ctxs[other])
+    check("cuCtxSynchronize")  # a refused unload would be its error
+    print(f"module of device {other} ok")
 
 
 class MemLocation(ctypes.Structure):
@@ -215,6 +230,10 @@ def main() -> int:
     check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[0]), n)
     if back.raw != data[last] or landed.raw != data[last]:
         raise Failed(f"device {last}'s bytes copied asynchronously in device 0's context differ")
+    if want > 2:  # memory of another server freed on device 0's stream: refused, and kept
+        rc = cuda.cuMemFreeAsync(ctypes.c_uint64(srcs[last]), stream)
+        if rc != 1:
+            raise Failed(f"cuMemFreeAsync of device {last}'s memory on device 0's stream -> {rc}")
     if want > 2:  # with device 0's context current: the last two devices' memory
         a, b = want - 2, want - 1
         check("cuCtxSetCurrent", ctxs[0])
