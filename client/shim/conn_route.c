@@ -63,6 +63,8 @@ int gp_conn_part_of_device(int dev)
     return n == 1 && dev >= 0 ? 0 : -1;
 }
 
+static int ctx_part_of(uint64_t ctx);
+
 int gp_conn_part_of_addr(uint64_t a)
 {
     int n = conn_nparts();
@@ -72,6 +74,11 @@ int gp_conn_part_of_addr(uint64_t a)
         if (a >= gp_conn_part[k]->va_base &&
             a - gp_conn_part[k]->va_base < gp_conn_part[k]->va_size)
             return k;
+    /* Outside every slice: a module's global lies where its worker's driver put it; the VA map
+     * knows the context it belongs to, and so its part. */
+    gp_range rg;
+    if (gp_vamap_find(a, &rg) == 0 && rg.ctx)
+        return ctx_part_of(rg.ctx);
     return -1;
 }
 
