@@ -93,10 +93,28 @@ static CUresult done_there(CUresult r)
 /* Before a call runs on another part: the stream's earlier work (on the thread's own part) is
  * done, then the thread's frames go to part p (go_to). The caller runs the call on that worker's
  * legacy stream (wire 0), waits for it (done_there) and calls come_back(*own) after. */
+/* A capturing stream cannot hold a call of another part (its graph replays on its own part's
+ * worker): the capture is invalidated and CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED returned, as for
+ * a host copy in a capture (gp_capture_host_copy). CUDA_SUCCESS when not capturing. */
+static CUresult capture_refuses_other_part(uint64_t wire)
+{
+    if (!gp_capture_sync_call(wire))
+        return CUDA_SUCCESS;
+    static atomic_int said;
+    if (!atomic_exchange(&said, 1))
+        gp_log_error("a copy or memset of memory on another server of the lease, on a capturing "
+                     "stream, is not supported (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; the "
+                     "capture is invalidated): capture work of the stream's own server only");
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 static CUresult elsewhere(int p, uint64_t a, uint64_t wire, uint64_t *own)
 {
-    CUresult r = gp_stream_wait_wire(wire);
     *own = gp_conn_wire_ctx();
+    CUresult r = capture_refuses_other_part(wire);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = gp_stream_wait_wire(wire);
     if (r == CUDA_SUCCESS)
         *own = go_to(p, a);
     return r;
@@ -202,7 +220,9 @@ static CUresult across_read(void *dst, CUdeviceptr src, size_t n, int ps)
 static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, size_t n,
                             uint64_t wire)
 {
-    CUresult r = gp_stream_wait_wire(wire);
+    CUresult r = capture_refuses_other_part(wire);
+    if (r == CUDA_SUCCESS)
+        r = gp_stream_wait_wire(wire);
     if (r != CUDA_SUCCESS)
         return r;
     size_t chunk = n < ACROSS_CHUNK ? n : ACROSS_CHUNK;

@@ -6,6 +6,7 @@
  * invalidates its capture, as with the driver (the worker's driver sees the call too). The _ptsz
  * variants treat a NULL stream as the per-thread default stream.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "gp_graph.h"
@@ -194,8 +195,18 @@ static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
          * Wait for it here, on the host (its part says when it has happened), then return: the
          * stream's later work is sent after it, so the order holds; the call blocks the host. */
         const gp_ctx_obj *ec = gp_ctx_obj_get(eo->ctx);
-        if (ec && gp_conn_part_of_device(ec->device) != gp_conn_next_part())
+        if (ec && gp_conn_part_of_device(ec->device) != gp_conn_next_part()) {
+            if (gp_capture_sync_call(wire)) { /* the dependency cannot be in the graph */
+                static atomic_int said;
+                if (!atomic_exchange(&said, 1))
+                    gp_log_error("cuStreamWaitEvent of an event on another server of the lease, "
+                                 "on a capturing stream, is not supported "
+                                 "(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; the capture is "
+                                 "invalidated): record the event on the stream's own server");
+                return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+            }
             return event_wait_host(e, eo->ctx);
+        }
     }
     gp_stream_wait_event m = {.stream = wire, .event = e, .flags = flags};
     GP_FRAME(buf, len, gp_stream_wait_event, &m);

@@ -234,6 +234,14 @@ def main() -> int:
         rc = cuda.cuMemFreeAsync(ctypes.c_uint64(srcs[last]), stream)
         if rc != 1:
             raise Failed(f"cuMemFreeAsync of device {last}'s memory on device 0's stream -> {rc}")
+        # In a capture, a wait for another server's event cannot be a graph's dependency: the
+        # capture is refused and invalidated (900, then 901 at its end).
+        graph = ctypes.c_void_p()
+        check("cuStreamBeginCapture_v2", stream, 2)  # relaxed
+        rc = cuda.cuStreamWaitEvent(stream, ev, 0)
+        end = cuda.cuStreamEndCapture(stream, ctypes.byref(graph))
+        if (rc, end) != (900, 901):
+            raise Failed(f"a cross-server event wait in a capture -> {rc}, its end -> {end}")
     if want > 2:  # with device 0's context current: the last two devices' memory
         a, b = want - 2, want - 1
         check("cuCtxSetCurrent", ctxs[0])
