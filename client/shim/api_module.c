@@ -7,10 +7,9 @@
  * the image sent, so an image crosses the network at most once per server. Hashes the server
  * has confirmed are remembered for the process (cheap repeat loads, and the debug log says why).
  *
- * Objects: a gp_module per CUmodule / CUlibrary (a library's CUmodule from cuLibraryGetModule is
- * a second handle to the same object), a gp_func per CUfunction / CUkernel, looked up by name in
- * a per-module hash table so that repeated cuModuleGetFunction / cuLibraryGetKernel calls cost
- * no round trip, and a small per-module list of globals for the same reason.
+ * Objects: a gp_module per CUmodule / CUlibrary (cuLibraryGetModule's CUmodule is a second
+ * handle to it), a gp_func per CUfunction / CUkernel in a per-module hash table by name, and a
+ * per-module list of globals: repeated GetFunction / GetKernel / GetGlobal cost no round trip.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -69,11 +68,15 @@ static uint32_t name_hash(const char *s)
     return h;
 }
 
+/* Spread lease: a module's calls go to its context's part; a library's, to any (on each). */
+static void module_use_ctx(const gp_module *mod)
+{
+    if (gp_conn_parts() > 1 && mod->kind == GP_MODKIND_MODULE && mod->ctx)
+        gp_conn_use_ctx(mod->ctx);
+}
 void gp_func_use_ctx(const gp_func *fn)
 {
-    /* A library is on every part: the current context's serves. A module is its context's. */
-    if (fn->mod->kind == GP_MODKIND_MODULE && gp_conn_parts() > 1 && fn->mod->ctx)
-        gp_conn_use_ctx(fn->mod->ctx);
+    module_use_ctx(fn->mod);
 }
 
 gp_func *gp_func_lookup(uint64_t h)
@@ -542,6 +545,7 @@ static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, con
     size_t nlen = strlen(name);
     if (nlen > MAX_NAME)
         return CUDA_ERROR_NOT_FOUND;
+    module_use_ctx(mod);
     pthread_mutex_lock(&mod->lock);
     gp_global *g;
     for (g = mod->globals; g; g = g->next)
@@ -573,8 +577,9 @@ static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, con
                 } else {
                     g->dptr = rep.dptr;
                     g->size = rep.size;
-                    /* Reserves the pages on the client when outside the VA window. */
-                    g->in_vamap = gp_vamap_add_global(g->dptr, g->size, mod->ctx) == 0;
+                    int spread_lib = gp_conn_parts() > 1 && mod->kind == GP_MODKIND_LIBRARY;
+                    uint64_t ctx_answered = spread_lib ? gp_ctx_current() : mod->ctx;
+                    g->in_vamap = gp_vamap_add_global(g->dptr, g->size, ctx_answered) == 0;
                     if (!g->in_vamap)
                         gp_log_error("global %s at 0x%llx (%llu bytes) overlaps other memory "
                                      "known to gpupool; copies to or from it may be refused",
@@ -714,8 +719,7 @@ GP_EXPORT CUresult cuModuleUnload(CUmodule hmod)
         return CUDA_ERROR_NOT_PERMITTED; /* cuLibraryGetModule's */
     if (gp_handle_remove(h, GP_H_MODULE) != mod)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (gp_conn_parts() > 1 && mod->ctx) /* a spread lease: to the module's part */
-        gp_conn_use_ctx(mod->ctx);
+    module_use_ctx(mod);
     CUresult u = unload(mod);
     return r != CUDA_SUCCESS ? r : u;
 }
@@ -730,6 +734,7 @@ GP_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
     gp_module *mod = gp_handle_get((uint64_t)(uintptr_t)hmod, GP_H_MODULE);
     if (!mod)
         return CUDA_ERROR_INVALID_HANDLE;
+    module_use_ctx(mod);
     pthread_mutex_lock(&mod->lock);
     gp_func *fn;
     uint64_t h = 0;
