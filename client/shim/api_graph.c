@@ -53,11 +53,23 @@ static atomic_int cap_count;       /* live entries: 0 lets the queries skip the 
 static atomic_uint_fast64_t next_capture_id = 1;
 static __thread int tl_mode = GP_CAPTURE_MODE_GLOBAL;
 
-/* Caller holds cap_lock. */
+/* The capture of stream `wire`, or NULL. The legacy stream (wire 0) is never captured (a
+ * driver rule), and 0 also marks a free slot: it matches nothing here. Caller holds cap_lock. */
 static capture *find(uint64_t wire)
 {
+    if (wire == 0)
+        return NULL;
     for (int i = 0; i < MAX_CAPTURES; i++)
         if (caps[i].stream == wire)
+            return &caps[i];
+    return NULL;
+}
+
+/* A free slot, or NULL when MAX_CAPTURES streams capture. Caller holds cap_lock. */
+static capture *free_slot(void)
+{
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (caps[i].stream == 0)
             return &caps[i];
     return NULL;
 }
@@ -113,7 +125,8 @@ CUresult gp_capture_host_copy(uint64_t wire, const char *call)
 
 void gp_capture_note_ipc_event(uint64_t wire)
 {
-    if (atomic_load(&cap_count) == 0)
+    /* The legacy stream is never in a capture (find() knows no wire 0; it is not "unknown"). */
+    if (wire == 0 || atomic_load(&cap_count) == 0)
         return;
     lock();
     capture *c = find(wire);
@@ -171,7 +184,7 @@ static CUresult begin_capture(CUstream s, int mode)
     }
     lock();
     capture *c = find(wire);
-    capture *slot = c ? NULL : find(0);
+    capture *slot = c ? NULL : free_slot();
     if (slot) {
         slot->stream = wire;
         slot->id = atomic_fetch_add(&next_capture_id, 1);

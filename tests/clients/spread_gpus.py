@@ -253,6 +253,20 @@ def main() -> int:
         check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
         if back.raw != b"\x5a" * size:
             raise Failed(f"the memset of device {b} in device 0's context did not land")
+        # While a stream of device 0 captures, a synchronous copy on the legacy stream routed
+        # to another server runs (the legacy stream is never in a capture), and the capture
+        # ends whole.
+        graph = ctypes.c_void_p()
+        check("cuStreamBeginCapture_v2", stream, 2)  # relaxed
+        rc = cuda.cuMemcpyDtoD_v2(ctypes.c_uint64(dsts[b]), ctypes.c_uint64(srcs[a]), n)
+        end = cuda.cuStreamEndCapture(stream, ctypes.byref(graph))
+        if (rc, end) != (0, 0):
+            raise Failed(f"a routed copy on the legacy stream while another stream captures "
+                         f"-> {rc}, the capture's end -> {end}")
+        check("cuGraphDestroy", graph)
+        check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(dsts[b]), n)
+        if back.raw != data[a]:
+            raise Failed(f"the copy to device {b} during another stream's capture differs")
         # A context created and destroyed on device b leaves that server's worker with no
         # current context: a memset, a copy in and a read routed there still run (in device
         # b's primary context).
