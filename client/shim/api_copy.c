@@ -16,11 +16,10 @@
  *   memory, after the stream's earlier work (see "mapped host memory" below).
  * - A lease spread over servers (docs/multi-gpu.md, "Across servers"): a copy or memset goes to
  *   the connection of its context's part. One whose device pointer lies in another part's slice
- *   of the window goes to that part instead (elsewhere()): its worker runs it in the context it
- *   last had, which can reach every device of that worker (unified addressing inside one
- *   process); the program's stream lives on its own part only, so the call waits for that stream
- *   first and then runs synchronously on the other part (the async forms too). A copy between
- *   two parts goes through this process (copy_across).
+ *   of the window goes to that part instead (elsewhere()): its worker runs it in the primary
+ *   context of the address's device (go_to); the program's stream lives on its own part only,
+ *   so the call waits for that stream first and then runs synchronously on the other part (the
+ *   async forms too). A copy between two parts goes through this process (copy_across).
  * The _ptds / _ptsz variants run the same code with the per-thread default stream.
  */
 #include <stdatomic.h>
@@ -90,9 +89,6 @@ static CUresult done_there(CUresult r)
     return r == CUDA_SUCCESS ? gp_stream_wait_wire(0) : r;
 }
 
-/* Before a call runs on another part: the stream's earlier work (on the thread's own part) is
- * done, then the thread's frames go to part p (go_to). The caller runs the call on that worker's
- * legacy stream (wire 0), waits for it (done_there) and calls come_back(*own) after. */
 /* A capturing stream cannot hold a call of another part (its graph replays on its own part's
  * worker): the capture is invalidated and CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED returned, as for
  * a host copy in a capture (gp_capture_host_copy). CUDA_SUCCESS when not capturing. */
@@ -108,6 +104,9 @@ static CUresult capture_refuses_other_part(uint64_t wire)
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
+/* Before a call runs on another part: the stream's earlier work (on the thread's own part) is
+ * done, then the thread's frames go to part p (go_to). The caller runs the call on that worker's
+ * legacy stream (wire 0), waits for it (done_there) and calls come_back(*own) after. */
 static CUresult elsewhere(int p, uint64_t a, uint64_t wire, uint64_t *own)
 {
     *own = gp_conn_wire_ctx();
@@ -235,17 +234,19 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
     uint64_t own = go_to(ps, src);
     r = dtoh_sync(bounce[0], src, chunk, 0); /* the first chunk */
     come_back(own);
-    /* A wait for a read that failed (the part lost: conn_fail wakes every waiter at once) may
-     * return while the source's receiver is still reading that reply into a bounce buffer:
-     * then the buffers are left to it, never freed (a leak of 2 chunks on a lost lease, instead
-     * of a write into freed memory). */
-    int read_in_doubt = r != CUDA_SUCCESS;
+    /* A wait for a read that failed because the part was lost (conn_fail wakes every waiter at
+     * once) may return while the source's receiver is still reading that reply into a bounce
+     * buffer: then the buffers are left to it, never freed (a leak of 2 chunks on a lost lease,
+     * instead of a write into freed memory). Any other error (the server's, or a pending one of
+     * earlier async work) comes after the whole reply was read: the buffers are freed. */
+    int read_in_doubt = r == GP_LOST_CONNECTION_ERROR;
     for (size_t off = 0, i = 0; r == CUDA_SUCCESS && off < n; off += chunk, i++) {
         size_t len = n - off < chunk ? n - off : chunk;
         size_t next = off + len, next_len = n - next < chunk ? n - next : chunk;
         int reading = next < n && (r = across_read(bounce[(i + 1) % 2], src + next, next_len,
                                                    ps)) == CUDA_SUCCESS;
-        read_in_doubt |= next < n && !reading; /* a detached read that failed half-way */
+        /* a detached read whose request was half sent when the part was lost */
+        read_in_doubt |= next < n && !reading && r == GP_LOST_CONNECTION_ERROR;
         if (r == CUDA_SUCCESS) {
             own = go_to(pd, dst);
             r = htod(dst + off, bounce[i % 2], len, 0, 0);
@@ -255,7 +256,7 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
             own = go_to(ps, src);
             CUresult rt = gp_round_trip(); /* the detached read is in once this returns */
             come_back(own);
-            read_in_doubt |= rt != CUDA_SUCCESS;
+            read_in_doubt |= rt != CUDA_SUCCESS; /* lost, or no ping sent: still outstanding */
             if (r == CUDA_SUCCESS)
                 r = rt == CUDA_SUCCESS ? gp_take_pending_error() : rt; /* failed at the source */
         }

@@ -22,8 +22,9 @@
  *    request id (reply bulk is read directly into the waiter's buffer: conn_read.c); replies of
  *    detached requests (async device-to-host copies) land in the program's buffer; notices and
  *    failed detached requests become the pending error (pending.c).
- *  - Loss: the first failure marks the connection dead, wakes every waiter with
- *    GP_LOST_CONNECTION_ERROR and prints one line. Sends use MSG_NOSIGNAL (never SIGPIPE).
+ *  - Loss: the first failure marks the connection dead, prints one line, then wakes every
+ *    waiter with GP_LOST_CONNECTION_ERROR (the line is out before any woken waiter can end the
+ *    program). Sends use MSG_NOSIGNAL (never SIGPIPE).
  *  - fork (conn_life.c): the child drops the connection without sending anything (CUDA calls
  *    there return CUDA_ERROR_NOT_INITIALIZED); exit: flush and goodbye, bounded by short
  *    timeouts.
@@ -113,6 +114,8 @@ const char *gp_conn_server(void)
 
 static int conn_claim_dead(gp_conn *c);
 static void conn_wake_all(gp_conn *c);
+/* The first failure of c: marks it dead, says why (when it was ready), then wakes every waiter
+ * with GP_LOST_CONNECTION_ERROR; the other parts of a spread lease are killed quietly. */
 static void conn_fail(gp_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void conn_fail(gp_conn *c, const char *fmt, ...)
 {

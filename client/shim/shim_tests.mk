@@ -28,8 +28,8 @@ $(BUILD)/tests/shim_scenarios: $(BUILD)/obj/tests/c/shim_scenarios.o $(BUILD)/cl
 		-lpthread
 
 # The connect step of a spread lease alone (gp_connect_parts; tests/test_shim_spread_connect.py,
-# issue 37, item 3), until conn.c holds one connection per part. Its functions are hidden in
-# libcuda.so.1, so it links the shim's objects themselves, with the library's --wrap flags.
+# issue 37, item 3). Its functions are hidden in libcuda.so.1, so it links the shim's objects
+# themselves, with the library's --wrap flags.
 # test_connect_parts: its checks over TLS, a part's pin against the client's own, the slices.
 TEST_BINS += $(BUILD)/tests/spread_connect $(BUILD)/tests/test_connect_parts
 $(BUILD)/tests/spread_connect $(BUILD)/tests/test_connect_parts: $(BUILD)/tests/%: \
