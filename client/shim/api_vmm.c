@@ -141,6 +141,8 @@ static long resv_containing(uint64_t ptr, uint64_t size)
  * address; a handle lives on its device's part. One part: always part 0. */
 static int part_of_ctx(void)
 {
+    if (gp_conn_parts() == 1) /* no lookup (nor the handle map's lock) for one part */
+        return 0;
     const gp_ctx_obj *c = gp_ctx_current_obj();
     int k = c ? gp_conn_part_of_device(c->device) : 0;
     return k < 0 ? 0 : k;
@@ -148,12 +150,16 @@ static int part_of_ctx(void)
 
 static int part_of_va(uint64_t a)
 {
+    if (gp_conn_parts() == 1)
+        return 0;
     int k = gp_conn_part_of_addr(a);
     return k < 0 ? 0 : k;
 }
 
 static int part_of_phys(const struct phys *p)
 {
+    if (gp_conn_parts() == 1)
+        return 0;
     int k = gp_conn_part_of_device(p->prop.location.id);
     return k < 0 ? 0 : k;
 }

@@ -47,7 +47,7 @@ CUresult gp_conn_init(void)
 
 static void atfork_child(void);
 static void at_exit(void);
-static void stop_receiver(gp_conn *c);
+static int stop_receiver(gp_conn *c);
 static void say_goodbye(gp_conn *c);
 
 /* Starts fn(arg) on a thread of ours; detached unless out is given (then the caller joins it). */
@@ -113,6 +113,23 @@ static void conn_fresh(gp_conn *c)
     c->rs = (gp_reader){.sock = -1, .ka = &c->ka, .quiet = gp_conn_silence_check, .owner = c};
 }
 
+/* A connection whose start failed (conn_start), or the started parts of a lease that could not
+ * start whole (conns_open): killed first (marked dead, its waiters and its flusher woken: the
+ * flusher ends), then its receiver stopped, out of the socket and the TLS state before they go.
+ * A receiver that did not stop within stop_receiver's wait may still read into its buffer and
+ * its TLS session: those are then left to it (a leak on a failed start, not a use after free). */
+static void conn_abandon(gp_conn *c)
+{
+    gp_conn_kill(c);
+    if (stop_receiver(c)) {
+        free(c->rs.buf);
+        c->rs.buf = NULL;
+        gp_tls_free(c->tls);
+        c->tls = NULL;
+    }
+    close(c->sock);
+    c->sock = -1;
+}
 /* Start c on the connected part l: its receiver and flusher, its keepalive clock. Caller holds
  * init_lock. 0; or -1 with one line said and l's socket closed. */
 static int conn_start(gp_conn *c, const gp_part_link *l)
@@ -147,14 +164,7 @@ static int conn_start(gp_conn *c, const gp_part_link *l)
         }
     }
     if (!ok) {
-        stop_receiver(c); /* out of the socket and the TLS state before they go */
-        gp_conn_kill(c);  /* the flusher, if it started, ends */
-        free(c->rs.buf);  /* the receiver is gone: nobody reads into it */
-        c->rs.buf = NULL;
-        gp_tls_free(c->tls);
-        c->tls = NULL;
-        close(c->sock);
-        c->sock = -1;
+        conn_abandon(c);
         return -1;
     }
     gp_ka_arm(&c->ka, c->sock, c->tls, (l->features & GP_HELLO_KEEPALIVE) != 0);
@@ -186,15 +196,7 @@ static void conns_open(void)
                 close(part_links[i].fd);
             }
             for (int i = 0; i < k; i++) {
-                gp_conn *c = gp_conn_part[i];
-                stop_receiver(c);
-                gp_conn_kill(c);
-                free(c->rs.buf); /* its receiver is gone */
-                c->rs.buf = NULL;
-                gp_tls_free(c->tls);
-                c->tls = NULL;
-                close(c->sock);
-                c->sock = -1;
+                conn_abandon(gp_conn_part[i]);
             }
             init_result = CUDA_ERROR_NO_DEVICE;
         }
@@ -280,7 +282,7 @@ static void at_exit(void)
             say_goodbye(gp_conn_part[k]);
     for (int k = 0; k < n; k++)
         if (gp_conn_part[k]->tls)
-            stop_receiver(gp_conn_part[k]);
+            (void)stop_receiver(gp_conn_part[k]); /* at exit: one that did not stop is left */
 }
 
 /* The goodbye frame, 1 s at most: the worker then ends the session at once instead of waiting
@@ -309,11 +311,12 @@ static void say_goodbye(gp_conn *c)
  * or in OpenSSL's clean-up of its thread, while that handler ran: "double free" in
  * OPENSSL_cleanup after a program's last line (ASan, CI 2026-12-06; once in glibc in about three
  * full test runs before). Marked dead (nothing more is read or reported), its socket shut for
- * reading (a poll or read returns at once) and joined, 500 ms at most. */
-static void stop_receiver(gp_conn *c)
+ * reading (a poll or read returns at once) and joined, 500 ms at most. 1 when no receiver runs
+ * any more; 0 when the join timed out (it may still use the buffer and TLS state). */
+static int stop_receiver(gp_conn *c)
 {
     if (!c->receiver_started)
-        return;
+        return 1;
     c->receiver_started = 0;
     atomic_store(&c->dead, 1);
     if (c->sock >= 0)
@@ -322,6 +325,9 @@ static void stop_receiver(gp_conn *c)
     pthread_cond_broadcast(&c->role_cv);
     pthread_mutex_unlock(&c->wait_lock);
     struct timespec until = realtime_after(500000000L);
-    if (pthread_timedjoin_np(c->receiver_thread, NULL, &until) != 0)
-        gp_log_debug("at exit: the receiver thread did not stop within 500 ms");
+    if (pthread_timedjoin_np(c->receiver_thread, NULL, &until) != 0) {
+        gp_log_debug("the receiver thread did not stop within 500 ms");
+        return 0;
+    }
+    return 1;
 }
