@@ -163,21 +163,40 @@ GP_EXPORT CUresult cuEventQuery(CUevent hEvent)
     return r == CUDA_ERROR_NOT_READY ? r : gp_sync_result(r);
 }
 
+/* event_synchronize of event h on the wire, in the worker's context as the caller set it. */
+static CUresult event_synchronize_wire(uint64_t h)
+{
+    gp_event_synchronize m = {.event = h};
+    GP_FRAME(buf, len, gp_event_synchronize, &m);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_reply rep;
+    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
+    GP_FRAME_FREE(buf);
+    gp_reply_free(&rep);
+    return gp_sync_result(r);
+}
+
 GP_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 {
     uint64_t h;
     CUresult r = event_enter(hEvent, &h);
     if (r != CUDA_SUCCESS)
         return r;
-    gp_event_synchronize m = {.event = h};
-    GP_FRAME(buf, len, gp_event_synchronize, &m);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    gp_reply rep;
-    r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
-    GP_FRAME_FREE(buf);
-    gp_reply_free(&rep);
-    return gp_sync_result(r);
+    return event_synchronize_wire(h);
+}
+
+/* Waits on the host until event e (of context ctx, on another part of a spread lease) has
+ * happened: an event_synchronize on the event's part, in its context; the thread's own context
+ * comes back after. Not the exported cuEventSynchronize: this is no API call of the program's
+ * (not counted, not interposable). api_stream.c's cuStreamWaitEvent across parts. */
+CUresult gp_event_wait_host(uint64_t e, uint64_t ctx)
+{
+    uint64_t own = gp_conn_wire_ctx();
+    gp_conn_use_ctx(ctx);
+    CUresult r = event_synchronize_wire(e);
+    gp_conn_use_ctx(own);
+    return r;
 }
 
 GP_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)

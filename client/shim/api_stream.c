@@ -156,26 +156,6 @@ GP_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
     return stream_wait_op(gp_ptsz(hStream), 1);
 }
 
-/* Waits on the host until event e (of context ctx, on another part of a spread lease) has
- * happened: an event_synchronize on the event's part, in its context; the thread's own context
- * comes back after. Not the exported cuEventSynchronize: this is no API call of the program's
- * (not counted, not interposable). */
-static CUresult event_wait_host(uint64_t e, uint64_t ctx)
-{
-    gp_event_synchronize m = {.event = e};
-    GP_FRAME(buf, len, gp_event_synchronize, &m);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t own = gp_conn_wire_ctx();
-    gp_conn_use_ctx(ctx);
-    gp_reply rep;
-    CUresult r = gp_request(buf, len, NULL, 0, NULL, 0, &rep);
-    gp_conn_use_ctx(own);
-    GP_FRAME_FREE(buf);
-    gp_reply_free(&rep);
-    return gp_sync_result(r);
-}
-
 static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
 {
     if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
@@ -205,7 +185,7 @@ static CUresult stream_wait_event(CUstream s, CUevent ev, unsigned int flags)
                                  "invalidated): record the event on the stream's own server");
                 return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
             }
-            return event_wait_host(e, eo->ctx);
+            return gp_event_wait_host(e, eo->ctx);
         }
     }
     gp_stream_wait_event m = {.stream = wire, .event = e, .flags = flags};

@@ -158,6 +158,9 @@ typedef struct gp_event_obj {
 /* A new event of the calling thread's current context with these flags, under a new handle
  * (api_event.c; the caller tells the worker); NULL when out of memory. */
 gp_event_obj *gp_event_new(unsigned flags);
+/* Wait on the host until event e of context ctx has happened (api_event.c; a spread lease's
+ * cuStreamWaitEvent on an event of another part). */
+CUresult gp_event_wait_host(uint64_t e, uint64_t ctx);
 
 /* Resolve a program's stream for a call: sets *wire and, for a created stream, makes the
  * worker use the stream's context; for the default streams the calling thread needs a current
