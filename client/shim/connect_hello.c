@@ -89,7 +89,9 @@ static uint64_t handoff_binding(const uint8_t *body, size_t len)
 
 /* GP_INFO_HANDOFF: gpupoold's TLS session ends (close_notify both ways) and the worker's
  * begins on the same socket, where we prove first that we are the client of that hello. 0, or
- * -1 with msg filled. */
+ * -1 with msg filled; -2 when the worker closed the connection without a word during its
+ * handshake (its gpupoold went away during the hand-over, e.g. a restart: a clean-clone CI's
+ * soak met it; try again, as for any server that took us in and went away). */
 static int tls_handoff(gp_link *l, const hello_ctx *hc, uint64_t binding, char *msg, size_t mcap)
 {
     int ms = gp_timeout_ms(hc->timeout_s);
@@ -100,7 +102,7 @@ static int tls_handoff(gp_link *l, const hello_ctx *hc, uint64_t binding, char *
         return -1;
     l->tls = gp_tls_connect(hc->srv, l->fd, 1, ms, msg, mcap);
     if (!l->tls)
-        return -1;
+        return errno == ECONNRESET ? -2 : -1; /* (a refused certificate is an alert: EPROTO) */
     gp_ping p = {.token = binding};
     uint8_t f[16 + 8];
     size_t n = gp_ping_frame(f, gp_conn_new_req(), &p);
@@ -288,8 +290,9 @@ int gp_connect_hello(gp_link *l, hello_ctx *hc, uint64_t va_base, uint64_t va_si
         if (!(hd.flags & GP_FLAG_REPLY) && hd.op == GP_OP_NOTICE && l->tls && hd.len >= 4 &&
             (int32_t)gp_rd_u32(body) == GP_INFO_HANDOFF) {
             free(body);
-            if (tls_handoff(l, hc, binding, msg, mcap) != 0)
-                return ATTEMPT_TLS;
+            int hk = tls_handoff(l, hc, binding, msg, mcap);
+            if (hk != 0)
+                return hk == -2 ? ATTEMPT_RESTARTING : ATTEMPT_TLS;
             keepalive = 0; /* the worker's part: it answers the hello, gpupoold sends nothing */
             continue;
         }
