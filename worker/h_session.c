@@ -75,3 +75,18 @@ WK_HANDLER(info)
     WK_REPLY(w, req, gp_info_reply, &r);
     wk_protocol_error(w, GP_OP_INFO, "unexpected info message during a session");
 }
+
+/* `peer_hello` is gpupoold's too (the first frame of a connection from another server of the
+ * fleet): a worker never serves it; answered and closed as info is. */
+WK_HANDLER(peer_hello)
+{
+    (void)m;
+    static const char text[] = "peer_hello is answered by gpupoold as the first frame of a "
+                               "connection, not by a GPU's worker during a session";
+    gp_peer_hello_reply r = {0};
+    r.result = GP_EPROTO;
+    r.message = text;
+    r.message_len = (uint32_t)(sizeof text - 1);
+    WK_REPLY(w, req, gp_peer_hello_reply, &r);
+    wk_protocol_error(w, GP_OP_PEER_HELLO, "unexpected peer_hello message during a session");
+}

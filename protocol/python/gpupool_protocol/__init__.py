@@ -18,7 +18,7 @@ from gpupool_protocol.runtime import (
 )
 from gpupool_protocol.skew import complete_hello, decode_hello
 
-__version__ = "1.8.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
+__version__ = "1.9.0"  # the distribution's: MAJOR.MINOR of the protocol it speaks, then a patch
 
 __all__ = [
     "FLAG_REPLY",
