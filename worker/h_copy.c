@@ -458,3 +458,20 @@ WK_HANDLER(memset_2d)
                        (unsigned long long)m->width, (unsigned long long)m->height, m->elem_size,
                        (unsigned long long)m->dst);
 }
+
+/* ============================================= the staging buffers for h_peer.c == */
+
+int wk_staging_ready(struct worker *w)
+{
+    return staging_ensure(w);
+}
+
+CUresult wk_staging_mark(struct worker *w, int i, CUstream s)
+{
+    return staging_mark(w, i, s);
+}
+
+CUresult wk_staging_wait(struct worker *w, int i)
+{
+    return staging_wait(w, i);
+}

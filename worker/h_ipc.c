@@ -16,7 +16,6 @@
  * driver's bytes reach only a worker of the exporter's token.
  */
 #include <errno.h>
-#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,54 +80,23 @@ static int send_with_fd(struct worker *w, size_t n, int fd)
     return 0;
 }
 
-/* Waits for gpupoold's control message `op` (the answer to our request) into buf; other
- * messages that come first are handled as during any wait. Its fd (or -1) in *fd. The message's
- * length, or -1 with err set: no answer (gpupoold gone, too slow, or the session ends). */
+/* Waits for gpupoold's answer `op` (control_wait.c); on a timeout no IPC request is made again
+ * in this process (ipc_stalled). */
 static ssize_t wait_answer(struct worker *w, unsigned op, uint8_t *buf, size_t cap, int *fd,
                            char *err, size_t errlen)
 {
-    uint64_t deadline = wk_now_ns() + (uint64_t)ANSWER_TIMEOUT_MS * 1000000ull;
-    for (;;) {
-        uint64_t now = wk_now_ns();
-        if (now >= deadline) {
-            /* Its answer may still come: ipc_unavailable refuses every later request. */
-            ipc_stalled = 1;
-            snprintf(err, errlen,
-                     "gpupoold did not answer the worker's CUDA IPC request in %d s; CUDA IPC is "
-                     "off for the rest of this process (see gpupoold's log for why it stalled, "
-                     "then restart the program)",
-                     ANSWER_TIMEOUT_MS / 1000);
-            return -1;
-        }
-        struct pollfd p = {.fd = w->ctl.fd, .events = POLLIN};
-        int pr = poll(&p, 1, (int)((deadline - now) / 1000000ull) + 1);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr < 0) {
-            snprintf(err, errlen, "waiting for gpupoold: %s", strerror(errno));
-            return -1;
-        }
-        if (pr == 0)
-            continue;
-        int truncated;
-        ssize_t n = wk_ctl_recv(w, buf, cap, fd, &truncated);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            continue;
-        if (n <= 0) {
-            /* End of stream stays readable: the session's own wait sees the daemon gone. */
-            snprintf(err, errlen, "gpupoold closed the worker's control socket");
-            return -1;
-        }
-        if ((size_t)n >= GP_PROTO_HEADER_SIZE && !truncated && wk_ctl_decode(buf, (size_t)n, op))
-            return n;
-        if (*fd >= 0 && close(*fd) != 0)
-            wk_warn("close: %s", strerror(errno));
-        *fd = -1;
-        if (wk_ctl_on_message(w, buf, n, truncated) != 0) {
-            snprintf(err, errlen, "the session is ending");
-            return -1;
-        }
+    int timed_out = 0;
+    ssize_t n = wk_ctl_wait_answer(w, op, buf, cap, fd, ANSWER_TIMEOUT_MS, &timed_out, err, errlen);
+    if (timed_out) {
+        /* Its answer may still come: ipc_unavailable refuses every later request. */
+        ipc_stalled = 1;
+        snprintf(err, errlen,
+                 "gpupoold did not answer the worker's CUDA IPC request in %d s; CUDA IPC is "
+                 "off for the rest of this process (see gpupoold's log for why it stalled, "
+                 "then restart the program)",
+                 ANSWER_TIMEOUT_MS / 1000);
     }
+    return n;
 }
 
 static CUresult ipc_unavailable(const struct worker *w, char *err, size_t errlen)

@@ -341,6 +341,8 @@ static void destroy_ctx(struct worker *w, uint64_t id, struct wk_obj *o)
 void wk_session_end(struct worker *w)
 {
     wk_hb_stop(w); /* before anything else: the thread may write to the client socket */
+    /* h_peer.c: the links' sockets closed, their keys cleared */
+    wk_peer_close_all(w);
     wk_cz_end(w);
     if (w->drv.lib && w->primary) {
         /* Unloading and destroying need a context; the primary owns what is left after the

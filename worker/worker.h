@@ -12,6 +12,7 @@
  *   control.c   the control channel: frames in and out, the counters, periodic stats
  *   control_session.c  what the daemon says during a session (worker_end, its departure, idle
  *               detach), worker_ended
+ *   control_wait.c  a handler waits for gpupoold's answer to its request (IPC, peer links)
  *   session.c   driver and device setup, the VA window, the hello reply, teardown
  *   devices.c   the lease's other devices (issue 37): their primary contexts, peers, access
  *   loop.c      the frame loop: header checks, decode, dispatch (the generated table)
@@ -35,6 +36,9 @@
  *   h_launch.c  function attributes, occupancy, launches
  *   h_graph.c   stream capture and CUDA graphs
  *   h_vmm.c     the client's virtual memory management calls (reserve, create, map, access)
+ *   h_peer.c    server-to-server links of a spread lease: peer_link/send/recv/unlink (issue 37)
+ *   peer_link.c a link's records: AES-256-GCM seal/open, reads and writes with a timeout
+ *               (peer_link.h, not in worker.h)
  *   h_export.c  export tables: a table's slot count, the tools-module table's slot 7
  *   adopt.c     a session outlives its daemon (the adoption socket)
  *   detach.c    idle detach: parked, detached, attached again
@@ -313,6 +317,9 @@ struct worker {
 
     /* what the waits watch besides the client socket, registered at start (reactor.c) */
     struct wk_reactor reactor;
+
+    /* h_peer.c: the server-to-server links of a spread lease (issue 37), NULL until the first */
+    struct wk_peer_links *peer_links;
 };
 
 /* Device time of a launch/copy/memset on the simulated device, whose work is done when the call
@@ -593,6 +600,12 @@ void wk_ctl_counters(struct worker *w, gp_worker_counters *c, uint8_t lat[8 * WK
 /* The body of control message msg (n bytes, as received) when it is one whole frame of `op`,
  * else NULL. */
 const uint8_t *wk_ctl_decode(const uint8_t *msg, size_t n, unsigned op);
+/* control_wait.c: waits up to timeout_ms for gpupoold's control message `op` (the answer to the
+ * handler's request) into buf; other messages that come first are handled as during any wait.
+ * Its fd (or -1) in *fd. The message's length, or -1 with err set (gpupoold gone, the session
+ * ends, or no answer in time: *timed_out set). */
+ssize_t wk_ctl_wait_answer(struct worker *w, unsigned op, uint8_t *buf, size_t cap, int *fd,
+                           int timeout_ms, int *timed_out, char *err, size_t errlen);
 /* The device's UUID as NVML writes it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"). */
 void wk_uuid_text(const struct worker *w, char out[64]);
 
@@ -678,6 +691,8 @@ int wk_prestart_main(struct worker *w, const struct wk_options *o, uint64_t t0_n
 void wk_vmm_release_all(struct worker *w);
 /* h_graph.c: destroys every graph exec and graph of the session (before its contexts go). */
 void wk_graph_release_all(struct worker *w);
+/* h_peer.c: closes every server-to-server link (their keys cleared) and frees the table. */
+void wk_peer_close_all(struct worker *w);
 
 /* ---- helpers of the handlers used by cleanup ------------------------------------------- */
 /* Destroys a client-created context (o, already removed from the map) with everything of it;
@@ -702,5 +717,12 @@ CUresult wk_launch_attrs_copy(const uint8_t *blob, uint32_t len, CUlaunchAttribu
 void wk_staging_release(struct worker *w);
 /* Forgets the staging events if they belong to context id (it is about to be destroyed). */
 void wk_staging_drop_events(struct worker *w, uint64_t ctx_id);
+/* The staging buffers for other copies (h_peer.c): st.buf[0..1] of WK_CHUNK bytes ready, with
+ * events in the current context when possible: 0, or -1 (out of memory). wk_staging_mark after
+ * queueing a copy that uses buf[i] on stream s; wk_staging_wait before reusing buf[i] (the
+ * error of the copy that used it). */
+int wk_staging_ready(struct worker *w);
+CUresult wk_staging_mark(struct worker *w, int i, CUstream s);
+CUresult wk_staging_wait(struct worker *w, int i);
 
 #endif /* GP_WORKER_H */

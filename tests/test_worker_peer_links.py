@@ -1,0 +1,284 @@
+"""The worker's end of server-to-server links (worker/h_peer.c, worker/peer_link.c; issue 37,
+item 3): two workers on the simulated device, each with its session and client, and the test
+playing both servers' gpupoold on their control sockets: it answers worker_peer_connect and
+worker_peer_accept with the two ends of a socket pair (or of a proxy that alters the stream),
+as gpupoold hands over the connection it opened between the servers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gpupool_protocol as gp
+import pytest
+from conftest import require
+from test_worker_control import HELLO_REQ, SIM, VA_BASE, VA_SIZE, WORKER, Client, RawWorker
+
+from gpupoold.workers import control
+
+pytestmark = pytest.mark.san  # quick: scripts/test.sh runs them against the sanitizer build too
+
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_NOT_SUPPORTED = 801
+KEY = bytes(range(32))
+S_PART, D_PART = 0, 1
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def built(native_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require(WORKER.exists(), "gpupool-worker is not built")
+    require(SIM.exists(), "the simulated device (libgpupool-sim.so) is not built")
+    monkeypatch.delenv("GPUPOOL_SIM_CONFIG", raising=False)
+
+
+@dataclass
+class Part:
+    """One part of a spread lease: its worker, its session and its client."""
+
+    rw: RawWorker
+    client: Client
+    session: int
+    req: int = 1000
+
+    def send(self, msg: object) -> int:
+        self.req += 1
+        self.client.sock.sendall(gp.encode_frame(msg, self.req))
+        return self.req
+
+    def reply(self, req: int) -> object:
+        op, got, body = self.client.frame()
+        assert got == req, (op, got, req)
+        return gp.REPLIES[op].decode(body)
+
+    def call(self, msg: object) -> object:
+        return self.reply(self.send(msg))
+
+    def request(self, kind: type) -> object:
+        """The worker's next control message of `kind` (statistics skipped). Decoded here, not
+        by gpupoold's control.decode, which takes only what its supervisor handles."""
+        while True:
+            packet = self.rw.ctl.recv(65536)
+            assert packet, "control socket closed"
+            length, op, _, _ = gp.parse_header(packet[:gp.HEADER_SIZE], gp.MAX_BODY)
+            if op == kind.OP:  # type: ignore[attr-defined]
+                return kind.decode(packet[gp.HEADER_SIZE:])  # type: ignore[attr-defined]
+
+    def answer(self, msg: object, sock: socket.socket | None) -> None:
+        socket.send_fds(self.rw.ctl, [control.encode(msg)], [sock.fileno()] if sock else [])
+
+    def alloc(self, size: int) -> int:
+        r, _ = self.client.call(gp.MemAlloc(size=size, stream=0, flags=0))
+        assert r.result == 0, r  # type: ignore[attr-defined]
+        return r.dptr  # type: ignore[attr-defined]
+
+    def write(self, ptr: int, data: bytes) -> None:
+        self.client.post(gp.MemcpyHtod(dst=ptr, stream=0, is_async=0, data=len(data)), data)
+
+    def read(self, ptr: int, size: int) -> bytes:
+        r, data = self.client.call(gp.MemcpyDtoh(src=ptr, size=size, stream=0, is_async=0))
+        assert r.result == 0, r  # type: ignore[attr-defined]
+        return data
+
+
+def start_part(cache: Path, session: int) -> Part:
+    cache.mkdir()
+    rw = RawWorker(cache)
+    assert isinstance(rw.event(), gp.WorkerReady)
+    c = Client()
+    hello = gp.Hello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, pid=os.getpid(),
+                     flags=gp.GP_HELLO_KEEPALIVE, host="testhost", user="tester",
+                     program="test_worker_peer_links", va_base=VA_BASE, va_size=VA_SIZE)
+    msg = control.encode(gp.WorkerSession(session_id=session, hello_req=HELLO_REQ,
+                                          hello=hello.encode()))
+    socket.send_fds(rw.ctl, [msg], [c.hand_over()])
+    c.close_server_side()
+    assert isinstance(rw.event(), gp.WorkerStarted)
+    assert c.hello_reply().result == 0
+    return Part(rw, c, session)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[tuple[Part, Part]]:
+    """The source part's worker (S) and the destination part's (D)."""
+    s = start_part(tmp_path / "s", 71)
+    d = start_part(tmp_path / "d", 72)
+    yield s, d
+    for p in (s, d):
+        p.client.close()  # the session ends: its links close with it
+        try:
+            p.request(gp.WorkerEnded)
+        finally:
+            p.rw.ctl.shutdown(socket.SHUT_RDWR)
+            p.rw.finish(timeout=20)
+
+
+def link(s: Part, d: Part, link_id: int, key_s: bytes = KEY, key_d: bytes = KEY,
+         ends: tuple[socket.socket, socket.socket] | None = None) -> tuple[object, object]:
+    """peer_link on both (the receiving side first, as the shim does), both gpupoolds' answers
+    with the two ends of a connection: (D's reply, S's reply)."""
+    rd = d.send(gp.PeerLink(link_id=link_id, key=key_d, role=gp.GP_PEER_RECV, peer_part=S_PART))
+    acc = d.request(gp.WorkerPeerAccept)
+    assert (acc.session_id, acc.link_id, acc.from_part) == (d.session, link_id, S_PART)
+    rs = s.send(gp.PeerLink(link_id=link_id, key=key_s, role=gp.GP_PEER_SEND, peer_part=D_PART))
+    con = s.request(gp.WorkerPeerConnect)
+    assert (con.session_id, con.link_id, con.to_part) == (s.session, link_id, D_PART)
+    a, b = ends or socket.socketpair()
+    s.answer(gp.WorkerPeerConnected(session_id=s.session, link_id=link_id), a)
+    d.answer(gp.WorkerPeerAccepted(session_id=d.session, link_id=link_id), b)
+    a.close()
+    b.close()
+    return d.reply(rd), s.reply(rs)
+
+
+def peer_copy(s: Part, d: Part, link_id: int, src: int, dst: int, size: int, copy_id: int = 1,
+              sent_id: int | None = None, sent_size: int | None = None,
+              pause: float = 0) -> tuple[object, object]:
+    """peer_recv on D, peer_send on S (after `pause` s): (D's reply, S's reply)."""
+    rd = d.send(gp.PeerRecv(link_id=link_id, copy_id=copy_id, dst=dst, size=size))
+    time.sleep(pause)
+    rs = s.send(gp.PeerSend(link_id=link_id, copy_id=copy_id if sent_id is None else sent_id,
+                            src=src, size=size if sent_size is None else sent_size))
+    return d.reply(rd), s.reply(rs)
+
+
+def ok(*replies: object) -> None:
+    for r in replies:
+        assert r.code == 0, r  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------- copies
+def test_copies_across_a_link_are_bit_exact(parts: tuple[Part, Part]) -> None:
+    s, d = parts
+    ok(*link(s, d, 0x51))
+    size = 64 * MIB
+    src, dst = s.alloc(size), d.alloc(size)
+    data = os.urandom(size)
+    s.write(src, data)
+    for n in (1, 3 * MIB + 7, size):
+        ok(*peer_copy(s, d, 0x51, src, dst, n, copy_id=n))
+        assert d.read(dst, n) == data[:n], n
+    # Off an allocation's start too, and the link stays up for the next copy.
+    ok(*peer_copy(s, d, 0x51, src + 4096 + 3, dst + 5, MIB + 1, copy_id=9))
+    assert d.read(dst + 5, MIB + 1) == data[4096 + 3:4096 + 3 + MIB + 1]
+
+
+def test_the_client_hears_keepalives_while_a_copy_waits(parts: tuple[Part, Part]) -> None:
+    s, d = parts
+    ok(*link(s, d, 0x52))
+    src, dst = s.alloc(MIB), d.alloc(MIB)
+    s.write(src, b"k" * MIB)
+    ok(*peer_copy(s, d, 0x52, src, dst, MIB, pause=2.5))  # D waits for S's data meanwhile
+    assert any(n.code == gp.GP_INFO_WORKING for n in d.client.notices), d.client.notices
+    assert d.read(dst, MIB) == b"k" * MIB
+
+
+# ---------------------------------------------------------------------------------- failures
+def test_a_wrong_key_fails_the_link_with_words(parts: tuple[Part, Part]) -> None:
+    s, d = parts
+    rd, rs = link(s, d, 0x53, key_d=bytes(32))
+    assert rs.code == 0  # type: ignore[attr-defined]  # the sender cannot tell: it only wrote
+    assert rd.code == CUDA_ERROR_NOT_SUPPORTED, rd  # type: ignore[attr-defined]
+    assert "did not decrypt" in rd.error and "different keys" in rd.error  # type: ignore[attr-defined]
+
+
+def flipping_proxy(at: int) -> tuple[socket.socket, socket.socket, threading.Thread]:
+    """Two ends (for S, for D) of a connection that flips one bit of byte `at` on its way."""
+    s_end, proxy_in = socket.socketpair()
+    proxy_out, d_end = socket.socketpair()
+
+    def run() -> None:
+        seen = 0
+        try:
+            while chunk := proxy_in.recv(65536):
+                if seen <= at < seen + len(chunk):
+                    chunk = bytearray(chunk)
+                    chunk[at - seen] ^= 0x10
+                seen += len(chunk)
+                proxy_out.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            proxy_in.close()
+            proxy_out.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return s_end, d_end, t
+
+
+def test_a_byte_altered_in_flight_fails_the_copy_and_closes_the_link(
+        parts: tuple[Part, Part]) -> None:
+    s, d = parts
+    hello_record, copy_record = 4 + 9 + 16, 4 + 17 + 16
+    s_end, d_end, proxy = flipping_proxy(hello_record + copy_record + 4 + 1000)
+    ok(*link(s, d, 0x54, ends=(s_end, d_end)))
+    size = 3 * MIB + 7
+    src, dst = s.alloc(size), d.alloc(size)
+    s.write(src, os.urandom(size))
+    rd, _ = peer_copy(s, d, 0x54, src, dst, size)  # S may have handed it all to the link
+    assert rd.code != 0 and "did not decrypt" in rd.error, rd  # type: ignore[attr-defined]
+    proxy.join(10)
+    assert not proxy.is_alive()  # D closed its end
+    rd = d.call(gp.PeerRecv(link_id=0x54, copy_id=2, dst=dst, size=1))
+    assert rd.code == CUDA_ERROR_INVALID_VALUE and "no server-to-server link" in rd.error, rd  # type: ignore[attr-defined]
+    s.send(gp.PeerUnlink(link_id=0x54))  # as the shim does after a failure (not answered)
+    rs = s.call(gp.PeerSend(link_id=0x54, copy_id=2, src=src, size=1))
+    assert rs.code == CUDA_ERROR_INVALID_VALUE, rs  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("what", ["copy_id", "size"])
+def test_a_copy_the_receiver_does_not_expect_fails(parts: tuple[Part, Part], what: str) -> None:
+    s, d = parts
+    ok(*link(s, d, 0x55))
+    src, dst = s.alloc(MIB), d.alloc(MIB)
+    if what == "copy_id":
+        rd, _ = peer_copy(s, d, 0x55, src, dst, 100, copy_id=3, sent_id=4)
+    else:
+        rd, _ = peer_copy(s, d, 0x55, src, dst, 100, sent_size=101)
+    assert rd.code != 0 and "out of step" in rd.error, rd  # type: ignore[attr-defined]
+    rd = d.call(gp.PeerRecv(link_id=0x55, copy_id=5, dst=dst, size=1))
+    assert "no server-to-server link" in rd.error, rd  # type: ignore[attr-defined]  # closed
+
+
+def test_calls_that_name_no_usable_link_are_refused_with_words(parts: tuple[Part, Part]) -> None:
+    s, d = parts
+    src, dst = s.alloc(MIB), d.alloc(MIB)
+    rs = s.call(gp.PeerSend(link_id=0x999, copy_id=1, src=src, size=1))
+    assert rs.code == CUDA_ERROR_INVALID_VALUE, rs  # type: ignore[attr-defined]
+    assert "no server-to-server link 0x999" in rs.error  # type: ignore[attr-defined]
+    ok(*link(s, d, 0x56))
+    rs = s.call(gp.PeerRecv(link_id=0x56, copy_id=1, dst=src, size=1))  # S's end sends
+    assert rs.code == CUDA_ERROR_INVALID_VALUE and "sending end" in rs.error, rs  # type: ignore[attr-defined]
+    rs = s.call(gp.PeerLink(link_id=0x56, key=KEY, role=gp.GP_PEER_SEND, peer_part=D_PART))
+    assert rs.code == CUDA_ERROR_INVALID_VALUE and "in use" in rs.error, rs  # type: ignore[attr-defined]
+    rs = s.call(gp.PeerLink(link_id=0x57, key=KEY, role=7, peer_part=D_PART))
+    assert rs.code == CUDA_ERROR_INVALID_VALUE and "role 7" in rs.error, rs  # type: ignore[attr-defined]
+    # A copy of 0 bytes fails on both ends (and closes the link); the link still worked before.
+    ok(*peer_copy(s, d, 0x56, src, dst, 1))
+    rd, rs = peer_copy(s, d, 0x56, src, dst, 0)
+    assert rd.code == rs.code == CUDA_ERROR_INVALID_VALUE, (rd, rs)  # type: ignore[attr-defined]
+    assert "0 bytes" in rd.error and "0 bytes" in rs.error  # type: ignore[attr-defined]
+
+
+def test_gpupoolds_refusal_reaches_the_client(parts: tuple[Part, Part]) -> None:
+    s, _ = parts
+    why = ("server b (10.0.0.2:7070) could not be reached from this server: timed out; open the "
+           "remoting port between the fleet's servers, or copies go through the client")
+    rs = s.send(gp.PeerLink(link_id=0x58, key=KEY, role=gp.GP_PEER_SEND, peer_part=D_PART))
+    s.request(gp.WorkerPeerConnect)
+    s.answer(gp.WorkerPeerConnected(session_id=s.session, link_id=0x58,
+                                    code=CUDA_ERROR_NOT_SUPPORTED, error=why), None)
+    r = s.reply(rs)
+    assert (r.code, r.error) == (CUDA_ERROR_NOT_SUPPORTED, why)  # type: ignore[attr-defined]
+    # The id was not taken by the failed link: the next try with it goes to gpupoold again.
+    rs = s.send(gp.PeerLink(link_id=0x58, key=KEY, role=gp.GP_PEER_SEND, peer_part=D_PART))
+    assert s.request(gp.WorkerPeerConnect).link_id == 0x58  # type: ignore[attr-defined]
+    s.answer(gp.WorkerPeerConnected(session_id=s.session, link_id=0x58, code=2, error="x"), None)
+    assert s.reply(rs).code == 2  # type: ignore[attr-defined]
