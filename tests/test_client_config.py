@@ -194,7 +194,7 @@ def test_unknown_keys_and_tables_warn_once_each(tmp_path: Path) -> None:
         f"{path}:7: unknown table [extra] ignored (known: [requirements], [[servers]])",
         f"{path}:10: unknown table [[more]] ignored (known: [requirements], [[servers]])",
         f"{path}:3: unknown setting 'speed' in [requirements] ignored (known there: gpu, model, "
-        "min_memory, gpus, spread, memory)",
+        "min_memory, gpus, spread, spread_copy, memory)",
         f"{path}:1: unknown setting 'colour' ignored (known there: token, tls, tls_ca, "
         "tls_cert, tls_key, connect_timeout, probe_timeout, compression, servers)",
         f"{path}:6: unknown setting 'port' in [[servers]] ignored (known there: address, token, "

@@ -35,11 +35,13 @@ ENV_VALUES: dict[str, dict[str, str]] = {
     "GPUPOOL_MIN_MEMORY": {"GPUPOOL_MIN_MEMORY": "1G"},
     "GPUPOOL_GPUS": {"GPUPOOL_GPUS": "2"},
     "GPUPOOL_SPREAD": {"GPUPOOL_SPREAD": "1"},
+    "GPUPOOL_SPREAD_COPY": {"GPUPOOL_SPREAD_COPY": "client"},
     "GPUPOOL_MEMORY": {"GPUPOOL_MEMORY": "8GiB"},
 }
 # The names `gpupool config` gives the top-level settings the file's keys feed.
 TOP_SOURCES = {"servers": "servers", "gpu": "gpu", "model": "model", "min_memory": "min_memory",
-               "gpus": "gpus", "spread": "spread", "memory": "memory",
+               "gpus": "gpus", "spread": "spread", "spread_copy": "spread_copy",
+               "memory": "memory",
                "connect_timeout": "connect_timeout", "probe_timeout": "probe_timeout",
                "compression": "compression", "keep_gpu": "keep_gpu"}
 
@@ -93,7 +95,7 @@ def test_a_key_not_in_the_table_is_warned_about(tmp_path: Path, native_build: Pa
     warnings: list[str] = []
     cc.load({"HOME": "/nonexistent-home", "GPUPOOL_CONFIG": str(path)}, warn=warnings.append)
     assert warnings == [f"{path}:2: unknown setting 'gpu_count' in [requirements] ignored "
-                        "(known there: gpu, model, min_memory, gpus, spread, memory)"]
+                        "(known there: gpu, model, min_memory, gpus, spread, spread_copy, memory)"]
 
 
 def test_every_variable_of_the_table_is_read(keys: list[config_keys.ConfigKey]) -> None:

@@ -15,7 +15,7 @@
  *   key = value                   bare keys; values: "basic" strings (escapes \" \\ \n \t
  *                                 \uXXXX), 'literal' strings, integers, floats, true/false,
  *                                 arrays of strings (on one line or several)
- *   [requirements]                gpu, model, min_memory, gpus, spread, memory
+ *   [requirements]                gpu, model, min_memory, gpus, spread, spread_copy, memory
  *   [[servers]]                   address, token, tls, tls_ca, tls_cert, tls_key,
  *                                 tls_fingerprint, compression
  * TLS is the default (tls = true unless a server's entry, the top level or GPUPOOL_TLS=0 says
@@ -39,7 +39,8 @@
  * "~/" expanded, a relative path is the caller's), GPUPOOL_TLS_FINGERPRINT (the pin of every
  * server whose entry has none: the servers of GPUPOOL_SERVER run without a file), GPUPOOL_CONNECT_TIMEOUT,
  * GPUPOOL_PROBE_TIMEOUT (digits with an optional fraction: "10", "2.5"), GPUPOOL_GPU (alias
- * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_GPUS, GPUPOOL_SPREAD, GPUPOOL_MEMORY, GPUPOOL_COMPRESSION (off, lz4; every
+ * GPUPOOL_DEVICE), GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_GPUS, GPUPOOL_SPREAD,
+ * GPUPOOL_SPREAD_COPY, GPUPOOL_MEMORY, GPUPOOL_COMPRESSION (off, lz4; every
  * server, over the servers' own compression).
  *
  * Self-contained: no shim state (the NVML shim links this file too). The only static state is
@@ -269,6 +270,7 @@ static int load(gp_client_config *cfg, file_settings *fs, char *err, size_t ecap
             cfg->gpus = fs->gpus;
         cfg->memory = fs->memory;
         cfg->spread = fs->spread;
+        cfg->spread_copy = fs->spread_copy;
         cfg->keep_gpu = fs->keep_gpu;
         cfg->compression = fs->compression;
         memcpy(cfg->source, fs->src, sizeof cfg->source);

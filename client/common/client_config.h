@@ -7,7 +7,7 @@
  * ${XDG_CONFIG_HOME:-$HOME/.config}/gpupool/config.toml when it exists, else
  * /etc/gpupool/config.toml when it exists, else none. A TOML subset (client_config.c says which);
  * the environment (GPUPOOL_SERVER, GPUPOOL_TOKEN, GPUPOOL_TLS*, GPUPOOL_*_TIMEOUT, GPUPOOL_GPU,
- * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_GPUS, GPUPOOL_SPREAD, GPUPOOL_MEMORY,
+ * GPUPOOL_GPU_MODEL, GPUPOOL_MIN_MEMORY, GPUPOOL_GPUS, GPUPOOL_SPREAD, GPUPOOL_SPREAD_COPY, GPUPOOL_MEMORY,
  * GPUPOOL_COMPRESSION)
  * overrides it key by key. Values
  * are stripped of blanks at both ends and an empty one counts as unset, in the file and the
@@ -28,7 +28,11 @@
 #define GP_MAX_GPUS 64 /* gpus: the hello's device list (worker_session's array:i32:64) */
 #define GP_COMPRESSION_OFF 0
 #define GP_COMPRESSION_LZ4 1
-#define GP_DEFAULT_PORT "7070" /* gpupoold's default remoting listener */
+/* spread_copy: how a peer copy between two servers of a spread lease goes (issue 37, item 3). */
+#define GP_SPREAD_COPY_AUTO 0   /* server to server; through the client when no link can be made */
+#define GP_SPREAD_COPY_SERVER 1 /* server to server only: a copy fails when no link can be made */
+#define GP_SPREAD_COPY_CLIENT 2 /* always through the client */
+#define GP_DEFAULT_PORT "7070"  /* gpupoold's default remoting listener */
 /* "SHA256:" + 43 base64 characters (32 bytes, no '=' padding), with its NUL. */
 #define GP_FINGERPRINT_LEN 50
 #define GP_FINGERPRINT_CAP 64
@@ -66,6 +70,7 @@ enum gp_client_setting {
     GP_CFG_GPUS,
     GP_CFG_MEMORY,
     GP_CFG_SPREAD,
+    GP_CFG_SPREAD_COPY,
     GP_CFG_SERVERS, /* the list itself: GPUPOOL_SERVER, else the file */
     GP_CFG_NSETTINGS
 };
@@ -94,6 +99,7 @@ typedef struct gp_client_config {
     int gpus;        /* how many GPUs the process takes, all or nothing (1..GP_MAX_GPUS; 1) */
     uint64_t memory; /* bytes of a shared GPU to ask for; 0: a whole GPU */
     int spread;      /* 1: gpus > 1 may come from several servers of a fleet (issue 37, item 3) */
+    int spread_copy; /* GP_SPREAD_COPY_*: peer copies between the servers of a spread lease */
     int keep_gpu;    /* 1: ask the server never to detach this process's idle lease */
     int compression; /* top level (or GPUPOOL_COMPRESSION): the servers' default; connections
                       * use each server's own (gp_server_config.compression) */

@@ -205,6 +205,20 @@ static int env_requirements(gp_client_config *cfg, char *err, size_t ecap)
         cfg->spread = on;
         gp_cc_src_what(&cfg->source[GP_CFG_SPREAD], "GPUPOOL_SPREAD");
     }
+    const char *copy = gp_cc_env_view("GPUPOOL_SPREAD_COPY", &n);
+    if (copy) {
+        int mode = gp_cc_spread_copy_value(copy, n);
+        if (mode < 0) {
+            gp_cc_set_err(err, ecap,
+                          "GPUPOOL_SPREAD_COPY=%.*s is not understood: use auto (server to "
+                          "server, through the client when the servers cannot reach each other; "
+                          "the default), server or client",
+                          (int)n, copy);
+            return -1;
+        }
+        cfg->spread_copy = mode;
+        gp_cc_src_what(&cfg->source[GP_CFG_SPREAD_COPY], "GPUPOOL_SPREAD_COPY");
+    }
     return 0;
 }
 

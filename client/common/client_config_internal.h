@@ -74,6 +74,8 @@ int gp_cc_check_text(const char *what, const char *value, size_t n, const char *
 int gp_cc_parse_address(const char *text, size_t n, gp_server_config *srv, int *tls_prefix);
 /* compression: "" (unset) and "off" -> GP_COMPRESSION_OFF, "lz4" -> GP_COMPRESSION_LZ4, else -1. */
 int gp_cc_compression_value(const char *t, size_t n);
+/* spread_copy: "" (unset) and "auto" -> GP_SPREAD_COPY_AUTO, "server", "client", else -1. */
+int gp_cc_spread_copy_value(const char *t, size_t n);
 
 /* What to set a value to, in errors ("...; set it to <how>"). */
 extern const char gp_cc_gpu_how[], gp_cc_model_how[], gp_cc_token_how[], gp_cc_path_how[],
@@ -110,6 +112,7 @@ typedef struct file_settings {
     int gpus; /* 0: unset (1) */
     uint64_t memory;
     int spread;
+    int spread_copy;
     int keep_gpu;
     int compression;
     /* A [[servers]] compression that is not a known value: refused when its entry ends, naming

@@ -361,6 +361,28 @@ static int set_spread(gp_toml_lexer *ps, file_settings *fs, const char *key, con
     return 0;
 }
 
+/* spread_copy: how peer copies between the servers of a spread lease go (issue 37, item 3). */
+static int set_spread_copy(gp_toml_lexer *ps, file_settings *fs, const char *key,
+                           const gp_toml_value *v)
+{
+    if (want_type(ps, key, v, GP_TOML_STR, "\"auto\", \"server\" or \"client\"") != 0)
+        return -1;
+    size_t n = strlen(v->s);
+    const char *t = gp_cc_strip(v->s, &n);
+    int mode = gp_cc_spread_copy_value(t, n);
+    if (mode < 0) {
+        gp_toml_error(ps,
+                      "spread_copy = \"%.*s\" is not understood: write \"auto\" (the default: "
+                      "server to server, through the client when the servers cannot reach each "
+                      "other), \"server\" or \"client\"",
+                      (int)n, t);
+        return -1;
+    }
+    fs->spread_copy = mode;
+    gp_cc_src_line(&fs->src[GP_CFG_SPREAD_COPY], ps->line);
+    return 0;
+}
+
 /* memory: the size of a share of a shared GPU (issue 32); 0: a whole GPU. */
 static int set_memory(gp_toml_lexer *ps, file_settings *fs, const char *key, const gp_toml_value *v)
 {
@@ -543,6 +565,11 @@ const gp_config_key gp_config_keys[] = {
     {"spread", GP_SECTION_REQUIREMENTS, "boolean", "true, false", "false", "GPUPOOL_SPREAD",
      "with gpus > 1 in a fleet: take them from several servers when no one server has them all", 0,
      set_spread},
+    {"spread_copy", GP_SECTION_REQUIREMENTS, "string", "auto, server, client", "auto",
+     "GPUPOOL_SPREAD_COPY",
+     "peer copies between the servers of a spread lease: server to server (auto: through the "
+     "client when they cannot reach each other), or always through the client",
+     0, set_spread_copy},
     {"memory", GP_SECTION_REQUIREMENTS, "integer or string",
      "bytes, or a size as min_memory takes it (8GiB, 16G)", "0 (a whole GPU)", "GPUPOOL_MEMORY",
      "a share of this much device memory on a shared GPU, instead of a whole GPU", 0, set_memory},

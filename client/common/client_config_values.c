@@ -268,6 +268,17 @@ void gp_server_desc(const gp_server_config *srv, char *out, size_t cap)
 }
 
 /* compression: "" (unset) and "off" -> GP_COMPRESSION_OFF, "lz4" -> GP_COMPRESSION_LZ4, else -1. */
+int gp_cc_spread_copy_value(const char *t, size_t n)
+{
+    if (n == 0 || (n == 4 && !memcmp(t, "auto", 4)))
+        return GP_SPREAD_COPY_AUTO;
+    if (n == 6 && !memcmp(t, "server", 6))
+        return GP_SPREAD_COPY_SERVER;
+    if (n == 6 && !memcmp(t, "client", 6))
+        return GP_SPREAD_COPY_CLIENT;
+    return -1;
+}
+
 int gp_cc_compression_value(const char *t, size_t n)
 {
     if (n == 0 || (n == 3 && !memcmp(t, "off", 3)))

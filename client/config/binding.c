@@ -34,7 +34,7 @@ GP_EXPORT void gpupool_config_free(gp_client_config *cfg);
 GP_EXPORT int gpupool_config_servers(const gp_client_config *cfg);
 /* A setting as text into out, and where it came from into source ("FILE:LINE", the variable,
  * "tls:// in the address", or "" for the default). server -1: the top level (file, file_reason,
- * connect_timeout, probe_timeout, compression, gpu, model, min_memory, gpus, spread, memory, keep_gpu,
+ * connect_timeout, probe_timeout, compression, gpu, model, min_memory, gpus, spread, spread_copy, memory, keep_gpu,
  * servers); else that server's (address, host, port, tls, tls_prefix, token, tls_ca, tls_cert,
  * tls_key, tls_fingerprint, compression). Numbers as %.17g or decimal, booleans as 1/0. 0, or -1 (no such setting, or a
  * buffer too small). */
@@ -153,6 +153,7 @@ static int top_setting(const gp_client_config *cfg, const char *key, char *out, 
         [GP_CFG_GPUS] = "gpus",
         [GP_CFG_MEMORY] = "memory",
         [GP_CFG_SPREAD] = "spread",
+        [GP_CFG_SPREAD_COPY] = "spread_copy",
         [GP_CFG_SERVERS] = "servers",
     };
     if (!strcmp(key, "file"))
@@ -184,6 +185,11 @@ static int top_setting(const gp_client_config *cfg, const char *key, char *out, 
             return put(out, cap, "%llu", (unsigned long long)cfg->memory);
         case GP_CFG_SPREAD:
             return put(out, cap, "%d", cfg->spread ? 1 : 0);
+        case GP_CFG_SPREAD_COPY:
+            return put(out, cap, "%s",
+                       cfg->spread_copy == GP_SPREAD_COPY_SERVER   ? "server"
+                       : cfg->spread_copy == GP_SPREAD_COPY_CLIENT ? "client"
+                                                                   : "auto");
         default:
             return put(out, cap, "%d", cfg->nservers);
         }

@@ -220,6 +220,8 @@ def show_config(cfg: ClientConfig) -> None:
     print(_row("requirements.spread",
                "yes (from several servers if need be)" if cfg.spread else "no",
                cfg.sources.get("spread", "default")))
+    print(_row("requirements.spread_copy", cfg.spread_copy,
+               cfg.sources.get("spread_copy", "default")))
     print(_row("requirements.memory", f"{cfg.memory} bytes" if cfg.memory else "(a whole GPU)",
                cfg.sources.get("memory", "default")))
     print(_row("keep_gpu", "yes (never detached while idle)" if cfg.keep_gpu else "no",

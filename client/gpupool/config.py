@@ -81,6 +81,7 @@ class ClientConfig:
     gpus: int = 1  # how many GPUs the process takes, all or nothing
     memory: int = 0  # bytes of a shared GPU to ask for; 0: a whole GPU
     spread: bool = False  # gpus > 1 may come from several servers of a fleet (issue 37)
+    spread_copy: str = "auto"  # peer copies between a spread lease's servers: auto|server|client
     keep_gpu: bool = False  # the server never detaches this process's idle lease
     compression: str = "off"  # top level (or GPUPOOL_COMPRESSION): the servers' default
     file: str = ""  # the file read, "" for none
@@ -254,6 +255,7 @@ def _settings(lib: ctypes.CDLL, cfg: int) -> ClientConfig:
     out.gpus, out.memory = int(top("gpus")), int(top("memory"))
     out.keep_gpu = top("keep_gpu") == "1"
     out.spread = top("spread") == "1"
+    out.spread_copy = top("spread_copy")
     top("servers")
     for i in range(lib.gpupool_config_servers(cfg)):
         srv = ServerConfig(address="", host="", port="")

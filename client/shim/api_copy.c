@@ -189,14 +189,16 @@ static CUresult dtoh_async(void *dst, CUdeviceptr src, size_t n, uint64_t wire)
     return r;
 }
 
-/* A copy between two parts of a spread lease, through this process: device to host from the
+/* A copy between two parts of a spread lease: server to server when the two servers can link
+ * (api_peer.c, gp_spread_copy_direct; spread_copy in the client configuration), else through
+ * this process: device to host from the
  * source part into a bounce buffer, host to device to the destination part, ACROSS_CHUNK at a
  * time. Pipelined: while chunk i is written to the destination, chunk i+1 is already asked of
  * the source (a detached read whose reply lands in the other buffer; a round trip on the source
  * then says it is in, replies coming in order). After the stream's earlier work (waited for
  * first) and before its later work (the writes are synchronous on the destination's worker, whose
  * connection carries the later frames of that part in order): synchronous, the async forms too.
- * The data crosses the network twice (docs/multi-gpu.md: server to server is for later). */
+ * The data crosses the network twice (docs/multi-gpu.md, "Across servers"). */
 #define ACROSS_CHUNK ((size_t)8 << 20)
 
 static CUresult dtoh_sync(void *dst, CUdeviceptr src, size_t n, uint64_t wire);
@@ -224,6 +226,11 @@ static CUresult copy_across(CUdeviceptr dst, int pd, CUdeviceptr src, int ps, si
         r = gp_stream_wait_wire(wire);
     if (r != CUDA_SUCCESS)
         return r;
+    int through_client = 1;
+    r = gp_spread_copy_direct(dst, pd, GP_PRIMARY_CTX_OF(device_of_addr(dst, pd)), src, ps,
+                              GP_PRIMARY_CTX_OF(device_of_addr(src, ps)), n, &through_client);
+    if (!through_client)
+        return gp_sync_result(r);
     size_t chunk = n < ACROSS_CHUNK ? n : ACROSS_CHUNK;
     uint8_t *bounce[2] = {malloc(chunk), malloc(chunk)};
     if (!bounce[0] || !bounce[1]) {

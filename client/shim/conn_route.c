@@ -88,6 +88,16 @@ int gp_conn_local_device(int dev)
     return k < 0 ? dev : dev - gp_conn_part[k]->first_device;
 }
 
+int gp_conn_part_first_device(int p)
+{
+    return p >= 0 && p < conn_nparts() ? gp_conn_part[p]->first_device : -1;
+}
+
+const char *gp_conn_part_server(int p)
+{
+    return p >= 0 && p < conn_nparts() ? gp_conn_part[p]->server_desc : "";
+}
+
 void gp_conn_route(int part)
 {
     tl_route_part = part >= 0 && part < conn_nparts() ? part : -1;

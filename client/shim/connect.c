@@ -548,6 +548,7 @@ CUresult gp_connect_parts(gp_part_link *parts, int cap, int *nparts)
         gp_log_error("%s", err);
         r = CUDA_ERROR_NO_DEVICE;
     } else {
+        gp_state_set_spread_copy(cfg->spread_copy);
         /* Room for the parts a fleet may name, when this process asks for a spread lease and
          * the caller can hold more than one connection (else the hello does not ask to spread:
          * the fleet would hold GPUs on several servers for a lease it then cannot take). */

@@ -106,6 +106,18 @@ int gp_conn_part_of_addr(uint64_t a);
 int gp_conn_next_part(void);
 void gp_conn_route(int part);
 int gp_conn_local_device(int dev);
+/* Part p's first device ordinal and its server ("host:port", for messages); -1 / "" if none. */
+int gp_conn_part_first_device(int p);
+const char *gp_conn_part_server(int p);
+
+/* api_peer.c: a copy of n bytes from src (on part ps, whose worker runs it in context sctx) to
+ * dst (part pd, context dctx) of a spread lease, server to server (issue 37, item 3). The caller
+ * waited for the stream's earlier work. *through_client = 1: not done, the caller copies through
+ * this process (spread_copy = client, a worker older than protocol 1.9, or "auto" after the
+ * link failed; CUDA_SUCCESS); else the copy's result (CUDA_ERROR_NOT_SUPPORTED when "server"
+ * cannot link). */
+CUresult gp_spread_copy_direct(uint64_t dst, int pd, uint64_t dctx, uint64_t src, int ps,
+                               uint64_t sctx, size_t n, int *through_client);
 
 /* Error of an earlier fire-and-forget call that the server reported in a notice and no
  * synchronising call has returned yet: returns it and clears it (sticky ones stay). */
@@ -230,6 +242,7 @@ typedef struct gp_device_snapshot {
     int stream_priority_least, stream_priority_greatest;
     uint64_t granularity;
     int simulated;
+    int proto_minor; /* a part's first device: its worker's protocol minor (hello reply) */
 } gp_device_snapshot;
 int gp_device_count(void);                        /* 0 before a successful connect */
 const gp_device_snapshot *gp_device(int ordinal); /* NULL if out of range */

@@ -85,6 +85,9 @@ void gp_state_set_snapshot(const gp_hello_reply *r);
 int gp_reported_driver_version(void);
 /* The lease's session id (from the hello reply), 0 before it. */
 uint64_t gp_session_id(void);
+/* spread_copy of the client configuration (GP_SPREAD_COPY_*), stored when connecting. */
+void gp_state_set_spread_copy(int mode);
+int gp_state_spread_copy(void);
 
 typedef struct gp_ctx_obj {
     uint64_t id;

@@ -75,6 +75,7 @@ static void snapshot_from_reply(gp_device_snapshot *d, const gp_hello_reply *r)
     memcpy(d->uuid.bytes, r->uuid, 16);
     d->total_mem = r->total_mem;
     d->memory_quota = r->memory_quota;
+    d->proto_minor = r->minor;
     d->driver_version = r->driver_version;
     d->pci_domain = r->pci_domain;
     d->pci_bus = r->pci_bus;
@@ -212,6 +213,18 @@ int gp_primary_index(uint64_t h)
     if ((h & ~(0xffull << 32)) != GP_PRIMARY_CTX_ID || k >= (uint64_t)atomic_load(&ndev))
         return -1;
     return (int)k;
+}
+
+static atomic_int spread_copy; /* GP_SPREAD_COPY_* (client_config.h) */
+
+void gp_state_set_spread_copy(int mode)
+{
+    atomic_store(&spread_copy, mode);
+}
+
+int gp_state_spread_copy(void)
+{
+    return atomic_load(&spread_copy);
 }
 
 uint64_t gp_session_id(void)
