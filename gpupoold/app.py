@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -61,6 +61,8 @@ from gpupoold.pool.membership import Membership
 from gpupoold.pool.usage_recorder import UsageRecorder
 from gpupoold.pool.views import PoolViews
 from gpupoold.remoting.listener import RemotingListener
+from gpupoold.remoting.peer_hello import PartServer, PeerHelloChecker
+from gpupoold.remoting.peer_links import PeerIdentity, PeerLinks
 from gpupoold.store.database import ServerRegistration, Store
 from gpupoold.store.notify import Notifications
 from gpupoold.tls import TlsSettingError, remoting_identity
@@ -258,12 +260,19 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
     broker = IpcBroker(lambda lease_id: le.token if (le := leases.pool.lease(lease_id)) else None)
     stop_ipc = app[EVENTS].subscribe(LeaseEnded, lambda ev: broker.lease_ended(ev.lease_id))
     app[SUPERVISOR].ipc = broker
+    # Server-to-server links of spread leases (issue 37, item 3; TLS only): the remoting
+    # listener takes the other servers' peer_hellos (remoting_ctx), the workers ask here.
+    links = peer_links(app, leases)
+    stop_links = app[EVENTS].subscribe(LeaseEnded, lambda ev: links.lease_ended(ev.lease_id))
+    app[SUPERVISOR].peer_links = links
     await leases.start()
     try:
         yield
     finally:
         await leases.close(settings.stop_grace)
         app[SUPERVISOR].ipc = None
+        app[SUPERVISOR].peer_links = None
+        stop_links()
         stop_ipc()
         broker.close()
         inventory = app[INVENTORY]
@@ -275,6 +284,47 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
                                               len(inventory.gpus), kept)
             if removed:
                 log.info("removed the simulated GPUs' memory %s", removed)
+
+
+def peer_links(app: web.Application, leases: LeaseManager) -> PeerLinks:
+    """The links' broker (remoting/peer_links.py): a lease's spread part from the pool, a part's
+    server from the store, this server's remoting identity (None with `tls = "off"`)."""
+    store = app[STORE]
+    ident = app.get(REMOTING_TLS)
+
+    def lease_part(lease_id: int) -> tuple[int, int] | None:
+        lease = leases.pool.lease(lease_id)
+        return None if lease is None else (lease.req.spread_group, lease.req.part)
+
+    return PeerLinks(store.server, None if ident is None else PeerIdentity(
+        ident.cert, ident.key, ident.fingerprint), lease_part, part_finder(store),
+        app[COUNTERS])
+
+
+def peer_checker(app: web.Application) -> PeerHelloChecker:
+    """The checks of another server's peer_hello (remoting/peer_hello.py)."""
+    store, leases = app[STORE], app[LEASES]
+    ident = app.get(REMOTING_TLS)
+
+    def local_part(group: int, part: int) -> int | None:
+        for lease in leases.pool.active():
+            if (group and lease.req.spread_group == group and lease.req.part == part
+                    and lease.slot is not None and not lease.worker.exited.done()):
+                return lease.id
+        return None
+
+    return PeerHelloChecker(None if ident is None else ident.fingerprint, store.servers,
+                            part_finder(store), local_part)
+
+
+def part_finder(store: Store) -> Callable[[int, int], Awaitable[PartServer | None]]:
+    """Where a part of a spread lease runs, from the fleet's store (the leases and servers)."""
+
+    async def part_server(group: int, part: int) -> PartServer | None:
+        row = await store.spread_part(group, part)
+        return None if row is None else PartServer(**row)
+
+    return part_server
 
 
 async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -328,6 +378,8 @@ async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
         raise StartupError(f"setting 'listen': cannot listen on {settings.listen}: "
                            f"{exc.strerror or exc}") from None
     app[REMOTING] = listener
+    listener.peer_links = app[SUPERVISOR].peer_links
+    listener.peer_checker = peer_checker(app)
     ident = app.get(REMOTING_TLS)
     listener.info.fingerprint = ident.fingerprint if ident is not None else ""  # the info reply
     yield

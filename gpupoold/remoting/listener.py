@@ -7,7 +7,10 @@ worker. Everything after the hello is between the client and its worker; the dae
 its own copy of the socket.
 
 The first frame may be `info` instead (protocol 1.1, remoting/info.py): authenticated as a hello,
-answered by the daemon with counts and a JSON document, then the connection is closed.
+answered by the daemon with counts and a JSON document, then the connection is closed. Or
+`peer_hello` (protocol 1.9): another server of the fleet asks for a link of a spread lease,
+checked by remoting/peer_hello.py; accepted, the socket goes to the part's worker
+(remoting/peer_links.py) once TLS is closed.
 
 Admission (remoting/admission.py): a connection needs a place among the handshakes in progress
 (taken at accept, given back once its hello is answered), and a hello or info request from an
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -56,6 +60,8 @@ from gpupoold.remoting.handshake import (
     requirements_text,
     spread_redirect_reply,
 )
+from gpupoold.remoting.peer_hello import PLAIN_TCP, PeerHelloChecker, PeerRefused
+from gpupoold.remoting.peer_links import PeerLinks
 from gpupoold.remoting.tls_session import TlsStream, start_tls_server
 from gpupoold.store.database import store_errors
 from gpupoold.tasks import stop_task
@@ -108,6 +114,10 @@ class RemotingListener:
                                    leases)
         # Bounds the memory and the time that info replies (up to 4 MiB each) hold at once.
         self._info_slots = asyncio.Semaphore(MAX_INFO_AT_ONCE)
+        # Server-to-server links (issue 37, item 3), set by the daemon (gpupoold/app.py); None:
+        # every peer_hello is refused.
+        self.peer_links: PeerLinks | None = None
+        self.peer_checker: PeerHelloChecker | None = None
         # Seconds from accept to the worker's `started`, for the last few leases (benchmarks).
         self.connect_times: list[float] = []
 
@@ -210,6 +220,9 @@ class RemotingListener:
             # Its place is kept until it is answered: a flood of info requests waiting for
             # their turn (MAX_INFO_AT_ONCE) is bounded by the handshake caps too.
             await self._info(writer, frame, peer)
+            return
+        if frame.op == gp.PeerHello.OP and not frame.flags & gp.FLAG_REPLY:
+            await self._peer_hello(writer, frame, peer)  # its place kept, as info's
             return
         if frame.op != gp.Hello.OP or frame.flags & gp.FLAG_REPLY:
             log.warning("connection from %s: first frame is op %d, not hello; closed", peer,
@@ -422,6 +435,55 @@ class RemotingListener:
                   reply.free_matching, reply.queue)
         await self._send(writer, reply, frame.req)
         await self._end_tls(writer)
+
+    async def _peer_hello(self, writer: asyncio.StreamWriter, frame: gp.Frame,
+                          peer: str) -> None:
+        """Another server's peer_hello: checked (remoting/peer_hello.py), matched with its
+        worker's accept (remoting/peer_links.py), answered; then TLS ends (close_notify both
+        ways) and the plain socket goes to that worker."""
+        links, checker = self.peer_links, self.peer_checker
+        try:
+            if links is None or checker is None:
+                raise PeerRefused(gp.GP_EREFUSED, "this gpupoold makes no server-to-server links")
+            if not isinstance(writer, TlsStream):
+                raise PeerRefused(gp.GP_EREFUSED, "this server speaks plain TCP: " + PLAIN_TCP)
+            try:
+                req = await checker.check(frame.body)
+            except PeerRefused as exc:
+                if exc.link_id is not None:  # authenticated: its worker may hear why
+                    links.refused(exc.link_id, f"the link was refused here: {exc.message}")
+                raise
+            meet = await links.arrived(req)
+        except PeerRefused as exc:
+            name = gp.RESULT_NAMES.get(exc.result, str(exc.result))
+            log.warning("connection from %s: peer_hello refused (%s): %s", peer, name, exc.message)
+            if links is not None:
+                links.count("accept", "auth" if exc.result == gp.GP_EAUTH else "refused")
+            await self._send(writer, gp.PeerHelloReply(result=exc.result,
+                                                       message=exc.message[:1023]), frame.req)
+            await self._end_tls(writer)
+            return
+        except store_errors() as exc:
+            log.warning("connection from %s: peer_hello refused (GP_EBUSY): the fleet's database "
+                        "cannot be reached (%s)", peer, exc)
+            await self._send(writer, gp.PeerHelloReply(
+                result=gp.GP_EBUSY, message="the fleet's database cannot be reached from this "
+                "server right now; try again in a moment"), frame.req)
+            await self._end_tls(writer)
+            return
+        sent = await self._send(writer, gp.PeerHelloReply(result=0, message=""), frame.req)
+        try:
+            if not sent:
+                raise ConnectionError("the reply could not be sent")
+            await asyncio.wait_for(writer.handoff(notice=False), self.handshake_timeout)
+        except (ConnectionError, ssl.SSLError, OSError, TimeoutError) as exc:
+            meet.fail(f"the TLS session with server {req.sender} did not end cleanly ({exc})")
+            log.info("connection from %s: link %d of server %s: TLS close failed (%s)", peer,
+                     req.link_id, req.sender, exc)
+            return
+        meet.deliver(os.dup(writer.get_extra_info("socket").fileno()))
+        log.info("lease %d: link %d from part %d (server %s) to part %d made", req.lease_id,
+                 req.link_id, req.from_part, req.sender, req.to_part)
 
     @staticmethod
     async def _end_tls(writer: asyncio.StreamWriter) -> None:

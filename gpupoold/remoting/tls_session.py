@@ -193,13 +193,15 @@ class TlsStream:
         with contextlib.suppress(OSError):
             await self._flush()
 
-    async def handoff(self) -> None:
-        """End the daemon's TLS session before the socket goes to the worker: GP_INFO_HANDOFF,
-        then close_notify both ways; no application data may follow the client's. Raises
-        ConnectionError (the client is gone or misbehaved) or ssl.SSLError."""
+    async def handoff(self, notice: bool = True) -> None:
+        """End the daemon's TLS session before the socket goes to the worker: GP_INFO_HANDOFF
+        (unless not `notice`: a peer_hello's reply says it), then close_notify both ways; no
+        application data may follow the client's. Raises ConnectionError (the client is gone or
+        misbehaved) or ssl.SSLError."""
         assert self._ssl is not None
-        self._ssl.write(gp.encode_frame(gp.Notice(code=gp.GP_INFO_HANDOFF, op=0,
-                                                  text=HANDOFF_TEXT), 0))
+        if notice:
+            self._ssl.write(gp.encode_frame(gp.Notice(code=gp.GP_INFO_HANDOFF, op=0,
+                                                      text=HANDOFF_TEXT), 0))
         for _ in range(MAX_HANDOFF_RECORDS):
             try:
                 self._ssl.unwrap()

@@ -341,7 +341,7 @@ def _expiry_text(expires: float | None) -> str:
 
 
 # ---------------------------------------------------------------------- the synchronous store
-class StoreDB(UsageQueries, SpoolQueries):
+class StoreDB(UsageQueries, SpoolQueries, fleet.SpreadQueries):
     """One database connection (SQLite, or PostgreSQL for a URL), usable only from the thread
     that created this object."""
 
@@ -981,6 +981,7 @@ class Store:
     silent_servers = _query(StoreDB.silent_servers)
     clock = _query(StoreDB.clock)
     servers = _query(StoreDB.servers)
+    spread_part = _query(StoreDB.spread_part)
     fleet_sync = _query(StoreDB.fleet_sync)
     fleet_snapshot = _query(StoreDB.fleet_snapshot)
     audit_log = _query(StoreDB.audit_log)

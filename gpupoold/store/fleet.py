@@ -359,3 +359,22 @@ def snapshot(db: Any) -> tuple[list[GpuRow], list[QueueRow]]:
     queue = [_waiter(r) for r in db.execute(
         "SELECT * FROM fleet_queue ORDER BY ticket").fetchall()]
     return gpus, queue
+
+
+class SpreadQueries:
+    """The spread-lease calls of StoreDB (which provides `_conn`)."""
+
+    _conn: Any
+
+    def spread_part(self, group: int, part: int) -> dict[str, Any] | None:
+        """Where part `part` of spread lease `group` runs (issue 37, server-to-server links): the
+        server of its open lease and how to reach it ({"server", "remoting", "fingerprint",
+        "up"}), or None when no server holds that part now."""
+        row = self._conn.execute(
+            "SELECT l.server, s.remoting, s.fingerprint, s.down FROM leases l "
+            "JOIN servers s ON s.name = l.server WHERE l.ended IS NULL AND l.spread_group = ? "
+            "AND l.part = ? ORDER BY l.id DESC LIMIT 1", (group, part)).fetchone()
+        if row is None:
+            return None
+        return {"server": row[0], "remoting": row[1], "fingerprint": row[2],
+                "up": row[3] is None}

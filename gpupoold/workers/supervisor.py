@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gpupool_protocol as gp
 
@@ -227,6 +227,7 @@ class Worker:
         # Nobody may be waiting on these when the worker exits: no "never retrieved" warnings.
         self._ready.add_done_callback(_consume)
         self._tasks: list[asyncio.Task[None]] = []
+        self._peer_tasks: set[asyncio.Task[None]] = set()  # link requests being answered
         self._supervise_task: asyncio.Task[None] | None = None
         # Idle detach (pool/detach.py): the answer to the pending worker_detach_ask, and the
         # parked session's client sending a frame (worker_wants_gpu).
@@ -373,7 +374,7 @@ class Worker:
         socket (the worker goes on alone, worker/adopt.c, until a new gpupoold adopts it) and
         forget the process. `exited` never resolves after this."""
         self.detached = True
-        for task in self._tasks:
+        for task in [*self._tasks, *self._peer_tasks]:
             task.cancel()
         if self._supervise_task is not None:
             self._supervise_task.cancel()
@@ -449,6 +450,12 @@ class Worker:
             if isinstance(ev, ipc_broker.REQUESTS):
                 await self._answer_ipc(ev, fds)
                 continue
+            if isinstance(ev, PEER_REQUESTS):  # waits for the network: a task of its own
+                _close_fds(fds)
+                task = asyncio.create_task(self._answer_peer(ev), name=f"worker-{self.pid}-peer")
+                self._peer_tasks.add(task)
+                task.add_done_callback(self._peer_tasks.discard)
+                continue
             _close_fds(fds)
             try:
                 self._on_event(ev)
@@ -472,6 +479,28 @@ class Worker:
             log.exception("%s worker pid %d: cannot answer %r", self.label, self.pid, ev)
         finally:
             _close_fds(fds)
+            if fd is not None:
+                os.close(fd)
+
+    async def _answer_peer(self, ev: Any) -> None:
+        """A link of a spread lease between this worker and another server's (issue 37, item
+        3): gpupoold connects or accepts (remoting/peer_links.py), the worker gets the socket."""
+        fd: int | None = None
+        links = self._supervisor.peer_links
+        try:
+            if links is None:
+                cls = (gp.WorkerPeerConnected if isinstance(ev, gp.WorkerPeerConnect)
+                       else gp.WorkerPeerAccepted)
+                msg: Any = cls(session_id=ev.session_id, link_id=ev.link_id,
+                               code=CUDA_ERROR_NOT_SUPPORTED, error=NO_PEER_LINKS)
+            else:
+                msg, fd = await links.answer(self.session_id, ev)
+            await self._send(control.encode(msg), [fd] if fd is not None else [])
+        except OSError as exc:
+            log.info("%s worker pid %d: answering a link request: %s", self.label, self.pid, exc)
+        except Exception:  # an odd request costs that request, never the daemon
+            log.exception("%s worker pid %d: cannot answer %r", self.label, self.pid, ev)
+        finally:
             if fd is not None:
                 os.close(fd)
 
@@ -582,6 +611,8 @@ class Worker:
         self._finish(code)
 
     def _finish(self, code: int | None) -> None:
+        for task in self._peer_tasks:  # no worker to answer any more
+            task.cancel()
         pending = [task for task in self._tasks if not task.done()]
         for task in pending:
             task.cancel()
@@ -671,6 +702,20 @@ def device_ordinal(first: Gpu, gpu: Gpu) -> int:
     return SIM_DEVICES_PER_CONFIG + (gpu.index if gpu.index < first.index else gpu.index - 1)
 
 
+# A worker's requests for a link of a spread lease to another server (issue 37, item 3), which
+# the daemon's PeerLinks (remoting/peer_links.py) answers; without it, this refusal.
+PEER_REQUESTS: tuple[type, ...] = (gp.WorkerPeerConnect, gp.WorkerPeerAccept)
+CUDA_ERROR_NOT_SUPPORTED = 801
+NO_PEER_LINKS = ("this gpupoold runs without server-to-server links; copies between servers go "
+                 "through the client")
+
+
+class PeerLinkBroker(Protocol):
+    async def answer(self, session_id: int | None, ev: Any) -> tuple[Any, int | None]:
+        """The message for the worker, and the link's socket (closed by the caller) or None."""
+        ...
+
+
 class WorkerSupervisor:
     """Starts every worker, follows it until it is reaped, and stops them all at shutdown.
     With a `workers_dir` (workers/state_dir.py) it also keeps a pid file per worker it follows, so the
@@ -695,6 +740,9 @@ class WorkerSupervisor:
         # CUDA IPC between the workers of one job (issue 37): set by the daemon once the pool
         # exists (gpupoold/app.py); None: the workers' IPC requests are refused.
         self.ipc: ipc_broker.IpcBroker | None = None
+        # Server-to-server links of spread leases (issue 37, item 3; remoting/peer_links.py),
+        # likewise.
+        self.peer_links: PeerLinkBroker | None = None
         self._workers: set[Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False

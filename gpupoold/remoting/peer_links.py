@@ -1,0 +1,338 @@
+"""Server-to-server links of a spread lease (issue 37, item 3; docs/multi-gpu.md, "Across
+servers"; docs/protocol.md, "Server-to-server links"): gpupoold's side.
+
+A worker under Landlock may not open TCP, so its gpupoold does it for it and hands it the plain
+socket over the control channel (SCM_RIGHTS), as it hands over a client's:
+- the SENDING part's worker asks `worker_peer_connect`: `connect` finds the destination part's
+  server in the fleet's store (never an address from the tenant), connects to its registered
+  remoting address, pins its registered fingerprint, says a signed peer_hello
+  (remoting/peer_hello.py), reads the reply, closes the TLS session cleanly (close_notify both
+  ways) and answers `worker_peer_connected` with the socket;
+- the RECEIVING part's worker asks `worker_peer_accept`: `accept` waits (up to
+  PEER_ACCEPT_WAIT_S) for that link's peer_hello, which the remoting listener checked and
+  hands here (`arrived`: either may come first), and answers `worker_peer_accepted` with it.
+Any failure answers CUDA_ERROR_NOT_SUPPORTED and words: the client then copies through itself.
+The worker supervisor (workers/supervisor.py) passes the workers' requests to `PeerLinks.answer`
+and sends the answer back with the socket.
+
+The connection is made in a thread (blocking ssl with a timeout, `_dial`): `ssl.SSLSocket.unwrap`
+gives the plain socket back after close_notify, which asyncio's TLS streams cannot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpupool_protocol as gp
+
+from gpupoold.config.settings import parse_address
+from gpupoold.pool.counters import Counters
+from gpupoold.remoting.peer_hello import (
+    PLAIN_TCP,
+    PartServer,
+    PeerRefused,
+    PeerRequest,
+    load_private_key,
+    make_peer_hello,
+)
+from gpupoold.tls_identity import fingerprint_of_der_cert, fingerprints_equal
+
+log = logging.getLogger(__name__)
+
+CUDA_ERROR_NOT_SUPPORTED = 801
+PEER_ACCEPT_WAIT_S = 10.0  # a link's peer_hello and its worker's accept wait this for the other
+CONNECT_TIMEOUT_S = 5.0  # to the other server's remoting port
+IO_TIMEOUT_S = 10.0  # each step of the TLS session with it
+REPLY_MAX_BODY = 4096
+THROUGH_CLIENT = ("open the remoting port between the fleet's servers, or copies between them "
+                  "go through the client")
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """This server's remoting TLS identity, which signs its peer_hellos and is its client
+    certificate towards the other servers."""
+
+    cert: Path
+    key: Path
+    fingerprint: str
+
+
+class LinkFailed(Exception):
+    """No link: the worker gets CUDA_ERROR_NOT_SUPPORTED and this message."""
+
+
+@dataclass
+class _Rendezvous:
+    """A link's two halves on the receiving server: the worker's accept and the peer_hello."""
+
+    lease_id: int
+    from_part: int = -1  # as the worker said it (-1: not yet)
+    asked: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    came: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    sock: asyncio.Future[int] = field(  # the link's fd, or LinkFailed
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def deliver(self, fd: int) -> None:
+        """The link's socket (this takes it over) for the waiting worker."""
+        if self.sock.done():
+            os.close(fd)
+        else:
+            self.sock.set_result(fd)
+
+    def fail(self, message: str) -> None:
+        if not self.sock.done():
+            self.sock.set_exception(LinkFailed(message))
+
+
+class PeerLinks:
+    """The links of this server's spread leases. `lease_part(session_id)`: (spread_group, part)
+    of the lease a worker serves (None: no such lease running); `part_server(group, part)`: where
+    a part runs (the store)."""
+
+    def __init__(self, server: str, identity: PeerIdentity | None,
+                 lease_part: Callable[[int], tuple[int, int] | None],
+                 part_server: Callable[[int, int], Awaitable[PartServer | None]],
+                 counters: Counters | None = None) -> None:
+        self.server = server
+        self.identity = identity
+        self._lease_part = lease_part
+        self._part_server = part_server
+        self._counters = counters if counters is not None else Counters()
+        self._waiting: dict[tuple[int, int], _Rendezvous] = {}
+        self._key: Any = None
+        self._cert_der = b""
+        self._context: ssl.SSLContext | None = None
+
+    # ----------------------------------------------------------------- the sending side
+    async def connect(self, session_id: int, link_id: int, to_part: int) -> int:
+        """The plain socket (fd) of a link to part `to_part` of the session's spread lease, its
+        peer_hello answered; LinkFailed saying why not."""
+        group, part = self._spread_of(session_id)
+        if self.identity is None:
+            raise LinkFailed("this server speaks plain TCP: " + PLAIN_TCP)
+        if to_part == part:
+            raise LinkFailed(f"part {to_part} is this server's own part of the lease")
+        where = await self._part_server(group, to_part)
+        if where is None:
+            raise LinkFailed(f"no server of the fleet holds part {to_part} of spread lease "
+                             f"{group} now")
+        if not where.up:
+            raise LinkFailed(f"server {where.server}, which holds part {to_part}, is marked down")
+        if not where.fingerprint:
+            raise LinkFailed(f"server {where.server} speaks plain TCP: {PLAIN_TCP}")
+        if self._context is None:
+            self._key, self._cert_der, self._context = await asyncio.to_thread(
+                _load_identity, self.identity)
+        key, cert_der, ctx = self._key, self._cert_der, self._context
+
+        def hello() -> gp.PeerHello:
+            return make_peer_hello(key, cert_der, where.fingerprint, group, part, to_part,
+                                   link_id)
+
+        try:
+            sock = await asyncio.to_thread(_dial, where.remoting, where.fingerprint, ctx, hello)
+        except PeerRefused as exc:
+            raise LinkFailed(f"server {where.server} ({where.remoting}) refused the link "
+                             f"({gp.RESULT_NAMES.get(exc.result, exc.result)}): {exc.message}"
+                             ) from None
+        except (OSError, ssl.SSLError, ValueError, gp.ProtocolError) as exc:
+            why = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            raise LinkFailed(f"server {where.server} ({where.remoting}) could not be reached "
+                             f"from this server: {why}; {THROUGH_CLIENT}") from None
+        return sock.detach()
+
+    def _spread_of(self, session_id: int) -> tuple[int, int]:
+        spread = self._lease_part(session_id)
+        if spread is None:
+            raise LinkFailed(f"session {session_id} is not running on this server")
+        if spread[0] == 0:
+            raise LinkFailed("the lease is not spread over several servers: its devices "
+                             "copy between themselves on this server")
+        return spread
+
+    # ----------------------------------------------------------------- the receiving side
+    async def accept(self, session_id: int, link_id: int, from_part: int) -> int:
+        """The link's socket (fd) once the peer_hello of part `from_part`'s server for
+        `link_id` came (before or within PEER_ACCEPT_WAIT_S); LinkFailed otherwise."""
+        group, _ = self._spread_of(session_id)
+        key = (session_id, link_id)
+        meet = self._waiting.get(key)
+        if meet is None:
+            meet = self._waiting[key] = _Rendezvous(session_id)
+        if meet.asked.done():
+            raise LinkFailed(f"link {link_id} was already asked for")
+        meet.from_part = from_part
+        meet.asked.set_result(None)
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(meet.came), PEER_ACCEPT_WAIT_S)
+            except TimeoutError:
+                raise LinkFailed(f"no server connected for link {link_id} from part {from_part} "
+                                 f"of spread lease {group} within {PEER_ACCEPT_WAIT_S:g} s; "
+                                 f"{THROUGH_CLIENT}") from None
+            try:
+                await asyncio.wait_for(asyncio.shield(meet.sock), PEER_ACCEPT_WAIT_S)
+            except TimeoutError:
+                raise LinkFailed(f"the connection for link {link_id} was not handed over within "
+                                 f"{PEER_ACCEPT_WAIT_S:g} s") from None
+            fd = meet.sock.result()  # LinkFailed: the listener's words
+            meet.sock = asyncio.get_running_loop().create_future()  # taken: nothing to close
+            return fd
+        finally:
+            if self._waiting.get(key) is meet:
+                del self._waiting[key]
+            meet.fail("the worker stopped waiting")
+            if meet.sock.done() and not meet.sock.cancelled() and meet.sock.exception() is None:
+                os.close(meet.sock.result())  # delivered as the worker gave up
+
+    async def arrived(self, req: PeerRequest) -> _Rendezvous:
+        """A checked peer_hello (the remoting listener's): its worker's accept, once asked for
+        (within PEER_ACCEPT_WAIT_S). The caller replies, ends TLS, then `deliver`s the socket or
+        `fail`s. PeerRefused (GP_EREFUSED) when the worker never asks or names another part."""
+        key = (req.lease_id, req.link_id)
+        meet = self._waiting.get(key)
+        if meet is None:
+            meet = self._waiting[key] = _Rendezvous(req.lease_id)
+        if meet.came.done():
+            raise PeerRefused(gp.GP_EREFUSED, f"link {req.link_id} is already connected")
+        meet.came.set_result(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(meet.asked), PEER_ACCEPT_WAIT_S)
+        except TimeoutError:
+            self._waiting.pop(key, None)
+            raise PeerRefused(gp.GP_EREFUSED, f"the worker of part {req.to_part} did not ask for "
+                              f"link {req.link_id} within {PEER_ACCEPT_WAIT_S:g} s") from None
+        if meet.from_part != req.from_part:
+            message = (f"link {req.link_id} was asked for from part {meet.from_part}, and server "
+                       f"{req.sender} connected from part {req.from_part}")
+            meet.fail(message)
+            raise PeerRefused(gp.GP_EREFUSED, message)
+        return meet
+
+    def lease_ended(self, lease_id: int) -> None:
+        """Fail the links still waiting for the lease (its worker is gone)."""
+        for key, meet in list(self._waiting.items()):
+            if key[0] == lease_id:
+                del self._waiting[key]
+                meet.fail("the lease ended")
+
+    def refused(self, link_id: int, message: str) -> None:
+        """A peer_hello for `link_id` that authenticated and was refused: the worker waiting
+        for that link gets the words (an unauthenticated one touches no link)."""
+        for key, meet in list(self._waiting.items()):
+            if key[1] == link_id and meet.asked.done():
+                meet.fail(message)
+                if not meet.came.done():
+                    meet.came.set_result(None)
+
+    def count(self, side: str, result: str) -> None:
+        """`gpupool_peer_links_total{side, result}`: links made ("ok") or not, by reason."""
+        self._counters.inc("peer_links", side=side, result=result)
+
+    async def answer(self, session_id: int | None, ev: Any) -> tuple[Any, int | None]:
+        """The worker supervisor's entry (workers/supervisor.py): `answer` below."""
+        return await answer(self, session_id, ev)
+
+
+async def answer(links: PeerLinks | None, session_id: int | None,
+                 ev: Any) -> tuple[Any, int | None]:
+    """The answer to a worker's request of REQUESTS for the worker serving `session_id` (not
+    what the message claims): the message to send back and the fd to send with it (the caller
+    closes it once sent), or None."""
+    connect = isinstance(ev, gp.WorkerPeerConnect)
+    side = "connect" if connect else "accept"
+    fd: int | None = None
+    try:
+        if links is None:
+            raise LinkFailed("this gpupoold runs without server-to-server links; copies go "
+                             "through the client")
+        if session_id is None or ev.session_id != session_id:
+            raise LinkFailed(f"the worker asked for session {ev.session_id}, which it does not "
+                             "serve")
+        fd = (await links.connect(session_id, ev.link_id, ev.to_part) if connect
+              else await links.accept(session_id, ev.link_id, ev.from_part))
+        code, error = 0, ""
+        links.count(side, "ok")
+    except LinkFailed as exc:
+        code, error = CUDA_ERROR_NOT_SUPPORTED, str(exc)
+        if links is not None:
+            links.count(side, "refused")
+        log.info("[session %s] link %d (%s): %s", session_id, ev.link_id, side, error)
+    cls = gp.WorkerPeerConnected if connect else gp.WorkerPeerAccepted
+    return cls(session_id=ev.session_id, link_id=ev.link_id, code=code, error=error[:1023]), fd
+
+
+def _load_identity(identity: PeerIdentity) -> tuple[Any, bytes, ssl.SSLContext]:
+    """The signing key, the certificate (DER) and the client TLS context (its certificate
+    presented; the server's checked by pin, not by a CA)."""
+    key = load_private_key(identity.key.read_bytes())
+    pem = identity.cert.read_text()
+    der = ssl.PEM_cert_to_DER_cert(pem[:pem.index("-----END CERTIFICATE-----") + 25])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the registered fingerprint is checked instead (_dial)
+    ctx.load_cert_chain(str(identity.cert), str(identity.key))
+    return key, der, ctx
+
+
+def _dial(address: str, fingerprint: str, ctx: ssl.SSLContext,
+          hello: Callable[[], gp.PeerHello]) -> socket.socket:
+    """(In a thread.) Connect, pin, say peer_hello, read the reply, close TLS both ways: the
+    plain socket. PeerRefused for a refusal, OSError/ssl.SSLError/ValueError otherwise."""
+    host, port = parse_address(address)
+    raw = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    try:
+        raw.settimeout(IO_TIMEOUT_S)
+        tls = ctx.wrap_socket(raw, server_hostname=None)
+    except BaseException:
+        raw.close()
+        raise
+    try:
+        der = tls.getpeercert(binary_form=True)
+        found = fingerprint_of_der_cert(der) if der else "none"
+        if not fingerprints_equal(found, fingerprint):
+            raise PeerRefused(gp.GP_EAUTH, f"its certificate's key is {found}, and the fleet's "
+                              f"database registers {fingerprint} for it: another machine "
+                              "answers at its address, or its key changed without a restart")
+        tls.sendall(gp.encode_frame(hello(), 1))
+        length, op, flags, _ = gp.parse_header(_read_exactly(tls, gp.HEADER.size),
+                                               REPLY_MAX_BODY)
+        body = _read_exactly(tls, length)
+        if op != gp.PeerHello.OP or not flags & gp.FLAG_REPLY:
+            if op == gp.Hello.OP or op == gp.Notice.OP:  # an older server's refusal
+                raise PeerRefused(gp.GP_EVERSION, "that server's gpupoold does not know "
+                                  "peer_hello (protocol 1.9): upgrade it")
+            raise ValueError(f"it answered op {op} to peer_hello")
+        reply = gp.PeerHelloReply.decode(body, allow_trailing=True)
+        if reply.result != 0:
+            raise PeerRefused(reply.result, reply.message)
+        plain = tls.unwrap()  # close_notify both ways: nothing of TLS is left on the socket
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tls.close()
+        raise
+    plain.settimeout(None)
+    return plain
+
+
+def _read_exactly(sock: ssl.SSLSocket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the other server closed the connection")
+        data += chunk
+    return bytes(data)

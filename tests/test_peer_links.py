@@ -1,0 +1,368 @@
+"""Server-to-server links of a spread lease, gpupoold's side (issue 37, item 3): the signed text
+of peer_hello for every key type an identity can have (remoting/peer_hello.py), the receiving
+server's checks, the rendezvous of a link's peer_hello with its worker's accept and the sending
+side's lookup, pinning and TLS close (remoting/peer_links.py) through an in-process listener,
+then raw peer_hello frames to a real gpupoold on PostgreSQL, which refuses each with words.
+
+The full path with real workers (h_peer.c) is test_spread_copy's (part C of the design)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import socket
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import gpupool_protocol as gp
+import pytest
+from test_info import InProcessDaemon, StandInLeases
+from test_usage import new_lease
+
+from gpupoold.remoting import peer_hello as ph
+from gpupoold.remoting import peer_links
+from gpupoold.remoting.peer_hello import (
+    PartServer,
+    PeerHelloChecker,
+    PeerRefused,
+    PeerRequest,
+    make_peer_hello,
+    signed_text,
+    verify,
+)
+from gpupoold.remoting.peer_links import LinkFailed, PeerIdentity, PeerLinks
+from gpupoold.store.database import ServerRegistration, StoreDB
+from gpupoold.tls_identity import ensure_identity, fingerprint_of_der_cert, fingerprint_of_pem
+
+
+# ------------------------------------------------------------------------------ identities
+def make_identity(folder: Path, kind: str) -> tuple[Any, bytes, Path, Path]:
+    """A key of `kind` and its self-signed certificate (DER), written as PEM files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+    from cryptography.x509.oid import NameOID
+
+    key: Any = {"ec": lambda: ec.generate_private_key(ec.SECP384R1()),
+                "ed25519": ed25519.Ed25519PrivateKey.generate,
+                "ed448": ed448.Ed448PrivateKey.generate,
+                "rsa": lambda: rsa.generate_private_key(65537, 2048)}[kind]()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"peer {kind}")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .sign(key, None if kind.startswith("ed") else hashes.SHA256()))
+    folder.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = folder / "server.crt", folder / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return key, cert.public_bytes(serialization.Encoding.DER), cert_path, key_path
+
+
+RECEIVER = "SHA256:" + "B" * 43
+
+
+@pytest.mark.parametrize("kind", ["ec", "ed25519", "ed448", "rsa"])
+def test_the_signed_text_binds_every_field_and_both_servers(tmp_path: Path, kind: str) -> None:
+    key, der, _, key_path = make_identity(tmp_path, kind)
+    msg = make_peer_hello(ph.load_private_key(key_path.read_bytes()), der, RECEIVER, 7, 0, 1,
+                          0xFEED, now=1767225600.25)
+    sender = fingerprint_of_der_cert(der)
+    text = signed_text(msg, sender, RECEIVER)
+    assert text == (b"gpupool peer_hello v1\nto " + RECEIVER.encode() + b"\nfrom "
+                    + sender.encode() + b"\nversion %d.%d\nspread_group 7\nfrom_part 0\n"
+                    b"to_part 1\nlink_id 65261\ntime 1767225600.250\n" % (gp.MAJOR, gp.MINOR))
+    assert verify(der, msg.signature, text)
+    # any field changed, or the hello shown to another server: the signature fails
+    for field, value in (("spread_group", 8), ("from_part", 1), ("to_part", 0),
+                         ("link_id", 0xFEEE), ("time", msg.time + 1)):
+        other = gp.PeerHello.decode(msg.encode())
+        setattr(other, field, value)
+        assert not verify(der, msg.signature, signed_text(other, sender, RECEIVER)), field
+    assert not verify(der, msg.signature, signed_text(msg, sender, "SHA256:" + "C" * 43))
+    assert not verify(der, b"\0" + msg.signature[1:], text)
+
+
+def test_the_state_identity_signs_too(tmp_path: Path) -> None:
+    """The identity gpupoold makes itself (ECDSA P-256) signs a hello its checker accepts."""
+    ident = ensure_identity(tmp_path)
+    der = ssl.PEM_cert_to_DER_cert(ident.cert_path.read_text())
+    msg = make_peer_hello(ph.load_private_key(ident.key_path.read_bytes()), der, RECEIVER, 1, 0,
+                          1, 5)
+    assert verify(der, msg.signature, signed_text(msg, ident.fingerprint, RECEIVER))
+
+
+# ------------------------------------------------------------------------- the checks alone
+class Fleet:
+    """The store's answers the checker reads: servers, and where each part runs."""
+
+    def __init__(self, sender_fp: str) -> None:
+        self.servers = [{"name": "a", "fingerprint": sender_fp, "state": "up"},
+                        {"name": "b", "fingerprint": RECEIVER, "state": "up"}]
+        self.parts = {(7, 0): PartServer("a", "127.0.0.1:1", sender_fp, True)}
+        self.local = {(7, 1): 42}
+
+    async def list_servers(self) -> list[dict[str, Any]]:
+        return self.servers
+
+    async def part(self, group: int, part: int) -> PartServer | None:
+        return self.parts.get((group, part))
+
+    def checker(self, clock: float = 1000.0) -> PeerHelloChecker:
+        return PeerHelloChecker(RECEIVER, self.list_servers, self.part,
+                                lambda g, p: self.local.get((g, p)), clock=lambda: clock)
+
+
+async def refusal(checker: PeerHelloChecker, msg: gp.PeerHello) -> tuple[int, str]:
+    with pytest.raises(PeerRefused) as exc:
+        await checker.check(msg.encode())
+    return exc.value.result, exc.value.message
+
+
+async def test_the_receiving_checks_refuse_with_words(tmp_path: Path) -> None:
+    key, der, _, _ = make_identity(tmp_path / "a", "ec")
+    fleet = Fleet(fingerprint_of_der_cert(der))
+    checker = fleet.checker()
+
+    def hello(**kw: Any) -> gp.PeerHello:
+        fields: dict[str, Any] = {"spread_group": 7, "from_part": 0, "to_part": 1,
+                                  "link_id": 11, "now": 1000.0, **kw}
+        return make_peer_hello(key, der, RECEIVER, **fields)
+
+    assert await checker.check(hello().encode()) == PeerRequest(42, 7, 0, 1, 11, "a")
+    result, words = await refusal(checker, hello())  # the same link again
+    assert (result, "already asked for") == (gp.GP_EREFUSED, words[words.index("already"):][:17])
+    stranger = make_identity(tmp_path / "x", "ec")
+    result, words = await refusal(checker, make_peer_hello(stranger[0], stranger[1], RECEIVER, 7,
+                                                           0, 1, 12, now=1000.0))
+    assert result == gp.GP_EAUTH and "not a server of this fleet" in words
+    forged = hello(link_id=13)
+    forged.link_id = 14  # signed for 13
+    result, words = await refusal(checker, forged)
+    assert result == gp.GP_EAUTH and "not signed by its key" in words
+    result, words = await refusal(checker, hello(link_id=15, now=1000.0 - 121))
+    assert result == gp.GP_EREFUSED and "synchronise the servers' clocks" in words
+    result, words = await refusal(checker, hello(link_id=16, from_part=1))
+    assert result == gp.GP_EREFUSED and "server a holds no part 1 of spread lease 7" in words
+    result, words = await refusal(checker, hello(link_id=17, to_part=2))
+    assert result == gp.GP_EREFUSED and "this server holds no running part 2" in words
+    fleet.servers[0]["state"] = "down"
+    result, words = await refusal(checker, hello(link_id=18))
+    assert result == gp.GP_EAUTH and "marked down" in words
+    plain = PeerHelloChecker(None, fleet.list_servers, fleet.part, lambda g, p: 42)
+    result, words = await refusal(plain, hello(link_id=19))
+    assert result == gp.GP_EREFUSED and "plain TCP" in words
+
+
+async def test_a_link_id_is_remembered_for_ten_minutes(tmp_path: Path) -> None:
+    key, der, _, _ = make_identity(tmp_path, "ed25519")
+    fleet = Fleet(fingerprint_of_der_cert(der))
+    now = [1000.0]
+    checker = PeerHelloChecker(RECEIVER, fleet.list_servers, fleet.part,
+                               lambda g, p: fleet.local.get((g, p)), clock=lambda: now[0])
+    await checker.check(make_peer_hello(key, der, RECEIVER, 7, 0, 1, 21, now=now[0]).encode())
+    now[0] += ph.REPLAY_WINDOW_S - 1
+    assert (await refusal(checker, make_peer_hello(key, der, RECEIVER, 7, 0, 1, 21,
+                                                   now=now[0])))[0] == gp.GP_EREFUSED
+    now[0] += 2  # past the window: that link_id (a fresh hello) is forgotten
+    await checker.check(make_peer_hello(key, der, RECEIVER, 7, 0, 1, 21, now=now[0]).encode())
+
+
+# ------------------------------------------------------------------------- the rendezvous
+def links(lease: tuple[int, int] = (7, 1)) -> PeerLinks:
+    async def nowhere(group: int, part: int) -> PartServer | None:
+        return None
+    return PeerLinks("b", None, lambda session: lease if session == 42 else None, nowhere)
+
+
+async def test_accept_and_peer_hello_meet_in_either_order() -> None:
+    broker = links()
+    for hello_first in (False, True):
+        link = 100 + hello_first
+        req = PeerRequest(42, 7, 0, 1, link, "a")
+        ours, theirs = socket.socketpair()
+        if hello_first:
+            arrived = asyncio.ensure_future(broker.arrived(req))
+            await asyncio.sleep(0.05)
+            accept = asyncio.ensure_future(broker.accept(42, link, 0))
+        else:
+            accept = asyncio.ensure_future(broker.accept(42, link, 0))
+            await asyncio.sleep(0.05)
+            arrived = asyncio.ensure_future(broker.arrived(req))
+        (await arrived).deliver(os.dup(ours.fileno()))
+        fd = await accept
+        with socket.socket(fileno=fd) as got:
+            theirs.sendall(b"record")
+            assert got.recv(6) == b"record"
+        ours.close()
+        theirs.close()
+    assert not broker._waiting
+
+
+async def test_a_link_nobody_completes_fails_with_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peer_links, "PEER_ACCEPT_WAIT_S", 0.2)
+    broker = links()
+    with pytest.raises(LinkFailed, match="no server connected for link 5 from part 0"):
+        await broker.accept(42, 5, 0)
+    with pytest.raises(PeerRefused, match="the worker of part 1 did not ask for link 6"):
+        await broker.arrived(PeerRequest(42, 7, 0, 1, 6, "a"))
+    # the worker names another part than the server that connected
+    accept = asyncio.ensure_future(broker.accept(42, 8, 3))
+    await asyncio.sleep(0.05)
+    with pytest.raises(PeerRefused, match="asked for from part 3"):
+        await broker.arrived(PeerRequest(42, 7, 0, 1, 8, "a"))
+    with pytest.raises(LinkFailed, match="asked for from part 3"):
+        await accept
+    # an authenticated refusal reaches the waiting worker at once
+    accept = asyncio.ensure_future(broker.accept(42, 9, 0))
+    await asyncio.sleep(0.05)
+    broker.refused(9, "the link was refused here: too late")
+    with pytest.raises(LinkFailed, match="too late"):
+        await accept
+    # plain TCP, an unknown session, a lease not spread
+    with pytest.raises(LinkFailed, match="plain TCP"):
+        await broker.connect(42, 10, 0)
+    with pytest.raises(LinkFailed, match="session 41 is not running"):
+        await broker.connect(41, 10, 0)
+    with pytest.raises(LinkFailed, match="not spread"):
+        await links((0, 0)).accept(42, 10, 0)
+    msg, fd = await peer_links.answer(broker, 42, gp.WorkerPeerConnect(session_id=42, link_id=10,
+                                                                       to_part=0))
+    assert (msg.code, fd) == (peer_links.CUDA_ERROR_NOT_SUPPORTED, None) and "plain" in msg.error
+    msg, _ = await peer_links.answer(broker, 42, gp.WorkerPeerAccept(session_id=43, link_id=1))
+    assert msg.code == 801 and "session 43, which it does not serve" in msg.error
+
+
+# --------------------------------------------- both sides through an in-process listener
+async def test_a_link_through_a_listener_hands_plain_sockets_to_both_workers(
+        tmp_path: Path) -> None:
+    """Server a's broker connects to server b's listener (TLS, its pinned key), says a signed
+    peer_hello, both close TLS; b's worker's accept gets the other end: what a's worker writes
+    arrives as it is (no TLS left on the socket). A wrong registered key is refused with
+    words, and so is an address where nothing listens."""
+    a_ident, b_ident = ensure_identity(tmp_path / "a"), ensure_identity(tmp_path / "b")
+    daemon = await InProcessDaemon(StandInLeases(), tls_cert=b_ident.cert_path,
+                                   tls_key=b_ident.key_path).start()
+    where = {1: PartServer("b", f"{daemon.host}:{daemon.port}", b_ident.fingerprint, True)}
+
+    async def part_server(group: int, part: int) -> PartServer | None:
+        return where.get(part) if group == 7 else None
+
+    async def fleet() -> list[dict[str, Any]]:
+        return [{"name": "a", "fingerprint": a_ident.fingerprint, "state": "up"}]
+
+    async def a_part(group: int, part: int) -> PartServer | None:
+        return PartServer("a", "127.0.0.1:1", a_ident.fingerprint, True) if part == 0 else None
+
+    sender = PeerLinks("a", PeerIdentity(a_ident.cert_path, a_ident.key_path,
+                                         a_ident.fingerprint),
+                       lambda s: (7, 0) if s == 1 else None, part_server)
+    receiver = PeerLinks("b", None, lambda s: (7, 1) if s == 2 else None, part_server)
+    daemon.listener.peer_links = receiver
+    daemon.listener.peer_checker = PeerHelloChecker(b_ident.fingerprint, fleet, a_part,
+                                                    lambda g, p: 2 if (g, p) == (7, 1) else None)
+    try:
+        accept = asyncio.ensure_future(peer_links.answer(
+            receiver, 2, gp.WorkerPeerAccept(session_id=2, link_id=77, from_part=0)))
+        sent, send_fd = await peer_links.answer(
+            sender, 1, gp.WorkerPeerConnect(session_id=1, link_id=77, to_part=1))
+        got, recv_fd = await asyncio.wait_for(accept, 10)
+        assert (sent.code, got.code) == (0, 0), (sent.error, got.error)
+        assert send_fd is not None and recv_fd is not None
+        with socket.socket(fileno=send_fd) as out, socket.socket(fileno=recv_fd) as into:
+            out.sendall(b"\x05\x00\x00\x00first record")
+            into.settimeout(10)
+            data = b""
+            while len(data) < 16:
+                data += await asyncio.to_thread(into.recv, 16 - len(data))
+            assert data == b"\x05\x00\x00\x00first record"
+        assert receiver._counters.get("peer_links", side="accept", result="ok") == 1
+        # a wrong registered key: refused before anything is sent
+        where[1] = PartServer("b", where[1].remoting, a_ident.fingerprint, True)
+        with pytest.raises(LinkFailed, match="registers .* for it: another machine answers"):
+            await sender.connect(1, 78, 1)
+        closed = socket.create_server(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        closed.close()
+        where[1] = PartServer("b", f"127.0.0.1:{port}", b_ident.fingerprint, True)
+        with pytest.raises(LinkFailed, match=f"127.0.0.1:{port}\\) could not be reached from this "
+                           "server: .*open the remoting port between the fleet's servers"):
+            await sender.connect(1, 79, 1)
+        # a peer_hello the receiving server refuses: the sender hears its words
+        where[1] = PartServer("b", f"{daemon.host}:{daemon.port}", b_ident.fingerprint, True)
+        with pytest.raises(LinkFailed, match="refused the link \\(GP_EREFUSED\\): this server "
+                           "holds no running part 1"):
+            receiver._lease_part = lambda s: None
+            daemon.listener.peer_checker._local_part = lambda g, p: None
+            await sender.connect(1, 80, 1)
+    finally:
+        await daemon.listener.close()
+
+
+# ------------------------------------------------------------------------ a real gpupoold
+def _peer_frame(server: Any, msg: gp.PeerHello, tls: bool = True) -> gp.PeerHelloReply:
+    sock: Any = socket.create_connection((server.host, server.port), timeout=20)
+    if tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        sock = ctx.wrap_socket(sock)
+    with sock:
+        sock.sendall(gp.encode_frame(msg, 3))
+        head = b""
+        while len(head) < gp.HEADER.size:
+            head += sock.recv(gp.HEADER.size - len(head))
+        length, op, flags, req = gp.HEADER.unpack(head)
+        body = b""
+        while len(body) < length:
+            body += sock.recv(length - len(body))
+        assert (op, bool(flags & gp.FLAG_REPLY), req) == (gp.PeerHello.OP, True, 3)
+        return gp.PeerHelloReply.decode(body)
+
+
+def test_a_real_gpupoold_refuses_peer_hellos_with_words(
+        start_daemon: Any, native_build: Path, pg_url: str, tmp_path: Path) -> None:
+    """gpupoold on TLS in a fleet (PostgreSQL) where a registered server `a` holds part 0 of
+    spread lease 7 (its rows written here): each wrong peer_hello is refused with words; a plain
+    TCP gpupoold refuses any."""
+    b = start_daemon("--database", pg_url, simulated=1, build_dir=native_build)
+    b_fp = fingerprint_of_pem((b.state_dir / "identity" / "server.crt").read_bytes())
+    key, der, _, _ = make_identity(tmp_path / "a", "ec")
+    a = StoreDB(pg_url, server="a")
+    try:
+        a.server_up("127.0.0.1:1", "", time.time(), ServerRegistration(
+            fingerprint=fingerprint_of_der_cert(der)))
+        a.lease_started(new_lease("alice"), spread=(7, 0, 2))
+
+        def hello(link: int, **kw: Any) -> gp.PeerHello:
+            fields: dict[str, Any] = {"spread_group": 7, "from_part": 0, "to_part": 1,
+                                      "link_id": link, **kw}
+            return make_peer_hello(key, der, b_fp, **fields)
+
+        stranger = make_identity(tmp_path / "x", "ed25519")
+        cases = [
+            (make_peer_hello(stranger[0], stranger[1], b_fp, 7, 0, 1, 1), gp.GP_EAUTH,
+             "is not a server of this fleet"),
+            (make_peer_hello(key, der, RECEIVER, 7, 0, 1, 2), gp.GP_EAUTH,
+             "not signed by its key, or not for this server"),
+            (hello(3, now=time.time() - 600), gp.GP_EREFUSED, "synchronise the servers' clocks"),
+            (hello(4, spread_group=8), gp.GP_EREFUSED, "server a holds no part 0 of spread "
+             "lease 8"),
+            (hello(5), gp.GP_EREFUSED, "this server holds no running part 1 of spread lease 7"),
+            (hello(5), gp.GP_EREFUSED, "link 5 of server a was already asked for"),
+        ]
+        for msg, result, words in cases:
+            reply = _peer_frame(b, msg)
+            assert (reply.result, words in reply.message) == (result, True), reply.message
+        b.wait_for_log(r"peer_hello refused \(GP_EAUTH\): the key", timeout=10)
+        plain = start_daemon(simulated=1, build_dir=native_build, tls=False)
+        reply = _peer_frame(plain, hello(6), tls=False)
+        assert reply.result == gp.GP_EREFUSED and "plain TCP" in reply.message
+    finally:
+        a.close()
