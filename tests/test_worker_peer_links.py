@@ -17,8 +17,9 @@ from pathlib import Path
 
 import gpupool_protocol as gp
 import pytest
-from conftest import require
+from conftest import SANITIZER_MARKS, require
 from test_worker_control import HELLO_REQ, SIM, VA_BASE, VA_SIZE, WORKER, Client, RawWorker
+from worker_client import WorkerSession
 
 from gpupoold.workers import control
 
@@ -161,9 +162,15 @@ def test_copies_across_a_link_are_bit_exact(parts: tuple[Part, Part]) -> None:
     src, dst = s.alloc(size), d.alloc(size)
     data = os.urandom(size)
     s.write(src, data)
+    before_s, before_d = s.call(gp.Stats()), d.call(gp.Stats())
     for n in (1, 3 * MIB + 7, size):
         ok(*peer_copy(s, d, 0x51, src, dst, n, copy_id=n))
         assert d.read(dst, n) == data[:n], n
+    # Counted as the worker's copies (the dashboard's traffic): sent as d2h, received as h2d.
+    after_s, after_d = s.call(gp.Stats()), d.call(gp.Stats())
+    moved = 1 + 3 * MIB + 7 + size
+    assert after_s.d2h_bytes - before_s.d2h_bytes == moved  # type: ignore[attr-defined]
+    assert after_d.h2d_bytes - before_d.h2d_bytes == moved  # type: ignore[attr-defined]
     # Off an allocation's start too, and the link stays up for the next copy.
     ok(*peer_copy(s, d, 0x51, src + 4096 + 3, dst + 5, MIB + 1, copy_id=9))
     assert d.read(dst + 5, MIB + 1) == data[4096 + 3:4096 + 3 + MIB + 1]
@@ -282,3 +289,27 @@ def test_gpupoolds_refusal_reaches_the_client(parts: tuple[Part, Part]) -> None:
     assert s.request(gp.WorkerPeerConnect).link_id == 0x58  # type: ignore[attr-defined]
     s.answer(gp.WorkerPeerConnected(session_id=s.session, link_id=0x58, code=2, error="x"), None)
     assert s.reply(rs).code == 2  # type: ignore[attr-defined]
+
+
+def test_a_device_error_of_the_sender_reaches_the_receiver(parts: tuple[Part, Part]) -> None:
+    """The sender cannot read its memory: ABORT with the driver's code, both ends fail."""
+    s, d = parts
+    ok(*link(s, d, 0x59))
+    dst = d.alloc(MIB)
+    nowhere = VA_BASE + (VA_SIZE >> 1)  # in the window, never allocated
+    rd, rs = peer_copy(s, d, 0x59, nowhere, dst, MIB)
+    assert rs.code not in (0, CUDA_ERROR_NOT_SUPPORTED), rs  # type: ignore[attr-defined]
+    assert "reading" in rs.error and "device memory" in rs.error  # type: ignore[attr-defined]
+    assert rd.code == rs.code and "could not send the copy" in rd.error, rd  # type: ignore[attr-defined]
+
+
+def test_a_worker_without_gpupoold_makes_no_link(tmp_path: Path) -> None:
+    ws = WorkerSession(tmp_path)
+    try:
+        r, _ = ws.call(gp.PeerLink(link_id=1, key=KEY, role=gp.GP_PEER_SEND, peer_part=1))
+        assert r.code == CUDA_ERROR_NOT_SUPPORTED, r  # type: ignore[attr-defined]
+        assert "need gpupoold" in r.error and "through the client" in r.error  # type: ignore[attr-defined]
+    finally:
+        code = ws.close()
+    err = ws.stderr_text()
+    assert code == 0 and not any(bad in err for bad in SANITIZER_MARKS), err

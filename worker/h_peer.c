@@ -419,6 +419,17 @@ static CUresult send_copy(struct worker *w, struct link *l, const gp_peer_send *
     return CUDA_SUCCESS;
 }
 
+/* An ABORT record's code (never 0), with err saying why. */
+static CUresult aborted(struct worker *w, const uint8_t *p, char *err, size_t errlen)
+{
+    int32_t code = (int32_t)((uint32_t)p[1] | (uint32_t)p[2] << 8 | (uint32_t)p[3] << 16 |
+                             (uint32_t)p[4] << 24);
+    CUresult rc = code != 0 ? (CUresult)code : CUDA_ERROR_UNKNOWN;
+    snprintf(err, errlen, "the sending worker could not send the copy (%s; its own reply says why)",
+             wk_err_name(w, rc));
+    return rc;
+}
+
 /* The next record of the copy: DATA (its bytes in *data, *dn) or a failure (ABORT, anything
  * else, the link's end or silence) with err. */
 static CUresult next_data(struct worker *w, struct link *l, uint64_t left, const uint8_t **data,
@@ -428,13 +439,8 @@ static CUresult next_data(struct worker *w, struct link *l, uint64_t left, const
     size_t n;
     if (wk_peer_read(&l->end, w->peer_links->rec, SILENCE_MS, &p, &n, err, errlen) != 0)
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (p[0] == WK_PEER_ABORT && n == 5) {
-        int32_t code = (int32_t)((uint32_t)p[1] | (uint32_t)p[2] << 8 | (uint32_t)p[3] << 16 |
-                                 (uint32_t)p[4] << 24);
-        snprintf(err, errlen, "the sending worker could not read its device memory (%s)",
-                 wk_err_name(w, (CUresult)code));
-        return code != 0 ? (CUresult)code : CUDA_ERROR_UNKNOWN;
-    }
+    if (p[0] == WK_PEER_ABORT && n == 5)
+        return aborted(w, p, err, errlen);
     if (p[0] != WK_PEER_DATA || n < 2 || n - 1 > left) {
         snprintf(err, errlen,
                  "the link carried a record of kind %u and %zu bytes where the copy's next "
@@ -474,10 +480,8 @@ static CUresult recv_copy(struct worker *w, struct link *l, const gp_peer_recv *
     size_t n;
     if (wk_peer_read(&l->end, w->peer_links->rec, SILENCE_MS, &p, &n, err, errlen) != 0)
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (p[0] == WK_PEER_ABORT && n == 5) {
-        snprintf(err, errlen, "the sending worker refused the copy");
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (p[0] == WK_PEER_ABORT && n == 5)
+        return aborted(w, p, err, errlen);
     if (p[0] != WK_PEER_COPY || n != 17 || wk_peer_get64(p + 1) != m->copy_id ||
         wk_peer_get64(p + 9) != m->size) {
         snprintf(err, errlen,
@@ -493,8 +497,8 @@ static CUresult recv_copy(struct worker *w, struct link *l, const gp_peer_recv *
     size_t fill = 0;  /* of them, in staging buffer i and not yet on the device */
     int i = 0;
     while (rc == CUDA_SUCCESS && off < m->size) {
-        const uint8_t *data;
-        size_t dn;
+        const uint8_t *data = NULL;
+        size_t dn = 0;
         rc = next_data(w, l, m->size - off, &data, &dn, err, errlen);
         if (rc != CUDA_SUCCESS)
             break;
