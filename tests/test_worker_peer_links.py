@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,8 +195,9 @@ def test_a_wrong_key_fails_the_link_with_words(parts: tuple[Part, Part]) -> None
     assert "did not decrypt" in rd.error and "different keys" in rd.error  # type: ignore[attr-defined]
 
 
-def flipping_proxy(at: int) -> tuple[socket.socket, socket.socket, threading.Thread]:
-    """Two ends (for S, for D) of a connection that flips one bit of byte `at` on its way."""
+def proxy(alter: Callable[[bytes, int], bytes]) -> tuple[socket.socket, socket.socket, threading.Thread]:
+    """Two ends (for S, for D) of a connection whose bytes pass through alter(chunk, offset of
+    the chunk in the stream) on their way."""
     s_end, proxy_in = socket.socketpair()
     proxy_out, d_end = socket.socketpair()
 
@@ -204,11 +205,8 @@ def flipping_proxy(at: int) -> tuple[socket.socket, socket.socket, threading.Thr
         seen = 0
         try:
             while chunk := proxy_in.recv(65536):
-                if seen <= at < seen + len(chunk):
-                    chunk = bytearray(chunk)
-                    chunk[at - seen] ^= 0x10
+                proxy_out.sendall(alter(chunk, seen))
                 seen += len(chunk)
-                proxy_out.sendall(chunk)
         except OSError:
             pass
         finally:
@@ -220,24 +218,65 @@ def flipping_proxy(at: int) -> tuple[socket.socket, socket.socket, threading.Thr
     return s_end, d_end, t
 
 
+def flip_at(at: int) -> Callable[[bytes, int], bytes]:
+    def alter(chunk: bytes, seen: int) -> bytes:
+        if seen <= at < seen + len(chunk):
+            altered = bytearray(chunk)
+            altered[at - seen] ^= 0x10
+            return bytes(altered)
+        return chunk
+
+    return alter
+
+
+def replay_first(n: int) -> Callable[[bytes, int], bytes]:
+    """Sends the stream's first n bytes (one whole record) a second time right after them."""
+    first = bytearray()
+
+    def alter(chunk: bytes, seen: int) -> bytes:
+        if seen >= n:
+            return chunk
+        first.extend(chunk[: n - seen])
+        if len(first) < n:
+            return chunk
+        cut = n - seen
+        return chunk[:cut] + bytes(first) + chunk[cut:]
+
+    return alter
+
+
+HELLO_RECORD, COPY_RECORD = 4 + 9 + 16, 4 + 17 + 16
+
+
 def test_a_byte_altered_in_flight_fails_the_copy_and_closes_the_link(
         parts: tuple[Part, Part]) -> None:
     s, d = parts
-    hello_record, copy_record = 4 + 9 + 16, 4 + 17 + 16
-    s_end, d_end, proxy = flipping_proxy(hello_record + copy_record + 4 + 1000)
+    s_end, d_end, relay = proxy(flip_at(HELLO_RECORD + COPY_RECORD + 4 + 1000))
     ok(*link(s, d, 0x54, ends=(s_end, d_end)))
     size = 3 * MIB + 7
     src, dst = s.alloc(size), d.alloc(size)
     s.write(src, os.urandom(size))
     rd, _ = peer_copy(s, d, 0x54, src, dst, size)  # S may have handed it all to the link
     assert rd.code != 0 and "did not decrypt" in rd.error, rd  # type: ignore[attr-defined]
-    proxy.join(10)
-    assert not proxy.is_alive()  # D closed its end
+    relay.join(10)
+    assert not relay.is_alive()  # D closed its end
     rd = d.call(gp.PeerRecv(link_id=0x54, copy_id=2, dst=dst, size=1))
     assert rd.code == CUDA_ERROR_INVALID_VALUE and "no server-to-server link" in rd.error, rd  # type: ignore[attr-defined]
     s.send(gp.PeerUnlink(link_id=0x54))  # as the shim does after a failure (not answered)
     rs = s.call(gp.PeerSend(link_id=0x54, copy_id=2, src=src, size=1))
     assert rs.code == CUDA_ERROR_INVALID_VALUE, rs  # type: ignore[attr-defined]
+
+
+def test_a_replayed_record_does_not_decrypt(parts: tuple[Part, Part]) -> None:
+    """The record counter is the nonce: the link's hello sent again (a replay by whoever sits
+    on the connection) fails the next copy instead of passing for a record of it."""
+    s, d = parts
+    s_end, d_end, relay = proxy(replay_first(HELLO_RECORD))
+    ok(*link(s, d, 0x5A, ends=(s_end, d_end)))
+    src, dst = s.alloc(MIB), d.alloc(MIB)
+    rd, _ = peer_copy(s, d, 0x5A, src, dst, 10)
+    assert rd.code != 0 and "did not decrypt" in rd.error, rd  # type: ignore[attr-defined]
+    relay.join(10)
 
 
 @pytest.mark.parametrize("what", ["copy_id", "size"])
