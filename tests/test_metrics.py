@@ -46,6 +46,7 @@ FAMILIES = {
     "gpupool_calls": "counter", "gpupool_copy_bytes": "counter",
     "gpupool_call_duration_seconds": "histogram", "gpupool_connections": "counter",
     "gpupool_auth_failures": "counter", "gpupool_admission_refusals": "counter",
+    "gpupool_peer_links": "counter",
     "gpupool_scrub_duration_seconds": "histogram", "gpupool_scrub_failures": "counter",
     "gpupool_reset_duration_seconds": "histogram", "gpupool_reset_failures": "counter",
     "gpupool_build_info": "gauge",

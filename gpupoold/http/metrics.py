@@ -471,6 +471,16 @@ class Collector(_CollectorBase):
             for reason, value in sorted(_by_label(self.counters, name, "reason").items()):
                 adm.add_metric([interface, reason], value)
         yield adm
+        # Server-to-server links of spread leases (remoting/peer_links.py, issue 37).
+        links = CounterMetricFamily("gpupool_peer_links", "Server-to-server links of spread "
+                                    "leases: the workers' requests and the other servers' "
+                                    "peer_hellos, by result.", labels=["side", "result"])
+        for side, results in (("connect", ("ok", "refused")), ("accept", ("ok", "refused")),
+                              ("hello", ("ok", "refused", "auth"))):
+            for result in results:
+                links.add_metric([side, result],
+                                 self.counters.get("peer_links", side=side, result=result))
+        yield links
 
     # ------------------------------------------------------------------- scrub, reset, build
     def _service(self) -> Iterator[Metric]:

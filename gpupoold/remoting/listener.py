@@ -458,7 +458,7 @@ class RemotingListener:
             name = gp.RESULT_NAMES.get(exc.result, str(exc.result))
             log.warning("connection from %s: peer_hello refused (%s): %s", peer, name, exc.message)
             if links is not None:
-                links.count("accept", "auth" if exc.result == gp.GP_EAUTH else "refused")
+                links.count("hello", "auth" if exc.result == gp.GP_EAUTH else "refused")
             await self._send(writer, gp.PeerHelloReply(result=exc.result,
                                                        message=exc.message[:1023]), frame.req)
             await self._end_tls(writer)
@@ -482,6 +482,7 @@ class RemotingListener:
                      req.link_id, req.sender, exc)
             return
         meet.deliver(os.dup(writer.get_extra_info("socket").fileno()))
+        links.count("hello", "ok")
         log.info("lease %d: link %d from part %d (server %s) to part %d made", req.lease_id,
                  req.link_id, req.from_part, req.sender, req.to_part)
 

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 CUDA_ERROR_NOT_SUPPORTED = 801
 PEER_ACCEPT_WAIT_S = 10.0  # a link's peer_hello and its worker's accept wait this for the other
 CONNECT_TIMEOUT_S = 5.0  # to the other server's remoting port
-IO_TIMEOUT_S = 10.0  # each step of the TLS session with it
+IO_TIMEOUT_S = 15.0  # each step of the TLS session with it (its reply: up to PEER_ACCEPT_WAIT_S)
 REPLY_MAX_BODY = 4096
 THROUGH_CLIENT = ("open the remoting port between the fleet's servers, or copies between them "
                   "go through the client")
@@ -238,7 +238,9 @@ class PeerLinks:
                     meet.came.set_result(None)
 
     def count(self, side: str, result: str) -> None:
-        """`gpupool_peer_links_total{side, result}`: links made ("ok") or not, by reason."""
+        """`gpupool_peer_links_total{side, result}`: side `connect`/`accept` (a worker's
+        request: "ok" or "refused"), `hello` (another server's peer_hello: "ok", "refused",
+        "auth")."""
         self._counters.inc("peer_links", side=side, result=result)
 
     async def answer(self, session_id: int | None, ev: Any) -> tuple[Any, int | None]:
