@@ -441,7 +441,7 @@ static CUresult next_data(struct worker *w, struct link *l, uint64_t left, const
         return CUDA_ERROR_NOT_SUPPORTED;
     if (p[0] == WK_PEER_ABORT && n == 5)
         return aborted(w, p, err, errlen);
-    if (p[0] != WK_PEER_DATA || n < 2 || n - 1 > left) {
+    if (p[0] != WK_PEER_DATA || n < 2 || n - 1 > WK_PEER_DATA_MAX || n - 1 > left) {
         snprintf(err, errlen,
                  "the link carried a record of kind %u and %zu bytes where the copy's next "
                  "bytes (%llu left) were due",
