@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import re
 import socket
 import ssl
 import time
@@ -238,6 +239,20 @@ async def test_a_link_nobody_completes_fails_with_words(monkeypatch: pytest.Monk
     assert (msg.code, fd) == (peer_links.CUDA_ERROR_NOT_SUPPORTED, None) and "plain" in msg.error
     msg, _ = await peer_links.answer(broker, 42, gp.WorkerPeerAccept(session_id=43, link_id=1))
     assert msg.code == 801 and "session 43, which it does not serve" in msg.error
+
+
+async def test_a_key_that_cannot_sign_is_said(tmp_path: Path) -> None:
+    """A tls_key gpupoold cannot read to sign: the link is refused with the files named,
+    before any connection."""
+    _, _, cert, key = make_identity(tmp_path, "ec")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n")
+
+    async def there(group: int, part: int) -> PartServer | None:
+        return PartServer("b", "127.0.0.1:1", RECEIVER, True)
+
+    broker = PeerLinks("a", PeerIdentity(cert, key, "SHA256:x"), lambda s: (7, 0), there)
+    with pytest.raises(LinkFailed, match=re.escape(f"{key}) cannot sign a peer_hello: ")):
+        await broker.connect(1, 5, 1)
 
 
 # --------------------------------------------- both sides through an in-process listener

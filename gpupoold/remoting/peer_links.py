@@ -133,8 +133,13 @@ class PeerLinks:
         if not where.fingerprint:
             raise LinkFailed(f"server {where.server} speaks plain TCP: {PLAIN_TCP}")
         if self._context is None:
-            self._key, self._cert_der, self._context = await asyncio.to_thread(
-                _load_identity, self.identity)
+            try:
+                self._key, self._cert_der, self._context = await asyncio.to_thread(
+                    _load_identity, self.identity)
+            except (OSError, ValueError, ssl.SSLError) as exc:
+                raise LinkFailed(f"this server's TLS identity ({self.identity.cert}, "
+                                 f"{self.identity.key}) cannot sign a peer_hello: {exc}"
+                                 ) from None
         key, cert_der, ctx = self._key, self._cert_der, self._context
 
         def hello() -> gp.PeerHello:
@@ -267,8 +272,14 @@ async def answer(links: PeerLinks | None, session_id: int | None,
               else await links.accept(session_id, ev.link_id, ev.from_part))
         code, error = 0, ""
         links.count(side, "ok")
-    except LinkFailed as exc:
-        code, error = CUDA_ERROR_NOT_SUPPORTED, str(exc)
+    except Exception as exc:  # LinkFailed; or a bug, which costs this link (the worker hears it)
+        if not isinstance(exc, LinkFailed):
+            log.exception("[session %s] link %d (%s): unexpected error", session_id, ev.link_id,
+                          side)
+        code = CUDA_ERROR_NOT_SUPPORTED
+        error = str(exc) if isinstance(exc, LinkFailed) else (
+            f"gpupoold could not make the link ({type(exc).__name__}: {exc}); copies between "
+            "these servers go through the client")
         if links is not None:
             links.count(side, "refused")
         log.info("[session %s] link %d (%s): %s", session_id, ev.link_id, side, error)
