@@ -94,6 +94,7 @@ class _Rendezvous:
     def fail(self, message: str) -> None:
         if not self.sock.done():
             self.sock.set_exception(LinkFailed(message))
+            self.sock.exception()  # whoever waits still gets it; nobody waiting is no error
 
 
 class PeerLinks:
@@ -180,6 +181,7 @@ class PeerLinks:
             raise LinkFailed(f"link {link_id} was already asked for")
         meet.from_part = from_part
         meet.asked.set_result(None)
+        taken = False
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(meet.came), PEER_ACCEPT_WAIT_S)
@@ -192,14 +194,13 @@ class PeerLinks:
             except TimeoutError:
                 raise LinkFailed(f"the connection for link {link_id} was not handed over within "
                                  f"{PEER_ACCEPT_WAIT_S:g} s") from None
-            fd = meet.sock.result()  # LinkFailed: the listener's words
-            meet.sock = asyncio.get_running_loop().create_future()  # taken: nothing to close
-            return fd
+            taken = True
+            return meet.sock.result()  # LinkFailed: the listener's words
         finally:
             if self._waiting.get(key) is meet:
                 del self._waiting[key]
             meet.fail("the worker stopped waiting")
-            if meet.sock.done() and not meet.sock.cancelled() and meet.sock.exception() is None:
+            if not taken and meet.sock.exception() is None:
                 os.close(meet.sock.result())  # delivered as the worker gave up
 
     async def arrived(self, req: PeerRequest) -> _Rendezvous:
