@@ -381,3 +381,31 @@ def test_a_real_gpupoold_refuses_peer_hellos_with_words(
         assert reply.result == gp.GP_EREFUSED and "plain TCP" in reply.message
     finally:
         a.close()
+
+
+async def test_unknown_keys_count_as_failed_logins(tmp_path: Path) -> None:
+    """peer_hellos refused for their key count towards the address's failed logins (as bad
+    tokens do), and a blocked address's next one is refused before any check."""
+    b_ident = ensure_identity(tmp_path / "b")
+    daemon = await InProcessDaemon(StandInLeases(), tls_cert=b_ident.cert_path,
+                                   tls_key=b_ident.key_path,
+                                   login_failures_per_address=2).start()
+
+    async def fleet() -> list[dict[str, Any]]:
+        return []
+
+    async def nowhere(group: int, part: int) -> PartServer | None:
+        return None
+
+    daemon.listener.peer_links = links()
+    daemon.listener.peer_checker = PeerHelloChecker(b_ident.fingerprint, fleet, nowhere,
+                                                    lambda g, p: None)
+    key, der, _, _ = make_identity(tmp_path / "x", "ec")
+    try:
+        said = [await asyncio.to_thread(_peer_frame, daemon, make_peer_hello(
+            key, der, b_ident.fingerprint, 7, 0, 1, n)) for n in range(3)]
+        assert [r.result for r in said] == [gp.GP_EAUTH] * 3
+        assert "not a server of this fleet" in said[1].message
+        assert "too many refused logins or peer_hellos from 127.0.0.1" in said[2].message
+    finally:
+        await daemon.listener.close()

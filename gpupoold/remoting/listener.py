@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import ssl
@@ -447,11 +448,18 @@ class RemotingListener:
                 raise PeerRefused(gp.GP_EREFUSED, "this gpupoold makes no server-to-server links")
             if not isinstance(writer, TlsStream):
                 raise PeerRefused(gp.GP_EREFUSED, "this server speaks plain TCP: " + PLAIN_TCP)
+            wait = self.logins.blocked_for(peer_host(peer))  # as a hello from there would be
+            if wait > 0:
+                self.counters.inc("admission_refused", reason=FAILED_LOGINS)
+                raise PeerRefused(gp.GP_EAUTH, f"too many refused logins or peer_hellos from "
+                                  f"{peer_host(peer)}; retry in {math.ceil(wait)} s")
             try:
                 req = await checker.check(frame.body)
             except PeerRefused as exc:
                 if exc.link_id is not None:  # authenticated: its worker may hear why
                     links.refused(exc.link_id, f"the link was refused here: {exc.message}")
+                elif exc.result == gp.GP_EAUTH:  # an unknown key or a bad signature
+                    self.logins.failed(peer_host(peer))
                 raise
             meet = await links.arrived(req)
         except PeerRefused as exc:

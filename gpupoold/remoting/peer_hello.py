@@ -206,7 +206,8 @@ class PeerHelloChecker:
 
     def _remember(self, link_id: int, sender: str, now: float) -> None:
         """Refuse a link_id seen within REPLAY_WINDOW_S; remember it otherwise."""
-        for old, when in list(self._seen.items()):  # oldest first: stop at the first one kept
+        while self._seen:  # oldest first: stop at the first one kept
+            old, when = next(iter(self._seen.items()))
             if now - when <= REPLAY_WINDOW_S and len(self._seen) < MAX_REMEMBERED:
                 break
             del self._seen[old]
