@@ -15,7 +15,8 @@ FROM_WORKER: tuple[type, ...] = (gp.WorkerReady, gp.WorkerFailed, gp.WorkerStart
                                  gp.WorkerAdopted, gp.WorkerAdoptRefused, gp.WorkerDetachOk,
                                  gp.WorkerDetachNo, gp.WorkerWantsGpu, gp.WorkerIpcExport,
                                  gp.WorkerIpcOpen, gp.WorkerIpcExportEvent,
-                                 gp.WorkerIpcOpenEvent)
+                                 gp.WorkerIpcOpenEvent, gp.WorkerPeerConnect,
+                                 gp.WorkerPeerAccept)
 CONTROL_VERSIONS = frozenset({gp.GP_WORKER_CONTROL_VERSION})  # what this gpupoold can follow
 # Fields appended to a worker's message after builds that sent it without them, as the bytes
 # their "not said" value encodes to, one entry per older build, newest first: an adoptable worker
