@@ -20,17 +20,20 @@ B's 2 (devices 2, 3): no server has 4. At each rate, in the same run:
   raw TCP   bench/tcp_baseline.c from A to B and from the client to each server: a 256 MiB
             bulk stream one way (A to B, the client to the server) and 256 MiB answers the
             other (B to A, the server to the client);
-  gpupool   bench/spread_client.py in the client's namespace: 4 devices, distinct pointer
-            ranges, then the best of --reps cuMemcpyPeer of --mib MiB of random bytes from
-            device 0 to 2 (A to B), 2 to 0 (B to A) and 0 to 1 (within A: a peer copy on one
-            server, the reference), each read back and compared, bit-exact, outside the timing.
+  gpupool   bench/spread_client.py in the client's namespace, twice: with
+            GPUPOOL_SPREAD_COPY=server (copies across servers go from server to server) and
+            =client (through the client): 4 devices, distinct pointer ranges, then the best of
+            --reps cuMemcpyPeer of --mib MiB of random bytes from device 0 to 2 (A to B), 2 to
+            0 (B to A) and 0 to 1 (within A: a peer copy on one server, the reference), each
+            read back and compared, bit-exact, outside the timing.
 
-A copy across servers goes through the client today (device-to-host from the source's server,
-host-to-device to the destination's, in chunks): it crosses the client's link twice, once in
-each direction, so its bound is the slower of the two client legs (source server to client,
-client to destination server) when the legs overlap, half of that when they do not; raw TCP
-between A and B is the bound of a copy from server to server (not built yet). Prints a table,
-each copy's rate and its ratios to both, and what limits each figure. Exit status 1 when a
+Server to server, the source server's worker streams to the destination server's worker over a
+link the two gpupoolds opened: its bound is raw TCP between A and B. Through the client
+(device-to-host from the source's server, host-to-device to the destination's, in chunks) a
+copy crosses the client's link twice, once in each direction, so its bound is the slower of the
+two client legs (source server to client, client to destination server) when the legs overlap,
+half of that when they do not. Prints a table, each copy's rate by both paths and their ratios
+to both bounds, and what limits each figure. Exit status 1 when a
 figure could not be measured or a copy was not bit-exact (then the gpupool part says "spread
 copies: not measured: <the client's error>"). tests/test_spread_bench.py runs a short version.
 """
@@ -63,6 +66,7 @@ HOSTS = {"a": 11, "b": 12, "client": 13}
 NAMES = {"a": "A", "b": "B", "client": "client"}
 REMOTING_PORT, HTTP_PORT = 7070, 7071
 PAIRS = ((0, 2), (2, 0), (0, 1))
+PATHS = {"spread_server": "server to server", "spread": "through the client"}  # run's keys
 CLIENT = Path(__file__).resolve().parent / "spread_client.py"
 
 
@@ -77,24 +81,23 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def ip_of(host: str) -> str:
-    return f"{NET}.{HOSTS[host]}"
-
-
 class Lan:
-    """A bridge ({NET}.1) and one namespace per host with a veth on it; `shape(gbit)` puts a
-    tbf on both ends of every host's veth (its upload and its download). Removed by close()."""
+    """A bridge ({net}.1) and one namespace per host with a veth on it; `shape(gbit)` puts a
+    tbf on both ends of every host's veth (its upload and its download). Removed by close().
+    net and prefix (of the namespaces, "-"; the bridge, "br"; the veths) let a test make its own
+    beside the benchmark's (tests/test_spread_links_netns.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, net: str = NET, prefix: str = "gps") -> None:
         tag = os.getpid() % 100000
-        self.bridge = f"gpsbr{tag}"
-        self.ns = {h: f"gps-{h}-{tag}" for h in HOSTS}
-        self.veth = {h: f"gps{h[0]}{tag}" for h in HOSTS}  # its peer on the bridge: +"b"
+        self.net = net
+        self.bridge = f"{prefix}br{tag}"
+        self.ns = {h: f"{prefix}-{h}-{tag}" for h in HOSTS}
+        self.veth = {h: f"{prefix}{h[0]}{tag}" for h in HOSTS}  # its peer on the bridge: +"b"
         self._made: list[tuple[str, ...]] = []
         try:
             sh("ip", "link", "add", self.bridge, "type", "bridge")
             self._made.append(("ip", "link", "del", self.bridge))
-            sh("ip", "addr", "add", f"{NET}.1/24", "dev", self.bridge)
+            sh("ip", "addr", "add", f"{net}.1/24", "dev", self.bridge)
             sh("ip", "link", "set", self.bridge, "up")
             for h in HOSTS:
                 ns, veth = self.ns[h], self.veth[h]
@@ -103,12 +106,21 @@ class Lan:
                 sh("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}b")
                 sh("ip", "link", "set", veth, "netns", ns)
                 sh("ip", "link", "set", f"{veth}b", "master", self.bridge, "up")
-                sh("ip", "-n", ns, "addr", "add", f"{ip_of(h)}/24", "dev", veth)
+                sh("ip", "-n", ns, "addr", "add", f"{self.ip(h)}/24", "dev", veth)
                 sh("ip", "-n", ns, "link", "set", veth, "up")
                 sh("ip", "-n", ns, "link", "set", "lo", "up")
         except BaseException:
             self.close()
             raise
+
+    def ip(self, host: str) -> str:
+        return f"{self.net}.{HOSTS[host]}"
+
+    def cut(self, h1: str, h2: str) -> None:
+        """Hosts h1 and h2 can no longer reach each other (an unreachable route in each one's
+        namespace: a connection fails at once), while both still reach the others."""
+        for src, dst in ((h1, h2), (h2, h1)):
+            sh("ip", "-n", self.ns[src], "route", "add", "unreachable", f"{self.ip(dst)}/32")
 
     def shape(self, gbit: float | None) -> None:
         for h in HOSTS:
@@ -134,14 +146,15 @@ class Server:
 
     def __init__(self, lan: Lan, h: str, database: str) -> None:
         self.name = h
+        self.ip = lan.ip(h)
         self.state = Path(tempfile.mkdtemp(prefix=f"gpupool-spread-{h}-"))
         self.log_path = self.state / "gpupoold.log"
-        self.address = f"{ip_of(h)}:{REMOTING_PORT}"
+        self.address = f"{self.ip}:{REMOTING_PORT}"
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), str(ROOT / "protocol" / "python"), *filter(None, [self.env.get("PYTHONPATH")])])
         cmd = ["ip", "netns", "exec", lan.ns[h], sys.executable, "-m", "gpupoold", "serve",
-               "--simulated", "2", "--listen", self.address, "--http", f"{ip_of(h)}:{HTTP_PORT}",
+               "--simulated", "2", "--listen", self.address, "--http", f"{self.ip}:{HTTP_PORT}",
                "--database", database, "--state-dir", str(self.state),
                "--worker", str(BUILD / "gpupool-worker"), "--sim-lib",
                str(BUILD / "libgpupool-sim.so")]
@@ -172,7 +185,7 @@ class Server:
         self.admin = (self.state / "local-admin.token").read_text().strip()
 
     def get(self, path: str) -> Any:
-        req = urllib.request.Request(f"https://{ip_of(self.name)}:{HTTP_PORT}{path}",
+        req = urllib.request.Request(f"https://{self.ip}:{HTTP_PORT}{path}",
                                      headers={"Authorization": f"Bearer {self.admin}"})
         with urllib.request.urlopen(req, timeout=30, context=self.ssl) as reply:
             return json.loads(reply.read())
@@ -221,7 +234,7 @@ def raw_tcp(lan: Lan, tcp: Path) -> dict[str, float | None]:
     got: dict[str, float | None] = {}
     for src, dst in (("a", "b"), ("client", "a"), ("client", "b")):
         proc = subprocess.run(["ip", "netns", "exec", lan.ns[src], str(tcp), "--server-netns",
-                               lan.ns[dst], "--host", ip_of(dst), "--quick", "--reps", "1"],
+                               lan.ns[dst], "--host", lan.ip(dst), "--quick", "--reps", "1"],
                               capture_output=True, text=True, timeout=600)
         try:
             r = json.loads(proc.stdout)
@@ -233,16 +246,48 @@ def raw_tcp(lan: Lan, tcp: Path) -> dict[str, float | None]:
     return got
 
 
-def spread_copies(lan: Lan, a: Server, token: str, mib: int,
-                  reps: int) -> tuple[dict[str, Any] | None, str]:
-    """bench/spread_client.py in the client's namespace, naming and pinning A only: its RESULT,
-    or None and why not."""
+def start_fleet(lan: Lan, database: str) -> tuple[dict[str, Server], str]:
+    """gpupoold A and B on `database`, started, with a token made on A; once A sees the fleet's
+    4 GPUs. The servers are in the dict as soon as they run (close them on failure too)."""
+    servers: dict[str, Server] = {}
+    try:
+        for h in ("a", "b"):
+            servers[h] = Server(lan, h, database)
+        for s in servers.values():
+            s.wait_started()
+        a = servers["a"]
+        made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name",
+                               "spread-bench", "--database", database, "--state-dir",
+                               str(a.state)], env=a.env, cwd=ROOT, capture_output=True, text=True,
+                              check=True)
+        token = made.stdout.strip().splitlines()[-1]
+        wait("A sees the fleet's 4 GPUs", lambda: sorted(
+            (v["state"], len(v["gpus"])) for v in a.get("/api/v1/fleet")["servers"])
+            == [("up", 2), ("up", 2)])
+    except BaseException:
+        for s in servers.values():
+            s.close()
+        raise
+    return servers, token
+
+
+def client_env(a: Server, token: str, **more: str) -> dict[str, str]:
+    """The environment of a client of GPUPOOL_GPUS=4 spread, naming and pinning A only."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.pop("LD_PRELOAD", None)
     env.update(LD_LIBRARY_PATH=str(BUILD / "client"), GPUPOOL_SERVER=a.address,
                GPUPOOL_TOKEN=token, GPUPOOL_CONFIG="none", GPUPOOL_TLS_FINGERPRINT=a.fingerprint,
                GPUPOOL_GPUS="4", GPUPOOL_SPREAD="1", GPUPOOL_COMPRESSION="off",
-               GPUPOOL_CONNECT_TIMEOUT="60")
+               GPUPOOL_CONNECT_TIMEOUT="60", **more)
+    return env
+
+
+def spread_copies(lan: Lan, a: Server, token: str, mib: int, reps: int,
+                  path: str) -> tuple[dict[str, Any] | None, str]:
+    """bench/spread_client.py in the client's namespace, naming and pinning A only, its copies
+    across servers going `path` (GPUPOOL_SPREAD_COPY: "server" or "client"): its RESULT, or
+    None and why not."""
+    env = client_env(a, token, GPUPOOL_SPREAD_COPY=path)
     pairs = ",".join(f"{s}:{d}" for s, d in PAIRS)
     try:
         proc = subprocess.run(["ip", "netns", "exec", lan.ns["client"], sys.executable,
@@ -303,31 +348,23 @@ def main() -> int:
     problems: list[str] = []
     try:
         lan = Lan()
-        for h in ("a", "b"):
-            servers[h] = Server(lan, h, database)
-        for s in servers.values():
-            s.wait_started()
+        servers, token = start_fleet(lan, database)
         a = servers["a"]
-        made = subprocess.run([sys.executable, "-m", "gpupoold", "token", "create", "--name",
-                               "spread-bench", "--database", database, "--state-dir",
-                               str(a.state)], env=a.env, cwd=ROOT, capture_output=True, text=True,
-                              check=True)
-        token = made.stdout.strip().splitlines()[-1]
-        wait("A sees the fleet's 4 GPUs", lambda: sorted(
-            (v["state"], len(v["gpus"])) for v in a.get("/api/v1/fleet")["servers"])
-            == [("up", 2), ("up", 2)])
         for rate in rates:
             label = "unshaped" if rate is None else f"{rate:g} Gbit/s"
             lan.shape(rate)
             raw = raw_tcp(lan, tcp)
             log(f"{label}: raw TCP " + ", ".join(f"{k} {gbit(v)}" for k, v in raw.items())
                 + " Gbit/s")
-            wait("both servers' GPUs free", lambda: all(s.quiet() for s in servers.values()))
-            result, why = spread_copies(lan, a, token, args.mib, args.reps)
-            if result is None:
-                log(f"{label}: spread copies: not measured: {why}")
-            runs.append({"rate": rate, "label": label, "raw": raw, "spread": result,
-                         "error": why})
+            run: dict[str, Any] = {"rate": rate, "label": label, "raw": raw}
+            # The same copies server to server, then through the client, one after the other.
+            for key, path in (("spread_server", "server"), ("spread", "client")):
+                wait("both servers' GPUs free", lambda: all(s.quiet() for s in servers.values()))
+                result, why = spread_copies(lan, a, token, args.mib, args.reps, path)
+                if result is None:
+                    log(f"{label}: spread copies ({PATHS[key]}): not measured: {why}")
+                run[key], run[f"{key}_error"] = result, why
+            runs.append(run)
     finally:
         for s in servers.values():
             s.close()
@@ -348,28 +385,33 @@ def main() -> int:
             src, _, dst = key.partition(">")
             body.append((run["label"], f"raw TCP {NAMES[src]}->{NAMES[dst]}", "-",
                          gbit(raw[key]), "", "", "", ""))
-        result = run["spread"]
+        for key in ("spread_server", "spread"):
+            result = run[key]
+            if result is None:
+                problems.append(f"{run['label']}: spread copies ({PATHS[key]}): not measured: "
+                                f"{run[key + '_error']}")
+                continue
+            if result["devices"] != 4:
+                problems.append(f"{run['label']}: {result['devices']} devices, not 4")
+            for c in result["copies"]:
+                src, dst = c["src"], c["dst"]
+                if not c["exact"]:
+                    problems.append(f"{run['label']}: copy {src}->{dst} ({PATHS[key]}) not "
+                                    "bit-exact")
+                if (src < 2) != (dst < 2):
+                    hs, hd = ("a", "b") if src < 2 else ("b", "a")
+                    direct = raw[f"{hs}>{hd}"]
+                    legs = [raw[f"{hs}>client"], raw[f"client>{hd}"]]
+                    leg = None if None in legs else min(v for v in legs if v is not None)
+                    body.append((run["label"], f"peer {src}->{dst} ({NAMES[hs]}->{NAMES[hd]})",
+                                 PATHS[key], gbit(c["bps"]), gbit(direct),
+                                 ratio(c["bps"], direct), gbit(leg), ratio(c["bps"], leg)))
+                elif key == "spread":  # within A: the same either way, shown once
+                    body.append((run["label"], f"peer {src}->{dst} (within A)", "on the server",
+                                 gbit(c["bps"]), "", "", "", ""))
+        result = run["spread"] or run["spread_server"]
         if result is None:
-            problems.append(f"{run['label']}: spread copies: not measured: {run['error']}")
             continue
-        if result["devices"] != 4:
-            problems.append(f"{run['label']}: {result['devices']} devices, not 4")
-        for c in result["copies"]:
-            src, dst = c["src"], c["dst"]
-            if not c["exact"]:
-                problems.append(f"{run['label']}: copy {src}->{dst} not bit-exact")
-            across = (src < 2) != (dst < 2)
-            if across:
-                hs, hd = ("a", "b") if src < 2 else ("b", "a")
-                direct = raw[f"{hs}>{hd}"]
-                legs = [raw[f"{hs}>client"], raw[f"client>{hd}"]]
-                leg = None if None in legs else min(v for v in legs if v is not None)
-                body.append((run["label"], f"peer {src}->{dst} ({NAMES[hs]}->{NAMES[hd]})",
-                             "through the client", gbit(c["bps"]), gbit(direct),
-                             ratio(c["bps"], direct), gbit(leg), ratio(c["bps"], leg)))
-            else:
-                body.append((run["label"], f"peer {src}->{dst} (within A)", "on the server",
-                             gbit(c["bps"]), "", "", "", ""))
         notes.append(f"{run['label']}: {result['devices']} devices, distinct pointer ranges, "
                      f"cuPointerGetAttribute right for each; every copy bit-exact "
                      f"({result['copies'][0]['bytes'] // MIB} MiB, best of "
@@ -377,13 +419,17 @@ def main() -> int:
                      + ", ".join(f"{k.replace(':', ' to ')}: {v}"
                                  for k, v in result["can_access_peer"].items()))
     notes += [
-        "A peer copy across servers goes through the client: device-to-host from the source's "
-        "server, host-to-device to the destination's. It crosses the client's link twice, once "
-        "each way: \"client legs\" is the slower of the two raw TCP legs (source server to client, "
-        "client to destination server), its bound when the legs overlap (half of it when they do "
-        "not); \"raw TCP A<->B\" is the bound of a copy from server to server (not built yet).",
+        "server to server: the source server's worker streams to the destination server's worker "
+        "over a link the two gpupoolds opened (AES-256-GCM records on TCP; GPUPOOL_SPREAD_COPY="
+        "server); the client only orders the copy. Its bound is raw TCP A<->B.",
+        "through the client: device-to-host from the source's server, host-to-device to the "
+        "destination's (GPUPOOL_SPREAD_COPY=client, and auto's fallback when the servers cannot "
+        "reach each other). It crosses the client's link twice, once each way: \"client legs\" "
+        "is the slower of the two raw TCP legs (source server to client, client to destination "
+        "server), its bound when the legs overlap (half of it when they do not).",
         "Unshaped, the CPU sets every figure (2 cores shared by 3 namespaces' processes: the "
-        "servers' workers, the client, the TLS on each connection); shaped, the link does.",
+        "servers' workers, the client, the TLS on each connection, the links' AES-GCM); "
+        "shaped, the link does.",
         "The peer copy within A runs on the server (the simulated GPUs' memory copy): the "
         "reference of a peer copy on one server, with no network in it.",
     ]

@@ -13,7 +13,9 @@ the driver refuses a device that is no peer), a stream of device 0 waiting for a
 last device, an async peer copy and an async read from the last device on that stream, a
 device-to-device copy between the last two devices (cuMemcpyDtoD_v2, both on another server in
 a spread lease) and a memset of the last device; at the end every buffer is freed with device
-0's context current. Prints `PASS spread_gpus pairs=P` and exits 0; otherwise `FAIL spread_gpus: ...` and exit 1.
+0's context current. With GPUPOOL_CALL_COUNTS=1 it then prints `counts {json}` (the shim's
+gpupool_call_counts: frames and bytes per op). Prints `PASS spread_gpus pairs=P` and exits 0;
+otherwise `FAIL spread_gpus: ...` and exit 1.
 With `hold` it prints `holding` after the copies and waits for a line on stdin (a test kills
 it there, or one of its servers), then reads device 0's bytes once more and prints `after hold
 NAME` (the result's name; exit 2 unless CUDA_SUCCESS).
@@ -300,6 +302,12 @@ def main() -> int:
     for ordinal in range(want):  # a failed free would be the next synchronising call's error
         check("cuCtxSetCurrent", ctxs[ordinal])
         check("cuCtxSynchronize")
+    if os.environ.get("GPUPOOL_CALL_COUNTS") == "1":  # what crossed this process's links
+        fn = cuda.gpupool_call_counts
+        fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+        buf = ctypes.create_string_buffer(fn(None, 0) + 1)
+        fn(buf, len(buf))
+        print(f"counts {buf.value.decode()}")
     print(f"PASS spread_gpus pairs={pairs}")
     return 0
 
