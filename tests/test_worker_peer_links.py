@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,8 +106,8 @@ def start_part(cache: Path, session: int) -> Part:
     return Part(rw, c, session)
 
 
-@pytest.fixture
-def parts(tmp_path: Path) -> Iterator[tuple[Part, Part]]:
+@contextmanager
+def two_parts(tmp_path: Path) -> Iterator[tuple[Part, Part]]:
     """The source part's worker (S) and the destination part's (D)."""
     s = start_part(tmp_path / "s", 71)
     d = start_part(tmp_path / "d", 72)
@@ -118,6 +119,12 @@ def parts(tmp_path: Path) -> Iterator[tuple[Part, Part]]:
         finally:
             p.rw.ctl.shutdown(socket.SHUT_RDWR)
             p.rw.finish(timeout=20)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[tuple[Part, Part]]:
+    with two_parts(tmp_path) as both:
+        yield both
 
 
 def link(s: Part, d: Part, link_id: int, key_s: bytes = KEY, key_d: bytes = KEY,
@@ -253,18 +260,21 @@ def test_a_byte_altered_in_flight_fails_the_copy_and_closes_the_link(
     s, d = parts
     s_end, d_end, relay = proxy(flip_at(HELLO_RECORD + COPY_RECORD + 4 + 1000))
     ok(*link(s, d, 0x54, ends=(s_end, d_end)))
-    size = 3 * MIB + 7
+    # More than the sockets between S and D hold: D fails on the first DATA record and closes
+    # its end while S still writes, so S's copy fails too.
+    size = 16 * MIB + 7
     src, dst = s.alloc(size), d.alloc(size)
     s.write(src, os.urandom(size))
-    rd, _ = peer_copy(s, d, 0x54, src, dst, size)  # S may have handed it all to the link
+    rd, rs = peer_copy(s, d, 0x54, src, dst, size)
     assert rd.code != 0 and "did not decrypt" in rd.error, rd  # type: ignore[attr-defined]
+    assert rs.code != 0 and "closed the link" in rs.error, rs  # type: ignore[attr-defined]
     relay.join(10)
     assert not relay.is_alive()  # D closed its end
     rd = d.call(gp.PeerRecv(link_id=0x54, copy_id=2, dst=dst, size=1))
     assert rd.code == CUDA_ERROR_INVALID_VALUE and "no server-to-server link" in rd.error, rd  # type: ignore[attr-defined]
-    s.send(gp.PeerUnlink(link_id=0x54))  # as the shim does after a failure (not answered)
+    # S closed its own end too (no peer_unlink sent): the link is gone there as well.
     rs = s.call(gp.PeerSend(link_id=0x54, copy_id=2, src=src, size=1))
-    assert rs.code == CUDA_ERROR_INVALID_VALUE, rs  # type: ignore[attr-defined]
+    assert rs.code == CUDA_ERROR_INVALID_VALUE and "no server-to-server link" in rs.error, rs  # type: ignore[attr-defined]
 
 
 def test_a_replayed_record_does_not_decrypt(parts: tuple[Part, Part]) -> None:
@@ -300,8 +310,6 @@ def test_calls_that_name_no_usable_link_are_refused_with_words(parts: tuple[Part
     assert rs.code == CUDA_ERROR_INVALID_VALUE, rs  # type: ignore[attr-defined]
     assert "no server-to-server link 0x999" in rs.error  # type: ignore[attr-defined]
     ok(*link(s, d, 0x56))
-    rs = s.call(gp.PeerRecv(link_id=0x56, copy_id=1, dst=src, size=1))  # S's end sends
-    assert rs.code == CUDA_ERROR_INVALID_VALUE and "sending end" in rs.error, rs  # type: ignore[attr-defined]
     rs = s.call(gp.PeerLink(link_id=0x56, key=KEY, role=gp.GP_PEER_SEND, peer_part=D_PART))
     assert rs.code == CUDA_ERROR_INVALID_VALUE and "in use" in rs.error, rs  # type: ignore[attr-defined]
     rs = s.call(gp.PeerLink(link_id=0x57, key=KEY, role=7, peer_part=D_PART))
@@ -311,6 +319,16 @@ def test_calls_that_name_no_usable_link_are_refused_with_words(parts: tuple[Part
     rd, rs = peer_copy(s, d, 0x56, src, dst, 0)
     assert rd.code == rs.code == CUDA_ERROR_INVALID_VALUE, (rd, rs)  # type: ignore[attr-defined]
     assert "0 bytes" in rd.error and "0 bytes" in rs.error  # type: ignore[attr-defined]
+    # A copy asked of the wrong end is refused and closes that end, so the other end's copy
+    # fails at once with the link's end, not after its 30 s silence limit.
+    ok(*link(s, d, 0x5B))
+    rd = d.send(gp.PeerRecv(link_id=0x5B, copy_id=1, dst=dst, size=1))
+    t0 = time.monotonic()
+    rs = s.call(gp.PeerRecv(link_id=0x5B, copy_id=1, dst=src, size=1))  # S's end sends
+    assert rs.code == CUDA_ERROR_INVALID_VALUE and "sending end" in rs.error, rs  # type: ignore[attr-defined]
+    r = d.reply(rd)
+    assert r.code == CUDA_ERROR_NOT_SUPPORTED and "closed the link" in r.error, r  # type: ignore[attr-defined]
+    assert time.monotonic() - t0 < 15
 
 
 def test_gpupoolds_refusal_reaches_the_client(parts: tuple[Part, Part]) -> None:
@@ -352,3 +370,133 @@ def test_a_worker_without_gpupoold_makes_no_link(tmp_path: Path) -> None:
         code = ws.close()
     err = ws.stderr_text()
     assert code == 0 and not any(bad in err for bad in SANITIZER_MARKS), err
+
+
+def test_the_sender_refusing_a_copy_fails_the_receiver_at_once_with_its_reason(
+        parts: tuple[Part, Part]) -> None:
+    """S refuses before reading any memory (here: a range that wraps): its ABORT, sent before
+    any COPY, carries its words, and D fails at once with them."""
+    s, d = parts
+    ok(*link(s, d, 0x5C))
+    dst = d.alloc(MIB)
+    t0 = time.monotonic()
+    rd, rs = peer_copy(s, d, 0x5C, (1 << 64) - 50, dst, 100)
+    assert time.monotonic() - t0 < 15  # not the 30 s silence limit
+    assert rs.code == CUDA_ERROR_INVALID_VALUE and "no device range" in rs.error, rs  # type: ignore[attr-defined]
+    assert rd.code == CUDA_ERROR_INVALID_VALUE, rd  # type: ignore[attr-defined]
+    assert "could not send the copy" in rd.error and "no device range" in rd.error, rd  # type: ignore[attr-defined]
+
+
+def test_a_copy_larger_than_any_device_range_is_refused_on_both_ends(
+        parts: tuple[Part, Part]) -> None:
+    s, d = parts
+    ok(*link(s, d, 0x5D))
+    src, dst = s.alloc(MIB), d.alloc(MIB)
+    rd, rs = peer_copy(s, d, 0x5D, src, dst, 1 << 60)
+    for r in (rd, rs):
+        assert r.code == CUDA_ERROR_INVALID_VALUE, r  # type: ignore[attr-defined]
+        assert "larger than any device range" in r.error, r  # type: ignore[attr-defined]
+
+
+def dribble_after(n: int, every: float) -> tuple[socket.socket, socket.socket, threading.Thread]:
+    """Two ends (for S, for D) of a connection that passes the first n bytes at once, then one
+    byte every `every` s: a peer that is never silent for long but never finishes a record."""
+    s_end, proxy_in = socket.socketpair()
+    proxy_out, d_end = socket.socketpair()
+
+    def run() -> None:
+        try:
+            proxy_out.sendall(proxy_in.recv(n, socket.MSG_WAITALL))
+            while byte := proxy_in.recv(1):
+                time.sleep(every)
+                proxy_out.sendall(byte)
+        except OSError:
+            pass
+        finally:
+            proxy_in.close()
+            proxy_out.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return s_end, d_end, t
+
+
+def test_a_peer_that_dribbles_bytes_fails_the_copy_at_the_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One deadline per record: a byte every 100 ms restarts nothing, and with a 1 s limit the
+    copy fails in about 1 s, with words (the COPY record alone would take 3.7 s)."""
+    monkeypatch.setenv("GPUPOOL_WORKER_PEER_SILENCE_MS", "1000")
+    with two_parts(tmp_path) as (s, d):
+        s_end, d_end, relay = dribble_after(HELLO_RECORD, 0.1)
+        ok(*link(s, d, 0x5E, ends=(s_end, d_end)))
+        src, dst = s.alloc(MIB), d.alloc(MIB)
+        t0 = time.monotonic()
+        rd, _ = peer_copy(s, d, 0x5E, src, dst, 100)
+        took = time.monotonic() - t0
+        assert rd.code == CUDA_ERROR_NOT_SUPPORTED, rd  # type: ignore[attr-defined]
+        assert "did not send a whole record in 1.000 s" in rd.error, rd  # type: ignore[attr-defined]
+        assert took < 3.5, took  # well before the COPY record could have arrived
+        relay.join(10)
+
+
+def alter_at(at: int, new: bytes) -> Callable[[bytes, int], bytes]:
+    def alter(chunk: bytes, seen: int) -> bytes:
+        b = bytearray(chunk)
+        for k, v in enumerate(new):
+            if seen <= at + k < seen + len(chunk):
+                b[at + k - seen] = v
+        return bytes(b)
+
+    return alter
+
+
+def test_a_record_longer_than_the_maximum_fails_the_copy(parts: tuple[Part, Part]) -> None:
+    s, d = parts
+    too_long = (1 << 20) + 64 + 1
+    s_end, d_end, _ = proxy(alter_at(HELLO_RECORD, too_long.to_bytes(4, "little")))
+    ok(*link(s, d, 0x5F, ends=(s_end, d_end)))
+    src, dst = s.alloc(MIB), d.alloc(MIB)
+    rd, _ = peer_copy(s, d, 0x5F, src, dst, 100)
+    assert rd.code == CUDA_ERROR_NOT_SUPPORTED, rd  # type: ignore[attr-defined]
+    assert f"a record of {too_long} bytes" in rd.error, rd  # type: ignore[attr-defined]
+
+
+def open_fds(p: Part) -> int:
+    return len(os.listdir(f"/proc/{p.rw.proc.pid}/fd"))
+
+
+def test_answers_that_are_not_this_links_are_dropped_and_their_sockets_closed(
+        parts: tuple[Part, Part]) -> None:
+    s, _ = parts
+    before = open_fds(s)
+    rs = s.send(gp.PeerLink(link_id=0x60, key=KEY, role=gp.GP_PEER_SEND, peer_part=D_PART))
+    s.request(gp.WorkerPeerConnect)
+    # A late answer for another link, then one for this link but another session: both come
+    # with a socket, neither is taken, both sockets closed.
+    for link_id, session in ((0x61, s.session), (0x60, s.session + 1)):
+        a, b = socket.socketpair()
+        s.answer(gp.WorkerPeerConnected(session_id=session, link_id=link_id), a)
+        a.close()
+        b.close()
+    # This link's answer: code 0 but no socket.
+    s.answer(gp.WorkerPeerConnected(session_id=s.session, link_id=0x60), None)
+    r = s.reply(rs)
+    assert r.code not in (0, CUDA_ERROR_NOT_SUPPORTED), r  # type: ignore[attr-defined]
+    assert "without the link's socket" in r.error, r  # type: ignore[attr-defined]
+    assert open_fds(s) == before
+
+
+def test_worker_end_during_the_wait_for_gpupoold_ends_the_session_cleanly(tmp_path: Path) -> None:
+    s = start_part(tmp_path / "s", 73)
+    try:
+        s.send(gp.PeerLink(link_id=0x62, key=KEY, role=gp.GP_PEER_SEND, peer_part=D_PART))
+        s.request(gp.WorkerPeerConnect)
+        s.rw.ctl.send(control.encode(gp.WorkerEnd(code=100007, text="maintenance")))
+        ended = s.request(gp.WorkerEnded)
+        assert ended.reason == "server ended", ended  # type: ignore[attr-defined]
+        s.client.wait_closed()
+    finally:
+        s.client.close()
+        s.rw.ctl.shutdown(socket.SHUT_RDWR)
+        code, err = s.rw.finish(timeout=20)
+    assert code == 0, err

@@ -41,10 +41,12 @@ void wk_staging_drop_events(struct worker *w, uint64_t ctx_id)
 {
     if (w->st.ev_ctx == ctx_id)
         events_destroy(w);
+    wk_peer_ctx_gone(w, ctx_id, 0); /* the context's stream for peer copies goes with it */
 }
 
 void wk_staging_release(struct worker *w)
 {
+    wk_peer_ctx_gone(w, 0, 1); /* a primary context's reset, or the session's end */
     events_destroy(w);
     for (int i = 0; i < 2; i++) {
         if (!w->st.buf[i])
@@ -194,6 +196,11 @@ static int htod_sim_direct(struct worker *w, const gp_memcpy_htod *m, CUresult *
 static uint64_t copy_limit(const struct worker *w)
 {
     return w->va_size > w->snap.total_mem ? w->va_size : w->snap.total_mem;
+}
+
+uint64_t wk_copy_limit(const struct worker *w)
+{
+    return copy_limit(w);
 }
 
 WK_HANDLER(memcpy_htod)

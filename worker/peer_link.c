@@ -1,12 +1,16 @@
 /*
  * peer_link.c: sealing, opening, writing and reading the records of a server-to-server link
- * (peer_link.h says the format). The socket is non-blocking and every wait is a poll with the
- * caller's progress timeout, so a silent or stuck peer costs at most that long; writes never
- * raise SIGPIPE (MSG_NOSIGNAL). Nothing here trusts the other worker: a length over the limit,
- * a record that does not decrypt under the link's key and counter, or a short read fails.
+ * (peer_link.h says the format). The socket is non-blocking and a whole record, read or written,
+ * has ONE deadline (the caller's limit): a peer that dribbles a byte now and then cannot hold a
+ * copy longer than that, as a silent one cannot. TCP_USER_TIMEOUT bounds what the kernel keeps
+ * unacknowledged too. Writes never raise SIGPIPE (MSG_NOSIGNAL). Nothing here trusts the other
+ * worker: a length over the limit, a record that does not decrypt under the link's key and
+ * counter, or a short read fails.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,7 +24,7 @@
 #include "peer_link.h"
 
 int wk_peer_end_open(struct wk_peer_end *e, int fd, int sealing, const uint8_t key[WK_PEER_KEY],
-                     char *err, size_t errlen)
+                     int timeout_ms, char *err, size_t errlen)
 {
     e->fd = -1;
     e->sealing = sealing;
@@ -31,6 +35,13 @@ int wk_peer_end_open(struct wk_peer_end *e, int fd, int sealing, const uint8_t k
         snprintf(err, errlen, "the link's socket: %s", strerror(errno));
         goto fail;
     }
+    /* Data the other server's kernel stops acknowledging fails the connection after the link's
+     * limit, not the kernel's default of about 15 minutes of retransmissions. Not a TCP socket
+     * (the tests' socket pairs): nothing to bound. */
+    unsigned int user_timeout = timeout_ms > 0 ? (unsigned int)timeout_ms : 0;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout) != 0 &&
+        errno != EOPNOTSUPP && errno != ENOPROTOOPT && errno != EINVAL)
+        wk_warn("TCP_USER_TIMEOUT on a server-to-server link: %s", strerror(errno));
     if (!e->cipher) {
         snprintf(err, errlen, "out of memory for the link's cipher");
         goto fail;
@@ -67,15 +78,18 @@ static void nonce(uint8_t iv[12], uint64_t count)
         iv[4 + i] = (uint8_t)(count >> (8 * i));
 }
 
-/* Waits for `events` on fd; 0 ready, -1 with err (timeout or error). */
-static int wait_fd(int fd, short events, int timeout_ms, char *err, size_t errlen)
+/* Waits for `events` on fd until deadline (wk_now_ns); 0 ready, -1 with err (the deadline
+ * passed, or an error). limit_ms only names the limit in the words. */
+static int wait_fd(int fd, short events, uint64_t deadline, int limit_ms, char *err, size_t errlen)
 {
-    uint64_t deadline = wk_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         uint64_t now = wk_now_ns();
         if (now >= deadline) {
-            snprintf(err, errlen, "the other server's worker %s for %d s",
-                     events == POLLIN ? "stopped sending" : "stopped reading", timeout_ms / 1000);
+            snprintf(err, errlen,
+                     "the other server's worker %s a whole record in %d.%03d s (it stopped, or "
+                     "goes too slowly): check the network between the two servers",
+                     events == POLLIN ? "did not send" : "did not take", limit_ms / 1000,
+                     limit_ms % 1000);
             return -1;
         }
         struct pollfd p = {.fd = fd, .events = events};
@@ -91,7 +105,14 @@ static int wait_fd(int fd, short events, int timeout_ms, char *err, size_t errle
     }
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n, int timeout_ms, char *err, size_t errlen)
+/* The deadline of a record that starts now, limit_ms long. */
+static uint64_t record_deadline(int limit_ms)
+{
+    return wk_now_ns() + (uint64_t)(limit_ms > 0 ? limit_ms : 0) * 1000000ull;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n, uint64_t deadline, int limit_ms, char *err,
+                     size_t errlen)
 {
     while (n > 0) {
         ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
@@ -103,7 +124,7 @@ static int write_all(int fd, const uint8_t *p, size_t n, int timeout_ms, char *e
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (wait_fd(fd, POLLOUT, timeout_ms, err, errlen) != 0)
+            if (wait_fd(fd, POLLOUT, deadline, limit_ms, err, errlen) != 0)
                 return -1;
             continue;
         }
@@ -114,7 +135,8 @@ static int write_all(int fd, const uint8_t *p, size_t n, int timeout_ms, char *e
     return 0;
 }
 
-static int read_all(int fd, uint8_t *p, size_t n, int timeout_ms, char *err, size_t errlen)
+static int read_all(int fd, uint8_t *p, size_t n, uint64_t deadline, int limit_ms, char *err,
+                    size_t errlen)
 {
     while (n > 0) {
         ssize_t r = recv(fd, p, n, 0);
@@ -126,7 +148,7 @@ static int read_all(int fd, uint8_t *p, size_t n, int timeout_ms, char *err, siz
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (wait_fd(fd, POLLIN, timeout_ms, err, errlen) != 0)
+            if (wait_fd(fd, POLLIN, deadline, limit_ms, err, errlen) != 0)
                 return -1;
             continue;
         }
@@ -141,11 +163,13 @@ int wk_peer_write(struct wk_peer_end *e, uint8_t kind, const void *head, size_t 
                   const void *data, size_t dn, uint8_t *rec, int timeout_ms, char *err,
                   size_t errlen)
 {
-    size_t len = 1 + hn + dn;
-    if (e->fd < 0 || !e->sealing || hn > WK_PEER_RECORD_MAX || dn > WK_PEER_RECORD_MAX - hn - 1) {
-        snprintf(err, errlen, "internal error: a record of %zu bytes cannot be sent", len);
+    /* hn first: WK_PEER_RECORD_MAX - hn - 1 wraps for an hn of WK_PEER_RECORD_MAX or more */
+    if (e->fd < 0 || !e->sealing || hn >= WK_PEER_RECORD_MAX || dn > WK_PEER_RECORD_MAX - hn - 1) {
+        snprintf(err, errlen, "internal error: a record of 1 + %zu + %zu bytes cannot be sent", hn,
+                 dn);
         return -1;
     }
+    size_t len = 1 + hn + dn;
     for (int i = 0; i < 4; i++)
         rec[i] = (uint8_t)(len >> (8 * i));
     uint8_t iv[12];
@@ -172,7 +196,8 @@ int wk_peer_write(struct wk_peer_end *e, uint8_t kind, const void *head, size_t 
         return -1;
     }
     e->count++;
-    return write_all(e->fd, rec, 4 + len + WK_PEER_TAG, timeout_ms, err, errlen);
+    return write_all(e->fd, rec, 4 + len + WK_PEER_TAG, record_deadline(timeout_ms), timeout_ms,
+                     err, errlen);
 }
 
 int wk_peer_read(struct wk_peer_end *e, uint8_t *rec, int timeout_ms, uint8_t **plain, size_t *n,
@@ -182,7 +207,8 @@ int wk_peer_read(struct wk_peer_end *e, uint8_t *rec, int timeout_ms, uint8_t **
         snprintf(err, errlen, "internal error: this end of the link does not receive");
         return -1;
     }
-    if (read_all(e->fd, rec, 4, timeout_ms, err, errlen) != 0)
+    uint64_t deadline = record_deadline(timeout_ms); /* one for the whole record */
+    if (read_all(e->fd, rec, 4, deadline, timeout_ms, err, errlen) != 0)
         return -1;
     size_t len = (size_t)rec[0] | (size_t)rec[1] << 8 | (size_t)rec[2] << 16 | (size_t)rec[3] << 24;
     if (len == 0 || len > WK_PEER_RECORD_MAX) {
@@ -192,7 +218,7 @@ int wk_peer_read(struct wk_peer_end *e, uint8_t *rec, int timeout_ms, uint8_t **
                  len, (size_t)WK_PEER_RECORD_MAX);
         return -1;
     }
-    if (read_all(e->fd, rec + 4, len + WK_PEER_TAG, timeout_ms, err, errlen) != 0)
+    if (read_all(e->fd, rec + 4, len + WK_PEER_TAG, deadline, timeout_ms, err, errlen) != 0)
         return -1;
     uint8_t iv[12];
     nonce(iv, e->count);

@@ -34,20 +34,21 @@ struct wk_peer_end {
     struct evp_cipher_ctx_st *cipher;
 };
 
-/* Sets up an end on fd (made non-blocking) with the key. 0, or -1 with err. The caller clears
- * its copy of the key. */
+/* Sets up an end on fd (made non-blocking; a TCP socket gets TCP_USER_TIMEOUT timeout_ms) with
+ * the key. 0, or -1 with err (fd closed). The caller clears its copy of the key. */
 int wk_peer_end_open(struct wk_peer_end *e, int fd, int sealing, const uint8_t key[WK_PEER_KEY],
-                     char *err, size_t errlen);
+                     int timeout_ms, char *err, size_t errlen);
 /* Closes the socket and frees the cipher (OpenSSL clears the key schedule). Idempotent. */
 void wk_peer_end_close(struct wk_peer_end *e);
 /* Seals one record (kind, then hn bytes of head, then dn bytes of data; 1 + hn + dn at most
- * WK_PEER_RECORD_MAX) into rec (WK_PEER_BUF bytes) and writes it whole, waiting up to
- * timeout_ms for each bit of progress. 0, or -1 with err. */
+ * WK_PEER_RECORD_MAX) into rec (WK_PEER_BUF bytes) and writes it whole within timeout_ms (one
+ * deadline for the whole record). 0, or -1 with err. */
 int wk_peer_write(struct wk_peer_end *e, uint8_t kind, const void *head, size_t hn,
                   const void *data, size_t dn, uint8_t *rec, int timeout_ms, char *err,
                   size_t errlen);
-/* Reads one record into rec (WK_PEER_BUF bytes), waiting up to timeout_ms for each bit of
- * progress, and opens it in place: its plaintext at *plain (kind first), *n bytes. 0, or -1
+/* Reads one record into rec (WK_PEER_BUF bytes), the whole of it within timeout_ms (one
+ * deadline from the call: a peer that dribbles bytes fails as a silent one), and opens it in
+ * place: its plaintext at *plain (kind first), *n bytes. 0, or -1
  * with err (the other end closed or went silent, a record too long, or one that does not
  * decrypt: a wrong key or altered data). */
 int wk_peer_read(struct wk_peer_end *e, uint8_t *rec, int timeout_ms, uint8_t **plain, size_t *n,

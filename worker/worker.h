@@ -693,6 +693,13 @@ void wk_vmm_release_all(struct worker *w);
 void wk_graph_release_all(struct worker *w);
 /* h_peer.c: closes every server-to-server link (their keys cleared) and frees the table. */
 void wk_peer_close_all(struct worker *w);
+/* h_peer.c: destroys the stream of peer copies of context ctx_id (of every context: all), before
+ * the context goes (h_copy.c's wk_staging_drop_events and wk_staging_release call it). */
+void wk_peer_ctx_gone(struct worker *w, uint64_t ctx_id, int all);
+/* h_peer.c: how many server-to-server links are open (detach.c logs them). */
+int wk_peer_links_open(const struct worker *w);
+/* h_copy.c: the largest copy that can name a valid device range (h_peer.c checks peer copies). */
+uint64_t wk_copy_limit(const struct worker *w);
 
 /* ---- helpers of the handlers used by cleanup ------------------------------------------- */
 /* Destroys a client-created context (o, already removed from the map) with everything of it;
