@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Peer copies of a lease spread over two servers, against raw TCP on the same links (issue 37).
 
-    sudo .venv/bin/python bench/spread_bench.py [--rates 1] [--mib 256] [--reps 3]
-                                                [--database URL] [--markdown PATH] [--json PATH]
+    sudo .venv/bin/python bench/spread_bench.py [--rates 1] [--client-rates 1] [--mib 256]
+                                                [--reps 3] [--database URL] [--markdown PATH]
+                                                [--json PATH]
 
 Root only (network namespaces and tc). Three hosts on a bridge that the benchmark makes and
 removes when it ends, each in a network namespace of its own with its own address: server A
 (10.203.0.11), server B (.12) and the client (.13); the bridge itself is .1 (the benchmark's
 own view of the servers' HTTPS APIs). Unshaped first, then at each rate of --rates (Gbit/s; ""
 for none) every host's veth is shaped with a `tbf` qdisc in both directions, as a NIC of that
-rate would be: the link, not the CPU, then sets the figures.
+rate would be: the link, not the CPU, then sets the figures. Then at each rate of --client-rates
+(default none) only the client's veth is shaped: a client behind a slower link than the
+servers' (which a copy from server to server does not cross at all).
 
 A real PostgreSQL (tests/pg_server.py, or --database: a URL every namespace can reach, such as
 its Unix socket) and on it gpupoold A and B with 2 simulated GPUs each, TLS with their own
@@ -122,16 +125,18 @@ class Lan:
         for src, dst in ((h1, h2), (h2, h1)):
             sh("ip", "-n", self.ns[src], "route", "add", "unreachable", f"{self.ip(dst)}/32")
 
-    def shape(self, gbit: float | None) -> None:
+    def shape(self, gbit: float | None, hosts: tuple[str, ...] = tuple(HOSTS)) -> None:
+        """Every host's veth at gbit (None: unshaped); the hosts not in `hosts` unshaped."""
         for h in HOSTS:
+            rate = gbit if h in hosts else None
             for where in (["-n", self.ns[h], "dev", self.veth[h]], ["dev", f"{self.veth[h]}b"]):
                 ns, dev = where[:-2], where[-2:]
                 sh("tc", *ns, "qdisc", "del", *dev, "root", check=False)
-                if gbit is not None:
+                if rate is not None:
                     # A bucket of a few milliseconds of traffic and at least a 64 KiB GSO packet
                     # (tbf drops packets larger than its bucket), as bench/link_bench.py.
-                    burst = max(int(gbit * 1e9 / 8 * 0.004), 4 * MIB)
-                    sh("tc", *ns, "qdisc", "add", *dev, "root", "tbf", "rate", f"{gbit}gbit",
+                    burst = max(int(rate * 1e9 / 8 * 0.004), 4 * MIB)
+                    sh("tc", *ns, "qdisc", "add", *dev, "root", "tbf", "rate", f"{rate}gbit",
                        "burst", str(burst), "latency", "100ms")
 
     def close(self) -> None:
@@ -317,6 +322,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="1", help="shaped rates in Gbit/s, after the unshaped run "
                     "(\"\": unshaped only)")
+    ap.add_argument("--client-rates", default="", help="then rates in Gbit/s of the client's "
+                    "link alone, the servers' unshaped (a client behind a slower link than the "
+                    "servers'; \"\": none)")
     ap.add_argument("--mib", type=int, default=256, help="size of each peer copy, in MiB")
     ap.add_argument("--reps", type=int, default=3, help="copies of each pair; the best counts")
     ap.add_argument("--database", help="the fleet's PostgreSQL URL, reachable from every "
@@ -330,7 +338,12 @@ def main() -> int:
                  BUILD / "client" / "libcuda.so.1"):
         if not need.exists():
             sys.exit(f"spread_bench: {need} is missing: run `make` first")
-    rates: list[float | None] = [None, *(float(r) for r in args.rates.split(",") if r.strip())]
+    # (label, rate, the hosts shaped)
+    every, client = tuple(HOSTS), ("client",)
+    rates: list[tuple[str, float | None, tuple[str, ...]]] = [("unshaped", None, every)]
+    rates += [(f"{float(r):g} Gbit/s", float(r), every) for r in args.rates.split(",") if r.strip()]
+    rates += [(f"client {float(r):g} Gbit/s", float(r), client)
+              for r in args.client_rates.split(",") if r.strip()]
     tcp = build_tcp()
     pg = None
     database = args.database
@@ -350,13 +363,13 @@ def main() -> int:
         lan = Lan()
         servers, token = start_fleet(lan, database)
         a = servers["a"]
-        for rate in rates:
-            label = "unshaped" if rate is None else f"{rate:g} Gbit/s"
-            lan.shape(rate)
+        for label, rate, shaped in rates:
+            lan.shape(rate, shaped)
             raw = raw_tcp(lan, tcp)
             log(f"{label}: raw TCP " + ", ".join(f"{k} {gbit(v)}" for k, v in raw.items())
                 + " Gbit/s")
-            run: dict[str, Any] = {"rate": rate, "label": label, "raw": raw}
+            run: dict[str, Any] = {"rate": rate, "label": label, "shaped": list(shaped),
+                                   "raw": raw}
             # The same copies server to server, then through the client, one after the other.
             for key, path in (("spread_server", "server"), ("spread", "client")):
                 wait("both servers' GPUs free", lambda: all(s.quiet() for s in servers.values()))
