@@ -19,7 +19,8 @@
  *   of the window goes to that part instead (elsewhere()): its worker runs it in the primary
  *   context of the address's device (go_to); the program's stream lives on its own part only,
  *   so the call waits for that stream first and then runs synchronously on the other part (the
- *   async forms too). A copy between two parts goes through this process (copy_across).
+ *   async forms too). A copy between two parts goes from server to server (api_peer.c), else
+ *   through this process (copy_across).
  * The _ptds / _ptsz variants run the same code with the per-thread default stream.
  */
 #include <stdatomic.h>
