@@ -35,6 +35,7 @@
 #include <sys/types.h>
 
 #include "client_config.h"
+#include "generated/gp_cuda_tables.h"
 #include "shim.h"
 #include "shim_core.h"
 
@@ -83,8 +84,8 @@ static void call_run(peer_call *c)
     c->error[0] = 0;
     c->lost = r == GP_LOST_CONNECTION_ERROR;
     if (r != CUDA_SUCCESS) {
-        const char *name = gp_result_name((int)r);
-        c->code = r;
+        const char *name = gp_result_name((int)r) ? gp_result_name((int)r) : gp_cuda_error_name(r);
+        c->code = gp_cu_result(r); /* a protocol code is no CUresult for the program */
         snprintf(c->error, sizeof c->error, "its worker answered %s (%d)", name ? name : "error",
                  (int)r);
         return;
@@ -240,14 +241,15 @@ static int part_links(int p)
 }
 
 /* The one line of a pair that gives up on server-to-server copies. */
-static void say_given_up(int ps, int pd, const char *why, int server_mode)
+static void say_given_up(int ps, int pd, const char *why, int server_mode, CUresult code)
 {
+    const char *name = gp_cuda_error_name(code);
     if (server_mode)
         gp_log_error("copies from server %s to server %s cannot go server to server: %s. This "
-                     "copy fails (CUDA_ERROR_NOT_SUPPORTED) as spread_copy = server "
-                     "(GPUPOOL_SPREAD_COPY) asks; set it to auto to copy through this client "
-                     "instead",
-                     gp_conn_part_server(ps), gp_conn_part_server(pd), why);
+                     "copy fails (%s, %d) as spread_copy = server (GPUPOOL_SPREAD_COPY) asks; set "
+                     "it to auto to copy through this client instead",
+                     gp_conn_part_server(ps), gp_conn_part_server(pd), why, name ? name : "error",
+                     (int)code);
     else
         gp_log_info("copies from server %s to server %s go through this client: %s",
                     gp_conn_part_server(ps), gp_conn_part_server(pd), why);
@@ -283,7 +285,7 @@ CUresult gp_spread_copy_direct(uint64_t dst, int pd, uint64_t dctx, uint64_t src
         }
         if (r != CUDA_SUCCESS) {
             L->state = LINK_GIVEN_UP;
-            say_given_up(ps, pd, why, server_mode);
+            say_given_up(ps, pd, why, server_mode, CUDA_ERROR_NOT_SUPPORTED);
             pthread_mutex_unlock(&peer_lock);
             *through_client = !server_mode;
             return server_mode ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
@@ -299,7 +301,7 @@ CUresult gp_spread_copy_direct(uint64_t dst, int pd, uint64_t dctx, uint64_t src
     unlink_both(L->id, ps, pd);
     L->state = L->tries < LINK_TRIES ? LINK_NONE : LINK_GIVEN_UP;
     if (L->state == LINK_GIVEN_UP) {
-        say_given_up(ps, pd, why, server_mode);
+        say_given_up(ps, pd, why, server_mode, r);
     } else {
         gp_log_debug("a copy from server %s to server %s failed: %s; the next copy makes a new "
                      "link",
