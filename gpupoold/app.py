@@ -272,6 +272,7 @@ async def leases_ctx(app: web.Application) -> AsyncIterator[None]:
         await leases.close(settings.stop_grace)
         app[SUPERVISOR].ipc = None
         app[SUPERVISOR].peer_links = None
+        links.close()  # (dials in flight are not waited for)
         stop_links()
         stop_ipc()
         broker.close()
@@ -308,8 +309,9 @@ def peer_checker(app: web.Application) -> PeerHelloChecker:
 
     def local_part(group: int, part: int) -> int | None:
         for lease in leases.pool.active():
+            # (an idle-detached part has no slot, and its worker lives and takes the link)
             if (group and lease.req.spread_group == group and lease.req.part == part
-                    and lease.slot is not None and not lease.worker.exited.done()):
+                    and not lease.worker.exited.done()):
                 return lease.id
         return None
 
@@ -372,14 +374,15 @@ async def remoting_ctx(app: web.Application) -> AsyncIterator[None]:
     listener = RemotingListener(settings, app[LEASES], app[AUTH], app[COUNTERS],
                                 sock=app.get(sdlisten.SOCKETS, {}).get(sdlisten.REMOTING),
                                 views=app[VIEWS])
+    # Before it listens: a peer_hello may come with the first connection.
+    listener.peer_links = app[SUPERVISOR].peer_links
+    listener.peer_checker = peer_checker(app)
     try:
         await listener.start()
     except OSError as exc:
         raise StartupError(f"setting 'listen': cannot listen on {settings.listen}: "
                            f"{exc.strerror or exc}") from None
     app[REMOTING] = listener
-    listener.peer_links = app[SUPERVISOR].peer_links
-    listener.peer_checker = peer_checker(app)
     ident = app.get(REMOTING_TLS)
     listener.info.fingerprint = ident.fingerprint if ident is not None else ""  # the info reply
     yield

@@ -154,9 +154,14 @@ async def test_the_receiving_checks_refuse_with_words(tmp_path: Path) -> None:
     assert result == gp.GP_EREFUSED and "server a holds no part 1 of spread lease 7" in words
     result, words = await refusal(checker, hello(link_id=17, to_part=2))
     assert result == gp.GP_EREFUSED and "this server holds no running part 2" in words
-    fleet.servers[0]["state"] = "down"
+    fleet.servers[0]["state"] = "down"  # (authenticated: refused, not a failed login)
     result, words = await refusal(checker, hello(link_id=18))
-    assert result == gp.GP_EAUTH and "marked down" in words
+    assert result == gp.GP_EREFUSED and "marked down" in words
+    fleet.servers[0]["name"] = "old"  # the same key twice (a renamed server): the one up
+    fleet.servers.append({"name": "a", "fingerprint": fleet.servers[0]["fingerprint"],
+                          "state": "up"})
+    checker._fleet_at = -1e18
+    assert (await checker.check(hello(link_id=18).encode())).sender == "a"
     plain = PeerHelloChecker(None, fleet.list_servers, fleet.part, lambda g, p: 42)
     result, words = await refusal(plain, hello(link_id=19))
     assert result == gp.GP_EREFUSED and "plain TCP" in words
@@ -224,7 +229,7 @@ async def test_a_link_nobody_completes_fails_with_words(monkeypatch: pytest.Monk
     # an authenticated refusal reaches the waiting worker at once
     accept = asyncio.ensure_future(broker.accept(42, 9, 0))
     await asyncio.sleep(0.05)
-    broker.refused(9, "the link was refused here: too late")
+    broker.refused(7, 9, "the link was refused here: too late")
     with pytest.raises(LinkFailed, match="too late"):
         await accept
     # plain TCP, an unknown session, a lease not spread
@@ -409,3 +414,337 @@ async def test_unknown_keys_count_as_failed_logins(tmp_path: Path) -> None:
         assert "too many refused logins or peer_hellos from 127.0.0.1" in said[2].message
     finally:
         await daemon.listener.close()
+
+
+# ------------------------------------------------------------- review fixes (issue 37, item 3)
+async def test_a_key_cryptography_cannot_use_is_refused_with_words_and_counted(
+        tmp_path: Path) -> None:
+    """A certificate whose key type cryptography does not know (UnsupportedAlgorithm, not
+    ValueError) is GP_EAUTH with words, counted as a failed login, never a traceback."""
+    b_ident = ensure_identity(tmp_path / "b")
+    daemon = await InProcessDaemon(StandInLeases(), tls_cert=b_ident.cert_path,
+                                   tls_key=b_ident.key_path,
+                                   login_failures_per_address=1).start()
+    _, der, _, _ = make_identity(tmp_path / "x", "ec")
+    secp384r1 = bytes.fromhex("06052b81040022")
+    odd = der.replace(secp384r1, bytes.fromhex("06052b8104007f"))  # a curve nobody knows
+    assert odd != der
+    msg = gp.PeerHello(magic=gp.MAGIC, major=gp.MAJOR, minor=gp.MINOR, spread_group=7,
+                       from_part=0, to_part=1, link_id=3, time=time.time(), certificate=odd,
+                       signature=b"x" * 64)
+
+    async def fleet() -> list[dict[str, Any]]:
+        return []
+
+    async def nowhere(group: int, part: int) -> PartServer | None:
+        return None
+
+    daemon.listener.peer_links = links()
+    daemon.listener.peer_checker = PeerHelloChecker(b_ident.fingerprint, fleet, nowhere,
+                                                    lambda g, p: None)
+    try:
+        first, second = [await asyncio.to_thread(_peer_frame, daemon, msg) for _ in range(2)]
+        assert first.result == gp.GP_EAUTH and "certificate cannot be read" in first.message
+        assert "UnsupportedAlgorithm" in first.message
+        assert "too many refused logins" in second.message  # the first one counted
+    finally:
+        await daemon.listener.close()
+
+
+async def test_the_fleet_is_read_once_for_many_hellos(tmp_path: Path) -> None:
+    """Unauthenticated peer_hellos cost no store round trip each: the servers are read at most
+    every FLEET_TTL_S, and a key they do not know reads them again at most every FLEET_MISS_S."""
+    key, der, _, _ = make_identity(tmp_path / "a", "ec")
+    fleet = Fleet(fingerprint_of_der_cert(der))
+    stranger = make_identity(tmp_path / "x", "ec")
+    reads = [0]
+    now = [0.0]
+
+    async def counted() -> list[dict[str, Any]]:
+        reads[0] += 1
+        return list(fleet.servers)
+
+    checker = PeerHelloChecker(RECEIVER, counted, fleet.part,
+                               lambda g, p: fleet.local.get((g, p)), clock=lambda: 1000.0,
+                               monotonic=lambda: now[0])
+    for n in range(20):
+        assert (await refusal(checker, make_peer_hello(stranger[0], stranger[1], RECEIVER, 7, 0,
+                                                       1, n, now=1000.0)))[0] == gp.GP_EAUTH
+    assert reads[0] == 1
+    now[0] += ph.FLEET_MISS_S  # a miss reads again, once
+    await refusal(checker, make_peer_hello(stranger[0], stranger[1], RECEIVER, 7, 0, 1, 99,
+                                           now=1000.0))
+    await checker.check(make_peer_hello(key, der, RECEIVER, 7, 0, 1, 100, now=1000.0).encode())
+    assert reads[0] == 2
+    now[0] += ph.FLEET_TTL_S  # a known key: read again once they are old
+    await checker.check(make_peer_hello(key, der, RECEIVER, 7, 0, 1, 101, now=1000.0).encode())
+    assert reads[0] == 3
+
+
+async def test_link_ids_are_the_leases_own(tmp_path: Path) -> None:
+    """Two leases' links of one id: neither a replay of the other, and a refusal of one never
+    fails the other's waiting worker."""
+    key, der, _, _ = make_identity(tmp_path / "a", "ec")
+    fleet = Fleet(fingerprint_of_der_cert(der))
+    fleet.parts[(8, 0)] = fleet.parts[(7, 0)]
+    fleet.local[(8, 1)] = 43
+    checker = fleet.checker()
+    for group in (7, 8):
+        await checker.check(make_peer_hello(key, der, RECEIVER, group, 0, 1, 5,
+                                            now=1000.0).encode())
+    broker = PeerLinks("b", None, lambda s: {42: (7, 1), 43: (8, 1)}.get(s), Fleet.part)
+    seven = asyncio.ensure_future(broker.accept(42, 5, 0))
+    eight = asyncio.ensure_future(broker.accept(43, 5, 0))
+    await asyncio.sleep(0.05)
+    broker.refused(8, 5, "the link was refused here: no")
+    with pytest.raises(LinkFailed, match="no"):
+        await eight
+    assert not seven.done()
+    broker.lease_ended(42)
+    with pytest.raises(LinkFailed, match="the lease ended"):
+        await seven
+
+
+async def test_a_lease_end_releases_both_halves_at_once() -> None:
+    """lease_ended fails the worker's accept and the peer_hello waiting for it (which gives
+    its handshake place back) without their waits running out."""
+    broker = links()
+    accept = asyncio.ensure_future(broker.accept(42, 5, 0))
+    hello = asyncio.ensure_future(broker.arrived(PeerRequest(42, 7, 0, 1, 6, "a")))
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    broker.lease_ended(42)
+    with pytest.raises(LinkFailed, match="the lease ended"):
+        await asyncio.wait_for(accept, 2)
+    with pytest.raises(PeerRefused, match="link 6: the lease ended"):
+        await asyncio.wait_for(hello, 2)
+    assert time.monotonic() - started < peer_links.PEER_ACCEPT_WAIT_S / 2
+    assert not broker._waiting
+
+
+async def test_an_accept_waits_one_deadline_in_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer_hello came, and the TLS session never ends: the worker's accept gives up at
+    ACCEPT_DEADLINE_S from its request, not a second full wait later."""
+    monkeypatch.setattr(peer_links, "PEER_ACCEPT_WAIT_S", 0.4)
+    monkeypatch.setattr(peer_links, "ACCEPT_DEADLINE_S", 0.5)
+    broker = links()
+    started = time.monotonic()
+    accept = asyncio.ensure_future(broker.accept(42, 5, 0))
+    await asyncio.sleep(0.3)
+    await broker.arrived(PeerRequest(42, 7, 0, 1, 5, "a"))  # ...and never delivered
+    with pytest.raises(LinkFailed, match="not handed over within 0.5 s"):
+        await accept
+    assert time.monotonic() - started < 0.7 + 0.5  # 0.3 + 0.4 would be the old second wait
+
+
+def test_a_dial_has_one_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that takes the connection and never speaks TLS: the dial ends at its one
+    deadline, and says it connected (not "open the remoting port")."""
+    monkeypatch.setattr(peer_links, "DIAL_DEADLINE_S", 0.5)
+    mute = socket.create_server(("127.0.0.1", 0))
+    try:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        started = time.monotonic()
+        with pytest.raises(peer_links.DialBroken, match="not set up within 0.5 s"):
+            peer_links._dial(f"127.0.0.1:{mute.getsockname()[1]}", RECEIVER, ctx,
+                             lambda: gp.PeerHello())
+        assert time.monotonic() - started < 5
+    finally:
+        mute.close()
+
+
+async def test_a_restart_keeps_a_spread_part_a_part(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part of a spread lease taken over after a restart is still that part (its links find
+    it by spread_group and part)."""
+    import dataclasses
+
+    from test_leases import FakeCleaner, FakeStore, FakeWorker, make_gpu
+    from test_takeover_multi_gpu import LEASE, PreviousWorkers, record, until
+
+    from gpupoold.config.settings import Settings
+    from gpupoold.gpu.inventory import Inventory
+    from gpupoold.pool.counters import Counters
+    from gpupoold.pool.leases import LeaseManager
+
+    for module in ("gpupoold.pool.leases", "gpupoold.pool.takeover"):
+        monkeypatch.setattr(f"{module}.Worker", FakeWorker)
+    inventory = [make_gpu(i) for i in range(2)]
+    rec = dataclasses.replace(record((0,), inventory[0]), spread_group=9, part=1, parts=2)
+    m = LeaseManager(Inventory(tuple(inventory)), Settings(state_dir=tmp_path),
+                     FakeStore(open=[rec], events={}),  # type: ignore[arg-type]
+                     PreviousWorkers(inventory[0].uuid), FakeCleaner(),  # type: ignore[arg-type]
+                     Counters())
+    await m.start()
+    try:
+        await until("the part taken over", lambda: m.pool.lease(LEASE) is not None)
+        lease = m.pool.lease(LEASE)
+        assert lease is not None
+        assert (lease.req.spread_group, lease.req.part, lease.req.parts) == (9, 1, 2)
+    finally:
+        await m.close(0.1)
+
+
+# ------------------------------------------- the worker supervisor at the control socket
+class _Proc:
+    pid = 4321
+
+    def forget(self) -> None:
+        pass
+
+
+class _Broker:
+    """PeerLinks as the supervisor sees it: each answer waits for `go`, then gives the link's
+    socket (one end of a socketpair; `far` keeps the other)."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.asked: list[tuple[int | None, Any]] = []
+        self.far: list[socket.socket] = []
+
+    async def answer(self, session_id: int | None, ev: Any) -> tuple[Any, int | None]:
+        self.asked.append((session_id, ev))
+        await self.go.wait()
+        near, far = socket.socketpair()
+        self.far.append(far)
+        fd = os.dup(near.fileno())
+        near.close()
+        return gp.WorkerPeerConnected(session_id=ev.session_id, link_id=ev.link_id, code=0,
+                                      error=""), fd
+
+
+def _worker(sup: Any, session: int = 42) -> tuple[Any, socket.socket]:
+    """A supervisor's Worker on one end of a control socketpair (the test is the worker)."""
+    from gpupoold.gpu.inventory import Gpu
+    from gpupoold.workers.supervisor import Worker
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    w = Worker(sup, Gpu(index=0, name="sim", uuid="", simulated=True, driver="", ordinal=0),
+               _Proc(), ours, -1, time.monotonic())  # type: ignore[arg-type]
+    w.session_id = session
+    return w, theirs
+
+
+def _answer(sock: socket.socket) -> tuple[Any, list[int]]:
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
+    length, op, _, _ = gp.parse_header(data[:gp.HEADER.size], gp.MAX_BODY)
+    return gp.REQUESTS[op].decode(data[gp.HEADER.size:]), fds
+
+
+async def test_the_supervisor_passes_link_requests_and_caps_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker_peer_connect on a control socket is decoded, goes to the broker, and its answer
+    comes back with the socket, the daemon's copy closed; beyond 4 requests of a worker (and
+    PEER_REQUESTS_IN_ALL of all) at once, the next is refused at once with words."""
+    from gpupoold.workers import supervisor as sv
+
+    monkeypatch.setattr(sv, "PEER_REQUESTS_IN_ALL", 6)
+    sup = sv.WorkerSupervisor(None, tmp_path)
+    broker = _Broker()
+    sup.peer_links = broker
+    one, one_end = _worker(sup, 42)
+    two, two_end = _worker(sup, 43)
+    one_end.settimeout(5)
+    two_end.settimeout(5)
+    tasks = [asyncio.ensure_future(w._read_control()) for w in (one, two)]
+    try:
+        for link in range(5):
+            one_end.send(gp.encode_frame(gp.WorkerPeerConnect(session_id=42, link_id=link,
+                                                              to_part=1)))
+        refused, fds = await asyncio.to_thread(_answer, one_end)  # the 5th, at once
+        assert (refused.link_id, refused.code, fds) == (4, 801, [])
+        assert "too many link requests: this worker has 4" in refused.error
+        for link in range(3):
+            two_end.send(gp.encode_frame(gp.WorkerPeerConnect(session_id=43, link_id=link,
+                                                              to_part=1)))
+        refused, _ = await asyncio.to_thread(_answer, two_end)
+        assert refused.link_id == 2 and "this server answers 6 at once" in refused.error
+        assert len(broker.asked) == 6 and broker.asked[0][0] == 42
+        broker.go.set()
+        answers = [await asyncio.to_thread(_answer, one_end) for _ in range(4)]
+        assert sorted(a.link_id for a, _ in answers) == [0, 1, 2, 3]
+        assert all(a.code == 0 and len(fds) == 1 for a, fds in answers)
+        for _, fds in answers:
+            os.close(fds[0])  # the worker's copy closed: the far end sees the end, as the
+        for far in broker.far[:4]:  # daemon's copy was closed after sending
+            far.settimeout(5)
+            assert far.recv(1) == b""
+    finally:
+        for t in tasks:
+            t.cancel()
+        for w in (one, two):
+            for t in list(w._peer_tasks):
+                t.cancel()
+        await asyncio.sleep(0)
+        for far in broker.far:
+            far.close()
+        for sock in (one_end, two_end, one._sock, two._sock):
+            sock.close()
+
+
+async def test_an_answer_the_worker_does_not_read_is_dropped_and_its_socket_closed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupoold.workers import supervisor as sv
+
+    monkeypatch.setattr(sv, "PEER_ANSWER_SEND_S", 0.3)
+    sup = sv.WorkerSupervisor(None, tmp_path)
+    broker = _Broker()
+    broker.go.set()
+    sup.peer_links = broker
+    w, end = _worker(sup)
+    while True:  # the worker reads nothing: its control socket is full
+        try:
+            w._sock.send(b"x" * 4096)
+        except BlockingIOError:
+            break
+    task = asyncio.ensure_future(w._read_control())
+    try:
+        end.send(gp.encode_frame(gp.WorkerPeerConnect(session_id=42, link_id=1, to_part=1)))
+        await until_true(lambda: broker.far and not w._peer_tasks, 5)
+        broker.far[0].settimeout(5)
+        assert broker.far[0].recv(1) == b""  # nobody holds the link's socket any more
+    finally:
+        task.cancel()
+        end.close()
+        w._sock.close()
+        for far in broker.far:
+            far.close()
+
+
+async def test_concurrent_sends_on_a_full_control_socket_all_go(tmp_path: Path) -> None:
+    """Two answers waiting for room at once both go once the worker reads (one waiter each,
+    not one replacing the other's wake-up)."""
+    from gpupoold.workers import supervisor as sv
+
+    w, end = _worker(sv.WorkerSupervisor(None, tmp_path))
+    filler = 0
+    while True:
+        try:
+            w._sock.send(b"x" * 4096)
+            filler += 1
+        except BlockingIOError:
+            break
+    sends = [asyncio.ensure_future(w._send(bytes([n]) * 100, [])) for n in (1, 2)]
+    await asyncio.sleep(0.1)
+    assert not any(s.done() for s in sends)
+    try:
+        got = []
+        end.settimeout(5)
+        while len(got) < filler + 2:
+            got.append(await asyncio.to_thread(end.recv, 8192))
+        await asyncio.wait_for(asyncio.gather(*sends), 5)
+        assert sorted(g[:1] for g in got[filler:]) == [b"\x01", b"\x02"]
+    finally:
+        for s in sends:
+            s.cancel()
+        end.close()
+        w._sock.close()
+
+
+async def until_true(check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        await asyncio.sleep(0.02)

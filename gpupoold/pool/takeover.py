@@ -242,7 +242,11 @@ class PreviousLeases:
                      req=Requirements(gpu=str(req.get("gpu") or ""),
                                       model=str(req.get("model") or ""),
                                       min_memory=_nonneg(req.get("min_memory")),
-                                      gpus=gpus, memory=_nonneg(req.get("memory"))),
+                                      gpus=gpus, memory=_nonneg(req.get("memory")),
+                                      # a part of a spread lease stays one: its links
+                                      # (remoting/peer_links.py) find it by these
+                                      spread_group=rec.spread_group, part=rec.part,
+                                      parts=rec.parts),
                      worker=worker, queued_s=rec.queued_s, started=rec.started,
                      watcher=asyncio.current_task(), share=share, keep_gpu=keep_gpu)
 

@@ -67,6 +67,7 @@ from gpupoold.remoting.tls_session import TlsStream, start_tls_server
 from gpupoold.store.database import store_errors
 from gpupoold.tasks import stop_task
 from gpupoold.tls import remoting_ssl_context
+from gpupoold.tls_identity import fingerprint_of_der_cert
 
 log = logging.getLogger("gpupoold.remoting")
 
@@ -77,6 +78,7 @@ SEND_TIMEOUT = 5.0
 SEND_LIMIT = 30.0
 CLOSE_TIMEOUT = 5.0
 SHUTDOWN_NOTICE_WAIT = 1.0  # seconds at stop for the queued clients to be told to come back
+PEER_HANDOFF_S = 3.0  # a link's TLS session ends (close_notify both ways) within this
 MAX_INFO_AT_ONCE = 32  # info requests answered at once; more wait (up to handshake_timeout)
 REDIRECT_MINOR = 3  # clients of protocol 1.3 and later follow GP_EREDIRECT
 # Plaintext: connections the kernel may hold before they are accepted, and (asyncio) the most
@@ -454,10 +456,12 @@ class RemotingListener:
                 raise PeerRefused(gp.GP_EAUTH, f"too many refused logins or peer_hellos from "
                                   f"{peer_host(peer)}; retry in {math.ceil(wait)} s")
             try:
-                req = await checker.check(frame.body)
+                req = await checker.check(frame.body, _tls_client_fp(writer)
+                                          if self.settings.tls_client_ca else None)
             except PeerRefused as exc:
                 if exc.link_id is not None:  # authenticated: its worker may hear why
-                    links.refused(exc.link_id, f"the link was refused here: {exc.message}")
+                    links.refused(exc.spread_group, exc.link_id,
+                                  f"the link was refused here: {exc.message}")
                 elif exc.result == gp.GP_EAUTH:  # an unknown key or a bad signature
                     self.logins.failed(peer_host(peer))
                 raise
@@ -483,11 +487,15 @@ class RemotingListener:
         try:
             if not sent:
                 raise ConnectionError("the reply could not be sent")
-            await asyncio.wait_for(writer.handoff(notice=False), self.handshake_timeout)
+            # A few seconds, not handshake_timeout: the worker waits ACCEPT_DEADLINE_S in all.
+            await asyncio.wait_for(writer.handoff(notice=False), PEER_HANDOFF_S)
         except (ConnectionError, ssl.SSLError, OSError, TimeoutError) as exc:
-            meet.fail(f"the TLS session with server {req.sender} did not end cleanly ({exc})")
+            why = (f"not within {PEER_HANDOFF_S:g} s" if isinstance(exc, TimeoutError)
+                   else "it sent link data before the TLS session ended" if "after its hello"
+                   in str(exc) else str(exc) or type(exc).__name__)
+            meet.fail(f"the TLS session with server {req.sender} did not end cleanly ({why})")
             log.info("connection from %s: link %d of server %s: TLS close failed (%s)", peer,
-                     req.link_id, req.sender, exc)
+                     req.link_id, req.sender, why)
             return
         meet.deliver(os.dup(writer.get_extra_info("socket").fileno()))
         links.count("hello", "ok")
@@ -685,6 +693,13 @@ def _abort(writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def _tls_client_fp(writer: asyncio.StreamWriter) -> str:
+    """The fingerprint of the connection's TLS client certificate ("none": it showed none)."""
+    tls = writer.get_extra_info("ssl_object")
+    der = tls.getpeercert(binary_form=True) if tls is not None else None
+    return fingerprint_of_der_cert(der) if der else "none"
 
 
 async def _close(writer: asyncio.StreamWriter, peer: str) -> None:

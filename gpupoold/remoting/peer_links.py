@@ -15,8 +15,11 @@ Any failure answers CUDA_ERROR_NOT_SUPPORTED and words: the client then copies t
 The worker supervisor (workers/supervisor.py) passes the workers' requests to `PeerLinks.answer`
 and sends the answer back with the socket.
 
-The connection is made in a thread (blocking ssl with a timeout, `_dial`): `ssl.SSLSocket.unwrap`
-gives the plain socket back after close_notify, which asyncio's TLS streams cannot.
+The connection is made in a thread (blocking ssl with one deadline for it all, `_dial`):
+`ssl.SSLSocket.unwrap` gives the plain socket back after close_notify, which asyncio's TLS
+streams cannot. Those threads are PeerLinks' own (DIAL_THREADS, at most DIAL_QUEUE more waiting:
+beyond, "busy"), so that links never take asyncio's default pool from lease ends, NVML and
+info, and shutdown never waits for a dial.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import logging
 import os
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +55,15 @@ log = logging.getLogger(__name__)
 
 CUDA_ERROR_NOT_SUPPORTED = 801
 PEER_ACCEPT_WAIT_S = 10.0  # a link's peer_hello and its worker's accept wait this for the other
+# The worker's accept, all told (the other half, then the TLS session's end): within the
+# worker's own 20 s answer timeout, so it never gets a link it has given up on.
+ACCEPT_DEADLINE_S = 12.0
 CONNECT_TIMEOUT_S = 5.0  # to the other server's remoting port
-IO_TIMEOUT_S = 15.0  # each step of the TLS session with it (its reply: up to PEER_ACCEPT_WAIT_S)
+DIAL_DEADLINE_S = 15.0  # the whole dial: connect, TLS, peer_hello, its reply (up to
+# PEER_ACCEPT_WAIT_S on the other side), close_notify
+DIAL_THREADS = 4  # dials at once (each a thread for up to DIAL_DEADLINE_S)...
+DIAL_QUEUE = 8  # ...and waiting for one of them; beyond, a link request is refused ("busy")
+CERT_MAX = 8192  # the peer_hello's certificate field (protocol/gpupool.toml)
 REPLY_MAX_BODY = 4096
 THROUGH_CLIENT = ("open the remoting port between the fleet's servers, or copies between them "
                   "go through the client")
@@ -76,6 +88,7 @@ class _Rendezvous:
     """A link's two halves on the receiving server: the worker's accept and the peer_hello."""
 
     lease_id: int
+    group: int  # the lease's spread_group
     from_part: int = -1  # as the worker said it (-1: not yet)
     asked: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -112,6 +125,8 @@ class PeerLinks:
         self._part_server = part_server
         self._counters = counters if counters is not None else Counters()
         self._waiting: dict[tuple[int, int], _Rendezvous] = {}
+        self._dials = ThreadPoolExecutor(DIAL_THREADS, thread_name_prefix="peer-dial")
+        self._dialing = 0  # dials running or queued in _dials
         self._key: Any = None
         self._cert_der = b""
         self._context: ssl.SSLContext | None = None
@@ -142,22 +157,42 @@ class PeerLinks:
                                  f"{self.identity.key}) cannot sign a peer_hello: {exc}"
                                  ) from None
         key, cert_der, ctx = self._key, self._cert_der, self._context
+        if len(cert_der) > CERT_MAX:
+            raise LinkFailed(f"this server's certificate ({self.identity.cert}) is "
+                             f"{len(cert_der)} bytes, and a peer_hello carries at most {CERT_MAX}: "
+                             "use a shorter certificate (an EC key, no long chain of names)")
+        if self._dialing >= DIAL_THREADS + DIAL_QUEUE:
+            raise LinkFailed(f"this server is busy making {self._dialing} links; copies between "
+                             "these servers go through the client meanwhile")
 
         def hello() -> gp.PeerHello:
             return make_peer_hello(key, cert_der, where.fingerprint, group, part, to_part,
                                    link_id)
 
+        self._dialing += 1
         try:
-            sock = await asyncio.to_thread(_dial, where.remoting, where.fingerprint, ctx, hello)
+            sock = await asyncio.get_running_loop().run_in_executor(
+                self._dials, _dial, where.remoting, where.fingerprint, ctx, hello)
         except PeerRefused as exc:
             raise LinkFailed(f"server {where.server} ({where.remoting}) refused the link "
                              f"({gp.RESULT_NAMES.get(exc.result, exc.result)}): {exc.message}"
+                             ) from None
+        except DialBroken as exc:
+            raise LinkFailed(f"the link to server {where.server} ({where.remoting}) failed: "
+                             f"{exc}; copies between these servers go through the client"
                              ) from None
         except (OSError, ssl.SSLError, ValueError, gp.ProtocolError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             raise LinkFailed(f"server {where.server} ({where.remoting}) could not be reached "
                              f"from this server: {why}; {THROUGH_CLIENT}") from None
+        finally:
+            self._dialing -= 1
         return sock.detach()
+
+    def close(self) -> None:
+        """The daemon stops: dials in flight are not waited for (each ends by its deadline and
+        closes its socket; nobody takes it)."""
+        self._dials.shutdown(wait=False, cancel_futures=True)
 
     def _spread_of(self, session_id: int) -> tuple[int, int]:
         spread = self._lease_part(session_id)
@@ -176,24 +211,26 @@ class PeerLinks:
         key = (session_id, link_id)
         meet = self._waiting.get(key)
         if meet is None:
-            meet = self._waiting[key] = _Rendezvous(session_id)
+            meet = self._waiting[key] = _Rendezvous(session_id, group)
         if meet.asked.done():
             raise LinkFailed(f"link {link_id} was already asked for")
         meet.from_part = from_part
         meet.asked.set_result(None)
         taken = False
+        deadline = time.monotonic() + ACCEPT_DEADLINE_S
         try:
-            try:
-                await asyncio.wait_for(asyncio.shield(meet.came), PEER_ACCEPT_WAIT_S)
-            except TimeoutError:
+            await asyncio.wait([meet.came, meet.sock], timeout=PEER_ACCEPT_WAIT_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not (meet.came.done() or meet.sock.done()):
                 raise LinkFailed(f"no server connected for link {link_id} from part {from_part} "
                                  f"of spread lease {group} within {PEER_ACCEPT_WAIT_S:g} s; "
-                                 f"{THROUGH_CLIENT}") from None
+                                 f"{THROUGH_CLIENT}")
             try:
-                await asyncio.wait_for(asyncio.shield(meet.sock), PEER_ACCEPT_WAIT_S)
+                await asyncio.wait_for(asyncio.shield(meet.sock),
+                                       max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 raise LinkFailed(f"the connection for link {link_id} was not handed over within "
-                                 f"{PEER_ACCEPT_WAIT_S:g} s") from None
+                                 f"{ACCEPT_DEADLINE_S:g} s of the request") from None
             taken = True
             return meet.sock.result()  # LinkFailed: the listener's words
         finally:
@@ -210,16 +247,24 @@ class PeerLinks:
         key = (req.lease_id, req.link_id)
         meet = self._waiting.get(key)
         if meet is None:
-            meet = self._waiting[key] = _Rendezvous(req.lease_id)
+            meet = self._waiting[key] = _Rendezvous(req.lease_id, req.spread_group)
         if meet.came.done():
             raise PeerRefused(gp.GP_EREFUSED, f"link {req.link_id} is already connected")
         meet.came.set_result(None)
-        try:
-            await asyncio.wait_for(asyncio.shield(meet.asked), PEER_ACCEPT_WAIT_S)
-        except TimeoutError:
+        # The worker's accept, or the lease's end (which fails `sock`): never the whole wait
+        # holding this connection's handshake place for a lease that is gone.
+        await asyncio.wait([meet.asked, meet.sock], timeout=PEER_ACCEPT_WAIT_S,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if meet.sock.done():
+            exc = meet.sock.exception()
+            if self._waiting.get(key) is meet:
+                del self._waiting[key]
+            raise PeerRefused(gp.GP_EREFUSED, f"link {req.link_id}: "
+                              f"{exc if exc is not None else 'already handed over'}")
+        if not meet.asked.done():
             self._waiting.pop(key, None)
             raise PeerRefused(gp.GP_EREFUSED, f"the worker of part {req.to_part} did not ask for "
-                              f"link {req.link_id} within {PEER_ACCEPT_WAIT_S:g} s") from None
+                              f"link {req.link_id} within {PEER_ACCEPT_WAIT_S:g} s")
         if meet.from_part != req.from_part:
             message = (f"link {req.link_id} was asked for from part {meet.from_part}, and server "
                        f"{req.sender} connected from part {req.from_part}")
@@ -234,11 +279,12 @@ class PeerLinks:
                 del self._waiting[key]
                 meet.fail("the lease ended")
 
-    def refused(self, link_id: int, message: str) -> None:
-        """A peer_hello for `link_id` that authenticated and was refused: the worker waiting
-        for that link gets the words (an unauthenticated one touches no link)."""
+    def refused(self, group: int, link_id: int, message: str) -> None:
+        """A peer_hello for `link_id` of spread lease `group` that authenticated and was
+        refused: the worker waiting for that link gets the words (an unauthenticated one touches
+        no link, nor does one for another lease's link of that id)."""
         for key, meet in list(self._waiting.items()):
-            if key[1] == link_id and meet.asked.done():
+            if key[1] == link_id and meet.group == group and meet.asked.done():
                 meet.fail(message)
                 if not meet.came.done():
                     meet.came.set_result(None)
@@ -291,9 +337,13 @@ async def answer(links: PeerLinks | None, session_id: int | None,
 def _load_identity(identity: PeerIdentity) -> tuple[Any, bytes, ssl.SSLContext]:
     """The signing key, the certificate (DER) and the client TLS context (its certificate
     presented; the server's checked by pin, not by a CA)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     key = load_private_key(identity.key.read_bytes())
-    pem = identity.cert.read_text()
-    der = ssl.PEM_cert_to_DER_cert(pem[:pem.index("-----END CERTIFICATE-----") + 25])
+    # (the first certificate of the file; text before it, as openssl x509 -text writes, is fine)
+    der = x509.load_pem_x509_certificate(identity.cert.read_bytes()).public_bytes(
+        serialization.Encoding.DER)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = False
@@ -302,18 +352,27 @@ def _load_identity(identity: PeerIdentity) -> tuple[Any, bytes, ssl.SSLContext]:
     return key, der, ctx
 
 
+class DialBroken(Exception):
+    """The other server was reached and the link's set-up failed after: what failed, in words."""
+
+
 def _dial(address: str, fingerprint: str, ctx: ssl.SSLContext,
           hello: Callable[[], gp.PeerHello]) -> socket.socket:
-    """(In a thread.) Connect, pin, say peer_hello, read the reply, close TLS both ways: the
-    plain socket. PeerRefused for a refusal, OSError/ssl.SSLError/ValueError otherwise."""
+    """(In a thread.) Connect, pin, say peer_hello, read the reply, close TLS both ways, all
+    within DIAL_DEADLINE_S: the plain socket. OSError before the connection is made (the port
+    cannot be reached), PeerRefused for a refusal, DialBroken for anything after."""
+    deadline = time.monotonic() + DIAL_DEADLINE_S
     host, port = parse_address(address)
-    raw = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    raw = socket.create_connection((host, port), timeout=min(CONNECT_TIMEOUT_S, DIAL_DEADLINE_S))
     try:
-        raw.settimeout(IO_TIMEOUT_S)
+        raw.settimeout(_left(deadline))
         tls = ctx.wrap_socket(raw, server_hostname=None)
-    except BaseException:
+    except ssl.SSLError as exc:
         raw.close()
-        raise
+        raise DialBroken(_tls_failure(exc)) from None
+    except BaseException as exc:
+        raw.close()
+        raise DialBroken(_broken(exc)) from None
     try:
         der = tls.getpeercert(binary_form=True)
         found = fingerprint_of_der_cert(der) if der else "none"
@@ -321,7 +380,9 @@ def _dial(address: str, fingerprint: str, ctx: ssl.SSLContext,
             raise PeerRefused(gp.GP_EAUTH, f"its certificate's key is {found}, and the fleet's "
                               f"database registers {fingerprint} for it: another machine "
                               "answers at its address, or its key changed without a restart")
+        tls.settimeout(_left(deadline))
         tls.sendall(gp.encode_frame(hello(), 1))
+        tls.settimeout(_left(deadline))
         length, op, flags, _ = gp.parse_header(_read_exactly(tls, gp.HEADER.size),
                                                REPLY_MAX_BODY)
         body = _read_exactly(tls, length)
@@ -329,17 +390,54 @@ def _dial(address: str, fingerprint: str, ctx: ssl.SSLContext,
             if op == gp.Hello.OP or op == gp.Notice.OP:  # an older server's refusal
                 raise PeerRefused(gp.GP_EVERSION, "that server's gpupoold does not know "
                                   "peer_hello (protocol 1.9): upgrade it")
-            raise ValueError(f"it answered op {op} to peer_hello")
+            raise gp.ProtocolError(f"it answered op {op} to peer_hello")
         reply = gp.PeerHelloReply.decode(body, allow_trailing=True)
         if reply.result != 0:
             raise PeerRefused(reply.result, reply.message)
+        tls.settimeout(_left(deadline))
         plain = tls.unwrap()  # close_notify both ways: nothing of TLS is left on the socket
-    except BaseException:
+    except PeerRefused:
         with contextlib.suppress(OSError):
             tls.close()
         raise
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tls.close()
+        if isinstance(exc, ssl.SSLError):
+            raise DialBroken(_tls_failure(exc)) from None
+        if isinstance(exc, Exception):
+            raise DialBroken(_broken(exc)) from None
+        raise
     plain.settimeout(None)
     return plain
+
+
+def _left(deadline: float) -> float:
+    """What is left of the dial's deadline (TimeoutError once it has passed)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _tls_failure(exc: ssl.SSLError) -> str:
+    text = str(exc)
+    if "alert" in text.lower():
+        return (f"the other server ended the TLS handshake ({exc.reason or text}): if it sets "
+                "tls_client_ca, that CA must sign this server's certificate (tls_cert)")
+    return f"TLS failed ({exc.reason or text})"
+
+
+def _broken(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return (f"it connected, and the link was not set up within {DIAL_DEADLINE_S:g} s "
+                "(the other server is overloaded, or its gpupoold is stuck)")
+    if isinstance(exc, ConnectionError):
+        return (str(exc) if not exc.errno else
+                f"the other server closed the connection ({exc.strerror or exc})")
+    if isinstance(exc, (gp.ProtocolError, ValueError)):
+        return f"the other server answered something this server cannot read ({exc})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _read_exactly(sock: ssl.SSLSocket, n: int) -> bytes:

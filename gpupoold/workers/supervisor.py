@@ -228,6 +228,9 @@ class Worker:
         self._ready.add_done_callback(_consume)
         self._tasks: list[asyncio.Task[None]] = []
         self._peer_tasks: set[asyncio.Task[None]] = set()  # link requests being answered
+        # One sender at a time: two waiting for room would replace each other's wake-up.
+        self._send_lock = asyncio.Lock()
+        self._peer_busy = 0  # of _peer_tasks, those not refused at once (the caps)
         self._supervise_task: asyncio.Task[None] | None = None
         # Idle detach (pool/detach.py): the answer to the pending worker_detach_ask, and the
         # parked session's client sending a frame (worker_wants_gpu).
@@ -388,19 +391,20 @@ class Worker:
     async def _send(self, data: bytes, fds: list[int]) -> None:
         """One control message (with descriptors), waiting for room if the socket is full."""
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                socket.send_fds(self._sock, [data], fds)
-                return
-            except BlockingIOError:
-                pass
-            writable: asyncio.Future[None] = loop.create_future()
-            fd = self._sock.fileno()
-            loop.add_writer(fd, _set_once, writable)
-            try:
-                await writable
-            finally:
-                loop.remove_writer(fd)
+        async with self._send_lock:
+            while True:
+                try:
+                    socket.send_fds(self._sock, [data], fds)
+                    return
+                except BlockingIOError:
+                    pass
+                writable: asyncio.Future[None] = loop.create_future()
+                fd = self._sock.fileno()
+                loop.add_writer(fd, _set_once, writable)
+                try:
+                    await writable
+                finally:
+                    loop.remove_writer(fd)
 
     def _start(self) -> None:
         self._tasks = [
@@ -452,9 +456,7 @@ class Worker:
                 continue
             if isinstance(ev, PEER_REQUESTS):  # waits for the network: a task of its own
                 _close_fds(fds)
-                task = asyncio.create_task(self._answer_peer(ev), name=f"worker-{self.pid}-peer")
-                self._peer_tasks.add(task)
-                task.add_done_callback(self._peer_tasks.discard)
+                self._take_peer_request(ev)
                 continue
             _close_fds(fds)
             try:
@@ -482,20 +484,49 @@ class Worker:
             if fd is not None:
                 os.close(fd)
 
-    async def _answer_peer(self, ev: Any) -> None:
+    def _take_peer_request(self, ev: Any) -> None:
+        """A link request gets a task of its own, within PEER_REQUESTS_PER_WORKER of this
+        worker's and PEER_REQUESTS_IN_ALL of every worker's at once; beyond, it is refused at
+        once (each holds a store query and a connection for seconds)."""
+        sup, refusal = self._supervisor, None
+        if self._peer_busy >= PEER_REQUESTS_PER_WORKER:
+            refusal = f"this worker has {PEER_REQUESTS_PER_WORKER} being answered"
+        elif sup.peer_requests >= PEER_REQUESTS_IN_ALL:
+            refusal = f"this server answers {PEER_REQUESTS_IN_ALL} at once"
+        if refusal is not None:
+            refusal = f"too many link requests: {refusal}; copies go through the client"
+        task = asyncio.create_task(self._answer_peer(ev, refusal), name=f"worker-{self.pid}-peer")
+        self._peer_tasks.add(task)
+        task.add_done_callback(self._peer_tasks.discard)
+        if refusal is not None:
+            return  # (quick: a refusal only waits for room on the control socket)
+        self._peer_busy, sup.peer_requests = self._peer_busy + 1, sup.peer_requests + 1
+        task.add_done_callback(self._peer_done)
+
+    def _peer_done(self, _: asyncio.Task[None]) -> None:
+        self._peer_busy -= 1
+        self._supervisor.peer_requests -= 1
+
+    async def _answer_peer(self, ev: Any, refusal: str | None = None) -> None:
         """A link of a spread lease between this worker and another server's (issue 37, item
-        3): gpupoold connects or accepts (remoting/peer_links.py), the worker gets the socket."""
+        3): gpupoold connects or accepts (remoting/peer_links.py), the worker gets the socket.
+        A worker that does not read its answer within PEER_ANSWER_SEND_S loses it (and the
+        socket, closed here)."""
         fd: int | None = None
         links = self._supervisor.peer_links
         try:
-            if links is None:
+            if links is None or refusal is not None:
                 cls = (gp.WorkerPeerConnected if isinstance(ev, gp.WorkerPeerConnect)
                        else gp.WorkerPeerAccepted)
                 msg: Any = cls(session_id=ev.session_id, link_id=ev.link_id,
-                               code=CUDA_ERROR_NOT_SUPPORTED, error=NO_PEER_LINKS)
+                               code=CUDA_ERROR_NOT_SUPPORTED, error=refusal or NO_PEER_LINKS)
             else:
                 msg, fd = await links.answer(self.session_id, ev)
-            await self._send(control.encode(msg), [fd] if fd is not None else [])
+            fds = [fd] if fd is not None else []
+            await asyncio.wait_for(self._send(control.encode(msg), fds), PEER_ANSWER_SEND_S)
+        except TimeoutError:
+            log.info("%s worker pid %d: the answer to link request %d was not read within %g s; "
+                     "dropped", self.label, self.pid, ev.link_id, PEER_ANSWER_SEND_S)
         except OSError as exc:
             log.info("%s worker pid %d: answering a link request: %s", self.label, self.pid, exc)
         except Exception:  # an odd request costs that request, never the daemon
@@ -706,6 +737,9 @@ def device_ordinal(first: Gpu, gpu: Gpu) -> int:
 # the daemon's PeerLinks (remoting/peer_links.py) answers; without it, this refusal.
 PEER_REQUESTS: tuple[type, ...] = (gp.WorkerPeerConnect, gp.WorkerPeerAccept)
 CUDA_ERROR_NOT_SUPPORTED = 801
+PEER_REQUESTS_PER_WORKER = 4  # link requests one worker may have answered at once
+PEER_REQUESTS_IN_ALL = 64  # ...and all workers together
+PEER_ANSWER_SEND_S = 20.0  # the most an answer waits for room on the worker's control socket
 NO_PEER_LINKS = ("this gpupoold runs without server-to-server links; copies between servers go "
                  "through the client")
 
@@ -743,6 +777,7 @@ class WorkerSupervisor:
         # Server-to-server links of spread leases (issue 37, item 3; remoting/peer_links.py),
         # likewise.
         self.peer_links: PeerLinkBroker | None = None
+        self.peer_requests = 0  # link requests of all workers being answered
         self._workers: set[Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
