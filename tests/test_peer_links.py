@@ -748,3 +748,82 @@ async def until_true(check: Any, timeout: float) -> None:
     while not check():
         assert time.monotonic() < deadline, "not within the time"
         await asyncio.sleep(0.02)
+
+
+async def test_a_tls_client_certificate_asked_for_must_be_the_hellos_key(tmp_path: Path) -> None:
+    """With tls_client_ca the listener passes the TLS client certificate's key: another key
+    than the one that signed the hello is GP_EAUTH; None (not asked) leaves the signature
+    alone to authenticate."""
+    key, der, _, _ = make_identity(tmp_path / "a", "ec")
+    fp = fingerprint_of_der_cert(der)
+    checker = Fleet(fp).checker()
+
+    def hello(link: int) -> bytes:
+        return make_peer_hello(key, der, RECEIVER, 7, 0, 1, link, now=1000.0).encode()
+
+    with pytest.raises(PeerRefused, match="its TLS client certificate is none") as exc:
+        await checker.check(hello(1), "none")
+    assert exc.value.result == gp.GP_EAUTH
+    assert (await checker.check(hello(2), fp)).sender_fp == fp
+    assert (await checker.check(hello(3), None)).link_id == 3
+
+
+def test_what_failed_after_the_connection_is_said(tmp_path: Path) -> None:
+    """A server that accepts and closes at once: the dial says the other closed it (not "open
+    the remoting port"). A certificate file with text before its PEM block still loads."""
+    ident = ensure_identity(tmp_path / "a")
+    closer = socket.create_server(("127.0.0.1", 0))
+    try:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+
+        def close_one() -> None:
+            conn, _ = closer.accept()
+            conn.close()
+
+        import threading
+        t = threading.Thread(target=close_one)
+        t.start()
+        with pytest.raises(peer_links.DialBroken) as exc:
+            peer_links._dial(f"127.0.0.1:{closer.getsockname()[1]}", RECEIVER, ctx,
+                             lambda: gp.PeerHello())
+        t.join()
+        assert "open the remoting port" not in str(exc.value)
+        assert "closed" in str(exc.value) or "EOF" in str(exc.value), str(exc.value)
+    finally:
+        closer.close()
+    texted = tmp_path / "texted.crt"
+    texted.write_bytes(b"Certificate:\n    Data: (as openssl x509 -text writes)\n"
+                       + ident.cert_path.read_bytes())
+    _, der, _ = peer_links._load_identity(PeerIdentity(texted, ident.key_path, ident.fingerprint))
+    assert fingerprint_of_der_cert(der) == ident.fingerprint
+
+
+def test_an_idle_detached_part_takes_links() -> None:
+    """The receiving check's `local_part` (app.py): a part whose lease is idle-detached has no
+    slot, and its worker lives and takes the link; a part whose worker has exited does not."""
+    from types import SimpleNamespace
+
+    from aiohttp import web
+
+    from gpupoold import app as daemon_app
+    from gpupoold.http.keys import LEASES, STORE
+    from gpupoold.pool.requirements import Requirements
+
+    loop = asyncio.new_event_loop()
+    try:
+        alive, gone = loop.create_future(), loop.create_future()
+        gone.set_result(None)
+        detached = SimpleNamespace(id=5, slot=None, worker=SimpleNamespace(exited=alive),
+                                   req=Requirements(spread_group=7, part=1, parts=2))
+        ended = SimpleNamespace(id=6, slot=object(), worker=SimpleNamespace(exited=gone),
+                                req=Requirements(spread_group=8, part=1, parts=2))
+        app = web.Application()
+        app[STORE] = SimpleNamespace(servers=None)  # type: ignore[assignment]
+        app[LEASES] = SimpleNamespace(  # type: ignore[assignment]
+            pool=SimpleNamespace(active=lambda: [detached, ended]))
+        checker = daemon_app.peer_checker(app)
+        assert checker._local_part(7, 1) == 5
+        assert checker._local_part(8, 1) is None
+    finally:
+        loop.close()
