@@ -827,3 +827,32 @@ def test_an_idle_detached_part_takes_links() -> None:
         assert checker._local_part(8, 1) is None
     finally:
         loop.close()
+
+
+async def test_dials_beyond_their_threads_and_queue_are_busy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every dial thread and queue place taken (a server that never speaks TLS), the next
+    link request is refused at once ("busy"); the one dialling ends by its deadline."""
+    monkeypatch.setattr(peer_links, "DIAL_THREADS", 1)
+    monkeypatch.setattr(peer_links, "DIAL_QUEUE", 0)
+    monkeypatch.setattr(peer_links, "DIAL_DEADLINE_S", 1.0)
+    ident = ensure_identity(tmp_path / "a")
+    mute = socket.create_server(("127.0.0.1", 0))
+
+    async def there(group: int, part: int) -> PartServer | None:
+        return PartServer("b", f"127.0.0.1:{mute.getsockname()[1]}", RECEIVER, True)
+
+    broker = PeerLinks("a", PeerIdentity(ident.cert_path, ident.key_path, ident.fingerprint),
+                       lambda s: (7, 0), there)
+    try:
+        first = asyncio.ensure_future(broker.connect(1, 5, 1))
+        await until_true(lambda: broker._dialing == 1, 5)
+        started = time.monotonic()
+        with pytest.raises(LinkFailed, match="busy making 1 links"):
+            await broker.connect(1, 6, 1)
+        assert time.monotonic() - started < 0.5
+        with pytest.raises(LinkFailed, match="the link to server b .* not set up within 1 s"):
+            await first
+    finally:
+        broker.close()
+        mute.close()

@@ -456,7 +456,7 @@ class Worker:
                 continue
             if isinstance(ev, PEER_REQUESTS):  # waits for the network: a task of its own
                 _close_fds(fds)
-                self._take_peer_request(ev)
+                await self._take_peer_request(ev)
                 continue
             _close_fds(fds)
             try:
@@ -484,22 +484,22 @@ class Worker:
             if fd is not None:
                 os.close(fd)
 
-    def _take_peer_request(self, ev: Any) -> None:
+    async def _take_peer_request(self, ev: Any) -> None:
         """A link request gets a task of its own, within PEER_REQUESTS_PER_WORKER of this
-        worker's and PEER_REQUESTS_IN_ALL of every worker's at once; beyond, it is refused at
-        once (each holds a store query and a connection for seconds)."""
+        worker's and PEER_REQUESTS_IN_ALL of every worker's at once (each holds a store query
+        and a connection for seconds); beyond, it is refused here and now (a worker that floods
+        and reads no answer is not read either meanwhile)."""
         sup, refusal = self._supervisor, None
         if self._peer_busy >= PEER_REQUESTS_PER_WORKER:
             refusal = f"this worker has {PEER_REQUESTS_PER_WORKER} being answered"
         elif sup.peer_requests >= PEER_REQUESTS_IN_ALL:
             refusal = f"this server answers {PEER_REQUESTS_IN_ALL} at once"
         if refusal is not None:
-            refusal = f"too many link requests: {refusal}; copies go through the client"
-        task = asyncio.create_task(self._answer_peer(ev, refusal), name=f"worker-{self.pid}-peer")
+            return await self._answer_peer(ev, f"too many link requests: {refusal}; copies go "
+                                           "through the client")
+        task = asyncio.create_task(self._answer_peer(ev), name=f"worker-{self.pid}-peer")
         self._peer_tasks.add(task)
         task.add_done_callback(self._peer_tasks.discard)
-        if refusal is not None:
-            return  # (quick: a refusal only waits for room on the control socket)
         self._peer_busy, sup.peer_requests = self._peer_busy + 1, sup.peer_requests + 1
         task.add_done_callback(self._peer_done)
 
