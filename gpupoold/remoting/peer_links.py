@@ -17,9 +17,9 @@ and sends the answer back with the socket.
 
 The connection is made in a thread (blocking ssl with one deadline for it all, `_dial`):
 `ssl.SSLSocket.unwrap` gives the plain socket back after close_notify, which asyncio's TLS
-streams cannot. Those threads are PeerLinks' own (DIAL_THREADS, at most DIAL_QUEUE more waiting:
-beyond, "busy"), so that links never take asyncio's default pool from lease ends, NVML and
-info, and shutdown never waits for a dial.
+streams cannot. Those threads are daemon threads of their own (DIAL_THREADS at once, at most
+DIAL_QUEUE more waiting: beyond, "busy"), so that links never take asyncio's default pool from
+lease ends, NVML and info, and a stopping daemon never waits for a dial.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import logging
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,8 +125,9 @@ class PeerLinks:
         self._part_server = part_server
         self._counters = counters if counters is not None else Counters()
         self._waiting: dict[tuple[int, int], _Rendezvous] = {}
-        self._dials = ThreadPoolExecutor(DIAL_THREADS, thread_name_prefix="peer-dial")
-        self._dialing = 0  # dials running or queued in _dials
+        self._dial_threads = asyncio.Semaphore(DIAL_THREADS)  # its waiters: the queue
+        self._dialing = 0  # dials running or queued
+        self._closed = False
         self._key: Any = None
         self._cert_der = b""
         self._context: ssl.SSLContext | None = None
@@ -161,6 +162,8 @@ class PeerLinks:
             raise LinkFailed(f"this server's certificate ({self.identity.cert}) is "
                              f"{len(cert_der)} bytes, and a peer_hello carries at most {CERT_MAX}: "
                              "use a shorter certificate (an EC key, no long chain of names)")
+        if self._closed:
+            raise LinkFailed("this gpupoold is stopping")
         if self._dialing >= DIAL_THREADS + DIAL_QUEUE:
             raise LinkFailed(f"this server is busy making {self._dialing} links; copies between "
                              "these servers go through the client meanwhile")
@@ -171,8 +174,8 @@ class PeerLinks:
 
         self._dialing += 1
         try:
-            sock = await asyncio.get_running_loop().run_in_executor(
-                self._dials, _dial, where.remoting, where.fingerprint, ctx, hello)
+            async with self._dial_threads:
+                sock = await _in_thread(_dial, where.remoting, where.fingerprint, ctx, hello)
         except PeerRefused as exc:
             raise LinkFailed(f"server {where.server} ({where.remoting}) refused the link "
                              f"({gp.RESULT_NAMES.get(exc.result, exc.result)}): {exc.message}"
@@ -190,9 +193,9 @@ class PeerLinks:
         return sock.detach()
 
     def close(self) -> None:
-        """The daemon stops: dials in flight are not waited for (each ends by its deadline and
-        closes its socket; nobody takes it)."""
-        self._dials.shutdown(wait=False, cancel_futures=True)
+        """The daemon stops: dials in flight are not waited for (daemon threads: each ends by
+        its deadline, and its socket, which nobody takes, is closed)."""
+        self._closed = True
 
     def _spread_of(self, session_id: int) -> tuple[int, int]:
         spread = self._lease_part(session_id)
@@ -350,6 +353,36 @@ def _load_identity(identity: PeerIdentity) -> tuple[Any, bytes, ssl.SSLContext]:
     ctx.verify_mode = ssl.CERT_NONE  # the registered fingerprint is checked instead (_dial)
     ctx.load_cert_chain(str(identity.cert), str(identity.key))
     return key, der, ctx
+
+
+async def _in_thread(fn: Callable[..., socket.socket], *args: Any) -> socket.socket:
+    """fn(*args) in a daemon thread of its own: never asyncio's default pool (lease ends, NVML,
+    info share it), and never joined at exit. A result nobody takes any more is closed."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[socket.socket] = loop.create_future()
+
+    def settle(result: socket.socket | None, exc: BaseException | None) -> None:
+        if done.cancelled():
+            if result is not None:
+                result.close()
+        elif exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, exc = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 (handed to the waiting coroutine)
+            result, exc = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, exc)
+        except RuntimeError:  # the loop is closed: the daemon stopped
+            if result is not None:
+                result.close()
+
+    threading.Thread(target=run, name="peer-dial", daemon=True).start()
+    return await done
 
 
 class DialBroken(Exception):
