@@ -89,7 +89,7 @@ static void on_ask(struct worker *w, const gp_worker_detach_ask *m)
     w->ctl.want_sent = 0;
     wk_log("idle for %llu ms: parked for a detach (%llu bytes of device memory)",
            (unsigned long long)idle_ms, (unsigned long long)w->stats.mem_used);
-    int links = wk_peer_links_open(w);
+    int links = w->peer_links_open;
     if (links > 0) /* their sockets stay with the worker: a peer copy after the attach works */
         wk_log("parked with %d server-to-server link(s) open: their sockets stay open; a link "
                "whose other end gave up meanwhile fails its next copy, which then goes through "

@@ -41,12 +41,10 @@ void wk_staging_drop_events(struct worker *w, uint64_t ctx_id)
 {
     if (w->st.ev_ctx == ctx_id)
         events_destroy(w);
-    wk_peer_ctx_gone(w, ctx_id, 0); /* the context's stream for peer copies goes with it */
 }
 
 void wk_staging_release(struct worker *w)
 {
-    wk_peer_ctx_gone(w, 0, 1); /* a primary context's reset, or the session's end */
     events_destroy(w);
     for (int i = 0; i < 2; i++) {
         if (!w->st.buf[i])

@@ -68,6 +68,7 @@ WK_HANDLER(ctx_create_on)
 CUresult wk_ctx_teardown(struct worker *w, uint64_t id, struct wk_obj *o)
 {
     wk_staging_drop_events(w, id);
+    wk_peer_ctx_gone(w, id, 0); /* the context's stream for peer copies goes with it */
     /* The driver frees the context's streams, events and modules (libraries are
      * context-independent and stay): forget their ids. */
     wk_obj_purge(w, &w->streams, id, 0, NULL);
@@ -163,6 +164,7 @@ WK_HANDLER(primary_ctx_reset)
      * under us: the staging buffers and events (allocated there), streams, events, modules,
      * and the allocations made while the primary was current. */
     wk_staging_release(w);
+    wk_peer_ctx_gone(w, 0, 1); /* the streams of peer copies (h_peer.c) */
     wk_obj_purge(w, &w->streams, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_stream);
     wk_obj_purge(w, &w->events, WK_PRIMARY_CTX_ID, 0, wk_obj_destroy_event);
     wk_obj_purge(w, &w->modules, WK_PRIMARY_CTX_ID, 1u << 0, wk_quota_destroy_module);

@@ -110,18 +110,12 @@ static struct link *find(struct worker *w, uint64_t id)
  * last record's plaintext: the tenant's data). */
 static void link_close(struct worker *w, struct link *l)
 {
+    if (l->id != 0 && w->peer_links_open > 0)
+        w->peer_links_open--;
     wk_peer_end_close(&l->end);
     memset(l, 0, sizeof *l);
     l->end.fd = -1;
     OPENSSL_cleanse(w->peer_links->rec, WK_PEER_BUF);
-}
-
-int wk_peer_links_open(const struct worker *w)
-{
-    int n = 0;
-    for (int i = 0; w->peer_links && i < MAX_LINKS; i++)
-        n += w->peer_links->l[i].id != 0;
-    return n;
 }
 
 void wk_peer_ctx_gone(struct worker *w, uint64_t ctx_id, int all)
@@ -357,6 +351,7 @@ static CUresult link_make(struct worker *w, const gp_peer_link *m, char *err, si
     if (wk_peer_end_open(&l->end, fd, sending, m->key, silence_ms(), err, errlen) != 0)
         return CUDA_ERROR_NOT_SUPPORTED; /* fd closed */
     l->id = m->link_id;
+    w->peer_links_open++; /* link_close counts it down */
     l->role = m->role;
     l->peer_part = m->peer_part;
     int r;

@@ -320,6 +320,10 @@ struct worker {
 
     /* h_peer.c: the server-to-server links of a spread lease (issue 37), NULL until the first */
     struct wk_peer_links *peer_links;
+    /* how many of its links are open, kept by h_peer.c: detach.c logs it when parking (a field
+     * rather than a call, so that detach.c names nothing of h_peer.c's, which waits on the
+     * control channel: test_layout's rule against circles between C files) */
+    int peer_links_open;
 };
 
 /* Device time of a launch/copy/memset on the simulated device, whose work is done when the call
@@ -694,10 +698,9 @@ void wk_graph_release_all(struct worker *w);
 /* h_peer.c: closes every server-to-server link (their keys cleared) and frees the table. */
 void wk_peer_close_all(struct worker *w);
 /* h_peer.c: destroys the stream of peer copies of context ctx_id (of every context: all), before
- * the context goes (h_copy.c's wk_staging_drop_events and wk_staging_release call it). */
+ * the context goes (h_ctx.c calls it where a context is torn down or a primary reset; the
+ * session's end closes them with the links). */
 void wk_peer_ctx_gone(struct worker *w, uint64_t ctx_id, int all);
-/* h_peer.c: how many server-to-server links are open (detach.c logs them). */
-int wk_peer_links_open(const struct worker *w);
 /* h_copy.c: the largest copy that can name a valid device range (h_peer.c checks peer copies). */
 uint64_t wk_copy_limit(const struct worker *w);
 
