@@ -65,8 +65,8 @@ DIAL_THREADS = 4  # dials at once (each a thread for up to DIAL_DEADLINE_S)...
 DIAL_QUEUE = 8  # ...and waiting for one of them; beyond, a link request is refused ("busy")
 CERT_MAX = 8192  # the peer_hello's certificate field (protocol/gpupool.toml)
 REPLY_MAX_BODY = 4096
-THROUGH_CLIENT = ("open the remoting port between the fleet's servers, or copies between them "
-                  "go through the client")
+# What the operator can do; the client adds what it does meanwhile (its spread_copy mode).
+THROUGH_CLIENT = "open the remoting port between the fleet's servers"
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,8 @@ class PeerLinks:
         if self._closed:
             raise LinkFailed("this gpupoold is stopping")
         if self._dialing >= DIAL_THREADS + DIAL_QUEUE:
-            raise LinkFailed(f"this server is busy making {self._dialing} links; copies between "
-                             "these servers go through the client meanwhile")
+            raise LinkFailed(f"this server is busy making {self._dialing} links; a later copy "
+                             "tries again")
 
         def hello() -> gp.PeerHello:
             return make_peer_hello(key, cert_der, where.fingerprint, group, part, to_part,
@@ -182,8 +182,7 @@ class PeerLinks:
                              ) from None
         except DialBroken as exc:
             raise LinkFailed(f"the link to server {where.server} ({where.remoting}) failed: "
-                             f"{exc}; copies between these servers go through the client"
-                             ) from None
+                             f"{exc}; see both servers' logs") from None
         except (OSError, ssl.SSLError, ValueError, gp.ProtocolError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             raise LinkFailed(f"server {where.server} ({where.remoting}) could not be reached "
@@ -313,8 +312,8 @@ async def answer(links: PeerLinks | None, session_id: int | None,
     fd: int | None = None
     try:
         if links is None:
-            raise LinkFailed("this gpupoold runs without server-to-server links; copies go "
-                             "through the client")
+            raise LinkFailed("this gpupoold makes no server-to-server links now (it is "
+                             "stopping)")
         if session_id is None or ev.session_id != session_id:
             raise LinkFailed(f"the worker asked for session {ev.session_id}, which it does not "
                              "serve")
@@ -328,8 +327,8 @@ async def answer(links: PeerLinks | None, session_id: int | None,
                           side)
         code = CUDA_ERROR_NOT_SUPPORTED
         error = str(exc) if isinstance(exc, LinkFailed) else (
-            f"gpupoold could not make the link ({type(exc).__name__}: {exc}); copies between "
-            "these servers go through the client")
+            f"gpupoold could not make the link ({type(exc).__name__}: {exc}); see its "
+            "log")
         if links is not None:
             links.count(side, "refused")
         log.info("[session %s] link %d (%s): %s", session_id, ev.link_id, side, error)
