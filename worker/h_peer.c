@@ -18,7 +18,8 @@
  * stream would wait for every blocking stream of the context, and a long kernel of the program
  * would then pass for the link's silence. The client orders the copy after its own stream.
  * Any failure of a copy closes the link (the other end fails too, by an ABORT with the sender's
- * words, the link's end or its silence); the client then copies through itself.
+ * words, the link's end or its silence); the client then copies through itself or fails the copy
+ * (its spread_copy mode), so our words say what happened, never what the client does.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -78,6 +79,14 @@ static int silence_ms(void)
         return SILENCE_MS;
     }
     return (int)ms;
+}
+
+/* The longest the receiver waits for a copy's COPY record: the sending worker may first finish
+ * another thread's long synchronous call (its frames are handled in order), which is no silence
+ * of the link; its DATA records then keep the per-record limit. */
+static int copy_wait_ms(void)
+{
+    return 10 * silence_ms();
 }
 
 static struct wk_peer_links *table(struct worker *w)
@@ -208,16 +217,12 @@ static CUresult await_socket(struct worker *w, int sending, uint64_t id, int *fd
         if (n < 0) {
             if (timed_out) {
                 snprintf(err, errlen,
-                         "gpupoold did not %s the server-to-server link in %d s (see its log); "
-                         "copies between these servers go through the client",
+                         "gpupoold did not %s the server-to-server link in %d s: see its log",
                          sending ? "connect" : "accept", ANSWER_TIMEOUT_MS / 1000);
             } else {
                 char why[256];
                 snprintf(why, sizeof why, "%s", err);
-                snprintf(err, errlen,
-                         "no server-to-server link: %s; copies between these servers go through "
-                         "the client",
-                         why);
+                snprintf(err, errlen, "no server-to-server link: %s", why);
             }
             return CUDA_ERROR_NOT_SUPPORTED;
         }
@@ -305,8 +310,7 @@ static CUresult link_make(struct worker *w, const gp_peer_link *m, char *err, si
     if (w->ctl.fd < 0 || w->ctl.gone || !w->ctl.in_session) {
         snprintf(err, errlen,
                  "server-to-server links need gpupoold to connect the servers, and this session "
-                 "has none now (its worker was started by hand or its daemon is gone); copies "
-                 "go through the client");
+                 "has none now (its worker was started by hand or its daemon is gone)");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     if (!table(w)) {
@@ -324,8 +328,7 @@ static CUresult link_make(struct worker *w, const gp_peer_link *m, char *err, si
             l = &w->peer_links->l[i];
     if (!l) {
         snprintf(err, errlen,
-                 "this worker holds %d server-to-server links already (peer_unlink some); "
-                 "copies go through the client",
+                 "this worker holds %d server-to-server links already (peer_unlink some)",
                  MAX_LINKS);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -341,7 +344,7 @@ static CUresult link_make(struct worker *w, const gp_peer_link *m, char *err, si
         n = WK_CTL_ENCODE(w, worker_peer_accept, &c);
     }
     if (wk_ctl_send(w, n, 0) != 0) {
-        snprintf(err, errlen, "the worker could not reach gpupoold; copies go through the client");
+        snprintf(err, errlen, "the worker could not reach gpupoold (see its log)");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     int fd = -1;
@@ -633,7 +636,7 @@ static CUresult recv_copy(struct worker *w, struct link *l, const gp_peer_recv *
         return rc;
     uint8_t *p;
     size_t n;
-    if (wk_peer_read(&l->end, w->peer_links->rec, silence_ms(), &p, &n, err, errlen) != 0)
+    if (wk_peer_read(&l->end, w->peer_links->rec, copy_wait_ms(), &p, &n, err, errlen) != 0)
         return CUDA_ERROR_NOT_SUPPORTED;
     if (is_abort(p, n))
         return aborted(w, p, n, err, errlen);
