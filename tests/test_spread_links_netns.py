@@ -15,7 +15,8 @@ subnet and names here, so that the two can run at once). A client of GPUPOOL_GPU
   copies between those servers go through this client and why, and every copy still bit-exact,
   through the client;
 - the same with GPUPOOL_SPREAD_COPY=server: the first copy across servers fails with
-  CUDA_ERROR_NOT_SUPPORTED and a line that says so and what to set.
+  CUDA_ERROR_NOT_SUPPORTED and a line that says so, what to set, and the servers' words (what
+  the operator can do, never "go through the client").
 """
 
 from __future__ import annotations
@@ -110,9 +111,13 @@ def test_peer_copies_go_server_to_server_and_through_the_client_when_the_servers
         assert proc.returncode == 1, said_all
         assert "FAIL spread_gpus: cuMemcpyPeer -> CUDA_ERROR_NOT_SUPPORTED (801)" in proc.stdout, (
             said_all)
-        assert (f"copies from server {a.address} to server {b.address} cannot go server to "
+        assert (f"a copy from server {a.address} to server {b.address} cannot go server to "
                 "server: " in proc.stderr), proc.stderr
         assert "set it to auto to copy through this client" in proc.stderr, proc.stderr
+        # The servers' words say what happened and what the operator can do; what the client
+        # does is the client's to say, and in this mode nothing goes through it.
+        assert "go through the client" not in proc.stderr, proc.stderr
+        assert "open the remoting port between the fleet's servers" in proc.stderr, proc.stderr
     finally:
         for s in servers.values():
             s.close()

@@ -568,7 +568,7 @@ const gp_config_key gp_config_keys[] = {
     {"spread_copy", GP_SECTION_REQUIREMENTS, "string", "auto, server, client", "auto",
      "GPUPOOL_SPREAD_COPY",
      "peer copies between the servers of a spread lease: server to server (auto: through the "
-     "client when they cannot reach each other), or always through the client",
+     "client when they cannot reach each other; server: fail then), or always through the client",
      0, set_spread_copy},
     {"memory", GP_SECTION_REQUIREMENTS, "integer or string",
      "bytes, or a size as min_memory takes it (8GiB, 16G)", "0 (a whole GPU)", "GPUPOOL_MEMORY",

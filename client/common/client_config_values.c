@@ -267,7 +267,8 @@ void gp_server_desc(const gp_server_config *srv, char *out, size_t cap)
         snprintf(out, cap, "%s:%s", srv->host, srv->port);
 }
 
-/* compression: "" (unset) and "off" -> GP_COMPRESSION_OFF, "lz4" -> GP_COMPRESSION_LZ4, else -1. */
+/* spread_copy: "" (the file's empty string; an empty GPUPOOL_SPREAD_COPY is unset, as every
+ * variable: gp_cc_env_view) and "auto" -> GP_SPREAD_COPY_AUTO, "server", "client", else -1. */
 int gp_cc_spread_copy_value(const char *t, size_t n)
 {
     if (n == 0 || (n == 4 && !memcmp(t, "auto", 4)))
@@ -279,6 +280,7 @@ int gp_cc_spread_copy_value(const char *t, size_t n)
     return -1;
 }
 
+/* compression: "" (unset) and "off" -> GP_COMPRESSION_OFF, "lz4" -> GP_COMPRESSION_LZ4, else -1. */
 int gp_cc_compression_value(const char *t, size_t n)
 {
     if (n == 0 || (n == 3 && !memcmp(t, "off", 3)))

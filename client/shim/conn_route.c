@@ -98,6 +98,11 @@ const char *gp_conn_part_server(int p)
     return p >= 0 && p < conn_nparts() ? gp_conn_part[p]->server_desc : "";
 }
 
+int gp_conn_part_tls(int p)
+{
+    return p >= 0 && p < conn_nparts() && gp_conn_part[p]->tls != NULL;
+}
+
 void gp_conn_route(int part)
 {
     tl_route_part = part >= 0 && part < conn_nparts() ? part : -1;

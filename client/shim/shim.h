@@ -109,10 +109,12 @@ int gp_conn_local_device(int dev);
 /* Part p's first device ordinal and its server ("host:port", for messages); -1 / "" if none. */
 int gp_conn_part_first_device(int p);
 const char *gp_conn_part_server(int p);
+/* Part p's connection runs inside TLS (set before it is ready, then read-only). */
+int gp_conn_part_tls(int p);
 
 /* api_peer.c: a copy of n bytes from src (on part ps, whose worker runs it in context sctx) to
  * dst (part pd, context dctx) of a spread lease, server to server (issue 37, item 3). The caller
- * waited for the stream's earlier work. *through_client = 1: not done, the caller copies through
+ * waited for the stream's earlier work; this waits for the legacy streams of sctx and dctx. *through_client = 1: not done, the caller copies through
  * this process (spread_copy = client, a worker older than protocol 1.9, or "auto" after the
  * link failed; CUDA_SUCCESS); else the copy's result (CUDA_ERROR_NOT_SUPPORTED when "server"
  * cannot link). */
