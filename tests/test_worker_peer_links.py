@@ -2,13 +2,15 @@
 item 3): two workers on the simulated device, each with its session and client, and the test
 playing both servers' gpupoold on their control sockets: it answers worker_peer_connect and
 worker_peer_accept with the two ends of a socket pair (or of a proxy that alters the stream),
-as gpupoold hands over the connection it opened between the servers.
+as gpupoold hands over the connection it opened between the servers. The client's end
+(client/shim/api_peer.c) against a fake core: tests/c/test_api_peer.c, run here.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -517,3 +519,14 @@ def test_worker_end_during_the_wait_for_gpupoold_ends_the_session_cleanly(tmp_pa
         s.rw.ctl.shutdown(socket.SHUT_RDWR)
         code, err = s.rw.finish(timeout=20)
     assert code == 0, err
+
+
+def test_the_clients_end_against_a_fake_core(native_build: Path) -> None:
+    """tests/c/test_api_peer.c: the legacy-stream waits before a copy, unlinks and new links after
+    a failed copy, a pair that waits 30 s and then links again, failures that cost no try, whose
+    words, a lost server, plain-TCP connections, copies from several threads."""
+    proc = subprocess.run([native_build / "tests" / "test_api_peer"], capture_output=True,
+                          text=True, timeout=60)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASS test_api_peer" in proc.stdout, said
+    assert not any(bad in proc.stderr for bad in SANITIZER_MARKS), said

@@ -74,3 +74,11 @@ TEST_BINS += $(BUILD)/tests/ipc_event
 $(BUILD)/tests/ipc_event: $(BUILD)/obj/tests/c/ipc_event.o $(BUILD)/client/libcuda.so.1
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_COMMON) -o $@ $< $(BUILD)/client/libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../client'
+
+# The client's end of server-to-server copies (api_peer.c) against a fake core (issue 37,
+# item 3): run by tests/test_worker_peer_links.py.
+TEST_BINS += $(BUILD)/tests/test_api_peer
+$(BUILD)/tests/test_api_peer: $(BUILD)/obj/tests/c/test_api_peer.o $(SHIM_OBJ)/api_peer.o \
+		$(PROTO_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_COMMON) -pthread -o $@ $^
