@@ -38,8 +38,8 @@ REPLAY_WINDOW_S = 600.0  # a link_id is refused again for this long
 MAX_REMEMBERED = 100_000  # link_ids remembered at most (the oldest forgotten first)
 FLEET_TTL_S = 5.0  # the fleet's servers, as the checks know them, are at most this old...
 FLEET_MISS_S = 2.0  # ...and a key they do not know reads them again at most this often
-PLAIN_TCP = ("servers on plain TCP (tls = \"off\") make no links between them: copies between "
-             "them go through the client")
+PLAIN_TCP = ("servers on plain TCP (tls = \"off\") make no links between them: turn TLS on on "
+             "both for copies from server to server")
 
 
 @dataclass(frozen=True)
