@@ -198,7 +198,8 @@ def test_the_client_hears_keepalives_while_a_copy_waits(parts: tuple[Part, Part]
 def test_the_receiver_waits_longer_for_a_copy_to_start_than_for_its_data(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sender busy with another call for longer than the silence limit (1 s here) is no dead
-    link: the receiver waits for the COPY record up to 10 times that limit."""
+    link: the receiver waits for the COPY record up to 10 times that limit; and a receiver busy
+    so is none either: the sender's first records (up to what the buffers hold) wait as long."""
     monkeypatch.setenv("GPUPOOL_WORKER_PEER_SILENCE_MS", "1000")
     with two_parts(tmp_path) as (s, d):
         ok(*link(s, d, 0x5F))
@@ -206,6 +207,17 @@ def test_the_receiver_waits_longer_for_a_copy_to_start_than_for_its_data(
         s.write(src, b"w" * MIB)
         ok(*peer_copy(s, d, 0x5F, src, dst, MIB, pause=2.5))
         assert d.read(dst, MIB) == b"w" * MIB
+        # The other way round: the receiver busy (it asks 2.5 s late) while the sender's
+        # records fill the socket's buffers: the first ones wait as long.
+        size = 8 * MIB
+        src, dst = s.alloc(size), d.alloc(size)
+        data = os.urandom(size)
+        s.write(src, data)
+        rs = s.send(gp.PeerSend(link_id=0x5F, copy_id=2, src=src, size=size))
+        time.sleep(2.5)
+        rd = d.send(gp.PeerRecv(link_id=0x5F, copy_id=2, dst=dst, size=size))
+        ok(s.reply(rs), d.reply(rd))
+        assert d.read(dst, size) == data
 
 
 # ---------------------------------------------------------------------------------- failures

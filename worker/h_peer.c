@@ -43,7 +43,12 @@
 #define HELLO_TIMEOUT_MS 10000 /* the sender's first record, once the socket is here */
 #define SILENCE_MS 30000       /* the longest a whole record may take (GPUPOOL_WORKER_PEER_...) */
 #define ABORT_TIMEOUT_MS 2000  /* telling the receiver about a failure: best effort */
-#define ABORT_WORDS_MAX 512    /* the sender's reason in an ABORT record */
+/* What the kernel's buffers of both ends of a link hold at most before the receiver reads: the
+ * sender's records that start below this offset of a copy may wait as long as the receiver waits
+ * for a copy to start (copy_wait_ms), as the receiving worker may first finish another thread's
+ * long call; beyond, the receiver is reading, and each record has the silence limit. */
+#define PATIENT_BYTES ((uint64_t)16 << 20)
+#define ABORT_WORDS_MAX 512 /* the sender's reason in an ABORT record */
 
 struct link {
     uint64_t id; /* 0: a free slot */
@@ -513,7 +518,7 @@ static CUresult send_copy(struct worker *w, struct link *l, const gp_peer_send *
     wk_peer_put64(head, m->copy_id);
     wk_peer_put64(head + 8, m->size);
     if (rc == CUDA_SUCCESS &&
-        wk_peer_write(&l->end, WK_PEER_COPY, head, 16, NULL, 0, rec, limit, err, errlen))
+        wk_peer_write(&l->end, WK_PEER_COPY, head, 16, NULL, 0, rec, copy_wait_ms(), err, errlen))
         return CUDA_ERROR_NOT_SUPPORTED;
     CUresult queued[2] = {CUDA_SUCCESS, CUDA_SUCCESS};
     uint64_t off = 0;
@@ -544,8 +549,9 @@ static CUresult send_copy(struct worker *w, struct link *l, const gp_peer_send *
         const uint8_t *src = w->st.buf[i];
         for (size_t k = 0; k < len; k += WK_PEER_DATA_MAX) {
             size_t dn = len - k < WK_PEER_DATA_MAX ? len - k : WK_PEER_DATA_MAX;
-            if (wk_peer_write(&l->end, WK_PEER_DATA, NULL, 0, src + k, dn, rec, limit, err,
-                              errlen) != 0) {
+            int patient = off + k < PATIENT_BYTES;
+            if (wk_peer_write(&l->end, WK_PEER_DATA, NULL, 0, src + k, dn, rec,
+                              patient ? copy_wait_ms() : limit, err, errlen) != 0) {
                 (void)wk_staging_wait(w, i ^ 1); /* never leave a copy running into a buffer */
                 return CUDA_ERROR_NOT_SUPPORTED;
             }
