@@ -28,8 +28,8 @@
  *   reply, with the worker's words, which a detached request would drop): the destination's
  *   request goes from a short-lived helper thread while this thread sends the source's.
  * - Failure (spread_copy, client_config.h): "client" never links; "auto" (the default) copies
- *   through this process when a link cannot be made (one line per pair, with the worker's words)
- *   or when a copy over a link fails (that copy; the next copy makes a new link, and after
+ *   through this process when a link cannot be made (one line per pair, with the servers' words;
+ *   the pair tries again after RETRY_AFTER_S) or when a copy over a link fails (that copy; the next copy makes a new link, and after
  *   LINK_TRIES links in a row failed the pair waits RETRY_AFTER_S before the next try); "server"
  *   fails the copy with CUDA_ERROR_NOT_SUPPORTED (or the copy's own error) and a line at every
  *   failing copy. A failure that is not the link's (no thread, no memory, a gpupoold busy with
