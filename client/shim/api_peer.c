@@ -29,7 +29,7 @@
  *   request goes from a short-lived helper thread while this thread sends the source's.
  * - Failure (spread_copy, client_config.h): "client" never links; "auto" (the default) copies
  *   through this process when a link cannot be made (one line per pair, with the servers' words;
- *   the pair tries again after RETRY_AFTER_S) or when a copy over a link fails (that copy; the next copy makes a new link, and after
+ *   the pair tries again after RETRY_AFTER_S, doubled at each wait in a row, up to 16 min) or when a copy over a link fails (that copy; the next copy makes a new link, and after
  *   LINK_TRIES links in a row failed the pair waits RETRY_AFTER_S before the next try); "server"
  *   fails the copy with CUDA_ERROR_NOT_SUPPORTED (or the copy's own error) and a line at every
  *   failing copy. A failure that is not the link's (no thread, no memory, a gpupoold busy with
@@ -62,11 +62,17 @@ enum {
  * fails for a reason of the link's (servers that cannot reach each other, a refusal) waits at
  * once, as the next try would most likely fail the same way, costing its time again. */
 #define LINK_TRIES 2
+/* The first wait; each wait after another (no copy went over a link between them) is twice the
+ * one before, up to RETRY_AFTER_S << RETRY_DOUBLINGS (16 min): servers that cannot reach each
+ * other cost a try (up to the receiving server's accept wait, about 12 s) ever more rarely,
+ * while a passing failure (a restart of one of them) still heals within a minute or two. */
 #define RETRY_AFTER_S 30
+#define RETRY_DOUBLINGS 5
 
 typedef struct peer_pair {
     int state;
     int tries;         /* failed links in a row (reset by a copy that went over one) */
+    int pauses;        /* waits in a row (reset by a copy that went over a link) */
     int said;          /* auto: the pair's line was written (once at info, then debug) */
     uint64_t id;       /* the link's id while LINK_UP */
     uint64_t retry_at; /* LINK_WAIT: CLOCK_MONOTONIC ns of the next try */
@@ -339,12 +345,15 @@ static int part_links(int p)
     return d && d->proto_minor >= 9;
 }
 
-/* Pair L stops trying for RETRY_AFTER_S, keeping why for the lines meanwhile. */
+/* Pair L stops trying for RETRY_AFTER_S, doubled for each wait in a row before (at most
+ * RETRY_DOUBLINGS times), keeping why for the lines meanwhile. */
 static void pause_pair(peer_pair *L, const char *why)
 {
+    int doublings = L->pauses < RETRY_DOUBLINGS ? L->pauses : RETRY_DOUBLINGS;
     L->state = LINK_WAIT;
     L->tries = 0;
-    L->retry_at = now_ns() + (uint64_t)RETRY_AFTER_S * 1000000000u;
+    L->pauses++;
+    L->retry_at = now_ns() + ((uint64_t)RETRY_AFTER_S << doublings) * 1000000000u;
     free(L->why);
     L->why = strdup(why);
 }
@@ -420,6 +429,7 @@ static CUresult direct_locked(peer_pair *L, uint64_t dst, int pd, uint64_t dctx,
     try_result t = copy_over(L, dst, pd, dctx, src, ps, sctx, n, &r, why, cap);
     if (t == TRY_OK) {
         L->tries = 0;
+        L->pauses = 0;
         *over = 1;
         return CUDA_SUCCESS;
     }

@@ -296,6 +296,46 @@ static void test_a_failed_copy_unlinks_both_and_the_next_copy_makes_a_new_link(v
     clock_shift_s += 31;
     CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 0, "server to server again");
     CHECK(fk.links[s] == links + 1, "a new link after the wait");
+    /* Set-ups that keep failing (servers that cannot reach each other) wait twice as long each
+     * time: 30, 60, 120 s...; a copy that goes over a link again starts over at 30 s. */
+    fk.copy_code[d] = CUDA_ERROR_ILLEGAL_ADDRESS; /* the link goes: the next copy makes one */
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1, "the link fails");
+    fk.copy_code[d] = 0;
+    fk.link_code[s] = fk.link_code[d] = CUDA_ERROR_NOT_SUPPORTED;
+    fk.link_words[s] = "server s could not be reached";
+    links = fk.links[s];
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1 && fk.links[s] == links + 1,
+          "no link: waits 30 s");
+    links = fk.links[s];
+    clock_shift_s += 29;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1 && fk.links[s] == links,
+          "no try within the first 30 s");
+    clock_shift_s -= 29;
+    clock_shift_s += 31;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1, "tried after 30 s, fails");
+    CHECK(fk.links[s] == links + 1, "a try after the first wait");
+    clock_shift_s += 31;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1 && fk.links[s] == links + 1,
+          "the second wait is 60 s: no try after 31 s");
+    clock_shift_s += 30;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1 && fk.links[s] == links + 2,
+          "a try after 61 s");
+    clock_shift_s += 61;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && fk.links[s] == links + 2,
+          "the third wait is 120 s: no try after 61 s");
+    fk.link_code[s] = fk.link_code[d] = 0;
+    fk.link_words[s] = NULL;
+    clock_shift_s += 60;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 0 && fk.links[s] == links + 3,
+          "linked after 121 s");
+    fk.copy_code[d] = CUDA_ERROR_ILLEGAL_ADDRESS;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1, "fails once");
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 1, "fails twice: waits");
+    fk.copy_code[d] = 0;
+    links = fk.links[s];
+    clock_shift_s += 31;
+    CHECK(copy(s, d, &through) == CUDA_SUCCESS && through == 0 && fk.links[s] == links + 1,
+          "a copy over a link started the waits over: 30 s again");
 }
 
 static void test_the_words_are_those_of_the_side_whose_code_is_returned(void)
