@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, wait_until
+import pytest
+from conftest import REPO, require, wait_until
 
 CLIENT = REPO / "tests" / "clients" / "spread_gpus.py"
 SIZE = (9 << 20) + 4097  # two chunks of the client's bounce path, the second odd
@@ -50,8 +52,26 @@ def read_until(proc: subprocess.Popen[str], mark: str, timeout: float) -> list[s
     return lines
 
 
+# A library with a global: each part's worker has its own copy (spread_gpus.py checks it).
+GLOBAL_SOURCE = r"""
+extern "C" __device__ unsigned char gp_spread_g[4096];
+extern "C" __global__ void gp_test_noop() { gp_spread_g[threadIdx.x] = 1; }
+"""
+
+
+@pytest.fixture(scope="module")
+def global_cubin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    require(Path(nvcc).exists(), "nvcc is not installed (needed to build the test cubin)")
+    d = tmp_path_factory.mktemp("spread_cubin")
+    (d / "g.cu").write_text(GLOBAL_SOURCE)
+    subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-o", str(d / "g.cubin"), str(d / "g.cu")],
+                   check=True, capture_output=True)
+    return d / "g.cubin"
+
+
 def test_four_gpus_from_two_servers_peer_copies_and_a_sigkill_scrubs_both_parts(
-        start_daemon: Any, native_build: Path, pg_url: str) -> None:
+        start_daemon: Any, native_build: Path, pg_url: str, global_cubin: Path) -> None:
     a, b = (start_daemon("--database", pg_url, simulated=2, build_dir=native_build, tls=False)
             for _ in range(2))
     wait_until("A sees the fleet's 4 GPUs",
@@ -59,7 +79,8 @@ def test_four_gpus_from_two_servers_peer_copies_and_a_sigkill_scrubs_both_parts(
                    "servers"]] == [("up", 2), ("up", 2)])
     servers = {f"{s.host}:{s.port}" for s in (a, b)}
     env = a.client_env({"GPUPOOL_SERVER": ",".join(sorted(servers)), "GPUPOOL_GPUS": "4",
-                        "GPUPOOL_SPREAD": "1", "GPUPOOL_CONNECT_TIMEOUT": "20"})
+                        "GPUPOOL_SPREAD": "1", "GPUPOOL_CONNECT_TIMEOUT": "20",
+                        "GPUPOOL_TEST_GLOBAL_CUBIN": str(global_cubin)})
     with subprocess.Popen([sys.executable, str(CLIENT), "4", str(SIZE), "hold"], env=env,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
@@ -71,6 +92,7 @@ def test_four_gpus_from_two_servers_peer_copies_and_a_sigkill_scrubs_both_parts(
         assert "kernel on device 0 ok" in lines and "kernel on device 2 ok" in lines, out
         assert "vmm on device 3 ok" in lines, out  # VMM on device 3's part (finding 4)
         assert "module of device 2 ok" in lines, out  # named from device 0 (finding 7)
+        assert "library globals per part ok" in lines, out  # a copy of a global per part
         # Peer access inside a server (devices 0-1, 2-3), none across.
         peers = {(int(i), int(j)): int(v) for i, j, v in re.findall(r"peer (\d) (\d) (\d)", out)}
         assert peers == {(i, j): int(i // 2 == j // 2) for i in range(4) for j in range(4)

@@ -54,7 +54,7 @@ static int other_part(uint64_t a)
 static int device_of_addr(uint64_t a, int p)
 {
     gp_range rg;
-    const gp_ctx_obj *c = gp_vamap_find(a, &rg) == 0 ? gp_ctx_obj_get(rg.ctx) : NULL;
+    const gp_ctx_obj *c = gp_conn_find_range(a, &rg) == 0 ? gp_ctx_obj_get(rg.ctx) : NULL;
     if (c && gp_conn_part_of_device(c->device) == p)
         return c->device;
     for (int d = 0; d < gp_device_count(); d++)

@@ -513,7 +513,7 @@ GP_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribu
     if (r != CUDA_SUCCESS)
         return r;
     gp_range rg;
-    if (gp_vamap_find(ptr, &rg) != 0)
+    if (gp_conn_find_range(ptr, &rg) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     return ptr_attr(&rg, ptr, attribute, data, 1);
 }
@@ -535,7 +535,7 @@ GP_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
             return CUDA_ERROR_INVALID_VALUE;
     }
     gp_range rg;
-    int known = gp_vamap_find(ptr, &rg) == 0;
+    int known = gp_conn_find_range(ptr, &rg) == 0;
     for (unsigned i = 0; i < numAttributes; i++) {
         if (!known) {
             memset(data[i], 0, attr_size(attributes[i]));

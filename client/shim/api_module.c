@@ -1,6 +1,7 @@
 /*
  * api_module.c: modules, libraries, kernels and their globals (cuModule*, cuLibrary*,
- * cuKernelGetFunction / GetLibrary / GetName, cuFuncGetName / GetModule, cuLink*).
+ * cuKernelGetFunction / GetLibrary / GetName, cuFuncGetName / GetModule; cuLink* is
+ * api_link.c's).
  *
  * Loading: the image's size comes from its headers (image.c), its SHA-256 names it on the
  * server. The first module_load carries no image; only when the worker answers GP_ENEEDIMAGE is
@@ -33,6 +34,8 @@ typedef struct gp_global {
     char *name;
     uint64_t dptr, size;
     int in_vamap; /* we added [dptr, dptr+size) to the VA map and remove it at unload */
+    int part;     /* a library of a spread lease has its globals on every part, one each */
+    uint64_t ctx; /* the context whose copy it is (in the VA map under it) */
     struct gp_global *next;
 } gp_global;
 
@@ -349,8 +352,7 @@ static CUresult unload(gp_module *mod)
         }
     }
     for (gp_global *g = mod->globals; g; g = g->next) {
-        gp_range removed;
-        if (g->in_vamap && gp_vamap_remove(g->dptr, &removed) != 0)
+        if (g->in_vamap && gp_vamap_remove_global(g->dptr, g->ctx) != 0)
             gp_log_debug("global %s was no longer in the VA map", g->name);
     }
     if (mod->module_alias)
@@ -546,10 +548,12 @@ static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, con
     if (nlen > MAX_NAME)
         return CUDA_ERROR_NOT_FOUND;
     module_use_ctx(mod);
+    int spread_lib = gp_conn_parts() > 1 && mod->kind == GP_MODKIND_LIBRARY;
+    int part = spread_lib ? gp_conn_next_part() : 0; /* the part that answers */
     pthread_mutex_lock(&mod->lock);
     gp_global *g;
     for (g = mod->globals; g; g = g->next)
-        if (strcmp(g->name, name) == 0)
+        if (g->part == part && strcmp(g->name, name) == 0)
             break;
     CUresult r = CUDA_SUCCESS;
     if (!g) {
@@ -577,8 +581,9 @@ static CUresult get_global(gp_module *mod, CUdeviceptr *dptr, size_t *bytes, con
                 } else {
                     g->dptr = rep.dptr;
                     g->size = rep.size;
-                    int spread_lib = gp_conn_parts() > 1 && mod->kind == GP_MODKIND_LIBRARY;
+                    g->part = part;
                     uint64_t ctx_answered = spread_lib ? gp_ctx_current() : mod->ctx;
+                    g->ctx = ctx_answered;
                     g->in_vamap = gp_vamap_add_global(g->dptr, g->size, ctx_answered) == 0;
                     if (!g->in_vamap)
                         gp_log_error("global %s at 0x%llx (%llu bytes) overlaps other memory "
@@ -943,58 +948,4 @@ GP_EXPORT CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc)
     if (r == CUDA_SUCCESS)
         *hmod = (CUmodule)(uintptr_t)h;
     return r;
-}
-
-/* ---- JIT linking: not supported --------------------------------------------------------- */
-
-static CUresult link_unsupported(void)
-{
-    static atomic_flag said = ATOMIC_FLAG_INIT;
-    if (!atomic_flag_test_and_set(&said))
-        gp_log_error("JIT linking (cuLink*) is not supported by gpupool yet; load a complete "
-                     "cubin or fatbin with cuModuleLoadData instead");
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-
-GP_EXPORT CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options, void **optionValues,
-                                CUlinkState *stateOut)
-{
-    return link_unsupported();
-}
-GP_EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options,
-                                   void **optionValues, CUlinkState *stateOut)
-{
-    return link_unsupported();
-}
-GP_EXPORT CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void *data, size_t size,
-                                 const char *name, unsigned int numOptions, CUjit_option *options,
-                                 void **optionValues)
-{
-    return link_unsupported();
-}
-GP_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size,
-                                    const char *name, unsigned int numOptions,
-                                    CUjit_option *options, void **optionValues)
-{
-    return link_unsupported();
-}
-GP_EXPORT CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path,
-                                 unsigned int numOptions, CUjit_option *options,
-                                 void **optionValues)
-{
-    return link_unsupported();
-}
-GP_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path,
-                                    unsigned int numOptions, CUjit_option *options,
-                                    void **optionValues)
-{
-    return link_unsupported();
-}
-GP_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut)
-{
-    return link_unsupported();
-}
-GP_EXPORT CUresult cuLinkDestroy(CUlinkState state)
-{
-    return link_unsupported();
 }

@@ -75,11 +75,29 @@ int gp_conn_part_of_addr(uint64_t a)
             a - gp_conn_part[k]->va_base < gp_conn_part[k]->va_size)
             return k;
     /* Outside every slice: a module's global lies where its worker's driver put it; the VA map
-     * knows the context it belongs to, and so its part. */
+     * knows the context it belongs to, and so its part (the thread's own part's copy when two
+     * parts have one at this address). */
     gp_range rg;
-    if (gp_vamap_find(a, &rg) == 0 && rg.ctx)
+    if (gp_conn_find_range(a, &rg) == 0 && rg.ctx)
         return ctx_part_of(rg.ctx);
     return -1;
+}
+
+/* A context of the calling thread's part (gp_vamap_global_of's choice). */
+static int on_thread_part(uint64_t ctx)
+{
+    return ctx_part_of(ctx) == ctx_part_of(gp_conn_tl_wire_ctx);
+}
+
+int gp_conn_find_range(uint64_t a, gp_range *out)
+{
+    if (gp_vamap_find(a, out) != 0)
+        return -1;
+    gp_range mine;
+    if (out->kind == GP_RANGE_GLOBAL && conn_nparts() > 1 &&
+        gp_vamap_global_of(a, on_thread_part, &mine) == 0)
+        *out = mine;
+    return 0;
 }
 
 int gp_conn_local_device(int dev)

@@ -225,6 +225,15 @@ int gp_vamap_in_window(uint64_t addr);
  * land there) and records a GP_RANGE_GLOBAL range. Idempotent for the same (base, size).
  * Returns 0, or -1 if it overlaps a different range. */
 int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx);
+/* A lease spread over servers: another part's copy of a global at the same address and size is
+ * a "twin" of the one in the map (gp_vamap_add_global keeps it aside). gp_vamap_remove_global:
+ * forget context ctx's copy of the global at base (a twin takes the map's place): 0, or -1.
+ * gp_vamap_global_of: the copy (the map's or a twin) of the global containing addr whose
+ * context `wanted` accepts: 0, else -1. gp_conn_find_range (conn_route.c): gp_vamap_find for
+ * the calling thread, which gets its own part's copy of such a global when there is one. */
+int gp_vamap_remove_global(uint64_t base, uint64_t ctx);
+int gp_vamap_global_of(uint64_t addr, int (*wanted)(uint64_t ctx), gp_range *out);
+int gp_conn_find_range(uint64_t addr, gp_range *out);
 /* Forget every device/global range of context ctx (context destroyed or reset); returns how
  * many. Host ranges stay: the program may still touch its own memory. */
 int gp_vamap_remove_ctx(uint64_t ctx);

@@ -34,6 +34,15 @@ static atomic_uint_fast64_t next_buffer_id = 1;
 
 static uint64_t win_base, win_size; /* set once before any device range exists */
 
+/* Globals of a lease spread over servers (docs/multi-gpu.md, "Across servers"): each part's
+ * worker has its own copy of a library's globals, placed where its own driver chose, so two
+ * parts' copies of one global may have the same address (the simulated device always does).
+ * The first is in `ranges`; the others, "twins" (the same base and size, another context),
+ * are kept here, under map_lock, and gp_vamap_global_of finds the one the caller wants. */
+#define MAX_TWINS 1024
+static gp_range twins[MAX_TWINS];
+static size_t ntwins;
+
 /* Index of the first range whose base is > addr. Caller holds the lock. */
 static size_t upper(uint64_t addr)
 {
@@ -192,15 +201,46 @@ void gp_vamap_async_bytes(uint64_t *used, uint64_t *mapped)
     *mapped = m;
 }
 
+/* The twin at base (of context ctx, or of any context when ctx is 0), or -1. Caller holds
+ * the lock. */
+static long twin_at(uint64_t base, uint64_t ctx)
+{
+    for (size_t i = 0; i < ntwins; i++)
+        if (twins[i].base == base && (ctx == 0 || twins[i].ctx == ctx))
+            return (long)i;
+    return -1;
+}
+
+static void twin_drop(long i)
+{
+    twins[i] = twins[--ntwins];
+}
+
+/* ranges[i] goes: a twin of it takes its place, if there is one. Caller holds the lock. */
+static void main_drop(size_t i, size_t *nkeep)
+{
+    long t = ranges[i].kind == GP_RANGE_GLOBAL ? twin_at(ranges[i].base, 0) : -1;
+    if (t >= 0) {
+        ranges[(*nkeep)++] = twins[t];
+        twin_drop(t);
+    }
+}
+
 int gp_vamap_remove_ctx(uint64_t ctx)
 {
     int n = 0;
     pthread_rwlock_wrlock(&map_lock);
+    for (long t = (long)ntwins - 1; t >= 0; t--)
+        if (twins[t].ctx == ctx) {
+            twin_drop(t);
+            n++;
+        }
     size_t k = 0;
     for (size_t i = 0; i < nranges; i++) {
         int dev = ranges[i].kind == GP_RANGE_DEVICE || ranges[i].kind == GP_RANGE_GLOBAL;
         if (dev && ranges[i].ctx == ctx) {
             n++;
+            main_drop(i, &k); /* same base: the order stays sorted */
             continue;
         }
         ranges[k++] = ranges[i];
@@ -288,8 +328,25 @@ int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx)
     if (size == 0)
         size = 1;
     gp_range have;
-    if (gp_vamap_find(base, &have) == 0)
-        return (have.kind == GP_RANGE_GLOBAL && have.base == base && have.size == size) ? 0 : -1;
+    if (gp_vamap_find(base, &have) == 0) {
+        if (have.kind != GP_RANGE_GLOBAL || have.base != base || have.size != size)
+            return -1;
+        if (have.ctx == ctx)
+            return 0;
+        int rc = 0; /* another part's copy at the same address: a twin */
+        pthread_rwlock_wrlock(&map_lock);
+        if (twin_at(base, ctx) < 0) {
+            if (ntwins == MAX_TWINS) {
+                rc = -1;
+            } else {
+                twins[ntwins] = have;
+                twins[ntwins].ctx = ctx;
+                twins[ntwins++].buffer_id = atomic_fetch_add(&next_buffer_id, 1);
+            }
+        }
+        pthread_rwlock_unlock(&map_lock);
+        return rc;
+    }
     if (!gp_vamap_in_window(base))
         reserve_pages(base, size);
     gp_range r = {.base = base, .size = size, .kind = GP_RANGE_GLOBAL, .ctx = ctx};
@@ -297,5 +354,48 @@ int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx)
     if (rc != 0 && gp_vamap_find(base, &have) == 0 && have.kind == GP_RANGE_GLOBAL &&
         have.base == base && have.size == size)
         rc = 0; /* another thread added the same global meanwhile */
+    return rc;
+}
+
+int gp_vamap_remove_global(uint64_t base, uint64_t ctx)
+{
+    int rc = -1;
+    pthread_rwlock_wrlock(&map_lock);
+    long t = twin_at(base, ctx);
+    size_t i = upper(base);
+    if (t >= 0) {
+        twin_drop(t);
+        rc = 0;
+    } else if (i > 0 && ranges[i - 1].base == base && ranges[i - 1].kind == GP_RANGE_GLOBAL &&
+               ranges[i - 1].ctx == ctx) {
+        size_t k = i - 1;
+        main_drop(i - 1, &k);
+        if (k == i - 1) { /* no twin took its place */
+            memmove(&ranges[i - 1], &ranges[i], (nranges - i) * sizeof *ranges);
+            nranges--;
+        }
+        rc = 0;
+    }
+    pthread_rwlock_unlock(&map_lock);
+    return rc;
+}
+
+int gp_vamap_global_of(uint64_t addr, int (*wanted)(uint64_t ctx), gp_range *out)
+{
+    int rc = -1;
+    pthread_rwlock_rdlock(&map_lock);
+    long i = containing(addr);
+    if (i >= 0 && ranges[i].kind == GP_RANGE_GLOBAL) {
+        if (wanted(ranges[i].ctx)) {
+            *out = ranges[i];
+            rc = 0;
+        }
+        for (size_t t = 0; rc != 0 && t < ntwins; t++)
+            if (twins[t].base == ranges[i].base && wanted(twins[t].ctx)) {
+                *out = twins[t];
+                rc = 0;
+            }
+    }
+    pthread_rwlock_unlock(&map_lock);
     return rc;
 }

@@ -19,3 +19,8 @@ void gp_conn_use_ctx(uint64_t ctx_id)
 {
     (void)ctx_id;
 }
+
+int gp_conn_next_part(void)
+{
+    return 0;
+}

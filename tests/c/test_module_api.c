@@ -126,9 +126,9 @@ int gp_vamap_add_global(uint64_t base, uint64_t size, uint64_t ctx)
     last_global_base = base;
     return 0;
 }
-int gp_vamap_remove(uint64_t base, gp_range *out)
+int gp_vamap_remove_global(uint64_t base, uint64_t ctx)
 {
-    (void)out;
+    (void)ctx;
     __atomic_add_fetch(&vamap_removed, 1, __ATOMIC_RELAXED);
     return base == last_global_base ? 0 : -1;
 }

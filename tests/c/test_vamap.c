@@ -195,6 +195,54 @@ static void test_globals(uint64_t win)
     CHECK_EQ(gp_vamap_remove_ctx(5), 3);
 }
 
+/* A lease spread over servers: two parts' copies of one global at the same address (their
+ * workers' drivers chose alike). The second is a twin: found for a context that wants it, and
+ * it takes the map's place when the first goes (by its unload, or its context's end). */
+static uint64_t wanted_ctx;
+static int wants(uint64_t ctx)
+{
+    return ctx == wanted_ctx;
+}
+
+static void test_global_twins(uint64_t win)
+{
+    uint64_t g = win + 96 * MIB;
+    gp_range o;
+    CHECK_EQ(gp_vamap_add_global(g, 64, 7), 0);
+    CHECK_EQ(gp_vamap_add_global(g, 64, 8), 0);  /* the other part's copy: a twin */
+    CHECK_EQ(gp_vamap_add_global(g, 64, 8), 0);  /* idempotent */
+    CHECK_EQ(gp_vamap_add_global(g, 32, 9), -1); /* another size there: refused */
+    CHECK_EQ(gp_vamap_find(g + 10, &o), 0);
+    CHECK_EQ(o.ctx, 7); /* the map's */
+    wanted_ctx = 8;
+    CHECK_EQ(gp_vamap_global_of(g + 10, wants, &o), 0);
+    CHECK_EQ(o.ctx, 8);
+    CHECK_EQ(o.base, g);
+    wanted_ctx = 7;
+    CHECK_EQ(gp_vamap_global_of(g + 63, wants, &o), 0);
+    CHECK_EQ(o.ctx, 7);
+    wanted_ctx = 9;
+    CHECK_EQ(gp_vamap_global_of(g, wants, &o), -1);
+    /* Context 7's copy unloaded: context 8's takes its place in the map. */
+    CHECK_EQ(gp_vamap_remove_global(g, 9), -1);
+    CHECK_EQ(gp_vamap_remove_global(g, 7), 0);
+    CHECK_EQ(gp_vamap_find(g, &o), 0);
+    CHECK_EQ(o.ctx, 8);
+    wanted_ctx = 7;
+    CHECK_EQ(gp_vamap_global_of(g, wants, &o), -1);
+    /* A twin goes with its context; the map's copy, with its own, leaves a twin in its place. */
+    CHECK_EQ(gp_vamap_add_global(g, 64, 7), 0);
+    CHECK_EQ(gp_vamap_remove_ctx(7), 1);
+    CHECK_EQ(gp_vamap_find(g, &o), 0);
+    CHECK_EQ(o.ctx, 8);
+    CHECK_EQ(gp_vamap_add_global(g, 64, 7), 0);
+    CHECK_EQ(gp_vamap_remove_ctx(8), 1);
+    CHECK_EQ(gp_vamap_find(g, &o), 0);
+    CHECK_EQ(o.ctx, 7);
+    CHECK_EQ(gp_vamap_remove_global(g, 7), 0);
+    CHECK_EQ(gp_vamap_find(g, &o), -1);
+}
+
 /* Random operations against a brute-force model. */
 #define MODEL_N 512
 static struct {
@@ -304,6 +352,7 @@ int main(void)
     test_window(base);
     test_basic(base);
     test_globals(base);
+    test_global_twins(base);
     test_random(base);
     test_threads(base);
     return gp_test_done("test_vamap");

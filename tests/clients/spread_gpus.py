@@ -14,7 +14,9 @@ last device, an async peer copy and an async read from the last device on that s
 device-to-device copy between the last two devices (cuMemcpyDtoD_v2, both on another server in
 a spread lease) and a memset of the last device; at the end every buffer is freed with device
 0's context current. With GPUPOOL_CALL_COUNTS=1 it then prints `counts {json}` (the shim's
-gpupool_call_counts: frames and bytes per op). Prints `PASS spread_gpus pairs=P` and exits 0;
+gpupool_call_counts: frames and bytes per op). With GPUPOOL_TEST_GLOBAL_CUBIN=FILE (a cubin
+with `__device__ unsigned char gp_spread_g[4096]`) it checks that a library's global has a copy
+per part (`library globals per part ok`). Prints `PASS spread_gpus pairs=P` and exits 0;
 otherwise `FAIL spread_gpus: ...` and exit 1.
 With `hold` it prints `holding` after the copies and waits for a line on stdin (a test kills
 it there, or one of its servers), then reads device 0's bytes once more and prints `after hold
@@ -44,6 +46,42 @@ INDEX_PTX = b""".version 8.0
 }
 \0"""
 INDEX_N = 256
+
+
+def library_globals_per_part(cuda: ctypes.CDLL, check: Any, ctxs: list[ctypes.c_void_p],
+                             cubin: bytes) -> None:
+    """A library with a __device__ global (cubin: GPUPOOL_TEST_GLOBAL_CUBIN) has one copy of it
+    per part: cuLibraryGetGlobal with device 0's context current and with the other part's
+    first device's, each named right by cuPointerGetAttribute with its context current, each
+    holding what was written to it while the other's was written too (the shim once cached the
+    first part's answer by name, and its VA map held one part's copy of an address only)."""
+    lib = ctypes.c_void_p()
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuLibraryLoadData", ctypes.byref(lib), cubin, None, None, 0, None, None, 0)
+    where: dict[int, int] = {}
+    for dev in sorted({0, len(ctxs) // 2}):
+        check("cuCtxSetCurrent", ctxs[dev])
+        ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+        check("cuLibraryGetGlobal", ctypes.byref(ptr), ctypes.byref(size), lib, b"gp_spread_g")
+        ordinal = ctypes.c_int(-1)
+        check("cuPointerGetAttribute", ctypes.byref(ordinal),
+              CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        if ordinal.value != dev or size.value != 4096:
+            raise Failed(f"the global asked with device {dev}'s context is at 0x{ptr.value:x} "
+                         f"({size.value} bytes), named device {ordinal.value}")
+        where[dev] = ptr.value
+        check("cuMemcpyHtoD_v2", ptr, bytes([dev + 1]) * 4096, ctypes.c_size_t(4096))
+    # The addresses may be equal (each server's driver places its globals on its own: the
+    # simulated device always alike); each part's copy holds its own bytes all the same.
+    for dev, addr in where.items():
+        check("cuCtxSetCurrent", ctxs[dev])
+        back = ctypes.create_string_buffer(4096)
+        check("cuMemcpyDtoH_v2", back, ctypes.c_uint64(addr), ctypes.c_size_t(4096))
+        if back.raw != bytes([dev + 1]) * 4096:
+            raise Failed(f"the global of device {dev}'s part does not hold what was written")
+    check("cuCtxSetCurrent", ctxs[0])
+    check("cuLibraryUnload", lib)
+    print("library globals per part ok", flush=True)
 
 
 def launch_on_every_part(cuda: ctypes.CDLL, check: Any, ctxs: list[ctypes.c_void_p],
@@ -283,6 +321,9 @@ def main() -> int:
         if back.raw != b"\x44" * 4096 + b"\x33" * (size - 4096):
             raise Failed(f"a memset and a copy routed to device {b} with no context there")
     launch_on_every_part(cuda, check, ctxs, dsts)
+    if os.environ.get("GPUPOOL_TEST_GLOBAL_CUBIN"):
+        with open(os.environ["GPUPOOL_TEST_GLOBAL_CUBIN"], "rb") as f:
+            library_globals_per_part(cuda, check, ctxs, f.read())
     if want > 2:
         vmm_on_another_part(cuda, check, ctxs, want - 1)
     if hold:  # then one call on device 0: `after hold` and its result's name
