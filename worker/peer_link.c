@@ -111,11 +111,12 @@ static uint64_t record_deadline(int limit_ms)
     return wk_now_ns() + (uint64_t)(limit_ms > 0 ? limit_ms : 0) * 1000000ull;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n, uint64_t deadline, int limit_ms, char *err,
-                     size_t errlen)
+/* Writes (out 1) or reads (out 0) all n bytes at p by the deadline: 0, or -1 with err. */
+static int move_all(int fd, int out, uint8_t *p, size_t n, uint64_t deadline, int limit_ms,
+                    char *err, size_t errlen)
 {
     while (n > 0) {
-        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        ssize_t r = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
         if (r > 0) {
             p += r;
             n -= (size_t)r;
@@ -124,36 +125,14 @@ static int write_all(int fd, const uint8_t *p, size_t n, uint64_t deadline, int 
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (wait_fd(fd, POLLOUT, deadline, limit_ms, err, errlen) != 0)
+            if (wait_fd(fd, out ? POLLOUT : POLLIN, deadline, limit_ms, err, errlen) != 0)
                 return -1;
             continue;
         }
         snprintf(err, errlen, "the other server's worker closed the link (%s)",
-                 r < 0 ? strerror(errno) : "nothing written");
-        return -1;
-    }
-    return 0;
-}
-
-static int read_all(int fd, uint8_t *p, size_t n, uint64_t deadline, int limit_ms, char *err,
-                    size_t errlen)
-{
-    while (n > 0) {
-        ssize_t r = recv(fd, p, n, 0);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (wait_fd(fd, POLLIN, deadline, limit_ms, err, errlen) != 0)
-                return -1;
-            continue;
-        }
-        snprintf(err, errlen, "the other server's worker closed the link (%s)",
-                 r < 0 ? strerror(errno) : "end of stream");
+                 r < 0 ? strerror(errno)
+                 : out ? "nothing written"
+                       : "end of stream");
         return -1;
     }
     return 0;
@@ -196,8 +175,8 @@ int wk_peer_write(struct wk_peer_end *e, uint8_t kind, const void *head, size_t 
         return -1;
     }
     e->count++;
-    return write_all(e->fd, rec, 4 + len + WK_PEER_TAG, record_deadline(timeout_ms), timeout_ms,
-                     err, errlen);
+    return move_all(e->fd, 1, rec, 4 + len + WK_PEER_TAG, record_deadline(timeout_ms), timeout_ms,
+                    err, errlen);
 }
 
 int wk_peer_read(struct wk_peer_end *e, uint8_t *rec, int timeout_ms, uint8_t **plain, size_t *n,
@@ -208,7 +187,7 @@ int wk_peer_read(struct wk_peer_end *e, uint8_t *rec, int timeout_ms, uint8_t **
         return -1;
     }
     uint64_t deadline = record_deadline(timeout_ms); /* one for the whole record */
-    if (read_all(e->fd, rec, 4, deadline, timeout_ms, err, errlen) != 0)
+    if (move_all(e->fd, 0, rec, 4, deadline, timeout_ms, err, errlen) != 0)
         return -1;
     size_t len = (size_t)rec[0] | (size_t)rec[1] << 8 | (size_t)rec[2] << 16 | (size_t)rec[3] << 24;
     if (len == 0 || len > WK_PEER_RECORD_MAX) {
@@ -218,7 +197,7 @@ int wk_peer_read(struct wk_peer_end *e, uint8_t *rec, int timeout_ms, uint8_t **
                  len, (size_t)WK_PEER_RECORD_MAX);
         return -1;
     }
-    if (read_all(e->fd, rec + 4, len + WK_PEER_TAG, deadline, timeout_ms, err, errlen) != 0)
+    if (move_all(e->fd, 0, rec + 4, len + WK_PEER_TAG, deadline, timeout_ms, err, errlen) != 0)
         return -1;
     uint8_t iv[12];
     nonce(iv, e->count);

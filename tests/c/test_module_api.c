@@ -21,18 +21,7 @@
 #include "shim.h"
 #include "synth_image.h"
 
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "gp_check_said.h"
 #define CHECK_RC(expr, want)                                                                       \
     do {                                                                                           \
         CUresult rc_ = (expr);                                                                     \
