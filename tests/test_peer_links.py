@@ -388,6 +388,18 @@ def test_a_real_gpupoold_refuses_peer_hellos_with_words(
         a.close()
 
 
+def checker_of_no_fleet(fingerprint: str) -> PeerHelloChecker:
+    """The receiving checks of a server whose fleet knows no other server and no part: every
+    peer_hello's key is unknown."""
+    async def fleet() -> list[dict[str, Any]]:
+        return []
+
+    async def nowhere(group: int, part: int) -> PartServer | None:
+        return None
+
+    return PeerHelloChecker(fingerprint, fleet, nowhere, lambda g, p: None)
+
+
 async def test_unknown_keys_count_as_failed_logins(tmp_path: Path) -> None:
     """peer_hellos refused for their key count towards the address's failed logins (as bad
     tokens do), and a blocked address's next one is refused before any check."""
@@ -396,15 +408,8 @@ async def test_unknown_keys_count_as_failed_logins(tmp_path: Path) -> None:
                                    tls_key=b_ident.key_path,
                                    login_failures_per_address=2).start()
 
-    async def fleet() -> list[dict[str, Any]]:
-        return []
-
-    async def nowhere(group: int, part: int) -> PartServer | None:
-        return None
-
     daemon.listener.peer_links = links()
-    daemon.listener.peer_checker = PeerHelloChecker(b_ident.fingerprint, fleet, nowhere,
-                                                    lambda g, p: None)
+    daemon.listener.peer_checker = checker_of_no_fleet(b_ident.fingerprint)
     key, der, _, _ = make_identity(tmp_path / "x", "ec")
     try:
         said = [await asyncio.to_thread(_peer_frame, daemon, make_peer_hello(
@@ -433,15 +438,8 @@ async def test_a_key_cryptography_cannot_use_is_refused_with_words_and_counted(
                        from_part=0, to_part=1, link_id=3, time=time.time(), certificate=odd,
                        signature=b"x" * 64)
 
-    async def fleet() -> list[dict[str, Any]]:
-        return []
-
-    async def nowhere(group: int, part: int) -> PartServer | None:
-        return None
-
     daemon.listener.peer_links = links()
-    daemon.listener.peer_checker = PeerHelloChecker(b_ident.fingerprint, fleet, nowhere,
-                                                    lambda g, p: None)
+    daemon.listener.peer_checker = checker_of_no_fleet(b_ident.fingerprint)
     try:
         first, second = [await asyncio.to_thread(_peer_frame, daemon, msg) for _ in range(2)]
         assert first.result == gp.GP_EAUTH and "certificate cannot be read" in first.message

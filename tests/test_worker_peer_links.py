@@ -229,18 +229,16 @@ def test_a_wrong_key_fails_the_link_with_words(parts: tuple[Part, Part]) -> None
     assert "did not decrypt" in rd.error and "different keys" in rd.error  # type: ignore[attr-defined]
 
 
-def proxy(alter: Callable[[bytes, int], bytes]) -> tuple[socket.socket, socket.socket, threading.Thread]:
-    """Two ends (for S, for D) of a connection whose bytes pass through alter(chunk, offset of
-    the chunk in the stream) on their way."""
+def relay(pump: Callable[[socket.socket, socket.socket], None],
+          ) -> tuple[socket.socket, socket.socket, threading.Thread]:
+    """Two ends (for S, for D) of a connection whose bytes pump(from S's side, to D's side)
+    passes on, in a thread; both inner ends close when it returns or the link breaks."""
     s_end, proxy_in = socket.socketpair()
     proxy_out, d_end = socket.socketpair()
 
     def run() -> None:
-        seen = 0
         try:
-            while chunk := proxy_in.recv(65536):
-                proxy_out.sendall(alter(chunk, seen))
-                seen += len(chunk)
+            pump(proxy_in, proxy_out)
         except OSError:
             pass
         finally:
@@ -250,6 +248,18 @@ def proxy(alter: Callable[[bytes, int], bytes]) -> tuple[socket.socket, socket.s
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return s_end, d_end, t
+
+
+def proxy(alter: Callable[[bytes, int], bytes]) -> tuple[socket.socket, socket.socket, threading.Thread]:
+    """Two ends (for S, for D) of a connection whose bytes pass through alter(chunk, offset of
+    the chunk in the stream) on their way."""
+    def pump(proxy_in: socket.socket, proxy_out: socket.socket) -> None:
+        seen = 0
+        while chunk := proxy_in.recv(65536):
+            proxy_out.sendall(alter(chunk, seen))
+            seen += len(chunk)
+
+    return relay(pump)
 
 
 def flip_at(at: int) -> Callable[[bytes, int], bytes]:
@@ -429,27 +439,16 @@ def test_a_copy_larger_than_any_device_range_is_refused_on_both_ends(
 def dribble_after(n: int, every: float) -> tuple[socket.socket, socket.socket, threading.Thread]:
     """Two ends (for S, for D) of a connection that passes the first n bytes at once, then one
     byte every `every` s: a peer that is never silent for long but never finishes a record."""
-    s_end, proxy_in = socket.socketpair()
-    proxy_out, d_end = socket.socketpair()
+    def pump(proxy_in: socket.socket, proxy_out: socket.socket) -> None:
+        passed = 0
+        while passed < n and (chunk := proxy_in.recv(n - passed)):
+            proxy_out.sendall(chunk)  # as it comes: the link's HELLO before its COPY
+            passed += len(chunk)
+        while byte := proxy_in.recv(1):
+            time.sleep(every)
+            proxy_out.sendall(byte)
 
-    def run() -> None:
-        try:
-            passed = 0
-            while passed < n and (chunk := proxy_in.recv(n - passed)):
-                proxy_out.sendall(chunk)  # as it comes: the link's HELLO before its COPY
-                passed += len(chunk)
-            while byte := proxy_in.recv(1):
-                time.sleep(every)
-                proxy_out.sendall(byte)
-        except OSError:
-            pass
-        finally:
-            proxy_in.close()
-            proxy_out.close()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return s_end, d_end, t
+    return relay(pump)
 
 
 def test_a_peer_that_dribbles_bytes_fails_the_copy_at_the_limit(
